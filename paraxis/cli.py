@@ -1,0 +1,65 @@
+"""The `paraxis` command: one front door to training, planning and the pictures.
+
+Each subcommand lives in its own module with `add_arguments(parser)` and `run(args) -> int`;
+modules are imported only when needed, so `paraxis plan` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Callable
+
+from paraxis.errors import ParaxisError
+
+# (name, module, one-line help). Add a subcommand by adding a line.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("demo", "paraxis.demo", "train the tiny model on the embedded corpus and show the loss fall"),
+    ("train", "paraxis.train", "train a model on one device or many (torchrun-compatible)"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paraxis",
+        description="Train one model across many devices (DP, TP, PP, ZeRO), plan the layout "
+                    "from a cost model, and see how it works.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show tracebacks on errors")
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
+    return parser
+
+
+def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
+    """Run a command; bad input becomes one line on stderr and exit code 2, no traceback."""
+    try:
+        return body() or 0
+    except ParaxisError as error:
+        if debug:
+            traceback.print_exc()
+        print(f"paraxis: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("paraxis: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return run_guarded(lambda: args.run(args), debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

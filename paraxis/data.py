@@ -1,0 +1,112 @@
+"""Token data: the embedded corpus, token files, and deterministic batch sampling.
+
+Sampling is a pure function of (seed, step): every rank draws the same global batch and takes
+its data-parallel slice, so a run resumed at step s sees exactly the samples an uninterrupted
+run would, and every layout trains on the same tokens as one device.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paraxis.errors import ParaxisError
+
+BYTE_VOCAB = 256
+TOKEN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
+
+
+class ByteTokenizer:
+    """Text <-> UTF-8 bytes; vocabulary of 256, nothing to download."""
+
+    vocab_size = BYTE_VOCAB
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+    def decode(self, tokens: list[int] | np.ndarray) -> str:
+        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
+    """The Python standard library's own sources, as bytes: text that exists on every
+    machine with Python, so the demo needs no download."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    if total < 10_000:
+        raise ParaxisError(f"found only {total} bytes of Python sources under {stdlib}; give a "
+                           "data file with --data")
+    return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
+
+
+@dataclass
+class TokenData:
+    """A 1-D array of token ids with a held-out tail for evaluation."""
+
+    tokens: np.ndarray
+    name: str = "tokens"
+    val_fraction: float = 0.05
+
+    @classmethod
+    def load(cls, source: str | None, dtype: str = "uint16") -> TokenData:
+        """`None` or "embedded" -> the stdlib corpus; a `.bin` file -> memory-mapped token ids
+        (the nanoGPT format); a `.txt` file or a folder of them -> byte-tokenised text."""
+        if source in (None, "", "embedded"):
+            return cls(embedded_corpus(), "embedded stdlib corpus")
+        path = Path(source)
+        if not path.exists():
+            raise ParaxisError(f"data {path} does not exist; give a .bin token file, a text file "
+                               "or folder, or 'embedded'")
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
+                           (".txt", ".md", ".py"))
+            if not files:
+                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files")
+            tokens = np.frombuffer(b"".join(p.read_bytes() for p in files), dtype=np.uint8)
+        elif path.suffix == ".bin":
+            if dtype not in TOKEN_DTYPES:
+                raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
+                                   f"{', '.join(TOKEN_DTYPES)}")
+            itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+            size = path.stat().st_size
+            if size == 0 or size % itemsize:
+                raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
+                                   f"{dtype} tokens; check --data-dtype")
+            tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+        else:
+            tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+        return cls(tokens, str(path))
+
+    def check(self, vocab_size: int, seq_len: int) -> None:
+        needed = 2 * (seq_len + 1)
+        if len(self.tokens) < needed / (1 - self.val_fraction) + seq_len + 1:
+            raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
+                               f"seq_len {seq_len}; give more data or a shorter --seq-len")
+        top = int(self.tokens[: 1_000_000].max())
+        if top >= vocab_size:
+            raise ParaxisError(f"data {self.name} holds token id {top} but the model's vocabulary "
+                               f"is {vocab_size}; check --data-dtype or choose a matching model")
+
+    @property
+    def split_at(self) -> int:
+        return int(len(self.tokens) * (1 - self.val_fraction))
+
+    def batch(self, step: int, batch_size: int, seq_len: int, seed: int,
+              split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """The global batch of `step`: inputs and next-token targets, int64 (batch, seq_len)."""
+        lo, hi = (0, self.split_at) if split == "train" else (self.split_at, len(self.tokens))
+        rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
+        starts = rng.integers(lo, hi - seq_len - 1, size=batch_size)
+        rows = np.stack([np.asarray(self.tokens[s: s + seq_len + 1], dtype=np.int64)
+                         for s in starts])
+        return rows[:, :-1], rows[:, 1:]
+

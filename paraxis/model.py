@@ -1,0 +1,202 @@
+"""The reference model: a decoder-only transformer in one readable file.
+
+Plain PyTorch, no parallelism inside: tensor and pipeline parallelism are applied from the
+outside (`paraxis.tensor_parallel`, `paraxis.pipeline`) by replacing or regrouping the
+modules named here, so this file stays a model you can hold in your head.
+
+Initialisation is a function of (seed, parameter name) alone (`init_parameters`): a pipeline
+stage that builds only its own blocks, or a TP rank that slices its shard, starts from
+exactly the single-device weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from paraxis.model_config import ModelConfig
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.style == "gpt2":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate pairs of channels by a position-dependent angle (RoPE, Su et al. 2021).
+
+    x: (batch, heads, seq, head_dim). Uses the "rotate half" pairing (channel i with
+    i + head_dim/2), as Llama's Hugging Face implementation does.
+    """
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device,
+                                            dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    cos = torch.cat((angles, angles), dim=-1).cos().to(x.dtype)
+    sin = torch.cat((angles, angles), dim=-1).sin().to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.head_dim = cfg.head_dim
+        bias = cfg.has_bias
+        # Separate q/k/v projections: splitting them by heads for TP is then a plain slice.
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=bias)
+        self.v = nn.Linear(cfg.d_model, cfg.kv_dim, bias=bias)
+        self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        self.recompute_core = False  # selective recompute (Korthikanti et al. 2022, sec. 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # Head counts come from the projection widths, so a TP rank that holds a slice of the
+        # heads runs this same code.
+        q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        if self.recompute_core and torch.is_grad_enabled():
+            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            out = self._core(q, k, v)
+        return self.o(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.cfg.style == "llama":
+            q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.style == "llama"
+        bias = cfg.has_bias
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias)
+        if self.swiglu:
+            self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm1 = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.norm2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.recompute = False  # full recompute: keep only the block's input for backward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class CrossEntropy(nn.Module):
+    """Mean next-token loss. Tensor parallelism swaps in a vocab-parallel version."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.learned_positions:
+            self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = make_norm(cfg)
+        if not cfg.tied_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.loss_fn = CrossEntropy()
+
+    # The three pieces a pipeline stage may own: embed (first stage), blocks, head (last).
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok_emb(idx)
+        if self.cfg.learned_positions:
+            x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm_f(x)
+        # GPT-2 ties the output projection to the token embedding (Press & Wolf 2017).
+        weight = self.tok_emb.weight if self.cfg.tied_embeddings else self.lm_head.weight
+        return F.linear(x, weight)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits when no targets are given, else the mean cross-entropy loss."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.logits(x)
+        return logits if targets is None else self.loss_fn(logits, targets)
+
+    def set_recompute(self, mode: str) -> None:
+        """"none", "selective" (attention core only) or "full" (whole blocks)."""
+        for block in self.blocks:
+            block.recompute = mode == "full"
+            block.attn.recompute_core = mode == "selective"
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for one named parameter (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@torch.no_grad()
+def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) -> None:
+    """Fill one full (unsharded) parameter, as a function of its name and the seed only."""
+    leaf = name.rsplit(".", 1)[-1]
+    module = name.rsplit(".", 2)[-2] if "." in name else ""
+    if leaf == "bias":
+        param.zero_()
+        return
+    if "norm" in module:
+        param.fill_(1.0)
+        return
+    generator = torch.Generator().manual_seed(parameter_seed(seed, name))
+    std = 0.02
+    if module in ("o", "down"):
+        # GPT-2 scales residual-stream output projections by 1/sqrt(2 * layers).
+        std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+    param.copy_(values.to(param.dtype))
+
+
+def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
+    for name, param in model.named_parameters():
+        init_parameter(name, param, cfg, seed)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32) -> Transformer:
+    """The full single-device model with the seed's weights."""
+    model = Transformer(cfg)
+    init_parameters(model, cfg, seed)
+    return model.to(device=device, dtype=dtype)

@@ -1,0 +1,182 @@
+"""Model shapes: the one description of a decoder-only transformer.
+
+Pure Python (no torch): the planner counts parameters and FLOPs from the same object the
+runtime builds the model from, so `ModelConfig.num_params()` is checked against the real
+`torch` model in the tests.
+
+Two styles:
+- "gpt2": LayerNorm, GELU MLP, learned positions, biases, LM head tied to the embedding.
+- "llama": RMSNorm, SwiGLU MLP, rotary positions (RoPE), grouped-query attention, no biases,
+  untied LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraxis.errors import ParaxisError
+
+STYLES = ("gpt2", "llama")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    style: str
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ParaxisError(f"model style {self.style!r} is unknown; use gpt2 or llama")
+        for field in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff",
+                      "max_seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ParaxisError(f"model {field}={value!r} must be a positive integer")
+        if self.d_model % self.n_heads:
+            raise ParaxisError(f"d_model {self.d_model} is not divisible by n_heads "
+                               f"{self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ParaxisError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
+                               f"{self.n_kv_heads}")
+        if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
+            raise ParaxisError("gpt2-style models use n_kv_heads == n_heads")
+
+    # --------------------------------------------------------------- derived shape facts
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return self.style == "gpt2"
+
+    @property
+    def has_bias(self) -> bool:
+        return self.style == "gpt2"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.style == "gpt2"
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer block."""
+        d, kv = self.d_model, self.kv_dim
+        attn = d * d + 2 * d * kv + d * d  # q, k, v, o projections
+        if self.style == "gpt2":
+            attn += d + 2 * kv + d  # their biases
+            mlp = 2 * d * self.d_ff + self.d_ff + d  # up and down, with biases
+            norms = 2 * 2 * d  # two LayerNorms, weight and bias
+        else:
+            mlp = 3 * d * self.d_ff  # gate, up, down (SwiGLU)
+            norms = 2 * d  # two RMSNorms, weight only
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Token (and learned position) embedding."""
+        positions = self.max_seq_len * self.d_model if self.learned_positions else 0
+        return self.vocab_size * self.d_model + positions
+
+    def head_params(self) -> int:
+        """Final norm plus the LM head (zero extra when tied to the embedding)."""
+        final_norm = 2 * self.d_model if self.style == "gpt2" else self.d_model
+        lm_head = 0 if self.tied_embeddings else self.vocab_size * self.d_model
+        return final_norm + lm_head
+
+    def num_params(self) -> int:
+        return self.embedding_params() + self.n_layers * self.layer_params() + self.head_params()
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: object) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ---------------------------------------------------------------------- lookup
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object], source: str = "model description") -> ModelConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ParaxisError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys are "
+                               f"{', '.join(sorted(fields))}")
+        data = dict(data)
+        data.setdefault("name", source)
+        if data.get("style") == "gpt2":
+            data.setdefault("n_kv_heads", data.get("n_heads"))
+        missing = sorted(f for f in ("style", "vocab_size", "n_layers", "d_model", "n_heads",
+                                     "n_kv_heads", "d_ff", "max_seq_len") if f not in data)
+        if missing:
+            raise ParaxisError(f"{source}: missing key(s) {', '.join(missing)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+
+def _gpt2(name: str, layers: int, d: int, heads: int, vocab: int = 50304,
+          seq: int = 1024) -> ModelConfig:
+    return ModelConfig(name, "gpt2", vocab, layers, d, heads, heads, 4 * d, seq)
+
+
+def _llama(name: str, layers: int, d: int, heads: int, kv: int, ff: int, vocab: int,
+           seq: int, theta: float = 10000.0) -> ModelConfig:
+    return ModelConfig(name, "llama", vocab, layers, d, heads, kv, ff, seq, 1e-5, theta)
+
+
+# Byte-level vocabulary (256) for the small configs, so the demo needs no tokenizer download.
+# Real sizes use their published shapes (GPT-2 vocab padded to 50304 as Megatron/nanoGPT do).
+PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
+    ModelConfig("tiny", "gpt2", 256, 4, 64, 4, 4, 256, 128),
+    ModelConfig("tiny-llama", "llama", 256, 4, 64, 4, 2, 192, 128),
+    ModelConfig("small", "gpt2", 256, 6, 256, 8, 8, 1024, 256),
+    ModelConfig("small-llama", "llama", 256, 6, 256, 8, 4, 704, 256),
+    _gpt2("gpt2-124m", 12, 768, 12),
+    _gpt2("gpt2-350m", 24, 1024, 16),
+    _gpt2("gpt2-774m", 36, 1280, 20),
+    _gpt2("gpt2-1.5b", 48, 1600, 25),
+    _gpt2("gpt3-175b", 96, 12288, 96, vocab=51200, seq=2048),
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
+)}
+PRESETS["llama-7b"] = PRESETS["llama2-7b"].replace(name="llama-7b")
+
+
+def load_model_config(name_or_path: str) -> ModelConfig:
+    """A preset name, or a .json/.toml file with the ModelConfig fields."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".json", ".toml"):
+        if not path.is_file():
+            raise ParaxisError(f"model file {path} does not exist; give a preset name "
+                               f"({', '.join(PRESETS)}) or an existing .json/.toml file")
+        try:
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]}: "
+                               f"{error}") from None
+        data = data.get("model", data)
+        return ModelConfig.from_dict(data, source=str(path))
+    raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
+                       "or give a .json/.toml file")

@@ -1,0 +1,36 @@
+"""Progress display for rank 0: a rich progress bar with step, loss and throughput."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool = True, title: str = "train") -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.total = total
+        self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                                 TimeElapsedColumn(), console=self.console,
+                                 disable=not enabled, transient=False)
+        self._task = self._bar.add_task(title, total=total, status="")
+
+    def __enter__(self) -> Progress:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)
+
+    def update(self, step: int, record: dict, log: bool = False) -> None:
+        if not self.enabled:
+            return
+        status = (f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s  "
+                  f"lr {record['lr']:.2e}")
+        self._bar.update(self._task, completed=step + 1, status=status)
+        if log:
+            self._bar.console.print(f"step {step:>5}  {status}  "
+                                    f"grad-norm {record['grad_norm']:.3f}")

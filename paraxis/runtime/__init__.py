@@ -1,0 +1,1 @@
+"""The parallel runtime (imports torch): process groups, engines, parallel layers."""

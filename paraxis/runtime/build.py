@@ -1,0 +1,25 @@
+"""Build the engine that runs a layout: the one place where a Layout picks its runtime."""
+
+from __future__ import annotations
+
+import torch
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model import build_model
+from paraxis.model_config import ModelConfig
+from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.engine import LocalEngine
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
+                 device: torch.device, train_cfg) -> LocalEngine:  # noqa: ANN001
+    autocast = DTYPES[train_cfg.dtype]
+    if layout.world_size == 1:
+        model = build_model(model_cfg, seed=train_cfg.seed, device=device)
+        model.set_recompute(layout.recompute)
+        return LocalEngine(model, layout, weight_decay=train_cfg.weight_decay,
+                           autocast_dtype=autocast)
+    raise ParaxisError(f"layout {layout} is not supported by this runtime yet")

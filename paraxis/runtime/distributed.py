@@ -1,0 +1,131 @@
+"""Process start-up and process groups, all derived from the Layout.
+
+Nothing else in paraxis computes a rank by hand: the dp, tp, pp (and dp x tp) groups and the
+pipeline neighbours of this rank come from `build_groups(layout)`, which asks the layout for
+its groups. Device from the local rank, backend from the device: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Coords, Layout
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """"auto" -> this rank's GPU (by LOCAL_RANK) when CUDA is present, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ParaxisError("--device cuda was asked for but no CUDA GPU is visible; "
+                               "use --device cpu")
+        if requested == "cuda":
+            requested = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        device = torch.device(requested)
+        torch.cuda.set_device(device)
+        return device
+    if requested != "cpu":
+        raise ParaxisError(f"unknown device {requested!r}; use auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[int, int]:
+    """Join the job torchrun (or the test harness) described in the environment.
+
+    Returns (rank, world_size); a single process without torchrun's variables is world 1
+    and needs no process group.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 1
+    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        # Ranks that reach destroy_process_group() seconds apart can abort on gloo
+        # (PLATFORM.md); a barrier first lines them up.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@dataclass
+class ParallelGroups:
+    """This rank's place in the layout and the groups it belongs to.
+
+    A group handle is None when its axis has size 1 (nothing to communicate), or when the
+    world is a single process.
+    """
+
+    layout: Layout
+    rank: int
+    coords: Coords
+    dp_group: dist.ProcessGroup | None
+    tp_group: dist.ProcessGroup | None
+    pp_group: dist.ProcessGroup | None
+    dp_tp_group: dist.ProcessGroup | None
+    pp_ranks: list[int]  # global ranks of this rank's pipeline, stage 0 first
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords.dp_rank
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords.tp_rank
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords.pp_rank
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.pp_rank == self.layout.pp - 1
+
+    @property
+    def prev_stage_rank(self) -> int | None:
+        return None if self.is_first_stage else self.pp_ranks[self.pp_rank - 1]
+
+    @property
+    def next_stage_rank(self) -> int | None:
+        return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
+
+
+def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
+    """Create every group of the layout (collectively: all ranks must call this) and return
+    the ones that contain this rank."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    layout.validate(world_size=world)
+    rank = dist.get_rank() if dist.is_initialized() and rank is None else (rank or 0)
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for axis in ("dp", "tp", "pp", "dp_tp"):
+        mine[axis] = None
+        for ranks in layout.groups(axis):
+            if len(ranks) == 1 or world == 1:
+                continue
+            # new_group is collective over the whole world, so every rank creates every
+            # group in the same order, then keeps its own.
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[axis] = group
+    return ParallelGroups(layout, rank, layout.coords(rank), mine["dp"], mine["tp"], mine["pp"],
+                          mine["dp_tp"], layout.group_of(rank, "pp"))

@@ -1,0 +1,111 @@
+"""The training step's contract with a parallel runtime, and its single-device form.
+
+A training loop needs four things from a runtime, whatever the layout:
+
+    loss = engine.forward_backward(inputs, targets)   # this dp rank's share of the batch
+    norm = engine.clip_grad_norm(max_norm)            # global norm, over every shard
+    engine.optimizer_step(lr)
+    engine.zero_grad()
+
+`LocalEngine` is the reference: one process holds the whole model, splits its batch into
+`layout.microbatches` microsteps (gradient accumulation) and runs AdamW. Parallel engines
+subclass it and change only what their axis changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from paraxis.layout import Layout
+
+
+class LocalEngine:
+    def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = 0.1,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.layout = layout
+        self.autocast_dtype = autocast_dtype
+        self.optimizer = make_adamw(model.parameters(), weight_decay, betas, eps)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def microbatches(self, inputs: torch.Tensor, targets: torch.Tensor
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        count = self.layout.microbatches
+        return list(zip(inputs.chunk(count), targets.chunk(count), strict=True))
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Accumulate gradients over the microbatches; return the mean loss."""
+        micro = self.microbatches(inputs, targets)
+        total = 0.0
+        for index, (x, y) in enumerate(micro):
+            with self.no_sync(last=index == len(micro) - 1):
+                loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
+                loss.backward()
+            total += loss.item()
+        return self.reduce_loss(total)
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.autocast_dtype is None:
+            return self.model(inputs, targets)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self.model(inputs, targets)
+
+    def no_sync(self, last: bool):  # noqa: ANN201 - a context manager
+        """Data-parallel engines communicate only on the last microstep."""
+        return _Nothing()
+
+    def reduce_loss(self, loss: float) -> float:
+        return loss
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return sum((g.detach().float().pow(2).sum() for g in grads), torch.zeros((),
+                   device=self.device))
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global L2 norm of all gradients; scale them down to `max_norm` when above it."""
+        norm = math.sqrt(float(self.grad_norm_squared()))
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+        return norm
+
+    def optimizer_step(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def make_adamw(params, weight_decay: float, betas: tuple[float, float], eps: float
+               ) -> torch.optim.AdamW:
+    """AdamW with decay on matrices only (not biases, norms): the GPT-2/nanoGPT convention."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    # foreach=False: elementwise math identical whatever the tensors' shapes and sharding,
+    # so a sharded optimizer matches the single-device one bit for bit where it can.
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=betas, eps=eps,
+                             foreach=False)

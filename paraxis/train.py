@@ -1,0 +1,235 @@
+"""The training loop: one readable loop for every layout.
+
+    paraxis train --model tiny --steps 50                 # one process
+    torchrun --nproc-per-node 4 -m paraxis.train ...      # the same loop on 4 ranks
+
+The loop asks the runtime (an engine built from the Layout) for forward/backward, gradient
+clipping and the optimizer step; everything else here (data, learning rate, metrics) is the
+same on one device and on many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+
+
+@dataclass
+class TrainConfig:
+    model: str = "tiny"
+    data: str = "embedded"
+    data_dtype: str = "uint16"
+    steps: int = 100
+    global_batch: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "fp32"
+    layout: Layout = field(default_factory=Layout)
+    metrics_file: str | None = None
+    log_every: int = 10
+    quiet: bool = False
+
+    def check(self) -> None:
+        if self.steps < 1:
+            raise ParaxisError(f"--steps {self.steps} must be at least 1")
+        if self.seq_len < 1:
+            raise ParaxisError(f"--seq-len {self.seq_len} must be at least 1")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise ParaxisError(f"--lr {self.lr} must be a positive number")
+        if self.grad_clip < 0:
+            raise ParaxisError(f"--grad-clip {self.grad_clip} must be >= 0 (0 turns it off)")
+        if self.warmup_steps < 0:
+            raise ParaxisError(f"--warmup {self.warmup_steps} must be >= 0")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ParaxisError(f"--dtype {self.dtype} is unknown; use fp32, bf16 or fp16")
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr (GPT-3 paper, appendix B)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def peak_memory_bytes(device) -> int:  # noqa: ANN001 - torch.device, imported lazily
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def run_training(cfg: TrainConfig) -> list[dict]:
+    """Train; return the per-step metrics (the same records the metrics file gets)."""
+    import torch
+
+    from paraxis.data import TokenData
+    from paraxis.model_config import load_model_config
+    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.distributed import (
+        build_groups,
+        init_distributed,
+        pick_device,
+        shutdown_distributed,
+    )
+
+    cfg.check()
+    model_cfg = load_model_config(cfg.model)
+    if cfg.seq_len > model_cfg.max_seq_len:
+        raise ParaxisError(f"--seq-len {cfg.seq_len} is over the model's context of "
+                           f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
+                           "or less")
+    device = pick_device(cfg.device)
+    rank, world = init_distributed(device)
+    try:
+        layout = cfg.layout.validate(world, model_cfg, cfg.global_batch, cfg.seq_len)
+        data = TokenData.load(cfg.data, cfg.data_dtype)
+        data.check(model_cfg.vocab_size, cfg.seq_len)
+        groups = build_groups(layout)
+        torch.manual_seed(cfg.seed)
+        engine = build_engine(model_cfg, layout, groups, device, cfg)
+        return _loop(cfg, engine, data, groups, device, rank, model_cfg)
+    finally:
+        shutdown_distributed()
+
+
+def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # noqa: ANN001
+    import torch
+
+    from paraxis.progress import Progress
+
+    layout = groups.layout
+    per_dp = cfg.global_batch // layout.dp
+    tokens_per_step = cfg.global_batch * cfg.seq_len
+    records: list[dict] = []
+    metrics_out = open(cfg.metrics_file, "w") if cfg.metrics_file and rank == 0 else None  # noqa: SIM115
+    show = rank == 0 and not cfg.quiet
+    with Progress(cfg.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
+        for step in range(cfg.steps):
+            started = time.perf_counter()
+            inputs, targets = data.batch(step, cfg.global_batch, cfg.seq_len, cfg.seed)
+            rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
+            x = torch.from_numpy(inputs[rows]).to(device)
+            y = torch.from_numpy(targets[rows]).to(device)
+            lr = learning_rate(step, cfg)
+            loss = engine.forward_backward(x, y)
+            grad_norm = engine.clip_grad_norm(cfg.grad_clip)
+            engine.optimizer_step(lr)
+            engine.zero_grad()
+            step_time = time.perf_counter() - started
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": tokens_per_step / step_time, "step_time_s": step_time,
+                      "peak_mem_bytes": peak_memory_bytes(device)}
+            records.append(record)
+            if metrics_out:
+                metrics_out.write(json.dumps(record) + "\n")
+                metrics_out.flush()
+            progress.update(step, record, log=(step % cfg.log_every == 0
+                                                or step == cfg.steps - 1))
+    if metrics_out:
+        metrics_out.close()
+    return records
+
+
+# ----------------------------------------------------------------------- command line
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    add = parser.add_argument
+    add("--model", default=d.model, help="preset name or .json/.toml model file")
+    add("--data", default=d.data, help="'embedded', a .bin token file, a text file or folder")
+    add("--data-dtype", default=d.data_dtype, help="token dtype of a .bin file")
+    add("--steps", type=int, default=d.steps)
+    add("--global-batch", type=int, default=d.global_batch, help="sequences per step")
+    add("--seq-len", type=int, default=d.seq_len)
+    add("--lr", type=float, default=d.lr, help="peak learning rate")
+    add("--warmup", type=int, default=d.warmup_steps, dest="warmup_steps")
+    add("--weight-decay", type=float, default=d.weight_decay)
+    add("--grad-clip", type=float, default=d.grad_clip, help="max global grad norm (0: off)")
+    add("--grad-accum", type=int, default=None,
+        help="gradient accumulation microsteps (= --microbatches when pp=1)")
+    add("--seed", type=int, default=d.seed)
+    add("--device", default=d.device, help="auto, cpu or cuda")
+    add("--dtype", default=d.dtype, help="fp32, bf16 or fp16 (compute precision)")
+    add("--metrics-file", default=None, help="write one JSON line per step")
+    add("--log-every", type=int, default=d.log_every)
+    add("--quiet", action="store_true", help="no progress display")
+    add_layout_arguments(parser)
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--layout", default=None, help="e.g. dp=2,tp=2,pp=2,zero=1 (flags below override)")
+    add("--dp", type=int, default=None)
+    add("--tp", type=int, default=None)
+    add("--pp", type=int, default=None)
+    add("--zero", type=int, default=None, choices=(0, 1, 2, 3))
+    add("--microbatches", type=int, default=None)
+    add("--schedule", default=None, help="gpipe, 1f1b or interleaved")
+    add("--virtual", type=int, default=None, dest="virtual_stages")
+    add("--recompute", default=None, help="none, selective or full")
+    add("--sequence-parallel", action="store_true", default=None)
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    base = Layout.parse(args.layout) if args.layout else Layout()
+    changes = {name: getattr(args, name) for name in
+               ("dp", "tp", "pp", "zero", "microbatches", "schedule", "virtual_stages",
+                "recompute", "sequence_parallel") if getattr(args, name, None) is not None}
+    if getattr(args, "grad_accum", None) is not None:
+        if args.grad_accum < 1:
+            raise ParaxisError(f"--grad-accum {args.grad_accum} must be at least 1")
+        changes["microbatches"] = args.grad_accum
+    return base.replace(**changes)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"layout"}
+    values = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    return TrainConfig(layout=layout_from_args(args), **values)
+
+
+add_arguments = add_train_arguments  # the `paraxis train` subcommand
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m paraxis.train` (what torchrun runs on every rank)."""
+    from paraxis.cli import run_guarded
+
+    parser = argparse.ArgumentParser(prog="paraxis.train", description=__doc__.splitlines()[0])
+    add_train_arguments(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    args = parser.parse_args(argv)
+    return run_guarded(lambda: run(args), debug=args.debug)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.metrics_file:
+        Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+    run_training(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

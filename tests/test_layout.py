@@ -1,0 +1,103 @@
+"""Layout: every validation rule (good and bad cases) and the rank <-> coordinate grid."""
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+
+
+def test_rank_order_tp_fastest_then_dp_then_pp():
+    layout = Layout(dp=2, tp=2, pp=2)
+    assert [tuple(layout.coords(r)) for r in range(8)] == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0),
+        (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
+    assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.groups("dp_tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+degrees = st.sampled_from([1, 2, 3, 4])
+
+
+@given(degrees, degrees, degrees)
+def test_grid_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
+    layout = Layout(dp=dp, tp=tp, pp=pp)
+    world = dp * tp * pp
+    coords = [layout.coords(r) for r in range(world)]
+    assert len(set(coords)) == world
+    assert all(layout.rank(*c) == r for r, c in enumerate(coords))
+    for axis, size in (("dp", dp), ("tp", tp), ("pp", pp), ("dp_tp", dp * tp)):
+        groups = layout.groups(axis)
+        assert sorted(r for g in groups for r in g) == list(range(world))
+        assert all(len(g) == size for g in groups)
+    for group in layout.groups("tp"):  # TP groups are neighbouring ranks (one node)
+        assert group == list(range(group[0], group[0] + tp))
+    for rank in range(world):  # members of a group differ only along its axis
+        c = layout.coords(rank)
+        assert all(layout.coords(r).dp_rank == c.dp_rank and layout.coords(r).pp_rank ==
+                   c.pp_rank for r in layout.group_of(rank, "tp"))
+
+
+def test_valid_layouts_pass():
+    tiny = PRESETS["tiny-llama"]
+    Layout(dp=2, tp=2, pp=2, zero=1, microbatches=4).validate(8, tiny, 16, 128)
+    Layout(pp=2, schedule="interleaved", virtual_stages=2, microbatches=4).validate(2, tiny, 8)
+    Layout(tp=2, sequence_parallel=True).validate(2, tiny, 4, 128)
+    Layout(dp=4, zero=3).validate(4, tiny, 8)
+
+
+BAD = [
+    (dict(dp=0), {}, "positive integer"),
+    (dict(zero=4), {}, "zero"),
+    (dict(schedule="zigzag"), {}, "unknown schedule"),
+    (dict(recompute="some"), {}, "unknown recompute"),
+    (dict(virtual_stages=2), {}, "needs schedule=interleaved"),
+    (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6), {},
+     "multiple of pp"),
+    (dict(sequence_parallel=True), {}, "needs tp > 1"),
+    (dict(pp=2, zero=3), {}, "ZeRO-3 with pipeline"),
+    (dict(dp=2, tp=2), dict(world_size=8), "dp*tp*pp"),
+    (dict(tp=8), dict(model="tiny"), "attention heads are not divisible"),
+    (dict(tp=4), dict(model="tiny-llama"), "kv heads are not divisible"),
+    (dict(pp=8), dict(model="tiny"), "cannot fill"),
+    (dict(pp=2, schedule="interleaved", virtual_stages=4, microbatches=4), dict(model="tiny"),
+     "cannot fill"),
+    (dict(dp=2, microbatches=3), dict(global_batch=8), "not divisible by dp*microbatches"),
+    (dict(tp=2, sequence_parallel=True), dict(seq_len=7), "seq_len"),
+]
+
+
+@pytest.mark.parametrize("fields,against,message", BAD)
+def test_bad_layouts_name_the_rule(fields, against, message):
+    against = dict(against)
+    if "model" in against:
+        against["model"] = PRESETS[against["model"]]
+    with pytest.raises(ParaxisError, match=re.escape(message)) as error:
+        Layout(**fields).validate(**against)
+    assert "\n" not in str(error.value)
+
+
+def test_parse_and_print_round_trip():
+    layout = Layout.parse("dp=2, tp=2, pp=2, zero=1, microbatches=8, schedule=gpipe, sp=true")
+    assert layout == Layout(dp=2, tp=2, pp=2, zero=1, microbatches=8, schedule="gpipe",
+                            sequence_parallel=True)
+    assert Layout.parse(str(layout)) == layout
+    with pytest.raises(ParaxisError, match="cannot read layout item"):
+        Layout.parse("dp2")
+    with pytest.raises(ParaxisError, match="must be an integer"):
+        Layout.parse("dp=two")
+
+
+def test_layout_module_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, paraxis.layout, paraxis.model_config; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
