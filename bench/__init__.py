@@ -1,0 +1,1 @@
+"""Benchmarks: paraxis next to PyTorch's own implementations, on this machine."""
