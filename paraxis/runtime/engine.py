@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from paraxis.layout import Layout
+from paraxis.runtime.params import local_norm_squares
 
 
 class LocalEngine:
@@ -65,9 +66,10 @@ class LocalEngine:
         return loss
 
     def grad_norm_squared(self) -> torch.Tensor:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return sum((g.detach().float().pow(2).sum() for g in grads), torch.zeros((),
-                   device=self.device))
+        """Squared global gradient norm; parallel engines reduce it over their groups
+        (`paraxis.runtime.params.global_norm_squared`)."""
+        sharded, replicated = local_norm_squares(list(self.model.parameters()))
+        return sharded + replicated
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Global L2 norm of all gradients; scale them down to `max_norm` when above it."""

@@ -1,0 +1,66 @@
+"""What a parameter is to the parallel axes, and the global gradient norm built on that.
+
+Conventions every axis follows (attributes set on the `nn.Parameter`):
+
+- `tp_sharded = True`: this rank holds a slice of a tensor-parallel weight; the slices of
+  the TP group together make the full tensor. Parameters without it are replicated across
+  the TP group and their gradients are identical on every TP rank once backward is done.
+- `pp_duplicate = True`: a copy of a weight that another pipeline stage owns (the tied
+  embedding on the last stage); counted once in the gradient norm.
+
+The data-parallel side knows whether its gradients are sharded across the dp group
+(ZeRO-2/3) or whole on every dp rank (ZeRO-0/1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paraxis.runtime.distributed import ParallelGroups
+
+
+def is_tp_sharded(param: torch.Tensor) -> bool:
+    return bool(getattr(param, "tp_sharded", False))
+
+
+def is_pp_duplicate(param: torch.Tensor) -> bool:
+    return bool(getattr(param, "pp_duplicate", False))
+
+
+def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor,
+                        groups: ParallelGroups | None, grads_sharded_over_dp: bool
+                        ) -> torch.Tensor:
+    """Squared L2 norm of the whole model's gradient from this rank's local pieces.
+
+    tp_sharded_sq: sum of squares of this rank's TP-sharded gradients (or gradient shards);
+    replicated_sq: the same for TP-replicated ones (pp duplicates already left out).
+    Sharded pieces are summed over the TP group, replicated ones counted once; then summed
+    over the dp group when ZeRO shards gradients there, and over the pipeline's stages.
+    """
+    total = replicated_sq.float().clone()
+    sharded = tp_sharded_sq.float().clone()
+    if groups is not None and groups.tp_group is not None:
+        dist.all_reduce(sharded, group=groups.tp_group)
+    total += sharded
+    if groups is not None and grads_sharded_over_dp and groups.dp_group is not None:
+        dist.all_reduce(total, group=groups.dp_group)
+    if groups is not None and groups.pp_group is not None:
+        dist.all_reduce(total, group=groups.pp_group)
+    return total
+
+
+def local_norm_squares(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tp-sharded, replicated) sums of squared gradients over whole local parameters."""
+    device = params[0].device if params else torch.device("cpu")
+    sharded = torch.zeros((), device=device)
+    replicated = torch.zeros((), device=device)
+    for p in params:
+        if p.grad is None or is_pp_duplicate(p):
+            continue
+        square = p.grad.detach().float().pow(2).sum()
+        if is_tp_sharded(p):
+            sharded += square
+        else:
+            replicated += square
+    return sharded, replicated
