@@ -130,8 +130,11 @@ class Transformer(nn.Module):
             self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = make_norm(cfg)
-        if not cfg.tied_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tied_embeddings:
+            # GPT-2 ties the output projection to the token embedding (Press & Wolf 2017):
+            # one Parameter, listed once by named_parameters() under tok_emb.weight.
+            self.lm_head.weight = self.tok_emb.weight
         self.loss_fn = CrossEntropy()
 
     # The three pieces a pipeline stage may own: embed (first stage), blocks, head (last).
@@ -143,10 +146,7 @@ class Transformer(nn.Module):
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm_f(x)
-        # GPT-2 ties the output projection to the token embedding (Press & Wolf 2017).
-        weight = self.tok_emb.weight if self.cfg.tied_embeddings else self.lm_head.weight
-        return F.linear(x, weight)
+        return self.lm_head(self.norm_f(x))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits when no targets are given, else the mean cross-entropy loss."""
