@@ -1,0 +1,55 @@
+"""paraxis at dp=tp=pp=1 next to a plain PyTorch training loop: the cost of the framework."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.common import Row, compare, measure_steps
+from paraxis.layout import Layout
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.runtime.engine import LocalEngine
+
+MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
+
+
+def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _paraxis(batch: int, seq: int, steps: int) -> dict:
+    engine = LocalEngine(build_model(MODEL), Layout())
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        engine.forward_backward(x, y)
+        engine.clip_grad_norm(1.0)
+        engine.optimizer_step(1e-3)
+        engine.zero_grad()
+
+    return measure_steps(step, steps)
+
+
+def _plain(batch: int, seq: int, steps: int) -> dict:
+    model = build_model(MODEL)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_steps(step, steps)
+
+
+def rows(quick: bool = False) -> list[Row]:
+    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 8)
+    return [compare("overhead: paraxis dp=tp=pp=1 vs plain loop", 1, batch * seq,
+                    ("paraxis LocalEngine", lambda: _paraxis(batch, seq, steps)),
+                    ("plain PyTorch loop", lambda: _plain(batch, seq, steps)),
+                    repeats=1 if quick else 5)]
