@@ -123,6 +123,10 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # 
     records: list[dict] = []
     metrics_out = open(cfg.metrics_file, "w") if cfg.metrics_file and rank == 0 else None  # noqa: SIM115
     show = rank == 0 and not cfg.quiet
+    if show:
+        from paraxis.config import to_toml
+
+        progress_console_print(f"resolved config:\n{to_toml(cfg)}")
     with Progress(cfg.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
         for step in range(cfg.steps):
             started = time.perf_counter()
@@ -150,12 +154,19 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # 
     return records
 
 
+def progress_console_print(text: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(text, markup=False)
+
+
 # ----------------------------------------------------------------------- command line
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     add = parser.add_argument
+    add("--config", default=None, help="TOML run file (examples/); flags given override it")
     add("--model", default=d.model, help="preset name or .json/.toml model file")
     add("--data", default=d.data, help="'embedded', a .bin token file, a text file or folder")
     add("--data-dtype", default=d.data_dtype, help="token dtype of a .bin file")
@@ -191,8 +202,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sequence-parallel", action="store_true", default=None)
 
 
-def layout_from_args(args: argparse.Namespace) -> Layout:
-    base = Layout.parse(args.layout) if args.layout else Layout()
+def layout_from_args(args: argparse.Namespace, base: Layout | None = None) -> Layout:
+    """--layout string (else `base`), then the single-axis flags on top."""
+    base = Layout.parse(args.layout) if getattr(args, "layout", None) else (base or Layout())
     changes = {name: getattr(args, name) for name in
                ("dp", "tp", "pp", "zero", "microbatches", "schedule", "virtual_stages",
                 "recompute", "sequence_parallel") if getattr(args, name, None) is not None}
@@ -204,9 +216,19 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, then the --config TOML file, then every flag given on the command line."""
+    from paraxis.config import read_run_file
+
+    from_file = read_run_file(args.config) if getattr(args, "config", None) else {}
+    defaults = argparse.ArgumentParser()
+    add_train_arguments(defaults)
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"layout"}
-    values = {name: getattr(args, name) for name in fields if hasattr(args, name)}
-    return TrainConfig(layout=layout_from_args(args), **values)
+    values = {name: value for name, value in from_file.items() if name != "layout"}
+    for name in fields:
+        if hasattr(args, name) and (name not in values
+                                    or getattr(args, name) != defaults.get_default(name)):
+            values[name] = getattr(args, name)
+    return TrainConfig(layout=layout_from_args(args, from_file.get("layout")), **values)
 
 
 add_arguments = add_train_arguments  # the `paraxis train` subcommand

@@ -1,0 +1,91 @@
+"""A run described by a TOML file; every key can be overridden from the command line.
+
+    [model]      name = "tiny-llama"
+    [data]       path = "embedded"        dtype = "uint16"
+    [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
+                 dtype = "fp32"
+    [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
+                 grad_clip = 1.0
+    [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
+    [logging]    metrics_file = "runs/x/metrics.jsonl"  log_every = 10
+
+Sections map onto `TrainConfig` fields (and `Layout` for [layout]); an unknown section or key
+is an error naming the known ones, so a typo never silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+
+# TOML (section, key) -> TrainConfig field.
+SECTIONS: dict[str, dict[str, str]] = {
+    "model": {"name": "model"},
+    "data": {"path": "data", "dtype": "data_dtype"},
+    "train": {"steps": "steps", "global_batch": "global_batch", "seq_len": "seq_len",
+              "seed": "seed", "device": "device", "dtype": "dtype"},
+    "optimizer": {"lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
+                  "weight_decay": "weight_decay", "grad_clip": "grad_clip"},
+    "logging": {"metrics_file": "metrics_file", "log_every": "log_every"},
+}
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """TOML file -> {TrainConfig field: value}, with "layout" holding a Layout."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParaxisError(f"config file {path} does not exist")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ParaxisError(f"config file {path} is not valid TOML: {error}") from None
+    values: dict[str, Any] = {}
+    for section, table in doc.items():
+        if section == "layout":
+            if not isinstance(table, dict):
+                raise ParaxisError(f"{path}: [layout] must be a table")
+            known = {f.name for f in dataclasses.fields(Layout)}
+            unknown = sorted(set(table) - known)
+            if unknown:
+                raise ParaxisError(f"{path}: unknown [layout] key(s) {', '.join(unknown)}; "
+                                   f"known: {', '.join(sorted(known))}")
+            values["layout"] = Layout(**table)
+            continue
+        if section not in SECTIONS or not isinstance(table, dict):
+            raise ParaxisError(f"{path}: unknown section [{section}]; known: "
+                               f"{', '.join([*SECTIONS, 'layout'])}")
+        for key, value in table.items():
+            if key not in SECTIONS[section]:
+                raise ParaxisError(f"{path}: unknown key {key!r} in [{section}]; known: "
+                                   f"{', '.join(SECTIONS[section])}")
+            values[SECTIONS[section][key]] = value
+    return values
+
+
+def to_toml(cfg: Any) -> str:
+    """A TrainConfig as the TOML that reads back to it (saved with checkpoints and runs)."""
+    lines: list[str] = []
+    for section, keys in SECTIONS.items():
+        lines.append(f"[{section}]")
+        for key, field in keys.items():
+            value = getattr(cfg, field)
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    lines.append("[layout]")
+    for key, value in cfg.layout.to_dict().items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
