@@ -55,7 +55,7 @@ def test_one_f_one_b_order_on_four_stages():
 
 def test_render_shows_one_row_per_stage():
     text = build_schedule("gpipe", 2, 2).simulate(1, 1).render()
-    assert text.splitlines() == ["stage 0 | F0 F1 .  .  B0 B1", "stage 1 | .  F0 F1 B0 B1"]
+    assert text.splitlines() == ["stage 0 | F0 F1 .  .  B0 B1", "stage 1 | .  F0 F1 B0 B1 ."]
 
 
 # ------------------------------------------------------------------ corrupted schedules
