@@ -147,3 +147,25 @@ def test_bad_input_is_one_line(args, message):
     with pytest.raises(ParaxisError, match=message) as error:
         build_schedule(*args)
     assert "\n" not in str(error.value)
+
+
+def test_schedule_command_prints_timeline_bubble_and_memory():
+    import json
+    import subprocess
+    import sys
+
+    def paraxis(*args):
+        return subprocess.run([sys.executable, "-m", "paraxis", "schedule", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    text = paraxis("--kind", "1f1b", "--stages", "4", "--microbatches", "8")
+    assert text.returncode == 0
+    assert "stage 3 | .  .  .  F0 B0 B0 F1" in text.stdout
+    assert "bubble fraction: 27.3%" in text.stdout and "[4, 3, 2, 1]" in text.stdout
+    data = json.loads(paraxis("--kind", "interleaved", "--stages", "2", "--microbatches", "4",
+                              "--virtual", "2", "--json").stdout)
+    assert data["bubble_fraction"] == pytest.approx(1 / 9)
+    assert len(data["events"]) == 2 and data["peak_in_flight"][1] == 3
+    bad = paraxis("--kind", "interleaved", "--stages", "4", "--microbatches", "6",
+                  "--virtual", "2")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
