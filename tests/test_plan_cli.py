@@ -78,7 +78,9 @@ def test_hardware_file(tmp_path, capsys) -> None:
     (["plan", "--params", "7e9", "--gpus", "8", "--gpu", "z80"], "unknown GPU"),
     (["plan", "--model", "llama2-7b", "--gpus", "24", "--tp", "3"], "not divisible by tp=3"),
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
-      "dp=8"], "not divisible by dp"),
+      "dp=8,microbatches=1"], "not divisible by dp"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
+      "dp=8"], "does not split over dp=8"),
     (["memory", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) -> None:
@@ -92,3 +94,23 @@ def test_planner_imports_without_torch() -> None:
             "paraxis.plan.search, paraxis.plan.explain; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_partial_layout_fixes_the_given_fields(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "64",
+                           "--global-batch", "1024", "--seq-len", "4096", "--layout",
+                           "dp=2,tp=8,pp=4,zero=1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["layouts"]
+    assert all((e["layout"]["dp"], e["layout"]["tp"], e["layout"]["pp"], e["layout"]["zero"])
+               == (2, 8, 4, 1) and e["fits"] for e in doc["layouts"])
+
+
+def test_hardware_toml(tmp_path, capsys) -> None:
+    hw = tmp_path / "hw.toml"
+    hw.write_text('gpu = "h100-sxm-80gb"\n[cluster]\ninter_node_bandwidth_Bps = 50e9\n')
+    code, out, _ = run_cli(capsys, "plan", "--params", "7e9", "--gpus", "16",
+                           "--global-batch", "256", "--hardware", str(hw), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["hardware"]["gpu"]["name"] == "h100-sxm-80gb"
+    assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 50e9

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the "
                         "model's max_seq_len)")
     parser.add_argument("--layout", help="evaluate this layout instead of searching, e.g. "
-                        "dp=2,tp=8,pp=4,zero=1,microbatches=64")
+                        "dp=2,tp=8,pp=4,zero=1,microbatches=64; without microbatches the "
+                        "fields given are fixed and the rest searched")
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     limits = parser.add_argument_group("search constraints")
@@ -90,18 +91,29 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
-    if args.layout:
+    fixed = _layout_fields(args.layout) if args.layout else {}
+    if args.layout and "microbatches" in fixed:
+        # a complete layout: evaluate exactly this one
         layout = Layout.parse(args.layout)
         layout.validate(cluster.world_size, cfg, args.global_batch, seq_len)
         best = evaluate(cfg, layout, cluster, seq_len, args.global_batch, precision, overlap)
         layouts, result = [best], None
     else:
+        # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
+        partial = Layout.parse(args.layout) if args.layout else None
         constraints = Constraints(
-            max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp, tp=args.tp,
-            pp=args.pp, dp=args.dp, zero=args.zero,
-            recompute=tuple(args.recompute or RECOMPUTE),
-            schedules=tuple(args.schedule or ("1f1b", "interleaved")),
-            sequence_parallel=(False,) if args.no_sp else (True,),
+            max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
+            tp=partial.tp if partial and "tp" in fixed else args.tp,
+            pp=partial.pp if partial and "pp" in fixed else args.pp,
+            dp=partial.dp if partial and "dp" in fixed else args.dp,
+            zero=partial.zero if partial and "zero" in fixed else args.zero,
+            recompute=((partial.recompute,) if partial and "recompute" in fixed
+                       else tuple(args.recompute or RECOMPUTE)),
+            schedules=((partial.schedule,) if partial and "schedule" in fixed
+                       else tuple(args.schedule or ("1f1b", "interleaved"))),
+            sequence_parallel=((partial.sequence_parallel,) if partial and
+                               "sequence_parallel" in fixed else
+                               (False,) if args.no_sp else (True,)),
             tp_within_node=args.tp_within_node)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
                         overlap)
@@ -122,3 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if not best.fits:
         return 1
     return 0
+
+
+def _layout_fields(text: str) -> set[str]:
+    """The fields a --layout text sets (Layout.parse checks their values)."""
+    keys = {part.partition("=")[0].strip().replace("-", "_") for part in text.split(",")
+            if part.strip()}
+    return {"sequence_parallel" if key == "sp" else key for key in keys}
