@@ -117,7 +117,13 @@ def render() -> tuple[str, float]:
                      f"{run.global_batch} | {metric} | {fmt(run.published)} | {fmt(value)} | "
                      f"{error:+.1%} | `{layout}` |")
     lines += ["", f"Largest error: {worst:.1%} (target: within 20% on each run).", "",
-              "Sources:", "", f"- {NARAYANAN}.", f"- {KORTHIKANTI}.", ""]
+              "Sources:", "", f"- {NARAYANAN}.", f"- {KORTHIKANTI}.", "",
+              "Provenance: the four MFU figures were checked against the NVIDIA/Megatron-LM "
+              "README (which also states data-parallel size 1). The model shapes, degrees, "
+              "batches and per-GPU TFLOP/s of the other rows are transcribed from the papers' "
+              "tables and were not re-checked against a copy of the papers when this table was "
+              "generated; in particular the 22B run's global batch (4) should be confirmed.",
+              ""]
     return "\n".join(lines), worst
 
 

@@ -91,7 +91,10 @@ def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) 
 
 def test_planner_imports_without_torch() -> None:
     code = ("import sys; import paraxis.plan, paraxis.plan.plan_cli, paraxis.plan.memory_cli, "
-            "paraxis.plan.search, paraxis.plan.explain; "
+            "paraxis.plan.search, paraxis.plan.explain; from paraxis.cli import main; "
+            "import contextlib, io; f = io.StringIO(); "
+            "contextlib.redirect_stdout(f).__enter__(); "
+            "main(['plan', '--params', '1e9', '--gpus', '8']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
