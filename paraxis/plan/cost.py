@@ -20,7 +20,11 @@ from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import axis_link, dp_sync_time, p2p_time, tp_layer_time
-from paraxis.plan.compute import iteration_flops, layer_forward_flops_per_token
+from paraxis.plan.compute import (
+    iteration_flops,
+    layer_forward_flops_per_token,
+    layer_forward_traffic_per_token,
+)
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import layout_memory, stage_layers, stage_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -33,6 +37,12 @@ class Overlap:
     dp: bool = True
     tp: bool = False
     pp: bool = False
+    # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
+    # they overlap. This fraction of every hidden second still lands on the step.
+    contention: float = 0.2
+
+
+DEFAULT_OVERLAP = Overlap()
 
 
 @dataclass(frozen=True)
@@ -66,24 +76,30 @@ class Estimate:
 
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
-             overlap: Overlap = Overlap()) -> Estimate:
+             overlap: Overlap = DEFAULT_OVERLAP) -> Estimate:
     """Predict memory and step time of `layout` (already validated) for one global batch."""
     gpu = cluster.gpu
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
     tokens_per_microbatch = micro_batch * seq_len
 
-    # Compute of the busiest stage per microbatch, in hardware FLOPs over tp GPUs.
+    # Compute of the busiest stage per microbatch: GEMMs at matmul_efficiency of peak, plus
+    # memory-bound elementwise kernels at hbm_efficiency of HBM bandwidth (roofline).
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    hidden_bytes, score_bytes = layer_forward_traffic_per_token(
+        cfg, seq_len, layout.tp, layout.sequence_parallel)
     layers = max(stage_layers(cfg.n_layers, layout.pp))
-    forward_layer = (weights + scores) * tokens_per_microbatch
-    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch  # LM head, last stage
-    recompute = {"none": 0.0, "full": weights + scores, "selective": scores}[layout.recompute]
     rate = gpu.peak_flops * gpu.matmul_efficiency * layout.tp
-    t_forward = (layers * forward_layer + head) / rate
+    hbm = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency
+    forward_layer = ((weights + scores) / rate + (hidden_bytes + score_bytes) / hbm) \
+        * tokens_per_microbatch
+    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch / rate  # LM head, last stage
+    recompute = {"none": 0.0, "full": forward_layer,
+                 "selective": (scores / rate + score_bytes / hbm) * tokens_per_microbatch
+                 }[layout.recompute]
+    t_forward = layers * forward_layer + head
     # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
-    t_backward = (2 * (layers * forward_layer + head)
-                  + layers * recompute * tokens_per_microbatch) / rate
+    t_backward = 2 * t_forward + layers * recompute
 
     tp_link = axis_link(layout, "tp", cluster)
     boundary_bytes = 2 * tokens_per_microbatch * cfg.d_model  # bf16 activations s*b*h
@@ -99,9 +115,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         send = p2p_time(boundary_bytes / layout.tp, pp_link.bandwidth_Bps, pp_link.latency_s)
         t_pp = 2 * layout.virtual_stages * send
 
+    # Balanced stages: the idle share does not depend on the backward/forward cost ratio
+    # (tests/test_plan_bubble.py), so one cached simulation serves every recompute setting.
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
-                               layout.virtual_stages, 1.0,
-                               t_backward / t_forward if t_forward else 2.0)
+                               layout.virtual_stages)
     slot_compute = t_forward + t_backward
     slot = (slot_compute + (0.0 if overlap.tp else t_tp) + (0.0 if overlap.pp else t_pp))
     busy = layout.microbatches * slot
@@ -110,10 +127,13 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     dp_link = axis_link(layout, "dp", cluster)
     stage_param_count = max(stage_params(cfg, layout.pp)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
-                        precision.grad_bytes, precision.param_bytes)
+                        precision.grad_bytes, precision.param_bytes, layers)
     if overlap.dp:
-        window = layout.microbatches * slot_compute if layout.zero == 3 else t_backward
-        dp_exposed = max(0.0, t_dp - window)
+        # ZeRO-3 prefetches behind all compute; ZeRO-2's per-microbatch reduce-scatter behind
+        # every backward; ZeRO-0/1's single all-reduce behind the last backward only.
+        window = {3: layout.microbatches * slot_compute,
+                  2: layout.microbatches * t_backward}.get(layout.zero, t_backward)
+        dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
     step = pipeline + dp_exposed
