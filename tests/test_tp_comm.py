@@ -32,8 +32,10 @@ BATCH, SEQ = 2, 16
 
 def seeds_per_layer(sequence_parallel: bool) -> dict[tuple[str, str], int]:
     """(kind, phase) -> collectives per transformer layer (seeds ch. 3; Korthikanti fig. 5)."""
-    if tp_collectives_per_layer is not None:
-        return tp_collectives_per_layer(sequence_parallel)
+    if tp_collectives_per_layer is not None:  # {phase: {kind: count}}, zeros included
+        planned = tp_collectives_per_layer(sequence_parallel)
+        return {(kind, phase): n for phase, kinds in planned.items()
+                for kind, n in kinds.items() if n}
     if not sequence_parallel:
         return {("all_reduce", "forward"): 2, ("all_reduce", "backward"): 2}
     return {("all_gather", "forward"): 2, ("reduce_scatter", "forward"): 2,
