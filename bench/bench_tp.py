@@ -1,0 +1,92 @@
+"""paraxis tensor parallelism next to PyTorch's DTensor TP (`parallelize_module`), tp=2.
+
+Same model (Llama style, untied head, grouped kv heads), same weights, same batch, gloo.
+The peer uses the torchtitan plan: ColwiseParallel for q/k/v/gate/up, RowwiseParallel for
+o/down, a vocab-parallel embedding (RowwiseParallel on the table) and a vocab-parallel head
+with `loss_parallel` so it never gathers the logits either. Both steps are forward, backward
+and AdamW(foreach=False) (DTensor params need it, PLATFORM.md); neither clips gradients,
+since the peer has no global norm over mixed DTensor/Tensor gradients to match.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from bench.common import Row, compare, measure_steps
+from paraxis.layout import Layout
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.runtime.distributed import build_groups
+from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel
+
+MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, 8 heads / 4 kv heads
+TP = 2
+
+
+def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _paraxis(batch: int, seq: int, steps: int) -> dict:
+    layout = Layout(tp=TP)
+    groups = build_groups(layout)
+    model = apply_tensor_parallel(build_model(MODEL), groups)
+    engine = TensorParallelEngine(model, layout, groups)
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        engine.forward_backward(x, y)
+        engine.optimizer_step(1e-3)
+        engine.zero_grad()
+
+    return measure_steps(step, steps)
+
+
+def _dtensor(batch: int, seq: int, steps: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = build_model(MODEL)
+    plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(MODEL.n_layers):
+        for name in ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up"):
+            plan[f"blocks.{i}.{name}"] = ColwiseParallel()
+        for name in ("attn.o", "mlp.down"):
+            plan[f"blocks.{i}.{name}"] = RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
+                                  foreach=False)
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        with loss_parallel():  # cross-entropy on vocab-sharded logits, no gather
+            loss = model(x, y)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_steps(step, steps)
+
+
+def rows(quick: bool = False) -> list[Row]:
+    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 8)
+    return [compare(f"tensor parallel tp={TP} ({MODEL.name}, 4 layers)", TP, batch * seq,
+                    ("paraxis apply_tensor_parallel", lambda: _paraxis(batch, seq, steps)),
+                    ("DTensor parallelize_module", lambda: _dtensor(batch, seq, steps)),
+                    repeats=1 if quick else 3)]
+
+
+if __name__ == "__main__":
+    for row in rows(quick=True):
+        print(row.to_dict())

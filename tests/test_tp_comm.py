@@ -1,0 +1,131 @@
+"""What tensor parallelism sends: exactly the collectives Megatron's analysis counts.
+
+Seeds, chapter 3: "an AllReduce after every attention block and every MLP block ... 2L
+AllReduces per forward pass (and another 2L in the backward pass)". With sequence
+parallelism each all-reduce becomes an all-gather + reduce-scatter pair (Korthikanti et al.
+2022, sec. 4.2.2), moving the same bytes.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.tensor_parallel import CommCounter, apply_tensor_parallel
+from paraxis.tensor_parallel.comm import (
+    copy_to_tp,
+    gather_from_sequence,
+    reduce_from_tp,
+    reduce_scatter_to_sequence,
+    scatter_to_sequence,
+)
+from paraxis.testing import distributed, run_distributed
+
+try:  # the planner's cost model, when its branch is merged
+    from paraxis.plan.comm import tp_collectives_per_layer
+except ImportError:
+    tp_collectives_per_layer = None
+
+BATCH, SEQ = 2, 16
+
+
+def seeds_per_layer(sequence_parallel: bool) -> dict[tuple[str, str], int]:
+    """(kind, phase) -> collectives per transformer layer (seeds ch. 3; Korthikanti fig. 5)."""
+    if tp_collectives_per_layer is not None:  # {phase: {kind: count}}, zeros included
+        planned = tp_collectives_per_layer(sequence_parallel)
+        return {(kind, phase): n for phase, kinds in planned.items()
+                for kind, n in kinds.items() if n}
+    if not sequence_parallel:
+        return {("all_reduce", "forward"): 2, ("all_reduce", "backward"): 2}
+    return {("all_gather", "forward"): 2, ("reduce_scatter", "forward"): 2,
+            ("all_gather", "backward"): 2, ("reduce_scatter", "backward"): 2}
+
+
+def count_block(model_name: str, sequence_parallel: bool) -> dict:
+    cfg = PRESETS[model_name]
+    model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel)
+    tp = dist.get_world_size()
+    seq = SEQ // tp if sequence_parallel else SEQ
+    x = torch.randn(BATCH, seq, cfg.d_model, requires_grad=True)
+    with CommCounter() as counter:
+        model.blocks[1](x).square().sum().backward()
+    activation_bytes = BATCH * SEQ * cfg.d_model * 4  # one full (batch, seq, d_model) fp32
+    per_kind = {(e.kind, e.phase) for e in counter.events if e.purpose == "activation"}
+    counts = {key: counter.count(key[0], key[1], "activation") for key in per_kind}
+    nbytes = {key: counter.nbytes(key[0], key[1], "activation") for key in per_kind}
+    return {"counts": counts, "bytes": nbytes, "activation_bytes": activation_bytes, "tp": tp,
+            "param_grad": counter.count("all_reduce", "backward", "param_grad"),
+            "other": counter.count(purpose="loss")}
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
+def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
+    result = run_distributed(count_block, 2, args=(model_name, sequence_parallel))[0]
+    assert result["counts"] == seeds_per_layer(sequence_parallel)
+    full, tp = result["activation_bytes"], result["tp"]
+    if not sequence_parallel:
+        assert result["bytes"] == {key: 2 * full for key in result["counts"]}
+        assert result["param_grad"] == 0
+    else:
+        # An all-gather sends this rank's shard; a reduce-scatter takes the full tensor.
+        for (kind, _), nbytes in result["bytes"].items():
+            assert nbytes == 2 * (full // tp if kind == "all_gather" else full)
+        # Replicated params applied to sequence shards: LayerNorm weight+bias x2 and the
+        # o/down biases (GPT-2); RMSNorm weight x2 (Llama).
+        assert result["param_grad"] == (6 if model_name == "tiny" else 2)
+
+
+def count_model(sequence_parallel: bool) -> dict:
+    cfg = PRESETS["tiny"]
+    model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel)
+    idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with CommCounter() as counter:
+        model(idx, idx).backward()
+    return {"summary": counter.summary(), "layers": cfg.n_layers,
+            "loss": counter.count(purpose="loss"),
+            "forward": counter.count(phase="forward", purpose="activation"),
+            "backward": counter.count(phase="backward", purpose="activation")}
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
+def test_whole_model_adds_one_collective_each_for_embedding_and_head(sequence_parallel):
+    result = run_distributed(count_model, 2, args=(sequence_parallel,))[0]
+    per_pass = 2 * result["layers"] * (2 if sequence_parallel else 1)
+    # + the embedding's reduction forward, the LM head's region entry backward; with SP the
+    # head's all-gather forward and the embedding's all-gather backward too.
+    extra = 2 if sequence_parallel else 1
+    assert result["forward"] == per_pass + extra
+    assert result["backward"] == per_pass + extra
+    assert result["loss"] == 2  # max, then (target logit, sum exp) together
+    assert set(result["summary"]) <= {"all_reduce", "all_gather", "reduce_scatter"}
+
+
+@distributed(world_size=2)
+def test_operators_are_conjugate():
+    rank = dist.get_rank()
+    group = dist.group.WORLD
+    x = torch.full((1, 4, 3), float(rank + 1), requires_grad=True)
+    copy_to_tp(x, group).backward(torch.ones(1, 4, 3))
+    assert torch.equal(x.grad, torch.full((1, 4, 3), 2.0))  # all-reduced backward
+    x.grad = None
+    reduced = reduce_from_tp(x, group)
+    assert torch.equal(reduced, torch.full((1, 4, 3), 3.0))
+    reduced.backward(torch.ones(1, 4, 3))
+    assert torch.equal(x.grad, torch.ones(1, 4, 3))  # identity backward
+    x.grad = None
+    gathered = gather_from_sequence(x, group)
+    assert gathered.shape == (1, 8, 3) and torch.equal(gathered[0, :4], torch.ones(4, 3))
+    gathered.backward(torch.ones(1, 8, 3))
+    assert torch.equal(x.grad, torch.full((1, 4, 3), 2.0))  # reduce-scattered backward
+    x.grad = None
+    scattered = reduce_scatter_to_sequence(x, group)
+    assert scattered.shape == (1, 2, 3) and torch.equal(scattered, torch.full((1, 2, 3), 3.0))
+    scattered.backward(torch.ones(1, 2, 3))
+    assert torch.equal(x.grad, torch.ones(1, 4, 3))  # all-gathered backward
+    x.grad = None
+    chunk = scatter_to_sequence(x, group)
+    assert chunk.shape == (1, 2, 3)
+    chunk.backward(torch.ones(1, 2, 3))
+    assert torch.equal(x.grad, torch.ones(1, 4, 3))

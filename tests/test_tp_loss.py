@@ -1,0 +1,69 @@
+"""The vocab-parallel loss: equal to the plain cross-entropy, and no tensor of full logits.
+
+Two independent witnesses: every tensor any op produces during the head + loss (forward and
+backward, seen by a dispatch mode), and every tensor autograd saves (saved_tensors_hooks).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.tensor_parallel import apply_tensor_parallel
+from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from paraxis.testing import distributed
+
+
+class LargestTensor(TorchDispatchMode):
+    """Remember the largest tensor (in elements) that any op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.numel = max(self.numel, leaf.numel())
+        return out
+
+
+@distributed(world_size=2)
+def test_loss_equals_cross_entropy_and_its_gradient():
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 16, generator=generator) * 4
+    targets = torch.randint(0, 16, (3, 5), generator=generator)
+    full = logits.clone().requires_grad_()
+    F.cross_entropy(full.view(-1, 16), targets.view(-1)).backward()
+    shard = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(shard, targets, dist.group.WORLD)
+    loss.backward()
+    expected = F.cross_entropy(logits.view(-1, 16), targets.view(-1))
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(shard.grad, full.grad.chunk(tp, dim=-1)[rank], rtol=1e-5,
+                               atol=1e-7)
+
+
+@distributed(world_size=2)
+def test_full_logits_never_exist_in_the_loss():
+    cfg = PRESETS["tiny-llama"]  # untied head: vocab 256, d_model 64
+    tp = dist.get_world_size()
+    model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD)
+    batch, seq = 4, 32
+    hidden = torch.randn(batch, seq, cfg.d_model, requires_grad=True)
+    targets = torch.randint(0, cfg.vocab_size, (batch, seq))
+    shard_numel = batch * seq * cfg.vocab_size // tp
+    saved: list[int] = []
+    with LargestTensor() as largest, torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t.numel()) or t, lambda t: t):
+        logits = model.logits(hidden)
+        assert logits.shape == (batch, seq, cfg.vocab_size // tp)
+        model.loss_fn(logits, targets).backward()
+    assert largest.numel == shard_numel  # the logits shard is the largest tensor made
+    assert max(saved) == shard_numel  # and the largest kept for backward
+    assert batch * seq * cfg.vocab_size > shard_numel
