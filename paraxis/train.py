@@ -197,7 +197,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     add("--zero", type=int, default=None, choices=(0, 1, 2, 3))
     add("--microbatches", type=int, default=None)
     add("--schedule", default=None, help="gpipe, 1f1b or interleaved")
-    add("--virtual", type=int, default=None, dest="virtual_stages")
+    # --virtual-stages: torchrun rejects "--virtual" as an abbreviation of its own flag
+    add("--virtual", "--virtual-stages", type=int, default=None, dest="virtual_stages",
+        help="model chunks per pipeline stage (interleaved schedule)")
     add("--recompute", default=None, help="none, selective or full")
     add("--sequence-parallel", action="store_true", default=None)
 

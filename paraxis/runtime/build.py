@@ -22,6 +22,13 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         model.set_recompute(layout.recompute)
         return LocalEngine(model, layout, weight_decay=train_cfg.weight_decay,
                            autocast_dtype=autocast)
+    if layout.pp > 1:  # any dp x tp inside each stage: the pipeline engine composes them
+        from paraxis.pipeline_parallel.engine import PipelineEngine
+
+        return PipelineEngine(model_cfg, layout, groups, device, seed=train_cfg.seed,
+                              weight_decay=train_cfg.weight_decay, autocast_dtype=autocast,
+                              seq_len=train_cfg.seq_len,
+                              announce=groups.rank == 0 and not train_cfg.quiet)
     if layout.tp > 1 and layout.dp == 1 and layout.pp == 1:
         from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel
 

@@ -1,0 +1,92 @@
+"""paraxis pipeline schedules next to `torch.distributed.pipelining` (Schedule1F1B and
+ScheduleGPipe): same model, same stage split, same stages and microbatches, gloo.
+
+Both sides run the same stage modules (`build_stage_modules`, so the same weights and the
+same partition), forward + backward over the microbatches, then AdamW(foreach=False). The
+peer wraps each stage in `PipelineStage`; paraxis runs its own validated action lists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.common import Row, compare, measure_steps
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.pipeline_parallel.engine import PipelineEngine
+from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.pipeline_parallel.stage import build_stage_modules
+from paraxis.runtime.distributed import build_groups
+from paraxis.runtime.engine import make_adamw
+
+MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, untied head
+PP = 2
+PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+
+
+def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _paraxis(schedule: str, batch: int, seq: int, microbatches: int, steps: int) -> dict:
+    layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
+    engine = PipelineEngine(MODEL, layout, build_groups(layout), torch.device("cpu"))
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        engine.forward_backward(x, y)
+        engine.optimizer_step(1e-3)
+        engine.zero_grad()
+
+    return measure_steps(step, steps)
+
+
+def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int,
+                      steps: int) -> dict:
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    stage_index = dist.get_rank()
+    module = build_stage_modules(MODEL, partition_layers(MODEL, PP), stage_index)[0]
+    stage = pipelining.PipelineStage(module, stage_index, PP, torch.device("cpu"))
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return module.loss_fn(logits, targets) if module.is_last else logits.sum()
+
+    runner = getattr(pipelining, PEERS[schedule])(stage, microbatches, loss_fn=loss_fn)
+    optimizer = make_adamw(module.parameters(), 0.1, (0.9, 0.95), 1e-8)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-3
+    x, y = _batch(batch, seq)
+
+    def step() -> None:
+        if stage_index == 0:
+            runner.step(x)
+        else:
+            runner.step(target=y, losses=[])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return measure_steps(step, steps)
+
+
+def rows(quick: bool = False) -> list[Row]:
+    batch, seq, microbatches, steps = (4, 32, 4, 2) if quick else (16, 128, 8, 8)
+    out = []
+    for schedule in ("1f1b", "gpipe"):
+        out.append(compare(
+            f"pipeline pp={PP} {schedule} M={microbatches} ({MODEL.name}, 4 layers)", PP,
+            batch * seq,
+            (f"paraxis {schedule}",
+             lambda s=schedule: _paraxis(s, batch, seq, microbatches, steps)),
+            (f"torch pipelining {PEERS[schedule]}",
+             lambda s=schedule: _torch_pipelining(s, batch, seq, microbatches, steps)),
+            repeats=1 if quick else 3))
+    return out
+
+
+if __name__ == "__main__":
+    for row in rows(quick=True):
+        print(row.to_dict())

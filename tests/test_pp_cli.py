@@ -1,0 +1,43 @@
+"""`paraxis train --pp ...` end to end under torchrun, and its one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.testing import free_port
+from paraxis.train import TrainConfig, run_training
+
+COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len", "32",
+          "--device", "cpu", "--quiet"]
+
+
+def test_torchrun_pipeline_training_matches_one_device(tmp_path):
+    metrics = tmp_path / "pp.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), "-m", "paraxis.train", *COMMON,
+         "--pp", "2", "--schedule", "1f1b", "--microbatches", "4", "--recompute", "selective",
+         "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    piped = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    single = run_training(TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32,
+                                      device="cpu", quiet=True,
+                                      layout=Layout(microbatches=4)))
+    assert piped == pytest.approx([r["loss"] for r in single], rel=1e-5)
+
+
+def test_bad_pipeline_input_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "paraxis", "train", *COMMON, "--pp", "4",
+                             "--schedule", "interleaved", "--virtual", "2",
+                             "--microbatches", "6"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "multiple of pp (4); use microbatches=8" in result.stderr
+    with pytest.raises(ParaxisError, match="4 layers cannot fill") as error:
+        Layout(pp=8).validate(world_size=8, model=PRESETS["tiny"])
+    assert "\n" not in str(error.value)
