@@ -180,3 +180,23 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")
+
+
+def model_from_params(num_params: float, seq_len: int = 2048,
+                      vocab_size: int = 51200) -> ModelConfig:
+    """A generic GPT-style shape for a parameter count (`paraxis plan --params 7e9`).
+
+    Width follows the aspect ratio d_model / n_layers = 128 shared by GPT-3 175B (12288/96) and
+    Llama-2 7B (4096/32); a block holds 12 d_model^2 parameters (Kaplan et al. 2020, Sec. 2.1).
+    Width is a multiple of 1024 past 1024 so the heads (of 128) divide by tp up to 8.
+    """
+    if not num_params >= 1e6:
+        raise ParaxisError(f"--params {num_params:g} is too small; give at least 1e6")
+    # 12 L d^2 = N with d = 128 L  ->  L = (N / (12 * 128^2))^(1/3)
+    d_model = 128 * (num_params / (12 * 128**2)) ** (1 / 3)
+    step = 1024 if d_model >= 1024 else 128
+    d_model = max(step, round(d_model / step) * step)
+    per_layer = 12 * d_model**2 + 13 * d_model
+    n_layers = max(1, round((num_params - vocab_size * d_model) / per_layer))
+    return ModelConfig(f"generic-{num_params / 1e9:g}b", "gpt2", vocab_size, n_layers, d_model,
+                       d_model // 128, d_model // 128, 4 * d_model, seq_len)

@@ -1,0 +1,142 @@
+"""GPUs and clusters: the hardware the cost model prices.
+
+A hardware description is plain data. It can come from a preset, from command-line flags, or
+from a TOML/JSON file (`--hardware FILE`), including the profile `paraxis calibrate` writes.
+File schema (every key optional; units in the names; bandwidths are per GPU, one direction):
+
+    {
+      "gpu": "a100-80gb",                 # preset to start from
+      "name": "my-a100",                  # any of the GPU fields below override the preset
+      "peak_flops": 312e12,               # dense bf16 FLOP/s
+      "memory_bytes": 80e9,
+      "nvlink_bandwidth_Bps": 300e9,      # intra-node, bytes/s per GPU per direction
+      "matmul_efficiency": 0.6,           # achieved fraction of peak_flops in training GEMMs
+      "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
+      "nodes": 8, "gpus_per_node": 8,
+      "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
+      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5
+    }
+
+Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from paraxis.errors import ParaxisError
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_flops: float  # dense bf16 tensor-core FLOP/s (vendor datasheet)
+    memory_bytes: float
+    nvlink_bandwidth_Bps: float  # per GPU, one direction
+    # Calibration, one pair per GPU type (docs/validation.md): achieved fraction of peak in
+    # the GEMMs of a training step, and achieved fraction of link bandwidth in NCCL rings.
+    matmul_efficiency: float = 0.6
+    link_efficiency: float = 0.8
+
+
+# Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("a100-40gb", 312e12, 40e9, 300e9),
+    GPU("a100-80gb", 312e12, 80e9, 300e9),
+    GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, matmul_efficiency=0.5),
+    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, matmul_efficiency=0.5),
+    GPU("h200", 989e12, 141e9, 450e9, matmul_efficiency=0.5),
+    GPU("v100-32gb", 125e12, 32e9, 150e9),
+    GPU("l40s", 362e12, 48e9, 32e9),  # no NVLink: PCIe Gen4 x16
+)}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: GPU
+    nodes: int = 1
+    gpus_per_node: int = 8
+    # 8x 200 Gb/s HDR InfiniBand per 8-GPU node (DGX A100) = 25 GB/s per GPU per direction.
+    inter_node_bandwidth_Bps: float = 25e9
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ParaxisError(f"a cluster needs at least one GPU (nodes={self.nodes}, "
+                               f"gpus_per_node={self.gpus_per_node}); give --gpus >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def replace(self, **changes: object) -> Cluster:
+        return dataclasses.replace(self, **changes)
+
+
+def get_gpu(name: str) -> GPU:
+    if name not in GPUS:
+        raise ParaxisError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)} or give "
+                           "--hardware FILE")
+    return GPUS[name]
+
+
+_GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
+_CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu"}
+
+
+def load_hardware_file(path: str | Path) -> dict[str, object]:
+    """Read a TOML/JSON hardware file into flat overrides (schema in the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParaxisError(f"hardware file {path} does not exist; give an existing .json/.toml")
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ParaxisError(f"hardware file {path} is not valid JSON/TOML: {error}") from None
+    flat: dict[str, object] = {}
+    for key, value in data.items():
+        if key in ("gpu", "cluster") and isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    known = _GPU_KEYS | _CLUSTER_KEYS | {"gpu"}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ParaxisError(f"hardware file {path}: unknown key(s) {', '.join(unknown)}; known "
+                           f"keys are {', '.join(sorted(known))}")
+    return flat
+
+
+def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node: int = 8,
+                  overrides: dict[str, object] | None = None) -> Cluster:
+    """A cluster from a preset GPU name, a GPU count and optional overrides (file or flags).
+
+    Overrides set to None are ignored, so CLI flags left unset keep the file's or preset's value.
+    """
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    base = get_gpu(str(overrides.pop("gpu", gpu)))
+    gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
+    gpu_obj = dataclasses.replace(base, **gpu_changes)
+    for key in ("peak_flops", "memory_bytes", "nvlink_bandwidth_Bps"):
+        if float(getattr(gpu_obj, key)) <= 0:
+            raise ParaxisError(f"GPU {key}={getattr(gpu_obj, key)} must be positive")
+    per_node = int(overrides.pop("gpus_per_node", gpus_per_node))
+    if gpus is not None:
+        if gpus < 1:
+            raise ParaxisError(f"--gpus {gpus}: need at least one GPU")
+        if gpus < per_node:
+            per_node = gpus
+        if gpus % per_node:
+            raise ParaxisError(f"{gpus} GPUs do not fill whole nodes of {per_node}; give a "
+                               f"multiple of --gpus-per-node {per_node}")
+        overrides["nodes"] = gpus // per_node  # the flag wins over a file
+    return Cluster(gpu=gpu_obj, gpus_per_node=per_node, **overrides)  # type: ignore[arg-type]
