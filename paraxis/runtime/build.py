@@ -22,4 +22,12 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         model.set_recompute(layout.recompute)
         return LocalEngine(model, layout, weight_decay=train_cfg.weight_decay,
                            autocast_dtype=autocast)
+    if layout.tp > 1 and layout.dp == 1 and layout.pp == 1:
+        from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel
+
+        model = build_model(model_cfg, seed=train_cfg.seed, device=device)
+        model.set_recompute(layout.recompute)
+        apply_tensor_parallel(model, groups, layout.sequence_parallel)
+        return TensorParallelEngine(model, layout, groups, weight_decay=train_cfg.weight_decay,
+                                    autocast_dtype=autocast)
     raise ParaxisError(f"layout {layout} is not supported by this runtime yet")

@@ -1,0 +1,248 @@
+"""Turn a single-device model (or a pipeline stage of it) into its tensor-parallel shard.
+
+The plan is data (torchtitan's `parallelize_module` plans are the model): a mapping from
+submodule name patterns to how that submodule is split. `*` matches one name component
+(`blocks.*.attn` matches `blocks.3.attn`, for a ModuleList or a ModuleDict of blocks).
+
+    apply_tensor_parallel(model, groups, sequence_parallel=True)
+
+transforms, in place, every submodule the plan names that the module holds, and skips the
+rest. A pipeline stage is a module with the same attribute names holding only some parts:
+`blocks` (its subset), `tok_emb`/`pos_emb` on the first stage, `norm_f`/`lm_head`/`loss_fn`
+on the last. Parameter names do not change (`blocks.0.attn.q.weight` is still there, now a
+slice), so checkpoints and optimizers see the same names on every layout.
+
+What the plan does per layer (Megatron-LM, Shoeybi et al. 2019, fig. 3): attention and MLP
+each enter the TP region once and leave it once, so a layer costs 2 all-reduces forward and
+2 backward; with sequence parallelism (Korthikanti et al. 2022, fig. 5) each all-reduce
+becomes an all-gather before and a reduce-scatter after, and the norms between them run on
+sequence shards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.errors import ParaxisError
+from paraxis.model_config import ModelConfig
+from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.params import is_tp_sharded
+from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
+from paraxis.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    SequenceParallelNorm,
+    SequenceShardedPositions,
+    VocabParallelEmbedding,
+    enter_tp_region,
+)
+
+
+@dataclass(frozen=True)
+class TPContext:
+    group: dist.ProcessGroup | None
+    size: int
+    sequence_parallel: bool
+
+
+class SplitStyle(Protocol):
+    """How one submodule is split: returns its replacement (or the module itself)."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module: ...
+
+
+class Colwise:
+    """Output features split across ranks; `enter_region` when no parent did it."""
+
+    def __init__(self, enter_region: bool = False) -> None:
+        self.enter_region = enter_region
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        _check_divisible(module.weight.shape[0], ctx.size, f"{module.weight.shape[0]} output "
+                         "features")
+        return ColumnParallelLinear.from_linear(module, ctx.group, ctx.sequence_parallel,
+                                                self.enter_region)
+
+
+class Rowwise:
+    """Input features split; partial outputs all-reduced (or reduce-scattered with SP)."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        _check_divisible(module.weight.shape[1], ctx.size, f"{module.weight.shape[1]} input "
+                         "features")
+        return RowParallelLinear.from_linear(module, ctx.group, ctx.sequence_parallel)
+
+
+class EnterRegion:
+    """The module's input enters the TP region once, for all its column-parallel children
+    (q, k, v share one all-reduce in backward; with SP, one all-gather forward)."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        def enter(_: nn.Module, args: tuple) -> tuple:
+            return (enter_tp_region(args[0], ctx.group, ctx.sequence_parallel), *args[1:])
+
+        module.register_forward_pre_hook(enter)
+        return module
+
+
+class VocabParallel:
+    """Embedding rows split by vocabulary; the sum over ranks is the lookup."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        _check_divisible(module.weight.shape[0], ctx.size,
+                         f"vocab size {module.weight.shape[0]}",
+                         "pad the vocabulary to a multiple of tp (paraxis does not pad)")
+        return VocabParallelEmbedding.from_embedding(module, ctx.group, ctx.sequence_parallel)
+
+
+class SequenceSharded:
+    """A replicated module that runs on sequence shards with SP (norms, learned positions);
+    unchanged without SP, where it sees the whole, replicated sequence."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        if not ctx.sequence_parallel:
+            return module
+        if isinstance(module, nn.Embedding):
+            return SequenceShardedPositions(module, ctx.group)
+        if isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            return SequenceParallelNorm(module, ctx.group)
+        raise ParaxisError(f"cannot run {type(module).__name__} on sequence shards; the plan "
+                           "supports LayerNorm, RMSNorm and position embeddings")
+
+
+class VocabParallelLoss:
+    """Cross-entropy on vocab-parallel logits (no full logits anywhere)."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        return VocabParallelCrossEntropy(ctx.group)
+
+
+# The reference model's plan; `paraxis.model` names. Order matters only for the tie below.
+PLAN: dict[str, SplitStyle] = {
+    "tok_emb": VocabParallel(),
+    "pos_emb": SequenceSharded(),
+    "blocks.*.norm1": SequenceSharded(),
+    "blocks.*.attn": EnterRegion(),
+    "blocks.*.attn.q": Colwise(),  # heads split: rows of q are heads x head_dim
+    "blocks.*.attn.k": Colwise(),  # grouped kv heads split the same way
+    "blocks.*.attn.v": Colwise(),
+    "blocks.*.attn.o": Rowwise(),
+    "blocks.*.norm2": SequenceSharded(),
+    "blocks.*.mlp": EnterRegion(),
+    "blocks.*.mlp.up": Colwise(),
+    "blocks.*.mlp.gate": Colwise(),
+    "blocks.*.mlp.down": Rowwise(),
+    "norm_f": SequenceSharded(),
+    "lm_head": Colwise(enter_region=True),  # vocab-parallel logits
+    "loss_fn": VocabParallelLoss(),
+}
+
+
+def _pattern(text: str) -> re.Pattern[str]:
+    return re.compile("^" + r"\.".join("[^.]+" if part == "*" else re.escape(part)
+                                       for part in text.split(".")) + "$")
+
+
+def _check_divisible(count: int, tp: int, what: str, fix: str | None = None) -> None:
+    if count % tp:
+        raise ParaxisError(f"{what} is not divisible by tp={tp}; "
+                           f"{fix or 'choose a tp that divides it'}")
+
+
+def find_config(model: nn.Module) -> ModelConfig | None:
+    """The model's ModelConfig: on the Transformer, or on any Attention of a stage."""
+    for module in model.modules():
+        cfg = getattr(module, "cfg", None)
+        if isinstance(cfg, ModelConfig):
+            return cfg
+    return None
+
+
+def check_model(cfg: ModelConfig, tp: int) -> None:
+    """One-line errors for shapes tensor parallelism cannot split evenly."""
+    if cfg.n_heads % tp:
+        raise ParaxisError(f"{cfg.n_heads} attention heads are not divisible by tp={tp}; "
+                           "choose a tp that divides the head count")
+    if cfg.n_kv_heads % tp:
+        raise ParaxisError(f"{cfg.n_kv_heads} kv heads are not divisible by tp={tp}; "
+                           "choose a tp that divides the kv head count")
+    # Padding the vocabulary would change the model's loss normalisation and its shapes in
+    # checkpoints; an error keeps every layout's model identical.
+    if cfg.vocab_size % tp:
+        raise ParaxisError(f"vocab size {cfg.vocab_size} is not divisible by tp={tp}; pad "
+                           "the vocabulary to a multiple of tp (paraxis does not pad)")
+    if cfg.d_ff % tp:
+        raise ParaxisError(f"MLP width {cfg.d_ff} is not divisible by tp={tp}")
+
+
+def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.ProcessGroup | None,
+                          sequence_parallel: bool = False,
+                          plan: Mapping[str, SplitStyle] = PLAN) -> nn.Module:
+    """Split `model` in place for this rank's TP group and return it.
+
+    `model` holds full single-device weights (every TP rank builds the same ones); each rank
+    keeps its slice. `groups` is the runtime's ParallelGroups (its tp_group is used) or a
+    process group. With tp == 1 the model is returned unchanged.
+    """
+    group = groups.tp_group if isinstance(groups, ParallelGroups) else groups
+    size = 1 if group is None else dist.get_world_size(group)
+    if size == 1:
+        return model
+    cfg = find_config(model)
+    if cfg is not None:
+        check_model(cfg, size)
+    lm_head, tok_emb = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
+    tied = lm_head is not None and tok_emb is not None and lm_head.weight is tok_emb.weight
+    ctx = TPContext(group, size, sequence_parallel)
+    compiled = [(_pattern(text), style) for text, style in plan.items()]
+    for name, module in list(model.named_modules()):
+        for pattern, style in compiled:
+            if name and pattern.match(name):
+                _replace(model, name, style.apply(module, ctx))
+                break
+    if tied:
+        # GPT-2's head is the embedding transposed (Press & Wolf 2017): both shards are the
+        # same vocab rows, so the head's shard is the embedding's shard, one Parameter.
+        model.lm_head.weight = model.tok_emb.weight
+    return model
+
+
+def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    if getattr(parent, child) is not new:
+        setattr(parent, child, new)
+
+
+# ----------------------------------------------------------------- whole tensors back
+
+
+def gather_full(tensor: torch.Tensor, param: torch.Tensor, group: dist.ProcessGroup | None
+                ) -> torch.Tensor:
+    """The full tensor from every TP rank's slice of `tensor` (a parameter or its grad),
+    laid out as `param` is sharded; replicated ones come back as they are."""
+    if group is None or not is_tp_sharded(param):
+        return tensor.detach().clone()
+    pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
+    return torch.cat(pieces, dim=param.tp_shard_dim)
+
+
+def full_state(model: nn.Module, group: dist.ProcessGroup | None, grads: bool = False
+               ) -> dict[str, torch.Tensor]:
+    """{name: full tensor} of every parameter (or its gradient), gathered over the TP group.
+    Collective: every TP rank must call it."""
+    out = {}
+    for name, param in model.named_parameters():
+        tensor = param.grad if grads else param
+        if tensor is None:
+            continue
+        out[name] = gather_full(tensor, param, group)
+    return out

@@ -1,0 +1,172 @@
+"""The communication operators of tensor parallelism, as autograd functions.
+
+Megatron-LM (Shoeybi et al. 2019, sec. 3, fig. 3) builds tensor parallelism on two
+conjugate operators:
+
+- `copy_to_tp` ("f"): identity forward, all-reduce backward. Enters a parallel region: the
+  replicated input feeds rank-local column-parallel matmuls, so its gradient is the sum of
+  every rank's partial gradient.
+- `reduce_from_tp` ("g"): all-reduce forward, identity backward. Leaves the region: the
+  row-parallel matmul's partial sums become the full output.
+
+Sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2, fig. 5) splits each all-reduce
+into its two halves and moves the norms between them, onto sequence shards:
+
+- `gather_from_sequence` ("g" with SP): all-gather forward along the sequence dim,
+  reduce-scatter backward.
+- `reduce_scatter_to_sequence` ("g-bar"): reduce-scatter forward, all-gather backward.
+- `scatter_to_sequence`: keep this rank's sequence chunk forward, all-gather backward.
+
+Tensors are (batch, seq, ...); the sequence dim is 1. Every call records itself in the
+active `CommCounter`s. `group=None` means "no TP" and every operator is the identity.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paraxis.errors import ParaxisError
+from paraxis.tensor_parallel.counter import record
+
+SEQ_DIM = 1
+
+
+def _size(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup, phase: str,
+                purpose: str = "activation") -> torch.Tensor:
+    x = x.contiguous()
+    record("all_reduce", x.numel() * x.element_size(), phase, purpose)
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str) -> torch.Tensor:
+    """(b, s/tp, ...) on every rank -> (b, s, ...), rank order along the sequence."""
+    tp = _size(group)
+    # Collectives concatenate along dim 0, so the sequence dim travels in front (Megatron
+    # keeps activations as (seq, batch, hidden) for this reason).
+    local = x.transpose(0, SEQ_DIM).contiguous()
+    record("all_gather", local.numel() * local.element_size(), phase)
+    out = local.new_empty((local.shape[0] * tp, *local.shape[1:]))
+    dist.all_gather_single(out, local, group=group)
+    return out.transpose(0, SEQ_DIM).contiguous()
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str
+                        ) -> torch.Tensor:
+    """(b, s, ...) partial sums on every rank -> this rank's summed (b, s/tp, ...)."""
+    tp = _size(group)
+    full = x.transpose(0, SEQ_DIM).contiguous()
+    if full.shape[0] % tp:
+        raise ParaxisError(f"sequence parallelism needs the sequence length ({full.shape[0]}) "
+                           f"divisible by tp ({tp}); change seq_len or tp")
+    record("reduce_scatter", full.numel() * full.element_size(), phase)
+    out = full.new_empty((full.shape[0] // tp, *full.shape[1:]))
+    dist.reduce_scatter_single(out, full, group=group)
+    return out.transpose(0, SEQ_DIM).contiguous()
+
+
+def _sequence_chunk(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    tp, rank = _size(group), dist.get_rank(group)
+    if x.shape[SEQ_DIM] % tp:
+        raise ParaxisError(f"sequence parallelism needs the sequence length "
+                           f"({x.shape[SEQ_DIM]}) divisible by tp ({tp}); change seq_len or tp")
+    return x.chunk(tp, dim=SEQ_DIM)[rank].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, purpose: str  # noqa: ANN001
+                ) -> torch.Tensor:
+        ctx.group, ctx.purpose = group, purpose
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        return _all_reduce(grad, ctx.group, "backward", ctx.purpose), None, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+        return _all_reduce(x.clone(), group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        return grad, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+        ctx.group = group
+        return _all_gather_seq(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        # Every rank's consumers saw the whole sequence: their gradients are partial sums.
+        return _reduce_scatter_seq(grad, ctx.group, "backward"), None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+        ctx.group = group
+        return _reduce_scatter_seq(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        return _all_gather_seq(grad, ctx.group, "backward"), None
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+        ctx.group = group
+        return _sequence_chunk(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        return _all_gather_seq(grad, ctx.group, "backward"), None
+
+
+def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Identity forward, all-reduce backward (Megatron's f)."""
+    return x if _size(group) == 1 else _CopyToTP.apply(x, group, "activation")
+
+
+def reduce_from_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-reduce forward, identity backward (Megatron's g)."""
+    return x if _size(group) == 1 else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-gather along the sequence forward, reduce-scatter backward (SP's g)."""
+    return x if _size(group) == 1 else _GatherFromSequence.apply(x, group)
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None
+                               ) -> torch.Tensor:
+    """Reduce-scatter along the sequence forward, all-gather backward (SP's g-bar)."""
+    return x if _size(group) == 1 else _ReduceScatterToSequence.apply(x, group)
+
+
+def scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """This rank's sequence chunk forward, all-gather backward."""
+    return x if _size(group) == 1 else _ScatterToSequence.apply(x, group)
+
+
+def sum_grad_over_tp(param: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Identity forward; backward sums the gradient over the TP group.
+
+    Used on replicated parameters that sequence parallelism applies to sequence shards (norm
+    weights and biases, row-parallel biases, learned positions): each rank's gradient covers
+    only its tokens, and the single-device gradient is their sum (Korthikanti et al. 2022,
+    sec. 4.2.2; Megatron sums such grads in finalize_model_grads). Doing it in autograd
+    keeps every engine unaware of it, and sums per microstep, so accumulation stays right.
+    """
+    return param if _size(group) == 1 else _CopyToTP.apply(param, group, "param_grad")
