@@ -36,6 +36,7 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
     for ax, panel in zip(axes[:, 0], panels, strict=True):
         events = check_events(panel.events)
         origin = min((e["start_s"] for e in events), default=0.0)
+        span = (max((e["end_s"] for e in events), default=1.0) - origin) * scale or 1.0
         stages = sorted({e["stage"] for e in events})
         for e in events:
             kinds_seen.add(e["kind"])
@@ -46,12 +47,16 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
             # Compute fills the lane; messages are a thin strip under it, so a send that
             # overlaps compute does not hide it.
             bottom, bar_height = (lane - 0.4, 0.62) if compute else (lane + 0.26, 0.14)
+            # Odd model chunks (interleaved schedules) are paler, so chunk 0 and 1 separate.
             ax.broken_barh([(start, width)], (bottom, bar_height),
                            facecolors=KIND_COLOUR[e["kind"]], hatch=KIND_HATCH[e["kind"]],
-                           edgecolor="white", linewidth=0.6)
-            if compute:
+                           edgecolor="white", linewidth=0.6,
+                           alpha=0.6 if e.get("chunk", 0) % 2 else 1.0)
+            label = event_label(e)
+            # Only label bars wide enough for the text (about 0.8% of the axis per char).
+            if compute and width >= span * 0.008 * (len(label) + 1):
                 # A stroke in the bar's colour clears the hatch behind the label.
-                ax.text(start + width / 2, lane - 0.09, event_label(e), ha="center",
+                ax.text(start + width / 2, lane - 0.09, label, ha="center",
                         va="center", fontsize=7, color="white", clip_on=True,
                         path_effects=[withStroke(linewidth=2.5,
                                                  foreground=KIND_COLOUR[e["kind"]])])
@@ -59,8 +64,8 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
         ax.set_ylim(len(stages) - 0.5 if stages else 0.5, -0.6)
         ax.set_ylabel("pipeline stage")
         bubble = "" if panel.bubble_fraction is None \
-            else f" — bubble {panel.bubble_fraction:.0%}"
-        ax.set_title(f"{panel.title}{bubble}", loc="left")
+            else f"bubble {panel.bubble_fraction:.0%} · "
+        ax.set_title(f"{bubble}{panel.title}", loc="left")
         ax.grid(axis="x", color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
         ax.tick_params(axis="x", labelbottom=True)
@@ -69,7 +74,7 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
     handles = [Patch(facecolor=KIND_COLOUR[k], hatch=KIND_HATCH[k], edgecolor="white",
                      label=KIND_LABEL[k]) for k in order if k != "recv" or "send" not in order]
     fig.legend(handles=handles, loc="outside upper right", ncols=len(handles),
-               title="bar label: kind + microbatch (.chunk); white gap = idle (bubble)",
+               title="label: kind + microbatch (.chunk, paler = chunk 1); white gap = idle",
                title_fontsize=8)
     fig.suptitle(title, x=0.01, ha="left")
     return fig
