@@ -1,11 +1,24 @@
-"""Per-GPU memory of the model states (params, grads, optimizer) under ZeRO stages 0-3."""
+"""Per-GPU memory: model states under ZeRO 0-3, then the whole footprint of a layout."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paraxis.errors import ParaxisError
+from paraxis.plan.activations import (
+    full_layer_activation_bytes,
+    layer_activation_bytes,
+    logits_bytes,
+)
+from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
 
-__all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "model_state_bytes", "zero_table"]
+if TYPE_CHECKING:
+    from paraxis.layout import Layout
+    from paraxis.model_config import ModelConfig
+
+__all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
+           "zero_table"]
 
 
 def model_state_bytes(num_params: int, dp: int, zero: int,
@@ -40,3 +53,68 @@ def zero_table(num_params: int, gpus: int,
         states = model_state_bytes(num_params, gpus, zero, precision)
         rows.append({"zero": zero, **states, "total": sum(states.values())})
     return rows
+
+
+# CUDA context, NCCL workspaces and allocator fragmentation: held back from every GPU.
+RESERVED_BYTES = 2e9
+# Gradient-reduction bucket (PyTorch DDP's 25 MB default), double-buffered while in flight.
+COMM_BUCKET_BYTES = 25e6
+
+
+def stage_layers(n_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage: as even as possible, the first stages take the remainder."""
+    base, extra = divmod(n_layers, pp)
+    return [base + (1 if stage < extra else 0) for stage in range(pp)]
+
+
+def stage_params(cfg: ModelConfig, pp: int) -> list[int]:
+    """Parameters each stage holds before TP: blocks, plus the embedding on the first stage
+    and final norm + LM head on the last (Narayanan et al. 2021 Sec. 3.2). A tied head is a
+    second copy of the embedding on the last stage when pp > 1 (Megatron's word embeddings)."""
+    counts = [layers * cfg.layer_params() for layers in stage_layers(cfg.n_layers, pp)]
+    counts[0] += cfg.embedding_params()
+    counts[-1] += cfg.head_params()
+    if cfg.tied_embeddings and pp > 1:
+        counts[-1] += cfg.vocab_size * cfg.d_model
+    return counts
+
+
+def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
+                  precision: Precision = MIXED_ADAM) -> dict[str, float]:
+    """Per-GPU bytes by component on the stage that needs the most; what must fit.
+
+    Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
+    """
+    figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
+                               layout.virtual_stages)
+    layers = stage_layers(cfg.n_layers, layout.pp)
+    worst: dict[str, float] = {}
+    for stage, params in enumerate(stage_params(cfg, layout.pp)):
+        local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
+        states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
+        per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
+                                           layout.sequence_parallel, layout.recompute)
+        # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
+        # an interleaved (microbatch, chunk) holds 1/v of them.
+        in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
+        activations = in_flight * layers[stage] * per_layer
+        if stage == layout.pp - 1:
+            activations += logits_bytes(cfg, seq_len, micro_batch, layout.tp)
+        buffers = 0.0
+        if layout.recompute == "full":
+            buffers += full_layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
+                                                   layout.sequence_parallel)
+        if layout.zero == 3 and layout.dp > 1:
+            # ZeRO-3 (Rajbhandari et al. 2020 Sec. 5.3): the current and the prefetched layer
+            # are gathered in full, and one layer's full gradient waits for reduce-scatter.
+            layer = cfg.layer_params() / layout.tp
+            buffers += layer * (2 * precision.param_bytes + precision.grad_bytes)
+        if layout.dp > 1:
+            buffers += 2 * COMM_BUCKET_BYTES
+        row = {**states, "activations": activations, "buffers": buffers,
+               "reserved": RESERVED_BYTES}
+        row["total"] = sum(row.values())
+        row["stage"] = stage
+        if not worst or row["total"] > worst["total"]:
+            worst = row
+    return worst

@@ -1,0 +1,56 @@
+"""Pipeline bubble and in-flight microbatches, from the schedule objects the runtime executes.
+
+Small schedules are built and simulated (`paraxis.schedules`); past `SIMULATE_MAX_ACTIONS`
+compute actions the closed forms below answer instead. tests/test_plan_bubble.py proves the
+closed forms equal the simulated figures over a grid of (kind, P, M, v).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from paraxis.schedules import build_schedule
+
+SIMULATE_MAX_ACTIONS = 512  # P * M * v; larger schedules use the proven closed forms
+
+
+class PipelineFigures(NamedTuple):
+    bubble_fraction: float  # idle share of the step's pipeline time
+    # per stage: (microbatch, chunk) activation sets held at once; each is 1/v of the stage
+    peak_in_flight: tuple[int, ...]
+    source: str  # "schedule" (simulated) or "formula"
+
+
+def bubble_formula(kind: str, stages: int, microbatches: int, virtual: int = 1) -> float:
+    # Narayanan et al. 2021 Sec. 2.2: bubble/ideal = (P-1)/(v*M), so idle share
+    # = (P-1)/(v*M + P-1); v = 1 gives GPipe's (P-1)/(M+P-1) (Huang et al. 2019 Sec. 2.3).
+    del kind  # the same for GPipe and 1F1B: they differ in memory, not in idle time
+    return (stages - 1) / (virtual * microbatches + stages - 1)
+
+
+def in_flight_formula(kind: str, stages: int, microbatches: int,
+                      virtual: int = 1) -> tuple[int, ...]:
+    if kind == "gpipe":
+        # GPipe (Huang et al. 2019): every microbatch's activations are held before backward.
+        return tuple(microbatches for _ in range(stages))
+    if kind == "1f1b" or virtual == 1:
+        # PipeDream-Flush 1F1B (Narayanan et al. 2021 Sec. 2.2.1): stage s warms up P-s.
+        return tuple(min(stages - stage, microbatches) for stage in range(stages))
+    # Megatron interleaved warm-up: 2(P-s-1) + (v-1)P forwards, plus the steady-state one.
+    return tuple(min(2 * (stages - stage - 1) + (virtual - 1) * stages + 1,
+                     microbatches * virtual) for stage in range(stages))
+
+
+@lru_cache(maxsize=4096)
+def pipeline_figures(kind: str, stages: int, microbatches: int, virtual: int = 1,
+                     forward_cost: float = 1.0, backward_cost: float = 2.0) -> PipelineFigures:
+    """Bubble fraction and per-stage peak in-flight activations of one step."""
+    if stages == 1:
+        return PipelineFigures(0.0, (1,), "formula")
+    if stages * microbatches * virtual <= SIMULATE_MAX_ACTIONS:
+        schedule = build_schedule(kind, stages, microbatches, virtual)
+        return PipelineFigures(schedule.bubble_fraction(forward_cost, backward_cost),
+                               tuple(schedule.peak_in_flight()), "schedule")
+    return PipelineFigures(bubble_formula(kind, stages, microbatches, virtual),
+                           in_flight_formula(kind, stages, microbatches, virtual), "formula")

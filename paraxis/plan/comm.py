@@ -1,0 +1,121 @@
+"""Communication cost: alpha-beta collectives over the links a group actually spans.
+
+alpha = per-step latency, beta = 1 / bandwidth (Hockney 1994). A group inside one node rides
+NVLink; a group that crosses nodes is limited by the network. Bandwidths are per GPU, one way,
+scaled by the GPU's `link_efficiency` (achieved NCCL bus bandwidth / link bandwidth).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from paraxis.layout import Layout
+from paraxis.plan.hardware import Cluster
+
+
+class Link(NamedTuple):
+    bandwidth_Bps: float
+    latency_s: float
+    crosses_nodes: bool
+
+
+def ring_all_reduce_time(size_bytes: float, n: int, bandwidth_Bps: float,
+                         latency_s: float = 0.0) -> float:
+    # Patarasuk & Yuan 2009 (ring): reduce-scatter + all-gather, 2(N-1) steps of X/N bytes.
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * size_bytes / (n * bandwidth_Bps) + 2 * (n - 1) * latency_s
+
+
+def all_gather_time(size_bytes: float, n: int, bandwidth_Bps: float,
+                    latency_s: float = 0.0) -> float:
+    # Ring all-gather of a full tensor of X bytes: N-1 steps of X/N (Thakur et al. 2005).
+    if n <= 1:
+        return 0.0
+    return (n - 1) * size_bytes / (n * bandwidth_Bps) + (n - 1) * latency_s
+
+
+reduce_scatter_time = all_gather_time  # the same ring steps, run with a reduction
+
+
+def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    # One send over one link (alpha + X beta).
+    return latency_s + size_bytes / bandwidth_Bps
+
+
+def group_ranks(layout: Layout, axis: str) -> list[int]:
+    """The ranks of rank 0's group along `axis`, from the Layout's rank grid (all groups of an
+    axis have the same shape, so one stands for all)."""
+    if axis == "tp":
+        return [layout.rank(0, t, 0) for t in range(layout.tp)]
+    if axis == "dp":
+        return [layout.rank(d, 0, 0) for d in range(layout.dp)]
+    return [layout.rank(0, 0, p) for p in range(layout.pp)]
+
+
+def group_link(ranks: list[int], cluster: Cluster) -> Link:
+    """Bandwidth and latency a ring over `ranks` sees."""
+    nodes = {cluster.node_of(rank) for rank in ranks}
+    gpu = cluster.gpu
+    if len(nodes) == 1:
+        return Link(gpu.nvlink_bandwidth_Bps * gpu.link_efficiency, cluster.intra_node_latency_s,
+                    False)
+    # Every GPU has its own NIC share; with k members per node NCCL runs k rings over k NICs,
+    # so the ring's bus bandwidth is k NIC shares, never more than NVLink.
+    per_node = max(1, len(ranks) // len(nodes))
+    bandwidth = min(cluster.inter_node_bandwidth_Bps * per_node, gpu.nvlink_bandwidth_Bps)
+    return Link(bandwidth * gpu.link_efficiency, cluster.inter_node_latency_s, True)
+
+
+def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
+    return group_link(group_ranks(layout, axis), cluster)
+
+
+def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int]]:
+    """Collectives one transformer layer issues over its TP group, per pass.
+
+    Without SP (Shoeybi et al. 2019 Sec. 3): forward all-reduces after attention and after the
+    MLP (the g operators), backward the two conjugate f operators. With SP (Korthikanti et al.
+    2022 Sec. 4.2.2) each all-reduce becomes an all-gather + reduce-scatter pair.
+    """
+    if sequence_parallel:
+        per_pass = {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 2}
+    else:
+        per_pass = {"all_reduce": 2, "all_gather": 0, "reduce_scatter": 0}
+    return {"forward": dict(per_pass), "backward": dict(per_pass)}
+
+
+def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
+                  passes: int = 2) -> float:
+    """Seconds of TP communication one layer spends per microbatch over `passes` passes
+    (2: forward + backward; 3 with full recomputation, which reruns the forward)."""
+    counts = tp_collectives_per_layer(sequence_parallel)["forward"]
+    b, a = link.bandwidth_Bps, link.latency_s
+    one_pass = (counts["all_reduce"] * ring_all_reduce_time(activation_bytes, tp, b, a)
+                + counts["all_gather"] * all_gather_time(activation_bytes, tp, b, a)
+                + counts["reduce_scatter"] * reduce_scatter_time(activation_bytes, tp, b, a))
+    return passes * one_pass
+
+
+def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
+                 microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2) -> float:
+    """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
+
+    ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU (an
+    all-reduce, or reduce-scatter + all-gather); ZeRO-3 moves 3 x (two all-gathers of the
+    parameters, forward and backward, plus the gradient reduce-scatter). Sharded gradients
+    (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and ZeRO-3's gathers)
+    repeat for every microbatch of gradient accumulation (Sec. 5.2-5.3).
+    """
+    if dp <= 1:
+        return 0.0
+    grads = stage_param_count * grad_bytes
+    params = stage_param_count * param_bytes
+    bandwidth, latency = link.bandwidth_Bps, link.latency_s
+    if zero == 3:
+        return microbatches * (2 * all_gather_time(params, dp, bandwidth, latency)
+                               + reduce_scatter_time(grads, dp, bandwidth, latency))
+    if zero == 2:
+        return (microbatches * reduce_scatter_time(grads, dp, bandwidth, latency)
+                + all_gather_time(params, dp, bandwidth, latency))
+    return ring_all_reduce_time(grads, dp, bandwidth, latency)

@@ -1,0 +1,55 @@
+"""FLOPs of a training step: model FLOPs (for MFU) and hardware FLOPs (for HFU).
+
+Narayanan et al. 2021 Sec. 5.1 (Appendix): a GPT step costs 96 B s l h^2 (1 + s/6h + V/16lh)
+FLOPs with full recomputation. We count the same terms from the ModelConfig (so SwiGLU and
+GQA blocks are priced by their real matrices) and keep recomputation apart: model FLOPs never
+include it (MFU, Chowdhery et al. 2022 App. B), hardware FLOPs do (HFU).
+"""
+
+from __future__ import annotations
+
+from paraxis.model_config import ModelConfig
+
+
+def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float]:
+    """(matmul FLOPs against the weights, attention-score FLOPs) of one layer's forward."""
+    # Narayanan et al. 2021 App.: 2 FLOPs per weight per token (one multiply-add) ...
+    weights = 2 * cfg.layer_params()
+    # ... and Q K^T plus scores x V: 2 * 2 * s * h per token (non-causal count, as the paper).
+    scores = 4 * seq_len * cfg.d_model
+    return weights, scores
+
+
+def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator."""
+    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    # Narayanan et al. 2021 App.: backward = 2x forward, so a step is 3x the forward;
+    # the LM head adds 3 * 2 h V per token.
+    return 3 * (cfg.n_layers * (weights + scores) + 2 * cfg.d_model * cfg.vocab_size)
+
+
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str) -> float:
+    """Extra forward FLOPs per token that recomputation adds (hardware FLOPs only)."""
+    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    if recompute == "full":
+        # Narayanan et al. 2021 App.: one more forward of every layer (72 -> 96 B s l h^2).
+        return cfg.n_layers * (weights + scores)
+    if recompute == "selective":
+        # Korthikanti et al. 2022 Sec. 5: only the attention core is recomputed.
+        return cfg.n_layers * scores
+    return 0.0
+
+
+def iteration_flops(cfg: ModelConfig, seq_len: int, global_batch: int,
+                    recompute: str = "none") -> dict[str, float]:
+    """{"model", "hardware"} FLOPs of one step over `global_batch` sequences."""
+    tokens = global_batch * seq_len
+    model = model_flops_per_token(cfg, seq_len) * tokens
+    return {"model": model,
+            "hardware": model + recompute_flops_per_token(cfg, seq_len, recompute) * tokens}
+
+
+def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
+        peak_flops: float) -> float:
+    """Model FLOPs utilisation (Chowdhery et al. 2022 App. B): model FLOP/s over peak."""
+    return model_flops_per_token(cfg, seq_len) * tokens_per_s / (world_size * peak_flops)

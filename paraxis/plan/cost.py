@@ -1,0 +1,134 @@
+"""Price one layout: memory that must fit, step time by part, tokens/s, MFU and HFU.
+
+Step time (one data-parallel replica runs the same pipeline as every other):
+
+    slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed PP, per microbatch
+    pipeline = M * slot / (1 - bubble_fraction)      bubble from the schedule objects
+    step     = pipeline + exposed DP sync
+
+Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
+last microbatch's backward (PyTorch DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's
+gathers behind the step's compute (prefetch), while TP collectives and PP sends sit on the
+critical path (Megatron-LM: Narayanan et al. 2021 Sec. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.comm import axis_link, dp_sync_time, p2p_time, tp_layer_time
+from paraxis.plan.compute import iteration_flops, layer_forward_flops_per_token
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.memory import layout_memory, stage_layers, stage_params
+from paraxis.plan.precision import MIXED_ADAM, Precision
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which communication hides behind compute (True) or adds to the step (False)."""
+
+    dp: bool = True
+    tp: bool = False
+    pp: bool = False
+
+
+@dataclass(frozen=True)
+class Estimate:
+    layout: Layout
+    micro_batch: int  # sequences per microbatch per replica
+    memory: dict[str, float]  # per GPU, on the stage that needs the most
+    memory_limit_bytes: float
+    time: dict[str, float]  # compute, tp, pp, dp (exposed), bubble, step, seconds
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.memory_limit_bytes
+
+    @property
+    def step_time_s(self) -> float:
+        return self.time["step"]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"layout": self.layout.to_dict(), "layout_text": str(self.layout),
+                "micro_batch": self.micro_batch, "fits": self.fits,
+                "memory_bytes": dict(self.memory),
+                "memory_limit_bytes": self.memory_limit_bytes,
+                "time_s": dict(self.time), "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "hfu": self.hfu}
+
+
+def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+             global_batch: int, precision: Precision = MIXED_ADAM,
+             overlap: Overlap = Overlap()) -> Estimate:
+    """Predict memory and step time of `layout` (already validated) for one global batch."""
+    gpu = cluster.gpu
+    micro_batch = global_batch // (layout.dp * layout.microbatches)
+    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
+    tokens_per_microbatch = micro_batch * seq_len
+
+    # Compute of the busiest stage per microbatch, in hardware FLOPs over tp GPUs.
+    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    layers = max(stage_layers(cfg.n_layers, layout.pp))
+    forward_layer = (weights + scores) * tokens_per_microbatch
+    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch  # LM head, last stage
+    recompute = {"none": 0.0, "full": weights + scores, "selective": scores}[layout.recompute]
+    rate = gpu.peak_flops * gpu.matmul_efficiency * layout.tp
+    t_forward = (layers * forward_layer + head) / rate
+    # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
+    t_backward = (2 * (layers * forward_layer + head)
+                  + layers * recompute * tokens_per_microbatch) / rate
+
+    tp_link = axis_link(layout, "tp", cluster)
+    boundary_bytes = 2 * tokens_per_microbatch * cfg.d_model  # bf16 activations s*b*h
+    passes = 3 if layout.recompute == "full" else 2
+    t_tp = layers * tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel,
+                                  tp_link, passes) if layout.tp > 1 else 0.0
+
+    t_pp = 0.0
+    if layout.pp > 1:
+        pp_link = axis_link(layout, "pp", cluster)
+        # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
+        # of the boundary activation; an activation forward and a gradient back per chunk.
+        send = p2p_time(boundary_bytes / layout.tp, pp_link.bandwidth_Bps, pp_link.latency_s)
+        t_pp = 2 * layout.virtual_stages * send
+
+    figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
+                               layout.virtual_stages, 1.0,
+                               t_backward / t_forward if t_forward else 2.0)
+    slot_compute = t_forward + t_backward
+    slot = (slot_compute + (0.0 if overlap.tp else t_tp) + (0.0 if overlap.pp else t_pp))
+    busy = layout.microbatches * slot
+    pipeline = busy / (1 - figures.bubble_fraction)
+
+    dp_link = axis_link(layout, "dp", cluster)
+    stage_param_count = max(stage_params(cfg, layout.pp)) / layout.tp
+    t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
+                        precision.grad_bytes, precision.param_bytes)
+    if overlap.dp:
+        window = layout.microbatches * slot_compute if layout.zero == 3 else t_backward
+        dp_exposed = max(0.0, t_dp - window)
+    else:
+        dp_exposed = t_dp
+    step = pipeline + dp_exposed
+
+    flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)
+    peak_total = cluster.world_size * gpu.peak_flops
+    time = {"compute": layout.microbatches * slot_compute,
+            "tp": 0.0 if overlap.tp else layout.microbatches * t_tp,
+            "pp": 0.0 if overlap.pp else layout.microbatches * t_pp,
+            "dp": dp_exposed, "bubble": pipeline - busy, "step": step,
+            "tp_total": layout.microbatches * t_tp, "pp_total": layout.microbatches * t_pp,
+            "dp_total": t_dp}
+    notes = []
+    if tp_link.crosses_nodes and layout.tp > 1:
+        notes.append("TP group crosses nodes: its all-reduces run over the network")
+    return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
+                    global_batch * seq_len / step, flops["model"] / (step * peak_total),
+                    flops["hardware"] / (step * peak_total), notes)
