@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraxis.errors import ParaxisError
+from paraxis.plan.comm import ring_all_reduce_time
 
 REDUCE_SCATTER = "reduce-scatter"
 ALL_GATHER = "all-gather"
@@ -160,13 +161,7 @@ def _freeze(values: list[list[list[float]]]) -> tuple[tuple[tuple[float, ...], .
 
 def ring_all_reduce_time_s(message_bytes: float, ranks: int, bandwidth_bytes_per_s: float,
                            latency_s: float = 0.0) -> float:
-    """Time of a ring all-reduce of `message_bytes` per rank.
-
-    2(N-1) steps, each sending X/N bytes per rank over a link of bandwidth B and latency a:
-    T = 2(N-1) a + 2(N-1) X / (N B)   (Patarasuk & Yuan 2009, sec. 4; Thakur et al. 2005,
-    "Optimization of collective communication operations in MPICH", sec. 4.4).
-    """
-    if ranks <= 1:
-        return 0.0
-    steps = 2 * (ranks - 1)
-    return steps * latency_s + steps * message_bytes / (ranks * bandwidth_bytes_per_s)
+    """Time of a ring all-reduce of `message_bytes` per rank: 2(N-1) steps of X/N bytes,
+    T = 2(N-1) X / (N B) + 2(N-1) a. The planner's cost model owns the formula
+    (`paraxis.plan.comm.ring_all_reduce_time`, Patarasuk & Yuan 2009); this is that call."""
+    return ring_all_reduce_time(message_bytes, ranks, bandwidth_bytes_per_s, latency_s)
