@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from paraxis.schedules import build_schedule
 
-SIMULATE_MAX_ACTIONS = 512  # P * M * v; larger schedules use the proven closed forms
+SIMULATE_MAX_ACTIONS = 256  # P * M * v; larger schedules use the proven closed forms
 
 
 class PipelineFigures(NamedTuple):

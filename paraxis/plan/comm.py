@@ -7,6 +7,7 @@ scaled by the GPU's `link_efficiency` (achieved NCCL bus bandwidth / link bandwi
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from paraxis.layout import Layout
@@ -98,24 +99,28 @@ def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, lin
 
 
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
-                 microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2) -> float:
+                 microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
+                 layers: int = 1, bucket_bytes: float = 25e6) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU (an
     all-reduce, or reduce-scatter + all-gather); ZeRO-3 moves 3 x (two all-gathers of the
-    parameters, forward and backward, plus the gradient reduce-scatter). Sharded gradients
-    (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and ZeRO-3's gathers)
-    repeat for every microbatch of gradient accumulation (Sec. 5.2-5.3).
+    parameters, forward and backward, plus the gradient reduce-scatter), one layer at a time.
+    Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
+    ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
+    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one latency per bucket.
     """
     if dp <= 1:
         return 0.0
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
-    bandwidth, latency = link.bandwidth_Bps, link.latency_s
+    b, a = link.bandwidth_Bps, link.latency_s
+    buckets = max(1, math.ceil(grads / bucket_bytes))
     if zero == 3:
-        return microbatches * (2 * all_gather_time(params, dp, bandwidth, latency)
-                               + reduce_scatter_time(grads, dp, bandwidth, latency))
+        per_layer = 2 * all_gather_time(params / layers, dp, b, a) + reduce_scatter_time(
+            grads / layers, dp, b, a)
+        return microbatches * layers * per_layer
     if zero == 2:
-        return (microbatches * reduce_scatter_time(grads, dp, bandwidth, latency)
-                + all_gather_time(params, dp, bandwidth, latency))
-    return ring_all_reduce_time(grads, dp, bandwidth, latency)
+        return (microbatches * (reduce_scatter_time(grads, dp, b, 0) + buckets * (dp - 1) * a)
+                + all_gather_time(params, dp, b, a))
+    return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a

@@ -89,7 +89,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                layout.virtual_stages)
     layers = stage_layers(cfg.n_layers, layout.pp)
     worst: dict[str, float] = {}
-    for stage, params in enumerate(stage_params(cfg, layout.pp)):
+    params_by_stage = stage_params(cfg, layout.pp)
+    # Stage 0 holds the most layers, the most in-flight microbatches and the embedding, so no
+    # middle stage can exceed it; the last stage adds the head and logits. Those two suffice.
+    for stage in sorted({0, layout.pp - 1}):
+        params = params_by_stage[stage]
         local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
         states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
         per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,

@@ -1,0 +1,162 @@
+"""Search every layout for a world size and global batch; rank the ones that fit by step time.
+
+Enumerates (tp, pp, dp, zero, microbatch size, recompute, schedule, sequence parallelism),
+drops rule-breakers (Layout.validate, with its message) and layouts that do not fit (with their
+memory), and returns the fastest. Dominated variants are skipped without pricing: more
+recomputation only adds FLOPs, so it is tried only when the lighter setting does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.precision import MIXED_ADAM, Precision
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Limits the user puts on the search (None: free)."""
+
+    max_tp: int | None = None
+    max_pp: int | None = None  # --no-pp is max_pp=1
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
+    # without it but less memory: both are dominated, so they are left out unless asked for.
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    sequence_parallel: tuple[bool, ...] = (True,)
+    tp_within_node: bool = False  # forbid TP groups that cross nodes
+
+
+@dataclass(frozen=True)
+class Rejection:
+    layout: Layout
+    reason: str
+    estimate: Estimate | None = None  # priced, but did not fit
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Estimate]  # every fitting layout, fastest first
+    rule_breakers: list[Rejection] = field(default_factory=list)
+    too_big: list[Rejection] = field(default_factory=list)  # fastest first
+    considered: int = 0
+
+    def top(self, k: int) -> list[Estimate]:
+        return self.ranked[:k]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _schedule_variants(pp: int, microbatches: int, constraints: Constraints
+                       ) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    variants = []
+    for kind in constraints.schedules:
+        if kind == "interleaved":
+            variants += [(kind, v) for v in (2, 4) if microbatches % pp == 0]
+        else:
+            variants.append((kind, 1))
+    return variants
+
+
+def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+           constraints: Constraints = Constraints(), precision: Precision = MIXED_ADAM,
+           overlap: Overlap = DEFAULT_OVERLAP) -> SearchResult:
+    world = cluster.world_size
+    if global_batch < 1:
+        raise ParaxisError(f"global batch {global_batch} must be at least 1")
+    if seq_len < 1:
+        raise ParaxisError(f"sequence length {seq_len} must be at least 1")
+    c = constraints
+    result = SearchResult([])
+    axis_shapes = []
+    for tp in _divisors(world):
+        if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp):
+            continue
+        if c.tp_within_node and tp > cluster.gpus_per_node:
+            continue
+        for pp in _divisors(world // tp):
+            if (c.max_pp and pp > c.max_pp) or (c.pp and pp != c.pp):
+                continue
+            dp = world // (tp * pp)
+            if c.dp and dp != c.dp:
+                continue
+            try:
+                Layout(dp=dp, tp=tp, pp=pp).validate(world, cfg)
+            except ParaxisError as error:
+                result.rule_breakers.append(Rejection(Layout(dp=dp, tp=tp, pp=pp), str(error)))
+                continue
+            if global_batch % dp:
+                result.rule_breakers.append(Rejection(
+                    Layout(dp=dp, tp=tp, pp=pp),
+                    f"global batch {global_batch} does not split over dp={dp}"))
+                continue
+            axis_shapes.append((dp, tp, pp))
+    if not axis_shapes:
+        reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
+        raise ParaxisError(f"no (dp, tp, pp) for {world} GPUs satisfies the rules: {reasons}")
+
+    zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    for dp, tp, pp in axis_shapes:
+        per_replica = global_batch // dp
+        for zero in zeros:
+            if zero == 3 and pp > 1:
+                continue  # Layout rule: ZeRO-3 needs pp = 1
+            if zero > 0 and dp == 1 and c.zero is None:
+                continue  # sharding over one rank changes nothing
+            for micro_batch in MICRO_BATCH_SIZES:
+                if per_replica % micro_batch:
+                    continue
+                microbatches = per_replica // micro_batch
+                for kind, virtual in _schedule_variants(pp, microbatches, c):
+                    for sp in c.sequence_parallel if tp > 1 else (False,):
+                        for recompute in c.recompute:
+                            try:
+                                layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero,
+                                                microbatches=microbatches, schedule=kind,
+                                                virtual_stages=virtual, recompute=recompute,
+                                                sequence_parallel=sp)
+                                layout.validate(world, cfg, global_batch, seq_len)
+                            except ParaxisError as error:
+                                result.rule_breakers.append(
+                                    Rejection(Layout(dp=dp, tp=tp, pp=pp), str(error)))
+                                break
+                            result.considered += 1
+                            estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
+                                                precision, overlap)
+                            if estimate.fits:
+                                result.ranked.append(estimate)
+                                break  # heavier recomputation would only be slower
+                            result.too_big.append(Rejection(
+                                layout, f"needs {estimate.memory['total'] / 1e9:.1f} GB per GPU"
+                                f" > {estimate.memory_limit_bytes / 1e9:.0f} GB", estimate))
+    result.ranked.sort(key=_rank_key)
+    result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
+    return result
+
+
+RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+def _rank_key(estimate: Estimate) -> tuple:
+    """Fastest first; times within 0.5% count as equal and the simpler layout wins (fewer
+    model-parallel ranks, lower ZeRO stage, less recomputation), then the smaller footprint."""
+    layout = estimate.layout
+    bucket = round(math.log(estimate.step_time_s) / math.log(1.005))
+    return (bucket, layout.tp * layout.pp, layout.zero, RECOMPUTE_ORDER[layout.recompute],
+            layout.virtual_stages, estimate.memory["total"])
