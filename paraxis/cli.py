@@ -20,6 +20,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("train", "paraxis.train", "train a model on one device or many (torchrun-compatible)"),
     ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
+    ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
 ]
 
 

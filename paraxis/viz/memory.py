@@ -85,20 +85,21 @@ def plot_zero_memory(num_params: int, dp: int, capacity_bytes: float | None = No
     ax.set_xlabel(f"ZeRO stage (states sharded over dp = {dp} ranks)")
     ax.legend(loc="upper right", fontsize=8)
     per_param = f"{precision.param_bytes:g}+{precision.grad_bytes:g}+" \
-                f"{precision.optimizer_bytes:g} bytes per parameter"
-    ax.set_title(f"{model_name}: {num_params / 1e9:.3g} B parameters; {per_param}",
+                f"{precision.optimizer_bytes:g} B/param"
+    ax.set_title(f"{model_name}: {num_params / 1e6:,.1f} M params, {per_param}",
                  loc="left", fontsize=9, fontweight="normal")
     fig.suptitle("Model-state memory per GPU under ZeRO 0-3", x=0.01, ha="left")
     return fig
 
 
 def plot_stage_memory(rows: list[dict[str, float]], capacity_bytes: float | None,
-                      gpu_name: str, layout_text: str) -> Figure:
+                      gpu_name: str, layout_text: str, labels: list[str] | None = None
+                      ) -> Figure:
     """One stacked bar per pipeline stage from the planner's per-stage rows (components:
     whichever of params, grads, optimizer, activations, buffers, reserved they carry)."""
     components = [c for c in COMPONENT_COLOUR if any(c in r for r in rows)]
     fig, ax = new_figure(max(8.5, 1.2 * len(rows) + 6), 4.6)
-    _stacked_bars(ax, [f"stage {i}" for i in range(len(rows))],
+    _stacked_bars(ax, labels or [f"stage {i}" for i in range(len(rows))],
                   [{c: r.get(c, 0.0) for c in components} for r in rows], components,
                   capacity_bytes, f"{gpu_name} capacity")
     ax.set_xlabel("pipeline stage (the first adds the embedding, the last the head and logits)")

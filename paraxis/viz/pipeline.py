@@ -35,8 +35,8 @@ def timeline_events(timeline: Timeline) -> list[dict]:
 
 
 def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
-                      comm_s: float = 0.0, virtual: int = 2,
-                      cost_note: str = "") -> tuple[Figure, dict[str, float]]:
+                      comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
+                      time_unit: str = "ms") -> tuple[Figure, dict[str, float]]:
     """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
     on one time axis. Returns the figure and each schedule's simulated bubble fraction."""
     panels, bubbles = [], {}
@@ -54,7 +54,7 @@ def compare_schedules(stages: int, microbatches: int, forward_s: float, backward
                                     timeline_events(timeline), bubbles[kind]))
     note = f" ({cost_note})" if cost_note else ""
     fig = plot_timelines(panels, f"Pipeline schedules: {stages} stages, {microbatches} "
-                                 f"microbatches{note}", time_unit="ms")
+                                 f"microbatches{note}", time_unit=time_unit)
     return fig, bubbles
 
 

@@ -27,8 +27,9 @@ class TimelinePanel:
 def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = True,
                    time_unit: str = "ms") -> Figure:
     """Panels stacked top to bottom; `share_time` puts them on one time axis so the shorter
-    schedule is visibly shorter."""
-    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[time_unit]
+    schedule is visibly shorter. `time_unit`: s, ms, us, or "forward units" when the events
+    are in multiples of one forward pass rather than seconds."""
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}.get(time_unit, 1.0)
     height = sum(0.55 * max(len({e["stage"] for e in p.events}), 1) + 0.9 for p in panels)
     fig, axes = new_figure(11, max(2.5, height + 0.6), nrows=len(panels), sharex=share_time,
                            squeeze=False)
@@ -73,7 +74,7 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
     order = [k for k in ("F", "B", "W", "send", "recv") if k in kinds_seen]
     handles = [Patch(facecolor=KIND_COLOUR[k], hatch=KIND_HATCH[k], edgecolor="white",
                      label=KIND_LABEL[k]) for k in order if k != "recv" or "send" not in order]
-    fig.legend(handles=handles, loc="outside upper right", ncols=len(handles),
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
                title="label: kind + microbatch (.chunk, paler = chunk 1); white gap = idle",
                title_fontsize=8)
     fig.suptitle(title, x=0.01, ha="left")

@@ -97,7 +97,7 @@ def plot_tp_split(cfg: ModelConfig, tp: int) -> Figure:
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
                title="each rank stores only its band (start:end along the split dim); norms "
                      "and biases of row-parallel layers are replicated", title_fontsize=8)
-    tied = ", LM head tied to tok_emb (same shard)" if cfg.tied_embeddings else ""
-    fig.suptitle(f"Tensor-parallel split of {cfg.name} over tp={tp} (one block shown; every "
-                 f"block is split alike{tied})", x=0.01, ha="left")
+    tied = "; LM head = tok_emb's shard (tied)" if cfg.tied_embeddings else ""
+    fig.suptitle(f"Tensor-parallel split of {cfg.name}, tp={tp} (block 0 shown, all blocks "
+                 f"alike{tied})", x=0.01, ha="left")
     return fig
