@@ -30,4 +30,11 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         apply_tensor_parallel(model, groups, layout.sequence_parallel)
         return TensorParallelEngine(model, layout, groups, weight_decay=train_cfg.weight_decay,
                                     autocast_dtype=autocast)
+    if layout.pp > 1 and layout.dp == 1 and layout.tp == 1:
+        from paraxis.pipeline_parallel.engine import PipelineEngine
+
+        return PipelineEngine(model_cfg, layout, groups, device, seed=train_cfg.seed,
+                              weight_decay=train_cfg.weight_decay, autocast_dtype=autocast,
+                              seq_len=train_cfg.seq_len,
+                              announce=groups.rank == 0 and not train_cfg.quiet)
     raise ParaxisError(f"layout {layout} is not supported by this runtime yet")

@@ -1,0 +1,166 @@
+"""Run one stage's action list, exactly as the schedule generator wrote it.
+
+The executor decides nothing about order: it walks `schedule.stages[stage]` and, per action,
+
+    recv  -> post irecv for the activation / gradient the next compute needs, wait for it
+    F     -> forward of (microbatch, chunk); on the last virtual stage, the loss / M
+    send  -> post isend of the output activation / input gradient (waited for at step end)
+    B     -> backward of (microbatch, chunk), gradients accumulate in .grad
+
+A run of consecutive send/recv actions (e.g. 1F1B's "send activation, receive gradient") is
+posted together with `dist.batch_isend_irecv`, so neither side waits on the other's send
+(the deadlock Megatron's `send_forward_recv_backward` avoids). Messages carry the schedule's
+tag (tensor, microbatch, destination virtual stage), so arrival order does not matter.
+Every action is recorded in `trace` as {"rank", "stage", "kind", "microbatch", "chunk",
+"start_s", "end_s"} (perf_counter seconds) for the Chrome trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.schedules import Action, Schedule
+
+
+class PipelineExecutor:
+    def __init__(self, schedule: Schedule, stage: int, chunks: list[nn.Module],
+                 stage_ranks: list[int], rank: int, dtype: torch.dtype = torch.float32) -> None:
+        self.schedule = schedule
+        self.stage = stage
+        self.chunks = chunks
+        self.stage_ranks = stage_ranks  # global rank of each pipeline stage
+        self.rank = rank
+        self.dtype = dtype
+        self.actions = schedule.stages[stage]
+        self.last_virtual = schedule.num_virtual_stages - 1
+        self.trace: list[dict[str, Any]] = []
+        # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
+        # sequence parallelism replaces it with its sequence-scattered shape.
+        self.boundary_shape: Callable[[torch.Size], tuple[int, ...]] = self._residual_shape
+
+    def _residual_shape(self, ids_shape: torch.Size) -> tuple[int, ...]:
+        module = self.chunks[0]
+        return (*ids_shape, module.cfg.d_model)
+
+    def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor],
+            autocast_dtype: torch.dtype | None = None,
+            backward_context: Callable[[bool], Any] | None = None) -> torch.Tensor:
+        """One step over the microbatches; returns the summed loss/M on the last stage (its
+        share of the batch mean) and 0 elsewhere. Gradients accumulate in the chunks.
+
+        backward_context(is_last): wraps each backward; is_last is True for this stage's
+        final backward (data parallelism syncs there, as `LocalEngine.no_sync` does).
+        """
+        count = len(inputs)
+        device = inputs[0].device
+        shape = self.boundary_shape(inputs[0].shape)
+        stage_inputs: dict[tuple[int, int], torch.Tensor] = {}
+        stage_outputs: dict[tuple[int, int], torch.Tensor] = {}
+        received: dict[tuple[str, int, int], torch.Tensor] = {}  # tensor, microbatch, chunk
+        local_grads: dict[tuple[int, int], torch.Tensor] = {}  # chunk -> chunk on one stage
+        input_grads: dict[tuple[int, int], torch.Tensor] = {}  # waiting for their send
+        # (work, tensor): a tensor must outlive its isend, so it is held until the step ends
+        pending_sends: list[tuple[dist.Work, torch.Tensor]] = []
+        loss_total = torch.zeros((), device=device)
+        last_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
+        position = 0
+        while position < len(self.actions):
+            action = self.actions[position]
+            if action.kind in ("send", "recv"):
+                batch = []
+                while (position < len(self.actions)
+                       and self.actions[position].kind in ("send", "recv")):
+                    batch.append(self.actions[position])
+                    position += 1
+                self._communicate(batch, shape, device, stage_outputs, input_grads, received,
+                                  pending_sends)
+                continue
+            started = time.perf_counter()
+            key = (action.microbatch, action.chunk)
+            here = self.schedule.virtual_stage(self.stage, action.chunk)
+            module = self.chunks[action.chunk]
+            if action.kind == "F":
+                if here == 0:
+                    x = inputs[action.microbatch]
+                elif ("act", *key) in received:
+                    x = received.pop(("act", *key)).requires_grad_()
+                else:  # the previous chunk ran on this same stage (one-stage interleaving)
+                    x = stage_outputs[(action.microbatch, action.chunk - 1)].detach()
+                    x.requires_grad_()
+                stage_inputs[key] = x
+                with _autocast(device, autocast_dtype):
+                    out = module(x)
+                    if here == self.last_virtual:
+                        out = module.loss_fn(out, targets[action.microbatch]) / count
+                        loss_total += out.detach()
+                stage_outputs[key] = out
+            else:
+                out = stage_outputs.pop(key)
+                context = (backward_context(position == last_backward) if backward_context
+                           else contextlib.nullcontext())
+                with context:
+                    if here == self.last_virtual:
+                        out.backward()
+                    else:
+                        grad = received.pop(("grad", *key), None)
+                        if grad is None:
+                            grad = local_grads.pop(key)
+                        torch.autograd.backward(out, grad)
+                x = stage_inputs.pop(key)
+                if here > 0 and self.schedule.place(here - 1)[0] == self.stage:
+                    local_grads[(action.microbatch, action.chunk - 1)] = x.grad
+                elif here > 0:
+                    input_grads[key] = x.grad
+            self._record(action, started)
+            position += 1
+        for work, _ in pending_sends:
+            work.wait()
+        return loss_total
+
+    def _communicate(self, batch: list[Action], shape: tuple[int, ...], device: torch.device,
+                     stage_outputs: dict, input_grads: dict, received: dict,
+                     pending_sends: list) -> None:
+        started = time.perf_counter()
+        ops, recv_buffers = [], []
+        for action in batch:
+            peer = self.stage_ranks[action.peer]
+            tag = self.schedule.message_tag(action)
+            key = (action.microbatch, action.chunk)
+            if action.kind == "send":
+                if action.tensor == "act":
+                    tensor = stage_outputs[key].detach()
+                else:
+                    tensor = input_grads.pop(key)
+                ops.append(dist.P2POp(dist.isend, tensor.contiguous(), peer, tag=tag))
+            else:
+                buffer = torch.empty(shape, dtype=self.dtype, device=device)
+                ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
+                recv_buffers.append((action, buffer))
+        works = dist.batch_isend_irecv(ops)
+        for op, work in zip(ops, works, strict=True):
+            if op.op is dist.irecv:
+                work.wait()
+            else:
+                pending_sends.append((work, op.tensor))
+        for action, buffer in recv_buffers:
+            received[(action.tensor, action.microbatch, action.chunk)] = buffer
+        for action in batch:
+            self._record(action, started)
+
+    def _record(self, action: Action, started: float) -> None:
+        self.trace.append({"rank": self.rank, "stage": self.stage, "kind": action.kind,
+                           "microbatch": action.microbatch, "chunk": action.chunk,
+                           "start_s": started, "end_s": time.perf_counter()})
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):  # noqa: ANN202
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
