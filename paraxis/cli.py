@@ -21,6 +21,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
     ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
+    ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
+    ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
 ]
 
 

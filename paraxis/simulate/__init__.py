@@ -1,0 +1,1 @@
+"""Pure-Python simulators (no torch): what the runtime does, step by step."""

@@ -1,0 +1,95 @@
+"""Pipeline pictures from `paraxis.schedules`: simulated schedules side by side, and a
+measured trace next to the schedule it ran.
+
+Bubble figures come from `Timeline.bubble_fraction` (simulated) and from the trace's own
+idle time (measured), never from a formula re-derived here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from matplotlib.figure import Figure
+
+from paraxis.schedules import Timeline, build_schedule
+from paraxis.viz.timeline import TimelinePanel, plot_timelines
+from paraxis.viz.trace import COMPUTE_KINDS, busy_fraction
+
+SCHEDULE_TITLES = {"gpipe": "GPipe (Huang et al. 2019)",
+                   "1f1b": "1F1B (PipeDream-Flush, Narayanan et al. 2021)",
+                   "interleaved": "interleaved 1F1B (Narayanan et al. 2021)"}
+
+
+def timeline_events(timeline: Timeline) -> list[dict]:
+    """A simulated Timeline as trace events (stage = rank), the form `plot_timelines` and the
+    Chrome trace take. Zero-length events (an isend posted) are dropped: nothing to draw."""
+    events = []
+    for stage, stage_events in enumerate(timeline.events):
+        for e in stage_events:
+            if e.end <= e.start and e.action.kind not in COMPUTE_KINDS:
+                continue
+            events.append({"rank": stage, "stage": stage, "kind": e.action.kind,
+                           "microbatch": e.action.microbatch, "chunk": e.action.chunk,
+                           "start_s": e.start, "end_s": e.end})
+    return events
+
+
+def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
+                      comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
+                      time_unit: str = "ms") -> tuple[Figure, dict[str, float]]:
+    """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
+    on one time axis. Returns the figure and each schedule's simulated bubble fraction."""
+    panels, bubbles = [], {}
+    for kind in ("gpipe", "1f1b", "interleaved"):
+        if kind == "interleaved" and (microbatches % stages or virtual < 2):
+            continue  # Megatron's interleaving needs microbatches in groups of `stages`
+        schedule = build_schedule(kind, stages, microbatches,
+                                  virtual if kind == "interleaved" else 1)
+        timeline = schedule.simulate(forward_s, backward_s, comm_s)
+        bubbles[kind] = timeline.bubble_fraction
+        peak = max(schedule.peak_in_flight())
+        held = f"peak {peak} microbatches' activations held" if kind != "interleaved" else \
+            f"v={virtual}, peak {peak} chunk activations of 1/{virtual} stage"
+        panels.append(TimelinePanel(f"{SCHEDULE_TITLES[kind]}; {held}",
+                                    timeline_events(timeline), bubbles[kind]))
+    note = f" ({cost_note})" if cost_note else ""
+    fig = plot_timelines(panels, f"Pipeline schedules: {stages} stages, {microbatches} "
+                                 f"microbatches{note}", time_unit=time_unit)
+    return fig, bubbles
+
+
+def measured_bubble(events: list[dict]) -> float:
+    """Idle share of the measured step: 1 - compute time / (ranks x wall span)."""
+    busy = busy_fraction(events)
+    return 1 - sum(busy.values()) / len(busy) if busy else 0.0
+
+
+def mean_costs(events: list[dict]) -> tuple[float, float]:
+    """Mean forward and backward seconds per (microbatch, chunk) in a measured trace."""
+    spans: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e["kind"] in ("F", "B"):
+            spans[e["kind"]].append(e["end_s"] - e["start_s"])
+    return (sum(spans["F"]) / max(len(spans["F"]), 1),
+            sum(spans["B"]) / max(len(spans["B"]), 1))
+
+
+def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
+                          virtual: int = 1) -> tuple[Figure, float, float]:
+    """The measured trace under the same schedule simulated with the trace's own mean F/B
+    times: the difference is what the schedule alone does not explain (communication,
+    stragglers, launch overheads). Returns (figure, predicted bubble, measured bubble)."""
+    stages = len({e["stage"] for e in events})
+    forward_s, backward_s = mean_costs(events)
+    # The schedule splits F/B cost over chunks; the trace times one chunk's F/B.
+    timeline = build_schedule(kind, stages, microbatches, virtual).simulate(
+        forward_s * virtual, backward_s * virtual)
+    predicted, measured = timeline.bubble_fraction, measured_bubble(events)
+    fig = plot_timelines(
+        [TimelinePanel(f"predicted: {kind} simulated with the run's mean F = "
+                       f"{forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms, free messages",
+                       timeline_events(timeline), predicted),
+         TimelinePanel("measured: the runtime's trace of one step", events, measured)],
+        f"Pipeline step, predicted vs measured ({stages} stages, {microbatches} microbatches)",
+        time_unit="ms")
+    return fig, predicted, measured

@@ -1,0 +1,85 @@
+"""A training run next to its prediction: loss, throughput and peak memory per step.
+
+Measured figures come from the run's metrics.jsonl (`paraxis train --metrics-file`);
+predicted ones from the planner's `Estimate`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from paraxis.errors import ParaxisError
+from paraxis.viz.memory import unit_for
+from paraxis.viz.style import OKABE_ITO, new_figure
+
+WARMUP_STEPS = 3  # first steps pay for allocation and autotuning: left out of medians
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ParaxisError(f"cannot read metrics {path}: {error}; give the folder that "
+                           "`paraxis train --metrics-file DIR/metrics.jsonl` wrote") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise ParaxisError(f"{path}:{number} is not a JSON line") from None
+    if not records:
+        raise ParaxisError(f"{path} holds no steps; did the run finish its first step?")
+    return records
+
+
+def steady(records: list[dict], key: str) -> float:
+    """Median of `key` after the warm-up steps (all steps when the run is that short)."""
+    tail = records[WARMUP_STEPS:] if len(records) > 2 * WARMUP_STEPS else records
+    return statistics.median(r[key] for r in tail)
+
+
+def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
+             predicted_label: str, predicted_memory_bytes: float | None = None) -> Figure:
+    fig, axes = new_figure(12, 3.8, ncols=3)
+    steps = [r["step"] for r in records]
+    loss_ax, speed_ax, mem_ax = axes
+    loss_ax.plot(steps, [r["loss"] for r in records], color=OKABE_ITO["blue"], label="loss")
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("cross-entropy loss (nats/token)")
+    loss_ax.set_title("Training loss")
+
+    speed_ax.plot(steps, [r["tokens_per_s"] for r in records], color=OKABE_ITO["green"],
+                  label="measured")
+    if predicted_tokens_per_s:
+        speed_ax.axhline(predicted_tokens_per_s, color=OKABE_ITO["vermillion"], linestyle="--",
+                         label=f"predicted ({predicted_label})")
+        speed_ax.set_yscale("log")  # prediction and a CPU run can be orders of magnitude apart
+    speed_ax.set_xlabel("step")
+    speed_ax.set_ylabel("throughput (tokens/s)")
+    speed_ax.set_title("Throughput, measured vs predicted")
+    speed_ax.legend(fontsize=8)
+
+    peak = [r.get("peak_mem_bytes", 0) for r in records]
+    top = max(peak + [predicted_memory_bytes or 0])
+    unit, scale = unit_for(top)
+    mem_ax.plot(steps, [p / scale for p in peak], color=OKABE_ITO["purple"],
+                label="measured peak (rank 0)")
+    if predicted_memory_bytes:
+        mem_ax.axhline(predicted_memory_bytes / scale, color=OKABE_ITO["vermillion"],
+                       linestyle="--", label=f"predicted ({predicted_label})")
+    mem_ax.set_ylim(0, top / scale * 1.15 if top else 1)
+    mem_ax.set_xlabel("step")
+    mem_ax.set_ylabel(f"peak memory ({unit})")
+    mem_ax.set_title("Peak memory per GPU")
+    mem_ax.legend(fontsize=8)
+    for ax in axes:
+        ax.grid(color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
+    fig.suptitle(f"The run: {len(records)} steps", x=0.01, ha="left")
+    return fig

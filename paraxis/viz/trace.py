@@ -1,0 +1,125 @@
+"""Measured pipeline traces: read them, and write them as Chrome/Perfetto trace JSON.
+
+The runtime's pipeline executor records one dict per action and per message:
+
+    {"rank": 0, "stage": 0, "kind": "F", "microbatch": 3, "chunk": 0,
+     "start_s": 12.5031, "end_s": 12.5102}       # kind: "F", "B", "send" or "recv"
+
+`to_chrome_trace` turns that list into the Trace Event Format (Google, "Trace Event Format"
+document: complete events, ph="X", ts/dur in microseconds) that chrome://tracing and
+https://ui.perfetto.dev open: one process per rank, one thread for compute and one for
+communication.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from paraxis.errors import ParaxisError
+
+TRACE_KEYS = ("rank", "stage", "kind", "microbatch", "chunk", "start_s", "end_s")
+COMPUTE_KINDS = ("F", "B", "W")
+COMM_KINDS = ("send", "recv")
+_LANE = {"compute": 0, "comm": 1}
+
+
+def check_events(events: Iterable[dict]) -> list[dict]:
+    """The events as a list, each checked for the keys and kinds above."""
+    checked = []
+    for i, event in enumerate(events):
+        missing = [k for k in TRACE_KEYS if k not in event]
+        if missing:
+            raise ParaxisError(f"trace event {i} lacks {', '.join(missing)}; a paraxis trace "
+                               f"event has {', '.join(TRACE_KEYS)}")
+        if event["kind"] not in COMPUTE_KINDS + COMM_KINDS:
+            raise ParaxisError(f"trace event {i} has kind {event['kind']!r}; expected one of "
+                               f"{', '.join(COMPUTE_KINDS + COMM_KINDS)}")
+        if event["end_s"] < event["start_s"]:
+            raise ParaxisError(f"trace event {i} ends before it starts")
+        checked.append(event)
+    return checked
+
+
+def event_label(event: dict) -> str:
+    """"F3" for microbatch 3's forward; "F3.1" on model chunk 1 (interleaved schedules)."""
+    chunk = f".{event['chunk']}" if event.get("chunk") else ""
+    return f"{event['kind']}{event['microbatch']}{chunk}"
+
+
+def to_chrome_trace(events: Iterable[dict]) -> dict:
+    """A Trace Event Format object: {"traceEvents": [...], "displayTimeUnit": "ms"}."""
+    events = check_events(events)
+    origin = min((e["start_s"] for e in events), default=0.0)
+    out: list[dict] = []
+    ranks = sorted({(e["rank"], e["stage"]) for e in events})
+    for rank, stage in ranks:
+        out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                    "args": {"name": f"rank {rank} (stage {stage})"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+                    "args": {"sort_index": rank}})
+        for lane, tid in _LANE.items():
+            out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                        "args": {"name": lane}})
+    for e in events:
+        lane = "compute" if e["kind"] in COMPUTE_KINDS else "comm"
+        out.append({
+            "name": event_label(e), "cat": lane, "ph": "X", "pid": e["rank"],
+            "tid": _LANE[lane],
+            "ts": round((e["start_s"] - origin) * 1e6, 3),
+            "dur": round((e["end_s"] - e["start_s"]) * 1e6, 3),
+            "args": {"stage": e["stage"], "microbatch": e["microbatch"],
+                     "chunk": e["chunk"], "kind": e["kind"]},
+        })
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def from_chrome_trace(trace: dict | list) -> list[dict]:
+    """Back from Trace Event Format (as `to_chrome_trace` writes it) to paraxis events."""
+    raw = trace["traceEvents"] if isinstance(trace, dict) else trace
+    events = []
+    for e in raw:
+        if e.get("ph") != "X":
+            continue
+        args = e.get("args", {})
+        start = e["ts"] / 1e6
+        events.append({"rank": e["pid"], "stage": args.get("stage", e["pid"]),
+                       "kind": args.get("kind", e["name"][:1]),
+                       "microbatch": args.get("microbatch", 0), "chunk": args.get("chunk", 0),
+                       "start_s": start, "end_s": start + e["dur"] / 1e6})
+    return check_events(events)
+
+
+def write_chrome_trace(events: Iterable[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(to_chrome_trace(events)))
+    return path
+
+
+def load_trace(path: str | Path) -> list[dict]:
+    """Read a trace file: a JSON list of paraxis events, or a Chrome trace we wrote."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ParaxisError(f"cannot read trace {path}: {error}") from None
+    if isinstance(data, dict) or (data and "ph" in data[0]):
+        return from_chrome_trace(data)
+    return check_events(data)
+
+
+def busy_fraction(events: Iterable[dict]) -> dict[int, float]:
+    """Per rank: compute time / (last end - first start over all ranks). The measured bubble
+    of a rank is 1 - this."""
+    events = list(events)
+    if not events:
+        return {}
+    start = min(e["start_s"] for e in events)
+    span = max(e["end_s"] for e in events) - start
+    busy: dict[int, float] = {}
+    for e in events:
+        busy.setdefault(e["rank"], 0.0)
+        if e["kind"] in COMPUTE_KINDS:
+            busy[e["rank"]] += e["end_s"] - e["start_s"]
+    return {rank: (t / span if span > 0 else 0.0) for rank, t in sorted(busy.items())}

@@ -1,0 +1,115 @@
+"""`paraxis report`: one self-contained HTML file, for a plan alone and for a real run."""
+
+import json
+import re
+
+import pytest
+
+from paraxis.cli import main
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.report import write_report
+from paraxis.testing import run_distributed
+from paraxis.viz.trace import load_trace, to_chrome_trace
+
+PIPE = Layout(pp=4, microbatches=4, schedule="1f1b")
+PLAN_SECTIONS = ("plan", "defence", "grid", "tp", "pipeline", "memory", "ring")
+
+
+def assert_self_contained(html: str, sections: tuple[str, ...]) -> None:
+    for anchor in sections:
+        assert f'<section id="{anchor}">' in html, f"section {anchor} missing"
+    images = re.findall(r'<img src="([^"]+)"', html)
+    assert images and all(src.startswith("data:image/png;base64,") for src in images)
+    assert len(images) >= len(sections) - 2  # plan and defence are tables
+    # Nothing fetched from anywhere: no scripts, stylesheets, fonts or remote addresses.
+    assert "http" not in html.lower()
+    for tag in ("<script", "<link", "@import", "url("):
+        assert tag not in html.lower()
+
+
+def test_plan_only_report_has_every_section(tmp_path):
+    out = write_report(tmp_path / "plan.html", model="small", gpus=4, global_batch=8,
+                       seq_len=128, layout="dp=1,tp=2,pp=2,microbatches=4,schedule=1f1b")
+    html = out.read_text()
+    assert_self_contained(html, PLAN_SECTIONS)
+    assert 'id="run"' not in html
+    assert "dp=1,tp=2,pp=2" in html and "given by the user" in html
+    assert "the planner's best" in html or "as fast as the planner" in html
+
+
+def test_report_command_lets_the_planner_choose(tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "32",
+                 "--seq-len", "1024", "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    html = out.read_text()
+    assert_self_contained(html, PLAN_SECTIONS)
+    assert "chosen by the planner" in html
+
+
+def test_report_refuses_a_run_folder_without_metrics(tmp_path):
+    with pytest.raises(ParaxisError, match="metrics.jsonl"):
+        write_report(tmp_path / "x.html", run_dir=tmp_path)
+
+
+def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
+    """Three real training steps of `tiny` on a 4-stage 1F1B pipeline; rank 0 writes the
+    metrics file exactly as `paraxis train --metrics-file` does."""
+    import torch
+
+    from paraxis.data import TokenData
+    from paraxis.model_config import load_model_config
+    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.distributed import build_groups
+    from paraxis.train import TrainConfig, _loop
+
+    cfg = TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32, device="cpu",
+                      layout=PIPE, metrics_file=f"{folder}/metrics.jsonl", quiet=True)
+    model_cfg = load_model_config(cfg.model)
+    groups = build_groups(PIPE)
+    torch.manual_seed(cfg.seed)
+    engine = build_engine(model_cfg, PIPE, groups, torch.device("cpu"), cfg)
+    _loop(cfg, engine, TokenData.load(cfg.data), groups, torch.device("cpu"), groups.rank,
+          model_cfg)
+    scheduled = [(a.kind, a.microbatch, a.chunk) for a in engine.schedule.stages[groups.pp_rank]]
+    return list(engine.executor.trace), scheduled
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    per_rank = run_distributed(_pipeline_run, 4, args=(str(folder),))
+    events = [e for trace, _ in per_rank for e in trace]
+    (folder / "trace.json").write_text(json.dumps(events))
+    return folder, per_rank
+
+
+@pytest.mark.slow
+def test_measured_trace_of_a_4_rank_1f1b_run(pipeline_run):
+    folder, per_rank = pipeline_run
+    for rank, (trace, scheduled) in enumerate(per_rank):
+        assert {e["rank"] for e in trace} == {rank}
+        # one event per scheduled action, in the schedule's order
+        assert [(e["kind"], e["microbatch"], e["chunk"]) for e in trace] == scheduled
+        starts = [e["start_s"] for e in trace]
+        assert starts == sorted(starts)
+    chrome = json.loads(json.dumps(to_chrome_trace(load_trace(folder / "trace.json"))))
+    spans = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == sum(len(s) for _, s in per_rank)
+    assert all({"ts", "dur", "pid", "tid", "name"} <= set(e) for e in spans)
+    assert {e["pid"] for e in spans} == {0, 1, 2, 3}
+
+
+@pytest.mark.slow
+def test_run_report_puts_measured_next_to_predicted(pipeline_run, tmp_path):
+    folder, _ = pipeline_run
+    out = write_report(tmp_path / "run.html", model="tiny", gpus=4, global_batch=8,
+                       seq_len=32, layout=PIPE, run_dir=folder)
+    html = out.read_text()
+    assert_self_contained(html, (*PLAN_SECTIONS, "run"))
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    assert "Measured vs predicted" in html and "trace.json: bubble predicted" in html
+    assert 'download="trace.chrome.json" href="data:application/json;base64,' in html
+    assert f"{records[0]['loss']:.3f} -&gt; {records[-1]['loss']:.3f}" in html

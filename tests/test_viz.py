@@ -1,0 +1,138 @@
+"""Pictures and traces: the facts they draw come from the layout, planner and schedules."""
+
+import json
+
+import pytest
+from matplotlib.figure import Figure
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.memory import model_state_bytes
+from paraxis.schedules import build_schedule
+from paraxis.viz.grid import plot_rank_grid, rank_roles
+from paraxis.viz.memory import plot_stage_memory, plot_zero_memory, unit_for, zero_rows
+from paraxis.viz.pipeline import (
+    compare_schedules,
+    measured_bubble,
+    predicted_vs_measured,
+    timeline_events,
+)
+from paraxis.viz.ring import plot_ring
+from paraxis.viz.tp_split import COLUMN, ROW, VOCAB, plot_tp_split, split_weights
+from paraxis.viz.trace import check_events, from_chrome_trace, load_trace, to_chrome_trace
+
+
+def assert_readable(fig: Figure) -> None:
+    """What a new reader needs: a title, and every visible axes labelled on both sides."""
+    assert fig._suptitle is not None and fig._suptitle.get_text()
+    for ax in fig.axes:
+        if not ax.get_visible() or ax.get_label() == "<colorbar>":
+            continue
+        assert ax.get_xlabel() or ax.get_xticklabels(), "x axis without a label"
+        assert ax.get_ylabel(), f"axes {ax.get_title()!r} has no y label"
+
+
+def _simulated(kind="1f1b", stages=4, microbatches=8, virtual=1):
+    schedule = build_schedule(kind, stages, microbatches, virtual)
+    return schedule, schedule.simulate(1e-3, 2e-3, 0.0)
+
+
+def test_simulated_timeline_becomes_one_event_per_compute_action():
+    schedule, timeline = _simulated("interleaved", 4, 8, 2)
+    events = check_events(timeline_events(timeline))
+    compute = [e for e in events if e["kind"] in ("F", "B")]
+    assert len(compute) == 2 * 4 * 8 * 2
+    for stage in range(4):  # per stage, in the schedule's order
+        order = [(e["kind"], e["microbatch"], e["chunk"]) for e in compute
+                 if e["stage"] == stage]
+        assert order == [(a.kind, a.microbatch, a.chunk)
+                         for a in schedule.compute_order(stage)]
+    # The measured-bubble code agrees with the simulator's own figure on simulated events.
+    assert measured_bubble(events) == pytest.approx(timeline.bubble_fraction)
+
+
+def test_chrome_trace_is_valid_and_round_trips():
+    _, timeline = _simulated()
+    events = timeline_events(timeline)
+    trace = json.loads(json.dumps(to_chrome_trace(events)))
+    assert isinstance(trace["traceEvents"], list)
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(events)
+    for e in complete:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= set(e)
+        assert e["ts"] >= 0 and e["dur"] >= 0
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {f"rank {s} (stage {s})" for s in range(4)}
+    back = from_chrome_trace(trace)
+    assert [(e["rank"], e["kind"], e["microbatch"]) for e in back] == \
+        [(e["rank"], e["kind"], e["microbatch"]) for e in events]
+    for a, b in zip(back, events, strict=True):
+        assert a["end_s"] - a["start_s"] == pytest.approx(b["end_s"] - b["start_s"], abs=1e-9)
+
+
+def test_trace_reader_names_what_is_wrong(tmp_path):
+    with pytest.raises(ParaxisError, match="lacks"):
+        check_events([{"rank": 0, "kind": "F"}])
+    with pytest.raises(ParaxisError, match="kind"):
+        check_events([{"rank": 0, "stage": 0, "kind": "X", "microbatch": 0, "chunk": 0,
+                       "start_s": 0, "end_s": 1}])
+    bad = tmp_path / "trace.json"
+    bad.write_text("{not json")
+    with pytest.raises(ParaxisError, match="cannot read trace"):
+        load_trace(bad)
+
+
+def test_rank_grid_roles_are_the_layouts_coordinates():
+    layout = Layout(dp=2, tp=4, pp=2)
+    roles = rank_roles(layout, gpus_per_node=8)
+    assert [(r["dp"], r["tp"], r["pp"]) for r in roles] == \
+        [tuple(layout.coords(r)) for r in range(16)]
+    assert [r["node"] for r in roles] == [r // 8 for r in range(16)]
+    assert_readable(plot_rank_grid(layout, 8))
+    assert_readable(plot_rank_grid(Layout(dp=64, tp=8, pp=1), 8))  # unlabelled, large
+
+
+def test_tp_split_agrees_with_the_tensor_parallel_plan():
+    from paraxis.tensor_parallel.apply import PLAN, Colwise, Rowwise, VocabParallel, _pattern
+
+    styles = {Colwise: (COLUMN, VOCAB), Rowwise: (ROW,), VocabParallel: (VOCAB,)}
+    for cfg in (PRESETS["tiny"], PRESETS["tiny-llama"]):
+        weights = split_weights(cfg)
+        assert {w.name for w in weights} >= {"blocks.0.attn.o.weight", "blocks.0.mlp.up.weight"}
+        for w in weights:
+            module = w.name.removesuffix(".weight")
+            matches = [style for text, style in PLAN.items() if _pattern(text).match(module)]
+            assert matches, f"{module} is not in the TP plan"
+            assert w.style in styles[type(matches[0])], module
+        fig = plot_tp_split(cfg, 2)
+        assert_readable(fig)
+    w = next(w for w in split_weights(PRESETS["tiny"]) if w.name.endswith("down.weight"))
+    assert (w.split_dim, w.slice_of(1, 2)) == (1, (128, 256))
+
+
+def test_zero_chart_draws_the_planners_numbers():
+    rows = zero_rows(7_000_000_000, 8)
+    assert rows == [model_state_bytes(7_000_000_000, 8, z) for z in range(4)]
+    # seeds' table: 112, 38.5, 26.25, 14 GB
+    assert [round(sum(r.values()) / 1e9, 2) for r in rows] == [112.0, 38.5, 26.25, 14.0]
+    fig = plot_zero_memory(7_000_000_000, 8, 80e9, "a100-80gb", model_name="7B")
+    assert_readable(fig)
+    assert any(line.get_label() == "a100-80gb capacity" for line in fig.axes[0].lines)
+    assert unit_for(5e6) == ("MB", 1e6)
+    assert_readable(plot_stage_memory([{"params": 1e9, "activations": 2e9}] * 2, 80e9, "gpu",
+                                      "pp=2"))
+
+
+def test_schedule_comparison_and_predicted_vs_measured_are_readable():
+    fig, bubbles = compare_schedules(4, 8, 1e-3, 2e-3)
+    assert_readable(fig)
+    assert set(bubbles) == {"gpipe", "1f1b", "interleaved"}
+    assert bubbles["interleaved"] < bubbles["1f1b"]  # the reason interleaving exists
+    assert bubbles["1f1b"] == pytest.approx(build_schedule("1f1b", 4, 8).bubble_fraction(
+        1e-3, 2e-3))
+    _, timeline = _simulated()
+    fig, predicted, measured = predicted_vs_measured(timeline_events(timeline), "1f1b", 8)
+    assert_readable(fig)
+    assert predicted == pytest.approx(measured)  # the same schedule and the same costs
+    assert_readable(plot_ring(4))
