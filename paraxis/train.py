@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -44,6 +45,8 @@ class TrainConfig:
     metrics_file: str | None = None
     log_every: int = 10
     quiet: bool = False
+    nproc: int = 1  # ranks `paraxis train` launches itself (torch's elastic agent)
+    bucket_mb: float = 25.0  # data-parallel gradient bucket size
 
     def check(self) -> None:
         if self.steps < 1:
@@ -107,6 +110,10 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         groups = build_groups(layout)
         torch.manual_seed(cfg.seed)
         engine = build_engine(model_cfg, layout, groups, device, cfg)
+        report = getattr(engine, "memory_report", None)
+        if report is not None and not cfg.quiet:
+            states = ", ".join(f"{k} {v:,} B" for k, v in report().items())
+            print(f"rank {rank} model states: {states}", file=sys.stderr, flush=True)
         return _loop(cfg, engine, data, groups, device, rank, model_cfg)
     finally:
         shutdown_distributed()
@@ -174,6 +181,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--metrics-file", default=None, help="write one JSON line per step")
     add("--log-every", type=int, default=d.log_every)
     add("--quiet", action="store_true", help="no progress display")
+    add("--nproc", type=int, default=d.nproc,
+        help="launch this many ranks here (elastic launcher); under torchrun leave it out")
+    add("--bucket-mb", type=float, default=d.bucket_mb, help="DP gradient bucket size (MiB)")
     add_layout_arguments(parser)
 
 
@@ -227,6 +237,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.metrics_file:
         Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from paraxis.data_parallel.launch import launch
+        from paraxis.model_config import load_model_config
+
+        if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
+            cfg.layout = cfg.layout.replace(dp=cfg.nproc)
+        cfg.check()  # bad input fails here, in one line, not in N tracebacks
+        cfg.layout.validate(cfg.nproc, load_model_config(cfg.model), cfg.global_batch,
+                            cfg.seq_len)
+        launch(cfg, cfg.nproc)
+        return 0
     run_training(cfg)
     return 0
 

@@ -1,0 +1,105 @@
+"""Data parallelism against its PyTorch peers, same model, batch and ranks (gloo, 2 ranks,
+one thread each):
+
+- paraxis DP (zero=0, bucketed overlapped all-reduce) vs torch DistributedDataParallel,
+- paraxis ZeRO-3 vs FSDP2 `fully_shard` (per block, then the root).
+
+    python -m bench.bench_dp            # full size (the lead runs this on a quiet machine)
+    python -m bench.bench_dp --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+
+from bench.common import Row, compare, measure_steps
+from paraxis.data_parallel import DataParallelEngine
+from paraxis.layout import Layout
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.runtime.distributed import build_groups
+from paraxis.runtime.engine import make_adamw
+
+RANKS = 2
+LR, CLIP = 1e-3, 1.0
+
+
+def _setting(quick: bool) -> dict:
+    if quick:
+        return {"model": "tiny", "batch_per_rank": 2, "seq": 64, "steps": 2, "warmup": 1,
+                "repeats": 1}
+    return {"model": "small", "batch_per_rank": 8, "seq": 256, "steps": 10, "warmup": 3,
+            "repeats": 3}
+
+
+def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(dist.get_rank())
+    shape = (s["batch_per_rank"], s["seq"])
+    return torch.randint(0, 256, shape, generator=g), torch.randint(0, 256, shape, generator=g)
+
+
+def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
+    def body() -> dict:
+        layout = Layout(dp=RANKS, zero=zero)
+        engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0), layout,
+                                    build_groups(layout))
+        x, y = _data(s)
+
+        def step() -> None:
+            engine.forward_backward(x, y)
+            engine.clip_grad_norm(CLIP)
+            engine.optimizer_step(LR)
+            engine.zero_grad()
+
+        return measure_steps(step, s["steps"], s["warmup"])
+    return body
+
+
+def _torch_body(s: dict, wrap: str):  # noqa: ANN202
+    def body() -> dict:
+        model = build_model(PRESETS[s["model"]], seed=0)
+        if wrap == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+        optimizer = make_adamw(model.parameters(), 0.1, (0.9, 0.95), 1e-8)
+        x, y = _data(s)
+
+        def step() -> None:
+            for group in optimizer.param_groups:
+                group["lr"] = LR
+            model(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return measure_steps(step, s["steps"], s["warmup"])
+    return body
+
+
+def rows(quick: bool) -> list[Row]:
+    s = _setting(quick)
+    tokens = RANKS * s["batch_per_rank"] * s["seq"]
+    return [
+        compare(f"DP {s['model']}", RANKS, tokens, ("paraxis dp (zero=0)", _paraxis_body(s, 0)),
+                ("torch DDP", _torch_body(s, "ddp")), repeats=s["repeats"]),
+        compare(f"ZeRO-3 {s['model']}", RANKS, tokens, ("paraxis zero=3", _paraxis_body(s, 3)),
+                ("torch FSDP2 fully_shard", _torch_body(s, "fsdp2")), repeats=s["repeats"]),
+    ]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    for row in rows(parser.parse_args().quick):
+        print(json.dumps(row.to_dict()))

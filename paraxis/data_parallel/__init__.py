@@ -1,0 +1,13 @@
+"""Data parallelism: bucketed, overlapped gradient all-reduce and ZeRO stages 1-3.
+
+- `flat.py`: flat padded parameter units and the dp collectives on them,
+- `buckets.py`: gradient hooks that launch bucket reductions during backward,
+- `zero.py`: the sharded optimizer (ZeRO-1/2) and per-block parameter gathering (ZeRO-3),
+- `precision.py`: fp16 loss scaling,
+- `engine.py`: `DataParallelEngine`, the LocalEngine contract on a dp group,
+- `launch.py`: `paraxis train --nproc N` through torch's elastic launcher.
+"""
+
+from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "DataParallelEngine"]

@@ -1,0 +1,174 @@
+"""Gradient reduction that overlaps backward: buckets launched from gradient hooks.
+
+The DDP recipe (Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2.3): parameters are
+grouped into buckets in reverse registration order (roughly the order backward produces
+their gradients); a `post_accumulate_grad` hook counts each bucket's ready gradients and,
+when the last one lands, launches the bucket's collective asynchronously, so communication of
+late layers runs while backward still computes early ones. Buckets launch strictly in index
+order on every rank (a ready bucket waits for its predecessors), so all ranks issue the same
+collectives in the same order even if hooks fired in another.
+
+- ZeRO-0/1: gradients live in one flat fp32 buffer per bucket (`param.grad` is a view into
+  it, so autograd accumulates in place) and the bucket is all-reduced.
+- ZeRO-2/3: autograd's own gradients are copied into a transient flat tensor and
+  reduce-scattered; each rank keeps only its shard (`unit.grad_shard`, persistent) and the
+  full gradients are dropped (ZeRO, Rajbhandari et al. 2020, sec. 5.2).
+
+Sums are divided by the dp size once every bucket has arrived (`finish`): the mean of the
+per-rank mean losses is the global-batch mean loss.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from paraxis.data_parallel.flat import (
+    FlatUnit,
+    all_reduce_sum,
+    group_size,
+    reduce_scatter_sum,
+)
+
+
+class GradReducer:
+    """Hooks every parameter of `units`; reduces each unit's gradient over `group`.
+
+    `on_unit_backward_done(i)` is called when every gradient of unit i has been accumulated in
+    the current backward (ZeRO-3 frees the unit's gathered parameters there).
+    """
+
+    def __init__(self, units: list[FlatUnit], group: dist.ProcessGroup | None,
+                 shard_grads: bool,
+                 on_unit_backward_done: Callable[[int], None] | None = None) -> None:
+        self.units = units
+        self.group = group
+        self.dp_size = group_size(group)
+        self.shard_grads = shard_grads
+        self.on_unit_backward_done = on_unit_backward_done
+        self.sync = True
+        self.record = False  # when True, `events` gets (kind, index, grads_seen, time)
+        self.events: list[tuple[str, int, int, float]] = []
+        self._unit_of: dict[int, int] = {}
+        for index, unit in enumerate(units):
+            for p in unit.params:
+                self._unit_of[id(p)] = index
+        self._grads_seen = 0
+        self._ready = [0] * len(units)
+        self._complete = [False] * len(units)
+        self._next_launch = 0
+        self._pending: list[tuple[object, torch.Tensor | None]] = []
+        for unit in units:
+            if shard_grads:
+                unit.grad_shard = torch.zeros(unit.shard_numel, dtype=unit.dtype,
+                                              device=unit.device)
+            else:
+                # One persistent buffer per bucket; the params' .grad are views into it, so
+                # the bucket is already flat when its all-reduce launches (no copy).
+                unit.grad_full = torch.zeros(unit.padded_numel, dtype=unit.dtype,
+                                             device=unit.device)
+                unit.grad_shard = unit.shard_of(unit.grad_full)
+        self.attach_grad_views()
+        for unit in units:
+            for p in unit.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def attach_grad_views(self) -> None:
+        if self.shard_grads:
+            return
+        for unit in self.units:
+            for p, start, end in unit.spans():
+                p.grad = unit.grad_full[start:end].view_as(p)
+
+    # ------------------------------------------------------------------ per microstep
+
+    def begin_microstep(self, sync: bool) -> None:
+        """Called before each microbatch's backward: only a syncing one communicates."""
+        self.sync = sync
+        self._ready = [0] * len(self.units)
+        self._grads_seen = 0
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        index = self._unit_of[id(param)]
+        self._grads_seen += 1
+        if self.record:
+            self.events.append(("grad", index, self._grads_seen, time.perf_counter()))
+        self._ready[index] += 1
+        if self._ready[index] < len(self.units[index].params):
+            return
+        self._ready[index] = 0
+        if self.sync:
+            self._complete[index] = True
+            self._launch_ready()
+        if self.on_unit_backward_done is not None:
+            self.on_unit_backward_done(index)
+
+    def _launch_ready(self) -> None:
+        while self._next_launch < len(self.units) and self._complete[self._next_launch]:
+            self._launch(self._next_launch)
+            self._next_launch += 1
+
+    def _launch(self, index: int) -> None:
+        unit = self.units[index]
+        if self.record:
+            self.events.append(("launch", index, self._grads_seen, time.perf_counter()))
+        if self.shard_grads:
+            flat = unit.flatten_grads(unit.dtype)
+            for p in unit.params:
+                p.grad = None  # the flat copy holds them until the reduce-scatter is done
+            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat))
+        else:
+            self._pending.append((all_reduce_sum(unit.grad_full, self.group), None))
+
+    # ----------------------------------------------------------------------- finish
+
+    def finish(self) -> None:
+        """Launch what backward did not (units with unused parameters), wait for every
+        collective, and turn the sums into means."""
+        for index in range(self._next_launch, len(self.units)):
+            self._complete[index] = True
+        self._launch_ready()
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+        if self.dp_size > 1:
+            for buffer in self.grad_buffers():
+                buffer.div_(self.dp_size)
+        self._complete = [False] * len(self.units)
+        self._next_launch = 0
+        self.sync = True
+
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """The persistent gradient storage: full buckets (ZeRO-0/1) or shards (ZeRO-2/3)."""
+        if self.shard_grads:
+            return [unit.grad_shard for unit in self.units]
+        return [unit.grad_full for unit in self.units]
+
+    def zero(self) -> None:
+        for buffer in self.grad_buffers():
+            buffer.zero_()
+        if self.shard_grads:
+            for unit in self.units:
+                for p in unit.params:
+                    p.grad = None
+
+
+def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, dp_size: int,
+                 dp_rank: int) -> list[FlatUnit]:
+    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`."""
+    buckets: list[FlatUnit] = []
+    current: list[torch.nn.Parameter] = []
+    size = 0
+    for p in reversed(params):
+        if current and (size + p.numel() * p.element_size() > bucket_bytes
+                        or p.dtype != current[0].dtype):
+            buckets.append(FlatUnit(current, dp_size, dp_rank))
+            current, size = [], 0
+        current.append(p)
+        size += p.numel() * p.element_size()
+    if current:
+        buckets.append(FlatUnit(current, dp_size, dp_rank))
+    return buckets

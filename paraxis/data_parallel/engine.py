@@ -1,0 +1,258 @@
+"""`DataParallelEngine`: the LocalEngine contract on a dp group, with ZeRO stage 0-3.
+
+Every dp rank runs the same module on its slice of the batch. The engine works on whatever
+parameters the module holds (a whole model, TP shards, one pipeline stage) and talks only over
+`groups.dp_group`, so the TP and PP runtimes can put it underneath theirs:
+
+    with engine.no_sync(last=is_last_microbatch):   # around each microbatch's backward
+        loss.backward()
+    engine.finish_grad_sync()                        # once, after the last backward
+    engine.clip_grad_norm(max_norm); engine.optimizer_step(lr); engine.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.data_parallel.buckets import GradReducer, make_buckets
+from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_size
+from paraxis.data_parallel.precision import LossScaler
+from paraxis.data_parallel.zero import (
+    ParamGatherer,
+    flatten_params_into,
+    init_adam_state,
+    shard_optimizer,
+)
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.engine import LocalEngine, make_adamw
+from paraxis.runtime.params import (
+    global_norm_squared,
+    is_pp_duplicate,
+    is_tp_sharded,
+    local_norm_squares,
+)
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
+
+
+class DataParallelEngine(LocalEngine):
+    """Data parallelism over `groups.dp_group` with ZeRO stage `layout.zero`.
+
+    bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time).
+    autocast_dtype: bf16/fp16 compute under autocast; parameters, gradients, their reduction
+    and the optimizer stay fp32 (the parameters are the fp32 master weights). fp16 adds
+    dynamic loss scaling.
+    """
+
+    def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, autocast_dtype: torch.dtype | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.model = model
+        self.layout = layout
+        self.groups = groups
+        self.autocast_dtype = autocast_dtype
+        self.zero = layout.zero
+        self.dp_group = groups.dp_group if groups is not None else None
+        self.dp_size = group_size(self.dp_group)
+        if self.dp_size != layout.dp:
+            raise ParaxisError(f"layout dp={layout.dp} but this rank's dp group has "
+                               f"{self.dp_size} ranks; launch dp*tp*pp ranks for the layout")
+        if bucket_bytes <= 0:
+            raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
+        self.scaler = LossScaler() if autocast_dtype == torch.float16 else None
+        self._skip_step = False
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._broadcast_from_first_rank(params)
+        dp_rank = group_rank(self.dp_group)
+        self.gatherer: ParamGatherer | None = None
+        if self.zero == 3:
+            self.units = _block_units(model, params, self.dp_size, dp_rank)
+            blocks = list(model.blocks) if hasattr(model, "blocks") else []
+            self.gatherer = ParamGatherer(self.units, blocks, model, self.dp_group)
+            # Backward completes blocks last-to-first and the root (embeddings) at the end.
+            order = list(range(len(self.units) - 2, -1, -1)) + [len(self.units) - 1]
+            self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
+                                       shard_grads=True,
+                                       on_unit_backward_done=lambda i: self.gatherer.free(
+                                           order[i]))
+        else:
+            self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank)
+            if self.zero >= 1:
+                for unit in self.units:
+                    full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+                    flatten_params_into(unit, full)
+                    unit.param_full = full
+                    unit.param_shard = unit.shard_of(full)
+            self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2)
+        if self.zero == 0:
+            self.optimizer = make_adamw(params, weight_decay, betas, eps)
+            self.pieces = []
+        else:
+            self.optimizer, self.pieces = shard_optimizer(self.units, weight_decay, betas, eps)
+        init_adam_state(self.optimizer)
+
+    def _broadcast_from_first_rank(self, params: list[nn.Parameter]) -> None:
+        """Every rank starts from dp rank 0's weights (as DDP does), whatever their seeds."""
+        if self.dp_group is None:
+            return
+        source = dist.get_global_rank(self.dp_group, 0)
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=source, group=self.dp_group)
+
+    # ------------------------------------------------------------------- the contract
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        micro = self.microbatches(inputs, targets)
+        total = 0.0
+        for index, (x, y) in enumerate(micro):
+            with self.no_sync(last=index == len(micro) - 1):
+                loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
+                scaled = loss * self.scaler.scale if self.scaler is not None else loss
+                scaled.backward()
+            total += loss.item()
+        self.finish_grad_sync()
+        return self.reduce_loss(total)
+
+    @contextlib.contextmanager
+    def no_sync(self, last: bool) -> Iterator[None]:
+        """Around one microbatch's backward: gradients accumulate locally unless `last`, in
+        which case buckets launch from the backward hooks (nanoGPT: sync only at the last
+        microstep, since earlier all-reduces would be overwritten work)."""
+        self.reducer.begin_microstep(sync=last)
+        yield
+
+    def finish_grad_sync(self) -> None:
+        """Wait for every bucket/shard reduction; gradients are then the dp mean."""
+        self.reducer.finish()
+        if self.gatherer is not None:
+            self.gatherer.free_all()
+
+    def reduce_loss(self, loss: float) -> float:
+        if self.dp_group is None:
+            return loss
+        value = torch.tensor([loss], dtype=torch.float64)
+        if self.device.type == "cuda":
+            value = value.to(self.device)
+        dist.all_reduce(value, group=self.dp_group)
+        return float(value) / self.dp_size
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        if not self.reducer.shard_grads:
+            sharded, replicated = local_norm_squares(list(self.model.parameters()))
+            return global_norm_squared(sharded, replicated, self.groups, False)
+        # ZeRO-2/3: each rank holds a disjoint piece of every gradient; padding is left out.
+        sharded = torch.zeros((), device=self.device)
+        replicated = torch.zeros((), device=self.device)
+        for piece, master in self.pieces:
+            if is_pp_duplicate(piece.param):
+                continue
+            square = master.grad.detach().float().pow(2).sum()
+            if is_tp_sharded(piece.param):
+                sharded += square
+            else:
+                replicated += square
+        return global_norm_squared(sharded, replicated, self.groups, True)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global norm over every shard; clips (and, for fp16, unscales) in one pass."""
+        norm = math.sqrt(float(self.grad_norm_squared()))
+        factor = 1.0
+        if self.scaler is not None:
+            self._skip_step = not math.isfinite(norm)
+            self.scaler.update(overflow=self._skip_step)
+            if self._skip_step:
+                return norm
+            factor = 1.0 / self.scaler.last_scale
+            norm *= factor
+        if max_norm > 0 and norm > max_norm:
+            factor *= max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
+        if factor != 1.0:
+            for buffer in self.reducer.grad_buffers():
+                buffer.mul_(factor)
+        return norm
+
+    def optimizer_step(self, lr: float) -> None:
+        if self._skip_step:  # fp16 overflow: this step's gradients are not usable
+            self._skip_step = False
+            return
+        if self.gatherer is not None:
+            self.gatherer.free_all()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        if self.zero in (1, 2):
+            # Each rank updated its shard in place; all-gather rebuilds the full parameters.
+            # The shard is copied first: an all-gather's input must not alias its output.
+            works = [all_gather(unit.param_full, unit.param_shard.clone(), self.dp_group)
+                     for unit in self.units]
+            for work in works:
+                work.wait()
+
+    def zero_grad(self) -> None:
+        self.reducer.zero()
+
+    # --------------------------------------------------------------------- inspection
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Name -> full parameter (a copy). Collective under ZeRO-3: call on every rank."""
+        if self.gatherer is None:
+            return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        out = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for index, unit in enumerate(self.units):
+            flat = self.gatherer.full_flat(index)
+            for p, start, end in unit.spans():
+                out[names[id(p)]] = flat[start:end].view(p.shape).clone()
+        return out
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer states, counted from
+        tensor storages (each storage once; a freed ZeRO-3 block counts zero)."""
+        params = [p.data for p in self.model.parameters()]
+        if self.gatherer is not None:
+            params += [unit.param_shard for unit in self.units]
+        grads = list(self.reducer.grad_buffers())
+        grads += [p.grad for p in self.model.parameters() if p.grad is not None]
+        states = [t for state in self.optimizer.state.values() for t in state.values()
+                  if isinstance(t, torch.Tensor)]
+        return {"params": storage_bytes(params), "grads": storage_bytes(grads),
+                "optimizer": storage_bytes(states)}
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _block_units(model: nn.Module, params: list[nn.Parameter], dp_size: int,
+                 dp_rank: int) -> list[FlatUnit]:
+    """ZeRO-3 units: one per `model.blocks[i]`, then everything else as the root unit."""
+    wanted = {id(p) for p in params}
+    units, taken = [], set()
+    for block in getattr(model, "blocks", []):
+        own = [p for p in block.parameters() if id(p) in wanted and id(p) not in taken]
+        if not own:
+            raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
+                               "parameters of its own; use zero<=2 for this model")
+        taken.update(id(p) for p in own)
+        units.append(FlatUnit(own, dp_size, dp_rank))
+    rest = [p for p in params if id(p) not in taken]
+    if not rest:
+        raise ParaxisError("ZeRO-3 needs parameters outside model.blocks for its root unit")
+    units.append(FlatUnit(rest, dp_size, dp_rank))
+    return units

@@ -1,0 +1,113 @@
+"""Flat, padded parameter groups and the dp collectives on them.
+
+A `FlatUnit` lays a list of parameters end to end in one 1-D index space, padded to a
+multiple of the dp size so that every dp rank owns one equal, contiguous shard (ZeRO,
+Rajbhandari et al. 2020, sec. 5: each rank updates 1/N_d of the states). Equal shards are
+what reduce-scatter and all-gather need (gloo rejects unequal sizes, PLATFORM.md); the pad
+is at most dp-1 elements per unit.
+
+The collectives below take `group=None` to mean "dp has size 1": they degenerate to copies,
+so ZeRO with dp=1 runs the same code path without a process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where one parameter meets this rank's shard: param[lo:hi] (flattened) is
+    shard[shard_lo:shard_hi]."""
+
+    param: nn.Parameter
+    lo: int
+    hi: int
+    shard_lo: int
+    shard_hi: int
+
+
+class FlatUnit:
+    """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3)."""
+
+    def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int) -> None:
+        self.params = params
+        self.offsets: list[int] = []
+        total = 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.numel = total
+        self.padded_numel = -(-total // dp_size) * dp_size
+        self.shard_numel = self.padded_numel // dp_size
+        self.shard_start = dp_rank * self.shard_numel
+        self.dtype = params[0].dtype
+        self.device = params[0].device
+
+    def spans(self) -> list[tuple[nn.Parameter, int, int]]:
+        """(param, start, end) of each parameter in the flat index space."""
+        return [(p, o, o + p.numel()) for p, o in zip(self.params, self.offsets, strict=True)]
+
+    def pieces(self) -> list[Piece]:
+        """The parts of parameters that fall in this rank's shard (padding excluded)."""
+        lo_shard, hi_shard = self.shard_start, self.shard_start + self.shard_numel
+        out = []
+        for p, start, end in self.spans():
+            lo, hi = max(start, lo_shard), min(end, hi_shard)
+            if lo < hi:
+                out.append(Piece(p, lo - start, hi - start, lo - lo_shard, hi - lo_shard))
+        return out
+
+    def shard_of(self, full: torch.Tensor) -> torch.Tensor:
+        return full[self.shard_start: self.shard_start + self.shard_numel]
+
+    def flatten_grads(self, dtype: torch.dtype) -> torch.Tensor:
+        """A fresh padded flat tensor of the gradients (zeros where a grad is missing)."""
+        flat = torch.zeros(self.padded_numel, dtype=dtype, device=self.device)
+        for p, start, end in self.spans():
+            if p.grad is not None:
+                flat[start:end].copy_(p.grad.reshape(-1))
+        return flat
+
+
+class _Done:
+    """A finished work handle for collectives that had nothing to do (dp = 1)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None):  # noqa: ANN201
+    if group is None:
+        return _Done()
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+
+def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
+                       group: dist.ProcessGroup | None):  # noqa: ANN201
+    if group is None:
+        shard.copy_(full)
+        return _Done()
+    return dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM, group=group,
+                                      async_op=True)
+
+
+def all_gather(full: torch.Tensor, shard: torch.Tensor,
+               group: dist.ProcessGroup | None):  # noqa: ANN201
+    if group is None:
+        if full.data_ptr() != shard.data_ptr():
+            full.copy_(shard)
+        return _Done()
+    return dist.all_gather_single(full, shard, group=group, async_op=True)
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: dist.ProcessGroup | None) -> int:
+    return 0 if group is None else dist.get_rank(group)

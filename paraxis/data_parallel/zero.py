@@ -1,0 +1,171 @@
+"""ZeRO's sharded states (Rajbhandari et al., "ZeRO", SC 2020, sec. 5).
+
+- `shard_optimizer` (ZeRO-1/2/3, sec. 5.1): AdamW sees only this rank's shard of every unit,
+  as views into the flat parameter storage and the gradient shard, so Adam's moments exist for
+  1/N_d of the parameters and the update writes straight into the parameters.
+- `ParamGatherer` (ZeRO-3, sec. 5.3): each unit (one transformer block, plus a root unit for
+  embeddings, final norm and head) keeps only its parameter shard. Its full parameters are
+  all-gathered just before its forward, freed after it, gathered again when the gradient
+  reaches the block's output (the start of its backward) and freed once all its gradients
+  exist. While one block computes, the next one's all-gather is already in flight (forward:
+  block i+1, backward: block i-1), as FSDP does (Zhao et al., "PyTorch FSDP", VLDB 2023,
+  sec. 3.3 "backward/forward prefetching").
+
+Freeing is done by resizing the flat buffer's storage to zero bytes, the way FSDP1 did: the
+parameters stay views of that storage (autograd's saved views included) and see the values
+again once the storage is refilled by the next all-gather.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather
+
+
+def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[float, float],
+                    eps: float) -> tuple[torch.optim.AdamW, list[tuple[Piece, torch.Tensor]]]:
+    """AdamW over this rank's shard; returns it and the (piece, master view) pairs.
+
+    Each unit needs `param_shard` and `grad_shard` (flat, this rank's range). Decay applies to
+    pieces of matrices only, the convention of `make_adamw`.
+    """
+    decay, no_decay, pieces = [], [], []
+    for unit in units:
+        for piece in unit.pieces():
+            master = unit.param_shard[piece.shard_lo: piece.shard_hi]
+            master.grad = unit.grad_shard[piece.shard_lo: piece.shard_hi]
+            (decay if piece.param.dim() >= 2 else no_decay).append(master)
+            pieces.append((piece, master))
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
+    groups = [g for g in groups if g["params"]] or [{"params": [], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=False)
+    return optimizer, pieces
+
+
+def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate AdamW's moments now rather than at the first step, so the memory logged at
+    start is the memory training holds (same zeros torch would create lazily)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def flatten_params_into(unit: FlatUnit, buffer: torch.Tensor) -> None:
+    """Copy the unit's parameters into `buffer` and make each parameter a view of it."""
+    with torch.no_grad():
+        for p, start, end in unit.spans():
+            buffer[start:end].copy_(p.detach().reshape(-1))
+            # .data assignment keeps the Parameter object (optimizer, hooks and tied modules
+            # keep referring to it) and its own version counter.
+            p.data = buffer[start:end].view_as(p)
+
+
+class ParamGatherer:
+    """ZeRO-3 parameter life cycle over `units`: blocks first (in model order), root last."""
+
+    def __init__(self, units: list[FlatUnit], blocks: list[nn.Module], root: nn.Module,
+                 group: dist.ProcessGroup | None) -> None:
+        self.units = units
+        self.group = group
+        self.root_index = len(units) - 1
+        self.phase = "forward"
+        self._state = ["free"] * len(units)
+        self._work: list[object | None] = [None] * len(units)
+        for unit in units:
+            full = torch.empty(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+            full[unit.numel:].zero_()
+            flatten_params_into(unit, full)
+            unit.param_full = full
+            unit.param_shard = unit.shard_of(full).clone()
+            self._release(unit)
+        root.register_forward_pre_hook(self._root_pre_forward)
+        for index, block in enumerate(blocks):
+            block.register_forward_pre_hook(self._pre_forward(index))
+            block.register_forward_hook(self._post_forward(index, index == len(blocks) - 1))
+
+    # ----------------------------------------------------------------- storage moves
+
+    @staticmethod
+    def _release(unit: FlatUnit) -> None:
+        unit.param_full.untyped_storage().resize_(0)
+
+    def prefetch(self, index: int) -> None:
+        """Start the all-gather of unit `index` if it is not gathered or on its way."""
+        if not 0 <= index < len(self.units) or self._state[index] != "free":
+            return
+        unit = self.units[index]
+        unit.param_full.untyped_storage().resize_(unit.padded_numel *
+                                                  unit.param_full.element_size())
+        self._work[index] = all_gather(unit.param_full, unit.param_shard, self.group)
+        self._state[index] = "pending"
+
+    def gather(self, index: int) -> None:
+        self.prefetch(index)
+        if self._state[index] == "pending":
+            self._work[index].wait()
+            self._work[index] = None
+            self._state[index] = "ready"
+
+    def free(self, index: int) -> None:
+        if self._state[index] == "pending":  # never leave a collective half-way
+            self.gather(index)
+        if self._state[index] == "ready":
+            self._release(self.units[index])
+            self._state[index] = "free"
+
+    def free_all(self) -> None:
+        for index in range(len(self.units)):
+            self.free(index)
+
+    # ------------------------------------------------------------------------ hooks
+
+    def _root_pre_forward(self, module: nn.Module, args: object) -> None:
+        self.phase = "forward"
+        self.gather(self.root_index)
+        self.prefetch(0)
+
+    def _pre_forward(self, index: int):  # noqa: ANN202
+        def hook(module: nn.Module, args: object) -> None:
+            self.gather(index)
+            if self.phase == "forward":
+                self.prefetch(index + 1)
+        return hook
+
+    def _post_forward(self, index: int, is_last: bool):  # noqa: ANN202
+        def hook(module: nn.Module, args: object, output: torch.Tensor) -> None:
+            if self.phase != "forward":
+                return
+            if torch.is_grad_enabled() and output.requires_grad:
+                output.register_hook(self._pre_backward(index))
+            # The last block's backward comes first: keep it rather than gather it again.
+            if not (is_last and torch.is_grad_enabled()):
+                self.free(index)
+        return hook
+
+    def _pre_backward(self, index: int):  # noqa: ANN202
+        def hook(grad: torch.Tensor) -> None:
+            self.phase = "backward"
+            self.gather(index)
+            self.prefetch(index - 1)
+        return hook
+
+    def on_unit_backward_done(self, index: int) -> None:
+        """All of the unit's gradients exist: its full parameters are no longer needed."""
+        self.free(index)
+
+    @torch.no_grad()
+    def full_flat(self, index: int) -> torch.Tensor:
+        """A fresh copy of unit `index`'s full flat parameters (collective over the group)."""
+        unit = self.units[index]
+        full = torch.empty(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+        all_gather(full, unit.param_shard, self.group).wait()
+        return full

@@ -1,0 +1,137 @@
+"""Data parallelism beyond equivalence: overlap, memory against the planner, degenerate and bad
+input, mixed precision."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from paraxis.data_parallel import DataParallelEngine
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model import build_model
+from paraxis.model_config import PRESETS
+from paraxis.plan.memory import FP32_ADAM, model_state_bytes
+from paraxis.runtime.distributed import build_groups
+from paraxis.runtime.engine import LocalEngine
+from paraxis.testing import distributed, run_distributed
+
+TINY = PRESETS["tiny"]
+
+
+def _batch(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 256, (rows, 16), generator=g),
+            torch.randint(0, 256, (rows, 16), generator=g))
+
+
+def _engine(zero: int, micro: int = 1, bucket_bytes: int = 25 * 2**20, dtype=None):
+    layout = Layout(dp=dist.get_world_size(), zero=zero, microbatches=micro)
+    return DataParallelEngine(build_model(TINY, seed=1), layout, build_groups(layout),
+                              autocast_dtype=dtype, bucket_bytes=bucket_bytes)
+
+
+@distributed(world_size=2)
+def test_first_bucket_is_reduced_while_backward_still_runs():
+    for zero, micro in ((0, 1), (2, 1), (3, 1), (0, 2)):
+        engine = _engine(zero, micro, bucket_bytes=64_000)
+        engine.reducer.record = True
+        engine.forward_backward(*_batch(4, seed=dist.get_rank()))
+        events = engine.reducer.events
+        launches = [e for e in events if e[0] == "launch"]
+        grads = [e for e in events if e[0] == "grad"]
+        params = sum(1 for _ in engine.model.parameters())
+        assert len(engine.reducer.units) >= 3
+        # Only the last microstep communicates: one launch per unit, not one per microstep.
+        assert [e[1] for e in launches] == list(range(len(engine.reducer.units)))
+        first = launches[0]
+        # When the first bucket's collective started, most gradients did not exist yet...
+        assert first[2] < params // 2, (zero, first, params)
+        # ...and backward went on producing them after it (time order, not just counts).
+        assert first[3] < grads[-1][3]
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_model_state_memory_matches_the_planner(dp):
+    def body():
+        measured = {}
+        for zero in range(4):
+            engine = _engine(zero)
+            start = engine.memory_report()
+            engine.forward_backward(*_batch(dp))
+            engine.clip_grad_norm(1.0)
+            engine.optimizer_step(1e-3)
+            measured[zero] = (start, engine.memory_report())
+        return measured
+
+    num_params = TINY.num_params()
+    for measured in run_distributed(body, dp):
+        for zero, (start, after_step) in measured.items():
+            predicted = model_state_bytes(num_params, dp, zero, FP32_ADAM)
+            for report in (start, after_step):
+                for state in ("params", "grads", "optimizer"):
+                    assert report[state] == pytest.approx(predicted[state], rel=0.01), \
+                        (dp, zero, state, report, predicted)
+
+
+@distributed(world_size=2)
+def test_mismatched_world_size_is_a_clear_error():
+    with pytest.raises(ParaxisError, match=r"dp\*tp\*pp = 4\*1\*1 = 4 but the world has 2"):
+        build_groups(Layout(dp=4))
+    groups = build_groups(Layout(dp=2))
+    with pytest.raises(ParaxisError, match="layout dp=4 but this rank's dp group has 2"):
+        DataParallelEngine(build_model(TINY), Layout(dp=4), groups)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_with_one_rank_degenerates_to_plain_training(zero):
+    reference = LocalEngine(build_model(TINY, seed=2), Layout())
+    engine = DataParallelEngine(build_model(TINY, seed=2), Layout(zero=zero), None)
+    for step in range(3):
+        losses = []
+        for e in (reference, engine):
+            losses.append(e.forward_backward(*_batch(4, seed=step)))
+            e.clip_grad_norm(0.5)
+            e.optimizer_step(1e-3)
+            e.zero_grad()
+        assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    ours = engine.full_parameters()
+    for name, p in reference.model.named_parameters():
+        torch.testing.assert_close(ours[name], p.detach(), rtol=0, atol=1e-6)
+
+
+@distributed(world_size=2)
+def test_bf16_compute_trains_close_to_fp32():
+    x, y = _batch(4, seed=dist.get_rank())
+    for zero in (0, 3):
+        fp32, bf16 = _engine(zero), _engine(zero, dtype=torch.bfloat16)
+        losses = []
+        for engine in (fp32, bf16):
+            loss = engine.forward_backward(x, y)
+            engine.clip_grad_norm(1.0)
+            engine.optimizer_step(1e-3)
+            losses.append(loss)
+        assert math.isfinite(losses[1]) and losses[1] == pytest.approx(losses[0], rel=2e-2)
+        # Master weights and gradients stay fp32 whatever the compute dtype.
+        assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+        assert all(b.dtype == torch.float32 for b in bf16.reducer.grad_buffers())
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale():
+    engine = DataParallelEngine(build_model(TINY, seed=2), Layout(zero=2), None,
+                                autocast_dtype=torch.float16)
+    engine.scaler.scale = 2.0**120  # the scaled fp32 loss overflows: inf gradients
+    before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    engine.forward_backward(*_batch(2))
+    assert not math.isfinite(engine.clip_grad_norm(1.0))
+    engine.optimizer_step(1e-3)
+    engine.zero_grad()
+    assert engine.scaler.scale == 2.0**119
+    for n, p in engine.model.named_parameters():
+        assert torch.equal(p, before[n])
+    engine.scaler.scale = 2.0**8
+    engine.forward_backward(*_batch(2))
+    assert math.isfinite(engine.clip_grad_norm(1.0))
+    engine.optimizer_step(1e-3)
+    assert any(not torch.equal(p, before[n]) for n, p in engine.model.named_parameters())
