@@ -17,11 +17,14 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: torch.device, train_cfg) -> LocalEngine:  # noqa: ANN001
     autocast = DTYPES[train_cfg.dtype]
-    if layout.tp == 1 and layout.pp == 1 and (layout.dp > 1 or layout.zero > 0):
+    if layout.pp == 1 and (layout.dp > 1 or layout.zero > 0):
         from paraxis.data_parallel import DataParallelEngine  # dp=1, zero>0 degenerates
+        from paraxis.tensor_parallel import apply_tensor_parallel
 
         model = build_model(model_cfg, seed=train_cfg.seed, device=device)
         model.set_recompute(layout.recompute)
+        # TP first: the data-parallel engine then handles whatever shards this rank holds.
+        apply_tensor_parallel(model, groups, layout.sequence_parallel)
         return DataParallelEngine(model, layout, groups, weight_decay=train_cfg.weight_decay,
                                   autocast_dtype=autocast, bucket_bytes=int(
                                       getattr(train_cfg, "bucket_mb", 25.0) * 2**20))
