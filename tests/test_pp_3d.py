@@ -24,7 +24,7 @@ def _batches():
 
 def _train(engine, rows: slice) -> list[float]:
     losses = []
-    for step, (x, y) in enumerate(_batches()):
+    for x, y in _batches():
         losses.append(engine.forward_backward(x[rows], y[rows]))
         engine.clip_grad_norm(0.5)  # low enough to clip: the global norm must be right
         engine.optimizer_step(1e-3)
