@@ -88,7 +88,12 @@ def _gb(value: float) -> str:
 
 
 def _ms(value: float) -> str:
-    return f"{value * 1e3:.4g} ms"
+    """Seconds in the unit that keeps 1-4 digits before the point."""
+    if value >= 1:
+        return f"{value:.4g} s"
+    if value >= 1e-3 or value == 0:
+        return f"{value * 1e3:.4g} ms"
+    return f"{value * 1e6:.4g} µs"
 
 
 def _plan_section(plan: Plan) -> str:
@@ -202,7 +207,12 @@ def _pictures(plan: Plan) -> list[tuple[str, str, str]]:
                                    virtual=max(layout.virtual_stages, 2),
                                    cost_note="F, B and sends priced by the planner")
         caption = (f"This plan runs {layout.schedule}; the three schedules for the same "
-                   f"{layout.pp} stages and {m} microbatches, priced by the planner.")
+                   f"{layout.pp} stages and {m} microbatches, priced by the planner: forward "
+                   f"{_ms(forward)}, backward {_ms(backward)}, one send {_ms(comm)} per "
+                   "microbatch.")
+        if comm > forward:
+            caption += (" Sends take longer than forwards here: the stages wait on messages "
+                        "(grey), so the model is too small for this pipeline.")
     else:
         fig, _ = compare_schedules(4, 8, 1.0, 2.0, 0.0, virtual=2,
                                    cost_note="illustration: F = 1, B = 2 units",
@@ -232,12 +242,14 @@ def _pictures(plan: Plan) -> list[tuple[str, str, str]]:
         "buffers, reserved) for the stage that needs the most: the one that must fit.")
     sections.append(("memory", "Memory", zero + stages))
 
-    ranks = min(max(layout.dp, 2), 8)
+    ranks = min(layout.dp, 8) if layout.dp > 1 else 4
+    sync = (f"The planner prices this plan's gradient sync over dp={layout.dp} at "
+            f"{_ms(e.time.get('dp_total', 0.0))} per step." if layout.dp > 1 else
+            "This plan has dp=1, so no gradient all-reduce; the picture shows 4 ranks.")
     sections.append(("ring", "Ring all-reduce", figure(
         figure_data_uri(plot_ring(ranks)), "ring all-reduce",
         f"The gradient all-reduce of a {ranks}-rank data-parallel group, step by step "
-        f"(`paraxis ring --ranks {ranks}` prints the values). The planner prices this "
-        f"plan's gradient sync at {_ms(e.time.get('dp_total', 0.0))} per step.")))
+        f"(`paraxis ring --ranks {ranks}` prints the values). {sync}")))
     return sections
 
 
