@@ -87,6 +87,11 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
 
 
+def _layout(layout: Layout) -> str:
+    """Layout text that a table cell can wrap after each comma."""
+    return str(layout).replace(",", ", ")
+
+
 def _ms(value: float) -> str:
     """Seconds in the unit that keeps 1-4 digits before the point."""
     if value >= 1:
@@ -134,7 +139,7 @@ def _defence_section(plan: Plan) -> str:
                  f"{plan.cluster.world_size} GPUs: {len(result.ranked)} fit, "
                  f"{len(result.too_big)} do not fit in memory, "
                  f"{len(result.rule_breakers)} break a rule.</p>")
-    rows = [(i + 1, str(c.layout), _ms(c.step_time_s), f"{c.tokens_per_s:,.0f}",
+    rows = [(i + 1, _layout(c.layout), _ms(c.step_time_s), f"{c.tokens_per_s:,.0f}",
              f"{c.mfu:.1%}", _gb(c.memory["total"]))
             for i, c in enumerate(result.top(6))]
     parts.append("<h3>Fastest layouts that fit</h3>" + table(
@@ -149,14 +154,15 @@ def _defence_section(plan: Plan) -> str:
     if result.too_big:
         parts.append("<h3>Faster, but too big</h3>" + table(
             ["layout", "would take", "why not"],
-            [(str(r.layout), _ms(r.estimate.step_time_s) if r.estimate else "-", r.reason)
+            [(_layout(r.layout), _ms(r.estimate.step_time_s) if r.estimate else "-", r.reason)
              for r in result.too_big[:4]]))
     reasons: dict[str, str] = {}
     for r in result.rule_breakers:
         reasons.setdefault(r.reason, str(r.layout))
     if reasons:
         parts.append("<h3>Ruled out</h3>" + table(
-            ["example layout", "rule"], [(lay, why) for why, lay in list(reasons.items())[:5]]))
+            ["example layout", "rule"],
+            [(lay.replace(",", ", "), why) for why, lay in list(reasons.items())[:5]]))
     links = []
     for axis in ("tp", "pp", "dp"):
         if getattr(plan.layout, axis) > 1:
@@ -237,7 +243,7 @@ def _pictures(plan: Plan) -> list[tuple[str, str, str]]:
     rows.append({k: v for k, v in worst.items() if k not in ("stage", "total")})
     labels.append(f"stage {int(worst['stage'])}\neverything")
     stages = figure(figure_data_uri(plot_stage_memory(
-        rows, gpu.memory_bytes, gpu.name, str(layout), labels)), "memory per stage",
+        rows, gpu.memory_bytes, gpu.name, _layout(layout), labels)), "memory per stage",
         "Model states on every pipeline stage, and the planner's full count (activations, "
         "buffers, reserved) for the stage that needs the most: the one that must fit.")
     sections.append(("memory", "Memory", zero + stages))
