@@ -5,7 +5,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
-from paraxis.plan.memory import FP32_ADAM, MIXED_ADAM, model_state_bytes, zero_table
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.memory import (
+    FP32_ADAM,
+    MIXED_ADAM,
+    layout_memory,
+    model_state_bytes,
+    zero_table,
+)
 
 GB = 1e9
 
@@ -73,3 +81,33 @@ def test_memory_never_increases_with_a_higher_zero_stage(num_params: int, dp: in
 def test_bad_input_is_a_paraxis_error(kwargs: dict) -> None:
     with pytest.raises(ParaxisError):
         model_state_bytes(**kwargs)
+
+
+@given(st.sampled_from(["gpt2-1.5b", "llama2-7b", "llama2-70b", "gpt3-175b"]),
+       st.sampled_from([2, 4, 8, 64]), st.sampled_from([1, 2, 8]),
+       st.sampled_from(["none", "selective", "full"]))
+def test_layout_memory_never_increases_with_a_higher_zero_stage(name: str, dp: int, tp: int,
+                                                                recompute: str) -> None:
+    cfg = PRESETS[name]
+    totals = [layout_memory(cfg, Layout(dp=dp, tp=tp, zero=zero, recompute=recompute), 2048,
+                            1)["total"] for zero in range(4)]
+    assert all(later <= earlier for earlier, later in zip(totals, totals[1:], strict=False))
+
+
+def test_layout_memory_by_stage() -> None:
+    cfg = PRESETS["llama2-70b"]
+    one = layout_memory(cfg, Layout(dp=1, tp=8, pp=1), 4096, 1)
+    four = layout_memory(cfg, Layout(dp=1, tp=8, pp=4, microbatches=8), 4096, 1)
+    # a quarter of the blocks (plus the embedding) on the worst stage
+    assert four["params"] == pytest.approx(
+        2 * (20 * cfg.layer_params() + cfg.embedding_params()) / 8, rel=1e-6)
+    # stage 0 holds pp = 4 microbatches of a quarter of the layers: the same as pp = 1's one
+    # microbatch of every layer (Korthikanti et al. 2022 Sec. 4.2.3)
+    assert four["activations"] == pytest.approx(one["activations"] - 4 * 4096 * 32000 / 8,
+                                                rel=1e-6)
+    gpipe = layout_memory(cfg, Layout(dp=1, tp=8, pp=4, microbatches=8, schedule="gpipe"),
+                          4096, 1)
+    # GPipe holds all M = 8 on every stage; the last stage (LM head, logits) is then the worst
+    assert gpipe["stage"] == 3
+    assert gpipe["activations"] == pytest.approx(2 * four["activations"] + 4 * 4096 * 32000 / 8,
+                                                 rel=1e-6)

@@ -53,3 +53,23 @@ def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
         peak_flops: float) -> float:
     """Model FLOPs utilisation (Chowdhery et al. 2022 App. B): model FLOP/s over peak."""
     return model_flops_per_token(cfg, seq_len) * tokens_per_s / (world_size * peak_flops)
+
+
+def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
+                                    sequence_parallel: bool = False) -> tuple[float, float]:
+    """HBM bytes per token of one layer's memory-bound (non-GEMM) forward kernels on one GPU:
+    (hidden-sized elementwise ops, attention-score ops). Each bf16 tensor read or written once.
+
+    Counted like Korthikanti et al. 2022 Sec. 4.1 counts stored activations: 2 LayerNorms
+    (read + write h: 8h bytes) and 2 dropout + residual adds (12h) sit outside the TP regions
+    (split over tp only with SP); bias + GELU reads and writes the 4h MLP activation (16h,
+    split over tp). The fused scale-mask-softmax reads and writes a*s scores (4as) and the
+    attention dropout reads them, writes them and a 1-byte mask (5as), with a/tp heads per GPU.
+    """
+    h, f = cfg.d_model, cfg.d_ff
+    dropout = cfg.style == "gpt2"
+    outside = 8 * h + (12 * h if dropout else 4 * h)
+    inside = 4 * f if cfg.style == "gpt2" else 6 * f  # SwiGLU: read gate and up, write product
+    hidden = inside / tp + outside / (tp if sequence_parallel else 1)
+    scores = (9 if dropout else 4) * cfg.n_heads / tp * seq_len
+    return hidden, scores

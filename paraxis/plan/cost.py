@@ -20,7 +20,11 @@ from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import axis_link, dp_sync_time, p2p_time, tp_layer_time
-from paraxis.plan.compute import iteration_flops, layer_forward_flops_per_token
+from paraxis.plan.compute import (
+    iteration_flops,
+    layer_forward_flops_per_token,
+    layer_forward_traffic_per_token,
+)
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import layout_memory, stage_layers, stage_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -79,17 +83,23 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
     tokens_per_microbatch = micro_batch * seq_len
 
-    # Compute of the busiest stage per microbatch, in hardware FLOPs over tp GPUs.
+    # Compute of the busiest stage per microbatch: GEMMs at matmul_efficiency of peak, plus
+    # memory-bound elementwise kernels at hbm_efficiency of HBM bandwidth (roofline).
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    hidden_bytes, score_bytes = layer_forward_traffic_per_token(
+        cfg, seq_len, layout.tp, layout.sequence_parallel)
     layers = max(stage_layers(cfg.n_layers, layout.pp))
-    forward_layer = (weights + scores) * tokens_per_microbatch
-    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch  # LM head, last stage
-    recompute = {"none": 0.0, "full": weights + scores, "selective": scores}[layout.recompute]
     rate = gpu.peak_flops * gpu.matmul_efficiency * layout.tp
-    t_forward = (layers * forward_layer + head) / rate
+    hbm = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency
+    forward_layer = ((weights + scores) / rate + (hidden_bytes + score_bytes) / hbm) \
+        * tokens_per_microbatch
+    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch / rate  # LM head, last stage
+    recompute = {"none": 0.0, "full": forward_layer,
+                 "selective": (scores / rate + score_bytes / hbm) * tokens_per_microbatch
+                 }[layout.recompute]
+    t_forward = layers * forward_layer + head
     # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
-    t_backward = (2 * (layers * forward_layer + head)
-                  + layers * recompute * tokens_per_microbatch) / rate
+    t_backward = 2 * t_forward + layers * recompute
 
     tp_link = axis_link(layout, "tp", cluster)
     boundary_bytes = 2 * tokens_per_microbatch * cfg.d_model  # bf16 activations s*b*h

@@ -10,8 +10,10 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "peak_flops": 312e12,               # dense bf16 FLOP/s
       "memory_bytes": 80e9,
       "nvlink_bandwidth_Bps": 300e9,      # intra-node, bytes/s per GPU per direction
+      "hbm_bandwidth_Bps": 2.039e12,      # device memory bandwidth
       "matmul_efficiency": 0.6,           # achieved fraction of peak_flops in training GEMMs
       "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
+      "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5
@@ -37,21 +39,24 @@ class GPU:
     peak_flops: float  # dense bf16 tensor-core FLOP/s (vendor datasheet)
     memory_bytes: float
     nvlink_bandwidth_Bps: float  # per GPU, one direction
-    # Calibration, one pair per GPU type (docs/validation.md): achieved fraction of peak in
-    # the GEMMs of a training step, and achieved fraction of link bandwidth in NCCL rings.
+    hbm_bandwidth_Bps: float = 2.0e12  # device memory bandwidth (datasheet)
+    # Calibration, a few physical factors per GPU type (docs/validation.md): achieved fraction
+    # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
+    # HBM bandwidth in memory-bound elementwise kernels.
     matmul_efficiency: float = 0.6
     link_efficiency: float = 0.8
+    hbm_efficiency: float = 0.8
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("a100-40gb", 312e12, 40e9, 300e9),
-    GPU("a100-80gb", 312e12, 80e9, 300e9),
-    GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, matmul_efficiency=0.5),
-    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, matmul_efficiency=0.5),
-    GPU("h200", 989e12, 141e9, 450e9, matmul_efficiency=0.5),
-    GPU("v100-32gb", 125e12, 32e9, 150e9),
-    GPU("l40s", 362e12, 48e9, 32e9),  # no NVLink: PCIe Gen4 x16
+    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.65),
+    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.65),
+    GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, 3.35e12, matmul_efficiency=0.5),
+    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5),
+    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5),
+    GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
+    GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}
 
 

@@ -1,0 +1,100 @@
+"""Defend a chosen layout in the seeds' decision-tree language, with the figures behind it.
+
+Decision tree (CS 229s, Parallelism Fundamentals, Ch. 8): fits on one GPU? -> data
+parallelism. Fast intra-node links? -> tensor parallelism inside the node. Several nodes? ->
+pipeline across nodes and data parallelism across groups. Still out of memory? -> ZeRO.
+"""
+
+from __future__ import annotations
+
+from paraxis.model_config import ModelConfig
+from paraxis.plan.comm import axis_link
+from paraxis.plan.cost import Estimate
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
+from paraxis.plan.precision import MIXED_ADAM, Precision
+from paraxis.plan.search import SearchResult
+
+GB = 1e9
+
+
+def _shape(estimate: Estimate) -> tuple[int, int, int]:
+    layout = estimate.layout
+    return layout.dp, layout.tp, layout.pp
+
+
+def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
+            result: SearchResult | None = None, precision: Precision = MIXED_ADAM,
+            alternatives: int = 3) -> list[str]:
+    """Short sentences, one idea each, that say why `best` and not its rivals."""
+    gpu, layout, time = cluster.gpu, best.layout, best.time
+    limit = gpu.memory_bytes / GB
+    states = sum(model_state_bytes(cfg.num_params(), 1, 0, precision).values()) / GB
+    lines = []
+    one_gpu = states + RESERVED_BYTES / GB <= limit
+    lines.append(
+        f"Fits on one GPU? {'yes' if one_gpu else 'no'}: {cfg.num_params() / 1e9:.3g}B "
+        f"parameters need {precision.total_bytes:g} B each = {states:.1f} GB of model states "
+        f"before activations, against {limit:.0f} GB per GPU.")
+    node = cluster.gpus_per_node
+    per_gpu_in_node = states / node
+    lines.append(
+        f"Fits in one node? sharded over its {node} GPUs (ZeRO-3 or TP x PP) the states take "
+        f"{per_gpu_in_node:.1f} GB per GPU: {'yes' if per_gpu_in_node < limit else 'no'}.")
+    if layout.tp > 1:
+        link = axis_link(layout, "tp", cluster)
+        where = "across nodes (slow)" if link.crosses_nodes else "inside one node over NVLink"
+        lines.append(
+            f"TP={layout.tp} lives {where} at {link.bandwidth_Bps / GB:.0f} GB/s: its 4 "
+            f"collectives per layer per microbatch cost {time['tp']:.2f} s per step "
+            f"({time['tp'] / time['step']:.0%}), paid for by splitting every matrix "
+            f"{layout.tp} ways.")
+    else:
+        lines.append("No TP: the model fits without splitting matrices, so no per-layer "
+                      "collectives sit on the critical path.")
+    if layout.pp > 1:
+        link = axis_link(layout, "pp", cluster)
+        lines.append(
+            f"PP={layout.pp} stages {'across nodes' if link.crosses_nodes else 'in the node'}"
+            f" ({layout.schedule}, M={layout.microbatches}"
+            f"{f', v={layout.virtual_stages}' if layout.virtual_stages > 1 else ''}): only "
+            f"point-to-point sends ({time['pp']:.2f} s) and a bubble of {time['bubble']:.2f} s "
+            f"({time['bubble'] / time['step']:.1%}).")
+    if layout.dp > 1:
+        link = axis_link(layout, "dp", cluster)
+        zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
+        lines.append(
+            f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
+            f"traffic over {'the network' if link.crosses_nodes else 'NVLink'}, "
+            f"{time['dp']:.2f} s of it exposed.")
+    mem = best.memory
+    lines.append(
+        f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.0f} GB (params "
+        f"{mem['params'] / GB:.1f}, grads {mem['grads'] / GB:.1f}, optimizer "
+        f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, "
+        f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
+    if result is not None:
+        lines += _rivals(best, result, alternatives)
+    return lines
+
+
+def _rivals(best: Estimate, result: SearchResult, count: int) -> list[str]:
+    lines = []
+    seen = {_shape(best)}
+    for rival in result.ranked:
+        if _shape(rival) in seen:
+            continue
+        seen.add(_shape(rival))
+        slower = rival.step_time_s / best.step_time_s - 1
+        worst = max(("tp", "pp", "dp", "bubble"), key=lambda k: rival.time[k])
+        lines.append(f"Rejected {rival.layout}: {slower:.1%} slower ({rival.step_time_s:.2f} s"
+                     f" vs {best.step_time_s:.2f} s; its largest overhead is {worst} "
+                     f"{rival.time[worst]:.2f} s).")
+        if len(seen) > count:
+            break
+    faster = [r for r in result.too_big
+              if r.estimate is not None and r.estimate.step_time_s < best.step_time_s]
+    if faster:
+        lines.append(f"Rejected {faster[0].layout}: would be faster "
+                     f"({faster[0].estimate.step_time_s:.2f} s) but {faster[0].reason}.")
+    return lines

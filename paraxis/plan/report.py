@@ -1,0 +1,54 @@
+"""The planner's stable JSON document (schema "paraxis.plan/1", documented in docs/planner.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paraxis.model_config import ModelConfig
+from paraxis.plan.cost import Estimate, Overlap
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.precision import Precision
+from paraxis.plan.search import SearchResult
+
+SCHEMA = "paraxis.plan/1"
+
+
+def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+                  precision: Precision, overlap: Overlap, layouts: list[Estimate],
+                  explanation: list[str], result: SearchResult | None = None) -> dict:
+    cluster_dict = {k: v for k, v in dataclasses.asdict(cluster).items() if k != "gpu"}
+    doc: dict = {
+        "schema": SCHEMA,
+        "mode": "search" if result is not None else "evaluate",
+        "model": {**cfg.to_dict(), "num_params": cfg.num_params()},
+        "hardware": {"gpu": dataclasses.asdict(cluster.gpu),
+                     "cluster": {**cluster_dict, "world_size": cluster.world_size}},
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+        "precision": dataclasses.asdict(precision),
+        "overlap": dataclasses.asdict(overlap),
+        "layouts": [e.to_dict() for e in layouts],
+        "explanation": explanation,
+    }
+    if result is not None:
+        doc["search"] = {
+            "considered": result.considered,
+            "fitting": len(result.ranked),
+            "rejected_rules": len(result.rule_breakers),
+            "rejected_memory": len(result.too_big),
+            "rejected_examples": [
+                {"layout": str(r.layout), "reason": r.reason}
+                for r in (result.too_big[:3] + _distinct(result.rule_breakers, 3))],
+        }
+    return doc
+
+
+def _distinct(rejections: list, count: int) -> list:
+    seen, out = set(), []
+    for rejection in rejections:
+        if rejection.reason not in seen:
+            seen.add(rejection.reason)
+            out.append(rejection)
+        if len(out) == count:
+            break
+    return out

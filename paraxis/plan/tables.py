@@ -1,0 +1,65 @@
+"""Rich tables for `paraxis plan` and `paraxis memory` (humans; machines read --json)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from paraxis.model_config import ModelConfig
+from paraxis.plan.cost import Estimate
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.search import SearchResult
+
+GB = 1e9
+
+
+def _console() -> Console:
+    # Wide enough for the layout column when piped (rich would fold at 80 columns).
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+               layouts: list[Estimate], lines: list[str],
+               result: SearchResult | None) -> None:
+    console = _console()
+    console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params) on "
+                  f"{cluster.world_size} x {cluster.gpu.name} ({cluster.nodes} nodes of "
+                  f"{cluster.gpus_per_node}); global batch {global_batch} x {seq_len} tokens")
+    if result is not None:
+        console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
+                      f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule")
+    table = Table(show_lines=False)
+    for column in ("#", "layout", "mb", "GB/GPU", "compute s", "tp s", "pp s", "dp s",
+                   "bubble s", "step s", "tokens/s", "MFU"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    for i, e in enumerate(layouts, 1):
+        t = e.time
+        table.add_row(str(i), str(e.layout), str(e.micro_batch),
+                      f"{e.memory['total'] / GB:.1f}" + ("" if e.fits else " ✗"),
+                      f"{t['compute']:.2f}", f"{t['tp']:.2f}", f"{t['pp']:.2f}",
+                      f"{t['dp']:.2f}", f"{t['bubble']:.2f}", f"{t['step']:.2f}",
+                      f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
+    console.print(table)
+    m = layouts[0].memory
+    console.print("memory of #1 (GB/GPU, stage {:.0f}): ".format(m["stage"]) + ", ".join(
+        f"{k} {m[k] / GB:.1f}" for k in ("params", "grads", "optimizer", "activations",
+                                         "buffers", "reserved", "total")))
+    for line in lines:
+        console.print(f"• {line}", highlight=False)
+
+
+def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes: float,
+                     formulas: list[str]) -> None:
+    table = Table(title=f"{num_params / 1e9:g}B parameters on {gpus} GPUs: model states per GPU")
+    for column in ("stage", "shards", "formula", "params GB", "grads GB", "optimizer GB",
+                   "total GB", f"fits {limit_bytes / GB:.0f} GB?"):
+        table.add_column(column, justify="left" if column in ("stage", "shards") else "right")
+    shards = ["nothing", "optimizer states", "+ gradients", "+ parameters"]
+    for row, shard, formula in zip(rows, shards, formulas, strict=True):
+        table.add_row("baseline" if row["zero"] == 0 else f"ZeRO-{row['zero']}", shard, formula,
+                      f"{row['params'] / GB:.4g}", f"{row['grads'] / GB:.4g}",
+                      f"{row['optimizer'] / GB:.4g}", f"{row['total'] / GB:.4g}",
+                      "yes" if row["total"] <= limit_bytes else "no")
+    _console().print(table)

@@ -1,0 +1,119 @@
+"""`paraxis plan` and `paraxis memory` from the command line; the planner never imports torch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paraxis.cli import main
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_is_the_documented_document(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "64",
+                           "--gpus-per-node", "8", "--gpu", "a100-80gb", "--global-batch",
+                           "1024", "--seq-len", "4096", "--top", "3", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "paraxis.plan/1" and doc["mode"] == "search"
+    assert len(doc["layouts"]) == 3
+    first = doc["layouts"][0]
+    for key in ("layout", "layout_text", "micro_batch", "fits", "memory_bytes", "time_s",
+                "tokens_per_s", "mfu", "hfu"):
+        assert key in first
+    assert set(first["time_s"]) >= {"compute", "tp", "pp", "dp", "bubble", "step"}
+    assert set(first["memory_bytes"]) >= {"params", "grads", "optimizer", "activations",
+                                          "buffers", "total"}
+    assert first["fits"] and doc["explanation"]
+    assert doc["search"]["fitting"] >= 3
+
+
+def test_plan_evaluates_a_given_layout(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "64",
+                           "--seq-len", "4096", "--layout",
+                           "dp=2,tp=8,pp=4,zero=1,microbatches=512,recompute=selective,sp=1",
+                           "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["mode"] == "evaluate"
+    assert doc["layouts"][0]["layout"]["tp"] == 8
+
+
+def test_plan_table_for_humans(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--params", "1e9", "--gpus", "8", "--global-batch",
+                           "256")
+    assert code == 0 and "dp=8,tp=1,pp=1" in out and "Fits on one GPU? yes" in out
+
+
+def test_memory_table(capsys) -> None:
+    code, out, _ = run_cli(capsys, "memory", "--params", "7e9", "--gpus", "8", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert [s["total"] / 1e9 for s in doc["stages"]] == pytest.approx([112, 38.5, 26.25, 14])
+    assert doc["stages"][1]["formula"] == "4P + 12P/N"
+    code, out, _ = run_cli(capsys, "memory", "--params", "7e9", "--gpus", "8")
+    assert code == 0 and "26.25" in out
+
+
+def test_hardware_file(tmp_path, capsys) -> None:
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"gpu": {"name": "calibrated", "peak_flops": 312e12,
+                                      "memory_bytes": 80e9, "nvlink_bandwidth_Bps": 300e9,
+                                      "matmul_efficiency": 0.5},
+                              "cluster": {"inter_node_bandwidth_Bps": 12.5e9}}))
+    code, out, _ = run_cli(capsys, "plan", "--params", "1e9", "--gpus", "16",
+                           "--global-batch", "256", "--hardware", str(hw), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["hardware"]["gpu"]["matmul_efficiency"] == 0.5
+    assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 12.5e9
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
+    (["plan", "--params", "7e9", "--gpus", "8", "--gpu", "z80"], "unknown GPU"),
+    (["plan", "--model", "llama2-7b", "--gpus", "24", "--tp", "3"], "not divisible by tp=3"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
+      "dp=8,microbatches=1"], "not divisible by dp"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
+      "dp=8"], "does not split over dp=8"),
+    (["memory", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_planner_imports_without_torch() -> None:
+    code = ("import sys; import paraxis.plan, paraxis.plan.plan_cli, paraxis.plan.memory_cli, "
+            "paraxis.plan.search, paraxis.plan.explain; from paraxis.cli import main; "
+            "import contextlib, io; f = io.StringIO(); "
+            "contextlib.redirect_stdout(f).__enter__(); "
+            "main(['plan', '--params', '1e9', '--gpus', '8']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_partial_layout_fixes_the_given_fields(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "64",
+                           "--global-batch", "1024", "--seq-len", "4096", "--layout",
+                           "dp=2,tp=8,pp=4,zero=1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["layouts"]
+    assert all((e["layout"]["dp"], e["layout"]["tp"], e["layout"]["pp"], e["layout"]["zero"])
+               == (2, 8, 4, 1) and e["fits"] for e in doc["layouts"])
+
+
+def test_hardware_toml(tmp_path, capsys) -> None:
+    hw = tmp_path / "hw.toml"
+    hw.write_text('gpu = "h100-sxm-80gb"\n[cluster]\ninter_node_bandwidth_Bps = 50e9\n')
+    code, out, _ = run_cli(capsys, "plan", "--params", "7e9", "--gpus", "16",
+                           "--global-batch", "256", "--hardware", str(hw), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["hardware"]["gpu"]["name"] == "h100-sxm-80gb"
+    assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 50e9

@@ -1,0 +1,75 @@
+"""Alpha-beta collectives, the links a group spans, and TP collective counts."""
+
+import pytest
+
+from paraxis.layout import Layout
+from paraxis.plan.comm import (
+    Link,
+    all_gather_time,
+    axis_link,
+    dp_sync_time,
+    p2p_time,
+    reduce_scatter_time,
+    ring_all_reduce_time,
+    tp_collectives_per_layer,
+    tp_layer_time,
+)
+from paraxis.plan.hardware import build_cluster
+
+
+def test_seeds_ring_all_reduce_example() -> None:
+    # N = 8, X = 2 GB, B = 25 GB/s: 2 * 7 * 2 / (8 * 25) = 0.14 s; 12.5 GB/s doubles it.
+    assert ring_all_reduce_time(2e9, 8, 25e9) == pytest.approx(0.14)
+    assert ring_all_reduce_time(2e9, 8, 12.5e9) == pytest.approx(0.28)
+
+
+def test_collective_building_blocks() -> None:
+    assert ring_all_reduce_time(1e9, 1, 1e9) == 0.0
+    # an all-reduce is a reduce-scatter followed by an all-gather
+    assert ring_all_reduce_time(1e9, 4, 1e9, 1e-5) == pytest.approx(
+        reduce_scatter_time(1e9, 4, 1e9, 1e-5) + all_gather_time(1e9, 4, 1e9, 1e-5))
+    assert p2p_time(1e9, 1e9, 1e-3) == pytest.approx(1.001)
+
+
+def test_tp_collectives_per_layer() -> None:
+    plain = tp_collectives_per_layer(False)
+    sp = tp_collectives_per_layer(True)
+    assert plain["forward"] == {"all_reduce": 2, "all_gather": 0, "reduce_scatter": 0}
+    assert plain["backward"] == plain["forward"]
+    assert sp["forward"] == {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 2}
+    # Korthikanti et al. 2022: SP moves the same bytes as the all-reduces it replaces
+    link = Link(100e9, 0.0, False)
+    assert tp_layer_time(1e8, 8, True, link) == pytest.approx(tp_layer_time(1e8, 8, False, link))
+    assert tp_layer_time(1e8, 8, False, link) == pytest.approx(4 * ring_all_reduce_time(1e8, 8,
+                                                                                      100e9))
+
+
+def test_groups_use_the_links_they_span() -> None:
+    cluster = build_cluster("a100-80gb", 64, 8)
+    inside = Layout(dp=2, tp=8, pp=4)
+    assert not axis_link(inside, "tp", cluster).crosses_nodes
+    assert axis_link(inside, "pp", cluster).crosses_nodes
+    assert axis_link(inside, "dp", cluster).crosses_nodes
+    nvlink = cluster.gpu.nvlink_bandwidth_Bps * cluster.gpu.link_efficiency
+    assert axis_link(inside, "tp", cluster).bandwidth_Bps == pytest.approx(nvlink)
+    # a TP group of 16 crosses nodes: 8 members per node drive the node's 8 NICs, and every
+    # step pays the network's latency
+    link = axis_link(Layout(dp=4, tp=16, pp=1), "tp", cluster)
+    assert link.crosses_nodes and link.latency_s == cluster.inter_node_latency_s
+    assert link.bandwidth_Bps == pytest.approx(8 * 25e9 * cluster.gpu.link_efficiency)
+    # a DP group with one member per node gets a single NIC: a tenth of NVLink
+    one_nic = axis_link(inside, "dp", cluster).bandwidth_Bps
+    assert one_nic == pytest.approx(25e9 * cluster.gpu.link_efficiency) and one_nic < nvlink / 8
+    # with tp = 1 a DP group of 8 stays inside the node
+    assert not axis_link(Layout(dp=8, tp=1, pp=8), "dp", cluster).crosses_nodes
+
+
+def test_dp_sync_volume_by_zero_stage() -> None:
+    link = Link(10e9, 0.0, True)
+    params = 1e9
+    base = dp_sync_time(params, 8, 0, link)
+    assert base == pytest.approx(ring_all_reduce_time(2e9, 8, 10e9))  # 2 x parameter bytes
+    assert dp_sync_time(params, 8, 1, link) == pytest.approx(base)
+    # ZeRO paper Sec. 7: ZeRO-3 moves 1.5x the bytes of ZeRO-1/2
+    assert dp_sync_time(params, 8, 3, link) == pytest.approx(1.5 * base)
+    assert dp_sync_time(params, 1, 3, link) == 0.0

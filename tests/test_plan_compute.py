@@ -1,0 +1,69 @@
+"""FLOPs: Narayanan et al. 2021's formula, MFU vs HFU, and activations (Korthikanti 2022)."""
+
+import pytest
+
+from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.plan.activations import layer_activation_bytes
+from paraxis.plan.compute import (
+    iteration_flops,
+    mfu,
+    model_flops_per_token,
+    recompute_flops_per_token,
+)
+
+GPT3 = PRESETS["gpt3-175b"]
+
+
+def narayanan_flops(batch: int, s: int, layers: int, h: int, vocab: int) -> float:
+    # Narayanan et al. 2021 App.: 96 B s l h^2 (1 + s/6h + V/16lh), with full recomputation
+    return 96 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (16 * layers * h))
+
+
+def test_full_recompute_step_matches_narayanan_formula() -> None:
+    flops = iteration_flops(GPT3, 2048, 1536, "full")
+    expected = narayanan_flops(1536, 2048, GPT3.n_layers, GPT3.d_model, GPT3.vocab_size)
+    # our count includes biases and norms (13h per layer), the paper's does not: < 0.1%
+    assert flops["hardware"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_model_flops_exclude_recompute() -> None:
+    no_recompute = 72 * 2048 * GPT3.n_layers * GPT3.d_model**2 * (
+        1 + 2048 / (6 * GPT3.d_model) + GPT3.vocab_size / (12 * GPT3.n_layers * GPT3.d_model))
+    assert model_flops_per_token(GPT3, 2048) * 2048 == pytest.approx(no_recompute, rel=1e-3)
+    flops = {r: iteration_flops(GPT3, 2048, 8, r) for r in ("none", "selective", "full")}
+    assert flops["none"]["model"] == flops["full"]["model"] == flops["none"]["hardware"]
+    assert flops["none"]["hardware"] < flops["selective"]["hardware"] < flops["full"]["hardware"]
+    # full recompute = one more forward of the layers: 4/3 of the layers' training FLOPs
+    extra = recompute_flops_per_token(GPT3, 2048, "full")
+    assert extra / (model_flops_per_token(GPT3, 2048) - 6 * GPT3.d_model * GPT3.vocab_size) == \
+        pytest.approx(1 / 3)
+
+
+def test_six_n_rule_for_long_models() -> None:
+    # Kaplan et al. 2020: ~6N FLOPs per token when s << 6h
+    cfg = PRESETS["llama2-7b"]
+    assert model_flops_per_token(cfg, 128) == pytest.approx(6 * cfg.num_params(), rel=0.02)
+
+
+def test_mfu() -> None:
+    cfg = PRESETS["llama2-7b"]
+    per_token = model_flops_per_token(cfg, 4096)
+    assert mfu(cfg, 4096, 1000.0, 8, per_token * 1000 / 4) == pytest.approx(0.5)
+
+
+GPT_BLOCK = ModelConfig("gpt-block", "gpt2", 51200, 24, 2048, 16, 16, 8192, 2048)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_activations_match_korthikanti_table_2(tp: int) -> None:
+    s, b, h, a = 2048, 4, GPT_BLOCK.d_model, GPT_BLOCK.n_heads
+    sbh = s * b * h
+    score = 5 * a * s / h
+    # Korthikanti et al. 2022 Table 2, per layer
+    assert layer_activation_bytes(GPT_BLOCK, s, b, tp) == pytest.approx(
+        sbh * (10 + 24 / tp + score / tp))
+    assert layer_activation_bytes(GPT_BLOCK, s, b, tp, sequence_parallel=tp > 1) == \
+        pytest.approx(sbh / tp * (34 + score) if tp > 1 else sbh * (34 + score))
+    assert layer_activation_bytes(GPT_BLOCK, s, b, tp, tp > 1, "selective") == pytest.approx(
+        sbh * 34 / tp)
+    assert layer_activation_bytes(GPT_BLOCK, s, b, tp, False, "full") == pytest.approx(2 * sbh)
