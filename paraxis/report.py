@@ -87,8 +87,18 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
 
 
+def _layout(layout: Layout) -> str:
+    """Layout text that a table cell can wrap after each comma."""
+    return str(layout).replace(",", ", ")
+
+
 def _ms(value: float) -> str:
-    return f"{value * 1e3:.4g} ms"
+    """Seconds in the unit that keeps 1-4 digits before the point."""
+    if value >= 1:
+        return f"{value:.4g} s"
+    if value >= 1e-3 or value == 0:
+        return f"{value * 1e3:.4g} ms"
+    return f"{value * 1e6:.4g} µs"
 
 
 def _plan_section(plan: Plan) -> str:
@@ -129,7 +139,7 @@ def _defence_section(plan: Plan) -> str:
                  f"{plan.cluster.world_size} GPUs: {len(result.ranked)} fit, "
                  f"{len(result.too_big)} do not fit in memory, "
                  f"{len(result.rule_breakers)} break a rule.</p>")
-    rows = [(i + 1, str(c.layout), _ms(c.step_time_s), f"{c.tokens_per_s:,.0f}",
+    rows = [(i + 1, _layout(c.layout), _ms(c.step_time_s), f"{c.tokens_per_s:,.0f}",
              f"{c.mfu:.1%}", _gb(c.memory["total"]))
             for i, c in enumerate(result.top(6))]
     parts.append("<h3>Fastest layouts that fit</h3>" + table(
@@ -144,14 +154,15 @@ def _defence_section(plan: Plan) -> str:
     if result.too_big:
         parts.append("<h3>Faster, but too big</h3>" + table(
             ["layout", "would take", "why not"],
-            [(str(r.layout), _ms(r.estimate.step_time_s) if r.estimate else "-", r.reason)
+            [(_layout(r.layout), _ms(r.estimate.step_time_s) if r.estimate else "-", r.reason)
              for r in result.too_big[:4]]))
     reasons: dict[str, str] = {}
     for r in result.rule_breakers:
         reasons.setdefault(r.reason, str(r.layout))
     if reasons:
         parts.append("<h3>Ruled out</h3>" + table(
-            ["example layout", "rule"], [(lay, why) for why, lay in list(reasons.items())[:5]]))
+            ["example layout", "rule"],
+            [(lay.replace(",", ", "), why) for why, lay in list(reasons.items())[:5]]))
     links = []
     for axis in ("tp", "pp", "dp"):
         if getattr(plan.layout, axis) > 1:
@@ -202,7 +213,12 @@ def _pictures(plan: Plan) -> list[tuple[str, str, str]]:
                                    virtual=max(layout.virtual_stages, 2),
                                    cost_note="F, B and sends priced by the planner")
         caption = (f"This plan runs {layout.schedule}; the three schedules for the same "
-                   f"{layout.pp} stages and {m} microbatches, priced by the planner.")
+                   f"{layout.pp} stages and {m} microbatches, priced by the planner: forward "
+                   f"{_ms(forward)}, backward {_ms(backward)}, one send {_ms(comm)} per "
+                   "microbatch.")
+        if comm > forward:
+            caption += (" Sends take longer than forwards here: the stages wait on messages "
+                        "(grey), so the model is too small for this pipeline.")
     else:
         fig, _ = compare_schedules(4, 8, 1.0, 2.0, 0.0, virtual=2,
                                    cost_note="illustration: F = 1, B = 2 units",
@@ -227,17 +243,19 @@ def _pictures(plan: Plan) -> list[tuple[str, str, str]]:
     rows.append({k: v for k, v in worst.items() if k not in ("stage", "total")})
     labels.append(f"stage {int(worst['stage'])}\neverything")
     stages = figure(figure_data_uri(plot_stage_memory(
-        rows, gpu.memory_bytes, gpu.name, str(layout), labels)), "memory per stage",
+        rows, gpu.memory_bytes, gpu.name, _layout(layout), labels)), "memory per stage",
         "Model states on every pipeline stage, and the planner's full count (activations, "
         "buffers, reserved) for the stage that needs the most: the one that must fit.")
     sections.append(("memory", "Memory", zero + stages))
 
-    ranks = min(max(layout.dp, 2), 8)
+    ranks = min(layout.dp, 8) if layout.dp > 1 else 4
+    sync = (f"The planner prices this plan's gradient sync over dp={layout.dp} at "
+            f"{_ms(e.time.get('dp_total', 0.0))} per step." if layout.dp > 1 else
+            "This plan has dp=1, so no gradient all-reduce; the picture shows 4 ranks.")
     sections.append(("ring", "Ring all-reduce", figure(
         figure_data_uri(plot_ring(ranks)), "ring all-reduce",
         f"The gradient all-reduce of a {ranks}-rank data-parallel group, step by step "
-        f"(`paraxis ring --ranks {ranks}` prints the values). The planner prices this "
-        f"plan's gradient sync at {_ms(e.time.get('dp_total', 0.0))} per step.")))
+        f"(`paraxis ring --ranks {ranks}` prints the values). {sync}")))
     return sections
 
 

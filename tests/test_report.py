@@ -113,3 +113,57 @@ def test_run_report_puts_measured_next_to_predicted(pipeline_run, tmp_path):
     assert "Measured vs predicted" in html and "trace.json: bubble predicted" in html
     assert 'download="trace.chrome.json" href="data:application/json;base64,' in html
     assert f"{records[0]['loss']:.3f} -&gt; {records[-1]['loss']:.3f}" in html
+
+
+# ------------------------------------------------------------------ in a real browser
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def _chromium(page, profile, *flags: str):
+    import subprocess
+
+    return subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags,
+                           page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
+def _console_lines(stderr: str) -> list[str]:
+    # Chromium's --enable-logging=stderr prints each page console message as "...CONSOLE(..."
+    return [line for line in stderr.splitlines() if "CONSOLE" in line]
+
+
+@pytest.mark.slow
+def test_report_opens_in_headless_chromium(pipeline_run, tmp_path):
+    import shutil
+
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; "
+                    ".ci/run installs it)")
+    from matplotlib.image import imread
+
+    folder, _ = pipeline_run
+    page = write_report(tmp_path / "report.html", model="tiny", gpus=4, global_batch=8,
+                        seq_len=32, layout=PIPE, run_dir=folder)
+    # The console check must be able to fail: a page that logs an error is caught.
+    noisy = tmp_path / "noisy.html"
+    noisy.write_text("<html><body><script>console.error('broken')</script></body></html>")
+    seen = _chromium(noisy, tmp_path / "p0", "--enable-logging=stderr", "--v=0", "--dump-dom")
+    assert any("broken" in line for line in _console_lines(seen.stderr)), seen.stderr[-2000:]
+
+    opened = _chromium(page, tmp_path / "p1", "--enable-logging=stderr", "--v=0",
+                       "--dump-dom")
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert _console_lines(opened.stderr) == []
+    assert 'id="run"' in opened.stdout and "Measured vs predicted" in opened.stdout
+    assert opened.stdout.count("<img") >= 7  # the DOM chromium built holds every picture
+
+    shot = tmp_path / "shot.png"
+    taken = _chromium(page, tmp_path / "p2", f"--screenshot={shot}", "--window-size=1280,4000",
+                      "--hide-scrollbars")
+    assert shot.is_file(), taken.stderr[-2000:]
+    pixels = imread(shot)[..., :3]
+    colours = {tuple(p) for p in (pixels[::7, ::7].reshape(-1, 3) * 255).astype(int).tolist()}
+    assert len(colours) > 100, "the screenshot is (nearly) blank"
+    assert pixels.std() > 0.1

@@ -24,7 +24,8 @@ h3 { margin-bottom:.3rem; }
 p.lead, .muted { color:var(--muted); }
 nav a { margin-right:1rem; color:var(--accent); }
 table { border-collapse:collapse; margin:.6rem 0; font-variant-numeric:tabular-nums; }
-th, td { border:1px solid var(--line); padding:.25rem .6rem; text-align:left; }
+th, td { border:1px solid var(--line); padding:.25rem .6rem; text-align:left;
+         overflow-wrap:anywhere; }
 th { background:var(--card); }
 td.num { text-align:right; }
 figure { background:#ffffff; border:1px solid var(--line); border-radius:6px;

@@ -6,6 +6,8 @@ live; this module only draws them.
 
 from __future__ import annotations
 
+import textwrap
+
 from matplotlib.figure import Figure
 
 from paraxis.plan.memory import model_state_bytes
@@ -105,6 +107,7 @@ def plot_stage_memory(rows: list[dict[str, float]], capacity_bytes: float | None
     ax.set_xlabel("pipeline stage (the first adds the embedding, the last the head and logits)")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)
-    ax.set_title(f"layout {layout_text}", loc="left", fontsize=9, fontweight="normal")
+    ax.set_title(textwrap.fill(f"layout {layout_text}", 70), loc="left", fontsize=9,
+                 fontweight="normal")
     fig.suptitle("Per-GPU memory on each pipeline stage", x=0.01, ha="left")
     return fig

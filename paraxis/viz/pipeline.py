@@ -36,7 +36,7 @@ def timeline_events(timeline: Timeline) -> list[dict]:
 
 def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
                       comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
-                      time_unit: str = "ms") -> tuple[Figure, dict[str, float]]:
+                      time_unit: str = "auto") -> tuple[Figure, dict[str, float]]:
     """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
     on one time axis. Returns the figure and each schedule's simulated bubble fraction."""
     panels, bubbles = [], {}

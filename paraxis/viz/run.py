@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from paraxis.errors import ParaxisError
 from paraxis.viz.memory import unit_for
@@ -79,6 +80,7 @@ def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
     mem_ax.set_title("Peak memory per GPU")
     mem_ax.legend(fontsize=8)
     for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
     fig.suptitle(f"The run: {len(records)} steps", x=0.01, ha="left")

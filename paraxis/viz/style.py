@@ -24,7 +24,7 @@ KIND_COLOUR = {"F": OKABE_ITO["blue"], "B": OKABE_ITO["vermillion"],
                "W": OKABE_ITO["purple"], "send": OKABE_ITO["grey"], "recv": OKABE_ITO["grey"]}
 KIND_HATCH = {"F": "", "B": "//", "W": "xx", "send": "..", "recv": ".."}
 KIND_LABEL = {"F": "forward", "B": "backward", "W": "weight-grad",
-              "send": "send", "recv": "recv (wait)"}
+              "send": "send / recv (incl. waiting)", "recv": "send / recv (incl. waiting)"}
 AXIS_COLOUR = {"dp": OKABE_ITO["blue"], "tp": OKABE_ITO["green"], "pp": OKABE_ITO["orange"]}
 RANK_COLOURS = [OKABE_ITO[c] for c in ("blue", "orange", "green", "vermillion", "purple",
                                        "sky", "yellow", "grey")]

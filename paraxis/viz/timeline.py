@@ -29,6 +29,11 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
     """Panels stacked top to bottom; `share_time` puts them on one time axis so the shorter
     schedule is visibly shorter. `time_unit`: s, ms, us, or "forward units" when the events
     are in multiples of one forward pass rather than seconds."""
+    if time_unit == "auto":  # seconds once a step runs past 10 s, else milliseconds
+        longest = max((e["end_s"] - e["start_s"] for p in panels for e in p.events), default=0)
+        ends = [max((e["end_s"] for e in p.events), default=0) -
+                min((e["start_s"] for e in p.events), default=0) for p in panels]
+        time_unit = "s" if max(ends + [longest]) > 10 else "ms"
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}.get(time_unit, 1.0)
     height = sum(0.55 * max(len({e["stage"] for e in p.events}), 1) + 0.9 for p in panels)
     fig, axes = new_figure(11, max(2.5, height + 0.6), nrows=len(panels), sharex=share_time,
