@@ -158,7 +158,28 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # 
                                                 or step == cfg.steps - 1))
     if metrics_out:
         metrics_out.close()
+    if cfg.metrics_file:
+        _save_trace(engine, Path(cfg.metrics_file).parent / "trace.json", rank)
     return records
+
+
+def _save_trace(engine, path: Path, rank: int) -> None:  # noqa: ANN001
+    """The last step's per-rank pipeline actions as one Chrome/Perfetto trace (rank 0
+    writes it), for the report's measured timeline. Only pipeline engines record actions."""
+    import torch.distributed as dist
+
+    executor = getattr(engine, "executor", None)
+    if executor is None:
+        return
+    events = list(executor.trace)
+    if dist.is_initialized():
+        gathered: list = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(events, gathered, dst=0)
+        events = [e for part in (gathered or []) for e in part]
+    if rank == 0:
+        from paraxis.viz.trace import write_chrome_trace
+
+        write_chrome_trace(events, path)
 
 
 def progress_console_print(text: str) -> None:
