@@ -135,17 +135,22 @@ def _console_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_report_opens_in_headless_chromium(pipeline_run, tmp_path):
+def test_report_opens_in_headless_chromium(tmp_path):
     import shutil
+    import subprocess
+    import sys
 
     if shutil.which("chromium") is None:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; "
                     ".ci/run installs it)")
     from matplotlib.image import imread
 
-    folder, _ = pipeline_run
-    page = write_report(tmp_path / "report.html", model="tiny", gpus=4, global_batch=8,
-                        seq_len=32, layout=PIPE, run_dir=folder)
+    # The demo's own report, as a new user gets it (a short run: 3 steps on 8 ranks).
+    demo = subprocess.run([sys.executable, "-m", "paraxis", "demo", "--steps", "3", "--out",
+                           str(tmp_path / "demo")], capture_output=True, text=True, timeout=600)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    page = tmp_path / "demo" / "report.html"
+    assert f"report: {page.resolve()}" in demo.stdout.replace("\n", "")
     # The console check must be able to fail: a page that logs an error is caught.
     noisy = tmp_path / "noisy.html"
     noisy.write_text("<html><body><script>console.error('broken')</script></body></html>")

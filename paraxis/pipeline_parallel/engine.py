@@ -35,7 +35,8 @@ class PipelineEngine(LocalEngine):
     def __init__(self, cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: torch.device, seed: int = 0, weight_decay: float = 0.1,
                  autocast_dtype: torch.dtype | None = None, partition: Partition | None = None,
-                 seq_len: int | None = None, announce: bool = False) -> None:
+                 seq_len: int | None = None, announce: bool = False,
+                 eps: float = 1e-8) -> None:
         self.groups = groups
         self.partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
                                                        seq_len=seq_len)
@@ -59,12 +60,12 @@ class PipelineEngine(LocalEngine):
             from paraxis.data_parallel import DataParallelEngine
 
             self.data_parallel = DataParallelEngine(container, layout, groups,
-                                                    weight_decay=weight_decay,
+                                                    weight_decay=weight_decay, eps=eps,
                                                     autocast_dtype=autocast_dtype)
             self.model, self.layout, self.autocast_dtype = container, layout, autocast_dtype
             self.optimizer = self.data_parallel.optimizer
         else:
-            super().__init__(container, layout, weight_decay=weight_decay,
+            super().__init__(container, layout, weight_decay=weight_decay, eps=eps,
                              autocast_dtype=autocast_dtype)
         self.schedule = validate(build_schedule(layout.schedule, layout.pp,
                                                 layout.microbatches, layout.virtual_stages))
