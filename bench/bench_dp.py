@@ -16,7 +16,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, measure_steps
+from bench.common import Row, compare, engine_step, measure_steps
 from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
@@ -48,14 +48,7 @@ def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
         engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0), layout,
                                     build_groups(layout))
         x, y = _data(s)
-
-        def step() -> None:
-            engine.forward_backward(x, y)
-            engine.clip_grad_norm(CLIP)
-            engine.optimizer_step(LR)
-            engine.zero_grad()
-
-        return measure_steps(step, s["steps"], s["warmup"])
+        return measure_steps(engine_step(engine, x, y, LR, CLIP), s["steps"], s["warmup"])
     return body
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import Row, compare, measure_steps
+from bench.common import Row, compare, engine_step, measure_steps
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -22,14 +22,7 @@ def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _paraxis(batch: int, seq: int, steps: int) -> dict:
     engine = LocalEngine(build_model(MODEL), Layout())
     x, y = _batch(batch, seq)
-
-    def step() -> None:
-        engine.forward_backward(x, y)
-        engine.clip_grad_norm(1.0)
-        engine.optimizer_step(1e-3)
-        engine.zero_grad()
-
-    return measure_steps(step, steps)
+    return measure_steps(engine_step(engine, x, y, clip=1.0), steps)
 
 
 def _plain(batch: int, seq: int, steps: int) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import Row, compare, measure_steps
+from bench.common import Row, compare, engine_step, measure_steps
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
@@ -34,13 +34,7 @@ def _paraxis(schedule: str, batch: int, seq: int, microbatches: int, steps: int)
     layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
     engine = PipelineEngine(MODEL, layout, build_groups(layout), torch.device("cpu"))
     x, y = _batch(batch, seq)
-
-    def step() -> None:
-        engine.forward_backward(x, y)
-        engine.optimizer_step(1e-3)
-        engine.zero_grad()
-
-    return measure_steps(step, steps)
+    return measure_steps(engine_step(engine, x, y), steps)
 
 
 def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int,

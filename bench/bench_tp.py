@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, measure_steps
+from bench.common import Row, compare, engine_step, measure_steps
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -36,13 +36,7 @@ def _paraxis(batch: int, seq: int, steps: int) -> dict:
     model = apply_tensor_parallel(build_model(MODEL), groups)
     engine = TensorParallelEngine(model, layout, groups)
     x, y = _batch(batch, seq)
-
-    def step() -> None:
-        engine.forward_backward(x, y)
-        engine.optimizer_step(1e-3)
-        engine.zero_grad()
-
-    return measure_steps(step, steps)
+    return measure_steps(engine_step(engine, x, y), steps)
 
 
 def _dtensor(batch: int, seq: int, steps: int) -> dict:

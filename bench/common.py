@@ -44,6 +44,20 @@ def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2) -> dict
     return {"step_time_s": statistics.median(times), "peak_rss_bytes": peak_rss_bytes()}
 
 
+def engine_step(engine, x, y, lr: float = 1e-3, clip: float | None = None  # noqa: ANN001
+                ) -> Callable[[], None]:
+    """One paraxis training step on a fixed batch, as the training loop runs it."""
+
+    def step() -> None:
+        engine.forward_backward(x, y)
+        if clip is not None:
+            engine.clip_grad_norm(clip)
+        engine.optimizer_step(lr)
+        engine.zero_grad()
+
+    return step
+
+
 @dataclass
 class Row:
     """One line of the benchmark table: paraxis next to its peer on the same work."""

@@ -111,17 +111,8 @@ class DataParallelEngine(LocalEngine):
 
     # ------------------------------------------------------------------- the contract
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        micro = self.microbatches(inputs, targets)
-        total = 0.0
-        for index, (x, y) in enumerate(micro):
-            with self.no_sync(last=index == len(micro) - 1):
-                loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
-                scaled = loss * self.scaler.scale if self.scaler is not None else loss
-                scaled.backward()
-            total += loss.item()
-        self.finish_grad_sync()
-        return self.reduce_loss(total)
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.scaler.scale if self.scaler is not None else loss).backward()
 
     @contextlib.contextmanager
     def no_sync(self, last: bool) -> Iterator[None]:

@@ -48,9 +48,17 @@ class LocalEngine:
         for index, (x, y) in enumerate(micro):
             with self.no_sync(last=index == len(micro) - 1):
                 loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
-                loss.backward()
+                self.backward(loss)
             total += loss.item()
+        self.finish_grad_sync()
         return self.reduce_loss(total)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
+        loss.backward()
+
+    def finish_grad_sync(self) -> None:
+        """Data-parallel engines wait for their in-flight gradient reductions here."""
 
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.autocast_dtype is None:
