@@ -8,6 +8,7 @@
                  grad_clip = 1.0
     [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
     [logging]    metrics_file = "runs/x/metrics.jsonl"  log_every = 10
+    [checkpoint] dir = "runs/x/checkpoints"  every = 50  keep = 3  resume = "auto"
 
 Sections map onto `TrainConfig` fields (and `Layout` for [layout]); an unknown section or key
 is an error naming the known ones, so a typo never silently trains with a default.
@@ -32,6 +33,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "optimizer": {"lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
                   "weight_decay": "weight_decay", "grad_clip": "grad_clip"},
     "logging": {"metrics_file": "metrics_file", "log_every": "log_every"},
+    "checkpoint": {"dir": "checkpoint_dir", "every": "checkpoint_every", "keep": "keep",
+                   "resume": "resume", "exit_after": "exit_after"},
 }
 
 

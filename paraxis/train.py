@@ -47,6 +47,11 @@ class TrainConfig:
     quiet: bool = False
     nproc: int = 1  # ranks `paraxis train` launches itself (torch's elastic agent)
     bucket_mb: float = 25.0  # data-parallel gradient bucket size
+    checkpoint_dir: str | None = None  # where step-N/ checkpoints go
+    checkpoint_every: int = 0  # steps between saves (0: only at the end)
+    keep: int = 3  # complete checkpoints kept (0: all)
+    resume: str | None = None  # a checkpoint, a directory of them, or "auto"
+    exit_after: int | None = None  # stop (and save) after this step, schedule unchanged
 
     def check(self) -> None:
         if self.steps < 1:
@@ -59,6 +64,12 @@ class TrainConfig:
             raise ParaxisError(f"--grad-clip {self.grad_clip} must be >= 0 (0 turns it off)")
         if self.warmup_steps < 0:
             raise ParaxisError(f"--warmup {self.warmup_steps} must be >= 0")
+        if self.checkpoint_every < 0 or self.keep < 0:
+            raise ParaxisError("--checkpoint-every and --keep must be >= 0")
+        if self.exit_after is not None and self.exit_after < 1:
+            raise ParaxisError(f"--exit-after {self.exit_after} must be at least 1")
+        if self.resume == "auto" and not self.checkpoint_dir:
+            raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
         if self.dtype not in ("fp32", "bf16", "fp16"):
             raise ParaxisError(f"--dtype {self.dtype} is unknown; use fp32, bf16 or fp16")
 
@@ -101,7 +112,10 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         raise ParaxisError(f"--seq-len {cfg.seq_len} is over the model's context of "
                            f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
                            "or less")
+    import torch.distributed as dist
+
     device = pick_device(cfg.device)
+    joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
     rank, world = init_distributed(device)
     try:
         layout = cfg.layout.validate(world, model_cfg, cfg.global_batch, cfg.seq_len)
@@ -114,12 +128,49 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         if report is not None and not cfg.quiet:
             states = ", ".join(f"{k} {v:,} B" for k, v in report().items())
             print(f"rank {rank} model states: {states}", file=sys.stderr, flush=True)
-        return _loop(cfg, engine, data, groups, device, rank, model_cfg)
+        start_step = _resume(cfg, engine, model_cfg, rank)
+        return _loop(cfg, engine, data, groups, device, rank, model_cfg, start_step)
     finally:
-        shutdown_distributed()
+        if not joined:
+            shutdown_distributed()
 
 
-def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # noqa: ANN001
+def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
+    """Load the checkpoint `--resume` names, if any; return the step to continue from."""
+    from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve
+
+    if not cfg.resume:
+        return 0
+    if cfg.resume == "auto":
+        found = complete_checkpoints(Path(cfg.checkpoint_dir))
+        if not found:
+            return 0  # nothing saved yet: a fresh start
+        path = found[-1][1]
+    else:
+        path = resolve(cfg.resume)
+    manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
+    step = int(manifest["step"])
+    if step >= cfg.steps:
+        raise ParaxisError(f"checkpoint {path} is at step {step}, not before --steps "
+                           f"{cfg.steps}; raise --steps to train further")
+    if rank == 0 and not cfg.quiet:
+        print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
+              file=sys.stderr, flush=True)
+    return step
+
+
+def _save(cfg, engine, groups, model_cfg, step: int) -> None:  # noqa: ANN001
+    from paraxis.checkpoint import save_checkpoint
+    from paraxis.config import to_toml
+
+    data = {"seed": cfg.seed, "next_step": step, "samples_seen": step * cfg.global_batch,
+            "global_batch": cfg.global_batch, "seq_len": cfg.seq_len}
+    save_checkpoint(engine, cfg.checkpoint_dir, step, groups, model_cfg.to_dict(),
+                    config_toml=to_toml(cfg), keep=cfg.keep, extra={"data": data})
+
+
+def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
+          start_step: int = 0) -> list[dict]:
     import torch
 
     from paraxis.progress import Progress
@@ -128,14 +179,16 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # 
     per_dp = cfg.global_batch // layout.dp
     tokens_per_step = cfg.global_batch * cfg.seq_len
     records: list[dict] = []
-    metrics_out = open(cfg.metrics_file, "w") if cfg.metrics_file and rank == 0 else None  # noqa: SIM115
+    # A resumed run appends to the metrics of the run it continues.
+    mode = "a" if start_step > 0 else "w"
+    metrics_out = open(cfg.metrics_file, mode) if cfg.metrics_file and rank == 0 else None  # noqa: SIM115
     show = rank == 0 and not cfg.quiet
     if show:
         from paraxis.config import to_toml
 
         progress_console_print(f"resolved config:\n{to_toml(cfg)}")
     with Progress(cfg.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
-        for step in range(cfg.steps):
+        for step in range(start_step, cfg.steps):
             started = time.perf_counter()
             inputs, targets = data.batch(step, cfg.global_batch, cfg.seq_len, cfg.seed)
             rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
@@ -156,6 +209,13 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg) -> list[dict]:  # 
                 metrics_out.flush()
             progress.update(step, record, log=(step % cfg.log_every == 0
                                                 or step == cfg.steps - 1))
+            done = step + 1
+            stopping = done == cfg.exit_after
+            if cfg.checkpoint_dir and (done == cfg.steps or stopping or (
+                    cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+                _save(cfg, engine, groups, model_cfg, done)
+            if stopping:
+                break
     if metrics_out:
         metrics_out.close()
     if cfg.metrics_file:
@@ -216,6 +276,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--nproc", type=int, default=d.nproc,
         help="launch this many ranks here (elastic launcher); under torchrun leave it out")
     add("--bucket-mb", type=float, default=d.bucket_mb, help="DP gradient bucket size (MiB)")
+    add("--checkpoint-dir", default=None, help="save sharded checkpoints here (step-N/)")
+    add("--checkpoint-every", type=int, default=d.checkpoint_every,
+        help="steps between checkpoints (0: only at the end)")
+    add("--keep", type=int, default=d.keep, help="complete checkpoints kept (0: all)")
+    add("--exit-after", type=int, default=None,
+        help="stop after this step with a checkpoint (a job's time slot); the learning-rate "
+             "schedule still spans --steps")
+    add("--resume", default=None,
+        help="checkpoint dir (or a dir of them: the latest) to continue from; 'auto': the "
+             "latest in --checkpoint-dir if there is one")
     add_layout_arguments(parser)
 
 
