@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from paraxis.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
+from paraxis.checkpoint.convert import convert
 from paraxis.checkpoint.entries import KINDS
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -101,6 +102,17 @@ def test_reshard_across_layouts_and_to_one_device(tmp_path):
     _load_and_save(source, tmp_path / "c")
     _assert_same_tensors(_full(source), _full(tmp_path / "c" / "step-00000003"))
     single = run_training(_cfg("dp=1", 5, resume=str(source)))
+
+    # Offline conversion: the same tensors, cut for the target; training on from it is
+    # bit-identical to training on from the source.
+    for layout in ("dp=1,tp=4,pp=2", "dp=1"):
+        converted = convert(source, tmp_path / layout, Layout.parse(layout))
+        _assert_same_tensors(_full(source), _full(converted))
+    files = json.loads((tmp_path / "dp=1,tp=4,pp=2" / "step-00000003" / "manifest.json"
+                        ).read_text())["files"]
+    assert len(files) == 8
+    from_converted = run_training(_cfg("dp=1", 5, resume=str(tmp_path / "dp=1")))
+    assert _losses(from_converted) == _losses(single)
     for records in (resharded, single):
         assert [r["step"] for r in records] == [3, 4]
         torch.testing.assert_close(torch.tensor(_losses(records)),
@@ -222,3 +234,44 @@ def test_directory_without_manifest_is_not_a_checkpoint(saved):
         read_full_state(saved)
     with pytest.raises(ParaxisError, match="no complete checkpoint"):
         read_full_state(saved.parent)
+
+
+# ------------------------------------------------------------ the plan, read offline
+
+
+def _split_dims_match_the_runtime(model_name: str) -> None:
+    import torch.distributed as dist
+
+    from paraxis.model import build_model
+    from paraxis.model_config import load_model_config
+    from paraxis.tensor_parallel.apply import apply_tensor_parallel, tp_split_dim
+
+    model = apply_tensor_parallel(build_model(load_model_config(model_name)), dist.group.WORLD)
+    for name, param in model.named_parameters():
+        expected = param.tp_shard_dim if getattr(param, "tp_sharded", False) else None
+        assert tp_split_dim(name) == expected, name
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+def test_offline_split_dims_are_the_runtimes(model):
+    run_distributed(_split_dims_match_the_runtime, 2, args=(model,))
+
+
+# --------------------------------------------------------------------- command line
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "paraxis", *argv], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_checkpoint_command_info_and_convert(saved, tmp_path):
+    info = _cli("checkpoint", "info", str(saved.parent), "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["step"] == 2
+    done = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp2"), "--layout", "tp=2")
+    assert done.returncode == 0, done.stderr
+    _assert_same_tensors(_full(saved), _full(tmp_path / "tp2"))
+    bad = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp3"), "--layout", "tp=3")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tp=3" in bad.stderr
+    assert not (tmp_path / "tp3").exists()

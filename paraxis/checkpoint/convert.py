@@ -1,0 +1,138 @@
+"""Offline resharding and the `paraxis checkpoint` command.
+
+    paraxis checkpoint info runs/x/checkpoints
+    paraxis checkpoint convert runs/x/checkpoints/step-00000100 out/ --layout tp=4,pp=2
+
+Any layout already loads any checkpoint at start-up (`load.py`); `convert` does the
+reassembly once, in one process with no process group, and writes files cut the way the
+target layout's ranks hold them: one file per (pipeline stage, TP rank), each tensor split as
+the TP plan splits it (`tensor_parallel.apply.tp_split_dim`). Data-parallel replicas read
+the same file, and ZeRO shards are cut from it at load time. The whole model passes through
+memory once, tensor by tensor per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from paraxis.checkpoint.entries import KINDS
+from paraxis.checkpoint.load import CheckpointReader
+from paraxis.checkpoint.manifest import FORMAT, VERSION, sha256_of, step_dir_name
+from paraxis.checkpoint.save import _write_tensors, commit, rank_file
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+
+
+def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
+                          seq_len: int | None = None) -> list[str]:
+    """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
+    belongs to the first stage's embedding)."""
+    from paraxis.pipeline_parallel.partition import partition_layers
+    from paraxis.pipeline_parallel.stage import StageModule
+
+    partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
+    names: list[str] = []
+    with torch.device("meta"):  # shapes and names only, no memory
+        for chunk in range(partition.virtual):
+            module = StageModule(cfg, partition.blocks_of(stage, chunk),
+                                 partition.has_embedding(stage, chunk),
+                                 partition.has_head(stage, chunk))
+            copy = module.tied_head_copy()
+            names += [n for n, p in module.named_parameters() if p is not copy]
+    return names
+
+
+def convert(source: str | Path, destination: str | Path, layout: Layout,
+            seq_len: int | None = None) -> Path:
+    """Rewrite checkpoint `source` as `destination/step-N`, cut for `layout`."""
+    from paraxis.tensor_parallel.apply import check_model, tp_split_dim
+
+    reader = CheckpointReader(source)
+    manifest = reader.manifest
+    cfg = ModelConfig.from_dict(manifest["model"], source=str(reader.directory))
+    layout = layout.validate(model=cfg)
+    if layout.tp > 1:
+        check_model(cfg, layout.tp)
+    destination = Path(destination)
+    step = int(manifest["step"])
+    final = destination / step_dir_name(step)
+    if final.exists():
+        raise ParaxisError(f"{final} already exists; choose another destination")
+    kinds = [k for k in KINDS if reader.names(k)]
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    files, pieces = {}, []
+    for stage in range(layout.pp):
+        per_rank: dict[int, dict[str, torch.Tensor]] = {}
+        for name in stage_parameter_names(cfg, layout, stage, seq_len):
+            dim = tp_split_dim(name) if layout.tp > 1 else None
+            count = layout.tp if dim is not None else 1
+            for kind in kinds:
+                full = reader.full(kind, name)
+                for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
+                                               else [full]):
+                    rank = layout.rank(0, tp_rank, stage)
+                    per_rank.setdefault(rank, {})[f"{kind}/{name}"] = part.contiguous()
+                    pieces.append({"kind": kind, "name": name, "shape": list(full.shape),
+                                   "tp_dim": dim, "tp_index": tp_rank, "tp_count": count,
+                                   "lo": 0, "hi": part.numel(), "file": rank_file(rank),
+                                   "key": f"{kind}/{name}"})
+        for rank, tensors in per_rank.items():
+            path = tmp / rank_file(rank)
+            _write_tensors(tensors, path)
+            files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    out = {key: value for key, value in manifest.items()
+           if key not in ("files", "pieces", "layout", "world_size")}
+    out.update(format=FORMAT, version=VERSION, layout=str(layout),
+               world_size=layout.world_size, files=files, pieces=pieces,
+               converted_from=str(reader.directory))
+    config = reader.directory / "config.toml"
+    commit(tmp, final, out, config.read_text() if config.is_file() else "")
+    return final
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    info = sub.add_parser("info", help="what a checkpoint holds")
+    info.add_argument("path", help="a step-N directory or a directory of them (the latest)")
+    info.add_argument("--json", action="store_true")
+    conv = sub.add_parser("convert", help="rewrite a checkpoint for another layout")
+    conv.add_argument("source")
+    conv.add_argument("destination", help="directory that receives step-N/")
+    conv.add_argument("--layout", required=True, help="e.g. dp=2,tp=4,pp=2 or dp=1 for one "
+                      "device")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "convert":
+        final = convert(args.source, args.destination, Layout.parse(args.layout))
+        print(f"wrote {final} for layout {Layout.parse(args.layout)}")
+        return 0
+    reader = CheckpointReader(args.path)
+    manifest = reader.manifest
+    summary = {"path": str(reader.directory), "step": manifest["step"],
+               "layout": manifest["layout"], "world_size": manifest["world_size"],
+               "model": manifest["model"].get("name"),
+               "parameters": sum(math.prod(reader.pieces[("param", n)][0]["shape"])
+                                 for n in reader.names()),
+               "has_optimizer": manifest.get("has_optimizer", False),
+               "files": len(manifest["files"]),
+               "bytes": sum(f["bytes"] for f in manifest["files"].values())}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for key, value in summary.items():
+            print(f"{key:>14}: {value:,}" if isinstance(value, int) and not isinstance(
+                value, bool) else f"{key:>14}: {value}")
+    return 0
