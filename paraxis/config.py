@@ -32,7 +32,10 @@ SECTIONS: dict[str, dict[str, str]] = {
               "seed": "seed", "device": "device", "dtype": "dtype"},
     "optimizer": {"lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
                   "weight_decay": "weight_decay", "grad_clip": "grad_clip"},
-    "logging": {"metrics_file": "metrics_file", "log_every": "log_every"},
+    "logging": {"metrics_file": "metrics_file", "log_every": "log_every",
+                "tensorboard": "tensorboard", "peak_tflops": "peak_tflops",
+                "hardware": "hardware"},
+    "eval": {"every": "eval_every", "batches": "eval_batches"},
     "checkpoint": {"dir": "checkpoint_dir", "every": "checkpoint_every", "keep": "keep",
                    "resume": "resume", "exit_after": "exit_after"},
 }

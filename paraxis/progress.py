@@ -32,5 +32,11 @@ class Progress:
                   f"lr {record['lr']:.2e}")
         self._bar.update(self._task, completed=step + 1, status=status)
         if log:
-            self._bar.console.print(f"step {step:>5}  {status}  "
-                                    f"grad-norm {record['grad_norm']:.3f}")
+            extra = f"  grad-norm {record['grad_norm']:.3f}"
+            if record.get("mfu") is not None:
+                extra += f"  MFU {100 * record['mfu']:.1f}%"
+            if "peak_mem_bytes_max_rank" in record:
+                extra += f"  peak mem {record['peak_mem_bytes_max_rank'] / 2**20:,.0f} MiB"
+            if "val_loss" in record:
+                extra += f"  val loss {record['val_loss']:.4f}"
+            self._bar.console.print(f"step {step:>5}  {status}{extra}")

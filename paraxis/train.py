@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,6 +50,11 @@ class TrainConfig:
     keep: int = 3  # complete checkpoints kept (0: all)
     resume: str | None = None  # a checkpoint, a directory of them, or "auto"
     exit_after: int | None = None  # stop (and save) after this step, schedule unchanged
+    eval_every: int = 0  # steps between held-out loss evaluations (0: never)
+    eval_batches: int = 4  # held-out batches per evaluation
+    tensorboard: str | None = None  # also write TensorBoard event files here
+    peak_tflops: float | None = None  # one device's peak, for MFU (else preset / hardware)
+    hardware: str | None = None  # a hardware file (`paraxis calibrate`) giving that peak
 
     def check(self) -> None:
         if self.steps < 1:
@@ -66,6 +69,8 @@ class TrainConfig:
             raise ParaxisError(f"--warmup {self.warmup_steps} must be >= 0")
         if self.checkpoint_every < 0 or self.keep < 0:
             raise ParaxisError("--checkpoint-every and --keep must be >= 0")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
         if self.exit_after is not None and self.exit_after < 1:
             raise ParaxisError(f"--exit-after {self.exit_after} must be at least 1")
         if self.resume == "auto" and not self.checkpoint_dir:
@@ -82,14 +87,6 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
-
-
-def peak_memory_bytes(device) -> int:  # noqa: ANN001 - torch.device, imported lazily
-    import torch
-
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def run_training(cfg: TrainConfig) -> list[dict]:
@@ -171,17 +168,17 @@ def _save(cfg, engine, groups, model_cfg, step: int) -> None:  # noqa: ANN001
 
 def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
           start_step: int = 0) -> list[dict]:
-    import torch
-
+    from paraxis.metrics import MetricsSink, device_peak_flops, max_over_ranks, peak_memory_bytes
+    from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
 
     layout = groups.layout
-    per_dp = cfg.global_batch // layout.dp
     tokens_per_step = cfg.global_batch * cfg.seq_len
+    peak_flops = device_peak_flops(device, cfg.peak_tflops, cfg.hardware)
     records: list[dict] = []
     # A resumed run appends to the metrics of the run it continues.
-    mode = "a" if start_step > 0 else "w"
-    metrics_out = open(cfg.metrics_file, mode) if cfg.metrics_file and rank == 0 else None  # noqa: SIM115
+    sink = MetricsSink(cfg.metrics_file, cfg.tensorboard, append=start_step > 0) \
+        if rank == 0 else None
     show = rank == 0 and not cfg.quiet
     if show:
         from paraxis.config import to_toml
@@ -190,37 +187,60 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
     with Progress(cfg.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
         for step in range(start_step, cfg.steps):
             started = time.perf_counter()
-            inputs, targets = data.batch(step, cfg.global_batch, cfg.seq_len, cfg.seed)
-            rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-            x = torch.from_numpy(inputs[rows]).to(device)
-            y = torch.from_numpy(targets[rows]).to(device)
+            x, y = _dp_share(data.batch(step, cfg.global_batch, cfg.seq_len, cfg.seed), cfg,
+                             groups, device)
             lr = learning_rate(step, cfg)
             loss = engine.forward_backward(x, y)
             grad_norm = engine.clip_grad_norm(cfg.grad_clip)
             engine.optimizer_step(lr)
             engine.zero_grad()
             step_time = time.perf_counter() - started
+            tokens_per_s = tokens_per_step / step_time
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tokens_per_step / step_time, "step_time_s": step_time,
+                      "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+                      "mfu": None if peak_flops is None else mfu(
+                          model_cfg, cfg.seq_len, tokens_per_s, layout.world_size, peak_flops),
                       "peak_mem_bytes": peak_memory_bytes(device)}
-            records.append(record)
-            if metrics_out:
-                metrics_out.write(json.dumps(record) + "\n")
-                metrics_out.flush()
-            progress.update(step, record, log=(step % cfg.log_every == 0
-                                                or step == cfg.steps - 1))
             done = step + 1
+            logging = step % cfg.log_every == 0 or done == cfg.steps
+            if logging:
+                record["peak_mem_bytes_max_rank"] = max_over_ranks(record["peak_mem_bytes"])
+            if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+                record["val_loss"] = _evaluate(cfg, engine, data, groups, device)
+            records.append(record)
+            if sink:
+                sink.write(record)
+            progress.update(step, record, log=logging)
             stopping = done == cfg.exit_after
             if cfg.checkpoint_dir and (done == cfg.steps or stopping or (
                     cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
                 _save(cfg, engine, groups, model_cfg, done)
             if stopping:
                 break
-    if metrics_out:
-        metrics_out.close()
+    if sink:
+        sink.close()
     if cfg.metrics_file:
         _save_trace(engine, Path(cfg.metrics_file).parent / "trace.json", rank)
     return records
+
+
+def _dp_share(batch, cfg, groups, device):  # noqa: ANN001, ANN202
+    """This dp rank's rows of a global batch (every rank draws the same global batch)."""
+    import torch
+
+    per_dp = cfg.global_batch // groups.layout.dp
+    rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
+    return tuple(torch.from_numpy(part[rows]).to(device) for part in batch)
+
+
+def _evaluate(cfg, engine, data, groups, device) -> float:  # noqa: ANN001
+    """Mean loss over the same `eval_batches` held-out batches every time (comparable
+    across steps, runs and layouts)."""
+    total = 0.0
+    for index in range(cfg.eval_batches):
+        batch = data.batch(index, cfg.global_batch, cfg.seq_len, cfg.seed, split="val")
+        total += engine.evaluate(*_dp_share(batch, cfg, groups, device))
+    return total / cfg.eval_batches
 
 
 def _save_trace(engine, path: Path, rank: int) -> None:  # noqa: ANN001
@@ -280,6 +300,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--checkpoint-every", type=int, default=d.checkpoint_every,
         help="steps between checkpoints (0: only at the end)")
     add("--keep", type=int, default=d.keep, help="complete checkpoints kept (0: all)")
+    add("--eval-every", type=int, default=d.eval_every,
+        help="steps between held-out loss evaluations (0: never)")
+    add("--eval-batches", type=int, default=d.eval_batches, help="held-out batches per eval")
+    add("--tensorboard", default=None, help="also write TensorBoard event files to this dir")
+    add("--peak-tflops", type=float, default=None,
+        help="one device's peak TFLOP/s for MFU (default: the GPU preset, or --hardware)")
+    add("--hardware", default=None, help="hardware file (paraxis calibrate) giving the peak")
     add("--exit-after", type=int, default=None,
         help="stop after this step with a checkpoint (a job's time slot); the learning-rate "
              "schedule still spans --steps")

@@ -128,6 +128,12 @@ class DataParallelEngine(LocalEngine):
         if self.gatherer is not None:
             self.gatherer.free_all()
 
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        loss = super().evaluate(inputs, targets)
+        if self.gatherer is not None:  # forward-only leaves the root unit gathered
+            self.gatherer.free_all()
+        return loss
+
     def reduce_loss(self, loss: float) -> float:
         if self.dp_group is None:
             return loss

@@ -69,7 +69,8 @@ class PipelineExecutor:
         # (work, tensor): a tensor must outlive its isend, so it is held until the step ends
         pending_sends: list[tuple[dist.Work, torch.Tensor]] = []
         loss_total = torch.zeros((), device=device)
-        last_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
+        last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
+                            default=-1)  # a forward-only (evaluation) schedule has none
         position = 0
         while position < len(self.actions):
             action = self.actions[position]

@@ -53,6 +53,13 @@ class LocalEngine:
         self.finish_grad_sync()
         return self.reduce_loss(total)
 
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean loss on this dp rank's share of a held-out batch; no gradients, no update."""
+        micro = self.microbatches(inputs, targets)
+        total = sum(self.loss(x, y).item() for x, y in micro) / len(micro)
+        return self.reduce_loss(total)
+
     def backward(self, loss: torch.Tensor) -> None:
         """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
         loss.backward()
