@@ -46,9 +46,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         where = "across nodes (slow)" if link.crosses_nodes else "inside one node over NVLink"
         lines.append(
             f"TP={layout.tp} lives {where} at {link.bandwidth_Bps / GB:.0f} GB/s: its 4 "
-            f"collectives per layer per microbatch cost {time['tp']:.2f} s per step "
-            f"({time['tp'] / time['step']:.0%}), paid for by splitting every matrix "
-            f"{layout.tp} ways.")
+            f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
+            f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
+            f"exposed, paid for by splitting every matrix {layout.tp} ways.")
     else:
         lines.append("No TP: the model fits without splitting matrices, so no per-layer "
                       "collectives sit on the critical path.")
