@@ -67,6 +67,9 @@ def test_70b_on_32_nodes_is_tp_inside_nodes_with_pp_and_dp() -> None:
               and e.layout.dp > 1]
     assert course and course[0].step_time_s <= 1.04 * best.step_time_s
     assert not any(axis_link(e.layout, "tp", cluster).crosses_nodes for e in result.ranked[:10])
+    # the defence prices the rule of thumb it departs from
+    lines = explain(cfg, cluster, best, result)
+    assert any(line.startswith("Rejected TP=8 (the whole node") for line in lines)
 
 
 @pytest.mark.parametrize("batch", [32, 128])
