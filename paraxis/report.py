@@ -117,7 +117,7 @@ def _plan_section(plan: Plan) -> str:
                    + [("total", f"{_gb(e.memory['total'])} of {_gb(e.memory_limit_bytes)}")])
     time = table(["part of the step", "seconds", "share"],
                  [(k, _ms(v), f"{v / e.step_time_s:.0%}") for k, v in e.time.items()
-                  if k in ("compute", "tp", "pp", "dp", "bubble") and v > 0]
+                  if k in ("compute", "tp", "pp", "dp", "bubble", "optimizer") and v > 0]
                  + [("step", _ms(e.step_time_s), "100%")])
     who = "chosen by the planner (fastest layout that fits)" if plan.chosen_by == "planner" \
         else "given by the user"

@@ -17,6 +17,13 @@ class Precision:
     def total_bytes(self) -> float:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
+    @property
+    def optimizer_step_bytes(self) -> float:
+        """HBM bytes one Adam step moves per parameter: the gradient read twice (global norm
+        for clipping, then the update), the optimizer states and the parameter read and
+        written (Kingma & Ba 2015 Alg. 1; about 1 FLOP per byte, so memory-bound)."""
+        return 2 * self.grad_bytes + 2 * self.optimizer_bytes + 2 * self.param_bytes
+
 
 # ZeRO (Rajbhandari et al. 2020) Sec. 3.1: fp16 params and grads (2+2) plus fp32 master copy,
 # momentum and variance (K = 12): the "16 P" rule.
