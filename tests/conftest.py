@@ -12,12 +12,14 @@ import torch
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:
     # transformers starts norm gains at 1 and biases at 0; moving them makes a dropped or
-    # swapped gain or bias change the logits, so the comparison catches it.
+    # swapped gain or bias change the logits, so the comparisons catch it. Its block weights
+    # (std 0.02) leave a tied GPT-2 repeating one token forever; larger ones give greedy
+    # decoding a varied sequence to compare.
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.1 * torch.randn(param.shape, generator=generator))
+        for name, param in model.named_parameters():
+            std = 0.1 if param.ndim == 1 else 0.2 if ".h." in name or "layers." in name else 0
+            param.add_(std * torch.randn(param.shape, generator=generator))
     model.save_pretrained(path)
     return str(path)
 
@@ -67,3 +69,25 @@ def hf_logits():  # noqa: ANN201
     """transformers' own logits: `hf_logits(path, idx)` (eval mode, fp32)."""
     pytest.importorskip("transformers")
     return _logits
+
+
+TOKENIZER_TEXT = [
+    "the cat sat on the mat and the dog sat on the log",
+    "a cat and a dog ran to the hat on the mat",
+    "the dog saw the cat sat in the sun on a hot day",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Hugging Face tokenizer.json (BPE, 100 tokens) trained here on three sentences."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    tokenizer.decoder = tokenizers.decoders.Metaspace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=100, special_tokens=["[UNK]"],
+                                             show_progress=False)
+    tokenizer.train_from_iterator(TOKENIZER_TEXT, trainer)
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
