@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
     ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
+    ("generate", "paraxis.generate", "sample text from a paraxis or Hugging Face checkpoint"),
 ]
 
 

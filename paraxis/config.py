@@ -1,7 +1,7 @@
 """A run described by a TOML file; every key can be overridden from the command line.
 
     [model]      name = "tiny-llama"
-    [data]       path = "embedded"        dtype = "uint16"
+    [data]       path = "embedded"        dtype = "uint16"   tokenizer = "tok/tokenizer.json"
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
                  dtype = "fp32"
     [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
@@ -27,7 +27,7 @@ from paraxis.layout import Layout
 # TOML (section, key) -> TrainConfig field.
 SECTIONS: dict[str, dict[str, str]] = {
     "model": {"name": "model"},
-    "data": {"path": "data", "dtype": "data_dtype"},
+    "data": {"path": "data", "dtype": "data_dtype", "tokenizer": "tokenizer"},
     "train": {"steps": "steps", "global_batch": "global_batch", "seq_len": "seq_len",
               "seed": "seed", "device": "device", "dtype": "dtype"},
     "optimizer": {"lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",

@@ -28,6 +28,7 @@ class TrainConfig:
     model: str = "tiny"
     data: str = "embedded"
     data_dtype: str = "uint16"
+    tokenizer: str | None = None  # a Hugging Face tokenizer.json for text data (else bytes)
     steps: int = 100
     global_batch: int = 16
     seq_len: int = 128
@@ -116,7 +117,7 @@ def run_training(cfg: TrainConfig) -> list[dict]:
     rank, world = init_distributed(device)
     try:
         layout = cfg.layout.validate(world, model_cfg, cfg.global_batch, cfg.seq_len)
-        data = TokenData.load(cfg.data, cfg.data_dtype)
+        data = TokenData.load(cfg.data, cfg.data_dtype, cfg.tokenizer)
         data.check(model_cfg.vocab_size, cfg.seq_len)
         groups = build_groups(layout)
         torch.manual_seed(cfg.seed)
@@ -278,6 +279,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", default=d.model, help="preset name or .json/.toml model file")
     add("--data", default=d.data, help="'embedded', a .bin token file, a text file or folder")
     add("--data-dtype", default=d.data_dtype, help="token dtype of a .bin file")
+    add("--tokenizer", default=None,
+        help="Hugging Face tokenizer.json for text data (default: byte-level)")
     add("--steps", type=int, default=d.steps)
     add("--global-batch", type=int, default=d.global_batch, help="sequences per step")
     add("--seq-len", type=int, default=d.seq_len)
