@@ -37,7 +37,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                 "hardware": "hardware"},
     "eval": {"every": "eval_every", "batches": "eval_batches"},
     "checkpoint": {"dir": "checkpoint_dir", "every": "checkpoint_every", "keep": "keep",
-                   "resume": "resume", "exit_after": "exit_after"},
+                   "resume": "resume", "exit_after": "exit_after", "init_from": "init_from"},
 }
 
 

@@ -11,7 +11,6 @@ serving engine.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
@@ -29,14 +28,9 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
         raise ParaxisError(f"checkpoint {path} is not a directory; give a Hugging Face model "
                            "directory (config.json) or a paraxis checkpoint (manifest.json)")
     if (path / "manifest.json").is_file():
-        try:  # the paraxis checkpoint format lives in its own module, needed only here
-            checkpoint = importlib.import_module("paraxis.checkpoint")
-        except ModuleNotFoundError as error:
-            if error.name != "paraxis.checkpoint":
-                raise
-            raise ParaxisError(f"{path} is a paraxis checkpoint, but this paraxis has no "
-                               "paraxis.checkpoint module to read it; update paraxis") from None
-        cfg, state = checkpoint.read_full_state(path)
+        from paraxis.checkpoint import read_full_state
+
+        cfg, state = read_full_state(path)
     elif (path / "config.json").is_file():
         from paraxis.hf import read_hf
 

@@ -162,10 +162,13 @@ PRESETS["llama-7b"] = PRESETS["llama2-7b"].replace(name="llama-7b")
 
 
 def load_model_config(name_or_path: str) -> ModelConfig:
-    """A preset name, or a .json/.toml file with the ModelConfig fields."""
+    """A preset name, a .json/.toml file with the ModelConfig fields, or a directory holding a
+    model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
+    if path.is_dir():
+        return _model_of_directory(path)
     if path.suffix in (".json", ".toml"):
         if not path.is_file():
             raise ParaxisError(f"model file {path} does not exist; give a preset name "
@@ -180,6 +183,16 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")
+
+
+def _model_of_directory(path: Path) -> ModelConfig:
+    from paraxis.checkpoint.manifest import read_manifest, resolve
+    from paraxis.hf_config import read_hf_config
+
+    if (path / "config.json").is_file():
+        return read_hf_config(path)[1]
+    directory = resolve(path)  # a checkpoint, or the newest under a directory of them
+    return ModelConfig.from_dict(read_manifest(directory)["model"], source=str(directory))
 
 
 def model_from_params(num_params: float, seq_len: int = 2048,

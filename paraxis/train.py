@@ -50,6 +50,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between saves (0: only at the end)
     keep: int = 3  # complete checkpoints kept (0: all)
     resume: str | None = None  # a checkpoint, a directory of them, or "auto"
+    init_from: str | None = None  # weights only (paraxis checkpoint or HF dir), step 0
     exit_after: int | None = None  # stop (and save) after this step, schedule unchanged
     eval_every: int = 0  # steps between held-out loss evaluations (0: never)
     eval_batches: int = 4  # held-out batches per evaluation
@@ -74,6 +75,9 @@ class TrainConfig:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
         if self.exit_after is not None and self.exit_after < 1:
             raise ParaxisError(f"--exit-after {self.exit_after} must be at least 1")
+        if self.resume and self.init_from:
+            raise ParaxisError("give --resume (continue a run) or --init-from (start from its "
+                               "weights), not both")
         if self.resume == "auto" and not self.checkpoint_dir:
             raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
         if self.dtype not in ("fp32", "bf16", "fp16"):
@@ -137,6 +141,9 @@ def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
     """Load the checkpoint `--resume` names, if any; return the step to continue from."""
     from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve
 
+    if cfg.init_from:
+        _init_from(cfg.init_from, engine, model_cfg, rank)
+        return 0
     if not cfg.resume:
         return 0
     if cfg.resume == "auto":
@@ -155,6 +162,23 @@ def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
         print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
               file=sys.stderr, flush=True)
     return step
+
+
+def _init_from(path: str, engine, model_cfg, rank: int) -> None:  # noqa: ANN001
+    """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
+    cut for this layout; the optimizer and the schedule start fresh."""
+    from paraxis.checkpoint import load_checkpoint, resolve
+    from paraxis.checkpoint.load import fill_entries
+    from paraxis.checkpoint.manifest import check_model
+
+    if (Path(path) / "config.json").is_file():
+        from paraxis.hf import read_hf
+
+        hf_cfg, state = read_hf(path)
+        check_model({"model": hf_cfg.to_dict()}, model_cfg.to_dict(), Path(path))
+        fill_entries(engine, lambda kind, name: state[name], ("param",), path)
+    else:
+        load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
 
 
 def _save(cfg, engine, groups, model_cfg, step: int) -> None:  # noqa: ANN001
@@ -310,6 +334,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--peak-tflops", type=float, default=None,
         help="one device's peak TFLOP/s for MFU (default: the GPU preset, or --hardware)")
     add("--hardware", default=None, help="hardware file (paraxis calibrate) giving the peak")
+    add("--init-from", default=None,
+        help="start from these weights (a paraxis checkpoint or a Hugging Face directory); "
+             "optimizer and schedule start fresh")
     add("--exit-after", type=int, default=None,
         help="stop after this step with a checkpoint (a job's time slot); the learning-rate "
              "schedule still spans --steps")

@@ -2,15 +2,12 @@
 `generate` token for token, sampling is seeded and honours top-k, long contexts are cropped."""
 
 import shutil
-import sys
-import types
 
 import pytest
 import torch
 
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.hf import read_hf, write_hf
+from paraxis.hf import write_hf
 from paraxis.inference import generate, load_for_inference
 from paraxis.model import build_model
 from paraxis.model_config import ModelConfig
@@ -91,20 +88,11 @@ def test_cli_errors_are_one_line(hf_gpt2, tmp_path, capsys):
         assert message in err and err.count("\n") == 1, err
 
 
-def test_a_manifest_directory_is_read_through_paraxis_checkpoint(hf_gpt2, tmp_path,
-                                                                  monkeypatch):
-    (tmp_path / "manifest.json").write_text("{}")
-    try:
-        import paraxis.checkpoint  # noqa: F401
-    except ModuleNotFoundError:
-        with pytest.raises(ParaxisError, match="no paraxis.checkpoint module"):
-            load_for_inference(tmp_path)
-    # Dispatch only: the checkpoint format is tested with its own module. A stand-in that
-    # records the directory it was asked for returns the imported GPT-2.
-    asked = []
-    stand_in = types.ModuleType("paraxis.checkpoint")
-    stand_in.read_full_state = lambda path: asked.append(path) or read_hf(hf_gpt2)
-    monkeypatch.setitem(sys.modules, "paraxis.checkpoint", stand_in)
-    cfg, model = load_for_inference(tmp_path)
-    assert asked == [tmp_path] and cfg.style == "gpt2"
+def test_a_paraxis_checkpoint_generates_what_its_hf_source_does(hf_gpt2, tmp_path):
+    from paraxis.checkpoint.convert import import_hf
+    from paraxis.layout import Layout
+
+    checkpoint = import_hf(hf_gpt2, tmp_path / "ckpt", Layout.parse("tp=2,pp=2"))
+    cfg, model = load_for_inference(checkpoint)
+    assert cfg.style == "gpt2"
     assert generate(model, PROMPT, 5) == generate(load_for_inference(hf_gpt2)[1], PROMPT, 5)

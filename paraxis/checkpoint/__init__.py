@@ -5,12 +5,21 @@
     read_full_state(path)                                               # one process
 
 `entries` says what a rank holds in single-device coordinates, `save` writes and commits
-atomically, `load` reassembles, `manifest` checks, `convert` rewrites offline.
+atomically, `load` reassembles, `manifest` checks (pure Python), `convert` rewrites offline
+and moves weights to and from Hugging Face. Names below are imported on first use, so the
+manifest helpers stay importable without torch (the planner reads a checkpoint's model).
 """
 
-from paraxis.checkpoint.load import CheckpointReader, load_checkpoint, read_full_state
-from paraxis.checkpoint.manifest import complete_checkpoints, resolve
-from paraxis.checkpoint.save import save_checkpoint
+import importlib
 
-__all__ = ["CheckpointReader", "complete_checkpoints", "load_checkpoint", "read_full_state",
-           "resolve", "save_checkpoint"]
+_EXPORTS = {"CheckpointReader": "load", "load_checkpoint": "load", "read_full_state": "load",
+            "complete_checkpoints": "manifest", "resolve": "manifest",
+            "save_checkpoint": "save"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy exports
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'paraxis.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"paraxis.checkpoint.{_EXPORTS[name]}"), name)

@@ -2,6 +2,8 @@
 
     paraxis checkpoint info runs/x/checkpoints
     paraxis checkpoint convert runs/x/checkpoints/step-00000100 out/ --layout tp=4,pp=2
+    paraxis checkpoint import-hf path/to/hf-llama out/       # then train --init-from out
+    paraxis checkpoint export-hf runs/x/checkpoints hf-out/   # transformers loads hf-out
 
 Any layout already loads any checkpoint at start-up (`load.py`); `convert` does the
 reassembly once, in one process with no process group, and writes files cut the way the
@@ -17,6 +19,7 @@ import argparse
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,20 +55,55 @@ def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
 def convert(source: str | Path, destination: str | Path, layout: Layout,
             seq_len: int | None = None) -> Path:
     """Rewrite checkpoint `source` as `destination/step-N`, cut for `layout`."""
-    from paraxis.tensor_parallel.apply import check_model, tp_split_dim
-
     reader = CheckpointReader(source)
     manifest = reader.manifest
     cfg = ModelConfig.from_dict(manifest["model"], source=str(reader.directory))
+    kinds = tuple(k for k in KINDS if reader.names(k))
+    base = {key: value for key, value in manifest.items()
+            if key not in ("files", "pieces", "layout", "world_size")}
+    config = reader.directory / "config.toml"
+    return write_for_layout(reader.full, kinds, cfg, layout, destination,
+                            {**base, "converted_from": str(reader.directory)},
+                            config.read_text() if config.is_file() else "", seq_len)
+
+
+def import_hf(source: str | Path, destination: str | Path, layout: Layout | None = None
+              ) -> Path:
+    """A Hugging Face model directory as a paraxis checkpoint at step 0 (weights only)."""
+    from paraxis.hf import read_hf
+
+    layout = layout or Layout()
+    cfg, state = read_hf(source)
+    base = {"step": 0, "optimizer_steps": 0, "has_optimizer": False, "model": cfg.to_dict(),
+            "imported_from": str(source)}
+    return write_for_layout(lambda kind, name: state[name], ("param",), cfg, layout,
+                            destination, base)
+
+
+def export_hf(source: str | Path, destination: str | Path) -> Path:
+    """A paraxis checkpoint's weights as a Hugging Face model directory."""
+    from paraxis.checkpoint.load import read_full_state
+    from paraxis.hf import write_hf
+
+    cfg, state = read_full_state(source)
+    write_hf(destination, cfg, state)
+    return Path(destination)
+
+
+def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
+                     cfg: ModelConfig, layout: Layout, destination: str | Path,
+                     base: dict, config_toml: str = "", seq_len: int | None = None) -> Path:
+    """Write full tensors (`full_of(kind, name)`) as `destination/step-N`, one file per
+    (stage, TP rank) of `layout`; `base` holds the manifest's other facts (step, model...)."""
+    from paraxis.tensor_parallel.apply import check_model, tp_split_dim
+
     layout = layout.validate(model=cfg)
     if layout.tp > 1:
         check_model(cfg, layout.tp)
     destination = Path(destination)
-    step = int(manifest["step"])
-    final = destination / step_dir_name(step)
+    final = destination / step_dir_name(int(base["step"]))
     if final.exists():
         raise ParaxisError(f"{final} already exists; choose another destination")
-    kinds = [k for k in KINDS if reader.names(k)]
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -76,7 +114,7 @@ def convert(source: str | Path, destination: str | Path, layout: Layout,
             dim = tp_split_dim(name) if layout.tp > 1 else None
             count = layout.tp if dim is not None else 1
             for kind in kinds:
-                full = reader.full(kind, name)
+                full = full_of(kind, name)
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):
                     rank = layout.rank(0, tp_rank, stage)
@@ -89,13 +127,9 @@ def convert(source: str | Path, destination: str | Path, layout: Layout,
             path = tmp / rank_file(rank)
             _write_tensors(tensors, path)
             files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
-    out = {key: value for key, value in manifest.items()
-           if key not in ("files", "pieces", "layout", "world_size")}
-    out.update(format=FORMAT, version=VERSION, layout=str(layout),
-               world_size=layout.world_size, files=files, pieces=pieces,
-               converted_from=str(reader.directory))
-    config = reader.directory / "config.toml"
-    commit(tmp, final, out, config.read_text() if config.is_file() else "")
+    manifest = {**base, "format": FORMAT, "version": VERSION, "layout": str(layout),
+                "world_size": layout.world_size, "files": files, "pieces": pieces}
+    commit(tmp, final, manifest, config_toml)
     return final
 
 
@@ -112,12 +146,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conv.add_argument("destination", help="directory that receives step-N/")
     conv.add_argument("--layout", required=True, help="e.g. dp=2,tp=4,pp=2 or dp=1 for one "
                       "device")
+    imp = sub.add_parser("import-hf", help="a Hugging Face Llama/GPT-2 directory as a checkpoint")
+    imp.add_argument("source", help="directory with config.json and model.safetensors")
+    imp.add_argument("destination", help="directory that receives step-00000000/")
+    imp.add_argument("--layout", default="dp=1", help="layout to cut the files for")
+    exp = sub.add_parser("export-hf", help="a checkpoint's weights as a Hugging Face directory")
+    exp.add_argument("source", help="a step-N directory or a directory of them (the latest)")
+    exp.add_argument("destination", help="new directory for config.json + model.safetensors")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "convert":
-        final = convert(args.source, args.destination, Layout.parse(args.layout))
+    if args.action in ("convert", "import-hf"):
+        write = convert if args.action == "convert" else import_hf
+        final = write(args.source, args.destination, Layout.parse(args.layout))
         print(f"wrote {final} for layout {Layout.parse(args.layout)}")
+        return 0
+    if args.action == "export-hf":
+        print(f"wrote {export_hf(args.source, args.destination)}")
         return 0
     reader = CheckpointReader(args.path)
     manifest = reader.manifest

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,38 +110,25 @@ class CheckpointReader:
 
 
 def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noqa: ANN001
-                    rank: int = 0, restore_rng: bool = True) -> dict[str, Any]:
-    """Fill the engine's parameters and optimizer states from `directory`; collective only in
-    the sense that every rank calls it. Returns the manifest (step, data position, ...).
+                    rank: int = 0, restore_rng: bool = True,
+                    weights_only: bool = False) -> dict[str, Any]:
+    """Fill the engine's parameters and optimizer states from `directory`; every rank calls
+    it. Returns the manifest (step, data position, ...).
 
+    weights_only: parameters alone, AdamW starting fresh (fine-tuning from a checkpoint).
     The RNG state comes back only when the checkpoint was written by the same layout (a
     resharded run has different ranks, so no rank's state is "its own").
     """
     reader = CheckpointReader(directory)
     manifest = reader.manifest
     check_model(manifest, model, reader.directory)
-    with_optimizer = manifest.get("has_optimizer", False)
-    cache: dict[tuple[str, str], torch.Tensor] = {}
-    with torch.no_grad():
-        for entry in engine_entries(engine):
-            if entry.kind != "param" and not with_optimizer:
-                continue  # imported weights: AdamW starts fresh (zero moments, step 0)
-            key = (entry.kind, entry.name)
-            if key not in cache:
-                cache.clear()  # one full tensor at a time keeps memory to a layer's worth
-                cache[key] = reader.full(*key)
-            full = cache[key]
-            if tuple(full.shape) != entry.full_shape:
-                raise ParaxisError(f"checkpoint {reader.directory}: {entry.name} has shape "
-                                   f"{tuple(full.shape)}, the model expects {entry.full_shape}")
-            local = full.chunk(entry.tp_count, dim=entry.tp_dim)[entry.tp_index] \
-                if entry.tp_count > 1 else full
-            piece = local.reshape(-1)[entry.lo:entry.hi]
-            entry.tensor.copy_(piece.view(entry.tensor.shape))
+    with_optimizer = manifest.get("has_optimizer", False) and not weights_only
+    fill_entries(engine, reader.full, KINDS if with_optimizer else ("param",),
+                 str(reader.directory))
     if with_optimizer:
         set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
     same_layout = manifest.get("layout") == str(engine.layout)
-    if restore_rng and same_layout:
+    if restore_rng and same_layout and not weights_only:
         from paraxis.checkpoint.save import rank_file
 
         state = reader.rank_tensor(rank_file(rank), "rng/torch")
@@ -151,6 +139,29 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
             if cuda_state is not None:
                 torch.cuda.set_rng_state(cuda_state, engine.device)
     return manifest
+
+
+def fill_entries(engine, full_of: Callable[[str, str], torch.Tensor],  # noqa: ANN001
+                 kinds: tuple[str, ...], source: str) -> None:
+    """Write into each of the engine's entries of `kinds` its piece of `full_of(kind, name)`
+    (the whole single-device tensor): the one place a layout cuts its share out."""
+    cache: dict[tuple[str, str], torch.Tensor] = {}
+    with torch.no_grad():
+        for entry in engine_entries(engine):
+            if entry.kind not in kinds:
+                continue  # e.g. imported weights: AdamW starts fresh (zero moments, step 0)
+            key = (entry.kind, entry.name)
+            if key not in cache:
+                cache.clear()  # one full tensor at a time keeps memory to a layer's worth
+                cache[key] = full_of(*key)
+            full = cache[key]
+            if tuple(full.shape) != entry.full_shape:
+                raise ParaxisError(f"{source}: {entry.name} has shape {tuple(full.shape)}, "
+                                   f"the model expects {entry.full_shape}")
+            local = full.chunk(entry.tp_count, dim=entry.tp_dim)[entry.tp_index] \
+                if entry.tp_count > 1 else full
+            piece = local.reshape(-1)[entry.lo:entry.hi]
+            entry.tensor.copy_(piece.view(entry.tensor.shape))
 
 
 def read_full_state(directory: str | Path, kinds: tuple[str, ...] = ("param",)
