@@ -27,17 +27,17 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
     if not path.is_dir():
         raise ParaxisError(f"checkpoint {path} is not a directory; give a Hugging Face model "
                            "directory (config.json) or a paraxis checkpoint (manifest.json)")
-    if (path / "manifest.json").is_file():
-        from paraxis.checkpoint import read_full_state
+    from paraxis.checkpoint import complete_checkpoints, read_full_state
 
-        cfg, state = read_full_state(path)
+    if (path / "manifest.json").is_file() or complete_checkpoints(path):
+        cfg, state = read_full_state(path)  # a checkpoint, or the newest in a run's directory
     elif (path / "config.json").is_file():
         from paraxis.hf import read_hf
 
         cfg, state = read_hf(path)
     else:
         raise ParaxisError(f"{path} holds neither config.json (a Hugging Face model) nor "
-                           "manifest.json (a paraxis checkpoint)")
+                           "manifest.json (a paraxis checkpoint) nor step-N checkpoints")
     return cfg, model_from_state(cfg, state, device, dtype)
 
 
