@@ -50,6 +50,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between saves (0: only at the end)
     keep: int = 3  # complete checkpoints kept (0: all)
     resume: str | None = None  # a checkpoint, a directory of them, or "auto"
+    max_restarts: int = 0  # restart every rank this often when one dies (with --nproc)
     init_from: str | None = None  # weights only (paraxis checkpoint or HF dir), step 0
     exit_after: int | None = None  # stop (and save) after this step, schedule unchanged
     eval_every: int = 0  # steps between held-out loss evaluations (0: never)
@@ -75,6 +76,11 @@ class TrainConfig:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
         if self.exit_after is not None and self.exit_after < 1:
             raise ParaxisError(f"--exit-after {self.exit_after} must be at least 1")
+        if self.max_restarts < 0:
+            raise ParaxisError(f"--max-restarts {self.max_restarts} must be >= 0")
+        if self.max_restarts and not self.checkpoint_dir:
+            raise ParaxisError("--max-restarts needs --checkpoint-dir: a restart resumes from "
+                               "the newest checkpoint there")
         if self.resume and self.init_from:
             raise ParaxisError("give --resume (continue a run) or --init-from (start from its "
                                "weights), not both")
@@ -141,12 +147,15 @@ def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
     """Load the checkpoint `--resume` names, if any; return the step to continue from."""
     from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve
 
-    if cfg.init_from:
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if restarted and cfg.checkpoint_dir and complete_checkpoints(Path(cfg.checkpoint_dir)):
+        path = complete_checkpoints(Path(cfg.checkpoint_dir))[-1][1]  # progress since start
+    elif cfg.init_from:
         _init_from(cfg.init_from, engine, model_cfg, rank)
         return 0
-    if not cfg.resume:
+    elif not cfg.resume:
         return 0
-    if cfg.resume == "auto":
+    elif cfg.resume == "auto":
         found = complete_checkpoints(Path(cfg.checkpoint_dir))
         if not found:
             return 0  # nothing saved yet: a fresh start
@@ -334,6 +343,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--peak-tflops", type=float, default=None,
         help="one device's peak TFLOP/s for MFU (default: the GPU preset, or --hardware)")
     add("--hardware", default=None, help="hardware file (paraxis calibrate) giving the peak")
+    add("--max-restarts", type=int, default=0,
+        help="when a rank dies, restart all ranks from the newest checkpoint, this many times "
+             "(with --nproc; under torchrun give torchrun's own --max-restarts)")
     add("--init-from", default=None,
         help="start from these weights (a paraxis checkpoint or a Hugging Face directory); "
              "optimizer and schedule start fresh")
@@ -418,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.check()  # bad input fails here, in one line, not in N tracebacks
         cfg.layout.validate(cfg.nproc, load_model_config(cfg.model), cfg.global_batch,
                             cfg.seq_len)
-        launch(cfg, cfg.nproc)
+        launch(cfg, cfg.nproc, max_restarts=cfg.max_restarts)
         return 0
     run_training(cfg)
     return 0

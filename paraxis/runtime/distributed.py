@@ -51,8 +51,22 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[in
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return 0, 1
-    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    options = {"timeout": timedelta(seconds=timeout_s),
+               "device_id": device if device.type == "cuda" else None}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torch's elastic agent (torchrun, `paraxis train --nproc`) every attempt of a
+        # restarted job joins the agent's one store at the same address, and torch adds no
+        # per-attempt prefix there (torch/distributed/rendezvous.py), so the sub-groups of a
+        # restarted run would read the dead attempt's peer addresses and fail to connect.
+        # One prefix per attempt keeps each attempt's keys apart.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size, is_master=False, timeout=options["timeout"])
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend_for(device), store=dist.PrefixStore(
+            f"paraxis/attempt_{attempt}", store), rank=int(os.environ["RANK"]),
+            world_size=world_size, **options)
+    else:
+        dist.init_process_group(backend_for(device), **options)
     return dist.get_rank(), dist.get_world_size()
 
 
