@@ -127,6 +127,10 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
                  str(reader.directory))
     if with_optimizer:
         set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
+        scaler = getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)
+        if scaler is not None and manifest.get("loss_scaler"):
+            scaler.scale = scaler.last_scale = manifest["loss_scaler"]["scale"]
+            scaler._clean_steps = manifest["loss_scaler"]["clean_steps"]
     same_layout = manifest.get("layout") == str(engine.layout)
     if restore_rng and same_layout and not weights_only:
         from paraxis.checkpoint.save import rank_file

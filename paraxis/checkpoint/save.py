@@ -84,12 +84,21 @@ def save_checkpoint(engine, root: str | Path, step: int, groups,  # noqa: ANN001
             "files": {g["file"]: {"sha256": g["sha256"], "bytes": g["bytes"]}
                       for g in gathered},
             "pieces": [p for g in gathered for p in g["pieces"]],
+            "loss_scaler": _scaler_state(engine),
             **(extra or {}),
         }
         commit(tmp, final, manifest, config_toml)
         prune(root, keep)
     _barrier()
     return final
+
+
+def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
+    """fp16's dynamic loss scale (the same on every rank), so a resume does not restart it."""
+    scaler = getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)
+    if scaler is None:
+        return None
+    return {"scale": scaler.scale, "clean_steps": scaler._clean_steps}
 
 
 def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -> None:
