@@ -18,7 +18,7 @@ from paraxis.errors import ParaxisError
 COMMANDS: list[tuple[str, str, str]] = [
     ("demo", "paraxis.demo", "train the tiny model on the embedded corpus and show the loss fall"),
     ("train", "paraxis.train", "train a model on one device or many (torchrun-compatible)"),
-    ("checkpoint", "paraxis.checkpoint.convert", "inspect a checkpoint, or convert it to "
+    ("checkpoint", "paraxis.checkpoint.cli", "inspect a checkpoint, or convert it to "
      "another layout"),
     ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
