@@ -70,7 +70,8 @@ class TokenData:
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
                            (".txt", ".md", ".py"))
             if not files:
-                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files")
+                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files; put text "
+                                   "files in it or give a .bin token file")
             tokens = np.frombuffer(b"".join(p.read_bytes() for p in files), dtype=np.uint8)
         elif path.suffix == ".bin":
             if dtype not in TOKEN_DTYPES:
@@ -78,7 +79,9 @@ class TokenData:
                                    f"{', '.join(TOKEN_DTYPES)}")
             itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
             size = path.stat().st_size
-            if size == 0 or size % itemsize:
+            if size == 0:
+                raise ParaxisError(f"data {path} is empty; give a token file that holds tokens")
+            if size % itemsize:
                 raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
                                    f"{dtype} tokens; check --data-dtype")
             tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")

@@ -24,6 +24,8 @@ from pathlib import Path
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 
+FP32_MAX = 3.4028234663852886e38
+
 
 @dataclass
 class TrainConfig:
@@ -57,6 +59,9 @@ class TrainConfig:
             raise ParaxisError(f"--seq-len {self.seq_len} must be at least 1")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ParaxisError(f"--lr {self.lr} must be a positive number")
+        if self.lr > FP32_MAX / 10:  # AdamW's first step is lr / (1 - beta1) (Kingma & Ba, alg. 1)
+            raise ParaxisError(f"--lr {self.lr:g} overflows fp32 in AdamW's first update; "
+                               "typical values are 1e-4 to 1e-2")
         if self.grad_clip < 0:
             raise ParaxisError(f"--grad-clip {self.grad_clip} must be >= 0 (0 turns it off)")
         if self.warmup_steps < 0:
@@ -374,9 +379,10 @@ def run(args: argparse.Namespace) -> int:
                debug=getattr(args, "debug", False))
         return 0
     if not launched and cfg.layout.world_size > 1:
-        n = cfg.layout.world_size
-        raise ParaxisError(f"layout {cfg.layout} needs {n} ranks but this is one process; add "
-                           f"--nproc {n} (or start it with torchrun --nproc-per-node {n})")
+        lay, n = cfg.layout, cfg.layout.world_size
+        raise ParaxisError(f"dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = {n} ranks but this is one "
+                           f"process; add --nproc {n} (or start it with torchrun "
+                           f"--nproc-per-node {n})")
     run_training(cfg)
     return 0
 
