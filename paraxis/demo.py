@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
                              metrics_file=str(out / "single" / "metrics.jsonl"))
     parallel_cfg = TrainConfig(**common, layout=layout,
                                metrics_file=str(out / "parallel" / "metrics.jsonl"))
-    for cfg in (single_cfg, parallel_cfg):
-        Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+    for cfg in (single_cfg, parallel_cfg):  # bad input fails before anything is written
+        cfg.check()
         cfg.layout.validate(cfg.layout.world_size)
 
     console.rule(f"[bold]1/3  {args.model} on one device")

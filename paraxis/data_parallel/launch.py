@@ -135,5 +135,5 @@ def warn_if_oversubscribed(nproc: int, device: str) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if cores and nproc > cores:
         print(f"paraxis: warning: {nproc} ranks on {cores} CPU core{'s' * (cores > 1)}: they "
-              f"will share cores and every step will be slower; use --nproc {cores} or fewer "
-              "for speed", file=sys.stderr, flush=True)
+              f"will share cores and every step will be slower; for speed use --nproc {cores}",
+              file=sys.stderr, flush=True)
