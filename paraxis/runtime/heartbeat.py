@@ -92,9 +92,9 @@ class Heartbeat(threading.Thread):
             if beat["beat"] != seen_beat:
                 self._seen[rank] = (beat["beat"], now)
                 seen_at = now
-            silent_s = now - seen_at
-            if silent_s >= self.stall_s:  # its thread stopped beating: frozen or gone
-                beat = {**beat, "idle_s": beat["idle_s"] + silent_s, "silent": True}
+            silent_s = now - seen_at  # the beat's age, as far as rank 0 can tell
+            beat = {**beat, "idle_s": beat["idle_s"] + silent_s,
+                    "silent": silent_s >= self.stall_s}  # its thread stopped: frozen or gone
             if beat["idle_s"] >= self.stall_s:
                 stalled.append((rank, beat))
         # Say it when the picture changes, and again every stall_s while it lasts.
