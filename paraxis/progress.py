@@ -40,7 +40,7 @@ class Progress:
     def stall(self, text: str | None) -> None:
         """Called from the heartbeat thread: a stall line, or None once progress resumes."""
         if text:
-            self._bar.console.print(text, markup=False, highlight=False)
+            self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self._bar.update(self._task, status="[red]stalled (see above)" if text else "")
 
     def update(self, step: int, record: dict, log: bool = False) -> None:

@@ -49,7 +49,7 @@ class Heartbeat(threading.Thread):
         self.stall_s = max(2 * self.interval_s, min(60.0, timeout_s / 2))
         self.grace_s = max(5.0, min(30.0, timeout_s / 2))
         self._stop_event = threading.Event()
-        self._store = _connect_store(self.interval_s)
+        self._store = None  # connected by the thread itself: training never waits for it
         self._beats = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (beat, rank 0's clock)
         self._last_picture: tuple = ()
@@ -62,6 +62,7 @@ class Heartbeat(threading.Thread):
         stall_sink(None)
 
     def run(self) -> None:
+        self._store = _connect_store(self.interval_s)
         while not self._stop_event.wait(self.interval_s):
             idle_s = time.monotonic() - WATCH.since
             if idle_s > self.timeout_s + self.grace_s:
