@@ -47,7 +47,7 @@ class TrainConfig:
     metrics_file: str | None = None
     log_every: int = 10
     quiet: bool = False
-    nproc: int = 1  # ranks `paraxis train` launches itself (torch's elastic agent)
+    nproc: int = 1  # ranks `paraxis train` launches itself (data_parallel/launch.py)
     bucket_mb: float = 25.0  # data-parallel gradient bucket size
     timeout_s: float = 600.0  # longest wait for any collective or message before giving up
     on_nan: str = "stop"  # a NaN/inf loss or gradient: "stop" the run or "skip" the step
