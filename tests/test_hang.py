@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--model", "tiny", "--steps", "4", "--global-batch", "8", "--seq-len", "32",
          "--device", "cpu", "--quiet"]
@@ -38,6 +40,7 @@ def run_with_timestamps(args: list[str], fault: str, cwd: Path) -> tuple[int, li
     return code, lines, exited
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_before_a_collective_ends_the_run(tmp_path):
     timeout_s = 5
     code, lines, exited = run_with_timestamps(
@@ -60,6 +63,7 @@ def test_a_rank_that_hangs_before_a_collective_ends_the_run(tmp_path):
     assert exited - stalls[0][0] < timeout_s + 30
 
 
+@pytest.mark.slow
 def test_a_pipeline_stage_that_hangs_is_named_by_its_neighbour(tmp_path):
     timeout_s = 4
     code, lines, _ = run_with_timestamps(

@@ -96,6 +96,7 @@ def test_stop_exits_non_zero_naming_the_step(tmp_path):
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout,fault", [
     (["--dp", "2"], "nan:step=1,rank=1"),  # one dp rank's NaN reaches the other's all-reduce
     (["--pp", "2", "--microbatches", "2"], "nan:step=1,rank=0"),  # crosses the stage boundary

@@ -97,6 +97,7 @@ def _socket_inodes(pid: int) -> set[str]:
 LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 def test_a_local_run_listens_on_loopback_only(tmp_path):
     """`paraxis train --nproc 2`: while the ranks wait (one is held at step 0 on purpose),

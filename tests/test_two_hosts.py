@@ -67,6 +67,7 @@ def losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_nodes_over_a_link_train_like_one_host(two_hosts, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     endpoint = f"{ADDRESSES[0]}:29500"

@@ -48,6 +48,7 @@ def _peer_never_comes(kind: str) -> str | None:
     return "the wait did not fail"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,waiting_on", [
     ("collective", "all_reduce over the dp group (ranks 0,1)"),
     ("p2p", "recv from rank 1 (pp)"),
