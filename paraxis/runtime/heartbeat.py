@@ -30,15 +30,21 @@ from datetime import timedelta
 
 from paraxis.runtime.watchdog import WATCH, ranks_text
 
-KEY = "paraxis/heartbeat/{rank}"
+# One key per rank and launch attempt: a restarted job must not read the last attempt's beats.
+KEY = "paraxis/heartbeat/{attempt}/{rank}"
 
 
 def _print_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _print_stall(text: str | None) -> None:
+    if text:
+        _print_stderr(text)
+
+
 # Where rank 0's stall lines go: the progress display replaces it while it is on screen.
-stall_sink: Callable[[str | None], None] = lambda text: text and _print_stderr(text)  # noqa: E731
+stall_sink: Callable[[str | None], None] = _print_stall
 
 
 class Heartbeat(threading.Thread):
@@ -50,6 +56,8 @@ class Heartbeat(threading.Thread):
         self.grace_s = max(5.0, min(30.0, timeout_s / 2))
         self._stop_event = threading.Event()
         self._store = None  # connected by the thread itself: training never waits for it
+        self._keys = [KEY.format(attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                                 rank=r) for r in range(world)]
         self._beats = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (beat, rank 0's clock)
         self._last_picture: tuple = ()
@@ -78,17 +86,17 @@ class Heartbeat(threading.Thread):
 
     def _beat(self, idle_s: float) -> None:
         self._beats += 1
-        self._store.set(KEY.format(rank=self.rank), json.dumps(
+        self._store.set(self._keys[self.rank], json.dumps(
             {"beat": self._beats, "step": WATCH.step, "idle_s": idle_s,
              "waiting": WATCH.wait_text()}))
 
     def _report_stalls(self) -> None:
-        keys = [KEY.format(rank=r) for r in range(self.world)]
-        ready = [k for k in keys if self._store.check([k])]
+        if not self._store.check(self._keys):  # some rank has not beaten yet: starting up
+            return
         now = time.monotonic()
         stalled: list[tuple[int, dict]] = []
-        for key, raw in zip(ready, self._store.multi_get(ready), strict=True):
-            rank, beat = int(key.rsplit("/", 1)[1]), json.loads(raw)
+        for rank, raw in enumerate(self._store.multi_get(self._keys)):  # one round trip
+            beat = json.loads(raw)
             seen_beat, seen_at = self._seen.get(rank, (-1, now))
             if beat["beat"] != seen_beat:
                 self._seen[rank] = (beat["beat"], now)
