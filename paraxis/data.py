@@ -134,7 +134,9 @@ class TokenData:
                                f"{', '.join(TOKEN_DTYPES)}")
         itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         size = path.stat().st_size
-        if size == 0 or size % itemsize:
+        if size == 0:
+            raise ParaxisError(f"data {path} is empty; give a token file that holds tokens")
+        if size % itemsize:
             raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
                                f"{dtype} tokens; check --data-dtype")
         tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
@@ -146,7 +148,8 @@ class TokenData:
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
                            (".txt", ".md", ".py"))
             if not files:
-                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files")
+                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files; put text "
+                                   "files in it or give a .bin token file")
         else:
             files = [path]
         if isinstance(tokenizer, ByteTokenizer):  # the bytes are the tokens: no decoding

@@ -47,12 +47,14 @@ class ModelConfig:
                 raise ParaxisError(f"model {field}={value!r} must be a positive integer")
         if self.d_model % self.n_heads:
             raise ParaxisError(f"d_model {self.d_model} is not divisible by n_heads "
-                               f"{self.n_heads}")
+                               f"{self.n_heads}; choose n_heads dividing d_model (head size "
+                               "d_model / n_heads)")
         if self.n_heads % self.n_kv_heads:
             raise ParaxisError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
-                               f"{self.n_kv_heads}")
+                               f"{self.n_kv_heads}; choose n_kv_heads dividing n_heads")
         if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
-            raise ParaxisError("gpt2-style models use n_kv_heads == n_heads")
+            raise ParaxisError("gpt2-style models use n_kv_heads == n_heads; set them equal or "
+                               "use style llama for grouped-query attention")
 
     # --------------------------------------------------------------- derived shape facts
 
@@ -177,8 +179,8 @@ def load_model_config(name_or_path: str) -> ModelConfig:
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except (ValueError, UnicodeDecodeError) as error:
-            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]}: "
-                               f"{error}") from None
+            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
+                               "fix the file or give a preset name") from None
         data = data.get("model", data)
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "

@@ -22,6 +22,8 @@ from pathlib import Path
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 
+FP32_MAX = 3.4028234663852886e38
+
 
 @dataclass
 class TrainConfig:
@@ -44,7 +46,7 @@ class TrainConfig:
     metrics_file: str | None = None
     log_every: int = 10
     quiet: bool = False
-    nproc: int = 1  # ranks `paraxis train` launches itself (torch's elastic agent)
+    nproc: int = 1  # ranks `paraxis train` launches itself (data_parallel/launch.py)
     bucket_mb: float = 25.0  # data-parallel gradient bucket size
     checkpoint_dir: str | None = None  # where step-N/ checkpoints go
     checkpoint_every: int = 0  # steps between saves (0: only at the end)
@@ -58,6 +60,8 @@ class TrainConfig:
     tensorboard: str | None = None  # also write TensorBoard event files here
     peak_tflops: float | None = None  # one device's peak, for MFU (else preset / hardware)
     hardware: str | None = None  # a hardware file (`paraxis calibrate`) giving that peak
+    timeout_s: float = 600.0  # longest wait for any collective or message before giving up
+    on_nan: str = "stop"  # a NaN/inf loss or gradient: "stop" the run or "skip" the step
 
     def check(self) -> None:
         if self.steps < 1:
@@ -66,6 +70,9 @@ class TrainConfig:
             raise ParaxisError(f"--seq-len {self.seq_len} must be at least 1")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ParaxisError(f"--lr {self.lr} must be a positive number")
+        if self.lr > FP32_MAX / 10:  # AdamW's first step is lr / (1 - beta1) (Kingma & Ba, alg. 1)
+            raise ParaxisError(f"--lr {self.lr:g} overflows fp32 in AdamW's first update; "
+                               "typical values are 1e-4 to 1e-2")
         if self.grad_clip < 0:
             raise ParaxisError(f"--grad-clip {self.grad_clip} must be >= 0 (0 turns it off)")
         if self.warmup_steps < 0:
@@ -88,6 +95,36 @@ class TrainConfig:
             raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
         if self.dtype not in ("fp32", "bf16", "fp16"):
             raise ParaxisError(f"--dtype {self.dtype} is unknown; use fp32, bf16 or fp16")
+        for name, flag, low in (("global_batch", "--global-batch", 1), ("log_every",
+                                "--log-every", 1), ("nproc", "--nproc", 1)):
+            if getattr(self, name) < low:
+                raise ParaxisError(f"{flag} {getattr(self, name)} must be at least {low}")
+        if not self.weight_decay >= 0:
+            raise ParaxisError(f"--weight-decay {self.weight_decay} must be >= 0 (0 turns it off)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ParaxisError(f"min_lr_ratio {self.min_lr_ratio} must be between 0 and 1 (the "
+                               "final learning rate as a fraction of --lr)")
+        if not self.bucket_mb > 0:
+            raise ParaxisError(f"--bucket-mb {self.bucket_mb} must be positive (DDP uses 25)")
+        if not 0 < self.timeout_s < math.inf:
+            raise ParaxisError(f"--timeout-s {self.timeout_s} must be a positive number of "
+                               "seconds (default 600)")
+        if self.on_nan not in ("stop", "skip"):
+            raise ParaxisError(f"--on-nan {self.on_nan} is unknown; use stop or skip")
+        if self.metrics_file:
+            check_writable(Path(self.metrics_file), "--metrics-file")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before training (and before creating anything) if `path` cannot be written."""
+    if path.is_dir():
+        raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
+                           "folder); choose another path")
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -113,6 +150,8 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         pick_device,
         shutdown_distributed,
     )
+    from paraxis.runtime.heartbeat import start_heartbeat
+    from paraxis.runtime.nan_policy import NumericalFault
 
     cfg.check()
     model_cfg = load_model_config(cfg.model)
@@ -124,7 +163,8 @@ def run_training(cfg: TrainConfig) -> list[dict]:
 
     device = pick_device(cfg.device)
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
-    rank, world = init_distributed(device)
+    rank, world = init_distributed(device, cfg.timeout_s)
+    clean = False  # whether every rank can still meet at the shutdown barrier
     try:
         layout = cfg.layout.validate(world, model_cfg, cfg.global_batch, cfg.seq_len)
         data = TokenData.load(cfg.data, cfg.data_dtype, cfg.tokenizer)
@@ -136,11 +176,25 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         if report is not None and not cfg.quiet:
             states = ", ".join(f"{k} {v:,} B" for k, v in report().items())
             print(f"rank {rank} model states: {states}", file=sys.stderr, flush=True)
-        start_step = _resume(cfg, engine, model_cfg, rank)
-        return _loop(cfg, engine, data, groups, device, rank, model_cfg, start_step)
+        if cfg.metrics_file and rank == 0:
+            Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+        heartbeat = start_heartbeat(rank, world, cfg.timeout_s)
+        try:
+            start_step = _resume(cfg, engine, model_cfg, rank)
+            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, start_step)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+        clean = True
+        return records
+    except NumericalFault:
+        clean = True  # every rank stops at the same step (nan_policy.py)
+        raise
     finally:
+        # After any other failure some rank may be gone or stuck: a barrier would only wait
+        # out the timeout, so the process just exits.
         if not joined:
-            shutdown_distributed()
+            shutdown_distributed(clean)
 
 
 def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
@@ -205,7 +259,11 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
     from paraxis.metrics import MetricsSink, device_peak_flops, max_over_ranks, peak_memory_bytes
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
+    from paraxis.runtime import faults
+    from paraxis.runtime.nan_policy import NumericalFault, nonfinite, skip_message, stop_message
+    from paraxis.runtime.watchdog import WATCH
 
+    fault = faults.from_env()  # None unless a reliability test breaks the run on purpose
     layout = groups.layout
     tokens_per_step = cfg.global_batch * cfg.seq_len
     peak_flops = device_peak_flops(device, cfg.peak_tflops, cfg.hardware)
@@ -221,13 +279,25 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
     with Progress(cfg.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
         for step in range(start_step, cfg.steps):
             started = time.perf_counter()
+            WATCH.begin_step(step)
+            if fault is not None:
+                fault.before_step(step, rank, engine.model)
             x, y = _dp_share(data.batch(step, cfg.global_batch, cfg.seq_len, cfg.seed), cfg,
                              groups, device)
             lr = learning_rate(step, cfg)
             loss = engine.forward_backward(x, y)
             grad_norm = engine.clip_grad_norm(cfg.grad_clip)
-            engine.optimizer_step(lr)
+            # The NaN policy (runtime/nan_policy.py): every rank reaches the same verdict, and
+            # a non-finite step never reaches the weights.
+            problem = nonfinite(loss, grad_norm, engine.skipped_overflow())
+            if problem and cfg.on_nan == "stop":
+                raise NumericalFault(stop_message(step, problem))
+            if problem is None:
+                engine.optimizer_step(lr)
+            elif rank == 0:
+                print(skip_message(step, problem), file=sys.stderr, flush=True)
             engine.zero_grad()
+            # From here on the weights hold good steps only: the place to save a checkpoint.
             step_time = time.perf_counter() - started
             tokens_per_s = tokens_per_step / step_time
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -241,6 +311,8 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
                 record["peak_mem_bytes_max_rank"] = max_over_ranks(record["peak_mem_bytes"])
             if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
                 record["val_loss"] = _evaluate(cfg, engine, data, groups, device)
+            if problem:
+                record["skipped"] = problem
             records.append(record)
             if sink:
                 sink.write(record)
@@ -282,13 +354,16 @@ def _save_trace(engine, path: Path, rank: int) -> None:  # noqa: ANN001
     writes it), for the report's measured timeline. Only pipeline engines record actions."""
     import torch.distributed as dist
 
+    from paraxis.runtime.watchdog import WATCH
+
     executor = getattr(engine, "executor", None)
     if executor is None:
         return
     events = list(executor.trace)
     if dist.is_initialized():
         gathered: list = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object(events, gathered, dst=0)
+        with WATCH.waiting("gather_object"):
+            dist.gather_object(events, gathered, dst=0)
         events = [e for part in (gathered or []) for e in part]
     if rank == 0:
         from paraxis.viz.trace import write_chrome_trace
@@ -330,7 +405,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-every", type=int, default=d.log_every)
     add("--quiet", action="store_true", help="no progress display")
     add("--nproc", type=int, default=d.nproc,
-        help="launch this many ranks here (elastic launcher); under torchrun leave it out")
+        help="launch this many ranks here; under torchrun leave it out")
+    add("--rdzv-host", default="127.0.0.1",
+        help="address the --nproc launcher's store listens on (default: loopback only)")
     add("--bucket-mb", type=float, default=d.bucket_mb, help="DP gradient bucket size (MiB)")
     add("--checkpoint-dir", default=None, help="save sharded checkpoints here (step-N/)")
     add("--checkpoint-every", type=int, default=d.checkpoint_every,
@@ -355,6 +432,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add("--resume", default=None,
         help="checkpoint dir (or a dir of them: the latest) to continue from; 'auto': the "
              "latest in --checkpoint-dir if there is one")
+    add("--timeout-s", type=float, default=d.timeout_s,
+        help="seconds any collective or message may wait before the run stops, naming it")
+    add("--on-nan", default=d.on_nan, choices=("stop", "skip"),
+        help="a NaN/inf loss or gradient stops the run (default) or skips that step")
     add_layout_arguments(parser)
 
 
@@ -408,9 +489,9 @@ add_arguments = add_train_arguments  # the `paraxis train` subcommand
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m paraxis.train` (what torchrun runs on every rank)."""
-    from paraxis.cli import run_guarded
+    from paraxis.cli import OneLineParser, run_guarded
 
-    parser = argparse.ArgumentParser(prog="paraxis.train", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="paraxis.train", description=__doc__.splitlines()[0])
     add_train_arguments(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
@@ -419,19 +500,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if cfg.metrics_file:
-        Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from paraxis.data_parallel.launch import launch
+    launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    if cfg.nproc > 1 and not launched:
+        from paraxis.data import TokenData
+        from paraxis.data_parallel.launch import launch, warn_if_oversubscribed
         from paraxis.model_config import load_model_config
 
         if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
             cfg.layout = cfg.layout.replace(dp=cfg.nproc)
-        cfg.check()  # bad input fails here, in one line, not in N tracebacks
-        cfg.layout.validate(cfg.nproc, load_model_config(cfg.model), cfg.global_batch,
-                            cfg.seq_len)
-        launch(cfg, cfg.nproc, max_restarts=cfg.max_restarts)
+        # Bad input fails here, in one line, not in N tracebacks.
+        cfg.check()
+        model_cfg = load_model_config(cfg.model)
+        cfg.layout.validate(cfg.nproc, model_cfg, cfg.global_batch, cfg.seq_len)
+        TokenData.load(cfg.data, cfg.data_dtype, cfg.tokenizer).check(model_cfg.vocab_size,
+                                                                      cfg.seq_len)
+        warn_if_oversubscribed(cfg.nproc, cfg.device)
+        launch(cfg, cfg.nproc, host=getattr(args, "rdzv_host", "127.0.0.1"),
+               debug=getattr(args, "debug", False), max_restarts=cfg.max_restarts)
         return 0
+    if not launched and cfg.layout.world_size > 1:
+        lay, n = cfg.layout, cfg.layout.world_size
+        raise ParaxisError(f"dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = {n} ranks but this is one "
+                           f"process; add --nproc {n} (or start it with torchrun "
+                           f"--nproc-per-node {n})")
     run_training(cfg)
     return 0
 

@@ -39,6 +39,7 @@ from paraxis.runtime.params import (
     is_tp_sharded,
     local_norm_squares,
 )
+from paraxis.runtime.watchdog import WATCH
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
 
@@ -105,7 +106,7 @@ class DataParallelEngine(LocalEngine):
         if self.dp_group is None:
             return
         source = dist.get_global_rank(self.dp_group, 0)
-        with torch.no_grad():
+        with torch.no_grad(), WATCH.waiting("broadcast", self.dp_group):
             for p in params:
                 dist.broadcast(p.data, src=source, group=self.dp_group)
 
@@ -140,7 +141,8 @@ class DataParallelEngine(LocalEngine):
         value = torch.tensor([loss], dtype=torch.float64)
         if self.device.type == "cuda":
             value = value.to(self.device)
-        dist.all_reduce(value, group=self.dp_group)
+        with WATCH.waiting("all_reduce", self.dp_group):
+            dist.all_reduce(value, group=self.dp_group)
         return float(value) / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
@@ -178,6 +180,9 @@ class DataParallelEngine(LocalEngine):
                 buffer.mul_(factor)
         return norm
 
+    def skipped_overflow(self) -> bool:
+        return self._skip_step
+
     def optimizer_step(self, lr: float) -> None:
         if self._skip_step:  # fp16 overflow: this step's gradients are not usable
             self._skip_step = False
@@ -192,8 +197,9 @@ class DataParallelEngine(LocalEngine):
             # The shard is copied first: an all-gather's input must not alias its output.
             works = [all_gather(unit.param_full, unit.param_shard.clone(), self.dp_group)
                      for unit in self.units]
-            for work in works:
-                work.wait()
+            with WATCH.waiting("all_gather", self.dp_group):
+                for work in works:
+                    work.wait()
 
     def zero_grad(self) -> None:
         self.reducer.zero()

@@ -28,6 +28,7 @@ from paraxis.pipeline_parallel.stage import StageModule, TiedEmbedding, build_st
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.params import global_norm_squared, local_norm_squares
+from paraxis.runtime.watchdog import WATCH
 from paraxis.schedules import build_schedule, forward_only, validate
 
 
@@ -98,7 +99,8 @@ class PipelineEngine(LocalEngine):
                                  backward_context=self._backward_context)
         self.finish_grad_sync()
         # Only the last stage computed the loss: it tells the rest of its pipeline.
-        dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
+        with WATCH.waiting("broadcast", self.groups.pp_group):
+            dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
         return self.reduce_loss(float(loss))
 
     @torch.no_grad()
@@ -138,6 +140,9 @@ class PipelineEngine(LocalEngine):
         if self.data_parallel is not None:
             return self.data_parallel.clip_grad_norm(max_norm)
         return super().clip_grad_norm(max_norm)
+
+    def skipped_overflow(self) -> bool:
+        return self.data_parallel is not None and self.data_parallel.skipped_overflow()
 
     def optimizer_step(self, lr: float) -> None:
         if self.data_parallel is not None:

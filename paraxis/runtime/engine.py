@@ -97,6 +97,11 @@ class LocalEngine:
                         p.grad.mul_(scale)
         return norm
 
+    def skipped_overflow(self) -> bool:
+        """True when fp16 loss scaling found inf/NaN gradients this step and skips the
+        update itself (an expected event, not a numerical fault)."""
+        return False
+
     def optimizer_step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr

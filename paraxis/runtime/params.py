@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.watchdog import WATCH
 
 
 def is_tp_sharded(param: torch.Tensor) -> bool:
@@ -41,12 +42,15 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
     total = replicated_sq.float().clone()
     sharded = tp_sharded_sq.float().clone()
     if groups is not None and groups.tp_group is not None:
-        dist.all_reduce(sharded, group=groups.tp_group)
+        with WATCH.waiting("all_reduce", groups.tp_group):
+            dist.all_reduce(sharded, group=groups.tp_group)
     total += sharded
     if groups is not None and grads_sharded_over_dp and groups.dp_group is not None:
-        dist.all_reduce(total, group=groups.dp_group)
+        with WATCH.waiting("all_reduce", groups.dp_group):
+            dist.all_reduce(total, group=groups.dp_group)
     if groups is not None and groups.pp_group is not None:
-        dist.all_reduce(total, group=groups.pp_group)
+        with WATCH.waiting("all_reduce", groups.pp_group):
+            dist.all_reduce(total, group=groups.pp_group)
     return total
 
 

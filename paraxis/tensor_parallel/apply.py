@@ -34,6 +34,7 @@ from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.params import is_tp_sharded
+from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 from paraxis.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -254,7 +255,8 @@ def gather_full(tensor: torch.Tensor, param: torch.Tensor, group: dist.ProcessGr
     if group is None or not is_tp_sharded(param):
         return tensor.detach().clone()
     pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
+    with WATCH.waiting("all_gather", group):
+        dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
     return torch.cat(pieces, dim=param.tp_shard_dim)
 
 
