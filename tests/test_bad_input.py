@@ -4,7 +4,7 @@ Every row must give exactly one line on stderr (`paraxis: error: ...`) naming th
 a fix, a non-zero exit code, no traceback, and leave every file in its folder as it was. Rows
 marked SUB run `python -m paraxis` in a subprocess (what proves "no traceback, non-zero exit"
 end to end); the rest call `paraxis.cli.main` in-process, the same code without the ~3 s
-start-up. Checkpoint rows are added with the checkpoint code.
+start-up. The checkpoint rows resume from copies of one real checkpoint, each damaged in one way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,33 @@ TRAIN = ["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch"
          "--device", "cpu"]
 
 # (id, argv, what the message says, the fix it suggests, subprocess?)
+GOOD = "ckpt/step-00000001"
 ROWS: list[tuple[str, list[str], str, str, bool]] = [
+    # --- checkpoints
+    ("resume-missing", [*TRAIN, "--resume", "nowhere"], "checkpoint nowhere does not exist",
+     "give a step-N directory", False),
+    ("resume-truncated-shard", [*TRAIN, "--steps", "2", "--resume", "truncated"],
+     "rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint", SUB),
+    ("resume-corrupt-shard", [*TRAIN, "--steps", "2", "--resume", "corrupt"],
+     "rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint", False),
+    ("resume-newer-format", [*TRAIN, "--steps", "2", "--resume", "newer"],
+     "format version 99, newer than this paraxis reads", "upgrade paraxis", False),
+    ("resume-other-model", [*TRAIN, "--steps", "2", "--model", "tiny-llama", "--resume", GOOD],
+     "holds a different model", "--model set to the checkpoint's model", SUB),
+    ("resume-escaping-manifest", [*TRAIN, "--steps", "2", "--resume", "escaping"],
+     "outside the checkpoint directory", "refusing to read it", False),
+    ("resume-unfinished-save", [*TRAIN, "--steps", "2", "--resume", "ckpt/step-00000002.tmp"],
+     "has no manifest.json", "point at a step-N directory", False),
+    ("resume-at-last-step", [*TRAIN, "--resume", GOOD], "is at step 1, not before --steps 1",
+     "raise --steps", False),
+    ("resume-and-init-from", [*TRAIN, "--resume", GOOD, "--init-from", GOOD], "not both",
+     "give --resume", False),
+    ("restarts-without-checkpoints", [*TRAIN, "--max-restarts", "2"],
+     "--max-restarts needs --checkpoint-dir", "resumes from", False),
+    ("convert-impossible-layout", ["checkpoint", "convert", GOOD, "out", "--layout", "tp=3"],
+     "not divisible by tp=3", "choose tp among 1, 2, 4", SUB),
+    ("info-not-a-checkpoint", ["checkpoint", "info", "a_folder"], "no complete checkpoint",
+     "step-N", False),
     # --- the command line itself
     ("not-an-int", [*TRAIN, "--steps", "abc"], "invalid int value: 'abc'", "--help", SUB),
     ("unknown-command", ["trian"], "invalid choice: 'trian'", "choose from", SUB),
@@ -150,7 +176,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("data-wrong-dtype", [*TRAIN, "--data", "tokens_u16.bin", "--data-dtype", "uint32"],
      "holds token id", "check --data-dtype", False),
     ("data-ids-over-vocab", [*TRAIN, "--data", "big_ids.bin"], "holds token id 300",
-     "check --data-dtype or choose a matching model", False),
+     "check --data-dtype or --tokenizer", False),
     ("data-folder-without-text", [*TRAIN, "--data", "a_folder"], "holds no .txt/.md/.py",
      "put text files in it", False),
     ("data-too-short", [*TRAIN, "--data", "tiny.txt"], "too few for seq_len 32",
@@ -182,6 +208,34 @@ def make_inputs(folder: Path) -> None:
     (folder / "tiny.txt").write_text("x")
     (np.arange(6000) % 200).astype(np.uint16).tofile(folder / "tokens_u16.bin")
     np.array([1, 2, 300] * 2000, dtype=np.uint16).tofile(folder / "big_ids.bin")
+    make_checkpoints(folder)
+
+
+def make_checkpoints(folder: Path) -> None:
+    """One real checkpoint (tiny model, one step), and copies damaged one way each."""
+    import json
+    import shutil
+
+    from paraxis.train import TrainConfig, run_training
+
+    run_training(TrainConfig(model="tiny", steps=1, global_batch=4, seq_len=32, quiet=True,
+                             device="cpu", checkpoint_dir=str(folder / "ckpt")))
+    good = folder / GOOD
+    shutil.copytree(good, folder / "ckpt" / "step-00000002.tmp")
+    (folder / "ckpt" / "step-00000002.tmp" / "manifest.json").unlink()
+    for name in ("truncated", "corrupt", "newer", "escaping"):
+        shutil.copytree(good, folder / name / good.name)
+    shard = "rank-00000.safetensors"
+    data = (good / shard).read_bytes()
+    (folder / "truncated" / good.name / shard).write_bytes(data[:len(data) // 2])
+    flipped = bytearray(data)
+    flipped[-3] ^= 0xFF
+    (folder / "corrupt" / good.name / shard).write_bytes(bytes(flipped))
+    for name, change in (("newer", {"version": 99}),
+                         ("escaping", {"files": {"../../etc/passwd": {"sha256": "0",
+                                                                      "bytes": 1}}})):
+        path = folder / name / good.name / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -78,7 +78,7 @@ def check_model(manifest: dict[str, Any], model: dict[str, Any], directory: Path
     if differ:
         details = ", ".join(f"{k} {saved.get(k)} vs {model.get(k)}" for k in differ[:4])
         raise ParaxisError(f"checkpoint {directory} holds a different model ({details}); "
-                           "use the checkpoint's own model or convert it")
+                           "train with --model set to the checkpoint's model (or its directory)")
 
 
 def resolve(path: str | Path) -> Path:
@@ -87,7 +87,8 @@ def resolve(path: str | Path) -> Path:
     if (path / MANIFEST).is_file():
         return path
     if not path.is_dir():
-        raise ParaxisError(f"checkpoint {path} does not exist")
+        raise ParaxisError(f"checkpoint {path} does not exist; give a step-N directory or the "
+                           "directory that holds them")
     if STEP_DIR.match(path.name.removesuffix(".tmp")):
         read_manifest(path)  # raises: a step directory without its manifest
     found = complete_checkpoints(path)
