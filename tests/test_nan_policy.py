@@ -117,3 +117,15 @@ def test_every_rank_skips_the_same_step(tmp_path, monkeypatch, layout, fault):
     for a, b in zip(launched, single, strict=True):
         if "skipped" not in a:
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_a_stopped_run_keeps_only_good_checkpoints(monkeypatch, tmp_path):
+    from paraxis.checkpoint import complete_checkpoints, read_full_state
+
+    with pytest.raises(NumericalFault, match="step 3"):
+        train(monkeypatch, "nan:step=3", steps=6, on_nan="stop", checkpoint_every=1,
+              checkpoint_dir=str(tmp_path))
+    # Steps 0-2 were good (checkpoints 1-3); step 3 was NaN and never reached a save.
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2, 3]
+    _, params = read_full_state(tmp_path)
+    assert all(torch.isfinite(t).all() for t in params.values())
