@@ -38,6 +38,7 @@ from paraxis.runtime.params import (
     is_pp_duplicate,
     is_tp_sharded,
     local_norm_squares,
+    norm_squared,
 )
 from paraxis.runtime.watchdog import WATCH
 
@@ -150,16 +151,11 @@ class DataParallelEngine(LocalEngine):
             sharded, replicated = local_norm_squares(list(self.model.parameters()))
             return global_norm_squared(sharded, replicated, self.groups, False)
         # ZeRO-2/3: each rank holds a disjoint piece of every gradient; padding is left out.
-        sharded = torch.zeros((), device=self.device)
-        replicated = torch.zeros((), device=self.device)
-        for piece, master in self.pieces:
-            if is_pp_duplicate(piece.param):
-                continue
-            square = master.grad.detach().float().pow(2).sum()
-            if is_tp_sharded(piece.param):
-                sharded += square
-            else:
-                replicated += square
+        live = [(piece, master) for piece, master in self.pieces
+                if not is_pp_duplicate(piece.param)]
+        sharded = norm_squared([m.grad for p, m in live if is_tp_sharded(p.param)], self.device)
+        replicated = norm_squared([m.grad for p, m in live if not is_tp_sharded(p.param)],
+                                  self.device)
         return global_norm_squared(sharded, replicated, self.groups, True)
 
     def clip_grad_norm(self, max_norm: float) -> float:

@@ -44,7 +44,8 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
               {"params": no_decay, "weight_decay": 0.0}]
     # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
     groups = [g for g in groups if g["params"]] or [{"params": [], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=False)
+    # foreach: see make_adamw (same per-element math as the single-tensor loop).
+    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
     return optimizer, pieces
 
 
