@@ -77,3 +77,28 @@ def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
     assert sorted(got) == sorted(expected)
     for name in expected:
         assert torch.equal(got[name], expected[name]), f"{name} ({context})"
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(tmp_path):
+    """The same under torchrun's own --max-restarts: each restarted attempt must get fresh
+    process-group keys in the agent's store (runtime/distributed.py), or it cannot connect."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def torchrun(root: Path, *extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", *extra,
+                   "-m", "paraxis.train", "--dp", "2", "--zero", "1", "--model", "tiny",
+                   "--steps", "6", "--global-batch", "4", "--seq-len", "32",
+                   "--checkpoint-dir", str(root), "--checkpoint-every", "2", "--quiet"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)
+
+    straight = torchrun(tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    env["PARAXIS_FAULT"] = "kill:rank=1,step=3"
+    restarted = torchrun(tmp_path / "restarted", "--max-restarts", "1")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "exitcode: -9" in restarted.stderr  # the fault really fired (SIGKILL)
+    expected = read_full_state(tmp_path / "straight", KINDS)[1]
+    got = read_full_state(tmp_path / "restarted", KINDS)[1]
+    assert all(torch.equal(got[name], expected[name]) for name in expected)

@@ -5,6 +5,8 @@
     PARAXIS_FAULT="nan:step=3"           the token embedding's output is NaN on step 3, on
     PARAXIS_FAULT="nan:step=3,rank=1"    every rank or on one: the loss and every gradient
                                          downstream become NaN, as an overflow makes them
+    PARAXIS_FAULT="kill:rank=1,step=3"   rank 1 SIGKILLs itself before step 3, in the first
+                                         attempt only (a restarted run goes through)
 
 Read once when the loop starts; unset (every real run) it costs one comparison per step. The
 faults act through the real model and collectives, so what the tests see (a timeout naming
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +25,7 @@ from torch import nn
 
 from paraxis.errors import ParaxisError
 
-KINDS = ("hang", "nan")
+KINDS = ("hang", "nan", "kill")
 
 
 @dataclass
@@ -41,6 +44,10 @@ class Fault:
         if self.kind == "hang":
             while True:  # a stalled rank: only the watchdog or the launcher ends it
                 time.sleep(3600)
+        if self.kind == "kill":
+            if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+                os.kill(os.getpid(), signal.SIGKILL)  # a lost node: no handler, no goodbye
+            return
         for name, module in model.named_modules():
             if name.rsplit(".", 1)[-1] == "tok_emb":
                 self._hooks.append(module.register_forward_hook(_poison))
@@ -62,5 +69,5 @@ def from_env() -> Fault | None:
         options = {}
     if kind not in KINDS or "step" not in options or set(options) - {"step", "rank"}:
         raise ParaxisError(f"PARAXIS_FAULT={text!r} is not a fault; write e.g. "
-                           "'hang:rank=2,step=1' or 'nan:step=3' (kinds: hang, nan)")
+                           "'hang:rank=2,step=1' or 'nan:step=3' (kinds: hang, nan, kill)")
     return Fault(kind, options["step"], options.get("rank"))
