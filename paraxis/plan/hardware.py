@@ -14,12 +14,20 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "matmul_efficiency": 0.6,           # achieved fraction of peak_flops in training GEMMs
       "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
+      "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
+      "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
-      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5
+      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
+      "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
+      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
 Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
+"collectives" holds measured fits, `[op][ranks on the node][group size]` (op: all_reduce,
+all_gather, reduce_scatter, send_recv), which price a group inside a node in place of the
+generic link; `paraxis calibrate` writes them. "schema" and "calibration" (the raw
+measurements of a calibration) are read and ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
@@ -46,6 +54,12 @@ class GPU:
     matmul_efficiency: float = 0.6
     link_efficiency: float = 0.8
     hbm_efficiency: float = 0.8
+    # The attention core (softmax(QK^T)V, a FlashAttention-style kernel) runs at its own rate;
+    # 0 prices it like the GEMMs (peak x matmul_efficiency). A calibration measures it.
+    attention_flops: float = 0.0
+    # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
+    # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
+    kernels: str = "fused"
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
@@ -69,11 +83,28 @@ class Cluster:
     inter_node_bandwidth_Bps: float = 25e9
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 1e-5
+    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs).
+    cores_per_node: int = 0
+    # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
+    collectives: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ParaxisError(f"a cluster needs at least one GPU (nodes={self.nodes}, "
                                f"gpus_per_node={self.gpus_per_node}); give --gpus >= 1")
+        if self.cores_per_node < 0:
+            raise ParaxisError(f"cores_per_node={self.cores_per_node} must be >= 0 (0: every "
+                               "rank has its own device)")
+        if self.gpu.kernels not in ("fused", "eager"):
+            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+
+    @property
+    def compute_share(self) -> float:
+        """Fraction of one core (one device) each rank computes with: ranks beyond the cores
+        time-share them, min(1, cores / ranks per node); 1 where ranks own their device."""
+        if not self.cores_per_node:
+            return 1.0
+        return min(1.0, self.cores_per_node / self.gpus_per_node)
 
     @property
     def world_size(self) -> int:
@@ -95,6 +126,7 @@ def get_gpu(name: str) -> GPU:
 
 _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu"}
+_METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself
 
 
 def load_hardware_file(path: str | Path) -> dict[str, object]:
@@ -113,6 +145,8 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
             flat.update(value)
         else:
             flat[key] = value
+    for key in _METADATA_KEYS:
+        flat.pop(key, None)
     known = _GPU_KEYS | _CLUSTER_KEYS | {"gpu"}
     unknown = sorted(set(flat) - known)
     if unknown:

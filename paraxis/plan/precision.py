@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes each parameter costs in parameters, gradients and optimizer states."""
+    """Bytes each parameter costs in parameters, gradients and optimizer states, and bytes
+    per element of the activations the step computes in."""
 
     param_bytes: float
     grad_bytes: float
     optimizer_bytes: float
+    activation_bytes: float = 2  # bf16/fp16 compute; 4 for fp32
 
     @property
     def total_bytes(self) -> float:
@@ -22,4 +24,4 @@ class Precision:
 # momentum and variance (K = 12): the "16 P" rule.
 MIXED_ADAM = Precision(2, 2, 12)
 # Plain fp32 Adam: fp32 params and grads, momentum and variance (4+4+8).
-FP32_ADAM = Precision(4, 4, 8)
+FP32_ADAM = Precision(4, 4, 8, activation_bytes=4)

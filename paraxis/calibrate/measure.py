@@ -1,0 +1,227 @@
+"""What `paraxis calibrate` times on one rank: GEMMs, the attention core, elementwise kernels,
+and (on every rank of a group) the collectives the runtime issues.
+
+Every figure is an achieved rate at the shapes a training step uses, never a datasheet peak:
+the planner prices a step with them at an efficiency of 1.0. Times are medians over repeats
+after a warm-up, in the dtype the runtime computes in (fp32 on CPU, bf16 on GPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from paraxis.model_config import ModelConfig
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeats: int = 5,
+                warmup: int = 2) -> float:
+    """Median seconds of one call of `fn` (the device synchronised around each call).
+
+    On a CPU the clock is this thread's CPU time: the rank computes with one thread, and a
+    core's rate is what we want, not how often other processes on a shared machine took the
+    core away (the planner models sharing between our own ranks itself, cost.py).
+    """
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        started = clock()
+        fn()
+        _sync(device)
+        times.append(clock() - started)
+    return statistics.median(times)
+
+
+def gemm_shapes(cfg: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
+    """(M, K, N) of one layer's GEMMs and the LM head at `tokens` rows: the forward X W of
+    each weight (q, k, v, o, the MLP's, the head) and its two backward products
+    (dX = dY W^T, dW = X^T dY)."""
+    d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
+    weights = [(d, d), (d, kv), (d, kv), (d, d), (d, ff), (ff, d), (d, cfg.vocab_size)]
+    if cfg.style == "llama":
+        weights.append((d, ff))  # SwiGLU's gate
+    shapes = []
+    for k, n in weights:
+        shapes += [(tokens, k, n), (tokens, n, k), (k, tokens, n)]
+    return shapes
+
+
+def matmul_rate(shapes: list[tuple[int, int, int]], device: torch.device,
+                dtype: torch.dtype, repeats: int = 5) -> dict:
+    """Achieved FLOP/s over `shapes`: total FLOPs / total median time (a time-weighted mean,
+    as a training step weighs them), and the rate of each shape."""
+    total_flops = total_s = 0.0
+    per_shape = []
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        seconds = median_time(lambda a=a, b=b: a @ b, device, repeats)
+        flops = 2.0 * m * k * n  # one multiply-add per (m, k, n)
+        total_flops, total_s = total_flops + flops, total_s + seconds
+        per_shape.append({"shape": [m, k, n], "flops_per_s": flops / seconds})
+    return {"flops_per_s": total_flops / total_s, "shapes": per_shape}
+
+
+def attention_rate(batch: int, heads: int, seq_len: int, head_dim: int, device: torch.device,
+                   dtype: torch.dtype, repeats: int = 3) -> float:
+    """Achieved FLOP/s of the causal attention core (SDPA), forward + backward, counted as the
+    planner counts it: 4 s h FLOPs per token forward (Narayanan et al. 2021 App.), 3x that
+    with the backward, so planner FLOPs / this rate is the measured time."""
+    shape = (batch, heads, seq_len, head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    grad = torch.ones(shape, device=device, dtype=dtype)
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    seconds = median_time(step, device, repeats)
+    return 3 * 4.0 * seq_len * heads * head_dim * batch * seq_len / seconds
+
+
+def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                          dtype: torch.dtype, repeats: int = 5) -> float:
+    """Achieved bytes/s of a layer's eager elementwise kernels, forward + backward, counted as
+    the planner counts them (`layer_forward_traffic_per_token_eager`, 3x with the backward).
+
+    Runs exactly the non-GEMM ops of a paraxis.model block at training shapes: the norms
+    (make_norm), rotary and grouped-head repeat (Llama), heads back to rows, the residual
+    adds and the MLP activation, through autograd. A single mul/add kernel would overstate
+    the rate: reductions, broadcasts, copies and the backward's accumulation are slower per
+    byte, and they are what a step runs.
+    """
+    from paraxis.model import make_norm, rotary
+    from paraxis.plan.compute import layer_forward_traffic_per_token_eager
+
+    tokens, h = batch * seq_len, cfg.d_model
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+
+    norms = [make_norm(cfg).to(device=device, dtype=dtype) for _ in range(2)]
+    x, y = leaf(batch, seq_len, h), leaf(batch, seq_len, h)
+    heads = leaf(batch, cfg.n_heads, seq_len, cfg.head_dim)
+    up, gate = leaf(batch, seq_len, cfg.d_ff), leaf(batch, seq_len, cfg.d_ff)
+    kv = [leaf(batch, cfg.n_kv_heads, seq_len, cfg.head_dim) for _ in range(2)]
+
+    def layer() -> None:
+        outs = [norms[0](x), norms[1](y), x + y, x + y,
+                heads.transpose(1, 2).reshape(batch, seq_len, h)]
+        if cfg.style == "llama":
+            outs += [rotary(heads, cfg.rope_theta), rotary(kv[0], cfg.rope_theta),
+                     F.silu(gate) * up]
+            if cfg.n_kv_heads != cfg.n_heads:
+                repeat = cfg.n_heads // cfg.n_kv_heads
+                outs += [t.repeat_interleave(repeat, dim=1) for t in kv]
+        else:
+            outs.append(F.gelu(up, approximate="tanh"))
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+    seconds = median_time(layer, device, repeats)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize * tokens / seconds
+
+
+# ----------------------------------------------------------------------- collectives
+
+
+def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: torch.device,
+                dtype: torch.dtype) -> Callable[[], None]:
+    """One call of `op` on a message of `numel` elements over `group`, as the runtime issues
+    it (the flat-buffer forms of paraxis.data_parallel.flat and paraxis.tensor_parallel)."""
+    size = dist.get_world_size(group)
+    full = torch.ones(numel, device=device, dtype=dtype)
+    shard = torch.ones(numel // size, device=device, dtype=dtype)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full, group=group)
+    if op == "all_gather":
+        return lambda: dist.all_gather_single(full, shard, group=group)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(shard, full, group=group)
+    incoming = torch.empty_like(full)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+    me = ranks.index(dist.get_rank())
+    right, left = ranks[(me + 1) % size], ranks[(me - 1) % size]
+
+    def send_recv() -> None:
+        # Every rank sends to its right neighbour and receives from its left one, at once:
+        # the stage-boundary traffic of a pipeline in its steady state.
+        ops = [dist.P2POp(dist.isend, full, right), dist.P2POp(dist.irecv, incoming, left)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return send_recv
+
+
+def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: int,
+                      batch_s: float) -> float:
+    """Median over `repeats` batches of seconds per call, the slowest rank's.
+
+    A batch is k back-to-back calls after a barrier, k chosen (the same on every rank) so a
+    batch lasts about `batch_s`: one call would mostly time how late each rank leaves the
+    barrier, which on a time-shared CPU is a scheduler quantum, not the collective.
+    """
+    call()  # warm-up: connections, buffers
+    _sync(device)
+    started = time.perf_counter()
+    call()
+    _sync(device)
+    first = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    calls = max(1, min(50, round(batch_s / max(first.item(), 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        _sync(device)
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        _sync(device)
+        samples.append((time.perf_counter() - started) / calls)
+    slowest = torch.tensor(samples, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
+
+
+def collective_times(ops: list[str], sizes_bytes: list[int], group_sizes: list[int],
+                     device: torch.device, dtype: torch.dtype, repeats: int = 5,
+                     batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
+    """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.
+
+    The world is split into groups of each size (neighbouring ranks, as a TP group is), all
+    of them running the collective at once, as every group of a layout's axis does: on a
+    CPU the ranks share its cores, so a group's time depends on the whole world. Message
+    sizes are rounded down to equal shards.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    times: dict[str, dict[str, list[list[float]]]] = {op: {} for op in ops}
+    for n in group_sizes:
+        group = None
+        if n < world:  # new_group is collective: every rank creates every group, in order
+            for first in range(0, world, n):
+                created = dist.new_group(list(range(first, first + n)))
+                if first <= rank < first + n:
+                    group = created
+        for op in ops:
+            points = []
+            for size in sizes_bytes:
+                numel = max(n, size // itemsize // n * n)
+                call = _collective(op, numel, group, device, dtype)
+                points.append([float(numel * itemsize),
+                               _seconds_per_call(call, device, repeats, batch_s)])
+            times[op][str(n)] = points
+    return times
