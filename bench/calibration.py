@@ -15,7 +15,7 @@ PROFILE_NAME = "hardware-profile.json"
 def run(quick: bool, log=print) -> dict:  # noqa: ANN001
     if quick:
         return calibrate([2], [16 * 1024, 256 * 1024], "tiny-llama", tokens=256, seq_len=32,
-                         repeats=2, device="cpu", log=log)
+                         repeats=2, device="cpu", busy_s=0.5, log=log)
     return calibrate([2, 4, 8], [kb * 1024 for kb in (16, 128, 1024, 4096)], "small-llama",
                      tokens=2048, seq_len=128, repeats=5, device="cpu", log=log)
 
@@ -30,8 +30,11 @@ def render(profile: dict) -> str:
         f"`paraxis calibrate` ({cal.get('seconds', 0):.0f} s, {cal.get('date', '?')}, load "
         f"average {load} while it ran) wrote `{PROFILE_NAME}`. One planner \"GPU\" is one "
         f"{cal['device']['type']} rank ({cal['device'].get('model', gpu['name'])}, "
-        f"{compute['dtype']}, one thread); {cluster['cores_per_node']} cores are shared by "
-        "the ranks of the node. Rates are achieved ones at the model's shapes "
+        f"{compute['dtype']}, one thread). The ranks of the node share its "
+        f"{cal['device'].get('cores', '?')} cores, of which they got "
+        f"{cluster['cores_per_node']:.2f} while calibrating (one busy rank per core for 2 s; "
+        "other processes on a shared machine take the rest): the planner divides those among "
+        "the ranks. Rates are achieved ones at the model's shapes "
         f"({compute['shapes_from']['model']}, {compute['shapes_from']['tokens']} tokens), "
         "used at efficiency 1.0.",
         "",

@@ -39,7 +39,7 @@ LAYOUTS = [
     "dp=2,tp=2,pp=2,zero=1,microbatches=4,schedule=1f1b",
     "dp=8",
 ]
-QUICK_LAYOUTS = ["dp=1", "dp=2,zero=3", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
+QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
 def setting(quick: bool) -> dict:

@@ -89,6 +89,13 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> d
     return collective_times(OPS, sizes_bytes, groups, device, _dtype(device), repeats)
 
 
+def busy_body(seconds: float) -> float:
+    """Runs on every rank, one per core: the share of a core this rank got."""
+    from paraxis.calibrate.measure import busy_share
+
+    return busy_share(seconds)
+
+
 def _device_description(device_type: str, max_ranks: int) -> dict:
     if device_type == "cuda":
         import torch
@@ -114,7 +121,7 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
 
 def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llama",
               tokens: int = 2048, seq_len: int = 128, repeats: int = 5,
-              device: str = "auto", log=print) -> dict:  # noqa: ANN001
+              device: str = "auto", busy_s: float = 2.0, log=print) -> dict:  # noqa: ANN001
     """Measure and return the profile document (paraxis.calibrate.profile)."""
     from paraxis.calibrate.profile import build_profile
     from paraxis.testing import run_distributed
@@ -132,7 +139,15 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
             continue
         timings[n] = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type),
                                      timeout_s=300, device=device_type)[0]
-    profile = build_profile(_device_description(device_type, max(nproc)), compute, timings)
+    device_info = _device_description(device_type, max(nproc))
+    if device_type == "cpu":
+        # How many cores our ranks get now: on a machine other people share, fewer than it
+        # has. The planner divides these among the ranks (Cluster.cores_per_node).
+        shares = run_distributed(busy_body, device_info["cores"], (busy_s,), timeout_s=60)
+        device_info["available_cores"] = min(float(device_info["cores"]), sum(shares))
+        log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
+            f"to our ranks (one busy rank per core for {busy_s:g} s)")
+    profile = build_profile(device_info, compute, timings)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
             for n, fit in by_group.items():
@@ -169,6 +184,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="collective message sizes in KiB (at least two)")
     add("--repeats", type=int, default=5, help="timed calls per measurement (median kept)")
     add("--device", default="auto", help="auto, cpu or cuda")
+    add("--busy-s", type=float, default=2.0,
+        help="seconds one busy rank per core runs to see how many cores our ranks get (CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,11 +196,13 @@ def run(args: argparse.Namespace) -> int:
                            "latency and bandwidth")
     if args.repeats < 1 or args.tokens < 1 or args.seq_len < 1:
         raise ParaxisError("--repeats, --tokens and --seq-len must be at least 1")
+    if not args.busy_s > 0:
+        raise ParaxisError(f"--busy-s {args.busy_s} must be positive, e.g. 2")
     if args.tokens % args.seq_len:
         raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
                            f"{args.seq_len}")
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
-                        args.device)
+                        args.device, args.busy_s)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")

@@ -2,8 +2,9 @@
 and (on every rank of a group) the collectives the runtime issues.
 
 Every figure is an achieved rate at the shapes a training step uses, never a datasheet peak:
-the planner prices a step with them at an efficiency of 1.0. Times are medians over repeats
-after a warm-up, in the dtype the runtime computes in (fp32 on CPU, bf16 on GPU).
+the planner prices a step with them at an efficiency of 1.0. Kernel times are the best of a
+few repeats after a warm-up, collective times the median of a few batches, in the dtype the
+runtime computes in (fp32 on CPU, bf16 on GPU).
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_time(fn: Callable[[], object], device: torch.device, repeats: int = 5,
-                warmup: int = 2) -> float:
-    """Median seconds of one call of `fn` (the device synchronised around each call).
+def best_time(fn: Callable[[], object], device: torch.device, repeats: int = 5,
+              warmup: int = 2) -> float:
+    """Fastest of `repeats` calls of `fn`, in seconds (the device synchronised around each).
 
-    On a CPU the clock is this thread's CPU time: the rank computes with one thread, and a
-    core's rate is what we want, not how often other processes on a shared machine took the
-    core away (the planner models sharing between our own ranks itself, cost.py).
+    The fastest, not the median: a kernel's rate is what it achieves when nothing else runs,
+    and on a shared machine slower repeats mostly measure the neighbours (cache, a VM's
+    stolen time). On a CPU the clock is this thread's CPU time: a rank computes with one
+    thread, and a core's rate is wanted, not how often other processes took the core away
+    (the planner models the sharing between our own ranks itself, plan/cost.py).
     """
     clock = time.thread_time if device.type == "cpu" else time.perf_counter
     for _ in range(warmup):
@@ -42,7 +45,7 @@ def median_time(fn: Callable[[], object], device: torch.device, repeats: int = 5
         fn()
         _sync(device)
         times.append(clock() - started)
-    return statistics.median(times)
+    return min(times)
 
 
 def gemm_shapes(cfg: ModelConfig, tokens: int) -> list[tuple[int, int, int]]:
@@ -68,7 +71,7 @@ def matmul_rate(shapes: list[tuple[int, int, int]], device: torch.device,
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        seconds = median_time(lambda a=a, b=b: a @ b, device, repeats)
+        seconds = best_time(lambda a=a, b=b: a @ b, device, repeats)
         flops = 2.0 * m * k * n  # one multiply-add per (m, k, n)
         total_flops, total_s = total_flops + flops, total_s + seconds
         per_shape.append({"shape": [m, k, n], "flops_per_s": flops / seconds})
@@ -88,7 +91,7 @@ def attention_rate(batch: int, heads: int, seq_len: int, head_dim: int, device: 
     def step() -> None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-    seconds = median_time(step, device, repeats)
+    seconds = best_time(step, device, repeats)
     return 3 * 4.0 * seq_len * heads * head_dim * batch * seq_len / seconds
 
 
@@ -130,7 +133,7 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
             outs.append(F.gelu(up, approximate="tanh"))
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
-    seconds = median_time(layer, device, repeats)
+    seconds = best_time(layer, device, repeats)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize * tokens / seconds
 
@@ -225,3 +228,20 @@ def collective_times(ops: list[str], sizes_bytes: list[int], group_sizes: list[i
                                _seconds_per_call(call, device, repeats, batch_s)])
             times[op][str(n)] = points
     return times
+
+
+# ------------------------------------------------------------------- shared cores
+
+
+def busy_share(seconds: float) -> float:
+    """Run one thread of GEMMs for `seconds` of wall time; return the CPU seconds it got.
+
+    Run on every core at once, the sum over ranks / wall time is how many cores our ranks
+    actually get: the machine's cores, less what other processes on it are using.
+    """
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    while time.perf_counter() - started < seconds:
+        a @ b
+    return (time.process_time() - cpu_started) / (time.perf_counter() - started)

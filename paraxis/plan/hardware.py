@@ -19,7 +19,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
-      "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
+      "cores_per_node": 0,                # CPU cores the ranks of a node get (0: own devices)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
@@ -83,8 +83,10 @@ class Cluster:
     inter_node_bandwidth_Bps: float = 25e9
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 1e-5
-    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs).
-    cores_per_node: int = 0
+    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs). A
+    # calibration writes the cores its ranks actually got: fewer than the machine has where
+    # other processes use some (a fraction is fine).
+    cores_per_node: float = 0
     # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
     collectives: dict = field(default_factory=dict, compare=False)
 
