@@ -4,6 +4,11 @@ One model, one global batch, one calibrated hardware profile (`paraxis calibrate
 `python -m bench` just before); each layout trains on real ranks (gloo, one thread each)
 through the same engines `paraxis train` builds, and its median step time after warm-up (the
 slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on that profile.
+
+One input is measured again right before each layout: how many cores our ranks get
+(`paraxis.calibrate.command.available_cores`), since on a machine other people share it
+changes from minute to minute; on a quiet machine it is the core count every time. Nothing
+is fitted to a layout's measured time.
 """
 
 from __future__ import annotations
@@ -68,25 +73,43 @@ def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int
     return measure_steps(engine_step(engine, x, y, clip=1.0), steps, warmup)
 
 
-def measure(cfg: ModelConfig, layout: Layout, s: dict) -> float:
-    """Median over repeats of the slowest rank's median step time."""
-    runs = [max(r["step_time_s"] for r in run_distributed(
-        train_body, layout.world_size,
-        (cfg, layout, s["global_batch"], s["seq_len"], s["steps"], s["warmup"]),
-        timeout_s=900)) for _ in range(s["repeats"])]
-    return statistics.median(runs)
+def measure(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float]:
+    """(step seconds, cores used): the median over repeats of the slowest rank's median
+    step time, and of the CPU seconds all ranks used per step over that time (how many
+    cores the run actually had: the profiling figure behind a miss on a shared machine)."""
+    steps, cores = [], []
+    for _ in range(s["repeats"]):
+        per_rank = run_distributed(
+            train_body, layout.world_size,
+            (cfg, layout, s["global_batch"], s["seq_len"], s["steps"], s["warmup"]),
+            timeout_s=900)
+        slowest = max(r["step_time_s"] for r in per_rank)
+        steps.append(slowest)
+        cores.append(sum(r["cpu_time_s"] for r in per_rank) / slowest)
+    return statistics.median(steps), statistics.median(cores)
 
 
 def predict(cfg: ModelConfig, layout: Layout, profile: dict, global_batch: int,
-            seq_len: int) -> Estimate:
-    """The planner's estimate for `layout` on the calibrated machine, fp32 Adam as run."""
-    cluster = build_cluster(gpus=layout.world_size, overrides=profile_overrides(profile))
+            seq_len: int, cores: float | None = None) -> Estimate:
+    """The planner's estimate for `layout` on the calibrated machine, fp32 Adam as run;
+    `cores`: the cores our ranks get now, in place of the profile's."""
+    overrides = profile_overrides(profile)
+    if cores is not None:
+        overrides["cores_per_node"] = cores
+    cluster = build_cluster(gpus=layout.world_size, overrides=overrides)
     return evaluate(cfg, layout, cluster, seq_len, global_batch, FP32_ADAM)
 
 
 def profile_overrides(profile: dict) -> dict:
     """The flat overrides build_cluster takes, from a profile document (hardware.py schema)."""
     return {**profile["gpu"], **profile["cluster"]}
+
+
+def cores_now(quick: bool) -> float:
+    """The cores our ranks get right now (see the module docstring)."""
+    from paraxis.calibrate.command import available_cores
+
+    return available_cores(busy_s=0.3 if quick else 2.0)
 
 
 def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print) -> dict:  # noqa: ANN001
@@ -96,12 +119,14 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
-        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"])
-        measured = measure(cfg, layout, s)
+        cores = cores_now(quick)
+        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], cores)
+        measured, used = measure(cfg, layout, s)
         error = estimate.step_time_s / measured - 1
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
-            f"({error:+.0%})")
-        rows.append({"layout": str(layout), "ranks": layout.world_size,
+            f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
+        rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
+                     "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
                      "predicted_parts_s": {k: estimate.time[k] for k in (
@@ -124,20 +149,49 @@ def render(data: dict) -> str:
         f"tokens, fp32, AdamW, clipping at 1.0. Measured: median of {data['steps']} steps "
         f"after {data['warmup']} warm-up, slowest rank, median of {data['repeats']} runs. "
         "Predicted: `paraxis.plan.cost.evaluate` for the layout on the calibrated profile "
-        "above (no per-layout factor). Error = predicted / measured - 1.",
+        "above, with no per-layout factor; only the cores our ranks get (shared machine) are "
+        "probed again just before each layout (column cores). "
+        "Error = predicted / measured - 1. Predicted parts in seconds. Used: the CPU seconds "
+        "all ranks spent per step over the step time, i.e. the cores the run really had "
+        "(compute and gloo's threads); where it differs from the probed cores, the machine's "
+        "load changed during the run.",
         "",
-        "| layout | ranks | measured | predicted | error | predicted: compute | tp | pp | "
+        "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
         "dp | bubble | optimizer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         parts = r["predicted_parts_s"]
         lines.append(
-            f"| `{r['layout']}` | {r['ranks']} | {r['measured_step_s']:.3f} s | "
+            f"| `{r['layout']}` | {r['ranks']} | {r['cores']:.2f} | {r['cores_used']:.2f} | "
+            f"{r['measured_step_s']:.3f} s | "
             f"{r['predicted_step_s']:.3f} s | {r['error']:+.0%} | "
             + " | ".join(f"{parts[k]:.3f}" for k in ("compute", "tp", "pp", "dp", "bubble",
                                                      "optimizer")) + " |")
     lines += ["", f"Mean absolute error {data['mean_abs_error']:.1%}; "
               f"{data['within_target']} of {len(data['rows'])} layouts within "
               f"{data['target']:.0%} (target: 8 of 10).", ""]
+    misses = [r for r in data["rows"] if abs(r["error"]) > data["target"]]
+    if misses:
+        lines += ["Misses, with what the run's own CPU accounting shows:", ""]
+        lines += [f"- `{r['layout']}`: predicted {r['predicted_step_s']:.3f} s, measured "
+                  f"{r['measured_step_s']:.3f} s ({r['error']:+.0%}); {_cause(r)}"
+                  for r in misses]
+        lines.append("")
     return "\n".join(lines)
+
+
+def _cause(row: dict) -> str:
+    """What the CPU accounting says about a miss (see the table's `used` column)."""
+    probed, used, ranks = row["cores"], row["cores_used"], row["ranks"]
+    wanted = min(probed, ranks)  # the cores the model let this run use
+    if used < 0.8 * wanted:
+        return (f"the ranks used {used:.2f} cores while the model gave them {wanted:.2f} "
+                "(the cores probed before the run): other processes took cores during the "
+                "run, or the ranks waited on each other (a pipeline on a loaded machine waits "
+                "at every stage boundary for its peer to be scheduled)")
+    if used > 1.2 * wanted:
+        return (f"the ranks used {used:.2f} cores, more than the {wanted:.2f} probed before "
+                "the run: the machine's load dropped after the probe")
+    return (f"the ranks used {used:.2f} cores, as probed ({wanted:.2f}): the miss is the cost "
+            "model's, not the machine's")

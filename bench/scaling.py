@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.predicted_vs_measured import measure, predict
+from bench.predicted_vs_measured import cores_now, measure, predict
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 
@@ -27,10 +27,12 @@ def model(hidden: int, layers: int = 8) -> ModelConfig:
 
 def setting(quick: bool) -> dict:
     if quick:
-        return {"hidden": [32, 64], "base_hidden": 32, "ranks": [1, 2], "layers": 2,
+        return {"quick": True, "hidden": [32, 64], "base_hidden": 32, "ranks": [1, 2],
+                "layers": 2,
                 "global_batch": 4, "seq_len": 32, "microbatches": 2, "steps": 1,
                 "warmup": 1, "repeats": 1}
-    return {"hidden": [128, 256, 512], "base_hidden": 256, "ranks": [1, 2, 4, 8], "layers": 8,
+    return {"quick": False, "hidden": [128, 256, 512], "base_hidden": 256,
+            "ranks": [1, 2, 4, 8], "layers": 8,
             "global_batch": 16, "seq_len": 64, "microbatches": 8, "steps": 4, "warmup": 2,
             "repeats": 1}
 
@@ -46,15 +48,17 @@ def _point(kind: str, axis: str, hidden: int, ranks: int, s: dict, profile: dict
     cfg = model(hidden, s["layers"])
     layout = layout_for(kind, ranks, s["microbatches"])
     layout = layout.validate(ranks, cfg, s["global_batch"], s["seq_len"])
-    predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"]).step_time_s
     key = (str(layout), hidden)  # a point on both curves (1 rank, base hidden) runs once
     if key not in measured:
-        measured[key] = measure(cfg, layout, s)
-        log(f"  {layout}, hidden {hidden}: measured {measured[key]:.3f} s, predicted "
-            f"{predicted:.3f} s")
-    return {"kind": kind, "axis": axis, "hidden": hidden, "ranks": ranks,
-            "layout": str(layout), "measured_step_s": measured[key],
-            "predicted_step_s": predicted, "error": predicted / measured[key] - 1}
+        cores = cores_now(s["quick"])
+        predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], cores)
+        measured[key] = (measure(cfg, layout, s)[0], predicted.step_time_s, cores)
+        log(f"  {layout}, hidden {hidden}: measured {measured[key][0]:.3f} s, predicted "
+            f"{measured[key][1]:.3f} s with {cores:.2f} cores")
+    seconds, predicted_s, cores = measured[key]
+    return {"kind": kind, "axis": axis, "hidden": hidden, "ranks": ranks, "cores": cores,
+            "layout": str(layout), "measured_step_s": seconds,
+            "predicted_step_s": predicted_s, "error": predicted_s / seconds - 1}
 
 
 def run(quick: bool, profile: dict, image_dir: Path, log=print) -> dict:  # noqa: ANN001
@@ -74,7 +78,11 @@ def run(quick: bool, profile: dict, image_dir: Path, log=print) -> dict:  # noqa
 
 
 def plot(points: list[dict], path: Path) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     from paraxis.viz.style import AXIS_COLOUR, new_figure, save_figure
+
+    seconds = FuncFormatter(lambda y, _: f"{y:g} s")
 
     fig, (by_hidden, by_ranks) = new_figure(11, 4.2, ncols=2)
     for ax, axis, xlabel in ((by_hidden, "hidden", "hidden size (d_model), 2 ranks"),
@@ -91,8 +99,11 @@ def plot(points: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(seconds)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("step time (s)")
+        ax.set_ylabel("step time (log scale)")
         ax.grid(color="#dddddd", linewidth=0.6, which="both")
         ax.set_axisbelow(True)
         ax.legend(fontsize=8)
@@ -112,13 +123,14 @@ def render(data: dict) -> str:
         f"{s['global_batch']} x {s['seq_len']} tokens, fp32; DP is dp=n (ZeRO-0), PP is pp=n "
         f"1F1B with {s['microbatches']} microbatches. Left: hidden size at 2 ranks; right: "
         f"ranks at hidden {s['base_hidden']}. Measured: median of {s['steps']} steps, "
-        "slowest rank.",
+        "slowest rank. Predicted on the calibrated profile with the cores our ranks got just "
+        "before each point (column cores), as in the table above.",
         "",
-        "| kind | varied | hidden | ranks | layout | measured | predicted | error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | varied | hidden | ranks | cores | layout | measured | predicted | error |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in data["points"]:
         lines.append(f"| {p['kind'].upper()} | {p['axis']} | {p['hidden']} | {p['ranks']} | "
-                     f"`{p['layout']}` | {p['measured_step_s']:.3f} s | "
+                     f"{p['cores']:.2f} | `{p['layout']}` | {p['measured_step_s']:.3f} s | "
                      f"{p['predicted_step_s']:.3f} s | {p['error']:+.0%} |")
     return "\n".join(lines) + "\n"

@@ -51,7 +51,8 @@ def test_fit_rejects_what_it_cannot_fit(args, message):
 def test_the_planner_prices_a_group_with_its_measured_fit():
     """A profile's fits go through hardware.py into comm.py: the planner then predicts
     exactly the times the fit was made from, for the group size and ranks on the node."""
-    timings = {4: {op: {str(n): [[s, t] for s, t in zip(SIZES, synthetic(op, n, a, b))]
+    timings = {4: {op: {str(n): [list(p) for p in zip(SIZES, synthetic(op, n, a, b),
+                                                      strict=True)]
                         for n, a, b in ((2, 1e-4, 2e9), (4, 3e-4, 1e9))} for op in OPS}}
     device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2,
               "available_cores": 1.5}

@@ -96,6 +96,22 @@ def busy_body(seconds: float) -> float:
     return busy_share(seconds)
 
 
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
+    """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
+    they got over the wall time. On a machine other people share, fewer than it has; the
+    planner divides these among the ranks (Cluster.cores_per_node)."""
+    from paraxis.testing import run_distributed
+
+    cores = cores or cpu_cores()
+    shares = run_distributed(busy_body, cores, (busy_s,), timeout_s=60 + 2 * busy_s)
+    return min(float(cores), sum(shares))
+
+
 def _device_description(device_type: str, max_ranks: int) -> dict:
     if device_type == "cuda":
         import torch
@@ -111,7 +127,7 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
                 break
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cpu_cores()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # A "device" is one core running one rank; the ranks share the RAM, so each may count
     # on its share of it at the largest rank count calibrated.
@@ -141,10 +157,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                      timeout_s=300, device=device_type)[0]
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
-        # How many cores our ranks get now: on a machine other people share, fewer than it
-        # has. The planner divides these among the ranks (Cluster.cores_per_node).
-        shares = run_distributed(busy_body, device_info["cores"], (busy_s,), timeout_s=60)
-        device_info["available_cores"] = min(float(device_info["cores"]), sum(shares))
+        device_info["available_cores"] = available_cores(device_info["cores"], busy_s)
         log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
             f"to our ranks (one busy rank per core for {busy_s:g} s)")
     profile = build_profile(device_info, compute, timings)
