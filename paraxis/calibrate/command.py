@@ -53,7 +53,7 @@ def _dtype(device):  # noqa: ANN001, ANN202
 def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_type: str
                  ) -> dict:
     """Runs on one rank: the achieved GEMM, attention and elementwise rates."""
-    from paraxis.calibrate.measure import (
+    from paraxis.calibrate.kernels import (
         attention_rate,
         elementwise_bandwidth,
         gemm_shapes,
@@ -81,7 +81,7 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> d
     divides the world (all groups at once)."""
     import torch.distributed as dist
 
-    from paraxis.calibrate.measure import collective_times
+    from paraxis.calibrate.collectives import collective_times
 
     device = _rank_device(device_type)
     world = dist.get_world_size()
@@ -91,7 +91,7 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> d
 
 def busy_body(seconds: float) -> float:
     """Runs on every rank, one per core: the share of a core this rank got."""
-    from paraxis.calibrate.measure import busy_share
+    from paraxis.calibrate.kernels import busy_share
 
     return busy_share(seconds)
 

@@ -37,7 +37,7 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
     this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got when
     measured, which the planner then shares out)}; compute: {"matmul": {"flops_per_s", ...},
-    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.measure.
+    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels.
     """
     fits = fit_collectives(timings)
     table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}

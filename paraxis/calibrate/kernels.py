@@ -1,26 +1,23 @@
-"""What `paraxis calibrate` times on one rank: GEMMs, the attention core, elementwise kernels,
-and (on every rank of a group) the collectives the runtime issues.
+"""What `paraxis calibrate` times on one rank: GEMMs, the attention core and the eager
+elementwise kernels of a layer, and how many cores our ranks get on a shared CPU.
 
 Every figure is an achieved rate at the shapes a training step uses, never a datasheet peak:
 the planner prices a step with them at an efficiency of 1.0. Kernel times are the best of a
-few repeats after a warm-up, collective times the median of a few batches, in the dtype the
-runtime computes in (fp32 on CPU, bf16 on GPU).
+few repeats after a warm-up, in the dtype the runtime computes in (fp32 on CPU, bf16 on GPU).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from paraxis.model_config import ModelConfig
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -40,10 +37,10 @@ def best_time(fn: Callable[[], object], device: torch.device, repeats: int = 5,
         fn()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         started = clock()
         fn()
-        _sync(device)
+        sync(device)
         times.append(clock() - started)
     return min(times)
 
@@ -136,98 +133,6 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     seconds = best_time(layer, device, repeats)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize * tokens / seconds
-
-
-# ----------------------------------------------------------------------- collectives
-
-
-def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: torch.device,
-                dtype: torch.dtype) -> Callable[[], None]:
-    """One call of `op` on a message of `numel` elements over `group`, as the runtime issues
-    it (the flat-buffer forms of paraxis.data_parallel.flat and paraxis.tensor_parallel)."""
-    size = dist.get_world_size(group)
-    full = torch.ones(numel, device=device, dtype=dtype)
-    shard = torch.ones(numel // size, device=device, dtype=dtype)
-    if op == "all_reduce":
-        return lambda: dist.all_reduce(full, group=group)
-    if op == "all_gather":
-        return lambda: dist.all_gather_single(full, shard, group=group)
-    if op == "reduce_scatter":
-        return lambda: dist.reduce_scatter_single(shard, full, group=group)
-    incoming = torch.empty_like(full)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
-    me = ranks.index(dist.get_rank())
-    right, left = ranks[(me + 1) % size], ranks[(me - 1) % size]
-
-    def send_recv() -> None:
-        # Every rank sends to its right neighbour and receives from its left one, at once:
-        # the stage-boundary traffic of a pipeline in its steady state.
-        ops = [dist.P2POp(dist.isend, full, right), dist.P2POp(dist.irecv, incoming, left)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-
-    return send_recv
-
-
-def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: int,
-                      batch_s: float) -> float:
-    """Median over `repeats` batches of seconds per call, the slowest rank's.
-
-    A batch is k back-to-back calls after a barrier, k chosen (the same on every rank) so a
-    batch lasts about `batch_s`: one call would mostly time how late each rank leaves the
-    barrier, which on a time-shared CPU is a scheduler quantum, not the collective.
-    """
-    call()  # warm-up: connections, buffers
-    _sync(device)
-    started = time.perf_counter()
-    call()
-    _sync(device)
-    first = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    calls = max(1, min(50, round(batch_s / max(first.item(), 1e-6))))
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        _sync(device)
-        started = time.perf_counter()
-        for _ in range(calls):
-            call()
-        _sync(device)
-        samples.append((time.perf_counter() - started) / calls)
-    slowest = torch.tensor(samples, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
-
-
-def collective_times(ops: list[str], sizes_bytes: list[int], group_sizes: list[int],
-                     device: torch.device, dtype: torch.dtype, repeats: int = 5,
-                     batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
-    """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.
-
-    The world is split into groups of each size (neighbouring ranks, as a TP group is), all
-    of them running the collective at once, as every group of a layout's axis does: on a
-    CPU the ranks share its cores, so a group's time depends on the whole world. Message
-    sizes are rounded down to equal shards.
-    """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    times: dict[str, dict[str, list[list[float]]]] = {op: {} for op in ops}
-    for n in group_sizes:
-        group = None
-        if n < world:  # new_group is collective: every rank creates every group, in order
-            for first in range(0, world, n):
-                created = dist.new_group(list(range(first, first + n)))
-                if first <= rank < first + n:
-                    group = created
-        for op in ops:
-            points = []
-            for size in sizes_bytes:
-                numel = max(n, size // itemsize // n * n)
-                call = _collective(op, numel, group, device, dtype)
-                points.append([float(numel * itemsize),
-                               _seconds_per_call(call, device, repeats, batch_s)])
-            times[op][str(n)] = points
-    return times
 
 
 # ------------------------------------------------------------------- shared cores
