@@ -5,10 +5,10 @@ One model, one global batch, one calibrated hardware profile (`paraxis calibrate
 through the same engines `paraxis train` builds, and its median step time after warm-up (the
 slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on that profile.
 
-One input is measured again right before each layout: how many cores our ranks get
-(`paraxis.calibrate.command.available_cores`), since on a machine other people share it
-changes from minute to minute; on a quiet machine it is the core count every time. Nothing
-is fitted to a layout's measured time.
+One input is measured again around each layout: how many cores our ranks get
+(`paraxis.calibrate.command.available_cores`, the mean of a probe just before and one just
+after the run), since on a machine other people share it changes from minute to minute; on a
+quiet machine it is the core count every time. Nothing is fitted to a layout's measured time.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 def setting(quick: bool) -> dict:
     if quick:
-        return {"model": QUICK_MODEL, "global_batch": 8, "seq_len": 32, "steps": 2,
+        return {"quick": True, "model": QUICK_MODEL, "global_batch": 8, "seq_len": 32,
+                "steps": 2,
                 "warmup": 1, "repeats": 1}
-    return {"model": MODEL, "global_batch": 16, "seq_len": 128, "steps": 5, "warmup": 2,
-            "repeats": 2}
+    return {"quick": False, "model": MODEL, "global_batch": 16, "seq_len": 128, "steps": 5,
+            "warmup": 2, "repeats": 2}
 
 
 def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int, steps: int,
@@ -112,6 +113,13 @@ def cores_now(quick: bool) -> float:
     return available_cores(busy_s=0.3 if quick else 2.0)
 
 
+def measure_around(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float, float]:
+    """(step seconds, cores used, cores available): `measure`, between two core probes."""
+    before = cores_now(s["quick"])
+    seconds, used = measure(cfg, layout, s)
+    return seconds, used, (before + cores_now(s["quick"])) / 2
+
+
 def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print) -> dict:  # noqa: ANN001
     s = setting(quick)
     cfg = s["model"]
@@ -119,9 +127,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
-        cores = cores_now(quick)
+        measured, used, cores = measure_around(cfg, layout, s)
         estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], cores)
-        measured, used = measure(cfg, layout, s)
         error = estimate.step_time_s / measured - 1
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
@@ -150,7 +157,7 @@ def render(data: dict) -> str:
         f"after {data['warmup']} warm-up, slowest rank, median of {data['repeats']} runs. "
         "Predicted: `paraxis.plan.cost.evaluate` for the layout on the calibrated profile "
         "above, with no per-layout factor; only the cores our ranks get (shared machine) are "
-        "probed again just before each layout (column cores). "
+        "probed again around each layout (column cores: mean of a probe before and after). "
         "Error = predicted / measured - 1. Predicted parts in seconds. Used: the CPU seconds "
         "all ranks spent per step over the step time, i.e. the cores the run really had "
         "(compute and gloo's threads); where it differs from the probed cores, the machine's "
@@ -187,11 +194,11 @@ def _cause(row: dict) -> str:
     wanted = min(probed, ranks)  # the cores the model let this run use
     if used < 0.8 * wanted:
         return (f"the ranks used {used:.2f} cores while the model gave them {wanted:.2f} "
-                "(the cores probed before the run): other processes took cores during the "
+                "(the cores probed around the run): other processes took cores during the "
                 "run, or the ranks waited on each other (a pipeline on a loaded machine waits "
                 "at every stage boundary for its peer to be scheduled)")
     if used > 1.2 * wanted:
-        return (f"the ranks used {used:.2f} cores, more than the {wanted:.2f} probed before "
-                "the run: the machine's load dropped after the probe")
+        return (f"the ranks used {used:.2f} cores, more than the {wanted:.2f} probed around "
+                "the run: the machine's load changed between the probes and the run")
     return (f"the ranks used {used:.2f} cores, as probed ({wanted:.2f}): the miss is the cost "
             "model's, not the machine's")

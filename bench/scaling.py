@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.predicted_vs_measured import cores_now, measure, predict
+from bench.predicted_vs_measured import measure_around, predict
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 
@@ -50,9 +50,9 @@ def _point(kind: str, axis: str, hidden: int, ranks: int, s: dict, profile: dict
     layout = layout.validate(ranks, cfg, s["global_batch"], s["seq_len"])
     key = (str(layout), hidden)  # a point on both curves (1 rank, base hidden) runs once
     if key not in measured:
-        cores = cores_now(s["quick"])
+        seconds, _, cores = measure_around(cfg, layout, s)
         predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], cores)
-        measured[key] = (measure(cfg, layout, s)[0], predicted.step_time_s, cores)
+        measured[key] = (seconds, predicted.step_time_s, cores)
         log(f"  {layout}, hidden {hidden}: measured {measured[key][0]:.3f} s, predicted "
             f"{measured[key][1]:.3f} s with {cores:.2f} cores")
     seconds, predicted_s, cores = measured[key]
@@ -123,8 +123,8 @@ def render(data: dict) -> str:
         f"{s['global_batch']} x {s['seq_len']} tokens, fp32; DP is dp=n (ZeRO-0), PP is pp=n "
         f"1F1B with {s['microbatches']} microbatches. Left: hidden size at 2 ranks; right: "
         f"ranks at hidden {s['base_hidden']}. Measured: median of {s['steps']} steps, "
-        "slowest rank. Predicted on the calibrated profile with the cores our ranks got just "
-        "before each point (column cores), as in the table above.",
+        "slowest rank. Predicted on the calibrated profile with the cores our ranks got around "
+        "each point (column cores), as in the table above.",
         "",
         "| kind | varied | hidden | ranks | cores | layout | measured | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|",
