@@ -101,15 +101,15 @@ def cpu_cores() -> int:
         (os.cpu_count() or 1)
 
 
-def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
-    """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
-    they got over the wall time. On a machine other people share, fewer than it has; the
-    planner divides these among the ranks (Cluster.cores_per_node)."""
+def core_availability(cores: int | None = None, busy_s: float = 2.0) -> float:
+    """The fraction of each core our ranks get now: one busy rank per core for `busy_s`, the
+    CPU time they got over the wall time, averaged. Below 1 on a machine other processes
+    share (Cluster.core_availability)."""
     from paraxis.testing import run_distributed
 
     cores = cores or cpu_cores()
     shares = run_distributed(busy_body, cores, (busy_s,), timeout_s=60 + 2 * busy_s)
-    return min(float(cores), sum(shares))
+    return min(1.0, sum(shares) / cores)
 
 
 def _device_description(device_type: str, max_ranks: int) -> dict:
@@ -143,6 +143,13 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
     from paraxis.testing import run_distributed
 
     device_type = _device_type(device)
+    if device_type == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if max(nproc) > gpus:
+            raise ParaxisError(f"--nproc {max(nproc)} is more than the {gpus} GPU(s) here; "
+                               f"give rank counts up to {gpus}")
     started = time.perf_counter()
     compute = run_distributed(compute_body, 1, (model, tokens, seq_len, repeats, device_type),
                               timeout_s=300, device=device_type)[0]
@@ -157,9 +164,10 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                      timeout_s=300, device=device_type)[0]
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
-        device_info["available_cores"] = available_cores(device_info["cores"], busy_s)
-        log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
-            f"to our ranks (one busy rank per core for {busy_s:g} s)")
+        device_info["core_availability"] = core_availability(device_info["cores"], busy_s)
+        log(f"cores: {device_info['cores']}, our ranks get "
+            f"{device_info['core_availability']:.0%} of each (one busy rank per core for "
+            f"{busy_s:g} s)")
     profile = build_profile(device_info, compute, timings)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
@@ -187,7 +195,9 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--nproc", default="2,4,8", help="rank counts to time collectives on (comma list)")
+    add("--nproc", default=None,
+        help="rank counts to time collectives on, comma list (default: 2,4,8 on a CPU; "
+             "2, 4, 8 up to the GPU count on a CUDA machine)")
     add("--out", default="profile.json", help="the hardware profile to write (JSON)")
     add("--model", default="small-llama",
         help="preset whose layer shapes the GEMMs and kernels are timed at")
@@ -195,14 +205,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seq-len", type=int, default=128, help="sequence length of the attention timing")
     add("--sizes-kb", default="16,128,1024,4096",
         help="collective message sizes in KiB (at least two)")
-    add("--repeats", type=int, default=5, help="timed calls per measurement (median kept)")
+    add("--repeats", type=int, default=5,
+        help="timed repeats per measurement (kernels: the fastest; collectives: the median)")
     add("--device", default="auto", help="auto, cpu or cuda")
     add("--busy-s", type=float, default=2.0,
         help="seconds one busy rank per core runs to see how many cores our ranks get (CPU)")
 
 
+def default_nproc(device: str) -> list[int]:
+    if _device_type(device) == "cpu":
+        return [2, 4, 8]
+    import torch
+
+    return [n for n in (2, 4, 8) if n <= torch.cuda.device_count()] or [1]
+
+
 def run(args: argparse.Namespace) -> int:
-    nproc = _int_list(args.nproc, "--nproc")
+    nproc = _int_list(args.nproc, "--nproc") if args.nproc else default_nproc(args.device)
     sizes = [kb * 1024 for kb in _int_list(args.sizes_kb, "--sizes-kb")]
     if len(set(sizes)) < 2:
         raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "

@@ -19,7 +19,8 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
-      "cores_per_node": 0,                # CPU cores the ranks of a node get (0: own devices)
+      "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
+      "core_availability": 1.0,           # fraction of each core our ranks get (shared machine)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
@@ -83,10 +84,11 @@ class Cluster:
     inter_node_bandwidth_Bps: float = 25e9
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 1e-5
-    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs). A
-    # calibration writes the cores its ranks actually got: fewer than the machine has where
-    # other processes use some (a fraction is fine).
-    cores_per_node: float = 0
+    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs) ...
+    cores_per_node: int = 0
+    # ... and get this fraction of each core: below 1 where other processes share the
+    # machine. A calibration measures it (one busy rank per core).
+    core_availability: float = 1.0
     # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
     collectives: dict = field(default_factory=dict, compare=False)
 
@@ -97,16 +99,20 @@ class Cluster:
         if self.cores_per_node < 0:
             raise ParaxisError(f"cores_per_node={self.cores_per_node} must be >= 0 (0: every "
                                "rank has its own device)")
+        if not 0 < self.core_availability <= 1:
+            raise ParaxisError(f"core_availability={self.core_availability} must be in (0, 1]: "
+                               "the fraction of each core the ranks get")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
 
     @property
     def compute_share(self) -> float:
         """Fraction of one core (one device) each rank computes with: ranks beyond the cores
-        time-share them, min(1, cores / ranks per node); 1 where ranks own their device."""
+        time-share them, min(1, cores / ranks per node), of the share of each core that other
+        processes leave us; 1 where ranks own their device."""
         if not self.cores_per_node:
             return 1.0
-        return min(1.0, self.cores_per_node / self.gpus_per_node)
+        return self.core_availability * min(1.0, self.cores_per_node / self.gpus_per_node)
 
     @property
     def world_size(self) -> int:
