@@ -31,8 +31,8 @@ def render(profile: dict) -> str:
         f"average {load} while it ran) wrote `{PROFILE_NAME}`. One planner \"GPU\" is one "
         f"{cal['device']['type']} rank ({cal['device'].get('model', gpu['name'])}, "
         f"{compute['dtype']}, one thread). The ranks of the node share its "
-        f"{cluster['cores_per_node']} cores and got {cluster['core_availability']:.0%} of "
-        "each while calibrating (one busy rank per core for 2 s; other processes on a shared "
+        f"{cluster['cores_per_node']} cores and got {cluster['available_cores']:.2f} of them "
+        "while calibrating (one busy rank per core for 2 s; other sessions on a shared "
         "machine take the rest). Rates are achieved ones at the model's shapes "
         f"({compute['shapes_from']['model']}, {compute['shapes_from']['tokens']} tokens), "
         "used at efficiency 1.0.",

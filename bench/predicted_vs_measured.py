@@ -6,9 +6,9 @@ through the same engines `paraxis train` builds, and its median step time after 
 slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on that profile.
 
 One input is measured again around each layout: how many cores our ranks get
-(`paraxis.calibrate.command.core_availability`, the mean of a probe just before and one just
+(`paraxis.calibrate.command.available_cores`, the mean of a probe just before and one just
 after the run), since on a machine other people share it changes from minute to minute; on a
-quiet machine it is 100% every time. Nothing is fitted to a layout's measured time.
+quiet machine it is the core count every time. Nothing is fitted to a layout's measured time.
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ def measure(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float]:
 
 
 def predict(cfg: ModelConfig, layout: Layout, profile: dict, global_batch: int,
-            seq_len: int, availability: float | None = None) -> Estimate:
+            seq_len: int, cores: float | None = None) -> Estimate:
     """The planner's estimate for `layout` on the calibrated machine, fp32 Adam as run;
-    `availability`: the share of each core our ranks get now, in place of the profile's."""
+    `cores`: the cores our ranks get now, in place of the profile's."""
     overrides = profile_overrides(profile)
-    if availability is not None:
-        overrides["core_availability"] = availability
+    if cores is not None:
+        overrides["available_cores"] = cores
     cluster = build_cluster(gpus=layout.world_size, overrides=overrides)
     return evaluate(cfg, layout, cluster, seq_len, global_batch, FP32_ADAM)
 
@@ -106,18 +106,18 @@ def profile_overrides(profile: dict) -> dict:
     return {**profile["gpu"], **profile["cluster"]}
 
 
-def availability_now(quick: bool) -> float:
-    """The share of each core our ranks get right now (see the module docstring)."""
-    from paraxis.calibrate.command import core_availability
+def cores_now(quick: bool) -> float:
+    """The cores our ranks get right now (see the module docstring)."""
+    from paraxis.calibrate.command import available_cores
 
-    return core_availability(busy_s=0.3 if quick else 2.0)
+    return available_cores(busy_s=0.3 if quick else 2.0)
 
 
 def measure_around(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float, float]:
-    """(step seconds, cores used, core availability): `measure`, between two probes."""
-    before = availability_now(s["quick"])
+    """(step seconds, cores used, cores available): `measure`, between two core probes."""
+    before = cores_now(s["quick"])
     seconds, used = measure(cfg, layout, s)
-    return seconds, used, (before + availability_now(s["quick"])) / 2
+    return seconds, used, (before + cores_now(s["quick"])) / 2
 
 
 def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print) -> dict:  # noqa: ANN001
@@ -127,16 +127,14 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
-        measured, used, availability = measure_around(cfg, layout, s)
-        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], availability)
-        # the cores the model let this run use: its ranks, at most the node's, times the
-        # share of each that other processes left
-        cores = availability * min(layout.world_size, profile["cluster"]["cores_per_node"])
+        measured, used, available = measure_around(cfg, layout, s)
+        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], available)
+        cores = min(available, layout.world_size)  # the cores the model lets this run use
         error = estimate.step_time_s / measured - 1
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
-                     "core_availability": availability,
+                     "available_cores": available,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
@@ -160,9 +158,9 @@ def render(data: dict) -> str:
         f"tokens, fp32, AdamW, clipping at 1.0. Measured: median of {data['steps']} steps "
         f"after {data['warmup']} warm-up, slowest rank, median of {data['repeats']} runs. "
         "Predicted: `paraxis.plan.cost.evaluate` for the layout on the calibrated profile "
-        "above, with no per-layout factor; only the share of each core our ranks get "
-        "(shared machine) is probed again around each layout (mean of a probe before and "
-        "after; column cores: the cores that gives the run). "
+        "above, with no per-layout factor; only the cores our ranks get (shared machine) are "
+        "probed again around each layout (mean of a probe before and after; column cores: "
+        "what that lets this run use, at most one per rank). "
         "Error = predicted / measured - 1. Predicted parts in seconds. Used: the CPU seconds "
         "all ranks spent per step over the step time, i.e. the cores the run really had "
         "(compute and gloo's threads); where it differs from the probed cores, the machine's "

@@ -50,15 +50,14 @@ def _point(kind: str, axis: str, hidden: int, ranks: int, s: dict, profile: dict
     layout = layout.validate(ranks, cfg, s["global_batch"], s["seq_len"])
     key = (str(layout), hidden)  # a point on both curves (1 rank, base hidden) runs once
     if key not in measured:
-        seconds, _, availability = measure_around(cfg, layout, s)
-        predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"],
-                            availability)
-        measured[key] = (seconds, predicted.step_time_s, availability)
+        seconds, _, available = measure_around(cfg, layout, s)
+        predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], available)
+        measured[key] = (seconds, predicted.step_time_s, available)
         log(f"  {layout}, hidden {hidden}: measured {seconds:.3f} s, predicted "
-            f"{predicted.step_time_s:.3f} s with {availability:.0%} of each core")
-    seconds, predicted_s, availability = measured[key]
+            f"{predicted.step_time_s:.3f} s with {available:.2f} cores available")
+    seconds, predicted_s, available = measured[key]
     return {"kind": kind, "axis": axis, "hidden": hidden, "ranks": ranks,
-            "core_availability": availability,
+            "available_cores": available,
             "layout": str(layout), "measured_step_s": seconds,
             "predicted_step_s": predicted_s, "error": predicted_s / seconds - 1}
 
@@ -125,16 +124,15 @@ def render(data: dict) -> str:
         f"{s['global_batch']} x {s['seq_len']} tokens, fp32; DP is dp=n (ZeRO-0), PP is pp=n "
         f"1F1B with {s['microbatches']} microbatches. Left: hidden size at 2 ranks; right: "
         f"ranks at hidden {s['base_hidden']}. Measured: median of {s['steps']} steps, "
-        "slowest rank. Predicted on the calibrated profile with the share of each core our "
-        "ranks got around each point (column core share), as in the table above.",
+        "slowest rank. Predicted on the calibrated profile with the cores our ranks got "
+        "around each point (column cores), as in the table above.",
         "",
-        "| kind | varied | hidden | ranks | core share | layout | measured | predicted | "
-        "error |",
+        "| kind | varied | hidden | ranks | cores | layout | measured | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in data["points"]:
         lines.append(f"| {p['kind'].upper()} | {p['axis']} | {p['hidden']} | {p['ranks']} | "
-                     f"{p['core_availability']:.0%} | `{p['layout']}` | "
+                     f"{p['available_cores']:.2f} | `{p['layout']}` | "
                      f"{p['measured_step_s']:.3f} s | "
                      f"{p['predicted_step_s']:.3f} s | {p['error']:+.0%} |")
     return "\n".join(lines) + "\n"

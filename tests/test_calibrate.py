@@ -55,12 +55,12 @@ def test_the_planner_prices_a_group_with_its_measured_fit():
                                                       strict=True)]
                         for n, a, b in ((2, 1e-4, 2e9), (4, 3e-4, 1e9))} for op in OPS}}
     device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2,
-              "core_availability": 0.75}
+              "available_cores": 1.5}
     compute = {"matmul": {"flops_per_s": 1e11, "shapes": []}, "attention_flops_per_s": 4e10,
                "elementwise_Bps": 6e9, "dtype": "float32", "shapes_from": {}}
     profile = build_profile(device, compute, timings)
     cluster = build_cluster(gpus=4, overrides={**profile["gpu"], **profile["cluster"]})
-    assert cluster.cores_per_node == 2 and cluster.compute_share == pytest.approx(0.75 / 2)
+    assert cluster.cores_per_node == 2 and cluster.compute_share == pytest.approx(1.5 / 4)
     assert cluster.gpu.peak_flops == 1e11 and cluster.gpu.matmul_efficiency == 1.0
     layout = Layout(dp=2, tp=2)
     tp_link, dp_link = axis_link(layout, "tp", cluster), axis_link(layout, "dp", cluster)
@@ -92,7 +92,7 @@ def test_calibrate_two_ranks_writes_a_profile_the_planner_loads(tmp_path, capsys
     assert gpu["peak_flops"] > 1e8 and gpu["attention_flops"] > 1e7
     assert gpu["hbm_bandwidth_Bps"] > 1e7 and gpu["kernels"] == "eager"
     assert profile["cluster"]["cores_per_node"] == profile["calibration"]["device"]["cores"]
-    assert 0 < profile["cluster"]["core_availability"] <= 1
+    assert 0 < profile["cluster"]["available_cores"] <= profile["cluster"]["cores_per_node"]
     assert load_hardware_file(out)["peak_flops"] == gpu["peak_flops"]
 
     code = main(["plan", "--model", "tiny", "--gpus", "2", "--global-batch", "8",

@@ -101,15 +101,15 @@ def cpu_cores() -> int:
         (os.cpu_count() or 1)
 
 
-def core_availability(cores: int | None = None, busy_s: float = 2.0) -> float:
-    """The fraction of each core our ranks get now: one busy rank per core for `busy_s`, the
-    CPU time they got over the wall time, averaged. Below 1 on a machine other processes
-    share (Cluster.core_availability)."""
+def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
+    """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
+    they got over the wall time, summed. Fewer than the machine has where other sessions
+    use it (Cluster.available_cores)."""
     from paraxis.testing import run_distributed
 
     cores = cores or cpu_cores()
     shares = run_distributed(busy_body, cores, (busy_s,), timeout_s=60 + 2 * busy_s)
-    return min(1.0, sum(shares) / cores)
+    return min(float(cores), sum(shares))
 
 
 def _device_description(device_type: str, max_ranks: int) -> dict:
@@ -164,10 +164,9 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                      timeout_s=300, device=device_type)[0]
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
-        device_info["core_availability"] = core_availability(device_info["cores"], busy_s)
-        log(f"cores: {device_info['cores']}, our ranks get "
-            f"{device_info['core_availability']:.0%} of each (one busy rank per core for "
-            f"{busy_s:g} s)")
+        device_info["available_cores"] = available_cores(device_info["cores"], busy_s)
+        log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
+            f"to our ranks (one busy rank per core for {busy_s:g} s)")
     profile = build_profile(device_info, compute, timings)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():

@@ -35,8 +35,8 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
     """The profile document.
 
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
-    this node share; 0 on GPUs), optionally "core_availability" (the fraction of each core
-    our ranks got when measured)}; compute: {"matmul": {"flops_per_s", ...},
+    this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
+    together when measured)}; compute: {"matmul": {"flops_per_s", ...},
     "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels.
     """
     fits = fit_collectives(timings)
@@ -64,7 +64,7 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
     ranks = max(timings) if timings else 1
     cluster: dict[str, object] = {"nodes": 1, "gpus_per_node": ranks,
                                   "cores_per_node": device.get("cores", 0),
-                                  "core_availability": device.get("core_availability", 1.0),
+                                  "available_cores": device.get("available_cores", 0.0),
                                   "collectives": table}
     if link is not None:
         cluster["intra_node_latency_s"] = link.alpha_s

@@ -12,8 +12,8 @@ gathers behind the step's compute (prefetch), while TP collectives and PP sends 
 critical path (Megatron-LM: Narayanan et al. 2021 Sec. 4).
 
 CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
-min(1, cores / ranks) of the calibrated one-core rate (times `core_availability`, the share of
-each core other processes leave us), nothing hides communication (gloo's
+min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`, what other
+sessions leave us, else all of them), nothing hides communication (gloo's
 threads run on the same cores as the compute), and ranks idle in a pipeline bubble hand their
 core to the busy ones, so a pipeline takes the longer of its work spread over the cores and
 its critical path at a whole core (Graham 1969's two bounds of list scheduling).
@@ -153,10 +153,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     exposed_comm = (0.0 if overlap.tp else t_tp) + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - figures.bubble_fraction)
-    core = cluster.core_availability if cluster.cores_per_node else 1.0
+    core = cluster.share_with(1)  # one rank alone: a whole core, or what is left of one
     if share < core:  # more ranks than cores
         # Idle ranks lend their cores: the work bound (busy, at the shared rate) or the
-        # critical path at a whole core (what other processes leave of it), the longer.
+        # critical path at a whole core, whichever is longer.
         whole_core = layout.microbatches * (slot_compute * share / core + exposed_comm)
         pipeline = max(busy, whole_core / (1 - figures.bubble_fraction))
 

@@ -20,7 +20,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
-      "core_availability": 1.0,           # fraction of each core our ranks get (shared machine)
+      "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
@@ -86,9 +86,11 @@ class Cluster:
     inter_node_latency_s: float = 1e-5
     # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs) ...
     cores_per_node: int = 0
-    # ... and get this fraction of each core: below 1 where other processes share the
-    # machine. A calibration measures it (one busy rank per core).
-    core_availability: float = 1.0
+    # ... or the cores they get together where other sessions share the machine (0: all).
+    # Linux shares the CPU fairly between sessions, then among a session's processes
+    # (CFS autogroup), so our ranks get a number of cores whatever their count; a
+    # calibration measures it with one busy rank per core.
+    available_cores: float = 0.0
     # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
     collectives: dict = field(default_factory=dict, compare=False)
 
@@ -99,20 +101,25 @@ class Cluster:
         if self.cores_per_node < 0:
             raise ParaxisError(f"cores_per_node={self.cores_per_node} must be >= 0 (0: every "
                                "rank has its own device)")
-        if not 0 < self.core_availability <= 1:
-            raise ParaxisError(f"core_availability={self.core_availability} must be in (0, 1]: "
-                               "the fraction of each core the ranks get")
+        if not 0 <= self.available_cores <= max(self.cores_per_node, 0):
+            raise ParaxisError(f"available_cores={self.available_cores} must be between 0 (all "
+                               f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
 
     @property
     def compute_share(self) -> float:
-        """Fraction of one core (one device) each rank computes with: ranks beyond the cores
-        time-share them, min(1, cores / ranks per node), of the share of each core that other
-        processes leave us; 1 where ranks own their device."""
+        """Fraction of one core (one device) each rank computes with: the ranks of a node
+        time-share the cores they get, min(1, cores / ranks per node); 1 where ranks own
+        their device."""
+        return self.share_with(self.gpus_per_node)
+
+    def share_with(self, busy_ranks: int) -> float:
+        """A rank's fraction of a core while `busy_ranks` ranks of its node compute."""
         if not self.cores_per_node:
             return 1.0
-        return self.core_availability * min(1.0, self.cores_per_node / self.gpus_per_node)
+        cores = self.available_cores or self.cores_per_node
+        return min(1.0, cores / max(1, busy_ranks))
 
     @property
     def world_size(self) -> int:
