@@ -32,7 +32,8 @@ def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "backend": "gloo (CPU), one thread per rank",
-            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "load_average": [round(x, 1) for x in os.getloadavg()]}
 
 
 def table(rows: list[dict]) -> str:
@@ -84,7 +85,10 @@ def render(doc: dict) -> str:
         "# Benchmarks\n\nEvery number below comes from one command: `make bench` "
         f"(`python -m bench{' --quick' if doc['quick'] else ''}`).\n\n"
         f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch "
-        f"{info['torch']}, {info['backend']}; run on {info['date']}.\n"]
+        f"{info['torch']}, {info['backend']}; run on {info['date']}"
+        + (f"; load average {', '.join(map(str, info['load_average']))} (1, 5, 15 min) at "
+           "the end, from other users' processes on this shared machine" if
+           "load_average" in info else "") + ".\n"]
     if doc["rows"]:
         parts.append(
             "## paraxis next to PyTorch's own implementations\n\n"
