@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 from paraxis.errors import ParaxisError
 
@@ -18,6 +21,8 @@ from paraxis.errors import ParaxisError
 COMMANDS: list[tuple[str, str, str]] = [
     ("demo", "paraxis.demo", "train the tiny model on the embedded corpus and show the loss fall"),
     ("train", "paraxis.train", "train a model on one device or many (torchrun-compatible)"),
+    ("checkpoint", "paraxis.checkpoint.cli", "inspect a checkpoint, or convert it to "
+     "another layout"),
     ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
     ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
@@ -25,11 +30,20 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
     ("calibrate", "paraxis.calibrate.command",
      "measure this machine's compute and collectives; write a profile for `plan --hardware`"),
+    ("generate", "paraxis.generate", "sample text from a paraxis or Hugging Face checkpoint"),
 ]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the whole usage block first),
+    like every other paraxis error. Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"paraxis: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="paraxis",
         description="Train one model across many devices (DP, TP, PP, ZeRO), plan the layout "
                     "from a cost model, and see how it works.")
@@ -46,14 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
-    """Run a command; bad input becomes one line on stderr and exit code 2, no traceback."""
+    """Run a command; bad input becomes one line on stderr and exit code 2, a failed run
+    (`RunFailed`) one line and exit code 3; no traceback unless `debug`."""
     try:
         return body() or 0
     except ParaxisError as error:
         if debug:
             traceback.print_exc()
-        print(f"paraxis: error: {error}", file=sys.stderr)
-        return 2
+        if not getattr(error, "same_on_every_rank", False) or os.environ.get("RANK", "0") == "0":
+            print(f"paraxis: error: {error}", file=sys.stderr, flush=True)
+        time.sleep(getattr(error, "linger_s", 0.0))
+        return error.exit_code
     except KeyboardInterrupt:
         print("paraxis: interrupted", file=sys.stderr)
         return 130

@@ -1,13 +1,14 @@
 """A run described by a TOML file; every key can be overridden from the command line.
 
     [model]      name = "tiny-llama"
-    [data]       path = "embedded"        dtype = "uint16"
+    [data]       path = "embedded"        dtype = "uint16"   tokenizer = "tok/tokenizer.json"
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
-                 dtype = "fp32"
+                 dtype = "fp32"  timeout_s = 600  on_nan = "stop"
     [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
                  grad_clip = 1.0
     [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
     [logging]    metrics_file = "runs/x/metrics.jsonl"  log_every = 10
+    [checkpoint] dir = "runs/x/checkpoints"  every = 50  keep = 3  resume = "auto"
 
 Sections map onto `TrainConfig` fields (and `Layout` for [layout]); an unknown section or key
 is an error naming the known ones, so a typo never silently trains with a default.
@@ -26,12 +27,18 @@ from paraxis.layout import Layout
 # TOML (section, key) -> TrainConfig field.
 SECTIONS: dict[str, dict[str, str]] = {
     "model": {"name": "model"},
-    "data": {"path": "data", "dtype": "data_dtype"},
+    "data": {"path": "data", "dtype": "data_dtype", "tokenizer": "tokenizer"},
     "train": {"steps": "steps", "global_batch": "global_batch", "seq_len": "seq_len",
-              "seed": "seed", "device": "device", "dtype": "dtype"},
+              "seed": "seed", "device": "device", "dtype": "dtype", "timeout_s": "timeout_s",
+              "on_nan": "on_nan"},
     "optimizer": {"lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
                   "weight_decay": "weight_decay", "grad_clip": "grad_clip"},
-    "logging": {"metrics_file": "metrics_file", "log_every": "log_every"},
+    "logging": {"metrics_file": "metrics_file", "log_every": "log_every",
+                "tensorboard": "tensorboard", "peak_tflops": "peak_tflops",
+                "hardware": "hardware"},
+    "eval": {"every": "eval_every", "batches": "eval_batches"},
+    "checkpoint": {"dir": "checkpoint_dir", "every": "checkpoint_every", "keep": "keep",
+                   "resume": "resume", "exit_after": "exit_after", "init_from": "init_from"},
 }
 
 
@@ -39,11 +46,16 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
     """TOML file -> {TrainConfig field: value}, with "layout" holding a Layout."""
     path = Path(path)
     if not path.is_file():
-        raise ParaxisError(f"config file {path} does not exist")
+        raise ParaxisError(f"config file {path} does not exist; check the path (examples/ "
+                           "holds run files to start from)")
     try:
         doc = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ParaxisError(f"config file {path} is not valid TOML: {error}") from None
+        raise ParaxisError(f"config file {path} is not valid TOML ({error}); fix that "
+                           "line") from None
+    from paraxis.train import TrainConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     values: dict[str, Any] = {}
     for section, table in doc.items():
         if section == "layout":
@@ -63,8 +75,21 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
             if key not in SECTIONS[section]:
                 raise ParaxisError(f"{path}: unknown key {key!r} in [{section}]; known: "
                                    f"{', '.join(SECTIONS[section])}")
+            _check_type(path, section, key, value, defaults[SECTIONS[section][key]])
             values[SECTIONS[section][key]] = value
     return values
+
+
+def _check_type(path: Path, section: str, key: str, value: Any, default: Any) -> None:
+    """A value must have its field's type (an int where a float is wanted is fine): a quoted
+    number would otherwise fail deep inside training, far from the file that caused it."""
+    wanted = str if default is None else type(default)
+    ok = (isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
+          or wanted is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        example = _toml_value(default if default is not None else "runs/metrics.jsonl")
+        raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
+                           f"{wanted.__name__}; write e.g. {key} = {example}")
 
 
 def to_toml(cfg: Any) -> str:

@@ -24,11 +24,63 @@ class ByteTokenizer:
 
     vocab_size = BYTE_VOCAB
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode(self, text: str, special: bool = False) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
     def decode(self, tokens: list[int] | np.ndarray) -> str:
         return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def __str__(self) -> str:
+        return "byte-level"
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json`, run by the `tokenizers` library (imported lazily:
+    only runs that ask for one need it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise ParaxisError(f"tokenizer {path} does not exist; give a Hugging Face "
+                               "tokenizer.json (or the folder holding one)")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ParaxisError("a tokenizer.json needs the tokenizers package: "
+                               "pip install tokenizers") from None
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as error:  # noqa: BLE001 - the Rust side raises plain Exception
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ParaxisError(f"tokenizer {path} is not a valid tokenizer.json: "
+                               f"{reason}") from None
+        self.path = path
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
+
+    def encode(self, text: str, special: bool = False) -> np.ndarray:
+        """Token ids; `special` adds what the tokenizer's post-processor adds (e.g. BOS), as a
+        prompt for a model trained with them needs."""
+        ids = self._tokenizer.encode(text, add_special_tokens=special).ids
+        return np.asarray(ids, dtype=self.dtype)
+
+    def encode_many(self, texts: list[str]) -> np.ndarray:
+        """Documents concatenated, as training data (batch encoding runs in parallel)."""
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        return np.asarray([i for e in encodings for i in e.ids], dtype=self.dtype)
+
+    def decode(self, tokens: list[int] | np.ndarray) -> str:
+        return self._tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True)
+
+    def __str__(self) -> str:
+        return f"tokenizer {self.path}"
+
+
+def load_tokenizer(path: str | Path | None) -> ByteTokenizer | HFTokenizer:
+    """`None` -> the byte-level tokenizer; a tokenizer.json (or its folder) -> that one."""
+    return ByteTokenizer() if path in (None, "") else HFTokenizer(path)
 
 
 def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
@@ -57,34 +109,55 @@ class TokenData:
     val_fraction: float = 0.05
 
     @classmethod
-    def load(cls, source: str | None, dtype: str = "uint16") -> TokenData:
+    def load(cls, source: str | None, dtype: str = "uint16",
+             tokenizer: str | None = None) -> TokenData:
         """`None` or "embedded" -> the stdlib corpus; a `.bin` file -> memory-mapped token ids
-        (the nanoGPT format); a `.txt` file or a folder of them -> byte-tokenised text."""
+        (the nanoGPT format); a `.txt` file or a folder of them -> text, byte-tokenised or
+        tokenised by `tokenizer` (a Hugging Face tokenizer.json) when given."""
         if source in (None, "", "embedded"):
+            if tokenizer:
+                text = embedded_corpus().tobytes().decode("utf-8", errors="replace")
+                return cls(load_tokenizer(tokenizer).encode_many([text]),
+                           f"embedded stdlib corpus ({tokenizer})")
             return cls(embedded_corpus(), "embedded stdlib corpus")
         path = Path(source)
         if not path.exists():
             raise ParaxisError(f"data {path} does not exist; give a .bin token file, a text file "
                                "or folder, or 'embedded'")
+        if path.suffix == ".bin" and tokenizer:
+            raise ParaxisError(f"data {path} already holds token ids; --tokenizer applies to "
+                               "text data only, leave it out")
+        if path.is_dir() or path.suffix != ".bin":
+            return cls._text(path, load_tokenizer(tokenizer))
+        if dtype not in TOKEN_DTYPES:
+            raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
+                               f"{', '.join(TOKEN_DTYPES)}")
+        itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+        size = path.stat().st_size
+        if size == 0:
+            raise ParaxisError(f"data {path} is empty; give a token file that holds tokens")
+        if size % itemsize:
+            raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
+                               f"{dtype} tokens; check --data-dtype")
+        tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+        return cls(tokens, str(path))
+
+    @classmethod
+    def _text(cls, path: Path, tokenizer: ByteTokenizer | HFTokenizer) -> TokenData:
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
                            (".txt", ".md", ".py"))
             if not files:
-                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files")
-            tokens = np.frombuffer(b"".join(p.read_bytes() for p in files), dtype=np.uint8)
-        elif path.suffix == ".bin":
-            if dtype not in TOKEN_DTYPES:
-                raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
-                                   f"{', '.join(TOKEN_DTYPES)}")
-            itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
-            size = path.stat().st_size
-            if size == 0 or size % itemsize:
-                raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
-                                   f"{dtype} tokens; check --data-dtype")
-            tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
+                raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files; put text "
+                                   "files in it or give a .bin token file")
         else:
-            tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-        return cls(tokens, str(path))
+            files = [path]
+        if isinstance(tokenizer, ByteTokenizer):  # the bytes are the tokens: no decoding
+            tokens = np.frombuffer(b"".join(p.read_bytes() for p in files), dtype=np.uint8)
+        else:
+            tokens = tokenizer.encode_many([p.read_text(encoding="utf-8", errors="replace")
+                                            for p in files])
+        return cls(tokens, f"{path} ({tokenizer})")
 
     def check(self, vocab_size: int, seq_len: int) -> None:
         needed = 2 * (seq_len + 1)
@@ -94,7 +167,8 @@ class TokenData:
         top = int(self.tokens[: 1_000_000].max())
         if top >= vocab_size:
             raise ParaxisError(f"data {self.name} holds token id {top} but the model's vocabulary "
-                               f"is {vocab_size}; check --data-dtype or choose a matching model")
+                               f"is {vocab_size}; check --data-dtype or --tokenizer, or choose a "
+                               "model whose vocabulary covers the data")
 
     @property
     def split_at(self) -> int:

@@ -3,7 +3,7 @@
 1. Trains the tiny model on one device on the embedded corpus (this Python's own standard
    library, tokenised as bytes: nothing to download).
 2. Trains the same model, seed and batches on a 3D layout, dp=2 x tp=2 x pp=2 (8 CPU ranks,
-   ZeRO-1, 1F1B), launched through torch's elastic agent like `paraxis train --nproc 8`.
+   ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (data_parallel/launch.py).
 3. Prints the two loss curves side by side, then writes the HTML report for the 3D run
    (plan, defence, pictures, measured next to predicted) and prints its path.
 """
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
                              metrics_file=str(out / "single" / "metrics.jsonl"))
     parallel_cfg = TrainConfig(**common, layout=layout,
                                metrics_file=str(out / "parallel" / "metrics.jsonl"))
-    for cfg in (single_cfg, parallel_cfg):
-        Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+    for cfg in (single_cfg, parallel_cfg):  # bad input fails before anything is written
+        cfg.check()
         cfg.layout.validate(cfg.layout.world_size)
 
     console.rule(f"[bold]1/3  {args.model} on one device")

@@ -47,12 +47,14 @@ class ModelConfig:
                 raise ParaxisError(f"model {field}={value!r} must be a positive integer")
         if self.d_model % self.n_heads:
             raise ParaxisError(f"d_model {self.d_model} is not divisible by n_heads "
-                               f"{self.n_heads}")
+                               f"{self.n_heads}; choose n_heads dividing d_model (head size "
+                               "d_model / n_heads)")
         if self.n_heads % self.n_kv_heads:
             raise ParaxisError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
-                               f"{self.n_kv_heads}")
+                               f"{self.n_kv_heads}; choose n_kv_heads dividing n_heads")
         if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
-            raise ParaxisError("gpt2-style models use n_kv_heads == n_heads")
+            raise ParaxisError("gpt2-style models use n_kv_heads == n_heads; set them equal or "
+                               "use style llama for grouped-query attention")
 
     # --------------------------------------------------------------- derived shape facts
 
@@ -162,10 +164,13 @@ PRESETS["llama-7b"] = PRESETS["llama2-7b"].replace(name="llama-7b")
 
 
 def load_model_config(name_or_path: str) -> ModelConfig:
-    """A preset name, or a .json/.toml file with the ModelConfig fields."""
+    """A preset name, a .json/.toml file with the ModelConfig fields, or a directory holding a
+    model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
+    if path.is_dir():
+        return _model_of_directory(path)
     if path.suffix in (".json", ".toml"):
         if not path.is_file():
             raise ParaxisError(f"model file {path} does not exist; give a preset name "
@@ -174,12 +179,22 @@ def load_model_config(name_or_path: str) -> ModelConfig:
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except (ValueError, UnicodeDecodeError) as error:
-            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]}: "
-                               f"{error}") from None
+            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
+                               "fix the file or give a preset name") from None
         data = data.get("model", data)
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")
+
+
+def _model_of_directory(path: Path) -> ModelConfig:
+    from paraxis.checkpoint.manifest import read_manifest, resolve
+    from paraxis.hf_config import read_hf_config
+
+    if (path / "config.json").is_file():
+        return read_hf_config(path)[1]
+    directory = resolve(path)  # a checkpoint, or the newest under a directory of them
+    return ModelConfig.from_dict(read_manifest(directory)["model"], source=str(directory))
 
 
 def model_from_params(num_params: float, seq_len: int = 2048,

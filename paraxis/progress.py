@@ -1,4 +1,8 @@
-"""Progress display for rank 0: a rich progress bar with step, loss and throughput."""
+"""Progress display for rank 0: a rich progress bar with step, loss and throughput.
+
+While it is on screen it also shows the heartbeat's stall reports (`runtime/heartbeat.py`):
+the ranks that stopped making progress, printed above the bar and named in its status.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,24 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._bar.__enter__()
+        if self.enabled:
+            from paraxis.runtime import heartbeat
+
+            self._previous_sink, heartbeat.stall_sink = heartbeat.stall_sink, self.stall
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            from paraxis.runtime import heartbeat
+
+            heartbeat.stall_sink = self._previous_sink
         self._bar.__exit__(*exc)
+
+    def stall(self, text: str | None) -> None:
+        """Called from the heartbeat thread: a stall line, or None once progress resumes."""
+        if text:
+            self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self._bar.update(self._task, status="[red]stalled (see above)" if text else "")
 
     def update(self, step: int, record: dict, log: bool = False) -> None:
         if not self.enabled:
@@ -32,5 +50,11 @@ class Progress:
                   f"lr {record['lr']:.2e}")
         self._bar.update(self._task, completed=step + 1, status=status)
         if log:
-            self._bar.console.print(f"step {step:>5}  {status}  "
-                                    f"grad-norm {record['grad_norm']:.3f}")
+            extra = f"  grad-norm {record['grad_norm']:.3f}"
+            if record.get("mfu") is not None:
+                extra += f"  MFU {100 * record['mfu']:.1f}%"
+            if "peak_mem_bytes_max_rank" in record:
+                extra += f"  peak mem {record['peak_mem_bytes_max_rank'] / 2**20:,.0f} MiB"
+            if "val_loss" in record:
+                extra += f"  val loss {record['val_loss']:.4f}"
+            self._bar.console.print(f"step {step:>5}  {status}{extra}")

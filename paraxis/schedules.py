@@ -279,6 +279,16 @@ def _with_communication(schedule: Schedule, stage: int, order: list[tuple[str, i
     return actions
 
 
+def forward_only(schedule: Schedule) -> Schedule:
+    """The evaluation step of `schedule`: its forwards and activation messages, in the same
+    order, without backwards (a held-out loss needs no gradients)."""
+    stages = [[a for a in actions if a.kind == "F" or (a.kind in ("send", "recv")
+                                                       and a.tensor == "act")]
+              for actions in schedule.stages]
+    return Schedule(schedule.kind, schedule.num_stages, schedule.microbatches,
+                    schedule.virtual, stages)
+
+
 # ------------------------------------------------------------------------------ checking
 
 

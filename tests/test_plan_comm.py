@@ -12,6 +12,7 @@ from paraxis.plan.comm import (
     reduce_scatter_time,
     ring_all_reduce_time,
     tp_collectives_per_layer,
+    tp_layer_exposed_time,
     tp_layer_time,
 )
 from paraxis.plan.hardware import build_cluster
@@ -37,11 +38,38 @@ def test_tp_collectives_per_layer() -> None:
     assert plain["forward"] == {"all_reduce": 2, "all_gather": 0, "reduce_scatter": 0}
     assert plain["backward"] == plain["forward"]
     assert sp["forward"] == {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 2}
-    # Korthikanti et al. 2022: SP moves the same bytes as the all-reduces it replaces
+    assert sp["backward"] == sp["forward"]
+    # SP moves the same bytes as the all-reduces it replaces, plus Megatron's two re-gathers
+    # of the sequence-sharded inputs it stored (Korthikanti et al. 2022 Sec. 4.2.2)
     link = Link(100e9, 0.0, False)
-    assert tp_layer_time(1e8, 8, True, link) == pytest.approx(tp_layer_time(1e8, 8, False, link))
     assert tp_layer_time(1e8, 8, False, link) == pytest.approx(4 * ring_all_reduce_time(1e8, 8,
                                                                                       100e9))
+    assert tp_layer_time(1e8, 8, True, link) == pytest.approx(
+        tp_layer_time(1e8, 8, False, link) + 2 * all_gather_time(1e8, 8, 100e9))
+    # full recomputation reruns the forward's collectives
+    assert tp_layer_time(1e8, 8, False, link, passes=3) == pytest.approx(
+        6 * ring_all_reduce_time(1e8, 8, 100e9))
+
+
+def test_backward_tp_collectives_hide_behind_gradient_gemms() -> None:
+    link = Link(100e9, 0.0, False)
+    all_reduce = ring_all_reduce_time(1e8, 8, 100e9)
+    gather = all_gather_time(1e8, 8, 100e9)
+    wide = (1.0, 1.0)  # weight-gradient GEMMs far longer than any collective
+    # forward: 2 all-reduces block; backward: both hide, only contention is paid
+    assert tp_layer_exposed_time(1e8, 8, False, link, wide) == pytest.approx((2 * all_reduce, 0))
+    assert tp_layer_exposed_time(1e8, 8, False, link, wide, contention=0.2)[1] == \
+        pytest.approx(0.2 * 2 * all_reduce)
+    # SP: the all-gathers of the row-parallel gradients stay exposed, the rest hides
+    forward, backward = tp_layer_exposed_time(1e8, 8, True, link, wide)
+    assert forward == pytest.approx(4 * gather) and backward == pytest.approx(2 * gather)
+    # a GEMM shorter than its collective leaves the difference exposed
+    short = (0.25 * all_reduce, 0.25 * all_reduce)
+    assert tp_layer_exposed_time(1e8, 8, False, link, short)[1] == pytest.approx(1.5 * all_reduce)
+    # without overlap the whole backward is exposed; tp = 1 has nothing to send
+    assert tp_layer_exposed_time(1e8, 8, True, link, wide, overlap=False)[1] == pytest.approx(
+        4 * gather + 2 * reduce_scatter_time(1e8, 8, 100e9))
+    assert tp_layer_exposed_time(1e8, 1, False, link, wide) == (0.0, 0.0)
 
 
 def test_groups_use_the_links_they_span() -> None:

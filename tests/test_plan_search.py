@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.model_config import PRESETS, model_from_params
+from paraxis.model_config import PRESETS, ModelConfig, model_from_params
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
@@ -57,13 +57,34 @@ def test_70b_on_32_nodes_is_tp_inside_nodes_with_pp_and_dp() -> None:
     best, cluster, result = best_layout(cfg, 256, 1024, 4096)
     layout = best.layout
     assert layout.tp >= 4 and not axis_link(layout, "tp", cluster).crosses_nodes
-    assert layout.pp > 1 and layout.dp > 1
-    # The course's exact answer, TP = 8 with PP and DP, is a near-tie: the model prefers TP = 4
-    # (TP traffic per FLOP grows with tp) by ~5%, far less than any layout that leaves the node.
+    assert layout.pp > 1 and axis_link(layout, "pp", cluster).crosses_nodes and layout.dp > 1
+    # The course's exact answer, TP = 8 with PP and DP, is a near-tie the model does not pick:
+    # with plenty of DP, TP = 4 and a 2-stage pipeline fit, and per step TP = 8 moves 7/3 the
+    # TP bytes of TP = 4 (each GPU does half the compute per microbatch but still all-gathers
+    # and reduce-scatters (t-1)/t of the activations): ~2.5% slower, far less than leaving
+    # the node.
     course = [e for e in result.ranked if e.layout.tp == 8 and e.layout.pp > 1
               and e.layout.dp > 1]
-    assert course and course[0].step_time_s <= 1.08 * best.step_time_s
+    assert course and course[0].step_time_s <= 1.04 * best.step_time_s
     assert not any(axis_link(e.layout, "tp", cluster).crosses_nodes for e in result.ranked[:10])
+    # the defence prices the rule of thumb it departs from
+    lines = explain(cfg, cluster, best, result)
+    assert any(line.startswith("Rejected TP=8 (the whole node") for line in lines)
+
+
+@pytest.mark.parametrize("batch", [32, 128])
+def test_tp_vs_pp_peaks_at_the_node_size(batch: int) -> None:
+    # Narayanan et al. 2021 Sec. 5.4.1, Fig. 13: a 161B GPT (32 layers, 128 heads, h = 20480)
+    # on 64 GPUs with no data parallelism peaks at tensor-parallel size = GPUs per node (8):
+    # smaller t means a deep pipeline and its bubble, larger t all-reduces over InfiniBand.
+    cfg = ModelConfig("gpt-161b", "gpt2", 51200, 32, 20480, 128, 128, 4 * 20480, 2048)
+    cluster = build_cluster("a100-80gb", 64, 8)
+    throughput = {}
+    for tp in (2, 4, 8, 16, 32):
+        result = search(cfg, cluster, 2048, batch, Constraints(
+            tp=tp, pp=64 // tp, dp=1, zero=0, recompute=("full",), sequence_parallel=(False,)))
+        throughput[tp] = result.ranked[0].tokens_per_s
+    assert max(throughput, key=throughput.get) == 8
 
 
 def test_explanation_names_the_tree_and_rivals() -> None:

@@ -32,6 +32,7 @@ from paraxis.data_parallel.flat import (
     group_size,
     reduce_scatter_sum,
 )
+from paraxis.runtime.watchdog import WATCH
 
 
 class GradReducer:
@@ -61,6 +62,7 @@ class GradReducer:
         self._complete = [False] * len(units)
         self._next_launch = 0
         self._pending: list[tuple[object, torch.Tensor | None]] = []
+        self._pending_op = "all_reduce"
         for unit in units:
             if shard_grads:
                 unit.grad_shard = torch.zeros(unit.shard_numel, dtype=unit.dtype,
@@ -122,6 +124,7 @@ class GradReducer:
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat))
         else:
             self._pending.append((all_reduce_sum(unit.grad_full, self.group), None))
+        self._pending_op = "reduce_scatter" if self.shard_grads else "all_reduce"
 
     # ----------------------------------------------------------------------- finish
 
@@ -131,8 +134,9 @@ class GradReducer:
         for index in range(self._next_launch, len(self.units)):
             self._complete[index] = True
         self._launch_ready()
-        for work, _ in self._pending:
-            work.wait()
+        with WATCH.waiting(self._pending_op, self.group):
+            for work, _ in self._pending:
+                work.wait()
         self._pending.clear()
         if self.dp_size > 1:
             for buffer in self.grad_buffers():

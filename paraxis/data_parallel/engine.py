@@ -38,7 +38,9 @@ from paraxis.runtime.params import (
     is_pp_duplicate,
     is_tp_sharded,
     local_norm_squares,
+    norm_squared,
 )
+from paraxis.runtime.watchdog import WATCH
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
 
@@ -105,7 +107,7 @@ class DataParallelEngine(LocalEngine):
         if self.dp_group is None:
             return
         source = dist.get_global_rank(self.dp_group, 0)
-        with torch.no_grad():
+        with torch.no_grad(), WATCH.waiting("broadcast", self.dp_group):
             for p in params:
                 dist.broadcast(p.data, src=source, group=self.dp_group)
 
@@ -128,13 +130,20 @@ class DataParallelEngine(LocalEngine):
         if self.gatherer is not None:
             self.gatherer.free_all()
 
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        loss = super().evaluate(inputs, targets)
+        if self.gatherer is not None:  # forward-only leaves the root unit gathered
+            self.gatherer.free_all()
+        return loss
+
     def reduce_loss(self, loss: float) -> float:
         if self.dp_group is None:
             return loss
         value = torch.tensor([loss], dtype=torch.float64)
         if self.device.type == "cuda":
             value = value.to(self.device)
-        dist.all_reduce(value, group=self.dp_group)
+        with WATCH.waiting("all_reduce", self.dp_group):
+            dist.all_reduce(value, group=self.dp_group)
         return float(value) / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
@@ -142,16 +151,11 @@ class DataParallelEngine(LocalEngine):
             sharded, replicated = local_norm_squares(list(self.model.parameters()))
             return global_norm_squared(sharded, replicated, self.groups, False)
         # ZeRO-2/3: each rank holds a disjoint piece of every gradient; padding is left out.
-        sharded = torch.zeros((), device=self.device)
-        replicated = torch.zeros((), device=self.device)
-        for piece, master in self.pieces:
-            if is_pp_duplicate(piece.param):
-                continue
-            square = master.grad.detach().float().pow(2).sum()
-            if is_tp_sharded(piece.param):
-                sharded += square
-            else:
-                replicated += square
+        live = [(piece, master) for piece, master in self.pieces
+                if not is_pp_duplicate(piece.param)]
+        sharded = norm_squared([m.grad for p, m in live if is_tp_sharded(p.param)], self.device)
+        replicated = norm_squared([m.grad for p, m in live if not is_tp_sharded(p.param)],
+                                  self.device)
         return global_norm_squared(sharded, replicated, self.groups, True)
 
     def clip_grad_norm(self, max_norm: float) -> float:
@@ -172,6 +176,9 @@ class DataParallelEngine(LocalEngine):
                 buffer.mul_(factor)
         return norm
 
+    def skipped_overflow(self) -> bool:
+        return self._skip_step
+
     def optimizer_step(self, lr: float) -> None:
         if self._skip_step:  # fp16 overflow: this step's gradients are not usable
             self._skip_step = False
@@ -186,8 +193,9 @@ class DataParallelEngine(LocalEngine):
             # The shard is copied first: an all-gather's input must not alias its output.
             works = [all_gather(unit.param_full, unit.param_shard.clone(), self.dp_group)
                      for unit in self.units]
-            for work in works:
-                work.wait()
+            with WATCH.waiting("all_gather", self.dp_group):
+                for work in works:
+                    work.wait()
 
     def zero_grad(self) -> None:
         self.reducer.zero()

@@ -1,37 +1,159 @@
-"""`paraxis train --nproc N`: start N ranks on this machine through torch's elastic agent.
+"""`paraxis train --nproc N`: start N ranks on this machine, watch them, stop them together.
 
 The ranks run `run_training`, the function `torchrun -m paraxis.train` reaches on every rank,
 so one machine needs no torchrun and several machines use torchrun with its own flags
 (`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:port -m paraxis.train ...`).
+
+Nothing listens beyond loopback unless `--rdzv-host` says so: this process hosts the
+rendezvous store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to
+every interface, whatever address it is given), the ranks join it as clients (torchrun's
+agent-store convention), and gloo is pinned to the loopback interface.
+
+Each rank reports its own failure in one line (`cli.run_guarded`); when one fails, the
+others get a moment to report theirs, then are stopped, and this process adds one line
+naming the ranks that failed.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
-import uuid
+import queue
+import signal
+import socket
+import sys
+import time
+from datetime import timedelta
 
-from paraxis.testing import free_port
+from paraxis.errors import CommFailure, RunFailed
+
+LOOPBACK = "127.0.0.1"
 
 
-def _rank_entry(cfg):  # noqa: ANN001, ANN202 - a TrainConfig; runs in a spawned rank
+def _rank_entry(cfg, debug: bool, env: dict[str, str], results) -> None:  # noqa: ANN001
+    os.environ.update(env)
     import torch
 
+    from paraxis.cli import run_guarded
     from paraxis.train import run_training
 
     if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
         # Ranks share the machine's cores: one thread each avoids oversubscription.
         torch.set_num_threads(1)
-    return run_training(cfg)
+    records: list[dict] = []
+    code = run_guarded(lambda: records.extend(run_training(cfg)), debug=debug)
+    if code:
+        sys.exit(code)  # the rank already said why, in one line
+    if env["RANK"] == "0":
+        results.put(records)
+        results.close()
+        results.join_thread()
 
 
-def launch(cfg, nproc: int, host: str = "127.0.0.1") -> list[dict]:  # noqa: ANN001
-    """Run `cfg` on `nproc` local ranks (rendezvous on host:free port); rank 0's records."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+def launch(cfg, nproc: int, host: str = LOOPBACK, debug: bool = False,  # noqa: ANN001
+           max_restarts: int = 0) -> list[dict]:
+    """Run `cfg` on `nproc` local ranks; return rank 0's records.
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=f"paraxis-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                          rdzv_endpoint=f"{host}:{free_port()}", max_restarts=0,
-                          monitor_interval=0.1, start_method="spawn")
-    results = elastic_launch(config, _rank_entry)(cfg)
-    return results[0]
+    max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
+    stopped and all start again, up to this many times; each start resumes from the newest
+    complete checkpoint (`train._resume`, which sees TORCHELASTIC_RESTART_COUNT as under
+    torchrun --max-restarts).
+    """
+    for attempt in range(max_restarts + 1):
+        try:
+            return _launch_once(cfg, nproc, host, debug, attempt)
+        except RunFailed as failure:
+            if attempt == max_restarts:
+                raise
+            print(f"paraxis: {failure}; restarting every rank from the newest checkpoint "
+                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _launch_once(cfg, nproc: int, host: str, debug: bool, attempt: int  # noqa: ANN001
+                 ) -> list[dict]:
+    import torch.distributed as dist
+
+    # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
+    # the store owns the socket from here on and closes it.
+    listener = socket.create_server((host, 0), backlog=max(128, 4 * nproc))
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(host, port, is_master=True, master_listen_fd=listener.detach(),
+                          wait_for_workers=False, timeout=timedelta(seconds=cfg.timeout_s))
+    common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
+              "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
+              "TORCHELASTIC_RESTART_COUNT": str(attempt),
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
+        common["GLOO_SOCKET_IFNAME"] = "lo"
+    context = mp.get_context("spawn")  # fork after `import torch` is unsafe
+    results = context.Queue()
+    processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
+        cfg, debug, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, results))
+        for rank in range(nproc)]
+    for process in processes:
+        process.start()
+    try:
+        return _watch(processes, results, cfg.timeout_s)
+    finally:
+        _stop(processes)
+        del store
+
+
+def _watch(processes: list, results, timeout_s: float) -> list[dict]:  # noqa: ANN001
+    records = None
+    while True:
+        try:
+            records = results.get(timeout=0.1)
+        except queue.Empty:
+            pass
+        codes = [p.exitcode for p in processes]
+        if any(code not in (None, 0) for code in codes):
+            # The others' waits expire a moment later: let them say so before stopping them.
+            deadline = time.monotonic() + CommFailure.linger_s + 2.0
+            while time.monotonic() < deadline and any(p.exitcode is None for p in processes):
+                time.sleep(0.1)
+            raise RunFailed(failure_summary([p.exitcode for p in processes]))
+        if all(code == 0 for code in codes):
+            return records if records is not None else results.get(timeout=timeout_s)
+
+
+def _stop(processes: list) -> None:
+    """SIGTERM whoever is still running, then SIGKILL whoever ignores it."""
+    for process in processes:
+        if process.exitcode is None:
+            process.terminate()
+    deadline = time.monotonic() + 5.0
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+
+
+def failure_summary(codes: list[int | None]) -> str:
+    """"rank 1 exited with code 3, rank 2 still running (stopped); ..." in one line."""
+    parts = []
+    for rank, code in enumerate(codes):
+        if code is None:
+            parts.append(f"rank {rank} did not exit on its own (stopped)")
+        elif code < 0:
+            parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
+        elif code > 0:
+            parts.append(f"rank {rank} exited with code {code}")
+    return (f"{', '.join(parts)} (of {len(codes)} ranks); each failed rank's own line above "
+            "says why (--debug for tracebacks)")
+
+
+def warn_if_oversubscribed(nproc: int, device: str) -> None:
+    """One line when CPU ranks outnumber the cores this process may use: the run works,
+    only slower (every rank wants a core of its own)."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores and nproc > cores:
+        print(f"paraxis: warning: {nproc} ranks on {cores} CPU core{'s' * (cores > 1)}: they "
+              f"will share cores and every step will be slower; for speed use --nproc {cores}",
+              file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather
+from paraxis.runtime.watchdog import WATCH
 
 
 def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[float, float],
@@ -43,7 +44,8 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
               {"params": no_decay, "weight_decay": 0.0}]
     # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
     groups = [g for g in groups if g["params"]] or [{"params": [], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=False)
+    # foreach: see make_adamw (same per-element math as the single-tensor loop).
+    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
     return optimizer, pieces
 
 
@@ -111,7 +113,8 @@ class ParamGatherer:
     def gather(self, index: int) -> None:
         self.prefetch(index)
         if self._state[index] == "pending":
-            self._work[index].wait()
+            with WATCH.waiting("all_gather", self.group):
+                self._work[index].wait()
             self._work[index] = None
             self._state[index] = "ready"
 
@@ -167,5 +170,6 @@ class ParamGatherer:
         """A fresh copy of unit `index`'s full flat parameters (collective over the group)."""
         unit = self.units[index]
         full = torch.empty(unit.padded_numel, dtype=unit.dtype, device=unit.device)
-        all_gather(full, unit.param_shard, self.group).wait()
+        with WATCH.waiting("all_gather", self.group):
+            all_gather(full, unit.param_shard, self.group).wait()
         return full

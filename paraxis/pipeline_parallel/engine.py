@@ -28,7 +28,8 @@ from paraxis.pipeline_parallel.stage import StageModule, TiedEmbedding, build_st
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.params import global_norm_squared, local_norm_squares
-from paraxis.schedules import build_schedule, validate
+from paraxis.runtime.watchdog import WATCH
+from paraxis.schedules import build_schedule, forward_only, validate
 
 
 class PipelineEngine(LocalEngine):
@@ -71,11 +72,14 @@ class PipelineEngine(LocalEngine):
                                                 layout.microbatches, layout.virtual_stages))
         self.executor = PipelineExecutor(self.schedule, groups.pp_rank, self.chunks,
                                          groups.pp_ranks, groups.rank)
+        self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
+                                              self.chunks, groups.pp_ranks, groups.rank)
         if layout.sequence_parallel:
             # Sequence parallelism keeps the residual stream split along the sequence between
             # blocks, so a stage boundary carries 1/tp of the sequence (Korthikanti et al.).
-            self.executor.boundary_shape = lambda ids: (ids[0], ids[1] // layout.tp,
-                                                        cfg.d_model)
+            for executor in (self.executor, self.eval_executor):
+                executor.boundary_shape = lambda ids: (ids[0], ids[1] // layout.tp,
+                                                       cfg.d_model)
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This stage's parameters under their single-device names (a tied copy once)."""
@@ -95,6 +99,15 @@ class PipelineEngine(LocalEngine):
                                  backward_context=self._backward_context)
         self.finish_grad_sync()
         # Only the last stage computed the loss: it tells the rest of its pipeline.
+        with WATCH.waiting("broadcast", self.groups.pp_group):
+            dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
+        return self.reduce_loss(float(loss))
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        micro = self.microbatches(inputs, targets)
+        loss = self.eval_executor.run([x for x, _ in micro], [y for _, y in micro],
+                                      self.autocast_dtype)
         dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
         return self.reduce_loss(float(loss))
 
@@ -127,6 +140,9 @@ class PipelineEngine(LocalEngine):
         if self.data_parallel is not None:
             return self.data_parallel.clip_grad_norm(max_norm)
         return super().clip_grad_norm(max_norm)
+
+    def skipped_overflow(self) -> bool:
+        return self.data_parallel is not None and self.data_parallel.skipped_overflow()
 
     def optimizer_step(self, lr: float) -> None:
         if self.data_parallel is not None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.runtime.watchdog import WATCH
 from paraxis.schedules import Action, Schedule
 
 
@@ -66,10 +67,12 @@ class PipelineExecutor:
         received: dict[tuple[str, int, int], torch.Tensor] = {}  # tensor, microbatch, chunk
         local_grads: dict[tuple[int, int], torch.Tensor] = {}  # chunk -> chunk on one stage
         input_grads: dict[tuple[int, int], torch.Tensor] = {}  # waiting for their send
-        # (work, tensor): a tensor must outlive its isend, so it is held until the step ends
-        pending_sends: list[tuple[dist.Work, torch.Tensor]] = []
+        # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step
+        # ends
+        pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = []
         loss_total = torch.zeros((), device=device)
-        last_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
+        last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
+                            default=-1)  # a forward-only (evaluation) schedule has none
         position = 0
         while position < len(self.actions):
             action = self.actions[position]
@@ -120,8 +123,9 @@ class PipelineExecutor:
                     input_grads[key] = x.grad
             self._record(action, started)
             position += 1
-        for work, _ in pending_sends:
-            work.wait()
+        for work, _, peer in pending_sends:
+            with WATCH.waiting("send", peer=peer, axis="pp"):
+                work.wait()
         return loss_total
 
     def _communicate(self, batch: list[Action], shape: tuple[int, ...], device: torch.device,
@@ -146,9 +150,10 @@ class PipelineExecutor:
         works = dist.batch_isend_irecv(ops)
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.irecv:
-                work.wait()
+                with WATCH.waiting("recv", peer=op.peer, axis="pp"):
+                    work.wait()
             else:
-                pending_sends.append((work, op.tensor))
+                pending_sends.append((work, op.tensor, op.peer))
         for action, buffer in recv_buffers:
             received[(action.tensor, action.microbatch, action.chunk)] = buffer
         for action in batch:

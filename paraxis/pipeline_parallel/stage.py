@@ -22,6 +22,8 @@ from torch import nn
 from paraxis.model import Block, CrossEntropy, Transformer, init_parameter, make_norm
 from paraxis.model_config import ModelConfig
 from paraxis.pipeline_parallel.partition import Partition
+from paraxis.runtime.distributed import collective_timeout
+from paraxis.runtime.watchdog import WATCH, name_group
 
 
 class StageBlocks(nn.ModuleList):
@@ -114,7 +116,8 @@ class TiedEmbedding:
             return
         for ranks in layout.groups("pp"):
             # new_group is collective over the world: every rank creates every pair in order
-            group = dist.new_group([ranks[0], ranks[-1]])
+            group = dist.new_group([ranks[0], ranks[-1]], timeout=collective_timeout())
+            name_group(group, "tied-embedding")
             if groups.rank in (ranks[0], ranks[-1]):
                 self.group = group
         for module in chunks:
@@ -128,4 +131,5 @@ class TiedEmbedding:
             return
         if self.param.grad is None:
             self.param.grad = torch.zeros_like(self.param)
-        dist.all_reduce(self.param.grad, group=self.group)
+        with WATCH.waiting("all_reduce", self.group):
+            dist.all_reduce(self.param.grad, group=self.group)

@@ -116,14 +116,11 @@ def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int
     return {"forward": dict(per_pass), "backward": dict(per_pass)}
 
 
-def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
-                  passes: int = 2) -> float:
-    """Seconds of TP communication one layer spends per microbatch over `passes` passes
-    (2: forward + backward; 3 with full recomputation, which reruns the forward)."""
-    counts = tp_collectives_per_layer(sequence_parallel)["forward"]
-    one_pass = sum(count * collective_time(op, activation_bytes, tp, link)
-                   for op, count in counts.items())
-    return passes * one_pass
+# Megatron's SP keeps only the sequence shard of the two column-parallel GEMM inputs (the
+# memory activations.py counts) and all-gathers them again in the backward (Korthikanti et
+# al. 2022 Sec. 4.2.2): two extra all-gathers per layer. paraxis's own runtime lets autograd
+# keep the gathered input instead, so it has none (`regather=False`).
+SP_BACKWARD_REGATHERS = 2
 
 
 def collective_time(op: str, size_bytes: float, n: int, link: Link) -> float:
@@ -135,6 +132,63 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link) -> float:
     timer = {"all_reduce": ring_all_reduce_time, "all_gather": all_gather_time,
              "reduce_scatter": reduce_scatter_time}[op]
     return timer(size_bytes, n, bandwidth, latency)
+
+
+def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
+    return sum(count * collective_time(op, size_bytes, tp, link)
+               for op, count in counts.items())
+
+
+def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
+                  passes: int = 2, regather: bool = True) -> float:
+    """Seconds of TP traffic one layer moves per microbatch: the forward collectives
+    `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
+    backward's (with SP and `regather`, Megatron's re-gathers too)."""
+    counts = tp_collectives_per_layer(sequence_parallel)
+    regathers = SP_BACKWARD_REGATHERS * collective_time(
+        "all_gather", activation_bytes, tp, link) if sequence_parallel and regather else 0.0
+    return ((passes - 1) * _collectives_time(counts["forward"], activation_bytes, tp, link)
+            + _collectives_time(counts["backward"], activation_bytes, tp, link) + regathers)
+
+
+def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: bool,
+                          link: Link, gemm_windows_s: tuple[float, ...], overlap: bool = True,
+                          contention: float = 0.0, regather: bool = True
+                          ) -> tuple[float, float]:
+    """(forward, backward) seconds of TP communication one layer puts on the critical path per
+    microbatch; a full recomputation pays the forward figure once more.
+
+    Forward collectives block the next GEMM. In the backward, Megatron launches the
+    input-gradient collective of each column-parallel linear (QKV, MLP-in) asynchronously and
+    overlaps it with that linear's weight-gradient GEMM (Korthikanti et al. 2022 Sec. 6.2; their
+    Table 4 backward of 11.9 ms is 2x the compute, not 2x + comm); with SP the re-gather of the
+    stored input overlaps the input-gradient GEMM (Sec. 4.2.2), while the all-gathers of the
+    row-parallel outputs' gradients stay exposed. `gemm_windows_s` holds one weight-gradient
+    GEMM time per column-parallel linear; traffic beyond a window is exposed, and `contention`
+    of the hidden part still lands on the step.
+    """
+    if tp <= 1:
+        return 0.0, 0.0
+    counts = tp_collectives_per_layer(sequence_parallel)
+    forward = _collectives_time(counts["forward"], activation_bytes, tp, link)
+    if not overlap:
+        return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link,
+                                      regather=regather) - forward
+    if sequence_parallel:
+        gather = collective_time("all_gather", activation_bytes, tp, link)
+        exposed = 2 * gather  # the conjugates of the forward reduce-scatters
+        # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
+        hideable = [gather] if regather else []
+        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, link))
+    else:
+        exposed = 0.0
+        hideable = [collective_time("all_reduce", activation_bytes, tp, link)]
+    hidden = 0.0
+    for window in gemm_windows_s:
+        for comm in hideable:
+            hidden += min(comm, window)
+            exposed += max(0.0, comm - window)
+    return forward, exposed + contention * hidden
 
 
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,

@@ -9,6 +9,7 @@ include it (MFU, Chowdhery et al. 2022 App. B), hardware FLOPs do (HFU).
 from __future__ import annotations
 
 from paraxis.model_config import ModelConfig
+from paraxis.plan.precision import Precision
 
 
 def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float]:
@@ -102,15 +103,18 @@ def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float
     return norm + 3 * cfg.vocab_size / tp
 
 
-def optimizer_traffic_per_param(param_bytes: float, grad_bytes: float, kernels: str) -> float:
-    """Memory bytes one AdamW update moves per parameter (memory-bound: a few FLOPs a byte).
+def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") -> float:
+    """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
+    FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
 
-    Fused (Megatron/Apex multi-tensor Adam): read fp32 master, m, v and the gradient, write
-    master, m, v and the 16-bit copy. Eager (torch.optim.AdamW, foreach=False, what paraxis
-    runs): each op reads and writes whole fp32 tensors, 21 element passes (decay mul_ 2,
-    lerp_ 3, mul_ + addcmul_ 6, sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read
-    and the clipping mul_ (3 passes of the gradient).
+    Fused (Megatron/Apex multi-tensor Adam, the published runs): the gradient read twice (the
+    global norm for clipping, then the update), the optimizer states (fp32 master, m, v) and
+    the parameter each read and written: 32 B for mixed precision. Eager (torch.optim.AdamW,
+    one kernel per op, single-tensor or foreach alike, what paraxis runs): each op reads and
+    writes whole fp32 tensors, 21 element passes (decay mul_ 2, lerp_ 3, mul_ + addcmul_ 6,
+    sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read and the clipping mul_ (3
+    passes of the gradient).
     """
     if kernels == "eager":
-        return 21 * 4 + 3 * grad_bytes
-    return 3 * 4 + grad_bytes + 3 * 4 + (param_bytes if param_bytes < 4 else 0)
+        return 21 * 4 + 3 * precision.grad_bytes
+    return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)

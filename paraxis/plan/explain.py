@@ -48,9 +48,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
         lines.append(
             f"TP={layout.tp} lives {where} at {link.cost('all_reduce')[0] / GB:.3g} GB/s: its 4 "
-            f"collectives per layer per microbatch cost {time['tp']:.2f} s per step "
-            f"({time['tp'] / time['step']:.0%}), paid for by splitting every matrix "
-            f"{layout.tp} ways.")
+            f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
+            f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
+            f"exposed, paid for by splitting every matrix {layout.tp} ways.")
     else:
         lines.append("No TP: the model fits without splitting matrices, so no per-layer "
                       "collectives sit on the critical path.")
@@ -77,6 +77,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
     if result is not None:
         lines += _rivals(best, result, alternatives)
+        lines += _node_sized_tp(best, result, cluster.gpus_per_node, lines)
     return lines
 
 
@@ -100,3 +101,18 @@ def _rivals(best: Estimate, result: SearchResult, count: int) -> list[str]:
         lines.append(f"Rejected {faster[0].layout}: would be faster "
                      f"({faster[0].estimate.step_time_s:.2f} s) but {faster[0].reason}.")
     return lines
+
+
+def _node_sized_tp(best: Estimate, result: SearchResult, node: int,
+                   said: list[str]) -> list[str]:
+    """The rule of thumb (TP = GPUs per node; Narayanan et al. 2021 Takeaway #1), priced."""
+    if not 1 < best.layout.tp < node:
+        return []
+    rival = next((e for e in result.ranked if e.layout.tp == node), None)
+    if rival is None or any(str(rival.layout) in line for line in said):
+        return []
+    slower = rival.step_time_s / best.step_time_s - 1
+    return [f"Rejected TP={node} (the whole node, the usual rule) at best {rival.layout}: "
+            f"{slower:.1%} slower; its TP collectives put {rival.time['tp']:.2f} s on the "
+            f"critical path vs {best.time['tp']:.2f} s, because each GPU does 1/{node} of a "
+            f"microbatch but still moves (t-1)/t of its activations."]

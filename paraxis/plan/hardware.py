@@ -60,6 +60,8 @@ class GPU:
     attention_flops: float = 0.0
     # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
     # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
+    # The name stands for the runtime too: Megatron re-gathers SP inputs in the backward, and
+    # its Adam is one fused kernel (cost.layer_times, compute.optimizer_traffic_per_param).
     kernels: str = "fused"
 
 
@@ -137,6 +139,19 @@ def get_gpu(name: str) -> GPU:
         raise ParaxisError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)} or give "
                            "--hardware FILE")
     return GPUS[name]
+
+
+def gpu_for_device_name(device_name: str) -> GPU | None:
+    """The preset for a CUDA device name such as "NVIDIA H100 80GB HBM3" (None if unknown):
+    how a run's MFU finds the peak it is measured against."""
+    text = device_name.lower().replace(" ", "")
+    for markers, preset in ((("h200",), "h200"), (("h100", "pcie"), "h100-pcie-80gb"),
+                            (("h100",), "h100-sxm-80gb"), (("a100", "80g"), "a100-80gb"),
+                            (("a100",), "a100-40gb"), (("v100",), "v100-32gb"),
+                            (("l40s",), "l40s")):
+        if all(marker in text for marker in markers):
+            return GPUS[preset]
+    return None
 
 
 _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = resolve_cluster(args)
     precision: Precision = PRECISIONS[args.precision]
     seq_len = args.seq_len or cfg.max_seq_len
-    overlap = Overlap(dp=False) if args.no_overlap else Overlap()
+    overlap = Overlap(dp=False, tp=False) if args.no_overlap else Overlap()
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     if args.global_batch < 1:

@@ -37,6 +37,8 @@ class Constraints:
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     sequence_parallel: tuple[bool, ...] = (True,)
     tp_within_node: bool = False  # forbid TP groups that cross nodes
+    virtual_stages: tuple[int, ...] = (2, 4)  # model chunks per device tried for interleaved
+    micro_batch: int | None = None  # sequences per microbatch (None: try MICRO_BATCH_SIZES)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints
     variants = []
     for kind in constraints.schedules:
         if kind == "interleaved":
-            variants += [(kind, v) for v in (2, 4) if microbatches % pp == 0]
+            variants += [(kind, v) for v in constraints.virtual_stages
+                         if v > 1 and microbatches % pp == 0]
         else:
             variants.append((kind, 1))
     return variants
@@ -119,7 +122,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 continue  # Layout rule: ZeRO-3 needs pp = 1
             if zero > 0 and dp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
-            for micro_batch in MICRO_BATCH_SIZES:
+            for micro_batch in (c.micro_batch,) if c.micro_batch else MICRO_BATCH_SIZES:
                 if per_replica % micro_batch:
                     continue
                 microbatches = per_replica // micro_batch

@@ -3,6 +3,9 @@
 Nothing else in paraxis computes a rank by hand: the dp, tp, pp (and dp x tp) groups and the
 pipeline neighbours of this rank come from `build_groups(layout)`, which asks the layout for
 its groups. Device from the local rank, backend from the device: NCCL on CUDA, gloo on CPU.
+
+Every group carries the run's collective timeout: `new_group` does not inherit the default
+group's (it falls back to the backend's 30 minutes), so it is passed explicitly.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ import torch.distributed as dist
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Coords, Layout
+from paraxis.runtime.watchdog import WATCH, name_group
+
+_timeout = timedelta(seconds=600)  # set by init_distributed; every new group gets it
+
+
+def collective_timeout() -> timedelta:
+    """The timeout every process group of this run is created with."""
+    return _timeout
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -44,23 +55,44 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[in
     """Join the job torchrun (or the test harness) described in the environment.
 
     Returns (rank, world_size); a single process without torchrun's variables is world 1
-    and needs no process group.
+    and needs no process group. `timeout_s` bounds every collective and point-to-point wait
+    (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
     """
+    global _timeout
+    _timeout = timedelta(seconds=timeout_s)
     if dist.is_initialized():
+        WATCH.configure(dist.get_rank(), timeout_s)
         return dist.get_rank(), dist.get_world_size()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return 0, 1
-    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    options = {"timeout": _timeout, "device_id": device if device.type == "cuda" else None}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torch's elastic agent (torchrun --max-restarts) every attempt of a restarted
+        # job joins the agent's one store at the same address, and torch adds no per-attempt
+        # prefix there (torch/distributed/rendezvous.py), so the sub-groups of a restarted
+        # run would read the dead attempt's peer addresses and fail to connect. One prefix
+        # per attempt keeps each attempt's keys apart.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size, is_master=False, timeout=_timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend_for(device), store=dist.PrefixStore(
+            f"paraxis/attempt_{attempt}", store), rank=int(os.environ["RANK"]),
+            world_size=world_size, **options)
+    else:
+        dist.init_process_group(backend_for(device), **options)
+    WATCH.configure(dist.get_rank(), timeout_s)
     return dist.get_rank(), dist.get_world_size()
 
 
-def shutdown_distributed() -> None:
-    if dist.is_initialized():
+def shutdown_distributed(clean: bool = True) -> None:
+    """Leave the process group. After a failed wait (`clean=False`) the group is broken and
+    a barrier would only wait out the timeout again: the process just exits."""
+    if dist.is_initialized() and clean:
         # Ranks that reach destroy_process_group() seconds apart can abort on gloo
         # (PLATFORM.md); a barrier first lines them up.
-        dist.barrier()
+        with WATCH.waiting("barrier (shutdown)"):
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -124,7 +156,8 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
                 continue
             # new_group is collective over the whole world, so every rank creates every
             # group in the same order, then keeps its own.
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=_timeout)
+            name_group(group, axis)
             if rank in ranks:
                 mine[axis] = group
     return ParallelGroups(layout, rank, layout.coords(rank), mine["dp"], mine["tp"], mine["pp"],

@@ -53,6 +53,13 @@ class LocalEngine:
         self.finish_grad_sync()
         return self.reduce_loss(total)
 
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean loss on this dp rank's share of a held-out batch; no gradients, no update."""
+        micro = self.microbatches(inputs, targets)
+        total = sum(self.loss(x, y).item() for x, y in micro) / len(micro)
+        return self.reduce_loss(total)
+
     def backward(self, loss: torch.Tensor) -> None:
         """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
         loss.backward()
@@ -83,12 +90,16 @@ class LocalEngine:
         """Global L2 norm of all gradients; scale them down to `max_norm` when above it."""
         norm = math.sqrt(float(self.grad_norm_squared()))
         if max_norm > 0 and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
+            scale = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
+            grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]
+                     if p.grad is not None]
+            torch._foreach_mul_(grads, scale)
         return norm
+
+    def skipped_overflow(self) -> bool:
+        """True when fp16 loss scaling found inf/NaN gradients this step and skips the
+        update itself (an expected event, not a numerical fault)."""
+        return False
 
     def optimizer_step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -115,7 +126,9 @@ def make_adamw(params, weight_decay: float, betas: tuple[float, float], eps: flo
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=False: elementwise math identical whatever the tensors' shapes and sharding,
-    # so a sharded optimizer matches the single-device one bit for bit where it can.
+    # foreach=True: one multi-tensor call per group instead of a Python loop over tensors.
+    # Its per-element math is the single-tensor algorithm's, so on CPU the result is the
+    # same bit for bit whatever the tensors' shapes or sharding (a sharded optimizer still
+    # matches the single-device one; tests/test_dp_equivalence.py).
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=betas, eps=eps,
-                             foreach=False)
+                             foreach=True)

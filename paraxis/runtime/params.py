@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.watchdog import WATCH
 
 
 def is_tp_sharded(param: torch.Tensor) -> bool:
@@ -41,26 +42,32 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
     total = replicated_sq.float().clone()
     sharded = tp_sharded_sq.float().clone()
     if groups is not None and groups.tp_group is not None:
-        dist.all_reduce(sharded, group=groups.tp_group)
+        with WATCH.waiting("all_reduce", groups.tp_group):
+            dist.all_reduce(sharded, group=groups.tp_group)
     total += sharded
     if groups is not None and grads_sharded_over_dp and groups.dp_group is not None:
-        dist.all_reduce(total, group=groups.dp_group)
+        with WATCH.waiting("all_reduce", groups.dp_group):
+            dist.all_reduce(total, group=groups.dp_group)
     if groups is not None and groups.pp_group is not None:
-        dist.all_reduce(total, group=groups.pp_group)
+        with WATCH.waiting("all_reduce", groups.pp_group):
+            dist.all_reduce(total, group=groups.pp_group)
     return total
 
 
 def local_norm_squares(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
     """(tp-sharded, replicated) sums of squared gradients over whole local parameters."""
     device = params[0].device if params else torch.device("cpu")
-    sharded = torch.zeros((), device=device)
-    replicated = torch.zeros((), device=device)
-    for p in params:
-        if p.grad is None or is_pp_duplicate(p):
-            continue
-        square = p.grad.detach().float().pow(2).sum()
-        if is_tp_sharded(p):
-            sharded += square
-        else:
-            replicated += square
-    return sharded, replicated
+    sharded = [p.grad for p in params if p.grad is not None and not is_pp_duplicate(p)
+               and is_tp_sharded(p)]
+    replicated = [p.grad for p in params if p.grad is not None and not is_pp_duplicate(p)
+                  and not is_tp_sharded(p)]
+    return norm_squared(sharded, device), norm_squared(replicated, device)
+
+
+def norm_squared(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Sum of squares of `tensors` (fp32), without a squared copy of each (the multi-tensor
+    norm `clip_grad_norm_` uses)."""
+    if not tensors:
+        return torch.zeros((), device=device)
+    norms = torch._foreach_norm([t.detach().float() for t in tensors])
+    return torch.stack(norms).pow(2).sum()

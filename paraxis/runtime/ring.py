@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.errors import ParaxisError
+from paraxis.runtime.watchdog import WATCH
 from paraxis.simulate.ring import REDUCE_SCATTER, chunk_bounds, ring_schedule
 
 
@@ -42,8 +43,10 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
         # send first would deadlock a ring whose transport does not buffer.
         requests = [dist.isend(chunks[send_chunk].clone(), right, group=group),
                     dist.irecv(incoming, left, group=group)]
-        for request in requests:
-            request.wait()
+        with WATCH.waiting("recv", peer=left, axis="ring"):
+            requests[1].wait()
+        with WATCH.waiting("send", peer=right, axis="ring"):
+            requests[0].wait()
         if phase == REDUCE_SCATTER:
             chunks[recv_chunk].add_(incoming)
         else:

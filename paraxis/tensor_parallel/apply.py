@@ -34,6 +34,7 @@ from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.params import is_tp_sharded
+from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 from paraxis.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -64,6 +65,10 @@ class Colwise:
     def __init__(self, enter_region: bool = False) -> None:
         self.enter_region = enter_region
 
+    @staticmethod
+    def split_dim(leaf: str) -> int | None:
+        return 0  # weight rows and bias entries are output features
+
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size, f"{module.weight.shape[0]} output "
                          "features")
@@ -73,6 +78,10 @@ class Colwise:
 
 class Rowwise:
     """Input features split; partial outputs all-reduced (or reduce-scattered with SP)."""
+
+    @staticmethod
+    def split_dim(leaf: str) -> int | None:
+        return 1 if leaf == "weight" else None  # the bias is added once, after the sum
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[1], ctx.size, f"{module.weight.shape[1]} input "
@@ -94,6 +103,10 @@ class EnterRegion:
 
 class VocabParallel:
     """Embedding rows split by vocabulary; the sum over ranks is the lookup."""
+
+    @staticmethod
+    def split_dim(leaf: str) -> int | None:
+        return 0
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size,
@@ -143,6 +156,17 @@ PLAN: dict[str, SplitStyle] = {
     "lm_head": Colwise(enter_region=True),  # vocab-parallel logits
     "loss_fn": VocabParallelLoss(),
 }
+
+
+def tp_split_dim(name: str, plan: Mapping[str, SplitStyle] = PLAN) -> int | None:
+    """The dim along which tensor parallelism splits parameter `name` (None: replicated),
+    read off the plan, so offline tools (checkpoint conversion) shard as the runtime does."""
+    module, _, leaf = name.rpartition(".")
+    for text, style in plan.items():
+        if _pattern(text).match(module):
+            split = getattr(style, "split_dim", None)
+            return split(leaf) if split is not None else None
+    return None
 
 
 def _pattern(text: str) -> re.Pattern[str]:
@@ -231,7 +255,8 @@ def gather_full(tensor: torch.Tensor, param: torch.Tensor, group: dist.ProcessGr
     if group is None or not is_tp_sharded(param):
         return tensor.detach().clone()
     pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
+    with WATCH.waiting("all_gather", group):
+        dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
     return torch.cat(pieces, dim=param.tp_shard_dim)
 
 

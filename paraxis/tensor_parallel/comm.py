@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.errors import ParaxisError
+from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
 
 SEQ_DIM = 1
@@ -40,7 +41,8 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup, phase: str,
                 purpose: str = "activation") -> torch.Tensor:
     x = x.contiguous()
     record("all_reduce", x.numel() * x.element_size(), phase, purpose)
-    dist.all_reduce(x, group=group)
+    with WATCH.waiting("all_reduce", group):
+        dist.all_reduce(x, group=group)
     return x
 
 
@@ -52,7 +54,8 @@ def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str) -> to
     local = x.transpose(0, SEQ_DIM).contiguous()
     record("all_gather", local.numel() * local.element_size(), phase)
     out = local.new_empty((local.shape[0] * tp, *local.shape[1:]))
-    dist.all_gather_single(out, local, group=group)
+    with WATCH.waiting("all_gather", group):
+        dist.all_gather_single(out, local, group=group)
     return out.transpose(0, SEQ_DIM).contiguous()
 
 
@@ -66,7 +69,8 @@ def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str
                            f"divisible by tp ({tp}); change seq_len or tp")
     record("reduce_scatter", full.numel() * full.element_size(), phase)
     out = full.new_empty((full.shape[0] // tp, *full.shape[1:]))
-    dist.reduce_scatter_single(out, full, group=group)
+    with WATCH.waiting("reduce_scatter", group):
+        dist.reduce_scatter_single(out, full, group=group)
     return out.transpose(0, SEQ_DIM).contiguous()
 
 

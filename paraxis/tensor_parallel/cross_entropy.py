@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
 
 
@@ -28,7 +29,8 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
                 op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
     if group is not None:
         record("all_reduce", x.numel() * x.element_size(), "forward", "loss")
-        dist.all_reduce(x, op=op, group=group)
+        with WATCH.waiting("all_reduce", group):
+            dist.all_reduce(x, op=op, group=group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

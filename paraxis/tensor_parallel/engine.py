@@ -15,6 +15,7 @@ from paraxis.layout import Layout
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.params import global_norm_squared, local_norm_squares
+from paraxis.runtime.watchdog import WATCH
 
 
 class TensorParallelEngine(LocalEngine):
@@ -34,5 +35,6 @@ class TensorParallelEngine(LocalEngine):
         if self.groups.tp_group is None:
             return loss
         value = torch.tensor([loss], dtype=torch.float64)
-        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=self.groups.tp_group)
+        with WATCH.waiting("all_reduce", self.groups.tp_group):
+            dist.all_reduce(value, op=dist.ReduceOp.AVG, group=self.groups.tp_group)
         return float(value)

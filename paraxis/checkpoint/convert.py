@@ -1,0 +1,125 @@
+"""Offline resharding, and weights to and from Hugging Face (`paraxis checkpoint`).
+
+Any layout already loads any checkpoint at start-up (`load.py`); `convert` does the
+reassembly once, in one process with no process group, and writes files cut the way the
+target layout's ranks hold them: one file per (pipeline stage, TP rank), each tensor split as
+the TP plan splits it (`tensor_parallel.apply.tp_split_dim`). Data-parallel replicas read
+the same file, and ZeRO shards are cut from it at load time. The whole model passes through
+memory once, tensor by tensor per stage.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from paraxis.checkpoint.entries import KINDS
+from paraxis.checkpoint.load import CheckpointReader
+from paraxis.checkpoint.manifest import FORMAT, VERSION, sha256_of, step_dir_name
+from paraxis.checkpoint.save import _write_tensors, commit, rank_file
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+
+
+def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
+                          seq_len: int | None = None) -> list[str]:
+    """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
+    belongs to the first stage's embedding)."""
+    from paraxis.pipeline_parallel.partition import partition_layers
+    from paraxis.pipeline_parallel.stage import StageModule
+
+    partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
+    names: list[str] = []
+    with torch.device("meta"):  # shapes and names only, no memory
+        for chunk in range(partition.virtual):
+            module = StageModule(cfg, partition.blocks_of(stage, chunk),
+                                 partition.has_embedding(stage, chunk),
+                                 partition.has_head(stage, chunk))
+            copy = module.tied_head_copy()
+            names += [n for n, p in module.named_parameters() if p is not copy]
+    return names
+
+
+def convert(source: str | Path, destination: str | Path, layout: Layout,
+            seq_len: int | None = None) -> Path:
+    """Rewrite checkpoint `source` as `destination/step-N`, cut for `layout`."""
+    reader = CheckpointReader(source)
+    manifest = reader.manifest
+    cfg = ModelConfig.from_dict(manifest["model"], source=str(reader.directory))
+    kinds = tuple(k for k in KINDS if reader.names(k))
+    base = {key: value for key, value in manifest.items()
+            if key not in ("files", "pieces", "layout", "world_size")}
+    config = reader.directory / "config.toml"
+    return write_for_layout(reader.full, kinds, cfg, layout, destination,
+                            {**base, "converted_from": str(reader.directory)},
+                            config.read_text() if config.is_file() else "", seq_len)
+
+
+def import_hf(source: str | Path, destination: str | Path, layout: Layout | None = None
+              ) -> Path:
+    """A Hugging Face model directory as a paraxis checkpoint at step 0 (weights only)."""
+    from paraxis.hf import read_hf
+
+    layout = layout or Layout()
+    cfg, state = read_hf(source)
+    base = {"step": 0, "optimizer_steps": 0, "has_optimizer": False, "model": cfg.to_dict(),
+            "imported_from": str(source)}
+    return write_for_layout(lambda kind, name: state[name], ("param",), cfg, layout,
+                            destination, base)
+
+
+def export_hf(source: str | Path, destination: str | Path) -> Path:
+    """A paraxis checkpoint's weights as a Hugging Face model directory."""
+    from paraxis.checkpoint.load import read_full_state
+    from paraxis.hf import write_hf
+
+    cfg, state = read_full_state(source)
+    write_hf(destination, cfg, state)
+    return Path(destination)
+
+
+def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
+                     cfg: ModelConfig, layout: Layout, destination: str | Path,
+                     base: dict, config_toml: str = "", seq_len: int | None = None) -> Path:
+    """Write full tensors (`full_of(kind, name)`) as `destination/step-N`, one file per
+    (stage, TP rank) of `layout`; `base` holds the manifest's other facts (step, model...)."""
+    from paraxis.tensor_parallel.apply import check_model, tp_split_dim
+
+    layout = layout.validate(model=cfg)
+    if layout.tp > 1:
+        check_model(cfg, layout.tp)
+    destination = Path(destination)
+    final = destination / step_dir_name(int(base["step"]))
+    if final.exists():
+        raise ParaxisError(f"{final} already exists; choose another destination")
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    files, pieces = {}, []
+    for stage in range(layout.pp):
+        per_rank: dict[int, dict[str, torch.Tensor]] = {}
+        for name in stage_parameter_names(cfg, layout, stage, seq_len):
+            dim = tp_split_dim(name) if layout.tp > 1 else None
+            count = layout.tp if dim is not None else 1
+            for kind in kinds:
+                full = full_of(kind, name)
+                for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
+                                               else [full]):
+                    rank = layout.rank(0, tp_rank, stage)
+                    per_rank.setdefault(rank, {})[f"{kind}/{name}"] = part.contiguous()
+                    pieces.append({"kind": kind, "name": name, "shape": list(full.shape),
+                                   "tp_dim": dim, "tp_index": tp_rank, "tp_count": count,
+                                   "lo": 0, "hi": part.numel(), "file": rank_file(rank),
+                                   "key": f"{kind}/{name}"})
+        for rank, tensors in per_rank.items():
+            path = tmp / rank_file(rank)
+            _write_tensors(tensors, path)
+            files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    manifest = {**base, "format": FORMAT, "version": VERSION, "layout": str(layout),
+                "world_size": layout.world_size, "files": files, "pieces": pieces}
+    commit(tmp, final, manifest, config_toml)
+    return final

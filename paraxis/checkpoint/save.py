@@ -1,0 +1,166 @@
+"""Saving a sharded checkpoint: every rank writes its own pieces, rank 0 commits.
+
+    save_checkpoint(engine, root, step, groups, model_cfg, config_toml)   # on every rank
+
+1. rank 0 creates `root/step-N.tmp/` (clearing a stale one a crash left behind);
+2. each rank writes `rank-R.safetensors`: the pieces it owns (`entries.Entry.owner`, so a
+   replicated tensor is written once) and its RNG state;
+3. rank 0 gathers every rank's piece list and checksum, writes `manifest.json` and
+   `config.toml`, and renames the directory to `step-N`: the rename is the commit, so a crash
+   at any earlier point leaves the previous checkpoint as the latest and this one invisible;
+4. rank 0 deletes complete checkpoints beyond the newest `keep`.
+
+The directory must be visible to every rank (one machine, or a shared filesystem across
+nodes, as Megatron-LM and DeepSpeed assume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paraxis.checkpoint.entries import engine_entries, optimizer_steps
+from paraxis.checkpoint.manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    complete_checkpoints,
+    sha256_of,
+    step_dir_name,
+)
+
+# Test hook: "STEP:RANK" makes that rank exit right after writing its shard file of that
+# step's save, as a node dying mid-checkpoint would (the crash test in tests/).
+FAIL_ENV = "PARAXIS_TEST_DIE_DURING_SAVE"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def save_checkpoint(engine, root: str | Path, step: int, groups,  # noqa: ANN001
+                    model: dict[str, Any], config_toml: str = "", keep: int = 0,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write the engine's state as checkpoint `root/step-<step>`; collective. Returns its path.
+
+    model: the ModelConfig as a dict (checked on load); extra: small JSON facts to keep
+    (data position, ...); keep: how many complete checkpoints to retain (0: all).
+    """
+    root = Path(root)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    final = root / step_dir_name(step)
+    tmp = root / (final.name + ".tmp")
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier()
+
+    entries = [e for e in engine_entries(engine) if e.owner]
+    # A copy of each piece: ZeRO's parameters are views of one flat buffer, and safetensors
+    # stores tensors that share memory only once.
+    tensors = {e.key: e.tensor.detach().to("cpu", copy=True).contiguous() for e in entries}
+    tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and engine.device.type == "cuda":
+        tensors["rng/cuda"] = torch.cuda.get_rng_state(engine.device)
+    name = rank_file(rank)
+    _write_tensors(tensors, tmp / name)
+    _maybe_die(step, rank)
+    mine = {"file": name, "sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size,
+            "pieces": [{**e.describe(), "file": name, "key": e.key} for e in entries]}
+    gathered = _gather(mine)
+
+    if rank == 0:
+        manifest = {
+            "format": FORMAT, "version": VERSION, "step": step,
+            "optimizer_steps": optimizer_steps(engine), "has_optimizer": True,
+            "layout": str(engine.layout), "world_size": len(gathered), "model": model,
+            "files": {g["file"]: {"sha256": g["sha256"], "bytes": g["bytes"]}
+                      for g in gathered},
+            "pieces": [p for g in gathered for p in g["pieces"]],
+            "loss_scaler": _scaler_state(engine),
+            **(extra or {}),
+        }
+        commit(tmp, final, manifest, config_toml)
+        prune(root, keep)
+    _barrier()
+    return final
+
+
+def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
+    """fp16's dynamic loss scale (the same on every rank), so a resume does not restart it."""
+    scaler = getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)
+    if scaler is None:
+        return None
+    return {"scale": scaler.scale, "clean_steps": scaler._clean_steps}
+
+
+def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -> None:
+    """Write the manifest last, then rename: the checkpoint appears complete or not at all."""
+    if config_toml:
+        (tmp / "config.toml").write_text(config_toml)
+    _write_durably(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    if final.exists():  # the same step saved again (a resumed run): replace it whole
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def prune(root: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for _, directory in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(directory)
+
+
+def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    if not dist.is_initialized():
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _maybe_die(step: int, rank: int) -> None:
+    spec = os.environ.get(FAIL_ENV)
+    if spec and spec == f"{step}:{rank}":
+        os._exit(17)

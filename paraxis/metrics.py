@@ -1,0 +1,91 @@
+"""Where a run's step records go, and the two figures that need more than a clock.
+
+- MFU: model FLOPs per token from the planner's formula (`plan.compute`), so the run and the
+  plan never count differently, over the peak FLOP/s of the device the run is on.
+- Peak memory: this rank's, and the largest over all ranks on logging steps.
+
+Records go to a JSON-lines file and, when asked, TensorBoard event files (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+from typing import Any
+
+from paraxis.errors import ParaxisError
+
+
+def peak_memory_bytes(device) -> int:  # noqa: ANN001 - torch.device
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest `value` over every rank (one tiny all-reduce; call on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor)
+
+
+def device_peak_flops(device, peak_tflops: float | None = None,  # noqa: ANN001
+                      hardware_file: str | None = None) -> float | None:
+    """Peak FLOP/s of one device: --peak-tflops, else a hardware file (what `paraxis
+    calibrate` measured), else the preset matching the CUDA device's name; None on a CPU
+    without either (MFU is then left out rather than guessed)."""
+    if peak_tflops:
+        return peak_tflops * 1e12
+    if hardware_file:
+        from paraxis.plan.hardware import build_cluster, load_hardware_file
+
+        return build_cluster(**load_hardware_file(hardware_file)).gpu.peak_flops
+    if device.type == "cuda":
+        import torch
+
+        from paraxis.plan.hardware import gpu_for_device_name
+
+        gpu = gpu_for_device_name(torch.cuda.get_device_name(device))
+        return gpu.peak_flops if gpu is not None else None
+    return None
+
+
+class MetricsSink:
+    """Step records to JSON lines (appending when a run resumes) and TensorBoard."""
+
+    def __init__(self, jsonl: str | None, tensorboard: str | None, append: bool) -> None:
+        self.file = open(jsonl, "a" if append else "w") if jsonl else None  # noqa: SIM115
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ParaxisError("--tensorboard needs the tensorboard package; pip install "
+                                   "tensorboard, or leave the flag out") from None
+            Path(tensorboard).mkdir(parents=True, exist_ok=True)
+            self.writer = SummaryWriter(tensorboard)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if self.writer:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float):
+                    self.writer.add_scalar(f"train/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.writer:
+            self.writer.close()

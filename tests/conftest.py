@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints made locally by `transformers`.
+
+`transformers` is a test-only dependency: the fixtures skip the tests that use them when it
+is missing. Models are saved once per session (safetensors, the default format).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _save(model: torch.nn.Module, path: Path, seed: int) -> str:
+    # transformers starts norm gains at 1 and biases at 0; moving them makes a dropped or
+    # swapped gain or bias change the logits, so the comparisons catch it. Its block weights
+    # (std 0.02) leave a tied GPT-2 repeating one token forever; larger ones give greedy
+    # decoding a varied sequence to compare.
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            std = 0.1 if param.ndim == 1 else 0.2 if ".h." in name or "layers." in name else 0
+            param.add_(std * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Llama with grouped kv heads (4 heads, 2 kv heads), a non-default RoPE theta and eps."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_theta=50000.0, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)
+    model = transformers.LlamaForCausalLM(config)
+    return _save(model, tmp_path_factory.mktemp("hf") / "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = transformers.GPT2LMHeadModel(config)
+    return _save(model, tmp_path_factory.mktemp("hf") / "gpt2", seed=2)
+
+
+@pytest.fixture(params=["llama", "gpt2"])
+def hf_dir(request: pytest.FixtureRequest) -> str:
+    """Each of the two checkpoints in turn."""
+    return request.getfixturevalue(f"hf_{request.param}")
+
+
+def _logits(path: str, idx: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path).eval()  # fp32, as saved
+    assert model.dtype == torch.float32
+    with torch.no_grad():
+        return model(idx).logits
+
+
+@pytest.fixture(scope="session")
+def hf_logits():  # noqa: ANN201
+    """transformers' own logits: `hf_logits(path, idx)` (eval mode, fp32)."""
+    pytest.importorskip("transformers")
+    return _logits
+
+
+TOKENIZER_TEXT = [
+    "the cat sat on the mat and the dog sat on the log",
+    "a cat and a dog ran to the hat on the mat",
+    "the dog saw the cat sat in the sun on a hot day",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Hugging Face tokenizer.json (BPE, 100 tokens) trained here on three sentences."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    tokenizer.decoder = tokenizers.decoders.Metaspace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=100, special_tokens=["[UNK]"],
+                                             show_progress=False)
+    tokenizer.train_from_iterator(TOKENIZER_TEXT, trainer)
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)

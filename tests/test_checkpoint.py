@@ -1,0 +1,277 @@
+"""Checkpoints: exact resume, resharding across layouts, crash safety, bad files.
+
+The resharding test is Megatron's strongest: save at one layout, load at another, save
+again, and compare both checkpoints as plain full tensors, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from paraxis.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
+from paraxis.checkpoint.convert import convert
+from paraxis.checkpoint.entries import KINDS
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.testing import run_distributed
+from paraxis.train import TrainConfig, run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(layout: str, steps: int, **options) -> TrainConfig:
+    return TrainConfig(model="tiny", steps=steps, global_batch=8, seq_len=32, lr=3e-3,
+                       warmup_steps=2, quiet=True, layout=Layout.parse(layout), **options)
+
+
+def _losses(records: list[dict]) -> list[float]:
+    return [r["loss"] for r in records]
+
+
+def _full(directory: Path) -> dict[str, torch.Tensor]:
+    return read_full_state(directory, kinds=KINDS)[1]
+
+
+def _assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# ----------------------------------------------------------------------- exact resume
+
+
+def _straight_and_resumed(layout: str, root: str) -> tuple[list, list]:
+    straight = run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/straight"))
+    run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/split", exit_after=5))
+    resumed = run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/split",
+                                resume=f"{root}/split"))
+    return straight, resumed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,zero=3"])
+def test_resume_is_bit_identical(tmp_path, layout):
+    straight, resumed = run_distributed(_straight_and_resumed, 4, args=(layout, str(tmp_path)),
+                                        timeout_s=170)[0]
+    assert _losses(resumed) == _losses(straight)[5:]
+    _assert_same_tensors(_full(tmp_path / "straight" / "step-00000010"),
+                         _full(tmp_path / "split" / "step-00000010"))
+
+
+# ------------------------------------------------------------------------ resharding
+
+
+def _reshard_body(root: str) -> tuple[list, list]:
+    import torch.distributed as dist
+
+    from paraxis.checkpoint import save_checkpoint
+    from paraxis.model_config import load_model_config
+    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.distributed import build_groups
+
+    source = f"{root}/a/step-00000003"
+    run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
+    original = run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, resume=source))
+    # Load at another layout and save again, untouched.
+    cfg = _cfg("dp=1,tp=4,pp=2", 5)
+    model_cfg = load_model_config(cfg.model)
+    groups = build_groups(cfg.layout)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
+    load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
+    save_checkpoint(engine, f"{root}/b", 3, groups, model_cfg.to_dict())
+    resharded = run_training(_cfg("dp=1,tp=4,pp=2", 5, resume=source))
+    return original, resharded
+
+
+@pytest.mark.slow
+def test_reshard_across_layouts_and_to_one_device(tmp_path):
+    original, resharded = run_distributed(_reshard_body, 8, args=(str(tmp_path),),
+                                          timeout_s=170)[0]
+    source = tmp_path / "a" / "step-00000003"
+    _assert_same_tensors(_full(source), _full(tmp_path / "b" / "step-00000003"))
+
+    # Single device: load, save again, compare; then train on from the same checkpoint.
+    _load_and_save(source, tmp_path / "c")
+    _assert_same_tensors(_full(source), _full(tmp_path / "c" / "step-00000003"))
+    single = run_training(_cfg("dp=1", 5, resume=str(source)))
+
+    # Offline conversion: the same tensors, cut for the target; training on from it is
+    # bit-identical to training on from the source.
+    for layout in ("dp=1,tp=4,pp=2", "dp=1"):
+        converted = convert(source, tmp_path / layout, Layout.parse(layout))
+        _assert_same_tensors(_full(source), _full(converted))
+    files = json.loads((tmp_path / "dp=1,tp=4,pp=2" / "step-00000003" / "manifest.json"
+                        ).read_text())["files"]
+    assert len(files) == 8
+    from_converted = run_training(_cfg("dp=1", 5, resume=str(tmp_path / "dp=1")))
+    assert _losses(from_converted) == _losses(single)
+    for records in (resharded, single):
+        assert [r["step"] for r in records] == [3, 4]
+        torch.testing.assert_close(torch.tensor(_losses(records)),
+                                   torch.tensor(_losses(original)), rtol=1e-5, atol=0)
+
+
+def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> None:
+    from paraxis.checkpoint import save_checkpoint
+    from paraxis.model_config import load_model_config
+    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.distributed import build_groups
+
+    cfg = _cfg(layout, 5)
+    model_cfg = load_model_config(cfg.model)
+    groups = build_groups(cfg.layout)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
+    manifest = load_checkpoint(engine, source, model_cfg.to_dict())
+    save_checkpoint(engine, destination, manifest["step"], groups, model_cfg.to_dict())
+
+
+# ------------------------------------------------------------------------ crash safety
+
+
+@pytest.mark.slow
+def test_a_rank_dying_mid_save_leaves_the_previous_checkpoint_latest(tmp_path):
+    root = tmp_path / "ckpt"
+    command = [sys.executable, "-m", "paraxis", "train", "--nproc", "2", "--dp", "2",
+               "--zero", "1", "--model", "tiny", "--steps", "6", "--global-batch", "4",
+               "--seq-len", "32", "--checkpoint-dir", str(root), "--checkpoint-every", "2",
+               "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_TEST_DIE_DURING_SAVE": "4:1"}
+    died = subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)
+    assert died.returncode != 0
+    assert [step for step, _ in complete_checkpoints(root)] == [2]
+    assert (root / "step-00000004.tmp").is_dir()  # rank 0's shard is there, uncommitted
+    read_full_state(root)  # the latest (step 2) loads
+    env.pop("PARAXIS_TEST_DIE_DURING_SAVE")
+    resumed = subprocess.run([*command, "--resume", "auto"], env=env, capture_output=True,
+                             text=True, timeout=170)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [step for step, _ in complete_checkpoints(root)] == [2, 4, 6]
+    assert not (root / "step-00000004.tmp").exists()
+
+
+# -------------------------------------------------------------------- bad checkpoints
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    _train_one_device(tmp_path / "run", steps=2)
+    return tmp_path / "run" / "step-00000002"
+
+
+def _train_one_device(root: Path, steps: int, keep: int = 3, every: int = 0) -> list[dict]:
+    return run_training(_cfg("dp=1", steps, checkpoint_dir=str(root), keep=keep,
+                             checkpoint_every=every))
+
+
+def _load_into_fresh(directory: Path, model: str = "tiny") -> None:
+    from paraxis.model import build_model
+    from paraxis.model_config import load_model_config
+    from paraxis.runtime.engine import LocalEngine
+
+    cfg = load_model_config(model)
+    load_checkpoint(LocalEngine(build_model(cfg), Layout()), directory, cfg.to_dict())
+
+
+def test_keep_retains_the_newest_checkpoints(tmp_path):
+    _train_one_device(tmp_path / "run", steps=4, keep=2, every=1)
+    assert [step for step, _ in complete_checkpoints(tmp_path / "run")] == [3, 4]
+
+
+def test_truncated_shard_is_named(saved):
+    shard = saved / "rank-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(ParaxisError, match="rank-00000.safetensors is corrupt or truncated"):
+        _load_into_fresh(saved)
+
+
+def test_corrupt_shard_is_named(saved):
+    shard = saved / "rank-00000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ParaxisError, match="rank-00000.safetensors is corrupt"):
+        read_full_state(saved)
+
+
+def test_checkpoint_of_another_model_is_refused(saved):
+    with pytest.raises(ParaxisError, match="different model"):
+        _load_into_fresh(saved, model="tiny-llama")
+
+
+def _edit_manifest(directory: Path, **changes) -> None:
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def test_newer_format_is_refused(saved):
+    _edit_manifest(saved, version=99)
+    with pytest.raises(ParaxisError, match="newer than this paraxis reads"):
+        read_full_state(saved)
+
+
+def test_manifest_cannot_point_outside_the_checkpoint(saved):
+    manifest = json.loads((saved / "manifest.json").read_text())
+    files = manifest["files"]
+    files["../../etc/passwd"] = files.pop("rank-00000.safetensors")
+    _edit_manifest(saved, files=files)
+    with pytest.raises(ParaxisError, match="outside the checkpoint directory"):
+        read_full_state(saved)
+
+
+def test_directory_without_manifest_is_not_a_checkpoint(saved):
+    (saved / "manifest.json").unlink()
+    with pytest.raises(ParaxisError, match="no manifest.json"):
+        read_full_state(saved)
+    with pytest.raises(ParaxisError, match="no complete checkpoint"):
+        read_full_state(saved.parent)
+
+
+# ------------------------------------------------------------ the plan, read offline
+
+
+def _split_dims_match_the_runtime(model_name: str) -> None:
+    import torch.distributed as dist
+
+    from paraxis.model import build_model
+    from paraxis.model_config import load_model_config
+    from paraxis.tensor_parallel.apply import apply_tensor_parallel, tp_split_dim
+
+    model = apply_tensor_parallel(build_model(load_model_config(model_name)), dist.group.WORLD)
+    for name, param in model.named_parameters():
+        expected = param.tp_shard_dim if getattr(param, "tp_sharded", False) else None
+        assert tp_split_dim(name) == expected, name
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+def test_offline_split_dims_are_the_runtimes(model):
+    run_distributed(_split_dims_match_the_runtime, 2, args=(model,))
+
+
+# --------------------------------------------------------------------- command line
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "paraxis", *argv], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_checkpoint_command_info_and_convert(saved, tmp_path):
+    info = _cli("checkpoint", "info", str(saved.parent), "--json")
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["step"] == 2
+    done = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp2"), "--layout", "tp=2")
+    assert done.returncode == 0, done.stderr
+    _assert_same_tensors(_full(saved), _full(tmp_path / "tp2"))
+    bad = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp3"), "--layout", "tp=3")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tp=3" in bad.stderr
+    assert not (tmp_path / "tp3").exists()

@@ -1,0 +1,131 @@
+"""Numerical faults: a NaN/inf loss or gradient is caught on its step; `--on-nan skip` leaves
+weights and optimizer state untouched and goes on, `--on-nan stop` exits non-zero naming the
+step. Faults are injected into the real forward pass (`PARAXIS_FAULT=nan:step=S`, the token
+embedding's output becomes NaN) or come from a genuinely diverging learning rate."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import paraxis.runtime.build as build
+from paraxis.runtime.nan_policy import NumericalFault, nonfinite
+from paraxis.train import TrainConfig, run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+# Constant learning rate (no warmup, no decay), so runs of different lengths take the same
+# steps and their weights can be compared bit for bit.
+COMMON = dict(model="tiny", global_batch=4, seq_len=32, device="cpu", quiet=True,
+              warmup_steps=0, min_lr_ratio=1.0)
+CLI = ["--model", "tiny", "--global-batch", "4", "--seq-len", "32", "--device", "cpu",
+       "--quiet", "--warmup", "0"]
+
+
+def test_verdicts():
+    assert nonfinite(2.5, 1.0) is None
+    assert nonfinite(math.nan, 1.0) == "loss is nan"
+    assert nonfinite(2.5, math.inf) == "gradient norm is inf"
+    assert nonfinite(2.5, math.inf, overflow_handled=True) is None  # fp16 scaler's business
+    assert nonfinite(math.inf, math.inf, overflow_handled=True) == "loss is inf"
+
+
+def train(monkeypatch, fault: str | None, **overrides) -> tuple[list[dict], object]:
+    """run_training, keeping hold of the engine it builds."""
+    engines = []
+    real = build.build_engine
+    monkeypatch.setattr(build, "build_engine",
+                        lambda *a, **k: engines.append(real(*a, **k)) or engines[-1])
+    if fault:
+        monkeypatch.setenv("PARAXIS_FAULT", fault)
+    else:
+        monkeypatch.delenv("PARAXIS_FAULT", raising=False)
+    records = run_training(TrainConfig(**{**COMMON, **overrides}))
+    return records, engines[0]
+
+
+def test_skip_leaves_weights_and_optimizer_state_untouched(monkeypatch):
+    skipped, engine = train(monkeypatch, "nan:step=2", steps=3, on_nan="skip")
+    assert skipped[2]["skipped"] == "loss is nan"
+    assert all("skipped" not in r for r in skipped[:2])
+    reference, ref_engine = train(monkeypatch, None, steps=2)
+    for (name, p), q in zip(engine.model.named_parameters(), ref_engine.model.parameters(),
+                            strict=True):
+        assert torch.equal(p, q), name
+    for p, q in zip(engine.model.parameters(), ref_engine.model.parameters(), strict=True):
+        mine, theirs = engine.optimizer.state[p], ref_engine.optimizer.state[q]
+        assert float(mine["step"]) == float(theirs["step"]) == 2
+        assert torch.equal(mine["exp_avg"], theirs["exp_avg"])
+        assert torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
+    assert [r["loss"] for r in skipped[:2]] == [r["loss"] for r in reference]
+
+
+def test_skip_goes_on_training_after_the_bad_step(monkeypatch):
+    records, _ = train(monkeypatch, "nan:step=1", steps=5, on_nan="skip")
+    assert [("skipped" in r) for r in records] == [False, True, False, False, False]
+    assert all(math.isfinite(r["loss"]) for i, r in enumerate(records) if i != 1)
+
+
+def test_a_genuinely_diverging_run_stops_on_the_step_it_diverges(monkeypatch):
+    """No injection: lr 1e4 makes step 0's update blow the weights up; step 1's gradient
+    is NaN and is caught before it is applied."""
+    monkeypatch.delenv("PARAXIS_FAULT", raising=False)
+    with pytest.raises(NumericalFault, match=r"^step 1: gradient norm is nan; stopped"):
+        run_training(TrainConfig(**{**COMMON, "lr": 1e4, "grad_clip": 0.0}, steps=3))
+
+
+def test_stop_exits_non_zero_naming_the_step(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "paraxis", "train", *CLI, "--steps", "5", "--metrics-file",
+         str(metrics)], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": "nan:step=2"})
+    assert result.returncode == 3
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "paraxis: error: step 2: loss is nan; stopped before it changed the weights "
+        "(--on-nan stop)"), result.stderr
+    assert "--on-nan skip" in lines[0]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,fault", [
+    (["--dp", "2"], "nan:step=1,rank=1"),  # one dp rank's NaN reaches the other's all-reduce
+    (["--pp", "2", "--microbatches", "2"], "nan:step=1,rank=0"),  # crosses the stage boundary
+])
+def test_every_rank_skips_the_same_step(tmp_path, monkeypatch, layout, fault):
+    metrics = tmp_path / "m.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "paraxis", "train", *CLI, "--steps", "4", "--nproc", "2",
+         *layout, "--on-nan", "skip", "--metrics-file", str(metrics)],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": fault})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("paraxis: warning: step 1: loss is nan; step skipped (--on-nan skip), weights "
+            "unchanged") in result.stderr
+    launched = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [("skipped" in r) for r in launched] == [False, True, False, False]
+    single, _ = train(monkeypatch, "nan:step=1", steps=4, on_nan="skip", min_lr_ratio=0.1)
+    for a, b in zip(launched, single, strict=True):
+        if "skipped" not in a:
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_a_stopped_run_keeps_only_good_checkpoints(monkeypatch, tmp_path):
+    from paraxis.checkpoint import complete_checkpoints, read_full_state
+
+    with pytest.raises(NumericalFault, match="step 3"):
+        train(monkeypatch, "nan:step=3", steps=6, on_nan="stop", checkpoint_every=1,
+              checkpoint_dir=str(tmp_path))
+    # Steps 0-2 were good (checkpoints 1-3); step 3 was NaN and never reached a save.
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2, 3]
+    _, params = read_full_state(tmp_path)
+    assert all(torch.isfinite(t).all() for t in params.values())

@@ -1,0 +1,79 @@
+"""Automatic restart: SIGKILL one rank of a 4-rank run at a random step; with --max-restarts
+the run finishes, and its final weights equal an uninterrupted run's bit for bit."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from paraxis.checkpoint import read_full_state
+from paraxis.checkpoint.entries import KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _command(root: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "2", "--pp", "2",
+            "--zero", "1", "--microbatches", "2", "--model", "tiny", "--steps", "8",
+            "--global-batch", "8", "--seq-len", "32", "--checkpoint-dir", str(root / "ckpt"),
+            "--checkpoint-every", "2", "--metrics-file", str(root / "metrics.jsonl"),
+            "--quiet", *extra]
+
+
+def _workers(launcher: int) -> list[int]:
+    """The ranks: the launcher's children started by multiprocessing's spawn."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    out = []
+    for pid in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in cmdline:
+            out.append(pid)
+    return out
+
+
+def _steps_logged(metrics: Path) -> int:
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    straight = subprocess.run(_command(tmp_path / "straight"), env=env, capture_output=True,
+                              text=True, timeout=170)
+    assert straight.returncode == 0, straight.stderr
+
+    seed = random.randrange(1_000_000)
+    chooser = random.Random(seed)
+    kill_after, victim = chooser.randint(1, 6), chooser.randrange(4)
+    faulty = tmp_path / "faulty"
+    run = subprocess.Popen(_command(faulty, "--max-restarts", "2"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    killed = None
+    while time.monotonic() < deadline and run.poll() is None:
+        workers = _workers(run.pid)
+        if _steps_logged(faulty / "metrics.jsonl") >= kill_after and len(workers) == 4:
+            killed = sorted(workers)[victim]
+            os.kill(killed, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    _, stderr = run.communicate(timeout=170)
+    context = f"seed {seed}: killed worker {victim} after step {kill_after}\n{stderr}"
+    assert killed is not None, context
+    assert run.returncode == 0, context
+    expected = read_full_state(tmp_path / "straight" / "ckpt", KINDS)[1]
+    got = read_full_state(faulty / "ckpt", KINDS)[1]
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), f"{name} ({context})"
