@@ -1,7 +1,12 @@
-"""`python -m bench` (or `make bench`): every paraxis-vs-peer row in one run.
+"""`python -m bench` (or `make bench`): every benchmark in one run.
 
-Writes docs/benchmarks.md (table and machine description) and docs/benchmarks.json.
-`--quick` runs each row at a tiny size (the smoke test uses it); `--only dp,tp` picks rows.
+Writes docs/benchmarks.md and docs/benchmarks.json: the paraxis-vs-peer rows (overhead, dp,
+tp, pp), then the calibrated hardware profile (calibrate, also written as
+docs/hardware-profile.json), the planner's predicted step time next to the measured one
+(predicted) and the scaling picture (scaling, docs/img/scaling.png).
+`--quick` runs each part at a tiny size (the smoke test uses it); `--only dp,predicted` picks
+parts, keeping the other parts' last results from the JSON; predicted and scaling always
+calibrate first, in the same run.
 """
 
 from __future__ import annotations
@@ -17,14 +22,18 @@ from pathlib import Path
 
 import torch
 
-SUITES = ["bench.bench_overhead", "bench.bench_dp", "bench.bench_tp", "bench.bench_pp"]
+# short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
+SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
+          "pp": "bench.bench_pp"}
+SECTIONS = ("calibrate", "predicted", "scaling")
 
 
 def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "backend": "gloo (CPU), one thread per rank",
-            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "load_average": [round(x, 1) for x in os.getloadavg()]}
 
 
 def table(rows: list[dict]) -> str:
@@ -39,35 +48,92 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _previous(json_path: Path, quick: bool) -> dict:
+    """The last run's document, when it was run at the same size (else nothing to keep)."""
+    try:
+        doc = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if doc.get("quick") == quick else {}
+
+
+def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
+    from bench import calibration, predicted_vs_measured, scaling
+
+    sections: dict[str, dict] = {}
+    if not wanted & set(SECTIONS):
+        return sections
+    # predictions need this machine's profile from this same run
+    print("running paraxis calibrate ...", flush=True)
+    profile = calibration.run(quick, log=lambda line: print(f"  {line}", flush=True))
+    sections["calibrate"] = profile
+    (out.parent / calibration.PROFILE_NAME).write_text(json.dumps(profile, indent=2) + "\n")
+    if "predicted" in wanted:
+        print("running predicted vs measured ...", flush=True)
+        sections["predicted"] = predicted_vs_measured.run(quick, profile)
+    if "scaling" in wanted:
+        print("running scaling ...", flush=True)
+        sections["scaling"] = scaling.run(quick, profile, out.parent)
+    return sections
+
+
+def render(doc: dict) -> str:
+    from bench import calibration, predicted_vs_measured, scaling
+
+    info = doc["machine"]
+    parts = [
+        "# Benchmarks\n\nEvery number below comes from one command: `make bench` "
+        f"(`python -m bench{' --quick' if doc['quick'] else ''}`).\n\n"
+        f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch "
+        f"{info['torch']}, {info['backend']}; run on {info['date']}"
+        + (f"; load average {', '.join(map(str, info['load_average']))} (1, 5, 15 min) at "
+           "the end, from other users' processes on this shared machine" if
+           "load_average" in info else "") + ".\n"]
+    if doc["rows"]:
+        parts.append(
+            "## paraxis next to PyTorch's own implementations\n\n"
+            "Ratio = paraxis tokens/s / peer tokens/s (>= 1.0: paraxis is as fast or faster); "
+            "step time is the median over timed steps and repeats, taking the slowest rank.\n\n"
+            + table(doc["rows"]) + "\n")
+    renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
+                 "scaling": scaling.render}
+    for name in SECTIONS:
+        if name in doc["sections"]:
+            parts.append(renderers[name](doc["sections"][name]))
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--only", default="", help="comma list of suites, e.g. dp,tp")
+    parser.add_argument("--only", default="",
+                        help=f"comma list of parts: {', '.join([*SUITES, *SECTIONS])}")
     parser.add_argument("--out", default="docs/benchmarks.md")
     args = parser.parse_args(argv)
-    wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-    results: list[dict] = []
-    for name in SUITES:
-        short = name.rsplit("_", 1)[-1]
-        if wanted and short not in wanted:
-            continue
-        print(f"running {name} ...", flush=True)
-        for row in importlib.import_module(name).rows(quick=args.quick):
-            results.append(row.to_dict())
-            print(f"  {row.name}: ratio {row.ratio:.2f}", flush=True)
+    wanted = {w.strip() for w in args.only.split(",") if w.strip()} or {*SUITES, *SECTIONS}
+    unknown = wanted - {*SUITES, *SECTIONS}
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join([*SUITES, *SECTIONS])}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    info = machine()
-    out.with_suffix(".json").write_text(json.dumps({"machine": info, "quick": args.quick,
-                                                    "rows": results}, indent=2) + "\n")
-    out.write_text(
-        "# Benchmarks\n\nEvery number below comes from one command: `make bench` "
-        f"(`python -m bench{' --quick' if args.quick else ''}`).\n"
-        "Ratio = paraxis tokens/s / peer tokens/s (>= 1.0: paraxis is as fast or faster); "
-        "step time is the median over timed steps and repeats, taking the slowest rank.\n\n"
-        f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch "
-        f"{info['torch']}, {info['backend']}; run on {info['date']}.\n\n"
-        + table(results) + "\n")
+    previous = _previous(out.with_suffix(".json"), args.quick)
+    ran = [short for short in SUITES if short in wanted]
+    # Rows of suites not run this time stay; rows from before suites were recorded are
+    # kept only when no suite runs.
+    results = [row for row in previous.get("rows", [])
+               if (row["suite"] not in ran if "suite" in row else not ran)]
+    for short in ran:
+        print(f"running {SUITES[short]} ...", flush=True)
+        for row in importlib.import_module(SUITES[short]).rows(quick=args.quick):
+            results.append({**row.to_dict(), "suite": short})
+            print(f"  {row.name}: ratio {row.ratio:.2f}", flush=True)
+    order = list(SUITES)
+    results.sort(key=lambda row: order.index(row["suite"]) if row.get("suite") in order else 0)
+    sections = {**previous.get("sections", {}), **_run_sections(wanted, args.quick, out)}
+    doc = {"machine": machine(), "quick": args.quick, "rows": results, "sections": sections}
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    out.write_text(render(doc))
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
 

@@ -31,17 +31,20 @@ def peak_rss_bytes() -> int:
 
 
 def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2) -> dict:
-    """Run `warmup` untimed steps, then `steps` timed ones; seconds per step (median) and the
-    peak RSS of this rank over the timed steps."""
+    """Run `warmup` untimed steps, then `steps` timed ones; seconds per step (median), the CPU
+    seconds this process used per step (median, all its threads) and the peak RSS of this
+    rank over the timed steps."""
     for _ in range(warmup):
         step()
     reset_peak_rss()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - started)
-    return {"step_time_s": statistics.median(times), "peak_rss_bytes": peak_rss_bytes()}
+        cpu.append(time.process_time() - cpu_started)
+    return {"step_time_s": statistics.median(times), "cpu_time_s": statistics.median(cpu),
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 def engine_step(engine, x, y, lr: float = 1e-3, clip: float | None = None  # noqa: ANN001

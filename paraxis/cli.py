@@ -28,6 +28,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
     ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
+    ("calibrate", "paraxis.calibrate.command",
+     "measure this machine's compute and collectives; write a profile for `plan --hardware`"),
     ("generate", "paraxis.generate", "sample text from a paraxis or Hugging Face checkpoint"),
 ]
 

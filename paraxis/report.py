@@ -3,6 +3,8 @@ and, given a run directory, what was measured next to what was predicted.
 
     paraxis report --model gpt2-1.5b --gpus 16 --out report.html
     paraxis report --model tiny --gpus 1 --layout dp=1 --run runs/demo --out runs/demo/report.html
+    paraxis report --model tiny --gpus 2 --layout dp=2 --run runs/m --hardware profile.json \
+                   --precision fp32        # predicted on this machine (`paraxis calibrate`)
 
 The file needs no network to view: CSS is inline, pictures are data: URIs, there are no
 scripts or web fonts. Every number comes from the planner, the schedules or the simulators;
@@ -23,9 +25,12 @@ from paraxis.model_config import ModelConfig, load_model_config
 from paraxis.plan.comm import axis_link
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import Estimate, evaluate
-from paraxis.plan.hardware import Cluster, build_cluster
+from paraxis.plan.hardware import Cluster, build_cluster, load_hardware_file
 from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
+from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM
 from paraxis.plan.search import SearchResult, search
+
+PRECISIONS = {"mixed": MIXED_ADAM, "fp32": FP32_ADAM}
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class PlanInputs:
     seq_len: int | None = None  # None: the model's context length
     global_batch: int = 16
     layout: Layout | str | None = None  # None: the planner's choice
+    hardware: str | None = None  # a --hardware file, e.g. the profile `paraxis calibrate` wrote
+    precision: str = "mixed"  # "fp32" for a run trained in fp32 (paraxis train's default)
 
 
 @dataclass
@@ -55,13 +62,18 @@ class Plan:
 
 def make_plan(inputs: PlanInputs) -> Plan:
     cfg = load_model_config(inputs.model)
-    cluster = build_cluster(inputs.gpu, inputs.gpus, inputs.gpus_per_node)
+    overrides = load_hardware_file(inputs.hardware) if inputs.hardware else None
+    cluster = build_cluster(inputs.gpu, inputs.gpus, inputs.gpus_per_node, overrides)
+    if inputs.precision not in PRECISIONS:
+        raise ParaxisError(f"--precision {inputs.precision!r} is unknown; use mixed or fp32")
+    precision = PRECISIONS[inputs.precision]
     seq_len = inputs.seq_len or cfg.max_seq_len
     if seq_len > cfg.max_seq_len:
         raise ParaxisError(f"--seq-len {seq_len} is over {cfg.name}'s context of "
                            f"{cfg.max_seq_len}; use --seq-len {cfg.max_seq_len} or less")
     try:
-        result: SearchResult | None = search(cfg, cluster, seq_len, inputs.global_batch)
+        result: SearchResult | None = search(cfg, cluster, seq_len, inputs.global_batch,
+                                             precision=precision)
     except ParaxisError:
         result = None  # no layout satisfies the rules; a user layout may still be given
     if inputs.layout is not None:
@@ -76,7 +88,7 @@ def make_plan(inputs: PlanInputs) -> Plan:
         raise ParaxisError(f"the planner found no layout for {cfg.name} on {cluster.world_size}"
                            f" x {cluster.gpu.name}{reason}; add GPUs or give --layout")
     layout.validate(cluster.world_size, cfg, inputs.global_batch, seq_len)
-    estimate = evaluate(cfg, layout, cluster, seq_len, inputs.global_batch)
+    estimate = evaluate(cfg, layout, cluster, seq_len, inputs.global_batch, precision)
     return Plan(inputs, cfg, cluster, seq_len, layout, estimate, result, chosen_by)
 
 
@@ -281,15 +293,27 @@ def _run_section(plan: Plan, run_dir: Path) -> str:
     measured_mfu = mfu(plan.cfg, plan.seq_len, measured_tps, plan.cluster.world_size,
                        gpu.peak_flops)
     label = f"{plan.cluster.world_size} x {gpu.name}"
+    measured_step = steady(records, "step_time_s")
+    error = e.step_time_s / measured_step - 1
+    if plan.inputs.hardware:
+        whose = (f"Predictions are for {esc(label)} as calibrated in "
+                 f"<code>{esc(plan.inputs.hardware)}</code>: a forecast for the machine the "
+                 "run ran on, when that is where the profile was measured.")
+    else:
+        whose = (f"Predictions are for {esc(label)}; a run on other hardware (a CPU, say) is "
+                 "compared against them as a reference, not a forecast (give --hardware "
+                 "with a `paraxis calibrate` profile of the run's machine for a forecast).")
     parts = [
-        f"<p>From <code>{esc(run_dir / 'metrics.jsonl')}</code>: {len(records)} steps. "
-        f"Predictions are for {esc(label)}; a run on other hardware (a CPU, say) is compared "
-        "against them as a reference, not a forecast.</p>",
+        f"<p>From <code>{esc(run_dir / 'metrics.jsonl')}</code>: {len(records)} steps "
+        f"(medians skip the first steps' warm-up). {whose}</p>",
+        f"<p class=\"callout\">Step time: predicted {_ms(e.step_time_s)}, measured "
+        f"{_ms(measured_step)}: the prediction is {error:+.0%} off "
+        f"({'within' if abs(error) <= 0.25 else 'outside'} 25%).</p>",
         table(["", "predicted", "measured", "measured / predicted"], [
             ("throughput (tokens/s)", f"{e.tokens_per_s:,.0f}", f"{measured_tps:,.0f}",
              f"{measured_tps / e.tokens_per_s:.3g}"),
-            ("step time", _ms(e.step_time_s), _ms(steady(records, "step_time_s")),
-             f"{steady(records, 'step_time_s') / e.step_time_s:.3g}"),
+            ("step time", _ms(e.step_time_s), _ms(measured_step),
+             f"{measured_step / e.step_time_s:.3g}"),
             (f"MFU (of {gpu.name} peak)", f"{e.mfu:.1%}", f"{measured_mfu:.3%}", "-"),
             ("peak memory per GPU", _gb(e.memory["total"]), _gb(measured_mem),
              f"{measured_mem / e.memory['total']:.3g}"),
@@ -326,14 +350,15 @@ def _run_section(plan: Plan, run_dir: Path) -> str:
 def write_report(out_path: str | Path = "report.html", model: str = "tiny", gpus: int = 1,
                  gpu: str = "a100-80gb", gpus_per_node: int = 8, seq_len: int | None = None,
                  global_batch: int = 16, layout: Layout | str | None = None,
-                 run_dir: str | Path | None = None) -> Path:
+                 run_dir: str | Path | None = None, hardware: str | None = None,
+                 precision: str = "mixed") -> Path:
     """Plan (or price the given `layout`), draw everything, add the run in `run_dir` (its
     metrics.jsonl and optional *trace*.json) when given; write one HTML file; return its
     path."""
     from paraxis.viz.html import page
 
     plan = make_plan(PlanInputs(model, gpus, gpu, gpus_per_node, seq_len, global_batch,
-                                layout))
+                                layout, hardware, precision))
     sections = [("plan", "Plan", _plan_section(plan)),
                 ("defence", "Defence", _defence_section(plan))]
     sections += _pictures(plan)
@@ -366,11 +391,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # dest is not "run": the CLI keeps each subcommand's entry point in args.run
     add("--run", dest="run_dir", default=None,
         help="a run folder: metrics.jsonl (+ optional *trace*.json)")
+    add("--hardware", default=None,
+        help="TOML/JSON hardware file, e.g. the profile `paraxis calibrate` wrote")
+    add("--precision", choices=tuple(PRECISIONS), default=d.precision,
+        help="bytes per parameter/activation: mixed (bf16 + fp32 Adam) or fp32 (a run "
+             "trained with --dtype fp32, paraxis train's default)")
     add("--out", default="report.html", help="the HTML file to write")
 
 
 def run(args: argparse.Namespace) -> int:
     out = write_report(args.out, args.model, args.gpus, args.gpu, args.gpus_per_node,
-                       args.seq_len, args.global_batch, args.layout, args.run_dir)
+                       args.seq_len, args.global_batch, args.layout, args.run_dir,
+                       args.hardware, args.precision)
     print(f"report written to {out.resolve()}")
     return 0

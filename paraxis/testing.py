@@ -12,6 +12,9 @@
 Any rank's exception is raised in the caller with that rank's traceback; a rank that does
 not finish within `timeout_s` fails the call instead of hanging it. Processes are forked
 (the cheapest start on this machine, ~2 s for 4 ranks) and meet at a fresh TCP port.
+With `device="cuda"` each rank takes the GPU of its local rank and joins over NCCL; those
+ranks are spawned, not forked (a forked child cannot use CUDA once its parent has touched
+it), so `fn` must then be a module-level function.
 """
 
 from __future__ import annotations
@@ -41,14 +44,21 @@ def free_port() -> int:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               args: tuple, kwargs: dict, results: Any, collective_timeout_s: float) -> None:
+               args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
+               device: str = "cpu") -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size,
+        # Device from the local rank, backend from the device (as paraxis.runtime does).
+        device_id = None
+        if device == "cuda":
+            device_id = torch.device("cuda", rank)
+            torch.cuda.set_device(device_id)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, device_id=device_id,
                                 timeout=timedelta(seconds=collective_timeout_s))
         value = fn(*args, **kwargs)
         dist.barrier()
@@ -63,14 +73,15 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
-                    kwargs: dict | None = None, timeout_s: float = 180.0) -> list[Any]:
+                    kwargs: dict | None = None, timeout_s: float = 180.0,
+                    device: str = "cpu") -> list[Any]:
     """Run `fn(*args, **kwargs)` on `world_size` ranks; return each rank's result, by rank."""
-    context = mp.get_context("fork")
+    context = mp.get_context("spawn" if device == "cuda" else "fork")
     results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_rank_main, daemon=True,
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
-                                       timeout_s))
+                                       timeout_s, device))
                  for rank in range(world_size)]
     for process in processes:
         process.start()

@@ -4,11 +4,17 @@ import json
 import subprocess
 import sys
 
+from bench.predicted_vs_measured import QUICK_LAYOUTS
+
+
+def _bench(out, parts: str) -> None:
+    subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", parts, "--out",
+                    str(out)], check=True, timeout=900, capture_output=True)
+
 
 def test_bench_quick_writes_table_and_json(tmp_path):
     out = tmp_path / "benchmarks.md"
-    subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], check=True,
-                   timeout=900, capture_output=True)
+    _bench(out, "overhead,dp,tp,pp")
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     peers = " ".join(r["peer"] for r in rows)
     for peer in ("plain PyTorch loop", "DDP", "FSDP2", "DTensor", "Schedule1F1B",
@@ -18,3 +24,32 @@ def test_bench_quick_writes_table_and_json(tmp_path):
     table = out.read_text()
     assert "| work | ranks |" in table
     assert table.count("\n| ") == len(rows) + 1  # header plus one line per row
+
+
+def test_bench_quick_calibrates_predicts_and_draws_scaling(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    _bench(out, "calibrate,predicted,scaling")
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["rows"] == [] and set(doc["sections"]) == {"calibrate", "predicted", "scaling"}
+    profile = json.loads((tmp_path / "hardware-profile.json").read_text())
+    assert profile == doc["sections"]["calibrate"]
+    predicted = doc["sections"]["predicted"]
+    assert len(predicted["rows"]) == len(QUICK_LAYOUTS)
+    for row in predicted["rows"]:
+        assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0
+        assert row["error"] == row["predicted_step_s"] / row["measured_step_s"] - 1
+    points = doc["sections"]["scaling"]["points"]
+    assert {(p["kind"], p["axis"]) for p in points} == {
+        (k, a) for k in ("dp", "pp") for a in ("hidden", "ranks")}
+    assert (tmp_path / "img" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = out.read_text()
+    for heading in ("## Calibration", "## Predicted vs measured", "## Scaling"):
+        assert heading in text
+    assert "![step time vs hidden size and vs ranks](img/scaling.png)" in text
+    assert f"of {len(QUICK_LAYOUTS)} layouts within 25%" in text
+
+    # a part run alone keeps the others' last results
+    _bench(out, "calibrate")
+    again = json.loads(out.with_suffix(".json").read_text())
+    assert again["sections"]["predicted"] == predicted
+    assert again["sections"]["calibrate"] != doc["sections"]["calibrate"]

@@ -71,6 +71,7 @@ def test_activations_match_korthikanti_table_2(tp: int) -> None:
 
 def test_optimizer_step_is_hbm_bound_and_zero_splits_it() -> None:
     from paraxis.layout import Layout
+    from paraxis.plan.compute import optimizer_traffic_per_param
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
     from paraxis.plan.precision import MIXED_ADAM
@@ -79,7 +80,7 @@ def test_optimizer_step_is_hbm_bound_and_zero_splits_it() -> None:
     cluster = build_cluster("a100-80gb", 8, 8)
     hbm = cluster.gpu.hbm_bandwidth_Bps * cluster.gpu.hbm_efficiency
     # Adam: gradient read twice, fp32 master/m/v and the 16-bit weight read and written
-    assert MIXED_ADAM.optimizer_step_bytes == 2 * 2 + 2 * 12 + 2 * 2
+    assert optimizer_traffic_per_param(MIXED_ADAM) == 2 * 2 + 2 * 12 + 2 * 2
     plain = evaluate(cfg, Layout(dp=4, tp=2), cluster, 4096, 8)
     assert plain.time["optimizer"] == pytest.approx(cfg.num_params() / 2 * 32 / hbm)
     sharded = evaluate(cfg, Layout(dp=4, tp=2, zero=1), cluster, 4096, 8)

@@ -53,6 +53,44 @@ def test_report_refuses_a_run_folder_without_metrics(tmp_path):
         write_report(tmp_path / "x.html", run_dir=tmp_path)
 
 
+def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
+    """A real one-rank run, reported against the planner's prediction on a profile of the
+    form `paraxis calibrate` writes: the step-time error is shown in one line."""
+    from paraxis.calibrate.profile import build_profile
+    from paraxis.model_config import load_model_config
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.precision import FP32_ADAM
+    from paraxis.viz.run import load_metrics, steady
+
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny", "--steps", "8", "--global-batch", "4",
+                 "--seq-len", "32", "--quiet", "--device", "cpu",
+                 "--metrics-file", str(run / "metrics.jsonl")]) == 0
+    points = [[4e3, 1e-4], [4e6, 4e-3]]
+    profile = build_profile(
+        {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2},
+        {"matmul": {"flops_per_s": 5e10}, "attention_flops_per_s": 2e10,
+         "elementwise_Bps": 5e9},
+        {2: {op: {"2": points} for op in ("all_reduce", "all_gather", "reduce_scatter",
+                                          "send_recv")}})
+    hw = tmp_path / "profile.json"
+    hw.write_text(json.dumps(profile))
+    capsys.readouterr()
+    assert main(["report", "--model", "tiny", "--gpus", "1", "--layout", "dp=1",
+                 "--global-batch", "4", "--seq-len", "32", "--run", str(run),
+                 "--hardware", str(hw), "--precision", "fp32",
+                 "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    cluster = build_cluster(gpus=1, overrides={**profile["gpu"], **profile["cluster"]})
+    predicted = evaluate(load_model_config("tiny"), Layout(), cluster, 32, 4, FP32_ADAM)
+    measured = steady(load_metrics(run / "metrics.jsonl"), "step_time_s")
+    error = predicted.step_time_s / measured - 1
+    assert f"as calibrated in <code>{hw}</code>" in html
+    assert f"the prediction is {error:+.0%} off" in html
+    assert "1 x cpu-core" in html
+
+
 def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
     """Three real training steps of `tiny` on a 4-stage 1F1B pipeline; rank 0 writes the
     metrics file exactly as `paraxis train --metrics-file` does."""

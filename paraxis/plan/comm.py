@@ -2,7 +2,9 @@
 
 alpha = per-step latency, beta = 1 / bandwidth (Hockney 1994). A group inside one node rides
 NVLink; a group that crosses nodes is limited by the network. Bandwidths are per GPU, one way,
-scaled by the GPU's `link_efficiency` (achieved NCCL bus bandwidth / link bandwidth).
+scaled by the GPU's `link_efficiency` (achieved NCCL bus bandwidth / link bandwidth). Where a
+calibration measured a collective for the group's size on a node as full as this one
+(`Cluster.collectives`), its fitted alpha and bandwidth price that collective instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ class Link(NamedTuple):
     bandwidth_Bps: float
     latency_s: float
     crosses_nodes: bool
+    # (op, alpha_s, bandwidth_Bps) fitted by a calibration for this group (paraxis calibrate)
+    measured: tuple[tuple[str, float, float], ...] = ()
+
+    def cost(self, op: str) -> tuple[float, float]:
+        """(bandwidth_Bps, latency_s) that `op` sees on this link."""
+        for name, alpha, bandwidth in self.measured:
+            if name == op:
+                return bandwidth, alpha
+        return self.bandwidth_Bps, self.latency_s
 
 
 def ring_all_reduce_time(size_bytes: float, n: int, bandwidth_Bps: float,
@@ -54,13 +65,32 @@ def group_ranks(layout: Layout, axis: str) -> list[int]:
     return [layout.rank(0, 0, p) for p in range(layout.pp)]
 
 
+def _nearest(keys: list[str], want: int) -> str:
+    # The measured count closest to `want` on a log scale (ties: the larger, more contended).
+    return min(keys, key=lambda k: (abs(math.log(int(k) / want)), -int(k)))
+
+
+def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, float], ...]:
+    """Calibrated (op, alpha_s, bandwidth_Bps) for a group of `group_size` inside a node with
+    `cluster.gpus_per_node` ranks: the fit measured nearest to both counts, per op."""
+    fits = []
+    for op, by_world in sorted(cluster.collectives.items()):
+        if not by_world:
+            continue
+        by_group = by_world[_nearest(list(by_world), cluster.gpus_per_node)]
+        if by_group:
+            fit = by_group[_nearest(list(by_group), group_size)]
+            fits.append((op, float(fit["alpha_s"]), float(fit["bandwidth_Bps"])))
+    return tuple(fits)
+
+
 def group_link(ranks: list[int], cluster: Cluster) -> Link:
     """Bandwidth and latency a ring over `ranks` sees."""
     nodes = {cluster.node_of(rank) for rank in ranks}
     gpu = cluster.gpu
     if len(nodes) == 1:
         return Link(gpu.nvlink_bandwidth_Bps * gpu.link_efficiency, cluster.intra_node_latency_s,
-                    False)
+                    False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else ())
     # Every GPU has its own NIC share; with k members per node NCCL runs k rings over k NICs,
     # so the ring's bus bandwidth is k NIC shares, never more than NVLink.
     per_node = max(1, len(ranks) // len(nodes))
@@ -88,32 +118,43 @@ def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int
 
 # Megatron's SP keeps only the sequence shard of the two column-parallel GEMM inputs (the
 # memory activations.py counts) and all-gathers them again in the backward (Korthikanti et
-# al. 2022 Sec. 4.2.2): two extra all-gathers per layer.
+# al. 2022 Sec. 4.2.2): two extra all-gathers per layer. paraxis's own runtime lets autograd
+# keep the gathered input instead, so it has none (`regather=False`).
 SP_BACKWARD_REGATHERS = 2
 
 
+def collective_time(op: str, size_bytes: float, n: int, link: Link) -> float:
+    """Seconds of one `op` (all_reduce, all_gather, reduce_scatter, send_recv) of a
+    `size_bytes` tensor over a group of n on `link`."""
+    bandwidth, latency = link.cost(op)
+    if op == "send_recv":
+        return p2p_time(size_bytes, bandwidth, latency)
+    timer = {"all_reduce": ring_all_reduce_time, "all_gather": all_gather_time,
+             "reduce_scatter": reduce_scatter_time}[op]
+    return timer(size_bytes, n, bandwidth, latency)
+
+
 def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
-    b, a = link.bandwidth_Bps, link.latency_s
-    return (counts["all_reduce"] * ring_all_reduce_time(size_bytes, tp, b, a)
-            + counts["all_gather"] * all_gather_time(size_bytes, tp, b, a)
-            + counts["reduce_scatter"] * reduce_scatter_time(size_bytes, tp, b, a))
+    return sum(count * collective_time(op, size_bytes, tp, link)
+               for op, count in counts.items())
 
 
 def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
-                  passes: int = 2) -> float:
+                  passes: int = 2, regather: bool = True) -> float:
     """Seconds of TP traffic one layer moves per microbatch: the forward collectives
     `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
-    backward's (with SP, Megatron's re-gathers too)."""
+    backward's (with SP and `regather`, Megatron's re-gathers too)."""
     counts = tp_collectives_per_layer(sequence_parallel)
-    regather = SP_BACKWARD_REGATHERS * all_gather_time(
-        activation_bytes, tp, link.bandwidth_Bps, link.latency_s) if sequence_parallel else 0.0
+    regathers = SP_BACKWARD_REGATHERS * collective_time(
+        "all_gather", activation_bytes, tp, link) if sequence_parallel and regather else 0.0
     return ((passes - 1) * _collectives_time(counts["forward"], activation_bytes, tp, link)
-            + _collectives_time(counts["backward"], activation_bytes, tp, link) + regather)
+            + _collectives_time(counts["backward"], activation_bytes, tp, link) + regathers)
 
 
 def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: bool,
                           link: Link, gemm_windows_s: tuple[float, ...], overlap: bool = True,
-                          contention: float = 0.0) -> tuple[float, float]:
+                          contention: float = 0.0, regather: bool = True
+                          ) -> tuple[float, float]:
     """(forward, backward) seconds of TP communication one layer puts on the critical path per
     microbatch; a full recomputation pays the forward figure once more.
 
@@ -130,17 +171,18 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
         return 0.0, 0.0
     counts = tp_collectives_per_layer(sequence_parallel)
     forward = _collectives_time(counts["forward"], activation_bytes, tp, link)
-    b, a = link.bandwidth_Bps, link.latency_s
     if not overlap:
-        return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link) - forward
+        return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link,
+                                      regather=regather) - forward
     if sequence_parallel:
-        gather = all_gather_time(activation_bytes, tp, b, a)
+        gather = collective_time("all_gather", activation_bytes, tp, link)
         exposed = 2 * gather  # the conjugates of the forward reduce-scatters
         # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
-        hideable = [gather, reduce_scatter_time(activation_bytes, tp, b, a)]
+        hideable = [gather] if regather else []
+        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, link))
     else:
         exposed = 0.0
-        hideable = [ring_all_reduce_time(activation_bytes, tp, b, a)]
+        hideable = [collective_time("all_reduce", activation_bytes, tp, link)]
     hidden = 0.0
     for window in gemm_windows_s:
         for comm in hideable:
@@ -165,13 +207,16 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
         return 0.0
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
-    b, a = link.bandwidth_Bps, link.latency_s
     buckets = max(1, math.ceil(grads / bucket_bytes))
+    gather_b, gather_a = link.cost("all_gather")
+    scatter_b, scatter_a = link.cost("reduce_scatter")
     if zero == 3:
-        per_layer = 2 * all_gather_time(params / layers, dp, b, a) + reduce_scatter_time(
-            grads / layers, dp, b, a)
+        per_layer = 2 * all_gather_time(params / layers, dp, gather_b, gather_a) + \
+            reduce_scatter_time(grads / layers, dp, scatter_b, scatter_a)
         return microbatches * layers * per_layer
     if zero == 2:
-        return (microbatches * (reduce_scatter_time(grads, dp, b, 0) + buckets * (dp - 1) * a)
-                + all_gather_time(params, dp, b, a))
+        return (microbatches * (reduce_scatter_time(grads, dp, scatter_b, 0)
+                                + buckets * (dp - 1) * scatter_a)
+                + all_gather_time(params, dp, gather_b, gather_a))
+    b, a = link.cost("all_reduce")
     return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a

@@ -9,6 +9,7 @@ include it (MFU, Chowdhery et al. 2022 App. B), hardware FLOPs do (HFU).
 from __future__ import annotations
 
 from paraxis.model_config import ModelConfig
+from paraxis.plan.precision import Precision
 
 
 def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float]:
@@ -73,3 +74,47 @@ def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
     hidden = inside / tp + outside / (tp if sequence_parallel else 1)
     scores = (9 if dropout else 4) * cfg.n_heads / tp * seq_len
     return hidden, scores
+
+
+def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float:
+    """Elements read + written per token by one layer's non-GEMM forward kernels as eager
+    PyTorch runs paraxis.model (one kernel per op, nothing fused), on one rank.
+
+    Counted op by op from paraxis/model.py (h = d_model, q = query width, kv = key/value width,
+    f = d_ff; q, kv, f split over tp): an out-of-place op reads its inputs and writes its
+    output once. Llama: RMSNorm (pow, x * rsqrt, * weight: 6h) twice; rotary on q and k (mul,
+    neg, cat, mul, add: 10 per element); repeat_interleave of k and v for grouped heads;
+    heads back to rows (a copy, 2q); two residual adds (3h each); SiLU (2f) and the gate
+    product (3f). GPT-2: LayerNorm is one kernel (2h) twice, GELU one (2f); biases ride in
+    the GEMMs. The attention core itself is priced by FLOPs (`attention_flops`).
+    """
+    h, q, f = cfg.d_model, cfg.d_model / tp, cfg.d_ff / tp
+    kv = cfg.kv_dim / tp
+    if cfg.style == "gpt2":
+        return 2 * h + 2 * q + 3 * h + 2 * h + 2 * f + 3 * h
+    repeat = 2 * (kv + q) if cfg.n_kv_heads != cfg.n_heads else 0
+    return 6 * h + 10 * (q + kv) + repeat + 2 * q + 3 * h + 6 * h + 5 * f + 3 * h
+
+
+def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float:
+    """Elements per token of the final norm and the loss (log-softmax over the vocabulary
+    shard, then the target's entry): eager kernels, as the layer count above."""
+    norm = 2 * cfg.d_model if cfg.style == "gpt2" else 6 * cfg.d_model
+    return norm + 3 * cfg.vocab_size / tp
+
+
+def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") -> float:
+    """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
+    FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
+
+    Fused (Megatron/Apex multi-tensor Adam, the published runs): the gradient read twice (the
+    global norm for clipping, then the update), the optimizer states (fp32 master, m, v) and
+    the parameter each read and written: 32 B for mixed precision. Eager (torch.optim.AdamW,
+    one kernel per op, single-tensor or foreach alike, what paraxis runs): each op reads and
+    writes whole fp32 tensors, 21 element passes (decay mul_ 2, lerp_ 3, mul_ + addcmul_ 6,
+    sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read and the clipping mul_ (3
+    passes of the gradient).
+    """
+    if kernels == "eager":
+        return 21 * 4 + 3 * precision.grad_bytes
+    return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)

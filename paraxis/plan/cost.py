@@ -4,7 +4,7 @@ Step time (one data-parallel replica runs the same pipeline as every other):
 
     slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed PP, per microbatch
     pipeline = M * slot / (1 - bubble_fraction)      bubble from the schedule objects
-    step     = pipeline + exposed DP sync + optimizer step (HBM-bound)
+    step     = pipeline + exposed DP sync + optimizer step (memory-bound)
 
 Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
 last microbatch's backward (PyTorch DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's
@@ -12,6 +12,13 @@ gathers behind the step's compute (prefetch); the backward's TP collectives of t
 column-parallel linears hide behind their gradient GEMMs (Megatron: Korthikanti et al. 2022
 Sec. 6.2), while forward TP collectives and PP sends sit on the critical path (Narayanan et
 al. 2021 Sec. 4).
+
+CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
+min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`, what other
+sessions leave us, else all of them), nothing hides communication (gloo's
+threads run on the same cores as the compute), and ranks idle in a pipeline bubble hand their
+core to the busy ones, so a pipeline takes the longer of its work spread over the cores and
+its critical path at a whole core (Graham 1969's two bounds of list scheduling).
 """
 
 from __future__ import annotations
@@ -23,15 +30,18 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
+    collective_time,
     dp_sync_time,
-    p2p_time,
     tp_layer_exposed_time,
     tp_layer_time,
 )
 from paraxis.plan.compute import (
+    head_forward_traffic_per_token_eager,
     iteration_flops,
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
+    layer_forward_traffic_per_token_eager,
+    optimizer_traffic_per_param,
 )
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import layout_memory, stage_layers, stage_params
@@ -51,6 +61,7 @@ class Overlap:
 
 
 DEFAULT_OVERLAP = Overlap()
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False)
 
 
 @dataclass(frozen=True)
@@ -82,75 +93,128 @@ class Estimate:
                 "mfu": self.mfu, "hfu": self.hfu}
 
 
+def _overlap_on(cluster: Cluster, overlap: Overlap) -> Overlap:
+    # CPU ranks: gloo's threads run on the cores the compute runs on, so nothing hides.
+    return NO_OVERLAP if cluster.cores_per_node else overlap
+
+
+def _rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
+    """(GEMM FLOP/s, attention-core FLOP/s, memory bytes/s) a TP group of `tp` ranks splits
+    a layer's work at: GEMMs at matmul_efficiency of peak, the attention core at its own
+    rate, elementwise kernels at hbm_efficiency of memory bandwidth (roofline); CPU ranks
+    beyond the cores get a share of one."""
+    gpu, share = cluster.gpu, cluster.compute_share
+    rate = gpu.peak_flops * gpu.matmul_efficiency * tp * share
+    attention = (gpu.attention_flops or gpu.peak_flops * gpu.matmul_efficiency) * tp * share
+    return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
+
+
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP) -> dict[str, float]:
+                micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
+                precision: Precision = MIXED_ADAM) -> dict[str, float]:
     """Seconds one transformer layer takes on one GPU per microbatch.
 
     Keys: forward / backward (compute; backward includes recomputation), tp_forward /
     tp_backward (TP communication on the critical path; a full recomputation reruns the
     forward's), tp_total (all TP traffic, hidden or not).
     """
-    gpu = cluster.gpu
+    gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len
-    # GEMMs at matmul_efficiency of peak, plus memory-bound elementwise kernels at
-    # hbm_efficiency of HBM bandwidth (roofline).
+    rate, attention_rate, hbm = _rates(cluster, layout.tp)
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
-    hidden_bytes, score_bytes = layer_forward_traffic_per_token(
-        cfg, seq_len, layout.tp, layout.sequence_parallel)
-    rate = gpu.peak_flops * gpu.matmul_efficiency * layout.tp
-    hbm = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency
-    forward = ((weights + scores) / rate + (hidden_bytes + score_bytes) / hbm) * tokens
+    act = precision.activation_bytes
+    if gpu.kernels == "eager":
+        hidden_bytes = act * layer_forward_traffic_per_token_eager(cfg, layout.tp)
+        score_bytes = 0.0  # the attention kernel's own traffic is in its measured rate
+    else:
+        hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
+            cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
+    forward = (weights / rate + scores / attention_rate
+               + (hidden_bytes + score_bytes) / hbm) * tokens
     recompute = {"none": 0.0, "full": forward,
-                 "selective": (scores / rate + score_bytes / hbm) * tokens}[layout.recompute]
+                 "selective": (scores / attention_rate + score_bytes / hbm) * tokens
+                 }[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
     backward = 2 * forward + recompute
 
     link = axis_link(layout, "tp", cluster)
-    boundary_bytes = 2 * tokens * cfg.d_model  # bf16 activations s*b*h
+    boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
     # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU):
     # the window its backward collective hides in.
     mlp_in = cfg.d_ff * (1 if cfg.style == "gpt2" else 2)
     windows = tuple(2 * tokens * cfg.d_model * width / rate
                     for width in (cfg.d_model + 2 * cfg.kv_dim, mlp_in))
+    # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
+    # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
+    regather = gpu.kernels == "fused"
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention)
+        overlap.contention, regather)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
-                             passes) if layout.tp > 1 else 0.0
+                             passes, regather) if layout.tp > 1 else 0.0
     return {"forward": forward, "backward": backward, "tp_forward": tp_forward,
             "tp_backward": tp_backward, "tp_total": tp_total}
+
+
+def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
+               seq_len: int, overlap: Overlap = DEFAULT_OVERLAP,
+               precision: Precision = MIXED_ADAM) -> dict[str, float]:
+    """Seconds the LM head and the loss take per microbatch on the last stage: forward,
+    backward (2x), tp (on the critical path) and tp_total (all their TP traffic)."""
+    overlap = _overlap_on(cluster, overlap)
+    tokens = micro_batch * seq_len
+    rate, _, hbm = _rates(cluster, layout.tp)
+    gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
+    eager = cluster.gpu.kernels == "eager"
+    norm_loss_bytes = precision.activation_bytes * tokens * (
+        head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
+    forward = gemm + norm_loss_bytes / hbm
+    if layout.tp == 1:
+        return {"forward": forward, "backward": 2 * forward, "tp": 0.0, "tp_total": 0.0}
+    # The vocab-parallel ends (Shoeybi et al. 2019 Sec. 3): the parallel cross-entropy
+    # all-reduces the row max, then the row sums (two small all-reduces that block), and the
+    # head's input gradient is all-reduced in the backward, where, like a layer's
+    # column-parallel linears, it can hide behind the head's weight-gradient GEMM.
+    link = axis_link(layout, "tp", cluster)
+    loss = (collective_time("all_reduce", 4 * tokens, layout.tp, link)
+            + collective_time("all_reduce", 8 * tokens, layout.tp, link))
+    grad = collective_time("all_reduce", precision.activation_bytes * tokens * cfg.d_model,
+                           layout.tp, link)
+    exposed = grad
+    if overlap.tp:
+        exposed = max(0.0, grad - gemm) + overlap.contention * min(grad, gemm)
+    return {"forward": forward, "backward": 2 * forward, "tp": loss + exposed,
+            "tp_total": loss + grad}
 
 
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP) -> Estimate:
-    """Predict memory and step time of `layout` (already validated) for one global batch."""
-    gpu = cluster.gpu
+    """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
+    gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
     tokens_per_microbatch = micro_batch * seq_len
 
-    # The busiest stage per microbatch: its layers, plus the LM head on the last stage.
+    # The busiest stage per microbatch: its layers, plus the LM head and loss on the last.
     layers = max(stage_layers(cfg.n_layers, layout.pp))
-    layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap)
-    rate = gpu.peak_flops * gpu.matmul_efficiency * layout.tp
-    hbm = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency
-    head = 2 * cfg.d_model * cfg.vocab_size * tokens_per_microbatch / rate
-    t_forward = layers * layer["forward"] + head
-    t_backward = layers * layer["backward"] + 2 * head
-    t_tp = layers * (layer["tp_forward"] + layer["tp_backward"])
-    t_tp_total = layers * layer["tp_total"]
-    boundary_bytes = 2 * tokens_per_microbatch * cfg.d_model  # bf16 activations s*b*h
+    layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
+    head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
+    t_forward = layers * layer["forward"] + head["forward"]
+    t_backward = layers * layer["backward"] + head["backward"]
+    t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + head["tp"]
+    t_tp_total = layers * layer["tp_total"] + head["tp_total"]
+    boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
     if layout.pp > 1:
         pp_link = axis_link(layout, "pp", cluster)
         # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
         # of the boundary activation; an activation forward and a gradient back per chunk.
-        send = p2p_time(boundary_bytes / layout.tp, pp_link.bandwidth_Bps, pp_link.latency_s)
+        send = collective_time("send_recv", boundary_bytes / layout.tp, 2, pp_link)
         t_pp = 2 * layout.virtual_stages * send
 
     # Balanced stages: the idle share does not depend on the backward/forward cost ratio
@@ -158,9 +222,16 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
     slot_compute = t_forward + t_backward
-    slot = slot_compute + t_tp + (0.0 if overlap.pp else t_pp)
-    busy = layout.microbatches * slot
+    exposed_comm = t_tp + (0.0 if overlap.pp else t_pp)
+    busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - figures.bubble_fraction)
+    share = cluster.compute_share
+    core = cluster.share_with(1)  # one rank alone: a whole core, or what is left of one
+    if share < core:  # more ranks than cores
+        # Idle ranks lend their cores: the work bound (busy, at the shared rate) or the
+        # critical path at a whole core, whichever is longer.
+        whole_core = layout.microbatches * (slot_compute * share / core + exposed_comm)
+        pipeline = max(busy, whole_core / (1 - figures.bubble_fraction))
 
     dp_link = axis_link(layout, "dp", cluster)
     stage_param_count = max(stage_params(cfg, layout.pp)) / layout.tp
@@ -174,9 +245,16 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
-    # The optimizer steps after the flush and the gradient sync; ZeRO-1+ splits it over dp.
+    # The optimizer steps after the flush and the gradient sync, memory-bound: its bytes at
+    # memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the update over
+    # dp; Rajbhandari et al. 2020).
+    hbm = _rates(cluster, layout.tp)[2]
     shard = stage_param_count / (layout.dp if layout.zero >= 1 else 1)
-    t_optimizer = shard * precision.optimizer_step_bytes / hbm
+    t_optimizer = shard * optimizer_traffic_per_param(precision, gpu.kernels) / hbm
+    if gpu.kernels == "eager" and layout.zero < 2:
+        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1)
+        t_optimizer += (layout.microbatches - 1) * 3 * precision.grad_bytes \
+            * stage_param_count / hbm
     step = pipeline + dp_exposed + t_optimizer
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)

@@ -41,11 +41,13 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     lines.append(
         f"Fits in one node? sharded over its {node} GPUs (ZeRO-3 or TP x PP) the states take "
         f"{per_gpu_in_node:.1f} GB per GPU: {'yes' if per_gpu_in_node < limit else 'no'}.")
+    # a calibrated CPU node's ranks talk through the kernel's loopback, not NVLink
+    intra = "loopback (gloo)" if cluster.cores_per_node else "NVLink"
     if layout.tp > 1:
         link = axis_link(layout, "tp", cluster)
-        where = "across nodes (slow)" if link.crosses_nodes else "inside one node over NVLink"
+        where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
         lines.append(
-            f"TP={layout.tp} lives {where} at {link.bandwidth_Bps / GB:.0f} GB/s: its 4 "
+            f"TP={layout.tp} lives {where} at {link.cost('all_reduce')[0] / GB:.3g} GB/s: its 4 "
             f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
             f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
             f"exposed, paid for by splitting every matrix {layout.tp} ways.")
@@ -65,7 +67,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
         lines.append(
             f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
-            f"traffic over {'the network' if link.crosses_nodes else 'NVLink'}, "
+            f"traffic over {'the network' if link.crosses_nodes else intra}, "
             f"{time['dp']:.2f} s of it exposed.")
     mem = best.memory
     lines.append(

@@ -14,12 +14,21 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "matmul_efficiency": 0.6,           # achieved fraction of peak_flops in training GEMMs
       "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
+      "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
+      "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
-      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5
+      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
+      "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
+      "available_cores": 0,               # cores our ranks get on a shared node (0: all)
+      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
 Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
+"collectives" holds measured fits, `[op][ranks on the node][group size]` (op: all_reduce,
+all_gather, reduce_scatter, send_recv), which price a group inside a node in place of the
+generic link; `paraxis calibrate` writes them. "schema" and "calibration" (the raw
+measurements of a calibration) are read and ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
@@ -46,6 +55,14 @@ class GPU:
     matmul_efficiency: float = 0.6
     link_efficiency: float = 0.8
     hbm_efficiency: float = 0.8
+    # The attention core (softmax(QK^T)V, a FlashAttention-style kernel) runs at its own rate;
+    # 0 prices it like the GEMMs (peak x matmul_efficiency). A calibration measures it.
+    attention_flops: float = 0.0
+    # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
+    # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
+    # The name stands for the runtime too: Megatron re-gathers SP inputs in the backward, and
+    # its Adam is one fused kernel (cost.layer_times, compute.optimizer_traffic_per_param).
+    kernels: str = "fused"
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
@@ -69,11 +86,42 @@ class Cluster:
     inter_node_bandwidth_Bps: float = 25e9
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 1e-5
+    # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs) ...
+    cores_per_node: int = 0
+    # ... or the cores they get together where other sessions share the machine (0: all).
+    # Linux shares the CPU fairly between sessions, then among a session's processes
+    # (CFS autogroup), so our ranks get a number of cores whatever their count; a
+    # calibration measures it with one busy rank per core.
+    available_cores: float = 0.0
+    # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
+    collectives: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ParaxisError(f"a cluster needs at least one GPU (nodes={self.nodes}, "
                                f"gpus_per_node={self.gpus_per_node}); give --gpus >= 1")
+        if self.cores_per_node < 0:
+            raise ParaxisError(f"cores_per_node={self.cores_per_node} must be >= 0 (0: every "
+                               "rank has its own device)")
+        if not 0 <= self.available_cores <= max(self.cores_per_node, 0):
+            raise ParaxisError(f"available_cores={self.available_cores} must be between 0 (all "
+                               f"of them) and cores_per_node={self.cores_per_node}")
+        if self.gpu.kernels not in ("fused", "eager"):
+            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+
+    @property
+    def compute_share(self) -> float:
+        """Fraction of one core (one device) each rank computes with: the ranks of a node
+        time-share the cores they get, min(1, cores / ranks per node); 1 where ranks own
+        their device."""
+        return self.share_with(self.gpus_per_node)
+
+    def share_with(self, busy_ranks: int) -> float:
+        """A rank's fraction of a core while `busy_ranks` ranks of its node compute."""
+        if not self.cores_per_node:
+            return 1.0
+        cores = self.available_cores or self.cores_per_node
+        return min(1.0, cores / max(1, busy_ranks))
 
     @property
     def world_size(self) -> int:
@@ -108,6 +156,7 @@ def gpu_for_device_name(device_name: str) -> GPU | None:
 
 _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu"}
+_METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself
 
 
 def load_hardware_file(path: str | Path) -> dict[str, object]:
@@ -126,6 +175,8 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
             flat.update(value)
         else:
             flat[key] = value
+    for key in _METADATA_KEYS:
+        flat.pop(key, None)
     known = _GPU_KEYS | _CLUSTER_KEYS | {"gpu"}
     unknown = sorted(set(flat) - known)
     if unknown:

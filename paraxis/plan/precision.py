@@ -7,26 +7,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes each parameter costs in parameters, gradients and optimizer states."""
+    """Bytes each parameter costs in parameters, gradients and optimizer states, and bytes
+    per element of the activations the step computes in."""
 
     param_bytes: float
     grad_bytes: float
     optimizer_bytes: float
+    activation_bytes: float = 2  # bf16/fp16 compute; 4 for fp32
 
     @property
     def total_bytes(self) -> float:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
-
-    @property
-    def optimizer_step_bytes(self) -> float:
-        """HBM bytes one Adam step moves per parameter: the gradient read twice (global norm
-        for clipping, then the update), the optimizer states and the parameter read and
-        written (Kingma & Ba 2015 Alg. 1; about 1 FLOP per byte, so memory-bound)."""
-        return 2 * self.grad_bytes + 2 * self.optimizer_bytes + 2 * self.param_bytes
 
 
 # ZeRO (Rajbhandari et al. 2020) Sec. 3.1: fp16 params and grads (2+2) plus fp32 master copy,
 # momentum and variance (K = 12): the "16 P" rule.
 MIXED_ADAM = Precision(2, 2, 12)
 # Plain fp32 Adam: fp32 params and grads, momentum and variance (4+4+8).
-FP32_ADAM = Precision(4, 4, 8)
+FP32_ADAM = Precision(4, 4, 8, activation_bytes=4)

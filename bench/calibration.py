@@ -1,0 +1,63 @@
+"""`paraxis calibrate` as a bench section: the hardware profile every prediction below uses.
+
+The profile is also written next to docs/benchmarks.md (hardware-profile.json), so
+`paraxis plan --hardware docs/hardware-profile.json` prices layouts on the machine the
+benchmarks ran on.
+"""
+
+from __future__ import annotations
+
+from paraxis.calibrate.command import calibrate
+
+PROFILE_NAME = "hardware-profile.json"
+
+
+def run(quick: bool, log=print) -> dict:  # noqa: ANN001
+    if quick:
+        return calibrate([2], [16 * 1024, 256 * 1024], "tiny-llama", tokens=256, seq_len=32,
+                         repeats=2, device="cpu", busy_s=0.5, log=log)
+    return calibrate([2, 4, 8], [kb * 1024 for kb in (16, 128, 1024, 4096)], "small-llama",
+                     tokens=2048, seq_len=128, repeats=5, device="cpu", log=log)
+
+
+def render(profile: dict) -> str:
+    gpu, cluster, cal = profile["gpu"], profile["cluster"], profile["calibration"]
+    compute = cal["compute"]
+    load = ", ".join(f"{x:.1f}" for x in cal.get("load_average", []))
+    lines = [
+        "## Calibration: this machine as the planner sees it",
+        "",
+        f"`paraxis calibrate` ({cal.get('seconds', 0):.0f} s, {cal.get('date', '?')}, load "
+        f"average {load} while it ran) wrote `{PROFILE_NAME}`. One planner \"GPU\" is one "
+        f"{cal['device']['type']} rank ({cal['device'].get('model', gpu['name'])}, "
+        f"{compute['dtype']}, one thread). The ranks of the node share its "
+        f"{cluster['cores_per_node']} cores and got {cluster['available_cores']:.2f} of them "
+        "while calibrating (one busy rank per core for 2 s; other sessions on a shared "
+        "machine take the rest). Rates are achieved ones at the model's shapes "
+        f"({compute['shapes_from']['model']}, {compute['shapes_from']['tokens']} tokens), "
+        "used at efficiency 1.0.",
+        "",
+        "| kernel class | achieved rate | planner field |",
+        "|---|---|---|",
+        f"| GEMM (fwd and both bwd products, {len(compute['matmul']['shapes'])} shapes) | "
+        f"{gpu['peak_flops'] / 1e9:,.1f} GFLOP/s | `peak_flops` |",
+        f"| attention core (causal SDPA, fwd + bwd, planner's FLOP count) | "
+        f"{gpu['attention_flops'] / 1e9:,.1f} GFLOP/s | `attention_flops` |",
+        f"| eager elementwise ops of a layer (fwd + bwd, planner's byte count) | "
+        f"{gpu['hbm_bandwidth_Bps'] / 1e9:,.2f} GB/s | `hbm_bandwidth_Bps` |",
+        "",
+        "Collectives: time = steps x alpha + factor x bytes / bandwidth, fitted by weighted "
+        "least squares with the planner's ring factor and step count (all-reduce 2(n-1)/n "
+        "and 2(n-1) steps, all-gather and reduce-scatter (n-1)/n and n-1, send/recv 1 and 1); "
+        "all groups of a size run at once, as a layout's groups do.",
+        "",
+        "| collective | ranks on node | group | alpha (us/step) | bandwidth (GB/s) | "
+        "worst fit error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for op, by_world in cluster["collectives"].items():
+        for world, by_group in by_world.items():
+            for n, fit in by_group.items():
+                lines.append(f"| {op} | {world} | {n} | {fit['alpha_s'] * 1e6:,.0f} | "
+                             f"{fit['bandwidth_Bps'] / 1e9:.2f} | {fit['max_rel_error']:.0%} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,104 @@
+"""What `paraxis calibrate` times on every rank of a group: the collectives the runtime
+issues, at several message sizes, over groups of every size at once (fit.py fits them).
+Times are the median of a few batches of back-to-back calls, the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from paraxis.calibrate.kernels import sync
+
+
+def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: torch.device,
+                dtype: torch.dtype) -> Callable[[], None]:
+    """One call of `op` on a message of `numel` elements over `group`, as the runtime issues
+    it (the flat-buffer forms of paraxis.data_parallel.flat and paraxis.tensor_parallel)."""
+    size = dist.get_world_size(group)
+    full = torch.ones(numel, device=device, dtype=dtype)
+    shard = torch.ones(numel // size, device=device, dtype=dtype)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full, group=group)
+    if op == "all_gather":
+        return lambda: dist.all_gather_single(full, shard, group=group)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(shard, full, group=group)
+    incoming = torch.empty_like(full)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+    me = ranks.index(dist.get_rank())
+    right, left = ranks[(me + 1) % size], ranks[(me - 1) % size]
+
+    def send_recv() -> None:
+        # Every rank sends to its right neighbour and receives from its left one, at once:
+        # the stage-boundary traffic of a pipeline in its steady state.
+        ops = [dist.P2POp(dist.isend, full, right), dist.P2POp(dist.irecv, incoming, left)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return send_recv
+
+
+def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: int,
+                      batch_s: float) -> float:
+    """Median over `repeats` batches of seconds per call, the slowest rank's.
+
+    A batch is k back-to-back calls after a barrier, k chosen (the same on every rank) so a
+    batch lasts about `batch_s`: one call would mostly time how late each rank leaves the
+    barrier, which on a time-shared CPU is a scheduler quantum, not the collective.
+    """
+    call()  # warm-up: connections, buffers
+    sync(device)
+    started = time.perf_counter()
+    call()
+    sync(device)
+    first = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    calls = max(1, min(50, round(batch_s / max(first.item(), 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync(device)
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync(device)
+        samples.append((time.perf_counter() - started) / calls)
+    slowest = torch.tensor(samples, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
+
+
+def collective_times(ops: list[str], sizes_bytes: list[int], group_sizes: list[int],
+                     device: torch.device, dtype: torch.dtype, repeats: int = 5,
+                     batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
+    """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.
+
+    The world is split into groups of each size (neighbouring ranks, as a TP group is), all
+    of them running the collective at once, as every group of a layout's axis does: on a
+    CPU the ranks share its cores, so a group's time depends on the whole world. Message
+    sizes are rounded down to equal shards.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    times: dict[str, dict[str, list[list[float]]]] = {op: {} for op in ops}
+    for n in group_sizes:
+        group = None
+        if n < world:  # new_group is collective: every rank creates every group, in order
+            for first in range(0, world, n):
+                created = dist.new_group(list(range(first, first + n)))
+                if first <= rank < first + n:
+                    group = created
+        for op in ops:
+            points = []
+            for size in sizes_bytes:
+                numel = max(n, size // itemsize // n * n)
+                call = _collective(op, numel, group, device, dtype)
+                points.append([float(numel * itemsize),
+                               _seconds_per_call(call, device, repeats, batch_s)])
+            times[op][str(n)] = points
+    return times

@@ -1,0 +1,242 @@
+"""`paraxis calibrate`: measure this machine and write the profile the planner prices with.
+
+    paraxis calibrate                                  # ranks 2,4,8 -> profile.json
+    paraxis calibrate --nproc 2 --sizes-kb 16,256 --out hw.json
+    paraxis plan --model small-llama --gpus 4 --hardware profile.json ...
+
+Compute is timed on one rank (one thread on a CPU, one GPU on a CUDA machine); each rank
+count in --nproc starts that many real processes (gloo on CPU, NCCL on GPUs) and times every
+collective at every message size, then fits latency and bandwidth (paraxis/calibrate/fit.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from paraxis.errors import ParaxisError
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+
+
+def _device_type(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested not in ("cpu", "cuda"):
+        raise ParaxisError(f"--device {requested!r} is unknown; use auto, cpu or cuda")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ParaxisError("--device cuda was asked for but no CUDA GPU is visible; use cpu")
+    return requested
+
+
+def _rank_device(device_type: str):  # noqa: ANN202 - torch.device, imported lazily
+    import torch
+
+    if device_type == "cuda":  # device from the local rank
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _dtype(device):  # noqa: ANN001, ANN202
+    import torch
+
+    # What the runtime computes in: fp32 on CPU, bf16 autocast on GPUs.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_type: str
+                 ) -> dict:
+    """Runs on one rank: the achieved GEMM, attention and elementwise rates."""
+    from paraxis.calibrate.kernels import (
+        attention_rate,
+        elementwise_bandwidth,
+        gemm_shapes,
+        matmul_rate,
+    )
+    from paraxis.model_config import load_model_config
+
+    cfg = load_model_config(model)
+    device = _rank_device(device_type)
+    dtype = _dtype(device)
+    # Whole-batch GEMMs and the small ones of a pipeline microbatch.
+    shapes = gemm_shapes(cfg, tokens) + gemm_shapes(cfg, max(1, tokens // 8))
+    matmul = matmul_rate(shapes, device, dtype, repeats)
+    attention = attention_rate(max(1, tokens // seq_len), cfg.n_heads, seq_len, cfg.head_dim,
+                               device, dtype, max(2, repeats // 2))
+    elementwise = elementwise_bandwidth(cfg, max(1, tokens // seq_len), seq_len, device,
+                                        dtype, repeats)
+    return {"matmul": matmul, "attention_flops_per_s": attention,
+            "elementwise_Bps": elementwise, "dtype": str(dtype).removeprefix("torch."),
+            "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
+
+
+def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> dict:
+    """Runs on every rank: every collective at every size, over groups of every size that
+    divides the world (all groups at once)."""
+    import torch.distributed as dist
+
+    from paraxis.calibrate.collectives import collective_times
+
+    device = _rank_device(device_type)
+    world = dist.get_world_size()
+    groups = [n for n in range(2, world + 1) if world % n == 0]
+    return collective_times(OPS, sizes_bytes, groups, device, _dtype(device), repeats)
+
+
+def busy_body(seconds: float) -> float:
+    """Runs on every rank, one per core: the share of a core this rank got."""
+    from paraxis.calibrate.kernels import busy_share
+
+    return busy_share(seconds)
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
+    """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
+    they got over the wall time, summed. Fewer than the machine has where other sessions
+    use it (Cluster.available_cores)."""
+    from paraxis.testing import run_distributed
+
+    cores = cores or cpu_cores()
+    shares = run_distributed(busy_body, cores, (busy_s,), timeout_s=60 + 2 * busy_s)
+    return min(float(cores), sum(shares))
+
+
+def _device_description(device_type: str, max_ranks: int) -> dict:
+    if device_type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return {"type": "cuda", "name": props.name, "model": props.name,
+                "memory_bytes": float(props.total_memory), "cores": 0}
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = cpu_cores()
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    # A "device" is one core running one rank; the ranks share the RAM, so each may count
+    # on its share of it at the largest rank count calibrated.
+    return {"type": "cpu", "name": "cpu-core", "model": model, "cores": cores or 1,
+            "memory_bytes": float(ram) / max(1, max_ranks)}
+
+
+def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llama",
+              tokens: int = 2048, seq_len: int = 128, repeats: int = 5,
+              device: str = "auto", busy_s: float = 2.0, log=print) -> dict:  # noqa: ANN001
+    """Measure and return the profile document (paraxis.calibrate.profile)."""
+    from paraxis.calibrate.profile import build_profile
+    from paraxis.testing import run_distributed
+
+    device_type = _device_type(device)
+    if device_type == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if max(nproc) > gpus:
+            raise ParaxisError(f"--nproc {max(nproc)} is more than the {gpus} GPU(s) here; "
+                               f"give rank counts up to {gpus}")
+    started = time.perf_counter()
+    compute = run_distributed(compute_body, 1, (model, tokens, seq_len, repeats, device_type),
+                              timeout_s=300, device=device_type)[0]
+    log(f"compute: matmul {compute['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s, attention "
+        f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
+        f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s ({compute['dtype']}, one rank)")
+    timings = {}
+    for n in sorted(set(nproc)):
+        if n < 2:
+            continue
+        timings[n] = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type),
+                                     timeout_s=300, device=device_type)[0]
+    device_info = _device_description(device_type, max(nproc))
+    if device_type == "cpu":
+        device_info["available_cores"] = available_cores(device_info["cores"], busy_s)
+        log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
+            f"to our ranks (one busy rank per core for {busy_s:g} s)")
+    profile = build_profile(device_info, compute, timings)
+    for op, by_world in profile["cluster"]["collectives"].items():
+        for world, by_group in by_world.items():
+            for n, fit in by_group.items():
+                log(f"{op:>15} groups of {n} in {world} ranks: alpha "
+                    f"{fit['alpha_s'] * 1e6:8.1f} us/step, bandwidth "
+                    f"{fit['bandwidth_Bps'] / 1e9:6.2f} GB/s (fit within "
+                    f"{fit['max_rel_error']:.0%})")
+    profile["calibration"]["seconds"] = time.perf_counter() - started
+    profile["calibration"]["date"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    profile["calibration"]["load_average"] = list(os.getloadavg())
+    return profile
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ParaxisError(f"{flag} {text!r} must be a comma list of integers, e.g. "
+                           "2,4,8") from None
+    if not values or min(values) < 1:
+        raise ParaxisError(f"{flag} {text!r} needs positive integers, e.g. 2,4,8")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--nproc", default=None,
+        help="rank counts to time collectives on, comma list (default: 2,4,8 on a CPU; "
+             "2, 4, 8 up to the GPU count on a CUDA machine)")
+    add("--out", default="profile.json", help="the hardware profile to write (JSON)")
+    add("--model", default="small-llama",
+        help="preset whose layer shapes the GEMMs and kernels are timed at")
+    add("--tokens", type=int, default=2048, help="tokens per GEMM (batch x sequence)")
+    add("--seq-len", type=int, default=128, help="sequence length of the attention timing")
+    add("--sizes-kb", default="16,128,1024,4096",
+        help="collective message sizes in KiB (at least two)")
+    add("--repeats", type=int, default=5,
+        help="timed repeats per measurement (kernels: the fastest; collectives: the median)")
+    add("--device", default="auto", help="auto, cpu or cuda")
+    add("--busy-s", type=float, default=2.0,
+        help="seconds one busy rank per core runs to see how many cores our ranks get (CPU)")
+
+
+def default_nproc(device: str) -> list[int]:
+    if _device_type(device) == "cpu":
+        return [2, 4, 8]
+    import torch
+
+    return [n for n in (2, 4, 8) if n <= torch.cuda.device_count()] or [1]
+
+
+def run(args: argparse.Namespace) -> int:
+    nproc = _int_list(args.nproc, "--nproc") if args.nproc else default_nproc(args.device)
+    sizes = [kb * 1024 for kb in _int_list(args.sizes_kb, "--sizes-kb")]
+    if len(set(sizes)) < 2:
+        raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "
+                           "latency and bandwidth")
+    if args.repeats < 1 or args.tokens < 1 or args.seq_len < 1:
+        raise ParaxisError("--repeats, --tokens and --seq-len must be at least 1")
+    if not args.busy_s > 0:
+        raise ParaxisError(f"--busy-s {args.busy_s} must be positive, e.g. 2")
+    if args.tokens % args.seq_len:
+        raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
+                           f"{args.seq_len}")
+    profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
+                        args.device, args.busy_s)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    print(f"wrote {out} in {profile['calibration']['seconds']:.1f} s; use it with "
+          f"`paraxis plan --hardware {out}`")
+    return 0

@@ -1,0 +1,91 @@
+"""Fit a collective's latency and bandwidth from timed message sizes (pure Python, no torch).
+
+The planner prices a collective over n ranks as (paraxis/plan/comm.py)
+
+    time = steps(op, n) * alpha + factor(op, n) * bytes / bandwidth
+
+with the ring's step count and byte factor (Patarasuk & Yuan 2009; Thakur et al. 2005). We
+fit exactly that line, t = c0 + c1 * factor * bytes, and report alpha = c0 / steps and
+bandwidth = 1 / c1, so a fitted bandwidth means what the planner's bandwidth means (a ring's
+bus bandwidth, per rank, one direction) and the planner reproduces the measured times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraxis.errors import ParaxisError
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+def ring_factor(op: str, n: int) -> float:
+    """Bytes each rank moves per byte of the message, as the planner's comm model counts it."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n  # reduce-scatter + all-gather, 2(n-1) steps of X/n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n  # n-1 steps of X/n, X the full (gathered / unreduced) tensor
+    if op == "send_recv":
+        return 1.0  # one message over one link
+    raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(OPS)}")
+
+
+def latency_steps(op: str, n: int) -> int:
+    """Ring steps, each paying one latency, as the planner's comm model counts them."""
+    ring_factor(op, n)  # rejects an unknown op with the one-line message
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
+            "send_recv": 1}[op]
+
+
+@dataclass(frozen=True)
+class Fit:
+    op: str
+    ranks: int
+    alpha_s: float  # latency per ring step
+    bandwidth_Bps: float  # bytes/s per rank, one direction, in the planner's ring sense
+    max_rel_error: float  # worst |predicted - measured| / measured over the fitted points
+
+    def predict(self, size_bytes: float) -> float:
+        return (latency_steps(self.op, self.ranks) * self.alpha_s
+                + ring_factor(self.op, self.ranks) * size_bytes / self.bandwidth_Bps)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"alpha_s": self.alpha_s, "bandwidth_Bps": self.bandwidth_Bps,
+                "max_rel_error": self.max_rel_error}
+
+
+def fit_alpha_beta(op: str, ranks: int, sizes_bytes: list[float],
+                   times_s: list[float]) -> Fit:
+    """Least squares of time = alpha_total + factor * bytes / bandwidth over the points.
+
+    Weighted by 1 / time^2, i.e. least squares on the relative error: the sizes span orders
+    of magnitude, and plain least squares would let the largest message decide alpha too.
+    Noise that would make the intercept negative is clipped to alpha = 0 (refit through
+    the origin): a collective never takes less than no time.
+    """
+    if ranks < 2:
+        raise ParaxisError(f"a {op} fit needs at least 2 ranks, got {ranks}")
+    if len(sizes_bytes) != len(times_s) or len(set(sizes_bytes)) < 2:
+        raise ParaxisError(f"a {op} fit needs times for at least two different message "
+                           f"sizes (got sizes {sizes_bytes})")
+    if min(times_s) <= 0:
+        raise ParaxisError(f"{op} times must be positive, got {times_s}")
+    factor = ring_factor(op, ranks)
+    xs = [factor * s for s in sizes_bytes]
+    ws = [1.0 / t**2 for t in times_s]
+    sw = sum(ws)
+    sx = sum(w * x for w, x in zip(ws, xs, strict=True))
+    sy = sum(w * t for w, t in zip(ws, times_s, strict=True))
+    sxx = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * x * t for w, x, t in zip(ws, xs, times_s, strict=True))
+    det = sw * sxx - sx * sx
+    slope = (sw * sxy - sx * sy) / det
+    intercept = (sy - slope * sx) / sw
+    if intercept < 0 or slope <= 0:
+        intercept, slope = 0.0, sxy / sxx
+    if slope <= 0:
+        raise ParaxisError(f"{op} times do not grow with message size ({times_s}); measure "
+                           "larger messages")
+    fit = Fit(op, ranks, intercept / latency_steps(op, ranks), 1.0 / slope, 0.0)
+    worst = max(abs(fit.predict(s) - t) / t for s, t in zip(sizes_bytes, times_s, strict=True))
+    return Fit(op, ranks, fit.alpha_s, fit.bandwidth_Bps, worst)

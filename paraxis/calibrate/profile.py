@@ -1,0 +1,73 @@
+"""Turn calibration measurements into the hardware profile `paraxis plan --hardware` reads.
+
+Pure Python. The profile describes this machine as one planner "GPU" type (the device one
+rank computes on: a GPU, or one CPU core when ranks run one thread each) at its measured
+rates with efficiencies of 1.0, and a one-node "cluster" whose intra-node link is the
+measured one, with a fitted (alpha, bandwidth) per collective, ranks on the node and group
+size: `collectives[op][ranks on node][group size]`. Schema: paraxis/plan/hardware.py; the
+raw measurements ride along under "calibration".
+"""
+
+from __future__ import annotations
+
+from paraxis.calibrate.fit import Fit, fit_alpha_beta
+
+SCHEMA = "paraxis.hardware-profile/1"
+
+
+Timings = dict[int, dict[str, dict[str, list[list[float]]]]]
+
+
+def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
+    """{op: {ranks on node: {group size: Fit}}} from the measured
+    {ranks on node: {op: {group size: [[bytes, seconds], ...]}}}."""
+    fits: dict[str, dict[str, dict[str, Fit]]] = {}
+    for world in sorted(timings):
+        for op, by_group in timings[world].items():
+            for n, points in by_group.items():
+                fit = fit_alpha_beta(op, int(n), [p[0] for p in points],
+                                     [p[1] for p in points])
+                fits.setdefault(op, {}).setdefault(str(world), {})[n] = fit
+    return fits
+
+
+def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
+    """The profile document.
+
+    device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
+    this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
+    together when measured)}; compute: {"matmul": {"flops_per_s", ...},
+    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels.
+    """
+    fits = fit_collectives(timings)
+    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
+                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
+    # The generic intra-node link (where no fit applies): the all-reduce ring over the most
+    # ranks measured, the closest to a whole node.
+    ring = [by_group[world] for world, by_group in fits.get("all_reduce", {}).items()
+            if world in by_group]
+    link = max(ring, key=lambda f: f.ranks) if ring else None
+    gpu = {
+        "name": device["name"],
+        "peak_flops": compute["matmul"]["flops_per_s"],
+        "matmul_efficiency": 1.0,  # peak_flops is the achieved rate already
+        "attention_flops": compute["attention_flops_per_s"],
+        "hbm_bandwidth_Bps": compute["elementwise_Bps"],
+        "hbm_efficiency": 1.0,
+        "memory_bytes": device["memory_bytes"],
+        # paraxis runs one PyTorch kernel per elementwise op (no fused kernels)
+        "kernels": "eager",
+        "link_efficiency": 1.0,
+    }
+    if link is not None:
+        gpu["nvlink_bandwidth_Bps"] = link.bandwidth_Bps
+    ranks = max(timings) if timings else 1
+    cluster: dict[str, object] = {"nodes": 1, "gpus_per_node": ranks,
+                                  "cores_per_node": device.get("cores", 0),
+                                  "available_cores": device.get("available_cores", 0.0),
+                                  "collectives": table}
+    if link is not None:
+        cluster["intra_node_latency_s"] = link.alpha_s
+    return {"schema": SCHEMA, "gpu": gpu, "cluster": cluster,
+            "calibration": {"device": device, "compute": compute,
+                            "collectives": {str(n): t for n, t in sorted(timings.items())}}}

@@ -1,0 +1,116 @@
+"""`paraxis calibrate`: the alpha-beta fit, the profile the planner reads, the real command."""
+
+import json
+
+import pytest
+
+from paraxis.calibrate.fit import OPS, fit_alpha_beta, latency_steps, ring_factor
+from paraxis.calibrate.profile import build_profile
+from paraxis.cli import main
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.plan.comm import axis_link, collective_time
+from paraxis.plan.hardware import build_cluster, load_hardware_file
+
+SIZES = [16e3, 128e3, 1e6, 4e6]
+
+
+def synthetic(op: str, n: int, alpha: float, bandwidth: float) -> list[float]:
+    # the planner's own formula (comm.py): steps * alpha + factor * bytes / bandwidth
+    return [latency_steps(op, n) * alpha + ring_factor(op, n) * s / bandwidth for s in SIZES]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_fit_recovers_alpha_and_bandwidth_exactly(op, n):
+    fit = fit_alpha_beta(op, n, SIZES, synthetic(op, n, 37e-6, 1.7e9))
+    assert fit.alpha_s == pytest.approx(37e-6, rel=1e-9)
+    assert fit.bandwidth_Bps == pytest.approx(1.7e9, rel=1e-9)
+    assert fit.max_rel_error < 1e-9
+
+
+def test_fit_never_returns_negative_latency():
+    # a small message that happened to run fast pulls the line's intercept below zero
+    times = synthetic("all_reduce", 2, 0.0, 1e9)
+    times[0] *= 0.5
+    fit = fit_alpha_beta("all_reduce", 2, SIZES, times)
+    assert fit.alpha_s == 0.0 and fit.bandwidth_Bps > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (("all_reduce", 1, SIZES, [1.0] * 4), "at least 2 ranks"),
+    (("all_reduce", 2, [1e3, 1e3], [1.0, 1.0]), "two different message sizes"),
+    (("all_reduce", 2, SIZES, [1.0, 0.0, 1.0, 1.0]), "positive"),
+    (("broadcast", 2, SIZES, [1.0] * 4), "unknown collective"),
+])
+def test_fit_rejects_what_it_cannot_fit(args, message):
+    with pytest.raises(ParaxisError, match=message):
+        fit_alpha_beta(*args)
+
+
+def test_the_planner_prices_a_group_with_its_measured_fit():
+    """A profile's fits go through hardware.py into comm.py: the planner then predicts
+    exactly the times the fit was made from, for the group size and ranks on the node."""
+    timings = {4: {op: {str(n): [list(p) for p in zip(SIZES, synthetic(op, n, a, b),
+                                                      strict=True)]
+                        for n, a, b in ((2, 1e-4, 2e9), (4, 3e-4, 1e9))} for op in OPS}}
+    device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2,
+              "available_cores": 1.5}
+    compute = {"matmul": {"flops_per_s": 1e11, "shapes": []}, "attention_flops_per_s": 4e10,
+               "elementwise_Bps": 6e9, "dtype": "float32", "shapes_from": {}}
+    profile = build_profile(device, compute, timings)
+    cluster = build_cluster(gpus=4, overrides={**profile["gpu"], **profile["cluster"]})
+    assert cluster.cores_per_node == 2 and cluster.compute_share == pytest.approx(1.5 / 4)
+    assert cluster.gpu.peak_flops == 1e11 and cluster.gpu.matmul_efficiency == 1.0
+    layout = Layout(dp=2, tp=2)
+    tp_link, dp_link = axis_link(layout, "tp", cluster), axis_link(layout, "dp", cluster)
+    for op in OPS:
+        expected = synthetic(op, 2, 1e-4, 2e9)
+        for size, want in zip(SIZES, expected, strict=True):
+            assert collective_time(op, size, 2, tp_link) == pytest.approx(want, rel=1e-9)
+            assert collective_time(op, size, 2, dp_link) == pytest.approx(want, rel=1e-9)
+    whole = axis_link(Layout(dp=4), "dp", cluster)
+    assert collective_time("all_gather", 1e6, 4, whole) == pytest.approx(
+        synthetic("all_gather", 4, 3e-4, 1e9)[2], rel=1e-9)
+
+
+def test_calibrate_two_ranks_writes_a_profile_the_planner_loads(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    code = main(["calibrate", "--nproc", "2", "--sizes-kb", "4,64", "--repeats", "1",
+                 "--model", "tiny-llama", "--tokens", "64", "--seq-len", "32",
+                 "--device", "cpu", "--busy-s", "0.2", "--out", str(out)])
+    assert code == 0 and f"wrote {out}" in capsys.readouterr().out
+    profile = json.loads(out.read_text())
+    fits = profile["cluster"]["collectives"]
+    assert set(fits) == set(OPS)
+    for op in OPS:
+        fit = fits[op]["2"]["2"]
+        assert fit["alpha_s"] >= 0 and fit["bandwidth_Bps"] > 0
+        points = profile["calibration"]["collectives"]["2"][op]["2"]
+        assert len(points) == 2 and all(t > 0 for _, t in points)
+    gpu = profile["gpu"]
+    assert gpu["peak_flops"] > 1e8 and gpu["attention_flops"] > 1e7
+    assert gpu["hbm_bandwidth_Bps"] > 1e7 and gpu["kernels"] == "eager"
+    assert profile["cluster"]["cores_per_node"] == profile["calibration"]["device"]["cores"]
+    assert 0 < profile["cluster"]["available_cores"] <= profile["cluster"]["cores_per_node"]
+    assert load_hardware_file(out)["peak_flops"] == gpu["peak_flops"]
+
+    code = main(["plan", "--model", "tiny", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "32", "--precision", "fp32", "--hardware", str(out),
+                 "--layout", "dp=2,microbatches=1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["hardware"]["gpu"]["name"] == "cpu-core"
+    assert doc["hardware"]["cluster"]["collectives"] == fits
+    assert 0 < doc["layouts"][0]["time_s"]["step"] < 60
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc", "two"], "comma list of integers"),
+    (["--nproc", "0"], "positive integers"),
+    (["--sizes-kb", "64"], "at least two sizes"),
+    (["--tokens", "100", "--seq-len", "32"], "multiple of --seq-len"),
+])
+def test_calibrate_bad_input_is_one_line(argv, message, capsys):
+    assert main(["calibrate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,119 @@
+"""The cost model on a calibrated CPU: ranks share cores, eager kernels, the optimizer."""
+
+import pytest
+
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.comm import Link, tp_layer_time
+from paraxis.plan.compute import (
+    layer_forward_traffic_per_token_eager,
+    optimizer_traffic_per_param,
+)
+from paraxis.plan.cost import evaluate
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM
+
+MODEL = PRESETS["small-llama"].replace(n_layers=8)
+CPU = {"name": "cpu-core", "peak_flops": 1e11, "matmul_efficiency": 1.0,
+       "attention_flops": 4e10, "hbm_bandwidth_Bps": 7e9, "hbm_efficiency": 1.0,
+       "memory_bytes": 3e9, "kernels": "eager", "nvlink_bandwidth_Bps": 1e9,
+       "link_efficiency": 1.0, "intra_node_latency_s": 3e-4, "gpus_per_node": 8}
+
+
+def cpu(ranks: int, cores: int = 2, available: float = 0.0):
+    return build_cluster(gpus=ranks, overrides={**CPU, "cores_per_node": cores,
+                                                "available_cores": available})
+
+
+def price(layout: Layout, cores: int = 2, available: float = 0.0):
+    return evaluate(MODEL, layout, cpu(layout.world_size, cores, available), 128, 16,
+                    FP32_ADAM)
+
+
+def test_ranks_beyond_the_cores_share_them():
+    assert cpu(8).compute_share == 0.25 and cpu(2).compute_share == 1.0
+    assert build_cluster("a100-80gb", 8).compute_share == 1.0  # GPUs own their device
+    # other sessions leave our ranks one core of two: one rank still gets a whole core,
+    # two share it, eight get an eighth each
+    assert cpu(1, available=1.0).compute_share == 1.0
+    assert cpu(2, available=1.0).compute_share == 0.5
+    assert cpu(8, available=1.0).compute_share == 0.125
+    assert cpu(1, available=0.5).compute_share == 0.5
+    assert price(Layout(dp=2), available=1.0).time["compute"] == pytest.approx(
+        price(Layout()).time["compute"])
+    # the same work on 2 cores takes as long split 2 ways as 8 ways
+    assert price(Layout(dp=8)).time["compute"] == pytest.approx(
+        price(Layout(dp=2)).time["compute"])
+    assert price(Layout(dp=2)).time["compute"] == pytest.approx(
+        price(Layout(dp=1)).time["compute"] / 2)
+
+
+def test_idle_pipeline_ranks_lend_their_cores():
+    layout = Layout(pp=4, microbatches=8, schedule="1f1b")
+    shared, own = price(layout, cores=2), price(layout, cores=4)
+    bubble = pipeline_figures("1f1b", 4, 8).bubble_fraction
+    # four ranks on four cores: the schedule's bubble, as on GPUs
+    assert own.time["bubble"] / (own.time["bubble"] + own.time["compute"] + own.time["pp"]) \
+        == pytest.approx(bubble)
+    # on two cores the work (twice the compute at half a core) outlasts the critical path,
+    # so the bubble costs nothing: idle ranks hand their core to the busy ones
+    assert shared.time["bubble"] == 0.0
+    assert shared.time["compute"] == pytest.approx(2 * own.time["compute"])
+    # with one core of the two left to us the work bound doubles, the critical path not
+    half = price(layout, cores=2, available=1.0)
+    assert half.time["compute"] == pytest.approx(2 * shared.time["compute"])
+    assert half.time["bubble"] == 0.0
+
+
+def test_nothing_hides_communication_on_a_cpu():
+    estimate = price(Layout(dp=2))
+    assert estimate.time["dp"] == estimate.time["dp_total"] > 0
+    gpu = evaluate(MODEL, Layout(dp=2), build_cluster("a100-80gb", 2), 128, 16)
+    assert gpu.time["dp"] < gpu.time["dp_total"]  # DDP buckets hide behind backward
+
+
+def test_eager_traffic_counts_every_elementwise_kernel():
+    h, q, kv, f = 256, 256, 128, 704  # small-llama: 8 heads, 4 kv heads, SwiGLU 704
+    # norms 2 x 6h, rotary 10(q + kv), grouped-head repeat 2(kv + q), rows copy 2q,
+    # residuals 2 x 3h, SiLU and gate product 5f
+    assert layer_forward_traffic_per_token_eager(MODEL) == 12 * h + 10 * (q + kv) + \
+        2 * (kv + q) + 2 * q + 6 * h + 5 * f
+    # tensor parallelism splits the heads and the MLP, not the norms and residuals
+    assert layer_forward_traffic_per_token_eager(MODEL, tp=2) == 12 * h + 5 * (q + kv) + \
+        (kv + q) + q + 6 * h + 2.5 * f
+    gpt2 = PRESETS["small"]
+    # one LayerNorm kernel 2 x 2h, residuals 2 x 3h, rows copy 2q, one GELU kernel 2f
+    assert layer_forward_traffic_per_token_eager(gpt2) == 10 * 256 + 2 * 256 + 2 * 1024
+
+
+def test_optimizer_update_is_priced_by_bytes():
+    assert optimizer_traffic_per_param(FP32_ADAM, "eager") == 21 * 4 + 3 * 4
+    # fused: the gradient read twice (norm, update), states and weight read and written
+    assert optimizer_traffic_per_param(MIXED_ADAM, "fused") == 32
+    one, sharded = price(Layout(dp=2)), price(Layout(dp=2, zero=1))
+    assert sharded.time["optimizer"] == pytest.approx(one.time["optimizer"] / 2)
+
+
+def test_fp32_activations_double_the_tp_traffic():
+    cluster, big = build_cluster("a100-80gb", 2), PRESETS["llama2-7b"]
+    mixed = evaluate(big, Layout(tp=2), cluster, 4096, 8, MIXED_ADAM)
+    fp32 = evaluate(big, Layout(tp=2), cluster, 4096, 8, FP32_ADAM)
+    # bandwidth-bound; the exposed part grows too, if by less (the GEMM windows stay)
+    assert fp32.time["tp_total"] == pytest.approx(2 * mixed.time["tp_total"], rel=0.01)
+    assert fp32.time["tp"] > 1.5 * mixed.time["tp"]
+
+
+def test_eager_runtime_has_no_sp_regathers():
+    # paraxis's autograd keeps the gathered input, so SP moves what the all-reduces did;
+    # Megatron (fused) re-gathers the stored shards in the backward
+    link = Link(1e9, 0.0, False)
+    assert tp_layer_time(1e6, 2, True, link, regather=False) == pytest.approx(
+        tp_layer_time(1e6, 2, False, link))
+    sp = Layout(tp=2, sequence_parallel=True)
+    eager = price(sp, cores=2).time["tp_total"]
+    plain = price(Layout(tp=2), cores=2).time["tp_total"]
+    assert eager == pytest.approx(plain, rel=1e-6)
+    gpu = build_cluster("a100-80gb", 2)
+    megatron = evaluate(MODEL, sp, gpu, 128, 16).time["tp_total"]
+    assert megatron > evaluate(MODEL, Layout(tp=2), gpu, 128, 16).time["tp_total"]
