@@ -87,7 +87,7 @@ def render(doc: dict) -> str:
         f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch "
         f"{info['torch']}, {info['backend']}; run on {info['date']}"
         + (f"; load average {', '.join(map(str, info['load_average']))} (1, 5, 15 min) at "
-           "the end, from other users' processes on this shared machine" if
+           "the end (the benchmark's own ranks included)" if
            "load_average" in info else "") + ".\n"]
     if doc["rows"]:
         parts.append(
