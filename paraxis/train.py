@@ -202,18 +202,18 @@ def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
     from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve
 
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if restarted and cfg.checkpoint_dir and complete_checkpoints(Path(cfg.checkpoint_dir)):
-        path = complete_checkpoints(Path(cfg.checkpoint_dir))[-1][1]  # progress since start
+    saved = complete_checkpoints(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else []
+    if restarted and saved:
+        path = saved[-1][1]  # the progress made since the job started
     elif cfg.init_from:
         _init_from(cfg.init_from, engine, model_cfg, rank)
         return 0
     elif not cfg.resume:
         return 0
     elif cfg.resume == "auto":
-        found = complete_checkpoints(Path(cfg.checkpoint_dir))
-        if not found:
+        if not saved:
             return 0  # nothing saved yet: a fresh start
-        path = found[-1][1]
+        path = saved[-1][1]
     else:
         path = resolve(cfg.resume)
     manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)

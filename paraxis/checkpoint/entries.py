@@ -20,7 +20,6 @@ it, so what is restored is exactly what the engine trains with.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -147,5 +146,6 @@ def _parameter_names(engine) -> dict[int, str]:  # noqa: ANN001
     return names
 
 
-def slice_numel(shape: tuple[int, ...], tp_count: int) -> int:
-    return math.prod(shape) // tp_count
+def loss_scaler(engine):  # noqa: ANN001, ANN201 - a LossScaler or None
+    """fp16's dynamic loss scaler, wherever the engine keeps it (its data-parallel part)."""
+    return getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)

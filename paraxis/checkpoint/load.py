@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from paraxis.checkpoint.entries import KINDS, engine_entries, set_optimizer_steps
+from paraxis.checkpoint.entries import KINDS, engine_entries, loss_scaler, set_optimizer_steps
 from paraxis.checkpoint.manifest import (
     check_model,
     read_manifest,
@@ -127,7 +127,7 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
                  str(reader.directory))
     if with_optimizer:
         set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
-        scaler = getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)
+        scaler = loss_scaler(engine)
         if scaler is not None and manifest.get("loss_scaler"):
             scaler.scale = scaler.last_scale = manifest["loss_scaler"]["scale"]
             scaler._clean_steps = manifest["loss_scaler"]["clean_steps"]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paraxis.checkpoint.entries import engine_entries, optimizer_steps
+from paraxis.checkpoint.entries import engine_entries, loss_scaler, optimizer_steps
 from paraxis.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -95,7 +95,7 @@ def save_checkpoint(engine, root: str | Path, step: int, groups,  # noqa: ANN001
 
 def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
     """fp16's dynamic loss scale (the same on every rank), so a resume does not restart it."""
-    scaler = getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)
+    scaler = loss_scaler(engine)
     if scaler is None:
         return None
     return {"scale": scaler.scale, "clean_steps": scaler._clean_steps}
