@@ -37,15 +37,21 @@ def machine() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| work | ranks | paraxis | tokens/s | peer | tokens/s | ratio | "
-             "peak RSS/rank paraxis | peer |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| work | ranks | paraxis | tokens/s | peer | tokens/s | ratio | 95% interval | "
+             "steps | peak RSS/rank paraxis | peer |", "|---" * 11 + "|"]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['ranks']} | {r['paraxis']} | {r['paraxis_tokens_per_s']:,.0f} "
             f"| {r['peer']} | {r['peer_tokens_per_s']:,.0f} | {r['ratio']:.2f} | "
+            f"{_interval(r)} | {r.get('steps_timed', '')} | "
             f"{r['paraxis_peak_rss_bytes'] / 2**20:,.0f} MiB | "
             f"{r['peer_peak_rss_bytes'] / 2**20:,.0f} MiB |")
     return "\n".join(lines)
+
+
+def _interval(row: dict) -> str:
+    low, high = row.get("ratio_interval") or (0.0, 0.0)
+    return f"{low:.2f}-{high:.2f}" if high else "-"
 
 
 def _previous(json_path: Path, quick: bool) -> dict:
@@ -92,8 +98,12 @@ def render(doc: dict) -> str:
     if doc["rows"]:
         parts.append(
             "## paraxis next to PyTorch's own implementations\n\n"
-            "Ratio = paraxis tokens/s / peer tokens/s (>= 1.0: paraxis is as fast or faster); "
-            "step time is the median over timed steps and repeats, taking the slowest rank.\n\n"
+            "Ratio = paraxis tokens/s / peer tokens/s (>= 1.0: paraxis is as fast or faster). "
+            "Both sides are built in the same processes and their steps alternate, so a slow "
+            "spell of the machine lands on both; a step counts at its slowest rank, a side's "
+            "step time is the median over all its timed steps (`steps`, over the repeats), and "
+            "the 95% interval of the ratio comes from resampling the step pairs. Peak RSS is "
+            "measured with each side alone in its processes.\n\n"
             + table(doc["rows"]) + "\n")
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
                  "scaling": scaling.render}
@@ -127,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {SUITES[short]} ...", flush=True)
         for row in importlib.import_module(SUITES[short]).rows(quick=args.quick):
             results.append({**row.to_dict(), "suite": short})
-            print(f"  {row.name}: ratio {row.ratio:.2f}", flush=True)
+            low, high = row.ratio_interval
+            print(f"  {row.name}: ratio {row.ratio:.2f} ({low:.2f}-{high:.2f})", flush=True)
     order = list(SUITES)
     results.sort(key=lambda row: order.index(row["suite"]) if row.get("suite") in order else 0)
     sections = {**previous.get("sections", {}), **_run_sections(wanted, args.quick, out)}

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, engine_step, measure_steps
+from bench.common import Row, compare, engine_step
 from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
@@ -43,17 +44,17 @@ def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
-    def body() -> dict:
+    def body() -> Callable[[], None]:
         layout = Layout(dp=RANKS, zero=zero)
         engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0), layout,
                                     build_groups(layout))
         x, y = _data(s)
-        return measure_steps(engine_step(engine, x, y, LR, CLIP), s["steps"], s["warmup"])
+        return engine_step(engine, x, y, LR, CLIP)
     return body
 
 
 def _torch_body(s: dict, wrap: str):  # noqa: ANN202
-    def body() -> dict:
+    def body() -> Callable[[], None]:
         model = build_model(PRESETS[s["model"]], seed=0)
         if wrap == "ddp":
             from torch.nn.parallel import DistributedDataParallel
@@ -76,7 +77,7 @@ def _torch_body(s: dict, wrap: str):  # noqa: ANN202
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        return measure_steps(step, s["steps"], s["warmup"])
+        return step
     return body
 
 
@@ -85,9 +86,11 @@ def rows(quick: bool) -> list[Row]:
     tokens = RANKS * s["batch_per_rank"] * s["seq"]
     return [
         compare(f"DP {s['model']}", RANKS, tokens, ("paraxis dp (zero=0)", _paraxis_body(s, 0)),
-                ("torch DDP", _torch_body(s, "ddp")), repeats=s["repeats"]),
+                ("torch DDP", _torch_body(s, "ddp")), steps=s["steps"], warmup=s["warmup"],
+                repeats=s["repeats"]),
         compare(f"ZeRO-3 {s['model']}", RANKS, tokens, ("paraxis zero=3", _paraxis_body(s, 3)),
-                ("torch FSDP2 fully_shard", _torch_body(s, "fsdp2")), repeats=s["repeats"]),
+                ("torch FSDP2 fully_shard", _torch_body(s, "fsdp2")), steps=s["steps"],
+                warmup=s["warmup"], repeats=s["repeats"]),
     ]
 
 

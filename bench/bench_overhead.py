@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from bench.common import Row, compare, engine_step, measure_steps
+from bench.common import Row, compare, engine_step
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -19,13 +21,13 @@ def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def _paraxis(batch: int, seq: int, steps: int) -> dict:
+def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     engine = LocalEngine(build_model(MODEL), Layout())
     x, y = _batch(batch, seq)
-    return measure_steps(engine_step(engine, x, y, clip=1.0), steps)
+    return engine_step(engine, x, y, clip=1.0)
 
 
-def _plain(batch: int, seq: int, steps: int) -> dict:
+def _plain(batch: int, seq: int) -> Callable[[], None]:
     model = build_model(MODEL)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     x, y = _batch(batch, seq)
@@ -37,12 +39,12 @@ def _plain(batch: int, seq: int, steps: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return measure_steps(step, steps)
+    return step
 
 
 def rows(quick: bool = False) -> list[Row]:
-    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 8)
+    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 16)
     return [compare("overhead: paraxis dp=tp=pp=1 vs plain loop", 1, batch * seq,
-                    ("paraxis LocalEngine", lambda: _paraxis(batch, seq, steps)),
-                    ("plain PyTorch loop", lambda: _plain(batch, seq, steps)),
-                    repeats=1 if quick else 5)]
+                    ("paraxis LocalEngine", lambda: _paraxis(batch, seq)),
+                    ("plain PyTorch loop", lambda: _plain(batch, seq)),
+                    steps=steps, repeats=1 if quick else 4)]

@@ -8,9 +8,11 @@ peer wraps each stage in `PipelineStage`; paraxis runs its own validated action 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from bench.common import Row, compare, engine_step, measure_steps
+from bench.common import Row, compare, engine_step
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
@@ -30,15 +32,15 @@ def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def _paraxis(schedule: str, batch: int, seq: int, microbatches: int, steps: int) -> dict:
+def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable[[], None]:
     layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
     engine = PipelineEngine(MODEL, layout, build_groups(layout), torch.device("cpu"))
     x, y = _batch(batch, seq)
-    return measure_steps(engine_step(engine, x, y), steps)
+    return engine_step(engine, x, y)
 
 
-def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int,
-                      steps: int) -> dict:
+def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
+                      ) -> Callable[[], None]:
     import torch.distributed as dist
     from torch.distributed import pipelining
 
@@ -63,21 +65,21 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return measure_steps(step, steps)
+    return step
 
 
 def rows(quick: bool = False) -> list[Row]:
-    batch, seq, microbatches, steps = (4, 32, 4, 2) if quick else (16, 128, 8, 8)
+    batch, seq, microbatches, steps = (4, 32, 4, 2) if quick else (16, 128, 8, 10)
     out = []
     for schedule in ("1f1b", "gpipe"):
         out.append(compare(
             f"pipeline pp={PP} {schedule} M={microbatches} ({MODEL.name}, 4 layers)", PP,
             batch * seq,
             (f"paraxis {schedule}",
-             lambda s=schedule: _paraxis(s, batch, seq, microbatches, steps)),
+             lambda s=schedule: _paraxis(s, batch, seq, microbatches)),
             (f"torch pipelining {PEERS[schedule]}",
-             lambda s=schedule: _torch_pipelining(s, batch, seq, microbatches, steps)),
-            repeats=1 if quick else 3))
+             lambda s=schedule: _torch_pipelining(s, batch, seq, microbatches)),
+            steps=steps, repeats=1 if quick else 6))
     return out
 
 

@@ -10,10 +10,12 @@ since the peer has no global norm over mixed DTensor/Tensor gradients to match.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, engine_step, measure_steps
+from bench.common import Row, compare, engine_step
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -30,16 +32,16 @@ def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def _paraxis(batch: int, seq: int, steps: int) -> dict:
+def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     layout = Layout(tp=TP)
     groups = build_groups(layout)
     model = apply_tensor_parallel(build_model(MODEL), groups)
     engine = TensorParallelEngine(model, layout, groups)
     x, y = _batch(batch, seq)
-    return measure_steps(engine_step(engine, x, y), steps)
+    return engine_step(engine, x, y)
 
 
-def _dtensor(batch: int, seq: int, steps: int) -> dict:
+def _dtensor(batch: int, seq: int) -> Callable[[], None]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -70,15 +72,15 @@ def _dtensor(batch: int, seq: int, steps: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return measure_steps(step, steps)
+    return step
 
 
 def rows(quick: bool = False) -> list[Row]:
     batch, seq, steps = (2, 32, 2) if quick else (8, 256, 8)
     return [compare(f"tensor parallel tp={TP} ({MODEL.name}, 4 layers)", TP, batch * seq,
-                    ("paraxis apply_tensor_parallel", lambda: _paraxis(batch, seq, steps)),
-                    ("DTensor parallelize_module", lambda: _dtensor(batch, seq, steps)),
-                    repeats=1 if quick else 3)]
+                    ("paraxis apply_tensor_parallel", lambda: _paraxis(batch, seq)),
+                    ("DTensor parallelize_module", lambda: _dtensor(batch, seq)),
+                    steps=steps, repeats=1 if quick else 3)]
 
 
 if __name__ == "__main__":

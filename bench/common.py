@@ -1,16 +1,20 @@
 """What every benchmark row shares: timing a training body on N ranks, and peak memory.
 
-A body runs on every rank (real gloo processes, one thread each, via the test harness) and
-returns `measure_steps(step_fn, ...)`'s figures; a row puts paraxis and its peer side by side.
+A side of a row is a setup that runs on every rank (real gloo processes, one thread each,
+via the test harness), builds its model and returns one training step; `compare` times
+paraxis's step next to its peer's, alternating them in the same processes.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch.distributed as dist
 
 from paraxis.testing import run_distributed
 
@@ -74,6 +78,8 @@ class Row:
     peer_step_time_s: float
     paraxis_peak_rss_bytes: int
     peer_peak_rss_bytes: int
+    ratio_interval: tuple[float, float] = (0.0, 0.0)  # 95% bootstrap interval of `ratio`
+    steps_timed: int = 0  # per side
 
     @property
     def paraxis_tokens_per_s(self) -> float:
@@ -93,24 +99,69 @@ class Row:
                 "peer_tokens_per_s": self.peer_tokens_per_s, "ratio": self.ratio}
 
 
-def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Callable],
-            peer: tuple[str, Callable], repeats: int = 3) -> Row:
-    """Run each body `repeats` times on `ranks` ranks, alternating, and keep the medians.
+Setup = Callable[[], Callable[[], None]]  # runs on every rank: builds, returns one step
 
-    A body returns `measure_steps(...)` on every rank; the slowest rank's time counts and the
-    largest peak memory of any rank is reported.
+
+def _paired_times(setups: tuple[Setup, Setup], steps: int, warmup: int) -> list[list[float]]:
+    """Both sides built in the same processes, their steps alternated (ABBA...): a slow
+    spell of this shared machine lands on both alike. Seconds per step, per side, from a
+    common start to this rank's end (the step's time is the slowest rank's)."""
+    step_fns = [setup() for setup in setups]
+    for _ in range(warmup):
+        for step in step_fns:
+            step()
+    times: list[list[float]] = [[], []]
+    for i in range(steps):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            # Every rank starts the step together, so no side inherits the other's tail
+            # (a pipeline's last stage finishes before its first one does).
+            dist.barrier()
+            started = time.perf_counter()
+            step_fns[side]()
+            times[side].append(time.perf_counter() - started)
+    return times
+
+
+def _peak_rss(setup: Setup, steps: int, warmup: int) -> int:
+    """Peak RSS of this rank over `steps` steps of one side, run alone in its processes."""
+    return measure_steps(setup(), steps, warmup)["peak_rss_bytes"]
+
+
+def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Setup],
+            peer: tuple[str, Setup], steps: int, warmup: int = 2, repeats: int = 3) -> Row:
+    """paraxis next to its peer on `ranks` ranks.
+
+    Time: `repeats` runs, each building both sides in the same processes and alternating
+    their steps (`_paired_times`); a step counts at its slowest rank, and a side's figure is
+    the median over all its steps. Alternating step by step matters here: on this shared
+    2-core machine the speed drifts by 10-20% over seconds, which separate runs turn into
+    noise as large as the differences being measured.
+    Memory: each side alone in its own processes (largest peak RSS of any rank).
     """
-    results: dict[str, list[dict]] = {"paraxis": [], "peer": []}
+    pooled: list[list[float]] = [[], []]
     for _ in range(repeats):
-        for key, (_, body) in (("paraxis", paraxis), ("peer", peer)):
-            per_rank = run_distributed(body, ranks, timeout_s=900)
-            results[key].append({
-                "step_time_s": max(r["step_time_s"] for r in per_rank),
-                "peak_rss_bytes": max(r["peak_rss_bytes"] for r in per_rank)})
-
-    def median(key: str, field: str) -> float:
-        return statistics.median(r[field] for r in results[key])
-
+        per_rank = run_distributed(lambda: _paired_times((paraxis[1], peer[1]), steps, warmup),
+                                   ranks, timeout_s=900)
+        for side in (0, 1):
+            pooled[side] += [max(r[side][i] for r in per_rank) for i in range(steps)]
+    peaks = [max(run_distributed(lambda s=setup: _peak_rss(s, min(steps, 3), 1), ranks,
+                                 timeout_s=900))
+             for setup in (paraxis[1], peer[1])]
     return Row(name, ranks, paraxis[0], peer[0], tokens_per_step,
-               median("paraxis", "step_time_s"), median("peer", "step_time_s"),
-               int(median("paraxis", "peak_rss_bytes")), int(median("peer", "peak_rss_bytes")))
+               statistics.median(pooled[0]), statistics.median(pooled[1]), peaks[0], peaks[1],
+               ratio_interval(pooled[0], pooled[1]), len(pooled[0]))
+
+
+def ratio_interval(paraxis_s: list[float], peer_s: list[float], draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """95% interval of median(peer) / median(paraxis), by resampling the step pairs (a
+    paraxis step and the peer step next to it stay together: they saw the same machine)."""
+    rng = random.Random(seed)
+    pairs = list(zip(paraxis_s, peer_s, strict=True))
+    ratios = []
+    for _ in range(draws):
+        sample = rng.choices(pairs, k=len(pairs))
+        ratios.append(statistics.median(p for _, p in sample)
+                      / statistics.median(a for a, _ in sample))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
