@@ -3,7 +3,8 @@
 Writes docs/benchmarks.md and docs/benchmarks.json: the paraxis-vs-peer rows (overhead, dp,
 tp, pp), then the calibrated hardware profile (calibrate, also written as
 docs/hardware-profile.json), the planner's predicted step time next to the measured one
-(predicted) and the scaling picture (scaling, docs/img/scaling.png).
+(predicted), the scaling picture (scaling, docs/img/scaling.png) and, on a CUDA machine,
+paraxis's bf16 step on one GPU with its MFU (gpu; not run without CUDA).
 `--quick` runs each part at a tiny size (the smoke test uses it); `--only dp,predicted` picks
 parts, keeping the other parts' last results from the JSON; predicted and scaling always
 calibrate first, in the same run.
@@ -25,7 +26,8 @@ import torch
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
           "pp": "bench.bench_pp"}
-SECTIONS = ("calibrate", "predicted", "scaling")
+SECTIONS = ("calibrate", "predicted", "scaling", "gpu")
+CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 
 
 def machine() -> dict:
@@ -64,10 +66,13 @@ def _previous(json_path: Path, quick: bool) -> dict:
 
 
 def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
-    from bench import calibration, predicted_vs_measured, scaling
+    from bench import calibration, gpu, predicted_vs_measured, scaling
 
     sections: dict[str, dict] = {}
-    if not wanted & set(SECTIONS):
+    if "gpu" in wanted:
+        print("running one GPU (bf16 GPT-2 124M) ...", flush=True)
+        sections["gpu"] = gpu.run(quick)
+    if not wanted & CALIBRATED:
         return sections
     # predictions need this machine's profile from this same run
     print("running paraxis calibrate ...", flush=True)
@@ -84,7 +89,7 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
 
 
 def render(doc: dict) -> str:
-    from bench import calibration, predicted_vs_measured, scaling
+    from bench import calibration, gpu, predicted_vs_measured, scaling
 
     info = doc["machine"]
     parts = [
@@ -106,7 +111,7 @@ def render(doc: dict) -> str:
             "measured with each side alone in its processes.\n\n"
             + table(doc["rows"]) + "\n")
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
-                 "scaling": scaling.render}
+                 "scaling": scaling.render, "gpu": gpu.render}
     for name in SECTIONS:
         if name in doc["sections"]:
             parts.append(renderers[name](doc["sections"][name]))

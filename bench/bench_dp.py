@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, engine_step
+from bench.common import Row, compare, engine_step, rank_device
 from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
@@ -40,13 +40,15 @@ def _setting(quick: bool) -> dict:
 def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(dist.get_rank())
     shape = (s["batch_per_rank"], s["seq"])
-    return torch.randint(0, 256, shape, generator=g), torch.randint(0, 256, shape, generator=g)
+    x, y = torch.randint(0, 256, shape, generator=g), torch.randint(0, 256, shape, generator=g)
+    return x.to(rank_device()), y.to(rank_device())
 
 
 def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
     def body() -> Callable[[], None]:
         layout = Layout(dp=RANKS, zero=zero)
-        engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0), layout,
+        engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0,
+                                                device=rank_device()), layout,
                                     build_groups(layout))
         x, y = _data(s)
         return engine_step(engine, x, y, LR, CLIP)
@@ -55,11 +57,13 @@ def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
 
 def _torch_body(s: dict, wrap: str):  # noqa: ANN202
     def body() -> Callable[[], None]:
-        model = build_model(PRESETS[s["model"]], seed=0)
+        model = build_model(PRESETS[s["model"]], seed=0, device=rank_device())
         if wrap == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(model)
+            device = rank_device()
+            model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
         else:
             from torch.distributed.fsdp import fully_shard
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.common import Row, compare, engine_step
+from bench.common import Row, compare, engine_step, rank_device
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
@@ -29,12 +29,13 @@ PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
+    tokens = tokens.to(rank_device())
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable[[], None]:
     layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
-    engine = PipelineEngine(MODEL, layout, build_groups(layout), torch.device("cpu"))
+    engine = PipelineEngine(MODEL, layout, build_groups(layout), rank_device())
     x, y = _batch(batch, seq)
     return engine_step(engine, x, y)
 
@@ -45,8 +46,9 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
     from torch.distributed import pipelining
 
     stage_index = dist.get_rank()
-    module = build_stage_modules(MODEL, partition_layers(MODEL, PP), stage_index)[0]
-    stage = pipelining.PipelineStage(module, stage_index, PP, torch.device("cpu"))
+    module = build_stage_modules(MODEL, partition_layers(MODEL, PP), stage_index,
+                                 device=rank_device())[0]
+    stage = pipelining.PipelineStage(module, stage_index, PP, rank_device())
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return module.loss_fn(logits, targets) if module.is_last else logits.sum()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, engine_step
+from bench.common import Row, compare, engine_step, rank_device
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -29,13 +29,14 @@ TP = 2
 def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
+    tokens = tokens.to(rank_device())
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     layout = Layout(tp=TP)
     groups = build_groups(layout)
-    model = apply_tensor_parallel(build_model(MODEL), groups)
+    model = apply_tensor_parallel(build_model(MODEL, device=rank_device()), groups)
     engine = TensorParallelEngine(model, layout, groups)
     x, y = _batch(batch, seq)
     return engine_step(engine, x, y)
@@ -51,8 +52,8 @@ def _dtensor(batch: int, seq: int) -> Callable[[], None]:
         parallelize_module,
     )
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = build_model(MODEL)
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
+    model = build_model(MODEL, device=rank_device())
     plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate()),
             "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
     for i in range(MODEL.n_layers):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from paraxis.testing import run_distributed
@@ -34,21 +35,56 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def rank_device() -> torch.device:
+    """This rank's device: its GPU when the ranks run over NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def bench_device(ranks: int) -> str:
+    """CUDA with NCCL when the machine has a GPU for every rank, else the CPU with gloo."""
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "cpu"
+
+
+def _peak_bytes() -> int:
+    device = rank_device()
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return peak_rss_bytes()
+
+
+def _reset_peak() -> None:
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_rss()
+
+
+def _sync() -> None:
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2) -> dict:
     """Run `warmup` untimed steps, then `steps` timed ones; seconds per step (median), the CPU
     seconds this process used per step (median, all its threads) and the peak RSS of this
     rank over the timed steps."""
     for _ in range(warmup):
         step()
-    reset_peak_rss()
+    _sync()
+    _reset_peak()
     times, cpu = [], []
     for _ in range(steps):
         started, cpu_started = time.perf_counter(), time.process_time()
         step()
+        _sync()
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - cpu_started)
     return {"step_time_s": statistics.median(times), "cpu_time_s": statistics.median(cpu),
-            "peak_rss_bytes": peak_rss_bytes()}
+            "peak_rss_bytes": _peak_bytes()}
 
 
 def engine_step(engine, x, y, lr: float = 1e-3, clip: float | None = None  # noqa: ANN001
@@ -115,9 +151,11 @@ def _paired_times(setups: tuple[Setup, Setup], steps: int, warmup: int) -> list[
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
             # Every rank starts the step together, so no side inherits the other's tail
             # (a pipeline's last stage finishes before its first one does).
+            _sync()
             dist.barrier()
             started = time.perf_counter()
             step_fns[side]()
+            _sync()
             times[side].append(time.perf_counter() - started)
     return times
 
@@ -136,16 +174,19 @@ def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Set
     the median over all its steps. Alternating step by step matters here: on this shared
     2-core machine the speed drifts by 10-20% over seconds, which separate runs turn into
     noise as large as the differences being measured.
-    Memory: each side alone in its own processes (largest peak RSS of any rank).
+    Memory: each side alone in its own processes (largest peak RSS of any rank; on a GPU,
+    the largest peak of allocated GPU memory).
+    Device: CUDA with NCCL where the machine has a GPU for every rank, else CPU with gloo.
     """
+    device = bench_device(ranks)
     pooled: list[list[float]] = [[], []]
     for _ in range(repeats):
         per_rank = run_distributed(lambda: _paired_times((paraxis[1], peer[1]), steps, warmup),
-                                   ranks, timeout_s=900)
+                                   ranks, timeout_s=900, device=device)
         for side in (0, 1):
             pooled[side] += [max(r[side][i] for r in per_rank) for i in range(steps)]
     peaks = [max(run_distributed(lambda s=setup: _peak_rss(s, min(steps, 3), 1), ranks,
-                                 timeout_s=900))
+                                 timeout_s=900, device=device))
              for setup in (paraxis[1], peer[1])]
     return Row(name, ranks, paraxis[0], peer[0], tokens_per_step,
                statistics.median(pooled[0]), statistics.median(pooled[1]), peaks[0], peaks[1],
