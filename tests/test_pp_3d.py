@@ -51,6 +51,9 @@ def _rank(cfg, layout):
         for chunk in engine.chunks:
             grads.update({n: t.numpy().copy()
                           for n, t in full_state(chunk, groups.tp_group, grads=True).items()})
+        if layout.zero == 1:
+            # ZeRO-1 reduce-scatters: only this rank's shard of each gradient is reduced
+            grads["owned"] = _owned_masks(engine, groups)
 
     losses = _train(engine, slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp),
                     first_grads)
@@ -58,6 +61,22 @@ def _rank(cfg, layout):
     for chunk in engine.chunks:  # collective over the tp group
         params.update({n: t.numpy().copy() for n, t in full_state(chunk, groups.tp_group).items()})
     return losses, params, grads
+
+
+def _owned_masks(engine, groups) -> dict:
+    """{name: bool array}: which elements of each (full) gradient this dp rank reduced."""
+    from paraxis.tensor_parallel.apply import gather_full
+
+    owned = {}
+    for piece, _ in engine.data_parallel.pieces:
+        flat = owned.setdefault(id(piece.param), torch.zeros(piece.param.numel()))
+        flat[piece.lo:piece.hi] = 1.0
+    masks = {}
+    for chunk in engine.chunks:
+        for name, param in chunk.named_parameters():
+            local = owned.get(id(param), torch.zeros(param.numel())).view_as(param)
+            masks[name] = gather_full(local, param, groups.tp_group).numpy() > 0
+    return masks
 
 
 LAYOUTS = [
@@ -87,11 +106,16 @@ def test_3d_layout_equals_single_device(layout_text, model, recompute):
     weights = {n: p.detach().numpy() for n, p in reference.model.named_parameters()}
     scale = max(np.abs(g).max() for g in reference_grads.values())
     seen = set()
+    covered = {}  # ZeRO-1: every element's reduced gradient is checked on some dp rank
     for losses, params, grads in results:
         assert losses == pytest.approx(expected, rel=1e-5)
+        owned = grads.pop("owned", None)
         for name, value in grads.items():
             reference_name = name if name in weights else "tok_emb.weight"  # tied copy
             want = reference_grads[reference_name]
+            if owned is not None:
+                value, want = value[owned[name]], want[owned[name]]
+                covered[name] = covered.get(name, False) | owned[name]
             # on the scale of the model's largest gradient: k biases have exactly-zero
             # gradients in exact arithmetic (softmax ignores a per-query shift), ~1e-12 noise
             np.testing.assert_allclose(value, want, rtol=0, atol=1e-5 * scale, err_msg=name)
@@ -101,3 +125,4 @@ def test_3d_layout_equals_single_device(layout_text, model, recompute):
                                        err_msg=name)
             seen.add(reference_name)
     assert seen == set(weights)
+    assert all(mask.all() for mask in covered.values())

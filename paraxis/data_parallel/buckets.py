@@ -9,7 +9,12 @@ order on every rank (a ready bucket waits for its predecessors), so all ranks is
 collectives in the same order even if hooks fired in another.
 
 - ZeRO-0/1: gradients live in one flat fp32 buffer per bucket (`param.grad` is a view into
-  it, so autograd accumulates in place) and the bucket is all-reduced.
+  it, so autograd accumulates in place). ZeRO-0 all-reduces the bucket; ZeRO-1
+  reduce-scatters it, since each rank updates only its shard (its optimizer states) and the
+  all-gather of updated parameters brings the rest: reduce-scatter + all-gather move the
+  bytes of one all-reduce (ZeRO, Rajbhandari et al. 2020, sec. 7.2.1). The parts of the
+  bucket outside this rank's shard then hold local sums only, so ZeRO-1 reads gradients
+  through the shard (`grad_buffers`).
 - ZeRO-2/3: autograd's own gradients are copied into a transient flat tensor and
   reduce-scattered; each rank keeps only its shard (`unit.grad_shard`, persistent) and the
   full gradients are dropped (ZeRO, Rajbhandari et al. 2020, sec. 5.2).
@@ -44,11 +49,14 @@ class GradReducer:
 
     def __init__(self, units: list[FlatUnit], group: dist.ProcessGroup | None,
                  shard_grads: bool,
-                 on_unit_backward_done: Callable[[int], None] | None = None) -> None:
+                 on_unit_backward_done: Callable[[int], None] | None = None,
+                 reduce_to_shard: bool = False) -> None:
         self.units = units
         self.group = group
         self.dp_size = group_size(group)
         self.shard_grads = shard_grads
+        # ZeRO-1: full buckets, but only this rank's shard needs the sum
+        self.reduce_to_shard = reduce_to_shard and not shard_grads
         self.on_unit_backward_done = on_unit_backward_done
         self.sync = True
         self.record = False  # when True, `events` gets (kind, index, grads_seen, time)
@@ -61,7 +69,8 @@ class GradReducer:
         self._ready = [0] * len(units)
         self._complete = [False] * len(units)
         self._next_launch = 0
-        self._pending: list[tuple[object, torch.Tensor | None]] = []
+        # (work, tensor to hold until it is done, shard to copy that tensor into or None)
+        self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None]] = []
         self._pending_op = "all_reduce"
         for unit in units:
             if shard_grads:
@@ -121,10 +130,18 @@ class GradReducer:
             flat = unit.flatten_grads(unit.dtype)
             for p in unit.params:
                 p.grad = None  # the flat copy holds them until the reduce-scatter is done
-            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat))
+            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
+                                  None))
+        elif self.reduce_to_shard:
+            # The output must not alias the input (gloo gets it wrong), so the sum lands in
+            # a shard-sized buffer and is copied into the bucket when it has arrived.
+            out = torch.empty_like(unit.grad_shard)
+            self._pending.append((reduce_scatter_sum(out, unit.grad_full, self.group), out,
+                                  unit.grad_shard))
         else:
-            self._pending.append((all_reduce_sum(unit.grad_full, self.group), None))
-        self._pending_op = "reduce_scatter" if self.shard_grads else "all_reduce"
+            self._pending.append((all_reduce_sum(unit.grad_full, self.group), None, None))
+        self._pending_op = ("reduce_scatter" if self.shard_grads or self.reduce_to_shard
+                            else "all_reduce")
 
     # ----------------------------------------------------------------------- finish
 
@@ -135,8 +152,10 @@ class GradReducer:
             self._complete[index] = True
         self._launch_ready()
         with WATCH.waiting(self._pending_op, self.group):
-            for work, _ in self._pending:
+            for work, summed, shard in self._pending:
                 work.wait()
+                if shard is not None:
+                    shard.copy_(summed)
         self._pending.clear()
         if self.dp_size > 1:
             for buffer in self.grad_buffers():
@@ -146,14 +165,14 @@ class GradReducer:
         self.sync = True
 
     def grad_buffers(self) -> list[torch.Tensor]:
-        """The persistent gradient storage: full buckets (ZeRO-0/1) or shards (ZeRO-2/3)."""
-        if self.shard_grads:
+        """The reduced gradients: full buckets (ZeRO-0) or this rank's shards (ZeRO-1/2/3)."""
+        if self.shard_grads or self.reduce_to_shard:
             return [unit.grad_shard for unit in self.units]
         return [unit.grad_full for unit in self.units]
 
     def zero(self) -> None:
-        for buffer in self.grad_buffers():
-            buffer.zero_()
+        for unit in self.units:  # ZeRO-0/1 accumulate into the whole bucket
+            (unit.grad_shard if self.shard_grads else unit.grad_full).zero_()
         if self.shard_grads:
             for unit in self.units:
                 for p in unit.params:

@@ -94,7 +94,8 @@ class DataParallelEngine(LocalEngine):
                     flatten_params_into(unit, full)
                     unit.param_full = full
                     unit.param_shard = unit.shard_of(full)
-            self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2)
+            self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
+                                       reduce_to_shard=self.zero == 1)
         if self.zero == 0:
             self.optimizer = make_adamw(params, weight_decay, betas, eps)
             self.pieces = []
@@ -147,10 +148,11 @@ class DataParallelEngine(LocalEngine):
         return float(value) / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
-        if not self.reducer.shard_grads:
+        if self.zero == 0:
             sharded, replicated = local_norm_squares(list(self.model.parameters()))
             return global_norm_squared(sharded, replicated, self.groups, False)
-        # ZeRO-2/3: each rank holds a disjoint piece of every gradient; padding is left out.
+        # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
+        # parameter (its shard); padding is left out.
         live = [(piece, master) for piece, master in self.pieces
                 if not is_pp_duplicate(piece.param)]
         sharded = norm_squared([m.grad for p, m in live if is_tp_sharded(p.param)], self.device)

@@ -196,8 +196,9 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  layers: int = 1, bucket_bytes: float = 25e6) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
-    ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU (an
-    all-reduce, or reduce-scatter + all-gather); ZeRO-3 moves 3 x (two all-gathers of the
+    ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
+    (ZeRO-0 an all-reduce; ZeRO-1 a reduce-scatter of the gradients and an all-gather of the
+    updated parameters, as the runtime does); ZeRO-3 moves 3 x (two all-gathers of the
     parameters, forward and backward, plus the gradient reduce-scatter), one layer at a time.
     Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
     ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
@@ -217,6 +218,9 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     if zero == 2:
         return (microbatches * (reduce_scatter_time(grads, dp, scatter_b, 0)
                                 + buckets * (dp - 1) * scatter_a)
+                + all_gather_time(params, dp, gather_b, gather_a))
+    if zero == 1:  # reduce-scatter the accumulated gradients, all-gather updated parameters
+        return (reduce_scatter_time(grads, dp, scatter_b, 0) + buckets * (dp - 1) * scatter_a
                 + all_gather_time(params, dp, gather_b, gather_a))
     b, a = link.cost("all_reduce")
     return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a
