@@ -51,6 +51,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _below_one(rows: list[dict]) -> str:
+    """One line per row under 1.0: a tie when its interval reaches 1.0, else a loss."""
+    lines = []
+    for r in rows:
+        low, high = r.get("ratio_interval") or (0.0, 0.0)
+        if r["ratio"] >= 1.0 or not high:
+            continue
+        verdict = ("a tie at this machine's noise: the interval reaches 1.0" if high >= 1.0
+                   else f"paraxis slower by {1 - r['ratio']:.0%}: the interval stays below 1.0")
+        lines.append(f"- {r['name']}: ratio {r['ratio']:.2f} ({low:.2f}-{high:.2f}), {verdict}.")
+    return ("\nRows under 1.0:\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
 def _interval(row: dict) -> str:
     low, high = row.get("ratio_interval") or (0.0, 0.0)
     return f"{low:.2f}-{high:.2f}" if high else "-"
@@ -109,7 +122,7 @@ def render(doc: dict) -> str:
             "step time is the median over all its timed steps (`steps`, over the repeats), and "
             "the 95% interval of the ratio comes from resampling the step pairs. Peak RSS is "
             "measured with each side alone in its processes.\n\n"
-            + table(doc["rows"]) + "\n")
+            + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
                  "scaling": scaling.render, "gpu": gpu.render}
     for name in SECTIONS:
