@@ -120,8 +120,9 @@ def render(doc: dict) -> str:
             "Both sides are built in the same processes and their steps alternate, so a slow "
             "spell of the machine lands on both; a step counts at its slowest rank, a side's "
             "step time is the median over all its timed steps (`steps`, over the repeats), and "
-            "the 95% interval of the ratio comes from resampling the step pairs. Peak RSS is "
-            "measured with each side alone in its processes.\n\n"
+            "the 95% interval of the ratio comes from a two-stage bootstrap: the runs (process "
+            "launches), then the step pairs within each. Peak RSS is measured with each side "
+            "alone in its processes.\n\n"
             + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
                  "scaling": scaling.render, "gpu": gpu.render}

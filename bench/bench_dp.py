@@ -33,8 +33,8 @@ def _setting(quick: bool) -> dict:
     if quick:
         return {"model": "tiny", "batch_per_rank": 2, "seq": 64, "steps": 2, "warmup": 1,
                 "repeats": 1}
-    return {"model": "small", "batch_per_rank": 8, "seq": 256, "steps": 10, "warmup": 3,
-            "repeats": 3}
+    return {"model": "small", "batch_per_rank": 8, "seq": 256, "steps": 8, "warmup": 3,
+            "repeats": 5}
 
 
 def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,8 +44,8 @@ def _plain(batch: int, seq: int) -> Callable[[], None]:
 
 
 def rows(quick: bool = False) -> list[Row]:
-    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 16)
+    batch, seq, steps = (2, 32, 2) if quick else (8, 256, 10)
     return [compare("overhead: paraxis dp=tp=pp=1 vs plain loop", 1, batch * seq,
                     ("paraxis LocalEngine", lambda: _paraxis(batch, seq)),
                     ("plain PyTorch loop", lambda: _plain(batch, seq)),
-                    steps=steps, repeats=1 if quick else 4)]
+                    steps=steps, repeats=1 if quick else 6)]

@@ -81,7 +81,7 @@ def rows(quick: bool = False) -> list[Row]:
     return [compare(f"tensor parallel tp={TP} ({MODEL.name}, 4 layers)", TP, batch * seq,
                     ("paraxis apply_tensor_parallel", lambda: _paraxis(batch, seq)),
                     ("DTensor parallelize_module", lambda: _dtensor(batch, seq)),
-                    steps=steps, repeats=1 if quick else 3)]
+                    steps=steps, repeats=1 if quick else 4)]
 
 
 if __name__ == "__main__":

@@ -170,39 +170,43 @@ def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Set
     """paraxis next to its peer on `ranks` ranks.
 
     Time: `repeats` runs, each building both sides in the same processes and alternating
-    their steps (`_paired_times`); a step counts at its slowest rank, and a side's figure is
-    the median over all its steps. Alternating step by step matters here: on this shared
-    2-core machine the speed drifts by 10-20% over seconds, which separate runs turn into
-    noise as large as the differences being measured.
+    their steps (`_paired_times`); a step counts at its slowest rank, a side's figure is the
+    median over all its steps, and the ratio's interval comes from `ratio_interval`.
+    Alternating step by step matters here: on this shared 2-core machine the speed drifts by
+    10-20% over seconds, which separate runs turn into noise as large as the differences
+    being measured.
     Memory: each side alone in its own processes (largest peak RSS of any rank; on a GPU,
     the largest peak of allocated GPU memory).
     Device: CUDA with NCCL where the machine has a GPU for every rank, else CPU with gloo.
     """
     device = bench_device(ranks)
-    pooled: list[list[float]] = [[], []]
+    runs: list[list[tuple[float, float]]] = []  # per run: (paraxis, peer) seconds per step
     for _ in range(repeats):
         per_rank = run_distributed(lambda: _paired_times((paraxis[1], peer[1]), steps, warmup),
                                    ranks, timeout_s=900, device=device)
-        for side in (0, 1):
-            pooled[side] += [max(r[side][i] for r in per_rank) for i in range(steps)]
+        runs.append([(max(r[0][i] for r in per_rank), max(r[1][i] for r in per_rank))
+                     for i in range(steps)])
     peaks = [max(run_distributed(lambda s=setup: _peak_rss(s, min(steps, 3), 1), ranks,
                                  timeout_s=900, device=device))
              for setup in (paraxis[1], peer[1])]
+    pairs = [pair for run in runs for pair in run]
     return Row(name, ranks, paraxis[0], peer[0], tokens_per_step,
-               statistics.median(pooled[0]), statistics.median(pooled[1]), peaks[0], peaks[1],
-               ratio_interval(pooled[0], pooled[1]), len(pooled[0]))
+               statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
+               peaks[0], peaks[1], ratio_interval(runs), len(pairs))
 
 
-def ratio_interval(paraxis_s: list[float], peer_s: list[float], draws: int = 2000,
+def ratio_interval(runs: list[list[tuple[float, float]]], draws: int = 2000,
                    seed: int = 0) -> tuple[float, float]:
-    """95% interval of median(peer) / median(paraxis), by resampling the step pairs (a
-    paraxis step and the peer step next to it stay together: they saw the same machine)."""
+    """95% interval of median(peer) / median(paraxis) by a two-stage bootstrap: draw the runs
+    (process launches differ from each other more than steps within one do), then the step
+    pairs within each drawn run (a paraxis step and the peer step next to it stay together:
+    they saw the same machine)."""
     rng = random.Random(seed)
-    pairs = list(zip(paraxis_s, peer_s, strict=True))
     ratios = []
     for _ in range(draws):
-        sample = rng.choices(pairs, k=len(pairs))
-        ratios.append(statistics.median(p for _, p in sample)
+        sample = [pair for run in rng.choices(runs, k=len(runs))
+                  for pair in rng.choices(run, k=len(run))]
+        ratios.append(statistics.median(b for _, b in sample)
                       / statistics.median(a for a, _ in sample))
     ratios.sort()
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
