@@ -60,7 +60,7 @@ def _below_one(rows: list[dict]) -> str:
             continue
         verdict = ("a tie at this machine's noise: the interval reaches 1.0" if high >= 1.0
                    else f"paraxis slower by {1 - r['ratio']:.0%}: the interval stays below 1.0")
-        lines.append(f"- {r['name']}: ratio {r['ratio']:.2f} ({low:.2f}-{high:.2f}), {verdict}.")
+        lines.append(f"- {r['name']}: ratio {r['ratio']:.3f} ({low:.2f}-{high:.2f}), {verdict}.")
     return ("\nRows under 1.0:\n\n" + "\n".join(lines) + "\n") if lines else ""
 
 
