@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,10 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
                            "line") from None
     from paraxis.train import TrainConfig
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)
+    # field -> (its type without "| None", its default): the type decides, not the default
+    fields = {f.name: (_plain_type(hints[f.name]), f.default)
+              for f in dataclasses.fields(TrainConfig)}
     values: dict[str, Any] = {}
     for section, table in doc.items():
         if section == "layout":
@@ -75,19 +79,28 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
             if key not in SECTIONS[section]:
                 raise ParaxisError(f"{path}: unknown key {key!r} in [{section}]; known: "
                                    f"{', '.join(SECTIONS[section])}")
-            _check_type(path, section, key, value, defaults[SECTIONS[section][key]])
+            _check_type(path, section, key, value, *fields[SECTIONS[section][key]])
             values[SECTIONS[section][key]] = value
     return values
 
 
-def _check_type(path: Path, section: str, key: str, value: Any, default: Any) -> None:
+def _plain_type(hint: Any) -> type:
+    """`float | None` -> float; a plain type stays itself."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+EXAMPLES = {str: "runs/metrics.jsonl", int: 5, float: 400.0, bool: True}
+
+
+def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
+                default: Any) -> None:
     """A value must have its field's type (an int where a float is wanted is fine): a quoted
     number would otherwise fail deep inside training, far from the file that caused it."""
-    wanted = str if default is None else type(default)
     ok = (isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
           or wanted is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
-        example = _toml_value(default if default is not None else "runs/metrics.jsonl")
+        example = _toml_value(default if default is not None else EXAMPLES[wanted])
         raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
                            f"{wanted.__name__}; write e.g. {key} = {example}")
 
