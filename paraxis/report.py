@@ -27,10 +27,8 @@ from paraxis.plan.compute import mfu
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import Cluster, build_cluster, load_hardware_file
 from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
-from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM
+from paraxis.plan.precision import PRECISIONS
 from paraxis.plan.search import SearchResult, search
-
-PRECISIONS = {"mixed": MIXED_ADAM, "fp32": FP32_ADAM}
 
 
 @dataclass(frozen=True)

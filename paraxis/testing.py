@@ -51,14 +51,14 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
-        # Device from the local rank, backend from the device (as paraxis.runtime does).
-        device_id = None
-        if device == "cuda":
-            device_id = torch.device("cuda", rank)
-            torch.cuda.set_device(device_id)
-        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+        # Device from the local rank, backend from the device, as paraxis.runtime does.
+        from paraxis.runtime.distributed import backend_for, pick_device
+
+        chosen = pick_device(device)
+        dist.init_process_group(backend_for(chosen),
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, device_id=device_id,
+                                world_size=world_size,
+                                device_id=chosen if chosen.type == "cuda" else None,
                                 timeout=timedelta(seconds=collective_timeout_s))
         value = fn(*args, **kwargs)
         dist.barrier()

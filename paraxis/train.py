@@ -21,6 +21,7 @@ from pathlib import Path
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.runtime.nan_policy import POLICIES
 
 FP32_MAX = 3.4028234663852886e38
 
@@ -109,7 +110,7 @@ class TrainConfig:
         if not 0 < self.timeout_s < math.inf:
             raise ParaxisError(f"--timeout-s {self.timeout_s} must be a positive number of "
                                "seconds (default 600)")
-        if self.on_nan not in ("stop", "skip"):
+        if self.on_nan not in POLICIES:
             raise ParaxisError(f"--on-nan {self.on_nan} is unknown; use stop or skip")
         if self.metrics_file:
             check_writable(Path(self.metrics_file), "--metrics-file")
@@ -434,7 +435,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "latest in --checkpoint-dir if there is one")
     add("--timeout-s", type=float, default=d.timeout_s,
         help="seconds any collective or message may wait before the run stops, naming it")
-    add("--on-nan", default=d.on_nan, choices=("stop", "skip"),
+    add("--on-nan", default=d.on_nan, choices=POLICIES,
         help="a NaN/inf loss or gradient stops the run (default) or skips that step")
     add_layout_arguments(parser)
 
@@ -515,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
         TokenData.load(cfg.data, cfg.data_dtype, cfg.tokenizer).check(model_cfg.vocab_size,
                                                                       cfg.seq_len)
         warn_if_oversubscribed(cfg.nproc, cfg.device)
-        launch(cfg, cfg.nproc, host=getattr(args, "rdzv_host", "127.0.0.1"),
+        launch(cfg, cfg.nproc, host=args.rdzv_host,
                debug=getattr(args, "debug", False), max_restarts=cfg.max_restarts)
         return 0
     if not launched and cfg.layout.world_size > 1:

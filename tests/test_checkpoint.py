@@ -272,6 +272,3 @@ def test_checkpoint_command_info_and_convert(saved, tmp_path):
     done = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp2"), "--layout", "tp=2")
     assert done.returncode == 0, done.stderr
     _assert_same_tensors(_full(saved), _full(tmp_path / "tp2"))
-    bad = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp3"), "--layout", "tp=3")
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tp=3" in bad.stderr
-    assert not (tmp_path / "tp3").exists()

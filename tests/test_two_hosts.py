@@ -106,4 +106,6 @@ def test_two_nodes_over_a_link_train_like_one_host(two_hosts, tmp_path):
 
     two, one = losses(tmp_path / "two_hosts.jsonl"), losses(tmp_path / "one_host.jsonl")
     assert len(two) == len(one) == 4
-    assert two == pytest.approx(one, rel=1e-6), (two, one)  # bit-identical here
+    # seen bit-identical here; 1e-6 leaves room for gloo choosing another reduction order
+    # when the ranks sit on two hosts
+    assert two == pytest.approx(one, rel=1e-6), (two, one)

@@ -56,7 +56,7 @@ class GradReducer:
         self.dp_size = group_size(group)
         self.shard_grads = shard_grads
         # ZeRO-1: full buckets, but only this rank's shard needs the sum
-        self.reduce_to_shard = reduce_to_shard and not shard_grads
+        self.reduce_to_shard = reduce_to_shard
         self.on_unit_backward_done = on_unit_backward_done
         self.sync = True
         self.record = False  # when True, `events` gets (kind, index, grads_seen, time)
@@ -71,7 +71,8 @@ class GradReducer:
         self._next_launch = 0
         # (work, tensor to hold until it is done, shard to copy that tensor into or None)
         self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None]] = []
-        self._pending_op = "all_reduce"
+        self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
+                            else "all_reduce")  # what finish() waits on
         for unit in units:
             if shard_grads:
                 unit.grad_shard = torch.zeros(unit.shard_numel, dtype=unit.dtype,
@@ -140,8 +141,6 @@ class GradReducer:
                                   unit.grad_shard))
         else:
             self._pending.append((all_reduce_sum(unit.grad_full, self.group), None, None))
-        self._pending_op = ("reduce_scatter" if self.shard_grads or self.reduce_to_shard
-                            else "all_reduce")
 
     # ----------------------------------------------------------------------- finish
 

@@ -98,17 +98,19 @@ class PipelineEngine(LocalEngine):
         loss = self.executor.run(xs, ys, self.autocast_dtype,
                                  backward_context=self._backward_context)
         self.finish_grad_sync()
-        # Only the last stage computed the loss: it tells the rest of its pipeline.
-        with WATCH.waiting("broadcast", self.groups.pp_group):
-            dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
-        return self.reduce_loss(float(loss))
+        return self._loss_from_last_stage(loss)
 
     @torch.no_grad()
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         micro = self.microbatches(inputs, targets)
         loss = self.eval_executor.run([x for x, _ in micro], [y for _, y in micro],
                                       self.autocast_dtype)
-        dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
+        return self._loss_from_last_stage(loss)
+
+    def _loss_from_last_stage(self, loss: torch.Tensor) -> float:
+        # Only the last stage computed the loss: it tells the rest of its pipeline.
+        with WATCH.waiting("broadcast", self.groups.pp_group):
+            dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
         return self.reduce_loss(float(loss))
 
     def _backward_context(self, last: bool) -> Any:

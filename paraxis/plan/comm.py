@@ -215,12 +215,12 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
         per_layer = 2 * all_gather_time(params / layers, dp, gather_b, gather_a) + \
             reduce_scatter_time(grads / layers, dp, scatter_b, scatter_a)
         return microbatches * layers * per_layer
-    if zero == 2:
-        return (microbatches * (reduce_scatter_time(grads, dp, scatter_b, 0)
-                                + buckets * (dp - 1) * scatter_a)
-                + all_gather_time(params, dp, gather_b, gather_a))
-    if zero == 1:  # reduce-scatter the accumulated gradients, all-gather updated parameters
-        return (reduce_scatter_time(grads, dp, scatter_b, 0) + buckets * (dp - 1) * scatter_a
+    if zero in (1, 2):
+        # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch),
+        # then all-gather the updated parameters
+        scatters = microbatches if zero == 2 else 1
+        return (scatters * (reduce_scatter_time(grads, dp, scatter_b, 0)
+                            + buckets * (dp - 1) * scatter_a)
                 + all_gather_time(params, dp, gather_b, gather_a))
     b, a = link.cost("all_reduce")
     return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a

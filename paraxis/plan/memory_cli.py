@@ -8,9 +8,7 @@ import json
 from paraxis.errors import ParaxisError
 from paraxis.plan.hardware import GPUS, get_gpu
 from paraxis.plan.memory import zero_table
-from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
-
-PRECISIONS = {"mixed": MIXED_ADAM, "fp32": FP32_ADAM}
+from paraxis.plan.precision import PRECISIONS, Precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

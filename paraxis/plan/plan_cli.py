@@ -11,11 +11,10 @@ from paraxis.model_config import ModelConfig, load_model_config, model_from_para
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import GPUS, Cluster, build_cluster, load_hardware_file
-from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.plan.precision import PRECISIONS, Precision
 from paraxis.plan.report import plan_document
 from paraxis.plan.search import Constraints, search
 
-PRECISIONS = {"mixed": MIXED_ADAM, "fp32": FP32_ADAM}
 GB = 1e9
 
 

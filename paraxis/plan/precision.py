@@ -25,3 +25,5 @@ class Precision:
 MIXED_ADAM = Precision(2, 2, 12)
 # Plain fp32 Adam: fp32 params and grads, momentum and variance (4+4+8).
 FP32_ADAM = Precision(4, 4, 8, activation_bytes=4)
+# The --precision choices of `paraxis plan`, `paraxis memory` and `paraxis report`.
+PRECISIONS = {"mixed": MIXED_ADAM, "fp32": FP32_ADAM}

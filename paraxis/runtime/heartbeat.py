@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from paraxis.errors import RunFailed
 from paraxis.runtime.watchdog import WATCH, ranks_text
 
 # One key per rank and launch attempt: a restarted job must not read the last attempt's beats.
@@ -121,7 +122,7 @@ class Heartbeat(threading.Thread):
                     "communication call (stuck in computation or I/O); exiting so the job "
                     "ends instead of hanging")
         _print_stderr(f"paraxis: error: {line}")
-        os._exit(3)
+        os._exit(RunFailed.exit_code)
 
 
 def describe_stall(stalled: list[tuple[int, dict]]) -> str:
