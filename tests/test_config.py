@@ -30,6 +30,19 @@ def test_round_trip(tmp_path):
     assert again == cfg
 
 
+
+def test_round_trip_of_fields_that_default_to_none(tmp_path):
+    # float | None and int | None: the type comes from the annotation, not the None default
+    cfg = parse("--exit-after", "5", "--peak-tflops", "400")
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml(cfg))
+    again = parse("--config", str(path))
+    assert again == cfg and again.exit_after == 5 and again.peak_tflops == 400.0
+    path.write_text('[logging]\npeak_tflops = "400"\n')
+    with pytest.raises(ParaxisError, match="must be of type float"):
+        read_run_file(path)
+
+
 @pytest.mark.parametrize("text,message", [
     ("[optimizer]\nlearning_rate = 1.0\n", "unknown key 'learning_rate' in [optimizer]"),
     ("[trainer]\nsteps = 1\n", "unknown section [trainer]"),
