@@ -77,6 +77,41 @@ def test_pipeline_equals_single_device(pp, schedule, virtual, model):
     assert seen == set(weights)  # every parameter lives on some stage
 
 
+def _pipeline_rank_recv_ahead(cfg, layout, recv_ahead):
+    engine = PipelineEngine(cfg, layout, build_groups(layout), torch.device("cpu"), seed=SEED)
+    default = engine.executor.recv_ahead
+    engine.executor.recv_ahead = recv_ahead
+    losses = _train(engine)
+    # Each recv's irecv went out before the compute that precedes it (ahead), or at the
+    # recv itself (inline).
+    early, last_compute_s = [], None
+    for event in engine.executor.trace:
+        if event["kind"] in ("F", "B"):
+            last_compute_s = event["start_s"]
+        elif event["kind"] == "recv" and last_compute_s is not None:
+            early.append(event["posted_s"] < last_compute_s)
+    return default, early, losses, {n: p.detach().numpy().copy()
+                                    for n, p in engine.named_parameters()}
+
+
+@pytest.mark.parametrize("schedule,virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_receives_posted_ahead_change_timing_only(schedule, virtual):
+    # Posting each irecv before the compute that precedes its wait (gloo's default) must
+    # give the same bits as posting it where the schedule waits for it.
+    cfg = PRESETS["tiny-llama"].replace(n_layers=4)
+    layout = Layout(pp=2, microbatches=4, schedule=schedule, virtual_stages=virtual)
+    ahead = run_distributed(_pipeline_rank_recv_ahead, 2, args=(cfg, layout, 1), timeout_s=60)
+    inline = run_distributed(_pipeline_rank_recv_ahead, 2, args=(cfg, layout, 0), timeout_s=60)
+    for (default, early_a, losses_a, params_a), (_, early_b, losses_b, params_b) in zip(
+            ahead, inline, strict=True):
+        assert default == 1  # gloo
+        assert early_a and all(early_a)
+        assert early_b and not any(early_b)
+        assert losses_a == losses_b
+        for name, value in params_a.items():
+            np.testing.assert_array_equal(value, params_b[name], err_msg=name)
+
+
 def _stage0_saved_bytes(layout, cfg):
     groups = build_groups(layout)
     engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED)

@@ -11,8 +11,16 @@ A run of consecutive send/recv actions (e.g. 1F1B's "send activation, receive gr
 posted together with `dist.batch_isend_irecv`, so neither side waits on the other's send
 (the deadlock Megatron's `send_forward_recv_backward` avoids). Messages carry the schedule's
 tag (tensor, microbatch, destination virtual stage), so arrival order does not matter.
+
+Receives posted ahead (`recv_ahead`, gloo only). A recv is waited for where the schedule
+puts it, but on gloo its irecv is posted as soon as the previous recv has been waited for:
+the message then lands while this stage computes, instead of starting its transfer only when
+the stage asks for it. Gloo matches messages by tag, so posting early cannot reorder them;
+NCCL matches a pair's messages in the order they were posted and runs them on one stream,
+where an early recv could hold back a send its peer is waiting for, so there it stays 0.
 Every action is recorded in `trace` as {"rank", "stage", "kind", "microbatch", "chunk",
-"start_s", "end_s"} (perf_counter seconds) for the Chrome trace.
+"start_s", "end_s"} (perf_counter seconds) for the Chrome trace; a recv also has "posted_s",
+when its irecv was posted.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from paraxis.schedules import Action, Schedule
 
 class PipelineExecutor:
     def __init__(self, schedule: Schedule, stage: int, chunks: list[nn.Module],
-                 stage_ranks: list[int], rank: int, dtype: torch.dtype = torch.float32) -> None:
+                 stage_ranks: list[int], rank: int, dtype: torch.dtype = torch.float32,
+                 recv_ahead: int | None = None) -> None:
         self.schedule = schedule
         self.stage = stage
         self.chunks = chunks
@@ -42,6 +51,9 @@ class PipelineExecutor:
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
         self.trace: list[dict[str, Any]] = []
+        # How many receives to keep posted beyond the one being waited for (see above).
+        self.recv_ahead = (recv_ahead if recv_ahead is not None
+                           else int(dist.is_initialized() and dist.get_backend() == "gloo"))
         # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
         # sequence parallelism replaces it with its sequence-scattered shape.
         self.boundary_shape: Callable[[torch.Size], tuple[int, ...]] = self._residual_shape
@@ -70,6 +82,11 @@ class PipelineExecutor:
         # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step
         # ends
         pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = []
+        # receives in schedule order, and the ones posted ahead:
+        # position -> (work, buffer, perf_counter time of posting)
+        recv_positions = [i for i, a in enumerate(self.actions) if a.kind == "recv"]
+        posted: dict[int, tuple[dist.Work, torch.Tensor, float]] = {}
+        self._post_ahead(0, recv_positions, posted, shape, device)
         loss_total = torch.zeros((), device=device)
         last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
                             default=-1)  # a forward-only (evaluation) schedule has none
@@ -80,10 +97,11 @@ class PipelineExecutor:
                 batch = []
                 while (position < len(self.actions)
                        and self.actions[position].kind in ("send", "recv")):
-                    batch.append(self.actions[position])
+                    batch.append(position)
                     position += 1
                 self._communicate(batch, shape, device, stage_outputs, input_grads, received,
-                                  pending_sends)
+                                  pending_sends, posted)
+                self._post_ahead(position, recv_positions, posted, shape, device)
                 continue
             started = time.perf_counter()
             key = (action.microbatch, action.chunk)
@@ -128,12 +146,16 @@ class PipelineExecutor:
                 work.wait()
         return loss_total
 
-    def _communicate(self, batch: list[Action], shape: tuple[int, ...], device: torch.device,
+    def _communicate(self, batch: list[int], shape: tuple[int, ...], device: torch.device,
                      stage_outputs: dict, input_grads: dict, received: dict,
-                     pending_sends: list) -> None:
+                     pending_sends: list, posted: dict) -> None:
         started = time.perf_counter()
-        ops, recv_buffers = [], []
-        for action in batch:
+        ops, recvs = [], []  # recvs: (position, work index or posted work, buffer, posted_s)
+        for position in batch:
+            action = self.actions[position]
+            if position in posted:  # posted ahead: only its wait is left
+                recvs.append((position, *posted.pop(position)))
+                continue
             peer = self.stage_ranks[action.peer]
             tag = self.schedule.message_tag(action)
             key = (action.microbatch, action.chunk)
@@ -146,23 +168,43 @@ class PipelineExecutor:
             else:
                 buffer = torch.empty(shape, dtype=self.dtype, device=device)
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
-                recv_buffers.append((action, buffer))
-        works = dist.batch_isend_irecv(ops)
+                recvs.append((position, len(ops) - 1, buffer, started))
+        works = dist.batch_isend_irecv(ops) if ops else []
         for op, work in zip(ops, works, strict=True):
-            if op.op is dist.irecv:
-                with WATCH.waiting("recv", peer=op.peer, axis="pp"):
-                    work.wait()
-            else:
+            if op.op is dist.isend:
                 pending_sends.append((work, op.tensor, op.peer))
-        for action, buffer in recv_buffers:
+        posted_at = {}
+        for position, work, buffer, posted_s in recvs:
+            action = self.actions[position]
+            if isinstance(work, int):
+                work = works[work]
+            with WATCH.waiting("recv", peer=self.stage_ranks[action.peer], axis="pp"):
+                work.wait()
             received[(action.tensor, action.microbatch, action.chunk)] = buffer
-        for action in batch:
-            self._record(action, started)
+            posted_at[position] = posted_s
+        for position in batch:
+            self._record(self.actions[position], started, posted_at.get(position))
 
-    def _record(self, action: Action, started: float) -> None:
-        self.trace.append({"rank": self.rank, "stage": self.stage, "kind": action.kind,
-                           "microbatch": action.microbatch, "chunk": action.chunk,
-                           "start_s": started, "end_s": time.perf_counter()})
+    def _post_ahead(self, position: int, recv_positions: list[int], posted: dict,
+                    shape: tuple[int, ...], device: torch.device) -> None:
+        """Post the irecvs of the next `recv_ahead` receives after `position`."""
+        upcoming = [i for i in recv_positions if i >= position][:self.recv_ahead]
+        for index in upcoming:
+            if index in posted:
+                continue
+            action = self.actions[index]
+            buffer = torch.empty(shape, dtype=self.dtype, device=device)
+            work = dist.irecv(buffer, self.stage_ranks[action.peer],
+                              tag=self.schedule.message_tag(action))
+            posted[index] = (work, buffer, time.perf_counter())
+
+    def _record(self, action: Action, started: float, posted_s: float | None = None) -> None:
+        event = {"rank": self.rank, "stage": self.stage, "kind": action.kind,
+                 "microbatch": action.microbatch, "chunk": action.chunk,
+                 "start_s": started, "end_s": time.perf_counter()}
+        if posted_s is not None:
+            event["posted_s"] = posted_s
+        self.trace.append(event)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):  # noqa: ANN202
