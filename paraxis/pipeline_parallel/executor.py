@@ -99,9 +99,11 @@ class PipelineExecutor:
                        and self.actions[position].kind in ("send", "recv")):
                     batch.append(position)
                     position += 1
+                # The receives after this batch go out before its sends: on gloo a recv posted
+                # behind an isend to the same peer can wait until that send has drained.
+                self._post_ahead(position, recv_positions, posted, shape, device)
                 self._communicate(batch, shape, device, stage_outputs, input_grads, received,
                                   pending_sends, posted)
-                self._post_ahead(position, recv_positions, posted, shape, device)
                 continue
             started = time.perf_counter()
             key = (action.microbatch, action.chunk)
