@@ -86,7 +86,7 @@ def _reshard_body(root: str) -> tuple[list, list]:
     groups = build_groups(cfg.layout)
     engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
     load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
-    save_checkpoint(engine, f"{root}/b", 3, groups, model_cfg.to_dict())
+    save_checkpoint(engine, f"{root}/b", 3, model_cfg.to_dict())
     resharded = run_training(_cfg("dp=1,tp=4,pp=2", 5, resume=source))
     return original, resharded
 
@@ -130,7 +130,7 @@ def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> Non
     groups = build_groups(cfg.layout)
     engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
     manifest = load_checkpoint(engine, source, model_cfg.to_dict())
-    save_checkpoint(engine, destination, manifest["step"], groups, model_cfg.to_dict())
+    save_checkpoint(engine, destination, manifest["step"], model_cfg.to_dict())
 
 
 # ------------------------------------------------------------------------ crash safety

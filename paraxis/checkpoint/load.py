@@ -45,9 +45,6 @@ class CheckpointReader:
     def names(self, kind: str = "param") -> list[str]:
         return sorted(name for k, name in self.pieces if k == kind)
 
-    def has(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.pieces
-
     def full(self, kind: str, name: str) -> torch.Tensor:
         """The whole single-device tensor `kind/name`, assembled from its pieces."""
         pieces = self.pieces.get((kind, name))
