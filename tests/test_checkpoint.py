@@ -66,6 +66,30 @@ def test_resume_is_bit_identical(tmp_path, layout):
                          _full(tmp_path / "split" / "step-00000010"))
 
 
+def test_fp16_loss_scale_survives_a_resume(tmp_path):
+    # A resumed fp16 run must go on with the scale the run had reached (and its count
+    # towards the next doubling), not restart from 2**16.
+    from paraxis.checkpoint import save_checkpoint
+    from paraxis.checkpoint.entries import loss_scaler
+    from paraxis.data_parallel import DataParallelEngine
+    from paraxis.model import build_model
+    from paraxis.model_config import PRESETS
+
+    def engine() -> DataParallelEngine:
+        return DataParallelEngine(build_model(PRESETS["tiny"], seed=0), Layout(), None,
+                                  autocast_dtype=torch.float16)
+
+    saved = engine()
+    for overflow in (True, True, False, False, False):
+        saved.scaler.update(overflow)
+    assert saved.scaler.state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+    path = save_checkpoint(saved, tmp_path, 5, PRESETS["tiny"].to_dict())
+    loaded = engine()
+    load_checkpoint(loaded, path, PRESETS["tiny"].to_dict())
+    assert loss_scaler(loaded).state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+    assert loaded.scaler.last_scale == 2.0**14  # the first resumed step unscales by it
+
+
 # ------------------------------------------------------------------------ resharding
 
 

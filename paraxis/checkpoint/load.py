@@ -126,8 +126,7 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
         set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
         scaler = loss_scaler(engine)
         if scaler is not None and manifest.get("loss_scaler"):
-            scaler.scale = scaler.last_scale = manifest["loss_scaler"]["scale"]
-            scaler._clean_steps = manifest["loss_scaler"]["clean_steps"]
+            scaler.load_state_dict(manifest["loss_scaler"])
     same_layout = manifest.get("layout") == str(engine.layout)
     if restore_rng and same_layout and not weights_only:
         from paraxis.checkpoint.save import rank_file

@@ -98,7 +98,7 @@ def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
     scaler = loss_scaler(engine)
     if scaler is None:
         return None
-    return {"scale": scaler.scale, "clean_steps": scaler._clean_steps}
+    return scaler.state_dict()
 
 
 def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -> None:
