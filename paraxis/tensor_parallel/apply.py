@@ -68,7 +68,7 @@ class Colwise:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 0  # weight rows and bias entries are output features
+        return ColumnParallelLinear.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size, f"{module.weight.shape[0]} output "
@@ -82,7 +82,7 @@ class Rowwise:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 1 if leaf == "weight" else None  # the bias is added once, after the sum
+        return RowParallelLinear.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[1], ctx.size, f"{module.weight.shape[1]} input "
@@ -107,7 +107,7 @@ class VocabParallel:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 0
+        return VocabParallelEmbedding.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size,
