@@ -42,6 +42,14 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def token_batch(vocab_size: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch (seed 0) on this rank's device: inputs and next-token targets."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
+    tokens = tokens.to(rank_device())
+    return tokens[:, :-1], tokens[:, 1:]
+
+
 def bench_device(ranks: int) -> str:
     """CUDA with NCCL when the machine has a GPU for every rank, else the CPU with gloo."""
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "cpu"
