@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.common import Row, compare, engine_step, rank_device
+from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -15,23 +15,16 @@ from paraxis.runtime.engine import LocalEngine
 MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
 
 
-def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
-    tokens = tokens.to(rank_device())
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     engine = LocalEngine(build_model(MODEL, device=rank_device()), Layout())
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
     return engine_step(engine, x, y, clip=1.0)
 
 
 def _plain(batch: int, seq: int) -> Callable[[], None]:
     model = build_model(MODEL, device=rank_device())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
 
     def step() -> None:
         loss = model(x, y)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.common import Row, compare, engine_step, rank_device
+from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
@@ -30,17 +30,10 @@ PP = 2
 PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 
 
-def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
-    tokens = tokens.to(rank_device())
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable[[], None]:
     layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
     engine = PipelineEngine(MODEL, layout, build_groups(layout), rank_device())
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
     return engine_step(engine, x, y)
 
 
@@ -61,7 +54,7 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
     optimizer = make_adamw(module.parameters(), 0.1, (0.9, 0.95), 1e-8)
     for group in optimizer.param_groups:
         group["lr"] = 1e-3
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
 
     def step() -> None:
         if stage_index == 0:

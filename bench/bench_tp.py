@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bench.common import Row, compare, engine_step, rank_device
+from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -26,19 +26,12 @@ MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, 8 heads / 4 kv
 TP = 2
 
 
-def _batch(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, MODEL.vocab_size, (batch, seq + 1), generator=generator)
-    tokens = tokens.to(rank_device())
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     layout = Layout(tp=TP)
     groups = build_groups(layout)
     model = apply_tensor_parallel(build_model(MODEL, device=rank_device()), groups)
     engine = TensorParallelEngine(model, layout, groups)
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
     return engine_step(engine, x, y)
 
 
@@ -64,7 +57,7 @@ def _dtensor(batch: int, seq: int) -> Callable[[], None]:
     parallelize_module(model, mesh, plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
                                   foreach=False)
-    x, y = _batch(batch, seq)
+    x, y = token_batch(MODEL.vocab_size, batch, seq)
 
     def step() -> None:
         with loss_parallel():  # cross-entropy on vocab-sharded logits, no gather

@@ -42,49 +42,57 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def token_batch(vocab_size: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch (seed 0) on this rank's device: inputs and next-token targets."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
+    tokens = tokens.to(rank_device())
+    return tokens[:, :-1], tokens[:, 1:]
+
+
 def bench_device(ranks: int) -> str:
     """CUDA with NCCL when the machine has a GPU for every rank, else the CPU with gloo."""
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "cpu"
 
 
-def _peak_bytes() -> int:
-    device = rank_device()
+def _peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return peak_rss_bytes()
 
 
-def _reset_peak() -> None:
-    device = rank_device()
+def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
         reset_peak_rss()
 
 
-def _sync() -> None:
-    device = rank_device()
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2) -> dict:
+def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2,
+                  device: torch.device | None = None) -> dict:
     """Run `warmup` untimed steps, then `steps` timed ones; seconds per step (median), the CPU
-    seconds this process used per step (median, all its threads) and the peak RSS of this
-    rank over the timed steps."""
+    seconds this process used per step (median, all its threads) and the peak memory of this
+    rank over the timed steps (RSS; on a GPU, allocated GPU memory). `device`: where the step
+    runs (default: this rank's, `rank_device`)."""
+    device = device or rank_device()
     for _ in range(warmup):
         step()
-    _sync()
-    _reset_peak()
+    _sync(device)
+    _reset_peak(device)
     times, cpu = [], []
     for _ in range(steps):
         started, cpu_started = time.perf_counter(), time.process_time()
         step()
-        _sync()
+        _sync(device)
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - cpu_started)
     return {"step_time_s": statistics.median(times), "cpu_time_s": statistics.median(cpu),
-            "peak_rss_bytes": _peak_bytes()}
+            "peak_memory_bytes": _peak_bytes(device)}
 
 
 def engine_step(engine, x, y, lr: float = 1e-3, clip: float | None = None  # noqa: ANN001
@@ -147,22 +155,23 @@ def _paired_times(setups: tuple[Setup, Setup], steps: int, warmup: int) -> list[
         for step in step_fns:
             step()
     times: list[list[float]] = [[], []]
+    device = rank_device()
     for i in range(steps):
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
             # Every rank starts the step together, so no side inherits the other's tail
             # (a pipeline's last stage finishes before its first one does).
-            _sync()
+            _sync(device)
             dist.barrier()
             started = time.perf_counter()
             step_fns[side]()
-            _sync()
+            _sync(device)
             times[side].append(time.perf_counter() - started)
     return times
 
 
 def _peak_rss(setup: Setup, steps: int, warmup: int) -> int:
     """Peak RSS of this rank over `steps` steps of one side, run alone in its processes."""
-    return measure_steps(setup(), steps, warmup)["peak_rss_bytes"]
+    return measure_steps(setup(), steps, warmup)["peak_memory_bytes"]
 
 
 def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Setup],

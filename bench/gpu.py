@@ -12,12 +12,9 @@ On a machine without CUDA the full-size part is not run (a CPU tells nothing abo
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from bench.common import engine_step
+from bench.common import engine_step, measure_steps
 from paraxis.layout import Layout
 from paraxis.metrics import device_peak_flops
 from paraxis.model import build_model
@@ -38,32 +35,18 @@ def run(quick: bool) -> dict:
     return measure(torch.device("cuda", torch.cuda.current_device()), QUICK if quick else FULL)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(device: torch.device, setting: dict) -> dict:
     cfg = PRESETS[setting["model"]]
     batch, seq = setting["batch"], setting["seq"]
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-        torch.cuda.reset_peak_memory_stats(device)
     engine = LocalEngine(build_model(cfg, seed=0, device=device), Layout(),
                          autocast_dtype=torch.bfloat16)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=generator).to(device)
     step = engine_step(engine, tokens[:, :-1], tokens[:, 1:], clip=1.0)
-    for _ in range(setting["warmup"]):
-        step()
-    _sync(device)
-    times = []
-    for _ in range(setting["steps"]):
-        started = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    step_time = statistics.median(times)
+    measured = measure_steps(step, setting["steps"], setting["warmup"], device)
+    step_time = measured["step_time_s"]
     tokens_per_s = batch * seq / step_time
     peak = device_peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -74,8 +57,8 @@ def measure(device: torch.device, setting: dict) -> dict:
             "mfu": mfu(cfg, seq, tokens_per_s, 1, peak) if peak else None,
             "flash_sdp_enabled": (torch.backends.cuda.flash_sdp_enabled()
                                   if device.type == "cuda" else False),
-            "peak_memory_bytes": (torch.cuda.max_memory_allocated(device)
-                                  if device.type == "cuda" else None),
+            "peak_memory_bytes": (measured["peak_memory_bytes"] if device.type == "cuda"
+                                  else None),
             "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None}
 

@@ -172,6 +172,8 @@ class Layout:
         if model.n_kv_heads % self.tp:
             raise ParaxisError(f"{model.n_kv_heads} kv heads are not divisible by tp={self.tp}; "
                                f"choose tp among {_divisors(model.n_kv_heads)}")
+        # Padding the vocabulary would change the model's loss normalisation and its shapes
+        # in checkpoints; an error keeps every layout's model identical.
         if model.vocab_size % self.tp:
             raise ParaxisError(f"vocab size {model.vocab_size} is not divisible by tp={self.tp}; "
                                "pad the vocabulary to a multiple of tp")

@@ -24,7 +24,7 @@ from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig, load_model_config
 from paraxis.plan.comm import axis_link
 from paraxis.plan.compute import mfu
-from paraxis.plan.cost import Estimate, evaluate
+from paraxis.plan.cost import PREDICTION_TOLERANCE, Estimate, evaluate
 from paraxis.plan.hardware import Cluster, build_cluster, load_hardware_file
 from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
 from paraxis.plan.precision import PRECISIONS
@@ -306,7 +306,8 @@ def _run_section(plan: Plan, run_dir: Path) -> str:
         f"(medians skip the first steps' warm-up). {whose}</p>",
         f"<p class=\"callout\">Step time: predicted {_ms(e.step_time_s)}, measured "
         f"{_ms(measured_step)}: the prediction is {error:+.0%} off "
-        f"({'within' if abs(error) <= 0.25 else 'outside'} 25%).</p>",
+        f"({'within' if abs(error) <= PREDICTION_TOLERANCE else 'outside'} "
+        f"{PREDICTION_TOLERANCE:.0%}).</p>",
         table(["", "predicted", "measured", "measured / predicted"], [
             ("throughput (tokens/s)", f"{e.tokens_per_s:,.0f}", f"{measured_tps:,.0f}",
              f"{measured_tps / e.tokens_per_s:.3g}"),

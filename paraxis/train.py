@@ -109,7 +109,7 @@ class TrainConfig:
             raise ParaxisError(f"--bucket-mb {self.bucket_mb} must be positive (DDP uses 25)")
         if not 0 < self.timeout_s < math.inf:
             raise ParaxisError(f"--timeout-s {self.timeout_s} must be a positive number of "
-                               "seconds (default 600)")
+                               "seconds")
         if self.on_nan not in POLICIES:
             raise ParaxisError(f"--on-nan {self.on_nan} is unknown; use stop or skip")
         if self.metrics_file:
@@ -201,8 +201,9 @@ def run_training(cfg: TrainConfig) -> list[dict]:
 def _resume(cfg, engine, model_cfg, rank: int) -> int:  # noqa: ANN001
     """Load the checkpoint `--resume` names, if any; return the step to continue from."""
     from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve
+    from paraxis.runtime.distributed import restart_attempt
 
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    restarted = restart_attempt() > 0
     saved = complete_checkpoints(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else []
     if restarted and saved:
         path = saved[-1][1]  # the progress made since the job started
@@ -245,13 +246,13 @@ def _init_from(path: str, engine, model_cfg, rank: int) -> None:  # noqa: ANN001
         load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
 
 
-def _save(cfg, engine, groups, model_cfg, step: int) -> None:  # noqa: ANN001
+def _save(cfg, engine, model_cfg, step: int) -> None:  # noqa: ANN001
     from paraxis.checkpoint import save_checkpoint
     from paraxis.config import to_toml
 
     data = {"seed": cfg.seed, "next_step": step, "samples_seen": step * cfg.global_batch,
             "global_batch": cfg.global_batch, "seq_len": cfg.seq_len}
-    save_checkpoint(engine, cfg.checkpoint_dir, step, groups, model_cfg.to_dict(),
+    save_checkpoint(engine, cfg.checkpoint_dir, step, model_cfg.to_dict(),
                     config_toml=to_toml(cfg), keep=cfg.keep, extra={"data": data})
 
 
@@ -321,7 +322,7 @@ def _loop(cfg, engine, data, groups, device, rank, model_cfg,  # noqa: ANN001
             stopping = done == cfg.exit_after
             if cfg.checkpoint_dir and (done == cfg.steps or stopping or (
                     cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
-                _save(cfg, engine, groups, model_cfg, done)
+                _save(cfg, engine, model_cfg, done)
             if stopping:
                 break
     if sink:

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from paraxis.calibrate.fit import OPS, fit_alpha_beta, latency_steps, ring_factor
+from paraxis.calibrate.fit import fit_alpha_beta
 from paraxis.calibrate.profile import build_profile
 from paraxis.cli import main
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.plan.comm import axis_link, collective_time
+from paraxis.plan.comm import COLLECTIVES as OPS
+from paraxis.plan.comm import axis_link, collective_time, latency_steps, ring_factor
 from paraxis.plan.hardware import build_cluster, load_hardware_file
 
 SIZES = [16e3, 128e3, 1e6, 4e6]

@@ -66,6 +66,30 @@ def test_resume_is_bit_identical(tmp_path, layout):
                          _full(tmp_path / "split" / "step-00000010"))
 
 
+def test_fp16_loss_scale_survives_a_resume(tmp_path):
+    # A resumed fp16 run must go on with the scale the run had reached (and its count
+    # towards the next doubling), not restart from 2**16.
+    from paraxis.checkpoint import save_checkpoint
+    from paraxis.checkpoint.entries import loss_scaler
+    from paraxis.data_parallel import DataParallelEngine
+    from paraxis.model import build_model
+    from paraxis.model_config import PRESETS
+
+    def engine() -> DataParallelEngine:
+        return DataParallelEngine(build_model(PRESETS["tiny"], seed=0), Layout(), None,
+                                  autocast_dtype=torch.float16)
+
+    saved = engine()
+    for overflow in (True, True, False, False, False):
+        saved.scaler.update(overflow)
+    assert saved.scaler.state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+    path = save_checkpoint(saved, tmp_path, 5, PRESETS["tiny"].to_dict())
+    loaded = engine()
+    load_checkpoint(loaded, path, PRESETS["tiny"].to_dict())
+    assert loss_scaler(loaded).state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+    assert loaded.scaler.last_scale == 2.0**14  # the first resumed step unscales by it
+
+
 # ------------------------------------------------------------------------ resharding
 
 
@@ -86,7 +110,7 @@ def _reshard_body(root: str) -> tuple[list, list]:
     groups = build_groups(cfg.layout)
     engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
     load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
-    save_checkpoint(engine, f"{root}/b", 3, groups, model_cfg.to_dict())
+    save_checkpoint(engine, f"{root}/b", 3, model_cfg.to_dict())
     resharded = run_training(_cfg("dp=1,tp=4,pp=2", 5, resume=source))
     return original, resharded
 
@@ -130,7 +154,7 @@ def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> Non
     groups = build_groups(cfg.layout)
     engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
     manifest = load_checkpoint(engine, source, model_cfg.to_dict())
-    save_checkpoint(engine, destination, manifest["step"], groups, model_cfg.to_dict())
+    save_checkpoint(engine, destination, manifest["step"], model_cfg.to_dict())
 
 
 # ------------------------------------------------------------------------ crash safety

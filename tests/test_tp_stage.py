@@ -16,10 +16,10 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.tensor_parallel import apply_tensor_parallel, full_state
-from paraxis.tensor_parallel.apply import check_model
 from paraxis.testing import run_distributed
 
 
@@ -113,7 +113,7 @@ def test_pipeline_stages_split_like_the_whole_model(model_name, sequence_paralle
 ])
 def test_shapes_tp_cannot_split_are_one_line_errors(cfg, tp, message):
     with pytest.raises(ParaxisError, match=message) as error:
-        check_model(cfg, tp)
+        Layout(tp=tp).validate(model=cfg)
     assert "\n" not in str(error.value)
 
 

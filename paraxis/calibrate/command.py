@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
-
-OPS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+from paraxis.plan.comm import COLLECTIVES
 
 
 def _device_type(requested: str) -> str:
@@ -86,7 +85,7 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> d
     device = _rank_device(device_type)
     world = dist.get_world_size()
     groups = [n for n in range(2, world + 1) if world % n == 0]
-    return collective_times(OPS, sizes_bytes, groups, device, _dtype(device), repeats)
+    return collective_times(list(COLLECTIVES), sizes_bytes, groups, device, _dtype(device), repeats)
 
 
 def busy_body(seconds: float) -> float:

@@ -15,26 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraxis.errors import ParaxisError
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-
-
-def ring_factor(op: str, n: int) -> float:
-    """Bytes each rank moves per byte of the message, as the planner's comm model counts it."""
-    if op == "all_reduce":
-        return 2 * (n - 1) / n  # reduce-scatter + all-gather, 2(n-1) steps of X/n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n  # n-1 steps of X/n, X the full (gathered / unreduced) tensor
-    if op == "send_recv":
-        return 1.0  # one message over one link
-    raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(OPS)}")
-
-
-def latency_steps(op: str, n: int) -> int:
-    """Ring steps, each paying one latency, as the planner's comm model counts them."""
-    ring_factor(op, n)  # rejects an unknown op with the one-line message
-    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
-            "send_recv": 1}[op]
+from paraxis.plan.comm import latency_steps, op_time, ring_factor
 
 
 @dataclass(frozen=True)
@@ -46,8 +27,7 @@ class Fit:
     max_rel_error: float  # worst |predicted - measured| / measured over the fitted points
 
     def predict(self, size_bytes: float) -> float:
-        return (latency_steps(self.op, self.ranks) * self.alpha_s
-                + ring_factor(self.op, self.ranks) * size_bytes / self.bandwidth_Bps)
+        return op_time(self.op, size_bytes, self.ranks, self.bandwidth_Bps, self.alpha_s)
 
     def to_dict(self) -> dict[str, float]:
         return {"alpha_s": self.alpha_s, "bandwidth_Bps": self.bandwidth_Bps,

@@ -1,6 +1,6 @@
 """Sharded checkpoints: save from any layout, load into any layout, read as full tensors.
 
-    save_checkpoint(engine, root, step, groups, model_cfg.to_dict())   # every rank
+    save_checkpoint(engine, root, step, model_cfg.to_dict())   # every rank
     load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank)  # every rank
     read_full_state(path)                                               # one process
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from paraxis.checkpoint.entries import KINDS
+from paraxis.checkpoint.entries import KINDS, Entry
 from paraxis.checkpoint.load import CheckpointReader
 from paraxis.checkpoint.manifest import FORMAT, VERSION, sha256_of, step_dir_name
 from paraxis.checkpoint.save import _write_tensors, commit, rank_file
@@ -87,11 +87,9 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
                      base: dict, config_toml: str = "", seq_len: int | None = None) -> Path:
     """Write full tensors (`full_of(kind, name)`) as `destination/step-N`, one file per
     (stage, TP rank) of `layout`; `base` holds the manifest's other facts (step, model...)."""
-    from paraxis.tensor_parallel.apply import check_model, tp_split_dim
+    from paraxis.tensor_parallel.apply import tp_split_dim
 
-    layout = layout.validate(model=cfg)
-    if layout.tp > 1:
-        check_model(cfg, layout.tp)
+    layout = layout.validate(model=cfg)  # heads, vocab, MLP width divisible by tp
     destination = Path(destination)
     final = destination / step_dir_name(int(base["step"]))
     if final.exists():
@@ -110,11 +108,11 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):
                     rank = layout.rank(0, tp_rank, stage)
-                    per_rank.setdefault(rank, {})[f"{kind}/{name}"] = part.contiguous()
-                    pieces.append({"kind": kind, "name": name, "shape": list(full.shape),
-                                   "tp_dim": dim, "tp_index": tp_rank, "tp_count": count,
-                                   "lo": 0, "hi": part.numel(), "file": rank_file(rank),
-                                   "key": f"{kind}/{name}"})
+                    piece = Entry(kind, name, part.contiguous(), tuple(full.shape), dim,
+                                  tp_rank, count, 0, part.numel(), owner=True)
+                    per_rank.setdefault(rank, {})[piece.key] = piece.tensor
+                    pieces.append({**piece.describe(), "file": rank_file(rank),
+                                   "key": piece.key})
         for rank, tensors in per_rank.items():
             path = tmp / rank_file(rank)
             _write_tensors(tensors, path)

@@ -45,9 +45,6 @@ class CheckpointReader:
     def names(self, kind: str = "param") -> list[str]:
         return sorted(name for k, name in self.pieces if k == kind)
 
-    def has(self, kind: str, name: str) -> bool:
-        return (kind, name) in self.pieces
-
     def full(self, kind: str, name: str) -> torch.Tensor:
         """The whole single-device tensor `kind/name`, assembled from its pieces."""
         pieces = self.pieces.get((kind, name))
@@ -129,8 +126,7 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
         set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
         scaler = loss_scaler(engine)
         if scaler is not None and manifest.get("loss_scaler"):
-            scaler.scale = scaler.last_scale = manifest["loss_scaler"]["scale"]
-            scaler._clean_steps = manifest["loss_scaler"]["clean_steps"]
+            scaler.load_state_dict(manifest["loss_scaler"])
     same_layout = manifest.get("layout") == str(engine.layout)
     if restore_rng and same_layout and not weights_only:
         from paraxis.checkpoint.save import rank_file

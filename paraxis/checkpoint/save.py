@@ -1,6 +1,6 @@
 """Saving a sharded checkpoint: every rank writes its own pieces, rank 0 commits.
 
-    save_checkpoint(engine, root, step, groups, model_cfg, config_toml)   # on every rank
+    save_checkpoint(engine, root, step, model_cfg, config_toml)   # on every rank
 
 1. rank 0 creates `root/step-N.tmp/` (clearing a stale one a crash left behind);
 2. each rank writes `rank-R.safetensors`: the pieces it owns (`entries.Entry.owner`, so a
@@ -44,7 +44,7 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"
 
 
-def save_checkpoint(engine, root: str | Path, step: int, groups,  # noqa: ANN001
+def save_checkpoint(engine, root: str | Path, step: int,  # noqa: ANN001
                     model: dict[str, Any], config_toml: str = "", keep: int = 0,
                     extra: dict[str, Any] | None = None) -> Path:
     """Write the engine's state as checkpoint `root/step-<step>`; collective. Returns its path.
@@ -98,7 +98,7 @@ def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
     scaler = loss_scaler(engine)
     if scaler is None:
         return None
-    return {"scale": scaler.scale, "clean_steps": scaler._clean_steps}
+    return scaler.state_dict()
 
 
 def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -> None:

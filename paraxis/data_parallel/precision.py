@@ -29,3 +29,12 @@ class LossScaler:
         self._clean_steps += 1
         if self._clean_steps % self.growth_interval == 0:
             self.scale *= 2
+
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps, so a resumed run goes on with the same scale and the same
+        count towards its next growth."""
+        return {"scale": self.scale, "clean_steps": self._clean_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale = self.last_scale = float(state["scale"])
+        self._clean_steps = int(state["clean_steps"])

@@ -18,6 +18,7 @@ the message then lands while this stage computes, instead of starting its transf
 the stage asks for it. Gloo matches messages by tag, so posting early cannot reorder them;
 NCCL matches a pair's messages in the order they were posted and runs them on one stream,
 where an early recv could hold back a send its peer is waiting for, so there it stays 0.
+
 Every action is recorded in `trace` as {"rank", "stage", "kind", "microbatch", "chunk",
 "start_s", "end_s"} (perf_counter seconds) for the Chrome trace; a recv also has "posted_s",
 when its irecv was posted.

@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.plan.hardware import Cluster
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
 
 class Link(NamedTuple):
@@ -31,28 +34,51 @@ class Link(NamedTuple):
         return self.bandwidth_Bps, self.latency_s
 
 
+def ring_factor(op: str, n: int) -> float:
+    """Bytes each rank sends per byte of the message (X: the full tensor)."""
+    if op == "all_reduce":
+        # Patarasuk & Yuan 2009 (ring): reduce-scatter + all-gather, 2(N-1) steps of X/N.
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n  # Thakur et al. 2005: N-1 steps of X/N
+    if op == "send_recv":
+        return 1.0  # one message over one link
+    raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(COLLECTIVES)}")
+
+
+def latency_steps(op: str, n: int) -> int:
+    """Ring steps, each paying one latency (alpha)."""
+    ring_factor(op, n)  # rejects an unknown op with the one-line message
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
+            "send_recv": 1}[op]
+
+
+def op_time(op: str, size_bytes: float, n: int, bandwidth_Bps: float,
+            latency_s: float = 0.0) -> float:
+    """alpha-beta time of one collective: steps * alpha + factor * X / bandwidth."""
+    if op != "send_recv" and n <= 1:
+        return 0.0
+    return (latency_steps(op, n) * latency_s
+            + ring_factor(op, n) * size_bytes / bandwidth_Bps)
+
+
 def ring_all_reduce_time(size_bytes: float, n: int, bandwidth_Bps: float,
                          latency_s: float = 0.0) -> float:
-    # Patarasuk & Yuan 2009 (ring): reduce-scatter + all-gather, 2(N-1) steps of X/N bytes.
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) * size_bytes / (n * bandwidth_Bps) + 2 * (n - 1) * latency_s
+    return op_time("all_reduce", size_bytes, n, bandwidth_Bps, latency_s)
 
 
 def all_gather_time(size_bytes: float, n: int, bandwidth_Bps: float,
                     latency_s: float = 0.0) -> float:
-    # Ring all-gather of a full tensor of X bytes: N-1 steps of X/N (Thakur et al. 2005).
-    if n <= 1:
-        return 0.0
-    return (n - 1) * size_bytes / (n * bandwidth_Bps) + (n - 1) * latency_s
+    return op_time("all_gather", size_bytes, n, bandwidth_Bps, latency_s)
 
 
-reduce_scatter_time = all_gather_time  # the same ring steps, run with a reduction
+def reduce_scatter_time(size_bytes: float, n: int, bandwidth_Bps: float,
+                        latency_s: float = 0.0) -> float:
+    return op_time("reduce_scatter", size_bytes, n, bandwidth_Bps, latency_s)
 
 
 def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
-    # One send over one link (alpha + X beta).
-    return latency_s + size_bytes / bandwidth_Bps
+    return op_time("send_recv", size_bytes, 2, bandwidth_Bps, latency_s)
 
 
 def group_ranks(layout: Layout, axis: str) -> list[int]:
@@ -127,11 +153,7 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link) -> float:
     """Seconds of one `op` (all_reduce, all_gather, reduce_scatter, send_recv) of a
     `size_bytes` tensor over a group of n on `link`."""
     bandwidth, latency = link.cost(op)
-    if op == "send_recv":
-        return p2p_time(size_bytes, bandwidth, latency)
-    timer = {"all_reduce": ring_all_reduce_time, "all_gather": all_gather_time,
-             "reduce_scatter": reduce_scatter_time}[op]
-    return timer(size_bytes, n, bandwidth, latency)
+    return op_time(op, size_bytes, n, bandwidth, latency)
 
 
 def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:

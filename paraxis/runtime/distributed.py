@@ -21,12 +21,10 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Coords, Layout
 from paraxis.runtime.watchdog import WATCH, name_group
 
-_timeout = timedelta(seconds=600)  # set by init_distributed; every new group gets it
-
 
 def collective_timeout() -> timedelta:
-    """The timeout every process group of this run is created with."""
-    return _timeout
+    """The timeout every process group of this run is created with (the watchdog's)."""
+    return timedelta(seconds=WATCH.timeout_s)
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -47,26 +45,32 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def restart_attempt() -> int:
+    """Which attempt of an elastic job this is: 0 first, n after n restarts (torchrun's
+    TORCHELASTIC_RESTART_COUNT; 0 outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[int, int]:
+def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
     """Join the job torchrun (or the test harness) described in the environment.
 
     Returns (rank, world_size); a single process without torchrun's variables is world 1
     and needs no process group. `timeout_s` bounds every collective and point-to-point wait
     (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
     """
-    global _timeout
-    _timeout = timedelta(seconds=timeout_s)
+    WATCH.timeout_s = timeout_s
     if dist.is_initialized():
-        WATCH.configure(dist.get_rank(), timeout_s)
+        WATCH.rank = dist.get_rank()
         return dist.get_rank(), dist.get_world_size()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return 0, 1
-    options = {"timeout": _timeout, "device_id": device if device.type == "cuda" else None}
+    options = {"timeout": collective_timeout(),
+               "device_id": device if device.type == "cuda" else None}
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # Under torch's elastic agent (torchrun --max-restarts) every attempt of a restarted
         # job joins the agent's one store at the same address, and torch adds no per-attempt
@@ -74,14 +78,13 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[in
         # run would read the dead attempt's peer addresses and fail to connect. One prefix
         # per attempt keeps each attempt's keys apart.
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              world_size, is_master=False, timeout=_timeout)
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                              world_size, is_master=False, timeout=collective_timeout())
         dist.init_process_group(backend_for(device), store=dist.PrefixStore(
-            f"paraxis/attempt_{attempt}", store), rank=int(os.environ["RANK"]),
+            f"paraxis/attempt_{restart_attempt()}", store), rank=int(os.environ["RANK"]),
             world_size=world_size, **options)
     else:
         dist.init_process_group(backend_for(device), **options)
-    WATCH.configure(dist.get_rank(), timeout_s)
+    WATCH.rank = dist.get_rank()
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -156,7 +159,7 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
                 continue
             # new_group is collective over the whole world, so every rank creates every
             # group in the same order, then keeps its own.
-            group = dist.new_group(ranks, timeout=_timeout)
+            group = dist.new_group(ranks, timeout=collective_timeout())
             name_group(group, axis)
             if rank in ranks:
                 mine[axis] = group

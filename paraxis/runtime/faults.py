@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from paraxis.errors import ParaxisError
+from paraxis.runtime.distributed import restart_attempt
 
 KINDS = ("hang", "nan", "kill")
 
@@ -45,7 +46,7 @@ class Fault:
             while True:  # a stalled rank: only the watchdog or the launcher ends it
                 time.sleep(3600)
         if self.kind == "kill":
-            if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            if restart_attempt() == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # a lost node: no handler, no goodbye
             return
         for name, module in model.named_modules():

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from paraxis.errors import RunFailed
+from paraxis.runtime.distributed import restart_attempt
 from paraxis.runtime.watchdog import WATCH, ranks_text
 
 # One key per rank and launch attempt: a restarted job must not read the last attempt's beats.
@@ -57,8 +58,7 @@ class Heartbeat(threading.Thread):
         self.grace_s = max(5.0, min(30.0, timeout_s / 2))
         self._stop_event = threading.Event()
         self._store = None  # connected by the thread itself: training never waits for it
-        self._keys = [KEY.format(attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                                 rank=r) for r in range(world)]
+        self._keys = [KEY.format(attempt=restart_attempt(), rank=r) for r in range(world)]
         self._beats = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (beat, rank 0's clock)
         self._last_picture: tuple = ()

@@ -47,12 +47,17 @@ def ranks_text(ranks: list[int]) -> str:
     return f"{ranks[0]},{ranks[1]},...,{ranks[-1]} ({len(ranks)} ranks)"
 
 
+# Until init_distributed sets the run's (`paraxis train --timeout-s`, default 600 there too):
+# what process groups built outside a training run (tests, benchmarks) get.
+DEFAULT_TIMEOUT_S = 600.0
+
+
 class Watch:
     """This rank's current wait (op is None between waits) and its last sign of progress."""
 
     def __init__(self) -> None:
         self.rank = 0
-        self.timeout_s = 600.0
+        self.timeout_s = DEFAULT_TIMEOUT_S  # the run's; process groups are created with it
         self.step: int | None = None
         self.op: str | None = None
         self.group: dist.ProcessGroup | None = None

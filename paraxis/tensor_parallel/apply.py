@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.params import is_tp_sharded
@@ -67,7 +68,7 @@ class Colwise:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 0  # weight rows and bias entries are output features
+        return ColumnParallelLinear.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size, f"{module.weight.shape[0]} output "
@@ -81,7 +82,7 @@ class Rowwise:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 1 if leaf == "weight" else None  # the bias is added once, after the sum
+        return RowParallelLinear.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[1], ctx.size, f"{module.weight.shape[1]} input "
@@ -106,7 +107,7 @@ class VocabParallel:
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
-        return 0
+        return VocabParallelEmbedding.SPLIT_DIMS.get(leaf)
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[0], ctx.size,
@@ -189,22 +190,6 @@ def find_config(model: nn.Module) -> ModelConfig | None:
     return None
 
 
-def check_model(cfg: ModelConfig, tp: int) -> None:
-    """One-line errors for shapes tensor parallelism cannot split evenly."""
-    if cfg.n_heads % tp:
-        raise ParaxisError(f"{cfg.n_heads} attention heads are not divisible by tp={tp}; "
-                           "choose a tp that divides the head count")
-    if cfg.n_kv_heads % tp:
-        raise ParaxisError(f"{cfg.n_kv_heads} kv heads are not divisible by tp={tp}; "
-                           "choose a tp that divides the kv head count")
-    # Padding the vocabulary would change the model's loss normalisation and its shapes in
-    # checkpoints; an error keeps every layout's model identical.
-    if cfg.vocab_size % tp:
-        raise ParaxisError(f"vocab size {cfg.vocab_size} is not divisible by tp={tp}; pad "
-                           "the vocabulary to a multiple of tp (paraxis does not pad)")
-    if cfg.d_ff % tp:
-        raise ParaxisError(f"MLP width {cfg.d_ff} is not divisible by tp={tp}")
-
 
 def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.ProcessGroup | None,
                           sequence_parallel: bool = False,
@@ -220,8 +205,8 @@ def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.Proces
     if size == 1:
         return model
     cfg = find_config(model)
-    if cfg is not None:
-        check_model(cfg, size)
+    if cfg is not None:  # one-line errors for shapes that do not split evenly
+        Layout(tp=size).validate(model=cfg)
     lm_head, tok_emb = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
     tied = lm_head is not None and tok_emb is not None and lm_head.weight is tok_emb.weight
     ctx = TPContext(group, size, sequence_parallel)

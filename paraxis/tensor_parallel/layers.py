@@ -16,6 +16,8 @@ Where the communication sits (Megatron-LM, Shoeybi et al. 2019, sec. 3):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -67,6 +69,10 @@ class ColumnParallelLinear(nn.Module):
     and up/gate leave that to their parent module so the region is entered once.
     """
 
+    # Which dim of each single-device parameter is sliced across the TP group: the rows of
+    # the weight and the bias entries are output features. (Checkpoint conversion reads it.)
+    SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 0, "bias": 0}
+
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None,
                  group: dist.ProcessGroup | None, sequence_parallel: bool = False,
                  enter_region: bool = False) -> None:
@@ -83,8 +89,9 @@ class ColumnParallelLinear(nn.Module):
                     sequence_parallel: bool = False, enter_region: bool = False
                     ) -> ColumnParallelLinear:
         rank, size = _group_rank_size(group)
-        weight = shard_parameter(linear.weight, 0, rank, size)
-        bias = None if linear.bias is None else shard_parameter(linear.bias, 0, rank, size)
+        weight = shard_parameter(linear.weight, cls.SPLIT_DIMS["weight"], rank, size)
+        bias = (None if linear.bias is None
+                else shard_parameter(linear.bias, cls.SPLIT_DIMS["bias"], rank, size))
         return cls(weight, bias, group, sequence_parallel, enter_region)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +112,8 @@ class RowParallelLinear(nn.Module):
     summed over the TP group.
     """
 
+    SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 1}  # input features; bias replicated
+
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None,
                  group: dist.ProcessGroup | None, sequence_parallel: bool = False) -> None:
         super().__init__()
@@ -118,7 +127,7 @@ class RowParallelLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None,
                     sequence_parallel: bool = False) -> RowParallelLinear:
         rank, size = _group_rank_size(group)
-        weight = shard_parameter(linear.weight, 1, rank, size)
+        weight = shard_parameter(linear.weight, cls.SPLIT_DIMS["weight"], rank, size)
         return cls(weight, linear.bias, group, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +151,8 @@ class VocabParallelEmbedding(nn.Module):
     blocks run sequence-parallel.
     """
 
+    SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 0}  # vocabulary rows
+
     def __init__(self, weight: nn.Parameter, vocab_start: int, group: dist.ProcessGroup | None,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
@@ -154,7 +165,7 @@ class VocabParallelEmbedding(nn.Module):
     def from_embedding(cls, embedding: nn.Embedding, group: dist.ProcessGroup | None,
                        sequence_parallel: bool = False) -> VocabParallelEmbedding:
         rank, size = _group_rank_size(group)
-        weight = shard_parameter(embedding.weight, 0, rank, size)
+        weight = shard_parameter(embedding.weight, cls.SPLIT_DIMS["weight"], rank, size)
         return cls(weight, rank * weight.shape[0], group, sequence_parallel)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
