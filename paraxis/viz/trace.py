@@ -5,6 +5,9 @@ The runtime's pipeline executor records one dict per action and per message:
     {"rank": 0, "stage": 0, "kind": "F", "microbatch": 3, "chunk": 0,
      "start_s": 12.5031, "end_s": 12.5102}       # kind: "F", "B", "send" or "recv"
 
+(a recv also carries "posted_s", when its irecv went out; the executor posts receives ahead
+on gloo, so that is usually before the compute that precedes the wait).
+
 `to_chrome_trace` turns that list into the Trace Event Format (Google, "Trace Event Format"
 document: complete events, ph="X", ts/dur in microseconds) that chrome://tracing and
 https://ui.perfetto.dev open: one process per rank, one thread for compute and one for
