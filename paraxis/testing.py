@@ -20,13 +20,17 @@ it), so `fn` must then be a module-level function.
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing as mp
 import os
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -130,3 +134,20 @@ def distributed(world_size: int, timeout_s: float = 180.0) -> Callable:
         return test
 
     return wrap
+
+
+def train_records(args: list[str], metrics: Path, nproc: int = 1,
+                  timeout_s: float = 150) -> list[dict]:
+    """Run `paraxis train args` in a new process (under torchrun with `nproc` ranks when
+    nproc > 1) and return the records of its metrics file; a non-zero exit fails with the
+    tail of its stderr."""
+    launcher = [sys.executable, "-m", "paraxis", "train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                    str(nproc), "--master-port", str(free_port()), "-m", "paraxis.train"]
+    result = subprocess.run([*launcher, *args, "--metrics-file", str(metrics)],
+                            capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise AssertionError(f"paraxis train exited {result.returncode}:\n"
+                             f"{result.stderr[-2000:]}")
+    return [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -1,6 +1,5 @@
 """`paraxis train --pp ...` end to end under torchrun, and its one-line errors."""
 
-import json
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import pytest
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
-from paraxis.testing import free_port
+from paraxis.testing import train_records
 from paraxis.train import TrainConfig, run_training
 
 COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len", "32",
@@ -17,14 +16,10 @@ COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len",
 
 
 def test_torchrun_pipeline_training_matches_one_device(tmp_path):
-    metrics = tmp_path / "pp.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), "-m", "paraxis.train", *COMMON,
-         "--pp", "2", "--schedule", "1f1b", "--microbatches", "4", "--recompute", "selective",
-         "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    piped = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    records = train_records([*COMMON, "--pp", "2", "--schedule", "1f1b", "--microbatches", "4",
+                             "--recompute", "selective"], tmp_path / "pp.jsonl", nproc=2,
+                            timeout_s=120)
+    piped = [r["loss"] for r in records]
     single = run_training(TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32,
                                       device="cpu", quiet=True,
                                       layout=Layout(microbatches=4)))

@@ -1,11 +1,9 @@
 """dp=2 x tp=2 with ZeRO-1 (the data-parallel engine on tensor-parallel shards) trains like
 one device: same losses and global gradient norms over 4 steps, through the torchrun CLI."""
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from paraxis.testing import train_records
 
 
 def test_dp2_tp2_zero1_with_sequence_parallel_matches_one_device(tmp_path):
@@ -13,17 +11,9 @@ def test_dp2_tp2_zero1_with_sequence_parallel_matches_one_device(tmp_path):
     sequence_parallel = ["--sequence-parallel"]
     common = ["--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "32",
               "--device", "cpu", "--quiet"]
-    runs = {}
-    for name, launcher in (("one", [sys.executable, "-m", "paraxis", "train"]),
-                           ("dp_tp", [sys.executable, "-m", "torch.distributed.run",
-                                      "--standalone", "--nproc-per-node", "4", "-m",
-                                      "paraxis.train", "--dp", "2", "--tp", "2", "--zero", "1",
-                                      *sequence_parallel])):
-        metrics = tmp_path / f"{name}.jsonl"
-        result = subprocess.run([*launcher, *common, "--metrics-file", str(metrics)],
-                                capture_output=True, text=True, timeout=150)
-        assert result.returncode == 0, result.stderr[-2000:]
-        runs[name] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    runs = {"one": train_records(common, tmp_path / "one.jsonl"),
+            "dp_tp": train_records([*common, "--dp", "2", "--tp", "2", "--zero", "1",
+                                    *sequence_parallel], tmp_path / "dp_tp.jsonl", nproc=4)}
     for one, dp_tp in zip(runs["one"], runs["dp_tp"], strict=True):
         assert dp_tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
         assert dp_tp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)

@@ -6,9 +6,6 @@ loss_fn on the last. Two TP'd stages chained must give the single-device loss an
 """
 
 import copy
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +17,7 @@ from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.tensor_parallel import apply_tensor_parallel, full_state
-from paraxis.testing import run_distributed
+from paraxis.testing import run_distributed, train_records
 
 
 class FirstStage(nn.Module):
@@ -134,16 +131,9 @@ def test_apply_refuses_an_odd_vocabulary_on_every_rank():
 def test_cli_trains_with_tp_and_sequence_parallel_like_one_device(tmp_path):
     common = ["--model", "tiny-llama", "--steps", "3", "--global-batch", "4", "--seq-len",
               "32", "--device", "cpu", "--quiet"]
-    runs = {}
-    for name, launcher in (("one", [sys.executable, "-m", "paraxis", "train"]),
-                           ("tp", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                   "--nproc-per-node", "2", "-m", "paraxis.train", "--tp", "2",
-                                   "--sequence-parallel"])):
-        metrics = tmp_path / f"{name}.jsonl"
-        result = subprocess.run([*launcher, *common, "--metrics-file", str(metrics)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr[-2000:]
-        runs[name] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    runs = {"one": train_records(common, tmp_path / "one.jsonl"),
+            "tp": train_records([*common, "--tp", "2", "--sequence-parallel"],
+                                tmp_path / "tp.jsonl", nproc=2, timeout_s=120)}
     for one, tp in zip(runs["one"], runs["tp"], strict=True):
         assert tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
         assert tp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
