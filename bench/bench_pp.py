@@ -5,9 +5,9 @@ Both sides run the same stage modules (`build_stage_modules`, so the same weight
 same partition), forward + backward over the microbatches, then AdamW(foreach=False). The
 peer wraps each stage in `PipelineStage`; paraxis runs its own validated action lists.
 Same compute, same order of forwards and backwards; the one difference is when receives are
-posted: on gloo paraxis posts each irecv as soon as the previous one has arrived, so the
-message lands while the stage computes (`PipelineExecutor.recv_ahead`); torch posts it when
-the stage is about to wait for it.
+posted: on gloo paraxis posts each irecv one communication point early (before the sends
+there), so the message lands while the stage computes (`PipelineExecutor.recv_ahead`);
+torch posts it when the stage is about to wait for it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from paraxis.calibrate.kernels import sync as _sync
 from paraxis.testing import run_distributed
 
 
@@ -42,11 +43,13 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def token_batch(vocab_size: int, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed random batch (seed 0) on this rank's device: inputs and next-token targets."""
+def token_batch(vocab_size: int, batch: int, seq: int, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch (seed 0) on `device` (default: this rank's): inputs and
+    next-token targets."""
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
-    tokens = tokens.to(rank_device())
+    tokens = tokens.to(device or rank_device())
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -66,11 +69,6 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         reset_peak_rss()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2,
@@ -169,8 +167,9 @@ def _paired_times(setups: tuple[Setup, Setup], steps: int, warmup: int) -> list[
     return times
 
 
-def _peak_rss(setup: Setup, steps: int, warmup: int) -> int:
-    """Peak RSS of this rank over `steps` steps of one side, run alone in its processes."""
+def _peak_memory(setup: Setup, steps: int, warmup: int) -> int:
+    """Peak memory of this rank (RSS; on a GPU, allocated GPU memory) over `steps` steps of
+    one side, run alone in its processes."""
     return measure_steps(setup(), steps, warmup)["peak_memory_bytes"]
 
 
@@ -195,7 +194,7 @@ def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Set
                                    ranks, timeout_s=900, device=device)
         runs.append([(max(r[0][i] for r in per_rank), max(r[1][i] for r in per_rank))
                      for i in range(steps)])
-    peaks = [max(run_distributed(lambda s=setup: _peak_rss(s, min(steps, 3), 1), ranks,
+    peaks = [max(run_distributed(lambda s=setup: _peak_memory(s, min(steps, 3), 1), ranks,
                                  timeout_s=900, device=device))
              for setup in (paraxis[1], peer[1])]
     pairs = [pair for run in runs for pair in run]

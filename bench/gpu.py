@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import engine_step, measure_steps
+from bench.common import engine_step, measure_steps, token_batch
 from paraxis.layout import Layout
 from paraxis.metrics import device_peak_flops
 from paraxis.model import build_model
@@ -42,9 +42,8 @@ def measure(device: torch.device, setting: dict) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     engine = LocalEngine(build_model(cfg, seed=0, device=device), Layout(),
                          autocast_dtype=torch.bfloat16)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=generator).to(device)
-    step = engine_step(engine, tokens[:, :-1], tokens[:, 1:], clip=1.0)
+    x, y = token_batch(cfg.vocab_size, batch, seq, device)
+    step = engine_step(engine, x, y, clip=1.0)
     measured = measure_steps(step, setting["steps"], setting["warmup"], device)
     step_time = measured["step_time_s"]
     tokens_per_s = batch * seq / step_time

@@ -111,7 +111,8 @@ class TrainConfig:
             raise ParaxisError(f"--timeout-s {self.timeout_s} must be a positive number of "
                                "seconds")
         if self.on_nan not in POLICIES:
-            raise ParaxisError(f"--on-nan {self.on_nan} is unknown; use stop or skip")
+            raise ParaxisError(f"--on-nan {self.on_nan} is unknown; use "
+                               f"{' or '.join(POLICIES)}")
         if self.metrics_file:
             check_writable(Path(self.metrics_file), "--metrics-file")
 

@@ -30,7 +30,6 @@ def test_round_trip(tmp_path):
     assert again == cfg
 
 
-
 def test_round_trip_of_fields_that_default_to_none(tmp_path):
     # float | None and int | None: the type comes from the annotation, not the None default
     cfg = parse("--exit-after", "5", "--peak-tflops", "400")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -73,7 +73,7 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
     return statistics.median(slowest.tolist())
 
 
-def collective_times(ops: list[str], sizes_bytes: list[int], group_sizes: list[int],
+def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: list[int],
                      device: torch.device, dtype: torch.dtype, repeats: int = 5,
                      batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
     """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.

@@ -85,7 +85,7 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> d
     device = _rank_device(device_type)
     world = dist.get_world_size()
     groups = [n for n in range(2, world + 1) if world % n == 0]
-    return collective_times(list(COLLECTIVES), sizes_bytes, groups, device, _dtype(device), repeats)
+    return collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats)
 
 
 def busy_body(seconds: float) -> float:

@@ -13,11 +13,12 @@ posted together with `dist.batch_isend_irecv`, so neither side waits on the othe
 tag (tensor, microbatch, destination virtual stage), so arrival order does not matter.
 
 Receives posted ahead (`recv_ahead`, gloo only). A recv is waited for where the schedule
-puts it, but on gloo its irecv is posted as soon as the previous recv has been waited for:
-the message then lands while this stage computes, instead of starting its transfer only when
-the stage asks for it. Gloo matches messages by tag, so posting early cannot reorder them;
-NCCL matches a pair's messages in the order they were posted and runs them on one stream,
-where an early recv could hold back a send its peer is waiting for, so there it stays 0.
+puts it, but on gloo its irecv is posted one communication point earlier, before that
+point's sends and waits: the message then lands while this stage computes, instead of
+starting its transfer only when the stage asks for it. Gloo matches messages by tag, so
+posting early cannot reorder them; NCCL matches a pair's messages in the order they were
+posted and runs them on one stream, where an early recv could hold back a send its peer is
+waiting for, so there it stays 0.
 
 Every action is recorded in `trace` as {"rank", "stage", "kind", "microbatch", "chunk",
 "start_s", "end_s"} (perf_counter seconds) for the Chrome trace; a recv also has "posted_s",
@@ -52,7 +53,7 @@ class PipelineExecutor:
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
         self.trace: list[dict[str, Any]] = []
-        # How many receives to keep posted beyond the one being waited for (see above).
+        # How many receives beyond the current communication point to post (see above).
         self.recv_ahead = (recv_ahead if recv_ahead is not None
                            else int(dist.is_initialized() and dist.get_backend() == "gloo"))
         # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;

@@ -61,11 +61,11 @@ class Overlap:
 
 
 DEFAULT_OVERLAP = Overlap()
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
 PREDICTION_SHARE = 0.8
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False)
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,6 @@ def find_config(model: nn.Module) -> ModelConfig | None:
     return None
 
 
-
 def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.ProcessGroup | None,
                           sequence_parallel: bool = False,
                           plan: Mapping[str, SplitStyle] = PLAN) -> nn.Module:
