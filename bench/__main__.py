@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     order = list(SUITES)
     results.sort(key=lambda row: order.index(row["suite"]) if row.get("suite") in order else 0)
     sections = {**previous.get("sections", {}), **_run_sections(wanted, args.quick, out)}
-    doc = {"machine": machine(), "quick": args.quick, "rows": results, "sections": sections}
+    # The machine line describes the CPU rows: a GPU-only run (often on another machine)
+    # keeps the line of the run that produced them; its own section names its device.
+    cpu_parts_ran = bool(ran) or bool(wanted & CALIBRATED)
+    host = machine() if cpu_parts_ran or "machine" not in previous else previous["machine"]
+    doc = {"machine": host, "quick": args.quick, "rows": results, "sections": sections}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     out.write_text(render(doc))
     print(f"wrote {out} and {out.with_suffix('.json')}")
