@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import AXES, Layout, expert_groups, grid_groups, grid_index, grid_rank
+from paraxis.layout import AXES, Coords, Layout, expert_groups, grid_groups, grid_index, grid_rank
 from paraxis.model_config import PRESETS
 
 
@@ -46,6 +46,7 @@ def test_grid_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
 
 def test_axes_are_one_ordered_list_outermost_first():
     assert AXES == ("pp", "dp", "cp", "tp")
+    assert Coords._fields == tuple(f"{axis}_rank" for axis in AXES)
     # With cp > 1 (issue 22) the formula in the layout module's docstring holds: cp sits
     # between dp and tp, so a CP group is tp-strided ranks inside one dp replica.
     degrees = {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
