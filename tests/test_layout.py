@@ -144,3 +144,13 @@ def test_layout_module_imports_without_torch():
     code = ("import sys, paraxis.layout, paraxis.model_config; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_build_groups_names_every_axis_group():
+    from paraxis.runtime.distributed import GROUP_AXES, build_groups
+
+    groups = build_groups(Layout())  # a single process: every group is None
+    assert {axis: groups.group(axis) for axis in GROUP_AXES} == dict.fromkeys(GROUP_AXES)
+    assert (groups.dp_rank, groups.tp_rank, groups.pp_rank, groups.cp_rank, groups.ep_rank) \
+        == (0, 0, 0, 0, 0)
+    assert groups.pp_ranks == [0] and groups.is_first_stage and groups.is_last_stage
