@@ -1,25 +1,37 @@
 """The parallel layout: one immutable object shared by the planner, the runtime and the pictures.
 
-A layout says how `world = dp * tp * pp` ranks split the work:
+A layout says how `world = pp * dp * cp * tp` ranks split the work:
 
 - `tp` ranks split every layer's matrices (Megatron tensor parallelism),
-- `pp` ranks split the stack of layers into pipeline stages,
-- `dp` ranks each see a different slice of the batch (with `zero` sharding on top).
+- `cp` ranks split every sequence (context parallelism; K/V travel every layer; issue 22),
+- `dp` ranks each see a different slice of the batch (with `zero` sharding on top),
+- `pp` ranks split the stack of layers into pipeline stages.
 
-Rank order. TP is the fastest-varying axis, then DP, then PP:
+Rank order. The grid is one ordered list of named axes, outermost first (`AXES`):
 
-    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+    pp, dp, cp, tp        rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 
-so a TP group is `tp` neighbouring ranks, which torchrun places on one node, where the fast
-links are (TP talks inside every layer); PP is the slowest axis, so stages may sit on
-different nodes (PP only sends activations at stage boundaries). This module is pure Python:
-`paraxis plan` imports it without torch.
+TP varies fastest, so a TP group is `tp` neighbouring ranks, which torchrun places on one
+node, where the fast links are (TP talks inside every layer). CP comes next (it exchanges K/V
+every layer, less than TP), then DP (once per step), and PP is outermost, so stages may sit
+on different nodes (PP only sends activations at stage boundaries). Coordinates and every
+group (one axis, or several joined by "_", such as "dp_tp") are computed from that list and
+nothing else, so adding an axis is adding a name to `AXES` (and its degree to the Layout).
+
+Expert parallelism (`ep`, issue 23) is not a factor of the world: the `ep` ranks that share
+one expert shard are carved out of the dp x cp ranks of one (pp, tp) position, as Megatron
+does, so turning it on never changes the world size; `ep` must divide `dp * cp`.
+
+This module is pure Python: `paraxis plan` imports it without torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from paraxis.errors import ParaxisError
@@ -29,30 +41,99 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-AXES = ("dp", "tp", "pp")
+AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
+# Axes whose degree > 1 is refused until the issue that implements them lands.
+NOT_YET = {"cp": ("context parallelism", 22), "ep": ("expert parallelism", 23)}
 
 
 class Coords(NamedTuple):
-    """Where one rank sits in the grid."""
+    """Where one rank sits in the grid: its index along every axis, in `AXES` order (a new
+    axis adds its `<name>_rank` field here; tests/test_layout.py checks the two agree)."""
 
-    dp_rank: int
-    tp_rank: int
     pp_rank: int
+    dp_rank: int
+    cp_rank: int
+    tp_rank: int
+
+
+def grid_rank(degrees: Mapping[str, int], index: Mapping[str, int]) -> int:
+    """Coordinates (axis -> index; a missing axis is 0) -> global rank, `AXES` order."""
+    rank = 0
+    for axis in AXES:
+        value, size = index.get(axis, 0), degrees[axis]
+        if not 0 <= value < size:
+            raise ParaxisError(f"{axis}_rank {value} is outside 0..{size - 1}")
+        rank = rank * size + value
+    return rank
+
+
+def grid_index(degrees: Mapping[str, int], rank: int) -> dict[str, int]:
+    """Global rank -> coordinates (axis -> index); the inverse of `grid_rank`."""
+    world = math.prod(degrees[axis] for axis in AXES)
+    if not 0 <= rank < world:
+        raise ParaxisError(f"rank {rank} is outside a world of {world} ranks")
+    index: dict[str, int] = {}
+    for axis in reversed(AXES):  # the innermost axis is the remainder
+        rank, index[axis] = divmod(rank, degrees[axis])
+    return {axis: index[axis] for axis in AXES}
+
+
+def grid_groups(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[list[int]]:
+    """Every group along `axes`: the ranks that agree on all the other axes, each group in
+    rank order, groups ordered by the other axes (outermost first). They partition the world."""
+    unknown = [axis for axis in axes if axis not in AXES]
+    if unknown or not axes:
+        raise ParaxisError(f"unknown axis {'_'.join(axes)!r}; use names among "
+                           f"{', '.join(AXES)}, ep, joined by '_' (e.g. dp_tp)")
+    inside = [axis for axis in AXES if axis in axes]
+    outside = [axis for axis in AXES if axis not in axes]
+
+    def ranks_along(fixed: dict[str, int]) -> list[int]:
+        return [grid_rank(degrees, {**fixed, **dict(zip(inside, moving, strict=True))})
+                for moving in itertools.product(*(range(degrees[a]) for a in inside))]
+
+    return [ranks_along(dict(zip(outside, fixed, strict=True)))
+            for fixed in itertools.product(*(range(degrees[a]) for a in outside))]
+
+
+def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
+    """The expert-parallel groups: each dp x cp group (one (pp, tp) position) cut into
+    consecutive blocks of `ep` ranks, so experts never change the world size."""
+    groups = grid_groups(degrees, ("dp", "cp"))
+    if len(groups[0]) % ep:
+        raise ParaxisError(f"ep={ep} must divide dp*cp = {len(groups[0])}; choose ep among "
+                           f"{_divisors(len(groups[0]))}")
+    return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
 @dataclass(frozen=True)
 class Layout:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
+    """The degrees of every axis plus the options that say how each axis runs."""
+
+    dp: int = field(default=1, metadata={"help": "data-parallel replicas (each sees its own "
+                                                 "slice of the batch)"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel ranks splitting every "
+                                                 "layer's matrices"})
+    pp: int = field(default=1, metadata={"help": "pipeline stages splitting the stack of "
+                                                 "layers"})
+    cp: int = field(default=1, metadata={"help": "context-parallel ranks splitting every "
+                                                 "sequence (1 until issue 22)"})
+    ep: int = field(default=1, metadata={"help": "expert-parallel ranks, carved out of dp*cp "
+                                                 "(1 until issue 23)"})
+    zero: int = field(default=0, metadata={"help": "ZeRO stage over dp: 0 none, 1 optimizer "
+                                                   "state, 2 +gradients, 3 +parameters"})
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
     # with pp == 1 they are gradient-accumulation microsteps (Megatron uses one number for both).
-    microbatches: int = 1
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    recompute: str = "none"
-    sequence_parallel: bool = False
+    microbatches: int = field(default=1, metadata={"help": "microbatches per step per replica "
+                                                           "(pipeline fill or accumulation)"})
+    schedule: str = field(default="1f1b", metadata={"help": "pipeline schedule: "
+                                                            + ", ".join(SCHEDULES)})
+    virtual_stages: int = field(default=1, metadata={"help": "model chunks per pipeline stage "
+                                                             "(interleaved schedule only)"})
+    recompute: str = field(default="none", metadata={"help": "activation recomputation: "
+                                                             + ", ".join(RECOMPUTE)})
+    sequence_parallel: bool = field(default=False, metadata={
+        "help": "shard layer norms and dropout over tp along the sequence (needs tp > 1)"})
 
     def __post_init__(self) -> None:
         self._check_own_rules()
@@ -60,42 +141,36 @@ class Layout:
     # ----------------------------------------------------------------- grid arithmetic
 
     @property
+    def degrees(self) -> dict[str, int]:
+        """Axis -> degree for every axis of the rank grid, in `AXES` order."""
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return math.prod(self.degrees.values())
 
     def coords(self, rank: int) -> Coords:
-        """Global rank -> (dp_rank, tp_rank, pp_rank)."""
-        if not 0 <= rank < self.world_size:
-            raise ParaxisError(f"rank {rank} is outside a world of {self.world_size} ranks")
-        tp_rank = rank % self.tp
-        dp_rank = (rank // self.tp) % self.dp
-        pp_rank = rank // (self.tp * self.dp)
-        return Coords(dp_rank, tp_rank, pp_rank)
+        """Global rank -> its index along every axis."""
+        return Coords(*grid_index(self.degrees, rank).values())
 
-    def rank(self, dp_rank: int, tp_rank: int, pp_rank: int) -> int:
-        """(dp_rank, tp_rank, pp_rank) -> global rank; the inverse of `coords`."""
-        for name, value, size in (("dp", dp_rank, self.dp), ("tp", tp_rank, self.tp),
-                                  ("pp", pp_rank, self.pp)):
-            if not 0 <= value < size:
-                raise ParaxisError(f"{name}_rank {value} is outside 0..{size - 1}")
-        return pp_rank * (self.dp * self.tp) + dp_rank * self.tp + tp_rank
+    def rank(self, **index: int) -> int:
+        """Coordinates by name (`dp_rank=1, tp_rank=0`; a missing axis is 0) -> global rank;
+        the inverse of `coords` (`layout.rank(**coords._asdict())`). Keywords only, so a call
+        never depends on the order of the axes."""
+        by_axis = {name.removesuffix("_rank"): value for name, value in index.items()}
+        unknown = set(by_axis) - set(AXES)
+        if unknown:
+            raise ParaxisError(f"unknown coordinate {', '.join(sorted(unknown))}; use "
+                               f"{', '.join(f'{axis}_rank' for axis in AXES)}")
+        return grid_rank(self.degrees, by_axis)
 
     def groups(self, axis: str) -> list[list[int]]:
-        """Every group along one axis ("dp", "tp", "pp" or "dp_tp"), each sorted by its
-        coordinate on that axis. The groups of one axis partition the world."""
-        if axis == "tp":
-            return [[self.rank(d, t, p) for t in range(self.tp)]
-                    for p in range(self.pp) for d in range(self.dp)]
-        if axis == "dp":
-            return [[self.rank(d, t, p) for d in range(self.dp)]
-                    for p in range(self.pp) for t in range(self.tp)]
-        if axis == "pp":
-            return [[self.rank(d, t, p) for p in range(self.pp)]
-                    for d in range(self.dp) for t in range(self.tp)]
-        if axis == "dp_tp":  # every rank of one pipeline stage (ZeRO over dp x tp, loss sums)
-            return [[self.rank(d, t, p) for d in range(self.dp) for t in range(self.tp)]
-                    for p in range(self.pp)]
-        raise ParaxisError(f"unknown axis {axis!r}; use one of dp, tp, pp, dp_tp")
+        """Every group along one axis ("dp", "tp", "pp", "cp", "ep") or several joined by
+        "_" ("dp_tp": every rank of one pipeline stage, for ZeRO over dp x tp and loss sums).
+        Each group is in rank order; the groups of one axis partition the world."""
+        if axis == "ep":
+            return expert_groups(self.degrees, self.ep)
+        return grid_groups(self.degrees, tuple(axis.split("_")))
 
     def group_of(self, rank: int, axis: str) -> list[int]:
         """The group along `axis` that contains `rank`."""
@@ -112,10 +187,17 @@ class Layout:
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
-        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages"):
+        for name in (*AXES, "ep", "microbatches", "virtual_stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
+        if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
+            raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
+                               f"ep among {_divisors(self.dp * self.cp)}")
+        for name, (what, issue) in NOT_YET.items():
+            if getattr(self, name) > 1:
+                raise ParaxisError(f"layout {name}={getattr(self, name)}: {what} is not "
+                                   f"implemented yet (issue {issue} adds it); use {name}=1")
         if self.zero not in (0, 1, 2, 3):
             raise ParaxisError(f"layout zero={self.zero!r} must be one of 0, 1, 2, 3")
         if self.schedule not in SCHEDULES:
@@ -148,9 +230,12 @@ class Layout:
         Raises `ParaxisError` with a one-line message naming the rule broken and a fix.
         """
         if world_size is not None and world_size != self.world_size:
+            # The grid's degrees in the order __str__ prints them (cp only once it is on).
+            shown = [axis for axis in ("dp", "cp", "tp", "pp") if axis != "cp" or self.cp > 1]
             raise ParaxisError(
-                f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp} = {self.world_size} but the world "
-                f"has {world_size} ranks; choose degrees whose product is {world_size}")
+                f"{'*'.join(shown)} = {'*'.join(str(getattr(self, a)) for a in shown)} = "
+                f"{self.world_size} but the world has {world_size} ranks; choose degrees "
+                f"whose product is {world_size}")
         if model is not None:
             self._check_model(model)
         if global_batch is not None:
@@ -216,7 +301,9 @@ class Layout:
         return cls(**values)
 
     def __str__(self) -> str:
-        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"zero={self.zero}"]
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        parts += [f"{axis}={getattr(self, axis)}" for axis in NOT_YET if getattr(self, axis) > 1]
+        parts.append(f"zero={self.zero}")
         if self.pp > 1 or self.microbatches > 1:
             parts.append(f"microbatches={self.microbatches}")
         if self.pp > 1:

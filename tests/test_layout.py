@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
+from paraxis.layout import AXES, Coords, Layout, expert_groups, grid_groups, grid_index, grid_rank
 from paraxis.model_config import PRESETS
 
 
 def test_rank_order_tp_fastest_then_dp_then_pp():
     layout = Layout(dp=2, tp=2, pp=2)
-    assert [tuple(layout.coords(r)) for r in range(8)] == [
+    assert [(c.dp_rank, c.tp_rank, c.pp_rank) for c in map(layout.coords, range(8))] == [
         (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0),
         (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
     assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -31,7 +31,7 @@ def test_grid_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
     world = dp * tp * pp
     coords = [layout.coords(r) for r in range(world)]
     assert len(set(coords)) == world
-    assert all(layout.rank(*c) == r for r, c in enumerate(coords))
+    assert all(layout.rank(**c._asdict()) == r for r, c in enumerate(coords))
     for axis, size in (("dp", dp), ("tp", tp), ("pp", pp), ("dp_tp", dp * tp)):
         groups = layout.groups(axis)
         assert sorted(r for g in groups for r in g) == list(range(world))
@@ -42,6 +42,49 @@ def test_grid_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
         c = layout.coords(rank)
         assert all(layout.coords(r).dp_rank == c.dp_rank and layout.coords(r).pp_rank ==
                    c.pp_rank for r in layout.group_of(rank, "tp"))
+
+
+def test_axes_are_one_ordered_list_outermost_first():
+    assert AXES == ("pp", "dp", "cp", "tp")
+    assert Coords._fields == tuple(f"{axis}_rank" for axis in AXES)
+    # With cp > 1 (issue 22) the formula in the layout module's docstring holds: cp sits
+    # between dp and tp, so a CP group is tp-strided ranks inside one dp replica.
+    degrees = {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
+    for rank in range(16):
+        i = grid_index(degrees, rank)
+        assert rank == ((i["pp"] * 2 + i["dp"]) * 2 + i["cp"]) * 2 + i["tp"]
+        assert grid_rank(degrees, i) == rank
+    assert grid_groups(degrees, ("cp",))[:2] == [[0, 2], [1, 3]]
+    assert grid_groups(degrees, ("tp",))[:2] == [[0, 1], [2, 3]]
+    assert grid_groups(degrees, ("dp", "cp"))[:2] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_expert_groups_are_carved_out_of_dp_x_cp():
+    degrees = {"pp": 1, "dp": 4, "cp": 1, "tp": 2}
+    assert expert_groups(degrees, 2) == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert expert_groups(degrees, 1) == [[r] for r in (0, 2, 4, 6, 1, 3, 5, 7)]
+    assert Layout(dp=4, tp=2).groups("ep") == expert_groups(degrees, 1)
+    with pytest.raises(ParaxisError, match="must divide dp"):
+        expert_groups(degrees, 3)
+
+
+@pytest.mark.parametrize("axis,issue", [("cp", 22), ("ep", 23)])
+def test_axes_not_implemented_yet_are_refused_naming_their_issue(axis, issue):
+    with pytest.raises(ParaxisError, match=f"not implemented yet \\(issue {issue}") as error:
+        Layout(dp=2, **{axis: 2})
+    assert "\n" not in str(error.value)
+
+
+def test_old_layout_dicts_load_and_every_field_has_help():
+    old = {"dp": 2, "tp": 1, "pp": 2, "zero": 1, "microbatches": 4, "schedule": "1f1b",
+           "virtual_stages": 1, "recompute": "none", "sequence_parallel": False}
+    assert Layout(**old) == Layout(dp=2, pp=2, zero=1, microbatches=4)
+    assert Layout(**old).to_dict() == {**old, "cp": 1, "ep": 1}
+    assert str(Layout(**old)) == "dp=2,tp=1,pp=2,zero=1,microbatches=4,schedule=1f1b"
+    import dataclasses
+
+    for f in dataclasses.fields(Layout):
+        assert f.metadata["help"] and "\n" not in f.metadata["help"], f.name
 
 
 def test_valid_layouts_pass():
@@ -101,3 +144,13 @@ def test_layout_module_imports_without_torch():
     code = ("import sys, paraxis.layout, paraxis.model_config; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_build_groups_names_every_axis_group():
+    from paraxis.runtime.distributed import GROUP_AXES, build_groups
+
+    groups = build_groups(Layout())  # a single process: every group is None
+    assert {axis: groups.group(axis) for axis in GROUP_AXES} == dict.fromkeys(GROUP_AXES)
+    assert (groups.dp_rank, groups.tp_rank, groups.pp_rank, groups.cp_rank, groups.ep_rank) \
+        == (0, 0, 0, 0, 0)
+    assert groups.pp_ranks == [0] and groups.is_first_stage and groups.is_last_stage

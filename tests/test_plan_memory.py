@@ -111,3 +111,19 @@ def test_layout_memory_by_stage() -> None:
     assert gpipe["stage"] == 3
     assert gpipe["activations"] == pytest.approx(2 * four["activations"] + 4 * 4096 * 32000 / 8,
                                                  rel=1e-6)
+
+
+def test_the_planner_prices_the_runtimes_own_stage_partition():
+    from paraxis.pipeline_parallel.partition import partition_layers
+    from paraxis.plan.memory import stage_layers, stage_params
+
+    # gpt2-124m (12 blocks, a heavy head) over 5 stages: the FLOP-balanced split is uneven and
+    # not the even split's [3, 3, 2, 2, 2].
+    cfg = PRESETS["gpt2-124m"]
+    for pp, virtual in ((5, 1), (3, 1), (2, 3)):
+        runtime = partition_layers(cfg, pp, virtual, seq_len=1024)
+        expected = [sum(len(runtime.blocks_of(s, c)) for c in range(virtual)) for s in range(pp)]
+        assert stage_layers(cfg, pp, virtual, seq_len=1024) == expected
+    counts = stage_layers(cfg, 5, seq_len=1024)
+    assert counts != [3, 3, 2, 2, 2] and sum(counts) == 12
+    assert stage_params(cfg, 5, seq_len=1024)[1] == counts[1] * cfg.layer_params()

@@ -87,7 +87,7 @@ def test_rank_grid_roles_are_the_layouts_coordinates():
     layout = Layout(dp=2, tp=4, pp=2)
     roles = rank_roles(layout, gpus_per_node=8)
     assert [(r["dp"], r["tp"], r["pp"]) for r in roles] == \
-        [tuple(layout.coords(r)) for r in range(16)]
+        [(c.dp_rank, c.tp_rank, c.pp_rank) for c in map(layout.coords, range(16))]
     assert [r["node"] for r in roles] == [r // 8 for r in range(16)]
     assert_readable(plot_rank_grid(layout, 8))
     assert_readable(plot_rank_grid(Layout(dp=64, tp=8, pp=1), 8))  # unlabelled, large

@@ -107,7 +107,7 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
                 full = full_of(kind, name)
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):
-                    rank = layout.rank(0, tp_rank, stage)
+                    rank = layout.rank(tp_rank=tp_rank, pp_rank=stage)
                     piece = Entry(kind, name, part.contiguous(), tuple(full.shape), dim,
                                   tp_rank, count, 0, part.numel(), owner=True)
                     per_rank.setdefault(rank, {})[piece.key] = piece.tensor

@@ -13,6 +13,7 @@ so ZeRO with dp=1 runs the same code path without a process group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,12 @@ class FlatUnit:
         return flat
 
 
+class Pending(Protocol):
+    """A collective in flight: a `dist.Work`, or `_Done` when there was nothing to do."""
+
+    def wait(self) -> bool: ...
+
+
 class _Done:
     """A finished work handle for collectives that had nothing to do (dp = 1)."""
 
@@ -81,28 +88,29 @@ class _Done:
         return True
 
 
-def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None):  # noqa: ANN201
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
     if group is None:
         return _Done()
-    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return cast(Pending, dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group,
+                                         async_op=True))
 
 
 def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
-                       group: dist.ProcessGroup | None):  # noqa: ANN201
+                       group: dist.ProcessGroup | None) -> Pending:
     if group is None:
         shard.copy_(full)
         return _Done()
-    return dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM, group=group,
-                                      async_op=True)
+    return cast(Pending, dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM,
+                                                    group=group, async_op=True))
 
 
 def all_gather(full: torch.Tensor, shard: torch.Tensor,
-               group: dist.ProcessGroup | None):  # noqa: ANN201
+               group: dist.ProcessGroup | None) -> Pending:
     if group is None:
         if full.data_ptr() != shard.data_ptr():
             full.copy_(shard)
         return _Done()
-    return dist.all_gather_single(full, shard, group=group, async_op=True)
+    return cast(Pending, dist.all_gather_single(full, shard, group=group, async_op=True))
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:

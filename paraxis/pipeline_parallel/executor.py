@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +39,29 @@ from torch import nn
 
 from paraxis.runtime.watchdog import WATCH
 from paraxis.schedules import Action, Schedule
+
+
+@dataclass
+class _Step:
+    """Everything one `run` carries from action to action (a fresh one per step)."""
+
+    inputs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    shape: tuple[int, ...]  # of the tensor crossing a stage boundary
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    loss_total: torch.Tensor  # the last stage's sum of loss / M
+    # (microbatch, chunk) -> the chunk's input (its .grad is the gradient to send back) and
+    # output (kept for the backward)
+    stage_inputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    stage_outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    received: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
+    local_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    input_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step ends
+    pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = field(default_factory=list)
+    # receives posted ahead: action position -> (work, buffer, perf_counter time of posting)
+    posted: dict[int, tuple[dist.Work, torch.Tensor, float]] = field(default_factory=dict)
 
 
 class PipelineExecutor:
@@ -52,6 +76,11 @@ class PipelineExecutor:
         self.dtype = dtype
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
+        # receives in schedule order, and this stage's final backward (a forward-only,
+        # evaluation schedule has none), where data parallelism syncs
+        self.recv_positions = [i for i, a in enumerate(self.actions) if a.kind == "recv"]
+        self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
+                                 default=-1)
         self.trace: list[dict[str, Any]] = []
         # How many receives beyond the current communication point to post (see above).
         self.recv_ahead = (recv_ahead if recv_ahead is not None
@@ -73,25 +102,10 @@ class PipelineExecutor:
         backward_context(is_last): wraps each backward; is_last is True for this stage's
         final backward (data parallelism syncs there, as `LocalEngine.no_sync` does).
         """
-        count = len(inputs)
         device = inputs[0].device
-        shape = self.boundary_shape(inputs[0].shape)
-        stage_inputs: dict[tuple[int, int], torch.Tensor] = {}
-        stage_outputs: dict[tuple[int, int], torch.Tensor] = {}
-        received: dict[tuple[str, int, int], torch.Tensor] = {}  # tensor, microbatch, chunk
-        local_grads: dict[tuple[int, int], torch.Tensor] = {}  # chunk -> chunk on one stage
-        input_grads: dict[tuple[int, int], torch.Tensor] = {}  # waiting for their send
-        # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step
-        # ends
-        pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = []
-        # receives in schedule order, and the ones posted ahead:
-        # position -> (work, buffer, perf_counter time of posting)
-        recv_positions = [i for i, a in enumerate(self.actions) if a.kind == "recv"]
-        posted: dict[int, tuple[dist.Work, torch.Tensor, float]] = {}
-        self._post_ahead(0, recv_positions, posted, shape, device)
-        loss_total = torch.zeros((), device=device)
-        last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
-                            default=-1)  # a forward-only (evaluation) schedule has none
+        step = _Step(inputs, targets, self.boundary_shape(inputs[0].shape), device,
+                     autocast_dtype, torch.zeros((), device=device))
+        self._post_ahead(0, step)
         position = 0
         while position < len(self.actions):
             action = self.actions[position]
@@ -103,80 +117,91 @@ class PipelineExecutor:
                     position += 1
                 # The receives after this batch go out before its sends: on gloo a recv posted
                 # behind an isend to the same peer can wait until that send has drained.
-                self._post_ahead(position, recv_positions, posted, shape, device)
-                self._communicate(batch, shape, device, stage_outputs, input_grads, received,
-                                  pending_sends, posted)
+                self._post_ahead(position, step)
+                self._communicate(batch, step)
                 continue
             started = time.perf_counter()
-            key = (action.microbatch, action.chunk)
-            here = self.schedule.virtual_stage(self.stage, action.chunk)
-            module = self.chunks[action.chunk]
             if action.kind == "F":
-                if here == 0:
-                    x = inputs[action.microbatch]
-                elif ("act", *key) in received:
-                    x = received.pop(("act", *key)).requires_grad_()
-                else:  # the previous chunk ran on this same stage (one-stage interleaving)
-                    x = stage_outputs[(action.microbatch, action.chunk - 1)].detach()
-                    x.requires_grad_()
-                stage_inputs[key] = x
-                with _autocast(device, autocast_dtype):
-                    out = module(x)
-                    if here == self.last_virtual:
-                        out = module.loss_fn(out, targets[action.microbatch]) / count
-                        loss_total += out.detach()
-                stage_outputs[key] = out
+                self._forward(action, step)
             else:
-                out = stage_outputs.pop(key)
-                context = (backward_context(position == last_backward) if backward_context
-                           else contextlib.nullcontext())
+                context = (backward_context(position == self.last_backward)
+                           if backward_context else contextlib.nullcontext())
                 with context:
-                    if here == self.last_virtual:
-                        out.backward()
-                    else:
-                        grad = received.pop(("grad", *key), None)
-                        if grad is None:
-                            grad = local_grads.pop(key)
-                        torch.autograd.backward(out, grad)
-                x = stage_inputs.pop(key)
-                if here > 0 and self.schedule.place(here - 1)[0] == self.stage:
-                    local_grads[(action.microbatch, action.chunk - 1)] = x.grad
-                elif here > 0:
-                    input_grads[key] = x.grad
+                    self._backward(action, step)
             self._record(action, started)
             position += 1
-        for work, _, peer in pending_sends:
+        for work, _, peer in step.pending_sends:
             with WATCH.waiting("send", peer=peer, axis="pp"):
                 work.wait()
-        return loss_total
+        return step.loss_total
 
-    def _communicate(self, batch: list[int], shape: tuple[int, ...], device: torch.device,
-                     stage_outputs: dict, input_grads: dict, received: dict,
-                     pending_sends: list, posted: dict) -> None:
+    def _forward(self, action: Action, step: _Step) -> None:
+        """Forward of (microbatch, chunk); the last virtual stage adds its loss / M."""
+        key = (action.microbatch, action.chunk)
+        here = self.schedule.virtual_stage(self.stage, action.chunk)
+        module = self.chunks[action.chunk]
+        if here == 0:
+            x = step.inputs[action.microbatch]
+        elif ("act", *key) in step.received:
+            x = step.received.pop(("act", *key)).requires_grad_()
+        else:  # the previous chunk ran on this same stage (one-stage interleaving)
+            x = step.stage_outputs[(action.microbatch, action.chunk - 1)].detach()
+            x.requires_grad_()
+        step.stage_inputs[key] = x
+        with _autocast(step.device, step.autocast_dtype):
+            out = module(x)
+            if here == self.last_virtual:
+                out = module.loss_fn(out, step.targets[action.microbatch]) / len(step.inputs)
+                step.loss_total += out.detach()
+        step.stage_outputs[key] = out
+
+    def _backward(self, action: Action, step: _Step) -> None:
+        """Backward of (microbatch, chunk); its input gradient goes to the previous chunk
+        (kept here when that chunk is on this stage, else queued for its send)."""
+        key = (action.microbatch, action.chunk)
+        here = self.schedule.virtual_stage(self.stage, action.chunk)
+        out = step.stage_outputs.pop(key)
+        if here == self.last_virtual:
+            out.backward()
+        else:
+            grad = step.received.pop(("grad", *key), None)
+            if grad is None:
+                grad = step.local_grads.pop(key)
+            torch.autograd.backward(out, grad)
+        x = step.stage_inputs.pop(key)
+        if here > 0 and self.schedule.place(here - 1)[0] == self.stage:
+            step.local_grads[(action.microbatch, action.chunk - 1)] = x.grad
+        elif here > 0:
+            step.input_grads[key] = x.grad
+
+    def _communicate(self, batch: list[int], step: _Step) -> None:
+        """Post one run of consecutive send/recv actions together, wait for its receives."""
         started = time.perf_counter()
-        ops, recvs = [], []  # recvs: (position, work index or posted work, buffer, posted_s)
+        ops: list[dist.P2POp] = []
+        # (position, index into ops or a work posted ahead, buffer, posted_s)
+        recvs: list[tuple[int, int | dist.Work, torch.Tensor, float]] = []
         for position in batch:
             action = self.actions[position]
-            if position in posted:  # posted ahead: only its wait is left
-                recvs.append((position, *posted.pop(position)))
+            if position in step.posted:  # posted ahead: only its wait is left
+                recvs.append((position, *step.posted.pop(position)))
                 continue
             peer = self.stage_ranks[action.peer]
             tag = self.schedule.message_tag(action)
             key = (action.microbatch, action.chunk)
             if action.kind == "send":
                 if action.tensor == "act":
-                    tensor = stage_outputs[key].detach()
+                    tensor = step.stage_outputs[key].detach()
                 else:
-                    tensor = input_grads.pop(key)
+                    tensor = step.input_grads.pop(key)
                 ops.append(dist.P2POp(dist.isend, tensor.contiguous(), peer, tag=tag))
             else:
-                buffer = torch.empty(shape, dtype=self.dtype, device=device)
+                buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
                 recvs.append((position, len(ops) - 1, buffer, started))
         works = dist.batch_isend_irecv(ops) if ops else []
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
-                pending_sends.append((work, op.tensor, op.peer))
+                step.pending_sends.append((work, op.tensor, op.peer))
         posted_at = {}
         for position, work, buffer, posted_s in recvs:
             action = self.actions[position]
@@ -184,23 +209,22 @@ class PipelineExecutor:
                 work = works[work]
             with WATCH.waiting("recv", peer=self.stage_ranks[action.peer], axis="pp"):
                 work.wait()
-            received[(action.tensor, action.microbatch, action.chunk)] = buffer
+            step.received[(action.tensor, action.microbatch, action.chunk)] = buffer
             posted_at[position] = posted_s
         for position in batch:
             self._record(self.actions[position], started, posted_at.get(position))
 
-    def _post_ahead(self, position: int, recv_positions: list[int], posted: dict,
-                    shape: tuple[int, ...], device: torch.device) -> None:
+    def _post_ahead(self, position: int, step: _Step) -> None:
         """Post the irecvs of the next `recv_ahead` receives after `position`."""
-        upcoming = [i for i in recv_positions if i >= position][:self.recv_ahead]
+        upcoming = [i for i in self.recv_positions if i >= position][:self.recv_ahead]
         for index in upcoming:
-            if index in posted:
+            if index in step.posted:
                 continue
             action = self.actions[index]
-            buffer = torch.empty(shape, dtype=self.dtype, device=device)
+            buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
             work = dist.irecv(buffer, self.stage_ranks[action.peer],
                               tag=self.schedule.message_tag(action))
-            posted[index] = (work, buffer, time.perf_counter())
+            step.posted[index] = (work, buffer, time.perf_counter())
 
     def _record(self, action: Action, started: float, posted_s: float | None = None) -> None:
         event = {"rank": self.rank, "stage": self.stage, "kind": action.kind,
@@ -211,7 +235,8 @@ class PipelineExecutor:
         self.trace.append(event)
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):  # noqa: ANN202
+def _autocast(device: torch.device, dtype: torch.dtype | None
+              ) -> contextlib.AbstractContextManager[object]:
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)

@@ -84,11 +84,7 @@ def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) ->
 def group_ranks(layout: Layout, axis: str) -> list[int]:
     """The ranks of rank 0's group along `axis`, from the Layout's rank grid (all groups of an
     axis have the same shape, so one stands for all)."""
-    if axis == "tp":
-        return [layout.rank(0, t, 0) for t in range(layout.tp)]
-    if axis == "dp":
-        return [layout.rank(d, 0, 0) for d in range(layout.dp)]
-    return [layout.rank(0, 0, p) for p in range(layout.pp)]
+    return layout.group_of(0, axis)
 
 
 def _nearest(keys: list[str], want: int) -> str:

@@ -203,14 +203,23 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
     tokens_per_microbatch = micro_batch * seq_len
 
-    # The busiest stage per microbatch: its layers, plus the LM head and loss on the last.
-    layers = max(stage_layers(cfg.n_layers, layout.pp))
+    # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
+    # plus the LM head and loss if it is the last stage.
+    counts = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len)
     layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
     head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
-    t_forward = layers * layer["forward"] + head["forward"]
-    t_backward = layers * layer["backward"] + head["backward"]
-    t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + head["tp"]
-    t_tp_total = layers * layer["tp_total"] + head["tp_total"]
+
+    def stage_compute(stage: int) -> float:
+        has_head = stage == layout.pp - 1
+        return counts[stage] * (layer["forward"] + layer["backward"]) + has_head * (
+            head["forward"] + head["backward"])
+
+    busiest = max(range(layout.pp), key=stage_compute)
+    layers, has_head = counts[busiest], busiest == layout.pp - 1
+    t_forward = layers * layer["forward"] + has_head * head["forward"]
+    t_backward = layers * layer["backward"] + has_head * head["backward"]
+    t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + has_head * head["tp"]
+    t_tp_total = layers * layer["tp_total"] + has_head * head["tp_total"]
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -238,9 +247,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         pipeline = max(busy, whole_core / (1 - figures.bubble_fraction))
 
     dp_link = axis_link(layout, "dp", cluster)
-    stage_param_count = max(stage_params(cfg, layout.pp)) / layout.tp
+    stage_param_count = max(stage_params(cfg, layout.pp, layout.virtual_stages,
+                                         seq_len)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
-                        precision.grad_bytes, precision.param_bytes, layers)
+                        precision.grad_bytes, precision.param_bytes, max(counts))
     if overlap.dp:
         # ZeRO-3 prefetches behind all compute; ZeRO-2's per-microbatch reduce-scatter behind
         # every backward; ZeRO-0/1's single all-reduce behind the last backward only.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
@@ -11,6 +12,7 @@ from paraxis.plan.activations import (
     logits_bytes,
 )
 from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.partition import Partition, partition_layers
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
 
 if TYPE_CHECKING:
@@ -61,17 +63,26 @@ RESERVED_BYTES = 2e9
 COMM_BUCKET_BYTES = 25e6
 
 
-def stage_layers(n_layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage: as even as possible, the first stages take the remainder."""
-    base, extra = divmod(n_layers, pp)
-    return [base + (1 if stage < extra else 0) for stage in range(pp)]
+@functools.lru_cache(maxsize=4096)
+def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None) -> Partition:
+    return partition_layers(cfg, pp, virtual, seq_len=seq_len)  # a layout search asks often
 
 
-def stage_params(cfg: ModelConfig, pp: int) -> list[int]:
+def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
+                 seq_len: int | None = None) -> list[int]:
+    """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
+    with the head's cost on the last stage (`plan/partition.py`), so uneven counts happen."""
+    partition = _partition(cfg, pp, virtual, seq_len)
+    return [sum(len(partition.blocks_of(stage, chunk)) for chunk in range(virtual))
+            for stage in range(pp)]
+
+
+def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
+                 seq_len: int | None = None) -> list[int]:
     """Parameters each stage holds before TP: blocks, plus the embedding on the first stage
     and final norm + LM head on the last (Narayanan et al. 2021 Sec. 3.2). A tied head is a
     second copy of the embedding on the last stage when pp > 1 (Megatron's word embeddings)."""
-    counts = [layers * cfg.layer_params() for layers in stage_layers(cfg.n_layers, pp)]
+    counts = [layers * cfg.layer_params() for layers in stage_layers(cfg, pp, virtual, seq_len)]
     counts[0] += cfg.embedding_params()
     counts[-1] += cfg.head_params()
     if cfg.tied_embeddings and pp > 1:
@@ -87,12 +98,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     """
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
-    layers = stage_layers(cfg.n_layers, layout.pp)
+    layers = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len)
     worst: dict[str, float] = {}
-    params_by_stage = stage_params(cfg, layout.pp)
-    # Stage 0 holds the most layers, the most in-flight microbatches and the embedding, so no
-    # middle stage can exceed it; the last stage adds the head and logits. Those two suffice.
-    for stage in sorted({0, layout.pp - 1}):
+    params_by_stage = stage_params(cfg, layout.pp, layout.virtual_stages, seq_len)
+    # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
+    # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
+    for stage in range(layout.pp):
         params = params_by_stage[stage]
         local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
         states = model_state_bytes(round(local), layout.dp, layout.zero, precision)

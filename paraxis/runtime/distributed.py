@@ -1,8 +1,9 @@
 """Process start-up and process groups, all derived from the Layout.
 
-Nothing else in paraxis computes a rank by hand: the dp, tp, pp (and dp x tp) groups and the
-pipeline neighbours of this rank come from `build_groups(layout)`, which asks the layout for
-its groups. Device from the local rank, backend from the device: NCCL on CUDA, gloo on CPU.
+Nothing else in paraxis computes a rank by hand: every group (one per name in `GROUP_AXES`)
+and the pipeline neighbours of this rank come from `build_groups(layout)`, which asks the
+layout for the groups of each name. Device from the local rank, backend from the device:
+NCCL on CUDA, gloo on CPU.
 
 Every group carries the run's collective timeout: `new_group` does not inherit the default
 group's (it falls back to the backend's 30 minutes), so it is passed explicitly.
@@ -99,6 +100,12 @@ def shutdown_distributed(clean: bool = True) -> None:
         dist.destroy_process_group()
 
 
+# Every group build_groups creates, by name (`Layout.groups` reads the name): the axes of the
+# grid, experts, and "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums).
+# A new axis is one more name here and one `<name>_group` field below.
+GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep")
+
+
 @dataclass
 class ParallelGroups:
     """This rank's place in the layout and the groups it belongs to.
@@ -115,6 +122,12 @@ class ParallelGroups:
     pp_group: dist.ProcessGroup | None
     dp_tp_group: dist.ProcessGroup | None
     pp_ranks: list[int]  # global ranks of this rank's pipeline, stage 0 first
+    cp_group: dist.ProcessGroup | None = None  # context parallelism (issue 22)
+    ep_group: dist.ProcessGroup | None = None  # expert parallelism (issue 23), inside dp x cp
+
+    def group(self, axis: str) -> dist.ProcessGroup | None:
+        """The handle of one of `GROUP_AXES` by name."""
+        return getattr(self, f"{axis}_group")
 
     @property
     def dp_rank(self) -> int:
@@ -127,6 +140,15 @@ class ParallelGroups:
     @property
     def pp_rank(self) -> int:
         return self.coords.pp_rank
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coords.cp_rank
+
+    @property
+    def ep_rank(self) -> int:
+        """Index in the expert-parallel group (not a grid coordinate: ep lives in dp x cp)."""
+        return self.layout.group_of(self.rank, "ep").index(self.rank)
 
     @property
     def is_first_stage(self) -> bool:
@@ -146,14 +168,14 @@ class ParallelGroups:
 
 
 def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
-    """Create every group of the layout (collectively: all ranks must call this) and return
+    """Create every group of `GROUP_AXES` (collectively: all ranks must call this) and return
     the ones that contain this rank."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     layout.validate(world_size=world)
     rank = dist.get_rank() if dist.is_initialized() and rank is None else (rank or 0)
     mine: dict[str, dist.ProcessGroup | None] = {}
-    for axis in ("dp", "tp", "pp", "dp_tp"):
-        mine[axis] = None
+    for axis in GROUP_AXES:
+        mine[f"{axis}_group"] = None
         for ranks in layout.groups(axis):
             if len(ranks) == 1 or world == 1:
                 continue
@@ -162,6 +184,6 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
             group = dist.new_group(ranks, timeout=collective_timeout())
             name_group(group, axis)
             if rank in ranks:
-                mine[axis] = group
-    return ParallelGroups(layout, rank, layout.coords(rank), mine["dp"], mine["tp"], mine["pp"],
-                          mine["dp_tp"], layout.group_of(rank, "pp"))
+                mine[f"{axis}_group"] = group
+    return ParallelGroups(layout=layout, rank=rank, coords=layout.coords(rank),
+                          pp_ranks=layout.group_of(rank, "pp"), **mine)

@@ -21,6 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from paraxis.errors import ParaxisError
@@ -54,7 +55,7 @@ class Fault:
                 self._hooks.append(module.register_forward_hook(_poison))
 
 
-def _poison(module: nn.Module, args: object, output):  # noqa: ANN001, ANN202 - a tensor
+def _poison(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
     return output * math.nan
 
 

@@ -27,10 +27,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from paraxis.errors import RunFailed
 from paraxis.runtime.distributed import restart_attempt
 from paraxis.runtime.watchdog import WATCH, ranks_text
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 # One key per rank and launch attempt: a restarted job must not read the last attempt's beats.
 KEY = "paraxis/heartbeat/{attempt}/{rank}"
@@ -145,7 +149,7 @@ def describe_stall(stalled: list[tuple[int, dict]]) -> str:
     return f"paraxis: stalled{at_step}: " + "; ".join(parts)
 
 
-def _connect_store(timeout_s: float):  # noqa: ANN202 - a torch TCPStore or None
+def _connect_store(timeout_s: float) -> TCPStore | None:
     """A client of the job's rendezvous store, or None when there is none to reach."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import FunctionCtx
 
 from paraxis.errors import ParaxisError
 from paraxis.runtime.watchdog import WATCH
@@ -84,57 +85,57 @@ def _sequence_chunk(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, purpose: str  # noqa: ANN001
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup, purpose: str
                 ) -> torch.Tensor:
         ctx.group, ctx.purpose = group, purpose
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _all_reduce(grad, ctx.group, "backward", ctx.purpose), None, None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         return _all_reduce(x.clone(), group, "forward")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
 class _GatherFromSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         return _all_gather_seq(x, group, "forward")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         # Every rank's consumers saw the whole sequence: their gradients are partial sums.
         return _reduce_scatter_seq(grad, ctx.group, "backward"), None
 
 
 class _ReduceScatterToSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         return _reduce_scatter_seq(x, group, "forward")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _all_gather_seq(grad, ctx.group, "backward"), None
 
 
 class _ScatterToSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         return _sequence_chunk(x, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _all_gather_seq(grad, ctx.group, "backward"), None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.function import FunctionCtx
 
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
@@ -35,7 +36,7 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor,  # noqa: ANN001
+    def forward(ctx: FunctionCtx, logits: torch.Tensor, targets: torch.Tensor,
                 group: dist.ProcessGroup | None) -> torch.Tensor:
         rank = 0 if group is None else dist.get_rank(group)
         shard_width = logits.shape[-1]
@@ -64,7 +65,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (sum_exp.log() - target_logit).mean()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         probs, local, elsewhere = ctx.saved_tensors
         grad_logits = probs.clone()
         rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)

@@ -39,10 +39,14 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8) -> Figure:
     labelled = layout.world_size <= MAX_LABELLED_RANKS
     small = cell_w < 0.8 or cell_h < 0.5
     nodes = -(-layout.world_size // gpus_per_node)
+
+    def rank_at(d: int, t: int, p: int) -> int:
+        return layout.rank(dp_rank=d, tp_rank=t, pp_rank=p)
+
     for p, ax in enumerate(axes[:, 0]):
         for d in range(dp):
             for t in range(tp):
-                rank = layout.rank(d, t, p)
+                rank = rank_at(d, t, p)
                 node = node_of(rank, gpus_per_node)
                 ax.add_patch(Rectangle((d, t), 1, 1, facecolor=_NODE_SHADES[node % 2],
                                        edgecolor="#555555", linewidth=0.6))
@@ -53,9 +57,9 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8) -> Figure:
                         ax.text(d + 0.5, t + 0.72, f"dp{d} tp{t} pp{p} · node {node}",
                                 ha="center", va="center", fontsize=6, color="#333333")
                 # Node boundaries: a thick line between neighbouring cells on other nodes.
-                if d + 1 < dp and node_of(layout.rank(d + 1, t, p), gpus_per_node) != node:
+                if d + 1 < dp and node_of(rank_at(d + 1, t, p), gpus_per_node) != node:
                     ax.plot([d + 1, d + 1], [t, t + 1], color="black", linewidth=2.5)
-                if t + 1 < tp and node_of(layout.rank(d, t + 1, p), gpus_per_node) != node:
+                if t + 1 < tp and node_of(rank_at(d, t + 1, p), gpus_per_node) != node:
                     ax.plot([d, d + 1], [t + 1, t + 1], color="black", linewidth=2.5)
         ax.set_xlim(0, dp)
         ax.set_ylim(tp, 0)
