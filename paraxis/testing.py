@@ -63,6 +63,115 @@ class RankFailed(AssertionError):
     """A rank raised; the message carries its traceback."""
 
 
+LayoutLike = Layout | str | int
+"""A layout, its text ("dp=2,tp=2"), or a world size n (the layout dp=n)."""
+
+T = TypeVar("T")
+
+
+def as_layout(layout: LayoutLike) -> Layout:
+    """The `Layout` a test names: itself, parsed from text, or dp=n for a world size n."""
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, str):
+        return Layout.parse(layout)
+    return Layout(dp=layout)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a test body gets on its rank: who it is, the layout, and that layout's groups
+    (`groups.dp_rank`, `groups.tp_group`, `groups.next_stage_rank`, ...), already built."""
+
+    rank: int
+    world_size: int
+    layout: Layout
+    groups: ParallelGroups
+
+    def with_layout(self, layout: LayoutLike) -> RankContext:
+        """The same ranks under another layout of this world, with its groups created now.
+        Creating groups is collective: every rank calls this, in the same order."""
+        return _context(layout)
+
+
+def _context(layout: LayoutLike) -> RankContext:
+    layout = as_layout(layout)
+    return RankContext(dist.get_rank(), dist.get_world_size(), layout, build_groups(layout))
+
+
+def _each_layout(body: Callable[..., Any], layouts: list[Layout], *args: Any,
+                 **kwargs: Any) -> list[Any]:
+    """On one rank: the body once per layout, each time with that layout's fresh groups."""
+    results = []
+    for layout in layouts:
+        try:
+            results.append(body(_context(layout), *args, **kwargs))
+        except BaseException as error:
+            error.add_note(f"(while running layout {layout})")
+            raise
+    return results
+
+
+@overload
+def run_on_ranks(layouts: LayoutLike, body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[T]: ...
+
+
+@overload
+def run_on_ranks(layouts: list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[list[T]]: ...
+
+
+def run_on_ranks(layouts: LayoutLike | list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = 180.0, device: str = "cpu",
+                 **kwargs: Any) -> list[T] | list[list[T]]:
+    """Run `body(ctx, *args, **kwargs)` on the ranks of `layouts` (one launch) and return
+    what it returned: by rank for one layout, by layout then by rank for a list of them."""
+    __tracebackhide__ = True
+    several = isinstance(layouts, list)
+    wanted = [as_layout(layout) for layout in (layouts if several else [layouts])]
+    world_size = wanted[0].world_size
+    if any(layout.world_size != world_size for layout in wanted):
+        raise ValueError("the layouts of one launch must have one world size; got "
+                         + ", ".join(f"{layout} ({layout.world_size})" for layout in wanted))
+    per_rank = run_distributed(functools.partial(_each_layout, body, wanted), world_size,
+                               args, kwargs, timeout_s, device)
+    by_layout = [[results[index] for results in per_rank] for index in range(len(wanted))]
+    return by_layout if several else by_layout[0]
+
+
+def on_ranks(layouts: LayoutLike | list[LayoutLike],
+             timeout_s: float = 180.0) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Decorator: the test body runs on every rank of `layouts` (once per layout for a
+    list); pytest sees one test.
+
+    The body's first parameter receives the `RankContext`; pytest fills the others (fixtures,
+    parametrize arguments) in the parent, and they travel to the ranks. The body's return
+    value is ignored: assert inside it (a failing rank fails the test with its traceback).
+    """
+
+    def wrap(body: Callable[..., Any]) -> Callable[..., None]:
+        signature = inspect.signature(body)
+        if not signature.parameters:
+            raise TypeError(f"{body.__name__} must take the RankContext as its first "
+                            "parameter: def test_...(ctx, ...)")
+
+        @functools.wraps(body)
+        def test(*args: Any, **kwargs: Any) -> None:
+            __tracebackhide__ = True
+            run_on_ranks(layouts, body, *args, timeout_s=timeout_s, **kwargs)
+
+        # pytest reads the signature to pick fixtures: it must not look for one named ctx.
+        test.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=list(signature.parameters.values())[1:])
+        return test
+
+    return wrap
+
+
+# ------------------------------------------- the layer below: a plain function on N ranks
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -140,102 +249,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     return [collected[rank] for rank in range(world_size)]
 
 
-LayoutLike = Layout | str | int
-"""A layout, its text ("dp=2,tp=2"), or a world size n (the layout dp=n)."""
-
-T = TypeVar("T")
-
-
-def as_layout(layout: LayoutLike) -> Layout:
-    """The `Layout` a test names: itself, parsed from text, or dp=n for a world size n."""
-    if isinstance(layout, Layout):
-        return layout
-    if isinstance(layout, str):
-        return Layout.parse(layout)
-    return Layout(dp=layout)
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """What a test body gets on its rank: who it is, the layout, and that layout's groups
-    (`groups.dp_rank`, `groups.tp_group`, `groups.next_stage_rank`, ...), already built."""
-
-    rank: int
-    world_size: int
-    layout: Layout
-    groups: ParallelGroups
-
-    def with_layout(self, layout: LayoutLike) -> RankContext:
-        """The same ranks under another layout of this world, with its groups created now.
-        Creating groups is collective: every rank calls this, in the same order."""
-        return _context(layout)
-
-
-def _context(layout: LayoutLike) -> RankContext:
-    layout = as_layout(layout)
-    return RankContext(dist.get_rank(), dist.get_world_size(), layout, build_groups(layout))
-
-
-def _each_layout(body: Callable[..., Any], layouts: list[Layout], *args: Any,
-                 **kwargs: Any) -> list[Any]:
-    """On one rank: the body once per layout, each time with that layout's fresh groups."""
-    results = []
-    for layout in layouts:
-        try:
-            results.append(body(_context(layout), *args, **kwargs))
-        except BaseException as error:
-            error.add_note(f"(while running layout {layout})")
-            raise
-    return results
-
-
-@overload
-def run_on_ranks(layouts: LayoutLike, body: Callable[..., T], *args: Any,
-                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[T]: ...
-@overload
-def run_on_ranks(layouts: list[LayoutLike], body: Callable[..., T], *args: Any,
-                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[list[T]]: ...
-def run_on_ranks(layouts: LayoutLike | list[LayoutLike], body: Callable[..., T], *args: Any,
-                 timeout_s: float = 180.0, device: str = "cpu",
-                 **kwargs: Any) -> list[T] | list[list[T]]:
-    """Run `body(ctx, *args, **kwargs)` on the ranks of `layouts` (one launch) and return
-    what it returned: by rank for one layout, by layout then by rank for a list of them."""
-    __tracebackhide__ = True
-    several = isinstance(layouts, list | tuple)
-    wanted = [as_layout(layout) for layout in (layouts if several else [layouts])]
-    world_size = wanted[0].world_size
-    if any(layout.world_size != world_size for layout in wanted):
-        raise ValueError("the layouts of one launch must have one world size; got "
-                         + ", ".join(f"{layout} ({layout.world_size})" for layout in wanted))
-    per_rank = run_distributed(functools.partial(_each_layout, body, wanted), world_size,
-                               args, kwargs, timeout_s, device)
-    by_layout = [[results[index] for results in per_rank] for index in range(len(wanted))]
-    return by_layout if several else by_layout[0]
-
-
-def on_ranks(layouts: LayoutLike | list[LayoutLike],
-             timeout_s: float = 180.0) -> Callable[[Callable[..., Any]], Callable[..., None]]:
-    """Decorator: the test body runs on every rank of `layouts` (once per layout for a
-    list); pytest sees one test.
-
-    The body's first parameter receives the `RankContext`; pytest fills the others (fixtures,
-    parametrize arguments) in the parent, and they travel to the ranks. The body's return
-    value is ignored: assert inside it (a failing rank fails the test with its traceback).
-    """
-
-    def wrap(body: Callable[..., Any]) -> Callable[..., None]:
-        @functools.wraps(body)
-        def test(*args: Any, **kwargs: Any) -> None:
-            __tracebackhide__ = True
-            run_on_ranks(layouts, body, *args, timeout_s=timeout_s, **kwargs)
-
-        # pytest reads the signature to pick fixtures: it must not look for one named ctx.
-        signature = inspect.signature(body)
-        test.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=list(signature.parameters.values())[1:])
-        return test
-
-    return wrap
+# ------------------------------------------------------- whole runs of the command line
 
 
 def train_records(args: list[str], metrics: Path, nproc: int = 1,

@@ -98,3 +98,11 @@ def test_a_failing_rank_fails_the_decorated_test_with_its_traceback():
                                          r"rank 1 may not run tp=2.*while running layout "
                                          r"dp=1,tp=2"):
         body()
+
+
+def test_a_body_must_take_the_context_first():
+    def body():
+        pass
+
+    with pytest.raises(TypeError, match="must take the RankContext as its first parameter"):
+        on_ranks(2)(body)
