@@ -1,25 +1,43 @@
-"""Run a function on N real ranks (processes, gloo, one thread each) and collect the results.
+"""Run a test body on real ranks (processes, gloo, one thread each) as if it were one process.
 
-    from paraxis.testing import run_distributed
+A distributed test reads like a single-process test: the decorator starts the ranks, joins
+them in a process group, builds the groups of the layout, and hands the body a `RankContext`:
 
-    def body(scale):                 # runs on every rank, process group already set up
-        t = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(t)
-        return t.item() * scale
+    from paraxis.testing import on_ranks
 
-    assert run_distributed(body, world_size=4, args=(2,)) == [12.0] * 4
+    @on_ranks("dp=2,tp=2")                 # world size from the layout: 4 ranks
+    def test_tp_pairs(ctx, tmp_path):      # ctx first; pytest fixtures and params after it
+        assert ctx.groups.tp_rank == ctx.rank % 2
+        ...                                # assert inside: a failing rank fails the test
 
-Any rank's exception is raised in the caller with that rank's traceback; a rank that does
-not finish within `timeout_s` fails the call instead of hanging it. Processes are forked
-(the cheapest start on this machine, ~2 s for 4 ranks) and meet at a fresh TCP port.
-With `device="cuda"` each rank takes the GPU of its local rank and joins over NCCL; those
-ranks are spawned, not forked (a forked child cannot use CUDA once its parent has touched
-it), so `fn` must then be a module-level function.
+    @on_ranks(["dp=4", "dp=2,tp=2,zero=1"])  # several layouts of one world, one launch:
+    def test_each(ctx):                      # the body runs once per layout, in order,
+        ...                                  # each time with that layout's own groups
+
+Starting ranks is the expensive part (~2 s for 4 here), so a test that covers several
+layouts of one world size runs them in one launch. A test that compares with a single-device
+run computed in the parent calls `run_on_ranks` and gets the bodies' return values back:
+
+    losses = run_on_ranks("pp=2,microbatches=4", train, cfg)   # [rank 0's, rank 1's]
+    losses = run_on_ranks(["dp=2", "tp=2"], train, cfg)          # [[dp=2 by rank], [tp=2 ...]]
+
+A body whose layout changes with other per-case data makes the groups itself with
+`ctx.with_layout(layout)`. A layout is a `Layout`, its text ("dp=2,tp=2") or a plain world
+size (n: the layout dp=n), for bodies that only need n ranks.
+
+Any rank's exception is raised in the caller with that rank's traceback (and the layout it
+ran); a rank that does not finish within `timeout_s` fails the call instead of hanging it.
+Processes are forked (the cheapest start on this machine), so bodies may be closures, and
+meet at a fresh TCP port. With `device="cuda"` each rank takes the GPU of its local rank and
+joins over NCCL; those ranks are spawned, not forked (a forked child cannot use CUDA once its
+parent has touched it), so the body must then be a module-level function given to
+`run_on_ranks`. `run_distributed(fn, world_size)` is the layer below: `fn` with no context.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -29,16 +47,129 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
+from paraxis.layout import Layout
+from paraxis.runtime.distributed import ParallelGroups, backend_for, build_groups, pick_device
+
 
 class RankFailed(AssertionError):
     """A rank raised; the message carries its traceback."""
+
+
+LayoutLike = Layout | str | int
+"""A layout, its text ("dp=2,tp=2"), or a world size n (the layout dp=n)."""
+
+T = TypeVar("T")
+
+
+def as_layout(layout: LayoutLike) -> Layout:
+    """The `Layout` a test names: itself, parsed from text, or dp=n for a world size n."""
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, str):
+        return Layout.parse(layout)
+    return Layout(dp=layout)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a test body gets on its rank: who it is, the layout, and that layout's groups
+    (`groups.dp_rank`, `groups.tp_group`, `groups.next_stage_rank`, ...), already built."""
+
+    rank: int
+    world_size: int
+    layout: Layout
+    groups: ParallelGroups
+
+    def with_layout(self, layout: LayoutLike) -> RankContext:
+        """The same ranks under another layout of this world, with its groups created now.
+        Creating groups is collective: every rank calls this, in the same order."""
+        return _context(layout)
+
+
+def _context(layout: LayoutLike) -> RankContext:
+    layout = as_layout(layout)
+    return RankContext(dist.get_rank(), dist.get_world_size(), layout, build_groups(layout))
+
+
+def _each_layout(body: Callable[..., Any], layouts: list[Layout], *args: Any,
+                 **kwargs: Any) -> list[Any]:
+    """On one rank: the body once per layout, each time with that layout's fresh groups."""
+    results = []
+    for layout in layouts:
+        try:
+            results.append(body(_context(layout), *args, **kwargs))
+        except BaseException as error:
+            error.add_note(f"(while running layout {layout})")
+            raise
+    return results
+
+
+@overload
+def run_on_ranks(layouts: LayoutLike, body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[T]: ...
+
+
+@overload
+def run_on_ranks(layouts: list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[list[T]]: ...
+
+
+def run_on_ranks(layouts: LayoutLike | list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = 180.0, device: str = "cpu",
+                 **kwargs: Any) -> list[T] | list[list[T]]:
+    """Run `body(ctx, *args, **kwargs)` on the ranks of `layouts` (one launch) and return
+    what it returned: by rank for one layout, by layout then by rank for a list of them."""
+    __tracebackhide__ = True
+    several = isinstance(layouts, list)
+    wanted = [as_layout(layout) for layout in (layouts if several else [layouts])]
+    world_size = wanted[0].world_size
+    if any(layout.world_size != world_size for layout in wanted):
+        raise ValueError("the layouts of one launch must have one world size; got "
+                         + ", ".join(f"{layout} ({layout.world_size})" for layout in wanted))
+    per_rank = run_distributed(functools.partial(_each_layout, body, wanted), world_size,
+                               args, kwargs, timeout_s, device)
+    by_layout = [[results[index] for results in per_rank] for index in range(len(wanted))]
+    return by_layout if several else by_layout[0]
+
+
+def on_ranks(layouts: LayoutLike | list[LayoutLike],
+             timeout_s: float = 180.0) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Decorator: the test body runs on every rank of `layouts` (once per layout for a
+    list); pytest sees one test.
+
+    The body's first parameter receives the `RankContext`; pytest fills the others (fixtures,
+    parametrize arguments) in the parent, and they travel to the ranks. The body's return
+    value is ignored: assert inside it (a failing rank fails the test with its traceback).
+    """
+
+    def wrap(body: Callable[..., Any]) -> Callable[..., None]:
+        signature = inspect.signature(body)
+        if not signature.parameters:
+            raise TypeError(f"{body.__name__} must take the RankContext as its first "
+                            "parameter: def test_...(ctx, ...)")
+
+        @functools.wraps(body)
+        def test(*args: Any, **kwargs: Any) -> None:
+            __tracebackhide__ = True
+            run_on_ranks(layouts, body, *args, timeout_s=timeout_s, **kwargs)
+
+        # pytest reads the signature to pick fixtures: it must not look for one named ctx.
+        test.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=list(signature.parameters.values())[1:])
+        return test
+
+    return wrap
+
+
+# ------------------------------------------- the layer below: a plain function on N ranks
 
 
 def free_port() -> int:
@@ -56,8 +187,6 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                       MASTER_PORT=str(port))
     try:
         # Device from the local rank, backend from the device, as paraxis.runtime does.
-        from paraxis.runtime.distributed import backend_for, pick_device
-
         chosen = pick_device(device)
         dist.init_process_group(backend_for(chosen),
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -80,6 +209,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                     kwargs: dict | None = None, timeout_s: float = 180.0,
                     device: str = "cpu") -> list[Any]:
     """Run `fn(*args, **kwargs)` on `world_size` ranks; return each rank's result, by rank."""
+    __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
     context = mp.get_context("spawn" if device == "cuda" else "fork")
     results = context.Queue()
     port = free_port()
@@ -119,21 +249,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     return [collected[rank] for rank in range(world_size)]
 
 
-def distributed(world_size: int, timeout_s: float = 180.0) -> Callable:
-    """Decorator: the test body runs on `world_size` ranks; pytest sees one test.
-
-    The body's return value is ignored; assert inside it (a failing rank fails the test with
-    its own traceback).
-    """
-
-    def wrap(body: Callable[..., Any]) -> Callable[..., None]:
-        @functools.wraps(body)
-        def test(*args: Any, **kwargs: Any) -> None:
-            run_distributed(body, world_size, args, kwargs, timeout_s)
-
-        return test
-
-    return wrap
+# ------------------------------------------------------- whole runs of the command line
 
 
 def train_records(args: list[str], metrics: Path, nproc: int = 1,

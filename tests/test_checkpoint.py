@@ -20,15 +20,15 @@ from paraxis.checkpoint.convert import convert
 from paraxis.checkpoint.entries import KINDS
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.testing import run_distributed
+from paraxis.testing import LayoutLike, RankContext, as_layout, run_on_ranks
 from paraxis.train import TrainConfig, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cfg(layout: str, steps: int, **options) -> TrainConfig:
+def _cfg(layout: LayoutLike, steps: int, **options) -> TrainConfig:
     return TrainConfig(model="tiny", steps=steps, global_batch=8, seq_len=32, lr=3e-3,
-                       warmup_steps=2, quiet=True, layout=Layout.parse(layout), **options)
+                       warmup_steps=2, quiet=True, layout=as_layout(layout), **options)
 
 
 def _losses(records: list[dict]) -> list[float]:
@@ -48,7 +48,8 @@ def _assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 # ----------------------------------------------------------------------- exact resume
 
 
-def _straight_and_resumed(layout: str, root: str) -> tuple[list, list]:
+def _straight_and_resumed(ctx: RankContext, root: str) -> tuple[list, list]:
+    layout = ctx.layout
     straight = run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/straight"))
     run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/split", exit_after=5))
     resumed = run_training(_cfg(layout, 10, checkpoint_dir=f"{root}/split",
@@ -59,8 +60,8 @@ def _straight_and_resumed(layout: str, root: str) -> tuple[list, list]:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,zero=3"])
 def test_resume_is_bit_identical(tmp_path, layout):
-    straight, resumed = run_distributed(_straight_and_resumed, 4, args=(layout, str(tmp_path)),
-                                        timeout_s=170)[0]
+    straight, resumed = run_on_ranks(layout, _straight_and_resumed, str(tmp_path),
+                                     timeout_s=170)[0]
     assert _losses(resumed) == _losses(straight)[5:]
     _assert_same_tensors(_full(tmp_path / "straight" / "step-00000010"),
                          _full(tmp_path / "split" / "step-00000010"))
@@ -93,13 +94,12 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
 # ------------------------------------------------------------------------ resharding
 
 
-def _reshard_body(root: str) -> tuple[list, list]:
+def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
     import torch.distributed as dist
 
     from paraxis.checkpoint import save_checkpoint
     from paraxis.model_config import load_model_config
     from paraxis.runtime.build import build_engine
-    from paraxis.runtime.distributed import build_groups
 
     source = f"{root}/a/step-00000003"
     run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
@@ -107,7 +107,7 @@ def _reshard_body(root: str) -> tuple[list, list]:
     # Load at another layout and save again, untouched.
     cfg = _cfg("dp=1,tp=4,pp=2", 5)
     model_cfg = load_model_config(cfg.model)
-    groups = build_groups(cfg.layout)
+    groups = ctx.with_layout(cfg.layout).groups
     engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
     load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
     save_checkpoint(engine, f"{root}/b", 3, model_cfg.to_dict())
@@ -117,8 +117,7 @@ def _reshard_body(root: str) -> tuple[list, list]:
 
 @pytest.mark.slow
 def test_reshard_across_layouts_and_to_one_device(tmp_path):
-    original, resharded = run_distributed(_reshard_body, 8, args=(str(tmp_path),),
-                                          timeout_s=170)[0]
+    original, resharded = run_on_ranks(8, _reshard_body, str(tmp_path), timeout_s=170)[0]
     source = tmp_path / "a" / "step-00000003"
     _assert_same_tensors(_full(source), _full(tmp_path / "b" / "step-00000003"))
 
@@ -263,7 +262,7 @@ def test_directory_without_manifest_is_not_a_checkpoint(saved):
 # ------------------------------------------------------------ the plan, read offline
 
 
-def _split_dims_match_the_runtime(model_name: str) -> None:
+def _split_dims_match_the_runtime(ctx: RankContext, model_name: str) -> None:
     import torch.distributed as dist
 
     from paraxis.model import build_model
@@ -278,7 +277,7 @@ def _split_dims_match_the_runtime(model_name: str) -> None:
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 def test_offline_split_dims_are_the_runtimes(model):
-    run_distributed(_split_dims_match_the_runtime, 2, args=(model,))
+    run_on_ranks("tp=2", _split_dims_match_the_runtime, model)
 
 
 # --------------------------------------------------------------------- command line

@@ -13,9 +13,8 @@ from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 ODD = ModelConfig("odd", "gpt2", vocab_size=251, n_layers=2, d_model=15, n_heads=3,
                   n_kv_heads=3, d_ff=36, max_seq_len=33)
@@ -47,13 +46,13 @@ def reference(model: str, clip: float):
     return losses, norms, {n: p.detach() for n, p in engine.model.named_parameters()}
 
 
-def _rank_body(configs):
+def _rank_body(ctx: RankContext, configs):
     results = []
     for model, zero, micro, clip in configs:
         cfg = MODELS[model]
         dp = torch.distributed.get_world_size()
         layout = Layout(dp=dp, zero=zero, microbatches=micro)
-        groups = build_groups(layout)
+        groups = ctx.with_layout(layout).groups
         # Small buckets so several of them (with padding) are in play.
         engine = DataParallelEngine(build_model(cfg, seed=SEED), layout, groups,
                                     bucket_bytes=8_000)
@@ -74,7 +73,7 @@ CONFIGS = [("odd", zero, 1, 0.0) for zero in range(4)] + \
 
 @pytest.mark.parametrize("dp", [2, 4])
 def test_dp_and_zero_match_single_device(dp):
-    per_rank = run_distributed(_rank_body, dp, args=(CONFIGS,), timeout_s=170)
+    per_rank = run_on_ranks(dp, _rank_body, CONFIGS, timeout_s=170)
     refs = {key: reference(key[0], key[1]) for key in {(m, c) for m, _, _, c in CONFIGS}}
     for index, (model, zero, micro, clip) in enumerate(CONFIGS):
         ref_losses, ref_norms, ref_params = refs[(model, clip)]

@@ -13,9 +13,8 @@ from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.plan.memory import FP32_ADAM, model_state_bytes
-from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import distributed, run_distributed
+from paraxis.testing import RankContext, on_ranks, run_on_ranks
 
 TINY = PRESETS["tiny"]
 
@@ -26,16 +25,17 @@ def _batch(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 256, (rows, 16), generator=g))
 
 
-def _engine(zero: int, micro: int = 1, bucket_bytes: int = 25 * 2**20, dtype=None):
+def _engine(ctx: RankContext, zero: int, micro: int = 1, bucket_bytes: int = 25 * 2**20,
+            dtype=None):
     layout = Layout(dp=dist.get_world_size(), zero=zero, microbatches=micro)
-    return DataParallelEngine(build_model(TINY, seed=1), layout, build_groups(layout),
+    return DataParallelEngine(build_model(TINY, seed=1), layout, ctx.with_layout(layout).groups,
                               autocast_dtype=dtype, bucket_bytes=bucket_bytes)
 
 
-@distributed(world_size=2)
-def test_first_bucket_is_reduced_while_backward_still_runs():
+@on_ranks(2)
+def test_first_bucket_is_reduced_while_backward_still_runs(ctx):
     for zero, micro in ((0, 1), (2, 1), (3, 1), (0, 2)):
-        engine = _engine(zero, micro, bucket_bytes=64_000)
+        engine = _engine(ctx, zero, micro, bucket_bytes=64_000)
         engine.reducer.record = True
         engine.forward_backward(*_batch(4, seed=dist.get_rank()))
         events = engine.reducer.events
@@ -54,10 +54,10 @@ def test_first_bucket_is_reduced_while_backward_still_runs():
 
 @pytest.mark.parametrize("dp", [2, 4])
 def test_model_state_memory_matches_the_planner(dp):
-    def body():
+    def body(ctx: RankContext):
         measured = {}
         for zero in range(4):
-            engine = _engine(zero)
+            engine = _engine(ctx, zero)
             start = engine.memory_report()
             engine.forward_backward(*_batch(dp))
             engine.clip_grad_norm(1.0)
@@ -66,7 +66,7 @@ def test_model_state_memory_matches_the_planner(dp):
         return measured
 
     num_params = TINY.num_params()
-    for measured in run_distributed(body, dp):
+    for measured in run_on_ranks(dp, body):
         for zero, (start, after_step) in measured.items():
             predicted = model_state_bytes(num_params, dp, zero, FP32_ADAM)
             for report in (start, after_step):
@@ -75,11 +75,11 @@ def test_model_state_memory_matches_the_planner(dp):
                         (dp, zero, state, report, predicted)
 
 
-@distributed(world_size=2)
-def test_mismatched_world_size_is_a_clear_error():
+@on_ranks("dp=2")
+def test_mismatched_world_size_is_a_clear_error(ctx):
     with pytest.raises(ParaxisError, match=r"dp\*tp\*pp = 4\*1\*1 = 4 but the world has 2"):
-        build_groups(Layout(dp=4))
-    groups = build_groups(Layout(dp=2))
+        ctx.with_layout(Layout(dp=4))
+    groups = ctx.groups
     with pytest.raises(ParaxisError, match="layout dp=4 but this rank's dp group has 2"):
         DataParallelEngine(build_model(TINY), Layout(dp=4), groups)
 
@@ -101,11 +101,11 @@ def test_zero_with_one_rank_degenerates_to_plain_training(zero):
         torch.testing.assert_close(ours[name], p.detach(), rtol=0, atol=1e-6)
 
 
-@distributed(world_size=2)
-def test_bf16_compute_trains_close_to_fp32():
+@on_ranks(2)
+def test_bf16_compute_trains_close_to_fp32(ctx):
     x, y = _batch(4, seed=dist.get_rank())
     for zero in (0, 3):
-        fp32, bf16 = _engine(zero), _engine(zero, dtype=torch.bfloat16)
+        fp32, bf16 = _engine(ctx, zero), _engine(ctx, zero, dtype=torch.bfloat16)
         losses = []
         for engine in (fp32, bf16):
             loss = engine.forward_backward(x, y)

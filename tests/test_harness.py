@@ -1,12 +1,15 @@
-"""The distributed test harness: real gloo ranks, errors surfaced, no hangs."""
+"""The distributed test harness: real gloo ranks, errors surfaced, no hangs; the `on_ranks`
+decorator gives a body its rank, layout and groups."""
 
+import os
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.testing import RankFailed, distributed, run_distributed
+from paraxis.layout import Layout
+from paraxis.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
 
 
 def _sum_of_ranks() -> float:
@@ -43,7 +46,63 @@ def test_hang_becomes_a_failure():
         run_distributed(_one_rank_hangs, 2, timeout_s=8)
 
 
-@distributed(world_size=2)
-def test_decorator_runs_the_body_on_every_rank():
+@on_ranks(2)
+def test_decorator_runs_the_body_on_every_rank(ctx):
     assert dist.get_world_size() == 2
     assert torch.get_num_threads() == 1
+
+
+@on_ranks("dp=2,tp=2")
+def test_context_of_a_2x2_layout(ctx, tmp_path):
+    # rank = dp_rank * tp + tp_rank: the tp pairs are {0, 1} and {2, 3}
+    assert (ctx.rank, ctx.world_size) == (dist.get_rank(), 4)
+    assert ctx.layout == Layout(dp=2, tp=2)
+    assert (ctx.groups.dp_rank, ctx.groups.tp_rank) == (ctx.rank // 2, ctx.rank % 2)
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t, group=ctx.groups.tp_group)
+    assert t.item() == [1.0, 5.0][ctx.groups.dp_rank]
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t, group=ctx.groups.dp_group)
+    assert t.item() == [2.0, 4.0][ctx.groups.tp_rank]
+    (tmp_path / f"rank-{ctx.rank}").touch()  # pytest's fixtures reach every rank
+    dist.barrier()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank-{r}" for r in range(4)]
+
+
+def _where(ctx: RankContext, tag: str) -> tuple[str, int, str, int | None]:
+    tp = ctx.groups.tp_group
+    return tag, os.getpid(), str(ctx.layout), None if tp is None else dist.get_world_size(tp)
+
+
+def test_several_layouts_run_in_one_launch_each_with_its_groups():
+    layouts = ["dp=4", "dp=2,tp=2,zero=1", Layout(tp=4)]
+    results = run_on_ranks(layouts, _where, "x")
+    assert len(results) == 3 and all(len(by_rank) == 4 for by_rank in results)
+    assert [by_rank[0][2] for by_rank in results] == [str(Layout(dp=4)),
+                                                      str(Layout(dp=2, tp=2, zero=1)),
+                                                      str(Layout(tp=4))]
+    assert [by_rank[0][3] for by_rank in results] == [None, 2, 4]
+    for rank in range(4):  # the same four processes ran every layout
+        assert len({by_rank[rank][1] for by_rank in results}) == 1
+    assert len({by_rank[1] for by_rank in results[0]}) == 4
+    with pytest.raises(ValueError, match="one world size"):
+        run_on_ranks(["dp=2", "dp=4"], _where, "x")
+
+
+def test_a_failing_rank_fails_the_decorated_test_with_its_traceback():
+    @on_ranks(["dp=2", "tp=2"], timeout_s=60)
+    def body(ctx):
+        assert ctx.layout.tp == 1 or ctx.rank == 0, "rank 1 may not run tp=2"
+
+    with pytest.raises(RankFailed, match=r"(?s)rank 1 failed:.*in body\n.*"
+                                         r"rank 1 may not run tp=2.*while running layout "
+                                         r"dp=1,tp=2"):
+        body()
+
+
+def test_a_body_must_take_the_context_first():
+    def body():
+        pass
+
+    with pytest.raises(TypeError, match="must take the RankContext as its first parameter"):
+        on_ranks(2)(body)

@@ -19,9 +19,8 @@ from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.pipeline_parallel.stage import build_stage_modules
-from paraxis.runtime.distributed import build_groups
 from paraxis.tensor_parallel import apply_tensor_parallel
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 pytest.importorskip("transformers")
 
@@ -50,11 +49,11 @@ def test_import_matches_transformers_on_one_device(hf_dir, hf_logits):
     assert max_diff(ours, hf_logits(hf_dir, IDX)) <= 1e-5
 
 
-def stage_logits(hf_dir: str, idx: torch.Tensor) -> torch.Tensor | None:
+def stage_logits(ctx: RankContext, hf_dir: str, idx: torch.Tensor) -> torch.Tensor | None:
     """tp=2 x pp=2: each rank builds its stage, copies the imported weights in by name,
     splits them for TP, and runs its half; the last stage gathers the vocab-parallel logits."""
     cfg, state = read_hf(hf_dir)
-    groups = build_groups(Layout(tp=2, pp=2))
+    groups = ctx.groups
     (stage,) = build_stage_modules(cfg, partition_layers(cfg, 2), groups.pp_rank, seed=9)
     with torch.no_grad():
         for name, param in stage.named_parameters():
@@ -78,7 +77,7 @@ def stage_logits(hf_dir: str, idx: torch.Tensor) -> torch.Tensor | None:
 
 def test_import_at_tp2_pp2_matches_transformers(hf_dir, hf_logits):
     expected = hf_logits(hf_dir, IDX)
-    results = run_distributed(stage_logits, 4, args=(hf_dir, IDX))
+    results = run_on_ranks(Layout(tp=2, pp=2), stage_logits, hf_dir, IDX)
     assert results[0] is None and results[1] is None  # ranks 0, 1: the first stage
     for logits in results[2:]:  # ranks 2, 3: the last stage, both TP ranks
         assert max_diff(logits, expected) <= 1e-5

@@ -12,7 +12,7 @@ from paraxis.checkpoint.convert import export_hf, import_hf
 from paraxis.data import TokenData
 from paraxis.hf import read_hf
 from paraxis.layout import Layout
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 from paraxis.train import TrainConfig, run_training
 
 
@@ -21,8 +21,8 @@ def _cfg(model: str, layout: str, init_from: str) -> TrainConfig:
                        layout=Layout.parse(layout), init_from=init_from)
 
 
-def _first_losses(hf_dir: str, checkpoint: str) -> list[float]:
-    layout = "tp=2,pp=2,microbatches=2"
+def _first_losses(ctx: RankContext, hf_dir: str, checkpoint: str) -> list[float]:
+    layout = str(ctx.layout)
     return [run_training(_cfg(hf_dir, layout, source))[0]["loss"]
             for source in (hf_dir, checkpoint)]
 
@@ -34,8 +34,8 @@ def test_training_starts_from_hf_weights_at_tp2_pp2(hf_dir, hf_logits, tmp_path)
     inputs, targets = TokenData.load("embedded").batch(0, 4, 32, seed=0)
     logits = hf_logits(hf_dir, torch.from_numpy(inputs))
     expected = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(targets).flatten())
-    from_hf, from_checkpoint = run_distributed(_first_losses, 4,
-                                               args=(hf_dir, str(checkpoint)))[0]
+    from_hf, from_checkpoint = run_on_ranks("tp=2,pp=2,microbatches=2", _first_losses, hf_dir,
+                                            str(checkpoint))[0]
     assert from_hf == from_checkpoint
     assert from_hf == pytest.approx(float(expected), rel=1e-5)
 

@@ -9,9 +9,8 @@ from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
-from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 # Adam divides by sqrt(v) + eps: with eps=1e-8, a weight whose gradient is ~eps turns a
@@ -39,10 +38,10 @@ def _train(engine, rows: slice, first_grads=None) -> list[float]:
     return losses
 
 
-def _rank(cfg, layout):
+def _rank(ctx: RankContext, cfg):
     from paraxis.tensor_parallel import full_state
 
-    groups = build_groups(layout)
+    layout, groups = ctx.layout, ctx.groups
     engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED, eps=EPS)
     per_dp = BATCH // layout.dp
     grads = {}
@@ -94,7 +93,7 @@ def test_3d_layout_equals_single_device(layout_text, model, recompute):
            else PRESETS[model])
     layout = Layout.parse(layout_text).replace(recompute=recompute)
     assert layout.world_size == 8
-    results = run_distributed(_rank, 8, args=(cfg, layout), timeout_s=120)
+    results = run_on_ranks(layout, _rank, cfg, timeout_s=120)
     reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), eps=EPS)
     reference_grads = {}
 

@@ -12,9 +12,8 @@ from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.memory import SavedActivations
 from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 
@@ -35,8 +34,9 @@ def _train(engine) -> list[float]:
     return losses
 
 
-def _pipeline_rank(cfg, layout):
-    engine = PipelineEngine(cfg, layout, build_groups(layout), torch.device("cpu"), seed=SEED)
+def _pipeline_rank(ctx: RankContext, cfg):
+    layout = ctx.layout
+    engine = PipelineEngine(cfg, layout, ctx.groups, torch.device("cpu"), seed=SEED)
     losses = _train(engine)
     params = {name: p.detach().numpy().copy() for name, p in engine.named_parameters()}
     trace = [(t["kind"], t["microbatch"], t["chunk"]) for t in engine.executor.trace]
@@ -59,7 +59,7 @@ def test_pipeline_equals_single_device(pp, schedule, virtual, model):
     cfg = (PRESETS["tiny-llama"].replace(n_layers=8) if model == "tiny-llama-8"
            else PRESETS[model])
     layout = Layout(pp=pp, microbatches=4, schedule=schedule, virtual_stages=virtual)
-    results = run_distributed(_pipeline_rank, pp, args=(cfg, layout), timeout_s=60)
+    results = run_on_ranks(layout, _pipeline_rank, cfg, timeout_s=60)
     reference = LocalEngine(build_model(cfg, seed=SEED), Layout(microbatches=4))
     expected_losses = _train(reference)
     weights = dict(reference.model.named_parameters())
@@ -77,8 +77,9 @@ def test_pipeline_equals_single_device(pp, schedule, virtual, model):
     assert seen == set(weights)  # every parameter lives on some stage
 
 
-def _pipeline_rank_recv_ahead(cfg, layout, recv_ahead):
-    engine = PipelineEngine(cfg, layout, build_groups(layout), torch.device("cpu"), seed=SEED)
+def _pipeline_rank_recv_ahead(ctx: RankContext, cfg, recv_ahead):
+    layout = ctx.layout
+    engine = PipelineEngine(cfg, layout, ctx.groups, torch.device("cpu"), seed=SEED)
     default = engine.executor.recv_ahead
     engine.executor.recv_ahead = recv_ahead
     losses = _train(engine)
@@ -100,8 +101,8 @@ def test_receives_posted_ahead_change_timing_only(schedule, virtual):
     # give the same bits as posting it where the schedule waits for it.
     cfg = PRESETS["tiny-llama"].replace(n_layers=4)
     layout = Layout(pp=2, microbatches=4, schedule=schedule, virtual_stages=virtual)
-    ahead = run_distributed(_pipeline_rank_recv_ahead, 2, args=(cfg, layout, 1), timeout_s=60)
-    inline = run_distributed(_pipeline_rank_recv_ahead, 2, args=(cfg, layout, 0), timeout_s=60)
+    ahead = run_on_ranks(layout, _pipeline_rank_recv_ahead, cfg, 1, timeout_s=60)
+    inline = run_on_ranks(layout, _pipeline_rank_recv_ahead, cfg, 0, timeout_s=60)
     for (default, early_a, losses_a, params_a), (_, early_b, losses_b, params_b) in zip(
             ahead, inline, strict=True):
         assert default == 1  # gloo
@@ -112,8 +113,8 @@ def test_receives_posted_ahead_change_timing_only(schedule, virtual):
             np.testing.assert_array_equal(value, params_b[name], err_msg=name)
 
 
-def _stage0_saved_bytes(layout, cfg):
-    groups = build_groups(layout)
+def _stage0_saved_bytes(ctx: RankContext, cfg):
+    layout, groups = ctx.layout, ctx.groups
     engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED)
     x, y = _batches()[0]
     engine.forward_backward(x, y)  # warm-up, so lazily created state is not counted
@@ -131,13 +132,12 @@ def _stage0_saved_bytes(layout, cfg):
 def test_one_f_one_b_holds_p_microbatches_gpipe_holds_m(recompute):
     cfg = PRESETS["tiny"]
     pp, microbatches = 2, 8
-    held = {}
-    for schedule in ("gpipe", "1f1b"):
-        layout = Layout(pp=pp, microbatches=microbatches, schedule=schedule,
-                        recompute=recompute)
-        peak, unit = run_distributed(_stage0_saved_bytes, pp, args=(layout, cfg),
-                                     timeout_s=60)[0]
-        held[schedule] = peak / unit
+    schedules = ("gpipe", "1f1b")
+    layouts = [Layout(pp=pp, microbatches=microbatches, schedule=schedule, recompute=recompute)
+               for schedule in schedules]
+    per_layout = run_on_ranks(layouts, _stage0_saved_bytes, cfg, timeout_s=60)  # one launch
+    held = {schedule: peak / unit  # stage 0: rank 0
+            for schedule, ((peak, unit), *_) in zip(schedules, per_layout, strict=True)}
     # activations of stage 0 counted on real tensors, in microbatches' worth
     assert held["gpipe"] == pytest.approx(microbatches)
     assert held["1f1b"] == pytest.approx(pp)

@@ -9,7 +9,7 @@ from paraxis.cli import main
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.report import write_report
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 from paraxis.viz.trace import load_trace, to_chrome_trace
 
 PIPE = Layout(pp=4, microbatches=4, schedule="1f1b")
@@ -94,7 +94,7 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     assert "1 x cpu-core" in html
 
 
-def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
+def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple]]:
     """Three real training steps of `tiny` on a 4-stage 1F1B pipeline; rank 0 writes the
     metrics file exactly as `paraxis train --metrics-file` does."""
     import torch
@@ -102,13 +102,12 @@ def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
     from paraxis.runtime.build import build_engine
-    from paraxis.runtime.distributed import build_groups
     from paraxis.train import TrainConfig, _loop
 
     cfg = TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32, device="cpu",
                       layout=PIPE, metrics_file=f"{folder}/metrics.jsonl", quiet=True)
     model_cfg = load_model_config(cfg.model)
-    groups = build_groups(PIPE)
+    groups = ctx.groups
     torch.manual_seed(cfg.seed)
     engine = build_engine(model_cfg, PIPE, groups, torch.device("cpu"), cfg)
     _loop(cfg, engine, TokenData.load(cfg.data), groups, torch.device("cpu"), groups.rank,
@@ -120,7 +119,7 @@ def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
-    per_rank = run_distributed(_pipeline_run, 4, args=(str(folder),))
+    per_rank = run_on_ranks(PIPE, _pipeline_run, str(folder))
     events = [e for trace, _ in per_rank for e in trace]
     (folder / "trace.json").write_text(json.dumps(events))
     return folder, per_rank

@@ -15,7 +15,7 @@ from paraxis.simulate.ring import (
     ring_all_reduce_time_s,
     simulate_ring,
 )
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 
 def _inputs(ranks: int, size: int, seed: int) -> list[list[float]]:
@@ -56,7 +56,8 @@ def test_simulator_refuses_vectors_shorter_than_the_ring():
         simulate_ring(4, size=3)
 
 
-def _real_ring(cases: list[tuple[int, int]]) -> list[tuple[list[list[float]], list[float], bool]]:
+def _real_ring(ctx: RankContext,
+               cases: list[tuple[int, int]]) -> list[tuple[list[list[float]], list[float], bool]]:
     rank = dist.get_rank()
     out = []
     for size, seed in cases:
@@ -72,7 +73,7 @@ def _real_ring(cases: list[tuple[int, int]]) -> list[tuple[list[list[float]], li
 @pytest.mark.slow
 def test_real_gloo_ring_matches_the_simulator_step_by_step():
     cases = [(4, 0), (10, 1), (37, 2)]  # even chunks, uneven chunks, longer vector
-    per_rank = run_distributed(_real_ring, 4, args=(cases,))
+    per_rank = run_on_ranks(4, _real_ring, cases)
     for case_index, (size, seed) in enumerate(cases):
         sim = simulate_ring(4, _inputs(4, size, seed), bytes_per_element=8)
         for rank in range(4):
@@ -86,7 +87,7 @@ def test_real_gloo_ring_matches_the_simulator_step_by_step():
             assert same_as_all_reduce
 
 
-def _integer_ring() -> list[float]:
+def _integer_ring(ctx: RankContext) -> list[float]:
     t = torch.arange(6, dtype=torch.float32) * (dist.get_rank() + 1)
     expected = t.clone()
     dist.all_reduce(expected)
@@ -97,4 +98,4 @@ def _integer_ring() -> list[float]:
 
 @pytest.mark.slow
 def test_real_ring_equals_dist_all_reduce_exactly_on_integers():
-    assert run_distributed(_integer_ring, 4) == [[float(i * 10) for i in range(6)]] * 4
+    assert run_on_ranks(4, _integer_ring) == [[float(i * 10) for i in range(6)]] * 4

@@ -20,7 +20,7 @@ from paraxis.tensor_parallel.comm import (
     reduce_scatter_to_sequence,
     scatter_to_sequence,
 )
-from paraxis.testing import distributed, run_distributed
+from paraxis.testing import RankContext, on_ranks, run_on_ranks
 
 try:  # the planner's cost model, when its branch is merged
     from paraxis.plan.comm import tp_collectives_per_layer
@@ -42,7 +42,7 @@ def seeds_per_layer(sequence_parallel: bool) -> dict[tuple[str, str], int]:
             ("all_gather", "backward"): 2, ("reduce_scatter", "backward"): 2}
 
 
-def count_block(model_name: str, sequence_parallel: bool) -> dict:
+def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool) -> dict:
     cfg = PRESETS[model_name]
     model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel)
     tp = dist.get_world_size()
@@ -62,7 +62,7 @@ def count_block(model_name: str, sequence_parallel: bool) -> dict:
 @pytest.mark.parametrize("model_name", ["tiny", "tiny-llama"])
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
 def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
-    result = run_distributed(count_block, 2, args=(model_name, sequence_parallel))[0]
+    result = run_on_ranks("tp=2", count_block, model_name, sequence_parallel)[0]
     assert result["counts"] == seeds_per_layer(sequence_parallel)
     full, tp = result["activation_bytes"], result["tp"]
     if not sequence_parallel:
@@ -77,7 +77,7 @@ def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
         assert result["param_grad"] == (6 if model_name == "tiny" else 2)
 
 
-def count_model(sequence_parallel: bool) -> dict:
+def count_model(ctx: RankContext, sequence_parallel: bool) -> dict:
     cfg = PRESETS["tiny"]
     model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel)
     idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -91,7 +91,7 @@ def count_model(sequence_parallel: bool) -> dict:
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
 def test_whole_model_adds_one_collective_each_for_embedding_and_head(sequence_parallel):
-    result = run_distributed(count_model, 2, args=(sequence_parallel,))[0]
+    result = run_on_ranks("tp=2", count_model, sequence_parallel)[0]
     per_pass = 2 * result["layers"] * (2 if sequence_parallel else 1)
     # + the embedding's reduction forward, the LM head's region entry backward; with SP the
     # head's all-gather forward and the embedding's all-gather backward too.
@@ -102,8 +102,8 @@ def test_whole_model_adds_one_collective_each_for_embedding_and_head(sequence_pa
     assert set(result["summary"]) <= {"all_reduce", "all_gather", "reduce_scatter"}
 
 
-@distributed(world_size=2)
-def test_operators_are_conjugate():
+@on_ranks("tp=2")
+def test_operators_are_conjugate(ctx):
     rank = dist.get_rank()
     group = dist.group.WORLD
     x = torch.full((1, 4, 3), float(rank + 1), requires_grad=True)

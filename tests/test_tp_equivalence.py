@@ -10,10 +10,9 @@ import torch
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel, full_state
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 # tiny-llama has 2 kv heads: tp=4 needs a grouped-query model with 4 kv heads (8 q heads).
 LLAMA_GQA_8_4 = ModelConfig("llama-gqa-8-4", "llama", 256, 2, 64, 8, 4, 192, 64)
@@ -33,10 +32,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str,
                                msg=lambda m: f"{what}: {m}")
 
 
-def train_and_compare(model_name: str, tp: int, sequence_parallel: bool) -> list[float]:
+def train_and_compare(ctx: RankContext, model_name: str) -> list[float]:
     cfg = MODELS[model_name]
-    layout = Layout(tp=tp, sequence_parallel=sequence_parallel)
-    groups = build_groups(layout)
+    layout, groups = ctx.layout, ctx.groups
+    sequence_parallel = layout.sequence_parallel
     # Adam's update g / (|g| + eps) turns a gradient's rounding difference d into a weight
     # difference up to lr * d / eps where |g| ~ eps (some o/down weights start there): eps=1e-5
     # keeps that near 1e-7, so the drift stays far below the 1e-5 tolerances over 5 steps.
@@ -71,6 +70,6 @@ def train_and_compare(model_name: str, tp: int, sequence_parallel: bool) -> list
 @pytest.mark.parametrize("model_name,tp", [("tiny", 2), ("tiny", 4), ("tiny-llama", 2),
                                            ("llama-gqa-8-4", 4)])
 def test_tp_matches_single_device(model_name, tp, sequence_parallel):
-    losses = run_distributed(train_and_compare, tp, args=(model_name, tp, sequence_parallel),
-                             timeout_s=120)
+    losses = run_on_ranks(Layout(tp=tp, sequence_parallel=sequence_parallel), train_and_compare,
+                          model_name, timeout_s=120)
     assert all(run == losses[0] for run in losses)  # every rank reports the same loss

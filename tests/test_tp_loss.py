@@ -14,7 +14,7 @@ from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.tensor_parallel import apply_tensor_parallel
 from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from paraxis.testing import distributed
+from paraxis.testing import on_ranks
 
 
 class LargestTensor(TorchDispatchMode):
@@ -32,8 +32,8 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-@distributed(world_size=2)
-def test_loss_equals_cross_entropy_and_its_gradient():
+@on_ranks("tp=2")
+def test_loss_equals_cross_entropy_and_its_gradient(ctx):
     rank, tp = dist.get_rank(), dist.get_world_size()
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 16, generator=generator) * 4
@@ -49,8 +49,8 @@ def test_loss_equals_cross_entropy_and_its_gradient():
                                atol=1e-7)
 
 
-@distributed(world_size=2)
-def test_full_logits_never_exist_in_the_loss():
+@on_ranks("tp=2")
+def test_full_logits_never_exist_in_the_loss(ctx):
     cfg = PRESETS["tiny-llama"]  # untied head: vocab 256, d_model 64
     tp = dist.get_world_size()
     model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD)

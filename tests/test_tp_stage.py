@@ -17,7 +17,7 @@ from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.tensor_parallel import apply_tensor_parallel, full_state
-from paraxis.testing import run_distributed, train_records
+from paraxis.testing import RankContext, run_on_ranks, train_records
 
 
 class FirstStage(nn.Module):
@@ -53,7 +53,7 @@ class LastStage(nn.Module):
         return self.loss_fn(self.lm_head(self.norm_f(x)), targets)
 
 
-def two_stages(model_name: str, sequence_parallel: bool) -> None:
+def two_stages(ctx: RankContext, model_name: str, sequence_parallel: bool) -> None:
     cfg = PRESETS[model_name]
     group = dist.group.WORLD
     idx = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -98,7 +98,7 @@ def two_stages(model_name: str, sequence_parallel: bool) -> None:
 @pytest.mark.parametrize("model_name", ["tiny", "tiny-llama"])
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
 def test_pipeline_stages_split_like_the_whole_model(model_name, sequence_parallel):
-    run_distributed(two_stages, 2, args=(model_name, sequence_parallel))
+    run_on_ranks("tp=2", two_stages, model_name, sequence_parallel)
 
 
 @pytest.mark.parametrize("cfg,tp,message", [
@@ -114,7 +114,7 @@ def test_shapes_tp_cannot_split_are_one_line_errors(cfg, tp, message):
     assert "\n" not in str(error.value)
 
 
-def apply_to(cfg: ModelConfig) -> str:
+def apply_to(ctx: RankContext, cfg: ModelConfig) -> str:
     try:
         apply_tensor_parallel(build_model(cfg), dist.group.WORLD)
     except ParaxisError as error:
@@ -124,7 +124,7 @@ def apply_to(cfg: ModelConfig) -> str:
 
 def test_apply_refuses_an_odd_vocabulary_on_every_rank():
     cfg = ModelConfig("v255", "gpt2", 255, 1, 64, 4, 4, 256, 32)
-    messages = run_distributed(apply_to, 2, args=(cfg,))
+    messages = run_on_ranks("tp=2", apply_to, cfg)
     assert all("vocab size 255 is not divisible by tp=2" in m for m in messages), messages
 
 

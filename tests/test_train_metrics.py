@@ -11,7 +11,7 @@ import torch
 from paraxis.layout import Layout
 from paraxis.model_config import load_model_config
 from paraxis.plan.compute import model_flops_per_token
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 from paraxis.train import TrainConfig, run_training
 
 
@@ -21,14 +21,14 @@ def _cfg(layout: str = "dp=1", **options) -> TrainConfig:
     return TrainConfig(layout=Layout.parse(layout), **options)
 
 
-def _val_losses(layouts: list[str]) -> list[float]:
-    return [run_training(_cfg(layout))[-1]["val_loss"] for layout in layouts]
+def _val_loss(ctx: RankContext) -> float:
+    return run_training(_cfg(str(ctx.layout)))[-1]["val_loss"]
 
 
 @pytest.mark.slow
 def test_held_out_loss_is_the_same_on_every_layout():
     layouts = ["dp=2,pp=2,microbatches=2", "dp=2,tp=2,zero=3", "tp=2,pp=2,schedule=gpipe"]
-    parallel = run_distributed(_val_losses, 4, args=(layouts,), timeout_s=170)[0]
+    parallel = [by_rank[0] for by_rank in run_on_ranks(layouts, _val_loss, timeout_s=170)]
     single = run_training(_cfg())[-1]["val_loss"]
     torch.testing.assert_close(torch.tensor(parallel), torch.tensor([single] * 3), rtol=1e-5,
                                atol=0)

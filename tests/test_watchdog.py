@@ -19,13 +19,13 @@ import torch.distributed as dist
 from paraxis.errors import CommFailure
 from paraxis.runtime.heartbeat import describe_stall
 from paraxis.runtime.watchdog import WATCH, name_group, ranks_text
-from paraxis.testing import run_distributed
+from paraxis.testing import RankContext, run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 2.0
 
 
-def _peer_never_comes(kind: str) -> str | None:
+def _peer_never_comes(ctx: RankContext, kind: str) -> str | None:
     """Rank 1 never joins; rank 0's wait expires after TIMEOUT_S and says what it was."""
     rank = dist.get_rank()
     group = dist.new_group([0, 1], timeout=timedelta(seconds=TIMEOUT_S))
@@ -54,7 +54,7 @@ def _peer_never_comes(kind: str) -> str | None:
     ("p2p", "recv from rank 1 (pp)"),
 ])
 def test_a_wait_that_times_out_names_what_it_waited_on(kind, waiting_on):
-    message = run_distributed(_peer_never_comes, world_size=2, args=(kind,), timeout_s=60)[0]
+    message = run_on_ranks(2, _peer_never_comes, kind, timeout_s=60)[0]
     assert message.startswith(f"rank 0: timed out after 2 s waiting on {waiting_on} at step "
                               "7; "), message
     assert "--timeout-s" in message
