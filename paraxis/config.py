@@ -166,9 +166,9 @@ class RunConfig:
         for key, value in flags.items():
             section, name = FLAGS[key]
             changes.setdefault(section, {})[name] = value
-        sections = {name: dataclasses.replace(getattr(self, name), **values)
+        replaced = {name: dataclasses.replace(getattr(self, name), **values)
                     for name, values in changes.items() if name != "layout"}
-        return dataclasses.replace(self, **sections,
+        return dataclasses.replace(self, **replaced,
                                    layout=layout.replace(**changes.get("layout", {})))
 
     def check(self) -> None:
