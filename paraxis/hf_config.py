@@ -1,8 +1,8 @@
 """Hugging Face config.json <-> paraxis ModelConfig, for Llama and GPT-2.
 
 Reading gives the ModelConfig fields as a dict (`model_config.hf_model_config` builds the
-ModelConfig from them), so this module needs ModelConfig only as a type: the model
-description does not depend on the formats it can be read from.
+ModelConfig from them), so this module needs ModelConfig only as a type and the import runs
+one way: `model_config` reads a Hugging Face directory through this module.
 
 Reading refuses, in one line naming the file, every setting the reference model
 (`paraxis.model`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head on
