@@ -3,7 +3,7 @@
 1. Trains the tiny model on one device on the embedded corpus (this Python's own standard
    library, tokenised as bytes: nothing to download).
 2. Trains the same model, seed and batches on a 3D layout, dp=2 x tp=2 x pp=2 (8 CPU ranks,
-   ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (data_parallel/launch.py).
+   ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (runtime/launch.py).
 3. Prints the two loss curves side by side, then writes the HTML report for the 3D run
    (plan, defence, pictures, measured next to predicted) and prints its path.
 """
@@ -31,19 +31,20 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from paraxis.data_parallel.launch import launch
+    from paraxis.config import RunConfig
     from paraxis.report import write_report
-    from paraxis.train import TrainConfig, run_training
+    from paraxis.runtime.launch import launch
+    from paraxis.train import run_training
 
     console = Console()
     out = Path(args.out)
     layout = Layout.parse(args.layout)
-    common = dict(model=args.model, steps=args.steps, global_batch=16, seq_len=128, lr=3e-3,
-                  warmup_steps=10, device="cpu", log_every=20)
-    single_cfg = TrainConfig(**common, layout=Layout(),
-                             metrics_file=str(out / "single" / "metrics.jsonl"))
-    parallel_cfg = TrainConfig(**common, layout=layout,
-                               metrics_file=str(out / "parallel" / "metrics.jsonl"))
+    common = RunConfig.from_flags(model=args.model, steps=args.steps, global_batch=16,
+                                  seq_len=128, lr=3e-3, warmup=10, device="cpu", log_every=20)
+    single_cfg = common.with_flags(layout=Layout(),
+                                   metrics_file=str(out / "single" / "metrics.jsonl"))
+    parallel_cfg = common.with_flags(layout=layout,
+                                     metrics_file=str(out / "parallel" / "metrics.jsonl"))
     for cfg in (single_cfg, parallel_cfg):  # bad input fails before anything is written
         cfg.check()
         cfg.layout.validate(cfg.layout.world_size)
@@ -52,11 +53,11 @@ def run(args: argparse.Namespace) -> int:
     single = run_training(single_cfg)
     console.rule(f"[bold]2/3  the same model on {layout.world_size} ranks: {layout}")
     if layout.world_size > 1:
-        launch(parallel_cfg, layout.world_size)
+        launch(run_training, (parallel_cfg,), layout.world_size, device="cpu")
     else:
         run_training(parallel_cfg)
     parallel = [json.loads(line) for line in
-                Path(parallel_cfg.metrics_file).read_text().splitlines()]
+                Path(parallel_cfg.logging.metrics_file).read_text().splitlines()]
 
     console.rule("[bold]3/3  loss, step by step")
     label = f"dp={layout.dp} x tp={layout.tp} x pp={layout.pp}"

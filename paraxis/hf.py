@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from paraxis.errors import ParaxisError
-from paraxis.hf_config import gpt2_json, llama_json, read_hf_config, read_json, unsupported
+from paraxis.hf_config import gpt2_json, llama_json, read_json, unsupported
 from paraxis.model import Transformer
-from paraxis.model_config import ModelConfig
+from paraxis.model_config import ModelConfig, hf_model_config
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # Per-block names: Hugging Face suffix -> paraxis suffix, copied as they are.
@@ -78,9 +78,9 @@ def read_hf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     Tensors keep their stored dtype; every tensor is checked for presence and shape.
     """
     path = Path(path)
-    style, cfg = read_hf_config(path)
+    cfg = hf_model_config(path)
     weights = _Weights(path)
-    state = _from_llama(weights, cfg) if style == "llama" else _from_gpt2(weights, cfg)
+    state = _from_llama(weights, cfg) if cfg.style == "llama" else _from_gpt2(weights, cfg)
     weights.check_all_used()
     return cfg, state
 

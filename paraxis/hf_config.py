@@ -1,5 +1,9 @@
 """Hugging Face config.json <-> paraxis ModelConfig, for Llama and GPT-2.
 
+Reading gives the ModelConfig fields as a dict (`model_config.hf_model_config` builds the
+ModelConfig from them), so this module needs ModelConfig only as a type and the import runs
+one way: `model_config` reads a Hugging Face directory through this module.
+
 Reading refuses, in one line naming the file, every setting the reference model
 (`paraxis.model`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head on
 Llama, exact GELU or unusual attention scaling on GPT-2. Writing spells RoPE's theta both
@@ -10,15 +14,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
-from paraxis.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from paraxis.model_config import ModelConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "GPT2LMHeadModel": "gpt2"}
 
 
-def read_hf_config(path: Path) -> tuple[str, ModelConfig]:
-    """config.json -> (style, ModelConfig); refuses what paraxis's model cannot express."""
+def read_hf_config(path: Path) -> dict[str, object]:
+    """config.json -> the ModelConfig fields it describes; refuses what paraxis's model
+    cannot express."""
     if not path.is_dir():
         raise ParaxisError(f"{path} is not a directory; give a Hugging Face model directory "
                            "(config.json + model.safetensors)")
@@ -31,12 +39,7 @@ def read_hf_config(path: Path) -> tuple[str, ModelConfig]:
         raise ParaxisError(f"{source}: architecture {arch!r} is not supported; paraxis "
                            f"imports {' and '.join(ARCHITECTURES)}")
     build = _llama_config if style == "llama" else _gpt2_config
-    try:
-        return style, build(doc, source, path.resolve().name)
-    except ParaxisError as error:
-        if str(error).startswith(str(source)):
-            raise
-        raise ParaxisError(f"{source}: {error}") from None
+    return build(doc, source, path.resolve().name)
 
 
 def read_json(path: Path) -> dict:
@@ -64,7 +67,7 @@ def unsupported(source: Path, what: str) -> ParaxisError:
                         "plain Llama/GPT-2 architecture imports")
 
 
-def _llama_config(doc: dict, source: Path, name: str) -> ModelConfig:
+def _llama_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     d_model, heads = _need(doc, source, "hidden_size"), _need(doc, source, "num_attention_heads")
     if doc.get("hidden_act", "silu") not in ("silu", "swish"):
         raise unsupported(source, f"hidden_act {doc['hidden_act']!r} (SwiGLU needs silu)")
@@ -82,14 +85,16 @@ def _llama_config(doc: dict, source: Path, name: str) -> ModelConfig:
     if rope.get("partial_rotary_factor", doc.get("partial_rotary_factor", 1.0)) != 1.0:
         raise unsupported(source, "partial_rotary_factor != 1")
     theta = rope.get("rope_theta", doc.get("rope_theta", 10000.0))
-    return ModelConfig(
-        name, "llama", _need(doc, source, "vocab_size"), _need(doc, source, "num_hidden_layers"),
-        d_model, heads, doc.get("num_key_value_heads") or heads,
-        _need(doc, source, "intermediate_size"), doc.get("max_position_embeddings", 2048),
+    return dict(
+        name=name, style="llama", vocab_size=_need(doc, source, "vocab_size"),
+        n_layers=_need(doc, source, "num_hidden_layers"), d_model=d_model, n_heads=heads,
+        n_kv_heads=doc.get("num_key_value_heads") or heads,
+        d_ff=_need(doc, source, "intermediate_size"),
+        max_seq_len=doc.get("max_position_embeddings", 2048),
         norm_eps=float(doc.get("rms_norm_eps", 1e-6)), rope_theta=float(theta))
 
 
-def _gpt2_config(doc: dict, source: Path, name: str) -> ModelConfig:
+def _gpt2_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     # gelu_new and gelu_pytorch_tanh are both the tanh approximation; exact gelu is not.
     act = doc.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -102,9 +107,11 @@ def _gpt2_config(doc: dict, source: Path, name: str) -> ModelConfig:
         raise unsupported(source, "tie_word_embeddings=false")
     d_model = _need(doc, source, "n_embd")
     heads = _need(doc, source, "n_head")
-    return ModelConfig(
-        name, "gpt2", _need(doc, source, "vocab_size"), _need(doc, source, "n_layer"), d_model,
-        heads, heads, doc.get("n_inner") or 4 * d_model, _need(doc, source, "n_positions"),
+    return dict(
+        name=name, style="gpt2", vocab_size=_need(doc, source, "vocab_size"),
+        n_layers=_need(doc, source, "n_layer"), d_model=d_model, n_heads=heads,
+        n_kv_heads=heads, d_ff=doc.get("n_inner") or 4 * d_model,
+        max_seq_len=_need(doc, source, "n_positions"),
         norm_eps=float(doc.get("layer_norm_epsilon", 1e-5)))
 
 

@@ -189,12 +189,23 @@ def load_model_config(name_or_path: str) -> ModelConfig:
 
 def _model_of_directory(path: Path) -> ModelConfig:
     from paraxis.checkpoint.manifest import read_manifest, resolve
-    from paraxis.hf_config import read_hf_config
 
     if (path / "config.json").is_file():
-        return read_hf_config(path)[1]
+        return hf_model_config(path)
     directory = resolve(path)  # a checkpoint, or the newest under a directory of them
     return ModelConfig.from_dict(read_manifest(directory)["model"], source=str(directory))
+
+
+def hf_model_config(path: Path) -> ModelConfig:
+    """A Hugging Face model directory -> its ModelConfig (config.json, read by `hf_config`;
+    a shape the model cannot take is an error naming the file)."""
+    from paraxis.hf_config import read_hf_config
+
+    fields = read_hf_config(path)
+    try:
+        return ModelConfig(**fields)  # type: ignore[arg-type]
+    except ParaxisError as error:
+        raise ParaxisError(f"{path / 'config.json'}: {error}") from None
 
 
 def model_from_params(num_params: float, seq_len: int = 2048,

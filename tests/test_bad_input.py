@@ -216,10 +216,12 @@ def make_checkpoints(folder: Path) -> None:
     import json
     import shutil
 
-    from paraxis.train import TrainConfig, run_training
+    from paraxis.config import RunConfig
+    from paraxis.train import run_training
 
-    run_training(TrainConfig(model="tiny", steps=1, global_batch=4, seq_len=32, quiet=True,
-                             device="cpu", checkpoint_dir=str(folder / "ckpt")))
+    run_training(RunConfig.from_flags(model="tiny", steps=1, global_batch=4, seq_len=32,
+                                      quiet=True, device="cpu",
+                                      checkpoint_dir=str(folder / "ckpt")))
     good = folder / GOOD
     shutil.copytree(good, folder / "ckpt" / "step-00000002.tmp")
     (folder / "ckpt" / "step-00000002.tmp" / "manifest.json").unlink()

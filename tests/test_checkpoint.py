@@ -18,17 +18,18 @@ import torch
 from paraxis.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
 from paraxis.checkpoint.convert import convert
 from paraxis.checkpoint.entries import KINDS
+from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.testing import LayoutLike, RankContext, as_layout, run_on_ranks
-from paraxis.train import TrainConfig, run_training
+from paraxis.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cfg(layout: LayoutLike, steps: int, **options) -> TrainConfig:
-    return TrainConfig(model="tiny", steps=steps, global_batch=8, seq_len=32, lr=3e-3,
-                       warmup_steps=2, quiet=True, layout=as_layout(layout), **options)
+def _cfg(layout: LayoutLike, steps: int, **options) -> RunConfig:
+    return RunConfig.from_flags(model="tiny", steps=steps, global_batch=8, seq_len=32, lr=3e-3,
+                                warmup=2, quiet=True, layout=as_layout(layout), **options)
 
 
 def _losses(records: list[dict]) -> list[float]:
@@ -106,9 +107,9 @@ def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
     original = run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, resume=source))
     # Load at another layout and save again, untouched.
     cfg = _cfg("dp=1,tp=4,pp=2", 5)
-    model_cfg = load_model_config(cfg.model)
+    model_cfg = load_model_config(cfg.model.name)
     groups = ctx.with_layout(cfg.layout).groups
-    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seq_len=32)
     load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
     save_checkpoint(engine, f"{root}/b", 3, model_cfg.to_dict())
     resharded = run_training(_cfg("dp=1,tp=4,pp=2", 5, resume=source))
@@ -149,9 +150,9 @@ def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> Non
     from paraxis.runtime.distributed import build_groups
 
     cfg = _cfg(layout, 5)
-    model_cfg = load_model_config(cfg.model)
+    model_cfg = load_model_config(cfg.model.name)
     groups = build_groups(cfg.layout)
-    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), cfg)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seq_len=32)
     manifest = load_checkpoint(engine, source, model_cfg.to_dict())
     save_checkpoint(engine, destination, manifest["step"], model_cfg.to_dict())
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from paraxis.train import TrainConfig, run_training
+from paraxis.config import RunConfig
+from paraxis.train import run_training
 
 COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "4", "--seq-len", "32",
           "--device", "cpu", "--quiet"]
@@ -19,8 +20,8 @@ def test_nproc_2_zero_1_matches_the_single_process_run(tmp_path):
                             capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     launched = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
-    single = run_training(TrainConfig(model="tiny", steps=3, global_batch=4, seq_len=32,
-                                      device="cpu", quiet=True))
+    single = run_training(RunConfig.from_flags(model="tiny", steps=3, global_batch=4,
+                                               seq_len=32, device="cpu", quiet=True))
     assert launched == pytest.approx([r["loss"] for r in single], rel=1e-5)
 
 

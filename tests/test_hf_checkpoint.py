@@ -9,16 +9,17 @@ import torch.nn.functional as F
 
 from paraxis.checkpoint import read_full_state
 from paraxis.checkpoint.convert import export_hf, import_hf
+from paraxis.config import RunConfig
 from paraxis.data import TokenData
 from paraxis.hf import read_hf
 from paraxis.layout import Layout
 from paraxis.testing import RankContext, run_on_ranks
-from paraxis.train import TrainConfig, run_training
+from paraxis.train import run_training
 
 
-def _cfg(model: str, layout: str, init_from: str) -> TrainConfig:
-    return TrainConfig(model=model, steps=1, global_batch=4, seq_len=32, quiet=True,
-                       layout=Layout.parse(layout), init_from=init_from)
+def _cfg(model: str, layout: str, init_from: str) -> RunConfig:
+    return RunConfig.from_flags(model=model, steps=1, global_batch=4, seq_len=32, quiet=True,
+                                layout=layout, init_from=init_from)
 
 
 def _first_losses(ctx: RankContext, hf_dir: str, checkpoint: str) -> list[float]:

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 import paraxis.runtime.build as build
+from paraxis.config import RunConfig
 from paraxis.runtime.nan_policy import NumericalFault, nonfinite
-from paraxis.train import TrainConfig, run_training
+from paraxis.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 # Constant learning rate (no warmup, no decay), so runs of different lengths take the same
 # steps and their weights can be compared bit for bit.
 COMMON = dict(model="tiny", global_batch=4, seq_len=32, device="cpu", quiet=True,
-              warmup_steps=0, min_lr_ratio=1.0)
+              warmup=0, min_lr_ratio=1.0)
 CLI = ["--model", "tiny", "--global-batch", "4", "--seq-len", "32", "--device", "cpu",
        "--quiet", "--warmup", "0"]
 
@@ -46,7 +47,7 @@ def train(monkeypatch, fault: str | None, **overrides) -> tuple[list[dict], obje
         monkeypatch.setenv("PARAXIS_FAULT", fault)
     else:
         monkeypatch.delenv("PARAXIS_FAULT", raising=False)
-    records = run_training(TrainConfig(**{**COMMON, **overrides}))
+    records = run_training(RunConfig.from_flags(**{**COMMON, **overrides}))
     return records, engines[0]
 
 
@@ -77,7 +78,7 @@ def test_a_genuinely_diverging_run_stops_on_the_step_it_diverges(monkeypatch):
     is NaN and is caught before it is applied."""
     monkeypatch.delenv("PARAXIS_FAULT", raising=False)
     with pytest.raises(NumericalFault, match=r"^step 1: gradient norm is nan; stopped"):
-        run_training(TrainConfig(**{**COMMON, "lr": 1e4, "grad_clip": 0.0}, steps=3))
+        run_training(RunConfig.from_flags(**{**COMMON, "lr": 1e4, "grad_clip": 0.0}, steps=3))
 
 
 def test_stop_exits_non_zero_naming_the_step(tmp_path):

@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
+from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.testing import train_records
-from paraxis.train import TrainConfig, run_training
+from paraxis.train import run_training
 
 COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len", "32",
           "--device", "cpu", "--quiet"]
@@ -20,9 +21,9 @@ def test_torchrun_pipeline_training_matches_one_device(tmp_path):
                              "--recompute", "selective"], tmp_path / "pp.jsonl", nproc=2,
                             timeout_s=120)
     piped = [r["loss"] for r in records]
-    single = run_training(TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32,
-                                      device="cpu", quiet=True,
-                                      layout=Layout(microbatches=4)))
+    single = run_training(RunConfig.from_flags(model="tiny", steps=3, global_batch=8,
+                                               seq_len=32, device="cpu", quiet=True,
+                                               microbatches=4))
     assert piped == pytest.approx([r["loss"] for r in single], rel=1e-5)
 
 

@@ -6,10 +6,11 @@ import argparse
 import numpy as np
 import pytest
 
-from paraxis.config import read_run_file, to_toml
+from paraxis.config import RunConfig, read_run_file, to_toml
 from paraxis.data import ByteTokenizer, HFTokenizer, TokenData
 from paraxis.errors import ParaxisError
-from paraxis.train import TrainConfig, add_train_arguments, config_from_args, run_training
+from paraxis.train import run_training
+from paraxis.train_cli import add_arguments, config_from_args
 
 pytest.importorskip("tokenizers")
 
@@ -66,20 +67,20 @@ def test_bad_tokenizer_input_is_one_line(text_folder, tiny_tokenizer, tmp_path, 
 def test_run_file_key_and_flag(tmp_path):
     run_file = tmp_path / "run.toml"
     run_file.write_text('[data]\npath = "corpus"\ntokenizer = "tok/tokenizer.json"\n')
-    assert read_run_file(run_file)["tokenizer"] == "tok/tokenizer.json"
+    assert read_run_file(run_file).data.tokenizer == "tok/tokenizer.json"
     parser = argparse.ArgumentParser()
-    add_train_arguments(parser)
+    add_arguments(parser)
     cfg = config_from_args(parser.parse_args(["--config", str(run_file)]))
-    assert cfg.tokenizer == "tok/tokenizer.json"
+    assert cfg.data.tokenizer == "tok/tokenizer.json"
     flag = config_from_args(parser.parse_args(["--config", str(run_file), "--tokenizer",
                                                "other.json"]))
-    assert flag.tokenizer == "other.json"
+    assert flag.data.tokenizer == "other.json"
     run_file.write_text(to_toml(cfg))
     assert config_from_args(parser.parse_args(["--config", str(run_file)])) == cfg
 
 
 def test_training_on_tokenised_text(text_folder, tiny_tokenizer):
-    cfg = TrainConfig(model="tiny", data=str(text_folder), tokenizer=tiny_tokenizer, steps=3,
-                      global_batch=2, seq_len=16, device="cpu", quiet=True)
+    cfg = RunConfig.from_flags(model="tiny", data=str(text_folder), tokenizer=tiny_tokenizer,
+                               steps=3, global_batch=2, seq_len=16, device="cpu", quiet=True)
     records = run_training(cfg)
     assert len(records) == 3 and all(np.isfinite(r["loss"]) for r in records)

@@ -7,11 +7,12 @@ import sys
 import pytest
 import torch
 
+from paraxis.config import RunConfig
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.runtime.engine import LocalEngine
-from paraxis.train import TrainConfig, learning_rate, run_training
+from paraxis.train import learning_rate, run_training
 
 
 @pytest.mark.parametrize("accum", [2, 4])
@@ -38,8 +39,8 @@ def test_grad_accumulation_equals_one_big_batch(accum):
 
 def test_training_run_with_accumulation_matches_without(tmp_path):
     common = dict(model="tiny", steps=4, global_batch=8, seq_len=32, device="cpu", quiet=True)
-    plain = run_training(TrainConfig(**common, metrics_file=str(tmp_path / "m.jsonl")))
-    accum = run_training(TrainConfig(**common, layout=Layout(microbatches=4)))
+    plain = run_training(RunConfig.from_flags(**common, metrics_file=str(tmp_path / "m.jsonl")))
+    accum = run_training(RunConfig.from_flags(**common, layout=Layout(microbatches=4)))
     for a, b in zip(plain, accum, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
@@ -49,13 +50,13 @@ def test_training_run_with_accumulation_matches_without(tmp_path):
 
 
 def test_loss_falls():
-    records = run_training(TrainConfig(model="tiny", steps=40, global_batch=8, seq_len=64,
-                                       device="cpu", quiet=True))
+    records = run_training(RunConfig.from_flags(model="tiny", steps=40, global_batch=8,
+                                                seq_len=64, device="cpu", quiet=True))
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
 
 
 def test_learning_rate_warms_up_then_decays():
-    cfg = TrainConfig(steps=100, warmup_steps=10, lr=1.0, min_lr_ratio=0.1)
+    cfg = RunConfig.from_flags(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
     rates = [learning_rate(s, cfg) for s in range(100)]
     assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(rates[9:], rates[10:], strict=False))

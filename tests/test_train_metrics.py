@@ -8,17 +8,17 @@ import json
 import pytest
 import torch
 
-from paraxis.layout import Layout
+from paraxis.config import RunConfig
 from paraxis.model_config import load_model_config
 from paraxis.plan.compute import model_flops_per_token
 from paraxis.testing import RankContext, run_on_ranks
-from paraxis.train import TrainConfig, run_training
+from paraxis.train import run_training
 
 
-def _cfg(layout: str = "dp=1", **options) -> TrainConfig:
+def _cfg(layout: str = "dp=1", **options) -> RunConfig:
     options = {"model": "tiny", "steps": 3, "global_batch": 8, "seq_len": 32, "quiet": True,
                "eval_every": 3, "eval_batches": 2, **options}
-    return TrainConfig(layout=Layout.parse(layout), **options)
+    return RunConfig.from_flags(layout=layout, **options)
 
 
 def _val_loss(ctx: RankContext) -> float:

@@ -157,3 +157,6 @@ class PipelineEngine(LocalEngine):
             self.data_parallel.zero_grad()
         else:
             super().zero_grad()
+
+    def trace_events(self) -> list[dict]:
+        return list(self.executor.trace)

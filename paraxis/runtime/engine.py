@@ -109,6 +109,14 @@ class LocalEngine:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of model states this rank holds, by kind; empty when not counted."""
+        return {}
+
+    def trace_events(self) -> list[dict]:
+        """The last step's timed actions (Chrome trace events); empty unless pipelined."""
+        return []
+
 
 class _Nothing:
     def __enter__(self) -> None:

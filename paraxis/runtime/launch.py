@@ -1,12 +1,17 @@
-"""`paraxis train --nproc N`: start N ranks on this machine, watch them, stop them together.
+"""Start N ranks on this machine, watch them, stop them together (`paraxis train --nproc N`).
 
-The ranks run `run_training`, the function `torchrun -m paraxis.train` reaches on every rank,
-so one machine needs no torchrun and several machines use torchrun with its own flags
-(`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:port -m paraxis.train ...`).
+    launch(run_training, (cfg,), nproc=4)     # rank 0's return value comes back
 
-Nothing listens beyond loopback unless `--rdzv-host` says so: this process hosts the
-rendezvous store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to
-every interface, whatever address it is given), the ranks join it as clients (torchrun's
+Each rank runs `fn(*args)` in a fresh process with the environment torchrun would give it
+(RANK, WORLD_SIZE, MASTER_ADDR, ...), so the function `torchrun -m paraxis.train` reaches on
+every rank runs here unchanged: one machine needs no torchrun, and several machines use
+torchrun with its own flags (`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint
+host:port -m paraxis.train ...`). `fn` must be a module-level function (it is pickled by
+name for the spawned processes).
+
+Nothing listens beyond loopback unless `host` says so: this process hosts the rendezvous
+store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to every
+interface, whatever address it is given), the ranks join it as clients (torchrun's
 agent-store convention), and gloo is pinned to the loopback interface.
 
 Each rank reports its own failure in one line (`cli.run_guarded`); when one fails, the
@@ -23,45 +28,54 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from paraxis.errors import CommFailure, RunFailed
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
 
 LOOPBACK = "127.0.0.1"
 
 
-def _rank_entry(cfg, debug: bool, env: dict[str, str], results) -> None:  # noqa: ANN001
+def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
+                env: dict[str, str], results: Queue) -> None:
     os.environ.update(env)
     import torch
 
     from paraxis.cli import run_guarded
-    from paraxis.train import run_training
 
-    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
-        # Ranks share the machine's cores: one thread each avoids oversubscription.
+    if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
         torch.set_num_threads(1)
-    records: list[dict] = []
-    code = run_guarded(lambda: records.extend(run_training(cfg)), debug=debug)
+    returned: list[Any] = []
+    code = run_guarded(lambda: returned.append(fn(*args)), debug=debug)
     if code:
         sys.exit(code)  # the rank already said why, in one line
     if env["RANK"] == "0":
-        results.put(records)
+        results.put(returned[0])
         results.close()
         results.join_thread()
 
 
-def launch(cfg, nproc: int, host: str = LOOPBACK, debug: bool = False,  # noqa: ANN001
-           max_restarts: int = 0) -> list[dict]:
-    """Run `cfg` on `nproc` local ranks; return rank 0's records.
+def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
+           max_restarts: int = 0, debug: bool = False, timeout_s: float = 600.0,
+           device: str = "auto") -> Any:
+    """Run `fn(*args)` on `nproc` local ranks; return what rank 0's call returned.
 
     max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
-    stopped and all start again, up to this many times; each start resumes from the newest
-    complete checkpoint (`train._resume`, which sees TORCHELASTIC_RESTART_COUNT as under
-    torchrun --max-restarts).
+    stopped and all start again, up to this many times, with TORCHELASTIC_RESTART_COUNT set
+    as under torchrun --max-restarts (training resumes from its newest checkpoint then:
+    `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
+    ranks run on the CPU (then one thread each).
     """
+    import torch
+
+    one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     for attempt in range(max_restarts + 1):
         try:
-            return _launch_once(cfg, nproc, host, debug, attempt)
+            return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread)
         except RunFailed as failure:
             if attempt == max_restarts:
                 raise
@@ -70,8 +84,8 @@ def launch(cfg, nproc: int, host: str = LOOPBACK, debug: bool = False,  # noqa: 
     raise AssertionError("unreachable")
 
 
-def _launch_once(cfg, nproc: int, host: str, debug: bool, attempt: int  # noqa: ANN001
-                 ) -> list[dict]:
+def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
+                 attempt: int, timeout_s: float, one_thread: bool) -> Any:
     import torch.distributed as dist
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
@@ -79,7 +93,7 @@ def _launch_once(cfg, nproc: int, host: str, debug: bool, attempt: int  # noqa: 
     listener = socket.create_server((host, 0), backlog=max(128, 4 * nproc))
     port = listener.getsockname()[1]
     store = dist.TCPStore(host, port, is_master=True, master_listen_fd=listener.detach(),
-                          wait_for_workers=False, timeout=timedelta(seconds=cfg.timeout_s))
+                          wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
     common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
               "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
               "TORCHELASTIC_RESTART_COUNT": str(attempt),
@@ -89,22 +103,23 @@ def _launch_once(cfg, nproc: int, host: str, debug: bool, attempt: int  # noqa: 
     context = mp.get_context("spawn")  # fork after `import torch` is unsafe
     results = context.Queue()
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
-        cfg, debug, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, results))
-        for rank in range(nproc)]
+        fn, args, one_thread, debug, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        results)) for rank in range(nproc)]
     for process in processes:
         process.start()
     try:
-        return _watch(processes, results, cfg.timeout_s)
+        return _watch(processes, results, timeout_s)
     finally:
         _stop(processes)
         del store
 
 
-def _watch(processes: list, results, timeout_s: float) -> list[dict]:  # noqa: ANN001
-    records = None
+def _watch(processes: list, results: Queue, timeout_s: float) -> Any:
+    """Wait for every rank to exit 0 (then return rank 0's result) or for one to fail."""
+    returned, received = None, False
     while True:
         try:
-            records = results.get(timeout=0.1)
+            returned, received = results.get(timeout=0.1), True
         except queue.Empty:
             pass
         codes = [p.exitcode for p in processes]
@@ -115,7 +130,7 @@ def _watch(processes: list, results, timeout_s: float) -> list[dict]:  # noqa: A
                 time.sleep(0.1)
             raise RunFailed(failure_summary([p.exitcode for p in processes]))
         if all(code == 0 for code in codes):
-            return records if records is not None else results.get(timeout=timeout_s)
+            return returned if received else results.get(timeout=timeout_s)
 
 
 def _stop(processes: list) -> None:

@@ -1,0 +1,107 @@
+"""Which state a run starts from, and what it saves when: the policy of `paraxis train`.
+
+A run starts from, in this order of precedence:
+1. the newest checkpoint in --checkpoint-dir when this is a restarted attempt (--max-restarts
+   or torchrun's): the progress made since the job started;
+2. --init-from: another run's weights (a paraxis checkpoint or a Hugging Face folder), cut
+   for this layout; the optimizer and the learning-rate schedule start fresh;
+3. --resume: a checkpoint, the newest in a folder of them, or "auto" (the newest in
+   --checkpoint-dir if there is one);
+4. else step 0, the seed's weights.
+
+It saves a checkpoint every --checkpoint-every steps, at --exit-after and at the end, and
+its resolved config once, at the start (`write_config`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
+from paraxis.config import to_toml
+from paraxis.errors import ParaxisError
+from paraxis.runtime.distributed import restart_attempt
+
+if TYPE_CHECKING:
+    from paraxis.config import RunConfig
+    from paraxis.model_config import ModelConfig
+    from paraxis.runtime.engine import LocalEngine
+
+
+def start_step(cfg: RunConfig, engine: LocalEngine, model_cfg: ModelConfig, rank: int) -> int:
+    """Load what the run starts from into `engine`; return the step to continue from."""
+    ckpt = cfg.checkpoint
+    saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
+    if restart_attempt() > 0 and saved:
+        path = saved[-1][1]
+    elif ckpt.init_from:
+        init_from(ckpt.init_from, engine, model_cfg, rank)
+        return 0
+    elif not ckpt.resume:
+        return 0
+    elif ckpt.resume == "auto":
+        if not saved:
+            return 0  # nothing saved yet: a fresh start
+        path = saved[-1][1]
+    else:
+        path = resolve(ckpt.resume)
+    manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
+    step = int(manifest["step"])
+    if step >= cfg.train.steps:
+        raise ParaxisError(f"checkpoint {path} is at step {step}, not before --steps "
+                           f"{cfg.train.steps}; raise --steps to train further")
+    if rank == 0 and not cfg.logging.quiet:
+        print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
+              file=sys.stderr, flush=True)
+    return step
+
+
+def init_from(path: str, engine: LocalEngine, model_cfg: ModelConfig, rank: int) -> None:
+    """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
+    cut for this layout; the optimizer and the schedule start fresh."""
+    from paraxis.checkpoint.load import fill_entries
+    from paraxis.checkpoint.manifest import check_model
+
+    if (Path(path) / "config.json").is_file():
+        from paraxis.hf import read_hf
+
+        hf_cfg, state = read_hf(path)
+        check_model({"model": hf_cfg.to_dict()}, model_cfg.to_dict(), Path(path))
+        fill_entries(engine, lambda kind, name: state[name], ("param",), path)
+    else:
+        load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
+
+
+def save_due(cfg: RunConfig, done: int) -> bool:
+    """Whether to save after `done` steps: every --checkpoint-every, at --exit-after and at
+    the end (only with --checkpoint-dir)."""
+    every = cfg.checkpoint.every
+    return bool(cfg.checkpoint.dir) and (done == cfg.train.steps
+                                         or done == cfg.checkpoint.exit_after
+                                         or (every > 0 and done % every == 0))
+
+
+def save(cfg: RunConfig, engine: LocalEngine, model_cfg: ModelConfig, step: int) -> None:
+    """A checkpoint of `step` steps done, with the resolved config and the data position."""
+    train = cfg.train
+    data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
+            "global_batch": train.global_batch, "seq_len": train.seq_len}
+    save_checkpoint(engine, cfg.checkpoint.dir, step, model_cfg.to_dict(),
+                    config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data})
+
+
+def write_config(cfg: RunConfig) -> None:
+    """The resolved config as config.toml beside the metrics file (it reads back with
+    --config), and one line saying where; checkpoints carry their own copy."""
+    where = None
+    if cfg.logging.metrics_file:
+        path = Path(cfg.logging.metrics_file).parent / "config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_toml(cfg))
+        where = str(path)
+    elif cfg.checkpoint.dir:
+        where = f"config.toml in every checkpoint under {cfg.checkpoint.dir}"
+    if where and not cfg.logging.quiet:
+        print(f"resolved config: {where}", file=sys.stderr, flush=True)
