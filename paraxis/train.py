@@ -145,7 +145,7 @@ def run_training(cfg: TrainConfig) -> list[dict]:
 
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import (
         build_groups,
         init_distributed,
@@ -173,10 +173,12 @@ def run_training(cfg: TrainConfig) -> list[dict]:
         data.check(model_cfg.vocab_size, cfg.seq_len)
         groups = build_groups(layout)
         torch.manual_seed(cfg.seed)
-        engine = build_engine(model_cfg, layout, groups, device, cfg)
-        report = getattr(engine, "memory_report", None)
-        if report is not None and not cfg.quiet:
-            states = ", ".join(f"{k} {v:,} B" for k, v in report().items())
+        engine = build_engine(model_cfg, layout, groups, device, seed=cfg.seed,
+                              dtype=cfg.dtype, weight_decay=cfg.weight_decay,
+                              bucket_mb=cfg.bucket_mb, seq_len=cfg.seq_len,
+                              announce=groups.rank == 0 and not cfg.quiet)
+        if not cfg.quiet:
+            states = ", ".join(f"{k} {v:,} B" for k, v in engine.memory_report().items())
             print(f"rank {rank} model states: {states}", file=sys.stderr, flush=True)
         if cfg.metrics_file and rank == 0:
             Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
@@ -359,10 +361,9 @@ def _save_trace(engine, path: Path, rank: int) -> None:  # noqa: ANN001
 
     from paraxis.runtime.watchdog import WATCH
 
-    executor = getattr(engine, "executor", None)
-    if executor is None:
+    events = engine.trace_events()
+    if engine.layout.pp == 1:
         return
-    events = list(executor.trace)
     if dist.is_initialized():
         gathered: list = [None] * dist.get_world_size() if rank == 0 else None
         with WATCH.waiting("gather_object"):

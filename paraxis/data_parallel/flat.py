@@ -34,7 +34,8 @@ class Piece:
 class FlatUnit:
     """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3)."""
 
-    def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int) -> None:
+    def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int,
+                 device: torch.device | None = None) -> None:
         self.params = params
         self.offsets: list[int] = []
         total = 0
@@ -46,7 +47,9 @@ class FlatUnit:
         self.shard_numel = self.padded_numel // dp_size
         self.shard_start = dp_rank * self.shard_numel
         self.dtype = params[0].dtype
-        self.device = params[0].device
+        # where its flat buffers live: the parameters' device, unless they are still on
+        # the meta device and take their storage from those buffers
+        self.device = device or params[0].device
 
     def spans(self) -> list[tuple[nn.Parameter, int, int]]:
         """(param, start, end) of each parameter in the flat index space."""
