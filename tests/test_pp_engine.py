@@ -9,11 +9,11 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.memory import SavedActivations
 from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import LocalEngine
+from paraxis.runtime.parallelize import build_engine
 from paraxis.testing import run_distributed
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
@@ -36,7 +36,7 @@ def _train(engine) -> list[float]:
 
 
 def _pipeline_rank(cfg, layout):
-    engine = PipelineEngine(cfg, layout, build_groups(layout), torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=SEED)
     losses = _train(engine)
     params = {name: p.detach().numpy().copy() for name, p in engine.named_parameters()}
     trace = [(t["kind"], t["microbatch"], t["chunk"]) for t in engine.executor.trace]
@@ -78,7 +78,7 @@ def test_pipeline_equals_single_device(pp, schedule, virtual, model):
 
 
 def _pipeline_rank_recv_ahead(cfg, layout, recv_ahead):
-    engine = PipelineEngine(cfg, layout, build_groups(layout), torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=SEED)
     default = engine.executor.recv_ahead
     engine.executor.recv_ahead = recv_ahead
     losses = _train(engine)
@@ -114,7 +114,7 @@ def test_receives_posted_ahead_change_timing_only(schedule, virtual):
 
 def _stage0_saved_bytes(layout, cfg):
     groups = build_groups(layout)
-    engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, groups, "cpu", seed=SEED)
     x, y = _batches()[0]
     engine.forward_backward(x, y)  # warm-up, so lazily created state is not counted
     engine.zero_grad()
@@ -123,7 +123,7 @@ def _stage0_saved_bytes(layout, cfg):
     # one microbatch's forward alone: the unit the peak is measured in
     with SavedActivations(engine.model.parameters()) as single:
         if groups.is_first_stage:
-            engine.chunks[0](x[: BATCH // layout.microbatches])
+            engine.parts[0](x[: BATCH // layout.microbatches])
     return meter.peak_bytes, single.peak_bytes
 
 

@@ -101,7 +101,7 @@ def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
 
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import build_groups
     from paraxis.train import TrainConfig, _loop
 
@@ -110,11 +110,11 @@ def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
     model_cfg = load_model_config(cfg.model)
     groups = build_groups(PIPE)
     torch.manual_seed(cfg.seed)
-    engine = build_engine(model_cfg, PIPE, groups, torch.device("cpu"), cfg)
+    engine = build_engine(model_cfg, PIPE, groups, "cpu", seed=cfg.seed, seq_len=cfg.seq_len)
     _loop(cfg, engine, TokenData.load(cfg.data), groups, torch.device("cpu"), groups.rank,
           model_cfg)
     scheduled = [(a.kind, a.microbatch, a.chunk) for a in engine.schedule.stages[groups.pp_rank]]
-    return list(engine.executor.trace), scheduled
+    return engine.trace_events(), scheduled
 
 
 @pytest.fixture(scope="module")
