@@ -145,7 +145,6 @@ def run_training(cfg: TrainConfig) -> list[dict]:
 
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import (
         build_groups,
         init_distributed,
@@ -154,6 +153,7 @@ def run_training(cfg: TrainConfig) -> list[dict]:
     )
     from paraxis.runtime.heartbeat import start_heartbeat
     from paraxis.runtime.nan_policy import NumericalFault
+    from paraxis.runtime.parallelize import build_engine
 
     cfg.check()
     model_cfg = load_model_config(cfg.model)

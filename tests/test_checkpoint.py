@@ -97,8 +97,8 @@ def _reshard_body(root: str) -> tuple[list, list]:
 
     from paraxis.checkpoint import save_checkpoint
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
 
     source = f"{root}/a/step-00000003"
     run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
@@ -145,8 +145,8 @@ def test_reshard_across_layouts_and_to_one_device(tmp_path):
 def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> None:
     from paraxis.checkpoint import save_checkpoint
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
 
     cfg = _cfg(layout, 5)
     model_cfg = load_model_config(cfg.model)

@@ -101,8 +101,8 @@ def _pipeline_run(folder: str) -> tuple[list[dict], list[tuple]]:
 
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
     from paraxis.train import TrainConfig, _loop
 
     cfg = TrainConfig(model="tiny", steps=3, global_batch=8, seq_len=32, device="cpu",

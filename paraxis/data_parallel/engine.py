@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.data_parallel.buckets import GradReducer, make_buckets
 from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_size
-from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.data_parallel.precision import LossScaler
 from paraxis.data_parallel.zero import (
     ParamGatherer,

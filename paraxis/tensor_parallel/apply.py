@@ -9,8 +9,9 @@ submodule name patterns to how that submodule is split. `*` matches one name com
 transforms, in place, every submodule the plan names that the module holds, and skips the
 rest. A pipeline stage is a part of the model (`Transformer(cfg, blocks=..., embed=...,
 head=...)`) holding only some of the named modules. It runs on the meta device too (slicing
-reads no values: `runtime.parallelize`). Parameter names do not change (`blocks.0.attn.q.weight` is still there, now a
-slice), so checkpoints and optimizers see the same names on every layout.
+reads no values: `runtime.parallelize`). Parameter names do not change
+(`blocks.0.attn.q.weight` is still there, now a slice), so checkpoints and optimizers see
+the same names on every layout.
 
 What the plan does per layer (Megatron-LM, Shoeybi et al. 2019, fig. 3): attention and MLP
 each enter the TP region once and leave it once, so a layer costs 2 all-reduces forward and
