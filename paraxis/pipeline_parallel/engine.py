@@ -82,7 +82,7 @@ class PipelineEngine(LocalEngine):
         # Only the last stage computed the loss: it tells the rest of its pipeline.
         with WATCH.waiting("broadcast", self.groups.pp_group):
             dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
-        return self.data_parallel.reduce_loss(float(loss))
+        return self.reduce_loss(float(loss))
 
     def _backward_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         # A rank holding a tied embedding copy must sum it with its partner stage before
@@ -96,6 +96,12 @@ class PipelineEngine(LocalEngine):
     def finish_grad_sync(self) -> None:
         self.tied.all_reduce_grad()
         self.data_parallel.finish_grad_sync()
+
+    def reduce_loss(self, loss: float) -> float:
+        return self.data_parallel.reduce_loss(loss)
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        return self.data_parallel.grad_norm_squared()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return self.data_parallel.clip_grad_norm(max_norm)
