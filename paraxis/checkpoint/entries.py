@@ -24,15 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from paraxis.runtime.params import is_pp_duplicate, is_tp_sharded
-
-if TYPE_CHECKING:
-    from paraxis.data_parallel.flat import Piece
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")  # the parameter, then AdamW's two moments
 
@@ -59,6 +56,20 @@ class Entry:
         return {"kind": self.kind, "name": self.name, "shape": list(self.full_shape),
                 "tp_dim": self.tp_dim, "tp_index": self.tp_index, "tp_count": self.tp_count,
                 "lo": self.lo, "hi": self.hi}
+
+
+class ShardPiece(Protocol):
+    """Where a parameter meets a rank's ZeRO shard (`data_parallel.flat.Piece`): the flat
+    range [lo, hi) of the parameter."""
+
+    @property
+    def param(self) -> nn.Parameter: ...
+
+    @property
+    def lo(self) -> int: ...
+
+    @property
+    def hi(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,7 @@ def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Te
     return entries
 
 
-def shard_entries(pieces: list[tuple[Piece, torch.Tensor]], names: Mapping[int, str],
+def shard_entries(pieces: list[tuple[ShardPiece, torch.Tensor]], names: Mapping[int, str],
                   state: Mapping[torch.Tensor, dict], place: Place, kinds: tuple[str, ...]
                   ) -> list[Entry]:
     """Entries of ZeRO's pieces: (piece of a parameter, its flat master view), each the flat

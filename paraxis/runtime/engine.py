@@ -30,8 +30,15 @@ from paraxis.model import single_device_parameters
 from paraxis.runtime.params import local_norm_squares
 
 if TYPE_CHECKING:
-    from paraxis.data_parallel.precision import LossScaler
     from paraxis.runtime.distributed import ParallelGroups
+
+
+class LossScale(Protocol):
+    """fp16's dynamic loss scale as checkpoints see it (`data_parallel.precision`)."""
+
+    def state_dict(self) -> dict[str, float]: ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None: ...
 
 
 class Engine(Protocol):
@@ -45,7 +52,7 @@ class Engine(Protocol):
     model: nn.Module  # this rank's modules (a Transformer, or a stage's parts)
     layout: Layout
     optimizer: torch.optim.Optimizer
-    loss_scaler: LossScaler | None  # fp16's dynamic loss scale, checkpointed; else None
+    loss_scaler: LossScale | None  # fp16's dynamic loss scale, checkpointed; else None
 
     @property
     def device(self) -> torch.device: ...
@@ -91,7 +98,7 @@ class LocalEngine:
         self.layout = layout
         self.autocast_dtype = autocast_dtype
         self.groups: ParallelGroups | None = None
-        self.loss_scaler: LossScaler | None = None
+        self.loss_scaler: LossScale | None = None
         self.optimizer = make_adamw(model.parameters(), weight_decay, betas, eps)
         init_adam_state(self.optimizer)
 
