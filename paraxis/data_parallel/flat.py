@@ -13,6 +13,7 @@ so ZeRO with dp=1 runs the same code path without a process group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,12 @@ class FlatUnit:
         return flat
 
 
+class Work(Protocol):
+    """A collective in flight (torch's `dist.Work`, or `_Done` when there was nothing to do)."""
+
+    def wait(self) -> bool: ...
+
+
 class _Done:
     """A finished work handle for collectives that had nothing to do (dp = 1)."""
 
@@ -84,14 +91,14 @@ class _Done:
         return True
 
 
-def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None):  # noqa: ANN201
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> Work:
     if group is None:
         return _Done()
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
 def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
-                       group: dist.ProcessGroup | None):  # noqa: ANN201
+                       group: dist.ProcessGroup | None) -> Work:
     if group is None:
         shard.copy_(full)
         return _Done()
@@ -100,7 +107,7 @@ def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
 
 
 def all_gather(full: torch.Tensor, shard: torch.Tensor,
-               group: dist.ProcessGroup | None):  # noqa: ANN201
+               group: dist.ProcessGroup | None) -> Work:
     if group is None:
         if full.data_ptr() != shard.data_ptr():
             full.copy_(shard)

@@ -18,6 +18,8 @@ again once the storage is refilled by the next all-gather.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -141,14 +143,15 @@ class ParamGatherer:
         self.gather(self.root_index)
         self.prefetch(0)
 
-    def _pre_forward(self, index: int):  # noqa: ANN202
+    def _pre_forward(self, index: int) -> Callable[[nn.Module, object], None]:
         def hook(module: nn.Module, args: object) -> None:
             self.gather(index)
             if self.phase == "forward":
                 self.prefetch(index + 1)
         return hook
 
-    def _post_forward(self, index: int, is_last: bool):  # noqa: ANN202
+    def _post_forward(self, index: int, is_last: bool
+                      ) -> Callable[[nn.Module, object, torch.Tensor], None]:
         def hook(module: nn.Module, args: object, output: torch.Tensor) -> None:
             if self.phase != "forward":
                 return
@@ -159,7 +162,7 @@ class ParamGatherer:
                 self.free(index)
         return hook
 
-    def _pre_backward(self, index: int):  # noqa: ANN202
+    def _pre_backward(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             self.phase = "backward"
             self.gather(index)
