@@ -38,6 +38,7 @@ from paraxis.data_parallel.zero import (
 )
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.model import Transformer
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import (
     LocalEngine,
@@ -97,8 +98,8 @@ class DataParallelEngine(LocalEngine):
         dp_rank = group_rank(self.dp_group)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units = _block_units(model, params, self.dp_size, dp_rank, device)
-            blocks = list(model.blocks) if hasattr(model, "blocks") else []
+            blocks = list(model.blocks) if isinstance(model, Transformer) else []
+            self.units = _block_units(blocks, params, self.dp_size, dp_rank, device)
             self.gatherer = ParamGatherer(self.units, blocks, model, self.dp_group)
             # Backward completes blocks last-to-first and the root (embeddings) at the end.
             order = list(range(len(self.units) - 2, -1, -1)) + [len(self.units) - 1]
@@ -272,12 +273,12 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
             give_storage(p, device)
 
 
-def _block_units(model: nn.Module, params: list[nn.Parameter], dp_size: int,
+def _block_units(blocks: list[nn.Module], params: list[nn.Parameter], dp_size: int,
                  dp_rank: int, device: torch.device) -> list[FlatUnit]:
-    """ZeRO-3 units: one per `model.blocks[i]`, then everything else as the root unit."""
+    """ZeRO-3 units: one per block, then everything else as the root unit."""
     wanted = {id(p) for p in params}
     units, taken = [], set()
-    for block in getattr(model, "blocks", []):
+    for block in blocks:
         own = [p for p in block.parameters() if id(p) in wanted and id(p) not in taken]
         if not own:
             raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
