@@ -44,7 +44,7 @@ def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(rank_device()), y.to(rank_device())
 
 
-def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
+def _paraxis_body(s: dict, zero: int) -> Callable[[], Callable[[], None]]:
     def body() -> Callable[[], None]:
         layout = Layout(dp=RANKS, zero=zero)
         engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0,
@@ -55,7 +55,7 @@ def _paraxis_body(s: dict, zero: int):  # noqa: ANN202
     return body
 
 
-def _torch_body(s: dict, wrap: str):  # noqa: ANN202
+def _torch_body(s: dict, wrap: str) -> Callable[[], Callable[[], None]]:
     def body() -> Callable[[], None]:
         model = build_model(PRESETS[s["model"]], seed=0, device=rank_device())
         if wrap == "ddp":

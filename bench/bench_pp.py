@@ -1,8 +1,8 @@
 """paraxis pipeline schedules next to `torch.distributed.pipelining` (Schedule1F1B and
 ScheduleGPipe): same model, same stage split, same stages and microbatches, gloo.
 
-Both sides run the same stage modules (`build_stage_modules`, so the same weights and the
-same partition), forward + backward over the microbatches, then AdamW(foreach=False). The
+Both sides run the same stage parts (`Transformer` parts of `partition_layers`' split, with
+the same weights), forward + backward over the microbatches, then AdamW(foreach=False). The
 peer wraps each stage in `PipelineStage`; paraxis runs its own validated action lists.
 Same compute, same order of forwards and backwards; the one difference is when receives are
 posted: on gloo paraxis posts each irecv one communication point early (before the sends
@@ -18,12 +18,12 @@ import torch
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
+from paraxis.model import build_model
 from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.pipeline_parallel.stage import build_stage_modules
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import make_adamw
+from paraxis.runtime.parallelize import build_engine
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, untied head
 PP = 2
@@ -32,7 +32,7 @@ PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 
 def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable[[], None]:
     layout = Layout(pp=PP, microbatches=microbatches, schedule=schedule)
-    engine = PipelineEngine(MODEL, layout, build_groups(layout), rank_device())
+    engine = build_engine(MODEL, layout, build_groups(layout), rank_device(), seed=0)
     x, y = token_batch(MODEL.vocab_size, batch, seq)
     return engine_step(engine, x, y)
 
@@ -43,12 +43,13 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
     from torch.distributed import pipelining
 
     stage_index = dist.get_rank()
-    module = build_stage_modules(MODEL, partition_layers(MODEL, PP), stage_index,
-                                 device=rank_device())[0]
+    split = partition_layers(MODEL, PP)
+    module = build_model(MODEL, seed=0, device=rank_device(), blocks=split.blocks_of(stage_index),
+                         embed=split.has_embedding(stage_index), head=split.has_head(stage_index))
     stage = pipelining.PipelineStage(module, stage_index, PP, rank_device())
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return module.loss_fn(logits, targets) if module.is_last else logits.sum()
+        return module.loss_fn(logits, targets) if module.has_head else logits.sum()
 
     runner = getattr(pipelining, PEERS[schedule])(stage, microbatches, loss_fn=loss_fn)
     optimizer = make_adamw(module.parameters(), 0.1, (0.9, 0.95), 1e-8)

@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
+from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.runtime.distributed import build_groups
-from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel
+from paraxis.tensor_parallel import apply_tensor_parallel
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, 8 heads / 4 kv heads
 TP = 2
@@ -30,7 +31,7 @@ def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     layout = Layout(tp=TP)
     groups = build_groups(layout)
     model = apply_tensor_parallel(build_model(MODEL, device=rank_device()), groups)
-    engine = TensorParallelEngine(model, layout, groups)
+    engine = DataParallelEngine(model, layout, groups)  # dp=1: the engine build_engine makes
     x, y = token_batch(MODEL.vocab_size, batch, seq)
     return engine_step(engine, x, y)
 

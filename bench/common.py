@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.calibrate.kernels import sync as _sync
+from paraxis.runtime.engine import Engine
 from paraxis.testing import run_distributed
 
 
@@ -93,8 +94,8 @@ def measure_steps(step: Callable[[], None], steps: int, warmup: int = 2,
             "peak_memory_bytes": _peak_bytes(device)}
 
 
-def engine_step(engine, x, y, lr: float = 1e-3, clip: float | None = None  # noqa: ANN001
-                ) -> Callable[[], None]:
+def engine_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, lr: float = 1e-3,
+                clip: float | None = None) -> Callable[[], None]:
     """One paraxis training step on a fixed batch, as the training loop runs it."""
 
     def step() -> None:

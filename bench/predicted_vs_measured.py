@@ -58,11 +58,11 @@ def setting(quick: bool) -> dict:
 def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int, steps: int,
                warmup: int) -> dict:
     """On every rank: build the engine `paraxis train` would, time steps on a fixed batch."""
-    from paraxis.runtime.build import build_engine
     from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
 
     groups = build_groups(layout)
-    engine = build_engine(cfg, layout, groups, torch.device("cpu"), seq_len=seq_len)
+    engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=seq_len)
     tokens = torch.randint(0, cfg.vocab_size, (global_batch, seq_len + 1),
                            generator=torch.Generator().manual_seed(0))
     per_dp = global_batch // layout.dp  # this dp rank's rows, as the training loop slices

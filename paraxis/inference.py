@@ -12,12 +12,16 @@ serving engine.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from paraxis.errors import ParaxisError
 from paraxis.model import Transformer
 from paraxis.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from paraxis.data import ByteTokenizer, HFTokenizer
 
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
@@ -86,7 +90,8 @@ def generate(model: Transformer, prompt: list[int], max_new_tokens: int,
     return ids[0, len(prompt):].tolist()
 
 
-def pick_tokenizer(checkpoint: Path, given: str | None, vocab_size: int):  # noqa: ANN201
+def pick_tokenizer(checkpoint: Path, given: str | None, vocab_size: int
+                   ) -> HFTokenizer | ByteTokenizer:
     """--tokenizer, else the checkpoint's tokenizer.json, else bytes (if the model's are)."""
     from paraxis.data import BYTE_VOCAB, ByteTokenizer, HFTokenizer
 

@@ -1,11 +1,12 @@
 """The reference model: a decoder-only transformer in one readable file.
 
 Plain PyTorch, no parallelism inside: tensor and pipeline parallelism are applied from the
-outside (`paraxis.tensor_parallel`, `paraxis.pipeline`) by replacing or regrouping the
-modules named here, so this file stays a model you can hold in your head.
+outside (`paraxis.runtime.parallelize`) by building a part of the model (a pipeline stage)
+or replacing the modules named here (tensor parallelism), so this file stays a model you can
+hold in your head.
 
-Initialisation is a function of (seed, parameter name) alone (`init_parameters`): a pipeline
-stage that builds only its own blocks, or a TP rank that slices its shard, starts from
+Initialisation is a function of (seed, parameter name) alone (`init_parameter`): a pipeline
+stage that builds only its own blocks, or a TP rank that fills only its shard, starts from
 exactly the single-device weights.
 """
 
@@ -121,23 +122,59 @@ class CrossEntropy(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class Blocks(nn.ModuleList):
+    """The model's blocks, registered under their global index: a part holding blocks 4-7
+    names its parameters `blocks.5.attn.q.weight`, exactly as the whole model does, while
+    iteration, len() and [i] (position in this part) behave like a list."""
+
+    def __init__(self, blocks: dict[int, Block]) -> None:
+        super().__init__()
+        for index, block in blocks.items():
+            self.add_module(str(index), block)
+
+    def __getitem__(self, index: int) -> Block:  # type: ignore[override]
+        return list(self._modules.values())[index]
+
+    def global_indices(self) -> list[int]:
+        return [int(key) for key in self._modules]
+
+
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """The whole model, or a part of it: `blocks` (global indices, default all), with or
+    without the embedding (`embed`) and the final norm, LM head and loss (`head`).
+
+    A pipeline stage is such a part (`Transformer(cfg, blocks=range(4, 8), embed=False)`),
+    an ordinary model object: tensor parallelism, recompute and checkpointing see the same
+    attribute and parameter names as on one device. GPT-2 ties the LM head to the token
+    embedding; a part with the head but not the embedding holds its own copy, marked
+    `pp_duplicate` and initialised as `tok_emb.weight` (`single_device_name`), which the
+    pipeline keeps equal to the first stage's (`pipeline_parallel.tied`).
+    """
+
+    def __init__(self, cfg: ModelConfig, blocks: range | None = None, embed: bool = True,
+                 head: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        if cfg.learned_positions:
-            self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm_f = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tied_embeddings:
-            # GPT-2 ties the output projection to the token embedding (Press & Wolf 2017):
-            # one Parameter, listed once by named_parameters() under tok_emb.weight.
-            self.lm_head.weight = self.tok_emb.weight
-        self.loss_fn = CrossEntropy()
+        self.has_embedding = embed
+        self.has_head = head
+        if embed:
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            if cfg.learned_positions:
+                self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        indices = range(cfg.n_layers) if blocks is None else blocks
+        self.blocks = Blocks({index: Block(cfg) for index in indices})
+        if head:
+            self.norm_f = make_norm(cfg)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            if cfg.tied_embeddings and embed:
+                # GPT-2 ties the output projection to the token embedding (Press & Wolf
+                # 2017): one Parameter, listed once by named_parameters() as tok_emb.weight.
+                self.lm_head.weight = self.tok_emb.weight
+            elif cfg.tied_embeddings:
+                self.lm_head.weight.pp_duplicate = True  # counted once (runtime/params.py)
+            self.loss_fn = CrossEntropy()
 
-    # The three pieces a pipeline stage may own: embed (first stage), blocks, head (last).
+    # The three pieces a part may own: embed (first stage), blocks, head (last).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok_emb(idx)
@@ -148,11 +185,15 @@ class Transformer(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm_f(x))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits when no targets are given, else the mean cross-entropy loss."""
-        x = self.embed(idx)
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (with the embedding) or the residual stream in; the residual stream
+        out, or with the head the logits, or the mean cross-entropy loss given targets."""
+        if self.has_embedding:
+            x = self.embed(x)
         for block in self.blocks:
             x = block(x)
+        if not self.has_head:
+            return x
         logits = self.logits(x)
         return logits if targets is None else self.loss_fn(logits, targets)
 
@@ -161,6 +202,24 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.recompute = mode == "full"
             block.attn.recompute_core = mode == "selective"
+
+
+def single_device_name(name: str, param: nn.Parameter) -> str:
+    """The name a parameter has on one device: a part's copy of the tied embedding is
+    `tok_emb.weight` (it is that tensor); every other name is already the same."""
+    return "tok_emb.weight" if getattr(param, "pp_duplicate", False) else name
+
+
+def single_device_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(single-device name, parameter) of every parameter of the model parts in `module` (a
+    Transformer, or a container of pipeline parts), each once; a module holding no
+    Transformer keeps its own names."""
+    parts = [m for m in module.modules() if isinstance(m, Transformer)] or [module]
+    seen: dict[int, tuple[str, nn.Parameter]] = {}
+    for part in parts:
+        for name, param in part.named_parameters():
+            seen.setdefault(id(param), (single_device_name(name, param), param))
+    return list(seen.values())
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -190,13 +249,14 @@ def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) 
 
 
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
-    for name, param in model.named_parameters():
+    for name, param in single_device_parameters(model):
         init_parameter(name, param, cfg, seed)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.float32) -> Transformer:
-    """The full single-device model with the seed's weights."""
-    model = Transformer(cfg)
+                dtype: torch.dtype = torch.float32, blocks: range | None = None,
+                embed: bool = True, head: bool = True) -> Transformer:
+    """The model (or a part of it, see `Transformer`) with the seed's single-device weights."""
+    model = Transformer(cfg, blocks, embed, head)
     init_parameters(model, cfg, seed)
     return model.to(device=device, dtype=dtype)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from paraxis.data import TokenData
     from paraxis.model_config import ModelConfig
     from paraxis.runtime.distributed import ParallelGroups
-    from paraxis.runtime.engine import LocalEngine
+    from paraxis.runtime.engine import Engine
 
 __all__ = ["add_arguments", "learning_rate", "main", "run", "run_training"]
 
@@ -52,7 +52,6 @@ def run_training(cfg: RunConfig) -> list[dict]:
 
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
     from paraxis.runtime.distributed import (
         build_groups,
         init_distributed,
@@ -61,6 +60,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     )
     from paraxis.runtime.heartbeat import start_heartbeat
     from paraxis.runtime.nan_policy import NumericalFault
+    from paraxis.runtime.parallelize import build_engine
     from paraxis.runtime.resume import start_step, write_config
 
     cfg.check()
@@ -109,7 +109,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
             shutdown_distributed(clean)
 
 
-def _loop(cfg: RunConfig, engine: LocalEngine, data: TokenData, groups: ParallelGroups,
+def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0
           ) -> list[dict]:
     from paraxis.metrics import MetricsSink, device_peak_flops, max_over_ranks, peak_memory_bytes
@@ -192,7 +192,7 @@ def _dp_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: Parallel
     return tuple(torch.from_numpy(part[rows]).to(device) for part in batch)
 
 
-def _evaluate(cfg: RunConfig, engine: LocalEngine, data: TokenData, groups: ParallelGroups,
+def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
               device: torch.device) -> float:
     """Mean loss over the same `eval_batches` held-out batches every time (comparable
     across steps, runs and layouts)."""
@@ -203,7 +203,7 @@ def _evaluate(cfg: RunConfig, engine: LocalEngine, data: TokenData, groups: Para
     return total / cfg.eval.batches
 
 
-def _save_trace(engine: LocalEngine, path: Path, rank: int) -> None:
+def _save_trace(engine: Engine, path: Path, rank: int) -> None:
     """The last step's per-rank pipeline actions as one Chrome/Perfetto trace (rank 0
     writes it), for the report's measured timeline. Only pipeline engines record actions."""
     import torch.distributed as dist
@@ -211,6 +211,8 @@ def _save_trace(engine: LocalEngine, path: Path, rank: int) -> None:
     from paraxis.runtime.watchdog import WATCH
 
     events = engine.trace_events()
+    if engine.layout.pp == 1:
+        return
     if dist.is_initialized():
         gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
         with WATCH.waiting("gather_object"):

@@ -72,7 +72,6 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
     # A resumed fp16 run must go on with the scale the run had reached (and its count
     # towards the next doubling), not restart from 2**16.
     from paraxis.checkpoint import save_checkpoint
-    from paraxis.checkpoint.entries import loss_scaler
     from paraxis.data_parallel import DataParallelEngine
     from paraxis.model import build_model
     from paraxis.model_config import PRESETS
@@ -83,13 +82,13 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
 
     saved = engine()
     for overflow in (True, True, False, False, False):
-        saved.scaler.update(overflow)
-    assert saved.scaler.state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+        saved.loss_scaler.update(overflow)
+    assert saved.loss_scaler.state_dict() == {"scale": 2.0**14, "clean_steps": 3}
     path = save_checkpoint(saved, tmp_path, 5, PRESETS["tiny"].to_dict())
     loaded = engine()
     load_checkpoint(loaded, path, PRESETS["tiny"].to_dict())
-    assert loss_scaler(loaded).state_dict() == {"scale": 2.0**14, "clean_steps": 3}
-    assert loaded.scaler.last_scale == 2.0**14  # the first resumed step unscales by it
+    assert loaded.loss_scaler.state_dict() == {"scale": 2.0**14, "clean_steps": 3}
+    assert loaded.loss_scaler.last_scale == 2.0**14  # the first resumed step unscales by it
 
 
 # ------------------------------------------------------------------------ resharding
@@ -100,7 +99,7 @@ def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
 
     from paraxis.checkpoint import save_checkpoint
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.parallelize import build_engine
 
     source = f"{root}/a/step-00000003"
     run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
@@ -109,7 +108,8 @@ def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
     cfg = _cfg("dp=1,tp=4,pp=2", 5)
     model_cfg = load_model_config(cfg.model.name)
     groups = ctx.with_layout(cfg.layout).groups
-    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seq_len=32)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seed=cfg.train.seed,
+                          seq_len=32)
     load_checkpoint(engine, source, model_cfg.to_dict(), dist.get_rank())
     save_checkpoint(engine, f"{root}/b", 3, model_cfg.to_dict())
     resharded = run_training(_cfg("dp=1,tp=4,pp=2", 5, resume=source))
@@ -146,13 +146,14 @@ def test_reshard_across_layouts_and_to_one_device(tmp_path):
 def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> None:
     from paraxis.checkpoint import save_checkpoint
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
     from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
 
     cfg = _cfg(layout, 5)
     model_cfg = load_model_config(cfg.model.name)
     groups = build_groups(cfg.layout)
-    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seq_len=32)
+    engine = build_engine(model_cfg, cfg.layout, groups, torch.device("cpu"), seed=cfg.train.seed,
+                          seq_len=32)
     manifest = load_checkpoint(engine, source, model_cfg.to_dict())
     save_checkpoint(engine, destination, manifest["step"], model_cfg.to_dict())
 

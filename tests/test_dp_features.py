@@ -121,16 +121,16 @@ def test_bf16_compute_trains_close_to_fp32(ctx):
 def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     engine = DataParallelEngine(build_model(TINY, seed=2), Layout(zero=2), None,
                                 autocast_dtype=torch.float16)
-    engine.scaler.scale = 2.0**120  # the scaled fp32 loss overflows: inf gradients
+    engine.loss_scaler.scale = 2.0**120  # the scaled fp32 loss overflows: inf gradients
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.forward_backward(*_batch(2))
     assert not math.isfinite(engine.clip_grad_norm(1.0))
     engine.optimizer_step(1e-3)
     engine.zero_grad()
-    assert engine.scaler.scale == 2.0**119
+    assert engine.loss_scaler.scale == 2.0**119
     for n, p in engine.model.named_parameters():
         assert torch.equal(p, before[n])
-    engine.scaler.scale = 2.0**8
+    engine.loss_scaler.scale = 2.0**8
     engine.forward_backward(*_batch(2))
     assert math.isfinite(engine.clip_grad_norm(1.0))
     engine.optimizer_step(1e-3)

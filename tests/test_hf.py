@@ -15,10 +15,9 @@ from paraxis.errors import ParaxisError
 from paraxis.hf import read_hf, write_hf
 from paraxis.inference import model_from_state
 from paraxis.layout import Layout
-from paraxis.model import build_model
+from paraxis.model import build_model, single_device_parameters
 from paraxis.model_config import PRESETS
 from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.pipeline_parallel.stage import build_stage_modules
 from paraxis.tensor_parallel import apply_tensor_parallel
 from paraxis.testing import RankContext, run_on_ranks
 
@@ -54,12 +53,14 @@ def stage_logits(ctx: RankContext, hf_dir: str, idx: torch.Tensor) -> torch.Tens
     splits them for TP, and runs its half; the last stage gathers the vocab-parallel logits."""
     cfg, state = read_hf(hf_dir)
     groups = ctx.groups
-    (stage,) = build_stage_modules(cfg, partition_layers(cfg, 2), groups.pp_rank, seed=9)
+    split = partition_layers(cfg, 2)
+    stage = build_model(cfg, seed=9, blocks=split.blocks_of(groups.pp_rank),
+                        embed=split.has_embedding(groups.pp_rank),
+                        head=split.has_head(groups.pp_rank))
     with torch.no_grad():
-        for name, param in stage.named_parameters():
-            # GPT-2's last stage holds its own copy of the tied embedding, named lm_head
-            source = "tok_emb.weight" if param is stage.tied_head_copy() else name
-            param.copy_(state[source])
+        # GPT-2's last stage holds its own copy of the tied embedding: named tok_emb.weight
+        for name, param in single_device_parameters(stage):
+            param.copy_(state[name])
     apply_tensor_parallel(stage, groups)
     stage.eval()
     with torch.no_grad():

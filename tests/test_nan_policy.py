@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import paraxis.runtime.build as build
+import paraxis.runtime.parallelize as build
 from paraxis.config import RunConfig
 from paraxis.runtime.nan_policy import NumericalFault, nonfinite
 from paraxis.train import run_training

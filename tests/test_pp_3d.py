@@ -8,8 +8,8 @@ import torch
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.runtime.engine import LocalEngine
+from paraxis.runtime.parallelize import materialize, parallelize
 from paraxis.testing import RankContext, run_on_ranks
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
@@ -42,12 +42,13 @@ def _rank(ctx: RankContext, cfg):
     from paraxis.tensor_parallel import full_state
 
     layout, groups = ctx.layout, ctx.groups
-    engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED, eps=EPS)
+    engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     grads = {}
 
     def first_grads() -> None:  # whole gradients of step 0 (ZeRO-2 keeps only shards: skipped)
-        for chunk in engine.chunks:
+        for chunk in engine.parts:
             grads.update({n: t.numpy().copy()
                           for n, t in full_state(chunk, groups.tp_group, grads=True).items()})
         if layout.zero == 1:
@@ -57,7 +58,7 @@ def _rank(ctx: RankContext, cfg):
     losses = _train(engine, slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp),
                     first_grads)
     params = {}
-    for chunk in engine.chunks:  # collective over the tp group
+    for chunk in engine.parts:  # collective over the tp group
         params.update({n: t.numpy().copy() for n, t in full_state(chunk, groups.tp_group).items()})
     return losses, params, grads
 
@@ -71,7 +72,7 @@ def _owned_masks(engine, groups) -> dict:
         flat = owned.setdefault(id(piece.param), torch.zeros(piece.param.numel()))
         flat[piece.lo:piece.hi] = 1.0
     masks = {}
-    for chunk in engine.chunks:
+    for chunk in engine.parts:
         for name, param in chunk.named_parameters():
             local = owned.get(id(param), torch.zeros(param.numel())).view_as(param)
             masks[name] = gather_full(local, param, groups.tp_group).numpy() > 0

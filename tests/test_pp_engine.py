@@ -9,10 +9,10 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.memory import SavedActivations
 from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.runtime.engine import LocalEngine
+from paraxis.runtime.parallelize import build_engine
 from paraxis.testing import RankContext, run_on_ranks
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
@@ -36,7 +36,7 @@ def _train(engine) -> list[float]:
 
 def _pipeline_rank(ctx: RankContext, cfg):
     layout = ctx.layout
-    engine = PipelineEngine(cfg, layout, ctx.groups, torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, ctx.groups, "cpu", seed=SEED)
     losses = _train(engine)
     params = {name: p.detach().numpy().copy() for name, p in engine.named_parameters()}
     trace = [(t["kind"], t["microbatch"], t["chunk"]) for t in engine.executor.trace]
@@ -79,7 +79,7 @@ def test_pipeline_equals_single_device(pp, schedule, virtual, model):
 
 def _pipeline_rank_recv_ahead(ctx: RankContext, cfg, recv_ahead):
     layout = ctx.layout
-    engine = PipelineEngine(cfg, layout, ctx.groups, torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, ctx.groups, "cpu", seed=SEED)
     default = engine.executor.recv_ahead
     engine.executor.recv_ahead = recv_ahead
     losses = _train(engine)
@@ -115,7 +115,7 @@ def test_receives_posted_ahead_change_timing_only(schedule, virtual):
 
 def _stage0_saved_bytes(ctx: RankContext, cfg):
     layout, groups = ctx.layout, ctx.groups
-    engine = PipelineEngine(cfg, layout, groups, torch.device("cpu"), seed=SEED)
+    engine = build_engine(cfg, layout, groups, "cpu", seed=SEED)
     x, y = _batches()[0]
     engine.forward_backward(x, y)  # warm-up, so lazily created state is not counted
     engine.zero_grad()
@@ -124,7 +124,7 @@ def _stage0_saved_bytes(ctx: RankContext, cfg):
     # one microbatch's forward alone: the unit the peak is measured in
     with SavedActivations(engine.model.parameters()) as single:
         if groups.is_first_stage:
-            engine.chunks[0](x[: BATCH // layout.microbatches])
+            engine.parts[0](x[: BATCH // layout.microbatches])
     return meter.peak_bytes, single.peak_bytes
 
 

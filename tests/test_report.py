@@ -102,7 +102,7 @@ def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple
     from paraxis.config import RunConfig
     from paraxis.data import TokenData
     from paraxis.model_config import load_model_config
-    from paraxis.runtime.build import build_engine
+    from paraxis.runtime.parallelize import build_engine
     from paraxis.train import _loop
 
     cfg = RunConfig.from_flags(model="tiny", steps=3, global_batch=8, seq_len=32,
@@ -111,11 +111,12 @@ def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple
     model_cfg = load_model_config(cfg.model.name)
     groups = ctx.groups
     torch.manual_seed(cfg.train.seed)
-    engine = build_engine(model_cfg, PIPE, groups, torch.device("cpu"), seq_len=32)
+    engine = build_engine(model_cfg, PIPE, groups, torch.device("cpu"), seed=cfg.train.seed,
+                          seq_len=32)
     _loop(cfg, engine, TokenData.load(cfg.data.path), groups, torch.device("cpu"), groups.rank,
           model_cfg)
     scheduled = [(a.kind, a.microbatch, a.chunk) for a in engine.schedule.stages[groups.pp_rank]]
-    return list(engine.executor.trace), scheduled
+    return engine.trace_events(), scheduled
 
 
 @pytest.fixture(scope="module")

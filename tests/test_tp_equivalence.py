@@ -7,11 +7,12 @@ TP shard, gathered to full tensors, against it after each of 5 steps.
 import pytest
 import torch
 
+from paraxis.data_parallel import DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.runtime.engine import LocalEngine
-from paraxis.tensor_parallel import TensorParallelEngine, apply_tensor_parallel, full_state
+from paraxis.tensor_parallel import apply_tensor_parallel, full_state
 from paraxis.testing import RankContext, run_on_ranks
 
 # tiny-llama has 2 kv heads: tp=4 needs a grouped-query model with 4 kv heads (8 q heads).
@@ -41,7 +42,7 @@ def train_and_compare(ctx: RankContext, model_name: str) -> list[float]:
     # keeps that near 1e-7, so the drift stays far below the 1e-5 tolerances over 5 steps.
     reference = LocalEngine(build_model(cfg, seed=3), Layout(), eps=1e-5)
     model = apply_tensor_parallel(build_model(cfg, seed=3), groups, sequence_parallel)
-    engine = TensorParallelEngine(model, layout, groups, eps=1e-5)
+    engine = DataParallelEngine(model, layout, groups, eps=1e-5)  # dp=1: a group of one
     generator = torch.Generator().manual_seed(11)
     losses = []
     for step in range(STEPS):

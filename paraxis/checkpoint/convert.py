@@ -30,18 +30,12 @@ def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
     """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
     belongs to the first stage's embedding)."""
     from paraxis.pipeline_parallel.partition import partition_layers
-    from paraxis.pipeline_parallel.stage import StageModule
+    from paraxis.pipeline_parallel.stage import stage_parts
+    from paraxis.runtime.params import is_pp_duplicate
 
     partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
-    names: list[str] = []
-    with torch.device("meta"):  # shapes and names only, no memory
-        for chunk in range(partition.virtual):
-            module = StageModule(cfg, partition.blocks_of(stage, chunk),
-                                 partition.has_embedding(stage, chunk),
-                                 partition.has_head(stage, chunk))
-            copy = module.tied_head_copy()
-            names += [n for n, p in module.named_parameters() if p is not copy]
-    return names
+    return [name for part in stage_parts(cfg, partition, stage)  # meta: names, no memory
+            for name, param in part.named_parameters() if not is_pp_duplicate(param)]
 
 
 def convert(source: str | Path, destination: str | Path, layout: Layout,

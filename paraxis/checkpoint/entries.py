@@ -15,12 +15,16 @@ writer's files or ranks. Megatron's distributed checkpoints rest on the same ide
 (sharded tensors with global offsets).
 
 An `Entry` is also the tensor itself, live on this rank: saving reads it, loading writes into
-it, so what is restored is exactly what the engine trains with.
+it, so what is restored is exactly what the engine trains with. Each engine lists its own
+(`Engine.checkpoint_entries`, built with `whole_entries` / `shard_entries` below), so nothing
+here needs to know which engine it is talking to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -54,98 +58,87 @@ class Entry:
                 "lo": self.lo, "hi": self.hi}
 
 
-def engine_entries(engine) -> list[Entry]:  # noqa: ANN001 - any LocalEngine subclass
-    """Every piece of training state this rank holds, for any engine `build_engine` makes."""
-    from paraxis.data_parallel.engine import DataParallelEngine
-    from paraxis.data_parallel.zero import init_adam_state
+class ShardPiece(Protocol):
+    """Where a parameter meets a rank's ZeRO shard (`data_parallel.flat.Piece`): the flat
+    range [lo, hi) of the parameter."""
 
-    groups = getattr(engine, "groups", None)
-    tp_rank = groups.tp_rank if groups is not None else 0
-    dp_rank = groups.dp_rank if groups is not None else 0
-    tp_size = engine.layout.tp
-    data_parallel = engine if isinstance(engine, DataParallelEngine) else getattr(
-        engine, "data_parallel", None)
-    zero = data_parallel.zero if data_parallel is not None else 0
-    init_adam_state(engine.optimizer)  # moments exist (as zeros) before the first step
-    names = _parameter_names(engine)
+    @property
+    def param(self) -> nn.Parameter: ...
 
-    def where(param: nn.Parameter) -> tuple[tuple[int, ...], int | None, int, int]:
+    @property
+    def lo(self) -> int: ...
+
+    @property
+    def hi(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank sits on the axes that cut a tensor: its TP slice and its dp replica."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    dp_rank: int = 0
+
+    def cut(self, param: nn.Parameter) -> tuple[tuple[int, ...], int | None, int, int]:
+        """(full shape, tp dim, tp index, tp count) of the tensor `param` is a piece of."""
         shape = tuple(param.shape)
-        if is_tp_sharded(param) and tp_size > 1:
+        if is_tp_sharded(param) and self.tp_size > 1:
             dim = param.tp_shard_dim
-            full = shape[:dim] + (shape[dim] * tp_size,) + shape[dim + 1:]
-            return full, dim, tp_rank, tp_size
+            full = shape[:dim] + (shape[dim] * self.tp_size,) + shape[dim + 1:]
+            return full, dim, self.tp_rank, self.tp_size
         return shape, None, 0, 1
 
-    def writes(param: nn.Parameter, whole_on_every_dp_rank: bool) -> bool:
-        # The tied head copy on the last stage equals the first stage's embedding; a
-        # TP-replicated tensor is written by TP rank 0, a dp-replicated one by dp rank 0.
+    def writes(self, param: nn.Parameter, whole_on_every_dp_rank: bool) -> bool:
+        """One writer per piece. The tied head copy on the last stage equals the first
+        stage's embedding; a TP-replicated tensor is written by TP rank 0, a dp-replicated
+        one by dp rank 0."""
         if is_pp_duplicate(param):
             return False
-        if not (is_tp_sharded(param) and tp_size > 1) and tp_rank != 0:
+        if not (is_tp_sharded(param) and self.tp_size > 1) and self.tp_rank != 0:
             return False
-        return dp_rank == 0 or not whole_on_every_dp_rank
+        return self.dp_rank == 0 or not whole_on_every_dp_rank
 
-    entries: list[Entry] = []
-    state = engine.optimizer.state
-    if zero == 0:
-        for param in _trainable(engine):
-            full, dim, index, count = where(param)
-            owner = writes(param, whole_on_every_dp_rank=True)
-            numel = param.numel()
-            entries.append(Entry("param", names[id(param)], param.data, full, dim, index,
-                                 count, 0, numel, owner))
-            for kind in KINDS[1:]:
-                entries.append(Entry(kind, names[id(param)], state[param][kind], full, dim,
-                                     index, count, 0, numel, owner))
-        return entries
-    for piece, master in data_parallel.pieces:
-        param = piece.param
-        full, dim, index, count = where(param)
-        name = names[id(param)]
-        owner = writes(param, whole_on_every_dp_rank=False)
-        if zero == 3:  # the parameter exists only as this rank's shard
-            entries.append(Entry("param", name, master, full, dim, index, count, piece.lo,
-                                 piece.hi, owner))
-        for kind in KINDS[1:]:
-            entries.append(Entry(kind, name, state[master][kind], full, dim, index, count,
-                                 piece.lo, piece.hi, owner))
-    if zero in (1, 2):  # whole parameters on every dp rank, sharded optimizer states
-        for param in _trainable(engine):
-            full, dim, index, count = where(param)
-            entries.append(Entry("param", names[id(param)], param.data, full, dim, index,
-                                 count, 0, param.numel(), writes(param, True)))
+
+def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Tensor, dict],
+                  place: Place, kinds: tuple[str, ...] = KINDS) -> list[Entry]:
+    """Entries of whole (maybe TP-sliced) parameters, the same on every dp rank, and of their
+    AdamW moments in `state` (kinds other than "param")."""
+    entries = []
+    for name, param in named:
+        full, dim, index, count = place.cut(param)
+        owner = place.writes(param, whole_on_every_dp_rank=True)
+        for kind in kinds:
+            tensor = param.data if kind == "param" else state[param][kind]
+            entries.append(Entry(kind, name, tensor, full, dim, index, count, 0, param.numel(),
+                                 owner))
     return entries
 
 
-def optimizer_steps(engine) -> int:  # noqa: ANN001
+def shard_entries(pieces: list[tuple[ShardPiece, torch.Tensor]], names: Mapping[int, str],
+                  state: Mapping[torch.Tensor, dict], place: Place, kinds: tuple[str, ...]
+                  ) -> list[Entry]:
+    """Entries of ZeRO's pieces: (piece of a parameter, its flat master view), each the flat
+    range [lo, hi) of its TP slice; `names`: id(parameter) -> single-device name."""
+    entries = []
+    for piece, master in pieces:
+        full, dim, index, count = place.cut(piece.param)
+        owner = place.writes(piece.param, whole_on_every_dp_rank=False)
+        for kind in kinds:
+            tensor = master if kind == "param" else state[master][kind]
+            entries.append(Entry(kind, names[id(piece.param)], tensor, full, dim, index, count,
+                                 piece.lo, piece.hi, owner))
+    return entries
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
     """AdamW's step count (the same for every tensor; 0 before the first step)."""
-    for per_tensor in engine.optimizer.state.values():
+    for per_tensor in optimizer.state.values():
         if "step" in per_tensor:
             return int(per_tensor["step"])
     return 0
 
 
-def set_optimizer_steps(engine, steps: int) -> None:  # noqa: ANN001
-    for per_tensor in engine.optimizer.state.values():
+def set_optimizer_steps(optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for per_tensor in optimizer.state.values():
         per_tensor["step"] = torch.tensor(float(steps))
-
-
-def _trainable(engine) -> list[nn.Parameter]:  # noqa: ANN001
-    return [p for p in engine.model.parameters() if p.requires_grad]
-
-
-def _parameter_names(engine) -> dict[int, str]:  # noqa: ANN001
-    """id(parameter) -> single-device name. Pipeline chunks already use those names; the
-    last stage's copy of a tied embedding is `tok_emb.weight` (it is that tensor)."""
-    named = engine.named_parameters() if hasattr(engine, "chunks") else list(
-        engine.model.named_parameters())
-    names = {}
-    for name, param in named:
-        names[id(param)] = "tok_emb.weight" if is_pp_duplicate(param) else name
-    return names
-
-
-def loss_scaler(engine):  # noqa: ANN001, ANN201 - a LossScaler or None
-    """fp16's dynamic loss scaler, wherever the engine keeps it (its data-parallel part)."""
-    return getattr(getattr(engine, "data_parallel", None) or engine, "scaler", None)

@@ -3,7 +3,7 @@
     step = load_checkpoint(engine, directory, model)   # on every rank; any layout
     model_cfg, params = read_full_state(directory)      # one process, no process group
 
-Each rank walks its own entries (`entries.engine_entries`) and, for each, rebuilds the full
+Each rank walks its own entries (`Engine.checkpoint_entries`) and, for each, rebuilds the full
 single-device tensor from whichever saved pieces cover it, then cuts its own piece out. The
 writer's layout never matters, which is what resharding means. Files are opened with
 safetensors (no pickle, so loading never runs code) after their SHA-256 matches the
@@ -16,11 +16,11 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from paraxis.checkpoint.entries import KINDS, engine_entries, loss_scaler, set_optimizer_steps
+from paraxis.checkpoint.entries import KINDS, set_optimizer_steps
 from paraxis.checkpoint.manifest import (
     check_model,
     read_manifest,
@@ -29,6 +29,9 @@ from paraxis.checkpoint.manifest import (
     sha256_of,
 )
 from paraxis.errors import ParaxisError
+
+if TYPE_CHECKING:
+    from paraxis.runtime.engine import Engine
 
 
 class CheckpointReader:
@@ -85,7 +88,7 @@ class CheckpointReader:
             raise ParaxisError(f"{self.directory / piece['file']}: cannot read "
                                f"{piece['key']} ({error})") from None
 
-    def _handle(self, name: str):  # noqa: ANN202
+    def _handle(self, name: str) -> Any:  # a safetensors file handle
         if name not in self._open:
             from safetensors import safe_open
 
@@ -106,7 +109,7 @@ class CheckpointReader:
         return self._open[name]
 
 
-def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noqa: ANN001
+def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any],
                     rank: int = 0, restore_rng: bool = True,
                     weights_only: bool = False) -> dict[str, Any]:
     """Fill the engine's parameters and optimizer states from `directory`; every rank calls
@@ -123,8 +126,8 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
     fill_entries(engine, reader.full, KINDS if with_optimizer else ("param",),
                  str(reader.directory))
     if with_optimizer:
-        set_optimizer_steps(engine, manifest.get("optimizer_steps", 0))
-        scaler = loss_scaler(engine)
+        set_optimizer_steps(engine.optimizer, manifest.get("optimizer_steps", 0))
+        scaler = engine.loss_scaler
         if scaler is not None and manifest.get("loss_scaler"):
             scaler.load_state_dict(manifest["loss_scaler"])
     same_layout = manifest.get("layout") == str(engine.layout)
@@ -141,13 +144,13 @@ def load_checkpoint(engine, directory: str | Path, model: dict[str, Any],  # noq
     return manifest
 
 
-def fill_entries(engine, full_of: Callable[[str, str], torch.Tensor],  # noqa: ANN001
+def fill_entries(engine: Engine, full_of: Callable[[str, str], torch.Tensor],
                  kinds: tuple[str, ...], source: str) -> None:
     """Write into each of the engine's entries of `kinds` its piece of `full_of(kind, name)`
     (the whole single-device tensor): the one place a layout cuts its share out."""
     cache: dict[tuple[str, str], torch.Tensor] = {}
     with torch.no_grad():
-        for entry in engine_entries(engine):
+        for entry in engine.checkpoint_entries():
             if entry.kind not in kinds:
                 continue  # e.g. imported weights: AdamW starts fresh (zero moments, step 0)
             key = (entry.kind, entry.name)

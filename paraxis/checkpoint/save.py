@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from paraxis.checkpoint.entries import engine_entries, loss_scaler, optimizer_steps
+from paraxis.checkpoint.entries import optimizer_steps
 from paraxis.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -34,6 +34,9 @@ from paraxis.checkpoint.manifest import (
     sha256_of,
     step_dir_name,
 )
+
+if TYPE_CHECKING:
+    from paraxis.runtime.engine import Engine
 
 # Test hook: "STEP:RANK" makes that rank exit right after writing its shard file of that
 # step's save, as a node dying mid-checkpoint would (the crash test in tests/).
@@ -44,7 +47,7 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"
 
 
-def save_checkpoint(engine, root: str | Path, step: int,  # noqa: ANN001
+def save_checkpoint(engine: Engine, root: str | Path, step: int,
                     model: dict[str, Any], config_toml: str = "", keep: int = 0,
                     extra: dict[str, Any] | None = None) -> Path:
     """Write the engine's state as checkpoint `root/step-<step>`; collective. Returns its path.
@@ -62,7 +65,7 @@ def save_checkpoint(engine, root: str | Path, step: int,  # noqa: ANN001
         tmp.mkdir(parents=True)
     _barrier()
 
-    entries = [e for e in engine_entries(engine) if e.owner]
+    entries = [e for e in engine.checkpoint_entries() if e.owner]
     # A copy of each piece: ZeRO's parameters are views of one flat buffer, and safetensors
     # stores tensors that share memory only once.
     tensors = {e.key: e.tensor.detach().to("cpu", copy=True).contiguous() for e in entries}
@@ -79,26 +82,20 @@ def save_checkpoint(engine, root: str | Path, step: int,  # noqa: ANN001
     if rank == 0:
         manifest = {
             "format": FORMAT, "version": VERSION, "step": step,
-            "optimizer_steps": optimizer_steps(engine), "has_optimizer": True,
+            "optimizer_steps": optimizer_steps(engine.optimizer), "has_optimizer": True,
             "layout": str(engine.layout), "world_size": len(gathered), "model": model,
             "files": {g["file"]: {"sha256": g["sha256"], "bytes": g["bytes"]}
                       for g in gathered},
             "pieces": [p for g in gathered for p in g["pieces"]],
-            "loss_scaler": _scaler_state(engine),
+            # fp16's dynamic loss scale (the same on every rank), so a resume keeps it
+            "loss_scaler": (engine.loss_scaler.state_dict() if engine.loss_scaler is not None
+                            else None),
             **(extra or {}),
         }
         commit(tmp, final, manifest, config_toml)
         prune(root, keep)
     _barrier()
     return final
-
-
-def _scaler_state(engine) -> dict[str, float] | None:  # noqa: ANN001
-    """fp16's dynamic loss scale (the same on every rank), so a resume does not restart it."""
-    scaler = loss_scaler(engine)
-    if scaler is None:
-        return None
-    return scaler.state_dict()
 
 
 def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -> None:

@@ -4,7 +4,8 @@
 - `buckets.py`: gradient hooks that launch bucket reductions during backward,
 - `zero.py`: the sharded optimizer (ZeRO-1/2) and per-block parameter gathering (ZeRO-3),
 - `precision.py`: fp16 loss scaling,
-- `engine.py`: `DataParallelEngine`, the LocalEngine contract on a dp group.
+- `engine.py`: `DataParallelEngine`, the Engine contract on a dp group (dp = 1: a group of one),
+
 """
 
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine

@@ -1,8 +1,14 @@
-"""`DataParallelEngine`: the LocalEngine contract on a dp group, with ZeRO stage 0-3.
+"""`DataParallelEngine`: the Engine contract on a dp group, with ZeRO stage 0-3.
 
 Every dp rank runs the same module on its slice of the batch. The engine works on whatever
-parameters the module holds (a whole model, TP shards, one pipeline stage) and talks only over
-`groups.dp_group`, so the TP and PP runtimes can put it underneath theirs:
+parameters the module holds (a whole model, TP shards, one pipeline stage's parts) and talks
+only over `groups.dp_group`, so the pipeline engine puts it underneath its own. dp = 1 is a
+group of one (`dp_group` None): its collectives are no-ops, so every layout runs through
+this engine at no measurable cost (bench/bench_overhead.py).
+
+Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
+`device`, without a value being read: ZeRO-3 never allocates more than a block's full
+parameters at a time. Their values come afterwards, by name (`parallelize.materialize`).
 
     with engine.no_sync(last=is_last_microbatch):   # around each microbatch's backward
         loss.backward()
@@ -20,19 +26,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.data_parallel.buckets import GradReducer, make_buckets
 from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_size
 from paraxis.data_parallel.precision import LossScaler
 from paraxis.data_parallel.zero import (
     ParamGatherer,
     flatten_params_into,
-    init_adam_state,
+    give_storage,
     shard_optimizer,
 )
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.model import Transformer
 from paraxis.runtime.distributed import ParallelGroups
-from paraxis.runtime.engine import LocalEngine, make_adamw
+from paraxis.runtime.engine import (
+    LocalEngine,
+    init_adam_state,
+    make_adamw,
+    optimizer_tensors,
+    storage_bytes,
+)
 from paraxis.runtime.params import (
     global_norm_squared,
     is_pp_duplicate,
@@ -51,13 +65,15 @@ class DataParallelEngine(LocalEngine):
     bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time).
     autocast_dtype: bf16/fp16 compute under autocast; parameters, gradients, their reduction
     and the optimizer stay fp32 (the parameters are the fp32 master weights). fp16 adds
-    dynamic loss scaling.
+    dynamic loss scaling. device: where parameters still on the meta device get their storage
+    (default: where the parameters are).
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, autocast_dtype: torch.dtype | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 device: torch.device | None = None) -> None:
         self.model = model
         self.layout = layout
         self.groups = groups
@@ -70,15 +86,20 @@ class DataParallelEngine(LocalEngine):
                                f"{self.dp_size} ranks; launch dp*tp*pp ranks for the layout")
         if bucket_bytes <= 0:
             raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
-        self.scaler = LossScaler() if autocast_dtype == torch.float16 else None
+        self.loss_scaler = LossScaler() if autocast_dtype == torch.float16 else None
         self._skip_step = False
         params = [p for p in model.parameters() if p.requires_grad]
-        self._broadcast_from_first_rank(params)
+        device = device or params[0].device
+        if any(p.is_meta for p in params):
+            if self.zero < 3:  # whole parameters on every rank; ZeRO-3 keeps only shards
+                _allocate(params, device)
+        else:
+            self._broadcast_from_first_rank(params)
         dp_rank = group_rank(self.dp_group)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units = _block_units(model, params, self.dp_size, dp_rank)
-            blocks = list(model.blocks) if hasattr(model, "blocks") else []
+            blocks = list(model.blocks) if isinstance(model, Transformer) else []
+            self.units = _block_units(blocks, params, self.dp_size, dp_rank, device)
             self.gatherer = ParamGatherer(self.units, blocks, model, self.dp_group)
             # Backward completes blocks last-to-first and the root (embeddings) at the end.
             order = list(range(len(self.units) - 2, -1, -1)) + [len(self.units) - 1]
@@ -115,7 +136,8 @@ class DataParallelEngine(LocalEngine):
     # ------------------------------------------------------------------- the contract
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.scaler.scale if self.scaler is not None else loss).backward()
+        scaler = self.loss_scaler
+        (loss * scaler.scale if scaler is not None else loss).backward()
 
     @contextlib.contextmanager
     def no_sync(self, last: bool) -> Iterator[None]:
@@ -164,12 +186,12 @@ class DataParallelEngine(LocalEngine):
         """Global norm over every shard; clips (and, for fp16, unscales) in one pass."""
         norm = math.sqrt(float(self.grad_norm_squared()))
         factor = 1.0
-        if self.scaler is not None:
+        if self.loss_scaler is not None:
             self._skip_step = not math.isfinite(norm)
-            self.scaler.update(overflow=self._skip_step)
+            self.loss_scaler.update(overflow=self._skip_step)
             if self._skip_step:
                 return norm
-            factor = 1.0 / self.scaler.last_scale
+            factor = 1.0 / self.loss_scaler.last_scale
             norm *= factor
         if max_norm > 0 and norm > max_norm:
             factor *= max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
@@ -202,7 +224,22 @@ class DataParallelEngine(LocalEngine):
     def zero_grad(self) -> None:
         self.reducer.zero()
 
-    # --------------------------------------------------------------------- inspection
+    # ------------------------------------------------------ checkpoints, traces, reports
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """ZeRO-1/2: whole parameters, AdamW moments of this rank's shard; ZeRO-3: the
+        parameters too exist only as this rank's shard."""
+        if self.zero == 0:
+            return super().checkpoint_entries()
+        named = self.named_parameters()
+        names = {id(p): n for n, p in named}
+        place = self.place()
+        kinds = KINDS if self.zero == 3 else KINDS[1:]
+        entries = shard_entries(self.pieces, names, self.optimizer.state, place, kinds)
+        if self.zero in (1, 2):
+            trainable = [(n, p) for n, p in named if p.requires_grad]
+            entries += whole_entries(trainable, self.optimizer.state, place, ("param",))
+        return entries
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -225,35 +262,31 @@ class DataParallelEngine(LocalEngine):
             params += [unit.param_shard for unit in self.units]
         grads = list(self.reducer.grad_buffers())
         grads += [p.grad for p in self.model.parameters() if p.grad is not None]
-        states = [t for state in self.optimizer.state.values() for t in state.values()
-                  if isinstance(t, torch.Tensor)]
         return {"params": storage_bytes(params), "grads": storage_bytes(grads),
-                "optimizer": storage_bytes(states)}
+                "optimizer": storage_bytes(optimizer_tensors(self.optimizer))}
 
 
-def storage_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        if storage.nbytes():
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
+    """Storage (no values yet) on `device` for meta parameters."""
+    for p in params:
+        if p.is_meta:
+            give_storage(p, device)
 
 
-def _block_units(model: nn.Module, params: list[nn.Parameter], dp_size: int,
-                 dp_rank: int) -> list[FlatUnit]:
-    """ZeRO-3 units: one per `model.blocks[i]`, then everything else as the root unit."""
+def _block_units(blocks: list[nn.Module], params: list[nn.Parameter], dp_size: int,
+                 dp_rank: int, device: torch.device) -> list[FlatUnit]:
+    """ZeRO-3 units: one per block, then everything else as the root unit."""
     wanted = {id(p) for p in params}
     units, taken = [], set()
-    for block in getattr(model, "blocks", []):
+    for block in blocks:
         own = [p for p in block.parameters() if id(p) in wanted and id(p) not in taken]
         if not own:
             raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
                                "parameters of its own; use zero<=2 for this model")
         taken.update(id(p) for p in own)
-        units.append(FlatUnit(own, dp_size, dp_rank))
+        units.append(FlatUnit(own, dp_size, dp_rank, device))
     rest = [p for p in params if id(p) not in taken]
     if not rest:
         raise ParaxisError("ZeRO-3 needs parameters outside model.blocks for its root unit")
-    units.append(FlatUnit(rest, dp_size, dp_rank))
+    units.append(FlatUnit(rest, dp_size, dp_rank, device))
     return units

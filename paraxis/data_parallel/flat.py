@@ -13,7 +13,7 @@ so ZeRO with dp=1 runs the same code path without a process group.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,8 @@ class Piece:
 class FlatUnit:
     """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3)."""
 
-    def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int) -> None:
+    def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int,
+                 device: torch.device | None = None) -> None:
         self.params = params
         self.offsets: list[int] = []
         total = 0
@@ -47,7 +48,9 @@ class FlatUnit:
         self.shard_numel = self.padded_numel // dp_size
         self.shard_start = dp_rank * self.shard_numel
         self.dtype = params[0].dtype
-        self.device = params[0].device
+        # where its flat buffers live: the parameters' device, unless they are still on
+        # the meta device and take their storage from those buffers
+        self.device = device or params[0].device
 
     def spans(self) -> list[tuple[nn.Parameter, int, int]]:
         """(param, start, end) of each parameter in the flat index space."""
@@ -75,8 +78,8 @@ class FlatUnit:
         return flat
 
 
-class Pending(Protocol):
-    """A collective in flight: a `dist.Work`, or `_Done` when there was nothing to do."""
+class Work(Protocol):
+    """A collective in flight (torch's `dist.Work`, or `_Done` when there was nothing to do)."""
 
     def wait(self) -> bool: ...
 
@@ -88,29 +91,28 @@ class _Done:
         return True
 
 
-def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> Pending:
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> Work:
     if group is None:
         return _Done()
-    return cast(Pending, dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group,
-                                         async_op=True))
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
 def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
-                       group: dist.ProcessGroup | None) -> Pending:
+                       group: dist.ProcessGroup | None) -> Work:
     if group is None:
         shard.copy_(full)
         return _Done()
-    return cast(Pending, dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM,
-                                                    group=group, async_op=True))
+    return dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM, group=group,
+                                      async_op=True)
 
 
 def all_gather(full: torch.Tensor, shard: torch.Tensor,
-               group: dist.ProcessGroup | None) -> Pending:
+               group: dist.ProcessGroup | None) -> Work:
     if group is None:
         if full.data_ptr() != shard.data_ptr():
             full.copy_(shard)
         return _Done()
-    return cast(Pending, dist.all_gather_single(full, shard, group=group, async_op=True))
+    return dist.all_gather_single(full, shard, group=group, async_op=True)
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:

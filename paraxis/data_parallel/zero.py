@@ -51,26 +51,31 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
     return optimizer, pieces
 
 
-def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Allocate AdamW's moments now rather than at the first step, so the memory logged at
-    start is the memory training holds (same zeros torch would create lazily)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
 def flatten_params_into(unit: FlatUnit, buffer: torch.Tensor) -> None:
-    """Copy the unit's parameters into `buffer` and make each parameter a view of it."""
+    """Copy the unit's parameters into `buffer` and make each parameter a view of it. A
+    parameter on the meta device has no values to copy: the buffer becomes its storage,
+    filled later by name (`runtime.parallelize.materialize`)."""
     with torch.no_grad():
         for p, start, end in unit.spans():
-            buffer[start:end].copy_(p.detach().reshape(-1))
+            if p.is_meta:
+                give_storage(p, buffer.device)
+            else:
+                buffer[start:end].copy_(p.detach().reshape(-1))
             # .data assignment keeps the Parameter object (optimizer, hooks and tied modules
             # keep referring to it) and its own version counter.
             p.data = buffer[start:end].view_as(p)
+
+
+def give_storage(param: nn.Parameter, device: torch.device) -> None:
+    """Give meta `param` uninitialised storage on `device` (no values read). `.data` cannot
+    move a tensor off the meta device, so the contents are swapped: the Parameter object
+    stays (tied modules keep sharing it) and keeps its roles (tp_sharded, pp_duplicate)."""
+    if device.type == "meta":
+        return
+    new = nn.Parameter(torch.empty_like(param, device=device),
+                       requires_grad=param.requires_grad)
+    new.__dict__.update(param.__dict__)
+    torch.utils.swap_tensors(param, new)
 
 
 class ParamGatherer:

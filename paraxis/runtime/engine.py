@@ -1,4 +1,4 @@
-"""The training step's contract with a parallel runtime, and its single-device form.
+"""The training step's contract with a parallel runtime (`Engine`), and its single-device form.
 
 A training loop needs four things from a runtime, whatever the layout:
 
@@ -7,30 +7,100 @@ A training loop needs four things from a runtime, whatever the layout:
     engine.optimizer_step(lr)
     engine.zero_grad()
 
+and checkpointing, tracing and reporting need a few more (`Engine` lists them all).
 `LocalEngine` is the reference: one process holds the whole model, splits its batch into
-`layout.microbatches` microsteps (gradient accumulation) and runs AdamW. Parallel engines
+`layout.microbatches` microsteps (gradient accumulation) and runs AdamW. The parallel
+engines (`data_parallel.DataParallelEngine`, `pipeline_parallel.engine.PipelineEngine`)
 subclass it and change only what their axis changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
+from paraxis.checkpoint.entries import Entry, Place, whole_entries
 from paraxis.layout import Layout
+from paraxis.model import single_device_parameters
 from paraxis.runtime.params import local_norm_squares
+
+if TYPE_CHECKING:
+    from paraxis.runtime.distributed import ParallelGroups
+
+
+class LossScale(Protocol):
+    """fp16's dynamic loss scale as checkpoints see it (`data_parallel.precision`)."""
+
+    def state_dict(self) -> dict[str, float]: ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None: ...
+
+
+class Engine(Protocol):
+    """What the training loop, checkpoints, traces and reports may ask of a runtime.
+
+    A Protocol rather than a base class: callers depend on these names only, and an engine
+    that shares no code with `LocalEngine` (one wrapping another library, say) fits as long
+    as it has them. The engines here do share code, by subclassing `LocalEngine`.
+    """
+
+    model: nn.Module  # this rank's modules (a Transformer, or a stage's parts)
+    layout: Layout
+    optimizer: torch.optim.Optimizer
+    loss_scaler: LossScale | None  # fp16's dynamic loss scale, checkpointed; else None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters under their single-device names, each once."""
+        ...
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """Every piece of training state this rank holds, in single-device coordinates."""
+        ...
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
+
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]: ...
+
+    def clip_grad_norm(self, max_norm: float) -> float: ...
+
+    def skipped_overflow(self) -> bool: ...
+
+    def optimizer_step(self, lr: float) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        """The last step's recorded actions (Chrome trace events); empty if none recorded."""
+        ...
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds, by kind (params, grads, optimizer)."""
+        ...
 
 
 class LocalEngine:
+    """The whole model in one process: the reference every layout is compared with."""
+
     def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  autocast_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.layout = layout
         self.autocast_dtype = autocast_dtype
+        self.groups: ParallelGroups | None = None
+        self.loss_scaler: LossScale | None = None
         self.optimizer = make_adamw(model.parameters(), weight_decay, betas, eps)
+        init_adam_state(self.optimizer)
 
     @property
     def device(self) -> torch.device:
@@ -73,9 +143,9 @@ class LocalEngine:
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):
             return self.model(inputs, targets)
 
-    def no_sync(self, last: bool):  # noqa: ANN201 - a context manager
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """Data-parallel engines communicate only on the last microstep."""
-        return _Nothing()
+        return contextlib.nullcontext()
 
     def reduce_loss(self, loss: float) -> float:
         return loss
@@ -109,25 +179,50 @@ class LocalEngine:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def memory_report(self) -> dict[str, int]:
-        """Bytes of model states this rank holds, by kind; empty when not counted."""
-        return {}
+    # ------------------------------------------------------ checkpoints, traces, reports
 
-    def trace_events(self) -> list[dict]:
-        """The last step's timed actions (Chrome trace events); empty unless pipelined."""
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return single_device_parameters(self.model)
+
+    def place(self) -> Place:
+        """This rank's TP slice and dp replica, for its checkpoint entries."""
+        if self.groups is None:
+            return Place()
+        return Place(self.groups.tp_rank, self.layout.tp, self.groups.dp_rank)
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all)."""
+        trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        return whole_entries(trainable, self.optimizer.state, self.place())
+
+    def trace_events(self) -> list[dict[str, Any]]:
         return []
 
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer states, counted from
+        tensor storages (each storage once)."""
+        params = [p.data for p in self.model.parameters()]
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return {"params": storage_bytes(params), "grads": storage_bytes(grads),
+                "optimizer": storage_bytes(optimizer_tensors(self.optimizer))}
 
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
-def make_adamw(params, weight_decay: float, betas: tuple[float, float], eps: float
-               ) -> torch.optim.AdamW:
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    return (t for state in optimizer.state.values() for t in state.values()
+            if isinstance(t, torch.Tensor))
+
+
+def make_adamw(params: Iterable[nn.Parameter], weight_decay: float,
+               betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
     """AdamW with decay on matrices only (not biases, norms): the GPT-2/nanoGPT convention."""
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -140,3 +235,16 @@ def make_adamw(params, weight_decay: float, betas: tuple[float, float], eps: flo
     # matches the single-device one; tests/test_dp_equivalence.py).
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=betas, eps=eps,
                              foreach=True)
+
+
+def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate AdamW's moments now rather than at the first step, so the memory logged at
+    start is the memory training holds, and checkpoints list them from step 0 (the same
+    zeros torch would create lazily)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -27,10 +27,10 @@ from paraxis.runtime.distributed import restart_attempt
 if TYPE_CHECKING:
     from paraxis.config import RunConfig
     from paraxis.model_config import ModelConfig
-    from paraxis.runtime.engine import LocalEngine
+    from paraxis.runtime.engine import Engine
 
 
-def start_step(cfg: RunConfig, engine: LocalEngine, model_cfg: ModelConfig, rank: int) -> int:
+def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int) -> int:
     """Load what the run starts from into `engine`; return the step to continue from."""
     ckpt = cfg.checkpoint
     saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
@@ -58,7 +58,7 @@ def start_step(cfg: RunConfig, engine: LocalEngine, model_cfg: ModelConfig, rank
     return step
 
 
-def init_from(path: str, engine: LocalEngine, model_cfg: ModelConfig, rank: int) -> None:
+def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
     """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
     cut for this layout; the optimizer and the schedule start fresh."""
     from paraxis.checkpoint.load import fill_entries
@@ -83,7 +83,7 @@ def save_due(cfg: RunConfig, done: int) -> bool:
                                          or (every > 0 and done % every == 0))
 
 
-def save(cfg: RunConfig, engine: LocalEngine, model_cfg: ModelConfig, step: int) -> None:
+def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int) -> None:
     """A checkpoint of `step` steps done, with the resolved config and the data position."""
     train = cfg.train
     data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,

@@ -7,7 +7,5 @@ communication operators, `counter` counts what they send.
 
 from paraxis.tensor_parallel.apply import PLAN, apply_tensor_parallel, full_state, gather_full
 from paraxis.tensor_parallel.counter import CommCounter
-from paraxis.tensor_parallel.engine import TensorParallelEngine
 
-__all__ = ["PLAN", "CommCounter", "TensorParallelEngine", "apply_tensor_parallel",
-           "full_state", "gather_full"]
+__all__ = ["PLAN", "CommCounter", "apply_tensor_parallel", "full_state", "gather_full"]

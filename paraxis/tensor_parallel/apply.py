@@ -7,10 +7,11 @@ submodule name patterns to how that submodule is split. `*` matches one name com
     apply_tensor_parallel(model, groups, sequence_parallel=True)
 
 transforms, in place, every submodule the plan names that the module holds, and skips the
-rest. A pipeline stage is a module with the same attribute names holding only some parts:
-`blocks` (its subset), `tok_emb`/`pos_emb` on the first stage, `norm_f`/`lm_head`/`loss_fn`
-on the last. Parameter names do not change (`blocks.0.attn.q.weight` is still there, now a
-slice), so checkpoints and optimizers see the same names on every layout.
+rest. A pipeline stage is a part of the model (`Transformer(cfg, blocks=..., embed=...,
+head=...)`) holding only some of the named modules. It runs on the meta device too (slicing
+reads no values: `runtime.parallelize`). Parameter names do not change
+(`blocks.0.attn.q.weight` is still there, now a slice), so checkpoints and optimizers see
+the same names on every layout.
 
 What the plan does per layer (Megatron-LM, Shoeybi et al. 2019, fig. 3): attention and MLP
 each enter the TP region once and leave it once, so a layer costs 2 all-reduces forward and

@@ -1,0 +1,53 @@
+"""The tied embedding across pipeline stages.
+
+GPT-2 ties the LM head to the token embedding. With pp > 1 they sit on different stages, so
+the last stage holds its own copy (`Transformer(..., embed=False, head=True)` marks it
+`pp_duplicate`, initialised from the name `tok_emb.weight`); `TiedEmbedding` sums the two
+gradients after backward so both copies take the same optimizer step and stay equal
+(Megatron's embedding group, Shoeybi et al. 2019).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.model import Transformer
+from paraxis.runtime.distributed import ParallelGroups, collective_timeout
+from paraxis.runtime.watchdog import WATCH, name_group
+
+
+class TiedEmbedding:
+    """Sums the tied embedding's gradient between the first and last stage of each pipeline.
+
+    Every rank must construct it (group creation is collective); ranks that hold neither copy
+    get `param=None` and do nothing in `all_reduce_grad`. Construct it after tensor
+    parallelism has replaced the embedding and head modules.
+    """
+
+    def __init__(self, groups: ParallelGroups, parts: list[Transformer]) -> None:
+        self.group: dist.ProcessGroup | None = None
+        self.param: nn.Parameter | None = None
+        layout = groups.layout
+        if not parts[0].cfg.tied_embeddings or layout.pp == 1:
+            return
+        for ranks in layout.groups("pp"):
+            # new_group is collective over the world: every rank creates every pair in order
+            group = dist.new_group([ranks[0], ranks[-1]], timeout=collective_timeout())
+            name_group(group, "tied-embedding")
+            if groups.rank in (ranks[0], ranks[-1]):
+                self.group = group
+        for part in parts:
+            if part.has_embedding:
+                self.param = part.tok_emb.weight
+            elif part.has_head:
+                self.param = part.lm_head.weight  # the pp_duplicate copy
+
+    def all_reduce_grad(self) -> None:
+        if self.param is None or self.group is None:
+            return
+        if self.param.grad is None:
+            self.param.grad = torch.zeros_like(self.param)
+        with WATCH.waiting("all_reduce", self.group):
+            dist.all_reduce(self.param.grad, group=self.group)

@@ -1,0 +1,103 @@
+"""From a model config and a Layout to the engine that trains it: the one assembly line.
+
+    engine = build_engine(model_cfg, layout, groups, device, seed=0)
+           = parallelize(model_cfg, layout, groups, device)   # no values read or drawn
+             + materialize(engine, model_cfg, seed)           # each rank fills what it owns
+
+`parallelize` applies the axes in the order a reader expects (torchtitan's parallelize
+functions have the same shape): split the pipeline (each stage builds only its own part, on
+the meta device), split each part for tensor parallelism, choose what to recompute, then hand
+the parameters to gradient sync / ZeRO over the dp group, which gives them storage on the
+device. It never reads a parameter's value, so it runs on a model that does not exist yet:
+with `device="meta"` nothing at all is allocated (tests/test_parallelize.py).
+
+`materialize` then writes each parameter's single-device initial value (`model.init_parameter`,
+a function of the seed and the name alone) into whatever piece of it this rank holds, through
+the by-name path checkpoint loading uses (`checkpoint.load.fill_entries`): a TP slice, a ZeRO
+shard, a stage's blocks all start bit for bit from the single-device weights.
+
+A new axis plugs in at one place in `parallelize` (its step, at its place in the order; the
+comments mark where context and expert parallelism go), one field in the Layout
+(`paraxis/layout.py`), and one folder holding its modules (like `tensor_parallel/`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from paraxis.checkpoint.load import fill_entries
+from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
+from paraxis.layout import Layout
+from paraxis.model import Transformer, init_parameter
+from paraxis.model_config import ModelConfig
+from paraxis.pipeline_parallel.engine import PipelineEngine
+from paraxis.pipeline_parallel.partition import Partition, partition_layers
+from paraxis.pipeline_parallel.stage import stage_parts
+from paraxis.runtime.distributed import ParallelGroups
+from paraxis.runtime.engine import Engine
+from paraxis.tensor_parallel.apply import apply_tensor_parallel
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
+                device: str | torch.device, *, partition: Partition | None = None,
+                autocast_dtype: torch.dtype | None = None, weight_decay: float = 0.1,
+                eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Engine:
+    """This rank's engine for `layout`, its parameters allocated on `device` but not filled
+    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`)."""
+    device = torch.device(device)
+    partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages)
+    # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
+    parts = stage_parts(cfg, partition, groups.pp_rank)
+    # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
+    for part in parts:
+        apply_tensor_parallel(part, groups, layout.sequence_parallel)
+    # (context parallel attention goes here, then experts over ep)
+    # 3. activation recompute
+    for part in parts:
+        part.set_recompute(layout.recompute)
+    # 4. gradient sync / ZeRO over the dp group (a group of one when dp = 1)
+    model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
+    data_parallel = DataParallelEngine(
+        model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
+        # the pipeline executor autocasts but does not scale the loss: no fp16 scaler there
+        autocast_dtype=autocast_dtype if layout.pp == 1 else None, device=device)
+    if layout.pp == 1:
+        return data_parallel
+    # 5. the pipeline schedule drives the stage's parts
+    return PipelineEngine(parts, data_parallel, groups, autocast_dtype)
+
+
+@torch.no_grad()
+def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
+    """Fill every parameter piece this rank holds with its single-device initial value."""
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in Transformer(cfg).named_parameters()}
+
+    def initial(kind: str, name: str) -> torch.Tensor:
+        full = torch.empty(shapes[name])
+        init_parameter(name, full, cfg, seed)
+        return full
+
+    fill_entries(engine, initial, ("param",), f"initial weights (seed {seed})")
+
+
+def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
+                 device: str | torch.device, *, seed: int, dtype: str = "fp32",
+                 weight_decay: float = 0.1, bucket_mb: float = 25.0,
+                 seq_len: int | None = None, announce: bool = False) -> Engine:
+    """The engine for `layout` with the seed's single-device initial weights.
+
+    dtype: compute precision ("fp32", "bf16", "fp16"); seq_len: weighs attention in the
+    pipeline split; announce: print the split (rank 0, when not quiet).
+    """
+    partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
+    if announce and layout.pp > 1:
+        print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
+    engine = parallelize(model_cfg, layout, groups, device, partition=partition,
+                         autocast_dtype=DTYPES[dtype], weight_decay=weight_decay,
+                         bucket_bytes=int(bucket_mb * 2**20))
+    materialize(engine, model_cfg, seed)
+    return engine
