@@ -10,29 +10,27 @@ from paraxis.model import Transformer, build_model
 from paraxis.model_config import PRESETS
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.parallelize import build_engine, parallelize
-from paraxis.testing import distributed
+from paraxis.testing import RankContext, on_ranks
 
 TINY = PRESETS["tiny"]  # GPT-2 style: the last stage holds a copy of the tied embedding
 
 
-@distributed(world_size=8)
-def test_parallelize_reads_no_values_on_the_meta_device():
+@on_ranks(["dp=2,tp=2,pp=2,zero=1,microbatches=2", "dp=4,tp=2,zero=3"])
+def test_parallelize_reads_no_values_on_the_meta_device(ctx: RankContext):
     with torch.device("meta"):
         full_shapes = {n: p.shape for n, p in Transformer(TINY).named_parameters()}
-    for text in ("dp=2,tp=2,pp=2,zero=1,microbatches=2", "dp=4,tp=2,zero=3"):
-        layout = Layout.parse(text)
-        engine = parallelize(TINY, layout, build_groups(layout), "meta")
-        params = [p for _, p in engine.named_parameters()]
-        entries = engine.checkpoint_entries()
-        # every parameter, ZeRO shard and AdamW moment is a meta tensor: no storage exists,
-        # so no value was read or drawn on the way here...
-        assert params and all(p.is_meta for p in params)
-        assert all(entry.tensor.is_meta for entry in entries)
-        with pytest.raises((NotImplementedError, RuntimeError)):
-            params[0].sum().item()  # ...and none can be
-        # ...yet the pieces already have their single-device names and full shapes
-        assert all(tuple(full_shapes[e.name]) == e.full_shape for e in entries)
-        assert {e.name for e in entries} <= set(full_shapes)
+    engine = parallelize(TINY, ctx.layout, ctx.groups, "meta")
+    params = [p for _, p in engine.named_parameters()]
+    entries = engine.checkpoint_entries()
+    # every parameter, ZeRO shard and AdamW moment is a meta tensor: no storage exists,
+    # so no value was read or drawn on the way here...
+    assert params and all(p.is_meta for p in params)
+    assert all(entry.tensor.is_meta for entry in entries)
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        params[0].sum().item()  # ...and none can be
+    # ...yet the pieces already have their single-device names and full shapes
+    assert all(tuple(full_shapes[e.name]) == e.full_shape for e in entries)
+    assert {e.name for e in entries} <= set(full_shapes)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
