@@ -25,12 +25,16 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from paraxis.errors import ParaxisError
 from paraxis.hf_config import gpt2_json, llama_json, read_json, unsupported
 from paraxis.model import Transformer
+
+if TYPE_CHECKING:
+    from safetensors import safe_open
 from paraxis.model_config import ModelConfig, hf_model_config
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
@@ -136,7 +140,8 @@ class _Weights:
                                "more) has no place in the model config.json describes")
 
 
-def _open(file: Path):  # noqa: ANN202 - a safetensors handle (memory-mapped, no pickle)
+def _open(file: Path) -> safe_open:
+    """A memory-mapped safetensors handle (no pickle)."""
     from safetensors import safe_open
 
     if not file.is_file():

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import resource
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paraxis.errors import ParaxisError
 
+if TYPE_CHECKING:
+    import torch
 
-def peak_memory_bytes(device) -> int:  # noqa: ANN001 - torch.device
+
+def peak_memory_bytes(device: torch.device) -> int:
     import torch
 
     if device.type == "cuda":
@@ -39,7 +42,7 @@ def max_over_ranks(value: int) -> int:
     return int(tensor)
 
 
-def device_peak_flops(device, peak_tflops: float | None = None,  # noqa: ANN001
+def device_peak_flops(device: torch.device, peak_tflops: float | None = None,
                       hardware_file: str | None = None) -> float | None:
     """Peak FLOP/s of one device: --peak-tflops, else a hardware file (what `paraxis
     calibrate` measured), else the preset matching the CUDA device's name; None on a CPU

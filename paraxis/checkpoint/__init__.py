@@ -11,6 +11,7 @@ manifest helpers stay importable without torch (the planner reads a checkpoint's
 """
 
 import importlib
+from typing import Any
 
 _EXPORTS = {"CheckpointReader": "load", "load_checkpoint": "load", "read_full_state": "load",
             "complete_checkpoints": "manifest", "resolve": "manifest",
@@ -19,7 +20,7 @@ _EXPORTS = {"CheckpointReader": "load", "load_checkpoint": "load", "read_full_st
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy exports
+def __getattr__(name: str) -> Any:  # PEP 562: exports load on first use
     if name not in _EXPORTS:
         raise AttributeError(f"module 'paraxis.checkpoint' has no attribute {name!r}")
     return getattr(importlib.import_module(f"paraxis.checkpoint.{_EXPORTS[name]}"), name)
