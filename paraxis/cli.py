@@ -25,7 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
      "another layout"),
     ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
-    ("schedule", "paraxis.schedules", "print a pipeline schedule's timeline, bubble and memory"),
+    ("schedule", "paraxis.simulate.schedule_command", "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
     ("report", "paraxis.report", "write one self-contained HTML report: plan, pictures, run"),
     ("calibrate", "paraxis.calibrate.command",
