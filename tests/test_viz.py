@@ -125,12 +125,14 @@ def test_zero_chart_draws_the_planners_numbers():
 
 
 def test_schedule_comparison_and_predicted_vs_measured_are_readable():
-    fig, bubbles = compare_schedules(4, 8, 1e-3, 2e-3)
+    fig, shown = compare_schedules(4, 8, 1e-3, 2e-3)
     assert_readable(fig)
+    bubbles = {kind: s.bubble_fraction for kind, s in shown.items()}
     assert set(bubbles) == {"gpipe", "1f1b", "interleaved"}
     assert bubbles["interleaved"] < bubbles["1f1b"]  # the reason interleaving exists
     assert bubbles["1f1b"] == pytest.approx(build_schedule("1f1b", 4, 8).bubble_fraction(
         1e-3, 2e-3))
+    assert shown["1f1b"].peak_in_flight == 4 < shown["gpipe"].peak_in_flight == 8
     _, timeline = _simulated()
     fig, predicted, measured = predicted_vs_measured(timeline_events(timeline), "1f1b", 8)
     assert_readable(fig)

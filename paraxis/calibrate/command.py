@@ -100,6 +100,17 @@ def cpu_cores() -> int:
         (os.cpu_count() or 1)
 
 
+def cpu_model_name() -> str:
+    """This machine's CPU model, e.g. "AMD EPYC" (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
     """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
     they got over the wall time, summed. Fewer than the machine has where other sessions
@@ -118,14 +129,7 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
         props = torch.cuda.get_device_properties(0)
         return {"type": "cuda", "name": props.name, "model": props.name,
                 "memory_bytes": float(props.total_memory), "cores": 0}
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model_name()
     cores = cpu_cores()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # A "device" is one core running one rank; the ranks share the RAM, so each may count

@@ -8,6 +8,7 @@ idle time (measured), never from a formula re-derived here.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
@@ -34,28 +35,42 @@ def timeline_events(timeline: Timeline) -> list[dict]:
     return events
 
 
+@dataclass(frozen=True)
+class SimulatedSchedule:
+    """The numbers behind one panel of `compare_schedules`."""
+
+    kind: str
+    virtual: int
+    bubble_fraction: float  # Timeline.bubble_fraction of the simulated step
+    peak_in_flight: int  # most (microbatch, chunk) activations any stage holds at once
+    makespan_s: float
+
+
 def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
                       comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
-                      time_unit: str = "auto") -> tuple[Figure, dict[str, float]]:
+                      time_unit: str = "auto"
+                      ) -> tuple[Figure, dict[str, SimulatedSchedule]]:
     """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
-    on one time axis. Returns the figure and each schedule's simulated bubble fraction."""
-    panels, bubbles = [], {}
+    on one time axis. Returns the figure and what each panel shows (bubble, peak in-flight
+    activations), keyed by schedule kind."""
+    panels, shown = [], {}
     for kind in ("gpipe", "1f1b", "interleaved"):
         if kind == "interleaved" and (microbatches % stages or virtual < 2):
             continue  # Megatron's interleaving needs microbatches in groups of `stages`
-        schedule = build_schedule(kind, stages, microbatches,
-                                  virtual if kind == "interleaved" else 1)
+        chunks = virtual if kind == "interleaved" else 1
+        schedule = build_schedule(kind, stages, microbatches, chunks)
         timeline = schedule.simulate(forward_s, backward_s, comm_s)
-        bubbles[kind] = timeline.bubble_fraction
         peak = max(schedule.peak_in_flight())
+        shown[kind] = SimulatedSchedule(kind, chunks, timeline.bubble_fraction, peak,
+                                        timeline.makespan)
         held = f"peak {peak} microbatches' activations held" if kind != "interleaved" else \
             f"v={virtual}, peak {peak} chunk activations of 1/{virtual} stage"
         panels.append(TimelinePanel(f"{SCHEDULE_TITLES[kind]}; {held}",
-                                    timeline_events(timeline), bubbles[kind]))
+                                    timeline_events(timeline), timeline.bubble_fraction))
     note = f" ({cost_note})" if cost_note else ""
     fig = plot_timelines(panels, f"Pipeline schedules: {stages} stages, {microbatches} "
                                  f"microbatches{note}", time_unit=time_unit)
-    return fig, bubbles
+    return fig, shown
 
 
 def measured_bubble(events: list[dict]) -> float:
