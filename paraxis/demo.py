@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from paraxis.calibrate.quick import PROFILE_NAME
     from paraxis.data_parallel.launch import launch
     from paraxis.report.build import build_report, save
+    from paraxis.report.hardware import choose_hardware
     from paraxis.train import TrainConfig, run_training
 
     # soft_wrap: a line longer than the terminal (or than 80 columns in a log) stays one line
@@ -68,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
     single = run_training(single_cfg)
     console.print(f"[bold]2/3[/]  the same model, seed and batches on {layout.world_size} "
                   f"ranks, {layout}; metrics in {out / 'parallel'}")
+    # The report forecasts this run on this machine; on a CPU that needs a profile of it,
+    # measured now, next to the run, while the machine carries the same load.
+    (out / "parallel" / PROFILE_NAME).unlink(missing_ok=True)
+    hardware = choose_hardware(report_inputs(args.model, layout), out / "parallel",
+                               layout.world_size, args.model)
+    console.print(f"      forecast for {hardware.ranks(layout.world_size)} from "
+                  f"{hardware.source}")
     if layout.world_size > 1:
         launch(parallel_cfg, layout.world_size)
     else:

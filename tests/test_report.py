@@ -101,7 +101,6 @@ def _lesson_holds(lesson) -> None:
     shown = lesson.shown
     assert set(shown) == {"gpipe", "1f1b", "interleaved"}
     assert shown["interleaved"].bubble_fraction < shown["1f1b"].bubble_fraction
-    assert shown["1f1b"].bubble_fraction <= shown["gpipe"].bubble_fraction + 0.01
     assert shown["1f1b"].peak_in_flight < shown["gpipe"].peak_in_flight
     assert lesson.microbatches > lesson.stages
     assert lesson.costs.send_s < lesson.costs.forward_s / 10

@@ -33,7 +33,7 @@ class FoundProfile:
         if self.how == "committed":
             return (f"the committed profile {self.path.name} (measured on this CPU, "
                     f"{self.cpu}, {self.cores} cores)")
-        when = "now" if self.how == "calibrated" else "for an earlier report of this run"
+        when = "now" if self.how == "calibrated" else "earlier for this run"
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
                 f"{when} in {self.seconds:.0f} s")
 

@@ -44,9 +44,13 @@ class Plan:
 
     @property
     def memory(self) -> dict[str, float]:
-        """The planner's memory of the busiest stage, per device. A CPU rank has no device
-        context or allocator pool to hold back: the planner's reserve for them is left out."""
-        memory = dict(self.estimate.memory)
+        """The planner's memory of the busiest stage, per device (`device_memory`)."""
+        return self.device_memory(self.estimate)
+
+    def device_memory(self, estimate: Estimate) -> dict[str, float]:
+        """An estimate's memory per device. A CPU rank has no device context or allocator
+        pool to hold back: the planner's reserve for them is left out."""
+        memory = dict(estimate.memory)
         if self.hardware.cpu:
             memory["total"] -= memory.pop("reserved", 0.0)
         return memory

@@ -110,7 +110,8 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
              f"{records[0]['loss']:.3f} -> {records[-1]['loss']:.3f}", "-")]),
         figure(figure_data_uri(plot_run(records, e.tokens_per_s, label, memory, hw.device)),
                "run metrics", "Measured on every step (peak memory: rank 0"
-               + ("; on a CPU the process's resident set" if hw.cpu else "")
+               + ("; on a CPU the process's resident set, which also holds PyTorch itself, "
+                  "where the planner counts tensors" if hw.cpu else "")
                + ") against the planner's forecast."),
     ]
     parts.append(_trace(plan, run))

@@ -56,7 +56,7 @@ def _memory(plan: Plan) -> Section:
     layout, cfg, hw = plan.layout, plan.cfg, plan.hardware
     gpu = plan.cluster.gpu
     precision = plan.inputs.precision_rule()
-    capacity = f"RAM per rank ({gpu.name})" if hw.cpu else gpu.name
+    capacity = "RAM share of a rank" if hw.cpu else gpu.name
     per_device = max(stage_params(cfg, layout.pp)) / layout.tp
     zero = figure(figure_data_uri(plot_zero_memory(
         round(per_device), layout.dp, gpu.memory_bytes, capacity, precision,

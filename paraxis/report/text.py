@@ -26,6 +26,13 @@ def duration(value: float) -> str:
     return f"{value * 1e6:.4g} µs"
 
 
+def rate(bytes_per_s: float) -> str:
+    """A bandwidth in GB/s from 1 GB/s up, else MB/s."""
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.3g} GB/s"
+    return f"{bytes_per_s / 1e6:.3g} MB/s"
+
+
 def times(ratio: float, more: str = "faster", less: str = "slower") -> str:
     """A ratio as a reader says it: "1.8x faster", "2.5x slower", "as fast"."""
     if abs(ratio - 1) < 0.005:
@@ -78,7 +85,7 @@ def defence_section(plan: Plan) -> str:
              f"{len(result.too_big)} do not fit in memory, "
              f"{len(result.rule_breakers)} break a rule.</p>"]
     rows = [(i + 1, layout_text(c.layout), duration(c.step_time_s), f"{c.tokens_per_s:,.0f}",
-             f"{c.mfu:.1%}", size(c.memory["total"]))
+             f"{c.mfu:.1%}", size(plan.device_memory(c)["total"]))
             for i, c in enumerate(result.top(6))]
     parts.append("<h3>Fastest layouts that fit</h3>" + table(
         ["rank", "layout", "step", "tokens/s", "MFU", f"memory/{plan.hardware.device}"],
@@ -108,7 +115,7 @@ def defence_section(plan: Plan) -> str:
             link = axis_link(plan.layout, axis, plan.cluster)
             where = "crosses nodes (network)" if link.crosses_nodes else "stays in a node"
             links.append(f"{axis} group of {getattr(plan.layout, axis)} {where}, "
-                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s")
+                         f"{rate(link.bandwidth_Bps)}")
     if links or e.notes:
         parts.append("<h3>Why this shape</h3><ul>" + "".join(
             f"<li>{esc(x)}</li>" for x in links + e.notes) + "</ul>")

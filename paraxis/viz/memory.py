@@ -67,6 +67,11 @@ def _stacked_bars(ax, labels: list[str], rows: list[dict[str, float]],  # noqa: 
     ax.set_axisbelow(True)
 
 
+def _capacity_label(name: str, device: str) -> str:
+    """ "a100-80gb capacity" for a GPU; a CPU rank's share of RAM is named as it is."""
+    return f"{name} capacity" if device == "GPU" else name
+
+
 def zero_rows(num_params: int, dp: int, precision: Precision = MIXED_ADAM
               ) -> list[dict[str, float]]:
     return [model_state_bytes(num_params, dp, zero, precision) for zero in range(4)]
@@ -83,7 +88,7 @@ def plot_zero_memory(num_params: int, dp: int, capacity_bytes: float | None = No
     _stacked_bars(ax, ["ZeRO-0\n(replicate all)", "ZeRO-1\n(shard optimizer)",
                        "ZeRO-2\n(+ gradients)", "ZeRO-3\n(+ parameters)"],
                   zero_rows(num_params, dp, precision), components, capacity_bytes,
-                  f"{gpu_name} capacity", device)
+                  _capacity_label(gpu_name, device), device)
     ax.set_xlabel(f"ZeRO stage (states sharded over dp = {dp} ranks)")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)
@@ -104,7 +109,7 @@ def plot_stage_memory(rows: list[dict[str, float]], capacity_bytes: float | None
     fig, ax = new_figure(max(8.5, 1.2 * len(rows) + 6), 4.6)
     _stacked_bars(ax, labels or [f"stage {i}" for i in range(len(rows))],
                   [{c: r.get(c, 0.0) for c in components} for r in rows], components,
-                  capacity_bytes, f"{gpu_name} capacity", device)
+                  capacity_bytes, _capacity_label(gpu_name, device), device)
     ax.set_xlabel("pipeline stage (the first adds the embedding, the last the head and logits)")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)

@@ -96,6 +96,14 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
     stragglers, launch overheads). Returns (figure, predicted bubble, measured bubble)."""
     stages = len({e["stage"] for e in events})
     forward_s, backward_s = mean_costs(events)
+    # Ranks of one stage (its dp and tp ranks) run the same actions at the same time: one
+    # lane per stage shows the first of them, so their bars do not pile up in one lane.
+    first = {}
+    for e in events:
+        first.setdefault(e["stage"], e["rank"])
+    drawn = [e for e in events if e["rank"] == first[e["stage"]]]
+    ranks = ", ".join(str(first[s]) for s in sorted(first))
+    which = f" (ranks {ranks}: one per stage)" if len(drawn) < len(events) else ""
     # The schedule splits F/B cost over chunks; the trace times one chunk's F/B.
     timeline = build_schedule(kind, stages, microbatches, virtual).simulate(
         forward_s * virtual, backward_s * virtual)
@@ -104,7 +112,7 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
         [TimelinePanel(f"predicted: {kind} simulated with the run's mean F = "
                        f"{forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms, free messages",
                        timeline_events(timeline), predicted),
-         TimelinePanel("measured: the runtime's trace of one step", events, measured)],
+         TimelinePanel(f"measured: the runtime's trace of one step{which}", drawn, measured)],
         f"Pipeline step, predicted vs measured ({stages} stages, {microbatches} microbatches)",
         time_unit="ms")
     return fig, predicted, measured
