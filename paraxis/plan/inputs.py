@@ -32,7 +32,7 @@ class PlanInputs:
     memory_gb: float | None = None
     nvlink_gbps: float | None = None
     network_gbps: float | None = None
-    precision: str = "mixed"
+    precision: str | None = "mixed"  # None: the command's choice (PlanInputs.precision_rule)
     seq_len: int | None = None  # None: the model's context length
     global_batch: int = 1024
     layout: str | None = None
@@ -54,6 +54,8 @@ class PlanInputs:
         return build_cluster(str(overrides["gpu"]), self.gpus, self.gpus_per_node, overrides)
 
     def precision_rule(self) -> Precision:
+        if self.precision is None:
+            raise ParaxisError("no --precision given; use mixed or fp32")
         if self.precision not in PRECISIONS:
             raise ParaxisError(f"--precision {self.precision!r} is unknown; use "
                                f"{' or '.join(PRECISIONS)}")
@@ -71,8 +73,10 @@ class PlanInputs:
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
                   gpus: int | None = None, global_batch: int = 1024,
+                  precision: str | None = "mixed",
                   layout_help: str = "a layout, e.g. dp=2,tp=8,pp=4") -> None:
-    """The model, hardware, batch, precision and layout flags, with this command's defaults."""
+    """The model, hardware, batch, precision and layout flags, with this command's defaults
+    (precision None: the command decides, e.g. a report of a run uses the run's fp32)."""
     add = parser.add_argument
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", default=None,
@@ -88,9 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--memory-gb", type=float, help="override GPU memory")
     add("--nvlink-gbps", type=float, help="override NVLink GB/s per GPU per way")
     add("--network-gbps", type=float, help="override inter-node GB/s per GPU per way")
-    add("--precision", choices=tuple(PRECISIONS), default="mixed",
-        help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param (default); fp32: 4+4+8 (a run "
-             "trained with --dtype fp32, paraxis train's default)")
+    add("--precision", choices=tuple(PRECISIONS), default=precision,
+        help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param; fp32: 4+4+8 (a run trained "
+             "with --dtype fp32, paraxis train's default); default: "
+             + (precision or "fp32 for a run, else mixed"))
     add("--global-batch", type=int, default=global_batch, help="sequences per step")
     add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")
     add("--layout", help=layout_help)

@@ -103,6 +103,8 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     """Plan (or price the given layout), draw everything, and add the run in `run_dir` (its
     metrics.jsonl and optional *trace*.json) when given."""
     run = load_run(Path(run_dir)) if run_dir is not None else None
+    if inputs.precision is None:  # a run computes in `paraxis train`'s default, fp32
+        inputs = dataclasses.replace(inputs, precision="fp32" if run else "mixed")
     if inputs.gpus is None and inputs.layout is not None:
         inputs = dataclasses.replace(inputs, gpus=Layout.parse(inputs.layout).world_size)
     world = inputs.gpus or inputs.gpus_per_node
