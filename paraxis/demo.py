@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "parallel" / PROFILE_NAME).unlink(missing_ok=True)
     hardware = choose_hardware(report_inputs(args.model, layout), out / "parallel",
                                layout.world_size, args.model)
-    console.print(f"      forecast for {hardware.ranks(layout.world_size)} from "
-                  f"{hardware.source}")
+    console.print(f"      the report's forecast is priced on {hardware.source}")
     if layout.world_size > 1:
         launch(parallel_cfg, layout.world_size)
     else:
