@@ -59,7 +59,7 @@ def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
     loss_ax.set_title("Training loss")
 
     speed_ax.plot(steps, [r["tokens_per_s"] for r in records], color=OKABE_ITO["green"],
-                  label="measured")
+                  label="measured throughput")
     if predicted_tokens_per_s:
         speed_ax.axhline(predicted_tokens_per_s, color=OKABE_ITO["vermillion"], linestyle="--",
                          label=f"predicted ({predicted_label})")
@@ -69,7 +69,6 @@ def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
     speed_ax.set_xlabel("step")
     speed_ax.set_ylabel("throughput (tokens/s)")
     speed_ax.set_title("Throughput, measured vs predicted")
-    speed_ax.legend(fontsize=8)
 
     peak = [r.get("peak_mem_bytes", 0) for r in records]
     top = max(peak + [predicted_memory_bytes or 0])
@@ -83,7 +82,15 @@ def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
     mem_ax.set_xlabel("step")
     mem_ax.set_ylabel(f"peak memory ({unit})")
     mem_ax.set_title(f"Peak memory per {device}")
-    mem_ax.legend(fontsize=8)
+    # One legend under the panels: inside them it would hide the measured lines. The
+    # forecast lines share one style, so one entry names both.
+    handles, labels = [], []
+    for ax in (speed_ax, mem_ax):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8)
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(color="#dddddd", linewidth=0.6)
