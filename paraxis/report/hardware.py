@@ -44,6 +44,8 @@ def is_cpu(cluster: Cluster) -> bool:
 
 def choose_hardware(inputs: PlanInputs, run_dir: Path | None, world_size: int,
                     model: str) -> Hardware:
+    """The hardware the report prices (module docstring); a CPU profile may be calibrated
+    now, in the run's folder, for `world_size` ranks of `model`."""
     if inputs.hardware:
         return _from_file(inputs, Path(inputs.hardware), "the file given with --hardware")
     if inputs.gpu or run_dir is None:
