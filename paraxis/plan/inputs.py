@@ -72,18 +72,20 @@ class PlanInputs:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
-                  gpus: int | None = None, global_batch: int = 1024,
+                  gpus: int | None = None, gpus_text: str = "one node",
+                  global_batch: int = 1024,
                   precision: str | None = "mixed",
                   layout_help: str = "a layout, e.g. dp=2,tp=8,pp=4") -> None:
     """The model, hardware, batch, precision and layout flags, with this command's defaults
-    (precision None: the command decides, e.g. a report of a run uses the run's fp32)."""
+    (None: the command decides, e.g. a report of a run uses the run's fp32; `gpus_text`
+    says what a --gpus of None means)."""
     add = parser.add_argument
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", default=None,
                        help=f"preset name or .json/.toml model file (default {model})")
     which.add_argument("--params", type=float, help="generic GPT shape of N parameters")
     add("--gpus", type=int, default=gpus,
-        help=f"GPUs (or CPU ranks) in all (default: {gpus or 'one node'})")
+        help=f"GPUs (or CPU ranks) in all (default: {gpus or gpus_text})")
     add("--gpus-per-node", type=int, default=8)
     add("--gpu", default=None, help=f"one of {', '.join(GPUS)} (default: the --hardware "
                                     f"file's, else {DEFAULT_GPU})")

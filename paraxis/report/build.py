@@ -105,8 +105,9 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     run = load_run(Path(run_dir)) if run_dir is not None else None
     if inputs.precision is None:  # a run computes in `paraxis train`'s default, fp32
         inputs = dataclasses.replace(inputs, precision="fp32" if run else "mixed")
-    if inputs.gpus is None and inputs.layout is not None:
-        inputs = dataclasses.replace(inputs, gpus=Layout.parse(inputs.layout).world_size)
+    if inputs.gpus is None:  # as many as the layout given has ranks, else one
+        gpus = Layout.parse(inputs.layout).world_size if inputs.layout else 1
+        inputs = dataclasses.replace(inputs, gpus=gpus)
     world = inputs.gpus or inputs.gpus_per_node
     hardware = choose_hardware(inputs, run.folder if run else None, world,
                                inputs.model or "tiny")

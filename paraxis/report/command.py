@@ -18,7 +18,8 @@ from paraxis.plan import inputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    inputs.add_arguments(parser, model="tiny", gpus=1, global_batch=16, precision=None,
+    inputs.add_arguments(parser, model="tiny", gpus_text="the --layout's ranks, else 1",
+                         global_batch=16, precision=None,
                          layout_help="price this layout (e.g. dp=2,tp=2,pp=2) instead of "
                                      "the planner's choice")
     # dest is not "run": the CLI keeps each subcommand's entry point in args.run
