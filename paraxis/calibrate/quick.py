@@ -4,7 +4,7 @@ A forecast of a CPU run must be priced on this CPU, not on a GPU preset. The pro
 first found: one already in the run's folder, or the committed `docs/hardware-profile.json`,
 when either was measured on this CPU model with this many cores and timed collectives on
 the run's rank count; else a short calibration (one rank's kernels at the run's own layer
-shapes, the collectives on the run's rank count at three message sizes, the cores as many
+shapes, the collectives on the run's rank count at four message sizes, the cores as many
 busy ranks as the run has get: about 5-30 s, load permitting), saved in the run's folder
 for the next report. `paraxis demo` calibrates just before its run; the report after it
 probes the cores again and prices with the mean, as the load may change while a run runs.
@@ -19,7 +19,10 @@ from pathlib import Path
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
 PROFILE_NAME = "hardware-profile.json"
-QUICK_SIZES = (16 * 1024, 256 * 1024, 1024 * 1024)  # bytes: latency- to bandwidth-bound
+# Bytes, latency- to bandwidth-bound. A small model's TP all-reduces are latency-bound: with
+# fewer sizes or repeats, gloo's noise can fit alpha to 0 and price them 6x too cheap.
+QUICK_SIZES = (4 * 1024, 32 * 1024, 256 * 1024, 1024 * 1024)
+QUICK_REPEATS = 5
 PROBE_S = 2.0  # seconds the busy ranks run to see how many cores our ranks get
 
 
@@ -79,7 +82,7 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
     profile = calibrate([ranks], list(QUICK_SIZES), model=model, tokens=16 * seq_len,
-                        seq_len=seq_len, repeats=3, device="cpu", busy_s=PROBE_S,
+                        seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu", busy_s=PROBE_S,
                         log=lambda *_: None, busy_ranks=ranks)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(profile, indent=2) + "\n")
