@@ -5,7 +5,10 @@
 2. Trains the same model, seed and batches on a 3D layout, dp=2 x tp=2 x pp=2 (8 CPU ranks,
    ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (runtime/launch.py).
 3. Prints the two loss curves side by side, then writes the HTML report for the 3D run
-   (plan, defence, pictures, measured next to predicted) and prints its path.
+   (plan, defence, pictures, measured next to its forecast on this machine) and its path.
+
+The console output stays short: one line per run saying what it is, the training loop's own
+few lines, the loss table, the report's path.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import json
 from pathlib import Path
 
 from paraxis.layout import Layout
+from paraxis.plan.inputs import PlanInputs
 
 LAYOUT_3D = Layout(dp=2, tp=2, pp=2, zero=1, microbatches=2, schedule="1f1b")
+GLOBAL_BATCH, SEQ_LEN = 16, 128
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,20 +32,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="folder for metrics and the report")
 
 
+def report_inputs(model: str, layout: Layout) -> PlanInputs:
+    """What the report of the demo's parallel run prices: its model, layout and batch, in
+    fp32 (what `paraxis train` computes in on a CPU), on the hardware it ran on."""
+    return PlanInputs(model=model, gpus=layout.world_size, layout=str(layout),
+                      global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, precision="fp32")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from paraxis.calibrate.quick import PROFILE_NAME
     from paraxis.config import RunConfig
-    from paraxis.report import write_report
+    from paraxis.report.build import build_report, save
+    from paraxis.report.hardware import choose_hardware
     from paraxis.runtime.launch import launch
     from paraxis.train import run_training
 
-    console = Console()
+    # soft_wrap: a line longer than the terminal (or than 80 columns in a log) stays one line
+    console = Console(soft_wrap=True, highlight=False)
     out = Path(args.out)
     layout = Layout.parse(args.layout)
-    common = RunConfig.from_flags(model=args.model, steps=args.steps, global_batch=16,
-                                  seq_len=128, lr=3e-3, warmup=10, device="cpu", log_every=20)
+    common = RunConfig.from_flags(model=args.model, steps=args.steps, global_batch=GLOBAL_BATCH,
+                                  seq_len=SEQ_LEN, lr=3e-3, warmup=10, device="cpu",
+                                  log_every=max(1, args.steps // 2))
     single_cfg = common.with_flags(layout=Layout(),
                                    metrics_file=str(out / "single" / "metrics.jsonl"))
     parallel_cfg = common.with_flags(layout=layout,
@@ -49,9 +65,18 @@ def run(args: argparse.Namespace) -> int:
         cfg.check()
         cfg.layout.validate(cfg.layout.world_size)
 
-    console.rule(f"[bold]1/3  {args.model} on one device")
+    what = f"{args.steps} steps of {GLOBAL_BATCH} x {SEQ_LEN} tokens"
+    console.print(f"[bold]1/3[/]  {args.model} on one device, {what}; metrics in "
+                  f"{out / 'single'}")
     single = run_training(single_cfg)
-    console.rule(f"[bold]2/3  the same model on {layout.world_size} ranks: {layout}")
+    console.print(f"[bold]2/3[/]  the same model, seed and batches on {layout.world_size} "
+                  f"ranks, {layout}; metrics in {out / 'parallel'}")
+    # The report forecasts this run on this machine; on a CPU that needs a profile of it,
+    # measured now, next to the run, while the machine carries the same load.
+    (out / "parallel" / PROFILE_NAME).unlink(missing_ok=True)
+    hardware = choose_hardware(report_inputs(args.model, layout), out / "parallel",
+                               layout.world_size, args.model)
+    console.print(f"      the report's forecast is priced on {hardware.source}")
     if layout.world_size > 1:
         launch(run_training, (parallel_cfg,), layout.world_size, device="cpu")
     else:
@@ -59,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     parallel = [json.loads(line) for line in
                 Path(parallel_cfg.logging.metrics_file).read_text().splitlines()]
 
-    console.rule("[bold]3/3  loss, step by step")
+    console.print("[bold]3/3[/]  loss, step by step")
     label = f"dp={layout.dp} x tp={layout.tp} x pp={layout.pp}"
     table = Table("step", "one device", label, "difference")
     shown = sorted({*range(0, args.steps, max(1, args.steps // 10)), args.steps - 1})
@@ -70,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"loss {single[0]['loss']:.3f} -> {single[-1]['loss']:.3f}; the largest "
                   f"difference between the layouts over {args.steps} steps is {worst:.1e}")
-    report = write_report(out / "report.html", model=args.model, gpus=layout.world_size,
-                          layout=layout, global_batch=16, seq_len=128,
-                          run_dir=out / "parallel")
-    console.print(f"report: {report.resolve()}")
+    report = build_report(report_inputs(args.model, layout), out / "parallel")
+    forecast = report.forecast
+    path = save(report, out / "report.html")
+    if forecast is not None:
+        console.print(f"step time {forecast.measured_step_s * 1e3:.1f} ms, forecast "
+                      f"{forecast.predicted_step_s * 1e3:.1f} ms for {forecast.hardware} "
+                      f"({forecast.error:+.0%})")
+    console.print(f"report: {path.resolve()}")
     return 0

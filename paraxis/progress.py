@@ -10,11 +10,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
+LOG_WIDTH = 200  # columns of a line written to a file or pipe
+
 
 class Progress:
     def __init__(self, total: int, enabled: bool = True, title: str = "train") -> None:
         self.enabled = enabled
         self.console = Console(stderr=True)
+        if not self.console.is_terminal:
+            # A log file or pipe: rich would wrap every line at 80 columns ("peak mem" on one
+            # line, "366 MiB" on the next); a log has room for the whole line.
+            self.console = Console(stderr=True, width=LOG_WIDTH)
         self.total = total
         self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
@@ -57,4 +63,4 @@ class Progress:
                 extra += f"  peak mem {record['peak_mem_bytes_max_rank'] / 2**20:,.0f} MiB"
             if "val_loss" in record:
                 extra += f"  val loss {record['val_loss']:.4f}"
-            self._bar.console.print(f"step {step:>5}  {status}{extra}")
+            self._bar.console.print(f"step {step:>5}  {status}{extra}", soft_wrap=True)

@@ -157,33 +157,6 @@ class Timeline:
         total = len(self.events) * self.makespan
         return self.idle_time / total if total else 0.0
 
-    def render(self, slot: float | None = None) -> str:
-        """One row per stage, one cell per time slot: F3 = forward of microbatch 3, B3 its
-        backward, a/b/.. the chunk when there are several, '.' idle."""
-        compute = [e for stage in self.events for e in stage if e.action.kind in COMPUTE]
-        if not compute:
-            return ""
-        slot = slot or min(e.end - e.start for e in compute)
-        chunks = max(e.action.chunk for e in compute) + 1
-        labels = [_label(e.action, chunks) for e in compute]
-        width = max(len(label) for label in labels) + 1
-        slots = round(self.makespan / slot)
-        rows = []
-        for index, stage in enumerate(self.events):
-            cells = [".".ljust(width)] * slots
-            for event in stage:
-                if event.action.kind not in COMPUTE:
-                    continue
-                for t in range(round(event.start / slot), round(event.end / slot)):
-                    cells[t] = _label(event.action, chunks).ljust(width)
-            rows.append(f"stage {index} | " + "".join(cells).rstrip())
-        return "\n".join(rows)
-
-
-def _label(action: Action, chunks: int) -> str:
-    suffix = chr(ord("a") + action.chunk) if chunks > 1 else ""
-    return f"{action.kind}{action.microbatch}{suffix}"
-
 
 # ----------------------------------------------------------------------------- generators
 
@@ -419,40 +392,3 @@ def simulate(schedule: Schedule, forward_cost: float = 1.0, backward_cost: float
             raise ParaxisError(f"schedule deadlocks: {stuck} wait for sends that never come; "
                                "post each send before the recv that waits on its peer")
     return timeline
-
-
-# ------------------------------------------------------------------ `paraxis schedule`
-
-
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse.ArgumentParser
-    add = parser.add_argument
-    add("--kind", default="1f1b", help="gpipe, 1f1b or interleaved")
-    add("--stages", type=int, default=4, help="pipeline stages P")
-    add("--microbatches", type=int, default=8, help="microbatches M per step")
-    add("--virtual", type=int, default=1, help="model chunks per stage (interleaved)")
-    add("--forward-cost", type=float, default=1.0, help="time of one forward (whole stage)")
-    add("--backward-cost", type=float, default=2.0, help="time of one backward")
-    add("--json", action="store_true", help="machine-readable output")
-
-
-def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
-    schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, args.virtual))
-    timeline = schedule.simulate(args.forward_cost, args.backward_cost)
-    peaks = schedule.peak_in_flight()
-    if args.json:
-        print(json.dumps({
-            **schedule.to_dict(), "bubble_fraction": timeline.bubble_fraction,
-            "bubble_ratio": timeline.idle_time / timeline.busy_time,
-            "makespan": timeline.makespan, "peak_in_flight": peaks,
-            "events": [[{**asdict(e.action), "start": e.start, "end": e.end} for e in stage]
-                       for stage in timeline.events]}))
-        return 0
-    chunks = f", {args.virtual} chunks per stage" if args.virtual > 1 else ""
-    print(f"{args.kind}: {args.stages} stages, {args.microbatches} microbatches{chunks} "
-          f"(forward {args.forward_cost:g}, backward {args.backward_cost:g})")
-    print(timeline.render())
-    print(f"bubble fraction: {timeline.bubble_fraction:.1%} of the timeline "
-          f"(idle / ideal = {timeline.idle_time / timeline.busy_time:.3f})")
-    unit = " (microbatch-chunks)" if args.virtual > 1 else ""
-    print(f"peak in-flight microbatches per stage{unit}: {peaks}")
-    return 0

@@ -8,7 +8,7 @@ import pytest
 from paraxis.cli import main
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.report import write_report
+from paraxis.report.build import write_report
 from paraxis.testing import RankContext, run_on_ranks
 from paraxis.viz.trace import load_trace, to_chrome_trace
 
@@ -91,7 +91,34 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     error = predicted.step_time_s / measured - 1
     assert f"as calibrated in <code>{hw}</code>" in html
     assert f"the prediction is {error:+.0%} off" in html
-    assert "1 x cpu-core" in html
+    assert "<h1>paraxis report: tiny on 1 CPU rank on cpu-core (2 cores)</h1>" in html
+    assert "CUDA" not in html
+
+
+def _lesson_holds(lesson) -> None:
+    """The pipeline pictures teach what the schedules are for: interleaving shrinks the
+    bubble, and 1F1B holds fewer microbatches' activations than GPipe."""
+    shown = lesson.shown
+    assert set(shown) == {"gpipe", "1f1b", "interleaved"}
+    assert shown["interleaved"].bubble_fraction < shown["1f1b"].bubble_fraction
+    assert shown["1f1b"].peak_in_flight < shown["gpipe"].peak_in_flight
+    assert lesson.microbatches > lesson.stages
+    assert lesson.costs.send_s < lesson.costs.forward_s / 10
+
+
+def test_demo_report_draws_the_pipeline_lesson(tmp_path):
+    """The demo's plan (tiny, dp=2 x tp=2 x pp=2, 2 microbatches) is the case where the
+    lesson does not show at the run's own settings; the pictures are drawn where it does,
+    and the run's own schedule is stated next to them."""
+    from paraxis.demo import LAYOUT_3D, report_inputs
+    from paraxis.report.build import build_report
+
+    report = build_report(report_inputs("tiny", LAYOUT_3D))
+    _lesson_holds(report.lesson)
+    assert report.lesson.stages == LAYOUT_3D.pp
+    html = report.html()
+    assert "What this plan runs: 1F1B over 2 stages with 2 microbatch(es)" in html
+    assert "x faster" in html or "as fast as the planner" in html
 
 
 def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple]]:
@@ -177,23 +204,70 @@ def _console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "CONSOLE" in line]
 
 
-@pytest.mark.slow
-def test_report_opens_in_headless_chromium(tmp_path):
-    import shutil
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`paraxis demo` as a new user runs it, shortened to 12 steps (the medians of the
+    forecast skip 3 warm-up steps); stdout and stderr as one stream, in order."""
     import subprocess
     import sys
+
+    out = tmp_path_factory.mktemp("demo")
+    done = subprocess.run([sys.executable, "-m", "paraxis", "demo", "--steps", "12", "--out",
+                           str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return out, done.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_report(demo):
+    """The demo's report, rebuilt from its run folder (the profile the demo calibrated)."""
+    from paraxis.demo import LAYOUT_3D, report_inputs
+    from paraxis.report.build import build_report
+
+    folder, _ = demo
+    return build_report(report_inputs("tiny", LAYOUT_3D), folder / "parallel")
+
+
+@pytest.mark.slow
+def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
+    report = demo_report
+    _lesson_holds(report.lesson)
+    # Like for like: a CPU run is priced on a profile of this CPU, not on a GPU preset.
+    assert report.plan.hardware.cpu and report.plan.cluster.cores_per_node > 0
+    assert report.title.startswith("paraxis report: tiny on 8 CPU ranks on ")
+    html = report.html()
+    assert "CUDA" not in html and "a100" not in report.title
+    assert f"the prediction is {report.forecast.error:+.0%} off" in html
+
+
+@pytest.mark.slow
+def test_demo_forecast_is_within_30_percent(demo_report):
+    assert abs(demo_report.forecast.error) <= 0.30, demo_report.forecast
+
+
+@pytest.mark.slow
+def test_demo_prints_at_most_25_lines_before_the_loss_table(demo):
+    _, output = demo
+    lines = output.splitlines()
+    table = next(i for i, line in enumerate(lines) if "one device" in line and "dp=2" in line)
+    assert table <= 25, "\n".join(lines[:table])
+    assert all(len(line) <= 200 for line in lines)  # nothing wrapped, nothing run-on
+
+
+@pytest.mark.slow
+def test_report_opens_in_headless_chromium(demo, tmp_path):
+    import shutil
 
     if shutil.which("chromium") is None:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; "
                     ".ci/run installs it)")
     from matplotlib.image import imread
 
-    # The demo's own report, as a new user gets it (a short run: 3 steps on 8 ranks).
-    demo = subprocess.run([sys.executable, "-m", "paraxis", "demo", "--steps", "3", "--out",
-                           str(tmp_path / "demo")], capture_output=True, text=True, timeout=600)
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    page = tmp_path / "demo" / "report.html"
-    assert f"report: {page.resolve()}" in demo.stdout.replace("\n", "")
+    # The demo's own report, as a new user gets it.
+    folder, output = demo
+    page = folder / "report.html"
+    assert f"report: {page.resolve()}" in output
     # The console check must be able to fail: a page that logs an error is caught.
     noisy = tmp_path / "noisy.html"
     noisy.write_text("<html><body><script>console.error('broken')</script></body></html>")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
 from paraxis.schedules import Action, Schedule, build_schedule, simulate, validate
+from paraxis.viz.text_timeline import render_timeline
 
 CASES = [(kind, p, m, v)
          for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16)
@@ -54,7 +55,7 @@ def test_one_f_one_b_order_on_four_stages():
 
 
 def test_render_shows_one_row_per_stage():
-    text = build_schedule("gpipe", 2, 2).simulate(1, 1).render()
+    text = render_timeline(build_schedule("gpipe", 2, 2).simulate(1, 1))
     assert text.splitlines() == ["stage 0 | F0 F1 .  .  B0 B1", "stage 1 | .  F0 F1 B0 B1 ."]
 
 

@@ -125,14 +125,43 @@ def test_zero_chart_draws_the_planners_numbers():
 
 
 def test_schedule_comparison_and_predicted_vs_measured_are_readable():
-    fig, bubbles = compare_schedules(4, 8, 1e-3, 2e-3)
+    fig, shown = compare_schedules(4, 8, 1e-3, 2e-3)
     assert_readable(fig)
+    bubbles = {kind: s.bubble_fraction for kind, s in shown.items()}
     assert set(bubbles) == {"gpipe", "1f1b", "interleaved"}
     assert bubbles["interleaved"] < bubbles["1f1b"]  # the reason interleaving exists
     assert bubbles["1f1b"] == pytest.approx(build_schedule("1f1b", 4, 8).bubble_fraction(
         1e-3, 2e-3))
+    assert shown["1f1b"].peak_in_flight == 4 < shown["gpipe"].peak_in_flight == 8
     _, timeline = _simulated()
     fig, predicted, measured = predicted_vs_measured(timeline_events(timeline), "1f1b", 8)
     assert_readable(fig)
     assert predicted == pytest.approx(measured)  # the same schedule and the same costs
     assert_readable(plot_ring(4))
+
+
+def test_run_picture_puts_its_legend_under_the_panels():
+    from paraxis.viz.run import plot_run
+
+    records = [{"step": s, "loss": 5 - s / 10, "tokens_per_s": 9000 + 100 * s,
+                "peak_mem_bytes": 4.2e8} for s in range(12)]
+    fig = plot_run(records, 8000.0, "8 CPU ranks", 5.6e7, device="rank")
+    assert_readable(fig)
+    assert all(ax.get_legend() is None for ax in fig.axes)  # nothing drawn over the lines
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "measured throughput", "predicted (8 CPU ranks)", "measured peak (rank 0)"]
+    assert fig.axes[1].get_yscale() == "linear"  # like-for-like: no log scale needed
+    assert unit_for(2.5e5) == ("MB", 1e6)  # a small model's states: 0.25 MB, not kB
+
+
+def test_measured_timeline_draws_one_rank_per_stage():
+    # Two ranks per stage (a dp=2 pipeline): their identical bars would pile up in one lane.
+    _, timeline = _simulated("1f1b", 2, 4)
+    events = timeline_events(timeline)
+    twins = events + [{**e, "rank": e["rank"] + 2} for e in events]
+    fig, predicted, measured = predicted_vs_measured(twins, "1f1b", 4)
+    assert predicted == pytest.approx(measured)
+    title = fig.axes[1].get_title(loc="left")
+    assert "ranks 0, 1: one per stage" in title
+    bars = [c for c in fig.axes[1].collections if len(c.get_paths())]
+    assert len(bars) == len(events)

@@ -100,14 +100,29 @@ def cpu_cores() -> int:
         (os.cpu_count() or 1)
 
 
-def available_cores(cores: int | None = None, busy_s: float = 2.0) -> float:
-    """How many cores our ranks get now: one busy rank per core for `busy_s`, the CPU time
-    they got over the wall time, summed. Fewer than the machine has where other sessions
-    use it (Cluster.available_cores)."""
+def cpu_model_name() -> str:
+    """This machine's CPU model, e.g. "AMD EPYC" (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def available_cores(cores: int | None = None, busy_s: float = 2.0,
+                    ranks: int | None = None) -> float:
+    """How many cores our ranks get now: `ranks` busy ranks (default one per core) for
+    `busy_s`, the CPU time they got over the wall time, summed, at most `cores`. Fewer than
+    the machine has where other sessions use it (Cluster.available_cores). Where the other
+    load shares our session's scheduling group, more ranks get more of the machine: a run
+    of N ranks is best probed with N."""
     from paraxis.testing import run_distributed
 
     cores = cores or cpu_cores()
-    shares = run_distributed(busy_body, cores, (busy_s,), timeout_s=60 + 2 * busy_s)
+    shares = run_distributed(busy_body, ranks or cores, (busy_s,),
+                             timeout_s=60 + 2 * busy_s)
     return min(float(cores), sum(shares))
 
 
@@ -118,14 +133,7 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
         props = torch.cuda.get_device_properties(0)
         return {"type": "cuda", "name": props.name, "model": props.name,
                 "memory_bytes": float(props.total_memory), "cores": 0}
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model_name()
     cores = cpu_cores()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # A "device" is one core running one rank; the ranks share the RAM, so each may count
@@ -136,8 +144,10 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
 
 def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llama",
               tokens: int = 2048, seq_len: int = 128, repeats: int = 5,
-              device: str = "auto", busy_s: float = 2.0, log=print) -> dict:  # noqa: ANN001
-    """Measure and return the profile document (paraxis.calibrate.profile)."""
+              device: str = "auto", busy_s: float = 2.0, log=print,  # noqa: ANN001
+              busy_ranks: int | None = None) -> dict:
+    """Measure and return the profile document (paraxis.calibrate.profile). `busy_ranks`:
+    how many ranks probe the cores our ranks get (default one per core)."""
     from paraxis.calibrate.profile import build_profile
     from paraxis.testing import run_distributed
 
@@ -163,7 +173,8 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                      timeout_s=300, device=device_type)[0]
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
-        device_info["available_cores"] = available_cores(device_info["cores"], busy_s)
+        device_info["available_cores"] = available_cores(device_info["cores"], busy_s,
+                                                         busy_ranks)
         log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
             f"to our ranks (one busy rank per core for {busy_s:g} s)")
     profile = build_profile(device_info, compute, timings)

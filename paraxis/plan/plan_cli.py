@@ -1,4 +1,7 @@
-"""`paraxis plan`: search (or evaluate) layouts for a model on a cluster and defend the pick."""
+"""`paraxis plan`: search (or evaluate) layouts for a model on a cluster and defend the pick.
+
+The model, hardware and batch flags are `paraxis.plan.inputs`, shared with `paraxis report`.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +10,17 @@ import json
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
-from paraxis.model_config import ModelConfig, load_model_config, model_from_params
+from paraxis.plan import inputs
 from paraxis.plan.cost import Overlap, evaluate
+from paraxis.plan.document import plan_document
 from paraxis.plan.explain import explain
-from paraxis.plan.hardware import GPUS, Cluster, build_cluster, load_hardware_file
-from paraxis.plan.precision import PRECISIONS, Precision
-from paraxis.plan.report import plan_document
 from paraxis.plan.search import Constraints, search
-
-GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_and_hardware(parser)
-    parser.add_argument("--global-batch", type=int, default=1024, help="sequences per step")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the "
-                        "model's max_seq_len)")
-    parser.add_argument("--layout", help="evaluate this layout instead of searching, e.g. "
-                        "dp=2,tp=8,pp=4,zero=1,microbatches=64; without microbatches the "
-                        "fields given are fixed and the rest searched")
+    inputs.add_arguments(parser, layout_help="evaluate this layout instead of searching, e.g. "
+                         "dp=2,tp=8,pp=4,zero=1,microbatches=64; without microbatches the "
+                         "fields given are fixed and the rest searched")
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     limits = parser.add_argument_group("search constraints")
@@ -47,43 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="assume no communication hides behind compute")
 
 
-def add_model_and_hardware(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_mutually_exclusive_group()
-    model.add_argument("--model", help="preset name or .json/.toml model file")
-    model.add_argument("--params", type=float, help="generic GPT shape of N parameters")
-    parser.add_argument("--gpus", type=int, help="GPUs in the cluster (default: one node)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--gpu", default="a100-80gb", help=f"one of {', '.join(GPUS)}")
-    parser.add_argument("--hardware", help="TOML/JSON hardware file (schema in docs/planner.md)")
-    parser.add_argument("--memory-gb", type=float, help="override GPU memory")
-    parser.add_argument("--nvlink-gbps", type=float, help="override NVLink GB/s per GPU per way")
-    parser.add_argument("--network-gbps", type=float,
-                        help="override inter-node GB/s per GPU per way")
-    parser.add_argument("--precision", choices=PRECISIONS, default="mixed",
-                        help="mixed: 2+2+12 bytes/param (default); fp32: 4+4+8")
-
-
-def resolve_model(args: argparse.Namespace) -> ModelConfig:
-    if args.params is not None:
-        return model_from_params(args.params, seq_len=getattr(args, "seq_len", None) or 2048)
-    return load_model_config(args.model or "llama2-7b")
-
-
-def resolve_cluster(args: argparse.Namespace) -> Cluster:
-    overrides: dict[str, object] = load_hardware_file(args.hardware) if args.hardware else {}
-    flags = {"memory_bytes": args.memory_gb and args.memory_gb * GB,
-             "nvlink_bandwidth_Bps": args.nvlink_gbps and args.nvlink_gbps * GB,
-             "inter_node_bandwidth_Bps": args.network_gbps and args.network_gbps * GB}
-    overrides.update({k: v for k, v in flags.items() if v})
-    gpu = args.gpu if args.gpu != "a100-80gb" or "gpu" not in overrides else overrides["gpu"]
-    overrides["gpu"] = gpu
-    return build_cluster(str(gpu), args.gpus, args.gpus_per_node, overrides)
-
-
 def run(args: argparse.Namespace) -> int:
-    cfg = resolve_model(args)
-    cluster = resolve_cluster(args)
-    precision: Precision = PRECISIONS[args.precision]
+    given = inputs.from_args(args)
+    cfg = given.model_config()
+    cluster = given.cluster()
+    precision = given.precision_rule()
     seq_len = args.seq_len or cfg.max_seq_len
     overlap = Overlap(dp=False, tp=False) if args.no_overlap else Overlap()
     if args.top < 1:

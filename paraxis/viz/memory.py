@@ -26,17 +26,14 @@ COMPONENT_LABEL = {"params": "parameters", "grads": "gradients",
 
 
 def unit_for(max_bytes: float) -> tuple[str, float]:
-    """GB, MB or kB, whichever keeps the largest bar between 1 and 1000 (decimal units, as
-    GPU datasheets use)."""
-    for name, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if max_bytes >= scale:
-            return name, scale
-    return "B", 1.0
+    """GB from 1 GB up, else MB (decimal units, as GPU datasheets use): the units a reader
+    compares with a device's capacity; a small model's states read as 0.25 MB, not 250 kB."""
+    return ("GB", 1e9) if max_bytes >= 1e9 else ("MB", 1e6)
 
 
 def _stacked_bars(ax, labels: list[str], rows: list[dict[str, float]],  # noqa: ANN001
                   components: list[str], capacity_bytes: float | None,
-                  capacity_label: str) -> None:
+                  capacity_label: str, device: str = "GPU") -> None:
     totals = [sum(r[c] for c in components) for r in rows]
     peak = max(totals + [0.0])
     unit, scale = unit_for(peak)
@@ -50,7 +47,7 @@ def _stacked_bars(ax, labels: list[str], rows: list[dict[str, float]],  # noqa: 
     for x, total in enumerate(totals):
         ax.text(x, total / scale, f"{total / scale:.3g} {unit}", ha="center", va="bottom",
                 fontsize=9, fontweight="bold")
-    ax.set_ylabel(f"memory per GPU ({unit})")
+    ax.set_ylabel(f"memory per {device} ({unit})")
     top = peak / scale * 1.18 if peak else 1.0
     if capacity_bytes is not None:
         cap = capacity_bytes / scale
@@ -59,13 +56,20 @@ def _stacked_bars(ax, labels: list[str], rows: list[dict[str, float]],  # noqa: 
             ax.axhline(cap, color=OKABE_ITO["vermillion"], linestyle="--", linewidth=2,
                        label=capacity_label)
             top = max(top, cap * 1.1)
-        else:
-            ax.text(0.99, 0.97, f"{capacity_label} = {cap:.4g} {unit}: far above every bar",
-                    transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                    color=OKABE_ITO["vermillion"])
+        else:  # said in words, above the bars (the legend sits outside the axes)
+            cap_unit, cap_scale = unit_for(capacity_bytes)
+            ax.text(0.99, 0.98, f"{capacity_label}: {capacity_bytes / cap_scale:.3g} "
+                    f"{cap_unit}, far above every bar", transform=ax.transAxes, ha="right",
+                    va="top", fontsize=8, color=OKABE_ITO["vermillion"])
+            top = peak / scale * 1.3 if peak else 1.0
     ax.set_ylim(0, top)
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
+
+
+def _capacity_label(name: str, device: str) -> str:
+    """ "a100-80gb capacity" for a GPU; a CPU rank's share of RAM is named as it is."""
+    return f"{name} capacity" if device == "GPU" else name
 
 
 def zero_rows(num_params: int, dp: int, precision: Precision = MIXED_ADAM
@@ -75,39 +79,41 @@ def zero_rows(num_params: int, dp: int, precision: Precision = MIXED_ADAM
 
 def plot_zero_memory(num_params: int, dp: int, capacity_bytes: float | None = None,
                      gpu_name: str = "GPU", precision: Precision = MIXED_ADAM,
-                     model_name: str = "model") -> Figure:
+                     model_name: str = "model", device: str = "GPU") -> Figure:
     """Model-state bytes per GPU under ZeRO 0-3 for `num_params` parameters over `dp` ranks
-    (the seeds' ZeRO calculator, with the GPU's capacity line)."""
-    fig, ax = new_figure(7.5, 4.6)
+    (the seeds' ZeRO calculator, with the GPU's capacity line). `device` names what one rank
+    runs on in the labels: "GPU", or "rank" for CPU ranks sharing a machine's memory."""
+    fig, ax = new_figure(9.5, 4.6)
     components = ["params", "grads", "optimizer"]
     _stacked_bars(ax, ["ZeRO-0\n(replicate all)", "ZeRO-1\n(shard optimizer)",
                        "ZeRO-2\n(+ gradients)", "ZeRO-3\n(+ parameters)"],
                   zero_rows(num_params, dp, precision), components, capacity_bytes,
-                  f"{gpu_name} capacity")
+                  _capacity_label(gpu_name, device), device)
     ax.set_xlabel(f"ZeRO stage (states sharded over dp = {dp} ranks)")
-    ax.legend(loc="upper right", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)
     per_param = f"{precision.param_bytes:g}+{precision.grad_bytes:g}+" \
                 f"{precision.optimizer_bytes:g} B/param"
     ax.set_title(f"{model_name}: {num_params / 1e6:,.1f} M params, {per_param}",
                  loc="left", fontsize=9, fontweight="normal")
-    fig.suptitle("Model-state memory per GPU under ZeRO 0-3", x=0.01, ha="left")
+    fig.suptitle(f"Model-state memory per {device} under ZeRO 0-3", x=0.01, ha="left")
     return fig
 
 
 def plot_stage_memory(rows: list[dict[str, float]], capacity_bytes: float | None,
-                      gpu_name: str, layout_text: str, labels: list[str] | None = None
-                      ) -> Figure:
+                      gpu_name: str, layout_text: str, labels: list[str] | None = None,
+                      device: str = "GPU") -> Figure:
     """One stacked bar per pipeline stage from the planner's per-stage rows (components:
     whichever of params, grads, optimizer, activations, buffers, reserved they carry)."""
     components = [c for c in COMPONENT_COLOUR if any(c in r for r in rows)]
     fig, ax = new_figure(max(8.5, 1.2 * len(rows) + 6), 4.6)
     _stacked_bars(ax, labels or [f"stage {i}" for i in range(len(rows))],
                   [{c: r.get(c, 0.0) for c in components} for r in rows], components,
-                  capacity_bytes, f"{gpu_name} capacity")
+                  capacity_bytes, _capacity_label(gpu_name, device), device)
     ax.set_xlabel("pipeline stage (the first adds the embedding, the last the head and logits)")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)
     ax.set_title(textwrap.fill(f"layout {layout_text}", 70), loc="left", fontsize=9,
                  fontweight="normal")
-    fig.suptitle("Per-GPU memory on each pipeline stage", x=0.01, ha="left")
+    fig.suptitle(f"Memory per {device} on each pipeline stage", x=0.01, ha="left")
     return fig

@@ -8,6 +8,7 @@ idle time (measured), never from a formula re-derived here.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
@@ -34,28 +35,42 @@ def timeline_events(timeline: Timeline) -> list[dict]:
     return events
 
 
+@dataclass(frozen=True)
+class SimulatedSchedule:
+    """The numbers behind one panel of `compare_schedules`."""
+
+    kind: str
+    virtual: int
+    bubble_fraction: float  # Timeline.bubble_fraction of the simulated step
+    peak_in_flight: int  # most (microbatch, chunk) activations any stage holds at once
+    makespan_s: float
+
+
 def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
                       comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
-                      time_unit: str = "auto") -> tuple[Figure, dict[str, float]]:
+                      time_unit: str = "auto"
+                      ) -> tuple[Figure, dict[str, SimulatedSchedule]]:
     """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
-    on one time axis. Returns the figure and each schedule's simulated bubble fraction."""
-    panels, bubbles = [], {}
+    on one time axis. Returns the figure and what each panel shows (bubble, peak in-flight
+    activations), keyed by schedule kind."""
+    panels, shown = [], {}
     for kind in ("gpipe", "1f1b", "interleaved"):
         if kind == "interleaved" and (microbatches % stages or virtual < 2):
             continue  # Megatron's interleaving needs microbatches in groups of `stages`
-        schedule = build_schedule(kind, stages, microbatches,
-                                  virtual if kind == "interleaved" else 1)
+        chunks = virtual if kind == "interleaved" else 1
+        schedule = build_schedule(kind, stages, microbatches, chunks)
         timeline = schedule.simulate(forward_s, backward_s, comm_s)
-        bubbles[kind] = timeline.bubble_fraction
         peak = max(schedule.peak_in_flight())
+        shown[kind] = SimulatedSchedule(kind, chunks, timeline.bubble_fraction, peak,
+                                        timeline.makespan)
         held = f"peak {peak} microbatches' activations held" if kind != "interleaved" else \
             f"v={virtual}, peak {peak} chunk activations of 1/{virtual} stage"
         panels.append(TimelinePanel(f"{SCHEDULE_TITLES[kind]}; {held}",
-                                    timeline_events(timeline), bubbles[kind]))
+                                    timeline_events(timeline), timeline.bubble_fraction))
     note = f" ({cost_note})" if cost_note else ""
     fig = plot_timelines(panels, f"Pipeline schedules: {stages} stages, {microbatches} "
                                  f"microbatches{note}", time_unit=time_unit)
-    return fig, bubbles
+    return fig, shown
 
 
 def measured_bubble(events: list[dict]) -> float:
@@ -81,6 +96,14 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
     stragglers, launch overheads). Returns (figure, predicted bubble, measured bubble)."""
     stages = len({e["stage"] for e in events})
     forward_s, backward_s = mean_costs(events)
+    # Ranks of one stage (its dp and tp ranks) run the same actions at the same time: one
+    # lane per stage shows the first of them, so their bars do not pile up in one lane.
+    first = {}
+    for e in events:
+        first.setdefault(e["stage"], e["rank"])
+    drawn = [e for e in events if e["rank"] == first[e["stage"]]]
+    ranks = ", ".join(str(first[s]) for s in sorted(first))
+    which = f" (ranks {ranks}: one per stage)" if len(drawn) < len(events) else ""
     # The schedule splits F/B cost over chunks; the trace times one chunk's F/B.
     timeline = build_schedule(kind, stages, microbatches, virtual).simulate(
         forward_s * virtual, backward_s * virtual)
@@ -89,7 +112,7 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
         [TimelinePanel(f"predicted: {kind} simulated with the run's mean F = "
                        f"{forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms, free messages",
                        timeline_events(timeline), predicted),
-         TimelinePanel("measured: the runtime's trace of one step", events, measured)],
+         TimelinePanel(f"measured: the runtime's trace of one step{which}", drawn, measured)],
         f"Pipeline step, predicted vs measured ({stages} stages, {microbatches} microbatches)",
         time_unit="ms")
     return fig, predicted, measured

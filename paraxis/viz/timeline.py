@@ -39,10 +39,12 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
     fig, axes = new_figure(11, max(2.5, height + 0.6), nrows=len(panels), sharex=share_time,
                            squeeze=False)
     kinds_seen: set[str] = set()
-    for ax, panel in zip(axes[:, 0], panels, strict=True):
+    spans = [_span(check_events(p.events)) * scale or 1.0 for p in panels]
+    for ax, panel, span in zip(axes[:, 0], panels, spans, strict=True):
         events = check_events(panel.events)
         origin = min((e["start_s"] for e in events), default=0.0)
-        span = (max((e["end_s"] for e in events), default=1.0) - origin) * scale or 1.0
+        # Panels on one time axis are drawn at the scale of the longest: label by that.
+        span = max(spans) if share_time else span
         stages = sorted({e["stage"] for e in events})
         for e in events:
             kinds_seen.add(e["kind"])
@@ -84,3 +86,10 @@ def plot_timelines(panels: list[TimelinePanel], title: str, share_time: bool = T
                title_fontsize=8)
     fig.suptitle(title, x=0.01, ha="left")
     return fig
+
+
+def _span(events: list[dict]) -> float:
+    """Seconds from the first start to the last end."""
+    if not events:
+        return 0.0
+    return max(e["end_s"] for e in events) - min(e["start_s"] for e in events)

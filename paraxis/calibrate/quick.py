@@ -1,0 +1,89 @@
+"""A hardware profile for a CPU run on this machine, found or measured in seconds.
+
+A forecast of a CPU run must be priced on this CPU, not on a GPU preset. The profile is,
+first found: one already in the run's folder, or the committed `docs/hardware-profile.json`,
+when either was measured on this CPU model with this many cores and timed collectives on
+the run's rank count; else a short calibration (one rank's kernels at the run's own layer
+shapes, the collectives on the run's rank count at four message sizes, the cores as many
+busy ranks as the run has get: about 5-30 s, load permitting), saved in the run's folder
+for the next report. `paraxis demo` calibrates just before its run; the report after it
+probes the cores again and prices with the mean, as the load may change while a run runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
+PROFILE_NAME = "hardware-profile.json"
+# Bytes, latency- to bandwidth-bound. A small model's TP all-reduces are latency-bound: with
+# fewer sizes or repeats, gloo's noise can fit alpha to 0 and price them 6x too cheap.
+QUICK_SIZES = (4 * 1024, 32 * 1024, 256 * 1024, 1024 * 1024)
+QUICK_REPEATS = 5
+PROBE_S = 2.0  # seconds the busy ranks run to see how many cores our ranks get
+
+
+@dataclass(frozen=True)
+class FoundProfile:
+    path: Path
+    how: str  # "committed", "cached" (an earlier calibration for this run) or "calibrated"
+    cpu: str  # the CPU model it was measured on
+    cores: int
+    seconds: float  # how long the calibration took (0 where none ran now)
+
+    def describe(self) -> str:
+        """One sentence for the report: which profile, and why it applies."""
+        if self.how == "committed":
+            return (f"the committed profile {self.path.name} (measured on this CPU, "
+                    f"{self.cpu}, {self.cores} cores)")
+        if self.how == "calibrated":
+            return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) "
+                    f"made now in {self.seconds:.0f} s")
+        return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
+                f"next to this run in {self.seconds:.0f} s (the cores its ranks get: the "
+                "mean of a probe before and after it)")
+
+
+def matches(path: Path, cpu: str, cores: int, ranks: int) -> bool:
+    """Whether the profile at `path` was measured on this CPU with the run's rank count."""
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    device = profile.get("calibration", {}).get("device", {})
+    timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
+    return (device.get("type") == "cpu" and device.get("model") == cpu
+            and device.get("cores") == cores and (ranks < 2 or str(ranks) in timed))
+
+
+def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
+                        seq_len: int = 128) -> FoundProfile:
+    """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
+    from paraxis.calibrate.command import available_cores, calibrate, cpu_cores, cpu_model_name
+
+    cpu, cores = cpu_model_name(), cpu_cores()
+    cached = Path(folder) / PROFILE_NAME
+    if matches(COMMITTED, cpu, cores, ranks):
+        return FoundProfile(COMMITTED, "committed", cpu, cores, 0.0)
+    if matches(cached, cpu, cores, ranks):
+        profile = json.loads(cached.read_text())
+        calibration = profile["calibration"]
+        probes = calibration.setdefault("core_probes",
+                                        [profile["cluster"]["available_cores"]])
+        if len(probes) == 1:
+            # Made before the run (paraxis demo): the load may have changed while it ran,
+            # so probe the cores again after it and price with the mean of the two.
+            probes.append(available_cores(cores, PROBE_S, ranks))
+            profile["cluster"]["available_cores"] = sum(probes) / len(probes)
+            cached.write_text(json.dumps(profile, indent=2) + "\n")
+        return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
+    started = time.perf_counter()
+    profile = calibrate([ranks], list(QUICK_SIZES), model=model, tokens=16 * seq_len,
+                        seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu", busy_s=PROBE_S,
+                        log=lambda *_: None, busy_ranks=ranks)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(profile, indent=2) + "\n")
+    return FoundProfile(cached, "calibrated", cpu, cores, time.perf_counter() - started)

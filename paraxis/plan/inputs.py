@@ -1,0 +1,114 @@
+"""What a plan is for: the model, the hardware, the batch and the precision.
+
+`paraxis plan` and `paraxis report` read these with the same flags (`add_arguments`) into the
+same `PlanInputs` and turn them into a model and a cluster the same way; only their defaults
+differ (a report is usually of the tiny demo model, a plan of a large one).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from paraxis.errors import ParaxisError
+from paraxis.model_config import ModelConfig, load_model_config, model_from_params
+from paraxis.plan.hardware import GPUS, Cluster, build_cluster, load_hardware_file
+from paraxis.plan.precision import PRECISIONS, Precision
+
+GB = 1e9
+DEFAULT_GPU = "a100-80gb"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The inputs of a plan, as the flags give them (None: not given)."""
+
+    model: str | None = None  # preset name or .json/.toml model file
+    params: float | None = None  # or a generic GPT shape of this many parameters
+    gpus: int | None = None  # None: one node
+    gpus_per_node: int = 8
+    gpu: str | None = None  # None: the hardware file's GPU, else DEFAULT_GPU
+    hardware: str | None = None  # TOML/JSON file, e.g. the profile `paraxis calibrate` wrote
+    memory_gb: float | None = None
+    nvlink_gbps: float | None = None
+    network_gbps: float | None = None
+    precision: str | None = "mixed"  # None: the command's choice (PlanInputs.precision_rule)
+    seq_len: int | None = None  # None: the model's context length
+    global_batch: int = 1024
+    layout: str | None = None
+
+    def model_config(self, default: str = "llama2-7b") -> ModelConfig:
+        if self.params is not None:
+            return model_from_params(self.params, seq_len=self.seq_len or 2048)
+        return load_model_config(self.model or default)
+
+    def cluster(self) -> Cluster:
+        """The cluster: a preset GPU, a hardware file's fields over it, then the flags."""
+        overrides: dict[str, object] = load_hardware_file(self.hardware) \
+            if self.hardware else {}
+        flags = {"memory_bytes": self.memory_gb and self.memory_gb * GB,
+                 "nvlink_bandwidth_Bps": self.nvlink_gbps and self.nvlink_gbps * GB,
+                 "inter_node_bandwidth_Bps": self.network_gbps and self.network_gbps * GB}
+        overrides.update({k: v for k, v in flags.items() if v})
+        overrides["gpu"] = self.gpu or overrides.get("gpu", DEFAULT_GPU)
+        return build_cluster(str(overrides["gpu"]), self.gpus, self.gpus_per_node, overrides)
+
+    def precision_rule(self) -> Precision:
+        if self.precision is None:
+            raise ParaxisError("no --precision given; use mixed or fp32")
+        if self.precision not in PRECISIONS:
+            raise ParaxisError(f"--precision {self.precision!r} is unknown; use "
+                               f"{' or '.join(PRECISIONS)}")
+        return PRECISIONS[self.precision]
+
+    def sequence_length(self, cfg: ModelConfig) -> int:
+        seq_len = self.seq_len or cfg.max_seq_len
+        if seq_len > cfg.max_seq_len:
+            raise ParaxisError(f"--seq-len {seq_len} is over {cfg.name}'s context of "
+                               f"{cfg.max_seq_len}; use --seq-len {cfg.max_seq_len} or less")
+        if self.global_batch < 1:
+            raise ParaxisError(f"--global-batch {self.global_batch} must be at least 1")
+        return seq_len
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
+                  gpus: int | None = None, gpus_text: str = "one node",
+                  global_batch: int = 1024,
+                  precision: str | None = "mixed",
+                  layout_help: str = "a layout, e.g. dp=2,tp=8,pp=4") -> None:
+    """The model, hardware, batch, precision and layout flags, with this command's defaults
+    (None: the command decides, e.g. a report of a run uses the run's fp32; `gpus_text`
+    says what a --gpus of None means)."""
+    add = parser.add_argument
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None,
+                       help=f"preset name or .json/.toml model file (default {model})")
+    which.add_argument("--params", type=float, help="generic GPT shape of N parameters")
+    add("--gpus", type=int, default=gpus,
+        help=f"GPUs (or CPU ranks) in all (default: {gpus or gpus_text})")
+    add("--gpus-per-node", type=int, default=8)
+    add("--gpu", default=None, help=f"one of {', '.join(GPUS)} (default: the --hardware "
+                                    f"file's, else {DEFAULT_GPU})")
+    add("--hardware", help="TOML/JSON hardware file, e.g. the profile `paraxis calibrate` "
+                           "wrote (schema in docs/planner.md)")
+    add("--memory-gb", type=float, help="override GPU memory")
+    add("--nvlink-gbps", type=float, help="override NVLink GB/s per GPU per way")
+    add("--network-gbps", type=float, help="override inter-node GB/s per GPU per way")
+    add("--precision", choices=tuple(PRECISIONS), default=precision,
+        help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param; fp32: 4+4+8 (a run trained "
+             "with --dtype fp32, paraxis train's default); default: "
+             + (precision or "fp32 for a run, else mixed"))
+    add("--global-batch", type=int, default=global_batch, help="sequences per step")
+    add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")
+    add("--layout", help=layout_help)
+    parser.set_defaults(default_model=model)
+
+
+def from_args(args: argparse.Namespace) -> PlanInputs:
+    return PlanInputs(model=args.model or (None if args.params is not None
+                                           else args.default_model),
+                      params=args.params, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+                      gpu=args.gpu, hardware=args.hardware, memory_gb=args.memory_gb,
+                      nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps,
+                      precision=args.precision, seq_len=args.seq_len,
+                      global_batch=args.global_batch, layout=args.layout)

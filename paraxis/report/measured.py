@@ -1,0 +1,147 @@
+"""The run next to its forecast: step time, throughput, memory, and the measured trace.
+
+Measured figures come from the run's folder (metrics.jsonl from `paraxis train
+--metrics-file`, and a pipeline run's trace.json); forecast ones from the planner's
+`Estimate` on the hardware the run ran on (`paraxis.report.hardware`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.plan.compute import mfu
+from paraxis.plan.cost import PREDICTION_TOLERANCE
+from paraxis.report.text import duration, size, times
+from paraxis.viz.html import esc, figure, table
+from paraxis.viz.run import load_metrics, plot_run, steady
+from paraxis.viz.style import figure_data_uri
+
+if TYPE_CHECKING:
+    from paraxis.report.build import Plan
+    from paraxis.report.hardware import Hardware
+
+
+@dataclass
+class MeasuredRun:
+    folder: Path
+    records: list[dict]  # one per step, from metrics.jsonl
+    trace_path: Path | None
+    events: list[dict]  # the pipeline executor's trace; empty without one
+
+    @property
+    def virtual(self) -> int:
+        return max((e["chunk"] for e in self.events), default=0) + 1
+
+    @property
+    def microbatches(self) -> int:
+        return max((e["microbatch"] for e in self.events), default=0) + 1
+
+    @property
+    def measured_bubble(self) -> float:
+        from paraxis.viz.pipeline import measured_bubble
+
+        return measured_bubble(self.events)
+
+    def schedule(self, layout: Layout) -> str:
+        """The schedule the trace ran: the layout's, or interleaved if it has chunks."""
+        return layout.schedule if self.virtual == 1 or layout.schedule == "interleaved" \
+            else "interleaved"
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The planner's step time for the run, and the run's own (steady-state medians)."""
+
+    hardware: str  # what it was priced for
+    predicted_step_s: float
+    measured_step_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_step_s / self.measured_step_s - 1
+
+
+def load_run(folder: Path) -> MeasuredRun:
+    from paraxis.viz.trace import load_trace
+
+    if not (folder / "metrics.jsonl").is_file():
+        raise ParaxisError(f"{folder} has no metrics.jsonl; give the folder a run wrote "
+                           "with `paraxis train --metrics-file DIR/metrics.jsonl`")
+    traces = sorted(folder.glob("*trace*.json"))
+    trace = traces[0] if traces else None
+    return MeasuredRun(folder, load_metrics(folder / "metrics.jsonl"), trace,
+                       load_trace(trace) if trace else [])
+
+
+def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
+    e, gpu, hw = plan.estimate, plan.cluster.gpu, plan.hardware
+    records = run.records
+    measured_tps = steady(records, "tokens_per_s")
+    measured_mem = max(r.get("peak_mem_bytes", 0) for r in records)
+    measured_mfu = mfu(plan.cfg, plan.seq_len, measured_tps, plan.cluster.world_size,
+                       gpu.peak_flops)
+    label = hw.ranks(plan.cluster.world_size)
+    forecast = Forecast(label, e.step_time_s, steady(records, "step_time_s"))
+    error = forecast.error
+    memory = plan.memory["total"]
+    parts = [
+        f"<p>From <code>{esc(run.folder / 'metrics.jsonl')}</code>: {len(records)} steps "
+        f"(medians skip the first steps' warm-up). Forecast for {esc(label)}, the hardware "
+        f"the run ran on, {_priced(hw)}.</p>",
+        f"<p class=\"callout\">Step time: predicted {duration(e.step_time_s)}, measured "
+        f"{duration(forecast.measured_step_s)}: the prediction is {error:+.0%} off "
+        f"({'within' if abs(error) <= PREDICTION_TOLERANCE else 'outside'} "
+        f"{PREDICTION_TOLERANCE:.0%}).</p>",
+        table(["", "predicted", "measured", "measured vs predicted"], [
+            ("throughput (tokens/s)", f"{e.tokens_per_s:,.0f}", f"{measured_tps:,.0f}",
+             times(measured_tps / e.tokens_per_s, "faster", "slower")),
+            ("step time", duration(e.step_time_s), duration(forecast.measured_step_s),
+             times(forecast.measured_step_s / e.step_time_s, "longer", "shorter")),
+            (f"MFU (of {gpu.name} peak)", f"{e.mfu:.1%}", f"{measured_mfu:.1%}", "-"),
+            (f"peak memory per {hw.device}", size(memory), size(measured_mem),
+             times(measured_mem / memory, "more", "less")),
+            ("loss, first -> last step", "-",
+             f"{records[0]['loss']:.3f} -> {records[-1]['loss']:.3f}", "-")]),
+        figure(figure_data_uri(plot_run(records, e.tokens_per_s, label, memory, hw.device)),
+               "run metrics", "Measured on every step (peak memory: rank 0"
+               + ("; on a CPU the process's resident set, which also holds PyTorch itself, "
+                  "where the planner counts tensors" if hw.cpu else "")
+               + ") against the planner's forecast."),
+    ]
+    parts.append(_trace(plan, run))
+    return "".join(parts), forecast
+
+
+def _trace(plan: Plan, run: MeasuredRun) -> str:
+    from paraxis.viz.pipeline import predicted_vs_measured
+    from paraxis.viz.trace import to_chrome_trace
+
+    if run.trace_path is None:
+        return ("<p class=\"muted\">No trace in the run folder (a file named *trace*.json): "
+                "no measured timeline.</p>")
+    fig, predicted, measured = predicted_vs_measured(
+        run.events, run.schedule(plan.layout), run.microbatches, run.virtual)
+    chrome = base64.b64encode(json.dumps(to_chrome_trace(run.events)).encode()).decode("ascii")
+    name = run.trace_path.name
+    return (figure(figure_data_uri(fig), "predicted vs measured timeline",
+                   f"{name}: bubble predicted {predicted:.0%}, measured {measured:.0%}. "
+                   "The predicted panel is the run's own schedule simulated with the trace's "
+                   "mean forward and backward; what it does not explain is messages, waiting "
+                   "and launch overheads.")
+            + f'<p><a download="{esc(run.trace_path.stem)}.chrome.json" '
+              f'href="data:application/json;base64,{chrome}">Save this trace as Chrome '
+              "trace JSON</a> (open it in chrome://tracing or the Perfetto UI).</p>")
+
+
+def _priced(hw: Hardware) -> str:
+    """Where the forecast's prices come from, as HTML."""
+    if hw.inputs.hardware:
+        return (f"as calibrated in <code>{esc(hw.inputs.hardware)}</code>: "
+                f"{esc(hw.source)}")
+    return f"from {esc(hw.source)}"

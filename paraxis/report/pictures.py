@@ -1,0 +1,100 @@
+"""The report's pictures of the plan: rank grid, tensor-parallel split, memory, ring.
+
+Each is drawn by `paraxis.viz` from the planner's or the simulators' numbers; the pipeline
+section has its own module (`paraxis.report.pipeline`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
+from paraxis.report.text import duration, layout_text
+from paraxis.viz.grid import plot_rank_grid
+from paraxis.viz.html import figure
+from paraxis.viz.memory import plot_stage_memory, plot_zero_memory
+from paraxis.viz.ring import plot_ring
+from paraxis.viz.style import figure_data_uri
+from paraxis.viz.tp_split import plot_tp_split
+
+if TYPE_CHECKING:
+    from paraxis.report.build import Plan
+
+Section = tuple[str, str, str]  # (anchor, heading, HTML body)
+
+
+def pictures(plan: Plan, pipeline: Section) -> list[Section]:
+    """Every picture section, in reading order, with `pipeline` in its place."""
+    return [_grid(plan), _tp(plan), pipeline, _memory(plan), _ring(plan)]
+
+
+def ring_ranks(dp: int) -> int:
+    """The ring drawn: the run's DP group from 4 ranks up (at most 8, to stay legible);
+    a ring of 2 is a plain swap, so smaller groups are shown as 4."""
+    return min(dp, 8) if dp >= 4 else 4
+
+
+def _grid(plan: Plan) -> Section:
+    return ("grid", "3D rank grid", figure(
+        figure_data_uri(plot_rank_grid(plan.layout, plan.cluster.gpus_per_node)),
+        "3D rank grid", "Every rank's (dp, tp, pp) coordinates from Layout.coords, the "
+        "function the runtime builds its process groups from."))
+
+
+def _tp(plan: Plan) -> Section:
+    layout = plan.layout
+    tp = layout.tp if layout.tp > 1 else 2
+    note = "" if layout.tp > 1 else (" This plan uses tp=1 (every rank holds whole weights); "
+                                     "the picture shows tp=2 to illustrate.")
+    return ("tp", "Tensor-parallel split", figure(
+        figure_data_uri(plot_tp_split(plan.cfg, tp)), "tensor-parallel split",
+        "Column-parallel layers split output features, row-parallel ones input features; "
+        "one all-reduce joins them (Megatron-LM)." + note))
+
+
+def _memory(plan: Plan) -> Section:
+    layout, cfg, hw = plan.layout, plan.cfg, plan.hardware
+    gpu = plan.cluster.gpu
+    precision = plan.inputs.precision_rule()
+    capacity = "RAM share of a rank" if hw.cpu else gpu.name
+    per_device = max(stage_params(cfg, layout.pp)) / layout.tp
+    zero = figure(figure_data_uri(plot_zero_memory(
+        round(per_device), layout.dp, gpu.memory_bytes, capacity, precision,
+        model_name=f"{cfg.name}, one {hw.device}'s tp/pp shard", device=hw.device)),
+        "ZeRO memory", f"Parameters, gradients and optimizer states per {hw.device} under "
+        "each ZeRO stage (planner: plan.memory), against the capacity. Activations come "
+        "on top (next picture).")
+    rows, labels = [], []
+    for stage, params in enumerate(stage_params(cfg, layout.pp)):
+        # TP splits every matrix over tp (Shoeybi et al. 2019), as plan.memory counts it.
+        rows.append(model_state_bytes(round(params / layout.tp), layout.dp, layout.zero,
+                                      precision))
+        labels.append(f"stage {stage}\nmodel states")
+    worst = layout_memory(cfg, layout, plan.seq_len, plan.estimate.micro_batch, precision)
+    leave = ("stage", "total", "reserved") if hw.cpu else ("stage", "total")
+    rows.append({k: v for k, v in worst.items() if k not in leave})
+    labels.append(f"stage {int(worst['stage'])}\neverything")
+    reserve = "" if not hw.cpu else " (CPU ranks hold no device reserve)"
+    stages = figure(figure_data_uri(plot_stage_memory(
+        rows, gpu.memory_bytes, capacity, layout_text(layout), labels, hw.device)),
+        "memory per stage", "Model states on every pipeline stage, and the planner's full "
+        f"count (activations, buffers{', reserved' if not hw.cpu else ''}) for the stage "
+        f"that needs the most: the one that must fit{reserve}.")
+    return ("memory", "Memory", zero + stages)
+
+
+def _ring(plan: Plan) -> Section:
+    layout, e = plan.layout, plan.estimate
+    ranks = ring_ranks(layout.dp)
+    if layout.dp > 1:
+        sync = (f"This plan's gradient sync runs over dp={layout.dp}, priced at "
+                f"{duration(e.time.get('dp_total', 0.0))} per step.")
+        if ranks != layout.dp:
+            sync += (f" A ring of {layout.dp} is a plain exchange, so the picture shows "
+                     f"{ranks} ranks.")
+    else:
+        sync = "This plan has dp=1, so no gradient all-reduce; the picture shows 4 ranks."
+    return ("ring", "Ring all-reduce", figure(
+        figure_data_uri(plot_ring(ranks)), "ring all-reduce",
+        f"The gradient all-reduce of a {ranks}-rank data-parallel group, step by step "
+        f"(`paraxis ring --ranks {ranks}` prints the values). {sync}"))
