@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from paraxis.simulate.ring import (
     REDUCE_SCATTER,
@@ -15,6 +16,9 @@ from paraxis.simulate.ring import (
     ring_all_reduce_time_s,
     simulate_ring,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +49,7 @@ def _cell(sim: RingSimulation, step: RingStep | None, rank: int, chunk: int) -> 
     return text
 
 
-def _table(sim: RingSimulation, step: RingStep | None, title: str):  # noqa: ANN202 - rich Table
+def _table(sim: RingSimulation, step: RingStep | None, title: str) -> Table:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_lines=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from paraxis.plan.memory import model_state_bytes
@@ -31,7 +32,7 @@ def unit_for(max_bytes: float) -> tuple[str, float]:
     return ("GB", 1e9) if max_bytes >= 1e9 else ("MB", 1e6)
 
 
-def _stacked_bars(ax, labels: list[str], rows: list[dict[str, float]],  # noqa: ANN001
+def _stacked_bars(ax: Axes, labels: list[str], rows: list[dict[str, float]],
                   components: list[str], capacity_bytes: float | None,
                   capacity_label: str, device: str = "GPU") -> None:
     totals = [sum(r[c] for c in components) for r in rows]

@@ -8,8 +8,10 @@ shade says how many ranks' inputs it already sums, and a dark cell is finished. 
 from __future__ import annotations
 
 from matplotlib import colormaps
-from matplotlib.colors import BoundaryNorm
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import BoundaryNorm, Colormap
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from paraxis.simulate.ring import simulate_ring
 from paraxis.viz.style import new_figure
@@ -57,13 +59,10 @@ def plot_ring(ranks: int) -> Figure:
     return fig
 
 
-def _cell(x: float, y: float, face: object, edge: str = "white", width: float = 1.0):  # noqa: ANN202
-    from matplotlib.patches import Rectangle
-
+def _cell(x: float, y: float, face: object, edge: str = "white", width: float = 1.0
+          ) -> Rectangle:
     return Rectangle((x, y), 1, 1, facecolor=face, edgecolor=edge, linewidth=width)
 
 
-def _mappable(cmap, norm):  # noqa: ANN001, ANN202
-    from matplotlib.cm import ScalarMappable
-
+def _mappable(cmap: Colormap, norm: BoundaryNorm) -> ScalarMappable:
     return ScalarMappable(norm=norm, cmap=cmap)
