@@ -1,10 +1,10 @@
 """One GPU: paraxis's single-device step on a GPT-2 124M in bf16, and its MFU.
 
-The step is the training loop's (`LocalEngine`: forward, backward, clip, AdamW), under bf16
-autocast; attention goes through `scaled_dot_product_attention`, which on a CUDA GPU with
-bf16 inputs picks the flash kernel. MFU is `plan.compute.mfu` (the planner's FLOP formula,
-the one the runtime logs) over the device's peak, found from its name
-(`paraxis.metrics.device_peak_flops`).
+The step is the one `paraxis train` runs on one device (the engine `build_engine` makes:
+forward, backward, clip, AdamW), under bf16 autocast; attention goes through
+`scaled_dot_product_attention`, which on a CUDA GPU with bf16 inputs picks the flash kernel.
+MFU is `plan.compute.mfu` (the planner's FLOP formula, the one the runtime logs) over the
+device's peak, found from its name (`paraxis.metrics.device_peak_flops`).
 
 On a machine without CUDA the full-size part is not run (a CPU tells nothing about a GPU);
 `--quick` still runs the same code on the CPU at a tiny size, so it cannot rot.
@@ -17,10 +17,10 @@ import torch
 from bench.common import engine_step, measure_steps, token_batch
 from paraxis.layout import Layout
 from paraxis.metrics import device_peak_flops
-from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.plan.compute import mfu
-from paraxis.runtime.engine import LocalEngine
+from paraxis.runtime.distributed import build_groups
+from paraxis.runtime.parallelize import build_engine
 
 FULL = {"model": "gpt2-124m", "batch": 8, "seq": 1024, "steps": 20, "warmup": 5}
 QUICK = {"model": "tiny", "batch": 2, "seq": 64, "steps": 2, "warmup": 1}
@@ -40,8 +40,8 @@ def measure(device: torch.device, setting: dict) -> dict:
     batch, seq = setting["batch"], setting["seq"]
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    engine = LocalEngine(build_model(cfg, seed=0, device=device), Layout(),
-                         autocast_dtype=torch.bfloat16)
+    layout = Layout()
+    engine = build_engine(cfg, layout, build_groups(layout), device, seed=0, dtype="bf16")
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
     step = engine_step(engine, x, y, clip=1.0)
     measured = measure_steps(step, setting["steps"], setting["warmup"], device)
@@ -69,7 +69,8 @@ def render(section: dict) -> str:
     mfu_text = f"{section['mfu']:.1%}" if section["mfu"] is not None else "- (no peak known)"
     memory = section["peak_memory_bytes"]
     return head + (
-        "paraxis `LocalEngine` (forward, backward, clip, AdamW) under bf16 autocast; MFU is "
+        "paraxis's one-device engine (`build_engine`: forward, backward, clip, AdamW) under bf16 "
+        "autocast; MFU is "
         "the planner's model FLOPs (`plan.compute.mfu`) over the device's peak dense bf16 "
         "FLOP/s.\n\n"
         "| device | model | batch x seq | step time | tokens/s | peak | MFU | peak memory |\n"
