@@ -51,6 +51,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     import torch.distributed as dist
 
     from paraxis.data import TokenData
+    from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
     from paraxis.runtime.distributed import (
         build_groups,
@@ -84,10 +85,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                               dtype=train.dtype, weight_decay=cfg.optimizer.weight_decay,
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet)
-        states = engine.memory_report()
-        if states and not cfg.logging.quiet:
-            shown = ", ".join(f"{k} {v:,} B" for k, v in states.items())
-            print(f"rank {rank} model states: {shown}", file=sys.stderr, flush=True)
+        if not cfg.logging.quiet:
+            print_model_states(engine.memory_report(), rank, world)
         if rank == 0:
             write_config(cfg)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
