@@ -149,7 +149,6 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
     """Measure and return the profile document (paraxis.calibrate.profile). `busy_ranks`:
     how many ranks probe the cores our ranks get (default one per core)."""
     from paraxis.calibrate.profile import build_profile
-    from paraxis.calibrate.waits import exchange_wait, wait_body
     from paraxis.testing import run_distributed
 
     device_type = _device_type(device)
@@ -166,22 +165,19 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
     log(f"compute: matmul {compute['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s, attention "
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s ({compute['dtype']}, one rank)")
-    timings, waits = {}, {}
+    timings = {}
     for n in sorted(set(nproc)):
         if n < 2:
             continue
         timings[n] = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type),
                                      timeout_s=300, device=device_type)[0]
-        if device_type == "cpu":
-            waits[n] = exchange_wait(run_distributed(wait_body, n, timeout_s=120))
-            log(f"exchange wait between busy ranks, {n} ranks: {waits[n] * 1e6:,.0f} us")
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
         device_info["available_cores"] = available_cores(device_info["cores"], busy_s,
                                                          busy_ranks)
         log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
             f"to our ranks (one busy rank per core for {busy_s:g} s)")
-    profile = build_profile(device_info, compute, timings, waits)
+    profile = build_profile(device_info, compute, timings)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
             for n, fit in by_group.items():

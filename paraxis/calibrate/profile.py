@@ -31,16 +31,13 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
     return fits
 
 
-def build_profile(device: dict, compute: dict, timings: Timings,
-                  waits: dict[int, float] | None = None) -> dict:
+def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
     """The profile document.
 
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
     this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
     together when measured)}; compute: {"matmul": {"flops_per_s", ...},
-    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels;
-    waits: {ranks on node: seconds} a blocking exchange between busy CPU ranks waits
-    (paraxis.calibrate.waits).
+    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels.
     """
     fits = fit_collectives(timings)
     table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
@@ -69,8 +66,6 @@ def build_profile(device: dict, compute: dict, timings: Timings,
                                   "cores_per_node": device.get("cores", 0),
                                   "available_cores": device.get("available_cores", 0.0),
                                   "collectives": table}
-    if waits:
-        cluster["exchange_wait_s"] = {str(n): seconds for n, seconds in sorted(waits.items())}
     if link is not None:
         cluster["intra_node_latency_s"] = link.alpha_s
     return {"schema": SCHEMA, "gpu": gpu, "cluster": cluster,

@@ -242,36 +242,3 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                 + all_gather_time(params, dp, gather_b, gather_a))
     b, a = link.cost("all_reduce")
     return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a
-
-
-def blocking_exchanges(layout: Layout, layers: int, has_head: bool) -> float:
-    """Collectives and receives one microbatch makes a rank of the busiest stage block on,
-    each a chance to wait for a busy partner on a shared CPU (Cluster.exchange_wait): the TP
-    collectives of its layers (a full recomputation reruns the forward's) and of the LM head
-    (the loss's two all-reduces and the input gradient's), and a pipeline receive per chunk
-    each way."""
-    count = 0.0
-    if layout.tp > 1:
-        counts = tp_collectives_per_layer(layout.sequence_parallel)
-        forward, backward = sum(counts["forward"].values()), sum(counts["backward"].values())
-        reruns = 2 if layout.recompute == "full" else 1
-        count += layers * (reruns * forward + backward) + 3 * has_head
-    if layout.pp > 1:
-        count += 2 * layout.virtual_stages
-    return count
-
-
-def dp_exchanges(stage_param_count: float, dp: int, zero: int, microbatches: int = 1,
-                 grad_bytes: float = 2, layers: int = 1, bucket_bytes: float = 25e6) -> float:
-    """Collectives a step's DP synchronisation blocks on, counted as `dp_sync_time` prices
-    them: an all-reduce per gradient bucket (ZeRO-0), a reduce-scatter per bucket (per
-    microbatch for ZeRO-2) and one all-gather (ZeRO-1/2), two gathers and a scatter per
-    layer per microbatch (ZeRO-3)."""
-    if dp <= 1:
-        return 0.0
-    buckets = max(1, math.ceil(stage_param_count * grad_bytes / bucket_bytes))
-    if zero == 3:
-        return 3.0 * microbatches * layers
-    if zero in (1, 2):
-        return (microbatches if zero == 2 else 1) * buckets + 1.0
-    return float(buckets)

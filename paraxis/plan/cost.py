@@ -18,10 +18,7 @@ min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`,
 sessions leave us, else all of them), nothing hides communication (gloo's
 threads run on the same cores as the compute), and ranks idle in a pipeline bubble hand their
 core to the busy ones, so a pipeline takes the longer of its work spread over the cores and
-its critical path at a whole core (Graham 1969's two bounds of list scheduling). Where the
-busy ranks outnumber the cores, a rank that blocks on a collective or a receive also waits
-for its partner to get a core again: a calibrated wait per blocking exchange
-(`Cluster.exchange_wait`, paraxis/calibrate/waits.py) lands on the TP, PP and DP times.
+its critical path at a whole core (Graham 1969's two bounds of list scheduling).
 """
 
 from __future__ import annotations
@@ -33,9 +30,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
-    blocking_exchanges,
     collective_time,
-    dp_exchanges,
     dp_sync_time,
     tp_layer_exposed_time,
     tp_layer_time,
@@ -225,12 +220,6 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     t_backward = layers * layer["backward"] + has_head * head["backward"]
     t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + has_head * head["tp"]
     t_tp_total = layers * layer["tp_total"] + has_head * head["tp_total"]
-    # CPU ranks: every blocking exchange may wait for a busy partner to be scheduled
-    # (measured, Cluster.exchange_wait; 0 on GPUs and for profiles without it).
-    wait = cluster.exchange_wait()
-    exchanges = blocking_exchanges(layout, layers, has_head)
-    tp_wait = wait * (exchanges - (2 * layout.virtual_stages if layout.pp > 1 else 0))
-    t_tp, t_tp_total = t_tp + tp_wait, t_tp_total + tp_wait
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -239,7 +228,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
         # of the boundary activation; an activation forward and a gradient back per chunk.
         send = collective_time("send_recv", boundary_bytes / layout.tp, 2, pp_link)
-        t_pp = 2 * layout.virtual_stages * (send + wait)
+        t_pp = 2 * layout.virtual_stages * send
 
     # Balanced stages: the idle share does not depend on the backward/forward cost ratio
     # (tests/test_plan_bubble.py), so one cached simulation serves every recompute setting.
@@ -262,8 +251,6 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                          seq_len)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts))
-    t_dp += wait * dp_exchanges(stage_param_count, layout.dp, layout.zero,
-                                layout.microbatches, precision.grad_bytes, max(counts))
     if overlap.dp:
         # ZeRO-3 prefetches behind all compute; ZeRO-2's per-microbatch reduce-scatter behind
         # every backward; ZeRO-0/1's single all-reduce behind the last backward only.

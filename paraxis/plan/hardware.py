@@ -21,17 +21,13 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
-      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}},
-      "exchange_wait_s": {"8": 3e-3}      # CPU: wait per blocking exchange, [ranks on node]
+      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
     }
 
 Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
 "collectives" holds measured fits, `[op][ranks on the node][group size]` (op: all_reduce,
 all_gather, reduce_scatter, send_recv), which price a group inside a node in place of the
-generic link; `paraxis calibrate` writes them. "exchange_wait_s" (CPU ranks only) is what one
-blocking exchange between ranks busy computing waits for its partner to be scheduled, beyond
-the collective's own time, measured per rank count (paraxis/calibrate/waits.py); a profile
-without it (older ones) prices no wait. "schema" and "calibration" (the raw
+generic link; `paraxis calibrate` writes them. "schema" and "calibration" (the raw
 measurements of a calibration) are read and ignored.
 """
 
@@ -39,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +95,6 @@ class Cluster:
     available_cores: float = 0.0
     # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
     collectives: dict = field(default_factory=dict, compare=False)
-    # CPU ranks: measured wait per blocking exchange between busy ranks, [ranks on node].
-    exchange_wait_s: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -129,17 +122,6 @@ class Cluster:
             return 1.0
         cores = self.available_cores or self.cores_per_node
         return min(1.0, cores / max(1, busy_ranks))
-
-    def exchange_wait(self) -> float:
-        """Seconds one blocking exchange (a collective, a pipeline receive) waits for a busy
-        partner to be scheduled, measured at the rank count nearest this node's; 0 where
-        ranks own their device or nothing was measured."""
-        if not self.cores_per_node or not self.exchange_wait_s:
-            return 0.0
-        # the measured count nearest on a log scale (ties: the larger, more contended)
-        nearest = min(self.exchange_wait_s, key=lambda k: (
-            abs(math.log(int(k) / self.gpus_per_node)), -int(k)))
-        return float(self.exchange_wait_s[nearest])
 
     @property
     def world_size(self) -> int:
