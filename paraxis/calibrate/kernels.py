@@ -101,14 +101,17 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     (make_norm), rotary and grouped-head repeat (Llama), heads back to rows, the residual
     adds and the MLP activation, through autograd. A single mul/add kernel would overstate
     the rate: reductions, broadcasts, copies and the backward's accumulation are slower per
-    byte, and they are what a step runs. The same ops on one token take the time of their
-    dispatch alone, which `layer_overhead` prices apart, so it is taken out here
+    byte, and they are what a step runs. On a CPU the same ops on one token take the time of
+    their dispatch alone, which `layer_overhead` prices apart, so it is taken out here
     (time = fixed dispatch + bytes / bandwidth, through the two points).
     """
     from paraxis.plan.compute import layer_forward_traffic_per_token_eager
 
     seconds = _elementwise_seconds(cfg, batch, seq_len, device, dtype, repeats)
-    dispatch = _elementwise_seconds(cfg, 1, 1, device, dtype, repeats)
+    # On a GPU the host runs ahead of the kernels: there the one-token time is not priced
+    # apart (cost.layer_times), so nothing is taken out.
+    dispatch = _elementwise_seconds(cfg, 1, 1, device, dtype, repeats) \
+        if device.type == "cpu" else 0.0
     itemsize = torch.empty((), dtype=dtype).element_size()
     traffic = 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize
     # bytes over the time beyond dispatch; never faster than the one-token time allows
