@@ -115,3 +115,16 @@ def test_calibrate_bad_input_is_one_line(argv, message, capsys):
     assert main(["calibrate", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_latency_bound_times_keep_their_latency():
+    """gloo between ranks that outnumber the cores: every call waits ~3 ms for a rank to be
+    scheduled, whatever its size, so the times do not grow with it (measured, 8 ranks on 2
+    cores, pairs). The fit keeps that latency (through the origin it priced 128 KB at
+    0.45 ms, 7x too cheap); the bandwidth is bounded by what the times' scatter could hide."""
+    sizes = [4096, 32768, 262144, 1048576]
+    times = [3.863e-3, 2.984e-3, 3.385e-3, 3.025e-3]
+    fit = fit_alpha_beta("all_reduce", 2, sizes, times)
+    assert fit.alpha_s > 0
+    for size, seconds in zip(sizes[:3], times[:3], strict=True):
+        assert abs(fit.predict(size) / seconds - 1) < 0.35

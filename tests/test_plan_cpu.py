@@ -115,3 +115,25 @@ def test_eager_runtime_has_no_sp_regathers():
     gpu = build_cluster("a100-80gb", 2)
     megatron = evaluate(MODEL, sp, gpu, 128, 16).time["tp_total"]
     assert megatron > evaluate(MODEL, Layout(tp=2), gpu, 128, 16).time["tp_total"]
+
+
+def test_eager_dispatch_is_paid_per_layer_per_microbatch():
+    """A calibrated layer overhead (one token's forward + backward) lands on every layer of
+    every microbatch, time-shared like the kernels; without one (presets, older profiles)
+    nothing changes, and GPUs never pay it."""
+    import dataclasses
+
+    from paraxis.plan.memory import stage_layers
+
+    layout = Layout.parse("dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b")
+    plain = cpu(8)
+    slow = plain.replace(gpu=dataclasses.replace(plain.gpu, layer_overhead_s=1e-3))
+    before = evaluate(MODEL, layout, plain, 128, 16, FP32_ADAM)
+    after = evaluate(MODEL, layout, slow, 128, 16, FP32_ADAM)
+    # the busiest stage's layers, every microbatch, at a quarter of a core (8 ranks, 2 cores)
+    layers = (after.time["compute"] - before.time["compute"]) / layout.microbatches / 4e-3
+    assert round(layers, 6) in stage_layers(MODEL, 2, 1, 128)
+    gpu = build_cluster("a100-80gb", 8)
+    a100 = gpu.replace(gpu=dataclasses.replace(gpu.gpu, layer_overhead_s=1.0))
+    assert evaluate(MODEL, layout, a100, 128, 16).time == \
+        evaluate(MODEL, layout, gpu, 128, 16).time

@@ -56,6 +56,7 @@ def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_typ
         attention_rate,
         elementwise_bandwidth,
         gemm_shapes,
+        layer_overhead,
         matmul_rate,
     )
     from paraxis.model_config import load_model_config
@@ -70,8 +71,11 @@ def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_typ
                                device, dtype, max(2, repeats // 2))
     elementwise = elementwise_bandwidth(cfg, max(1, tokens // seq_len), seq_len, device,
                                         dtype, repeats)
+    # Per-op dispatch is a CPU cost (on a GPU the host runs ahead of the kernels and it hides).
+    overhead = layer_overhead(cfg, device, dtype, repeats) if device.type == "cpu" else 0.0
     return {"matmul": matmul, "attention_flops_per_s": attention,
-            "elementwise_Bps": elementwise, "dtype": str(dtype).removeprefix("torch."),
+            "elementwise_Bps": elementwise, "layer_overhead_s": overhead,
+            "dtype": str(dtype).removeprefix("torch."),
             "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
 
 
@@ -164,7 +168,8 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                               timeout_s=300, device=device_type)[0]
     log(f"compute: matmul {compute['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s, attention "
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
-        f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s ({compute['dtype']}, one rank)")
+        f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
+        f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
     timings = {}
     for n in sorted(set(nproc)):
         if n < 2:

@@ -41,7 +41,12 @@ def fit_alpha_beta(op: str, ranks: int, sizes_bytes: list[float],
     Weighted by 1 / time^2, i.e. least squares on the relative error: the sizes span orders
     of magnitude, and plain least squares would let the largest message decide alpha too.
     Noise that would make the intercept negative is clipped to alpha = 0 (refit through
-    the origin): a collective never takes less than no time.
+    the origin): a collective never takes less than no time. Times that do not grow with
+    the size (latency-bound throughout, as gloo between ranks that outnumber the cores,
+    where each call waits for a rank to be scheduled) keep their latency: the bandwidth is
+    then only bounded below, by the per-byte time the times' scatter could hide at the
+    largest size, and alpha is fitted with that slope (refitting through the origin there
+    would drop the latency and price a small all-reduce many times too cheap).
     """
     if ranks < 2:
         raise ParaxisError(f"a {op} fit needs at least 2 ranks, got {ranks}")
@@ -61,7 +66,14 @@ def fit_alpha_beta(op: str, ranks: int, sizes_bytes: list[float],
     det = sw * sxx - sx * sx
     slope = (sw * sxy - sx * sy) / det
     intercept = (sy - slope * sx) / sw
-    if intercept < 0 or slope <= 0:
+    if slope <= 0:
+        # Flat: the (weighted) mean time is the latency; the per-byte part is at most what the
+        # times' scatter could hide at the largest size (relative spread x mean there).
+        mean = sy / sw
+        spread = (sum(w * (t - mean) ** 2 for w, t in zip(ws, times_s, strict=True)) / sw) ** 0.5
+        slope = max(spread, 1e-3 * mean) / max(xs)  # 1e-3: exactly flat points (no scatter)
+        intercept = (sy - slope * sx) / sw  # weighted least squares, slope fixed
+    if intercept < 0:
         intercept, slope = 0.0, sxy / sxx
     if slope <= 0:
         raise ParaxisError(f"{op} times do not grow with message size ({times_s}); measure "

@@ -101,12 +101,29 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     (make_norm), rotary and grouped-head repeat (Llama), heads back to rows, the residual
     adds and the MLP activation, through autograd. A single mul/add kernel would overstate
     the rate: reductions, broadcasts, copies and the backward's accumulation are slower per
-    byte, and they are what a step runs.
+    byte, and they are what a step runs. On a CPU the same ops on one token take the time of
+    their dispatch alone, which `layer_overhead` prices apart, so it is taken out here
+    (time = fixed dispatch + bytes / bandwidth, through the two points).
     """
-    from paraxis.model import make_norm, rotary
     from paraxis.plan.compute import layer_forward_traffic_per_token_eager
 
-    tokens, h = batch * seq_len, cfg.d_model
+    seconds = _elementwise_seconds(cfg, batch, seq_len, device, dtype, repeats)
+    # On a GPU the host runs ahead of the kernels: there the one-token time is not priced
+    # apart (cost.layer_times), so nothing is taken out.
+    dispatch = _elementwise_seconds(cfg, 1, 1, device, dtype, repeats) \
+        if device.type == "cpu" else 0.0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    traffic = 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize
+    # bytes over the time beyond dispatch; never faster than the one-token time allows
+    return traffic * (batch * seq_len - 1) / max(seconds - dispatch, seconds / (batch * seq_len))
+
+
+def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                         dtype: torch.dtype, repeats: int) -> float:
+    """Seconds of a block's elementwise ops, forward + backward (`elementwise_bandwidth`)."""
+    from paraxis.model import make_norm, rotary
+
+    h = cfg.d_model
 
     def leaf(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
@@ -130,9 +147,20 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
             outs.append(F.gelu(up, approximate="tanh"))
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
-    seconds = best_time(layer, device, repeats)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize * tokens / seconds
+    return best_time(layer, device, repeats)
+
+
+def layer_overhead(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                   repeats: int = 5) -> float:
+    """Seconds one paraxis.model block takes, forward + backward, on a single token: what
+    eager PyTorch spends dispatching its few dozen ops (Python, autograd, the kernel launch)
+    whatever their size. A rank pays it per layer per microbatch however small its shard
+    of the work, so for a small model split over many ranks it can rival the FLOPs."""
+    from paraxis.model import Block
+
+    block = Block(cfg).to(device=device, dtype=dtype)
+    x = torch.randn(1, 1, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
+    return best_time(lambda: block(x).sum().backward(), device, repeats)
 
 
 # ------------------------------------------------------------------- shared cores

@@ -54,6 +54,7 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
         "attention_flops": compute["attention_flops_per_s"],
         "hbm_bandwidth_Bps": compute["elementwise_Bps"],
         "hbm_efficiency": 1.0,
+        "layer_overhead_s": compute.get("layer_overhead_s", 0.0),
         "memory_bytes": device["memory_bytes"],
         # paraxis runs one PyTorch kernel per elementwise op (no fused kernels)
         "kernels": "eager",

@@ -15,10 +15,11 @@ al. 2021 Sec. 4).
 
 CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
 min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`, what other
-sessions leave us, else all of them), nothing hides communication (gloo's
-threads run on the same cores as the compute), and ranks idle in a pipeline bubble hand their
-core to the busy ones, so a pipeline takes the longer of its work spread over the cores and
-its critical path at a whole core (Graham 1969's two bounds of list scheduling).
+sessions leave us, else all of them), nothing hides communication (gloo's threads run on the
+same cores as the compute), each layer pays the eager ops' dispatch per microbatch however
+small its shard (`GPU.layer_overhead_s`, calibrated), and ranks idle in a pipeline bubble
+hand their core to the busy ones, so a pipeline takes the longer of its work spread over the
+cores and its critical path at a whole core (Graham 1969's two bounds of list scheduling).
 """
 
 from __future__ import annotations
@@ -135,6 +136,10 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
     forward = (weights / rate + scores / attention_rate
                + (hidden_bytes + score_bytes) / hbm) * tokens
+    if cluster.cores_per_node and gpu.kernels == "eager":
+        # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
+        # the forward as its FLOPs are): CPU work, time-shared like the kernels.
+        forward += gpu.layer_overhead_s / 3 / cluster.compute_share
     recompute = {"none": 0.0, "full": forward,
                  "selective": (scores / attention_rate + score_bytes / hbm) * tokens
                  }[layout.recompute]

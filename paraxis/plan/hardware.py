@@ -16,6 +16,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
+      "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
@@ -63,6 +64,10 @@ class GPU:
     # The name stands for the runtime too: Megatron re-gathers SP inputs in the backward, and
     # its Adam is one fused kernel (cost.layer_times, compute.optimizer_traffic_per_param).
     kernels: str = "fused"
+    # CPU ranks: seconds a layer's forward + backward spends dispatching its eager ops (one
+    # token's pass, measured by a calibration), paid per layer per microbatch whatever the
+    # shard size. 0: not measured (datasheet presets, older profiles): not priced.
+    layer_overhead_s: float = 0.0
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
