@@ -16,10 +16,15 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
 from paraxis.plan.comm import COLLECTIVES
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _device_type(requested: str) -> str:
@@ -34,7 +39,7 @@ def _device_type(requested: str) -> str:
     return requested
 
 
-def _rank_device(device_type: str):  # noqa: ANN202 - torch.device, imported lazily
+def _rank_device(device_type: str) -> torch.device:
     import torch
 
     if device_type == "cuda":  # device from the local rank
@@ -42,7 +47,7 @@ def _rank_device(device_type: str):  # noqa: ANN202 - torch.device, imported laz
     return torch.device("cpu")
 
 
-def _dtype(device):  # noqa: ANN001, ANN202
+def _dtype(device: torch.device) -> torch.dtype:
     import torch
 
     # What the runtime computes in: fp32 on CPU, bf16 autocast on GPUs.
@@ -148,7 +153,8 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
 
 def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llama",
               tokens: int = 2048, seq_len: int = 128, repeats: int = 5,
-              device: str = "auto", busy_s: float = 2.0, log=print,  # noqa: ANN001
+              device: str = "auto", busy_s: float = 2.0,
+              log: Callable[[str], object] = print,
               busy_ranks: int | None = None) -> dict:
     """Measure and return the profile document (paraxis.calibrate.profile). `busy_ranks`:
     how many ranks probe the cores our ranks get (default one per core)."""
