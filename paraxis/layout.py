@@ -188,13 +188,13 @@ class Layout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
-        if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
-            raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
-                               f"ep among {_divisors(self.dp * self.cp)}")
         for name, (what, issue) in NOT_YET.items():
             if getattr(self, name) > 1:
                 raise ParaxisError(f"layout {name}={getattr(self, name)}: {what} is not "
                                    f"implemented yet (issue {issue} adds it); use {name}=1")
+        if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
+            raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
+                               f"ep among {_divisors(self.dp * self.cp)}")
         if self.zero not in (0, 1, 2, 3):
             raise ParaxisError(f"layout zero={self.zero!r} must be one of 0, 1, 2, 3")
         if self.schedule not in SCHEDULES:
