@@ -176,11 +176,6 @@ class Layout:
                 return group
         raise ParaxisError(f"rank {rank} is outside a world of {self.world_size} ranks")
 
-    @property
-    def num_chunks(self) -> int:
-        """Model chunks per pipeline stage (>1 only for the interleaved schedule)."""
-        return self.virtual_stages
-
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
@@ -227,7 +222,7 @@ class Layout:
         Raises `ParaxisError` with a one-line message naming the rule broken and a fix.
         """
         if world_size is not None and world_size != self.world_size:
-            # The grid's degrees in the order __str__ prints them (cp only once it is on).
+            # The grid's degrees (cp only once it is on).
             shown = [axis for axis in ("dp", "cp", "tp", "pp") if axis != "cp" or self.cp > 1]
             raise ParaxisError(
                 f"{'*'.join(shown)} = {'*'.join(str(getattr(self, a)) for a in shown)} = "

@@ -135,9 +135,6 @@ class Blocks(nn.ModuleList):
     def __getitem__(self, index: int) -> Block:  # type: ignore[override]
         return list(self._modules.values())[index]
 
-    def global_indices(self) -> list[int]:
-        return [int(key) for key in self._modules]
-
 
 class Transformer(nn.Module):
     """The whole model, or a part of it: `blocks` (global indices, default all), with or

@@ -86,6 +86,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "positive number of seconds", False),
     ("dtype-fp8", [*TRAIN, "--dtype", "fp8"], "--dtype fp8 is unknown",
      "use fp32, bf16 or fp16", False),
+    ("fp16-pipeline", [*TRAIN, "--dtype", "fp16", "--pp", "2", "--nproc", "2"],
+     "--dtype fp16 with pp > 1 has no loss scaling yet", "use --dtype bf16", False),
     ("device-tpu", [*TRAIN, "--device", "tpu"], "unknown device 'tpu'",
      "use auto, cpu or cuda", False),
     ("nproc-0", [*TRAIN, "--nproc", "0"], "--nproc 0", "must be at least 1", False),

@@ -115,7 +115,8 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     itemsize = torch.empty((), dtype=dtype).element_size()
     traffic = 3 * layer_forward_traffic_per_token_eager(cfg) * itemsize
     # bytes over the time beyond dispatch; never faster than the one-token time allows
-    return traffic * (batch * seq_len - 1) / max(seconds - dispatch, seconds / (batch * seq_len))
+    tokens = batch * seq_len - (1 if dispatch else 0)  # the one-token run is taken out
+    return traffic * tokens / max(seconds - dispatch, seconds / (batch * seq_len))
 
 
 def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,

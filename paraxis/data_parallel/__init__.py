@@ -2,10 +2,9 @@
 
 - `flat.py`: flat padded parameter units and the dp collectives on them,
 - `buckets.py`: gradient hooks that launch bucket reductions during backward,
-- `zero.py`: the sharded optimizer (ZeRO-1/2) and per-block parameter gathering (ZeRO-3),
+- `zero.py`: the sharded optimizer (ZeRO-1/2/3) and per-block parameter gathering (ZeRO-3),
 - `precision.py`: fp16 loss scaling,
-- `engine.py`: `DataParallelEngine`, the Engine contract on a dp group (dp = 1: a group of one),
-
+- `engine.py`: `DataParallelEngine`, the Engine contract on a dp group (dp = 1: a group of one).
 """
 
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine

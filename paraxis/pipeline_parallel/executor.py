@@ -100,7 +100,7 @@ class PipelineExecutor:
         share of the batch mean) and 0 elsewhere. Gradients accumulate in the chunks.
 
         backward_context(is_last): wraps each backward; is_last is True for this stage's
-        final backward (data parallelism syncs there, as `LocalEngine.no_sync` does).
+        final backward (data parallelism syncs there, as `DataParallelEngine.no_sync` does).
         """
         device = inputs[0].device
         step = _Step(inputs, targets, self.boundary_shape(inputs[0].shape), device,

@@ -108,7 +108,7 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     if inputs.gpus is None:  # as many as the layout given has ranks, else one
         gpus = Layout.parse(inputs.layout).world_size if inputs.layout else 1
         inputs = dataclasses.replace(inputs, gpus=gpus)
-    world = inputs.gpus or inputs.gpus_per_node
+    world = inputs.gpus
     hardware = choose_hardware(inputs, run.folder if run else None, world,
                                inputs.model or "tiny")
     plan = make_plan(hardware)
@@ -129,7 +129,7 @@ def write_report(out_path: str | Path = "report.html", model: str = "tiny", gpus
                  gpu: str | None = None, gpus_per_node: int = 8, seq_len: int | None = None,
                  global_batch: int = 16, layout: Layout | str | None = None,
                  run_dir: str | Path | None = None, hardware: str | None = None,
-                 precision: str = "mixed") -> Path:
+                 precision: str | None = None) -> Path:
     """`build_report` from keyword inputs, written to `out_path` (returned)."""
     inputs = PlanInputs(model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
                         hardware=hardware, precision=precision, seq_len=seq_len,

@@ -147,7 +147,7 @@ def _stop(processes: list) -> None:
 
 
 def failure_summary(codes: list[int | None]) -> str:
-    """"rank 1 exited with code 3, rank 2 still running (stopped); ..." in one line."""
+    """"rank 1 exited with code 3, rank 2 did not exit on its own (stopped); ..." in one line."""
     parts = []
     for rank, code in enumerate(codes):
         if code is None:

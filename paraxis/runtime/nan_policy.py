@@ -8,7 +8,7 @@ rank sees the same verdict on the same step and takes the same branch: all skip,
 `--on-nan stop` (default) ends the run naming the step; `--on-nan skip` drops the step's
 gradients, leaves weights and optimizer state as they were, and goes on with the next batch.
 fp16 loss-scaling overflows are not faults: the engine already skips those steps and lowers
-the scale (`LocalEngine.skipped_overflow`).
+the scale (`DataParallelEngine.skipped_overflow`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tensor-parallel layers: each holds this rank's slice of a single-device layer's weights.
 
-Built from the plain layer (`from_linear`, `from_embedding`, `from_norm`), so a TP rank
+Built from the plain layer (`from_linear`, `from_embedding`), so a TP rank
 starts from exactly the single-device weights. Every sliced parameter carries
 `tp_sharded = True` and `tp_shard_dim` (the dim along which the TP ranks' slices
 concatenate into the full tensor, rank order); the other attributes a parameter had
