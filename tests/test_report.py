@@ -93,6 +93,11 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     assert f"the prediction is {error:+.0%} off" in html
     assert "<h1>paraxis report: tiny on 1 CPU rank on cpu-core (2 cores)</h1>" in html
     assert "CUDA" not in html
+    # Without those flags the run's own config.toml (written beside its metrics) says what
+    # ran: the same model, layout, batch, sequence length and precision, the same forecast.
+    assert main(["report", "--run", str(run), "--hardware", str(hw),
+                 "--out", str(tmp_path / "r2.html")]) == 0
+    assert f"the prediction is {error:+.0%} off" in (tmp_path / "r2.html").read_text()
 
 
 def _lesson_holds(lesson) -> None:

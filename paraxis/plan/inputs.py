@@ -73,7 +73,7 @@ class PlanInputs:
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
                   gpus: int | None = None, gpus_text: str = "one node",
-                  global_batch: int = 1024,
+                  global_batch: int | None = 1024,
                   precision: str | None = "mixed",
                   layout_help: str = "a layout, e.g. dp=2,tp=8,pp=4") -> None:
     """The model, hardware, batch, precision and layout flags, with this command's defaults
@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
         help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param; fp32: 4+4+8 (a run trained "
              "with --dtype fp32, paraxis train's default); default: "
              + (precision or "fp32 for a run, else mixed"))
-    add("--global-batch", type=int, default=global_batch, help="sequences per step")
+    add("--global-batch", type=int, default=global_batch,
+        help=f"sequences per step (default: {global_batch or 'the run config, else 16'})")
     add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")
     add("--layout", help=layout_help)
     parser.set_defaults(default_model=model)

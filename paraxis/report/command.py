@@ -5,21 +5,26 @@
     paraxis report --model tiny --gpus 2 --layout dp=2 --run runs/m --hardware profile.json \
                    --precision fp32        # priced on a `paraxis calibrate` profile
 
-The model, hardware and batch flags are `paraxis plan`'s (paraxis.plan.inputs). A run is
-forecast on the hardware it ran on (paraxis.report.hardware): --hardware or --gpu when
-given, else this machine.
+The model, hardware and batch flags are `paraxis plan`'s (paraxis.plan.inputs); for a run,
+those left out come from the run's own config.toml (its model, layout, batch, sequence length
+and precision). A run is forecast on the hardware it ran on (paraxis.report.hardware):
+--hardware or --gpu when given, else this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 
 from paraxis.plan import inputs
+
+GLOBAL_BATCH = 16  # without a run's config.toml: the demo's batch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     inputs.add_arguments(parser, model="tiny", gpus_text="the --layout's ranks, else 1",
-                         global_batch=16, precision=None,
+                         global_batch=None, precision=None,
                          layout_help="price this layout (e.g. dp=2,tp=2,pp=2) instead of "
                                      "the planner's choice")
     # dest is not "run": the CLI keeps each subcommand's entry point in args.run
@@ -31,6 +36,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from paraxis.report.build import build_report, save
 
-    out = save(build_report(inputs.from_args(args), args.run_dir), args.out)
+    given = inputs.from_args(args)
+    if args.run_dir is not None:
+        given = from_run_config(given, args, Path(args.run_dir) / "config.toml")
+    if given.global_batch is None:
+        given = dataclasses.replace(given, global_batch=GLOBAL_BATCH)
+    out = save(build_report(given, args.run_dir), args.out)
     print(f"report written to {out.resolve()}")
     return 0
+
+
+def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path
+                    ) -> inputs.PlanInputs:
+    """What the command line leaves out, from the run's own resolved config (`paraxis train`
+    writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length and
+    precision that really ran, so the forecast prices that run."""
+    from paraxis.config import read_run_file
+
+    if not path.is_file():
+        return given
+    run = read_run_file(path)
+    changes: dict[str, object] = {}
+    if args.model is None and args.params is None:
+        changes["model"] = run.model.name
+    if args.layout is None:
+        changes["layout"] = str(run.layout)
+    if args.global_batch is None:
+        changes["global_batch"] = run.train.global_batch
+    if args.seq_len is None:
+        changes["seq_len"] = run.train.seq_len
+    if args.precision is None:  # the planner's two rules: fp32 Adam, or mixed precision
+        changes["precision"] = "fp32" if run.train.dtype == "fp32" else "mixed"
+    return dataclasses.replace(given, **changes)
