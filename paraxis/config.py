@@ -36,15 +36,11 @@ from typing import Any
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.options import option
 from paraxis.runtime.nan_policy import POLICIES
 
 FP32_MAX = 3.4028234663852886e38
 DTYPES = ("fp32", "bf16", "fp16")
-
-
-def option(default: Any, help: str, flag: str | None = None, **extra: Any) -> Any:
-    """A config field: its default, one-line help, and its flag when not `--<name>`."""
-    return field(default=default, metadata={"help": help, "flag": flag, **extra})
 
 
 @dataclass(frozen=True)

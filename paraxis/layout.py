@@ -31,10 +31,11 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from paraxis.errors import ParaxisError
+from paraxis.options import option
 
 if TYPE_CHECKING:
     from paraxis.model_config import ModelConfig
@@ -106,30 +107,25 @@ def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
-def _doc(default: object, help: str) -> Any:
-    """A Layout field with its one-line help (the command line's flags read it)."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
 class Layout:
     """The degrees of every axis plus the options that say how each axis runs."""
 
-    dp: int = _doc(1, "data-parallel replicas (each sees its own slice of the batch)")
-    tp: int = _doc(1, "tensor-parallel ranks splitting every layer's matrices")
-    pp: int = _doc(1, "pipeline stages splitting the stack of layers")
-    cp: int = _doc(1, "context-parallel ranks splitting every sequence (1 until issue 22)")
-    ep: int = _doc(1, "expert-parallel ranks, carved out of dp*cp (1 until issue 23)")
-    zero: int = _doc(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
+    dp: int = option(1, "data-parallel replicas (each sees its own slice of the batch)")
+    tp: int = option(1, "tensor-parallel ranks splitting every layer's matrices")
+    pp: int = option(1, "pipeline stages splitting the stack of layers")
+    cp: int = option(1, "context-parallel ranks splitting every sequence (1 until issue 22)")
+    ep: int = option(1, "expert-parallel ranks, carved out of dp*cp (1 until issue 23)")
+    zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters")
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
     # with pp == 1 they are gradient-accumulation microsteps (Megatron uses one number for both).
-    microbatches: int = _doc(1, "microbatches per step per replica (pipeline fill or "
+    microbatches: int = option(1, "microbatches per step per replica (pipeline fill or "
                                 "accumulation)")
-    schedule: str = _doc("1f1b", "pipeline schedule: " + ", ".join(SCHEDULES))
-    virtual_stages: int = _doc(1, "model chunks per pipeline stage (interleaved schedule only)")
-    recompute: str = _doc("none", "activation recomputation: " + ", ".join(RECOMPUTE))
-    sequence_parallel: bool = _doc(False, "shard layer norms and dropout over tp along the "
+    schedule: str = option("1f1b", "pipeline schedule: " + ", ".join(SCHEDULES))
+    virtual_stages: int = option(1, "model chunks per pipeline stage (interleaved schedule only)")
+    recompute: str = option("none", "activation recomputation: " + ", ".join(RECOMPUTE))
+    sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
 
     def __post_init__(self) -> None:
