@@ -40,6 +40,9 @@ from paraxis.data_parallel.flat import (
 from paraxis.runtime.watchdog import WATCH
 
 
+MAX_IN_FLIGHT = 2  # ZeRO-2/3 reduce-scatters pending at once (each holds a flat gradient copy)
+
+
 class GradReducer:
     """Hooks every parameter of `units`; reduces each unit's gradient over `group`.
 
@@ -133,6 +136,12 @@ class GradReducer:
                 p.grad = None  # the flat copy holds them until the reduce-scatter is done
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
+            # Each reduce-scatter holds a full flat copy of its unit's gradients until it is
+            # done: waiting for the oldest keeps at most MAX_IN_FLIGHT of them alive, where
+            # waiting only in `finish` would hold the whole model's gradients at once (FSDP2
+            # bounds its reduce-scatters the same way).
+            while len(self._pending) > MAX_IN_FLIGHT:
+                self._retire_oldest()
         elif self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in
             # a shard-sized buffer and is copied into the bucket when it has arrived.
@@ -142,6 +151,13 @@ class GradReducer:
         else:
             self._pending.append((all_reduce_sum(unit.grad_full, self.group), None, None))
 
+    def _retire_oldest(self) -> None:
+        work, summed, shard = self._pending.pop(0)
+        with WATCH.waiting(self._pending_op, self.group):
+            work.wait()
+        if shard is not None:
+            shard.copy_(summed)
+
     # ----------------------------------------------------------------------- finish
 
     def finish(self) -> None:
@@ -150,12 +166,8 @@ class GradReducer:
         for index in range(self._next_launch, len(self.units)):
             self._complete[index] = True
         self._launch_ready()
-        with WATCH.waiting(self._pending_op, self.group):
-            for work, summed, shard in self._pending:
-                work.wait()
-                if shard is not None:
-                    shard.copy_(summed)
-        self._pending.clear()
+        while self._pending:
+            self._retire_oldest()
         if self.dp_size > 1:
             for buffer in self.grad_buffers():
                 buffer.div_(self.dp_size)
@@ -179,18 +191,19 @@ class GradReducer:
 
 
 def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, dp_size: int,
-                 dp_rank: int) -> list[FlatUnit]:
-    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`."""
+                 dp_rank: int, device: torch.device | None = None) -> list[FlatUnit]:
+    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`.
+    device: where the buckets' flat buffers live (default: the parameters' device)."""
     buckets: list[FlatUnit] = []
     current: list[torch.nn.Parameter] = []
     size = 0
     for p in reversed(params):
         if current and (size + p.numel() * p.element_size() > bucket_bytes
                         or p.dtype != current[0].dtype):
-            buckets.append(FlatUnit(current, dp_size, dp_rank))
+            buckets.append(FlatUnit(current, dp_size, dp_rank, device))
             current, size = [], 0
         current.append(p)
         size += p.numel() * p.element_size()
     if current:
-        buckets.append(FlatUnit(current, dp_size, dp_rank))
+        buckets.append(FlatUnit(current, dp_size, dp_rank, device))
     return buckets

@@ -32,6 +32,7 @@ from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_s
 from paraxis.data_parallel.precision import LossScaler
 from paraxis.data_parallel.zero import (
     ParamGatherer,
+    UnitHooks,
     flatten_params_into,
     give_storage,
     shard_optimizer,
@@ -91,24 +92,24 @@ class DataParallelEngine(LocalEngine):
         params = [p for p in model.parameters() if p.requires_grad]
         device = device or params[0].device
         if any(p.is_meta for p in params):
-            if self.zero < 3:  # whole parameters on every rank; ZeRO-3 keeps only shards
+            if self.zero == 0:  # ZeRO-1/2/3 give meta parameters views of flat buffers
                 _allocate(params, device)
         else:
             self._broadcast_from_first_rank(params)
         dp_rank = group_rank(self.dp_group)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            blocks = list(model.blocks) if isinstance(model, Transformer) else []
-            self.units = _block_units(blocks, params, self.dp_size, dp_rank, device)
-            self.gatherer = ParamGatherer(self.units, blocks, model, self.dp_group)
-            # Backward completes blocks last-to-first and the root (embeddings) at the end.
-            order = list(range(len(self.units) - 2, -1, -1)) + [len(self.units) - 1]
+            self.units, hooks = _zero3_units(model, params, self.dp_size, dp_rank, device)
+            self.gatherer = ParamGatherer(self.units, hooks, model, self.dp_group)
+            # Backward completes the forward units last-to-first, then the root.
+            order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
+                                                                     len(self.units)))
             self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
                                        shard_grads=True,
                                        on_unit_backward_done=lambda i: self.gatherer.free(
                                            order[i]))
         else:
-            self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank)
+            self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank, device)
             if self.zero >= 1:
                 for unit in self.units:
                     full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
@@ -273,20 +274,39 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
             give_storage(p, device)
 
 
-def _block_units(blocks: list[nn.Module], params: list[nn.Parameter], dp_size: int,
-                 dp_rank: int, device: torch.device) -> list[FlatUnit]:
-    """ZeRO-3 units: one per block, then everything else as the root unit."""
+def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_rank: int,
+                 device: torch.device) -> tuple[list[FlatUnit], list[UnitHooks]]:
+    """ZeRO-3 units in forward order (embedding, one per block, final norm with head) and
+    their hooks, then a root unit for whatever is left (used at both ends of the step: a tied
+    embedding and head, or a whole pipeline stage until ZeRO-3 with pipelines shards it)."""
     wanted = {id(p) for p in params}
-    units, taken = [], set()
-    for block in blocks:
-        own = [p for p in block.parameters() if id(p) in wanted and id(p) not in taken]
+    taken: set[int] = set()
+    units: list[FlatUnit] = []
+    hooks: list[UnitHooks] = []
+
+    def add(modules: list[nn.Module], hook: UnitHooks) -> None:
+        own = [p for m in modules for p in m.parameters()
+               if id(p) in wanted and id(p) not in taken]
         if not own:
             raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
                                "parameters of its own; use zero<=2 for this model")
         taken.update(id(p) for p in own)
         units.append(FlatUnit(own, dp_size, dp_rank, device))
+        hooks.append(hook)
+
+    if isinstance(model, Transformer):
+        tied = model.cfg.tied_embeddings and model.has_embedding and model.has_head
+        embed = [model.tok_emb] + ([model.pos_emb] if hasattr(model, "pos_emb") else []) \
+            if model.has_embedding else []
+        if embed and not tied:
+            add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
+        for block in model.blocks:
+            add([block], UnitHooks(block, block))
+        if model.has_head and not tied:
+            add([model.norm_f, model.lm_head], UnitHooks(model.norm_f, model.lm_head))
     rest = [p for p in params if id(p) not in taken]
-    if not rest:
-        raise ParaxisError("ZeRO-3 needs parameters outside model.blocks for its root unit")
-    units.append(FlatUnit(rest, dp_size, dp_rank, device))
-    return units
+    if rest:
+        units.append(FlatUnit(rest, dp_size, dp_rank, device))
+    if not units:
+        raise ParaxisError("ZeRO-3 found no trainable parameters to shard")
+    return units, hooks

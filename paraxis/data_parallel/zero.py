@@ -3,11 +3,12 @@
 - `shard_optimizer` (ZeRO-1/2/3, sec. 5.1): AdamW sees only this rank's shard of every unit,
   as views into the flat parameter storage and the gradient shard, so Adam's moments exist for
   1/N_d of the parameters and the update writes straight into the parameters.
-- `ParamGatherer` (ZeRO-3, sec. 5.3): each unit (one transformer block, plus a root unit for
-  embeddings, final norm and head) keeps only its parameter shard. Its full parameters are
-  all-gathered just before its forward, freed after it, gathered again when the gradient
-  reaches the block's output (the start of its backward) and freed once all its gradients
-  exist. While one block computes, the next one's all-gather is already in flight (forward:
+- `ParamGatherer` (ZeRO-3, sec. 5.3): each unit (the embedding, each transformer block, the
+  final norm with the head; or one root unit for a tied embedding and head) keeps only its
+  parameter shard. Its full parameters are all-gathered just before its forward, freed after
+  it, gathered again when the gradient reaches the unit's output (the start of its backward;
+  never for the embedding, whose backward needs only the token ids) and freed once all its
+  gradients exist. While one block computes, the next one's all-gather is already in flight (forward:
   block i+1, backward: block i-1), as FSDP does (Zhao et al., "PyTorch FSDP", VLDB 2023,
   sec. 3.3 "backward/forward prefetching").
 
@@ -19,6 +20,7 @@ again once the storage is refilled by the next all-gather.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -53,39 +55,61 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
 
 def flatten_params_into(unit: FlatUnit, buffer: torch.Tensor) -> None:
     """Copy the unit's parameters into `buffer` and make each parameter a view of it. A
-    parameter on the meta device has no values to copy: the buffer becomes its storage,
-    filled later by name (`runtime.parallelize.materialize`)."""
+    parameter on the meta device has no values to copy: its view of the buffer is all the
+    storage it ever gets (no allocation of its own), filled later by name
+    (`runtime.parallelize.materialize`)."""
     with torch.no_grad():
         for p, start, end in unit.spans():
+            view = buffer[start:end].view(p.shape)
             if p.is_meta:
-                give_storage(p, buffer.device)
+                give_storage(p, buffer.device, empty=True)  # off the meta device, 0 bytes
             else:
-                buffer[start:end].copy_(p.detach().reshape(-1))
+                view.copy_(p.detach())
             # .data assignment keeps the Parameter object (optimizer, hooks and tied modules
-            # keep referring to it) and its own version counter.
-            p.data = buffer[start:end].view_as(p)
+            # keep referring to it) and its own version counter (an all-gather into the
+            # buffer must not look like an in-place change of every parameter in it).
+            p.data = view
 
 
-def give_storage(param: nn.Parameter, device: torch.device) -> None:
-    """Give meta `param` uninitialised storage on `device` (no values read). `.data` cannot
-    move a tensor off the meta device, so the contents are swapped: the Parameter object
-    stays (tied modules keep sharing it) and keeps its roles (tp_sharded, pp_duplicate)."""
+def give_storage(param: nn.Parameter, device: torch.device, empty: bool = False) -> None:
+    """Move meta `param` to `device` with uninitialised storage of its own (no values read),
+    or with `empty` none at all (zero elements, to be pointed at a buffer with `.data`).
+    `.data` cannot move a tensor off the meta device, so the contents are swapped: the
+    Parameter object stays (tied modules keep sharing it) and keeps its roles (tp_sharded,
+    pp_duplicate)."""
     if device.type == "meta":
         return
-    new = nn.Parameter(torch.empty_like(param, device=device),
-                       requires_grad=param.requires_grad)
+    values = torch.empty(0, dtype=param.dtype, device=device) if empty else \
+        torch.empty_like(param, device=device)
+    new = nn.Parameter(values, requires_grad=param.requires_grad)
     new.__dict__.update(param.__dict__)
     torch.utils.swap_tensors(param, new)
 
 
-class ParamGatherer:
-    """ZeRO-3 parameter life cycle over `units`: blocks first (in model order), root last."""
+@dataclass
+class UnitHooks:
+    """Where a ZeRO-3 unit's life cycle is driven from: `enter` runs first in its forward,
+    `leave` last. `backward_needs_weights`: whether its backward reads the full parameters
+    (an embedding's backward needs only the token ids, so its weights are not gathered
+    again)."""
 
-    def __init__(self, units: list[FlatUnit], blocks: list[nn.Module], root: nn.Module,
+    enter: nn.Module
+    leave: nn.Module
+    backward_needs_weights: bool = True
+
+
+class ParamGatherer:
+    """ZeRO-3 parameter life cycle. `units[:len(hooks)]` run in forward order (embedding,
+    blocks, head), each gathered and freed from its `UnitHooks`; one more unit after them,
+    the root, holds what is used at both ends of the step (a tied embedding/head) and is
+    gathered when `model`'s forward starts and freed when the step ends."""
+
+    def __init__(self, units: list[FlatUnit], hooks: list[UnitHooks], model: nn.Module,
                  group: dist.ProcessGroup | None) -> None:
         self.units = units
+        self.hooks = hooks
         self.group = group
-        self.root_index = len(units) - 1
+        self.root_index = len(hooks) if len(units) > len(hooks) else None
         self.phase = "forward"
         self._state = ["free"] * len(units)
         self._work: list[object | None] = [None] * len(units)
@@ -96,10 +120,10 @@ class ParamGatherer:
             unit.param_full = full
             unit.param_shard = unit.shard_of(full).clone()
             self._release(unit)
-        root.register_forward_pre_hook(self._root_pre_forward)
-        for index, block in enumerate(blocks):
-            block.register_forward_pre_hook(self._pre_forward(index))
-            block.register_forward_hook(self._post_forward(index, index == len(blocks) - 1))
+        model.register_forward_pre_hook(self._model_pre_forward)
+        for index, hook in enumerate(hooks):
+            hook.enter.register_forward_pre_hook(self._pre_forward(index))
+            hook.leave.register_forward_hook(self._post_forward(index, index == len(hooks) - 1))
 
     # ----------------------------------------------------------------- storage moves
 
@@ -138,15 +162,16 @@ class ParamGatherer:
 
     # ------------------------------------------------------------------------ hooks
 
-    def _root_pre_forward(self, module: nn.Module, args: object) -> None:
+    def _model_pre_forward(self, module: nn.Module, args: object) -> None:
         self.phase = "forward"
-        self.gather(self.root_index)
+        if self.root_index is not None:
+            self.gather(self.root_index)
         self.prefetch(0)
 
     def _pre_forward(self, index: int) -> Callable[[nn.Module, object], None]:
         def hook(module: nn.Module, args: object) -> None:
             self.gather(index)
-            if self.phase == "forward":
+            if self.phase == "forward" and index + 1 < len(self.hooks):
                 self.prefetch(index + 1)
         return hook
 
@@ -155,9 +180,10 @@ class ParamGatherer:
         def hook(module: nn.Module, args: object, output: torch.Tensor) -> None:
             if self.phase != "forward":
                 return
-            if torch.is_grad_enabled() and output.requires_grad:
+            if (torch.is_grad_enabled() and output.requires_grad
+                    and self.hooks[index].backward_needs_weights):
                 output.register_hook(self._pre_backward(index))
-            # The last block's backward comes first: keep it rather than gather it again.
+            # The last unit's backward comes first: keep it rather than gather it again.
             if not (is_last and torch.is_grad_enabled()):
                 self.free(index)
         return hook
@@ -166,7 +192,8 @@ class ParamGatherer:
         def hook(grad: torch.Tensor) -> None:
             self.phase = "backward"
             self.gather(index)
-            self.prefetch(index - 1)
+            if index > 0 and self.hooks[index - 1].backward_needs_weights:
+                self.prefetch(index - 1)
         return hook
 
     def on_unit_backward_done(self, index: int) -> None:
