@@ -241,6 +241,10 @@ def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) 
     if module in ("o", "down"):
         # GPT-2 scales residual-stream output projections by 1/sqrt(2 * layers).
         std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    if param.dtype == torch.float32 and param.is_contiguous() and param.device.type == "cpu":
+        torch.randn(param.shape, generator=generator, out=param.detach())  # no temporary
+        param.mul_(std)
+        return
     values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
     param.copy_(values.to(param.dtype))
 

@@ -3,24 +3,27 @@
     step = load_checkpoint(engine, directory, model)   # on every rank; any layout
     model_cfg, params = read_full_state(directory)      # one process, no process group
 
-Each rank walks its own entries (`Engine.checkpoint_entries`) and, for each, rebuilds the full
-single-device tensor from whichever saved pieces cover it, then cuts its own piece out. The
-writer's layout never matters, which is what resharding means. Files are opened with
-safetensors (no pickle, so loading never runs code) after their SHA-256 matches the
-manifest, so a truncated or corrupted shard is named rather than half-loaded.
+Each rank walks its own entries (`Engine.checkpoint_entries`) and reads, for each, only its
+piece: where the writer cut the tensor the same way for TP (the same count of slices), the
+saved pieces are flat ranges of the same slice, and the rank reads just the overlapping
+parts of them (`get_slice`); otherwise the full single-device tensor is rebuilt from the
+pieces that cover it, one at a time, and the rank's piece cut out. The writer's layout never
+matters, which is what resharding means. Files are opened with safetensors (no pickle, so
+loading never runs code) after their SHA-256 matches the manifest, so a truncated or
+corrupted shard is named rather than half-loaded; with a process group, the ranks share the
+hashing (each hashes every world-size-th file) instead of each hashing every file.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from paraxis.checkpoint.entries import KINDS, set_optimizer_steps
+from paraxis.checkpoint.entries import KINDS, Entry, set_optimizer_steps
 from paraxis.checkpoint.manifest import (
     check_model,
     read_manifest,
@@ -28,6 +31,7 @@ from paraxis.checkpoint.manifest import (
     safe_member,
     sha256_of,
 )
+from paraxis.checkpoint.pieces import cut, fill_entries
 from paraxis.errors import ParaxisError
 
 if TYPE_CHECKING:
@@ -44,6 +48,8 @@ class CheckpointReader:
         for piece in self.manifest.get("pieces", []):
             self.pieces[(piece["kind"], piece["name"])].append(piece)
         self._open: dict[str, Any] = {}
+        self._verified: set[str] = set()  # files whose checksum some rank has checked
+        self._cached: tuple[tuple[str, str], torch.Tensor] | None = None
 
     def names(self, kind: str = "param") -> list[str]:
         return sorted(name for k, name in self.pieces if k == kind)
@@ -76,9 +82,67 @@ class CheckpointReader:
         local[dim] //= count
         return torch.cat([s.view(local) for s in slices], dim=dim)
 
+    def full_shape(self, kind: str, name: str) -> tuple[int, ...] | None:
+        pieces = self.pieces.get((kind, name))
+        return tuple(pieces[0]["shape"]) if pieces else None
+
+    def piece(self, entry: Entry) -> torch.Tensor:
+        """The entry's piece, flat: read from the saved ranges of the same TP slice when
+        the writer sliced the tensor the same way, else cut from the rebuilt full tensor."""
+        pieces = self.pieces[(entry.kind, entry.name)]
+        same_cut = all(p["tp_count"] == entry.tp_count and
+                       (entry.tp_count == 1 or p["tp_dim"] == entry.tp_dim) for p in pieces)
+        if not same_cut:
+            key = (entry.kind, entry.name)
+            if self._cached is None or self._cached[0] != key:
+                self._cached = None
+                self._cached = (key, self.full(*key))
+            return cut(self._cached[1], entry)
+        out = None
+        filled = 0
+        for saved in pieces:
+            lo, hi = max(entry.lo, saved["lo"]), min(entry.hi, saved["hi"])
+            if saved["tp_index"] != entry.tp_index or lo >= hi:
+                continue
+            values = self._slice(saved, lo - saved["lo"], hi - saved["lo"])
+            if out is None:
+                out = torch.empty(entry.hi - entry.lo, dtype=values.dtype)
+            out[lo - entry.lo:hi - entry.lo] = values
+            filled += hi - lo
+        if out is None or filled != entry.hi - entry.lo:
+            raise ParaxisError(f"checkpoint {self.directory} covers only part of {entry.kind} "
+                               f"{entry.name}; a rank's shard is missing from the manifest")
+        return out
+
+    def verify(self, rank: int = 0, world_size: int = 1) -> list[str]:
+        """Hash this rank's share of the files (every world_size-th, from `rank`); returns the
+        problems found. Files it hashed, and those the caller marks, are not hashed again."""
+        problems = []
+        for position, name in enumerate(sorted(self.manifest.get("files", {}))):
+            if position % world_size == rank:
+                try:
+                    self._check_file(name)
+                except ParaxisError as error:
+                    problems.append(str(error))
+        return problems
+
     def rank_tensor(self, rank_file: str, key: str) -> torch.Tensor | None:
         handle = self._handle(rank_file)
         return handle.get_tensor(key) if key in handle.keys() else None
+
+    def _slice(self, piece: dict[str, Any], lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of a saved piece, flattened, read without the rest of it (a
+        whole parameter is saved in its shape: the rows that hold the range are read)."""
+        handle = self._handle(piece["file"])
+        try:
+            saved = handle.get_slice(piece["key"])
+            shape = saved.get_shape()
+            row = math.prod(shape[1:])
+            first, last = lo // row, -(-hi // row)
+            return saved[first:last].reshape(-1)[lo - first * row:hi - first * row]
+        except Exception as error:  # noqa: BLE001 - safetensors raises several kinds
+            raise ParaxisError(f"{self.directory / piece['file']}: cannot read "
+                               f"{piece['key']} ({error})") from None
 
     def _tensor(self, piece: dict[str, Any]) -> torch.Tensor:
         handle = self._handle(piece["file"])
@@ -92,21 +156,51 @@ class CheckpointReader:
         if name not in self._open:
             from safetensors import safe_open
 
-            path = safe_member(self.directory, name)
-            expected = self.manifest.get("files", {}).get(name)
-            if expected is None:
-                raise ParaxisError(f"{path} is not listed in the manifest's files")
-            if not path.is_file():
-                raise ParaxisError(f"{path} is missing; the checkpoint is incomplete, use an "
-                                   "earlier one")
-            if path.stat().st_size != expected["bytes"] or sha256_of(path) != expected["sha256"]:
-                raise ParaxisError(f"{path} is corrupt or truncated (checksum differs from "
-                                   "the manifest); use an earlier checkpoint")
+            path = self._check_file(name)
             try:
                 self._open[name] = safe_open(str(path), framework="pt", device="cpu")
             except Exception as error:  # noqa: BLE001
                 raise ParaxisError(f"{path} is not a safetensors file ({error})") from None
         return self._open[name]
+
+    def _check_file(self, name: str) -> Path:
+        """The file's path once it is listed, present, of its size and (unless some rank
+        already hashed it) of its checksum."""
+        path = safe_member(self.directory, name)
+        expected = self.manifest.get("files", {}).get(name)
+        if expected is None:
+            raise ParaxisError(f"{path} is not listed in the manifest's files")
+        if not path.is_file():
+            raise ParaxisError(f"{path} is missing; the checkpoint is incomplete, use an "
+                               "earlier one")
+        if path.stat().st_size != expected["bytes"] or (
+                name not in self._verified and sha256_of(path) != expected["sha256"]):
+            raise ParaxisError(f"{path} is corrupt or truncated (checksum differs from "
+                               "the manifest); use an earlier checkpoint")
+        self._verified.add(name)
+        return path
+
+    def trust_all(self) -> None:
+        """Every file was hashed by some rank (`verify_together`): skip hashing on open."""
+        self._verified.update(self.manifest.get("files", {}))
+
+
+def verify_together(reader: CheckpointReader) -> None:
+    """Check the checkpoint's files with the work split over the ranks of the default process
+    group (each hashes 1/world of them), and raise the same one-line error on every rank if
+    any failed. Without a process group, files are checked as they are opened."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    problems = reader.verify(rank, world)
+    everyone: list[list[str] | None] = [None] * world
+    dist.all_gather_object(everyone, problems)
+    found = sorted(p for share in everyone for p in share or [])
+    if found:
+        raise ParaxisError(found[0])
+    reader.trust_all()
 
 
 def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any],
@@ -122,9 +216,10 @@ def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any]
     reader = CheckpointReader(directory)
     manifest = reader.manifest
     check_model(manifest, model, reader.directory)
+    verify_together(reader)
     with_optimizer = manifest.get("has_optimizer", False) and not weights_only
-    fill_entries(engine, reader.full, KINDS if with_optimizer else ("param",),
-                 str(reader.directory))
+    fill_entries(engine, reader, KINDS if with_optimizer else ("param",),
+                 f"checkpoint {reader.directory}")
     if with_optimizer:
         set_optimizer_steps(engine.optimizer, manifest.get("optimizer_steps", 0))
         scaler = engine.loss_scaler
@@ -142,29 +237,6 @@ def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any]
             if cuda_state is not None:
                 torch.cuda.set_rng_state(cuda_state, engine.device)
     return manifest
-
-
-def fill_entries(engine: Engine, full_of: Callable[[str, str], torch.Tensor],
-                 kinds: tuple[str, ...], source: str) -> None:
-    """Write into each of the engine's entries of `kinds` its piece of `full_of(kind, name)`
-    (the whole single-device tensor): the one place a layout cuts its share out."""
-    cache: dict[tuple[str, str], torch.Tensor] = {}
-    with torch.no_grad():
-        for entry in engine.checkpoint_entries():
-            if entry.kind not in kinds:
-                continue  # e.g. imported weights: AdamW starts fresh (zero moments, step 0)
-            key = (entry.kind, entry.name)
-            if key not in cache:
-                cache.clear()  # one full tensor at a time keeps memory to a layer's worth
-                cache[key] = full_of(*key)
-            full = cache[key]
-            if tuple(full.shape) != entry.full_shape:
-                raise ParaxisError(f"{source}: {entry.name} has shape {tuple(full.shape)}, "
-                                   f"the model expects {entry.full_shape}")
-            local = full.chunk(entry.tp_count, dim=entry.tp_dim)[entry.tp_index] \
-                if entry.tp_count > 1 else full
-            piece = local.reshape(-1)[entry.lo:entry.hi]
-            entry.tensor.copy_(piece.view(entry.tensor.shape))
 
 
 def read_full_state(directory: str | Path, kinds: tuple[str, ...] = ("param",)

@@ -39,7 +39,6 @@ from paraxis.data_parallel.flat import (
 )
 from paraxis.runtime.watchdog import WATCH
 
-
 MAX_IN_FLIGHT = 2  # ZeRO-2/3 reduce-scatters pending at once (each holds a flat gradient copy)
 
 

@@ -8,8 +8,8 @@
   parameter shard. Its full parameters are all-gathered just before its forward, freed after
   it, gathered again when the gradient reaches the unit's output (the start of its backward;
   never for the embedding, whose backward needs only the token ids) and freed once all its
-  gradients exist. While one block computes, the next one's all-gather is already in flight (forward:
-  block i+1, backward: block i-1), as FSDP does (Zhao et al., "PyTorch FSDP", VLDB 2023,
+  gradients exist. While one block computes, the next one's all-gather is already in flight
+  (forward: block i+1, backward: block i-1), as FSDP does (Zhao et al., "PyTorch FSDP", VLDB 2023,
   sec. 3.3 "backward/forward prefetching").
 
 Freeing is done by resizing the flat buffer's storage to zero bytes, the way FSDP1 did: the

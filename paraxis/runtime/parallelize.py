@@ -13,8 +13,10 @@ with `device="meta"` nothing at all is allocated (tests/test_parallelize.py).
 
 `materialize` then writes each parameter's single-device initial value (`model.init_parameter`,
 a function of the seed and the name alone) into whatever piece of it this rank holds, through
-the by-name path checkpoint loading uses (`checkpoint.load.fill_entries`): a TP slice, a ZeRO
-shard, a stage's blocks all start bit for bit from the single-device weights.
+the by-name path checkpoint loading uses (`checkpoint.pieces.fill_entries`): a TP slice, a
+ZeRO shard, a stage's blocks all start bit for bit from the single-device weights. Each value
+is drawn whole (that is what makes it layout-independent), one tensor at a time, and only for
+the parameters the rank holds a piece of: a rank's memory is its share plus one full tensor.
 
 A new axis plugs in at one place in `parallelize` (its step, at its place in the order; the
 comments mark where context and expert parallelism go), one field in the Layout
@@ -26,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from paraxis.checkpoint.load import fill_entries
+from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
 from paraxis.layout import Layout
 from paraxis.model import Transformer, init_parameter
@@ -74,14 +76,15 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
 def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
     """Fill every parameter piece this rank holds with its single-device initial value."""
     with torch.device("meta"):
-        shapes = {name: p.shape for name, p in Transformer(cfg).named_parameters()}
+        shapes = {name: tuple(p.shape) for name, p in Transformer(cfg).named_parameters()}
 
     def initial(kind: str, name: str) -> torch.Tensor:
         full = torch.empty(shapes[name])
         init_parameter(name, full, cfg, seed)
         return full
 
-    fill_entries(engine, initial, ("param",), f"initial weights (seed {seed})")
+    fill_entries(engine, FullSource(initial, shapes), ("param",),
+                 f"initial weights (seed {seed})")
 
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,

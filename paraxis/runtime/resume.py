@@ -61,15 +61,17 @@ def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int
 def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
     """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
     cut for this layout; the optimizer and the schedule start fresh."""
-    from paraxis.checkpoint.load import fill_entries
     from paraxis.checkpoint.manifest import check_model
+    from paraxis.checkpoint.pieces import FullSource, fill_entries
 
     if (Path(path) / "config.json").is_file():
         from paraxis.hf import read_hf
 
         hf_cfg, state = read_hf(path)
         check_model({"model": hf_cfg.to_dict()}, model_cfg.to_dict(), Path(path))
-        fill_entries(engine, lambda kind, name: state[name], ("param",), path)
+        shapes = {name: tuple(tensor.shape) for name, tensor in state.items()}
+        fill_entries(engine, FullSource(lambda kind, name: state[name], shapes), ("param",),
+                     path)
     else:
         load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
 
