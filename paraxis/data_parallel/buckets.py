@@ -26,6 +26,7 @@ per-rank mean losses is the global-batch mean loss.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -39,7 +40,7 @@ from paraxis.data_parallel.flat import (
 )
 from paraxis.runtime.watchdog import WATCH
 
-MAX_IN_FLIGHT = 2  # ZeRO-2/3 reduce-scatters pending at once (each holds a flat gradient copy)
+MAX_IN_FLIGHT = 1  # ZeRO-2/3 reduce-scatters left pending when the next one launches
 
 
 class GradReducer:
@@ -86,9 +87,14 @@ class GradReducer:
                                              device=unit.device)
                 unit.grad_shard = unit.shard_of(unit.grad_full)
         self.attach_grad_views()
+        # The hook reaches the reducer through a weak reference: a tensor's hooks are not
+        # seen by Python's cycle collector, so a strong one would keep the engine (and all of
+        # its memory) alive after its last user let go of it.
+        reducer = weakref.ref(self)
         for unit in units:
             for p in unit.params:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                p.register_post_accumulate_grad_hook(
+                    lambda param, reducer=reducer: reducer()._on_grad(param))
 
     def attach_grad_views(self) -> None:
         if self.shard_grads:
@@ -136,10 +142,10 @@ class GradReducer:
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
             # Each reduce-scatter holds a full flat copy of its unit's gradients until it is
-            # done: waiting for the oldest keeps at most MAX_IN_FLIGHT of them alive, where
-            # waiting only in `finish` would hold the whole model's gradients at once (FSDP2
-            # bounds its reduce-scatters the same way).
-            while len(self._pending) > MAX_IN_FLIGHT:
+            # done: waiting for the older ones keeps MAX_IN_FLIGHT of them alive besides the
+            # new one (which still overlaps the next unit's backward), where waiting only in
+            # `finish` would hold the whole model's gradients at once.
+            while len(self._pending) > MAX_IN_FLIGHT + 1:
                 self._retire_oldest()
         elif self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in

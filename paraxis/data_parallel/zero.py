@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather
+from paraxis.runtime.engine import adamw
 from paraxis.runtime.watchdog import WATCH
 
 
@@ -44,12 +45,7 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
             master.grad = unit.grad_shard[piece.shard_lo: piece.shard_hi]
             (decay if piece.param.dim() >= 2 else no_decay).append(master)
             pieces.append((piece, master))
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
-    groups = [g for g in groups if g["params"]] or [{"params": [], "weight_decay": 0.0}]
-    # foreach: see make_adamw (same per-element math as the single-tensor loop).
-    optimizer = torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
+    optimizer = adamw(decay, no_decay, weight_decay, betas, eps)
     return optimizer, pieces
 
 

@@ -221,20 +221,48 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
             if isinstance(t, torch.Tensor))
 
 
+GROUP_BYTES = 64 * 2**20  # the most parameter bytes one foreach AdamW call works on
+
+
 def make_adamw(params: Iterable[nn.Parameter], weight_decay: float,
                betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
     """AdamW with decay on matrices only (not biases, norms): the GPT-2/nanoGPT convention."""
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=True: one multi-tensor call per group instead of a Python loop over tensors.
-    # Its per-element math is the single-tensor algorithm's, so on CPU the result is the
-    # same bit for bit whatever the tensors' shapes or sharding (a sharded optimizer still
-    # matches the single-device one; tests/test_dp_equivalence.py).
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=betas, eps=eps,
-                             foreach=True)
+    return adamw(decay, no_decay, weight_decay, betas, eps)
+
+
+def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], weight_decay: float,
+          betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+    """AdamW over `decay` (with weight decay) and `no_decay` tensors.
+
+    foreach=True: one multi-tensor call per group instead of a Python loop over tensors. Its
+    per-element math is the single-tensor algorithm's, so on CPU the result is the same bit
+    for bit whatever the tensors' shapes or sharding (a sharded optimizer still matches the
+    single-device one; tests/test_dp_equivalence.py). A foreach call makes temporaries as
+    large as all the tensors it is given, so the tensors are split into groups of at most
+    GROUP_BYTES: a 100M-parameter shard steps with 64 MiB of temporaries, not 400 MB.
+    """
+    groups = [{"params": chunk, "weight_decay": decay_rate}
+              for tensors, decay_rate in ((decay, weight_decay), (no_decay, 0.0))
+              for chunk in _chunks(tensors, GROUP_BYTES)]
+    # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
+    groups = groups or [{"params": [], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
+
+
+def _chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    chunks: list[list[torch.Tensor]] = []
+    size = limit
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(t)
+        size += nbytes
+    return chunks
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
