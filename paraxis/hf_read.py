@@ -4,9 +4,11 @@
     rows = reader.region("blocks.0.attn.q.weight", (slice(0, 32), slice(None)))
     cfg, state = read_hf("path/to/hf-dir")     # every full tensor, for one process
 
-A rank that owns a TP slice or a ZeRO-3 shard reads only that region from disk
-(`safe_open(...).get_slice`), never the full tensor, so loading a model costs each rank its
-share, not a whole copy. Only safetensors are read: unpickling a `pytorch_model.bin` can
+A rank that owns a TP slice or a ZeRO-3 shard reads only that region
+(`safe_open(...).get_slice` on a memory map), never materializing the full tensor, so loading
+a model costs each rank its share plus, for a moment, the file pages of one tensor: a range of
+rows touches only the pages that hold it, a range of columns the pages of every row (a
+stored row is contiguous). Only safetensors are read: unpickling a `pytorch_model.bin` can
 execute code.
 """
 
@@ -56,17 +58,14 @@ class HFReader:
 
     def region(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         """Exactly `full_tensor[index]` for paraxis parameter `name` (one slice of step 1 per
-        dim; missing trailing dims are whole), read from disk alone. The result owns its
-        memory, allocated by torch, and keeps the stored dtype."""
+        dim; missing trailing dims are whole), without reading the rest of the tensor. The
+        result owns its memory, allocated by torch, and keeps the stored dtype."""
         if name not in self.shapes:
             raise ParaxisError(f"{self.path}: the model has no parameter {name!r}; names are "
                                f"like {self.names[0]!r} (see HFReader.names)")
         index = _concrete(name, index, self.shapes[name])
         source = self._sources[name]
-        piece = self._files.read(source.name, their_index(source, index))
-        # clone: the bytes safetensors returns live outside torch's allocator
-        return (piece.t() if source.transposed else piece).clone(
-            memory_format=torch.contiguous_format)
+        return self._files.read(source.name, their_index(source, index), source.transposed)
 
     def full(self, name: str) -> torch.Tensor:
         """The whole parameter `name`: `region` over every dim."""
@@ -105,7 +104,11 @@ def _concrete(name: str, index: tuple[slice, ...], shape: tuple[int, ...]
 
 
 class _Files:
-    """The tensors of model.safetensors or of the shards an index names, by their name."""
+    """The tensors of model.safetensors or of the shards an index names, by their name.
+
+    Every read opens its file afresh and closes it before returning: the pages a read
+    touches leave the process with the mapping, so a rank loading region after region holds
+    its regions, not the file pages it passed through."""
 
     def __init__(self, path: Path) -> None:
         if (path / INDEX_FILE).is_file():
@@ -126,7 +129,11 @@ class _Files:
             raise ParaxisError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}; save the "
                                "model with safetensors")
         self.used: set[str] = set()
-        self.open_files: dict[Path, safe_open] = {}
+        self.stored_shapes: dict[str, tuple[int, ...]] = {}  # from the headers: no data read
+        for file in sorted(set(self.where.values())):
+            handle = _open(file)
+            for name in sorted(n for n, f in self.where.items() if f == file):
+                self.stored_shapes[name] = tuple(_get_slice(handle, file, name).get_shape())
 
     def has(self, name: str) -> bool:
         return name in self.where
@@ -136,19 +143,24 @@ class _Files:
         if name not in self.where:
             raise ParaxisError(f"{self.listing}: tensor {name!r} is missing; is the checkpoint "
                                "complete and does config.json describe it?")
-        stored = tuple(self._slice(name).get_shape())
-        if stored != shape:
-            raise ParaxisError(f"{self.where[name]}: tensor {name!r} has shape {stored}, but "
-                               f"config.json implies {shape}")
+        if self.stored_shapes[name] != shape:
+            raise ParaxisError(f"{self.where[name]}: tensor {name!r} has shape "
+                               f"{self.stored_shapes[name]}, but config.json implies {shape}")
         self.used.add(name)
 
-    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        """Region `index` (concrete slices; () for all) of tensor `name`, read alone."""
-        try:
-            return self._slice(name)[index]
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
-            raise ParaxisError(f"{self.where[name]}: cannot read tensor {name!r}: {error}"
-                               ) from None
+    def read(self, name: str, index: tuple[slice, ...], transposed: bool = False
+             ) -> torch.Tensor:
+        """Region `index` (concrete slices; () for all) of tensor `name`, read alone, as a
+        contiguous tensor of torch's allocator (the transpose of the region if asked)."""
+        file = self.where[name]
+        with _open(file) as handle:
+            try:
+                piece = _get_slice(handle, file, name)[index]
+            except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+                raise ParaxisError(f"{file}: cannot read tensor {name!r}: {error}") from None
+            # copied before the file closes: the piece is a view of its memory map
+            return (piece.t() if transposed else piece).clone(
+                memory_format=torch.contiguous_format)
 
     def check_all_used(self) -> None:
         left = sorted(n for n in set(self.where) - self.used if not n.endswith(IGNORED_SUFFIXES))
@@ -156,27 +168,22 @@ class _Files:
             raise ParaxisError(f"{self.where[left[0]]}: tensor {left[0]!r} (and {len(left) - 1} "
                                "more) has no place in the model config.json describes")
 
-    def _slice(self, name: str) -> Any:  # safetensors.PySafeSlice, which has no type stub
-        file = self.where[name]
-        if file not in self.open_files:
-            self.open_files[file] = _open(file)
-        try:
-            return self.open_files[file].get_slice(name)
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
-            raise ParaxisError(f"{file}: cannot read tensor {name!r}: {error}") from None
+
+def _get_slice(handle: safe_open, file: Path, name: str) -> Any:  # safetensors' PySafeSlice
+    try:
+        return handle.get_slice(name)
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+        raise ParaxisError(f"{file}: cannot read tensor {name!r}: {error}") from None
 
 
 def _open(file: Path) -> safe_open:
-    """A safetensors handle (no pickle) that reads the bytes asked for with pread(2) where
-    safetensors offers it (0.8+): a memory map would keep every page read resident."""
+    """A memory-mapped safetensors handle (no pickle): a region read touches only the pages
+    that hold it. (safetensors 0.8's `backend="pread"` reads a whole tensor for any slice.)"""
     from safetensors import safe_open
 
     if not file.is_file():
         raise ParaxisError(f"{file} does not exist; the index names it as a shard")
     try:
-        try:
-            return safe_open(file, framework="pt", backend="pread")
-        except TypeError:  # safetensors < 0.8 has no backend argument and always maps
-            return safe_open(file, framework="pt")
+        return safe_open(file, framework="pt")
     except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
         raise ParaxisError(f"{file} is not a readable safetensors file: {error}") from None
