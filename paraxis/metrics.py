@@ -2,7 +2,7 @@
 
 - MFU: model FLOPs per token from the planner's formula (`plan.compute`), so the run and the
   plan never count differently, over the peak FLOP/s of the device the run is on.
-- Peak memory: this rank's, and the largest over all ranks on logging steps.
+- Peak memory: this rank's, and every rank's (with the largest) on logging steps.
 
 Records go to a JSON-lines file and, when asked, TensorBoard event files (rank 0 only).
 """
@@ -41,6 +41,21 @@ def max_over_ranks(value: int) -> int:
         tensor = tensor.cuda()
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor)
+
+
+def over_ranks(value: int) -> list[int]:
+    """`value` of every rank, in rank order (one small all-gather; call on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [value]
+    tensor = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    gathered = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [int(t) for t in gathered]
 
 
 def print_model_states(states: dict[str, int], rank: int, world: int) -> None:

@@ -111,7 +111,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0
           ) -> list[dict]:
-    from paraxis.metrics import MetricsSink, device_peak_flops, max_over_ranks, peak_memory_bytes
+    from paraxis.metrics import MetricsSink, device_peak_flops, over_ranks, peak_memory_bytes
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
     from paraxis.runtime import faults
@@ -161,7 +161,9 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
             done = step + 1
             logging = step % log.log_every == 0 or done == train.steps
             if logging:
-                record["peak_mem_bytes_max_rank"] = max_over_ranks(record["peak_mem_bytes"])
+                peaks = over_ranks(record["peak_mem_bytes"])
+                record["peak_mem_bytes_by_rank"] = peaks
+                record["peak_mem_bytes_max_rank"] = max(peaks)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == train.steps):
                 record["val_loss"] = _evaluate(cfg, engine, data, groups, device)
             if problem:

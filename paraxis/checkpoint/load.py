@@ -47,7 +47,6 @@ class CheckpointReader:
         self.pieces: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for piece in self.manifest.get("pieces", []):
             self.pieces[(piece["kind"], piece["name"])].append(piece)
-        self._open: dict[str, Any] = {}
         self._verified: set[str] = set()  # files whose checksum some rank has checked
         self._cached: tuple[tuple[str, str], torch.Tensor] | None = None
 
@@ -127,41 +126,45 @@ class CheckpointReader:
         return problems
 
     def rank_tensor(self, rank_file: str, key: str) -> torch.Tensor | None:
-        handle = self._handle(rank_file)
-        return handle.get_tensor(key) if key in handle.keys() else None
+        with self._handle(rank_file) as handle:
+            return handle.get_tensor(key) if key in handle.keys() else None
 
     def _slice(self, piece: dict[str, Any], lo: int, hi: int) -> torch.Tensor:
         """Elements [lo, hi) of a saved piece, flattened, read without the rest of it (a
         whole parameter is saved in its shape: the rows that hold the range are read)."""
-        handle = self._handle(piece["file"])
         try:
-            saved = handle.get_slice(piece["key"])
-            shape = saved.get_shape()
-            row = math.prod(shape[1:])
-            first, last = lo // row, -(-hi // row)
-            return saved[first:last].reshape(-1)[lo - first * row:hi - first * row]
+            with self._handle(piece["file"]) as handle:
+                saved = handle.get_slice(piece["key"])
+                row = math.prod(saved.get_shape()[1:])
+                first, last = lo // row, -(-hi // row)
+                return saved[first:last].reshape(-1)[lo - first * row:hi - first * row]
+        except ParaxisError:
+            raise
         except Exception as error:  # noqa: BLE001 - safetensors raises several kinds
             raise ParaxisError(f"{self.directory / piece['file']}: cannot read "
                                f"{piece['key']} ({error})") from None
 
     def _tensor(self, piece: dict[str, Any]) -> torch.Tensor:
-        handle = self._handle(piece["file"])
         try:
-            return handle.get_tensor(piece["key"])
+            with self._handle(piece["file"]) as handle:
+                return handle.get_tensor(piece["key"])
+        except ParaxisError:
+            raise
         except Exception as error:  # noqa: BLE001 - safetensors raises several kinds
             raise ParaxisError(f"{self.directory / piece['file']}: cannot read "
                                f"{piece['key']} ({error})") from None
 
-    def _handle(self, name: str) -> Any:  # a safetensors file handle
-        if name not in self._open:
-            from safetensors import safe_open
+    def _handle(self, name: str) -> Any:
+        """A safetensors handle (a context manager) on a checked file. Handles are not kept:
+        an open file stays memory-mapped, and the pages it touched would count as this
+        process's memory until it closed."""
+        from safetensors import safe_open
 
-            path = self._check_file(name)
-            try:
-                self._open[name] = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as error:  # noqa: BLE001
-                raise ParaxisError(f"{path} is not a safetensors file ({error})") from None
-        return self._open[name]
+        path = self._check_file(name)
+        try:
+            return safe_open(str(path), framework="pt", device="cpu")
+        except Exception as error:  # noqa: BLE001
+            raise ParaxisError(f"{path} is not a safetensors file ({error})") from None
 
     def _check_file(self, name: str) -> Path:
         """The file's path once it is listed, present, of its size and (unless some rank

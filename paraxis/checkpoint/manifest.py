@@ -3,7 +3,8 @@
     runs/x/checkpoints/step-00000010/
         manifest.json           format, step, layout, model, data position, files, pieces
         config.toml             the resolved run config (reads back with --config)
-        rank-00000.safetensors  the pieces rank 0 owns (+ its RNG state)
+        rank-00000.safetensors  the pieces rank 0 owns (+ its RNG state) ...
+        rank-00000-1.safetensors  ... in files of at most 256 MiB of pieces each
         ...
 
 `manifest.json` is written last, inside a temporary directory that is then renamed into

@@ -3,7 +3,8 @@
     save_checkpoint(engine, root, step, model_cfg, config_toml)   # on every rank
 
 1. rank 0 creates `root/step-N.tmp/` (clearing a stale one a crash left behind);
-2. each rank writes `rank-R.safetensors`: the pieces it owns (`entries.Entry.owner`, so a
+2. each rank writes `rank-R.safetensors` (and `rank-R-1.safetensors`, ... past 256 MiB: one
+   file's worth is copied at a time): the pieces it owns (`entries.Entry.owner`, so a
    replicated tensor is written once) and its RNG state;
 3. rank 0 gathers every rank's piece list and checksum, writes `manifest.json` and
    `config.toml`, and renames the directory to `step-N`: the rename is the commit, so a crash
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from paraxis.checkpoint.entries import optimizer_steps
+from paraxis.checkpoint.entries import Entry, optimizer_steps
 from paraxis.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -43,8 +44,26 @@ if TYPE_CHECKING:
 FAIL_ENV = "PARAXIS_TEST_DIE_DURING_SAVE"
 
 
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.safetensors"
+FILE_BYTES = 256 * 2**20  # the most piece bytes one file holds (a rank writes several)
+
+
+def rank_file(rank: int, part: int = 0) -> str:
+    """The rank's first file (which also holds its RNG state), or its part-th."""
+    return f"rank-{rank:05d}.safetensors" if part == 0 else f"rank-{rank:05d}-{part}.safetensors"
+
+
+def _groups(entries: list[Entry], limit: int) -> list[list[Entry]]:
+    """Consecutive entries in groups of at most `limit` bytes (one entry may exceed it)."""
+    groups: list[list[Entry]] = [[]]
+    size = 0
+    for entry in entries:
+        nbytes = entry.tensor.numel() * entry.tensor.element_size()
+        if groups[-1] and size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(entry)
+        size += nbytes
+    return groups
 
 
 def save_checkpoint(engine: Engine, root: str | Path, step: int,
@@ -66,17 +85,25 @@ def save_checkpoint(engine: Engine, root: str | Path, step: int,
     _barrier()
 
     entries = [e for e in engine.checkpoint_entries() if e.owner]
-    # A copy of each piece: ZeRO's parameters are views of one flat buffer, and safetensors
-    # stores tensors that share memory only once.
-    tensors = {e.key: e.tensor.detach().to("cpu", copy=True).contiguous() for e in entries}
-    tensors["rng/torch"] = torch.get_rng_state()
-    if torch.cuda.is_available() and engine.device.type == "cuda":
-        tensors["rng/cuda"] = torch.cuda.get_rng_state(engine.device)
-    name = rank_file(rank)
-    _write_tensors(tensors, tmp / name)
+    files = []
+    pieces = []
+    for part, group in enumerate(_groups(entries, FILE_BYTES)):
+        # A copy of each piece: ZeRO's parameters are views of one flat buffer, and
+        # safetensors stores tensors that share memory only once. One file's worth at a time,
+        # so saving needs at most FILE_BYTES on top of what the rank holds.
+        tensors = {e.key: e.tensor.detach().to("cpu", copy=True).contiguous() for e in group}
+        if part == 0:
+            tensors["rng/torch"] = torch.get_rng_state()
+            if torch.cuda.is_available() and engine.device.type == "cuda":
+                tensors["rng/cuda"] = torch.cuda.get_rng_state(engine.device)
+        name = rank_file(rank, part)
+        _write_tensors(tensors, tmp / name)
+        del tensors
+        files.append({"file": name, "sha256": sha256_of(tmp / name),
+                      "bytes": (tmp / name).stat().st_size})
+        pieces += [{**e.describe(), "file": name, "key": e.key} for e in group]
     _maybe_die(step, rank)
-    mine = {"file": name, "sha256": sha256_of(tmp / name), "bytes": (tmp / name).stat().st_size,
-            "pieces": [{**e.describe(), "file": name, "key": e.key} for e in entries]}
+    mine = {"files": files, "pieces": pieces}
     gathered = _gather(mine)
 
     if rank == 0:
@@ -84,8 +111,8 @@ def save_checkpoint(engine: Engine, root: str | Path, step: int,
             "format": FORMAT, "version": VERSION, "step": step,
             "optimizer_steps": optimizer_steps(engine.optimizer), "has_optimizer": True,
             "layout": str(engine.layout), "world_size": len(gathered), "model": model,
-            "files": {g["file"]: {"sha256": g["sha256"], "bytes": g["bytes"]}
-                      for g in gathered},
+            "files": {f["file"]: {"sha256": f["sha256"], "bytes": f["bytes"]}
+                      for g in gathered for f in g["files"]},
             "pieces": [p for g in gathered for p in g["pieces"]],
             # fp16's dynamic loss scale (the same on every rank), so a resume keeps it
             "loss_scaler": (engine.loss_scaler.state_dict() if engine.loss_scaler is not None

@@ -65,10 +65,13 @@ class GradReducer:
         self.record = False  # when True, `events` gets (kind, index, grads_seen, time)
         self.events: list[tuple[str, int, int, float]] = []
         self._unit_of: dict[int, int] = {}
+        self._start_of: dict[int, int] = {}  # where a parameter starts in its unit's flat
         for index, unit in enumerate(units):
-            for p in unit.params:
+            for p, start, _ in unit.spans():
                 self._unit_of[id(p)] = index
+                self._start_of[id(p)] = start
         self._grads_seen = 0
+        self._flats: dict[int, torch.Tensor] = {}  # ZeRO-2/3: unit -> its flat gradient
         self._ready = [0] * len(units)
         self._complete = [False] * len(units)
         self._next_launch = 0
@@ -116,15 +119,51 @@ class GradReducer:
         self._grads_seen += 1
         if self.record:
             self.events.append(("grad", index, self._grads_seen, time.perf_counter()))
+        if self.shard_grads and self.sync:
+            self._into_flat(index, param)
         self._ready[index] += 1
         if self._ready[index] < len(self.units[index].params):
             return
         self._ready[index] = 0
+        # ZeRO-3 frees the unit's gathered parameters first: the gradients no longer need
+        # them, and the memory is free before the collective's buffers are made.
+        if self.on_unit_backward_done is not None:
+            self.on_unit_backward_done(index)
         if self.sync:
             self._complete[index] = True
             self._launch_ready()
-        if self.on_unit_backward_done is not None:
-            self.on_unit_backward_done(index)
+
+    def _into_flat(self, index: int, param: torch.Tensor) -> None:
+        """ZeRO-2/3: move a finished gradient into its unit's flat buffer as it arrives, so a
+        unit's gradients never exist twice (autograd's and the flat copy) beyond one
+        parameter's. A unit of one parameter (an embedding, an LM head) needs no copy at all:
+        its gradient is the flat buffer."""
+        unit = self.units[index]
+        flat = self._flats.get(index)
+        if flat is None:
+            if len(unit.params) == 1 and unit.padded_numel == unit.numel \
+                    and param.grad.is_contiguous():
+                self._flats[index] = param.grad.view(-1)
+                param.grad = None
+                return
+            flat = self._flats[index] = torch.zeros(unit.padded_numel, dtype=unit.dtype,
+                                                    device=unit.device)
+        start = self._start_of[id(param)]
+        flat[start:start + param.numel()].copy_(param.grad.reshape(-1))
+        param.grad = None
+
+    def _take_flat(self, index: int) -> torch.Tensor:
+        """The unit's flat gradient, with any gradient that did not arrive through a hook in
+        this microstep (accumulated earlier, or never) added in."""
+        unit = self.units[index]
+        flat = self._flats.pop(index, None)
+        if flat is None:
+            flat = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+        for p, start, end in unit.spans():
+            if p.grad is not None:
+                flat[start:end].add_(p.grad.reshape(-1))
+                p.grad = None
+        return flat
 
     def _launch_ready(self) -> None:
         while self._next_launch < len(self.units) and self._complete[self._next_launch]:
@@ -136,9 +175,7 @@ class GradReducer:
         if self.record:
             self.events.append(("launch", index, self._grads_seen, time.perf_counter()))
         if self.shard_grads:
-            flat = unit.flatten_grads(unit.dtype)
-            for p in unit.params:
-                p.grad = None  # the flat copy holds them until the reduce-scatter is done
+            flat = self._take_flat(index)
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
             # Each reduce-scatter holds a full flat copy of its unit's gradients until it is

@@ -276,7 +276,7 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
 
 def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_rank: int,
                  device: torch.device) -> tuple[list[FlatUnit], list[UnitHooks]]:
-    """ZeRO-3 units in forward order (embedding, one per block, final norm with head) and
+    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head) and
     their hooks, then a root unit for whatever is left (used at both ends of the step: a tied
     embedding and head, or a whole pipeline stage until ZeRO-3 with pipelines shards it)."""
     wanted = {id(p) for p in params}
@@ -303,7 +303,10 @@ def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_
         for block in model.blocks:
             add([block], UnitHooks(block, block))
         if model.has_head and not tied:
-            add([model.norm_f, model.lm_head], UnitHooks(model.norm_f, model.lm_head))
+            # separate units: the LM head's gradient is then a unit's whole flat gradient
+            # (no copy), and its gathered weight goes as soon as that gradient exists
+            add([model.norm_f], UnitHooks(model.norm_f, model.norm_f))
+            add([model.lm_head], UnitHooks(model.lm_head, model.lm_head))
     rest = [p for p in params if id(p) not in taken]
     if rest:
         units.append(FlatUnit(rest, dp_size, dp_rank, device))

@@ -4,7 +4,7 @@
   as views into the flat parameter storage and the gradient shard, so Adam's moments exist for
   1/N_d of the parameters and the update writes straight into the parameters.
 - `ParamGatherer` (ZeRO-3, sec. 5.3): each unit (the embedding, each transformer block, the
-  final norm with the head; or one root unit for a tied embedding and head) keeps only its
+  final norm, the LM head; or one root unit for a tied embedding and head) keeps only its
   parameter shard. Its full parameters are all-gathered just before its forward, freed after
   it, gathered again when the gradient reaches the unit's output (the start of its backward;
   never for the embedding, whose backward needs only the token ids) and freed once all its

@@ -62,16 +62,14 @@ def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> N
     """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
     cut for this layout; the optimizer and the schedule start fresh."""
     from paraxis.checkpoint.manifest import check_model
-    from paraxis.checkpoint.pieces import FullSource, fill_entries
+    from paraxis.checkpoint.pieces import RegionSource, fill_entries
 
     if (Path(path) / "config.json").is_file():
-        from paraxis.hf import read_hf
+        from paraxis.hf import HFReader
 
-        hf_cfg, state = read_hf(path)
-        check_model({"model": hf_cfg.to_dict()}, model_cfg.to_dict(), Path(path))
-        shapes = {name: tuple(tensor.shape) for name, tensor in state.items()}
-        fill_entries(engine, FullSource(lambda kind, name: state[name], shapes), ("param",),
-                     path)
+        reader = HFReader(path)  # reads headers only; each rank then reads just its pieces
+        check_model({"model": reader.cfg.to_dict()}, model_cfg.to_dict(), Path(path))
+        fill_entries(engine, RegionSource(reader.region, reader.shapes), ("param",), path)
     else:
         load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
 

@@ -10,10 +10,11 @@
 Resident memory (RSS) mixes tensors with the interpreter, libraries, gloo's buffers and what
 the C allocator keeps after a free, so it cannot say whether a rank ever held a full copy of
 the model. The PyTorch profiler's memory events can: with `profile_memory=True` every tensor
-allocation and free on the CPU allocator is recorded with the running total of bytes
-allocated since profiling started. The total counts tensors made inside the block only, and a
-tensor made before the block is not subtracted when it is freed inside it, so the meter
-must span the whole life of what it measures (construction, loading and the steps).
+allocation and free on the CPU allocator is recorded with its address and size, and the
+running total is summed from them. It counts tensors made inside the block only (a tensor
+made before the block is not subtracted when it is freed inside it), so the meter
+must span the whole life of what it measures (construction, loading and the steps). Frees
+made by another thread (a collective's worker) are not seen either: the count errs high.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class TensorBytes:
         self.peak = 0
         self.final = 0  # bytes still alive when the block ended
         self.peaks: dict[str, int] = {}  # phase -> peak while it ran
+        self.starts: dict[str, int] = {}  # phase -> bytes alive when it began
         self._phases: list[str] = []
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
 
@@ -59,8 +61,23 @@ class TensorBytes:
             path = Path(folder) / "trace.json"
             self._profile.export_chrome_trace(str(path))
             events = json.loads(path.read_text())["traceEvents"]
-        memory = sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
-                        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
+        raw = sorted((e["ts"], e["args"]["Ev Idx"], e["args"]["Addr"], e["args"]["Bytes"])
+                     for e in events
+                     if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
+        # The running total is kept here, by address, from this block's events alone: the
+        # allocator's own total persists between profiling sessions and goes wrong once a
+        # tensor made in one is freed outside any; a free of a tensor made before the block
+        # is ignored.
+        live: dict[int, int] = {}
+        total = 0
+        memory = []
+        for ts, _, address, size in raw:
+            if size > 0:
+                live[address] = size
+                total += size
+            elif address in live:
+                total -= live.pop(address)
+            memory.append((ts, total))
         self.peak = max((total for _, total in memory), default=0)
         self.final = memory[-1][1] if memory else 0
         for event in events:
@@ -69,4 +86,6 @@ class TensorBytes:
                 start, end = event["ts"], event["ts"] + event["dur"]
                 before = [total for ts, total in memory if ts < start]
                 inside = [total for ts, total in memory if start <= ts <= end]
-                self.peaks[name.split(":", 1)[1]] = max(inside + before[-1:], default=0)
+                phase = name.split(":", 1)[1]
+                self.starts[phase] = before[-1] if before else 0
+                self.peaks[phase] = max(inside + before[-1:], default=0)
