@@ -46,9 +46,11 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
     import torch
 
     from paraxis.cli import run_guarded
+    from paraxis.runtime.host_memory import return_freed_memory
 
     if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
         torch.set_num_threads(1)
+        return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
     returned: list[Any] = []
     code = run_guarded(lambda: returned.append(fn(*args)), debug=debug)
     if code:
