@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paraxis.attention_kernel import AttentionKernel, get_kernel
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
@@ -114,6 +115,20 @@ def _rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
     return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
 
 
+def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
+                hbm: float, measured: bool, kernel: AttentionKernel) -> tuple[float, float]:
+    """(forward, backward) seconds per token of the attention core. A measured rate
+    (a calibration, `paraxis.calibrate.kernels.attention_rate`) is in the planner's count,
+    3 x `scores` forward + backward. Unmeasured, the core runs at the GEMM rate on the score
+    entries its kernel computes (flash skips the causal mask's upper half), with its backward
+    ratio; the math kernel also moves its scores through memory (`score_bytes`)."""
+    traffic = score_bytes / hbm if kernel.keeps_scores else 0.0
+    if measured:
+        return scores / measured_rate + traffic, 2 * (scores / measured_rate + traffic)
+    forward = kernel.causal_fraction * scores / gemm_rate
+    return forward + traffic, kernel.backward_ratio * forward + 2 * traffic
+
+
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
                 precision: Precision = MIXED_ADAM) -> dict[str, float]:
@@ -134,17 +149,20 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
             cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
-    forward = (weights / rate + scores / attention_rate
-               + (hidden_bytes + score_bytes) / hbm) * tokens
+    core_forward, core_backward = _core_times(scores, score_bytes, rate, attention_rate, hbm,
+                                              gpu.attention_flops > 0,
+                                              get_kernel(gpu.attention_kernel))
+    dense = (weights / rate + hidden_bytes / hbm) * tokens
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
-        forward += gpu.layer_overhead_s / 3 / cluster.compute_share
+        dense += gpu.layer_overhead_s / 3 / cluster.compute_share
+    forward = dense + core_forward * tokens
     recompute = {"none": 0.0, "full": forward,
-                 "selective": (scores / attention_rate + score_bytes / hbm) * tokens
-                 }[layout.recompute]
-    # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
-    backward = 2 * forward + recompute
+                 "selective": core_forward * tokens}[layout.recompute]
+    # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
+    # has it, plus the recomputed forward.
+    backward = 2 * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
     boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
@@ -205,7 +223,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
-    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
+    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
+                           gpu.attention_kernel)
     tokens_per_microbatch = micro_batch * seq_len
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,

@@ -16,6 +16,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
+      "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
@@ -40,6 +41,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 
 
@@ -68,6 +70,9 @@ class GPU:
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
     # shard size. 0: not measured (datasheet presets, older profiles): not priced.
     layer_overhead_s: float = 0.0
+    # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
+    # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
+    attention_kernel: str = RUNTIME_KERNEL.name
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
@@ -113,6 +118,9 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.gpu.attention_kernel not in KERNELS:
+            raise ParaxisError(f"attention_kernel={self.gpu.attention_kernel!r} is unknown; "
+                               f"use {' or '.join(KERNELS)}")
 
     @property
     def compute_share(self) -> float:
