@@ -121,7 +121,7 @@ def predict(run: Run) -> tuple[float, str]:
     cluster = build_cluster("a100-80gb", run.gpus, 8, {"attention_kernel": "math"})
     dp = run.gpus // (run.tp * run.pp)
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
-    virtual: tuple[int, ...] = (2, 4)
+    virtual: tuple[int, ...] | None = None  # the planner's own choice of depth
     if run.pp > 1 and run.virtual_stages is not None:
         schedules = ("1f1b",) if run.virtual_stages == 1 else ("interleaved",)
         virtual = (run.virtual_stages,)

@@ -9,11 +9,12 @@ calibration measured a collective for the group's size on a node as full as this
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
+from paraxis.layout import Layout, grid_rank
 from paraxis.plan.hardware import Cluster
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -83,8 +84,14 @@ def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) ->
 
 def group_ranks(layout: Layout, axis: str) -> list[int]:
     """The ranks of rank 0's group along `axis`, from the Layout's rank grid (all groups of an
-    axis have the same shape, so one stands for all)."""
-    return layout.group_of(0, axis)
+    axis have the same shape, so one stands for all): rank 0 moved along that axis alone."""
+    return list(_axis_ranks(tuple(layout.degrees.items()), axis))
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_ranks(degrees: tuple[tuple[str, int], ...], axis: str) -> tuple[int, ...]:
+    # a search asks for the same few grids thousands of times
+    return tuple(grid_rank(dict(degrees), {axis: index}) for index in range(dict(degrees)[axis]))
 
 
 def _nearest(keys: list[str], want: int) -> str:

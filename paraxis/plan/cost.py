@@ -81,6 +81,7 @@ class Estimate:
     mfu: float
     hfu: float
     notes: list[str] = field(default_factory=list)
+    seq_len: int = 0  # tokens per sequence it was priced for
 
     @property
     def fits(self) -> bool:
@@ -308,4 +309,4 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         notes.append("TP group crosses nodes: its all-reduces run over the network")
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
-                    flops["hardware"] / (step * peak_total), notes)
+                    flops["hardware"] / (step * peak_total), notes, seq_len)

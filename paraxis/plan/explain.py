@@ -8,12 +8,12 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 from __future__ import annotations
 
 from paraxis.model_config import ModelConfig
-from paraxis.plan.comm import axis_link
+from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
 from paraxis.plan.precision import MIXED_ADAM, Precision
-from paraxis.plan.search import SearchResult
+from paraxis.plan.search import SearchResult, too_big_reason
 
 GB = 1e9
 
@@ -47,13 +47,18 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         link = axis_link(layout, "tp", cluster)
         where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
         lines.append(
-            f"TP={layout.tp} lives {where} at {link.cost('all_reduce')[0] / GB:.3g} GB/s: its 4 "
+            f"TP={layout.tp} lives {where} at {link_speed(link, cluster)}: its 4 "
             f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
             f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
             f"exposed, paid for by splitting every matrix {layout.tp} ways.")
+    elif not best.fits:
+        lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
     else:
-        lines.append("No TP: the model fits without splitting matrices, so no per-layer "
-                      "collectives sit on the critical path.")
+        how = (f"with ZeRO-3 sharding its states over dp={layout.dp}" if layout.zero == 3
+               else "replicated")
+        lines.append(f"No TP: the model fits {how} ({best.memory['total'] / GB:.1f} of "
+                     f"{limit:.0f} GB per GPU) without splitting matrices, so no per-layer "
+                     "collectives sit on the critical path.")
     if layout.pp > 1:
         link = axis_link(layout, "pp", cluster)
         lines.append(
@@ -67,7 +72,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
         lines.append(
             f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
-            f"traffic over {'the network' if link.crosses_nodes else intra}, "
+            f"traffic over {'the network' if link.crosses_nodes else intra} at "
+            f"{link_speed(link, cluster)}, "
             f"{time['dp']:.2f} s of it exposed.")
     mem = best.memory
     lines.append(
@@ -79,6 +85,17 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines += _rivals(best, result, alternatives)
         lines += _node_sized_tp(best, result, cluster.gpus_per_node, lines)
     return lines
+
+
+def link_speed(link: Link, cluster: Cluster) -> str:
+    """A link's speed as datasheets state it (per GPU, one direction), then what the model
+    expects collectives to reach on it (after `link_efficiency`), or the calibrated figure."""
+    bandwidth, _ = link.cost("all_reduce")
+    if link.measured:
+        return f"{bandwidth / GB:.3g} GB/s per rank (measured by a calibration)"
+    efficiency = cluster.gpu.link_efficiency
+    return (f"{bandwidth / efficiency / GB:.3g} GB/s per GPU each way ({bandwidth / GB:.3g} "
+            f"GB/s achieved at link_efficiency {efficiency:g})")
 
 
 def _rivals(best: Estimate, result: SearchResult, count: int) -> list[str]:
