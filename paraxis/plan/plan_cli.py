@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                                "ZeRO/recompute, or shorten --seq-len")
         layouts = result.top(args.top)
         best = layouts[0]
-    lines = explain(cfg, cluster, best, result, precision)
+    lines = explain(cfg, cluster, best, result, precision, overlap=overlap)
     if args.json:
         print(json.dumps(plan_document(cfg, cluster, seq_len, args.global_batch, precision,
                                        overlap, layouts, lines, result), indent=2))
