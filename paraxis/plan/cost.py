@@ -36,6 +36,7 @@ from paraxis.plan.comm import (
     dp_sync_time,
     tp_layer_exposed_time,
     tp_layer_time,
+    zero3_layer_times,
 )
 from paraxis.plan.compute import (
     head_forward_traffic_per_token_eager,
@@ -52,18 +53,26 @@ from paraxis.plan.precision import MIXED_ADAM, Precision
 
 @dataclass(frozen=True)
 class Overlap:
-    """Which communication hides behind compute (True) or adds to the step (False)."""
+    """Which communication hides behind compute (True) or adds to the step (False).
+
+    dp: DDP-style gradient buckets (ZeRO-0/1: behind the last microbatch's backward; ZeRO-2:
+    behind every backward). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
+    layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
+    behind the whole step. tp: the backward's TP collectives behind the weight-gradient
+    GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    """
 
     dp: bool = True
-    tp: bool = True  # backward only: forward TP collectives always block the next GEMM
+    tp: bool = True
     pp: bool = False
+    zero3_prefetch: bool = True
     # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
     # they overlap. This fraction of every hidden second still lands on the step.
     contention: float = 0.2
 
 
 DEFAULT_OVERLAP = Overlap()
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False)
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
@@ -276,11 +285,20 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                          seq_len)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts))
-    if overlap.dp:
-        # ZeRO-3 prefetches behind all compute; ZeRO-2's per-microbatch reduce-scatter behind
-        # every backward; ZeRO-0/1's single all-reduce behind the last backward only.
-        window = {3: layout.microbatches * slot_compute,
-                  2: layout.microbatches * t_backward}.get(layout.zero, t_backward)
+    if layout.zero == 3 and layout.dp > 1 and overlap.zero3_prefetch:
+        # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
+        # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
+        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), layout.dp,
+                                               dp_link, precision.grad_bytes,
+                                               precision.param_bytes)
+        pairs = ((gather_f, layer["forward"]), (gather_b, layer["backward"]))
+        per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
+                        for comm, window in pairs)
+        dp_exposed = layout.microbatches * max(counts) * per_layer
+    elif overlap.dp and layout.zero < 3:
+        # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
+        # all-reduce behind the last backward only.
+        window = layout.microbatches * t_backward if layout.zero == 2 else t_backward
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp

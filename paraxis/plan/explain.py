@@ -44,7 +44,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"Fits in one node? sharded over its {node} GPUs (ZeRO-3 or TP x PP) the states take "
         f"{per_gpu_in_node:.1f} GB per GPU: {'yes' if per_gpu_in_node < limit else 'no'}.")
     # a calibrated CPU node's ranks talk through the kernel's loopback, not NVLink
-    intra = "loopback (gloo)" if cluster.cores_per_node else "NVLink"
+    intra = ("loopback (gloo)" if cluster.cores_per_node else
+             "NVLink" if gpu.nvlink_bandwidth_Bps > 64e9 else "PCIe")
     if layout.tp > 1:
         link = axis_link(layout, "tp", cluster)
         where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
@@ -98,11 +99,19 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
 
 
 def link_speed(link: Link, cluster: Cluster) -> str:
-    """A link's speed as datasheets state it (per GPU, one direction), then what the model
-    expects collectives to reach on it (after `link_efficiency`), or the calibrated figure."""
+    """A link's speed as datasheets state it (per GPU or per NIC, one direction), then what
+    the model expects collectives to reach on it (after `link_efficiency`), or the
+    calibrated figure."""
     bandwidth, _ = link.cost("all_reduce")
     if link.measured:
         return f"{bandwidth / GB:.3g} GB/s per rank (measured by a calibration)"
     efficiency = cluster.gpu.link_efficiency
-    return (f"{bandwidth / efficiency / GB:.3g} GB/s per GPU each way ({bandwidth / GB:.3g} "
-            f"GB/s achieved at link_efficiency {efficiency:g})")
+    if not link.crosses_nodes:
+        return (f"{link.datasheet_Bps / GB:.3g} GB/s per GPU each way ({bandwidth / GB:.3g} "
+                f"GB/s achieved at link_efficiency {efficiency:g})")
+    nics = cluster.nics_per_node or cluster.gpus_per_node
+    used = min(link.per_node, nics)
+    return (f"{used} of the node's {nics} NICs x {cluster.inter_node_bandwidth_Bps / GB:.3g} "
+            f"GB/s each way for its {link.per_node} member(s) per node ({link.algorithm} "
+            f"algorithm; a ring reaches {bandwidth / GB:.3g} GB/s at link_efficiency "
+            f"{efficiency:g})")

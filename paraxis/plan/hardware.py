@@ -19,8 +19,11 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
-      "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
-      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
+      "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
+      "nics_per_node": 8,                 # rails (0: one per GPU)
+      "collective_algorithm": "ring",     # across nodes: ring or hierarchical
+      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,   # per ring step
+      "collective_latency_s": 1e-5,       # per collective call
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
@@ -92,10 +95,16 @@ class Cluster:
     gpu: GPU
     nodes: int = 1
     gpus_per_node: int = 8
-    # 8x 200 Gb/s HDR InfiniBand per 8-GPU node (DGX A100) = 25 GB/s per GPU per direction.
+    # One NIC (rail), one direction: 200 Gb/s HDR InfiniBand = 25 GB/s (DGX A100 has one per
+    # GPU, so this is also per GPU there).
     inter_node_bandwidth_Bps: float = 25e9
-    intra_node_latency_s: float = 5e-6
-    inter_node_latency_s: float = 1e-5
+    nics_per_node: int = 0  # rails; 0: one NIC per GPU (DGX)
+    # Cross-node collectives: "ring" (one flat NCCL ring) or "hierarchical" (inside the node,
+    # then across nodes on each member's rail, then inside again), comm.collective_time.
+    collective_algorithm: str = "ring"
+    intra_node_latency_s: float = 5e-6  # per ring step
+    inter_node_latency_s: float = 1e-5  # per ring step
+    collective_latency_s: float = 0.0  # per collective call: launch and synchronisation
     # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs) ...
     cores_per_node: int = 0
     # ... or the cores they get together where other sessions share the machine (0: all).
@@ -118,6 +127,12 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.collective_algorithm not in ("ring", "hierarchical"):
+            raise ParaxisError(f"collective_algorithm={self.collective_algorithm!r} is "
+                               "unknown; use ring or hierarchical")
+        if self.nics_per_node < 0:
+            raise ParaxisError(f"nics_per_node={self.nics_per_node} must be >= 0 (0: one per "
+                               "GPU)")
         if self.gpu.attention_kernel not in KERNELS:
             raise ParaxisError(f"attention_kernel={self.gpu.attention_kernel!r} is unknown; "
                                f"use {' or '.join(KERNELS)}")
@@ -145,6 +160,37 @@ class Cluster:
 
     def replace(self, **changes: object) -> Cluster:
         return dataclasses.replace(self, **changes)
+
+
+# Clusters as built, the network included (`--cluster NAME`): overrides of the Cluster and
+# GPU fields, from the vendors' reference designs.
+CLUSTERS: dict[str, dict[str, object]] = {
+    # DGX A100: 8 A100-80GB on NVLink 3, 8 x HDR 200 Gb/s InfiniBand rails (NVIDIA DGX A100
+    # user guide / SuperPOD reference architecture).
+    "dgx-a100": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+                 "inter_node_bandwidth_Bps": 25e9, "collective_latency_s": 1e-5},
+    # DGX H100: 8 H100-SXM on NVLink 4, 8 x NDR 400 Gb/s InfiniBand rails (ConnectX-7).
+    "dgx-h100": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+                 "inter_node_bandwidth_Bps": 50e9, "collective_latency_s": 1e-5},
+    # One 100 Gb/s Ethernet NIC per 8-GPU node (RoCE or TCP): every cross-node byte of the
+    # node's GPUs shares 12.5 GB/s, with Ethernet's longer latencies.
+    "ethernet-1nic": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 1,
+                      "inter_node_bandwidth_Bps": 12.5e9, "inter_node_latency_s": 3e-5,
+                      "collective_latency_s": 2e-5},
+    # A PCIe box: 8 GPUs without NVLink (PCIe 4.0 x16, 32 GB/s each way through the host),
+    # one 100 Gb/s NIC.
+    "pcie-box": {"gpu": "l40s", "gpus_per_node": 8, "nics_per_node": 1,
+                 "nvlink_bandwidth_Bps": 32e9, "inter_node_bandwidth_Bps": 12.5e9,
+                 "intra_node_latency_s": 1e-5, "inter_node_latency_s": 3e-5,
+                 "collective_latency_s": 2e-5},
+}
+
+
+def cluster_preset(name: str) -> dict[str, object]:
+    if name not in CLUSTERS:
+        raise ParaxisError(f"unknown cluster {name!r}; choose one of {', '.join(CLUSTERS)} or "
+                           "give --hardware FILE")
+    return dict(CLUSTERS[name])
 
 
 def get_gpu(name: str) -> GPU:

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forbid TP groups that cross nodes")
     limits.add_argument("--no-overlap", action="store_true",
                         help="assume no communication hides behind compute")
+    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "pp"), action="append",
+                        help="this communication does not hide behind compute (repeatable): "
+                        "dp buckets, zero3 prefetch, tp backward; pp: let sends hide")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = given.cluster()
     precision = given.precision_rule()
     seq_len = args.seq_len or cfg.max_seq_len
-    overlap = Overlap(dp=False, tp=False) if args.no_overlap else Overlap()
+    overlap = overlap_rules(args.no_overlap, args.exposed or ())
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     if args.global_batch < 1:
@@ -105,6 +108,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
+
+
+def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
+    """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
+    zero3 or tp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
+    if no_overlap:
+        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+    return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
+                   zero3_prefetch="zero3" not in exposed)
 
 
 def _layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
