@@ -53,3 +53,16 @@ def test_table_4_needs_the_backward_tp_overlap() -> None:
     for sequence_parallel, recompute, _, backward_ms in TABLE_4[:2]:
         _, backward = _layer_ms(sequence_parallel, recompute, Overlap(tp=False))
         assert backward > 1.15 * backward_ms
+
+
+def test_held_out_rows_are_priced_or_say_why() -> None:
+    from bench.heldout_runs import HELD_OUT
+    from bench.validate_heldout import price
+
+    fitted = {run.name for run in RUNS}
+    for run in HELD_OUT:
+        assert run.name not in fitted
+        result = price(run)
+        assert (result.estimate is None) == bool(run.unpriced)
+        if run.out_of_memory:  # what the source reports out of memory must not fit
+            assert result.estimate is not None and not result.estimate.fits
