@@ -21,6 +21,15 @@ def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float
     return weights, scores
 
 
+def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1) -> tuple[tuple[float, float], ...]:
+    """(k, n) of each forward GEMM of one layer on one TP rank (m is the tokens): QKV and
+    MLP-in split their outputs over tp, the output projection and MLP-down their inputs
+    (Shoeybi et al. 2019 Sec. 3). 2 k n FLOPs per token each."""
+    h, f = cfg.d_model, cfg.d_ff
+    mlp_in = f if cfg.style == "gpt2" else 2 * f  # SwiGLU: gate and up
+    return ((h, (h + 2 * cfg.kv_dim) / tp), (h / tp, h), (h, mlp_in / tp), (f / tp, h))
+
+
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator."""
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)

@@ -44,6 +44,7 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
+    layer_gemm_shapes,
     optimizer_traffic_per_param,
 )
 from paraxis.plan.hardware import Cluster
@@ -125,6 +126,23 @@ def _rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
     return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
 
 
+def gemm_efficiency(cluster: Cluster, width: float) -> float:
+    """Fraction of peak a GEMM whose narrower side is `width` reaches (GPU.gemm_half_width)."""
+    gpu = cluster.gpu
+    if not gpu.gemm_half_width:
+        return gpu.matmul_efficiency
+    return gpu.matmul_efficiency * width / (width + gpu.gemm_half_width)
+
+
+def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float) -> float:
+    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape."""
+    if not cluster.gpu.gemm_half_width:
+        return layer_forward_flops_per_token(cfg, 1)[0] / rate
+    peak = cluster.gpu.peak_flops * cluster.compute_share
+    return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
+               for k, n in layer_gemm_shapes(cfg, tp))
+
+
 def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
                 hbm: float, measured: bool, kernel: AttentionKernel) -> tuple[float, float]:
     """(forward, backward) seconds per token of the attention core. A measured rate
@@ -151,7 +169,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len
     rate, attention_rate, hbm = _rates(cluster, layout.tp)
-    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    _, scores = layer_forward_flops_per_token(cfg, seq_len)
     act = precision.activation_bytes
     if gpu.kernels == "eager":
         hidden_bytes = act * layer_forward_traffic_per_token_eager(cfg, layout.tp)
@@ -162,7 +180,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     core_forward, core_backward = _core_times(scores, score_bytes, rate, attention_rate, hbm,
                                               gpu.attention_flops > 0,
                                               get_kernel(gpu.attention_kernel))
-    dense = (weights / rate + hidden_bytes / hbm) * tokens
+    dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate) + hidden_bytes / hbm) * tokens
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
@@ -205,6 +223,9 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     tokens = micro_batch * seq_len
     rate, _, hbm = _rates(cluster, layout.tp)
     gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
+    if cluster.gpu.gemm_half_width:  # shape-aware: the head's narrower side
+        width = min(cfg.d_model, cfg.vocab_size / layout.tp)
+        gemm *= cluster.gpu.matmul_efficiency / gemm_efficiency(cluster, width)
     eager = cluster.gpu.kernels == "eager"
     norm_loss_bytes = precision.activation_bytes * tokens * (
         head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)

@@ -59,6 +59,11 @@ class GPU:
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
     # HBM bandwidth in memory-bound elementwise kernels.
     matmul_efficiency: float = 0.6
+    # GEMM shape (Deliverable 2 of issue 20): a GEMM whose narrower side (k or n, per GPU)
+    # is w reaches matmul_efficiency * w / (w + gemm_half_width) of peak: narrow GEMMs fill
+    # fewer tiles and waves of the SMs and reuse each byte less. 0: every GEMM alike. (The
+    # attention core stays at matmul_efficiency: its shape is not modelled yet.)
+    gemm_half_width: float = 0.0
     link_efficiency: float = 0.8
     hbm_efficiency: float = 0.8
     # The attention core (softmax(QK^T)V, a FlashAttention-style kernel) runs at its own rate;
@@ -80,8 +85,12 @@ class GPU:
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.65),
-    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.65),
+    # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
+    # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best)
+    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.70,
+        gemm_half_width=192),
+    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.70,
+        gemm_half_width=192),
     GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, 3.35e12, matmul_efficiency=0.5),
     GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5),
     GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5),

@@ -30,7 +30,7 @@ class ErrorBand(NamedTuple):
 
 
 # Published GPU runs (docs/validation.md): rows of Narayanan 2021 and Korthikanti 2022.
-GPU_BAND = ErrorBand(0.060, 0.153, 25, "docs/validation.md, python -m bench.validate_planner")
+GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.validate_planner")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted").
 CPU_BAND = ErrorBand(0.193, 0.330, 12, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
 
