@@ -264,6 +264,12 @@ class Layout:
     @classmethod
     def parse(cls, text: str) -> Layout:
         """Read "dp=2,tp=2,pp=2,zero=1,schedule=1f1b" (any subset of the fields)."""
+        return cls(**cls.parse_fields(text))
+
+    @classmethod
+    def parse_fields(cls, text: str) -> dict[str, object]:
+        """The fields a layout text sets, read and typed but not yet checked together (a
+        partial layout, e.g. schedule=interleaved before the microbatches are chosen)."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
@@ -286,7 +292,7 @@ class Layout:
                 values[key] = raw.lower() in ("1", "true", "yes", "on")
             else:
                 values[key] = raw
-        return cls(**values)
+        return values
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]

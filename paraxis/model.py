@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.model_config import ModelConfig
 
 
@@ -74,10 +75,11 @@ class Attention(nn.Module):
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.cfg.style == "llama":
             q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
-        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # The kernel is one fact shared with the planner (paraxis/attention_kernel.py): a
+        # flash-style SDPA that keeps q, k, v, the output and the log-sum-exp for backward,
+        # with grouped-query K and V at kv-head width (no copy repeated to every head).
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=RUNTIME_KERNEL.kv_heads_native)
 
 
 class MLP(nn.Module):

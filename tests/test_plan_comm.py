@@ -101,3 +101,13 @@ def test_dp_sync_volume_by_zero_stage() -> None:
     # ZeRO paper Sec. 7: ZeRO-3 moves 1.5x the bytes of ZeRO-1/2
     assert dp_sync_time(params, 8, 3, link) == pytest.approx(1.5 * base)
     assert dp_sync_time(params, 1, 3, link) == 0.0
+
+
+@pytest.mark.parametrize("degrees", [dict(dp=4, tp=8, pp=2), dict(dp=2, tp=2, pp=8),
+                                     dict(dp=16, tp=1, pp=4)])
+def test_group_ranks_is_the_layouts_own_group_of_rank_0(degrees: dict) -> None:
+    from paraxis.plan.comm import group_ranks
+
+    layout = Layout(**degrees)
+    for axis in ("dp", "tp", "pp"):
+        assert group_ranks(layout, axis) == layout.group_of(0, axis)

@@ -75,13 +75,13 @@ def test_nothing_hides_communication_on_a_cpu():
 
 def test_eager_traffic_counts_every_elementwise_kernel():
     h, q, kv, f = 256, 256, 128, 704  # small-llama: 8 heads, 4 kv heads, SwiGLU 704
-    # norms 2 x 6h, rotary 10(q + kv), grouped-head repeat 2(kv + q), rows copy 2q,
-    # residuals 2 x 3h, SiLU and gate product 5f
+    # norms 2 x 6h, rotary 10(q + kv), rows copy 2q, residuals 2 x 3h, SiLU and gate
+    # product 5f; no grouped-head repeat: the kernel takes K, V at kv width (enable_gqa)
     assert layer_forward_traffic_per_token_eager(MODEL) == 12 * h + 10 * (q + kv) + \
-        2 * (kv + q) + 2 * q + 6 * h + 5 * f
+        2 * q + 6 * h + 5 * f
     # tensor parallelism splits the heads and the MLP, not the norms and residuals
     assert layer_forward_traffic_per_token_eager(MODEL, tp=2) == 12 * h + 5 * (q + kv) + \
-        (kv + q) + q + 6 * h + 2.5 * f
+        q + 6 * h + 2.5 * f
     gpt2 = PRESETS["small"]
     # one LayerNorm kernel 2 x 2h, residuals 2 x 3h, rows copy 2q, one GELU kernel 2f
     assert layer_forward_traffic_per_token_eager(gpt2) == 10 * 256 + 2 * 256 + 2 * 1024

@@ -66,11 +66,12 @@ def test_70b_on_32_nodes_is_tp_inside_nodes_with_pp_and_dp() -> None:
     # The course's exact answer, TP = 8 with PP and DP, is a near-tie the model does not pick:
     # with plenty of DP, TP = 4 and a 2-stage pipeline fit, and per step TP = 8 moves 7/3 the
     # TP bytes of TP = 4 (each GPU does half the compute per microbatch but still all-gathers
-    # and reduce-scatters (t-1)/t of the activations): ~2.5% slower, far less than leaving
-    # the node.
+    # and reduce-scatters (t-1)/t of the activations, and its GEMMs are half as wide): ~9%
+    # slower, far less than leaving the node. Whether that is a tie within the model's
+    # validated error is the defence's to say (issue 20 withdrew TP = 8 as a requirement).
     course = [e for e in result.ranked if e.layout.tp == 8 and e.layout.pp > 1
               and e.layout.dp > 1]
-    assert course and course[0].step_time_s <= 1.04 * best.step_time_s
+    assert course and course[0].step_time_s <= 1.10 * best.step_time_s
     assert not any(axis_link(e.layout, "tp", cluster).crosses_nodes for e in result.ranked[:10])
     # the defence prices the rule of thumb it departs from
     lines = explain(cfg, cluster, best, result)

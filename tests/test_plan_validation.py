@@ -2,11 +2,9 @@
 
 import pytest
 
+from bench.korthikanti_table4 import TABLE_4, layer_ms
 from bench.validate_planner import RUNS, predict
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
-from paraxis.plan.cost import Overlap, layer_times
-from paraxis.plan.hardware import build_cluster
+from paraxis.plan.cost import Overlap
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[run.name for run in RUNS])
@@ -20,22 +18,8 @@ def test_at_least_six_runs_from_two_papers() -> None:
     assert len(RUNS) >= 6 and len({run.source for run in RUNS}) >= 2
 
 
-# Korthikanti et al. 2022 Table 4: one layer of the 22B model (Table 3 shape, tp = 8,
-# microbatch 4, seq 2048), forward and backward milliseconds per configuration.
-TABLE_4 = [  # (sequence parallel, recompute, forward ms, backward ms)
-    (False, "none", 7.7, 11.9),
-    (True, "none", 7.2, 11.8),
-    (False, "full", 7.7, 19.5),
-    (False, "selective", 7.7, 13.2),
-    (True, "selective", 7.2, 13.1),
-]
-
-
-def _layer_ms(sequence_parallel: bool, recompute: str, overlap: Overlap) -> tuple[float, float]:
-    cfg = ModelConfig("gpt-22b", "gpt2", 51200, 48, 6144, 64, 64, 4 * 6144, 2048)
-    layout = Layout(dp=1, tp=8, recompute=recompute, sequence_parallel=sequence_parallel)
-    t = layer_times(cfg, layout, build_cluster("a100-80gb", 8, 8), 2048, 4, overlap)
-    return 1e3 * (t["forward"] + t["tp_forward"]), 1e3 * (t["backward"] + t["tp_backward"])
+# Korthikanti et al. 2022 Table 4 (bench/korthikanti_table4.py): one 22B layer.
+_layer_ms = layer_ms
 
 
 @pytest.mark.parametrize("sequence_parallel, recompute, forward_ms, backward_ms", TABLE_4)
@@ -52,3 +36,16 @@ def test_table_4_needs_the_backward_tp_overlap() -> None:
     for sequence_parallel, recompute, _, backward_ms in TABLE_4[:2]:
         _, backward = _layer_ms(sequence_parallel, recompute, Overlap(tp=False))
         assert backward > 1.15 * backward_ms
+
+
+def test_held_out_rows_are_priced_or_say_why() -> None:
+    from bench.heldout_runs import HELD_OUT
+    from bench.validate_heldout import price
+
+    fitted = {run.name for run in RUNS}
+    for run in HELD_OUT:
+        assert run.name not in fitted
+        result = price(run)
+        assert (result.estimate is None) == bool(run.unpriced)
+        if run.out_of_memory:  # what the source reports out of memory must not fit
+            assert result.estimate is not None and not result.estimate.fits

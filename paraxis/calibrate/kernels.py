@@ -98,7 +98,7 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     the planner counts them (`layer_forward_traffic_per_token_eager`, 3x with the backward).
 
     Runs exactly the non-GEMM ops of a paraxis.model block at training shapes: the norms
-    (make_norm), rotary and grouped-head repeat (Llama), heads back to rows, the residual
+    (make_norm), rotary (Llama), heads back to rows, the residual
     adds and the MLP activation, through autograd. A single mul/add kernel would overstate
     the rate: reductions, broadcasts, copies and the backward's accumulation are slower per
     byte, and they are what a step runs. On a CPU the same ops on one token take the time of
@@ -133,7 +133,7 @@ def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: tor
     x, y = leaf(batch, seq_len, h), leaf(batch, seq_len, h)
     heads = leaf(batch, cfg.n_heads, seq_len, cfg.head_dim)
     up, gate = leaf(batch, seq_len, cfg.d_ff), leaf(batch, seq_len, cfg.d_ff)
-    kv = [leaf(batch, cfg.n_kv_heads, seq_len, cfg.head_dim) for _ in range(2)]
+    kv = [leaf(batch, cfg.n_kv_heads, seq_len, cfg.head_dim)]
 
     def layer() -> None:
         outs = [norms[0](x), norms[1](y), x + y, x + y,
@@ -141,9 +141,6 @@ def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: tor
         if cfg.style == "llama":
             outs += [rotary(heads, cfg.rope_theta), rotary(kv[0], cfg.rope_theta),
                      F.silu(gate) * up]
-            if cfg.n_kv_heads != cfg.n_heads:
-                repeat = cfg.n_heads // cfg.n_kv_heads
-                outs += [t.repeat_interleave(repeat, dim=1) for t in kv]
         else:
             outs.append(F.gelu(up, approximate="tanh"))
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])

@@ -3,19 +3,49 @@
 The paper's Sec. 4.1 counts, per layer, s*b*h*(34 + 5*a*s/h) bytes for a GPT block with 16-bit
 activations and 1-byte dropout masks. We keep its term-by-term accounting but read the widths
 from the ModelConfig, so SwiGLU MLPs, grouped-query attention and dropout-free (Llama) blocks
-are priced by the same rules; for a GPT block it reduces to the paper's formulas exactly.
+are priced by the same rules; for a GPT block and the math kernel it reduces to the paper's
+formulas exactly.
+
+The attention core follows the kernel that runs it (`paraxis/attention_kernel.py`): the
+"math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel paraxis.model runs
+keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic in s.
 """
 
 from __future__ import annotations
 
+from paraxis.attention_kernel import RUNTIME_KERNEL, AttentionKernel, get_kernel
 from paraxis.model_config import ModelConfig
 
 
+def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: AttentionKernel,
+               element_bytes: float = 2) -> float:
+    kv = cfg.kv_dim if kernel.kv_heads_native else cfg.d_model
+    return element_bytes * seq_len * micro_batch * (cfg.d_model + 2 * kv)
+
+
+def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
+                           kernel: AttentionKernel = RUNTIME_KERNEL,
+                           element_bytes: float = 2) -> float:
+    """Bytes the attention kernel itself keeps for backward, whole layer (before TP):
+    q, k and v (k, v at kv-head width unless the kernel repeats them to every head), then the
+    flash kernel's output and fp32 log-sum-exp, or the math kernel's scores (Korthikanti et
+    al. 2022 Sec. 4.1: softmax output 2as^2b, with dropout also its mask as^2b and output
+    2as^2b, in 16-bit elements)."""
+    s, b, h, a = seq_len, micro_batch, cfg.d_model, cfg.n_heads
+    qkv = _qkv_bytes(cfg, s, b, kernel, element_bytes)
+    if kernel.keeps_scores:
+        dropout = cfg.style == "gpt2"
+        return qkv + (5 if dropout else 2) * element_bytes / 2 * a * s * s * b
+    return qkv + element_bytes * s * b * h + kernel.logsumexp_bytes * a * s * b
+
+
 def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
-                           sequence_parallel: bool = False, recompute: str = "none") -> float:
-    """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences."""
-    s, b, h, f, a = seq_len, micro_batch, cfg.d_model, cfg.d_ff, cfg.n_heads
-    kv = cfg.kv_dim
+                           sequence_parallel: bool = False, recompute: str = "none",
+                           attention: str = RUNTIME_KERNEL.name) -> float:
+    """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences, with the
+    attention core run by the kernel named `attention` ("flash" or "math")."""
+    s, b, h, f = seq_len, micro_batch, cfg.d_model, cfg.d_ff
+    kernel = get_kernel(attention)
     dropout = cfg.style == "gpt2"
     if recompute == "full":
         # Korthikanti et al. 2022 Sec. 4.4 / Table 2: only the layer input (2sbh) is kept,
@@ -24,23 +54,26 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     # Sec. 4.1: parts outside the TP regions (2 LayerNorm inputs 4sbh, attention and MLP
     # inputs 2sbh each, 2 dropout masks sbh each) -> 10sbh, replicated unless SP (Sec. 4.2.2).
     outside = 4 * s * b * h + 2 * s * b * h + 2 * s * b * h + (2 * s * b * h if dropout else 0)
-    # Inside TP: Q (2sbh), K and V (2sb*kv each), output-projection input (2sbh) ...
-    attention = 2 * s * b * h + 4 * s * b * kv + 2 * s * b * h
+    # Inside TP: the output-projection input (2sbh; beside the flash kernel's own output, as
+    # paraxis.model copies the heads back to rows) and the attention kernel's tensors ...
+    core = attention_kernel_bytes(cfg, s, b, kernel)
+    if recompute == "selective":
+        # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's
+        # scores, the flash kernel's output and log-sum-exp are rebuilt in the backward).
+        core = _qkv_bytes(cfg, s, b, kernel)
+    attention = 2 * s * b * h + core
     # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up, product.
     mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f
-    # ... attention scores: softmax out 2as^2b, dropout mask as^2b and output 2as^2b -> 5as^2b;
-    # selective recompute drops them (Sec. 5), as does a dropout-free block's 3 of 5.
-    scores = (5 if dropout else 2) * a * s * s * b
-    if recompute == "selective":
-        scores = 0
-    inside = (attention + mlp + scores) / tp
+    inside = (attention + mlp) / tp
     return inside + outside / (tp if sequence_parallel else 1)
 
 
 def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
-                                tp: int = 1, sequence_parallel: bool = False) -> float:
+                                tp: int = 1, sequence_parallel: bool = False,
+                                attention: str = RUNTIME_KERNEL.name) -> float:
     """What a fully recomputed layer rebuilds during its backward (a temporary buffer)."""
-    return layer_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none")
+    return layer_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none",
+                                  attention)
 
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1) -> float:

@@ -9,25 +9,36 @@ calibration measured a collective for the group's size on a node as full as this
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
+from paraxis.layout import Layout, grid_rank
 from paraxis.plan.hardware import Cluster
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
 
 class Link(NamedTuple):
-    bandwidth_Bps: float
-    latency_s: float
+    bandwidth_Bps: float  # achieved by a ring over the group (after link_efficiency)
+    latency_s: float  # per ring step
     crosses_nodes: bool
     # (op, alpha_s, bandwidth_Bps) fitted by a calibration for this group (paraxis calibrate)
     measured: tuple[tuple[str, float, float], ...] = ()
+    # Across nodes: the group's shape, what one member's rail (NIC share) achieves, the
+    # cross-node algorithm, and the intra-node leg a hierarchical collective runs first.
+    nodes: int = 1
+    per_node: int = 1
+    rail_Bps: float = 0.0
+    algorithm: str = "ring"
+    intra_bandwidth_Bps: float = 0.0
+    intra_latency_s: float = 0.0
+    call_latency_s: float = 0.0  # fixed cost of every collective call (launch, sync)
+    datasheet_Bps: float = 0.0  # the ring's bandwidth before link_efficiency
 
     def cost(self, op: str) -> tuple[float, float]:
-        """(bandwidth_Bps, latency_s) that `op` sees on this link."""
+        """(bandwidth_Bps, latency_s) that `op` sees on this link (a flat ring)."""
         for name, alpha, bandwidth in self.measured:
             if name == op:
                 return bandwidth, alpha
@@ -83,8 +94,14 @@ def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) ->
 
 def group_ranks(layout: Layout, axis: str) -> list[int]:
     """The ranks of rank 0's group along `axis`, from the Layout's rank grid (all groups of an
-    axis have the same shape, so one stands for all)."""
-    return layout.group_of(0, axis)
+    axis have the same shape, so one stands for all): rank 0 moved along that axis alone."""
+    return list(_axis_ranks(tuple(layout.degrees.items()), axis))
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_ranks(degrees: tuple[tuple[str, int], ...], axis: str) -> tuple[int, ...]:
+    # a search asks for the same few grids thousands of times
+    return tuple(grid_rank(dict(degrees), {axis: index}) for index in range(dict(degrees)[axis]))
 
 
 def _nearest(keys: list[str], want: int) -> str:
@@ -107,17 +124,26 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
 
 
 def group_link(ranks: list[int], cluster: Cluster) -> Link:
-    """Bandwidth and latency a ring over `ranks` sees."""
+    """Bandwidth and latency a collective over `ranks` sees."""
     nodes = {cluster.node_of(rank) for rank in ranks}
-    gpu = cluster.gpu
+    gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
     if len(nodes) == 1:
-        return Link(gpu.nvlink_bandwidth_Bps * gpu.link_efficiency, cluster.intra_node_latency_s,
-                    False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else ())
-    # Every GPU has its own NIC share; with k members per node NCCL runs k rings over k NICs,
-    # so the ring's bus bandwidth is k NIC shares, never more than NVLink.
+        return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
+                    False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
+                    call_latency_s=cluster.collective_latency_s,
+                    datasheet_Bps=gpu.nvlink_bandwidth_Bps)
+    # Rails: the k members of a node drive min(k, NICs) NICs; NCCL runs one ring per NIC,
+    # so a flat ring moves min(k, NICs) NICs' worth per node, never more than NVLink, and
+    # each member's own share of the network (a hierarchical collective's rail) is
+    # min(1, NICs / k) of one NIC.
     per_node = max(1, len(ranks) // len(nodes))
-    bandwidth = min(cluster.inter_node_bandwidth_Bps * per_node, gpu.nvlink_bandwidth_Bps)
-    return Link(bandwidth * gpu.link_efficiency, cluster.inter_node_latency_s, True)
+    nics = cluster.nics_per_node or cluster.gpus_per_node
+    nic = cluster.inter_node_bandwidth_Bps
+    ring = min(min(per_node, nics) * nic, gpu.nvlink_bandwidth_Bps)
+    return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), len(nodes),
+                per_node, nic * min(1.0, nics / per_node) * efficiency,
+                cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
+                cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
 
 
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
@@ -145,11 +171,29 @@ def tp_collectives_per_layer(sequence_parallel: bool) -> dict[str, dict[str, int
 SP_BACKWARD_REGATHERS = 2
 
 
-def collective_time(op: str, size_bytes: float, n: int, link: Link) -> float:
-    """Seconds of one `op` (all_reduce, all_gather, reduce_scatter, send_recv) of a
-    `size_bytes` tensor over a group of n on `link`."""
+def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """Seconds of `calls` collectives `op` (all_reduce, all_gather, reduce_scatter,
+    send_recv) moving `size_bytes` in all over a group of n on `link`: the bytes at the
+    link's bandwidth, each call paying its fixed latency and its algorithm's step latencies.
+
+    Across nodes "ring" is one flat ring over all n (NCCL's default for large messages:
+    2(n-1) latencies per all-reduce); "hierarchical" first runs the op inside each node over
+    NVLink, then across the N nodes on each member's rail with 1/k of the bytes, then inside
+    again (Jia et al. 2018; 2(k-1) + 2(N-1) latencies), the same bytes in far fewer steps.
+    """
+    if op != "send_recv" and n <= 1:
+        return 0.0
+    fixed = calls * link.call_latency_s
+    if (link.crosses_nodes and link.algorithm == "hierarchical" and op != "send_recv"
+            and link.per_node > 1 and link.nodes > 1):
+        k, nodes = link.per_node, link.nodes
+        intra = op_time(op, size_bytes, k, link.intra_bandwidth_Bps) \
+            + calls * latency_steps(op, k) * link.intra_latency_s
+        inter = op_time(op, size_bytes / k, nodes, link.rail_Bps) \
+            + calls * latency_steps(op, nodes) * link.latency_s
+        return fixed + intra + inter
     bandwidth, latency = link.cost(op)
-    return op_time(op, size_bytes, n, bandwidth, latency)
+    return fixed + op_time(op, size_bytes, n, bandwidth) + calls * latency_steps(op, n) * latency
 
 
 def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
@@ -220,25 +264,30 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     parameters, forward and backward, plus the gradient reduce-scatter), one layer at a time.
     Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
     ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
-    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one latency per bucket.
+    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one call per bucket.
     """
     if dp <= 1:
         return 0.0
+    if zero == 3:
+        return microbatches * layers * sum(zero3_layer_times(
+            stage_param_count / layers, dp, link, grad_bytes, param_bytes))
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
     buckets = max(1, math.ceil(grads / bucket_bytes))
-    gather_b, gather_a = link.cost("all_gather")
-    scatter_b, scatter_a = link.cost("reduce_scatter")
-    if zero == 3:
-        per_layer = 2 * all_gather_time(params / layers, dp, gather_b, gather_a) + \
-            reduce_scatter_time(grads / layers, dp, scatter_b, scatter_a)
-        return microbatches * layers * per_layer
     if zero in (1, 2):
         # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch),
         # then all-gather the updated parameters
         scatters = microbatches if zero == 2 else 1
-        return (scatters * (reduce_scatter_time(grads, dp, scatter_b, 0)
-                            + buckets * (dp - 1) * scatter_a)
-                + all_gather_time(params, dp, gather_b, gather_a))
-    b, a = link.cost("all_reduce")
-    return ring_all_reduce_time(grads, dp, b, 0) + buckets * 2 * (dp - 1) * a
+        return (scatters * collective_time("reduce_scatter", grads, dp, link, buckets)
+                + collective_time("all_gather", params, dp, link))
+    return collective_time("all_reduce", grads, dp, link, buckets)
+
+
+def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,
+                      param_bytes: float = 2) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's ZeRO-3 traffic per microbatch: the
+    forward gathers its parameters; the backward gathers them again and reduce-scatters
+    their gradients (Rajbhandari et al. 2020 Sec. 5.3)."""
+    gather = collective_time("all_gather", layer_params * param_bytes, dp, link)
+    scatter = collective_time("reduce_scatter", layer_params * grad_bytes, dp, link)
+    return gather, gather + scatter

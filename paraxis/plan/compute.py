@@ -21,6 +21,15 @@ def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float
     return weights, scores
 
 
+def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1) -> tuple[tuple[float, float], ...]:
+    """(k, n) of each forward GEMM of one layer on one TP rank (m is the tokens): QKV and
+    MLP-in split their outputs over tp, the output projection and MLP-down their inputs
+    (Shoeybi et al. 2019 Sec. 3). 2 k n FLOPs per token each."""
+    h, f = cfg.d_model, cfg.d_ff
+    mlp_in = f if cfg.style == "gpt2" else 2 * f  # SwiGLU: gate and up
+    return ((h, (h + 2 * cfg.kv_dim) / tp), (h / tp, h), (h, mlp_in / tp), (f / tp, h))
+
+
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator."""
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
@@ -83,8 +92,8 @@ def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> floa
     Counted op by op from paraxis/model.py (h = d_model, q = query width, kv = key/value width,
     f = d_ff; q, kv, f split over tp): an out-of-place op reads its inputs and writes its
     output once. Llama: RMSNorm (pow, x * rsqrt, * weight: 6h) twice; rotary on q and k (mul,
-    neg, cat, mul, add: 10 per element); repeat_interleave of k and v for grouped heads;
-    heads back to rows (a copy, 2q); two residual adds (3h each); SiLU (2f) and the gate
+    neg, cat, mul, add: 10 per element); heads back to rows (a copy, 2q; grouped K and V
+    need no repeat, attention_kernel.py); two residual adds (3h each); SiLU (2f) and the gate
     product (3f). GPT-2: LayerNorm is one kernel (2h) twice, GELU one (2f); biases ride in
     the GEMMs. The attention core itself is priced by FLOPs (`attention_flops`).
     """
@@ -92,8 +101,7 @@ def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> floa
     kv = cfg.kv_dim / tp
     if cfg.style == "gpt2":
         return 2 * h + 2 * q + 3 * h + 2 * h + 2 * f + 3 * h
-    repeat = 2 * (kv + q) if cfg.n_kv_heads != cfg.n_heads else 0
-    return 6 * h + 10 * (q + kv) + repeat + 2 * q + 3 * h + 6 * h + 5 * f + 3 * h
+    return 6 * h + 10 * (q + kv) + 2 * q + 3 * h + 6 * h + 5 * f + 3 * h
 
 
 def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paraxis.attention_kernel import AttentionKernel, get_kernel
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import pipeline_figures
@@ -35,6 +36,7 @@ from paraxis.plan.comm import (
     dp_sync_time,
     tp_layer_exposed_time,
     tp_layer_time,
+    zero3_layer_times,
 )
 from paraxis.plan.compute import (
     head_forward_traffic_per_token_eager,
@@ -42,6 +44,7 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
+    layer_gemm_shapes,
     optimizer_traffic_per_param,
 )
 from paraxis.plan.hardware import Cluster
@@ -51,18 +54,26 @@ from paraxis.plan.precision import MIXED_ADAM, Precision
 
 @dataclass(frozen=True)
 class Overlap:
-    """Which communication hides behind compute (True) or adds to the step (False)."""
+    """Which communication hides behind compute (True) or adds to the step (False).
+
+    dp: DDP-style gradient buckets (ZeRO-0/1: behind the last microbatch's backward; ZeRO-2:
+    behind every backward). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
+    layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
+    behind the whole step. tp: the backward's TP collectives behind the weight-gradient
+    GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    """
 
     dp: bool = True
-    tp: bool = True  # backward only: forward TP collectives always block the next GEMM
+    tp: bool = True
     pp: bool = False
+    zero3_prefetch: bool = True
     # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
     # they overlap. This fraction of every hidden second still lands on the step.
     contention: float = 0.2
 
 
 DEFAULT_OVERLAP = Overlap()
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False)
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
@@ -80,6 +91,7 @@ class Estimate:
     mfu: float
     hfu: float
     notes: list[str] = field(default_factory=list)
+    seq_len: int = 0  # tokens per sequence it was priced for
 
     @property
     def fits(self) -> bool:
@@ -114,6 +126,37 @@ def _rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
     return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
 
 
+def gemm_efficiency(cluster: Cluster, width: float) -> float:
+    """Fraction of peak a GEMM whose narrower side is `width` reaches (GPU.gemm_half_width)."""
+    gpu = cluster.gpu
+    if not gpu.gemm_half_width:
+        return gpu.matmul_efficiency
+    return gpu.matmul_efficiency * width / (width + gpu.gemm_half_width)
+
+
+def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float) -> float:
+    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape."""
+    if not cluster.gpu.gemm_half_width:
+        return layer_forward_flops_per_token(cfg, 1)[0] / rate
+    peak = cluster.gpu.peak_flops * cluster.compute_share
+    return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
+               for k, n in layer_gemm_shapes(cfg, tp))
+
+
+def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
+                hbm: float, measured: bool, kernel: AttentionKernel) -> tuple[float, float]:
+    """(forward, backward) seconds per token of the attention core. A measured rate
+    (a calibration, `paraxis.calibrate.kernels.attention_rate`) is in the planner's count,
+    3 x `scores` forward + backward. Unmeasured, the core runs at the GEMM rate on the score
+    entries its kernel computes (flash skips the causal mask's upper half), with its backward
+    ratio; the math kernel also moves its scores through memory (`score_bytes`)."""
+    traffic = score_bytes / hbm if kernel.keeps_scores else 0.0
+    if measured:
+        return scores / measured_rate + traffic, 2 * (scores / measured_rate + traffic)
+    forward = kernel.causal_fraction * scores / gemm_rate
+    return forward + traffic, kernel.backward_ratio * forward + 2 * traffic
+
+
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
                 precision: Precision = MIXED_ADAM) -> dict[str, float]:
@@ -126,7 +169,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len
     rate, attention_rate, hbm = _rates(cluster, layout.tp)
-    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    _, scores = layer_forward_flops_per_token(cfg, seq_len)
     act = precision.activation_bytes
     if gpu.kernels == "eager":
         hidden_bytes = act * layer_forward_traffic_per_token_eager(cfg, layout.tp)
@@ -134,17 +177,20 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
             cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
-    forward = (weights / rate + scores / attention_rate
-               + (hidden_bytes + score_bytes) / hbm) * tokens
+    core_forward, core_backward = _core_times(scores, score_bytes, rate, attention_rate, hbm,
+                                              gpu.attention_flops > 0,
+                                              get_kernel(gpu.attention_kernel))
+    dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate) + hidden_bytes / hbm) * tokens
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
-        forward += gpu.layer_overhead_s / 3 / cluster.compute_share
+        dense += gpu.layer_overhead_s / 3 / cluster.compute_share
+    forward = dense + core_forward * tokens
     recompute = {"none": 0.0, "full": forward,
-                 "selective": (scores / attention_rate + score_bytes / hbm) * tokens
-                 }[layout.recompute]
-    # Backward = 2x forward (Narayanan et al. 2021 App.), plus the recomputed forward.
-    backward = 2 * forward + recompute
+                 "selective": core_forward * tokens}[layout.recompute]
+    # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
+    # has it, plus the recomputed forward.
+    backward = 2 * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
     boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
@@ -177,6 +223,9 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     tokens = micro_batch * seq_len
     rate, _, hbm = _rates(cluster, layout.tp)
     gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
+    if cluster.gpu.gemm_half_width:  # shape-aware: the head's narrower side
+        width = min(cfg.d_model, cfg.vocab_size / layout.tp)
+        gemm *= cluster.gpu.matmul_efficiency / gemm_efficiency(cluster, width)
     eager = cluster.gpu.kernels == "eager"
     norm_loss_bytes = precision.activation_bytes * tokens * (
         head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
@@ -205,7 +254,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
-    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision)
+    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
+                           gpu.attention_kernel)
     tokens_per_microbatch = micro_batch * seq_len
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
@@ -256,11 +306,20 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                          seq_len)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts))
-    if overlap.dp:
-        # ZeRO-3 prefetches behind all compute; ZeRO-2's per-microbatch reduce-scatter behind
-        # every backward; ZeRO-0/1's single all-reduce behind the last backward only.
-        window = {3: layout.microbatches * slot_compute,
-                  2: layout.microbatches * t_backward}.get(layout.zero, t_backward)
+    if layout.zero == 3 and layout.dp > 1 and overlap.zero3_prefetch:
+        # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
+        # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
+        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), layout.dp,
+                                               dp_link, precision.grad_bytes,
+                                               precision.param_bytes)
+        pairs = ((gather_f, layer["forward"]), (gather_b, layer["backward"]))
+        per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
+                        for comm, window in pairs)
+        dp_exposed = layout.microbatches * max(counts) * per_layer
+    elif overlap.dp and layout.zero < 3:
+        # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
+        # all-reduce behind the last backward only.
+        window = layout.microbatches * t_backward if layout.zero == 2 else t_backward
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
@@ -289,4 +348,4 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         notes.append("TP group crosses nodes: its all-reduces run over the network")
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
-                    flops["hardware"] / (step * peak_total), notes)
+                    flops["hardware"] / (step * peak_total), notes, seq_len)

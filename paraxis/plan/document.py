@@ -9,6 +9,7 @@ from paraxis.plan.cost import Estimate, Overlap
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import Precision
 from paraxis.plan.search import SearchResult
+from paraxis.plan.uncertainty import error_band, step_range
 
 SCHEMA = "paraxis.plan/1"
 
@@ -17,6 +18,7 @@ def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch
                   precision: Precision, overlap: Overlap, layouts: list[Estimate],
                   explanation: list[str], result: SearchResult | None = None) -> dict:
     cluster_dict = {k: v for k, v in dataclasses.asdict(cluster).items() if k != "gpu"}
+    band = error_band(cluster)
     doc: dict = {
         "schema": SCHEMA,
         "mode": "search" if result is not None else "evaluate",
@@ -27,7 +29,10 @@ def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch
         "global_batch": global_batch,
         "precision": dataclasses.asdict(precision),
         "overlap": dataclasses.asdict(overlap),
-        "layouts": [e.to_dict() for e in layouts],
+        "layouts": [{**e.to_dict(), "step_time_range_s": list(step_range(e, band))}
+                    for e in layouts],
+        "uncertainty": {"relative_error_rms": band.rms, "largest_relative_error": band.largest,
+                        "validated_runs": band.runs, "source": band.source},
         "explanation": explanation,
     }
     if result is not None:

@@ -8,12 +8,14 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 from __future__ import annotations
 
 from paraxis.model_config import ModelConfig
-from paraxis.plan.comm import axis_link
-from paraxis.plan.cost import Estimate
+from paraxis.plan.comm import Link, axis_link
+from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
 from paraxis.plan.precision import MIXED_ADAM, Precision
-from paraxis.plan.search import SearchResult
+from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
+from paraxis.plan.search import SearchResult, too_big_reason
+from paraxis.plan.uncertainty import error_band
 
 GB = 1e9
 
@@ -25,7 +27,7 @@ def _shape(estimate: Estimate) -> tuple[int, int, int]:
 
 def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             result: SearchResult | None = None, precision: Precision = MIXED_ADAM,
-            alternatives: int = 3) -> list[str]:
+            alternatives: int = 3, overlap: Overlap = DEFAULT_OVERLAP) -> list[str]:
     """Short sentences, one idea each, that say why `best` and not its rivals."""
     gpu, layout, time = cluster.gpu, best.layout, best.time
     limit = gpu.memory_bytes / GB
@@ -42,18 +44,24 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"Fits in one node? sharded over its {node} GPUs (ZeRO-3 or TP x PP) the states take "
         f"{per_gpu_in_node:.1f} GB per GPU: {'yes' if per_gpu_in_node < limit else 'no'}.")
     # a calibrated CPU node's ranks talk through the kernel's loopback, not NVLink
-    intra = "loopback (gloo)" if cluster.cores_per_node else "NVLink"
+    intra = ("loopback (gloo)" if cluster.cores_per_node else
+             "NVLink" if gpu.nvlink_bandwidth_Bps > 64e9 else "PCIe")
     if layout.tp > 1:
         link = axis_link(layout, "tp", cluster)
         where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
         lines.append(
-            f"TP={layout.tp} lives {where} at {link.cost('all_reduce')[0] / GB:.3g} GB/s: its 4 "
+            f"TP={layout.tp} lives {where} at {link_speed(link, cluster)}: its 4 "
             f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
             f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
             f"exposed, paid for by splitting every matrix {layout.tp} ways.")
+    elif not best.fits:
+        lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
     else:
-        lines.append("No TP: the model fits without splitting matrices, so no per-layer "
-                      "collectives sit on the critical path.")
+        how = (f"with ZeRO-3 sharding its states over dp={layout.dp}" if layout.zero == 3
+               else "replicated")
+        lines.append(f"No TP: the model fits {how} ({best.memory['total'] / GB:.1f} of "
+                     f"{limit:.0f} GB per GPU) without splitting matrices, so no per-layer "
+                     "collectives sit on the critical path.")
     if layout.pp > 1:
         link = axis_link(layout, "pp", cluster)
         lines.append(
@@ -67,7 +75,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
         lines.append(
             f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
-            f"traffic over {'the network' if link.crosses_nodes else intra}, "
+            f"traffic over {'the network' if link.crosses_nodes else intra} at "
+            f"{link_speed(link, cluster)}, "
             f"{time['dp']:.2f} s of it exposed.")
     mem = best.memory
     lines.append(
@@ -75,44 +84,34 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"{mem['params'] / GB:.1f}, grads {mem['grads'] / GB:.1f}, optimizer "
         f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
+    band = error_band(cluster)
+    global_batch = best.micro_batch * layout.dp * layout.microbatches
+
+    def price(estimate: Estimate, changed: Cluster) -> float:
+        return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch, precision,
+                        overlap).step_time_s
+
+    lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
-        lines += _rivals(best, result, alternatives)
-        lines += _node_sized_tp(best, result, cluster.gpus_per_node, lines)
+        lines += nearest_rivals(best, result, band, alternatives)
+        lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
 
 
-def _rivals(best: Estimate, result: SearchResult, count: int) -> list[str]:
-    lines = []
-    seen = {_shape(best)}
-    for rival in result.ranked:
-        if _shape(rival) in seen:
-            continue
-        seen.add(_shape(rival))
-        slower = rival.step_time_s / best.step_time_s - 1
-        worst = max(("tp", "pp", "dp", "bubble"), key=lambda k: rival.time[k])
-        lines.append(f"Rejected {rival.layout}: {slower:.1%} slower ({rival.step_time_s:.2f} s"
-                     f" vs {best.step_time_s:.2f} s; its largest overhead is {worst} "
-                     f"{rival.time[worst]:.2f} s).")
-        if len(seen) > count:
-            break
-    faster = [r for r in result.too_big
-              if r.estimate is not None and r.estimate.step_time_s < best.step_time_s]
-    if faster:
-        lines.append(f"Rejected {faster[0].layout}: would be faster "
-                     f"({faster[0].estimate.step_time_s:.2f} s) but {faster[0].reason}.")
-    return lines
-
-
-def _node_sized_tp(best: Estimate, result: SearchResult, node: int,
-                   said: list[str]) -> list[str]:
-    """The rule of thumb (TP = GPUs per node; Narayanan et al. 2021 Takeaway #1), priced."""
-    if not 1 < best.layout.tp < node:
-        return []
-    rival = next((e for e in result.ranked if e.layout.tp == node), None)
-    if rival is None or any(str(rival.layout) in line for line in said):
-        return []
-    slower = rival.step_time_s / best.step_time_s - 1
-    return [f"Rejected TP={node} (the whole node, the usual rule) at best {rival.layout}: "
-            f"{slower:.1%} slower; its TP collectives put {rival.time['tp']:.2f} s on the "
-            f"critical path vs {best.time['tp']:.2f} s, because each GPU does 1/{node} of a "
-            f"microbatch but still moves (t-1)/t of its activations."]
+def link_speed(link: Link, cluster: Cluster) -> str:
+    """A link's speed as datasheets state it (per GPU or per NIC, one direction), then what
+    the model expects collectives to reach on it (after `link_efficiency`), or the
+    calibrated figure."""
+    bandwidth, _ = link.cost("all_reduce")
+    if link.measured:
+        return f"{bandwidth / GB:.3g} GB/s per rank (measured by a calibration)"
+    efficiency = cluster.gpu.link_efficiency
+    if not link.crosses_nodes:
+        return (f"{link.datasheet_Bps / GB:.3g} GB/s per GPU each way ({bandwidth / GB:.3g} "
+                f"GB/s achieved at link_efficiency {efficiency:g})")
+    nics = cluster.nics_per_node or cluster.gpus_per_node
+    used = min(link.per_node, nics)
+    return (f"{used} of the node's {nics} NICs x {cluster.inter_node_bandwidth_Bps / GB:.3g} "
+            f"GB/s each way for its {link.per_node} member(s) per node ({link.algorithm} "
+            f"algorithm; a ring reaches {bandwidth / GB:.3g} GB/s at link_efficiency "
+            f"{efficiency:g})")

@@ -16,10 +16,14 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
+      "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
-      "inter_node_bandwidth_Bps": 25e9,   # network, bytes/s per GPU per direction
-      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,
+      "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
+      "nics_per_node": 8,                 # rails (0: one per GPU)
+      "collective_algorithm": "ring",     # across nodes: ring or hierarchical
+      "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,   # per ring step
+      "collective_latency_s": 1e-5,       # per collective call
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
@@ -40,6 +44,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 
 
@@ -54,6 +59,11 @@ class GPU:
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
     # HBM bandwidth in memory-bound elementwise kernels.
     matmul_efficiency: float = 0.6
+    # GEMM shape (Deliverable 2 of issue 20): a GEMM whose narrower side (k or n, per GPU)
+    # is w reaches matmul_efficiency * w / (w + gemm_half_width) of peak: narrow GEMMs fill
+    # fewer tiles and waves of the SMs and reuse each byte less. 0: every GEMM alike. (The
+    # attention core stays at matmul_efficiency: its shape is not modelled yet.)
+    gemm_half_width: float = 0.0
     link_efficiency: float = 0.8
     hbm_efficiency: float = 0.8
     # The attention core (softmax(QK^T)V, a FlashAttention-style kernel) runs at its own rate;
@@ -68,12 +78,19 @@ class GPU:
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
     # shard size. 0: not measured (datasheet presets, older profiles): not priced.
     layer_overhead_s: float = 0.0
+    # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
+    # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
+    attention_kernel: str = RUNTIME_KERNEL.name
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.65),
-    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.65),
+    # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
+    # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best)
+    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.70,
+        gemm_half_width=192),
+    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.70,
+        gemm_half_width=192),
     GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, 3.35e12, matmul_efficiency=0.5),
     GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5),
     GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5),
@@ -87,10 +104,16 @@ class Cluster:
     gpu: GPU
     nodes: int = 1
     gpus_per_node: int = 8
-    # 8x 200 Gb/s HDR InfiniBand per 8-GPU node (DGX A100) = 25 GB/s per GPU per direction.
+    # One NIC (rail), one direction: 200 Gb/s HDR InfiniBand = 25 GB/s (DGX A100 has one per
+    # GPU, so this is also per GPU there).
     inter_node_bandwidth_Bps: float = 25e9
-    intra_node_latency_s: float = 5e-6
-    inter_node_latency_s: float = 1e-5
+    nics_per_node: int = 0  # rails; 0: one NIC per GPU (DGX)
+    # Cross-node collectives: "ring" (one flat NCCL ring) or "hierarchical" (inside the node,
+    # then across nodes on each member's rail, then inside again), comm.collective_time.
+    collective_algorithm: str = "ring"
+    intra_node_latency_s: float = 5e-6  # per ring step
+    inter_node_latency_s: float = 1e-5  # per ring step
+    collective_latency_s: float = 0.0  # per collective call: launch and synchronisation
     # CPU ranks time-share the node's cores (0: every rank owns its device, as on GPUs) ...
     cores_per_node: int = 0
     # ... or the cores they get together where other sessions share the machine (0: all).
@@ -113,6 +136,15 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.collective_algorithm not in ("ring", "hierarchical"):
+            raise ParaxisError(f"collective_algorithm={self.collective_algorithm!r} is "
+                               "unknown; use ring or hierarchical")
+        if self.nics_per_node < 0:
+            raise ParaxisError(f"nics_per_node={self.nics_per_node} must be >= 0 (0: one per "
+                               "GPU)")
+        if self.gpu.attention_kernel not in KERNELS:
+            raise ParaxisError(f"attention_kernel={self.gpu.attention_kernel!r} is unknown; "
+                               f"use {' or '.join(KERNELS)}")
 
     @property
     def compute_share(self) -> float:
@@ -137,6 +169,37 @@ class Cluster:
 
     def replace(self, **changes: object) -> Cluster:
         return dataclasses.replace(self, **changes)
+
+
+# Clusters as built, the network included (`--cluster NAME`): overrides of the Cluster and
+# GPU fields, from the vendors' reference designs.
+CLUSTERS: dict[str, dict[str, object]] = {
+    # DGX A100: 8 A100-80GB on NVLink 3, 8 x HDR 200 Gb/s InfiniBand rails (NVIDIA DGX A100
+    # user guide / SuperPOD reference architecture).
+    "dgx-a100": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+                 "inter_node_bandwidth_Bps": 25e9, "collective_latency_s": 1e-5},
+    # DGX H100: 8 H100-SXM on NVLink 4, 8 x NDR 400 Gb/s InfiniBand rails (ConnectX-7).
+    "dgx-h100": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+                 "inter_node_bandwidth_Bps": 50e9, "collective_latency_s": 1e-5},
+    # One 100 Gb/s Ethernet NIC per 8-GPU node (RoCE or TCP): every cross-node byte of the
+    # node's GPUs shares 12.5 GB/s, with Ethernet's longer latencies.
+    "ethernet-1nic": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 1,
+                      "inter_node_bandwidth_Bps": 12.5e9, "inter_node_latency_s": 3e-5,
+                      "collective_latency_s": 2e-5},
+    # A PCIe box: 8 GPUs without NVLink (PCIe 4.0 x16, 32 GB/s each way through the host),
+    # one 100 Gb/s NIC.
+    "pcie-box": {"gpu": "l40s", "gpus_per_node": 8, "nics_per_node": 1,
+                 "nvlink_bandwidth_Bps": 32e9, "inter_node_bandwidth_Bps": 12.5e9,
+                 "intra_node_latency_s": 1e-5, "inter_node_latency_s": 3e-5,
+                 "collective_latency_s": 2e-5},
+}
+
+
+def cluster_preset(name: str) -> dict[str, object]:
+    if name not in CLUSTERS:
+        raise ParaxisError(f"unknown cluster {name!r}; choose one of {', '.join(CLUSTERS)} or "
+                           "give --hardware FILE")
+    return dict(CLUSTERS[name])
 
 
 def get_gpu(name: str) -> GPU:

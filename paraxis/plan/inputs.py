@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig, load_model_config, model_from_params
-from paraxis.plan.hardware import GPUS, Cluster, build_cluster, load_hardware_file
+from paraxis.plan.hardware import (
+    CLUSTERS,
+    GPUS,
+    Cluster,
+    build_cluster,
+    cluster_preset,
+    load_hardware_file,
+)
 from paraxis.plan.precision import PRECISIONS, Precision
 
 GB = 1e9
@@ -29,6 +36,9 @@ class PlanInputs:
     gpus_per_node: int = 8
     gpu: str | None = None  # None: the hardware file's GPU, else DEFAULT_GPU
     hardware: str | None = None  # TOML/JSON file, e.g. the profile `paraxis calibrate` wrote
+    cluster_preset: str | None = None  # a cluster as built (hardware.CLUSTERS), network included
+    nics_per_node: int | None = None
+    collective_algorithm: str | None = None
     memory_gb: float | None = None
     nvlink_gbps: float | None = None
     network_gbps: float | None = None
@@ -43,13 +53,17 @@ class PlanInputs:
         return load_model_config(self.model or default)
 
     def cluster(self) -> Cluster:
-        """The cluster: a preset GPU, a hardware file's fields over it, then the flags."""
-        overrides: dict[str, object] = load_hardware_file(self.hardware) \
-            if self.hardware else {}
+        """The cluster: a cluster preset (or a preset GPU), a hardware file's fields over it,
+        then the flags."""
+        overrides = cluster_preset(self.cluster_preset) if self.cluster_preset else {}
+        if self.hardware:
+            overrides.update(load_hardware_file(self.hardware))
         flags = {"memory_bytes": self.memory_gb and self.memory_gb * GB,
                  "nvlink_bandwidth_Bps": self.nvlink_gbps and self.nvlink_gbps * GB,
-                 "inter_node_bandwidth_Bps": self.network_gbps and self.network_gbps * GB}
-        overrides.update({k: v for k, v in flags.items() if v})
+                 "inter_node_bandwidth_Bps": self.network_gbps and self.network_gbps * GB,
+                 "nics_per_node": self.nics_per_node,
+                 "collective_algorithm": self.collective_algorithm}
+        overrides.update({k: v for k, v in flags.items() if v is not None and v != 0})
         overrides["gpu"] = self.gpu or overrides.get("gpu", DEFAULT_GPU)
         return build_cluster(str(overrides["gpu"]), self.gpus, self.gpus_per_node, overrides)
 
@@ -92,8 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--hardware", help="TOML/JSON hardware file, e.g. the profile `paraxis calibrate` "
                            "wrote (schema in docs/planner.md)")
     add("--memory-gb", type=float, help="override GPU memory")
+    add("--cluster", dest="cluster_preset", choices=tuple(CLUSTERS),
+        help="a cluster as built, network included (GPU, rails, NIC speed, latencies); "
+             "--hardware and the flags below override it")
     add("--nvlink-gbps", type=float, help="override NVLink GB/s per GPU per way")
-    add("--network-gbps", type=float, help="override inter-node GB/s per GPU per way")
+    add("--network-gbps", type=float, help="override one NIC's GB/s per way (DGX: one per "
+                                           "GPU)")
+    add("--nics-per-node", type=int, help="NICs (rails) per node (default: one per GPU)")
+    add("--collective-algorithm", choices=("ring", "hierarchical"),
+        help="cross-node collectives: one flat ring (NCCL's default) or hierarchical")
     add("--precision", choices=tuple(PRECISIONS), default=precision,
         help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param; fp32: 4+4+8 (a run trained "
              "with --dtype fp32, paraxis train's default); default: "
@@ -109,7 +130,11 @@ def from_args(args: argparse.Namespace) -> PlanInputs:
     return PlanInputs(model=args.model or (None if args.params is not None
                                            else args.default_model),
                       params=args.params, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
-                      gpu=args.gpu, hardware=args.hardware, memory_gb=args.memory_gb,
+                      gpu=args.gpu, hardware=args.hardware,
+                      cluster_preset=getattr(args, "cluster_preset", None),
+                      nics_per_node=getattr(args, "nics_per_node", None),
+                      collective_algorithm=getattr(args, "collective_algorithm", None),
+                      memory_gb=args.memory_gb,
                       nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps,
                       precision=args.precision, seq_len=args.seq_len,
                       global_batch=args.global_batch, layout=args.layout)

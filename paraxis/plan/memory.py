@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 from paraxis.plan.activations import (
     full_layer_activation_bytes,
@@ -91,8 +92,10 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
-                  precision: Precision = MIXED_ADAM) -> dict[str, float]:
-    """Per-GPU bytes by component on the stage that needs the most; what must fit.
+                  precision: Precision = MIXED_ADAM,
+                  attention: str = RUNTIME_KERNEL.name) -> dict[str, float]:
+    """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
+    attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
     """
@@ -108,7 +111,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
         states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
         per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
-                                           layout.sequence_parallel, layout.recompute)
+                                           layout.sequence_parallel, layout.recompute,
+                                           attention)
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
@@ -118,7 +122,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         buffers = 0.0
         if layout.recompute == "full":
             buffers += full_layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
-                                                   layout.sequence_parallel)
+                                                   layout.sequence_parallel, attention)
         if layout.zero == 3 and layout.dp > 1:
             # ZeRO-3 (Rajbhandari et al. 2020 Sec. 5.3): the current and the prefetched layer
             # are gathered in full, and one layer's full gradient waits for reduce-scatter.

@@ -14,13 +14,14 @@ from paraxis.plan import inputs
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.document import plan_document
 from paraxis.plan.explain import explain
-from paraxis.plan.search import Constraints, search
+from paraxis.plan.search import Constraints, check_interleaving, search
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     inputs.add_arguments(parser, layout_help="evaluate this layout instead of searching, e.g. "
-                         "dp=2,tp=8,pp=4,zero=1,microbatches=64; without microbatches the "
-                         "fields given are fixed and the rest searched")
+                         "dp=2,tp=8,pp=4,zero=1,microbatches=64 (or micro_batch=2, sequences "
+                         "per microbatch, as papers state it); without either the fields "
+                         "given are fixed and the rest searched")
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     limits = parser.add_argument_group("search constraints")
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forbid TP groups that cross nodes")
     limits.add_argument("--no-overlap", action="store_true",
                         help="assume no communication hides behind compute")
+    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "pp"), action="append",
+                        help="this communication does not hide behind compute (repeatable): "
+                        "dp buckets, zero3 prefetch, tp backward; pp: let sends hide")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,45 +52,50 @@ def run(args: argparse.Namespace) -> int:
     cluster = given.cluster()
     precision = given.precision_rule()
     seq_len = args.seq_len or cfg.max_seq_len
-    overlap = Overlap(dp=False, tp=False) if args.no_overlap else Overlap()
+    overlap = overlap_rules(args.no_overlap, args.exposed or ())
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
-    fixed = _layout_fields(args.layout) if args.layout else {}
-    if args.layout and "microbatches" in fixed:
-        # a complete layout: evaluate exactly this one
-        layout = Layout.parse(args.layout)
+    fixed, stated, micro_batch = _layout_fields(args.layout or "")
+    layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
+    if layout is not None:
+        # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
         layout.validate(cluster.world_size, cfg, args.global_batch, seq_len)
+        check_interleaving(layout, cfg)
         best = evaluate(cfg, layout, cluster, seq_len, args.global_batch, precision, overlap)
         layouts, result = [best], None
     else:
         # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
-        partial = Layout.parse(args.layout) if args.layout else None
+        if "virtual_stages" in fixed:
+            check_interleaving(stated, cfg)
         constraints = Constraints(
             max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
-            tp=partial.tp if partial and "tp" in fixed else args.tp,
-            pp=partial.pp if partial and "pp" in fixed else args.pp,
-            dp=partial.dp if partial and "dp" in fixed else args.dp,
-            zero=partial.zero if partial and "zero" in fixed else args.zero,
-            recompute=((partial.recompute,) if partial and "recompute" in fixed
+            tp=stated.tp if "tp" in fixed else args.tp,
+            pp=stated.pp if "pp" in fixed else args.pp,
+            dp=stated.dp if "dp" in fixed else args.dp,
+            zero=stated.zero if "zero" in fixed else args.zero,
+            recompute=((stated.recompute,) if "recompute" in fixed
                        else tuple(args.recompute or RECOMPUTE)),
-            schedules=((partial.schedule,) if partial and "schedule" in fixed
+            schedules=((stated.schedule,) if "schedule" in fixed
                        else tuple(args.schedule or ("1f1b", "interleaved"))),
-            sequence_parallel=((partial.sequence_parallel,) if partial and
-                               "sequence_parallel" in fixed else
-                               (False,) if args.no_sp else (True,)),
-            tp_within_node=args.tp_within_node)
+            virtual_stages=((stated.virtual_stages,) if "virtual_stages" in fixed
+                            else None),
+            sequence_parallel=((stated.sequence_parallel,) if "sequence_parallel" in fixed
+                               else (False,) if args.no_sp else (True,)),
+            tp_within_node=args.tp_within_node, micro_batch=micro_batch)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
                         overlap)
         if not result.ranked:
-            closest = result.too_big[0].reason if result.too_big else "no layout was priced"
+            closest = (result.too_big[0].reason if result.too_big else
+                       result.rule_breakers[0].reason if result.rule_breakers else
+                       "no layout was priced")
             raise ParaxisError(f"no layout of {cfg.name} fits {cluster.world_size} x "
                                f"{cluster.gpu.name} (closest: {closest}); add GPUs, allow "
                                "ZeRO/recompute, or shorten --seq-len")
         layouts = result.top(args.top)
         best = layouts[0]
-    lines = explain(cfg, cluster, best, result, precision)
+    lines = explain(cfg, cluster, best, result, precision, overlap=overlap)
     if args.json:
         print(json.dumps(plan_document(cfg, cluster, seq_len, args.global_batch, precision,
                                        overlap, layouts, lines, result), indent=2))
@@ -98,8 +107,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _layout_fields(text: str) -> set[str]:
-    """The fields a --layout text sets (Layout.parse checks their values)."""
-    keys = {part.partition("=")[0].strip().replace("-", "_") for part in text.split(",")
-            if part.strip()}
-    return {"sequence_parallel" if key == "sp" else key for key in keys}
+MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
+
+
+def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
+    """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
+    zero3 or tp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
+    if no_overlap:
+        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+    return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
+                   zero3_prefetch="zero3" not in exposed)
+
+
+def _layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
+    """The fields a --layout text sets; the layout they describe, with the defaults and the
+    microbatch count the search would choose left at a value the rules accept (so every
+    other rule is checked now); and the micro-batch size (sequences per microbatch, how
+    papers state a run) if the text gives one."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    sizes = [item for item in items if item.partition("=")[0].strip().replace("-", "_")
+             in MICRO_BATCH_KEYS]
+    micro_batch = None
+    if sizes:
+        raw = sizes[-1].partition("=")[2].strip()
+        if not raw.isdigit() or int(raw) < 1:
+            raise ParaxisError(f"layout {sizes[-1]!r}: the micro-batch size must be a positive "
+                               "integer (sequences per microbatch)")
+        micro_batch = int(raw)
+    fields = Layout.parse_fields(",".join(item for item in items if item not in sizes))
+    if "virtual_stages" in fields and fields["virtual_stages"] != 1:
+        fields.setdefault("schedule", "interleaved")
+    # a multiple of pp satisfies every schedule's rule on the microbatch count
+    stated = Layout(**{"microbatches": fields.get("pp", 1), **fields})  # type: ignore[arg-type]
+    return fields, stated, micro_batch
+
+
+def _complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
+                     global_batch: int) -> Layout | None:
+    """The one layout the fields state (microbatches given, or a micro-batch size with dp),
+    or None: a partial layout, whose open fields the search fills."""
+    if micro_batch is not None and "dp" in fields:
+        per_replica, rest = divmod(global_batch, stated.dp * micro_batch)
+        if rest or not per_replica:
+            raise ParaxisError(f"global batch {global_batch} does not split into microbatches "
+                               f"of {micro_batch} over dp={stated.dp}; choose a micro-batch "
+                               f"size dividing {global_batch // stated.dp}")
+        if "microbatches" in fields and stated.microbatches != per_replica:
+            raise ParaxisError(f"dp={stated.dp} x microbatches={stated.microbatches} x "
+                               f"micro_batch={micro_batch} is not the global batch "
+                               f"{global_batch}; give microbatches or micro_batch, not both")
+        return stated.replace(microbatches=per_replica)
+    return stated if "microbatches" in fields else None

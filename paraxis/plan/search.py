@@ -37,7 +37,9 @@ class Constraints:
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     sequence_parallel: tuple[bool, ...] = (True,)
     tp_within_node: bool = False  # forbid TP groups that cross nodes
-    virtual_stages: tuple[int, ...] = (2, 4)  # model chunks per device tried for interleaved
+    # model chunks per device tried for interleaved (None: 2 and 4 where the layers split
+    # evenly into them, else the smallest depth that splits them)
+    virtual_stages: tuple[int, ...] | None = None
     micro_batch: int | None = None  # sequences per microbatch (None: try MICRO_BATCH_SIZES)
 
 
@@ -63,18 +65,44 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _schedule_variants(pp: int, microbatches: int, constraints: Constraints
-                       ) -> list[tuple[str, int]]:
+def check_interleaving(layout: Layout, cfg: ModelConfig) -> None:
+    """Interleaving prices equal model chunks: the layers must split evenly into pp x v
+    chunks (Megatron-LM refuses other depths; Narayanan et al. 2021 Sec. 2.2 assumes it)."""
+    chunks = layout.pp * layout.virtual_stages
+    if layout.virtual_stages > 1 and cfg.n_layers % chunks:
+        fits = [v for v in range(2, cfg.n_layers // layout.pp + 1)
+                if cfg.n_layers % (layout.pp * v) == 0]
+        raise ParaxisError(
+            f"{cfg.n_layers} layers do not split into pp*virtual_stages = {chunks} equal "
+            f"chunks ({cfg.n_layers / chunks:g} layers each); use virtual_stages among "
+            f"{fits[:6] or 'none: no interleaving at this pp'}")
+
+
+def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tuple[int, ...]:
+    if constraints.virtual_stages is not None:
+        return constraints.virtual_stages  # given: a depth that does not split is refused
+    even = [v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0]
+    return tuple(v for v in even if v in (2, 4)) or tuple(even[:1])
+
+
+def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
+                       n_layers: int) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)]
     variants = []
     for kind in constraints.schedules:
         if kind == "interleaved":
-            variants += [(kind, v) for v in constraints.virtual_stages
+            variants += [(kind, v) for v in _interleaving_depths(n_layers, pp, constraints)
                          if v > 1 and microbatches % pp == 0]
         else:
             variants.append((kind, 1))
     return variants
+
+
+def _constraints_text(c: Constraints) -> str:
+    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "max_tp", "max_pp")
+             if getattr(c, name) is not None]
+    return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
 
 
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
@@ -112,6 +140,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             axis_shapes.append((dp, tp, pp))
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
+        if not reasons:  # nothing broke a rule: the constraints left no shape to try
+            raise ParaxisError(f"no (dp, tp, pp) for {world} GPUs is allowed by the constraints "
+                               f"({_constraints_text(c)}); relax them")
         raise ParaxisError(f"no (dp, tp, pp) for {world} GPUs satisfies the rules: {reasons}")
 
     zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
@@ -126,7 +157,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if per_replica % micro_batch:
                     continue
                 microbatches = per_replica // micro_batch
-                for kind, virtual in _schedule_variants(pp, microbatches, c):
+                for kind, virtual in _schedule_variants(pp, microbatches, c,
+                                                         cfg.n_layers):
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         for recompute in c.recompute:
                             try:
@@ -135,6 +167,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                 virtual_stages=virtual, recompute=recompute,
                                                 sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
+                                check_interleaving(layout, cfg)
                             except ParaxisError as error:
                                 result.rule_breakers.append(
                                     Rejection(Layout(dp=dp, tp=tp, pp=pp), str(error)))
@@ -146,11 +179,25 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 result.ranked.append(estimate)
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
-                                layout, f"needs {estimate.memory['total'] / 1e9:.1f} GB per GPU"
-                                f" > {estimate.memory_limit_bytes / 1e9:.0f} GB", estimate))
+                                layout, too_big_reason(estimate), estimate))
     result.ranked.sort(key=_rank_key)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def too_big_reason(estimate: Estimate) -> str:
+    """Why a layout does not fit, naming what takes the memory: the model states, or the
+    activations of how many sequences per microbatch."""
+    memory, layout = estimate.memory, estimate.layout
+    states = memory["params"] + memory["grads"] + memory["optimizer"]
+    if memory["activations"] >= states:
+        what = (f"{memory['activations'] / 1e9:.1f} GB of it activations of "
+                f"{estimate.micro_batch}-sequence microbatches of {estimate.seq_len} tokens "
+                f"(recompute={layout.recompute})")
+    else:
+        what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
+    return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
+            f"{estimate.memory_limit_bytes / 1e9:.0f} GB, {what}")
 
 
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}

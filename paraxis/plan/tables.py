@@ -11,6 +11,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
+from paraxis.plan.uncertainty import error_band
 
 GB = 1e9
 
@@ -30,7 +31,9 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
     if result is not None:
         console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
                       f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule")
-    table = Table(show_lines=False)
+    band = error_band(cluster)
+    table = Table(show_lines=False, caption=f"step s: predicted; validated error ±{band.rms:.1%} "
+                  f"RMS ({band.source})")
     for column in ("#", "layout", "mb", "GB/GPU", "compute s", "tp s", "pp s", "dp s",
                    "bubble s", "step s", "tokens/s", "MFU"):
         table.add_column(column, justify="left" if column == "layout" else "right")

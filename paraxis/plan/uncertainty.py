@@ -1,0 +1,101 @@
+"""How far a prediction can be trusted: the validated error band, ties within it, and the
+hardware parameter that would decide a tie.
+
+A step time is only as good as the cost model behind it. Its error was measured against
+published runs (GPUs: `python -m bench.validate_planner`, docs/validation.md) and against
+runs on this machine (CPU ranks: `python -m bench.predicted_vs_measured`,
+docs/benchmarks.md). The root-mean-square relative error of those comparisons is the band
+every prediction carries; two layouts whose predicted times differ by less than it are a tie
+the model cannot break, and the defence says so, with the parameter (and by how much it
+would have to differ from the preset) that would reorder them. tests/test_plan_uncertainty.py
+recomputes both figures from their sources, so they cannot drift from the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+from paraxis.plan.cost import Estimate
+from paraxis.plan.hardware import Cluster
+
+
+class ErrorBand(NamedTuple):
+    rms: float  # root-mean-square relative error of the validated predictions
+    largest: float  # the largest relative error among them
+    runs: int
+    source: str
+
+
+# Published GPU runs (docs/validation.md): rows of Narayanan 2021 and Korthikanti 2022.
+GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.validate_planner")
+# This machine's CPU ranks (docs/benchmarks.json, section "predicted").
+CPU_BAND = ErrorBand(0.193, 0.330, 12, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
+
+
+def error_band(cluster: Cluster) -> ErrorBand:
+    return CPU_BAND if cluster.cores_per_node else GPU_BAND
+
+
+def step_range(estimate: Estimate, band: ErrorBand) -> tuple[float, float]:
+    """The step time's validated range, predicted x (1 -/+ rms)."""
+    return estimate.step_time_s * (1 - band.rms), estimate.step_time_s * (1 + band.rms)
+
+
+def ties(best: Estimate, ranked: list[Estimate], band: ErrorBand) -> list[Estimate]:
+    """The layouts (after `best`) predicted within the band of it: a tie for the model."""
+    return [e for e in ranked if e is not best
+            and e.step_time_s <= best.step_time_s * (1 + band.rms)]
+
+
+# The hardware parameters a tie may hinge on: (where it lives, field, what it means).
+PARAMETERS = (
+    ("gpu", "matmul_efficiency", "GEMM efficiency"),
+    ("gpu", "nvlink_bandwidth_Bps", "NVLink bandwidth"),
+    ("cluster", "inter_node_bandwidth_Bps", "network bandwidth per GPU"),
+    ("gpu", "link_efficiency", "achieved share of link bandwidth"),
+    ("gpu", "hbm_efficiency", "achieved share of HBM bandwidth"),
+)
+
+
+SEARCH_RANGE = (2 / 3, 3 / 2)
+
+
+def _scaled(cluster: Cluster, where: str, name: str, factor: float) -> Cluster:
+    if where == "gpu":
+        value = getattr(cluster.gpu, name) * factor
+        return cluster.replace(gpu=dataclasses.replace(cluster.gpu, **{name: value}))
+    return cluster.replace(**{name: getattr(cluster, name) * factor})
+
+
+def decider(best: Estimate, rival: Estimate, cluster: Cluster,
+            price: Callable[[Estimate, Cluster], float]) -> tuple[str, float] | None:
+    """The parameter that flips the order of `best` and `rival` with the smallest change,
+    and the factor on it at which they tie, within x2/3 .. x3/2 of the preset (the range a
+    calibration could plausibly move a datasheet-derived figure), or None.
+
+    `price(estimate, cluster)` re-prices an estimate's layout on a changed cluster.
+    """
+    found: tuple[str, float] | None = None
+
+    def gap(where: str, name: str, log_factor: float) -> float:
+        changed = _scaled(cluster, where, name, math.exp(log_factor))
+        return price(rival, changed) / price(best, changed) - 1
+
+    for where, name, meaning in PARAMETERS:
+        now = gap(where, name, 0.0)
+        for end in SEARCH_RANGE:
+            if (gap(where, name, math.log(end)) > 0) == (now > 0):
+                continue  # the order holds all the way to this end
+            near, far = 0.0, math.log(end)  # bisect: the sign flips between near and far
+            for _ in range(12):
+                middle = (near + far) / 2
+                if (gap(where, name, middle) > 0) == (now > 0):
+                    near = middle
+                else:
+                    far = middle
+            if found is None or abs(far) < abs(math.log(found[1])):
+                found = (meaning, math.exp(far))
+    return found
