@@ -14,9 +14,9 @@ import gc
 
 import torch
 
+from paraxis.checkpoint import save
 from paraxis.checkpoint.load import load_checkpoint
 from paraxis.checkpoint.pieces import cut
-from paraxis.checkpoint import save
 from paraxis.checkpoint.save import save_checkpoint
 from paraxis.model import build_model
 from paraxis.model_config import ModelConfig
@@ -63,8 +63,8 @@ def build_train_reload(ctx: RankContext, folder: str) -> dict:
             engine = parallelize(MODEL, ctx.layout, ctx.groups, "cpu")
             load_checkpoint(engine, path, MODEL.to_dict(), ctx.rank)
         loaded = share(engine)
-    return {"peaks": meter.peaks, "starts": meter.starts, "peak": meter.peak, "built": built, "loaded": loaded,
-            "same_initial_weights": same, "limit": LIMIT}
+    return {"peaks": meter.peaks, "starts": meter.starts, "peak": meter.peak, "built": built,
+            "loaded": loaded, "same_initial_weights": same, "limit": LIMIT}
 
 
 def test_no_rank_holds_the_model(tmp_path):
