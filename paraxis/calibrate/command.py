@@ -188,6 +188,11 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                                          busy_ranks)
         log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
             f"to our ranks (one busy rank per core for {busy_s:g} s)")
+        from paraxis.calibrate.baseline import process_baseline_bytes
+
+        device_info["baseline_bytes"] = float(process_baseline_bytes())
+        log(f"a rank's baseline memory (interpreter, torch, gloo): "
+            f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
     profile = build_profile(device_info, compute, timings)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():

@@ -55,6 +55,7 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
         "hbm_bandwidth_Bps": compute["elementwise_Bps"],
         "hbm_efficiency": 1.0,
         "layer_overhead_s": compute.get("layer_overhead_s", 0.0),
+        **({"reserved_bytes": device["baseline_bytes"]} if "baseline_bytes" in device else {}),
         "memory_bytes": device["memory_bytes"],
         # paraxis runs one PyTorch kernel per elementwise op (no fused kernels)
         "kernels": "eager",

@@ -40,7 +40,7 @@ from paraxis.data_parallel.flat import (
 )
 from paraxis.runtime.watchdog import WATCH
 
-MAX_IN_FLIGHT = 1  # ZeRO-2/3 reduce-scatters left pending when the next one launches
+MAX_IN_FLIGHT = 1  # ZeRO-2/3 gradient reductions in flight at once
 
 
 class GradReducer:
@@ -175,15 +175,15 @@ class GradReducer:
         if self.record:
             self.events.append(("launch", index, self._grads_seen, time.perf_counter()))
         if self.shard_grads:
+            # Each reduction holds its unit's whole flat gradient until it is done: waiting
+            # for the previous one before starting the next keeps MAX_IN_FLIGHT of them alive
+            # (each still overlaps the backward of the unit after it), where waiting only in
+            # `finish` would hold the whole model's gradients at once.
+            while len(self._pending) >= MAX_IN_FLIGHT:
+                self._retire_oldest()
             flat = self._take_flat(index)
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
-            # Each reduce-scatter holds a full flat copy of its unit's gradients until it is
-            # done: waiting for the older ones keeps MAX_IN_FLIGHT of them alive besides the
-            # new one (which still overlaps the next unit's backward), where waiting only in
-            # `finish` would hold the whole model's gradients at once.
-            while len(self._pending) > MAX_IN_FLIGHT + 1:
-                self._retire_oldest()
         elif self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in
             # a shard-sized buffer and is copied into the bucket when it has arrived.

@@ -255,7 +255,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
-                           gpu.attention_kernel)
+                           gpu.attention_kernel, gpu.reserved_bytes)
     tokens_per_microbatch = micro_batch * seq_len
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,

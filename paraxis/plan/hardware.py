@@ -78,6 +78,10 @@ class GPU:
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
     # shard size. 0: not measured (datasheet presets, older profiles): not priced.
     layer_overhead_s: float = 0.0
+    # Memory held back from the model on every device: the CUDA context, NCCL workspaces and
+    # allocator slack on a GPU (a round 2 GB), or on a CPU a rank's process baseline
+    # (interpreter, PyTorch, gloo) measured by `paraxis calibrate` (calibrate/baseline.py).
+    reserved_bytes: float = 2e9
     # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name

@@ -64,6 +64,32 @@ RESERVED_BYTES = 2e9
 COMM_BUCKET_BYTES = 25e6
 
 
+def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
+                       precision: Precision) -> float:
+    """What ZeRO-3 holds beyond its shards at its fullest moment, as paraxis's runtime does it
+    (data_parallel/zero.py, buckets.py): units are the embedding, each block, the final norm
+    and the LM head (one root unit for a tied embedding and head, gathered for the whole step;
+    a whole pipeline stage is one root unit until ZeRO-3 with pipelines shards it).
+
+    - During a block's backward: that block and the prefetched one gathered (2 L params),
+      the block's flat gradient filling up and the previous unit's still being reduced (one
+      reduction in flight: 2 L grads), and one parameter's fresh gradient (its largest
+      matrix M) before it moves into the flat buffer.
+    - At the start of backward: the LM head gathered and its whole gradient (2 H).
+    """
+    pb, gb = precision.param_bytes, precision.grad_bytes
+    if layout.pp > 1:
+        return local_params * (pb + gb)
+    layer = cfg.layer_params() / layout.tp
+    largest = max(cfg.d_model * cfg.d_model, cfg.d_model * cfg.d_ff) / layout.tp
+    block = 2 * layer * pb + 2 * layer * gb + largest * gb
+    head = cfg.vocab_size * cfg.d_model / layout.tp
+    if cfg.tied_embeddings:
+        root = (cfg.embedding_params() + cfg.head_params()) / layout.tp
+        return root * pb + max(block, head * gb)
+    return max(block, head * (pb + gb))
+
+
 @functools.lru_cache(maxsize=4096)
 def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None) -> Partition:
     return partition_layers(cfg, pp, virtual, seq_len=seq_len)  # a layout search asks often
@@ -93,7 +119,8 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
-                  attention: str = RUNTIME_KERNEL.name) -> dict[str, float]:
+                  attention: str = RUNTIME_KERNEL.name,
+                  reserved: float = RESERVED_BYTES) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
@@ -119,19 +146,19 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         activations = in_flight * layers[stage] * per_layer
         if stage == layout.pp - 1:
             activations += logits_bytes(cfg, seq_len, micro_batch, layout.tp)
+        # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
+        # every one of them at 4 bytes.
+        activations *= precision.activation_bytes / 2
         buffers = 0.0
         if layout.recompute == "full":
             buffers += full_layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
                                                    layout.sequence_parallel, attention)
-        if layout.zero == 3 and layout.dp > 1:
-            # ZeRO-3 (Rajbhandari et al. 2020 Sec. 5.3): the current and the prefetched layer
-            # are gathered in full, and one layer's full gradient waits for reduce-scatter.
-            layer = cfg.layer_params() / layout.tp
-            buffers += layer * (2 * precision.param_bytes + precision.grad_bytes)
-        if layout.dp > 1:
+        if layout.zero == 3:
+            buffers += zero3_buffer_bytes(cfg, layout, local, precision)
+        elif layout.dp > 1:
             buffers += 2 * COMM_BUCKET_BYTES
         row = {**states, "activations": activations, "buffers": buffers,
-               "reserved": RESERVED_BYTES}
+               "reserved": reserved}
         row["total"] = sum(row.values())
         row["stage"] = stage
         if not worst or row["total"] > worst["total"]:

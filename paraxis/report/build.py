@@ -48,12 +48,9 @@ class Plan:
         return self.device_memory(self.estimate)
 
     def device_memory(self, estimate: Estimate) -> dict[str, float]:
-        """An estimate's memory per device. A CPU rank has no device context or allocator
-        pool to hold back: the planner's reserve for them is left out."""
-        memory = dict(estimate.memory)
-        if self.hardware.cpu:
-            memory["total"] -= memory.pop("reserved", 0.0)
-        return memory
+        """An estimate's memory per device; on a CPU its reserve is a rank's process baseline
+        (interpreter, PyTorch, gloo), as `paraxis calibrate` measured it."""
+        return dict(estimate.memory)
 
 
 def make_plan(hardware: Hardware) -> Plan:

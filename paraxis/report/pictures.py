@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
+from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.report.text import duration, layout_text
 from paraxis.viz.grid import plot_rank_grid
 from paraxis.viz.html import figure
@@ -70,15 +70,16 @@ def _memory(plan: Plan) -> Section:
         rows.append(model_state_bytes(round(params / layout.tp), layout.dp, layout.zero,
                                       precision))
         labels.append(f"stage {stage}\nmodel states")
-    worst = layout_memory(cfg, layout, plan.seq_len, plan.estimate.micro_batch, precision)
-    leave = ("stage", "total", "reserved") if hw.cpu else ("stage", "total")
+    worst = plan.memory
+    leave = ("stage", "total")
     rows.append({k: v for k, v in worst.items() if k not in leave})
     labels.append(f"stage {int(worst['stage'])}\neverything")
-    reserve = "" if not hw.cpu else " (CPU ranks hold no device reserve)"
+    reserve = ("" if not hw.cpu else
+               " (reserved: a rank's process baseline, interpreter, PyTorch and gloo)")
     stages = figure(figure_data_uri(plot_stage_memory(
         rows, gpu.memory_bytes, capacity, layout_text(layout), labels, hw.device)),
         "memory per stage", "Model states on every pipeline stage, and the planner's full "
-        f"count (activations, buffers{', reserved' if not hw.cpu else ''}) for the stage "
+        "count (activations, buffers, reserved) for the stage "
         f"that needs the most: the one that must fit{reserve}.")
     return ("memory", "Memory", zero + stages)
 
