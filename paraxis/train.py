@@ -82,7 +82,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
-                              dtype=train.dtype, weight_decay=cfg.optimizer.weight_decay,
+                              precision=train.precision, weight_decay=cfg.optimizer.weight_decay,
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet)
         if not cfg.logging.quiet:

@@ -34,19 +34,19 @@ from paraxis.model_config import ModelConfig
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
 from paraxis.pipeline_parallel.stage import stage_parts
+from paraxis.precision import PrecisionPolicy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import Engine
 from paraxis.tensor_parallel.apply import apply_tensor_parallel
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
-                autocast_dtype: torch.dtype | None = None, weight_decay: float = 0.1,
+                precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
                 eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
-    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`)."""
+    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
+    precision: the policy (`paraxis.precision`), which every axis below follows."""
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages)
     # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
@@ -62,12 +62,11 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(
         model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
-        # the pipeline executor autocasts but does not scale the loss: no fp16 scaler there
-        autocast_dtype=autocast_dtype if layout.pp == 1 else None, device=device)
+        device=device, precision=precision)
     if layout.pp == 1:
         return data_parallel
-    # 5. the pipeline schedule drives the stage's parts
-    return PipelineEngine(parts, data_parallel, groups, autocast_dtype)
+    # 5. the pipeline schedule drives the stage's parts (and scales fp16's loss)
+    return PipelineEngine(parts, data_parallel, groups)
 
 
 @torch.no_grad()
@@ -85,19 +84,21 @@ def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
 
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
-                 device: str | torch.device, *, seed: int, dtype: str = "fp32",
-                 weight_decay: float = 0.1, bucket_mb: float = 25.0,
-                 seq_len: int | None = None, announce: bool = False) -> Engine:
+                 device: str | torch.device, *, seed: int,
+                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
+                 bucket_mb: float = 25.0, seq_len: int | None = None,
+                 announce: bool = False) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
-    dtype: compute precision ("fp32", "bf16", "fp16"); seq_len: weighs attention in the
-    pipeline split; announce: print the split (rank 0, when not quiet).
+    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16") or a
+    policy; seq_len: weighs attention in the pipeline split; announce: print the split
+    (rank 0, when not quiet).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
     if announce and layout.pp > 1:
         print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
-                         autocast_dtype=DTYPES[dtype], weight_decay=weight_decay,
+                         precision=precision, weight_decay=weight_decay,
                          bucket_bytes=int(bucket_mb * 2**20))
     materialize(engine, model_cfg, seed)
     return engine
