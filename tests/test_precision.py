@@ -22,11 +22,11 @@ from paraxis.testing import RankContext, run_on_ranks
 
 TINY = PRESETS["tiny"]
 STEPS = 3
-# bf16 keeps 8 bits of mantissa (fp16 11): after 3 steps of the tiny model the losses stay
-# within 1% of fp32 and the gradient norms within 3% (bf16) / 1% (fp16); measured spread
-# is several times smaller (docs/precision.md).
-LOSS_TOL = {"fp32": 1e-5, "bf16": 1e-2, "bf16-fp32grad": 1e-2, "fp16": 1e-2}
-NORM_TOL = {"fp32": 1e-4, "bf16": 3e-2, "bf16-fp32grad": 3e-2, "fp16": 1e-2}
+# bf16 keeps 8 bits of mantissa (fp16 11). Over these layouts the 16-bit losses came within
+# 4.2e-5 of fp32's (relative) and the gradient norms within 1.9e-3 (bf16) and 4.6e-4
+# (fp16), fp32 within 1e-7 (docs/precision.md): the bounds leave 5-7x of room.
+LOSS_TOL = {"fp32": 1e-6, "bf16": 3e-4, "bf16-fp32grad": 3e-4, "fp16": 3e-4}
+NORM_TOL = {"fp32": 1e-6, "bf16": 1e-2, "bf16-fp32grad": 1e-2, "fp16": 3e-3}
 
 
 def _batch(rows: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,16 +58,18 @@ def _every_policy(ctx: RankContext) -> dict[str, tuple[list[float], list[float]]
 
 LAYOUTS = ["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,sp=true,zero=3,microbatches=2",
            "tp=2,pp=2,microbatches=2", "dp=4,zero=0", "dp=4,zero=2,microbatches=2"]
+LAYOUTS_3D = ["dp=2,tp=2,sp=true,pp=2,zero=2,microbatches=2"]
 
 
 @pytest.mark.slow
 def test_every_policy_trains_close_to_fp32_on_every_layout():
-    """Each policy on dp, tp (with sp), pp and ZeRO 0-3 against the single-device fp32 run;
-    fp16 on dp=2 x pp=2 is the case whose gradients the executor left unscaled (its norm
-    came out 8.6e-05 against fp32's 5.62)."""
+    """Each policy on dp, tp (with sp), pp, ZeRO 0-3 and 3D against the single-device fp32
+    run; fp16 on dp=2 x pp=2 is the case whose gradients the executor left unscaled (its
+    norm came out 8.6e-05 against fp32's 5.62)."""
     reference = _train_single()
     results = run_on_ranks(LAYOUTS, _every_policy, timeout_s=300)
-    for layout, by_rank in zip(LAYOUTS, results, strict=True):
+    results += run_on_ranks(LAYOUTS_3D, _every_policy, timeout_s=300)
+    for layout, by_rank in zip(LAYOUTS + LAYOUTS_3D, results, strict=True):
         for name in POLICIES:
             losses, norms = by_rank[0][name]
             assert all(r[name] == by_rank[0][name] for r in by_rank), (layout, name)
