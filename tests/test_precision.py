@@ -213,3 +213,13 @@ def test_compiled_blocks_match_eager():
         for eager, compiled in by_rank:
             # losses, gradient norms and a held-out loss, step by step: fp32 rounding only
             assert compiled == pytest.approx(eager, rel=1e-5), layout
+
+
+def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch, tmp_path):
+    from paraxis.runtime.parallelize import check_compiler
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no g++, clang++ or c++
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(ParaxisError, match="--compile on CPU needs a C\\+\\+ compiler"):
+        check_compiler(torch.device("cpu"))
+    check_compiler(torch.device("cuda"))  # GPU kernels are Triton's: nothing to check here
