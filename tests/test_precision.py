@@ -223,3 +223,27 @@ def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(ParaxisError, match="--compile on CPU needs a C\\+\\+ compiler"):
         check_compiler(torch.device("cpu"))
     check_compiler(torch.device("cuda"))  # GPU kernels are Triton's: nothing to check here
+
+
+def _train_run(ctx: RankContext) -> dict[str, list]:
+    from paraxis.config import RunConfig
+    from paraxis.train import run_training
+
+    out = {}
+    for precision in ("fp32", "fp16"):
+        cfg = RunConfig.from_flags(model="tiny", steps=3, global_batch=4, seq_len=16,
+                                   quiet=True, precision=precision, layout=str(ctx.layout))
+        out[precision] = run_training(cfg)
+    return out
+
+
+@pytest.mark.slow
+def test_paraxis_train_runs_fp16_through_the_pipeline():
+    """`paraxis train --precision fp16 --pp 2` (refused before the executor scaled its
+    loss): it trains as fp32 does, and its metrics carry the loss scale."""
+    runs = run_on_ranks("pp=2,microbatches=2", _train_run)[0]
+    fp32 = [r["loss"] for r in runs["fp32"]]
+    fp16 = [r["loss"] for r in runs["fp16"]]
+    assert fp16 == pytest.approx(fp32, rel=LOSS_TOL["fp16"])
+    assert [r["loss_scale"] for r in runs["fp16"]] == [2.0**16] * 3
+    assert all("loss_scale" not in r for r in runs["fp32"])
