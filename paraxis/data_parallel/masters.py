@@ -74,6 +74,3 @@ class MasterWeights:
         torch._foreach_copy_(self.owned, self.masters)
         for _, view, _, _ in self.views:
             view.grad = None
-
-    def tensors(self) -> list[torch.Tensor]:
-        return list(self.masters)
