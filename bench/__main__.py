@@ -1,10 +1,11 @@
 """`python -m bench` (or `make bench`): every benchmark in one run.
 
 Writes docs/benchmarks.md and docs/benchmarks.json: the paraxis-vs-peer rows (overhead, dp,
-tp, pp), then the calibrated hardware profile (calibrate, also written as
-docs/hardware-profile.json), the planner's predicted step time next to the measured one
-(predicted), the scaling picture (scaling, docs/img/scaling.png) and, on a CUDA machine,
-paraxis's bf16 step on one GPU with its MFU (gpu; not run without CUDA).
+tp, pp; compile: `--compile` next to eager paraxis), then the calibrated hardware profile
+(calibrate, also written as docs/hardware-profile.json), the planner's predicted step time
+next to the measured one (predicted), the scaling picture (scaling, docs/img/scaling.png)
+and, on a CUDA machine, paraxis's bf16 step on one GPU with its MFU (gpu; not run without
+CUDA); each precision policy next to fp32 (precision).
 `--quick` runs each part at a tiny size (the smoke test uses it); `--only dp,predicted` picks
 parts, keeping the other parts' last results from the JSON; predicted and scaling always
 calibrate first, in the same run.
@@ -25,8 +26,8 @@ import torch
 
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
-          "pp": "bench.bench_pp"}
-SECTIONS = ("calibrate", "predicted", "scaling", "gpu")
+          "pp": "bench.bench_pp", "compile": "bench.bench_compile"}
+SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision")
 CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 
 
@@ -79,9 +80,12 @@ def _previous(json_path: Path, quick: bool) -> dict:
 
 
 def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
-    from bench import calibration, gpu, predicted_vs_measured, scaling
+    from bench import calibration, gpu, precision, predicted_vs_measured, scaling
 
     sections: dict[str, dict] = {}
+    if "precision" in wanted:
+        print("running precision policies ...", flush=True)
+        sections["precision"] = precision.run(quick)
     if "gpu" in wanted:
         print("running one GPU (bf16 GPT-2 124M) ...", flush=True)
         sections["gpu"] = gpu.run(quick)
@@ -102,7 +106,7 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
 
 
 def render(doc: dict) -> str:
-    from bench import calibration, gpu, predicted_vs_measured, scaling
+    from bench import calibration, gpu, precision, predicted_vs_measured, scaling
 
     info = doc["machine"]
     parts = [
@@ -125,7 +129,7 @@ def render(doc: dict) -> str:
             "alone in its processes.\n\n"
             + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
-                 "scaling": scaling.render, "gpu": gpu.render}
+                 "scaling": scaling.render, "gpu": gpu.render, "precision": precision.render}
     for name in SECTIONS:
         if name in doc["sections"]:
             parts.append(renderers[name](doc["sections"][name]))

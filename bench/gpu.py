@@ -41,7 +41,7 @@ def measure(device: torch.device, setting: dict) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     layout = Layout()
-    engine = build_engine(cfg, layout, build_groups(layout), device, seed=0, dtype="bf16")
+    engine = build_engine(cfg, layout, build_groups(layout), device, seed=0, precision="bf16")
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
     step = engine_step(engine, x, y, clip=1.0)
     measured = measure_steps(step, setting["steps"], setting["warmup"], device)

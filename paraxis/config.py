@@ -3,7 +3,8 @@
     [model]      name = "tiny-llama"
     [data]       path = "embedded"  dtype = "uint16"  tokenizer = "tok/tokenizer.json"
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
-                 dtype = "fp32"  bucket_mb = 25.0  timeout_s = 600  on_nan = "stop"
+                 precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
+                 on_nan = "stop"
     [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
                  grad_clip = 1.0
     [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
@@ -37,10 +38,10 @@ from typing import Any
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.options import option
+from paraxis.precision import POLICIES as PRECISIONS
 from paraxis.runtime.nan_policy import POLICIES
 
 FP32_MAX = 3.4028234663852886e38
-DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,11 @@ class TrainSection:
     seq_len: int = option(128, "tokens per sequence")
     seed: int = option(0, "seed of the initial weights and of the batch order")
     device: str = option("auto", "auto, cpu or cuda")
-    dtype: str = option("fp32", "compute precision: fp32, bf16 or fp16")
+    precision: str = option("fp32", "precision policy: fp32, bf16 (bf16 parameters and "
+                            "gradients, fp32 masters), bf16-fp32grad or fp16 (loss scaling); "
+                            "docs/precision.md")
+    compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
+                           "stay eager)")
     bucket_mb: float = option(25.0, "data-parallel gradient bucket size in MiB")
     timeout_s: float = option(600.0, "seconds any collective or message may wait before the "
                               "run stops, naming it")
@@ -199,13 +204,9 @@ class RunConfig:
                                "weights), not both")
         if ckpt.resume == "auto" and not ckpt.dir:
             raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
-        if train.dtype not in DTYPES:
-            raise ParaxisError(f"--dtype {train.dtype} is unknown; use fp32, bf16 or fp16")
-        if train.dtype == "fp16" and self.layout.pp > 1:
-            # The pipeline executor does not scale its loss yet: fp16 gradients would
-            # underflow unseen (the precision policy of issue 19 brings scaling there).
-            raise ParaxisError("--dtype fp16 with pp > 1 has no loss scaling yet; use "
-                               "--dtype bf16 (no scaling needed) or fp32")
+        if train.precision not in PRECISIONS:
+            raise ParaxisError(f"--precision {train.precision} is unknown; use "
+                               f"{', '.join(PRECISIONS)}")
         for flag, value in (("--global-batch", train.global_batch),
                             ("--log-every", self.logging.log_every),
                             ("--nproc", self.launch.nproc)):

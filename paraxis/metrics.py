@@ -58,15 +58,17 @@ def over_ranks(value: int) -> list[int]:
     return [int(t) for t in gathered]
 
 
-def print_model_states(states: dict[str, int], rank: int, world: int) -> None:
+def print_model_states(states: dict[str, int], rank: int, world: int,
+                       precision: str | None = None) -> None:
     """One line: the bytes of parameters, gradients and optimizer states (an engine's
-    `memory_report`) on the fullest rank, which is what sharding shrinks. Collective: every
-    rank calls it."""
+    `memory_report`) on the fullest rank, which is what sharding shrinks, and the precision
+    policy that sized them. Collective: every rank calls it."""
     largest = {kind: max_over_ranks(size) for kind, size in states.items()}
     if rank == 0 and largest:
         shown = ", ".join(f"{kind} {size / 1e6:.3g} MB" for kind, size in largest.items())
         where = "this rank" if world == 1 else f"the fullest of {world} ranks"
-        print(f"model states on {where}: {shown}", file=sys.stderr, flush=True)
+        policy = f" [{precision}]" if precision else ""
+        print(f"model states on {where}: {shown}{policy}", file=sys.stderr, flush=True)
 
 
 def device_peak_flops(device: torch.device, peak_tflops: float | None = None,

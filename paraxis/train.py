@@ -53,6 +53,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.data import TokenData
     from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
+    from paraxis.precision import get_policy
     from paraxis.runtime.distributed import (
         build_groups,
         init_distributed,
@@ -82,11 +83,13 @@ def run_training(cfg: RunConfig) -> list[dict]:
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
-                              dtype=train.dtype, weight_decay=cfg.optimizer.weight_decay,
+                              precision=train.precision, compile=train.compile,
+                              weight_decay=cfg.optimizer.weight_decay,
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet)
         if not cfg.logging.quiet:
-            print_model_states(engine.memory_report(), rank, world)
+            print_model_states(engine.memory_report(), rank, world,
+                               get_policy(train.precision).describe())
         if rank == 0:
             write_config(cfg)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
@@ -168,6 +171,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
                 record["val_loss"] = _evaluate(cfg, engine, data, groups, device)
             if problem:
                 record["skipped"] = problem
+            if engine.loss_scaler is not None:  # fp16: the scale the next step uses
+                record["loss_scale"] = engine.loss_scaler.state_dict()["scale"]
             records.append(record)
             if sink:
                 sink.write(record)

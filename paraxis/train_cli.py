@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "pp=1)")
         for f in dataclasses.fields(cls):
             _add_flag(group, section, cls, f)
+    # --dtype (autocast over fp32 state) became the precision policy: say so in one line
+    parser.add_argument("--dtype", dest="removed_dtype", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
 
 
 def _add_flag(group: argparse._ArgumentGroup, section: str, cls: type,
@@ -64,6 +67,9 @@ def _add_flag(group: argparse._ArgumentGroup, section: str, cls: type,
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the --config run file, then every flag given on the command line."""
+    if hasattr(args, "removed_dtype"):
+        raise ParaxisError(f"--dtype is now --precision (fp32, bf16, bf16-fp32grad, fp16; "
+                           f"docs/precision.md): use --precision {args.removed_dtype}")
     config = getattr(args, "config", None)
     base = read_run_file(config) if config else RunConfig()
     given = {key: value for key, value in vars(args).items()

@@ -66,7 +66,7 @@ def test_every_field_has_help_and_reads_back(tmp_path):
     for section, cls in sections().items():
         if section != "layout":
             assert all(f.metadata["help"] for f in dataclasses.fields(cls)), section
-    cfg = RunConfig.from_flags(model="tiny-llama", tokenizer="tok.json", seed=3, dtype="bf16",
+    cfg = RunConfig.from_flags(model="tiny-llama", tokenizer="tok.json", seed=3, precision="bf16",
                                on_nan="skip", warmup=0, layout="tp=2,sp=true,pp=2",
                                microbatches=4, eval_every=5, quiet=True, keep=0,
                                checkpoint_dir="ck", resume="auto", nproc=4, max_restarts=1,

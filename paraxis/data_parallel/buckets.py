@@ -21,6 +21,11 @@ collectives in the same order even if hooks fired in another.
 
 Sums are divided by the dp size once every bucket has arrived (`finish`): the mean of the
 per-rank mean losses is the global-batch mean loss.
+
+Gradients accumulate and are reduced in `grad_dtype` (the precision policy's, default: the
+parameters' dtype). When it differs from the parameters' (bf16 parameters, fp32 gradients:
+Megatron's `main_grad`), autograd's gradient of each backward is added into the unit's flat
+fp32 buffer by the hook and dropped, so microbatches accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ from paraxis.runtime.watchdog import WATCH
 
 MAX_IN_FLIGHT = 1  # ZeRO-2/3 gradient reductions in flight at once
 
-
 class GradReducer:
     """Hooks every parameter of `units`; reduces each unit's gradient over `group`.
 
@@ -53,8 +57,12 @@ class GradReducer:
     def __init__(self, units: list[FlatUnit], group: dist.ProcessGroup | None,
                  shard_grads: bool,
                  on_unit_backward_done: Callable[[int], None] | None = None,
-                 reduce_to_shard: bool = False) -> None:
+                 reduce_to_shard: bool = False, grad_dtype: torch.dtype | None = None) -> None:
         self.units = units
+        self.grad_dtype = grad_dtype or units[0].dtype
+        # autograd makes gradients in the parameters' dtype: another one is accumulated by
+        # the hook into the flat buffers
+        self.accumulate = any(unit.dtype != self.grad_dtype for unit in units)
         self.group = group
         self.dp_size = group_size(group)
         self.shard_grads = shard_grads
@@ -65,11 +73,11 @@ class GradReducer:
         self.record = False  # when True, `events` gets (kind, index, grads_seen, time)
         self.events: list[tuple[str, int, int, float]] = []
         self._unit_of: dict[int, int] = {}
-        self._start_of: dict[int, int] = {}  # where a parameter starts in its unit's flat
+        self._span_of: dict[int, tuple[int, int]] = {}
         for index, unit in enumerate(units):
-            for p, start, _ in unit.spans():
+            for p, start, end in unit.spans():
                 self._unit_of[id(p)] = index
-                self._start_of[id(p)] = start
+                self._span_of[id(p)] = (start, end)
         self._grads_seen = 0
         self._flats: dict[int, torch.Tensor] = {}  # ZeRO-2/3: unit -> its flat gradient
         self._ready = [0] * len(units)
@@ -80,13 +88,14 @@ class GradReducer:
         self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
                             else "all_reduce")  # what finish() waits on
         for unit in units:
+            unit.grad_accum = None  # ZeRO-2/3 with `accumulate`: the full flat sum, transient
             if shard_grads:
-                unit.grad_shard = torch.zeros(unit.shard_numel, dtype=unit.dtype,
+                unit.grad_shard = torch.zeros(unit.shard_numel, dtype=self.grad_dtype,
                                               device=unit.device)
             else:
                 # One persistent buffer per bucket; the params' .grad are views into it, so
                 # the bucket is already flat when its all-reduce launches (no copy).
-                unit.grad_full = torch.zeros(unit.padded_numel, dtype=unit.dtype,
+                unit.grad_full = torch.zeros(unit.padded_numel, dtype=self.grad_dtype,
                                              device=unit.device)
                 unit.grad_shard = unit.shard_of(unit.grad_full)
         self.attach_grad_views()
@@ -100,7 +109,7 @@ class GradReducer:
                     lambda param, reducer=reducer: reducer()._on_grad(param))
 
     def attach_grad_views(self) -> None:
-        if self.shard_grads:
+        if self.shard_grads or self.accumulate:
             return
         for unit in self.units:
             for p, start, end in unit.spans():
@@ -114,13 +123,39 @@ class GradReducer:
         self._ready = [0] * len(self.units)
         self._grads_seen = 0
 
+    def _flat_grads(self, unit: FlatUnit) -> torch.Tensor:
+        """Where `accumulate` adds the unit's gradients: its bucket, or (ZeRO-2/3) a full
+        flat buffer that lives until the unit's reduce-scatter is launched."""
+        if not self.shard_grads:
+            return unit.grad_full
+        if unit.grad_accum is None:
+            unit.grad_accum = torch.zeros(unit.padded_numel, dtype=self.grad_dtype,
+                                          device=unit.device)
+        return unit.grad_accum
+
+    def grad_of(self, param: torch.Tensor) -> torch.Tensor:
+        """The gradient accumulated so far for `param`, as a tensor that the reduction reads
+        (a view into the flat buffer under `accumulate`; else `param.grad`, made zero if
+        missing): in-place changes, like the tied embedding's sum, reach the reduction."""
+        if not self.accumulate:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            return param.grad
+        start, end = self._span_of[id(param)]
+        flat = self._flat_grads(self.units[self._unit_of[id(param)]])
+        return flat[start:end].view(param.shape)
+
     def _on_grad(self, param: torch.Tensor) -> None:
         index = self._unit_of[id(param)]
+        if self.accumulate:
+            start, end = self._span_of[id(param)]
+            self._flat_grads(self.units[index])[start:end].add_(param.grad.reshape(-1))
+            param.grad = None
+        elif self.shard_grads and self.sync:
+            self._into_flat(index, param)
         self._grads_seen += 1
         if self.record:
             self.events.append(("grad", index, self._grads_seen, time.perf_counter()))
-        if self.shard_grads and self.sync:
-            self._into_flat(index, param)
         self._ready[index] += 1
         if self._ready[index] < len(self.units[index].params):
             return
@@ -148,8 +183,8 @@ class GradReducer:
                 return
             flat = self._flats[index] = torch.zeros(unit.padded_numel, dtype=unit.dtype,
                                                     device=unit.device)
-        start = self._start_of[id(param)]
-        flat[start:start + param.numel()].copy_(param.grad.reshape(-1))
+        start, end = self._span_of[id(param)]
+        flat[start:end].copy_(param.grad.reshape(-1))
         param.grad = None
 
     def _take_flat(self, index: int) -> torch.Tensor:
@@ -181,7 +216,8 @@ class GradReducer:
             # `finish` would hold the whole model's gradients at once.
             while len(self._pending) >= MAX_IN_FLIGHT:
                 self._retire_oldest()
-            flat = self._take_flat(index)
+            flat = self._flat_grads(unit) if self.accumulate else self._take_flat(index)
+            unit.grad_accum = None
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
         elif self.reduce_to_shard:
@@ -228,14 +264,14 @@ class GradReducer:
             (unit.grad_shard if self.shard_grads else unit.grad_full).zero_()
         if self.shard_grads:
             for unit in self.units:
+                unit.grad_accum = None
                 for p in unit.params:
                     p.grad = None
 
 
 def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, dp_size: int,
                  dp_rank: int, device: torch.device | None = None) -> list[FlatUnit]:
-    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`.
-    device: where the buckets' flat buffers live (default: the parameters' device)."""
+    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`."""
     buckets: list[FlatUnit] = []
     current: list[torch.nn.Parameter] = []
     size = 0

@@ -29,7 +29,8 @@ from torch import nn
 from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.data_parallel.buckets import GradReducer, make_buckets
 from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_size
-from paraxis.data_parallel.precision import LossScaler
+from paraxis.data_parallel.masters import MasterWeights
+from paraxis.data_parallel.precision import LossScaler, any_rank_overflowed, torch_dtype
 from paraxis.data_parallel.zero import (
     ParamGatherer,
     UnitHooks,
@@ -40,6 +41,7 @@ from paraxis.data_parallel.zero import (
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import Transformer
+from paraxis.precision import PrecisionPolicy, autocast_policy, get_policy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import (
     LocalEngine,
@@ -64,21 +66,29 @@ class DataParallelEngine(LocalEngine):
     """Data parallelism over `groups.dp_group` with ZeRO stage `layout.zero`.
 
     bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time).
-    autocast_dtype: bf16/fp16 compute under autocast; parameters, gradients, their reduction
-    and the optimizer stay fp32 (the parameters are the fp32 master weights). fp16 adds
-    dynamic loss scaling. device: where parameters still on the meta device get their storage
-    (default: where the parameters are).
+    precision: the policy (`paraxis.precision`; a preset's name or a policy): parameters are
+    stored in its param dtype, gradients accumulate and are reduced in its grad dtype, a
+    16-bit policy's AdamW updates fp32 masters (`masters.py`), fp16 scales its loss.
+    autocast_dtype: the older form, 16-bit compute over fp32 parameters and gradients
+    (`precision.autocast_policy`). device: where parameters still on the meta device get their
+    storage (default: where the parameters are).
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, autocast_dtype: torch.dtype | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None,
+                 precision: str | PrecisionPolicy = "fp32") -> None:
         self.model = model
         self.layout = layout
         self.groups = groups
-        self.autocast_dtype = autocast_dtype
+        self.policy = policy = get_policy(precision)
+        if autocast_dtype is not None:
+            names = {torch_dtype(n): n for n in ("fp32", "bf16", "fp16")}
+            self.policy = policy = autocast_policy(names[autocast_dtype])
+        self.autocast_dtype = (None if policy.compute_dtype == "fp32"
+                               else torch_dtype(policy.compute_dtype))
         self.zero = layout.zero
         self.dp_group = groups.dp_group if groups is not None else None
         self.dp_size = group_size(self.dp_group)
@@ -87,16 +97,23 @@ class DataParallelEngine(LocalEngine):
                                f"{self.dp_size} ranks; launch dp*tp*pp ranks for the layout")
         if bucket_bytes <= 0:
             raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
-        self.loss_scaler = LossScaler() if autocast_dtype == torch.float16 else None
+        self.loss_scaler = LossScaler() if policy.loss_scaling else None
         self._skip_step = False
+        self._grad_factor = 1.0  # unscale/clip factor left for the fp32 master gradients
         params = [p for p in model.parameters() if p.requires_grad]
         device = device or params[0].device
+        fp32_values = None  # masters start from these, not from their 16-bit roundings
         if any(p.is_meta for p in params):
-            if self.zero == 0:  # ZeRO-1/2/3 give meta parameters views of flat buffers
+            _cast(params, torch_dtype(policy.param_dtype))
+            if self.zero == 0 and not policy.has_masters:  # else views of flat buffers
                 _allocate(params, device)
         else:
             self._broadcast_from_first_rank(params)
+            if policy.has_masters:
+                fp32_values = {id(p): p.detach().float() for p in params}
+            _cast(params, torch_dtype(policy.param_dtype))
         dp_rank = group_rank(self.dp_group)
+        grad_dtype = torch_dtype(policy.grad_dtype)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
             self.units, hooks = _zero3_units(model, params, self.dp_size, dp_rank, device)
@@ -107,23 +124,37 @@ class DataParallelEngine(LocalEngine):
             self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
                                        shard_grads=True,
                                        on_unit_backward_done=lambda i: self.gatherer.free(
-                                           order[i]))
+                                           order[i]), grad_dtype=grad_dtype)
         else:
             self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank, device)
-            if self.zero >= 1:
+            if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
                 for unit in self.units:
                     full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
                     flatten_params_into(unit, full)
                     unit.param_full = full
                     unit.param_shard = unit.shard_of(full)
             self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
-                                       reduce_to_shard=self.zero == 1)
-        if self.zero == 0:
+                                       reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype)
+        self.masters: MasterWeights | None = None
+        if policy.has_masters:
+            whole = self.zero == 0  # ZeRO-0 updates every unit whole
+            owned = [u.param_full if whole else u.param_shard for u in self.units]
+            grads = [u.grad_full if whole else u.grad_shard for u in self.units]
+            self.masters = MasterWeights(self.units, owned, grads, whole)
+            self.optimizer, self.pieces = shard_optimizer(
+                self.units, weight_decay, betas, eps, self.masters.masters, whole)
+            self.masters.attach(self.pieces)
+            if fp32_values is not None:
+                self.masters.fill_from(fp32_values)
+        elif self.zero == 0:
             self.optimizer = make_adamw(params, weight_decay, betas, eps)
             self.pieces = []
         else:
             self.optimizer, self.pieces = shard_optimizer(self.units, weight_decay, betas, eps)
         init_adam_state(self.optimizer)
+        # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
+        self.piece_grads = [] if not self.pieces else _piece_grads(
+            self.units, whole=self.masters is not None and self.zero == 0)
 
     def _broadcast_from_first_rank(self, params: list[nn.Parameter]) -> None:
         """Every rank starts from dp rank 0's weights (as DDP does), whatever their seeds."""
@@ -171,24 +202,27 @@ class DataParallelEngine(LocalEngine):
         return float(value) / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
-        if self.zero == 0:
+        if self.zero == 0 and self.masters is None:
             sharded, replicated = local_norm_squares(list(self.model.parameters()))
             return global_norm_squared(sharded, replicated, self.groups, False)
         # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
-        # parameter (its shard); padding is left out.
-        live = [(piece, master) for piece, master in self.pieces
+        # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
+        live = [(piece, grad) for (piece, _), grad in zip(self.pieces, self.piece_grads,
+                                                          strict=True)
                 if not is_pp_duplicate(piece.param)]
-        sharded = norm_squared([m.grad for p, m in live if is_tp_sharded(p.param)], self.device)
-        replicated = norm_squared([m.grad for p, m in live if not is_tp_sharded(p.param)],
+        sharded = norm_squared([g for p, g in live if is_tp_sharded(p.param)], self.device)
+        replicated = norm_squared([g for p, g in live if not is_tp_sharded(p.param)],
                                   self.device)
-        return global_norm_squared(sharded, replicated, self.groups, True)
+        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1)
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Global norm over every shard; clips (and, for fp16, unscales) in one pass."""
+        """Global norm over every shard; clips (and, for fp16, unscales) in one pass: on
+        fp32 gradients in place, on 16-bit ones in their fp32 master copies at the step."""
         norm = math.sqrt(float(self.grad_norm_squared()))
         factor = 1.0
         if self.loss_scaler is not None:
-            self._skip_step = not math.isfinite(norm)
+            self._skip_step = any_rank_overflowed(math.isfinite(norm), self.groups,
+                                                  self.device)
             self.loss_scaler.update(overflow=self._skip_step)
             if self._skip_step:
                 return norm
@@ -196,15 +230,18 @@ class DataParallelEngine(LocalEngine):
             norm *= factor
         if max_norm > 0 and norm > max_norm:
             factor *= max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
-        if factor != 1.0:
+        if factor != 1.0 and self.reducer.grad_dtype == torch.float32:
             for buffer in self.reducer.grad_buffers():
                 buffer.mul_(factor)
+        elif factor != 1.0:
+            self._grad_factor = factor  # 1/S would underflow in fp16 itself
         return norm
 
     def skipped_overflow(self) -> bool:
         return self._skip_step
 
     def optimizer_step(self, lr: float) -> None:
+        factor, self._grad_factor = self._grad_factor, 1.0
         if self._skip_step:  # fp16 overflow: this step's gradients are not usable
             self._skip_step = False
             return
@@ -212,7 +249,11 @@ class DataParallelEngine(LocalEngine):
             self.gatherer.free_all()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.masters is not None:
+            self.masters.load_grads(factor)
         self.optimizer.step()
+        if self.masters is not None:
+            self.masters.write_back()
         if self.zero in (1, 2):
             # Each rank updated its shard in place; all-gather rebuilds the full parameters.
             # The shard is copied first: an all-gather's input must not alias its output.
@@ -230,6 +271,8 @@ class DataParallelEngine(LocalEngine):
     def checkpoint_entries(self) -> list[Entry]:
         """ZeRO-1/2: whole parameters, AdamW moments of this rank's shard; ZeRO-3: the
         parameters too exist only as this rank's shard."""
+        if self.masters is not None:
+            return self._master_entries()
         if self.zero == 0:
             return super().checkpoint_entries()
         named = self.named_parameters()
@@ -241,6 +284,30 @@ class DataParallelEngine(LocalEngine):
             trainable = [(n, p) for n, p in named if p.requires_grad]
             entries += whole_entries(trainable, self.optimizer.state, place, ("param",))
         return entries
+
+    def _master_entries(self) -> list[Entry]:
+        """A 16-bit policy saves the fp32 masters as the parameters (with their moments).
+        The 16-bit parameters are entries too, never written (owner False) but filled from
+        the same full tensor on load or initialisation, so they equal the rounded masters."""
+        named = self.named_parameters()
+        names = {id(p): n for n, p in named}
+        place = self.place()
+        entries = shard_entries(self.pieces, names, self.optimizer.state, place, KINDS)
+        if self.zero == 0:  # whole masters on every dp rank: one writer
+            for entry in entries:
+                entry.owner = entry.owner and place.dp_rank == 0
+        if self.zero == 3:
+            copies = shard_entries(
+                [(piece, unit.param_shard[piece.shard_lo:piece.shard_hi])
+                 for unit in self.units for piece in unit.pieces()], names, {}, place,
+                ("param",))
+        else:
+            copies = whole_entries([(n, p) for n, p in named if p.requires_grad], {}, place,
+                                   ("param",))
+        for entry in copies:
+            entry.owner = False
+        # by name, so initialisation and loading build each full tensor once
+        return sorted(entries + copies, key=lambda e: (e.name, e.kind))
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -263,8 +330,25 @@ class DataParallelEngine(LocalEngine):
             params += [unit.param_shard for unit in self.units]
         grads = list(self.reducer.grad_buffers())
         grads += [p.grad for p in self.model.parameters() if p.grad is not None]
+        optimizer = list(optimizer_tensors(self.optimizer))
+        if self.masters is not None:
+            optimizer += self.masters.masters
         return {"params": storage_bytes(params), "grads": storage_bytes(grads),
-                "optimizer": storage_bytes(optimizer_tensors(self.optimizer))}
+                "optimizer": storage_bytes(optimizer)}
+
+
+def _cast(params: list[nn.Parameter], dtype: torch.dtype) -> None:
+    """Store `params` in `dtype` (the policy's); the Parameter objects stay (hooks, tied
+    modules and the roles set on them keep referring to them)."""
+    for p in params:
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
+def _piece_grads(units: list[FlatUnit], whole: bool) -> list[torch.Tensor]:
+    """Each piece's reduced gradient, in `shard_optimizer`'s order."""
+    return [(unit.grad_full if whole else unit.grad_shard)[piece.shard_lo:piece.shard_hi]
+            for unit in units for piece in (unit.whole_pieces() if whole else unit.pieces())]
 
 
 def _allocate(params: list[nn.Parameter], device: torch.device) -> None:

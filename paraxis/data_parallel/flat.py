@@ -66,6 +66,11 @@ class FlatUnit:
                 out.append(Piece(p, lo - start, hi - start, lo - lo_shard, hi - lo_shard))
         return out
 
+    def whole_pieces(self) -> list[Piece]:
+        """Every parameter whole, placed in the full flat range: the "shard" of a rank that
+        updates all of the unit (ZeRO-0 with fp32 master weights)."""
+        return [Piece(p, 0, end - start, start, end) for p, start, end in self.spans()]
+
     def shard_of(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.shard_start: self.shard_start + self.shard_numel]
 

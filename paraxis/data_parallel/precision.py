@@ -5,10 +5,21 @@ fp16 gradients of small magnitude underflow to zero; multiplying the loss by S m
 range, and the fp32 gradients are divided by S before the update. S halves (and the step is
 skipped) when a gradient overflowed, and doubles after `growth_interval` clean steps. The
 overflow test is the global gradient norm, which every rank computes identically after its
-collectives (the DeepSpeed FP16 optimizer's check), so all ranks skip together.
+collectives (the DeepSpeed FP16 optimizer's check), and a flag is reduced over every axis
+(`any_rank_overflowed`), so all ranks skip together.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from paraxis.runtime.watchdog import WATCH
+
+if TYPE_CHECKING:
+    from paraxis.runtime.distributed import ParallelGroups
 
 
 class LossScaler:
@@ -38,3 +49,25 @@ class LossScaler:
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.scale = self.last_scale = float(state["scale"])
         self._clean_steps = int(state["clean_steps"])
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a policy's dtype name (`paraxis.precision` has names only, so the
+    planner imports no torch)."""
+    return TORCH_DTYPES[name]
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def any_rank_overflowed(finite: bool, groups: ParallelGroups | None,
+                        device: torch.device) -> bool:
+    """True on every rank when any rank's gradients hold an inf/NaN. The global norm alone
+    is not enough: a TP-replicated gradient enters it on its own rank only, so one rank
+    could skip while another steps. A max of the flag over tp, dp and pp settles it."""
+    flag = torch.tensor([0.0 if finite else 1.0], device=device)
+    for group in (groups.tp_group, groups.dp_group, groups.pp_group) if groups else ():
+        if group is not None:
+            with WATCH.waiting("all_reduce", group):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())

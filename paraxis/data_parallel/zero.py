@@ -32,17 +32,24 @@ from paraxis.runtime.watchdog import WATCH
 
 
 def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[float, float],
-                    eps: float) -> tuple[torch.optim.AdamW, list[tuple[Piece, torch.Tensor]]]:
+                    eps: float, masters: list[torch.Tensor] | None = None, whole: bool = False
+                    ) -> tuple[torch.optim.AdamW, list[tuple[Piece, torch.Tensor]]]:
     """AdamW over this rank's shard; returns it and the (piece, master view) pairs.
 
     Each unit needs `param_shard` and `grad_shard` (flat, this rank's range). Decay applies to
-    pieces of matrices only, the convention of `make_adamw`.
+    pieces of matrices only, the convention of `make_adamw`. masters: one fp32 flat tensor
+    per unit that AdamW updates instead of the (16-bit) parameters, over the shard, or over
+    the whole unit when `whole` (ZeRO-0); their gradients are set per step where the
+    gradient dtype differs (`data_parallel.masters`).
     """
     decay, no_decay, pieces = [], [], []
-    for unit in units:
-        for piece in unit.pieces():
-            master = unit.param_shard[piece.shard_lo: piece.shard_hi]
-            master.grad = unit.grad_shard[piece.shard_lo: piece.shard_hi]
+    for index, unit in enumerate(units):
+        for piece in unit.whole_pieces() if whole else unit.pieces():
+            owned = unit.param_shard if masters is None else masters[index]
+            grads = unit.grad_full if whole else unit.grad_shard
+            master = owned[piece.shard_lo: piece.shard_hi]
+            if grads.dtype == master.dtype:
+                master.grad = grads[piece.shard_lo: piece.shard_hi]
             (decay if piece.param.dim() >= 2 else no_decay).append(master)
             pieces.append((piece, master))
     optimizer = adamw(decay, no_decay, weight_decay, betas, eps)

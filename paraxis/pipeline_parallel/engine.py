@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from paraxis.checkpoint.entries import Entry
 from paraxis.data_parallel.engine import DataParallelEngine
+from paraxis.data_parallel.precision import torch_dtype
 from paraxis.model import Transformer
 from paraxis.pipeline_parallel.executor import PipelineExecutor
 from paraxis.pipeline_parallel.tied import TiedEmbedding
@@ -32,27 +33,30 @@ from paraxis.schedules import build_schedule, forward_only, validate
 class PipelineEngine(LocalEngine):
     """`parts`: this stage's chunks; `data_parallel`: the engine over their parameters.
 
-    The executor autocasts each stage's compute to `autocast_dtype`; it does not scale the
-    loss, so the data-parallel engine underneath is built without fp16 loss scaling.
+    The precision policy is the data-parallel engine's: the executor autocasts each stage's
+    compute to its compute dtype, sends activations in the parameters' dtype, and starts
+    backward from the loss times fp16's scale, which `clip_grad_norm` below removes once.
     """
 
     def __init__(self, parts: list[Transformer], data_parallel: DataParallelEngine,
-                 groups: ParallelGroups, autocast_dtype: torch.dtype | None = None) -> None:
+                 groups: ParallelGroups) -> None:
         layout = groups.layout
         self.parts = parts
         self.data_parallel = data_parallel
         self.groups = groups
-        self.model, self.layout, self.autocast_dtype = data_parallel.model, layout, autocast_dtype
+        self.model, self.layout = data_parallel.model, layout
+        self.autocast_dtype = data_parallel.autocast_dtype
         self.optimizer = data_parallel.optimizer
         self.loss_scaler = data_parallel.loss_scaler
+        boundary = torch_dtype(data_parallel.policy.param_dtype)
         # The tied pair is found after TP replaced the embedding / head modules.
         self.tied = TiedEmbedding(groups, parts)
         self.schedule = validate(build_schedule(layout.schedule, layout.pp,
                                                 layout.microbatches, layout.virtual_stages))
         self.executor = PipelineExecutor(self.schedule, groups.pp_rank, parts,
-                                         groups.pp_ranks, groups.rank)
+                                         groups.pp_ranks, groups.rank, boundary)
         self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
-                                              parts, groups.pp_ranks, groups.rank)
+                                              parts, groups.pp_ranks, groups.rank, boundary)
         if layout.sequence_parallel:
             # Sequence parallelism keeps the residual stream split along the sequence between
             # blocks, so a stage boundary carries 1/tp of the sequence (Korthikanti et al.).
@@ -66,8 +70,9 @@ class PipelineEngine(LocalEngine):
         micro = self.microbatches(inputs, targets)
         xs, ys = [x for x, _ in micro], [y for _, y in micro]
         self.executor.trace.clear()
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
         loss = self.executor.run(xs, ys, self.autocast_dtype,
-                                 backward_context=self._backward_context)
+                                 backward_context=self._backward_context, loss_scale=scale)
         self.finish_grad_sync()
         return self._loss_from_last_stage(loss)
 
@@ -94,7 +99,8 @@ class PipelineEngine(LocalEngine):
         return self._backward_context(last)
 
     def finish_grad_sync(self) -> None:
-        self.tied.all_reduce_grad()
+        if self.tied.param is not None and self.tied.group is not None:
+            self.tied.all_reduce_grad(self.data_parallel.reducer.grad_of(self.tied.param))
         self.data_parallel.finish_grad_sync()
 
     def reduce_loss(self, loss: float) -> float:

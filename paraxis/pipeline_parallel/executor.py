@@ -5,7 +5,9 @@ The executor decides nothing about order: it walks `schedule.stages[stage]` and,
     recv  -> post irecv for the activation / gradient the next compute needs, wait for it
     F     -> forward of (microbatch, chunk); on the last virtual stage, the loss / M
     send  -> post isend of the output activation / input gradient (waited for at step end)
-    B     -> backward of (microbatch, chunk), gradients accumulate in .grad
+    B     -> backward of (microbatch, chunk), gradients accumulate in .grad; on the last
+             virtual stage backward starts from loss / M times fp16's loss scale, so every
+             stage's gradients carry the scale (the data-parallel engine removes it once)
 
 A run of consecutive send/recv actions (e.g. 1F1B's "send activation, receive gradient") is
 posted together with `dist.batch_isend_irecv`, so neither side waits on the other's send
@@ -50,6 +52,7 @@ class _Step:
     shape: tuple[int, ...]  # of the tensor crossing a stage boundary
     device: torch.device
     autocast_dtype: torch.dtype | None
+    loss_scale: float  # fp16's dynamic loss scale (1: none)
     loss_total: torch.Tensor  # the last stage's sum of loss / M
     # (microbatch, chunk) -> the chunk's input (its .grad is the gradient to send back) and
     # output (kept for the backward)
@@ -73,7 +76,7 @@ class PipelineExecutor:
         self.chunks = chunks
         self.stage_ranks = stage_ranks  # global rank of each pipeline stage
         self.rank = rank
-        self.dtype = dtype
+        self.dtype = dtype  # of the tensors crossing a stage boundary (the parameters')
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
         # receives in schedule order, and this stage's final backward (a forward-only,
@@ -95,16 +98,18 @@ class PipelineExecutor:
 
     def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor],
             autocast_dtype: torch.dtype | None = None,
-            backward_context: Callable[[bool], Any] | None = None) -> torch.Tensor:
+            backward_context: Callable[[bool], Any] | None = None,
+            loss_scale: float = 1.0) -> torch.Tensor:
         """One step over the microbatches; returns the summed loss/M on the last stage (its
-        share of the batch mean) and 0 elsewhere. Gradients accumulate in the chunks.
+        share of the batch mean, unscaled) and 0 elsewhere. Gradients accumulate in the
+        chunks, multiplied by `loss_scale`.
 
         backward_context(is_last): wraps each backward; is_last is True for this stage's
         final backward (data parallelism syncs there, as `DataParallelEngine.no_sync` does).
         """
         device = inputs[0].device
         step = _Step(inputs, targets, self.boundary_shape(inputs[0].shape), device,
-                     autocast_dtype, torch.zeros((), device=device))
+                     autocast_dtype, loss_scale, torch.zeros((), device=device))
         self._post_ahead(0, step)
         position = 0
         while position < len(self.actions):
@@ -162,12 +167,12 @@ class PipelineExecutor:
         here = self.schedule.virtual_stage(self.stage, action.chunk)
         out = step.stage_outputs.pop(key)
         if here == self.last_virtual:
-            out.backward()
+            (out * step.loss_scale if step.loss_scale != 1.0 else out).backward()
         else:
             grad = step.received.pop(("grad", *key), None)
             if grad is None:
                 grad = step.local_grads.pop(key)
-            torch.autograd.backward(out, grad)
+            torch.autograd.backward(out, grad.to(out.dtype))
         x = step.stage_inputs.pop(key)
         if here > 0 and self.schedule.place(here - 1)[0] == self.stage:
             step.local_grads[(action.microbatch, action.chunk - 1)] = x.grad
@@ -190,7 +195,7 @@ class PipelineExecutor:
             key = (action.microbatch, action.chunk)
             if action.kind == "send":
                 if action.tensor == "act":
-                    tensor = step.stage_outputs[key].detach()
+                    tensor = step.stage_outputs[key].detach().to(self.dtype)
                 else:
                     tensor = step.input_grads.pop(key)
                 ops.append(dist.P2POp(dist.isend, tensor.contiguous(), peer, tag=tag))

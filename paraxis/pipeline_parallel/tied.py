@@ -44,10 +44,15 @@ class TiedEmbedding:
             elif part.has_head:
                 self.param = part.lm_head.weight  # the pp_duplicate copy
 
-    def all_reduce_grad(self) -> None:
+    def all_reduce_grad(self, grad: torch.Tensor | None = None) -> None:
+        """Sum `grad` (default: the parameter's .grad), the tied copy's accumulated
+        gradient wherever the data-parallel engine keeps it (fp32 gradients of bf16
+        parameters live in its flat buffers, not in .grad)."""
         if self.param is None or self.group is None:
             return
-        if self.param.grad is None:
-            self.param.grad = torch.zeros_like(self.param)
+        if grad is None:
+            if self.param.grad is None:
+                self.param.grad = torch.zeros_like(self.param)
+            grad = self.param.grad
         with WATCH.waiting("all_reduce", self.group):
-            dist.all_reduce(self.param.grad, group=self.group)
+            dist.all_reduce(grad, group=self.group)

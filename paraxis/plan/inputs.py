@@ -116,8 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--collective-algorithm", choices=("ring", "hierarchical"),
         help="cross-node collectives: one flat ring (NCCL's default) or hierarchical")
     add("--precision", choices=tuple(PRECISIONS), default=precision,
-        help="mixed: bf16 + fp32 Adam, 2+2+12 bytes/param; fp32: 4+4+8 (a run trained "
-             "with --dtype fp32, paraxis train's default); default: "
+        help="paraxis train's policies (docs/precision.md): fp32 4+4+8 bytes/param (the "
+             "CPU default), bf16 (= mixed) 2+2+12, bf16-fp32grad 2+4+12, fp16 2+2+12; "
+             "default: "
              + (precision or "fp32 for a run, else mixed"))
     add("--global-batch", type=int, default=global_batch,
         help=f"sequences per step (default: {global_batch or 'the run config, else 16'})")

@@ -65,6 +65,6 @@ def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Pa
         changes["global_batch"] = run.train.global_batch
     if args.seq_len is None:
         changes["seq_len"] = run.train.seq_len
-    if args.precision is None:  # the planner's two rules: fp32 Adam, or mixed precision
-        changes["precision"] = "fp32" if run.train.dtype == "fp32" else "mixed"
+    if args.precision is None:
+        changes["precision"] = run.train.precision  # the planner knows every policy
     return dataclasses.replace(given, **changes)

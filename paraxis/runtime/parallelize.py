@@ -25,30 +25,36 @@ comments mark where context and expert parallelism go), one field in the Layout
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 from torch import nn
 
 from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import Transformer, init_parameter
 from paraxis.model_config import ModelConfig
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
 from paraxis.pipeline_parallel.stage import stage_parts
+from paraxis.precision import PrecisionPolicy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import Engine
 from paraxis.tensor_parallel.apply import apply_tensor_parallel
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
-                autocast_dtype: torch.dtype | None = None, weight_decay: float = 0.1,
-                eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Engine:
+                precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
+                eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                compile: bool = False) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
-    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`)."""
+    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
+    precision: the policy (`paraxis.precision`), which every axis below follows; compile:
+    `torch.compile` each block's forward (`compile_blocks`)."""
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages)
     # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
@@ -60,16 +66,39 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     # 3. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute)
+    # (compile: after recompute, which wraps what is compiled)
+    if compile:
+        check_compiler(device)
+        for part in parts:
+            compile_blocks(part)
     # 4. gradient sync / ZeRO over the dp group (a group of one when dp = 1)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(
         model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
-        # the pipeline executor autocasts but does not scale the loss: no fp16 scaler there
-        autocast_dtype=autocast_dtype if layout.pp == 1 else None, device=device)
+        device=device, precision=precision)
     if layout.pp == 1:
         return data_parallel
-    # 5. the pipeline schedule drives the stage's parts
-    return PipelineEngine(parts, data_parallel, groups, autocast_dtype)
+    # 5. the pipeline schedule drives the stage's parts (and scales fp16's loss)
+    return PipelineEngine(parts, data_parallel, groups)
+
+
+def compile_blocks(part: Transformer) -> None:
+    """`torch.compile` each block's computation, the block's own hooks outside it (ZeRO-3
+    gathers parameters in them) and the TP collectives inside it eager
+    (`tensor_parallel/comm.py` marks them): the graphs hold the matmuls, norms and
+    elementwise work between communications. Blocks share one graph (parameters are its
+    inputs), so the compile costs about one graph per rank, forward and backward."""
+    for block in part.blocks:
+        block._forward = torch.compile(block._forward)
+
+
+def check_compiler(device: torch.device) -> None:
+    """torch.compile's CPU kernels are C++ built on the spot: without a compiler the first
+    step would fail deep inside inductor, so say it here."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in (
+            os.environ.get("CXX", ""), "g++", "clang++", "c++") if c):
+        raise ParaxisError("--compile on CPU needs a C++ compiler (g++ or clang++, or set "
+                           "CXX); install one or drop --compile")
 
 
 @torch.no_grad()
@@ -88,19 +117,21 @@ def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
 
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
-                 device: str | torch.device, *, seed: int, dtype: str = "fp32",
-                 weight_decay: float = 0.1, bucket_mb: float = 25.0,
-                 seq_len: int | None = None, announce: bool = False) -> Engine:
+                 device: str | torch.device, *, seed: int,
+                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
+                 bucket_mb: float = 25.0, seq_len: int | None = None,
+                 announce: bool = False, compile: bool = False) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
-    dtype: compute precision ("fp32", "bf16", "fp16"); seq_len: weighs attention in the
-    pipeline split; announce: print the split (rank 0, when not quiet).
+    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16") or a
+    policy; seq_len: weighs attention in the pipeline split; announce: print the split
+    (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
     if announce and layout.pp > 1:
         print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
-                         autocast_dtype=DTYPES[dtype], weight_decay=weight_decay,
-                         bucket_bytes=int(bucket_mb * 2**20))
+                         precision=precision, weight_decay=weight_decay,
+                         bucket_bytes=int(bucket_mb * 2**20), compile=compile)
     materialize(engine, model_cfg, seed)
     return engine

@@ -34,6 +34,11 @@ from paraxis.tensor_parallel.counter import record
 SEQ_DIM = 1
 
 
+# `--compile` compiles each block's forward; the collectives in it stay eager (dynamo breaks
+# its graph around them rather than tracing the process group and the watchdog).
+_eager = torch.compiler.disable
+
+
 def _size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
@@ -139,32 +144,38 @@ class _ScatterToSequence(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.group, "backward"), None
 
 
+@_eager
 def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Identity forward, all-reduce backward (Megatron's f)."""
     return x if _size(group) == 1 else _CopyToTP.apply(x, group, "activation")
 
 
+@_eager
 def reduce_from_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-reduce forward, identity backward (Megatron's g)."""
     return x if _size(group) == 1 else _ReduceFromTP.apply(x, group)
 
 
+@_eager
 def gather_from_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-gather along the sequence forward, reduce-scatter backward (SP's g)."""
     return x if _size(group) == 1 else _GatherFromSequence.apply(x, group)
 
 
+@_eager
 def reduce_scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None
                                ) -> torch.Tensor:
     """Reduce-scatter along the sequence forward, all-gather backward (SP's g-bar)."""
     return x if _size(group) == 1 else _ReduceScatterToSequence.apply(x, group)
 
 
+@_eager
 def scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """This rank's sequence chunk forward, all-gather backward."""
     return x if _size(group) == 1 else _ScatterToSequence.apply(x, group)
 
 
+@_eager
 def sum_grad_over_tp(param: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Identity forward; backward sums the gradient over the TP group.
 

@@ -1,0 +1,72 @@
+"""`--compile` next to eager paraxis: the same engine, each block's forward compiled.
+
+Layouts of issue 19's acceptance: dp=2 ZeRO-3 (parameters gathered in hooks around the
+compiled forward), tp=2 with sequence parallelism (collectives eager between compiled
+pieces) and pp=2 1F1B. Before timing, each layout checks that compiled losses equal eager
+ones to fp32 rounding (relative 1e-5 over three steps and a held-out batch); the suite
+tests two of them (tests/test_precision.py), this the third and the speed. Compiling costs
+tens of seconds per rank the first time here (torch inductor's cache shortens later runs);
+that cost is outside the timed steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from bench.common import Row, compare, engine_step, rank_device, token_batch
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.runtime.distributed import build_groups
+from paraxis.runtime.parallelize import build_engine
+from paraxis.testing import run_distributed
+
+MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
+LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b")
+
+
+def _setup(layout: Layout, compile: bool, batch: int, seq: int) -> Callable[[], None]:
+    engine = build_engine(MODEL, layout, build_groups(layout), rank_device(), seed=0,
+                          compile=compile)
+    x, y = token_batch(MODEL.vocab_size, batch // layout.dp, seq)
+    return engine_step(engine, x, y, clip=1.0)
+
+
+def _losses(layout: Layout, compile: bool, batch: int, seq: int) -> list[float]:
+    engine = build_engine(MODEL, layout, build_groups(layout), rank_device(), seed=0,
+                          compile=compile)
+    x, y = token_batch(MODEL.vocab_size, batch // layout.dp, seq)
+    out = []
+    for _ in range(3):
+        out.append(engine.forward_backward(x, y))
+        out.append(engine.clip_grad_norm(1.0))
+        engine.optimizer_step(1e-3)
+        engine.zero_grad()
+    out.append(engine.evaluate(x, y))
+    return out
+
+
+def largest_difference(layout: Layout, batch: int, seq: int) -> float:
+    """Largest relative difference, compiled against eager, of the losses and norms."""
+    def body() -> float:
+        eager, compiled = (_losses(layout, c, batch, seq) for c in (False, True))
+        return max(abs(a - b) / abs(a) for a, b in zip(eager, compiled, strict=True))
+
+    return max(run_distributed(body, layout.world_size, timeout_s=900))
+
+
+def rows(quick: bool = False) -> list[Row]:
+    batch, seq, steps = (4, 32, 2) if quick else (8, 256, 10)
+    out = []
+    for text in LAYOUTS:
+        layout = Layout.parse(text)
+        diff = largest_difference(layout, batch, seq)
+        if not math.isfinite(diff) or diff > 1e-5:
+            raise AssertionError(f"--compile at {text} differs from eager by {diff:.2e}")
+        out.append(compare(f"--compile vs eager, {text} (losses within {diff:.0e})",
+                           layout.world_size, batch * seq,
+                           ("paraxis --compile", lambda lay=layout: _setup(lay, True, batch,
+                                                                             seq)),
+                           ("paraxis eager", lambda lay=layout: _setup(lay, False, batch, seq)),
+                           steps=steps, repeats=1 if quick else 3))
+    return out
