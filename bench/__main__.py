@@ -5,7 +5,8 @@ tp, pp; compile: `--compile` next to eager paraxis), then the calibrated hardwar
 (calibrate, also written as docs/hardware-profile.json), the planner's predicted step time
 next to the measured one (predicted), the scaling picture (scaling, docs/img/scaling.png)
 and, on a CUDA machine, paraxis's bf16 step on one GPU with its MFU (gpu; not run without
-CUDA); each precision policy next to fp32 (precision).
+CUDA); each precision policy next to fp32 (precision); a 0.8B model no rank can hold, on 8
+ranks, each rank's peak next to the planner's forecast (scale; needs 21 GiB free).
 `--quick` runs each part at a tiny size (the smoke test uses it); `--only dp,predicted` picks
 parts, keeping the other parts' last results from the JSON; predicted and scaling always
 calibrate first, in the same run.
@@ -27,7 +28,7 @@ import torch
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
           "pp": "bench.bench_pp", "compile": "bench.bench_compile"}
-SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision")
+SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale")
 CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 
 
@@ -80,9 +81,12 @@ def _previous(json_path: Path, quick: bool) -> dict:
 
 
 def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
-    from bench import calibration, gpu, precision, predicted_vs_measured, scaling
+    from bench import calibration, gpu, precision, predicted_vs_measured, scale, scaling
 
     sections: dict[str, dict] = {}
+    if "scale" in wanted:
+        print("running a model no rank can hold (0.8B on 8 ranks) ...", flush=True)
+        sections["scale"] = scale.run(quick)
     if "precision" in wanted:
         print("running precision policies ...", flush=True)
         sections["precision"] = precision.run(quick)
@@ -106,7 +110,7 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
 
 
 def render(doc: dict) -> str:
-    from bench import calibration, gpu, precision, predicted_vs_measured, scaling
+    from bench import calibration, gpu, precision, predicted_vs_measured, scale, scaling
 
     info = doc["machine"]
     parts = [
@@ -129,7 +133,8 @@ def render(doc: dict) -> str:
             "alone in its processes.\n\n"
             + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
-                 "scaling": scaling.render, "gpu": gpu.render, "precision": precision.render}
+                 "scaling": scaling.render, "gpu": gpu.render, "precision": precision.render,
+                 "scale": scale.render}
     for name in SECTIONS:
         if name in doc["sections"]:
             parts.append(renderers[name](doc["sections"][name]))
