@@ -44,6 +44,7 @@ from paraxis.precision import PrecisionPolicy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import Engine
 from paraxis.tensor_parallel.apply import apply_tensor_parallel
+from paraxis.tensor_parallel.comm import keep_collectives_eager
 
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
@@ -88,6 +89,7 @@ def compile_blocks(part: Transformer) -> None:
     (`tensor_parallel/comm.py` marks them): the graphs hold the matmuls, norms and
     elementwise work between communications. Blocks share one graph (parameters are its
     inputs), so the compile costs about one graph per rank, forward and backward."""
+    keep_collectives_eager()
     for block in part.blocks:
         block._forward = torch.compile(block._forward)
 
