@@ -24,24 +24,38 @@ class HeldOutResult(NamedTuple):
     error: float | None  # predicted / published - 1 on tokens per second per GPU
 
 
-def cluster_for(run: HeldOutRun) -> Cluster:
-    if run.gpu == "a100":
-        return build_cluster("a100-80gb", run.gpus, 8, {"kernels": "eager"})
+# The GPU and network each source ran on (bench/heldout_runs.py names them by key).
+CLUSTERS: dict[str, tuple[str, dict[str, object]]] = {
+    # DGX A100-80GB: 8 x 200 Gb/s rails (torchtitan; llm-foundry's "1600 Gbps node-node
+    # interconnect (RoCE)" is the same 200 GB/s per node)
+    "a100": ("a100-80gb", {}),
+    "a100-40gb": ("a100-40gb", {}),
+    # llm-foundry's H100 80GB tables do not state the network: the DGX H100 reference design
+    "h100": ("h100-sxm-80gb", {"nics_per_node": 8, "inter_node_bandwidth_Bps": 50e9}),
     # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU; the SXM bf16 peak
     # (the source runs them at 500 W and does not know their exact peak)
-    return build_cluster("h100-sxm-80gb", run.gpus, 8, {
-        "kernels": "eager", "memory_bytes": 96e9, "hbm_bandwidth_Bps": 2.4e12,
-        "inter_node_bandwidth_Bps": 50e9})
+    "h100-96gb": ("h100-sxm-80gb", {"memory_bytes": 96e9, "hbm_bandwidth_Bps": 2.4e12,
+                                    "inter_node_bandwidth_Bps": 50e9}),
+}
+
+
+def cluster_for(run: HeldOutRun) -> Cluster:
+    gpu, overrides = CLUSTERS[run.gpu]
+    return build_cluster(gpu, run.gpus, 8, {
+        **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
+        **dict(run.network)})
 
 
 def price(run: HeldOutRun) -> HeldOutResult:
     if run.unpriced:
         return HeldOutResult(run, None, None, None)
-    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=3 if run.dp > 1 else 0,
-                    recompute=run.recompute, schedule=run.schedule)
-    estimate = evaluate(PRESETS[run.model], layout, cluster_for(run), run.seq_len,
-                        run.local_batch * run.dp)
-    tokens = run.local_batch * run.seq_len / estimate.step_time_s
+    micro_batch = run.micro_batch or run.local_batch
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=run.zero if run.dp > 1 else 0,
+                    recompute=run.recompute, schedule=run.schedule,
+                    microbatches=run.local_batch // micro_batch)
+    model = PRESETS[run.model] if isinstance(run.model, str) else run.model
+    estimate = evaluate(model, layout, cluster_for(run), run.seq_len, run.local_batch * run.dp)
+    tokens = run.local_batch * run.dp * run.seq_len / estimate.step_time_s / run.gpus
     error = tokens / run.tokens_per_gpu_s - 1 if run.tokens_per_gpu_s else None
     return HeldOutResult(run, estimate, tokens, error)
 
