@@ -49,7 +49,7 @@ class HeldOutRun:
     pp: int
     local_batch: int  # sequences per data-parallel rank per step
     seq_len: int
-    recompute: str  # paraxis's closest: none, selective, full
+    recompute: str  # none, selective, full (paraxis's), or torchtitan's layer-2 and op
     tokens_per_gpu_s: float | None  # as published; None where the table reports OOM
     source: str
     where: str  # table and row
@@ -76,42 +76,45 @@ def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: in
                       TORCHTITAN_H100, where, unpriced, schedule=schedule)
 
 
-# torchtitan "selective layer" checkpoints every other layer and "selective op" saves the
-# matmul outputs: both keep more than Korthikanti's selective recompute (attention core
-# only), which is paraxis's closest setting; "full" is full recompute.
+# torchtitan's checkpointing (torchtitan/parallelisms/parallelize_llama.py at 0413364):
+# "selective layer" (selective_ac_option = 2) wraps every second block in full
+# checkpointing, priced as "layer-2"; "selective op" saves the outputs of every other
+# matmul and of the attention kernel and recomputes the rest, priced as "op"
+# (bench/validate_heldout.py prices both from paraxis's none and full); "full" is full.
 TORCHTITAN = [
-    _a100("Llama 3 8B, sel. layer", "llama3-8b", 1, 8192, "selective", 2904,
+    _a100("Llama 3 8B, sel. layer", "llama3-8b", 1, 8192, "layer-2", 2904,
           "Llama 3 table, row 8B / selective layer (MFU 56.8%)"),
-    _a100("Llama 3 8B, sel. op", "llama3-8b", 1, 8192, "selective", 2973,
+    _a100("Llama 3 8B, sel. op", "llama3-8b", 1, 8192, "op", 2973,
           "Llama 3 table, row 8B / selective op (MFU 58.2%)"),
     _a100("Llama 3 70B, full", "llama3-70b", 1, 8192, "full", 331,
           "Llama 3 table, row 70B / full (MFU 51.7%)"),
     _a100("Llama 2 13B, no AC", "llama2-13b", 2, 4096, "none", 2162,
           "Llama 2 table, row 13B / no (MFU 61.1%)"),
-    _a100("Llama 2 13B, sel. layer", "llama2-13b", 2, 4096, "selective", 1914,
+    _a100("Llama 2 13B, sel. layer", "llama2-13b", 2, 4096, "layer-2", 1914,
           "Llama 2 table, row 13B / selective layer (MFU 54.1%)"),
-    _a100("Llama 2 13B, sel. op", "llama2-13b", 2, 4096, "selective", 1904,
+    _a100("Llama 2 13B, sel. op", "llama2-13b", 2, 4096, "op", 1904,
           "Llama 2 table, row 13B / selective op (MFU 53.8%)"),
-    _a100("Llama 2 70B, sel. op", "llama2-70b", 1, 4096, "selective", 355,
+    _a100("Llama 2 70B, sel. op", "llama2-70b", 1, 4096, "op", 355,
           "Llama 2 table, row 70B / 1 / selective op (MFU 50.8%)"),
     _a100("Llama 2 70B, full", "llama2-70b", 2, 4096, "full", 353,
           "Llama 2 table, row 70B / 2 / full (MFU 50.5%)"),
-    _a100("Llama 2 70B, batch 2, sel. op", "llama2-70b", 2, 4096, "selective", None,
+    _a100("Llama 2 70B, batch 2, sel. op", "llama2-70b", 2, 4096, "op", None,
           "Llama 2 table, footnote 1: local batch 2 with selective checkpointing is OOM",
           out_of_memory=True),
-    # H100, Table 1 (8 GPUs) and Table 3 (128 GPUs): Llama 3.1 8B, FSDP, local batch 2.
-    _h100("Llama 3.1 8B FSDP x8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective", 5762,
+    # H100, Table 1 (8 GPUs) and Table 3 (128 GPUs): Llama 3.1 8B, FSDP, local batch 2,
+    # "selective" checkpointing (captions): the op policy, train_configs/llama3_8b.toml default.
+    _h100("Llama 3.1 8B FSDP x8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op", 5762,
           "Table 1, row FSDP"),
-    _h100("Llama 3.1 8B FSDP x8 compile", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective", 6667,
+    _h100("Llama 3.1 8B FSDP x8 compile", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op", 6667,
           "Table 1, row FSDP + torch.compile", COMPILE),
-    _h100("Llama 3.1 8B FSDP x8 compile fp8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective",
+    _h100("Llama 3.1 8B FSDP x8 compile fp8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op",
           8532, "Table 1, row FSDP + torch.compile + Float8", FLOAT8),
-    _h100("Llama 3.1 8B FSDP x128", "llama3-8b", 128, 128, 1, 1, 2, 8192, "selective", 5605,
+    _h100("Llama 3.1 8B FSDP x128", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op", 5605,
           "Table 3, row FSDP"),
-    _h100("Llama 3.1 8B FSDP x128 compile", "llama3-8b", 128, 128, 1, 1, 2, 8192, "selective",
+    _h100("Llama 3.1 8B FSDP x128 compile", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op",
           6514, "Table 3, row FSDP + torch.compile", COMPILE),
     _h100("Llama 3.1 8B FSDP x128 compile fp8", "llama3-8b", 128, 128, 1, 1, 2, 8192,
-          "selective", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
+          "op", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
     # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing.
     _h100("Llama 3.1 8B CP1 32K", "llama3-8b", 8, 8, 1, 1, 1, 32768, "full", 3890,
           "Table 2, row FSDP 8, CP 1", FLOAT8),
