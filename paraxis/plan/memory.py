@@ -93,7 +93,8 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
-                  attention: str = RUNTIME_KERNEL.name) -> dict[str, float]:
+                  attention: str = RUNTIME_KERNEL.name,
+                  dropout: bool | None = None) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
@@ -112,7 +113,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
         per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
                                            layout.sequence_parallel, layout.recompute,
-                                           attention)
+                                           attention, dropout)
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
@@ -122,7 +123,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         buffers = 0.0
         if layout.recompute == "full":
             buffers += full_layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
-                                                   layout.sequence_parallel, attention)
+                                                   layout.sequence_parallel, attention,
+                                                   dropout)
         if layout.zero == 3 and layout.dp > 1:
             # ZeRO-3 (Rajbhandari et al. 2020 Sec. 5.3): the current and the prefetched layer
             # are gathered in full, and one layer's full gradient waits for reduce-scatter.
