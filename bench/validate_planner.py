@@ -304,10 +304,12 @@ HELD_OUT_FINDINGS = [
     "the GEMM rate (`attention_flops` = 0 in every preset) while MPT ran the triton",
     "FlashAttention of 2023 (`attn_impl: triton`) and its share of the work grows with s;",
     "no fitted row runs a flash kernel, so its rate cannot be fitted here: a measured",
-    "attention rate per GPU (issue 20, deliverable 7) is what is missing. (3) The MPT rows",
-    "the planner says do not fit are all within 9% of the GPU's memory: paraxis counts the",
-    "dropout masks of a GPT block and a copy of the attention output that MPT (no dropout,",
-    "attention output used in place) does not keep.",
+    "attention rate per GPU (issue 20, deliverable 7) is what is missing. (3) Memory: 26",
+    "MPT runs that ran were predicted not to fit, all within 9% of the GPU: the planner",
+    "charged a GPT block's dropout masks to runtimes without dropout (now only Megatron's",
+    "fused runtime keeps them) and took an \"80GB\" GPU for 80e9 bytes where the driver",
+    "reports 81920 MiB (A100) or 81559 MiB (H100); with both facts no verdict is against",
+    "its source, and the table's OOM still does not fit.",
 ]
 
 
