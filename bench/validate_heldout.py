@@ -98,7 +98,8 @@ def estimate_as_run(run: HeldOutRun) -> Estimate:
     none, full = _evaluate(run, "none"), _evaluate(run, "full")
     cfg, micro = model_of(run), run.micro_batch or run.local_batch
     layers = max(stage_layers(cfg, run.pp, 1, run.seq_len))
-    kept_none = layer_activation_bytes(cfg, run.seq_len, micro)
+    dropout = cfg.style == "gpt2" and run.kernels == "fused"  # as cost.evaluate has it
+    kept_none = layer_activation_bytes(cfg, run.seq_len, micro, dropout=dropout)
     kept_full = layer_activation_bytes(cfg, run.seq_len, micro, recompute="full")
     if run.recompute == "layer-2":
         kept, share = (kept_none + kept_full) / 2, 0.5
