@@ -216,7 +216,8 @@ BLOOM_RUN = HeldOutRun(
 # Dao-AILab/flash-attention training/README.md, the table "Training speed" (8 x A100 80GB SXM4,
 # NVLink, one node): GPT-3 shapes at seq 2048, bf16, FlashAttention, fused MLP / bias / dropout-
 # add-LayerNorm kernels, no activation checkpointing; per-GPU batch and strategy from the
-# experiment configs (training/configs/experiment/pile/*.yaml at the same commit: DDP for
+# experiment and model configs (training/configs/experiment/pile/*.yaml, model/gpt2model/*.yaml:
+# GPT-2 small / medium for 125M / 355M, transformers' GPT2Config otherwise; DDP for
 # 125M/355M, DDP + ZeRO-1 optimizer for 760M and up; A100-80GB picks the largest batch option).
 # Throughput is tokens/s of the 8 GPUs together.
 FLASH = ("Dao-AILab/flash-attention training/README.md and training/configs/experiment/pile at "
