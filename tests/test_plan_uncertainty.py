@@ -31,6 +31,19 @@ def test_gpu_band_is_the_validation_error() -> None:
     assert GPU_BAND.largest == pytest.approx(max(map(abs, errors)), abs=5e-4)
 
 
+def test_held_out_band_is_the_held_out_error(plan_70b) -> None:
+    from bench.heldout_runs import HELD_OUT
+    from bench.validate_heldout import price
+    from paraxis.plan.uncertainty import HELD_OUT_GPU_BAND
+
+    errors = [r.error for r in map(price, HELD_OUT) if r.error is not None]
+    assert HELD_OUT_GPU_BAND.runs == len(errors)
+    assert HELD_OUT_GPU_BAND.rms == pytest.approx(_rms(errors), abs=5e-4)
+    assert HELD_OUT_GPU_BAND.largest == pytest.approx(max(map(abs, errors)), abs=5e-4)
+    lines = plan_70b[-1]
+    assert any(line.startswith(f"Held out: on {len(errors)} published runs") for line in lines)
+
+
 def test_cpu_band_is_the_benchmark_error() -> None:
     rows = json.loads((ROOT / "docs/benchmarks.json").read_text())["sections"]["predicted"]
     errors = [row["error"] for row in rows["rows"]]
