@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paraxis.plan.memory import layout_memory, model_state_bytes, stage_params
+from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.report.text import duration, layout_text
 from paraxis.viz.grid import plot_rank_grid
 from paraxis.viz.html import figure
@@ -70,7 +70,7 @@ def _memory(plan: Plan) -> Section:
         rows.append(model_state_bytes(round(params / layout.tp), layout.dp, layout.zero,
                                       precision))
         labels.append(f"stage {stage}\nmodel states")
-    worst = layout_memory(cfg, layout, plan.seq_len, plan.estimate.micro_batch, precision)
+    worst = plan.estimate.memory  # the estimate's own count (its kernels, its dropout)
     leave = ("stage", "total", "reserved") if hw.cpu else ("stage", "total")
     rows.append({k: v for k, v in worst.items() if k not in leave})
     labels.append(f"stage {int(worst['stage'])}\neverything")
