@@ -9,14 +9,23 @@ HELD OUT: the rows below. This file was committed before any fitting commit that
 them, and no factor may be tuned on them. Every row of every table used is listed; a row the
 planner cannot price (a precision, compiler or parallelism it does not model) stays in the
 list with the reason, so nothing is picked for fitting well. Figures are copied from the
-sources as printed (tokens per second per GPU); conversion to step time uses the source's
-own convention (step = local batch x sequence length / tokens per second per GPU, since
-every GPU of an FSDP/TP group processes its local batch at that rate).
+sources as printed (tokens per second per GPU, or an iteration time where the source logs
+one); conversion to step time uses the source's own convention (step = global batch x
+sequence length / (tokens per second per GPU x GPUs)).
+
+Sources: torchtitan (A100 and H100, FSDP2), MosaicML llm-foundry (A100 40/80 GB and H100,
+FSDP; sequences to 64K), BigScience BLOOM-176B (A100, Megatron-DeepSpeed 3D) and the
+FlashAttention repository's GPT-3 training table (A100, DDP / ZeRO-1). The second batch
+(llm-foundry, BLOOM, FlashAttention) was added in one commit before any change to a fitted
+parameter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from paraxis.model_config import ModelConfig
 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/torchtitan): "
                    "Llama 2 and Llama 3 with FSDP2 on 64 A100-80GB")
@@ -32,21 +41,26 @@ ASYNC_TP = "AsyncTP overlaps TP collectives with GEMMs in the forward too: not m
 @dataclass(frozen=True)
 class HeldOutRun:
     name: str
-    model: str  # paraxis preset (paraxis/model_config.py)
-    gpu: str  # "a100" or "h100-96gb"
+    model: str | ModelConfig  # a paraxis preset (paraxis/model_config.py) or the source's shape
+    gpu: str  # a key of validate_heldout.CLUSTERS: "a100", "a100-40gb", "h100", "h100-96gb"
     gpus: int
-    dp: int  # FSDP degree (ZeRO-3 over it)
+    dp: int  # data-parallel degree (FSDP/ZeRO over it, see zero)
     tp: int
     pp: int
-    local_batch: int  # sequences per GPU per step
+    local_batch: int  # sequences per data-parallel rank per step
     seq_len: int
-    recompute: str  # paraxis's closest: none, selective, full
+    recompute: str  # none, selective, full (paraxis's), or torchtitan's layer-2 and op
     tokens_per_gpu_s: float | None  # as published; None where the table reports OOM
     source: str
     where: str  # table and row
     unpriced: str = ""  # why the planner cannot price it ("" = priced)
     out_of_memory: bool = False  # the source reports this configuration ran out of memory
     schedule: str = "1f1b"
+    micro_batch: int = 0  # sequences per microbatch (0: the whole local batch, no accumulation)
+    zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP
+    kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
+    attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
+    network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
 
 
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
@@ -62,42 +76,45 @@ def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: in
                       TORCHTITAN_H100, where, unpriced, schedule=schedule)
 
 
-# torchtitan "selective layer" checkpoints every other layer and "selective op" saves the
-# matmul outputs: both keep more than Korthikanti's selective recompute (attention core
-# only), which is paraxis's closest setting; "full" is full recompute.
-HELD_OUT = [
-    _a100("Llama 3 8B, sel. layer", "llama3-8b", 1, 8192, "selective", 2904,
+# torchtitan's checkpointing (torchtitan/parallelisms/parallelize_llama.py at 0413364):
+# "selective layer" (selective_ac_option = 2) wraps every second block in full
+# checkpointing, priced as "layer-2"; "selective op" saves the outputs of every other
+# matmul and of the attention kernel and recomputes the rest, priced as "op"
+# (bench/validate_heldout.py prices both from paraxis's none and full); "full" is full.
+TORCHTITAN = [
+    _a100("Llama 3 8B, sel. layer", "llama3-8b", 1, 8192, "layer-2", 2904,
           "Llama 3 table, row 8B / selective layer (MFU 56.8%)"),
-    _a100("Llama 3 8B, sel. op", "llama3-8b", 1, 8192, "selective", 2973,
+    _a100("Llama 3 8B, sel. op", "llama3-8b", 1, 8192, "op", 2973,
           "Llama 3 table, row 8B / selective op (MFU 58.2%)"),
     _a100("Llama 3 70B, full", "llama3-70b", 1, 8192, "full", 331,
           "Llama 3 table, row 70B / full (MFU 51.7%)"),
     _a100("Llama 2 13B, no AC", "llama2-13b", 2, 4096, "none", 2162,
           "Llama 2 table, row 13B / no (MFU 61.1%)"),
-    _a100("Llama 2 13B, sel. layer", "llama2-13b", 2, 4096, "selective", 1914,
+    _a100("Llama 2 13B, sel. layer", "llama2-13b", 2, 4096, "layer-2", 1914,
           "Llama 2 table, row 13B / selective layer (MFU 54.1%)"),
-    _a100("Llama 2 13B, sel. op", "llama2-13b", 2, 4096, "selective", 1904,
+    _a100("Llama 2 13B, sel. op", "llama2-13b", 2, 4096, "op", 1904,
           "Llama 2 table, row 13B / selective op (MFU 53.8%)"),
-    _a100("Llama 2 70B, sel. op", "llama2-70b", 1, 4096, "selective", 355,
+    _a100("Llama 2 70B, sel. op", "llama2-70b", 1, 4096, "op", 355,
           "Llama 2 table, row 70B / 1 / selective op (MFU 50.8%)"),
     _a100("Llama 2 70B, full", "llama2-70b", 2, 4096, "full", 353,
           "Llama 2 table, row 70B / 2 / full (MFU 50.5%)"),
-    _a100("Llama 2 70B, batch 2, sel. op", "llama2-70b", 2, 4096, "selective", None,
+    _a100("Llama 2 70B, batch 2, sel. op", "llama2-70b", 2, 4096, "op", None,
           "Llama 2 table, footnote 1: local batch 2 with selective checkpointing is OOM",
           out_of_memory=True),
-    # H100, Table 1 (8 GPUs) and Table 3 (128 GPUs): Llama 3.1 8B, FSDP, local batch 2.
-    _h100("Llama 3.1 8B FSDP x8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective", 5762,
+    # H100, Table 1 (8 GPUs) and Table 3 (128 GPUs): Llama 3.1 8B, FSDP, local batch 2,
+    # "selective" checkpointing (captions): the op policy, train_configs/llama3_8b.toml default.
+    _h100("Llama 3.1 8B FSDP x8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op", 5762,
           "Table 1, row FSDP"),
-    _h100("Llama 3.1 8B FSDP x8 compile", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective", 6667,
+    _h100("Llama 3.1 8B FSDP x8 compile", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op", 6667,
           "Table 1, row FSDP + torch.compile", COMPILE),
-    _h100("Llama 3.1 8B FSDP x8 compile fp8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "selective",
+    _h100("Llama 3.1 8B FSDP x8 compile fp8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op",
           8532, "Table 1, row FSDP + torch.compile + Float8", FLOAT8),
-    _h100("Llama 3.1 8B FSDP x128", "llama3-8b", 128, 128, 1, 1, 2, 8192, "selective", 5605,
+    _h100("Llama 3.1 8B FSDP x128", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op", 5605,
           "Table 3, row FSDP"),
-    _h100("Llama 3.1 8B FSDP x128 compile", "llama3-8b", 128, 128, 1, 1, 2, 8192, "selective",
+    _h100("Llama 3.1 8B FSDP x128 compile", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op",
           6514, "Table 3, row FSDP + torch.compile", COMPILE),
     _h100("Llama 3.1 8B FSDP x128 compile fp8", "llama3-8b", 128, 128, 1, 1, 2, 8192,
-          "selective", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
+          "op", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
     # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing.
     _h100("Llama 3.1 8B CP1 32K", "llama3-8b", 8, 8, 1, 1, 1, 32768, "full", 3890,
           "Table 2, row FSDP 8, CP 1", FLOAT8),
@@ -127,3 +144,100 @@ HELD_OUT = [
     _h100("Llama 3.1 405B 4D CP8 256K", "llama3-405b", 512, 1, 8, 8, 8, 262144, "full", 16,
           "Table 6, row FSDP 1, CP 8", CONTEXT),
 ]
+
+
+# ---------------------------------------------------------------------------------- llm-foundry
+# MosaicML's MPT benchmarks: every row of the five tables of scripts/train/benchmarking/
+# README.md, copied verbatim into bench/data/llm_foundry_benchmarks.md. FSDP over every GPU
+# (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), no TP or PP; microbatch x accumulation per
+# GPU; "Activation Checkpointing True" wraps each block (full recompute); triton/flash attention;
+# the throughput column (T/s/GPU) is a token rate, so no FLOP convention enters.
+LLM_FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48 "
+               "(tables last changed in 4952183): MPT models trained with Composer FSDP")
+LLM_FOUNDRY_TABLES = Path(__file__).parent / "data" / "llm_foundry_benchmarks.md"
+# The MPT shapes, from scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_heads, n_layers;
+# expansion_ratio 4, vocab 50368); the benchmark rows' NumParams grow by d_model per token of
+# SeqLen: learned positions, as in paraxis's gpt2 style.
+MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
+              "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32),
+              "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
+LLM_FOUNDRY_GPUS = {"a100_80gb": "a100", "a100_40gb": "a100-40gb", "h100_80gb": "h100"}
+ZERO_OF_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+
+
+def mpt(size: str, seq_len: int) -> ModelConfig:
+    d_model, heads, layers = MPT_SHAPES[size]
+    return ModelConfig(f"mpt-{size}", "gpt2", 50368, layers, d_model, heads, heads,
+                       4 * d_model, seq_len)
+
+
+def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
+    """One held-out run per row of every table in the copied README section."""
+    runs, table = [], ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            table = line[3:].strip()
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or not cells[1].isdigit():
+            continue  # header and separator rows
+        size, seq, gpus, gpu = cells[0], int(cells[1]), int(cells[2]), cells[3]
+        # The A100 40GB table has no "Model TFLOP" column: read from the right-hand end.
+        micro, accum = int(cells[-13]), int(cells[-12])
+        tokens, precision, sharding, checkpointing = (float(cells[-8]), cells[-6], cells[-4],
+                                                      cells[-3])
+        name = f"MPT {size} {seq} x{gpus} {gpu} mb{micro}"
+        runs.append(HeldOutRun(
+            name, mpt(size, seq), LLM_FOUNDRY_GPUS[gpu], gpus, gpus, 1, 1, micro * accum, seq,
+            "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
+            f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
+            FLOAT8 if "fp8" in precision else "", micro_batch=micro,
+            zero=ZERO_OF_SHARDING[sharding]))
+    return runs
+
+
+# ----------------------------------------------------------------------------------------- BLOOM
+# BigScience's BLOOM-176B (Megatron-DeepSpeed, 384 A100-80GB on Jean Zay): TP 4 x PP 12 x DP 8,
+# micro-batch 2, global batch 2048 x 2048 tokens, Megatron's fused kernels and fused softmax
+# (scores kept), DeepSpeed activation checkpointing of every layer, ZeRO stage 1 (BF16
+# optimizer), DeepSpeed's non-interleaved 1F1B pipeline; 4 Omni-Path links (100 Gb/s each) per
+# node. The logged line of the first epoch's end gives 104.70 s per iteration.
+BLOOM = ("bigscience-workshop/bigscience train/tr11-176B-ml/README.md at commit 00327f8: "
+         "BLOOM 176B training")
+BLOOM_MODEL = ModelConfig("bloom-176b", "gpt2", 250880, 70, 14336, 112, 112, 4 * 14336, 2048)
+BLOOM_RUN = HeldOutRun(
+    "BLOOM 176B", BLOOM_MODEL, "a100", 384, 8, 4, 12, 2048 // 8, 2048, "full",
+    2048 * 2048 / 104.70 / 384, BLOOM,
+    "sections Replica setup, Important checkpoints (iteration 85376: 104.70 s, 149.77 TFLOPs)",
+    micro_batch=2, zero=1, kernels="fused", attention_kernel="math",
+    network=(("nics_per_node", 4), ("inter_node_bandwidth_Bps", 12.5e9)))
+
+# ------------------------------------------------------------------------------ FlashAttention
+# Dao-AILab/flash-attention training/README.md, the table "Training speed" (8 x A100 80GB SXM4,
+# NVLink, one node): GPT-3 shapes at seq 2048, bf16, FlashAttention, fused MLP / bias / dropout-
+# add-LayerNorm kernels, no activation checkpointing; per-GPU batch and strategy from the
+# experiment and model configs (training/configs/experiment/pile/*.yaml, model/gpt2model/*.yaml:
+# GPT-2 small / medium for 125M / 355M, transformers' GPT2Config otherwise; DDP for
+# 125M/355M, DDP + ZeRO-1 optimizer for 760M and up; A100-80GB picks the largest batch option).
+# Throughput is tokens/s of the 8 GPUs together.
+FLASH = ("Dao-AILab/flash-attention training/README.md and training/configs/experiment/pile at "
+         "commit 0b037c2: GPT-3 models on 8 A100-80GB")
+
+
+def _gpt3(name: str, d_model: int, heads: int, layers: int, micro: int, global_batch: int,
+          zero: int, tokens_8_gpus: float) -> HeldOutRun:
+    cfg = ModelConfig(name, "gpt2", 50264, layers, d_model, heads, heads, 4 * d_model, 2048)
+    return HeldOutRun(name, cfg, "a100", 8, 8, 1, 1, global_batch // 8, 2048, "none",
+                      tokens_8_gpus / 8, FLASH, f"Training speed table, row {name}",
+                      micro_batch=micro, zero=zero, kernels="fused")
+
+
+FLASH_RUNS = [
+    _gpt3("GPT3-125M", 768, 12, 12, 32, 256, 0, 1310e3),
+    _gpt3("GPT3-355M", 1024, 16, 24, 16, 256, 0, 503e3),
+    _gpt3("GPT3-760M", 1536, 16, 24, 16, 256, 1, 245e3),
+    _gpt3("GPT3-1.3B", 2048, 16, 24, 8, 512, 1, 169e3),
+    _gpt3("GPT3-2.7B", 2560, 20, 32, 4, 512, 1, 85e3),
+]
+
+HELD_OUT = TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS

@@ -8,13 +8,17 @@ torch.compile runs PyTorch's eager ops) and the flash attention kernel (PyTorch 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 from bench.heldout_runs import HELD_OUT, HeldOutRun
 from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
+from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.plan.activations import layer_activation_bytes
+from paraxis.plan.compute import layer_forward_flops_per_token
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import Cluster, build_cluster
+from paraxis.plan.memory import stage_layers
 
 
 class HeldOutResult(NamedTuple):
@@ -24,40 +28,118 @@ class HeldOutResult(NamedTuple):
     error: float | None  # predicted / published - 1 on tokens per second per GPU
 
 
-def cluster_for(run: HeldOutRun) -> Cluster:
-    if run.gpu == "a100":
-        return build_cluster("a100-80gb", run.gpus, 8, {"kernels": "eager"})
+# The GPU and network each source ran on (bench/heldout_runs.py names them by key).
+CLUSTERS: dict[str, tuple[str, dict[str, object]]] = {
+    # DGX A100-80GB: 8 x 200 Gb/s rails (torchtitan; llm-foundry's "1600 Gbps node-node
+    # interconnect (RoCE)" is the same 200 GB/s per node)
+    "a100": ("a100-80gb", {}),
+    "a100-40gb": ("a100-40gb", {}),
+    # llm-foundry's H100 80GB tables do not state the network: the DGX H100 reference design
+    "h100": ("h100-sxm-80gb", {"nics_per_node": 8, "inter_node_bandwidth_Bps": 50e9}),
     # torchtitan's H100s: 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU; the SXM bf16 peak
     # (the source runs them at 500 W and does not know their exact peak)
-    return build_cluster("h100-sxm-80gb", run.gpus, 8, {
-        "kernels": "eager", "memory_bytes": 96e9, "hbm_bandwidth_Bps": 2.4e12,
-        "inter_node_bandwidth_Bps": 50e9})
+    "h100-96gb": ("h100-sxm-80gb", {"memory_bytes": 96e9, "hbm_bandwidth_Bps": 2.4e12,
+                                    "inter_node_bandwidth_Bps": 50e9}),
+}
+
+
+def cluster_for(run: HeldOutRun) -> Cluster:
+    gpu, overrides = CLUSTERS[run.gpu]
+    return build_cluster(gpu, run.gpus, 8, {
+        **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
+        **dict(run.network)})
+
+
+def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> float:
+    """Bytes one Llama layer keeps under torchtitan's selective op checkpointing
+    (torchtitan/parallelisms/parallelize_llama.py at 0413364, no_recompute_list): the
+    block's input, the outputs of every other matmul in call order (wq, wv, w1, w2 of
+    wq wk wv wo w1 w3 w2) and the flash kernel's output and fp32 log-sum-exp; the rest
+    (norms, RoPE, SiLU, wk, wo, w3) is recomputed in the backward."""
+    h, kv, f = cfg.d_model, cfg.kv_dim, cfg.d_ff
+    per_token = 2 * (h + h + kv + h + f + h) + 4 * cfg.n_heads
+    return per_token * seq_len * micro_batch
+
+
+def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
+    micro_batch = run.micro_batch or run.local_batch
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=run.zero if run.dp > 1 else 0,
+                    recompute=recompute, schedule=run.schedule,
+                    microbatches=run.local_batch // micro_batch)
+    return evaluate(model_of(run), layout, cluster_for(run), run.seq_len,
+                    run.local_batch * run.dp)
+
+
+def model_of(run: HeldOutRun) -> ModelConfig:
+    return PRESETS[run.model] if isinstance(run.model, str) else run.model
+
+
+def _blend(none: Estimate, full: Estimate, share: float, activations: float) -> Estimate:
+    """An estimate between no recompute and full recompute: `share` of the full recompute's
+    extra time, `activations` bytes kept, and the full layer rebuilt in the backward."""
+    memory = dict(none.memory, activations=activations, buffers=full.memory["buffers"])
+    memory["total"] = sum(memory[k] for k in ("params", "grads", "optimizer", "activations",
+                                             "buffers", "reserved"))
+    time = dict(none.time, step=none.step_time_s + share * (full.step_time_s -
+                                                            none.step_time_s))
+    return dataclasses.replace(none, memory=memory, time=time)
+
+
+def estimate_as_run(run: HeldOutRun) -> Estimate:
+    """The planner's estimate of the checkpointing the source ran. paraxis's own policies
+    (none, selective, full) are priced directly; torchtitan's two that paraxis lacks are
+    priced from the none and full estimates: "layer-2" checkpoints every second layer (half
+    the layers keep everything, half only their input; half the recompute), "op" keeps
+    torchtitan_op_bytes per layer and recomputes wk, wo and w3 (their share of the
+    layer's forward FLOPs of the full recompute's extra time; the recomputed elementwise
+    ops are not priced)."""
+    if run.recompute not in ("layer-2", "op"):
+        return _evaluate(run, run.recompute)
+    none, full = _evaluate(run, "none"), _evaluate(run, "full")
+    cfg, micro = model_of(run), run.micro_batch or run.local_batch
+    layers = max(stage_layers(cfg, run.pp, 1, run.seq_len))
+    dropout = cfg.style == "gpt2" and run.kernels == "fused"  # as cost.evaluate has it
+    kept_none = layer_activation_bytes(cfg, run.seq_len, micro, dropout=dropout)
+    kept_full = layer_activation_bytes(cfg, run.seq_len, micro, recompute="full")
+    if run.recompute == "layer-2":
+        kept, share = (kept_none + kept_full) / 2, 0.5
+    else:
+        h, kv, f = cfg.d_model, cfg.kv_dim, cfg.d_ff
+        weights, scores = layer_forward_flops_per_token(cfg, run.seq_len)
+        kept, share = torchtitan_op_bytes(cfg, run.seq_len, micro), 2 * h * (kv + h + f) / (
+            weights + scores / 2)
+    activations = none.memory["activations"] - layers * (kept_none - kept)
+    return _blend(none, full, share, activations)
 
 
 def price(run: HeldOutRun) -> HeldOutResult:
     if run.unpriced:
         return HeldOutResult(run, None, None, None)
-    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=3 if run.dp > 1 else 0,
-                    recompute=run.recompute, schedule=run.schedule)
-    estimate = evaluate(PRESETS[run.model], layout, cluster_for(run), run.seq_len,
-                        run.local_batch * run.dp)
-    tokens = run.local_batch * run.seq_len / estimate.step_time_s
+    estimate = estimate_as_run(run)
+    tokens = run.local_batch * run.dp * run.seq_len / estimate.step_time_s / run.gpus
     error = tokens / run.tokens_per_gpu_s - 1 if run.tokens_per_gpu_s else None
     return HeldOutResult(run, estimate, tokens, error)
 
 
-def render_held_out() -> tuple[list[str], list[float], list[str]]:
-    """Markdown lines of the held-out table, the priced rows' errors, and the memory
-    verdicts that break the acceptance rule (a run that ran must fit, an OOM must not)."""
+def short_source(run: HeldOutRun) -> str:
+    return run.source.split(" ")[0].split("/")[-1]
+
+
+def render_held_out() -> tuple[list[str], list[str], list[HeldOutResult], list[str]]:
+    """Markdown lines of the held-out table, of its summary by source and GPU, the priced
+    rows (with an error), and the memory verdicts that break the acceptance rule (a run
+    that ran must fit, an OOM must not)."""
     lines = [
-        "| run | source (table, row) | GPUs | dp (FSDP) | tp | pp | local batch x seq | "
-        "recompute | published tokens/s/GPU | predicted | error | memory (GB/GPU) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | source (table, row) | GPUs | dp | zero | tp | pp | micro x accumulation x "
+        "seq | recompute | published tokens/s/GPU | predicted | error | memory (GB/GPU) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    errors: list[float] = []
+    priced: list[HeldOutResult] = []
     memory_faults: list[str] = []
+    groups: dict[tuple[str, str], list[HeldOutResult]] = {}
     for result in map(price, HELD_OUT):
         run, estimate = result.run, result.estimate
+        groups.setdefault((short_source(run), run.gpu), []).append(result)
         published = "OOM" if run.out_of_memory else f"{run.tokens_per_gpu_s:,.0f}"
         if estimate is None:
             predicted, error, memory = "not priced", run.unpriced, ""
@@ -69,8 +151,25 @@ def render_held_out() -> tuple[list[str], list[float], list[str]]:
             predicted = f"{result.tokens_per_gpu_s:,.0f}"
             error = "" if result.error is None else f"{result.error:+.1%}"
             if result.error is not None:
-                errors.append(result.error)
-        lines.append(f"| {run.name} | {run.where} | {run.gpus} | {run.dp} | {run.tp} | "
-                     f"{run.pp} | {run.local_batch} x {run.seq_len} | {run.recompute} | "
+                priced.append(result)
+        micro = run.micro_batch or run.local_batch
+        lines.append(f"| {run.name} | {run.where} | {run.gpus} | {run.dp} | "
+                     f"{run.zero if run.dp > 1 else 0} | {run.tp} | {run.pp} | {micro} x "
+                     f"{run.local_batch // micro} x {run.seq_len} | {run.recompute} | "
                      f"{published} | {predicted} | {error} | {memory} |")
-    return lines, errors, memory_faults
+    return lines, summary_lines(groups), priced, memory_faults
+
+
+def summary_lines(groups: dict[tuple[str, str], list[HeldOutResult]]) -> list[str]:
+    lines = ["| source | GPU | rows | priced | mean abs. error | mean signed | largest | "
+             "memory verdicts against the source |", "|---|---|---|---|---|---|---|---|"]
+    for (source, gpu), results in groups.items():
+        errors = [r.error for r in results if r.error is not None]
+        faults = sum(r.estimate is not None and r.run.out_of_memory == r.estimate.fits
+                     for r in results)
+        stats = (f"{sum(map(abs, errors)) / len(errors):.1%} | "
+                 f"{sum(errors) / len(errors):+.1%} | {max(map(abs, errors)):.1%}"
+                 if errors else "| |")
+        lines.append(f"| {source} | {gpu} | {len(results)} | {len(errors)} | {stats} | "
+                     f"{faults} |")
+    return lines

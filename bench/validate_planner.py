@@ -15,7 +15,14 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.heldout_runs import HELD_OUT, TORCHTITAN_A100, TORCHTITAN_H100
+from bench.heldout_runs import (
+    BLOOM,
+    FLASH,
+    HELD_OUT,
+    LLM_FOUNDRY,
+    TORCHTITAN_A100,
+    TORCHTITAN_H100,
+)
 from bench.validate_heldout import render_held_out
 from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Overlap
@@ -223,33 +230,52 @@ def render() -> tuple[str, float]:
     return "\n".join(lines), worst
 
 
+def _stats(errors: list[float]) -> str:
+    return (f"mean |error| {sum(map(abs, errors)) / len(errors):.1%}, largest "
+            f"{max(map(abs, errors)):.1%}, mean signed {sum(errors) / len(errors):+.1%}")
+
+
 def held_out_section(fitted_errors: list[float]) -> list[str]:
     """The held-out runs (bench/heldout_runs.py), their errors apart from the fitted ones,
     and where issue 20's acceptance stands."""
-    table, errors, memory_faults = render_held_out()
-    priced = [abs(e) for e in errors]
-    signed = sum(errors) / len(errors)
-    listed = len(HELD_OUT)
+    table, summary, priced, memory_faults = render_held_out()
+    errors = [r.error for r in priced if r.error is not None]
+    short = [r.error for r in priced if r.error is not None and r.run.seq_len <= 8192]
+    long = [r.error for r in priced if r.error is not None and r.run.seq_len > 8192]
+    sources = {run.source for run in HELD_OUT}
     return [
         "## Held-out rows: committed before any fitting, never tuned on",
         "",
-        "Every row of each table used is listed (bench/heldout_runs.py, committed before any",
-        "fitting commit); rows the planner cannot price say why. Priced on the GPU they ran on",
-        "with ZeRO-3 over the FSDP degree, one microbatch of the local batch, eager elementwise",
-        "kernels and the flash attention kernel (`bench/validate_heldout.py`). Error =",
-        "predicted / published - 1 on tokens per second per GPU: positive means the planner",
-        "predicts a faster run. Memory: the planner's total per GPU against the GPU's memory.",
+        "Every row of each table used is listed (bench/heldout_runs.py; the first batch was",
+        "committed before any fitting commit, the second (llm-foundry, BLOOM, FlashAttention)",
+        "before any change to a fitted parameter); rows the planner cannot price say why. Each",
+        "run is priced as its source ran it (`bench/validate_heldout.py`): its GPU, GPU count,",
+        "data/tensor/pipeline degrees, ZeRO stage (FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2),",
+        "micro-batch size and accumulation, elementwise kernels (eager PyTorch, or fused where",
+        "the source fuses them), attention kernel (flash, or the math kernel where the source",
+        "keeps the scores) and checkpointing. torchtitan's two policies that paraxis lacks are",
+        "priced from paraxis's none and full: `layer-2` checkpoints every second layer, `op`",
+        "keeps the outputs of every other matmul and of the attention kernel and recomputes",
+        "the rest (`estimate_as_run`). Error = predicted / published - 1 on tokens per second",
+        "per GPU: positive means the planner predicts a faster run. Memory: the planner's total",
+        "per GPU against the GPU's memory.",
         "",
-        *table,
+        *summary,
         "",
         f"Fitted rows: {len(fitted_errors)} priced, mean |error| "
         f"{sum(fitted_errors) / len(fitted_errors):.1%}, largest {max(fitted_errors):.1%}.",
-        f"Held-out rows: {listed} listed, {len(errors)} priced, mean |error| "
-        f"{sum(priced) / len(priced):.1%}, largest {max(priced):.1%}, mean signed "
-        f"{signed:+.1%} (targets: mean |error| <= 10%, largest <= 20%).",
-        f"Memory: {len(memory_faults)} verdicts against the sources "
-        f"({', '.join(memory_faults) or 'none'}): a run that ran must fit, one the source "
-        "reports out of memory must not.",
+        f"Held-out rows: {len(HELD_OUT)} listed from {len({s.split(' ')[0] for s in sources})} "
+        f"independent sources (with the fitted rows' two papers, "
+        f"{len({s.split(' ')[0] for s in sources}) + 2}), {len(errors)} priced: "
+        f"{_stats(errors)} (targets: mean |error| <= 10%, largest <= 20%).",
+        f"By sequence length: up to 8K tokens ({len(short)} rows) {_stats(short)}; longer "
+        f"({len(long)} rows) {_stats(long)}.",
+        f"Memory: {len(memory_faults)} verdicts against the sources: a run that ran must fit, "
+        "one the source reports out of memory must not.",
+        "",
+        *HELD_OUT_FINDINGS,
+        "",
+        *table,
         "",
         "Sources of the held-out rows:",
         "",
@@ -257,8 +283,37 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "  tokens per second per GPU (WPS) and MFU, local batch per GPU, checkpointing; its",
         "  footnote 1 reports Llama 2 70B at local batch 2 with selective checkpointing OOM.",
         f"- {TORCHTITAN_H100}: Tables 1-6 (TPS/GPU).",
+        f"- {LLM_FOUNDRY}: all five tables (H100 80GB BF16 at >= 128 GPUs and at 8-64 GPUs,",
+        "  H100 80GB FP8, A100 80GB and A100 40GB with 1600 Gbps RoCE), copied verbatim to",
+        "  bench/data/llm_foundry_benchmarks.md; shapes from scripts/train/yamls/pretrain.",
+        f"- {BLOOM}: the replica setup (TP 4, PP 12, DP 8, MBS 2, GBS 2048, seq 2048) and",
+        "  the logged iteration 85376 (104.70 s, 149.77 TFLOPs with recompute).",
+        f"- {FLASH}: the Training speed table (tokens/s on 8 GPUs) and the experiment configs",
+        "  (per-GPU batch, DDP or ZeRO-1).",
         "",
     ]
+
+
+# What the held-out rows say, in words (the figures above are recomputed on every run).
+HELD_OUT_FINDINGS = [
+    "Findings. (1) torchtitan's checkpointing priced as it ran fixes both memory verdicts of",
+    "the former mapping to paraxis's `selective` (Llama 2 70B selective op 114.9 -> 67.2 GB,",
+    "Llama 3.1 8B FSDP x8 100.8 -> 63.6 GB; the footnote's OOM stays out of memory) and",
+    "brings its A100 rows within 12%. (2) The error is systematic in the sequence length:",
+    "up to 8K the planner is close, beyond it far too fast. The attention core is priced at",
+    "the GEMM rate (`attention_flops` = 0 in every preset), which torchtitan's PyTorch SDPA",
+    "meets at 8K on A100 (within 8%), while MPT ran the Triton FlashAttention of 2023",
+    "(`attn_impl: triton` in its yamls; 13B's `flash`, whose rows are the closest beyond 8K)",
+    "and its share of the work grows with s / d_model (worst for the small models). No",
+    "fitted row runs a flash kernel, so no attention rate is fitted here: a measured rate",
+    "by kernel (issue 20, deliverable 7; no GPU was lent to this task) is what is missing.",
+    "(3) Memory: 26",
+    "MPT runs that ran were predicted not to fit, all within 9% of the GPU: the planner",
+    "charged a GPT block's dropout masks to runtimes without dropout (now only Megatron's",
+    "fused runtime keeps them) and took an \"80GB\" GPU for 80e9 bytes where the driver",
+    "reports 81920 MiB (A100) or 81559 MiB (H100); with both facts no verdict is against",
+    "its source, and the table's OOM still does not fit.",
+]
 
 
 def main() -> int:

@@ -31,6 +31,19 @@ def test_gpu_band_is_the_validation_error() -> None:
     assert GPU_BAND.largest == pytest.approx(max(map(abs, errors)), abs=5e-4)
 
 
+def test_held_out_band_is_the_held_out_error(plan_70b) -> None:
+    from bench.heldout_runs import HELD_OUT
+    from bench.validate_heldout import price
+    from paraxis.plan.uncertainty import HELD_OUT_GPU_BAND
+
+    errors = [r.error for r in map(price, HELD_OUT) if r.error is not None]
+    assert HELD_OUT_GPU_BAND.runs == len(errors)
+    assert HELD_OUT_GPU_BAND.rms == pytest.approx(_rms(errors), abs=5e-4)
+    assert HELD_OUT_GPU_BAND.largest == pytest.approx(max(map(abs, errors)), abs=5e-4)
+    lines = plan_70b[-1]
+    assert any(line.startswith(f"Held out: on {len(errors)} published runs") for line in lines)
+
+
 def test_cpu_band_is_the_benchmark_error() -> None:
     rows = json.loads((ROOT / "docs/benchmarks.json").read_text())["sections"]["predicted"]
     errors = [row["error"] for row in rows["rows"]]
@@ -94,7 +107,10 @@ def test_a_family_that_cannot_fit_says_what_its_closest_needs() -> None:
 
 
 def test_the_decider_factor_is_where_the_two_tie() -> None:
-    cfg, cluster = PRESETS["llama2-70b"], build_cluster("a100-80gb", 16, 8)
+    # 80e9 bytes per GPU: where the leading shapes tie (with the driver's 81920 MiB, TP 8 x
+    # PP 2 without recompute fits and leads by 16%)
+    cfg = PRESETS["llama2-70b"]
+    cluster = build_cluster("a100-80gb", 16, 8, {"memory_bytes": 80e9})
     result = search(cfg, cluster, 4096, 64)
     best = result.ranked[0]
 

@@ -49,3 +49,35 @@ def test_held_out_rows_are_priced_or_say_why() -> None:
         assert (result.estimate is None) == bool(run.unpriced)
         if run.out_of_memory:  # what the source reports out of memory must not fit
             assert result.estimate is not None and not result.estimate.fits
+
+
+def test_torchtitan_checkpointing_priced_as_it_ran() -> None:
+    # torchtitan's "selective op" keeps every other matmul output and the attention output
+    # (torchtitan_op_bytes), between paraxis's full and none; priced so, its runs that ran
+    # fit in their GPUs and the run its table reports out of memory does not.
+    from bench.heldout_runs import TORCHTITAN
+    from bench.validate_heldout import price, torchtitan_op_bytes
+    from paraxis.model_config import PRESETS
+    from paraxis.plan.activations import layer_activation_bytes
+
+    cfg = PRESETS["llama2-70b"]
+    op = torchtitan_op_bytes(cfg, 4096, 1)
+    assert layer_activation_bytes(cfg, 4096, 1, recompute="full") < op
+    assert op < layer_activation_bytes(cfg, 4096, 1)
+    for run in TORCHTITAN:
+        result = price(run)
+        if result.estimate is not None:
+            assert result.estimate.fits != run.out_of_memory, run.name
+
+
+def test_llm_foundry_rows_are_every_row_of_the_copied_tables() -> None:
+    from bench.heldout_runs import LLM_FOUNDRY_TABLES, llm_foundry_rows
+
+    text = LLM_FOUNDRY_TABLES.read_text()
+    rows = llm_foundry_rows()
+    assert len(rows) == sum(line.startswith("|  ") and line[3].isdigit()
+                            for line in text.splitlines()) == 216
+    first = rows[0]  # "|  70b | 2048 | 512 | h100_80gb | ... | 8 | 1 | ... | 1007 | ..."
+    assert (first.gpus, first.micro_batch, first.local_batch, first.tokens_per_gpu_s,
+            first.recompute, first.zero) == (512, 8, 8, 1007, "full", 3)
+    assert sum(run.zero == 2 for run in rows) == 6  # SHARD_GRAD_OP rows

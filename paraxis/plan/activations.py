@@ -23,9 +23,16 @@ def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: Attenti
     return element_bytes * seq_len * micro_batch * (cfg.d_model + 2 * kv)
 
 
+def has_dropout(cfg: ModelConfig, dropout: bool | None) -> bool:
+    """Whether the run keeps dropout masks: as stated, else Korthikanti's GPT block (dropout
+    after attention, in the scores and after the MLP; a Llama block has none). paraxis.model
+    has no dropout, and the cost model says so for its eager runtime (cost.evaluate)."""
+    return cfg.style == "gpt2" if dropout is None else dropout
+
+
 def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
                            kernel: AttentionKernel = RUNTIME_KERNEL,
-                           element_bytes: float = 2) -> float:
+                           element_bytes: float = 2, dropout: bool | None = None) -> float:
     """Bytes the attention kernel itself keeps for backward, whole layer (before TP):
     q, k and v (k, v at kv-head width unless the kernel repeats them to every head), then the
     flash kernel's output and fp32 log-sum-exp, or the math kernel's scores (Korthikanti et
@@ -34,19 +41,21 @@ def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     s, b, h, a = seq_len, micro_batch, cfg.d_model, cfg.n_heads
     qkv = _qkv_bytes(cfg, s, b, kernel, element_bytes)
     if kernel.keeps_scores:
-        dropout = cfg.style == "gpt2"
-        return qkv + (5 if dropout else 2) * element_bytes / 2 * a * s * s * b
+        masks = has_dropout(cfg, dropout)
+        return qkv + (5 if masks else 2) * element_bytes / 2 * a * s * s * b
     return qkv + element_bytes * s * b * h + kernel.logsumexp_bytes * a * s * b
 
 
 def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
-                           attention: str = RUNTIME_KERNEL.name) -> float:
+                           attention: str = RUNTIME_KERNEL.name,
+                           dropout: bool | None = None) -> float:
     """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences, with the
-    attention core run by the kernel named `attention` ("flash" or "math")."""
+    attention core run by the kernel named `attention` ("flash" or "math") and dropout
+    masks where the run has dropout (`has_dropout`)."""
     s, b, h, f = seq_len, micro_batch, cfg.d_model, cfg.d_ff
     kernel = get_kernel(attention)
-    dropout = cfg.style == "gpt2"
+    dropout = has_dropout(cfg, dropout)
     if recompute == "full":
         # Korthikanti et al. 2022 Sec. 4.4 / Table 2: only the layer input (2sbh) is kept,
         # split over tp with sequence parallelism.
@@ -56,7 +65,7 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     outside = 4 * s * b * h + 2 * s * b * h + 2 * s * b * h + (2 * s * b * h if dropout else 0)
     # Inside TP: the output-projection input (2sbh; beside the flash kernel's own output, as
     # paraxis.model copies the heads back to rows) and the attention kernel's tensors ...
-    core = attention_kernel_bytes(cfg, s, b, kernel)
+    core = attention_kernel_bytes(cfg, s, b, kernel, dropout=dropout)
     if recompute == "selective":
         # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's
         # scores, the flash kernel's output and log-sum-exp are rebuilt in the backward).
@@ -70,10 +79,11 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
 
 def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
                                 tp: int = 1, sequence_parallel: bool = False,
-                                attention: str = RUNTIME_KERNEL.name) -> float:
+                                attention: str = RUNTIME_KERNEL.name,
+                                dropout: bool | None = None) -> float:
     """What a fully recomputed layer rebuilds during its backward (a temporary buffer)."""
     return layer_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none",
-                                  attention)
+                                  attention, dropout)
 
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1) -> float:

@@ -254,8 +254,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
+    # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
+    # eager runtime has none (its traffic counts none either, compute.py).
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
-                           gpu.attention_kernel, gpu.reserved_bytes)
+                           gpu.attention_kernel, reserved=gpu.reserved_bytes,
+                           dropout=cfg.style == "gpt2" and gpu.kernels == "fused")
     tokens_per_microbatch = micro_batch * seq_len
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,

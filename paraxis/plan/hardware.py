@@ -88,14 +88,17 @@ class GPU:
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
+# Memory as the driver reports it (nvidia-smi's total): an "80GB" A100 has 81920 MiB, an
+# "80GB HBM3" H100 81559 MiB, a "40GB" A100 40960 MiB, binary units, 5-7% above 80e9/40e9.
+MIB = 2**20
 GPUS: dict[str, GPU] = {g.name: g for g in (
     # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
     # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best)
-    GPU("a100-40gb", 312e12, 40e9, 300e9, 1.555e12, matmul_efficiency=0.70,
+    GPU("a100-40gb", 312e12, 40960 * MIB, 300e9, 1.555e12, matmul_efficiency=0.70,
         gemm_half_width=192),
-    GPU("a100-80gb", 312e12, 80e9, 300e9, 2.039e12, matmul_efficiency=0.70,
+    GPU("a100-80gb", 312e12, 81920 * MIB, 300e9, 2.039e12, matmul_efficiency=0.70,
         gemm_half_width=192),
-    GPU("h100-sxm-80gb", 989e12, 80e9, 450e9, 3.35e12, matmul_efficiency=0.5),
+    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, matmul_efficiency=0.5),
     GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5),
     GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5),
     GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),

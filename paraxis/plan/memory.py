@@ -120,7 +120,8 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
-                  reserved: float = RESERVED_BYTES) -> dict[str, float]:
+                  reserved: float = RESERVED_BYTES,
+                  dropout: bool | None = None) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
@@ -139,7 +140,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
         per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
                                            layout.sequence_parallel, layout.recompute,
-                                           attention)
+                                           attention, dropout)
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
@@ -151,8 +152,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         activations *= precision.activation_bytes / 2
         buffers = 0.0
         if layout.recompute == "full":
-            buffers += full_layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
-                                                   layout.sequence_parallel, attention)
+            buffers += full_layer_activation_bytes(
+                cfg, seq_len, micro_batch, layout.tp, layout.sequence_parallel, attention,
+                dropout) * precision.activation_bytes / 2
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local, precision)
         elif layout.dp > 1:

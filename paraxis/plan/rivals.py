@@ -15,7 +15,14 @@ from paraxis.layout import Layout
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
-from paraxis.plan.uncertainty import ErrorBand, decider, step_range, ties
+from paraxis.plan.uncertainty import (
+    GPU_BAND,
+    HELD_OUT_GPU_BAND,
+    ErrorBand,
+    decider,
+    step_range,
+    ties,
+)
 
 GB = 1e9
 Price = Callable[[Estimate, Cluster], float]
@@ -44,6 +51,11 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     lines = [f"Prediction: {best.step_time_s:.3g} s per step, {low:.3g}-{high:.3g} s at the "
              f"validated ±{band.rms:.1%} (RMS error over {band.runs} measured runs, "
              f"{band.source}; largest {band.largest:.0%})."]
+    if band is GPU_BAND:  # the fitted runs' band; say what runs never fitted showed
+        held = HELD_OUT_GPU_BAND
+        lines.append(f"Held out: on {held.runs} published runs never fitted the RMS error is "
+                     f"{held.rms:.0%} (largest {held.largest:.0%}, {held.source}), most of "
+                     "it beyond 8K tokens where the attention core is priced too fast.")
     if result is None:
         return lines
     tied = ties(best, result.ranked, band)

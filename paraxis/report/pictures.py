@@ -70,7 +70,7 @@ def _memory(plan: Plan) -> Section:
         rows.append(model_state_bytes(round(params / layout.tp), layout.dp, layout.zero,
                                       precision))
         labels.append(f"stage {stage}\nmodel states")
-    worst = plan.memory
+    worst = plan.memory  # the estimate's own count (its kernels, its dropout, its reserve)
     leave = ("stage", "total")
     rows.append({k: v for k, v in worst.items() if k not in leave})
     labels.append(f"stage {int(worst['stage'])}\neverything")
