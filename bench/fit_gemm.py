@@ -40,10 +40,12 @@ def fitted_errors(efficiency: float, half_width: float) -> tuple[list[float], bo
         for sequence_parallel, recompute, forward_ms, backward_ms in TABLE_4:
             forward, backward = layer_ms(sequence_parallel, recompute, Overlap())
             errors += [forward / forward_ms - 1, backward / backward_ms - 1]
-        return errors, all(_peak_tp(batch) == 8 for batch in (32, 128))
+        return errors, all(peak_tp(batch) == 8 for batch in (32, 128))
 
 
-def _peak_tp(batch: int) -> int:
+def peak_tp(batch: int) -> int:
+    """The TP degree with the best throughput for Narayanan et al. 2021's Fig. 13 setting:
+    a 161B GPT (32 layers, h = 20480) on 64 GPUs, no data parallelism (tp x pp = 64)."""
     cfg = ModelConfig("gpt-161b", "gpt2", 51200, 32, 20480, 128, 128, 4 * 20480, 2048)
     cluster = build_cluster("a100-80gb", 64, 8)
     throughput = {}
