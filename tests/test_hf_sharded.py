@@ -127,8 +127,9 @@ def _tensor_bytes(out: Path, files: list[str]) -> dict[str, dict[str, int]]:
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
 def test_a_callable_write_holds_one_tensor_beyond_making_it(preset, tmp_path):
     """Tensors drawn one at a time with the model's own init: the write's peak of counted
-    tensor bytes is that of making the largest tensor alone (init_parameter holds the
-    tensor, its random draw and the scaled draw: 3 tensors), far below the whole model."""
+    tensor bytes is about two of the largest tensor (the shard being written, capped at the
+    largest tensor's bytes, and the tensor being made; init_parameter draws into the tensor
+    itself), far below the whole model."""
     cfg = PRESETS[preset].replace(n_layers=6)
     shapes = expected_shapes(cfg)
 
@@ -145,8 +146,9 @@ def test_a_callable_write_holds_one_tensor_beyond_making_it(preset, tmp_path):
         out = write_hf(tmp_path / preset, cfg, make)
     model_bytes = sum(prod(shape) for shape in shapes.values()) * 4
     assert model_bytes > 15 * largest_bytes  # holding the model whole could not pass below
-    assert making.peak >= 3 * largest_bytes
-    assert writing.peak <= making.peak + largest_bytes // 20, (writing.peak, making.peak)
+    assert making.peak >= largest_bytes
+    assert writing.peak <= making.peak + largest_bytes + largest_bytes // 4, (
+        writing.peak, making.peak)
     assert len(list(out.glob("model-*.safetensors"))) > 10
     _, state = read_hf(out)
     model = build_model(cfg, seed=5)
