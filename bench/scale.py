@@ -23,7 +23,7 @@ from pathlib import Path
 from paraxis.calibrate.baseline import process_baseline_bytes
 from paraxis.hf import write_hf
 from paraxis.layout import Layout
-from paraxis.model import init_parameter
+from paraxis.model import initial_value, parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.plan.memory import layout_memory
 from paraxis.plan.precision import PRECISIONS
@@ -54,19 +54,9 @@ def forecast(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
 
 def write_model_hf(cfg: ModelConfig, directory: Path, seed: int = 0) -> float:
     """A Hugging Face directory of the model's seed weights, made one tensor at a time."""
-    import torch
-
-    from paraxis.hf import expected_shapes
-
-    shapes = expected_shapes(cfg)
-
-    def tensor(name: str) -> torch.Tensor:
-        full = torch.empty(shapes[name])
-        init_parameter(name, full, cfg, seed)
-        return full
-
+    shapes = parameter_shapes(cfg)
     started = time.perf_counter()
-    write_hf(directory, cfg, tensor)
+    write_hf(directory, cfg, lambda name: initial_value(name, shapes[name], cfg, seed))
     return time.perf_counter() - started
 
 

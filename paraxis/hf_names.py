@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
-
-from paraxis.model import Transformer
+from paraxis.model import parameter_shapes
 from paraxis.model_config import ModelConfig
 
 # Llama: paraxis name -> Hugging Face name, copied as they are.
@@ -67,12 +65,7 @@ class Source(NamedTuple):
     offset: int = 0  # along our first dim (their last when transposed)
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """{paraxis parameter name: shape} in the model's order, from a model built on the meta
-    device (no memory)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+expected_shapes = parameter_shapes  # {paraxis parameter name: shape}, the model's order
 
 
 def hf_sources(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX) -> dict[str, Source]:

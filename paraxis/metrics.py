@@ -29,20 +29,6 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def max_over_ranks(value: int) -> int:
-    """The largest `value` over every rank (one tiny all-reduce; call on every rank)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor)
-
-
 def over_ranks(value: int) -> list[int]:
     """`value` of every rank, in rank order (one small all-gather; call on every rank)."""
     import torch
@@ -56,6 +42,11 @@ def over_ranks(value: int) -> list[int]:
     gathered = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, tensor)
     return [int(t) for t in gathered]
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest `value` over every rank (call on every rank)."""
+    return max(over_ranks(value))
 
 
 def print_model_states(states: dict[str, int], rank: int, world: int,

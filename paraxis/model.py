@@ -251,6 +251,22 @@ def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) 
     param.copy_(values.to(param.dtype))
 
 
+def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """{single-device parameter name: shape} in the model's order, from the model built on
+    the meta device (no memory)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def initial_value(name: str, shape: tuple[int, ...], cfg: ModelConfig,
+                  seed: int) -> torch.Tensor:
+    """A new full tensor holding parameter `name`'s single-device initial value."""
+    full = torch.empty(shape)
+    init_parameter(name, full, cfg, seed)
+    return full
+
+
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
     for name, param in single_device_parameters(model):
         init_parameter(name, param, cfg, seed)

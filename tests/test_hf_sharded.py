@@ -14,7 +14,7 @@ import torch
 
 from paraxis.errors import ParaxisError
 from paraxis.hf import HFReader, expected_shapes, read_hf, write_hf
-from paraxis.model import build_model, init_parameter
+from paraxis.model import build_model, initial_value
 from paraxis.model_config import PRESETS
 from paraxis.runtime.tensor_memory import TensorBytes
 
@@ -134,9 +134,7 @@ def test_a_callable_write_holds_one_tensor_beyond_making_it(preset, tmp_path):
     shapes = expected_shapes(cfg)
 
     def make(name: str) -> torch.Tensor:
-        tensor = torch.empty(shapes[name])
-        init_parameter(name, tensor, cfg, seed=5)
-        return tensor
+        return initial_value(name, shapes[name], cfg, seed=5)
 
     largest = max(shapes, key=lambda name: prod(shapes[name]))
     largest_bytes = prod(shapes[largest]) * 4

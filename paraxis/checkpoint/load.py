@@ -31,7 +31,7 @@ from paraxis.checkpoint.manifest import (
     safe_member,
     sha256_of,
 )
-from paraxis.checkpoint.pieces import cut, fill_entries
+from paraxis.checkpoint.pieces import FullSource, fill_entries, rows_holding
 from paraxis.errors import ParaxisError
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class CheckpointReader:
         for piece in self.manifest.get("pieces", []):
             self.pieces[(piece["kind"], piece["name"])].append(piece)
         self._verified: set[str] = set()  # files whose checksum some rank has checked
-        self._cached: tuple[tuple[str, str], torch.Tensor] | None = None
+        # full tensors rebuilt from their pieces, one at a time, where the TP cut changed
+        self._rebuilt = FullSource(self.full, {})
 
     def names(self, kind: str = "param") -> list[str]:
         return sorted(name for k, name in self.pieces if k == kind)
@@ -65,7 +66,7 @@ class CheckpointReader:
         slices: list[torch.Tensor | None] = [None] * count
         filled = [0] * count
         for piece in pieces:
-            values = self._tensor(piece)
+            values = self._slice(piece, 0, piece["hi"] - piece["lo"])
             index = piece["tp_index"]
             if slices[index] is None:
                 slices[index] = torch.empty(slice_numel, dtype=values.dtype)
@@ -92,11 +93,7 @@ class CheckpointReader:
         same_cut = all(p["tp_count"] == entry.tp_count and
                        (entry.tp_count == 1 or p["tp_dim"] == entry.tp_dim) for p in pieces)
         if not same_cut:
-            key = (entry.kind, entry.name)
-            if self._cached is None or self._cached[0] != key:
-                self._cached = None
-                self._cached = (key, self.full(*key))
-            return cut(self._cached[1], entry)
+            return self._rebuilt.piece(entry)
         out = None
         filled = 0
         for saved in pieces:
@@ -136,18 +133,8 @@ class CheckpointReader:
             with self._handle(piece["file"]) as handle:
                 saved = handle.get_slice(piece["key"])
                 row = math.prod(saved.get_shape()[1:])
-                first, last = lo // row, -(-hi // row)
+                first, last = rows_holding(lo, hi, row)
                 return saved[first:last].reshape(-1)[lo - first * row:hi - first * row]
-        except ParaxisError:
-            raise
-        except Exception as error:  # noqa: BLE001 - safetensors raises several kinds
-            raise ParaxisError(f"{self.directory / piece['file']}: cannot read "
-                               f"{piece['key']} ({error})") from None
-
-    def _tensor(self, piece: dict[str, Any]) -> torch.Tensor:
-        try:
-            with self._handle(piece["file"]) as handle:
-                return handle.get_tensor(piece["key"])
         except ParaxisError:
             raise
         except Exception as error:  # noqa: BLE001 - safetensors raises several kinds

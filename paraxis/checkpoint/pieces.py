@@ -43,6 +43,12 @@ class PieceSource(Protocol):
         ...
 
 
+def rows_holding(lo: int, hi: int, row: int) -> tuple[int, int]:
+    """The rows [first, last) of a tensor flattened row by row (`row` elements each) that
+    hold its elements [lo, hi)."""
+    return lo // row, -(-hi // row)
+
+
 def entry_region(entry: Entry) -> tuple[tuple[slice, ...], int, int]:
     """(index, start, stop): `full[index].reshape(-1)[start:stop]` is the entry's piece, and
     `full[index]` is the smallest block of whole rows (first dimension) of its TP slice that
@@ -54,7 +60,7 @@ def entry_region(entry: Entry) -> tuple[tuple[slice, ...], int, int]:
         local[entry.tp_dim] //= entry.tp_count
         offset[entry.tp_dim] = entry.tp_index * local[entry.tp_dim]
     row = math.prod(local[1:])  # elements in one row of the TP slice (1 for a vector)
-    first, last = entry.lo // row, -(-entry.hi // row)
+    first, last = rows_holding(entry.lo, entry.hi, row)
     index = [slice(offset[d], offset[d] + local[d]) for d in range(len(shape))]
     index[0] = slice(offset[0] + first, offset[0] + last)
     return tuple(index), entry.lo - first * row, entry.hi - first * row

@@ -79,7 +79,6 @@ class GradReducer:
                 self._unit_of[id(p)] = index
                 self._span_of[id(p)] = (start, end)
         self._grads_seen = 0
-        self._flats: dict[int, torch.Tensor] = {}  # ZeRO-2/3: unit -> its flat gradient
         self._ready = [0] * len(units)
         self._complete = [False] * len(units)
         self._next_launch = 0
@@ -88,7 +87,7 @@ class GradReducer:
         self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
                             else "all_reduce")  # what finish() waits on
         for unit in units:
-            unit.grad_accum = None  # ZeRO-2/3 with `accumulate`: the full flat sum, transient
+            unit.grad_accum = None  # ZeRO-2/3: the unit's flat gradient until it is reduced
             if shard_grads:
                 unit.grad_shard = torch.zeros(unit.shard_numel, dtype=self.grad_dtype,
                                               device=unit.device)
@@ -124,8 +123,8 @@ class GradReducer:
         self._grads_seen = 0
 
     def _flat_grads(self, unit: FlatUnit) -> torch.Tensor:
-        """Where `accumulate` adds the unit's gradients: its bucket, or (ZeRO-2/3) a full
-        flat buffer that lives until the unit's reduce-scatter is launched."""
+        """Where `accumulate` adds the unit's gradients: its bucket, or (ZeRO-2/3) its full
+        flat buffer `unit.grad_accum`, which lives until the unit's reduction is launched."""
         if not self.shard_grads:
             return unit.grad_full
         if unit.grad_accum is None:
@@ -174,26 +173,20 @@ class GradReducer:
         parameter's. A unit of one parameter (an embedding, an LM head) needs no copy at all:
         its gradient is the flat buffer."""
         unit = self.units[index]
-        flat = self._flats.get(index)
-        if flat is None:
-            if len(unit.params) == 1 and unit.padded_numel == unit.numel \
-                    and param.grad.is_contiguous():
-                self._flats[index] = param.grad.view(-1)
-                param.grad = None
-                return
-            flat = self._flats[index] = torch.zeros(unit.padded_numel, dtype=unit.dtype,
-                                                    device=unit.device)
-        start, end = self._span_of[id(param)]
-        flat[start:end].copy_(param.grad.reshape(-1))
+        if unit.grad_accum is None and len(unit.params) == 1 \
+                and unit.padded_numel == unit.numel and param.grad.is_contiguous():
+            unit.grad_accum = param.grad.view(-1)
+        else:
+            start, end = self._span_of[id(param)]
+            self._flat_grads(unit)[start:end].copy_(param.grad.reshape(-1))
         param.grad = None
 
-    def _take_flat(self, index: int) -> torch.Tensor:
-        """The unit's flat gradient, with any gradient that did not arrive through a hook in
-        this microstep (accumulated earlier, or never) added in."""
-        unit = self.units[index]
-        flat = self._flats.pop(index, None)
-        if flat is None:
-            flat = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+    def _take_flat(self, unit: FlatUnit) -> torch.Tensor:
+        """ZeRO-2/3: the unit's flat gradient, taken from the unit for its reduction, with any
+        gradient that did not arrive through a hook in this microstep (accumulated earlier,
+        or never) added in."""
+        flat = self._flat_grads(unit)
+        unit.grad_accum = None
         for p, start, end in unit.spans():
             if p.grad is not None:
                 flat[start:end].add_(p.grad.reshape(-1))
@@ -216,8 +209,7 @@ class GradReducer:
             # `finish` would hold the whole model's gradients at once.
             while len(self._pending) >= MAX_IN_FLIGHT:
                 self._retire_oldest()
-            flat = self._flat_grads(unit) if self.accumulate else self._take_flat(index)
-            unit.grad_accum = None
+            flat = self._take_flat(unit)
             self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
                                   None))
         elif self.reduce_to_shard:

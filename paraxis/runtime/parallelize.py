@@ -35,7 +35,7 @@ from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.model import Transformer, init_parameter
+from paraxis.model import Transformer, initial_value, parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
@@ -106,16 +106,9 @@ def check_compiler(device: torch.device) -> None:
 @torch.no_grad()
 def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
     """Fill every parameter piece this rank holds with its single-device initial value."""
-    with torch.device("meta"):
-        shapes = {name: tuple(p.shape) for name, p in Transformer(cfg).named_parameters()}
-
-    def initial(kind: str, name: str) -> torch.Tensor:
-        full = torch.empty(shapes[name])
-        init_parameter(name, full, cfg, seed)
-        return full
-
-    fill_entries(engine, FullSource(initial, shapes), ("param",),
-                 f"initial weights (seed {seed})")
+    shapes = parameter_shapes(cfg)
+    source = FullSource(lambda kind, name: initial_value(name, shapes[name], cfg, seed), shapes)
+    fill_entries(engine, source, ("param",), f"initial weights (seed {seed})")
 
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,

@@ -35,7 +35,6 @@ class TensorBytes:
 
     def __init__(self) -> None:
         self.peak = 0
-        self.final = 0  # bytes still alive when the block ended
         self.peaks: dict[str, int] = {}  # phase -> peak while it ran
         self.starts: dict[str, int] = {}  # phase -> bytes alive when it began
         self._phases: list[str] = []
@@ -79,7 +78,6 @@ class TensorBytes:
                 total -= live.pop(address)
             memory.append((ts, total))
         self.peak = max((total for _, total in memory), default=0)
-        self.final = memory[-1][1] if memory else 0
         for event in events:
             name = event.get("name", "")
             if name.startswith("tensor_bytes:") and "dur" in event:
