@@ -130,11 +130,11 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor,
 def _sums_in_place(group: dist.ProcessGroup) -> bool:
     """Whether the ZeRO collectives run as in-place all-reduces. gloo's reduce_scatter and
     all_gather each allocate a temporary as large as the full buffer, and its reduce-scatter
-    is slower than an all-reduce of the same buffer (measured here with 4 ranks on 16 MB:
-    reduce_scatter_single 70 ms, all_reduce 44 ms, all_gather_single 47 ms, tests/
-    test_scale.py's memory bound), while an in-place all-reduce allocates nothing, so on gloo
-    gathering is an all-reduce of the buffer zero-filled around this rank's part, and
-    reduce-scattering an all-reduce followed by a copy of this rank's part. NCCL's own
+    is slower than an all-reduce of the same buffer (`python -m bench.memory_probes`, 4 ranks,
+    16 MB: reduce_scatter_single 66 ms and all_gather_single 28 ms, each with a temporary as
+    large as the buffer; all_reduce 26 ms and none). So on gloo gathering is an all-reduce of
+    the buffer zero-filled around this rank's part, and reduce-scattering an all-reduce
+    followed by a copy of this rank's part. NCCL's own
     collectives allocate nothing and move half the bytes: they are used as they are."""
     return dist.get_backend(group) == "gloo"
 

@@ -4,11 +4,11 @@ glibc's malloc serves large blocks with mmap, which returns them to the system w
 and small ones from its heap, which keeps them. The line between the two moves: each time a
 mmap'ed block is freed, the threshold rises to that block's size, up to 32 MiB. A training
 step frees tensors of every size, so after the first step nearly all of them come from the
-heap, and a freed activation or gathered ZeRO-3 unit stays resident: measured on the 0.8B
-Llama of docs/memory.md at dp=8 zero=3 (6 of its 24 layers, one step), a rank's resident
-peak was 1,991 MiB with the moving threshold and 1,554 MiB with it pinned at 1 MiB, for the
-same 1,201 MiB of tensors (bench: `python -m bench --only scale`). Pinning it is one
-`mallopt` call; PyTorch's CPU allocator has no cache of its own to tune instead.
+heap, and a freed activation or gathered ZeRO-3 unit stays resident. `python -m
+bench.memory_probes` measures it on the 0.8B Llama of docs/memory.md at dp=8 zero=3 (6 of
+its 24 layers, one step): the largest rank's resident peak was 1,624 MiB with the moving
+threshold and 1,430 MiB with it pinned at 1 MiB, for the same 1,100 MiB of tensors. Pinning
+it is one `mallopt` call; PyTorch's CPU allocator has no cache of its own to tune instead.
 """
 
 from __future__ import annotations
