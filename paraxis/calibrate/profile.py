@@ -55,7 +55,10 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
         "hbm_bandwidth_Bps": compute["elementwise_Bps"],
         "hbm_efficiency": 1.0,
         "layer_overhead_s": compute.get("layer_overhead_s", 0.0),
-        **({"reserved_bytes": device["baseline_bytes"]} if "baseline_bytes" in device else {}),
+        # a CPU rank holds back its process baseline (0 where it was not measured); a GPU
+        # keeps the planner's CUDA-context reserve
+        **({"reserved_bytes": device.get("baseline_bytes", 0.0)}
+           if device.get("type") == "cpu" else {}),
         "memory_bytes": device["memory_bytes"],
         # paraxis runs one PyTorch kernel per elementwise op (no fused kernels)
         "kernels": "eager",

@@ -32,7 +32,8 @@ def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch
         "layouts": [{**e.to_dict(), "step_time_range_s": list(step_range(e, band))}
                     for e in layouts],
         "uncertainty": {"relative_error_rms": band.rms, "largest_relative_error": band.largest,
-                        "validated_runs": band.runs, "source": band.source},
+                        "validated_runs": band.runs, "source": band.source,
+                        "fitted": band.fitted},
         "explanation": explanation,
     }
     if result is not None:

@@ -49,8 +49,8 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     """The step time with its validated range; then the tie, if any, and its decider."""
     low, high = step_range(best, band)
     lines = [f"Prediction: {best.step_time_s:.3g} s per step, {low:.3g}-{high:.3g} s at the "
-             f"validated ±{band.rms:.1%} (RMS error over {band.runs} measured runs, "
-             f"{band.source}; largest {band.largest:.0%})."]
+             f"{band.name} ±{band.rms:.1%} ({band.over}, {band.source}; largest "
+             f"{band.largest:.0%})."]
     if band is GPU_BAND:  # the fitted runs' band; say what runs never fitted showed
         held = HELD_OUT_GPU_BAND
         lines.append(f"Held out: on {held.runs} published runs never fitted the RMS error is "

@@ -32,7 +32,7 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
         console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
                       f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule")
     band = error_band(cluster)
-    table = Table(show_lines=False, caption=f"step s: predicted; validated error ±{band.rms:.1%} "
+    table = Table(show_lines=False, caption=f"step s: predicted; {band.name} ±{band.rms:.1%} "
                   f"RMS ({band.source})")
     for column in ("#", "layout", "mb", "GB/GPU", "compute s", "tp s", "pp s", "dp s",
                    "bubble s", "step s", "tokens/s", "MFU"):
