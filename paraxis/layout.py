@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from paraxis.errors import ParaxisError
 from paraxis.options import option
+from paraxis.schedules import FIXED_VIRTUAL, KINDS
 
 if TYPE_CHECKING:
     from paraxis.model_config import ModelConfig
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 # Axes whose degree > 1 is refused until the issue that implements them lands.
@@ -123,13 +124,21 @@ class Layout:
     microbatches: int = option(1, "microbatches per step per replica (pipeline fill or "
                                 "accumulation)")
     schedule: str = option("1f1b", "pipeline schedule: " + ", ".join(SCHEDULES))
-    virtual_stages: int = option(1, "model chunks per pipeline stage (interleaved schedule only)")
+    virtual_stages: int = option(1, "model chunks per pipeline stage (interleaved; zb-v: 2)")
     recompute: str = option("none", "activation recomputation: " + ", ".join(RECOMPUTE))
     sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
 
     def __post_init__(self) -> None:
+        if self.schedule in FIXED_VIRTUAL and self.virtual_stages == 1:
+            # zb-v always folds the model twice over the stages: say so in the layout itself
+            object.__setattr__(self, "virtual_stages", FIXED_VIRTUAL[self.schedule])
         self._check_own_rules()
+
+    @property
+    def placement(self) -> str:
+        """How model chunks sit on stages: "v" for zb-v, else "loop" (`schedules.core`)."""
+        return "v" if self.schedule == "zb-v" else "loop"
 
     # ----------------------------------------------------------------- grid arithmetic
 
@@ -194,7 +203,12 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise ParaxisError(f"unknown recompute {self.recompute!r}; use one of "
                                f"{', '.join(RECOMPUTE)}")
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
+        if self.schedule in FIXED_VIRTUAL:
+            if self.virtual_stages != FIXED_VIRTUAL[self.schedule]:
+                raise ParaxisError(f"schedule={self.schedule} runs {FIXED_VIRTUAL[self.schedule]}"
+                                   f" chunks per stage, not virtual_stages="
+                                   f"{self.virtual_stages}; drop virtual_stages")
+        elif self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ParaxisError(f"virtual_stages={self.virtual_stages} needs "
                                "schedule=interleaved; set the schedule or virtual_stages=1")
         if self.schedule == "interleaved" and self.pp > 1:

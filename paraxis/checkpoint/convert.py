@@ -33,7 +33,8 @@ def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
     from paraxis.pipeline_parallel.stage import stage_parts
     from paraxis.runtime.params import is_pp_duplicate
 
-    partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
+    partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
+                                 placement=layout.placement)
     return [name for part in stage_parts(cfg, partition, stage)  # meta: names, no memory
             for name, param in part.named_parameters() if not is_pp_duplicate(param)]
 

@@ -99,8 +99,7 @@ class PipelineEngine(LocalEngine):
         return self._backward_context(last)
 
     def finish_grad_sync(self) -> None:
-        if self.tied.param is not None and self.tied.group is not None:
-            self.tied.all_reduce_grad(self.data_parallel.reducer.grad_of(self.tied.param))
+        self.tied.sum_grads(self.data_parallel.reducer.grad_of)
         self.data_parallel.finish_grad_sync()
 
     def reduce_loss(self, loss: float) -> float:

@@ -7,7 +7,11 @@ The executor decides nothing about order: it walks `schedule.stages[stage]` and,
     send  -> post isend of the output activation / input gradient (waited for at step end)
     B     -> backward of (microbatch, chunk), gradients accumulate in .grad; on the last
              virtual stage backward starts from loss / M times fp16's loss scale, so every
-             stage's gradients carry the scale (the data-parallel engine removes it once)
+             stage's gradients carry the scale (the data-parallel engine removes it once).
+             When the schedule has W actions (zero-bubble), B computes only the gradient of
+             the chunk's input and leaves the weight gradients pending (`split_backward`)
+    W     -> those weight gradients; the data-parallel hooks fire here, and the stage's
+             gradient sync starts in its last W
 
 A run of consecutive send/recv actions (e.g. 1F1B's "send activation, receive gradient") is
 posted together with `dist.batch_isend_irecv`, so neither side waits on the other's send
@@ -39,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.runtime.watchdog import WATCH
 from paraxis.schedules import Action, Schedule
 
@@ -61,6 +66,8 @@ class _Step:
     received: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict)
     local_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     input_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # (microbatch, chunk) -> weight gradients a split B left for its W
+    weight_grads: dict[tuple[int, int], PendingWeightGrad] = field(default_factory=dict)
     # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step ends
     pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = field(default_factory=list)
     # receives posted ahead: action position -> (work, buffer, perf_counter time of posting)
@@ -79,10 +86,13 @@ class PipelineExecutor:
         self.dtype = dtype  # of the tensors crossing a stage boundary (the parameters')
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
-        # receives in schedule order, and this stage's final backward (a forward-only,
-        # evaluation schedule has none), where data parallelism syncs
+        # receives in schedule order, and this stage's final gradient-producing action (B,
+        # or W when backward is split; an evaluation schedule has none), where data
+        # parallelism syncs
+        self.split = schedule.split_backward
         self.recv_positions = [i for i, a in enumerate(self.actions) if a.kind == "recv"]
-        self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind == "B"),
+        grads_in = "W" if self.split else "B"
+        self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind == grads_in),
                                  default=-1)
         self.trace: list[dict[str, Any]] = []
         # How many receives beyond the current communication point to post (see above).
@@ -128,11 +138,16 @@ class PipelineExecutor:
             started = time.perf_counter()
             if action.kind == "F":
                 self._forward(action, step)
+            elif action.kind == "B" and self.split:
+                self._backward(action, step)  # input gradient only: no weight touched
             else:
                 context = (backward_context(position == self.last_backward)
                            if backward_context else contextlib.nullcontext())
                 with context:
-                    self._backward(action, step)
+                    if action.kind == "W":
+                        step.weight_grads.pop((action.microbatch, action.chunk)).run()
+                    else:
+                        self._backward(action, step)
             self._record(action, started)
             position += 1
         for work, _, peer in step.pending_sends:
@@ -149,12 +164,19 @@ class PipelineExecutor:
             x = step.inputs[action.microbatch]
         elif ("act", *key) in step.received:
             x = step.received.pop(("act", *key)).requires_grad_()
-        else:  # the previous chunk ran on this same stage (one-stage interleaving)
-            x = step.stage_outputs[(action.microbatch, action.chunk - 1)].detach()
+        else:  # the previous chunk ran on this same stage (one-stage interleaving, the V)
+            previous = self.schedule.place(here - 1)[1]
+            x = step.stage_outputs[(action.microbatch, previous)].detach()
             x.requires_grad_()
-        step.stage_inputs[key] = x
         with _autocast(step.device, step.autocast_dtype):
-            out = module(x)
+            if here == 0 and self.split and torch.is_grad_enabled():
+                # A split B stops at the embedding's output (token ids have no gradient);
+                # W then computes the embedding's gradient with the others.
+                x = module.embed(x)
+                out = module.after_embedding(x)
+            else:
+                out = module(x)
+            step.stage_inputs[key] = x
             if here == self.last_virtual:
                 out = module.loss_fn(out, step.targets[action.microbatch]) / len(step.inputs)
                 step.loss_total += out.detach()
@@ -166,18 +188,26 @@ class PipelineExecutor:
         key = (action.microbatch, action.chunk)
         here = self.schedule.virtual_stage(self.stage, action.chunk)
         out = step.stage_outputs.pop(key)
+        grad = None
         if here == self.last_virtual:
-            (out * step.loss_scale if step.loss_scale != 1.0 else out).backward()
+            out = out * step.loss_scale if step.loss_scale != 1.0 else out
         else:
             grad = step.received.pop(("grad", *key), None)
             if grad is None:
                 grad = step.local_grads.pop(key)
-            torch.autograd.backward(out, grad.to(out.dtype))
+            grad = grad.to(out.dtype)
         x = step.stage_inputs.pop(key)
+        if self.split:
+            weights = [p for p in self.chunks[action.chunk].parameters() if p.requires_grad]
+            x_grad, step.weight_grads[key] = backward_input(out, grad, x, weights)
+        else:
+            torch.autograd.backward(out, grad)
+            x_grad = x.grad
         if here > 0 and self.schedule.place(here - 1)[0] == self.stage:
-            step.local_grads[(action.microbatch, action.chunk - 1)] = x.grad
+            previous = self.schedule.place(here - 1)[1]
+            step.local_grads[(action.microbatch, previous)] = x_grad
         elif here > 0:
-            step.input_grads[key] = x.grad
+            step.input_grads[key] = x_grad
 
     def _communicate(self, batch: list[int], step: _Step) -> None:
         """Post one run of consecutive send/recv actions together, wait for its receives."""

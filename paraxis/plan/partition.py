@@ -14,26 +14,33 @@ from dataclasses import dataclass
 
 from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig
+from paraxis.schedules import virtual_stage_of
 
 
 @dataclass(frozen=True)
 class Partition:
-    """`parts[i]` is the range of global block indices of virtual stage i; virtual stage
-    i is chunk i // pp of stage i % pp (Megatron's interleaving)."""
+    """`parts[i]` is the range of global block indices of virtual stage i; which stage and
+    chunk that is follows the schedule's placement (`schedules.virtual_stage_of`: Megatron's
+    loop, chunk i // pp of stage i % pp, or zb-v's V)."""
 
     pp: int
     virtual: int
     parts: tuple[range, ...]
     costs: tuple[float, ...]  # per part, embedding/head included
+    placement: str = "loop"
+
+    def index(self, stage: int, chunk: int = 0) -> int:
+        """The virtual stage (index into `parts`) of this stage's chunk."""
+        return virtual_stage_of(stage, chunk, self.pp, self.placement)
 
     def blocks_of(self, stage: int, chunk: int = 0) -> range:
-        return self.parts[chunk * self.pp + stage]
+        return self.parts[self.index(stage, chunk)]
 
     def has_embedding(self, stage: int, chunk: int = 0) -> bool:
-        return chunk * self.pp + stage == 0
+        return self.index(stage, chunk) == 0
 
     def has_head(self, stage: int, chunk: int = 0) -> bool:
-        return chunk * self.pp + stage == len(self.parts) - 1
+        return self.index(stage, chunk) == len(self.parts) - 1
 
     def describe(self) -> str:
         """One line per stage: its blocks per chunk, embedding/head, and relative cost."""
@@ -48,7 +55,7 @@ class Partition:
                     text = "embedding + " + text
                 if self.has_head(stage, chunk):
                     text += " + head/loss"
-                cost = self.costs[chunk * self.pp + stage] / heaviest
+                cost = self.costs[self.index(stage, chunk)] / heaviest
                 pieces.append(f"{text} (cost {cost:.2f})")
             lines.append(f"stage {stage}: " + "; ".join(pieces))
         return "\n".join(lines)
@@ -70,7 +77,7 @@ def layer_costs(cfg: ModelConfig, seq_len: int | None = None) -> tuple[list[floa
 
 def partition_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
                      measured_s: list[float] | None = None,
-                     seq_len: int | None = None) -> Partition:
+                     seq_len: int | None = None, placement: str = "loop") -> Partition:
     """Split the blocks over pp * virtual parts, minimising the most expensive part.
 
     measured_s: optional measured per-block times (seconds), used instead of FLOP counts;
@@ -92,7 +99,7 @@ def partition_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
     ranges = tuple(range(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
     costs = tuple(sum(blocks[r.start:r.stop]) + (embed if i == 0 else 0.0)
                   + (head if i == parts - 1 else 0.0) for i, r in enumerate(ranges))
-    return Partition(pp, virtual, ranges, costs)
+    return Partition(pp, virtual, ranges, costs, placement)
 
 
 def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extra: float

@@ -57,7 +57,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     precision: the policy (`paraxis.precision`), which every axis below follows; compile:
     `torch.compile` each block's forward (`compile_blocks`)."""
     device = torch.device(device)
-    partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages)
+    partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
+                                                placement=layout.placement)
     # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
     parts = stage_parts(cfg, partition, groups.pp_rank)
     # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
@@ -122,7 +123,8 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     policy; seq_len: weighs attention in the pipeline split; announce: print the split
     (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`).
     """
-    partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len)
+    partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
+                                 placement=layout.placement)
     if announce and layout.pp > 1:
         print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
