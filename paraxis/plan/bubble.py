@@ -3,6 +3,11 @@
 Small schedules are built and simulated (`paraxis.schedules`); past `SIMULATE_MAX_ACTIONS`
 compute actions the closed forms below answer instead. tests/test_plan_bubble.py proves the
 closed forms equal the simulated figures over a grid of (kind, P, M, v).
+
+Zero-bubble schedules have no closed form over every cost ratio (their W fills the bubble,
+so the idle time depends on F, B and W), but once M >= 2P each further microbatch adds only
+busy time, never idle time (tests/test_zero_bubble.py checks it over a grid of costs): a
+large one is simulated at M = 2P and its idle time kept.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import NamedTuple
 from paraxis.schedules import build_schedule
 
 SIMULATE_MAX_ACTIONS = 256  # P * M * v; larger schedules use the proven closed forms
+ZERO_BUBBLE = ("zb-h1", "zb-v")
 
 
 class PipelineFigures(NamedTuple):
@@ -44,13 +50,24 @@ def in_flight_formula(kind: str, stages: int, microbatches: int,
 
 @lru_cache(maxsize=4096)
 def pipeline_figures(kind: str, stages: int, microbatches: int, virtual: int = 1,
-                     forward_cost: float = 1.0, backward_cost: float = 2.0) -> PipelineFigures:
-    """Bubble fraction and per-stage peak in-flight activations of one step."""
+                     forward_cost: float = 1.0, backward_cost: float = 2.0,
+                     weight_cost: float | None = None) -> PipelineFigures:
+    """Bubble fraction and per-stage peak in-flight activations of one step (costs of one
+    microbatch on a stage; `weight_cost`, the W part of a split backward, defaults to half)."""
     if stages == 1:
         return PipelineFigures(0.0, (1,), "formula")
-    if stages * microbatches * virtual <= SIMULATE_MAX_ACTIONS:
+    small = stages * microbatches * virtual <= SIMULATE_MAX_ACTIONS
+    if small or (kind in ZERO_BUBBLE and microbatches <= 2 * stages):
         schedule = build_schedule(kind, stages, microbatches, virtual)
-        return PipelineFigures(schedule.bubble_fraction(forward_cost, backward_cost),
-                               tuple(schedule.peak_in_flight()), "schedule")
+        timeline = schedule.simulate(forward_cost, backward_cost, 0.0, weight_cost)
+        return PipelineFigures(timeline.bubble_fraction, tuple(schedule.peak_in_flight()),
+                               "schedule")
+    if kind in ZERO_BUBBLE:
+        short = build_schedule(kind, stages, 2 * stages, virtual)
+        timeline = short.simulate(forward_cost, backward_cost, 0.0, weight_cost)
+        idle = timeline.makespan - 2 * stages * (forward_cost + backward_cost)
+        busy = microbatches * (forward_cost + backward_cost)
+        return PipelineFigures(idle / (idle + busy), tuple(short.peak_in_flight()),
+                               "schedule at M=2P")
     return PipelineFigures(bubble_formula(kind, stages, microbatches, virtual),
                            in_flight_formula(kind, stages, microbatches, virtual), "formula")

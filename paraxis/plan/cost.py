@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from paraxis.attention_kernel import AttentionKernel, get_kernel
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.bubble import ZERO_BUBBLE, pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
@@ -48,7 +48,7 @@ from paraxis.plan.compute import (
     optimizer_traffic_per_param,
 )
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import layout_memory, stage_layers, stage_params
+from paraxis.plan.memory import head_stage, layout_memory, stage_layers, stage_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 
 
@@ -263,17 +263,18 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
     # plus the LM head and loss if it is the last stage.
-    counts = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len)
+    counts = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    last = head_stage(layout.pp, layout.placement)
     layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
     head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
 
     def stage_compute(stage: int) -> float:
-        has_head = stage == layout.pp - 1
+        has_head = stage == last
         return counts[stage] * (layer["forward"] + layer["backward"]) + has_head * (
             head["forward"] + head["backward"])
 
     busiest = max(range(layout.pp), key=stage_compute)
-    layers, has_head = counts[busiest], busiest == layout.pp - 1
+    layers, has_head = counts[busiest], busiest == last
     t_forward = layers * layer["forward"] + has_head * head["forward"]
     t_backward = layers * layer["backward"] + has_head * head["backward"]
     t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + has_head * head["tp"]
@@ -288,10 +289,15 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         send = collective_time("send_recv", boundary_bytes / layout.tp, 2, pp_link)
         t_pp = 2 * layout.virtual_stages * send
 
-    # Balanced stages: the idle share does not depend on the backward/forward cost ratio
-    # (tests/test_plan_bubble.py), so one cached simulation serves every recompute setting.
+    # Balanced stages: the idle share of GPipe and the 1F1B family does not depend on the
+    # backward/forward ratio (tests/test_plan_bubble.py), so one cached simulation serves
+    # every recompute setting. A zero-bubble schedule's does (its W's fill the bubble): it is
+    # simulated at this run's ratio, rounded so a layout search reuses the simulation. W, the
+    # weight-gradient half of the backward, does the forward's matrix products again (dW =
+    # g^T x for y = x W^T), so it is priced at the forward's time.
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
-                               layout.virtual_stages)
+                               layout.virtual_stages, *_bubble_costs(layout.schedule,
+                                                                     t_forward, t_backward))
     slot_compute = t_forward + t_backward
     exposed_comm = t_tp + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
@@ -306,7 +312,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
     dp_link = axis_link(layout, "dp", cluster)
     stage_param_count = max(stage_params(cfg, layout.pp, layout.virtual_stages,
-                                         seq_len)) / layout.tp
+                                         seq_len, layout.placement)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts))
     if layout.zero == 3 and layout.dp > 1 and overlap.zero3_prefetch:
@@ -352,3 +358,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
                     flops["hardware"] / (step * peak_total), notes, seq_len)
+
+
+def _bubble_costs(schedule: str, forward: float, backward: float) -> tuple[float, ...]:
+    """(forward, backward, weight) relative to the forward, for `pipeline_figures`."""
+    if schedule not in ZERO_BUBBLE or forward <= 0:
+        return ()
+    ratio = round(backward / forward * 20) / 20
+    return (1.0, ratio, min(1.0, ratio))

@@ -91,29 +91,39 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
 
 
 @functools.lru_cache(maxsize=4096)
-def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None) -> Partition:
-    return partition_layers(cfg, pp, virtual, seq_len=seq_len)  # a layout search asks often
+def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+               placement: str = "loop") -> Partition:
+    # a layout search asks often
+    return partition_layers(cfg, pp, virtual, seq_len=seq_len, placement=placement)
+
+
+def head_stage(pp: int, placement: str = "loop") -> int:
+    """The stage holding the final norm, LM head and loss: the last, or stage 0 in zb-v's V."""
+    return 0 if placement == "v" else pp - 1
 
 
 def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
-                 seq_len: int | None = None) -> list[int]:
+                 seq_len: int | None = None, placement: str = "loop") -> list[int]:
     """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
-    with the head's cost on the last stage (`plan/partition.py`), so uneven counts happen."""
-    partition = _partition(cfg, pp, virtual, seq_len)
+    with the head's cost on the last virtual stage (`plan/partition.py`), so uneven counts
+    happen."""
+    partition = _partition(cfg, pp, virtual, seq_len, placement)
     return [sum(len(partition.blocks_of(stage, chunk)) for chunk in range(virtual))
             for stage in range(pp)]
 
 
 def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
-                 seq_len: int | None = None) -> list[int]:
+                 seq_len: int | None = None, placement: str = "loop") -> list[int]:
     """Parameters each stage holds before TP: blocks, plus the embedding on the first stage
     and final norm + LM head on the last (Narayanan et al. 2021 Sec. 3.2). A tied head is a
-    second copy of the embedding on the last stage when pp > 1 (Megatron's word embeddings)."""
-    counts = [layers * cfg.layer_params() for layers in stage_layers(cfg, pp, virtual, seq_len)]
+    second copy of the embedding on the head's stage when pp > 1 (Megatron's word
+    embeddings; in zb-v's V both sit on stage 0, which then holds both copies)."""
+    counts = [layers * cfg.layer_params()
+              for layers in stage_layers(cfg, pp, virtual, seq_len, placement)]
     counts[0] += cfg.embedding_params()
-    counts[-1] += cfg.head_params()
+    counts[head_stage(pp, placement)] += cfg.head_params()
     if cfg.tied_embeddings and pp > 1:
-        counts[-1] += cfg.vocab_size * cfg.d_model
+        counts[head_stage(pp, placement)] += cfg.vocab_size * cfg.d_model
     return counts
 
 
@@ -129,9 +139,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     """
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
-    layers = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len)
+    layers = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     worst: dict[str, float] = {}
-    params_by_stage = stage_params(cfg, layout.pp, layout.virtual_stages, seq_len)
+    params_by_stage = stage_params(cfg, layout.pp, layout.virtual_stages, seq_len,
+                                   layout.placement)
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     for stage in range(layout.pp):
@@ -145,7 +156,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
         activations = in_flight * layers[stage] * per_layer
-        if stage == layout.pp - 1:
+        if stage == head_stage(layout.pp, layout.placement):
             activations += logits_bytes(cfg, seq_len, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.

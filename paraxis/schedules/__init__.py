@@ -31,8 +31,18 @@ Modules: `core` (actions, placement, costs, the clock), `build` (the generators)
 """
 
 from paraxis.schedules.build import FIXED_VIRTUAL, KINDS, build_schedule, forward_only
-from paraxis.schedules.core import COMPUTE, Action, Costs, Event, Schedule, Timeline
-from paraxis.schedules.core import place_of, simulate, stage_costs, virtual_stage_of
+from paraxis.schedules.core import (
+    COMPUTE,
+    Action,
+    Costs,
+    Event,
+    Schedule,
+    Timeline,
+    place_of,
+    simulate,
+    stage_costs,
+    virtual_stage_of,
+)
 from paraxis.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "Action", "Costs", "Event", "Schedule",

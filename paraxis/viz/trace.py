@@ -3,7 +3,7 @@
 The runtime's pipeline executor records one dict per action and per message:
 
     {"rank": 0, "stage": 0, "kind": "F", "microbatch": 3, "chunk": 0,
-     "start_s": 12.5031, "end_s": 12.5102}       # kind: "F", "B", "send" or "recv"
+     "start_s": 12.5031, "end_s": 12.5102}    # kind: "F", "B", "W", "send" or "recv"
 
 (a recv also carries "posted_s", when its irecv went out; the executor posts receives ahead
 on gloo, so that is usually before the compute that precedes the wait).
@@ -17,7 +17,7 @@ communication.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
@@ -126,3 +126,29 @@ def busy_fraction(events: Iterable[dict]) -> dict[int, float]:
         if e["kind"] in COMPUTE_KINDS:
             busy[e["rank"]] += e["end_s"] - e["start_s"]
     return {rank: (t / span if span > 0 else 0.0) for rank, t in sorted(busy.items())}
+
+
+def trace_costs(events: Iterable[dict], stages: int, chunks: int,
+                virtual_stage: Callable[[int, int], int]
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Mean seconds of one microbatch's forward, whole backward (B + W) and W on each virtual
+    stage, measured: the costs `schedules.simulate` takes, so a run's own trace can be
+    replayed, slow stages included. `virtual_stage(stage, chunk)` is the schedule's."""
+    spans: dict[tuple[str, int], list[float]] = {}
+    for e in check_events(events):
+        if e["kind"] in COMPUTE_KINDS:
+            key = (e["kind"], virtual_stage(e["stage"], e["chunk"]))
+            spans.setdefault(key, []).append(e["end_s"] - e["start_s"])
+
+    def mean(kind: str, index: int) -> float:
+        values = spans.get((kind, index), [])
+        return sum(values) / len(values) if values else 0.0
+
+    count = stages * chunks
+    if not any(("F", v) in spans for v in range(count)):
+        raise ParaxisError("the trace has no forward events; record one with a pipeline run "
+                           "(pp > 1), which writes trace.json beside its metrics")
+    forward = [mean("F", v) for v in range(count)]
+    weight = [mean("W", v) for v in range(count)]
+    backward = [mean("B", v) + w for v, w in enumerate(weight)]
+    return forward, backward, weight
