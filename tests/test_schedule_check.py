@@ -8,30 +8,14 @@ import time
 import pytest
 
 from paraxis.errors import ParaxisError
-from paraxis.schedule_check import check_blocking, check_communication, check_pair_order
 from paraxis.schedules import Action, Schedule, build_schedule
+from paraxis.schedules.check import check_blocking, check_communication, check_pair_order
 
 CASES = [(kind, p, m, v)
          for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16)
          for kind, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2),
-                         ("interleaved", 3), ("interleaved", 4))
+                         ("interleaved", 3), ("interleaved", 4), ("zb-h1", 1), ("zb-v", 2))
          if kind != "interleaved" or m % p == 0]
-
-
-def _nccl_unsafe_today(kind: str, p: int, m: int, v: int) -> bool:
-    # Found by check_blocking: with v > 1 chunks and more than one round of P microbatches,
-    # the interleaved generator posts a gradient send alone in its group (the next forward
-    # comes before the next recv) on two stages at once, each waiting for the other's recv.
-    return kind == "interleaved" and v > 1 and m > p > 1
-
-
-def _marked(case: tuple) -> object:
-    if not _nccl_unsafe_today(*case):
-        return case
-    return pytest.param(*case, marks=pytest.mark.xfail(
-        strict=True, raises=ParaxisError,
-        reason="interleaved v>1, M>P deadlocks when sends block; drop this mark once the "
-               "generator groups each send with the next recv"))
 
 
 def _handwritten(*rows: str, microbatches: int) -> Schedule:
@@ -63,7 +47,7 @@ def test_generated_schedules_post_each_pair_in_order_and_pass_gloo(kind, p, m, v
     check_blocking(schedule, sends_block=False)
 
 
-@pytest.mark.parametrize("kind,p,m,v", [_marked(case) for case in CASES])
+@pytest.mark.parametrize("kind,p,m,v", CASES)
 def test_generated_schedules_do_not_deadlock_when_sends_block(kind, p, m, v):
     check_communication(build_schedule(kind, p, m, v))
 

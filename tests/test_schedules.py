@@ -92,8 +92,11 @@ def test_validator_rejects_drop_swap_and_reorder(kind, p, m, v):
         recvs = [i for i, a in enumerate(actions) if a.kind == "recv"]
         if recvs:
             i = rng.choice(recvs)
+            recv = actions[i]
+            needs = Action("F" if recv.tensor == "act" else "B", stage, recv.microbatch,
+                           recv.chunk)
             moved = list(actions)
-            moved.insert(i + 1, moved.pop(i))
+            moved.insert(actions.index(needs), moved.pop(i))  # lands just after it
             with pytest.raises(ParaxisError, match="no earlier recv"):
                 validate(_corrupt(schedule, stage, moved))
 

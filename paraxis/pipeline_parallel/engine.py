@@ -85,8 +85,9 @@ class PipelineEngine(LocalEngine):
 
     def _loss_from_last_stage(self, loss: torch.Tensor) -> float:
         # Only the last stage computed the loss: it tells the rest of its pipeline.
+        holder = self.schedule.place(self.schedule.num_virtual_stages - 1)[0]  # zb-v: stage 0
         with WATCH.waiting("broadcast", self.groups.pp_group):
-            dist.broadcast(loss, src=self.groups.pp_ranks[-1], group=self.groups.pp_group)
+            dist.broadcast(loss, src=self.groups.pp_ranks[holder], group=self.groups.pp_group)
         return self.reduce_loss(float(loss))
 
     def _backward_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:

@@ -15,20 +15,23 @@ The executor decides nothing about order: it walks `schedule.stages[stage]` and,
 
 A run of consecutive send/recv actions (e.g. 1F1B's "send activation, receive gradient") is
 posted together with `dist.batch_isend_irecv`, so neither side waits on the other's send
-(the deadlock Megatron's `send_forward_recv_backward` avoids). Messages carry the schedule's
-tag (tensor, microbatch, destination virtual stage), so arrival order does not matter.
+(the deadlock Megatron's `send_forward_recv_backward` avoids); the schedule's generator
+orders those groups so that NCCL, which matches a pair's messages in posting order and
+completes a group as a whole, cannot deadlock (`schedules.validate`). A recv is posted where
+the schedule puts it and waited for only by the compute that needs it, so an early post
+never holds the stage. Messages also carry the schedule's tag (tensor, microbatch,
+destination virtual stage), which gloo matches on.
 
-Receives posted ahead (`recv_ahead`, gloo only). A recv is waited for where the schedule
-puts it, but on gloo its irecv is posted one communication point earlier, before that
-point's sends and waits: the message then lands while this stage computes, instead of
-starting its transfer only when the stage asks for it. Gloo matches messages by tag, so
-posting early cannot reorder them; NCCL matches a pair's messages in the order they were
-posted and runs them on one stream, where an early recv could hold back a send its peer is
-waiting for, so there it stays 0.
+Receives posted ahead (`recv_ahead`, gloo only). On gloo an irecv is posted one
+communication point earlier still, before that point's sends: the message then lands while
+this stage computes, instead of starting its transfer only when the stage asks for it. Gloo
+matches messages by tag, so posting early cannot reorder them; NCCL matches a pair's
+messages in the order they were posted and runs them on one stream, where an early recv
+could hold back a send its peer is waiting for, so there it stays 0.
 
 Every action is recorded in `trace` as {"rank", "stage", "kind", "microbatch", "chunk",
-"start_s", "end_s"} (perf_counter seconds) for the Chrome trace; a recv also has "posted_s",
-when its irecv was posted.
+"start_s", "end_s"} (perf_counter seconds) for the Chrome trace; a recv is recorded when its
+compute waits for it, and also has "posted_s", when its irecv was posted.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from torch import nn
 
 from paraxis.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.runtime.watchdog import WATCH
-from paraxis.schedules import Action, Schedule
+from paraxis.schedules import COMPUTE, Action, Schedule, input_message
 
 
 @dataclass
@@ -72,6 +75,9 @@ class _Step:
     pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = field(default_factory=list)
     # receives posted ahead: action position -> (work, buffer, perf_counter time of posting)
     posted: dict[int, tuple[dist.Work, torch.Tensor, float]] = field(default_factory=dict)
+    # receives posted and not yet waited for: message key -> (work, buffer, posted_s, action)
+    inflight: dict[tuple, tuple[dist.Work, torch.Tensor, float, Action]] = field(
+        default_factory=dict)
 
 
 class PipelineExecutor:
@@ -90,7 +96,13 @@ class PipelineExecutor:
         # or W when backward is split; an evaluation schedule has none), where data
         # parallelism syncs
         self.split = schedule.split_backward
-        self.recv_positions = [i for i, a in enumerate(self.actions) if a.kind == "recv"]
+        # the receives of each communication point (a run of send/recv actions), in order
+        self.recv_groups: list[list[int]] = []
+        for i, a in enumerate(self.actions):
+            if a.kind in ("send", "recv") and (i == 0 or self.actions[i - 1].kind in COMPUTE):
+                self.recv_groups.append([])
+            if a.kind == "recv":
+                self.recv_groups[-1].append(i)
         grads_in = "W" if self.split else "B"
         self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind == grads_in),
                                  default=-1)
@@ -135,6 +147,7 @@ class PipelineExecutor:
                 self._post_ahead(position, step)
                 self._communicate(batch, step)
                 continue
+            self._await_input(action, step)
             started = time.perf_counter()
             if action.kind == "F":
                 self._forward(action, step)
@@ -210,49 +223,58 @@ class PipelineExecutor:
             step.input_grads[key] = x_grad
 
     def _communicate(self, batch: list[int], step: _Step) -> None:
-        """Post one run of consecutive send/recv actions together, wait for its receives."""
+        """Post one run of consecutive send/recv actions together; their receives are waited
+        for by the computes that need them (`_await_input`)."""
         started = time.perf_counter()
         ops: list[dist.P2POp] = []
-        # (position, index into ops or a work posted ahead, buffer, posted_s)
-        recvs: list[tuple[int, int | dist.Work, torch.Tensor, float]] = []
+        recvs: list[tuple[Action, int, torch.Tensor]] = []  # (action, index into ops, buffer)
         for position in batch:
             action = self.actions[position]
+            key = self.schedule.message_key(action)
             if position in step.posted:  # posted ahead: only its wait is left
-                recvs.append((position, *step.posted.pop(position)))
+                work, buffer, posted_s = step.posted.pop(position)
+                step.inflight[key] = (work, buffer, posted_s, action)
                 continue
             peer = self.stage_ranks[action.peer]
             tag = self.schedule.message_tag(action)
-            key = (action.microbatch, action.chunk)
             if action.kind == "send":
+                pair = (action.microbatch, action.chunk)
                 if action.tensor == "act":
-                    tensor = step.stage_outputs[key].detach().to(self.dtype)
+                    tensor = step.stage_outputs[pair].detach().to(self.dtype)
                 else:
-                    tensor = step.input_grads.pop(key)
+                    tensor = step.input_grads.pop(pair)
                 ops.append(dist.P2POp(dist.isend, tensor.contiguous(), peer, tag=tag))
             else:
                 buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
-                recvs.append((position, len(ops) - 1, buffer, started))
+                recvs.append((action, len(ops) - 1, buffer))
         works = dist.batch_isend_irecv(ops) if ops else []
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
                 step.pending_sends.append((work, op.tensor, op.peer))
-        posted_at = {}
-        for position, work, buffer, posted_s in recvs:
-            action = self.actions[position]
-            if isinstance(work, int):
-                work = works[work]
-            with WATCH.waiting("recv", peer=self.stage_ranks[action.peer], axis="pp"):
-                work.wait()
-            step.received[(action.tensor, action.microbatch, action.chunk)] = buffer
-            posted_at[position] = posted_s
+        for action, index, buffer in recvs:
+            step.inflight[self.schedule.message_key(action)] = (works[index], buffer, started,
+                                                                action)
         for position in batch:
-            self._record(self.actions[position], started, posted_at.get(position))
+            if self.actions[position].kind == "send":
+                self._record(self.actions[position], started)
+
+    def _await_input(self, action: Action, step: _Step) -> None:
+        """Wait for the message this compute needs, if it comes from another stage."""
+        key = input_message(self.schedule, action)
+        if key is None:
+            return
+        work, buffer, posted_s, recv = step.inflight.pop(key)
+        started = time.perf_counter()
+        with WATCH.waiting("recv", peer=self.stage_ranks[recv.peer], axis="pp"):
+            work.wait()
+        step.received[(recv.tensor, recv.microbatch, recv.chunk)] = buffer
+        self._record(recv, started, posted_s)
 
     def _post_ahead(self, position: int, step: _Step) -> None:
-        """Post the irecvs of the next `recv_ahead` receives after `position`."""
-        upcoming = [i for i in self.recv_positions if i >= position][:self.recv_ahead]
-        for index in upcoming:
+        """Post the irecvs of the next `recv_ahead` communication points after `position`."""
+        groups = [g for g in self.recv_groups if g and g[0] >= position][:self.recv_ahead]
+        for index in (i for group in groups for i in group):
             if index in step.posted:
                 continue
             action = self.actions[index]
@@ -265,6 +287,8 @@ class PipelineExecutor:
         event = {"rank": self.rank, "stage": self.stage, "kind": action.kind,
                  "microbatch": action.microbatch, "chunk": action.chunk,
                  "start_s": started, "end_s": time.perf_counter()}
+        if action.tensor is not None:
+            event["tensor"] = action.tensor  # "act" or "grad" of a send / recv
         if posted_s is not None:
             event["posted_s"] = posted_s
         self.trace.append(event)

@@ -38,6 +38,7 @@ from paraxis.schedules.core import (
     Event,
     Schedule,
     Timeline,
+    input_message,
     place_of,
     simulate,
     stage_costs,
@@ -46,5 +47,5 @@ from paraxis.schedules.core import (
 from paraxis.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "Action", "Costs", "Event", "Schedule",
-           "Timeline", "build_schedule", "forward_only", "place_of", "simulate", "stage_costs",
-           "validate", "virtual_stage_of"]
+           "Timeline", "build_schedule", "forward_only", "input_message", "place_of",
+           "simulate", "stage_costs", "validate", "virtual_stage_of"]

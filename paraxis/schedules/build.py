@@ -13,7 +13,7 @@ kind, so a new schedule is a new order and nothing else.
 from __future__ import annotations
 
 from paraxis.errors import ParaxisError
-from paraxis.schedules.core import Action, Schedule
+from paraxis.schedules.core import COMPUTE, Action, Schedule, simulate
 from paraxis.schedules.zero_bubble import zero_bubble_order
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -53,8 +53,7 @@ def build_schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) 
                   else _one_f_one_b(stage, stages, microbatches) if virtual == 1
                   else _interleaved(stage, stages, microbatches, virtual)
                   for stage in range(stages)]
-    schedule.stages = [_with_communication(schedule, stage, order)
-                       for stage, order in enumerate(orders)]
+    schedule.stages = _with_communication(schedule, orders)
     return schedule
 
 
@@ -100,8 +99,51 @@ def _interleaved(stage: int, stages: int, microbatches: int, virtual: int) -> Or
     return order
 
 
-def _with_communication(schedule: Schedule, stage: int, order: Order) -> list[Action]:
-    """Put the recv a compute needs just before it and the send it produces just after it
+def _with_communication(schedule: Schedule, orders: list[Order]) -> list[list[Action]]:
+    """Each stage's computes with the messages between them, posted so that NCCL can run them.
+
+    NCCL matches the messages between two ranks in the order they were posted (no tags), and
+    a send does not complete until its peer posts the receive. So the order is taken from
+    time: the compute orders are first run against a clock (each recv just before the
+    compute that needs it, gloo's semantics), then every send goes right after the compute
+    that produced it and every recv to the first gap between computes that starts after the
+    send was posted (at the latest, just before the compute that needs it). Both ends of a
+    pair then post in send order, and the sends and receives that meet at one gap form one
+    group (`dist.batch_isend_irecv`), which completes as a whole: `validate` proves it.
+    """
+    naive = Schedule(schedule.kind, schedule.num_stages, schedule.microbatches,
+                     schedule.virtual, [_around(schedule, stage, order)
+                                        for stage, order in enumerate(orders)],
+                     schedule.placement)
+    timeline = simulate(naive)
+    sent_at = {schedule.message_key(e.action): e.start for events in timeline.events
+               for e in events if e.action.kind == "send"}
+    stages = []
+    for events in timeline.events:
+        computes = [e for e in events if e.action.kind in COMPUTE]
+        starts = [e.start for e in computes]
+        gaps: list[list[tuple[float, int, Action]]] = [[] for _ in range(len(computes) + 1)]
+        index = -1
+        for e in events:
+            if e.action.kind in COMPUTE:
+                index += 1
+            elif e.action.kind == "send":  # right after its compute
+                gaps[index + 1].append((-1.0, len(gaps[index + 1]), e.action))
+            else:  # the first gap after the send, before the compute that needs it
+                sent = sent_at[schedule.message_key(e.action)]
+                gap = next(j for j in range(index + 2) if j == index + 1 or starts[j] >= sent)
+                gaps[gap].append((sent, len(gaps[gap]), e.action))
+        actions = []
+        for j, gap in enumerate(gaps):
+            actions += [action for _, _, action in sorted(gap)]  # sends, then recvs in time
+            if j < len(computes):
+                actions.append(computes[j].action)
+        stages.append(actions)
+    return stages
+
+
+def _around(schedule: Schedule, stage: int, order: Order) -> list[Action]:
+    """The recv a compute needs just before it and the send it produces just after it
     (W needs nothing from another stage and feeds none)."""
     last = schedule.num_virtual_stages - 1
     actions: list[Action] = []

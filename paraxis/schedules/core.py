@@ -247,14 +247,15 @@ class Timeline:
 def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: CostSpec = 2.0,
              comm_cost: float = 0.0, weight_cost: CostSpec | None = None) -> Timeline:
     """Run the action lists against a clock: computes take their cost (`stage_costs`: a
-    number for every stage, or one per stage or chunk), a send is posted at once, a recv
-    ends `comm_cost` after its send was posted or when the stage reaches it, whichever is
-    later. Raises ParaxisError on deadlock."""
+    number for every stage, or one per stage or chunk), a send or recv is posted at once,
+    and a compute that needs a message waits until `comm_cost` after its send was posted
+    (the runtime posts a recv where the schedule says and waits for it only there). A recv
+    event spans from its posting to its data's arrival. Raises ParaxisError on deadlock."""
     costs = stage_costs(schedule, forward_cost, backward_cost, weight_cost, comm_cost)
     split = schedule.split_backward
     clocks = [0.0] * schedule.num_stages
     positions = [0] * schedule.num_stages
-    posted: dict[tuple, float] = {}
+    sent: dict[tuple, float] = {}
     timeline = Timeline([[] for _ in range(schedule.num_stages)])
     remaining = sum(len(actions) for actions in schedule.stages)
     while remaining:
@@ -264,18 +265,21 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
                 action = actions[positions[stage]]
                 start = clocks[stage]
                 if action.kind in COMPUTE:
+                    needed = input_message(schedule, action)
+                    if needed is not None:
+                        if needed not in sent:
+                            break  # blocked until the peer posts the send
+                        start = max(start, sent[needed] + costs.comm)
                     here = schedule.virtual_stage(stage, action.chunk)
                     end = start + costs.of(action, here, split)
                 elif action.kind == "send":
-                    posted[schedule.message_key(action)] = start
+                    sent[schedule.message_key(action)] = start
                     end = start
                 else:
-                    sent = posted.get(schedule.message_key(action))
-                    if sent is None:
-                        break  # blocked until the peer posts the send
-                    end = max(start, sent + costs.comm)
+                    key = schedule.message_key(action)
+                    end = max(start, sent[key] + costs.comm) if key in sent else start
                 timeline.events[stage].append(Event(action, start, end))
-                clocks[stage] = end
+                clocks[stage] = end if action.kind in COMPUTE or action.kind == "send" else start
                 positions[stage] += 1
                 remaining -= 1
                 progressed = True
@@ -286,3 +290,17 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
             raise ParaxisError(f"schedule deadlocks: {stuck} wait for sends that never come; "
                                "post each send before the recv that waits on its peer")
     return timeline
+
+
+def input_message(schedule: Schedule, action: Action) -> tuple[str, int, int] | None:
+    """The message key of what an F or B needs from another stage (None: nothing, its input
+    is the step's data, the loss, or a chunk of this same stage)."""
+    if action.kind not in ("F", "B"):
+        return None
+    here = schedule.virtual_stage(action.stage, action.chunk)
+    source = here - 1 if action.kind == "F" else here + 1
+    if not 0 <= source < schedule.num_virtual_stages:
+        return None
+    if schedule.place(source)[0] == action.stage:
+        return None
+    return ("act" if action.kind == "F" else "grad", action.microbatch, here)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from paraxis.errors import ParaxisError
+from paraxis.schedules.check import check_communication
 from paraxis.schedules.core import COMPUTE, Action, Schedule, simulate
 
 
@@ -12,8 +13,9 @@ def validate(schedule: Schedule) -> Schedule:
     Complete: every stage runs F and B (and W, when backward is split) of each (microbatch,
     chunk) exactly once, F before B before W; every compute that needs a tensor from another
     stage receives it first, every one that feeds another stage sends it, and every send has
-    exactly one recv. Deadlock-free: the blocking-recv / async-send simulation runs every
-    action.
+    exactly one recv. Deadlock-free twice over: the blocking-recv / async-send simulation
+    (gloo) runs every action, and so does NCCL's stricter one, where sends block too and each
+    pair of stages matches messages in posting order (`check.check_communication`).
     """
     if len(schedule.stages) != schedule.num_stages:
         raise ParaxisError(f"schedule has {len(schedule.stages)} action lists for "
@@ -57,6 +59,7 @@ def validate(schedule: Schedule) -> Schedule:
                                f"received {recvs.get(message, 0)} time(s); pair each send "
                                "with one recv")
     simulate(schedule)  # raises on deadlock
+    check_communication(schedule)
     return schedule
 
 

@@ -1,0 +1,116 @@
+"""Zero-bubble pipelines: split backward schedules as data (zb-h1, zb-v), their bubble and
+memory, the planner's pricing of them, and training equal to one device on gloo ranks."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.partition import partition_layers
+from paraxis.schedules import build_schedule, place_of, validate, virtual_stage_of
+
+# ------------------------------------------------------------------- schedules as data
+
+
+@pytest.mark.parametrize("kind", ["zb-h1", "zb-v"])
+def test_every_zero_bubble_schedule_is_complete_and_safe(kind: str) -> None:
+    for stages in range(1, 9):
+        for microbatches in range(1, 20):
+            schedule = validate(build_schedule(kind, stages, microbatches))
+            assert schedule.split_backward
+            assert schedule.virtual == (2 if kind == "zb-v" else 1)
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16),
+                                                  (8, 32)])
+def test_zb_h1_bubble_is_a_third_of_1f1b(stages: int, microbatches: int) -> None:
+    # Qi et al. 2023 sec. 3.1: at F = B = W each stage idles (P-1) units instead of 3(P-1)
+    one_f_one_b = build_schedule("1f1b", stages, microbatches).simulate()
+    zb_h1 = build_schedule("zb-h1", stages, microbatches).simulate()
+    assert one_f_one_b.idle_by_stage() == pytest.approx([3.0 * (stages - 1)] * stages)
+    assert zb_h1.idle_by_stage() == pytest.approx([1.0 * (stages - 1)] * stages)
+    assert zb_h1.bubble_fraction < one_f_one_b.bubble_fraction
+    # memory: every stage holds what 1F1B's stage 0 holds, P microbatches, until their W
+    assert build_schedule("zb-h1", stages, microbatches).peak_in_flight() == \
+        [min(stages, microbatches)] * stages
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_zb_v_leaves_half_a_chunk_forward_per_boundary(stages: int,
+                                                       microbatches: int) -> None:
+    schedule = build_schedule("zb-v", stages, microbatches)
+    timeline = schedule.simulate()
+    # a chunk's F is half a stage's; the V's ramp costs one per stage boundary
+    assert timeline.idle_by_stage() == pytest.approx([0.5 * (stages - 1)] * stages)
+    assert timeline.bubble_fraction < build_schedule("zb-h1", stages,
+                                                     microbatches).bubble_fraction()
+    assert schedule.peak_in_flight() == [2 * stages] * stages  # P whole-stage activations
+
+
+def test_the_v_places_both_ends_on_stage_0() -> None:
+    stages = 4
+    assert [virtual_stage_of(s, c, stages, "v") for c in (0, 1) for s in range(stages)] == \
+        [0, 1, 2, 3, 7, 6, 5, 4]
+    for v in range(2 * stages):
+        assert virtual_stage_of(*place_of(v, stages, "v"), stages, "v") == v
+    split = partition_layers(PRESETS["tiny-llama"].replace(n_layers=8), stages, 2,
+                             placement="v")
+    assert split.has_embedding(0, 0) and split.has_head(0, 1)
+    assert [split.blocks_of(0, c) for c in (0, 1)] == [range(0, 1), range(7, 8)]
+    # the turn at the last stage needs no message: its chunk 1 reads chunk 0's output
+    schedule = build_schedule("zb-v", stages, 8)
+    turn = [a for a in schedule.stages[stages - 1] if a.kind in ("send", "recv")
+            and a.chunk == 1 and a.tensor == "act"]
+    assert all(a.peer == stages - 2 for a in turn)
+
+
+def test_w_holds_activations_until_it_runs() -> None:
+    schedule = build_schedule("zb-h1", 2, 4)
+    fused = build_schedule("1f1b", 2, 4)
+    # stage 1 of 1F1B frees each microbatch at its B; zb-h1's stage 1 keeps one more until W
+    assert fused.peak_in_flight() == [2, 1]
+    assert schedule.peak_in_flight() == [2, 2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["zb-h1", "zb-v"]), st.integers(2, 6), st.floats(0.5, 2.0),
+       st.floats(1.0, 3.0), st.floats(0.2, 0.8))
+def test_idle_time_stops_growing_once_m_reaches_2p(kind: str, stages: int, forward: float,
+                                                   backward: float, w_share: float) -> None:
+    # what lets the planner price a long zero-bubble step from a short one (plan/bubble.py)
+    weight = backward * w_share
+    idle = [build_schedule(kind, stages, m).simulate(forward, backward, 0.0, weight).makespan
+            - m * (forward + backward) for m in (2 * stages, 2 * stages + 3, 3 * stages)]
+    assert idle == pytest.approx([idle[0]] * 3)
+
+
+def test_planner_prices_a_long_zero_bubble_step_from_a_short_one() -> None:
+    big = pipeline_figures("zb-h1", 16, 256)
+    assert big.source == "schedule at M=2P"
+    exact = build_schedule("zb-h1", 16, 256).bubble_fraction()
+    assert big.bubble_fraction == pytest.approx(exact, rel=1e-9)
+    assert pipeline_figures("zb-v", 4, 8).bubble_fraction < \
+        pipeline_figures("zb-h1", 4, 8).bubble_fraction < \
+        pipeline_figures("1f1b", 4, 8).bubble_fraction
+
+
+def test_one_slow_stage_sets_the_pace() -> None:
+    # the course's load-balancing example: one stage at twice the cost of the others
+    schedule = build_schedule("zb-h1", 4, 8)
+    balanced = schedule.simulate()
+    slow = schedule.simulate([1, 1, 1, 2], [2, 2, 2, 4])
+    assert slow.makespan > balanced.makespan
+    idle = slow.idle_by_stage()
+    assert idle[3] == pytest.approx(min(idle))  # the slow stage is the busy one
+    assert min(idle[:3]) > 8 * 3  # the others wait for it about a whole extra step's work
+    with pytest.raises(ParaxisError, match="one per stage or per chunk"):
+        schedule.simulate([1, 1, 1])
+
+
+def test_layout_runs_zb_v_on_two_chunks() -> None:
+    assert Layout.parse("pp=2,microbatches=4,schedule=zb-v").virtual_stages == 2
+    with pytest.raises(ParaxisError, match="runs 2 chunks per stage"):
+        Layout(pp=2, microbatches=4, schedule="zb-v", virtual_stages=3)
