@@ -81,6 +81,12 @@ class _WeightCall:
             self.received[position] = grad_outputs
         return hook
 
+    def pin(self, position: int) -> Callable[[Grads], Grads]:
+        """A node prehook that replaces what cut node `position` receives in W by what it
+        received in B."""
+        recorded = self.received[position]
+        return lambda _: recorded
+
     def gather_roots(self) -> None:
         """After B: one root per (cut node, output) that received a gradient."""
         for position, node in enumerate(self.cut_nodes):
@@ -96,8 +102,9 @@ class _WeightCall:
         if len(self.cut_nodes) > 1:
             # Pin each cut node to its B gradient: gradient carried down the input path from
             # a cut node above must not add to it (see the module docstring).
-            handles = [node.register_prehook(lambda _, grads=self.received.get(i): grads)
-                       for i, node in enumerate(self.cut_nodes) if i in self.received]
+            handles = [node.register_prehook(self.pin(position))
+                       for position, node in enumerate(self.cut_nodes)
+                       if position in self.received]
         try:
             torch.autograd.backward(self.roots, self.root_grads, inputs=self.weights)
         finally:
@@ -142,11 +149,12 @@ def backward_input(outputs: torch.Tensor, grad_outputs: torch.Tensor | None,
     if outputs.grad_fn is None or inputs is None or not inputs.requires_grad:
         return None, _whole_backward(outputs, grad_outputs, trainable)
     input_node = get_gradient_edge(inputs).node
-    children, order = _walk(outputs.grad_fn, input_node)
-    input_path = _reaching(children, order, {input_node})
+    graph = _Graph(outputs.grad_fn, input_node)
+    input_path = graph.reaching({input_node})
     if outputs.grad_fn not in input_path:  # the output does not depend on the input
         return None, _whole_backward(outputs, grad_outputs, trainable)
-    calls = _group_cut_nodes(children, order, input_path, weight_nodes)
+    calls = _merge_overlapping(_group_cut_nodes(graph, input_path, weight_nodes), graph,
+                               input_path)
     handles = [node.register_prehook(call.record(position))
                for call in calls for position, node in enumerate(call.cut_nodes)]
     try:
@@ -168,49 +176,53 @@ def _whole_backward(outputs: torch.Tensor, grad_outputs: torch.Tensor | None,
     return PendingWeightGrad([call])
 
 
-def _walk(root: Node, stop: Node) -> tuple[dict[Node, list[Node]], list[Node]]:
-    """Every node reachable from `root` (not beyond `stop`) with its children, in the order
-    a depth-first walk meets them: the same on every rank, which keeps W's calls (and any
-    collective inside them, as tensor parallelism's) in one order everywhere."""
-    children: dict[Node, list[Node]] = {}
-    order: list[Node] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node in children:
-            continue
-        kids = [] if node is stop else [n for n, _ in node.next_functions if n is not None]
-        children[node] = kids
-        order.append(node)
-        stack.extend(reversed(kids))
-    return children, order
+class _Graph:
+    """The autograd graph below a chunk's output, down to (not beyond) its input's node."""
+
+    def __init__(self, root: Node, stop: Node) -> None:
+        # Depth-first, children in order: the same on every rank, which keeps W's calls (and
+        # any collective inside them, as tensor parallelism's) in one order everywhere.
+        self.order: list[Node] = []
+        self.children: dict[Node, list[Node]] = {}
+        self.parents: dict[Node, list[Node]] = {}
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node in self.children:
+                continue
+            kids = [] if node is stop else [n for n, _ in node.next_functions if n is not None]
+            self.children[node] = kids
+            self.order.append(node)
+            for kid in kids:
+                self.parents.setdefault(kid, []).append(node)
+            stack.extend(reversed(kids))
+
+    def reaching(self, targets: set[Node], within: set[Node] | None = None) -> set[Node]:
+        """The nodes (of `within`, default all) from which one of `targets` is reachable,
+        the targets included."""
+        return self._closure(targets, self.parents, within)
+
+    def below(self, starts: set[Node], within: set[Node]) -> set[Node]:
+        """The nodes of `within` reachable from `starts`, the starts included."""
+        return self._closure(starts, self.children, within)
+
+    def _closure(self, starts: set[Node], edges: dict[Node, list[Node]],
+                 within: set[Node] | None) -> set[Node]:
+        found = {node for node in starts if node in self.children}
+        frontier = list(found)
+        while frontier:
+            for node in edges.get(frontier.pop(), ()):
+                if node not in found and (within is None or node in within):
+                    found.add(node)
+                    frontier.append(node)
+        return found
 
 
-def _reaching(children: dict[Node, list[Node]], order: list[Node], targets: set[Node],
-              within: set[Node] | None = None) -> set[Node]:
-    """The nodes (of `within`, default all) from which one of `targets` is reachable, the
-    targets included."""
-    parents: dict[Node, list[Node]] = {}
-    for node in order:
-        for kid in children[node]:
-            parents.setdefault(kid, []).append(node)
-    found = {t for t in targets if t in children}
-    frontier = list(found)
-    while frontier:
-        node = frontier.pop()
-        for parent in parents.get(node, ()):
-            if parent not in found and (within is None or parent in within):
-                found.add(parent)
-                frontier.append(parent)
-    return found
-
-
-def _group_cut_nodes(children: dict[Node, list[Node]], order: list[Node],
-                     input_path: set[Node], weight_nodes: dict[Node, torch.Tensor]
-                     ) -> list[_WeightCall]:
+def _group_cut_nodes(graph: _Graph, input_path: set[Node],
+                     weight_nodes: dict[Node, torch.Tensor]) -> list[_WeightCall]:
     """The cut nodes, grouped by touching weight sides, each group with its weights."""
-    off_path = {node for node in order if node not in input_path}
-    weight_side = _reaching(children, order, set(weight_nodes), within=off_path)
+    off_path = {node for node in graph.order if node not in input_path}
+    weight_side = graph.reaching(set(weight_nodes), within=off_path)
     # Union-find over nodes: a cut node joins the weight-side nodes below it, and so does
     # every weight-side node; cut nodes that meet anywhere end up with one representative.
     leader: dict[Node, Node] = {}
@@ -223,8 +235,8 @@ def _group_cut_nodes(children: dict[Node, list[Node]], order: list[Node],
         return node
 
     cut_nodes = []
-    for node in order:
-        below = [kid for kid in children[node] if kid in weight_side]
+    for node in graph.order:
+        below = [kid for kid in graph.children[node] if kid in weight_side]
         if below and node in input_path:
             cut_nodes.append(node)
         if below and (node in input_path or node in weight_side):
@@ -233,7 +245,40 @@ def _group_cut_nodes(children: dict[Node, list[Node]], order: list[Node],
     calls: dict[Node, _WeightCall] = {}  # by leader, in the order the walk met them
     for node in cut_nodes:
         calls.setdefault(find(node), _WeightCall([], [])).cut_nodes.append(node)
-    for node in order:
+    for node in graph.order:
         if node in weight_nodes:
             calls[find(node)].weights.append(weight_nodes[node])
     return list(calls.values())
+
+
+def _merge_overlapping(calls: list[_WeightCall], graph: _Graph,
+                       input_path: set[Node]) -> list[_WeightCall]:
+    """Merge the calls that would run a node twice.
+
+    A call whose cut nodes lie at several depths also runs the input-path nodes between
+    them. No other call may run one of those again: its saved tensors are gone after the
+    first run, and recompute allows each node one run in W (`GraphExecGroup`). Merging such
+    calls keeps W correct (every cut node is pinned to its B gradient) at the price of the
+    input gradient between them."""
+    while True:
+        owner: dict[Node, _WeightCall] = {}
+        for call in calls:
+            clash = next((owner[node] for node in _span(call, graph, input_path)
+                          if owner.setdefault(node, call) is not call), None)
+            if clash is not None:
+                clash.cut_nodes += call.cut_nodes
+                clash.weights += call.weights
+                calls = [c for c in calls if c is not call]
+                break
+        else:
+            return calls
+
+
+def _span(call: _WeightCall, graph: _Graph, input_path: set[Node]) -> set[Node]:
+    """The input-path nodes the call runs: its cut nodes, and the nodes on the way from one
+    of them down to another (gradient flows that way toward the call's weights)."""
+    cut_nodes = set(call.cut_nodes)
+    if len(cut_nodes) == 1:
+        return cut_nodes
+    return (graph.below(cut_nodes, within=input_path)
+            & graph.reaching(cut_nodes, within=input_path))
