@@ -175,10 +175,17 @@ def test_split_matches_fused_with_tensor_parallelism():
 
 # ----------------------------------------------------------------------------- timing
 
-def measure(repetitions: int, naive: bool, recompute: str = "none") -> dict[str, float]:
+def measure(repetitions: int, naive: bool, recompute: str = "none"
+            ) -> tuple[dict[str, float], list[float]]:
     """Median milliseconds of a fused backward, of B + W (and each), and of B + the naive
     W (a second backward over the parameters), interleaved on one chunk: two small-llama
-    blocks, 4 x 256 tokens, one thread, so kernels dominate Python's overhead."""
+    blocks, 4 x 256 tokens, one thread, so kernels dominate Python's overhead.
+
+    Returns the figures and each round's ratio of B + W to the fused backward. The clock
+    is this process's CPU time (user and system, page faults included), not the
+    wall clock: on a machine shared with other processes it leaves out the time they held
+    the core, which moves a wall-clock ratio by 5-10% from one run to the next."""
+    clock = time.process_time
     torch.set_num_threads(1)
     cfg = PRESETS["small-llama"]
     model = build_model(cfg, seed=1, blocks=range(0, 2), embed=False, head=False)
@@ -191,28 +198,28 @@ def measure(repetitions: int, naive: bool, recompute: str = "none") -> dict[str,
     def fused() -> tuple[float, ...]:
         x = stream.clone().requires_grad_()
         out = model(x)
-        start = time.perf_counter()
+        start = clock()
         torch.autograd.backward(out, grad)
-        return (time.perf_counter() - start,)
+        return (clock() - start,)
 
     def split() -> tuple[float, ...]:
         x = stream.clone().requires_grad_()
         out = model(x)
-        start = time.perf_counter()
+        start = clock()
         _, pending = backward_input(out, grad, x, params)
-        middle = time.perf_counter()
+        middle = clock()
         pending.run()
-        end = time.perf_counter()
+        end = clock()
         return end - start, middle - start, end - middle
 
     def split_naive() -> tuple[float, ...]:
         x = stream.clone().requires_grad_()
         out = model(x)
-        start = time.perf_counter()
+        start = clock()
         torch.autograd.grad(out, x, grad, retain_graph=True)
-        middle = time.perf_counter()
+        middle = clock()
         torch.autograd.backward(out, grad, inputs=params)
-        end = time.perf_counter()
+        end = clock()
         return end - start, middle - start, end - middle
 
     runs = {"fused": fused, "split": split, **({"naive": split_naive} if naive else {})}
@@ -229,9 +236,10 @@ def measure(repetitions: int, naive: bool, recompute: str = "none") -> dict[str,
             figures[f"{name}_{part}_ms"] = 1e3 * statistics.median(t[index] for t in taken)
     # The ratio within each round, where another process's burst of work on this shared
     # machine slows both sides alike, then its median.
-    figures["split_over_fused"] = statistics.median(
-        split[0] / fused[0] for split, fused in zip(times["split"], times["fused"], strict=True))
-    return figures
+    ratios = [split[0] / fused[0]
+              for split, fused in zip(times["split"], times["fused"], strict=True)]
+    figures["split_over_fused"] = statistics.median(ratios)
+    return figures, ratios
 
 
 def test_split_costs_about_a_fused_backward():
@@ -245,29 +253,32 @@ def test_split_costs_about_a_fused_backward():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "MALLOC_MMAP_MAX_": "0",
            "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-    attempts = []
-    # The split costs 2-5% more here; other processes' bursts on this shared machine move
-    # one measurement by as much again, so a second one decides. A split that redid work
-    # (the naive W: about 1.5x) fails both.
-    for _ in range(2):
+    # The split costs about 5% more here (it re-reads from memory what the fused backward
+    # found in cache); other processes sharing the memory and caches move the median of 8
+    # rounds by as much again. While that median is over 10%, 8 more rounds join it, twice
+    # at most; a split that redid work (the naive W: about 1.5x) fails all three.
+    ratios: list[float] = []
+    for _ in range(3):
         result = subprocess.run([sys.executable, __file__, "--json"], env=env, cwd=root,
                                 capture_output=True, text=True, timeout=120, check=True)
-        attempts.append(json.loads(result.stdout.splitlines()[-1]))
-        if attempts[-1]["split_over_fused"] < 1.10:
+        figures = json.loads(result.stdout.splitlines()[-1])
+        ratios += figures.pop("ratios")
+        if statistics.median(ratios) < 1.10:
             return
-    raise AssertionError(f"B + W took over 10% more than a fused backward: {attempts}")
+    raise AssertionError(f"B + W took over 10% more than a fused backward: rounds {ratios}, "
+                         f"last measurement {figures}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repetitions", type=int, default=7)
+    parser.add_argument("--repetitions", type=int, default=8)
     parser.add_argument("--naive", action="store_true", help="also time the naive W")
     parser.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     parser.add_argument("--json", action="store_true", help="one JSON line of figures")
     args = parser.parse_args()
-    result = measure(args.repetitions, args.naive, args.recompute)
+    result, ratios = measure(args.repetitions, args.naive, args.recompute)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "ratios": ratios}))
     else:
         for key, value in result.items():
             print(f"{key:18s} {value:8.3f}" if key.endswith("fused") else f"{key:18s} {value:8.1f}")
