@@ -16,9 +16,12 @@ through every later block again, so it costs a whole backward (2F) and B + W cos
 starts where each weight's branch leaves the input's path, from the gradients B saw there, and
 computes only the dA matmuls: B + W costs about 2F, as the fused backward does. (B takes
 more than half: attention's core and the norms' input gradients have no weight side.)
-Measured by `PYTHONPATH=. python tests/test_split_backward.py --naive` (two small-llama
-blocks, 1024 tokens, one thread, malloc keeping freed memory as the test runs it): fused
-backward 111 ms; B 66 + W 41 = 107 ms; naive W 104 ms.
+Measured by `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 PYTHONPATH=.
+python tests/test_split_backward.py --naive` (two small-llama blocks, 1024 tokens, one
+thread, CPU time; malloc keeping freed memory, as the test runs it): fused backward 118 ms;
+B 73 + W 46 = 119 ms; naive W 116 ms. Across runs B + W took 0.99-1.13x the fused backward,
+about 1.05x typically: W re-reads from memory the output gradients and activations that the
+fused backward still found in cache.
 
 How W finds where to start: a walk over the autograd graph after the forward.
 
@@ -41,22 +44,23 @@ a call, so the weight is accumulated once and its post-accumulate hook, where da
 counts a bucket's ready gradients, fires once; cut nodes in different groups run in separate
 calls whose `inputs` are only their group's weights, so the engine computes no dx below them.
 (One call over every cut node would carry dx down from each cut node to the ones below it:
-a whole backward again, 125 ms for the W above.) A group whose cut nodes lie at two depths of the input path (one
+a whole backward again.) A group whose cut nodes lie at two depths of the input path (one
 weight used twice) would carry gradient from the upper cut node to the lower one: a hook pins
 each cut node's incoming gradient to what B recorded, so nothing counts twice.
 
 Activation recompute (`torch.utils.checkpoint`, non-reentrant) recomputes a region once per
 backward call that needs it: once in B and, under one `GraphExecGroup`, once for all of W's
 calls (not once per call). With full recompute, B + W therefore costs one forward more than a
-fused backward (the command above with `--recompute full`: 1.3x); selective recompute costs
-nothing more, as W never needs the attention core it recomputes.
+fused backward (the command above with `--recompute full`: 1.3-1.4x); selective recompute
+costs nothing more, as W never needs the attention core it recomputes.
 
 Memory: B keeps the graph (`retain_graph=True`) for W, so a chunk whose W is pending holds its
 activations, including those only B needed (eager autograd cannot free a node's saved tensors
 selectively), and the gradients B recorded; W frees them. On CPU, holding more memory at once
 costs glibc's malloc page faults where it maps fresh memory: with its defaults, or with the
-mmap threshold paraxis pins on CPU ranks (`runtime/host_memory.py`), B + W took 1.13x the
-fused backward in the measurement above.
+mmap threshold paraxis pins on CPU ranks (`runtime/host_memory.py`; the command above with
+MALLOC_MMAP_THRESHOLD_=1048576 instead), B + W took 1.13-1.18x the fused backward, the
+extra time in B.
 """
 
 from __future__ import annotations
@@ -152,11 +156,13 @@ def backward_input(outputs: torch.Tensor, grad_outputs: torch.Tensor | None,
 
     `inputs.grad` is not touched: the gradient is returned (None when `inputs` is None or
     needs no gradient, as the first stage's token ids do; then W runs the whole backward).
+    `weights` are every tensor of the chunk that should get a gradient (its parameters): a
+    leaf left out gets none, in B or in W.
     """
     trainable = [w for w in weights if w.requires_grad]
-    weight_nodes = {get_gradient_edge(w).node: w for w in trainable}
     if outputs.grad_fn is None or inputs is None or not inputs.requires_grad:
         return None, _whole_backward(outputs, grad_outputs, trainable)
+    weight_nodes = {get_gradient_edge(w).node: w for w in trainable}
     input_node = get_gradient_edge(inputs).node
     graph = _Graph(outputs.grad_fn, input_node)
     input_path = graph.reaching({input_node})
