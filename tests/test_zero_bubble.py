@@ -207,3 +207,59 @@ def test_zero_bubble_at_pp4_with_dp_and_tp_trains_like_one_device() -> None:
         ["dp=2,pp=4,zero=2,microbatches=4,schedule=zb-v",
          "tp=2,pp=4,microbatches=4,schedule=zb-h1,recompute=selective"],
         ["tiny-llama-8", "tiny"])
+
+
+# ------------------------------------------------- the simulation against a measured step
+
+MEASURED_MODEL = PRESETS["small-llama"].replace(n_layers=4)
+
+
+def _traced_steps(ctx: RankContext, microbatches: int) -> tuple[list[list[dict]], float]:
+    import time
+
+    import torch.distributed as dist
+
+    from paraxis.runtime.parallelize import build_engine
+
+    cfg = MEASURED_MODEL
+    engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (4 * microbatches, 128), generator=generator)
+    traces = []
+    for _ in range(4):
+        engine.forward_backward(x, x.roll(1, 1))
+        engine.zero_grad()
+        traces.append(list(engine.executor.trace))
+    # point-to-point time of one boundary activation, for the compute/communication ratio
+    boundary = torch.zeros(4, 128, cfg.d_model)
+    peer = 1 - ctx.groups.pp_rank
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(10):
+        if ctx.groups.pp_rank == 0:
+            dist.send(boundary, peer)
+            dist.recv(boundary, peer)
+        else:
+            dist.recv(boundary, peer)
+            dist.send(boundary, peer)
+    return traces[1:], (time.perf_counter() - started) / 20  # the first step warms up
+
+
+def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
+    from paraxis.viz.pipeline import measured_bubble
+    from paraxis.viz.trace import trace_costs
+
+    microbatches = 2
+    layout = Layout(pp=2, microbatches=microbatches, schedule="zb-h1")
+    per_rank = run_on_ranks(layout, _traced_steps, microbatches, timeout_s=300)
+    schedule = build_schedule("zb-h1", 2, microbatches)
+    steps = [[e for traces, _ in per_rank for e in traces[i]] for i in range(3)]
+    events = [e for step in steps for e in step]
+    forward, backward, weight = trace_costs(events, 2, 1, schedule.virtual_stage)
+    p2p = max(seconds for _, seconds in per_rank)
+    assert min(forward) >= 5 * p2p  # the regime where the schedule, not the wire, decides
+    simulated = schedule.simulate(forward, backward, 0.0, weight).bubble_fraction
+    measured = sum(measured_bubble(step) for step in steps) / len(steps)
+    assert measured == pytest.approx(simulated, rel=0.15)
+    assert simulated < build_schedule("1f1b", 2, microbatches).simulate(
+        forward, backward).bubble_fraction
