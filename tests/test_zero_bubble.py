@@ -263,3 +263,15 @@ def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
     assert measured == pytest.approx(simulated, rel=0.15)
     assert simulated < build_schedule("1f1b", 2, microbatches).simulate(
         forward, backward).bubble_fraction
+
+
+def test_the_v_split_balances_stages_not_chunks() -> None:
+    # stage 0 holds the embedding and the head: balancing the 2P parts alone overloads it
+    cfg = PRESETS["gpt2-124m"].replace(n_layers=24)
+    v = partition_layers(cfg, 4, 2, placement="v")
+    parts_only = partition_layers(cfg, 4, 2)  # the same min-max split of parts, unbalanced
+    def stages(split) -> list[float]:
+        return [sum(split.costs[split.index(s, c)] for c in (0, 1)) for s in range(4)]
+    per_stage = [sum(parts_only.costs[i] for i in (s, 7 - s)) for s in range(4)]
+    assert max(stages(v)) < max(per_stage)
+    assert sum(len(v.blocks_of(s, c)) for s in range(4) for c in (0, 1)) == 24
