@@ -6,7 +6,7 @@ multi-head and grouped-query attention: each rank's output and its q, k, v gradi
 the matching positions of `F.scaled_dot_product_attention(..., is_causal=True,
 enable_gqa=True)` on the whole sequence; every rank computes the same number of (query, key)
 pairs and together exactly the causal triangle; a rank saves for backward only its own
-tokens' tensors and sends the bytes the module docstrings state.
+tokens' tensors and sends the bytes `balance.sent_bytes_per_rank` predicts.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from paraxis.context_parallel.balance import (
     prefix_blocks,
     rank_chunks,
     ring_blocks,
+    saved_bytes_per_rank,
+    sent_bytes_per_rank,
 )
 from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part, positions
 from paraxis.context_parallel.kernel import check_qkv
@@ -150,25 +152,42 @@ def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
     # Counted pairs: the plan's, the same forward and backward.
     assert counter.pairs("forward") == pairs_per_rank(seq, cp)[rank], where
     assert backward_counter.pairs("backward") == counter.pairs("forward"), where
-    # Saved for backward: this rank's q, k, v, output and log-sum-exp (fp32), nothing more.
-    q_bytes = batch * heads * (seq // cp) * head_dim * 4
-    kv_bytes = 2 * batch * kv_heads * (seq // cp) * head_dim * 4  # K and V
-    lse_bytes = batch * heads * (seq // cp) * 4
-    assert sum(saved) == 2 * q_bytes + kv_bytes + lse_bytes, where
-    # Sent bytes, as the module docstrings count them (dK/dV travel in fp32, as K/V here).
-    if variant == "ring":
-        forward = (cp - 1) * kv_bytes
-        backward = forward + (cp * kv_bytes if cp > 1 else 0)
-    else:
-        forward, backward = kv_bytes, kv_bytes + cp * kv_bytes
+    # Saved for backward: this rank's q, k, v, output and log-sum-exp, nothing more.
+    assert sum(saved) == saved_bytes_per_rank(batch, heads, kv_heads, seq, head_dim, cp, 4), where
+    # Sent bytes: what the planner's formula says.
+    forward, backward = sent_bytes_per_rank(variant, batch, kv_heads, seq, head_dim, cp, 4)
     assert counter.sent_bytes("forward") == forward, where
     assert backward_counter.sent_bytes("backward") == backward, where
     return counter.pairs("forward")
 
 
+def _check_bf16(variant: str, seed: int) -> None:
+    """In bf16, the split attention is as close to the fp32 result as one device's bf16
+    attention is (its error is the inputs' rounding, not the blockwise merge)."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(1, 4, 128, 32, generator=generator) for _ in "qo")
+    k, v = (torch.randn(1, 2, 128, 32, generator=generator) for _ in "kv")
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        whole = [t.to(dtype).requires_grad_() for t in (q.clone(), k.clone(), v.clone())]
+        out = F.scaled_dot_product_attention(*whole, is_causal=True, enable_gqa=True)
+        out.backward(dout.to(dtype))
+        results.append([out, *(t.grad for t in whole)])
+    local = [local_part(t, rank, cp, dim=2).bfloat16().requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, None, variant=variant)
+    out.backward(local_part(dout, rank, cp, dim=2).bfloat16())
+    for got, exact, one_device in zip([out, *(t.grad for t in local)], *results, strict=True):
+        exact, one_device = (local_part(t.float(), rank, cp, dim=2) for t in (exact, one_device))
+        error = (got.float() - exact).abs().max()
+        assert error <= 2 * (one_device - exact).abs().max(), f"{variant} bf16 cp={cp}"
+
+
 def _all_cases(ctx: RankContext, subgroups: int) -> list[list[int]]:
     """Every case over the whole world, then over `subgroups` disjoint rings at once."""
     pairs = [[_check_case(case, None, seed)] for seed, case in enumerate(CASES)]
+    for seed, variant in enumerate(("ring", "all_gather")):
+        _check_bf16(variant, 50 + seed)
     size = ctx.world_size // subgroups
     groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(subgroups)]
     group = groups[ctx.rank // size]

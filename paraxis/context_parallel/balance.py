@@ -126,6 +126,31 @@ def pairs_per_rank(seq_len: int, cp: int) -> list[int]:
                 for block in ring_blocks(rank, step, cp)) for rank in range(cp)]
 
 
+def saved_bytes_per_rank(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
+                         cp: int, bytes_per_element: int) -> int:
+    """Bytes one rank's attention core saves for backward in one layer, both variants: its
+    q and output, its own K and V (kv-head width), an fp32 log-sum-exp per head and query;
+    single-device flash attention's for s/cp tokens (no received K/V is kept)."""
+    tokens = batch * (seq_len // cp)
+    elements = tokens * head_dim * (2 * heads + 2 * kv_heads)
+    return elements * bytes_per_element + tokens * heads * 4
+
+
+def sent_bytes_per_rank(variant: str, batch: int, kv_heads: int, seq_len: int, head_dim: int,
+                        cp: int, bytes_per_element: int) -> tuple[int, int]:
+    """(forward, backward) bytes one rank hands to the network for one layer's attention, as
+    `PairCounter` records them: K/V at kv-head width in the activation dtype, dK/dV in fp32.
+    For a collective that is its input (a ring all-gather or reduce-scatter moves (cp-1)/cp
+    of it per rank); the module docstrings of `ring` and `all_gather` explain each term."""
+    local_kv = 2 * batch * kv_heads * (seq_len // cp) * head_dim  # K and V elements
+    if variant == "ring":  # cp-1 K/V hops each way; cp-1 hops of the dK/dV accumulators
+        forward = (cp - 1) * local_kv * bytes_per_element
+        return forward, forward + (cp - 1) * local_kv * 4
+    # all-gather forward and again in backward; reduce-scatter of the whole dK/dV
+    forward = local_kv * bytes_per_element
+    return forward, forward + cp * local_kv * 4
+
+
 # ----------------------------------------------------------------- counting at run time
 
 

@@ -27,14 +27,15 @@ saves for s/cp tokens. No received K/V block is kept: backward passes them aroun
 
 Communication per rank and layer, for local K/V of B = 2 * batch * kv_heads * (s/cp) *
 head_dim elements (K and V): forward (cp-1) messages of B elements; backward (cp-1) of B
-again (K/V) plus cp of B fp32 elements (the dK/dV accumulators, which visit every rank once
-and come home). Grouped-query attention shrinks B by heads/kv_heads: K/V never travel at the
-query-head width.
+again (K/V) plus cp-1 of B fp32 elements (the dK/dV accumulators, which visit every other
+rank once and come home). Grouped-query attention shrinks B by heads/kv_heads: K/V never
+travel at the query-head width.
 
 Backward: each rank computes, per block, dq for its rows (kept) and dk, dv for the block's
 keys, from the merged out and lse (exact, `kernel`). The dK/dV of a K/V block are summed
-along the ring: the accumulator travels one hop behind its K/V block, each holder adds its
-share, and after cp hops it arrives at the block's owner.
+along the ring: the accumulator starts at the first rank the block visits after its owner,
+travels one hop behind the block, each holder adds its share, and after cp-1 hops it
+arrives back at the owner, which adds its own share (computed at step 0).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class _RingAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v])
+        own_grad = torch.zeros(0)  # this rank's share of its own K/V's gradient (step 0)
         accumulator: _Pass | None = None  # the dK/dV of the K/V at hand, from earlier holders
         for step in range(cp):
             arriving = _Pass(kv, group, KV_TAG, "backward") if step < cp - 1 else None
@@ -124,14 +126,16 @@ class _RingAttention(torch.autograd.Function):
                 rows(dq, block, chunk_len).add_(dq_block)
                 cols(grad_kv[0], block, chunk_len).add_(dk_block)
                 cols(grad_kv[1], block, chunk_len).add_(dv_block)
-            if accumulator is not None:
-                grad_kv += accumulator.wait()
-            # One hop behind its K/V block: after the last step it reaches the block's owner.
-            accumulator = _Pass(grad_kv, group, GRAD_KV_TAG, "backward")
+            if step == 0:
+                own_grad = grad_kv  # stays here; the other ranks' shares come home at the end
+            else:
+                if accumulator is not None:
+                    grad_kv += accumulator.wait()
+                # One hop behind its K/V block: from the last step it reaches the block's owner.
+                accumulator = _Pass(grad_kv, group, GRAD_KV_TAG, "backward")
             if arriving is not None:
                 kv = arriving.wait()
-        assert accumulator is not None
-        grad_kv = accumulator.wait()  # this rank's own K/V, home after a full circle
+        grad_kv = own_grad if accumulator is None else own_grad + accumulator.wait()
         return dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
 
 
