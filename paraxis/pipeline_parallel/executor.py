@@ -92,9 +92,6 @@ class PipelineExecutor:
         self.dtype = dtype  # of the tensors crossing a stage boundary (the parameters')
         self.actions = schedule.stages[stage]
         self.last_virtual = schedule.num_virtual_stages - 1
-        # receives in schedule order, and this stage's final gradient-producing action (B,
-        # or W when backward is split; an evaluation schedule has none), where data
-        # parallelism syncs
         self.split = schedule.split_backward
         # the receives of each communication point (a run of send/recv actions), in order
         self.recv_groups: list[list[int]] = []
@@ -103,11 +100,13 @@ class PipelineExecutor:
                 self.recv_groups.append([])
             if a.kind == "recv":
                 self.recv_groups[-1].append(i)
+        # this stage's final gradient-producing action (B, or W when backward is split; an
+        # evaluation schedule has none), where data parallelism syncs
         grads_in = "W" if self.split else "B"
         self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind == grads_in),
                                  default=-1)
         self.trace: list[dict[str, Any]] = []
-        # How many receives beyond the current communication point to post (see above).
+        # How many communication points ahead to post receives (see above).
         self.recv_ahead = (recv_ahead if recv_ahead is not None
                            else int(dist.is_initialized() and dist.get_backend() == "gloo"))
         # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
