@@ -8,14 +8,14 @@ stages s and 2P-1-s, so rank 0 holds the embedding and the head/loss).
 
 Both sides run the same stage parts (`Transformer` parts of `partition_layers`' split, with
 the same weights; zb-v splits into 2P parts placed in a V), forward + backward over the
-microbatches, then AdamW(foreach=False). The zero-bubble peers split each backward into I
-(input gradient) and W (weight gradients) as paraxis's B and W do; one difference in the
-work: on the stage holding the embedding torch skips I and runs the whole backward in W (its
-input, token ids, needs no gradient), where paraxis stops B at the embedding's output.
-Same compute, same order of forwards and backwards; the one difference is when receives are
-posted: on gloo paraxis posts each irecv one communication point early (before the sends
-there), so the message lands while the stage computes (`PipelineExecutor.recv_ahead`);
-torch posts it when the stage is about to wait for it.
+microbatches, then AdamW(foreach=False), and compute in the same order: paraxis's zb-h1 and
+zb-v orders are PyTorch's action for action, its I (input gradient) being paraxis's B
+(`_check_same_order` checks it on every run). Two differences remain. Where the embedding
+is, torch's I is empty and its W runs the whole backward (token ids need no gradient), while
+paraxis's B stops at the embedding's output. And receives: on gloo paraxis posts each irecv
+one communication point early (before the sends there), so the message lands while the stage
+computes (`PipelineExecutor.recv_ahead`); torch posts it when the stage is about to wait for
+it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import make_adamw
 from paraxis.runtime.parallelize import build_engine
+from paraxis.schedules import build_schedule
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, untied head
 PP = 2
@@ -68,6 +69,8 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
 
     peer = getattr(pipelining, PEERS[schedule])
     runner = peer(stages if schedule in MULTI else stages[0], microbatches, loss_fn=loss_fn)
+    if schedule in MULTI:
+        _check_same_order(runner.pipeline_order[rank], schedule, microbatches, rank)
     optimizer = make_adamw([p for module in modules for p in module.parameters()], 0.1,
                            (0.9, 0.95), 1e-8)
     for group in optimizer.param_groups:
@@ -86,6 +89,19 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def _check_same_order(theirs: list, schedule: str, microbatches: int, rank: int) -> None:
+    """A zero-bubble row compares two runtimes only if both run the same computes in the same
+    order: PyTorch's compute actions on this rank against paraxis's (its I is our B)."""
+    ours = build_schedule(schedule, PP, microbatches)
+    mine = [(a.kind, a.microbatch, ours.virtual_stage(rank, a.chunk))
+            for a in ours.compute_order(rank)]
+    peer = [({"I": "B"}.get(a.computation_type.value, a.computation_type.value),
+             a.microbatch_index, a.stage_index) for a in theirs if a is not None]
+    if mine != peer:
+        raise RuntimeError(f"{schedule} on stage {rank}: paraxis computes {mine}, "
+                           f"{PEERS[schedule]} computes {peer}: the row would compare orders")
 
 
 def rows(quick: bool = False) -> list[Row]:
