@@ -23,6 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+
+# Imported here, once: the ranks are forked from this process, and the import (which brings
+# torch's compiler stack) costs each rank seconds on this machine, per launch.
+from torch.distributed import pipelining
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
@@ -51,9 +56,6 @@ def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable
 
 def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
                       ) -> Callable[[], None]:
-    import torch.distributed as dist
-    from torch.distributed import pipelining
-
     rank, chunks = dist.get_rank(), CHUNKS.get(schedule, 1)
     split = partition_layers(MODEL, PP, chunks, placement="v" if schedule == "zb-v" else "loop")
     modules = [build_model(MODEL, seed=0, device=rank_device(), blocks=split.blocks_of(rank, c),
