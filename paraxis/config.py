@@ -40,6 +40,7 @@ from paraxis.layout import Layout
 from paraxis.options import option
 from paraxis.precision import POLICIES as PRECISIONS
 from paraxis.runtime.nan_policy import POLICIES
+from paraxis.schedules import check_compile
 
 FP32_MAX = 3.4028234663852886e38
 
@@ -217,6 +218,7 @@ class RunConfig:
         if not 0 <= opt.min_lr_ratio <= 1:
             raise ParaxisError(f"min_lr_ratio {opt.min_lr_ratio} must be between 0 and 1 (the "
                                "final learning rate as a fraction of --lr)")
+        check_compile(self.layout.schedule, train.compile)
         if not train.bucket_mb > 0:
             raise ParaxisError(f"--bucket-mb {train.bucket_mb} must be positive (DDP uses 25)")
         if not 0 < train.timeout_s < math.inf:

@@ -189,12 +189,6 @@ class Transformer(nn.Module):
         out, or with the head the logits, or the mean cross-entropy loss given targets."""
         if self.has_embedding:
             x = self.embed(x)
-        return self.after_embedding(x, targets)
-
-    def after_embedding(self, x: torch.Tensor, targets: torch.Tensor | None = None
-                        ) -> torch.Tensor:
-        """The blocks and head on the residual stream (a split backward stops at the
-        embedding's output, so the pipeline calls `embed` and this separately)."""
         for block in self.blocks:
             x = block(x)
         if not self.has_head:

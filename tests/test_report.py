@@ -165,8 +165,11 @@ def test_measured_trace_of_a_4_rank_1f1b_run(pipeline_run):
     folder, per_rank = pipeline_run
     for rank, (trace, scheduled) in enumerate(per_rank):
         assert {e["rank"] for e in trace} == {rank}
-        # one event per scheduled action, in the schedule's order
-        assert [(e["kind"], e["microbatch"], e["chunk"]) for e in trace] == scheduled
+        # one event per scheduled action; computes in the schedule's order (a recv is
+        # recorded where its compute waits for it)
+        recorded = [(e["kind"], e["microbatch"], e["chunk"]) for e in trace]
+        assert sorted(recorded) == sorted(scheduled)
+        assert [a for a in recorded if a[0] in "FBW"] == [a for a in scheduled if a[0] in "FBW"]
         starts = [e["start_s"] for e in trace]
         assert starts == sorted(starts)
     chrome = json.loads(json.dumps(to_chrome_trace(load_trace(folder / "trace.json"))))

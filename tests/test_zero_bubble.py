@@ -1,16 +1,22 @@
 """Zero-bubble pipelines: split backward schedules as data (zb-h1, zb-v), their bubble and
 memory, the planner's pricing of them, and training equal to one device on gloo ranks."""
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.partition import partition_layers
+from paraxis.runtime.engine import LocalEngine
+from paraxis.runtime.parallelize import materialize, parallelize
 from paraxis.schedules import build_schedule, place_of, validate, virtual_stage_of
+from paraxis.testing import RankContext, run_on_ranks
 
 # ------------------------------------------------------------------- schedules as data
 
@@ -114,3 +120,158 @@ def test_layout_runs_zb_v_on_two_chunks() -> None:
     assert Layout.parse("pp=2,microbatches=4,schedule=zb-v").virtual_stages == 2
     with pytest.raises(ParaxisError, match="runs 2 chunks per stage"):
         Layout(pp=2, microbatches=4, schedule="zb-v", virtual_stages=3)
+
+
+# ------------------------------------------------------- training equal to one device
+
+STEPS, BATCH, SEQ, SEED, EPS = 10, 8, 16, 3, 1e-5  # eps: see tests/test_pp_3d.py
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, 256, (BATCH, SEQ), generator=generator),
+             torch.randint(0, 256, (BATCH, SEQ), generator=generator)) for _ in range(STEPS)]
+
+
+def _train(engine, rows: slice) -> list[float]:
+    losses = []
+    for x, y in _batches():
+        losses.append(engine.forward_backward(x[rows], y[rows]))
+        engine.clip_grad_norm(0.5)  # low enough to clip: the global norm must be right
+        engine.optimizer_step(1e-3)
+        engine.zero_grad()
+    return losses
+
+
+def _rank(ctx: RankContext, cfgs: dict) -> tuple[list[float], dict, list]:
+    from paraxis.tensor_parallel import full_state
+
+    layout, groups = ctx.layout, ctx.groups
+    cfg = cfgs[str(layout)]
+    engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    materialize(engine, cfg, SEED)
+    per_dp = BATCH // layout.dp
+    losses = _train(engine, slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp))
+    params = {}
+    for chunk in engine.parts:  # collective over the tp group
+        params.update({n: t.numpy().copy() for n, t in full_state(chunk, groups.tp_group).items()})
+    computes = [(e["kind"], e["microbatch"], e["chunk"]) for e in engine.executor.trace
+                if e["kind"] in ("F", "B", "W")]
+    expected = [(a.kind, a.microbatch, a.chunk) for a in engine.schedule.stages[groups.pp_rank]
+                if a.kind in ("F", "B", "W")]
+    assert computes == expected  # the executor ran this stage's own order, W's included
+    return losses, params, computes
+
+
+def _check_against_one_device(layouts: list[str], models: list[str]) -> None:
+    cfgs = {}
+    for text, model in zip(layouts, models, strict=True):
+        cfgs[str(Layout.parse(text))] = (PRESETS["tiny-llama"].replace(n_layers=8)
+                                         if model == "tiny-llama-8" else PRESETS[model])
+    results = run_on_ranks([Layout.parse(text) for text in layouts], _rank, cfgs,
+                           timeout_s=240)
+    for text, per_rank in zip(layouts, results, strict=True):
+        cfg = cfgs[str(Layout.parse(text))]
+        reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), eps=EPS)
+        expected = _train(reference, slice(None))
+        weights = {n: p.detach().numpy() for n, p in reference.model.named_parameters()}
+        seen = set()
+        for losses, params, computes in per_rank:
+            assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5), text
+            assert any(kind == "W" for kind, _, _ in computes)
+            for name, value in params.items():
+                reference_name = name if name in weights else "tok_emb.weight"  # tied copy
+                np.testing.assert_allclose(value, weights[reference_name], rtol=0, atol=1e-5,
+                                           err_msg=f"{text}: {name}")
+                seen.add(reference_name)
+        assert seen == set(weights), text
+
+
+def test_zero_bubble_on_two_ranks_trains_like_one_device() -> None:
+    # gpt2-style tiny ties its head to the embedding: in the V both copies sit on stage 0
+    _check_against_one_device(["pp=2,microbatches=4,schedule=zb-h1",
+                               "pp=2,microbatches=4,schedule=zb-v"], ["tiny", "tiny"])
+
+
+def test_zero_bubble_with_dp_tp_and_recompute_trains_like_one_device() -> None:
+    _check_against_one_device(
+        ["pp=4,microbatches=4,schedule=zb-h1",
+         "pp=4,microbatches=8,schedule=zb-v",
+         "dp=2,pp=2,zero=1,microbatches=2,schedule=zb-h1,recompute=full",
+         "tp=2,pp=2,sequence_parallel=true,microbatches=4,schedule=zb-v"],
+        ["tiny", "tiny-llama-8", "tiny-llama", "tiny"])
+
+
+def test_zero_bubble_at_pp4_with_dp_and_tp_trains_like_one_device() -> None:
+    _check_against_one_device(
+        ["dp=2,pp=4,zero=2,microbatches=4,schedule=zb-v",
+         "tp=2,pp=4,microbatches=4,schedule=zb-h1,recompute=selective"],
+        ["tiny-llama-8", "tiny"])
+
+
+# ------------------------------------------------- the simulation against a measured step
+
+MEASURED_MODEL = PRESETS["small-llama"].replace(n_layers=4)
+
+
+def _traced_steps(ctx: RankContext, microbatches: int) -> tuple[list[list[dict]], float]:
+    import time
+
+    import torch.distributed as dist
+
+    from paraxis.runtime.parallelize import build_engine
+
+    cfg = MEASURED_MODEL
+    engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (4 * microbatches, 128), generator=generator)
+    traces = []
+    for _ in range(4):
+        engine.forward_backward(x, x.roll(1, 1))
+        engine.zero_grad()
+        traces.append(list(engine.executor.trace))
+    # point-to-point time of one boundary activation, for the compute/communication ratio
+    boundary = torch.zeros(4, 128, cfg.d_model)
+    peer = 1 - ctx.groups.pp_rank
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(10):
+        if ctx.groups.pp_rank == 0:
+            dist.send(boundary, peer)
+            dist.recv(boundary, peer)
+        else:
+            dist.recv(boundary, peer)
+            dist.send(boundary, peer)
+    return traces[1:], (time.perf_counter() - started) / 20  # the first step warms up
+
+
+def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
+    from paraxis.viz.pipeline import measured_bubble
+    from paraxis.viz.trace import trace_costs
+
+    microbatches = 2
+    layout = Layout(pp=2, microbatches=microbatches, schedule="zb-h1")
+    per_rank = run_on_ranks(layout, _traced_steps, microbatches, timeout_s=300)
+    schedule = build_schedule("zb-h1", 2, microbatches)
+    steps = [[e for traces, _ in per_rank for e in traces[i]] for i in range(3)]
+    events = [e for step in steps for e in step]
+    forward, backward, weight = trace_costs(events, 2, 1, schedule.virtual_stage)
+    p2p = max(seconds for _, seconds in per_rank)
+    assert min(forward) >= 5 * p2p  # the regime where the schedule, not the wire, decides
+    simulated = schedule.simulate(forward, backward, 0.0, weight).bubble_fraction
+    measured = sum(measured_bubble(step) for step in steps) / len(steps)
+    assert measured == pytest.approx(simulated, rel=0.15)
+    assert simulated < build_schedule("1f1b", 2, microbatches).simulate(
+        forward, backward).bubble_fraction
+
+
+def test_the_v_split_balances_stages_not_chunks() -> None:
+    # stage 0 holds the embedding and the head: balancing the 2P parts alone overloads it
+    cfg = PRESETS["gpt2-124m"].replace(n_layers=24)
+    v = partition_layers(cfg, 4, 2, placement="v")
+    parts_only = partition_layers(cfg, 4, 2)  # the same min-max split of parts, unbalanced
+    def stages(split) -> list[float]:
+        return [sum(split.costs[split.index(s, c)] for c in (0, 1)) for s in range(4)]
+    per_stage = [sum(parts_only.costs[i] for i in (s, 7 - s)) for s in range(4)]
+    assert max(stages(v)) < max(per_stage)
+    assert sum(len(v.blocks_of(s, c)) for s in range(4) for c in (0, 1)) == 24

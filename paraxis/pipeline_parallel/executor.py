@@ -181,15 +181,9 @@ class PipelineExecutor:
             previous = self.schedule.place(here - 1)[1]
             x = step.stage_outputs[(action.microbatch, previous)].detach()
             x.requires_grad_()
+        step.stage_inputs[key] = x
         with _autocast(step.device, step.autocast_dtype):
-            if here == 0 and self.split and torch.is_grad_enabled():
-                # A split B stops at the embedding's output (token ids have no gradient);
-                # W then computes the embedding's gradient with the others.
-                x = module.embed(x)
-                out = module.after_embedding(x)
-            else:
-                out = module(x)
-            step.stage_inputs[key] = x
+            out = module(x)
             if here == self.last_virtual:
                 out = module.loss_fn(out, step.targets[action.microbatch]) / len(step.inputs)
                 step.loss_total += out.detach()
@@ -211,8 +205,11 @@ class PipelineExecutor:
             grad = grad.to(out.dtype)
         x = step.stage_inputs.pop(key)
         if self.split:
+            # The first chunk's input is token ids: nobody waits for a gradient there, so
+            # its B does nothing and its W runs the whole backward.
             weights = [p for p in self.chunks[action.chunk].parameters() if p.requires_grad]
-            x_grad, step.weight_grads[key] = backward_input(out, grad, x, weights)
+            x_grad, step.weight_grads[key] = backward_input(out, grad, x if here else None,
+                                                            weights)
         else:
             torch.autograd.backward(out, grad)
             x_grad = x.grad

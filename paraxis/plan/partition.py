@@ -96,10 +96,41 @@ def partition_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
         scale = sum(measured_s) / sum(blocks)  # seconds per FLOP of an average block
         blocks, embed, head = list(measured_s), embed * scale, head * scale
     bounds = _min_max_split(blocks, parts, embed, head)
+    if placement == "v" and virtual == 2:
+        bounds = _balance_stages(bounds, blocks, embed, head, pp)
     ranges = tuple(range(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
     costs = tuple(sum(blocks[r.start:r.stop]) + (embed if i == 0 else 0.0)
                   + (head if i == parts - 1 else 0.0) for i, r in enumerate(ranges))
     return Partition(pp, virtual, ranges, costs, placement)
+
+
+def _balance_stages(bounds: list[int], costs: list[float], first_extra: float,
+                    last_extra: float, pp: int) -> list[int]:
+    """In zb-v's V, stage s runs parts s and 2P-1-s, so stage 0 carries both the embedding
+    and the head: balancing parts leaves that stage the slowest. Move one boundary at a time
+    by one block while that lowers (largest stage, sum of squared stages), from the balanced
+    parts; each step strictly improves, so it ends."""
+    parts = len(bounds) - 1
+
+    def stage_costs(b: list[int]) -> list[float]:
+        part = [sum(costs[b[i]:b[i + 1]]) + (first_extra if i == 0 else 0.0)
+                + (last_extra if i == parts - 1 else 0.0) for i in range(parts)]
+        return [part[s] + part[parts - 1 - s] for s in range(pp)]
+
+    def score(b: list[int]) -> tuple[float, float]:
+        stages = stage_costs(b)
+        return max(stages), sum(c * c for c in stages)
+
+    best, improved = score(bounds), True
+    while improved:
+        improved = False
+        for i in range(1, parts):
+            for step in (-1, 1):
+                moved = list(bounds)
+                moved[i] += step
+                if moved[i - 1] < moved[i] < moved[i + 1] and score(moved) < best:
+                    bounds, best, improved = moved, score(moved), True
+    return bounds
 
 
 def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extra: float

@@ -20,7 +20,12 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.report.text import duration
 from paraxis.schedules import build_schedule
 from paraxis.viz.html import esc, figure, table
-from paraxis.viz.pipeline import SimulatedSchedule, compare_schedules, mean_costs
+from paraxis.viz.pipeline import (
+    ZERO_BUBBLE,
+    SimulatedSchedule,
+    compare_schedules,
+    mean_costs,
+)
 from paraxis.viz.style import figure_data_uri
 
 if TYPE_CHECKING:
@@ -29,7 +34,8 @@ if TYPE_CHECKING:
 
 REFERENCE = ("gpt2-1.5b", "a100-80gb")  # model and GPU of the pictures when the plan's don't
 SEND_SHARE = 0.1  # the plan's own costs teach the lesson while a send is under 1/10 forward
-NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B",
+         "zb-h1": "ZB-H1", "zb-v": "ZB-V"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,24 @@ def pipeline_section(plan: Plan, run: MeasuredRun | None) -> tuple[str, Lesson]:
     caption += (f"; interleaving {inter.virtual} chunks per stage shrinks the bubble to "
                 f"{inter.bubble_fraction:.0%}." if inter else ".")
     parts = [figure(figure_data_uri(fig), "pipeline schedules", caption)]
+    parts.append(_zero_bubble(stages, microbatches, costs, costs_of))
     parts.append(_what_the_run_used(plan, run, costs_of))
     return "".join(parts), lesson
+
+
+def _zero_bubble(stages: int, microbatches: int, costs: StepCosts, costs_of: str) -> str:
+    fig, shown = compare_schedules(stages, microbatches, costs.forward_s, costs.backward_s,
+                                   costs.send_s, cost_note=costs_of, kinds=ZERO_BUBBLE)
+    one, h1, v = (shown[k] for k in ZERO_BUBBLE)
+    caption = (f"Splitting each backward in B (the input gradient the previous stage waits "
+               f"for) and W (the weight gradients, half of it here) lets W fill the idle "
+               f"slots: the bubble falls from {one.bubble_fraction:.0%} (1F1B) to "
+               f"{h1.bubble_fraction:.0%} (ZB-H1) and {v.bubble_fraction:.0%} (ZB-V, two "
+               f"chunks per stage). The price is memory: a microbatch keeps its activations "
+               f"until its W, so every stage holds what 1F1B's first stage holds "
+               f"({h1.peak_in_flight} microbatches; ZB-V {v.peak_in_flight} half-size "
+               f"chunks).")
+    return figure(figure_data_uri(fig), "zero-bubble schedules", caption)
 
 
 def _what_the_run_used(plan: Plan, run: MeasuredRun | None, costs_of: str) -> str:

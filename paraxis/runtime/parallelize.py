@@ -43,6 +43,7 @@ from paraxis.pipeline_parallel.stage import stage_parts
 from paraxis.precision import PrecisionPolicy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import Engine
+from paraxis.schedules import check_compile
 from paraxis.tensor_parallel.apply import apply_tensor_parallel
 from paraxis.tensor_parallel.comm import keep_collectives_eager
 
@@ -70,6 +71,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         part.set_recompute(layout.recompute)
     # (compile: after recompute, which wraps what is compiled)
     if compile:
+        check_compile(layout.schedule, compile)
         check_compiler(device)
         for part in parts:
             compile_blocks(part)

@@ -30,7 +30,14 @@ Modules: `core` (actions, placement, costs, the clock), `build` (the generators)
 `zero_bubble` (split-backward generators), `validate` (the proofs).
 """
 
-from paraxis.schedules.build import FIXED_VIRTUAL, KINDS, build_schedule, forward_only
+from paraxis.schedules.build import (
+    FIXED_VIRTUAL,
+    KINDS,
+    SPLIT_BACKWARD,
+    build_schedule,
+    check_compile,
+    forward_only,
+)
 from paraxis.schedules.core import (
     COMPUTE,
     Action,
@@ -46,6 +53,7 @@ from paraxis.schedules.core import (
 )
 from paraxis.schedules.validate import validate
 
-__all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "Action", "Costs", "Event", "Schedule",
-           "Timeline", "build_schedule", "forward_only", "input_message", "place_of",
-           "simulate", "stage_costs", "validate", "virtual_stage_of"]
+__all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
+           "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
+           "input_message", "place_of", "simulate", "stage_costs", "validate",
+           "virtual_stage_of"]

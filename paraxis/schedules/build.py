@@ -19,6 +19,17 @@ from paraxis.schedules.zero_bubble import zero_bubble_order
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 # Chunks per stage a kind always uses (the V folds the model twice over the stages).
 FIXED_VIRTUAL = {"zb-v": 2}
+SPLIT_BACKWARD = ("zb-h1", "zb-v")  # kinds whose backward runs as B then W
+
+
+def check_compile(kind: str, compile: bool) -> None:
+    """A compiled block's backward is one fused graph computing input and weight gradients
+    together, so a split W would run it again; PyTorch's zero-bubble schedules refuse
+    compiled stages for the same reason."""
+    if compile and kind in SPLIT_BACKWARD:
+        raise ParaxisError(f"--compile cannot run schedule={kind}: its backward is split in B "
+                           "and W, and a compiled block computes both at once; drop --compile "
+                           "or use schedule=1f1b")
 
 Order = list[tuple[str, int, int]]  # (kind, microbatch, chunk) computes of one stage
 

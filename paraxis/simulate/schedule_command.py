@@ -4,9 +4,12 @@
     paraxis schedule --kind zb-h1 --stages 4 --microbatches 8 --stage-scale 1,1,1,2
     paraxis schedule --kind interleaved --stages 2 --microbatches 4 --virtual 2 --json
     paraxis schedule --kind zb-v --from-trace runs/demo/trace.json --microbatches 8
+    paraxis schedule --kind zb-v --stages 4 --model gpt2-124m   # costs of its stage split
 
 Costs are per stage when a list is given (`--forward-cost 1,1,1,2`), or scaled per stage by
-`--stage-scale` (2 = that stage is twice as slow), or measured per chunk from a run's trace.
+`--stage-scale` (2 = that stage is twice as slow), or those of a model's stage split (the
+partition the runtime uses, priced by FLOPs: the head's stage is the heavy one), or measured
+per chunk from a run's trace.
 The schedule itself is data (`paraxis.schedules`); this module only prints it.
 """
 
@@ -17,7 +20,7 @@ import json
 from dataclasses import asdict
 
 from paraxis.errors import ParaxisError
-from paraxis.schedules import KINDS, build_schedule, validate
+from paraxis.schedules import KINDS, Schedule, build_schedule, validate
 from paraxis.viz.text_timeline import render_timeline
 from paraxis.viz.trace import load_trace, trace_costs
 
@@ -47,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-stage cost factors, e.g. 1,1,1,2: the last stage twice as slow")
     add("--from-trace", default=None, metavar="PATH",
         help="take per-chunk F/B/W costs from a run's trace.json (its stages and chunks)")
+    add("--model", default=None,
+        help="cost each chunk as the runtime splits this model (preset or .json/.toml file)")
     add("--json", action="store_true", help="machine-readable output")
 
 
@@ -65,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, args.virtual))
     forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
     source = f"forward {_text(forward)}, backward {_text(backward)}"
+    if args.model:
+        forward, backward = _partition_costs(args.model, schedule)
+        weight = None
+        source = f"costs of {args.model}'s stage split, backward = 2 x forward"
     if args.from_trace:
         forward, backward, weight = trace_costs(load_trace(args.from_trace), schedule.num_stages,
                                                 schedule.virtual, schedule.virtual_stage)
@@ -103,6 +112,19 @@ def run(args: argparse.Namespace) -> int:
     held = " (until W: a split backward keeps them)" if schedule.split_backward else ""
     print(f"peak in-flight activations per stage{unit}: {peaks}{held}")
     return 0
+
+
+def _partition_costs(model: str, schedule: Schedule) -> tuple[list[float], list[float]]:
+    """Forward cost per chunk (virtual stage) of the runtime's split of `model`, relative to
+    the mean chunk, and backward at twice that."""
+    from paraxis.model_config import load_model_config
+    from paraxis.plan.partition import partition_layers
+
+    split = partition_layers(load_model_config(model), schedule.num_stages, schedule.virtual,
+                             placement=schedule.placement)
+    mean = sum(split.costs) / len(split.costs)
+    forward = [cost / mean for cost in split.costs]
+    return forward, [2 * cost for cost in forward]
 
 
 def _text(value: float | list[float] | None) -> str:

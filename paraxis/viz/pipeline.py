@@ -14,11 +14,15 @@ from matplotlib.figure import Figure
 
 from paraxis.schedules import Timeline, build_schedule
 from paraxis.viz.timeline import TimelinePanel, plot_timelines
-from paraxis.viz.trace import COMPUTE_KINDS, busy_fraction
+from paraxis.viz.trace import COMPUTE_KINDS, busy_fraction, trace_costs
 
 SCHEDULE_TITLES = {"gpipe": "GPipe (Huang et al. 2019)",
                    "1f1b": "1F1B (PipeDream-Flush, Narayanan et al. 2021)",
-                   "interleaved": "interleaved 1F1B (Narayanan et al. 2021)"}
+                   "interleaved": "interleaved 1F1B (Narayanan et al. 2021)",
+                   "zb-h1": "ZB-H1 (Qi et al. 2023): backward split in B and W",
+                   "zb-v": "ZB-V (Qi et al. 2024): two chunks per stage in a V"}
+CLASSIC = ("gpipe", "1f1b", "interleaved")
+ZERO_BUBBLE = ("1f1b", "zb-h1", "zb-v")  # the zero-bubble picture keeps 1F1B for reference
 
 
 def timeline_events(timeline: Timeline) -> list[dict]:
@@ -48,23 +52,25 @@ class SimulatedSchedule:
 
 def compare_schedules(stages: int, microbatches: int, forward_s: float, backward_s: float,
                       comm_s: float = 0.0, virtual: int = 2, cost_note: str = "",
-                      time_unit: str = "auto"
+                      time_unit: str = "auto", kinds: tuple[str, ...] = CLASSIC,
+                      weight_s: float | None = None
                       ) -> tuple[Figure, dict[str, SimulatedSchedule]]:
-    """GPipe vs 1F1B vs interleaved (virtual chunks) for the same stages and microbatches,
-    on one time axis. Returns the figure and what each panel shows (bubble, peak in-flight
-    activations), keyed by schedule kind."""
+    """Schedules (default GPipe vs 1F1B vs interleaved with `virtual` chunks; ZERO_BUBBLE for
+    1F1B vs ZB-H1 vs ZB-V) for the same stages and microbatches, on one time axis. Returns
+    the figure and what each panel shows (bubble, peak in-flight activations), keyed by
+    schedule kind. `weight_s`: the W part of a split backward (default half of it)."""
     panels, shown = [], {}
-    for kind in ("gpipe", "1f1b", "interleaved"):
+    for kind in kinds:
         if kind == "interleaved" and (microbatches % stages or virtual < 2):
             continue  # Megatron's interleaving needs microbatches in groups of `stages`
-        chunks = virtual if kind == "interleaved" else 1
+        chunks = virtual if kind == "interleaved" else 2 if kind == "zb-v" else 1
         schedule = build_schedule(kind, stages, microbatches, chunks)
-        timeline = schedule.simulate(forward_s, backward_s, comm_s)
+        timeline = schedule.simulate(forward_s, backward_s, comm_s, weight_s)
         peak = max(schedule.peak_in_flight())
         shown[kind] = SimulatedSchedule(kind, chunks, timeline.bubble_fraction, peak,
                                         timeline.makespan)
-        held = f"peak {peak} microbatches' activations held" if kind != "interleaved" else \
-            f"v={virtual}, peak {peak} chunk activations of 1/{virtual} stage"
+        held = f"peak {peak} microbatches' activations held" if chunks == 1 else \
+            f"v={chunks}, peak {peak} chunk activations of 1/{chunks} stage"
         panels.append(TimelinePanel(f"{SCHEDULE_TITLES[kind]}; {held}",
                                     timeline_events(timeline), timeline.bubble_fraction))
     note = f" ({cost_note})" if cost_note else ""
@@ -80,13 +86,16 @@ def measured_bubble(events: list[dict]) -> float:
 
 
 def mean_costs(events: list[dict]) -> tuple[float, float]:
-    """Mean forward and backward seconds per (microbatch, chunk) in a measured trace."""
+    """Mean forward and whole-backward (B, plus W when split) seconds per (microbatch,
+    chunk) in a measured trace."""
     spans: dict[str, list[float]] = defaultdict(list)
     for e in events:
-        if e["kind"] in ("F", "B"):
+        if e["kind"] in COMPUTE_KINDS:
             spans[e["kind"]].append(e["end_s"] - e["start_s"])
-    return (sum(spans["F"]) / max(len(spans["F"]), 1),
-            sum(spans["B"]) / max(len(spans["B"]), 1))
+    backward = sum(spans["B"]) / max(len(spans["B"]), 1)
+    if spans["W"]:
+        backward += sum(spans["W"]) / len(spans["W"])
+    return sum(spans["F"]) / max(len(spans["F"]), 1), backward
 
 
 def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
@@ -104,13 +113,17 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
     drawn = [e for e in events if e["rank"] == first[e["stage"]]]
     ranks = ", ".join(str(first[s]) for s in sorted(first))
     which = f" (ranks {ranks}: one per stage)" if len(drawn) < len(events) else ""
-    # The schedule splits F/B cost over chunks; the trace times one chunk's F/B.
-    timeline = build_schedule(kind, stages, microbatches, virtual).simulate(
-        forward_s * virtual, backward_s * virtual)
+    # Each chunk's own measured F, B and W (an unbalanced pipeline stays unbalanced).
+    schedule = build_schedule(kind, stages, microbatches, virtual)
+    forward, backward, weight = trace_costs(events, stages, schedule.virtual,
+                                            schedule.virtual_stage)
+    timeline = schedule.simulate(forward, backward, 0.0,
+                                 weight if schedule.split_backward else None)
     predicted, measured = timeline.bubble_fraction, measured_bubble(events)
     fig = plot_timelines(
-        [TimelinePanel(f"predicted: {kind} simulated with the run's mean F = "
-                       f"{forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms, free messages",
+        [TimelinePanel(f"predicted: {kind} simulated with each chunk's measured times (mean F "
+                       f"= {forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms), free "
+                       "messages",
                        timeline_events(timeline), predicted),
          TimelinePanel(f"measured: the runtime's trace of one step{which}", drawn, measured)],
         f"Pipeline step, predicted vs measured ({stages} stages, {microbatches} microbatches)",

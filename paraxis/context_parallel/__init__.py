@@ -1,0 +1,13 @@
+"""Context parallelism: the sequence split across ranks, attention computed across them.
+
+- `balance`: which chunks each rank holds (the causal zig-zag split), which attention blocks
+  it computes, how many (query, key) pairs; `PairCounter` counts them at run time. Plain
+  Python: the planner imports it.
+- `chunks`: the split on tensors (a rank's local part, its tokens' global positions for
+  RoPE, the whole sequence back from the parts).
+- `kernel`: one block on the flash kernel, and the log-sum-exp merge of partial results.
+- `ring`, `all_gather`: the two ways of bringing K/V to the queries, as autograd functions;
+  `attention.context_parallel_attention` picks one by name.
+
+This file imports nothing, so that `paraxis.context_parallel.balance` stays torch-free.
+"""

@@ -1,0 +1,33 @@
+"""The one entry the model calls: context-parallel causal attention, by variant name.
+
+    out = context_parallel_attention(q, k, v, cp_group, variant="ring")
+
+`q`, `k`, `v` are this rank's local sequence (`chunks.local_part`), after RoPE at the
+tokens' global positions (`chunks.positions`); K/V at kv-head width. The variants compute
+the same blocks and give the same result (to rounding): "ring" passes K/V around the group
+step by step behind the compute (`ring.py`), "all_gather" gathers them once per layer
+(`all_gather.py`); which is cheaper depends on kv_heads and the network (the planner's call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paraxis.context_parallel.all_gather import all_gather_attention
+from paraxis.context_parallel.balance import VARIANTS
+from paraxis.context_parallel.ring import ring_attention
+from paraxis.errors import ParaxisError
+
+_IMPLEMENTATIONS = {"ring": ring_attention, "all_gather": all_gather_attention}
+assert tuple(_IMPLEMENTATIONS) == VARIANTS
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               group: dist.ProcessGroup | None, variant: str = "ring",
+                               scale: float | None = None) -> torch.Tensor:
+    """Causal attention of this rank's queries over the sequence split across `group`."""
+    if variant not in _IMPLEMENTATIONS:
+        raise ParaxisError(f"unknown context-parallel attention {variant!r}; use one of "
+                           f"{', '.join(VARIANTS)}")
+    return _IMPLEMENTATIONS[variant](q, k, v, group, scale)

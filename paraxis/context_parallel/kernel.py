@@ -1,0 +1,133 @@
+"""One block of attention on the flash kernel, and the merge of partial results.
+
+Both context-parallel variants cut a rank's attention into blocks (`balance.Block`: some of
+its query chunks against some key chunks) and run each on the flash kernel, which returns
+the block's output and its log-sum-exp per query row (FlashAttention, Dao et al. 2022):
+`lse = log sum_j exp(q.k_j * scale)` over the block's keys. Two blocks that share query rows
+merge exactly, in any order (Milakov & Gimelshein 2018, online softmax; Liu et al. 2023,
+Ring Attention, Sec. 3):
+
+    lse = logaddexp(lse_a, lse_b)
+    out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)
+
+(both weights are at most 1: no overflow, whatever the scores). The backward of a block is
+exact when it is given the merged output and log-sum-exp instead of its own: the kernel's
+backward rebuilds the block's probabilities as exp(q.k * scale - lse), which with the merged
+lse are the true softmax probabilities of the whole row restricted to the block, and its
+dS term uses rowsum(dout * out), which must be the whole row's output. So the backward needs
+no recomputation of the forward and no per-block state: only q, k, v, out and lse.
+
+K and V stay at their kv-head width: the kernels take grouped-query attention natively (a
+query head h reads kv head h // (heads / kv_heads), as `enable_gqa=True` in torch's SDPA)
+and return dK, dV at kv-head width, summed over each group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paraxis.context_parallel.balance import Block, record
+from paraxis.errors import ParaxisError
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Check a rank's local (batch, heads, seq, head_dim) q and (batch, kv_heads, seq,
+    head_dim) k, v; return the chunk length (half the local sequence)."""
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+        raise ParaxisError(f"context-parallel attention takes q (batch, heads, seq, head_dim) "
+                           f"and k, v of one shape (batch, kv_heads, seq, head_dim); got q "
+                           f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    batch, heads, seq, head_dim = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, head_dim):
+        raise ParaxisError(f"k and v must match q's batch, local sequence and head_dim: q "
+                           f"{tuple(q.shape)}, k {tuple(k.shape)}")
+    if heads % k.shape[1]:
+        raise ParaxisError(f"grouped-query attention needs heads ({heads}) divisible by "
+                           f"kv_heads ({k.shape[1]}); change n_heads or n_kv_heads")
+    if seq % 2:
+        raise ParaxisError(f"a context-parallel rank holds two equal chunks of the sequence: "
+                           f"its local length {seq} must be even (seq_len divisible by 2*cp)")
+    if q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16):
+        raise ParaxisError(f"context-parallel attention on GPU runs FlashAttention, which "
+                           f"takes fp16 or bf16, not {q.dtype}; train with --dtype bf16")
+    return seq // 2
+
+
+def rows(x: torch.Tensor, block: Block, chunk_len: int) -> torch.Tensor:
+    """The block's query rows of a (batch, heads, seq, ...) or (batch, heads, seq) tensor."""
+    return x[:, :, block.q_start * chunk_len:block.q_stop * chunk_len]
+
+
+def cols(x: torch.Tensor, block: Block, chunk_len: int) -> torch.Tensor:
+    """The block's key columns of a (batch, kv_heads, seq, head_dim) tensor."""
+    return x[:, :, block.k_start * chunk_len:block.k_stop * chunk_len]
+
+
+def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
+                  chunk_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's (output, log-sum-exp): `q` the local queries, `k`, `v` the K/V at hand."""
+    record("forward", pairs=block.pairs(chunk_len))
+    qb, kb, vb = rows(q, block, chunk_len), cols(k, block, chunk_len), cols(v, block, chunk_len)
+    if q.device.type == "cuda":
+        return _cuda_forward(qb, kb, vb, block.causal, scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        qb, kb, vb, 0.0, block.causal, scale=scale)
+
+
+def block_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, block: Block, chunk_len: int,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block's (dq for its rows, dk and dv for its columns), from the merged `out` and
+    `lse` of the whole local sequence."""
+    record("backward", pairs=block.pairs(chunk_len))
+    dout, qb, ob = (rows(t, block, chunk_len) for t in (grad_out, q, out))
+    lseb = rows(lse, block, chunk_len).contiguous()
+    kb, vb = cols(k, block, chunk_len), cols(v, block, chunk_len)
+    if q.device.type == "cuda":
+        return _cuda_backward(dout, qb, kb, vb, ob, lseb, block.causal, scale)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        dout, qb, kb, vb, ob, lseb, 0.0, block.causal, scale=scale)
+
+
+def merge(out: torch.Tensor, lse: torch.Tensor, block: Block, chunk_len: int,
+          block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+    """Fold a block's result into the running fp32 (out, lse) of the local sequence, in
+    place. Rows no block has touched yet hold out 0 and lse -inf: the first block's result
+    lands exactly (weights 0 and exp(0) = 1)."""
+    out_rows, lse_rows = rows(out, block, chunk_len), rows(lse, block, chunk_len)
+    merged = torch.logaddexp(lse_rows, block_lse)
+    out_rows.mul_(torch.exp(lse_rows - merged).unsqueeze(-1))
+    out_rows.add_(block_out * torch.exp(block_lse - merged).unsqueeze(-1))
+    lse_rows.copy_(merged)
+
+
+def empty_result(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running (out, lse) before any block: fp32, out 0 and lse -inf for every row."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+# ------------------------------------------------------------------------ CUDA
+# The same contract on torch's FlashAttention-2 ops (fp16/bf16). Not run by this repository's
+# tests (no GPU in CI). Every causal block is square (a diagonal chunk against itself), so
+# FlashAttention-2's bottom-right alignment of the causal mask for rectangular blocks, which
+# differs from the CPU kernel's top-left, never comes into play.
+
+
+def _cuda_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention.default(
+        q, k, v, 0.0, causal, False, scale=scale)
+    return out, lse
+
+
+def _cuda_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Dense batches: no cumulative sequence lengths (None: the op's varlen path is off).
+    # No dropout: the philox seed and offset are never read, any int64 scalars do.
+    unused_rng = torch.empty((), dtype=torch.int64)
+    return torch.ops.aten._scaled_dot_product_flash_attention_backward.default(
+        grad_out, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, causal,
+        unused_rng, unused_rng, scale=scale)

@@ -1,0 +1,153 @@
+"""Ring attention: causal attention over a sequence split across the cp ranks of a group.
+
+Why: activation memory grows with the sequence, and tensor parallelism's sequence
+parallelism divides it only by the TP degree. Splitting the sequence itself over cp ranks
+divides every activation by cp; attention is the one layer that mixes tokens across ranks,
+and ring attention (Liu et al. 2023, "Ring Attention with Blockwise Transformers") computes
+it exactly without ever holding the whole sequence's K and V: each rank keeps its queries,
+and the K/V blocks travel around the ring of cp ranks, one hop per step, while each rank
+computes its queries against the block at hand and merges the partial results with their
+log-sum-exp (`kernel.merge`). Megatron-LM's context parallelism runs the same ring with the
+zig-zag split that balances causal work (`balance.py`).
+
+Each rank holds chunks i and 2*cp-1-i (its local sequence); at step t it holds the K/V of
+rank i-t. Blocks above the causal diagonal are skipped, the diagonal one (step 0, its own
+chunks) runs causal, the others run unmasked, one flash call each (`balance.ring_blocks`).
+
+Overlap: step t's K/V message for step t+1 is posted (`dist.batch_isend_irecv`: send to the
+next rank, receive from the previous one, one group so neither waits on the other) before
+step t computes, and waited for only when step t+1 needs it: the transfer runs behind the
+block's compute. Every rank posts its messages in the same order (K/V of step t, then in
+backward dK/dV of step t), so NCCL, which pairs a pair's messages in posting order, matches
+them; gloo matches on the tags as well.
+
+Memory (what a rank saves for backward): its q, its own k, v (kv-head width), the merged
+output and an fp32 log-sum-exp per head and query: exactly what single-device flash attention
+saves for s/cp tokens. No received K/V block is kept: backward passes them around again.
+
+Communication per rank and layer, for local K/V of B = 2 * batch * kv_heads * (s/cp) *
+head_dim elements (K and V): forward (cp-1) messages of B elements; backward (cp-1) of B
+again (K/V) plus cp-1 of B fp32 elements (the dK/dV accumulators, which visit every other
+rank once and come home). Grouped-query attention shrinks B by heads/kv_heads: K/V never
+travel at the query-head width.
+
+Backward: each rank computes, per block, dq for its rows (kept) and dk, dv for the block's
+keys, from the merged out and lse (exact, `kernel`). The dK/dV of a K/V block are summed
+along the ring: the accumulator starts at the first rank the block visits after its owner,
+travels one hop behind the block, each holder adds its share, and after cp-1 hops it
+arrives back at the owner, which adds its own share (computed at step 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.autograd.function import FunctionCtx
+
+from paraxis.context_parallel.balance import record, ring_blocks
+from paraxis.context_parallel.kernel import (
+    block_backward,
+    block_forward,
+    check_qkv,
+    cols,
+    empty_result,
+    merge,
+    rows,
+)
+from paraxis.runtime.watchdog import WATCH
+
+KV_TAG, GRAD_KV_TAG = 0, 1  # gloo matches messages by (peer, tag); NCCL ignores tags
+
+
+class _Pass:
+    """`tensor` passed one rank on around the ring (sent to the next rank, the previous
+    rank's received), posted now; `wait()` returns what arrived."""
+
+    def __init__(self, tensor: torch.Tensor, group: dist.ProcessGroup | None, tag: int,
+                 phase: str) -> None:
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.works: list[dist.Work] = []
+        self.received = tensor  # a ring of one rank passes a tensor to itself
+        previous, following = (rank - 1) % cp, (rank + 1) % cp
+        self.source = previous if group is None else dist.get_global_rank(group, previous)
+        if cp == 1:
+            return
+        self.sent = tensor  # kept alive until the send has completed
+        self.received = torch.empty_like(tensor)
+        ops = [dist.P2POp(dist.isend, tensor, group=group, group_peer=following, tag=tag),
+               dist.P2POp(dist.irecv, self.received, group=group, group_peer=previous, tag=tag)]
+        record(phase, sent_bytes=tensor.numel() * tensor.element_size())
+        self.works = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> torch.Tensor:
+        with WATCH.waiting("recv", peer=self.source, axis="cp"):
+            for work in self.works:
+                work.wait()
+        return self.received
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                group: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
+        chunk_len = check_qkv(q, k, v)
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        out, lse = empty_result(q)
+        kv = torch.stack([k, v])  # K and V travel as one message a step
+        for step in range(cp):
+            arriving = _Pass(kv, group, KV_TAG, "forward") if step < cp - 1 else None
+            for block in ring_blocks(rank, step, cp):
+                block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale)
+                merge(out, lse, block, chunk_len, block_out, block_lse)
+            if arriving is not None:
+                kv = arriving.wait()
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.scale, ctx.chunk_len = group, scale, chunk_len
+        return out
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad_out: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+        q, k, v, out, lse = ctx.saved_tensors
+        group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        grad_out = grad_out.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v])
+        own_grad = torch.zeros(0)  # this rank's share of its own K/V's gradient (step 0)
+        accumulator: _Pass | None = None  # the dK/dV of the K/V at hand, from earlier holders
+        for step in range(cp):
+            arriving = _Pass(kv, group, KV_TAG, "backward") if step < cp - 1 else None
+            grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+            for block in ring_blocks(rank, step, cp):
+                dq_block, dk_block, dv_block = block_backward(
+                    grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale)
+                rows(dq, block, chunk_len).add_(dq_block)
+                cols(grad_kv[0], block, chunk_len).add_(dk_block)
+                cols(grad_kv[1], block, chunk_len).add_(dv_block)
+            if step == 0:
+                own_grad = grad_kv  # stays here; the other ranks' shares come home at the end
+            else:
+                if accumulator is not None:
+                    grad_kv += accumulator.wait()
+                # One hop behind its K/V block: from the last step it reaches the block's owner.
+                accumulator = _Pass(grad_kv, group, GRAD_KV_TAG, "backward")
+            if arriving is not None:
+                kv = arriving.wait()
+        grad_kv = own_grad if accumulator is None else own_grad + accumulator.wait()
+        return dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   group: dist.ProcessGroup | None = None, scale: float | None = None
+                   ) -> torch.Tensor:
+    """Causal attention of this rank's queries over the whole sequence, split across `group`
+    (None: the world) by the zig-zag split (`chunks.local_part`).
+
+    q: (batch, heads, 2L, head_dim), k, v: (batch, kv_heads, 2L, head_dim), this rank's
+    local sequence (chunks r and 2*cp-1-r of length L, RoPE already applied at their global
+    positions). Returns (batch, heads, 2L, head_dim), what `F.scaled_dot_product_attention(
+    ..., is_causal=True, enable_gqa=True)` on the whole sequence gives at these positions;
+    differentiable in q, k, v. `scale` defaults to 1/sqrt(head_dim)."""
+    return _RingAttention.apply(q, k, v, group, q.shape[-1] ** -0.5 if scale is None else scale)

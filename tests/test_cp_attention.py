@@ -1,0 +1,213 @@
+"""Context-parallel attention equals one device's causal attention, balanced and skipping
+the masked blocks.
+
+On 2 and 4 gloo ranks (one launch each), for the ring and the all-gather variant, with
+multi-head and grouped-query attention: each rank's output and its q, k, v gradients equal
+the matching positions of `F.scaled_dot_product_attention(..., is_causal=True,
+enable_gqa=True)` on the whole sequence; every rank computes the same number of (query, key)
+pairs and together exactly the causal triangle; a rank saves for backward only its own
+tokens' tensors and sends the bytes `balance.sent_bytes_per_rank` predicts.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from paraxis.context_parallel.attention import context_parallel_attention
+from paraxis.context_parallel.balance import (
+    PairCounter,
+    check_split,
+    pairs_per_rank,
+    prefix_blocks,
+    rank_chunks,
+    ring_blocks,
+    saved_bytes_per_rank,
+    sent_bytes_per_rank,
+)
+from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part, positions
+from paraxis.context_parallel.kernel import check_qkv
+from paraxis.errors import ParaxisError
+from paraxis.testing import RankContext, run_on_ranks
+
+# (variant, batch, heads, kv_heads, seq, head_dim)
+CASES = [
+    ("ring", 2, 4, 4, 64, 16),
+    ("ring", 1, 4, 2, 256, 32),
+    ("all_gather", 2, 4, 4, 64, 16),
+    ("all_gather", 1, 4, 2, 256, 32),
+    ("ring", 1, 6, 1, 128, 16),  # multi-query: one kv head
+]
+ATOL = 4e-6  # fp32, O(1) values; the largest difference seen here was 1.4e-6 (seq 256, cp 4)
+
+
+# ------------------------------------------------------------- the plan (no ranks needed)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_blocks_cover_the_causal_triangle_once(cp: int) -> None:
+    """Expanding every block a rank computes gives exactly its queries' causal pairs, each
+    once: nothing above the diagonal, nothing twice, nothing missing; ring and all-gather."""
+    chunk_len, seq = 2, 4 * cp
+    for rank in range(cp):
+        mine = rank_chunks(rank, cp)
+        local_pos = [c * chunk_len + i for c in mine for i in range(chunk_len)]
+        wanted = sorted((q, k) for q in local_pos for k in range(q + 1))
+        ring = []
+        for step in range(cp):
+            source = rank_chunks((rank - step) % cp, cp)
+            key_pos = [c * chunk_len + i for c in source for i in range(chunk_len)]
+            ring += _expand(ring_blocks(rank, step, cp), local_pos, key_pos, chunk_len)
+        gathered = _expand(prefix_blocks(rank, cp), local_pos, list(range(seq)), chunk_len)
+        assert sorted(ring) == wanted
+        assert sorted(gathered) == wanted
+
+
+def _expand(blocks: list, query_pos: list[int], key_pos: list[int], chunk_len: int
+            ) -> list[tuple[int, int]]:
+    pairs = []
+    for block in blocks:
+        qs = query_pos[block.q_start * chunk_len:block.q_stop * chunk_len]
+        ks = key_pos[block.k_start * chunk_len:block.k_stop * chunk_len]
+        pairs += [(q, k) for i, q in enumerate(qs) for j, k in enumerate(ks)
+                  if not block.causal or j <= i]
+    return pairs
+
+
+@pytest.mark.parametrize(("seq", "cp"), [(64, 2), (512, 4), (4096, 16), (131072, 32)])
+def test_pairs_balanced_and_sum_to_the_triangle(seq: int, cp: int) -> None:
+    counts = pairs_per_rank(seq, cp)
+    assert len(set(counts)) == 1  # the zig-zag split balances exactly
+    assert sum(counts) == seq * (seq + 1) // 2
+
+
+def test_split_and_positions() -> None:
+    seq, cp = 24, 3
+    x = torch.arange(2 * seq).view(2, seq)
+    parts = [local_part(x, rank, cp) for rank in range(cp)]
+    assert torch.equal(full_sequence(parts), x)
+    assert torch.equal(parts[0][0], torch.tensor([0, 1, 2, 3, 20, 21, 22, 23]))
+    for rank in range(cp):
+        assert torch.equal(positions(seq, rank, cp), local_part(torch.arange(seq)[None], rank,
+                                                               cp)[0])
+    stacked = by_rank(x.view(2, seq, 1), cp)
+    assert stacked.shape == (cp, 2, seq // cp, 1)
+    assert torch.equal(stacked[1, :, :, 0], parts[1])
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ParaxisError, match="divisible by 8"):
+        check_split(100, 4)
+    with pytest.raises(ParaxisError, match="at least 1"):
+        check_split(64, 0)
+    q, kv = torch.zeros(1, 4, 8, 16), torch.zeros(1, 3, 8, 16)
+    with pytest.raises(ParaxisError, match="divisible by kv_heads"):
+        check_qkv(q, kv, kv)
+    with pytest.raises(ParaxisError, match="must be even"):
+        check_qkv(torch.zeros(1, 4, 7, 16), torch.zeros(1, 2, 7, 16), torch.zeros(1, 2, 7, 16))
+    with pytest.raises(ParaxisError, match="match q's batch"):
+        check_qkv(q, torch.zeros(1, 2, 6, 16), torch.zeros(1, 2, 6, 16))
+    with pytest.raises(ParaxisError, match="unknown context-parallel attention"):
+        context_parallel_attention(q, kv, kv, None, variant="ulysses")
+
+
+# ------------------------------------------------------------------- on ranks, vs one device
+
+
+def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
+    """Run one case on this rank of `group`, compare with one device; return its pairs."""
+    variant, batch, heads, kv_heads, seq, head_dim = case
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    generator = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(batch, heads, seq, head_dim, generator=generator) for _ in "qo")
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, generator=generator) for _ in "kv")
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*whole, is_causal=True, enable_gqa=True)
+    reference.backward(dout)
+
+    def mine(t: torch.Tensor) -> torch.Tensor:
+        return local_part(t.detach(), rank, cp, dim=2)
+
+    local = [mine(t).requires_grad_() for t in (q, k, v)]
+    saved: list[int] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with PairCounter() as counter, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = context_parallel_attention(*local, group, variant=variant)
+    with PairCounter() as backward_counter:
+        out.backward(mine(dout))
+
+    where = f"{case} cp={cp} rank={rank}"
+    torch.testing.assert_close(out, mine(reference), atol=ATOL, rtol=0, msg=where)
+    for name, got, want in zip("qkv", local, whole, strict=True):
+        torch.testing.assert_close(got.grad, mine(want.grad), atol=ATOL, rtol=0,
+                                   msg=f"d{name} {where}")
+    # Counted pairs: the plan's, the same forward and backward.
+    assert counter.pairs("forward") == pairs_per_rank(seq, cp)[rank], where
+    assert backward_counter.pairs("backward") == counter.pairs("forward"), where
+    # Saved for backward: this rank's q, k, v, output and log-sum-exp, nothing more.
+    assert sum(saved) == saved_bytes_per_rank(batch, heads, kv_heads, seq, head_dim, cp, 4), where
+    # Sent bytes: what the planner's formula says.
+    forward, backward = sent_bytes_per_rank(variant, batch, kv_heads, seq, head_dim, cp, 4)
+    assert counter.sent_bytes("forward") == forward, where
+    assert backward_counter.sent_bytes("backward") == backward, where
+    return counter.pairs("forward")
+
+
+def _check_bf16(variant: str, seed: int) -> None:
+    """In bf16, the split attention is as close to the fp32 result as one device's bf16
+    attention is (its error is the inputs' rounding, not the blockwise merge)."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(1, 4, 128, 32, generator=generator) for _ in "qo")
+    k, v = (torch.randn(1, 2, 128, 32, generator=generator) for _ in "kv")
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        whole = [t.to(dtype).requires_grad_() for t in (q.clone(), k.clone(), v.clone())]
+        out = F.scaled_dot_product_attention(*whole, is_causal=True, enable_gqa=True)
+        out.backward(dout.to(dtype))
+        results.append([out, *(t.grad for t in whole)])
+    local = [local_part(t, rank, cp, dim=2).bfloat16().requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, None, variant=variant)
+    out.backward(local_part(dout, rank, cp, dim=2).bfloat16())
+    for got, exact, one_device in zip([out, *(t.grad for t in local)], *results, strict=True):
+        exact, one_device = (local_part(t.float(), rank, cp, dim=2) for t in (exact, one_device))
+        error = (got.float() - exact).abs().max()
+        assert error <= 2 * (one_device - exact).abs().max(), f"{variant} bf16 cp={cp}"
+
+
+def _all_cases(ctx: RankContext, subgroups: int) -> list[list[int]]:
+    """Every case over the whole world, then over `subgroups` disjoint rings at once."""
+    pairs = [[_check_case(case, None, seed)] for seed, case in enumerate(CASES)]
+    for seed, variant in enumerate(("ring", "all_gather")):
+        _check_bf16(variant, 50 + seed)
+    size = ctx.world_size // subgroups
+    groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(subgroups)]
+    group = groups[ctx.rank // size]
+    for seed, variant in enumerate(("ring", "all_gather")):
+        _check_case((variant, 1, 4, 2, 32 * size, 16), group, 100 + seed)
+    return pairs
+
+
+@pytest.mark.parametrize(("world", "subgroups"), [(2, 2), (4, 2)])
+def test_matches_one_device(world: int, subgroups: int) -> None:
+    """Subgroups of 1 rank at world 2 check cp=1; two rings of 2 at world 4 check that
+    peers are found by their rank in the cp group, not in the world."""
+    by_rank_pairs = run_on_ranks(world, _all_cases, subgroups)
+    for index, (_, _, _, _, seq, _) in enumerate(CASES):
+        counts = [rank_pairs[index][0] for rank_pairs in by_rank_pairs]
+        assert max(counts) <= 1.1 * min(counts)
+        assert sum(counts) == seq * (seq + 1) // 2
+
+
+def test_cases_cover_both_variants_and_gqa() -> None:
+    """The case list itself: both variants, with MHA and with grouped queries."""
+    kinds = {(case[0], case[2] == case[3]) for case in CASES}
+    assert kinds == set(itertools.product(("ring", "all_gather"), (True, False)))
