@@ -10,12 +10,11 @@ Both sides run the same stage parts (`Transformer` parts of `partition_layers`' 
 the same weights; zb-v splits into 2P parts placed in a V), forward + backward over the
 microbatches, then AdamW(foreach=False), and compute in the same order: paraxis's zb-h1 and
 zb-v orders are PyTorch's action for action, its I (input gradient) being paraxis's B
-(`_check_same_order` checks it on every run). Two differences remain. Where the embedding
-is, torch's I is empty and its W runs the whole backward (token ids need no gradient), while
-paraxis's B stops at the embedding's output. And receives: on gloo paraxis posts each irecv
-one communication point early (before the sends there), so the message lands while the stage
-computes (`PipelineExecutor.recv_ahead`); torch posts it when the stage is about to wait for
-it.
+(`_check_same_order` checks it on every run); on the chunk holding the embedding both leave
+B empty and run the whole backward in W (token ids need no gradient). The one difference is
+when receives are posted: on gloo paraxis posts each irecv one communication point early
+(before the sends there), so the message lands while the stage computes
+(`PipelineExecutor.recv_ahead`); torch posts it when the stage is about to wait for it.
 """
 
 from __future__ import annotations
