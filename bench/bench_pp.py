@@ -1,13 +1,20 @@
-"""paraxis pipeline schedules next to `torch.distributed.pipelining` (Schedule1F1B and
-ScheduleGPipe): same model, same stage split, same stages and microbatches, gloo.
+"""paraxis pipeline schedules next to `torch.distributed.pipelining`: same model, same stage
+split, same stages and microbatches, gloo.
+
+Pairs: 1f1b and gpipe with Schedule1F1B and ScheduleGPipe (one `PipelineStage` per rank);
+zb-h1 with ScheduleInterleavedZeroBubble given one local stage (the ZB-H1 schedule of Qi et
+al. 2023); zb-v with ScheduleZBVZeroBubble (two stages per rank in a V: rank s holds virtual
+stages s and 2P-1-s, so rank 0 holds the embedding and the head/loss).
 
 Both sides run the same stage parts (`Transformer` parts of `partition_layers`' split, with
-the same weights), forward + backward over the microbatches, then AdamW(foreach=False). The
-peer wraps each stage in `PipelineStage`; paraxis runs its own validated action lists.
-Same compute, same order of forwards and backwards; the one difference is when receives are
-posted: on gloo paraxis posts each irecv one communication point early (before the sends
-there), so the message lands while the stage computes (`PipelineExecutor.recv_ahead`);
-torch posts it when the stage is about to wait for it.
+the same weights; zb-v splits into 2P parts placed in a V), forward + backward over the
+microbatches, then AdamW(foreach=False), and compute in the same order: paraxis's zb-h1 and
+zb-v orders are PyTorch's action for action, its I (input gradient) being paraxis's B
+(`_check_same_order` checks it on every run); on the chunk holding the embedding both leave
+B empty and run the whole backward in W (token ids need no gradient). The one difference is
+when receives are posted: on gloo paraxis posts each irecv one communication point early
+(before the sends there), so the message lands while the stage computes
+(`PipelineExecutor.recv_ahead`); torch posts it when the stage is about to wait for it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+
+# Imported here, once: the ranks are forked from this process, and the import (which brings
+# torch's compiler stack) costs each rank seconds on this machine, per launch.
+from torch.distributed import pipelining
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.layout import Layout
@@ -24,10 +36,14 @@ from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.engine import make_adamw
 from paraxis.runtime.parallelize import build_engine
+from paraxis.schedules import build_schedule
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, untied head
 PP = 2
-PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+PEERS = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
+         "zb-h1": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble"}
+CHUNKS = {"zb-v": 2}  # model chunks per stage (the others: one)
+MULTI = ("zb-h1", "zb-v")  # peers built on a list of this rank's stages (PipelineScheduleMulti)
 
 
 def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable[[], None]:
@@ -39,39 +55,60 @@ def _paraxis(schedule: str, batch: int, seq: int, microbatches: int) -> Callable
 
 def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
                       ) -> Callable[[], None]:
-    import torch.distributed as dist
-    from torch.distributed import pipelining
-
-    stage_index = dist.get_rank()
-    split = partition_layers(MODEL, PP)
-    module = build_model(MODEL, seed=0, device=rank_device(), blocks=split.blocks_of(stage_index),
-                         embed=split.has_embedding(stage_index), head=split.has_head(stage_index))
-    stage = pipelining.PipelineStage(module, stage_index, PP, rank_device())
+    rank, chunks = dist.get_rank(), CHUNKS.get(schedule, 1)
+    split = partition_layers(MODEL, PP, chunks, placement="v" if schedule == "zb-v" else "loop")
+    modules = [build_model(MODEL, seed=0, device=rank_device(), blocks=split.blocks_of(rank, c),
+                           embed=split.has_embedding(rank, c), head=split.has_head(rank, c))
+               for c in range(chunks)]
+    stages = [pipelining.PipelineStage(module, split.index(rank, c), PP * chunks, rank_device())
+              for c, module in enumerate(modules)]
+    heads = [module for module in modules if module.has_head]
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return module.loss_fn(logits, targets) if module.has_head else logits.sum()
+        # torch calls it only on the rank holding the last virtual stage (the head)
+        return heads[0].loss_fn(logits, targets)
 
-    runner = getattr(pipelining, PEERS[schedule])(stage, microbatches, loss_fn=loss_fn)
-    optimizer = make_adamw(module.parameters(), 0.1, (0.9, 0.95), 1e-8)
+    peer = getattr(pipelining, PEERS[schedule])
+    runner = peer(stages if schedule in MULTI else stages[0], microbatches, loss_fn=loss_fn)
+    if schedule in MULTI:
+        _check_same_order(runner.pipeline_order[rank], schedule, microbatches, rank)
+    optimizer = make_adamw([p for module in modules for p in module.parameters()], 0.1,
+                           (0.9, 0.95), 1e-8)
     for group in optimizer.param_groups:
         group["lr"] = 1e-3
     x, y = token_batch(MODEL.vocab_size, batch, seq)
+    # The rank with the embedding feeds the tokens, the one with the head the targets (in
+    # zb-v's V, rank 0 does both).
+    inputs = (x,) if any(module.has_embedding for module in modules) else ()
 
     def step() -> None:
-        if stage_index == 0:
-            runner.step(x)
+        if heads:
+            runner.step(*inputs, target=y, losses=[])
         else:
-            runner.step(target=y, losses=[])
+            runner.step(*inputs)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
+def _check_same_order(theirs: list, schedule: str, microbatches: int, rank: int) -> None:
+    """A zero-bubble row compares two runtimes only if both run the same computes in the same
+    order: PyTorch's compute actions on this rank against paraxis's (its I is our B)."""
+    ours = build_schedule(schedule, PP, microbatches)
+    mine = [(a.kind, a.microbatch, ours.virtual_stage(rank, a.chunk))
+            for a in ours.compute_order(rank)]
+    peer = [({"I": "B"}.get(a.computation_type.value, a.computation_type.value),
+             a.microbatch_index, a.stage_index) for a in theirs if a is not None]
+    if mine != peer:
+        raise RuntimeError(f"{schedule} on stage {rank}: paraxis computes {mine}, "
+                           f"{PEERS[schedule]} computes {peer}: the row would compare orders")
+
+
 def rows(quick: bool = False) -> list[Row]:
     batch, seq, microbatches, steps = (4, 32, 4, 2) if quick else (16, 128, 8, 10)
     out = []
-    for schedule in ("1f1b", "gpipe"):
+    for schedule in PEERS:
         out.append(compare(
             f"pipeline pp={PP} {schedule} M={microbatches} ({MODEL.name}, 4 layers)", PP,
             batch * seq,

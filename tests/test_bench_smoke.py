@@ -18,7 +18,7 @@ def test_bench_quick_writes_table_and_json(tmp_path):
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     peers = " ".join(r["peer"] for r in rows)
     for peer in ("plain PyTorch loop", "DDP", "FSDP2", "DTensor", "Schedule1F1B",
-                 "ScheduleGPipe"):
+                 "ScheduleGPipe", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"):
         assert peer in peers, peer
     assert all(r["paraxis_tokens_per_s"] > 0 and r["peer_tokens_per_s"] > 0 for r in rows)
     table = out.read_text()
