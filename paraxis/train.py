@@ -190,12 +190,20 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
 
 def _dp_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
               device: torch.device) -> tuple[torch.Tensor, ...]:
-    """This dp rank's rows of a global batch (every rank draws the same global batch)."""
+    """This rank's share of a global batch (every rank draws the same global batch): its dp
+    rank's rows, and under context parallelism its two chunks of each of them (inputs and
+    targets alike, `context_parallel.chunks.local_part`)."""
     import torch
 
-    per_dp = global_batch // groups.layout.dp
+    from paraxis.context_parallel.chunks import local_part
+
+    layout = groups.layout
+    per_dp = global_batch // layout.dp
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-    return tuple(torch.from_numpy(part[rows]).to(device) for part in batch)
+    parts = [torch.from_numpy(part[rows]) for part in batch]
+    if layout.cp > 1:
+        parts = [local_part(part, groups.cp_rank, layout.cp) for part in parts]
+    return tuple(part.to(device) for part in parts)
 
 
 def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
