@@ -42,8 +42,9 @@ NORM_TOL = 1e-5  # relative: the global gradient norm of every step
 # becomes a difference of up to ~lr in that weight. Measured over these runs: at most 1.1e-4
 # (tok_emb.weight, cp2 x dp2; dp=4 alone gives 1.2e-5 there), 1.6e-8 on average.
 WEIGHT_TOL, WEIGHT_MEAN_TOL = 3e-4, 1e-7
-FOUR = ["cp=4", "cp=4,cp_attention=all_gather", "cp=2,tp=2,sp=true", "cp=2,dp=2,zero=3",
-        "cp=2,pp=2,microbatches=2"]
+# (recompute rides along: selective reruns the cp attention itself in backward)
+FOUR = ["cp=4", "cp=4,cp_attention=all_gather,recompute=selective", "cp=2,tp=2,sp=true",
+        "cp=2,dp=2,zero=3", "cp=2,pp=2,microbatches=2,recompute=full"]
 EIGHT = ["dp=2,cp=2,pp=2,microbatches=2", "cp=2,tp=2,sp=true,pp=2,microbatches=2"]
 SAVES = "cp=2,dp=2,zero=3"  # its step-5 checkpoint is resumed at cp=4 and on one device
 
@@ -59,9 +60,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _cfg(model: str, layout: LayoutLike, **options: object) -> RunConfig:
-    return RunConfig.from_flags(model=model, steps=STEPS, global_batch=4, seq_len=SEQ,
-                                warmup=2, device="cpu", quiet=True, layout=as_layout(layout),
-                                **options)
+    fields = dict(model=model, steps=STEPS, global_batch=4, seq_len=SEQ, warmup=2,
+                  device="cpu", quiet=True, layout=as_layout(layout))
+    return RunConfig.from_flags(**{**fields, **options})
 
 
 def _losses(records: list[dict]) -> list[tuple[float, float]]:
@@ -139,8 +140,22 @@ def test_cli_cp4_matches_one_device(model, one_device, tmp_path):
                "--metrics-file", str(metrics)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    losses = _losses([json.loads(line) for line in metrics.read_text().splitlines()])
-    _assert_matches(losses, None, one_device, "paraxis train --nproc 4 --cp 4")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    _assert_matches(_losses(records), None, one_device, "paraxis train --nproc 4 --cp 4")
+
+
+def _gpt2(ctx: RankContext) -> list[float]:
+    return [r["loss"] for r in run_training(_cfg("tiny", ctx.layout, steps=3, seq_len=128))]
+
+
+def test_learned_positions_and_tied_embeddings_follow_the_chunks():
+    """GPT-2's learned positions (sharded over tp with SP) are read at the tokens' global
+    positions, and its tied embedding spans pipeline stages under cp."""
+    layouts = ["cp=2,tp=2,sp=true", "cp=2,pp=2,microbatches=2"]
+    results = run_on_ranks(layouts, _gpt2, timeout_s=300)
+    expected = [r["loss"] for r in run_training(_cfg("tiny", "dp=1", steps=3, seq_len=128))]
+    for layout, by_rank in zip(layouts, results, strict=True):
+        assert by_rank[0] == pytest.approx(expected, abs=LOSS_TOL), layout
 
 
 # ------------------------------------------------------------------------ bad input
