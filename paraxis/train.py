@@ -139,7 +139,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
             if fault is not None:
                 fault.before_step(step, rank, engine.model)
             batch = data.batch(step, train.global_batch, train.seq_len, train.seed)
-            x, y = _dp_share(batch, train.global_batch, groups, device)
+            x, y = _local_share(batch, train.global_batch, groups, device)
             lr = learning_rate(step, cfg)
             loss = engine.forward_backward(x, y)
             grad_norm = engine.clip_grad_norm(cfg.optimizer.grad_clip)
@@ -188,7 +188,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     return records
 
 
-def _dp_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
+def _local_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
               device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's share of a global batch (every rank draws the same global batch): its dp
     rank's rows, and under context parallelism its two chunks of each of them (inputs and
@@ -213,7 +213,7 @@ def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelG
     train, total = cfg.train, 0.0
     for index in range(cfg.eval.batches):
         batch = data.batch(index, train.global_batch, train.seq_len, train.seed, split="val")
-        total += engine.evaluate(*_dp_share(batch, train.global_batch, groups, device))
+        total += engine.evaluate(*_local_share(batch, train.global_batch, groups, device))
     return total / cfg.eval.batches
 
 
