@@ -2,8 +2,9 @@
 
 Issue 22's acceptance, on a tiny Llama-style model (tiny-llama's shapes, its context raised
 to 512 so that `--seq-len 512` is allowed) for 10 steps in fp32: the losses of every layout
-below are within 1e-5 of one device's, step by step, and so are the final weights (read from
-the checkpoint each run writes), for
+below are within 1e-5 of one device's, step by step (so are the gradient norms, relatively,
+and the held-out loss at the end), and so are the final weights (read from the checkpoint
+each run writes, see WEIGHT_TOL), for
 
 - cp=4 with the ring and with the all-gather attention, cp2 x tp2 with sequence parallelism,
   cp2 x dp2 with ZeRO-3, cp2 x pp2 (one launch of 4 ranks);
@@ -61,13 +62,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _cfg(model: str, layout: LayoutLike, **options: object) -> RunConfig:
     fields = dict(model=model, steps=STEPS, global_batch=4, seq_len=SEQ, warmup=2,
-                  device="cpu", quiet=True, layout=as_layout(layout))
+                  eval_every=STEPS, eval_batches=1, device="cpu", quiet=True,
+                  layout=as_layout(layout))
     return RunConfig.from_flags(**{**fields, **options})
 
 
-def _losses(records: list[dict]) -> list[tuple[float, float]]:
-    """(loss, gradient norm) of every step."""
-    return [(r["loss"], r["grad_norm"]) for r in records]
+def _losses(records: list[dict]) -> list[tuple[float, float, float | None]]:
+    """(loss, gradient norm, held-out loss or None) of every step."""
+    return [(r["loss"], r["grad_norm"], r.get("val_loss")) for r in records]
 
 
 def _weights(root: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
@@ -76,14 +78,14 @@ def _weights(root: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def one_device(model: str, tmp_path_factory: pytest.TempPathFactory
-               ) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
+               ) -> tuple[list[tuple], dict[str, torch.Tensor]]:
     """One device's losses and final weights: what every layout must reproduce."""
     root = tmp_path_factory.mktemp("one")
     records = run_training(_cfg(model, "dp=1", checkpoint_dir=str(root)))
     return _losses(records), _weights(root)
 
 
-def _assert_matches(losses: list[tuple[float, float]], weights: dict[str, torch.Tensor] | None,
+def _assert_matches(losses: list[tuple], weights: dict[str, torch.Tensor] | None,
                     expected: tuple[list, dict[str, torch.Tensor]], what: str) -> None:
     want_losses, want_weights = expected
     assert len(losses) == len(want_losses), what
@@ -91,6 +93,8 @@ def _assert_matches(losses: list[tuple[float, float]], weights: dict[str, torch.
     assert worst <= LOSS_TOL, f"{what}: losses differ by {worst:.2e}"
     norms = max(abs(a[1] / b[1] - 1) for a, b in zip(losses, want_losses, strict=True))
     assert norms <= NORM_TOL, f"{what}: gradient norms differ by {norms:.2e} (relative)"
+    assert losses[-1][2] is not None and want_losses[-1][2] is not None, what
+    assert abs(losses[-1][2] - want_losses[-1][2]) <= LOSS_TOL, f"{what}: held-out loss"
     if weights is None:
         return
     assert sorted(weights) == sorted(want_weights), what
@@ -136,7 +140,8 @@ def test_cli_cp4_matches_one_device(model, one_device, tmp_path):
     metrics = tmp_path / "cp4.jsonl"
     command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--cp", "4",
                "--model", model, "--seq-len", str(SEQ), "--steps", str(STEPS),
-               "--global-batch", "4", "--warmup", "2", "--device", "cpu", "--quiet",
+               "--global-batch", "4", "--warmup", "2", "--eval-every", str(STEPS),
+               "--eval-batches", "1", "--device", "cpu", "--quiet",
                "--metrics-file", str(metrics)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
