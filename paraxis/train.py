@@ -73,6 +73,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
                            f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
                            "or less")
     device = pick_device(train.device)
+    if device.type == "cuda" and cfg.layout.cp > 1 and \
+            get_policy(train.precision).compute_dtype == "fp32":
+        # context_parallel.kernel runs FlashAttention on GPU, which has no fp32 kernels
+        raise ParaxisError("context parallelism on GPU computes attention with FlashAttention, "
+                           "which takes bf16 or fp16, not fp32; use --precision bf16")
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
     rank, world = init_distributed(device, train.timeout_s)
     clean = False  # whether every rank can still meet at the shutdown barrier
