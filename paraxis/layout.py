@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from paraxis.context_parallel.balance import VARIANTS as CP_ATTENTION
 from paraxis.errors import ParaxisError
 from paraxis.options import option
 from paraxis.schedules import FIXED_VIRTUAL, KINDS
@@ -45,7 +46,7 @@ SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 # Axes whose degree > 1 is refused until the issue that implements them lands.
-NOT_YET = {"cp": ("context parallelism", 22), "ep": ("expert parallelism", 23)}
+NOT_YET = {"ep": ("expert parallelism", 23)}
 
 
 class Coords(NamedTuple):
@@ -115,7 +116,8 @@ class Layout:
     dp: int = option(1, "data-parallel replicas (each sees its own slice of the batch)")
     tp: int = option(1, "tensor-parallel ranks splitting every layer's matrices")
     pp: int = option(1, "pipeline stages splitting the stack of layers")
-    cp: int = option(1, "context-parallel ranks splitting every sequence (1 until issue 22)")
+    cp: int = option(1, "context-parallel ranks splitting every sequence (each holds 2 of its "
+                        "2*cp chunks)")
     ep: int = option(1, "expert-parallel ranks, carved out of dp*cp (1 until issue 23)")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters")
@@ -128,6 +130,8 @@ class Layout:
     recompute: str = option("none", "activation recomputation: " + ", ".join(RECOMPUTE))
     sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
+    cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
+                               "(passed rank to rank) or all_gather (gathered once a layer)")
 
     def __post_init__(self) -> None:
         if self.schedule in FIXED_VIRTUAL and self.virtual_stages == 1:
@@ -200,6 +204,9 @@ class Layout:
         if self.schedule not in SCHEDULES:
             raise ParaxisError(f"unknown schedule {self.schedule!r}; use one of "
                                f"{', '.join(SCHEDULES)}")
+        if self.cp_attention not in CP_ATTENTION:
+            raise ParaxisError(f"unknown cp_attention {self.cp_attention!r}; use one of "
+                               f"{', '.join(CP_ATTENTION)}")
         if self.recompute not in RECOMPUTE:
             raise ParaxisError(f"unknown recompute {self.recompute!r}; use one of "
                                f"{', '.join(RECOMPUTE)}")
@@ -247,10 +254,25 @@ class Layout:
                     f"global batch {global_batch} is not divisible by dp*microbatches = "
                     f"{self.dp}*{self.microbatches} = {per_step}; use a global batch that is "
                     f"a multiple of {per_step}")
-        if seq_len is not None and self.sequence_parallel and seq_len % self.tp:
+        if seq_len is not None:
+            self._check_seq_len(seq_len)
+        return self
+
+    def _check_seq_len(self, seq_len: int) -> None:
+        """Context parallelism cuts every sequence into 2*cp equal chunks (rank i holds
+        chunks i and 2*cp-1-i); sequence parallelism then cuts each rank's tokens over tp,
+        chunk by chunk."""
+        if self.cp > 1 and self.sequence_parallel and seq_len % (2 * self.cp * self.tp):
+            raise ParaxisError(
+                f"context parallelism with sequence parallelism needs seq_len ({seq_len}) "
+                f"divisible by 2*cp*tp = {2 * self.cp * self.tp}; change seq_len, cp or tp")
+        if self.cp > 1 and seq_len % (2 * self.cp):
+            raise ParaxisError(f"context parallelism splits each sequence into 2*cp = "
+                               f"{2 * self.cp} equal chunks: seq_len {seq_len} is not "
+                               f"divisible by {2 * self.cp}; change seq_len or cp")
+        if self.sequence_parallel and seq_len % self.tp:
             raise ParaxisError(f"sequence parallelism needs seq_len ({seq_len}) divisible by "
                                f"tp ({self.tp}); change seq_len or tp")
-        return self
 
     def _check_model(self, model: ModelConfig) -> None:
         if model.n_heads % self.tp:
@@ -310,7 +332,10 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in NOT_YET if getattr(self, axis) > 1]
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", *NOT_YET)
+                  if getattr(self, axis) > 1]
+        if self.cp > 1 and self.cp_attention != "ring":
+            parts.append(f"cp_attention={self.cp_attention}")
         parts.append(f"zero={self.zero}")
         if self.pp > 1 or self.microbatches > 1:
             parts.append(f"microbatches={self.microbatches}")

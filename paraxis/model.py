@@ -5,6 +5,12 @@ outside (`paraxis.runtime.parallelize`) by building a part of the model (a pipel
 or replacing the modules named here (tensor parallelism), so this file stays a model you can
 hold in your head.
 
+Context parallelism is the one axis that reaches inside: under it a rank holds two chunks of
+every sequence (`paraxis.context_parallel.chunks`), so its tokens' positions are not
+0..s-1 and its attention needs the other ranks' keys. `Transformer.set_context_parallel`
+hands the parts that care (positions, the attention core) a `SequenceSplit`; without one
+(every layout with cp = 1) the code below runs exactly as on one device.
+
 Initialisation is a function of (seed, parameter name) alone (`init_parameter`): a pipeline
 stage that builds only its own blocks, or a TP rank that fills only its shard, starts from
 exactly the single-device weights.
@@ -14,14 +20,34 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from paraxis.attention_kernel import RUNTIME_KERNEL
+from paraxis.context_parallel.attention import context_parallel_attention
+from paraxis.context_parallel.chunks import positions as chunk_positions
 from paraxis.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SequenceSplit:
+    """This rank's share of every sequence under context parallelism: rank `rank` of the
+    `size` ranks of `group` holds chunks rank and 2*size-1-rank of 2*size; attention
+    brings the other ranks' K/V by `variant` ("ring" or "all_gather")."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+    variant: str = "ring"
+
+    def positions(self, local_len: int, device: torch.device) -> torch.Tensor:
+        """The global positions of this rank's `local_len` tokens, in local order."""
+        return chunk_positions(local_len * self.size, self.rank, self.size, device=device)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -30,16 +56,20 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
 
-def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """Rotate pairs of channels by a position-dependent angle (RoPE, Su et al. 2021).
 
-    x: (batch, heads, seq, head_dim). Uses the "rotate half" pairing (channel i with
-    i + head_dim/2), as Llama's Hugging Face implementation does.
+    x: (batch, heads, seq, head_dim); positions: each token's position (default 0..seq-1;
+    a context-parallel rank's tokens sit elsewhere in the sequence). Uses the "rotate half"
+    pairing (channel i with i + head_dim/2), as Llama's Hugging Face implementation does.
     """
     seq, head_dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device,
                                             dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv_freq)
+    steps = (torch.arange(seq, device=x.device, dtype=torch.float32) if positions is None
+             else positions.to(device=x.device, dtype=torch.float32))
+    angles = torch.outer(steps, inv_freq)
     cos = torch.cat((angles, angles), dim=-1).cos().to(x.dtype)
     sin = torch.cat((angles, angles), dim=-1).sin().to(x.dtype)
     first, second = x.chunk(2, dim=-1)
@@ -58,6 +88,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(cfg.d_model, cfg.kv_dim, bias=bias)
         self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
         self.recompute_core = False  # selective recompute (Korthikanti et al. 2022, sec. 4)
+        self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -73,6 +104,8 @@ class Attention(nn.Module):
         return self.o(out.transpose(1, 2).reshape(batch, seq, -1))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.split is not None:
+            return self._context_parallel_core(q, k, v, self.split)
         if self.cfg.style == "llama":
             q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
         # The kernel is one fact shared with the planner (paraxis/attention_kernel.py): a
@@ -80,6 +113,16 @@ class Attention(nn.Module):
         # with grouped-query K and V at kv-head width (no copy repeated to every head).
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               enable_gqa=RUNTIME_KERNEL.kv_heads_native)
+
+    def _context_parallel_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               split: SequenceSplit) -> torch.Tensor:
+        """The same attention when this rank holds two chunks of each sequence: RoPE at the
+        tokens' global positions, the other chunks' K/V (kv-head width) from the cp group."""
+        if self.cfg.style == "llama":
+            positions = split.positions(q.shape[2], q.device)
+            q = rotary(q, self.cfg.rope_theta, positions)
+            k = rotary(k, self.cfg.rope_theta, positions)
+        return context_parallel_attention(q, k, v, split.group, split.variant)
 
 
 class MLP(nn.Module):
@@ -156,6 +199,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.has_embedding = embed
         self.has_head = head
+        self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
         if embed:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
             if cfg.learned_positions:
@@ -178,7 +222,9 @@ class Transformer(nn.Module):
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok_emb(idx)
         if self.cfg.learned_positions:
-            x = x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
+            positions = (torch.arange(idx.shape[1], device=idx.device) if self.split is None
+                         else self.split.positions(idx.shape[1], idx.device))
+            x = x + self.pos_emb(positions)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,6 +241,14 @@ class Transformer(nn.Module):
             return x
         logits = self.logits(x)
         return logits if targets is None else self.loss_fn(logits, targets)
+
+    def set_context_parallel(self, split: SequenceSplit | None) -> None:
+        """Run on this rank's two chunks of every sequence (None: the whole sequence). The
+        caller passes local token ids and targets (`chunks.local_part`); the loss is then
+        the mean over the local tokens."""
+        self.split = split
+        for block in self.blocks:
+            block.attn.split = split
 
     def set_recompute(self, mode: str) -> None:
         """"none", "selective" (attention core only) or "full" (whole blocks)."""

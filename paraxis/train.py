@@ -73,6 +73,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
                            f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
                            "or less")
     device = pick_device(train.device)
+    if device.type == "cuda" and cfg.layout.cp > 1 and \
+            get_policy(train.precision).compute_dtype == "fp32":
+        # context_parallel.kernel runs FlashAttention on GPU, which has no fp32 kernels
+        raise ParaxisError("context parallelism on GPU computes attention with FlashAttention, "
+                           "which takes bf16 or fp16, not fp32; use --precision bf16")
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
     rank, world = init_distributed(device, train.timeout_s)
     clean = False  # whether every rank can still meet at the shutdown barrier
@@ -139,7 +144,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
             if fault is not None:
                 fault.before_step(step, rank, engine.model)
             batch = data.batch(step, train.global_batch, train.seq_len, train.seed)
-            x, y = _dp_share(batch, train.global_batch, groups, device)
+            x, y = _local_share(batch, train.global_batch, groups, device)
             lr = learning_rate(step, cfg)
             loss = engine.forward_backward(x, y)
             grad_norm = engine.clip_grad_norm(cfg.optimizer.grad_clip)
@@ -188,14 +193,22 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     return records
 
 
-def _dp_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
+def _local_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
               device: torch.device) -> tuple[torch.Tensor, ...]:
-    """This dp rank's rows of a global batch (every rank draws the same global batch)."""
+    """This rank's share of a global batch (every rank draws the same global batch): its dp
+    rank's rows, and under context parallelism its two chunks of each of them (inputs and
+    targets alike, `context_parallel.chunks.local_part`)."""
     import torch
 
-    per_dp = global_batch // groups.layout.dp
+    from paraxis.context_parallel.chunks import local_part
+
+    layout = groups.layout
+    per_dp = global_batch // layout.dp
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-    return tuple(torch.from_numpy(part[rows]).to(device) for part in batch)
+    parts = [torch.from_numpy(part[rows]) for part in batch]
+    if layout.cp > 1:
+        parts = [local_part(part, groups.cp_rank, layout.cp) for part in parts]
+    return tuple(part.to(device) for part in parts)
 
 
 def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
@@ -205,7 +218,7 @@ def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelG
     train, total = cfg.train, 0.0
     for index in range(cfg.eval.batches):
         batch = data.batch(index, train.global_batch, train.seq_len, train.seed, split="val")
-        total += engine.evaluate(*_dp_share(batch, train.global_batch, groups, device))
+        total += engine.evaluate(*_local_share(batch, train.global_batch, groups, device))
     return total / cfg.eval.batches
 
 

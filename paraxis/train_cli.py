@@ -102,8 +102,9 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         return 0
     if not launched and cfg.layout.world_size > 1:
         lay, n = cfg.layout, cfg.layout.world_size
-        raise ParaxisError(f"dp*tp*pp = {lay.dp}*{lay.tp}*{lay.pp} = {n} ranks but this is one "
-                           f"process; add --nproc {n} (or start it with torchrun "
-                           f"--nproc-per-node {n})")
+        axes = ("dp", "cp", "tp", "pp") if lay.cp > 1 else ("dp", "tp", "pp")
+        raise ParaxisError(f"{'*'.join(axes)} = {'*'.join(str(getattr(lay, a)) for a in axes)}"
+                           f" = {n} ranks but this is one process; add --nproc {n} (or start "
+                           f"it with torchrun --nproc-per-node {n})")
     train(cfg)
     return 0

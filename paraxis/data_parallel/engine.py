@@ -2,9 +2,10 @@
 
 Every dp rank runs the same module on its slice of the batch. The engine works on whatever
 parameters the module holds (a whole model, TP shards, one pipeline stage's parts) and talks
-only over `groups.dp_group`, so the pipeline engine puts it underneath its own. dp = 1 is a
-group of one (`dp_group` None): its collectives are no-ops, so every layout runs through
-this engine at no measurable cost (bench/bench_overhead.py).
+only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters and see
+other tokens), so the pipeline engine puts it underneath its own. dp = cp = 1 is a group of
+one (`dp_group` None): its collectives are no-ops, so every layout runs through this engine
+at no measurable cost (bench/bench_overhead.py).
 
 Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
 `device`, without a value being read: ZeRO-3 never allocates more than a block's full
@@ -63,7 +64,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
 
 
 class DataParallelEngine(LocalEngine):
-    """Data parallelism over `groups.dp_group` with ZeRO stage `layout.zero`.
+    """Data parallelism over `groups.replica_group` (dp x cp) with ZeRO stage `layout.zero`.
 
     bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time).
     precision: the policy (`paraxis.precision`; a preset's name or a policy): parameters are
@@ -90,11 +91,11 @@ class DataParallelEngine(LocalEngine):
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
                                else torch_dtype(policy.compute_dtype))
         self.zero = layout.zero
-        self.dp_group = groups.dp_group if groups is not None else None
+        self.dp_group = groups.replica_group if groups is not None else None  # dp (x cp)
         self.dp_size = group_size(self.dp_group)
-        if self.dp_size != layout.dp:
-            raise ParaxisError(f"layout dp={layout.dp} but this rank's dp group has "
-                               f"{self.dp_size} ranks; launch dp*tp*pp ranks for the layout")
+        if self.dp_size != layout.dp * layout.cp:
+            raise ParaxisError(f"layout dp*cp={layout.dp * layout.cp} but this rank's dp x cp "
+                               f"group has {self.dp_size} ranks; build its groups from the layout")
         if bucket_bytes <= 0:
             raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
         self.loss_scaler = LossScaler() if policy.loss_scaling else None

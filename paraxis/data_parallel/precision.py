@@ -64,9 +64,9 @@ def any_rank_overflowed(finite: bool, groups: ParallelGroups | None,
                         device: torch.device) -> bool:
     """True on every rank when any rank's gradients hold an inf/NaN. The global norm alone
     is not enough: a TP-replicated gradient enters it on its own rank only, so one rank
-    could skip while another steps. A max of the flag over tp, dp and pp settles it."""
+    could skip while another steps. A max of the flag over tp, dp (x cp) and pp settles it."""
     flag = torch.tensor([0.0 if finite else 1.0], device=device)
-    for group in (groups.tp_group, groups.dp_group, groups.pp_group) if groups else ():
+    for group in (groups.tp_group, groups.replica_group, groups.pp_group) if groups else ():
         if group is not None:
             with WATCH.waiting("all_reduce", group):
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)

@@ -57,6 +57,8 @@ class PipelineEngine(LocalEngine):
                                          groups.pp_ranks, groups.rank, boundary)
         self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
                                               parts, groups.pp_ranks, groups.rank, boundary)
+        # Under context parallelism the microbatch's ids are already this rank's s/cp tokens
+        # (the loop splits them), so the boundary shape below follows them unchanged.
         if layout.sequence_parallel:
             # Sequence parallelism keeps the residual stream split along the sequence between
             # blocks, so a stage boundary carries 1/tp of the sequence (Korthikanti et al.).

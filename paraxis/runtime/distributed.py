@@ -101,9 +101,10 @@ def shutdown_distributed(clean: bool = True) -> None:
 
 
 # Every group build_groups creates, by name (`Layout.groups` reads the name): the axes of the
-# grid, experts, and "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums).
+# grid, experts, "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums) and
+# "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`).
 # A new axis is one more name here and one `<name>_group` field below.
-GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep")
+GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp")
 
 
 @dataclass
@@ -124,6 +125,7 @@ class ParallelGroups:
     pp_ranks: list[int]  # global ranks of this rank's pipeline, stage 0 first
     cp_group: dist.ProcessGroup | None = None  # context parallelism (issue 22)
     ep_group: dist.ProcessGroup | None = None  # expert parallelism (issue 23), inside dp x cp
+    dp_cp_group: dist.ProcessGroup | None = None  # dp x cp; created only when cp > 1
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         """The handle of one of `GROUP_AXES` by name."""
@@ -144,6 +146,22 @@ class ParallelGroups:
     @property
     def cp_rank(self) -> int:
         return self.coords.cp_rank
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        """The ranks that hold the same parameters and see different tokens: the dp group,
+        or dp x cp under context parallelism (each cp rank holds other tokens of the same
+        sequences). Gradients are averaged over it, ZeRO shards over it, and the loss, a
+        mean over equally many tokens on every rank, is averaged over it (Megatron-LM's
+        data-parallel group "with context parallel")."""
+        return self.dp_cp_group if self.layout.cp > 1 else self.dp_group
+
+    @property
+    def replica_rank(self) -> int:
+        """This rank's index in `replica_group` (its dp rank when cp = 1)."""
+        if self.layout.cp == 1:
+            return self.coords.dp_rank
+        return self.layout.group_of(self.rank, "dp_cp").index(self.rank)
 
     @property
     def ep_rank(self) -> int:
@@ -176,6 +194,8 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
     mine: dict[str, dist.ProcessGroup | None] = {}
     for axis in GROUP_AXES:
         mine[f"{axis}_group"] = None
+        if axis == "dp_cp" and layout.cp == 1:
+            continue  # the dp groups themselves (`replica_group`)
         for ranks in layout.groups(axis):
             if len(ranks) == 1 or world == 1:
                 continue

@@ -185,10 +185,10 @@ class LocalEngine:
         return single_device_parameters(self.model)
 
     def place(self) -> Place:
-        """This rank's TP slice and dp replica, for its checkpoint entries."""
+        """This rank's TP slice and replica (dp x cp), for its checkpoint entries."""
         if self.groups is None:
             return Place()
-        return Place(self.groups.tp_rank, self.layout.tp, self.groups.dp_rank)
+        return Place(self.groups.tp_rank, self.layout.tp, self.groups.replica_rank)
 
     def checkpoint_entries(self) -> list[Entry]:
         """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all)."""

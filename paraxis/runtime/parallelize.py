@@ -6,10 +6,11 @@
 
 `parallelize` applies the axes in the order a reader expects (torchtitan's parallelize
 functions have the same shape): split the pipeline (each stage builds only its own part, on
-the meta device), split each part for tensor parallelism, choose what to recompute, then hand
-the parameters to gradient sync / ZeRO over the dp group, which gives them storage on the
-device. It never reads a parameter's value, so it runs on a model that does not exist yet:
-with `device="meta"` nothing at all is allocated (tests/test_parallelize.py).
+the meta device), split each part for tensor parallelism, point it at this rank's chunks of
+the sequence (context parallelism), choose what to recompute, then hand the parameters to
+gradient sync / ZeRO over the dp (x cp) group, which gives them storage on the device. It
+never reads a parameter's value, so it runs on a model that does not exist yet: with
+`device="meta"` nothing at all is allocated (tests/test_parallelize.py).
 
 `materialize` then writes each parameter's single-device initial value (`model.init_parameter`,
 a function of the seed and the name alone) into whatever piece of it this rank holds, through
@@ -18,9 +19,9 @@ ZeRO shard, a stage's blocks all start bit for bit from the single-device weight
 is drawn whole (that is what makes it layout-independent), one tensor at a time, and only for
 the parameters the rank holds a piece of: a rank's memory is its share plus one full tensor.
 
-A new axis plugs in at one place in `parallelize` (its step, at its place in the order; the
-comments mark where context and expert parallelism go), one field in the Layout
-(`paraxis/layout.py`), and one folder holding its modules (like `tensor_parallel/`).
+A new axis plugs in at one place in `parallelize` (its step, at its place in the order, as
+context parallelism's step 3; a comment marks where expert parallelism goes), one field in
+the Layout (`paraxis/layout.py`), and one folder holding its modules (`context_parallel/`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.model import Transformer, initial_value, parameter_shapes
+from paraxis.model import SequenceSplit, Transformer, initial_value, parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
@@ -65,8 +66,13 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
     for part in parts:
         apply_tensor_parallel(part, groups, layout.sequence_parallel)
-    # (context parallel attention goes here, then experts over ep)
-    # 3. activation recompute
+    # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
+    #    its attention over the cp group (experts over ep go after this)
+    if layout.cp > 1:
+        split = SequenceSplit(groups.cp_group, groups.cp_rank, layout.cp, layout.cp_attention)
+        for part in parts:
+            part.set_context_parallel(split)
+    # 4. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute)
     # (compile: after recompute, which wraps what is compiled)
@@ -75,14 +81,15 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         check_compiler(device)
         for part in parts:
             compile_blocks(part)
-    # 4. gradient sync / ZeRO over the dp group (a group of one when dp = 1)
+    # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
+    #    of one when both are 1)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(
         model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
         device=device, precision=precision)
     if layout.pp == 1:
         return data_parallel
-    # 5. the pipeline schedule drives the stage's parts (and scales fp16's loss)
+    # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
     return PipelineEngine(parts, data_parallel, groups)
 
 

@@ -45,9 +45,10 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
         with WATCH.waiting("all_reduce", groups.tp_group):
             dist.all_reduce(sharded, group=groups.tp_group)
     total += sharded
-    if groups is not None and grads_sharded_over_dp and groups.dp_group is not None:
-        with WATCH.waiting("all_reduce", groups.dp_group):
-            dist.all_reduce(total, group=groups.dp_group)
+    replicas = groups.replica_group if groups is not None else None  # dp (x cp)
+    if grads_sharded_over_dp and replicas is not None:
+        with WATCH.waiting("all_reduce", replicas):
+            dist.all_reduce(total, group=replicas)
     if groups is not None and groups.pp_group is not None:
         with WATCH.waiting("all_reduce", groups.pp_group):
             dist.all_reduce(total, group=groups.pp_group)
