@@ -117,3 +117,11 @@ def test_hardware_toml(tmp_path, capsys) -> None:
     doc = json.loads(out)
     assert code == 0 and doc["hardware"]["gpu"]["name"] == "h100-sxm-80gb"
     assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 50e9
+
+
+def test_plan_refuses_context_parallelism_until_it_prices_it(capsys) -> None:
+    # the runtime trains cp (tests/test_cp.py); a planner that priced it as cp=1 would mislead
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "8",
+                           "--layout", "dp=2,cp=2,tp=2")
+    assert code == 2 and "does not price context parallelism" in err
+    assert len(err.strip().splitlines()) == 1

@@ -49,7 +49,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
                            f"its local length {seq} must be even (seq_len divisible by 2*cp)")
     if q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16):
         raise ParaxisError(f"context-parallel attention on GPU runs FlashAttention, which "
-                           f"takes fp16 or bf16, not {q.dtype}; train with --dtype bf16")
+                           f"takes fp16 or bf16, not {q.dtype}; train with --precision bf16")
     return seq // 2
 
 

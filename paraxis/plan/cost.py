@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paraxis.attention_kernel import AttentionKernel, get_kernel
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import ZERO_BUBBLE, pipeline_figures
@@ -252,6 +253,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
+    if layout.cp > 1:  # the runtime trains it; pricing it is the rest of issue 22
+        raise ParaxisError(f"the planner does not price context parallelism yet (cp="
+                           f"{layout.cp}); plan with cp=1, or train the layout and measure it")
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
     fixed, stated, micro_batch = _layout_fields(args.layout or "")
+    if stated.cp > 1:  # the runtime trains it; pricing it is the rest of issue 22
+        raise ParaxisError(f"paraxis plan does not price context parallelism yet (cp="
+                           f"{stated.cp}); plan with cp=1, or train the layout and measure it")
     layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
