@@ -94,10 +94,9 @@ class DataParallelEngine(LocalEngine):
         self.dp_group = groups.replica_group if groups is not None else None  # dp (x cp)
         self.dp_size = group_size(self.dp_group)
         if self.dp_size != layout.dp * layout.cp:
-            axes = ("dp*cp", "dp x cp") if layout.cp > 1 else ("dp", "dp")
-            raise ParaxisError(f"layout {axes[0]}={layout.dp * layout.cp} but this rank's "
-                               f"{axes[1]} group has {self.dp_size} ranks; build its groups from "
-                               "the layout")
+            axes = "dp*cp" if layout.cp > 1 else "dp"
+            raise ParaxisError(f"layout {axes}={layout.dp * layout.cp} but this rank's {axes} "
+                               f"group has {self.dp_size} ranks; build its groups from the layout")
         if bucket_bytes <= 0:
             raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
         self.loss_scaler = LossScaler() if policy.loss_scaling else None
