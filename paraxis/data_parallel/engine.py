@@ -2,10 +2,9 @@
 
 Every dp rank runs the same module on its slice of the batch. The engine works on whatever
 parameters the module holds (a whole model, TP shards, one pipeline stage's parts) and talks
-only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters and see
-other tokens), so the pipeline engine puts it underneath its own. dp = cp = 1 is a group of
-one (`dp_group` None): its collectives are no-ops, so every layout runs through this engine
-at no measurable cost (bench/bench_overhead.py).
+only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters), so the
+pipeline engine puts it underneath its own. dp = cp = 1 is a group of one (`dp_group` None):
+its collectives are no-ops, so every layout runs through this engine at no measurable cost.
 
 Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
 `device`, without a value being read: ZeRO-3 never allocates more than a block's full
