@@ -9,7 +9,7 @@ from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.plan.activations import attention_kernel_bytes
 from paraxis.plan.context import MIN_CP_TOKENS, cp_layer_times, imbalance
-from paraxis.plan.cost import evaluate, layer_times
+from paraxis.plan.cost import Overlap, evaluate, layer_times
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 
@@ -110,3 +110,13 @@ def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     assert result.ranked and result.ranked[0].layout.cp > 1
     # 2 s is the target on a quiet machine (bench/bench_plan.py); shared CI cores get 3x
     assert elapsed < 6.0, f"search took {elapsed:.1f} s"
+
+
+def test_exposed_cp_shows_every_hop() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    hidden = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
+    shown = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1, Overlap(cp=False))
+    assert shown["cp_forward"] + shown["cp_backward"] > hidden["cp_forward"] + hidden[
+        "cp_backward"]
+    # nothing hides: every hop of the forward, every K/V and dK/dV hop of the backward
+    assert shown["cp_forward"] + shown["cp_backward"] == pytest.approx(shown["cp_total"])

@@ -19,7 +19,8 @@ runtime's own counts, torch-free; nothing is re-derived here):
   computes, so each hop hides behind one step's attention (1/cp of the layer's core, as every
   step computes the same 2L x 2L pairs for chunks of L tokens): exposed = max(0, hop - step)
   per step, plus the overlap's contention on what hides. In backward the dK/dV accumulator
-  travels one hop behind its block, so the last one home waits on nothing: exposed. The
+  travels one hop behind its block, so the last one home has no compute left to hide
+  behind: exposed. The
   all-gather's collectives block the attention that needs them: all exposed.
 """
 
@@ -81,7 +82,10 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
             return max(0.0, transfer - window) + contention * min(transfer, window)
 
         forward = (cp - 1) * hidden(kv_hop, step_f)
-        backward = (cp - 1) * hidden(kv_hop + grad_hop, step_b) + grad_hop
+        # step 0 posts the first K/V hop; steps 1..cp-2 each hide a K/V hop and the dK/dV
+        # accumulator of the step before; the last accumulator goes home after all compute
+        backward = (hidden(kv_hop, step_b) + (cp - 2) * hidden(kv_hop + grad_hop, step_b)
+                    + grad_hop)
         return {"forward": forward, "backward": backward,
                 "total": (cp - 1) * (2 * kv_hop + grad_hop)}
     # all-gather: the gathered K/V are cp x the local input; the reduce-scatter's input is

@@ -2,7 +2,8 @@
 
 Step time (one data-parallel replica runs the same pipeline as every other):
 
-    slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed PP, per microbatch
+    slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed CP + exposed PP,
+               per microbatch (a cp rank's forward and backward are on its s/cp tokens)
     pipeline = M * slot / (1 - bubble_fraction)      bubble from the schedule objects
     step     = pipeline + exposed DP sync + optimizer step (memory-bound)
 
@@ -62,19 +63,21 @@ class Overlap:
     layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
     behind the whole step. tp: the backward's TP collectives behind the weight-gradient
     GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    cp: each ring hop of K/V (and dK/dV) behind one ring step's attention (plan/context.py).
     """
 
     dp: bool = True
     tp: bool = True
     pp: bool = False
     zero3_prefetch: bool = True
+    cp: bool = True
     # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
     # they overlap. This fraction of every hidden second still lands on the step.
     contention: float = 0.2
 
 
 DEFAULT_OVERLAP = Overlap()
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
@@ -219,7 +222,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                              passes, regather) if layout.tp > 1 else 0.0
     cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
                         act, axis_link(layout, "cp", cluster), core_forward * tokens,
-                        core_backward * tokens, overlap.contention if overlap.tp else 1.0)
+                        core_backward * tokens, overlap.contention if overlap.cp else 1.0)
     if layout.recompute != "none":
         cp["backward"] += cp["forward"]  # the rerun attention core needs the K/V again
     return {"forward": forward, "backward": backward, "tp_forward": tp_forward,

@@ -41,9 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forbid TP groups that cross nodes")
     limits.add_argument("--no-overlap", action="store_true",
                         help="assume no communication hides behind compute")
-    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "pp"), action="append",
+    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "cp", "pp"),
+                        action="append",
                         help="this communication does not hide behind compute (repeatable): "
-                        "dp buckets, zero3 prefetch, tp backward; pp: let sends hide")
+                        "dp buckets, zero3 prefetch, tp backward, cp ring hops; pp: let "
+                        "sends hide")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,10 +116,11 @@ MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
 
 def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
     """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
-    zero3 or tp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
+    zero3, tp or cp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
     if no_overlap:
-        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
     return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
+                   cp="cp" not in exposed,
                    zero3_prefetch="zero3" not in exposed)
 
 
