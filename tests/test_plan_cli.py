@@ -144,3 +144,7 @@ def test_plan_refuses_a_cp_that_does_not_split_the_sequence(capsys) -> None:
                            "--seq-len", "4100", "--layout", "dp=2,cp=4,microbatches=1")
     assert code == 2 and "2*cp = 8 equal chunks" in err
     assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "8",
+                           "--seq-len", "4100", "--cp", "4")
+    assert code == 2 and "2*cp = 8 equal chunks: seq_len 4100" in err
+    assert len(err.strip().splitlines()) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from paraxis.context_parallel.balance import check_split
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
@@ -120,6 +121,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if seq_len < 1:
         raise ParaxisError(f"sequence length {seq_len} must be at least 1")
     c = constraints
+    if c.cp is not None:
+        check_split(seq_len, c.cp)  # a cp that cannot split the sequence: say that, first
     result = SearchResult([])
     axis_shapes = []
     for tp in _divisors(world):
