@@ -113,8 +113,9 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
     return (f"CP={layout.cp} splits each {best.seq_len}-token sequence into {2 * layout.cp} "
             f"chunks of {chunk} (zig-zag: each rank holds 2, and computes {skew:.2f}x the mean "
             f"attention pairs, balance.pairs_per_rank), so activations are those of "
-            f"{best.seq_len // layout.cp} tokens, where TP splits only the layer's inside and "
-            f"recomputation pays a forward again; it pays {how}, over "
+            f"{best.seq_len // layout.cp} tokens per rank (more TP would split them too, but "
+            f"with blocking collectives of the hidden size every layer; recomputation with "
+            f"a forward again); it pays {how}, over "
             f"{'the network' if link.crosses_nodes else intra}: {time['cp_total']:.2f} s of "
             f"traffic per step, {time['cp']:.2f} s ({time['cp'] / time['step']:.0%}) exposed.")
 
