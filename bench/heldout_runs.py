@@ -34,7 +34,6 @@ TORCHTITAN_H100 = ("torchtitan docs/performance.md at commit eaea6f6 (pytorch/to
                    "RDMA per GPU)")
 FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not model"
 COMPILE = "torch.compile fuses the elementwise kernels: the planner models eager or Megatron-fused"
-CONTEXT = "context parallelism (cp > 1) is not modelled by the planner"
 ASYNC_TP = "AsyncTP overlaps TP collectives with GEMMs in the forward too: not modelled"
 
 
@@ -61,6 +60,7 @@ class HeldOutRun:
     kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
     network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
+    cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
 
 
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
@@ -71,9 +71,9 @@ def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: floa
 
 def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: int, seq: int,
           recompute: str, tps: float, where: str, unpriced: str = "",
-          schedule: str = "1f1b") -> HeldOutRun:
+          schedule: str = "1f1b", cp: int = 1) -> HeldOutRun:
     return HeldOutRun(name, model, "h100-96gb", gpus, dp, tp, pp, batch, seq, recompute, tps,
-                      TORCHTITAN_H100, where, unpriced, schedule=schedule)
+                      TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp)
 
 
 # torchtitan's checkpointing (torchtitan/parallelisms/parallelize_llama.py at 0413364):
@@ -115,15 +115,16 @@ TORCHTITAN = [
           6514, "Table 3, row FSDP + torch.compile", COMPILE),
     _h100("Llama 3.1 8B FSDP x128 compile fp8", "llama3-8b", 128, 128, 1, 1, 2, 8192,
           "op", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
-    # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing.
+    # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing (the CP
+    # rows are priceable but for Float8).
     _h100("Llama 3.1 8B CP1 32K", "llama3-8b", 8, 8, 1, 1, 1, 32768, "full", 3890,
           "Table 2, row FSDP 8, CP 1", FLOAT8),
     _h100("Llama 3.1 8B CP2 64K", "llama3-8b", 8, 4, 1, 1, 1, 65536, "full", 2540,
-          "Table 2, row FSDP 4, CP 2", CONTEXT),
+          "Table 2, row FSDP 4, CP 2", FLOAT8, cp=2),
     _h100("Llama 3.1 8B CP4 128K", "llama3-8b", 8, 2, 1, 1, 1, 131072, "full", 1071,
-          "Table 2, row FSDP 2, CP 4", CONTEXT),
+          "Table 2, row FSDP 2, CP 4", FLOAT8, cp=4),
     _h100("Llama 3.1 8B CP8 256K", "llama3-8b", 8, 1, 1, 1, 1, 262144, "full", 548,
-          "Table 2, row FSDP 1, CP 8", CONTEXT),
+          "Table 2, row FSDP 1, CP 8", FLOAT8, cp=8),
     # Table 4: 70B, FSDP 32 x TP 8, local batch 16, full checkpointing, compile + Float8.
     _h100("Llama 3.1 70B 2D", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 829,
           "Table 4, row 2D", FLOAT8),
@@ -134,15 +135,16 @@ TORCHTITAN = [
           "Table 5, row 1F1B", FLOAT8),
     _h100("Llama 3.1 405B 3D interleaved", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 128,
           "Table 5, row Interleaved 1F1B", FLOAT8, schedule="interleaved"),
-    # Table 6: 405B, TP 8 x PP 8, local batch 8, full checkpointing, 1F1B.
+    # Table 6: 405B, TP 8 x PP 8, local batch 8, full checkpointing, 1F1B; "+ torch.compile +
+    # Float8 + AsyncTP" (its caption).
     _h100("Llama 3.1 405B 4D CP1 32K", "llama3-405b", 512, 8, 8, 8, 8, 32768, "full", 76,
           "Table 6, row FSDP 8, CP 1", FLOAT8),
     _h100("Llama 3.1 405B 4D CP2 64K", "llama3-405b", 512, 4, 8, 8, 8, 65536, "full", 47,
-          "Table 6, row FSDP 4, CP 2", CONTEXT),
+          "Table 6, row FSDP 4, CP 2", FLOAT8, cp=2),
     _h100("Llama 3.1 405B 4D CP4 128K", "llama3-405b", 512, 2, 8, 8, 8, 131072, "full", 31,
-          "Table 6, row FSDP 2, CP 4", CONTEXT),
+          "Table 6, row FSDP 2, CP 4", FLOAT8, cp=4),
     _h100("Llama 3.1 405B 4D CP8 256K", "llama3-405b", 512, 1, 8, 8, 8, 262144, "full", 16,
-          "Table 6, row FSDP 1, CP 8", CONTEXT),
+          "Table 6, row FSDP 1, CP 8", FLOAT8, cp=8),
 ]
 
 

@@ -63,7 +63,8 @@ def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> flo
 
 def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
     micro_batch = run.micro_batch or run.local_batch
-    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=run.zero if run.dp > 1 else 0,
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp,
+                    zero=run.zero if run.dp * run.cp > 1 else 0,
                     recompute=recompute, schedule=run.schedule,
                     microbatches=run.local_batch // micro_batch)
     return evaluate(model_of(run), layout, cluster_for(run), run.seq_len,

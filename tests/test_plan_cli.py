@@ -119,9 +119,32 @@ def test_hardware_toml(tmp_path, capsys) -> None:
     assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 50e9
 
 
-def test_plan_refuses_context_parallelism_until_it_prices_it(capsys) -> None:
-    # the runtime trains cp (tests/test_cp.py); a planner that priced it as cp=1 would mislead
+def test_plan_prices_a_context_parallel_layout(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "64",
+                           "--seq-len", "131072", "--global-batch", "64", "--layout",
+                           "dp=4,cp=8,tp=2,sp=1,zero=1,micro_batch=1", "--json")
+    doc = json.loads(out)
+    first = doc["layouts"][0]
+    assert code == 0 and first["layout"]["cp"] == 8 and first["fits"]
+    assert 0 < first["time_s"]["cp"] < first["time_s"]["cp_total"]
+    assert any(line.startswith("CP=8 splits each 131072-token sequence")
+               for line in doc["explanation"])
+
+
+def test_plan_cp_flag_fixes_the_degree(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "64",
+                           "--seq-len", "32768", "--global-batch", "64", "--cp", "4",
+                           "--top", "3", "--json")
+    assert code == 0
+    assert all(layout["layout"]["cp"] == 4 for layout in json.loads(out)["layouts"])
+
+
+def test_plan_refuses_a_cp_that_does_not_split_the_sequence(capsys) -> None:
     code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "8",
-                           "--layout", "dp=2,cp=2,tp=2")
-    assert code == 2 and "does not price context parallelism" in err
+                           "--seq-len", "4100", "--layout", "dp=2,cp=4,microbatches=1")
+    assert code == 2 and "2*cp = 8 equal chunks" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "8",
+                           "--seq-len", "4100", "--cp", "4")
+    assert code == 2 and "2*cp = 8 equal chunks: seq_len 4100" in err
     assert len(err.strip().splitlines()) == 1

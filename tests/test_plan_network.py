@@ -74,7 +74,7 @@ def test_zero3_prefetch_hides_one_layer_behind_one_layer() -> None:
 def test_overlap_rules_from_flags() -> None:
     assert overlap_rules(False, ["zero3", "tp"]) == Overlap(tp=False, zero3_prefetch=False)
     assert overlap_rules(True, []) == Overlap(dp=False, tp=False, pp=False,
-                                              zero3_prefetch=False)
+                                              zero3_prefetch=False, cp=False)
 
 
 def test_one_ethernet_nic_pushes_traffic_off_the_network() -> None:

@@ -14,7 +14,7 @@ from paraxis.model_config import PRESETS, model_from_params
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.search import search
+from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import CPU_BAND, GPU_BAND, PARAMETERS, _scaled, decider, ties
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,9 +96,10 @@ def test_family_rivals_are_the_best_that_fit(plan_70b) -> None:
 
 
 def test_a_family_that_cannot_fit_says_what_its_closest_needs() -> None:
-    # 30B at 32K tokens on one node: without TP no layout holds the activations
+    # 30B at 32K tokens on one node: without TP (or CP, which splits them too) no layout
+    # holds the activations
     cfg, cluster = model_from_params(30e9, seq_len=32768), build_cluster("a100-80gb", 8, 8)
-    result = search(cfg, cluster, 32768, 64)
+    result = search(cfg, cluster, 32768, 64, Constraints(cp=1))
     lines = explain(cfg, cluster, result.ranked[0], result)
     line = next(line for line in lines if line.startswith("No layout without TP fits"))
     closest = min((r for r in result.too_big if r.layout.tp == 1),

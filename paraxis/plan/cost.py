@@ -2,7 +2,8 @@
 
 Step time (one data-parallel replica runs the same pipeline as every other):
 
-    slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed PP, per microbatch
+    slot     = t_forward + t_backward (+ recompute) + exposed TP + exposed CP + exposed PP,
+               per microbatch (a cp rank's forward and backward are on its s/cp tokens)
     pipeline = M * slot / (1 - bubble_fraction)      bubble from the schedule objects
     step     = pipeline + exposed DP sync + optimizer step (memory-bound)
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paraxis.attention_kernel import AttentionKernel, get_kernel
-from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import ZERO_BUBBLE, pipeline_figures
@@ -48,6 +48,7 @@ from paraxis.plan.compute import (
     layer_gemm_shapes,
     optimizer_traffic_per_param,
 )
+from paraxis.plan.context import cp_layer_times, imbalance, replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import head_stage, layout_memory, stage_layers, stage_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -62,19 +63,21 @@ class Overlap:
     layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
     behind the whole step. tp: the backward's TP collectives behind the weight-gradient
     GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    cp: each ring hop of K/V (and dK/dV) behind one ring step's attention (plan/context.py).
     """
 
     dp: bool = True
     tp: bool = True
     pp: bool = False
     zero3_prefetch: bool = True
+    cp: bool = True
     # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
     # they overlap. This fraction of every hidden second still lands on the step.
     contention: float = 0.2
 
 
 DEFAULT_OVERLAP = Overlap()
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
@@ -165,10 +168,15 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
 
     Keys: forward / backward (compute; backward includes recomputation), tp_forward /
     tp_backward (TP communication on the critical path; a full recomputation reruns the
-    forward's), tp_total (all TP traffic, hidden or not).
+    forward's), tp_total (all TP traffic, hidden or not), cp_forward / cp_backward / cp_total
+    likewise for context parallelism's K/V exchange (`plan/context.py`).
+
+    With cp > 1 a rank holds s/cp tokens of each sequence, each attending to keys across the
+    whole sequence: the dense work is priced on those tokens, the attention core at the full
+    sequence's scores per token, times the split's imbalance (1.0 for the zig-zag split).
     """
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len // layout.cp
     rate, attention_rate, hbm = _rates(cluster, layout.tp)
     _, scores = layer_forward_flops_per_token(cfg, seq_len)
     act = precision.activation_bytes
@@ -178,9 +186,10 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
             cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
-    core_forward, core_backward = _core_times(scores, score_bytes, rate, attention_rate, hbm,
-                                              gpu.attention_flops > 0,
-                                              get_kernel(gpu.attention_kernel))
+    # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
+    kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
+    core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
+        scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel))
     dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate) + hidden_bytes / hbm) * tokens
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
@@ -211,8 +220,14 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
                              passes, regather) if layout.tp > 1 else 0.0
+    cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
+                        act, axis_link(layout, "cp", cluster), core_forward * tokens,
+                        core_backward * tokens, overlap.contention if overlap.cp else 1.0)
+    if layout.recompute != "none":
+        cp["backward"] += cp["forward"]  # the rerun attention core needs the K/V again
     return {"forward": forward, "backward": backward, "tp_forward": tp_forward,
-            "tp_backward": tp_backward, "tp_total": tp_total}
+            "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
+            "cp_backward": cp["backward"], "cp_total": cp["total"]}
 
 
 def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
@@ -221,7 +236,7 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     """Seconds the LM head and the loss take per microbatch on the last stage: forward,
     backward (2x), tp (on the critical path) and tp_total (all their TP traffic)."""
     overlap = _overlap_on(cluster, overlap)
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len // layout.cp  # a cp rank's share of each sequence
     rate, _, hbm = _rates(cluster, layout.tp)
     gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
     if cluster.gpu.gemm_half_width:  # shape-aware: the head's narrower side
@@ -253,17 +268,15 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
-    if layout.cp > 1:  # the runtime trains it; pricing it is the rest of issue 22
-        raise ParaxisError(f"the planner does not price context parallelism yet (cp="
-                           f"{layout.cp}); plan with cp=1, or train the layout and measure it")
     gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
     # eager runtime has none (its traffic counts none either, compute.py).
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
-                           gpu.attention_kernel, reserved=gpu.reserved_bytes,
+                           "flash" if layout.cp > 1 else gpu.attention_kernel,
+                           reserved=gpu.reserved_bytes,
                            dropout=cfg.style == "gpt2" and gpu.kernels == "fused")
-    tokens_per_microbatch = micro_batch * seq_len
+    tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
     # plus the LM head and loss if it is the last stage.
@@ -283,6 +296,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     t_backward = layers * layer["backward"] + has_head * head["backward"]
     t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + has_head * head["tp"]
     t_tp_total = layers * layer["tp_total"] + has_head * head["tp_total"]
+    t_cp = layers * (layer["cp_forward"] + layer["cp_backward"])
+    t_cp_total = layers * layer["cp_total"]
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -303,7 +318,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                layout.virtual_stages, *_bubble_costs(layout.schedule,
                                                                      t_forward, t_backward))
     slot_compute = t_forward + t_backward
-    exposed_comm = t_tp + (0.0 if overlap.pp else t_pp)
+    exposed_comm = t_tp + t_cp + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - figures.bubble_fraction)
     share = cluster.compute_share
@@ -314,15 +329,17 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         whole_core = layout.microbatches * (slot_compute * share / core + exposed_comm)
         pipeline = max(busy, whole_core / (1 - figures.bubble_fraction))
 
-    dp_link = axis_link(layout, "dp", cluster)
+    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter.
+    replicas = layout.dp * layout.cp
+    dp_link = replica_link(layout, cluster)
     stage_param_count = max(stage_params(cfg, layout.pp, layout.virtual_stages,
                                          seq_len, layout.placement)) / layout.tp
-    t_dp = dp_sync_time(stage_param_count, layout.dp, layout.zero, dp_link, layout.microbatches,
+    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts))
-    if layout.zero == 3 and layout.dp > 1 and overlap.zero3_prefetch:
+    if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
-        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), layout.dp,
+        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
                                                dp_link, precision.grad_bytes,
                                                precision.param_bytes)
         pairs = ((gather_f, layer["forward"]), (gather_b, layer["backward"]))
@@ -340,7 +357,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the update over
     # dp; Rajbhandari et al. 2020).
     hbm = _rates(cluster, layout.tp)[2]
-    shard = stage_param_count / (layout.dp if layout.zero >= 1 else 1)
+    shard = stage_param_count / (replicas if layout.zero >= 1 else 1)
     t_optimizer = shard * optimizer_traffic_per_param(precision, gpu.kernels) / hbm
     if gpu.kernels == "eager" and layout.zero < 2:
         # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1)
@@ -353,6 +370,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     time = {"compute": layout.microbatches * slot_compute,
             "tp": layout.microbatches * t_tp,
             "pp": 0.0 if overlap.pp else layout.microbatches * t_pp,
+            "cp": layout.microbatches * t_cp, "cp_total": layout.microbatches * t_cp_total,
             "dp": dp_exposed, "bubble": pipeline - busy, "optimizer": t_optimizer, "step": step,
             "tp_total": layout.microbatches * t_tp_total, "pp_total": layout.microbatches * t_pp,
             "dp_total": t_dp}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link
+from paraxis.plan.context import imbalance
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
@@ -62,6 +63,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines.append(f"No TP: the model fits {how} ({best.memory['total'] / GB:.1f} of "
                      f"{limit:.0f} GB per GPU) without splitting matrices, so no per-layer "
                      "collectives sit on the critical path.")
+    if layout.cp > 1:
+        lines.append(context_line(best, cluster, intra))
     if layout.pp > 1:
         link = axis_link(layout, "pp", cluster)
         lines.append(
@@ -96,6 +99,25 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines += nearest_rivals(best, result, band, alternatives)
         lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
+
+
+def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
+    """What context parallelism buys (activations 1/cp, no per-layer collective over the
+    hidden size) and pays (the K/V exchange, and how much of it the ring hides)."""
+    layout, time = best.layout, best.time
+    link = axis_link(layout, "cp", cluster)
+    chunk = best.seq_len // (2 * layout.cp)
+    how = ("a ring of K/V blocks whose hops hide behind each step's attention"
+           if layout.cp_attention == "ring" else "an all-gather of K/V before attention")
+    skew = imbalance(best.seq_len, layout.cp)
+    return (f"CP={layout.cp} splits each {best.seq_len}-token sequence into {2 * layout.cp} "
+            f"chunks of {chunk} (zig-zag: each rank holds 2, and computes {skew:.2f}x the mean "
+            f"attention pairs, balance.pairs_per_rank), so activations are those of "
+            f"{best.seq_len // layout.cp} tokens per rank (more TP would split them too, but "
+            f"with blocking collectives of the hidden size every layer; recomputation with "
+            f"a forward again); it pays {how}, over "
+            f"{'the network' if link.crosses_nodes else intra}: {time['cp_total']:.2f} s of "
+            f"traffic per step, {time['cp']:.2f} s ({time['cp'] / time['step']:.0%}) exposed.")
 
 
 def link_speed(link: Link, cluster: Cluster) -> str:

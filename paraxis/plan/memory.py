@@ -136,7 +136,13 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
+
+    Context parallelism: a rank holds s/cp tokens of each sequence, so its activations are
+    those of s/cp tokens (the flash kernel keeps nothing quadratic in s; `plan/context.py`),
+    and the model states are replicated over dp x cp, where ZeRO shards them.
     """
+    local_seq = seq_len // layout.cp
+    replicas = layout.dp * layout.cp
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
     layers = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
@@ -148,8 +154,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     for stage in range(layout.pp):
         params = params_by_stage[stage]
         local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
-        states = model_state_bytes(round(local), layout.dp, layout.zero, precision)
-        per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, layout.tp,
+        states = model_state_bytes(round(local), replicas, layout.zero, precision)
+        per_layer = layer_activation_bytes(cfg, local_seq, micro_batch, layout.tp,
                                            layout.sequence_parallel, layout.recompute,
                                            attention, dropout)
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
@@ -157,18 +163,18 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
         activations = in_flight * layers[stage] * per_layer
         if stage == head_stage(layout.pp, layout.placement):
-            activations += logits_bytes(cfg, seq_len, micro_batch, layout.tp)
+            activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
         buffers = 0.0
         if layout.recompute == "full":
             buffers += full_layer_activation_bytes(
-                cfg, seq_len, micro_batch, layout.tp, layout.sequence_parallel, attention,
+                cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
                 dropout) * precision.activation_bytes / 2
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local, precision)
-        elif layout.dp > 1:
+        elif replicas > 1:
             buffers += 2 * COMM_BUCKET_BYTES
         row = {**states, "activations": activations, "buffers": buffers,
                "reserved": reserved}

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     limits = parser.add_argument_group("search constraints")
-    for axis in ("tp", "pp", "dp"):
+    for axis in ("tp", "pp", "dp", "cp"):
         limits.add_argument(f"--{axis}", type=int, help=f"fix the {axis} degree")
     limits.add_argument("--max-tp", type=int, help="largest tensor-parallel degree")
     limits.add_argument("--max-pp", type=int, help="largest pipeline degree")
@@ -41,9 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forbid TP groups that cross nodes")
     limits.add_argument("--no-overlap", action="store_true",
                         help="assume no communication hides behind compute")
-    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "pp"), action="append",
+    limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "cp", "pp"),
+                        action="append",
                         help="this communication does not hide behind compute (repeatable): "
-                        "dp buckets, zero3 prefetch, tp backward; pp: let sends hide")
+                        "dp buckets, zero3 prefetch, tp backward, cp ring hops; pp: let "
+                        "sends hide")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,9 +60,6 @@ def run(args: argparse.Namespace) -> int:
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
     fixed, stated, micro_batch = _layout_fields(args.layout or "")
-    if stated.cp > 1:  # the runtime trains it; pricing it is the rest of issue 22
-        raise ParaxisError(f"paraxis plan does not price context parallelism yet (cp="
-                           f"{stated.cp}); plan with cp=1, or train the layout and measure it")
     layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
@@ -77,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             tp=stated.tp if "tp" in fixed else args.tp,
             pp=stated.pp if "pp" in fixed else args.pp,
             dp=stated.dp if "dp" in fixed else args.dp,
+            cp=stated.cp if "cp" in fixed else args.cp,
+            cp_attention=stated.cp_attention,
             zero=stated.zero if "zero" in fixed else args.zero,
             recompute=((stated.recompute,) if "recompute" in fixed
                        else tuple(args.recompute or RECOMPUTE)),
@@ -115,10 +116,11 @@ MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
 
 def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
     """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
-    zero3 or tp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
+    zero3, tp or cp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
     if no_overlap:
-        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False)
+        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
     return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
+                   cp="cp" not in exposed,
                    zero3_prefetch="zero3" not in exposed)
 
 

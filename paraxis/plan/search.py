@@ -1,9 +1,11 @@
 """Search every layout for a world size and global batch; rank the ones that fit by step time.
 
-Enumerates (tp, pp, dp, zero, microbatch size, recompute, schedule, sequence parallelism),
+Enumerates (tp, pp, cp, dp, zero, microbatch size, recompute, schedule, sequence parallelism),
 drops rule-breakers (Layout.validate, with its message) and layouts that do not fit (with their
 memory), and returns the fastest. Dominated variants are skipped without pricing: more
 recomputation only adds FLOPs, so it is tried only when the lighter setting does not fit.
+Context parallelism is tried for long sequences only (`context.MIN_CP_TOKENS` per rank), or
+at the degree asked for.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from paraxis.context_parallel.balance import check_split
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
+from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -30,6 +34,8 @@ class Constraints:
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
+    cp: int | None = None
+    cp_attention: str = "ring"
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
@@ -100,7 +106,8 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
 
 
 def _constraints_text(c: Constraints) -> str:
-    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "max_tp", "max_pp")
+    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "cp", "max_tp",
+                                                        "max_pp")
              if getattr(c, name) is not None]
     return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
 
@@ -114,6 +121,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if seq_len < 1:
         raise ParaxisError(f"sequence length {seq_len} must be at least 1")
     c = constraints
+    if c.cp is not None:
+        check_split(seq_len, c.cp)  # a cp that cannot split the sequence: say that, first
     result = SearchResult([])
     axis_shapes = []
     for tp in _divisors(world):
@@ -124,34 +133,37 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         for pp in _divisors(world // tp):
             if (c.max_pp and pp > c.max_pp) or (c.pp and pp != c.pp):
                 continue
-            dp = world // (tp * pp)
-            if c.dp and dp != c.dp:
-                continue
-            try:
-                Layout(dp=dp, tp=tp, pp=pp).validate(world, cfg)
-            except ParaxisError as error:
-                result.rule_breakers.append(Rejection(Layout(dp=dp, tp=tp, pp=pp), str(error)))
-                continue
-            if global_batch % dp:
-                result.rule_breakers.append(Rejection(
-                    Layout(dp=dp, tp=tp, pp=pp),
-                    f"global batch {global_batch} does not split over dp={dp}"))
-                continue
-            axis_shapes.append((dp, tp, pp))
+            for cp in _cp_degrees(world // (tp * pp), seq_len, c):
+                dp = world // (tp * pp * cp)
+                if c.dp and dp != c.dp:
+                    continue
+                shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=c.cp_attention)
+                try:
+                    shape.validate(world, cfg)
+                except ParaxisError as error:
+                    result.rule_breakers.append(Rejection(shape, str(error)))
+                    continue
+                if global_batch % dp:
+                    result.rule_breakers.append(Rejection(
+                        shape, f"global batch {global_batch} does not split over dp={dp}"))
+                    continue
+                axis_shapes.append(shape)
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
-            raise ParaxisError(f"no (dp, tp, pp) for {world} GPUs is allowed by the constraints "
-                               f"({_constraints_text(c)}); relax them")
-        raise ParaxisError(f"no (dp, tp, pp) for {world} GPUs satisfies the rules: {reasons}")
+            raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs is allowed by the "
+                               f"constraints ({_constraints_text(c)}); relax them")
+        raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
+                           f"{reasons}")
 
     zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
-    for dp, tp, pp in axis_shapes:
+    for shape in axis_shapes:
+        dp, tp, pp = shape.dp, shape.tp, shape.pp
         per_replica = global_batch // dp
         for zero in zeros:
             if zero == 3 and pp > 1:
                 continue  # Layout rule: ZeRO-3 needs pp = 1
-            if zero > 0 and dp == 1 and c.zero is None:
+            if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             for micro_batch in (c.micro_batch,) if c.micro_batch else MICRO_BATCH_SIZES:
                 if per_replica % micro_batch:
@@ -162,15 +174,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         for recompute in c.recompute:
                             try:
-                                layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero,
-                                                microbatches=microbatches, schedule=kind,
-                                                virtual_stages=virtual, recompute=recompute,
-                                                sequence_parallel=sp)
+                                layout = shape.replace(
+                                    zero=zero, microbatches=microbatches, schedule=kind,
+                                    virtual_stages=virtual, recompute=recompute,
+                                    sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
                                 check_interleaving(layout, cfg)
                             except ParaxisError as error:
-                                result.rule_breakers.append(
-                                    Rejection(Layout(dp=dp, tp=tp, pp=pp), str(error)))
+                                result.rule_breakers.append(Rejection(shape, str(error)))
                                 break
                             result.considered += 1
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
@@ -183,6 +194,16 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked.sort(key=_rank_key)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
+    """Context-parallel degrees to try with `ranks` left for dp x cp: the one asked for, else
+    1 and every divisor that splits the sequence into 2*cp equal chunks of at least
+    `MIN_CP_TOKENS` / 2 tokens (each rank keeping `MIN_CP_TOKENS` or more)."""
+    if c.cp is not None:
+        return [c.cp] if ranks % c.cp == 0 else []
+    return [cp for cp in _divisors(ranks) if cp == 1 or (
+        seq_len % (2 * cp) == 0 and seq_len // cp >= MIN_CP_TOKENS)]
 
 
 def too_big_reason(estimate: Estimate) -> str:
@@ -205,8 +226,9 @@ RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 def _rank_key(estimate: Estimate) -> tuple:
     """Fastest first; times within 0.5% count as equal and the simpler layout wins (fewer
-    model-parallel ranks, lower ZeRO stage, less recomputation), then the smaller footprint."""
+    model- and context-parallel ranks, lower ZeRO stage, less recomputation), then the
+    smaller footprint."""
     layout = estimate.layout
     bucket = round(math.log(estimate.step_time_s) / math.log(1.005))
-    return (bucket, layout.tp * layout.pp, layout.zero, RECOMPUTE_ORDER[layout.recompute],
-            layout.virtual_stages, estimate.memory["total"])
+    return (bucket, layout.tp * layout.pp * layout.cp, layout.zero,
+            RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])

@@ -34,15 +34,18 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
     band = error_band(cluster)
     table = Table(show_lines=False, caption=f"step s: predicted; {band.name} ±{band.rms:.1%} "
                   f"RMS ({band.source})")
-    for column in ("#", "layout", "mb", "GB/GPU", "compute s", "tp s", "pp s", "dp s",
+    # the K/V exchange's exposed seconds, where a layout splits sequences
+    parts = ("tp", "cp", "pp", "dp") if any(e.layout.cp > 1 for e in layouts) else (
+        "tp", "pp", "dp")
+    for column in ("#", "layout", "mb", "GB/GPU", "compute s", *(f"{p} s" for p in parts),
                    "bubble s", "step s", "tokens/s", "MFU"):
         table.add_column(column, justify="left" if column == "layout" else "right")
     for i, e in enumerate(layouts, 1):
         t = e.time
         table.add_row(str(i), str(e.layout), str(e.micro_batch),
                       f"{e.memory['total'] / GB:.1f}" + ("" if e.fits else " ✗"),
-                      f"{t['compute']:.2f}", f"{t['tp']:.2f}", f"{t['pp']:.2f}",
-                      f"{t['dp']:.2f}", f"{t['bubble']:.2f}", f"{t['step']:.2f}",
+                      f"{t['compute']:.2f}", *(f"{t[p]:.2f}" for p in parts),
+                      f"{t['bubble']:.2f}", f"{t['step']:.2f}",
                       f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
     console.print(table)
     m = layouts[0].memory

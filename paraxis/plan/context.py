@@ -1,0 +1,110 @@
+"""Price context parallelism (cp ranks split every sequence): what it costs per layer.
+
+What cp changes, and where the facts come from (`paraxis.context_parallel.balance`, the
+runtime's own counts, torch-free; nothing is re-derived here):
+
+- Memory: each rank holds s/cp tokens of every sequence, so every activation falls by cp
+  (`memory.layout_memory` prices the layer at s/cp tokens); the attention core saves what
+  single-device flash attention saves for s/cp tokens (`balance.saved_bytes_per_rank`, which
+  `activations.attention_kernel_bytes` matches: tests/test_plan_cp.py). The model states are
+  replicated over cp like over dp, and ZeRO shards them over dp x cp.
+- Compute: every rank computes the same number of (query, key) pairs with the zig-zag split,
+  1/cp of the causal triangle (`balance.pairs_per_rank`): the dense work falls by cp with the
+  tokens, the attention core by cp too; `imbalance` is the busiest rank over the mean (1.0).
+- The K/V exchange per layer (`balance.sent_bytes_per_rank`), over the link the cp group
+  spans: the ring sends cp-1 hops of the local K/V forward, and in backward cp-1 hops of K/V
+  plus cp-1 hops of the fp32 dK/dV accumulators; the all-gather variant gathers K/V forward
+  and again in backward, then reduce-scatters the whole fp32 dK/dV.
+- Overlap (`paraxis/context_parallel/ring.py`): the ring posts step t+1's K/V before step t
+  computes, so each hop hides behind one step's attention (1/cp of the layer's core, as every
+  step computes the same 2L x 2L pairs for chunks of L tokens): exposed = max(0, hop - step)
+  per step, plus the overlap's contention on what hides. In backward the dK/dV accumulator
+  travels one hop behind its block, so the last one home has no compute left to hide
+  behind: exposed. The
+  all-gather's collectives block the attention that needs them: all exposed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paraxis.context_parallel.balance import pairs_per_rank, sent_bytes_per_rank
+from paraxis.layout import Layout, grid_rank
+from paraxis.model_config import ModelConfig
+from paraxis.plan.comm import Link, axis_link, collective_time, group_link
+from paraxis.plan.hardware import Cluster
+
+# A search tries cp > 1 only while each rank keeps at least this many tokens of a sequence:
+# below it a ring step's attention (quadratic in the chunk) hides less of its K/V hop (linear
+# in it), and TP or recomputation are the cheaper ways to save memory; Llama 3's 128K stage
+# ran 8192 tokens per rank (cp=16; Dubey et al. 2024, Table 4). It keeps the search of 1024
+# GPUs under 2 s. `paraxis plan --cp N` prices any cp.
+MIN_CP_TOKENS = 8192
+
+
+@functools.lru_cache(maxsize=1024)  # a search asks for the same few thousand times
+def imbalance(seq_len: int, cp: int) -> float:
+    """The busiest rank's attention pairs over the mean: 1.0 for the zig-zag split, whose
+    ranks all compute 2*cp*L^2 + L pairs (`balance.pairs_per_rank`)."""
+    if cp == 1:
+        return 1.0
+    pairs = pairs_per_rank(seq_len, cp)
+    return max(pairs) * len(pairs) / sum(pairs)
+
+
+def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
+    """K/V heads one TP rank holds (a kv head is replicated when tp exceeds them)."""
+    return max(1, cfg.n_kv_heads // tp)
+
+
+def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
+                   micro_batch: int, activation_bytes: int, link: Link,
+                   core_forward: float, core_backward: float,
+                   contention: float) -> dict[str, float]:
+    """Seconds of one layer's K/V exchange per microbatch on one rank.
+
+    `core_forward` / `core_backward`: the layer's attention-core seconds on this rank (the
+    window the ring hides behind). Keys: forward / backward (exposed), total (all traffic).
+    """
+    zero = {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    if cp == 1:
+        return zero
+    forward_bytes, backward_bytes = sent_bytes_per_rank(
+        variant, micro_batch, local_kv_heads(cfg, tp), seq_len, cfg.head_dim, cp,
+        activation_bytes)
+    if variant == "ring":
+        kv_hop = collective_time("send_recv", forward_bytes / (cp - 1), 2, link)
+        grad_hop = collective_time("send_recv", (backward_bytes - forward_bytes) / (cp - 1),
+                                   2, link)
+        step_f, step_b = core_forward / cp, core_backward / cp
+
+        def hidden(transfer: float, window: float) -> float:
+            return max(0.0, transfer - window) + contention * min(transfer, window)
+
+        forward = (cp - 1) * hidden(kv_hop, step_f)
+        # step 0 posts the first K/V hop; steps 1..cp-2 each hide a K/V hop and the dK/dV
+        # accumulator of the step before; the last accumulator goes home after all compute
+        backward = (hidden(kv_hop, step_b) + (cp - 2) * hidden(kv_hop + grad_hop, step_b)
+                    + grad_hop)
+        return {"forward": forward, "backward": backward,
+                "total": (cp - 1) * (2 * kv_hop + grad_hop)}
+    # all-gather: the gathered K/V are cp x the local input; the reduce-scatter's input is
+    # the whole sequence's fp32 dK/dV (balance.sent_bytes_per_rank counts inputs)
+    gather = collective_time("all_gather", cp * forward_bytes, cp, link)
+    scatter = collective_time("reduce_scatter", backward_bytes - forward_bytes, cp, link)
+    return {"forward": gather, "backward": gather + scatter, "total": 2 * gather + scatter}
+
+
+def replica_link(layout: Layout, cluster: Cluster) -> Link:
+    """The link the gradient sync runs over: the dp x cp ranks holding the same parameters
+    (the dp axis alone when cp = 1)."""
+    if layout.cp == 1:
+        return axis_link(layout, "dp", cluster)
+    return group_link(list(_replica_ranks(tuple(layout.degrees.items()))), cluster)
+
+
+@functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
+def _replica_ranks(degrees: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
+    sizes = dict(degrees)
+    return tuple(grid_rank(sizes, {"dp": d, "cp": c})
+                 for d in range(sizes["dp"]) for c in range(sizes["cp"]))

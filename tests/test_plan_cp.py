@@ -1,0 +1,122 @@
+"""The planner prices context parallelism from the runtime's own counts (balance.py)."""
+
+import time
+
+import pytest
+
+from paraxis.context_parallel.balance import pairs_per_rank, saved_bytes_per_rank
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.activations import attention_kernel_bytes
+from paraxis.plan.context import MIN_CP_TOKENS, cp_layer_times, imbalance
+from paraxis.plan.cost import Overlap, evaluate, layer_times
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.search import Constraints, search
+
+LLAMA_8B = PRESETS["llama3-8b"]
+LONG = 131072
+
+
+def test_activation_memory_falls_as_one_over_cp() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 64, 8)
+    base = None
+    for cp in (1, 2, 4, 8):
+        layout = Layout(dp=64 // (8 * cp), cp=cp, tp=8, sequence_parallel=True, zero=1,
+                        microbatches=1)
+        estimate = evaluate(LLAMA_8B, layout, cluster, 32768, 64 // (8 * cp))
+        activations = estimate.memory["activations"]
+        base = base or activations
+        assert activations == pytest.approx(base / cp, rel=0.02)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4, 8])
+def test_saved_attention_bytes_match_the_runtime_count(cp: int) -> None:
+    # what the planner charges the attention core for s/cp tokens against what the ring's
+    # backward keeps (balance.saved_bytes_per_rank, checked with saved-tensor hooks in
+    # tests/test_cp_attention.py)
+    cfg, batch, seq = LLAMA_8B, 2, 16384
+    planner = attention_kernel_bytes(cfg, seq // cp, batch)
+    runtime = saved_bytes_per_rank(batch, cfg.n_heads, cfg.n_kv_heads, seq, cfg.head_dim, cp,
+                                   bytes_per_element=2)
+    assert planner == pytest.approx(runtime, rel=0.15)
+
+
+def test_zigzag_split_leaves_no_imbalance_and_compute_falls_by_cp() -> None:
+    assert imbalance(LONG, 16) == 1.0 and len(set(pairs_per_rank(LONG, 16))) == 1
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    whole = layer_times(LLAMA_8B, Layout(dp=16), cluster, LONG, 1)
+    split = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
+    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=0.01)
+    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=0.01)
+
+
+def test_ring_hides_the_exchange_behind_attention_and_all_gather_does_not() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    ring = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
+    gather = layer_times(LLAMA_8B, Layout(cp=16, cp_attention="all_gather"), cluster, LONG, 1)
+    exposed = ring["cp_forward"] + ring["cp_backward"]
+    assert 0 < exposed < 0.5 * ring["cp_total"]
+    assert gather["cp_forward"] + gather["cp_backward"] == pytest.approx(gather["cp_total"])
+    # the same bytes either way (balance.sent_bytes_per_rank): a ring all-gather moves
+    # (cp-1)/cp of the gathered tensor, as the cp-1 hops do
+    assert gather["cp_total"] == pytest.approx(ring["cp_total"], rel=0.05)
+    # short chunks: a hop outlasts its step's attention, and more of it shows
+    short = layer_times(LLAMA_8B, Layout(cp=16), cluster, 8192, 1)
+    assert (short["cp_forward"] + short["cp_backward"]) / short["cp_total"] > exposed / ring[
+        "cp_total"]
+
+
+def test_no_exchange_without_cp() -> None:
+    assert cp_layer_times(LLAMA_8B, "ring", 1, 1, 4096, 1, 2, None, 1.0, 2.0, 0.2) == {
+        "forward": 0.0, "backward": 0.0, "total": 0.0}
+
+
+def test_states_shard_over_dp_times_cp() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    four = evaluate(LLAMA_8B, Layout(dp=4, tp=4, zero=1, microbatches=4), cluster, 16384, 16)
+    split = evaluate(LLAMA_8B, Layout(dp=2, cp=2, tp=4, zero=1, microbatches=8), cluster,
+                     16384, 16)
+    assert split.memory["optimizer"] == pytest.approx(four.memory["optimizer"])
+    assert split.memory["params"] == pytest.approx(four.memory["params"])
+
+
+def test_long_sequences_pick_context_parallelism() -> None:
+    cluster = build_cluster("a100-80gb", 64, 8)
+    result = search(LLAMA_8B, cluster, LONG, 64)
+    best = result.ranked[0]
+    assert best.layout.cp > 1 and best.fits
+    without = next((e for e in result.ranked if e.layout.cp == 1), None)
+    # without cp, 131072-token sequences fit only by deep model parallelism, much slower
+    assert without is None or without.step_time_s > 1.1 * best.step_time_s
+    assert LONG % (2 * best.layout.cp) == 0 and LONG // best.layout.cp >= MIN_CP_TOKENS
+
+
+def test_short_sequences_do_not_try_context_parallelism() -> None:
+    result = search(LLAMA_8B, build_cluster("a100-80gb", 64, 8), 4096, 256)
+    assert all(e.layout.cp == 1 for e in result.ranked + [r.estimate for r in result.too_big
+                                                          if r.estimate])
+
+
+def test_a_fixed_cp_is_searched_around() -> None:
+    result = search(LLAMA_8B, build_cluster("a100-80gb", 64, 8), 4096, 256, Constraints(cp=4))
+    assert result.ranked and all(e.layout.cp == 4 for e in result.ranked)
+
+
+def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 1024, 8)
+    start = time.perf_counter()
+    result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
+    elapsed = time.perf_counter() - start
+    assert result.ranked and result.ranked[0].layout.cp > 1
+    # 2 s is the target on a quiet machine (bench/bench_plan.py); shared CI cores get 3x
+    assert elapsed < 6.0, f"search took {elapsed:.1f} s"
+
+
+def test_exposed_cp_shows_every_hop() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    hidden = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
+    shown = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1, Overlap(cp=False))
+    assert shown["cp_forward"] + shown["cp_backward"] > hidden["cp_forward"] + hidden[
+        "cp_backward"]
+    # nothing hides: every hop of the forward, every K/V and dK/dV hop of the backward
+    assert shown["cp_forward"] + shown["cp_backward"] == pytest.approx(shown["cp_total"])
