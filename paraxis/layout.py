@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from paraxis.context_parallel.balance import VARIANTS as CP_ATTENTION
 from paraxis.errors import ParaxisError
 from paraxis.options import option
-from paraxis.schedules import FIXED_VIRTUAL, KINDS
+from paraxis.schedules import FIXED_VIRTUAL, KINDS, placement_of
 
 if TYPE_CHECKING:
     from paraxis.model_config import ModelConfig
@@ -142,7 +142,7 @@ class Layout:
     @property
     def placement(self) -> str:
         """How model chunks sit on stages: "v" for zb-v, else "loop" (`schedules.core`)."""
-        return "v" if self.schedule == "zb-v" else "loop"
+        return placement_of(self.schedule)
 
     # ----------------------------------------------------------------- grid arithmetic
 

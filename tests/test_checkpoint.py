@@ -297,3 +297,14 @@ def test_checkpoint_command_info_and_convert(saved, tmp_path):
     done = _cli("checkpoint", "convert", str(saved), str(tmp_path / "tp2"), "--layout", "tp=2")
     assert done.returncode == 0, done.stderr
     _assert_same_tensors(_full(saved), _full(tmp_path / "tp2"))
+
+
+def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
+    # zb-v places chunks in a V (stage 0 holds the embedding and the head, and a tied
+    # model's two copies): conversion cuts the same tensors for it, and back to one device.
+    run_training(_cfg("dp=1", 3, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=3))
+    source = tmp_path / "a" / "step-00000003"
+    v_split = convert(source, tmp_path / "v", Layout.parse("pp=2,schedule=zb-v,microbatches=2"))
+    _assert_same_tensors(_full(source), _full(v_split))
+    back = convert(v_split, tmp_path / "one", Layout.parse("dp=1"))
+    _assert_same_tensors(_full(source), _full(back))

@@ -32,13 +32,10 @@ from torch.autograd.function import FunctionCtx
 from paraxis.context_parallel.balance import prefix_blocks, record
 from paraxis.context_parallel.chunks import by_rank, full_sequence
 from paraxis.context_parallel.kernel import (
-    block_backward,
-    block_forward,
+    backward_blocks,
     check_qkv,
-    cols,
     empty_result,
-    merge,
-    rows,
+    forward_blocks,
 )
 from paraxis.runtime.watchdog import WATCH
 
@@ -80,9 +77,7 @@ class _AllGatherAttention(torch.autograd.Function):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         kv = _gather_kv(k, v, group, "forward")
         out, lse = empty_result(q)
-        for block in prefix_blocks(rank, cp):
-            block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale)
-            merge(out, lse, block, chunk_len, block_out, block_lse)
+        forward_blocks(q, kv, prefix_blocks(rank, cp), chunk_len, scale, out, lse)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale, ctx.chunk_len = group, scale, chunk_len
@@ -98,12 +93,8 @@ class _AllGatherAttention(torch.autograd.Function):
         kv = _gather_kv(k, v, group, "backward")
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-        for block in prefix_blocks(rank, cp):
-            dq_block, dk_block, dv_block = block_backward(
-                grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale)
-            rows(dq, block, chunk_len).add_(dq_block)
-            cols(grad_kv[0], block, chunk_len).add_(dk_block)
-            cols(grad_kv[1], block, chunk_len).add_(dv_block)
+        backward_blocks(grad_out, q, kv, out, lse, prefix_blocks(rank, cp), chunk_len, scale,
+                        dq, grad_kv)
         mine = _reduce_scatter_kv(grad_kv, group)
         return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None, None
 

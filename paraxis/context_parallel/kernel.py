@@ -101,6 +101,28 @@ def merge(out: torch.Tensor, lse: torch.Tensor, block: Block, chunk_len: int,
     lse_rows.copy_(merged)
 
 
+def forward_blocks(q: torch.Tensor, kv: torch.Tensor, blocks: list[Block], chunk_len: int,
+                   scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Attend this rank's queries to the K/V blocks `blocks` of `kv` (K and V stacked), merging
+    each partial result into (out, lse): the loop both variants run."""
+    for block in blocks:
+        block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale)
+        merge(out, lse, block, chunk_len, block_out, block_lse)
+
+
+def backward_blocks(grad_out: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, blocks: list[Block], chunk_len: int,
+                    scale: float, dq: torch.Tensor, grad_kv: torch.Tensor) -> None:
+    """Add the gradients of `blocks` (from the merged out and lse) into dq and grad_kv (dK and
+    dV stacked, laid out like kv)."""
+    for block in blocks:
+        dq_block, dk_block, dv_block = block_backward(
+            grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale)
+        rows(dq, block, chunk_len).add_(dq_block)
+        cols(grad_kv[0], block, chunk_len).add_(dk_block)
+        cols(grad_kv[1], block, chunk_len).add_(dv_block)
+
+
 def empty_result(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The running (out, lse) before any block: fp32, out 0 and lse -inf for every row."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)

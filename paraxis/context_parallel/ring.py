@@ -46,13 +46,10 @@ from torch.autograd.function import FunctionCtx
 
 from paraxis.context_parallel.balance import record, ring_blocks
 from paraxis.context_parallel.kernel import (
-    block_backward,
-    block_forward,
+    backward_blocks,
     check_qkv,
-    cols,
     empty_result,
-    merge,
-    rows,
+    forward_blocks,
 )
 from paraxis.runtime.watchdog import WATCH
 
@@ -96,9 +93,7 @@ class _RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])  # K and V travel as one message a step
         for step in range(cp):
             arriving = _Pass(kv, group, KV_TAG, "forward") if step < cp - 1 else None
-            for block in ring_blocks(rank, step, cp):
-                block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale)
-                merge(out, lse, block, chunk_len, block_out, block_lse)
+            forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse)
             if arriving is not None:
                 kv = arriving.wait()
         out = out.to(q.dtype)
@@ -120,12 +115,8 @@ class _RingAttention(torch.autograd.Function):
         for step in range(cp):
             arriving = _Pass(kv, group, KV_TAG, "backward") if step < cp - 1 else None
             grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-            for block in ring_blocks(rank, step, cp):
-                dq_block, dk_block, dv_block = block_backward(
-                    grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale)
-                rows(dq, block, chunk_len).add_(dq_block)
-                cols(grad_kv[0], block, chunk_len).add_(dk_block)
-                cols(grad_kv[1], block, chunk_len).add_(dv_block)
+            backward_blocks(grad_out, q, kv, out, lse, ring_blocks(rank, step, cp), chunk_len,
+                            scale, dq, grad_kv)
             if step == 0:
                 own_grad = grad_kv  # stays here; the other ranks' shares come home at the end
             else:

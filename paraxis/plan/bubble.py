@@ -15,10 +15,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from paraxis.schedules import build_schedule
+from paraxis.schedules import SPLIT_BACKWARD, build_schedule
 
 SIMULATE_MAX_ACTIONS = 256  # P * M * v; larger schedules use the proven closed forms
-ZERO_BUBBLE = ("zb-h1", "zb-v")
 
 
 class PipelineFigures(NamedTuple):
@@ -57,12 +56,12 @@ def pipeline_figures(kind: str, stages: int, microbatches: int, virtual: int = 1
     if stages == 1:
         return PipelineFigures(0.0, (1,), "formula")
     small = stages * microbatches * virtual <= SIMULATE_MAX_ACTIONS
-    if small or (kind in ZERO_BUBBLE and microbatches <= 2 * stages):
+    if small or (kind in SPLIT_BACKWARD and microbatches <= 2 * stages):
         schedule = build_schedule(kind, stages, microbatches, virtual)
         timeline = schedule.simulate(forward_cost, backward_cost, 0.0, weight_cost)
         return PipelineFigures(timeline.bubble_fraction, tuple(schedule.peak_in_flight()),
                                "schedule")
-    if kind in ZERO_BUBBLE:
+    if kind in SPLIT_BACKWARD:
         short = build_schedule(kind, stages, 2 * stages, virtual)
         timeline = short.simulate(forward_cost, backward_cost, 0.0, weight_cost)
         idle = timeline.makespan - 2 * stages * (forward_cost + backward_cost)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from paraxis.attention_kernel import AttentionKernel, get_kernel
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.bubble import ZERO_BUBBLE, pipeline_figures
+from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
@@ -52,6 +52,7 @@ from paraxis.plan.context import cp_layer_times, imbalance, replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import head_stage, layout_memory, stage_layers, stage_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
+from paraxis.schedules import SPLIT_BACKWARD
 
 
 @dataclass(frozen=True)
@@ -311,9 +312,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # Balanced stages: the idle share of GPipe and the 1F1B family does not depend on the
     # backward/forward ratio (tests/test_plan_bubble.py), so one cached simulation serves
     # every recompute setting. A zero-bubble schedule's does (its W's fill the bubble): it is
-    # simulated at this run's ratio, rounded so a layout search reuses the simulation. W, the
-    # weight-gradient half of the backward, does the forward's matrix products again (dW =
-    # g^T x for y = x W^T), so it is priced at the forward's time.
+    # simulated at this run's ratio, rounded so a layout search reuses the simulation, with
+    # W at the simulator's own share of the backward (`schedules.stage_costs`).
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages, *_bubble_costs(layout.schedule,
                                                                      t_forward, t_backward))
@@ -383,8 +383,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
 
 def _bubble_costs(schedule: str, forward: float, backward: float) -> tuple[float, ...]:
-    """(forward, backward, weight) relative to the forward, for `pipeline_figures`."""
-    if schedule not in ZERO_BUBBLE or forward <= 0:
+    """(forward, backward) relative to the forward, for `pipeline_figures`."""
+    if schedule not in SPLIT_BACKWARD or forward <= 0:
         return ()
-    ratio = round(backward / forward * 20) / 20
-    return (1.0, ratio, min(1.0, ratio))
+    return (1.0, round(backward / forward * 20) / 20)

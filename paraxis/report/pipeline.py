@@ -21,7 +21,7 @@ from paraxis.report.text import duration
 from paraxis.schedules import build_schedule
 from paraxis.viz.html import esc, figure, table
 from paraxis.viz.pipeline import (
-    ZERO_BUBBLE,
+    ZERO_BUBBLE_PANELS,
     SimulatedSchedule,
     compare_schedules,
     mean_costs,
@@ -106,8 +106,8 @@ def pipeline_section(plan: Plan, run: MeasuredRun | None) -> tuple[str, Lesson]:
 
 def _zero_bubble(stages: int, microbatches: int, costs: StepCosts, costs_of: str) -> str:
     fig, shown = compare_schedules(stages, microbatches, costs.forward_s, costs.backward_s,
-                                   costs.send_s, cost_note=costs_of, kinds=ZERO_BUBBLE)
-    one, h1, v = (shown[k] for k in ZERO_BUBBLE)
+                                   costs.send_s, cost_note=costs_of, kinds=ZERO_BUBBLE_PANELS)
+    one, h1, v = (shown[k] for k in ZERO_BUBBLE_PANELS)
     caption = (f"Splitting each backward in B (the input gradient the previous stage waits "
                f"for) and W (the weight gradients, half of it here) lets W fill the idle "
                f"slots: the bubble falls from {one.bubble_fraction:.0%} (1F1B) to "

@@ -37,6 +37,7 @@ from paraxis.schedules.build import (
     build_schedule,
     check_compile,
     forward_only,
+    placement_of,
 )
 from paraxis.schedules.core import (
     COMPUTE,
@@ -55,5 +56,5 @@ from paraxis.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
            "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
-           "input_message", "place_of", "simulate", "stage_costs", "validate",
+           "input_message", "place_of", "placement_of", "simulate", "stage_costs", "validate",
            "virtual_stage_of"]

@@ -22,6 +22,12 @@ FIXED_VIRTUAL = {"zb-v": 2}
 SPLIT_BACKWARD = ("zb-h1", "zb-v")  # kinds whose backward runs as B then W
 
 
+def placement_of(kind: str) -> str:
+    """How a kind places its chunks on stages (`core.virtual_stage_of`): the V for zb-v,
+    Megatron's loop otherwise."""
+    return "v" if kind == "zb-v" else "loop"
+
+
 def check_compile(kind: str, compile: bool) -> None:
     """A compiled block's backward is one fused graph computing input and weight gradients
     together, so a split W would run it again; PyTorch's zero-bubble schedules refuse
@@ -55,8 +61,7 @@ def build_schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) 
         raise ParaxisError(f"interleaved schedule needs microbatches ({microbatches}) to be a "
                            f"multiple of stages ({stages}); use microbatches="
                            f"{-(-microbatches // stages) * stages}")
-    placement = "v" if kind == "zb-v" else "loop"
-    schedule = Schedule(kind, stages, microbatches, virtual, [], placement)
+    schedule = Schedule(kind, stages, microbatches, virtual, [], placement_of(kind))
     if kind in ("zb-h1", "zb-v"):
         orders = zero_bubble_order(schedule)
     else:

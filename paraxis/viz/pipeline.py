@@ -22,7 +22,7 @@ SCHEDULE_TITLES = {"gpipe": "GPipe (Huang et al. 2019)",
                    "zb-h1": "ZB-H1 (Qi et al. 2023): backward split in B and W",
                    "zb-v": "ZB-V (Qi et al. 2024): two chunks per stage in a V"}
 CLASSIC = ("gpipe", "1f1b", "interleaved")
-ZERO_BUBBLE = ("1f1b", "zb-h1", "zb-v")  # the zero-bubble picture keeps 1F1B for reference
+ZERO_BUBBLE_PANELS = ("1f1b", "zb-h1", "zb-v")  # the zero-bubble picture keeps 1F1B for reference
 
 
 def timeline_events(timeline: Timeline) -> list[dict]:
@@ -55,7 +55,7 @@ def compare_schedules(stages: int, microbatches: int, forward_s: float, backward
                       time_unit: str = "auto", kinds: tuple[str, ...] = CLASSIC,
                       weight_s: float | None = None
                       ) -> tuple[Figure, dict[str, SimulatedSchedule]]:
-    """Schedules (default GPipe vs 1F1B vs interleaved with `virtual` chunks; ZERO_BUBBLE for
+    """Schedules (default GPipe vs 1F1B vs interleaved with `virtual` chunks; ZERO_BUBBLE_PANELS for
     1F1B vs ZB-H1 vs ZB-V) for the same stages and microbatches, on one time axis. Returns
     the figure and what each panel shows (bubble, peak in-flight activations), keyed by
     schedule kind. `weight_s`: the W part of a split backward (default half of it)."""
