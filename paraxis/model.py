@@ -32,6 +32,7 @@ from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.chunks import positions as chunk_positions
 from paraxis.model_config import ModelConfig
+from paraxis.moe.layer import MoE
 
 
 @dataclass(frozen=True)
@@ -126,14 +127,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, hidden: int | None = None) -> None:
         super().__init__()
         self.swiglu = cfg.style == "llama"
         bias = cfg.has_bias
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=bias)
+        hidden = cfg.d_ff if hidden is None else hidden  # an expert has its own width
+        self.up = nn.Linear(cfg.d_model, hidden, bias=bias)
         if self.swiglu:
-            self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias)
+            self.gate = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, cfg.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
@@ -142,12 +144,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Attention then a feed-forward part: a dense MLP (`mlp`), or in a mixture of experts'
+    routed blocks a router and experts (`moe`, paraxis/moe/layer.py)."""
+
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg)
         self.attn = Attention(cfg)
         self.norm2 = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        if cfg.is_moe_layer(index):
+            self.moe = MoE(cfg, lambda width: MLP(cfg, width))
+        else:
+            self.mlp = MLP(cfg)
         self.recompute = False  # full recompute: keep only the block's input for backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +165,8 @@ class Block(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        feed_forward = self.moe if hasattr(self, "moe") else self.mlp
+        return x + feed_forward(self.norm2(x))
 
 
 class CrossEntropy(nn.Module):
@@ -205,7 +214,7 @@ class Transformer(nn.Module):
             if cfg.learned_positions:
                 self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         indices = range(cfg.n_layers) if blocks is None else blocks
-        self.blocks = Blocks({index: Block(cfg) for index in indices})
+        self.blocks = Blocks({index: Block(cfg, index) for index in indices})
         if head:
             self.norm_f = make_norm(cfg)
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)

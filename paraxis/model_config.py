@@ -8,6 +8,12 @@ Two styles:
 - "gpt2": LayerNorm, GELU MLP, learned positions, biases, LM head tied to the embedding.
 - "llama": RMSNorm, SwiGLU MLP, rotary positions (RoPE), grouped-query attention, no biases,
   untied LM head.
+
+A llama-style model may be a mixture of experts (`n_experts > 0`): each block past the first
+`first_dense_layers` replaces its MLP by a router and `n_experts` SwiGLU experts of width
+`d_ff_expert`, of which each token uses `top_k` (Mixtral: 8 experts, top 2), plus
+`n_shared_experts` that every token uses (DeepSeek-MoE). `num_params()` counts every expert;
+`num_active_params()` counts what one token touches, which is what its FLOPs follow.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ class ModelConfig:
     max_seq_len: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Mixture of experts (all zero: a dense model). See paraxis/moe/layer.py.
+    n_experts: int = 0  # routed experts per MoE block
+    top_k: int = 0  # experts each token is routed to
+    d_ff_expert: int = 0  # hidden width of one expert (and of one shared expert)
+    n_shared_experts: int = 0  # experts every token goes through (DeepSeek-MoE)
+    first_dense_layers: int = 0  # the first blocks keep a dense MLP of width d_ff
+    capacity_factor: float = 0.0  # 0: dropless; else tokens per expert <= cf * T * k / E
+    aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch Transformer eq. 4)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -55,6 +69,30 @@ class ModelConfig:
         if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
             raise ParaxisError("gpt2-style models use n_kv_heads == n_heads; set them equal or "
                                "use style llama for grouped-query attention")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.n_experts == 0:
+            if self.top_k or self.n_shared_experts or self.d_ff_expert:
+                raise ParaxisError("top_k, d_ff_expert and n_shared_experts need n_experts > 0; "
+                                   "set n_experts for a mixture of experts or drop them")
+            return
+        if self.style != "llama":
+            raise ParaxisError("mixtures of experts are llama-style (SwiGLU experts); set style "
+                               "llama or n_experts 0")
+        for field in ("n_experts", "top_k", "d_ff_expert"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ParaxisError(f"model {field}={value!r} must be a positive integer for a "
+                                   "mixture of experts")
+        if self.top_k > self.n_experts:
+            raise ParaxisError(f"top_k {self.top_k} exceeds n_experts {self.n_experts}; route "
+                               "each token to at most n_experts experts")
+        if not 0 <= self.first_dense_layers <= self.n_layers:
+            raise ParaxisError(f"first_dense_layers {self.first_dense_layers} must be within "
+                               f"0..n_layers ({self.n_layers})")
+        if self.n_shared_experts < 0 or self.capacity_factor < 0 or self.aux_loss_coef < 0:
+            raise ParaxisError("n_shared_experts, capacity_factor and aux_loss_coef must be >= 0")
 
     # --------------------------------------------------------------- derived shape facts
 
@@ -78,18 +116,42 @@ class ModelConfig:
     def learned_positions(self) -> bool:
         return self.style == "gpt2"
 
-    def layer_params(self) -> int:
-        """Parameters of one transformer block."""
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Block `index` routes its tokens to experts (else it has a dense MLP)."""
+        return self.is_moe and index >= self.first_dense_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.first_dense_layers if self.is_moe else 0
+
+    def expert_params(self) -> int:
+        """One routed (or shared) expert: a SwiGLU MLP of width d_ff_expert."""
+        return 3 * self.d_model * self.d_ff_expert
+
+    def layer_params(self, index: int = 0, active: bool = False) -> int:
+        """Parameters of transformer block `index` (all its experts, or with `active` the
+        ones one token uses: top_k routed plus the shared)."""
         d, kv = self.d_model, self.kv_dim
         attn = d * d + 2 * d * kv + d * d  # q, k, v, o projections
         if self.style == "gpt2":
             attn += d + 2 * kv + d  # their biases
             mlp = 2 * d * self.d_ff + self.d_ff + d  # up and down, with biases
             norms = 2 * 2 * d  # two LayerNorms, weight and bias
+        elif self.is_moe_layer(index):
+            routed = self.top_k if active else self.n_experts
+            mlp = d * self.n_experts + (routed + self.n_shared_experts) * self.expert_params()
+            norms = 2 * d
         else:
             mlp = 3 * d * self.d_ff  # gate, up, down (SwiGLU)
             norms = 2 * d  # two RMSNorms, weight only
         return attn + mlp + norms
+
+    def blocks_params(self, active: bool = False) -> int:
+        return sum(self.layer_params(i, active) for i in range(self.n_layers))
 
     def embedding_params(self) -> int:
         """Token (and learned position) embedding."""
@@ -103,7 +165,11 @@ class ModelConfig:
         return final_norm + lm_head
 
     def num_params(self) -> int:
-        return self.embedding_params() + self.n_layers * self.layer_params() + self.head_params()
+        return self.embedding_params() + self.blocks_params() + self.head_params()
+
+    def num_active_params(self) -> int:
+        """Parameters one token passes through (equal to num_params for a dense model)."""
+        return self.embedding_params() + self.blocks_params(active=True) + self.head_params()
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -161,6 +227,31 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
 )}
 PRESETS["llama-7b"] = PRESETS["llama2-7b"].replace(name="llama-7b")
+
+
+def _moe(base: ModelConfig, name: str, experts: int, top_k: int, d_ff_expert: int,
+         shared: int = 0, dense: int = 0) -> ModelConfig:
+    return base.replace(name=name, n_experts=experts, top_k=top_k, d_ff_expert=d_ff_expert,
+                        n_shared_experts=shared, first_dense_layers=dense)
+
+
+# Mixtures of experts. tiny-moe has Mixtral's form (every block routed, top 2, no shared
+# expert); tiny-moe-shared adds DeepSeek-MoE's shared expert and a first dense block.
+# Published shapes: Mixtral (Jiang et al. 2024; config.json of mistralai/Mixtral-8x7B-v0.1 and
+# 8x22B-v0.1) and DeepSeek-V3 (DeepSeek-AI 2024, Table/Sec. 4.2: 61 layers, 256 routed experts
+# of width 2048 plus 1 shared, top 8, first 3 blocks dense). DeepSeek's multi-head latent
+# attention is modelled as plain 128-head attention (about the same parameters per layer:
+# 205M here, 187M for MLA); its node-limited routing and MTP module are not modelled.
+for _config in (
+    _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 192, 128), "tiny-moe", 8, 2, 96),
+    _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 192, 128), "tiny-moe-shared",
+         8, 2, 48, shared=1, dense=1),
+    _moe(_llama("", 32, 4096, 32, 8, 14336, 32000, 32768, 1e6), "mixtral-8x7b", 8, 2, 14336),
+    _moe(_llama("", 56, 6144, 48, 8, 16384, 32768, 65536, 1e6), "mixtral-8x22b", 8, 2, 16384),
+    _moe(_llama("", 61, 7168, 128, 128, 18432, 129280, 4096, 10000.0), "deepseek-v3-style",
+         256, 8, 2048, shared=1, dense=3),
+):
+    PRESETS[_config.name] = _config
 
 
 def load_model_config(name_or_path: str) -> ModelConfig:

@@ -22,6 +22,7 @@ from paraxis.checkpoint.entries import Entry
 from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.data_parallel.precision import torch_dtype
 from paraxis.model import Transformer
+from paraxis.moe.layer import set_aux_loss_scale
 from paraxis.pipeline_parallel.executor import PipelineExecutor
 from paraxis.pipeline_parallel.tied import TiedEmbedding
 from paraxis.runtime.distributed import ParallelGroups
@@ -72,7 +73,8 @@ class PipelineEngine(LocalEngine):
         micro = self.microbatches(inputs, targets)
         xs, ys = [x for x, _ in micro], [y for _, y in micro]
         self.executor.trace.clear()
-        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+        scale = self.loss_scale()
+        set_aux_loss_scale(self.model, scale / len(xs))  # an MoE's aux loss, as the loss
         loss = self.executor.run(xs, ys, self.autocast_dtype,
                                  backward_context=self._backward_context, loss_scale=scale)
         self.finish_grad_sync()

@@ -27,6 +27,7 @@ from torch import nn
 from paraxis.checkpoint.entries import Entry, Place, whole_entries
 from paraxis.layout import Layout
 from paraxis.model import single_device_parameters
+from paraxis.moe.layer import set_aux_loss_scale
 from paraxis.runtime.params import local_norm_squares
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class LocalEngine:
         """Accumulate gradients over the microbatches; return the mean loss."""
         micro = self.microbatches(inputs, targets)
         total = 0.0
+        # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
+        set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
         for index, (x, y) in enumerate(micro):
             with self.no_sync(last=index == len(micro) - 1):
                 loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
@@ -133,6 +136,10 @@ class LocalEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
         loss.backward()
+
+    def loss_scale(self) -> float:
+        """fp16's dynamic loss scale (1: none), by which `backward` multiplies the loss."""
+        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
 
     def finish_grad_sync(self) -> None:
         """Data-parallel engines wait for their in-flight gradient reductions here."""

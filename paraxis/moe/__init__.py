@@ -1,0 +1,1 @@
+"""Mixtures of experts: the MoE block (`layer`) and expert parallelism."""

@@ -1,0 +1,201 @@
+"""A mixture-of-experts feed-forward block: router, experts, load-balancing loss.
+
+Each token's hidden state goes through a linear router to one logit per expert; a softmax
+over all experts, the `top_k` largest kept and renormalised to sum to one (Mixtral, Jiang et
+al. 2024, eq. 1; Hugging Face's MixtralSparseMoeBlock does exactly this) gives each token its
+experts and their weights. The block's output is the weighted sum of the chosen experts'
+outputs (SwiGLU MLPs), plus the shared experts' that every token uses (DeepSeek-MoE).
+
+How tokens reach their experts is the one thing that changes with expert parallelism, so
+it is a seam: the block sorts the (token, expert) assignments by expert and hands the
+sorted tokens with the count per expert to `self.run_experts`, which returns their outputs
+in the same order. On one device (`LocalExperts`) that is a loop over the experts; under
+expert parallelism (`paraxis.moe.expert_parallel`) the tokens travel to the ranks holding
+their experts by all-to-all and back.
+
+Load balance (Switch Transformer, Fedus et al. 2022, eq. 4): aux = coef * E * sum_e f_e P_e,
+with f_e the share of the batch's assignments routed to expert e and P_e the mean router
+probability of e. f is counted over the tokens of all ranks that share a microbatch step
+(`stats_group`: data x context parallel), so every layout sees the statistics one device
+sees for that microbatch; f is a count (no gradient), so each rank's P over its own tokens
+gives exactly its share of the gradient. The aux loss is not added to the language-model
+loss the model returns: its gradient is injected in backward at the block's output
+(`AuxLossGradient`, as Megatron-Core's MoEAuxLossAutoScaler does), scaled like the main
+loss (`set_aux_loss_scale`: 1/microbatches, times fp16's loss scale), so a pipeline stage's
+aux loss needs no trip to the last stage; its value is kept for the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from paraxis.model_config import ModelConfig
+
+ExpertsRunner = Callable[[torch.Tensor, list[int]], torch.Tensor]
+
+
+class ExpertList(nn.ModuleList):
+    """Experts registered under their global index: a rank holding experts 4-7 names them
+    `experts.4` ... `experts.7`, as one device does (so initial weights and checkpoints are
+    those of one device), while iteration and len() cover the local ones."""
+
+    def __init__(self, experts: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for index, expert in experts.items():
+            self.add_module(str(index), expert)
+
+    @property
+    def indices(self) -> list[int]:
+        return [int(name) for name in self._modules]
+
+
+class LocalExperts:
+    """Every expert on this rank: run each on its contiguous slice of the sorted tokens."""
+
+    def __init__(self, experts: ExpertList) -> None:
+        self.experts = experts
+
+    def __call__(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        pieces = tokens.split(counts)
+        return torch.cat([expert(piece) for expert, piece in zip(self.experts, pieces,
+                                                                  strict=True)])
+
+
+class AuxLossGradient(torch.autograd.Function):
+    """Identity on the block's output; in backward it also starts the aux loss's gradient
+    (d aux = scale), so the aux loss trains the router wherever this block runs."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, output: torch.Tensor,
+                aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.aux_shape = aux.shape
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        aux_grad = torch.full(ctx.aux_shape, ctx.scale, dtype=torch.float32,
+                              device=grad.device)
+        return grad, aux_grad, None
+
+
+class MoE(nn.Module):
+    """Router + `n_experts` SwiGLU experts (+ shared experts). `make_expert(width)` builds
+    one expert MLP (the model's own MLP class, so experts are ordinary MLPs)."""
+
+    def __init__(self, cfg: ModelConfig, make_expert: Callable[[int], nn.Module],
+                 experts: range | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        held = range(cfg.n_experts) if experts is None else experts
+        self.experts = ExpertList({index: make_expert(cfg.d_ff_expert) for index in held})
+        if cfg.n_shared_experts:
+            # Shared experts all see every token: one MLP of their summed width is the same.
+            self.shared = make_expert(cfg.n_shared_experts * cfg.d_ff_expert)
+        self.run_experts: ExpertsRunner = LocalExperts(self.experts)
+        self.stats_group: dist.ProcessGroup | None = None  # ranks sharing a microbatch step
+        self.aux_scale = 1.0  # d(total loss)/d(aux loss) in backward (set_aux_loss_scale)
+        self.last_counts: torch.Tensor | None = None  # per-expert assignments, global
+        self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)
+        self.last_dropped = 0  # assignments over capacity (capacity_factor > 0)
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
+        probs = F.softmax(self.router(tokens), dim=-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, chosen, probs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        weights, chosen, probs = self.route(tokens)
+        local_counts = torch.bincount(chosen.flatten(), minlength=self.cfg.n_experts)
+        counts = self._global(local_counts)
+        self.last_counts = counts
+        keep = self._within_capacity(chosen)
+        out = self._dispatch(tokens, chosen[keep] if keep is not None else chosen,
+                             weights.to(x.dtype), keep)
+        if self.cfg.n_shared_experts:
+            out = out + self.shared(tokens)
+        aux = self._aux_loss(counts, probs, tokens.shape[0])
+        self.last_aux = aux.detach()
+        if torch.is_grad_enabled() and aux.requires_grad:
+            out = AuxLossGradient.apply(out, aux, self.aux_scale * self.cfg.aux_loss_coef)
+        return out.view(shape)
+
+    def _dispatch(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+                  keep: torch.Tensor | None) -> torch.Tensor:
+        """Sort the assignments by expert (stable: token order within an expert), run the
+        experts, and add each output, weighted, back to its token."""
+        k = self.cfg.top_k
+        token_of = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(k)
+        flat_weights = weights.flatten()
+        if keep is not None:
+            keep = keep.flatten()
+            token_of, flat_weights = token_of[keep], flat_weights[keep]
+        flat_experts = chosen.flatten()
+        order = torch.argsort(flat_experts, stable=True)
+        token_of = token_of[order]
+        counts = torch.bincount(flat_experts, minlength=self.cfg.n_experts).tolist()
+        outputs = self.run_experts(tokens[token_of], counts)
+        outputs = outputs * flat_weights[order].unsqueeze(-1)
+        return torch.zeros_like(tokens).index_add(0, token_of, outputs)
+
+    def _within_capacity(self, chosen: torch.Tensor) -> torch.Tensor | None:
+        """Under a capacity factor each expert takes at most ceil(cf * T * k / E) of this
+        rank's assignments, earlier tokens first (Switch Transformer); None: dropless."""
+        cf = self.cfg.capacity_factor
+        if cf == 0:
+            self.last_dropped = 0
+            return None
+        tokens, k = chosen.shape
+        capacity = math.ceil(cf * tokens * k / self.cfg.n_experts)
+        flat = chosen.flatten()
+        onehot = F.one_hot(flat, self.cfg.n_experts)
+        position = (onehot.cumsum(0) * onehot).sum(-1) - 1  # place in its expert's queue
+        keep = (position < capacity).view(tokens, k)
+        self.last_dropped = int((~keep).sum())
+        return keep
+
+    def _global(self, counts: torch.Tensor) -> torch.Tensor:
+        """Per-expert assignment counts over every rank of this microbatch step."""
+        if self.stats_group is None or dist.get_world_size(self.stats_group) == 1:
+            return counts
+        counts = counts.clone()
+        dist.all_reduce(counts, group=self.stats_group)
+        return counts
+
+    def _aux_loss(self, counts: torch.Tensor, probs: torch.Tensor,
+                  local_tokens: int) -> torch.Tensor:
+        """coef-free aux = E * sum_e f_e * P_e with f from the global counts (a constant) and
+        P over this rank's tokens: averaged over the ranks, the global batch's value."""
+        experts = self.cfg.n_experts
+        share = counts.float() / counts.sum().clamp(min=1)  # f_e
+        mean_prob = probs.sum(0) / max(local_tokens, 1)  # P_e (this rank's tokens)
+        return experts * (share.detach() * mean_prob).sum()
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
+    """The factor the engine applies to a microbatch's loss before backward (1/microbatches
+    times fp16's loss scale): the aux loss's injected gradient gets the same."""
+    for layer in moe_layers(model):
+        layer.aux_scale = scale
+
+
+def aux_loss_value(model: nn.Module) -> float:
+    """coef * sum of the last forward's aux losses over this model (part)'s MoE blocks."""
+    layers = moe_layers(model)
+    return sum(float(m.last_aux) * m.cfg.aux_loss_coef for m in layers if m.last_aux is not None)
