@@ -46,7 +46,7 @@ SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 # Axes whose degree > 1 is refused until the issue that implements them lands.
-NOT_YET = {"ep": ("expert parallelism", 23)}
+NOT_YET: dict[str, tuple[str, int]] = {}
 
 
 class Coords(NamedTuple):
@@ -332,7 +332,7 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", *NOT_YET)
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep")
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")

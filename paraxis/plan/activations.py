@@ -49,10 +49,11 @@ def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
 def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
                            attention: str = RUNTIME_KERNEL.name,
-                           dropout: bool | None = None) -> float:
+                           dropout: bool | None = None, mlp: bool = True) -> float:
     """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences, with the
     attention core run by the kernel named `attention` ("flash" or "math") and dropout
-    masks where the run has dropout (`has_dropout`)."""
+    masks where the run has dropout (`has_dropout`). Without `mlp`, the MLP's own tensors
+    are left out (an MoE block's experts keep theirs: `experts.moe_activation_bytes`)."""
     s, b, h, f = seq_len, micro_batch, cfg.d_model, cfg.d_ff
     kernel = get_kernel(attention)
     dropout = has_dropout(cfg, dropout)
@@ -72,8 +73,8 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
         core = _qkv_bytes(cfg, s, b, kernel)
     attention = 2 * s * b * h + core
     # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up, product.
-    mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f
-    inside = (attention + mlp) / tp
+    kept_mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f * mlp
+    inside = (attention + kept_mlp) / tp
     return inside + outside / (tp if sequence_parallel else 1)
 
 

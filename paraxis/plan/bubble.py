@@ -70,3 +70,12 @@ def pipeline_figures(kind: str, stages: int, microbatches: int, virtual: int = 1
                                "schedule at M=2P")
     return PipelineFigures(bubble_formula(kind, stages, microbatches, virtual),
                            in_flight_formula(kind, stages, microbatches, virtual), "formula")
+
+
+def bubble_costs(schedule: str, forward: float, backward: float) -> tuple[float, ...]:
+    """(forward, backward) relative to the forward, for `pipeline_figures`: only the
+    split-backward (zero-bubble) schedules' bubble depends on them; rounded so a layout
+    search reuses the simulation."""
+    if schedule not in SPLIT_BACKWARD or forward <= 0:
+        return ()
+    return (1.0, round(backward / forward * 20) / 20)

@@ -17,7 +17,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout, grid_rank
 from paraxis.plan.hardware import Cluster
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 
 
 class Link(NamedTuple):
@@ -54,6 +54,10 @@ def ring_factor(op: str, n: int) -> float:
         return (n - 1) / n  # Thakur et al. 2005: N-1 steps of X/N
     if op == "send_recv":
         return 1.0  # one message over one link
+    if op == "all_to_all":
+        # X is what the rank sends to the others (moe/placement.all_to_all_bytes counts it);
+        # NCCL's all-to-all posts every pair's send at once (Thakur et al. 2005, pairwise)
+        return 1.0
     raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(COLLECTIVES)}")
 
 
@@ -61,7 +65,7 @@ def latency_steps(op: str, n: int) -> int:
     """Ring steps, each paying one latency (alpha)."""
     ring_factor(op, n)  # rejects an unknown op with the one-line message
     return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
-            "send_recv": 1}[op]
+            "send_recv": 1, "all_to_all": n - 1}[op]
 
 
 def op_time(op: str, size_bytes: float, n: int, bandwidth_Bps: float,
@@ -173,7 +177,7 @@ SP_BACKWARD_REGATHERS = 2
 
 def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int = 1) -> float:
     """Seconds of `calls` collectives `op` (all_reduce, all_gather, reduce_scatter,
-    send_recv) moving `size_bytes` in all over a group of n on `link`: the bytes at the
+    send_recv, all_to_all) moving `size_bytes` in all over a group of n on `link`: the bytes at the
     link's bandwidth, each call paying its fixed latency and its algorithm's step latencies.
 
     Across nodes "ring" is one flat ring over all n (NCCL's default for large messages:
@@ -184,6 +188,12 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int =
     if op != "send_recv" and n <= 1:
         return 0.0
     fixed = calls * link.call_latency_s
+    if op == "all_to_all" and link.crosses_nodes:
+        # A rank's sends to its node's members ride NVLink, the rest its own NIC share
+        # (the rail) at once: the slower of the two parts sets the time.
+        off_node = size_bytes * (n - link.per_node) / (n - 1)
+        return fixed + calls * latency_steps(op, n) * link.latency_s + max(
+            off_node / link.rail_Bps, (size_bytes - off_node) / link.intra_bandwidth_Bps)
     if (link.crosses_nodes and link.algorithm == "hierarchical" and op != "send_recv"
             and link.per_node > 1 and link.nodes > 1):
         k, nodes = link.per_node, link.nodes

@@ -8,33 +8,51 @@ include it (MFU, Chowdhery et al. 2022 App. B), hardware FLOPs do (HFU).
 
 from __future__ import annotations
 
+import functools
+
 from paraxis.model_config import ModelConfig
 from paraxis.plan.precision import Precision
 
 
-def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> tuple[float, float]:
-    """(matmul FLOPs against the weights, attention-score FLOPs) of one layer's forward."""
+def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int,
+                                  index: int | None = None) -> tuple[float, float]:
+    """(matmul FLOPs against the weights, attention-score FLOPs) of block `index`'s forward
+    (None: the mean block). A mixture-of-experts block counts the weights one token passes
+    through: the router, its top_k experts and the shared ones (`layer_params(active=True)`)."""
     # Narayanan et al. 2021 App.: 2 FLOPs per weight per token (one multiply-add) ...
-    weights = 2 * cfg.layer_params()
+    if index is None:
+        weights = 2 * _active_block_params(cfg) / cfg.n_layers
+    else:
+        weights = 2 * cfg.layer_params(index, active=True)
     # ... and Q K^T plus scores x V: 2 * 2 * s * h per token (non-causal count, as the paper).
     scores = 4 * seq_len * cfg.d_model
     return weights, scores
 
 
-def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1) -> tuple[tuple[float, float], ...]:
+@functools.lru_cache(maxsize=256)  # a layout search asks thousands of times
+def _active_block_params(cfg: ModelConfig) -> int:
+    return cfg.blocks_params(active=True)
+
+
+def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1,
+                      mlp: bool = True) -> tuple[tuple[float, float], ...]:
     """(k, n) of each forward GEMM of one layer on one TP rank (m is the tokens): QKV and
     MLP-in split their outputs over tp, the output projection and MLP-down their inputs
-    (Shoeybi et al. 2019 Sec. 3). 2 k n FLOPs per token each."""
+    (Shoeybi et al. 2019 Sec. 3). 2 k n FLOPs per token each. Without `mlp`, the attention
+    half alone (an MoE block's experts are priced in plan/experts.py)."""
     h, f = cfg.d_model, cfg.d_ff
     mlp_in = f if cfg.style == "gpt2" else 2 * f  # SwiGLU: gate and up
-    return ((h, (h + 2 * cfg.kv_dim) / tp), (h / tp, h), (h, mlp_in / tp), (f / tp, h))
+    attention = ((h, (h + 2 * cfg.kv_dim) / tp), (h / tp, h))
+    return attention + ((h, mlp_in / tp), (f / tp, h)) if mlp else attention
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator."""
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
     # Narayanan et al. 2021 App.: backward = 2x forward, so a step is 3x the forward;
-    # the LM head adds 3 * 2 h V per token.
+    # the LM head adds 3 * 2 h V per token. A mixture of experts counts its active
+    # parameters (router, top_k and shared experts), as Megatron-LM's
+    # num_floating_point_operations does for MoE models.
     return 3 * (cfg.n_layers * (weights + scores) + 2 * cfg.d_model * cfg.vocab_size)
 
 
@@ -66,7 +84,8 @@ def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
 
 
 def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
-                                    sequence_parallel: bool = False) -> tuple[float, float]:
+                                    sequence_parallel: bool = False,
+                                    mlp: bool = True) -> tuple[float, float]:
     """HBM bytes per token of one layer's memory-bound (non-GEMM) forward kernels on one GPU:
     (hidden-sized elementwise ops, attention-score ops). Each bf16 tensor read or written once.
 
@@ -75,17 +94,20 @@ def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
     (split over tp only with SP); bias + GELU reads and writes the 4h MLP activation (16h,
     split over tp). The fused scale-mask-softmax reads and writes a*s scores (4as) and the
     attention dropout reads them, writes them and a 1-byte mask (5as), with a/tp heads per GPU.
+    Without `mlp`, the MLP's own kernels are left out (an MoE block's: plan/experts.py).
     """
     h, f = cfg.d_model, cfg.d_ff
     dropout = cfg.style == "gpt2"
     outside = 8 * h + (12 * h if dropout else 4 * h)
     inside = 4 * f if cfg.style == "gpt2" else 6 * f  # SwiGLU: read gate and up, write product
+    inside *= mlp
     hidden = inside / tp + outside / (tp if sequence_parallel else 1)
     scores = (9 if dropout else 4) * cfg.n_heads / tp * seq_len
     return hidden, scores
 
 
-def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float:
+def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1,
+                                          mlp: bool = True) -> float:
     """Elements read + written per token by one layer's non-GEMM forward kernels as eager
     PyTorch runs paraxis.model (one kernel per op, nothing fused), on one rank.
 
@@ -95,9 +117,10 @@ def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> floa
     neg, cat, mul, add: 10 per element); heads back to rows (a copy, 2q; grouped K and V
     need no repeat, attention_kernel.py); two residual adds (3h each); SiLU (2f) and the gate
     product (3f). GPT-2: LayerNorm is one kernel (2h) twice, GELU one (2f); biases ride in
-    the GEMMs. The attention core itself is priced by FLOPs (`attention_flops`).
+    the GEMMs. The attention core itself is priced by FLOPs (`attention_flops`). Without
+    `mlp`, the MLP's activation and gate product are left out (plan/experts.py).
     """
-    h, q, f = cfg.d_model, cfg.d_model / tp, cfg.d_ff / tp
+    h, q, f = cfg.d_model, cfg.d_model / tp, cfg.d_ff / tp * mlp
     kv = cfg.kv_dim / tp
     if cfg.style == "gpt2":
         return 2 * h + 2 * q + 3 * h + 2 * h + 2 * f + 3 * h

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from paraxis.attention_kernel import AttentionKernel, get_kernel
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.bubble import bubble_costs, pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
@@ -49,36 +49,24 @@ from paraxis.plan.compute import (
     optimizer_traffic_per_param,
 )
 from paraxis.plan.context import cp_layer_times, imbalance, replica_link
+from paraxis.plan.experts import (
+    DEFAULT_IMBALANCE,
+    all_to_all_times,
+    expert_dp_link,
+    moe_blocks,
+    moe_forward_seconds,
+)
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import head_stage, layout_memory, stage_layers, stage_params
+from paraxis.plan.memory import head_stage, layout_memory, stage_blocks, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
-from paraxis.schedules import SPLIT_BACKWARD
+from paraxis.plan.rates import (
+    DEFAULT_OVERLAP,
+    Overlap,
+    gemm_efficiency,
+    layer_rates,
+    overlap_on,
+)
 
-
-@dataclass(frozen=True)
-class Overlap:
-    """Which communication hides behind compute (True) or adds to the step (False).
-
-    dp: DDP-style gradient buckets (ZeRO-0/1: behind the last microbatch's backward; ZeRO-2:
-    behind every backward). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
-    layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
-    behind the whole step. tp: the backward's TP collectives behind the weight-gradient
-    GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
-    cp: each ring hop of K/V (and dK/dV) behind one ring step's attention (plan/context.py).
-    """
-
-    dp: bool = True
-    tp: bool = True
-    pp: bool = False
-    zero3_prefetch: bool = True
-    cp: bool = True
-    # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
-    # they overlap. This fraction of every hidden second still lands on the step.
-    contention: float = 0.2
-
-
-DEFAULT_OVERLAP = Overlap()
-NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
 PREDICTION_TOLERANCE = 0.25
@@ -115,37 +103,17 @@ class Estimate:
                 "mfu": self.mfu, "hfu": self.hfu}
 
 
-def _overlap_on(cluster: Cluster, overlap: Overlap) -> Overlap:
-    # CPU ranks: gloo's threads run on the cores the compute runs on, so nothing hides.
-    return NO_OVERLAP if cluster.cores_per_node else overlap
-
-
-def _rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
-    """(GEMM FLOP/s, attention-core FLOP/s, memory bytes/s) a TP group of `tp` ranks splits
-    a layer's work at: GEMMs at matmul_efficiency of peak, the attention core at its own
-    rate, elementwise kernels at hbm_efficiency of memory bandwidth (roofline); CPU ranks
-    beyond the cores get a share of one."""
-    gpu, share = cluster.gpu, cluster.compute_share
-    rate = gpu.peak_flops * gpu.matmul_efficiency * tp * share
-    attention = (gpu.attention_flops or gpu.peak_flops * gpu.matmul_efficiency) * tp * share
-    return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
-
-
-def gemm_efficiency(cluster: Cluster, width: float) -> float:
-    """Fraction of peak a GEMM whose narrower side is `width` reaches (GPU.gemm_half_width)."""
-    gpu = cluster.gpu
-    if not gpu.gemm_half_width:
-        return gpu.matmul_efficiency
-    return gpu.matmul_efficiency * width / (width + gpu.gemm_half_width)
-
-
-def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float) -> float:
-    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape."""
+def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float,
+                         mlp: bool = True) -> float:
+    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape (without
+    `mlp`: the attention half of an MoE block)."""
     if not cluster.gpu.gemm_half_width:
-        return layer_forward_flops_per_token(cfg, 1)[0] / rate
+        if not mlp:
+            return sum(2 * k * n for k, n in layer_gemm_shapes(cfg, 1, mlp)) / rate
+        return layer_forward_flops_per_token(cfg, 1, 0)[0] / rate
     peak = cluster.gpu.peak_flops * cluster.compute_share
     return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
-               for k, n in layer_gemm_shapes(cfg, tp))
+               for k, n in layer_gemm_shapes(cfg, tp, mlp))
 
 
 def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
@@ -164,7 +132,8 @@ def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_ra
 
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
-                precision: Precision = MIXED_ADAM) -> dict[str, float]:
+                precision: Precision = MIXED_ADAM, moe: bool = False,
+                expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
     """Seconds one transformer layer takes on one GPU per microbatch.
 
     Keys: forward / backward (compute; backward includes recomputation), tp_forward /
@@ -175,23 +144,31 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     With cp > 1 a rank holds s/cp tokens of each sequence, each attending to keys across the
     whole sequence: the dense work is priced on those tokens, the attention core at the full
     sequence's scores per token, times the split's imbalance (1.0 for the zig-zag split).
+
+    With `moe`, a mixture-of-experts block: its attention half as above, its experts on the
+    busiest EP rank (`expert_imbalance` x the mean rows) and its all-to-alls
+    (`plan/experts.py`), keys ep_forward / ep_backward / ep_total.
     """
-    gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
+    gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len // layout.cp
-    rate, attention_rate, hbm = _rates(cluster, layout.tp)
+    rate, attention_rate, hbm = layer_rates(cluster, layout.tp)
     _, scores = layer_forward_flops_per_token(cfg, seq_len)
     act = precision.activation_bytes
+    mlp = not moe  # an MoE block's feed-forward half is priced by plan/experts.py
     if gpu.kernels == "eager":
-        hidden_bytes = act * layer_forward_traffic_per_token_eager(cfg, layout.tp)
+        hidden_bytes = act * layer_forward_traffic_per_token_eager(cfg, layout.tp, mlp)
         score_bytes = 0.0  # the attention kernel's own traffic is in its measured rate
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
-            cfg, seq_len, layout.tp, layout.sequence_parallel))  # counted in 16-bit bytes
+            cfg, seq_len, layout.tp, layout.sequence_parallel, mlp))  # in 16-bit bytes
     # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel))
-    dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate) + hidden_bytes / hbm) * tokens
+    dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
+             + hidden_bytes / hbm) * tokens
+    if moe:
+        dense += moe_forward_seconds(cfg, cluster, tokens, expert_imbalance, hbm)
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
@@ -226,9 +203,15 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
     if layout.recompute != "none":
         cp["backward"] += cp["forward"]  # the rerun attention core needs the K/V again
+    ep = all_to_all_times(cfg, layout, cluster, tokens, act, expert_imbalance) if moe else {
+        "forward": 0.0, "backward": 0.0, "total": 0.0}
+    if layout.recompute == "full":
+        ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
+        ep["total"] += ep["forward"]
     return {"forward": forward, "backward": backward, "tp_forward": tp_forward,
             "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
-            "cp_backward": cp["backward"], "cp_total": cp["total"]}
+            "cp_backward": cp["backward"], "cp_total": cp["total"],
+            "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"]}
 
 
 def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
@@ -236,9 +219,9 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
                precision: Precision = MIXED_ADAM) -> dict[str, float]:
     """Seconds the LM head and the loss take per microbatch on the last stage: forward,
     backward (2x), tp (on the critical path) and tp_total (all their TP traffic)."""
-    overlap = _overlap_on(cluster, overlap)
+    overlap = overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len // layout.cp  # a cp rank's share of each sequence
-    rate, _, hbm = _rates(cluster, layout.tp)
+    rate, _, hbm = layer_rates(cluster, layout.tp)
     gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
     if cluster.gpu.gemm_half_width:  # shape-aware: the head's narrower side
         width = min(cfg.d_model, cfg.vocab_size / layout.tp)
@@ -267,38 +250,51 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
 
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
-             overlap: Overlap = DEFAULT_OVERLAP) -> Estimate:
-    """Price `layout`: memory per GPU and step time for `global_batch` sequences per step."""
-    gpu, overlap = cluster.gpu, _overlap_on(cluster, overlap)
+             overlap: Overlap = DEFAULT_OVERLAP,
+             expert_imbalance: float = DEFAULT_IMBALANCE) -> Estimate:
+    """Price `layout`: memory per GPU and step time for `global_batch` sequences per step
+    (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load)."""
+    gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
     # eager runtime has none (its traffic counts none either, compute.py).
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
                            "flash" if layout.cp > 1 else gpu.attention_kernel,
                            reserved=gpu.reserved_bytes,
-                           dropout=cfg.style == "gpt2" and gpu.kernels == "fused")
+                           dropout=cfg.style == "gpt2" and gpu.kernels == "fused",
+                           expert_imbalance=expert_imbalance)
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
     # plus the LM head and loss if it is the last stage.
-    counts = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    # (dense blocks, MoE blocks) per stage; each kind priced once
+    blocks = stage_blocks(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    kinds = [(len(b) - moe_blocks(cfg, b), moe_blocks(cfg, b)) for b in blocks]
+    counts = [len(b) for b in blocks]
     last = head_stage(layout.pp, layout.placement)
     layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
+    moe_layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision,
+                            True, expert_imbalance) if cfg.is_moe else layer
     head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
+
+    def blocks_sum(stage: int, *keys: str) -> float:
+        dense, moe = kinds[stage]
+        return dense * sum(layer[k] for k in keys) + moe * sum(moe_layer[k] for k in keys)
 
     def stage_compute(stage: int) -> float:
         has_head = stage == last
-        return counts[stage] * (layer["forward"] + layer["backward"]) + has_head * (
+        return blocks_sum(stage, "forward", "backward") + has_head * (
             head["forward"] + head["backward"])
 
     busiest = max(range(layout.pp), key=stage_compute)
-    layers, has_head = counts[busiest], busiest == last
-    t_forward = layers * layer["forward"] + has_head * head["forward"]
-    t_backward = layers * layer["backward"] + has_head * head["backward"]
-    t_tp = layers * (layer["tp_forward"] + layer["tp_backward"]) + has_head * head["tp"]
-    t_tp_total = layers * layer["tp_total"] + has_head * head["tp_total"]
-    t_cp = layers * (layer["cp_forward"] + layer["cp_backward"])
-    t_cp_total = layers * layer["cp_total"]
+    has_head = busiest == last
+    t_forward = blocks_sum(busiest, "forward") + has_head * head["forward"]
+    t_backward = blocks_sum(busiest, "backward") + has_head * head["backward"]
+    t_tp = blocks_sum(busiest, "tp_forward", "tp_backward") + has_head * head["tp"]
+    t_tp_total = blocks_sum(busiest, "tp_total") + has_head * head["tp_total"]
+    t_cp = blocks_sum(busiest, "cp_forward", "cp_backward")
+    t_cp_total = blocks_sum(busiest, "cp_total")
+    t_ep = blocks_sum(busiest, "ep_forward", "ep_backward")  # MoE all-to-alls: they block
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -315,10 +311,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # simulated at this run's ratio, rounded so a layout search reuses the simulation, with
     # W at the simulator's own share of the backward (`schedules.stage_costs`).
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
-                               layout.virtual_stages, *_bubble_costs(layout.schedule,
+                               layout.virtual_stages, *bubble_costs(layout.schedule,
                                                                      t_forward, t_backward))
     slot_compute = t_forward + t_backward
-    exposed_comm = t_tp + t_cp + (0.0 if overlap.pp else t_pp)
+    exposed_comm = t_tp + t_cp + t_ep + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - figures.bubble_fraction)
     share = cluster.compute_share
@@ -332,17 +328,30 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter.
     replicas = layout.dp * layout.cp
     dp_link = replica_link(layout, cluster)
-    stage_param_count = max(stage_params(cfg, layout.pp, layout.virtual_stages,
-                                         seq_len, layout.placement)) / layout.tp
-    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, layout.microbatches,
-                        precision.grad_bytes, precision.param_bytes, max(counts))
+    # An MoE model's routed experts: over their dp*cp/ep replicas (plan/experts.py).
+    shares = stage_local_params(cfg, layout, seq_len)
+    stage_param_count = max(local for local, _ in shares)
+    experts = max(expert for _, expert in shares)
+    expert_replicas = replicas // layout.ep
+    sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
+    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts))
+    if experts:
+        expert_link = expert_dp_link(layout, cluster)
+        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
+                             max(k[1] for k in kinds))
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
                                                dp_link, precision.grad_bytes,
                                                precision.param_bytes)
-        pairs = ((gather_f, layer["forward"]), (gather_b, layer["backward"]))
+        windows = (layer["forward"], layer["backward"])
+        if experts:  # the mean block's gathers, experts over their own replicas
+            more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
+                                     precision.grad_bytes, precision.param_bytes)
+            gather_f, gather_b = gather_f + more[0], gather_b + more[1]
+            windows = (t_forward / counts[0], t_backward / counts[0])
+        pairs = ((gather_f, windows[0]), (gather_b, windows[1]))
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
                         for comm, window in pairs)
         dp_exposed = layout.microbatches * max(counts) * per_layer
@@ -356,13 +365,14 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # The optimizer steps after the flush and the gradient sync, memory-bound: its bytes at
     # memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the update over
     # dp; Rajbhandari et al. 2020).
-    hbm = _rates(cluster, layout.tp)[2]
+    hbm = layer_rates(cluster, layout.tp)[2]
     shard = stage_param_count / (replicas if layout.zero >= 1 else 1)
+    shard += experts / (expert_replicas if layout.zero >= 1 else 1)
     t_optimizer = shard * optimizer_traffic_per_param(precision, gpu.kernels) / hbm
     if gpu.kernels == "eager" and layout.zero < 2:
         # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1)
         t_optimizer += (layout.microbatches - 1) * 3 * precision.grad_bytes \
-            * stage_param_count / hbm
+            * (stage_param_count + experts) / hbm
     step = pipeline + dp_exposed + t_optimizer
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)
@@ -373,17 +383,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
             "cp": layout.microbatches * t_cp, "cp_total": layout.microbatches * t_cp_total,
             "dp": dp_exposed, "bubble": pipeline - busy, "optimizer": t_optimizer, "step": step,
             "tp_total": layout.microbatches * t_tp_total, "pp_total": layout.microbatches * t_pp,
-            "dp_total": t_dp}
+            "dp_total": t_dp, "ep": layout.microbatches * t_ep,
+            "ep_total": layout.microbatches * blocks_sum(busiest, "ep_total")}
     notes = []
     if layout.tp > 1 and axis_link(layout, "tp", cluster).crosses_nodes:
         notes.append("TP group crosses nodes: its all-reduces run over the network")
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
                     flops["hardware"] / (step * peak_total), notes, seq_len)
-
-
-def _bubble_costs(schedule: str, forward: float, backward: float) -> tuple[float, ...]:
-    """(forward, backward) relative to the forward, for `pipeline_figures`."""
-    if schedule not in SPLIT_BACKWARD or forward <= 0:
-        return ()
-    return (1.0, round(backward / forward * 20) / 20)

@@ -13,6 +13,8 @@ from paraxis.plan.activations import (
     logits_bytes,
 )
 from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_blocks
+from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
 
@@ -80,7 +82,9 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     pb, gb = precision.param_bytes, precision.grad_bytes
     if layout.pp > 1:
         return local_params * (pb + gb)
-    layer = cfg.layer_params() / layout.tp
+    # the largest block a rank gathers (an MoE block: its experts over ep, whole over tp)
+    layer = max(sum(local_params_of(cfg, [i], layout.tp, layout.ep))
+                for i in {0, cfg.n_layers - 1})
     largest = max(cfg.d_model * cfg.d_model, cfg.d_model * cfg.d_ff) / layout.tp
     block = 2 * layer * pb + 2 * layer * gb + largest * gb
     head = cfg.vocab_size * cfg.d_model / layout.tp
@@ -112,14 +116,60 @@ def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
             for stage in range(pp)]
 
 
+def stage_blocks(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
+                 placement: str = "loop") -> list[list[int]]:
+    """The block indices each stage holds (all its chunks): blocks differ in a mixture of
+    experts whose first blocks are dense."""
+    return [list(blocks) for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement)]
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks often
+def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                  placement: str) -> tuple[tuple[int, ...], ...]:
+    partition = _partition(cfg, pp, virtual, seq_len, placement)
+    return tuple(tuple(i for chunk in range(virtual) for i in partition.blocks_of(stage, chunk))
+                 for stage in range(pp))
+
+
+def stage_local_params(cfg: ModelConfig, layout: Layout,
+                       seq_len: int | None = None) -> list[tuple[float, float]]:
+    """Per stage, (parameters one rank holds replicated over dp*cp, expert parameters it
+    holds replicated over the dp*cp/ep ranks of their expert-data-parallel group): TP splits
+    every matrix of a dense model (Shoeybi 2019); an MoE block's router, shared and routed
+    experts are whole on every tp rank, the routed ones split over ep (plan/experts.py)."""
+    return list(_stage_local_params(cfg, layout.pp, layout.virtual_stages, seq_len,
+                                    layout.placement, layout.tp, layout.ep))
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks often
+def _stage_local_params(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                        placement: str, tp: int, ep: int) -> tuple[tuple[float, float], ...]:
+    stages = _stage_blocks(cfg, pp, virtual, seq_len, placement)
+    totals = stage_params(cfg, pp, virtual, seq_len, placement)
+    shares = []
+    for blocks, total in zip(stages, totals, strict=True):
+        if not cfg.is_moe:
+            shares.append((total / tp, 0.0))
+            continue
+        replicated, experts = local_params_of(cfg, blocks, tp, ep)
+        blocks_total = sum(cfg.layer_params(i) for i in blocks)
+        shares.append(((total - blocks_total) / tp + replicated, experts))
+    return tuple(shares)
+
+
+@functools.lru_cache(maxsize=65536)
+def _block_params(cfg: ModelConfig, index: int) -> int:
+    return cfg.layer_params(index)
+
+
 def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
                  seq_len: int | None = None, placement: str = "loop") -> list[int]:
     """Parameters each stage holds before TP: blocks, plus the embedding on the first stage
     and final norm + LM head on the last (Narayanan et al. 2021 Sec. 3.2). A tied head is a
     second copy of the embedding on the head's stage when pp > 1 (Megatron's word
     embeddings; in zb-v's V both sit on stage 0, which then holds both copies)."""
-    counts = [layers * cfg.layer_params()
-              for layers in stage_layers(cfg, pp, virtual, seq_len, placement)]
+    counts = [sum(map(_block_params, [cfg] * len(blocks), blocks))
+              for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement)]
     counts[0] += cfg.embedding_params()
     counts[head_stage(pp, placement)] += cfg.head_params()
     if cfg.tied_embeddings and pp > 1:
@@ -131,7 +181,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
                   reserved: float = RESERVED_BYTES,
-                  dropout: bool | None = None) -> dict[str, float]:
+                  dropout: bool | None = None,
+                  expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
 
@@ -140,28 +191,42 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     Context parallelism: a rank holds s/cp tokens of each sequence, so its activations are
     those of s/cp tokens (the flash kernel keeps nothing quadratic in s; `plan/context.py`),
     and the model states are replicated over dp x cp, where ZeRO shards them.
+
+    Mixture of experts: a rank holds 1/ep of the routed experts of its MoE blocks, whose
+    states ZeRO shards over their dp*cp/ep replicas; an MoE block keeps its attention half's
+    activations and its experts' (`experts.moe_activation_bytes`, the busiest rank's
+    `expert_imbalance` x the mean rows).
     """
     local_seq = seq_len // layout.cp
     replicas = layout.dp * layout.cp
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
-    layers = stage_layers(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    blocks = stage_blocks(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     worst: dict[str, float] = {}
-    params_by_stage = stage_params(cfg, layout.pp, layout.virtual_stages, seq_len,
-                                   layout.placement)
+    local_by_stage = stage_local_params(cfg, layout, seq_len)
+    kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
+    dense_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
+                                         dropout)
+    moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
+                                       dropout, mlp=False) + moe_activation_bytes(
+        cfg, local_seq, micro_batch, expert_imbalance) if cfg.is_moe else 0.0
+    if layout.recompute == "full":
+        moe_layer = dense_layer  # only the block's input is kept
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     for stage in range(layout.pp):
-        params = params_by_stage[stage]
-        local = params / layout.tp  # Megatron TP splits every matrix over tp (Shoeybi 2019)
+        local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         states = model_state_bytes(round(local), replicas, layout.zero, precision)
-        per_layer = layer_activation_bytes(cfg, local_seq, micro_batch, layout.tp,
-                                           layout.sequence_parallel, layout.recompute,
-                                           attention, dropout)
+        if experts:
+            expert_states = model_state_bytes(round(experts), replicas // layout.ep,
+                                              layout.zero, precision)
+            states = {k: states[k] + expert_states[k] for k in states}
+        moe = moe_blocks(cfg, blocks[stage])
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
-        activations = in_flight * layers[stage] * per_layer
+        activations = (in_flight * (len(blocks[stage]) - moe) * dense_layer
+                       + in_flight * moe * moe_layer)
         if stage == head_stage(layout.pp, layout.placement):
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
@@ -169,11 +234,16 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         activations *= precision.activation_bytes / 2
         buffers = 0.0
         if layout.recompute == "full":
-            buffers += full_layer_activation_bytes(
+            rebuilt = full_layer_activation_bytes(
                 cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
-                dropout) * precision.activation_bytes / 2
+                dropout)
+            if moe:
+                rebuilt = max(rebuilt, layer_activation_bytes(
+                    cfg, *kernel_args, "none", attention, dropout, mlp=False)
+                    + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance))
+            buffers += rebuilt * precision.activation_bytes / 2
         if layout.zero == 3:
-            buffers += zero3_buffer_bytes(cfg, layout, local, precision)
+            buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif replicas > 1:
             buffers += 2 * COMM_BUCKET_BYTES
         row = {**states, "activations": activations, "buffers": buffers,

@@ -70,9 +70,10 @@ def layer_costs(cfg: ModelConfig, seq_len: int | None = None) -> tuple[list[floa
     head is the vocab projection (2 * vocab * d), even when its weight is tied.
     """
     seq = seq_len or cfg.max_seq_len
-    block = 2.0 * cfg.layer_params() + 4.0 * seq * cfg.d_model
+    blocks = [2.0 * cfg.layer_params(i, active=True) + 4.0 * seq * cfg.d_model
+              for i in range(cfg.n_layers)]  # an MoE block: the experts one token uses
     head = 2.0 * cfg.vocab_size * cfg.d_model
-    return [block] * cfg.n_layers, 0.0, head
+    return blocks, 0.0, head
 
 
 def partition_layers(cfg: ModelConfig, pp: int, virtual: int = 1,

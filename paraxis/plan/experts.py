@@ -1,0 +1,174 @@
+"""Price a mixture of experts under expert parallelism: what an MoE block costs per layer.
+
+What ep changes, and where the facts come from (`paraxis.moe.placement`, the runtime's own
+counts, torch-free; nothing is re-derived here):
+
+- Parameters: every block past `first_dense_layers` holds a router, `n_experts` routed experts
+  and `n_shared_experts` shared ones. The `ep` ranks of an expert-parallel group split the
+  routed experts (E/ep each, `placement.experts_of_rank`); each expert is replicated over the
+  dp*cp/ep ranks of its expert-data-parallel group, where its gradients are reduced and ZeRO
+  shards its states. Everything else (attention, norms, router, shared experts, dense blocks,
+  embedding, head) is replicated over dp*cp as in a dense model. The MoE block is replicated
+  over tp (experts are not TP-split): every rank of a TP group holds and runs the whole block.
+- Compute: a token passes through the router, its top_k experts and the shared ones, so the
+  FLOPs follow the active parameters (`ModelConfig.layer_params(i, active=True)`). The
+  busiest EP rank receives `imbalance` x the mean tokens and computes that much expert work;
+  the pipeline runs at its pace.
+- All-to-all: `placement.ALL_TO_ALLS_PER_BLOCK` (4) per MoE block per microbatch, dispatch
+  and combine forward, both again backward, each carrying what `placement.all_to_all_bytes`
+  counts for the uniform send matrix (`placement.uniform_send_matrix`, capped by the capacity
+  factor) times `imbalance`, over the link the EP group spans: EP groups are consecutive
+  ranks of a dp x cp group (`layout.expert_groups`), which sit tp*cp (dp) or tp (cp) ranks
+  apart, so a group of ep ranks spans ep*tp*... ranks and stays in a node while they fit in
+  it. The experts wait for their tokens: these all-to-alls block (all exposed).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout, expert_groups
+from paraxis.model_config import ModelConfig
+from paraxis.moe.placement import (
+    ALL_TO_ALLS_PER_BLOCK,
+    all_to_all_bytes,
+    experts_of_rank,
+    send_matrix,
+    uniform_send_matrix,
+)
+from paraxis.plan.comm import Link, collective_time, group_link
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.rates import gemm_efficiency
+
+# The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the
+# capacity factor the Switch Transformer trains with (Fedus et al. 2022, Sec. 2.2 and
+# Table 1: the headroom above a perfectly balanced share that production MoE runs size each
+# expert's buffer for). An assumption, not a measurement: `paraxis plan --expert-imbalance`
+# sets it, and `imbalance_of_counts` reads it from a run's per-expert token counts.
+DEFAULT_IMBALANCE = 1.25
+
+
+def check_ep(cfg: ModelConfig, layout: Layout) -> None:
+    """An ep the model can take: a mixture of experts whose experts split evenly over ep."""
+    if layout.ep == 1:
+        return
+    if not cfg.is_moe:
+        raise ParaxisError(f"ep={layout.ep} needs a mixture-of-experts model ({cfg.name} is "
+                           "dense); use ep=1 or an MoE model such as mixtral-8x7b")
+    experts_of_rank(cfg.n_experts, layout.ep, 0)  # raises the one-line error if E % ep
+
+
+def imbalance_of_counts(counts: list[list[int]], ep: int) -> float:
+    """The busiest EP rank's received (token, expert) rows over the mean, from a run's
+    per-expert counts (counts[i][e]: EP rank i's tokens routed to expert e)."""
+    sends = send_matrix(counts, ep)
+    received = [sum(row[j] for row in sends) for j in range(ep)]
+    mean = sum(received) / ep
+    return max(received) / mean if mean else 1.0
+
+
+def dispatch_bytes(cfg: ModelConfig, ep: int, tokens: float, value_bytes: int,
+                   imbalance: float = 1.0) -> float:
+    """Bytes the busiest rank sends to the other EP ranks in one all-to-all of a block, for
+    `tokens` tokens per rank: placement's uniform count (capacity-capped) times `imbalance`."""
+    if ep == 1:
+        return 0.0
+    sends = uniform_send_matrix(tokens, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor)
+    return max(all_to_all_bytes(sends, cfg.d_model, value_bytes)) * imbalance  # type: ignore[arg-type]
+
+
+def moe_blocks(cfg: ModelConfig, blocks: list[int] | tuple[int, ...]) -> int:
+    """How many of `blocks` (indices) route their tokens to experts."""
+    return sum(i >= cfg.first_dense_layers for i in blocks) if cfg.is_moe else 0
+
+
+class BlockParams(NamedTuple):
+    """One block's parameters by how a layout splits them."""
+
+    split: int  # split over tp (attention, norms, a dense MLP)
+    replicated: int  # the MoE block's router and shared experts: whole on every tp rank
+    experts: int  # routed experts: split over ep, replicated over the expert-dp group
+
+
+def block_params(cfg: ModelConfig, index: int) -> BlockParams:
+    total = cfg.layer_params(index)
+    if not cfg.is_moe_layer(index):
+        return BlockParams(total, 0, 0)
+    experts = cfg.n_experts * cfg.expert_params()
+    replicated = cfg.d_model * cfg.n_experts + cfg.n_shared_experts * cfg.expert_params()
+    return BlockParams(total - experts - replicated, replicated, experts)
+
+
+def local_params(cfg: ModelConfig, blocks: range | list[int], tp: int,
+                 ep: int) -> tuple[float, float]:
+    """(parameters replicated over dp*cp, expert parameters replicated over dp*cp/ep) that
+    one rank holds of `blocks`."""
+    parts = [block_params(cfg, i) for i in blocks]
+    return (sum(p.split / tp + p.replicated for p in parts),
+            sum(p.experts for p in parts) / ep)
+
+
+def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
+                         imbalance: float = 1.0) -> float:
+    """Bytes an MoE block's feed-forward half keeps for backward on one rank (16-bit
+    activations; on every tp rank: the block is not split): per routed (token, expert) row on
+    the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and product (6 f_e);
+    per token and shared expert 6 f_e; the router's fp32 logits and probabilities (8 E)."""
+    tokens = seq_len * micro_batch
+    rows = tokens * cfg.top_k * _kept(cfg) * imbalance
+    h, f = cfg.d_model, cfg.d_ff_expert
+    return rows * (2 * h + 6 * f) + tokens * (cfg.n_shared_experts * 6 * f + 8 * cfg.n_experts)
+
+
+def _kept(cfg: ModelConfig) -> float:
+    """Share of the routed rows a capacity factor keeps under uniform routing (1: dropless)."""
+    return min(1.0, cfg.capacity_factor) if cfg.capacity_factor else 1.0
+
+
+def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbalance: float,
+                        hbm: float) -> float:
+    """Seconds of an MoE block's feed-forward half (router, routed and shared experts) on
+    the busiest rank for `tokens` tokens, forward: its GEMMs at the GEMM rate of one GPU
+    (not split over tp), its elementwise kernels at `hbm` bytes/s (SwiGLU 6 f_e bytes per
+    row, the permutation in and out of expert order 8h per row)."""
+    gpu = cluster.gpu
+    h, f = cfg.d_model, cfg.d_ff_expert
+    rows = tokens * (cfg.top_k * _kept(cfg) * imbalance + cfg.n_shared_experts)
+    peak = gpu.peak_flops * cluster.compute_share
+    experts = 2 * rows * cfg.expert_params() / (peak * gemm_efficiency(cluster, min(h, f)))
+    router = 2 * tokens * h * cfg.n_experts / (peak * gemm_efficiency(cluster,
+                                                                       min(h, cfg.n_experts)))
+    traffic = rows * 6 * f + tokens * cfg.top_k * _kept(cfg) * imbalance * 8 * h
+    return experts + router + traffic / hbm
+
+
+def ep_link(layout: Layout, cluster: Cluster) -> Link:
+    """The link an EP group's all-to-all runs over (the first group stands for all)."""
+    return group_link(list(_groups(tuple(layout.degrees.items()), layout.ep)[0]), cluster)
+
+
+def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
+    """The link the experts' gradient sync runs over: the dp*cp/ep ranks of a dp x cp group
+    at the same place in their EP groups."""
+    groups = _groups(tuple(layout.degrees.items()), layout.ep)
+    per_replica = layout.dp * layout.cp // layout.ep
+    return group_link([group[0] for group in groups[:per_replica]], cluster)
+
+
+@functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
+def _groups(degrees: tuple[tuple[str, int], ...], ep: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(map(tuple, expert_groups(dict(degrees), ep)))
+
+
+def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,
+                     value_bytes: int, imbalance: float) -> dict[str, float]:
+    """Seconds of one MoE block's all-to-alls per microbatch on the busiest rank: forward
+    (dispatch + combine), backward (their gradients), total. All exposed."""
+    if layout.ep == 1:
+        return {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    size = dispatch_bytes(cfg, layout.ep, tokens, value_bytes, imbalance)
+    one = collective_time("all_to_all", size, layout.ep, ep_link(layout, cluster))
+    half = ALL_TO_ALLS_PER_BLOCK // 2
+    return {"forward": half * one, "backward": half * one, "total": ALL_TO_ALLS_PER_BLOCK * one}

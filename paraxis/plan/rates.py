@@ -1,0 +1,62 @@
+"""Rates a layer's work runs at, and which communication hides behind it.
+
+`Overlap` states the overlap assumptions (cost.py prices a step with them); `layer_rates` and
+`gemm_efficiency` turn a GPU preset into the FLOP/s and bytes/s a TP group splits a layer at.
+Kept apart from cost.py so the parts of a layer priced elsewhere (plan/experts.py: the
+experts of a mixture-of-experts block) use the same rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraxis.plan.hardware import Cluster
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which communication hides behind compute (True) or adds to the step (False).
+
+    dp: DDP-style gradient buckets (ZeRO-0/1: behind the last microbatch's backward; ZeRO-2:
+    behind every backward). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
+    layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
+    behind the whole step. tp: the backward's TP collectives behind the weight-gradient
+    GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    cp: each ring hop of K/V (and dK/dV) behind one ring step's attention (plan/context.py).
+    """
+
+    dp: bool = True
+    tp: bool = True
+    pp: bool = False
+    zero3_prefetch: bool = True
+    cp: bool = True
+    # Hidden communication is not free: NCCL kernels take SMs and HBM bandwidth from the GEMMs
+    # they overlap. This fraction of every hidden second still lands on the step.
+    contention: float = 0.2
+
+DEFAULT_OVERLAP = Overlap()
+NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
+
+
+def overlap_on(cluster: Cluster, overlap: Overlap) -> Overlap:
+    # CPU ranks: gloo's threads run on the cores the compute runs on, so nothing hides.
+    return NO_OVERLAP if cluster.cores_per_node else overlap
+
+
+def layer_rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:
+    """(GEMM FLOP/s, attention-core FLOP/s, memory bytes/s) a TP group of `tp` ranks splits
+    a layer's work at: GEMMs at matmul_efficiency of peak, the attention core at its own
+    rate, elementwise kernels at hbm_efficiency of memory bandwidth (roofline); CPU ranks
+    beyond the cores get a share of one."""
+    gpu, share = cluster.gpu, cluster.compute_share
+    rate = gpu.peak_flops * gpu.matmul_efficiency * tp * share
+    attention = (gpu.attention_flops or gpu.peak_flops * gpu.matmul_efficiency) * tp * share
+    return rate, attention, gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * share
+
+
+def gemm_efficiency(cluster: Cluster, width: float) -> float:
+    """Fraction of peak a GEMM whose narrower side is `width` reaches (GPU.gemm_half_width)."""
+    gpu = cluster.gpu
+    if not gpu.gemm_half_width:
+        return gpu.matmul_efficiency
+    return gpu.matmul_efficiency * width / (width + gpu.gemm_half_width)
