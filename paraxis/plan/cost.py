@@ -52,12 +52,12 @@ from paraxis.plan.context import cp_layer_times, imbalance, replica_link
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     all_to_all_times,
+    check_ep,
     expert_dp_link,
-    moe_blocks,
     moe_forward_seconds,
 )
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import head_stage, layout_memory, stage_blocks, stage_local_params
+from paraxis.plan.memory import head_stage, layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
@@ -254,6 +254,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              expert_imbalance: float = DEFAULT_IMBALANCE) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step
     (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load)."""
+    check_ep(cfg, layout)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
@@ -268,9 +269,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
     # plus the LM head and loss if it is the last stage.
     # (dense blocks, MoE blocks) per stage; each kind priced once
-    blocks = stage_blocks(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
-    kinds = [(len(b) - moe_blocks(cfg, b), moe_blocks(cfg, b)) for b in blocks]
-    counts = [len(b) for b in blocks]
+    kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
     layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
     moe_layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision,

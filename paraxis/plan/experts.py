@@ -73,10 +73,15 @@ def dispatch_bytes(cfg: ModelConfig, ep: int, tokens: float, value_bytes: int,
                    imbalance: float = 1.0) -> float:
     """Bytes the busiest rank sends to the other EP ranks in one all-to-all of a block, for
     `tokens` tokens per rank: placement's uniform count (capacity-capped) times `imbalance`."""
+    return _uniform_dispatch_bytes(cfg, ep, tokens, value_bytes) * imbalance
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks for the same few thousand times
+def _uniform_dispatch_bytes(cfg: ModelConfig, ep: int, tokens: float, value_bytes: int) -> float:
     if ep == 1:
         return 0.0
     sends = uniform_send_matrix(tokens, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor)
-    return max(all_to_all_bytes(sends, cfg.d_model, value_bytes)) * imbalance  # type: ignore[arg-type]
+    return max(all_to_all_bytes(sends, cfg.d_model, value_bytes))  # type: ignore[arg-type]
 
 
 def moe_blocks(cfg: ModelConfig, blocks: list[int] | tuple[int, ...]) -> int:

@@ -124,6 +124,14 @@ def stage_blocks(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | Non
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks often
+def stage_kinds(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
+                placement: str = "loop") -> tuple[tuple[int, int], ...]:
+    """(dense blocks, MoE blocks) each stage holds."""
+    return tuple((len(blocks) - moe_blocks(cfg, blocks), moe_blocks(cfg, blocks))
+                 for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement))
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks often
 def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
                   placement: str) -> tuple[tuple[int, ...], ...]:
     partition = _partition(cfg, pp, virtual, seq_len, placement)
@@ -201,7 +209,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     replicas = layout.dp * layout.cp
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
-    blocks = stage_blocks(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     worst: dict[str, float] = {}
     local_by_stage = stage_local_params(cfg, layout, seq_len)
     kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
@@ -221,11 +229,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             expert_states = model_state_bytes(round(experts), replicas // layout.ep,
                                               layout.zero, precision)
             states = {k: states[k] + expert_states[k] for k in states}
-        moe = moe_blocks(cfg, blocks[stage])
+        dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
-        activations = (in_flight * (len(blocks[stage]) - moe) * dense_layer
+        activations = (in_flight * dense * dense_layer
                        + in_flight * moe * moe_layer)
         if stage == head_stage(layout.pp, layout.placement):
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)

@@ -1,11 +1,13 @@
 """Search every layout for a world size and global batch; rank the ones that fit by step time.
 
-Enumerates (tp, pp, cp, dp, zero, microbatch size, recompute, schedule, sequence parallelism),
-drops rule-breakers (Layout.validate, with its message) and layouts that do not fit (with their
-memory), and returns the fastest. Dominated variants are skipped without pricing: more
-recomputation only adds FLOPs, so it is tried only when the lighter setting does not fit.
-Context parallelism is tried for long sequences only (`context.MIN_CP_TOKENS` per rank), or
-at the degree asked for.
+Enumerates (tp, pp, cp, dp, ep, zero, microbatch size, recompute, schedule, sequence
+parallelism), drops rule-breakers (Layout.validate, with its message) and layouts that do not
+fit (with their memory), and returns the fastest. Dominated variants are skipped without
+pricing: more recomputation only adds FLOPs, so it is tried only when the lighter setting does
+not fit. Context parallelism is tried for long sequences only (`context.MIN_CP_TOKENS` per
+rank), or at the degree asked for. Expert parallelism (mixtures of experts) is tried at every
+degree that divides dp*cp and the experts while its group stays in a node; beyond the node,
+only until one fits (a larger group sends more of every all-to-all over the network).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.memory import model_state_bytes, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -35,6 +39,7 @@ class Constraints:
     pp: int | None = None
     dp: int | None = None
     cp: int | None = None
+    ep: int | None = None  # expert parallelism (mixtures of experts only)
     cp_attention: str = "ring"
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
@@ -106,7 +111,7 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
 
 
 def _constraints_text(c: Constraints) -> str:
-    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "cp", "max_tp",
+    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "cp", "ep", "max_tp",
                                                         "max_pp")
              if getattr(c, name) is not None]
     return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
@@ -114,7 +119,8 @@ def _constraints_text(c: Constraints) -> str:
 
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            constraints: Constraints = Constraints(), precision: Precision = MIXED_ADAM,
-           overlap: Overlap = DEFAULT_OVERLAP) -> SearchResult:
+           overlap: Overlap = DEFAULT_OVERLAP,
+           expert_imbalance: float = DEFAULT_IMBALANCE) -> SearchResult:
     world = cluster.world_size
     if global_batch < 1:
         raise ParaxisError(f"global batch {global_batch} must be at least 1")
@@ -123,6 +129,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     c = constraints
     if c.cp is not None:
         check_split(seq_len, c.cp)  # a cp that cannot split the sequence: say that, first
+    if c.ep is not None:
+        check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
     result = SearchResult([])
     axis_shapes = []
     for tp in _divisors(world):
@@ -147,7 +155,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     result.rule_breakers.append(Rejection(
                         shape, f"global batch {global_batch} does not split over dp={dp}"))
                     continue
-                axis_shapes.append(shape)
+                axis_shapes += [shape.replace(ep=ep) for ep in _ep_degrees(cfg, dp * cp, c)]
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
@@ -157,8 +165,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                            f"{reasons}")
 
     zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
+        across = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
+        if across and (dp, tp, pp, shape.cp) in fitted_across_nodes:
+            continue  # a smaller ep already fits: more only sends more over the network
+        if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
+            continue  # its model states alone overflow at the deepest ZeRO: a larger ep
         per_replica = global_batch // dp
         for zero in zeros:
             if zero == 3 and pp > 1:
@@ -185,9 +199,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break
                             result.considered += 1
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
-                                                precision, overlap)
+                                                precision, overlap, expert_imbalance)
                             if estimate.fits:
                                 result.ranked.append(estimate)
+                                if across:
+                                    fitted_across_nodes.add((dp, tp, pp, shape.cp))
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
@@ -204,6 +220,29 @@ def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
         return [c.cp] if ranks % c.cp == 0 else []
     return [cp for cp in _divisors(ranks) if cp == 1 or (
         seq_len % (2 * cp) == 0 and seq_len // cp >= MIN_CP_TOKENS)]
+
+
+def _states_overflow(cfg: ModelConfig, shape: Layout, cluster: Cluster, precision: Precision,
+                     zeros: tuple[int, ...], seq_len: int) -> bool:
+    """Whether a mixture of experts' model states alone exceed a GPU on some stage at the
+    deepest ZeRO stage allowed: no microbatch or recomputation can make the shape fit, so its
+    ep is skipped unpriced (a search of 1024 GPUs would otherwise price thousands)."""
+    zero = max(z for z in zeros if z < 3 or shape.pp == 1)
+    replicas = shape.dp * shape.cp
+    worst = max(sum(model_state_bytes(round(local), replicas, zero, precision).values())
+                + sum(model_state_bytes(round(experts), replicas // shape.ep, zero,
+                                        precision).values())
+                for local, experts in stage_local_params(cfg, shape, seq_len))
+    return worst + cluster.gpu.reserved_bytes > cluster.gpu.memory_bytes
+
+
+def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
+    """Expert-parallel degrees to try with `ranks` = dp*cp: the one asked for, else every
+    divisor of dp*cp that splits the experts evenly (1 alone for a dense model). EP groups
+    that leave the node are tried smallest first, and only until one fits (search)."""
+    if c.ep is not None:
+        return [c.ep] if ranks % c.ep == 0 else []
+    return [ep for ep in _divisors(ranks) if ep == 1 or (cfg.is_moe and cfg.n_experts % ep == 0)]
 
 
 def too_big_reason(estimate: Estimate) -> str:
@@ -230,5 +269,5 @@ def _rank_key(estimate: Estimate) -> tuple:
     smaller footprint."""
     layout = estimate.layout
     bucket = round(math.log(estimate.step_time_s) / math.log(1.005))
-    return (bucket, layout.tp * layout.pp * layout.cp, layout.zero,
+    return (bucket, layout.tp * layout.pp * layout.cp, layout.ep, layout.zero,
             RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])
