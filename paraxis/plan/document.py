@@ -22,7 +22,8 @@ def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch
     doc: dict = {
         "schema": SCHEMA,
         "mode": "search" if result is not None else "evaluate",
-        "model": {**cfg.to_dict(), "num_params": cfg.num_params()},
+        "model": {**cfg.to_dict(), "num_params": cfg.num_params(),
+                  "num_active_params": cfg.num_active_params()},
         "hardware": {"gpu": dataclasses.asdict(cluster.gpu),
                      "cluster": {**cluster_dict, "world_size": cluster.world_size}},
         "seq_len": seq_len,

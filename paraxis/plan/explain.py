@@ -11,6 +11,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import imbalance
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -28,7 +29,8 @@ def _shape(estimate: Estimate) -> tuple[int, int, int]:
 
 def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             result: SearchResult | None = None, precision: Precision = MIXED_ADAM,
-            alternatives: int = 3, overlap: Overlap = DEFAULT_OVERLAP) -> list[str]:
+            alternatives: int = 3, overlap: Overlap = DEFAULT_OVERLAP,
+            expert_imbalance: float = DEFAULT_IMBALANCE) -> list[str]:
     """Short sentences, one idea each, that say why `best` and not its rivals."""
     gpu, layout, time = cluster.gpu, best.layout, best.time
     limit = gpu.memory_bytes / GB
@@ -39,6 +41,13 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"Fits on one GPU? {'yes' if one_gpu else 'no'}: {cfg.num_params() / 1e9:.3g}B "
         f"parameters need {precision.total_bytes:g} B each = {states:.1f} GB of model states "
         f"before activations, against {limit:.0f} GB per GPU.")
+    if cfg.is_moe:
+        shared = f", {cfg.n_shared_experts} shared" if cfg.n_shared_experts else ""
+        lines.append(
+            f"Mixture of experts: {cfg.num_params() / 1e9:.3g}B parameters, "
+            f"{cfg.num_active_params() / 1e9:.3g}B active per token (router, top {cfg.top_k} "
+            f"of {cfg.n_experts} experts{shared}): the FLOPs follow the active parameters, "
+            "the memory all of them.")
     node = cluster.gpus_per_node
     per_gpu_in_node = states / node
     lines.append(
@@ -65,6 +74,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                      "collectives sit on the critical path.")
     if layout.cp > 1:
         lines.append(context_line(best, cluster, intra))
+    if cfg.is_moe:
+        lines.append(expert_line(cfg, best, result, cluster, intra, expert_imbalance,
+                                 precision))
     if layout.pp > 1:
         link = axis_link(layout, "pp", cluster)
         lines.append(
@@ -92,7 +104,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
 
     def price(estimate: Estimate, changed: Cluster) -> float:
         return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch, precision,
-                        overlap).step_time_s
+                        overlap, expert_imbalance).step_time_s
 
     lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
@@ -118,6 +130,38 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
             f"a forward again); it pays {how}, over "
             f"{'the network' if link.crosses_nodes else intra}: {time['cp_total']:.2f} s of "
             f"traffic per step, {time['cp']:.2f} s ({time['cp'] / time['step']:.0%}) exposed.")
+
+
+def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
+                cluster: Cluster, intra: str, imbalance: float, precision: Precision) -> str:
+    """Where expert parallelism lives and why: the experts' states it divides by ep against
+    the four all-to-alls per MoE block per microbatch it pays, on the link its group spans."""
+    layout, time = best.layout, best.time
+    experts = cfg.n_moe_layers * cfg.n_experts * cfg.expert_params() / layout.pp
+    whole = experts * precision.total_bytes / GB  # a mean stage's experts on one GPU, no EP
+    replicas = layout.dp * layout.cp // layout.ep
+    held = sum(model_state_bytes(round(experts / layout.ep), replicas, layout.zero,
+                                 precision).values()) / GB
+    if layout.ep == 1:
+        rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
+        versus = (f"; the best layout with EP, {rival.layout}, is "
+                  f"{rival.step_time_s / best.step_time_s - 1:+.1%}" if rival else "")
+        return (f"EP=1: every rank holds all {cfg.n_experts} experts of its blocks (about "
+                f"{whole:.1f} GB of states per GPU before ZeRO), which fit, so no token leaves "
+                f"its rank{versus}.")
+    link = ep_link(layout, cluster)
+    where = ("across nodes, over the network" if link.crosses_nodes else
+             f"inside one node over {intra}")
+    return (f"EP={layout.ep} lives {where} (its {layout.ep} ranks are consecutive members of "
+            f"a dp x cp group, {layout.tp * layout.ep} ranks wide with tp={layout.tp}): each "
+            f"rank holds {cfg.n_experts // layout.ep} of the {cfg.n_experts} experts of every "
+            f"MoE block, so a stage's expert states take {held:.1f} GB per GPU instead of "
+            f"{whole:.1f} GB (1/{layout.ep}, ZeRO-{layout.zero} over their {replicas} "
+            f"expert-data-parallel replicas); it pays 4 all-to-alls per MoE block per "
+            f"microbatch (dispatch and combine, forward and backward; busiest rank at "
+            f"{imbalance:g}x the mean load), {time['ep_total']:.2f} s per step, all exposed "
+            f"({time['ep'] / time['step']:.0%} of the step). The MoE block is not split over "
+            "tp: more TP would not shrink the experts.")
 
 
 def link_speed(link: Link, cluster: Cluster) -> str:

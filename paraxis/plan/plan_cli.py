@@ -13,6 +13,7 @@ from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
 from paraxis.plan import inputs
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.document import plan_document
+from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
 from paraxis.plan.search import Constraints, check_interleaving, search
 
@@ -25,8 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     limits = parser.add_argument_group("search constraints")
-    for axis in ("tp", "pp", "dp", "cp"):
+    for axis in ("tp", "pp", "dp", "cp", "ep"):
         limits.add_argument(f"--{axis}", type=int, help=f"fix the {axis} degree")
+    limits.add_argument("--expert-imbalance", type=float, default=DEFAULT_IMBALANCE,
+                        help="busiest EP rank's routed tokens over the mean (mixtures of "
+                        f"experts; default {DEFAULT_IMBALANCE:g}, plan/experts.py)")
     limits.add_argument("--max-tp", type=int, help="largest tensor-parallel degree")
     limits.add_argument("--max-pp", type=int, help="largest pipeline degree")
     limits.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
@@ -59,13 +63,18 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
+    if not args.expert_imbalance >= 1:
+        raise ParaxisError(f"--expert-imbalance {args.expert_imbalance:g} must be at least 1 "
+                           "(the busiest EP rank's tokens over the mean)")
+    imbalance = args.expert_imbalance
     fixed, stated, micro_batch = _layout_fields(args.layout or "")
     layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
         layout.validate(cluster.world_size, cfg, args.global_batch, seq_len)
         check_interleaving(layout, cfg)
-        best = evaluate(cfg, layout, cluster, seq_len, args.global_batch, precision, overlap)
+        best = evaluate(cfg, layout, cluster, seq_len, args.global_batch, precision, overlap,
+                        imbalance)
         layouts, result = [best], None
     else:
         # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
@@ -77,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             pp=stated.pp if "pp" in fixed else args.pp,
             dp=stated.dp if "dp" in fixed else args.dp,
             cp=stated.cp if "cp" in fixed else args.cp,
+            ep=stated.ep if "ep" in fixed else args.ep,
             cp_attention=stated.cp_attention,
             zero=stated.zero if "zero" in fixed else args.zero,
             recompute=((stated.recompute,) if "recompute" in fixed
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                else (False,) if args.no_sp else (True,)),
             tp_within_node=args.tp_within_node, micro_batch=micro_batch)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
-                        overlap)
+                        overlap, imbalance)
         if not result.ranked:
             closest = (result.too_big[0].reason if result.too_big else
                        result.rule_breakers[0].reason if result.rule_breakers else
@@ -99,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                                "ZeRO/recompute, or shorten --seq-len")
         layouts = result.top(args.top)
         best = layouts[0]
-    lines = explain(cfg, cluster, best, result, precision, overlap=overlap)
+    lines = explain(cfg, cluster, best, result, precision, overlap=overlap,
+                    expert_imbalance=imbalance)
     if args.json:
         print(json.dumps(plan_document(cfg, cluster, seq_len, args.global_batch, precision,
                                        overlap, layouts, lines, result), indent=2))

@@ -28,9 +28,9 @@ GB = 1e9
 Price = Callable[[Estimate, Cluster], float]
 
 
-def _shape(estimate: Estimate) -> tuple[int, int, int, int, int]:
+def _shape(estimate: Estimate) -> tuple[int, int, int, int, int, int]:
     layout = estimate.layout
-    return layout.dp, layout.cp, layout.tp, layout.pp, layout.zero
+    return layout.dp, layout.cp, layout.ep, layout.tp, layout.pp, layout.zero
 
 
 def _versus(rival: Estimate, best: Estimate, band: ErrorBand) -> str:
@@ -40,7 +40,7 @@ def _versus(rival: Estimate, best: Estimate, band: ErrorBand) -> str:
 
 
 def _overhead(estimate: Estimate) -> str:
-    worst = max(("tp", "cp", "pp", "dp", "bubble"), key=lambda k: estimate.time[k])
+    worst = max(("tp", "cp", "ep", "pp", "dp", "bubble"), key=lambda k: estimate.time[k])
     return f"its largest overhead is {worst} {estimate.time[worst]:.2f} s"
 
 
@@ -66,13 +66,13 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     if not others:
         following = next((e for e in result.ranked if _shape(e) != _shape(best)), None)
         if following is not None:
-            lines.append(f"No tie between shapes: the nearest other (dp, cp, tp, pp, zero) is "
+            lines.append(f"No tie between shapes: the nearest other (dp, cp, ep, tp, pp, zero) is "
                          f"{following.layout}, {_versus(following, best, band)}{same}.")
         return lines
     shapes = {_shape(e) for e in others}
     text = ", ".join(f"{e.layout} {e.step_time_s / best.step_time_s - 1:+.1%}"
                      for e in others[:2])
-    lines.append(f"Tie: {len(shapes)} other (dp, cp, tp, pp, zero) shapes are predicted within "
+    lines.append(f"Tie: {len(shapes)} other (dp, cp, ep, tp, pp, zero) shapes are predicted within "
                  f"±{band.rms:.1%} of it ({text}){same}; the model cannot rank them.")
     lines.append(_decider_line(best, others[:3], cluster, price))
     return lines
@@ -113,6 +113,7 @@ def _families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
             ("without PP", lambda layout: layout.pp == 1),
             ("without TP", lambda layout: layout.tp == 1),
             ("without CP", lambda layout: layout.cp == 1),
+            ("without EP", lambda layout: layout.ep == 1),
             (f"with TP = {node}", lambda layout: layout.tp == node)]
 
 

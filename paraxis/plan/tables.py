@@ -25,7 +25,9 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
                layouts: list[Estimate], lines: list[str],
                result: SearchResult | None) -> None:
     console = _console()
-    console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params) on "
+    active = (f", {cfg.num_active_params() / 1e9:.3g}B active per token"
+              if cfg.is_moe else "")
+    console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params{active}) on "
                   f"{cluster.world_size} x {cluster.gpu.name} ({cluster.nodes} nodes of "
                   f"{cluster.gpus_per_node}); global batch {global_batch} x {seq_len} tokens")
     if result is not None:
@@ -37,6 +39,8 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
     # the K/V exchange's exposed seconds, where a layout splits sequences
     parts = ("tp", "cp", "pp", "dp") if any(e.layout.cp > 1 for e in layouts) else (
         "tp", "pp", "dp")
+    if any(e.layout.ep > 1 for e in layouts):  # the MoE all-to-alls' seconds
+        parts = ("tp", *parts[1:-1], "ep", "dp")
     for column in ("#", "layout", "mb", "GB/GPU", "compute s", *(f"{p} s" for p in parts),
                    "bubble s", "step s", "tokens/s", "MFU"):
         table.add_column(column, justify="left" if column == "layout" else "right")
