@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from paraxis.model_config import ModelConfig
+from paraxis.model_config import PRESETS, ModelConfig
 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/torchtitan): "
                    "Llama 2 and Llama 3 with FSDP2 on 64 A100-80GB")
@@ -61,6 +61,9 @@ class HeldOutRun:
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
     network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
+    ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
+    virtual_stages: int = 1  # model chunks per pipeline stage (interleaved)
+    expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)
 
 
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
@@ -242,4 +245,56 @@ FLASH_RUNS = [
     _gpt3("GPT3-2.7B", 2560, 20, 32, 4, 512, 1, 85e3),
 ]
 
-HELD_OUT = TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS
+# --------------------------------------------------------------------------- NeMo AutoModel
+# The pre-training table of NVIDIA-NeMo/Automodel docs/performance-summary.md (DGX-H100, BF16,
+# PyTorch FSDP2 with TE kernels): every row, the mixtures of experts priced with the ep the
+# table gives. The DeepSeek V3 rows' configs (examples/llm_benchmark/deepseek/
+# deepseek_v3_te_deepep.yaml and _1024.yaml): the HF DeepSeek-V3 shape, a forced-balanced
+# gate (`fake_balanced_gate: true`, so an imbalance of 1), interleaved 1F1B with pipeline
+# microbatches of 1 sequence, activation checkpointing in the 256-GPU config only, FSDP2
+# with `enable_fsdp_optimizations`: under pipelines every backward but the step's last skips
+# the gradient sync and keeps the parameters gathered (nemo_automodel/components/moe/
+# fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1.
+# The table's columns: GBS, MBS, LBS, GA, TP, PP, CP, EP, VP, FSDP.
+AUTOMODEL = ("NVIDIA-NeMo/Automodel docs/performance-summary.md at commit e458120 "
+             "(examples/llm_benchmark configs at the same commit): pre-training on DGX-H100, BF16")
+HYBRID = "a hybrid Mamba-Transformer: state-space layers are not modelled"
+HEAD_WIDTH = "heads x head size differ from d_model (ModelConfig ties them): not modelled"
+
+
+def _automodel(name: str, model: str | ModelConfig, gpus: int, dp: int, pp: int, ep: int,
+               local_batch: int, seq: int, recompute: str, tps: float, unpriced: str = "",
+               virtual: int = 1, cp: int = 1) -> HeldOutRun:
+    zero = 1 if pp > 1 else 3  # FSDP2 (see above)
+    return HeldOutRun(name, model, "h100", gpus, dp, 1, pp, local_batch, seq, recompute, tps,
+                      AUTOMODEL, f"Pre-Training Performance table, row {name}", unpriced,
+                      schedule="interleaved" if virtual > 1 else "1f1b", micro_batch=1,
+                      zero=zero, kernels="fused", cp=cp, ep=ep, virtual_stages=virtual,
+                      expert_imbalance=1.0)
+
+
+AUTOMODEL_RUNS = [
+    _automodel("Nemotron V3 Super 120B (26.02) x64 EP64", "mixtral-8x7b", 64, 64, 1, 64, 8,
+               4096, "none", 4497, HYBRID),
+    _automodel("Nemotron V3 Nano 30B (26.02) x8 EP8", "mixtral-8x7b", 8, 8, 1, 8, 64, 4096,
+               "none", 16789, HYBRID),
+    _automodel("DeepSeek V3 671B x1024 EP64", "deepseek-v3-style", 1024, 256, 4, 64, 32, 4096,
+               "none", 865, virtual=8),
+    _automodel("DeepSeek V3 671B x256 EP64", "deepseek-v3-style", 256, 64, 4, 64, 8, 4096,
+               "full", 1002, virtual=8),
+    _automodel("Kimi K2 x256 EP32", "deepseek-v3-style", 256, 32, 8, 32, 16, 4096, "full", 924,
+               "multi-head latent attention with 64 heads: plain attention at d_model 7168 "
+               "would double its parameters (DeepSeek V3's 128 heads come within 10%)",
+               virtual=4),
+    _automodel("Qwen3 MoE 30B x8 EP8", "mixtral-8x7b", 8, 8, 1, 8, 64, 4096, "none", 12040,
+               HEAD_WIDTH),
+    _automodel("GPT-OSS 20B x8", "mixtral-8x7b", 8, 8, 1, 1, 32, 4096, "none", 13058,
+               HEAD_WIDTH + "; attention sinks and sliding windows (FlexAttention)"),
+    _automodel("GPT-OSS 120B x64", "mixtral-8x7b", 64, 64, 1, 1, 8, 4096, "none", 7626,
+               HEAD_WIDTH + "; attention sinks and sliding windows (FlexAttention)"),
+    # dense, context-parallel: the config's mock vocabulary of 100 tokens
+    _automodel("Llama3 70B x64 CP2", PRESETS["llama3-70b"].replace(vocab_size=100), 64, 32, 1,
+               1, 4, 8192, "full", 866.77, cp=2),
+]
+
+HELD_OUT = TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + AUTOMODEL_RUNS

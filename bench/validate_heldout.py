@@ -66,9 +66,11 @@ def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
     layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp,
                     zero=run.zero if run.dp * run.cp > 1 else 0,
                     recompute=recompute, schedule=run.schedule,
-                    microbatches=run.local_batch // micro_batch)
+                    microbatches=run.local_batch // micro_batch, ep=run.ep,
+                    virtual_stages=run.virtual_stages)
+    imbalance = {"expert_imbalance": run.expert_imbalance} if run.expert_imbalance else {}
     return evaluate(model_of(run), layout, cluster_for(run), run.seq_len,
-                    run.local_batch * run.dp)
+                    run.local_batch * run.dp, **imbalance)
 
 
 def model_of(run: HeldOutRun) -> ModelConfig:
