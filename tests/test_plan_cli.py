@@ -148,3 +148,31 @@ def test_plan_refuses_a_cp_that_does_not_split_the_sequence(capsys) -> None:
                            "--seq-len", "4100", "--cp", "4")
     assert code == 2 and "2*cp = 8 equal chunks: seq_len 4100" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_prices_expert_parallelism(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu",
+                           "h100-sxm-80gb", "--global-batch", "256", "--seq-len", "4096",
+                           "--layout", "dp=32,pp=2,ep=8,zero=1,micro_batch=1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["layouts"][0]["layout"]["ep"] == 8
+    assert doc["model"]["num_active_params"] < doc["model"]["num_params"] / 3
+    assert doc["layouts"][0]["time_s"]["ep"] > 0
+    assert any(line.startswith("EP=8 lives inside one node") for line in doc["explanation"])
+    code, out, _ = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu",
+                           "h100-sxm-80gb", "--global-batch", "256", "--seq-len", "4096",
+                           "--ep", "4", "--top", "2")
+    assert code == 0 and "12.9B active per token" in out and "ep=4" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "llama3-8b", "--gpus", "8", "--ep", "2"], "needs a mixture-of-experts model"),
+    (["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "must divide the number of"),
+    (["--model", "mixtral-8x7b", "--gpus", "64", "--layout", "dp=32,pp=2,ep=3,microbatches=4"],
+     "ep=3 must divide dp*cp = 32"),
+    (["--model", "mixtral-8x7b", "--gpus", "64", "--expert-imbalance", "0.5"],
+     "--expert-imbalance 0.5 must be at least 1"),
+])
+def test_plan_refuses_a_bad_ep_in_one_line(capsys, argv: list[str], message: str) -> None:
+    code, _, err = run_cli(capsys, "plan", *argv)
+    assert code == 2 and message in err and err.count("\n") == 1
