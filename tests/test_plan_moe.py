@@ -19,6 +19,7 @@ from paraxis.plan.experts import (
     dispatch_bytes,
     ep_link,
     imbalance_of_counts,
+    measured_all_to_all_bytes,
     moe_activation_bytes,
 )
 from paraxis.plan.hardware import build_cluster
@@ -85,9 +86,21 @@ def test_all_to_all_bytes_are_placements_for_uniform_routing() -> None:
         "ep_total"] == 0.0
 
 
-def test_measured_counts_give_the_busiest_ranks_share() -> None:
+def test_measured_counts_give_the_busiest_ranks_share_and_the_bytes() -> None:
     counts = [[30, 10, 10, 10], [30, 10, 10, 10]]  # expert 0 (on rank 0 of 2) is popular
     assert imbalance_of_counts(counts, 2) == pytest.approx(80 / 60)
+    # rank 0 sends its 20 rows for experts 2, 3 to rank 1; rank 1 sends 40 to rank 0; four
+    # all-to-alls of d_model bf16 values per row
+    tiny = PRESETS["tiny-moe"].replace(n_experts=4)
+    assert measured_all_to_all_bytes(tiny, counts, 2, 2) == [4 * 20 * 64 * 2, 4 * 40 * 64 * 2]
+
+
+def test_a_capacity_factor_caps_the_busiest_load() -> None:
+    capped = MIXTRAL.replace(capacity_factor=1.1)
+    assert dispatch_bytes(capped, 8, 4096, 2, 1.5) == pytest.approx(
+        dispatch_bytes(MIXTRAL, 8, 4096, 2, 1.1))
+    assert moe_activation_bytes(capped, 4096, 1, 1.5) == moe_activation_bytes(MIXTRAL, 4096,
+                                                                              1, 1.1)
 
 
 def test_an_ep_group_leaving_the_node_pays_the_network() -> None:

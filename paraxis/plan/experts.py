@@ -17,10 +17,11 @@ counts, torch-free; nothing is re-derived here):
 - All-to-all: `placement.ALL_TO_ALLS_PER_BLOCK` (4) per MoE block per microbatch, dispatch
   and combine forward, both again backward, each carrying what `placement.all_to_all_bytes`
   counts for the uniform send matrix (`placement.uniform_send_matrix`, capped by the capacity
-  factor) times `imbalance`, over the link the EP group spans: EP groups are consecutive
-  ranks of a dp x cp group (`layout.expert_groups`), which sit tp*cp (dp) or tp (cp) ranks
-  apart, so a group of ep ranks spans ep*tp*... ranks and stays in a node while they fit in
-  it. The experts wait for their tokens: these all-to-alls block (all exposed).
+  factor) scaled to the busiest rank's load, over the link the EP group spans: EP groups
+  are consecutive members of a dp x cp group (`layout.expert_groups`), which sit tp ranks
+  apart (cp varies next to tp, then dp), so a group spans ep x tp ranks and stays inside a
+  node while that fits in it. The experts wait for their tokens: these all-to-alls block
+  (all exposed). A capacity factor caps the busiest rank's load at cf x the mean.
 """
 
 from __future__ import annotations
@@ -69,11 +70,29 @@ def imbalance_of_counts(counts: list[list[int]], ep: int) -> float:
     return max(received) / mean if mean else 1.0
 
 
+def busiest_load(cfg: ModelConfig, imbalance: float) -> float:
+    """The busiest EP rank's routed rows over the mean of dropless uniform routing: the
+    imbalance, capped by the capacity factor where one drops tokens past it."""
+    return min(imbalance, cfg.capacity_factor) if cfg.capacity_factor else imbalance
+
+
 def dispatch_bytes(cfg: ModelConfig, ep: int, tokens: float, value_bytes: int,
                    imbalance: float = 1.0) -> float:
     """Bytes the busiest rank sends to the other EP ranks in one all-to-all of a block, for
-    `tokens` tokens per rank: placement's uniform count (capacity-capped) times `imbalance`."""
-    return _uniform_dispatch_bytes(cfg, ep, tokens, value_bytes) * imbalance
+    `tokens` tokens per rank: placement's uniform count (capacity-capped) scaled to the
+    busiest rank's load."""
+    capped = min(1.0, cfg.capacity_factor) if cfg.capacity_factor else 1.0
+    return (_uniform_dispatch_bytes(cfg, ep, tokens, value_bytes)
+            * busiest_load(cfg, imbalance) / capped)
+
+
+def measured_all_to_all_bytes(cfg: ModelConfig, counts: list[list[int]], ep: int,
+                              value_bytes: int) -> list[int]:
+    """Bytes each EP rank sends to the others for one MoE block and microbatch, forward and
+    backward together, given the run's per-expert counts (counts[i][e]: EP rank i's rows
+    for expert e): placement's count, `ALL_TO_ALLS_PER_BLOCK` times."""
+    sent = all_to_all_bytes(send_matrix(counts, ep), cfg.d_model, value_bytes)
+    return [ALL_TO_ALLS_PER_BLOCK * n for n in sent]
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks for the same few thousand times
@@ -122,14 +141,9 @@ def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and product (6 f_e);
     per token and shared expert 6 f_e; the router's fp32 logits and probabilities (8 E)."""
     tokens = seq_len * micro_batch
-    rows = tokens * cfg.top_k * _kept(cfg) * imbalance
+    rows = tokens * cfg.top_k * busiest_load(cfg, imbalance)
     h, f = cfg.d_model, cfg.d_ff_expert
     return rows * (2 * h + 6 * f) + tokens * (cfg.n_shared_experts * 6 * f + 8 * cfg.n_experts)
-
-
-def _kept(cfg: ModelConfig) -> float:
-    """Share of the routed rows a capacity factor keeps under uniform routing (1: dropless)."""
-    return min(1.0, cfg.capacity_factor) if cfg.capacity_factor else 1.0
 
 
 def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbalance: float,
@@ -137,15 +151,18 @@ def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbal
     """Seconds of an MoE block's feed-forward half (router, routed and shared experts) on
     the busiest rank for `tokens` tokens, forward: its GEMMs at the GEMM rate of one GPU
     (not split over tp), its elementwise kernels at `hbm` bytes/s (SwiGLU 6 f_e bytes per
-    row, the permutation in and out of expert order 8h per row)."""
+    row, the permutation in and out of expert order 8h per row). The GEMMs' efficiency
+    follows their (h, f_e) shape; that each expert sees only its share of the rows (fewer
+    for fine-grained experts) is not modelled."""
     gpu = cluster.gpu
     h, f = cfg.d_model, cfg.d_ff_expert
-    rows = tokens * (cfg.top_k * _kept(cfg) * imbalance + cfg.n_shared_experts)
+    routed = tokens * cfg.top_k * busiest_load(cfg, imbalance)
+    rows = routed + tokens * cfg.n_shared_experts
     peak = gpu.peak_flops * cluster.compute_share
     experts = 2 * rows * cfg.expert_params() / (peak * gemm_efficiency(cluster, min(h, f)))
     router = 2 * tokens * h * cfg.n_experts / (peak * gemm_efficiency(cluster,
                                                                        min(h, cfg.n_experts)))
-    traffic = rows * 6 * f + tokens * cfg.top_k * _kept(cfg) * imbalance * 8 * h
+    traffic = rows * 6 * f + routed * 8 * h
     return experts + router + traffic / hbm
 
 
