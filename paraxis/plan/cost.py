@@ -40,7 +40,6 @@ from paraxis.plan.comm import (
     zero3_layer_times,
 )
 from paraxis.plan.compute import (
-    head_forward_traffic_per_token_eager,
     iteration_flops,
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
@@ -57,6 +56,7 @@ from paraxis.plan.experts import (
     moe_forward_seconds,
 )
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.head import head_times
 from paraxis.plan.memory import head_stage, layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import (
@@ -212,40 +212,6 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
             "cp_backward": cp["backward"], "cp_total": cp["total"],
             "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"]}
-
-
-def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
-               seq_len: int, overlap: Overlap = DEFAULT_OVERLAP,
-               precision: Precision = MIXED_ADAM) -> dict[str, float]:
-    """Seconds the LM head and the loss take per microbatch on the last stage: forward,
-    backward (2x), tp (on the critical path) and tp_total (all their TP traffic)."""
-    overlap = overlap_on(cluster, overlap)
-    tokens = micro_batch * seq_len // layout.cp  # a cp rank's share of each sequence
-    rate, _, hbm = layer_rates(cluster, layout.tp)
-    gemm = 2 * cfg.d_model * cfg.vocab_size * tokens / rate
-    if cluster.gpu.gemm_half_width:  # shape-aware: the head's narrower side
-        width = min(cfg.d_model, cfg.vocab_size / layout.tp)
-        gemm *= cluster.gpu.matmul_efficiency / gemm_efficiency(cluster, width)
-    eager = cluster.gpu.kernels == "eager"
-    norm_loss_bytes = precision.activation_bytes * tokens * (
-        head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
-    forward = gemm + norm_loss_bytes / hbm
-    if layout.tp == 1:
-        return {"forward": forward, "backward": 2 * forward, "tp": 0.0, "tp_total": 0.0}
-    # The vocab-parallel ends (Shoeybi et al. 2019 Sec. 3): the parallel cross-entropy
-    # all-reduces the row max, then the row sums (two small all-reduces that block), and the
-    # head's input gradient is all-reduced in the backward, where, like a layer's
-    # column-parallel linears, it can hide behind the head's weight-gradient GEMM.
-    link = axis_link(layout, "tp", cluster)
-    loss = (collective_time("all_reduce", 4 * tokens, layout.tp, link)
-            + collective_time("all_reduce", 8 * tokens, layout.tp, link))
-    grad = collective_time("all_reduce", precision.activation_bytes * tokens * cfg.d_model,
-                           layout.tp, link)
-    exposed = grad
-    if overlap.tp:
-        exposed = max(0.0, grad - gemm) + overlap.contention * min(grad, gemm)
-    return {"forward": forward, "backward": 2 * forward, "tp": loss + exposed,
-            "tp_total": loss + grad}
 
 
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
