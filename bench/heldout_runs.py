@@ -297,4 +297,18 @@ AUTOMODEL_RUNS = [
                1, 4, 8192, "full", 866.77, cp=2),
 ]
 
-HELD_OUT = TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + AUTOMODEL_RUNS
+# ----------------------------------------------------------------------------- DeepSeek-V3
+# DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437): "each trillion tokens
+# requires only 180K H800 GPU hours" on 2048 H800s (Sec. 1), i.e. 1e12 / (180e3 x 3600)
+# tokens per second per GPU; PP16, EP64 over 8 nodes, ZeRO-1 data parallelism (Sec. 3.2);
+# 4K tokens, batch 15360 after its ramp-up (Sec. 4.2). FP8 GEMMs (Sec. 3.3): not priced.
+DEEPSEEK_V3 = "DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437)"
+DEEPSEEK_V3_RUN = HeldOutRun(
+    "DeepSeek-V3 pre-training x2048 EP64", "deepseek-v3-style", "h800", 2048, 128, 1, 16,
+    15360 // 128, 4096, "none", 1e12 / (180e3 * 3600), DEEPSEEK_V3,
+    "Sec. 1 (180K H800 GPU hours per trillion tokens), Sec. 3.2 (PP16, EP64, ZeRO-1), Sec. 4.2",
+    "FP8 GEMMs (Sec. 3.3) on H800s: a precision and a GPU the planner does not model",
+    zero=1, ep=64)
+
+HELD_OUT = (TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + AUTOMODEL_RUNS
+            + [DEEPSEEK_V3_RUN])

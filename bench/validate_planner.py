@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.heldout_runs import (
     AUTOMODEL,
     BLOOM,
+    DEEPSEEK_V3,
     FLASH,
     HELD_OUT,
     LLM_FOUNDRY,
@@ -293,6 +294,8 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "  (per-GPU batch, DDP or ZeRO-1).",
         f"- {AUTOMODEL}: every row of the table (time per global step, tokens/s/GPU) and the",
         "  DeepSeek V3 configs (forced-balanced gate, checkpointing, pipeline microbatch 1).",
+        f"- {DEEPSEEK_V3}: Sec. 1 (180K H800 GPU hours per trillion tokens, 2048 H800s),",
+        "  Sec. 3.2 (PP16, EP64 over 8 nodes, ZeRO-1), Sec. 4.2 (4K tokens, batch 15360).",
         "",
         *moe_findings(priced),
     ]
