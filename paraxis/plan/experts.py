@@ -43,11 +43,12 @@ from paraxis.plan.comm import Link, collective_time, group_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
 
-# The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the
-# capacity factor the Switch Transformer trains with (Fedus et al. 2022, Sec. 2.2 and
-# Table 1: the headroom above a perfectly balanced share that production MoE runs size each
-# expert's buffer for). An assumption, not a measurement: `paraxis plan --expert-imbalance`
-# sets it, and `imbalance_of_counts` reads it from a run's per-expert token counts.
+# The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the middle
+# capacity factor the Switch Transformer benchmarks (Fedus et al. 2022, Sec. 2.2 defines it
+# as the headroom above a perfectly balanced share each expert's buffer is sized for; Table 1
+# trains at 1.0, 1.25 and 2.0). An assumption, not a measurement: `paraxis plan
+# --expert-imbalance` sets it, and `imbalance_of_counts` reads it from a run's per-expert
+# token counts.
 DEFAULT_IMBALANCE = 1.25
 
 
