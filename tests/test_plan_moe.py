@@ -12,7 +12,7 @@ from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
 from paraxis.plan.comm import collective_time
-from paraxis.plan.compute import model_flops_per_token
+from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import evaluate, layer_times
 from paraxis.plan.experts import (
     check_ep,
@@ -35,12 +35,20 @@ H100_8 = build_cluster("h100-sxm-80gb", 8, 8)
 
 def test_flops_follow_the_active_parameters() -> None:
     s = 4096
-    per_token = 3 * (2 * MIXTRAL.blocks_params(active=True) + MIXTRAL.n_layers * 4 * s
-                     * MIXTRAL.d_model + 2 * MIXTRAL.d_model * MIXTRAL.vocab_size)
-    assert model_flops_per_token(MIXTRAL, s) == pytest.approx(per_token, rel=1e-12)
+    for i in (0, MIXTRAL.n_layers - 1):
+        assert layer_forward_flops_per_token(MIXTRAL, s, i)[0] == 2 * MIXTRAL.layer_params(
+            i, active=True)
+    # one expert fewer per token: 3 (forward + backward) x 2 FLOPs x its weights, per block
+    one_fewer = model_flops_per_token(MIXTRAL, s) - model_flops_per_token(
+        MIXTRAL.replace(top_k=1), s)
+    assert one_fewer == pytest.approx(3 * 2 * MIXTRAL.n_moe_layers * MIXTRAL.expert_params())
     # 12.9B of 46.7B parameters: a fraction of what all the experts would cost
     everything = 3 * 2 * MIXTRAL.blocks_params()
     assert model_flops_per_token(MIXTRAL, s) < 0.35 * everything
+    # DeepSeek's first three blocks are dense: the mean block counts them whole
+    assert layer_forward_flops_per_token(DEEPSEEK, s)[0] == pytest.approx(
+        2 * sum(DEEPSEEK.layer_params(i, active=True) for i in range(DEEPSEEK.n_layers))
+        / DEEPSEEK.n_layers)
 
 
 def test_expert_states_fall_by_ep_and_shard_over_their_own_replicas() -> None:
