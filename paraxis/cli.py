@@ -28,6 +28,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schedule", "paraxis.simulate.schedule_command",
      "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
+    ("experts", "paraxis.moe.command",
+     "where a mixture of experts routes its tokens, and the all-to-all that costs under EP"),
     ("report", "paraxis.report.command",
      "write one self-contained HTML report: plan, pictures, run"),
     ("calibrate", "paraxis.calibrate.command",
