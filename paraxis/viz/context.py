@@ -10,20 +10,19 @@ against). The block matrix is those kernel calls unfolded onto (query chunk, key
 cells, so a test can check that the picture adds up to `pairs_per_rank`.
 
     plot_chunks(seq_len=4096, cp=4)        # the split, the block matrix, pairs per rank
-    plot_kv_exchange(cp=4, "ring")         # one ring per step: K/V on, dK/dV behind
+
+How K/V then reach the queries is drawn by `context_ring.py`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Circle, FancyArrowPatch, Patch, Polygon, Rectangle
+from matplotlib.patches import Polygon, Rectangle
 from matplotlib.ticker import FuncFormatter
 
 from paraxis.context_parallel.balance import (
@@ -38,10 +37,9 @@ from paraxis.context_parallel.balance import (
     ring_source,
 )
 from paraxis.errors import ParaxisError
-from paraxis.viz.style import OKABE_ITO, RANK_COLOURS, new_figure
+from paraxis.viz.style import OKABE_ITO, RANK_COLOURS
 
 MAX_LABELLED_CP = 8  # beyond this, cells and ring nodes are too small for text
-MAX_RING_CP = 16  # one ring panel per step: more steps than this no longer fit a page
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-def _check_cp(cp: int) -> int:
+def check_cp(cp: int) -> int:
     if not isinstance(cp, int) or cp < 1:
         raise ParaxisError(f"the context-parallel degree must be a positive integer, got "
                            f"cp={cp!r}")
@@ -85,7 +83,7 @@ def _unfold(block: Block, query_chunks: tuple[int, ...], key_chunks: tuple[int, 
 def block_cells(cp: int, variant: str = "ring") -> dict[tuple[int, int], Cell]:
     """(query chunk, key chunk) -> who computes it, for every block under the causal
     diagonal: the runtime's kernel calls (`ring_blocks` or `prefix_blocks`) unfolded."""
-    _check_cp(cp)
+    check_cp(cp)
     check_variant(variant)
     every_chunk = tuple(range(2 * cp))
     cells: dict[tuple[int, int], Cell] = {}
@@ -122,11 +120,11 @@ def contiguous_pairs(seq_len: int, cp: int) -> list[int]:
             for mine in held]
 
 
-def _colour(rank: int) -> str:
+def rank_colour(rank: int) -> str:
     return RANK_COLOURS[rank % len(RANK_COLOURS)]
 
 
-def _ink(colour: str) -> str:
+def text_colour(colour: str) -> str:
     """Black text on light fills (yellow, sky), white on dark ones."""
     red, green, blue = to_rgb(colour)
     return "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.6 else "white"
@@ -163,7 +161,7 @@ def blocks_text(blocks: list[Block], query_chunks: tuple[int, ...],
 def plot_chunks(seq_len: int, cp: int, variant: str = "ring") -> Figure:
     """The zig-zag split, the causal block matrix coloured by the rank that computes each
     block, and the (query, key) pairs per rank against a contiguous split's."""
-    chunk_len = check_split(seq_len, _check_cp(cp))
+    chunk_len = check_split(seq_len, check_cp(cp))
     cells = block_cells(cp, variant)
     n = 2 * cp
     side = min(7.0, 2.6 + 0.45 * n)
@@ -183,11 +181,11 @@ def _draw_sequence(ax: Axes, holder: dict[int, int], chunk_len: int) -> None:
     n = len(holder)
     labelled = n <= 2 * MAX_LABELLED_CP
     for chunk, rank in holder.items():
-        ax.add_patch(Rectangle((chunk, 0), 1, 1, facecolor=_colour(rank), edgecolor="white",
+        ax.add_patch(Rectangle((chunk, 0), 1, 1, facecolor=rank_colour(rank), edgecolor="white",
                                linewidth=1.5))
         if labelled:
             ax.text(chunk + 0.5, 0.5, f"r{rank}", ha="center", va="center", fontsize=8,
-                    fontweight="bold", color=_ink(_colour(rank)))
+                    fontweight="bold", color=text_colour(rank_colour(rank)))
     ax.set_xlim(0, n)
     ax.set_ylim(1, 0)
     every = max(1, n // 8)  # at most about nine token labels along the strip
@@ -208,7 +206,7 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
             ax.add_patch(Rectangle((k, q), 1, 1, facecolor="white", edgecolor="#cccccc",
                                    linewidth=0.5))
     for (q, k), cell in cells.items():
-        colour = _colour(cell.rank)
+        colour = rank_colour(cell.rank)
         if cell.half:  # the causal part of a diagonal block: key <= query, lower left
             ax.add_patch(Polygon([(k, q), (k, q + 1), (k + 1, q + 1)], facecolor=colour,
                                  edgecolor="white", linewidth=0.8))
@@ -219,7 +217,7 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
             step = "" if cell.step is None else f"\ns{cell.step}"
             x, y = (k + 0.3, q + 0.72) if cell.half else (k + 0.5, q + 0.5)
             ax.text(x, y, f"r{cell.rank}{step}", ha="center", va="center",
-                    fontsize=7 if n <= 8 else 5.5, color=_ink(colour), linespacing=0.9)
+                    fontsize=7 if n <= 8 else 5.5, color=text_colour(colour), linespacing=0.9)
     ax.set_xlim(0, n)
     ax.set_ylim(n, 0)
     ax.set_aspect("equal")
@@ -238,7 +236,7 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
 def _draw_pairs(ax: Axes, seq_len: int, cp: int) -> None:
     zigzag, contiguous = pairs_per_rank(seq_len, cp), contiguous_pairs(seq_len, cp)
     ranks = range(cp)
-    ax.bar([r - 0.2 for r in ranks], zigzag, width=0.4, color=[_colour(r) for r in ranks],
+    ax.bar([r - 0.2 for r in ranks], zigzag, width=0.4, color=[rank_colour(r) for r in ranks],
            edgecolor="white", label="zig-zag split (this one)")
     ax.bar([r + 0.2 for r in ranks], contiguous, width=0.4, facecolor="white",
            edgecolor=OKABE_ITO["grey"], linewidth=1.2, label="contiguous split (for comparison)")
@@ -257,175 +255,3 @@ def _draw_pairs(ax: Axes, seq_len: int, cp: int) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-
-
-# ------------------------------------------------------------- how K/V reach the queries
-
-
-def plot_kv_exchange(cp: int, variant: str = "ring") -> Figure:
-    """The ring's steps (`plot_kv_ring`) or the all-gather (`plot_kv_gather`)."""
-    check_variant(variant)
-    return plot_kv_ring(cp) if variant == "ring" else plot_kv_gather(cp)
-
-
-def _positions(cp: int) -> list[tuple[float, float]]:
-    """The ranks on a unit circle, rank 0 at the top, clockwise (the ring's direction)."""
-    if cp == 1:
-        return [(0.0, 0.0)]
-    return [(math.cos(math.pi / 2 - 2 * math.pi * r / cp),
-             math.sin(math.pi / 2 - 2 * math.pi * r / cp)) for r in range(cp)]
-
-
-def _node_radius(cp: int) -> float:
-    return 0.32 if cp <= 2 else min(0.3, 0.6 * math.sin(math.pi / cp))
-
-
-def _arrow(ax: Axes, a: tuple[float, float], b: tuple[float, float], radius: float,
-           colour: str, outside: bool, dashed: bool = False) -> None:
-    """An arrow from node a's edge to node b's, bowed outside the ring or inside it."""
-    dx, dy = b[0] - a[0], b[1] - a[1]
-    length = math.hypot(dx, dy)
-    ux, uy = dx / length, dy / length
-    # arc3 bows a positive rad to the right of travel: inside the ring, which runs clockwise
-    ax.add_patch(FancyArrowPatch(
-        (a[0] + ux * radius, a[1] + uy * radius), (b[0] - ux * radius, b[1] - uy * radius),
-        arrowstyle="-|>", mutation_scale=11, color=colour, linewidth=1.8,
-        linestyle="--" if dashed else "-",
-        connectionstyle=f"arc3,rad={-0.35 if outside else 0.35}"))
-
-
-def _ring_axes(ax: Axes, cp: int, radius: float) -> None:
-    reach = (0.0 if cp == 1 else 1.0) + radius + 0.62
-    ax.set_xlim(-reach, reach)
-    ax.set_ylim(-reach, reach)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for side in ax.spines.values():
-        side.set_visible(False)
-
-
-def _rank_label(ax: Axes, position: tuple[float, float], radius: float, text: str,
-                fontsize: float) -> None:
-    """Text just outside a node, away from the ring's centre (left of a node on the left)."""
-    x, y = position
-    norm = math.hypot(x, y)
-    ux, uy = (x / norm, y / norm) if norm else (0.0, 1.0)
-    ha = "left" if ux > 0.3 else "right" if ux < -0.3 else "center"
-    va = "bottom" if uy > 0.3 else "top" if uy < -0.3 else "center"
-    ax.text(x + ux * (radius + 0.08), y + uy * (radius + 0.08), text, ha=ha, va=va,
-            fontsize=fontsize, linespacing=1.0)
-
-
-def plot_kv_ring(cp: int) -> Figure:
-    """One ring per step: each rank filled with the colour of the K/V it holds (`ring_source`),
-    the query x key chunks it computes against them (`ring_blocks`), the K/V it passes on
-    for the next step (solid) and, in backward, the dK/dV accumulator of the K/V it held,
-    passed on one hop behind (dashed), which after the last step lands on its owner."""
-    _check_cp(cp)
-    if cp > MAX_RING_CP:
-        raise ParaxisError(f"the ring picture draws one panel per step, at most cp = "
-                           f"{MAX_RING_CP}; draw cp={cp} with a smaller --cp")
-    cols = min(cp, 4)
-    rows = -(-cp // cols)
-    fig, axes = new_figure(cols * 2.8 + 0.3, rows * 3.1 + 1.5, nrows=rows, ncols=cols,
-                           squeeze=False)
-    positions, radius = _positions(cp), _node_radius(cp)
-    labelled = cp <= MAX_LABELLED_CP
-    size = 8 if cp <= 4 else 6.5
-    skipped = False
-    for step, ax in enumerate(axes.flat):
-        if step >= cp:
-            ax.set_visible(False)
-            continue
-        for rank, position in enumerate(positions):
-            source = ring_source(rank, step, cp)
-            blocks = ring_blocks(rank, step, cp)
-            skipped |= not blocks
-            fill = _colour(source) if blocks else "white"
-            ax.add_patch(Circle(position, radius, facecolor=fill, edgecolor="#333333",
-                                linewidth=0.8, hatch="" if blocks else "////"))
-            if labelled:
-                ax.text(*position, f"KV{source}", ha="center", va="center", fontsize=size - 1,
-                        color=_ink(fill))
-            calls = blocks_text(blocks, rank_chunks(rank, cp), rank_chunks(source, cp))
-            _rank_label(ax, position, radius, f"$\\bf{{r{rank}}}$\n{calls}" if labelled
-                        else f"r{rank}", size - 1)
-            following = positions[(rank + 1) % cp]
-            if step < cp - 1:  # posted now, used at the next step (`ring._Pass`)
-                _arrow(ax, position, following, radius, _colour(source), outside=True)
-            if step > 0:  # the dK/dV of the K/V held now, on to the next holder
-                _arrow(ax, position, following, radius, _colour(source), outside=False,
-                       dashed=True)
-        _ring_axes(ax, cp, radius)
-        ax.set_title(f"step {step}" + (": own chunks, causal" if step == 0 else ""),
-                     loc="left", fontsize=9)
-        ax.set_xlabel(_step_summary(step, cp), fontsize=8)
-    handles = [Line2D([], [], color="#333333", linewidth=1.8,
-                      label="K/V passed on for the next step (forward, and again in backward)"),
-               Line2D([], [], color="#333333", linewidth=1.8, linestyle="--",
-                      label="dK/dV accumulator (backward): one hop behind its K/V")]
-    if skipped:
-        handles.append(Patch(facecolor="white", hatch="////", edgecolor="#333333",
-                             label="no block under the diagonal: step skipped"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=1, fontsize=8,
-               title="fill and KVj: whose K/V the rank holds (rank j's); qA×kB: its query "
-                     "chunks × key chunks computed; arrow colour: whose K/V (or dK/dV)",
-               title_fontsize=8)
-    sends = f"{cp - 1} sends per pass" if cp > 1 else "nothing to send"
-    fig.suptitle(f"Ring attention, cp = {cp}: K/V move one rank on per step; {cp} steps, "
-                 f"{sends}", x=0.01, ha="left")
-    return fig
-
-
-def _step_summary(step: int, cp: int) -> str:
-    if cp == 1:
-        return "one rank: plain causal attention"
-    kv = "K/V on →" if step < cp - 1 else "last K/V: none sent"
-    grad = ("dK/dV of own K/V kept" if step == 0 else
-            "dK/dV reach their owners" if step == cp - 1 else "dK/dV on →")
-    return f"{kv}; {grad}"
-
-
-def plot_kv_gather(cp: int) -> Figure:
-    """The all-gather variant: one all-gather of every rank's K/V (forward, and again in
-    backward), each rank's calls against the whole sequence (`prefix_blocks`), and the
-    reduce-scatter that sums the dK/dV of the whole sequence back onto each chunk's owner."""
-    _check_cp(cp)
-    fig, axes = new_figure(10.5, 5.2, ncols=2, squeeze=False)
-    positions, radius = _positions(cp), _node_radius(cp)
-    labelled = cp <= MAX_LABELLED_CP
-    every_chunk = tuple(range(2 * cp))
-    centre = {"forward": "all-gather\nK/V", "backward": "reduce-scatter\ndK/dV (fp32)"}
-    notes = {"forward": "forward: each rank gets all K/V once,\nbackward gathers them again",
-             "backward": "backward: each chunk's dK/dV, summed over\nevery rank, lands on "
-                         "its owner"}
-    for ax, phase in zip(axes[0], ("forward", "backward"), strict=True):
-        for rank, position in enumerate(positions):
-            ax.add_patch(Circle(position, radius, facecolor=_colour(rank),
-                                edgecolor="#333333", linewidth=0.8))
-            ax.text(*position, f"r{rank}", ha="center", va="center", fontsize=7,
-                    fontweight="bold", color=_ink(_colour(rank)))
-            if cp > 1:  # from the node's edge to the collective in the middle, both ways
-                edge = (position[0] * (1 - radius), position[1] * (1 - radius))
-                ax.add_patch(FancyArrowPatch(edge, (0.0, 0.0), arrowstyle="<|-|>",
-                                             mutation_scale=10, color=_colour(rank),
-                                             linewidth=1.4, shrinkA=0, shrinkB=26))
-            if labelled and phase == "forward":
-                calls = blocks_text(prefix_blocks(rank, cp), rank_chunks(rank, cp),
-                                    every_chunk)
-                _rank_label(ax, position, radius, calls, 6.5)
-        if cp > 1:
-            ax.text(0, 0, centre[phase], ha="center", va="center", fontsize=7,
-                    bbox={"boxstyle": "round", "facecolor": "#f2f2f2", "edgecolor": "#555555"})
-        _ring_axes(ax, cp, radius + 0.2)
-        ax.set_title(phase, loc="left", fontsize=10)
-        ax.set_xlabel(notes[phase], fontsize=8)
-    fig.suptitle(f"All-gather context parallelism, cp = {cp}: each rank's queries against "
-                 "the whole sequence's K/V", x=0.01, ha="left")
-    fig.legend(handles=[Patch(facecolor=_colour(0), edgecolor="#333333",
-                              label="a rank (its own K/V and queries)")],
-               loc="outside lower center", fontsize=8, title_fontsize=8,
-               title="qA×kB-C: query chunk A against key chunks B to C (keys before A in "
-                     "full, A itself causally)")
-    return fig
