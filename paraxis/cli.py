@@ -28,6 +28,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schedule", "paraxis.simulate.schedule_command",
      "print a pipeline schedule's timeline, bubble and memory"),
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
+    ("context", "paraxis.viz.context_command",
+     "see how context parallelism splits a sequence and passes K/V (text and pictures)"),
     ("report", "paraxis.report.command",
      "write one self-contained HTML report: plan, pictures, run"),
     ("calibrate", "paraxis.calibrate.command",
