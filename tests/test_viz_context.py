@@ -125,7 +125,7 @@ def test_context_command_prints_the_split_and_writes_pictures(tmp_path, capsys):
     assert f"{pairs_per_rank(16, 2)[0]:,}" in out
     assert "step 1: r0 KV1 q3×k1,2 | r1 KV0 q1,2×k0" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == \
-        ["context-chunks.png", "context-grid.png", "context-ring.png"]
+        ["context-chunks-ring.png", "context-grid.png", "context-ring.png"]
 
 
 @pytest.mark.parametrize("argv, message", [

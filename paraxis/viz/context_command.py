@@ -7,8 +7,8 @@ terminal and as pictures.
 
 Every number comes from `paraxis.context_parallel.balance`, the functions the runtime runs;
 the pictures are `paraxis.viz.context` and `context_ring` (what `paraxis report` shows for a
-layout with cp > 1). --out writes context-chunks.png, context-<attention>.png and, with
---layout, context-grid.png.
+layout with cp > 1). --out writes context-chunks-<attention>.png, context-<attention>.png
+and, with --layout, context-grid.png.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def draw(cp: int, attention: str, seq_len: int, layout: Layout | None, gpus_per_
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {"context-chunks.png": plot_chunks(seq_len, cp, attention),
+    figures = {f"context-chunks-{attention}.png": plot_chunks(seq_len, cp, attention),
                f"context-{attention}.png": plot_kv_exchange(cp, attention)}
     if layout is not None:
         figures["context-grid.png"] = plot_rank_grid(layout, gpus_per_node)
