@@ -57,6 +57,13 @@ def test_every_picture_builds_for_cp_1_to_8():
 
 
 def test_ring_picture_shows_whose_kv_each_rank_holds():
+    # The arrows go to the next rank (where `ring._Pass` sends): what a rank holds at step t
+    # is what the next one holds at t+1, and the dK/dV sent at the last step reach the owner.
+    for cp in range(1, 9):
+        for rank in range(cp):
+            assert all(ring_source((rank + 1) % cp, step + 1, cp) == ring_source(rank, step, cp)
+                       for step in range(cp - 1))
+            assert ring_source(rank, cp - 1, cp) == (rank + 1) % cp
     fig = plot_kv_ring(4)
     for step, ax in enumerate(fig.axes[:4]):
         held = [t.get_text() for t in ax.texts if t.get_text().startswith("KV")]
