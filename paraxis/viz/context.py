@@ -1,5 +1,6 @@
-"""Context parallelism as pictures: who holds which chunk of the sequence, who computes
-which causal attention block, and how K/V reach the queries (ring or all-gather).
+"""Context parallelism as pictures, part one: who holds which chunk of the sequence, and
+who computes which block of causal attention (part two, `context_ring.py`: how K/V reach
+the queries).
 
 Everything is drawn from `paraxis.context_parallel.balance`, the functions the runtime
 itself runs: `rank_chunks` (the zig-zag split `chunks.local_part` and `chunks.positions`
@@ -10,8 +11,7 @@ against). The block matrix is those kernel calls unfolded onto (query chunk, key
 cells, so a test can check that the picture adds up to `pairs_per_rank`.
 
     plot_chunks(seq_len=4096, cp=4)        # the split, the block matrix, pairs per rank
-
-How K/V then reach the queries is drawn by `context_ring.py`.
+    block_cells(cp=4)[(7, 2)]              # Cell(rank=0, step=2, half=False)
 """
 
 from __future__ import annotations
