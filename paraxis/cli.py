@@ -30,6 +30,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("ring", "paraxis.simulate.ring_command", "watch a ring all-reduce step by step"),
     ("experts", "paraxis.moe.command",
      "where a mixture of experts routes its tokens, and the all-to-all that costs under EP"),
+    ("context", "paraxis.viz.context_command",
+     "see how context parallelism splits a sequence and passes K/V (text and pictures)"),
     ("report", "paraxis.report.command",
      "write one self-contained HTML report: plan, pictures, run"),
     ("calibrate", "paraxis.calibrate.command",
