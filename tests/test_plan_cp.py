@@ -120,3 +120,35 @@ def test_exposed_cp_shows_every_hop() -> None:
         "cp_backward"]
     # nothing hides: every hop of the forward, every K/V and dK/dV hop of the backward
     assert shown["cp_forward"] + shown["cp_backward"] == pytest.approx(shown["cp_total"])
+
+
+def test_long_sequence_mfu_stays_below_the_peak() -> None:
+    # `paraxis plan --model llama3-8b --gpus 64 --seq-len 131072 --global-batch 64` printed
+    # MFU 102.3%: the time model priced the flash kernel's causal half of the scores while
+    # the MFU counted the full square. Now both count the causal half (plan/compute.py).
+    from paraxis.attention_kernel import FLASH
+    from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
+
+    cluster = build_cluster("a100-80gb", 64, 8)
+    result = search(LLAMA_8B, cluster, LONG, 64)
+    best = result.ranked[0]
+    assert all(e.mfu <= e.hfu <= 1.0 for e in result.ranked)
+    peak = cluster.world_size * cluster.gpu.peak_flops
+    # the full-square count of the same run would claim more than the peak (the old defect)
+    assert model_flops_per_token(LLAMA_8B, LONG, causal=False) * best.tokens_per_s > peak
+    # the compute time is at least the FLOPs the time model prices, at the peak: the GEMMs
+    # (forward + two backward products) and what the flash kernel computes of the scores
+    weights, scores = layer_forward_flops_per_token(LLAMA_8B, LONG)
+    core = FLASH.causal_fraction * scores * (1 + FLASH.backward_ratio)
+    priced = (LLAMA_8B.n_layers * (3 * weights + core)
+              + 6 * LLAMA_8B.d_model * LLAMA_8B.vocab_size) * 64 * LONG
+    assert best.layout.pp == 1 and best.time["compute"] >= priced / peak
+    assert priced >= model_flops_per_token(LLAMA_8B, LONG) * 64 * LONG
+
+
+def test_a_measured_attention_rate_cannot_beat_the_peak() -> None:
+    # a profile whose attention rate (in the planner's count) outruns what the kernel's own
+    # FLOPs allow at the peak is capped there: MFU stays <= 1 whatever it says
+    fast = build_cluster("a100-80gb", 16, 8, {"attention_flops": 10 * 312e12})
+    estimate = evaluate(LLAMA_8B, Layout(cp=16), fast, LONG, 1)
+    assert estimate.mfu <= estimate.hfu <= 1.0
