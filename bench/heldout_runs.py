@@ -66,6 +66,7 @@ class HeldOutRun:
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
     precision: str = "bf16"  # a key of paraxis.plan.precision.PRECISIONS
+    fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
 
 
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
@@ -199,7 +200,7 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
             f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
             FLOAT8 if "fp8" in precision else "", micro_batch=micro,
-            zero=ZERO_OF_SHARDING[sharding]))
+            zero=ZERO_OF_SHARDING[sharding], fsdp=True))
     return runs
 
 
@@ -280,7 +281,7 @@ def _llama3(name: str, gpus: int, cp: int, dp: int, seq: int, batch_per_dp: int,
         f"Table 4, row {gpus:,} GPUs / CP {cp} / DP {dp} / seq {seq:,} ({tflops:.0f} "
         f"TFLOPs/GPU, BF16 MFU {mfu})", micro_batch=1, zero=2, kernels="fused", cp=cp,
         cp_attention="all_gather", sequence_parallel=True, virtual_stages=0,
-        precision="bf16-fp32grad")
+        precision="bf16-fp32grad", fsdp=True)
 
 
 LLAMA3_RUNS = [

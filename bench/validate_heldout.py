@@ -48,7 +48,7 @@ def cluster_for(run: HeldOutRun) -> Cluster:
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
         **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
-        **dict(run.network)})
+        "gradient_bucket_bytes": 0 if run.fsdp else 25e6, **dict(run.network)})
 
 
 def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> float:

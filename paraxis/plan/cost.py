@@ -341,7 +341,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     stage_param_count = max(stage_params(cfg, layout.pp, layout.virtual_stages,
                                          seq_len, layout.placement)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, layout.microbatches,
-                        precision.grad_bytes, precision.param_bytes, max(counts))
+                        precision.grad_bytes, precision.param_bytes, max(counts),
+                        gpu.gradient_bucket_bytes)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
