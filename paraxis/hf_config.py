@@ -115,8 +115,8 @@ def _mixtral_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     if window is not None and window < longest:
         raise unsupported(source, f"sliding_window {window} < max_position_embeddings "
                           f"{longest} (paraxis attends to the whole sequence); set "
-                          f"sliding_window to null, or max_position_embeddings to {window} to "
-                          "train no longer sequences than the window")
+                          f"sliding_window to null, or max_position_embeddings to {window} "
+                          "(then no sequence is longer than the window)")
     if doc.get("router_jitter_noise"):
         raise unsupported(source, f"router_jitter_noise {doc['router_jitter_noise']} (paraxis "
                           "routes without noise); set it to 0")

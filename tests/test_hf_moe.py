@@ -121,6 +121,17 @@ def test_round_trips_are_exact(hf_mixtral, tmp_path):
     assert all(torch.equal(tensors[name], params[name]) for name in params)
 
 
+def test_a_checkpoint_imported_from_mixtral_exports_transformers_own_files(hf_mixtral,
+                                                                          tmp_path):
+    from paraxis.checkpoint.convert import export_hf, import_hf
+
+    checkpoint = import_hf(hf_mixtral, tmp_path / "imported")
+    exported = export_hf(checkpoint, tmp_path / "exported")
+    ours, theirs = stored(exported), stored(Path(hf_mixtral))
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+
+
 def test_training_starts_from_a_mixtral_directory(hf_mixtral, hf_logits):
     """`--model DIR --init-from DIR`: the first loss is transformers' on the same batch."""
     import torch.nn.functional as F
