@@ -3,8 +3,10 @@ transformers' logits (on-disk per-expert keys and transformers' fused in-memory 
 paraxis MoE model exports to the files transformers itself writes, round trips are exact,
 and what Mixtral's format cannot say is refused in one line.
 
-The Mixtral model is a tiny random one made by transformers (`hf_mixtral` in conftest.py);
-a test of another layout (expert parallelism) takes it and `hf_logits` from there too.
+The Mixtral model is a tiny random one made by transformers (`hf_mixtral` in conftest.py).
+`layout_logits` runs the imported model at a rank's layout (pipeline stages, TP inside
+them); a test of another layout (expert parallelism) can run it on its ranks and compare
+with `hf_logits`.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from paraxis.errors import ParaxisError
 from paraxis.hf import HFReader, read_hf, write_hf
 from paraxis.inference import model_from_state
-from paraxis.model import build_model
+from paraxis.model import build_model, single_device_parameters
 from paraxis.model_config import PRESETS
 from paraxis.moe.layer import moe_layers
+from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.tensor_parallel import apply_tensor_parallel
+from paraxis.testing import RankContext, run_on_ranks
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,6 +84,45 @@ def test_import_matches_transformers_on_one_device(form, hf_mixtral, fused_mixtr
     # every expert of every block takes tokens, so each expert's weights reach the logits
     assert all(bool((layer.last_counts > 0).all()) for layer in moe_layers(model))
     assert max_diff(ours, hf_logits(hf_mixtral, IDX)) <= 1e-5
+
+
+def layout_logits(ctx: RankContext, hf_dir: str, idx: torch.Tensor) -> torch.Tensor | None:
+    """The full logits of the imported model on the last pipeline stage (None elsewhere):
+    each rank builds its stage, copies the imported weights in by name (experts by their
+    global index, so a rank holding some experts takes just theirs), splits them for TP,
+    and runs its part; the last stage gathers the vocab-parallel logits."""
+    cfg, state = read_hf(hf_dir)
+    groups, split = ctx.groups, partition_layers(cfg, ctx.layout.pp)
+    stage = build_model(cfg, seed=9, blocks=split.blocks_of(groups.pp_rank),
+                        embed=split.has_embedding(groups.pp_rank),
+                        head=split.has_head(groups.pp_rank))
+    with torch.no_grad():
+        for name, param in single_device_parameters(stage):
+            param.copy_(state[name])
+    apply_tensor_parallel(stage, groups)
+    stage.eval()
+    with torch.no_grad():
+        inputs = idx
+        if not groups.is_first_stage:
+            inputs = torch.empty(*idx.shape, cfg.d_model)
+            dist.recv(inputs, groups.prev_stage_rank)
+        out = stage(inputs)
+        if not groups.is_last_stage:
+            dist.send(out.contiguous(), groups.next_stage_rank)
+            return None
+        if groups.tp_group is None:
+            return out
+        pieces = [torch.empty_like(out) for _ in range(ctx.layout.tp)]
+        dist.all_gather(pieces, out.contiguous(), group=groups.tp_group)
+        return torch.cat(pieces, dim=-1)
+
+
+def test_import_at_tp2_pp2_matches_transformers(hf_mixtral, hf_logits):
+    expected = hf_logits(hf_mixtral, IDX)
+    results = run_on_ranks("tp=2,pp=2", layout_logits, hf_mixtral, IDX)
+    assert results[:2] == [None, None]  # ranks 0, 1: the first stage
+    for logits in results[2:]:  # ranks 2, 3: the last stage, both TP ranks
+        assert max_diff(logits, expected) <= 1e-5
 
 
 def test_both_forms_read_the_same_regions(hf_mixtral, fused_mixtral):
