@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.plan.compute import model_flops_per_token
 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/torchtitan): "
                    "Llama 2 and Llama 3 with FSDP2 on 64 A100-80GB")
@@ -55,14 +56,18 @@ class HeldOutRun:
     unpriced: str = ""  # why the planner cannot price it ("" = priced)
     out_of_memory: bool = False  # the source reports this configuration ran out of memory
     schedule: str = "1f1b"
-    micro_batch: int = 0  # sequences per microbatch (0: the whole local batch, no accumulation)
-    zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP
+    micro_batch: int = 0  # sequences per microbatch (0: the whole local batch; -1: not stated)
+    zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP; -1: ?
     kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
     network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
+    cp_attention: str = "ring"  # how K/V reach the queries: "ring" or "all_gather"
+    sequence_parallel: bool = False
+    virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
+    precision: str = "bf16"  # a key of paraxis.plan.precision.PRECISIONS
+    fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
-    virtual_stages: int = 1  # model chunks per pipeline stage (interleaved)
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)
 
 
@@ -197,7 +202,7 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
             f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
             FLOAT8 if "fp8" in precision else "", micro_batch=micro,
-            zero=ZERO_OF_SHARDING[sharding]))
+            zero=ZERO_OF_SHARDING[sharding], fsdp=True))
     return runs
 
 
@@ -245,6 +250,80 @@ FLASH_RUNS = [
     _gpt3("GPT3-2.7B", 2560, 20, 32, 4, 512, 1, 85e3),
 ]
 
+# ------------------------------------------------------------------------------------ Llama 3
+# Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783), Sec. 3.3.2 and Table 4:
+# Llama 3 405B pre-training on H100-80GB (700 W, HBM3), 8 per server on NVLink, 400 Gb/s RoCE
+# per GPU (Sec. 3.3.1). Every row of Table 4. What the paper states: TP 8, PP 16, the CP and DP
+# degrees, sequence length, batch per DP group, 16M tokens per batch, TFLOPs per GPU and BF16
+# MFU; FSDP that shards optimizer states and gradients but keeps the weights gathered from
+# forward to backward (ZeRO-2); fp32 gradient accumulation and fp32 reduce-scatter
+# (bf16-fp32grad); all-gather CP (K and V gathered, then attention for the local queries) on
+# the zig-zag split (rank i holds chunks i and 2CP-1-i); an interleaved schedule whose depth
+# V it does not give, with one layer fewer on the first and the last stage (126 = 7 + 14 x 8
+# + 7: the split paraxis's partition makes, embedding first and head last); no activation
+# checkpointing at 8K. Not stated, priced as: one sequence per microbatch, sequence
+# parallelism with TP, fused elementwise kernels, a flash attention kernel, no checkpointing
+# at 128K either (CP 16 leaves each rank the 8K rows' 8,192 tokens), and V picked by the
+# planner (the fastest that fits of 1, 2, 4, 8). Table 4 prints DP 4 for the 131,072 row in
+# the arXiv v1 HTML; 8 x 16 x 16 x DP = 16,384 GPUs and DP x 16 x 131,072 = 16M tokens both
+# need DP 8, as the later versions print it.
+# The table gives TFLOPs per GPU, not tokens: the MFU it cites is PaLM's (Chowdhery et al.),
+# the full attention square (causal=False), which 380 / 989 = 38% confirms against the H100's
+# dense bf16 peak; the tokens per second per GPU below are those TFLOPs over that count.
+LLAMA3 = ("Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783): Llama 3 405B "
+          "pre-training on H100-80GB")
+
+
+def _llama3(name: str, gpus: int, cp: int, dp: int, seq: int, batch_per_dp: int,
+            tflops: float, mfu: str) -> HeldOutRun:
+    per_token = model_flops_per_token(PRESETS["llama3-405b"], seq, causal=False)
+    return HeldOutRun(
+        name, "llama3-405b", "h100", gpus, dp, 8, 16, batch_per_dp, seq, "none",
+        tflops * 1e12 / per_token, LLAMA3,
+        f"Table 4, row {gpus:,} GPUs / CP {cp} / DP {dp} / seq {seq:,} ({tflops:.0f} "
+        f"TFLOPs/GPU, BF16 MFU {mfu})", micro_batch=1, zero=2, kernels="fused", cp=cp,
+        cp_attention="all_gather", sequence_parallel=True, virtual_stages=0,
+        precision="bf16-fp32grad", fsdp=True)
+
+
+LLAMA3_RUNS = [
+    _llama3("Llama 3 405B 8K x8192", 8192, 1, 64, 8192, 32, 430, "43%"),
+    _llama3("Llama 3 405B 8K x16384", 16384, 1, 128, 8192, 16, 400, "41%"),
+    _llama3("Llama 3 405B 128K CP16", 16384, 16, 8, 131072, 16, 380, "38%"),
+]
+
+# ------------------------------------------------------------------------------ NeMo, long seq.
+# NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at commit 8cfedd7, table
+# "LLAMA2-7B (FP8) - H100" (NeMo 24.03.01, DGX-H100): the "With CP" columns, every row. FP8
+# throughout, so none is priced; NVIDIA's other published CP > 1 rows (the same file's B200
+# table, Megatron-Bridge docs/performance-summary*.md on H100) are FP8 too. TFLOPS per GPU
+# are converted to tokens with the full attention square (Megatron-LM's count before March
+# 2025; the file does not say which count it used). Checkpointing is not stated.
+NEMO_LONG = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at commit "
+             "8cfedd7: Llama 2 7B with context parallelism on DGX-H100 (FP8)")
+FP8 = "FP8 (Transformer Engine): FP8 tensor cores, a precision the planner does not model"
+
+
+def _nemo(seq_k: int, gpus: int, batch: int, tp: int, pp: int, dp: int, cp: int,
+          tflops: float) -> HeldOutRun:
+    seq = seq_k * 1024
+    per_token = model_flops_per_token(PRESETS["llama2-7b"], seq, causal=False)
+    return HeldOutRun(
+        f"Llama 2 7B {seq_k}K CP{cp}", "llama2-7b", "h100", gpus, dp, tp, pp, batch // dp,
+        seq, "not stated", tflops * 1e12 / per_token, NEMO_LONG,
+        f"LLAMA2-7B (FP8) - H100, row {seq_k}K / {gpus} GPUs / TP {tp} PP {pp} DP {dp} CP {cp}"
+        f" ({tflops:g} TFLOPS/GPU)", FP8, cp=cp, sequence_parallel=tp > 1, micro_batch=-1,
+        zero=-1)  # micro-batch and optimizer sharding: not stated
+
+
+NEMO_RUNS = [
+    _nemo(4, 4, 1024, 1, 1, 4, 1, 768), _nemo(8, 8, 512, 1, 2, 4, 1, 730),
+    _nemo(16, 16, 256, 2, 1, 8, 1, 660), _nemo(32, 32, 128, 2, 1, 8, 2, 610),
+    _nemo(64, 64, 64, 4, 1, 8, 2, 574), _nemo(128, 128, 32, 4, 1, 8, 4, 555),
+    _nemo(256, 256, 16, 4, 1, 8, 8, 549), _nemo(512, 512, 8, 8, 1, 4, 16, 549),
+    _nemo(1024, 1024, 4, 8, 1, 4, 32, 536),
+]
+
 # --------------------------------------------------------------------------- NeMo AutoModel
 # The pre-training table of NVIDIA-NeMo/Automodel docs/performance-summary.md (DGX-H100, BF16,
 # PyTorch FSDP2 with TE kernels): every row, the mixtures of experts priced with the ep the
@@ -254,7 +333,9 @@ FLASH_RUNS = [
 # microbatches of 1 sequence, activation checkpointing in the 256-GPU config only, FSDP2
 # with `enable_fsdp_optimizations`: under pipelines every backward but the step's last skips
 # the gradient sync and keeps the parameters gathered (nemo_automodel/components/moe/
-# fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1.
+# fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1; that
+# reduce-scatter is one call per block, as fully_shard wraps each block (moe/parallelizer.py,
+# apply_fsdp): fsdp=True.
 # The table's columns: GBS, MBS, LBS, GA, TP, PP, CP, EP, VP, FSDP.
 AUTOMODEL = ("NVIDIA-NeMo/Automodel docs/performance-summary.md at commit e458120 "
              "(examples/llm_benchmark configs at the same commit): pre-training on DGX-H100, BF16")
@@ -270,7 +351,7 @@ def _automodel(name: str, model: str | ModelConfig, gpus: int, dp: int, pp: int,
                       AUTOMODEL, f"Pre-Training Performance table, row {name}", unpriced,
                       schedule="interleaved" if virtual > 1 else "1f1b", micro_batch=1,
                       zero=zero, kernels="fused", cp=cp, ep=ep, virtual_stages=virtual,
-                      expert_imbalance=1.0)
+                      expert_imbalance=1.0, fsdp=True)
 
 
 AUTOMODEL_RUNS = [
@@ -310,5 +391,5 @@ DEEPSEEK_V3_RUN = HeldOutRun(
     "FP8 GEMMs (Sec. 3.3) on H800s: a precision and a GPU the planner does not model",
     zero=1, ep=64)
 
-HELD_OUT = (TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + AUTOMODEL_RUNS
-            + [DEEPSEEK_V3_RUN])
+HELD_OUT = (TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + LLAMA3_RUNS
+            + NEMO_RUNS + AUTOMODEL_RUNS + [DEEPSEEK_V3_RUN])

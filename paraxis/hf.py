@@ -1,4 +1,5 @@
-"""Hugging Face interop: Llama and GPT-2 checkpoints (config.json + safetensors) in and out.
+"""Hugging Face interop: Llama, Mixtral and GPT-2 checkpoints (config.json + safetensors) in
+and out.
 
     cfg, state = read_hf("path/to/hf-dir")     # a ModelConfig and the full single-device state
     reader = HFReader("path/to/hf-dir")        # or one region at a time: reader.region(...)

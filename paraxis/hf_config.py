@@ -1,4 +1,4 @@
-"""Hugging Face config.json <-> paraxis ModelConfig, for Llama and GPT-2.
+"""Hugging Face config.json <-> paraxis ModelConfig, for Llama, Mixtral and GPT-2.
 
 Reading gives the ModelConfig fields as a dict (`model_config.hf_model_config` builds the
 ModelConfig from them), so this module needs ModelConfig only as a type and the import runs
@@ -6,8 +6,10 @@ one way: `model_config` reads a Hugging Face directory through this module.
 
 Reading refuses, in one line naming the file, every setting the reference model
 (`paraxis.model`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head on
-Llama, exact GELU or unusual attention scaling on GPT-2. Writing spells RoPE's theta both
-ways (transformers 5 nests it in rope_parameters). Pure Python, like `paraxis.model_config`.
+Llama, exact GELU or unusual attention scaling on GPT-2, a sliding window shorter than the
+sequences or router noise on Mixtral. Writing spells RoPE's theta both ways (transformers 5
+nests it in rope_parameters), and refuses a mixture of experts Mixtral's format cannot hold
+(shared experts, dense blocks). Pure Python, like `paraxis.model_config`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from paraxis.errors import ParaxisError
 if TYPE_CHECKING:
     from paraxis.model_config import ModelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "GPT2LMHeadModel": "gpt2"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
+                 "GPT2LMHeadModel": "gpt2"}
 
 
 def read_hf_config(path: Path) -> dict[str, object]:
@@ -32,13 +35,13 @@ def read_hf_config(path: Path) -> dict[str, object]:
                            "(config.json + model.safetensors)")
     source = path / "config.json"
     doc = read_json(source)
-    # hand-written configs sometimes name only the model_type ("llama", "gpt2")
+    # hand-written configs sometimes name only the model_type ("llama", "mixtral", "gpt2")
     arch = (doc.get("architectures") or [doc.get("model_type")])[0]
     style = ARCHITECTURES.get(arch) or (arch if arch in ARCHITECTURES.values() else None)
     if style is None:
         raise ParaxisError(f"{source}: architecture {arch!r} is not supported; paraxis "
-                           f"imports {' and '.join(ARCHITECTURES)}")
-    build = _llama_config if style == "llama" else _gpt2_config
+                           f"imports {', '.join(ARCHITECTURES)}")
+    build = {"llama": _llama_config, "mixtral": _mixtral_config, "gpt2": _gpt2_config}[style]
     return build(doc, source, path.resolve().name)
 
 
@@ -64,10 +67,18 @@ def _need(doc: dict, source: Path, key: str) -> object:
 
 def unsupported(source: Path, what: str) -> ParaxisError:
     return ParaxisError(f"{source}: {what} is not supported by paraxis's model; only the "
-                        "plain Llama/GPT-2 architecture imports")
+                        "plain Llama/Mixtral/GPT-2 architecture imports")
 
 
-def _llama_config(doc: dict, source: Path, name: str) -> dict[str, object]:
+# What transformers assumes for a key config.json leaves out (LlamaConfig, MixtralConfig).
+LLAMA_DEFAULTS = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                  "num_key_value_heads": None}  # None: as many as the attention heads
+MIXTRAL_DEFAULTS = {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
+                    "rope_theta": 1e6, "num_key_value_heads": 8}
+
+
+def _llama_config(doc: dict, source: Path, name: str,
+                  defaults: dict[str, object] = LLAMA_DEFAULTS) -> dict[str, object]:
     d_model, heads = _need(doc, source, "hidden_size"), _need(doc, source, "num_attention_heads")
     if doc.get("hidden_act", "silu") not in ("silu", "swish"):
         raise unsupported(source, f"hidden_act {doc['hidden_act']!r} (SwiGLU needs silu)")
@@ -84,14 +95,36 @@ def _llama_config(doc: dict, source: Path, name: str) -> dict[str, object]:
         raise unsupported(source, f"rope scaling {rope_type!r}")
     if rope.get("partial_rotary_factor", doc.get("partial_rotary_factor", 1.0)) != 1.0:
         raise unsupported(source, "partial_rotary_factor != 1")
-    theta = rope.get("rope_theta", doc.get("rope_theta", 10000.0))
+    theta = rope.get("rope_theta", doc.get("rope_theta", defaults["rope_theta"]))
     return dict(
         name=name, style="llama", vocab_size=_need(doc, source, "vocab_size"),
         n_layers=_need(doc, source, "num_hidden_layers"), d_model=d_model, n_heads=heads,
-        n_kv_heads=doc.get("num_key_value_heads") or heads,
+        n_kv_heads=doc.get("num_key_value_heads", defaults["num_key_value_heads"]) or heads,
         d_ff=_need(doc, source, "intermediate_size"),
-        max_seq_len=doc.get("max_position_embeddings", 2048),
-        norm_eps=float(doc.get("rms_norm_eps", 1e-6)), rope_theta=float(theta))
+        max_seq_len=doc.get("max_position_embeddings", defaults["max_position_embeddings"]),
+        norm_eps=float(doc.get("rms_norm_eps", defaults["rms_norm_eps"])),
+        rope_theta=float(theta))
+
+
+def _mixtral_config(doc: dict, source: Path, name: str) -> dict[str, object]:
+    """Llama's attention and norms, and in every block a router (softmax, top-k,
+    renormalise: what `paraxis.moe.layer.MoE.route` does) over `num_local_experts` SwiGLU
+    experts of width `intermediate_size`."""
+    fields = _llama_config(doc, source, name, MIXTRAL_DEFAULTS)
+    window, longest = doc.get("sliding_window"), fields["max_seq_len"]
+    if window is not None and window < longest:
+        raise unsupported(source, f"sliding_window {window} < max_position_embeddings "
+                          f"{longest} (paraxis attends to the whole sequence); set "
+                          f"sliding_window to null, or max_position_embeddings to {window} "
+                          "(then no sequence is longer than the window)")
+    if doc.get("router_jitter_noise"):
+        raise unsupported(source, f"router_jitter_noise {doc['router_jitter_noise']} (paraxis "
+                          "routes without noise); set it to 0")
+    # router_aux_loss_coef is the coefficient whether or not output_router_logits asks
+    # transformers to add the loss; paraxis always adds it (0 turns it off).
+    return {**fields, "n_experts": _need(doc, source, "num_local_experts"),
+            "top_k": _need(doc, source, "num_experts_per_tok"), "d_ff_expert": fields["d_ff"],
+            "aux_loss_coef": float(doc.get("router_aux_loss_coef", 0.001))}
 
 
 def _gpt2_config(doc: dict, source: Path, name: str) -> dict[str, object]:
@@ -118,6 +151,14 @@ def _gpt2_config(doc: dict, source: Path, name: str) -> dict[str, object]:
 # ------------------------------------------------------------------------------ writing
 
 
+def config_json(cfg: ModelConfig) -> dict:
+    """The config.json transformers reads `cfg` from: GPT-2, Llama, or Mixtral for a mixture
+    of experts (refused in one line when Mixtral's format cannot hold it)."""
+    if cfg.style == "gpt2":
+        return gpt2_json(cfg)
+    return mixtral_json(cfg) if cfg.is_moe else llama_json(cfg)
+
+
 def llama_json(cfg: ModelConfig) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -131,6 +172,31 @@ def llama_json(cfg: ModelConfig) -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
         "bos_token_id": None, "eos_token_id": None,
+    }
+
+
+def check_mixtral_form(cfg: ModelConfig) -> None:
+    """Refuse, in one line naming the change, an MoE model Mixtral's format cannot hold."""
+    if cfg.n_shared_experts:
+        raise ParaxisError(f"model {cfg.name} has n_shared_experts={cfg.n_shared_experts}, "
+                           "but Mixtral's format (MixtralForCausalLM) has no shared experts; "
+                           "export a model with n_shared_experts 0")
+    if cfg.first_dense_layers:
+        raise ParaxisError(f"model {cfg.name} has first_dense_layers={cfg.first_dense_layers}, "
+                           "but every block of Mixtral's format (MixtralForCausalLM) routes to "
+                           "experts; export a model with first_dense_layers 0")
+
+
+def mixtral_json(cfg: ModelConfig) -> dict:
+    """Llama's fields with the experts': intermediate_size is one expert's width. There is no
+    capacity factor in Mixtral's format: transformers routes every token (dropless)."""
+    check_mixtral_form(cfg)
+    llama = {k: v for k, v in llama_json(cfg).items() if k not in ("attention_bias", "mlp_bias")}
+    return {
+        **llama, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "intermediate_size": cfg.d_ff_expert, "num_local_experts": cfg.n_experts,
+        "num_experts_per_tok": cfg.top_k, "router_aux_loss_coef": cfg.aux_loss_coef,
+        "output_router_logits": False, "router_jitter_noise": 0.0, "sliding_window": None,
     }
 
 

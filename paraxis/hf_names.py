@@ -13,12 +13,19 @@ Conventions, checked against transformers' modeling_llama.py and modeling_gpt2.p
   so q and k rows are copied as they are.
 - GPT-2's `gelu_new` is the tanh approximation of GELU, the one `paraxis.model` uses.
 - GPT-2 ties its LM head to `wte`: it appears once, as our `tok_emb.weight`.
+- Mixtral (modeling_mixtral.py, conversion_mapping.py of transformers 5): the router is
+  `block_sparse_moe.gate` and expert e's SwiGLU is `experts.{e}.w1` (gate), `w3` (up) and
+  `w2` (down), the keys `save_pretrained` writes and Mistral's files hold. In memory
+  transformers 5 renames `block_sparse_moe` to `mlp` and stacks the experts (`gate_up_proj`:
+  (experts, 2 x width, d_model), every gate's rows then every up's; `down_proj`); it loads
+  that form from disk too, and so does `HFReader` (`fused_experts`).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from paraxis.hf_config import check_mixtral_form
 from paraxis.model import parameter_shapes
 from paraxis.model_config import ModelConfig
 
@@ -36,6 +43,13 @@ LLAMA_BLOCK = {  # within blocks.{i}. -> within model.layers.{i}.
     "mlp.up.weight": "mlp.up_proj.weight",
     "mlp.down.weight": "mlp.down_proj.weight",
 }
+# Mixtral, within blocks.{i}.moe. -> within model.layers.{i}.: the on-disk keys, and the
+# fused ones (their tensor, which width-sized slot of it along its rows) of transformers'
+# memory.
+MIXTRAL_ROUTER, FUSED_ROUTER = "block_sparse_moe.gate.weight", "mlp.gate.weight"
+MIXTRAL_EXPERT = {"gate": "w1", "up": "w3", "down": "w2"}  # experts.{e}.<ours> -> <theirs>
+FUSED_EXPERT = {"gate": ("mlp.experts.gate_up_proj", 0), "up": ("mlp.experts.gate_up_proj", 1),
+                "down": ("mlp.experts.down_proj", 0)}
 GPT2_TOP = {"tok_emb.weight": "wte.weight", "pos_emb.weight": "wpe.weight",
             "norm_f.weight": "ln_f.weight", "norm_f.bias": "ln_f.bias"}
 # GPT-2, within blocks.{i}. -> within h.{i}.: (their name, stored transposed, which d_model
@@ -63,19 +77,27 @@ class Source(NamedTuple):
     name: str
     transposed: bool = False
     offset: int = 0  # along our first dim (their last when transposed)
+    expert: int | None = None  # its index along their first dim, when that stacks experts
 
 
 expected_shapes = parameter_shapes  # {paraxis parameter name: shape}, the model's order
 
 
-def hf_sources(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX) -> dict[str, Source]:
-    """{paraxis name: its Source}, in the model's order."""
+def hf_sources(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX,
+               fused_experts: bool = False) -> dict[str, Source]:
+    """{paraxis name: its Source}, in the model's order; a mixture of experts as Mixtral's
+    per-expert keys, or with `fused_experts` as transformers' stacked tensors."""
+    if cfg.is_moe:
+        check_mixtral_form(cfg)
     sources = {}
     for name in expected_shapes(cfg):
-        if cfg.style == "llama":
+        if cfg.style == "llama" and name.startswith("blocks."):
             block, _, suffix = name.partition(".")[2].partition(".")
-            sources[name] = Source(f"model.layers.{block}.{LLAMA_BLOCK[suffix]}"
-                                   if name.startswith("blocks.") else LLAMA_TOP[name])
+            sources[name] = (_expert_source(cfg, block, suffix, fused_experts)
+                             if suffix.startswith("moe.") else
+                             Source(f"model.layers.{block}.{LLAMA_BLOCK[suffix]}"))
+        elif cfg.style == "llama":
+            sources[name] = Source(LLAMA_TOP[name])
         elif name.startswith("blocks."):
             _, block, suffix = name.split(".", 2)
             theirs, transposed, slot = GPT2_BLOCK[suffix]
@@ -86,26 +108,44 @@ def hf_sources(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX) -> dict[str, So
     return sources
 
 
-def hf_tensors(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX
+def _expert_source(cfg: ModelConfig, block: str, suffix: str, fused: bool) -> Source:
+    """Where `blocks.{block}.{suffix}` (`moe.router.weight`, `moe.experts.{e}.{part}.weight`)
+    lives in a Mixtral checkpoint."""
+    layer = f"model.layers.{block}."
+    if suffix == "moe.router.weight":
+        return Source(layer + (FUSED_ROUTER if fused else MIXTRAL_ROUTER))
+    expert, part = suffix.split(".")[2:4]
+    if fused:
+        theirs, slot = FUSED_EXPERT[part]
+        return Source(layer + theirs, offset=slot * cfg.d_ff_expert, expert=int(expert))
+    return Source(f"{layer}block_sparse_moe.experts.{expert}.{MIXTRAL_EXPERT[part]}.weight")
+
+
+def hf_tensors(cfg: ModelConfig, gpt2_prefix: str = GPT2_PREFIX, fused_experts: bool = False
                ) -> dict[str, tuple[tuple[int, ...], dict[str, Source]]]:
     """{Hugging Face name: (its shape, {paraxis name: Source} of the boxes that tile it)}, in
     the order of the model's parameters."""
     shapes = expected_shapes(cfg)
     parts: dict[str, dict[str, Source]] = {}
-    for ours, source in hf_sources(cfg, gpt2_prefix).items():
+    for ours, source in hf_sources(cfg, gpt2_prefix, fused_experts).items():
         parts.setdefault(source.name, {})[ours] = source
     tensors = {}
     for theirs, boxes in parts.items():
         first, source = next(iter(boxes.items()))
         rows = max(box.offset + shapes[ours][0] for ours, box in boxes.items())
         shape = (rows, *shapes[first][1:])
-        tensors[theirs] = (shape[::-1] if source.transposed else shape, boxes)
+        shape = shape[::-1] if source.transposed else shape
+        if source.expert is not None:
+            shape = (1 + max(box.expert for box in boxes.values()), *shape)
+        tensors[theirs] = (shape, boxes)
     return tensors
 
 
-def their_index(source: Source, index: tuple[slice, ...]) -> tuple[slice, ...]:
+def their_index(source: Source, index: tuple[slice, ...]) -> tuple[int | slice, ...]:
     """The region of the Hugging Face tensor that holds region `index` of ours (slices with
-    concrete start and stop): shifted by the offset, reversed when stored transposed."""
+    concrete start and stop): shifted by the offset, reversed when stored transposed, and
+    led by the expert's index when they stack experts (which drops that dim)."""
     first = slice(index[0].start + source.offset, index[0].stop + source.offset)
     shifted = (first, *index[1:])
-    return shifted[::-1] if source.transposed else shifted
+    shifted = shifted[::-1] if source.transposed else shifted
+    return shifted if source.expert is None else (source.expert, *shifted)

@@ -1,4 +1,4 @@
-"""Read a Hugging Face Llama or GPT-2 directory one region at a time.
+"""Read a Hugging Face Llama, Mixtral or GPT-2 directory one region at a time.
 
     reader = HFReader("path/to/hf-dir")        # checks names and shapes from the headers only
     rows = reader.region("blocks.0.attn.q.weight", (slice(0, 32), slice(None)))
@@ -21,7 +21,14 @@ import torch
 
 from paraxis.errors import ParaxisError
 from paraxis.hf_config import read_json, unsupported
-from paraxis.hf_names import GPT2_PREFIX, IGNORED_SUFFIXES, expected_shapes, hf_tensors, their_index
+from paraxis.hf_names import (
+    FUSED_ROUTER,
+    GPT2_PREFIX,
+    IGNORED_SUFFIXES,
+    expected_shapes,
+    hf_tensors,
+    their_index,
+)
 from paraxis.model_config import ModelConfig, hf_model_config
 
 if TYPE_CHECKING:
@@ -46,8 +53,10 @@ class HFReader:
         self.names: list[str] = list(self.shapes)  # the model's order
         self._files = _Files(self.path)
         prefix = GPT2_PREFIX if self._files.has(GPT2_PREFIX + "wte.weight") else ""
+        # Mixtral's experts: per-expert keys (save_pretrained), or transformers' stacked ones
+        fused = self._files.has(f"model.layers.{self.cfg.first_dense_layers}.{FUSED_ROUTER}")
         self._sources = {}
-        for theirs, (shape, boxes) in hf_tensors(self.cfg, prefix).items():
+        for theirs, (shape, boxes) in hf_tensors(self.cfg, prefix, fused).items():
             self._files.check_shape(theirs, shape)
             self._sources.update(boxes)
         if self.cfg.style == "gpt2" and self._files.has("lm_head.weight"):
@@ -79,9 +88,9 @@ class HFReader:
 
 
 def read_hf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A Hugging Face Llama or GPT-2 directory -> (ModelConfig, {paraxis name: full tensor}),
-    in the model's order; tensors keep their stored dtype. For one process: a rank that owns
-    part of the model reads its regions with `HFReader`."""
+    """A Hugging Face Llama, Mixtral or GPT-2 directory -> (ModelConfig, {paraxis name:
+    full tensor}), in the model's order; tensors keep their stored dtype. For one process: a
+    rank that owns part of the model reads its regions with `HFReader`."""
     reader = HFReader(path)
     return reader.cfg, {name: reader.full(name) for name in reader.names}
 
@@ -148,10 +157,11 @@ class _Files:
                                f"{self.stored_shapes[name]}, but config.json implies {shape}")
         self.used.add(name)
 
-    def read(self, name: str, index: tuple[slice, ...], transposed: bool = False
+    def read(self, name: str, index: tuple[int | slice, ...], transposed: bool = False
              ) -> torch.Tensor:
-        """Region `index` (concrete slices; () for all) of tensor `name`, read alone, as a
-        contiguous tensor of torch's allocator (the transpose of the region if asked)."""
+        """Region `index` (concrete slices, or an int that drops its dim; () for all) of
+        tensor `name`, read alone, as a contiguous tensor of torch's allocator (the transpose
+        of the region if asked)."""
         file = self.where[name]
         with _open(file) as handle:
             try:

@@ -8,7 +8,8 @@ model.safetensors or, when the tensors pass `max_shard_bytes`, shards
 model-0000k-of-0000N.safetensors with model.safetensors.index.json naming the shard of each
 tensor. A shard is written as soon as it is full and then dropped, so with a callable `state`
 the process holds about one tensor beyond what it held before: a model no process can hold
-whole can still be written.
+whole can still be written. A mixture of experts is written as Mixtral, with the per-expert
+keys `save_pretrained` writes (`hf_names`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from paraxis.errors import ParaxisError
-from paraxis.hf_config import gpt2_json, llama_json
+from paraxis.hf_config import config_json
 from paraxis.hf_names import Source, expected_shapes, hf_tensors, their_index
 from paraxis.model_config import ModelConfig
 
@@ -52,6 +53,7 @@ def write_hf(path: str | Path, cfg: ModelConfig,
                            "overwrite=True")
     if max_shard_bytes is not None and max_shard_bytes <= 0:
         raise ParaxisError(f"max_shard_bytes is {max_shard_bytes}; give a positive size")
+    config = config_json(cfg)  # refuses a model the format cannot hold before any writing
     if isinstance(state, Mapping):
         tensor_of = _checked_state(cfg, state).__getitem__
         max_shard_bytes = max_shard_bytes or DEFAULT_SHARD_BYTES
@@ -64,7 +66,6 @@ def write_hf(path: str | Path, cfg: ModelConfig,
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         dtype = _write_shards(staging, cfg, tensor_of, max_shard_bytes)
-        config = (llama_json if cfg.style == "llama" else gpt2_json)(cfg)
         config.update(dtype=dtype, torch_dtype=dtype)  # "torch_dtype" for transformers < 4.56
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if path.exists():

@@ -236,14 +236,15 @@ def _moe(base: ModelConfig, name: str, experts: int, top_k: int, d_ff_expert: in
 
 
 # Mixtures of experts. tiny-moe has Mixtral's form (every block routed, top 2, no shared
-# expert); tiny-moe-shared adds DeepSeek-MoE's shared expert and a first dense block.
+# expert, d_ff = d_ff_expert as Mixtral's config.json has one width); tiny-moe-shared adds
+# DeepSeek-MoE's shared expert and a first dense block.
 # Published shapes: Mixtral (Jiang et al. 2024; config.json of mistralai/Mixtral-8x7B-v0.1 and
 # 8x22B-v0.1) and DeepSeek-V3 (DeepSeek-AI 2024, Table/Sec. 4.2: 61 layers, 256 routed experts
 # of width 2048 plus 1 shared, top 8, first 3 blocks dense). DeepSeek's multi-head latent
 # attention is modelled as plain 128-head attention (about the same parameters per layer:
 # 205M here, 187M for MLA); its node-limited routing and MTP module are not modelled.
 for _config in (
-    _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 192, 128), "tiny-moe", 8, 2, 96),
+    _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 96, 128), "tiny-moe", 8, 2, 96),
     _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 192, 128), "tiny-moe-shared",
          8, 2, 48, shared=1, dense=1),
     _moe(_llama("", 32, 4096, 32, 8, 14336, 32000, 32768, 1e6), "mixtral-8x7b", 8, 2, 14336),

@@ -49,6 +49,22 @@ def hf_gpt2(tmp_path_factory: pytest.TempPathFactory) -> str:
     return _save(model, tmp_path_factory.mktemp("hf") / "gpt2", seed=2)
 
 
+@pytest.fixture(scope="session")
+def hf_mixtral(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Mixtral: 4 experts of width 48, top 2, grouped kv heads, a non-default RoPE theta and
+    aux loss coefficient, saved with the per-expert keys save_pretrained writes."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+        rope_theta=50000.0, router_aux_loss_coef=0.02, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)
+    model = transformers.MixtralForCausalLM(config)
+    return _save(model, tmp_path_factory.mktemp("hf") / "mixtral", seed=3)
+
+
 @pytest.fixture(params=["llama", "gpt2"])
 def hf_dir(request: pytest.FixtureRequest) -> str:
     """Each of the two checkpoints in turn."""

@@ -20,7 +20,8 @@ def narayanan_flops(batch: int, s: int, layers: int, h: int, vocab: int) -> floa
 
 
 def test_full_recompute_step_matches_narayanan_formula() -> None:
-    flops = iteration_flops(GPT3, 2048, 1536, "full")
+    # the paper counts the full attention square (causal=False)
+    flops = iteration_flops(GPT3, 2048, 1536, "full", causal=False)
     expected = narayanan_flops(1536, 2048, GPT3.n_layers, GPT3.d_model, GPT3.vocab_size)
     # our count includes biases and norms (13h per layer), the paper's does not: < 0.1%
     assert flops["hardware"] == pytest.approx(expected, rel=1e-3)
@@ -29,7 +30,8 @@ def test_full_recompute_step_matches_narayanan_formula() -> None:
 def test_model_flops_exclude_recompute() -> None:
     no_recompute = 72 * 2048 * GPT3.n_layers * GPT3.d_model**2 * (
         1 + 2048 / (6 * GPT3.d_model) + GPT3.vocab_size / (12 * GPT3.n_layers * GPT3.d_model))
-    assert model_flops_per_token(GPT3, 2048) * 2048 == pytest.approx(no_recompute, rel=1e-3)
+    assert model_flops_per_token(GPT3, 2048, causal=False) * 2048 == pytest.approx(
+        no_recompute, rel=1e-3)
     flops = {r: iteration_flops(GPT3, 2048, 8, r) for r in ("none", "selective", "full")}
     assert flops["none"]["model"] == flops["full"]["model"] == flops["none"]["hardware"]
     assert flops["none"]["hardware"] < flops["selective"]["hardware"] < flops["full"]["hardware"]
@@ -37,6 +39,16 @@ def test_model_flops_exclude_recompute() -> None:
     extra = recompute_flops_per_token(GPT3, 2048, "full")
     assert extra / (model_flops_per_token(GPT3, 2048) - 6 * GPT3.d_model * GPT3.vocab_size) == \
         pytest.approx(1 / 3)
+
+
+def test_causal_count_halves_the_attention_square() -> None:
+    # Megatron-LM's count since 2025 (num_floating_point_operations, commit 8873b55): the
+    # attention core counts the causal half of the s x s scores; PaLM's and Narayanan's the
+    # full square. The weights and the head are counted alike.
+    cfg, seq = PRESETS["llama3-8b"], 131072
+    full, causal = (model_flops_per_token(cfg, seq, causal=c) for c in (False, True))
+    square = 3 * cfg.n_layers * 4 * seq * cfg.d_model
+    assert full - causal == pytest.approx(square / 2)
 
 
 def test_six_n_rule_for_long_models() -> None:

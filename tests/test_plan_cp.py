@@ -80,9 +80,15 @@ def test_states_shard_over_dp_times_cp() -> None:
     assert split.memory["params"] == pytest.approx(four.memory["params"])
 
 
-def test_long_sequences_pick_context_parallelism() -> None:
+@pytest.fixture(scope="module")
+def long_search():
+    """`paraxis plan --model llama3-8b --gpus 64 --seq-len 131072 --global-batch 64`."""
     cluster = build_cluster("a100-80gb", 64, 8)
-    result = search(LLAMA_8B, cluster, LONG, 64)
+    return cluster, search(LLAMA_8B, cluster, LONG, 64)
+
+
+def test_long_sequences_pick_context_parallelism(long_search) -> None:
+    result = long_search[1]
     best = result.ranked[0]
     assert best.layout.cp > 1 and best.fits
     without = next((e for e in result.ranked if e.layout.cp == 1), None)
@@ -120,3 +126,54 @@ def test_exposed_cp_shows_every_hop() -> None:
         "cp_backward"]
     # nothing hides: every hop of the forward, every K/V and dK/dV hop of the backward
     assert shown["cp_forward"] + shown["cp_backward"] == pytest.approx(shown["cp_total"])
+
+
+def test_long_sequence_mfu_stays_below_the_peak(long_search) -> None:
+    # `paraxis plan --model llama3-8b --gpus 64 --seq-len 131072 --global-batch 64` printed
+    # MFU 102.3%: the time model priced the flash kernel's causal half of the scores while
+    # the MFU counted the full square. Now both count the causal half (plan/compute.py).
+    from paraxis.attention_kernel import FLASH
+    from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
+
+    cluster, result = long_search
+    best = result.ranked[0]
+    assert all(e.mfu <= e.hfu <= 1.0 for e in result.ranked)
+    peak = cluster.world_size * cluster.gpu.peak_flops
+    # the full-square count of the same run would claim more than the peak (the old defect)
+    assert model_flops_per_token(LLAMA_8B, LONG, causal=False) * best.tokens_per_s > peak
+    # the compute time is at least the FLOPs the time model prices, at the peak: the GEMMs
+    # (forward + two backward products) and what the flash kernel computes of the scores
+    weights, scores = layer_forward_flops_per_token(LLAMA_8B, LONG)
+    core = FLASH.causal_fraction * scores * (1 + FLASH.backward_ratio)
+    priced = (LLAMA_8B.n_layers * (3 * weights + core)
+              + 6 * LLAMA_8B.d_model * LLAMA_8B.vocab_size) * 64 * LONG
+    assert best.layout.pp == 1 and best.time["compute"] >= priced / peak
+    assert priced >= model_flops_per_token(LLAMA_8B, LONG) * 64 * LONG
+
+
+def test_a_measured_attention_rate_cannot_beat_the_peak() -> None:
+    # a profile whose attention rate (in the planner's count) outruns what the kernel's own
+    # FLOPs allow at the peak is capped there: MFU stays <= 1 whatever it says
+    fast = build_cluster("a100-80gb", 16, 8, {"attention_flops": 10 * 312e12})
+    estimate = evaluate(LLAMA_8B, Layout(cp=16), fast, LONG, 1)
+    assert estimate.mfu <= estimate.hfu <= 1.0
+
+
+def test_paraxis_plan_accepts_llama3_long_context_layout(capsys) -> None:
+    # Llama 3 405B's 128K stage (Dubey et al. 2024 Table 4) as `paraxis plan` evaluates it:
+    # all-gather CP over 16 ranks beside TP 8 and PP 16 (the held-out row picks its
+    # interleaving depth; the command refuses depths that do not divide 126 layers)
+    import json
+
+    from paraxis.cli import main
+
+    code = main(["plan", "--model", "llama3-405b", "--gpus", "16384", "--gpu", "h100-sxm-80gb",
+                 "--network-gbps", "400", "--seq-len", "131072", "--global-batch", "128",
+                 "--precision", "bf16-fp32grad", "--json", "--layout",
+                 "dp=8,tp=8,pp=16,cp=16,zero=2,microbatches=16,sequence_parallel=true,"
+                 "cp_attention=all_gather"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["mode"] == "evaluate"
+    only = doc["layouts"][0]
+    assert only["fits"] and only["layout"]["cp_attention"] == "all_gather"
+    assert 0 < only["mfu"] <= only["hfu"] <= 1 and only["time_s"]["cp"] > 0

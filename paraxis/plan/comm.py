@@ -274,7 +274,8 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     parameters, forward and backward, plus the gradient reduce-scatter), one layer at a time.
     Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
     ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
-    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one call per bucket.
+    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one call per bucket;
+    `bucket_bytes` = 0: one call per layer (PyTorch FSDP's units).
     """
     if dp <= 1:
         return 0.0
@@ -283,7 +284,7 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
             stage_param_count / layers, dp, link, grad_bytes, param_bytes))
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
-    buckets = max(1, math.ceil(grads / bucket_bytes))
+    buckets = layers if bucket_bytes <= 0 else max(1, math.ceil(grads / bucket_bytes))
     if zero in (1, 2):
         # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch),
         # then all-gather the updated parameters

@@ -4,6 +4,17 @@ Narayanan et al. 2021 Sec. 5.1 (Appendix): a GPT step costs 96 B s l h^2 (1 + s/
 FLOPs with full recomputation. We count the same terms from the ModelConfig (so SwiGLU and
 GQA blocks are priced by their real matrices) and keep recomputation apart: model FLOPs never
 include it (MFU, Chowdhery et al. 2022 App. B), hardware FLOPs do (HFU).
+
+The causal attention core: the planner counts the half of the s x s scores under the causal
+mask (`CAUSAL_SHARE`), as Megatron-LM has counted since March 2025 (megatron/training/
+training.py, `num_floating_point_operations`, commit 8873b55: "only half of the attention
+matrix is non-zero"), and as the time model prices a flash kernel (it skips the masked half,
+paraxis/attention_kernel.py). The older convention, full squares (PaLM's 6N + 12LHQT,
+Chowdhery et al. 2022 App. B; Narayanan et al. 2021 eq. 3), is `causal=False`: the published
+figures of those papers, and of the Llama 3 paper, which cites PaLM's definition, are in it.
+Counting the full square while pricing half let a long-sequence plan report MFU above 100%
+(llama3-8b at 131,072 tokens: 102%); with the causal count the model FLOPs never exceed what
+the time model prices, so MFU <= HFU <= 1 (tests/test_plan_compute.py).
 """
 
 from __future__ import annotations
@@ -46,9 +57,22 @@ def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1,
     return attention + ((h, mlp_in / tp), (f / tp, h)) if mlp else attention
 
 
-def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator."""
+# Share of the s x s attention scores a causal model counts (Megatron-LM since 2025).
+CAUSAL_SHARE = 0.5
+
+
+def counted_forward_flops_per_token(cfg: ModelConfig, seq_len: int,
+                                    causal: bool = True) -> tuple[float, float]:
+    """(weights, attention core) forward FLOPs of one layer as the MFU count has them: the
+    causal half of the scores, or (causal=False) the full square of PaLM and Narayanan 2021."""
     weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    return weights, scores * (CAUSAL_SHARE if causal else 1.0)
+
+
+def model_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = True) -> float:
+    """Training FLOPs (forward + backward, no recomputation) per token: the MFU numerator.
+    `causal=False` counts the full attention square (PaLM, Narayanan 2021)."""
+    weights, scores = counted_forward_flops_per_token(cfg, seq_len, causal)
     # Narayanan et al. 2021 App.: backward = 2x forward, so a step is 3x the forward;
     # the LM head adds 3 * 2 h V per token. A mixture of experts counts its active
     # parameters (router, top_k and shared experts), as Megatron-LM's
@@ -56,9 +80,10 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 3 * (cfg.n_layers * (weights + scores) + 2 * cfg.d_model * cfg.vocab_size)
 
 
-def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str) -> float:
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str,
+                              causal: bool = True) -> float:
     """Extra forward FLOPs per token that recomputation adds (hardware FLOPs only)."""
-    weights, scores = layer_forward_flops_per_token(cfg, seq_len)
+    weights, scores = counted_forward_flops_per_token(cfg, seq_len, causal)
     if recompute == "full":
         # Narayanan et al. 2021 App.: one more forward of every layer (72 -> 96 B s l h^2).
         return cfg.n_layers * (weights + scores)
@@ -69,17 +94,18 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str) ->
 
 
 def iteration_flops(cfg: ModelConfig, seq_len: int, global_batch: int,
-                    recompute: str = "none") -> dict[str, float]:
+                    recompute: str = "none", causal: bool = True) -> dict[str, float]:
     """{"model", "hardware"} FLOPs of one step over `global_batch` sequences."""
     tokens = global_batch * seq_len
-    model = model_flops_per_token(cfg, seq_len) * tokens
-    return {"model": model,
-            "hardware": model + recompute_flops_per_token(cfg, seq_len, recompute) * tokens}
+    model = model_flops_per_token(cfg, seq_len, causal) * tokens
+    return {"model": model, "hardware": model + recompute_flops_per_token(
+        cfg, seq_len, recompute, causal) * tokens}
 
 
 def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
         peak_flops: float) -> float:
-    """Model FLOPs utilisation (Chowdhery et al. 2022 App. B): model FLOP/s over peak."""
+    """Model FLOPs utilisation (Chowdhery et al. 2022 App. B): model FLOP/s over peak, with
+    the causal count of the attention core (`CAUSAL_SHARE`)."""
     return model_flops_per_token(cfg, seq_len) * tokens_per_s / (world_size * peak_flops)
 
 

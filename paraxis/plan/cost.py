@@ -117,15 +117,20 @@ def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: floa
 
 
 def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
-                hbm: float, measured: bool, kernel: AttentionKernel) -> tuple[float, float]:
+                hbm: float, measured: bool, kernel: AttentionKernel,
+                peak: float = float("inf")) -> tuple[float, float]:
     """(forward, backward) seconds per token of the attention core. A measured rate
     (a calibration, `paraxis.calibrate.kernels.attention_rate`) is in the planner's count,
-    3 x `scores` forward + backward. Unmeasured, the core runs at the GEMM rate on the score
-    entries its kernel computes (flash skips the causal mask's upper half), with its backward
-    ratio; the math kernel also moves its scores through memory (`score_bytes`)."""
+    3 x `scores` forward + backward, and cannot beat the kernel's own FLOPs at `peak` (the
+    cap keeps MFU <= 1 whatever a profile says). Unmeasured, the core runs at the GEMM rate
+    on the score entries its kernel computes (flash skips the causal mask's upper half), with
+    its backward ratio; the math kernel also moves its scores through memory
+    (`score_bytes`)."""
     traffic = score_bytes / hbm if kernel.keeps_scores else 0.0
     if measured:
-        return scores / measured_rate + traffic, 2 * (scores / measured_rate + traffic)
+        work = kernel.causal_fraction * (1 + kernel.backward_ratio) / 3  # per counted FLOP
+        rate = min(measured_rate, peak / work)
+        return scores / rate + traffic, 2 * (scores / rate + traffic)
     forward = kernel.causal_fraction * scores / gemm_rate
     return forward + traffic, kernel.backward_ratio * forward + 2 * traffic
 
@@ -164,7 +169,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
-        scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel))
+        scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
+        gpu.peak_flops * layout.tp * cluster.compute_share))
     dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
              + hidden_bytes / hbm) * tokens
     if moe:
@@ -300,11 +306,12 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     experts = max(expert for _, expert in shares)
     expert_replicas = replicas // layout.ep
     sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
-    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts))
+    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
+                        gpu.gradient_bucket_bytes)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
-                             max(k[1] for k in kinds))
+                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.

@@ -17,6 +17,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
+      "gradient_bucket_bytes": 25e6,      # ZeRO-0/1/2 grads per call; 0: one per layer (FSDP)
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
@@ -85,6 +86,10 @@ class GPU:
     # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name
+    # ZeRO-0/1/2 gradient reductions: one collective call per bucket of this many bytes
+    # (paraxis's runtime and PyTorch DDP: 25 MB, each call paying its latency), or 0: one call
+    # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
+    gradient_bucket_bytes: float = 25e6
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.

@@ -44,9 +44,10 @@ class ErrorBand(NamedTuple):
 GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.validate_planner",
                      fitted=True)
 # Published GPU runs held out from every fit (docs/validation.md, bench/heldout_runs.py:
-# torchtitan, llm-foundry, BLOOM, FlashAttention): what the model does on runs it never saw.
-# Most of it is beyond 8K tokens, where the attention core is priced too fast.
-HELD_OUT_GPU_BAND = ErrorBand(0.332, 1.193, 228, "held-out rows of docs/validation.md")
+# torchtitan, llm-foundry, BLOOM, FlashAttention, Llama 3, NeMo AutoModel): what the model does
+# on runs it never saw. Most of it is beyond 8K tokens, where the attention core is priced too
+# fast.
+HELD_OUT_GPU_BAND = ErrorBand(0.331, 1.193, 231, "held-out rows of docs/validation.md")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted").
 CPU_BAND = ErrorBand(0.193, 0.330, 12, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
 

@@ -1,4 +1,5 @@
-"""The report's pictures of the plan: rank grid, tensor-parallel split, memory, ring.
+"""The report's pictures of the plan: rank grid, tensor-parallel split, context parallelism
+(when the layout has cp > 1), memory, ring.
 
 Each is drawn by `paraxis.viz` from the planner's or the simulators' numbers; the pipeline
 section has its own module (`paraxis.report.pipeline`).
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from paraxis.context_parallel.balance import pairs_per_rank
 from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.report.text import duration, layout_text
+from paraxis.viz.context import MAX_LABELLED_CP, plot_chunks
+from paraxis.viz.context_ring import plot_kv_exchange
 from paraxis.viz.grid import plot_rank_grid
 from paraxis.viz.html import figure
 from paraxis.viz.memory import plot_stage_memory, plot_zero_memory
@@ -24,8 +28,10 @@ Section = tuple[str, str, str]  # (anchor, heading, HTML body)
 
 
 def pictures(plan: Plan, pipeline: Section) -> list[Section]:
-    """Every picture section, in reading order, with `pipeline` in its place."""
-    return [_grid(plan), _tp(plan), pipeline, _memory(plan), _ring(plan)]
+    """Every picture section, in reading order, with `pipeline` in its place; context
+    parallelism's only when the layout splits sequences (cp > 1)."""
+    context = [_context(plan)] if plan.layout.cp > 1 else []
+    return [_grid(plan), _tp(plan), *context, pipeline, _memory(plan), _ring(plan)]
 
 
 def ring_ranks(dp: int) -> int:
@@ -35,10 +41,40 @@ def ring_ranks(dp: int) -> int:
 
 
 def _grid(plan: Plan) -> Section:
-    return ("grid", "3D rank grid", figure(
+    name, axes = ("3D rank grid", "dp, tp, pp") if plan.layout.cp == 1 else \
+        ("4D rank grid", "dp, cp, tp, pp")
+    return ("grid", name, figure(
         figure_data_uri(plot_rank_grid(plan.layout, plan.cluster.gpus_per_node)),
-        "3D rank grid", "Every rank's (dp, tp, pp) coordinates from Layout.coords, the "
+        name, f"Every rank's ({axes}) coordinates from Layout.coords, the "
         "function the runtime builds its process groups from."))
+
+
+def _context(plan: Plan) -> Section:
+    layout, e = plan.layout, plan.estimate
+    cp, variant = layout.cp, layout.cp_attention
+    pairs = pairs_per_rank(plan.seq_len, cp)
+    split = figure(figure_data_uri(plot_chunks(plan.seq_len, cp, variant)),
+                   "context-parallel split and attention blocks",
+                   f"The sequence of {plan.seq_len} tokens cut into 2·cp = {2 * cp} chunks, "
+                   f"rank i holding chunks i and {2 * cp - 1}-i, and the causal attention "
+                   f"blocks by the rank that computes them: every rank computes {pairs[0]:,} "
+                   "(query, key) pairs per head and sequence (balance.pairs_per_rank, the "
+                   "count the kernels are tested against).")
+    drawn = min(cp, MAX_LABELLED_CP)
+    shown = "" if drawn == cp else f" The picture shows cp = {drawn} to stay legible."
+    command = f"paraxis context --cp {drawn} --attention {variant} --out DIR" + (
+        f" --seq-len {plan.seq_len}" if drawn == cp else "")
+    how = ("K/V blocks travel the ring one rank per step, behind each step's compute; in "
+           "backward the dK/dV follow one hop behind and land on their owners."
+           if variant == "ring" else "K/V are gathered once per layer (again in backward) "
+           "and the dK/dV reduce-scattered back to their owners.")
+    exchange = figure(figure_data_uri(plot_kv_exchange(drawn, variant)),
+                      f"context parallelism: {variant}",
+                      f"{how} The planner prices this exchange at "
+                      f"{duration(e.time.get('cp_total', 0.0))} per step, "
+                      f"{duration(e.time.get('cp', 0.0))} of it on the critical path "
+                      f"(`{command}` draws these pictures).{shown}")
+    return ("context", "Context parallelism", split + exchange)
 
 
 def _tp(plan: Plan) -> Section:

@@ -25,7 +25,8 @@ KIND_COLOUR = {"F": OKABE_ITO["blue"], "B": OKABE_ITO["vermillion"],
 KIND_HATCH = {"F": "", "B": "//", "W": "xx", "send": "..", "recv": ".."}
 KIND_LABEL = {"F": "forward", "B": "backward", "W": "weight-grad",
               "send": "send / recv (incl. waiting)", "recv": "send / recv (incl. waiting)"}
-AXIS_COLOUR = {"dp": OKABE_ITO["blue"], "tp": OKABE_ITO["green"], "pp": OKABE_ITO["orange"]}
+AXIS_COLOUR = {"dp": OKABE_ITO["blue"], "tp": OKABE_ITO["green"], "pp": OKABE_ITO["orange"],
+               "cp": OKABE_ITO["purple"]}
 RANK_COLOURS = [OKABE_ITO[c] for c in ("blue", "orange", "green", "vermillion", "purple",
                                        "sky", "yellow", "grey")]
 

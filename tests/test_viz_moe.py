@@ -1,0 +1,66 @@
+"""`paraxis experts` and the MoE pictures: routing, the all-to-all, a run's expert load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paraxis.cli import main
+from paraxis.moe.command import counts_by_rank, route_batch
+from paraxis.moe.placement import all_to_all_bytes, send_matrix
+from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
+
+
+def test_routing_of_a_batch_is_split_over_ep_ranks_as_data_parallelism_splits_it() -> None:
+    cfg, routes = route_batch("tiny-moe", batch=4, seq_len=16)
+    assert sorted(routes) == list(range(cfg.n_layers))  # every block of tiny-moe routes
+    chosen, weights = routes[0]
+    assert len(chosen) == 64 and all(len(c) == cfg.top_k for c in chosen)
+    assert all(abs(sum(w) - 1) < 1e-5 for w in weights)
+    counts = counts_by_rank(chosen, cfg.n_experts, ep=2)
+    # rank 0 holds the first two sequences (tokens 0-31), rank 1 the last two
+    first = [0] * cfg.n_experts
+    for experts in chosen[:32]:
+        for e in experts:
+            first[e] += 1
+    assert counts[0] == first
+    assert sum(map(sum, counts)) == 64 * cfg.top_k
+
+
+def test_pictures_draw_from_the_placement_facts() -> None:
+    counts = [[3, 0, 1, 4], [0, 0, 2, 2]]
+    sends = send_matrix(counts, ep=2)
+    assert sends == [[3, 5], [0, 4]]
+    assert all_to_all_bytes(sends, d_model=8, bytes_per_value=4) == [5 * 32, 0]
+    figure = plot_all_to_all(counts, ep=2, d_model=8)
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert "3\nstays" in texts and "0\n0 KiB" in texts
+    plot_routing([[0, 1], [2, 3]], [[0.6, 0.4], [0.5, 0.5]], n_experts=4, ep=2)
+    load = plot_expert_load([[4, 4, 4, 4], [8, 4, 2, 2]])
+    assert "1.00x" not in load.axes[1].get_title() and "2.00x" in load.axes[1].get_title()
+
+
+def test_experts_command_prints_and_draws(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["experts", "--model", "tiny-moe", "--ep", "2", "--batch", "2",
+                 "--seq-len", "32", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "busiest / mean" in out and "dispatch KiB" in out
+    assert (tmp_path / "routing.png").stat().st_size > 0
+    assert (tmp_path / "all_to_all.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "tiny-llama"], "has no experts"),
+    (["--ep", "3", "--batch", "6"], "ep=3 must divide the number of experts"),
+    (["--ep", "2", "--batch", "3"], "not divisible by --ep 2"),
+    (["--block", "9", "--out", "OUT"], "--block 9 is not an MoE block"),
+])
+def test_bad_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [str(tmp_path / "pics") if a == "OUT" else a for a in argv]
+    assert main(["experts", "--seq-len", "8", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "pics").exists()
