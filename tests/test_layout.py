@@ -105,7 +105,7 @@ BAD = [
     (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6), {},
      "multiple of pp"),
     (dict(sequence_parallel=True), {}, "needs tp > 1"),
-    (dict(pp=2, zero=3), {}, "ZeRO-3 with pipeline"),
+    (dict(pp=2, zero=3, zero3_reshard="never"), {}, "unknown zero3_reshard"),
     (dict(dp=2, tp=2), dict(world_size=8), "dp*tp*pp"),
     (dict(tp=8), dict(model="tiny"), "attention heads are not divisible"),
     (dict(tp=4), dict(model="tiny-llama"), "kv heads are not divisible"),

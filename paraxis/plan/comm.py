@@ -292,3 +292,26 @@ def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: floa
     gather = collective_time("all_gather", layer_params * param_bytes, dp, link)
     scatter = collective_time("reduce_scatter", layer_params * grad_bytes, dp, link)
     return gather, gather + scatter
+
+
+def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
+                          param_bytes: float = 2, grad_bytes: float = 2,
+                          forward_only_params: float = 0.0, regathered_params: float = 0.0
+                          ) -> dict[str, float]:
+    """Bytes one rank's ZeRO-3 collectives assemble per step under a pipeline, as the
+    runtime does it (`pipeline_parallel/zero3.py`), for a stage of `stage_params` (after TP):
+    {"all_gather", "reduce_scatter"}.
+
+    reshard "forward" (FSDP's reshard_after_forward): every microbatch gathers the stage's
+    parameters for its forward and again for its backward, except `forward_only_params`
+    (an embedding: its backward needs only the token ids), plus `regathered_params` (a
+    zero-bubble W under full recompute re-gathers its chunk, first virtual stage excepted).
+    "step": each parameter is gathered once and kept to its chunk's last backward. Gradients
+    accumulate over the microbatches and are reduce-scattered once (Rajbhandari et al. 2020
+    Sec. 5.3 for the per-layer gathers; PyTorch FSDP2's gradient sync on the last microbatch).
+    """
+    if reshard == "step":
+        gathered = stage_params
+    else:
+        gathered = microbatches * (2 * stage_params - forward_only_params + regathered_params)
+    return {"all_gather": gathered * param_bytes, "reduce_scatter": stage_params * grad_bytes}
