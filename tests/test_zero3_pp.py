@@ -11,7 +11,10 @@ the final weights too (gathered from their dp shards and tp slices), for
 Every layout also counts the bytes its ZeRO collectives assemble in one step
 (`data_parallel.flat.VOLUME`) and finds the planner's count (`plan.comm.zero3_pipeline_volume`)
 up to the pad of each flat unit (at most dp-1 elements); "step" gathers once, "forward" once
-per microbatch for the forward and once for the backward.
+per microbatch for the forward and once for the backward. Each run saves a checkpoint at the
+end: it holds the single-device weights, converts to one device and to another pipeline
+layout unchanged, and a fresh engine loaded from it takes the next step exactly as the
+trained one does.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+from paraxis.checkpoint import read_full_state
+from paraxis.checkpoint.convert import convert
+from paraxis.checkpoint.entries import KINDS
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
@@ -62,7 +68,9 @@ def _train(engine, rows: slice, on_step=None) -> list[float]:
     return losses
 
 
-def _rank(ctx: RankContext, models: dict[str, str]) -> tuple[list[float], dict, dict]:
+def _rank(ctx: RankContext, models: dict[str, str], root: str
+          ) -> tuple[list[float], dict, dict]:
+    from paraxis.checkpoint import load_checkpoint, save_checkpoint
     from paraxis.tensor_parallel.apply import gather_full
 
     layout, groups = ctx.layout, ctx.groups
@@ -80,7 +88,18 @@ def _rank(ctx: RankContext, models: dict[str, str]) -> tuple[list[float], dict, 
     owned = dict(engine.named_parameters())
     for name, value in engine.data_parallel.full_parameters().items():  # dp gather
         params[name] = gather_full(value, owned[name], groups.tp_group).numpy()  # tp gather
+    # A checkpoint of the sharded stage, loaded into a fresh engine, goes on identically.
+    path = save_checkpoint(engine, f"{root}/{_directory(layout)}", STEPS, cfg.to_dict())
+    resumed = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    load_checkpoint(resumed, path, cfg.to_dict(), ctx.rank)
+    rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
+    x, y = _batches()[0]
+    counted["next"] = [e.forward_backward(x[rows], y[rows]) for e in (engine, resumed)]
     return losses, params, counted
+
+
+def _directory(layout: Layout) -> str:
+    return str(layout).replace(",", "_").replace("=", "")
 
 
 def _planned(engine, layout: Layout, cfg) -> dict[str, float]:
@@ -106,10 +125,10 @@ def _reference(model: str) -> tuple[list[float], dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("launch", [FOUR, EIGHT], ids=["4-ranks", "8-ranks"])
-def test_zero3_pipelines_train_like_one_device(launch):
+def test_zero3_pipelines_train_like_one_device(launch, tmp_path):
     layouts = [Layout.parse(text) for text, _ in launch]
     models = {str(layout): model for layout, (_, model) in zip(layouts, launch, strict=True)}
-    results = run_on_ranks(layouts, _rank, models, timeout_s=300)
+    results = run_on_ranks(layouts, _rank, models, str(tmp_path), timeout_s=300)
     references = {model: _reference(model) for model in set(models.values())}
     for layout, by_rank in zip(layouts, results, strict=True):
         expected, weights = references[models[str(layout)]]
@@ -127,4 +146,17 @@ def test_zero3_pipelines_train_like_one_device(launch):
                 <= gathers * pad, str(layout)
             assert 0 <= counted["reduce_scatter"] - counted["expected"]["reduce_scatter"] \
                 <= pad, str(layout)
+            assert counted["next"][0] == counted["next"][1], str(layout)  # exact resume
         assert seen >= set(weights), str(layout)
+        # The checkpoint holds the full tensors, and converts to other layouts unchanged.
+        saved = tmp_path / _directory(layout) / f"step-{STEPS:08d}"
+        full = read_full_state(saved, kinds=KINDS)[1]
+        for name, value in full.items():
+            if name.startswith("param/"):
+                np.testing.assert_allclose(value.numpy(), weights[name[6:]], rtol=0,
+                                           atol=1e-5, err_msg=f"{layout}: {name}")
+        for target in (Layout(), Layout.parse(FOUR[1][0])):
+            converted = convert(saved, tmp_path / _directory(layout) / _directory(target), target)
+            again = read_full_state(converted, kinds=KINDS)[1]
+            assert sorted(again) == sorted(full)
+            assert all(torch.equal(again[name], full[name]) for name in full)

@@ -361,10 +361,9 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
 
 def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_rank: int,
                  device: torch.device) -> tuple[list[FlatUnit], list[UnitHooks]]:
-    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; under a
-    pipeline, `model` is the stage's chunks and each adds its own, chunk after chunk) and
-    their hooks, then a root unit for whatever is left (used at both ends of the step: a tied
-    embedding and head)."""
+    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; chunk
+    after chunk under a pipeline) and their hooks, then a root unit for whatever is left
+    (used at both ends of the step: a tied embedding and head)."""
     wanted = {id(p) for p in params}
     taken: set[int] = set()
     units: list[FlatUnit] = []
@@ -380,9 +379,7 @@ def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_
         units.append(FlatUnit(own, dp_size, dp_rank, device))
         hooks.append(hook)
 
-    parts = [model] if isinstance(model, Transformer) else \
-        [part for part in model.children() if isinstance(part, Transformer)]
-    for part in parts:  # under a pipeline, chunk after chunk
+    for part in [m for m in (model, *model.children()) if isinstance(m, Transformer)]:
         tied = part.cfg.tied_embeddings and part.has_embedding and part.has_head
         embed = [part.tok_emb] + ([part.pos_emb] if hasattr(part, "pos_emb") else []) \
             if part.has_embedding else []

@@ -38,6 +38,7 @@ from paraxis.plan.comm import (
     tp_layer_exposed_time,
     tp_layer_time,
     zero3_layer_times,
+    zero3_windows,
 )
 from paraxis.plan.compute import (
     head_forward_traffic_per_token_eager,
@@ -342,17 +343,17 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                          seq_len, layout.placement)) / layout.tp
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, layout.microbatches,
                         precision.grad_bytes, precision.param_bytes, max(counts),
-                        gpu.gradient_bucket_bytes)
+                        gpu.gradient_bucket_bytes, layout.zero3_reshard if layout.pp > 1 else None)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
                                                dp_link, precision.grad_bytes,
                                                precision.param_bytes)
-        pairs = ((gather_f, layer["forward"]), (gather_b, layer["backward"]))
+        pairs, passes = zero3_windows(gather_f, gather_b, layer, layout)
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
                         for comm, window in pairs)
-        dp_exposed = layout.microbatches * max(counts) * per_layer
+        dp_exposed = passes * max(counts) * per_layer
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
         # all-reduce behind the last backward only.

@@ -160,9 +160,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         per_replica = global_batch // dp
-        for zero in zeros:
-            if zero == 3 and pp > 1:
-                continue  # Layout rule: ZeRO-3 needs pp = 1
+        for zero, reshard in _zero_choices(zeros, pp):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             for micro_batch in (c.micro_batch,) if c.micro_batch else MICRO_BATCH_SIZES:
@@ -175,7 +173,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         for recompute in c.recompute:
                             try:
                                 layout = shape.replace(
-                                    zero=zero, microbatches=microbatches, schedule=kind,
+                                    zero=zero, zero3_reshard=reshard,
+                                    microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
                                     sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
@@ -194,6 +193,13 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked.sort(key=_rank_key)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _zero_choices(zeros: tuple[int, ...], pp: int) -> list[tuple[int, str]]:
+    """(ZeRO stage, zero3_reshard) pairs to try: under a pipeline ZeRO-3 either gathers a
+    chunk per microbatch or keeps it for the step (`pipeline_parallel/zero3.py`)."""
+    return [(zero, reshard) for zero in zeros
+            for reshard in (("forward", "step") if zero == 3 and pp > 1 else ("forward",))]
 
 
 def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
