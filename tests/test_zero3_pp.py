@@ -160,3 +160,29 @@ def test_zero3_pipelines_train_like_one_device(launch, tmp_path):
             again = read_full_state(converted, kinds=KINDS)[1]
             assert sorted(again) == sorted(full)
             assert all(torch.equal(again[name], full[name]) for name in full)
+
+
+def test_the_planner_prices_both_reshard_choices():
+    """`paraxis plan` considers ZeRO-3 with pp > 1 under both choices: "step" gathers once
+    (less dp traffic, the stage's weights held whole), "forward" per microbatch (more
+    traffic, less memory), and ZeRO-3 holds less model state than ZeRO-1 by the shards."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.search import Constraints, search
+
+    cfg, cluster = PRESETS["llama2-70b"], build_cluster("a100-80gb", 64, 8)
+    result = search(cfg, cluster, 4096, 1024, Constraints(pp=4, zero=3, tp=8, micro_batch=1))
+    priced = {e.layout.zero3_reshard for e in result.ranked} | {
+        r.layout.zero3_reshard for r in result.too_big}
+    assert priced == {"forward", "step"}
+    layout = Layout(dp=2, tp=8, pp=4, zero=3, microbatches=32)
+    forward, step = (evaluate(cfg, layout.replace(zero3_reshard=r), cluster, 4096, 64)
+                     for r in ("forward", "step"))
+    assert step.time["dp_total"] < forward.time["dp_total"]
+    assert step.memory["buffers"] > forward.memory["buffers"]
+    zero1 = evaluate(cfg, layout.replace(zero=1), cluster, 4096, 64)
+    assert forward.memory["params"] == pytest.approx(zero1.memory["params"] / 2)
+    assert forward.memory["grads"] == pytest.approx(zero1.memory["grads"] / 2)
+    volume = zero3_pipeline_volume(100, 4, "forward", 2, 4, forward_only_params=10)
+    assert volume == {"all_gather": 4 * 190 * 2, "reduce_scatter": 100 * 4}
+    assert zero3_pipeline_volume(100, 4, "step", 2, 4)["all_gather"] == 200
