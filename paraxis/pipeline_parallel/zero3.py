@@ -20,9 +20,11 @@ which this module reads (`PipelineZero3.around` wraps every compute action):
   again for its backward (the stage holds one unit and its prefetch at a time); "step" keeps
   them from their first use to the chunk's last backward (one gather per step, the stage's
   weights held whole: memory traded for communication).
-- When gradients are reduced. They accumulate over the microbatches in `.grad` and are
-  reduce-scattered from the chunk's last backward (its last W under a zero-bubble schedule),
-  as FSDP2 pipelines do with `set_requires_gradient_sync` on the last microbatch only. The
+- When gradients are reduced. They accumulate whole over the microbatches in `.grad` and
+  are reduce-scattered from the chunk's last backward (its last W under a zero-bubble
+  schedule). PyTorch's pipelining does the same with FSDP2 (gradient sync off in every
+  microbatch's backward, one reduction after the last), reducing each chunk where the
+  schedule says; here the reduction starts inside that last backward, one unit at a time. The
   chunks of a stage finish their backward last-to-first (the later virtual stage's backward
   of the last microbatch comes first), the order in which the reducer launches its units. A
   chunk holding a tied embedding copy is reduced when the step ends instead, after the copies'
