@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import CP_ATTENTION, Layout
+from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
 from paraxis.precision import POLICIES as PRECISIONS
 from paraxis.runtime.nan_policy import POLICIES
@@ -265,6 +265,7 @@ LAYOUT_FLAGS: dict[str, dict[str, Any]] = {
     "virtual_stages": {"flag": ("--virtual", "--virtual-stages")},
     "zero": {"choices": (0, 1, 2, 3)},
     "cp_attention": {"choices": CP_ATTENTION},
+    "zero3_reshard": {"choices": ZERO3_RESHARD},
 }
 
 

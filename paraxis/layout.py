@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
+# ZeRO-3 with pp > 1: when a chunk's gathered parameters are freed (`pipeline_parallel/zero3.py`)
+ZERO3_RESHARD = ("forward", "step")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 # Axes whose degree > 1 is refused until the issue that implements them lands.
 NOT_YET: dict[str, tuple[str, int]] = {}
@@ -132,6 +134,10 @@ class Layout:
                                           "sequence (needs tp > 1)")
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
                                "(passed rank to rank) or all_gather (gathered once a layer)")
+    zero3_reshard: str = option("forward", "ZeRO-3 with pp>1: forward frees a chunk's gathered "
+                                "weights after every forward and backward (gathers per "
+                                "microbatch); step keeps them until the chunk's last backward "
+                                "(one gather per step, the stage's weights held whole)")
 
     def __post_init__(self) -> None:
         if self.schedule in FIXED_VIRTUAL and self.virtual_stages == 1:
@@ -227,10 +233,9 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise ParaxisError("sequence_parallel needs tp > 1; raise tp or drop "
                                "sequence_parallel")
-        if self.zero == 3 and self.pp > 1:
-            raise ParaxisError("ZeRO-3 with pipeline parallelism is not supported (every "
-                               "microbatch would re-gather the stage's weights); use zero<=2 "
-                               "with pp>1, or pp=1 with zero=3")
+        if self.zero3_reshard not in ZERO3_RESHARD:
+            raise ParaxisError(f"unknown zero3_reshard {self.zero3_reshard!r}; use one of "
+                               f"{', '.join(ZERO3_RESHARD)}")
 
     def validate(self, world_size: int | None = None, model: ModelConfig | None = None,
                  global_batch: int | None = None, seq_len: int | None = None) -> Layout:
@@ -337,6 +342,8 @@ class Layout:
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")
         parts.append(f"zero={self.zero}")
+        if self.zero3_reshard != "forward":
+            parts.append(f"zero3_reshard={self.zero3_reshard}")
         if self.pp > 1 or self.microbatches > 1:
             parts.append(f"microbatches={self.microbatches}")
         if self.pp > 1:

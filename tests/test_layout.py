@@ -79,7 +79,8 @@ def test_old_layout_dicts_load_and_every_field_has_help():
     old = {"dp": 2, "tp": 1, "pp": 2, "zero": 1, "microbatches": 4, "schedule": "1f1b",
            "virtual_stages": 1, "recompute": "none", "sequence_parallel": False}
     assert Layout(**old) == Layout(dp=2, pp=2, zero=1, microbatches=4)
-    assert Layout(**old).to_dict() == {**old, "cp": 1, "ep": 1, "cp_attention": "ring"}
+    assert Layout(**old).to_dict() == {**old, "cp": 1, "ep": 1, "cp_attention": "ring",
+                                       "zero3_reshard": "forward"}
     assert str(Layout(**old)) == "dp=2,tp=1,pp=2,zero=1,microbatches=4,schedule=1f1b"
     import dataclasses
 
@@ -104,7 +105,7 @@ BAD = [
     (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6), {},
      "multiple of pp"),
     (dict(sequence_parallel=True), {}, "needs tp > 1"),
-    (dict(pp=2, zero=3), {}, "ZeRO-3 with pipeline"),
+    (dict(pp=2, zero=3, zero3_reshard="never"), {}, "unknown zero3_reshard"),
     (dict(dp=2, tp=2), dict(world_size=8), "dp*tp*pp"),
     (dict(tp=8), dict(model="tiny"), "attention heads are not divisible"),
     (dict(tp=4), dict(model="tiny-llama"), "kv heads are not divisible"),

@@ -124,8 +124,8 @@ class DataParallelEngine(LocalEngine):
                                                                      len(self.units)))
             self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
                                        shard_grads=True,
-                                       on_unit_backward_done=lambda i: self.gatherer.free(
-                                           order[i]), grad_dtype=grad_dtype)
+                                       on_unit_backward_done=lambda i: self.gatherer
+                                       .on_unit_backward_done(order[i]), grad_dtype=grad_dtype)
         else:
             self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank, device)
             if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
@@ -316,7 +316,7 @@ class DataParallelEngine(LocalEngine):
         if self.gatherer is None:
             return {n: p.detach().clone() for n, p in self.model.named_parameters()}
         out = {}
-        names = {id(p): n for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.named_parameters()}  # single-device names
         for index, unit in enumerate(self.units):
             flat = self.gatherer.full_flat(index)
             for p, start, end in unit.spans():
@@ -361,9 +361,9 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
 
 def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_rank: int,
                  device: torch.device) -> tuple[list[FlatUnit], list[UnitHooks]]:
-    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head) and
-    their hooks, then a root unit for whatever is left (used at both ends of the step: a tied
-    embedding and head, or a whole pipeline stage until ZeRO-3 with pipelines shards it)."""
+    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; chunk
+    after chunk under a pipeline) and their hooks, then a root unit for whatever is left
+    (used at both ends of the step: a tied embedding and head)."""
     wanted = {id(p) for p in params}
     taken: set[int] = set()
     units: list[FlatUnit] = []
@@ -379,19 +379,19 @@ def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_
         units.append(FlatUnit(own, dp_size, dp_rank, device))
         hooks.append(hook)
 
-    if isinstance(model, Transformer):
-        tied = model.cfg.tied_embeddings and model.has_embedding and model.has_head
-        embed = [model.tok_emb] + ([model.pos_emb] if hasattr(model, "pos_emb") else []) \
-            if model.has_embedding else []
+    for part in [m for m in (model, *model.children()) if isinstance(m, Transformer)]:
+        tied = part.cfg.tied_embeddings and part.has_embedding and part.has_head
+        embed = [part.tok_emb] + ([part.pos_emb] if hasattr(part, "pos_emb") else []) \
+            if part.has_embedding else []
         if embed and not tied:
             add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
-        for block in model.blocks:
+        for block in part.blocks:
             add([block], UnitHooks(block, block))
-        if model.has_head and not tied:
+        if part.has_head and not tied:
             # separate units: the LM head's gradient is then a unit's whole flat gradient
             # (no copy), and its gathered weight goes as soon as that gradient exists
-            add([model.norm_f], UnitHooks(model.norm_f, model.norm_f))
-            add([model.lm_head], UnitHooks(model.lm_head, model.lm_head))
+            add([part.norm_f], UnitHooks(part.norm_f, part.norm_f))
+            add([part.lm_head], UnitHooks(part.lm_head, part.lm_head))
     rest = [p for p in params if id(p) not in taken]
     if rest:
         units.append(FlatUnit(rest, dp_size, dp_rank, device))

@@ -75,6 +75,17 @@ class FlatUnit:
         return full[self.shard_start: self.shard_start + self.shard_numel]
 
 
+# Bytes of ZeRO's parameter gathers and gradient reductions started on this rank, by kind:
+# the size of the full (padded) flat tensor each one assembles or reduces, whatever the
+# backend moves on the wire for it. Tests and bench/zero3_pipeline.py read and reset it to
+# check the planner's count (`plan.comm.zero3_pipeline_volume`).
+VOLUME = {"all_gather": 0, "reduce_scatter": 0}
+
+
+def _count(kind: str, full: torch.Tensor) -> None:
+    VOLUME[kind] += full.numel() * full.element_size()
+
+
 class Work(Protocol):
     """A collective in flight (torch's `dist.Work`, or `_Done` when there was nothing to do)."""
 
@@ -101,6 +112,7 @@ def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
     if group is None:
         shard.copy_(full)
         return _Done()
+    _count("reduce_scatter", full)
     if _sums_in_place(group):
         mine = full[group_rank(group) * shard.numel():][:shard.numel()]
         return _ThenCopy(dist.all_reduce(full, group=group, async_op=True), mine, shard)
@@ -116,6 +128,7 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor,
         if full.data_ptr() != shard.data_ptr():
             full.copy_(shard)
         return _Done()
+    _count("all_gather", full)
     if _sums_in_place(group):
         lo = group_rank(group) * shard.numel()
         mine = full[lo:lo + shard.numel()]

@@ -114,6 +114,11 @@ class ParamGatherer:
         self.group = group
         self.root_index = len(hooks) if len(units) > len(hooks) else None
         self.phase = "forward"
+        # Under a pipeline (`pipeline_parallel/zero3.py`): the model chunk of each unit, so
+        # prefetch never reaches into another chunk (whose turn may be far off), and `keep`,
+        # set while a schedule keeps its chunks gathered across microbatches (no freeing here).
+        self.chunk_of = [0] * len(units)
+        self.keep = False
         self._state = ["free"] * len(units)
         self._work: list[object | None] = [None] * len(units)
         for unit in units:
@@ -174,7 +179,7 @@ class ParamGatherer:
     def _pre_forward(self, index: int) -> Callable[[nn.Module, object], None]:
         def hook(module: nn.Module, args: object) -> None:
             self.gather(index)
-            if self.phase == "forward" and index + 1 < len(self.hooks):
+            if self.phase == "forward" and self._same_chunk(index, index + 1):
                 self.prefetch(index + 1)
         return hook
 
@@ -187,7 +192,7 @@ class ParamGatherer:
                     and self.hooks[index].backward_needs_weights):
                 output.register_hook(self._pre_backward(index))
             # The last unit's backward comes first: keep it rather than gather it again.
-            if not (is_last and torch.is_grad_enabled()):
+            if not (is_last and torch.is_grad_enabled()) and not self.keep:
                 self.free(index)
         return hook
 
@@ -195,13 +200,18 @@ class ParamGatherer:
         def hook(grad: torch.Tensor) -> None:
             self.phase = "backward"
             self.gather(index)
-            if index > 0 and self.hooks[index - 1].backward_needs_weights:
+            if self._same_chunk(index, index - 1) and self.hooks[index - 1].backward_needs_weights:
                 self.prefetch(index - 1)
         return hook
 
+    def _same_chunk(self, index: int, other: int) -> bool:
+        return 0 <= other < len(self.hooks) and self.chunk_of[other] == self.chunk_of[index]
+
     def on_unit_backward_done(self, index: int) -> None:
-        """All of the unit's gradients exist: its full parameters are no longer needed."""
-        self.free(index)
+        """All of the unit's gradients exist: its full parameters are no longer needed
+        (unless a pipeline keeps them for its next microbatch)."""
+        if not self.keep:
+            self.free(index)
 
     @torch.no_grad()
     def full_flat(self, index: int) -> torch.Tensor:

@@ -25,6 +25,7 @@ from paraxis.model import Transformer
 from paraxis.moe.layer import set_aux_loss_scale
 from paraxis.pipeline_parallel.executor import PipelineExecutor
 from paraxis.pipeline_parallel.tied import TiedEmbedding
+from paraxis.pipeline_parallel.zero3 import PipelineZero3
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.watchdog import WATCH
@@ -56,6 +57,14 @@ class PipelineEngine(LocalEngine):
                                                 layout.microbatches, layout.virtual_stages))
         self.executor = PipelineExecutor(self.schedule, groups.pp_rank, parts,
                                          groups.pp_ranks, groups.rank, boundary)
+        # ZeRO-3: the schedule says when each chunk is gathered, freed and reduced
+        self.zero3: PipelineZero3 | None = None
+        if data_parallel.gatherer is not None:
+            tied = [p for p in (self.tied.param, *(self.tied.local_pair or ())) if p is not None]
+            self.zero3 = PipelineZero3(data_parallel.gatherer, parts, self.schedule,
+                                       groups.pp_rank, layout.zero3_reshard, layout.recompute,
+                                       tied)
+            self.executor.around_compute = self.zero3.around
         self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
                                               parts, groups.pp_ranks, groups.rank, boundary)
         # Under context parallelism the microbatch's ids are already this rank's s/cp tokens
@@ -98,6 +107,9 @@ class PipelineEngine(LocalEngine):
         # A rank holding a tied embedding copy must sum it with its partner stage before
         # the dp reduction (ZeRO-2 keeps only a shard of the reduced gradient), so its dp
         # reduction is launched in finish_grad_sync rather than from the last backward.
+        # ZeRO-3 reduces each chunk from its own last backward (`zero3.py`).
+        if self.zero3 is not None:
+            return self.data_parallel.no_sync(last=self.zero3.sync_now)
         return self.data_parallel.no_sync(last=last and self.tied.param is None)
 
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:

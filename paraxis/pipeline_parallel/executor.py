@@ -112,6 +112,9 @@ class PipelineExecutor:
         # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
         # sequence parallelism replaces it with its sequence-scattered shape.
         self.boundary_shape: Callable[[torch.Size], tuple[int, ...]] = self._residual_shape
+        # position -> a context around that compute action (ZeRO-3 gathers and frees a chunk's
+        # weights by the schedule: `zero3.PipelineZero3.around`)
+        self.around_compute: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
 
     def _residual_shape(self, ids_shape: torch.Size) -> tuple[int, ...]:
         module = self.chunks[0]
@@ -148,24 +151,30 @@ class PipelineExecutor:
                 continue
             self._await_input(action, step)
             started = time.perf_counter()
-            if action.kind == "F":
-                self._forward(action, step)
-            elif action.kind == "B" and self.split:
-                self._backward(action, step)  # input gradient only: no weight touched
-            else:
-                context = (backward_context(position == self.last_backward)
-                           if backward_context else contextlib.nullcontext())
-                with context:
-                    if action.kind == "W":
-                        step.weight_grads.pop((action.microbatch, action.chunk)).run()
-                    else:
-                        self._backward(action, step)
+            with (self.around_compute(position) if self.around_compute
+                  else contextlib.nullcontext()):
+                self._compute(position, action, step, backward_context)
             self._record(action, started)
             position += 1
         for work, _, peer in step.pending_sends:
             with WATCH.waiting("send", peer=peer, axis="pp"):
                 work.wait()
         return step.loss_total
+
+    def _compute(self, position: int, action: Action, step: _Step,
+                 backward_context: Callable[[bool], Any] | None) -> None:
+        if action.kind == "F":
+            self._forward(action, step)
+        elif action.kind == "B" and self.split:
+            self._backward(action, step)  # input gradient only: no weight touched
+        else:
+            context = (backward_context(position == self.last_backward)
+                       if backward_context else contextlib.nullcontext())
+            with context:
+                if action.kind == "W":
+                    step.weight_grads.pop((action.microbatch, action.chunk)).run()
+                else:
+                    self._backward(action, step)
 
     def _forward(self, action: Action, step: _Step) -> None:
         """Forward of (microbatch, chunk); the last virtual stage adds its loss / M."""

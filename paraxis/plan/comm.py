@@ -265,7 +265,8 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
 
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
-                 layers: int = 1, bucket_bytes: float = 25e6) -> float:
+                 layers: int = 1, bucket_bytes: float = 25e6,
+                 zero3_reshard: str | None = None) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
@@ -275,10 +276,18 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
     ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
     `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one call per bucket;
-    `bucket_bytes` = 0: one call per layer (PyTorch FSDP's units).
+    `bucket_bytes` = 0: one call per layer (PyTorch FSDP's units). zero3_reshard: ZeRO-3
+    under a pipeline (pp > 1), whose gathers follow that choice and whose gradients are
+    reduced once per step (`zero3_pipeline_volume`).
     """
     if dp <= 1:
         return 0.0
+    if zero == 3 and zero3_reshard is not None:
+        volume = zero3_pipeline_volume(stage_param_count, microbatches, zero3_reshard,
+                                       param_bytes, grad_bytes)
+        gathers = 1 if zero3_reshard == "step" else 2 * microbatches  # passes over the stage
+        return (collective_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
+                + collective_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
     if zero == 3:
         return microbatches * layers * sum(zero3_layer_times(
             stage_param_count / layers, dp, link, grad_bytes, param_bytes))
@@ -302,3 +311,44 @@ def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: floa
     gather = collective_time("all_gather", layer_params * param_bytes, dp, link)
     scatter = collective_time("reduce_scatter", layer_params * grad_bytes, dp, link)
     return gather, gather + scatter
+
+
+def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
+                          param_bytes: float = 2, grad_bytes: float = 2,
+                          forward_only_params: float = 0.0, regathered_params: float = 0.0
+                          ) -> dict[str, float]:
+    """Bytes one rank's ZeRO-3 collectives assemble per step under a pipeline, as the
+    runtime does it (`pipeline_parallel/zero3.py`), for a stage of `stage_params` (after TP):
+    {"all_gather", "reduce_scatter"}.
+
+    reshard "forward" (FSDP's reshard_after_forward): every microbatch gathers the stage's
+    parameters for its forward and again for its backward, except `forward_only_params`
+    (an embedding: its backward needs only the token ids), plus `regathered_params` (a
+    zero-bubble W under full recompute re-gathers its chunk, first virtual stage excepted).
+    "step": each parameter is gathered once and kept to its chunk's last backward. Gradients
+    accumulate over the microbatches and are reduce-scattered once (Rajbhandari et al. 2020
+    Sec. 5.3 for the per-layer gathers; PyTorch FSDP2's gradient sync on the last microbatch).
+    """
+    if reshard == "step":
+        gathered = stage_params
+    else:
+        gathered = microbatches * (2 * stage_params - forward_only_params + regathered_params)
+    return {"all_gather": gathered * param_bytes, "reduce_scatter": stage_params * grad_bytes}
+
+
+
+def zero3_windows(gather_f: float, gather_b: float, layer: dict[str, float], layout: Layout
+                  ) -> tuple[list[tuple[float, float]], int]:
+    """(communication, compute window) pairs of one layer's ZeRO-3 traffic and how many times
+    they repeat per step, from `zero3_layer_times` and the layer's forward/backward seconds:
+    FSDP's prefetch one layer ahead (Zhao et al. 2023 Sec. 3.3) hides each behind one layer's
+    compute, per microbatch. Under a pipeline (pipeline_parallel/zero3.py) the gradients are
+    reduce-scattered once per step and the gathers come per microbatch (zero3_reshard
+    "forward") or once ("step")."""
+    forward, backward = layer["forward"], layer["backward"]
+    if layout.pp == 1:
+        return [(gather_f, forward), (gather_b, backward)], layout.microbatches
+    m, scatter = layout.microbatches, gather_b - gather_f
+    pairs = ([(gather_f, forward)] if layout.zero3_reshard == "step"
+             else [(m * gather_f, m * forward), (m * gather_f, m * backward)])
+    return [*pairs, (scatter, backward)], 1

@@ -38,6 +38,7 @@ from paraxis.plan.comm import (
     tp_layer_exposed_time,
     tp_layer_time,
     zero3_layer_times,
+    zero3_windows,
 )
 from paraxis.plan.compute import (
     iteration_flops,
@@ -305,29 +306,30 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     stage_param_count = max(local for local, _ in shares)
     experts = max(expert for _, expert in shares)
     expert_replicas = replicas // layout.ep
+    reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
     sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        gpu.gradient_bucket_bytes)
+                        gpu.gradient_bucket_bytes, reshard)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
-                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
+                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes, reshard)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
                                                dp_link, precision.grad_bytes,
                                                precision.param_bytes)
-        windows = (layer["forward"], layer["backward"])
+        windows = layer
         if experts:  # the mean block's gathers, experts over their own replicas
             more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
                                      precision.grad_bytes, precision.param_bytes)
             gather_f, gather_b = gather_f + more[0], gather_b + more[1]
-            windows = (t_forward / counts[0], t_backward / counts[0])
-        pairs = ((gather_f, windows[0]), (gather_b, windows[1]))
+            windows = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]}
+        pairs, passes = zero3_windows(gather_f, gather_b, windows, layout)
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
                         for comm, window in pairs)
-        dp_exposed = layout.microbatches * max(counts) * per_layer
+        dp_exposed = passes * max(counts) * per_layer
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
         # all-reduce behind the last backward only.

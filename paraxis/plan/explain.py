@@ -88,6 +88,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     if layout.dp > 1:
         link = axis_link(layout, "dp", cluster)
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
+        if layout.zero == 3 and layout.pp > 1:  # pipeline_parallel/zero3.py
+            zero += (" (each chunk gathered per microbatch)" if layout.zero3_reshard == "forward"
+                     else " (each chunk gathered once and kept for the step)")
         lines.append(
             f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
             f"traffic over {'the network' if link.crosses_nodes else intra} at "

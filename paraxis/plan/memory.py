@@ -70,21 +70,28 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
                        precision: Precision) -> float:
     """What ZeRO-3 holds beyond its shards at its fullest moment, as paraxis's runtime does it
     (data_parallel/zero.py, buckets.py): units are the embedding, each block, the final norm
-    and the LM head (one root unit for a tied embedding and head, gathered for the whole step;
-    a whole pipeline stage is one root unit until ZeRO-3 with pipelines shards it).
+    and the LM head (one root unit for a tied embedding and head, gathered for the whole step).
 
     - During a block's backward: that block and the prefetched one gathered (2 L params),
       the block's flat gradient filling up and the previous unit's still being reduced (one
       reduction in flight: 2 L grads), and one parameter's fresh gradient (its largest
       matrix M) before it moves into the flat buffer.
     - At the start of backward: the LM head gathered and its whole gradient (2 H).
+
+    Under a pipeline (pipeline_parallel/zero3.py) the stage's gradients accumulate whole over
+    the microbatches until each chunk's last backward reduces them (S grads), and either
+    the whole stage stays gathered for the step (zero3_reshard=step: S params) or one unit,
+    its prefetch and the next action's first unit are (forward: 3 L, or 2 L + H).
     """
     pb, gb = precision.param_bytes, precision.grad_bytes
-    if layout.pp > 1:
-        return local_params * (pb + gb)
     # the largest block a rank gathers (an MoE block: its experts over ep, whole over tp)
     layer = max(sum(local_params_of(cfg, [i], layout.tp, layout.ep))
                 for i in {0, cfg.n_layers - 1})
+    if layout.pp > 1:
+        head = cfg.vocab_size * cfg.d_model / layout.tp
+        gathered = (local_params if layout.zero3_reshard == "step"
+                    else max(3 * layer, 2 * layer + head))
+        return gathered * pb + local_params * gb
     largest = max(cfg.d_model * cfg.d_model, cfg.d_model * cfg.d_ff) / layout.tp
     block = 2 * layer * pb + 2 * layer * gb + largest * gb
     head = cfg.vocab_size * cfg.d_model / layout.tp

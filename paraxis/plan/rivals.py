@@ -110,6 +110,7 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
 
 def _families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
     return [("ZeRO-3", lambda layout: layout.zero == 3),
+            ("without ZeRO-3", lambda layout: layout.zero < 3),
             ("without PP", lambda layout: layout.pp == 1),
             ("without TP", lambda layout: layout.tp == 1),
             ("without CP", lambda layout: layout.cp == 1),

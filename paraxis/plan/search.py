@@ -132,6 +132,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if c.ep is not None:
         check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
     result = SearchResult([])
+    kept: set[tuple[Layout, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
     axis_shapes = []
     for tp in _divisors(world):
         if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp):
@@ -174,9 +175,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
             continue  # its model states alone overflow at the deepest ZeRO: a larger ep
         per_replica = global_batch // dp
-        for zero in zeros:
-            if zero == 3 and pp > 1:
-                continue  # Layout rule: ZeRO-3 needs pp = 1
+        for zero, reshard in _zero_choices(zeros, pp):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             for micro_batch in (c.micro_batch,) if c.micro_batch else MICRO_BATCH_SIZES:
@@ -187,9 +186,13 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                          cfg.n_layers):
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         for recompute in c.recompute:
+                            settings = (micro_batch, kind, virtual, sp, recompute)
+                            if reshard == "forward" and (shape, zero, settings) in kept:
+                                break  # keeping the chunk fit: regathering is only slower
                             try:
                                 layout = shape.replace(
-                                    zero=zero, microbatches=microbatches, schedule=kind,
+                                    zero=zero, zero3_reshard=reshard,
+                                    microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
                                     sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
@@ -201,6 +204,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
                                                 precision, overlap, expert_imbalance)
                             if estimate.fits:
+                                if reshard == "step":
+                                    kept.add((shape, zero, settings))
                                 result.ranked.append(estimate)
                                 if across:
                                     fitted_across_nodes.add((dp, tp, pp, shape.cp))
@@ -210,6 +215,15 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked.sort(key=_rank_key)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _zero_choices(zeros: tuple[int, ...], pp: int) -> list[tuple[int, str]]:
+    """(ZeRO stage, zero3_reshard) pairs to try: under a pipeline ZeRO-3 either keeps a chunk
+    gathered for the step or gathers it per microbatch (`pipeline_parallel/zero3.py`). Keeping
+    comes first: it moves less and computes the same, so where it fits the search does not
+    price regathering at the same settings."""
+    return [(zero, reshard) for zero in zeros
+            for reshard in (("step", "forward") if zero == 3 and pp > 1 else ("forward",))]
 
 
 def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
