@@ -51,14 +51,13 @@ from paraxis.runtime.watchdog import WATCH
 class _Collective:
     """One collective over the cp group, posted now; `wait()` returns its output."""
 
-    def __init__(self, name: str, output: torch.Tensor, work: dist.Work | None,
+    def __init__(self, name: str, output: torch.Tensor, work: dist.Work,
                  group: dist.ProcessGroup | None) -> None:
         self.name, self.output, self.work, self.group = name, output, work, group
 
     def wait(self) -> torch.Tensor:
         with WATCH.waiting(self.name, self.group, axis="cp"):
-            if self.work is not None:
-                self.work.wait()
+            self.work.wait()
         return self.output
 
 
