@@ -1,7 +1,8 @@
 """`python -m bench` (or `make bench`): every benchmark in one run.
 
 Writes docs/benchmarks.md and docs/benchmarks.json: the paraxis-vs-peer rows (overhead, dp,
-tp, pp; compile: `--compile` next to eager paraxis), then the calibrated hardware profile
+tp, pp; cp: context-parallel attention next to PyTorch's private ring attention template;
+compile: `--compile` next to eager paraxis), then the calibrated hardware profile
 (calibrate, also written as docs/hardware-profile.json), the planner's predicted step time
 next to the measured one (predicted), the scaling picture (scaling, docs/img/scaling.png)
 and, on a CUDA machine, paraxis's bf16 step on one GPU with its MFU (gpu; not run without
@@ -27,7 +28,7 @@ import torch
 
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
-          "pp": "bench.bench_pp", "compile": "bench.bench_compile"}
+          "pp": "bench.bench_pp", "cp": "bench.bench_cp", "compile": "bench.bench_compile"}
 SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale")
 CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 

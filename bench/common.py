@@ -175,7 +175,8 @@ def _peak_memory(setup: Setup, steps: int, warmup: int) -> int:
 
 
 def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Setup],
-            peer: tuple[str, Setup], steps: int, warmup: int = 2, repeats: int = 3) -> Row:
+            peer: tuple[str, Setup], steps: int, warmup: int = 2, repeats: int = 3,
+            device: str | None = None) -> Row:
     """paraxis next to its peer on `ranks` ranks.
 
     Time: `repeats` runs, each building both sides in the same processes and alternating
@@ -186,9 +187,10 @@ def compare(name: str, ranks: int, tokens_per_step: int, paraxis: tuple[str, Set
     being measured.
     Memory: each side alone in its own processes (largest peak RSS of any rank; on a GPU,
     the largest peak of allocated GPU memory).
-    Device: CUDA with NCCL where the machine has a GPU for every rank, else CPU with gloo.
+    Device: `device` ("cpu": gloo) if given, else CUDA with NCCL where the machine has a GPU
+    for every rank, else CPU with gloo.
     """
-    device = bench_device(ranks)
+    device = device or bench_device(ranks)
     runs: list[list[tuple[float, float]]] = []  # per run: (paraxis, peer) seconds per step
     for _ in range(repeats):
         per_rank = run_distributed(lambda: _paired_times((paraxis[1], peer[1]), steps, warmup),

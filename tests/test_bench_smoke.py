@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from bench import bench_cp
 from bench.predicted_vs_measured import QUICK_LAYOUTS
 
 
@@ -14,12 +15,18 @@ def _bench(out, parts: str) -> None:
 
 def test_bench_quick_writes_table_and_json(tmp_path):
     out = tmp_path / "benchmarks.md"
-    _bench(out, "overhead,dp,tp,pp")
+    _bench(out, "overhead,dp,tp,pp,cp")
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     peers = " ".join(r["peer"] for r in rows)
     for peer in ("plain PyTorch loop", "DDP", "FSDP2", "DTensor", "Schedule1F1B",
-                 "ScheduleGPipe", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"):
+                 "ScheduleGPipe", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
+                 "private API (torch.distributed.tensor.experimental._attention."
+                 "_templated_ring_attention, rotate alltoall)", "rotate allgather"):
         assert peer in peers, peer
+    # the CP rows ran only after every side matched unsharded attention (else the bench fails)
+    cp_rows = [r for r in rows if r["suite"] == "cp"]
+    assert [r["paraxis"] for r in cp_rows] == ["paraxis ring", "paraxis all_gather"]
+    assert all("of unsharded)" in r["name"] for r in cp_rows)
     assert all(r["paraxis_tokens_per_s"] > 0 and r["peer_tokens_per_s"] > 0 for r in rows)
     table = out.read_text()
     assert "| work | ranks |" in table
@@ -62,3 +69,12 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(tmp_path):
     # without CUDA the quick part runs the same step on the CPU (no peak known: no MFU)
     assert section["tokens_per_s"] > 0 and section["step_time_s"] > 0
     assert "## One GPU" in out.read_text()
+
+
+def test_cp_bench_sides_equal_unsharded_attention():
+    """The CP bench's four sides (paraxis ring and all_gather, PyTorch's template rotating
+    by all-to-all and by all-gather) give unsharded attention's output and gradients, here
+    at 4 ranks with grouped-query attention (the quick bench runs 2 ranks, equal heads)."""
+    errors = bench_cp.check(cp=4, seq=128, heads=4, kv_heads=2)
+    assert set(errors) == {"paraxis ring", "paraxis all_gather", "alltoall", "allgather"}
+    assert max(errors.values()) < 1e-5, errors

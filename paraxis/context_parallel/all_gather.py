@@ -8,10 +8,19 @@ few large kernel calls. Llama 3's long-context training gathered K/V this way (D
 2024, Sec. 3.3.2: "all-gather based context parallelism", with the same 2*cp-chunk causal
 balance); Megatron-LM offers it beside the ring (its `cp_comm_type="all_gather"`).
 
-Forward: all-gather the local K/V (kv-head width), reorder them into sequence order, then
-per local query chunk g run two flash calls: the keys of chunks [0, g) unmasked and chunk g
-causal (`balance.prefix_blocks`); nothing above the diagonal is computed, and each rank
-computes exactly the pairs the ring computes. The partial results merge by log-sum-exp.
+Forward: post the all-gather of the local K/V (kv-head width), and while it is in flight
+compute the rank's own K/V, the causal diagonal block, which needs nothing from the others;
+then, against each other rank's K/V as they arrive in the gathered buffer (rank by rank), the
+one rectangle below the diagonal (`balance.ring_blocks`: the ring's blocks, here all at
+hand at once). Nothing above the diagonal is computed, each rank computes exactly the pairs
+the ring computes, and the partial results merge by log-sum-exp. The gathered buffer is
+used as it lands (rank-major): no copy puts it in sequence order.
+
+Backward: gather again (blocking: every block but the diagonal needs it), compute the other
+ranks' blocks, their dK/dV landing in a rank-major fp32 buffer, post the reduce-scatter
+that hands each owner its summed share, and compute the diagonal block while it runs; the
+rank's own share is added when the reduce-scatter has returned (its own slot carries zeros).
+So each pass hides one collective behind the diagonal block's compute.
 
 Memory: a rank saves what the ring saves (its q, own k, v, the merged output, the fp32
 log-sum-exp) and not the gathered K/V, which backward gathers again: the saved bytes fall
@@ -29,8 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.context_parallel.balance import prefix_blocks, record
-from paraxis.context_parallel.chunks import by_rank, full_sequence
+from paraxis.context_parallel.balance import record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
     backward_blocks,
     check_qkv,
@@ -39,34 +47,37 @@ from paraxis.context_parallel.kernel import (
 )
 from paraxis.runtime.watchdog import WATCH
 
-SEQ = -2  # the sequence dim of (..., seq, head_dim)
+
+class _Collective:
+    """One collective over the cp group, posted now; `wait()` returns its output."""
+
+    def __init__(self, name: str, output: torch.Tensor, work: dist.Work,
+                 group: dist.ProcessGroup | None) -> None:
+        self.name, self.output, self.work, self.group = name, output, work, group
+
+    def wait(self) -> torch.Tensor:
+        with WATCH.waiting(self.name, self.group, axis="cp"):
+            self.work.wait()
+        return self.output
 
 
-def _gather_kv(k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None,
-               phase: str) -> torch.Tensor:
-    """(2, batch, kv_heads, s, head_dim): the whole sequence's K and V, in sequence order."""
+def _gather_kv(kv: torch.Tensor, group: dist.ProcessGroup | None, phase: str) -> _Collective:
+    """Every rank's stacked K/V, (cp, 2, batch, kv_heads, 2L, head_dim): rank r's at [r]."""
     cp = dist.get_world_size(group)
-    local = torch.stack([k, v])
-    # Collectives concatenate along dim 0 (gloo takes no stacked form): rank r's K/V are
-    # gathered[2r:2r+2].
-    gathered = local.new_empty((cp * 2, *local.shape[1:]))
-    record(phase, sent_bytes=local.numel() * local.element_size())
-    with WATCH.waiting("all_gather", group, axis="cp"):
-        dist.all_gather_single(gathered, local, group=group)
-    return full_sequence(list(gathered.chunk(cp)), dim=SEQ)
+    gathered = kv.new_empty((cp, *kv.shape))
+    record(phase, sent_bytes=kv.numel() * kv.element_size())
+    # Collectives concatenate along dim 0 (gloo takes no stacked form).
+    work = dist.all_gather_single(gathered.flatten(0, 1), kv, group=group, async_op=True)
+    return _Collective("all_gather", gathered, work, group)
 
 
-def _reduce_scatter_kv(grad_full: torch.Tensor, group: dist.ProcessGroup | None
-                       ) -> torch.Tensor:
-    """This rank's (2, batch, kv_heads, 2L, head_dim) dK/dV, summed over the group, from
-    every rank's dK/dV of the whole sequence (in sequence order)."""
-    cp = dist.get_world_size(group)
-    parts = by_rank(grad_full, cp, dim=SEQ).flatten(0, 1)  # rank r's at [2r:2r+2]
-    mine = parts.new_empty((2, *parts.shape[1:]))
+def _reduce_scatter_kv(parts: torch.Tensor, group: dist.ProcessGroup | None) -> _Collective:
+    """This rank's (2, batch, kv_heads, 2L, head_dim) dK/dV summed over the group, from every
+    rank's rank-major fp32 dK/dV `parts` (cp, 2, ...)."""
+    mine = parts.new_empty(parts.shape[1:])
     record("backward", sent_bytes=parts.numel() * parts.element_size())
-    with WATCH.waiting("reduce_scatter", group, axis="cp"):
-        dist.reduce_scatter_single(mine, parts, group=group)
-    return mine
+    work = dist.reduce_scatter_single(mine, parts.flatten(0, 1), group=group, async_op=True)
+    return _Collective("reduce_scatter", mine, work, group)
 
 
 class _AllGatherAttention(torch.autograd.Function):
@@ -75,9 +86,14 @@ class _AllGatherAttention(torch.autograd.Function):
                 group: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        kv = _gather_kv(k, v, group, "forward")
+        kv = torch.stack([k, v])
+        gathering = _gather_kv(kv, group, "forward")
         out, lse = empty_result(q)
-        forward_blocks(q, kv, prefix_blocks(rank, cp), chunk_len, scale, out, lse)
+        forward_blocks(q, kv, ring_blocks(rank, 0, cp), chunk_len, scale, out, lse)
+        gathered = gathering.wait()
+        for step in range(1, cp):
+            forward_blocks(q, gathered[ring_source(rank, step, cp)], ring_blocks(rank, step, cp),
+                           chunk_len, scale, out, lse)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale, ctx.chunk_len = group, scale, chunk_len
@@ -90,13 +106,21 @@ class _AllGatherAttention(torch.autograd.Function):
         group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         grad_out = grad_out.contiguous()
-        kv = _gather_kv(k, v, group, "backward")
+        kv = torch.stack([k, v])
+        gathered = _gather_kv(kv, group, "backward").wait()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-        backward_blocks(grad_out, q, kv, out, lse, prefix_blocks(rank, cp), chunk_len, scale,
-                        dq, grad_kv)
-        mine = _reduce_scatter_kv(grad_kv, group)
-        return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None, None
+        parts = torch.zeros(gathered.shape, dtype=torch.float32, device=q.device)
+        for step in range(1, cp):
+            source = ring_source(rank, step, cp)
+            backward_blocks(grad_out, q, gathered[source], out, lse, ring_blocks(rank, step, cp),
+                            chunk_len, scale, dq, parts[source])
+        del gathered
+        scattering = _reduce_scatter_kv(parts, group)
+        own = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
+        backward_blocks(grad_out, q, kv, out, lse, ring_blocks(rank, 0, cp), chunk_len, scale,
+                        dq, own)
+        grad_kv = scattering.wait() + own
+        return dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -107,20 +107,9 @@ def ring_blocks(rank: int, step: int, cp: int) -> list[Block]:
     return blocks_between(rank_chunks(rank, cp), rank_chunks(ring_source(rank, step, cp), cp))
 
 
-def prefix_blocks(rank: int, cp: int) -> list[Block]:
-    """The calls of the all-gather variant, against K/V of the whole sequence in sequence
-    order: each local query chunk g sees keys [0, g) in full and chunk g causally."""
-    blocks = []
-    for slot, chunk in enumerate(rank_chunks(rank, cp)):
-        if chunk > 0:
-            blocks.append(Block(slot, slot + 1, 0, chunk, causal=False))
-        blocks.append(Block(slot, slot + 1, chunk, chunk + 1, causal=True))
-    return blocks
-
-
 def pairs_per_rank(seq_len: int, cp: int) -> list[int]:
     """(query, key) pairs each rank computes per head in one forward, by rank; the same for
-    the ring and the all-gather variant (they compute the same blocks, cut differently)."""
+    the ring and the all-gather variant (they compute the same blocks, `ring_blocks`)."""
     chunk_len = check_split(seq_len, cp)
     return [sum(block.pairs(chunk_len) for step in range(cp)
                 for block in ring_blocks(rank, step, cp)) for rank in range(cp)]

@@ -14,12 +14,16 @@ Each rank holds chunks i and 2*cp-1-i (its local sequence); at step t it holds t
 rank i-t. Blocks above the causal diagonal are skipped, the diagonal one (step 0, its own
 chunks) runs causal, the others run unmasked, one flash call each (`balance.ring_blocks`).
 
-Overlap: step t's K/V message for step t+1 is posted (`dist.batch_isend_irecv`: send to the
-next rank, receive from the previous one, one group so neither waits on the other) before
-step t computes, and waited for only when step t+1 needs it: the transfer runs behind the
-block's compute. Every rank posts its messages in the same order (K/V of step t, then in
-backward dK/dV of step t), so NCCL, which pairs a pair's messages in posting order, matches
-them; gloo matches on the tags as well.
+Overlap: step t's K/V message for step t+1 is posted before step t computes, and waited
+for only when step t+1 needs it: the transfer runs behind the block's compute. A hop is one
+`all_to_all_single` whose only non-empty parts go to the next rank and come from the
+previous one (what PyTorch's own ring template does, `_AllToAllRotater`). On gloo a
+collective runs on the process group's worker threads, while `isend`/`irecv` pairs
+(`batch_isend_irecv`) cost the computing thread more: on short sequences, where the hops'
+latency is not hidden, the ring ran faster this way on this 2-core machine, and on long ones
+(seq 2048 and more) the two tie (`python -m bench --only cp` times the ring next to
+PyTorch's). Every rank posts its hops in the same order (K/V of step t, then in backward
+dK/dV of step t), as collectives require.
 
 Memory (what a rank saves for backward): its q, its own k, v (kv-head width), the merged
 output and an fp32 log-sum-exp per head and query: exactly what single-device flash attention
@@ -53,33 +57,34 @@ from paraxis.context_parallel.kernel import (
 )
 from paraxis.runtime.watchdog import WATCH
 
-KV_TAG, GRAD_KV_TAG = 0, 1  # gloo matches messages by (peer, tag); NCCL ignores tags
-
 
 class _Pass:
     """`tensor` passed one rank on around the ring (sent to the next rank, the previous
     rank's received), posted now; `wait()` returns what arrived."""
 
-    def __init__(self, tensor: torch.Tensor, group: dist.ProcessGroup | None, tag: int,
+    def __init__(self, tensor: torch.Tensor, group: dist.ProcessGroup | None,
                  phase: str) -> None:
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        self.works: list[dist.Work] = []
+        self.work: dist.Work | None = None
         self.received = tensor  # a ring of one rank passes a tensor to itself
-        previous, following = (rank - 1) % cp, (rank + 1) % cp
+        self.group, previous, following = group, (rank - 1) % cp, (rank + 1) % cp
         self.source = previous if group is None else dist.get_global_rank(group, previous)
         if cp == 1:
             return
-        self.sent = tensor  # kept alive until the send has completed
+        self.sent = tensor  # kept alive until the hop has completed
         self.received = torch.empty_like(tensor)
-        ops = [dist.P2POp(dist.isend, tensor, group=group, group_peer=following, tag=tag),
-               dist.P2POp(dist.irecv, self.received, group=group, group_peer=previous, tag=tag)]
-        record(phase, sent_bytes=tensor.numel() * tensor.element_size())
-        self.works = dist.batch_isend_irecv(ops)
+        size = tensor.numel()
+        record(phase, sent_bytes=size * tensor.element_size())
+        self.work = dist.all_to_all_single(
+            self.received.view(-1), tensor.view(-1),
+            output_split_sizes=[size if peer == previous else 0 for peer in range(cp)],
+            input_split_sizes=[size if peer == following else 0 for peer in range(cp)],
+            group=group, async_op=True)
 
     def wait(self) -> torch.Tensor:
-        with WATCH.waiting("recv", peer=self.source, axis="cp"):
-            for work in self.works:
-                work.wait()
+        with WATCH.waiting("recv", self.group, peer=self.source, axis="cp"):
+            if self.work is not None:
+                self.work.wait()
         return self.received
 
 
@@ -92,7 +97,7 @@ class _RingAttention(torch.autograd.Function):
         out, lse = empty_result(q)
         kv = torch.stack([k, v])  # K and V travel as one message a step
         for step in range(cp):
-            arriving = _Pass(kv, group, KV_TAG, "forward") if step < cp - 1 else None
+            arriving = _Pass(kv, group, "forward") if step < cp - 1 else None
             forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse)
             if arriving is not None:
                 kv = arriving.wait()
@@ -113,7 +118,7 @@ class _RingAttention(torch.autograd.Function):
         own_grad = torch.zeros(0)  # this rank's share of its own K/V's gradient (step 0)
         accumulator: _Pass | None = None  # the dK/dV of the K/V at hand, from earlier holders
         for step in range(cp):
-            arriving = _Pass(kv, group, KV_TAG, "backward") if step < cp - 1 else None
+            arriving = _Pass(kv, group, "backward") if step < cp - 1 else None
             grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
             backward_blocks(grad_out, q, kv, out, lse, ring_blocks(rank, step, cp), chunk_len,
                             scale, dq, grad_kv)
@@ -123,7 +128,7 @@ class _RingAttention(torch.autograd.Function):
                 if accumulator is not None:
                     grad_kv += accumulator.wait()
                 # One hop behind its K/V block: from the last step it reaches the block's owner.
-                accumulator = _Pass(grad_kv, group, GRAD_KV_TAG, "backward")
+                accumulator = _Pass(grad_kv, group, "backward")
             if arriving is not None:
                 kv = arriving.wait()
         grad_kv = own_grad if accumulator is None else own_grad + accumulator.wait()
