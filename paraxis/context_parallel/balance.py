@@ -107,6 +107,20 @@ def ring_blocks(rank: int, step: int, cp: int) -> list[Block]:
     return blocks_between(rank_chunks(rank, cp), rank_chunks(ring_source(rank, step, cp), cp))
 
 
+def gathered_chunks(cp: int) -> tuple[int, ...]:
+    """The chunks of the all-gathered K/V buffer in the order they land: rank by rank."""
+    return tuple(chunk for rank in range(cp) for chunk in rank_chunks(rank, cp))
+
+
+def gathered_blocks(rank: int, cp: int) -> list[Block]:
+    """The all-gather variant's calls: the ring's blocks, all at hand at once, against the
+    rank-major gathered buffer (`gathered_chunks`): source j's two chunks sit at slots
+    2j, 2j+1."""
+    return [Block(b.q_start, b.q_stop, 2 * source + b.k_start, 2 * source + b.k_stop, b.causal)
+            for step in range(cp) for b in ring_blocks(rank, step, cp)
+            for source in (ring_source(rank, step, cp),)]
+
+
 def pairs_per_rank(seq_len: int, cp: int) -> list[int]:
     """(query, key) pairs each rank computes per head in one forward, by rank; the same for
     the ring and the all-gather variant (they compute the same blocks, `ring_blocks`)."""

@@ -5,7 +5,7 @@ the queries).
 Everything is drawn from `paraxis.context_parallel.balance`, the functions the runtime
 itself runs: `rank_chunks` (the zig-zag split `chunks.local_part` and `chunks.positions`
 cut), `ring_source` and `ring_blocks` (whose K/V a rank holds at each ring step, and the
-kernel calls it makes against them, as `ring.py` loops over them), `prefix_blocks` (the
+kernel calls it makes against them, as `ring.py` loops over them), `gathered_blocks` (the
 all-gather variant's calls) and `pairs_per_rank` (the count the kernels are tested
 against). The block matrix is those kernel calls unfolded onto (query chunk, key chunk)
 cells, so a test can check that the picture adds up to `pairs_per_rank`.
@@ -31,8 +31,9 @@ from paraxis.context_parallel.balance import (
     Block,
     blocks_between,
     check_split,
+    gathered_blocks,
+    gathered_chunks,
     pairs_per_rank,
-    prefix_blocks,
     rank_chunks,
     ring_blocks,
     ring_source,
@@ -83,17 +84,16 @@ def _unfold(block: Block, query_chunks: tuple[int, ...], key_chunks: tuple[int, 
 
 def block_cells(cp: int, variant: str = "ring") -> dict[tuple[int, int], Cell]:
     """(query chunk, key chunk) -> who computes it, for every block under the causal
-    diagonal: the runtime's kernel calls (`ring_blocks` or `prefix_blocks`) unfolded."""
+    diagonal: the runtime's kernel calls (`ring_blocks` or `gathered_blocks`) unfolded."""
     check_cp(cp)
     check_variant(variant)
-    every_chunk = tuple(range(2 * cp))
     cells: dict[tuple[int, int], Cell] = {}
     for rank in range(cp):
         if variant == "ring":
             calls = [(step, rank_chunks(ring_source(rank, step, cp), cp), block)
                      for step in range(cp) for block in ring_blocks(rank, step, cp)]
-        else:  # all-gather: keys are the whole sequence, in sequence order
-            calls = [(None, every_chunk, block) for block in prefix_blocks(rank, cp)]
+        else:  # all-gather: the ring's blocks against the gathered K/V, rank by rank
+            calls = [(None, gathered_chunks(cp), block) for block in gathered_blocks(rank, cp)]
         for step, key_chunks, block in calls:
             for q, k, half in _unfold(block, rank_chunks(rank, cp), key_chunks):
                 if (q, k) in cells:

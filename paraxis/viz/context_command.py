@@ -19,8 +19,9 @@ from pathlib import Path
 from paraxis.context_parallel.balance import (
     VARIANTS,
     check_split,
+    gathered_blocks,
+    gathered_chunks,
     pairs_per_rank,
-    prefix_blocks,
     rank_chunks,
     ring_blocks,
     ring_source,
@@ -96,9 +97,9 @@ def describe(cp: int, attention: str, seq_len: int) -> str:
             lines.append(f"  step {step}: " + " | ".join(cells))
     else:
         lines.append("all-gather: every rank gets all K/V once (again in backward), then:")
-        every_chunk = tuple(range(2 * cp))
         for rank in range(cp):
-            calls = blocks_text(prefix_blocks(rank, cp), rank_chunks(rank, cp), every_chunk)
+            calls = blocks_text(gathered_blocks(rank, cp), rank_chunks(rank, cp),
+                                gathered_chunks(cp))
             lines.append(f"  r{rank}: {calls.replace(chr(10), ' + ')}")
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@ it holds (`balance.ring_source`) and the query x key chunks it computes against 
 the next step, and the dK/dV accumulators of backward, one hop behind their K/V, which land
 on their owners after the last step (as `ring._RingAttention.backward` passes them). The
 all-gather (`plot_kv_gather`): the one gather, each rank's calls against the whole sequence
-(`balance.prefix_blocks`), and the reduce-scatter of dK/dV. Part one (`context.py`) draws
+(`balance.gathered_blocks`), and the reduce-scatter of dK/dV. Part one (`context.py`) draws
 the split and the block matrix.
 """
 
@@ -19,7 +19,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Circle, FancyArrowPatch, Patch
 
-from paraxis.context_parallel.balance import prefix_blocks, rank_chunks, ring_blocks, ring_source
+from paraxis.context_parallel.balance import (
+    gathered_blocks,
+    gathered_chunks,
+    rank_chunks,
+    ring_blocks,
+    ring_source,
+)
 from paraxis.errors import ParaxisError
 from paraxis.viz.context import (
     MAX_LABELLED_CP,
@@ -161,13 +167,12 @@ def _step_summary(step: int, cp: int) -> str:
 
 def plot_kv_gather(cp: int) -> Figure:
     """The all-gather variant: one all-gather of every rank's K/V (forward, and again in
-    backward), each rank's calls against the whole sequence (`prefix_blocks`), and the
+    backward), each rank's calls against the whole sequence (`gathered_blocks`), and the
     reduce-scatter that sums the dK/dV of the whole sequence back onto each chunk's owner."""
     check_cp(cp)
     fig, axes = new_figure(10.5, 5.2, ncols=2, squeeze=False)
     positions, radius = _positions(cp), _node_radius(cp)
     labelled = cp <= MAX_LABELLED_CP
-    every_chunk = tuple(range(2 * cp))
     centre = {"forward": "all-gather\nK/V", "backward": "reduce-scatter\ndK/dV (fp32)"}
     notes = {"forward": "forward: each rank gets all K/V once,\nbackward gathers them again",
              "backward": "backward: each chunk's dK/dV, summed over\nevery rank, lands on "
@@ -184,8 +189,8 @@ def plot_kv_gather(cp: int) -> Figure:
                                              mutation_scale=10, color=rank_colour(rank),
                                              linewidth=1.4, shrinkA=0, shrinkB=26))
             if labelled and phase == "forward":
-                calls = blocks_text(prefix_blocks(rank, cp), rank_chunks(rank, cp),
-                                    every_chunk)
+                calls = blocks_text(gathered_blocks(rank, cp), rank_chunks(rank, cp),
+                                    gathered_chunks(cp))
                 _rank_label(ax, position, radius, calls, 6.5)
         if cp > 1:
             ax.text(0, 0, centre[phase], ha="center", va="center", fontsize=7,
