@@ -72,14 +72,15 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     forward_bytes, backward_bytes = sent_bytes_per_rank(
         variant, micro_batch, local_kv_heads(cfg, tp), seq_len, cfg.head_dim, cp,
         activation_bytes)
+    step_f, step_b = core_forward / cp, core_backward / cp  # one ring step's compute
+
+    def hidden(transfer: float, window: float) -> float:
+        return max(0.0, transfer - window) + contention * min(transfer, window)
+
     if variant == "ring":
         kv_hop = collective_time("send_recv", forward_bytes / (cp - 1), 2, link)
         grad_hop = collective_time("send_recv", (backward_bytes - forward_bytes) / (cp - 1),
                                    2, link)
-        step_f, step_b = core_forward / cp, core_backward / cp
-
-        def hidden(transfer: float, window: float) -> float:
-            return max(0.0, transfer - window) + contention * min(transfer, window)
 
         forward = (cp - 1) * hidden(kv_hop, step_f)
         # step 0 posts the first K/V hop; steps 1..cp-2 each hide a K/V hop and the dK/dV
@@ -90,9 +91,13 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
                 "total": (cp - 1) * (2 * kv_hop + grad_hop)}
     # all-gather: the gathered K/V are cp x the local input; the reduce-scatter's input is
     # the whole sequence's fp32 dK/dV (balance.sent_bytes_per_rank counts inputs)
+    # (context_parallel/all_gather.py): the forward gather runs while the rank computes its
+    # own diagonal block (about one ring step's work), backward's gather is waited for
+    # at once, and its reduce-scatter runs behind the diagonal block again
     gather = collective_time("all_gather", cp * forward_bytes, cp, link)
     scatter = collective_time("reduce_scatter", backward_bytes - forward_bytes, cp, link)
-    return {"forward": gather, "backward": gather + scatter, "total": 2 * gather + scatter}
+    return {"forward": hidden(gather, step_f), "backward": gather + hidden(scatter, step_b),
+            "total": 2 * gather + scatter}
 
 
 def replica_link(layout: Layout, cluster: Cluster) -> Link:
