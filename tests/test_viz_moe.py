@@ -37,8 +37,8 @@ def test_pictures_draw_from_the_placement_facts() -> None:
     texts = [t.get_text() for t in figure.axes[0].texts]
     assert "3\nstays" in texts and "0\n0 KiB" in texts
     plot_routing([[0, 1], [2, 3]], [[0.6, 0.4], [0.5, 0.5]], n_experts=4, ep=2)
-    load = plot_expert_load([[4, 4, 4, 4], [8, 4, 2, 2]])
-    assert "1.00x" not in load.axes[1].get_title() and "2.00x" in load.axes[1].get_title()
+    load = plot_expert_load([[[4, 4, 4, 4], [4, 4, 4, 4]], [[8, 4, 2, 2], [4, 4, 4, 4]]])
+    assert "worst block 2.00x" in load.axes[1].get_title()
 
 
 def test_experts_command_prints_and_draws(tmp_path: Path,
@@ -64,3 +64,15 @@ def test_bad_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "pics").exists()
+
+
+def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
+    from paraxis.report.build import write_report
+
+    html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
+                        layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
+    assert "Mixture of experts" in html and "dispatch all-to-all" in html
+    assert "each rank holds 1 experts" in html
+    dense = write_report(tmp_path / "d.html", model="llama2-7b", gpus=8,
+                         layout="dp=8", global_batch=64, seq_len=4096).read_text()
+    assert "Mixture of experts" not in dense

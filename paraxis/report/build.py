@@ -112,7 +112,7 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     sections = [("plan", "Plan", plan_section(plan)),
                 ("defence", "Defence", defence_section(plan))]
     lesson_html, lesson = pipeline_section(plan, run)
-    sections += pictures(plan, ("pipeline", "Pipeline schedules", lesson_html))
+    sections += pictures(plan, ("pipeline", "Pipeline schedules", lesson_html), run)
     forecast = None
     if run is not None:
         body, forecast = run_section(plan, run)

@@ -1,5 +1,5 @@
 """The report's pictures of the plan: rank grid, tensor-parallel split, context parallelism
-(when the layout has cp > 1), memory, ring.
+(when the layout has cp > 1), experts (for a mixture of experts), memory, ring.
 
 Each is drawn by `paraxis.viz` from the planner's or the simulators' numbers; the pipeline
 section has its own module (`paraxis.report.pipeline`).
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.context_parallel.balance import pairs_per_rank
 from paraxis.plan.memory import model_state_bytes, stage_params
+from paraxis.report.experts import experts_section
 from paraxis.report.text import duration, layout_text
 from paraxis.viz.context import MAX_LABELLED_CP, plot_chunks
 from paraxis.viz.context_ring import plot_kv_exchange
@@ -23,15 +24,19 @@ from paraxis.viz.tp_split import plot_tp_split
 
 if TYPE_CHECKING:
     from paraxis.report.build import Plan
+    from paraxis.report.measured import MeasuredRun
 
 Section = tuple[str, str, str]  # (anchor, heading, HTML body)
 
 
-def pictures(plan: Plan, pipeline: Section) -> list[Section]:
+def pictures(plan: Plan, pipeline: Section, run: MeasuredRun | None = None
+             ) -> list[Section]:
     """Every picture section, in reading order, with `pipeline` in its place; context
-    parallelism's only when the layout splits sequences (cp > 1)."""
+    parallelism's only when the layout splits sequences (cp > 1), experts' only for a
+    mixture of experts (with the run's expert load when a run is given)."""
     context = [_context(plan)] if plan.layout.cp > 1 else []
-    return [_grid(plan), _tp(plan), *context, pipeline, _memory(plan), _ring(plan)]
+    experts = [experts_section(plan, run)] if plan.cfg.is_moe else []
+    return [_grid(plan), _tp(plan), *context, *experts, pipeline, _memory(plan), _ring(plan)]
 
 
 def ring_ranks(dp: int) -> int:

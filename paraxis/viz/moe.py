@@ -87,25 +87,39 @@ def plot_all_to_all(counts: Sequence[Sequence[int]], ep: int, d_model: int,
     return fig
 
 
-def plot_expert_load(step_counts: Sequence[Sequence[int]]) -> Figure:
-    """step_counts[s][e]: tokens routed to expert e in step s (a run's metrics)."""
-    if not step_counts:
+def plot_expert_load(step_counts: Sequence[Sequence[Sequence[int]]]) -> Figure:
+    """step_counts[s][b][e]: tokens MoE block b routed to expert e in step s (a run's
+    metrics, `expert_tokens`). Left: each expert's tokens per step, summed over the blocks;
+    right: each block's busiest expert over its mean, step by step."""
+    if not step_counts or not step_counts[0]:
         raise ParaxisError("the run recorded no per-expert counts; train an MoE model first")
-    steps, experts = len(step_counts), len(step_counts[0])
+    steps, blocks, experts = len(step_counts), len(step_counts[0]), len(step_counts[0][0])
+    summed = [[sum(block[e] for block in step) for e in range(experts)] for step in step_counts]
     fig, (left, right) = new_figure(3.0 + 0.35 * experts + 3.5, 1.8 + 0.18 * min(steps, 60),
                                     ncols=2, width_ratios=(experts, 10))
-    left.imshow(step_counts, cmap=colormaps["viridis"], aspect="auto",
-                interpolation="nearest")
+    image = left.imshow(summed, cmap=colormaps["viridis"], aspect="auto",
+                        interpolation="nearest")
+    fig.colorbar(image, ax=left, label="tokens", shrink=0.8)
     left.set_xlabel("expert")
     left.set_ylabel("step")
-    left.set_title("Tokens per expert")
-    peaks = [max(row) / (sum(row) / experts) if sum(row) else 1.0 for row in step_counts]
-    right.plot(range(steps), peaks, color=OKABE_ITO["vermillion"], marker=".")
+    left.set_title(f"Tokens per expert ({blocks} blocks)")
+    last = []
+    for b in range(blocks):
+        peaks = [_peak(step[b]) for step in step_counts]
+        right.plot(range(steps), peaks, marker=".", linewidth=1, label=f"block {b}")
+        last.append(peaks[-1])
     right.axhline(1.0, color="black", linestyle="--", linewidth=1)
     right.set_xlabel("step")
     right.set_ylabel("busiest expert / mean")
-    right.set_title(f"Load imbalance (last step {peaks[-1]:.2f}x)")
+    right.set_title(f"Load imbalance (last step, worst block {max(last):.2f}x)")
+    if blocks <= 8:
+        right.legend(fontsize=7)
     return fig
+
+
+def _peak(counts: Sequence[int]) -> float:
+    total = sum(counts)
+    return max(counts) / (total / len(counts)) if total else 1.0
 
 
 def _span(experts: range) -> str:

@@ -1,0 +1,63 @@
+"""The report's mixture-of-experts section: what the all-to-all carries under the plan's
+expert parallelism, and, for a run, how evenly its experts were loaded step by step.
+
+The all-to-all is drawn from `paraxis.moe.placement` (the function the runtime counts its
+traffic with and the planner prices) at perfect balance, next to the planner's seconds for
+it; the run's per-expert token counts come from its metrics (`expert_tokens`, one list per
+MoE block, counted over the global batch). The routing of single tokens needs the model
+itself: `paraxis experts --model <checkpoint> --out DIR` draws it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK
+from paraxis.report.text import duration
+from paraxis.viz.html import figure
+from paraxis.viz.moe import plot_all_to_all, plot_expert_load
+from paraxis.viz.style import figure_data_uri
+
+if TYPE_CHECKING:
+    from paraxis.report.build import Plan
+    from paraxis.report.measured import MeasuredRun
+
+Section = tuple[str, str, str]  # (anchor, heading, HTML body)
+
+
+def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
+    cfg, layout, e = plan.cfg, plan.layout, plan.estimate
+    parts = [f"<p>{cfg.name}: {cfg.n_experts} experts per MoE block, each token routed to "
+             f"{cfg.top_k}; {cfg.num_params() / 1e6:,.1f} M parameters in all, "
+             f"{cfg.num_active_params() / 1e6:,.1f} M used per token (what the FLOPs follow). "
+             f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} experts of every "
+             "MoE block.</p>"]
+    if layout.ep > 1:
+        tokens = _tokens_per_rank(plan)
+        per_expert = tokens * cfg.top_k // cfg.n_experts
+        counts = [[per_expert] * cfg.n_experts for _ in range(layout.ep)]
+        priced = e.time.get("ep_total", 0.0)
+        parts.append(figure(
+            figure_data_uri(plot_all_to_all(counts, layout.ep, cfg.d_model,
+                                            int(plan.inputs.precision_rule().activation_bytes))),
+            "dispatch all-to-all",
+            f"One MoE block's dispatch for one microbatch of {tokens:,} tokens per rank at "
+            f"perfect balance (the planner multiplies by its imbalance factor); "
+            f"{ALL_TO_ALLS_PER_BLOCK} such all-to-alls per block and microbatch "
+            f"(dispatch, combine, and both again in backward): {duration(priced)} a step "
+            "in the plan."))
+    step_counts = [r["expert_tokens"] for r in run.records if r.get("expert_tokens")] \
+        if run is not None else []
+    if step_counts:
+        parts.append(figure(
+            figure_data_uri(plot_expert_load(step_counts)), "expert load of the run",
+            "Tokens each expert received on every step of the run (all MoE blocks), and "
+            "each step's busiest expert over the mean: under expert parallelism the step "
+            "waits for the rank holding the busiest experts."))
+    return ("experts", "Mixture of experts", "".join(parts))
+
+
+def _tokens_per_rank(plan: Plan) -> int:
+    layout = plan.layout
+    sequences = plan.inputs.global_batch // (layout.dp * layout.microbatches)
+    return max(1, sequences) * plan.seq_len // layout.cp
