@@ -46,7 +46,7 @@ SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 # Axes whose degree > 1 is refused until the issue that implements them lands.
-NOT_YET = {"ep": ("expert parallelism", 23)}
+NOT_YET: dict[str, tuple[str, int]] = {}
 
 
 class Coords(NamedTuple):
@@ -109,6 +109,14 @@ def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
+def expert_dp_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
+    """The experts' data-parallel groups: the dp*cp/ep ranks of one dp x cp group that hold
+    the same experts (the same index in their expert-parallel groups). Gradients of experts
+    are reduced, and their ZeRO states sharded, over these."""
+    expert_groups(degrees, ep)  # the same check: ep divides dp*cp
+    return [group[j::ep] for group in grid_groups(degrees, ("dp", "cp")) for j in range(ep)]
+
+
 @dataclass(frozen=True)
 class Layout:
     """The degrees of every axis plus the options that say how each axis runs."""
@@ -118,7 +126,8 @@ class Layout:
     pp: int = option(1, "pipeline stages splitting the stack of layers")
     cp: int = option(1, "context-parallel ranks splitting every sequence (each holds 2 of its "
                         "2*cp chunks)")
-    ep: int = option(1, "expert-parallel ranks, carved out of dp*cp (1 until issue 23)")
+    ep: int = option(1, "expert-parallel ranks splitting the experts, carved out of dp*cp "
+                        "(the world size does not change)")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters")
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
@@ -171,11 +180,14 @@ class Layout:
         return grid_rank(self.degrees, by_axis)
 
     def groups(self, axis: str) -> list[list[int]]:
-        """Every group along one axis ("dp", "tp", "pp", "cp", "ep") or several joined by
-        "_" ("dp_tp": every rank of one pipeline stage, for ZeRO over dp x tp and loss sums).
-        Each group is in rank order; the groups of one axis partition the world."""
+        """Every group along one axis ("dp", "tp", "pp", "cp", "ep", "expert_dp": the ranks
+        holding the same experts) or several joined by "_" ("dp_tp": every rank of one
+        pipeline stage, for ZeRO over dp x tp and loss sums). Each group is in rank order;
+        the groups of one axis partition the world."""
         if axis == "ep":
             return expert_groups(self.degrees, self.ep)
+        if axis == "expert_dp":
+            return expert_dp_groups(self.degrees, self.ep)
         return grid_groups(self.degrees, tuple(axis.split("_")))
 
     def group_of(self, rank: int, axis: str) -> list[int]:
@@ -227,6 +239,10 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise ParaxisError("sequence_parallel needs tp > 1; raise tp or drop "
                                "sequence_parallel")
+        if self.zero == 3 and self.ep > 1:
+            raise ParaxisError("ZeRO-3 with expert parallelism is not supported (a block's "
+                               "experts and its dense weights shard over different groups); "
+                               "use zero<=2 with ep>1")
         if self.zero == 3 and self.pp > 1:
             raise ParaxisError("ZeRO-3 with pipeline parallelism is not supported (every "
                                "microbatch would re-gather the stage's weights); use zero<=2 "
@@ -275,6 +291,7 @@ class Layout:
                                f"tp ({self.tp}); change seq_len or tp")
 
     def _check_model(self, model: ModelConfig) -> None:
+        self._check_experts(model)
         if model.n_heads % self.tp:
             raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
                                f"{self.tp}; choose tp among {_divisors(model.n_heads)}")
@@ -294,6 +311,20 @@ class Layout:
                 f"{model.n_layers} layers cannot fill pp*virtual_stages = {chunks} model "
                 f"chunks (each needs at least one layer); use pp*virtual_stages <= "
                 f"{model.n_layers}")
+
+    def _check_experts(self, model: ModelConfig) -> None:
+        if self.ep > 1 and not model.n_experts:
+            raise ParaxisError(f"ep={self.ep} needs a mixture-of-experts model, and "
+                               f"{model.name} has no experts; use ep=1 or an MoE model "
+                               "(e.g. tiny-moe)")
+        if model.n_experts and model.n_experts % self.ep:
+            raise ParaxisError(f"ep={self.ep} must divide the number of experts "
+                               f"({model.n_experts}); choose ep among "
+                               f"{_divisors(model.n_experts)}")
+        if model.n_experts and self.sequence_parallel:
+            raise ParaxisError("sequence parallelism with a mixture-of-experts model is not "
+                               "supported (the experts would see sequence shards); drop "
+                               "sequence_parallel")
 
     # ------------------------------------------------------------------ text in / out
 
@@ -332,7 +363,7 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", *NOT_YET)
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep", *NOT_YET)
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")

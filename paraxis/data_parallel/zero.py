@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather
+from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
+from paraxis.errors import ParaxisError
+from paraxis.model import Transformer
 from paraxis.runtime.engine import adamw
 from paraxis.runtime.watchdog import WATCH
 
@@ -211,3 +213,46 @@ class ParamGatherer:
         with WATCH.waiting("all_gather", self.group):
             all_gather(full, unit.param_shard, self.group).wait()
         return full
+
+
+def zero3_units(model: nn.Module, params: list[nn.Parameter],
+                group: dist.ProcessGroup | None, device: torch.device
+                ) -> tuple[list[FlatUnit], list[UnitHooks]]:
+    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head) and
+    their hooks, then a root unit for whatever is left (used at both ends of the step: a tied
+    embedding and head, or a whole pipeline stage until ZeRO-3 with pipelines shards it)."""
+    dp_size, dp_rank = group_size(group), group_rank(group)
+    wanted = {id(p) for p in params}
+    taken: set[int] = set()
+    units: list[FlatUnit] = []
+    hooks: list[UnitHooks] = []
+
+    def add(modules: list[nn.Module], hook: UnitHooks) -> None:
+        own = [p for m in modules for p in m.parameters()
+               if id(p) in wanted and id(p) not in taken]
+        if not own:
+            raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
+                               "parameters of its own; use zero<=2 for this model")
+        taken.update(id(p) for p in own)
+        units.append(FlatUnit(own, dp_size, dp_rank, device, group))
+        hooks.append(hook)
+
+    if isinstance(model, Transformer):
+        tied = model.cfg.tied_embeddings and model.has_embedding and model.has_head
+        embed = [model.tok_emb] + ([model.pos_emb] if hasattr(model, "pos_emb") else []) \
+            if model.has_embedding else []
+        if embed and not tied:
+            add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
+        for block in model.blocks:
+            add([block], UnitHooks(block, block))
+        if model.has_head and not tied:
+            # separate units: the LM head's gradient is then a unit's whole flat gradient
+            # (no copy), and its gathered weight goes as soon as that gradient exists
+            add([model.norm_f], UnitHooks(model.norm_f, model.norm_f))
+            add([model.lm_head], UnitHooks(model.lm_head, model.lm_head))
+    rest = [p for p in params if id(p) not in taken]
+    if rest:
+        units.append(FlatUnit(rest, dp_size, dp_rank, device, group))
+    if not units:
+        raise ParaxisError("ZeRO-3 found no trainable parameters to shard")
+    return units, hooks
