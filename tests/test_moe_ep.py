@@ -161,8 +161,8 @@ def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
     for name, calls in result["chosen"].items():
         assert len(calls) == micro, name
         for m, picked in enumerate(calls):
-            want = torch.from_numpy(reference["chosen"][name][m]).view(layout.dp, per_dp // micro, SEQ, -1)
-            want = want[dp_rank]
+            want = torch.from_numpy(reference["chosen"][name][m])
+            want = want.view(layout.dp, per_dp // micro, SEQ, -1)[dp_rank]
             if layout.cp > 1:
                 want = local_part(want, cp_rank, layout.cp)
             assert torch.equal(torch.from_numpy(picked), want.reshape(picked.shape)), \
