@@ -68,12 +68,11 @@ def test_expert_groups_are_carved_out_of_dp_x_cp():
         expert_groups(degrees, 3)
 
 
-@pytest.mark.parametrize("axis,issue", [("ep", 23)])
-def test_axes_not_implemented_yet_are_refused_naming_their_issue(axis, issue):
-    for dp in (2, 1):  # also where ep would not divide dp*cp: the missing axis is named first
-        with pytest.raises(ParaxisError, match=f"not implemented yet \\(issue {issue}") as error:
-            Layout(dp=dp, **{axis: 2})
-        assert "\n" not in str(error.value)
+def test_expert_parallelism_is_carved_out_of_dp_x_cp():
+    assert Layout(dp=2, ep=2).world_size == 2  # ep never changes the world size
+    with pytest.raises(ParaxisError, match="must divide dp\\*cp") as error:
+        Layout(dp=1, ep=2)
+    assert "\n" not in str(error.value)
 
 
 def test_old_layout_dicts_load_and_every_field_has_help():
