@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from paraxis.checkpoint import load_checkpoint, save_checkpoint
+from paraxis.config import RunConfig
 from paraxis.context_parallel.chunks import local_part
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -42,6 +43,7 @@ from paraxis.moe.placement import all_to_all_bytes, send_matrix
 from paraxis.runtime.distributed import ParallelGroups, build_groups
 from paraxis.runtime.parallelize import build_engine
 from paraxis.testing import RankContext, as_layout, run_on_ranks
+from paraxis.train import run_training
 
 CFG = PRESETS["tiny-moe"]
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
@@ -249,22 +251,24 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
 
 
 def test_cli_dp4_ep4_matches_one_device(tmp_path):
-    common = ["--model", "tiny-moe", "--seq-len", str(SEQ), "--steps", str(STEPS),
-              "--global-batch", str(BATCH), "--warmup", "2", "--eval-every", "0",
-              "--device", "cpu", "--quiet"]
-    records = {}
-    for name, extra in (("one", []), ("ep4", ["--nproc", "4", "--dp", "4", "--ep", "4"])):
-        metrics = tmp_path / f"{name}.jsonl"
-        result = subprocess.run([sys.executable, "-m", "paraxis", "train", *common, *extra,
-                                 "--metrics-file", str(metrics)],
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        records[name] = [json.loads(line) for line in metrics.read_text().splitlines()]
-    for one, ep4 in zip(records["one"], records["ep4"], strict=True):
-        assert abs(one["loss"] - ep4["loss"]) <= LOSS_TOL, (one, ep4)
-        assert one["expert_tokens"] == ep4["expert_tokens"]
-        assert one["aux_loss"] == pytest.approx(ep4["aux_loss"], abs=1e-6)
-    counts = records["ep4"][0]["expert_tokens"]
+    flags = dict(model="tiny-moe", seq_len=SEQ, steps=STEPS, global_batch=BATCH, warmup=2,
+                 eval_every=0, device="cpu", quiet=True)
+    one = run_training(RunConfig.from_flags(**flags))  # in this process: no start-up cost
+    metrics = tmp_path / "ep4.jsonl"
+    command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "4", "--ep",
+               "4", "--metrics-file", str(metrics)]
+    for key, value in flags.items():
+        command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ep4 = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(ep4) == len(one) == STEPS
+    for a, b in zip(one, ep4, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= LOSS_TOL, (a["step"], a["loss"], b["loss"])
+        # the metrics: every expert's tokens of the global batch, and the aux loss
+        assert a["expert_tokens"] == b["expert_tokens"], a["step"]
+        assert a["aux_loss"] == pytest.approx(b["aux_loss"], abs=1e-6)
+    counts = ep4[0]["expert_tokens"]
     assert len(counts) == CFG.n_moe_layers
     assert all(sum(row) == BATCH * SEQ * CFG.top_k for row in counts)
 
