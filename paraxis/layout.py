@@ -321,10 +321,6 @@ class Layout:
             raise ParaxisError(f"ep={self.ep} must divide the number of experts "
                                f"({model.n_experts}); choose ep among "
                                f"{_divisors(model.n_experts)}")
-        if model.n_experts and self.sequence_parallel:
-            raise ParaxisError("sequence parallelism with a mixture-of-experts model is not "
-                               "supported (the experts would see sequence shards); drop "
-                               "sequence_parallel")
 
     # ------------------------------------------------------------------ text in / out
 
