@@ -239,10 +239,6 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise ParaxisError("sequence_parallel needs tp > 1; raise tp or drop "
                                "sequence_parallel")
-        if self.zero == 3 and self.ep > 1:
-            raise ParaxisError("ZeRO-3 with expert parallelism is not supported (a block's "
-                               "experts and its dense weights shard over different groups); "
-                               "use zero<=2 with ep>1")
         if self.zero == 3 and self.pp > 1:
             raise ParaxisError("ZeRO-3 with pipeline parallelism is not supported (every "
                                "microbatch would re-gather the stage's weights); use zero<=2 "

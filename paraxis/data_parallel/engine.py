@@ -118,7 +118,8 @@ class DataParallelEngine(LocalEngine):
         grad_dtype = torch_dtype(policy.grad_dtype)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units, hooks = zero3_units(model, params, self.dp_group, device)
+            self.units, hooks = zero3_units(model, params, self.dp_group, device,
+                                            self.expert_group)
             self.gatherer = ParamGatherer(self.units, hooks, model, self.dp_group)
             # Backward completes the forward units last-to-first, then the root.
             order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
