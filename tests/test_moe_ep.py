@@ -9,10 +9,11 @@ chosen experts in every MoE block equal the single-device ones; then the losses 
 - dp2 x ep2 x tp2 (sequence parallel) x pp2 with ZeRO-1 (8 ranks; under SP the MoE block
   gathers the whole sequence, so the experts see what they see without SP);
 - cp2 x ep2 and dp2 (2 ranks);
-
-and checkpoints cross ep: dp4 x ep2 (ZeRO-1) resumes dp4 x ep4's step-5 checkpoint, dp2
-(ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on like one device;
 - `paraxis train --model tiny-moe --nproc 4 --dp 4 --ep 4`, the command line end to end.
+
+Checkpoints cross ep: dp4 x ep2 (ZeRO-1) resumes the step-5 checkpoint of dp2 x cp2 x ep2
+(ZeRO-3), dp2 (ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on
+like one device.
 
 The routing statistics are per microbatch step over the dp x cp ranks (moe/layer.py): with
 M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
@@ -26,9 +27,11 @@ are those of the rank's own dense weights and experts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,11 +54,11 @@ from paraxis.train import run_training
 CFG = PRESETS["tiny-moe"]
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
 LOSS_TOL, NORM_TOL = 1e-5, 1e-5
-FOUR = ["dp=4,ep=4", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
-        "dp=2,ep=2,pp=2,microbatches=2", "dp=2,cp=2,ep=2,zero=3"]
+FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
+        "dp=2,ep=2,pp=2,microbatches=2"]
 EIGHT = ["dp=2,ep=2,tp=2,sp=true,pp=2,microbatches=2,zero=1"]
 # layout -> the layout whose step-5 checkpoint it resumes after its own run (same launch)
-RESUMES = {"dp=4,ep=2,zero=1": "dp=4,ep=4", "dp=2": "cp=2,ep=2"}
+RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2"}
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,9 +156,22 @@ def _reference(layout: Layout) -> dict:
     key = (layout.dp, layout.microbatches)
     if key not in _REFERENCES:
         one = Layout(microbatches=layout.microbatches)
-        _REFERENCES[key] = _train(one, build_groups(one),
-                                  order=_global_microbatch_order(*key))
+        with _one_thread():
+            _REFERENCES[key] = _train(one, build_groups(one),
+                                      order=_global_microbatch_order(*key))
     return _REFERENCES[key]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One thread, as each rank has: this tiny model runs several times slower on two
+    threads when the machine's cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
@@ -250,8 +266,9 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
         if "resumed" in by_rank[0]:  # another ep's checkpoint, here and on one device
             what = f"{RESUMES[text]} checkpoint at {text}"
             _assert_losses(what, by_rank[0]["resumed"], _reference(Layout()), 5)
-            one = _train(Layout(), build_groups(Layout()), range(5, STEPS),
-                         load=_saved(str(tmp_path), RESUMES[text]))
+            with _one_thread():
+                one = _train(Layout(), build_groups(Layout()), range(5, STEPS),
+                             load=_saved(str(tmp_path), RESUMES[text]))
             _assert_losses(f"{RESUMES[text]} checkpoint on one device", one,
                            _reference(Layout()), 5)
 
@@ -259,7 +276,8 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
 def test_cli_dp4_ep4_matches_one_device(tmp_path):
     flags = dict(model="tiny-moe", seq_len=SEQ, steps=STEPS, global_batch=BATCH, warmup=2,
                  eval_every=0, device="cpu", quiet=True)
-    one = run_training(RunConfig.from_flags(**flags))  # in this process: no start-up cost
+    with _one_thread():  # in this process: no start-up cost
+        one = run_training(RunConfig.from_flags(**flags))
     metrics = tmp_path / "ep4.jsonl"
     command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "4", "--ep",
                "4", "--metrics-file", str(metrics)]
