@@ -21,13 +21,15 @@ gradients of tokens and experts flow back the same way: four all-to-alls per blo
 received counts, which variable split sizes need (NCCL's all_to_all_single takes the split
 sizes as Python lists); everything else is asynchronous on a GPU.
 
-`AllToAllCounter` records every all-to-all's bytes to other ranks (as
+`AllToAllCounter` records every row all-to-all's bytes to other ranks (as
 `tensor_parallel.counter` does for TP) and the per-expert counts each rank dispatched, so
-tests compare the traffic with `placement.all_to_all_bytes`.
+tests compare the traffic with `placement.all_to_all_bytes` (which prices the rows; the
+counts' exchange, n_experts/ep integers per pair of ranks, is left out of both).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -83,8 +85,7 @@ def _exchange(rows: torch.Tensor, send: list[int], receive: list[int],
                                input_split_sizes=send, group=group)
     if _ACTIVE:
         me = dist.get_rank(group)
-        per_row = rows[0].numel() * rows.element_size() if rows.dim() > 1 else \
-            rows.element_size()
+        per_row = math.prod(rows.shape[1:]) * rows.element_size()
         event = AllToAllEvent(sum(n for j, n in enumerate(send) if j != me) * per_row, phase,
                               purpose)
         for counter in _ACTIVE:
