@@ -42,12 +42,14 @@ from paraxis.config import RunConfig
 from paraxis.context_parallel.chunks import local_part
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.model import parameter_shapes
 from paraxis.model_config import PRESETS
 from paraxis.moe.expert_parallel import AllToAllCounter
 from paraxis.moe.layer import MoE
 from paraxis.moe.placement import all_to_all_bytes, send_matrix
 from paraxis.runtime.distributed import ParallelGroups, build_groups
 from paraxis.runtime.parallelize import build_engine
+from paraxis.tensor_parallel.apply import tp_split_dim
 from paraxis.testing import RankContext, as_layout, run_on_ranks
 from paraxis.train import run_training
 
@@ -314,3 +316,12 @@ def test_layout_expert_groups(tmp_path):
     assert layout.groups("expert_dp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
     assert str(layout) == "dp=4,tp=2,pp=1,ep=2,zero=0"
     assert Path(tmp_path).exists()
+
+
+def test_the_tp_plan_splits_no_moe_weight():
+    """Experts, router and shared experts stay whole on every TP rank (the MoE block is
+    replicated over tp); the dense blocks' MLPs are still split."""
+    names = parameter_shapes(PRESETS["tiny-moe-shared"])
+    moe = [n for n in names if ".moe." in n]
+    assert moe and all(tp_split_dim(n) is None for n in moe)
+    assert tp_split_dim("blocks.0.mlp.up.weight") == 0  # tiny-moe-shared's dense block
