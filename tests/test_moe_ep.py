@@ -42,6 +42,7 @@ from paraxis.config import RunConfig
 from paraxis.context_parallel.chunks import local_part
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.metrics import moe_step_metrics
 from paraxis.model import parameter_shapes
 from paraxis.model_config import PRESETS
 from paraxis.moe.expert_parallel import AllToAllCounter
@@ -325,3 +326,20 @@ def test_the_tp_plan_splits_no_moe_weight():
     moe = [n for n in names if ".moe." in n]
     assert moe and all(tp_split_dim(n) is None for n in moe)
     assert tp_split_dim("blocks.0.mlp.up.weight") == 0  # tiny-moe-shared's dense block
+
+
+def test_step_metrics_count_each_microbatch_once_under_full_recompute():
+    """Counted as backward passes a block: full recompute runs its forward twice, the
+    count stays one per microbatch (and evaluation counts nothing)."""
+    figures = []
+    with _one_thread():
+        for recompute in ("none", "full"):
+            layout = Layout(microbatches=2, recompute=recompute)
+            groups = build_groups(layout)
+            engine = build_engine(CFG, layout, groups, "cpu", seed=0)
+            engine.forward_backward(*_batch(0))
+            engine.evaluate(*_batch(1))
+            figures.append(moe_step_metrics(engine.model, groups, CFG))
+    assert figures[0] == figures[1]
+    assert all(sum(row) == BATCH * SEQ * CFG.top_k for row in figures[0]["expert_tokens"])
+    assert figures[0]["aux_loss"] > 0
