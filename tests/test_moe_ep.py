@@ -4,8 +4,9 @@ Issue 23's acceptance, in fp32 and dropless, for 10 steps: first, on step 0, eve
 chosen experts in every MoE block equal the single-device ones; then the losses are within
 1e-5 of one device's step by step (the gradient norms too, relatively), for
 
-- dp4 x ep4, dp4 x ep2 with ZeRO-1, dp2 x ep2 x tp2 with ZeRO-2, dp2 x ep2 x pp2,
-  dp2 x cp2 x ep2 with ZeRO-3 (one launch of 4 ranks);
+- dp4 x ep4, dp4 x ep2 with ZeRO-1, dp2 x ep2 x tp2 with ZeRO-2, dp2 x ep2 x pp2 with
+  full recompute (the all-to-alls run again in backward), dp2 x cp2 x ep2 with ZeRO-3 (one
+  launch of 4 ranks);
 - dp2 x ep2 x tp2 (sequence parallel) x pp2 with ZeRO-1 (8 ranks; under SP the MoE block
   gathers the whole sequence, so the experts see what they see without SP);
 - cp2 x ep2 and dp2 (2 ranks);
@@ -58,7 +59,7 @@ CFG = PRESETS["tiny-moe"]
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
 LOSS_TOL, NORM_TOL = 1e-5, 1e-5
 FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
-        "dp=2,ep=2,pp=2,microbatches=2"]
+        "dp=2,ep=2,pp=2,microbatches=2,recompute=full"]
 EIGHT = ["dp=2,ep=2,tp=2,sp=true,pp=2,microbatches=2,zero=1"]
 # layout -> the layout whose step-5 checkpoint it resumes after its own run (same launch)
 RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2"}
@@ -183,13 +184,23 @@ def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
     micro, per_dp = layout.microbatches, BATCH // layout.dp
     assert result["chosen"], "no MoE block on this rank"
     for name, calls in result["chosen"].items():
-        assert len(calls) == micro, name
-        for m, picked in enumerate(calls):
+        wanted = []
+        for m in range(micro):
             want = torch.from_numpy(reference["chosen"][name][m])
             want = want.view(layout.dp, per_dp // micro, SEQ, -1)[dp_rank]
             if layout.cp > 1:
                 want = local_part(want, cp_rank, layout.cp)
-            assert torch.equal(torch.from_numpy(picked), want.reshape(picked.shape)), \
+            wanted.append(want.reshape(-1, CFG.top_k))
+        if layout.recompute == "full":  # each microbatch routed again in its backward
+            assert len(calls) == 2 * micro, name
+            assert all(any(torch.equal(torch.from_numpy(c), w) for w in wanted)
+                       for c in calls), f"{layout} {name}"
+            assert all(any(torch.equal(torch.from_numpy(c), w) for c in calls)
+                       for w in wanted), f"{layout} {name}"
+            continue
+        assert len(calls) == micro, name
+        for m, picked in enumerate(calls):
+            assert torch.equal(torch.from_numpy(picked), wanted[m]), \
                 f"{layout} {name} microbatch {m}"
 
 
@@ -205,15 +216,17 @@ def _assert_losses(what: str, result: dict, reference: dict, first: int = 0) -> 
 
 def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
     """Bytes each rank sent in step 0's all-to-alls equal the placement's count from the
-    per-expert counts every rank of its EP group dispatched, forward by forward."""
+    per-expert counts every rank of its EP group dispatched, forward by forward (under full
+    recompute each microbatch's forward runs twice, its backward once)."""
     bytes_per_row = CFG.d_model * 4
+    passes = 2 if layout.recompute == "full" else 1
     for rank, result in enumerate(by_rank):
         events, _ = result["traffic"]
         group = result["coords"][3]
         me = group.index(rank)
         dispatched = [by_rank[r]["traffic"][1] for r in group]
         forwards = len(dispatched[0])
-        assert forwards == layout.microbatches * len(result["chosen"])
+        assert forwards == passes * layout.microbatches * len(result["chosen"])
         sent = received = 0
         for j in range(forwards):
             sends = send_matrix([counts[j] for counts in dispatched], layout.ep)
@@ -221,13 +234,16 @@ def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
             received += sum(row[me] for i, row in enumerate(sends) if i != me) * bytes_per_row
         measured = {(phase, purpose): sum(n for p, q, n in events if (p, q) == (phase, purpose))
                     for phase in ("forward", "backward") for purpose in ("dispatch", "combine")}
-        assert measured == {("forward", "dispatch"): sent, ("backward", "combine"): sent,
-                            ("forward", "combine"): received, ("backward", "dispatch"): received}
+        assert measured == {("forward", "dispatch"): sent,
+                            ("backward", "combine"): sent // passes,
+                            ("forward", "combine"): received,
+                            ("backward", "dispatch"): received // passes}
     total = sum(sum(n for *_, n in r["traffic"][0]) for r in by_rank)
     per_block = sum(sum(all_to_all_bytes(send_matrix(
         [by_rank[r]["traffic"][1][j] for r in group], layout.ep), CFG.d_model, 4))
         for group in layout.groups("ep") for j in range(len(by_rank[group[0]]["traffic"][1])))
-    assert total == 4 * per_block  # dispatch and combine, forward and backward
+    # dispatch and combine, forward and backward: 4 per block and microbatch (recompute: 6)
+    assert total * passes == (2 * passes + 2) * per_block
 
 
 def _assert_memory(layout: Layout, result: dict) -> None:
