@@ -35,6 +35,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,10 +88,10 @@ def _global_microbatch_order(dp: int, micro: int) -> torch.Tensor:
                          for d in range(dp) for i in range(per_micro)])
 
 
-def _record_routing(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
+def _record_routing(model: torch.nn.Module) -> dict[str, list[np.ndarray]]:
     """Each MoE block's chosen experts of every forward while `recording` is on, by the
-    block's single-device name."""
-    chosen: dict[str, list[torch.Tensor]] = {}
+    block's single-device name (as numpy arrays: they travel back from the ranks)."""
+    chosen: dict[str, list[np.ndarray]] = {}
     for name, module in model.named_modules():
         if isinstance(module, MoE):
             key = name[name.index("blocks."):]
@@ -98,7 +99,7 @@ def _record_routing(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
 
             def route(tokens: torch.Tensor, layer: MoE = module, key: str = key) -> tuple:
                 weights, picked, probs = MoE.route(layer, tokens)
-                if getattr(layer, "recording", False):  # numpy: it travels between processes
+                if getattr(layer, "recording", False):
                     chosen[key].append(picked.detach().numpy().copy())
                 return weights, picked, probs
 
