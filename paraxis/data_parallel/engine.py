@@ -5,6 +5,9 @@ parameters the module holds (a whole model, TP shards, one pipeline stage's part
 only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters), so the
 pipeline engine puts it underneath its own. dp = cp = 1 is a group of one (`dp_group` None):
 its collectives are no-ops, so every layout runs through this engine at no measurable cost.
+The one exception is experts split over ep (`ep_sharded`): their units reduce, shard and
+gather over the ranks holding the same experts (`groups.expert_group`); their gradients,
+already summed over every rank whose tokens they took, are divided by dp*cp like the rest.
 
 Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
 `device`, without a value being read: ZeRO-3 never allocates more than a block's full
