@@ -111,6 +111,14 @@ def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
+def expert_dp_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
+    """The experts' data-parallel groups: the dp*cp/ep ranks of one dp x cp group that hold
+    the same experts (the same index in their expert-parallel groups). Gradients of experts
+    are reduced, and their ZeRO states sharded, over these."""
+    expert_groups(degrees, ep)  # the same check: ep divides dp*cp
+    return [group[j::ep] for group in grid_groups(degrees, ("dp", "cp")) for j in range(ep)]
+
+
 @dataclass(frozen=True)
 class Layout:
     """The degrees of every axis plus the options that say how each axis runs."""
@@ -120,7 +128,8 @@ class Layout:
     pp: int = option(1, "pipeline stages splitting the stack of layers")
     cp: int = option(1, "context-parallel ranks splitting every sequence (each holds 2 of its "
                         "2*cp chunks)")
-    ep: int = option(1, "expert-parallel ranks, carved out of dp*cp (1 until issue 23)")
+    ep: int = option(1, "expert-parallel ranks splitting the experts, carved out of dp*cp "
+                        "(the world size does not change)")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters")
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
@@ -177,11 +186,14 @@ class Layout:
         return grid_rank(self.degrees, by_axis)
 
     def groups(self, axis: str) -> list[list[int]]:
-        """Every group along one axis ("dp", "tp", "pp", "cp", "ep") or several joined by
-        "_" ("dp_tp": every rank of one pipeline stage, for ZeRO over dp x tp and loss sums).
-        Each group is in rank order; the groups of one axis partition the world."""
+        """Every group along one axis ("dp", "tp", "pp", "cp", "ep", "expert_dp": the ranks
+        holding the same experts) or several joined by "_" ("dp_tp": every rank of one
+        pipeline stage, for ZeRO over dp x tp and loss sums). Each group is in rank order;
+        the groups of one axis partition the world."""
         if axis == "ep":
             return expert_groups(self.degrees, self.ep)
+        if axis == "expert_dp":
+            return expert_dp_groups(self.degrees, self.ep)
         return grid_groups(self.degrees, tuple(axis.split("_")))
 
     def group_of(self, rank: int, axis: str) -> list[int]:
@@ -280,6 +292,7 @@ class Layout:
                                f"tp ({self.tp}); change seq_len or tp")
 
     def _check_model(self, model: ModelConfig) -> None:
+        self._check_experts(model)
         if model.n_heads % self.tp:
             raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
                                f"{self.tp}; choose tp among {_divisors(model.n_heads)}")
@@ -299,6 +312,16 @@ class Layout:
                 f"{model.n_layers} layers cannot fill pp*virtual_stages = {chunks} model "
                 f"chunks (each needs at least one layer); use pp*virtual_stages <= "
                 f"{model.n_layers}")
+
+    def _check_experts(self, model: ModelConfig) -> None:
+        if self.ep > 1 and not model.n_experts:
+            raise ParaxisError(f"ep={self.ep} needs a mixture-of-experts model, and "
+                               f"{model.name} has no experts; use ep=1 or an MoE model "
+                               "(e.g. tiny-moe)")
+        if model.n_experts and model.n_experts % self.ep:
+            raise ParaxisError(f"ep={self.ep} must divide the number of experts "
+                               f"({model.n_experts}); choose ep among "
+                               f"{_divisors(model.n_experts)}")
 
     # ------------------------------------------------------------------ text in / out
 
@@ -337,7 +360,7 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep")
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep", *NOT_YET)
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")

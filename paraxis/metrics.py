@@ -3,6 +3,7 @@
 - MFU: model FLOPs per token from the planner's formula (`plan.compute`), so the run and the
   plan never count differently, over the peak FLOP/s of the device the run is on.
 - Peak memory: this rank's, and every rank's (with the largest) on logging steps.
+- A mixture of experts' per-expert token counts and load-balancing loss of every step.
 
 Records go to a JSON-lines file and, when asked, TensorBoard event files (rank 0 only).
 """
@@ -19,6 +20,9 @@ from paraxis.errors import ParaxisError
 
 if TYPE_CHECKING:
     import torch
+
+    from paraxis.model_config import ModelConfig
+    from paraxis.runtime.distributed import ParallelGroups
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -112,3 +116,43 @@ class MetricsSink:
             self.file.close()
         if self.writer:
             self.writer.close()
+
+
+def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
+                     cfg: ModelConfig) -> dict[str, Any]:
+    """A mixture of experts' step figures, the same on every layout (empty for a dense model):
+    `expert_tokens`, the (token, expert) assignments each expert of each MoE block received
+    this step over the whole global batch, one list per block in model order; `aux_loss`, the
+    load-balancing loss (coef included, summed over blocks, averaged over microbatches).
+    Counted as the microbatches' backward passes each block (`MoE.take_step`). Collective:
+    every rank calls it (blocks of other pipeline stages arrive over the pp group, each
+    rank's share of the aux loss is averaged over the dp x cp ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from paraxis.moe.layer import MoE
+
+    if not cfg.n_experts:
+        return {}
+    counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.float64)
+    aux = torch.zeros(1, dtype=torch.float64)
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            block = int(name.split("blocks.")[1].split(".")[0])
+            step_counts, step_aux = module.take_step()
+            if step_counts is not None:
+                counts[block] = step_counts.double().cpu()
+            if step_aux:
+                aux += cfg.aux_loss_coef * float(sum(step_aux)) / len(step_aux)
+    if groups is not None and dist.is_initialized():
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        counts, aux = counts.to(device), aux.to(device)
+        if groups.replica_group is not None:
+            dist.all_reduce(aux, group=groups.replica_group)
+            aux /= dist.get_world_size(groups.replica_group)
+        if groups.pp_group is not None:
+            dist.all_reduce(counts, group=groups.pp_group)
+            dist.all_reduce(aux, group=groups.pp_group)
+    rows = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
+    return {"expert_tokens": [[int(n) for n in counts[i].tolist()] for i in rows],
+            "aux_loss": float(aux)}

@@ -61,6 +61,8 @@ class Progress:
                 extra += f"  MFU {100 * record['mfu']:.1f}%"
             if "peak_mem_bytes_max_rank" in record:
                 extra += f"  peak mem {record['peak_mem_bytes_max_rank'] / 2**20:,.0f} MiB"
+            if "aux_loss" in record:  # a mixture of experts' load-balancing loss
+                extra += f"  aux loss {record['aux_loss']:.4f}"
             if "val_loss" in record:
                 extra += f"  val loss {record['val_loss']:.4f}"
             self._bar.console.print(f"step {step:>5}  {status}{extra}", soft_wrap=True)

@@ -119,7 +119,13 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0
           ) -> list[dict]:
-    from paraxis.metrics import MetricsSink, device_peak_flops, over_ranks, peak_memory_bytes
+    from paraxis.metrics import (
+        MetricsSink,
+        device_peak_flops,
+        moe_step_metrics,
+        over_ranks,
+        peak_memory_bytes,
+    )
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
     from paraxis.runtime import faults
@@ -166,6 +172,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
                       "mfu": None if peak_flops is None else mfu(
                           model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
                       "peak_mem_bytes": peak_memory_bytes(device)}
+            record.update(moe_step_metrics(engine.model, groups, model_cfg))
             done = step + 1
             logging = step % log.log_every == 0 or done == train.steps
             if logging:

@@ -68,10 +68,11 @@ def test_expert_groups_are_carved_out_of_dp_x_cp():
         expert_groups(degrees, 3)
 
 
-def test_ep_is_a_degree_that_divides_dp_x_cp():
+def test_expert_parallelism_is_carved_out_of_dp_x_cp():
+    assert Layout(dp=2, ep=2).world_size == 2  # ep never changes the world size
     assert str(Layout(dp=4, ep=2)) == "dp=4,tp=1,pp=1,ep=2,zero=0"
-    with pytest.raises(ParaxisError, match="must divide dp") as error:
-        Layout(dp=2, ep=4)
+    with pytest.raises(ParaxisError, match="must divide dp\\*cp") as error:
+        Layout(dp=1, ep=2)
     assert "\n" not in str(error.value)
 
 

@@ -8,7 +8,9 @@ A rank's piece is located by two cuts, whatever the layout:
    (`tp_count = 1` when the tensor is replicated over the TP group);
 2. ZeRO: the flat range `[lo, hi)` of that slice (the whole slice without ZeRO).
 
-Pipeline stages hold different tensors, so they need no coordinate. Because pieces are
+Pipeline stages hold different tensors, so they need no coordinate; neither do the experts
+of an expert-parallel group (each rank holds its experts whole, under their single-device
+names `blocks.N.moe.experts.E...`). Because pieces are
 described this way, a checkpoint written by one layout loads into any other: the loader
 asks for the pieces its own entries cover (`paraxis.checkpoint.reader`), never for the
 writer's files or ranks. Megatron's distributed checkpoints rest on the same idea
@@ -29,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from paraxis.runtime.params import is_pp_duplicate, is_tp_sharded
+from paraxis.runtime.params import is_ep_sharded, is_pp_duplicate, is_tp_sharded
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")  # the parameter, then AdamW's two moments
 
@@ -74,11 +76,14 @@ class ShardPiece(Protocol):
 
 @dataclass(frozen=True)
 class Place:
-    """Where a rank sits on the axes that cut a tensor: its TP slice and its dp replica."""
+    """Where a rank sits on the axes that cut a tensor: its TP slice and its dp replica
+    (for experts under expert parallelism, its index among the ranks holding the same
+    experts: `expert_dp_rank`)."""
 
     tp_rank: int = 0
     tp_size: int = 1
     dp_rank: int = 0
+    expert_dp_rank: int | None = None  # None: dp_rank
 
     def cut(self, param: nn.Parameter) -> tuple[tuple[int, ...], int | None, int, int]:
         """(full shape, tp dim, tp index, tp count) of the tensor `param` is a piece of."""
@@ -97,7 +102,10 @@ class Place:
             return False
         if not (is_tp_sharded(param) and self.tp_size > 1) and self.tp_rank != 0:
             return False
-        return self.dp_rank == 0 or not whole_on_every_dp_rank
+        replica = self.dp_rank
+        if is_ep_sharded(param) and self.expert_dp_rank is not None:
+            replica = self.expert_dp_rank
+        return replica == 0 or not whole_on_every_dp_rank
 
 
 def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Tensor, dict],
@@ -116,14 +124,15 @@ def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Te
 
 
 def shard_entries(pieces: list[tuple[ShardPiece, torch.Tensor]], names: Mapping[int, str],
-                  state: Mapping[torch.Tensor, dict], place: Place, kinds: tuple[str, ...]
-                  ) -> list[Entry]:
+                  state: Mapping[torch.Tensor, dict], place: Place, kinds: tuple[str, ...],
+                  whole_on_every_dp_rank: bool = False) -> list[Entry]:
     """Entries of ZeRO's pieces: (piece of a parameter, its flat master view), each the flat
-    range [lo, hi) of its TP slice; `names`: id(parameter) -> single-device name."""
+    range [lo, hi) of its TP slice; `names`: id(parameter) -> single-device name.
+    whole_on_every_dp_rank: the pieces are whole and replicated (ZeRO-0's fp32 masters)."""
     entries = []
     for piece, master in pieces:
         full, dim, index, count = place.cut(piece.param)
-        owner = place.writes(piece.param, whole_on_every_dp_rank=False)
+        owner = place.writes(piece.param, whole_on_every_dp_rank)
         for kind in kinds:
             tensor = master if kind == "param" else state[master][kind]
             entries.append(Entry(kind, names[id(piece.param)], tensor, full, dim, index, count,

@@ -19,8 +19,12 @@ collectives in the same order even if hooks fired in another.
   reduce-scattered; each rank keeps only its shard (`unit.grad_shard`, persistent) and the
   full gradients are dropped (ZeRO, Rajbhandari et al. 2020, sec. 5.2).
 
-Sums are divided by the dp size once every bucket has arrived (`finish`): the mean of the
-per-rank mean losses is the global-batch mean loss.
+Each unit communicates over its own group (`FlatUnit.group`): the replica group (dp x cp),
+or, for experts under expert parallelism, the ranks holding the same experts. Sums are
+divided by the replica group's size once every unit has arrived (`finish`): the mean of the
+per-rank mean losses is the global-batch mean loss. An expert's gradient arrives summed over
+every rank whose tokens reached it (the all-to-all's backward brings them), so its sum over
+its own group is already the sum over all replicas, divided by the same number.
 
 Gradients accumulate and are reduced in `grad_dtype` (the precision policy's, default: the
 parameters' dtype). When it differs from the parameters' (bf16 parameters, fp32 gradients:
@@ -40,6 +44,7 @@ import torch.distributed as dist
 from paraxis.data_parallel.flat import (
     FlatUnit,
     all_reduce_sum,
+    group_rank,
     group_size,
     reduce_scatter_sum,
 )
@@ -48,7 +53,8 @@ from paraxis.runtime.watchdog import WATCH
 MAX_IN_FLIGHT = 1  # ZeRO-2/3 gradient reductions in flight at once
 
 class GradReducer:
-    """Hooks every parameter of `units`; reduces each unit's gradient over `group`.
+    """Hooks every parameter of `units`; reduces each unit's gradient over its group and
+    divides the sums by the size of `group` (the replica group).
 
     `on_unit_backward_done(i)` is called when every gradient of unit i has been accumulated in
     the current backward (ZeRO-3 frees the unit's gathered parameters there).
@@ -82,8 +88,10 @@ class GradReducer:
         self._ready = [0] * len(units)
         self._complete = [False] * len(units)
         self._next_launch = 0
-        # (work, tensor to hold until it is done, shard to copy that tensor into or None)
-        self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None]] = []
+        # (work, tensor to hold until it is done, shard to copy that tensor into or None,
+        # its group)
+        self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None,
+                                  dist.ProcessGroup | None]] = []
         self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
                             else "all_reduce")  # what finish() waits on
         for unit in units:
@@ -210,20 +218,21 @@ class GradReducer:
             while len(self._pending) >= MAX_IN_FLIGHT:
                 self._retire_oldest()
             flat = self._take_flat(unit)
-            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, self.group), flat,
-                                  None))
+            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, unit.group), flat,
+                                  None, unit.group))
         elif self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in
             # a shard-sized buffer and is copied into the bucket when it has arrived.
             out = torch.empty_like(unit.grad_shard)
-            self._pending.append((reduce_scatter_sum(out, unit.grad_full, self.group), out,
-                                  unit.grad_shard))
+            self._pending.append((reduce_scatter_sum(out, unit.grad_full, unit.group), out,
+                                  unit.grad_shard, unit.group))
         else:
-            self._pending.append((all_reduce_sum(unit.grad_full, self.group), None, None))
+            self._pending.append((all_reduce_sum(unit.grad_full, unit.group), None, None,
+                                  unit.group))
 
     def _retire_oldest(self) -> None:
-        work, summed, shard = self._pending.pop(0)
-        with WATCH.waiting(self._pending_op, self.group):
+        work, summed, shard, group = self._pending.pop(0)
+        with WATCH.waiting(self._pending_op, group):
             work.wait()
         if shard is not None:
             shard.copy_(summed)
@@ -261,19 +270,26 @@ class GradReducer:
                     p.grad = None
 
 
-def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int, dp_size: int,
-                 dp_rank: int, device: torch.device | None = None) -> list[FlatUnit]:
-    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes`."""
+def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int,
+                 group_of: Callable[[torch.nn.Parameter], dist.ProcessGroup | None],
+                 device: torch.device | None = None) -> list[FlatUnit]:
+    """Reverse registration order (≈ backward order, as DDP does), cut at `bucket_bytes` and
+    wherever the dtype or the group (`group_of(param)`: who reduces its gradient) changes."""
     buckets: list[FlatUnit] = []
     current: list[torch.nn.Parameter] = []
     size = 0
+
+    def close() -> None:
+        group = group_of(current[0])
+        buckets.append(FlatUnit(current, group_size(group), group_rank(group), device, group))
+
     for p in reversed(params):
         if current and (size + p.numel() * p.element_size() > bucket_bytes
-                        or p.dtype != current[0].dtype):
-            buckets.append(FlatUnit(current, dp_size, dp_rank, device))
+                        or p.dtype != current[0].dtype or group_of(p) is not group_of(current[0])):
+            close()
             current, size = [], 0
         current.append(p)
         size += p.numel() * p.element_size()
     if current:
-        buckets.append(FlatUnit(current, dp_size, dp_rank, device))
+        close()
     return buckets

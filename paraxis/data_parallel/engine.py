@@ -5,6 +5,9 @@ parameters the module holds (a whole model, TP shards, one pipeline stage's part
 only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters), so the
 pipeline engine puts it underneath its own. dp = cp = 1 is a group of one (`dp_group` None):
 its collectives are no-ops, so every layout runs through this engine at no measurable cost.
+The one exception is experts split over ep (`ep_sharded`): their units reduce, shard and
+gather over the ranks holding the same experts (`groups.expert_group`); their gradients,
+already summed over every rank whose tokens they took, are divided by dp*cp like the rest.
 
 Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
 `device`, without a value being read: ZeRO-3 never allocates more than a block's full
@@ -28,19 +31,18 @@ from torch import nn
 
 from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.data_parallel.buckets import GradReducer, make_buckets
-from paraxis.data_parallel.flat import FlatUnit, all_gather, group_rank, group_size
+from paraxis.data_parallel.flat import FlatUnit, all_gather, group_size
 from paraxis.data_parallel.masters import MasterWeights
 from paraxis.data_parallel.precision import LossScaler, any_rank_overflowed, torch_dtype
 from paraxis.data_parallel.zero import (
     ParamGatherer,
-    UnitHooks,
     flatten_params_into,
     give_storage,
     shard_optimizer,
+    zero3_units,
 )
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.model import Transformer
 from paraxis.precision import PrecisionPolicy, autocast_policy, get_policy
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import (
@@ -52,6 +54,7 @@ from paraxis.runtime.engine import (
 )
 from paraxis.runtime.params import (
     global_norm_squared,
+    is_ep_sharded,
     is_pp_duplicate,
     is_tp_sharded,
     local_norm_squares,
@@ -92,6 +95,8 @@ class DataParallelEngine(LocalEngine):
         self.zero = layout.zero
         self.dp_group = groups.replica_group if groups is not None else None  # dp (x cp)
         self.dp_size = group_size(self.dp_group)
+        # experts split over ep reduce (and shard) over the ranks holding the same experts
+        self.expert_group = groups.expert_group if groups is not None else None
         if self.dp_size != layout.dp * layout.cp:
             axes = "dp*cp" if layout.cp > 1 else "dp"
             raise ParaxisError(f"layout {axes}={layout.dp * layout.cp} but this rank's {axes} "
@@ -113,11 +118,11 @@ class DataParallelEngine(LocalEngine):
             if policy.has_masters:
                 fp32_values = {id(p): p.detach().float() for p in params}
             _cast(params, torch_dtype(policy.param_dtype))
-        dp_rank = group_rank(self.dp_group)
         grad_dtype = torch_dtype(policy.grad_dtype)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units, hooks = _zero3_units(model, params, self.dp_size, dp_rank, device)
+            self.units, hooks = zero3_units(model, params, self.dp_group, device,
+                                            self.expert_group)
             self.gatherer = ParamGatherer(self.units, hooks, model, self.dp_group)
             # Backward completes the forward units last-to-first, then the root.
             order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
@@ -127,7 +132,7 @@ class DataParallelEngine(LocalEngine):
                                        on_unit_backward_done=lambda i: self.gatherer
                                        .on_unit_backward_done(order[i]), grad_dtype=grad_dtype)
         else:
-            self.units = make_buckets(params, bucket_bytes, self.dp_size, dp_rank, device)
+            self.units = make_buckets(params, bucket_bytes, self.group_of, device)
             if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
                 for unit in self.units:
                     full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
@@ -157,14 +162,18 @@ class DataParallelEngine(LocalEngine):
         self.piece_grads = [] if not self.pieces else _piece_grads(
             self.units, whole=self.masters is not None and self.zero == 0)
 
+    def group_of(self, param: nn.Parameter) -> dist.ProcessGroup | None:
+        """Where `param`'s gradient is reduced: the replica group, or the experts' own."""
+        return self.expert_group if is_ep_sharded(param) else self.dp_group
+
     def _broadcast_from_first_rank(self, params: list[nn.Parameter]) -> None:
         """Every rank starts from dp rank 0's weights (as DDP does), whatever their seeds."""
-        if self.dp_group is None:
-            return
-        source = dist.get_global_rank(self.dp_group, 0)
-        with torch.no_grad(), WATCH.waiting("broadcast", self.dp_group):
+        with torch.no_grad():
             for p in params:
-                dist.broadcast(p.data, src=source, group=self.dp_group)
+                group = self.group_of(p)
+                if group is not None:
+                    with WATCH.waiting("broadcast", group):
+                        dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
 
     # ------------------------------------------------------------------- the contract
 
@@ -204,17 +213,26 @@ class DataParallelEngine(LocalEngine):
 
     def grad_norm_squared(self) -> torch.Tensor:
         if self.zero == 0 and self.masters is None:
-            sharded, replicated = local_norm_squares(list(self.model.parameters()))
-            return global_norm_squared(sharded, replicated, self.groups, False)
+            params = list(self.model.parameters())
+            sharded, replicated = local_norm_squares([p for p in params if not is_ep_sharded(p)])
+            experts = self._experts_norm([p.grad for p in params if is_ep_sharded(p)
+                                          and p.grad is not None])
+            return global_norm_squared(sharded, replicated, self.groups, False, experts)
         # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
         # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
         live = [(piece, grad) for (piece, _), grad in zip(self.pieces, self.piece_grads,
                                                           strict=True)
                 if not is_pp_duplicate(piece.param)]
+        experts = self._experts_norm([g for p, g in live if is_ep_sharded(p.param)])
+        live = [(p, g) for p, g in live if not is_ep_sharded(p.param)]
         sharded = norm_squared([g for p, g in live if is_tp_sharded(p.param)], self.device)
         replicated = norm_squared([g for p, g in live if not is_tp_sharded(p.param)],
                                   self.device)
-        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1)
+        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts)
+
+    def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
+        """Squared norm of this rank's expert gradients (None without expert parallelism)."""
+        return norm_squared(grads, self.device) if self.layout.ep > 1 else None
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Global norm over every shard; clips (and, for fp16, unscales) in one pass: on
@@ -258,10 +276,10 @@ class DataParallelEngine(LocalEngine):
         if self.zero in (1, 2):
             # Each rank updated its shard in place; all-gather rebuilds the full parameters.
             # The shard is copied first: an all-gather's input must not alias its output.
-            works = [all_gather(unit.param_full, unit.param_shard.clone(), self.dp_group)
-                     for unit in self.units]
-            with WATCH.waiting("all_gather", self.dp_group):
-                for work in works:
+            works = [(all_gather(unit.param_full, unit.param_shard.clone(), unit.group),
+                      unit.group) for unit in self.units]
+            for work, group in works:
+                with WATCH.waiting("all_gather", group):
                     work.wait()
 
     def zero_grad(self) -> None:
@@ -293,10 +311,9 @@ class DataParallelEngine(LocalEngine):
         named = self.named_parameters()
         names = {id(p): n for n, p in named}
         place = self.place()
-        entries = shard_entries(self.pieces, names, self.optimizer.state, place, KINDS)
-        if self.zero == 0:  # whole masters on every dp rank: one writer
-            for entry in entries:
-                entry.owner = entry.owner and place.dp_rank == 0
+        # ZeRO-0: whole masters on every dp rank, one writer
+        entries = shard_entries(self.pieces, names, self.optimizer.state, place, KINDS,
+                                whole_on_every_dp_rank=self.zero == 0)
         if self.zero == 3:
             copies = shard_entries(
                 [(piece, unit.param_shard[piece.shard_lo:piece.shard_hi])
@@ -357,44 +374,3 @@ def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
     for p in params:
         if p.is_meta:
             give_storage(p, device)
-
-
-def _zero3_units(model: nn.Module, params: list[nn.Parameter], dp_size: int, dp_rank: int,
-                 device: torch.device) -> tuple[list[FlatUnit], list[UnitHooks]]:
-    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; chunk
-    after chunk under a pipeline) and their hooks, then a root unit for whatever is left
-    (used at both ends of the step: a tied embedding and head)."""
-    wanted = {id(p) for p in params}
-    taken: set[int] = set()
-    units: list[FlatUnit] = []
-    hooks: list[UnitHooks] = []
-
-    def add(modules: list[nn.Module], hook: UnitHooks) -> None:
-        own = [p for m in modules for p in m.parameters()
-               if id(p) in wanted and id(p) not in taken]
-        if not own:
-            raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
-                               "parameters of its own; use zero<=2 for this model")
-        taken.update(id(p) for p in own)
-        units.append(FlatUnit(own, dp_size, dp_rank, device))
-        hooks.append(hook)
-
-    for part in [m for m in (model, *model.children()) if isinstance(m, Transformer)]:
-        tied = part.cfg.tied_embeddings and part.has_embedding and part.has_head
-        embed = [part.tok_emb] + ([part.pos_emb] if hasattr(part, "pos_emb") else []) \
-            if part.has_embedding else []
-        if embed and not tied:
-            add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
-        for block in part.blocks:
-            add([block], UnitHooks(block, block))
-        if part.has_head and not tied:
-            # separate units: the LM head's gradient is then a unit's whole flat gradient
-            # (no copy), and its gathered weight goes as soon as that gradient exists
-            add([part.norm_f], UnitHooks(part.norm_f, part.norm_f))
-            add([part.lm_head], UnitHooks(part.lm_head, part.lm_head))
-    rest = [p for p in params if id(p) not in taken]
-    if rest:
-        units.append(FlatUnit(rest, dp_size, dp_rank, device))
-    if not units:
-        raise ParaxisError("ZeRO-3 found no trainable parameters to shard")
-    return units, hooks

@@ -36,8 +36,13 @@ class FlatUnit:
     """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3)."""
 
     def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None,
+                 group: dist.ProcessGroup | None = None) -> None:
         self.params = params
+        # the ranks (dp_size of them) that reduce this unit's gradients and share its
+        # states: the replica group, or for experts under expert parallelism the ranks
+        # holding the same experts; None: a group of one
+        self.group = group
         self.offsets: list[int] = []
         total = 0
         for p in params:

@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather
+from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
+from paraxis.errors import ParaxisError
+from paraxis.model import Transformer
 from paraxis.runtime.engine import adamw
 from paraxis.runtime.watchdog import WATCH
 
@@ -146,13 +148,13 @@ class ParamGatherer:
         unit = self.units[index]
         unit.param_full.untyped_storage().resize_(unit.padded_numel *
                                                   unit.param_full.element_size())
-        self._work[index] = all_gather(unit.param_full, unit.param_shard, self.group)
+        self._work[index] = all_gather(unit.param_full, unit.param_shard, unit.group)
         self._state[index] = "pending"
 
     def gather(self, index: int) -> None:
         self.prefetch(index)
         if self._state[index] == "pending":
-            with WATCH.waiting("all_gather", self.group):
+            with WATCH.waiting("all_gather", self.units[index].group):
                 self._work[index].wait()
             self._work[index] = None
             self._state[index] = "ready"
@@ -218,6 +220,56 @@ class ParamGatherer:
         """A fresh copy of unit `index`'s full flat parameters (collective over the group)."""
         unit = self.units[index]
         full = torch.empty(unit.padded_numel, dtype=unit.dtype, device=unit.device)
-        with WATCH.waiting("all_gather", self.group):
-            all_gather(full, unit.param_shard, self.group).wait()
+        with WATCH.waiting("all_gather", unit.group):
+            all_gather(full, unit.param_shard, unit.group).wait()
         return full
+
+
+def zero3_units(model: nn.Module, params: list[nn.Parameter],
+                group: dist.ProcessGroup | None, device: torch.device,
+                expert_group: dist.ProcessGroup | None = None
+                ) -> tuple[list[FlatUnit], list[UnitHooks]]:
+    """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; chunk
+    after chunk under a pipeline) and their hooks, then a root unit for whatever is left
+    (used at both ends of the step: a tied embedding and head).
+    A block whose experts are split over ep (`ep_sharded`) has a second unit right after its
+    own, its experts, sharded over `expert_group` (the ranks holding the same experts) and
+    gathered from the first local expert's forward to the last's."""
+    wanted = {id(p) for p in params}
+    taken: set[int] = set()
+    units: list[FlatUnit] = []
+    hooks: list[UnitHooks] = []
+
+    def add(modules: list[nn.Module], hook: UnitHooks, experts: bool = False) -> None:
+        own = [p for m in modules for p in m.parameters() if id(p) in wanted
+               and id(p) not in taken and getattr(p, "ep_sharded", False) == experts]
+        if not own:
+            raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
+                               "parameters of its own; use zero<=2 for this model")
+        taken.update(id(p) for p in own)
+        over = expert_group if experts else group
+        units.append(FlatUnit(own, group_size(over), group_rank(over), device, over))
+        hooks.append(hook)
+
+    for part in [m for m in (model, *model.children()) if isinstance(m, Transformer)]:
+        tied = part.cfg.tied_embeddings and part.has_embedding and part.has_head
+        embed = [part.tok_emb] + ([part.pos_emb] if hasattr(part, "pos_emb") else []) \
+            if part.has_embedding else []
+        if embed and not tied:
+            add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
+        for block in part.blocks:
+            add([block], UnitHooks(block, block))
+            experts = list(getattr(getattr(block, "moe", None), "experts", []))
+            if experts and getattr(experts[0].up.weight, "ep_sharded", False):
+                add(experts, UnitHooks(experts[0], experts[-1]), experts=True)
+        if part.has_head and not tied:
+            # separate units: the LM head's gradient is then a unit's whole flat gradient
+            # (no copy), and its gathered weight goes as soon as that gradient exists
+            add([part.norm_f], UnitHooks(part.norm_f, part.norm_f))
+            add([part.lm_head], UnitHooks(part.lm_head, part.lm_head))
+    rest = [p for p in params if id(p) not in taken]
+    if rest:
+        units.append(FlatUnit(rest, group_size(group), group_rank(group), device, group))
+    if not units:
+        raise ParaxisError("ZeRO-3 found no trainable parameters to shard")
+    return units, hooks

@@ -16,8 +16,12 @@ their experts by all-to-all and back.
 Load balance (Switch Transformer, Fedus et al. 2022, eq. 4): aux = coef * E * sum_e f_e P_e,
 with f_e the share of the batch's assignments routed to expert e and P_e the mean router
 probability of e. f is counted over the tokens of all ranks that share a microbatch step
-(`stats_group`: data x context parallel), so every layout sees the statistics one device
-sees for that microbatch; f is a count (no gradient), so each rank's P over its own tokens
+(`stats_group`: data x context parallel, whose tensor-parallel ranks see the same tokens), so
+every layout sees the statistics one device sees for that microbatch. The statistics are per
+microbatch step: with M microbatches, global microbatch m is the union of microbatch m of
+every dp x cp rank (each rank's m-th slice of its rows), and one device reproduces a layout
+by accumulating gradients over those same token sets (tests/test_moe_ep.py builds its
+reference so); f is a count (no gradient), so each rank's P over its own tokens
 gives exactly its share of the gradient. The aux loss is not added to the language-model
 loss the model returns: its gradient is injected in backward at the block's output
 (`AuxLossGradient`, as Megatron-Core's MoEAuxLossAutoScaler does), scaled like the main
@@ -27,6 +31,7 @@ aux loss needs no trip to the last stage; its value is kept for the metrics.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -73,17 +78,21 @@ class AuxLossGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, output: torch.Tensor,
-                aux: torch.Tensor, scale: float) -> torch.Tensor:
+                aux: torch.Tensor, scale: float,
+                on_backward: Callable[[], None] | None = None) -> torch.Tensor:
         ctx.scale = scale
         ctx.aux_shape = aux.shape
+        ctx.on_backward = on_backward
         return output.view_as(output)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         aux_grad = torch.full(ctx.aux_shape, ctx.scale, dtype=torch.float32,
                               device=grad.device)
-        return grad, aux_grad, None
+        if ctx.on_backward is not None:
+            ctx.on_backward()
+        return grad, aux_grad, None, None
 
 
 class MoE(nn.Module):
@@ -106,6 +115,9 @@ class MoE(nn.Module):
         self.last_counts: torch.Tensor | None = None  # per-expert assignments, global
         self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)
         self.last_dropped = 0  # assignments over capacity (capacity_factor > 0)
+        # this step's training microbatches: summed global counts, aux values (`take_step`)
+        self.step_counts: torch.Tensor | None = None
+        self.step_aux: list[torch.Tensor] = []
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
@@ -129,8 +141,23 @@ class MoE(nn.Module):
         aux = self._aux_loss(counts, probs, tokens.shape[0])
         self.last_aux = aux.detach()
         if torch.is_grad_enabled() and aux.requires_grad:
-            out = AuxLossGradient.apply(out, aux, self.aux_scale * self.cfg.aux_loss_coef)
+            # counted when the microbatch's backward passes here: once per training
+            # microbatch, even when full recompute runs the forward twice
+            count = functools.partial(self._count_step, counts, self.last_aux)
+            out = AuxLossGradient.apply(out, aux, self.aux_scale * self.cfg.aux_loss_coef,
+                                        count)
         return out.view(shape)
+
+    def _count_step(self, counts: torch.Tensor, aux: torch.Tensor) -> None:
+        self.step_counts = counts if self.step_counts is None else self.step_counts + counts
+        self.step_aux.append(aux)
+
+    def take_step(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """This step's per-expert assignment counts (global, summed over its microbatches)
+        and its aux loss values (this rank's share, one per microbatch, coef-free); resets."""
+        taken = self.step_counts, self.step_aux
+        self.step_counts, self.step_aux = None, []
+        return taken
 
     def _dispatch(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                   keep: torch.Tensor | None) -> torch.Tensor:

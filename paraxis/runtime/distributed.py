@@ -102,9 +102,10 @@ def shutdown_distributed(clean: bool = True) -> None:
 
 # Every group build_groups creates, by name (`Layout.groups` reads the name): the axes of the
 # grid, experts, "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums) and
-# "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`).
+# "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`)
+# and "expert_dp" (the ranks holding the same experts under expert parallelism).
 # A new axis is one more name here and one `<name>_group` field below.
-GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp")
+GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp", "expert_dp")
 
 
 @dataclass
@@ -126,6 +127,8 @@ class ParallelGroups:
     cp_group: dist.ProcessGroup | None = None  # context parallelism (issue 22)
     ep_group: dist.ProcessGroup | None = None  # expert parallelism (issue 23), inside dp x cp
     dp_cp_group: dist.ProcessGroup | None = None  # dp x cp; created only when cp > 1
+    # the ranks holding the same experts (dp*cp/ep of them); created only when ep > 1
+    expert_dp_group: dist.ProcessGroup | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         """The handle of one of `GROUP_AXES` by name."""
@@ -169,6 +172,19 @@ class ParallelGroups:
         return self.layout.group_of(self.rank, "ep").index(self.rank)
 
     @property
+    def expert_dp_rank(self) -> int:
+        """Index among the ranks holding the same experts (the replica rank when ep = 1)."""
+        if self.layout.ep == 1:
+            return self.replica_rank
+        return self.layout.group_of(self.rank, "expert_dp").index(self.rank)
+
+    @property
+    def expert_group(self) -> dist.ProcessGroup | None:
+        """Where expert gradients are reduced and their ZeRO states sharded: the ranks
+        holding the same experts (the replica group itself when ep = 1)."""
+        return self.expert_dp_group if self.layout.ep > 1 else self.replica_group
+
+    @property
     def is_first_stage(self) -> bool:
         return self.coords.pp_rank == 0
 
@@ -196,6 +212,8 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
         mine[f"{axis}_group"] = None
         if axis == "dp_cp" and layout.cp == 1:
             continue  # the dp groups themselves (`replica_group`)
+        if axis == "expert_dp" and layout.ep == 1:
+            continue  # the replica groups themselves (`expert_group`)
         for ranks in layout.groups(axis):
             if len(ranks) == 1 or world == 1:
                 continue

@@ -192,10 +192,12 @@ class LocalEngine:
         return single_device_parameters(self.model)
 
     def place(self) -> Place:
-        """This rank's TP slice and replica (dp x cp), for its checkpoint entries."""
+        """This rank's TP slice and replica (dp x cp; for experts, among the ranks holding
+        the same ones), for its checkpoint entries."""
         if self.groups is None:
             return Place()
-        return Place(self.groups.tp_rank, self.layout.tp, self.groups.replica_rank)
+        return Place(self.groups.tp_rank, self.layout.tp, self.groups.replica_rank,
+                     self.groups.expert_dp_rank)
 
     def checkpoint_entries(self) -> list[Entry]:
         """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all)."""

@@ -20,8 +20,8 @@ is drawn whole (that is what makes it layout-independent), one tensor at a time,
 the parameters the rank holds a piece of: a rank's memory is its share plus one full tensor.
 
 A new axis plugs in at one place in `parallelize` (its step, at its place in the order, as
-context parallelism's step 3; a comment marks where expert parallelism goes), one field in
-the Layout (`paraxis/layout.py`), and one folder holding its modules (`context_parallel/`).
+context parallelism's step 3, experts' step 3b), one field in the Layout
+(`paraxis/layout.py`), and one folder holding its modules (`context_parallel/`, `moe/`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import SequenceSplit, Transformer, initial_value, parameter_shapes
 from paraxis.model_config import ModelConfig
+from paraxis.moe.expert_parallel import shard_experts
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
 from paraxis.pipeline_parallel.stage import stage_parts
@@ -67,11 +68,19 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     for part in parts:
         apply_tensor_parallel(part, groups, layout.sequence_parallel)
     # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
-    #    its attention over the cp group (experts over ep go after this)
+    #    its attention over the cp group
     if layout.cp > 1:
         split = SequenceSplit(groups.cp_group, groups.cp_rank, layout.cp, layout.cp_attention)
         for part in parts:
             part.set_context_parallel(split)
+    # 3b. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
+    #     tp ranks see the same tokens), and with ep > 1 only this rank's experts, the
+    #     others reached by all-to-all over the ep group (moe/expert_parallel.py)
+    if cfg.n_experts:
+        layout.validate(model=cfg)
+        for part in parts:
+            shard_experts(part, cfg.n_experts, layout.ep, groups.ep_rank, groups.ep_group,
+                          groups.replica_group)
     # 4. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute)
@@ -82,7 +91,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         for part in parts:
             compile_blocks(part)
     # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
-    #    of one when both are 1)
+    #    of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(
         model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,

@@ -5,6 +5,9 @@ Conventions every axis follows (attributes set on the `nn.Parameter`):
 - `tp_sharded = True`: this rank holds a slice of a tensor-parallel weight; the slices of
   the TP group together make the full tensor. Parameters without it are replicated across
   the TP group and their gradients are identical on every TP rank once backward is done.
+- `ep_sharded = True`: an expert's weight under expert parallelism: the ranks of an EP
+  group hold different experts, the ranks of the experts' data-parallel group
+  (`ParallelGroups.expert_group`) the same ones (`paraxis.moe.expert_parallel`).
 - `pp_duplicate = True`: a copy of a weight that another pipeline stage owns (the tied
   embedding on the last stage); counted once in the gradient norm.
 
@@ -25,19 +28,26 @@ def is_tp_sharded(param: torch.Tensor) -> bool:
     return bool(getattr(param, "tp_sharded", False))
 
 
+def is_ep_sharded(param: torch.Tensor) -> bool:
+    return bool(getattr(param, "ep_sharded", False))
+
+
 def is_pp_duplicate(param: torch.Tensor) -> bool:
     return bool(getattr(param, "pp_duplicate", False))
 
 
 def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor,
-                        groups: ParallelGroups | None, grads_sharded_over_dp: bool
-                        ) -> torch.Tensor:
+                        groups: ParallelGroups | None, grads_sharded_over_dp: bool,
+                        expert_sq: torch.Tensor | None = None) -> torch.Tensor:
     """Squared L2 norm of the whole model's gradient from this rank's local pieces.
 
     tp_sharded_sq: sum of squares of this rank's TP-sharded gradients (or gradient shards);
     replicated_sq: the same for TP-replicated ones (pp duplicates already left out).
     Sharded pieces are summed over the TP group, replicated ones counted once; then summed
     over the dp group when ZeRO shards gradients there, and over the pipeline's stages.
+    expert_sq: the same for `ep_sharded` gradients (replicated over TP): each expert counted
+    once, so summed over the EP group (different experts), and over the experts' dp group
+    too when ZeRO shards them there (the two together are the dp x cp group).
     """
     total = replicated_sq.float().clone()
     sharded = tp_sharded_sq.float().clone()
@@ -49,6 +59,13 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
     if grads_sharded_over_dp and replicas is not None:
         with WATCH.waiting("all_reduce", replicas):
             dist.all_reduce(total, group=replicas)
+    if expert_sq is not None and groups is not None:
+        experts = expert_sq.float().clone()
+        over = replicas if grads_sharded_over_dp else groups.ep_group
+        if over is not None:
+            with WATCH.waiting("all_reduce", over):
+                dist.all_reduce(experts, group=over)
+        total += experts
     if groups is not None and groups.pp_group is not None:
         with WATCH.waiting("all_reduce", groups.pp_group):
             dist.all_reduce(total, group=groups.pp_group)

@@ -37,6 +37,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.params import is_tp_sharded
 from paraxis.runtime.watchdog import WATCH
+from paraxis.tensor_parallel.comm import gather_for_replicated, scatter_to_sequence
 from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 from paraxis.tensor_parallel.layers import (
     ColumnParallelLinear,
@@ -132,6 +133,22 @@ class SequenceSharded:
                            "supports LayerNorm, RMSNorm and position embeddings")
 
 
+class WholeSequence:
+    """A replicated module that runs on the whole sequence even under SP (a mixture of
+    experts' block: routing statistics and experts see every token, as without TP): its input
+    is gathered (backward: this rank's chunk) and its output cut back to this rank's chunk
+    (backward: all-gather), so every rank computes the same whole gradients."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        if not ctx.sequence_parallel:
+            return module
+        module.register_forward_pre_hook(
+            lambda _, args: (gather_for_replicated(args[0], ctx.group), *args[1:]))
+        module.register_forward_hook(
+            lambda _, args, output: scatter_to_sequence(output, ctx.group))
+        return module
+
+
 class VocabParallelLoss:
     """Cross-entropy on vocab-parallel logits (no full logits anywhere)."""
 
@@ -150,6 +167,7 @@ PLAN: dict[str, SplitStyle] = {
     "blocks.*.attn.v": Colwise(),
     "blocks.*.attn.o": Rowwise(),
     "blocks.*.norm2": SequenceSharded(),
+    "blocks.*.moe": WholeSequence(),  # router and experts replicated (no pattern below)
     "blocks.*.mlp": EnterRegion(),
     "blocks.*.mlp.up": Colwise(),
     "blocks.*.mlp.gate": Colwise(),

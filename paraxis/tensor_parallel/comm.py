@@ -16,6 +16,8 @@ into its two halves and moves the norms between them, onto sequence shards:
   reduce-scatter backward.
 - `reduce_scatter_to_sequence` ("g-bar"): reduce-scatter forward, all-gather backward.
 - `scatter_to_sequence`: keep this rank's sequence chunk forward, all-gather backward.
+- `gather_for_replicated`: all-gather forward, keep this rank's chunk backward (the
+  conjugate of the one above, around a module every rank runs whole).
 
 Tensors are (batch, seq, ...); the sequence dim is 1. Every call records itself in the
 active `CommCounter`s. `group=None` means "no TP" and every operator is the identity.
@@ -155,6 +157,18 @@ class _ReduceScatterToSequence(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.group, "backward"), None
 
 
+class _GatherForReplicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _all_gather_seq(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # Every rank computed the whole sequence's gradient: this rank's chunk is its own.
+        return _sequence_chunk(grad, ctx.group), None
+
+
 class _ScatterToSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -189,6 +203,15 @@ def reduce_scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None
                                ) -> torch.Tensor:
     """Reduce-scatter along the sequence forward, all-gather backward (SP's g-bar)."""
     return x if _size(group) == 1 else _ReduceScatterToSequence.apply(x, group)
+
+
+@_eager
+def gather_for_replicated(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-gather along the sequence forward, this rank's chunk backward: the whole sequence
+    for a module that every TP rank runs whole (a mixture of experts' block under SP),
+    whose output goes back through `scatter_to_sequence` so every rank's backward sees the
+    whole sequence's gradient."""
+    return x if _size(group) == 1 else _GatherForReplicated.apply(x, group)
 
 
 @_eager

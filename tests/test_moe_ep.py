@@ -1,0 +1,362 @@
+"""Expert parallelism: every layout with ep > 1 trains tiny-moe like one device.
+
+Issue 23's acceptance, in fp32 and dropless, for 10 steps: first, on step 0, every token's
+chosen experts in every MoE block equal the single-device ones; then the losses are within
+1e-5 of one device's step by step (the gradient norms too, relatively), for
+
+- dp4 x ep4, dp4 x ep2 with ZeRO-1, dp2 x ep2 x tp2 with ZeRO-2, dp2 x ep2 x pp2 with
+  full recompute (the all-to-alls run again in backward), dp2 x cp2 x ep2 with ZeRO-3 (one
+  launch of 4 ranks);
+- dp2 x ep2 x tp2 (sequence parallel) x pp2 with ZeRO-1 (8 ranks; under SP the MoE block
+  gathers the whole sequence, so the experts see what they see without SP);
+- cp2 x ep2 and dp2 (2 ranks);
+- `paraxis train --model tiny-moe --nproc 4 --dp 4 --ep 4`, the command line end to end.
+
+Checkpoints cross ep: dp4 x ep2 (ZeRO-1) resumes the step-5 checkpoint of dp2 x cp2 x ep2
+(ZeRO-3), dp2 (ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on
+like one device.
+
+The routing statistics are per microbatch step over the dp x cp ranks (moe/layer.py): with
+M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
+one device's reference accumulates over those same token sets (`_reference`).
+
+The all-to-all bytes each rank measures equal `placement.all_to_all_bytes` of the send
+matrix built from the per-expert counts every rank dispatched (four all-to-alls per block:
+dispatch and combine, forward and backward), and the model-state bytes the runtime reports
+are those of the rank's own dense weights and experts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from paraxis.checkpoint import load_checkpoint, save_checkpoint
+from paraxis.config import RunConfig
+from paraxis.context_parallel.chunks import local_part
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.metrics import moe_step_metrics
+from paraxis.model import parameter_shapes
+from paraxis.model_config import PRESETS
+from paraxis.moe.expert_parallel import AllToAllCounter
+from paraxis.moe.layer import MoE
+from paraxis.moe.placement import all_to_all_bytes, send_matrix
+from paraxis.runtime.distributed import ParallelGroups, build_groups
+from paraxis.runtime.parallelize import build_engine
+from paraxis.tensor_parallel.apply import tp_split_dim
+from paraxis.testing import RankContext, as_layout, run_on_ranks
+from paraxis.train import run_training
+
+CFG = PRESETS["tiny-moe"]
+BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
+LOSS_TOL, NORM_TOL = 1e-5, 1e-5
+FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
+        "dp=2,ep=2,pp=2,microbatches=2,recompute=full"]
+EIGHT = ["dp=2,ep=2,tp=2,sp=true,pp=2,microbatches=2,zero=1"]
+# layout -> the layout whose step-5 checkpoint it resumes after its own run (same launch)
+RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2"}
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, CFG.vocab_size, (BATCH, SEQ + 1),
+                           generator=torch.Generator().manual_seed(100 + step))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _share(tensor: torch.Tensor, layout: Layout, dp_rank: int, cp_rank: int) -> torch.Tensor:
+    """The rows of `dp_rank`, and under cp its two chunks of each (what `paraxis train`
+    gives a rank)."""
+    per_dp = BATCH // layout.dp
+    rows = tensor[dp_rank * per_dp:(dp_rank + 1) * per_dp]
+    return local_part(rows, cp_rank, layout.cp) if layout.cp > 1 else rows
+
+
+def _global_microbatch_order(dp: int, micro: int) -> torch.Tensor:
+    """Row order that puts global microbatch m (every dp rank's microbatch m) in one device's
+    m-th chunk of the batch."""
+    per_micro = BATCH // (dp * micro)
+    return torch.tensor([d * (BATCH // dp) + m * per_micro + i for m in range(micro)
+                         for d in range(dp) for i in range(per_micro)])
+
+
+def _record_routing(model: torch.nn.Module) -> dict[str, list[np.ndarray]]:
+    """Each MoE block's chosen experts of every forward while `recording` is on, by the
+    block's single-device name (as numpy arrays: they travel back from the ranks)."""
+    chosen: dict[str, list[np.ndarray]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            key = name[name.index("blocks."):]
+            chosen[key] = []
+
+            def route(tokens: torch.Tensor, layer: MoE = module, key: str = key) -> tuple:
+                weights, picked, probs = MoE.route(layer, tokens)
+                if getattr(layer, "recording", False):
+                    chosen[key].append(picked.detach().numpy().copy())
+                return weights, picked, probs
+
+            module.route = route
+    return chosen
+
+
+def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
+           order: torch.Tensor | None = None, load: str | None = None,
+           save: str | None = None) -> dict:
+    """`steps` of training at `layout`: losses, gradient norms, step 0's routing, and the
+    all-to-all traffic and model-state bytes of this rank."""
+    engine = build_engine(CFG, layout, groups, "cpu", seed=0)
+    if load is not None:
+        load_checkpoint(engine, load, CFG.to_dict(), groups.rank)
+    chosen = _record_routing(engine.model)
+    out: dict = {"losses": [], "norms": [], "chosen": chosen, "memory": engine.memory_report(),
+                 "params": [(n, p.numel()) for n, p in engine.named_parameters()]}
+    for step in steps:
+        x, y = (t if order is None else t[order] for t in _batch(step))
+        x, y = (_share(t, layout, groups.dp_rank, groups.cp_rank) for t in (x, y))
+        for layer in (m for m in engine.model.modules() if isinstance(m, MoE)):
+            layer.recording = step == steps[0]
+        with AllToAllCounter() as counter:
+            loss = engine.forward_backward(x, y)
+        out["losses"].append(loss)
+        out["norms"].append(engine.clip_grad_norm(1.0))
+        engine.optimizer_step(LR)
+        engine.zero_grad()
+        if step == steps[0]:
+            out["traffic"] = ([(e.phase, e.purpose, e.nbytes) for e in counter.events],
+                              counter.dispatched)
+        if save is not None and step + 1 == 5:
+            save_checkpoint(engine, save, 5, CFG.to_dict())
+    return out
+
+
+def _saved(root: str, layout: str) -> str:
+    return f"{root}/{as_layout(layout)}/step-00000005"
+
+
+def _on_ranks(ctx: RankContext, root: str) -> dict:
+    """This layout's 10 steps (saving at step 5), and the resumption `RESUMES` asks for."""
+    result = _train(ctx.layout, ctx.groups, save=f"{root}/{ctx.layout}")
+    result["coords"] = (ctx.groups.dp_rank, ctx.groups.cp_rank, ctx.groups.ep_rank,
+                        ctx.layout.group_of(ctx.rank, "ep"))
+    source = {str(as_layout(k)): v for k, v in RESUMES.items()}.get(str(ctx.layout))
+    if source is not None:
+        result["resumed"] = _train(ctx.layout, ctx.groups, range(5, STEPS),
+                                   load=_saved(root, source))
+    return result
+
+
+_REFERENCES: dict[tuple[int, int], dict] = {}
+
+
+def _reference(layout: Layout) -> dict:
+    """One device's run over the same global microbatches as `layout` (cached)."""
+    key = (layout.dp, layout.microbatches)
+    if key not in _REFERENCES:
+        one = Layout(microbatches=layout.microbatches)
+        with _one_thread():
+            _REFERENCES[key] = _train(one, build_groups(one),
+                                      order=_global_microbatch_order(*key))
+    return _REFERENCES[key]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One thread, as each rank has: this tiny model runs several times slower on two
+    threads when the machine's cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
+    """This rank's chosen experts on step 0 are one device's for the same tokens."""
+    dp_rank, cp_rank = result["coords"][:2]
+    micro, per_dp = layout.microbatches, BATCH // layout.dp
+    assert result["chosen"], "no MoE block on this rank"
+    for name, calls in result["chosen"].items():
+        wanted = []
+        for m in range(micro):
+            want = torch.from_numpy(reference["chosen"][name][m])
+            want = want.view(layout.dp, per_dp // micro, SEQ, -1)[dp_rank]
+            if layout.cp > 1:
+                want = local_part(want, cp_rank, layout.cp)
+            wanted.append(want.reshape(-1, CFG.top_k))
+        if layout.recompute == "full":  # each microbatch routed again in its backward
+            assert len(calls) == 2 * micro, name
+            assert all(any(torch.equal(torch.from_numpy(c), w) for w in wanted)
+                       for c in calls), f"{layout} {name}"
+            assert all(any(torch.equal(torch.from_numpy(c), w) for c in calls)
+                       for w in wanted), f"{layout} {name}"
+            continue
+        assert len(calls) == micro, name
+        for m, picked in enumerate(calls):
+            assert torch.equal(torch.from_numpy(picked), wanted[m]), \
+                f"{layout} {name} microbatch {m}"
+
+
+def _assert_losses(what: str, result: dict, reference: dict, first: int = 0) -> None:
+    want_losses = reference["losses"][first:]
+    want_norms = reference["norms"][first:]
+    assert len(result["losses"]) == len(want_losses), what
+    worst = max(abs(a - b) for a, b in zip(result["losses"], want_losses, strict=True))
+    assert worst <= LOSS_TOL, f"{what}: losses differ by {worst:.2e}"
+    norms = max(abs(a / b - 1) for a, b in zip(result["norms"], want_norms, strict=True))
+    assert norms <= NORM_TOL, f"{what}: gradient norms differ by {norms:.2e} (relative)"
+
+
+def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
+    """Bytes each rank sent in step 0's all-to-alls equal the placement's count from the
+    per-expert counts every rank of its EP group dispatched, forward by forward (under full
+    recompute each microbatch's forward runs twice, its backward once)."""
+    bytes_per_row = CFG.d_model * 4
+    passes = 2 if layout.recompute == "full" else 1
+    for rank, result in enumerate(by_rank):
+        events, _ = result["traffic"]
+        group = result["coords"][3]
+        me = group.index(rank)
+        dispatched = [by_rank[r]["traffic"][1] for r in group]
+        forwards = len(dispatched[0])
+        assert forwards == passes * layout.microbatches * len(result["chosen"])
+        sent = received = 0
+        for j in range(forwards):
+            sends = send_matrix([counts[j] for counts in dispatched], layout.ep)
+            sent += all_to_all_bytes(sends, CFG.d_model, 4)[me]
+            received += sum(row[me] for i, row in enumerate(sends) if i != me) * bytes_per_row
+        measured = {(phase, purpose): sum(n for p, q, n in events if (p, q) == (phase, purpose))
+                    for phase in ("forward", "backward") for purpose in ("dispatch", "combine")}
+        assert measured == {("forward", "dispatch"): sent,
+                            ("backward", "combine"): sent // passes,
+                            ("forward", "combine"): received,
+                            ("backward", "dispatch"): received // passes}
+    total = sum(sum(n for *_, n in r["traffic"][0]) for r in by_rank)
+    per_block = sum(sum(all_to_all_bytes(send_matrix(
+        [by_rank[r]["traffic"][1][j] for r in group], layout.ep), CFG.d_model, 4))
+        for group in layout.groups("ep") for j in range(len(by_rank[group[0]]["traffic"][1])))
+    # dispatch and combine, forward and backward: 4 per block and microbatch (recompute: 6)
+    assert total * passes == (2 * passes + 2) * per_block
+
+
+def _assert_memory(layout: Layout, result: dict) -> None:
+    """Parameter bytes are the rank's dense weights (a TP slice) plus its n_experts/ep experts
+    whole, or under ZeRO-3 its shard of them; AdamW's two moments cover the rank's shard
+    (ZeRO-1/2/3: dense weights over dp*cp ranks, experts over the dp*cp/ep holding them)."""
+    names = dict(result["params"])
+    experts = [n for n in names if ".experts." in n]
+    assert len({n.split(".experts.")[1].split(".")[0] for n in experts}) == CFG.n_experts \
+        // layout.ep
+    whole = sum(names.values())
+    dense = sum(v for n, v in names.items() if ".experts." not in n)
+    shard = dense / (layout.dp * layout.cp) + (whole - dense) / (layout.dp * layout.cp
+                                                                 // layout.ep)
+    pad = 64 * 4  # a few elements of padding per ZeRO unit
+    if layout.zero == 3:
+        assert abs(result["memory"]["params"] - 4 * shard) <= pad
+    else:
+        assert result["memory"]["params"] == 4 * whole
+    state = 2 * whole if layout.zero == 0 else 2 * shard
+    assert abs(result["memory"]["optimizer"] - 4 * state) <= 2 * pad + 4 * 1024  # + steps
+
+
+@pytest.mark.parametrize("layouts", [FOUR, EIGHT, ["cp=2,ep=2", "dp=2"]],
+                         ids=["4-ranks", "8-ranks", "2-ranks"])
+def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
+    results = run_on_ranks(layouts, _on_ranks, str(tmp_path), timeout_s=400)
+    for text, by_rank in zip(layouts, results, strict=True):
+        layout = as_layout(text)
+        reference = _reference(layout)
+        for result in by_rank:
+            _assert_routing(layout, result, reference)
+        assert all(r["losses"] == by_rank[0]["losses"] for r in by_rank), text
+        _assert_losses(text, by_rank[0], reference)
+        if layout.ep > 1:
+            _assert_traffic(layout, by_rank)
+            for result in by_rank:
+                _assert_memory(layout, result)
+        if "resumed" in by_rank[0]:  # another ep's checkpoint, here and on one device
+            what = f"{RESUMES[text]} checkpoint at {text}"
+            _assert_losses(what, by_rank[0]["resumed"], _reference(Layout()), 5)
+            with _one_thread():
+                one = _train(Layout(), build_groups(Layout()), range(5, STEPS),
+                             load=_saved(str(tmp_path), RESUMES[text]))
+            _assert_losses(f"{RESUMES[text]} checkpoint on one device", one,
+                           _reference(Layout()), 5)
+
+
+def test_cli_dp4_ep4_matches_one_device(tmp_path):
+    flags = dict(model="tiny-moe", seq_len=SEQ, steps=STEPS, global_batch=BATCH, warmup=2,
+                 eval_every=0, device="cpu", quiet=True)
+    with _one_thread():  # in this process: no start-up cost
+        one = run_training(RunConfig.from_flags(**flags))
+    metrics = tmp_path / "ep4.jsonl"
+    command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "4", "--ep",
+               "4", "--metrics-file", str(metrics)]
+    for key, value in flags.items():
+        command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ep4 = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(ep4) == len(one) == STEPS
+    for a, b in zip(one, ep4, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= LOSS_TOL, (a["step"], a["loss"], b["loss"])
+        # the metrics: every expert's tokens of the global batch, and the aux loss
+        assert a["expert_tokens"] == b["expert_tokens"], a["step"]
+        assert a["aux_loss"] == pytest.approx(b["aux_loss"], abs=1e-6)
+    counts = ep4[0]["expert_tokens"]
+    assert len(counts) == CFG.n_moe_layers
+    assert all(sum(row) == BATCH * SEQ * CFG.top_k for row in counts)
+
+
+def test_bad_expert_layouts_are_one_line_errors():
+    for layout, model, message in (
+            (Layout(dp=2, ep=2), PRESETS["tiny-llama"], "needs a mixture-of-experts model"),
+            (Layout(dp=3, ep=3), CFG, "must divide the number of experts")):
+        with pytest.raises(ParaxisError, match=message) as error:
+            layout.validate(model=model)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ParaxisError, match="must divide dp\\*cp"):
+        Layout.parse("dp=4,ep=3")
+
+
+def test_layout_expert_groups(tmp_path):
+    layout = Layout(dp=4, tp=2, ep=2)
+    assert layout.groups("ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert layout.groups("expert_dp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert str(layout) == "dp=4,tp=2,pp=1,ep=2,zero=0"
+    assert Path(tmp_path).exists()
+
+
+def test_the_tp_plan_splits_no_moe_weight():
+    """Experts, router and shared experts stay whole on every TP rank (the MoE block is
+    replicated over tp); the dense blocks' MLPs are still split."""
+    names = parameter_shapes(PRESETS["tiny-moe-shared"])
+    moe = [n for n in names if ".moe." in n]
+    assert moe and all(tp_split_dim(n) is None for n in moe)
+    assert tp_split_dim("blocks.0.mlp.up.weight") == 0  # tiny-moe-shared's dense block
+
+
+def test_step_metrics_count_each_microbatch_once_under_full_recompute():
+    """Counted as backward passes a block: full recompute runs its forward twice, the
+    count stays one per microbatch (and evaluation counts nothing)."""
+    figures = []
+    with _one_thread():
+        for recompute in ("none", "full"):
+            layout = Layout(microbatches=2, recompute=recompute)
+            groups = build_groups(layout)
+            engine = build_engine(CFG, layout, groups, "cpu", seed=0)
+            engine.forward_backward(*_batch(0))
+            engine.evaluate(*_batch(1))
+            figures.append(moe_step_metrics(engine.model, groups, CFG))
+    assert figures[0] == figures[1]
+    assert all(sum(row) == BATCH * SEQ * CFG.top_k for row in figures[0]["expert_tokens"])
+    assert figures[0]["aux_loss"] > 0
