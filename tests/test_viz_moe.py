@@ -76,3 +76,20 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
     dense = write_report(tmp_path / "d.html", model="llama2-7b", gpus=8,
                          layout="dp=8", global_batch=64, seq_len=4096).read_text()
     assert "Mixture of experts" not in dense
+
+
+def test_report_of_an_expert_parallel_run_draws_its_expert_load(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "paraxis", "train", "--model", "tiny-moe",
+                    "--steps", "3", "--seq-len", "32", "--nproc", "2", "--dp", "2", "--ep",
+                    "2", "--metrics-file", str(run / "metrics.jsonl")], check=True,
+                   capture_output=True, timeout=300)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(r["expert_tokens"]) == 4 for r in records)  # one list per MoE block
+    assert main(["report", "--run", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert "expert load of the run" in html and "dispatch all-to-all" in html
