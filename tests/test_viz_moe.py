@@ -73,6 +73,7 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
                         layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
     assert "each rank holds 1 experts" in html
+    assert "too large to build here" in html  # routing: `paraxis experts` on a checkpoint
     dense = write_report(tmp_path / "d.html", model="llama2-7b", gpus=8,
                          layout="dp=8", global_batch=64, seq_len=4096).read_text()
     assert "Mixture of experts" not in dense
@@ -93,3 +94,4 @@ def test_report_of_an_expert_parallel_run_draws_its_expert_load(tmp_path: Path) 
     assert main(["report", "--run", str(run), "--out", str(tmp_path / "r.html")]) == 0
     html = (tmp_path / "r.html").read_text()
     assert "expert load of the run" in html and "dispatch all-to-all" in html
+    assert "Block 0's routing" in html and "initial weights" in html

@@ -5,7 +5,9 @@ The all-to-all is drawn from `paraxis.moe.placement` (the function the runtime c
 traffic with and the planner prices) at perfect balance, next to the planner's seconds for
 it; the run's per-expert token counts come from its metrics (`expert_tokens`, one list per
 MoE block, counted over the global batch). The routing of single tokens needs the model
-itself: `paraxis experts --model <checkpoint> --out DIR` draws it.
+itself: drawn from the run's newest checkpoint when its folder holds one, else from the
+model's initial weights for a model small enough to build here (`paraxis experts` draws it
+for any checkpoint).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK
 from paraxis.report.text import duration
 from paraxis.viz.html import figure
-from paraxis.viz.moe import plot_all_to_all, plot_expert_load
+from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
 from paraxis.viz.style import figure_data_uri
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
             f"{ALL_TO_ALLS_PER_BLOCK} such all-to-alls per block and microbatch "
             f"(dispatch, combine, and both again in backward): {duration(priced)} a step "
             "in the plan."))
+    parts.append(_routing(plan, run))
     step_counts = [r["expert_tokens"] for r in run.records if r.get("expert_tokens")] \
         if run is not None else []
     if step_counts:
@@ -55,6 +58,32 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
             "each step's busiest expert over the mean: under expert parallelism the step "
             "waits for the rank holding the busiest experts."))
     return ("experts", "Mixture of experts", "".join(parts))
+
+
+ROUTED_MODEL_LIMIT = 1e9  # parameters: larger models are not built to draw their routing
+
+
+def _routing(plan: Plan, run: MeasuredRun | None) -> str:
+    from paraxis.checkpoint.manifest import complete_checkpoints
+    from paraxis.moe.command import route_batch
+
+    cfg = plan.cfg
+    found = [] if run is None else [d for root in (run.folder, run.folder / "checkpoints")
+                                    for _, d in complete_checkpoints(root)]
+    if found:
+        source, what = str(found[-1]), f"the run's checkpoint {found[-1].name}"
+    elif cfg.num_params() <= ROUTED_MODEL_LIMIT:
+        source, what = plan.inputs.model or cfg.name, "the model's initial weights (seed 0)"
+    else:
+        return ("<p>Routing of single tokens: `paraxis experts --model CHECKPOINT --out DIR` "
+                "draws it for a trained model (this one is too large to build here).</p>")
+    _, routes = route_batch(source, batch=1, seq_len=min(plan.seq_len, 24))
+    block = min(routes)
+    chosen, weights = routes[block]
+    return figure(figure_data_uri(plot_routing(chosen, weights, cfg.n_experts, plan.layout.ep)),
+                  "routing", f"Block {block}'s routing of the first tokens of the embedded "
+                  f"text, by {what}: each token's top {cfg.top_k} experts and their weights, "
+                  "and the tokens each expert received.")
 
 
 def _tokens_per_rank(plan: Plan) -> int:
