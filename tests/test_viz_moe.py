@@ -94,4 +94,4 @@ def test_report_of_an_expert_parallel_run_draws_its_expert_load(tmp_path: Path) 
     assert main(["report", "--run", str(run), "--out", str(tmp_path / "r.html")]) == 0
     html = (tmp_path / "r.html").read_text()
     assert "expert load of the run" in html and "dispatch all-to-all" in html
-    assert "Block 0's routing" in html and "initial weights" in html
+    assert "routing of the first tokens" in html and "initial weights" in html
