@@ -12,9 +12,12 @@ chosen experts in every MoE block equal the single-device ones; then the losses 
 - cp2 x ep2 and dp2 (2 ranks);
 - `paraxis train --model tiny-moe --nproc 4 --dp 4 --ep 4`, the command line end to end.
 
-Checkpoints cross ep: dp4 x ep2 (ZeRO-1) resumes the step-5 checkpoint of dp2 x cp2 x ep2
-(ZeRO-3), dp2 (ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on
-like one device.
+Checkpoints cross ep, tp, pp and dp: dp4 x ep2 (ZeRO-1), dp2 x ep2 x tp2 (ZeRO-2) and
+dp2 x ep2 x pp2 resume the step-5 checkpoint of dp2 x cp2 x ep2 (ZeRO-3), dp2 (ep = 1)
+resumes cp2 x ep2's, and one device resumes both, each going on like one device (pp2, with
+2 microbatches, like one device resuming over the same global microbatches). The ZeRO-3
+checkpoint also exports to a Mixtral directory whose logits in transformers are one
+device's of the checkpoint.
 
 The routing statistics are per microbatch step over the dp x cp ranks (moe/layer.py): with
 M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
@@ -22,8 +25,12 @@ one device's reference accumulates over those same token sets (`_reference`).
 
 The all-to-all bytes each rank measures equal `placement.all_to_all_bytes` of the send
 matrix built from the per-expert counts every rank dispatched (four all-to-alls per block:
-dispatch and combine, forward and backward), and the model-state bytes the runtime reports
-are those of the rank's own dense weights and experts.
+dispatch and combine, forward and backward), and the planner's
+`plan.experts.measured_all_to_all_bytes` of those counts; under a capacity factor that
+every expert overflows, they equal the planner's `dispatch_bytes` without any counts. The
+model-state bytes the runtime reports are those of the rank's own dense weights and
+experts, and the planner's fp32 states of the layout (`_assert_states` names the two
+things the planner leaves out).
 """
 
 from __future__ import annotations
