@@ -118,6 +118,9 @@ class CheckpointSection:
     init_from: str | None = option(None, "start from these weights (a paraxis checkpoint or a "
                                    "Hugging Face folder); optimizer and schedule start fresh",
                                    "--init-from")
+    allow_changes: bool = option(False, "resume even with another global batch, sequence "
+                                 "length, seed or data than the checkpoint's",
+                                 "--allow-resume-changes")
 
 
 @dataclass(frozen=True)

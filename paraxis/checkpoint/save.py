@@ -35,6 +35,9 @@ from paraxis.checkpoint.manifest import (
     sha256_of,
     step_dir_name,
 )
+from paraxis.checkpoint.ownership import still_held, write_identity
+from paraxis.errors import RunFailed
+from paraxis.runtime.watchdog import WATCH
 
 if TYPE_CHECKING:
     from paraxis.runtime.engine import Engine
@@ -68,17 +71,24 @@ def _groups(entries: list[Entry], limit: int) -> list[list[Entry]]:
 
 def save_checkpoint(engine: Engine, root: str | Path, step: int,
                     model: dict[str, Any], config_toml: str = "", keep: int = 0,
-                    extra: dict[str, Any] | None = None) -> Path:
+                    extra: dict[str, Any] | None = None,
+                    run: dict[str, Any] | None = None) -> Path:
     """Write the engine's state as checkpoint `root/step-<step>`; collective. Returns its path.
 
     model: the ModelConfig as a dict (checked on load); extra: small JSON facts to keep
-    (data position, ...); keep: how many complete checkpoints to retain (0: all).
+    (data position, ...); keep: how many complete checkpoints to retain (0: all; with `run`,
+    only that run's own are ever pruned); run: the run that holds the folder ({"id", "token",
+    "facts"}, `runtime/claim.py`): the save refuses if the folder's lock is no longer its
+    own, and its first checkpoint records the run as the folder's owner.
     """
     root = Path(root)
     rank = dist.get_rank() if dist.is_initialized() else 0
     final = root / step_dir_name(step)
     tmp = root / (final.name + ".tmp")
     if rank == 0:
+        if run is not None and run.get("token") and not still_held(root, run["token"]):
+            raise RunFailed(f"checkpoint folder {root} is no longer this run's (its lock was "
+                            "taken over while this run was silent); stopping without saving")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -118,9 +128,12 @@ def save_checkpoint(engine: Engine, root: str | Path, step: int,
             "loss_scaler": (engine.loss_scaler.state_dict() if engine.loss_scaler is not None
                             else None),
             **(extra or {}),
+            **({"run": {"id": run["id"]}} if run else {}),
         }
         commit(tmp, final, manifest, config_toml)
-        prune(root, keep)
+        if run is not None:
+            write_identity(root, run["id"], run.get("facts"))
+        prune(root, keep, run["id"] if run else None)
     _barrier()
     return final
 
@@ -141,11 +154,22 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -
     _fsync_dir(final.parent)
 
 
-def prune(root: Path, keep: int) -> None:
+def prune(root: Path, keep: int, run_id: str | None = None) -> None:
+    """Delete all but the newest `keep` complete checkpoints: of run `run_id` alone when
+    given (another run's checkpoints, or ones that name no run, are never touched)."""
     if keep <= 0:
         return
-    for _, directory in complete_checkpoints(root)[:-keep]:
+    mine = [directory for _, directory in complete_checkpoints(root)
+            if run_id is None or _run_of(directory) == run_id]
+    for directory in mine[:-keep]:
         shutil.rmtree(directory)
+
+
+def _run_of(directory: Path) -> str | None:
+    try:
+        return (json.loads((directory / MANIFEST).read_text()).get("run") or {}).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -175,13 +199,16 @@ def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
     if not dist.is_initialized():
         return [mine]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
+    with WATCH.waiting("all_gather_object (checkpoint save)"):
+        dist.all_gather_object(out, mine)
     return out
 
 
 def _barrier() -> None:
+    """Watched like every other wait: a rank dying mid-save is one line naming it."""
     if dist.is_initialized():
-        dist.barrier()
+        with WATCH.waiting("barrier (checkpoint save)"):
+            dist.barrier()
 
 
 def _maybe_die(step: int, rank: int) -> None:
