@@ -65,6 +65,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.runtime.heartbeat import start_heartbeat
     from paraxis.runtime.nan_policy import NumericalFault
     from paraxis.runtime.parallelize import build_engine
+    from paraxis.runtime.preemption import Preempted
     from paraxis.runtime.resume import start_step, write_config
 
     cfg.check()
@@ -110,8 +111,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                 heartbeat.stop()
         clean = True
         return records
-    except NumericalFault:
-        clean = True  # every rank stops at the same step (nan_policy.py)
+    except (NumericalFault, Preempted):
+        clean = True  # every rank stops at the same step (nan_policy.py, preemption.py)
         raise
     finally:
         # After any other failure some rank may be gone or stuck: a barrier would only wait
@@ -125,11 +126,13 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
           claim: Claim | None = None) -> list[dict]:
+    from paraxis.checkpoint.manifest import step_dir_name
     from paraxis.metrics import MetricsSink, device_peak_flops, over_ranks, peak_memory_bytes
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
     from paraxis.runtime import faults
     from paraxis.runtime.nan_policy import NumericalFault, nonfinite, skip_message, stop_message
+    from paraxis.runtime.preemption import Preempted, StopRequest
     from paraxis.runtime.resume import save, save_due, trim_metrics
     from paraxis.runtime.watchdog import WATCH
 
@@ -146,7 +149,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
         if rank == 0 else None
     show = rank == 0 and not log.quiet
-    with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
+    with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress, \
+            StopRequest() as stop:  # SIGTERM/SIGHUP/SIGINT: save and stop (preemption.py)
         for step in range(start_step, train.steps):
             started = time.perf_counter()
             WATCH.begin_step(step)
@@ -191,8 +195,12 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
             if sink:
                 sink.write(record)
             progress.update(step, record, log=logging)
-            if save_due(cfg, done):
+            signum = stop.agreed(device)  # every rank stops at the same step, or none
+            if save_due(cfg, done) or (signum and cfg.checkpoint.dir):
                 save(cfg, engine, model_cfg, done, claim)
+            if signum:
+                raise Preempted(signum, done, cfg.checkpoint.dir and str(
+                    Path(cfg.checkpoint.dir) / step_dir_name(done)))
             if done == cfg.checkpoint.exit_after:
                 break
     if sink:

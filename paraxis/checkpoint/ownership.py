@@ -115,14 +115,14 @@ def _write_atomically(path: Path, record: dict[str, Any]) -> None:
 
 def owner_state(holder: dict[str, Any], timeout_s: float) -> str:
     """"alive", "dead" (no such process on this host) or "silent" (no beat for timeout_s)."""
-    if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
+    if holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", 0))):
         return "dead"
     if time.time() - float(holder.get("beat", 0)) > timeout_s:
         return "silent"
     return "alive"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
