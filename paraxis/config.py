@@ -39,6 +39,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, Layout
 from paraxis.options import option
 from paraxis.precision import POLICIES as PRECISIONS
+from paraxis.run_checks import check_late_failures
 from paraxis.runtime.nan_policy import POLICIES
 from paraxis.schedules import check_compile
 
@@ -161,7 +162,13 @@ class RunConfig:
         if unknown:
             raise TypeError(f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(FLAGS)}")
         layout = flags.pop("layout", self.layout)
-        layout = Layout.parse(layout) if isinstance(layout, str) else layout
+        if isinstance(layout, str):
+            keys = [item.partition("=")[0].strip() for item in layout.split(",") if item.strip()]
+            repeated = sorted({key for key in keys if keys.count(key) > 1})
+            if repeated:
+                raise ParaxisError(f"layout {layout!r} sets {', '.join(repeated)} more than "
+                                   "once; give each key once")
+            layout = Layout.parse(layout)
         accum = flags.pop("grad_accum", None)
         if accum is not None:
             if accum < 1:
@@ -232,6 +239,7 @@ class RunConfig:
                                f"{' or '.join(POLICIES)}")
         if self.logging.metrics_file:
             check_writable(Path(self.logging.metrics_file), "--metrics-file")
+        check_late_failures(self)
 
 
 def check_writable(path: Path, flag: str) -> None:

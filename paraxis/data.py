@@ -100,6 +100,23 @@ def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
     return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
 
 
+CHUNK_TOKENS = 1 << 24  # 16M tokens (32 MB of uint16) per pass of the vocabulary check
+
+
+def largest_token(tokens: np.ndarray) -> tuple[int, int]:
+    """The largest id in the whole array and its first position, one vectorized max per
+    16M-token chunk (a memory-mapped file is read once, in order: 1 GB of uint16 in 0.09 s
+    from the page cache here), so an id beyond the vocabulary anywhere fails before
+    training, not mid-run."""
+    top, where = -1, 0
+    for lo in range(0, len(tokens), CHUNK_TOKENS):
+        chunk = np.asarray(tokens[lo:lo + CHUNK_TOKENS])
+        peak = int(chunk.max())
+        if peak > top:
+            top, where = peak, lo + int(chunk.argmax())
+    return top, where
+
+
 @dataclass
 class TokenData:
     """A 1-D array of token ids with a held-out tail for evaluation."""
@@ -164,11 +181,11 @@ class TokenData:
         if len(self.tokens) < needed / (1 - self.val_fraction) + seq_len + 1:
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
                                f"seq_len {seq_len}; give more data or a shorter --seq-len")
-        top = int(self.tokens[: 1_000_000].max())
+        top, where = largest_token(self.tokens)
         if top >= vocab_size:
-            raise ParaxisError(f"data {self.name} holds token id {top} but the model's vocabulary "
-                               f"is {vocab_size}; check --data-dtype or --tokenizer, or choose a "
-                               "model whose vocabulary covers the data")
+            raise ParaxisError(f"data {self.name} holds token id {top} (at token {where:,}) but "
+                               f"the model's vocabulary is {vocab_size}; check --data-dtype or "
+                               "--tokenizer, or choose a model whose vocabulary covers the data")
 
     @property
     def split_at(self) -> int:
