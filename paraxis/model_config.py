@@ -300,7 +300,8 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         except (ValueError, UnicodeDecodeError) as error:
             raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
                                "fix the file or give a preset name") from None
-        data = data.get("model", data)
+        if isinstance(data, dict):
+            data = data.get("model", data)
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,24 +83,24 @@ def facts_of(cfg: RunConfig, data: TokenData) -> dict[str, Any]:
 
 def claim_folder(cfg: RunConfig, data: TokenData, rank: int = 0, world: int = 1
                  ) -> Claim | None:
-    """Claim --checkpoint-dir for this run (None without one); collective when world > 1."""
-    if not cfg.checkpoint.dir:
-        return None
+    """Create the run's output folders and claim --checkpoint-dir for this run (None without
+    one), before the first step; collective when world > 1."""
     held = os.environ.get(LOCK_ENV)
     if held:
         return Claim(**json.loads(held))
     if world == 1:
-        return _claim(cfg, facts_of(cfg, data))
+        return _prepare(cfg, data)
     import torch.distributed as dist
 
     from paraxis.runtime.watchdog import WATCH
 
-    outcome: list[Any] = [None]
+    outcome: list[Any] = [{}]
     claim = None
     if rank == 0:
         try:
-            claim = _claim(cfg, facts_of(cfg, data))
-            outcome = [{"run_id": claim.run_id, "token": claim.token, "facts": claim.facts}]
+            claim = _prepare(cfg, data)
+            if claim is not None:
+                outcome = [{"run_id": claim.run_id, "token": claim.token, "facts": claim.facts}]
         except ParaxisError as error:
             outcome = [{"error": str(error)}]
     with WATCH.waiting("broadcast (checkpoint folder claim)"):
@@ -108,7 +109,28 @@ def claim_folder(cfg: RunConfig, data: TokenData, rank: int = 0, world: int = 1
         error = ParaxisError(outcome[0]["error"])
         error.same_on_every_rank = True  # rank 0 says it; every rank exits with code 2
         raise error
-    return claim if claim is not None else Claim(**outcome[0])
+    if claim is not None or not outcome[0]:
+        return claim
+    return Claim(**outcome[0])
+
+
+def _prepare(cfg: RunConfig, data: TokenData) -> Claim | None:
+    """The TensorBoard folder (created now, so a path that cannot be one fails before
+    training), then the checkpoint folder's claim."""
+    if cfg.logging.tensorboard:
+        try:
+            Path(cfg.logging.tensorboard).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ParaxisError(f"--tensorboard {cfg.logging.tensorboard} cannot be created "
+                               f"({error.strerror}); choose another folder") from None
+    if not cfg.checkpoint.dir:
+        return None
+    try:
+        return _claim(cfg, facts_of(cfg, data))
+    except OSError as error:
+        raise ParaxisError(f"--checkpoint-dir {cfg.checkpoint.dir} cannot be used "
+                           f"({error.strerror}: {error.filename}); choose another "
+                           "folder") from None
 
 
 def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
@@ -122,6 +144,7 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
         if restart_attempt() == 0:
             _check_same_run(cfg, source, manifest, facts)
     _check_owner(folder, run_id, source)  # before touching anything
+    _check_space(cfg, folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = _take_lock(cfg, folder, run_id, source is not None)
     try:
@@ -148,6 +171,23 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
         raise ParaxisError(f"checkpoint folder {folder} already holds checkpoints (step-"
                            f"{saved[0][0]}..{saved[-1][0]}); continue them with --resume auto, "
                            "or give an empty --checkpoint-dir")
+
+
+def _check_space(cfg: RunConfig, folder: Path) -> None:
+    """One checkpoint must fit: parameters and AdamW's two moments, 4 bytes each (fp32
+    masters under every precision policy), in the free space of the folder's disk."""
+    from paraxis.model_config import load_model_config
+
+    need = 12 * load_model_config(cfg.model.name).num_params()
+    existing = folder
+    while not existing.exists():  # the folder may not exist yet: its disk does
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise ParaxisError(f"checkpoint folder {folder} has {free / 1e9:.3g} GB free but one "
+                           f"checkpoint of this model takes about {need / 1e9:.3g} GB "
+                           "(parameters and AdamW moments in fp32); free space or choose "
+                           "another --checkpoint-dir")
 
 
 def _take_lock(cfg: RunConfig, folder: Path, run_id: str, resuming: bool) -> FolderLock:
