@@ -148,3 +148,15 @@ def test_a_resume_with_other_batch_seed_or_data_says_which_and_needs_a_flag(fold
                             "--allow-resume-changes"], folder, False)
     assert code == 0, stderr
     assert "warning: resuming ck/step-00000003 with --seed 1 (checkpoint: 0)" in stderr
+
+
+def test_metrics_logged_after_the_resumed_checkpoint_are_dropped(tmp_path):
+    """A run killed during the save of step 5 logged steps 3 and 4 after its step-3
+    checkpoint; resuming there must not log them twice (and a line cut short goes too)."""
+    from paraxis.runtime.resume import trim_metrics
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5))
+                    + '{"step": 5, "lo')
+    trim_metrics(path, 3)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]

@@ -135,16 +135,32 @@ class Heartbeat(threading.Thread):
 
 
 def describe_stall(stalled: list[tuple[int, dict]]) -> str:
-    """One line naming the stalled ranks, those not waiting on anyone first."""
-    step = min((b["step"] for _, b in stalled if b["step"] is not None), default=None)
+    """One line naming the stalled ranks: the silent ones (no heartbeat: stopped, frozen or
+    gone) first, then those in no communication call, then the ones waiting on them.
+
+    A silent rank's last beat may be a few steps old (beats are seconds apart, steps may be
+    faster), while its peers wait for it in the step it stopped at: its step is the later of
+    the two. The line's step is the step the run is stuck in (the latest of them)."""
+    waiting_steps = [b["step"] for _, b in stalled if b["waiting"] and not b.get("silent")
+                     and b["step"] is not None]
+    steps = [b["step"] for _, b in stalled if b["step"] is not None]
+    step = max(steps, default=None)
     parts: list[str] = []
-    culprits = [(r, b) for r, b in stalled if not b["waiting"]]
-    for rank, beat in culprits:
-        state = "silent (no heartbeat)" if beat.get("silent") else "not in a communication call"
-        parts.append(f"rank {rank} no progress for {beat['idle_s']:.0f} s ({state})")
+    for rank, beat in stalled:
+        if beat.get("silent") and beat["waiting"]:
+            stopped = max([beat["step"], *waiting_steps]) if beat["step"] is not None else None
+            at = f", stopped at step {stopped}" if stopped is not None else ""
+            parts.append(f"rank {rank} silent (no heartbeat) for {beat['idle_s']:.0f} s{at} "
+                         f"(last seen waiting on {beat['waiting']})")
+    for rank, beat in stalled:
+        if not beat["waiting"]:
+            state = ("silent (no heartbeat)" if beat.get("silent")
+                     else "not in a communication call")
+            at = f" at step {beat['step']}" if beat["step"] not in (step, None) else ""
+            parts.append(f"rank {rank} no progress for {beat['idle_s']:.0f} s{at} ({state})")
     by_wait: dict[str, list[int]] = {}
     for rank, beat in stalled:
-        if beat["waiting"]:
+        if beat["waiting"] and not beat.get("silent"):
             by_wait.setdefault(beat["waiting"], []).append(rank)
     for waiting, ranks in by_wait.items():
         longest = max(b["idle_s"] for r, b in stalled if r in ranks)
