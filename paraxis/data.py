@@ -131,6 +131,9 @@ class TokenData:
         """`None` or "embedded" -> the stdlib corpus; a `.bin` file -> memory-mapped token ids
         (the nanoGPT format); a `.txt` file or a folder of them -> text, byte-tokenised or
         tokenised by `tokenizer` (a Hugging Face tokenizer.json) when given."""
+        if dtype not in TOKEN_DTYPES:
+            raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
+                               f"{', '.join(TOKEN_DTYPES)}")
         if source in (None, "", "embedded"):
             if tokenizer:
                 text = embedded_corpus().tobytes().decode("utf-8", errors="replace")
@@ -146,9 +149,6 @@ class TokenData:
                                "text data only, leave it out")
         if path.is_dir() or path.suffix != ".bin":
             return cls._text(path, load_tokenizer(tokenizer))
-        if dtype not in TOKEN_DTYPES:
-            raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
-                               f"{', '.join(TOKEN_DTYPES)}")
         itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         size = path.stat().st_size
         if size == 0:

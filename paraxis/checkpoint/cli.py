@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 
 
@@ -47,8 +48,14 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "export-hf":
         print(f"wrote {export_hf(args.source, args.destination)}")
         return 0
+    from paraxis.model_config import ModelConfig
+
     reader = CheckpointReader(args.path)
     manifest = reader.manifest
+    ModelConfig.from_dict(manifest["model"], source=str(reader.directory / "manifest.json"))
+    problems = reader.verify()  # every file's size and checksum: info vouches for them
+    if problems:
+        raise ParaxisError(problems[0])
     summary = {"path": str(reader.directory), "step": manifest["step"],
                "layout": manifest["layout"], "world_size": manifest["world_size"],
                "model": manifest["model"].get("name"),
