@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -261,4 +262,4 @@ def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
 def _maybe_die(step: int, rank: int) -> None:
     spec = os.environ.get(FAIL_ENV)
     if spec and spec == f"{step}:{rank}":
-        os._exit(17)
+        os.kill(os.getpid(), signal.SIGKILL)  # a node lost between shard files and manifest
