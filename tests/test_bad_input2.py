@@ -60,6 +60,11 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "step is None, not a whole number", "use an earlier checkpoint", SUB),
     ("info-smaller-shape", ["checkpoint", "info", "small_shape"],
      "has range 0..16384 outside its slice of 8192", "use an earlier checkpoint", False),
+    ("convert-into-a-file", ["checkpoint", "convert", GOOD, "a_file.txt/out", "--layout",
+                             "dp=1"], "the destination a_file.txt/out cannot be written",
+     "choose another path", False),
+    ("export-hf-into-a-file", ["checkpoint", "export-hf", GOOD, "a_file.txt/hf"],
+     "the destination a_file.txt/hf cannot be written", "choose another path", False),
     # --- planner and calculators
     ("plan-gpus-per-node-0", ["plan", "--model", "tiny", "--gpus", "8", "--gpus-per-node",
                               "0"], "--gpus-per-node 0", "must be at least 1", SUB),
