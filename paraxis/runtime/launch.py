@@ -188,6 +188,8 @@ def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSign
         except queue.Empty:
             pass
         codes = [p.exitcode for p in processes]
+        if all(code == 0 for code in codes):  # done (a signal that came too late changes nothing)
+            return returned if received else results.get(timeout=timeout_s)[1]
         if signals.signum or any(code not in (None, 0) for code in codes):
             _wait_for_the_rest(processes, results, said, signals)
             if said:  # bad input or a preemption: the same line from every rank, once
@@ -195,11 +197,11 @@ def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSign
                 error.exit_code = max(said.values())
                 raise error
             if signals.signum:
-                raise ParaxisError(f"stopped by {signal.Signals(signals.signum).name} before "
-                                   f"the ranks started training; nothing was saved")
+                error = ParaxisError(f"stopped by {signal.Signals(signals.signum).name} "
+                                     "before the ranks started training; nothing was saved")
+                error.exit_code = 128 + signals.signum
+                raise error
             raise RunFailed(failure_summary([p.exitcode for p in processes]))
-        if all(code == 0 for code in codes):
-            return returned if received else results.get(timeout=timeout_s)[1]
 
 
 def _wait_for_the_rest(processes: list, results: Queue, said: dict[str, int],
