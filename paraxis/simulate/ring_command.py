@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 
 # The largest ring worth watching step by step (16 ranks print in seconds; the work grows as
-# N^3: `paraxis ring --ranks 64` took 246 s and 1.1 GB here, 256 ranks 23 GB).
+# N^3: `/usr/bin/time -f "%e s %M KB" paraxis ring --ranks 64` took 246 s and 1.1 GB on the
+# loaded 2-core machine, 256 ranks 23 GB before the kernel killed it).
 MAX_RANKS, MAX_SIZE = 16, 4096
 
 
