@@ -70,6 +70,18 @@ def test_a_fresh_run_is_refused_and_a_resume_continues_the_same_run(folder):
     assert not (folder / "ck" / LOCK_FILE).exists()  # released at the end
 
 
+def test_a_folder_of_checkpoints_that_name_no_run_is_not_taken_either(folder):
+    """Checkpoints an older paraxis wrote (no run.json): a fresh run is refused too, and a
+    resume of them continues under a new id that the folder then records."""
+    (folder / "ck" / RUN_FILE).unlink()
+    code, stderr = run_row([*ARGS, "--steps", "4"], folder, False)
+    assert code == 2 and ("checkpoint folder ck already holds checkpoints (step-2..3); continue "
+                          "them with --resume auto") in _one_line(stderr)
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto"], folder, False)
+    assert code == 0, stderr
+    assert (folder / "ck" / RUN_FILE).exists()
+
+
 def test_pruning_touches_only_the_runs_own_checkpoints(tmp_path):
     for step, run in ((1, "a"), (2, "b"), (3, "a"), (5, None), (6, "a")):
         directory = tmp_path / f"step-{step:08d}"

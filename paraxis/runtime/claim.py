@@ -167,7 +167,8 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
                f"this run continues {source}, which another run wrote")
         raise ParaxisError(f"checkpoint folder {folder} belongs to run {identity['id']}"
                            f"{newest}; {how}, or give another --checkpoint-dir")
-    if identity is None and saved and (source is None or source.parent != folder):
+    if identity is None and saved and (source is None
+                                       or source.resolve().parent != folder.resolve()):
         raise ParaxisError(f"checkpoint folder {folder} already holds checkpoints (step-"
                            f"{saved[0][0]}..{saved[-1][0]}); continue them with --resume auto, "
                            "or give an empty --checkpoint-dir")
