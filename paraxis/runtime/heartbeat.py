@@ -100,13 +100,19 @@ class Heartbeat(threading.Thread):
             {"beat": self._beats, "step": WATCH.step, "idle_s": idle_s,
              "waiting": WATCH.wait_text()}))
 
+    def _beats_now(self) -> list[dict]:
+        """Every rank's last beat; a rank that has not beaten yet (starting up, or frozen
+        before its first beat) has the placeholder beat -2, which never changes."""
+        if self._store.check(self._keys):
+            return [json.loads(raw) for raw in self._store.multi_get(self._keys)]  # 1 trip
+        none_yet = {"beat": -2, "step": None, "idle_s": 0.0, "waiting": None}
+        return [json.loads(self._store.get(key)) if self._store.check([key]) else none_yet
+                for key in self._keys]
+
     def _report_stalls(self) -> None:
-        if not self._store.check(self._keys):  # some rank has not beaten yet: starting up
-            return
         now = time.monotonic()
         stalled: list[tuple[int, dict]] = []
-        for rank, raw in enumerate(self._store.multi_get(self._keys)):  # one round trip
-            beat = json.loads(raw)
+        for rank, beat in enumerate(self._beats_now()):
             seen_beat, seen_at = self._seen.get(rank, (-1, now))
             if beat["beat"] != seen_beat:
                 self._seen[rank] = (beat["beat"], now)
@@ -116,6 +122,8 @@ class Heartbeat(threading.Thread):
                     "silent": silent_s >= self.stall_s}  # its thread stopped: frozen or gone
             if beat["idle_s"] >= self.stall_s:
                 stalled.append((rank, beat))
+        if all(b["beat"] == -2 for _, b in stalled):
+            stalled = []  # only ranks still starting up: not a stall (yet)
         # Say it when the picture changes, and again every stall_s while it lasts.
         picture = tuple((rank, beat["waiting"], beat.get("silent")) for rank, beat in stalled)
         if picture != self._last_picture or (stalled and now - self._said_at >= self.stall_s):
@@ -156,6 +164,8 @@ def describe_stall(stalled: list[tuple[int, dict]]) -> str:
         if not beat["waiting"]:
             state = ("silent (no heartbeat)" if beat.get("silent")
                      else "not in a communication call")
+            if beat.get("silent") and beat["step"] is None and waiting_steps:
+                beat = {**beat, "step": max(waiting_steps)}  # never beat: stuck with its peers
             at = f" at step {beat['step']}" if beat["step"] not in (step, None) else ""
             parts.append(f"rank {rank} no progress for {beat['idle_s']:.0f} s{at} ({state})")
     by_wait: dict[str, list[int]] = {}
