@@ -163,10 +163,11 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
     saved = complete_checkpoints(folder)
     newest = f", newest step-{saved[-1][0]}" if saved else ""
     if identity is not None and identity["id"] != run_id:
-        how = ("continue that run with --resume auto" if source is None else
-               f"this run continues {source}, which another run wrote")
+        how = ("continue that run with --resume auto, or give another --checkpoint-dir"
+               if source is None else f"this run continues run {run_id} ({source}): give "
+               "another --checkpoint-dir")
         raise ParaxisError(f"checkpoint folder {folder} belongs to run {identity['id']}"
-                           f"{newest}; {how}, or give another --checkpoint-dir")
+                           f"{newest}; {how}")
     if identity is None and saved and (source is None
                                        or source.resolve().parent != folder.resolve()):
         raise ParaxisError(f"checkpoint folder {folder} already holds checkpoints (step-"
