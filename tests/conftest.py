@@ -30,7 +30,7 @@ def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_theta=50000.0, bos_token_id=None, eos_token_id=None,
         pad_token_id=None)
@@ -43,7 +43,7 @@ def hf_gpt2(tmp_path_factory: pytest.TempPathFactory) -> str:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+        vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = transformers.GPT2LMHeadModel(config)
     return _save(model, tmp_path_factory.mktemp("hf") / "gpt2", seed=2)
@@ -56,7 +56,7 @@ def hf_mixtral(tmp_path_factory: pytest.TempPathFactory) -> str:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        vocab_size=256, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
         num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
         rope_theta=50000.0, router_aux_loss_coef=0.02, bos_token_id=None, eos_token_id=None,

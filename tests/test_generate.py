@@ -74,9 +74,11 @@ def test_a_prompt_longer_than_the_context_is_cropped(hf_gpt2):
 def test_cli_errors_are_one_line(hf_gpt2, tmp_path, capsys):
     cfg = ModelConfig("wide-vocab", "gpt2", 512, 1, 32, 2, 2, 64, 32)
     write_hf(tmp_path / "wide", cfg, dict(build_model(cfg).named_parameters()))
+    narrow = ModelConfig("ascii-vocab", "gpt2", 128, 1, 32, 2, 2, 64, 32)
+    write_hf(tmp_path / "narrow", narrow, dict(build_model(narrow).named_parameters()))
     cases = [
         (["--checkpoint", str(tmp_path / "wide"), "--prompt", "hi"], "holds no tokenizer.json"),
-        (["--checkpoint", hf_gpt2, "--prompt", "\u00e9"],  # UTF-8 bytes 195, 169
+        (["--checkpoint", str(tmp_path / "narrow"), "--prompt", "\u00e9"],  # bytes 195, 169
          "prompt token id 195 is outside the model's vocabulary of 128"),
         (["--checkpoint", hf_gpt2, "--prompt", "hi", "--temperature", "-1"],
          "--temperature -1.0 must be >= 0"),

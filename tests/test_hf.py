@@ -167,8 +167,8 @@ def _drop_tensor(path: str, name: str) -> None:
                             rope_parameters=None), "rope scaling 'linear'"),
     (lambda d: _edit_config(d, hidden_act="gelu"), "hidden_act 'gelu'"),
     (lambda d: _edit_config(d, attention_bias=True), "attention_bias=true is not supported"),
-    (lambda d: _edit_config(d, vocab_size=256), "model.safetensors: tensor "
-     "'model.embed_tokens.weight' has shape (128, 64), but config.json implies (256, 64)"),
+    (lambda d: _edit_config(d, vocab_size=512), "model.safetensors: tensor "
+     "'model.embed_tokens.weight' has shape (256, 64), but config.json implies (512, 64)"),
     (lambda d: _edit_config(d, num_hidden_layers=1), "model.safetensors: tensor "
      "'model.layers.1."),
     (lambda d: _drop_tensor(d, "model.layers.1.mlp.up_proj.weight"),

@@ -77,7 +77,9 @@ class PlanInputs:
 
     def sequence_length(self, cfg: ModelConfig) -> int:
         seq_len = self.seq_len or cfg.max_seq_len
-        if seq_len > cfg.max_seq_len:
+        # Learned positions end at the table's length; rotary positions do not (long-context
+        # training takes a RoPE model past its pretraining context: Llama 3.1 8K -> 128K).
+        if seq_len > cfg.max_seq_len and cfg.learned_positions:
             raise ParaxisError(f"--seq-len {seq_len} is over {cfg.name}'s context of "
                                f"{cfg.max_seq_len}; use --seq-len {cfg.max_seq_len} or less")
         if self.global_batch < 1:
