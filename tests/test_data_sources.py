@@ -153,3 +153,18 @@ def test_a_bad_prepared_shard_is_named(tmp_path, capsys, defect):
     assert main(["train", "--data", str(out), "--steps", "1", "--quiet"]) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1, error
+
+
+def test_resume_from_a_raw_source_is_bit_identical(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAXIS_DATA_CACHE", str(tmp_path / "cache"))
+    source = str(_jsonl(tmp_path / "c.jsonl", DOCS))
+
+    def train(directory, **options):
+        cfg = RunConfig.from_flags(model="tiny", data=source, steps=4, global_batch=4,
+                                   seq_len=32, device="cpu", quiet=True, eval_every=0,
+                                   checkpoint_dir=str(tmp_path / directory), **options)
+        return [r["loss"] for r in run_training(cfg)]
+
+    straight = train("straight")
+    assert train("split", exit_after=2) == straight[:2]
+    assert train("split", resume="auto") == straight[2:]
