@@ -36,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
     out = prepare(args.source, args.out, args.tokenizer, args.text_field, args.workers)
     _, index = read_prepared(out)
     print(f"{out}: {index['tokens']:,} tokens in {index['documents']:,} documents, "
-          f"{len(index['shards'])} shards ({index['tokenizer']}, end of document = id "
+          f"{len(index['shards'])} shard(s) ({index['tokenizer']}, end of document = id "
           f"{index['end_of_document']})")
     return 0

@@ -66,12 +66,16 @@ def fingerprint(path: Path, kind: str, tokenizer: str | None, text_field: str) -
     files = source_files(path, kind)
     stats = [[str(f.relative_to(path)) if f != path else f.name, f.stat().st_size,
               f.stat().st_mtime_ns] for f in files if f.is_file()]
-    tok = load_tokenizer(tokenizer)
-    tok_hash = "byte-level" if isinstance(tok, ByteTokenizer) else \
-        hashlib.sha256(tok.path.read_bytes()).hexdigest()
     key = json.dumps({"version": VERSION, "kind": kind, "text_field": text_field,
-                      "tokenizer": tok_hash, "files": stats})
+                      "tokenizer": tokenizer_hash(load_tokenizer(tokenizer)), "files": stats})
     return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def tokenizer_hash(tokenizer: ByteTokenizer | HFTokenizer) -> str:
+    """What identifies a tokenizer: its file's contents, wherever it lies."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return "byte-level"
+    return hashlib.sha256(tokenizer.path.read_bytes()).hexdigest()
 
 
 def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
@@ -142,7 +146,8 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
         dtype = "uint8" if isinstance(tok, ByteTokenizer) else np.dtype(tok.dtype).name
         index = {"format": "paraxis token shards", "version": VERSION, "fingerprint": key,
                  "source": str(path), "kind": kind, "text_field": text_field,
-                 "tokenizer": str(tok), "vocab_size": tok.vocab_size,
+                 "tokenizer": str(tok), "tokenizer_sha256": tokenizer_hash(tok),
+                 "vocab_size": tok.vocab_size,
                  "end_of_document": end_of_document(tok), "dtype": dtype,
                  "tokens": sum(s["tokens"] for s in shards),
                  "documents": sum(s["documents"] for s in shards), "shards": shards}
@@ -221,6 +226,11 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
     path = Path(source) if source not in (None, "", "embedded") else None
     if path is not None and is_prepared(path):
         tokens, index = read_prepared(path)
+        if tokenizer and tokenizer_hash(load_tokenizer(tokenizer)) != index.get(
+                "tokenizer_sha256"):
+            raise ParaxisError(f"data {path} was prepared with {index['tokenizer']}, not "
+                               f"{tokenizer}; leave --tokenizer out, or prepare the source "
+                               "again with it")
         return TokenData(tokens, f"{path} (prepared, {index['tokenizer']})")
     kind = source_kind(path) if path is not None and path.exists() else None
     if kind is None:

@@ -168,3 +168,12 @@ def test_resume_from_a_raw_source_is_bit_identical(tmp_path, monkeypatch):
     straight = train("straight")
     assert train("split", exit_after=2) == straight[:2]
     assert train("split", resume="auto") == straight[2:]
+
+
+def test_a_prepared_folder_refuses_another_tokenizer(tmp_path):
+    tokenizer = _word_tokenizer(tmp_path)
+    out = prepare(_jsonl(tmp_path / "c.jsonl", ["a cat"] * 5), tmp_path / "out")
+    with pytest.raises(ParaxisError, match="was prepared with byte-level, not .*tokenizer.json"):
+        load_token_data(str(out), tokenizer=tokenizer)
+    again = prepare(tmp_path / "c.jsonl", tmp_path / "words", tokenizer=tokenizer)
+    assert load_token_data(str(again), tokenizer=tokenizer).tokens.tolist()[:3] == [2, 3, 1]
