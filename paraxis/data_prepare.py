@@ -84,24 +84,26 @@ def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
     tokenizer = load_tokenizer(tokenizer_path)
     eod = end_of_document(tokenizer)
     dtype = np.uint8 if isinstance(tokenizer, ByteTokenizer) else tokenizer.dtype
-    parts, ends, total = [], [], 0
-    for row, text in documents(piece, field):
-        if isinstance(tokenizer, ByteTokenizer):
-            data = text.encode("utf-8")
-            if b"\0" in data:
-                raise ParaxisError(f"{piece.file} row {row} holds a NUL character, the byte "
-                                   "tokenizer's end-of-document token; remove it")
-            ids = np.frombuffer(data, dtype=np.uint8)
-        else:
-            ids = tokenizer.encode(text)
-        parts += [ids, np.asarray([eod], dtype=dtype)]
-        total += len(ids) + 1
-        ends.append(total)
+    eod_bytes = np.asarray([eod], dtype=dtype).tobytes()
+    ends, total = [], 0
+    with open(f"{out_stem}.bin", "wb") as shard:  # streamed: a piece need not fit in memory
+        for row, text in documents(piece, field):
+            if isinstance(tokenizer, ByteTokenizer):
+                data = text.encode("utf-8")
+                if b"\0" in data:
+                    raise ParaxisError(f"{piece.file} row {row} holds a NUL character, the "
+                                       "byte tokenizer's end-of-document token; remove it")
+            else:
+                data = tokenizer.encode(text).tobytes()
+            shard.write(data + eod_bytes)
+            total += len(data) // np.dtype(dtype).itemsize + 1
+            ends.append(total)
     if not ends and piece.kind != "parquet":  # a Parquet row group may hold no rows
         raise ParaxisError(f"{piece.file} holds no documents; remove it or give it some")
     if ends:
-        np.concatenate(parts).astype(dtype, copy=False).tofile(f"{out_stem}.bin")
         np.save(f"{out_stem}.docs.npy", np.asarray(ends, dtype=np.int64))
+    else:
+        os.remove(f"{out_stem}.bin")
     return total, len(ends)
 
 
@@ -200,15 +202,22 @@ def read_prepared(folder: str | Path) -> tuple[np.ndarray, dict]:
             raise ParaxisError(f"shard {file} has {size} bytes, not the {shard['tokens']} "
                                f"{dtype.name} tokens index.json says; prepare it again")
         tokens = np.memmap(file, dtype=dtype, mode="r")
-        bad = np.flatnonzero(tokens >= vocab)
-        if len(bad):
-            ends = np.load(folder / shard["documents_file"])
-            row = int(np.searchsorted(ends, bad[0], side="right")) + 1
-            raise ParaxisError(f"shard {file} document {row} (token {int(bad[0])}) holds id "
-                               f"{int(tokens[bad[0]])}, beyond the vocabulary of {vocab}; "
-                               "prepare the source again")
+        _check_vocabulary(tokens, vocab, file, folder / shard["documents_file"])
         arrays.append(tokens)
     return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)), index
+
+
+def _check_vocabulary(tokens: np.ndarray, vocab: int, file: Path, ends_file: Path) -> None:
+    """Every id below `vocab`, scanned in chunks (a shard may be larger than memory)."""
+    chunk = 1 << 24
+    for start in range(0, len(tokens), chunk):
+        bad = np.flatnonzero(tokens[start: start + chunk] >= vocab)
+        if len(bad):
+            at = start + int(bad[0])
+            row = int(np.searchsorted(np.load(ends_file), at, side="right")) + 1
+            raise ParaxisError(f"shard {file} document {row} (token {at}) holds id "
+                               f"{int(tokens[at])}, beyond the vocabulary of {vocab}; "
+                               "prepare the source again")
 
 
 def cache_root() -> Path:
@@ -236,6 +245,9 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
     if kind is None:
         return TokenData.load(source, dtype, tokenizer)
     out = cache_root() / fingerprint(path, kind, tokenizer, text_field)
-    prepare(path, out, tokenizer, text_field, workers=min(8, os.cpu_count() or 1))
+    # A rank of a torchrun job prepares in-process: its peers are doing the same, and its
+    # threads (gloo's) make forking unwise. `paraxis data prepare` first avoids the repeat.
+    workers = 1 if "WORLD_SIZE" in os.environ else min(8, os.cpu_count() or 1)
+    prepare(path, out, tokenizer, text_field, workers=workers)
     tokens, index = read_prepared(out)
     return TokenData(tokens, f"{path} ({index['tokenizer']}, prepared in {out})")
