@@ -52,7 +52,8 @@ def source_kind(path: Path) -> str | None:
     if path.is_file():
         if _is_jsonl(path):
             return "jsonl"
-        return "parquet" if path.suffix == ".parquet" else None
+        # one Arrow stream file: a shard of a datasets directory, or of its Arrow cache
+        return {".parquet": "parquet", ".arrow": "arrow"}.get(path.suffix)
     if _is_datasets_dir(path):
         return "arrow"
     if path.is_dir():

@@ -65,6 +65,9 @@ def test_three_sources_give_the_same_tokens_batches_and_losses(sources, tmp_path
         losses[name] = [r["loss"] for r in run_training(cfg)]
     assert losses["jsonl"] == losses["parquet"] == losses["datasets"]
     assert len(list((tmp_path / "cache").iterdir())) == 3  # one cached preparation each
+    first = sorted(sources["datasets"].glob("*.arrow"))[0]  # one Arrow file: its 40 rows
+    expected = b"".join(d.encode() + b"\0" for d in DOCS[:40])
+    assert load_token_data(str(first)).tokens.tobytes() == expected
 
 
 def test_prepare_in_parallel_is_the_same_and_runs_once(sources, tmp_path):
