@@ -17,6 +17,7 @@ Training pointed at a raw source prepares it into `<cache>/<fingerprint>` first
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -78,10 +79,16 @@ def tokenizer_hash(tokenizer: ByteTokenizer | HFTokenizer) -> str:
     return hashlib.sha256(tokenizer.path.read_bytes()).hexdigest()
 
 
+@functools.cache
+def _worker_tokenizer(path: str | None) -> ByteTokenizer | HFTokenizer:
+    """Loaded once per worker process, not once per piece (a source may have thousands)."""
+    return load_tokenizer(path)
+
+
 def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
     """One piece -> its shard and document ends in `out_stem`.*; (tokens, documents)."""
     piece, field, tokenizer_path, out_stem = task
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = _worker_tokenizer(tokenizer_path)
     eod = end_of_document(tokenizer)
     dtype = np.uint8 if isinstance(tokenizer, ByteTokenizer) else tokenizer.dtype
     eod_bytes = np.asarray([eod], dtype=dtype).tobytes()
@@ -129,6 +136,7 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir()
+        _worker_tokenizer.cache_clear()  # the file may have changed since the last prepare
         tasks = [(p, text_field, tokenizer, str(tmp / f"shard-{i:05d}")) for i, p in
                  enumerate(todo)]
         workers = max(1, min(workers, len(tasks)))
