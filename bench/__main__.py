@@ -29,7 +29,7 @@ import torch
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
           "pp": "bench.bench_pp", "cp": "bench.bench_cp", "compile": "bench.bench_compile"}
-SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale")
+SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale", "faults")
 CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 
 
@@ -94,6 +94,11 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
     if "gpu" in wanted:
         print("running one GPU (bf16 GPT-2 124M) ...", flush=True)
         sections["gpu"] = gpu.run(quick)
+    if "faults" in wanted:
+        from bench import faults
+
+        print("running the fault matrix (kills and SIGTERMs, resumed exactly) ...", flush=True)
+        sections["faults"] = faults.run(quick)
     if not wanted & CALIBRATED:
         return sections
     # predictions need this machine's profile from this same run
@@ -133,9 +138,11 @@ def render(doc: dict) -> str:
             "launches), then the step pairs within each. Peak RSS is measured with each side "
             "alone in its processes.\n\n"
             + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
+    from bench import faults
+
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
                  "scaling": scaling.render, "gpu": gpu.render, "precision": precision.render,
-                 "scale": scale.render}
+                 "scale": scale.render, "faults": faults.render}
     for name in SECTIONS:
         if name in doc["sections"]:
             parts.append(renderers[name](doc["sections"][name]))

@@ -40,6 +40,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
 from paraxis.precision import POLICIES as PRECISIONS
+from paraxis.run_checks import check_late_failures
 from paraxis.runtime.nan_policy import POLICIES
 from paraxis.schedules import check_compile
 
@@ -120,6 +121,9 @@ class CheckpointSection:
     init_from: str | None = option(None, "start from these weights (a paraxis checkpoint or a "
                                    "Hugging Face folder); optimizer and schedule start fresh",
                                    "--init-from")
+    allow_changes: bool = option(False, "resume even with another global batch, sequence "
+                                 "length, seed or data than the checkpoint's",
+                                 "--allow-resume-changes")
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,13 @@ class RunConfig:
         if unknown:
             raise TypeError(f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(FLAGS)}")
         layout = flags.pop("layout", self.layout)
-        layout = Layout.parse(layout) if isinstance(layout, str) else layout
+        if isinstance(layout, str):
+            keys = [item.partition("=")[0].strip() for item in layout.split(",") if item.strip()]
+            repeated = sorted({key for key in keys if keys.count(key) > 1})
+            if repeated:
+                raise ParaxisError(f"layout {layout!r} sets {', '.join(repeated)} more than "
+                                   "once; give each key once")
+            layout = Layout.parse(layout)
         accum = flags.pop("grad_accum", None)
         if accum is not None:
             if accum < 1:
@@ -231,6 +241,7 @@ class RunConfig:
                                f"{' or '.join(POLICIES)}")
         if self.logging.metrics_file:
             check_writable(Path(self.logging.metrics_file), "--metrics-file")
+        check_late_failures(self)
 
 
 def check_writable(path: Path, flag: str) -> None:

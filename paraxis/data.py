@@ -100,6 +100,23 @@ def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
     return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
 
 
+CHUNK_TOKENS = 1 << 24  # 16M tokens (32 MB of uint16) per pass of the vocabulary check
+
+
+def largest_token(tokens: np.ndarray) -> tuple[int, int]:
+    """The largest id in the whole array and its first position, one vectorized max per
+    16M-token chunk (a memory-mapped file is read once, in order: 1 GB of uint16 in 0.09 s
+    from the page cache here), so an id beyond the vocabulary anywhere fails before
+    training, not mid-run."""
+    top, where = -1, 0
+    for lo in range(0, len(tokens), CHUNK_TOKENS):
+        chunk = np.asarray(tokens[lo:lo + CHUNK_TOKENS])
+        peak = int(chunk.max())
+        if peak > top:
+            top, where = peak, lo + int(chunk.argmax())
+    return top, where
+
+
 @dataclass
 class TokenData:
     """A 1-D array of token ids with a held-out tail for evaluation."""
@@ -114,6 +131,9 @@ class TokenData:
         """`None` or "embedded" -> the stdlib corpus; a `.bin` file -> memory-mapped token ids
         (the nanoGPT format); a `.txt` file or a folder of them -> text, byte-tokenised or
         tokenised by `tokenizer` (a Hugging Face tokenizer.json) when given."""
+        if dtype not in TOKEN_DTYPES:
+            raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
+                               f"{', '.join(TOKEN_DTYPES)}")
         if source in (None, "", "embedded"):
             if tokenizer:
                 text = embedded_corpus().tobytes().decode("utf-8", errors="replace")
@@ -129,9 +149,6 @@ class TokenData:
                                "text data only, leave it out")
         if path.is_dir() or path.suffix != ".bin":
             return cls._text(path, load_tokenizer(tokenizer))
-        if dtype not in TOKEN_DTYPES:
-            raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
-                               f"{', '.join(TOKEN_DTYPES)}")
         itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
         size = path.stat().st_size
         if size == 0:
@@ -164,11 +181,11 @@ class TokenData:
         if len(self.tokens) < needed / (1 - self.val_fraction) + seq_len + 1:
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
                                f"seq_len {seq_len}; give more data or a shorter --seq-len")
-        top = int(self.tokens[: 1_000_000].max())
+        top, where = largest_token(self.tokens)
         if top >= vocab_size:
-            raise ParaxisError(f"data {self.name} holds token id {top} but the model's vocabulary "
-                               f"is {vocab_size}; check --data-dtype or --tokenizer, or choose a "
-                               "model whose vocabulary covers the data")
+            raise ParaxisError(f"data {self.name} holds token id {top} (at token {where:,}) but "
+                               f"the model's vocabulary is {vocab_size}; check --data-dtype or "
+                               "--tokenizer, or choose a model whose vocabulary covers the data")
 
     @property
     def split_at(self) -> int:

@@ -15,6 +15,11 @@ from pathlib import Path
 
 from paraxis.errors import ParaxisError
 
+MAX_NEW_TOKENS = 100_000
+# Below this, logits / temperature overflows fp32 (logits of order 1 over 1e-38 -> inf, and
+# softmax of inf is nan); 1e-4 is already greedy in practice.
+MIN_TEMPERATURE = 1e-4
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
@@ -34,10 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.inference import generate, load_for_inference, pick_tokenizer
     from paraxis.runtime.distributed import pick_device
 
-    if args.max_new_tokens < 0:
-        raise ParaxisError(f"--max-new-tokens {args.max_new_tokens} must be >= 0")
-    if not args.temperature >= 0:
-        raise ParaxisError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ParaxisError(f"--max-new-tokens {args.max_new_tokens} must be within 0.."
+                           f"{MAX_NEW_TOKENS} (this is a quick look, not a server)")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < float("inf")):
+        raise ParaxisError(f"--temperature {args.temperature} must be >= 0 (0: greedy) and "
+                           f"else finite and at least {MIN_TEMPERATURE} (smaller ones overflow "
+                           "the logits)")
     if args.top_k < 0:
         raise ParaxisError(f"--top-k {args.top_k} must be >= 0 (0: no cut)")
     cfg, model = load_for_inference(args.checkpoint, pick_device(args.device))

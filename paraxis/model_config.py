@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,10 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ParaxisError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
                                f"{self.n_kv_heads}; choose n_kv_heads dividing n_heads")
+        if self.style == "llama" and self.head_dim % 2:
+            raise ParaxisError(f"a llama-style head of {self.head_dim} dimensions (d_model "
+                               f"{self.d_model} / n_heads {self.n_heads}) is odd, and rotary "
+                               "positions rotate pairs of dimensions; choose an even head size")
         if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
             raise ParaxisError("gpt2-style models use n_kv_heads == n_heads; set them equal or "
                                "use style llama for grouped-query attention")
@@ -181,6 +186,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, object], source: str = "model description") -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ParaxisError(f"{source}: a model description is a table of key = value "
+                               f"(a JSON object), not a {type(data).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
         if unknown:
@@ -194,7 +202,27 @@ class ModelConfig:
                                      "n_kv_heads", "d_ff", "max_seq_len") if f not in data)
         if missing:
             raise ParaxisError(f"{source}: missing key(s) {', '.join(missing)}")
+        _check_types(data, source)
         return cls(**data)  # type: ignore[arg-type]
+
+
+def _check_types(data: dict[str, object], source: str) -> None:
+    """Each value of the field's type: a string norm_eps or `n_layers: true` (a bool is an
+    int in Python, so that trained one layer) is named, not trained with."""
+    for f in dataclasses.fields(ModelConfig):
+        if f.name not in data:
+            continue
+        value, kind = data[f.name], f.type
+        ok = (isinstance(value, str) if kind == "str" else
+              isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
+              isinstance(value, int | float) and not isinstance(value, bool)
+              and math.isfinite(value))
+        if not ok:
+            raise ParaxisError(f"{source}: {f.name} = {value!r} must be {_KIND_WORDS[kind]}")
+
+
+_KIND_WORDS = {"str": "a string", "int": "a whole number (not true/false or a quoted number)",
+               "float": "a finite number (not a quoted one)"}
 
 
 def _gpt2(name: str, layers: int, d: int, heads: int, vocab: int = 50304,
@@ -273,7 +301,8 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         except (ValueError, UnicodeDecodeError) as error:
             raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
                                "fix the file or give a preset name") from None
-        data = data.get("model", data)
+        if isinstance(data, dict):
+            data = data.get("model", data)
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from paraxis.data import TokenData
     from paraxis.model_config import ModelConfig
+    from paraxis.runtime.claim import Claim
     from paraxis.runtime.distributed import ParallelGroups
     from paraxis.runtime.engine import Engine
 
@@ -54,6 +55,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
     from paraxis.precision import get_policy
+    from paraxis.runtime.claim import claim_folder
     from paraxis.runtime.distributed import (
         build_groups,
         init_distributed,
@@ -63,6 +65,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.runtime.heartbeat import start_heartbeat
     from paraxis.runtime.nan_policy import NumericalFault
     from paraxis.runtime.parallelize import build_engine
+    from paraxis.runtime.preemption import Preempted
     from paraxis.runtime.resume import start_step, write_config
 
     cfg.check()
@@ -81,11 +84,13 @@ def run_training(cfg: RunConfig) -> list[dict]:
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
     rank, world = init_distributed(device, train.timeout_s)
     clean = False  # whether every rank can still meet at the shutdown barrier
+    claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
         data = load_token_data(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer,
                                cfg.data.text_field)
         data.check(model_cfg.vocab_size, train.seq_len)
+        claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
@@ -101,25 +106,28 @@ def run_training(cfg: RunConfig) -> list[dict]:
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
         try:
             first = start_step(cfg, engine, model_cfg, rank)
-            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first)
+            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first, claim)
         finally:
             if heartbeat is not None:
                 heartbeat.stop()
         clean = True
         return records
-    except NumericalFault:
-        clean = True  # every rank stops at the same step (nan_policy.py)
+    except (NumericalFault, Preempted):
+        clean = True  # every rank stops at the same step (nan_policy.py, preemption.py)
         raise
     finally:
         # After any other failure some rank may be gone or stuck: a barrier would only wait
         # out the timeout, so the process just exits.
+        if claim is not None:
+            claim.release()
         if not joined:
             shutdown_distributed(clean)
 
 
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
-          device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0
-          ) -> list[dict]:
+          device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
+          claim: Claim | None = None) -> list[dict]:
+    from paraxis.checkpoint.manifest import step_dir_name
     from paraxis.metrics import (
         MetricsSink,
         device_peak_flops,
@@ -131,7 +139,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     from paraxis.progress import Progress
     from paraxis.runtime import faults
     from paraxis.runtime.nan_policy import NumericalFault, nonfinite, skip_message, stop_message
-    from paraxis.runtime.resume import save, save_due
+    from paraxis.runtime.preemption import Preempted, StopRequest
+    from paraxis.runtime.resume import save, save_due, trim_metrics
     from paraxis.runtime.watchdog import WATCH
 
     fault = faults.from_env()  # None unless a reliability test breaks the run on purpose
@@ -140,11 +149,15 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     tokens_per_step = train.global_batch * train.seq_len
     peak_flops = device_peak_flops(device, log.peak_tflops, log.hardware)
     records: list[dict] = []
-    # A resumed run appends to the metrics of the run it continues.
+    # A resumed run appends to the metrics of the run it continues (less the steps logged
+    # after the checkpoint it resumes: they are about to be taken again).
+    if rank == 0 and start_step > 0 and log.metrics_file:
+        trim_metrics(Path(log.metrics_file), start_step)
     sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
         if rank == 0 else None
     show = rank == 0 and not log.quiet
-    with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress:
+    with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress, \
+            StopRequest() as stop:  # SIGTERM/SIGHUP/SIGINT: save and stop (preemption.py)
         for step in range(start_step, train.steps):
             started = time.perf_counter()
             WATCH.begin_step(step)
@@ -190,8 +203,12 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
             if sink:
                 sink.write(record)
             progress.update(step, record, log=logging)
-            if save_due(cfg, done):
-                save(cfg, engine, model_cfg, done)
+            signum = stop.agreed(device)  # every rank stops at the same step, or none
+            if save_due(cfg, done) or (signum and cfg.checkpoint.dir):
+                save(cfg, engine, model_cfg, done, claim)
+            if signum:
+                raise Preempted(signum, done, cfg.checkpoint.dir and str(
+                    Path(cfg.checkpoint.dir) / step_dir_name(done)))
             if done == cfg.checkpoint.exit_after:
                 break
     if sink:

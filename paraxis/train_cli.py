@@ -13,6 +13,7 @@ itself (`--nproc N`, `runtime/launch.py`), or one rank of a job torchrun started
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -97,9 +98,12 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
                                cfg.data.text_field)
         data.check(model_cfg.vocab_size, train_cfg.seq_len)
         warn_if_oversubscribed(nproc, train_cfg.device)
-        launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
-               max_restarts=cfg.launch.max_restarts, debug=debug,
-               timeout_s=train_cfg.timeout_s, device=train_cfg.device)
+        from paraxis.runtime.claim import claim_folder  # the launcher holds --checkpoint-dir
+
+        with claim_folder(cfg, data) or contextlib.nullcontext():
+            launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
+                   max_restarts=cfg.launch.max_restarts, debug=debug,
+                   timeout_s=train_cfg.timeout_s, device=train_cfg.device)
         return 0
     if not launched and cfg.layout.world_size > 1:
         lay, n = cfg.layout, cfg.layout.world_size

@@ -36,7 +36,8 @@ def test_a_flag_always_overrides_the_run_file(tmp_path):
     schedule that spans 100 steps (the run file's exit_after stops it early)."""
     run_file = tmp_path / "run.toml"
     run_file.write_text("[train]\nsteps = 3\nglobal_batch = 1\nseq_len = 8\ndevice = \"cpu\"\n"
-                        "[optimizer]\nlr = 0.01\nwarmup_steps = 0\n[checkpoint]\nexit_after = 2\n")
+                        "[optimizer]\nlr = 0.01\nwarmup_steps = 0\n[checkpoint]\nexit_after = 2\n"
+                        f"dir = \"{tmp_path / 'ck'}\"\n")  # --exit-after saves a checkpoint
     metrics = tmp_path / "m.jsonl"
     with contextlib.redirect_stderr(io.StringIO()):
         code = main(["train", "--config", str(run_file), "--lr", "0.003", "--steps", "100",

@@ -5,8 +5,8 @@ and what Mixtral's format cannot say is refused in one line.
 
 The Mixtral model is a tiny random one made by transformers (`hf_mixtral` in conftest.py).
 `layout_logits` runs the imported model at a rank's layout (pipeline stages, TP inside
-them); a test of another layout (expert parallelism) can run it on its ranks and compare
-with `hf_logits`.
+them, experts sharded over ep and reached by all-to-all as the runtime does), so tp=2 x
+pp=2 and ep=2 x pp=2 compare with `hf_logits`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from paraxis.hf import HFReader, read_hf, write_hf
 from paraxis.inference import model_from_state
 from paraxis.model import build_model, single_device_parameters
 from paraxis.model_config import PRESETS
+from paraxis.moe.expert_parallel import AllToAllCounter, shard_experts
 from paraxis.moe.layer import moe_layers
 from paraxis.pipeline_parallel.partition import partition_layers
 from paraxis.tensor_parallel import apply_tensor_parallel
@@ -88,14 +89,18 @@ def test_import_matches_transformers_on_one_device(form, hf_mixtral, fused_mixtr
 
 def layout_logits(ctx: RankContext, hf_dir: str, idx: torch.Tensor) -> torch.Tensor | None:
     """The full logits of the imported model on the last pipeline stage (None elsewhere):
-    each rank builds its stage, copies the imported weights in by name (experts by their
-    global index, so a rank holding some experts takes just theirs), splits them for TP,
-    and runs its part; the last stage gathers the vocab-parallel logits."""
+    each rank builds its stage, keeps its experts as the runtime does (`shard_experts`:
+    under ep the others are reached by all-to-all), copies the imported weights in by name
+    (experts by their global index, so a rank holding some experts takes just theirs),
+    splits them for TP, and runs its part; the last stage gathers the vocab-parallel
+    logits."""
     cfg, state = read_hf(hf_dir)
     groups, split = ctx.groups, partition_layers(cfg, ctx.layout.pp)
     stage = build_model(cfg, seed=9, blocks=split.blocks_of(groups.pp_rank),
                         embed=split.has_embedding(groups.pp_rank),
                         head=split.has_head(groups.pp_rank))
+    shard_experts(stage, cfg.n_experts, ctx.layout.ep, groups.ep_rank, groups.ep_group,
+                  groups.replica_group)
     with torch.no_grad():
         for name, param in single_device_parameters(stage):
             param.copy_(state[name])
@@ -122,6 +127,27 @@ def test_import_at_tp2_pp2_matches_transformers(hf_mixtral, hf_logits):
     results = run_on_ranks("tp=2,pp=2", layout_logits, hf_mixtral, IDX)
     assert results[:2] == [None, None]  # ranks 0, 1: the first stage
     for logits in results[2:]:  # ranks 2, 3: the last stage, both TP ranks
+        assert max_diff(logits, expected) <= 1e-5
+
+
+def _counted_logits(ctx: RankContext, hf_dir: str, idx: torch.Tensor
+                    ) -> tuple[torch.Tensor | None, int]:
+    """`layout_logits`, with the bytes this rank's all-to-alls sent to the other EP rank."""
+    with AllToAllCounter() as counter:
+        logits = layout_logits(ctx, hf_dir, idx)
+    return logits, counter.nbytes()
+
+
+def test_import_at_ep2_pp2_matches_transformers(hf_mixtral, hf_logits):
+    """dp=2 x ep=2 x pp=2: each rank holds 2 of the 4 experts of its stage's block, and the
+    tokens routed to the other 2 travel to the other EP rank and back (bytes counted on
+    every rank: the all-to-all ran)."""
+    expected = hf_logits(hf_mixtral, IDX)
+    results = run_on_ranks("dp=2,ep=2,pp=2", _counted_logits, hf_mixtral, IDX)
+    assert all(nbytes > 0 for _, nbytes in results)
+    last = [logits for logits, _ in results if logits is not None]
+    assert len(last) == 2  # the last stage of each dp replica
+    for logits in last:
         assert max_diff(logits, expected) <= 1e-5
 
 

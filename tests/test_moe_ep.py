@@ -12,9 +12,12 @@ chosen experts in every MoE block equal the single-device ones; then the losses 
 - cp2 x ep2 and dp2 (2 ranks);
 - `paraxis train --model tiny-moe --nproc 4 --dp 4 --ep 4`, the command line end to end.
 
-Checkpoints cross ep: dp4 x ep2 (ZeRO-1) resumes the step-5 checkpoint of dp2 x cp2 x ep2
-(ZeRO-3), dp2 (ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on
-like one device.
+Checkpoints cross ep, tp, pp and dp: dp4 x ep2 (ZeRO-1), dp2 x ep2 x tp2 (ZeRO-2) and
+dp2 x ep2 x pp2 resume the step-5 checkpoint of dp2 x cp2 x ep2 (ZeRO-3), dp2 (ep = 1)
+resumes cp2 x ep2's, and one device resumes both, each going on like one device (pp2, with
+2 microbatches, like one device resuming over the same global microbatches). The ZeRO-3
+checkpoint also exports to a Mixtral directory whose logits in transformers are one
+device's of the checkpoint.
 
 The routing statistics are per microbatch step over the dp x cp ranks (moe/layer.py): with
 M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
@@ -22,13 +25,18 @@ one device's reference accumulates over those same token sets (`_reference`).
 
 The all-to-all bytes each rank measures equal `placement.all_to_all_bytes` of the send
 matrix built from the per-expert counts every rank dispatched (four all-to-alls per block:
-dispatch and combine, forward and backward), and the model-state bytes the runtime reports
-are those of the rank's own dense weights and experts.
+dispatch and combine, forward and backward), and the planner's
+`plan.experts.measured_all_to_all_bytes` of those counts; under a capacity factor that
+every expert overflows, they equal the planner's `dispatch_bytes` without any counts. The
+model-state bytes the runtime reports are those of the rank's own dense weights and
+experts, and the planner's fp32 states of the layout (`_assert_states` names the two
+things the planner leaves out).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -40,17 +48,24 @@ import pytest
 import torch
 
 from paraxis.checkpoint import load_checkpoint, save_checkpoint
+from paraxis.checkpoint.convert import export_hf
 from paraxis.config import RunConfig
 from paraxis.context_parallel.chunks import local_part
 from paraxis.errors import ParaxisError
+from paraxis.inference import load_for_inference
 from paraxis.layout import Layout
 from paraxis.metrics import moe_step_metrics
 from paraxis.model import parameter_shapes
 from paraxis.model_config import PRESETS
 from paraxis.moe.expert_parallel import AllToAllCounter
 from paraxis.moe.layer import MoE
-from paraxis.moe.placement import all_to_all_bytes, send_matrix
+from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
+from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.plan.experts import dispatch_bytes, measured_all_to_all_bytes
+from paraxis.plan.memory import model_state_bytes, stage_local_params
+from paraxis.plan.precision import FP32_ADAM
 from paraxis.runtime.distributed import ParallelGroups, build_groups
+from paraxis.runtime.engine import storage_bytes
 from paraxis.runtime.parallelize import build_engine
 from paraxis.tensor_parallel.apply import tp_split_dim
 from paraxis.testing import RankContext, as_layout, run_on_ranks
@@ -63,7 +78,13 @@ FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=
         "dp=2,ep=2,pp=2,microbatches=2,recompute=full"]
 EIGHT = ["dp=2,ep=2,tp=2,sp=true,pp=2,microbatches=2,zero=1"]
 # layout -> the layout whose step-5 checkpoint it resumes after its own run (same launch)
-RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2"}
+RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2",
+           "dp=2,ep=2,tp=2,zero=2": "dp=2,cp=2,ep=2,zero=3",
+           "dp=2,ep=2,pp=2,microbatches=2,recompute=full": "dp=2,cp=2,ep=2,zero=3"}
+# dp4 x ep4 also runs a step of tiny-moe under this capacity factor: each rank's 64 tokens
+# make 128 assignments, 16 per expert on average, capped at ceil(0.15 * 64 * 2 / 8) = 3
+# (a cap the planner must round up as the runtime does: 2.4 unrounded)
+CAPACITY, CAP = 0.15, 3
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +146,10 @@ def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
             layer.recording = step == steps[0]
         with AllToAllCounter() as counter:
             loss = engine.forward_backward(x, y)
+        if step == steps[0]:  # the gradients exist: every model state counted
+            out["states"] = engine.memory_report()
+            out["counters"] = storage_bytes(t for state in engine.optimizer.state.values()
+                                            for key, t in state.items() if key == "step")
         out["losses"].append(loss)
         out["norms"].append(engine.clip_grad_norm(1.0))
         engine.optimizer_step(LR)
@@ -137,6 +162,17 @@ def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
     return out
 
 
+def _capacity_step(layout: Layout, groups: ParallelGroups) -> tuple[int, list[list[int]]]:
+    """Step 0 of tiny-moe with a `CAPACITY` factor: the bytes this rank sent in its
+    all-to-alls and the per-expert counts it dispatched (what stayed under the cap)."""
+    engine = build_engine(CFG.replace(capacity_factor=CAPACITY), layout, groups, "cpu",
+                          seed=0)
+    x, y = (_share(t, layout, groups.dp_rank, groups.cp_rank) for t in _batch(0))
+    with AllToAllCounter() as counter:
+        engine.forward_backward(x, y)
+    return counter.nbytes(), counter.dispatched
+
+
 def _saved(root: str, layout: str) -> str:
     return f"{root}/{as_layout(layout)}/step-00000005"
 
@@ -145,7 +181,9 @@ def _on_ranks(ctx: RankContext, root: str) -> dict:
     """This layout's 10 steps (saving at step 5), and the resumption `RESUMES` asks for."""
     result = _train(ctx.layout, ctx.groups, save=f"{root}/{ctx.layout}")
     result["coords"] = (ctx.groups.dp_rank, ctx.groups.cp_rank, ctx.groups.ep_rank,
-                        ctx.layout.group_of(ctx.rank, "ep"))
+                        ctx.layout.group_of(ctx.rank, "ep"), ctx.groups.pp_rank)
+    if str(ctx.layout) == str(as_layout("dp=4,ep=4")):
+        result["capacity"] = _capacity_step(ctx.layout, ctx.groups)
     source = {str(as_layout(k)): v for k, v in RESUMES.items()}.get(str(ctx.layout))
     if source is not None:
         result["resumed"] = _train(ctx.layout, ctx.groups, range(5, STEPS),
@@ -239,12 +277,62 @@ def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
                             ("backward", "combine"): sent // passes,
                             ("forward", "combine"): received,
                             ("backward", "dispatch"): received // passes}
+        # the planner's count from the same per-source per-expert counts: 4 all-to-alls per
+        # forward; full recompute repeats the forward's 2 (each forward is listed twice)
+        planned = sum(measured_all_to_all_bytes(CFG, [counts[j] for counts in dispatched],
+                                                layout.ep, 4)[me] for j in range(forwards))
+        assert 2 * passes * sum(measured.values()) == (passes + 1) * planned, (layout, rank)
     total = sum(sum(n for *_, n in r["traffic"][0]) for r in by_rank)
     per_block = sum(sum(all_to_all_bytes(send_matrix(
         [by_rank[r]["traffic"][1][j] for r in group], layout.ep), CFG.d_model, 4))
         for group in layout.groups("ep") for j in range(len(by_rank[group[0]]["traffic"][1])))
     # dispatch and combine, forward and backward: 4 per block and microbatch (recompute: 6)
     assert total * passes == (2 * passes + 2) * per_block
+
+
+def _assert_capacity(layout: Layout, by_rank: list[dict]) -> None:
+    """Under a capacity factor every expert overflows on every rank, so each dispatches
+    exactly the cap, and each rank's all-to-all bytes are the planner's uncounted price:
+    `dispatch_bytes` of the rank's tokens per microbatch, 4 all-to-alls per block."""
+    cfg = CFG.replace(capacity_factor=CAPACITY)
+    tokens = BATCH // layout.dp * SEQ
+    for nbytes, dispatched in (r["capacity"] for r in by_rank):
+        assert len(dispatched) == CFG.n_moe_layers
+        assert all(count == CAP for counts in dispatched for count in counts), dispatched
+        assert nbytes == CFG.n_moe_layers * ALL_TO_ALLS_PER_BLOCK * dispatch_bytes(
+            cfg, layout.ep, tokens, 4)
+
+
+def _planned_states(layout: Layout, stage: int) -> dict[str, float]:
+    """The planner's fp32 model states of a rank of pipeline stage `stage`: its share of the
+    dense weights ZeRO-sharded over dp*cp, of the experts over dp*cp/ep (as layout_memory
+    adds them)."""
+    local, experts = stage_local_params(CFG, layout, SEQ)[stage]
+    replicas = layout.dp * layout.cp
+    dense = model_state_bytes(round(local), replicas, layout.zero, FP32_ADAM)
+    routed = model_state_bytes(round(experts), replicas // layout.ep, layout.zero, FP32_ADAM)
+    return {kind: dense[kind] + routed[kind] for kind in dense}
+
+
+def _assert_states(layout: Layout, by_rank: list[dict]) -> None:
+    """Model-state bytes each rank holds (counted tensor storages, gradients present) are
+    the planner's plus two things it leaves out, each counted exactly here: the RMSNorm
+    weights, whole on every tp rank where the planner divides them by tp like the matrices
+    (2 per block and the final one on the last stage), and AdamW's step counters, a 4-byte
+    tensor per optimized tensor (measured by the rank). ZeRO pads nothing here: every
+    unit's size divides by its shard count."""
+    split = partition_layers(CFG, layout.pp)
+    for rank, result in enumerate(by_rank):
+        stage = result["coords"][4]
+        norms = CFG.d_model * (2 * len(split.blocks_of(stage)) + split.has_head(stage))
+        planned = _planned_states(layout, stage)
+        unpriced = model_state_bytes(norms * (layout.tp - 1) // layout.tp,
+                                     layout.dp * layout.cp, layout.zero, FP32_ADAM)
+        unpriced["optimizer"] += result["counters"]
+        measured = result["states"]
+        for kind in measured:
+            assert measured[kind] == planned[kind] + unpriced[kind], \
+                (str(layout), rank, kind, measured[kind], planned[kind], unpriced[kind])
 
 
 def _assert_memory(layout: Layout, result: dict) -> None:
@@ -272,6 +360,7 @@ def _assert_memory(layout: Layout, result: dict) -> None:
                          ids=["4-ranks", "8-ranks", "2-ranks"])
 def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
     results = run_on_ranks(layouts, _on_ranks, str(tmp_path), timeout_s=400)
+    on_one_device: set[str] = set()
     for text, by_rank in zip(layouts, results, strict=True):
         layout = as_layout(text)
         reference = _reference(layout)
@@ -281,16 +370,50 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
         _assert_losses(text, by_rank[0], reference)
         if layout.ep > 1:
             _assert_traffic(layout, by_rank)
+            _assert_states(layout, by_rank)
+        if "capacity" in by_rank[0]:
+            _assert_capacity(layout, by_rank)
             for result in by_rank:
                 _assert_memory(layout, result)
         if "resumed" in by_rank[0]:  # another ep's checkpoint, here and on one device
             what = f"{RESUMES[text]} checkpoint at {text}"
-            _assert_losses(what, by_rank[0]["resumed"], _reference(Layout()), 5)
+            resumed = by_rank[0]["resumed"]
+            if layout.microbatches == 1:
+                _assert_losses(what, resumed, _reference(Layout()), 5)
+            else:  # one device resumes with the same global microbatches
+                with _one_thread():
+                    one = Layout(microbatches=layout.microbatches)
+                    again = _train(one, build_groups(one), range(5, STEPS),
+                                   _global_microbatch_order(layout.dp, layout.microbatches),
+                                   load=_saved(str(tmp_path), RESUMES[text]))
+                _assert_losses(what, resumed, again)
+            if RESUMES[text] in on_one_device:
+                continue
+            on_one_device.add(RESUMES[text])
             with _one_thread():
                 one = _train(Layout(), build_groups(Layout()), range(5, STEPS),
                              load=_saved(str(tmp_path), RESUMES[text]))
             _assert_losses(f"{RESUMES[text]} checkpoint on one device", one,
                            _reference(Layout()), 5)
+    if "dp=2,cp=2,ep=2,zero=3" in layouts:
+        _assert_exports_to_mixtral(_saved(str(tmp_path), "dp=2,cp=2,ep=2,zero=3"),
+                                   tmp_path / "mixtral")
+
+
+def _assert_exports_to_mixtral(checkpoint: str, out: Path) -> None:
+    """An expert-parallel ZeRO-3 run's checkpoint exports to a Mixtral directory whose
+    logits in transformers are one device's of the same checkpoint (skipped without
+    transformers, a test-only dependency)."""
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers import MixtralForCausalLM
+
+    export_hf(checkpoint, out)
+    _, ours = load_for_inference(checkpoint)
+    theirs = MixtralForCausalLM.from_pretrained(out).eval()
+    idx = torch.randint(0, CFG.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert float((theirs(idx).logits - ours(idx)).abs().max()) <= 1e-5
 
 
 def test_cli_dp4_ep4_matches_one_device(tmp_path):

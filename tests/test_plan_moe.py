@@ -97,10 +97,11 @@ def test_all_to_all_bytes_are_placements_for_uniform_routing() -> None:
 def test_measured_counts_give_the_busiest_ranks_share_and_the_bytes() -> None:
     counts = [[30, 10, 10, 10], [30, 10, 10, 10]]  # expert 0 (on rank 0 of 2) is popular
     assert imbalance_of_counts(counts, 2) == pytest.approx(80 / 60)
-    # rank 0 sends its 20 rows for experts 2, 3 to rank 1; rank 1 sends 40 to rank 0; four
-    # all-to-alls of d_model bf16 values per row
+    # rank 0 sends its 20 rows for experts 2, 3 to rank 1 and gets 40 for expert 0 from
+    # rank 1; each rank sends its own rows and the received ones' outputs twice (forward,
+    # and their gradients backward), d_model bf16 values per row
     tiny = PRESETS["tiny-moe"].replace(n_experts=4)
-    assert measured_all_to_all_bytes(tiny, counts, 2, 2) == [4 * 20 * 64 * 2, 4 * 40 * 64 * 2]
+    assert measured_all_to_all_bytes(tiny, counts, 2, 2) == [2 * 60 * 64 * 2] * 2
 
 
 def test_a_capacity_factor_caps_the_busiest_load() -> None:

@@ -78,6 +78,20 @@ def test_stall_line_puts_the_rank_that_is_not_waiting_first():
         "all_reduce over the dp group")
 
 
+def test_stall_line_names_a_frozen_rank_as_silent_at_the_step_its_peers_wait_in():
+    """A SIGSTOPped rank's last beat says it was waiting (on the previous step's all-reduce,
+    beats being seconds apart); its peers wait for it at step 30: it is the silent one, and
+    it stopped at step 30."""
+    wait = "all_reduce over the dp group (ranks 0,1,2,3)"
+    beats = [(0, {"step": 30, "idle_s": 9.0, "waiting": wait}),
+             (1, {"step": 30, "idle_s": 9.0, "waiting": wait}),
+             (2, {"step": 22, "idle_s": 12.0, "waiting": wait, "silent": True}),
+             (3, {"step": 30, "idle_s": 9.0, "waiting": wait})]
+    assert describe_stall(beats) == (
+        f"paraxis: stalled at step 30: rank 2 silent (no heartbeat) for 12 s, stopped at step "
+        f"30 (last seen waiting on {wait}); ranks 0,1,3 waiting 9 s on {wait}")
+
+
 def test_ranks_text_abbreviates_long_groups():
     assert ranks_text([1, 3]) == "1,3"
     assert ranks_text(list(range(0, 64, 8))) == "0,8,16,24,32,40,48,56"

@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.run_checks import check_writable_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +42,29 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.checkpoint.convert import convert, export_hf, import_hf
     from paraxis.checkpoint.load import CheckpointReader
 
-    if args.action in ("convert", "import-hf"):
-        write = convert if args.action == "convert" else import_hf
-        final = write(args.source, args.destination, Layout.parse(args.layout))
+    if args.action in ("convert", "import-hf", "export-hf"):
+        destination = Path(args.destination)
+        check_writable_folder(destination, "the destination")  # before reading anything
+        try:
+            if args.action == "export-hf":
+                print(f"wrote {export_hf(args.source, destination)}")
+                return 0
+            write = convert if args.action == "convert" else import_hf
+            final = write(args.source, destination, Layout.parse(args.layout))
+        except OSError as error:  # a disk that filled up, a folder that vanished
+            raise ParaxisError(f"cannot write {error.filename or destination} "
+                               f"({error.strerror}); free space or choose another "
+                               "destination") from None
         print(f"wrote {final} for layout {Layout.parse(args.layout)}")
         return 0
-    if args.action == "export-hf":
-        print(f"wrote {export_hf(args.source, args.destination)}")
-        return 0
+    from paraxis.model_config import ModelConfig
+
     reader = CheckpointReader(args.path)
     manifest = reader.manifest
+    ModelConfig.from_dict(manifest["model"], source=str(reader.directory / "manifest.json"))
+    problems = reader.verify()  # every file's size and checksum: info vouches for them
+    if problems:
+        raise ParaxisError(problems[0])
     summary = {"path": str(reader.directory), "step": manifest["step"],
                "layout": manifest["layout"], "world_size": manifest["world_size"],
                "model": manifest["model"].get("name"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,76 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > VERSION:
         raise ParaxisError(f"{path} has format version {version}, newer than this paraxis "
                            f"reads ({VERSION}); upgrade paraxis to load it")
-    for name in manifest.get("files", {}):
+    for name in manifest.get("files") or {}:  # first: a name leaving the folder is the worst
         safe_member(directory, name)
+    check_schema(manifest, path)
     return manifest
+
+
+def _whole(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_schema(manifest: dict[str, Any], path: Path) -> None:
+    """Every field a reader uses, of its type and within its range, so that a damaged or
+    hand-edited manifest is one line naming the field, never an IndexError deep in loading."""
+    def bad(what: str) -> ParaxisError:
+        return ParaxisError(f"{path} is damaged: {what}; use an earlier checkpoint")
+
+    for key, least in (("step", 0), ("world_size", 1)):
+        if not _whole(manifest.get(key), least):
+            raise bad(f"{key} is {manifest.get(key)!r}, not a whole number >= {least}")
+    if "optimizer_steps" in manifest and not _whole(manifest["optimizer_steps"]):
+        raise bad(f"optimizer_steps is {manifest['optimizer_steps']!r}")
+    if not isinstance(manifest.get("model"), dict) or not isinstance(manifest.get("layout"), str):
+        raise bad("model must be a table and layout a string")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("sha256"), str) and _whole(f.get("bytes"))
+            for f in files.values()):
+        raise bad("files must map each file name to its sha256 and bytes")
+    pieces = manifest.get("pieces")
+    if not isinstance(pieces, list):
+        raise bad("pieces must be a list")
+    first: dict[tuple[str, str], tuple] = {}
+    for number, piece in enumerate(pieces):
+        problem = _piece_problem(piece, files)
+        if problem:
+            raise bad(f"piece {number} ({_label(piece)}) {problem}")
+        cut = (tuple(piece["shape"]), piece["tp_count"], piece["tp_dim"])
+        if first.setdefault((piece["kind"], piece["name"]), cut) != cut:
+            raise bad(f"piece {number} ({_label(piece)}) has shape {list(cut[0])} cut "
+                      f"{cut[1]} ways, unlike the other pieces of that tensor")
+
+
+def _label(piece: Any) -> str:
+    return f"{piece.get('kind')} {piece.get('name')}" if isinstance(piece, dict) else "?"
+
+
+def _piece_problem(piece: Any, files: dict[str, Any]) -> str | None:
+    """What is wrong with one piece's record (None: nothing)."""
+    if not isinstance(piece, dict):
+        return "is not a table"
+    for key in ("kind", "name", "file", "key"):
+        if not isinstance(piece.get(key), str):
+            return f"has no {key}"
+    if piece["file"] not in files:
+        return f"names file {piece['file']!r}, which the manifest does not list"
+    shape = piece.get("shape")
+    if not isinstance(shape, list) or not all(_whole(d, 1) for d in shape):
+        return f"has shape {shape!r}, not a list of positive sizes"
+    count, index, dim = piece.get("tp_count"), piece.get("tp_index"), piece.get("tp_dim")
+    if not _whole(count, 1) or not _whole(index) or index >= count:
+        return f"has tp_index {index!r} outside 0..tp_count-1 (tp_count {count!r})"
+    if count > 1 and not (_whole(dim) and dim < len(shape) and shape[dim] % count == 0):
+        return f"is cut {count} ways along dimension {dim!r} of shape {shape}: no such cut"
+    if dim is not None and not _whole(dim):
+        return f"has tp_dim {dim!r}"
+    numel = math.prod(shape) // count
+    lo, hi = piece.get("lo"), piece.get("hi")
+    if not (_whole(lo) and _whole(hi) and lo < hi <= numel):
+        return f"has range {lo!r}..{hi!r} outside its slice of {numel} elements"
+    return None
 
 
 def safe_member(directory: Path, name: str) -> Path:

@@ -32,7 +32,6 @@ aux loss needs no trip to the last stage; its value is kept for the metrics.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import torch
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paraxis.model_config import ModelConfig
+from paraxis.moe.placement import expert_capacity
 
 ExpertsRunner = Callable[[torch.Tensor, list[int]], torch.Tensor]
 
@@ -178,14 +178,15 @@ class MoE(nn.Module):
         return torch.zeros_like(tokens).index_add(0, token_of, outputs)
 
     def _within_capacity(self, chosen: torch.Tensor) -> torch.Tensor | None:
-        """Under a capacity factor each expert takes at most ceil(cf * T * k / E) of this
-        rank's assignments, earlier tokens first (Switch Transformer); None: dropless."""
+        """Under a capacity factor each expert takes at most `expert_capacity` (ceil(cf * T *
+        k / E)) of this rank's T tokens' assignments in this microbatch, earlier tokens first
+        (Switch Transformer); None: dropless."""
         cf = self.cfg.capacity_factor
         if cf == 0:
             self.last_dropped = 0
             return None
         tokens, k = chosen.shape
-        capacity = math.ceil(cf * tokens * k / self.cfg.n_experts)
+        capacity = expert_capacity(tokens, k, self.cfg.n_experts, cf)
         flat = chosen.flatten()
         onehot = F.one_hot(flat, self.cfg.n_experts)
         position = (onehot.cumsum(0) * onehot).sum(-1) - 1  # place in its expert's queue

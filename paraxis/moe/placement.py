@@ -12,6 +12,8 @@ values per (token, chosen expert) that leaves its rank.
 
 from __future__ import annotations
 
+import math
+
 from paraxis.errors import ParaxisError
 
 ALL_TO_ALLS_PER_BLOCK = 4  # dispatch and combine, forward and backward
@@ -49,10 +51,20 @@ def all_to_all_bytes(sends: list[list[int]], d_model: int, bytes_per_value: int)
 
 def uniform_send_matrix(tokens: int, top_k: int, n_experts: int, ep: int,
                         capacity_factor: float = 0.0) -> list[list[float]]:
-    """The send matrix when every expert gets the same share of each rank's `tokens`
-    (perfect balance; a capacity factor < 1 caps each expert at cf * tokens * k / E)."""
+    """The send matrix when every expert gets the same share of each rank's `tokens` (one
+    microbatch's; perfect balance). A capacity factor < 1 caps each expert at
+    `expert_capacity` of them, the runtime's cap (moe/layer.py)."""
     per_expert = tokens * top_k / n_experts
     if capacity_factor:
-        per_expert = min(per_expert, capacity_factor * tokens * top_k / n_experts)
+        per_expert = min(per_expert, expert_capacity(tokens, top_k, n_experts,
+                                                     capacity_factor))
     per_rank = per_expert * n_experts / ep
     return [[per_rank] * ep for _ in range(ep)]
+
+
+def expert_capacity(tokens: float, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Assignments each expert takes of one rank's `tokens` in one microbatch under a
+    capacity factor: ceil(cf * tokens * k / E) (Switch Transformer, Fedus et al. 2022 eq. 3;
+    the ceiling so a positive factor never leaves an expert no room). Per rank and
+    microbatch, as the runtime drops before its all-to-all, and as the planner prices."""
+    return math.ceil(capacity_factor * tokens * top_k / n_experts)

@@ -91,9 +91,17 @@ def measured_all_to_all_bytes(cfg: ModelConfig, counts: list[list[int]], ep: int
                               value_bytes: int) -> list[int]:
     """Bytes each EP rank sends to the others for one MoE block and microbatch, forward and
     backward together, given the run's per-expert counts (counts[i][e]: EP rank i's rows
-    for expert e): placement's count, `ALL_TO_ALLS_PER_BLOCK` times."""
-    sent = all_to_all_bytes(send_matrix(counts, ep), cfg.d_model, value_bytes)
-    return [ALL_TO_ALLS_PER_BLOCK * n for n in sent]
+    for expert e, what `expert_parallel.AllToAllCounter.dispatched` records). A rank sends
+    its own tokens' rows twice (forward dispatch, and backward the gradients of their
+    combined outputs) and the rows it received for its experts twice (forward combine,
+    backward the gradients of the dispatched inputs): `ALL_TO_ALLS_PER_BLOCK` all-to-alls,
+    half of them the transposed send matrix's."""
+    sends = send_matrix(counts, ep)
+    received = [list(column) for column in zip(*sends, strict=True)]
+    half = ALL_TO_ALLS_PER_BLOCK // 2
+    return [half * (out + back) for out, back in zip(
+        all_to_all_bytes(sends, cfg.d_model, value_bytes),
+        all_to_all_bytes(received, cfg.d_model, value_bytes), strict=True)]
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks for the same few thousand times

@@ -30,6 +30,8 @@ def formulas(precision: Precision) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.params < 1e18:  # inf and nan too: 1e18 parameters is 1000x today's largest
+        raise ParaxisError(f"--params {args.params:g} must be a number below 1e18")
     if args.params < 1:
         raise ParaxisError(f"--params {args.params:g} must be at least 1")
     if args.gpus < 1:

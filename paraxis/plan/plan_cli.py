@@ -52,12 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sends hide")
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Sizes that must be positive: 0 used to fall back to a default silently, and a zero or
+    negative node size or bandwidth to divide by zero or price nonsense."""
+    if args.gpus_per_node < 1:
+        raise ParaxisError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
+    for flag in ("seq_len", "memory_gb", "nvlink_gbps", "network_gbps"):
+        value = getattr(args, flag, None)
+        if value is not None and not 0 < value < float("inf"):
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be a positive number; "
+                               "leave the flag out for the default")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_numbers(args)
     given = inputs.from_args(args)
     cfg = given.model_config()
     cluster = given.cluster()
     precision = given.precision_rule()
-    seq_len = args.seq_len or cfg.max_seq_len
+    seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")

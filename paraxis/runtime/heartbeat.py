@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -76,7 +77,11 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         self._store = _connect_store(self.interval_s)
+        launcher = int(os.environ.get("PARAXIS_LAUNCHER_PID", "0"))
         while not self._stop_event.wait(self.interval_s):
+            if launcher and os.getppid() != launcher:  # orphaned (where prctl is missing):
+                launcher = 0  # stop at the next step, with a checkpoint (preemption.py)
+                os.kill(os.getpid(), signal.SIGTERM)
             idle_s = time.monotonic() - WATCH.since
             if idle_s > self.timeout_s + self.grace_s:
                 self._give_up(idle_s)
@@ -95,13 +100,19 @@ class Heartbeat(threading.Thread):
             {"beat": self._beats, "step": WATCH.step, "idle_s": idle_s,
              "waiting": WATCH.wait_text()}))
 
+    def _beats_now(self) -> list[dict]:
+        """Every rank's last beat; a rank that has not beaten yet (starting up, or frozen
+        before its first beat) has the placeholder beat -2, which never changes."""
+        if self._store.check(self._keys):
+            return [json.loads(raw) for raw in self._store.multi_get(self._keys)]  # 1 trip
+        none_yet = {"beat": -2, "step": None, "idle_s": 0.0, "waiting": None}
+        return [json.loads(self._store.get(key)) if self._store.check([key]) else none_yet
+                for key in self._keys]
+
     def _report_stalls(self) -> None:
-        if not self._store.check(self._keys):  # some rank has not beaten yet: starting up
-            return
         now = time.monotonic()
         stalled: list[tuple[int, dict]] = []
-        for rank, raw in enumerate(self._store.multi_get(self._keys)):  # one round trip
-            beat = json.loads(raw)
+        for rank, beat in enumerate(self._beats_now()):
             seen_beat, seen_at = self._seen.get(rank, (-1, now))
             if beat["beat"] != seen_beat:
                 self._seen[rank] = (beat["beat"], now)
@@ -111,6 +122,8 @@ class Heartbeat(threading.Thread):
                     "silent": silent_s >= self.stall_s}  # its thread stopped: frozen or gone
             if beat["idle_s"] >= self.stall_s:
                 stalled.append((rank, beat))
+        if all(b["beat"] == -2 for _, b in stalled):
+            stalled = []  # only ranks still starting up: not a stall (yet)
         # Say it when the picture changes, and again every stall_s while it lasts.
         picture = tuple((rank, beat["waiting"], beat.get("silent")) for rank, beat in stalled)
         if picture != self._last_picture or (stalled and now - self._said_at >= self.stall_s):
@@ -130,16 +143,34 @@ class Heartbeat(threading.Thread):
 
 
 def describe_stall(stalled: list[tuple[int, dict]]) -> str:
-    """One line naming the stalled ranks, those not waiting on anyone first."""
-    step = min((b["step"] for _, b in stalled if b["step"] is not None), default=None)
+    """One line naming the stalled ranks: the silent ones (no heartbeat: stopped, frozen or
+    gone) first, then those in no communication call, then the ones waiting on them.
+
+    A silent rank's last beat may be a few steps old (beats are seconds apart, steps may be
+    faster), while its peers wait for it in the step it stopped at: its step is the later of
+    the two. The line's step is the step the run is stuck in (the latest of them)."""
+    waiting_steps = [b["step"] for _, b in stalled if b["waiting"] and not b.get("silent")
+                     and b["step"] is not None]
+    steps = [b["step"] for _, b in stalled if b["step"] is not None]
+    step = max(steps, default=None)
     parts: list[str] = []
-    culprits = [(r, b) for r, b in stalled if not b["waiting"]]
-    for rank, beat in culprits:
-        state = "silent (no heartbeat)" if beat.get("silent") else "not in a communication call"
-        parts.append(f"rank {rank} no progress for {beat['idle_s']:.0f} s ({state})")
+    for rank, beat in stalled:
+        if beat.get("silent") and beat["waiting"]:
+            stopped = max([beat["step"], *waiting_steps]) if beat["step"] is not None else None
+            at = f", stopped at step {stopped}" if stopped is not None else ""
+            parts.append(f"rank {rank} silent (no heartbeat) for {beat['idle_s']:.0f} s{at} "
+                         f"(last seen waiting on {beat['waiting']})")
+    for rank, beat in stalled:
+        if not beat["waiting"]:
+            state = ("silent (no heartbeat)" if beat.get("silent")
+                     else "not in a communication call")
+            if beat.get("silent") and beat["step"] is None and waiting_steps:
+                beat = {**beat, "step": max(waiting_steps)}  # never beat: stuck with its peers
+            at = f" at step {beat['step']}" if beat["step"] not in (step, None) else ""
+            parts.append(f"rank {rank} no progress for {beat['idle_s']:.0f} s{at} ({state})")
     by_wait: dict[str, list[int]] = {}
     for rank, beat in stalled:
-        if beat["waiting"]:
+        if beat["waiting"] and not beat.get("silent"):
             by_wait.setdefault(beat["waiting"], []).append(rank)
     for waiting, ranks in by_wait.items():
         longest = max(b["idle_s"] for r, b in stalled if r in ranks)

@@ -21,18 +21,20 @@ naming the ranks that failed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from paraxis.errors import CommFailure, RunFailed
+from paraxis.errors import CommFailure, ParaxisError, RunFailed
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -42,6 +44,9 @@ LOOPBACK = "127.0.0.1"
 
 def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
                 env: dict[str, str], results: Queue) -> None:
+    from paraxis.runtime.preemption import die_with_parent
+
+    die_with_parent(int(env["PARAXIS_LAUNCHER_PID"]))  # no orphans, even after a SIGKILL
     os.environ.update(env)
     import torch
 
@@ -52,13 +57,33 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
         torch.set_num_threads(1)
         return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
     returned: list[Any] = []
-    code = run_guarded(lambda: returned.append(fn(*args)), debug=debug)
+
+    def body() -> None:
+        try:
+            returned.append(fn(*args))
+        except ParaxisError as error:
+            if not _told_launcher(error, results, debug):
+                raise
+            sys.exit(error.exit_code)
+
+    code = run_guarded(body, debug=debug)
     if code:
         sys.exit(code)  # the rank already said why, in one line
     if env["RANK"] == "0":
-        results.put(returned[0])
-        results.close()
-        results.join_thread()
+        results.put(("result", returned[0]))
+    results.close()
+    results.join_thread()
+
+
+def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
+    """Bad input (exit code 2) and what every rank says alike (a preemption) go to the
+    launcher, which prints each distinct line once: one line, not one per rank."""
+    if debug or not (error.exit_code == 2 or getattr(error, "same_on_every_rank", False)):
+        return False
+    results.put(("error", str(error), error.exit_code))
+    results.close()
+    results.join_thread()
+    return True
 
 
 def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
@@ -99,6 +124,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
     common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
               "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
               "TORCHELASTIC_RESTART_COUNT": str(attempt),
+              "PARAXIS_LAUNCHER_PID": str(os.getpid()),
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
@@ -110,42 +136,100 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
     for process in processes:
         process.start()
     try:
-        return _watch(processes, results, timeout_s)
+        with _PassSignals(processes) as signals:
+            return _watch(processes, results, timeout_s, signals)
     finally:
         _stop(processes)
         del store
 
 
-def _watch(processes: list, results: Queue, timeout_s: float) -> Any:
+class _PassSignals:
+    """While the ranks run, SIGTERM, SIGHUP or SIGINT to the launcher reaches them (as
+    SIGTERM: a terminal's Ctrl-C already reached them as SIGINT, and a second SIGINT would
+    stop them without a checkpoint); they stop together at the next step boundary, saving a
+    checkpoint (`runtime/preemption.py`). A second signal stops them at once."""
+
+    def __init__(self, processes: list) -> None:
+        self.processes, self.signum = processes, 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _PassSignals:
+        from paraxis.runtime.preemption import SIGNALS
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        passed = signal.SIGKILL if self.signum else signal.SIGTERM
+        self.signum = self.signum or signum
+        for process in self.processes:
+            if process.exitcode is None and process.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, passed)
+
+
+def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSignals) -> Any:
     """Wait for every rank to exit 0 (then return rank 0's result) or for one to fail."""
     returned, received = None, False
+    said: dict[str, int] = {}  # lines the ranks left to the launcher -> their exit code
     while True:
         try:
-            returned, received = results.get(timeout=0.1), True
+            kind, *payload = results.get(timeout=0.1)
+            if kind == "result":
+                returned, received = payload[0], True
+            else:
+                said.setdefault(payload[0], payload[1])
         except queue.Empty:
             pass
         codes = [p.exitcode for p in processes]
-        if any(code not in (None, 0) for code in codes):
-            # The others' waits expire a moment later: let them say so before stopping them.
-            deadline = time.monotonic() + CommFailure.linger_s + 2.0
-            while time.monotonic() < deadline and any(p.exitcode is None for p in processes):
-                time.sleep(0.1)
+        if all(code == 0 for code in codes):  # done (a signal that came too late changes nothing)
+            return returned if received else results.get(timeout=timeout_s)[1]
+        if signals.signum or any(code not in (None, 0) for code in codes):
+            _wait_for_the_rest(processes, results, said, signals)
+            if said:  # bad input or a preemption: the same line from every rank, once
+                error = ParaxisError("; ".join(said))
+                error.exit_code = max(said.values())
+                raise error
+            if signals.signum:
+                error = ParaxisError(f"stopped by {signal.Signals(signals.signum).name} "
+                                     "before the ranks started training; nothing was saved")
+                error.exit_code = 128 + signals.signum
+                raise error
             raise RunFailed(failure_summary([p.exitcode for p in processes]))
-        if all(code == 0 for code in codes):
-            return returned if received else results.get(timeout=timeout_s)
+
+
+def _wait_for_the_rest(processes: list, results: Queue, said: dict[str, int],
+                       signals: _PassSignals) -> None:
+    """After a failure the others' waits expire a moment later: let them say so. After a
+    signal, wait for every rank to save and stop (their watchdog bounds it)."""
+    deadline = time.monotonic() + CommFailure.linger_s + 2.0
+    while any(p.exitcode is None for p in processes) and (
+            signals.signum or time.monotonic() < deadline):
+        with contextlib.suppress(queue.Empty):
+            kind, *payload = results.get(timeout=0.1)
+            if kind == "error":
+                said.setdefault(payload[0], payload[1])
+    with contextlib.suppress(queue.Empty):  # lines put just before their rank exited
+        while True:
+            kind, *payload = results.get(timeout=0.2)
+            if kind == "error":
+                said.setdefault(payload[0], payload[1])
 
 
 def _stop(processes: list) -> None:
-    """SIGTERM whoever is still running, then SIGKILL whoever ignores it."""
+    """Stop whoever is still running: the run failed, so there is nothing to save (SIGKILL:
+    SIGTERM would ask them to save at the next step, with a peer gone)."""
     for process in processes:
-        if process.exitcode is None:
-            process.terminate()
-    deadline = time.monotonic() + 5.0
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
         if process.exitcode is None:
             process.kill()
-            process.join()
+    for process in processes:
+        process.join()
 
 
 def failure_summary(codes: list[int | None]) -> str:

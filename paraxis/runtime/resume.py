@@ -15,6 +15,7 @@ its resolved config once, at the start (`write_config`).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,26 +28,30 @@ from paraxis.runtime.distributed import restart_attempt
 if TYPE_CHECKING:
     from paraxis.config import RunConfig
     from paraxis.model_config import ModelConfig
+    from paraxis.runtime.claim import Claim
     from paraxis.runtime.engine import Engine
+
+
+def resume_source(cfg: RunConfig) -> Path | None:
+    """The checkpoint this run continues (None: it starts fresh or from --init-from)."""
+    ckpt = cfg.checkpoint
+    saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
+    if restart_attempt() > 0 and saved:
+        return saved[-1][1]
+    if ckpt.init_from or not ckpt.resume:
+        return None
+    if ckpt.resume == "auto":
+        return saved[-1][1] if saved else None  # nothing saved yet: a fresh start
+    return resolve(ckpt.resume)
 
 
 def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int) -> int:
     """Load what the run starts from into `engine`; return the step to continue from."""
-    ckpt = cfg.checkpoint
-    saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
-    if restart_attempt() > 0 and saved:
-        path = saved[-1][1]
-    elif ckpt.init_from:
-        init_from(ckpt.init_from, engine, model_cfg, rank)
+    path = resume_source(cfg)
+    if path is None:
+        if cfg.checkpoint.init_from:
+            init_from(cfg.checkpoint.init_from, engine, model_cfg, rank)
         return 0
-    elif not ckpt.resume:
-        return 0
-    elif ckpt.resume == "auto":
-        if not saved:
-            return 0  # nothing saved yet: a fresh start
-        path = saved[-1][1]
-    else:
-        path = resolve(ckpt.resume)
     manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
     step = int(manifest["step"])
     if step >= cfg.train.steps:
@@ -83,13 +88,38 @@ def save_due(cfg: RunConfig, done: int) -> bool:
                                          or (every > 0 and done % every == 0))
 
 
-def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int) -> None:
-    """A checkpoint of `step` steps done, with the resolved config and the data position."""
+def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
+         claim: Claim | None = None) -> None:
+    """A checkpoint of `step` steps done, with the resolved config, the data position and
+    the run it belongs to (`runtime/claim.py`: pruning touches this run's checkpoints only)."""
     train = cfg.train
     data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
             "global_batch": train.global_batch, "seq_len": train.seq_len}
+    run = None
+    if claim is not None:
+        data["source"] = claim.facts["source"]
+        run = {"id": claim.run_id, "token": claim.token, "facts": claim.facts}
     save_checkpoint(engine, cfg.checkpoint.dir, step, model_cfg.to_dict(),
-                    config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data})
+                    config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data},
+                    run=run)
+
+
+def trim_metrics(path: Path, start_step: int) -> None:
+    """Drop the metrics lines of steps >= start_step (logged after the checkpoint a resumed
+    run continues from, before the run stopped), so the file holds each step once."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a line cut short by the crash
+        if isinstance(step, int) and step < start_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
 
 
 def write_config(cfg: RunConfig) -> None:

@@ -64,6 +64,7 @@ class Watch:
         self.peer: int | None = None
         self.axis: str | None = None
         self.since = time.monotonic()  # when the current wait began, or the last one ended
+        self.on_wait = None  # a fault test's hook, called as a wait begins (runtime/faults.py)
 
     def configure(self, rank: int, timeout_s: float) -> None:
         self.rank, self.timeout_s = rank, timeout_s
@@ -80,6 +81,8 @@ class Watch:
         """Record the wait that follows; use as `with WATCH.waiting(...):`."""
         self.op, self.group, self.peer, self.axis = op, group, peer, axis
         self.since = time.monotonic()
+        if self.on_wait is not None:
+            self.on_wait()
         return self
 
     def __enter__(self) -> Watch:

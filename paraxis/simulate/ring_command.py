@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from paraxis.errors import ParaxisError
 from paraxis.simulate.ring import (
     REDUCE_SCATTER,
     RingSimulation,
@@ -19,6 +20,12 @@ from paraxis.simulate.ring import (
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+
+# The largest ring worth watching step by step (16 ranks print in seconds; the work grows as
+# N^3: `/usr/bin/time -f "%e s %M KB" paraxis ring --ranks 64` took 246 s and 1.1 GB on the
+# loaded 2-core machine, 256 ranks 23 GB before the kernel killed it).
+MAX_RANKS, MAX_SIZE = 16, 4096
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +71,11 @@ def _table(sim: RingSimulation, step: RingStep | None, title: str) -> Table:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    if args.ranks > MAX_RANKS or (args.size or 0) > MAX_SIZE:
+        raise ParaxisError(f"--ranks {args.ranks} --size {args.size or args.ranks} is too big to "
+                           f"watch: every step prints an N x N table (64 ranks already take "
+                           f"minutes and a GB); use --ranks <= {MAX_RANKS} and --size <= "
+                           f"{MAX_SIZE}, and `paraxis plan` for the cost at scale")
     console = Console()
     sim = simulate_ring(args.ranks, size=args.size, bytes_per_element=args.bytes_per_element)
     n, x_bytes = sim.ranks, sim.size * sim.bytes_per_element

@@ -1,0 +1,51 @@
+"""Checks of a run config for values that used to fail late, after training had started (a
+traceback at the first save), or to be silently ignored. `RunConfig.check` calls them, so
+they run before anything is created, in the process that starts the run."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.errors import ParaxisError
+
+if TYPE_CHECKING:
+    from paraxis.config import RunConfig
+
+
+def check_late_failures(cfg: RunConfig) -> None:
+    """One-line errors for the seed, gradient clip, peak TFLOP/s, --exit-after, an
+    interleaved schedule without a pipeline, and every folder the run will write."""
+    train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
+    if train.seed < 0:
+        raise ParaxisError(f"--seed {train.seed} must be >= 0 (numpy's generators take "
+                           "non-negative seeds)")
+    if not opt.grad_clip >= 0 or opt.grad_clip == math.inf:
+        raise ParaxisError(f"--grad-clip {opt.grad_clip} must be a finite number >= 0 "
+                           "(0 turns it off)")
+    if log.peak_tflops is not None and not 0 < log.peak_tflops < math.inf:
+        raise ParaxisError(f"--peak-tflops {log.peak_tflops} must be a positive number "
+                           "(one device's peak, e.g. 989 for an H100's bf16)")
+    if ckpt.exit_after is not None and not ckpt.dir:
+        raise ParaxisError("--exit-after needs --checkpoint-dir: it stops with a "
+                           "checkpoint to continue from")
+    if cfg.layout.schedule == "interleaved" and cfg.layout.pp == 1:
+        raise ParaxisError("schedule=interleaved needs pp > 1 (it interleaves pipeline "
+                           "stages); raise pp or use schedule=1f1b")
+    for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
+        if folder:
+            check_writable_folder(Path(folder), flag)
+
+
+def check_writable_folder(path: Path, flag: str) -> None:
+    """Fail before training if the folder `path` cannot be created or written in."""
+    if path.exists() and not path.is_dir():
+        raise ParaxisError(f"{flag} {path} is a file, not a folder; choose another path")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
+                           "folder); choose another path")

@@ -1,0 +1,170 @@
+"""The bad-input catalogue, round two (issue 25): inputs that used to end in a traceback, fail
+late (after training, at the first save) or be silently ignored. Same rules as
+`tests/test_bad_input.py`: one line `paraxis: error: ...` with a fix, a non-zero exit, no
+traceback, and every file in the folder unchanged. Rows marked SUB run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paraxis.config import RunConfig
+from paraxis.train import run_training
+from tests.test_bad_input import run_row, snapshot
+
+SUB = True
+TRAIN = ["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch", "4",
+         "--device", "cpu"]
+GOOD = "ckpt/step-00000001"
+
+ROWS: list[tuple[str, list[str], str, str, bool]] = [
+    # --- training flags that were ignored or crashed
+    ("seed-negative", [*TRAIN, "--seed", "-1"], "--seed -1 must be >= 0", "non-negative", SUB),
+    ("grad-clip-nan", [*TRAIN, "--grad-clip", "nan"], "--grad-clip nan", "0 turns it off",
+     False),
+    ("peak-tflops-negative", [*TRAIN, "--peak-tflops", "-5"], "--peak-tflops -5.0",
+     "must be a positive number", False),
+    ("exit-after-without-folder", [*TRAIN, "--exit-after", "1"],
+     "--exit-after needs --checkpoint-dir", "checkpoint to continue from", False),
+    ("layout-key-twice", [*TRAIN, "--layout", "dp=1,dp=1"], "sets dp more than once",
+     "give each key once", False),
+    ("interleaved-without-pipeline", [*TRAIN, "--layout", "pp=1,schedule=interleaved"],
+     "schedule=interleaved needs pp > 1", "use schedule=1f1b", False),
+    ("checkpoint-dir-unwritable", [*TRAIN, "--checkpoint-dir", "a_file.txt/ck"],
+     "--checkpoint-dir a_file.txt/ck cannot be written", "choose another path", SUB),
+    ("checkpoint-dir-is-a-file", [*TRAIN, "--checkpoint-dir", "a_file.txt"],
+     "is a file, not a folder", "choose another path", False),
+    ("tensorboard-unwritable", [*TRAIN, "--tensorboard", "a_file.txt/tb"],
+     "--tensorboard a_file.txt/tb cannot be written", "choose another path", False),
+    # --- model files with the wrong types
+    ("model-file-a-list", [*TRAIN, "--model", "list.json"], "not a list",
+     "a table of key = value", False),
+    ("model-norm-eps-string", [*TRAIN, "--model", "eps.json"], "norm_eps = '1e-5'",
+     "must be a finite number", False),
+    ("model-layers-true", [*TRAIN, "--model", "layers.json"], "n_layers = True",
+     "must be a whole number", SUB),
+    ("model-llama-odd-head", [*TRAIN, "--model", "odd_head.json"],
+     "head of 15 dimensions", "choose an even head size", False),
+    # --- data: an id beyond the vocabulary after the first million tokens
+    ("data-late-bad-id", [*TRAIN, "--data", "late.bin"], "holds token id 300 (at token "
+     "1,499,999)", "check --data-dtype", False),
+    # --- damaged manifests, in train, generate and checkpoint info
+    ("train-tp-index-out-of-range", [*TRAIN, "--steps", "2", "--resume", "bad_index"],
+     "tp_index 5 outside 0..tp_count-1", "use an earlier checkpoint", False),
+    ("generate-manifest-without-step", ["generate", "--checkpoint", "no_step", "--prompt", "a",
+                                        "--device", "cpu"],
+     "step is None, not a whole number", "use an earlier checkpoint", SUB),
+    ("info-smaller-shape", ["checkpoint", "info", "small_shape"],
+     "has range 0..16384 outside its slice of 8192", "use an earlier checkpoint", False),
+    ("convert-into-a-file", ["checkpoint", "convert", GOOD, "a_file.txt/out", "--layout",
+                             "dp=1"], "the destination a_file.txt/out cannot be written",
+     "choose another path", False),
+    ("export-hf-into-a-file", ["checkpoint", "export-hf", GOOD, "a_file.txt/hf"],
+     "the destination a_file.txt/hf cannot be written", "choose another path", False),
+    # --- planner and calculators
+    ("plan-gpus-per-node-0", ["plan", "--model", "tiny", "--gpus", "8", "--gpus-per-node",
+                              "0"], "--gpus-per-node 0", "must be at least 1", SUB),
+    ("plan-network-negative", ["plan", "--model", "tiny", "--gpus", "8", "--network-gbps",
+                               "-1"], "--network-gbps -1.0", "leave the flag out", False),
+    ("plan-seq-len-0", ["plan", "--model", "tiny", "--seq-len", "0"], "--seq-len 0",
+     "must be a positive number", False),
+    ("plan-memory-0", ["plan", "--model", "tiny", "--memory-gb", "0"], "--memory-gb 0.0",
+     "must be a positive number", False),
+    ("plan-seq-len-over-context", ["plan", "--model", "tiny", "--seq-len", "4096"],
+     "--seq-len 4096 is over tiny's context of 128", "use --seq-len 128 or less", False),
+    ("memory-params-inf", ["memory", "--params", "inf"], "--params inf",
+     "must be a number below 1e18", SUB),
+    ("ring-5000-ranks", ["ring", "--ranks", "5000"], "too big to watch",
+     "use --ranks <= 16", SUB),
+    ("generate-tiny-temperature", ["generate", "--checkpoint", GOOD, "--prompt", "a",
+                                   "--temperature", "1e-45"], "--temperature 1e-45",
+     "at least 0.0001", False),
+    ("generate-endless", ["generate", "--checkpoint", GOOD, "--prompt", "a",
+                          "--max-new-tokens", "100000000000000000000"],
+     "--max-new-tokens 100000000000000000000", "within 0..100000", False),
+    # --- under --nproc, bad input the ranks find: one line (not one per rank), exit code 2
+    ("nproc-resume-other-model", [*TRAIN, "--steps", "2", "--nproc", "2", "--model",
+                                  "tiny-llama", "--resume", GOOD],
+     "holds a different model", "--model set to the checkpoint's model", SUB),
+]
+
+
+def make_inputs(folder: Path) -> None:
+    (folder / "a_file.txt").write_text("not a folder\n")
+    shape = {"name": "m", "style": "llama", "vocab_size": 256, "n_layers": 2, "d_model": 64,
+             "n_heads": 4, "n_kv_heads": 4, "d_ff": 128, "max_seq_len": 64}
+    (folder / "list.json").write_text(json.dumps([shape]))
+    (folder / "eps.json").write_text(json.dumps({**shape, "norm_eps": "1e-5"}))
+    (folder / "layers.json").write_text(json.dumps({**shape, "n_layers": True}))
+    (folder / "odd_head.json").write_text(json.dumps({**shape, "d_model": 60}))
+    tokens = (np.arange(1_500_000) % 200).astype(np.uint16)
+    tokens[-1] = 300
+    tokens.tofile(folder / "late.bin")
+    run_training(RunConfig.from_flags(model="tiny", steps=1, global_batch=4, seq_len=32,
+                                      quiet=True, device="cpu",
+                                      checkpoint_dir=str(folder / "ckpt")))
+    good = folder / GOOD
+    for name, damage in (("bad_index", lambda m: m["pieces"][0].update(tp_index=5)),
+                         ("no_step", lambda m: m.pop("step")),
+                         ("small_shape", lambda m: m["pieces"][0].update(shape=[128, 64]))):
+        shutil.copytree(good, folder / name / good.name)
+        path = folder / name / good.name / "manifest.json"
+        manifest = json.loads(path.read_text())
+        damage(manifest)
+        path.write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bad_inputs2")
+    make_inputs(folder)
+    return folder
+
+
+@pytest.mark.parametrize("argv,message,hint,in_subprocess",
+                         [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
+def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
+    before = snapshot(inputs)
+    code, stderr = run_row(argv, inputs, in_subprocess)
+    lines = stderr.strip().splitlines()
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert len(lines) == 1 and lines[0].startswith("paraxis: error: "), stderr
+    assert message in lines[0] and hint in lines[0], lines[0]
+    assert snapshot(inputs) == before, "a failed command changed files on disk"
+
+
+def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeypatch):
+    import collections
+
+    import paraxis.runtime.claim as claim
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(claim.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    before = snapshot(inputs)
+    code, stderr = run_row([*TRAIN, "--checkpoint-dir", "new_ckpt"], inputs, False)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "has 1e-06 GB free but one checkpoint of this model takes about 0.0" in stderr
+    assert "free space or choose another --checkpoint-dir" in stderr
+    assert snapshot(inputs) == before
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_exit_3(tmp_path, monkeypatch):
+    import errno
+
+    import paraxis.checkpoint.save as save
+
+    def full(tensors: object, path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(save, "_write_tensors", full)
+    code, stderr = run_row([*TRAIN, "--checkpoint-dir", "ck"], tmp_path, False)
+    assert code == 3 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines() == [
+        "paraxis: error: rank 0: cannot write checkpoint ck/step-00000001.tmp (No space left "
+        "on device: ck/step-00000001.tmp/rank-00000.safetensors); free space or fix the "
+        "folder, then resume from the previous checkpoint with --resume auto"]
