@@ -23,6 +23,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("train", "paraxis.train", "train a model on one device or many (torchrun-compatible)"),
     ("checkpoint", "paraxis.checkpoint.cli", "inspect a checkpoint, or convert it to "
      "another layout"),
+    ("data", "paraxis.data_command", "tokenize a JSONL, Parquet or datasets corpus into shards"),
     ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
     ("schedule", "paraxis.simulate.schedule_command",

@@ -2,6 +2,7 @@
 
     [model]      name = "tiny-llama"
     [data]       path = "embedded"  dtype = "uint16"  tokenizer = "tok/tokenizer.json"
+                 text_field = "text"
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
                  precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
                  on_nan = "stop"
@@ -54,11 +55,12 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    path: str = option("embedded", "'embedded', a .bin token file, a text file or folder",
-                       "--data")
+    path: str = option("embedded", "'embedded', a .bin token file, a text file or folder, a "
+                       ".jsonl(.gz) / Parquet / datasets source, or a prepared folder", "--data")
     dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
     tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
                                    "(default: byte-level)")
+    text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
 
 
 @dataclass(frozen=True)

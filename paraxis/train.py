@@ -51,7 +51,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from paraxis.data import TokenData
+    from paraxis.data_prepare import load_token_data
     from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
     from paraxis.precision import get_policy
@@ -87,7 +87,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
     claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
-        data = TokenData.load(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer)
+        data = load_token_data(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer,
+                               cfg.data.text_field)
         data.check(model_cfg.vocab_size, train.seq_len)
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
