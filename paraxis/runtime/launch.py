@@ -28,13 +28,13 @@ import queue
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from paraxis.errors import CommFailure, ParaxisError, RunFailed
+from paraxis.runtime.preemption import CatchSignals
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -143,27 +143,15 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
         del store
 
 
-class _PassSignals:
+class _PassSignals(CatchSignals):
     """While the ranks run, SIGTERM, SIGHUP or SIGINT to the launcher reaches them (as
     SIGTERM: a terminal's Ctrl-C already reached them as SIGINT, and a second SIGINT would
     stop them without a checkpoint); they stop together at the next step boundary, saving a
     checkpoint (`runtime/preemption.py`). A second signal stops them at once."""
 
     def __init__(self, processes: list) -> None:
-        self.processes, self.signum = processes, 0
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _PassSignals:
-        from paraxis.runtime.preemption import SIGNALS
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        super().__init__()
+        self.processes = processes
 
     def _handle(self, signum: int, frame: object) -> None:
         passed = signal.SIGKILL if self.signum else signal.SIGTERM

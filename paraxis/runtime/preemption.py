@@ -43,15 +43,17 @@ class Preempted(ParaxisError):
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {done}; {where}")
 
 
-class StopRequest:
-    """The stop flag the signal handlers set, and the ranks' agreement on it."""
+class CatchSignals:
+    """`_handle` receives SIGNALS inside the `with` block (installed from the main thread
+    only: Python runs handlers there); the previous handlers come back after it. `signum`:
+    the first signal caught (0: none)."""
 
     def __init__(self) -> None:
         self.signum = 0
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():  # handlers live there only
+    def __enter__(self) -> CatchSignals:
+        if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -60,6 +62,13 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        raise NotImplementedError
+
+
+class StopRequest(CatchSignals):
+    """The stop flag the signal handlers set, and the ranks' agreement on it."""
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum and signum == signal.SIGINT:
