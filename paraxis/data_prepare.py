@@ -22,9 +22,11 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from uuid import uuid4
 
 import numpy as np
 
@@ -133,9 +135,11 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     todo = pieces(path, kind)
     created = [p for p in (out, *out.parents) if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    # unique per process and host (ranks on nodes sharing a filesystem may share a pid), and
+    # made before the cleanup guard, so a failure only ever removes what this process made
+    tmp = out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+    tmp.mkdir()
     try:
-        tmp.mkdir()
         _worker_tokenizer.cache_clear()  # the file may have changed since the last prepare
         tasks = [(p, text_field, tokenizer, str(tmp / f"shard-{i:05d}")) for i, p in
                  enumerate(todo)]

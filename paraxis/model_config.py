@@ -137,6 +137,11 @@ class ModelConfig:
         """One routed (or shared) expert: a SwiGLU MLP of width d_ff_expert."""
         return 3 * self.d_model * self.d_ff_expert
 
+    def moe_replicated_params(self) -> int:
+        """An MoE block's feed-forward parameters that every EP rank holds: the router and
+        the shared experts (the routed experts are split over ep)."""
+        return self.d_model * self.n_experts + self.n_shared_experts * self.expert_params()
+
     def layer_params(self, index: int = 0, active: bool = False) -> int:
         """Parameters of transformer block `index` (all its experts, or with `active` the
         ones one token uses: top_k routed plus the shared)."""
@@ -148,7 +153,7 @@ class ModelConfig:
             norms = 2 * 2 * d  # two LayerNorms, weight and bias
         elif self.is_moe_layer(index):
             routed = self.top_k if active else self.n_experts
-            mlp = d * self.n_experts + (routed + self.n_shared_experts) * self.expert_params()
+            mlp = self.moe_replicated_params() + routed * self.expert_params()
             norms = 2 * d
         else:
             mlp = 3 * d * self.d_ff  # gate, up, down (SwiGLU)

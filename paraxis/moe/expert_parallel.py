@@ -16,10 +16,11 @@ rank's (token, expert) rows sorted by expert with the count per expert; then
    it was sent, which is what the block expects.
 
 Both all-to-alls are autograd functions whose backward is the reverse all-to-all, so the
-gradients of tokens and experts flow back the same way: four all-to-alls per block per step
-(`placement.ALL_TO_ALLS_PER_BLOCK`). The one host synchronisation is `.tolist()` of the
-received counts, which variable split sizes need (NCCL's all_to_all_single takes the split
-sizes as Python lists); everything else is asynchronous on a GPU.
+gradients of tokens and experts flow back the same way: four all-to-alls per block per
+microbatch (`placement.ALL_TO_ALLS_PER_BLOCK`). Host synchronisations: `.tolist()` of the
+received counts here and of the per-expert counts in the block (`layer.py`), which variable
+split sizes need (NCCL's all_to_all_single takes them as Python lists), and under a capacity
+factor the dropped count the block records; everything else is asynchronous on a GPU.
 
 `AllToAllCounter` records every row all-to-all's bytes to other ranks (as
 `tensor_parallel.counter` does for TP) and the per-expert counts each rank dispatched, so

@@ -30,7 +30,7 @@ import functools
 from typing import NamedTuple
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout, expert_groups
+from paraxis.layout import Layout, expert_dp_groups, expert_groups
 from paraxis.model_config import ModelConfig
 from paraxis.moe.placement import (
     ALL_TO_ALLS_PER_BLOCK,
@@ -130,7 +130,7 @@ def block_params(cfg: ModelConfig, index: int) -> BlockParams:
     if not cfg.is_moe_layer(index):
         return BlockParams(total, 0, 0)
     experts = cfg.n_experts * cfg.expert_params()
-    replicated = cfg.d_model * cfg.n_experts + cfg.n_shared_experts * cfg.expert_params()
+    replicated = cfg.moe_replicated_params()
     return BlockParams(total - experts - replicated, replicated, experts)
 
 
@@ -183,9 +183,12 @@ def ep_link(layout: Layout, cluster: Cluster) -> Link:
 def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
     """The link the experts' gradient sync runs over: the dp*cp/ep ranks of a dp x cp group
     at the same place in their EP groups."""
-    groups = _groups(tuple(layout.degrees.items()), layout.ep)
-    per_replica = layout.dp * layout.cp // layout.ep
-    return group_link([group[0] for group in groups[:per_replica]], cluster)
+    return group_link(list(_expert_dp_group(tuple(layout.degrees.items()), layout.ep)), cluster)
+
+
+@functools.lru_cache(maxsize=1024)
+def _expert_dp_group(degrees: tuple[tuple[str, int], ...], ep: int) -> tuple[int, ...]:
+    return tuple(expert_dp_groups(dict(degrees), ep)[0])
 
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK
+from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, uniform_send_matrix
 from paraxis.report.text import duration
 from paraxis.viz.html import figure
 from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
@@ -35,8 +35,10 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
              f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} experts of every "
              "MoE block.</p>"]
     if layout.ep > 1:
-        tokens = _tokens_per_rank(plan)
-        per_expert = tokens * cfg.top_k // cfg.n_experts
+        tokens = e.micro_batch * plan.seq_len // layout.cp  # one rank's microbatch
+        per_rank = uniform_send_matrix(tokens, cfg.top_k, cfg.n_experts, layout.ep,
+                                       cfg.capacity_factor)[0][0]
+        per_expert = round(per_rank * layout.ep / cfg.n_experts)
         counts = [[per_expert] * cfg.n_experts for _ in range(layout.ep)]
         priced = e.time.get("ep_total", 0.0)
         parts.append(figure(
@@ -84,9 +86,3 @@ def _routing(plan: Plan, run: MeasuredRun | None) -> str:
                   "routing", f"Block {block}'s routing of the first tokens of the embedded "
                   f"text, by {what}: each token's top {cfg.top_k} experts and their weights, "
                   "and the tokens each expert received.")
-
-
-def _tokens_per_rank(plan: Plan) -> int:
-    layout = plan.layout
-    sequences = plan.inputs.global_batch // (layout.dp * layout.microbatches)
-    return max(1, sequences) * plan.seq_len // layout.cp
