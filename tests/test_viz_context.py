@@ -153,3 +153,13 @@ def test_pictures_refuse_bad_input_in_one_line():
         plot_kv_exchange(2, "p2p")
     with pytest.raises(ParaxisError, match="at most cp = 16"):
         plot_kv_ring(17)
+
+
+def test_grid_labels_name_each_ranks_expert_parallel_place():
+    from paraxis.viz.grid import cell_label
+
+    layout = Layout(dp=4, ep=2, tp=2)
+    for group in layout.groups("ep"):
+        for place, rank in enumerate(group):
+            assert f" ep{place} " in cell_label(layout, rank, 8)
+    assert " ep" not in cell_label(Layout(dp=4, tp=2), 0, 8)

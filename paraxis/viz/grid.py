@@ -35,10 +35,14 @@ def rank_roles(layout: Layout, gpus_per_node: int) -> list[dict[str, int]]:
 
 def cell_label(layout: Layout, rank: int, gpus_per_node: int) -> str:
     """"dp1 cp0 tp1 pp0 · node 0": a rank's coordinates (`Layout.coords`; cp only when the
-    layout has it) and its node."""
+    layout has it; with experts, "ep1": its place in its expert-parallel group, the experts it
+    holds, from `Layout.groups("ep")` as the runtime builds them) and its node."""
     coords = layout.coords(rank)
     cp = f" cp{coords.cp_rank}" if layout.cp > 1 else ""
-    return (f"dp{coords.dp_rank}{cp} tp{coords.tp_rank} pp{coords.pp_rank} · node "
+    ep = ""
+    if layout.ep > 1:
+        ep = f" ep{next(g for g in layout.groups('ep') if rank in g).index(rank)}"
+    return (f"dp{coords.dp_rank}{cp}{ep} tp{coords.tp_rank} pp{coords.pp_rank} · node "
             f"{node_of(rank, gpus_per_node)}")
 
 
