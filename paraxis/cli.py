@@ -35,6 +35,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "see how context parallelism splits a sequence and passes K/V (text and pictures)"),
     ("report", "paraxis.report.command",
      "write one self-contained HTML report: plan, pictures, run"),
+    ("lab", "paraxis.lab.command",
+     "write the course's seven simulators as one interactive, offline HTML page"),
     ("calibrate", "paraxis.calibrate.command",
      "measure this machine's compute and collectives; write a profile for `plan --hardware`"),
     ("generate", "paraxis.generate", "sample text from a paraxis or Hugging Face checkpoint"),

@@ -1,0 +1,201 @@
+// paraxis lab: chapters 4-6 (pipeline schedules, ZeRO memory, the 3D grid). Figures come
+// from DATA or from core.js's pure functions; see core.js.
+"use strict";
+
+// ------------------------------------------------------------- chapter 4: pipelines
+(function pipeline() {
+  const d = DATA.pipeline, svg = $("pipe-svg");
+  let kind = "gpipe", result = null, shownUpTo = Infinity;
+  const NAMES = ["F", "B", "W"];
+  function entry() {
+    const v = kind === "interleaved" ? virtualS.get() : kind === "zb-v" ? 2 : 1;
+    return d.orders[kind + "/" + stagesS.get() + "/" + mbS.get() + "/" + v];
+  }
+  function draw() {
+    const P = stagesS.get(), e = entry();
+    svg.innerHTML = "";
+    if (e.error) {
+      result = null;
+      $("pipe-error").textContent = e.error;
+      for (const id of ["pipe-bubble", "pipe-makespan", "pipe-peak"]) $(id).textContent = "—";
+      return;
+    }
+    $("pipe-error").textContent = "";
+    const slow = slowS.get() === "none" ? -1 : slowS.get();
+    const [f, b] = stageCosts(P, slow, factorS.get());
+    result = simulate(e, P, f, b);
+    const W = 900, row = Math.min(34, 260 / P), L = 70, scale = (W - L - 10) / result.makespan;
+    svg.setAttribute("height", row * P + 24);
+    for (let s = 0; s < P; s++) {
+      el("rect", {x: L, y: s * row + 2, width: result.makespan * scale, height: row - 4,
+        fill: COLOURS.idle}, svg);
+      el("text", {x: 4, y: s * row + row / 2 + 4, class: "tick" + (s === slow ? " slow" : "")},
+        svg, "stage " + s + (s === slow ? " (slow)" : ""));
+      for (const [start, end, k, mb, chunk] of result.events[s]) {
+        if (start >= shownUpTo) continue;
+        const g = el("g", {}, svg);
+        el("rect", {x: L + start * scale, y: s * row + 2, width: Math.max(1, (end - start) * scale - 1),
+          height: row - 4, fill: COLOURS[NAMES[k]], opacity: chunk ? 0.75 : 1}, g);
+        if ((end - start) * scale > 16) el("text", {x: L + (start + end) / 2 * scale,
+          y: s * row + row / 2 + 4, "text-anchor": "middle", class: "blocklabel"}, g, NAMES[k] + mb);
+      }
+    }
+    if (shownUpTo < Infinity) el("line", {x1: L + shownUpTo * scale, x2: L + shownUpTo * scale,
+      y1: 0, y2: row * P, stroke: "#212529", "stroke-width": 2}, svg);
+    $("pipe-bubble").textContent = result.fraction + " = " + pct(result.bubble);
+    $("pipe-makespan").textContent = +result.makespan.toFixed(3) + " forward-times";
+    $("pipe-peak").textContent = result.peak.join(" ") + " (microbatch activations, 1/" + e.virtual +
+      " of a stage's each)";
+  }
+  const redraw = () => { shownUpTo = Infinity; if (animation) animation.stop(); draw(); };
+  const stagesS = slider("pipe-stages", d.stages, 4, () => {
+    slowS.setValues(["none", ...Array.from({length: stagesS.get()}, (_, s) => s)]); redraw(); });
+  const mbS = slider("pipe-mb", d.microbatches, 4, redraw);
+  const virtualS = slider("pipe-virtual", d.virtual.filter((v) => v > 1), 2, redraw);
+  const factorS = slider("pipe-factor", d.slow_factors, 2, redraw, (v) => v + "×");
+  // which stage is slow: a <select> of "none" and the stages of the current P
+  const slowS = {
+    get: () => ($("pipe-slow").value === "none" ? "none" : Number($("pipe-slow").value)),
+    set: (value) => { $("pipe-slow").value = String(value); redraw(); },
+    setValues: (values) => {
+      const keep = $("pipe-slow").value, select = $("pipe-slow");
+      select.innerHTML = "";
+      for (const v of values) el("option", {value: String(v)}, select, String(v));
+      select.value = values.map(String).includes(keep) ? keep : "none";
+    }};
+  slowS.setValues(["none", 0, 1, 2, 3]);
+  $("pipe-slow").addEventListener("input", redraw);
+  document.querySelectorAll("#pipe-kinds button").forEach((button) =>
+    button.addEventListener("click", () => {
+      kind = button.dataset.kind;
+      document.querySelectorAll("#pipe-kinds button").forEach((b) =>
+        b.classList.toggle("active", b === button));
+      $("pipe-virtual").disabled = kind !== "interleaved";
+      redraw();
+    }));
+  const animation = (() => {
+    let timer = null;
+    const stop = () => { if (timer) clearInterval(timer); timer = null; };
+    $("pipe-play").addEventListener("click", () => {
+      stop(); if (!result) return;
+      shownUpTo = 0; draw();
+      const dt = result.makespan / 40;
+      timer = setInterval(() => {
+        shownUpTo += dt;
+        if (shownUpTo >= result.makespan) { stop(); shownUpTo = Infinity; }
+        draw();
+      }, 60);
+    });
+    return {stop};
+  })();
+  $("pipe-virtual").disabled = true;
+  draw();
+  $("pipe-check").addEventListener("click", () => {
+    document.querySelector("#pipe-kinds button[data-kind=gpipe]").click();
+    stagesS.set(4); mbS.set(8); slowS.set("none");
+    $("pipe-answer").textContent = "P = 4, M = 8: bubble " + $("pipe-bubble").textContent + ".";
+  });
+  window.lab.widgets.pipeline = {stagesS, mbS, virtualS, factorS, slowS, draw,
+    result: () => result};
+})();
+
+// --------------------------------------------------------------------- chapter 5: ZeRO
+(function zero() {
+  const d = DATA.zero, svg = $("zero-svg");
+  const PARTS = [["params", COLOURS.dp], ["grads", COLOURS.B], ["optimizer", COLOURS.F]];
+  function draw() {
+    const rows = d.tables[modelS.get() + "/" + gpusS.get()], limit = memS.get() * 1e9;
+    svg.innerHTML = "";
+    const W = 520, H = 260, L = 50, T = 10, B = 40;
+    const top = Math.max(limit * 1.15, ...rows.map((r) => r.total));
+    const y = (v) => H - B - (v / top) * (H - T - B);
+    rows.forEach((r, i) => {
+      const x = L + 20 + i * 110;
+      let base = 0;
+      for (const [part, colour] of PARTS) {
+        el("rect", {x, y: y(base + r[part]), width: 70, height: y(base) - y(base + r[part]),
+          fill: colour}, svg);
+        base += r[part];
+      }
+      el("text", {x: x + 35, y: y(r.total) - 4, "text-anchor": "middle", class: "tick"}, svg,
+        gb(r.total));
+      el("text", {x: x + 35, y: H - B + 16, "text-anchor": "middle", class: "tick"}, svg,
+        i ? "ZeRO-" + i : "baseline");
+      $("zero-" + i).textContent = gb(r.total);
+      $("zero-fit-" + i).textContent = r.total <= limit ? "fits" : "does not fit";
+    });
+    el("line", {x1: L, x2: W, y1: y(limit), y2: y(limit), stroke: "#c92a2a",
+      "stroke-dasharray": "6 4", "stroke-width": 2}, svg);
+    el("text", {x: W - 4, y: y(limit) - 4, "text-anchor": "end", class: "tick limit"}, svg,
+      memS.get() + " GB GPU");
+  }
+  const modelS = slider("zero-model", d.models, 7, draw, (v) => v + "B");
+  const gpusS = slider("zero-gpus", d.gpus, 8, draw);
+  const memS = slider("zero-memory", d.gpu_memory_gb, 80, draw, (v) => v + " GB");
+  draw();
+  $("zero-check").addEventListener("click", () => {
+    modelS.set(13); gpusS.set(16);
+    $("zero-answer").textContent = "13B on 16 GPUs: baseline " + $("zero-0").textContent +
+      ", ZeRO-3 " + $("zero-3").textContent + " per GPU.";
+  });
+  window.lab.widgets.zero = {modelS, gpusS, memS};
+})();
+
+// ------------------------------------------------------------ chapter 6: the 3D grid
+(function grid() {
+  const d = DATA.grid, box = $("grid-cells");
+  let layout = null;
+  function key() {
+    return [dpS.get(), tpS.get(), ppS.get(), cpS.get(), epS.get()].join("/");
+  }
+  function draw() {
+    layout = d.layouts[key()];
+    box.innerHTML = "";
+    $("grid-role").textContent = "Hover over a GPU.";
+    if (layout.error) { $("grid-error").textContent = layout.error; return; }
+    $("grid-error").textContent = "";
+    const [dp, tp, pp, cp] = [dpS.get(), tpS.get(), ppS.get(), cpS.get()];
+    $("grid-world").textContent = layout.coords.length;
+    for (let stage = 0; stage < pp; stage++) {
+      const panel = el("div", {class: "stage"}, box);
+      el("div", {class: "title"}, panel, "pipeline stage " + stage);
+      const table = el("div", {class: "cells", style: "grid-template-columns: repeat(" +
+        dp * cp + ", 1fr)"}, panel);
+      for (let t = 0; t < tp; t++) for (let col = 0; col < dp * cp; col++) {
+        const rank = layout.coords.findIndex(([a, c, tt, p]) => p === stage && tt === t &&
+          a * cp + c === col);
+        const node = Math.floor(rank / nodeS.get());
+        const cell = el("div", {class: "gpucell node" + (node % 2), id: "grid-rank-" + rank,
+          "data-rank": rank}, table, "GPU " + rank);
+        cell.addEventListener("mouseenter", () => hover(rank));
+      }
+    }
+  }
+  function hover(rank) {
+    document.querySelectorAll(".gpucell").forEach((c) => c.removeAttribute("data-axis"));
+    const lines = [layout.labels[String(nodeS.get())][rank]];
+    for (const axis of ["dp", "pp", "cp", "ep", "tp"]) {
+      const group = layout.groups[axis].find((g) => g.includes(rank));
+      if (group.length < 2) continue;
+      for (const r of group) if (r !== rank) $("grid-rank-" + r).setAttribute("data-axis", axis);
+      lines.push(axis.toUpperCase() + " group " + JSON.stringify(group));
+    }
+    $("grid-rank-" + rank).setAttribute("data-axis", "me");
+    $("grid-role").textContent = lines.join("\n");
+  }
+  const dpS = slider("grid-dp", d.degrees, 4, draw);
+  const tpS = slider("grid-tp", d.degrees, 4, draw);
+  const ppS = slider("grid-pp", d.degrees, 4, draw);
+  const cpS = slider("grid-cp", d.cp, 1, draw);
+  const epS = slider("grid-ep", d.ep, 1, draw);
+  const nodeS = slider("grid-node", d.gpus_per_node, 4, draw);
+  draw();
+  $("grid-check").addEventListener("click", () => {
+    dpS.set(4); tpS.set(4); ppS.set(4); cpS.set(1); epS.set(1); nodeS.set(4);
+    hover(5);
+    $("grid-answer").textContent = "Tensor parallelism: GPU 5's TP group " +
+      JSON.stringify(layout.groups.tp.find((g) => g.includes(5))) + " is one node's " +
+      nodeS.get() + " GPUs (" + layout.labels["4"][5] + ").";
+  });
+  window.lab.widgets.grid = {dpS, tpS, ppS, cpS, epS, nodeS, hover};
+})();
