@@ -112,7 +112,8 @@ function simulate(entry, stages, forward, backward) {
   const busy = events.reduce((t, e) => t + e.reduce((u, x) => u + x[1] - x[0], 0), 0);
   const total = stages * makespan;
   const bubble = total ? (total - busy) / total : 0;
-  // Every cost is a whole number of 1/(2v) units (factors 1, 1.5, 2, 3): the exact fraction.
+  // Every cost is a whole number of 1/(2v) units (whole factors, a backward split in halves),
+  // so idle / total is a ratio of integers: print it exactly.
   const unit = 2 * v, idleU = Math.round((total - busy) * unit), totalU = Math.round(total * unit);
   const g = gcd(idleU, totalU) || 1;
   return {events, makespan, bubble, fraction: (idleU / g) + "/" + (totalU / g),
@@ -132,20 +133,21 @@ function peakInFlight(orders, split) {
   });
 }
 
-function stageCosts(stages, slowStage, factor) {
+function stageCosts(stages, slowStage) {
   const p = DATA.pipeline;
-  const scale = Array.from({length: stages}, (_, s) => (s === slowStage ? factor : 1));
+  const scale = Array.from({length: stages}, (_, s) => (s === slowStage ? p.slow_factor : 1));
   return [scale.map((x) => p.forward_cost * x), scale.map((x) => p.backward_cost * x)];
 }
 
-// Every setting of the pipeline sliders through `simulate`: what the browser test compares.
+// Every setting of the pipeline controls through `simulate`: what the browser test
+// compares. Events come back as one flat list of start, end per schedule (compact).
 function pipelineAll(settings) {
-  return settings.map(([kind, stages, mb, v, slow, factor]) => {
+  return settings.map(([kind, stages, mb, v, slow]) => {
     const entry = DATA.pipeline.orders[kind + "/" + stages + "/" + mb + "/" + v];
-    const [f, b] = stageCosts(stages, slow, factor);
+    const [f, b] = stageCosts(stages, slow);
     const r = simulate(entry, stages, f, b);
-    return {events: r.events.map((e) => e.map((x) => [x[0], x[1]])), makespan: r.makespan,
-      bubble: r.bubble, fraction: r.fraction, peak: r.peak};
+    return {events: r.events.flatMap((e) => e.flatMap((x) => [x[0], x[1]])),
+      makespan: r.makespan, bubble: r.bubble, fraction: r.fraction, peak: r.peak};
   });
 }
 

@@ -12,6 +12,7 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
+from paraxis.errors import ParaxisError
 from paraxis.lab.facts import dp_facts, ring_facts, scaling_facts, tp_facts, zero_facts
 from paraxis.lab.grid_facts import grid_facts
 from paraxis.lab.schedule_facts import schedule_facts
@@ -40,10 +41,13 @@ def build_page(data: dict | None = None) -> str:
             .replace("/*DATA*/", payload).replace("/*SCRIPTS*/", scripts))
 
 
-def write_lab(out: str | Path) -> Path:
-    """Write the page to `out`/lab.html (creating `out`) and return its path."""
+def write_lab(out: str | Path, data: dict | None = None) -> Path:
+    """Write the page (with `data`, default `lab_data()`) to `out`/lab.html, creating
+    `out`, and return its path."""
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ParaxisError(f"--out {folder} is a file; give a folder to write {PAGE_NAME} into")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / PAGE_NAME
-    path.write_text(build_page(), encoding="utf-8")
+    path.write_text(build_page(data), encoding="utf-8")
     return path

@@ -22,7 +22,7 @@
     }
     $("pipe-error").textContent = "";
     const slow = slowS.get() === "none" ? -1 : slowS.get();
-    const [f, b] = stageCosts(P, slow, factorS.get());
+    const [f, b] = stageCosts(P, slow);
     result = simulate(e, P, f, b);
     const W = 900, row = Math.min(34, 260 / P), L = 70, scale = (W - L - 10) / result.makespan;
     svg.setAttribute("height", row * P + 24);
@@ -51,8 +51,7 @@
   const stagesS = slider("pipe-stages", d.stages, 4, () => {
     slowS.setValues(["none", ...Array.from({length: stagesS.get()}, (_, s) => s)]); redraw(); });
   const mbS = slider("pipe-mb", d.microbatches, 4, redraw);
-  const virtualS = slider("pipe-virtual", d.virtual.filter((v) => v > 1), 2, redraw);
-  const factorS = slider("pipe-factor", d.slow_factors, 2, redraw, (v) => v + "×");
+  const virtualS = slider("pipe-virtual", d.virtual, 2, redraw);
   // which stage is slow: a <select> of "none" and the stages of the current P
   const slowS = {
     get: () => ($("pipe-slow").value === "none" ? "none" : Number($("pipe-slow").value)),
@@ -95,7 +94,7 @@
     stagesS.set(4); mbS.set(8); slowS.set("none");
     $("pipe-answer").textContent = "P = 4, M = 8: bubble " + $("pipe-bubble").textContent + ".";
   });
-  window.lab.widgets.pipeline = {stagesS, mbS, virtualS, factorS, slowS, draw,
+  window.lab.widgets.pipeline = {stagesS, mbS, virtualS, slowS, draw,
     result: () => result};
 })();
 
@@ -171,6 +170,9 @@
       }
     }
   }
+  const ROLES = {tp: "split every layer's matrices (one node's fast links)",
+    pp: "the other stages' layers of this replica", dp: "the same layers, other data",
+    cp: "split every sequence", ep: "split the experts"};
   function hover(rank) {
     document.querySelectorAll(".gpucell").forEach((c) => c.removeAttribute("data-axis"));
     const lines = [layout.labels[String(nodeS.get())][rank]];
@@ -178,7 +180,7 @@
       const group = layout.groups[axis].find((g) => g.includes(rank));
       if (group.length < 2) continue;
       for (const r of group) if (r !== rank) $("grid-rank-" + r).setAttribute("data-axis", axis);
-      lines.push(axis.toUpperCase() + " group " + JSON.stringify(group));
+      lines.push(axis.toUpperCase() + " group " + JSON.stringify(group) + ": " + ROLES[axis]);
     }
     $("grid-rank-" + rank).setAttribute("data-axis", "me");
     $("grid-role").textContent = lines.join("\n");

@@ -1,0 +1,325 @@
+"""The lab page in a real browser (Debian's chromium and chromium-driver, through Selenium).
+
+One headless session for everything: the page's pure functions over every slider setting
+in one `execute_script` call, the embedded figures against a fresh call into the library,
+and every widget driven through its controls (slider moved + input event, buttons clicked,
+the figure read back from the page). Missing chromium, chromedriver or selenium is a
+failure, not a skip: the page is only known to work where it has been opened.
+"""
+
+import json
+import math
+import re
+
+import pytest
+
+from paraxis.cli import main
+from paraxis.errors import ParaxisError
+from paraxis.lab import facts as F
+from paraxis.lab import lab_data, write_lab
+from paraxis.lab.browser import open_browser
+from paraxis.lab.grid_facts import DEGREES, GPUS_PER_NODE, grid_layout
+from paraxis.lab.schedule_facts import (
+    INTERLEAVED_VIRTUAL,
+    MICROBATCHES,
+    STAGES,
+    python_timelines,
+    schedule_settings,
+    slow_settings,
+)
+from paraxis.plan.comm import ring_all_reduce_time
+from paraxis.plan.memory import model_state_bytes, zero_table
+from paraxis.schedules import build_schedule
+from paraxis.simulate.ring import simulate_ring
+from paraxis.viz.grid import cell_label
+
+
+@pytest.fixture(scope="module")
+def data():
+    return lab_data()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory, data):
+    return write_lab(tmp_path_factory.mktemp("lab"), data)
+
+
+@pytest.fixture(scope="module")
+def browser(page):
+    driver = open_browser(height=1400)  # ParaxisError (a failure) without the browser
+    driver.get(page.resolve().as_uri())
+    yield driver
+    driver.quit()
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def slide(driver, element_id: str, values: list, value) -> None:
+    """Move a slider the way a user does: its index, then the input event."""
+    driver.execute_script(
+        "const e = document.getElementById(arguments[0]); e.value = arguments[1];"
+        "e.dispatchEvent(new Event('input'));", element_id, values.index(value))
+
+
+def choose(driver, element_id: str, value) -> None:
+    driver.execute_script(
+        "const e = document.getElementById(arguments[0]); e.value = arguments[1];"
+        "e.dispatchEvent(new Event('input'));", element_id, str(value))
+
+
+def click(driver, element_id: str, times: int = 1) -> None:
+    for _ in range(times):
+        driver.find_element("id", element_id).click()
+
+
+def text(driver, element_id: str) -> str:
+    return driver.execute_script("return document.getElementById(arguments[0]).textContent",
+                                 element_id)
+
+
+def number(shown: str) -> float:
+    """'0.14 s', '60 ms', '38.5 GB' -> seconds or bytes."""
+    value, unit = re.fullmatch(r"([-\d.e+]+) (s|ms|GB)", shown.strip()).groups()
+    return float(value) * {"s": 1, "ms": 1e-3, "GB": 1e9}[unit]
+
+
+def close(shown: str, expected: float) -> bool:
+    return math.isclose(number(shown), expected, rel_tol=5e-3)  # the page shows 3-6 digits
+
+
+# ------------------------------------------------------- the whole range, in one call each
+
+
+def test_pipeline_functions_match_the_library_over_every_setting(browser):
+    schedules = []
+    for kind, p, m, v in schedule_settings():
+        try:
+            build_schedule(kind, p, m, v)
+        except ParaxisError:
+            continue
+        schedules.append((kind, p, m, v))
+    settings = [[*schedule, slow] for schedule in schedules for slow in slow_settings(schedule[1])]
+    assert len(settings) > 1000
+    shown = iter(browser.execute_script("return window.lab.pipelineAll(arguments[0])", settings))
+    for schedule in schedules:
+        for slow, library in zip(slow_settings(schedule[1]), python_timelines(*schedule),
+                                 strict=True):
+            page_figures, where = next(shown), (*schedule, slow)
+            assert page_figures["fraction"] == library["fraction"], where
+            assert page_figures["peak"] == library["peak"], where
+            assert math.isclose(page_figures["makespan"], library["makespan"]), where
+            assert math.isclose(page_figures["bubble"], library["bubble"], abs_tol=1e-12), where
+            events = [t for stage in library["events"] for event in stage for t in event]
+            assert len(page_figures["events"]) == len(events), where
+            assert all(math.isclose(a, b, abs_tol=1e-9)
+                       for a, b in zip(page_figures["events"], events, strict=True)), where
+
+
+def test_embedded_figures_are_the_library_s(browser, data):
+    embedded = browser.execute_script("return window.lab.DATA")
+    assert embedded == json.loads(json.dumps(data))
+    # and the library's figures are the course's
+    assert [r["total"] / 1e9 for r in embedded["zero"]["tables"]["7/8"]] == [112, 38.5, 26.25,
+                                                                              14]
+    assert embedded["ring"]["times"]["8/2/25"] == pytest.approx(0.14)
+
+
+def test_page_is_self_contained(page):
+    html = page.read_text()
+    # the only URL is the SVG namespace, a name that is never fetched
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", html)) == {"http://www.w3.org/2000/svg"}
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
+    assert page.stat().st_size < 3e6
+
+
+# ------------------------------------------------------------------ widget by widget
+
+
+def test_scaling_gap(browser):
+    years = [y["year"] for y in F.scaling_facts()["years"]]
+    for year in (2018, 2020, 2024):
+        slide(browser, "scaling-year", years, year)
+        params = F.BASE_PARAMS * F.MODEL_GROWTH_PER_YEAR ** (year - F.BASE_YEAR)
+        state = sum(model_state_bytes(int(params), 1, 0).values())
+        gpu = F.BASE_GPU_BYTES * 2 ** ((year - F.BASE_YEAR) / F.GPU_MEMORY_DOUBLING_YEARS)
+        assert f"at least {math.ceil(state / gpu)} GPUs" in text(browser, "scaling-year-out")
+    for billions, state_gb in ((7, "112 GB"), (70, "1120 GB"), (175, "2800 GB")):
+        slide(browser, "scaling-model", F.MODEL_SIZES_B, billions)
+        assert f"Adam {state_gb}" in text(browser, "scaling-model-out")
+    click(browser, "scaling-check")
+    assert "1120 GB" in text(browser, "scaling-answer")
+
+
+def test_data_parallel(browser):
+    click(browser, "dp-reset")
+    for gpus, batch, billions in ((8, 256, 7), (4, 128, 1), (2, 512, 13)):
+        slide(browser, "dp-gpus-n", F.DP_GPUS, gpus)
+        slide(browser, "dp-batch", F.DP_BATCHES, batch)
+        slide(browser, "dp-model", F.DP_MODEL_B, billions)
+        assert text(browser, "dp-per-gpu") == str(batch // gpus)
+        states = model_state_bytes(billions * 10**9, gpus, 0)
+        assert close(text(browser, "dp-memory"), sum(states.values()))
+        assert close(text(browser, "dp-allreduce"),
+                     ring_all_reduce_time(states["grads"], gpus, F.NVLINK_BPS))
+    click(browser, "dp-step", 4)
+    assert text(browser, "dp-phase") == "Phase 4/5: all-reduce gradients"
+    toy = F.toy_gradients(2)
+    assert f"{toy['averaged']:.6f}" in text(browser, "dp-toy")
+    assert f"{toy['full']:.6f}" in text(browser, "dp-toy")
+    assert len(browser.find_elements("css selector", "#dp-gpus .gpu")) == 2
+    click(browser, "dp-check")
+    assert text(browser, "dp-answer") == "32 examples per GPU."
+
+
+def test_ring_all_reduce(browser):
+    for ranks, gigabytes, bandwidth in ((8, 2, 25), (8, 2, 12.5), (4, 1, 100)):
+        slide(browser, "ring-ranks", F.RING_RANKS, ranks)
+        slide(browser, "ring-message", F.RING_MESSAGE_GB, gigabytes)
+        slide(browser, "ring-bandwidth", F.RING_BANDWIDTH_GBPS, bandwidth)
+        assert close(text(browser, "ring-time"),
+                     ring_all_reduce_time(gigabytes * 1e9, ranks, bandwidth * 1e9))
+    slide(browser, "ring-ranks", F.RING_RANKS, 8)
+    slide(browser, "ring-message", F.RING_MESSAGE_GB, 2)
+    slide(browser, "ring-bandwidth", F.RING_BANDWIDTH_GBPS, 25)
+    assert text(browser, "ring-time") == "0.14 s"  # the course's worked example
+    slide(browser, "ring-ranks", F.RING_RANKS, 4)
+    sim = simulate_ring(4)
+    for step in (1, 3, 6):  # chunk by chunk: after 3 steps each GPU owns one finished chunk
+        click(browser, "ring-reset")
+        click(browser, "ring-step", step)
+        assert text(browser, "ring-status").startswith(f"Step {step}/6")
+        shown = [float(e.text) for e in browser.find_elements("css selector", "#ring-svg .chunk")]
+        assert shown == [c[0] for rank in sim.steps[step - 1].values for c in rank]
+        finished = len(browser.find_elements("css selector", "#ring-svg .chunk.full"))
+        assert finished == sum(len(c) == 4 for rank in sim.steps[step - 1].contributors
+                               for c in rank)
+    assert finished == 16
+    click(browser, "ring-check")
+    assert "0.14 s" in text(browser, "ring-answer")
+
+
+def test_tensor_parallel_mlp(browser):
+    for tp in (1, 2, 4):
+        slide(browser, "tp-degree", F.TP_DEGREES, tp)
+        click(browser, "tp-reset")
+        click(browser, "tp-step", 5)
+        mlp = F.tp_mlp(tp)
+        titles = [e.text for e in browser.find_elements("css selector", "#tp-ranks .title")]
+        assert titles == [f"GPU {i} · d_ff {r['columns'][0]}–{r['columns'][1] - 1}"
+                          for i, r in enumerate(mlp["ranks"])]
+        cells = [float(e.text) for e in browser.find_elements(
+            "css selector", "#tp-out table.done td")]
+        assert cells == [round(v, 2) for row in mlp["single"] for v in row]
+        assert float(text(browser, "tp-diff")) < 1e-12
+    traffic = F.tp_traffic()
+    for link in ("NVLink", "PCIe", "Ethernet"):
+        slide(browser, "tp-link", list(F.TP_LINKS), link)
+        assert close(text(browser, "tp-time"), traffic["times"][f"4/{link}"])
+    click(browser, "tp-check")
+    assert "128 all-reduces" in text(browser, "tp-answer")
+
+
+def test_pipeline_schedules(browser):
+    def show(kind: str, stages: int, microbatches: int, virtual: int = 1,
+             slow: int | None = None) -> None:
+        browser.find_element("css selector", f"#pipe-kinds button[data-kind='{kind}']").click()
+        slide(browser, "pipe-stages", STAGES, stages)
+        slide(browser, "pipe-mb", MICROBATCHES, microbatches)
+        if kind == "interleaved":
+            slide(browser, "pipe-virtual", INTERLEAVED_VIRTUAL, virtual)
+        choose(browser, "pipe-slow", "none" if slow is None else slow)
+
+    show("gpipe", 4, 4)
+    assert text(browser, "pipe-bubble") == "3/7 = 42.9%"
+    assert text(browser, "pipe-peak").startswith("4 4 4 4")
+    show("gpipe", 4, 16)
+    assert text(browser, "pipe-bubble") == "3/19 = 15.8%"
+    show("1f1b", 4, 16)
+    assert text(browser, "pipe-peak").startswith("4 3 2 1")  # 1F1B holds at most P
+    for kind, p, m, v, slow in (("interleaved", 4, 8, 2, None), ("zb-h1", 4, 8, 1, None),
+                                ("zb-v", 4, 8, 2, None), ("1f1b", 4, 8, 1, 3),
+                                ("zb-h1", 6, 12, 1, 0)):
+        show(kind, p, m, v, slow)
+        library = python_timelines(kind, p, m, v)[slow_settings(p).index(slow)]
+        assert text(browser, "pipe-bubble").startswith(library["fraction"] + " = "), kind
+        assert math.isclose(float(text(browser, "pipe-makespan").split()[0]),
+                            library["makespan"], rel_tol=1e-3)
+    show("interleaved", 4, 6, 2)
+    with pytest.raises(ParaxisError) as error:
+        build_schedule("interleaved", 4, 6, 2)
+    assert text(browser, "pipe-error") == str(error.value)
+    show("gpipe", 4, 8)
+    click(browser, "pipe-play")  # the timeline draws itself over time, then stays whole
+    drawn = len(browser.find_elements("css selector", "#pipe-svg g"))
+    assert drawn < 4 * 16
+    click(browser, "pipe-check")
+    assert text(browser, "pipe-answer") == "P = 4, M = 8: bubble 3/11 = 27.3%."
+
+
+def test_zero_calculator(browser):
+    for billions, gpus in ((7, 8), (13, 16), (70, 64)):
+        slide(browser, "zero-model", F.ZERO_MODEL_B, billions)
+        slide(browser, "zero-gpus", F.ZERO_GPUS, gpus)
+        for row in zero_table(billions * 10**9, gpus):
+            assert close(text(browser, f"zero-{row['zero']}"), row["total"])
+    slide(browser, "zero-model", F.ZERO_MODEL_B, 7)
+    slide(browser, "zero-gpus", F.ZERO_GPUS, 8)
+    shown = [text(browser, f"zero-{stage}") for stage in range(4)]
+    assert shown == ["112 GB", "38.5 GB", "26.25 GB", "14 GB"]  # the course's table
+    slide(browser, "zero-memory", F.GPU_MEMORY_GB, 80)
+    assert [text(browser, f"zero-fit-{s}") for s in range(4)] == ["does not fit", "fits",
+                                                                  "fits", "fits"]
+    slide(browser, "zero-memory", F.GPU_MEMORY_GB, 24)
+    assert text(browser, "zero-fit-1") == "does not fit"
+    click(browser, "zero-check")
+    assert text(browser, "zero-answer") == "13B on 16 GPUs: baseline 208 GB, ZeRO-3 13 GB per GPU."
+
+
+def test_grid_names_every_role(browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    def set_grid(dp, tp, pp, cp=1, ep=1, per_node=4):
+        for name, values, value in (("dp", DEGREES, dp), ("tp", DEGREES, tp), ("pp", DEGREES, pp),
+                                    ("cp", [1, 2], cp), ("ep", [1, 2, 4], ep),
+                                    ("node", GPUS_PER_NODE, per_node)):
+            slide(browser, f"grid-{name}", values, value)
+
+    def hover(rank: int) -> list[str]:
+        ActionChains(browser).move_to_element(
+            browser.find_element("id", f"grid-rank-{rank}")).perform()
+        return text(browser, "grid-role").splitlines()
+
+    for setting, ranks in (((4, 4, 4), (0, 5, 21, 63)), ((2, 2, 2, 2, 2, 8), (3, 9, 15)),
+                           ((4, 1, 2, 1, 4, 8), (2, 7))):
+        set_grid(*setting)
+        layout = grid_layout(*(list(setting[:5]) + [1] * (5 - len(setting[:5]))))
+        per_node = setting[5] if len(setting) > 5 else 4
+        assert text(browser, "grid-world") == str(layout.world_size)
+        for rank in ranks:
+            lines = hover(rank)
+            assert lines[0] == cell_label(layout, rank, per_node)
+            for axis in ("dp", "pp", "cp", "ep", "tp"):
+                group = layout.group_of(rank, axis)
+                name = f"{axis.upper()} group "
+                expected = [name + json.dumps(group, separators=(",", ":"))] * (len(group) > 1)
+                assert [line.split(":")[0] for line in lines if line.startswith(name)] == expected
+    set_grid(1, 2, 2, 1, 2)
+    with pytest.raises(ParaxisError) as error:
+        grid_layout(1, 2, 2, 1, 2)
+    assert text(browser, "grid-error") == str(error.value)
+    click(browser, "grid-check")
+    assert "[4,5,6,7]" in text(browser, "grid-answer")
+
+
+def test_no_errors_in_the_console(browser):
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_command_writes_the_page(tmp_path, capsys):
+    assert main(["lab", "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "lab.html").exists()
+    assert str((tmp_path / "out" / "lab.html").resolve()) in capsys.readouterr().out
+    (tmp_path / "file").write_text("")
+    assert main(["lab", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
