@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from paraxis.calibrate.quick import PROFILE_NAME
     from paraxis.config import RunConfig
+    from paraxis.lab.page import write_lab
     from paraxis.report.build import build_report, save
     from paraxis.report.hardware import choose_hardware
     from paraxis.runtime.launch import launch
@@ -103,4 +104,5 @@ def run(args: argparse.Namespace) -> int:
                       f"{forecast.predicted_step_s * 1e3:.1f} ms for {forecast.hardware} "
                       f"({forecast.error:+.0%})")
     console.print(f"report: {path.resolve()}")
+    console.print(f"lab (the course's simulators, interactive): {write_lab(out).resolve()}")
     return 0
