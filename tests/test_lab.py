@@ -189,9 +189,10 @@ def test_ring_all_reduce(browser):
         click(browser, "ring-reset")
         click(browser, "ring-step", step)
         assert text(browser, "ring-status").startswith(f"Step {step}/6")
-        shown = [float(e.text) for e in browser.find_elements("css selector", "#ring-svg .chunk")]
+        cells = browser.find_elements("css selector", "#ring-table td.chunk")
+        shown = [float(e.text) for e in cells]
         assert shown == [c[0] for rank in sim.steps[step - 1].values for c in rank]
-        finished = len(browser.find_elements("css selector", "#ring-svg .chunk.full"))
+        finished = len(browser.find_elements("css selector", "#ring-table td.chunk.full"))
         assert finished == sum(len(c) == 4 for rank in sim.steps[step - 1].contributors
                                for c in rank)
     assert finished == 16

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
 WIDGETS = ("scaling", "dp", "ring", "tp", "pipe", "zero", "grid")
+# Steps to take before a widget's screenshot, so the shot shows its animation under way.
+SHOT_STEPS = {"dp": 4, "ring": 3, "tp": 5}
 
 
 def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
@@ -43,14 +45,16 @@ def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
 
 def screenshots(page: Path, folder: Path) -> list[Path]:
     """One PNG per widget, lab-<widget>.png in `folder`, each after pressing its check
-    button (so the shot shows a worked answer)."""
+    button (so the shot shows a worked answer) and stepping its animation."""
     folder.mkdir(parents=True, exist_ok=True)
-    driver = open_browser()
+    driver = open_browser(height=1600)
     try:
         driver.get(page.resolve().as_uri())
         shots = []
         for widget in WIDGETS:
             driver.find_element("id", f"{widget}-check").click()
+            for _ in range(SHOT_STEPS.get(widget, 0)):
+                driver.find_element("id", f"{widget}-step").click()
             path = folder / f"lab-{widget}.png"
             driver.find_element("id", f"w-{widget}").screenshot(str(path))
             shots.append(path)

@@ -172,7 +172,7 @@ def tp_mlp(tp: int) -> dict:
     Returns every rank's slices and the all-reduced output next to one device's."""
     d_model, d_ff = 4, 8
     x = [[1, -1, 2, 0], [0, 2, -1, 1]]
-    w_up = [[(i * 3 + j * 5) % 5 - 2 for j in range(d_ff)] for i in range(d_model)]
+    w_up = [[(i * 3 + j * 2) % 5 - 2 for j in range(d_ff)] for i in range(d_model)]
     w_down = [[(i * 2 + j * 3) % 5 - 2 for j in range(d_model)] for i in range(d_ff)]
 
     def matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:

@@ -95,23 +95,37 @@
     const ring = d.rings[String(ranks)], state = step ? ring.steps[step - 1] : null;
     const values = state ? state.values : ring.initial;
     svg.innerHTML = "";
-    const cx = 260, cy = 170, r = 120, pos = (i) => [cx + r * Math.sin(2 * Math.PI * i / ranks),
+    const cx = 170, cy = 150, r = 110, pos = (i) => [cx + r * Math.sin(2 * Math.PI * i / ranks),
       cy - r * Math.cos(2 * Math.PI * i / ranks)];
+    const sent = new Set();
     if (state) for (const [src, dst, chunk] of state.sends) {
       const [x1, y1] = pos(src), [x2, y2] = pos(dst);
-      el("line", {x1, y1, x2, y2, class: "send"}, svg);
-      el("text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2, class: "sendlabel"}, svg, "c" + chunk);
+      el("line", {x1: x1 + (x2 - x1) * 0.2, y1: y1 + (y2 - y1) * 0.2, x2: x1 + (x2 - x1) * 0.8,
+        y2: y1 + (y2 - y1) * 0.8, class: "send"}, svg);
+      el("text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, class: "sendlabel"}, svg, "c" + chunk);
+      sent.add(src + "/" + chunk);
     }
     for (let i = 0; i < ranks; i++) {
-      const [x0, y0] = pos(i), w = 18 * ranks + 10;
-      el("rect", {x: x0 - w / 2, y: y0 - 24, width: w, height: 48, rx: 6, class: "node"}, svg);
-      el("text", {x: x0, y: y0 - 8, "text-anchor": "middle", class: "nodelabel"}, svg, "GPU " + i);
-      values[i].forEach((v, c) => {
-        const full = state && state.contributors[i][c].length === ranks;
-        el("text", {x: x0 - w / 2 + 14 + 18 * c, y: y0 + 12, "text-anchor": "middle",
-          class: full ? "chunk full" : "chunk"}, svg, v);
-      });
+      const [x0, y0] = pos(i);
+      el("circle", {cx: x0, cy: y0, r: 24, class: "node"}, svg);
+      el("text", {x: x0, y: y0 + 4, "text-anchor": "middle", class: "nodelabel"}, svg, "GPU " + i);
     }
+    // every GPU's chunks: green once a chunk holds every GPU's contribution, outlined when
+    // this step sends it
+    const table = $("ring-table");
+    table.innerHTML = "";
+    const head = el("tr", {}, table);
+    el("th", {}, head, "");
+    for (let c = 0; c < ranks; c++) el("th", {}, head, "chunk " + c);
+    values.forEach((row, i) => {
+      const tr = el("tr", {}, table);
+      el("th", {}, tr, "GPU " + i);
+      row.forEach((v, c) => {
+        const full = state && state.contributors[i][c].length === ranks;
+        el("td", {class: "chunk" + (full ? " full" : "") + (sent.has(i + "/" + c) ? " sent" : "")},
+          tr, v);
+      });
+    });
     $("ring-status").textContent = step === 0
       ? "Ready. " + ranks + " GPUs, " + ranks + " chunks each (GPU r holds r+1 in every chunk)."
       : "Step " + step + "/" + ring.step_count + " (" + state.phase + "): every GPU sends one chunk" +
@@ -149,9 +163,12 @@
   const matrix = (parent, rows, title, cls) => {
     const t = el("table", {class: "matrix " + (cls || "")}, parent);
     el("caption", {}, t, title);
+    const whole = rows.every((row) => row.every(Number.isInteger));
     for (const row of rows) {
       const tr = el("tr", {}, t);
-      for (const v of row) el("td", {}, tr, Number.isInteger(v) ? v : v.toFixed(2));
+      for (const v of row) {
+        el("td", {}, tr, whole ? v : Math.abs(v) < 0.005 ? "0.00" : v.toFixed(2));
+      }
     }
   };
   function draw(stage) {
@@ -160,9 +177,10 @@
     $("tp-stage").textContent = stage === 0 ? "Press Step to push X through the MLP."
       : "Step " + stage + "/" + STAGES.length + ": " + STAGES[stage - 1];
     m.ranks.forEach((r, i) => {
-      const col = el("div", {class: "gpu"}, box);
-      el("div", {class: "title"}, col, "GPU " + i + " · d_ff " + r.columns[0] + "–" +
+      const gpu = el("div", {class: "gpu"}, box);
+      el("div", {class: "title"}, gpu, "GPU " + i + " · d_ff " + r.columns[0] + "–" +
         (r.columns[1] - 1));
+      const col = el("div", {class: "row"}, gpu);
       if (stage >= 1) matrix(col, m.x, "X");
       if (stage >= 2) matrix(col, r.hidden, "Y" + i);
       if (stage >= 3) matrix(col, r.activated, "GeLU(Y" + i + ")");
@@ -192,11 +210,10 @@
   const steps = stepper("tp", () => STAGES.length, draw, 1000);
   steps.go(0); traffic();
   $("tp-check").addEventListener("click", () => {
-    degree.set(8);
-    const t = d.traffic.times;
-    $("tp-answer").textContent = "Every layer all-reduces its activations: one step's " +
-      d.traffic.per_step + " all-reduces take " + seconds(t["8/NVLink"]) + " on NVLink but " +
-      seconds(t["8/Ethernet"]) + " on Ethernet.";
+    const t = d.traffic.times, tp = degree.get();
+    $("tp-answer").textContent = "Every layer all-reduces its activations: at TP " + tp +
+      " one step's " + d.traffic.per_step + " all-reduces take " + seconds(t[tp + "/NVLink"]) +
+      " on NVLink but " + seconds(t[tp + "/Ethernet"]) + " on Ethernet.";
   });
   window.lab.widgets.tp = {degree, link, steps};
 })();
