@@ -162,9 +162,13 @@ def test_data_parallel(browser):
         assert close(text(browser, "dp-memory"), sum(states.values()))
         assert close(text(browser, "dp-allreduce"),
                      ring_all_reduce_time(states["grads"], gpus, F.NVLINK_BPS))
-    click(browser, "dp-step", 4)
+    toy = F.toy_gradients(2, 512)
+    click(browser, "dp-step", 3)  # each GPU's own gradient, then their average
+    grads = [e.text for e in browser.find_elements("css selector", "#dp-gpus .cell.grad")]
+    assert grads == [f"g{g} = {value:.3f}" for g, value in enumerate(toy["local"])]
+    click(browser, "dp-step")
     assert text(browser, "dp-phase") == "Phase 4/5: all-reduce gradients"
-    toy = F.toy_gradients(2)
+    assert math.isclose(toy["averaged"], toy["full"])  # the same update as one device's
     assert f"{toy['averaged']:.6f}" in text(browser, "dp-toy")
     assert f"{toy['full']:.6f}" in text(browser, "dp-toy")
     assert len(browser.find_elements("css selector", "#dp-gpus .gpu")) == 2
@@ -271,8 +275,14 @@ def test_zero_calculator(browser):
     slide(browser, "zero-memory", F.GPU_MEMORY_GB, 80)
     assert [text(browser, f"zero-fit-{s}") for s in range(4)] == ["does not fit", "fits",
                                                                   "fits", "fits"]
-    slide(browser, "zero-memory", F.GPU_MEMORY_GB, 24)
-    assert text(browser, "zero-fit-1") == "does not fit"
+    for stage, gpus, memory_gb in ((0, 8, 80), (3, 8, 80), (2, 64, 24)):
+        slide(browser, "zero-stage", [0, 1, 2, 3], stage)
+        slide(browser, "zero-gpus", F.ZERO_GPUS, gpus)
+        slide(browser, "zero-memory", F.GPU_MEMORY_GB, memory_gb)
+        largest = max(b for b in F.ZERO_MODEL_B
+                      if zero_table(int(b * 1e9), gpus)[stage]["total"] <= memory_gb * 1e9)
+        assert text(browser, "zero-largest") == f"{largest}B"
+    assert text(browser, "zero-fit-1") == "does not fit"  # 7B at ZeRO-1 on 64 GPUs of 24 GB
     click(browser, "zero-check")
     assert text(browser, "zero-answer") == "13B on 16 GPUs: baseline 208 GB, ZeRO-3 13 GB per GPU."
 

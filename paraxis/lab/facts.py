@@ -58,7 +58,7 @@ DP_PHASES = ["replicate", "partition data", "forward + backward", "all-reduce gr
              "update"]
 
 
-def toy_gradients(gpus: int, batch: int = 16) -> dict:
+def toy_gradients(gpus: int, batch: int) -> dict:
     """Chapter 1's claim made concrete: y = w x, squared loss, w = 0. Each GPU's gradient
     over its sub-batch, their average (what the all-reduce leaves on every GPU) and the
     gradient of the whole batch on one device: the last two are the same number."""
@@ -87,10 +87,10 @@ def dp_facts() -> dict:
                     "per_gpu": batch // gpus,
                     "memory_bytes": sum(states.values()),
                     "grad_bytes": states["grads"],
-                    "all_reduce_s": ring_all_reduce_time(states["grads"], gpus, NVLINK_BPS)}
+                    "all_reduce_s": ring_all_reduce_time(states["grads"], gpus, NVLINK_BPS),
+                    "toy": toy_gradients(gpus, batch)}
     return {"gpus": DP_GPUS, "batches": DP_BATCHES, "models": DP_MODEL_B,
-            "phases": DP_PHASES, "settings": settings,
-            "toy": {str(g): toy_gradients(g) for g in DP_GPUS}}
+            "phases": DP_PHASES, "settings": settings}
 
 
 # ----------------------------------------------------------------- chapter 2: the ring

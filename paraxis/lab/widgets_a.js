@@ -51,7 +51,7 @@
   let gpus = 4;
   const setting = () => d.settings[gpusS.get() + "/" + batchS.get() + "/" + modelS.get()];
   function draw(phase) {
-    const s = setting(), toy = d.toy[String(gpus)];
+    const s = setting(), toy = s.toy;
     box.innerHTML = "";
     $("dp-phase").textContent = phase === 0 ? "Press Step: " + d.phases.join(" → ")
       : "Phase " + phase + "/" + d.phases.length + ": " + d.phases[phase - 1];

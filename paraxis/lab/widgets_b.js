@@ -108,8 +108,11 @@
     const W = 520, H = 260, L = 50, T = 10, B = 40;
     const top = Math.max(limit * 1.15, ...rows.map((r) => r.total));
     const y = (v) => H - B - (v / top) * (H - T - B);
+    const chosen = stageS.get();
     rows.forEach((r, i) => {
       const x = L + 20 + i * 110;
+      if (i === chosen) el("rect", {x: x - 6, y: y(r.total) - 18, width: 82,
+        height: H - B - y(r.total) + 18, fill: "none", stroke: "#212529", "stroke-width": 2}, svg);
       let base = 0;
       for (const [part, colour] of PARTS) {
         el("rect", {x, y: y(base + r[part]), width: 70, height: y(base) - y(base + r[part]),
@@ -123,6 +126,10 @@
       $("zero-" + i).textContent = gb(r.total);
       $("zero-fit-" + i).textContent = r.total <= limit ? "fits" : "does not fit";
     });
+    // the largest model on the slider whose states fit at the chosen stage
+    const fits = d.models.filter((m) => d.tables[m + "/" + gpusS.get()][chosen].total <= limit);
+    $("zero-largest").textContent = fits.length ? fits[fits.length - 1] + "B"
+      : "none of " + d.models[0] + "B and up";
     el("line", {x1: L, x2: W, y1: y(limit), y2: y(limit), stroke: "#c92a2a",
       "stroke-dasharray": "6 4", "stroke-width": 2}, svg);
     el("text", {x: W - 4, y: y(limit) - 4, "text-anchor": "end", class: "tick limit"}, svg,
@@ -131,13 +138,14 @@
   const modelS = slider("zero-model", d.models, 7, draw, (v) => v + "B");
   const gpusS = slider("zero-gpus", d.gpus, 8, draw);
   const memS = slider("zero-memory", d.gpu_memory_gb, 80, draw, (v) => v + " GB");
+  const stageS = slider("zero-stage", [0, 1, 2, 3], 3, draw, (v) => (v ? "ZeRO-" + v : "none"));
   draw();
   $("zero-check").addEventListener("click", () => {
     modelS.set(13); gpusS.set(16);
     $("zero-answer").textContent = "13B on 16 GPUs: baseline " + $("zero-0").textContent +
       ", ZeRO-3 " + $("zero-3").textContent + " per GPU.";
   });
-  window.lab.widgets.zero = {modelS, gpusS, memS};
+  window.lab.widgets.zero = {modelS, gpusS, memS, stageS};
 })();
 
 // ------------------------------------------------------------ chapter 6: the 3D grid
