@@ -56,7 +56,9 @@ def screenshots(page: Path, folder: Path) -> list[Path]:
             for _ in range(SHOT_STEPS.get(widget, 0)):
                 driver.find_element("id", f"{widget}-step").click()
             path = folder / f"lab-{widget}.png"
-            driver.find_element("id", f"w-{widget}").screenshot(str(path))
+            section = driver.find_element("id", f"w-{widget}")
+            driver.execute_script("arguments[0].scrollIntoView(true)", section)  # all of it
+            section.screenshot(str(path))
             shots.append(path)
         return shots
     finally:

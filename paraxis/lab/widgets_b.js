@@ -44,8 +44,9 @@
       y1: 0, y2: row * P, stroke: "#212529", "stroke-width": 2}, svg);
     $("pipe-bubble").textContent = result.fraction + " = " + pct(result.bubble);
     $("pipe-makespan").textContent = +result.makespan.toFixed(3) + " forward-times";
-    $("pipe-peak").textContent = result.peak.join(" ") + " (microbatch activations, 1/" + e.virtual +
-      " of a stage's each)";
+    $("pipe-peak").textContent = result.peak.join(" ") + (e.virtual === 1
+      ? " (microbatches' activations)" : " (chunks' activations, each 1/" + e.virtual +
+      " of a microbatch's)");
   }
   const redraw = () => { shownUpTo = Infinity; if (animation) animation.stop(); draw(); };
   const stagesS = slider("pipe-stages", d.stages, 4, () => {
@@ -105,7 +106,7 @@
   function draw() {
     const rows = d.tables[modelS.get() + "/" + gpusS.get()], limit = memS.get() * 1e9;
     svg.innerHTML = "";
-    const W = 520, H = 260, L = 50, T = 10, B = 40;
+    const W = 520, H = 260, L = 50, T = 24, B = 40;
     const top = Math.max(limit * 1.15, ...rows.map((r) => r.total));
     const y = (v) => H - B - (v / top) * (H - T - B);
     const chosen = stageS.get();
