@@ -12,6 +12,8 @@ import math
 import re
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.support.ui import WebDriverWait
 
 from paraxis.cli import main
 from paraxis.errors import ParaxisError
@@ -256,8 +258,11 @@ def test_pipeline_schedules(browser):
     assert text(browser, "pipe-error") == str(error.value)
     show("gpipe", 4, 8)
     click(browser, "pipe-play")  # the timeline draws itself over time, then stays whole
-    drawn = len(browser.find_elements("css selector", "#pipe-svg g"))
-    assert drawn < 4 * 16
+    def blocks(_=None) -> int:
+        return len(browser.find_elements("css selector", "#pipe-svg g"))
+
+    assert blocks() < 4 * 16  # 4 stages x (8 forwards + 8 backwards)
+    WebDriverWait(browser, 20).until(lambda _: blocks() == 4 * 16)  # then the whole step
     click(browser, "pipe-check")
     assert text(browser, "pipe-answer") == "P = 4, M = 8: bubble 3/11 = 27.3%."
 
@@ -288,8 +293,6 @@ def test_zero_calculator(browser):
 
 
 def test_grid_names_every_role(browser):
-    from selenium.webdriver.common.action_chains import ActionChains
-
     def set_grid(dp, tp, pp, cp=1, ep=1, per_node=4):
         for name, values, value in (("dp", DEGREES, dp), ("tp", DEGREES, tp), ("pp", DEGREES, pp),
                                     ("cp", [1, 2], cp), ("ep", [1, 2, 4], ep),
