@@ -167,9 +167,15 @@
     for (let stage = 0; stage < pp; stage++) {
       const panel = el("div", {class: "stage"}, box);
       el("div", {class: "title"}, panel, "pipeline stage " + stage);
-      const table = el("div", {class: "cells", style: "grid-template-columns: repeat(" +
+      const table = el("div", {class: "cells", style: "grid-template-columns: auto repeat(" +
         dp * cp + ", 1fr)"}, panel);
+      el("div", {class: "axislabel"}, table, "");
+      for (let col = 0; col < dp * cp; col++) {
+        el("div", {class: "axislabel"}, table, "dp" + Math.floor(col / cp) +
+          (cp > 1 ? " cp" + (col % cp) : ""));
+      }
       for (let t = 0; t < tp; t++) for (let col = 0; col < dp * cp; col++) {
+        if (col === 0) el("div", {class: "axislabel"}, table, "tp" + t);
         const rank = layout.coords.findIndex(([a, c, tt, p]) => p === stage && tt === t &&
           a * cp + c === col);
         const node = Math.floor(rank / nodeS.get());
