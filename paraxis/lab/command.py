@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from paraxis.lab.page import write_lab
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/lab",
@@ -18,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from paraxis.lab.page import write_lab  # the library's figures, only when run
+
     path = write_lab(args.out)
     print(f"lab: {path.resolve()} ({path.stat().st_size / 1e6:.1f} MB, opens from disk)")
     if args.screenshots:

@@ -47,7 +47,11 @@ def write_lab(out: str | Path, data: dict | None = None) -> Path:
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ParaxisError(f"--out {folder} is a file; give a folder to write {PAGE_NAME} into")
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / PAGE_NAME
-    path.write_text(build_page(data), encoding="utf-8")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(build_page(data), encoding="utf-8")
+    except OSError as error:
+        raise ParaxisError(f"cannot write {path}: {error.strerror}; choose another --out") \
+            from error
     return path
