@@ -304,11 +304,12 @@ def test_grid_names_every_role(browser):
             browser.find_element("id", f"grid-rank-{rank}")).perform()
         return text(browser, "grid-role").splitlines()
 
-    for setting, ranks in (((4, 4, 4), (0, 5, 21, 63)), ((2, 2, 2, 2, 2, 8), (3, 9, 15)),
-                           ((4, 1, 2, 1, 4, 8), (2, 7))):
-        set_grid(*setting)
-        layout = grid_layout(*(list(setting[:5]) + [1] * (5 - len(setting[:5]))))
-        per_node = setting[5] if len(setting) > 5 else 4
+    # (dp, tp, pp, cp, ep), GPUs per node, the ranks hovered: the course's 4x4x4 grid first
+    for degrees, per_node, ranks in (((4, 4, 4, 1, 1), 4, (0, 5, 21, 63)),
+                                     ((2, 2, 2, 2, 2), 8, (3, 9, 15)),
+                                     ((4, 1, 2, 1, 4), 8, (2, 7))):
+        set_grid(*degrees, per_node)
+        layout = grid_layout(*degrees)
         assert text(browser, "grid-world") == str(layout.world_size)
         for rank in ranks:
             lines = hover(rank)

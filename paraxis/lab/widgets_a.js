@@ -37,9 +37,10 @@
   }, (v) => v + "B");
   $("scaling-check").addEventListener("click", () => {
     model.set(70);
-    $("scaling-answer").textContent = "Its training state alone is " +
-      $("scaling-model-out").textContent.split("Adam ")[1].split(" against")[0] +
-      ", more than an 80 GB GPU: it must be split over many.";
+    const m = d.models.find((mm) => mm.billions === 70);
+    $("scaling-answer").textContent = "Its training state alone is " + gb(m.state_bytes) +
+      ", more than an " + gb(d.gpu_bytes) + " GPU holds: it must be split over at least " +
+      m.gpus_to_hold + ".";
   });
   year.update(); model.update();
   window.lab.widgets.scaling = {year, model};
