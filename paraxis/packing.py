@@ -31,6 +31,7 @@ flash kernel on causal blocks with no document mask.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,20 +58,27 @@ class Documents:
         same = self.ids.unsqueeze(-1) == self.ids.unsqueeze(-2)
         return (same & causal).unsqueeze(1)
 
-    @functools.cached_property
-    def block_mask(self) -> object:
-        """The same mask as flex attention's BlockMask (CUDA): blocks of 128 x 128 scores
-        that hold no allowed pair are skipped, not computed and masked."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
+    @property
+    def mask_mod(self) -> Callable[..., torch.Tensor]:
+        """`attention_mask` as flex attention's mask_mod(b, h, q, kv): may query q of row b
+        attend key kv? (A plain function: flex tells mask_mod from score_mod by its
+        argument count, which a bound method's self would throw off.)"""
         ids = self.ids
 
         def same_document(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
                           kv: torch.Tensor) -> torch.Tensor:
             return (kv <= q) & (ids[b, q] == ids[b, kv])
 
-        batch, seq = ids.shape
-        return create_block_mask(same_document, batch, None, seq, seq, device=ids.device)
+        return same_document
+
+    @functools.cached_property
+    def block_mask(self) -> object:
+        """The mask as flex attention's BlockMask (CUDA): blocks of 128 x 128 scores that
+        hold no allowed pair are skipped, not computed and masked."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        batch, seq = self.ids.shape
+        return create_block_mask(self.mask_mod, batch, None, seq, seq, device=self.ids.device)
 
 
 def find_documents(tokens: torch.Tensor, end_of_document: int) -> Documents:

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_mask
 
 from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
@@ -43,6 +44,11 @@ def test_find_documents_and_mask_targets():
     # the EOS stays a target (where a document ends); what follows an EOS is not counted
     assert masked.tolist() == [[6, EOS, IGNORE_INDEX, EOS, IGNORE_INDEX, IGNORE_INDEX, 9]]
     # weights: counts 2 and 1 of 3 targets, 2 microbatches x 1 replica
+    # the CUDA path's flex-attention mask is the same mask, and skips whole blocks
+    dense = create_mask(docs.mask_mod, 1, None, 7, 7, device="cpu")
+    assert torch.equal(dense, docs.attention_mask)
+    window = find_documents(torch.tensor([[1] * 127 + [EOS] + [2] * 128]), EOS)
+    assert window.block_mask.to_dense().tolist() == [[[[1, 0], [0, 1]]]]
     weights = loss_weights([masked[:, :4], masked[:, 4:]], total=4, replicas=1)
     assert weights == [3 * 2 / 4, 1 * 2 / 4]
 
