@@ -2,6 +2,8 @@
 across documents, positions restart per document, the target after an end-of-document input
 is masked, and every layout trains the same numbers as one device."""
 
+import json
+import math
 import subprocess
 import sys
 
@@ -129,8 +131,9 @@ def reference(model: str) -> tuple[list[float], list[float]]:
     return train(engine, slice(None))
 
 
-LAYOUTS = {"dp=2,zero=1,microbatches=2": "tiny", "tp=2,sp=true,microbatches=2": "tiny-llama",
-           "pp=2,microbatches=2": "tiny", "dp=2,ep=2": "tiny-moe"}
+LAYOUTS = {"dp=2,zero=3,microbatches=2,recompute=full": "tiny",
+           "tp=2,sp=true,microbatches=2": "tiny-llama", "pp=2,microbatches=2": "tiny",
+           "dp=2,ep=2": "tiny-moe"}
 
 
 def _rank_body(ctx: RankContext) -> tuple[list[float], list[float]]:
@@ -168,3 +171,23 @@ def test_packing_refuses_context_parallelism_and_data_without_end_of_document():
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "end-of-document" in lines[0], result.stderr
+
+
+def test_training_packs_a_jsonl_corpus_by_its_end_of_document_id(tmp_path, monkeypatch):
+    from paraxis.train import run_training
+
+    monkeypatch.setenv("PARAXIS_DATA_CACHE", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    lines = [json.dumps({"text": " ".join(words[int(i)] for i in torch.randint(0, 5, (n,),
+                                                                              generator=g))})
+             for n in torch.randint(2, 12, (400,), generator=g).tolist()]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    losses = {}
+    for pack in (False, True):
+        cfg = RunConfig.from_flags(model="tiny", steps=2, global_batch=4, seq_len=32,
+                                   quiet=True, device="cpu", data=str(tmp_path / "c.jsonl"),
+                                   pack_documents=pack)
+        losses[pack] = [r["loss"] for r in run_training(cfg)]
+    assert all(math.isfinite(v) for v in losses[True])
+    assert losses[True][0] != pytest.approx(losses[False][0], rel=1e-5)  # packing is on
