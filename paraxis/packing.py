@@ -102,18 +102,20 @@ def mask_targets(tokens: torch.Tensor, targets: torch.Tensor,
     return targets.masked_fill(tokens == end_of_document, IGNORE_INDEX)
 
 
-def counted_targets(targets: torch.Tensor) -> int:
-    """How many targets the loss counts (not IGNORE_INDEX)."""
-    return int((targets != IGNORE_INDEX).sum())
+def counted_targets(targets: list[torch.Tensor]) -> list[int]:
+    """How many targets of each microbatch the loss counts (not IGNORE_INDEX), read from
+    the device at once."""
+    return torch.stack([(t != IGNORE_INDEX).sum() for t in targets]).tolist()
 
 
-def loss_weights(targets: list[torch.Tensor], total: int, replicas: int) -> list[float]:
+def loss_weights(counts: list[int], total: int, replicas: int) -> list[float]:
     """The factor by which each microbatch's mean loss is multiplied so that the engines'
-    mean over microbatches and over `replicas` data-parallel (x cp) shares is the mean over
-    the `total` unmasked targets of the global batch: count * microbatches * replicas /
-    total. 1.0 for every share of a batch without masked targets."""
-    shares = len(targets) * replicas
-    return [counted_targets(t) * shares / max(total, 1) for t in targets]
+    mean over the microbatches (`counts`: their unmasked targets) and over `replicas`
+    data-parallel (x cp) shares is the mean over the `total` unmasked targets of the global
+    batch: count * microbatches * replicas / total. 1.0 for every share of a batch without
+    masked targets."""
+    shares = len(counts) * replicas
+    return [count * shares / max(total, 1) for count in counts]
 
 
 def weigh(loss: torch.Tensor, weight: float) -> torch.Tensor:

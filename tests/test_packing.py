@@ -2,6 +2,7 @@
 across documents, positions restart per document, the target after an end-of-document input
 is masked, and every layout trains the same numbers as one device."""
 
+import functools
 import json
 import math
 import subprocess
@@ -17,7 +18,13 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import load_model_config
-from paraxis.packing import IGNORE_INDEX, find_documents, loss_weights, mask_targets
+from paraxis.packing import (
+    IGNORE_INDEX,
+    counted_targets,
+    find_documents,
+    loss_weights,
+    mask_targets,
+)
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.parallelize import build_engine
 from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -51,7 +58,9 @@ def test_find_documents_and_mask_targets():
     assert torch.equal(dense, docs.attention_mask)
     window = find_documents(torch.tensor([[1] * 127 + [EOS] + [2] * 128]), EOS)
     assert window.block_mask.to_dense().tolist() == [[[[1, 0], [0, 1]]]]
-    weights = loss_weights([masked[:, :4], masked[:, 4:]], total=4, replicas=1)
+    counts = counted_targets([masked[:, :4], masked[:, 4:]])
+    assert counts == [3, 1]
+    weights = loss_weights(counts, total=4, replicas=1)
     assert weights == [3 * 2 / 4, 1 * 2 / 4]
 
 
@@ -122,6 +131,7 @@ def train(engine, rows: slice) -> tuple[list[float], list[float]]:
     return losses, norms
 
 
+@functools.cache
 def reference(model: str) -> tuple[list[float], list[float]]:
     cfg = load_model_config(model)
     net = build_model(cfg, seed=SEED)

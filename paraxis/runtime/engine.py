@@ -128,9 +128,9 @@ class LocalEngine:
         """Packing: each microbatch's weight (`packing.loss_weights`); None otherwise."""
         if self.end_of_document is None:
             return None
-        targets = [y for _, y in micro]
-        total = self.count_over_replicas(sum(counted_targets(y) for y in targets))
-        return loss_weights(targets, total, self.layout.dp * self.layout.cp)
+        counts = counted_targets([y for _, y in micro])
+        total = self.count_over_replicas(sum(counts))
+        return loss_weights(counts, total, self.layout.dp * self.layout.cp)
 
     def count_over_replicas(self, count: int) -> int:
         """The sum of `count` over the ranks sharing the batch (dp x cp): one here."""
