@@ -38,7 +38,7 @@ from paraxis.context_parallel.chunks import positions as chunk_positions
 from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
-from paraxis.packing import Documents, find_documents
+from paraxis.packing import Documents, find_documents, packed_attention
 
 
 @dataclass(frozen=True)
@@ -128,19 +128,12 @@ class Attention(nn.Module):
     def _packed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      documents: Documents) -> torch.Tensor:
         """Attention within each document: RoPE at the positions in the document, and the
-        document mask; on CUDA flex attention, which skips the blocks between documents
-        (`paraxis.attention_kernel.PACKED_KERNELS`)."""
+        document mask (`packing.packed_attention`; the kernels: `paraxis.attention_kernel`)."""
         if self.cfg.style == "llama":
             positions = documents.positions.unsqueeze(1)  # (batch, 1, seq): every head
             q = rotary(q, self.cfg.rope_theta, positions)
             k = rotary(k, self.cfg.rope_theta, positions)
-        gqa = RUNTIME_KERNEL.kv_heads_native
-        if q.device.type == "cuda":
-            from torch.nn.attention.flex_attention import flex_attention
-
-            return flex_attention(q, k, v, block_mask=documents.block_mask, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask,
-                                              enable_gqa=gqa)
+        return packed_attention(q, k, v, documents, RUNTIME_KERNEL.kv_heads_native)
 
     def _context_parallel_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                split: SequenceSplit) -> torch.Tensor:

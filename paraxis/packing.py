@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -79,6 +80,26 @@ class Documents:
 
         batch, seq = self.ids.shape
         return create_block_mask(self.mask_mod, batch, None, seq, seq, device=self.ids.device)
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
+                     enable_gqa: bool) -> torch.Tensor:
+    """Attention of (batch, heads, seq, head_dim) q, k, v within each document. CPU: torch's
+    SDPA with the boolean mask (its flash kernel; `paraxis.attention_kernel`). CUDA: flex
+    attention, compiled (run eagerly it would materialize every score), over the block
+    mask. The CUDA path could not be run where it was written (no GPU)."""
+    if q.device.type == "cuda":
+        return _compiled_flex_attention()(q, k, v, block_mask=documents.block_mask,
+                                          enable_gqa=enable_gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask,
+                                          enable_gqa=enable_gqa)
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def find_documents(tokens: torch.Tensor, end_of_document: int) -> Documents:

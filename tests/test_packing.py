@@ -24,6 +24,7 @@ from paraxis.packing import (
     find_documents,
     loss_weights,
     mask_targets,
+    packed_attention,
 )
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.parallelize import build_engine
@@ -79,10 +80,9 @@ def test_packed_window_equals_documents_one_by_one(model):
             logits = net(x)
         torch.testing.assert_close(logits, alone, rtol=0, atol=2e-5)
     # CPU runs the flash kernel with the boolean document mask (not the math kernel)
-    assert net(x).grad_fn is not None
-    q = torch.randn(1, 2, 8, 4, requires_grad=True)
-    out = F.scaled_dot_product_attention(q, q, q, attn_mask=find_documents(
-        x[:, :8], EOS).attention_mask)
+    q = torch.randn(1, 4, 8, 16, requires_grad=True)
+    kv = torch.randn(1, 2, 8, 16)
+    out = packed_attention(q, kv, kv, find_documents(x[:, :8], EOS), enable_gqa=True)
     assert out.grad_fn.name() == "ScaledDotProductFlashAttentionForCpuBackward0"
     # the loss: the mean over targets not after an EOS, each from its own document alone
     loss = net(x, mask_targets(x, y, EOS))
