@@ -86,13 +86,23 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document
                      enable_gqa: bool) -> torch.Tensor:
     """Attention of (batch, heads, seq, head_dim) q, k, v within each document. CPU: torch's
     SDPA with the boolean mask (its flash kernel; `paraxis.attention_kernel`). CUDA: flex
-    attention, compiled (run eagerly it would materialize every score), over the block
-    mask. The CUDA path could not be run where it was written (no GPU)."""
+    attention over the block mask (`flex_attention_within`)."""
     if q.device.type == "cuda":
-        return _compiled_flex_attention()(q, k, v, block_mask=documents.block_mask,
-                                          enable_gqa=enable_gqa)
+        return flex_attention_within(q, k, v, documents, enable_gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask,
                                           enable_gqa=enable_gqa)
+
+
+def flex_attention_within(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          documents: Documents, enable_gqa: bool,
+                          compiled: bool = True) -> torch.Tensor:
+    """The CUDA path: flex attention over the block mask, compiled (run eagerly it computes
+    every score; the tests run it so on CPU against the SDPA path). Not run on a GPU where
+    it was written."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = _compiled_flex_attention() if compiled else flex_attention
+    return flex(q, k, v, block_mask=documents.block_mask, enable_gqa=enable_gqa)
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from paraxis.packing import (
     IGNORE_INDEX,
     counted_targets,
     find_documents,
+    flex_attention_within,
     loss_weights,
     mask_targets,
     packed_attention,
@@ -90,6 +91,18 @@ def test_packed_window_equals_documents_one_by_one(model):
     expected = F.cross_entropy(alone[0][kept], y[0][kept])
     torch.testing.assert_close(loss, expected, rtol=0, atol=2e-6)
     assert kept.sum() < x.shape[1]  # some targets were masked
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_cuda_flex_path_equals_the_cpu_mask_path():
+    docs = find_documents(torch.randint(0, 6, (2, 256), generator=torch.Generator()
+                                        .manual_seed(2)), EOS)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, heads, 256, 16, generator=g) for heads in (4, 2, 2))
+    # forward only: flex attention has no backward on CPU
+    flex = flex_attention_within(q, k, v, docs, enable_gqa=True, compiled=False)
+    sdpa = packed_attention(q, k, v, docs, enable_gqa=True)
+    torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)
 
 
 def test_vocab_parallel_loss_ignores_masked_targets():
