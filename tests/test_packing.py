@@ -117,7 +117,7 @@ def test_vocab_parallel_loss_ignores_masked_targets():
     torch.testing.assert_close(grad, expected)
 
 
-STEPS, BATCH, SEQ, SEED, LR = 3, 4, 32, 5, 3e-3
+STEPS, BATCH, SEQ, SEED, LR = 2, 4, 32, 5, 3e-3
 
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -208,7 +208,7 @@ def test_training_packs_a_jsonl_corpus_by_its_end_of_document_id(tmp_path, monke
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     losses = {}
     for pack in (False, True):
-        cfg = RunConfig.from_flags(model="tiny", steps=2, global_batch=4, seq_len=32,
+        cfg = RunConfig.from_flags(model="tiny", steps=1, global_batch=4, seq_len=32,
                                    quiet=True, device="cpu", data=str(tmp_path / "c.jsonl"),
                                    pack_documents=pack)
         losses[pack] = [r["loss"] for r in run_training(cfg)]
