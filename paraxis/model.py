@@ -69,8 +69,8 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
 
     x: (batch, heads, seq, head_dim); positions: each token's position (default 0..seq-1;
     a context-parallel rank's tokens sit elsewhere in the sequence; packed documents give
-    (batch, 1, seq), each row's own). Uses the "rotate half"
-    pairing (channel i with i + head_dim/2), as Llama's Hugging Face implementation does.
+    (batch, 1, seq), each row's own). Uses the "rotate half" pairing (channel i with
+    i + head_dim/2), as Llama's Hugging Face implementation does.
     """
     seq, head_dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device,
