@@ -12,6 +12,14 @@ published runs of 2021-22: it keeps the softmax output, the dropout mask and its
 (the s^2 terms Korthikanti et al. 2022 Sec. 4.1 count), computes every score of the causal
 mask's upper half, and runs on K, V repeated to the full head count.
 
+Document packing (paraxis.packing) adds a mask keeping attention within each document. On
+CPU the model hands SDPA a boolean (b, 1, s, s) mask, and PyTorch still runs this flash
+kernel (`ScaledDotProductFlashAttentionForCpuBackward`, tests/test_packing.py), but computes
+every tile of the square: with a mask it cannot skip the tiles above the diagonal
+(`python -m bench.packing` times it). On CUDA the model runs flex attention with a block mask,
+which skips the blocks where no query and key share a document. The planner prices the
+unpacked causal kernel (`FLASH`) for every run; packing's mask is not in its time model.
+
 Plain data, no torch: the planner imports it as freely as the model does.
 """
 

@@ -5,7 +5,7 @@
                  text_field = "text"
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
                  precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
-                 on_nan = "stop"
+                 on_nan = "stop"  pack_documents = false
     [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
                  grad_clip = 1.0
     [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
@@ -75,6 +75,9 @@ class TrainSection:
                             "docs/precision.md")
     compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
                            "stay eager)")
+    pack_documents: bool = option(False, "attention, positions and loss kept within each "
+                                  "document (a corpus with an end-of-document id; "
+                                  "docs/data.md)")
     bucket_mb: float = option(25.0, "data-parallel gradient bucket size in MiB")
     timeout_s: float = option(600.0, "seconds any collective or message may wait before the "
                               "run stops, naming it")

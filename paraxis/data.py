@@ -119,11 +119,13 @@ def largest_token(tokens: np.ndarray) -> tuple[int, int]:
 
 @dataclass
 class TokenData:
-    """A 1-D array of token ids with a held-out tail for evaluation."""
+    """A 1-D array of token ids with a held-out tail for evaluation; `end_of_document`: the
+    id ending each document, when known (prepared sources), for packing."""
 
     tokens: np.ndarray
     name: str = "tokens"
     val_fraction: float = 0.05
+    end_of_document: int | None = None
 
     @classmethod
     def load(cls, source: str | None, dtype: str = "uint16",

@@ -252,7 +252,8 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
             raise ParaxisError(f"data {path} was prepared with {index['tokenizer']}, not "
                                f"{tokenizer}; leave --tokenizer out, or prepare the source "
                                "again with it")
-        return TokenData(tokens, f"{path} (prepared, {index['tokenizer']})")
+        return TokenData(tokens, f"{path} (prepared, {index['tokenizer']})",
+                         end_of_document=index.get("end_of_document"))
     kind = source_kind(path) if path is not None and path.exists() else None
     if kind is None:
         return TokenData.load(source, dtype, tokenizer)
@@ -262,4 +263,5 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
     workers = 1 if "WORLD_SIZE" in os.environ else min(8, os.cpu_count() or 1)
     prepare(path, out, tokenizer, text_field, workers=workers)
     tokens, index = read_prepared(out)
-    return TokenData(tokens, f"{path} ({index['tokenizer']}, prepared in {out})")
+    return TokenData(tokens, f"{path} ({index['tokenizer']}, prepared in {out})",
+                     end_of_document=index.get("end_of_document"))

@@ -11,6 +11,10 @@ every sequence (`paraxis.context_parallel.chunks`), so its tokens' positions are
 hands the parts that care (positions, the attention core) a `SequenceSplit`; without one
 (every layout with cp = 1) the code below runs exactly as on one device.
 
+Document packing (`paraxis.packing`, `Transformer.set_packing`) keeps attention and positions
+within each document of a window: the forward finds the documents from the token ids and
+hands every block their mask.
+
 Initialisation is a function of (seed, parameter name) alone (`init_parameter`): a pipeline
 stage that builds only its own blocks, or a TP rank that fills only its shard, starts from
 exactly the single-device weights.
@@ -31,8 +35,10 @@ from torch.utils.checkpoint import checkpoint
 from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.chunks import positions as chunk_positions
+from paraxis.errors import ParaxisError
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
+from paraxis.packing import Documents, find_documents, packed_attention
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,16 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
     """Rotate pairs of channels by a position-dependent angle (RoPE, Su et al. 2021).
 
     x: (batch, heads, seq, head_dim); positions: each token's position (default 0..seq-1;
-    a context-parallel rank's tokens sit elsewhere in the sequence). Uses the "rotate half"
-    pairing (channel i with i + head_dim/2), as Llama's Hugging Face implementation does.
+    a context-parallel rank's tokens sit elsewhere in the sequence; packed documents give
+    (batch, 1, seq), each row's own). Uses the "rotate half" pairing (channel i with
+    i + head_dim/2), as Llama's Hugging Face implementation does.
     """
     seq, head_dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device,
                                             dtype=torch.float32) / head_dim)
     steps = (torch.arange(seq, device=x.device, dtype=torch.float32) if positions is None
              else positions.to(device=x.device, dtype=torch.float32))
-    angles = torch.outer(steps, inv_freq)
+    angles = steps.unsqueeze(-1) * inv_freq  # torch.outer's product, for any leading shape
     cos = torch.cat((angles, angles), dim=-1).cos().to(x.dtype)
     sin = torch.cat((angles, angles), dim=-1).sin().to(x.dtype)
     first, second = x.chunk(2, dim=-1)
@@ -91,7 +98,7 @@ class Attention(nn.Module):
         self.recompute_core = False  # selective recompute (Korthikanti et al. 2022, sec. 4)
         self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # Head counts come from the projection widths, so a TP rank that holds a slice of the
         # heads runs this same code.
@@ -99,14 +106,17 @@ class Attention(nn.Module):
         k = self.k(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         if self.recompute_core and torch.is_grad_enabled():
-            out = checkpoint(self._core, q, k, v, use_reentrant=False)
+            out = checkpoint(self._core, q, k, v, documents, use_reentrant=False)
         else:
-            out = self._core(q, k, v)
+            out = self._core(q, k, v, documents)
         return self.o(out.transpose(1, 2).reshape(batch, seq, -1))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              documents: Documents | None = None) -> torch.Tensor:
         if self.split is not None:
             return self._context_parallel_core(q, k, v, self.split)
+        if documents is not None:
+            return self._packed_core(q, k, v, documents)
         if self.cfg.style == "llama":
             q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
         # The kernel is one fact shared with the planner (paraxis/attention_kernel.py): a
@@ -114,6 +124,16 @@ class Attention(nn.Module):
         # with grouped-query K and V at kv-head width (no copy repeated to every head).
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               enable_gqa=RUNTIME_KERNEL.kv_heads_native)
+
+    def _packed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     documents: Documents) -> torch.Tensor:
+        """Attention within each document: RoPE at the positions in the document, and the
+        document mask (`packing.packed_attention`; the kernels: `paraxis.attention_kernel`)."""
+        if self.cfg.style == "llama":
+            positions = documents.positions.unsqueeze(1)  # (batch, 1, seq): every head
+            q = rotary(q, self.cfg.rope_theta, positions)
+            k = rotary(k, self.cfg.rope_theta, positions)
+        return packed_attention(q, k, v, documents, RUNTIME_KERNEL.kv_heads_native)
 
     def _context_parallel_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                split: SequenceSplit) -> torch.Tensor:
@@ -158,19 +178,20 @@ class Block(nn.Module):
             self.mlp = MLP(cfg)
         self.recompute = False  # full recompute: keep only the block's input for backward
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+            return checkpoint(self._forward, x, documents, use_reentrant=False)
+        return self._forward(x, documents)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def _forward(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), documents)
         feed_forward = self.moe if hasattr(self, "moe") else self.mlp
         return x + feed_forward(self.norm2(x))
 
 
 class CrossEntropy(nn.Module):
-    """Mean next-token loss. Tensor parallelism swaps in a vocab-parallel version."""
+    """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
+    default: packing masks targets so). Tensor parallelism swaps in a vocab-parallel version."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
@@ -209,6 +230,7 @@ class Transformer(nn.Module):
         self.has_embedding = embed
         self.has_head = head
         self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
+        self.end_of_document: int | None = None  # document packing (set_packing)
         if embed:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
             if cfg.learned_positions:
@@ -228,28 +250,51 @@ class Transformer(nn.Module):
 
     # The three pieces a part may own: embed (first stage), blocks, head (last).
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+    def embed(self, idx: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
         x = self.tok_emb(idx)
         if self.cfg.learned_positions:
-            positions = (torch.arange(idx.shape[1], device=idx.device) if self.split is None
-                         else self.split.positions(idx.shape[1], idx.device))
+            if documents is not None:
+                positions = documents.positions
+            elif self.split is not None:
+                positions = self.split.positions(idx.shape[1], idx.device)
+            else:
+                positions = torch.arange(idx.shape[1], device=idx.device)
             x = x + self.pos_emb(positions)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm_f(x))
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
+                tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (with the embedding) or the residual stream in; the residual stream
-        out, or with the head the logits, or the mean cross-entropy loss given targets."""
+        out, or with the head the logits, or the mean cross-entropy loss given targets.
+        Packing: `tokens`, the ids the residual stream came from, tell a part without the
+        embedding where the documents are; targets come masked (`packing.mask_targets`)."""
+        documents = self.documents(x if self.has_embedding else tokens)
         if self.has_embedding:
-            x = self.embed(x)
+            x = self.embed(x, documents)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, documents)
         if not self.has_head:
             return x
         logits = self.logits(x)
         return logits if targets is None else self.loss_fn(logits, targets)
+
+    def documents(self, tokens: torch.Tensor | None) -> Documents | None:
+        """The documents of `tokens` when packing (None otherwise)."""
+        if self.end_of_document is None:
+            return None
+        if tokens is None:
+            raise ParaxisError("a packed model part without the embedding needs the token ids "
+                               "of its input: call it as part(x, tokens=ids)")
+        return find_documents(tokens, self.end_of_document)
+
+    def set_packing(self, end_of_document: int | None) -> None:
+        """Keep attention and positions within each document, documents ending at id
+        `end_of_document` (None: the whole window is one sequence, the default). Not with
+        context parallelism (`packing.check_layout` refuses it)."""
+        self.end_of_document = end_of_document
 
     def set_context_parallel(self, split: SequenceSplit | None) -> None:
         """Run on this rank's two chunks of every sequence (None: the whole sequence). The

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def check_late_failures(cfg: RunConfig) -> None:
     """One-line errors for the seed, gradient clip, peak TFLOP/s, --exit-after, an
-    interleaved schedule without a pipeline, and every folder the run will write."""
+    interleaved schedule without a pipeline, packing with context parallelism, and every
+    folder the run will write."""
     train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
     if train.seed < 0:
         raise ParaxisError(f"--seed {train.seed} must be >= 0 (numpy's generators take "
@@ -34,6 +35,10 @@ def check_late_failures(cfg: RunConfig) -> None:
     if cfg.layout.schedule == "interleaved" and cfg.layout.pp == 1:
         raise ParaxisError("schedule=interleaved needs pp > 1 (it interleaves pipeline "
                            "stages); raise pp or use schedule=1f1b")
+    if train.pack_documents:
+        from paraxis.packing import check_layout  # torch: only for runs that pack
+
+        check_layout(cfg.layout)
     for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
         if folder:
             check_writable_folder(Path(folder), flag)

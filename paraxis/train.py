@@ -54,6 +54,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.data_prepare import load_token_data
     from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
+    from paraxis.packing import packing_id
     from paraxis.precision import get_policy
     from paraxis.runtime.claim import claim_folder
     from paraxis.runtime.distributed import (
@@ -90,6 +91,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         data = load_token_data(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer,
                                cfg.data.text_field)
         data.check(model_cfg.vocab_size, train.seq_len)
+        end_of_document = packing_id(train.pack_documents, data.end_of_document, data.name)
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
@@ -97,7 +99,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                               precision=train.precision, compile=train.compile,
                               weight_decay=cfg.optimizer.weight_decay,
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
-                              announce=rank == 0 and not cfg.logging.quiet)
+                              announce=rank == 0 and not cfg.logging.quiet,
+                              end_of_document=end_of_document)
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())

@@ -201,6 +201,14 @@ class DataParallelEngine(LocalEngine):
             self.gatherer.free_all()
         return loss
 
+    def count_over_replicas(self, count: int) -> int:
+        if self.dp_group is None:
+            return count
+        value = torch.tensor([count], dtype=torch.int64, device=self.device)
+        with WATCH.waiting("all_reduce", self.dp_group):
+            dist.all_reduce(value, group=self.dp_group)
+        return int(value)
+
     def reduce_loss(self, loss: float) -> float:
         if self.dp_group is None:
             return loss

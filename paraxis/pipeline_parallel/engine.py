@@ -7,7 +7,9 @@ communicate). Per step the executor runs this stage's action list; after the las
 the tied embedding's gradient is summed between first and last stage, the dp reduction
 finishes, and the loss (held by the last stage) is broadcast over the pipeline so every rank
 returns it. Norms are global over every axis (`runtime.params.global_norm_squared`: tp, dp
-when sharded, pp), the tied copy counted once.
+when sharded, pp), the tied copy counted once. Under document packing every stage finds each
+microbatch's documents in its token ids, which every rank holds (the executor hands them to
+each chunk with its activations).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class PipelineEngine(LocalEngine):
         scale = self.loss_scale()
         set_aux_loss_scale(self.model, scale / len(xs))  # an MoE's aux loss, as the loss
         loss = self.executor.run(xs, ys, self.autocast_dtype,
-                                 backward_context=self._backward_context, loss_scale=scale)
+                                 backward_context=self._backward_context, loss_scale=scale,
+                                 loss_weights=self.loss_weights(micro))
         self.finish_grad_sync()
         return self._loss_from_last_stage(loss)
 
@@ -93,7 +96,8 @@ class PipelineEngine(LocalEngine):
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         micro = self.microbatches(inputs, targets)
         loss = self.eval_executor.run([x for x, _ in micro], [y for _, y in micro],
-                                      self.autocast_dtype)
+                                      self.autocast_dtype,
+                                      loss_weights=self.loss_weights(micro))
         return self._loss_from_last_stage(loss)
 
     def _loss_from_last_stage(self, loss: torch.Tensor) -> float:
@@ -121,6 +125,9 @@ class PipelineEngine(LocalEngine):
 
     def reduce_loss(self, loss: float) -> float:
         return self.data_parallel.reduce_loss(loss)
+
+    def count_over_replicas(self, count: int) -> int:
+        return self.data_parallel.count_over_replicas(count)
 
     def grad_norm_squared(self) -> torch.Tensor:
         return self.data_parallel.grad_norm_squared()

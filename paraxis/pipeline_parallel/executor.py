@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.packing import weigh
 from paraxis.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.runtime.watchdog import WATCH
 from paraxis.schedules import COMPUTE, Action, Schedule, input_message
@@ -61,6 +62,7 @@ class _Step:
     device: torch.device
     autocast_dtype: torch.dtype | None
     loss_scale: float  # fp16's dynamic loss scale (1: none)
+    loss_weights: list[float] | None  # packing: each microbatch's (packing.loss_weights)
     loss_total: torch.Tensor  # the last stage's sum of loss / M
     # (microbatch, chunk) -> the chunk's input (its .grad is the gradient to send back) and
     # output (kept for the backward)
@@ -123,17 +125,19 @@ class PipelineExecutor:
     def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor],
             autocast_dtype: torch.dtype | None = None,
             backward_context: Callable[[bool], Any] | None = None,
-            loss_scale: float = 1.0) -> torch.Tensor:
+            loss_scale: float = 1.0, loss_weights: list[float] | None = None) -> torch.Tensor:
         """One step over the microbatches; returns the summed loss/M on the last stage (its
         share of the batch mean, unscaled) and 0 elsewhere. Gradients accumulate in the
         chunks, multiplied by `loss_scale`.
 
         backward_context(is_last): wraps each backward; is_last is True for this stage's
         final backward (data parallelism syncs there, as `DataParallelEngine.no_sync` does).
+        loss_weights: document packing's factor on each microbatch's mean loss; every chunk
+        is also given its microbatch's token ids (`inputs`) to find the documents in.
         """
         device = inputs[0].device
         step = _Step(inputs, targets, self.boundary_shape(inputs[0].shape), device,
-                     autocast_dtype, loss_scale, torch.zeros((), device=device))
+                     autocast_dtype, loss_scale, loss_weights, torch.zeros((), device=device))
         self._post_ahead(0, step)
         position = 0
         while position < len(self.actions):
@@ -191,9 +195,12 @@ class PipelineExecutor:
             x.requires_grad_()
         step.stage_inputs[key] = x
         with _autocast(step.device, step.autocast_dtype):
-            out = module(x)
+            out = module(x, tokens=step.inputs[action.microbatch])
             if here == self.last_virtual:
-                out = module.loss_fn(out, step.targets[action.microbatch]) / len(step.inputs)
+                out = module.loss_fn(out, step.targets[action.microbatch])
+                if step.loss_weights is not None:
+                    out = weigh(out, step.loss_weights[action.microbatch])
+                out = out / len(step.inputs)
                 step.loss_total += out.detach()
         step.stage_outputs[key] = out
 

@@ -12,6 +12,11 @@ and checkpointing, tracing and reporting need a few more (`Engine` lists them al
 `layout.microbatches` microsteps (gradient accumulation) and runs AdamW. The parallel
 engines (`data_parallel.DataParallelEngine`, `pipeline_parallel.engine.PipelineEngine`)
 subclass it and change only what their axis changes.
+
+Document packing (`paraxis.packing`) reaches the engine in two places: `microbatches` masks
+the targets after each end-of-document input, and each microbatch's mean loss is weighed by
+its count of unmasked targets (`packing.loss_weights`), so that every layout's loss is the
+mean over the global batch's unmasked targets, as on one device.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from paraxis.checkpoint.entries import Entry, Place, whole_entries
 from paraxis.layout import Layout
 from paraxis.model import single_device_parameters
 from paraxis.moe.layer import set_aux_loss_scale
+from paraxis.packing import counted_targets, loss_weights, mask_targets, weigh
 from paraxis.runtime.params import local_norm_squares
 
 if TYPE_CHECKING:
@@ -92,6 +98,8 @@ class Engine(Protocol):
 class LocalEngine:
     """The whole model in one process: the reference every layout is compared with."""
 
+    end_of_document: int | None = None  # document packing: set by runtime.parallelize
+
     def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  autocast_dtype: torch.dtype | None = None) -> None:
@@ -109,18 +117,38 @@ class LocalEngine:
 
     def microbatches(self, inputs: torch.Tensor, targets: torch.Tensor
                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The microbatches of this share; packing masks their targets."""
         count = self.layout.microbatches
+        if self.end_of_document is not None:
+            targets = mask_targets(inputs, targets, self.end_of_document)
         return list(zip(inputs.chunk(count), targets.chunk(count), strict=True))
+
+    def loss_weights(self, micro: list[tuple[torch.Tensor, torch.Tensor]]
+                     ) -> list[float] | None:
+        """Packing: each microbatch's weight (`packing.loss_weights`); None otherwise."""
+        if self.end_of_document is None:
+            return None
+        counts = counted_targets([y for _, y in micro])
+        total = self.count_over_replicas(sum(counts))
+        return loss_weights(counts, total, self.layout.dp * self.layout.cp)
+
+    def count_over_replicas(self, count: int) -> int:
+        """The sum of `count` over the ranks sharing the batch (dp x cp): one here."""
+        return count
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Accumulate gradients over the microbatches; return the mean loss."""
         micro = self.microbatches(inputs, targets)
+        weights = self.loss_weights(micro)
         total = 0.0
         # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
         set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
         for index, (x, y) in enumerate(micro):
             with self.no_sync(last=index == len(micro) - 1):
-                loss = self.loss(x, y) / len(micro)  # mean over microbatches = batch mean
+                loss = self.loss(x, y)
+                if weights is not None:
+                    loss = weigh(loss, weights[index])
+                loss = loss / len(micro)  # mean over microbatches = batch mean
                 self.backward(loss)
             total += loss.item()
         self.finish_grad_sync()
@@ -130,7 +158,9 @@ class LocalEngine:
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Mean loss on this dp rank's share of a held-out batch; no gradients, no update."""
         micro = self.microbatches(inputs, targets)
-        total = sum(self.loss(x, y).item() for x, y in micro) / len(micro)
+        weights = self.loss_weights(micro) or [1.0] * len(micro)
+        total = sum(weigh(self.loss(x, y), w).item() for (x, y), w in
+                    zip(micro, weights, strict=True)) / len(micro)
         return self.reduce_loss(total)
 
     def backward(self, loss: torch.Tensor) -> None:

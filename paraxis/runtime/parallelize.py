@@ -39,6 +39,7 @@ from paraxis.layout import Layout
 from paraxis.model import SequenceSplit, Transformer, initial_value, parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.moe.expert_parallel import shard_experts
+from paraxis.packing import check_layout as check_packing
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
 from paraxis.pipeline_parallel.stage import stage_parts
@@ -54,11 +55,12 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
                 eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                compile: bool = False) -> Engine:
+                compile: bool = False, end_of_document: int | None = None) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
     (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
     precision: the policy (`paraxis.precision`), which every axis below follows; compile:
-    `torch.compile` each block's forward (`compile_blocks`)."""
+    `torch.compile` each block's forward (`compile_blocks`); end_of_document: pack documents
+    ending at this id (`paraxis.packing`; None: no packing)."""
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
                                                 placement=layout.placement)
@@ -81,6 +83,11 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         for part in parts:
             shard_experts(part, cfg.n_experts, layout.ep, groups.ep_rank, groups.ep_group,
                           groups.replica_group)
+    # 3c. document packing: attention and positions within each document (not under cp)
+    if end_of_document is not None:
+        check_packing(layout)
+        for part in parts:
+            part.set_packing(end_of_document)
     # 4. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute)
@@ -96,10 +103,13 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     data_parallel = DataParallelEngine(
         model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
         device=device, precision=precision)
+    data_parallel.end_of_document = end_of_document  # it masks and weighs the loss
     if layout.pp == 1:
         return data_parallel
     # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
-    return PipelineEngine(parts, data_parallel, groups)
+    engine = PipelineEngine(parts, data_parallel, groups)
+    engine.end_of_document = end_of_document
+    return engine
 
 
 def compile_blocks(part: Transformer) -> None:
@@ -134,12 +144,14 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
                  precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
                  bucket_mb: float = 25.0, seq_len: int | None = None,
-                 announce: bool = False, compile: bool = False) -> Engine:
+                 announce: bool = False, compile: bool = False,
+                 end_of_document: int | None = None) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
     precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16") or a
     policy; seq_len: weighs attention in the pipeline split; announce: print the split
-    (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`).
+    (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`);
+    end_of_document: pack documents ending at this id (`paraxis.packing`).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
@@ -147,6 +159,7 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
                          precision=precision, weight_decay=weight_decay,
-                         bucket_bytes=int(bucket_mb * 2**20), compile=compile)
+                         bucket_bytes=int(bucket_mb * 2**20), compile=compile,
+                         end_of_document=end_of_document)
     materialize(engine, model_cfg, seed)
     return engine

@@ -12,7 +12,9 @@ cross entropy loss"):
     loss   = log s - z_t
     dloss/dz_v = softmax_v - [v == target]   (local to the shard: no backward comm)
 
-The largest tensor is one (tokens, V/tp) shard.
+The largest tensor is one (tokens, V/tp) shard. Targets equal to IGNORE_INDEX (-100, as
+F.cross_entropy; document packing masks targets so) count in neither the mean nor the
+gradient.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import FunctionCtx
 
+from paraxis.packing import IGNORE_INDEX
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
 
@@ -60,9 +63,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit, sum_exp = sums[0], sums[1]
 
         probs.div_(sum_exp.unsqueeze(-1))  # softmax over the whole vocabulary, this slice
+        losses = sum_exp.log() - target_logit
+        ignored = targets == IGNORE_INDEX
+        ctx.counted = None  # every target counts: the plain mean, as before packing
+        if ignored.any():
+            kept = ~ignored
+            ctx.counted = kept.to(probs.dtype).unsqueeze(-1)
+            count = kept.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
+            losses = losses.masked_fill(ignored, 0.0).sum() / count
         ctx.save_for_backward(probs, local, elsewhere)
         ctx.logits_shape = logits.shape
-        return (sum_exp.log() - target_logit).mean()
+        return losses.mean()
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -70,7 +81,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_logits = probs.clone()
         rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)
         grad_logits[rows, local] -= (~elsewhere).to(grad_logits.dtype)
-        grad_logits.mul_(grad / grad_logits.shape[0])  # d(mean)/d(token loss) = 1/tokens
+        if ctx.counted is None:
+            grad_logits.mul_(grad / grad_logits.shape[0])  # d(mean)/d(token loss) = 1/tokens
+        else:  # ignored rows get no gradient; the rest 1 / counted tokens
+            grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum()))
         return grad_logits.view(ctx.logits_shape), None, None
 
 
