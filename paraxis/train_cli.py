@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 
 from paraxis.config import (
@@ -82,6 +83,15 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    if cfg.auto.enabled:  # --layout auto: the planner's pick replaces it (auto_layout.py)
+        from paraxis.auto_layout import measured_line, resolve
+
+        cfg = resolve(cfg, launched)
+        code = start(cfg, train, debug)
+        line = None if launched else measured_line(cfg)
+        if line:
+            print(f"paraxis: {line}", file=sys.stderr, flush=True)
+        return code
     nproc = cfg.launch.nproc
     if nproc > 1 and not launched:
         from paraxis.data_prepare import load_token_data
