@@ -15,12 +15,14 @@ beside them, so `paraxis report --run-dir` prices the run on the same profile.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 import shutil
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -118,3 +120,48 @@ def measured_line(cfg: RunConfig) -> str | None:
     return (f"step time of {cfg.layout}: predicted {predicted:.3g} s, measured {measured:.3g} s "
             f"(median of {len(times[WARMUP_STEPS:] or times)} steps; "
             f"{predicted / measured - 1:+.0%} off)")
+
+
+def verify_plan(args: argparse.Namespace) -> int:
+    """`paraxis plan --verify K`: the planner's top K for --model on --gpus ranks of this
+    machine (priced as --layout auto prices them), each trained for a short burst by
+    `paraxis train`, interleaved (`plan.verify`); prints the measured ranking next to the
+    predicted one, with Spearman's rank correlation."""
+    from paraxis.config import RunConfig
+    from paraxis.model_config import load_model_config
+    from paraxis.plan.verify import table, verify
+
+    k, ranks = args.verify, args.gpus
+    if k < 1 or args.verify_rounds < 1 or args.verify_steps < 2:
+        raise ParaxisError("--verify K needs K >= 1, --verify-rounds >= 1 and --verify-steps "
+                           ">= 2")
+    if not ranks:
+        raise ParaxisError("--verify trains each layout on this machine: give --gpus N, the "
+                           "ranks to run them on")
+    if args.gpu or args.cluster_preset or args.params is not None:
+        raise ParaxisError("--verify prices this machine, where the layouts run: leave out "
+                           "--gpu, --cluster and --params (give --model, and --hardware for "
+                           "a calibrated profile)")
+    model = args.model or args.default_model
+    # `paraxis train` has no "mixed": it is bf16 with fp32 masters (plan/precision.py)
+    precision = "bf16" if args.precision == "mixed" else args.precision
+    cfg = RunConfig.from_flags(model=model, nproc=ranks, global_batch=args.global_batch,
+                               seq_len=args.seq_len or load_model_config(model).max_seq_len,
+                               precision=precision, hardware=args.hardware,
+                               memory_gb=args.memory_gb, layout="auto")
+    choice, source, _ = plan_for(cfg, ranks)
+    candidates = choice.result.top(k)
+    print(f"the planner's top {len(candidates)} of {choice.cfg.name} on {ranks} ranks, global "
+          f"batch {cfg.train.global_batch} x {cfg.train.seq_len} tokens, priced on {source}; "
+          f"training each for {args.verify_steps} steps, {args.verify_rounds} round(s):",
+          flush=True)
+    train_args = ["--model", model, "--nproc", str(ranks), "--global-batch",
+                  str(cfg.train.global_batch), "--seq-len", str(cfg.train.seq_len),
+                  "--precision", precision]
+    warmup = min(WARMUP_STEPS + 1, args.verify_steps - 1)
+    with tempfile.TemporaryDirectory(prefix="paraxis-verify-") as folder:
+        rows = verify(candidates, train_args, Path(folder), args.verify_rounds,
+                      args.verify_steps, warmup, log=lambda line: print(line, flush=True))
+    for line in table(rows):
+        print(line)
+    return 0

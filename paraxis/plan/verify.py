@@ -131,6 +131,9 @@ def table(rows: list[Measured]) -> list[str]:
         lines.append(f"{r.predicted_rank:>5} {r.measured_rank:>5} {r.predicted_s:>9.4f}s "
                      f"{r.measured_s:>9.4f}s  {r.layout}")
     s = summary(rows)
-    lines.append(f"Spearman rank correlation {s['spearman']:+.2f} over {len(rows)} layouts; "
+    rho = s["spearman"]
+    said = ("n/a (the predicted or measured times tie)" if rho != rho  # nan
+            else f"{rho:+.2f}")
+    lines.append(f"Spearman rank correlation {said} over {len(rows)} layouts; "
                  f"the pick ran {s['pick_over_fastest']:+.1%} vs the fastest measured")
     return lines
