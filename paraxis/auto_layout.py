@@ -95,10 +95,11 @@ def resolve(cfg: RunConfig, launched: bool = False) -> RunConfig:
         for line in choice.defence(source):
             print(f"paraxis: {line}", file=sys.stderr, flush=True)
     metrics = cfg.logging.metrics_file
-    if metrics and profile and not cfg.logging.hardware and not launched:
-        folder = Path(metrics).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(profile, folder / "hardware-profile.json")
+    copy = Path(metrics).parent / "hardware-profile.json" if metrics else None
+    if copy and profile and not cfg.logging.hardware and not launched and \
+            Path(profile).resolve() != copy.resolve():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(profile, copy)
     auto = dataclasses.replace(cfg.auto, enabled=False,
                                predicted_step_s=choice.best.step_time_s)
     return dataclasses.replace(cfg, layout=choice.layout, auto=auto)
@@ -119,7 +120,7 @@ def measured_line(cfg: RunConfig) -> str | None:
     measured = statistics.median(times[WARMUP_STEPS:] or times)
     return (f"step time of {cfg.layout}: predicted {predicted:.3g} s, measured {measured:.3g} s "
             f"(median of {len(times[WARMUP_STEPS:] or times)} steps; "
-            f"{predicted / measured - 1:+.0%} off)")
+            f"the prediction {predicted / measured - 1:+.0%} off)")
 
 
 def verify_plan(args: argparse.Namespace) -> int:
