@@ -66,7 +66,7 @@ class AutoChoice:
             lines.append(
                 f"tie: {len(tied)} other layout{'s are' if len(tied) > 1 else ' is'} within "
                 f"the model's ±{band.rms:.0%} {band.name} ({shown}); the model cannot rank "
-                "them, so the simplest of the fastest was taken")
+                "them: the pick is its fastest (the simpler within 0.5%)")
         elif runner is not None:
             lines.append(f"next best: {runner.layout} {_slower(runner, best)}, outside the "
                          f"model's ±{band.rms:.0%} {band.name}")
