@@ -2,24 +2,33 @@
 
 For each setting (a tiny model, a global batch, a rank count), the planner searches on this
 machine's calibrated profile exactly as `paraxis train --layout auto` does
-(`paraxis.auto_layout.plan_for`), and its five fastest layouts each train as a real
-`paraxis train` run (gloo ranks) for a short burst, interleaved over rounds with the order
-rotated (`paraxis.plan.verify`), so that the machine's drifting load lands on all five alike.
-Reported per setting: the measured ranking next to the predicted one, Spearman's rank
-correlation of the two step times, and whether the auto pick (the planner's first) ran
-within 10% of the fastest measured. Nothing is fitted to the measurements.
+(`paraxis.auto_layout.plan_for`), and its five fastest layouts train side by side: one
+launch of the ranks builds the engine `paraxis train` builds for each of the five (on the
+same ranks, each with its own process groups), and their steps alternate, the order rotated
+every step, so a slow spell of this shared machine lands on all five alike (as the
+paraxis-vs-peer rows pair their sides). A step counts at its slowest rank; a layout's figure
+is the median over rounds (launches) of the median of its timed steps. `paraxis plan
+--verify K` does the same with separate `paraxis train` runs (`paraxis.plan.verify`); here
+one launch per round keeps six settings within the time a bench run has. Reported per setting: the
+measured ranking next to the predicted one, Spearman's rank correlation of the step times,
+and whether the auto pick (the planner's first) ran within 10% of the fastest measured.
+Nothing is fitted to the measurements.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import tempfile
-from pathlib import Path
+import time
+
+import torch
 
 from paraxis.auto_layout import plan_for
 from paraxis.config import RunConfig
-from paraxis.plan.verify import summary, verify
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+from paraxis.plan.verify import Measured, ranks_of, summary
+from paraxis.testing import run_distributed
 
 TOP = 5
 # (model, ranks, global batch): different tiny models, batch sizes and rank counts
@@ -27,6 +36,37 @@ SETTINGS = [("tiny", 2, 8), ("tiny-llama", 2, 32), ("tiny-llama", 4, 16), ("tiny
             ("tiny-moe", 4, 16), ("tiny-llama", 8, 16)]
 QUICK_SETTINGS = [("tiny", 2, 8)]
 SEQ_LEN = 128
+
+
+def side_by_side(cfg: ModelConfig, layouts: list[Layout], global_batch: int, seq_len: int,
+                 steps: int, warmup: int) -> list[list[float]]:
+    """On every rank: an engine per layout, then `steps` rounds of one step of each, the
+    order rotated each round; this rank's seconds per step, by layout."""
+    import torch.distributed as dist
+
+    from bench.common import engine_step
+    from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
+
+    tokens = torch.randint(0, cfg.vocab_size, (global_batch, seq_len + 1),
+                           generator=torch.Generator().manual_seed(0))
+    steps_of = []
+    for layout in layouts:
+        groups = build_groups(layout)
+        engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=seq_len)
+        per_dp = global_batch // layout.dp  # this dp rank's rows, as the training loop slices
+        rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
+        x, y = tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
+        steps_of.append(engine_step(engine, x, y, clip=1.0))
+    times: list[list[float]] = [[] for _ in layouts]
+    for round_ in range(warmup + steps):
+        for index in [(round_ + k) % len(layouts) for k in range(len(layouts))]:
+            dist.barrier()  # every rank starts the step together: its time is the step's
+            started = time.perf_counter()
+            steps_of[index]()
+            if round_ >= warmup:
+                times[index].append(time.perf_counter() - started)
+    return times
 
 
 def measure_setting(model: str, ranks: int, global_batch: int, seq_len: int, top: int,
@@ -37,10 +77,21 @@ def measure_setting(model: str, ranks: int, global_batch: int, seq_len: int, top
     choice, source, _ = plan_for(cfg, ranks)
     candidates = choice.result.top(top)
     log(f"{model} on {ranks} ranks, global batch {global_batch}: priced on {source}")
-    args = ["--model", model, "--nproc", str(ranks), "--global-batch", str(global_batch),
-            "--seq-len", str(seq_len), "--precision", cfg.train.precision]
-    with tempfile.TemporaryDirectory(prefix="paraxis-auto-bench-") as folder:
-        rows = verify(candidates, args, Path(folder), rounds, steps, warmup, log)
+    layouts = [e.layout for e in candidates]
+    rows = [Measured(str(e.layout), e.step_time_s, predicted_rank=i + 1)
+            for i, e in enumerate(candidates)]
+    for round_ in range(rounds):
+        per_rank = run_distributed(side_by_side, ranks, (choice.cfg, layouts, global_batch,
+                                                         seq_len, steps, warmup),
+                                   timeout_s=1800)
+        for index, row in enumerate(rows):
+            slowest = [max(times) for times in zip(*(r[index] for r in per_rank),
+                                                   strict=True)]
+            row.runs_s.append(statistics.median(slowest))
+            log(f"  round {round_ + 1}: #{index + 1} {row.layout}: "
+                f"{row.runs_s[-1]:.4f} s per step (predicted {row.predicted_s:.4f} s)")
+    for row, rank in zip(rows, ranks_of([r.measured_s for r in rows]), strict=True):
+        row.measured_rank = round(rank)
     figures = summary(rows)
     log(f"  Spearman {figures['spearman']:+.2f}; pick {figures['pick_over_fastest']:+.1%} "
         "vs the fastest measured")
@@ -53,7 +104,7 @@ def measure_setting(model: str, ranks: int, global_batch: int, seq_len: int, top
 
 
 def run(quick: bool, log=print) -> dict:  # noqa: ANN001
-    rounds, steps, warmup = (1, 4, 1) if quick else (2, 10, 3)
+    rounds, steps, warmup = (1, 3, 1) if quick else (2, 8, 2)
     settings = QUICK_SETTINGS if quick else SETTINGS
     results = [measure_setting(model, ranks, batch, 32 if quick else SEQ_LEN,
                                2 if quick else TOP, rounds, steps, warmup, log)
@@ -67,14 +118,15 @@ def render(data: dict) -> str:
         "## `--layout auto`: the planner's top 5, measured side by side",
         "",
         "`python -m bench --only auto` (bench/auto.py). Per setting the planner searches on "
-        "this machine's calibrated profile as `paraxis train --layout auto` does, and its "
-        f"fastest layouts each train as a real `paraxis train` run: {data['rounds']} rounds, "
-        "each running every layout once in a rotated order (so a slow spell of this shared "
-        f"machine lands on all of them), {data['steps']} steps a run, the median of rank 0's "
-        f"step times after {data['warmup']}; a layout's figure is the median over its "
-        "rounds. Spearman: rank correlation of predicted and measured step time over those "
-        "layouts. Pick: how much slower the auto pick (the planner's first) ran than the "
-        "fastest measured; the criterion is within 10%.",
+        "this machine's calibrated profile as `paraxis train --layout auto` does; its five "
+        "fastest layouts are built as `paraxis train` builds them, in the same ranks, and "
+        "their steps alternate (order rotated every step, a barrier before each), so a slow "
+        f"spell of this shared machine lands on all of them: {data['rounds']} launches, "
+        f"{data['warmup']} warm-up and {data['steps']} timed steps of each layout per launch; "
+        "a step counts at its slowest rank, a layout's figure is the median over launches of "
+        "its median step. Spearman: rank correlation of predicted and measured step time "
+        "over the five. Pick: how much slower the auto pick (the planner's first) ran than "
+        "the fastest measured; the criterion is within 10%.",
         "",
         "| model | ranks | batch | auto pick | predicted | measured | fastest measured | "
         "pick vs fastest | within 10% | Spearman |",
