@@ -8,8 +8,9 @@ The prices come from the hardware this run runs on, found as `paraxis report` fi
 (`report.hardware.choose_hardware`): a --hardware file given; else on a CUDA machine its
 GPU's preset; else a profile of this CPU: the committed docs/hardware-profile.json when it
 was measured on this CPU model, else a short calibration (`calibrate.quick`, seconds) kept
-in a cache folder for the next run of the same model, sequence length and rank count. The
-first line of the defence says which. When the run writes metrics, the profile is copied
+in a cache folder for the next run of the same model, sequence length and rank count; the
+cores our ranks get are probed again just before the pick (2 s), as other load comes and
+goes. The first line of the defence says which. When the run writes metrics, the profile is copied
 beside them, so `paraxis report --run-dir` prices the run on the same profile.
 """
 
@@ -67,9 +68,19 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
     hardware = choose_hardware(inputs, cache_folder(model_cfg.name, seq_len, ranks), ranks,
                                cfg.model.name)
     given = hardware.inputs
-    choice = choose(model_cfg, given.cluster(), seq_len, cfg.train.global_batch,
-                    given.precision_rule())
+    cluster = given.cluster()
     source = hardware.source + (f" ({cfg.logging.hardware})" if cfg.logging.hardware else "")
+    if hardware.cpu and not cfg.logging.hardware:
+        # A profile's cores are those its calibration got; on a shared machine the load
+        # changes from minute to minute, so the cores our ranks get are probed again now.
+        from paraxis.calibrate.command import available_cores
+        from paraxis.calibrate.quick import PROBE_S
+
+        cores = available_cores(cluster.cores_per_node, PROBE_S, ranks)
+        cluster = cluster.replace(available_cores=cores)
+        source += f"; our ranks get {cores:.2f} of its {cluster.cores_per_node} cores now"
+    choice = choose(model_cfg, cluster, seq_len, cfg.train.global_batch,
+                    given.precision_rule())
     if memory_gb is not None:
         source += f", {memory_gb:g} GB per rank as given"
     return choice, source, given.hardware
