@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(f"[{section}]")
         if section == "layout":
             group.add_argument("--layout", default=argparse.SUPPRESS,
-                               help="e.g. dp=2,tp=2,pp=2,zero=1 (the flags below override it)")
+                               help="e.g. dp=2,tp=2,pp=2,zero=1 (the flags below override it), or "
+                                    "auto: the planner picks it on this machine's profile")
             group.add_argument("--grad-accum", type=int, default=argparse.SUPPRESS,
                                help="gradient accumulation microsteps (= --microbatches when "
                                     "pp=1)")
