@@ -27,6 +27,7 @@ from paraxis.auto_layout import plan_for
 from paraxis.config import RunConfig
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
+from paraxis.plan.uncertainty import CPU_BAND
 from paraxis.plan.verify import Measured, ranks_of, summary
 from paraxis.testing import run_distributed
 
@@ -129,8 +130,8 @@ def render(data: dict) -> str:
         "the fastest measured; the criterion is within 10%.",
         "",
         "| model | ranks | batch | auto pick | predicted | measured | fastest measured | "
-        "pick vs fastest | within 10% | Spearman |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "pick vs fastest | within 10% | Spearman | spread predicted | spread measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in settings:
         rows = s["rows"]
@@ -140,12 +141,19 @@ def render(data: dict) -> str:
             f"{pick['predicted_s']:.3f} s | {pick['measured_s']:.3f} s | "
             f"`{fastest['layout']}` {fastest['measured_s']:.3f} s | "
             f"{s['pick_over_fastest']:+.1%} | {'yes' if s['pick_within_10pct'] else 'no'} | "
-            f"{_rho(s['spearman'])} |")
+            f"{_rho(s['spearman'])} | {_spread(rows, 'predicted_s')} | "
+            f"{_spread(rows, 'measured_s')} |")
     within = sum(s["pick_within_10pct"] for s in settings)
     rhos = [s["spearman"] for s in settings if not math.isnan(s["spearman"])]
     lines += ["", f"The pick is within 10% of the fastest measured in {within} of "
               f"{len(settings)} settings; median Spearman "
-              f"{_rho(statistics.median(rhos)) if rhos else 'n/a'}.", ""]
+              f"{_rho(statistics.median(rhos)) if rhos else 'n/a'}. Spread: the slowest of "
+              "the five over the fastest, predicted and measured; where the predicted spread "
+              f"is inside the model's ±{CPU_BAND.rms:.0%} error on this machine "
+              "(plan/uncertainty.py) the five are a tie for the model: it does not resolve "
+              "differences that small, and the measured order among them is decided by what "
+              "it prices too small and by this machine's noise (compare a layout's "
+              "launches below).", "", _zero_line(settings), ""]
     for s in settings:
         lines += [f"<details><summary>{s['model']}, {s['ranks']} ranks, batch "
                   f"{s['global_batch']}: each layout (priced on {s['source']})</summary>", "",
@@ -156,6 +164,25 @@ def render(data: dict) -> str:
                   + ", ".join(f"{t:.3f}" for t in r["runs_s"]) + ") |" for r in s["rows"]]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _zero_line(settings: list[dict]) -> str:
+    """How often the fastest measured layout is one without ZeRO, and how often the
+    planner's pick was: on gloo ZeRO's reduce-scatter plus all-gather may cost more than the
+    one all-reduce they replace, more than the planner prices."""
+    def plain(layout: str) -> bool:
+        return ",zero=0" in layout
+
+    fastest = sum(plain(min(s["rows"], key=lambda r: r["measured_s"])["layout"])
+                  for s in settings)
+    picked = sum(plain(s["rows"][0]["layout"]) for s in settings)
+    return (f"The fastest measured layout has no ZeRO in {fastest} of {len(settings)} "
+            f"settings; the planner's pick has none in {picked}.")
+
+
+def _spread(rows: list[dict], key: str) -> str:
+    values = [r[key] for r in rows]
+    return f"{max(values) / min(values) - 1:+.0%}"
 
 
 def _rho(value: float) -> str:
