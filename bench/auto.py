@@ -105,7 +105,7 @@ def measure_setting(model: str, ranks: int, global_batch: int, seq_len: int, top
 
 
 def run(quick: bool, log=print) -> dict:  # noqa: ANN001
-    rounds, steps, warmup = (1, 3, 1) if quick else (3, 10, 2)
+    rounds, steps, warmup = (1, 3, 1) if quick else (5, 10, 2)
     settings = QUICK_SETTINGS if quick else SETTINGS
     results = [measure_setting(model, ranks, batch, 32 if quick else SEQ_LEN,
                                2 if quick else TOP, rounds, steps, warmup, log)
