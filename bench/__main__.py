@@ -7,7 +7,8 @@ compile: `--compile` next to eager paraxis), then the calibrated hardware profil
 next to the measured one (predicted), the scaling picture (scaling, docs/img/scaling.png)
 and, on a CUDA machine, paraxis's bf16 step on one GPU with its MFU (gpu; not run without
 CUDA); each precision policy next to fp32 (precision); a 0.8B model no rank can hold, on 8
-ranks, each rank's peak next to the planner's forecast (scale; needs 21 GiB free).
+ranks, each rank's peak next to the planner's forecast (scale; needs 21 GiB free); the
+planner's top 5 layouts trained side by side, auto's pick against the fastest (auto).
 `--quick` runs each part at a tiny size (the smoke test uses it); `--only dp,predicted` picks
 parts, keeping the other parts' last results from the JSON; predicted and scaling always
 calibrate first, in the same run.
@@ -29,7 +30,8 @@ import torch
 # short name -> module; row suites return paraxis-vs-peer Rows, sections their own document.
 SUITES = {"overhead": "bench.bench_overhead", "dp": "bench.bench_dp", "tp": "bench.bench_tp",
           "pp": "bench.bench_pp", "cp": "bench.bench_cp", "compile": "bench.bench_compile"}
-SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale", "faults")
+SECTIONS = ("calibrate", "predicted", "scaling", "gpu", "precision", "scale", "faults",
+            "auto")
 CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this run's profile
 
 
@@ -99,6 +101,11 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
 
         print("running the fault matrix (kills and SIGTERMs, resumed exactly) ...", flush=True)
         sections["faults"] = faults.run(quick)
+    if "auto" in wanted:
+        from bench import auto
+
+        print("running --layout auto's top 5 side by side ...", flush=True)
+        sections["auto"] = auto.run(quick, log=lambda line: print(f"  {line}", flush=True))
     if not wanted & CALIBRATED:
         return sections
     # predictions need this machine's profile from this same run
@@ -138,11 +145,11 @@ def render(doc: dict) -> str:
             "launches), then the step pairs within each. Peak RSS is measured with each side "
             "alone in its processes.\n\n"
             + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
-    from bench import faults
+    from bench import auto, faults
 
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
                  "scaling": scaling.render, "gpu": gpu.render, "precision": precision.render,
-                 "scale": scale.render, "faults": faults.render}
+                 "scale": scale.render, "faults": faults.render, "auto": auto.render}
     for name in SECTIONS:
         if name in doc["sections"]:
             parts.append(renderers[name](doc["sections"][name]))

@@ -13,6 +13,7 @@
     [logging]    metrics_file = "runs/x/metrics.jsonl"  log_every = 10  quiet = false
     [checkpoint] dir = "runs/x/checkpoints"  every = 50  keep = 3  resume = "auto"
     [launch]     nproc = 4  max_restarts = 0  rdzv_host = "127.0.0.1"
+    [auto]       enabled = false  memory_gb = 2.0   (paraxis/auto_config.py)
 
 A section is a frozen dataclass and a TOML table of the same name; [layout] is
 `paraxis.layout.Layout` itself. Everything else is derived from the fields: the TOML keys
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paraxis.auto_config import AutoSection, check_no_layout_flags, expand_run_file, take_layout
 from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
@@ -152,6 +154,7 @@ class RunConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     launch: LaunchSection = field(default_factory=LaunchSection)
+    auto: AutoSection = field(default_factory=AutoSection)
 
     @classmethod
     def from_flags(cls, **flags: Any) -> RunConfig:
@@ -166,7 +169,7 @@ class RunConfig:
         unknown = sorted(set(flags) - set(FLAGS) - {"layout", "grad_accum"})
         if unknown:
             raise TypeError(f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(FLAGS)}")
-        layout = flags.pop("layout", self.layout)
+        layout = take_layout(flags, self.layout)  # "auto": the planner picks it
         if isinstance(layout, str):
             keys = [item.partition("=")[0].strip() for item in layout.split(",") if item.strip()]
             repeated = sorted({key for key in keys if keys.count(key) > 1})
@@ -183,6 +186,8 @@ class RunConfig:
         for key, value in flags.items():
             section, name = FLAGS[key]
             changes.setdefault(section, {})[name] = value
+        if changes.get("auto", {}).get("enabled", self.auto.enabled):
+            check_no_layout_flags([key for key in flags if FLAGS[key][0] == "layout"])
         replaced = {name: dataclasses.replace(getattr(self, name), **values)
                     for name, values in changes.items() if name != "layout"}
         return dataclasses.replace(self, **replaced,
@@ -335,6 +340,7 @@ def read_run_file(path: str | Path) -> RunConfig:
         raise ParaxisError(f"config file {path} is not valid TOML ({error}); fix that "
                            "line") from None
     known = sections()
+    doc = expand_run_file(doc)  # `layout = "auto"` atop the file: the planner picks
     values: dict[str, Any] = {}
     for section, table in doc.items():
         if section not in known:

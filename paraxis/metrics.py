@@ -76,7 +76,7 @@ def device_peak_flops(device: torch.device, peak_tflops: float | None = None,
     if hardware_file:
         from paraxis.plan.hardware import build_cluster, load_hardware_file
 
-        return build_cluster(**load_hardware_file(hardware_file)).gpu.peak_flops
+        return build_cluster(gpus=1, overrides=load_hardware_file(hardware_file)).gpu.peak_flops
     if device.type == "cuda":
         import torch
 

@@ -190,6 +190,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
                           model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
                       "peak_mem_bytes": peak_memory_bytes(device)}
             record.update(moe_step_metrics(engine.model, groups, model_cfg))
+            if cfg.auto.predicted_step_s is not None:  # --layout auto: the planner's forecast
+                record["predicted_step_s"] = cfg.auto.predicted_step_s
             done = step + 1
             logging = step % log.log_every == 0 or done == train.steps
             if logging:

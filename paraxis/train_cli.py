@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 
 from paraxis.config import (
@@ -40,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(f"[{section}]")
         if section == "layout":
             group.add_argument("--layout", default=argparse.SUPPRESS,
-                               help="e.g. dp=2,tp=2,pp=2,zero=1 (the flags below override it)")
+                               help="e.g. dp=2,tp=2,pp=2,zero=1 (the flags below override it), or "
+                                    "auto: the planner picks it on this machine's profile")
             group.add_argument("--grad-accum", type=int, default=argparse.SUPPRESS,
                                help="gradient accumulation microsteps (= --microbatches when "
                                     "pp=1)")
@@ -82,6 +84,15 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    if cfg.auto.enabled:  # --layout auto: the planner's pick replaces it (auto_layout.py)
+        from paraxis.auto_layout import measured_line, resolve
+
+        cfg = resolve(cfg, launched)
+        code = start(cfg, train, debug)
+        line = None if launched else measured_line(cfg)
+        if line:
+            print(f"paraxis: {line}", file=sys.stderr, flush=True)
+        return code
     nproc = cfg.launch.nproc
     if nproc > 1 and not launched:
         from paraxis.data_prepare import load_token_data

@@ -25,6 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "given are fixed and the rest searched")
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
+    check = parser.add_argument_group("verify the ranking on this machine")
+    check.add_argument("--verify", type=int, metavar="K",
+                       help="train the top K layouts on --gpus ranks of this machine (paraxis "
+                       "train, a short burst each, priced on this machine's profile) and "
+                       "print the measured ranking next to the predicted one")
+    check.add_argument("--verify-rounds", type=int, default=2,
+                       help="runs of each layout, interleaved (default 2)")
+    check.add_argument("--verify-steps", type=int, default=10,
+                       help="steps per run (default 10)")
     limits = parser.add_argument_group("search constraints")
     for axis in ("tp", "pp", "dp", "cp", "ep"):
         limits.add_argument(f"--{axis}", type=int, help=f"fix the {axis} degree")
@@ -66,6 +75,10 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_numbers(args)
+    if args.verify is not None:  # trains: it needs torch, the plan alone does not
+        from paraxis.auto_layout import verify_plan
+
+        return verify_plan(args)
     given = inputs.from_args(args)
     cfg = given.model_config()
     cluster = given.cluster()

@@ -1,0 +1,114 @@
+"""`--layout auto`: the planner's pick for a run, defended in at most five lines.
+
+    choice = choose(cfg, cluster, seq_len=128, global_batch=16, precision=FP32_ADAM)
+    choice.layout          # the Layout that runs: the planner's own object, not a copy
+    choice.defence(source) # <= 5 lines: the pick, the search, the cost, the ties, the memory
+
+The search is `search.search` over every layout of the cluster's ranks; the pick is its
+first (fastest, the simpler layout among times within 0.5%). Layouts predicted within the
+model's validated error of the pick (`uncertainty.error_band`) are a tie the model cannot
+break, and the defence says so. When no layout fits, `choose` fails in one line naming the
+layout that comes closest in memory and what it would need. Pure Python, like all of plan/.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.model_config import ModelConfig
+from paraxis.plan.cost import Estimate
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.precision import Precision
+from paraxis.plan.search import SearchResult, search
+from paraxis.plan.uncertainty import error_band, ties
+
+GB = 1e9
+MAX_DEFENCE_LINES = 5
+OVERHEADS = ("tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """The planner's pick for one run, with the search it won."""
+
+    cfg: ModelConfig
+    cluster: Cluster
+    best: Estimate
+    result: SearchResult
+    global_batch: int
+    seq_len: int
+
+    @property
+    def layout(self) -> Layout:
+        return self.best.layout
+
+    def defence(self, source: str) -> list[str]:
+        """At most five lines: what runs and where its prices come from, what was searched,
+        where its step time goes, who ties with it, and its memory."""
+        best, result = self.best, self.result
+        band = error_band(self.cluster)
+        ranks = self.cluster.world_size
+        lines = [f"auto layout: {best.layout} on {ranks} rank{'s' if ranks > 1 else ''}, "
+                 f"predicted {best.step_time_s:.3g} s per step, priced on {source}",
+                 f"searched {result.considered} layouts of {self.cfg.name} for global batch "
+                 f"{self.global_batch} x {self.seq_len} tokens: {len(result.ranked)} fit, "
+                 f"{len(result.too_big)} too big for memory"]
+        parts = [f"compute {best.time['compute']:.3g} s"] + [
+            f"{k} {best.time[k]:.3g} s" for k in OVERHEADS if best.time.get(k, 0.0) > 0.0005]
+        lines.append("its step: " + ", ".join(parts))
+        tied = ties(best, result.ranked, band)
+        runner = next((e for e in result.ranked if e is not best), None)
+        if tied:
+            shown = ", ".join(f"{e.layout} {_slower(e, best)}" for e in tied[:2])
+            lines.append(
+                f"tie: {len(tied)} other layout{'s are' if len(tied) > 1 else ' is'} within "
+                f"the model's ±{band.rms:.0%} {band.name} ({shown}); the model cannot rank "
+                "them: the pick is its fastest (the simpler within 0.5%)")
+        elif runner is not None:
+            lines.append(f"next best: {runner.layout} {_slower(runner, best)}, outside the "
+                         f"model's ±{band.rms:.0%} {band.name}")
+        memory = best.memory
+        lines.append(f"memory per rank {memory['total'] / GB:.2f} of "
+                     f"{best.memory_limit_bytes / GB:.2f} GB (model states "
+                     f"{(memory['params'] + memory['grads'] + memory['optimizer']) / GB:.2f}, "
+                     f"activations {memory['activations'] / GB:.2f}, recompute="
+                     f"{best.layout.recompute})")
+        return lines[:MAX_DEFENCE_LINES]
+
+
+def _slower(rival: Estimate, best: Estimate) -> str:
+    return f"{rival.step_time_s / best.step_time_s - 1:+.1%}"
+
+
+def choose(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+           precision: Precision) -> AutoChoice:
+    """The fastest layout of the cluster's ranks that fits (module docstring), or a one-line
+    ParaxisError naming the closest layout and what it would need."""
+    result = search(cfg, cluster, seq_len, global_batch, precision=precision)
+    if not result.ranked:
+        raise ParaxisError(no_fit_message(cfg, cluster, result))
+    return AutoChoice(cfg, cluster, result.ranked[0], result, global_batch, seq_len)
+
+
+def no_fit_message(cfg: ModelConfig, cluster: Cluster, result: SearchResult) -> str:
+    """One line: no layout fits; the one closest in memory, what it needs, what would do."""
+    ranks, limit = cluster.world_size, cluster.gpu.memory_bytes
+    priced = [r.estimate for r in result.too_big if r.estimate is not None]
+    if not priced:
+        reason = result.rule_breakers[0].reason if result.rule_breakers else "none was priced"
+        return (f"no layout of {ranks} ranks can run {cfg.name} ({reason}); change --nproc "
+                "or the global batch")
+    closest = min(priced, key=lambda e: e.memory["total"])
+    need = closest.memory["total"]
+    states = closest.memory["params"] + closest.memory["grads"] + closest.memory["optimizer"]
+    rest = need - states  # activations, buffers, the reserve: these do not shard
+    # model states shard over the ranks (ZeRO-3, TP x PP): about this many would hold them
+    more = (f" or about {math.ceil(ranks * states / (limit - rest))} ranks"
+            if limit > rest else "")
+    return (f"no layout of {ranks} ranks fits {cfg.name} in {limit / GB:.2f} GB per rank; "
+            f"closest: {closest.layout} needs {need / GB:.2f} GB per rank ({states / GB:.2f} "
+            f"GB of it model states, activations {closest.memory['activations'] / GB:.2f} GB); "
+            f"give it {need / GB:.2f} GB per rank (--memory-gb){more}")

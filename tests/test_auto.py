@@ -1,0 +1,153 @@
+"""`--layout auto` (issue 28): the planner picks the layout, defends it, and the run shows
+predicted next to measured; `paraxis plan --verify K` trains the top K and ranks them.
+
+Prices come from the committed profile given with --hardware, so no test calibrates (the
+calibration path is `report.hardware.choose_hardware`'s, tested with the report)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.scale import MODEL as MODEL_08B
+from paraxis.auto_layout import plan_for
+from paraxis.cli import main
+from paraxis.config import RunConfig, read_run_file
+from paraxis.errors import ParaxisError
+from paraxis.layout import Layout
+from paraxis.plan.verify import ranks_of, spearman
+from paraxis.train_cli import config_from_args
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json")
+GB = 1e9
+
+
+def _parse(*argv: str) -> RunConfig:
+    from paraxis.cli import build_parser
+
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def _defence(err: str) -> list[str]:
+    lines = [line for line in err.splitlines() if line.startswith("paraxis: ")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("paraxis: auto layout:"))
+    return lines[start:start + 5]
+
+
+def test_run_file_layout_auto_picks_runs_and_records_predicted_next_to_measured(
+        tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    run_file = tmp_path / "auto.toml"
+    run_file.write_text(
+        'layout = "auto"\n\n[model]\nname = "tiny"\n\n'
+        "[train]\nsteps = 4\nglobal_batch = 8\nseq_len = 32\n\n"
+        f'[logging]\nmetrics_file = "{run_dir / "metrics.jsonl"}"\nquiet = true\n'
+        f'hardware = "{PROFILE}"\n\n[launch]\nnproc = 2\n')
+    cfg = read_run_file(run_file)
+    assert cfg.auto.enabled and cfg.layout == Layout()
+    choice, _, _ = plan_for(cfg, 2)  # what the planner answers for this run
+
+    assert main(["train", "--config", str(run_file), "--warmup", "0"]) == 0
+    err = capfd.readouterr().err
+    defence = _defence(err)
+    assert defence[0].startswith(f"paraxis: auto layout: {choice.layout} on 2 ranks, "
+                                 "predicted ")
+    assert "searched" in defence[1] and "memory per rank" in err
+    assert any("tie:" in line or "next best:" in line for line in defence)
+    # the run ran the planner's layout and says so in its saved config
+    saved = read_run_file(run_dir / "config.toml")
+    assert saved.layout == choice.layout and not saved.auto.enabled
+    assert saved.auto.predicted_step_s == pytest.approx(choice.best.step_time_s)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    assert all(r["predicted_step_s"] == saved.auto.predicted_step_s and r["step_time_s"] > 0
+               for r in records)
+    assert f"step time of {choice.layout}: predicted " in err and "measured" in err
+
+
+def test_layout_auto_on_the_command_line(tmp_path):
+    cfg = _parse("--layout", "auto", "--nproc", "4")
+    assert cfg.auto.enabled and cfg.layout == Layout()
+    with pytest.raises(ParaxisError, match="leave out --zero"):
+        _parse("--layout", "auto", "--zero", "1")
+    run_file = tmp_path / "auto.toml"
+    run_file.write_text('layout = "auto"\n[train]\nsteps = 3\n')
+    assert _parse("--config", str(run_file)).auto.enabled
+    # a layout given on the command line wins over the run file's auto
+    given = _parse("--config", str(run_file), "--layout", "dp=2")
+    assert not given.auto.enabled and given.layout == Layout(dp=2)
+
+
+def _model_file(tmp_path: Path) -> str:
+    path = tmp_path / "llama-0.8b.json"
+    path.write_text(json.dumps(MODEL_08B.to_dict()))
+    return str(path)
+
+
+def test_a_model_that_fits_no_layout_ends_in_one_line(tmp_path, capfd):
+    code = main(["train", "--model", _model_file(tmp_path), "--nproc", "2", "--layout", "auto",
+                 "--hardware", PROFILE, "--global-batch", "8", "--seq-len", "128"])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("paraxis: error: no layout of 2 ranks fits llama-0.8b in 3.16 GB "
+                             "per rank; closest: dp=")
+    assert "needs" in err[0] and "--memory-gb" in err[0]
+
+
+def _states_upper_bound(layout: Layout) -> float:
+    """Model-state bytes of the fullest rank, counted from the model's own parameter shapes
+    (not the planner's formulas): fp32 AdamW keeps 4 + 4 + 8 bytes per parameter, ZeRO
+    shards them over dp (Rajbhandari et al. 2020), a stage holds its blocks and, at worst,
+    both the embedding and the head, TP splits every tensor (an upper bound: norms are not
+    split, but they are tiny)."""
+    from paraxis.model import parameter_shapes
+
+    per_stage = MODEL_08B.n_layers // layout.pp
+    stages = [0.0] * layout.pp
+    for name, shape in parameter_shapes(MODEL_08B).items():
+        count = math.prod(shape)
+        if name.startswith("blocks."):
+            stages[int(name.split(".")[1]) // per_stage] += count
+        else:
+            stages = [s + count for s in stages]
+    dp = layout.dp
+    per_param = (4 / (dp if layout.zero >= 3 else 1) + 4 / (dp if layout.zero >= 2 else 1)
+                 + 8 / (dp if layout.zero >= 1 else 1))
+    return max(stages) / layout.tp * per_param
+
+
+def test_the_08b_model_on_8_ranks_gets_a_layout_that_fits_each_rank(tmp_path):
+    cfg = RunConfig.from_flags(model=_model_file(tmp_path), nproc=8, global_batch=8,
+                               seq_len=128, hardware=PROFILE, layout="auto")
+    choice, _, _ = plan_for(cfg, 8)
+    limit = choice.cluster.gpu.memory_bytes
+    layout = choice.layout.validate(8, choice.cfg, 8, 128)
+    assert layout.world_size == 8 and choice.best.fits
+    # 0.82B x 16 bytes of states is 13 GB: no rank of 3.16 GB holds them unsharded
+    assert MODEL_08B.num_params() * 16 > 4 * limit
+    states = _states_upper_bound(layout)
+    memory = choice.best.memory
+    assert states + memory["activations"] + memory["reserved"] <= limit, (layout, states / GB)
+
+
+def test_plan_verify_trains_the_top_two_and_ranks_them(capsys):
+    code = main(["plan", "--verify", "2", "--verify-rounds", "1", "--verify-steps", "3",
+                 "--model", "tiny", "--gpus", "2", "--global-batch", "8", "--seq-len", "32",
+                 "--precision", "fp32", "--hardware", PROFILE])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    head = out.index(next(line for line in out if line.startswith("#pred")))
+    rows = [line.split() for line in out[head + 1:head + 3]]
+    assert [int(r[0]) for r in rows] == [1, 2]  # the planner's order
+    assert sorted(int(r[1]) for r in rows) == [1, 2]  # the measured ranking
+    assert all(float(r[3].rstrip("s")) > 0 for r in rows)
+    assert out[head + 3].startswith("Spearman rank correlation ")
+
+
+def test_spearman_and_its_ranks():
+    assert ranks_of([0.3, 0.1, 0.2, 0.1]) == [4, 1.5, 3, 1.5]
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert math.isnan(spearman([1, 1], [1, 2]))
