@@ -78,8 +78,7 @@ class TrainSection:
     compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
                            "stay eager)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
-                                  "document (a corpus with an end-of-document id; "
-                                  "docs/data.md)")
+                                  "document (needs an end-of-document id; docs/data.md)")
     bucket_mb: float = option(25.0, "data-parallel gradient bucket size in MiB")
     timeout_s: float = option(600.0, "seconds any collective or message may wait before the "
                               "run stops, naming it")
