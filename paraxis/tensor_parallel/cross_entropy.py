@@ -64,16 +64,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
         probs.div_(sum_exp.unsqueeze(-1))  # softmax over the whole vocabulary, this slice
         losses = sum_exp.log() - target_logit
+        # The mean over counted targets, computed on the device whether or not any target
+        # is ignored: asking first (`ignored.any()`) would stop the host every microbatch.
         ignored = targets == IGNORE_INDEX
-        ctx.counted = None  # every target counts: the plain mean, as before packing
-        if ignored.any():
-            kept = ~ignored
-            ctx.counted = kept.to(probs.dtype).unsqueeze(-1)
-            count = kept.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
-            losses = losses.masked_fill(ignored, 0.0).sum() / count
+        ctx.counted = (~ignored).to(probs.dtype).unsqueeze(-1)
+        count = ctx.counted.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
         ctx.save_for_backward(probs, local, elsewhere)
         ctx.logits_shape = logits.shape
-        return losses.mean()
+        return losses.masked_fill(ignored, 0.0).sum() / count
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -81,10 +79,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_logits = probs.clone()
         rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)
         grad_logits[rows, local] -= (~elsewhere).to(grad_logits.dtype)
-        if ctx.counted is None:
-            grad_logits.mul_(grad / grad_logits.shape[0])  # d(mean)/d(token loss) = 1/tokens
-        else:  # ignored rows get no gradient; the rest 1 / counted tokens
-            grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum()))
+        # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient
+        grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum()))
         return grad_logits.view(ctx.logits_shape), None, None
 
 
