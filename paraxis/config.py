@@ -2,7 +2,7 @@
 
     [model]      name = "tiny-llama"
     [data]       path = "embedded"  dtype = "uint16"  tokenizer = "tok/tokenizer.json"
-                 text_field = "text"
+                 text_field = "text"  val_path = "heldout.jsonl"  prefetch = 2
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
                  precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
                  on_nan = "stop"
@@ -56,11 +56,15 @@ class ModelSection:
 @dataclass(frozen=True)
 class DataSection:
     path: str = option("embedded", "'embedded', a .bin token file, a text file or folder, a "
-                       ".jsonl(.gz) / Parquet / datasets source, or a prepared folder", "--data")
+                       ".jsonl(.gz) / Parquet / datasets source, a prepared folder, or a "
+                       "weighted blend of them: a.jsonl:0.7,b:0.3", "--data")
     dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
     tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
                                    "(default: byte-level)")
     text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
+    val_path: str | None = option(None, "held-out data for --eval-every (as --data takes); "
+                                  "default: the last 5% of each source", "--val-data")
+    prefetch: int = option(2, "batches the loader reads ahead in a thread; 0: in the step")
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,9 @@ class RunConfig:
             raise ParaxisError(f"--warmup {opt.warmup_steps} must be >= 0")
         if ckpt.every < 0 or ckpt.keep < 0:
             raise ParaxisError("--checkpoint-every and --keep must be >= 0")
+        if self.data.prefetch < 0:
+            raise ParaxisError(f"--prefetch {self.data.prefetch} must be >= 0 (0: no "
+                               "read-ahead)")
         if self.eval.every < 0 or self.eval.batches < 1:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
         if ckpt.exit_after is not None and ckpt.exit_after < 1:
