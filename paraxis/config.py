@@ -55,9 +55,8 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    path: str = option("embedded", "'embedded', a .bin token file, a text file or folder, a "
-                       ".jsonl(.gz) / Parquet / datasets source, a prepared folder, or a "
-                       "weighted blend of them: a.jsonl:0.7,b:0.3", "--data")
+    path: str = option("embedded", "'embedded', a .bin, text, .jsonl(.gz), Parquet or datasets "
+                       "source, a prepared folder, or a blend: a.jsonl:0.7,b:0.3", "--data")
     dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
     tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
                                    "(default: byte-level)")
@@ -207,9 +206,6 @@ class RunConfig:
             raise ParaxisError(f"--warmup {opt.warmup_steps} must be >= 0")
         if ckpt.every < 0 or ckpt.keep < 0:
             raise ParaxisError("--checkpoint-every and --keep must be >= 0")
-        if self.data.prefetch < 0:
-            raise ParaxisError(f"--prefetch {self.data.prefetch} must be >= 0 (0: no "
-                               "read-ahead)")
         if self.eval.every < 0 or self.eval.batches < 1:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
         if ckpt.exit_after is not None and ckpt.exit_after < 1:
