@@ -13,10 +13,10 @@ rows, and under context parallelism only its two chunks of each row (`context_pa
 balance.rank_chunks`: chunk i and 2cp-1-i), the same tokens `context_parallel.chunks.
 local_part` would cut from the whole rows.
 
-Prefetch is a thread, not worker processes: a read is a few memory-mapped slices, during
-which numpy releases the GIL for the copies and the step's torch kernels release it too, so a
-thread overlaps reading with compute at no start-up or pickling cost (PyTorch's DataLoader
-uses processes because its samples are Python-heavy transforms; these are not). The queue
+Prefetch is a thread, not worker processes: a read is a few memory-mapped slices, short next
+to a step, and the step's torch kernels release the GIL, so a thread overlaps reading with
+compute at no start-up or pickling cost (PyTorch's DataLoader uses processes because its
+samples are Python-heavy transforms; these are not). The queue
 holds at most `prefetch` batches; a reading error reaches the loop as one line at the step it
 belongs to; `close` stops the thread at once, even when it waits on a full queue.
 
