@@ -2,7 +2,7 @@
 
     [model]      name = "tiny-llama"
     [data]       path = "embedded"  dtype = "uint16"  tokenizer = "tok/tokenizer.json"
-                 text_field = "text"
+                 text_field = "text"  val_path = "heldout.jsonl"  prefetch = 2
     [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
                  precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
                  on_nan = "stop"  pack_documents = false
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
 from paraxis.precision import POLICIES as PRECISIONS
-from paraxis.run_checks import check_late_failures
+from paraxis.run_checks import check_late_failures, check_writable
 from paraxis.runtime.nan_policy import POLICIES
 from paraxis.schedules import check_compile
 
@@ -57,12 +56,15 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    path: str = option("embedded", "'embedded', a .bin token file, a text file or folder, a "
-                       ".jsonl(.gz) / Parquet / datasets source, or a prepared folder", "--data")
+    path: str = option("embedded", "'embedded', a .bin, text, .jsonl(.gz), Parquet or datasets "
+                       "source, a prepared folder, or a blend: a.jsonl:0.7,b:0.3", "--data")
     dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
     tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
                                    "(default: byte-level)")
     text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
+    val_path: str | None = option(None, "held-out data for --eval-every (as --data takes); "
+                                  "default: the last 5% of each source", "--val-data")
+    prefetch: int = option(2, "batches the loader reads ahead in a thread; 0: in the step")
 
 
 @dataclass(frozen=True)
@@ -249,18 +251,6 @@ class RunConfig:
         if self.logging.metrics_file:
             check_writable(Path(self.logging.metrics_file), "--metrics-file")
         check_late_failures(self)
-
-
-def check_writable(path: Path, flag: str) -> None:
-    """Fail before training (and before creating anything) if `path` cannot be written."""
-    if path.is_dir():
-        raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
-                           "folder); choose another path")
 
 
 # ------------------------------------------------------------------ derived: the facts

@@ -1,8 +1,9 @@
-"""Token data: the embedded corpus, token files, and deterministic batch sampling.
+"""Token data: the embedded corpus, token files, and deterministic sample positions.
 
-Sampling is a pure function of (seed, step): every rank draws the same global batch and takes
-its data-parallel slice, so a run resumed at step s sees exactly the samples an uninterrupted
-run would, and every layout trains on the same tokens as one device.
+Sampling is a pure function of (seed, step): every rank computes the same global batch's
+window starts and reads only its own rows of it (`paraxis.loader`), so a run resumed at step
+s sees exactly the samples an uninterrupted run would, and every layout trains on the same
+tokens as one device.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paraxis.data_tokens import TokenShards
 from paraxis.errors import ParaxisError
 
 BYTE_VOCAB = 256
@@ -119,13 +121,18 @@ def largest_token(tokens: np.ndarray) -> tuple[int, int]:
 
 @dataclass
 class TokenData:
-    """A 1-D array of token ids with a held-out tail for evaluation; `end_of_document`: the
-    id ending each document, when known (prepared sources), for packing."""
+    """A sequence of token ids (`TokenShards`: one array or many memory-mapped shards) with
+    a held-out tail for evaluation; `end_of_document`: the id ending each document, when known
+    (prepared sources), for packing."""
 
-    tokens: np.ndarray
+    tokens: TokenShards
     name: str = "tokens"
     val_fraction: float = 0.05
     end_of_document: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, TokenShards):
+            self.tokens = TokenShards([np.asarray(self.tokens)])
 
     @classmethod
     def load(cls, source: str | None, dtype: str = "uint16",
@@ -159,7 +166,7 @@ class TokenData:
             raise ParaxisError(f"data {path} has {size} bytes, not a whole number of "
                                f"{dtype} tokens; check --data-dtype")
         tokens = np.memmap(path, dtype=TOKEN_DTYPES[dtype], mode="r")
-        return cls(tokens, str(path))
+        return cls(TokenShards([tokens]), str(path))
 
     @classmethod
     def _text(cls, path: Path, tokenizer: ByteTokenizer | HFTokenizer) -> TokenData:
@@ -178,9 +185,13 @@ class TokenData:
                                             for p in files])
         return cls(tokens, f"{path} ({tokenizer})")
 
-    def check(self, vocab_size: int, seq_len: int) -> None:
-        needed = 2 * (seq_len + 1)
-        if len(self.tokens) < needed / (1 - self.val_fraction) + seq_len + 1:
+    def check(self, vocab_size: int, seq_len: int, whole: bool = False) -> None:
+        """Enough tokens for `seq_len` windows (in the training part and the held-out tail,
+        or in the whole when `whole`: a separate held-out set, or training beside one) and
+        every id within the vocabulary."""
+        needed = seq_len + 2 if whole else 2 * (seq_len + 1) / (1 - self.val_fraction) \
+            + seq_len + 1
+        if len(self.tokens) < needed:
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
                                f"seq_len {seq_len}; give more data or a shorter --seq-len")
         top, where = largest_token(self.tokens)
@@ -193,13 +204,28 @@ class TokenData:
     def split_at(self) -> int:
         return int(len(self.tokens) * (1 - self.val_fraction))
 
+    def span(self, part: str) -> tuple[int, int]:
+        """Where windows of `part` start: "train" (all but the tail), "val" (the tail) or
+        "all" (the whole: a separate held-out set, or training data beside one)."""
+        return {"train": (0, self.split_at), "val": (self.split_at, len(self.tokens)),
+                "all": (0, len(self.tokens))}[part]
+
+    def starts(self, key: list[int], batch_size: int, seq_len: int,
+               part: str) -> np.ndarray:
+        """`batch_size` window starts in `part`, drawn by the generator seeded with `key`."""
+        lo, hi = self.span(part)
+        return np.random.default_rng(key).integers(lo, hi - seq_len - 1, size=batch_size)
+
     def batch(self, step: int, batch_size: int, seq_len: int, seed: int,
               split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-        """The global batch of `step`: inputs and next-token targets, int64 (batch, seq_len)."""
-        lo, hi = (0, self.split_at) if split == "train" else (self.split_at, len(self.tokens))
-        rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
-        starts = rng.integers(lo, hi - seq_len - 1, size=batch_size)
-        rows = np.stack([np.asarray(self.tokens[s: s + seq_len + 1], dtype=np.int64)
-                         for s in starts])
+        """The whole global batch of `step`: inputs and next-token targets, int64 (batch,
+        seq_len). Training reads only each rank's rows of it (`paraxis.loader.read_share`)."""
+        starts = self.starts(sample_key(seed, step, split), batch_size, seq_len, split)
+        rows = np.stack([self.tokens.read(s, s + seq_len + 1) for s in starts])
         return rows[:, :-1], rows[:, 1:]
 
+
+def sample_key(seed: int, step: int, split: str) -> list[int]:
+    """The seed of a batch's generator: a pure function of (seed, step, split), so any rank,
+    layout or resumed run draws the same samples."""
+    return [seed, step, 0 if split == "train" else 1]

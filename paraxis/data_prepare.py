@@ -32,6 +32,7 @@ import numpy as np
 
 from paraxis.data import ByteTokenizer, HFTokenizer, TokenData, load_tokenizer
 from paraxis.data_sources import Piece, documents, pieces, source_files, source_kind
+from paraxis.data_tokens import TokenShards
 from paraxis.errors import ParaxisError
 
 VERSION = 1
@@ -193,9 +194,10 @@ def is_prepared(path: Path) -> bool:
     return path.is_dir() and (path / "index.json").is_file()
 
 
-def read_prepared(folder: str | Path) -> tuple[np.ndarray, dict]:
-    """The token ids of a prepared folder, concatenated in shard order, and its index; every
-    shard is checked whole (size, ids within the vocabulary) and named when bad."""
+def read_prepared(folder: str | Path) -> tuple[TokenShards, dict]:
+    """The token ids of a prepared folder, its shards memory-mapped in order (never joined:
+    `TokenShards` reads a window across shard boundaries), and its index; every shard is
+    checked whole (size, ids within the vocabulary) and named when bad."""
     folder = Path(folder)
     try:
         index = json.loads((folder / "index.json").read_text())
@@ -216,7 +218,7 @@ def read_prepared(folder: str | Path) -> tuple[np.ndarray, dict]:
         tokens = np.memmap(file, dtype=dtype, mode="r")
         _check_vocabulary(tokens, vocab, file, folder / shard["documents_file"])
         arrays.append(tokens)
-    return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)), index
+    return TokenShards(arrays), index
 
 
 def _check_vocabulary(tokens: np.ndarray, vocab: int, file: Path, ends_file: Path) -> None:

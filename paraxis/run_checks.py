@@ -54,3 +54,15 @@ def check_writable_folder(path: Path, flag: str) -> None:
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
                            "folder); choose another path")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before training (and before creating anything) if `path` cannot be written."""
+    if path.is_dir():
+        raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
+                           "folder); choose another path")

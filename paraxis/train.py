@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
 
     from paraxis.data import TokenData
+    from paraxis.data_blend import Blend
+    from paraxis.loader import Share
     from paraxis.model_config import ModelConfig
     from paraxis.runtime.claim import Claim
     from paraxis.runtime.distributed import ParallelGroups
@@ -51,7 +53,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from paraxis.data_prepare import load_token_data
+    from paraxis.data_blend import load_run_data
     from paraxis.metrics import print_model_states
     from paraxis.model_config import load_model_config
     from paraxis.packing import packing_id
@@ -88,10 +90,10 @@ def run_training(cfg: RunConfig) -> list[dict]:
     claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
-        data = load_token_data(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer,
-                               cfg.data.text_field)
+        data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
         data.check(model_cfg.vocab_size, train.seq_len)
-        end_of_document = packing_id(train.pack_documents, data.end_of_document, data.name)
+        end_of_document = packing_id(True, data.end_of_document, data.name) \
+            if train.pack_documents else None  # a blend's common id is asked only then
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
@@ -127,10 +129,12 @@ def run_training(cfg: RunConfig) -> list[dict]:
             shutdown_distributed(clean)
 
 
-def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
+def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
           claim: Claim | None = None) -> list[dict]:
     from paraxis.checkpoint.manifest import step_dir_name
+    from paraxis.data_blend import Blend
+    from paraxis.loader import Loader, Share, read_share
     from paraxis.metrics import (
         MetricsSink,
         device_peak_flops,
@@ -159,15 +163,22 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
         if rank == 0 else None
     show = rank == 0 and not log.quiet
+    data, share = Blend.of(data), Share.of(groups)
+    last = min(train.steps, cfg.checkpoint.exit_after or train.steps)
+
+    def read(step: int) -> tuple[np.ndarray, np.ndarray]:  # runs in the loader's thread
+        return read_share(data, step, train.global_batch, train.seq_len, train.seed, share)
+
     with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress, \
-            StopRequest() as stop:  # SIGTERM/SIGHUP/SIGINT: save and stop (preemption.py)
+            StopRequest() as stop, \
+            Loader(read, range(start_step, last), cfg.data.prefetch) as loader:
         for step in range(start_step, train.steps):
             started = time.perf_counter()
             WATCH.begin_step(step)
             if fault is not None:
                 fault.before_step(step, rank, engine.model)
-            batch = data.batch(step, train.global_batch, train.seq_len, train.seed)
-            x, y = _local_share(batch, train.global_batch, groups, device)
+            batch, data_wait_s = loader.get(step)
+            x, y = _to_device(batch, device)
             lr = learning_rate(step, cfg)
             loss = engine.forward_backward(x, y)
             grad_norm = engine.clip_grad_norm(cfg.optimizer.grad_clip)
@@ -188,7 +199,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
                       "tokens_per_s": tokens_per_s, "step_time_s": step_time,
                       "mfu": None if peak_flops is None else mfu(
                           model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
-                      "peak_mem_bytes": peak_memory_bytes(device)}
+                      "peak_mem_bytes": peak_memory_bytes(device), "data_wait_s": data_wait_s}
             record.update(moe_step_metrics(engine.model, groups, model_cfg))
             if cfg.auto.predicted_step_s is not None:  # --layout auto: the planner's forecast
                 record["predicted_step_s"] = cfg.auto.predicted_step_s
@@ -199,7 +210,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
                 record["peak_mem_bytes_by_rank"] = peaks
                 record["peak_mem_bytes_max_rank"] = max(peaks)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == train.steps):
-                record["val_loss"] = _evaluate(cfg, engine, data, groups, device)
+                record["val_loss"] = _evaluate(cfg, engine, data, share, device)
+            record["data_bytes_read"] = data.bytes_read()  # this rank's, held-out reads too
             if problem:
                 record["skipped"] = problem
             if engine.loss_scaler is not None:  # fp16: the scale the next step uses
@@ -223,32 +235,23 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroup
     return records
 
 
-def _local_share(batch: tuple[np.ndarray, ...], global_batch: int, groups: ParallelGroups,
-              device: torch.device) -> tuple[torch.Tensor, ...]:
-    """This rank's share of a global batch (every rank draws the same global batch): its dp
-    rank's rows, and under context parallelism its two chunks of each of them (inputs and
-    targets alike, `context_parallel.chunks.local_part`)."""
+def _to_device(batch: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     import torch
 
-    from paraxis.context_parallel.chunks import local_part
-
-    layout = groups.layout
-    per_dp = global_batch // layout.dp
-    rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-    parts = [torch.from_numpy(part[rows]) for part in batch]
-    if layout.cp > 1:
-        parts = [local_part(part, groups.cp_rank, layout.cp) for part in parts]
-    return tuple(part.to(device) for part in parts)
+    return tuple(torch.from_numpy(part).to(device) for part in batch)
 
 
-def _evaluate(cfg: RunConfig, engine: Engine, data: TokenData, groups: ParallelGroups,
+def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
               device: torch.device) -> float:
     """Mean loss over the same `eval_batches` held-out batches every time (comparable
-    across steps, runs and layouts)."""
+    across steps, runs and layouts): --val-data's, else each source's tail."""
+    from paraxis.loader import read_share
+
     train, total = cfg.train, 0.0
     for index in range(cfg.eval.batches):
-        batch = data.batch(index, train.global_batch, train.seq_len, train.seed, split="val")
-        total += engine.evaluate(*_local_share(batch, train.global_batch, groups, device))
+        batch = read_share(data, index, train.global_batch, train.seq_len, train.seed, share,
+                           split="val")
+        total += engine.evaluate(*_to_device(batch, device))
     return total / cfg.eval.batches
 
 

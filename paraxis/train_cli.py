@@ -95,7 +95,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         return code
     nproc = cfg.launch.nproc
     if nproc > 1 and not launched:
-        from paraxis.data_prepare import load_token_data
+        from paraxis.data_blend import load_run_data
         from paraxis.model_config import load_model_config
         from paraxis.runtime.launch import launch, warn_if_oversubscribed
 
@@ -105,8 +105,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         train_cfg = cfg.train
         model_cfg = load_model_config(cfg.model.name)
         cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
-        data = load_token_data(cfg.data.path, cfg.data.dtype, cfg.data.tokenizer,
-                               cfg.data.text_field)
+        data = load_run_data(cfg.data)
         data.check(model_cfg.vocab_size, train_cfg.seq_len)
         warn_if_oversubscribed(nproc, train_cfg.device)
         from paraxis.runtime.claim import claim_folder  # the launcher holds --checkpoint-dir

@@ -51,10 +51,11 @@ def data_facts(tokens: Any, name: str) -> dict[str, Any]:
     a moved file still matches, another file or another tokenizer does not."""
     import numpy as np
 
-    raw = np.asarray(tokens).reshape(-1).view(np.uint8)  # a memmap reads just these pages
-    digest = hashlib.sha256(f"{len(tokens)} {np.asarray(tokens).dtype}".encode())
-    digest.update(raw[:FINGERPRINT_BYTES].tobytes())
-    digest.update(raw[-FINGERPRINT_BYTES:].tobytes())
+    dtype = np.dtype(tokens.dtype)
+    count = FINGERPRINT_BYTES // dtype.itemsize  # sliced: memory-mapped shards read just these
+    digest = hashlib.sha256(f"{len(tokens)} {dtype}".encode())
+    digest.update(np.asarray(tokens[:count]).view(np.uint8).tobytes())
+    digest.update(np.asarray(tokens[-count:]).view(np.uint8).tobytes())
     return {"name": name, "tokens": int(len(tokens)), "fingerprint": digest.hexdigest()[:16]}
 
 

@@ -30,7 +30,6 @@ from paraxis.checkpoint.ownership import (
     LOCK_ENV,
     LOCK_FILE,
     FolderLock,
-    data_facts,
     describe_holder,
     differences,
     new_run_id,
@@ -46,6 +45,7 @@ from paraxis.runtime.resume import resume_source
 if TYPE_CHECKING:
     from paraxis.config import RunConfig
     from paraxis.data import TokenData
+    from paraxis.data_blend import Blend
 
 
 @dataclass
@@ -75,13 +75,14 @@ class Claim:
             self.lock.release()
 
 
-def facts_of(cfg: RunConfig, data: TokenData) -> dict[str, Any]:
+def facts_of(cfg: RunConfig, data: TokenData | Blend) -> dict[str, Any]:
+    from paraxis.data_blend import Blend
+
     train = cfg.train
-    return run_facts(train.global_batch, train.seq_len, train.seed,
-                     data_facts(data.tokens, data.name))
+    return run_facts(train.global_batch, train.seq_len, train.seed, Blend.of(data).facts())
 
 
-def claim_folder(cfg: RunConfig, data: TokenData, rank: int = 0, world: int = 1
+def claim_folder(cfg: RunConfig, data: TokenData | Blend, rank: int = 0, world: int = 1
                  ) -> Claim | None:
     """Create the run's output folders and claim --checkpoint-dir for this run (None without
     one), before the first step; collective when world > 1."""
@@ -114,7 +115,7 @@ def claim_folder(cfg: RunConfig, data: TokenData, rank: int = 0, world: int = 1
     return Claim(**outcome[0])
 
 
-def _prepare(cfg: RunConfig, data: TokenData) -> Claim | None:
+def _prepare(cfg: RunConfig, data: TokenData | Blend) -> Claim | None:
     """The TensorBoard folder (created now, so a path that cannot be one fails before
     training), then the checkpoint folder's claim."""
     if cfg.logging.tensorboard:
