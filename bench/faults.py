@@ -100,6 +100,17 @@ def _verdict(folder: Path, expected: dict, code: int, started: float) -> dict:
             and runs == {owner}, "seconds": round(time.monotonic() - started, 1)}
 
 
+def _finish(run: subprocess.Popen, seconds: float) -> str:
+    """The run's stderr once it exits; a run still going after `seconds` is SIGKILLed (its
+    ranks follow their launcher) and counts as failed (exit code -9), so one stuck trial
+    does not end the matrix."""
+    try:
+        return run.communicate(timeout=seconds)[1]
+    except subprocess.TimeoutExpired:
+        run.kill()
+        return run.communicate()[1] + f"\n(killed after {seconds} s)"
+
+
 def kill_trial(seed: int, nproc: int, expected: dict, folder: Path,
                phase: str | None = None) -> dict:
     """SIGKILL a seeded rank in a seeded phase of a seeded step; the run restarts itself."""
@@ -115,7 +126,7 @@ def kill_trial(seed: int, nproc: int, expected: dict, folder: Path,
                            env=_env(PARAXIS_FAULT=f"kill:rank={victim},step={step},"
                                     f"phase={phase}"),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, stderr = run.communicate(timeout=900)
+    stderr = _finish(run, 900)
     return {"kind": "kill", "seed": seed, "ranks": nproc, "victim": victim, "step": step,
             "phase": phase, "restarted": "restarting every rank" in stderr,
             **_verdict(folder, expected, run.returncode, started)}
@@ -133,11 +144,11 @@ def sigterm_trial(seed: int, nproc: int, expected: dict, folder: Path) -> dict:
                                   or len(metrics.read_text().splitlines()) < after):
         time.sleep(0.05)
     run.send_signal(signal.SIGTERM)
-    _, stderr = run.communicate(timeout=600)
+    stderr = _finish(run, 600)
     stopped = run.returncode
     resumed = subprocess.Popen(command(nproc, "--resume", "auto"), cwd=folder, env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    resumed.communicate(timeout=600)
+    _finish(resumed, 600)
     verdict = _verdict(folder, expected, resumed.returncode, started)
     # the stop saved an extra checkpoint off the every-2 grid: only the grid is required
     grid = list(range(EVERY, STEPS + 1, EVERY))

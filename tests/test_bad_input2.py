@@ -60,6 +60,12 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "step is None, not a whole number", "use an earlier checkpoint", SUB),
     ("info-smaller-shape", ["checkpoint", "info", "small_shape"],
      "has range 0..16384 outside its slice of 8192", "use an earlier checkpoint", False),
+    ("info-manifest-edited", ["checkpoint", "info", "edited"],
+     "edited/step-00000001/manifest.json is damaged: its content does not match its checksum",
+     "use an earlier checkpoint", False),
+    ("train-manifest-without-checksum", [*TRAIN, "--steps", "2", "--resume", "no_checksum"],
+     "no_checksum/step-00000001/manifest.json is damaged: it has no checksum of its own",
+     "use an earlier checkpoint", False),
     ("convert-into-a-file", ["checkpoint", "convert", GOOD, "a_file.txt/out", "--layout",
                              "dp=1"], "the destination a_file.txt/out cannot be written",
      "choose another path", False),
@@ -110,7 +116,11 @@ def make_inputs(folder: Path) -> None:
     good = folder / GOOD
     for name, damage in (("bad_index", lambda m: m["pieces"][0].update(tp_index=5)),
                          ("no_step", lambda m: m.pop("step")),
-                         ("small_shape", lambda m: m["pieces"][0].update(shape=[128, 64]))):
+                         ("small_shape", lambda m: m["pieces"][0].update(shape=[128, 64])),
+                         # well-formed edits only the manifest's own checksum reveals
+                         ("edited", lambda m: m.update(step=7)),
+                         ("no_checksum", lambda m: m.pop("checksum")),
+                         ("version_1", lambda m: (m.pop("checksum"), m.update(version=1)))):
         shutil.copytree(good, folder / name / good.name)
         path = folder / name / good.name / "manifest.json"
         manifest = json.loads(path.read_text())
@@ -136,6 +146,18 @@ def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subpr
     assert len(lines) == 1 and lines[0].startswith("paraxis: error: "), stderr
     assert message in lines[0] and hint in lines[0], lines[0]
     assert snapshot(inputs) == before, "a failed command changed files on disk"
+
+
+def test_a_manifest_written_before_checksums_still_reads(inputs):
+    """Format version 1 (no checksum of its own) reads as before; this paraxis writes 2."""
+    from paraxis.checkpoint.manifest import VERSION, read_manifest
+
+    old = read_manifest(inputs / "version_1" / "step-00000001")
+    new = read_manifest(inputs / GOOD)
+    assert (old["version"], new["version"], VERSION) == (1, 2, 2)
+    assert "checksum" not in old and len(new["checksum"]) == 64
+    assert {k: v for k, v in new.items() if k not in ("checksum", "version")} == {
+        k: v for k, v in old.items() if k != "version"}
 
 
 def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeypatch):
