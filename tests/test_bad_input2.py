@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paraxis.checkpoint.manifest import with_checksum
 from paraxis.config import RunConfig
 from paraxis.train import run_training
 from tests.test_bad_input import run_row, snapshot
@@ -96,6 +97,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("nproc-resume-other-model", [*TRAIN, "--steps", "2", "--nproc", "2", "--model",
                                   "tiny-llama", "--resume", GOOD],
      "holds a different model", "--model set to the checkpoint's model", SUB),
+    # found by the first pipeline stage alone: its peer loses it and stays quiet
+    ("nproc-found-on-one-rank", [*TRAIN, "--steps", "2", "--nproc", "2", "--pp", "2",
+                                 "--resume", "missing_piece"],
+     "has no param for blocks.1.", "it was made for a different model", SUB),
 ]
 
 
@@ -126,6 +131,12 @@ def make_inputs(folder: Path) -> None:
         manifest = json.loads(path.read_text())
         damage(manifest)
         path.write_text(json.dumps(manifest))
+    # well-formed and checksummed, but without the second block: only stage 0 loads it
+    shutil.copytree(good, folder / "missing_piece" / good.name)
+    path = folder / "missing_piece" / good.name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["pieces"] = [p for p in manifest["pieces"] if not p["name"].startswith("blocks.1.")]
+    path.write_text(json.dumps(with_checksum(manifest)))
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +169,56 @@ def test_a_manifest_written_before_checksums_still_reads(inputs):
     assert "checksum" not in old and len(new["checksum"]) == 64
     assert {k: v for k, v in new.items() if k not in ("checksum", "version")} == {
         k: v for k, v in old.items() if k != "version"}
+
+
+def test_ranks_of_a_job_print_one_line_for_one_mistake(monkeypatch):
+    """Through the job's store: the first rank to raise a line prints it, a rank raising the
+    same line stays quiet, another line is printed too, and a rank whose peer left after
+    bad input is quiet with exit code 2 (`runtime/one_line.py`)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from paraxis.errors import CommFailure, ParaxisError
+    from paraxis.runtime.one_line import decide
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    lost = CommFailure("rank 1: lost a peer")
+    assert decide(lost) == (True, 3)  # no bad input yet: a failure of its own, said
+    wrong = ParaxisError("checkpoint ck holds a different model")
+    assert [decide(wrong) for _ in range(3)] == [(True, 2), (False, 2), (False, 2)]
+    assert decide(ParaxisError("another problem")) == (True, 2)
+    assert decide(lost) == (False, 2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted attempt starts afresh
+    assert decide(lost) == (True, 3) and decide(wrong) == (True, 2)
+
+
+@pytest.mark.slow
+def test_bad_input_one_rank_finds_under_torchrun_is_one_line(inputs):
+    """torchrun's ranks: one `paraxis: error:` line (not the peer's "lost a peer" too), and
+    the rank that found it exits with code 2 (torchrun's own report follows, its format)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m",
+               "paraxis.train", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
+               "missing_piece"]
+    before = snapshot(inputs)
+    done = subprocess.run(command, cwd=inputs, capture_output=True, text=True, timeout=170,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    lines = [line for line in done.stderr.splitlines() if line.startswith("paraxis: error:")]
+    assert len(lines) == 1 and "has no param for blocks.1." in lines[0], done.stderr
+    # the one traceback is torchrun's own report of a failed child
+    assert "exitcode  : 2" in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
+    assert "ChildFailedError" in done.stderr.split("Traceback")[1], done.stderr
+    assert snapshot(inputs) == before
 
 
 def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeypatch):

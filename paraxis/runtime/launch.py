@@ -80,6 +80,9 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
     launcher, which prints each distinct line once: one line, not one per rank."""
     if debug or not (error.exit_code == 2 or getattr(error, "same_on_every_rank", False)):
         return False
+    from paraxis.runtime.one_line import decide
+
+    decide(error)  # marks the attempt as ended by bad input: a peer that lost this rank is quiet
     results.put(("error", str(error), error.exit_code))
     results.close()
     results.join_thread()
