@@ -99,3 +99,53 @@ def test_preempted_and_killed_launchers_save_stop_their_ranks_and_resume_exactly
     got = read_full_state(tmp_path / "ck", KINDS)[1]
     assert sorted(got) == sorted(expected)
     assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_sighup_and_sigint_stop_like_sigterm_and_a_second_ctrl_c_stops_at_once():
+    """Every signal of SIGNALS sets the flag (a closed terminal, Ctrl-C), the exit code is
+    128 + its number, and a second SIGINT raises at once (`runtime/preemption.py`)."""
+    from paraxis.runtime.preemption import Preempted, StopRequest
+
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        with StopRequest() as stop:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.01)  # Python runs the handler at the next bytecode boundary
+            assert stop.agreed(torch.device("cpu")) == sig  # a single process: its own flag
+        error = Preempted(sig, 4, "ck/step-00000004")
+        assert error.exit_code == 128 + sig and error.same_on_every_rank
+        assert str(error).startswith(f"stopped by {sig.name} after step 4; saved ck/")
+    with pytest.raises(KeyboardInterrupt), StopRequest():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the handlers were put back
+
+
+def test_the_launcher_passes_each_signal_to_its_ranks_as_sigterm():
+    """SIGHUP or SIGINT to the launcher reaches each rank as SIGTERM (which saves a
+    checkpoint; a second SIGINT would not); a second signal SIGKILLs them."""
+    from paraxis.runtime.launch import _PassSignals
+
+    for first in (signal.SIGHUP, signal.SIGINT):
+        children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                    for _ in range(2)]
+        for child in children:
+            child.exitcode = None  # what multiprocessing.Process offers the launcher
+        with _PassSignals(children) as passing:
+            os.kill(os.getpid(), first)
+            time.sleep(0.01)
+            assert passing.signum == first
+            assert [child.wait(timeout=30) for child in children] == [-signal.SIGTERM] * 2
+        children = [subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                      "print('ready', flush=True); time.sleep(60)"],
+                                     stdout=subprocess.PIPE, text=True)]
+        children[0].exitcode = None
+        assert children[0].stdout.readline() == "ready\n"
+        with _PassSignals(children):
+            os.kill(os.getpid(), first)
+            time.sleep(0.3)
+            os.kill(os.getpid(), first)  # a rank that does not stop: the second one kills
+            time.sleep(0.01)
+            assert children[0].wait(timeout=30) == -signal.SIGKILL
