@@ -63,6 +63,9 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
             returned.append(fn(*args))
         except ParaxisError as error:
             if not _told_launcher(error, results, debug):
+                # No lingering after the line (`CommFailure.linger_s`, for torchrun, which
+                # ends the job at its first exit): this launcher itself waits for the rest.
+                error.linger_s = 0.0
                 raise
             sys.exit(error.exit_code)
 
