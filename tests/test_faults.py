@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,13 @@ def expected(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.slow
 def test_three_seeded_kills_resume_exactly_with_no_orphan_and_no_checkpoint_lost(
         expected, tmp_path):
-    for index, phase in enumerate(("save", "backward", "collective")):
-        trial = faults.kill_trial(25 + index, 2, expected, tmp_path / f"kill-{index}", phase,
-                                  STEPS)
+    # the three run side by side, each in its own folder: a trial is mostly process start-up
+    # and waits, so together they take little more than the longest
+    with ThreadPoolExecutor(3) as pool:
+        trials = list(pool.map(lambda index, phase: faults.kill_trial(
+            25 + index, 2, expected, tmp_path / f"kill-{index}", phase, STEPS),
+            range(3), ("save", "backward", "collective")))
+    for trial in trials:
         assert trial["restarted"], trial  # the fault fired and the launcher restarted
         assert trial["exit_code"] == 0 and trial["exact"], trial
         assert trial["orphans"] == 0 and trial["intact"] and not trial["foreign"], trial
