@@ -35,9 +35,9 @@ LAYOUTS = {4: ["--dp", "2", "--pp", "2", "--zero", "1", "--microbatches", "2"],
            2: ["--dp", "2", "--zero", "1"]}
 
 
-def command(nproc: int, *extra: str) -> list[str]:
+def command(nproc: int, *extra: str, steps: int = STEPS) -> list[str]:
     return [sys.executable, "-m", "paraxis", "train", "--nproc", str(nproc), *LAYOUTS[nproc],
-            "--model", "tiny", "--steps", str(STEPS), "--global-batch", "8", "--seq-len", "32",
+            "--model", "tiny", "--steps", str(steps), "--global-batch", "8", "--seq-len", "32",
             "--device", "cpu", "--quiet", "--checkpoint-dir", "ck", "--checkpoint-every",
             str(EVERY), "--keep", "0", "--metrics-file", "m.jsonl", "--timeout-s", "60",
             *extra]
@@ -54,10 +54,10 @@ def final_state(folder: Path) -> dict:
     return read_full_state(folder / "ck", KINDS)[1]
 
 
-def straight(nproc: int, folder: Path) -> dict:
+def straight(nproc: int, folder: Path, steps: int = STEPS) -> dict:
     """The uninterrupted run's final state, the reference every trial must equal."""
     folder.mkdir(parents=True)
-    done = subprocess.run(command(nproc), cwd=folder, env=_env(), capture_output=True,
+    done = subprocess.run(command(nproc, steps=steps), cwd=folder, env=_env(), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return final_state(folder)
@@ -78,14 +78,15 @@ def _orphans(folder: Path) -> list[int]:
     return found
 
 
-def _verdict(folder: Path, expected: dict, code: int, started: float) -> dict:
+def _verdict(folder: Path, expected: dict, code: int, started: float,
+             steps: int = STEPS) -> dict:
     import json
 
     import torch
 
     from paraxis.checkpoint import complete_checkpoints
 
-    time.sleep(1.0)
+    time.sleep(0.2)  # the launcher joined its ranks before exiting; a stray one shows
     orphans = _orphans(folder)
     saved = complete_checkpoints(folder / "ck")
     owner = json.loads((folder / "ck" / "run.json").read_text())["id"]
@@ -96,29 +97,40 @@ def _verdict(folder: Path, expected: dict, code: int, started: float) -> dict:
         torch.equal(got[name], expected[name]) for name in expected)
     return {"exit_code": code, "exact": exact, "orphans": len(orphans),
             "checkpoints": [step for step, _ in saved], "foreign": sorted(runs - {owner}),
-            "intact": [step for step, _ in saved] == list(range(EVERY, STEPS + 1, EVERY))
+            "intact": [step for step, _ in saved] == list(range(EVERY, steps + 1, EVERY))
             and runs == {owner}, "seconds": round(time.monotonic() - started, 1)}
 
 
+def _finish(run: subprocess.Popen, seconds: float) -> str:
+    """The run's stderr once it exits; a run still going after `seconds` is SIGKILLed (its
+    ranks follow their launcher) and counts as failed (exit code -9), so one stuck trial
+    does not end the matrix."""
+    try:
+        return run.communicate(timeout=seconds)[1]
+    except subprocess.TimeoutExpired:
+        run.kill()
+        return run.communicate()[1] + f"\n(killed after {seconds} s)"
+
+
 def kill_trial(seed: int, nproc: int, expected: dict, folder: Path,
-               phase: str | None = None) -> dict:
+               phase: str | None = None, steps: int = STEPS) -> dict:
     """SIGKILL a seeded rank in a seeded phase of a seeded step; the run restarts itself."""
     chooser = random.Random(seed)
     phase = phase or chooser.choice(PHASES)
     # a save follows step s when s + 1 is a checkpoint step
-    step = chooser.choice([s for s in range(1, STEPS - 1) if phase != "save"
+    step = chooser.choice([s for s in range(1, steps - 1) if phase != "save"
                            or (s + 1) % EVERY == 0])
     victim = chooser.randrange(nproc)
     folder.mkdir(parents=True)
     started = time.monotonic()
-    run = subprocess.Popen(command(nproc, "--max-restarts", "2"), cwd=folder,
+    run = subprocess.Popen(command(nproc, "--max-restarts", "2", steps=steps), cwd=folder,
                            env=_env(PARAXIS_FAULT=f"kill:rank={victim},step={step},"
                                     f"phase={phase}"),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, stderr = run.communicate(timeout=900)
+    stderr = _finish(run, 900)
     return {"kind": "kill", "seed": seed, "ranks": nproc, "victim": victim, "step": step,
             "phase": phase, "restarted": "restarting every rank" in stderr,
-            **_verdict(folder, expected, run.returncode, started)}
+            **_verdict(folder, expected, run.returncode, started, steps)}
 
 
 def sigterm_trial(seed: int, nproc: int, expected: dict, folder: Path) -> dict:
@@ -133,11 +145,11 @@ def sigterm_trial(seed: int, nproc: int, expected: dict, folder: Path) -> dict:
                                   or len(metrics.read_text().splitlines()) < after):
         time.sleep(0.05)
     run.send_signal(signal.SIGTERM)
-    _, stderr = run.communicate(timeout=600)
+    stderr = _finish(run, 600)
     stopped = run.returncode
     resumed = subprocess.Popen(command(nproc, "--resume", "auto"), cwd=folder, env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    resumed.communicate(timeout=600)
+    _finish(resumed, 600)
     verdict = _verdict(folder, expected, resumed.returncode, started)
     # the stop saved an extra checkpoint off the every-2 grid: only the grid is required
     grid = list(range(EVERY, STEPS + 1, EVERY))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import time
 import traceback
@@ -76,10 +75,13 @@ def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
     except ParaxisError as error:
         if debug:
             traceback.print_exc()
-        if not getattr(error, "same_on_every_rank", False) or os.environ.get("RANK", "0") == "0":
+        from paraxis.runtime.one_line import decide
+
+        say, code = decide(error)  # one line however many ranks of a job raise it
+        if say:
             print(f"paraxis: error: {error}", file=sys.stderr, flush=True)
         time.sleep(getattr(error, "linger_s", 0.0))
-        return error.exit_code
+        return code
     except KeyboardInterrupt:
         print("paraxis: interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paraxis.checkpoint.manifest import with_checksum
 from paraxis.config import RunConfig
 from paraxis.train import run_training
 from tests.test_bad_input import run_row, snapshot
@@ -23,7 +24,8 @@ GOOD = "ckpt/step-00000001"
 
 ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- training flags that were ignored or crashed
-    ("seed-negative", [*TRAIN, "--seed", "-1"], "--seed -1 must be >= 0", "non-negative", SUB),
+    ("seed-negative", [*TRAIN, "--seed", "-1"], "--seed -1 must be >= 0", "non-negative",
+     False),
     ("grad-clip-nan", [*TRAIN, "--grad-clip", "nan"], "--grad-clip nan", "0 turns it off",
      False),
     ("peak-tflops-negative", [*TRAIN, "--peak-tflops", "-5"], "--peak-tflops -5.0",
@@ -46,7 +48,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("model-norm-eps-string", [*TRAIN, "--model", "eps.json"], "norm_eps = '1e-5'",
      "must be a finite number", False),
     ("model-layers-true", [*TRAIN, "--model", "layers.json"], "n_layers = True",
-     "must be a whole number", SUB),
+     "must be a whole number", False),
     ("model-llama-odd-head", [*TRAIN, "--model", "odd_head.json"],
      "head of 15 dimensions", "choose an even head size", False),
     # --- data: an id beyond the vocabulary after the first million tokens
@@ -60,6 +62,12 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "step is None, not a whole number", "use an earlier checkpoint", SUB),
     ("info-smaller-shape", ["checkpoint", "info", "small_shape"],
      "has range 0..16384 outside its slice of 8192", "use an earlier checkpoint", False),
+    ("info-manifest-edited", ["checkpoint", "info", "edited"],
+     "edited/step-00000001/manifest.json is damaged: its content does not match its checksum",
+     "use an earlier checkpoint", False),
+    ("train-manifest-without-checksum", [*TRAIN, "--steps", "2", "--resume", "no_checksum"],
+     "no_checksum/step-00000001/manifest.json is damaged: it has no checksum of its own",
+     "use an earlier checkpoint", False),
     ("convert-into-a-file", ["checkpoint", "convert", GOOD, "a_file.txt/out", "--layout",
                              "dp=1"], "the destination a_file.txt/out cannot be written",
      "choose another path", False),
@@ -90,6 +98,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("nproc-resume-other-model", [*TRAIN, "--steps", "2", "--nproc", "2", "--model",
                                   "tiny-llama", "--resume", GOOD],
      "holds a different model", "--model set to the checkpoint's model", SUB),
+    # found by the first pipeline stage alone: its peer loses it and stays quiet
+    ("nproc-found-on-one-rank", [*TRAIN, "--steps", "2", "--nproc", "2", "--pp", "2",
+                                 "--resume", "missing_piece"],
+     "has no param for blocks.1.", "it was made for a different model", SUB),
 ]
 
 
@@ -110,12 +122,22 @@ def make_inputs(folder: Path) -> None:
     good = folder / GOOD
     for name, damage in (("bad_index", lambda m: m["pieces"][0].update(tp_index=5)),
                          ("no_step", lambda m: m.pop("step")),
-                         ("small_shape", lambda m: m["pieces"][0].update(shape=[128, 64]))):
+                         ("small_shape", lambda m: m["pieces"][0].update(shape=[128, 64])),
+                         # well-formed edits only the manifest's own checksum reveals
+                         ("edited", lambda m: m.update(step=7)),
+                         ("no_checksum", lambda m: m.pop("checksum")),
+                         ("version_1", lambda m: (m.pop("checksum"), m.update(version=1)))):
         shutil.copytree(good, folder / name / good.name)
         path = folder / name / good.name / "manifest.json"
         manifest = json.loads(path.read_text())
         damage(manifest)
         path.write_text(json.dumps(manifest))
+    # well-formed and checksummed, but without the second block: only stage 0 loads it
+    shutil.copytree(good, folder / "missing_piece" / good.name)
+    path = folder / "missing_piece" / good.name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["pieces"] = [p for p in manifest["pieces"] if not p["name"].startswith("blocks.1.")]
+    path.write_text(json.dumps(with_checksum(manifest)))
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +158,68 @@ def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subpr
     assert len(lines) == 1 and lines[0].startswith("paraxis: error: "), stderr
     assert message in lines[0] and hint in lines[0], lines[0]
     assert snapshot(inputs) == before, "a failed command changed files on disk"
+
+
+def test_a_manifest_written_before_checksums_still_reads(inputs):
+    """Format version 1 (no checksum of its own) reads as before; this paraxis writes 2."""
+    from paraxis.checkpoint.manifest import VERSION, read_manifest
+
+    old = read_manifest(inputs / "version_1" / "step-00000001")
+    new = read_manifest(inputs / GOOD)
+    assert (old["version"], new["version"], VERSION) == (1, 2, 2)
+    assert "checksum" not in old and len(new["checksum"]) == 64
+    assert {k: v for k, v in new.items() if k not in ("checksum", "version")} == {
+        k: v for k, v in old.items() if k != "version"}
+
+
+def test_ranks_of_a_job_print_one_line_for_one_mistake(monkeypatch):
+    """Through the job's store: the first rank to raise a line prints it, a rank raising the
+    same line stays quiet, another line is printed too, and a rank whose peer left after
+    bad input is quiet with exit code 2 (`runtime/one_line.py`)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from paraxis.errors import CommFailure, ParaxisError
+    from paraxis.runtime.one_line import decide
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    lost = CommFailure("rank 1: lost a peer")
+    assert decide(lost) == (True, 3)  # no bad input yet: a failure of its own, said
+    wrong = ParaxisError("checkpoint ck holds a different model")
+    assert [decide(wrong) for _ in range(3)] == [(True, 2), (False, 2), (False, 2)]
+    assert decide(ParaxisError("another problem")) == (True, 2)
+    assert decide(lost) == (False, 2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted attempt starts afresh
+    assert decide(lost) == (True, 3) and decide(wrong) == (True, 2)
+
+
+@pytest.mark.slow
+def test_bad_input_one_rank_finds_under_torchrun_is_one_line(inputs):
+    """torchrun's ranks: one `paraxis: error:` line (not the peer's "lost a peer" too), and
+    the rank that found it exits with code 2 (torchrun's own report follows, its format)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m",
+               "paraxis.train", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
+               "missing_piece"]
+    before = snapshot(inputs)
+    done = subprocess.run(command, cwd=inputs, capture_output=True, text=True, timeout=170,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    lines = [line for line in done.stderr.splitlines() if line.startswith("paraxis: error:")]
+    assert len(lines) == 1 and "has no param for blocks.1." in lines[0], done.stderr
+    # the one traceback is torchrun's own report of a failed child
+    assert "exitcode  : 2" in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
+    assert "ChildFailedError" in done.stderr.split("Traceback")[1], done.stderr
+    assert snapshot(inputs) == before
 
 
 def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeypatch):

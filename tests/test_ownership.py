@@ -154,6 +154,9 @@ def test_a_resume_with_other_batch_seed_or_data_says_which_and_needs_a_flag(fold
     line = _one_line(stderr)
     assert ("with --global-batch 8 (checkpoint: 4), --seed 1 (checkpoint: 0), --data other.bin "
             "(20,000 tokens; checkpoint: embedded stdlib corpus, 4,000,000 tokens)") in line
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto", "--seq-len", "16"],
+                           folder, False)
+    assert code == 2 and "with --seq-len 16 (checkpoint: 32)" in _one_line(stderr)
     assert "--allow-resume-changes" in line
     assert snapshot(folder) == before
     code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto", "--seed", "1",

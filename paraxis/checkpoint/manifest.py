@@ -8,7 +8,11 @@
         ...
 
 `manifest.json` is written last, inside a temporary directory that is then renamed into
-place: a directory named `step-N` with a manifest is complete by construction.
+place: a directory named `step-N` with a manifest is complete by construction. The manifest
+carries a SHA-256 of its own content (`checksum`, over the other fields as canonical JSON),
+as each shard file's entry carries the file's: a manifest damaged on disk or edited by hand
+is refused before anything it names is read (format version 2; version 1, written before
+the checksum existed, is read without it).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Any
 from paraxis.errors import ParaxisError
 
 FORMAT = "paraxis-checkpoint"
-VERSION = 1
+VERSION = 2
+CHECKSUM = "checksum"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -40,8 +45,22 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checksum_of(manifest: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's fields but its checksum, as sorted compact JSON: the same value
+    for the dict written and the dict read back (JSON round-trips Python floats exactly)."""
+    body = {key: value for key, value in manifest.items() if key != CHECKSUM}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_checksum(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as written: its fields and the checksum over them."""
+    return {**manifest, CHECKSUM: checksum_of(manifest)}
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a complete checkpoint, checked for format, version and file names."""
+    """The manifest of a complete checkpoint, checked for format, version, file names, every
+    field a reader uses, and (version 2 on) its own checksum."""
     path = directory / MANIFEST
     if not directory.is_dir():
         raise ParaxisError(f"checkpoint {directory} does not exist")
@@ -62,7 +81,22 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     for name in manifest.get("files") or {}:  # first: a name leaving the folder is the worst
         safe_member(directory, name)
     check_schema(manifest, path)
+    _check_checksum(manifest, path)
     return manifest
+
+
+def _check_checksum(manifest: dict[str, Any], path: Path) -> None:
+    """After the schema (whose errors say more): a change that kept every field well-formed
+    (a file's checksum, a shape, the step) still shows as a mismatch here."""
+    if manifest["version"] < 2:
+        return  # written before manifests carried a checksum
+    recorded = manifest.get(CHECKSUM)
+    if not isinstance(recorded, str):
+        raise ParaxisError(f"{path} is damaged: it has no checksum of its own (format version "
+                           f"{manifest['version']} carries one); use an earlier checkpoint")
+    if recorded != checksum_of(manifest):
+        raise ParaxisError(f"{path} is damaged: its content does not match its checksum "
+                           "(changed after it was written); use an earlier checkpoint")
 
 
 def _whole(value: Any, least: int = 0) -> bool:

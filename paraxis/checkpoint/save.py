@@ -40,6 +40,7 @@ from paraxis.checkpoint.manifest import (
     complete_checkpoints,
     sha256_of,
     step_dir_name,
+    with_checksum,
 )
 from paraxis.checkpoint.ownership import still_held, write_identity
 from paraxis.errors import RunFailed
@@ -197,7 +198,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -
     """Write the manifest last, then rename: the checkpoint appears complete or not at all."""
     if config_toml:
         (tmp / "config.toml").write_text(config_toml)
-    _write_durably(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    _write_durably(tmp / MANIFEST, json.dumps(with_checksum(manifest), indent=1))
     if final.exists():  # the same step saved again (a resumed run): replace it whole
         old = final.with_name(final.name + ".old")
         shutil.rmtree(old, ignore_errors=True)

@@ -63,6 +63,9 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
             returned.append(fn(*args))
         except ParaxisError as error:
             if not _told_launcher(error, results, debug):
+                # No lingering after the line (`CommFailure.linger_s`, for torchrun, which
+                # ends the job at its first exit): this launcher itself waits for the rest.
+                error.linger_s = 0.0
                 raise
             sys.exit(error.exit_code)
 
@@ -80,6 +83,9 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
     launcher, which prints each distinct line once: one line, not one per rank."""
     if debug or not (error.exit_code == 2 or getattr(error, "same_on_every_rank", False)):
         return False
+    from paraxis.runtime.one_line import decide
+
+    decide(error)  # marks the attempt as ended by bad input: a peer that lost this rank is quiet
     results.put(("error", str(error), error.exit_code))
     results.close()
     results.join_thread()
