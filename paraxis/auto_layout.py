@@ -11,7 +11,7 @@ was measured on this CPU model, else a short calibration (`calibrate.quick`, sec
 in a cache folder for the next run of the same model, sequence length and rank count; the
 cores our ranks get are probed again just before the pick (2 s), as other load comes and
 goes. The first line of the defence says which. When the run writes metrics, the profile is copied
-beside them, so `paraxis report --run-dir` prices the run on the same profile.
+beside them, so `paraxis report --run` prices the run on the same profile.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import dataclasses
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from paraxis.plan.auto import AutoChoice
 
 CACHE_ENV = "PARAXIS_CACHE"  # where calibrations are kept (default ~/.cache/paraxis)
-WARMUP_STEPS = 2  # steps left out of the measured median (allocations, first messages)
 
 
 def cache_folder(model: str, seq_len: int, ranks: int) -> Path:
@@ -50,6 +48,7 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
     from paraxis.model_config import load_model_config
     from paraxis.plan.auto import choose
     from paraxis.plan.inputs import PlanInputs
+    from paraxis.plan.search import Constraints
     from paraxis.report.hardware import choose_hardware
 
     model_cfg = load_model_config(cfg.model.name)
@@ -79,8 +78,10 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
         cores = available_cores(cluster.cores_per_node, PROBE_S, ranks)
         cluster = cluster.replace(available_cores=cores)
         source += f"; our ranks get {cores:.2f} of its {cluster.cores_per_node} cores now"
+    # packing refuses context parallelism (packing.check_layout): never pick it then
+    constraints = Constraints(cp=1) if cfg.train.pack_documents else Constraints()
     choice = choose(model_cfg, cluster, seq_len, cfg.train.global_batch,
-                    given.precision_rule())
+                    given.precision_rule(), constraints)
     if memory_gb is not None:
         source += f", {memory_gb:g} GB per rank as given"
     return choice, source, given.hardware
@@ -92,6 +93,8 @@ def resolve(cfg: RunConfig, launched: bool = False) -> RunConfig:
     hardware file must be given: ranks must not each calibrate, and differently."""
     if not cfg.auto.enabled:
         return cfg
+    from paraxis.calibrate.quick import PROFILE_NAME
+
     if launched:
         if not cfg.logging.hardware:
             raise ParaxisError("--layout auto under torchrun needs --hardware (a `paraxis "
@@ -106,14 +109,16 @@ def resolve(cfg: RunConfig, launched: bool = False) -> RunConfig:
         for line in choice.defence(source):
             print(f"paraxis: {line}", file=sys.stderr, flush=True)
     metrics = cfg.logging.metrics_file
-    copy = Path(metrics).parent / "hardware-profile.json" if metrics else None
+    copy = Path(metrics).parent / PROFILE_NAME if metrics else None
     if copy and profile and not cfg.logging.hardware and not launched and \
             Path(profile).resolve() != copy.resolve():
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(profile, copy)
     auto = dataclasses.replace(cfg.auto, enabled=False,
                                predicted_step_s=choice.best.step_time_s)
-    return dataclasses.replace(cfg, layout=choice.layout, auto=auto)
+    resolved = dataclasses.replace(cfg, layout=choice.layout, auto=auto)
+    resolved.check()  # the chosen layout meets the run's rules before any rank builds it
+    return resolved
 
 
 def measured_line(cfg: RunConfig) -> str | None:
@@ -122,16 +127,14 @@ def measured_line(cfg: RunConfig) -> str | None:
     predicted, metrics = cfg.auto.predicted_step_s, cfg.logging.metrics_file
     if predicted is None or not metrics or not Path(metrics).is_file():
         return None
-    import json
+    from paraxis.plan.verify import median_step_s
 
-    times = [json.loads(line)["step_time_s"] for line in Path(metrics).read_text().splitlines()
-             if line.strip()]
-    if not times:
+    found = median_step_s(Path(metrics))
+    if found is None:
         return None
-    measured = statistics.median(times[WARMUP_STEPS:] or times)
+    measured, steps = found
     return (f"step time of {cfg.layout}: predicted {predicted:.3g} s, measured {measured:.3g} s "
-            f"(median of {len(times[WARMUP_STEPS:] or times)} steps; "
-            f"the prediction {predicted / measured - 1:+.0%} off)")
+            f"(median of {steps} steps; the prediction {predicted / measured - 1:+.0%} off)")
 
 
 def verify_plan(args: argparse.Namespace) -> int:
@@ -141,7 +144,7 @@ def verify_plan(args: argparse.Namespace) -> int:
     predicted one, with Spearman's rank correlation."""
     from paraxis.config import RunConfig
     from paraxis.model_config import load_model_config
-    from paraxis.plan.verify import table, verify
+    from paraxis.plan.verify import WARMUP, table, verify
 
     k, ranks = args.verify, args.gpus
     if k < 1 or args.verify_rounds < 1 or args.verify_steps < 2:
@@ -170,7 +173,7 @@ def verify_plan(args: argparse.Namespace) -> int:
     train_args = ["--model", model, "--nproc", str(ranks), "--global-batch",
                   str(cfg.train.global_batch), "--seq-len", str(cfg.train.seq_len),
                   "--precision", precision]
-    warmup = min(WARMUP_STEPS + 1, args.verify_steps - 1)
+    warmup = min(WARMUP, args.verify_steps - 1)
     with tempfile.TemporaryDirectory(prefix="paraxis-verify-") as folder:
         rows = verify(candidates, train_args, Path(folder), args.verify_rounds,
                       args.verify_steps, warmup, log=lambda line: print(line, flush=True))

@@ -154,8 +154,6 @@ def load_blend(spec: str | None, dtype: str = "uint16", tokenizer: str | None = 
 
 def load_run_data(section: DataSection) -> Blend:
     """A run's training blend, with its held-out set when `--val-data` names one."""
-    if section.prefetch < 0:
-        raise ParaxisError(f"--prefetch {section.prefetch} must be >= 0 (0: no read-ahead)")
     blend = load_blend(section.path, section.dtype, section.tokenizer, section.text_field)
     if section.val_path:
         blend.val = load_blend(section.val_path, section.dtype, section.tokenizer,

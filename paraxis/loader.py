@@ -16,9 +16,10 @@ local_part` would cut from the whole rows.
 Prefetch is a thread, not worker processes: a read is a few memory-mapped slices, short next
 to a step, and the step's torch kernels release the GIL, so a thread overlaps reading with
 compute at no start-up or pickling cost (PyTorch's DataLoader uses processes because its
-samples are Python-heavy transforms; these are not). The queue
-holds at most `prefetch` batches; a reading error reaches the loop as one line at the step it
-belongs to; `close` stops the thread at once, even when it waits on a full queue.
+samples are Python-heavy transforms; these are not). The thread reads at most `prefetch` + 1
+batches ahead (`prefetch` in the queue, one waiting to enter it); a reading error reaches the
+loop as one line at the step it belongs to; `close` stops the thread at once, even when it
+waits on a full queue.
 
 Test hook: `PARAXIS_TEST_DATA_SLEEP=0.8` makes every read sleep 0.8 times the loop's last
 step time, a source slower than nothing but faster than compute; `tests/test_loader.py`

@@ -288,7 +288,7 @@ class Transformer(nn.Module):
         if tokens is None:
             raise ParaxisError("a packed model part without the embedding needs the token ids "
                                "of its input: call it as part(x, tokens=ids)")
-        return find_documents(tokens, self.end_of_document)
+        return find_documents(tokens, self.end_of_document).ready()
 
     def set_packing(self, end_of_document: int | None) -> None:
         """Keep attention and positions within each document, documents ending at id

@@ -79,7 +79,15 @@ class Documents:
         from torch.nn.attention.flex_attention import create_block_mask
 
         batch, seq = self.ids.shape
-        return create_block_mask(self.mask_mod, batch, None, seq, seq, device=self.ids.device)
+        # compiled: uncompiled, it would materialise the dense (b, 1, s, s) mask by vmap
+        return create_block_mask(self.mask_mod, batch, None, seq, seq, device=self.ids.device,
+                                 _compile=True)
+
+    def ready(self) -> Documents:
+        """Build the mask the kernel takes now, once per forward, before any block runs: not
+        lazily inside a compiled (`--compile`) or recomputed block."""
+        _ = self.block_mask if self.ids.device.type == "cuda" else self.attention_mask
+        return self
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
@@ -155,11 +163,9 @@ def weigh(loss: torch.Tensor, weight: float) -> torch.Tensor:
     return loss.nan_to_num(0.0) * 0.0 if weight == 0 else loss * weight
 
 
-def packing_id(pack: bool, end_of_document: int | None, data_name: str) -> int | None:
-    """The end-of-document id a run packs by (None: no packing); one line when the data
-    has none known."""
-    if not pack:
-        return None
+def packing_id(end_of_document: int | None, data_name: str) -> int:
+    """The end-of-document id a packed run packs by; one line when the data has none known
+    (checked by the launcher too, before any rank starts)."""
     if end_of_document is None:
         raise ParaxisError(f"--pack-documents needs documents ended by a known end-of-document "
                            f"id, and data {data_name} has none (a .bin, text or the embedded "

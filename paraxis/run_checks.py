@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 
 def check_late_failures(cfg: RunConfig) -> None:
-    """One-line errors for the seed, gradient clip, peak TFLOP/s, --exit-after, an
-    interleaved schedule without a pipeline, packing with context parallelism, and every
-    folder the run will write."""
+    """One-line errors for the seed, gradient clip, peak TFLOP/s, --exit-after, a negative
+    --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,
+    and every folder the run will write."""
     train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
     if train.seed < 0:
         raise ParaxisError(f"--seed {train.seed} must be >= 0 (numpy's generators take "
@@ -32,6 +32,8 @@ def check_late_failures(cfg: RunConfig) -> None:
     if ckpt.exit_after is not None and not ckpt.dir:
         raise ParaxisError("--exit-after needs --checkpoint-dir: it stops with a "
                            "checkpoint to continue from")
+    if cfg.data.prefetch < 0:
+        raise ParaxisError(f"--prefetch {cfg.data.prefetch} must be >= 0 (0: no read-ahead)")
     if cfg.layout.schedule == "interleaved" and cfg.layout.pp == 1:
         raise ParaxisError("schedule=interleaved needs pp > 1 (it interleaves pipeline "
                            "stages); raise pp or use schedule=1f1b")

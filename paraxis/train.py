@@ -92,7 +92,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
         data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
         data.check(model_cfg.vocab_size, train.seq_len)
-        end_of_document = packing_id(True, data.end_of_document, data.name) \
+        end_of_document = packing_id(data.end_of_document, data.name) \
             if train.pack_documents else None  # a blend's common id is asked only then
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
@@ -164,7 +164,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
         if rank == 0 else None
     show = rank == 0 and not log.quiet
     data, share = Blend.of(data), Share.of(groups)
-    last = min(train.steps, cfg.checkpoint.exit_after or train.steps)
+    exit_after = cfg.checkpoint.exit_after  # a resume past it runs on to the last step
+    last = exit_after if exit_after and start_step < exit_after < train.steps else train.steps
 
     def read(step: int) -> tuple[np.ndarray, np.ndarray]:  # runs in the loader's thread
         return read_share(data, step, train.global_batch, train.seq_len, train.seed, share)

@@ -107,6 +107,10 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
         data = load_run_data(cfg.data)
         data.check(model_cfg.vocab_size, train_cfg.seq_len)
+        if train_cfg.pack_documents:  # before any rank starts
+            from paraxis.packing import packing_id
+
+            packing_id(data.end_of_document, data.name)
         warn_if_oversubscribed(nproc, train_cfg.device)
         from paraxis.runtime.claim import claim_folder  # the launcher holds --checkpoint-dir
 

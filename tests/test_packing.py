@@ -26,6 +26,7 @@ from paraxis.packing import (
     loss_weights,
     mask_targets,
     packed_attention,
+    weigh,
 )
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.parallelize import build_engine
@@ -54,7 +55,6 @@ def test_find_documents_and_mask_targets():
     masked = mask_targets(tokens, targets, EOS)
     # the EOS stays a target (where a document ends); what follows an EOS is not counted
     assert masked.tolist() == [[6, EOS, IGNORE_INDEX, EOS, IGNORE_INDEX, IGNORE_INDEX, 9]]
-    # weights: counts 2 and 1 of 3 targets, 2 microbatches x 1 replica
     # the CUDA path's flex-attention mask is the same mask, and skips whole blocks
     dense = create_mask(docs.mask_mod, 1, None, 7, 7, device="cpu")
     assert torch.equal(dense, docs.attention_mask)
@@ -115,6 +115,12 @@ def test_vocab_parallel_loss_ignores_masked_targets():
     (expected,) = torch.autograd.grad(theirs, logits)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(grad, expected)
+    # A microbatch with no counted target (all inputs end documents) weighs 0 and must add
+    # 0 to every gradient, as F.cross_entropy's does, not 0 * (0 / 0) = NaN.
+    nothing = torch.full_like(targets, IGNORE_INDEX)
+    (grad,) = torch.autograd.grad(weigh(vocab_parallel_cross_entropy(logits, nothing, None),
+                                        0.0), logits)
+    assert torch.equal(grad, torch.zeros_like(grad))
 
 
 STEPS, BATCH, SEQ, SEED, LR = 2, 4, 32, 5, 3e-3

@@ -2,8 +2,8 @@
 
 The page embeds, for every (kind, P, M, v) on its sliders, each stage's order of F, B and W
 as `build_schedule` makes it, and runs those orders against a clock in JavaScript
-(`simulate` in lab.js) so that a slow stage can be any stage at any factor without
-embedding a timeline per setting. `python_timeline` is what that clock must reproduce: the
+(`simulate` in core.js) so that a slow stage can be any stage without
+embedding a timeline per setting. `python_timelines` is what that clock must reproduce: the
 library's own `Schedule.simulate` on the same costs; the browser test compares the two over
 every setting.
 """
@@ -63,6 +63,8 @@ def schedule_facts() -> dict:
                        for s in range(p)]}
     return {"kinds": list(KINDS), "stages": STAGES, "microbatches": MICROBATCHES,
             "virtual": INTERLEAVED_VIRTUAL, "slow_factor": SLOW_FACTOR,
+            "kind_virtual": {kind: kind_virtual(kind)[0] for kind in KINDS
+                             if kind != "interleaved"},  # the slider's v for interleaved
             "forward_cost": FORWARD_COST, "backward_cost": BACKWARD_COST, "orders": orders}
 
 

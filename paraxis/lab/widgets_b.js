@@ -8,7 +8,7 @@
   let kind = "gpipe", result = null, shownUpTo = Infinity;
   const NAMES = ["F", "B", "W"];
   function entry() {
-    const v = kind === "interleaved" ? virtualS.get() : kind === "zb-v" ? 2 : 1;
+    const v = kind === "interleaved" ? virtualS.get() : d.kind_virtual[kind];
     return d.orders[kind + "/" + stagesS.get() + "/" + mbS.get() + "/" + v];
   }
   function draw() {

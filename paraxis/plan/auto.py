@@ -22,7 +22,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import Precision
-from paraxis.plan.search import SearchResult, search
+from paraxis.plan.search import Constraints, SearchResult, search
 from paraxis.plan.uncertainty import error_band, ties
 
 GB = 1e9
@@ -84,10 +84,12 @@ def _slower(rival: Estimate, best: Estimate) -> str:
 
 
 def choose(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
-           precision: Precision) -> AutoChoice:
+           precision: Precision, constraints: Constraints | None = None) -> AutoChoice:
     """The fastest layout of the cluster's ranks that fits (module docstring), or a one-line
-    ParaxisError naming the closest layout and what it would need."""
-    result = search(cfg, cluster, seq_len, global_batch, precision=precision)
+    ParaxisError naming the closest layout and what it would need; `constraints`: what the
+    run rules out (document packing: no context parallelism)."""
+    result = search(cfg, cluster, seq_len, global_batch, constraints or Constraints(),
+                    precision=precision)
     if not result.ranked:
         raise ParaxisError(no_fit_message(cfg, cluster, result))
     return AutoChoice(cfg, cluster, result.ranked[0], result, global_batch, seq_len)

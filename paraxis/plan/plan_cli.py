@@ -10,7 +10,7 @@ import json
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
-from paraxis.plan import inputs
+from paraxis.plan import inputs, verify
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
@@ -30,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="train the top K layouts on --gpus ranks of this machine (paraxis "
                        "train, a short burst each, priced on this machine's profile) and "
                        "print the measured ranking next to the predicted one")
-    check.add_argument("--verify-rounds", type=int, default=2,
-                       help="runs of each layout, interleaved (default 2)")
-    check.add_argument("--verify-steps", type=int, default=10,
-                       help="steps per run (default 10)")
+    check.add_argument("--verify-rounds", type=int, default=verify.ROUNDS,
+                       help=f"runs of each layout, interleaved (default {verify.ROUNDS})")
+    check.add_argument("--verify-steps", type=int, default=verify.STEPS,
+                       help=f"steps per run (default {verify.STEPS})")
     limits = parser.add_argument_group("search constraints")
     for axis in ("tp", "pp", "dp", "cp", "ep"):
         limits.add_argument(f"--{axis}", type=int, help=f"fix the {axis} degree")

@@ -26,7 +26,17 @@ from paraxis.errors import ParaxisError
 from paraxis.plan.cost import Estimate
 
 STEPS = 10  # per burst
+ROUNDS = 2  # bursts of each layout, interleaved
 WARMUP = 3  # steps left out of each burst's median (allocations, gloo's first messages)
+
+
+def median_step_s(metrics: Path, warmup: int = WARMUP) -> tuple[float, int] | None:
+    """The median step time of a run's metrics file after its first `warmup` steps (all of
+    them when it has no more) and how many steps it took; None for an empty file."""
+    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()
+             if line.strip()]
+    kept = times[warmup:] or times
+    return (statistics.median(kept), len(kept)) if kept else None
 
 
 @dataclass
@@ -87,13 +97,14 @@ def burst(layout: str, train_args: list[str], metrics: Path, steps: int = STEPS,
         said = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ParaxisError(f"the verification run of {layout} failed (exit "
                            f"{done.returncode}): {said}")
-    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()
-             if line.strip()]
-    return statistics.median(times[warmup:] or times)
+    measured = median_step_s(metrics, warmup)
+    if measured is None:
+        raise ParaxisError(f"the verification run of {layout} wrote no step to {metrics}")
+    return measured[0]
 
 
 def verify(candidates: list[Estimate], train_args: list[str], folder: Path,
-           rounds: int = 2, steps: int = STEPS, warmup: int = WARMUP,
+           rounds: int = ROUNDS, steps: int = STEPS, warmup: int = WARMUP,
            log: Callable[[str], object] = print) -> list[Measured]:
     """Run every candidate `rounds` times, interleaved (module docstring); rows in the
     planner's order with both ranks filled in."""

@@ -140,7 +140,7 @@ class LocalEngine:
         """Accumulate gradients over the microbatches; return the mean loss."""
         micro = self.microbatches(inputs, targets)
         weights = self.loss_weights(micro)
-        total = 0.0
+        losses = []  # read once after the last backward: .item() per microbatch stops the host
         # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
         set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
         for index, (x, y) in enumerate(micro):
@@ -150,9 +150,9 @@ class LocalEngine:
                     loss = weigh(loss, weights[index])
                 loss = loss / len(micro)  # mean over microbatches = batch mean
                 self.backward(loss)
-            total += loss.item()
+            losses.append(loss.detach())
         self.finish_grad_sync()
-        return self.reduce_loss(total)
+        return self.reduce_loss(sum(torch.stack(losses).tolist()))  # the same sum as before
 
     @torch.no_grad()
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:

@@ -79,8 +79,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_logits = probs.clone()
         rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)
         grad_logits[rows, local] -= (~elsewhere).to(grad_logits.dtype)
-        # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient
-        grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum()))
+        # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
+        # none counts: 0, as F.cross_entropy's, where 0 / 0 would make every gradient NaN)
+        grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum().clamp(min=1)))
         return grad_logits.view(ctx.logits_shape), None, None
 
 
