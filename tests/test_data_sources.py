@@ -50,9 +50,15 @@ def sources(tmp_path, monkeypatch):
             "parquet": _parquet_folder(tmp_path / "pq", DOCS), "datasets": saved}
 
 
-def test_three_sources_give_the_same_tokens_batches_and_losses(sources, tmp_path):
+def test_three_sources_give_the_same_tokens_batches_losses_and_resume(sources, tmp_path):
     expected = b"".join(d.encode() + bytes([BYTE_END_OF_DOCUMENT]) for d in DOCS)
     losses = {}
+
+    def train(path, **flags):
+        cfg = RunConfig.from_flags(model="tiny", data=str(path), steps=3, global_batch=4,
+                                   seq_len=32, device="cpu", quiet=True, eval_every=0, **flags)
+        return [r["loss"] for r in run_training(cfg)]
+
     for name, path in sources.items():
         data = load_token_data(str(path))
         assert data.tokens.tobytes() == expected, name
@@ -60,9 +66,10 @@ def test_three_sources_give_the_same_tokens_batches_and_losses(sources, tmp_path
             x, y = data.batch(step, 4, 32, seed=3)
             reference = load_token_data(str(sources["jsonl"])).batch(step, 4, 32, seed=3)
             assert np.array_equal(x, reference[0]) and np.array_equal(y, reference[1])
-        cfg = RunConfig.from_flags(model="tiny", data=str(path), steps=3, global_batch=4,
-                                   seq_len=32, device="cpu", quiet=True, eval_every=0)
-        losses[name] = [r["loss"] for r in run_training(cfg)]
+        losses[name] = train(path)
+        split = str(tmp_path / "split" / name)  # resume after --exit-after, from each source
+        assert train(path, checkpoint_dir=split, exit_after=1) == losses[name][:1], name
+        assert train(path, checkpoint_dir=split, resume="auto") == losses[name][1:], name
     assert losses["jsonl"] == losses["parquet"] == losses["datasets"]
     assert len(list((tmp_path / "cache").iterdir())) == 3  # one cached preparation each
     first = sorted(sources["datasets"].glob("*.arrow"))[0]  # one Arrow file: its 40 rows
