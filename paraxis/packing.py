@@ -79,15 +79,22 @@ class Documents:
         from torch.nn.attention.flex_attention import create_block_mask
 
         batch, seq = self.ids.shape
-        # compiled: uncompiled, it would materialise the dense (b, 1, s, s) mask by vmap
-        return create_block_mask(self.mask_mod, batch, None, seq, seq, device=self.ids.device,
-                                 _compile=True)
+        # On CUDA compiled (torch's advice): uncompiled, it materialises the dense (b, 1, s, s)
+        # mask by vmap. On CPU (tests of this path) plain: no compiler in the test process.
+        build = _compiled(create_block_mask) if self.ids.is_cuda else create_block_mask
+        return build(self.mask_mod, batch, None, seq, seq, device=self.ids.device)
 
     def ready(self) -> Documents:
         """Build the mask the kernel takes now, once per forward, before any block runs: not
         lazily inside a compiled (`--compile`) or recomputed block."""
         _ = self.block_mask if self.ids.device.type == "cuda" else self.attention_mask
         return self
+
+
+@functools.cache
+def _compiled(function: Callable) -> Callable:
+    """`torch.compile(function)`, made once per process (each call would compile anew)."""
+    return torch.compile(function)
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
