@@ -127,14 +127,16 @@ def measured_line(cfg: RunConfig) -> str | None:
     predicted, metrics = cfg.auto.predicted_step_s, cfg.logging.metrics_file
     if predicted is None or not metrics or not Path(metrics).is_file():
         return None
-    from paraxis.plan.verify import median_step_s
+    from paraxis.run_records import load_metrics, steady, steady_records
 
-    found = median_step_s(Path(metrics))
-    if found is None:
+    try:
+        records = load_metrics(metrics)
+    except ParaxisError:  # no step written: nothing to compare
         return None
-    measured, steps = found
+    measured, steps = steady(records, "step_time_s"), len(steady_records(records))
     return (f"step time of {cfg.layout}: predicted {predicted:.3g} s, measured {measured:.3g} s "
-            f"(median of {steps} steps; the prediction {predicted / measured - 1:+.0%} off)")
+            f"(median of {steps} steps, as the report measures; the prediction "
+            f"{predicted / measured - 1:+.0%} off)")
 
 
 def verify_plan(args: argparse.Namespace) -> int:
@@ -144,7 +146,7 @@ def verify_plan(args: argparse.Namespace) -> int:
     predicted one, with Spearman's rank correlation."""
     from paraxis.config import RunConfig
     from paraxis.model_config import load_model_config
-    from paraxis.plan.verify import WARMUP, table, verify
+    from paraxis.plan.verify import table, verify
 
     k, ranks = args.verify, args.gpus
     if k < 1 or args.verify_rounds < 1 or args.verify_steps < 2:
@@ -173,10 +175,9 @@ def verify_plan(args: argparse.Namespace) -> int:
     train_args = ["--model", model, "--nproc", str(ranks), "--global-batch",
                   str(cfg.train.global_batch), "--seq-len", str(cfg.train.seq_len),
                   "--precision", precision]
-    warmup = min(WARMUP, args.verify_steps - 1)
     with tempfile.TemporaryDirectory(prefix="paraxis-verify-") as folder:
         rows = verify(candidates, train_args, Path(folder), args.verify_rounds,
-                      args.verify_steps, warmup, log=lambda line: print(line, flush=True))
+                      args.verify_steps, log=lambda line: print(line, flush=True))
     for line in table(rows):
         print(line)
     return 0

@@ -64,7 +64,7 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
     from paraxis.plan.precision import FP32_ADAM
-    from paraxis.viz.run import load_metrics, steady
+    from paraxis.run_records import load_metrics, steady
 
     run = tmp_path / "run"
     assert main(["train", "--model", "tiny", "--steps", "8", "--global-batch", "4",

@@ -5,7 +5,8 @@
     spearman([r.predicted_s for r in rows], [r.measured_s for r in rows])
 
 Each layout runs as a real `paraxis train` (its own ranks, gloo on a CPU) for a short burst;
-its measured step time is the median of rank 0's step times after the first `warmup` steps.
+its measured step time is rank 0's steady step time, as the report measures a run
+(`run_records.steady`: the median after the warm-up steps).
 On a shared machine the load drifts from minute to minute, so the layouts are interleaved:
 every round runs each of them once, the order rotated from round to round, and a layout's
 figure is the median over its rounds. A slow spell then lands on every layout alike instead
@@ -14,7 +15,6 @@ of on whichever happened to run during it. Subprocesses only: nothing here impor
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
@@ -24,19 +24,10 @@ from pathlib import Path
 
 from paraxis.errors import ParaxisError
 from paraxis.plan.cost import Estimate
+from paraxis.run_records import load_metrics, steady
 
 STEPS = 10  # per burst
 ROUNDS = 2  # bursts of each layout, interleaved
-WARMUP = 3  # steps left out of each burst's median (allocations, gloo's first messages)
-
-
-def median_step_s(metrics: Path, warmup: int = WARMUP) -> tuple[float, int] | None:
-    """The median step time of a run's metrics file after its first `warmup` steps (all of
-    them when it has no more) and how many steps it took; None for an empty file."""
-    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()
-             if line.strip()]
-    kept = times[warmup:] or times
-    return (statistics.median(kept), len(kept)) if kept else None
 
 
 @dataclass
@@ -84,9 +75,9 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def burst(layout: str, train_args: list[str], metrics: Path, steps: int = STEPS,
-          warmup: int = WARMUP, timeout_s: float = 600.0) -> float:
+          timeout_s: float = 600.0) -> float:
     """Train `layout` for `steps` steps with `paraxis train` (`train_args` give the model,
-    batch, ranks, ...); the median of rank 0's step times after `warmup` steps."""
+    batch, ranks, ...); rank 0's steady step time (`run_records.steady`)."""
     metrics.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "paraxis", "train", *train_args, "--layout", layout,
                "--steps", str(steps), "--warmup", "0", "--quiet", "--log-every",
@@ -97,14 +88,11 @@ def burst(layout: str, train_args: list[str], metrics: Path, steps: int = STEPS,
         said = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ParaxisError(f"the verification run of {layout} failed (exit "
                            f"{done.returncode}): {said}")
-    measured = median_step_s(metrics, warmup)
-    if measured is None:
-        raise ParaxisError(f"the verification run of {layout} wrote no step to {metrics}")
-    return measured[0]
+    return steady(load_metrics(metrics), "step_time_s")
 
 
 def verify(candidates: list[Estimate], train_args: list[str], folder: Path,
-           rounds: int = ROUNDS, steps: int = STEPS, warmup: int = WARMUP,
+           rounds: int = ROUNDS, steps: int = STEPS,
            log: Callable[[str], object] = print) -> list[Measured]:
     """Run every candidate `rounds` times, interleaved (module docstring); rows in the
     planner's order with both ranks filled in."""
@@ -116,7 +104,7 @@ def verify(candidates: list[Estimate], train_args: list[str], folder: Path,
             row = rows[index]
             seconds = burst(row.layout, train_args,
                             folder / f"layout{index + 1}-round{round_ + 1}" / "metrics.jsonl",
-                            steps, warmup)
+                            steps)
             row.runs_s.append(seconds)
             log(f"  round {round_ + 1}: #{index + 1} {row.layout}: {seconds:.4f} s per step")
     measured = ranks_of([r.measured_s for r in rows])

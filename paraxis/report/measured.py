@@ -18,8 +18,9 @@ from paraxis.layout import Layout
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
 from paraxis.report.text import duration, size, times
+from paraxis.run_records import load_metrics, steady
 from paraxis.viz.html import esc, figure, table
-from paraxis.viz.run import load_metrics, plot_run, steady
+from paraxis.viz.run import plot_run
 from paraxis.viz.style import figure_data_uri
 
 if TYPE_CHECKING:

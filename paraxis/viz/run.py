@@ -6,43 +6,11 @@ predicted ones from the planner's `Estimate`.
 
 from __future__ import annotations
 
-import json
-import statistics
-from pathlib import Path
-
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from paraxis.errors import ParaxisError
 from paraxis.viz.memory import unit_for
 from paraxis.viz.style import OKABE_ITO, new_figure
-
-WARMUP_STEPS = 3  # first steps pay for allocation and autotuning: left out of medians
-
-
-def load_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        raise ParaxisError(f"cannot read metrics {path}: {error}; give the folder that "
-                           "`paraxis train --metrics-file DIR/metrics.jsonl` wrote") from None
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                raise ParaxisError(f"{path}:{number} is not a JSON line") from None
-    if not records:
-        raise ParaxisError(f"{path} holds no steps; did the run finish its first step?")
-    return records
-
-
-def steady(records: list[dict], key: str) -> float:
-    """Median of `key` after the warm-up steps (all steps when the run is that short)."""
-    tail = records[WARMUP_STEPS:] if len(records) > 2 * WARMUP_STEPS else records
-    return statistics.median(r[key] for r in tail)
 
 
 def plot_run(records: list[dict], predicted_tokens_per_s: float | None,
