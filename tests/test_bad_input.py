@@ -284,14 +284,24 @@ def test_the_catalogue_has_at_least_30_rows():
 @pytest.mark.parametrize("argv,message,hint,in_subprocess",
                          [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
 def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
-    before = snapshot(inputs)
-    code, stderr = run_row(argv, inputs, in_subprocess)
+    check_row(inputs, argv, message, hint, in_subprocess)
+
+
+def check_row(folder: Path, argv: list[str], message: str, hint: str, in_subprocess: bool,
+              exit_code: int | None = None) -> None:
+    """A catalogue row holds: one line `paraxis: error: ...` naming `message` and `hint`,
+    exit code `exit_code` (None: any non-zero), no traceback, nothing on disk changed."""
+    before = snapshot(folder)
+    code, stderr = run_row(argv, folder, in_subprocess)
     lines = stderr.strip().splitlines()
-    assert code not in (0, None), stderr
+    if exit_code is None:
+        assert code not in (0, None), stderr
+    else:
+        assert code == exit_code, stderr
     assert "Traceback" not in stderr
     assert len(lines) == 1 and lines[0].startswith("paraxis: error: "), stderr
     assert message in lines[0] and hint in lines[0], lines[0]
-    assert snapshot(inputs) == before, "a failed command changed files on disk"
+    assert snapshot(folder) == before, "a failed command changed files on disk"
 
 
 def test_debug_shows_the_traceback(inputs):
