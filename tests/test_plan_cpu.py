@@ -137,3 +137,23 @@ def test_eager_dispatch_is_paid_per_layer_per_microbatch():
     a100 = gpu.replace(gpu=dataclasses.replace(gpu.gpu, layer_overhead_s=1.0))
     assert evaluate(MODEL, layout, a100, 128, 16).time == \
         evaluate(MODEL, layout, gpu, 128, 16).time
+
+
+def test_a_calibrated_device_takes_no_presets_gemm_shape_term():
+    """A profile's GEMM rate was measured at the model's shapes: its narrow GEMMs must not
+    also pay the A100's fitted shape penalty (the preset build_cluster starts from). With
+    it, small-llama's GEMMs (narrower side 256 each) were priced at 256 / (256 + 192) of
+    the measured rate: every CPU layout over-forecast, dp=1 by 57% on an AMD EPYC."""
+    one = cpu(1)
+    assert one.gpu.gemm_half_width == 0.0
+    assert build_cluster("a100-80gb", 8).gpu.gemm_half_width > 0  # the preset keeps its fit
+    shaped = build_cluster(gpus=1, overrides={**CPU, "gemm_half_width": 192.0})
+    assert shaped.gpu.gemm_half_width == 192.0  # a profile may state a shape term
+    layout = Layout.parse("dp=1").validate(1, MODEL, 16, 128)
+    plain, slow = (evaluate(MODEL, layout, c, 128, 16, FP32_ADAM).time["compute"]
+                   for c in (one, shaped))
+    # every GEMM of the model (layers and head) at the measured rate, forward + 2 backward
+    gemm_flops = 3 * 2 * (MODEL.blocks_params(active=True)
+                          + MODEL.d_model * MODEL.vocab_size) * 16 * 128
+    assert slow - plain == pytest.approx(gemm_flops / CPU["peak_flops"] * 192 / 256,
+                                         rel=0.02)

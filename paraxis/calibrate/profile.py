@@ -51,6 +51,7 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
         "name": device["name"],
         "peak_flops": compute["matmul"]["flops_per_s"],
         "matmul_efficiency": 1.0,  # peak_flops is the achieved rate already
+        "gemm_half_width": 0.0,  # ... at the model's own GEMM shapes
         "attention_flops": compute["attention_flops_per_s"],
         "hbm_bandwidth_Bps": compute["elementwise_Bps"],
         "hbm_efficiency": 1.0,

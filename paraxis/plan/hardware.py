@@ -274,6 +274,10 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     base = get_gpu(str(overrides.pop("gpu", gpu)))
     gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
+    if gpu_changes.get("name", base.name) != base.name:
+        # A device of its own (a calibrated profile) measured its rates at the model's
+        # shapes: it takes no preset's fitted GEMM shape term unless it states one.
+        gpu_changes.setdefault("gemm_half_width", 0.0)
     gpu_obj = dataclasses.replace(base, **gpu_changes)
     for key in ("peak_flops", "memory_bytes", "nvlink_bandwidth_Bps"):
         if float(getattr(gpu_obj, key)) <= 0:
