@@ -65,7 +65,7 @@ def setting(quick: bool) -> dict:
                 "steps": 2,
                 "warmup": 1, "repeats": 1}
     return {"quick": False, "model": MODEL, "global_batch": 16, "seq_len": 128, "steps": 5,
-            "warmup": 2, "repeats": 2}
+            "warmup": 2, "repeats": 3}
 
 
 def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int, steps: int,

@@ -128,3 +128,20 @@ def test_latency_bound_times_keep_their_latency():
     assert fit.alpha_s > 0
     for size, seconds in zip(sizes[:3], times[:3], strict=True):
         assert abs(fit.predict(size) / seconds - 1) < 0.35
+
+
+def test_each_calibrated_rate_is_the_median_of_the_probes():
+    """A slow spell during one probe (a shared machine) does not become the profile."""
+    from paraxis.calibrate.command import median_probe
+
+    def probe(gemm: float, attention: float, elementwise: float, dispatch: float) -> dict:
+        return {"matmul": {"flops_per_s": gemm, "shapes": [gemm]}, "dtype": "float32",
+                "attention_flops_per_s": attention, "elementwise_Bps": elementwise,
+                "layer_overhead_s": dispatch}
+
+    merged = median_probe([probe(96e9, 40e9, 19e9, 2.8e-3), probe(67e9, 30e9, 16e9, 1.5e-3),
+                           probe(90e9, 38e9, 14e9, 1.7e-3)])
+    assert merged["matmul"] == {"flops_per_s": 90e9, "shapes": [90e9]}  # that probe's shapes
+    assert (merged["attention_flops_per_s"], merged["elementwise_Bps"],
+            merged["layer_overhead_s"]) == (38e9, 16e9, 1.7e-3)  # each its own median
+    assert [p["matmul_flops_per_s"] for p in merged["probes"]] == [96e9, 67e9, 90e9]
