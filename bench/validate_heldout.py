@@ -3,7 +3,8 @@
 Each run is priced exactly as published: its (dp, tp, pp), ZeRO-3 over the FSDP degree, one
 microbatch of the local batch (no accumulation), its checkpointing mapped to paraxis's
 closest setting, on the GPU it ran on with eager elementwise kernels (torchtitan without
-torch.compile runs PyTorch's eager ops) and the flash attention kernel (PyTorch SDPA).
+torch.compile runs PyTorch's eager ops) and the flash attention kernel (PyTorch SDPA), at the
+measured rate of the implementation the source ran (`HeldOutRun.attention_impl`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def cluster_for(run: HeldOutRun) -> Cluster:
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
         **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
+        "attention_impl": run.attention_impl,
         "gradient_bucket_bytes": 0 if run.fsdp else 25e6, **dict(run.network)})
 
 
