@@ -60,6 +60,10 @@ class HeldOutRun:
     zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP; -1: ?
     kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
+    # The flash implementation the source ran (plan/attention_rates.py: "fa2", "fa1",
+    # "triton"), its core priced at that kernel's measured rate by shape; "": the source does
+    # not say, the core is priced at the GEMM rate (as every row was before the kernel fits).
+    attention_impl: str = ""
     network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
     cp_attention: str = "ring"  # how K/V reach the queries: "ring" or "all_gather"
@@ -71,17 +75,22 @@ class HeldOutRun:
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)
 
 
+# torchtitan's attention is PyTorch SDPA (torchtitan/models/llama/model.py:
+# `F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)`), whose CUDA flash backend is
+# FlashAttention-2 since torch 2.2: "fa2".
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
           where: str, **extra: object) -> HeldOutRun:
     return HeldOutRun(name, model, "a100", 64, 64, 1, 1, batch, seq, recompute, wps,
-                      TORCHTITAN_A100, where, **extra)  # type: ignore[arg-type]
+                      TORCHTITAN_A100, where, attention_impl="fa2",
+                      **extra)  # type: ignore[arg-type]
 
 
 def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: int, seq: int,
           recompute: str, tps: float, where: str, unpriced: str = "",
           schedule: str = "1f1b", cp: int = 1) -> HeldOutRun:
     return HeldOutRun(name, model, "h100-96gb", gpus, dp, tp, pp, batch, seq, recompute, tps,
-                      TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp)
+                      TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp,
+                      attention_impl="fa2")
 
 
 # torchtitan's checkpointing (torchtitan/parallelisms/parallelize_llama.py at 0413364):
@@ -160,7 +169,8 @@ TORCHTITAN = [
 # MosaicML's MPT benchmarks: every row of the five tables of scripts/train/benchmarking/
 # README.md, copied verbatim into bench/data/llm_foundry_benchmarks.md. FSDP over every GPU
 # (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), no TP or PP; microbatch x accumulation per
-# GPU; "Activation Checkpointing True" wraps each block (full recompute); triton/flash attention;
+# GPU; "Activation Checkpointing True" wraps each block (full recompute); triton/flash attention
+# (`llm_foundry_kernel`);
 # the throughput column (T/s/GPU) is a token rate, so no FLOP convention enters.
 LLM_FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48 "
                "(tables last changed in 4952183): MPT models trained with Composer FSDP")
@@ -173,6 +183,19 @@ MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 
               "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
 LLM_FOUNDRY_GPUS = {"a100_80gb": "a100", "a100_40gb": "a100-40gb", "h100_80gb": "h100"}
 ZERO_OF_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+# The attention kernel of each table (plan/attention_rates.py): the 8-64 GPU tables (A100
+# 80GB and 40GB, H100 80GB BF16 and FP8) were made by scripts/train/benchmarking/
+# submit_benchmarks.py, whose `--attn_impl` (default "triton") overrides the yamls' setting:
+# Dao's flash_attn_triton.py of flash-attn 1.0.x on triton 2.0.0.dev20221202 (a vendored copy
+# from 2023-05-24), priced at FA1's rate ("triton"). The ">= 128 GPUs" table (sweep.py at
+# commit 5e85bd62d, 2024-01-06) passes `--attn_impl flash` (FlashAttention-2, flash-attn
+# 2.4.2) for 1b, 3b, 7b and 70b and `triton` for 13b and 30b.
+LARGE_SCALE_TABLE = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+LARGE_SCALE_FLASH = ("1b", "3b", "7b", "70b")
+
+
+def llm_foundry_kernel(table: str, size: str) -> str:
+    return "fa2" if table == LARGE_SCALE_TABLE and size in LARGE_SCALE_FLASH else "triton"
 
 
 def mpt(size: str, seq_len: int) -> ModelConfig:
@@ -202,7 +225,8 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
             f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
             FLOAT8 if "fp8" in precision else "", micro_batch=micro,
-            zero=ZERO_OF_SHARDING[sharding], fsdp=True))
+            zero=ZERO_OF_SHARDING[sharding], fsdp=True,
+            attention_impl=llm_foundry_kernel(table, size)))
     return runs
 
 
@@ -230,6 +254,10 @@ BLOOM_RUN = HeldOutRun(
 # GPT-2 small / medium for 125M / 355M, transformers' GPT2Config otherwise; DDP for
 # 125M/355M, DDP + ZeRO-1 optimizer for 760M and up; A100-80GB picks the largest batch option).
 # Throughput is tokens/s of the 8 GPUs together.
+# The kernel is FlashAttention v1 ("fa1"): the README's "up to 189 TFLOPs/sec per A100" and its
+# 1.3B row (169k tokens/s over 8 GPUs x 8.9 GFLOP a token, Narayanan's count: 188 TFLOP/s) are
+# the FlashAttention column of the FlashAttention-2 paper's Table 1 (1.3B at 2k: 189 with
+# FlashAttention, 196 with FlashAttention-2), so the table predates FlashAttention-2.
 FLASH = ("Dao-AILab/flash-attention training/README.md and training/configs/experiment/pile at "
          "commit 0b037c2: GPT-3 models on 8 A100-80GB")
 
@@ -239,7 +267,7 @@ def _gpt3(name: str, d_model: int, heads: int, layers: int, micro: int, global_b
     cfg = ModelConfig(name, "gpt2", 50264, layers, d_model, heads, heads, 4 * d_model, 2048)
     return HeldOutRun(name, cfg, "a100", 8, 8, 1, 1, global_batch // 8, 2048, "none",
                       tokens_8_gpus / 8, FLASH, f"Training speed table, row {name}",
-                      micro_batch=micro, zero=zero, kernels="fused")
+                      micro_batch=micro, zero=zero, kernels="fused", attention_impl="fa1")
 
 
 FLASH_RUNS = [

@@ -3,7 +3,8 @@
 Each run is priced exactly as published: its (dp, tp, pp), ZeRO-3 over the FSDP degree, one
 microbatch of the local batch (no accumulation), its checkpointing mapped to paraxis's
 closest setting, on the GPU it ran on with eager elementwise kernels (torchtitan without
-torch.compile runs PyTorch's eager ops) and the flash attention kernel (PyTorch SDPA).
+torch.compile runs PyTorch's eager ops) and the flash attention kernel (PyTorch SDPA), at the
+measured rate of the implementation the source ran (`HeldOutRun.attention_impl`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def cluster_for(run: HeldOutRun) -> Cluster:
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
         **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
+        "attention_impl": run.attention_impl,
         "gradient_bucket_bytes": 0 if run.fsdp else 25e6, **dict(run.network)})
 
 
@@ -258,3 +260,32 @@ def _causal_tokens(run: HeldOutRun) -> float:
     cfg = model_of(run)
     return (run.tokens_per_gpu_s or 0.0) * model_flops_per_token(
         cfg, run.seq_len, causal=False) / model_flops_per_token(cfg, run.seq_len)
+
+
+def kernel_lines(priced: list[HeldOutResult]) -> list[str]:
+    """What pricing each source's attention kernel at its measured rate changed (finding 2):
+    the held-out errors with every core at the GEMM rate instead (`attention_impl` "", how
+    every row was priced before the kernel fits) -> as priced, by kernel and sequence."""
+    def stats(pairs: list[tuple[float, float]], which: int) -> str:
+        errors = [pair[which] for pair in pairs]
+        return (f"{sum(map(abs, errors)) / len(errors):.1%} (signed "
+                f"{sum(errors) / len(errors):+.1%}, largest {max(map(abs, errors)):.1%})")
+
+    pairs = {id(r): (price(dataclasses.replace(r.run, attention_impl="")).error or 0.0,
+                     r.error or 0.0) for r in priced}
+    lines = ["Kernel rates: mean |error| of the held-out rows with the attention core at the GEMM",
+             "rate -> at the measured rate of the kernel each source ran (`attention_impl`):", ""]
+    groups = [("every row", priced)] + [
+        (f"`{impl or 'unknown'}` {label}", [r for r in priced if r.run.attention_impl == impl
+                                            and (r.run.seq_len > 8192) == long])
+        for impl in ("fa2", "fa1", "triton", "") for label, long in (("up to 8K", False),
+                                                                     ("beyond 8K", True))]
+    for label, rows in groups:
+        if rows:
+            chosen = [pairs[id(r)] for r in rows]
+            lines.append(f"- {label} ({len(rows)} rows): {stats(chosen, 0)} -> "
+                         f"{stats(chosen, 1)}")
+    worse = [r for r in priced if abs(pairs[id(r)][1]) > abs(pairs[id(r)][0]) + 1e-9]
+    triton = sum(r.run.attention_impl == "triton" for r in worse)
+    return lines + [f"- worse with the kernel rates: {len(worse)} of {len(priced)} rows, "
+                    f"{triton} of them `triton`.", ""]

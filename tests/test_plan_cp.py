@@ -147,8 +147,13 @@ def test_long_sequence_mfu_stays_below_the_peak(long_search) -> None:
     best = result.ranked[0]
     assert all(e.mfu <= e.hfu <= 1.0 for e in result.ranked)
     peak = cluster.world_size * cluster.gpu.peak_flops
-    # the full-square count of the same run would claim more than the peak (the old defect)
-    assert model_flops_per_token(LLAMA_8B, LONG, causal=False) * best.tokens_per_s > peak
+    # the full-square count of the same run would claim more than the peak (the old defect),
+    # priced as when it was found: the core at the GEMM rate (attention_impl ""; at FA2's
+    # measured rate, plan/attention_rates.py, the plan is slower and the claim just below)
+    found_on = evaluate(LLAMA_8B, best.layout, build_cluster("a100-80gb", 64, 8, {
+        "attention_impl": ""}), LONG, 64)
+    assert model_flops_per_token(LLAMA_8B, LONG, causal=False) * found_on.tokens_per_s > peak
+    assert found_on.mfu <= found_on.hfu <= 1.0
     # the compute time is at least the FLOPs the time model prices, at the peak: the GEMMs
     # (forward + two backward products) and what the flash kernel computes of the scores
     weights, scores = layer_forward_flops_per_token(LLAMA_8B, LONG)

@@ -63,6 +63,7 @@ from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
+    attention_kernel_rate,
     gemm_efficiency,
     layer_rates,
     overlap_on,
@@ -119,20 +120,22 @@ def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: floa
 
 def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
                 hbm: float, measured: bool, kernel: AttentionKernel,
-                peak: float = float("inf")) -> tuple[float, float]:
+                peak: float = float("inf"), kernel_rate: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds per token of the attention core. A measured rate
     (a calibration, `paraxis.calibrate.kernels.attention_rate`) is in the planner's count,
     3 x `scores` forward + backward, and cannot beat the kernel's own FLOPs at `peak` (the
-    cap keeps MFU <= 1 whatever a profile says). Unmeasured, the core runs at the GEMM rate
-    on the score entries its kernel computes (flash skips the causal mask's upper half), with
-    its backward ratio; the math kernel also moves its scores through memory
-    (`score_bytes`)."""
+    cap keeps MFU <= 1 whatever a profile says). Else a fitted `kernel_rate` (the named flash
+    implementation at this shape, `rates.attention_kernel_rate`) is in the kernel's own
+    count: the score entries it computes (flash skips the causal mask's upper half), forward
+    and backward at one rate (the charts time them together). Unfitted, the core runs at the
+    GEMM rate on those entries, with its backward ratio; the math kernel also moves its
+    scores through memory (`score_bytes`)."""
     traffic = score_bytes / hbm if kernel.keeps_scores else 0.0
     if measured:
         work = kernel.causal_fraction * (1 + kernel.backward_ratio) / 3  # per counted FLOP
         rate = min(measured_rate, peak / work)
         return scores / rate + traffic, 2 * (scores / rate + traffic)
-    forward = kernel.causal_fraction * scores / gemm_rate
+    forward = kernel.causal_fraction * scores / (kernel_rate or gemm_rate)
     return forward + traffic, kernel.backward_ratio * forward + 2 * traffic
 
 
@@ -169,9 +172,10 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             cfg, seq_len, layout.tp, layout.sequence_parallel, mlp))  # in 16-bit bytes
     # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
+    fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim, layout.cp, layout.tp)
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
-        gpu.peak_flops * layout.tp * cluster.compute_share))
+        gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
     dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
              + hidden_bytes / hbm) * tokens
     if moe:

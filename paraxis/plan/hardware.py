@@ -15,6 +15,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
+      "attention_impl": "fa2",            # unmeasured: a fitted kernel's rate ("": GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "gradient_bucket_bytes": 25e6,      # ZeRO-0/1/2 grads per call; 0: one per layer (FSDP)
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
+from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,18 @@ class GPU:
     # GEMM shape (Deliverable 2 of issue 20): a GEMM whose narrower side (k or n, per GPU)
     # is w reaches matmul_efficiency * w / (w + gemm_half_width) of peak: narrow GEMMs fill
     # fewer tiles and waves of the SMs and reuse each byte less. 0: every GEMM alike. (The
-    # attention core stays at matmul_efficiency: its shape is not modelled yet.)
+    # attention core has its own rate by shape: attention_impl below.)
     gemm_half_width: float = 0.0
     link_efficiency: float = 0.8
     hbm_efficiency: float = 0.8
     # The attention core (softmax(QK^T)V, a FlashAttention-style kernel) runs at its own rate;
     # 0 prices it like the GEMMs (peak x matmul_efficiency). A calibration measures it.
     attention_flops: float = 0.0
+    # Unmeasured, the FlashAttention implementation the trainer runs (plan/attention_rates.py):
+    # "fa2" (PyTorch SDPA on A100/H100 since torch 2.2), "fa1", "triton" (2022-23, priced as
+    # fa1), its fwd + bwd rate fitted by sequence and head dim on published kernel benchmarks
+    # of this GPU type; "" (no kernel named) prices the core like the GEMMs.
+    attention_impl: str = ""
     # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
     # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
     # The name stands for the runtime too: Megatron re-gathers SP inputs in the backward, and
@@ -100,12 +107,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
     # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best)
     GPU("a100-40gb", 312e12, 40960 * MIB, 300e9, 1.555e12, matmul_efficiency=0.70,
-        gemm_half_width=192),
+        gemm_half_width=192, attention_impl="fa2"),
     GPU("a100-80gb", 312e12, 81920 * MIB, 300e9, 2.039e12, matmul_efficiency=0.70,
-        gemm_half_width=192),
-    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, matmul_efficiency=0.5),
-    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5),
-    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5),
+        gemm_half_width=192, attention_impl="fa2"),
+    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, matmul_efficiency=0.5,
+        attention_impl="fa2"),
+    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5,
+        attention_impl="fa2"),
+    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5, attention_impl="fa2"),
     GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
     GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}
@@ -157,6 +166,14 @@ class Cluster:
         if self.gpu.attention_kernel not in KERNELS:
             raise ParaxisError(f"attention_kernel={self.gpu.attention_kernel!r} is unknown; "
                                f"use {' or '.join(KERNELS)}")
+        impl = self.gpu.attention_impl
+        if impl not in IMPLEMENTATIONS:
+            raise ParaxisError(f"attention_impl={impl!r} is unknown; use one of "
+                               f"{', '.join(map(repr, IMPLEMENTATIONS))}")
+        if impl and measured_on(self.gpu.name) is None:
+            raise ParaxisError(f"attention_impl={impl!r}: no kernel measurements for GPU "
+                               f"{self.gpu.name!r} (only A100, H100, H200 presets); give "
+                               "attention_impl=\"\" or a measured attention_flops")
 
     @property
     def compute_share(self) -> float:
@@ -276,8 +293,10 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
     if gpu_changes.get("name", base.name) != base.name:
         # A device of its own (a calibrated profile) measured its rates at the model's
-        # shapes: it takes no preset's fitted GEMM shape term unless it states one.
+        # shapes: it takes no preset's fitted GEMM shape term or kernel rates unless it
+        # states them.
         gpu_changes.setdefault("gemm_half_width", 0.0)
+        gpu_changes.setdefault("attention_impl", "")
     gpu_obj = dataclasses.replace(base, **gpu_changes)
     for key in ("peak_flops", "memory_bytes", "nvlink_bandwidth_Bps"):
         if float(getattr(gpu_obj, key)) <= 0:

@@ -1,7 +1,8 @@
 """Rates a layer's work runs at, and which communication hides behind it.
 
 `Overlap` states the overlap assumptions (cost.py prices a step with them); `layer_rates` and
-`gemm_efficiency` turn a GPU preset into the FLOP/s and bytes/s a TP group splits a layer at.
+`gemm_efficiency` turn a GPU preset into the FLOP/s and bytes/s a TP group splits a layer at,
+`attention_kernel_rate` the attention core's rate by kernel and shape.
 Kept apart from cost.py so the parts of a layer priced elsewhere (plan/experts.py: the
 experts of a mixture-of-experts block) use the same rates.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraxis.attention_kernel import AttentionKernel
+from paraxis.plan.attention_rates import kernel_flops
 from paraxis.plan.hardware import Cluster
 
 
@@ -60,3 +63,22 @@ def gemm_efficiency(cluster: Cluster, width: float) -> float:
     if not gpu.gemm_half_width:
         return gpu.matmul_efficiency
     return gpu.matmul_efficiency * width / (width + gpu.gemm_half_width)
+
+
+def attention_kernel_rate(cluster: Cluster, kernel: AttentionKernel, seq_len: int,
+                          head_dim: int, cp: int, tp: int) -> float:
+    """FLOP/s a TP group of `tp` ranks runs the attention core's fwd + bwd at, in the flash
+    kernel's own count, by the kernel the GPU names (`GPU.attention_impl`) and the shape
+    (plan/attention_rates.py); 0 where the core is priced otherwise: a measured
+    `attention_flops`, no kernel named, or the math kernel (the charts measure flash kernels).
+
+    With context parallelism every ring step but the diagonal one is a full block of s/cp
+    queries by s/cp keys: priced at the non-causal rate of sequences of s/cp (the all-gather
+    variant alike). Heads split over TP do not change the rate (the charts hold tokens fixed
+    and vary the sequence)."""
+    gpu = cluster.gpu
+    if gpu.attention_flops or not gpu.attention_impl or kernel.keeps_scores:
+        return 0.0
+    rate = kernel_flops(gpu.name, gpu.peak_flops, gpu.attention_impl, seq_len / cp, head_dim,
+                        causal=cp == 1)
+    return rate * tp * cluster.compute_share

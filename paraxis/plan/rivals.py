@@ -54,8 +54,7 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     if band is GPU_BAND:  # the fitted runs' band; say what runs never fitted showed
         held = HELD_OUT_GPU_BAND
         lines.append(f"Held out: on {held.runs} published runs never fitted the RMS error is "
-                     f"{held.rms:.0%} (largest {held.largest:.0%}, {held.source}), most of "
-                     "it beyond 8K tokens where the attention core is priced too fast.")
+                     f"{held.rms:.0%} (largest {held.largest:.0%}, {held.source}).")
     if result is None:
         return lines
     tied = ties(best, result.ranked, band)
