@@ -22,9 +22,8 @@ parameter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
+from bench.heldout_llm_foundry import llm_foundry_rows
+from bench.heldout_record import FLOAT8, HeldOutRun
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.compute import model_flops_per_token
 
@@ -33,46 +32,8 @@ TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/to
 TORCHTITAN_H100 = ("torchtitan docs/performance.md at commit eaea6f6 (pytorch/torchtitan): "
                    "Llama 3.1 on H100 (96 GB HBM2e, 2.4 TB/s, 500 W power limit; 400 Gb/s "
                    "RDMA per GPU)")
-FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not model"
 COMPILE = "torch.compile fuses the elementwise kernels: the planner models eager or Megatron-fused"
 ASYNC_TP = "AsyncTP overlaps TP collectives with GEMMs in the forward too: not modelled"
-
-
-@dataclass(frozen=True)
-class HeldOutRun:
-    name: str
-    model: str | ModelConfig  # a paraxis preset (paraxis/model_config.py) or the source's shape
-    gpu: str  # a key of validate_heldout.CLUSTERS: "a100", "a100-40gb", "h100", "h100-96gb"
-    gpus: int
-    dp: int  # data-parallel degree (FSDP/ZeRO over it, see zero)
-    tp: int
-    pp: int
-    local_batch: int  # sequences per data-parallel rank per step
-    seq_len: int
-    recompute: str  # none, selective, full (paraxis's), or torchtitan's layer-2 and op
-    tokens_per_gpu_s: float | None  # as published; None where the table reports OOM
-    source: str
-    where: str  # table and row
-    unpriced: str = ""  # why the planner cannot price it ("" = priced)
-    out_of_memory: bool = False  # the source reports this configuration ran out of memory
-    schedule: str = "1f1b"
-    micro_batch: int = 0  # sequences per microbatch (0: the whole local batch; -1: not stated)
-    zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP; -1: ?
-    kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
-    attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
-    # The flash implementation the source ran (plan/attention_rates.py: "fa2", "fa1",
-    # "triton"), its core priced at that kernel's measured rate by shape; "": the source does
-    # not say, the core is priced at the GEMM rate (as every row was before the kernel fits).
-    attention_impl: str = ""
-    network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
-    cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
-    cp_attention: str = "ring"  # how K/V reach the queries: "ring" or "all_gather"
-    sequence_parallel: bool = False
-    virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
-    precision: str = "bf16"  # a key of paraxis.plan.precision.PRECISIONS
-    fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
-    ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
-    expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)
 
 
 # torchtitan's attention is PyTorch SDPA (torchtitan/models/llama/model.py:
@@ -163,71 +124,6 @@ TORCHTITAN = [
     _h100("Llama 3.1 405B 4D CP8 256K", "llama3-405b", 512, 1, 8, 8, 8, 262144, "full", 16,
           "Table 6, row FSDP 1, CP 8", FLOAT8, cp=8),
 ]
-
-
-# ---------------------------------------------------------------------------------- llm-foundry
-# MosaicML's MPT benchmarks: every row of the five tables of scripts/train/benchmarking/
-# README.md, copied verbatim into bench/data/llm_foundry_benchmarks.md. FSDP over every GPU
-# (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), no TP or PP; microbatch x accumulation per
-# GPU; "Activation Checkpointing True" wraps each block (full recompute); triton/flash attention
-# (`llm_foundry_kernel`);
-# the throughput column (T/s/GPU) is a token rate, so no FLOP convention enters.
-LLM_FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48 "
-               "(tables last changed in 4952183): MPT models trained with Composer FSDP")
-LLM_FOUNDRY_TABLES = Path(__file__).parent / "data" / "llm_foundry_benchmarks.md"
-# The MPT shapes, from scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_heads, n_layers;
-# expansion_ratio 4, vocab 50368); the benchmark rows' NumParams grow by d_model per token of
-# SeqLen: learned positions, as in paraxis's gpt2 style.
-MPT_SHAPES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
-              "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32),
-              "13b": (5120, 40, 40), "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
-LLM_FOUNDRY_GPUS = {"a100_80gb": "a100", "a100_40gb": "a100-40gb", "h100_80gb": "h100"}
-ZERO_OF_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
-# The attention kernel of each table (plan/attention_rates.py): the 8-64 GPU tables (A100
-# 80GB and 40GB, H100 80GB BF16 and FP8) were made by scripts/train/benchmarking/
-# submit_benchmarks.py, whose `--attn_impl` (default "triton") overrides the yamls' setting:
-# Dao's flash_attn_triton.py of flash-attn 1.0.x on triton 2.0.0.dev20221202 (a vendored copy
-# from 2023-05-24), priced at FA1's rate ("triton"). The ">= 128 GPUs" table (sweep.py at
-# commit 5e85bd62d, 2024-01-06) passes `--attn_impl flash` (FlashAttention-2, flash-attn
-# 2.4.2) for 1b, 3b, 7b and 70b and `triton` for 13b and 30b.
-LARGE_SCALE_TABLE = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
-LARGE_SCALE_FLASH = ("1b", "3b", "7b", "70b")
-
-
-def llm_foundry_kernel(table: str, size: str) -> str:
-    return "fa2" if table == LARGE_SCALE_TABLE and size in LARGE_SCALE_FLASH else "triton"
-
-
-def mpt(size: str, seq_len: int) -> ModelConfig:
-    d_model, heads, layers = MPT_SHAPES[size]
-    return ModelConfig(f"mpt-{size}", "gpt2", 50368, layers, d_model, heads, heads,
-                       4 * d_model, seq_len)
-
-
-def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
-    """One held-out run per row of every table in the copied README section."""
-    runs, table = [], ""
-    for line in path.read_text().splitlines():
-        if line.startswith("## "):
-            table = line[3:].strip()
-            continue
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if not line.startswith("|") or not cells[1].isdigit():
-            continue  # header and separator rows
-        size, seq, gpus, gpu = cells[0], int(cells[1]), int(cells[2]), cells[3]
-        # The A100 40GB table has no "Model TFLOP" column: read from the right-hand end.
-        micro, accum = int(cells[-13]), int(cells[-12])
-        tokens, precision, sharding, checkpointing = (float(cells[-8]), cells[-6], cells[-4],
-                                                      cells[-3])
-        name = f"MPT {size} {seq} x{gpus} {gpu} mb{micro}"
-        runs.append(HeldOutRun(
-            name, mpt(size, seq), LLM_FOUNDRY_GPUS[gpu], gpus, gpus, 1, 1, micro * accum, seq,
-            "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
-            f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
-            FLOAT8 if "fp8" in precision else "", micro_batch=micro,
-            zero=ZERO_OF_SHARDING[sharding], fsdp=True,
-            attention_impl=llm_foundry_kernel(table, size)))
-    return runs
 
 
 # ----------------------------------------------------------------------------------------- BLOOM

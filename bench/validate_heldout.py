@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from bench.heldout_runs import HELD_OUT, HeldOutRun
+from bench.heldout_record import HeldOutRun
+from bench.heldout_runs import HELD_OUT
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.activations import layer_activation_bytes

@@ -15,6 +15,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.heldout_llm_foundry import LLM_FOUNDRY
 from bench.heldout_runs import (
     AUTOMODEL,
     BLOOM,
@@ -22,7 +23,6 @@ from bench.heldout_runs import (
     FLASH,
     HELD_OUT,
     LLAMA3,
-    LLM_FOUNDRY,
     NEMO_LONG,
     TORCHTITAN_A100,
     TORCHTITAN_H100,

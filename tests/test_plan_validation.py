@@ -71,7 +71,7 @@ def test_torchtitan_checkpointing_priced_as_it_ran() -> None:
 
 
 def test_llm_foundry_rows_are_every_row_of_the_copied_tables() -> None:
-    from bench.heldout_runs import LLM_FOUNDRY_TABLES, llm_foundry_rows
+    from bench.heldout_llm_foundry import LLM_FOUNDRY_TABLES, llm_foundry_rows
 
     text = LLM_FOUNDRY_TABLES.read_text()
     rows = llm_foundry_rows()
