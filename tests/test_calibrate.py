@@ -145,3 +145,19 @@ def test_each_calibrated_rate_is_the_median_of_the_probes():
     assert (merged["attention_flops_per_s"], merged["elementwise_Bps"],
             merged["layer_overhead_s"]) == (38e9, 16e9, 1.7e-3)  # each its own median
     assert [p["matmul_flops_per_s"] for p in merged["probes"]] == [96e9, 67e9, 90e9]
+
+
+def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
+    """The committed profile (small-llama's shapes) does not price a tiny model's run: its
+    GEMM rates and per-layer dispatch are another model's."""
+    from paraxis.calibrate.quick import matches
+
+    path = tmp_path / "hardware-profile.json"
+    path.write_text(json.dumps({
+        "cluster": {"collectives": {"all_reduce": {"8": {}}}},
+        "calibration": {"device": {"type": "cpu", "model": "AMD EPYC", "cores": 2},
+                        "compute": {"shapes_from": {"model": "small-llama"}}}}))
+    assert matches(path, "AMD EPYC", 2, 8, "small-llama")
+    assert not matches(path, "AMD EPYC", 2, 8, "tiny")  # another model's shapes
+    assert not matches(path, "Intel Xeon", 2, 8, "small-llama")  # another CPU
+    assert not matches(path, "AMD EPYC", 2, 4, "small-llama")  # rank count not timed

@@ -2,7 +2,8 @@
 
 A forecast of a CPU run must be priced on this CPU, not on a GPU preset. The profile is,
 first found: one already in the run's folder, or the committed `docs/hardware-profile.json`,
-when either was measured on this CPU model with this many cores and timed collectives on
+when either was measured on this CPU model with this many cores, at the run's model's
+shapes (a tiny model's GEMMs and dispatch are not a larger one's) and timed collectives on
 the run's rank count; else a short calibration (one rank's kernels at the run's own layer
 shapes, the collectives on the run's rank count at four message sizes, the cores as many
 busy ranks as the run has get: about 5-30 s, load permitting), saved in the run's folder
@@ -47,15 +48,18 @@ class FoundProfile:
                 "mean of a probe before and after it)")
 
 
-def matches(path: Path, cpu: str, cores: int, ranks: int) -> bool:
-    """Whether the profile at `path` was measured on this CPU with the run's rank count."""
+def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
+    """Whether the profile at `path` was measured on this CPU, at `model`'s shapes, with
+    the run's rank count."""
     try:
         profile = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
     device = profile.get("calibration", {}).get("device", {})
     timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
+    shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
     return (device.get("type") == "cpu" and device.get("model") == cpu
+            and shapes.get("model") == model
             and device.get("cores") == cores and (ranks < 2 or str(ranks) in timed))
 
 
@@ -66,9 +70,9 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
 
     cpu, cores = cpu_model_name(), cpu_cores()
     cached = Path(folder) / PROFILE_NAME
-    if matches(COMMITTED, cpu, cores, ranks):
+    if matches(COMMITTED, cpu, cores, ranks, model):
         return FoundProfile(COMMITTED, "committed", cpu, cores, 0.0)
-    if matches(cached, cpu, cores, ranks):
+    if matches(cached, cpu, cores, ranks, model):
         profile = json.loads(cached.read_text())
         calibration = profile["calibration"]
         probes = calibration.setdefault("core_probes",
