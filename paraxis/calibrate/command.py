@@ -55,12 +55,12 @@ def _dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-# Times the compute probe runs; each rate is the median over them. One probe takes about
-# 2 s on a CPU, and a machine shared with others has slow spells that long (on a 2-core
-# VM: GEMM 67 GFLOP/s in one probe, 90-96 in the four around it); the median of three is
-# what the machine does most of the time, which is what a training step meets.
+# Times the compute probe runs; each figure is the median over them. One probe takes about
+# 2 s on a CPU, and a shared machine has slow spells that long (on a 2-core VM, one
+# calibration's single probe read GEMMs at 67 GFLOP/s, four probes minutes later at 90-96);
+# the median of three is what the machine does most of the time, what a training step meets.
 COMPUTE_PROBES = 3
-RATES = ("attention_flops_per_s", "elementwise_Bps", "layer_overhead_s")
+PROBE_FIGURES = ("attention_flops_per_s", "elementwise_Bps", "layer_overhead_s")
 
 
 def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_type: str,
@@ -80,8 +80,9 @@ def median_probe(results: list[dict]) -> dict:
         return result["matmul"]["flops_per_s"]
 
     middle = sorted(results, key=rate)[len(results) // 2]
-    merged = {**middle, **{key: statistics.median(r[key] for r in results) for key in RATES}}
-    merged["probes"] = [{"matmul_flops_per_s": rate(r), **{key: r[key] for key in RATES}}
+    figures = PROBE_FIGURES
+    merged = {**middle, **{key: statistics.median(r[key] for r in results) for key in figures}}
+    merged["probes"] = [{"matmul_flops_per_s": rate(r), **{key: r[key] for key in figures}}
                         for r in results]
     return merged
 
