@@ -13,15 +13,14 @@ paper's Triton kernel compares with FA1 (the stand-in for MosaicML's Triton kern
 
 from __future__ import annotations
 
-import math
-
+from bench.fit_gemm import rms
 from paraxis.plan.attention_rates import CHARTS, SEQ_LENS, KernelFit
 
 S_HALF_GRID = range(0, 4001)  # tokens
 PRICED_KERNELS = ("fa1", "fa2")
 
 
-def _points(gpu: str, kernel: str, causal: bool) -> list[tuple[int, int, float]]:
+def chart_points(gpu: str, kernel: str, causal: bool) -> list[tuple[int, int, float]]:
     """(head dim, seq len, FLOP/s) of the chart points of one (GPU, kernel, mask)."""
     return [(d, s, tflops * 1e12) for (g, k, d, c), row in CHARTS.items()
             if (g, k, c) == (gpu, kernel, causal) for s, tflops in zip(SEQ_LENS, row,
@@ -38,14 +37,10 @@ def errors(fit: KernelFit, points: list[tuple[int, int, float]]) -> list[float]:
     return [fit.rate(s, d) / y - 1 for d, s, y in points]
 
 
-def rms(values: list[float]) -> float:
-    return math.sqrt(sum(v * v for v in values) / len(values))
-
-
 def fit_kernel(gpu: str, kernel: str, causal: bool) -> KernelFit:
     """The least-squares fit (relative error) of one (GPU, kernel, mask), rounded as
     committed: plateaus to 0.1 TFLOP/s, s_half to a whole token."""
-    points = _points(gpu, kernel, causal)
+    points = chart_points(gpu, kernel, causal)
     best: tuple[float, KernelFit] | None = None
     for s_half in S_HALF_GRID:
         fit = KernelFit(round(_plateau(points, 64, s_half) / 1e11) * 1e11,
@@ -67,11 +62,11 @@ def main() -> int:
     fits = fit_all()
     print("kernel rates: rate(s, d) = r_max(d) * s / (s + s_half), fwd + bwd TFLOP/s")
     for (gpu, kernel, causal), fit in fits.items():
-        worst = max(map(abs, errors(fit, _points(gpu, kernel, causal))))
+        worst = max(map(abs, errors(fit, chart_points(gpu, kernel, causal))))
         print(f"{gpu} {kernel} {'causal' if causal else 'non-causal':10s}: r_max(64) "
               f"{fit.r_max_64 / 1e12:5.1f}, r_max(128) {fit.r_max_128 / 1e12:5.1f}, s_half "
               f"{fit.s_half:4d}: rms {fit.rms:.1%}, largest {worst:.1%}")
-    every = [e for key, fit in fits.items() for e in errors(fit, _points(*key))]
+    every = [e for key, fit in fits.items() for e in errors(fit, chart_points(*key))]
     print(f"{3 * len(fits)} parameters, {len(every)} points: rms {rms(every):.1%}, largest "
           f"{max(map(abs, every)):.1%}")
     # The paper's Triton kernel against FA1 on A100 at head dim 128 (the MPT models' head)

@@ -162,10 +162,10 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 
 
 def groups(rows: list[dict]) -> dict[str, dict]:
-    """Mean |error| and mean signed error of the layouts measured before issue 20's CPU fix
+    """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on
     and of those first measured after it (`AFTER_FIX`), apart."""
     out = {}
-    for name, after in (("before the fix", False), ("first measured after it", True)):
+    for name, after in (("the fix was found on", False), ("first measured after it", True)):
         errors = [r["error"] for r in rows if r.get("after_fix", False) == after]
         if errors:
             out[name] = {"layouts": len(errors),

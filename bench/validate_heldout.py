@@ -263,19 +263,20 @@ def _causal_tokens(run: HeldOutRun) -> float:
         cfg, run.seq_len, causal=False) / model_flops_per_token(cfg, run.seq_len)
 
 
+def error_stats(errors: list[float]) -> str:
+    """Mean |error|, largest and mean signed error of a list of relative errors."""
+    return (f"mean |error| {sum(map(abs, errors)) / len(errors):.1%}, largest "
+            f"{max(map(abs, errors)):.1%}, mean signed {sum(errors) / len(errors):+.1%}")
+
+
 def kernel_lines(priced: list[HeldOutResult]) -> list[str]:
     """What pricing each source's attention kernel at its measured rate changed (finding 2):
     the held-out errors with every core at the GEMM rate instead (`attention_impl` "", how
     every row was priced before the kernel fits) -> as priced, by kernel and sequence."""
-    def stats(pairs: list[tuple[float, float]], which: int) -> str:
-        errors = [pair[which] for pair in pairs]
-        return (f"{sum(map(abs, errors)) / len(errors):.1%} (signed "
-                f"{sum(errors) / len(errors):+.1%}, largest {max(map(abs, errors)):.1%})")
-
     pairs = {id(r): (price(dataclasses.replace(r.run, attention_impl="")).error or 0.0,
                      r.error or 0.0) for r in priced}
-    lines = ["Kernel rates: mean |error| of the held-out rows with the attention core at the GEMM",
-             "rate -> at the measured rate of the kernel each source ran (`attention_impl`):", ""]
+    lines = ["Kernel rates: the held-out rows' errors with the attention core at the GEMM rate",
+             "-> at the measured rate of the kernel each source ran (`attention_impl`):", ""]
     groups = [("every row", priced)] + [
         (f"`{impl or 'unknown'}` {label}", [r for r in priced if r.run.attention_impl == impl
                                             and (r.run.seq_len > 8192) == long])
@@ -284,8 +285,9 @@ def kernel_lines(priced: list[HeldOutResult]) -> list[str]:
     for label, rows in groups:
         if rows:
             chosen = [pairs[id(r)] for r in rows]
-            lines.append(f"- {label} ({len(rows)} rows): {stats(chosen, 0)} -> "
-                         f"{stats(chosen, 1)}")
+            lines.append(f"- {label} ({len(rows)} rows): "
+                         f"{error_stats([pair[0] for pair in chosen])} -> "
+                         f"{error_stats([pair[1] for pair in chosen])}")
     worse = [r for r in priced if abs(pairs[id(r)][1]) > abs(pairs[id(r)][0]) + 1e-9]
     triton = sum(r.run.attention_impl == "triton" for r in worse)
     return lines + [f"- worse with the kernel rates: {len(worse)} of {len(priced)} rows, "

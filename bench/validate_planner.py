@@ -27,7 +27,13 @@ from bench.heldout_runs import (
     TORCHTITAN_A100,
     TORCHTITAN_H100,
 )
-from bench.validate_heldout import kernel_lines, llama3_lines, moe_findings, render_held_out
+from bench.validate_heldout import (
+    error_stats,
+    kernel_lines,
+    llama3_lines,
+    moe_findings,
+    render_held_out,
+)
 from paraxis.model_config import ModelConfig
 from paraxis.plan.compute import iteration_flops
 from paraxis.plan.cost import Overlap
@@ -239,11 +245,6 @@ def render() -> tuple[str, float]:
     return "\n".join(lines), worst
 
 
-def _stats(errors: list[float]) -> str:
-    return (f"mean |error| {sum(map(abs, errors)) / len(errors):.1%}, largest "
-            f"{max(map(abs, errors)):.1%}, mean signed {sum(errors) / len(errors):+.1%}")
-
-
 def held_out_section(fitted_errors: list[float]) -> list[str]:
     """The held-out runs (bench/heldout_runs.py), their errors apart from the fitted ones,
     and where issue 20's acceptance stands."""
@@ -282,9 +283,9 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         f"Held-out rows: {len(HELD_OUT)} listed from {len({s.split(' ')[0] for s in sources})} "
         f"independent sources (with the fitted rows' two papers, "
         f"{len({s.split(' ')[0] for s in sources}) + 2}), {len(errors)} priced: "
-        f"{_stats(errors)} (targets: mean |error| <= 10%, largest <= 20%).",
-        f"By sequence length: up to 8K tokens ({len(short)} rows) {_stats(short)}; longer "
-        f"({len(long)} rows) {_stats(long)}.",
+        f"{error_stats(errors)} (targets: mean |error| <= 10%, largest <= 20%).",
+        f"By sequence length: up to 8K tokens ({len(short)} rows) {error_stats(short)}; longer "
+        f"({len(long)} rows) {error_stats(long)}.",
         f"Memory: {len(memory_faults)} verdicts against the sources: a run that ran must fit, "
         "one the source reports out of memory must not.",
         "",

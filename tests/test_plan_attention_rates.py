@@ -4,13 +4,12 @@ held-out runs of docs/validation.md."""
 
 import pytest
 
-from bench.fit_attention import errors, fit_all, rms
+from bench.fit_attention import chart_points, errors, fit_all, rms
 from paraxis.attention_kernel import FLASH
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.plan.attention_rates import (
-    CHARTS,
     FITTED,
     IMPLEMENTATIONS,
     SEQ_LENS,
@@ -24,12 +23,6 @@ from paraxis.plan.rates import attention_kernel_rate
 LLAMA = PRESETS["llama2-7b"]  # head dim 128
 
 
-def _chart_points(gpu: str, kernel: str, causal: bool) -> list[tuple[int, int, float]]:
-    return [(d, s, tflops * 1e12) for (g, k, d, c), row in CHARTS.items()
-            if (g, k, c) == (gpu, kernel, causal) for s, tflops in zip(SEQ_LENS, row,
-                                                                     strict=True)]
-
-
 def test_the_committed_fit_is_what_the_fit_script_finds() -> None:
     # python -m bench.fit_attention: least squares on the chart points, nothing else
     assert fit_all() == FITTED
@@ -39,7 +32,7 @@ def test_the_committed_fit_is_what_the_fit_script_finds() -> None:
 @pytest.mark.parametrize("key", list(FITTED), ids=lambda k: "-".join(map(str, k)))
 def test_the_fit_reproduces_the_chart_points_within_its_rms(key) -> None:
     fit = FITTED[key]
-    points = _chart_points(*key)
+    points = chart_points(*key)
     assert len(points) == 12
     assert rms(errors(fit, points)) == pytest.approx(fit.rms, abs=5e-5)
     assert fit.rms < 0.06  # every kernel's shape is captured by three numbers

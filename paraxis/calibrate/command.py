@@ -56,9 +56,10 @@ def _dtype(device: torch.device) -> torch.dtype:
 
 
 # Times the compute probe runs; each figure is the median over them. One probe takes about
-# 2 s on a CPU, and a shared machine has slow spells that long (on a 2-core VM, one
-# calibration's single probe read GEMMs at 67 GFLOP/s, four probes minutes later at 90-96);
-# the median of three is what the machine does most of the time, what a training step meets.
+# 2 s on a CPU, and a shared machine has slow spells that long (four runs of `python -m
+# bench --only predicted` within an hour on one 2-core VM calibrated GEMMs at 80 and 67
+# GFLOP/s from one probe, then 95 and 84 from three, docs/planner.md); the median of three
+# is what the machine does most of the time, what a training step meets.
 COMPUTE_PROBES = 3
 PROBE_FIGURES = ("attention_flops_per_s", "elementwise_Bps", "layer_overhead_s")
 
