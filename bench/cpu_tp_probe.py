@@ -1,0 +1,81 @@
+"""Where a TP rank's step goes on CPU ranks, next to a DP rank doing the same FLOPs.
+
+    python -m bench.cpu_tp_probe [LAYOUT ...]     (default: dp=2 and dp=1,tp=2)
+
+The predicted-vs-measured table (docs/benchmarks.md) under-forecasts the TP layouts the most.
+For each layout this trains bench.predicted_vs_measured's model on real gloo ranks, times
+steps, and reports per rank: the step's wall time, the CPU time of the process and of its
+main thread (the rest is gloo's helper threads), and from torch.profiler the time inside
+`aten::mm` with the GEMM rate it implies (FLOPs from the profiled input shapes). dp=2 and
+tp=2 each compute half of the global batch's FLOPs per rank, so their `aten::mm` times
+should match if a GEMM ran at one rate whatever the layout.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from paraxis.layout import Layout
+from paraxis.testing import run_distributed
+
+GLOBAL_BATCH, SEQ_LEN, STEPS = 16, 128, 5
+
+
+def probe_body(text: str) -> dict:
+    """On every rank: time steps, then profile one."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.common import engine_step
+    from bench.predicted_vs_measured import MODEL as cfg
+    from paraxis.runtime.distributed import build_groups
+    from paraxis.runtime.parallelize import build_engine
+
+    layout = Layout.parse(text)
+    layout = layout.validate(layout.world_size, cfg, GLOBAL_BATCH, SEQ_LEN)
+    groups = build_groups(layout)
+    engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=SEQ_LEN)
+    tokens = torch.randint(0, cfg.vocab_size, (GLOBAL_BATCH, SEQ_LEN + 1),
+                           generator=torch.Generator().manual_seed(0))
+    per_dp = GLOBAL_BATCH // layout.dp
+    rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
+    step = engine_step(engine, tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous(),
+                       clip=1.0)
+    for _ in range(2):
+        step()
+    timings = []
+    for _ in range(STEPS):
+        wall, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
+        step()
+        timings.append((time.perf_counter() - wall, time.process_time() - process,
+                        time.thread_time() - thread))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    mm_s = flops = 0.0
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key == "aten::mm":
+            (m, k), (_, n) = event.input_shapes[0], event.input_shapes[1]
+            mm_s += event.self_cpu_time_total / 1e6
+            flops += 2.0 * m * k * n * event.count
+    wall, process, thread = (statistics.median(t[i] for t in timings) for i in range(3))
+    return {"wall_s": wall, "process_cpu_s": process, "main_thread_cpu_s": thread,
+            "mm_s": mm_s, "mm_flops_per_s": flops / mm_s}
+
+
+def main(argv: list[str]) -> int:
+    for text in argv or ["dp=2", "dp=1,tp=2"]:
+        layout = Layout.parse(text)
+        for rank, r in enumerate(run_distributed(probe_body, layout.world_size, (text,),
+                                                 timeout_s=600)):
+            print(f"{text:12s} rank {rank}: step {r['wall_s']:.3f} s, CPU {r['process_cpu_s']:.3f}"
+                  f" s (main thread {r['main_thread_cpu_s']:.3f}, other threads "
+                  f"{r['process_cpu_s'] - r['main_thread_cpu_s']:.3f}), aten::mm "
+                  f"{r['mm_s']:.3f} s at {r['mm_flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
