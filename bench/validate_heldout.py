@@ -292,3 +292,26 @@ def kernel_lines(priced: list[HeldOutResult]) -> list[str]:
     triton = sum(r.run.attention_impl == "triton" for r in worse)
     return lines + [f"- worse with the kernel rates: {len(worse)} of {len(priced)} rows, "
                     f"{triton} of them `triton`.", ""]
+
+
+# How every H100 row was priced before the GEMM curve was carried over from the A100 (finding 5).
+FLAT_H100 = (("matmul_efficiency", 0.5), ("gemm_half_width", 0.0))
+
+
+def gemm_lines(priced: list[HeldOutResult]) -> list[str]:
+    """What carrying the A100's GEMM curve over to H100 changed (finding 5): the errors of
+    the rows that ran on an H100 with the former flat 0.5 of peak -> as priced, by source."""
+    h100 = [r for r in priced if CLUSTERS[r.run.gpu][0].startswith("h100")]
+    before = {id(r): price(dataclasses.replace(r.run, network=(*r.run.network, *FLAT_H100)))
+              .error or 0.0 for r in h100}
+    lines = ["H100 GEMMs: the errors of the rows that ran on an H100 with the former flat 0.5",
+             "of peak -> with the A100's curve carried over (`carried_from_a100`):", ""]
+    for label in ["every H100 row", *sorted({short_source(r.run) for r in h100})]:
+        rows = [r for r in h100 if label == "every H100 row" or short_source(r.run) == label]
+        lines.append(f"- {label} ({len(rows)} rows): "
+                     f"{error_stats([before[id(r)] for r in rows])} -> "
+                     f"{error_stats([r.error or 0.0 for r in rows])}")
+    every = [r.error or 0.0 for r in priced]
+    every_before = [before.get(id(r), r.error or 0.0) for r in priced]
+    return lines + [f"- every held-out row ({len(priced)}): {error_stats(every_before)} -> "
+                    f"{error_stats(every)}", ""]

@@ -15,6 +15,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.heldout_findings import HELD_OUT_FINDINGS
 from bench.heldout_llm_foundry import LLM_FOUNDRY
 from bench.heldout_runs import (
     AUTOMODEL,
@@ -29,6 +30,7 @@ from bench.heldout_runs import (
 )
 from bench.validate_heldout import (
     error_stats,
+    gemm_lines,
     kernel_lines,
     llama3_lines,
     moe_findings,
@@ -292,6 +294,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *HELD_OUT_FINDINGS,
         "",
         *kernel_lines(priced),
+        *gemm_lines(priced),
         *llama3_lines(),
         "",
         *table,
@@ -325,63 +328,6 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *moe_findings(priced),
     ]
 
-
-
-# What the held-out rows say, in words (the figures above are recomputed on every run).
-HELD_OUT_FINDINGS = [
-    "Findings. (1) torchtitan's checkpointing priced as it ran fixes both memory verdicts of",
-    "the former mapping to paraxis's `selective` (Llama 2 70B selective op 114.9 -> 67.2 GB,",
-    "Llama 3.1 8B FSDP x8 100.8 -> 63.6 GB; the footnote's OOM stays out of memory) and",
-    "brings its A100 rows within 12%. (2) With the attention core priced at the GEMM rate",
-    "the error was systematic in the sequence length: close up to 8K, beyond it all too fast",
-    "(mean |error| 62.6%). The core is now priced at the measured rate of the kernel each",
-    "source ran (`attention_impl`, cited per source in bench/heldout_runs.py), fitted on",
-    "kernel benchmarks that no training run enters: the fwd + bwd charts of the",
-    "FlashAttention-2 paper (Dao 2023, arXiv:2307.08691, Fig. 4 A100, Fig. 7 H100;",
-    "paraxis/plan/attention_rates.py, `python -m bench.fit_attention`: rate(s, d) =",
-    "r_max(d) s / (s + s_half), 24 parameters, rms 2.5% over 96 points). torchtitan runs",
-    "PyTorch SDPA (FlashAttention-2). llm-foundry's 8-64 GPU tables ran `attn_impl: triton`",
-    "(the default of its submit_benchmarks.py), Dao's Triton kernel of flash-attn 1.0.x,",
-    "never measured alone: it is priced at FA1's rate, which its docstring calls slightly",
-    "faster, and which the paper's own Triton kernel matches on A100 at d = 128 (0.91-1.18 x",
-    "FA1); H100 has no Triton chart, so FA1 stands in there too. The >= 128 GPU table ran",
-    "FlashAttention-2 for 1b, 3b, 7b and 70b (sweep.py at 5e85bd62d) and triton for 13b",
-    "and 30b; FlashAttention's training table ran FA1 (its 189 TFLOP/s a GPU is FA1's",
-    "figure in the FA2 paper's Table 1). Llama 3, NeMo AutoModel and BLOOM (the math",
-    "kernel) name no flash kernel: their cores stay at the GEMM rate. The lines below give",
-    "before and after: beyond 8K the mean |error| falls to 14.6%, but those rows are now too",
-    "slow, as are most triton rows (worst the H100 ones at 16-64K, -25% to -27%): FA1 is",
-    "a pessimistic stand-in for that kernel, most on H100. Nothing here was tuned on a row.",
-    "(3) Memory: 26",
-    "MPT runs that ran were predicted not to fit, all within 9% of the GPU: the planner",
-    "charged a GPT block's dropout masks to runtimes without dropout (now only Megatron's",
-    "fused runtime keeps them) and took an \"80GB\" GPU for 80e9 bytes where the driver",
-    "reports 81920 MiB (A100) or 81559 MiB (H100); with both facts no verdict is against",
-    "its source, and the table's OOM still does not fit.",
-    "(4) Context parallelism: Llama 3 405B (Table 4) is the one published run with CP > 1",
-    "that the planner can price (torchtitan's CP rows use Float8 linears, NVIDIA's published",
-    "CP rows are FP8, and neither has a bf16 twin). Its rows are priced as Sec. 3.3.2",
-    "describes them; what the paper leaves open is listed in bench/heldout_runs.py",
-    "(`LLAMA3`). The 128K row, all-gather CP over 16 ranks, comes within 10% (its published",
-    "tokens depend on the FLOP count: lines below); the two 8K rows, without CP, are 33-44%",
-    "too slow, so what misses there is not CP. The paper's FSDP",
-    "shards the gradients (ZeRO-2), a reduce-scatter of every microbatch's fp32 gradients",
-    "(3.2B parameters per GPU) over the network, one call per layer as FSDP makes them",
-    "(`gradient_bucket_bytes` = 0). Priced first with the 25 MB buckets of DDP and of",
-    "paraxis's runtime, each call paying its ring latency, the three rows came out 36-67%",
-    "too slow, and the six MPT SHARD_GRAD_OP rows (FSDP too) -47% to +7%, worst at 512",
-    "GPUs; per layer, those are now +3% to +13% (+8% to +19% with the core at the GEMM rate).",
-    "The 8K rows'",
-    "32 and 16 microbatches in flight fit only with a shallow interleave (the depth picked,",
-    "`(v=...)` in the pp column), where Llama 3 bounds them with its flexible-N schedule and",
-    "frees each stage's inputs and outputs early (Sec. 3.3.2), neither modelled. With one",
-    "reduce-scatter a step instead (gradients accumulated unsharded in fp32: ZeRO-1) the",
-    "planner cannot fit the rows (lines below). Not modelled either: the document mask, NCCLX,",
-    "and GEMM efficiency on H100 (0.5 of peak, unfitted: compute alone takes over 80% of the",
-    "published 8K steps). Table 4 counts FLOPs as PaLM does (the MFU it cites), so its",
-    "TFLOPs are converted to tokens with the full attention square; the planner's own MFU",
-    "counts the causal half (Megatron-LM since 2025, docs/planner.md).",
-]
 
 
 def main() -> int:

@@ -103,18 +103,46 @@ class GPU:
 # Memory as the driver reports it (nvidia-smi's total): an "80GB" A100 has 81920 MiB, an
 # "80GB HBM3" H100 81559 MiB, a "40GB" A100 40960 MiB, binary units, 5-7% above 80e9/40e9.
 MIB = 2**20
+
+# A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
+# (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best).
+A100_MATMUL_EFFICIENCY, A100_GEMM_HALF_WIDTH = 0.70, 192.0
+A100_PEAK, A100_HBM = 312e12, 2.039e12
+
+# No training run on H100 is fitted: its GEMM curve is the A100's carried over by two
+# measured or physical ratios, never by a run's error (docs/validation.md, "H100"):
+# - the best achieved bf16 matmul of each chip, torch.matmul over a brute-force search of
+#   shapes (Bekman, ml-engineering, compute/accelerator/README.md at b9e2972, "Maximum
+#   Achievable Matmul FLOPS comparison table"): A100 SXM 271.2 of 312 TFLOP/s (86.9%),
+#   H100 SXM 794.5 of 989 (80.3%, "H200 is the same"): the ceiling falls by 0.803 / 0.869;
+# - the half width scales with the machine balance (peak FLOP/s per byte/s of HBM): a GEMM
+#   whose narrower side is w does about w FLOPs per byte it moves, so it runs at
+#   w / (w + balance) of the roofline, and a chip with twice the balance needs twice the w.
+MAMF_SHARE = {"a100": 271.2 / 312, "h100": 794.5 / 989}
+
+
+def carried_from_a100(peak_flops: float, hbm_Bps: float, mamf_share: float) -> dict:
+    """matmul_efficiency and gemm_half_width of a GPU without fitted runs: the A100 fit
+    scaled by the ratio of measured matmul ceilings and of machine balances."""
+    balance = (peak_flops / hbm_Bps) / (A100_PEAK / A100_HBM)
+    return {"matmul_efficiency": A100_MATMUL_EFFICIENCY * mamf_share / MAMF_SHARE["a100"],
+            "gemm_half_width": A100_GEMM_HALF_WIDTH * balance}
+
+
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
-    # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best)
-    GPU("a100-40gb", 312e12, 40960 * MIB, 300e9, 1.555e12, matmul_efficiency=0.70,
-        gemm_half_width=192, attention_impl="fa2"),
-    GPU("a100-80gb", 312e12, 81920 * MIB, 300e9, 2.039e12, matmul_efficiency=0.70,
-        gemm_half_width=192, attention_impl="fa2"),
-    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, matmul_efficiency=0.5,
+    GPU("a100-40gb", A100_PEAK, 40960 * MIB, 300e9, 1.555e12,
+        matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2"),
-    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, matmul_efficiency=0.5,
+    GPU("a100-80gb", A100_PEAK, 81920 * MIB, 300e9, A100_HBM,
+        matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2"),
-    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, matmul_efficiency=0.5, attention_impl="fa2"),
+    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, attention_impl="fa2",
+        **carried_from_a100(989e12, 3.35e12, MAMF_SHARE["h100"])),
+    # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
+    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, attention_impl="fa2",
+        **carried_from_a100(756e12, 2.0e12, MAMF_SHARE["h100"])),
+    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, attention_impl="fa2",
+        **carried_from_a100(989e12, 4.8e12, MAMF_SHARE["h100"])),
     GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
     GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}

@@ -48,7 +48,9 @@ GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.vali
 # on runs it never saw. With each source's attention kernel at its measured rate
 # (plan/attention_rates.py) the rms fell from 33.1% (largest 119.3%, beyond 8K tokens); the
 # largest errors left are runs whose sources do not state their kernel (Llama 3, NeMo AutoModel).
-HELD_OUT_GPU_BAND = ErrorBand(0.129, 0.441, 231, "held-out rows of docs/validation.md")
+# H100 GEMMs carried over from the A100 fit by measured matmul ceilings (plan/hardware.py):
+# rms 12.9% -> 11.8%.
+HELD_OUT_GPU_BAND = ErrorBand(0.118, 0.412, 231, "held-out rows of docs/validation.md")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted").
 CPU_BAND = ErrorBand(0.179, 0.367, 20, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
 
