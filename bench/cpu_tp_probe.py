@@ -1,6 +1,7 @@
 """Where a TP rank's step goes on CPU ranks, next to a DP rank doing the same FLOPs.
 
-    python -m bench.cpu_tp_probe [LAYOUT ...]     (default: dp=2 and dp=1,tp=2)
+    python -m bench.cpu_tp_probe [--skip-all-reduce] [LAYOUT ...]
+                                                  (default: dp=2 and dp=1,tp=2)
 
 The predicted-vs-measured table (docs/benchmarks.md) under-forecasts the TP layouts the most.
 For each layout this trains bench.predicted_vs_measured's model on real gloo ranks, times
@@ -9,6 +10,10 @@ main thread (the rest is gloo's helper threads), and from torch.profiler the tim
 `aten::mm` with the GEMM rate it implies (FLOPs from the profiled input shapes). dp=2 and
 tp=2 each compute half of the global batch's FLOPs per rank, so their `aten::mm` times
 should match if a GEMM ran at one rate whatever the layout.
+
+--skip-all-reduce makes every all-reduce a no-op on the ranks (the numbers trained are then
+wrong; only the times mean something): what a TP rank's step costs without its collectives,
+against the same step with them.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ from paraxis.testing import run_distributed
 GLOBAL_BATCH, SEQ_LEN, STEPS = 16, 128, 5
 
 
-def probe_body(text: str) -> dict:
+def probe_body(text: str, skip_all_reduce: bool = False) -> dict:
     """On every rank: time steps, then profile one."""
     import time
 
     import torch
+    import torch.distributed as dist
+
+    if skip_all_reduce:
+        dist.all_reduce = lambda *args, **kwargs: None  # timing only: the sums are wrong
     from torch.profiler import ProfilerActivity, profile
 
     from bench.common import engine_step
@@ -66,11 +75,13 @@ def probe_body(text: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    for text in argv or ["dp=2", "dp=1,tp=2"]:
+    skip = "--skip-all-reduce" in argv
+    for text in [a for a in argv if not a.startswith("--")] or ["dp=2", "dp=1,tp=2"]:
         layout = Layout.parse(text)
-        for rank, r in enumerate(run_distributed(probe_body, layout.world_size, (text,),
+        label = f"{text} (no all-reduce)" if skip else text
+        for rank, r in enumerate(run_distributed(probe_body, layout.world_size, (text, skip),
                                                  timeout_s=600)):
-            print(f"{text:12s} rank {rank}: step {r['wall_s']:.3f} s, CPU {r['process_cpu_s']:.3f}"
+            print(f"{label:12s} rank {rank}: step {r['wall_s']:.3f} s, CPU {r['process_cpu_s']:.3f}"
                   f" s (main thread {r['main_thread_cpu_s']:.3f}, other threads "
                   f"{r['process_cpu_s'] - r['main_thread_cpu_s']:.3f}), aten::mm "
                   f"{r['mm_s']:.3f} s at {r['mm_flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
