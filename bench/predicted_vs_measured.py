@@ -56,6 +56,18 @@ AFTER_FIX = [
     "dp=4,zero=3",
     "pp=8,microbatches=8,schedule=1f1b",
 ]
+# Eight more, listed before the CPU model charged synchronising calls their wait between
+# compute (`Cluster.sync_wait_s`, measured by `paraxis calibrate`): reported apart again.
+AFTER_SYNC = [
+    "dp=4",
+    "dp=2,tp=2,zero=1",
+    "tp=4,sp=true",
+    "pp=2,microbatches=2,schedule=1f1b",
+    "dp=2,pp=4,microbatches=4,schedule=1f1b",
+    "tp=2,pp=4,microbatches=8,schedule=1f1b",
+    "dp=8,zero=3",
+    "pp=4,microbatches=4,schedule=gpipe",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
@@ -134,7 +146,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     s = setting(quick)
     cfg = s["model"]
     rows = []
-    for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS + AFTER_FIX):
+    for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS + AFTER_FIX + AFTER_SYNC):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
         measured, used, available = measure_around(cfg, layout, s)
@@ -144,7 +156,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
-                     "after_fix": text in AFTER_FIX,
+                     "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
                      "available_cores": available,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
@@ -162,16 +174,26 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 
 
 def groups(rows: list[dict]) -> dict[str, dict]:
-    """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on
-    and of those first measured after it (`AFTER_FIX`), apart."""
+    """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on,
+    of those first measured after it (`AFTER_FIX`) and of those first measured after the
+    sync wait (`AFTER_SYNC`), apart."""
     out = {}
-    for name, after in (("the fix was found on", False), ("first measured after it", True)):
-        errors = [r["error"] for r in rows if r.get("after_fix", False) == after]
+    for name, group in (("the fix was found on", ""), ("first measured after it", "after_fix"),
+                        ("first measured after the sync wait", "after_sync")):
+        errors = [r["error"] for r in rows if _group(r) == group]
         if errors:
             out[name] = {"layouts": len(errors),
                          "mean_abs_error": statistics.mean(abs(e) for e in errors),
                          "mean_signed_error": statistics.mean(errors)}
     return out
+
+
+TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)"}
+
+
+def _group(row: dict) -> str:
+    return "after_sync" if row.get("after_sync") else "after_fix" if row.get("after_fix") \
+        else ""
 
 
 def render(data: dict) -> str:
@@ -191,7 +213,9 @@ def render(data: dict) -> str:
         "all ranks spent per step over the step time, i.e. the cores the run really had "
         "(compute and gloo's threads); where it differs from the probed cores, the machine's "
         "load changed during the run. (after): one of the eight layouts first measured "
-        "after issue 20's fix to the CPU model (`AFTER_FIX`).",
+        "after issue 20's fix to the CPU model (`AFTER_FIX`); (after sync): one of the eight "
+        "first measured after the model charged each synchronising call its wait between "
+        "compute (`AFTER_SYNC`).",
         "",
         "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
         "dp | bubble | optimizer |",
@@ -200,7 +224,7 @@ def render(data: dict) -> str:
     for r in data["rows"]:
         parts = r["predicted_parts_s"]
         lines.append(
-            f"| `{r['layout']}`{' (after)' if r.get('after_fix') else ''} | {r['ranks']} | "
+            f"| `{r['layout']}`{TAGS[_group(r)]} | {r['ranks']} | "
             f"{r['cores']:.2f} | {r['cores_used']:.2f} | "
             f"{r['measured_step_s']:.3f} s | "
             f"{r['predicted_step_s']:.3f} s | {r['error']:+.0%} | "

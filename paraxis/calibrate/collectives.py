@@ -73,6 +73,19 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
     return statistics.median(slowest.tolist())
 
 
+def neighbour_group(n: int) -> dist.ProcessGroup | None:
+    """This rank's group when the world is split into groups of `n` neighbouring ranks (None:
+    the world). new_group is collective: every rank creates every group, in order."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    group = None
+    if n < world:
+        for first in range(0, world, n):
+            created = dist.new_group(list(range(first, first + n)))
+            if first <= rank < first + n:
+                group = created
+    return group
+
+
 def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: list[int],
                      device: torch.device, dtype: torch.dtype, repeats: int = 5,
                      batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
@@ -83,16 +96,10 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
     CPU the ranks share its cores, so a group's time depends on the whole world. Message
     sizes are rounded down to equal shards.
     """
-    world, rank = dist.get_world_size(), dist.get_rank()
     itemsize = torch.empty((), dtype=dtype).element_size()
     times: dict[str, dict[str, list[list[float]]]] = {op: {} for op in ops}
     for n in group_sizes:
-        group = None
-        if n < world:  # new_group is collective: every rank creates every group, in order
-            for first in range(0, world, n):
-                created = dist.new_group(list(range(first, first + n)))
-                if first <= rank < first + n:
-                    group = created
+        group = neighbour_group(n)
         for op in ops:
             points = []
             for size in sizes_bytes:
@@ -102,3 +109,51 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
                                _seconds_per_call(call, device, repeats, batch_s)])
             times[op][str(n)] = points
     return times
+
+
+def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
+               device: torch.device) -> dict[str, float]:
+    """{group size: `sync_wait` over groups of that size, all groups at once}; call on
+    every rank."""
+    return {str(n): sync_wait(segment_s, flops_per_s, device, neighbour_group(n))
+            for n in group_sizes}
+
+
+def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
+              group: dist.ProcessGroup | None = None, cycles: int = 8, rounds: int = 5
+              ) -> float:
+    """Seconds a synchronising call over `group` costs between compute on these ranks beyond
+    its idle time; call on every rank (CPU ranks: Cluster.sync_wait_s).
+
+    Every rank runs cycles of a GEMM segment (`segment_s` of one rank alone at
+    `flops_per_s`, the same work on every rank) followed by a one-element all-reduce, and the
+    same segments without it, in alternating rounds. The wait is (a cycle with the call) -
+    (a cycle without it, the ranks' mean) - (the call back to back on idle ranks, what the
+    collective fits price): ranks that share noisy cores drift apart over a segment and the
+    call waits for the last one, and the compute after a wait runs slower. The median over
+    `rounds`, the ranks' mean.
+    """
+    a = torch.randn(256, 256, device=device)
+    flag = torch.zeros(1, device=device)
+    gemms = max(1, round(segment_s * flops_per_s / (2 * 256**3)))
+
+    def cycle_s(with_call: bool) -> float:
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(cycles):
+            for _ in range(gemms):
+                a @ a
+            if with_call:
+                dist.all_reduce(flag, group=group)
+        return (time.perf_counter() - started) / cycles
+
+    idle = _seconds_per_call(lambda: dist.all_reduce(flag, group=group), device, rounds, 0.02)
+    size = dist.get_world_size(group)
+    waits = []
+    for _ in range(rounds):
+        alone = torch.tensor([cycle_s(False)], dtype=torch.float64)
+        dist.all_reduce(alone, group=group)  # the group's mean below
+        waits.append(cycle_s(True) - alone.item() / size - idle)
+    mean = torch.tensor([statistics.median(waits)], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return max(0.0, mean.item() / dist.get_world_size())

@@ -118,17 +118,31 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
             "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
 
 
-def collective_body(sizes_bytes: list[int], repeats: int, device_type: str) -> dict:
+def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
+                    segment_s: float = 0.0, flops_per_s: float = 0.0) -> dict:
     """Runs on every rank: every collective at every size, over groups of every size that
-    divides the world (all groups at once)."""
+    divides the world (all groups at once); on CPU ranks (`segment_s` > 0) also what a
+    synchronising call costs between compute segments of `segment_s` (`sync_wait`)."""
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import collective_times
+    from paraxis.calibrate.collectives import collective_times, sync_waits
 
     device = _rank_device(device_type)
     world = dist.get_world_size()
     groups = [n for n in range(2, world + 1) if world % n == 0]
-    return collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats)
+    times = collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats)
+    waits = sync_waits(segment_s, flops_per_s, groups, device) if segment_s > 0 else {}
+    return {"times": times, "sync_wait_s": waits}
+
+
+def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
+    """The compute between two synchronising calls that `sync_wait` times: half a layer's
+    forward GEMMs at `tokens` (a TP layer makes two calls a pass), at the measured rate."""
+    from paraxis.model_config import load_model_config
+    from paraxis.plan.compute import layer_forward_flops_per_token
+
+    weights = layer_forward_flops_per_token(load_model_config(model), 1, 0)[0]
+    return weights * tokens / 2 / flops_per_s
 
 
 def busy_body(seconds: float) -> float:
@@ -210,12 +224,21 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
         f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
-    timings = {}
+    timings, waits = {}, {}
+    rate = compute["matmul"]["flops_per_s"]
+    segment = sync_segment_s(model, tokens, rate) if device_type == "cpu" else 0.0
     for n in sorted(set(nproc)):
         if n < 2:
             continue
-        timings[n] = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type),
-                                     timeout_s=300, device=device_type)[0]
+        measured = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type,
+                                                        segment, rate),
+                                   timeout_s=300, device=device_type)[0]
+        timings[n] = measured["times"]
+        if segment:
+            waits[n] = measured["sync_wait_s"]
+            for size, wait in waits[n].items():
+                log(f"sync: groups of {size} in {n} ranks, a call between {segment * 1e3:.0f} "
+                    f"ms of compute waits {wait * 1e3:.2f} ms beyond its idle time")
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
         device_info["available_cores"] = available_cores(device_info["cores"], busy_s,
@@ -227,7 +250,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         device_info["baseline_bytes"] = float(process_baseline_bytes())
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
-    profile = build_profile(device_info, compute, timings)
+    profile = build_profile(device_info, compute, timings, waits)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
             for n, fit in by_group.items():

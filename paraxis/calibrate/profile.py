@@ -31,13 +31,15 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
     return fits
 
 
-def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
+def build_profile(device: dict, compute: dict, timings: Timings,
+                  sync_waits: dict[int, dict[str, float]] | None = None) -> dict:
     """The profile document.
 
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
     this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
     together when measured)}; compute: {"matmul": {"flops_per_s", ...},
-    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels.
+    "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels;
+    sync_waits: {ranks on node: {group size: seconds}}, calibrate.collectives.sync_waits.
     """
     fits = fit_collectives(timings)
     table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
@@ -72,6 +74,8 @@ def build_profile(device: dict, compute: dict, timings: Timings) -> dict:
                                   "cores_per_node": device.get("cores", 0),
                                   "available_cores": device.get("available_cores", 0.0),
                                   "collectives": table}
+    if sync_waits:
+        cluster["sync_wait_s"] = {str(n): waits for n, waits in sorted(sync_waits.items())}
     if link is not None:
         cluster["intra_node_latency_s"] = link.alpha_s
     return {"schema": SCHEMA, "gpu": gpu, "cluster": cluster,

@@ -127,6 +127,15 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
     return tuple(fits)
 
 
+def sync_wait(cluster: Cluster, group_size: int) -> float:
+    """Seconds a synchronising call over `group_size` ranks waits in a step on CPU ranks
+    beyond its idle time, as calibrated nearest to both counts (0 where not measured)."""
+    if not cluster.sync_wait_s or group_size < 2:
+        return 0.0
+    by_group = cluster.sync_wait_s[_nearest(list(cluster.sync_wait_s), cluster.gpus_per_node)]
+    return float(by_group[_nearest(list(by_group), group_size)]) if by_group else 0.0
+
+
 def group_link(ranks: list[int], cluster: Cluster) -> Link:
     """Bandwidth and latency a collective over `ranks` sees."""
     nodes = {cluster.node_of(rank) for rank in ranks}
@@ -134,7 +143,7 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
     if len(nodes) == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
-                    call_latency_s=cluster.collective_latency_s,
+                    call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
                     datasheet_Bps=gpu.nvlink_bandwidth_Bps)
     # Rails: the k members of a node drive min(k, NICs) NICs; NCCL runs one ring per NIC,
     # so a flat ring moves min(k, NICs) NICs' worth per node, never more than NVLink, and

@@ -28,7 +28,8 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "collective_latency_s": 1e-5,       # per collective call
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
-      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}}
+      "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}},
+      "sync_wait_s": {"8": {"2": 2e-3}}   # CPU: a call's wait in a step [ranks on node][group]
     }
 
 Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
@@ -172,6 +173,12 @@ class Cluster:
     available_cores: float = 0.0
     # Measured collective fits, [op][ranks on node][group size] -> {alpha_s, bandwidth_Bps}.
     collectives: dict = field(default_factory=dict, compare=False)
+    # CPU ranks: seconds every synchronising call costs in a step beyond its time on idle
+    # ranks (`paraxis calibrate`, calibrate/collectives.sync_wait), [ranks on node][group
+    # size] -> s:
+    # ranks sharing noisy cores drift apart between calls and each call waits for the last,
+    # and the compute around it runs slower. Added to collective_latency_s inside a node.
+    sync_wait_s: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
