@@ -60,4 +60,13 @@ def render(profile: dict) -> str:
             for n, fit in by_group.items():
                 lines.append(f"| {op} | {world} | {n} | {fit['alpha_s'] * 1e6:,.0f} | "
                              f"{fit['bandwidth_Bps'] / 1e9:.2f} | {fit['max_rel_error']:.0%} |")
+    waits = cluster.get("sync_wait_s")
+    if waits:
+        lines += ["", "What a synchronising call costs in a step beyond those fits "
+                  "(`sync_wait_s`, calibrate/collectives.sync_wait): the median wait of a "
+                  "one-element all-reduce after half a layer's forward GEMMs, every group at "
+                  "once, less the same call on idle ranks.", "",
+                  "| ranks on node | group | wait per call (ms) |", "|---|---|---|"]
+        lines += [f"| {world} | {n} | {wait * 1e3:.2f} |"
+                  for world, by_group in waits.items() for n, wait in by_group.items()]
     return "\n".join(lines) + "\n"

@@ -161,3 +161,51 @@ def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
     assert not matches(path, "AMD EPYC", 2, 8, "tiny")  # another model's shapes
     assert not matches(path, "Intel Xeon", 2, 8, "small-llama")  # another CPU
     assert not matches(path, "AMD EPYC", 2, 4, "small-llama")  # rank count not timed
+
+
+def _sync_body(segments_s: list[float], flops_per_s: float) -> tuple[float, float]:
+    """On every rank: its own segment alone (seconds), and sync_wait with that segment."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from paraxis.calibrate.collectives import sync_wait
+
+    segment = segments_s[dist.get_rank()]
+    a = torch.randn(256, 256)
+    gemms = max(1, round(segment * flops_per_s / (2 * 256**3)))
+    started = time.perf_counter()
+    for _ in range(3 * gemms):
+        a @ a
+    alone = (time.perf_counter() - started) / 3
+    return alone, sync_wait(segment, flops_per_s, torch.device("cpu"))
+
+
+def test_a_call_waits_for_the_rank_that_computes_longer():
+    """Rank 1 computes ~30 ms more per cycle than rank 0: a call after the segments waits
+    for it, so the wait beyond the idle call is half the difference (the ranks' mean)."""
+    from paraxis.testing import run_distributed
+
+    (alone0, wait), (alone1, wait1) = run_distributed(_sync_body, 2, ([0.004, 0.034], 5e10))
+    assert wait == pytest.approx(wait1)  # one figure for the group
+    assert 0.5 < wait / ((alone1 - alone0) / 2) < 1.5
+
+
+def test_the_planner_charges_every_call_its_calibrated_wait():
+    timings = {2: {op: {"2": [list(p) for p in zip(SIZES, synthetic(op, 2, 1e-4, 2e9),
+                                                   strict=True)]} for op in OPS}}
+    device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2}
+    compute = {"matmul": {"flops_per_s": 1e11, "shapes": []}, "attention_flops_per_s": 4e10,
+               "elementwise_Bps": 6e9, "dtype": "float32", "shapes_from": {}}
+    waited = build_profile(device, compute, timings, {2: {"2": 3e-3}})
+    assert waited["cluster"]["sync_wait_s"] == {"2": {"2": 3e-3}}
+    plain, charged = (build_cluster(gpus=2, overrides={**p["gpu"], **p["cluster"]})
+                      for p in (build_profile(device, compute, timings), waited))
+    layout = Layout(tp=2)
+    for op in OPS:
+        extra = (collective_time(op, 1e6, 2, axis_link(layout, "tp", charged), calls=3)
+                 - collective_time(op, 1e6, 2, axis_link(layout, "tp", plain), calls=3))
+        assert extra == pytest.approx(3 * 3e-3)
+    # GPUs (no cores shared, no sync_wait_s measured) pay no such wait
+    assert axis_link(layout, "tp", build_cluster("a100-80gb", 2)).call_latency_s == 0.0
