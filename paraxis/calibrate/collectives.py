@@ -120,8 +120,7 @@ def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
 
 
 def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
-              group: dist.ProcessGroup | None = None, cycles: int = 8, rounds: int = 5
-              ) -> float:
+              group: dist.ProcessGroup | None = None, rounds: int = 5) -> float:
     """Seconds a synchronising call over `group` costs between compute on these ranks beyond
     its idle time; call on every rank (CPU ranks: Cluster.sync_wait_s).
 
@@ -136,6 +135,8 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     a = torch.randn(256, 256, device=device)
     flag = torch.zeros(1, device=device)
     gemms = max(1, round(segment_s * flops_per_s / (2 * 256**3)))
+    # at least 8 cycles, and ~50 ms a round where segments are short (a tiny model's)
+    cycles = max(8, round(0.05 / (segment_s + 0.003)))
 
     def cycle_s(with_call: bool) -> float:
         dist.barrier()
