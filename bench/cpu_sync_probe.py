@@ -7,8 +7,9 @@ barrier). The planner would price a cycle at the segment's CPU time c divided by
 of a core each rank gets (ranks / cores when they outnumber the cores) plus the barrier on
 idle ranks (as `paraxis calibrate` measures collectives). Reported per T: c, and the excess
 of the measured cycle over that price (ranks waiting for the last one to arrive, with no
-other rank's work to fill the core), and a least-squares line excess = a + b c. The cost
-model leaves this out (docs/planner.md, "CPU ranks").
+other rank's work to fill the core), and a least-squares line excess = a + b c. The
+calibration measures one point of it per group (`sync_wait_s`, at half a layer's forward)
+and the planner charges that to every call (docs/planner.md).
 """
 
 from __future__ import annotations

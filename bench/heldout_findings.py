@@ -1,7 +1,8 @@
 """What the held-out rows of docs/validation.md say, in words.
 
-The figures quoted here are the ones `python -m bench.validate_planner` recomputes on every
-run (its before/after lines: bench/validate_heldout.py); the text says where they come from.
+Fixed text, written from the figures `python -m bench.validate_planner` printed when each
+finding was added (its tables and before/after lines, bench/validate_heldout.py, are
+recomputed on every run; a change to the cost model must update the words here too).
 """
 
 HELD_OUT_FINDINGS = [
@@ -68,4 +69,3 @@ HELD_OUT_FINDINGS = [
     "torchtitan H100s ran at a 500 W power limit (of 700 W) that the MAMF figure does not",
     "have: those two rows become too fast.",
 ]
-

@@ -153,14 +153,18 @@ def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
     from paraxis.calibrate.quick import matches
 
     path = tmp_path / "hardware-profile.json"
-    path.write_text(json.dumps({
-        "cluster": {"collectives": {"all_reduce": {"8": {}}}},
+    profile = {
+        "cluster": {"collectives": {"all_reduce": {"8": {}}}, "sync_wait_s": {"8": {}}},
         "calibration": {"device": {"type": "cpu", "model": "AMD EPYC", "cores": 2},
-                        "compute": {"shapes_from": {"model": "small-llama"}}}}))
+                        "compute": {"shapes_from": {"model": "small-llama"}}}}
+    path.write_text(json.dumps(profile))
     assert matches(path, "AMD EPYC", 2, 8, "small-llama")
     assert not matches(path, "AMD EPYC", 2, 8, "tiny")  # another model's shapes
     assert not matches(path, "Intel Xeon", 2, 8, "small-llama")  # another CPU
     assert not matches(path, "AMD EPYC", 2, 4, "small-llama")  # rank count not timed
+    del profile["cluster"]["sync_wait_s"]  # made before calls were timed after compute
+    path.write_text(json.dumps(profile))
+    assert not matches(path, "AMD EPYC", 2, 8, "small-llama")
 
 
 def _sync_body(segments_s: list[float], flops_per_s: float) -> tuple[float, float]:
@@ -189,7 +193,7 @@ def test_a_call_waits_for_the_rank_that_computes_longer():
 
     (alone0, wait), (alone1, wait1) = run_distributed(_sync_body, 2, ([0.004, 0.034], 5e10))
     assert wait == pytest.approx(wait1)  # one figure for the group
-    assert 0.5 < wait / ((alone1 - alone0) / 2) < 1.5
+    assert 0.4 < wait / ((alone1 - alone0) / 2) < 1.8
 
 
 def test_the_planner_charges_every_call_its_calibrated_wait():
@@ -207,5 +211,6 @@ def test_the_planner_charges_every_call_its_calibrated_wait():
         extra = (collective_time(op, 1e6, 2, axis_link(layout, "tp", charged), calls=3)
                  - collective_time(op, 1e6, 2, axis_link(layout, "tp", plain), calls=3))
         assert extra == pytest.approx(3 * 3e-3)
-    # GPUs (no cores shared, no sync_wait_s measured) pay no such wait
-    assert axis_link(layout, "tp", build_cluster("a100-80gb", 2)).call_latency_s == 0.0
+    # ranks with devices of their own (GPUs) pay no such wait, even where a file states one
+    gpus = build_cluster("a100-80gb", 2, overrides={"sync_wait_s": {"2": {"2": 3e-3}}})
+    assert axis_link(layout, "tp", gpus).call_latency_s == 0.0

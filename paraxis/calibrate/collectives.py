@@ -1,6 +1,7 @@
 """What `paraxis calibrate` times on every rank of a group: the collectives the runtime
 issues, at several message sizes, over groups of every size at once (fit.py fits them).
-Times are the median of a few batches of back-to-back calls, the slowest rank's.
+Times are the median of a few batches of back-to-back calls, the slowest rank's. On CPU
+ranks `sync_wait` also times what a call costs after compute, beyond those times.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
     return times
 
 
+MAX_SEGMENT_S = 0.1
+
+
 def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
                device: torch.device) -> dict[str, float]:
     """{group size: `sync_wait` over groups of that size, all groups at once}; call on
@@ -134,9 +138,15 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     """
     a = torch.randn(256, 256, device=device)
     flag = torch.zeros(1, device=device)
+    # at most MAX_SEGMENT_S of compute a cycle (a large model's half layer takes seconds on
+    # a CPU); one 256^3 GEMM (~0.4 ms) at least
+    segment_s = min(segment_s, MAX_SEGMENT_S)
     gemms = max(1, round(segment_s * flops_per_s / (2 * 256**3)))
-    # at least 8 cycles, and ~50 ms a round where segments are short (a tiny model's)
-    cycles = max(8, round(0.05 / (segment_s + 0.003)))
+    # at least 8 cycles, and ~25 ms a half-round where segments are short (a tiny model's);
+    # the same count on every rank, or their all-reduces would not pair up
+    longest = torch.tensor([segment_s], dtype=torch.float64)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    cycles = max(8, round(0.025 / (longest.item() + 0.003)))
 
     def cycle_s(with_call: bool) -> float:
         dist.barrier()

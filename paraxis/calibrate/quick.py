@@ -60,7 +60,9 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
     shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
     return (device.get("type") == "cpu" and device.get("model") == cpu
             and shapes.get("model") == model
-            and device.get("cores") == cores and (ranks < 2 or str(ranks) in timed))
+            and device.get("cores") == cores
+            and (ranks < 2 or (str(ranks) in timed
+                               and str(ranks) in profile["cluster"].get("sync_wait_s", {}))))
 
 
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",

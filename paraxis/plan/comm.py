@@ -129,8 +129,13 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
 
 def sync_wait(cluster: Cluster, group_size: int) -> float:
     """Seconds a synchronising call over `group_size` ranks waits in a step on CPU ranks
-    beyond its idle time, as calibrated nearest to both counts (0 where not measured)."""
-    if not cluster.sync_wait_s or group_size < 2:
+    beyond its idle time, as calibrated nearest to both counts (0 where not measured, and on
+    devices of their own: GPUs).
+
+    One figure per call, measured after half a layer's forward: calls with little compute
+    before them (DP buckets after the first, ZeRO-3's per-layer gathers, SP's pairs, pipeline
+    sends) pay it too, and a call after a whole backward pays no more (docs/planner.md)."""
+    if not cluster.sync_wait_s or group_size < 2 or not cluster.cores_per_node:
         return 0.0
     by_group = cluster.sync_wait_s[_nearest(list(cluster.sync_wait_s), cluster.gpus_per_node)]
     return float(by_group[_nearest(list(by_group), group_size)]) if by_group else 0.0
