@@ -119,6 +119,8 @@ A100_PEAK, A100_HBM = 312e12, 2.039e12
 # - the half width scales with the machine balance (peak FLOP/s per byte/s of HBM): a GEMM
 #   whose narrower side is w does about w FLOPs per byte it moves, so it runs at
 #   w / (w + balance) of the roofline, and a chip with twice the balance needs twice the w.
+# The rule sets the presets below; a file that overrides hbm_bandwidth_Bps keeps its preset's
+# half width (bench/validate_heldout.py's 96 GB H100 at 2.4 TB/s is priced at the SXM's).
 MAMF_SHARE = {"a100": 271.2 / 312, "h100": 794.5 / 989}
 
 
