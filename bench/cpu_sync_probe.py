@@ -64,14 +64,6 @@ def probe_body(segments_ms: tuple[int, ...], seconds: float) -> dict:
     return result
 
 
-def line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (a, b) of y = a + b x."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
-
-
 def main(argv: list[str]) -> int:
     from paraxis.calibrate.command import cpu_cores
 
@@ -86,7 +78,7 @@ def main(argv: list[str]) -> int:
             compute = statistics.mean(r[str(segment)][0] for r in results)
             cycle = statistics.mean(r[str(segment)][1] for r in results)
             points.append((compute, cycle - compute * share - idle))
-        a, b = line(points)
+        b, a = statistics.linear_regression(*zip(*points, strict=True))
         cells = " | ".join(f"c {c:.1f}: +{w:.2f} ({w / c:.0%})" for c, w in points)
         print(f"{ranks} ranks on {cores} cores: idle barrier {idle:.2f} ms | {cells} (ms) | "
               f"excess = {a:.2f} ms + {b:.3f} c", flush=True)

@@ -130,11 +130,11 @@ def without_sync(profile: dict) -> dict:
                                    if k != "sync_wait_s"}}
 
 
-def add_without_sync(row: dict, cfg: ModelConfig, profile: dict, global_batch: int,
-                     seq_len: int) -> dict:
-    """`row` with the step its layout is predicted without the sync waits, and its error."""
-    plain = predict(cfg, Layout.parse(row["layout"]), without_sync(profile), global_batch,
-                    seq_len, row["available_cores"]).step_time_s
+def add_without_sync(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
+                     global_batch: int, seq_len: int) -> dict:
+    """`row` (of `layout`) with the step predicted without the sync waits, and its error."""
+    plain = predict(cfg, layout, without_sync(profile), global_batch, seq_len,
+                    row["available_cores"]).step_time_s
     return {**row, "predicted_without_sync_s": plain,
             "error_without_sync": plain / row["measured_step_s"] - 1}
 
@@ -179,7 +179,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
                      "error": error,
                      "predicted_parts_s": {k: estimate.time[k] for k in (
                          "compute", "tp", "pp", "dp", "bubble", "optimizer")}})
-        rows[-1] = add_without_sync(rows[-1], cfg, profile, s["global_batch"], s["seq_len"])
+        rows[-1] = add_without_sync(rows[-1], layout, cfg, profile, s["global_batch"],
+                                    s["seq_len"])
     errors = [abs(r["error"]) for r in rows]
     return {"model": cfg.to_dict(), "global_batch": s["global_batch"],
             "seq_len": s["seq_len"], "steps": s["steps"], "warmup": s["warmup"],
@@ -188,6 +189,14 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
             "groups": groups(rows),
             "within_target": sum(e <= PREDICTION_TOLERANCE for e in errors),
             "target": PREDICTION_TOLERANCE}
+
+
+TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)"}
+
+
+def _group(row: dict) -> str:
+    return "after_sync" if row.get("after_sync") else "after_fix" if row.get("after_fix") \
+        else ""
 
 
 def groups(rows: list[dict]) -> dict[str, dict]:
@@ -208,14 +217,6 @@ def groups(rows: list[dict]) -> dict[str, dict]:
             out[name]["without_sync"] = {"mean_abs_error": statistics.mean(map(abs, before)),
                                          "mean_signed_error": statistics.mean(before)}
     return out
-
-
-TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)"}
-
-
-def _group(row: dict) -> str:
-    return "after_sync" if row.get("after_sync") else "after_fix" if row.get("after_fix") \
-        else ""
 
 
 def render(data: dict) -> str:

@@ -329,7 +329,6 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
     ]
 
 
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/validation.md")
