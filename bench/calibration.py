@@ -7,7 +7,7 @@ benchmarks ran on.
 
 from __future__ import annotations
 
-from paraxis.calibrate.command import calibrate
+from paraxis.calibrate.command import DEFAULT_SIZES_KB, calibrate
 
 PROFILE_NAME = "hardware-profile.json"
 
@@ -16,7 +16,7 @@ def run(quick: bool, log=print) -> dict:  # noqa: ANN001
     if quick:
         return calibrate([2], [16 * 1024, 256 * 1024], "tiny-llama", tokens=256, seq_len=32,
                          repeats=2, device="cpu", busy_s=0.5, log=log)
-    return calibrate([2, 4, 8], [kb * 1024 for kb in (16, 128, 1024, 4096)], "small-llama",
+    return calibrate([2, 4, 8], [kb * 1024 for kb in DEFAULT_SIZES_KB], "small-llama",
                      tokens=2048, seq_len=128, repeats=5, device="cpu", log=log)
 
 

@@ -68,6 +68,18 @@ AFTER_SYNC = [
     "dp=8,zero=3",
     "pp=4,microbatches=4,schedule=gpipe",
 ]
+# Eight more, listed before the calibration timed collectives up to 32 MiB (the DP sync's
+# 25 MB gradient bucket; it stopped at 4 MiB and the fits extrapolated): reported apart.
+AFTER_SIZES = [
+    "dp=4,zero=1",
+    "dp=8,zero=1",
+    "dp=2,zero=2,microbatches=2",
+    "dp=4,pp=2,microbatches=4,schedule=1f1b",
+    "dp=2,tp=4",
+    "dp=2,tp=2,pp=2,microbatches=4,schedule=gpipe",
+    "pp=2,microbatches=16,schedule=1f1b",
+    "dp=4,zero=3,microbatches=2",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
@@ -125,18 +137,49 @@ def predict(cfg: ModelConfig, layout: Layout, profile: dict, global_batch: int,
 
 def without_sync(profile: dict) -> dict:
     """The profile as priced before the planner charged synchronising calls their wait
-    (`Cluster.sync_wait_s`): the before of the bench's before/after."""
+    (`Cluster.sync_wait_s`)."""
     return {**profile, "cluster": {k: v for k, v in profile["cluster"].items()
                                    if k != "sync_wait_s"}}
 
 
-def add_without_sync(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
-                     global_batch: int, seq_len: int) -> dict:
-    """`row` (of `layout`) with the step predicted without the sync waits, and its error."""
-    plain = predict(cfg, layout, without_sync(profile), global_batch, seq_len,
-                    row["available_cores"]).step_time_s
-    return {**row, "predicted_without_sync_s": plain,
-            "error_without_sync": plain / row["measured_step_s"] - 1}
+SMALL_SIZES_BYTES = 4 * 1024 * 1024
+
+
+def small_sizes(profile: dict) -> dict:
+    """The profile with its collectives fitted on the messages up to 4 MiB the calibration
+    timed before it reached 32 MiB (its own raw times, refitted): what the planner priced a
+    25 MB gradient bucket with before."""
+    from paraxis.calibrate.profile import fit_collectives
+
+    timings = {int(world): {op: {n: [p for p in points if p[0] <= SMALL_SIZES_BYTES]
+                                 for n, points in by_group.items()}
+                            for op, by_group in ops.items()}
+               for world, ops in profile["calibration"]["collectives"].items()}
+    fits = fit_collectives(timings)
+    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
+                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
+    return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
+
+
+# The befores of the bench's before/afters: {key: (what the price left out, the profile
+# as it was priced without it)}. Each row is priced again on each, with the same cores.
+BEFORES = {"without_sync": ("without the sync waits", without_sync),
+           "small_sizes": ("with collectives fitted on messages up to 4 MiB", small_sizes)}
+
+
+def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
+                global_batch: int, seq_len: int) -> dict:
+    """`row` (of `layout`) with its step predicted on each of BEFORES, and those errors."""
+    before = {}
+    for key, (_, change) in BEFORES.items():
+        if key == "small_sizes" and not any(
+                p[0] > SMALL_SIZES_BYTES for ops in profile["calibration"]["collectives"].values()
+                for by_group in ops.values() for points in by_group.values() for p in points):
+            continue  # a profile that never timed larger messages has no before
+        seconds = predict(cfg, layout, change(profile), global_batch, seq_len,
+                          row["available_cores"]).step_time_s
+        before[key] = {"predicted_s": seconds, "error": seconds / row["measured_step_s"] - 1}
+    return {**row, "before": before}
 
 
 def profile_overrides(profile: dict) -> dict:
@@ -162,7 +205,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     s = setting(quick)
     cfg = s["model"]
     rows = []
-    for text in layouts or (QUICK_LAYOUTS if quick else LAYOUTS + AFTER_FIX + AFTER_SYNC):
+    for text in layouts or (QUICK_LAYOUTS if quick else
+                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
         measured, used, available = measure_around(cfg, layout, s)
@@ -173,14 +217,15 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
+                     "after_sizes": text in AFTER_SIZES,
                      "available_cores": available,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
                      "predicted_parts_s": {k: estimate.time[k] for k in (
                          "compute", "tp", "pp", "dp", "bubble", "optimizer")}})
-        rows[-1] = add_without_sync(rows[-1], layout, cfg, profile, s["global_batch"],
-                                    s["seq_len"])
+        rows[-1] = add_befores(rows[-1], layout, cfg, profile, s["global_batch"],
+                               s["seq_len"])
     errors = [abs(r["error"]) for r in rows]
     return {"model": cfg.to_dict(), "global_batch": s["global_batch"],
             "seq_len": s["seq_len"], "steps": s["steps"], "warmup": s["warmup"],
@@ -191,31 +236,43 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
             "target": PREDICTION_TOLERANCE}
 
 
-TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)"}
+TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
+        "after_sizes": " (after sizes)"}
+GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
+          ("first measured after the sync wait", "after_sync"),
+          ("first measured after the 32 MiB sizes", "after_sizes"))
 
 
 def _group(row: dict) -> str:
-    return "after_sync" if row.get("after_sync") else "after_fix" if row.get("after_fix") \
-        else ""
+    return next((tag for tag in ("after_sizes", "after_sync", "after_fix") if row.get(tag)),
+                "")
+
+
+def _befores(row: dict) -> dict[str, float]:
+    """{BEFORES key: error} of a row (rows of earlier runs kept one, `error_without_sync`)."""
+    if "error_without_sync" in row:
+        return {"without_sync": row["error_without_sync"]}
+    return {key: b["error"] for key, b in row.get("before", {}).items()}
 
 
 def groups(rows: list[dict]) -> dict[str, dict]:
     """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on,
-    of those first measured after it (`AFTER_FIX`) and of those first measured after the
-    sync wait (`AFTER_SYNC`), apart."""
+    and of those first measured after each later change (`AFTER_FIX`, `AFTER_SYNC`,
+    `AFTER_SIZES`), apart; each also priced on each of BEFORES."""
     out = {}
-    for name, group in (("the fix was found on", ""), ("first measured after it", "after_fix"),
-                        ("first measured after the sync wait", "after_sync")):
-        errors = [r["error"] for r in rows if _group(r) == group]
-        if errors:
-            out[name] = {"layouts": len(errors),
-                         "mean_abs_error": statistics.mean(abs(e) for e in errors),
-                         "mean_signed_error": statistics.mean(errors)}
-        before = [r["error_without_sync"] for r in rows
-                  if _group(r) == group and "error_without_sync" in r]
-        if errors and len(before) == len(errors):
-            out[name]["without_sync"] = {"mean_abs_error": statistics.mean(map(abs, before)),
-                                         "mean_signed_error": statistics.mean(before)}
+    for name, group in GROUPS:
+        members = [r for r in rows if _group(r) == group]
+        if not members:
+            continue
+        errors = [r["error"] for r in members]
+        out[name] = {"layouts": len(errors),
+                     "mean_abs_error": statistics.mean(abs(e) for e in errors),
+                     "mean_signed_error": statistics.mean(errors), "before": {}}
+        for key in BEFORES:
+            before = [_befores(r)[key] for r in members if key in _befores(r)]
+            if len(before) == len(errors):
+                out[name]["before"][key] = {"mean_abs_error": statistics.mean(map(abs, before)),
+                                            "mean_signed_error": statistics.mean(before)}
     return out
 
 
@@ -238,7 +295,8 @@ def render(data: dict) -> str:
         "load changed during the run. (after): one of the eight layouts first measured "
         "after issue 20's fix to the CPU model (`AFTER_FIX`); (after sync): one of the eight "
         "first measured after the model charged each synchronising call its wait between "
-        "compute (`AFTER_SYNC`).",
+        "compute (`AFTER_SYNC`); (after sizes): one of the eight first measured after the "
+        "calibration timed collectives up to 32 MiB (`AFTER_SIZES`).",
         "",
         "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
         "dp | bubble | optimizer |",
@@ -258,9 +316,10 @@ def render(data: dict) -> str:
               f"{data['target']:.0%} (target: at least "
               f"{math.ceil(PREDICTION_SHARE * len(data['rows']))}).", ""]
     for name, g in data.get("groups", {}).items():
-        plain = g.get("without_sync")
-        before = (f"; priced without the sync waits: {plain['mean_abs_error']:.1%} and "
-                  f"{plain['mean_signed_error']:+.1%}" if plain else "")
+        befores = {**({"without_sync": g["without_sync"]} if "without_sync" in g else {}),
+                   **g.get("before", {})}
+        before = "".join(f"; priced {BEFORES[key][0]}: {b['mean_abs_error']:.1%} and "
+                         f"{b['mean_signed_error']:+.1%}" for key, b in befores.items())
         lines.append(f"- Layouts {name}: {g['layouts']}, mean |error| "
                      f"{g['mean_abs_error']:.1%}, mean signed error "
                      f"{g['mean_signed_error']:+.1%}{before} (issue 20's targets: <= 10% and "

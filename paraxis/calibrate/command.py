@@ -24,6 +24,13 @@ from typing import TYPE_CHECKING
 from paraxis.errors import ParaxisError
 from paraxis.plan.comm import COLLECTIVES
 
+# Message sizes the collectives are timed at, latency- to bandwidth-bound, up to above the
+# 25 MB gradient bucket (GPU.gradient_bucket_bytes), the largest message a ZeRO-0/1/2 run
+# sends: a fit is only as good as the sizes it saw. Fitted on sizes up to 4 MiB, gloo's
+# all-reduce over 8 ranks on 2 cores extrapolated to 22 ms for a 26 MB bucket that takes
+# 96 ms (issue 20).
+DEFAULT_SIZES_KB = (16, 128, 1024, 4096, 32768)
+
 if TYPE_CHECKING:
     import torch
 
@@ -285,8 +292,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="preset whose layer shapes the GEMMs and kernels are timed at")
     add("--tokens", type=int, default=2048, help="tokens per GEMM (batch x sequence)")
     add("--seq-len", type=int, default=128, help="sequence length of the attention timing")
-    add("--sizes-kb", default="16,128,1024,4096",
-        help="collective message sizes in KiB (at least two)")
+    add("--sizes-kb", default=",".join(map(str, DEFAULT_SIZES_KB)),
+        help="collective message sizes in KiB (at least two; the largest should reach the "
+             "largest message a run sends, e.g. a 25 MB gradient bucket)")
     add("--repeats", type=int, default=5,
         help="timed repeats per measurement (kernels: the fastest; collectives: the median)")
     add("--device", default="auto", help="auto, cpu or cuda")

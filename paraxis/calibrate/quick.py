@@ -23,6 +23,7 @@ PROFILE_NAME = "hardware-profile.json"
 # Bytes, latency- to bandwidth-bound. A small model's TP all-reduces are latency-bound: with
 # fewer sizes or repeats, gloo's noise can fit alpha to 0 and price them 6x too cheap.
 QUICK_SIZES = (4 * 1024, 32 * 1024, 256 * 1024, 1024 * 1024)
+LARGEST_SIZE = 32 * 1024 * 1024  # above the 25 MB gradient bucket a DP run sends at most
 QUICK_REPEATS = 5
 PROBE_S = 2.0  # seconds the busy ranks run to see how many cores our ranks get
 
@@ -65,6 +66,16 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
                                and str(ranks) in profile["cluster"].get("sync_wait_s", {}))))
 
 
+def quick_sizes(model: str) -> list[int]:
+    """QUICK_SIZES, and where `model`'s fp32 gradients (the DP sync's message, in 25 MB
+    buckets) are larger, that size too, up to LARGEST_SIZE: fits do not extrapolate well
+    (paraxis.calibrate.command.DEFAULT_SIZES_KB)."""
+    from paraxis.model_config import load_model_config
+
+    gradients = min(4 * load_model_config(model).num_params(), LARGEST_SIZE)
+    return [*QUICK_SIZES, *([gradients] if gradients > max(QUICK_SIZES) else [])]
+
+
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
@@ -87,7 +98,7 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
             cached.write_text(json.dumps(profile, indent=2) + "\n")
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
-    profile = calibrate([ranks], list(QUICK_SIZES), model=model, tokens=16 * seq_len,
+    profile = calibrate([ranks], quick_sizes(model), model=model, tokens=16 * seq_len,
                         seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu", busy_s=PROBE_S,
                         log=lambda *_: None, busy_ranks=ranks)
     cached.parent.mkdir(parents=True, exist_ok=True)
