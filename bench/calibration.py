@@ -12,12 +12,29 @@ from paraxis.calibrate.command import DEFAULT_SIZES_KB, calibrate
 PROFILE_NAME = "hardware-profile.json"
 
 
+# The shapes and repeats the compute rates are timed at: (model, tokens, seq_len, repeats).
+COMPUTE = {True: ("tiny-llama", 256, 32, 2), False: ("small-llama", 2048, 128, 5)}
+
+
 def run(quick: bool, log=print) -> dict:  # noqa: ANN001
+    model, tokens, seq_len, repeats = COMPUTE[quick]
     if quick:
-        return calibrate([2], [16 * 1024, 256 * 1024], "tiny-llama", tokens=256, seq_len=32,
-                         repeats=2, device="cpu", busy_s=0.5, log=log)
-    return calibrate([2, 4, 8], [kb * 1024 for kb in DEFAULT_SIZES_KB], "small-llama",
-                     tokens=2048, seq_len=128, repeats=5, device="cpu", log=log)
+        return calibrate([2], [16 * 1024, 256 * 1024], model, tokens=tokens, seq_len=seq_len,
+                         repeats=repeats, device="cpu", busy_s=0.5, log=log)
+    return calibrate([2, 4, 8], [kb * 1024 for kb in DEFAULT_SIZES_KB], model,
+                     tokens=tokens, seq_len=seq_len, repeats=repeats, device="cpu", log=log)
+
+
+def rates_now(quick: bool) -> dict[str, float]:
+    """The compute rates the calibration measured, measured again now (one rank, the same
+    shapes), as the profile's GPU fields: a shared VM's cores change speed from one quarter
+    of an hour to the next, and the run beside them is priced at the speed it ran at."""
+    from paraxis.calibrate.command import compute_body
+    from paraxis.calibrate.profile import compute_fields
+    from paraxis.testing import run_distributed
+
+    compute = run_distributed(compute_body, 1, (*COMPUTE[quick], "cpu"), timeout_s=300)[0]
+    return compute_fields(compute)
 
 
 def render(profile: dict) -> str:

@@ -67,5 +67,6 @@ HELD_OUT_FINDINGS = [
     "width: 0.70 x w / (w + 192) on A100 becomes 0.65 x w / (w + 370) on H100. Before",
     "(flat 0.5) and after, on every priced row that ran on an H100 (lines below). The",
     "torchtitan H100s ran at a 500 W power limit (of 700 W) that the MAMF figure does not",
-    "have: those two rows become too fast.",
+    "have: those two rows become too fast. Their HBM2e (2.4 TB/s) gives them a higher",
+    "balance than the SXM's, so their half width is their own (the last line below).",
 ]

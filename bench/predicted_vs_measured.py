@@ -5,10 +5,12 @@ One model, one global batch, one calibrated hardware profile (`paraxis calibrate
 through the same engines `paraxis train` builds, and its median step time after warm-up (the
 slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on that profile.
 
-One input is measured again around each layout: how many cores our ranks get
-(`paraxis.calibrate.command.available_cores`, the mean of a probe just before and one just
-after the run), since on a machine other people share it changes from minute to minute; on a
-quiet machine it is the core count every time. Nothing is fitted to a layout's measured time.
+What a shared machine changes is measured again around each layout (the mean of a probe
+just before and one just after the run): how many cores our ranks get
+(`paraxis.calibrate.command.available_cores`; on a quiet machine the core count every time)
+and how fast they compute (`bench.calibration.rates_now`: this VM's GEMM rate moved from
+96 to 77-84 GFLOP/s within the half hour after one calibration). Nothing is fitted to a
+layout's measured time.
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ AFTER_SIZES = [
     "pp=2,microbatches=16,schedule=1f1b",
     "dp=4,zero=3,microbatches=2",
 ]
+# Eight more, listed before the bench priced each layout at the compute rates measured
+# again around it (a shared VM's cores change speed by ~20% within the quarter of an hour
+# between the calibration and a run): reported apart.
+AFTER_RATES = [
+    "dp=2,tp=2,sp=true",
+    "dp=4,zero=2,microbatches=4",
+    "pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
+    "dp=2,pp=2,microbatches=8,schedule=1f1b",
+    "tp=2,pp=2,microbatches=8,schedule=gpipe",
+    "dp=2,zero=3,microbatches=2",
+    "dp=8,zero=2",
+    "dp=2,tp=2,pp=2,zero=1,microbatches=8,schedule=1f1b",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
@@ -125,12 +140,15 @@ def measure(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float]:
 
 
 def predict(cfg: ModelConfig, layout: Layout, profile: dict, global_batch: int,
-            seq_len: int, cores: float | None = None) -> Estimate:
+            seq_len: int, now: dict | float | None = None) -> Estimate:
     """The planner's estimate for `layout` on the calibrated machine, fp32 Adam as run;
-    `cores`: the cores our ranks get now, in place of the profile's."""
+    `now`: what was measured again around the run, in place of the profile's (the cores
+    our ranks get, a bare number, or {"available_cores", and the compute rates'
+    fields: `bench.calibration.rates_now`})."""
     overrides = profile_overrides(profile)
-    if cores is not None:
-        overrides["available_cores"] = cores
+    if isinstance(now, float | int):
+        now = {"available_cores": float(now)}
+    overrides.update(now or {})
     cluster = build_cluster(gpus=layout.world_size, overrides=overrides)
     return evaluate(cfg, layout, cluster, seq_len, global_batch, FP32_ADAM)
 
@@ -161,23 +179,33 @@ def small_sizes(profile: dict) -> dict:
     return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
 
 
-# The befores of the bench's before/afters: {key: (what the price left out, the profile
-# as it was priced without it)}. Each row is priced again on each, with the same cores.
-BEFORES = {"without_sync": ("without the sync waits", without_sync),
-           "small_sizes": ("with collectives fitted on messages up to 4 MiB", small_sizes)}
+# The befores of the bench's before/afters: {key: (what the price left out, the profile and
+# the figures measured around the run as priced without it)}. Each row is priced on each.
+BEFORES = {
+    "without_sync": ("without the sync waits", lambda p, now: (without_sync(p), now)),
+    "small_sizes": ("with collectives fitted on messages up to 4 MiB",
+                    lambda p, now: (small_sizes(p), now)),
+    "calibration_rates": ("at the calibration's compute rates (not those measured again "
+                          "around the run)",
+                          lambda p, now: (p, {"available_cores": now["available_cores"]})),
+}
 
 
 def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
                 global_batch: int, seq_len: int) -> dict:
     """`row` (of `layout`) with its step predicted on each of BEFORES, and those errors."""
     before = {}
+    now = row.get("now", {"available_cores": row["available_cores"]})
     for key, (_, change) in BEFORES.items():
         if key == "small_sizes" and not any(
                 p[0] > SMALL_SIZES_BYTES for ops in profile["calibration"]["collectives"].values()
                 for by_group in ops.values() for points in by_group.values() for p in points):
             continue  # a profile that never timed larger messages has no before
-        seconds = predict(cfg, layout, change(profile), global_batch, seq_len,
-                          row["available_cores"]).step_time_s
+        if key == "calibration_rates" and len(now) == 1:
+            continue  # no rates were measured again
+        priced_profile, priced_now = change(profile, now)
+        seconds = predict(cfg, layout, priced_profile, global_batch, seq_len,
+                          priced_now).step_time_s
         before[key] = {"predicted_s": seconds, "error": seconds / row["measured_step_s"] - 1}
     return {**row, "before": before}
 
@@ -201,24 +229,37 @@ def measure_around(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, fl
     return seconds, used, (before + cores_now(s["quick"])) / 2
 
 
+def measure_now(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float, dict]:
+    """(step seconds, cores used, now): `measure` between two probes of the cores and of the
+    compute rates; now holds the means of each pair (the profile's fields they replace)."""
+    from bench.calibration import rates_now
+
+    rates = rates_now(s["quick"])
+    seconds, used, cores = measure_around(cfg, layout, s)
+    after = rates_now(s["quick"])
+    return seconds, used, {"available_cores": cores,
+                           **{k: (v + after[k]) / 2 for k, v in rates.items()}}
+
+
 def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print) -> dict:  # noqa: ANN001
     s = setting(quick)
     cfg = s["model"]
     rows = []
     for text in layouts or (QUICK_LAYOUTS if quick else
-                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES):
+                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES + AFTER_RATES):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
-        measured, used, available = measure_around(cfg, layout, s)
-        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], available)
+        measured, used, now = measure_now(cfg, layout, s)
+        available = now["available_cores"]
+        estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], now)
         cores = min(available, layout.world_size)  # the cores the model lets this run use
         error = estimate.step_time_s / measured - 1
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
-                     "after_sizes": text in AFTER_SIZES,
-                     "available_cores": available,
+                     "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
+                     "available_cores": available, "now": now,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
@@ -237,15 +278,16 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 
 
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
-        "after_sizes": " (after sizes)"}
+        "after_sizes": " (after sizes)", "after_rates": " (after rates)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
-          ("first measured after the 32 MiB sizes", "after_sizes"))
+          ("first measured after the 32 MiB sizes", "after_sizes"),
+          ("first measured after the rates measured again", "after_rates"))
 
 
 def _group(row: dict) -> str:
-    return next((tag for tag in ("after_sizes", "after_sync", "after_fix") if row.get(tag)),
-                "")
+    return next((tag for tag in ("after_rates", "after_sizes", "after_sync", "after_fix")
+                 if row.get(tag)), "")
 
 
 def _befores(row: dict) -> dict[str, float]:
@@ -258,7 +300,7 @@ def _befores(row: dict) -> dict[str, float]:
 def groups(rows: list[dict]) -> dict[str, dict]:
     """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on,
     and of those first measured after each later change (`AFTER_FIX`, `AFTER_SYNC`,
-    `AFTER_SIZES`), apart; each also priced on each of BEFORES."""
+    `AFTER_SIZES`, `AFTER_RATES`), apart; each also priced on each of BEFORES."""
     out = {}
     for name, group in GROUPS:
         members = [r for r in rows if _group(r) == group]
@@ -286,9 +328,11 @@ def render(data: dict) -> str:
         f"tokens, fp32, AdamW, clipping at 1.0. Measured: median of {data['steps']} steps "
         f"after {data['warmup']} warm-up, slowest rank, median of {data['repeats']} runs. "
         "Predicted: `paraxis.plan.cost.evaluate` for the layout on the calibrated profile "
-        "above, with no per-layout factor; only the cores our ranks get (shared machine) are "
-        "probed again around each layout (mean of a probe before and after; column cores: "
-        "what that lets this run use, at most one per rank). "
+        "above, with no per-layout factor; only what a shared machine changes is probed "
+        "again around each layout (mean of a probe before and after): the cores our ranks "
+        "get (column cores: what that lets this run use, at most one per rank) and, in rows "
+        "measured since the bench lists `AFTER_RATES`, the compute rates (one rank, as the "
+        "calibration times them). "
         "Error = predicted / measured - 1. Predicted parts in seconds. Used: the CPU seconds "
         "all ranks spent per step over the step time, i.e. the cores the run really had "
         "(compute and gloo's threads); where it differs from the probed cores, the machine's "
@@ -296,7 +340,9 @@ def render(data: dict) -> str:
         "after issue 20's fix to the CPU model (`AFTER_FIX`); (after sync): one of the eight "
         "first measured after the model charged each synchronising call its wait between "
         "compute (`AFTER_SYNC`); (after sizes): one of the eight first measured after the "
-        "calibration timed collectives up to 32 MiB (`AFTER_SIZES`).",
+        "calibration timed collectives up to 32 MiB (`AFTER_SIZES`); (after rates): one of "
+        "the eight first measured after the compute rates were measured again around each "
+        "layout (`AFTER_RATES`).",
         "",
         "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
         "dp | bubble | optimizer |",

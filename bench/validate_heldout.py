@@ -19,7 +19,7 @@ from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import Estimate, evaluate
-from paraxis.plan.hardware import Cluster, build_cluster
+from paraxis.plan.hardware import GPUS, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.plan.precision import PRECISIONS
 
@@ -313,5 +313,14 @@ def gemm_lines(priced: list[HeldOutResult]) -> list[str]:
                      f"{error_stats([r.error or 0.0 for r in rows])}")
     every = [r.error or 0.0 for r in priced]
     every_before = [before.get(id(r), r.error or 0.0) for r in priced]
+    # The 96 GB H100s' HBM2e (2.4 TB/s) raises their balance: their half width as the SXM's
+    # (before an hbm override moved it) -> their own.
+    sxm = (("gemm_half_width", GPUS["h100-sxm-80gb"].gemm_half_width),)
+    hbm2e = [r for r in h100 if r.run.gpu == "h100-96gb"]
+    own = [price(dataclasses.replace(r.run, network=(*r.run.network, *sxm))).error or 0.0
+           for r in hbm2e]
     return lines + [f"- every held-out row ({len(priced)}): {error_stats(every_before)} -> "
-                    f"{error_stats(every)}", ""]
+                    f"{error_stats(every)}",
+                    f"- the 96 GB H100s at 2.4 TB/s ({len(hbm2e)} rows) with the SXM's half "
+                    f"width -> their own balance's: {error_stats(own)} -> "
+                    f"{error_stats([r.error or 0.0 for r in hbm2e])}", ""]

@@ -214,3 +214,41 @@ def test_the_planner_charges_every_call_its_calibrated_wait():
     # ranks with devices of their own (GPUs) pay no such wait, even where a file states one
     gpus = build_cluster("a100-80gb", 2, overrides={"sync_wait_s": {"2": {"2": 3e-3}}})
     assert axis_link(layout, "tp", gpus).call_latency_s == 0.0
+
+
+def test_calibration_sizes_reach_the_largest_message_a_run_sends():
+    """Fits extrapolate badly (8 gloo ranks on 2 cores: a 26 MB all-reduce fitted on sizes
+    up to 4 MiB at 22 ms, measured at 96 ms), so the default sizes pass the DP gradient
+    bucket, and a quick calibration reaches its model's gradients where they are larger."""
+    from paraxis.calibrate.command import DEFAULT_SIZES_KB
+    from paraxis.calibrate.quick import QUICK_SIZES, quick_sizes
+    from paraxis.model_config import load_model_config
+    from paraxis.plan.hardware import GPU
+
+    assert max(DEFAULT_SIZES_KB) * 1024 >= GPU.gradient_bucket_bytes
+    assert quick_sizes("tiny") == list(QUICK_SIZES)  # 0.9 MB of gradients: covered
+    gradients = 4 * load_model_config("small-llama").num_params()
+    assert quick_sizes("small-llama") == [*QUICK_SIZES, gradients]
+
+
+def test_the_bench_before_refits_on_the_small_sizes_only():
+    """bench's "small sizes" before prices with fits of the calibration's own times up to
+    4 MiB. Latency-bound times up to 4 MiB (as 8 ranks on 2 cores measure) leave the
+    bandwidth unknown: the 32 MiB point sets it, and the before does not have it."""
+    from bench.predicted_vs_measured import small_sizes
+
+    def time(op: str, size: float) -> float:  # 20 ms a call; 32 MiB takes 5x longer
+        return 0.1 if size > 4 * 2**20 else 0.02 * (1 + size / 1e9)
+
+    slow = {op: {"8": [[s, time(op, s)] for s in [*SIZES, 32 * 2**20]]} for op in OPS}
+    device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2}
+    compute = {"matmul": {"flops_per_s": 1e11}, "attention_flops_per_s": 4e10,
+               "elementwise_Bps": 6e9}
+    profile = build_profile(device, compute, {8: slow})
+    for fits in (profile, small_sizes(profile)):
+        fit = fits["cluster"]["collectives"]["all_reduce"]["8"]["8"]
+        priced = latency_steps("all_reduce", 8) * fit["alpha_s"] + ring_factor(
+            "all_reduce", 8) * 32 * 2**20 / fit["bandwidth_Bps"]
+        # the fit weighs relative errors, so the flat points pull the large one down a little
+        assert priced == (pytest.approx(0.1, rel=0.2) if fits is profile else
+                          pytest.approx(0.02, rel=0.1))

@@ -28,3 +28,17 @@ def test_an_h100_gemm_is_faster_than_an_a100_one_but_less_than_peak_says(width) 
     a_rate = a100.gpu.peak_flops * gemm_efficiency(a100, width)
     h_rate = h100.gpu.peak_flops * gemm_efficiency(h100, width)
     assert 1.0 < h_rate / a_rate < h100.gpu.peak_flops / a100.gpu.peak_flops
+
+
+def test_an_hbm_override_moves_a_carried_half_width_with_the_balance() -> None:
+    # torchtitan's 96 GB H100s have HBM2e at 2.4 TB/s: the SXM's chip at a higher balance
+    sxm = GPUS["h100-sxm-80gb"]
+    slower = build_cluster("h100-sxm-80gb", 8, overrides={"hbm_bandwidth_Bps": 2.4e12}).gpu
+    assert slower.gemm_half_width == pytest.approx(sxm.gemm_half_width * 3.35 / 2.4)
+    assert slower.matmul_efficiency == sxm.matmul_efficiency
+    # a stated curve wins; a fitted preset (A100) keeps its fit
+    stated = build_cluster("h100-sxm-80gb", 8, overrides={"hbm_bandwidth_Bps": 2.4e12,
+                                                          "gemm_half_width": 300.0}).gpu
+    assert stated.gemm_half_width == 300.0
+    a100 = build_cluster("a100-80gb", 8, overrides={"hbm_bandwidth_Bps": 1.5e12}).gpu
+    assert a100.gemm_half_width == GPUS["a100-80gb"].gemm_half_width

@@ -31,6 +31,15 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
     return fits
 
 
+def compute_fields(compute: dict) -> dict[str, float]:
+    """The profile's GPU fields that the measured compute rates set (peak_flops is the
+    achieved GEMM rate, at efficiency 1.0)."""
+    return {"peak_flops": compute["matmul"]["flops_per_s"],
+            "attention_flops": compute["attention_flops_per_s"],
+            "hbm_bandwidth_Bps": compute["elementwise_Bps"],
+            "layer_overhead_s": compute.get("layer_overhead_s", 0.0)}
+
+
 def build_profile(device: dict, compute: dict, timings: Timings,
                   sync_waits: dict[int, dict[str, float]] | None = None) -> dict:
     """The profile document.
@@ -51,13 +60,10 @@ def build_profile(device: dict, compute: dict, timings: Timings,
     link = max(ring, key=lambda f: f.ranks) if ring else None
     gpu = {
         "name": device["name"],
-        "peak_flops": compute["matmul"]["flops_per_s"],
+        **compute_fields(compute),
         "matmul_efficiency": 1.0,  # peak_flops is the achieved rate already
         "gemm_half_width": 0.0,  # ... at the model's own GEMM shapes
-        "attention_flops": compute["attention_flops_per_s"],
-        "hbm_bandwidth_Bps": compute["elementwise_Bps"],
         "hbm_efficiency": 1.0,
-        "layer_overhead_s": compute.get("layer_overhead_s", 0.0),
         # a CPU rank holds back its process baseline (0 where it was not measured); a GPU
         # keeps the planner's CUDA-context reserve
         **({"reserved_bytes": device.get("baseline_bytes", 0.0)}

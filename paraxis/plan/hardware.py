@@ -119,8 +119,9 @@ A100_PEAK, A100_HBM = 312e12, 2.039e12
 # - the half width scales with the machine balance (peak FLOP/s per byte/s of HBM): a GEMM
 #   whose narrower side is w does about w FLOPs per byte it moves, so it runs at
 #   w / (w + balance) of the roofline, and a chip with twice the balance needs twice the w.
-# The rule sets the presets below; a file that overrides hbm_bandwidth_Bps keeps its preset's
-# half width (bench/validate_heldout.py's 96 GB H100 at 2.4 TB/s is priced at the SXM's).
+# The rule sets the presets below (CARRIED), and again where overrides change a carried
+# preset's peak or HBM bandwidth without stating the curve (build_cluster): a 96 GB H100 at
+# 2.4 TB/s (bench/validate_heldout.py) has its own balance, not the SXM's.
 MAMF_SHARE = {"a100": 271.2 / 312, "h100": 794.5 / 989}
 
 
@@ -149,6 +150,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
     GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}
+# The presets whose GEMM curve is carried from the A100's, with their chip's MAMF share.
+CARRIED = {"h100-sxm-80gb": MAMF_SHARE["h100"], "h100-pcie-80gb": MAMF_SHARE["h100"],
+           "h200": MAMF_SHARE["h100"]}
 
 
 @dataclass(frozen=True)
@@ -334,6 +338,14 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
         # states them.
         gpu_changes.setdefault("gemm_half_width", 0.0)
         gpu_changes.setdefault("attention_impl", "")
+    if (base.name in CARRIED and gpu_changes.get("name", base.name) == base.name
+            and {"peak_flops", "hbm_bandwidth_Bps"} & set(gpu_changes)
+            and not {"matmul_efficiency", "gemm_half_width"} & set(gpu_changes)):
+        # a carried curve follows the chip's own balance (MAMF_SHARE's comment)
+        gpu_changes.update(carried_from_a100(
+            float(gpu_changes.get("peak_flops", base.peak_flops)),  # type: ignore[arg-type]
+            float(gpu_changes.get("hbm_bandwidth_Bps", base.hbm_bandwidth_Bps)),  # type: ignore[arg-type]
+            CARRIED[base.name]))
     gpu_obj = dataclasses.replace(base, **gpu_changes)
     for key in ("peak_flops", "memory_bytes", "nvlink_bandwidth_Bps"):
         if float(getattr(gpu_obj, key)) <= 0:
