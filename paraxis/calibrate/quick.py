@@ -8,7 +8,8 @@ the run's rank count; else a short calibration (one rank's kernels at the run's 
 shapes, the collectives on the run's rank count at four message sizes, the cores as many
 busy ranks as the run has get: about 5-30 s, load permitting), saved in the run's folder
 for the next report. `paraxis demo` calibrates just before its run; the report after it
-probes the cores again and prices with the mean, as the load may change while a run runs.
+probes the cores and times the compute again and prices with the means, as the load (and a
+shared VM's speed) may change while a run runs.
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def quick_sizes(model: str) -> list[int]:
     return [*QUICK_SIZES, *([gradients] if gradients > max(QUICK_SIZES) else [])]
 
 
+def _rates_again(shapes_from: dict) -> dict[str, float]:
+    """The compute rates a quick calibration measured, measured again (the profile's fields)."""
+    from paraxis.calibrate.command import compute_body
+    from paraxis.calibrate.profile import compute_fields
+    from paraxis.testing import run_distributed
+
+    args = (shapes_from["model"], shapes_from["tokens"], shapes_from["seq_len"],
+            QUICK_REPEATS, "cpu")
+    return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
+
+
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
@@ -91,10 +103,14 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
         probes = calibration.setdefault("core_probes",
                                         [profile["cluster"]["available_cores"]])
         if len(probes) == 1:
-            # Made before the run (paraxis demo): the load may have changed while it ran,
-            # so probe the cores again after it and price with the mean of the two.
+            # Made before the run (paraxis demo): the load, and a shared VM's speed, may
+            # have changed while it ran, so probe the cores and time the compute again after
+            # it and price with the means (as bench.predicted_vs_measured does).
             probes.append(available_cores(cores, PROBE_S, ranks))
             profile["cluster"]["available_cores"] = sum(probes) / len(probes)
+            after = _rates_again(calibration["compute"]["shapes_from"])
+            calibration["compute_after_run"] = after
+            profile["gpu"].update({k: (profile["gpu"][k] + v) / 2 for k, v in after.items()})
             cached.write_text(json.dumps(profile, indent=2) + "\n")
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
