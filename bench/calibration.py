@@ -26,15 +26,11 @@ def run(quick: bool, log=print) -> dict:  # noqa: ANN001
 
 
 def rates_now(quick: bool) -> dict[str, float]:
-    """The compute rates the calibration measured, measured again now (one rank, the same
-    shapes), as the profile's GPU fields: a shared VM's cores change speed from one quarter
-    of an hour to the next, and the run beside them is priced at the speed it ran at."""
-    from paraxis.calibrate.command import compute_body
-    from paraxis.calibrate.profile import compute_fields
-    from paraxis.testing import run_distributed
+    """The compute rates this section's calibration measured, timed again now (the same
+    shapes and repeats), as the profile's GPU fields."""
+    from paraxis.calibrate.command import compute_rates
 
-    compute = run_distributed(compute_body, 1, (*COMPUTE[quick], "cpu"), timeout_s=300)[0]
-    return compute_fields(compute)
+    return compute_rates(*COMPUTE[quick])
 
 
 def render(profile: dict) -> str:

@@ -68,5 +68,5 @@ HELD_OUT_FINDINGS = [
     "(flat 0.5) and after, on every priced row that ran on an H100 (lines below). The",
     "torchtitan H100s ran at a 500 W power limit (of 700 W) that the MAMF figure does not",
     "have: those two rows become too fast. Their HBM2e (2.4 TB/s) gives them a higher",
-    "balance than the SXM's, so their half width is their own (the last line below).",
+    "balance than the SXM's, so their half width is their own (the H100 list's last line).",
 ]

@@ -124,8 +124,10 @@ def render(data: dict) -> str:
         f"{s['global_batch']} x {s['seq_len']} tokens, fp32; DP is dp=n (ZeRO-0), PP is pp=n "
         f"1F1B with {s['microbatches']} microbatches. Left: hidden size at 2 ranks; right: "
         f"ranks at hidden {s['base_hidden']}. Measured: median of {s['steps']} steps, "
-        "slowest rank. Predicted on the calibrated profile with the cores our ranks got "
-        "around each point (column cores), as in the table above.",
+        "slowest rank. Predicted on the profile `python -m bench` calibrated just before "
+        "these points ran (the calibration section shows the newest, which may be later), "
+        "with the cores our ranks got around each point (column cores); the compute rates "
+        "are the calibration's.",
         "",
         "| kind | varied | hidden | ranks | cores | layout | measured | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -235,12 +235,12 @@ def test_the_bench_before_refits_on_the_small_sizes_only():
     """bench's "small sizes" before prices with fits of the calibration's own times up to
     4 MiB. Latency-bound times up to 4 MiB (as 8 ranks on 2 cores measure) leave the
     bandwidth unknown: the 32 MiB point sets it, and the before does not have it."""
-    from bench.predicted_vs_measured import small_sizes
+    from bench.befores import small_sizes
 
-    def time(op: str, size: float) -> float:  # 20 ms a call; 32 MiB takes 5x longer
+    def seconds(size: float) -> float:  # 20 ms a call; 32 MiB takes 5x longer
         return 0.1 if size > 4 * 2**20 else 0.02 * (1 + size / 1e9)
 
-    slow = {op: {"8": [[s, time(op, s)] for s in [*SIZES, 32 * 2**20]]} for op in OPS}
+    slow = {op: {"8": [[s, seconds(s)] for s in [*SIZES, 32 * 2**20]]} for op in OPS}
     device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2}
     compute = {"matmul": {"flops_per_s": 1e11}, "attention_flops_per_s": 4e10,
                "elementwise_Bps": 6e9}
@@ -252,3 +252,34 @@ def test_the_bench_before_refits_on_the_small_sizes_only():
         # the fit weighs relative errors, so the flat points pull the large one down a little
         assert priced == (pytest.approx(0.1, rel=0.2) if fits is profile else
                           pytest.approx(0.02, rel=0.1))
+
+
+def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatch):
+    """The demo's profile is made before its run; the report after it probes the cores and
+    times the compute again, prices with the means, and keeps them for later reports."""
+    from paraxis.calibrate import command, quick
+
+    cpu, cores = command.cpu_model_name(), command.cpu_cores()
+    before = {"peak_flops": 80e9, "attention_flops": 40e9, "hbm_bandwidth_Bps": 20e9,
+              "layer_overhead_s": 400e-6}
+    after = {"peak_flops": 100e9, "attention_flops": 20e9, "hbm_bandwidth_Bps": 10e9,
+             "layer_overhead_s": 800e-6}
+    profile = {"gpu": dict(before),
+               "cluster": {"available_cores": 2.0, "collectives": {"all_reduce": {"8": {}}},
+                           "sync_wait_s": {"8": {}}},
+               "calibration": {"device": {"type": "cpu", "model": cpu, "cores": cores},
+                               "compute": {"shapes_from": {"model": "tiny", "tokens": 2048,
+                                                           "seq_len": 128}}}}
+    (tmp_path / quick.PROFILE_NAME).write_text(json.dumps(profile))
+    probes = []
+    monkeypatch.setattr(command, "available_cores", lambda *a: probes.append(a) or 1.0)
+    monkeypatch.setattr(quick, "_rates_again", lambda shapes: probes.append(shapes) or after)
+    monkeypatch.setattr(quick, "COMMITTED", tmp_path / "absent.json")
+    for _ in range(2):
+        found = quick.profile_for_cpu_run(8, tmp_path, "tiny")
+        assert found.how == "cached" and "compute rates" in found.describe()
+    assert len(probes) == 2  # cores and compute, once
+    saved = json.loads(found.path.read_text())
+    assert saved["cluster"]["available_cores"] == 1.5
+    assert saved["gpu"] == {k: (before[k] + after[k]) / 2 for k in before}
+    assert saved["calibration"]["compute_after_run"] == after

@@ -125,6 +125,17 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
             "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
 
 
+def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[str, float]:
+    """The compute rates a CPU calibration measures (`compute_body`, one rank), timed again
+    now, as the profile's GPU fields (profile.compute_fields): a shared VM's cores change
+    speed within the half hour, and a run beside them is priced at the speed it ran at."""
+    from paraxis.calibrate.profile import compute_fields
+    from paraxis.testing import run_distributed
+
+    args = (model, tokens, seq_len, repeats, "cpu")
+    return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
+
+
 def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
                     segment_s: float = 0.0, flops_per_s: float = 0.0) -> dict:
     """Runs on every rank: every collective at every size, over groups of every size that

@@ -5,8 +5,9 @@ first found: one already in the run's folder, or the committed `docs/hardware-pr
 when either was measured on this CPU model with this many cores, at the run's model's
 shapes (a tiny model's GEMMs and dispatch are not a larger one's) and timed collectives on
 the run's rank count; else a short calibration (one rank's kernels at the run's own layer
-shapes, the collectives on the run's rank count at four message sizes, the cores as many
-busy ranks as the run has get: about 5-30 s, load permitting), saved in the run's folder
+shapes; the collectives on the run's rank count at four message sizes, five where the
+model's gradients pass 1 MiB; the cores as many busy ranks as the run has get: about 5-30 s,
+load permitting), saved in the run's folder
 for the next report. `paraxis demo` calibrates just before its run; the report after it
 probes the cores and times the compute again and prices with the means, as the load (and a
 shared VM's speed) may change while a run runs.
@@ -46,8 +47,8 @@ class FoundProfile:
             return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) "
                     f"made now in {self.seconds:.0f} s")
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
-                f"next to this run in {self.seconds:.0f} s (the cores its ranks get: the "
-                "mean of a probe before and after it)")
+                f"next to this run in {self.seconds:.0f} s (the cores its ranks get and its "
+                "compute rates: the mean of a probe before and after it)")
 
 
 def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
@@ -78,14 +79,11 @@ def quick_sizes(model: str) -> list[int]:
 
 
 def _rates_again(shapes_from: dict) -> dict[str, float]:
-    """The compute rates a quick calibration measured, measured again (the profile's fields)."""
-    from paraxis.calibrate.command import compute_body
-    from paraxis.calibrate.profile import compute_fields
-    from paraxis.testing import run_distributed
+    """The compute rates a quick calibration measured, timed again (the profile's fields)."""
+    from paraxis.calibrate.command import compute_rates
 
-    args = (shapes_from["model"], shapes_from["tokens"], shapes_from["seq_len"],
-            QUICK_REPEATS, "cpu")
-    return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
+    return compute_rates(shapes_from["model"], shapes_from["tokens"], shapes_from["seq_len"],
+                         QUICK_REPEATS)
 
 
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
@@ -105,7 +103,9 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
         if len(probes) == 1:
             # Made before the run (paraxis demo): the load, and a shared VM's speed, may
             # have changed while it ran, so probe the cores and time the compute again after
-            # it and price with the means (as bench.predicted_vs_measured does).
+            # it and price with the means (as bench.predicted_vs_measured does). The first
+            # reuse of any cached profile does this once (--layout auto's cache too); later
+            # ones reuse the means.
             probes.append(available_cores(cores, PROBE_S, ranks))
             profile["cluster"]["available_cores"] = sum(probes) / len(probes)
             after = _rates_again(calibration["compute"]["shapes_from"])
