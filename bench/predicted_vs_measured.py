@@ -8,10 +8,11 @@ slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on th
 What a shared machine changes is measured again around each layout (the mean of a probe
 just before and one just after the run): how many cores our ranks get
 (`paraxis.calibrate.command.available_cores`; on a quiet machine the core count every time)
-and how fast they compute (`bench.calibration.rates_now`: this VM's GEMM rate moved from
-96 to 77-84 GFLOP/s within the half hour after one calibration). Nothing is fitted to a
-layout's measured time. The re-timed rates guard against such drift; they are noisy too
-(72-90 GFLOP/s over one run's layouts), and in the run at a5f9256, which had no drift, the
+and how fast they compute (`bench.calibration.rates_now`; a shared VM's speed drifts between
+a calibration and a run). Nothing is fitted to a layout's measured time. The re-timed rates
+guard against such drift; they are noisy too (72-90 GFLOP/s over the layouts of the run at
+a5f9256, its calibration 78: the `now` of each row in docs/benchmarks.json), and in that
+run, which had no drift to speak of, the
 calibration's own rates priced the 44 layouts better (mean |error| 7.6% against 8.2%): the
 before/after lines under the table give both.
 """
@@ -74,8 +75,9 @@ AFTER_SYNC = [
     "dp=8,zero=3",
     "pp=4,microbatches=4,schedule=gpipe",
 ]
-# Eight more, listed before the calibration timed collectives up to 32 MiB (the DP sync's
-# 25 MB gradient bucket; it stopped at 4 MiB and the fits extrapolated): reported apart.
+# Eight more, listed before the calibration timed collectives up to 32 MiB (past the DP
+# sync's 25 MB gradient bucket; it stopped at 4 MiB and the fits extrapolated): reported
+# apart.
 AFTER_SIZES = [
     "dp=4,zero=1",
     "dp=8,zero=1",
@@ -87,8 +89,8 @@ AFTER_SIZES = [
     "dp=4,zero=3,microbatches=2",
 ]
 # Eight more, listed before the bench priced each layout at the compute rates measured
-# again around it (a shared VM's cores change speed by ~20% within the half hour between
-# the calibration and a run): reported apart.
+# again around it (a shared VM's cores change speed between the calibration and a run):
+# reported apart.
 AFTER_RATES = [
     "dp=2,tp=2,sp=true",
     "dp=4,zero=2,microbatches=4",
@@ -144,15 +146,11 @@ def measure(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float]:
 
 
 def predict(cfg: ModelConfig, layout: Layout, profile: dict, global_batch: int,
-            seq_len: int, now: dict | float | None = None) -> Estimate:
+            seq_len: int, now: dict | None = None) -> Estimate:
     """The planner's estimate for `layout` on the calibrated machine, fp32 Adam as run;
-    `now`: what was measured again around the run, in place of the profile's (the cores
-    our ranks get, a bare number, or {"available_cores", and the compute rates'
-    fields: `bench.calibration.rates_now`})."""
-    overrides = profile_overrides(profile)
-    if isinstance(now, float | int):
-        now = {"available_cores": float(now)}
-    overrides.update(now or {})
+    `now`: what was measured again around the run, in place of the profile's
+    ({"available_cores"}, and the compute rates' fields: `bench.calibration.rates_now`)."""
+    overrides = {**profile_overrides(profile), **(now or {})}
     cluster = build_cluster(gpus=layout.world_size, overrides=overrides)
     return evaluate(cfg, layout, cluster, seq_len, global_batch, FP32_ADAM)
 
@@ -253,8 +251,8 @@ GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix")
 
 
 def _group(row: dict) -> str:
-    return next((tag for tag in ("after_rates", "after_sizes", "after_sync", "after_fix")
-                 if row.get(tag)), "")
+    """The row's group's tag (GROUPS), "" for the first 12."""
+    return next((tag for _, tag in reversed(GROUPS) if tag and row.get(tag)), "")
 
 
 def _befores(row: dict) -> dict[str, float]:
@@ -278,7 +276,7 @@ def groups(rows: list[dict]) -> dict[str, dict]:
                      "mean_abs_error": statistics.mean(abs(e) for e in errors),
                      "mean_signed_error": statistics.mean(errors), "before": {}}
         for key in BEFORES:
-            before = [_befores(r)[key] for r in members if key in _befores(r)]
+            before = [found[key] for found in map(_befores, members) if key in found]
             if len(before) == len(errors):
                 out[name]["before"][key] = {"mean_abs_error": statistics.mean(map(abs, before)),
                                             "mean_signed_error": statistics.mean(before)}

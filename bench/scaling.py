@@ -51,7 +51,8 @@ def _point(kind: str, axis: str, hidden: int, ranks: int, s: dict, profile: dict
     key = (str(layout), hidden)  # a point on both curves (1 rank, base hidden) runs once
     if key not in measured:
         seconds, _, available = measure_around(cfg, layout, s)
-        predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], available)
+        predicted = predict(cfg, layout, profile, s["global_batch"], s["seq_len"],
+                            {"available_cores": available})
         measured[key] = (seconds, predicted.step_time_s, available)
         log(f"  {layout}, hidden {hidden}: measured {seconds:.3f} s, predicted "
             f"{predicted.step_time_s:.3f} s with {available:.2f} cores available")

@@ -26,9 +26,9 @@ from paraxis.plan.comm import COLLECTIVES
 
 # Message sizes the collectives are timed at, latency- to bandwidth-bound, up to above the
 # 25 MB gradient bucket (GPU.gradient_bucket_bytes), the largest message a ZeRO-0/1/2 run
-# sends: a fit is only as good as the sizes it saw. Fitted on sizes up to 4 MiB, gloo's
-# all-reduce over 8 ranks on 2 cores extrapolated to 22 ms for a 26 MB bucket that takes
-# 96 ms (issue 20).
+# sends: a fit is only as good as the sizes it saw. Fitted on sizes up to 4 MiB, the profile
+# committed at 887a458 priced gloo's all-reduce of a 26 MB bucket over 8 ranks on 2 cores at
+# 22 ms; docs/hardware-profile.json now times 32 MiB at 129 ms and prices 26 MB at 100 ms.
 DEFAULT_SIZES_KB = (16, 128, 1024, 4096, 32768)
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
 def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[str, float]:
     """The compute rates a CPU calibration measures (`compute_body`, one rank), timed again
     now, as the profile's GPU fields (profile.compute_fields): a shared VM's cores change
-    speed within the half hour, and a run beside them is priced at the speed it ran at."""
+    speed between a calibration and a run, which is priced at the speed it ran at."""
     from paraxis.calibrate.profile import compute_fields
     from paraxis.testing import run_distributed
 

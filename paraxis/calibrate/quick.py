@@ -25,7 +25,6 @@ PROFILE_NAME = "hardware-profile.json"
 # Bytes, latency- to bandwidth-bound. A small model's TP all-reduces are latency-bound: with
 # fewer sizes or repeats, gloo's noise can fit alpha to 0 and price them 6x too cheap.
 QUICK_SIZES = (4 * 1024, 32 * 1024, 256 * 1024, 1024 * 1024)
-LARGEST_SIZE = 32 * 1024 * 1024  # above the 25 MB gradient bucket a DP run sends at most
 QUICK_REPEATS = 5
 PROBE_S = 2.0  # seconds the busy ranks run to see how many cores our ranks get
 
@@ -70,11 +69,12 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
 
 def quick_sizes(model: str) -> list[int]:
     """QUICK_SIZES, and where `model`'s fp32 gradients (the DP sync's message, in 25 MB
-    buckets) are larger, that size too, up to LARGEST_SIZE: fits do not extrapolate well
-    (paraxis.calibrate.command.DEFAULT_SIZES_KB)."""
+    buckets) are larger, that size too, up to the largest size `paraxis calibrate` times:
+    fits do not extrapolate well (paraxis.calibrate.command.DEFAULT_SIZES_KB)."""
+    from paraxis.calibrate.command import DEFAULT_SIZES_KB
     from paraxis.model_config import load_model_config
 
-    gradients = min(4 * load_model_config(model).num_params(), LARGEST_SIZE)
+    gradients = min(4 * load_model_config(model).num_params(), max(DEFAULT_SIZES_KB) * 1024)
     return [*QUICK_SIZES, *([gradients] if gradients > max(QUICK_SIZES) else [])]
 
 

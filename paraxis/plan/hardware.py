@@ -133,6 +133,10 @@ def carried_from_a100(peak_flops: float, hbm_Bps: float, mamf_share: float) -> d
             "gemm_half_width": A100_GEMM_HALF_WIDTH * balance}
 
 
+# The presets whose GEMM curve is carried from the A100's, with their chip's MAMF share.
+CARRIED = {"h100-sxm-80gb": MAMF_SHARE["h100"], "h100-pcie-80gb": MAMF_SHARE["h100"],
+           "h200": MAMF_SHARE["h100"]}
+
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("a100-40gb", A100_PEAK, 40960 * MIB, 300e9, 1.555e12,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
@@ -141,18 +145,15 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2"),
     GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, attention_impl="fa2",
-        **carried_from_a100(989e12, 3.35e12, MAMF_SHARE["h100"])),
+        **carried_from_a100(989e12, 3.35e12, CARRIED["h100-sxm-80gb"])),
     # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
     GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, attention_impl="fa2",
-        **carried_from_a100(756e12, 2.0e12, MAMF_SHARE["h100"])),
+        **carried_from_a100(756e12, 2.0e12, CARRIED["h100-pcie-80gb"])),
     GPU("h200", 989e12, 141e9, 450e9, 4.8e12, attention_impl="fa2",
-        **carried_from_a100(989e12, 4.8e12, MAMF_SHARE["h100"])),
+        **carried_from_a100(989e12, 4.8e12, CARRIED["h200"])),
     GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
     GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}
-# The presets whose GEMM curve is carried from the A100's, with their chip's MAMF share.
-CARRIED = {"h100-sxm-80gb": MAMF_SHARE["h100"], "h100-pcie-80gb": MAMF_SHARE["h100"],
-           "h200": MAMF_SHARE["h100"]}
 
 
 @dataclass(frozen=True)
