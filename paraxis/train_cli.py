@@ -60,8 +60,9 @@ def _add_flag(group: argparse._ArgumentGroup, section: str, cls: type,
     help_text = meta(section, f, "help") or ""
     if f.default is not None and f.default is not False and f.default is not dataclasses.MISSING:
         help_text = f"{help_text} (default: {f.default})".lstrip()
+    # argparse %-formats help strings ("the last 5% of ..." would break --help)
     options = {"dest": flag_key(section, f), "default": argparse.SUPPRESS,
-               "help": help_text}
+               "help": help_text.replace("%", "%%")}
     if kind is bool:  # --quiet / --no-quiet: a run file's `true` can be turned off too
         group.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
         return

@@ -74,6 +74,18 @@ def test_help_lists_subcommands():
     assert "train" in result.stdout and "demo" in result.stdout
 
 
+def test_every_command_prints_its_help(capsys):
+    # argparse %-formats help strings: a bare "5%" in one option broke `paraxis train --help`
+    from paraxis.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    for name, _, _ in COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([name, "--help"])
+        assert exit_.value.code == 0, name
+        assert "usage: paraxis " + name in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "gpt5"], "unknown model 'gpt5'"),
     (["--data", "/nonexistent/tokens.bin"], "does not exist"),
