@@ -254,12 +254,19 @@ NEMO_RUNS = [
 # table gives. The DeepSeek V3 rows' configs (examples/llm_benchmark/deepseek/
 # deepseek_v3_te_deepep.yaml and _1024.yaml): the HF DeepSeek-V3 shape, a forced-balanced
 # gate (`fake_balanced_gate: true`, so an imbalance of 1), interleaved 1F1B with pipeline
-# microbatches of 1 sequence, activation checkpointing in the 256-GPU config only, FSDP2
+# microbatches of 1 sequence, activation checkpointing, FSDP2
 # with `enable_fsdp_optimizations`: under pipelines every backward but the step's last skips
 # the gradient sync and keeps the parameters gathered (nemo_automodel/components/moe/
 # fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1; that
 # reduce-scatter is one call per block, as fully_shard wraps each block (moe/parallelizer.py,
 # apply_fsdp): fsdp=True.
+# Both DeepSeek V3 rows were published with the table (commit 89e3a9f, 2025-10-06), when
+# the one DeepSeek V3 TE + DeepEP config was examples/benchmark/configs/
+# deepseek_v3_te_deepep.yaml: activation checkpointing, layers_per_stage 2 (the table's VP 8).
+# The _1024.yaml config came six months later (79994aa, 2026-04-12) with no checkpointing and
+# layers_per_stage 4, which is VP 4, not the table's 8; later commits cut its local batch from
+# 8 to 4, then 2, "to reduce DeepSeek 1024 benchmark pressure" (5e0ccc1). So the 1024-GPU row
+# is priced as it was published, with checkpointing.
 # The table's columns: GBS, MBS, LBS, GA, TP, PP, CP, EP, VP, FSDP.
 AUTOMODEL = ("NVIDIA-NeMo/Automodel docs/performance-summary.md at commit e458120 "
              "(examples/llm_benchmark configs at the same commit): pre-training on DGX-H100, BF16")
@@ -284,7 +291,7 @@ AUTOMODEL_RUNS = [
     _automodel("Nemotron V3 Nano 30B (26.02) x8 EP8", "mixtral-8x7b", 8, 8, 1, 8, 64, 4096,
                "none", 16789, HYBRID),
     _automodel("DeepSeek V3 671B x1024 EP64", "deepseek-v3-style", 1024, 256, 4, 64, 32, 4096,
-               "none", 865, virtual=8),
+               "full", 865, virtual=8),
     _automodel("DeepSeek V3 671B x256 EP64", "deepseek-v3-style", 256, 64, 4, 64, 8, 4096,
                "full", 1002, virtual=8),
     _automodel("Kimi K2 x256 EP32", "deepseek-v3-style", 256, 32, 8, 32, 16, 4096, "full", 924,

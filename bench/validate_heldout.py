@@ -249,8 +249,10 @@ def moe_findings(priced: list[HeldOutResult]) -> list[str]:
         "4 nodes (DeepSeek-AI 2024, Sec. 2.1.2), whether the forced-balanced gate keeps that",
         "limit is not stated: the network bytes may be half or less of what is priced here.",
         "The preset models DeepSeek's latent attention as plain 128-head attention (about the",
-        "same parameters, but a third of MLA's score FLOPs at 4K tokens). The 1024-GPU config",
-        "has no activation checkpointing: its memory is the one verdict against its source.",
+        "same parameters, but a third of MLA's score FLOPs at 4K tokens). The 1024-GPU row is",
+        "priced with activation checkpointing, as the one DeepSeek V3 config of the table's",
+        "commit (89e3a9f) ran: the later _1024.yaml without it is VP 4, not the table's VP 8,",
+        "and was twice cut in local batch for memory (bench/heldout_runs.py).",
         "",
     ]
 
