@@ -278,11 +278,14 @@ def _automodel(name: str, model: str | ModelConfig, gpus: int, dp: int, pp: int,
                local_batch: int, seq: int, recompute: str, tps: float, unpriced: str = "",
                virtual: int = 1, cp: int = 1) -> HeldOutRun:
     zero = 1 if pp > 1 else 3  # FSDP2 (see above)
+    # "TE + DeepEP" (the table's kernel column): DeepEP's normal kernels send a token once per
+    # destination node over RDMA and forward it over NVLink (Cluster.expert_dispatch)
+    network = (("expert_dispatch", "per_node"),) if ep > 1 else ()
     return HeldOutRun(name, model, "h100", gpus, dp, 1, pp, local_batch, seq, recompute, tps,
                       AUTOMODEL, f"Pre-Training Performance table, row {name}", unpriced,
                       schedule="interleaved" if virtual > 1 else "1f1b", micro_batch=1,
                       zero=zero, kernels="fused", cp=cp, ep=ep, virtual_stages=virtual,
-                      expert_imbalance=1.0, fsdp=True)
+                      expert_imbalance=1.0, fsdp=True, network=network)
 
 
 AUTOMODEL_RUNS = [

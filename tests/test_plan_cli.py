@@ -73,6 +73,22 @@ def test_hardware_file(tmp_path, capsys) -> None:
     assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 12.5e9
 
 
+def test_the_documented_hardware_file_plans(tmp_path, capsys) -> None:
+    """docs/planner.md's example hardware file, every key in it, is one the planner takes."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    example = re.search(r'```json\n(\{\n  "gpu": \{"name": "my-a100".*?)\n```', text, re.S)
+    assert example, "the hardware file example of docs/planner.md"
+    hw = tmp_path / "hw.json"
+    hw.write_text(example.group(1))
+    code, out, err = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
+                             "--global-batch", "256", "--hardware", str(hw), "--json")
+    assert code == 0, err
+    assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_expert"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
     (["plan", "--params", "7e9", "--gpus", "8", "--gpu", "z80"], "unknown GPU"),

@@ -15,12 +15,14 @@ from paraxis.plan.comm import collective_time
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import evaluate, layer_times
 from paraxis.plan.experts import (
+    all_to_all_times,
     check_ep,
     dispatch_bytes,
     ep_link,
     imbalance_of_counts,
     measured_all_to_all_bytes,
     moe_activation_bytes,
+    remote_nodes_per_token,
 )
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.memory import stage_local_params, stage_params
@@ -122,6 +124,27 @@ def test_an_ep_group_leaving_the_node_pays_the_network() -> None:
     # tp ranks sit between EP members: ep=4 x tp=2 fills the node, ep=8 x tp=2 leaves it
     assert not ep_link(Layout(dp=32, tp=2, ep=4), H100).crosses_nodes
     assert ep_link(Layout(dp=32, tp=2, ep=8), H100).crosses_nodes
+
+
+def test_per_node_dispatch_sends_a_token_once_to_each_remote_node() -> None:
+    """DeepEP's normal kernels (Cluster.expert_dispatch = "per_node"): across 8 nodes a
+    DeepSeek token's 8 experts sit on 4.63 other nodes on average (uniform routing over 32
+    experts a node), so the network leg carries 4.63 rows a token instead of the 7 remote
+    (token, expert) rows; inside a node nothing changes."""
+    assert remote_nodes_per_token(DEEPSEEK, 8) == pytest.approx(4.633, abs=1e-3)
+    assert remote_nodes_per_token(DEEPSEEK, 1) == 0.0
+    # one expert a token (top-1): one row, on another node with probability 7/8
+    assert remote_nodes_per_token(DEEPSEEK.replace(top_k=1), 8) == pytest.approx(7 / 8)
+    deepep = build_cluster("h100-sxm-80gb", 64, 8, {"expert_dispatch": "per_node"})
+    across, inside = Layout(dp=64, ep=64), Layout(dp=64, ep=8)
+    rows, nodes = (all_to_all_times(DEEPSEEK, across, cluster, 4096, 2, 1.0)["total"]
+                   for cluster in (H100, deepep))
+    # the network leg sets both times: 4.63 rows a token against 8 x 56/64 = 7 off-node rows
+    assert nodes / rows == pytest.approx(4.633 / (8 * 56 / 64), rel=0.02)
+    assert all_to_all_times(DEEPSEEK, inside, deepep, 4096, 2, 1.0) == \
+        all_to_all_times(DEEPSEEK, inside, H100, 4096, 2, 1.0)
+    with pytest.raises(ParaxisError, match="expert_dispatch='per_token' is unknown"):
+        build_cluster("h100-sxm-80gb", 64, 8, {"expert_dispatch": "per_token"})
 
 
 def test_imbalance_costs_time_and_memory() -> None:

@@ -39,7 +39,7 @@ from paraxis.moe.placement import (
     send_matrix,
     uniform_send_matrix,
 )
-from paraxis.plan.comm import Link, collective_time, group_link
+from paraxis.plan.comm import Link, collective_time, group_link, latency_steps
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
 
@@ -203,6 +203,40 @@ def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens:
     if layout.ep == 1:
         return {"forward": 0.0, "backward": 0.0, "total": 0.0}
     size = dispatch_bytes(cfg, layout.ep, tokens, value_bytes, imbalance)
-    one = collective_time("all_to_all", size, layout.ep, ep_link(layout, cluster))
+    link = ep_link(layout, cluster)
+    if cluster.expert_dispatch == "per_node" and link.crosses_nodes and link.per_node > 1:
+        one = per_node_dispatch_time(cfg, size, layout.ep, link)
+    else:
+        one = collective_time("all_to_all", size, layout.ep, link)
     half = ALL_TO_ALLS_PER_BLOCK // 2
     return {"forward": half * one, "backward": half * one, "total": ALL_TO_ALLS_PER_BLOCK * one}
+
+
+def remote_nodes_per_token(cfg: ModelConfig, nodes: int) -> float:
+    """Other nodes a token's top_k distinct experts sit on, expected under uniform routing
+    over `nodes` nodes holding n_experts / nodes experts each: (nodes - 1) x P(a given node
+    holds at least one) = (nodes - 1) x (1 - C(E - E/N, k) / C(E, k))."""
+    experts, k = cfg.n_experts, cfg.top_k
+    elsewhere = experts - experts / nodes
+    miss = 1.0
+    for i in range(k):  # C(E - E/N, k) / C(E, k) as a product
+        miss *= max(0.0, elsewhere - i) / (experts - i)
+    return (nodes - 1) * (1 - miss)
+
+
+def per_node_dispatch_time(cfg: ModelConfig, size_bytes: float, ep: int, link: Link) -> float:
+    """Seconds of one all-to-all across nodes that sends a token once to each other node
+    holding any of its experts (`Cluster.expert_dispatch = "per_node"`, DeepEP), where
+    `size_bytes` is what sending every (token, expert) row to the other ranks moves.
+
+    The network leg carries one row per (token, remote node) instead of one per (token,
+    remote expert), on each member's rail; the NVLink leg the rows for the node's other
+    ranks plus those a receiving GPU forwards to its node-mates. The slower leg sets the
+    time, as for the per-row all-to-all (comm.collective_time)."""
+    per_node = link.per_node
+    rows_per_token = cfg.top_k * (ep - 1) / ep  # off-rank rows under uniform routing
+    remote_rows = size_bytes * (ep - per_node) / (ep - 1)
+    network = size_bytes * remote_nodes_per_token(cfg, link.nodes) / rows_per_token
+    nvlink = (size_bytes - remote_rows) + remote_rows * (per_node - 1) / per_node
+    return (link.call_latency_s + latency_steps("all_to_all", ep) * link.latency_s
+            + max(network / link.rail_Bps, nvlink / link.intra_bandwidth_Bps))

@@ -24,6 +24,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
       "nics_per_node": 8,                 # rails (0: one per GPU)
       "collective_algorithm": "ring",     # across nodes: ring or hierarchical
+      "expert_dispatch": "per_expert",    # MoE all-to-all across nodes, or "per_node" (DeepEP)
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,   # per ring step
       "collective_latency_s": 1e-5,       # per collective call
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
@@ -168,6 +169,11 @@ class Cluster:
     # Cross-node collectives: "ring" (one flat NCCL ring) or "hierarchical" (inside the node,
     # then across nodes on each member's rail, then inside again), comm.collective_time.
     collective_algorithm: str = "ring"
+    # An MoE all-to-all across nodes: "per_expert" sends every (token, expert) row (paraxis's
+    # runtime, Megatron's all-to-all dispatcher); "per_node" sends a token once to each node
+    # that holds any of its experts, to the GPU of the same in-node index, which forwards it
+    # over NVLink (DeepEP's normal kernels; DeepSeek-AI 2024, Sec. 3.2.2), plan/experts.py.
+    expert_dispatch: str = "per_expert"
     intra_node_latency_s: float = 5e-6  # per ring step
     inter_node_latency_s: float = 1e-5  # per ring step
     collective_latency_s: float = 0.0  # per collective call: launch and synchronisation
@@ -202,6 +208,9 @@ class Cluster:
         if self.collective_algorithm not in ("ring", "hierarchical"):
             raise ParaxisError(f"collective_algorithm={self.collective_algorithm!r} is "
                                "unknown; use ring or hierarchical")
+        if self.expert_dispatch not in ("per_expert", "per_node"):
+            raise ParaxisError(f"expert_dispatch={self.expert_dispatch!r} is unknown; use "
+                               "per_expert or per_node")
         if self.nics_per_node < 0:
             raise ParaxisError(f"nics_per_node={self.nics_per_node} must be >= 0 (0: one per "
                                "GPU)")
