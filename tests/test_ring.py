@@ -99,3 +99,14 @@ def _integer_ring(ctx: RankContext) -> list[float]:
 @pytest.mark.slow
 def test_real_ring_equals_dist_all_reduce_exactly_on_integers():
     assert run_on_ranks(4, _integer_ring) == [[float(i * 10) for i in range(6)]] * 4
+
+
+def test_piped_output_keeps_each_line_whole(capsys):
+    """Piped to a log (not a terminal), rich folded lines at 80 columns: the cost line was
+    cut in two between "α = 0" and "µs"."""
+    from paraxis.cli import main
+
+    assert main(["ring", "--ranks", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cost = [line for line in lines if line.startswith("time T = ")]
+    assert len(cost) == 1 and cost[0].rstrip().endswith("µs"), cost

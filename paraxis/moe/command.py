@@ -91,10 +91,10 @@ def counts_by_rank(chosen: list[list[int]], n_experts: int, ep: int) -> list[lis
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from paraxis.moe.placement import all_to_all_bytes, experts_of_rank, send_matrix
+    from paraxis.terminal import console as terminal_console
 
     for flag in ("ep", "batch", "seq_len"):
         if getattr(args, flag) < 1:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                            "batch the ep ranks can share")
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
-    console = Console()
+    console = terminal_console()
     console.print(f"[bold]{cfg.name}[/]: {cfg.n_experts} experts, top {cfg.top_k}, "
                   f"{args.batch} x {args.seq_len} tokens, ep={args.ep}")
     table = Table("block", "tokens per expert", "busiest / mean",

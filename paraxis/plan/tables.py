@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
-from rich.console import Console
 from rich.table import Table
 
 from paraxis.model_config import ModelConfig
@@ -12,19 +9,15 @@ from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
+from paraxis.terminal import console as terminal_console
 
 GB = 1e9
-
-
-def _console() -> Console:
-    # Wide enough for the layout column when piped (rich would fold at 80 columns).
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                layouts: list[Estimate], lines: list[str],
                result: SearchResult | None) -> None:
-    console = _console()
+    console = terminal_console()
     active = (f", {cfg.num_active_params() / 1e9:.3g}B active per token"
               if cfg.is_moe else "")
     console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params{active}) on "
@@ -72,4 +65,4 @@ def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes
                       f"{row['params'] / GB:.4g}", f"{row['grads'] / GB:.4g}",
                       f"{row['optimizer'] / GB:.4g}", f"{row['total'] / GB:.4g}",
                       "yes" if row["total"] <= limit_bytes else "no")
-    _console().print(table)
+    terminal_console().print(table)

@@ -69,14 +69,14 @@ def _table(sim: RingSimulation, step: RingStep | None, title: str) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from paraxis.terminal import console as terminal_console
 
     if args.ranks > MAX_RANKS or (args.size or 0) > MAX_SIZE:
         raise ParaxisError(f"--ranks {args.ranks} --size {args.size or args.ranks} is too big to "
                            f"watch: every step prints an N x N table (64 ranks already take "
                            f"minutes and a GB); use --ranks <= {MAX_RANKS} and --size <= "
                            f"{MAX_SIZE}, and `paraxis plan` for the cost at scale")
-    console = Console()
+    console = terminal_console()
     sim = simulate_ring(args.ranks, size=args.size, bytes_per_element=args.bytes_per_element)
     n, x_bytes = sim.ranks, sim.size * sim.bytes_per_element
     console.print(f"[bold]Ring all-reduce[/] of {sim.size} elements ({x_bytes} B) on {n} "
