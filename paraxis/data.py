@@ -8,6 +8,7 @@ tokens as one device.
 
 from __future__ import annotations
 
+import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,8 +193,11 @@ class TokenData:
         needed = seq_len + 2 if whole else 2 * (seq_len + 1) / (1 - self.val_fraction) \
             + seq_len + 1
         if len(self.tokens) < needed:
+            held = "" if whole else (f" (windows of {seq_len + 1} for training and for the "
+                                     f"held-out last {self.val_fraction:.0%})")
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
-                               f"seq_len {seq_len}; give more data or a shorter --seq-len")
+                               f"seq_len {seq_len}: it needs {math.ceil(needed)}{held}; give "
+                               "more data or a shorter --seq-len")
         top, where = largest_token(self.tokens)
         if top >= vocab_size:
             raise ParaxisError(f"data {self.name} holds token id {top} (at token {where:,}) but "

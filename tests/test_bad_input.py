@@ -181,7 +181,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "check --data-dtype or --tokenizer", False),
     ("data-folder-without-text", [*TRAIN, "--data", "a_folder"], "holds no .txt/.md/.py",
      "put text files in it", False),
-    ("data-too-short", [*TRAIN, "--data", "tiny.txt"], "too few for seq_len 32",
+    ("data-too-short", [*TRAIN, "--data", "tiny.txt"], "too few for seq_len 32: it needs",
      "give more data or a shorter --seq-len", False),
 ]
 
