@@ -265,22 +265,37 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
               "layer_overhead_s": 400e-6}
     after = {"peak_flops": 100e9, "attention_flops": 20e9, "hbm_bandwidth_Bps": 10e9,
              "layer_overhead_s": 800e-6}
+    sizes = [4096.0, 1048576.0]
     profile = {"gpu": dict(before),
                "cluster": {"available_cores": 2.0, "collectives": {"all_reduce": {"8": {}}},
-                           "sync_wait_s": {"8": {}}},
+                           "sync_wait_s": {"8": {"2": 1e-3}}},
                "calibration": {"device": {"type": "cpu", "model": cpu, "cores": cores},
                                "compute": {"shapes_from": {"model": "tiny", "tokens": 2048,
-                                                           "seq_len": 128}}}}
+                                                           "seq_len": 128}},
+                               "collectives": {"8": {"all_reduce": {"2": [[sizes[0], 2e-3],
+                                                                          [sizes[1], 6e-3]]}}}}}
     (tmp_path / quick.PROFILE_NAME).write_text(json.dumps(profile))
     probes = []
+    again = {"times": {"all_reduce": {"2": [[sizes[0], 4e-3], [sizes[1], 8e-3]]}},
+             "sync_wait_s": {"2": 3e-3}}
     monkeypatch.setattr(command, "available_cores", lambda *a: probes.append(a) or 1.0)
     monkeypatch.setattr(quick, "_rates_again", lambda shapes: probes.append(shapes) or after)
+    monkeypatch.setattr(command, "collectives_again",
+                        lambda profile, ranks, repeats: probes.append(ranks) or again)
     monkeypatch.setattr(quick, "COMMITTED", tmp_path / "absent.json")
     for _ in range(2):
         found = quick.profile_for_cpu_run(8, tmp_path, "tiny")
-        assert found.how == "cached" and "compute rates" in found.describe()
-    assert len(probes) == 2  # cores and compute, once
+        assert found.how == "cached" and "collectives" in found.describe()
+    assert len(probes) == 3  # cores, compute and collectives, once
     saved = json.loads(found.path.read_text())
     assert saved["cluster"]["available_cores"] == 1.5
     assert saved["gpu"] == {k: (before[k] + after[k]) / 2 for k in before}
     assert saved["calibration"]["compute_after_run"] == after
+    # the collectives refitted on the means of each point, the waits averaged
+    assert saved["calibration"]["collectives_after_run"] == {"8": again}
+    assert saved["cluster"]["sync_wait_s"] == {"8": {"2": 2e-3}}
+    fit = saved["cluster"]["collectives"]["all_reduce"]["8"]["2"]
+    for size, mean in zip(sizes, (3e-3, 7e-3), strict=True):
+        priced = latency_steps("all_reduce", 2) * fit["alpha_s"] \
+            + ring_factor("all_reduce", 2) * size / fit["bandwidth_Bps"]
+        assert priced == pytest.approx(mean, rel=0.05)

@@ -136,6 +136,24 @@ def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[s
     return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
 
 
+def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
+    """The collectives (and sync waits) a CPU calibration timed on `ranks` ranks, timed again
+    now at the same message sizes and compute segment: `collective_body`'s {"times",
+    "sync_wait_s"}. Gloo between ranks that outnumber the cores reads a pair's call at
+    2-5 ms from one minute to the next, and a tiny model's step pays it on every TP call."""
+    from paraxis.testing import run_distributed
+
+    calibration = profile["calibration"]
+    timed = calibration["collectives"][str(ranks)]["all_reduce"]
+    # the largest group's message sizes are whole shards for every group
+    sizes = [int(size) for size, _ in timed[str(max(map(int, timed)))]]
+    shapes = calibration["compute"]["shapes_from"]
+    rate = calibration["compute"]["matmul"]["flops_per_s"]
+    segment = sync_segment_s(shapes["model"], shapes["tokens"], rate)
+    return run_distributed(collective_body, ranks, (sizes, repeats, "cpu", segment, rate),
+                           timeout_s=300)[0]
+
+
 def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
                     segment_s: float = 0.0, flops_per_s: float = 0.0) -> dict:
     """Runs on every rank: every collective at every size, over groups of every size that

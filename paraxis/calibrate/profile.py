@@ -31,6 +31,26 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
     return fits
 
 
+def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None = None
+                ) -> tuple[dict, dict]:
+    """(GPU fields, cluster fields) of a profile that the timed collectives set: the fits,
+    the generic intra-node link (where no fit applies: the all-reduce ring over the most
+    ranks measured, the closest to a whole node) and, on CPU ranks, the sync waits."""
+    fits = fit_collectives(timings)
+    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
+                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
+    ring = [by_group[world] for world, by_group in fits.get("all_reduce", {}).items()
+            if world in by_group]
+    link = max(ring, key=lambda f: f.ranks) if ring else None
+    gpu = {"nvlink_bandwidth_Bps": link.bandwidth_Bps} if link is not None else {}
+    cluster: dict[str, object] = {"collectives": table}
+    if sync_waits:
+        cluster["sync_wait_s"] = {str(n): waits for n, waits in sorted(sync_waits.items())}
+    if link is not None:
+        cluster["intra_node_latency_s"] = link.alpha_s
+    return gpu, cluster
+
+
 def compute_fields(compute: dict) -> dict[str, float]:
     """The profile's GPU fields that the measured compute rates set (peak_flops is the
     achieved GEMM rate, at efficiency 1.0)."""
@@ -50,14 +70,7 @@ def build_profile(device: dict, compute: dict, timings: Timings,
     "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels;
     sync_waits: {ranks on node: {group size: seconds}}, calibrate.collectives.sync_waits.
     """
-    fits = fit_collectives(timings)
-    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
-                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
-    # The generic intra-node link (where no fit applies): the all-reduce ring over the most
-    # ranks measured, the closest to a whole node.
-    ring = [by_group[world] for world, by_group in fits.get("all_reduce", {}).items()
-            if world in by_group]
-    link = max(ring, key=lambda f: f.ranks) if ring else None
+    link_gpu, link_cluster = link_fields(timings, sync_waits)
     gpu = {
         "name": device["name"],
         **compute_fields(compute),
@@ -73,17 +86,12 @@ def build_profile(device: dict, compute: dict, timings: Timings,
         "kernels": "eager",
         "link_efficiency": 1.0,
     }
-    if link is not None:
-        gpu["nvlink_bandwidth_Bps"] = link.bandwidth_Bps
+    gpu.update(link_gpu)
     ranks = max(timings) if timings else 1
     cluster: dict[str, object] = {"nodes": 1, "gpus_per_node": ranks,
                                   "cores_per_node": device.get("cores", 0),
                                   "available_cores": device.get("available_cores", 0.0),
-                                  "collectives": table}
-    if sync_waits:
-        cluster["sync_wait_s"] = {str(n): waits for n, waits in sorted(sync_waits.items())}
-    if link is not None:
-        cluster["intra_node_latency_s"] = link.alpha_s
+                                  **link_cluster}
     return {"schema": SCHEMA, "gpu": gpu, "cluster": cluster,
             "calibration": {"device": device, "compute": compute,
                             "collectives": {str(n): t for n, t in sorted(timings.items())}}}

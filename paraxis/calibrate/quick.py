@@ -9,8 +9,8 @@ shapes; the collectives on the run's rank count at four message sizes, five wher
 model's gradients pass 1 MiB; the cores as many busy ranks as the run has get: about 5-30 s,
 load permitting), saved in the run's folder
 for the next report. `paraxis demo` calibrates just before its run; the report after it
-probes the cores and times the compute again and prices with the means, as the load (and a
-shared VM's speed) may change while a run runs.
+probes the cores and times the compute and the collectives again and prices with the means,
+as the load (and a shared VM's speed) may change while a run runs.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class FoundProfile:
             return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) "
                     f"made now in {self.seconds:.0f} s")
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
-                f"next to this run in {self.seconds:.0f} s (the cores its ranks get and its "
-                "compute rates: the mean of a probe before and after it)")
+                f"next to this run in {self.seconds:.0f} s (the cores its ranks get, its "
+                "compute rates and its collectives: the mean of a probe before and after it)")
 
 
 def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
@@ -86,6 +86,26 @@ def _rates_again(shapes_from: dict) -> dict[str, float]:
                          QUICK_REPEATS)
 
 
+def _collectives_again(profile: dict, ranks: int) -> None:
+    """Time the profile's collectives and sync waits on `ranks` ranks again and price with
+    the means of each point (a quick profile times one rank count: all its fits are
+    refitted)."""
+    from paraxis.calibrate.command import collectives_again
+    from paraxis.calibrate.profile import link_fields
+
+    again = collectives_again(profile, ranks, QUICK_REPEATS)
+    profile["calibration"]["collectives_after_run"] = {str(ranks): again}
+    before = profile["calibration"]["collectives"][str(ranks)]
+    times = {op: {n: [[size, (s + s_again) / 2] for (size, s), (_, s_again) in zip(
+        points, again["times"][op][n], strict=True)] for n, points in by_group.items()}
+        for op, by_group in before.items()}
+    waits = profile["cluster"].get("sync_wait_s", {}).get(str(ranks), {})
+    means = {n: (waits.get(n, wait) + wait) / 2 for n, wait in again["sync_wait_s"].items()}
+    gpu, cluster = link_fields({ranks: times}, {ranks: means})
+    profile["gpu"].update(gpu)
+    profile["cluster"].update(cluster)
+
+
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
@@ -111,6 +131,8 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
             after = _rates_again(calibration["compute"]["shapes_from"])
             calibration["compute_after_run"] = after
             profile["gpu"].update({k: (profile["gpu"][k] + v) / 2 for k, v in after.items()})
+            if ranks > 1:
+                _collectives_again(profile, ranks)
             cached.write_text(json.dumps(profile, indent=2) + "\n")
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
