@@ -260,16 +260,16 @@ NEMO_RUNS = [
 # fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1; that
 # reduce-scatter is one call per block, as fully_shard wraps each block (moe/parallelizer.py,
 # apply_fsdp): fsdp=True.
-# Both DeepSeek V3 rows were published with the table (commit 89e3a9f, 2025-10-06), when
-# the one DeepSeek V3 TE + DeepEP config was examples/benchmark/configs/
-# deepseek_v3_te_deepep.yaml: activation checkpointing, layers_per_stage 2 (the table's VP 8).
-# The _1024.yaml config came six months later (79994aa, 2026-04-12) with no checkpointing and
-# layers_per_stage 4, which is VP 4, not the table's 8; later commits cut its local batch from
-# 8 to 4, then 2, "to reduce DeepSeek 1024 benchmark pressure" (5e0ccc1). So the 1024-GPU row
-# is priced as it was published, with checkpointing.
+# The 1024-GPU config as first committed (examples/benchmark/configs/
+# deepseek_v3_te_deepep_1024.yaml at 2c236e08, 2025-10-08, two days after the table's
+# 89e3a9f) checkpoints activations, as the 256-GPU one does; the refactor 194103bf
+# (2026-02-12) dropped the key with the MoE config section it sat in, and 5e0ccc1 later cut
+# its local batch from 8 to 4 "to reduce DeepSeek 1024 benchmark pressure". So the
+# 1024-GPU row is priced as it was published, with checkpointing.
 # The table's columns: GBS, MBS, LBS, GA, TP, PP, CP, EP, VP, FSDP.
 AUTOMODEL = ("NVIDIA-NeMo/Automodel docs/performance-summary.md at commit e458120 "
-             "(examples/llm_benchmark configs at the same commit): pre-training on DGX-H100, BF16")
+             "(examples/llm_benchmark configs at the same commit; the DeepSeek V3 1024-GPU "
+             "config as first committed, 2c236e08): pre-training on DGX-H100, BF16")
 HYBRID = "a hybrid Mamba-Transformer: state-space layers are not modelled"
 HEAD_WIDTH = "heads x head size differ from d_model (ModelConfig ties them): not modelled"
 

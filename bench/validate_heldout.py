@@ -19,7 +19,7 @@ from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import Estimate, evaluate
-from paraxis.plan.experts import remote_nodes_per_token
+from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.plan.precision import PRECISIONS
@@ -230,9 +230,10 @@ def llama3_lines() -> list[str]:
 def moe_findings(priced: list[HeldOutResult]) -> list[str]:
     """The mixture-of-experts rows (ep > 1) in words, with the figures behind their error."""
     rows = [r for r in priced if r.run.ep > 1]
-    lines = ["Mixtures of experts (issue 23): the rows with expert parallelism, priced as the",
-             "planner prices paraxis's runtime (four all-to-alls per MoE block per microbatch",
-             "carrying every (token, expert) row that leaves its rank, moe/placement.py):", ""]
+    lines = ["Mixtures of experts (issue 23): the rows with expert parallelism, priced with",
+             "the planner's model of paraxis's runtime (four all-to-alls per MoE block per",
+             "microbatch, moe/placement.py), each all-to-all sent as its source sends it",
+             "(`expert_dispatch`):", ""]
     for r in rows:
         assert r.estimate is not None and r.error is not None
         time = r.estimate.time
@@ -242,24 +243,35 @@ def moe_findings(priced: list[HeldOutResult]) -> list[str]:
             f"of which compute {time['compute']:.2f} s, all-to-alls {time['ep']:.2f} s, "
             f"gradient sync {time['dp']:.2f} s exposed, bubble {time['bubble']:.2f} s; "
             f"{r.estimate.memory['total'] / 1e9:.1f} GB per GPU.")
+    deepep = [r for r in rows if dict(r.run.network).get("expert_dispatch") == "per_node"]
+    if deepep:
+        first = deepep[0]
+        assert first.estimate is not None
+        cfg, layout = model_of(first.run), first.estimate.layout
+        link = ep_link(layout, cluster_for(first.run))
+        off_node = cfg.top_k * (layout.ep - link.per_node) / layout.ep
+        lines += [
+            "",
+            f"The rows above that ran DeepEP ({', '.join(r.run.name for r in deepep)}) send a",
+            "token once to each destination node over RDMA and forward it to that node's",
+            "experts over NVLink, where paraxis's runtime sends each (token, expert) row; they",
+            "are priced as DeepEP sends (`expert_dispatch = \"per_node\"`, plan/experts.py).",
+            f"For {first.run.name} (EP{layout.ep} over {link.nodes} nodes), under uniform "
+            f"routing a token's {cfg.top_k} experts sit on "
+            f"{remote_nodes_per_token(cfg, link.nodes):.2f} of the {link.nodes - 1} other nodes "
+            f"on average, against {off_node:.2f} rows a token sent off the node row by row.",
+            "Priced row by row instead: " + "; ".join(
+                f"{r.run.name} {price(_row_by_row(r.run)).error:+.1%} -> {r.error:+.1%}"
+                for r in deepep) + ".",
+        ]
     return lines + [
-        "",
-        "Both DeepSeek V3 rows run EP64 over 8 nodes with DeepEP, which sends a token once per",
-        "destination node over RDMA and forwards it to that node's experts over NVLink, where",
-        "paraxis's runtime sends each (token, expert) row; they are priced as DeepEP sends",
-        "(`expert_dispatch = \"per_node\"`, plan/experts.py): under uniform routing a token's 8",
-        f"experts sit on {remote_nodes_per_token(model_of(rows[0].run), 8):.2f} of the 7 other "
-        "nodes on average, against 7 rows a token sent",
-        "off the node row by row. Priced row by row instead: " + "; ".join(
-            f"{r.run.name} {price(_row_by_row(r.run)).error:+.1%} -> {r.error:+.1%}"
-            for r in rows) + ".",
         "DeepSeek-V3's router sends a token to at most 4 nodes (DeepSeek-AI 2024, Sec. 2.1.2);",
         "whether the forced-balanced gate keeps that limit is not stated, so it is not assumed.",
         "The preset models DeepSeek's latent attention as plain 128-head attention (about the",
         "same parameters, but a third of MLA's score FLOPs at 4K tokens). The 1024-GPU row is",
-        "priced with activation checkpointing, as the one DeepSeek V3 config of the table's",
-        "commit (89e3a9f) ran: the later _1024.yaml without it is VP 4, not the table's VP 8,",
-        "and was twice cut in local batch for memory (bench/heldout_runs.py).",
+        "priced with activation checkpointing, as its config was first committed (Automodel",
+        "2c236e08, two days after the table); a refactor (194103bf, 2026-02-12) later dropped",
+        "the key with the section it sat in (bench/heldout_runs.py).",
         "",
     ]
 

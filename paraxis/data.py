@@ -186,23 +186,38 @@ class TokenData:
                                             for p in files])
         return cls(tokens, f"{path} ({tokenizer})")
 
-    def check(self, vocab_size: int, seq_len: int, whole: bool = False) -> None:
-        """Enough tokens for `seq_len` windows (in the training part and the held-out tail,
-        or in the whole when `whole`: a separate held-out set, or training beside one) and
-        every id within the vocabulary."""
-        needed = seq_len + 2 if whole else 2 * (seq_len + 1) / (1 - self.val_fraction) \
-            + seq_len + 1
+    def check(self, vocab_size: int, seq_len: int, whole: bool = False,
+              held_out: bool = True) -> None:
+        """Enough tokens for `seq_len` windows (in the training part, and in the held-out tail
+        where `held_out` (an --eval-every run); in the whole when `whole`: a separate held-out
+        set, or training beside one) and every id within the vocabulary."""
+        needed = self.tokens_needed(seq_len, whole, held_out)
         if len(self.tokens) < needed:
-            held = "" if whole else (f" (windows of {seq_len + 1} for training and for the "
-                                     f"held-out last {self.val_fraction:.0%})")
+            parts = "" if whole else (" (windows of {} in the training part{})".format(
+                seq_len + 1, f" and in the held-out last {self.val_fraction:.0%}"
+                if held_out else ""))
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
-                               f"seq_len {seq_len}: it needs {math.ceil(needed)}{held}; give "
-                               "more data or a shorter --seq-len")
+                               f"seq_len {seq_len}: it needs {needed}{parts}; give more data "
+                               "or a shorter --seq-len")
         top, where = largest_token(self.tokens)
         if top >= vocab_size:
             raise ParaxisError(f"data {self.name} holds token id {top} (at token {where:,}) but "
                                f"the model's vocabulary is {vocab_size}; check --data-dtype or "
                                "--tokenizer, or choose a model whose vocabulary covers the data")
+
+    def tokens_needed(self, seq_len: int, whole: bool = False, held_out: bool = True) -> int:
+        """The fewest tokens that leave every part `starts` draws from a window: a part of p
+        tokens starts windows of seq_len + 1 in [0, p - seq_len - 1), so it needs
+        seq_len + 2; the held-out tail is the last `val_fraction` of the tokens."""
+        part = seq_len + 2
+        if whole:
+            return part
+        v = self.val_fraction
+        n = math.ceil(max(part / (1 - v), part / v if held_out else 0.0))
+        while (int(n * (1 - v)) < part
+               or (held_out and n - int(n * (1 - v)) < part)):  # the split rounds down
+            n += 1
+        return n
 
     @property
     def split_at(self) -> int:

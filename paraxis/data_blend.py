@@ -101,10 +101,11 @@ class Blend:
             starts[which == index] = drawn[which == index]
         return blend, which, starts
 
-    def check(self, vocab_size: int, seq_len: int) -> None:
-        """Each source (and the held-out set's) long enough and within the vocabulary."""
+    def check(self, vocab_size: int, seq_len: int, held_out: bool = True) -> None:
+        """Each source (and the held-out set's) long enough and within the vocabulary;
+        `held_out`: whether the run evaluates (each source's tail is then drawn too)."""
         for source in self.sources:
-            source.check(vocab_size, seq_len, whole=self.val is not None)
+            source.check(vocab_size, seq_len, whole=self.val is not None, held_out=held_out)
         if self.val is not None:
             for source in self.val.sources:
                 source.check(vocab_size, seq_len, whole=True)

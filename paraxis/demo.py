@@ -40,7 +40,6 @@ def report_inputs(model: str, layout: Layout) -> PlanInputs:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from paraxis.calibrate.quick import PROFILE_NAME
@@ -49,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.report.build import build_report, save
     from paraxis.report.hardware import choose_hardware
     from paraxis.runtime.launch import launch
+    from paraxis.terminal import console as terminal_console
     from paraxis.train import run_training
 
-    # soft_wrap: a line longer than the terminal (or than 80 columns in a log) stays one line
-    console = Console(soft_wrap=True, highlight=False)
+    console = terminal_console(highlight=False)
     out = Path(args.out)
     layout = Layout.parse(args.layout)
     common = RunConfig.from_flags(model=args.model, steps=args.steps, global_batch=GLOBAL_BATCH,

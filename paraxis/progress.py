@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-LOG_WIDTH = 200  # columns of a line written to a file or pipe
+from paraxis.terminal import PIPED_WIDTH as LOG_WIDTH
 
 
 class Progress:

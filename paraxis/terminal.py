@@ -7,8 +7,13 @@ import sys
 
 from rich.console import Console
 
-PIPED_WIDTH = 200
+PIPED_WIDTH = 200  # columns of a line written to a file or pipe
 
 
-def console() -> Console:
-    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH, soft_wrap=True)
+def console(**options: object) -> Console:
+    """A rich console on stdout (`options`: rich's, e.g. highlight=False): the terminal's
+    width on a terminal, else PIPED_WIDTH, soft-wrapped (a line longer than that stays one
+    line)."""
+    if sys.stdout.isatty():
+        return Console(**options)
+    return Console(width=PIPED_WIDTH, soft_wrap=True, **options)

@@ -91,7 +91,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
         data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
-        data.check(model_cfg.vocab_size, train.seq_len)
+        data.check(model_cfg.vocab_size, train.seq_len, held_out=cfg.eval.every > 0)
         end_of_document = packing_id(data.end_of_document, data.name) \
             if train.pack_documents else None  # a blend's common id is asked only then
         claim = claim_folder(cfg, data, rank, world)

@@ -107,7 +107,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         model_cfg = load_model_config(cfg.model.name)
         cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
         data = load_run_data(cfg.data)
-        data.check(model_cfg.vocab_size, train_cfg.seq_len)
+        data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
         if train_cfg.pack_documents:  # before any rank starts
             from paraxis.packing import packing_id
 

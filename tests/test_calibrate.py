@@ -156,13 +156,18 @@ def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
     profile = {
         "cluster": {"collectives": {"all_reduce": {"8": {}}}, "sync_wait_s": {"8": {}}},
         "calibration": {"device": {"type": "cpu", "model": "AMD EPYC", "cores": 2},
-                        "compute": {"shapes_from": {"model": "small-llama"}}}}
+                        "compute": {"shapes_from": {"model": "small-llama"}, "matmul": {}},
+                        "collectives": {"8": {"all_reduce": {}}}}}
     path.write_text(json.dumps(profile))
     assert matches(path, "AMD EPYC", 2, 8, "small-llama")
     assert not matches(path, "AMD EPYC", 2, 8, "tiny")  # another model's shapes
     assert not matches(path, "Intel Xeon", 2, 8, "small-llama")  # another CPU
     assert not matches(path, "AMD EPYC", 2, 4, "small-llama")  # rank count not timed
     del profile["cluster"]["sync_wait_s"]  # made before calls were timed after compute
+    path.write_text(json.dumps(profile))
+    assert not matches(path, "AMD EPYC", 2, 8, "small-llama")
+    profile["cluster"]["sync_wait_s"] = {"8": {}}
+    del profile["calibration"]["collectives"]  # nothing a re-timing after a run could read
     path.write_text(json.dumps(profile))
     assert not matches(path, "AMD EPYC", 2, 8, "small-llama")
 
@@ -271,7 +276,7 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
                            "sync_wait_s": {"8": {"2": 1e-3}}},
                "calibration": {"device": {"type": "cpu", "model": cpu, "cores": cores},
                                "compute": {"shapes_from": {"model": "tiny", "tokens": 2048,
-                                                           "seq_len": 128}},
+                                                           "seq_len": 128}, "matmul": {}},
                                "collectives": {"8": {"all_reduce": {"2": [[sizes[0], 2e-3],
                                                                           [sizes[1], 6e-3]]}}}}}
     (tmp_path / quick.PROFILE_NAME).write_text(json.dumps(profile))

@@ -82,11 +82,13 @@ def test_the_documented_hardware_file_plans(tmp_path, capsys) -> None:
     example = re.search(r'```json\n(\{\n  "gpu": \{"name": "my-a100".*?)\n```', text, re.S)
     assert example, "the hardware file example of docs/planner.md"
     hw = tmp_path / "hw.json"
-    hw.write_text(example.group(1))
+    documented = json.loads(example.group(1))
+    documented["cluster"]["expert_dispatch"] = "per_node"  # read, not a default
+    hw.write_text(json.dumps(documented))
     code, out, err = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
                              "--global-batch", "256", "--hardware", str(hw), "--json")
     assert code == 0, err
-    assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_expert"
+    assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_node"
 
 
 @pytest.mark.parametrize("argv, message", [

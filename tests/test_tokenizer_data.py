@@ -84,3 +84,22 @@ def test_training_on_tokenised_text(text_folder, tiny_tokenizer):
                                steps=3, global_batch=2, seq_len=16, device="cpu", quiet=True)
     records = run_training(cfg)
     assert len(records) == 3 and all(np.isfinite(r["loss"]) for r in records)
+
+
+@pytest.mark.parametrize("seq_len", [1, 16, 32, 127])
+@pytest.mark.parametrize("held_out", [True, False])
+def test_the_fewest_tokens_leave_every_part_a_window(seq_len, held_out):
+    """`check` asks for exactly the tokens every part `starts` draws from needs: with that
+    many, training (and with evaluation the held-out tail) draw windows; with one fewer it
+    says so in one line instead of numpy failing in the middle of a run."""
+    needed = TokenData(np.zeros(1, dtype=np.uint16)).tokens_needed(seq_len, held_out=held_out)
+    enough = TokenData(np.arange(needed, dtype=np.uint16))
+    enough.check(65536, seq_len, held_out=held_out)
+    for part in ("train", "val") if held_out else ("train",):
+        enough.batch(0, 4, seq_len, seed=0, split=part)
+    short = TokenData(np.arange(needed - 1, dtype=np.uint16))
+    with pytest.raises(ParaxisError, match=f"it needs {needed}"):
+        short.check(65536, seq_len, held_out=held_out)
+    if held_out:  # the tail is what was missing: 103 tokens passed at seq_len 32 before
+        assert needed > TokenData(np.zeros(1)).tokens_needed(seq_len, held_out=False)
+

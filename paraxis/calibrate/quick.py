@@ -60,10 +60,12 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
     device = profile.get("calibration", {}).get("device", {})
     timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
     shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
+    raw = profile.get("calibration", {}).get("collectives", {})  # what a re-timing reads
     return (device.get("type") == "cpu" and device.get("model") == cpu
             and shapes.get("model") == model
             and device.get("cores") == cores
-            and (ranks < 2 or (str(ranks) in timed
+            and "matmul" in profile["calibration"]["compute"]
+            and (ranks < 2 or (str(ranks) in timed and "all_reduce" in raw.get(str(ranks), {})
                                and str(ranks) in profile["cluster"].get("sync_wait_s", {}))))
 
 

@@ -204,7 +204,7 @@ def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens:
         return {"forward": 0.0, "backward": 0.0, "total": 0.0}
     size = dispatch_bytes(cfg, layout.ep, tokens, value_bytes, imbalance)
     link = ep_link(layout, cluster)
-    if cluster.expert_dispatch == "per_node" and link.crosses_nodes and link.per_node > 1:
+    if cluster.expert_dispatch == "per_node" and link.crosses_nodes:
         one = per_node_dispatch_time(cfg, size, layout.ep, link)
     else:
         one = collective_time("all_to_all", size, layout.ep, link)
@@ -232,7 +232,8 @@ def per_node_dispatch_time(cfg: ModelConfig, size_bytes: float, ep: int, link: L
     The network leg carries one row per (token, remote node) instead of one per (token,
     remote expert), on each member's rail; the NVLink leg the rows for the node's other
     ranks plus those a receiving GPU forwards to its node-mates. The slower leg sets the
-    time, as for the per-row all-to-all (comm.collective_time)."""
+    time, as for the per-row all-to-all (comm.collective_time). A group that spans nodes
+    unevenly is priced as if each held `link.per_node` members, as the per-row path does."""
     per_node = link.per_node
     rows_per_token = cfg.top_k * (ep - 1) / ep  # off-rank rows under uniform routing
     remote_rows = size_bytes * (ep - per_node) / (ep - 1)

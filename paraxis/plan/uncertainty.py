@@ -49,9 +49,9 @@ GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.vali
 # (plan/attention_rates.py) the rms fell from 33.1% (largest 119.3%, beyond 8K tokens); the
 # largest errors left are runs whose sources do not state their kernel (Llama 3, NeMo AutoModel).
 # H100 GEMMs carried over from the A100 fit by measured matmul ceilings (plan/hardware.py):
-# rms 12.9% -> 11.8%. DeepSeek V3 x1024 priced with the checkpointing it was published with
-# (bench/heldout_runs.py): rms 11.8% -> 11.9%; both DeepSeek V3 rows with DeepEP's dispatch
-# (once per node, plan/experts.py): 11.9% -> 11.6%, largest 41.2% -> 38.9%.
+# rms 12.9% -> 11.8%. DeepSeek V3 x1024 priced with the checkpointing its config was first
+# committed with (bench/heldout_runs.py): rms 11.8% -> 11.9%; both DeepSeek V3 rows with
+# DeepEP's dispatch (once per node, plan/experts.py): 11.9% -> 11.6%, largest 41.2% -> 38.9%.
 HELD_OUT_GPU_BAND = ErrorBand(0.116, 0.389, 231, "held-out rows of docs/validation.md")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted"): 44 layouts of the
 # bench at a5f9256. The 28 of the run before gave rms 16.5% (largest 33.9%); most of that
