@@ -251,17 +251,14 @@ def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
 
 @pytest.mark.slow
 def test_demo_forecast_is_within_50_percent(demo_report):
-    # Issue 17 asks for 30%. Measured here after the calibration fixes: -14%, -14%, -16%,
-    # -19% on most runs, but -33% when the host slowed the 8 oversubscribed ranks more than
-    # the single-rank calibration next to the run saw (single-device steps 30% slower too);
-    # after issue 20's CPU fix (no A100 shape term in a CPU profile): -6% and -23%, the same
-    # run's measured step 0.17-0.28 s from one run to the next on a 2-core VM; with the sync
-    # waits priced (session 11, six `paraxis demo` runs): +1%, -34%, -11%, -11%, -41%, -34%;
-    # session 12, before the report timed the compute again after the run: -20%, -21%, -3%,
-    # +12%, -14%, -33%, +19%; after: +5%, -13%, -15%, -24%, -16%, -10% (a tiny block's
-    # dispatch on this VM is ~450 us or ~800 us from one minute to the next; the pair
-    # all-reduce's measured wait 0-1 ms). The bound a CI run can rely on today is 50%; the
-    # 30% stays open in issue 17.
+    # Issue 17 asks for 30%. Sessions 11-12 measured forecasts from +19% to -44% (sd ~19%):
+    # the profile's collectives were timed once, before the run, and a pair's call on 8 gloo
+    # ranks sharing 2 cores is fitted at 2.2-4.4 ms from one minute to the next. Since the
+    # report times them again after the run and prices with the means (session 13), twelve
+    # `paraxis demo` runs gave -10, -25, -26, -7, -17, -13, -18, -15, -10, -9, -11 and -0%,
+    # and this test's run -29%: steadier, but biased low (the demo's TP calls cost more in
+    # its step than a probe of a call reads), so 30% would fail a CI run now and then. The
+    # bound a CI run can rely on is 50%; the 30% stays open in issue 17.
     assert abs(demo_report.forecast.error) <= 0.50, demo_report.forecast
 
 
