@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from paraxis.config import RunConfig
+from paraxis.data import TokenData
 from paraxis.train import run_training
 from tests.test_bad_input import run_row, snapshot
 
@@ -166,8 +167,9 @@ def _bad_tokens(chooser: random.Random, folder: Path, index: int) -> list[str]:
         tokens = (np.arange(chooser.randint(5000, 300_000)) % 200).astype(np.uint16)
         tokens[chooser.randrange(len(tokens))] = chooser.randint(256, 65535)
         tokens.tofile(path)
-    elif kind == "short":
-        np.arange(chooser.randint(1, 60), dtype=np.uint16).tofile(path)
+    elif kind == "short":  # fewer than TRAIN's seq_len 32 needs (its runs do not evaluate)
+        needed = TokenData(np.zeros(1, dtype=np.uint16)).tokens_needed(32, held_out=False)
+        np.arange(chooser.randint(1, needed - 1), dtype=np.uint16).tofile(path)
     else:  # uint16 ids read as uint32 make ids far beyond a 256-token vocabulary
         (np.arange(6000) % 200 + 1).astype(np.uint16).tofile(path)
         return ["--data", name, "--data-dtype", "uint32"]
