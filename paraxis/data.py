@@ -193,9 +193,8 @@ class TokenData:
         set, or training beside one) and every id within the vocabulary."""
         needed = self.tokens_needed(seq_len, whole, held_out)
         if len(self.tokens) < needed:
-            parts = "" if whole else (" (windows of {} in the training part{})".format(
-                seq_len + 1, f" and in the held-out last {self.val_fraction:.0%}"
-                if held_out else ""))
+            tail = f" and in the held-out last {self.val_fraction:.0%}" if held_out else ""
+            parts = "" if whole else f" (windows of {seq_len + 1} in the training part{tail})"
             raise ParaxisError(f"data {self.name} has {len(self.tokens)} tokens, too few for "
                                f"seq_len {seq_len}: it needs {needed}{parts}; give more data "
                                "or a shorter --seq-len")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from paraxis.terminal import PIPED_WIDTH as LOG_WIDTH
+from paraxis.terminal import PIPED_WIDTH
 
 
 class Progress:
@@ -20,7 +20,7 @@ class Progress:
         if not self.console.is_terminal:
             # A log file or pipe: rich would wrap every line at 80 columns ("peak mem" on one
             # line, "366 MiB" on the next); a log has room for the whole line.
-            self.console = Console(stderr=True, width=LOG_WIDTH)
+            self.console = Console(stderr=True, width=PIPED_WIDTH)
         self.total = total
         self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
