@@ -66,6 +66,24 @@ def test_idle_pipeline_ranks_lend_their_cores():
     assert half.time["bubble"] == 0.0
 
 
+def test_a_lone_stage_shares_the_cores_among_its_own_ranks():
+    # 8 ranks on 2 cores, two stages of 4 (dp=2 x tp=2): while one stage idles in the
+    # bubble, the other's 4 ranks get half a core each, not a whole one. With two
+    # microbatches and the tiny model's TP calls at gloo's latency between time-shared ranks
+    # (`paraxis demo`), the critical path at that share outlasts the work over the cores.
+    layout = Layout(dp=2, tp=2, pp=2, microbatches=2, schedule="1f1b")
+    cluster = build_cluster(gpus=8, overrides={**CPU, "cores_per_node": 2,
+                                               "intra_node_latency_s": 1.5e-3})
+    estimate = evaluate(PRESETS["tiny"], layout, cluster, 128, 16, FP32_ADAM)
+    t, m = estimate.time, layout.microbatches
+    bubble = pipeline_figures("1f1b", 2, 2).bubble_fraction
+    slot, comm = t["compute"] / m, (t["tp"] + t["pp"]) / m
+    share, stage_share = 0.25, 0.5  # 2 cores over 8 ranks; over one stage's 4
+    critical = m * (slot * share / stage_share + comm) / (1 - bubble)
+    assert critical > t["compute"] + t["tp"] + t["pp"]  # the bound that binds here
+    assert t["bubble"] + t["compute"] + t["tp"] + t["pp"] == pytest.approx(critical)
+
+
 def test_nothing_hides_communication_on_a_cpu():
     estimate = price(Layout(dp=2))
     assert estimate.time["dp"] == estimate.time["dp_total"] > 0

@@ -20,7 +20,8 @@ sessions leave us, else all of them), nothing hides communication (gloo's thread
 same cores as the compute), each layer pays the eager ops' dispatch per microbatch however
 small its shard (`GPU.layer_overhead_s`, calibrated), and ranks idle in a pipeline bubble
 hand their core to the busy ones, so a pipeline takes the longer of its work spread over the
-cores and its critical path at a whole core (Graham 1969's two bounds of list scheduling).
+cores and its critical path at the share one stage's ranks get when they compute alone
+(Graham 1969's two bounds of list scheduling).
 """
 
 from __future__ import annotations
@@ -295,12 +296,14 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - figures.bubble_fraction)
     share = cluster.compute_share
-    core = cluster.share_with(1)  # one rank alone: a whole core, or what is left of one
-    if share < core:  # more ranks than cores
+    # While other stages idle, one stage's ranks of a node compute together: each gets the
+    # cores shared among those alone (a whole core where they are no more than the cores).
+    stage_share = cluster.share_with(max(1, cluster.gpus_per_node // layout.pp))
+    if share < stage_share:  # more ranks than cores
         # Idle ranks lend their cores: the work bound (busy, at the shared rate) or the
-        # critical path at a whole core, whichever is longer.
-        whole_core = layout.microbatches * (slot_compute * share / core + exposed_comm)
-        pipeline = max(busy, whole_core / (1 - figures.bubble_fraction))
+        # critical path at the stage's share, whichever is longer.
+        critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
+        pipeline = max(busy, critical / (1 - figures.bubble_fraction))
 
     # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter.
     replicas = layout.dp * layout.cp
