@@ -1,6 +1,6 @@
 """Where a TP rank's step goes on CPU ranks, next to a DP rank doing the same FLOPs.
 
-    python -m bench.cpu_tp_probe [--skip-all-reduce] [LAYOUT ...]
+    python -m bench.cpu_tp_probe [--skip-all-reduce | --per-call] [--model NAME] [LAYOUT ...]
                                                   (default: dp=2 and dp=1,tp=2)
 
 The predicted-vs-measured table (docs/benchmarks.md) under-forecasts the TP layouts the most.
@@ -13,7 +13,10 @@ should match if a GEMM ran at one rate whatever the layout.
 
 --skip-all-reduce makes every all-reduce a no-op on the ranks (the numbers trained are then
 wrong; only the times mean something): what a TP rank's step costs without its collectives,
-against the same step with them.
+against the same step with them. --per-call runs each layout both ways and divides the
+difference by the all-reduces a rank makes per step: what one call costs in a step (the
+figure the planner prices as the call's idle time plus `sync_wait_s`). --model NAME probes a
+preset instead of the bench's model (`--model tiny`: `paraxis demo`'s model and batch).
 """
 
 from __future__ import annotations
@@ -27,27 +30,33 @@ from paraxis.testing import run_distributed
 GLOBAL_BATCH, SEQ_LEN, STEPS = 16, 128, 5
 
 
-def probe_body(text: str, skip_all_reduce: bool = False) -> dict:
-    """On every rank: time steps, then profile one."""
+def probe_body(text: str, skip_all_reduce: bool = False, model: str = "") -> dict:
+    """On every rank: time steps (counting the all-reduces), then profile one."""
     import time
 
     import torch
     import torch.distributed as dist
 
-    if skip_all_reduce:  # timing only: the sums are wrong
-        from paraxis.data_parallel.flat import _Done
+    from paraxis.data_parallel.flat import _Done
 
-        def no_all_reduce(*args: object, async_op: bool = False, **kwargs: object) -> object:
+    calls, real_all_reduce = [0], dist.all_reduce
+
+    def counted(*args: object, async_op: bool = False, **kwargs: object) -> object:
+        calls[0] += 1
+        if skip_all_reduce:  # timing only: the sums are wrong
             return _Done() if async_op else None
+        return real_all_reduce(*args, async_op=async_op, **kwargs)
 
-        dist.all_reduce = no_all_reduce
+    dist.all_reduce = counted
     from torch.profiler import ProfilerActivity, profile
 
     from bench.common import engine_step
-    from bench.predicted_vs_measured import MODEL as cfg
+    from bench.predicted_vs_measured import MODEL
+    from paraxis.model_config import PRESETS
     from paraxis.runtime.distributed import build_groups
     from paraxis.runtime.parallelize import build_engine
 
+    cfg = PRESETS[model] if model else MODEL
     layout = Layout.parse(text)
     layout = layout.validate(layout.world_size, cfg, GLOBAL_BATCH, SEQ_LEN)
     groups = build_groups(layout)
@@ -60,12 +69,13 @@ def probe_body(text: str, skip_all_reduce: bool = False) -> dict:
                        clip=1.0)
     for _ in range(2):
         step()
-    timings = []
+    timings, calls[0] = [], 0
     for _ in range(STEPS):
         wall, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
         step()
         timings.append((time.perf_counter() - wall, time.process_time() - process,
                         time.thread_time() - thread))
+    per_step = calls[0] / STEPS
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
     mm_s = flops = 0.0
@@ -75,21 +85,37 @@ def probe_body(text: str, skip_all_reduce: bool = False) -> dict:
             mm_s += event.self_cpu_time_total / 1e6
             flops += 2.0 * m * k * n * event.count
     wall, process, thread = (statistics.median(t[i] for t in timings) for i in range(3))
-    return {"wall_s": wall, "process_cpu_s": process, "main_thread_cpu_s": thread,
-            "mm_s": mm_s, "mm_flops_per_s": flops / mm_s}
+    return {"wall_s": wall, "all_reduces": per_step, "process_cpu_s": process,
+            "main_thread_cpu_s": thread, "mm_s": mm_s, "mm_flops_per_s": flops / mm_s}
 
 
 def main(argv: list[str]) -> int:
-    skip = "--skip-all-reduce" in argv
-    for text in [a for a in argv if not a.startswith("--")] or ["dp=2", "dp=1,tp=2"]:
+    per_call = "--per-call" in argv
+    modes = [False, True] if per_call else ["--skip-all-reduce" in argv]
+    model = argv[argv.index("--model") + 1] if "--model" in argv else ""
+    texts = [a for i, a in enumerate(argv) if not a.startswith("--")
+             and (i == 0 or argv[i - 1] != "--model")]
+    for text in texts or ["dp=2", "dp=1,tp=2"]:
         layout = Layout.parse(text)
-        label = f"{text} (no all-reduce)" if skip else text
-        for rank, r in enumerate(run_distributed(probe_body, layout.world_size, (text, skip),
-                                                 timeout_s=600)):
-            print(f"{label:12s} rank {rank}: step {r['wall_s']:.3f} s, CPU {r['process_cpu_s']:.3f}"
-                  f" s (main thread {r['main_thread_cpu_s']:.3f}, other threads "
-                  f"{r['process_cpu_s'] - r['main_thread_cpu_s']:.3f}), aten::mm "
-                  f"{r['mm_s']:.3f} s at {r['mm_flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+        steps = {}
+        for skip in modes:
+            label = f"{text} (no all-reduce)" if skip else text
+            ranks = run_distributed(probe_body, layout.world_size, (text, skip, model),
+                                    timeout_s=600)
+            steps[skip] = (max(r["wall_s"] for r in ranks),
+                           max(r["all_reduces"] for r in ranks))
+            for rank, r in enumerate(ranks):
+                print(f"{label:12s} rank {rank}: step {r['wall_s']:.3f} s, "
+                      f"{r['all_reduces']:.0f} all-reduces, CPU {r['process_cpu_s']:.3f} s "
+                      f"(main thread {r['main_thread_cpu_s']:.3f}, other threads "
+                      f"{r['process_cpu_s'] - r['main_thread_cpu_s']:.3f}), aten::mm "
+                      f"{r['mm_s']:.3f} s at {r['mm_flops_per_s'] / 1e9:.1f} GFLOP/s",
+                      flush=True)
+        if per_call:
+            (with_calls, calls), (without, _) = steps[False], steps[True]
+            print(f"{text}: the slowest rank steps in {with_calls * 1e3:.1f} ms with its "
+                  f"{calls:.0f} all-reduces, {without * 1e3:.1f} ms without: "
+                  f"{(with_calls - without) / calls * 1e3:.2f} ms a call", flush=True)
     return 0
 
 
