@@ -165,3 +165,19 @@ def test_measured_timeline_draws_one_rank_per_stage():
     assert "ranks 0, 1: one per stage" in title
     bars = [c for c in fig.axes[1].collections if len(c.get_paths())]
     assert len(bars) == len(events)
+
+
+def _figure_texts(fig: Figure) -> str:
+    """Every string drawn on `fig`: titles, axis labels, legends and their titles."""
+    return " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+
+
+def test_pictures_of_cpu_ranks_use_no_gpu_terms():
+    # A CPU rank reserves its process baseline, not a CUDA context, and a node holds ranks
+    row = {"params": 1e6, "activations": 2e6, "reserved": 2.4e8}
+    cpu = _figure_texts(plot_stage_memory([row] * 2, 3e9, "RAM share", "dp=2", device="rank"))
+    assert "CUDA" not in cpu and "process baseline" in cpu
+    assert "CUDA context" in _figure_texts(plot_stage_memory([row] * 2, 80e9, "a100", "dp=2"))
+    grid = _figure_texts(plot_rank_grid(Layout(dp=2, tp=2, pp=2), 8, "rank"))
+    assert "8 ranks per node" in grid and "GPU" not in grid
+    assert "8 GPUs per node" in _figure_texts(plot_rank_grid(Layout(dp=2, tp=2, pp=2), 8))

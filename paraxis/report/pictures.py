@@ -49,7 +49,8 @@ def _grid(plan: Plan) -> Section:
     name, axes = ("3D rank grid", "dp, tp, pp") if plan.layout.cp == 1 else \
         ("4D rank grid", "dp, cp, tp, pp")
     return ("grid", name, figure(
-        figure_data_uri(plot_rank_grid(plan.layout, plan.cluster.gpus_per_node)),
+        figure_data_uri(plot_rank_grid(plan.layout, plan.cluster.gpus_per_node,
+                                       plan.hardware.device)),
         name, f"Every rank's ({axes}) coordinates from Layout.coords, the "
         "function the runtime builds its process groups from."))
 

@@ -46,7 +46,7 @@ def cell_label(layout: Layout, rank: int, gpus_per_node: int) -> str:
             f"{node_of(rank, gpus_per_node)}")
 
 
-def plot_rank_grid(layout: Layout, gpus_per_node: int = 8) -> Figure:
+def plot_rank_grid(layout: Layout, gpus_per_node: int = 8, device: str = "GPU") -> Figure:
     pp, dp, cp, tp = layout.pp, layout.dp, layout.cp, layout.tp
     cols = dp * cp  # cp sub-columns inside each data-parallel replica
     cell_w = min(1.25, 12.0 / cols)  # inches per cell, so a wide grid still fits a page
@@ -106,8 +106,8 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8) -> Figure:
         handles.append(Patch(facecolor="white", edgecolor=AXIS_COLOUR["dp"], linewidth=2.5,
                              label="data-parallel replica"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
-               title=f"{gpus_per_node} GPUs per node, {nodes} node(s); a pipeline group is "
-                     "the same cell in every stage", title_fontsize=8)
+               title=f"{gpus_per_node} {device}s per node, {nodes} node(s); a pipeline group "
+                     "is the same cell in every stage", title_fontsize=8)
     if cp == 1:
         title = f"3D rank grid: {layout.world_size} ranks = dp {dp} × tp {tp} × pp {pp}"
     else:

@@ -26,6 +26,7 @@ nav a { margin-right:1rem; color:var(--accent); }
 table { border-collapse:collapse; margin:.6rem 0; font-variant-numeric:tabular-nums; }
 th, td { border:1px solid var(--line); padding:.25rem .6rem; text-align:left;
          overflow-wrap:anywhere; }
+td:first-child { overflow-wrap:normal; }  /* row names: break at spaces, never mid-word */
 th { background:var(--card); }
 td.num { text-align:right; }
 figure { background:#ffffff; border:1px solid var(--line); border-radius:6px;

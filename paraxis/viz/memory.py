@@ -26,6 +26,14 @@ COMPONENT_LABEL = {"params": "parameters", "grads": "gradients",
                    "reserved": "CUDA context + fragmentation"}
 
 
+def component_label(component: str, device: str = "GPU") -> str:
+    """The legend's name for a memory component; a CPU rank reserves no CUDA context but
+    its process baseline (interpreter, PyTorch, gloo: what a calibration measures)."""
+    if component == "reserved" and device != "GPU":
+        return "process baseline (interpreter, PyTorch, gloo)"
+    return COMPONENT_LABEL[component]
+
+
 def unit_for(max_bytes: float) -> tuple[str, float]:
     """GB from 1 GB up, else MB (decimal units, as GPU datasheets use): the units a reader
     compares with a device's capacity; a small model's states read as 0.25 MB, not 250 kB."""
@@ -43,7 +51,7 @@ def _stacked_bars(ax: Axes, labels: list[str], rows: list[dict[str, float]],
         heights = [r[component] / scale for r in rows]
         ax.bar(labels, heights, bottom=bottoms, color=COMPONENT_COLOUR[component],
                hatch=COMPONENT_HATCH[component], edgecolor="white", linewidth=0.8,
-               label=COMPONENT_LABEL[component])
+               label=component_label(component, device))
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     for x, total in enumerate(totals):
         ax.text(x, total / scale, f"{total / scale:.3g} {unit}", ha="center", va="bottom",

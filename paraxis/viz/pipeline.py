@@ -121,9 +121,8 @@ def predicted_vs_measured(events: list[dict], kind: str, microbatches: int,
                                  weight if schedule.split_backward else None)
     predicted, measured = timeline.bubble_fraction, measured_bubble(events)
     fig = plot_timelines(
-        [TimelinePanel(f"predicted: {kind} simulated with each chunk's measured times (mean F "
-                       f"= {forward_s * 1e3:.3g} ms, B = {backward_s * 1e3:.3g} ms), free "
-                       "messages",
+        [TimelinePanel(f"predicted: {kind} at each chunk's traced times (mean F "
+                       f"{forward_s * 1e3:.3g} ms, B {backward_s * 1e3:.3g} ms), sends free",
                        timeline_events(timeline), predicted),
          TimelinePanel(f"measured: the runtime's trace of one step{which}", drawn, measured)],
         f"Pipeline step, predicted vs measured ({stages} stages, {microbatches} microbatches)",
