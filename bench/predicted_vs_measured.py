@@ -10,11 +10,12 @@ just before and one just after the run): how many cores our ranks get
 (`paraxis.calibrate.command.available_cores`; on a quiet machine the core count every time)
 and how fast they compute (`bench.calibration.rates_now`; a shared VM's speed drifts between
 a calibration and a run). Nothing is fitted to a layout's measured time. The re-timed rates
-guard against such drift; they are noisy too (72-90 GFLOP/s over the layouts of the run at
-a5f9256, its calibration 78: the `now` of each row in docs/benchmarks.json), and in that
-run, which had no drift to speak of, the
-calibration's own rates priced the 44 layouts better (mean |error| 7.6% against 8.2%): the
-before/after lines under the table give both.
+guard against such drift; they are noisy too. In the run at a5f9256 (AMD EPYC, no drift to
+speak of: 72-90 GFLOP/s over its layouts, its calibration 78) the calibration's own rates
+priced the 44 layouts better (mean |error| 7.6% against 8.2%); in session 14's run (Intel
+Xeon: 115-155 GFLOP/s over the layouts, its calibration 153, the `now` of each row in
+docs/benchmarks.json) the re-timed ones did (9.7% against 12.2%). The before/after lines
+under the table give both.
 """
 
 from __future__ import annotations

@@ -53,11 +53,13 @@ GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.vali
 # committed with (bench/heldout_runs.py): rms 11.8% -> 11.9%; both DeepSeek V3 rows with
 # DeepEP's dispatch (once per node, plan/experts.py): 11.9% -> 11.6%, largest 41.2% -> 38.9%.
 HELD_OUT_GPU_BAND = ErrorBand(0.116, 0.389, 231, "held-out rows of docs/validation.md")
-# This machine's CPU ranks (docs/benchmarks.json, section "predicted"): 44 layouts of the
-# bench at a5f9256. The 28 of the run before gave rms 16.5% (largest 33.9%); most of that
-# change is the machine's state between runs, not the model: in the same run, priced at the
-# calibration's own compute rates the rms is 9.5%, with fits on sizes up to 4 MiB 10.6%.
-CPU_BAND = ErrorBand(0.100, 0.221, 44, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
+# This machine's CPU ranks (docs/benchmarks.json, section "predicted"): the 44 layouts of the
+# bench run of session 14, on an Intel Xeon VM (2 cores). The run at a5f9256, on an AMD EPYC
+# VM, gave rms 10.0% (largest 22.1%), the 28 of the run before it 16.5% (33.9%): between
+# machines and runs the band moves more than any one change to the model moved it. Its two
+# largest misses (+32%, +40%) are TP pipelines of 8 microbatches, whose many short segments
+# each pay a sync wait timed after 10 ms of compute (comm.sync_wait).
+CPU_BAND = ErrorBand(0.130, 0.400, 44, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
 
 
 def error_band(cluster: Cluster) -> ErrorBand:
