@@ -17,7 +17,7 @@ from paraxis.viz.context import MAX_LABELLED_CP, plot_chunks
 from paraxis.viz.context_ring import plot_kv_exchange
 from paraxis.viz.grid import plot_rank_grid
 from paraxis.viz.html import figure
-from paraxis.viz.memory import plot_stage_memory, plot_zero_memory
+from paraxis.viz.memory import component_label, plot_stage_memory, plot_zero_memory
 from paraxis.viz.ring import plot_ring
 from paraxis.viz.style import figure_data_uri
 from paraxis.viz.tp_split import plot_tp_split
@@ -116,8 +116,7 @@ def _memory(plan: Plan) -> Section:
     leave = ("stage", "total")
     rows.append({k: v for k, v in worst.items() if k not in leave})
     labels.append(f"stage {int(worst['stage'])}\neverything")
-    reserve = ("" if not hw.cpu else
-               " (reserved: a rank's process baseline, interpreter, PyTorch and gloo)")
+    reserve = f"; reserved: a rank's {component_label('reserved', hw.device)}" if hw.cpu else ""
     stages = figure(figure_data_uri(plot_stage_memory(
         rows, gpu.memory_bytes, capacity, layout_text(layout), labels, hw.device)),
         "memory per stage", "Model states on every pipeline stage, and the planner's full "
