@@ -131,6 +131,7 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     import torch.distributed as dist
 
     from paraxis.moe.layer import MoE
+    from paraxis.runtime.watchdog import WATCH
 
     if not cfg.n_experts:
         return {}
@@ -148,11 +149,14 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         counts, aux = counts.to(device), aux.to(device)
         if groups.replica_group is not None:
-            dist.all_reduce(aux, group=groups.replica_group)
+            with WATCH.waiting("all_reduce", groups.replica_group):
+                dist.all_reduce(aux, group=groups.replica_group)
             aux /= dist.get_world_size(groups.replica_group)
         if groups.pp_group is not None:
-            dist.all_reduce(counts, group=groups.pp_group)
-            dist.all_reduce(aux, group=groups.pp_group)
+            with WATCH.waiting("all_reduce", groups.pp_group):
+                dist.all_reduce(counts, group=groups.pp_group)
+            with WATCH.waiting("all_reduce", groups.pp_group):
+                dist.all_reduce(aux, group=groups.pp_group)
     rows = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     return {"expert_tokens": [[int(n) for n in counts[i].tolist()] for i in rows],
             "aux_loss": float(aux)}

@@ -123,6 +123,19 @@ def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
             for n in group_sizes}
 
 
+def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
+                 ) -> dict[str, float]:
+    """{group size: seconds of a one-element all-reduce back to back, over groups of that
+    size, all groups at once}; call on every rank (CPU ranks: Cluster.scalar_call_s)."""
+    flag = torch.zeros(1, device=device)
+    seconds = {}
+    for n in group_sizes:  # new_group is collective: every rank, in the same order
+        group = neighbour_group(n)
+        seconds[str(n)] = _seconds_per_call(lambda group=group: dist.all_reduce(flag, group=group),
+                                            device, repeats, 0.02)
+    return seconds
+
+
 def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
               group: dist.ProcessGroup | None = None, rounds: int = 5) -> float:
     """Seconds a synchronising call over `group` costs between compute on these ranks beyond

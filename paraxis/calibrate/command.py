@@ -139,7 +139,7 @@ def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[s
 def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
     """The collectives (and sync waits) a CPU calibration timed on `ranks` ranks, timed again
     now at the same message sizes and compute segment: `collective_body`'s {"times",
-    "sync_wait_s"}. Gloo between ranks that outnumber the cores times a pair's call
+    "sync_wait_s", "scalar_call_s"}. Gloo between ranks that outnumber the cores times a pair's call
     differently from one minute to the next, and a tiny model's step pays it on every TP
     call."""
     from paraxis.testing import run_distributed
@@ -159,17 +159,19 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
                     segment_s: float = 0.0, flops_per_s: float = 0.0) -> dict:
     """Runs on every rank: every collective at every size, over groups of every size that
     divides the world (all groups at once); on CPU ranks (`segment_s` > 0) also what a
-    synchronising call costs between compute segments of `segment_s` (`sync_wait`)."""
+    synchronising call costs between compute segments of `segment_s` (`sync_wait`) and a
+    one-element all-reduce back to back (`scalar_calls`)."""
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import collective_times, sync_waits
+    from paraxis.calibrate.collectives import collective_times, scalar_calls, sync_waits
 
     device = _rank_device(device_type)
     world = dist.get_world_size()
     groups = [n for n in range(2, world + 1) if world % n == 0]
     times = collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats)
     waits = sync_waits(segment_s, flops_per_s, groups, device) if segment_s > 0 else {}
-    return {"times": times, "sync_wait_s": waits}
+    calls = scalar_calls(groups, device, repeats) if segment_s > 0 else {}
+    return {"times": times, "sync_wait_s": waits, "scalar_call_s": calls}
 
 
 def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
@@ -261,7 +263,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
         f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
-    timings, waits = {}, {}
+    timings, waits, calls = {}, {}, {}
     rate = compute["matmul"]["flops_per_s"]
     segment = sync_segment_s(model, tokens, rate) if device_type == "cpu" else 0.0
     for n in sorted(set(nproc)):
@@ -272,7 +274,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                    timeout_s=300, device=device_type)[0]
         timings[n] = measured["times"]
         if segment:
-            waits[n] = measured["sync_wait_s"]
+            waits[n], calls[n] = measured["sync_wait_s"], measured["scalar_call_s"]
             for size, wait in waits[n].items():
                 log(f"sync: groups of {size} in {n} ranks, a call between {segment * 1e3:.0f} "
                     f"ms of compute waits {wait * 1e3:.2f} ms beyond its idle time")
@@ -287,7 +289,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         device_info["baseline_bytes"] = float(process_baseline_bytes())
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
-    profile = build_profile(device_info, compute, timings, waits)
+    profile = build_profile(device_info, compute, timings, waits, calls)
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
             for n, fit in by_group.items():

@@ -31,11 +31,13 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
     return fits
 
 
-def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None = None
+def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None = None,
+                scalar_calls: dict[int, dict[str, float]] | None = None
                 ) -> tuple[dict, dict]:
     """(GPU fields, cluster fields) of a profile that the timed collectives set: the fits,
     the generic intra-node link (where no fit applies: the all-reduce ring over the most
-    ranks measured, the closest to a whole node) and, on CPU ranks, the sync waits."""
+    ranks measured, the closest to a whole node) and, on CPU ranks, the sync waits and the
+    one-element calls."""
     fits = fit_collectives(timings)
     table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
                   for world, by_group in by_world.items()} for op, by_world in fits.items()}
@@ -46,6 +48,8 @@ def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None
     cluster: dict[str, object] = {"collectives": table}
     if sync_waits:
         cluster["sync_wait_s"] = {str(n): waits for n, waits in sorted(sync_waits.items())}
+    if scalar_calls:
+        cluster["scalar_call_s"] = {str(n): calls for n, calls in sorted(scalar_calls.items())}
     if link is not None:
         cluster["intra_node_latency_s"] = link.alpha_s
     return gpu, cluster
@@ -61,16 +65,18 @@ def compute_fields(compute: dict) -> dict[str, float]:
 
 
 def build_profile(device: dict, compute: dict, timings: Timings,
-                  sync_waits: dict[int, dict[str, float]] | None = None) -> dict:
+                  sync_waits: dict[int, dict[str, float]] | None = None,
+                  scalar_calls: dict[int, dict[str, float]] | None = None) -> dict:
     """The profile document.
 
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
     this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
     together when measured)}; compute: {"matmul": {"flops_per_s", ...},
     "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels;
-    sync_waits: {ranks on node: {group size: seconds}}, calibrate.collectives.sync_waits.
+    sync_waits: {ranks on node: {group size: seconds}}, calibrate.collectives.sync_waits;
+    scalar_calls: the same shape, calibrate.collectives.scalar_calls.
     """
-    link_gpu, link_cluster = link_fields(timings, sync_waits)
+    link_gpu, link_cluster = link_fields(timings, sync_waits, scalar_calls)
     gpu = {
         "name": device["name"],
         **compute_fields(compute),

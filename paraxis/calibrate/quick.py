@@ -103,7 +103,11 @@ def _collectives_again(profile: dict, ranks: int) -> None:
         for op, by_group in before.items()}
     waits = profile["cluster"].get("sync_wait_s", {}).get(str(ranks), {})
     means = {n: (waits.get(n, wait) + wait) / 2 for n, wait in again["sync_wait_s"].items()}
-    gpu, cluster = link_fields({ranks: times}, {ranks: means})
+    calls = profile["cluster"].get("scalar_call_s", {}).get(str(ranks), {})
+    call_means = {n: (calls.get(n, call) + call) / 2
+                  for n, call in again.get("scalar_call_s", {}).items()}
+    gpu, cluster = link_fields({ranks: times}, {ranks: means},
+                               {ranks: call_means} if call_means else None)
     profile["gpu"].update(gpu)
     profile["cluster"].update(cluster)
 

@@ -127,6 +127,15 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
     return tuple(fits)
 
 
+def nearest_measured(table: dict, cluster: Cluster, group_size: int) -> float | None:
+    """A CPU figure measured per [ranks on node][group size] (`Cluster.sync_wait_s`,
+    `Cluster.scalar_call_s`), nearest to both counts; None where there is none (GPUs)."""
+    if not table or group_size < 2 or not cluster.cores_per_node:
+        return None
+    by_group = table[_nearest(list(table), cluster.gpus_per_node)]
+    return float(by_group[_nearest(list(by_group), group_size)]) if by_group else None
+
+
 def sync_wait(cluster: Cluster, group_size: int) -> float:
     """Seconds a synchronising call over `group_size` ranks waits in a step on CPU ranks
     beyond its idle time, as calibrated nearest to both counts (0 where not measured, and on
@@ -135,10 +144,7 @@ def sync_wait(cluster: Cluster, group_size: int) -> float:
     One figure per call, measured after half a layer's forward: calls with little compute
     before them (DP buckets after the first, ZeRO-3's per-layer gathers, SP's pairs, pipeline
     sends) pay it too, and a call after a whole backward pays no more (docs/planner.md)."""
-    if not cluster.sync_wait_s or group_size < 2 or not cluster.cores_per_node:
-        return 0.0
-    by_group = cluster.sync_wait_s[_nearest(list(cluster.sync_wait_s), cluster.gpus_per_node)]
-    return float(by_group[_nearest(list(by_group), group_size)]) if by_group else 0.0
+    return nearest_measured(cluster.sync_wait_s, cluster, group_size) or 0.0
 
 
 def group_link(ranks: list[int], cluster: Cluster) -> Link:

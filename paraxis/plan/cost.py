@@ -6,6 +6,7 @@ Step time (one data-parallel replica runs the same pipeline as every other):
                per microbatch (a cp rank's forward and backward are on its s/cp tokens)
     pipeline = M * slot / (1 - bubble_fraction)      bubble from the schedule objects
     step     = pipeline + exposed DP sync + optimizer step (memory-bound)
+               + the step's own small calls (loss, gradient norm, stop flag: step_calls.py)
 
 Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
 last microbatch's backward (PyTorch DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's
@@ -69,6 +70,7 @@ from paraxis.plan.rates import (
     layer_rates,
     overlap_on,
 )
+from paraxis.plan.step_calls import step_calls_time
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -355,7 +357,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1)
         t_optimizer += (layout.microbatches - 1) * 3 * precision.grad_bytes \
             * (stage_param_count + experts) / hbm
-    step = pipeline + dp_exposed + t_optimizer
+    # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
+    t_calls = step_calls_time(cfg, layout, cluster)
+    step = pipeline + dp_exposed + t_optimizer + t_calls
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)
     peak_total = cluster.world_size * gpu.peak_flops
@@ -363,7 +367,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
             "tp": layout.microbatches * t_tp,
             "pp": 0.0 if overlap.pp else layout.microbatches * t_pp,
             "cp": layout.microbatches * t_cp, "cp_total": layout.microbatches * t_cp_total,
-            "dp": dp_exposed, "bubble": pipeline - busy, "optimizer": t_optimizer, "step": step,
+            "dp": dp_exposed, "bubble": pipeline - busy, "optimizer": t_optimizer,
+            "step_calls": t_calls, "step": step,
             "tp_total": layout.microbatches * t_tp_total, "pp_total": layout.microbatches * t_pp,
             "dp_total": t_dp, "ep": layout.microbatches * t_ep,
             "ep_total": layout.microbatches * blocks_sum(busiest, "ep_total")}

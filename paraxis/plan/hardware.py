@@ -31,6 +31,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}},
       "sync_wait_s": {"8": {"2": 2e-3}}   # CPU: a call's wait in a step [ranks on node][group]
+      "scalar_call_s": {"8": {"8": 2e-3}} # CPU: a one-element all-reduce [ranks on node][group]
     }
 
 Keys may also sit under "gpu"/"cluster" tables ({"gpu": {...}, "cluster": {...}}).
@@ -192,6 +193,12 @@ class Cluster:
     # ranks sharing noisy cores drift apart between calls and each call waits for the last,
     # and the compute around it runs slower. Added to collective_latency_s inside a node.
     sync_wait_s: dict = field(default_factory=dict, compare=False)
+    # CPU ranks: seconds of a one-element all-reduce back to back, all groups at once
+    # (calibrate/collectives.scalar_calls), [ranks on node][group size] -> s: the step's
+    # own small calls (plan/step_calls.py). Gloo takes another algorithm below a few
+    # elements a rank, so the fits of 4 KB and more do not reach down to it (8 ranks on 2
+    # cores: 2.1 ms for one element, 16 ms for 4 KB).
+    scalar_call_s: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:

@@ -1,0 +1,108 @@
+"""The planner prices the small calls a training step makes besides its layers', the
+pipeline's and the gradient sync's (plan/step_calls.py): the list must be the runtime's.
+
+Real training runs (`run_training`, the loop `paraxis train` runs) on 8 gloo ranks, every
+wait recorded where it is made (`WATCH.on_wait`), one step in the middle of the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from paraxis.layout import Layout
+from paraxis.model_config import PRESETS
+from paraxis.plan.hardware import Cluster, get_gpu
+from paraxis.plan.step_calls import step_calls, step_calls_time
+
+PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
+# Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives and the
+# vocab-parallel loss (per microbatch), the pipeline's messages, the gradient sync and
+# ZeRO's parameter gathers.
+PRICED_ELSEWHERE = ("tensor_parallel/", "context_parallel/", "moe/expert_parallel.py",
+                    "pipeline_parallel/executor.py", "data_parallel/buckets.py",
+                    "data_parallel/zero.py", "data_parallel/engine.py all_gather")
+RUNS = [  # (model, layout): one launch of 8 ranks runs them all
+    ("tiny", "dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b"),  # paraxis demo's
+    ("tiny", "dp=8"),
+    ("tiny", "dp=4,tp=2,zero=3"),
+    ("tiny-llama", "dp=2,cp=2,tp=2,zero=2"),
+    ("tiny", "dp=2,pp=4,microbatches=4,schedule=1f1b"),
+    ("tiny", "dp=4,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2"),
+    ("tiny", "dp=4,pp=2,microbatches=2,schedule=zb-v"),  # the head on stage 0: no tied call
+    ("tiny-moe", "dp=4,pp=2,ep=2,zero=1,microbatches=2,schedule=1f1b"),
+]
+RECORDED_STEP = 1  # of 3: not the first, nor a logging step (0 and the last)
+
+
+def _site(frame, op: str) -> str:
+    """The file, under paraxis/, of the code that called WATCH.waiting, and the op."""
+    return f"{Path(frame.f_code.co_filename).resolve().relative_to(PACKAGE)} {op}"
+
+
+def _calls_of_one_step(runs: list[tuple[str, str]]) -> list[list[tuple[str, int]]]:
+    """On every rank: each run's (call site, group size) of every wait in RECORDED_STEP."""
+    import torch.distributed as dist
+
+    from paraxis.config import RunConfig
+    from paraxis.runtime.watchdog import WATCH
+    from paraxis.train import run_training
+
+    by_run = []
+    for model, layout in runs:
+        seen: list[tuple[str, int]] = []
+
+        def record(seen=seen) -> None:
+            if WATCH.step == RECORDED_STEP:
+                size = dist.get_world_size(WATCH.group)  # None: the world
+                seen.append((_site(sys._getframe(2), WATCH.op), size))
+
+        WATCH.on_wait = record
+        try:
+            run_training(RunConfig.from_flags(model=model, layout=layout, steps=3,
+                                              global_batch=16, seq_len=32, quiet=True,
+                                              device="cpu", log_every=2))
+        finally:
+            WATCH.on_wait = None
+        by_run.append(seen)
+    return by_run
+
+
+@pytest.fixture(scope="module")
+def recorded() -> list[list[list[tuple[str, int]]]]:
+    from paraxis.testing import run_distributed
+
+    return run_distributed(_calls_of_one_step, 8, (RUNS,), timeout_s=300)
+
+
+@pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}:{t}" for m, t in RUNS])
+def test_the_step_calls_the_planner_prices_are_the_runtimes(recorded, index):
+    model, text = RUNS[index]
+    layout = Layout.parse(text)
+    cluster = Cluster(get_gpu("a100-80gb"), 1, 8)
+    priced = Counter(n for _, n, _ in step_calls(PRESETS[model], layout, cluster))
+    for rank, by_run in enumerate(recorded):
+        sites = by_run[index]
+        assert any(s.startswith(PRICED_ELSEWHERE) for s, _ in sites), sites  # the sync, at least
+        own = Counter(n for s, n in sites if not s.startswith(PRICED_ELSEWHERE))
+        message = (f"rank {rank}: the runtime's step calls (group sizes) "
+                   f"{sorted(own.elements())}, priced {sorted(priced.elements())}; sites "
+                   f"{sorted(set(sites))}")
+        # Rank 0 holds the first stage and the loss's pipeline end: it makes every call on
+        # the list; a middle stage is in no tied pair, and waits for it at its next call.
+        assert own == priced if rank == 0 else not own - priced, message
+
+
+def test_a_gpus_step_calls_cost_microseconds_a_cpus_milliseconds():
+    demo = Layout.parse(RUNS[0][1])
+    gpu = step_calls_time(PRESETS["tiny"], demo, Cluster(get_gpu("a100-80gb"), 1, 8))
+    assert 0 < gpu < 200e-6
+    cpu = Cluster(get_gpu("a100-80gb"), 1, 8, cores_per_node=2,
+                  sync_wait_s={"8": {"2": 0.5e-3, "8": 1.5e-3}},
+                  scalar_call_s={"8": {"2": 1.0e-3, "8": 2.1e-3}})
+    # six calls over pairs, one over the world: each its one-element call plus its wait
+    assert step_calls_time(PRESETS["tiny"], demo, cpu) == pytest.approx(
+        6 * (1.0e-3 + 0.5e-3) + (2.1e-3 + 1.5e-3))
