@@ -37,6 +37,8 @@ def small_sizes(profile: dict) -> dict:
 # The befores of the bench's before/afters: {key: (what the price left out, the profile and
 # the figures measured around the run as priced without it)}. Each row is priced on each.
 BEFORES = {
+    # priced in bench.predicted_vs_measured.add_befores: the step less its calls' part
+    "without_step_calls": ("without the step's own small calls", None),
     "without_sync": ("without the sync waits", lambda p, now: (without_sync(p), now)),
     "small_sizes": ("with collectives fitted on messages up to 4 MiB",
                     lambda p, now: (small_sizes(p), now)),

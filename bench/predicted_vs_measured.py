@@ -102,6 +102,19 @@ AFTER_RATES = [
     "dp=8,zero=2",
     "dp=2,tp=2,pp=2,zero=1,microbatches=8,schedule=1f1b",
 ]
+# Eight more, listed before the planner priced the step's own small calls (the loss, the
+# gradient norm, the stop flag: plan/step_calls.py) and the calibration timed a one-element
+# call per group (`Cluster.scalar_call_s`): reported apart.
+AFTER_CALLS = [
+    "dp=2,tp=4,zero=1",
+    "dp=4,tp=2,zero=1",
+    "tp=2,sp=true,pp=2,microbatches=4,schedule=1f1b",
+    "dp=2,pp=2,microbatches=2,schedule=1f1b",
+    "dp=4,zero=1,microbatches=2",
+    "pp=4,microbatches=16,schedule=1f1b",
+    "dp=2,tp=2,pp=2,zero=2,microbatches=4,schedule=1f1b",
+    "dp=2,tp=2,pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
@@ -116,9 +129,12 @@ def setting(quick: bool) -> dict:
 
 def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int, steps: int,
                warmup: int) -> dict:
-    """On every rank: build the engine `paraxis train` would, time steps on a fixed batch."""
+    """On every rank: build the engine `paraxis train` would, time its steps (the training
+    loop's, stop flag included: rows before `AFTER_CALLS` timed them without it) on a fixed
+    batch."""
     from paraxis.runtime.distributed import build_groups
     from paraxis.runtime.parallelize import build_engine
+    from paraxis.runtime.preemption import StopRequest
 
     groups = build_groups(layout)
     engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=seq_len)
@@ -127,7 +143,14 @@ def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int
     per_dp = global_batch // layout.dp  # this dp rank's rows, as the training loop slices
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
     x, y = tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous()
-    return measure_steps(engine_step(engine, x, y, clip=1.0), steps, warmup)
+    step = engine_step(engine, x, y, clip=1.0)
+    with StopRequest() as stop:
+
+        def train_step() -> None:  # paraxis train ends every step on the stop flag
+            step()
+            stop.agreed(torch.device("cpu"))
+
+        return measure_steps(train_step, steps, warmup)
 
 
 def measure(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float]:
@@ -165,6 +188,11 @@ def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
     largest = max(p[0] for ops in timed.values() for by_group in ops.values()
                   for points in by_group.values() for p in points)
     for key, (_, change) in BEFORES.items():
+        if key == "without_step_calls":  # the term adds to the step and enters nothing else
+            seconds = row["predicted_step_s"] - row["predicted_parts_s"]["step_calls"]
+            before[key] = {"predicted_s": seconds,
+                           "error": seconds / row["measured_step_s"] - 1}
+            continue
         if key == "small_sizes" and largest <= SMALL_SIZES_BYTES:
             continue  # a profile that never timed larger messages has no before
         if key == "calibration_rates" and "peak_flops" not in now:
@@ -212,7 +240,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     cfg = s["model"]
     rows = []
     for text in layouts or (QUICK_LAYOUTS if quick else
-                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES + AFTER_RATES):
+                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES + AFTER_RATES
+                            + AFTER_CALLS):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
         measured, used, now = measure_now(cfg, layout, s)
@@ -225,12 +254,13 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
                      "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
+                     "after_calls": text in AFTER_CALLS,
                      "available_cores": available, "now": now,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
                      "predicted_parts_s": {k: estimate.time[k] for k in (
-                         "compute", "tp", "pp", "dp", "bubble", "optimizer")}})
+                         "compute", "tp", "pp", "dp", "bubble", "optimizer", "step_calls")}})
         rows[-1] = add_befores(rows[-1], layout, cfg, profile, s["global_batch"],
                                s["seq_len"])
     errors = [abs(r["error"]) for r in rows]
@@ -244,11 +274,13 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 
 
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
-        "after_sizes": " (after sizes)", "after_rates": " (after rates)"}
+        "after_sizes": " (after sizes)", "after_rates": " (after rates)",
+        "after_calls": " (after calls)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
           ("first measured after the 32 MiB sizes", "after_sizes"),
-          ("first measured after the rates measured again", "after_rates"))
+          ("first measured after the rates measured again", "after_rates"),
+          ("first measured after the step's own calls", "after_calls"))
 
 
 def _group(row: dict) -> str:
@@ -266,7 +298,8 @@ def _befores(row: dict) -> dict[str, float]:
 def groups(rows: list[dict]) -> dict[str, dict]:
     """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on,
     and of those first measured after each later change (`AFTER_FIX`, `AFTER_SYNC`,
-    `AFTER_SIZES`, `AFTER_RATES`), apart; each also priced on each of BEFORES."""
+    `AFTER_SIZES`, `AFTER_RATES`, `AFTER_CALLS`), apart; each also priced on each of
+    BEFORES."""
     out = {}
     for name, group in GROUPS:
         members = [r for r in rows if _group(r) == group]
@@ -308,11 +341,12 @@ def render(data: dict) -> str:
         "compute (`AFTER_SYNC`); (after sizes): one of the eight first measured after the "
         "calibration timed collectives up to 32 MiB (`AFTER_SIZES`); (after rates): one of "
         "the eight first measured after the compute rates were measured again around each "
-        "layout (`AFTER_RATES`).",
+        "layout (`AFTER_RATES`); (after calls): one of the eight first measured after the "
+        "planner priced the step's own small calls (`AFTER_CALLS`, column calls).",
         "",
         "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
-        "dp | bubble | optimizer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "dp | bubble | optimizer | calls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         parts = r["predicted_parts_s"]
@@ -321,8 +355,8 @@ def render(data: dict) -> str:
             f"{r['cores']:.2f} | {r['cores_used']:.2f} | "
             f"{r['measured_step_s']:.3f} s | "
             f"{r['predicted_step_s']:.3f} s | {r['error']:+.0%} | "
-            + " | ".join(f"{parts[k]:.3f}" for k in ("compute", "tp", "pp", "dp", "bubble",
-                                                     "optimizer")) + " |")
+            + " | ".join(f"{parts.get(k, 0.0):.3f}" for k in (
+                "compute", "tp", "pp", "dp", "bubble", "optimizer", "step_calls")) + " |")
     lines += ["", f"Mean absolute error {data['mean_abs_error']:.1%}; "
               f"{data['within_target']} of {len(data['rows'])} layouts within "
               f"{data['target']:.0%} (target: at least "
