@@ -13,6 +13,12 @@ from pathlib import Path
 from paraxis.errors import ParaxisError
 
 WARMUP_STEPS = 3  # first steps pay for allocation and autotuning: left out of medians
+# A run whose step times spread wider than this (interquartile range over the median) shared
+# its machine with other load while it ran: its median is not its layout's alone. On the
+# 2-core VM of docs/benchmarks.md, 13 `paraxis demo` runs spread 0.10-0.21; two others,
+# 0.29 and 0.39, stepped at up to 2.2x and 3.2x their fastest steps, while the probes of
+# the cores and compute rates before and after them read as usual.
+DISTURBED_SPREAD = 0.25
 
 
 def load_metrics(path: str | Path) -> list[dict]:
@@ -42,3 +48,13 @@ def steady_records(records: list[dict]) -> list[dict]:
 def steady(records: list[dict], key: str) -> float:
     """Median of `key` after the warm-up steps (`steady_records`)."""
     return statistics.median(r[key] for r in steady_records(records))
+
+
+def spread(records: list[dict], key: str) -> float:
+    """Interquartile range of `key` after the warm-up steps over its median (0 with fewer
+    than four steps): above DISTURBED_SPREAD, other load shared the machine."""
+    values = [r[key] for r in steady_records(records)]
+    if len(values) < 4:
+        return 0.0
+    low, _, high = statistics.quantiles(values, n=4)
+    return (high - low) / statistics.median(values)

@@ -100,6 +100,26 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     assert f"the prediction is {error:+.0%} off" in (tmp_path / "r2.html").read_text()
 
 
+def test_a_run_that_shared_its_machine_is_flagged():
+    """Other load on the machine spreads a run's steps (run_records.spread): the report says
+    its measured step is not the layout's alone instead of blaming the forecast."""
+    from paraxis.report.measured import Forecast
+    from paraxis.run_records import spread
+
+    # steps of two real paraxis demo runs here (ms, after warm-up, every third)
+    quiet = [199, 225, 222, 197, 203, 216, 218, 227, 218, 204, 185, 192, 191, 200, 195, 219,
+             224, 195, 202]
+    loaded = [259, 429, 358, 309, 482, 331, 761, 518, 513, 435, 629, 560, 536, 611, 528, 458,
+              609, 440, 255]
+    assert spread([{"t": t} for t in [0, 0, 0, *quiet]], "t") < 0.15
+    assert spread([{"t": t} for t in [0, 0, 0, *loaded]], "t") > 0.25
+    assert spread([{"t": 1.0}] * 3, "t") == 0.0  # too few steps to say
+    calm, busy = Forecast("8 CPU ranks", 0.18, 0.19, 0.12), Forecast("8 CPU ranks", 0.18, 0.46,
+                                                                      0.39)
+    assert not calm.disturbed and calm.caveat() == ""
+    assert busy.disturbed and "other load shared this machine" in busy.caveat()
+
+
 def _lesson_holds(lesson) -> None:
     """The pipeline pictures teach what the schedules are for: interleaving shrinks the
     bubble, and 1F1B holds fewer microbatches' activations than GPipe."""

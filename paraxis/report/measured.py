@@ -18,7 +18,7 @@ from paraxis.layout import Layout
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
 from paraxis.report.text import duration, size, times
-from paraxis.run_records import load_metrics, steady
+from paraxis.run_records import DISTURBED_SPREAD, load_metrics, spread, steady
 from paraxis.viz.html import esc, figure, table
 from paraxis.viz.run import plot_run
 from paraxis.viz.style import figure_data_uri
@@ -62,10 +62,24 @@ class Forecast:
     hardware: str  # what it was priced for
     predicted_step_s: float
     measured_step_s: float
+    spread: float = 0.0  # of the measured steps (run_records.spread)
 
     @property
     def error(self) -> float:
         return self.predicted_step_s / self.measured_step_s - 1
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether other load shared the machine while the run ran (run_records)."""
+        return self.spread > DISTURBED_SPREAD
+
+    def caveat(self) -> str:
+        """A sentence for a disturbed run ("" otherwise)."""
+        if not self.disturbed:
+            return ""
+        return (f"The run's steps spread widely (interquartile range {self.spread:.0%} of "
+                "the median): other load shared this machine while it ran, so the measured "
+                "step is not this layout's alone; run it again on a quiet machine to compare.")
 
 
 def load_run(folder: Path) -> MeasuredRun:
@@ -88,7 +102,8 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
     measured_mfu = mfu(plan.cfg, plan.seq_len, measured_tps, plan.cluster.world_size,
                        gpu.peak_flops)
     label = hw.ranks(plan.cluster.world_size)
-    forecast = Forecast(label, e.step_time_s, steady(records, "step_time_s"))
+    forecast = Forecast(label, e.step_time_s, steady(records, "step_time_s"),
+                        spread(records, "step_time_s"))
     error = forecast.error
     memory = plan.memory["total"]
     parts = [
@@ -98,7 +113,7 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
         f"<p class=\"callout\">Step time: predicted {duration(e.step_time_s)}, measured "
         f"{duration(forecast.measured_step_s)}: the prediction is {error:+.0%} off "
         f"({'within' if abs(error) <= PREDICTION_TOLERANCE else 'outside'} "
-        f"{PREDICTION_TOLERANCE:.0%}).</p>",
+        f"{PREDICTION_TOLERANCE:.0%}). {forecast.caveat()}</p>",
         table(["", "predicted", "measured", "measured vs predicted"], [
             ("throughput (tokens/s)", f"{e.tokens_per_s:,.0f}", f"{measured_tps:,.0f}",
              times(measured_tps / e.tokens_per_s, "faster", "slower")),
