@@ -234,13 +234,13 @@ def _console_lines(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """`paraxis demo` as a new user runs it, shortened to 12 steps (the medians of the
+    """`paraxis demo` as a new user runs it, shortened to 30 steps (the medians of the
     forecast skip 3 warm-up steps); stdout and stderr as one stream, in order."""
     import subprocess
     import sys
 
     out = tmp_path_factory.mktemp("demo")
-    done = subprocess.run([sys.executable, "-m", "paraxis", "demo", "--steps", "12", "--out",
+    done = subprocess.run([sys.executable, "-m", "paraxis", "demo", "--steps", "30", "--out",
                            str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
@@ -270,20 +270,19 @@ def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
 
 
 @pytest.mark.slow
-def test_demo_forecast_is_within_50_percent(demo_report):
-    # Issue 17 asks for 30%. Sessions 11-12 measured forecasts from +19% to -44% (sd ~19%):
-    # the profile's collectives were timed once, before the run, and a pair's call on 8 gloo
-    # ranks sharing 2 cores is fitted at 2.2-4.4 ms from one minute to the next. Since the
-    # report times them again after the run and prices with the means (session 13), twelve
-    # `paraxis demo` runs gave -10, -25, -26, -7, -17, -13, -18, -15, -10, -9, -11 and -0%,
-    # and this test's run -29%: steadier, but biased low (the demo's TP calls cost more in
-    # its step than a probe of a call reads), so 30% would fail a CI run now and then.
-    # Session 14, on an Intel Xeon VM: -43, -2 and -27% before the pipeline's critical path
-    # ran at one stage's share of the cores (those profiles re-priced: -38, +9, -19%), then
-    # five demo runs at +12, -7, -12, -4 and -16%; identical runs of the demo's layout stepped
-    # in 149-221 ms within the hour. The bound a CI run can rely on is 50%; the 30% stays
-    # open in issue 17.
-    assert abs(demo_report.forecast.error) <= 0.50, demo_report.forecast
+def test_demo_forecast_is_within_30_percent(demo_report):
+    # A forecast prices the layout on this machine; it cannot know what else will load the
+    # machine while the run runs. Session 15 (Intel Xeon VM): steady demo runs forecast at
+    # +4, +21, +6, +7, -15, -6, -12 and +15% once the step's own calls were priced
+    # (plan/step_calls.py; -37 to +2% before); one more run stepped at 255-761 ms where the
+    # others step near 200 ms, with the cores and rates probed as usual before and after it,
+    # and came out at -62%. Such a run's steps spread (run_records.DISTURBED_SPREAD): the
+    # report says its measured step is not the layout's alone, and it is held to that.
+    forecast = demo_report.forecast
+    if forecast.disturbed:
+        assert forecast.caveat() in demo_report.html()
+        return
+    assert abs(forecast.error) <= 0.30, forecast
 
 
 @pytest.mark.slow
