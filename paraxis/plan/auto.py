@@ -27,7 +27,7 @@ from paraxis.plan.uncertainty import error_band, ties
 
 GB = 1e9
 MAX_DEFENCE_LINES = 5
-OVERHEADS = ("tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
+OVERHEADS = ("tp", "cp", "ep", "pp", "dp", "bubble", "optimizer", "step_calls")
 
 
 @dataclass(frozen=True)

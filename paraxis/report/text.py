@@ -64,7 +64,8 @@ def plan_section(plan: Plan) -> str:
         ("total", f"{size(memory['total'])} of {size(e.memory_limit_bytes)}")])
     time = table(["part of the step", "time", "share"],
                  [(k, duration(v), f"{v / e.step_time_s:.0%}") for k, v in e.time.items()
-                  if k in ("compute", "tp", "pp", "dp", "bubble", "optimizer") and v > 0]
+                  if k in ("compute", "tp", "pp", "dp", "bubble", "optimizer", "step_calls")
+                  and v > 0]
                  + [("step", duration(e.step_time_s), "100%")])
     who = "chosen by the planner (fastest layout that fits)" if plan.chosen_by == "planner" \
         else "given by the user"
