@@ -126,7 +126,8 @@ def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
 def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
                  ) -> dict[str, float]:
     """{group size: seconds of a one-element all-reduce back to back, over groups of that
-    size, all groups at once}; call on every rank (CPU ranks: Cluster.scalar_call_s)."""
+    size, all groups at once}; call on every rank (CPU ranks: Cluster.scalar_call_s). The
+    same call `sync_wait` times as its idle figure, kept here on its own."""
     flag = torch.zeros(1, device=device)
     seconds = {}
     for n in group_sizes:  # new_group is collective: every rank, in the same order
