@@ -207,7 +207,8 @@ def _llama3(name: str, gpus: int, cp: int, dp: int, seq: int, batch_per_dp: int,
         f"Table 4, row {gpus:,} GPUs / CP {cp} / DP {dp} / seq {seq:,} ({tflops:.0f} "
         f"TFLOPs/GPU, BF16 MFU {mfu})", micro_batch=1, zero=2, kernels="fused", cp=cp,
         cp_attention="all_gather", sequence_parallel=True, virtual_stages=0,
-        precision="bf16-fp32grad", fsdp=True)
+        precision="bf16-fp32grad", fsdp=True,
+        network=(("pipeline_zero2_reduce", "microbatch"),))
 
 
 LLAMA3_RUNS = [

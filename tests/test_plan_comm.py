@@ -2,6 +2,7 @@
 
 import pytest
 
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.plan.comm import (
     Link,
@@ -101,6 +102,33 @@ def test_dp_sync_volume_by_zero_stage() -> None:
     # ZeRO paper Sec. 7: ZeRO-3 moves 1.5x the bytes of ZeRO-1/2
     assert dp_sync_time(params, 8, 3, link) == pytest.approx(1.5 * base)
     assert dp_sync_time(params, 1, 3, link) == 0.0
+
+
+def test_zero2_reduces_every_microbatch_except_under_a_pipeline() -> None:
+    """As the runtime does it (data_parallel/buckets.py): ZeRO-2 reduce-scatters each
+    microbatch's gradients; a pipeline's stage accumulates them whole and reduces once,
+    ZeRO-1's traffic, and holds the whole gradients beside the shards until then."""
+    from paraxis.model_config import PRESETS
+    from paraxis.plan.cost import evaluate
+
+    link = Link(10e9, 0.0, True)
+    zero1 = dp_sync_time(1e9, 8, 1, link, microbatches=4)
+    zero2 = dp_sync_time(1e9, 8, 2, link, microbatches=4)
+    scatter = zero1 / 2  # a reduce-scatter and an all-gather move the same bytes
+    assert zero2 == pytest.approx(zero1 + 3 * scatter)
+    assert dp_sync_time(1e9, 8, 2, link, microbatches=4, pipelined=True) == \
+        pytest.approx(zero1)
+    cfg = PRESETS["llama2-7b"]
+    layouts = {zero: Layout(dp=8, pp=4, zero=zero, microbatches=8) for zero in (1, 2)}
+    for reduce, extra in (("step", 1.0), ("microbatch", 0.0)):
+        cluster = build_cluster("a100-80gb", 32, 8, {"pipeline_zero2_reduce": reduce})
+        one, two = (evaluate(cfg, layouts[z], cluster, 2048, 64) for z in (1, 2))
+        whole = one.memory["grads"]  # ZeRO-1 keeps the stage's gradients whole
+        assert two.memory["grads"] == pytest.approx(whole / 8)
+        assert two.memory["buffers"] - one.memory["buffers"] == pytest.approx(extra * whole)
+        assert (two.time["dp_total"] > one.time["dp_total"] * 1.5) == (reduce == "microbatch")
+    with pytest.raises(ParaxisError, match="pipeline_zero2_reduce"):
+        build_cluster("a100-80gb", 8, 8, {"pipeline_zero2_reduce": "sometimes"})
 
 
 @pytest.mark.parametrize("degrees", [dict(dp=4, tp=8, pp=2), dict(dp=2, tp=2, pp=8),

@@ -180,13 +180,20 @@ def test_paraxis_plan_accepts_llama3_long_context_layout(capsys) -> None:
 
     from paraxis.cli import main
 
-    code = main(["plan", "--model", "llama3-405b", "--gpus", "16384", "--gpu", "h100-sxm-80gb",
-                 "--network-gbps", "400", "--seq-len", "131072", "--global-batch", "128",
-                 "--precision", "bf16-fp32grad", "--json", "--layout",
-                 "dp=8,tp=8,pp=16,cp=16,zero=2,microbatches=16,sequence_parallel=true,"
-                 "cp_attention=all_gather"])
-    doc = json.loads(capsys.readouterr().out)
-    assert code == 0 and doc["mode"] == "evaluate"
-    only = doc["layouts"][0]
+    # Its FSDP reduce-scatters every microbatch's gradients under the pipeline; paraxis's
+    # runtime would hold the stage's whole fp32 gradients until the step's end instead.
+    def plan(*reduce: str) -> dict:
+        code = main(["plan", "--model", "llama3-405b", "--gpus", "16384", "--gpu",
+                     "h100-sxm-80gb", "--network-gbps", "400", "--seq-len", "131072",
+                     "--global-batch", "128", "--precision", "bf16-fp32grad", "--json",
+                     *reduce, "--layout",
+                     "dp=8,tp=8,pp=16,cp=16,zero=2,microbatches=16,sequence_parallel=true,"
+                     "cp_attention=all_gather"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == 0 and doc["mode"] == "evaluate"
+        return doc["layouts"][0]
+
+    only = plan("--pipeline-zero2-reduce", "microbatch")
     assert only["fits"] and only["layout"]["cp_attention"] == "all_gather"
     assert 0 < only["mfu"] <= only["hfu"] <= 1 and only["time_s"]["cp"] > 0
+    assert not plan()["fits"]

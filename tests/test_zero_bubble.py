@@ -249,12 +249,15 @@ def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
     microbatches = 2
     # Two cores, two ranks: another program on the machine stretches the computes that
     # overlap with it and not the others, which mean costs cannot show (seen under a load of
-    # 4: -20%). A second launch is allowed; on a quiet machine the first agrees within 5%.
+    # 4: -20%). A second launch is allowed. The simulation sends each boundary in the time
+    # the ranks measured for one: simulated without it, the Xeon VM of sessions 15-16 read
+    # the measured bubble 11-29% above it in four launches out of four (sent: -6 to +19%),
+    # and the compute / send ratio there ran from 2 to 39.
     launches = []
     while len(launches) < 2:
         launches.append(_measure_bubble(microbatches))
         measured, simulated, one_f_one_b, ratio = launches[-1]
-        assert ratio >= 5  # the regime where the schedule, not the wire, decides
+        assert ratio >= 2  # computes longer than sends: the schedule, not the wire, decides
         if abs(measured - simulated) <= 0.15 * simulated:
             break
     assert measured == pytest.approx(simulated, rel=0.15), f"after {len(launches)} launches"
@@ -274,10 +277,10 @@ def _measure_bubble(microbatches: int) -> tuple[float, float, float, float]:
     events = [e for step in steps for e in step]
     forward, backward, weight = trace_costs(events, 2, 1, schedule.virtual_stage)
     p2p = max(seconds for _, seconds in per_rank)
-    simulated = schedule.simulate(forward, backward, 0.0, weight).bubble_fraction
+    simulated = schedule.simulate(forward, backward, p2p, weight).bubble_fraction
     measured = sum(measured_bubble(step) for step in steps) / len(steps)
     one_f_one_b = build_schedule("1f1b", 2, microbatches).simulate(
-        forward, backward).bubble_fraction
+        forward, backward, p2p).bubble_fraction
     return measured, simulated, one_f_one_b, min(forward) / p2p
 
 

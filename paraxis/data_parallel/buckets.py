@@ -17,7 +17,11 @@ collectives in the same order even if hooks fired in another.
   through the shard (`grad_buffers`).
 - ZeRO-2/3: autograd's own gradients are copied into a transient flat tensor and
   reduce-scattered; each rank keeps only its shard (`unit.grad_shard`, persistent) and the
-  full gradients are dropped (ZeRO, Rajbhandari et al. 2020, sec. 5.2).
+  full gradients are dropped (ZeRO, Rajbhandari et al. 2020, sec. 5.2). Over several
+  microbatches each one's gradients are reduce-scattered and added into the shard
+  (`end_microstep`), as DeepSpeed's ZeRO-2 and PyTorch FSDP do by default: full gradients
+  never outlive one microbatch's backward. (A pipeline accumulates them whole over its
+  microbatches instead and reduces once: `sync` is then set on the last backward only.)
 
 Each unit communicates over its own group (`FlatUnit.group`): the replica group (dp x cp),
 or, for experts under expert parallelism, the ranks holding the same experts. Sums are
@@ -88,10 +92,11 @@ class GradReducer:
         self._ready = [0] * len(units)
         self._complete = [False] * len(units)
         self._next_launch = 0
-        # (work, tensor to hold until it is done, shard to copy that tensor into or None,
-        # its group)
+        self._reduced: set[int] = set()  # units already reduced into their shard this step
+        # (work, tensor to hold until it is done, that tensor's sum or None, the shard it
+        # goes into (copied, or added where `add`) or None, its group)
         self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None,
-                                  dist.ProcessGroup | None]] = []
+                                  torch.Tensor | None, bool, dist.ProcessGroup | None]] = []
         self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
                             else "all_reduce")  # what finish() waits on
         for unit in units:
@@ -129,6 +134,18 @@ class GradReducer:
         self.sync = sync
         self._ready = [0] * len(self.units)
         self._grads_seen = 0
+
+    def end_microstep(self) -> None:
+        """After a syncing microbatch's backward that is not the step's last (ZeRO-2/3 reduce
+        every microbatch): launch what it did not (units with parameters that got no
+        gradient), and let the next microbatch launch from the first unit again. Nothing
+        waits here: the reductions still in flight are retired by the next launches or by
+        `finish`."""
+        for index in range(self._next_launch, len(self.units)):
+            self._complete[index] = True
+        self._launch_ready()
+        self._complete = [False] * len(self.units)
+        self._next_launch = 0
 
     def _flat_grads(self, unit: FlatUnit) -> torch.Tensor:
         """Where `accumulate` adds the unit's gradients: its bucket, or (ZeRO-2/3) its full
@@ -218,24 +235,30 @@ class GradReducer:
             while len(self._pending) >= MAX_IN_FLIGHT:
                 self._retire_oldest()
             flat = self._take_flat(unit)
-            self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, unit.group), flat,
-                                  None, unit.group))
+            if index in self._reduced:  # a later microbatch: its sum adds to the shard
+                out = torch.empty_like(unit.grad_shard)
+                self._pending.append((reduce_scatter_sum(out, flat, unit.group), flat, out,
+                                      unit.grad_shard, True, unit.group))
+            else:
+                self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, unit.group),
+                                      flat, None, None, False, unit.group))
+            self._reduced.add(index)
         elif self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in
             # a shard-sized buffer and is copied into the bucket when it has arrived.
             out = torch.empty_like(unit.grad_shard)
             self._pending.append((reduce_scatter_sum(out, unit.grad_full, unit.group), out,
-                                  unit.grad_shard, unit.group))
+                                  out, unit.grad_shard, False, unit.group))
         else:
             self._pending.append((all_reduce_sum(unit.grad_full, unit.group), None, None,
-                                  unit.group))
+                                  None, False, unit.group))
 
     def _retire_oldest(self) -> None:
-        work, summed, shard, group = self._pending.pop(0)
+        work, _, summed, shard, add, group = self._pending.pop(0)
         with WATCH.waiting(self._pending_op, group):
             work.wait()
         if shard is not None:
-            shard.copy_(summed)
+            shard.add_(summed) if add else shard.copy_(summed)
 
     # ----------------------------------------------------------------------- finish
 
@@ -252,6 +275,7 @@ class GradReducer:
                 buffer.div_(self.dp_size)
         self._complete = [False] * len(self.units)
         self._next_launch = 0
+        self._reduced.clear()
         self.sync = True
 
     def grad_buffers(self) -> list[torch.Tensor]:

@@ -119,6 +119,10 @@ class DataParallelEngine(LocalEngine):
                 fp32_values = {id(p): p.detach().float() for p in params}
             _cast(params, torch_dtype(policy.param_dtype))
         grad_dtype = torch_dtype(policy.grad_dtype)
+        # Sharded gradients are reduced per microbatch (buckets.py), except under a pipeline,
+        # whose stages accumulate them whole and reduce once (its tied embedding's sum and
+        # ZeRO-3's chunks need the whole step's gradients: pipeline_parallel/engine.py).
+        self.reduce_every_microbatch = self.zero >= 2 and layout.pp == 1
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
             self.units, hooks = zero3_units(model, params, self.dp_group, device,
@@ -183,11 +187,16 @@ class DataParallelEngine(LocalEngine):
 
     @contextlib.contextmanager
     def no_sync(self, last: bool) -> Iterator[None]:
-        """Around one microbatch's backward: gradients accumulate locally unless `last`, in
-        which case buckets launch from the backward hooks (nanoGPT: sync only at the last
-        microstep, since earlier all-reduces would be overwritten work)."""
-        self.reducer.begin_microstep(sync=last)
+        """Around one microbatch's backward. ZeRO-0/1: gradients accumulate locally unless
+        `last`, in which case buckets launch from the backward hooks (nanoGPT: sync only at
+        the last microstep, since earlier all-reduces would be overwritten work). ZeRO-2/3
+        without a pipeline: every microbatch reduce-scatters its gradients into the shards
+        (`reduce_every_microbatch`), so no rank ever holds the whole model's gradients."""
+        every = self.reduce_every_microbatch
+        self.reducer.begin_microstep(sync=last or every)
         yield
+        if every and not last:
+            self.reducer.end_microstep()
 
     def finish_grad_sync(self) -> None:
         """Wait for every bucket/shard reduction; gradients are then the dp mean."""

@@ -286,19 +286,22 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
                  layers: int = 1, bucket_bytes: float = 25e6,
-                 zero3_reshard: str | None = None) -> float:
+                 zero3_reshard: str | None = None, pipelined: bool = False) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
     (ZeRO-0 an all-reduce; ZeRO-1 a reduce-scatter of the gradients and an all-gather of the
     updated parameters, as the runtime does); ZeRO-3 moves 3 x (two all-gathers of the
     parameters, forward and backward, plus the gradient reduce-scatter), one layer at a time.
-    Sharded gradients (ZeRO-2/3) cannot be accumulated locally, so their reduce-scatter (and
-    ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3). Gradients travel in
-    `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one call per bucket;
-    `bucket_bytes` = 0: one call per layer (PyTorch FSDP's units). zero3_reshard: ZeRO-3
-    under a pipeline (pp > 1), whose gathers follow that choice and whose gradients are
-    reduced once per step (`zero3_pipeline_volume`).
+    Sharded gradients (ZeRO-2/3) are not kept whole between microbatches, so their
+    reduce-scatter (and ZeRO-3's gathers) repeat for every microbatch (Sec. 5.2-5.3; the
+    runtime's `data_parallel/buckets.py`, as DeepSpeed and PyTorch FSDP do by default).
+    Gradients travel in `bucket_bytes` buckets (PyTorch DDP, Li et al. 2020 Sec. 3.2.3): one
+    call per bucket; `bucket_bytes` = 0: one call per layer (PyTorch FSDP's units).
+    `pipelined`: under a pipeline (pp > 1) a stage accumulates its gradients whole and
+    reduces them once per step, ZeRO-2 as ZeRO-1 (`pipeline_parallel/engine.py`);
+    zero3_reshard: ZeRO-3 under a pipeline, whose gathers follow that choice
+    (`zero3_pipeline_volume`).
     """
     if dp <= 1:
         return 0.0
@@ -315,9 +318,9 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     params = stage_param_count * param_bytes
     buckets = layers if bucket_bytes <= 0 else max(1, math.ceil(grads / bucket_bytes))
     if zero in (1, 2):
-        # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch),
-        # then all-gather the updated parameters
-        scatters = microbatches if zero == 2 else 1
+        # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch,
+        # once under a pipeline), then all-gather the updated parameters
+        scatters = microbatches if zero == 2 and not pipelined else 1
         return (scatters * collective_time("reduce_scatter", grads, dp, link, buckets)
                 + collective_time("all_gather", params, dp, link))
     return collective_time("all_reduce", grads, dp, link, buckets)

@@ -243,7 +243,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                            "flash" if layout.cp > 1 else gpu.attention_kernel,
                            reserved=gpu.reserved_bytes,
                            dropout=cfg.style == "gpt2" and gpu.kernels == "fused",
-                           expert_imbalance=expert_imbalance)
+                           expert_imbalance=expert_imbalance,
+                           zero2_reduce=gpu.pipeline_zero2_reduce)
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
@@ -317,12 +318,15 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
     sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
+    # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
+    pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        gpu.gradient_bucket_bytes, reshard)
+                        gpu.gradient_bucket_bytes, reshard, pipelined)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
-                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes, reshard)
+                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes, reshard,
+                             pipelined)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
@@ -341,8 +345,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = passes * max(counts) * per_layer
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
-        # all-reduce behind the last backward only.
-        window = layout.microbatches * t_backward if layout.zero == 2 else t_backward
+        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only.
+        window = (layout.microbatches * t_backward if layout.zero == 2 and not pipelined
+                  else t_backward)
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
@@ -353,8 +358,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     shard = stage_param_count / (replicas if layout.zero >= 1 else 1)
     shard += experts / (expert_replicas if layout.zero >= 1 else 1)
     t_optimizer = shard * optimizer_traffic_per_param(precision, gpu.kernels) / hbm
-    if gpu.kernels == "eager" and layout.zero < 2:
-        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1)
+    whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
+    if gpu.kernels == "eager" and whole:
+        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
+        # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
         t_optimizer += (layout.microbatches - 1) * 3 * precision.grad_bytes \
             * (stage_param_count + experts) / hbm
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each

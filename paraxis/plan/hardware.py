@@ -19,6 +19,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "gradient_bucket_bytes": 25e6,      # ZeRO-0/1/2 grads per call; 0: one per layer (FSDP)
+      "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
@@ -100,6 +101,12 @@ class GPU:
     # (paraxis's runtime and PyTorch DDP: 25 MB, each call paying its latency), or 0: one call
     # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
     gradient_bucket_bytes: float = 25e6
+    # ZeRO-2 under a pipeline: "step", as paraxis's runtime does it (a stage accumulates its
+    # gradients whole over the microbatches and reduce-scatters them once, at the step's end:
+    # ZeRO-1's traffic, the whole gradients in memory beside the shards), or "microbatch",
+    # PyTorch FSDP's default (each microbatch's backward reduce-scatters; only shards
+    # accumulate), as Llama 3's runs did. Without a pipeline paraxis reduces each microbatch.
+    pipeline_zero2_reduce: str = "step"
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
@@ -212,6 +219,9 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.gpu.pipeline_zero2_reduce not in ("step", "microbatch"):
+            raise ParaxisError(f"pipeline_zero2_reduce={self.gpu.pipeline_zero2_reduce!r} is "
+                               "unknown; use step or microbatch")
         if self.collective_algorithm not in ("ring", "hierarchical"):
             raise ParaxisError(f"collective_algorithm={self.collective_algorithm!r} is "
                                "unknown; use ring or hierarchical")

@@ -39,6 +39,7 @@ class PlanInputs:
     cluster_preset: str | None = None  # a cluster as built (hardware.CLUSTERS), network included
     nics_per_node: int | None = None
     collective_algorithm: str | None = None
+    pipeline_zero2_reduce: str | None = None  # GPU.pipeline_zero2_reduce
     memory_gb: float | None = None
     nvlink_gbps: float | None = None
     network_gbps: float | None = None
@@ -62,7 +63,8 @@ class PlanInputs:
                  "nvlink_bandwidth_Bps": self.nvlink_gbps and self.nvlink_gbps * GB,
                  "inter_node_bandwidth_Bps": self.network_gbps and self.network_gbps * GB,
                  "nics_per_node": self.nics_per_node,
-                 "collective_algorithm": self.collective_algorithm}
+                 "collective_algorithm": self.collective_algorithm,
+                 "pipeline_zero2_reduce": self.pipeline_zero2_reduce}
         overrides.update({k: v for k, v in flags.items() if v is not None and v != 0})
         overrides["gpu"] = self.gpu or overrides.get("gpu", DEFAULT_GPU)
         return build_cluster(str(overrides["gpu"]), self.gpus, self.gpus_per_node, overrides)
@@ -117,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--nics-per-node", type=int, help="NICs (rails) per node (default: one per GPU)")
     add("--collective-algorithm", choices=("ring", "hierarchical"),
         help="cross-node collectives: one flat ring (NCCL's default) or hierarchical")
+    add("--pipeline-zero2-reduce", choices=("step", "microbatch"),
+        help="how ZeRO-2 reduces gradients under a pipeline: once a step, holding them "
+             "whole (paraxis's runtime, the default), or every microbatch (FSDP's default, "
+             "as Llama 3 ran)")
     add("--precision", choices=tuple(PRECISIONS), default=precision,
         help="paraxis train's policies (docs/precision.md): fp32 4+4+8 bytes/param (the "
              "CPU default), bf16 (= mixed) 2+2+12, bf16-fp32grad 2+4+12, fp16 2+2+12; "
@@ -137,6 +143,7 @@ def from_args(args: argparse.Namespace) -> PlanInputs:
                       cluster_preset=getattr(args, "cluster_preset", None),
                       nics_per_node=getattr(args, "nics_per_node", None),
                       collective_algorithm=getattr(args, "collective_algorithm", None),
+                      pipeline_zero2_reduce=getattr(args, "pipeline_zero2_reduce", None),
                       memory_gb=args.memory_gb,
                       nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps,
                       precision=args.precision, seq_len=args.seq_len,

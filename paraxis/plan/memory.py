@@ -197,9 +197,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   attention: str = RUNTIME_KERNEL.name,
                   reserved: float = RESERVED_BYTES,
                   dropout: bool | None = None,
-                  expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
+                  expert_imbalance: float = DEFAULT_IMBALANCE,
+                  zero2_reduce: str = "step") -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
+    `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
+    keeps the stage's whole gradients until the step's end.
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
 
@@ -261,6 +264,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif replicas > 1:
             buffers += 2 * COMM_BUCKET_BYTES
+        if (layout.zero == 2 and replicas > 1 and layout.pp > 1 and zero2_reduce == "step"
+                and (layout.microbatches > 1 or cfg.tied_embeddings)):
+            # A pipeline's ZeRO-2 accumulates the stage's gradients whole over its
+            # microbatches and reduces them once (as ZeRO-1 does; a tied embedding's sum
+            # waits for the step's end too): the whole gradients sit beside the shards.
+            buffers += (local + experts) * precision.grad_bytes
         row = {**states, "activations": activations, "buffers": buffers,
                "reserved": reserved}
         row["total"] = sum(row.values())
