@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if forecast is not None:
         console.print(f"step time {forecast.measured_step_s * 1e3:.1f} ms, forecast "
                       f"{forecast.predicted_step_s * 1e3:.1f} ms for {forecast.hardware} "
-                      f"({forecast.error:+.0%})"
-                      + ("; other load shared the machine during the run (its steps spread "
-                         f"{forecast.spread:.0%})" if forecast.disturbed else ""))
+                      f"({forecast.error:+.0%})")
+        if forecast.disturbed:
+            console.print(f"      {forecast.brief()}")
     console.print(f"report: {path.resolve()}")
     console.print(f"lab (the course's simulators, interactive): {write_lab(out).resolve()}")
     return 0

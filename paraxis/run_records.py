@@ -50,6 +50,13 @@ def steady(records: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in steady_records(records))
 
 
+def steal(records: list[dict]) -> float | None:
+    """The mean share of CPU time a VM's host took during the steps after the warm-up
+    (`cpu_steal`, paraxis/steal.py); None where the run did not record it."""
+    shares = [r["cpu_steal"] for r in steady_records(records) if r.get("cpu_steal") is not None]
+    return statistics.fmean(shares) if shares else None
+
+
 def spread(records: list[dict], key: str) -> float:
     """Interquartile range of `key` after the warm-up steps over its median (0 with fewer
     than four steps): above DISTURBED_SPREAD, other load shared the machine."""

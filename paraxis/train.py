@@ -149,6 +149,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     from paraxis.runtime.preemption import Preempted, StopRequest
     from paraxis.runtime.resume import save, save_due, trim_metrics
     from paraxis.runtime.watchdog import WATCH
+    from paraxis.steal import cpu_ticks, stolen_share
 
     fault = faults.from_env()  # None unless a reliability test breaks the run on purpose
     train, log = cfg.train, cfg.logging
@@ -174,7 +175,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             StopRequest() as stop, \
             Loader(read, range(start_step, last), cfg.data.prefetch) as loader:
         for step in range(start_step, train.steps):
-            started = time.perf_counter()
+            started, ticks = time.perf_counter(), cpu_ticks()
             WATCH.begin_step(step)
             if fault is not None:
                 fault.before_step(step, rank, engine.model)
@@ -200,7 +201,9 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
                       "tokens_per_s": tokens_per_s, "step_time_s": step_time,
                       "mfu": None if peak_flops is None else mfu(
                           model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
-                      "peak_mem_bytes": peak_memory_bytes(device), "data_wait_s": data_wait_s}
+                      "peak_mem_bytes": peak_memory_bytes(device), "data_wait_s": data_wait_s,
+                      # the CPU time a VM's host took meanwhile (paraxis/steal.py)
+                      "cpu_steal": stolen_share(ticks, cpu_ticks())}
             record.update(moe_step_metrics(engine.model, groups, model_cfg))
             if cfg.auto.predicted_step_s is not None:  # --layout auto: the planner's forecast
                 record["predicted_step_s"] = cfg.auto.predicted_step_s

@@ -288,6 +288,7 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
     monkeypatch.setattr(command, "collectives_again",
                         lambda profile, ranks, repeats: probes.append(ranks) or again)
     monkeypatch.setattr(quick, "COMMITTED", tmp_path / "absent.json")
+    monkeypatch.setattr(quick, "StealMeter", _QuietHost)  # this VM's host may be busy now
     for _ in range(2):
         found = quick.profile_for_cpu_run(8, tmp_path, "tiny")
         assert found.how == "cached" and "collectives" in found.describe()
@@ -299,8 +300,38 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
     # the collectives refitted on the means of each point, the waits averaged
     assert saved["calibration"]["collectives_after_run"] == {"8": again}
     assert saved["cluster"]["sync_wait_s"] == {"8": {"2": 2e-3}}
+    assert saved["calibration"]["cpu_steal"] == [None, 0.0]
     fit = saved["cluster"]["collectives"]["all_reduce"]["8"]["2"]
     for size, mean in zip(sizes, (3e-3, 7e-3), strict=True):
         priced = latency_steps("all_reduce", 2) * fit["alpha_s"] \
             + ring_factor("all_reduce", 2) * size / fit["bandwidth_Bps"]
         assert priced == pytest.approx(mean, rel=0.05)
+
+
+class _QuietHost:
+    """A StealMeter that reads no steal: what a quiet VM's host would give."""
+
+    share = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_timings_a_vms_host_disturbed_do_not_count_when_the_others_were_quiet(tmp_path):
+    from paraxis.calibrate.quick import after_weight
+    from paraxis.steal import DISTURBED_STEAL, cpu_ticks, stolen_share
+
+    quiet, busy = DISTURBED_STEAL / 4, 3 * DISTURBED_STEAL
+    assert after_weight(quiet, quiet) == after_weight(busy, busy) == 0.5
+    assert after_weight(busy, quiet) == 1.0 and after_weight(quiet, busy) == 0.0
+    assert after_weight(None, quiet) == 0.5 and after_weight(None, busy) == 0.0
+    # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3\n")
+    start = cpu_ticks(stat)
+    stat.write_text("cpu  160 0 70 900 10 0 0 70 0 0\n")
+    assert start == (40, 1000) and stolen_share(start, cpu_ticks(stat)) == 30 / 210
+    assert stolen_share(start, start) is None and cpu_ticks(tmp_path / "none") is None

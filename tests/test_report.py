@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -270,22 +271,22 @@ def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
 
 
 @pytest.mark.slow
-def test_demo_forecast_is_within_50_percent(demo_report):
-    # Issue 17 asks for 30%; this VM does not allow it from one run. A forecast prices the
-    # layout on this machine; it cannot know what else will load the machine while the run
-    # runs. Session 15 (Intel Xeon VM): demo runs forecast at +4, +21, +6, +7, -15, -6, -12
-    # and +15% once the step's own calls were priced (plan/step_calls.py; -37 to +2% before),
-    # this test's own demo at +3% and +5%, then at +51% in a full suite run (predicted 381
-    # ms, measured 252 ms, its steps steady: the calibration around it read the machine
-    # slow). One run stepped at 255-761 ms where the others step near 200 ms, with the cores
-    # and rates probed as usual before and after it, and came out at -62%: such a run's
-    # steps spread (run_records.DISTURBED_SPREAD), and the report must say its measured step
-    # is not the layout's alone.
+def test_demo_forecast_is_within_30_percent(demo_report):
+    # A forecast prices the layout on this machine as a calibration found it; it cannot know
+    # what else will load the machine while the run runs. On the 2-core VM of sessions
+    # 15-16 that load is mostly the VM's host: with 2% of the CPU time stolen the demo's
+    # ranks step at 184-198 ms, with 23-31% at 489-700 ms (paraxis/steal.py), and one
+    # timing taken while the host stole 26% priced a quiet run 17% slow. The run and the
+    # profile's timings record what the host took, the timings it disturbed do not count
+    # where the others were quiet (calibrate.quick.after_weight), and a run that was
+    # disturbed anyway (steps spread, or the host took more than DISTURBED_STEAL) must say
+    # so in its report; the others are held to issue 17's 30%.
     forecast = demo_report.forecast
+    assert forecast.steal is not None or not Path("/proc/stat").exists()
     if forecast.disturbed:
         assert forecast.caveat() in demo_report.html()
         return
-    assert abs(forecast.error) <= 0.50, forecast
+    assert abs(forecast.error) <= 0.30, forecast
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ model's gradients pass 1 MiB; the cores as many busy ranks as the run has get: a
 load permitting), saved in the run's folder
 for the next report. `paraxis demo` calibrates just before its run; the report after it
 probes the cores and times the compute and the collectives again and prices with the means,
-as the load (and a shared VM's speed) may change while a run runs.
+as the load (and a shared VM's speed) may change while a run runs. Both record the share
+of CPU time a VM's host took meanwhile (`calibration.cpu_steal`, paraxis/steal.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from paraxis.steal import DISTURBED_STEAL, StealMeter
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
 PROFILE_NAME = "hardware-profile.json"
@@ -48,6 +51,17 @@ class FoundProfile:
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
                 f"next to this run in {self.seconds:.0f} s (the cores its ranks get, its "
                 "compute rates and its collectives: the mean of a probe before and after it)")
+
+
+def calibration_steal(path: str | Path) -> float | None:
+    """The largest share of CPU time a VM's host took during the timings of the profile at
+    `path` (before and after a run; paraxis/steal.py); None where none was recorded."""
+    try:
+        shares = json.loads(Path(path).read_text()).get("calibration", {}).get("cpu_steal", [])
+    except (OSError, ValueError):
+        return None
+    shares = [share for share in shares if share is not None]
+    return max(shares) if shares else None
 
 
 def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
@@ -88,28 +102,51 @@ def _rates_again(shapes_from: dict) -> dict[str, float]:
                          QUICK_REPEATS)
 
 
-def _collectives_again(profile: dict, ranks: int) -> None:
-    """Time the profile's collectives and sync waits on `ranks` ranks again and price with
-    the means of each point (a quick profile times one rank count: all its fits are
-    refitted)."""
+def _collectives_again(profile: dict, ranks: int) -> dict:
+    """The profile's collectives and sync waits timed again on `ranks` ranks
+    (`collective_body`'s {"times", "sync_wait_s", "scalar_call_s"})."""
     from paraxis.calibrate.command import collectives_again
-    from paraxis.calibrate.profile import link_fields
 
     again = collectives_again(profile, ranks, QUICK_REPEATS)
     profile["calibration"]["collectives_after_run"] = {str(ranks): again}
+    return again
+
+
+def _price_collectives(profile: dict, ranks: int, again: dict, after: float) -> None:
+    """Refit the profile's links from each point's timings before and after the run,
+    weighted `1 - after` and `after` (a quick profile times one rank count: all its fits
+    are refitted)."""
+    from paraxis.calibrate.profile import link_fields
+
+    def mix(before: float, later: float) -> float:
+        return (1 - after) * before + after * later
+
     before = profile["calibration"]["collectives"][str(ranks)]
-    times = {op: {n: [[size, (s + s_again) / 2] for (size, s), (_, s_again) in zip(
+    times = {op: {n: [[size, mix(s, s_again)] for (size, s), (_, s_again) in zip(
         points, again["times"][op][n], strict=True)] for n, points in by_group.items()}
         for op, by_group in before.items()}
     waits = profile["cluster"].get("sync_wait_s", {}).get(str(ranks), {})
-    means = {n: (waits.get(n, wait) + wait) / 2 for n, wait in again["sync_wait_s"].items()}
+    means = {n: mix(waits.get(n, wait), wait) for n, wait in again["sync_wait_s"].items()}
     calls = profile["cluster"].get("scalar_call_s", {}).get(str(ranks), {})
-    call_means = {n: (calls.get(n, call) + call) / 2
+    call_means = {n: mix(calls.get(n, call), call)
                   for n, call in again.get("scalar_call_s", {}).items()}
     gpu, cluster = link_fields({ranks: times}, {ranks: means},
                                {ranks: call_means} if call_means else None)
     profile["gpu"].update(gpu)
     profile["cluster"].update(cluster)
+
+
+def after_weight(before_steal: float | None, after_steal: float | None) -> float:
+    """How much the timings after a run count against those before it: half each, unless
+    the host of a VM took more than DISTURBED_STEAL of the CPU during one of them and not
+    during the other (paraxis/steal.py): then only the undisturbed ones count."""
+    disturbed = [share is not None and share > DISTURBED_STEAL
+                 for share in (before_steal, after_steal)]
+    if disturbed == [True, False]:
+        return 1.0
+    if disturbed == [False, True]:
+        return 0.0
+    return 0.5
 
 
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
@@ -132,19 +169,30 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
             # it and price with the means (as bench.predicted_vs_measured does). The first
             # reuse of any cached profile does this once (--layout auto's cache too); later
             # ones reuse the means.
-            probes.append(available_cores(cores, PROBE_S, ranks))
-            profile["cluster"]["available_cores"] = sum(probes) / len(probes)
-            after = _rates_again(calibration["compute"]["shapes_from"])
+            # A VM's host may take CPU time during either timing: only undisturbed ones
+            # count where one of them was (`after_weight`).
+            with StealMeter() as meter:
+                probes.append(available_cores(cores, PROBE_S, ranks))
+                after = _rates_again(calibration["compute"]["shapes_from"])
+                again = _collectives_again(profile, ranks) if ranks > 1 else None
+            steals = calibration.setdefault("cpu_steal", [None])
+            steals.append(meter.share)
+            weight = after_weight(steals[0], meter.share)
+            calibration["after_run_weight"] = weight
+            profile["cluster"]["available_cores"] = (1 - weight) * probes[0] + weight * probes[1]
             calibration["compute_after_run"] = after
-            profile["gpu"].update({k: (profile["gpu"][k] + v) / 2 for k, v in after.items()})
-            if ranks > 1:
-                _collectives_again(profile, ranks)
+            profile["gpu"].update({k: (1 - weight) * profile["gpu"][k] + weight * v
+                                   for k, v in after.items()})
+            if again is not None:
+                _price_collectives(profile, ranks, again, weight)
             cached.write_text(json.dumps(profile, indent=2) + "\n")
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
-    profile = calibrate([ranks], quick_sizes(model), model=model, tokens=16 * seq_len,
-                        seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu", busy_s=PROBE_S,
-                        log=lambda *_: None, busy_ranks=ranks)
+    with StealMeter() as meter:
+        profile = calibrate([ranks], quick_sizes(model), model=model, tokens=16 * seq_len,
+                            seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu",
+                            busy_s=PROBE_S, log=lambda *_: None, busy_ranks=ranks)
+    profile["calibration"]["cpu_steal"] = [meter.share]
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(profile, indent=2) + "\n")
     return FoundProfile(cached, "calibrated", cpu, cores, time.perf_counter() - started)

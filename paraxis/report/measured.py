@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paraxis.calibrate.quick import calibration_steal
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
 from paraxis.report.text import duration, size, times
-from paraxis.run_records import DISTURBED_SPREAD, load_metrics, spread, steady
+from paraxis.run_records import DISTURBED_SPREAD, load_metrics, spread, steady, steal
+from paraxis.steal import DISTURBED_STEAL
 from paraxis.viz.html import esc, figure, table
 from paraxis.viz.run import plot_run
 from paraxis.viz.style import figure_data_uri
@@ -63,6 +65,8 @@ class Forecast:
     predicted_step_s: float
     measured_step_s: float
     spread: float = 0.0  # of the measured steps (run_records.spread)
+    steal: float | None = None  # CPU time a VM's host took during the steps (paraxis/steal.py)
+    calibration_steal: float | None = None  # ... during the profile's timings, at most
 
     @property
     def error(self) -> float:
@@ -70,16 +74,40 @@ class Forecast:
 
     @property
     def disturbed(self) -> bool:
-        """Whether other load shared the machine while the run ran (run_records)."""
-        return self.spread > DISTURBED_SPREAD
+        """Whether other load shared the machine while the run ran, or while the profile
+        it is priced on was timed (run_records, paraxis/steal.py)."""
+        return bool(self._reasons())
+
+    def _reasons(self, brief: bool = False) -> list[str]:
+        reasons = []
+        if self.spread > DISTURBED_SPREAD:
+            reasons.append(f"steps spread {self.spread:.0%}" if brief else
+                           f"the run's steps spread widely (interquartile range "
+                           f"{self.spread:.0%} of the median)")
+        if self.steal is not None and self.steal > DISTURBED_STEAL:
+            reasons.append(f"the VM's host took {self.steal:.0%} of the CPU in the run"
+                           if brief else f"the virtual machine's host took {self.steal:.0%} "
+                           "of its CPU time during the run's steps")
+        if self.calibration_steal is not None and self.calibration_steal > DISTURBED_STEAL:
+            reasons.append(f"{self.calibration_steal:.0%} while the profile was timed"
+                           if brief else f"the host took {self.calibration_steal:.0%} of the "
+                           "CPU time while the profile was timed")
+        return reasons
+
+    def brief(self) -> str:
+        """The caveat in a few words, for a console line ("" for an undisturbed run)."""
+        reasons = self._reasons(brief=True)
+        return f"other load shared the machine ({', '.join(reasons)})" if reasons else ""
 
     def caveat(self) -> str:
         """A sentence for a disturbed run ("" otherwise)."""
-        if not self.disturbed:
+        reasons = self._reasons()
+        if not reasons:
             return ""
-        return (f"The run's steps spread widely (interquartile range {self.spread:.0%} of "
-                "the median): other load shared this machine while it ran, so the measured "
-                "step is not this layout's alone; run it again on a quiet machine to compare.")
+        said = "; ".join(reasons)
+        return (f"{said[0].upper()}{said[1:]}: other load shared this machine, so the "
+                "measured step, or the prices, are not this layout's alone; run it again on "
+                "a quiet machine to compare.")
 
 
 def load_run(folder: Path) -> MeasuredRun:
@@ -103,13 +131,14 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
                        gpu.peak_flops)
     label = hw.ranks(plan.cluster.world_size)
     forecast = Forecast(label, e.step_time_s, steady(records, "step_time_s"),
-                        spread(records, "step_time_s"))
+                        spread(records, "step_time_s"), steal(records),
+                        calibration_steal(hw.inputs.hardware) if hw.cpu else None)
     error = forecast.error
     memory = plan.memory["total"]
     parts = [
         f"<p>From <code>{esc(run.folder / 'metrics.jsonl')}</code>: {len(records)} steps "
         f"(medians skip the first steps' warm-up). Forecast for {esc(label)}, the hardware "
-        f"the run ran on, {_priced(hw)}.</p>",
+        f"the run ran on, {_priced(hw)}.{_host(forecast)}</p>",
         f"<p class=\"callout\">Step time: predicted {duration(e.step_time_s)}, measured "
         f"{duration(forecast.measured_step_s)}: the prediction is {error:+.0%} off "
         f"({'within' if abs(error) <= PREDICTION_TOLERANCE else 'outside'} "
@@ -153,6 +182,16 @@ def _trace(plan: Plan, run: MeasuredRun) -> str:
             + f'<p><a download="{esc(run.trace_path.stem)}.chrome.json" '
               f'href="data:application/json;base64,{chrome}">Save this trace as Chrome '
               "trace JSON</a> (open it in chrome://tracing or the Perfetto UI).</p>")
+
+
+def _host(forecast: Forecast) -> str:
+    """A sentence on the CPU time a VM's host took, where it was measured (paraxis/steal.py)."""
+    if forecast.steal is None:
+        return ""
+    timed = ("" if forecast.calibration_steal is None else
+             f", and at most {forecast.calibration_steal:.0%} while the profile was timed")
+    return (f" A virtual machine's host took {forecast.steal:.0%} of its CPU time during the "
+            f"run's steps{timed} (more than {DISTURBED_STEAL:.0%}: the machine was shared).")
 
 
 def _priced(hw: Hardware) -> str:
