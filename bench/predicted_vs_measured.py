@@ -115,6 +115,19 @@ AFTER_CALLS = [
     "dp=2,tp=2,pp=2,zero=2,microbatches=4,schedule=1f1b",
     "dp=2,tp=2,pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
 ]
+# Eight more, listed before they first ran: after the runtime's ZeRO-2/3 reduce every
+# microbatch (data_parallel/buckets.py) and each row records the CPU time a VM's host took
+# (column steal, paraxis/steal.py): reported apart.
+AFTER_STEAL = [
+    "dp=2,zero=2,microbatches=4",
+    "dp=8,zero=3,microbatches=2",
+    "tp=2,pp=2,microbatches=2,schedule=1f1b",
+    "dp=2,tp=2,zero=3",
+    "pp=2,microbatches=4,schedule=gpipe",
+    "dp=2,pp=4,microbatches=8,schedule=interleaved,virtual_stages=2",
+    "tp=4,pp=2,microbatches=4,schedule=1f1b",
+    "dp=4,tp=2,zero=2,microbatches=2",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
@@ -223,16 +236,27 @@ def measure_around(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, fl
     return seconds, used, (before + cores_now(s["quick"])) / 2
 
 
-def measure_now(cfg: ModelConfig, layout: Layout, s: dict) -> tuple[float, float, dict]:
-    """(step seconds, cores used, now): `measure` between two probes of the cores and of the
-    compute rates; now holds the means of each pair (the profile's fields they replace)."""
+def measure_now(cfg: ModelConfig, layout: Layout, s: dict
+                ) -> tuple[float, float, dict, dict]:
+    """(step seconds, cores used, now, steal): `measure` between two probes of the cores and
+    of the compute rates; now holds the means of each pair (the profile's fields they
+    replace); steal, the share of CPU time a VM's host took during the steps' runs ("run")
+    and during the probes ("probes"; paraxis/steal.py, None where not measured)."""
     from bench.calibration import rates_now
+    from paraxis.steal import StealMeter
 
-    rates = rates_now(s["quick"])
-    seconds, used, cores = measure_around(cfg, layout, s)
-    after = rates_now(s["quick"])
+    with StealMeter() as probes:
+        rates = rates_now(s["quick"])
+        before = cores_now(s["quick"])
+    with StealMeter() as run:
+        seconds, used = measure(cfg, layout, s)
+    with StealMeter() as probes_after:
+        cores = (before + cores_now(s["quick"])) / 2
+        after = rates_now(s["quick"])
+    shares = [x for x in (probes.share, probes_after.share) if x is not None]
     return seconds, used, {"available_cores": cores,
-                           **{k: (v + after[k]) / 2 for k, v in rates.items()}}
+                           **{k: (v + after[k]) / 2 for k, v in rates.items()}}, \
+        {"run": run.share, "probes": max(shares) if shares else None}
 
 
 def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print) -> dict:  # noqa: ANN001
@@ -241,21 +265,22 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     rows = []
     for text in layouts or (QUICK_LAYOUTS if quick else
                             LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES + AFTER_RATES
-                            + AFTER_CALLS):
+                            + AFTER_CALLS + AFTER_STEAL):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
-        measured, used, now = measure_now(cfg, layout, s)
+        measured, used, now, steal = measure_now(cfg, layout, s)
         available = now["available_cores"]
         estimate = predict(cfg, layout, profile, s["global_batch"], s["seq_len"], now)
         cores = min(available, layout.world_size)  # the cores the model lets this run use
         error = estimate.step_time_s / measured - 1
         log(f"  {layout}: measured {measured:.3f} s, predicted {estimate.step_time_s:.3f} s "
-            f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}")
+            f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}; steal "
+            f"{_share(steal['run'])} (probes {_share(steal['probes'])})")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
                      "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
-                     "after_calls": text in AFTER_CALLS,
-                     "available_cores": available, "now": now,
+                     "after_calls": text in AFTER_CALLS, "after_steal": text in AFTER_STEAL,
+                     "available_cores": available, "now": now, "steal": steal,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
                      "error": error,
@@ -268,24 +293,53 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
             "seq_len": s["seq_len"], "steps": s["steps"], "warmup": s["warmup"],
             "repeats": s["repeats"], "rows": rows,
             "mean_abs_error": statistics.mean(errors),
-            "groups": groups(rows),
+            "groups": groups(rows), "quiet": quiet_summary(rows),
             "within_target": sum(e <= PREDICTION_TOLERANCE for e in errors),
             "target": PREDICTION_TOLERANCE}
 
 
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
         "after_sizes": " (after sizes)", "after_rates": " (after rates)",
-        "after_calls": " (after calls)"}
+        "after_calls": " (after calls)", "after_steal": " (after steal)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
           ("first measured after the 32 MiB sizes", "after_sizes"),
           ("first measured after the rates measured again", "after_rates"),
-          ("first measured after the step's own calls", "after_calls"))
+          ("first measured after the step's own calls", "after_calls"),
+          ("first measured after the host's steal was recorded", "after_steal"))
 
 
 def _group(row: dict) -> str:
     """The row's group's tag (GROUPS), "" for the first 12."""
     return next((tag for _, tag in reversed(GROUPS) if tag and row.get(tag)), "")
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def quiet(row: dict) -> bool | None:
+    """Whether the VM's host took at most DISTURBED_STEAL of the CPU time during the row's
+    steps and its probes (None: a row measured before steal was recorded)."""
+    from paraxis.steal import DISTURBED_STEAL
+
+    shares = list(row.get("steal", {}).values())
+    if not shares or any(share is None for share in shares):
+        return None
+    return max(shares) <= DISTURBED_STEAL
+
+
+def quiet_summary(rows: list[dict]) -> dict:
+    """Mean |error| and mean signed error over the rows the host left quiet and over those
+    it disturbed (decided by the steal measured, before looking at any error)."""
+    out = {}
+    for name, want in (("quiet", True), ("disturbed", False)):
+        errors = [r["error"] for r in rows if quiet(r) is want]
+        if errors:
+            out[name] = {"layouts": len(errors),
+                         "mean_abs_error": statistics.mean(map(abs, errors)),
+                         "mean_signed_error": statistics.mean(errors)}
+    return out
 
 
 def _befores(row: dict) -> dict[str, float]:
@@ -342,17 +396,20 @@ def render(data: dict) -> str:
         "calibration timed collectives up to 32 MiB (`AFTER_SIZES`); (after rates): one of "
         "the eight first measured after the compute rates were measured again around each "
         "layout (`AFTER_RATES`); (after calls): one of the eight first measured after the "
-        "planner priced the step's own small calls (`AFTER_CALLS`, column calls).",
+        "planner priced the step's own small calls (`AFTER_CALLS`, column calls); (after "
+        "steal): one of the eight first measured after each row recorded the CPU time a "
+        "VM's host took (`AFTER_STEAL`). Steal: that share during the layout's steps "
+        "(paraxis/steal.py), and during its probes in brackets.",
         "",
-        "| layout | ranks | cores | used | measured | predicted | error | compute | tp | pp | "
-        "dp | bubble | optimizer | calls |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| layout | ranks | cores | used | steal | measured | predicted | error | compute | "
+        "tp | pp | dp | bubble | optimizer | calls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         parts = r["predicted_parts_s"]
         lines.append(
             f"| `{r['layout']}`{TAGS[_group(r)]} | {r['ranks']} | "
-            f"{r['cores']:.2f} | {r['cores_used']:.2f} | "
+            f"{r['cores']:.2f} | {r['cores_used']:.2f} | {_steal_cell(r)} | "
             f"{r['measured_step_s']:.3f} s | "
             f"{r['predicted_step_s']:.3f} s | {r['error']:+.0%} | "
             + " | ".join(f"{parts.get(k, 0.0):.3f}" for k in (
@@ -372,6 +429,14 @@ def render(data: dict) -> str:
                      "within +-5%).")
     if data.get("groups"):
         lines.append("")
+    for name, g in data.get("quiet", {}).items():
+        lines.append(f"- Layouts the VM's host left {name} (steal during the steps and the "
+                     f"probes {'at most' if name == 'quiet' else 'above'} "
+                     f"{_disturbed_steal():.0%}): {g['layouts']}, mean |error| "
+                     f"{g['mean_abs_error']:.1%}, mean signed error "
+                     f"{g['mean_signed_error']:+.1%}.")
+    if data.get("quiet"):
+        lines.append("")
     misses = [r for r in data["rows"] if abs(r["error"]) > data["target"]]
     if misses:
         lines += ["Misses, with what the run's own CPU accounting shows:", ""]
@@ -382,8 +447,22 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _steal_cell(row: dict) -> str:
+    steal = row.get("steal")
+    return "" if not steal else f"{_share(steal['run'])} ({_share(steal['probes'])})"
+
+
+def _disturbed_steal() -> float:
+    from paraxis.steal import DISTURBED_STEAL
+
+    return DISTURBED_STEAL
+
+
 def _cause(row: dict) -> str:
     """What the CPU accounting says about a miss (see the table's `used` column)."""
+    if quiet(row) is False:
+        return (f"the VM's host took {_steal_cell(row)} of the CPU time during the run (its "
+                "probes): the machine was shared")
     wanted, used = row["cores"], row["cores_used"]  # the cores the model let this run use
     if used < 0.8 * wanted:
         return (f"the ranks used {used:.2f} cores while the model gave them {wanted:.2f} "
