@@ -32,6 +32,7 @@ from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.cost import PREDICTION_SHARE, PREDICTION_TOLERANCE, Estimate, evaluate
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.precision import FP32_ADAM
+from paraxis.steal import DISTURBED_STEAL
 from paraxis.testing import run_distributed
 
 # Hidden 256, 8 layers (so 2, 4 and 8 stages and 2 chunks per stage divide them evenly).
@@ -321,8 +322,6 @@ def _share(share: float | None) -> str:
 def quiet(row: dict) -> bool | None:
     """Whether the VM's host took at most DISTURBED_STEAL of the CPU time during the row's
     steps and its probes (None: a row measured before steal was recorded)."""
-    from paraxis.steal import DISTURBED_STEAL
-
     shares = list(row.get("steal", {}).values())
     if not shares or any(share is None for share in shares):
         return None
@@ -432,7 +431,7 @@ def render(data: dict) -> str:
     for name, g in data.get("quiet", {}).items():
         lines.append(f"- Layouts the VM's host left {name} (steal during the steps and the "
                      f"probes {'at most' if name == 'quiet' else 'above'} "
-                     f"{_disturbed_steal():.0%}): {g['layouts']}, mean |error| "
+                     f"{DISTURBED_STEAL:.0%}): {g['layouts']}, mean |error| "
                      f"{g['mean_abs_error']:.1%}, mean signed error "
                      f"{g['mean_signed_error']:+.1%}.")
     if data.get("quiet"):
@@ -450,12 +449,6 @@ def render(data: dict) -> str:
 def _steal_cell(row: dict) -> str:
     steal = row.get("steal")
     return "" if not steal else f"{_share(steal['run'])} ({_share(steal['probes'])})"
-
-
-def _disturbed_steal() -> float:
-    from paraxis.steal import DISTURBED_STEAL
-
-    return DISTURBED_STEAL
 
 
 def _cause(row: dict) -> str:

@@ -3,9 +3,9 @@
 On a VM a virtual CPU that is ready to run may still wait for the host to schedule it: Linux
 counts that wait as "steal" time (/proc/stat, the eighth figure of the `cpu` line, in
 clock ticks over all CPUs). Ranks that synchronise often suffer it far beyond its share: on
-the 2-core VM of docs/benchmarks.md `paraxis demo`'s 8 ranks stepped at 198 ms with 2% of
-the CPU time stolen and at 489-700 ms with 23-31% stolen, minutes apart, with nothing else
-running in the guest. A forecast made from a calibration cannot know what the host will
+the 2-core VM of docs/benchmarks.md `python -m bench.host_steal` stepped `paraxis demo`'s
+8 ranks at 201-208 ms with 2.6-4.2% of the CPU time stolen and at 261 ms with 15%, run
+after run, with nothing else running in the guest. A forecast made from a calibration cannot know what the host will
 take during the run; the run can measure it, and a report can say so.
 
 Reads a file; imports nothing else (the planner's `--verify` reads runs too). Where there
@@ -18,8 +18,8 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 # The share of CPU time stolen above which a run or a calibration did not have this
-# machine's cores as a quiet VM does: quiet runs here read 0-2%, two ranks busy on the two
-# cores 3-5%, disturbed runs 23-31% (see the module docstring).
+# machine's cores as a quiet VM does: `bench.host_steal`'s quiet runs here read 2.6-4.2%,
+# its disturbed one 15%; docs/benchmarks.md's steal column spans 0-40%.
 DISTURBED_STEAL = 0.08
 
 

@@ -191,7 +191,8 @@ def _host(forecast: Forecast) -> str:
     timed = ("" if forecast.calibration_steal is None else
              f", and at most {forecast.calibration_steal:.0%} while the profile was timed")
     return (f" A virtual machine's host took {forecast.steal:.0%} of its CPU time during the "
-            f"run's steps{timed} (more than {DISTURBED_STEAL:.0%}: the machine was shared).")
+            f"run's steps{timed} (above {DISTURBED_STEAL:.0%} a run or a profile counts as "
+            "disturbed).")
 
 
 def _priced(hw: Hardware) -> str:
