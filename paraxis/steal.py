@@ -5,8 +5,9 @@ counts that wait as "steal" time (/proc/stat, the eighth figure of the `cpu` lin
 clock ticks over all CPUs). Ranks that synchronise often suffer it far beyond its share: on
 the 2-core VM of docs/benchmarks.md `python -m bench.host_steal` stepped `paraxis demo`'s
 8 ranks at 201-208 ms with 2.6-4.2% of the CPU time stolen and at 261 ms with 15%, run
-after run, with nothing else running in the guest. A forecast made from a calibration cannot know what the host will
-take during the run; the run can measure it, and a report can say so.
+after run, with nothing else running in the guest. A forecast made from a calibration
+cannot know what the host will take during the run; the run can measure it, and a report
+can say so.
 
 Reads a file; imports nothing else (the planner's `--verify` reads runs too). Where there
 is no /proc/stat (not Linux) every reading is None.
