@@ -214,13 +214,16 @@ def test_zero_bubble_at_pp4_with_dp_and_tp_trains_like_one_device() -> None:
 MEASURED_MODEL = PRESETS["small-llama"].replace(n_layers=4)
 
 
-def _traced_steps(ctx: RankContext, microbatches: int) -> tuple[list[list[dict]], float]:
+def _traced_steps(ctx: RankContext, microbatches: int
+                  ) -> tuple[list[list[dict]], float, float]:
     import time
 
     import torch.distributed as dist
 
     from paraxis.runtime.parallelize import build_engine
+    from paraxis.testing import cores_interfere
 
+    interference = cores_interfere()
     cfg = MEASURED_MODEL
     engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0)
     generator = torch.Generator().manual_seed(0)
@@ -242,46 +245,60 @@ def _traced_steps(ctx: RankContext, microbatches: int) -> tuple[list[list[dict]]
         else:
             dist.recv(boundary, peer)
             dist.send(boundary, peer)
-    return traces[1:], (time.perf_counter() - started) / 20  # the first step warms up
+    # the first step warms up
+    return traces[1:], (time.perf_counter() - started) / 20, interference
 
 
 def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
+    from paraxis.testing import SHARED_CORES
+
     microbatches = 2
-    # Two cores, two ranks: another program on the machine stretches the computes that
-    # overlap with it and not the others, which mean costs cannot show (seen under a load of
-    # 4: -20%). A second launch is allowed. The simulation sends each boundary in the time
-    # the ranks measured for one: simulated without it, the Xeon VM of sessions 15-16 read
-    # the measured bubble 11-29% above it in four launches out of four (sent: -6 to +19%),
-    # and the compute / send ratio there ran from 2 to 39.
-    launches = []
-    while len(launches) < 2:
-        launches.append(_measure_bubble(microbatches))
-        measured, simulated, one_f_one_b, ratio = launches[-1]
+    # The simulation prices each compute at its mean time, as if the two stages ran on cores
+    # of their own; where they slow each other (hyperthreads of one core, a host taking CPU
+    # time: `cores_interfere`), a compute that overlaps the other stage's runs slower than one
+    # that does not, which mean costs cannot show (seen under a load of 4: -20%; CI's machine
+    # of session 16: +16% twice). Such a launch is not judged: up to two quiet launches in
+    # three, else a skip. The simulation sends each boundary in the time the ranks measured
+    # for one: simulated without it, the Xeon VM of sessions 15-16 read the measured bubble
+    # 11-29% above it in four launches out of four (sent: -6 to +19%), and the compute /
+    # send ratio there ran from 2 to 39.
+    quiet, interference = [], []
+    for _ in range(3):
+        *launch, shared = _measure_bubble(microbatches)
+        interference.append(shared)
+        if shared > SHARED_CORES:
+            continue
+        quiet.append(launch)
+        measured, simulated, one_f_one_b, ratio = launch
         assert ratio >= 2  # computes longer than sends: the schedule, not the wire, decides
-        if abs(measured - simulated) <= 0.15 * simulated:
+        if abs(measured - simulated) <= 0.15 * simulated or len(quiet) == 2:
             break
-    assert measured == pytest.approx(simulated, rel=0.15), f"after {len(launches)} launches"
+    if not quiet:
+        pytest.skip(f"the ranks' computes slow each other "
+                    f"{', '.join(f'{x:.2f}x' for x in interference)} (> {SHARED_CORES})")
+    assert measured == pytest.approx(simulated, rel=0.15), f"after {len(quiet)} quiet launches"
     assert simulated < one_f_one_b
 
 
-def _measure_bubble(microbatches: int) -> tuple[float, float, float, float]:
+def _measure_bubble(microbatches: int) -> tuple[float, float, float, float, float]:
     """(measured bubble, zb-h1 simulated from the trace's own costs, 1F1B simulated from the
-    same costs, compute / point-to-point time) of three traced zb-h1 steps at pp=2."""
+    same costs, compute / point-to-point time, `cores_interfere`) of three traced zb-h1 steps
+    at pp=2."""
     from paraxis.viz.pipeline import measured_bubble
     from paraxis.viz.trace import trace_costs
 
     layout = Layout(pp=2, microbatches=microbatches, schedule="zb-h1")
     per_rank = run_on_ranks(layout, _traced_steps, microbatches, timeout_s=300)
     schedule = build_schedule("zb-h1", 2, microbatches)
-    steps = [[e for traces, _ in per_rank for e in traces[i]] for i in range(3)]
+    steps = [[e for traces, _, _ in per_rank for e in traces[i]] for i in range(3)]
     events = [e for step in steps for e in step]
     forward, backward, weight = trace_costs(events, 2, 1, schedule.virtual_stage)
-    p2p = max(seconds for _, seconds in per_rank)
+    p2p = max(seconds for _, seconds, _ in per_rank)
     simulated = schedule.simulate(forward, backward, p2p, weight).bubble_fraction
     measured = sum(measured_bubble(step) for step in steps) / len(steps)
     one_f_one_b = build_schedule("1f1b", 2, microbatches).simulate(
         forward, backward, p2p).bubble_fraction
-    return measured, simulated, one_f_one_b, min(forward) / p2p
+    return measured, simulated, one_f_one_b, min(forward) / p2p, per_rank[0][2]
 
 
 def test_the_v_split_balances_stages_not_chunks() -> None:

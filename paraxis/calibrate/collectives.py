@@ -138,7 +138,7 @@ def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
 
 
 def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
-              group: dist.ProcessGroup | None = None, rounds: int = 5) -> float:
+              group: dist.ProcessGroup | None = None, cycles_timed: int = 40) -> float:
     """Seconds a synchronising call over `group` costs between compute on these ranks beyond
     its idle time; call on every rank (CPU ranks: Cluster.sync_wait_s).
 
@@ -146,9 +146,11 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     `flops_per_s`, the same work on every rank) followed by a one-element all-reduce, and the
     same segments without it, in alternating rounds. The wait is (a cycle with the call) -
     (a cycle without it, the ranks' mean) - (the call back to back on idle ranks, what the
-    collective fits price): ranks that share noisy cores drift apart over a segment and the
-    call waits for the last one, and the compute after a wait runs slower. The median over
-    `rounds`, the ranks' mean.
+    collective fits price), all three timed in each round: ranks that share noisy cores
+    drift apart over a segment and the call waits for the last one, and the compute after a
+    wait runs slower. The median over
+    rounds of ~25 ms halves (`cycles_timed` cycles in all, at least 5 rounds), the ranks'
+    mean.
     """
     a = torch.randn(256, 256, device=device)
     flag = torch.zeros(1, device=device)
@@ -156,11 +158,14 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     # a CPU); one 256^3 GEMM (~0.4 ms) at least
     segment_s = min(segment_s, MAX_SEGMENT_S)
     gemms = max(1, round(segment_s * flops_per_s / (2 * 256**3)))
-    # at least 8 cycles, and ~25 ms a half-round where segments are short (a tiny model's);
-    # the same count on every rank, or their all-reduces would not pair up
+    # ~25 ms a half-round and at least 2 cycles; the same count on every rank, or their
+    # all-reduces would not pair up. Short half-rounds, many of them: a host whose cores run
+    # at one speed for a few hundred ms and at another for the next (CPU time taken by the
+    # host, paraxis.steal) moves both halves of a round alike.
     longest = torch.tensor([segment_s], dtype=torch.float64)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-    cycles = max(8, round(0.025 / (longest.item() + 0.003)))
+    cycles = max(2, round(0.025 / (longest.item() + 0.003)))
+    rounds = max(5, -(-cycles_timed // cycles))
 
     def cycle_s(with_call: bool) -> float:
         dist.barrier()
@@ -172,13 +177,23 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
                 dist.all_reduce(flag, group=group)
         return (time.perf_counter() - started) / cycles
 
-    idle = _seconds_per_call(lambda: dist.all_reduce(flag, group=group), device, rounds, 0.02)
+    def idle_s() -> float:  # the call back to back, `calls` times after a barrier
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(flag, group=group)
+        return (time.perf_counter() - started) / calls
+
+    # as many idle calls as fill ~5 ms (the same count on every rank; at most 50)
+    calls = max(1, min(50, round(0.005 / _seconds_per_call(
+        lambda: dist.all_reduce(flag, group=group), device, 3, 0.005))))
     size = dist.get_world_size(group)
     waits = []
     for _ in range(rounds):
         alone = torch.tensor([cycle_s(False)], dtype=torch.float64)
         dist.all_reduce(alone, group=group)  # the group's mean below
-        waits.append(cycle_s(True) - alone.item() / size - idle)
+        with_call = cycle_s(True)
+        waits.append(with_call - alone.item() / size - idle_s())
     mean = torch.tensor([statistics.median(waits)], dtype=torch.float64)
     dist.all_reduce(mean)
     return max(0.0, mean.item() / dist.get_world_size())
