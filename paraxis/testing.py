@@ -205,6 +205,13 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
         os._exit(0)  # skip atexit handlers inherited from the pytest process
 
 
+# A rank's collectives time out this long after the caller's deadline: a rank left waiting
+# for one that hangs would otherwise fail its collective at about the same moment the caller
+# gives up, and which of the two is reported first would depend on how late each was
+# scheduled (the caller read as "rank 1 failed: ... timeout" instead of a hang).
+HANG_MARGIN_S = 10.0
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                     kwargs: dict | None = None, timeout_s: float = 180.0,
                     device: str = "cpu") -> list[Any]:
@@ -215,7 +222,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     port = free_port()
     processes = [context.Process(target=_rank_main, daemon=True,
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
-                                       timeout_s, device))
+                                       timeout_s + HANG_MARGIN_S, device))
                  for rank in range(world_size)]
     for process in processes:
         process.start()
