@@ -343,3 +343,24 @@ def test_timings_a_vms_host_disturbed_do_not_count_when_the_others_were_quiet(tm
     stat.write_text("cpu  160 0 70 900 10 0 0 70 0 0\n")
     assert start == (40, 1000) and stolen_share(start, cpu_ticks(stat)) == 30 / 210
     assert stolen_share(start, start) is None and cpu_ticks(tmp_path / "none") is None
+
+
+def test_calibration_steal_is_that_of_the_timings_that_count(tmp_path):
+    from paraxis.calibrate.quick import calibration_steal
+
+    path = tmp_path / "hardware-profile.json"
+
+    def steal(shares, weight=None) -> float | None:
+        calibration = {"cpu_steal": shares}
+        if weight is not None:
+            calibration["after_run_weight"] = weight
+        path.write_text(json.dumps({"calibration": calibration}))
+        return calibration_steal(path)
+
+    assert steal([0.30]) == 0.30  # calibrated just now: its only timings
+    assert steal([0.30, 0.02], 1.0) == 0.02  # the disturbed timings before did not count
+    assert steal([0.02, 0.30], 0.0) == 0.02  # nor the disturbed ones after
+    assert steal([0.20, 0.30], 0.5) == 0.30  # both counted: the worse of the two
+    assert steal([None, 0.05], 0.5) == 0.05
+    path.write_text("not json")
+    assert calibration_steal(path) is None

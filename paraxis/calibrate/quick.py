@@ -54,12 +54,18 @@ class FoundProfile:
 
 
 def calibration_steal(path: str | Path) -> float | None:
-    """The largest share of CPU time a VM's host took during the timings of the profile at
-    `path` (before and after a run; paraxis/steal.py); None where none was recorded."""
+    """The largest share of CPU time a VM's host took during the timings the profile at
+    `path` prices with (paraxis/steal.py): of those before and after a run, the ones
+    `after_weight` let count (a disturbed timing set aside for a quiet one is not what the
+    forecast rests on); None where none was recorded."""
     try:
-        shares = json.loads(Path(path).read_text()).get("calibration", {}).get("cpu_steal", [])
+        calibration = json.loads(Path(path).read_text()).get("calibration", {})
     except (OSError, ValueError):
         return None
+    shares = list(calibration.get("cpu_steal", []))
+    weight = calibration.get("after_run_weight")
+    if len(shares) == 2 and weight in (0.0, 1.0):
+        shares = [shares[int(weight)]]  # only the timings that counted
     shares = [share for share in shares if share is not None]
     return max(shares) if shares else None
 
