@@ -34,6 +34,8 @@ RUNS = [  # (model, layout): one launch of 8 ranks runs them all
     ("tiny", "dp=4,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2"),
     ("tiny", "dp=4,pp=2,microbatches=2,schedule=zb-v"),  # the head on stage 0: no tied call
     ("tiny-moe", "dp=4,pp=2,ep=2,zero=1,microbatches=2,schedule=1f1b"),
+    # SP's partial gradients: one sum over tp a step, after the sync (ZeRO-2: on the shards)
+    ("tiny", "dp=2,tp=2,pp=2,zero=2,microbatches=2,schedule=1f1b,sequence_parallel=true"),
 ]
 RECORDED_STEP = 1  # of 3: not the first, nor a logging step (0 and the last)
 

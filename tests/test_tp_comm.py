@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
+from paraxis.runtime.params import is_partial_over_tp
 from paraxis.tensor_parallel import CommCounter, apply_tensor_parallel
 from paraxis.tensor_parallel.comm import (
     copy_to_tp,
@@ -56,6 +57,7 @@ def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool) -> d
     nbytes = {key: counter.nbytes(key[0], key[1], "activation") for key in per_kind}
     return {"counts": counts, "bytes": nbytes, "activation_bytes": activation_bytes, "tp": tp,
             "param_grad": counter.count("all_reduce", "backward", "param_grad"),
+            "partial": sum(map(is_partial_over_tp, model.blocks[1].parameters())),
             "other": counter.count(purpose="loss")}
 
 
@@ -67,14 +69,16 @@ def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
     full, tp = result["activation_bytes"], result["tp"]
     if not sequence_parallel:
         assert result["bytes"] == {key: 2 * full for key in result["counts"]}
-        assert result["param_grad"] == 0
+        assert result["partial"] == 0
     else:
         # An all-gather sends this rank's shard; a reduce-scatter takes the full tensor.
         for (kind, _), nbytes in result["bytes"].items():
             assert nbytes == 2 * (full // tp if kind == "all_gather" else full)
         # Replicated params applied to sequence shards: LayerNorm weight+bias x2 and the
-        # o/down biases (GPT-2); RMSNorm weight x2 (Llama).
-        assert result["param_grad"] == (6 if model_name == "tiny" else 2)
+        # o/down biases (GPT-2); RMSNorm weight x2 (Llama). Their gradients are partial
+        # until the engine sums them, once a step (test below), not in the layer's backward.
+        assert result["partial"] == (6 if model_name == "tiny" else 2)
+    assert result["param_grad"] == 0
 
 
 def count_model(ctx: RankContext, sequence_parallel: bool) -> dict:
@@ -129,3 +133,29 @@ def test_operators_are_conjugate(ctx):
     assert chunk.shape == (1, 2, 3)
     chunk.backward(torch.ones(1, 2, 3))
     assert torch.equal(x.grad, torch.ones(1, 4, 3))
+
+
+def _engine_step_calls(ctx: RankContext) -> tuple[int, int]:
+    """(parameter-gradient calls, partial parameters) of one engine step with SP."""
+    from paraxis.runtime.parallelize import materialize, parallelize
+
+    cfg = PRESETS["tiny"]
+    engine = parallelize(cfg, ctx.layout, ctx.groups, "cpu")
+    materialize(engine, cfg, 0)
+    x = torch.randint(0, cfg.vocab_size, (8 // ctx.layout.dp, SEQ),
+                      generator=torch.Generator().manual_seed(0))
+    with CommCounter() as counter:
+        engine.forward_backward(x, x.roll(1, 1))
+    partial = sum(map(is_partial_over_tp, (p for _, p in engine.named_parameters())))
+    return counter.count("all_reduce", "backward", "param_grad"), partial
+
+
+@pytest.mark.parametrize("layout", ["tp=2,sequence_parallel=true,microbatches=4",
+                                    "dp=2,tp=2,zero=2,sequence_parallel=true,microbatches=2"])
+def test_partial_gradients_are_summed_once_a_step(layout):
+    """SP's partial gradients (every norm, the row-parallel biases, the positions) are
+    summed over TP in one call a step, whatever the microbatches (Megatron-LM's
+    finalize_model_grads): not one call per parameter per microbatch."""
+    for calls, partial in run_on_ranks(layout, _engine_step_calls):
+        assert partial == 4 * 6 + 2 + 1  # 4 layers x 6, the final norm, the positions
+        assert calls == 1

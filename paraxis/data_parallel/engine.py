@@ -55,10 +55,12 @@ from paraxis.runtime.engine import (
 from paraxis.runtime.params import (
     global_norm_squared,
     is_ep_sharded,
+    is_partial_over_tp,
     is_pp_duplicate,
     is_tp_sharded,
     local_norm_squares,
     norm_squared,
+    sum_partial_grads,
 )
 from paraxis.runtime.watchdog import WATCH
 
@@ -199,10 +201,20 @@ class DataParallelEngine(LocalEngine):
             self.reducer.end_microstep()
 
     def finish_grad_sync(self) -> None:
-        """Wait for every bucket/shard reduction; gradients are then the dp mean."""
+        """Wait for every bucket/shard reduction; gradients are then the dp mean. Then sum
+        SP's partial gradients over the TP group, in one call (`sum_partial_grads`)."""
         self.reducer.finish()
         if self.gatherer is not None:
             self.gatherer.free_all()
+        if self.groups is not None and self.groups.tp_group is not None:
+            if self.pieces:  # the reduced gradients the norm and the optimizer read
+                grads = [grad for (piece, _), grad in zip(self.pieces, self.piece_grads,
+                                                          strict=True)
+                         if is_partial_over_tp(piece.param)]
+            else:
+                grads = [p.grad for p in self.model.parameters()
+                         if is_partial_over_tp(p) and p.grad is not None]
+            sum_partial_grads(grads, self.groups.tp_group)
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         loss = super().evaluate(inputs, targets)

@@ -149,7 +149,10 @@ def sync_wait(cluster: Cluster, group_size: int) -> float:
 
 def group_link(ranks: list[int], cluster: Cluster) -> Link:
     """Bandwidth and latency a collective over `ranks` sees."""
-    nodes = {cluster.node_of(rank) for rank in ranks}
+    # a search asks this of thousands of groups, some of thousands of ranks: a group whose
+    # lowest and highest ranks share a node (as a TP group does) is read off those two
+    low, high = cluster.node_of(min(ranks)), cluster.node_of(max(ranks))
+    nodes = {low} if low == high else {cluster.node_of(rank) for rank in ranks}
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
     if len(nodes) == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
@@ -170,6 +173,7 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
                 cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
 
 
+@functools.lru_cache(maxsize=4096)  # a layout's pricing asks for each axis several times
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
     return group_link(group_ranks(layout, axis), cluster)
 

@@ -19,6 +19,11 @@ into its two halves and moves the norms between them, onto sequence shards:
 - `gather_for_replicated`: all-gather forward, keep this rank's chunk backward (the
   conjugate of the one above, around a module every rank runs whole).
 
+The replicated parameters that SP applies to sequence shards (norms, row-parallel biases,
+learned positions) get partial gradients: `runtime.params.mark_partial_grad` marks them and
+the engine sums them over the TP group once a step (`runtime.params.sum_partial_grads`), as
+Megatron-LM does.
+
 Tensors are (batch, seq, ...); the sequence dim is 1. Every call records itself in the
 active `CommCounter`s. `group=None` means "no TP" and every operator is the identity.
 """
@@ -218,16 +223,3 @@ def gather_for_replicated(x: torch.Tensor, group: dist.ProcessGroup | None) -> t
 def scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """This rank's sequence chunk forward, all-gather backward."""
     return x if _size(group) == 1 else _ScatterToSequence.apply(x, group)
-
-
-@_eager
-def sum_grad_over_tp(param: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Identity forward; backward sums the gradient over the TP group.
-
-    Used on replicated parameters that sequence parallelism applies to sequence shards (norm
-    weights and biases, row-parallel biases, learned positions): each rank's gradient covers
-    only its tokens, and the single-device gradient is their sum (Korthikanti et al. 2022,
-    sec. 4.2.2; Megatron sums such grads in finalize_model_grads). Doing it in autograd
-    keeps every engine unaware of it, and sums per microstep, so accumulation stays right.
-    """
-    return param if _size(group) == 1 else _CopyToTP.apply(param, group, "param_grad")

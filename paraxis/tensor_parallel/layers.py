@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from paraxis.errors import ParaxisError
+from paraxis.runtime.params import mark_partial_grad
 from paraxis.tensor_parallel.comm import (
     copy_to_tp,
     gather_from_sequence,
     reduce_from_tp,
     reduce_scatter_to_sequence,
-    sum_grad_over_tp,
 )
 
 
@@ -122,6 +122,8 @@ class RowParallelLinear(nn.Module):
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        if sequence_parallel and bias is not None:  # added to this rank's tokens only
+            mark_partial_grad(bias, group)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None,
@@ -134,8 +136,7 @@ class RowParallelLinear(nn.Module):
         y = leave_tp_region(F.linear(x, self.weight), self.group, self.sequence_parallel)
         if self.bias is None:
             return y
-        bias = sum_grad_over_tp(self.bias, self.group) if self.sequence_parallel else self.bias
-        return y + bias
+        return y + self.bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (local), out_features={self.out_features}, "
@@ -184,7 +185,8 @@ class SequenceParallelNorm(nn.Module):
     """LayerNorm or RMSNorm on this rank's sequence shard, with the same parameters.
 
     Each rank normalises only its tokens (Korthikanti et al. 2022, sec. 4.2.2), so the
-    weight's (and bias's) gradient is summed over the TP group to equal the single-device one.
+    weight's (and bias's) gradient is summed over the TP group to equal the single-device one,
+    once a step by the engine (`runtime.params.sum_partial_grads`).
     """
 
     def __init__(self, norm: nn.LayerNorm | nn.RMSNorm, group: dist.ProcessGroup | None
@@ -196,13 +198,14 @@ class SequenceParallelNorm(nn.Module):
         self.weight = norm.weight
         self.bias = getattr(norm, "bias", None)
         self.group = group
+        for param in (self.weight, self.bias):
+            if param is not None:
+                mark_partial_grad(param, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = None if self.weight is None else sum_grad_over_tp(self.weight, self.group)
         if self.is_layer_norm:
-            bias = None if self.bias is None else sum_grad_over_tp(self.bias, self.group)
-            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
-        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         kind = "LayerNorm" if self.is_layer_norm else "RMSNorm"
@@ -214,13 +217,15 @@ class SequenceShardedPositions(nn.Module):
 
     The model asks for positions 0..S-1; with the hidden states split along the sequence,
     this rank adds rows [rank*S/tp, (rank+1)*S/tp). The table stays replicated; each rank's
-    gradient touches only its rows, so it is summed over the TP group.
+    gradient touches only its rows, so it is summed over the TP group (once a step, by the
+    engine: `runtime.params.sum_partial_grads`).
     """
 
     def __init__(self, embedding: nn.Embedding, group: dist.ProcessGroup | None) -> None:
         super().__init__()
         self.weight = embedding.weight
         self.group = group
+        mark_partial_grad(self.weight, group)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         rank, size = _group_rank_size(self.group)
@@ -228,4 +233,4 @@ class SequenceShardedPositions(nn.Module):
             raise ParaxisError(f"sequence parallelism needs the sequence length "
                                f"({positions.shape[-1]}) divisible by tp ({size})")
         mine = positions.chunk(size, dim=-1)[rank]
-        return F.embedding(mine, sum_grad_over_tp(self.weight, self.group))
+        return F.embedding(mine, self.weight)
