@@ -10,9 +10,10 @@ parameter per microbatch, until session 17: 52 calls a step on the first rank of
 default layout, whose step took 1687 ms against 412 ms without SP here (8 ranks on 2
 cores). Since, like Megatron-LM's `finalize_model_grads`, the engine sums them once a step
 in one call (`runtime.params.sum_partial_grads`), which the planner prices
-(`plan.step_calls`): 1 call, and 544 ms a step against 509 ms without SP. This prints, per layout, the TP collectives one step issues on the
-first rank (counted by `tensor_parallel.counter`), those summing parameter gradients among
-them, and the median step time after a warm-up step.
+(`plan.step_calls`): 1 call, and 544 ms a step against 509 ms without SP. This prints, per
+layout, the TP collectives one step issues on the first rank (counted by
+`tensor_parallel.counter`), those summing parameter gradients among them, and the median
+step time after a warm-up step.
 """
 
 from __future__ import annotations
