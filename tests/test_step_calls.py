@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
 # Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives and the
 # vocab-parallel loss (per microbatch), the pipeline's messages, the gradient sync and
 # ZeRO's parameter gathers.
-PRICED_ELSEWHERE = ("tensor_parallel/", "context_parallel/", "moe/expert_parallel.py",
+PRICED_ELSEWHERE = ("tensor_parallel/comm.py", "tensor_parallel/cross_entropy.py",
+                    "tensor_parallel/apply.py", "context_parallel/", "moe/expert_parallel.py",
                     "pipeline_parallel/executor.py", "data_parallel/buckets.py",
                     "data_parallel/zero.py", "data_parallel/engine.py all_gather")
 RUNS = [  # (model, layout): one launch of 8 ranks runs them all
@@ -108,3 +109,13 @@ def test_a_gpus_step_calls_cost_microseconds_a_cpus_milliseconds():
     # six calls over pairs, one over the world: each its one-element call plus its wait
     assert step_calls_time(PRESETS["tiny"], demo, cpu) == pytest.approx(
         6 * (1.0e-3 + 0.5e-3) + (2.1e-3 + 1.5e-3))
+
+
+def test_clusters_that_differ_only_in_their_fits_do_not_share_a_priced_link():
+    # A Cluster's equality leaves its calibrated dicts out: a cache keyed on it alone once
+    # priced a second profile's world call with the first's wait.
+    demo = Layout.parse(RUNS[0][1])
+    times = [step_calls_time(PRESETS["tiny"], demo, Cluster(
+        get_gpu("a100-80gb"), 1, 8, cores_per_node=2, sync_wait_s={"8": {"2": w, "8": w}},
+        scalar_call_s={"8": {"2": 1.0e-3, "8": 2.1e-3}})) for w in (0.5e-3, 1.5e-3)]
+    assert times[1] - times[0] == pytest.approx(7 * 1.0e-3)  # 7 calls, each 1 ms more

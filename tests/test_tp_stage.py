@@ -16,8 +16,8 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.runtime.params import is_partial_over_tp, sum_partial_grads
 from paraxis.tensor_parallel import apply_tensor_parallel, full_state
+from paraxis.tensor_parallel.partial import sum_partial_grads
 from paraxis.testing import RankContext, run_on_ranks, train_records
 
 
@@ -76,7 +76,7 @@ def two_stages(ctx: RankContext, model_name: str, sequence_parallel: bool) -> No
     loss.backward()
     hidden.backward(boundary.grad)
     for stage in (first, last):  # SP's partial gradients, summed as the engine does a step
-        sum_partial_grads([p.grad for p in stage.parameters() if is_partial_over_tp(p)], group)
+        sum_partial_grads([(p, p.grad) for p in stage.parameters()], group)
     torch.testing.assert_close(loss, reference_loss, rtol=1e-5, atol=0)
     grads = {}
     for name, grad in full_state(first, group, grads=True).items():

@@ -55,14 +55,13 @@ from paraxis.runtime.engine import (
 from paraxis.runtime.params import (
     global_norm_squared,
     is_ep_sharded,
-    is_partial_over_tp,
     is_pp_duplicate,
     is_tp_sharded,
     local_norm_squares,
     norm_squared,
-    sum_partial_grads,
 )
 from paraxis.runtime.watchdog import WATCH
+from paraxis.tensor_parallel.partial import sum_partial_grads
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
 
@@ -206,15 +205,10 @@ class DataParallelEngine(LocalEngine):
         self.reducer.finish()
         if self.gatherer is not None:
             self.gatherer.free_all()
-        if self.groups is not None and self.groups.tp_group is not None:
-            if self.pieces:  # the reduced gradients the norm and the optimizer read
-                grads = [grad for (piece, _), grad in zip(self.pieces, self.piece_grads,
-                                                          strict=True)
-                         if is_partial_over_tp(piece.param)]
-            else:
-                grads = [p.grad for p in self.model.parameters()
-                         if is_partial_over_tp(p) and p.grad is not None]
-            sum_partial_grads(grads, self.groups.tp_group)
+        pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
+                  zip(self.pieces, self.piece_grads, strict=True)] if self.pieces else
+                 [(p, p.grad) for p in self.model.parameters()])
+        sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None)
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         loss = super().evaluate(inputs, targets)

@@ -173,7 +173,6 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
                 cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
 
 
-@functools.lru_cache(maxsize=4096)  # a layout's pricing asks for each axis several times
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
     return group_link(group_ranks(layout, axis), cluster)
 

@@ -17,7 +17,7 @@ them on real ranks, layout by layout, against this list):
   two ranks (pipeline_parallel/tied.py);
 - with sequence parallelism, the partial gradients of the replicated parameters it applies
   to sequence shards (norms, row-parallel biases, positions), summed over the TP group in
-  one call after the gradient sync (runtime/params.py `sum_partial_grads`; priced
+  one call after the gradient sync (tensor_parallel/partial.py `sum_partial_grads`; priced
   as a small call: a Llama 2 70B's 161 norms are 5 MB of fp32 gradients, 0.1 ms on NVLink);
 - the gradient norm for clipping: summed over the TP group, over the replicas where ZeRO
   shards gradients, over the pipeline (runtime/params.py `global_norm_squared`); expert
@@ -86,8 +86,16 @@ def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster
     return calls
 
 
-@functools.lru_cache(maxsize=256)  # a search prices thousands of layouts of one world
 def _world_link(cluster: Cluster, world: int) -> Link:
+    # A search prices thousands of layouts of one world. A Cluster's equality leaves out its
+    # calibrated fits (dicts), so the cache is keyed on those dicts too: two profiles of one
+    # machine (before and after a run) must not share a link.
+    return _cached_world_link(cluster, world, id(cluster.collectives), id(cluster.sync_wait_s),
+                              id(cluster.scalar_call_s))
+
+
+@functools.lru_cache(maxsize=256)  # its keys hold the clusters, so the ids stay theirs
+def _cached_world_link(cluster: Cluster, world: int, *fits: int) -> Link:
     return group_link(list(range(world)), cluster)
 
 

@@ -12,7 +12,7 @@ Conventions every axis follows (attributes set on the `nn.Parameter`):
   embedding on the last stage); counted once in the gradient norm.
 - `tp_partial_grad = True`: a replicated parameter that sequence parallelism applies to
   this rank's tokens only; its gradient is this rank's part until the engine sums it over
-  the TP group once a step (`sum_partial_grads`).
+  the TP group once a step (`tensor_parallel.partial`).
 
 The data-parallel side knows whether its gradients are sharded across the dp group
 (ZeRO-2/3) or whole on every dp rank (ZeRO-0/1).
@@ -33,46 +33,6 @@ def is_tp_sharded(param: torch.Tensor) -> bool:
 
 def is_partial_over_tp(param: torch.Tensor) -> bool:
     return bool(getattr(param, "tp_partial_grad", False))
-
-
-def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> None:
-    """Mark a replicated parameter that sequence parallelism applies to this rank's tokens
-    only (norm weights and biases, row-parallel biases, learned positions): its gradient on
-    each TP rank covers that rank's tokens, and the single-device gradient is their sum
-    (Korthikanti et al. 2022, sec. 4.2.2). The engine sums them once a step with
-    `sum_partial_grads` (`is_partial_over_tp`)."""
-    if group is not None and dist.get_world_size(group) > 1:
-        param.tp_partial_grad = True  # type: ignore[attr-defined]
-
-
-def sum_partial_grads(grads: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
-    """Sum over the TP group, in place and in one call per dtype, the gradients of the
-    parameters `mark_partial_grad` marked; call on every rank of the group with the same
-    list, once a step after the data-parallel reduction (both are sums over disjoint ranks,
-    so they commute, and the sum over microbatches is already in each gradient).
-
-    Megatron-LM does the same in `finalize_model_grads` (one flattened all-reduce of the
-    sequence-parallel parameters' gradients). paraxis first summed each parameter in its own
-    backward: one call per parameter per microbatch, 52 a step on the first rank of tiny at
-    tp=4, pp=2, 4 microbatches, beside SP's own 72 all-gathers and reduce-scatters
-    (`python -m bench.sp_grad_sums` counts them).
-    """
-    from paraxis.tensor_parallel.counter import record  # the package imports this module
-
-    if group is None or dist.get_world_size(group) == 1 or not grads:
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for grad in grads:
-        by_dtype.setdefault(grad.dtype, []).append(grad)
-    for same in by_dtype.values():
-        flat = torch.cat([grad.reshape(-1) for grad in same])
-        record("all_reduce", flat.numel() * flat.element_size(), "backward", "param_grad")
-        with WATCH.waiting("all_reduce", group):
-            dist.all_reduce(flat, group=group)
-        offset = 0
-        for grad in same:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
 
 
 def is_ep_sharded(param: torch.Tensor) -> bool:

@@ -20,9 +20,8 @@ into its two halves and moves the norms between them, onto sequence shards:
   conjugate of the one above, around a module every rank runs whole).
 
 The replicated parameters that SP applies to sequence shards (norms, row-parallel biases,
-learned positions) get partial gradients: `runtime.params.mark_partial_grad` marks them and
-the engine sums them over the TP group once a step (`runtime.params.sum_partial_grads`), as
-Megatron-LM does.
+learned positions) get partial gradients, summed over the TP group once a step by the
+engine, as Megatron-LM does (`tensor_parallel.partial`).
 
 Tensors are (batch, seq, ...); the sequence dim is 1. Every call records itself in the
 active `CommCounter`s. `group=None` means "no TP" and every operator is the identity.

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from paraxis.errors import ParaxisError
-from paraxis.runtime.params import mark_partial_grad
 from paraxis.tensor_parallel.comm import (
     copy_to_tp,
     gather_from_sequence,
     reduce_from_tp,
     reduce_scatter_to_sequence,
 )
+from paraxis.tensor_parallel.partial import mark_partial_grad
 
 
 def shard_parameter(param: nn.Parameter, dim: int, rank: int, size: int) -> nn.Parameter:
@@ -186,7 +186,7 @@ class SequenceParallelNorm(nn.Module):
 
     Each rank normalises only its tokens (Korthikanti et al. 2022, sec. 4.2.2), so the
     weight's (and bias's) gradient is summed over the TP group to equal the single-device one,
-    once a step by the engine (`runtime.params.sum_partial_grads`).
+    once a step by the engine (`tensor_parallel.partial`).
     """
 
     def __init__(self, norm: nn.LayerNorm | nn.RMSNorm, group: dist.ProcessGroup | None
@@ -218,7 +218,7 @@ class SequenceShardedPositions(nn.Module):
     The model asks for positions 0..S-1; with the hidden states split along the sequence,
     this rank adds rows [rank*S/tp, (rank+1)*S/tp). The table stays replicated; each rank's
     gradient touches only its rows, so it is summed over the TP group (once a step, by the
-    engine: `runtime.params.sum_partial_grads`).
+    engine: `tensor_parallel.partial`).
     """
 
     def __init__(self, embedding: nn.Embedding, group: dist.ProcessGroup | None) -> None:

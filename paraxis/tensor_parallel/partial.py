@@ -1,0 +1,58 @@
+"""Sequence parallelism's partial gradients: replicated parameters applied to sequence shards.
+
+With SP each TP rank normalises only its own tokens, so the norms' weights and biases, the
+row-parallel biases and learned positions (parameters every TP rank holds whole) get on each
+rank the gradient of its tokens only; the single-device gradient is their sum over the TP
+group. The layers mark them (`mark_partial_grad`), and the engine sums them once a step
+(`sum_partial_grads`, from `DataParallelEngine.finish_grad_sync`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paraxis.runtime.params import is_partial_over_tp
+from paraxis.runtime.watchdog import WATCH
+from paraxis.tensor_parallel.counter import record
+
+
+def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """Mark a replicated parameter that sequence parallelism applies to this rank's tokens
+    only (norm weights and biases, row-parallel biases, learned positions): its gradient on
+    each TP rank covers that rank's tokens, and the single-device gradient is their sum
+    (Korthikanti et al. 2022, sec. 4.2.2). The engine sums them once a step with
+    `sum_partial_grads` (`is_partial_over_tp`)."""
+    if group is not None and dist.get_world_size(group) > 1:
+        param.tp_partial_grad = True  # type: ignore[attr-defined]
+
+
+def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
+                      group: dist.ProcessGroup | None) -> None:
+    """Sum over the TP group, in place and in one call per dtype, the gradients of the
+    parameters `mark_partial_grad` marked, given as (parameter, gradient) pairs (the others
+    are passed over); call on every rank of the group with the same pairs, once a step after
+    the data-parallel reduction (both are sums over disjoint ranks, so they commute, and the
+    sum over microbatches is already in each gradient).
+
+    Megatron-LM does the same in `finalize_model_grads` (one flattened all-reduce of the
+    sequence-parallel parameters' gradients). paraxis first summed each parameter in its own
+    backward: one call per parameter per microbatch, 52 a step on the first rank of tiny at
+    tp=4, pp=2, 4 microbatches, beside SP's own 72 all-gathers and reduce-scatters
+    (`python -m bench.sp_grad_sums` counts them).
+    """
+    grads = [grad for param, grad in grads if is_partial_over_tp(param) and grad is not None]
+    if group is None or dist.get_world_size(group) == 1 or not grads:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for same in by_dtype.values():
+        flat = torch.cat([grad.reshape(-1) for grad in same])
+        record("all_reduce", flat.numel() * flat.element_size(), "backward", "param_grad")
+        with WATCH.waiting("all_reduce", group):
+            dist.all_reduce(flat, group=group)
+        offset = 0
+        for grad in same:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
