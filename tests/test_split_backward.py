@@ -239,6 +239,8 @@ def measure(repetitions: int, naive: bool, recompute: str = "none"
     ratios = [split[0] / fused[0]
               for split, fused in zip(times["split"], times["fused"], strict=True)]
     figures["split_over_fused"] = statistics.median(ratios)
+    figures["fused_fastest_ms"] = 1e3 * min(t[0] for t in times["fused"])
+    figures["split_fastest_ms"] = 1e3 * min(t[0] for t in times["split"])
     return figures, ratios
 
 
@@ -256,17 +258,25 @@ def test_split_costs_about_a_fused_backward():
     # The split costs about 5% more here (it re-reads from memory what the fused backward
     # found in cache); other processes sharing the memory and caches move the median of 8
     # rounds by as much again. While that median is over 10%, 8 more rounds join it, twice
-    # at most; a split that redid work (the naive W: about 1.5x) fails all three.
+    # at most; a split that redid work (the naive W: about 1.5x) fails all three. Where the
+    # host stayed busy through all 24 rounds (session 17's suite: rounds 0.90-1.39, median
+    # 1.10), the fastest of each side's rounds still tells the cost of the work from the
+    # cost of the neighbours: a burst of other work only ever adds to a round.
     ratios: list[float] = []
+    fastest = {"fused": float("inf"), "split": float("inf")}
     for _ in range(3):
         result = subprocess.run([sys.executable, __file__, "--json"], env=env, cwd=root,
                                 capture_output=True, text=True, timeout=120, check=True)
         figures = json.loads(result.stdout.splitlines()[-1])
         ratios += figures.pop("ratios")
+        for side in fastest:
+            fastest[side] = min(fastest[side], figures[f"{side}_fastest_ms"])
         if statistics.median(ratios) < 1.10:
             return
+    if fastest["split"] / fastest["fused"] < 1.10:
+        return
     raise AssertionError(f"B + W took over 10% more than a fused backward: rounds {ratios}, "
-                         f"last measurement {figures}")
+                         f"fastest {fastest}, last measurement {figures}")
 
 
 if __name__ == "__main__":
