@@ -118,14 +118,13 @@ def _sequence_chunk(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup, purpose: str
-                ) -> torch.Tensor:
-        ctx.group, ctx.purpose = group, purpose
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _all_reduce(grad, ctx.group, "backward", ctx.purpose), None, None
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce(grad, ctx.group, "backward"), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
@@ -187,7 +186,7 @@ class _ScatterToSequence(torch.autograd.Function):
 @_eager
 def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Identity forward, all-reduce backward (Megatron's f)."""
-    return x if _size(group) == 1 else _CopyToTP.apply(x, group, "activation")
+    return x if _size(group) == 1 else _CopyToTP.apply(x, group)
 
 
 @_eager
