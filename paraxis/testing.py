@@ -256,47 +256,6 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     return [collected[rank] for rank in range(world_size)]
 
 
-# ------------------------------------------------- timing tests: are the cores the ranks'?
-
-# Above this, ranks computing at once slow each other: `cores_interfere`.
-SHARED_CORES = 1.25
-
-
-def cores_interfere(seconds: float = 0.02, repeats: int = 3) -> float:
-    """Call on every rank: how much slower a GEMM loop runs while every rank runs it than
-    while this rank runs it alone, the worst rank's ratio (the fastest of `repeats` of each).
-
-    A test that judges a time by a model of independent ranks (a call waits for the slowest
-    rank; a pipeline's stages overlap) holds only where each rank has a core to itself: ~1.0
-    there. Two ranks on the two hyperthreads of one physical core, or on a host that takes
-    CPU time from the machine (paraxis.steal), read more; the CI run of session 16 read a
-    rank's 6 GEMMs at 2.5x their solo time, and two such tests failed there.
-    """
-    a = torch.randn(256, 256)
-    started = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    gemms = max(4, round(seconds / ((time.perf_counter() - started) / 4)))
-
-    def loop_s() -> float:
-        started = time.perf_counter()
-        for _ in range(gemms):
-            a @ a
-        return time.perf_counter() - started
-
-    solo, together = float("inf"), float("inf")
-    for _ in range(repeats):
-        for rank in range(dist.get_world_size()):  # each rank alone while the others wait
-            dist.barrier()
-            if rank == dist.get_rank():
-                solo = min(solo, loop_s())
-        dist.barrier()
-        together = min(together, loop_s())
-    ratio = torch.tensor([together / solo], dtype=torch.float64)
-    dist.all_reduce(ratio, op=dist.ReduceOp.MAX)
-    return ratio.item()
-
-
 # ------------------------------------------------------- whole runs of the command line
 
 

@@ -8,7 +8,7 @@ given costs and returns a `Timeline`. Nothing here decides an order: the generat
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from paraxis.errors import ParaxisError
@@ -245,15 +245,24 @@ class Timeline:
 
 
 def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: CostSpec = 2.0,
-             comm_cost: float = 0.0, weight_cost: CostSpec | None = None) -> Timeline:
+             comm_cost: float = 0.0, weight_cost: CostSpec | None = None,
+             action_seconds: Mapping[Action, float] | None = None,
+             start_s: Sequence[float] | None = None) -> Timeline:
     """Run the action lists against a clock: computes take their cost (`stage_costs`: a
     number for every stage, or one per stage or chunk), a send or recv is posted at once,
     and a compute that needs a message waits until `comm_cost` after its send was posted
     (the runtime posts a recv where the schedule says and waits for it only there). A recv
-    event spans from its posting to its data's arrival. Raises ParaxisError on deadlock."""
+    event spans from its posting to its data's arrival. Raises ParaxisError on deadlock.
+
+    `action_seconds` gives some actions their own time instead (a measured step replayed
+    action by action, `viz.trace.replay`: a compute's time, or how long posting a send held
+    its stage); `start_s`, each stage's clock at the start."""
     costs = stage_costs(schedule, forward_cost, backward_cost, weight_cost, comm_cost)
+    own = action_seconds or {}
     split = schedule.split_backward
-    clocks = [0.0] * schedule.num_stages
+    clocks = [0.0] * schedule.num_stages if start_s is None else [float(t) for t in start_s]
+    if len(clocks) != schedule.num_stages:
+        raise ParaxisError(f"start_s has {len(clocks)} clocks for {schedule.num_stages} stages")
     positions = [0] * schedule.num_stages
     sent: dict[tuple, float] = {}
     timeline = Timeline([[] for _ in range(schedule.num_stages)])
@@ -271,10 +280,11 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
                             break  # blocked until the peer posts the send
                         start = max(start, sent[needed] + costs.comm)
                     here = schedule.virtual_stage(stage, action.chunk)
-                    end = start + costs.of(action, here, split)
+                    seconds = own.get(action)
+                    end = start + (costs.of(action, here, split) if seconds is None else seconds)
                 elif action.kind == "send":
-                    sent[schedule.message_key(action)] = start
-                    end = start
+                    end = start + own.get(action, 0.0)
+                    sent[schedule.message_key(action)] = end
                 else:
                     key = schedule.message_key(action)
                     end = max(start, sent[key] + costs.comm) if key in sent else start

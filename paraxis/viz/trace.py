@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
+from paraxis.schedules import Action, Schedule, Timeline, simulate
 
 TRACE_KEYS = ("rank", "stage", "kind", "microbatch", "chunk", "start_s", "end_s")
 COMPUTE_KINDS = ("F", "B", "W")
@@ -152,3 +153,38 @@ def trace_costs(events: Iterable[dict], stages: int, chunks: int,
     weight = [mean("W", v) for v in range(count)]
     backward = [mean("B", v) + w for v, w in enumerate(weight)]
     return forward, backward, weight
+
+
+def replay(events: Iterable[dict], schedule: Schedule, comm_s: float = 0.0) -> Timeline:
+    """One measured step run again through `schedule.simulate` with the step's own costs:
+    each compute at the time it took, each send holding its stage as long as posting it did
+    (the slowest rank of a stage counts), each stage's clock starting where that stage entered
+    the step, and each message `comm_s` on the wire. What the measured step idles beyond this
+    replay is neither the schedule's order nor its actions' times: messages slower than
+    `comm_s`, and the executor's own gaps between actions. Unlike a simulation from mean
+    costs, it holds where actions vary from one to the next (ranks that slow each other, a
+    busy host). A rank's events of one kind are its stage's actions of that kind, in order."""
+    events = check_events(events)
+    if not events:
+        raise ParaxisError("an empty trace has no step to replay")
+    origin = min(e["start_s"] for e in events)
+    entered = [0.0] * schedule.num_stages
+    seconds: dict[Action, float] = {}
+    for rank in sorted({e["rank"] for e in events}):
+        mine = sorted((e for e in events if e["rank"] == rank), key=lambda e: e["start_s"])
+        stage = mine[0]["stage"]
+        if not 0 <= stage < schedule.num_stages:
+            raise ParaxisError(f"the trace has stage {stage}; the {schedule.kind} schedule "
+                               f"has {schedule.num_stages} stages")
+        entered[stage] = max(entered[stage], mine[0]["start_s"] - origin)
+        for kind in (*COMPUTE_KINDS, "send"):
+            done = [e for e in mine if e["kind"] == kind]
+            planned = [a for a in schedule.stages[stage] if a.kind == kind]
+            if len(done) != len(planned):
+                raise ParaxisError(f"rank {rank} ran {len(done)} {kind} actions where the "
+                                   f"{schedule.kind} schedule has {len(planned)} on stage "
+                                   f"{stage}; replay one whole step of that schedule")
+            for event, action in zip(done, planned, strict=True):
+                took = event["end_s"] - event["start_s"]
+                seconds[action] = max(seconds.get(action, 0.0), took)
+    return simulate(schedule, comm_cost=comm_s, action_seconds=seconds, start_s=entered)
