@@ -118,12 +118,15 @@ def test_a_fixed_cp_is_searched_around() -> None:
 
 def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     cluster = build_cluster("h100-sxm-80gb", 1024, 8)
-    start = time.perf_counter()
+    start = time.process_time()
     result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert result.ranked and result.ranked[0].layout.cp > 1
-    # 2 s is the target on a quiet machine (bench/bench_plan.py); shared CI cores get 3x
-    assert elapsed < 6.0, f"search took {elapsed:.1f} s"
+    # 10,558 layouts priced, 98% of them too big at 128k tokens: 4.4-5.0 s of CPU on the
+    # Xeon VM of sessions 14-18 (bench/bench_plan.py times the 2-8k-token searches, target
+    # 2 s). CPU time, not wall time: a host that takes the CPU away (steal) or another
+    # process on the core does not count; session 17's wall times here read 4.7-6.3 s.
+    assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"
 
 
 def test_exposed_cp_shows_every_hop() -> None:

@@ -152,9 +152,9 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
     # a search asks this of thousands of groups, some of thousands of ranks: a group whose
     # lowest and highest ranks share a node (as a TP group does) is read off those two
     low, high = cluster.node_of(min(ranks)), cluster.node_of(max(ranks))
-    nodes = {low} if low == high else {cluster.node_of(rank) for rank in ranks}
+    nodes = 1 if low == high else _nodes_spanned(tuple(ranks), cluster.gpus_per_node)
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
-    if len(nodes) == 1:
+    if nodes == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
                     call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
@@ -163,14 +163,19 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
     # so a flat ring moves min(k, NICs) NICs' worth per node, never more than NVLink, and
     # each member's own share of the network (a hierarchical collective's rail) is
     # min(1, NICs / k) of one NIC.
-    per_node = max(1, len(ranks) // len(nodes))
+    per_node = max(1, len(ranks) // nodes)
     nics = cluster.nics_per_node or cluster.gpus_per_node
     nic = cluster.inter_node_bandwidth_Bps
     ring = min(min(per_node, nics) * nic, gpu.nvlink_bandwidth_Bps)
-    return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), len(nodes),
+    return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), nodes,
                 per_node, nic * min(1.0, nics / per_node) * efficiency,
                 cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
                 cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
+
+
+@functools.lru_cache(maxsize=4096)
+def _nodes_spanned(ranks: tuple[int, ...], gpus_per_node: int) -> int:
+    return len({rank // gpus_per_node for rank in ranks})  # Cluster.node_of
 
 
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:

@@ -125,6 +125,7 @@ class BlockParams(NamedTuple):
     experts: int  # routed experts: split over ep, replicated over the expert-dp group
 
 
+@functools.lru_cache(maxsize=4096)  # a layout search asks for each block thousands of times
 def block_params(cfg: ModelConfig, index: int) -> BlockParams:
     total = cfg.layer_params(index)
     if not cfg.is_moe_layer(index):
