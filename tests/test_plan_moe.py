@@ -173,15 +173,15 @@ def test_the_search_picks_expert_parallelism_for_mixtral() -> None:
 
 def test_searching_1024_gpus_for_a_mixture_of_experts_stays_fast() -> None:
     cluster = build_cluster("h100-sxm-80gb", 1024, 8)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a host's steal and other processes do not count
     result = search(MIXTRAL, cluster, 4096, 1024)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     # Mixtral's experts fit without EP under ZeRO-3 at this scale: EP is not forced, but an
     # EP layout ties the leader within the model's fit error (the defence says so)
     best = result.ranked[0]
     assert any(e.layout.ep > 1 for e in [best, *ties(best, result.ranked, GPU_BAND)])
-    # 2 s is the target on a quiet machine (bench/bench_plan.py); shared CI cores get 3x
-    assert elapsed < 6.0, f"search took {elapsed:.1f} s"
+    # 3.2 s of CPU on the Xeon VM of sessions 14-18; bench/bench_plan.py has the 2 s target
+    assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"
 
 
 @pytest.mark.parametrize("model,layout,message", [
