@@ -201,12 +201,21 @@ def test_a_call_waits_for_the_rank_that_computes_longer():
 
     On a host whose cores change speed from one tenth of a second to the next, the idle call
     timed once before the rounds read up to 5 ms where it takes 0.3 (CI's run of session 16
-    read a wait of 0.0, this VM 0.0 in 2 of 12 launches): each round now times its own."""
+    read a wait of 0.0, this VM 0.0 in 2 of 12 launches): each round now times its own.
+    A third process on the two cores still moves a launch out of the band (0.32 while
+    session 18 collected the tests beside the suite): up to three launches, one must land
+    in it; a sync_wait that did not see the wait, or counted it twice, misses all three."""
     from paraxis.testing import run_distributed
 
-    (alone0, wait), (alone1, wait1) = run_distributed(_sync_body, 2, ([0.004, 0.034], 5e10))
-    assert wait == pytest.approx(wait1)  # one figure for the group
-    assert 0.4 < wait / ((alone1 - alone0) / 2) < 1.8
+    ratios = []
+    for _ in range(3):
+        (alone0, wait), (alone1, wait1) = run_distributed(_sync_body, 2,
+                                                          ([0.004, 0.034], 5e10))
+        assert wait == pytest.approx(wait1)  # one figure for the group
+        ratios.append(wait / ((alone1 - alone0) / 2))
+        if 0.4 < ratios[-1] < 1.8:
+            return
+    raise AssertionError(f"the wait over half the difference read {ratios}, not 0.4-1.8")
 
 
 def test_the_planner_charges_every_call_its_calibrated_wait():
