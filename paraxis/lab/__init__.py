@@ -9,6 +9,16 @@ are the library's: computed here over every slider setting and embedded (`facts`
 tests/test_lab.py checks against the library in a real browser (`browser`).
 """
 
-from paraxis.lab.page import build_page, lab_data, write_lab
+from __future__ import annotations
 
 __all__ = ["build_page", "lab_data", "write_lab"]
+
+
+def __getattr__(name: str) -> object:
+    # The page imports matplotlib (1 s): only when asked for, so building the command line
+    # (`paraxis.cli` imports every command's module) stays quick for `paraxis plan`.
+    if name in __all__:
+        from paraxis.lab import page
+
+        return getattr(page, name)
+    raise AttributeError(f"module 'paraxis.lab' has no attribute {name!r}")
