@@ -231,9 +231,13 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP,
-             expert_imbalance: float = DEFAULT_IMBALANCE) -> Estimate:
+             expert_imbalance: float = DEFAULT_IMBALANCE,
+             memo: dict | None = None) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step
-    (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load)."""
+    (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load).
+    `memo`: a dict kept across calls with the same model, cluster, sequence, precision,
+    overlap and imbalance (a search's), where the per-layer times are reused between
+    layouts that differ only in what they do not depend on (ZeRO, schedule, microbatches)."""
     check_ep(cfg, layout)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
@@ -253,10 +257,19 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
-    layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
-    moe_layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision,
-                            True, expert_imbalance) if cfg.is_moe else layer
-    head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
+    # what layer_times and head_times read of the layout: the grid (its links), SP, the CP
+    # variant, recompute
+    key = (tuple(layout.degrees.items()), layout.ep, layout.sequence_parallel,
+           layout.cp_attention, layout.recompute, micro_batch)
+    if memo is None or key not in memo:
+        layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
+        moe_layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision,
+                                True, expert_imbalance) if cfg.is_moe else layer
+        head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
+        if memo is None:
+            memo = {}
+        memo[key] = (layer, moe_layer, head)
+    layer, moe_layer, head = memo[key]
 
     def blocks_sum(stage: int, *keys: str) -> float:
         dense, moe = kinds[stage]
@@ -267,7 +280,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         return blocks_sum(stage, "forward", "backward") + has_head * (
             head["forward"] + head["backward"])
 
-    busiest = max(range(layout.pp), key=stage_compute)
+    # stages alike (their blocks, the head or not) compute alike: the first of each kind
+    firsts: dict[tuple, int] = {}
+    for stage in range(layout.pp):
+        firsts.setdefault((kinds[stage], stage == last), stage)
+    busiest = max(firsts.values(), key=stage_compute)
     has_head = busiest == last
     t_forward = blocks_sum(busiest, "forward") + has_head * head["forward"]
     t_backward = blocks_sum(busiest, "backward") + has_head * head["backward"]

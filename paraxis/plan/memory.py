@@ -84,9 +84,7 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     its prefetch and the next action's first unit are (forward: 3 L, or 2 L + H).
     """
     pb, gb = precision.param_bytes, precision.grad_bytes
-    # the largest block a rank gathers (an MoE block: its experts over ep, whole over tp)
-    layer = max(sum(local_params_of(cfg, [i], layout.tp, layout.ep))
-                for i in {0, cfg.n_layers - 1})
+    layer = _largest_block(cfg, layout.tp, layout.ep)
     if layout.pp > 1:
         head = cfg.vocab_size * cfg.d_model / layout.tp
         gathered = (local_params if layout.zero3_reshard == "step"
@@ -144,6 +142,12 @@ def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
     partition = _partition(cfg, pp, virtual, seq_len, placement)
     return tuple(tuple(i for chunk in range(virtual) for i in partition.blocks_of(stage, chunk))
                  for stage in range(pp))
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
+def _largest_block(cfg: ModelConfig, tp: int, ep: int) -> float:
+    """The largest block a rank gathers (an MoE block: its experts over ep, whole over tp)."""
+    return max(sum(local_params_of(cfg, [i], tp, ep)) for i in {0, cfg.n_layers - 1})
 
 
 def stage_local_params(cfg: ModelConfig, layout: Layout,
@@ -232,8 +236,17 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         moe_layer = dense_layer  # only the block's input is kept
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
+    priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced
+    last = head_stage(layout.pp, layout.placement)
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
+        in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
+        # A stage like one priced before, holding no more microbatches, needs no more: a
+        # deep pipeline's middle stages are one row (a search prices thousands of layouts)
+        facts = (local, experts, kinds[stage], stage == last)
+        if priced.get(facts, -1.0) >= in_flight:
+            continue
+        priced[facts] = in_flight
         states = model_state_bytes(round(local), replicas, layout.zero, precision)
         if experts:
             expert_states = model_state_bytes(round(experts), replicas // layout.ep,
@@ -242,10 +255,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
-        in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
         activations = (in_flight * dense * dense_layer
                        + in_flight * moe * moe_layer)
-        if stage == head_stage(layout.pp, layout.placement):
+        if stage == last:
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.

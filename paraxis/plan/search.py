@@ -166,6 +166,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                            f"{reasons}")
 
     zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -202,7 +203,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break
                             result.considered += 1
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
-                                                precision, overlap, expert_imbalance)
+                                                precision, overlap, expert_imbalance, memo)
                             if estimate.fits:
                                 if reshard == "step":
                                     kept.add((shape, zero, settings))
