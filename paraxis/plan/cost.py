@@ -235,9 +235,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              memo: dict | None = None) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step
     (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load).
-    `memo`: a dict kept across calls with the same model, cluster, sequence, precision,
-    overlap and imbalance (a search's), where the per-layer times are reused between
-    layouts that differ only in what they do not depend on (ZeRO, schedule, microbatches)."""
+    `memo`: a dict kept across calls with the same model, cluster, sequence, precision, overlap
+    and imbalance (a search's): per-layer times reused across ZeRO, schedules, microbatches."""
     check_ep(cfg, layout)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
@@ -257,18 +256,15 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
-    # what layer_times and head_times read of the layout: the grid (its links), SP, the CP
-    # variant, recompute
+    # what layer_times and head_times read of the layout: the grid, SP, CP variant, recompute
     key = (tuple(layout.degrees.items()), layout.ep, layout.sequence_parallel,
            layout.cp_attention, layout.recompute, micro_batch)
-    if memo is None or key not in memo:
+    memo = {} if memo is None else memo
+    if key not in memo:
         layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
-        moe_layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision,
-                                True, expert_imbalance) if cfg.is_moe else layer
-        head = head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision)
-        if memo is None:
-            memo = {}
-        memo[key] = (layer, moe_layer, head)
+        memo[key] = (layer, layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap,
+                                        precision, True, expert_imbalance) if cfg.is_moe else layer,
+                     head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision))
     layer, moe_layer, head = memo[key]
 
     def blocks_sum(stage: int, *keys: str) -> float:
