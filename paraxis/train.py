@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -300,4 +301,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank of torchrun's
+        from paraxis.runtime.distributed import end_rank_process
+
+        end_rank_process(code)  # gloo's threads may still hold tensors: no finalization
+    sys.exit(code)

@@ -51,6 +51,7 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
     import torch
 
     from paraxis.cli import run_guarded
+    from paraxis.runtime.distributed import end_rank_process
     from paraxis.runtime.host_memory import return_freed_memory
 
     if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
@@ -58,16 +59,17 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
         return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
     returned: list[Any] = []
 
-    def body() -> None:
+    def body() -> int:
         try:
             returned.append(fn(*args))
+            return 0
         except ParaxisError as error:
             if not _told_launcher(error, results, debug):
                 # No lingering after the line (`CommFailure.linger_s`, for torchrun, which
                 # ends the job at its first exit): this launcher itself waits for the rest.
                 error.linger_s = 0.0
                 raise
-            sys.exit(error.exit_code)
+            return error.exit_code
 
     code = run_guarded(body, debug=debug)
     if code:
@@ -76,6 +78,7 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
         results.put(("result", returned[0]))
     results.close()
     results.join_thread()
+    end_rank_process(0)  # gloo's threads may still hold tensors: no finalization
 
 
 def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
