@@ -1,10 +1,11 @@
-"""What a pair all-reduce adds to a step of compute on CPU ranks, by message size, next to
-what it costs back to back and to what the planner charges for it.
+"""What an all-reduce adds to a step of compute on CPU ranks, by message size, next to what
+it costs back to back and to what the planner charges for it.
 
-    python -m bench.cpu_call_sizes [--ranks 8] [--segment-ms 0.5] [--hardware PROFILE]
+    python -m bench.cpu_call_sizes [--ranks 8] [--group 2] [--segment-ms 0.5]
+                                   [--hardware PROFILE]
 
-Every rank (groups of 2 neighbouring ranks, all pairs at once, as TP=2 runs) runs rounds of
-cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer is well
+Every rank (groups of `--group` neighbouring ranks, all groups at once, as TP runs) runs
+rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer is well
 under a millisecond) with and without an all-reduce of the message after it, then the same
 all-reduces back to back. Per message size, the ranks' mean, in ms: `in_step` (a cycle with
 the call minus one without: what the call adds to a step), `back_to_back` (a call on ranks
@@ -31,7 +32,8 @@ FLOPS_PER_S = 9e10  # only sizes the segment: about this machine's fp32 GEMM rat
 CYCLES, ROUNDS = 20, 7
 
 
-def probe_body(segment_s: float, sizes: tuple[int, ...]) -> dict[int, dict[str, float]]:
+def probe_body(segment_s: float, sizes: tuple[int, ...], group_size: int = 2
+               ) -> dict[int, dict[str, float]]:
     """On every rank: per message size, the medians of its rounds (ms)."""
     import time
 
@@ -40,7 +42,7 @@ def probe_body(segment_s: float, sizes: tuple[int, ...]) -> dict[int, dict[str, 
 
     from paraxis.calibrate.collectives import neighbour_group
 
-    group = neighbour_group(2)
+    group = neighbour_group(group_size)
     a = torch.randn(256, 256)
     gemms = max(1, round(segment_s * FLOPS_PER_S / (2 * 256**3)))
     figures = {}
@@ -75,8 +77,9 @@ def probe_body(segment_s: float, sizes: tuple[int, ...]) -> dict[int, dict[str, 
     return figures
 
 
-def planner_price_ms(profile_path: str, ranks: int, size: int) -> float:
-    """The planner's price of one pair all-reduce of `size` bytes on the profile's TP link."""
+def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2) -> float:
+    """The planner's price of one all-reduce of `size` bytes on the profile's TP link of
+    `group` ranks."""
     import json
 
     from paraxis.layout import Layout
@@ -86,23 +89,24 @@ def planner_price_ms(profile_path: str, ranks: int, size: int) -> float:
     with open(profile_path) as file:
         profile = json.load(file)
     cluster = build_cluster(gpus=ranks, overrides={**profile["gpu"], **profile["cluster"]})
-    link = axis_link(Layout(dp=ranks // 2, tp=2), "tp", cluster)
-    return collective_time("all_reduce", size, 2, link) * 1e3
+    link = axis_link(Layout(dp=ranks // group, tp=group), "tp", cluster)
+    return collective_time("all_reduce", size, group, link) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--group", type=int, default=2, help="ranks in each group")
     parser.add_argument("--segment-ms", type=float, default=0.5)
     parser.add_argument("--hardware", help="a profile to price the calls on")
     args = parser.parse_args()
     from paraxis.calibrate.command import cpu_cores
 
     share = min(1.0, cpu_cores() / args.ranks)
-    per_rank = run_distributed(probe_body, args.ranks, (args.segment_ms / 1e3, SIZES_BYTES),
-                               timeout_s=900)
-    print(f"pair all-reduce on {args.ranks} CPU ranks, {cpu_cores()} cores, segments of "
-          f"{args.segment_ms} ms alone: ranks' mean, ms")
+    per_rank = run_distributed(probe_body, args.ranks,
+                               (args.segment_ms / 1e3, SIZES_BYTES, args.group), timeout_s=900)
+    print(f"all-reduce over groups of {args.group} on {args.ranks} CPU ranks, {cpu_cores()} "
+          f"cores, segments of {args.segment_ms} ms alone: ranks' mean, ms")
     columns = ["in_step", "back_to_back", "cpu_in_step", "cpu_over_share", "cycle_alone"]
     columns += ["planner"] if args.hardware else []
     print(f"{'bytes':>9}" + "".join(f"{c:>16}" for c in columns))
@@ -111,7 +115,7 @@ def main() -> None:
                for key in per_rank[0][size]}
         row["cpu_over_share"] = row["cpu_in_step"] / share
         if args.hardware:
-            row["planner"] = planner_price_ms(args.hardware, args.ranks, size)
+            row["planner"] = planner_price_ms(args.hardware, args.ranks, size, args.group)
         print(f"{size:>9}" + "".join(f"{row[c]:>16.2f}" for c in columns))
 
 
