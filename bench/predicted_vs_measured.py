@@ -129,6 +129,19 @@ AFTER_STEAL = [
     "tp=4,pp=2,microbatches=4,schedule=1f1b",
     "dp=4,tp=2,zero=2,microbatches=2",
 ]
+# Eight more, listed before the calibration priced a collective at the mean of the groups
+# that run it at once (each group's time its slowest member's) instead of the slowest rank
+# of the world's: reported apart.
+AFTER_MEAN = [
+    "dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b",
+    "tp=2,pp=4,microbatches=4,schedule=1f1b",
+    "dp=4,tp=2,zero=3",
+    "dp=2,tp=2,zero=2,microbatches=2",
+    "dp=2,tp=4,zero=2",
+    "dp=4,pp=2,microbatches=4,schedule=gpipe",
+    "tp=4,pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
+    "dp=8,zero=1,microbatches=2",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 
 
