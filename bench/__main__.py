@@ -83,7 +83,8 @@ def _previous(json_path: Path, quick: bool) -> dict:
     return doc if doc.get("quick") == quick else {}
 
 
-def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
+def _run_sections(wanted: set[str], quick: bool, out: Path,
+                  layouts: list[str] | None = None) -> dict:
     from bench import calibration, gpu, precision, predicted_vs_measured, scale, scaling
 
     sections: dict[str, dict] = {}
@@ -115,7 +116,7 @@ def _run_sections(wanted: set[str], quick: bool, out: Path) -> dict:
     (out.parent / calibration.PROFILE_NAME).write_text(json.dumps(profile, indent=2) + "\n")
     if "predicted" in wanted:
         print("running predicted vs measured ...", flush=True)
-        sections["predicted"] = predicted_vs_measured.run(quick, profile)
+        sections["predicted"] = predicted_vs_measured.run(quick, profile, layouts)
     if "scaling" in wanted:
         print("running scaling ...", flush=True)
         sections["scaling"] = scaling.run(quick, profile, out.parent)
@@ -162,12 +163,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="",
                         help=f"comma list of parts: {', '.join([*SUITES, *SECTIONS])}")
     parser.add_argument("--out", default="docs/benchmarks.md")
+    parser.add_argument("--layouts", default="",
+                        help="predicted: comma list of layout groups (first, after_fix, ..., "
+                             "after_mean; default all)")
     args = parser.parse_args(argv)
     wanted = {w.strip() for w in args.only.split(",") if w.strip()} or {*SUITES, *SECTIONS}
     unknown = wanted - {*SUITES, *SECTIONS}
     if unknown:
         parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from "
                      f"{', '.join([*SUITES, *SECTIONS])}")
+    from bench.predicted_vs_measured import GROUP_LAYOUTS
+
+    groups = [g.strip() for g in args.layouts.split(",") if g.strip()]
+    unknown_groups = sorted(set(groups) - set(GROUP_LAYOUTS))
+    if unknown_groups:
+        parser.error(f"unknown layout group(s) {', '.join(unknown_groups)}; choose from "
+                     f"{', '.join(GROUP_LAYOUTS)}")
+    layouts = [t for g in groups for t in GROUP_LAYOUTS[g]] or None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out.with_suffix(".json"), args.quick)
@@ -184,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row.name}: ratio {row.ratio:.2f} ({low:.2f}-{high:.2f})", flush=True)
     order = list(SUITES)
     results.sort(key=lambda row: order.index(row["suite"]) if row.get("suite") in order else 0)
-    sections = {**previous.get("sections", {}), **_run_sections(wanted, args.quick, out)}
+    sections = {**previous.get("sections", {}),
+                **_run_sections(wanted, args.quick, out, layouts)}
     # The machine line describes the CPU rows: a GPU-only run (often on another machine)
     # keeps the line of the run that produced them; its own section names its device.
     cpu_parts_ran = bool(ran) or bool(wanted & CALIBRATED)

@@ -34,6 +34,21 @@ def small_sizes(profile: dict) -> dict:
     return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
 
 
+def slowest_rank(profile: dict) -> dict:
+    """The profile with its collectives fitted on the world's slowest rank's times, as the
+    calibration priced them before session 19 (the same batches, kept beside the groups'
+    mean: calibration["collectives_slowest"]). The generic link fields stay the mean's; the
+    bench's layouts price every group from its own fit."""
+    from paraxis.calibrate.profile import fit_collectives
+
+    timings = {int(world): ops
+               for world, ops in profile["calibration"]["collectives_slowest"].items()}
+    fits = fit_collectives(timings)
+    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
+                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
+    return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
+
+
 # The befores of the bench's before/afters: {key: (what the price left out, the profile and
 # the figures measured around the run as priced without it)}. Each row is priced on each.
 BEFORES = {
@@ -42,6 +57,8 @@ BEFORES = {
     "without_sync": ("without the sync waits", lambda p, now: (without_sync(p), now)),
     "small_sizes": ("with collectives fitted on messages up to 4 MiB",
                     lambda p, now: (small_sizes(p), now)),
+    "slowest_rank": ("with collectives timed at the world's slowest rank",
+                     lambda p, now: (slowest_rank(p), now)),
     "calibration_rates": ("at the calibration's compute rates (not those measured again "
                           "around the run)",
                           lambda p, now: (p, {"available_cores": now["available_cores"]})),

@@ -143,6 +143,11 @@ AFTER_MEAN = [
     "dp=8,zero=1,microbatches=2",
 ]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
+# `python -m bench --layouts first,after_mean` runs these groups only (default: all)
+GROUP_LAYOUTS = {"first": LAYOUTS, "after_fix": AFTER_FIX, "after_sync": AFTER_SYNC,
+                 "after_sizes": AFTER_SIZES, "after_rates": AFTER_RATES,
+                 "after_calls": AFTER_CALLS, "after_steal": AFTER_STEAL,
+                 "after_mean": AFTER_MEAN}
 
 
 def setting(quick: bool) -> dict:
@@ -222,6 +227,8 @@ def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
             continue
         if key == "small_sizes" and largest <= SMALL_SIZES_BYTES:
             continue  # a profile that never timed larger messages has no before
+        if key == "slowest_rank" and "collectives_slowest" not in profile["calibration"]:
+            continue  # calibrated before the groups' mean: its times are the slowest rank's
         if key == "calibration_rates" and "peak_flops" not in now:
             continue  # no rates were measured again
         priced_profile, priced_now = change(profile, now)
@@ -278,8 +285,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
     cfg = s["model"]
     rows = []
     for text in layouts or (QUICK_LAYOUTS if quick else
-                            LAYOUTS + AFTER_FIX + AFTER_SYNC + AFTER_SIZES + AFTER_RATES
-                            + AFTER_CALLS + AFTER_STEAL):
+                            [t for group in GROUP_LAYOUTS.values() for t in group]):
         layout = Layout.parse(text)
         layout = layout.validate(layout.world_size, cfg, s["global_batch"], s["seq_len"])
         measured, used, now, steal = measure_now(cfg, layout, s)
@@ -294,6 +300,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
                      "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
                      "after_calls": text in AFTER_CALLS, "after_steal": text in AFTER_STEAL,
+                     "after_mean": text in AFTER_MEAN,
                      "available_cores": available, "now": now, "steal": steal,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
@@ -314,13 +321,15 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
         "after_sizes": " (after sizes)", "after_rates": " (after rates)",
-        "after_calls": " (after calls)", "after_steal": " (after steal)"}
+        "after_calls": " (after calls)", "after_steal": " (after steal)",
+        "after_mean": " (after mean)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
           ("first measured after the 32 MiB sizes", "after_sizes"),
           ("first measured after the rates measured again", "after_rates"),
           ("first measured after the step's own calls", "after_calls"),
-          ("first measured after the host's steal was recorded", "after_steal"))
+          ("first measured after the host's steal was recorded", "after_steal"),
+          ("first measured after collectives were timed at the groups' mean", "after_mean"))
 
 
 def _group(row: dict) -> str:
@@ -410,7 +419,9 @@ def render(data: dict) -> str:
         "layout (`AFTER_RATES`); (after calls): one of the eight first measured after the "
         "planner priced the step's own small calls (`AFTER_CALLS`, column calls); (after "
         "steal): one of the eight first measured after each row recorded the CPU time a "
-        "VM's host took (`AFTER_STEAL`). Steal: that share during the layout's steps "
+        "VM's host took (`AFTER_STEAL`); (after mean): one of the eight first measured "
+        "after the calibration timed a collective at the mean of the groups running it at "
+        "once (`AFTER_MEAN`). Steal: that share during the layout's steps "
         "(paraxis/steal.py), and during its probes in brackets.",
         "",
         "| layout | ranks | cores | used | steal | measured | predicted | error | compute | "

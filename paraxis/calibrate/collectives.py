@@ -1,7 +1,8 @@
 """What `paraxis calibrate` times on every rank of a group: the collectives the runtime
 issues, at several message sizes, over groups of every size at once (fit.py fits them).
-Times are the median of a few batches of back-to-back calls, the slowest rank's. On CPU
-ranks `sync_wait` also times what a call costs after compute, beyond those times.
+Times are the median of a few batches of back-to-back calls, each group's slowest member's,
+averaged over the groups. On CPU ranks `sync_wait` also times what a call costs after
+compute, beyond those times.
 """
 
 from __future__ import annotations
@@ -45,12 +46,21 @@ def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: to
 
 
 def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: int,
-                      batch_s: float) -> float:
-    """Median over `repeats` batches of seconds per call, the slowest rank's.
+                      batch_s: float, group: dist.ProcessGroup | None = None
+                      ) -> tuple[float, float]:
+    """(seconds per call, the world's slowest rank's): medians over `repeats` batches.
 
     A batch is k back-to-back calls after a barrier, k chosen (the same on every rank) so a
     batch lasts about `batch_s`: one call would mostly time how late each rank leaves the
     barrier, which on a time-shared CPU is a scheduler quantum, not the collective.
+
+    A call over `group` ends when its last member's does, so a batch takes the group its
+    slowest member's time. The groups that run at once (the four pairs of 8 ranks at TP=2)
+    each time the same call, and the price is their mean: the world's slowest rank is the
+    unluckiest group's (on 8 CPU ranks sharing 2 cores, back-to-back pair all-reduces of
+    128 KiB: 1.76 ms against 1.15 ms on the mean, docs/planner.md), and the lag between a
+    step's ranks is `sync_wait`'s to count. Calibrations before session 19 priced the
+    slowest rank's, the second figure (the bench prices both).
     """
     call()  # warm-up: connections, buffers
     sync(device)
@@ -69,9 +79,14 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
             call()
         sync(device)
         samples.append((time.perf_counter() - started) / calls)
-    slowest = torch.tensor(samples, dtype=torch.float64, device=device)
+    per_group = torch.tensor(samples, dtype=torch.float64, device=device)
+    slowest = per_group.clone()
+    dist.all_reduce(per_group, op=dist.ReduceOp.MAX, group=group)
+    # every member now holds its group's figure: the mean over the world is the groups' mean
+    dist.all_reduce(per_group)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
+    return (statistics.median((per_group / dist.get_world_size()).tolist()),
+            statistics.median(slowest.tolist()))
 
 
 def neighbour_group(n: int) -> dist.ProcessGroup | None:
@@ -89,8 +104,10 @@ def neighbour_group(n: int) -> dist.ProcessGroup | None:
 
 def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: list[int],
                      device: torch.device, dtype: torch.dtype, repeats: int = 5,
-                     batch_s: float = 0.02) -> dict[str, dict[str, list[list[float]]]]:
+                     batch_s: float = 0.02, slowest: dict | None = None
+                     ) -> dict[str, dict[str, list[list[float]]]]:
     """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.
+    `slowest`, where given, is filled alike with the world's slowest rank's times.
 
     The world is split into groups of each size (neighbouring ranks, as a TP group is), all
     of them running the collective at once, as every group of a layout's axis does: on a
@@ -99,16 +116,19 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
     """
     itemsize = torch.empty((), dtype=dtype).element_size()
     times: dict[str, dict[str, list[list[float]]]] = {op: {} for op in ops}
+    slowest = {op: {} for op in ops} if slowest is None else slowest
     for n in group_sizes:
         group = neighbour_group(n)
         for op in ops:
-            points = []
+            points, slowest_points = [], []
             for size in sizes_bytes:
                 numel = max(n, size // itemsize // n * n)
                 call = _collective(op, numel, group, device, dtype)
-                points.append([float(numel * itemsize),
-                               _seconds_per_call(call, device, repeats, batch_s)])
+                seconds, slowest_s = _seconds_per_call(call, device, repeats, batch_s, group)
+                points.append([float(numel * itemsize), seconds])
+                slowest_points.append([float(numel * itemsize), slowest_s])
             times[op][str(n)] = points
+            slowest.setdefault(op, {})[str(n)] = slowest_points
     return times
 
 
@@ -133,7 +153,7 @@ def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
     for n in group_sizes:  # new_group is collective: every rank, in the same order
         group = neighbour_group(n)
         seconds[str(n)] = _seconds_per_call(lambda group=group: dist.all_reduce(flag, group=group),
-                                            device, repeats, 0.02)
+                                            device, repeats, 0.02, group)[0]
     return seconds
 
 
@@ -186,7 +206,7 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
 
     # as many idle calls as fill ~5 ms (the same count on every rank; at most 50)
     calls = max(1, min(50, round(0.005 / _seconds_per_call(
-        lambda: dist.all_reduce(flag, group=group), device, 3, 0.005))))
+        lambda: dist.all_reduce(flag, group=group), device, 3, 0.005, group)[1])))
     size = dist.get_world_size(group)
     waits = []
     for _ in range(rounds):

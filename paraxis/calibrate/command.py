@@ -168,10 +168,13 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
     device = _rank_device(device_type)
     world = dist.get_world_size()
     groups = [n for n in range(2, world + 1) if world % n == 0]
-    times = collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats)
+    slowest: dict = {}
+    times = collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats,
+                             slowest=slowest)
     waits = sync_waits(segment_s, flops_per_s, groups, device) if segment_s > 0 else {}
     calls = scalar_calls(groups, device, repeats) if segment_s > 0 else {}
-    return {"times": times, "sync_wait_s": waits, "scalar_call_s": calls}
+    return {"times": times, "times_slowest": slowest, "sync_wait_s": waits,
+            "scalar_call_s": calls}
 
 
 def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
@@ -263,7 +266,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
         f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
-    timings, waits, calls = {}, {}, {}
+    timings, slowest, waits, calls = {}, {}, {}, {}
     rate = compute["matmul"]["flops_per_s"]
     segment = sync_segment_s(model, tokens, rate) if device_type == "cpu" else 0.0
     for n in sorted(set(nproc)):
@@ -272,7 +275,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         measured = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type,
                                                         segment, rate),
                                    timeout_s=300, device=device_type)[0]
-        timings[n] = measured["times"]
+        timings[n], slowest[n] = measured["times"], measured["times_slowest"]
         if segment:
             waits[n], calls[n] = measured["sync_wait_s"], measured["scalar_call_s"]
             for size, wait in waits[n].items():
@@ -290,6 +293,9 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
     profile = build_profile(device_info, compute, timings, waits, calls)
+    # the world's slowest rank's times, which calibrations before session 19 fitted
+    # (`_seconds_per_call`; the bench prices both)
+    profile["calibration"]["collectives_slowest"] = {str(n): t for n, t in slowest.items()}
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
             for n, fit in by_group.items():
