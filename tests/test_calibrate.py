@@ -373,3 +373,52 @@ def test_calibration_steal_is_that_of_the_timings_that_count(tmp_path):
     assert steal([None, 0.05], 0.5) == 0.05
     path.write_text("not json")
     assert calibration_steal(path) is None
+
+
+def _two_pairs_body() -> tuple[float, float]:
+    """On 4 ranks in two pairs: a pair call on which ranks 0 and 1 also sleep 20 ms (their
+    pair is the unlucky one), timed as the calibration times a collective."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from paraxis.calibrate.collectives import _seconds_per_call, neighbour_group
+
+    group, flag = neighbour_group(2), torch.zeros(1)
+    slow = dist.get_rank() < 2
+
+    def call() -> None:
+        if slow:
+            time.sleep(0.02)
+        dist.all_reduce(flag, group=group)
+
+    return _seconds_per_call(call, torch.device("cpu"), 3, 0.1, group)
+
+
+def test_a_collective_is_priced_at_the_groups_mean_not_the_slowest_rank():
+    """Each group's time is its slowest member's; the groups running at once are samples of
+    one call, priced at their mean. A pair that sleeps 20 ms a call beside one that does not:
+    about 10 ms, where the world's slowest rank (what calibrations timed before) reads 20."""
+    from paraxis.testing import run_distributed
+
+    (mean, slowest), *others = run_distributed(_two_pairs_body, 4)
+    assert all(o == pytest.approx((mean, slowest)) for o in others)  # one figure for all
+    assert slowest == pytest.approx(0.02, abs=0.008)
+    assert mean == pytest.approx(slowest / 2, abs=0.004)
+
+
+def test_the_bench_before_prices_the_slowest_ranks_times():
+    from bench.befores import slowest_rank
+
+    device = {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2}
+    compute = {"matmul": {"flops_per_s": 1e11}, "attention_flops_per_s": 4e10,
+               "elementwise_Bps": 6e9}
+    timed = {op: {"2": [[s, 0.001 * (1 + s / 1e8)] for s in SIZES]} for op in OPS}
+    profile = build_profile(device, compute, {8: timed})
+    profile["calibration"]["collectives_slowest"] = {"8": {op: {"2": [
+        [s, 2 * t] for s, t in points["2"]]} for op, points in timed.items()}}
+    mean, slow = (p["cluster"]["collectives"]["all_reduce"]["8"]["2"]
+                  for p in (profile, slowest_rank(profile)))
+    assert slow["alpha_s"] == pytest.approx(2 * mean["alpha_s"], rel=1e-6)
+    assert slow["bandwidth_Bps"] == pytest.approx(mean["bandwidth_Bps"] / 2, rel=1e-6)
