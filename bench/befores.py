@@ -15,6 +15,17 @@ def without_sync(profile: dict) -> dict:
 SMALL_SIZES_BYTES = 4 * 1024 * 1024
 
 
+def refitted(profile: dict, timings: dict) -> dict:
+    """The profile with its collectives' fits made on `timings` ({ranks: {op: {group:
+    points}}}) instead of its own."""
+    from paraxis.calibrate.profile import fit_collectives
+
+    fits = fit_collectives(timings)
+    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
+                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
+    return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
+
+
 def small_sizes(profile: dict) -> dict:
     """The profile with its collectives refitted on its own times up to 4 MiB, the sizes
     the calibration stopped at before: the former method on this calibration's points, not
@@ -22,16 +33,11 @@ def small_sizes(profile: dict) -> dict:
     this run's prices it at 88 ms, its full fit at 100 ms). The generic link fields
     (nvlink_bandwidth_Bps, intra_node_latency_s) stay the full fit's; the bench's layouts
     price every group from its own fit."""
-    from paraxis.calibrate.profile import fit_collectives
-
     timings = {int(world): {op: {n: [p for p in points if p[0] <= SMALL_SIZES_BYTES]
                                  for n, points in by_group.items()}
                             for op, by_group in ops.items()}
                for world, ops in profile["calibration"]["collectives"].items()}
-    fits = fit_collectives(timings)
-    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
-                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
-    return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
+    return refitted(profile, timings)
 
 
 def slowest_rank(profile: dict) -> dict:
@@ -39,14 +45,9 @@ def slowest_rank(profile: dict) -> dict:
     calibration priced them before session 19 (the same batches, kept beside the groups'
     mean: calibration["collectives_slowest"]). The generic link fields stay the mean's; the
     bench's layouts price every group from its own fit."""
-    from paraxis.calibrate.profile import fit_collectives
-
     timings = {int(world): ops
                for world, ops in profile["calibration"]["collectives_slowest"].items()}
-    fits = fit_collectives(timings)
-    table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}
-                  for world, by_group in by_world.items()} for op, by_world in fits.items()}
-    return {**profile, "cluster": {**profile["cluster"], "collectives": table}}
+    return refitted(profile, timings)
 
 
 # The befores of the bench's before/afters: {key: (what the price left out, the profile and

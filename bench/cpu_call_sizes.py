@@ -5,16 +5,16 @@ it costs back to back and to what the planner charges for it.
                                    [--hardware PROFILE]
 
 Every rank (groups of `--group` neighbouring ranks, all groups at once, as TP runs) runs
-rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer is well
-under a millisecond) with and without an all-reduce of the message after it, then the same
+rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer
+is well under a millisecond) with and without an all-reduce of the message after it, then the same
 all-reduces back to back. Per message size, the ranks' mean, in ms: `in_step` (a cycle with
 the call minus one without: what the call adds to a step), `back_to_back` (a call on ranks
 doing nothing else), the process CPU time the call adds in a step (`cpu_in_step`, gloo's
 threads included) and that CPU time over the rank's share of the cores (`cpu_over_share`:
 cores / ranks where the ranks outnumber them). With `--hardware` (a profile `paraxis
 calibrate` or the demo wrote), also the planner's price of the same call
-(`plan.comm.collective_time` on the TP link: the fitted back-to-back time of the slowest
-rank plus the profile's sync wait).
+(`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's
+sync wait).
 
 Medians over 7 rounds of 20 cycles per rank; every figure moves by 10-30% between launches
 on a shared VM, so compare columns within one launch.
@@ -82,13 +82,13 @@ def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2) -
     `group` ranks."""
     import json
 
+    from bench.predicted_vs_measured import profile_overrides
     from paraxis.layout import Layout
     from paraxis.plan.comm import axis_link, collective_time
     from paraxis.plan.hardware import build_cluster
 
     with open(profile_path) as file:
-        profile = json.load(file)
-    cluster = build_cluster(gpus=ranks, overrides={**profile["gpu"], **profile["cluster"]})
+        cluster = build_cluster(gpus=ranks, overrides=profile_overrides(json.load(file)))
     link = axis_link(Layout(dp=ranks // group, tp=group), "tp", cluster)
     return collective_time("all_reduce", size, group, link) * 1e3
 

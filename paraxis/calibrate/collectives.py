@@ -58,7 +58,8 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
     slowest member's time. The groups that run at once (the four pairs of 8 ranks at TP=2)
     each time the same call, and the price is their mean: the world's slowest rank is the
     unluckiest group's (on 8 CPU ranks sharing 2 cores, back-to-back pair all-reduces of
-    128 KiB: 1.76 ms against 1.15 ms on the mean, docs/planner.md), and the lag between a
+    16 KiB-1 MiB: 2.43-3.78 ms against 1.44-2.83 ms on the mean, in
+    docs/benchmarks-mean/hardware-profile.json), and the lag between a
     step's ranks is `sync_wait`'s to count. Calibrations before session 19 priced the
     slowest rank's, the second figure (the bench prices both).
     """
