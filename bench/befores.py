@@ -9,7 +9,15 @@ def without_sync(profile: dict) -> dict:
     """The profile as priced before the planner charged synchronising calls their wait
     (`Cluster.sync_wait_s`)."""
     return {**profile, "cluster": {k: v for k, v in profile["cluster"].items()
-                                   if k != "sync_wait_s"}}
+                                   if k not in ("sync_wait_s", "sync_wait_curve_s")}}
+
+
+def flat_sync(profile: dict) -> dict:
+    """The profile as priced before session 20: every call's sync wait the one figure timed
+    after the calibration's own segment (`Cluster.sync_wait_s`), not read off the curve at
+    the compute before the call (`Cluster.sync_wait_curve_s`, plan/sync.py)."""
+    return {**profile, "cluster": {k: v for k, v in profile["cluster"].items()
+                                   if k != "sync_wait_curve_s"}}
 
 
 SMALL_SIZES_BYTES = 4 * 1024 * 1024
@@ -60,6 +68,8 @@ BEFORES = {
                     lambda p, now: (small_sizes(p), now)),
     "slowest_rank": ("with collectives timed at the world's slowest rank",
                      lambda p, now: (slowest_rank(p), now)),
+    "flat_sync": ("with every call's sync wait the one timed after the calibration's "
+                  "segment", lambda p, now: (flat_sync(p), now)),
     "calibration_rates": ("at the calibration's compute rates (not those measured again "
                           "around the run)",
                           lambda p, now: (p, {"available_cores": now["available_cores"]})),

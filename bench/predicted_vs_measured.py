@@ -142,12 +142,26 @@ AFTER_MEAN = [
     "tp=4,pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
     "dp=8,zero=1,microbatches=2",
 ]
+# Eight more, listed before the planner read each call's sync wait at the compute before it
+# (a TP call after half a layer's forward on its rank, a send after a chunk's forward:
+# plan/sync.py) from a curve the calibration times, instead of one figure after half a
+# layer at the calibration's 2048 tokens: reported apart.
+AFTER_SEGMENT = [
+    "tp=2,pp=2,microbatches=8,schedule=1f1b",
+    "tp=4,pp=2,microbatches=2,schedule=1f1b",
+    "dp=2,tp=4,sp=true",
+    "dp=4,tp=2,microbatches=2",
+    "dp=2,tp=2,pp=2,microbatches=2,schedule=gpipe",
+    "pp=8,microbatches=16,schedule=1f1b",
+    "tp=2,pp=4,microbatches=8,schedule=interleaved,virtual_stages=2",
+    "dp=2,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 # `python -m bench --layouts first,after_mean` runs these groups only (default: all)
 GROUP_LAYOUTS = {"first": LAYOUTS, "after_fix": AFTER_FIX, "after_sync": AFTER_SYNC,
                  "after_sizes": AFTER_SIZES, "after_rates": AFTER_RATES,
                  "after_calls": AFTER_CALLS, "after_steal": AFTER_STEAL,
-                 "after_mean": AFTER_MEAN}
+                 "after_mean": AFTER_MEAN, "after_segment": AFTER_SEGMENT}
 
 
 def setting(quick: bool) -> dict:
@@ -229,6 +243,8 @@ def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
             continue  # a profile that never timed larger messages has no before
         if key == "slowest_rank" and "collectives_slowest" not in profile["calibration"]:
             continue  # calibrated before the groups' mean: its times are the slowest rank's
+        if key == "flat_sync" and "sync_wait_curve_s" not in profile["cluster"]:
+            continue  # calibrated before the curve: its waits are the flat figure's
         if key == "calibration_rates" and "peak_flops" not in now:
             continue  # no rates were measured again
         priced_profile, priced_now = change(profile, now)
@@ -300,7 +316,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
                      "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
                      "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
                      "after_calls": text in AFTER_CALLS, "after_steal": text in AFTER_STEAL,
-                     "after_mean": text in AFTER_MEAN,
+                     "after_mean": text in AFTER_MEAN, "after_segment": text in AFTER_SEGMENT,
                      "available_cores": available, "now": now, "steal": steal,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
@@ -322,14 +338,16 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
         "after_sizes": " (after sizes)", "after_rates": " (after rates)",
         "after_calls": " (after calls)", "after_steal": " (after steal)",
-        "after_mean": " (after mean)"}
+        "after_mean": " (after mean)", "after_segment": " (after segment)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
           ("first measured after the 32 MiB sizes", "after_sizes"),
           ("first measured after the rates measured again", "after_rates"),
           ("first measured after the step's own calls", "after_calls"),
           ("first measured after the host's steal was recorded", "after_steal"),
-          ("first measured after collectives were timed at the groups' mean", "after_mean"))
+          ("first measured after collectives were timed at the groups' mean", "after_mean"),
+          ("first measured after each call's wait was read at the compute before it",
+           "after_segment"))
 
 
 def _group(row: dict) -> str:
@@ -421,7 +439,9 @@ def render(data: dict) -> str:
         "steal): one of the eight first measured after each row recorded the CPU time a "
         "VM's host took (`AFTER_STEAL`); (after mean): one of the eight first measured "
         "after the calibration timed a collective at the mean of the groups running it at "
-        "once (`AFTER_MEAN`). Steal: that share during the layout's steps "
+        "once (`AFTER_MEAN`); (after segment): one of the eight first measured after each "
+        "call's sync wait was read at the compute before it (`AFTER_SEGMENT`). Steal: that "
+        "share during the layout's steps "
         "(paraxis/steal.py), and during its probes in brackets.",
         "",
         "| layout | ranks | cores | used | steal | measured | predicted | error | compute | "

@@ -2,7 +2,7 @@
 issues, at several message sizes, over groups of every size at once (fit.py fits them).
 Times are the median of a few batches of back-to-back calls, each group's slowest member's,
 averaged over the groups. On CPU ranks `sync_wait` also times what a call costs after
-compute, beyond those times.
+compute, beyond those times, and `sync_wait_curve` how that grows with the compute.
 """
 
 from __future__ import annotations
@@ -136,12 +136,30 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
 MAX_SEGMENT_S = 0.1
 
 
-def sync_waits(segment_s: float, flops_per_s: float, group_sizes: list[int],
-               device: torch.device) -> dict[str, float]:
-    """{group size: `sync_wait` over groups of that size, all groups at once}; call on
-    every rank."""
-    return {str(n): sync_wait(segment_s, flops_per_s, device, neighbour_group(n))
-            for n in group_sizes}
+# The segments `sync_wait_curve` times the wait after, as fractions of the calibration's own
+# (half a layer's forward at its tokens): a TP call in a layout of small microbatches, or
+# split over more ranks, follows far less compute than that (plan/sync.py).
+SEGMENT_FRACTIONS = (1 / 16, 1 / 4, 1)
+GEMM_FLOPS = 2 * 256**3  # one of sync_wait's GEMMs
+
+
+def sync_wait_curve(segment_s: float, flops_per_s: float, group_sizes: list[int],
+                    device: torch.device) -> dict[str, list[list[float]]]:
+    """{group size: [[segment_s, wait_s], ...]}: `sync_wait` over groups of that size (all
+    groups at once) after SEGMENT_FRACTIONS of `segment_s` (at most MAX_SEGMENT_S), each as
+    the whole GEMMs it runs (at least one, ~0.4 ms): the segment each point really timed.
+    The last point is the wait at the calibration's own segment (`Cluster.sync_wait_s`).
+    Call on every rank."""
+    longest = min(segment_s, MAX_SEGMENT_S)
+    gemms = sorted({max(1, round(longest * f * flops_per_s / GEMM_FLOPS))
+                    for f in SEGMENT_FRACTIONS})
+    curves = {}
+    for n in group_sizes:  # new_group is collective: every rank, in the same order
+        group = neighbour_group(n)
+        curves[str(n)] = [[g * GEMM_FLOPS / flops_per_s,
+                           sync_wait(g * GEMM_FLOPS / flops_per_s, flops_per_s, device, group)]
+                          for g in gemms]
+    return curves
 
 
 def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
@@ -178,7 +196,7 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     # at most MAX_SEGMENT_S of compute a cycle (a large model's half layer takes seconds on
     # a CPU); one 256^3 GEMM (~0.4 ms) at least
     segment_s = min(segment_s, MAX_SEGMENT_S)
-    gemms = max(1, round(segment_s * flops_per_s / (2 * 256**3)))
+    gemms = max(1, round(segment_s * flops_per_s / GEMM_FLOPS))
     # ~25 ms a half-round and at least 2 cycles; the same count on every rank, or their
     # all-reduces would not pair up. Short half-rounds, many of them: a host whose cores run
     # at one speed for a few hundred ms and at another for the next (CPU time taken by the

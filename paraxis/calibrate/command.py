@@ -159,11 +159,12 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
                     segment_s: float = 0.0, flops_per_s: float = 0.0) -> dict:
     """Runs on every rank: every collective at every size, over groups of every size that
     divides the world (all groups at once); on CPU ranks (`segment_s` > 0) also what a
-    synchronising call costs between compute segments of `segment_s` (`sync_wait`) and a
-    one-element all-reduce back to back (`scalar_calls`)."""
+    synchronising call costs after compute segments up to `segment_s` (`sync_wait_curve`;
+    "sync_wait_s": the wait after `segment_s`) and a one-element all-reduce back to back
+    (`scalar_calls`)."""
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import collective_times, scalar_calls, sync_waits
+    from paraxis.calibrate.collectives import collective_times, scalar_calls, sync_wait_curve
 
     device = _rank_device(device_type)
     world = dist.get_world_size()
@@ -171,20 +172,20 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
     slowest: dict = {}
     times = collective_times(COLLECTIVES, sizes_bytes, groups, device, _dtype(device), repeats,
                              slowest=slowest)
-    waits = sync_waits(segment_s, flops_per_s, groups, device) if segment_s > 0 else {}
+    curves = sync_wait_curve(segment_s, flops_per_s, groups, device) if segment_s > 0 else {}
     calls = scalar_calls(groups, device, repeats) if segment_s > 0 else {}
-    return {"times": times, "times_slowest": slowest, "sync_wait_s": waits,
-            "scalar_call_s": calls}
+    return {"times": times, "times_slowest": slowest, "scalar_call_s": calls,
+            "sync_wait_s": {n: curve[-1][1] for n, curve in curves.items()},
+            "sync_wait_curve_s": curves}
 
 
 def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
-    """The compute between two synchronising calls that `sync_wait` times: half a layer's
-    forward GEMMs at `tokens` (a TP layer makes two calls a pass), at the measured rate."""
+    """The longest compute between two synchronising calls that `sync_wait_curve` times:
+    half a layer's forward GEMMs at `tokens`, at the measured rate (plan/sync.py)."""
     from paraxis.model_config import load_model_config
-    from paraxis.plan.compute import layer_forward_flops_per_token
+    from paraxis.plan.sync import sync_segment_s as segment
 
-    weights = layer_forward_flops_per_token(load_model_config(model), 1, 0)[0]
-    return weights * tokens / 2 / flops_per_s
+    return segment(load_model_config(model), tokens, flops_per_s)
 
 
 def busy_body(seconds: float) -> float:
@@ -266,7 +267,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
         f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
-    timings, slowest, waits, calls = {}, {}, {}, {}
+    timings, slowest, waits, calls, curves = {}, {}, {}, {}, {}
     rate = compute["matmul"]["flops_per_s"]
     segment = sync_segment_s(model, tokens, rate) if device_type == "cpu" else 0.0
     for n in sorted(set(nproc)):
@@ -278,9 +279,11 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         timings[n], slowest[n] = measured["times"], measured["times_slowest"]
         if segment:
             waits[n], calls[n] = measured["sync_wait_s"], measured["scalar_call_s"]
-            for size, wait in waits[n].items():
-                log(f"sync: groups of {size} in {n} ranks, a call between {segment * 1e3:.0f} "
-                    f"ms of compute waits {wait * 1e3:.2f} ms beyond its idle time")
+            curves[n] = measured["sync_wait_curve_s"]
+            for size, curve in curves[n].items():
+                log(f"sync: groups of {size} in {n} ranks, a call after " + ", ".join(
+                    f"{c * 1e3:.1f}" for c, _ in curve) + " ms of compute waits " + ", ".join(
+                    f"{w * 1e3:.2f}" for _, w in curve) + " ms beyond its idle time")
     device_info = _device_description(device_type, max(nproc))
     if device_type == "cpu":
         device_info["available_cores"] = available_cores(device_info["cores"], busy_s,
@@ -292,7 +295,7 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         device_info["baseline_bytes"] = float(process_baseline_bytes())
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
-    profile = build_profile(device_info, compute, timings, waits, calls)
+    profile = build_profile(device_info, compute, timings, waits, calls, curves)
     # the world's slowest rank's times, which calibrations before session 19 fitted
     # (`_seconds_per_call`; the bench prices both)
     profile["calibration"]["collectives_slowest"] = {str(n): t for n, t in slowest.items()}

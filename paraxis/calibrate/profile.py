@@ -32,8 +32,8 @@ def fit_collectives(timings: Timings) -> dict[str, dict[str, dict[str, Fit]]]:
 
 
 def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None = None,
-                scalar_calls: dict[int, dict[str, float]] | None = None
-                ) -> tuple[dict, dict]:
+                scalar_calls: dict[int, dict[str, float]] | None = None,
+                sync_curves: dict[int, dict[str, list]] | None = None) -> tuple[dict, dict]:
     """(GPU fields, cluster fields) of a profile that the timed collectives set: the fits,
     the generic intra-node link (where no fit applies: the all-reduce ring over the most
     ranks measured, the closest to a whole node) and, on CPU ranks, the sync waits and the
@@ -48,6 +48,8 @@ def link_fields(timings: Timings, sync_waits: dict[int, dict[str, float]] | None
     cluster: dict[str, object] = {"collectives": table}
     if sync_waits:
         cluster["sync_wait_s"] = {str(n): waits for n, waits in sorted(sync_waits.items())}
+    if sync_curves:
+        cluster["sync_wait_curve_s"] = {str(n): c for n, c in sorted(sync_curves.items())}
     if scalar_calls:
         cluster["scalar_call_s"] = {str(n): calls for n, calls in sorted(scalar_calls.items())}
     if link is not None:
@@ -66,17 +68,19 @@ def compute_fields(compute: dict) -> dict[str, float]:
 
 def build_profile(device: dict, compute: dict, timings: Timings,
                   sync_waits: dict[int, dict[str, float]] | None = None,
-                  scalar_calls: dict[int, dict[str, float]] | None = None) -> dict:
+                  scalar_calls: dict[int, dict[str, float]] | None = None,
+                  sync_curves: dict[int, dict[str, list]] | None = None) -> dict:
     """The profile document.
 
     device: {"name", "type" ("cpu"/"cuda"), "memory_bytes", "cores" (CPU cores the ranks of
     this node share; 0 on GPUs), optionally "available_cores" (the cores our ranks got
     together when measured)}; compute: {"matmul": {"flops_per_s", ...},
     "attention_flops_per_s", "elementwise_Bps", ...} from paraxis.calibrate.kernels;
-    sync_waits: {ranks on node: {group size: seconds}}, calibrate.collectives.sync_waits;
-    scalar_calls: the same shape, calibrate.collectives.scalar_calls.
+    sync_waits: {ranks on node: {group size: seconds}}, the wait after the longest segment;
+    scalar_calls: the same shape, calibrate.collectives.scalar_calls; sync_curves:
+    {ranks on node: {group size: [[segment_s, wait_s], ...]}}, collectives.sync_wait_curve.
     """
-    link_gpu, link_cluster = link_fields(timings, sync_waits, scalar_calls)
+    link_gpu, link_cluster = link_fields(timings, sync_waits, scalar_calls, sync_curves)
     gpu = {
         "name": device["name"],
         **compute_fields(compute),

@@ -110,7 +110,7 @@ def _rates_again(shapes_from: dict) -> dict[str, float]:
 
 def _collectives_again(profile: dict, ranks: int) -> dict:
     """The profile's collectives and sync waits timed again on `ranks` ranks
-    (`collective_body`'s {"times", "sync_wait_s", "scalar_call_s"})."""
+    (`collective_body`'s {"times", "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"})."""
     from paraxis.calibrate.command import collectives_again
 
     again = collectives_again(profile, ranks, QUICK_REPEATS)
@@ -136,8 +136,19 @@ def _price_collectives(profile: dict, ranks: int, again: dict, after: float) -> 
     calls = profile["cluster"].get("scalar_call_s", {}).get(str(ranks), {})
     call_means = {n: mix(calls.get(n, call), call)
                   for n, call in again.get("scalar_call_s", {}).items()}
+    curves = profile["cluster"].get("sync_wait_curve_s", {}).get(str(ranks), {})
+
+    def mixed_curve(n: str, later: list) -> list:  # point by point where timed at the same
+        before = curves.get(n) or later  # segments (a profile before the curve: the later)
+        if [c for c, _ in before] != [c for c, _ in later]:
+            before = later
+        return [[c, mix(w_before, w)] for (c, w_before), (_, w) in zip(before, later, strict=True)]
+
+    curve_means = {n: mixed_curve(n, curve)
+                   for n, curve in again.get("sync_wait_curve_s", {}).items()}
     gpu, cluster = link_fields({ranks: times}, {ranks: means},
-                               {ranks: call_means} if call_means else None)
+                               {ranks: call_means} if call_means else None,
+                               {ranks: curve_means} if curve_means else None)
     profile["gpu"].update(gpu)
     profile["cluster"].update(cluster)
 

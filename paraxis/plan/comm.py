@@ -16,6 +16,7 @@ from typing import NamedTuple
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout, grid_rank
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.sync import nearest_count, sync_wait
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 
@@ -108,11 +109,6 @@ def _axis_ranks(degrees: tuple[tuple[str, int], ...], axis: str) -> tuple[int, .
     return tuple(grid_rank(dict(degrees), {axis: index}) for index in range(dict(degrees)[axis]))
 
 
-def _nearest(keys: list[str], want: int) -> str:
-    # The measured count closest to `want` on a log scale (ties: the larger, more contended).
-    return min(keys, key=lambda k: (abs(math.log(int(k) / want)), -int(k)))
-
-
 def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, float], ...]:
     """Calibrated (op, alpha_s, bandwidth_Bps) for a group of `group_size` inside a node with
     `cluster.gpus_per_node` ranks: the fit measured nearest to both counts, per op."""
@@ -120,31 +116,11 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
     for op, by_world in sorted(cluster.collectives.items()):
         if not by_world:
             continue
-        by_group = by_world[_nearest(list(by_world), cluster.gpus_per_node)]
+        by_group = by_world[nearest_count(list(by_world), cluster.gpus_per_node)]
         if by_group:
-            fit = by_group[_nearest(list(by_group), group_size)]
+            fit = by_group[nearest_count(list(by_group), group_size)]
             fits.append((op, float(fit["alpha_s"]), float(fit["bandwidth_Bps"])))
     return tuple(fits)
-
-
-def nearest_measured(table: dict, cluster: Cluster, group_size: int) -> float | None:
-    """A CPU figure measured per [ranks on node][group size] (`Cluster.sync_wait_s`,
-    `Cluster.scalar_call_s`), nearest to both counts; None where there is none (GPUs)."""
-    if not table or group_size < 2 or not cluster.cores_per_node:
-        return None
-    by_group = table[_nearest(list(table), cluster.gpus_per_node)]
-    return float(by_group[_nearest(list(by_group), group_size)]) if by_group else None
-
-
-def sync_wait(cluster: Cluster, group_size: int) -> float:
-    """Seconds a synchronising call over `group_size` ranks waits in a step on CPU ranks
-    beyond its idle time, as calibrated nearest to both counts (0 where not measured, and on
-    devices of their own: GPUs).
-
-    One figure per call, measured after half a layer's forward: calls with little compute
-    before them (DP buckets after the first, ZeRO-3's per-layer gathers, SP's pairs, pipeline
-    sends) pay it too, and a call after a whole backward pays no more (docs/planner.md)."""
-    return nearest_measured(cluster.sync_wait_s, cluster, group_size) or 0.0
 
 
 def group_link(ranks: list[int], cluster: Cluster) -> Link:

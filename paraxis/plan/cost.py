@@ -47,7 +47,6 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
-    layer_gemm_shapes,
     optimizer_traffic_per_param,
 )
 from paraxis.plan.context import cp_layer_times, imbalance, replica_link
@@ -66,11 +65,12 @@ from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
     attention_kernel_rate,
-    gemm_efficiency,
     layer_rates,
     overlap_on,
+    weight_gemm_seconds,
 )
 from paraxis.plan.step_calls import step_calls_time
+from paraxis.plan.sync import at_segment, sync_segment_s
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -106,19 +106,6 @@ class Estimate:
                 "memory_limit_bytes": self.memory_limit_bytes,
                 "time_s": dict(self.time), "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "hfu": self.hfu}
-
-
-def _weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float,
-                         mlp: bool = True) -> float:
-    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape (without
-    `mlp`: the attention half of an MoE block)."""
-    if not cluster.gpu.gemm_half_width:
-        if not mlp:
-            return sum(2 * k * n for k, n in layer_gemm_shapes(cfg, 1, mlp)) / rate
-        return layer_forward_flops_per_token(cfg, 1, 0)[0] / rate
-    peak = cluster.gpu.peak_flops * cluster.compute_share
-    return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
-               for k, n in layer_gemm_shapes(cfg, tp, mlp))
 
 
 def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_rate: float,
@@ -179,7 +166,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
-    dense = (_weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
+    dense = (weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
              + hidden_bytes / hbm) * tokens
     if moe:
         dense += moe_forward_seconds(cfg, cluster, tokens, expert_imbalance, hbm)
@@ -260,11 +247,14 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     key = (tuple(layout.degrees.items()), layout.ep, layout.sequence_parallel,
            layout.cp_attention, layout.recompute, micro_batch)
     memo = {} if memo is None else memo
+    # CPU ranks: a layer's calls wait after half a layer's forward on one TP rank (plan/sync.py)
+    half_layer = sync_segment_s(cfg, tokens_per_microbatch / layout.tp, gpu.peak_flops)
     if key not in memo:
-        layer = layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap, precision)
-        memo[key] = (layer, layer_times(cfg, layout, cluster, seq_len, micro_batch, overlap,
+        at = at_segment(cluster, half_layer)
+        layer = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision)
+        memo[key] = (layer, layer_times(cfg, layout, at, seq_len, micro_batch, overlap,
                                         precision, True, expert_imbalance) if cfg.is_moe else layer,
-                     head_times(cfg, layout, cluster, micro_batch, seq_len, overlap, precision))
+                     head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
     layer, moe_layer, head = memo[key]
 
     def blocks_sum(stage: int, *keys: str) -> float:
@@ -293,7 +283,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
     t_pp = 0.0
     if layout.pp > 1:
-        pp_link = axis_link(layout, "pp", cluster)
+        # a send waits after a chunk's forward (its layers' two halves each)
+        chunk = at_segment(cluster, 2 * half_layer * max(counts) / layout.virtual_stages)
+        pp_link = axis_link(layout, "pp", chunk)
         # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
         # of the boundary activation; an activation forward and a gradient back per chunk.
         send = collective_time("send_recv", boundary_bytes / layout.tp, 2, pp_link)

@@ -32,6 +32,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}},
       "sync_wait_s": {"8": {"2": 2e-3}}   # CPU: a call's wait in a step [ranks on node][group]
+      "sync_wait_curve_s": {"8": {"2": [[5e-4, 1e-3], [0.016, 3e-3]]}}  # ... by compute before
       "scalar_call_s": {"8": {"8": 2e-3}} # CPU: a one-element all-reduce [ranks on node][group]
     }
 
@@ -200,6 +201,13 @@ class Cluster:
     # ranks sharing noisy cores drift apart between calls and each call waits for the last,
     # and the compute around it runs slower. Added to collective_latency_s inside a node.
     sync_wait_s: dict = field(default_factory=dict, compare=False)
+    # ... and the same wait after GEMM segments of a few lengths, [ranks on node][group size]
+    # -> [[segment_s, wait_s], ...] (calibrate/collectives.sync_wait_curve): the longer the
+    # compute between two calls, the further the ranks drift apart (plan/sync.py) ...
+    sync_wait_curve_s: dict = field(default_factory=dict, compare=False)
+    # ... read at this much compute (one rank alone) before a call; 0: at the calibration's
+    # own segment (sync_wait_s). Set per layout and call site by plan/sync.at_segment.
+    sync_segment_s: float = 0.0
     # CPU ranks: seconds of a one-element all-reduce back to back, all groups at once
     # (calibrate/collectives.scalar_calls), [ranks on node][group size] -> s: the step's
     # own small calls (plan/step_calls.py). Gloo takes another algorithm below a few

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraxis.attention_kernel import AttentionKernel
+from paraxis.model_config import ModelConfig
 from paraxis.plan.attention_rates import kernel_flops
+from paraxis.plan.compute import layer_forward_flops_per_token, layer_gemm_shapes
 from paraxis.plan.hardware import Cluster
 
 
@@ -82,3 +84,16 @@ def attention_kernel_rate(cluster: Cluster, kernel: AttentionKernel, seq_len: in
     rate = kernel_flops(gpu.name, gpu.peak_flops, gpu.attention_impl, seq_len / cp, head_dim,
                         causal=cp == 1)
     return rate * tp * cluster.compute_share
+
+
+def weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float,
+                         mlp: bool = True) -> float:
+    """Seconds per token of one layer's weight GEMMs on one TP rank, by shape (without
+    `mlp`: the attention half of an MoE block)."""
+    if not cluster.gpu.gemm_half_width:
+        if not mlp:
+            return sum(2 * k * n for k, n in layer_gemm_shapes(cfg, 1, mlp)) / rate
+        return layer_forward_flops_per_token(cfg, 1, 0)[0] / rate
+    peak = cluster.gpu.peak_flops * cluster.compute_share
+    return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
+               for k, n in layer_gemm_shapes(cfg, tp, mlp))

@@ -3,7 +3,7 @@ the pipeline's messages and the gradient sync, and what they cost.
 
 Each moves a few bytes, so each costs its latency: tens of microseconds on a GPU, nothing
 beside a step of seconds. On CPU ranks that share a few cores each is a millisecond or
-more with its sync wait (`comm.sync_wait`), and a small model's step has a few dozen
+more with its sync wait (`sync.sync_wait`), and a small model's step has a few dozen
 milliseconds of compute: in `paraxis demo`'s dp=2 x tp=2 x pp=2 they are 7 calls, about
 a tenth of the step, which the planner left out until they were found (docs/planner.md).
 
@@ -38,17 +38,11 @@ import math
 
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.comm import (
-    Link,
-    axis_link,
-    group_link,
-    group_ranks,
-    nearest_measured,
-    sync_wait,
-)
+from paraxis.plan.comm import Link, axis_link, group_link, group_ranks
 from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import head_stage
+from paraxis.plan.sync import nearest_measured, sync_wait
 
 
 def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster
@@ -91,7 +85,7 @@ def _world_link(cluster: Cluster, world: int) -> Link:
     # calibrated fits (dicts), so the cache is keyed on those dicts too: two profiles of one
     # machine (before and after a run) must not share a link.
     return _cached_world_link(cluster, world, id(cluster.collectives), id(cluster.sync_wait_s),
-                              id(cluster.scalar_call_s))
+                              id(cluster.scalar_call_s), id(cluster.sync_wait_curve_s))
 
 
 @functools.lru_cache(maxsize=256)  # its keys hold the clusters, so the ids stay theirs
