@@ -95,6 +95,12 @@ def test_calibrate_two_ranks_writes_a_profile_the_planner_loads(tmp_path, capsys
     assert profile["cluster"]["cores_per_node"] == profile["calibration"]["device"]["cores"]
     assert 0 < profile["cluster"]["available_cores"] <= profile["cluster"]["cores_per_node"]
     assert load_hardware_file(out)["peak_flops"] == gpu["peak_flops"]
+    # the sync wait after segments of whole GEMMs (a tiny model's: one GEMM each, one point),
+    # the longest the flat figure's
+    curve = profile["cluster"]["sync_wait_curve_s"]["2"]["2"]
+    segments = [c for c, _ in curve]
+    assert segments == sorted(set(segments)) and segments[0] > 0
+    assert curve[-1][1] == profile["cluster"]["sync_wait_s"]["2"]["2"] >= 0
 
     code = main(["plan", "--model", "tiny", "--gpus", "2", "--global-batch", "8",
                  "--seq-len", "32", "--precision", "fp32", "--hardware", str(out),
@@ -290,7 +296,8 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
     sizes = [4096.0, 1048576.0]
     profile = {"gpu": dict(before),
                "cluster": {"available_cores": 2.0, "collectives": {"all_reduce": {"8": {}}},
-                           "sync_wait_s": {"8": {"2": 1e-3}}},
+                           "sync_wait_s": {"8": {"2": 1e-3}},
+                           "sync_wait_curve_s": {"8": {"2": [[1e-3, 0.5e-3], [4e-3, 1e-3]]}}},
                "calibration": {"device": {"type": "cpu", "model": cpu, "cores": cores},
                                "compute": {"shapes_from": {"model": "tiny", "tokens": 2048,
                                                            "seq_len": 128}, "matmul": {}},
@@ -299,7 +306,8 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
     (tmp_path / quick.PROFILE_NAME).write_text(json.dumps(profile))
     probes = []
     again = {"times": {"all_reduce": {"2": [[sizes[0], 4e-3], [sizes[1], 8e-3]]}},
-             "sync_wait_s": {"2": 3e-3}}
+             "sync_wait_s": {"2": 3e-3},
+             "sync_wait_curve_s": {"2": [[1e-3, 1.5e-3], [4e-3, 3e-3]]}}
     monkeypatch.setattr(command, "available_cores", lambda *a: probes.append(a) or 1.0)
     monkeypatch.setattr(quick, "_rates_again", lambda shapes: probes.append(shapes) or after)
     monkeypatch.setattr(command, "collectives_again",
@@ -317,6 +325,7 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
     # the collectives refitted on the means of each point, the waits averaged
     assert saved["calibration"]["collectives_after_run"] == {"8": again}
     assert saved["cluster"]["sync_wait_s"] == {"8": {"2": 2e-3}}
+    assert saved["cluster"]["sync_wait_curve_s"] == {"8": {"2": [[1e-3, 1e-3], [4e-3, 2e-3]]}}
     assert saved["calibration"]["cpu_steal"] == [None, 0.0]
     fit = saved["cluster"]["collectives"]["all_reduce"]["8"]["2"]
     for size, mean in zip(sizes, (3e-3, 7e-3), strict=True):

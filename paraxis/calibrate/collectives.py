@@ -156,8 +156,10 @@ def sync_wait_curve(segment_s: float, flops_per_s: float, group_sizes: list[int]
     curves = {}
     for n in group_sizes:  # new_group is collective: every rank, in the same order
         group = neighbour_group(n)
+        # shorter segments, more cycles (up to 4x): each point times about as much compute
         curves[str(n)] = [[g * GEMM_FLOPS / flops_per_s,
-                           sync_wait(g * GEMM_FLOPS / flops_per_s, flops_per_s, device, group)]
+                           sync_wait(g * GEMM_FLOPS / flops_per_s, flops_per_s, device, group,
+                                     min(160, round(40 * gemms[-1] / g)))]
                           for g in gemms]
     return curves
 
