@@ -73,8 +73,21 @@ def render(profile: dict) -> str:
             for n, fit in by_group.items():
                 lines.append(f"| {op} | {world} | {n} | {fit['alpha_s'] * 1e6:,.0f} | "
                              f"{fit['bandwidth_Bps'] / 1e9:.2f} | {fit['max_rel_error']:.0%} |")
-    waits = cluster.get("sync_wait_s")
-    if waits:
+    waits, curves = cluster.get("sync_wait_s"), cluster.get("sync_wait_curve_s", {})
+    if curves:
+        lines += ["", "What a synchronising call costs in a step beyond those fits "
+                  "(`sync_wait_curve_s`, calibrate/collectives.sync_wait_curve): the median "
+                  "wait of a one-element all-reduce after GEMM segments of 1/16, 1/4 and all "
+                  "of half a layer's forward, every group at once, less the same call on idle "
+                  "ranks; the planner reads a call's wait at the compute before it "
+                  "(plan/sync.py), the last point (`sync_wait_s`) after a backward.", "",
+                  "| ranks on node | group | segment (ms) | wait per call (ms) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {world} | {n} | "
+                  + ", ".join(f"{c * 1e3:.1f}" for c, _ in curve) + " | "
+                  + ", ".join(f"{w * 1e3:.2f}" for _, w in curve) + " |"
+                  for world, by_group in curves.items() for n, curve in by_group.items()]
+    elif waits:
         lines += ["", "What a synchronising call costs in a step beyond those fits "
                   "(`sync_wait_s`, calibrate/collectives.sync_wait): the median wait of a "
                   "one-element all-reduce after half a layer's forward GEMMs, every group at "

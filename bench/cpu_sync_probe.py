@@ -8,8 +8,9 @@ of a core each rank gets (ranks / cores when they outnumber the cores) plus the 
 idle ranks (as `paraxis calibrate` measures collectives). Reported per T: c, and the excess
 of the measured cycle over that price (ranks waiting for the last one to arrive, with no
 other rank's work to fill the core), and a least-squares line excess = a + b c. The
-calibration measures one point of it per group (`sync_wait_s`, at half a layer's forward)
-and the planner charges that to every call (docs/planner.md).
+calibration times three points of it per group (`sync_wait_curve_s`: 1/16, 1/4 and all of
+half a layer's forward) and the planner reads each call's wait at the compute before it
+(plan/sync.py, docs/planner.md).
 """
 
 from __future__ import annotations
