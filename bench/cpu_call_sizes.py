@@ -14,7 +14,7 @@ threads included) and that CPU time over the rank's share of the cores (`cpu_ove
 cores / ranks where the ranks outnumber them). With `--hardware` (a profile `paraxis
 calibrate` or the demo wrote), also the planner's price of the same call
 (`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's
-sync wait).
+sync wait after `--segment-ms` of compute, plan/sync.py).
 
 Medians over 7 rounds of 20 cycles per rank; every figure moves by 10-30% between launches
 on a shared VM, so compare columns within one launch.
@@ -77,19 +77,21 @@ def probe_body(segment_s: float, sizes: tuple[int, ...], group_size: int = 2
     return figures
 
 
-def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2) -> float:
+def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2,
+                     segment_s: float = 0.0) -> float:
     """The planner's price of one all-reduce of `size` bytes on the profile's TP link of
-    `group` ranks."""
+    `group` ranks, after `segment_s` of compute (0: the profile's flat sync wait)."""
     import json
 
     from bench.predicted_vs_measured import profile_overrides
     from paraxis.layout import Layout
     from paraxis.plan.comm import axis_link, collective_time
     from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.sync import at_segment
 
     with open(profile_path) as file:
         cluster = build_cluster(gpus=ranks, overrides=profile_overrides(json.load(file)))
-    link = axis_link(Layout(dp=ranks // group, tp=group), "tp", cluster)
+    link = axis_link(Layout(dp=ranks // group, tp=group), "tp", at_segment(cluster, segment_s))
     return collective_time("all_reduce", size, group, link) * 1e3
 
 
@@ -115,7 +117,8 @@ def main() -> None:
                for key in per_rank[0][size]}
         row["cpu_over_share"] = row["cpu_in_step"] / share
         if args.hardware:
-            row["planner"] = planner_price_ms(args.hardware, args.ranks, size, args.group)
+            row["planner"] = planner_price_ms(args.hardware, args.ranks, size, args.group,
+                                              args.segment_ms / 1e3)
         print(f"{size:>9}" + "".join(f"{row[c]:>16.2f}" for c in columns))
 
 

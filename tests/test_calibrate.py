@@ -334,6 +334,23 @@ def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatc
         assert priced == pytest.approx(mean, rel=0.05)
 
 
+def test_a_quick_profile_without_a_comparable_curve_keeps_the_flat_wait():
+    """A cached profile timed before the curve existed: the timing after the run brings a
+    curve, which alone would carry none of the before/after weights; the flat figure is
+    mixed and no curve is written."""
+    from paraxis.calibrate.quick import _price_collectives
+
+    sizes = [4096.0, 1048576.0]
+    profile = {"gpu": {}, "cluster": {"sync_wait_s": {"8": {"2": 1e-3}}},
+               "calibration": {"collectives": {"8": {"all_reduce": {"2": [
+                   [sizes[0], 2e-3], [sizes[1], 6e-3]]}}}}}
+    again = {"times": {"all_reduce": {"2": [[sizes[0], 4e-3], [sizes[1], 8e-3]]}},
+             "sync_wait_s": {"2": 3e-3}, "sync_wait_curve_s": {"2": [[1e-3, 2e-3], [4e-3, 3e-3]]}}
+    _price_collectives(profile, 8, again, 0.0)  # the timing after the run counts for nothing
+    assert profile["cluster"]["sync_wait_s"] == {"8": {"2": 1e-3}}
+    assert "sync_wait_curve_s" not in profile["cluster"]
+
+
 class _QuietHost:
     """A StealMeter that reads no steal: what a quiet VM's host would give."""
 

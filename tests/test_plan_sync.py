@@ -67,7 +67,6 @@ def test_the_planner_prices_a_tp_call_after_half_a_layer_of_its_own_microbatch()
     assert priced["curved"].time["dp"] == pytest.approx(priced["flat"].time["dp"])
 
 
-
 def test_a_pipeline_send_waits_after_a_chunks_forward():
     """pp=2 of 8 microbatches (2 x 128 tokens): a stage's send follows its four layers'
     forward, twice the half layer four times; an activation forward and a gradient back
@@ -80,3 +79,26 @@ def test_a_pipeline_send_waits_after_a_chunks_forward():
     sends = 2 * layout.microbatches
     lower = priced[0].time["pp"] - priced[1].time["pp"]
     assert lower == pytest.approx(sends * (5e-3 - wait_at(CURVE, chunk)))
+
+
+def test_an_interleaved_send_waits_after_its_chunk_not_its_stage():
+    """pp=2 with two chunks a stage: a send follows two layers' forward, half the stage's."""
+    layout = Layout.parse("pp=2,microbatches=8,schedule=interleaved,virtual_stages=2"
+                          ).validate(2, MODEL, 16, 128)
+    flat, curved = _cpu(None, 2, 2), _cpu(CURVE, 2, 2)
+    priced = [evaluate(MODEL, layout, c, 128, 16, FP32_ADAM) for c in (flat, curved)]
+    chunk = 2 * sync_segment_s(MODEL, 2 * 128, 1e11) * 2
+    assert 4e-3 < chunk < 16e-3
+    sends = 2 * layout.virtual_stages * layout.microbatches
+    lower = priced[0].time["pp"] - priced[1].time["pp"]
+    assert lower == pytest.approx(sends * (5e-3 - wait_at(CURVE, chunk)))
+
+
+def test_a_hardware_file_cannot_set_the_planners_segment(tmp_path):
+    from paraxis.errors import ParaxisError
+    from paraxis.plan.hardware import load_hardware_file
+
+    path = tmp_path / "hw.json"
+    path.write_text('{"gpu": "a100-80gb", "sync_segment_s": 0.1}')
+    with pytest.raises(ParaxisError, match="unknown key"):
+        load_hardware_file(path)

@@ -156,7 +156,8 @@ def sync_wait_curve(segment_s: float, flops_per_s: float, group_sizes: list[int]
     curves = {}
     for n in group_sizes:  # new_group is collective: every rank, in the same order
         group = neighbour_group(n)
-        # shorter segments, more cycles (up to 4x): each point times about as much compute
+        # shorter segments, more cycles (up to 4x, so at least a quarter of the longest's
+        # compute): a shared VM's noise moves the short points less
         curves[str(n)] = [[g * GEMM_FLOPS / flops_per_s,
                            sync_wait(g * GEMM_FLOPS / flops_per_s, flops_per_s, device, group,
                                      min(160, round(40 * gemms[-1] / g)))]

@@ -139,9 +139,9 @@ def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[s
 def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
     """The collectives (and sync waits) a CPU calibration timed on `ranks` ranks, timed again
     now at the same message sizes and compute segment: `collective_body`'s {"times",
-    "sync_wait_s", "scalar_call_s"}. Gloo between ranks that outnumber the cores times a pair's call
-    differently from one minute to the next, and a tiny model's step pays it on every TP
-    call."""
+    "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"}. Gloo between ranks that outnumber
+    the cores times a pair's call differently from one minute to the next, and a tiny
+    model's step pays it on every TP call."""
     from paraxis.testing import run_distributed
 
     calibration = profile["calibration"]

@@ -138,19 +138,20 @@ def _price_collectives(profile: dict, ranks: int, again: dict, after: float) -> 
                   for n, call in again.get("scalar_call_s", {}).items()}
     curves = profile["cluster"].get("sync_wait_curve_s", {}).get(str(ranks), {})
 
-    def mixed_curve(n: str, later: list) -> list:  # point by point where timed at the same
-        before = curves.get(n) or later  # segments (a profile before the curve: the later)
-        if [c for c, _ in before] != [c for c, _ in later]:
-            before = later
-        return [[c, mix(w_before, w)] for (c, w_before), (_, w) in zip(before, later, strict=True)]
-
-    curve_means = {n: mixed_curve(n, curve)
-                   for n, curve in again.get("sync_wait_curve_s", {}).items()}
+    # the curves point by point, where both were timed at the same segments; a group without
+    # such a pair keeps the flat figure alone (a curve of the later timing would carry none
+    # of the weights)
+    curve_means = {n: [[c, mix(w_before, w)] for (c, w_before), (_, w) in zip(
+        curves[n], later, strict=True)]
+        for n, later in again.get("sync_wait_curve_s", {}).items()
+        if [c for c, _ in curves.get(n, [])] == [c for c, _ in later]}
     gpu, cluster = link_fields({ranks: times}, {ranks: means},
                                {ranks: call_means} if call_means else None,
                                {ranks: curve_means} if curve_means else None)
     profile["gpu"].update(gpu)
     profile["cluster"].update(cluster)
+    if not curve_means:  # no comparable pair: no curve, not the cached one unmixed
+        profile["cluster"].pop("sync_wait_curve_s", None)
 
 
 def after_weight(before_steal: float | None, after_steal: float | None) -> float:

@@ -31,8 +31,8 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
       "available_cores": 0,               # cores our ranks get on a shared node (0: all)
       "collectives": {"all_reduce": {"8": {"2": {"alpha_s": 1e-4, "bandwidth_Bps": 5e8}}}},
-      "sync_wait_s": {"8": {"2": 2e-3}}   # CPU: a call's wait in a step [ranks on node][group]
-      "sync_wait_curve_s": {"8": {"2": [[5e-4, 1e-3], [0.016, 3e-3]]}}  # ... by compute before
+      "sync_wait_s": {"8": {"2": 2e-3}},  # CPU: a call's wait in a step [ranks on node][group]
+      "sync_wait_curve_s": {"8": {"2": [[5e-4, 1e-3], [0.016, 3e-3]]}},  # ... by compute before
       "scalar_call_s": {"8": {"8": 2e-3}} # CPU: a one-element all-reduce [ranks on node][group]
     }
 
@@ -328,7 +328,8 @@ def gpu_for_device_name(device_name: str) -> GPU | None:
 
 
 _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
-_CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu"}
+# sync_segment_s is the planner's, per layout and call site (plan/sync.at_segment)
+_CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu", "sync_segment_s"}
 _METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself
 
 

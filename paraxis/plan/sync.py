@@ -7,12 +7,16 @@ segments of a few lengths (calibrate/collectives.sync_wait_curve), and the plann
 wait at the segment a call really follows (`at_segment`): half a layer's forward GEMMs per
 microbatch on one TP rank before a TP call, a pipeline chunk's forward before a stage's
 send. A 256-token microbatch split over TP = 4 computes about half a millisecond between
-two calls, where the calibration's own segment (half a layer at 2048 tokens) is 16 ms: on 8
-ranks sharing 2 cores the first waits about 1 ms, the second about 5.
+two calls, where the calibration's own segment (half a layer at 2048 tokens) is 15 ms: in
+groups of 4 among 8 ranks sharing 2 cores the first waits about 1.3 ms, the second 7
+(docs/benchmarks-segment).
 
-Calls that follow a whole backward (the gradient sync, the step's own small calls) pay the
-wait at the calibration's segment (`Cluster.sync_wait_s`), the longest it times. GPUs (a
-cluster without `cores_per_node`) wait for nothing here.
+Calls that follow a whole backward (the gradient sync, the step's own small calls) and
+ZeRO-3's gathers pay the wait at the calibration's segment (`Cluster.sync_wait_s`), the
+longest it times. Simplifications, each a call site read at the half layer: the backward's
+TP calls (about twice that compute before them, so priced low), a context-parallel ring
+hop, an MoE block's all-to-alls and the LM head's loss calls. GPUs (a cluster without
+`cores_per_node`) wait for nothing here.
 """
 
 from __future__ import annotations
