@@ -153,15 +153,15 @@ def sync_wait_curve(segment_s: float, flops_per_s: float, group_sizes: list[int]
     longest = min(segment_s, MAX_SEGMENT_S)
     gemms = sorted({max(1, round(longest * f * flops_per_s / GEMM_FLOPS))
                     for f in SEGMENT_FRACTIONS})
+    # shorter segments, more cycles (up to 4x, so at least a quarter of the longest's
+    # compute): a shared VM's noise moves the short points less
+    points = [(g * GEMM_FLOPS / flops_per_s, min(160, round(40 * gemms[-1] / g)))
+              for g in gemms]
     curves = {}
     for n in group_sizes:  # new_group is collective: every rank, in the same order
         group = neighbour_group(n)
-        # shorter segments, more cycles (up to 4x, so at least a quarter of the longest's
-        # compute): a shared VM's noise moves the short points less
-        curves[str(n)] = [[g * GEMM_FLOPS / flops_per_s,
-                           sync_wait(g * GEMM_FLOPS / flops_per_s, flops_per_s, device, group,
-                                     min(160, round(40 * gemms[-1] / g)))]
-                          for g in gemms]
+        curves[str(n)] = [[seconds, sync_wait(seconds, flops_per_s, device, group, cycles)]
+                          for seconds, cycles in points]
     return curves
 
 

@@ -137,7 +137,6 @@ def _price_collectives(profile: dict, ranks: int, again: dict, after: float) -> 
     call_means = {n: mix(calls.get(n, call), call)
                   for n, call in again.get("scalar_call_s", {}).items()}
     curves = profile["cluster"].get("sync_wait_curve_s", {}).get(str(ranks), {})
-
     # the curves point by point, where both were timed at the same segments; a group without
     # such a pair keeps the flat figure alone (a curve of the later timing would carry none
     # of the weights)
