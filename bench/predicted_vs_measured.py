@@ -156,12 +156,26 @@ AFTER_SEGMENT = [
     "tp=2,pp=4,microbatches=8,schedule=interleaved,virtual_stages=2",
     "dp=2,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2",
 ]
+# Eight more, listed before the planner read the backward's calls (a TP layer's backward
+# collectives, a stage's gradient send) after the backward's compute before them, twice the
+# forward's, instead of after the forward's segment: reported apart.
+AFTER_BACKWARD = [
+    "dp=2,tp=4,microbatches=2",
+    "tp=4,microbatches=2",
+    "dp=2,tp=2,microbatches=4",
+    "tp=2,sp=true,pp=2,microbatches=8,schedule=1f1b",
+    "tp=2,pp=2,microbatches=4,schedule=gpipe",
+    "tp=4,pp=2,microbatches=8,schedule=1f1b",
+    "pp=4,microbatches=8,schedule=gpipe",
+    "dp=2,tp=2,pp=2,microbatches=4,schedule=1f1b",
+]
 QUICK_LAYOUTS = ["dp=1", "tp=2", "pp=2,microbatches=4,schedule=1f1b"]
 # `python -m bench --layouts first,after_mean` runs these groups only (default: all)
 GROUP_LAYOUTS = {"first": LAYOUTS, "after_fix": AFTER_FIX, "after_sync": AFTER_SYNC,
                  "after_sizes": AFTER_SIZES, "after_rates": AFTER_RATES,
                  "after_calls": AFTER_CALLS, "after_steal": AFTER_STEAL,
-                 "after_mean": AFTER_MEAN, "after_segment": AFTER_SEGMENT}
+                 "after_mean": AFTER_MEAN, "after_segment": AFTER_SEGMENT,
+                 "after_backward": AFTER_BACKWARD}
 
 
 def setting(quick: bool) -> dict:
@@ -317,6 +331,7 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
                      "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
                      "after_calls": text in AFTER_CALLS, "after_steal": text in AFTER_STEAL,
                      "after_mean": text in AFTER_MEAN, "after_segment": text in AFTER_SEGMENT,
+                     "after_backward": text in AFTER_BACKWARD,
                      "available_cores": available, "now": now, "steal": steal,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
@@ -338,7 +353,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
 TAGS = {"": "", "after_fix": " (after)", "after_sync": " (after sync)",
         "after_sizes": " (after sizes)", "after_rates": " (after rates)",
         "after_calls": " (after calls)", "after_steal": " (after steal)",
-        "after_mean": " (after mean)", "after_segment": " (after segment)"}
+        "after_mean": " (after mean)", "after_segment": " (after segment)",
+        "after_backward": " (after backward)"}
 GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix"),
           ("first measured after the sync wait", "after_sync"),
           ("first measured after the 32 MiB sizes", "after_sizes"),
@@ -347,7 +363,9 @@ GROUPS = (("the fix was found on", ""), ("first measured after it", "after_fix")
           ("first measured after the host's steal was recorded", "after_steal"),
           ("first measured after collectives were timed at the groups' mean", "after_mean"),
           ("first measured after each call's wait was read at the compute before it",
-           "after_segment"))
+           "after_segment"),
+          ("first measured after the backward's calls were read after the backward",
+           "after_backward"))
 
 
 def _group(row: dict) -> str:
@@ -440,7 +458,9 @@ def render(data: dict) -> str:
         "VM's host took (`AFTER_STEAL`); (after mean): one of the eight first measured "
         "after the calibration timed a collective at the mean of the groups running it at "
         "once (`AFTER_MEAN`); (after segment): one of the eight first measured after each "
-        "call's sync wait was read at the compute before it (`AFTER_SEGMENT`). Steal: that "
+        "call's sync wait was read at the compute before it (`AFTER_SEGMENT`); (after "
+        "backward): one of the eight first measured after the backward's calls were read "
+        "after the backward's compute (`AFTER_BACKWARD`). Steal: that "
         "share during the layout's steps "
         "(paraxis/steal.py), and during its probes in brackets.",
         "",
