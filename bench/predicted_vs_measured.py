@@ -20,12 +20,13 @@ under the table give both.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
 import torch
 
-from bench.befores import BEFORES, SMALL_SIZES_BYTES
+from bench.befores import BEFORES, SMALL_SIZES_BYTES, backward_at_forward_segment
 from bench.common import engine_step, measure_steps
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS, ModelConfig
@@ -257,13 +258,16 @@ def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
             continue  # a profile that never timed larger messages has no before
         if key == "slowest_rank" and "collectives_slowest" not in profile["calibration"]:
             continue  # calibrated before the groups' mean: its times are the slowest rank's
-        if key == "flat_sync" and "sync_wait_curve_s" not in profile["cluster"]:
+        if key in ("flat_sync", "forward_segment") and \
+                "sync_wait_curve_s" not in profile["cluster"]:
             continue  # calibrated before the curve: its waits are the flat figure's
         if key == "calibration_rates" and "peak_flops" not in now:
             continue  # no rates were measured again
         priced_profile, priced_now = change(profile, now)
-        seconds = predict(cfg, layout, priced_profile, global_batch, seq_len,
-                          priced_now).step_time_s
+        with (backward_at_forward_segment() if key == "forward_segment"
+              else contextlib.nullcontext()):
+            seconds = predict(cfg, layout, priced_profile, global_batch, seq_len,
+                              priced_now).step_time_s
         before[key] = {"predicted_s": seconds, "error": seconds / row["measured_step_s"] - 1}
     return {**row, "before": before}
 

@@ -48,9 +48,9 @@ def test_a_call_waits_by_the_compute_before_it_where_a_curve_was_timed():
 
 def test_the_planner_prices_a_tp_call_after_half_a_layer_of_its_own_microbatch():
     """dp=2,tp=4 of 16 x 128 tokens: a TP rank's half layer is the calibration's segment
-    definition at 1024 / 4 tokens. Priced with a curve that is flat at the calibration's
-    figure, the step is the flat profile's; with the measured-shape curve it is shorter by
-    exactly the TP calls' lower waits."""
+    definition at 1024 / 4 tokens, and the backward's calls follow twice that. Priced with a
+    curve that is flat at the calibration's figure, the step is the flat profile's; with the
+    measured-shape curve it is shorter by exactly the TP calls' lower waits."""
     layout = Layout.parse("dp=2,tp=4").validate(8, MODEL, 16, 128)
     flat, same, curved = (_cpu(c) for c in (None, [[1e-3, 5e-3], [16e-3, 5e-3]], CURVE))
     priced = {name: evaluate(MODEL, layout, c, 128, 16, FP32_ADAM)
@@ -58,27 +58,28 @@ def test_the_planner_prices_a_tp_call_after_half_a_layer_of_its_own_microbatch()
     assert priced["same"].time == pytest.approx(priced["flat"].time)
     segment = sync_segment_s(MODEL, 8 * 128 / 4, 1e11)
     assert 1e-3 < segment < 4e-3  # between the curve's points: read on its line
-    saved = 5e-3 - wait_at(CURVE, segment)
-    # two a pass, forward and backward, per layer; the head's vocab-parallel loss (its max
-    # and its sum) and its input gradient (plan/head.py)
-    tp_calls = 4 * MODEL.n_layers + 3
+    assert 2e-3 < 2 * segment < 16e-3 and wait_at(CURVE, 2 * segment) > wait_at(CURVE, segment)
+    forward, backward = (5e-3 - wait_at(CURVE, s) for s in (segment, 2 * segment))
+    # two a pass per layer, forward and backward; the head's vocab-parallel loss (its max
+    # and its sum) and its input gradient (plan/head.py), all three read at the half layer
     lower = priced["flat"].time["tp"] - priced["curved"].time["tp"]
-    assert lower == pytest.approx(tp_calls * saved)
+    assert lower == pytest.approx((2 * MODEL.n_layers + 3) * forward
+                                  + 2 * MODEL.n_layers * backward)
     assert priced["curved"].time["dp"] == pytest.approx(priced["flat"].time["dp"])
 
 
-def test_a_pipeline_send_waits_after_a_chunks_forward():
-    """pp=2 of 8 microbatches (2 x 128 tokens): a stage's send follows its four layers'
-    forward, twice the half layer four times; an activation forward and a gradient back
-    per microbatch pay the curve's wait there instead of the flat figure."""
-    layout = Layout.parse("pp=2,microbatches=8,schedule=1f1b").validate(2, MODEL, 16, 128)
+def test_a_pipeline_send_waits_after_a_chunks_forward_or_backward():
+    """pp=2 of 8 microbatches (1 x 128 tokens): a stage's activation send follows its four
+    layers' forward, twice the half layer four times, and its gradient send that chunk's
+    backward, twice as long; each pays the curve's wait there instead of the flat figure."""
+    layout = Layout.parse("pp=2,microbatches=8,schedule=1f1b").validate(2, MODEL, 8, 128)
     flat, curved = _cpu(None, 2, 2), _cpu(CURVE, 2, 2)
-    priced = [evaluate(MODEL, layout, c, 128, 16, FP32_ADAM) for c in (flat, curved)]
-    chunk = 2 * sync_segment_s(MODEL, 2 * 128, 1e11) * 4
-    assert 4e-3 < chunk < 16e-3  # on the curve's second line
-    sends = 2 * layout.microbatches
+    priced = [evaluate(MODEL, layout, c, 128, 8, FP32_ADAM) for c in (flat, curved)]
+    chunk = 2 * sync_segment_s(MODEL, 128, 1e11) * 4
+    assert 4e-3 < chunk < 2 * chunk < 16e-3  # both on the curve's second line
     lower = priced[0].time["pp"] - priced[1].time["pp"]
-    assert lower == pytest.approx(sends * (5e-3 - wait_at(CURVE, chunk)))
+    saved = sum(5e-3 - wait_at(CURVE, after) for after in (chunk, 2 * chunk))
+    assert lower == pytest.approx(layout.microbatches * saved)
 
 
 def test_an_interleaved_send_waits_after_its_chunk_not_its_stage():
@@ -88,10 +89,10 @@ def test_an_interleaved_send_waits_after_its_chunk_not_its_stage():
     flat, curved = _cpu(None, 2, 2), _cpu(CURVE, 2, 2)
     priced = [evaluate(MODEL, layout, c, 128, 16, FP32_ADAM) for c in (flat, curved)]
     chunk = 2 * sync_segment_s(MODEL, 2 * 128, 1e11) * 2
-    assert 4e-3 < chunk < 16e-3
-    sends = 2 * layout.virtual_stages * layout.microbatches
+    assert 4e-3 < chunk < 2 * chunk < 16e-3
+    saved = sum(5e-3 - wait_at(CURVE, after) for after in (chunk, 2 * chunk))
     lower = priced[0].time["pp"] - priced[1].time["pp"]
-    assert lower == pytest.approx(sends * (5e-3 - wait_at(CURVE, chunk)))
+    assert lower == pytest.approx(layout.virtual_stages * layout.microbatches * saved)
 
 
 def test_a_hardware_file_cannot_set_the_planners_segment(tmp_path):
@@ -102,3 +103,18 @@ def test_a_hardware_file_cannot_set_the_planners_segment(tmp_path):
     path.write_text('{"gpu": "a100-80gb", "sync_segment_s": 0.1}')
     with pytest.raises(ParaxisError, match="unknown key"):
         load_hardware_file(path)
+
+
+def test_with_sequence_parallelism_each_pass_reads_its_own_segment():
+    """dp=2,tp=4,sp=true: four calls a pass per layer (two all-gathers, two reduce-scatters),
+    the forward's after half a layer, the backward's after twice that (no re-gathers in
+    paraxis's eager runtime)."""
+    layout = Layout.parse("dp=2,tp=4,sp=true").validate(8, MODEL, 16, 128)
+    flat, curved = _cpu(None), _cpu(CURVE)
+    priced = [evaluate(MODEL, layout, c, 128, 16, FP32_ADAM) for c in (flat, curved)]
+    segment = sync_segment_s(MODEL, 8 * 128 / 4, 1e11)
+    forward, backward = (5e-3 - wait_at(CURVE, s) for s in (segment, 2 * segment))
+    lower = priced[0].time["tp"] - priced[1].time["tp"]
+    assert lower == pytest.approx((4 * MODEL.n_layers + 3) * forward
+                                  + 4 * MODEL.n_layers * backward)
+    assert priced[0].time["tp_total"] - priced[1].time["tp_total"] == pytest.approx(lower)

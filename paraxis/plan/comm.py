@@ -216,21 +216,25 @@ def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: 
 
 
 def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
-                  passes: int = 2, regather: bool = True) -> float:
+                  passes: int = 2, regather: bool = True,
+                  backward_link: Link | None = None) -> float:
     """Seconds of TP traffic one layer moves per microbatch: the forward collectives
     `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
-    backward's (with SP and `regather`, Megatron's re-gathers too)."""
+    backward's (with SP and `regather`, Megatron's re-gathers too), those on
+    `backward_link` where given (CPU ranks: their calls wait after the backward's compute,
+    plan/sync.after_backward)."""
     counts = tp_collectives_per_layer(sequence_parallel)
+    back = backward_link or link
     regathers = SP_BACKWARD_REGATHERS * collective_time(
-        "all_gather", activation_bytes, tp, link) if sequence_parallel and regather else 0.0
+        "all_gather", activation_bytes, tp, back) if sequence_parallel and regather else 0.0
     return ((passes - 1) * _collectives_time(counts["forward"], activation_bytes, tp, link)
-            + _collectives_time(counts["backward"], activation_bytes, tp, link) + regathers)
+            + _collectives_time(counts["backward"], activation_bytes, tp, back) + regathers)
 
 
 def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: bool,
                           link: Link, gemm_windows_s: tuple[float, ...], overlap: bool = True,
-                          contention: float = 0.0, regather: bool = True
-                          ) -> tuple[float, float]:
+                          contention: float = 0.0, regather: bool = True,
+                          backward_link: Link | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of TP communication one layer puts on the critical path per
     microbatch; a full recomputation pays the forward figure once more.
 
@@ -241,24 +245,26 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
     stored input overlaps the input-gradient GEMM (Sec. 4.2.2), while the all-gathers of the
     row-parallel outputs' gradients stay exposed. `gemm_windows_s` holds one weight-gradient
     GEMM time per column-parallel linear; traffic beyond a window is exposed, and `contention`
-    of the hidden part still lands on the step.
+    of the hidden part still lands on the step. The backward's calls are priced on
+    `backward_link` where given (`tp_layer_time`).
     """
     if tp <= 1:
         return 0.0, 0.0
     counts = tp_collectives_per_layer(sequence_parallel)
     forward = _collectives_time(counts["forward"], activation_bytes, tp, link)
+    back = backward_link or link
     if not overlap:
         return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link,
-                                      regather=regather) - forward
+                                      regather=regather, backward_link=back) - forward
     if sequence_parallel:
-        gather = collective_time("all_gather", activation_bytes, tp, link)
+        gather = collective_time("all_gather", activation_bytes, tp, back)
         exposed = 2 * gather  # the conjugates of the forward reduce-scatters
         # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
         hideable = [gather] if regather else []
-        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, link))
+        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, back))
     else:
         exposed = 0.0
-        hideable = [collective_time("all_reduce", activation_bytes, tp, link)]
+        hideable = [collective_time("all_reduce", activation_bytes, tp, back)]
     hidden = 0.0
     for window in gemm_windows_s:
         for comm in hideable:

@@ -70,7 +70,7 @@ from paraxis.plan.rates import (
     weight_gemm_seconds,
 )
 from paraxis.plan.step_calls import step_calls_time
-from paraxis.plan.sync import at_segment, sync_segment_s
+from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -182,6 +182,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     backward = 2 * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
+    # CPU ranks: the backward's calls wait after the backward's compute (plan/sync.py)
+    backward_link = axis_link(layout, "tp", after_backward(cluster))
     boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
     # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU):
     # the window its backward collective hides in.
@@ -193,12 +195,12 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     regather = gpu.kernels == "fused"
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention, regather)
+        overlap.contention, regather, backward_link)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
-                             passes, regather) if layout.tp > 1 else 0.0
+                             passes, regather, backward_link) if layout.tp > 1 else 0.0
     cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
                         act, axis_link(layout, "cp", cluster), core_forward * tokens,
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
@@ -283,13 +285,15 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
     t_pp = 0.0
     if layout.pp > 1:
-        # a send waits after a chunk's forward (its layers' two halves each)
+        # an activation's send waits after a chunk's forward (its layers' two halves each),
+        # a gradient's after the chunk's backward
         chunk = at_segment(cluster, 2 * half_layer * max(counts) / layout.virtual_stages)
-        pp_link = axis_link(layout, "pp", chunk)
         # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
         # of the boundary activation; an activation forward and a gradient back per chunk.
-        send = collective_time("send_recv", boundary_bytes / layout.tp, 2, pp_link)
-        t_pp = 2 * layout.virtual_stages * send
+        sends = (collective_time("send_recv", boundary_bytes / layout.tp, 2,
+                                 axis_link(layout, "pp", after)) for after in (
+                                     chunk, after_backward(chunk)))
+        t_pp = layout.virtual_stages * sum(sends)
 
     # Balanced stages: the idle share of GPipe and the 1F1B family does not depend on the
     # backward/forward ratio (tests/test_plan_bubble.py), so one cached simulation serves

@@ -1,22 +1,23 @@
 """What a synchronising call waits for on CPU ranks that share cores, by the compute before it.
 
 Ranks that outnumber the cores drift apart while they compute, and each collective waits for
-the last member of its group (docs/planner.md, "Found next (session 11)"). How far they drift
-grows with the compute between two calls: `paraxis calibrate` times the wait after GEMM
-segments of a few lengths (calibrate/collectives.sync_wait_curve), and the planner reads the
-wait at the segment a call really follows (`at_segment`): half a layer's forward GEMMs per
-microbatch on one TP rank before a TP call, a pipeline chunk's forward before a stage's
-send. A 256-token microbatch split over TP = 4 computes about half a millisecond between
-two calls, where the calibration's own segment (half a layer at 2048 tokens) is 15 ms: in
-groups of 4 among 8 ranks sharing 2 cores the first waits about 1.3 ms, the second 7
+the last member of its group (docs/planner.md, "Found next (session 11)"). How far they
+drift grows with the compute between two calls: `paraxis calibrate` times the wait after
+GEMM segments of a few lengths (calibrate/collectives.sync_wait_curve), and the planner
+reads the wait at the segment a call really follows (`at_segment`): half a layer's forward
+GEMMs per microbatch on one TP rank before a forward TP call, a pipeline chunk's forward
+before a stage's activation send, and twice those before the backward's calls
+(`after_backward`: a backward computes the input's and the weights' gradients, twice the
+forward's GEMMs). A 256-token microbatch split over TP = 4 computes about half a millisecond
+between two calls, where the calibration's own segment (half a layer at 2048 tokens) is 15
+ms: in groups of 4 among 8 ranks sharing 2 cores the first waits about 1.3 ms, the second 7
 (docs/benchmarks-segment).
 
 Calls that follow a whole backward (the gradient sync, the step's own small calls) and
 ZeRO-3's gathers pay the wait at the calibration's segment (`Cluster.sync_wait_s`), the
-longest it times. Simplifications, each a call site read at the half layer: the backward's
-TP calls (about twice that compute before them, so priced low), a context-parallel ring
-hop, an MoE block's all-to-alls and the LM head's loss calls. GPUs (a cluster without
-`cores_per_node`) wait for nothing here.
+longest it times. Simplifications, each a call site read at the forward's half layer: a
+context-parallel ring hop, an MoE block's all-to-alls (forward and backward) and the LM
+head's loss calls. GPUs (a cluster without `cores_per_node`) wait for nothing here.
 """
 
 from __future__ import annotations
@@ -86,9 +87,24 @@ def sync_segment_s(cfg: ModelConfig, tokens: float, flops_per_s: float) -> float
     return layer_forward_flops_per_token(cfg, 1, 0)[0] * tokens / 2 / flops_per_s
 
 
+# The backward's compute between two of its calls, in forward segments: the input's and the
+# weights' gradients, each a GEMM the size of the forward's (Narayanan et al. 2021 App.; the
+# planner's backward = 2 x forward, cost.layer_times).
+BACKWARD_SEGMENTS = 2.0
+
+
 def at_segment(cluster: Cluster, segment_s: float) -> Cluster:
     """`cluster` with its calls priced after `segment_s` of compute (one rank alone), where it
     has a calibrated curve; else `cluster` itself (GPUs, older profiles)."""
     if not cluster.sync_wait_curve_s or not cluster.cores_per_node:
         return cluster
     return dataclasses.replace(cluster, sync_segment_s=segment_s)
+
+
+def after_backward(cluster: Cluster) -> Cluster:
+    """`cluster`, priced at the forward's segment (`at_segment`), with its calls priced after
+    the backward of that segment instead (BACKWARD_SEGMENTS x as long); else `cluster` itself
+    (GPUs, profiles without a curve, a cluster at the flat figure)."""
+    if cluster.sync_segment_s <= 0:
+        return cluster
+    return at_segment(cluster, BACKWARD_SEGMENTS * cluster.sync_segment_s)
