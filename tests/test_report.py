@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from paraxis.calibrate.command import cpu_model_name
 from paraxis.cli import main
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -281,14 +282,19 @@ def test_a_disturbed_demo_run_says_so(demo_report):
         not forecast.caveat()
 
 
+# The CPUs on which the demo's forecast was checked after sessions 19-21 changed the CPU model
+# (collectives timed at the groups' mean; each call's sync wait read at the compute before
+# it, the backward's after the backward): there the test is strict.
+FORECAST_CHECKED_ON = ("AMD EPYC",)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 17's 30% is not shown on every CPU: on the AMD EPYC VM of sessions 19-20 the "
-    "demo's undisturbed forecasts read +39 to +56% with collectives timed at the world's "
-    "slowest rank, +7, +11 and -1% at the groups' mean (calibrate.collectives."
-    "_seconds_per_call), and -8, -20, -7, +10% (this test: 3 of 3 within) with each call's "
-    "sync wait read at the compute before it (plan/sync.py); the Intel VM of sessions 14-16 "
-    "has run neither change (there: -15% to +21% before both)"))
+@pytest.mark.xfail(not cpu_model_name().startswith(FORECAST_CHECKED_ON), strict=False, reason=(
+    "issue 17's 30% is shown on the AMD EPYC VM only: there the demo's undisturbed "
+    "forecasts read +39 to +56% with collectives timed at the world's slowest rank (before "
+    "session 19), -8, -20, -7, +10% after session 20 and +8, +1, +6, +6% after session 21 "
+    "(`paraxis demo --steps 30`); the Intel VM of sessions 14-16 has run none of those "
+    "changes (there: -15% to +21% before them)"))
 def test_demo_forecast_is_within_30_percent(demo_report):
     # A forecast prices the layout on this machine as a calibration found it; it cannot know
     # what else will load the machine while the run runs. On the 2-core VM of sessions
