@@ -2,7 +2,7 @@
 it costs back to back and to what the planner charges for it.
 
     python -m bench.cpu_call_sizes [--ranks 8] [--group 2] [--segment-ms 0.5]
-                                   [--hardware PROFILE]
+                                   [--sizes 4,16384,...] [--hardware PROFILE]
 
 Every rank (groups of `--group` neighbouring ranks, all groups at once, as TP runs) runs
 rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer
@@ -101,18 +101,21 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=2, help="ranks in each group")
     parser.add_argument("--segment-ms", type=float, default=0.5)
     parser.add_argument("--hardware", help="a profile to price the calls on")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES_BYTES)),
+                        help="message sizes in bytes, comma-separated")
     args = parser.parse_args()
+    sizes = tuple(int(size) for size in args.sizes.split(","))
     from paraxis.calibrate.command import cpu_cores
 
     share = min(1.0, cpu_cores() / args.ranks)
     per_rank = run_distributed(probe_body, args.ranks,
-                               (args.segment_ms / 1e3, SIZES_BYTES, args.group), timeout_s=900)
+                               (args.segment_ms / 1e3, sizes, args.group), timeout_s=900)
     print(f"all-reduce over groups of {args.group} on {args.ranks} CPU ranks, {cpu_cores()} "
           f"cores, segments of {args.segment_ms} ms alone: ranks' mean, ms")
     columns = ["in_step", "back_to_back", "cpu_in_step", "cpu_over_share", "cycle_alone"]
     columns += ["planner"] if args.hardware else []
     print(f"{'bytes':>9}" + "".join(f"{c:>16}" for c in columns))
-    for size in SIZES_BYTES:
+    for size in sizes:
         row = {key: statistics.mean(rank[size][key] for rank in per_rank)
                for key in per_rank[0][size]}
         row["cpu_over_share"] = row["cpu_in_step"] / share

@@ -331,11 +331,8 @@ def run(quick: bool, profile: dict, layouts: list[str] | None = None, log=print)
             f"({error:+.0%}) with {cores:.2f} cores; the run used {used:.2f}; steal "
             f"{_share(steal['run'])} (probes {_share(steal['probes'])})")
         rows.append({"layout": str(layout), "ranks": layout.world_size, "cores": cores,
-                     "after_fix": text in AFTER_FIX, "after_sync": text in AFTER_SYNC,
-                     "after_sizes": text in AFTER_SIZES, "after_rates": text in AFTER_RATES,
-                     "after_calls": text in AFTER_CALLS, "after_steal": text in AFTER_STEAL,
-                     "after_mean": text in AFTER_MEAN, "after_segment": text in AFTER_SEGMENT,
-                     "after_backward": text in AFTER_BACKWARD,
+                     **{group: text in members for group, members in GROUP_LAYOUTS.items()
+                        if group != "first"},
                      "available_cores": available, "now": now, "steal": steal,
                      "cores_used": used,
                      "measured_step_s": measured, "predicted_step_s": estimate.step_time_s,
