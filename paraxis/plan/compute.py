@@ -66,6 +66,9 @@ def layer_gemm_shapes(cfg: ModelConfig, tp: int = 1,
 
 # Share of the s x s attention scores a causal model counts (Megatron-LM since 2025).
 CAUSAL_SHARE = 0.5
+# A backward's FLOPs over its forward's: the input's and the weights' gradients, each a GEMM the
+# size of the forward's (Narayanan et al. 2021 App.).
+BACKWARD_FLOPS_RATIO = 2
 
 
 def counted_forward_flops_per_token(cfg: ModelConfig, seq_len: int,
@@ -84,7 +87,8 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = True) -
     # the LM head adds 3 * 2 h V per token. A mixture of experts counts its active
     # parameters (router, top_k and shared experts), as Megatron-LM's
     # num_floating_point_operations does for MoE models.
-    return 3 * (cfg.n_layers * (weights + scores) + 2 * cfg.d_model * cfg.vocab_size)
+    return (1 + BACKWARD_FLOPS_RATIO) * (cfg.n_layers * (weights + scores)
+                                         + 2 * cfg.d_model * cfg.vocab_size)
 
 
 def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str,

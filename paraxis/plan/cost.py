@@ -43,6 +43,7 @@ from paraxis.plan.comm import (
     zero3_windows,
 )
 from paraxis.plan.compute import (
+    BACKWARD_FLOPS_RATIO,
     iteration_flops,
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
@@ -179,7 +180,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                  "selective": core_forward * tokens}[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
-    backward = 2 * dense + core_backward * tokens + recompute
+    backward = BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
     # CPU ranks: the backward's calls wait after the backward's compute (plan/sync.py)

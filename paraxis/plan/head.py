@@ -9,7 +9,7 @@ from __future__ import annotations
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import axis_link, collective_time
-from paraxis.plan.compute import head_forward_traffic_per_token_eager
+from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, head_forward_traffic_per_token_eager
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
@@ -32,7 +32,8 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
         head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
     forward = gemm + norm_loss_bytes / hbm
     if layout.tp == 1:
-        return {"forward": forward, "backward": 2 * forward, "tp": 0.0, "tp_total": 0.0}
+        return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward, "tp": 0.0,
+                "tp_total": 0.0}
     # The vocab-parallel ends (Shoeybi et al. 2019 Sec. 3): the parallel cross-entropy
     # all-reduces the row max, then the row sums (two small all-reduces that block), and the
     # head's input gradient is all-reduced in the backward, where, like a layer's
@@ -45,5 +46,5 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     exposed = grad
     if overlap.tp:
         exposed = max(0.0, grad - gemm) + overlap.contention * min(grad, gemm)
-    return {"forward": forward, "backward": 2 * forward, "tp": loss + exposed,
+    return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward, "tp": loss + exposed,
             "tp_total": loss + grad}

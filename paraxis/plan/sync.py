@@ -27,7 +27,7 @@ import dataclasses
 import math
 
 from paraxis.model_config import ModelConfig
-from paraxis.plan.compute import layer_forward_flops_per_token
+from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, layer_forward_flops_per_token
 from paraxis.plan.hardware import Cluster
 
 
@@ -87,10 +87,9 @@ def sync_segment_s(cfg: ModelConfig, tokens: float, flops_per_s: float) -> float
     return layer_forward_flops_per_token(cfg, 1, 0)[0] * tokens / 2 / flops_per_s
 
 
-# The backward's compute between two of its calls, in forward segments: the input's and the
-# weights' gradients, each a GEMM the size of the forward's (Narayanan et al. 2021 App.; the
-# planner's backward = 2 x forward, cost.layer_times).
-BACKWARD_SEGMENTS = 2.0
+# The backward's compute between two of its calls, in forward segments (bench.befores sets it
+# to 1 to price as before session 21).
+BACKWARD_SEGMENTS = float(BACKWARD_FLOPS_RATIO)
 
 
 def at_segment(cluster: Cluster, segment_s: float) -> Cluster:
