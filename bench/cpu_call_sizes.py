@@ -9,10 +9,12 @@ rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's 
 is well under a millisecond) with and without an all-reduce of the message after it, then the same
 all-reduces back to back. Per message size, the ranks' mean, in ms: `in_step` (a cycle with
 the call minus one without: what the call adds to a step), `back_to_back` (a call on ranks
-doing nothing else), the process CPU time the call adds in a step (`cpu_in_step`, gloo's
-threads included) and that CPU time over the rank's share of the cores (`cpu_over_share`:
-cores / ranks where the ranks outnumber them). With `--hardware` (a profile `paraxis
-calibrate` or the demo wrote), also the planner's price of the same call
+doing nothing else), how late the last rank of a group entered the in-step call and left it
+(`skew`, `exit_lag`: bench.cpu_call_timeline's split), the process CPU time the call adds
+in a step (`cpu_in_step`, gloo's threads included) and that CPU time over the rank's share
+of the cores (`cpu_over_share`: cores / ranks where the ranks outnumber them). With
+`--hardware` (a profile `paraxis calibrate` or the demo wrote), also the planner's price of
+the same call
 (`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's
 sync wait after `--segment-ms` of compute, plan/sync.py).
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from bench.cpu_call_timeline import split_step
 from paraxis.testing import run_distributed
 
 SIZES_BYTES = (4, 16384, 131072, 1048576)
@@ -49,15 +52,20 @@ def probe_body(segment_s: float, sizes: tuple[int, ...], group_size: int = 2
     for size in sizes:
         message = torch.zeros(max(1, size // 4))
 
-        def rounds(compute: bool, call: bool, message: torch.Tensor = message
-                   ) -> tuple[float, float]:
+        calls: list[tuple[float, float, int]] = []  # the in-step calls, for their split
+
+        def rounds(compute: bool, call: bool, message: torch.Tensor = message,
+                   calls: list = calls, size: int = size) -> tuple[float, float]:
             dist.barrier()
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(CYCLES):
                 for _ in range(gemms if compute else 0):
                     a @ a
                 if call:
+                    entered = time.perf_counter()
                     dist.all_reduce(message, group=group)
+                    if compute:
+                        calls.append((entered, time.perf_counter(), size))
             return ((time.perf_counter() - wall) / CYCLES * 1e3,
                     (time.process_time() - cpu) / CYCLES * 1e3)
 
@@ -73,8 +81,19 @@ def probe_body(segment_s: float, sizes: tuple[int, ...], group_size: int = 2
         figures[size] = {"in_step": median(with_call, 0) - median(alone, 0),
                          "back_to_back": median(idle, 0),
                          "cpu_in_step": median(with_call, 1) - median(alone, 1),
-                         "cycle_alone": median(alone, 0)}
+                         "cycle_alone": median(alone, 0), "calls": calls}
     return figures
+
+
+def in_step_split(per_rank: list[dict], size: int, group: int) -> dict[str, float]:
+    """The in-step calls of `size` over every group, split as bench.cpu_call_timeline splits
+    a real step's (ms, means over the groups' calls): how late the last rank entered (skew)
+    and left (exit lag)."""
+    splits = [split for first in range(0, len(per_rank), group)
+              for split in split_step([rank[size]["calls"]
+                                       for rank in per_rank[first:first + group]])]
+    return {"skew": statistics.mean(s.skew for s in splits) * 1e3,
+            "exit_lag": statistics.mean(s.exit_lag for s in splits) * 1e3}
 
 
 def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2,
@@ -112,12 +131,14 @@ def main() -> None:
                                (args.segment_ms / 1e3, sizes, args.group), timeout_s=900)
     print(f"all-reduce over groups of {args.group} on {args.ranks} CPU ranks, {cpu_cores()} "
           f"cores, segments of {args.segment_ms} ms alone: ranks' mean, ms")
-    columns = ["in_step", "back_to_back", "cpu_in_step", "cpu_over_share", "cycle_alone"]
+    columns = ["in_step", "back_to_back", "skew", "exit_lag", "cpu_in_step", "cpu_over_share",
+               "cycle_alone"]
     columns += ["planner"] if args.hardware else []
     print(f"{'bytes':>9}" + "".join(f"{c:>16}" for c in columns))
     for size in sizes:
         row = {key: statistics.mean(rank[size][key] for rank in per_rank)
-               for key in per_rank[0][size]}
+               for key in per_rank[0][size] if key != "calls"}
+        row.update(in_step_split(per_rank, size, args.group))
         row["cpu_over_share"] = row["cpu_in_step"] / share
         if args.hardware:
             row["planner"] = planner_price_ms(args.hardware, args.ranks, size, args.group,
