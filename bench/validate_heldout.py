@@ -20,7 +20,7 @@ from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.experts import ep_link, remote_nodes_per_token
-from paraxis.plan.hardware import GPUS, Cluster, build_cluster
+from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.plan.precision import PRECISIONS
 
@@ -351,3 +351,40 @@ def gemm_lines(priced: list[HeldOutResult]) -> list[str]:
                     f"- the 96 GB H100s at 2.4 TB/s ({len(hbm2e)} rows) with the SXM's half "
                     f"width -> their own balance's: {error_stats(own)} -> "
                     f"{error_stats([r.error or 0.0 for r in hbm2e])}", ""]
+
+
+# The ideal machine of a row's GPUs (finding 6): every GEMM at the chip's best measured bf16
+# matmul rate (MAMF_SHARE), the attention core at FlashAttention-2's measured rate (the fastest
+# kernel charted), elementwise ops, links and latencies free. What is left is the row's own
+# FLOPs (its recompute included) and its schedule's bubble.
+FREE = (("gemm_half_width", 0.0), ("kernels", "fused"), ("hbm_bandwidth_Bps", 1e18),
+        ("hbm_efficiency", 1.0), ("nvlink_bandwidth_Bps", 1e18), ("link_efficiency", 1.0),
+        ("inter_node_bandwidth_Bps", 1e18), ("intra_node_latency_s", 0.0),
+        ("inter_node_latency_s", 0.0), ("collective_latency_s", 0.0))
+
+
+def ideal_share(result: HeldOutResult) -> float:
+    """The row's published tokens/s over what the ideal machine of its GPUs would reach."""
+    run = result.run
+    chip = "h100" if CLUSTERS[run.gpu][0].startswith("h100") else "a100"
+    free = (*FREE, ("matmul_efficiency", MAMF_SHARE[chip]))
+    if run.attention_kernel != "math":  # the math kernel's scores are GEMMs: at MAMF too
+        free = (*free, ("attention_impl", "fa2"))
+    ideal = price(dataclasses.replace(run, network=(*run.network, *free)))
+    return (run.tokens_per_gpu_s or 0.0) / (ideal.tokens_per_gpu_s or 1.0)
+
+
+def bound_lines(priced: list[HeldOutResult]) -> list[str]:
+    """How close each published row ran to the ideal machine of its GPUs (finding 6)."""
+    shares = sorted(((ideal_share(r), r) for r in priced), key=lambda pair: -pair[0])
+    top, first = shares[0]
+    lines = ["Ideal machine: each priced row's published tokens/s over what its GPUs would reach",
+             "with every GEMM at the chip's best measured matmul rate, the attention core at",
+             "FlashAttention-2's and everything else free (`ideal_share`):", "",
+             f"- above it: {sum(share > 1 for share, _ in shares)} of {len(shares)} rows; the "
+             f"closest {top:.2f} of it ({first.run.name}); half the rows below "
+             f"{shares[len(shares) // 2][0]:.2f}",
+             "- the rows the planner misses by more than 20%, with their share of it:"]
+    lines += [f"  - {r.run.name}: error {r.error:+.1%}, {share:.2f} of the ideal machine"
+              for share, r in shares if abs(r.error or 0.0) > 0.20]
+    return lines + [""]

@@ -29,6 +29,7 @@ from bench.heldout_runs import (
     TORCHTITAN_H100,
 )
 from bench.validate_heldout import (
+    bound_lines,
     error_stats,
     gemm_lines,
     kernel_lines,
@@ -295,6 +296,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "",
         *kernel_lines(priced),
         *gemm_lines(priced),
+        *bound_lines(priced),
         *llama3_lines(),
         "",
         *table,
