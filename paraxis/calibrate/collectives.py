@@ -180,7 +180,8 @@ def scalar_calls(group_sizes: list[int], device: torch.device, repeats: int = 5
 
 
 def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
-              group: dist.ProcessGroup | None = None, cycles_timed: int = 40) -> float:
+              group: dist.ProcessGroup | None = None, cycles_timed: int = 40,
+              message_bytes: int = 4) -> float:
     """Seconds a synchronising call over `group` costs between compute on these ranks beyond
     its idle time; call on every rank (CPU ranks: Cluster.sync_wait_s).
 
@@ -192,10 +193,11 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     drift apart over a segment and the call waits for the last one, and the compute after a
     wait runs slower. The median over
     rounds of ~25 ms halves (`cycles_timed` cycles in all, at least 5 rounds), the ranks'
-    mean.
+    mean. `message_bytes` sizes the call (bench.cpu_wait_sizes: whether a large message
+    waits longer; the calibration times the one element).
     """
     a = torch.randn(256, 256, device=device)
-    flag = torch.zeros(1, device=device)
+    flag = torch.zeros(max(1, message_bytes // 4), device=device)
     # at most MAX_SEGMENT_S of compute a cycle (a large model's half layer takes seconds on
     # a CPU); one 256^3 GEMM (~0.4 ms) at least
     segment_s = min(segment_s, MAX_SEGMENT_S)
