@@ -18,7 +18,7 @@ same clock in every process). Per call over the ranks of its group:
   skew.
 
 A call's time on a rank is its own exit minus its own entry; `mean call` is the ranks' mean.
-The step is the bench's (bench.predicted_vs_measured: global batch 16 x 128 tokens).
+The step is the bench's (bench.cpu_tp_probe.model_step: global batch 16 x 128 tokens).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from dataclasses import dataclass
 
 from paraxis.layout import Layout
 from paraxis.testing import run_distributed
-
-GLOBAL_BATCH, SEQ_LEN = 16, 128
 
 # (entered, left, message bytes) of one call on one rank, perf_counter seconds
 Call = tuple[float, float, int]
@@ -73,11 +71,7 @@ def timeline_body(text: str, steps: int, model: str = "") -> list[list[Call]]:
     import torch
     import torch.distributed as dist
 
-    from bench.common import engine_step
-    from bench.predicted_vs_measured import MODEL
-    from paraxis.model_config import PRESETS
-    from paraxis.runtime.distributed import build_groups
-    from paraxis.runtime.parallelize import build_engine
+    from bench.cpu_tp_probe import model_step
 
     real_all_reduce, log = dist.all_reduce, []
 
@@ -88,17 +82,7 @@ def timeline_body(text: str, steps: int, model: str = "") -> list[list[Call]]:
         return work
 
     dist.all_reduce = recorded
-    cfg = PRESETS[model] if model else MODEL
-    layout = Layout.parse(text)
-    layout = layout.validate(layout.world_size, cfg, GLOBAL_BATCH, SEQ_LEN)
-    groups = build_groups(layout)
-    engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=SEQ_LEN)
-    tokens = torch.randint(0, cfg.vocab_size, (GLOBAL_BATCH, SEQ_LEN + 1),
-                           generator=torch.Generator().manual_seed(0))
-    per_dp = GLOBAL_BATCH // layout.dp
-    rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-    step = engine_step(engine, tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous(),
-                       clip=1.0)
+    step = model_step(text, model)
     for _ in range(2):  # warm-up: connections, allocator
         step()
     recorded_steps = []

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
 
 from paraxis.layout import Layout
 from paraxis.testing import run_distributed
@@ -34,25 +35,11 @@ from paraxis.testing import run_distributed
 GLOBAL_BATCH, SEQ_LEN, STEPS = 16, 128, 5
 
 
-def probe_body(text: str, skip_all_reduce: bool = False, model: str = "") -> dict:
-    """On every rank: time steps (counting the all-reduces), then profile one."""
-    import time
-
+def model_step(text: str, model: str = "") -> Callable[[], None]:
+    """One training step of the bench's model (or preset `model`) on this rank of `text`'s
+    layout, the global batch of bench.predicted_vs_measured split over its DP ranks; call on
+    every rank."""
     import torch
-    import torch.distributed as dist
-
-    from paraxis.data_parallel.flat import _Done
-
-    calls, real_all_reduce = [0], dist.all_reduce
-
-    def counted(*args: object, async_op: bool = False, **kwargs: object) -> object:
-        calls[0] += 1
-        if skip_all_reduce:  # timing only: the sums are wrong
-            return _Done() if async_op else None
-        return real_all_reduce(*args, async_op=async_op, **kwargs)
-
-    dist.all_reduce = counted
-    from torch.profiler import ProfilerActivity, profile
 
     from bench.common import engine_step
     from bench.predicted_vs_measured import MODEL
@@ -69,8 +56,30 @@ def probe_body(text: str, skip_all_reduce: bool = False, model: str = "") -> dic
                            generator=torch.Generator().manual_seed(0))
     per_dp = GLOBAL_BATCH // layout.dp
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
-    step = engine_step(engine, tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous(),
+    return engine_step(engine, tokens[rows, :-1].contiguous(), tokens[rows, 1:].contiguous(),
                        clip=1.0)
+
+
+def probe_body(text: str, skip_all_reduce: bool = False, model: str = "") -> dict:
+    """On every rank: time steps (counting the all-reduces), then profile one."""
+    import time
+
+    import torch.distributed as dist
+
+    from paraxis.data_parallel.flat import _Done
+
+    calls, real_all_reduce = [0], dist.all_reduce
+
+    def counted(*args: object, async_op: bool = False, **kwargs: object) -> object:
+        calls[0] += 1
+        if skip_all_reduce:  # timing only: the sums are wrong
+            return _Done() if async_op else None
+        return real_all_reduce(*args, async_op=async_op, **kwargs)
+
+    dist.all_reduce = counted
+    from torch.profiler import ProfilerActivity, profile
+
+    step = model_step(text, model)
     for _ in range(2):
         step()
     timings, calls[0] = [], 0
