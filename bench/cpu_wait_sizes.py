@@ -24,24 +24,20 @@ from paraxis.testing import run_distributed
 def wait_body(segments_s: tuple[float, ...], sizes: tuple[int, ...], repeats: int,
               group_size: int) -> dict[tuple[float, int], list[float]]:
     """On every rank: {(segment_s, message bytes): [wait in ms, ...]}."""
-    import time
-
     import torch
 
-    from paraxis.calibrate.collectives import GEMM_FLOPS, neighbour_group, sync_wait
+    from paraxis.calibrate.collectives import neighbour_group, sync_wait
+    from paraxis.calibrate.kernels import matmul_rate
 
     group = neighbour_group(group_size)
-    a = torch.randn(256, 256)
-    started = time.perf_counter()
-    for _ in range(100):
-        a @ a
-    flops_per_s = 100 * GEMM_FLOPS / (time.perf_counter() - started)
+    cpu = torch.device("cpu")
+    # the rate of sync_wait's own 256^3 GEMM, which sizes its segments
+    flops_per_s = matmul_rate([(256, 256, 256)], cpu, torch.float32)["flops_per_s"]
     waits: dict[tuple[float, int], list[float]] = {}
     for _ in range(repeats):
         for segment_s in segments_s:
             for size in sizes:
-                wait = sync_wait(segment_s, flops_per_s, torch.device("cpu"), group,
-                                 message_bytes=size)
+                wait = sync_wait(segment_s, flops_per_s, cpu, group, message_bytes=size)
                 waits.setdefault((segment_s, size), []).append(wait * 1e3)
     return waits
 
