@@ -1,0 +1,43 @@
+"""bench.gpu_shapes: GEMM and attention by shape, beside the planner's rate for each shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import gpu_shapes
+from paraxis.plan.hardware import GPUS
+
+
+def test_flop_counts_are_the_planners():
+    assert gpu_shapes.gemm_flops(8192, 4096, 16384) == 2 * 8192 * 4096 * 16384
+    # flash's own count: 4 s^2 d per head forward, half of it under a causal mask, and the
+    # backward 2.5 forwards (FlashAttention-2 Sec. 4.1)
+    full = gpu_shapes.attention_flops(batch=2, heads=16, seq_len=8192, head_dim=128, causal=False)
+    assert full == pytest.approx(4 * 8192**2 * 128 * 16 * 2 * 3.5)
+    assert gpu_shapes.attention_flops(2, 16, 8192, 128, causal=True) == pytest.approx(full / 2)
+
+
+def test_each_shape_is_measured_beside_the_planners_rate_for_it():
+    # On a CPU at tiny sizes with an H100 preset standing in: the code path a GPU runs.
+    h100 = GPUS["h100-sxm-80gb"]
+    setting = gpu_shapes.QUICK
+    gemms = gpu_shapes.measure_gemms(torch.device("cpu"), torch.float32, setting, h100)
+    assert [(g.width, g.m) for g in gemms] == [(16, 64), (16, 64), (32, 64), (32, 64)]
+    assert all(g.flops_per_s > 0 for g in gemms)
+    # the planner's GEMM rate grows with the narrower side
+    assert gemms[0].planner_flops_per_s < gemms[2].planner_flops_per_s < h100.peak_flops
+    attention = gpu_shapes.measure_attention(torch.device("cpu"), torch.float32, setting, h100)
+    assert len(attention) == 4  # 2 sequence lengths x causal or not, one head dim
+    causal = {a.seq_len: a.planner_flops_per_s for a in attention if a.causal}
+    assert causal[32] < causal[64]  # FA2's rate grows with the sequence
+
+
+def test_quick_run_renders_a_table_per_sweep(tmp_path):
+    gpu_shapes.main(["--quick", "--out", str(tmp_path)])
+    text = (tmp_path / "gpu-shapes.md").read_text()
+    assert "## GEMMs" in text and "## Attention core" in text
+    assert (tmp_path / "gpu-shapes.json").exists()
+    if not torch.cuda.is_available():  # no preset on a CPU: no planner column to compare
+        assert "planner preset none" in text
+        assert "| 64 x 16 x 64 | 16 |" in text
