@@ -122,6 +122,15 @@ def test_a_run_that_shared_its_machine_is_flagged():
     assert busy.disturbed and "other load shared this machine" in busy.caveat()
 
 
+def test_ratios_read_as_a_reader_says_them():
+    from paraxis.report.text import times
+
+    assert times(1.8) == "1.8x faster" and times(1 / 2.5) == "2.5x slower"
+    assert times(13_304 / 13_199) == "1.01x faster"  # near one: three digits, never "1x"
+    assert times(1.0 / 1.008, "faster", "longer") == "1.01x longer"
+    assert times(12.3) == "12x faster" and times(1.002) == "as fast"
+
+
 def _lesson_holds(lesson) -> None:
     """The pipeline pictures teach what the schedules are for: interleaving shrinks the
     bubble, and 1F1B holds fewer microbatches' activations than GPipe."""

@@ -34,10 +34,12 @@ def rate(bytes_per_s: float) -> str:
 
 
 def times(ratio: float, more: str = "faster", less: str = "slower") -> str:
-    """A ratio as a reader says it: "1.8x faster", "2.5x slower", "as fast"."""
+    """A ratio as a reader says it: "1.8x faster", "2.5x slower", "1.01x slower", "as fast"
+    (three digits below 2x, so a ratio near one does not read "1x slower")."""
     if abs(ratio - 1) < 0.005:
         return "as fast"
-    return f"{ratio:.2g}x {more}" if ratio > 1 else f"{1 / ratio:.2g}x {less}"
+    factor, word = (ratio, more) if ratio > 1 else (1 / ratio, less)
+    return f"{factor:.3g}x {word}" if factor < 2 else f"{factor:.2g}x {word}"
 
 
 def layout_text(layout: Layout) -> str:
