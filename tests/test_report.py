@@ -302,7 +302,8 @@ FORECAST_CHECKED_ON = ("AMD EPYC",)
     "issue 17's 30% is shown on the AMD EPYC VM only: there the demo's undisturbed "
     "forecasts read +39 to +56% with collectives timed at the world's slowest rank (before "
     "session 19), -8, -20, -7, +10% after session 20, +8, +1, +6, +6% after session 21 and "
-    "-4, +15% in session 22 (`paraxis demo --steps 30`); the Intel VM of sessions 14-16 has "
+    "-4, +15% in session 22, -2, -9, -1% and `make demo` +7% in session 23 (`paraxis demo "
+    "--steps 30`); the Intel VM of sessions 14-16 has "
     "run none of those changes (there: -15% to +21% before them)"))
 def test_demo_forecast_is_within_30_percent(demo_report):
     # A forecast prices the layout on this machine as a calibration found it; it cannot know
