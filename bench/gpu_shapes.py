@@ -18,7 +18,8 @@ beside the planner's figure for the same shape.
   the flash backend forced; FLOPs in the flash kernel's own count (`attention_kernel.FLASH`:
   4 s^2 d per head and sequence forward, halved under a causal mask, backward 2.5x).
 
-Each time is the fastest of a few repeats after a warm-up (`calibrate.kernels.best_time`).
+Each time is the fastest of a few repeats after a warm-up (`calibrate.kernels.best_time`),
+each repeat enough back-to-back calls to last about 2 ms.
 With `--out DIR` the tables go to DIR/gpu-shapes.md and the figures to DIR/gpu-shapes.json.
 """
 
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,6 +47,7 @@ FULL = {"rows": 8192, "widths": (512, 1024, 2048, 4096, 8192, 16384), "tokens": 
         "head_dims": (64, 128), "repeats": 10}
 QUICK = {"rows": 64, "widths": (16, 32), "tokens": 128, "hidden": 32, "seq_lens": (32, 64),
          "head_dims": (16,), "repeats": 2}
+TIMED_S = 2e-3  # about how long one timing of back-to-back calls lasts
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,20 @@ class Attention:
     planner_flops_per_s: float | None
 
 
+def seconds_per_call(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` timings, each of enough back-to-back calls to last about
+    2 ms (a 30 us GEMM timed alone would mostly measure the launch and the synchronisation),
+    divided by the calls."""
+    once = best_time(fn, device, repeats=1, warmup=1)
+    calls = max(1, min(1000, int(TIMED_S / max(once, 1e-9))))
+
+    def batch() -> None:
+        for _ in range(calls):
+            fn()
+
+    return best_time(batch, device, repeats=repeats, warmup=1) / calls
+
+
 def gemm_flops(m: int, k: int, n: int) -> float:
     return 2.0 * m * k * n
 
@@ -93,7 +110,7 @@ def measure_gemms(device: torch.device, dtype: torch.dtype, setting: dict,
         for k, n in ((width, 4 * width), (4 * width, width)):
             a = torch.randn(rows, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            seconds = best_time(lambda a=a, b=b: a @ b, device, repeats=setting["repeats"])
+            seconds = seconds_per_call(lambda a=a, b=b: a @ b, device, setting["repeats"])
             planned = gpu.peak_flops * gemm_efficiency(cluster, width) if gpu else None
             out.append(Gemm(rows, k, n, seconds, gemm_flops(rows, k, n) / seconds, planned))
     return out
@@ -116,7 +133,7 @@ def measure_attention(device: torch.device, dtype: torch.dtype, setting: dict,
                         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     torch.autograd.grad(out, (q, k, v), grad)
 
-                seconds = best_time(step, device, repeats=setting["repeats"])
+                seconds = seconds_per_call(step, device, setting["repeats"])
                 flops = attention_flops(batch, heads, seq_len, head_dim, causal)
                 planned = (kernel_flops(gpu.name, gpu.peak_flops, "fa2", seq_len, head_dim,
                                         causal) if gpu else None)
