@@ -3,6 +3,9 @@
     python -m bench.cpu_call_timeline [--steps 4] [--model NAME] [LAYOUT]
                                                   (default: dp=1,tp=2 of the bench's model)
 
+LAYOUT has TP; with other axes (pipeline stages, data-parallel replicas) each TP group is
+split on its own.
+
 `python -m bench.cpu_tp_probe --per-call` finds what a call costs in a step, on average (the
 step with its all-reduces against the step with them made no-ops). This splits that figure
 up. Every rank records, for each all-reduce of its step, when it entered the call and when it
@@ -105,26 +108,40 @@ def summary(calls: list[CallSplit]) -> str:
             f"calls {sum(c.mean_call for c in calls) * 1e3:.0f} ms of the step")
 
 
+def split_groups(layout: Layout, ranks: list[list[list[Call]]]
+                 ) -> dict[tuple[int, ...], list[list[CallSplit]]]:
+    """{TP group's ranks: its steps, each split call by call}: `ranks` holds every rank's
+    recorded steps, by rank. A TP group's ranks make the same calls in the same order; ranks of
+    different groups (pipeline stages, data-parallel replicas) need not, so each group is
+    paired on its own."""
+    return {tuple(members): [split_step(list(per_rank)) for per_rank in
+                             zip(*(ranks[r] for r in members), strict=True)]
+            for members in layout.groups("tp")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("layout", nargs="?", default="dp=1,tp=2",
-                        help="a TP layout whose ranks form one group (tp = world size)")
+                        help="a layout with TP (tp > 1); each TP group is split on its own")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--model", default="", help="a preset (default: the bench's model)")
     args = parser.parse_args()
     layout = Layout.parse(args.layout)
-    if layout.world_size != layout.tp:
-        parser.error(f"{args.layout}: give a layout whose ranks are one TP group "
-                     f"(tp = {layout.world_size}), such as dp=1,tp=2")
+    if layout.tp < 2:
+        parser.error(f"{args.layout}: give a layout with tensor parallelism (tp > 1), such as "
+                     "dp=1,tp=2")
     ranks = run_distributed(timeline_body, layout.world_size,
                             (args.layout, args.steps, args.model), timeout_s=600)
     print(f"{args.layout}: every all-reduce of a step, its ranks on one clock (ms)")
-    for index, per_rank in enumerate(zip(*ranks, strict=True)):
-        calls = split_step(list(per_rank))
-        print(f"step {index}: {summary(calls)}")
-        large = [c for c in calls if c.bytes == max(c.bytes for c in calls)]
-        if len(large) < len(calls):
-            print(f"  its {large[0].bytes:,}-byte calls: {summary(large)}")
+    groups = split_groups(layout, ranks)
+    for members, steps in groups.items():
+        if len(groups) > 1:
+            print(f"TP group of ranks {list(members)}:")
+        for index, calls in enumerate(steps):
+            print(f"step {index}: {summary(calls)}")
+            large = [c for c in calls if c.bytes == max(c.bytes for c in calls)]
+            if len(large) < len(calls):
+                print(f"  its {large[0].bytes:,}-byte calls: {summary(large)}")
 
 
 if __name__ == "__main__":
