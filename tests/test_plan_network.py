@@ -82,7 +82,10 @@ def test_one_ethernet_nic_pushes_traffic_off_the_network() -> None:
     picks = {}
     for name in ("dgx-a100", "ethernet-1nic"):
         c = cluster(name, 64)
-        best = search(cfg, c, 4096, 512, Constraints(tp_within_node=True)).ranked[0]
+        ranked = search(cfg, c, 4096, 512, Constraints(tp_within_node=True)).ranked
+        # the fastest as priced (on Ethernet within 0.5% of the one the ranking puts first,
+        # which prefers fewer model-parallel ranks among times it counts as equal)
+        best = min(ranked, key=lambda e: e.step_time_s)
         picks[name] = (best, c)
     # the course's shape holds on both: TP inside the node, PP across
     for best, c in picks.values():

@@ -1,5 +1,7 @@
 """The search: the seeds' scenarios, its invariants, constraints, and bad input."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,14 @@ from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.search import Constraints, search
+from paraxis.plan.search import (
+    EQUAL_TIMES,
+    Constraints,
+    rank,
+    ranked_as_equal,
+    search,
+    simpler_by,
+)
 
 
 def best_layout(cfg, gpus: int, global_batch: int, seq_len: int, gpu: str = "a100-80gb",
@@ -134,3 +143,46 @@ def test_bad_input_is_one_line(call, message: str) -> None:
     with pytest.raises(ParaxisError) as error:
         call()
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_times_within_half_a_percent_rank_simplest_first_and_the_defence_says_so() -> None:
+    # llama3-8b on 8 H100s: pure DP and a 2-stage pipeline price within 0.1% of each other,
+    # the pipeline a hair faster; the ranking counts them as equal and puts pure DP first
+    cfg = PRESETS["llama3-8b"]
+    best, cluster, result = best_layout(cfg, 8, 1024, 8192, gpu="h100-sxm-80gb")
+    ranked = result.ranked
+    # never is a later layout faster than an earlier one by more than the 0.5% counted equal
+    fastest_after = [min(e.step_time_s for e in ranked[i:]) for i in range(len(ranked))]
+    assert all(fastest_after[i] >= e.step_time_s / (1 + EQUAL_TIMES)
+               for i, e in enumerate(ranked))
+    faster = [e for e in ranked if e.step_time_s < best.step_time_s]
+    assert faster and all(ranked_as_equal(e, best) for e in faster)
+    assert best.layout.tp * best.layout.pp < min(e.layout.tp * e.layout.pp for e in faster)
+    assert simpler_by(best, faster[0]).startswith("model-parallel ranks, tp x pp x cp: 1 vs")
+    lines = explain(cfg, cluster, best, result)
+    rejected = [line for line in lines if line.startswith("Rejected dp=")]
+    assert rejected and all("where the simpler layout goes first (model-parallel ranks" in line
+                            for line in rejected if line.split(":")[1].strip().startswith("-"))
+
+
+def test_the_ranking_groups_from_the_fastest_not_by_fixed_buckets() -> None:
+    # two times 0.1% apart always count as equal (fixed 0.5% buckets split some such pairs)
+    cfg = PRESETS["llama2-7b"]
+    cluster = build_cluster("a100-80gb", 8, 8)
+    simple = evaluate(cfg, Layout.parse("dp=8,tp=1,pp=1,microbatches=32"), cluster, 4096, 256)
+    complex_ = evaluate(cfg, Layout.parse("dp=4,tp=2,pp=1,microbatches=16"), cluster, 4096,
+                        256)
+
+    def timed(estimate, seconds: float):
+        return dataclasses.replace(estimate, time={**estimate.time, "step": seconds})
+
+    t = simple.step_time_s
+    for scale in (0.999, 1.0, 1.001, 1.004):
+        fast = timed(complex_, t / scale)
+        assert rank([fast, simple])[0] is simple  # within 0.5%: the simpler first
+    slow, fast = timed(complex_, t * 1.006), timed(complex_, t / 1.006)
+    assert rank([slow, simple])[0] is simple and rank([fast, simple])[0] is fast
+    # groups start at the fastest not yet placed: 100, 100.4 | 100.6, 101
+    a, b, c, d = (timed(complex_, 100.0), timed(simple, 100.4), timed(complex_, 100.6),
+                  timed(simple, 101.0))
+    assert rank([d, c, a, b]) == [b, a, d, c]

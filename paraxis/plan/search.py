@@ -12,7 +12,6 @@ only until one fits (a larger group sends more of every all-to-all over the netw
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from paraxis.context_parallel.balance import check_split
@@ -213,7 +212,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
-    result.ranked.sort(key=_rank_key)
+    result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
 
@@ -278,11 +277,57 @@ def too_big_reason(estimate: Estimate) -> str:
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
-def _rank_key(estimate: Estimate) -> tuple:
-    """Fastest first; times within 0.5% count as equal and the simpler layout wins (fewer
-    model- and context-parallel ranks, lower ZeRO stage, less recomputation), then the
-    smaller footprint."""
+EQUAL_TIMES = 0.005  # the ranking counts times within 0.5% of each other as equal
+
+
+def _simplicity(estimate: Estimate) -> tuple:
+    """Simpler first: fewer model- and context-parallel ranks, lower ZeRO stage, less
+    recomputation, shallower interleaving, then the smaller footprint."""
     layout = estimate.layout
-    bucket = round(math.log(estimate.step_time_s) / math.log(1.005))
-    return (bucket, layout.tp * layout.pp * layout.cp, layout.ep, layout.zero,
+    return (layout.tp * layout.pp * layout.cp, layout.ep, layout.zero,
             RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])
+
+
+def rank(estimates: list[Estimate]) -> list[Estimate]:
+    """Fastest first, where times within 0.5% count as equal and the simpler layout goes
+    first: from the fastest layout not yet placed, every layout within 0.5% of its time is
+    one group, placed simplest first; the next group starts at the first layout beyond."""
+    by_time = sorted(estimates, key=lambda e: (e.step_time_s, _simplicity(e)))
+    ranked: list[Estimate] = []
+    start = 0
+    while start < len(by_time):
+        limit = by_time[start].step_time_s * (1 + EQUAL_TIMES)
+        end = start
+        while end < len(by_time) and by_time[end].step_time_s <= limit:
+            end += 1
+        ranked += sorted(by_time[start:end], key=_simplicity)
+        start = end
+    return ranked
+
+
+SIMPLICITY_TERMS = ("model-parallel ranks, tp x pp x cp", "expert-parallel ranks",
+                    "ZeRO stage", "recomputation", "interleaving depth", "memory per GPU")
+
+
+def simpler_by(first: Estimate, second: Estimate) -> str:
+    """What makes `first` simpler than `second` in the ranking's order (its first differing
+    term), e.g. "model-parallel ranks, tp x pp x cp: 1 vs 2"; "" where neither is."""
+    names = ("none", "selective", "full")
+    for term, a, b in zip(SIMPLICITY_TERMS, _simplicity(first), _simplicity(second),
+                          strict=True):
+        if a < b:
+            if term == "recomputation":
+                return f"{term}: {names[a]} vs {names[b]}"
+            if term == "memory per GPU":
+                return f"{term}: {a / 1e9:.1f} vs {b / 1e9:.1f} GB"
+            return f"{term}: {a} vs {b}"
+        if a > b:
+            return ""
+    return ""
+
+
+def ranked_as_equal(a: Estimate, b: Estimate) -> bool:
+    """Whether the ranking counts two layouts' times as equal (within 0.5%), so the simpler
+    of them goes first, not the faster."""
+    low, high = sorted((a.step_time_s, b.step_time_s))
+    return high <= low * (1 + EQUAL_TIMES)
