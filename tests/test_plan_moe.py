@@ -3,6 +3,7 @@ all-to-alls from moe/placement on the link the EP group spans, the search over e
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -24,6 +25,7 @@ from paraxis.plan.experts import (
     moe_activation_bytes,
     remote_nodes_per_token,
 )
+from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.memory import stage_local_params, stage_params
 from paraxis.plan.precision import MIXED_ADAM
@@ -194,3 +196,20 @@ def test_bad_ep_is_one_line(model: str, layout: Layout, message: str) -> None:
     assert "\n" not in str(error.value)
     with pytest.raises(ParaxisError, match=message):
         search(PRESETS[model], H100, 4096, 256, Constraints(ep=layout.ep))
+
+
+def test_without_ep_the_defence_says_zero_is_what_makes_the_experts_fit() -> None:
+    # dp=32 with ZeRO-3 keeps all 8 experts of every block on each rank: 700+ GB of states
+    # before ZeRO, a few GB after; the defence must not say the former "fit"
+    cfg = PRESETS["mixtral-8x7b"]
+    cluster = build_cluster("h100-sxm-80gb", 32, 8)
+    best = evaluate(cfg, Layout.parse("dp=32,zero=3,microbatches=16,recompute=full"), cluster,
+                    4096, 512)
+    line = next(x for x in explain(cfg, cluster, best) if x.startswith("EP=1"))
+    assert "before ZeRO; ZeRO-3 over its 32 replicas leaves" in line and "which fits" in line
+    whole, held = map(float, re.search(r"about ([\d.]+) GB.* leaves ([\d.]+) GB", line).groups())
+    assert held < whole / 16
+    zero1 = evaluate(cfg, Layout.parse("dp=32,zero=1,microbatches=16,recompute=full"),
+                     cluster, 4096, 512)
+    zero1_line = next(x for x in explain(cfg, cluster, zero1) if x.startswith("EP=1"))
+    assert "ZeRO-1 over its 32 replicas leaves" in zero1_line

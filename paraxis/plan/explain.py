@@ -149,8 +149,10 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
         rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
         versus = (f"; the best layout with EP, {rival.layout}, is "
                   f"{rival.step_time_s / best.step_time_s - 1:+.1%}" if rival else "")
+        sharded = (f"; ZeRO-{layout.zero} over its {replicas} replicas leaves {held:.1f} GB of "
+                   "them per GPU, which fits" if layout.zero and replicas > 1 else ", which fit")
         return (f"EP=1: every rank holds all {cfg.n_experts} experts of its blocks (about "
-                f"{whole:.1f} GB of states per GPU before ZeRO), which fit, so no token leaves "
+                f"{whole:.1f} GB of states per GPU before ZeRO{sharded}), so no token leaves "
                 f"its rank{versus}.")
     link = ep_link(layout, cluster)
     where = ("across nodes, over the network" if link.crosses_nodes else
