@@ -170,6 +170,11 @@ def test_schedule_command_prints_timeline_bubble_and_memory():
                               "--virtual", "2", "--json").stdout)
     assert data["bubble_fraction"] == pytest.approx(1 / 9)
     assert len(data["events"]) == 2 and data["peak_in_flight"][1] == 3
+    # --kind interleaved alone runs 2 chunks per stage (1 would be plain 1F1B, 27.3% above)
+    interleaved = paraxis("--kind", "interleaved", "--stages", "4", "--microbatches", "8")
+    assert interleaved.returncode == 0 and "2 chunks per stage" in interleaved.stdout
+    bubble = float(interleaved.stdout.split("bubble fraction: ")[1].split("%")[0])
+    assert bubble < 27.3
     bad = paraxis("--kind", "interleaved", "--stages", "4", "--microbatches", "6",
                   "--virtual", "2")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1

@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kind", default="1f1b", help=", ".join(KINDS))
     add("--stages", type=int, default=4, help="pipeline stages P")
     add("--microbatches", type=int, default=8, help="microbatches M per step")
-    add("--virtual", type=int, default=1, help="model chunks per stage (interleaved)")
+    add("--virtual", type=int, default=None,
+        help="model chunks per stage (interleaved; default 2 there, as one chunk per stage "
+             "is plain 1F1B)")
     add("--forward-cost", type=_numbers, default=1.0,
         help="time of one forward of a whole stage; a list gives one per stage (or chunk)")
     add("--backward-cost", type=_numbers, default=2.0,
@@ -67,7 +69,8 @@ def _scaled(value: float | list[float] | None, scale: list[float], stages: int
 
 
 def run(args: argparse.Namespace) -> int:
-    schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, args.virtual))
+    virtual = args.virtual if args.virtual is not None else 2 if args.kind == "interleaved" else 1
+    schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, virtual))
     forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
     source = f"forward {_text(forward)}, backward {_text(backward)}"
     if args.model:
