@@ -9,7 +9,7 @@ from paraxis.layout import Layout
 from paraxis.model import Transformer, build_model
 from paraxis.model_config import PRESETS
 from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine, parallelize
+from paraxis.runtime.parallelize import build_engine, interleaving_note, parallelize
 from paraxis.testing import RankContext, on_ranks, run_on_ranks
 
 TINY = PRESETS["tiny"]  # GPT-2 style: the last stage holds a copy of the tied embedding
@@ -80,3 +80,12 @@ def test_every_equivalence_layout_starts_from_the_single_device_weights():
     for layout, ranks in zip(EQUIVALENCE_LAYOUTS, results, strict=True):
         for rank, same in enumerate(ranks):
             assert all(same.values()), f"{layout} rank {rank}: {same}"
+
+
+def test_interleaved_with_one_chunk_per_stage_is_named_as_1f1b() -> None:
+    asked = Layout.parse("dp=1,pp=2,microbatches=4,schedule=interleaved")
+    assert "runs as 1F1B" in interleaving_note(asked) and "--virtual-stages" in \
+        interleaving_note(asked)
+    for fine in ("dp=1,pp=2,microbatches=4,schedule=interleaved,virtual_stages=2",
+                 "dp=1,pp=2,microbatches=4,schedule=1f1b", "dp=2"):
+        assert interleaving_note(Layout.parse(fine)) == ""

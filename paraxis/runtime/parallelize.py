@@ -140,6 +140,15 @@ def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
     fill_entries(engine, source, ("param",), f"initial weights (seed {seed})")
 
 
+def interleaving_note(layout: Layout) -> str:
+    """What a run asking for the interleaved schedule with one chunk per stage should know
+    (it runs as 1F1B: the Layout keeps virtual_stages at 1 unless told); "" otherwise."""
+    if layout.pp > 1 and layout.schedule == "interleaved" and layout.virtual_stages == 1:
+        return ("note: schedule=interleaved with one chunk per stage runs as 1F1B; give "
+                "virtual_stages=2 or more (--virtual-stages) to interleave")
+    return ""
+
+
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
                  precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
@@ -157,6 +166,8 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                                  placement=layout.placement)
     if announce and layout.pp > 1:
         print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
+        if note := interleaving_note(layout):
+            print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
                          precision=precision, weight_decay=weight_decay,
                          bucket_bytes=int(bucket_mb * 2**20), compile=compile,
