@@ -23,7 +23,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("checkpoint", "paraxis.checkpoint.cli", "inspect a checkpoint, or convert it to "
      "another layout"),
     ("data", "paraxis.data_command", "tokenize a JSONL, Parquet or datasets corpus into shards"),
-    ("plan", "paraxis.plan.plan_cli", "choose a (dp, tp, pp, zero) layout from a cost model"),
+    ("plan", "paraxis.plan.plan_cli",
+     "choose a layout (dp, tp, pp, cp, ep, zero, schedule...) from a cost model"),
     ("memory", "paraxis.plan.memory_cli", "ZeRO calculator: model-state memory per GPU"),
     ("schedule", "paraxis.simulate.schedule_command",
      "print a pipeline schedule's timeline, bubble and memory"),
@@ -53,8 +54,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="paraxis",
-        description="Train one model across many devices (DP, TP, PP, ZeRO), plan the layout "
-                    "from a cost model, and see how it works.")
+        description="Train one model across many devices (DP, TP, PP, CP, EP, ZeRO), plan the "
+                    "layout from a cost model, and see how it works.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name, help_text in COMMANDS:
