@@ -14,7 +14,7 @@ from collections.abc import Callable
 from paraxis.layout import Layout
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.search import SearchResult, ranked_as_equal, simpler_by
+from paraxis.plan.search import EQUAL_TIMES, SearchResult, ranked_as_equal, simpler_by
 from paraxis.plan.uncertainty import (
     GPU_BAND,
     HELD_OUT_GPU_BAND,
@@ -99,10 +99,10 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
         if _shape(rival) in seen:
             continue
         seen.add(_shape(rival))
-        # a rival on the pick's 0.5% step lost on simplicity, not on time: say so
+        # a rival within the ranking's 0.5% of the pick lost on simplicity, not on time
         simpler = simpler_by(best, rival) if ranked_as_equal(rival, best) else ""
-        why = (f"ranked as fast (within 0.5%), where the simpler layout goes first ({simpler})"
-               if simpler else _overhead(rival))
+        why = (f"ranked as fast (within {EQUAL_TIMES:.1%}), where the simpler layout goes "
+               f"first ({simpler})" if simpler else _overhead(rival))
         lines.append(f"Rejected {rival.layout}: {_versus(rival, best, band)}, "
                      f"{rival.step_time_s:.2f} s vs {best.step_time_s:.2f} s; {why}.")
         if len(seen) > count:

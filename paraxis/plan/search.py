@@ -312,7 +312,7 @@ SIMPLICITY_TERMS = ("model-parallel ranks, tp x pp x cp", "expert-parallel ranks
 def simpler_by(first: Estimate, second: Estimate) -> str:
     """What makes `first` simpler than `second` in the ranking's order (its first differing
     term), e.g. "model-parallel ranks, tp x pp x cp: 1 vs 2"; "" where neither is."""
-    names = ("none", "selective", "full")
+    names = list(RECOMPUTE_ORDER)  # by their order: none, selective, full
     for term, a, b in zip(SIMPLICITY_TERMS, _simplicity(first), _simplicity(second),
                           strict=True):
         if a < b:
