@@ -14,7 +14,7 @@ from collections.abc import Callable
 from paraxis.layout import Layout
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.search import EQUAL_TIMES, SearchResult, ranked_as_equal, simpler_by
+from paraxis.plan.search import EQUAL_TIMES, SearchResult, group_numbers, simpler_by
 from paraxis.plan.uncertainty import (
     GPU_BAND,
     HELD_OUT_GPU_BAND,
@@ -95,12 +95,14 @@ def _decider_line(best: Estimate, rivals: list[Estimate], cluster: Cluster,
 def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
                    count: int) -> list[str]:
     lines, seen = [], {_shape(best)}
+    group = group_numbers(result.ranked)
     for rival in result.ranked:
         if _shape(rival) in seen:
             continue
         seen.add(_shape(rival))
-        # a rival within the ranking's 0.5% of the pick lost on simplicity, not on time
-        simpler = simpler_by(best, rival) if ranked_as_equal(rival, best) else ""
+        # a rival in the pick's group of equal times lost on simplicity, not on time
+        tied = id(best) in group and group.get(id(rival)) == group[id(best)]
+        simpler = simpler_by(best, rival) if tied else ""
         why = (f"ranked as fast (within {EQUAL_TIMES:.1%}), where the simpler layout goes "
                f"first ({simpler})" if simpler else _overhead(rival))
         lines.append(f"Rejected {rival.layout}: {_versus(rival, best, band)}, "

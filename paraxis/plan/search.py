@@ -288,21 +288,27 @@ def _simplicity(estimate: Estimate) -> tuple:
             RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])
 
 
-def rank(estimates: list[Estimate]) -> list[Estimate]:
-    """Fastest first, where times within 0.5% count as equal and the simpler layout goes
-    first: from the fastest layout not yet placed, every layout within 0.5% of its time is
-    one group, placed simplest first; the next group starts at the first layout beyond."""
+def equal_groups(estimates: list[Estimate]) -> list[list[Estimate]]:
+    """The ranking's groups in order: from the fastest layout not yet placed, every layout
+    within 0.5% of its time is one group, simplest first; the next group starts at the first
+    layout beyond."""
     by_time = sorted(estimates, key=lambda e: (e.step_time_s, _simplicity(e)))
-    ranked: list[Estimate] = []
+    groups: list[list[Estimate]] = []
     start = 0
     while start < len(by_time):
         limit = by_time[start].step_time_s * (1 + EQUAL_TIMES)
         end = start
         while end < len(by_time) and by_time[end].step_time_s <= limit:
             end += 1
-        ranked += sorted(by_time[start:end], key=_simplicity)
+        groups.append(sorted(by_time[start:end], key=_simplicity))
         start = end
-    return ranked
+    return groups
+
+
+def rank(estimates: list[Estimate]) -> list[Estimate]:
+    """Fastest first, where times within 0.5% count as equal and the simpler layout goes
+    first (`equal_groups`)."""
+    return [estimate for group in equal_groups(estimates) for estimate in group]
 
 
 SIMPLICITY_TERMS = ("model-parallel ranks, tp x pp x cp", "expert-parallel ranks",
@@ -326,8 +332,8 @@ def simpler_by(first: Estimate, second: Estimate) -> str:
     return ""
 
 
-def ranked_as_equal(a: Estimate, b: Estimate) -> bool:
-    """Whether the ranking counts two layouts' times as equal (within 0.5%), so the simpler
-    of them goes first, not the faster."""
-    low, high = sorted((a.step_time_s, b.step_time_s))
-    return high <= low * (1 + EQUAL_TIMES)
+def group_numbers(estimates: list[Estimate]) -> dict[int, int]:
+    """Each ranked layout's group of equal times (`equal_groups`), by id(estimate): two
+    layouts of one group were placed by simplicity, not by time."""
+    return {id(e): number for number, group in enumerate(equal_groups(estimates))
+            for e in group}
