@@ -184,6 +184,13 @@ def test_plan_prices_expert_parallelism(capsys) -> None:
                            "h100-sxm-80gb", "--global-batch", "256", "--seq-len", "4096",
                            "--ep", "4", "--top", "2")
     assert code == 0 and "12.9B active per token" in out and "ep=4" in out
+    # ep in a partial --layout, as docs/planner.md states it, fixes ep and searches the rest
+    for partial in ("ep=8", "pp=2,ep=8"):
+        code, out, _ = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
+                               "--gpu", "h100-sxm-80gb", "--global-batch", "256", "--seq-len",
+                               "4096", "--layout", partial, "--json")
+        chosen = json.loads(out)["layouts"][0]["layout"]
+        assert code == 0 and chosen["ep"] == 8 and (partial == "ep=8" or chosen["pp"] == 2)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -191,6 +198,9 @@ def test_plan_prices_expert_parallelism(capsys) -> None:
     (["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "must divide the number of"),
     (["--model", "mixtral-8x7b", "--gpus", "64", "--layout", "dp=32,pp=2,ep=3,microbatches=4"],
      "ep=3 must divide dp*cp = 32"),
+    (["--model", "mixtral-8x7b", "--gpus", "64", "--layout", "ep=16"],
+     "ep=16 must divide the number of experts (8)"),
+    (["--model", "llama3-8b", "--gpus", "8", "--layout", "ep=2"], "needs a mixture-of-experts"),
     (["--model", "mixtral-8x7b", "--gpus", "64", "--expert-imbalance", "0.5"],
      "--expert-imbalance 0.5 must be at least 1"),
 ])

@@ -84,7 +84,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             f" ({layout.schedule}, M={layout.microbatches}"
             f"{f', v={layout.virtual_stages}' if layout.virtual_stages > 1 else ''}): only "
             f"point-to-point sends ({time['pp']:.2f} s) and a bubble of {time['bubble']:.2f} s "
-            f"({time['bubble'] / time['step']:.1%}).")
+            f"({time['bubble'] / time['step']:.1%} of the step).")
     if layout.dp > 1:
         link = axis_link(layout, "dp", cluster)
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
@@ -100,7 +100,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     lines.append(
         f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.0f} GB (params "
         f"{mem['params'] / GB:.1f}, grads {mem['grads'] / GB:.1f}, optimizer "
-        f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, "
+        f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, buffers "
+        f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
     band = error_band(cluster)
     global_batch = best.micro_batch * layout.dp * layout.microbatches

@@ -179,8 +179,12 @@ def _layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
     fields = Layout.parse_fields(",".join(item for item in items if item not in sizes))
     if "virtual_stages" in fields and fields["virtual_stages"] != 1:
         fields.setdefault("schedule", "interleaved")
-    # a multiple of pp satisfies every schedule's rule on the microbatch count
-    stated = Layout(**{"microbatches": fields.get("pp", 1), **fields})  # type: ignore[arg-type]
+    # a multiple of pp satisfies every schedule's rule on the microbatch count; where ep is
+    # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp)
+    open_fields: dict[str, object] = {"microbatches": fields.get("pp", 1)}
+    if "ep" in fields and "dp" not in fields:
+        open_fields["dp"] = fields["ep"]
+    stated = Layout(**{**open_fields, **fields})  # type: ignore[arg-type]
     return fields, stated, micro_batch
 
 

@@ -60,8 +60,8 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     tied = ties(best, result.ranked, band)
     others = [e for e in tied if _shape(e) != _shape(best)]
     variants = len(tied) - len(others)
-    same = (f"; {variants} variants of its own shape (microbatch size, schedule, recompute) "
-            "are too") if variants else ""
+    same = (f"; {variants} variant{'s' if variants > 1 else ''} of its own shape (microbatch "
+            f"size, schedule, recompute) {'are' if variants > 1 else 'is'} too") if variants else ""
     if not others:
         following = next((e for e in result.ranked if _shape(e) != _shape(best)), None)
         if following is not None:
