@@ -207,3 +207,22 @@ def test_plan_prices_expert_parallelism(capsys) -> None:
 def test_plan_refuses_a_bad_ep_in_one_line(capsys, argv: list[str], message: str) -> None:
     code, _, err = run_cli(capsys, "plan", *argv)
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_no_fit_names_the_layout_closest_in_memory(capsys) -> None:
+    # llama2-70b on 8 A100s: the closest is TP over the node at 141 GB a GPU (the states
+    # 16 B x 69B / 8), not the fastest of the layouts that are too big (ZeRO-1, 477 GB)
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "8",
+                           "--global-batch", "64", "--seq-len", "4096")
+    assert code == 2 and err.count("\n") == 1
+    assert "closest: dp=1,tp=8," in err and "needs 140.8 GB per GPU > 86 GB" in err
+    assert "about 14 GPUs would hold it" in err and "--zero" not in err
+    # a narrowing flag is named as the thing to drop
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "8",
+                           "--global-batch", "64", "--seq-len", "4096", "--recompute", "none")
+    assert code == 2 and "drop --recompute" in err
+    # a mixture of experts whose states overflow every shape: what ZeRO-3 over all leaves
+    code, _, err = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "8", "--gpu",
+                           "h100-sxm-80gb", "--global-batch", "64", "--seq-len", "4096")
+    assert code == 2 and err.count("\n") == 1
+    assert "its model states take 93.4 GB per GPU, more than 86 GB; use at least 9 GPUs" in err

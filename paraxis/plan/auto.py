@@ -13,7 +13,6 @@ layout that comes closest in memory and what it would need. Pure Python, like al
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from paraxis.errors import ParaxisError
@@ -22,7 +21,13 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import Precision
-from paraxis.plan.search import Constraints, SearchResult, search
+from paraxis.plan.search import (
+    Constraints,
+    SearchResult,
+    closest_to_fitting,
+    devices_to_hold,
+    search,
+)
 from paraxis.plan.uncertainty import error_band, ties
 
 GB = 1e9
@@ -98,18 +103,15 @@ def choose(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
 def no_fit_message(cfg: ModelConfig, cluster: Cluster, result: SearchResult) -> str:
     """One line: no layout fits; the one closest in memory, what it needs, what would do."""
     ranks, limit = cluster.world_size, cluster.gpu.memory_bytes
-    priced = [r.estimate for r in result.too_big if r.estimate is not None]
-    if not priced:
+    closest = closest_to_fitting(result)
+    if closest is None:
         reason = result.rule_breakers[0].reason if result.rule_breakers else "none was priced"
         return (f"no layout of {ranks} ranks can run {cfg.name} ({reason}); change --nproc "
                 "or the global batch")
-    closest = min(priced, key=lambda e: e.memory["total"])
     need = closest.memory["total"]
     states = closest.memory["params"] + closest.memory["grads"] + closest.memory["optimizer"]
-    rest = need - states  # activations, buffers, the reserve: these do not shard
-    # model states shard over the ranks (ZeRO-3, TP x PP): about this many would hold them
-    more = (f" or about {math.ceil(ranks * states / (limit - rest))} ranks"
-            if limit > rest else "")
+    enough = devices_to_hold(closest, ranks)
+    more = f" or about {enough} ranks" if enough else ""
     return (f"no layout of {ranks} ranks fits {cfg.name} in {limit / GB:.2f} GB per rank; "
             f"closest: {closest.layout} needs {need / GB:.2f} GB per rank ({states / GB:.2f} "
             f"GB of it model states, activations {closest.memory['activations'] / GB:.2f} GB); "

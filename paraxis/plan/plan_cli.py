@@ -7,15 +7,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
+from paraxis.model_config import ModelConfig
 from paraxis.plan import inputs, verify
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
-from paraxis.plan.search import Constraints, check_interleaving, search
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.memory import model_state_bytes
+from paraxis.plan.precision import Precision
+from paraxis.plan.search import (
+    Constraints,
+    SearchResult,
+    check_interleaving,
+    closest_to_fitting,
+    devices_to_hold,
+    search,
+    too_big_reason,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,12 +140,7 @@ def run(args: argparse.Namespace) -> int:
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
                         overlap, imbalance)
         if not result.ranked:
-            closest = (result.too_big[0].reason if result.too_big else
-                       result.rule_breakers[0].reason if result.rule_breakers else
-                       "no layout was priced")
-            raise ParaxisError(f"no layout of {cfg.name} fits {cluster.world_size} x "
-                               f"{cluster.gpu.name} (closest: {closest}); add GPUs, allow "
-                               "ZeRO/recompute, or shorten --seq-len")
+            raise ParaxisError(_no_fit(cfg, cluster, result, precision, args))
         layouts = result.top(args.top)
         best = layouts[0]
     lines = explain(cfg, cluster, best, result, precision, overlap=overlap,
@@ -146,6 +154,32 @@ def run(args: argparse.Namespace) -> int:
     if not best.fits:
         return 1
     return 0
+
+
+def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision: Precision,
+            args: argparse.Namespace) -> str:
+    """One line: no layout fits; the one closest in memory, what it needs, what would do."""
+    gpus, what = cluster.world_size, f"{cfg.name} fits {cluster.world_size} x {cluster.gpu.name}"
+    limit = cluster.gpu.memory_bytes / 1e9
+    closest = closest_to_fitting(result)
+    if closest is None and result.rule_breakers:
+        return f"no layout of {what}: {result.rule_breakers[0].reason}"
+    if closest is None:  # every shape skipped unpriced: its model states alone overflow
+        states = sum(model_state_bytes(cfg.num_params(), gpus, 3, precision).values()) / 1e9
+        enough = math.ceil(gpus * states / (limit - cluster.gpu.reserved_bytes / 1e9))
+        return (f"no layout of {what}: even sharded over all {gpus} GPUs (ZeRO-3) its model "
+                f"states take {states:.1f} GB per GPU, more than {limit:.0f} GB; use at least "
+                f"{enough} GPUs")
+    enough = devices_to_hold(closest, gpus)
+    narrowed = ((["--zero"] if args.zero is not None and args.zero < 3 else [])
+                + (["--recompute"] if args.recompute and "full" not in args.recompute else []))
+    fixes = ([f"about {enough} GPUs would hold it"] if enough else []) + (
+        [f"drop {' and '.join(narrowed)}, which rule{'' if len(narrowed) > 1 else 's'} out "
+         "deeper sharding or recomputation"] if narrowed else []) + [
+        "shorten --seq-len" if closest.memory["activations"] > 0.2 * closest.memory["total"]
+        else "give a larger GPU (--gpu)"]
+    return (f"no layout of {what}; closest: {closest.layout} {too_big_reason(closest)}; "
+            f"{', or '.join(fixes)}")
 
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")

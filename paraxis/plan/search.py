@@ -12,6 +12,7 @@ only until one fits (a larger group sends more of every all-to-all over the netw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from paraxis.context_parallel.balance import check_split
@@ -272,6 +273,23 @@ def too_big_reason(estimate: Estimate) -> str:
         what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
     return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
             f"{estimate.memory_limit_bytes / 1e9:.0f} GB, {what}")
+
+
+def closest_to_fitting(result: SearchResult) -> Estimate | None:
+    """The priced layout that needs the least memory per GPU, where none fits (None where no
+    layout was priced)."""
+    priced = [r.estimate for r in result.too_big if r.estimate is not None]
+    return min(priced, key=lambda e: e.memory["total"], default=None)
+
+
+def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
+    """About how many devices would hold `estimate`'s layout: its model states shard over
+    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None where those
+    alone exceed a device."""
+    memory, limit = estimate.memory, estimate.memory_limit_bytes
+    states = memory["params"] + memory["grads"] + memory["optimizer"]
+    rest = memory["total"] - states
+    return math.ceil(devices * states / (limit - rest)) if limit > rest else None
 
 
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}

@@ -22,7 +22,8 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
               if cfg.is_moe else "")
     console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params{active}) on "
                   f"{cluster.world_size} x {cluster.gpu.name} ({cluster.nodes} node"
-                  f"{'s' if cluster.nodes > 1 else ''} of {cluster.gpus_per_node}); global batch {global_batch} x {seq_len} tokens")
+                  f"{'s' if cluster.nodes > 1 else ''} of {cluster.gpus_per_node}); global batch "
+                  f"{global_batch} x {seq_len} tokens")
     if result is not None:
         console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
                       f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule")
