@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import load_model_config
 from paraxis.plan.cost import Estimate, evaluate
@@ -74,6 +75,21 @@ def lesson_setting(plan: Plan) -> tuple[int, int, StepCosts, str]:
         if own.send_s <= SEND_SHARE * own.forward_s:
             return stages, microbatches, own, (
                 f"{plan.cfg.name} on {plan.hardware.name}, priced by the planner")
+    else:  # no pipeline in the plan: its own model split into stages, where that teaches
+        layout = Layout(pp=stages, microbatches=microbatches, schedule="1f1b")
+        try:
+            layout.validate(stages, plan.cfg, microbatches, plan.seq_len)
+        except ParaxisError:
+            pass  # too few layers for the stages: the reference model below
+        else:
+            split = evaluate(plan.cfg, layout, plan.cluster.replace(nodes=1,
+                                                                    gpus_per_node=stages),
+                             plan.seq_len, microbatches)
+            own = priced_costs(split, layout)
+            if own.send_s <= SEND_SHARE * own.forward_s:
+                return stages, microbatches, own, (
+                    f"{plan.cfg.name} split into {stages} stages on {stages} x "
+                    f"{plan.hardware.name}, priced by the planner")
     model, gpu = REFERENCE
     layout = Layout(pp=stages, microbatches=microbatches, schedule="1f1b")
     cfg = load_model_config(model)
@@ -123,8 +139,8 @@ def _what_the_run_used(plan: Plan, run: MeasuredRun | None, costs_of: str) -> st
     layout = plan.layout
     if layout.pp == 1:
         return ("<p>This plan has no pipeline (pp=1): every rank runs the whole model, so "
-                "there is no bubble; the picture shows what a pipeline of the model above "
-                "would do.</p>")
+                f"there is no bubble; the pictures above show a pipeline with the costs of "
+                f"{esc(costs_of)}.</p>")
     own = priced_costs(plan.estimate, layout)
     schedule = build_schedule(layout.schedule, layout.pp, layout.microbatches,
                               layout.virtual_stages)
