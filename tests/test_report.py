@@ -376,3 +376,9 @@ def test_a_plan_without_a_pipeline_draws_its_own_model_split_into_stages(tmp_pat
     html = out.read_text()
     assert html.count("llama2-7b split into 4 stages on 4 x a100-80gb") >= 2
     assert "gpt2-1.5b" not in html and "the model above" not in html
+    # "Faster, but too big" lists only layouts faster than the one shown: for the planner's
+    # pick here none of the layouts that do not fit is faster, and the report says so
+    out = write_report(tmp_path / "pick.html", model="llama2-7b", gpus=8, global_batch=512,
+                       seq_len=4096)
+    html = out.read_text()
+    assert "Faster, but too big" not in html and "would all be slower" in html

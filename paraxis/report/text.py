@@ -100,11 +100,16 @@ def defence_section(plan: Plan) -> str:
                      f"<code>{esc(best.layout)}</code>, is predicted {times(ratio)} than "
                      "it.</p>" if ratio > 1.005 else
                      "<p>The layout given by hand is as fast as the planner's best.</p>")
-    if result.too_big:
+    faster = [r for r in result.too_big  # fastest first
+              if r.estimate is not None and r.estimate.step_time_s < e.step_time_s]
+    if faster:
         parts.append("<h3>Faster, but too big</h3>" + table(
             ["layout", "would take", "why not"],
-            [(layout_text(r.layout), duration(r.estimate.step_time_s) if r.estimate else "-",
-              r.reason) for r in result.too_big[:4]]))
+            [(layout_text(r.layout), duration(r.estimate.step_time_s), r.reason)
+             for r in faster[:4] if r.estimate is not None]))
+    elif result.too_big:
+        parts.append("<p>No layout predicted faster than this one was left out for memory: "
+                     f"the {len(result.too_big)} that do not fit would all be slower.</p>")
     reasons: dict[str, str] = {}
     for r in result.rule_breakers:
         reasons.setdefault(r.reason, str(r.layout))
