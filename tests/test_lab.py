@@ -140,12 +140,17 @@ def test_page_is_self_contained(page):
 
 def test_scaling_gap(browser):
     years = [y["year"] for y in F.scaling_facts()["years"]]
-    for year in (2018, 2020, 2024):
+    for year, name, shown in ((2018, "BERT-Large", "0.34B"), (2020, "GPT-3", "175B"),
+                              (2025, "Kimi K2 (MoE)", "1.04T")):
         slide(browser, "scaling-year", years, year)
-        params = F.BASE_PARAMS * F.MODEL_GROWTH_PER_YEAR ** (year - F.BASE_YEAR)
+        params = F.LARGEST_PUBLISHED[year][1]
         state = sum(model_state_bytes(int(params), 1, 0).values())
         gpu = F.BASE_GPU_BYTES * 2 ** ((year - F.BASE_YEAR) / F.GPU_MEMORY_DOUBLING_YEARS)
-        assert f"at least {math.ceil(state / gpu)} GPUs" in text(browser, "scaling-year-out")
+        said = text(browser, "scaling-year-out")
+        assert f"largest published, {name}, has {shown}" in said
+        assert f"at least {math.ceil(state / gpu)} GPUs" in said
+    # the course's trend, past where it held, is shown as a number, not as "1.75e+7B"
+    assert "1.75e+16 parameters" in said
     for billions, state_gb in ((7, "112 GB"), (70, "1120 GB"), (175, "2800 GB")):
         slide(browser, "scaling-model", F.MODEL_SIZES_B, billions)
         assert f"Adam {state_gb}" in text(browser, "scaling-model-out")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
+from paraxis.plan.hardware import CLUSTERS, GPUS
 from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.simulate.ring import ring_schedule, simulate_ring
 from paraxis.viz.tp_split import COLUMN, ROW, SplitWeight
@@ -27,18 +28,36 @@ GPU_MEMORY_DOUBLING_YEARS = 2.5
 BASE_YEAR, BASE_PARAMS, BASE_GPU_BYTES = 2020, 175e9, 80 * GB
 YEARS = list(range(2018, 2026))
 MODEL_SIZES_B = [1, 7, 13, 30, 70, 175, 405, 1000]  # billions of parameters
+# The largest model each year whose parameter count its authors published (a mixture of
+# experts counts every expert: each is trained, so each has its 16 bytes). The course's 10x a
+# year holds to GPT-3 and then breaks: published sizes level off near a trillion.
+LARGEST_PUBLISHED = {
+    2018: ("BERT-Large", 0.34e9),  # Devlin et al. 2018
+    2019: ("T5-11B", 11e9),  # Raffel et al. 2019
+    2020: ("GPT-3", 175e9),  # Brown et al. 2020
+    2021: ("Megatron-Turing NLG", 530e9),  # Smith et al. 2022 (trained in 2021)
+    2022: ("PaLM", 540e9),  # Chowdhery et al. 2022
+    2023: ("Falcon-180B", 180e9),  # Almazrouei et al. 2023 (GPT-4's size is unpublished)
+    2024: ("DeepSeek-V3 (MoE)", 671e9),  # DeepSeek-AI 2024
+    2025: ("Kimi K2 (MoE)", 1.04e12),  # Kimi Team 2025
+}
 
 
 def scaling_facts() -> dict:
-    """Per year the frontier model's parameters and training-state bytes (the 16 P rule of
-    `model_state_bytes`) against one GPU's memory; per model size what one GPU lacks."""
+    """Per year the course's trend of frontier parameters and the largest published model,
+    each with its training-state bytes (the 16 P rule of `model_state_bytes`), against one
+    GPU's memory; per model size what one GPU lacks."""
     years = []
     for year in YEARS:
         params = BASE_PARAMS * MODEL_GROWTH_PER_YEAR ** (year - BASE_YEAR)
         gpu = BASE_GPU_BYTES * 2 ** ((year - BASE_YEAR) / GPU_MEMORY_DOUBLING_YEARS)
         state = sum(model_state_bytes(int(params), 1, 0).values())
+        name, published = LARGEST_PUBLISHED[year]
+        published_state = sum(model_state_bytes(int(published), 1, 0).values())
         years.append({"year": year, "params": params, "state_bytes": state, "gpu_bytes": gpu,
-                      "gpus_to_hold": math.ceil(state / gpu)})
+                      "gpus_to_hold": math.ceil(state / gpu), "published_name": name,
+                      "published_params": published, "published_state_bytes": published_state,
+                      "published_gpus_to_hold": math.ceil(published_state / gpu)})
     models = []
     for billions in MODEL_SIZES_B:
         states = model_state_bytes(int(billions * 1e9), 1, 0)
@@ -139,8 +158,15 @@ def zero_facts() -> dict:
 # ---------------------------------------------------------- chapter 3: tensor parallel
 
 TP_DEGREES = [1, 2, 4, 8]
-# Links of the course's chapters 3 and 7 (GB/s): NVLink, InfiniBand, PCIe Gen4, Ethernet.
-TP_LINKS = {"NVLink": 900, "InfiniBand": 200, "PCIe": 64, "Ethernet": 25}
+# Links of the course's chapters 3 and 7, GB/s one way per GPU (what a ring step sends at),
+# read from the planner's presets: NVLink 4 of an H100 (the course's "900 GB/s" counts both
+# ways), one 200 Gb/s InfiniBand rail per GPU (DGX A100; the course's "200-400 GB/s" is a
+# node's eight), PCIe Gen4 x16 (the course's "64 GB/s" counts both ways), one 100 Gb/s
+# Ethernet NIC.
+TP_LINKS = {"NVLink": GPUS["h100-sxm-80gb"].nvlink_bandwidth_Bps / GB,
+            "InfiniBand": float(CLUSTERS["dgx-a100"]["inter_node_bandwidth_Bps"]) / GB,
+            "PCIe": float(CLUSTERS["pcie-box"]["nvlink_bandwidth_Bps"]) / GB,
+            "Ethernet": float(CLUSTERS["ethernet-1nic"]["inter_node_bandwidth_Bps"]) / GB}
 # The step the traffic figure prices: a 7B-like model (Llama-2 7B shapes), one sequence.
 TP_MODEL = {"layers": 32, "d_model": 4096, "seq_len": 2048, "batch": 1, "bytes": 2}
 

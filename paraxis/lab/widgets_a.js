@@ -4,9 +4,11 @@
 
 // ------------------------------------------------------------- chapter 0: scaling gap
 (function scalingGap() {
+  const params = (n) => n < 1e12 ? +(n / 1e9).toPrecision(3) + "B"
+    : n < 1e15 ? +(n / 1e12).toPrecision(3) + "T" : n.toExponential(2);
   const d = DATA.scaling, svg = $("scaling-chart");
   const W = 560, H = 240, L = 60, R = 20, T = 15, B = 30;
-  const ys = d.years.flatMap((y) => [y.state_bytes, y.gpu_bytes]);
+  const ys = d.years.flatMap((y) => [y.state_bytes, y.gpu_bytes, y.published_state_bytes]);
   const lo = Math.floor(Math.log10(Math.min(...ys))), hi = Math.ceil(Math.log10(Math.max(...ys)));
   const x = (i) => L + (i * (W - L - R)) / (d.years.length - 1);
   const y = (v) => T + ((hi - Math.log10(v)) * (H - T - B)) / (hi - lo);
@@ -20,14 +22,17 @@
   const line = (key, colour) => el("polyline", {fill: "none", stroke: colour, "stroke-width": 3,
     points: d.years.map((yr, i) => x(i) + "," + y(yr[key])).join(" ")}, svg);
   line("state_bytes", COLOURS.B); line("gpu_bytes", COLOURS.F);
+  d.years.forEach((yr, i) => el("circle", {cx: x(i), cy: y(yr.published_state_bytes), r: 5,
+    fill: COLOURS.W}, svg));
   const marker = el("line", {y1: T, y2: H - B, stroke: "#495057", "stroke-dasharray": "4 3"}, svg);
   const year = slider("scaling-year", d.years.map((yr) => yr.year), 2020, (value) => {
     const i = d.years.findIndex((yr) => yr.year === value), yr = d.years[i];
     marker.setAttribute("x1", x(i)); marker.setAttribute("x2", x(i));
-    $("scaling-year-out").textContent = value + ": a frontier model of " +
-      (yr.params / 1e9).toPrecision(3) + "B parameters needs " + gb(yr.state_bytes) +
-      " of training state; one GPU holds " + gb(yr.gpu_bytes) + ": at least " +
-      yr.gpus_to_hold + " GPUs just to hold it.";
+    $("scaling-year-out").textContent = value + ": the trend gives a frontier model of " +
+      params(yr.params) + " parameters (" + gb(yr.state_bytes) + " of training state); the " +
+      "largest published, " + yr.published_name + ", has " + params(yr.published_params) +
+      ": " + gb(yr.published_state_bytes) + " of training state, where one GPU holds " +
+      gb(yr.gpu_bytes) + ": at least " + yr.published_gpus_to_hold + " GPUs just to hold it.";
   });
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
     const m = d.models.find((mm) => mm.billions === value);
@@ -207,7 +212,7 @@
   }
   const degree = slider("tp-degree", d.degrees, 2, () => { if (steps) steps.go(steps.index()); traffic(); });
   const link = slider("tp-link", Object.keys(d.links), "NVLink", traffic,
-    (name) => name + " (" + d.links[name] + " GB/s)");
+    (name) => name + " (" + d.links[name] + " GB/s each way)");
   const steps = stepper("tp", () => STAGES.length, draw, 1000);
   steps.go(0); traffic();
   $("tp-check").addEventListener("click", () => {
