@@ -117,6 +117,34 @@ def _constraints_text(c: Constraints) -> str:
     return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
 
 
+def _why_no_shape(c: Constraints, world: int, per_node: int) -> str:
+    """Why the constraints leave no (dp, cp, tp, pp) for `world` GPUs, in one line."""
+    fixed = {name: getattr(c, name) for name in ("tp", "pp", "cp", "dp")
+             if getattr(c, name) is not None}
+    for name, value in fixed.items():
+        if world % value:
+            return (f"{name}={value} does not divide the {world} GPUs; choose {name} among "
+                    f"{', '.join(map(str, _divisors(world)))}")
+    product = math.prod(fixed.values())
+    if len(fixed) > 1 and world % product:
+        named = " x ".join(f"{name}={value}" for name, value in fixed.items())
+        return (f"{named} = {product} does not divide the {world} GPUs; choose degrees "
+                f"whose product divides {world}")
+    if len(fixed) == 4 and product != world:
+        return (f"dp x cp x tp x pp = {product}, not the {world} GPUs; leave one of them "
+                "open or make the product the GPU count")
+    if c.tp is not None and c.max_tp is not None and c.tp > c.max_tp:
+        return f"tp={c.tp} is above --max-tp {c.max_tp}; drop one of them"
+    if c.tp is not None and c.tp_within_node and c.tp > per_node:
+        return (f"tp={c.tp} spans more than a node's {per_node} GPUs, which --tp-within-node "
+                f"forbids; choose tp <= {per_node} or drop the flag")
+    if c.pp is not None and c.max_pp is not None and c.pp > c.max_pp:
+        return (f"pp={c.pp} is above the {c.max_pp} stages allowed (--max-pp, or --no-pp); "
+                "drop one of them")
+    return (f"no (dp, cp, tp, pp) for {world} GPUs is allowed by the constraints "
+            f"({_constraints_text(c)}); relax them")
+
+
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            constraints: Constraints = Constraints(), precision: Precision = MIXED_ADAM,
            overlap: Overlap = DEFAULT_OVERLAP,
@@ -160,8 +188,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
-            raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs is allowed by the "
-                               f"constraints ({_constraints_text(c)}); relax them")
+            raise ParaxisError(_why_no_shape(c, world, cluster.gpus_per_node))
         raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
                            f"{reasons}")
 
