@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -86,6 +87,11 @@ def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
     except KeyboardInterrupt:
         print("paraxis: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader left (`paraxis schedule --json | head`): nothing more to say, and stdout
+        # goes to /dev/null so that the interpreter's last flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process that SIGPIPE ended
 
 
 def main(argv: list[str] | None = None) -> int:

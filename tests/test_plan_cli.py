@@ -226,3 +226,14 @@ def test_no_fit_names_the_layout_closest_in_memory(capsys) -> None:
                            "h100-sxm-80gb", "--global-batch", "64", "--seq-len", "4096")
     assert code == 2 and err.count("\n") == 1
     assert "its model states take 93.4 GB per GPU, more than 86 GB; use at least 9 GPUs" in err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    # `paraxis plan --json | head -c 10`: 80 KB of JSON into a pipe closed after 10 bytes
+    proc = subprocess.Popen([sys.executable, "-m", "paraxis.cli", "plan", "--model",
+                             "llama2-7b", "--gpus", "64", "--json", "--top", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.read(10)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"Exception" not in err
