@@ -112,7 +112,9 @@ class GPU:
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
 # Memory as the driver reports it (nvidia-smi's total): an "80GB" A100 has 81920 MiB, an
-# "80GB HBM3" H100 81559 MiB, a "40GB" A100 40960 MiB, binary units, 5-7% above 80e9/40e9.
+# "80GB HBM3" H100 (SXM or PCIe) 81559 MiB, a "40GB" A100 40960 MiB, an H200 143771 MiB, a
+# 32 GB V100 32768 MiB, an L40S 46068 MiB (ECC on): binary units, so above the "GB" of the
+# name (7% for 80 GB, 2% for the H200's 141 and 1% for the L40S's 48 with ECC's share).
 MIB = 2**20
 
 # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
@@ -157,12 +159,12 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, attention_impl="fa2",
         **carried_from_a100(989e12, 3.35e12, CARRIED["h100-sxm-80gb"])),
     # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
-    GPU("h100-pcie-80gb", 756e12, 80e9, 300e9, 2.0e12, attention_impl="fa2",
+    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, attention_impl="fa2",
         **carried_from_a100(756e12, 2.0e12, CARRIED["h100-pcie-80gb"])),
-    GPU("h200", 989e12, 141e9, 450e9, 4.8e12, attention_impl="fa2",
+    GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, attention_impl="fa2",
         **carried_from_a100(989e12, 4.8e12, CARRIED["h200"])),
-    GPU("v100-32gb", 125e12, 32e9, 150e9, 0.9e12),
-    GPU("l40s", 362e12, 48e9, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
+    GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12),
+    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
 )}
 
 

@@ -22,7 +22,9 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
               if cfg.is_moe else "")
     console.print(f"[bold]{cfg.name}[/] ({cfg.num_params() / 1e9:.3g}B params{active}) on "
                   f"{cluster.world_size} x {cluster.gpu.name} ({cluster.nodes} node"
-                  f"{'s' if cluster.nodes > 1 else ''} of {cluster.gpus_per_node}); global batch "
+                  f"{'s' if cluster.nodes > 1 else ''} of {cluster.gpus_per_node}, "
+                  f"{cluster.gpu.memory_bytes / GB:.0f} GB = "
+                  f"{cluster.gpu.memory_bytes / 2**30:.0f} GiB each); global batch "
                   f"{global_batch} x {seq_len} tokens")
     if result is not None:
         console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
@@ -58,7 +60,7 @@ def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes
                      formulas: list[str]) -> None:
     table = Table(title=f"{num_params / 1e9:g}B parameters on {gpus} GPUs: model states per GPU")
     for column in ("stage", "shards", "formula", "params GB", "grads GB", "optimizer GB",
-                   "total GB", f"fits {limit_bytes / GB:.0f} GB?"):
+                   "total GB", f"fits {limit_bytes / GB:.0f} GB ({limit_bytes / 2**30:.0f} GiB)?"):
         table.add_column(column, justify="left" if column in ("stage", "shards") else "right")
     shards = ["nothing", "optimizer states", "+ gradients", "+ parameters"]
     for row, shard, formula in zip(rows, shards, formulas, strict=True):
