@@ -37,6 +37,11 @@ def test_pictures_draw_from_the_placement_facts() -> None:
     texts = [t.get_text() for t in figure.axes[0].texts]
     assert "3\nstays" in texts and "0\n0 KiB" in texts
     plot_routing([[0, 1], [2, 3]], [[0.6, 0.4], [0.5, 0.5]], n_experts=4, ep=2)
+    # the first tokens drawn, the bars counting every token of the batch (as the CLI's table)
+    routing = plot_routing([[0, 1]], [[0.6, 0.4]], n_experts=4,
+                           counted=[[0, 1], [0, 2], [0, 3]])
+    assert "the first 1 of 3 tokens" in routing.axes[0].get_title()
+    assert [bar.get_height() for bar in routing.axes[1].patches] == [3, 1, 1, 1]
     load = plot_expert_load([[[4, 4, 4, 4], [4, 4, 4, 4]], [[8, 4, 2, 2], [4, 4, 4, 4]]])
     assert "worst block 2.00x" in load.axes[1].get_title()
 

@@ -136,7 +136,7 @@ def _draw(args: argparse.Namespace, cfg: ModelConfig, routes: dict, console: obj
     args.out.mkdir(parents=True, exist_ok=True)
     shown = min(len(chosen), 24)
     pictures = {"routing.png": plot_routing(chosen[:shown], weights[:shown], cfg.n_experts,
-                                            args.ep)}
+                                            args.ep, counted=chosen)}
     if args.ep > 1:
         pictures["all_to_all.png"] = plot_all_to_all(
             counts_by_rank(chosen, cfg.n_experts, args.ep), args.ep, cfg.d_model)

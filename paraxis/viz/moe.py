@@ -25,16 +25,22 @@ from paraxis.viz.style import OKABE_ITO, new_figure
 
 
 def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[float]],
-                 n_experts: int, ep: int = 1) -> Figure:
-    """chosen/weights: (tokens, top_k) expert indices and their router weights."""
+                 n_experts: int, ep: int = 1,
+                 counted: Sequence[Sequence[int]] | None = None) -> Figure:
+    """chosen/weights: (tokens, top_k) expert indices and their router weights, drawn token
+    by token; the bars count `counted` (every token of the batch, of which `chosen` are the
+    first) or else `chosen`."""
     tokens = len(chosen)
     if tokens == 0:
         raise ParaxisError("no tokens to draw; route at least one token")
     grid = [[0.0] * n_experts for _ in range(tokens)]
-    counts = [0] * n_experts
     for row, (experts, ws) in enumerate(zip(chosen, weights, strict=True)):
         for expert, w in zip(experts, ws, strict=True):
             grid[row][expert] = float(w)
+    counted = chosen if counted is None else counted
+    counts = [0] * n_experts
+    for experts in counted:
+        for expert in experts:
             counts[expert] += 1
     fig, (top, bottom) = new_figure(1.6 + 0.45 * n_experts, 2.4 + 0.22 * tokens, nrows=2,
                                     height_ratios=(tokens, 5), sharex=True)
@@ -43,7 +49,10 @@ def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[flo
                                                          -0.5))
     fig.colorbar(image, ax=top, label="router weight", shrink=0.8)
     top.set_ylabel("token")
-    top.set_title(f"Routing: each token to its top {len(chosen[0])} of {n_experts} experts")
+    first = f"the first {tokens} of {len(counted)} tokens" if len(counted) > tokens else \
+        f"{tokens} tokens"
+    top.set_title(f"Routing of {first}\n(each to its top {len(chosen[0])} of {n_experts} "
+                  "experts)")
     colours = [OKABE_ITO["blue"], OKABE_ITO["orange"], OKABE_ITO["green"],
                OKABE_ITO["vermillion"], OKABE_ITO["purple"], OKABE_ITO["sky"]]
     owner = [next(r for r in range(ep) if e in experts_of_rank(n_experts, ep, r))
@@ -53,7 +62,7 @@ def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[flo
     bottom.axhline(mean, color="black", linestyle="--", linewidth=1)
     bottom.text(n_experts - 0.5, mean, f" mean {mean:.1f}", va="bottom", ha="right",
                 fontsize=8)
-    bottom.set_ylabel("tokens")
+    bottom.set_ylabel(f"tokens (all {len(counted)})")
     bottom.set_xticks(range(n_experts), [str(e) for e in range(n_experts)])
     bottom.set_xlabel("expert" + (f" (colour: the EP rank holding it, ep={ep})" if ep > 1
                                   else ""))
