@@ -152,8 +152,9 @@ class TokenData:
             return cls(embedded_corpus(), "embedded stdlib corpus")
         path = Path(source)
         if not path.exists():
-            raise ParaxisError(f"data {path} does not exist; give a .bin token file, a text file "
-                               "or folder, or 'embedded'")
+            raise ParaxisError(f"data {path} does not exist; give an existing .bin token file, "
+                               "text file or folder, JSONL or Parquet source, folder of `paraxis "
+                               "data prepare`, or 'embedded'")
         if path.suffix == ".bin" and tokenizer:
             raise ParaxisError(f"data {path} already holds token ids; --tokenizer applies to "
                                "text data only, leave it out")

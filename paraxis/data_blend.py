@@ -48,6 +48,9 @@ def parse_blend(spec: str | None) -> list[tuple[str, float]]:
         except ValueError:
             weight = None
         if weight is None:
+            if sep and path and Path(path).exists():  # "c.jsonl:abc": a weight misspelt
+                raise ParaxisError(f"blend weight {text!r} of {path} is not a number; "
+                                   f"{EXAMPLE}")
             if len(items) == 1:
                 return [(spec, 1.0)]  # one path (TokenData.load says if it does not exist)
             raise ParaxisError(f"blend item {item!r} of --data {spec} has no weight; {EXAMPLE}")

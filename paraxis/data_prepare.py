@@ -122,7 +122,10 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     """Tokenize the raw `source` into token shards under `out` (see the module docstring);
     a no-op when `out` already holds this source's tokens. Returns `out`."""
     path, out = Path(source), Path(out)
-    kind = source_kind(path) if path.exists() else None
+    if not path.exists():
+        raise ParaxisError(f"{path} does not exist; give an existing .jsonl / .jsonl.gz file, "
+                           "Parquet file or folder, or Hugging Face datasets directory")
+    kind = source_kind(path)
     if kind is None:
         raise ParaxisError(f"{path} is not a raw source; give a .jsonl / .jsonl.gz file, a "
                            "Parquet file or folder, or a Hugging Face datasets directory")

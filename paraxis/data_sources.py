@@ -88,7 +88,8 @@ def pieces(path: Path, kind: str) -> list[Piece]:
             raise ParaxisError(f"{file} is listed by {path} but does not exist; save the "
                                "dataset again")
         if file.stat().st_size == 0:
-            raise ParaxisError(f"{file} is empty; remove it from {path} or give it documents")
+            raise ParaxisError(f"{file} is empty; give it documents" + (
+                f" or remove it from {path}" if file != path else ""))
         if kind != "parquet":
             out.append(Piece(kind, str(file)))
             continue
@@ -153,8 +154,14 @@ def _columnar(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
 
 def _jsonl(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
     opener = gzip.open if piece.file.endswith(".gz") else open
-    with opener(piece.file, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with opener(piece.file, "rb") as lines:  # decoded row by row, to name a bad one
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ParaxisError(f"{piece.file} row {number} is not UTF-8 (byte "
+                                   f"0x{raw[error.start]:02x} at column {error.start + 1}); "
+                                   "re-encode the file as UTF-8 or remove the row") from None
             if not line.strip():
                 continue
             try:

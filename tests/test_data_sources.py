@@ -133,11 +133,20 @@ def _bad(tmp_path, case):
         _jsonl(tmp_path / "f" / "a.jsonl", ["doc"])
         (tmp_path / "f" / "b.jsonl").write_text("")
         return tmp_path / "f", f"{tmp_path / 'f' / 'b.jsonl'} is empty"
+    if case == "row not UTF-8":
+        path = tmp_path / "u.jsonl"
+        path.write_bytes(b'{"text": "ok"}\n{"text": "\xff\xfe bad"}\n')
+        return path, f"{path} row 2 is not UTF-8 (byte 0xff at column 11)"
+    if case == "empty file":
+        path = tmp_path / "e.jsonl"
+        path.write_text("")
+        return path, f"{path} is empty; give it documents\n"
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["row without the field", "null text",
-                                  "parquet without the column", "empty shard"])
+                                  "parquet without the column", "empty shard",
+                                  "row not UTF-8", "empty file"])
 def test_bad_data_is_one_line_naming_file_and_row(tmp_path, capsys, case):
     source, message = _bad(tmp_path, case)
     assert main(["data", "prepare", str(source), "--out", str(tmp_path / "out" / "x"),

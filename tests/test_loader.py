@@ -211,7 +211,10 @@ def test_val_data_is_what_val_loss_measures(corpus):
     ("{a}:0,{b}:1", "blend weight 0 of .*a is not a positive number"),
     ("{a}:-1,{b}:2", "blend weight -1 of .*a is not a positive number"),
     ("{a}:nan,{b}:1", "blend weight nan of .*a is not a positive number"),
-    ("{a}:heavy,{b}:1", "blend item '.*a:heavy' of --data .* has no weight"),
+    ("{a}:heavy,{b}:1", "blend weight 'heavy' of .*a is not a number; write PATH:WEIGHT"),
+    ("{a}:abc", "blend weight 'abc' of .*a is not a number"),
+    ("{a}/missing.jsonl", "data .*missing.jsonl does not exist; give an existing .bin token "
+                          "file, text file or folder, JSONL or Parquet source"),
     ("{a},{b}:1", "blend item '.*a' of --data .* has no weight; write PATH:WEIGHT"),
     ("{a}:0.5,{a}/missing.jsonl:0.5", "data .*missing.jsonl does not exist"),
 ])
