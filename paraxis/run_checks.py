@@ -34,9 +34,12 @@ def check_late_failures(cfg: RunConfig) -> None:
                            "checkpoint to continue from")
     if cfg.data.prefetch < 0:
         raise ParaxisError(f"--prefetch {cfg.data.prefetch} must be >= 0 (0: no read-ahead)")
-    if cfg.layout.schedule == "interleaved" and cfg.layout.pp == 1:
-        raise ParaxisError("schedule=interleaved needs pp > 1 (it interleaves pipeline "
-                           "stages); raise pp or use schedule=1f1b")
+    layout = cfg.layout
+    if layout.pp == 1 and (layout.schedule == "interleaved" or layout.virtual_stages > 1):
+        raise ParaxisError(f"schedule={layout.schedule} needs pp > 1 (it runs "
+                           f"{layout.virtual_stages if layout.virtual_stages > 1 else 'several'}"
+                           " model chunks on each pipeline stage); raise pp or use "
+                           "schedule=1f1b")
     if train.pack_documents:
         from paraxis.packing import check_layout  # torch: only for runs that pack
 

@@ -36,6 +36,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "give each key once", False),
     ("interleaved-without-pipeline", [*TRAIN, "--layout", "pp=1,schedule=interleaved"],
      "schedule=interleaved needs pp > 1", "use schedule=1f1b", False),
+    ("zb-v-without-pipeline", [*TRAIN, "--schedule", "zb-v", "--microbatches", "2"],
+     "schedule=zb-v needs pp > 1 (it runs 2 model chunks", "use schedule=1f1b", False),
     ("checkpoint-dir-unwritable", [*TRAIN, "--checkpoint-dir", "a_file.txt/ck"],
      "--checkpoint-dir a_file.txt/ck cannot be written", "choose another path", SUB),
     ("checkpoint-dir-is-a-file", [*TRAIN, "--checkpoint-dir", "a_file.txt"],
