@@ -164,9 +164,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "must be a positive integer", SUB),
     # --- data files
     ("data-missing", [*TRAIN, "--data", "missing.bin"], "does not exist",
-     "give a .bin token file", SUB),
+     "give an existing .bin token file", SUB),
     ("data-missing-nproc", [*TRAIN, "--nproc", "2", "--data", "missing.bin"],
-     "does not exist", "give a .bin token file", SUB),
+     "does not exist", "give an existing .bin token file", SUB),
     ("data-empty-bin", [*TRAIN, "--data", "empty.bin"], "is empty",
      "give a token file that holds tokens", False),
     ("data-empty-text", [*TRAIN, "--data", "empty.txt"], "has 0 tokens",

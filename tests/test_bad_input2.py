@@ -6,6 +6,7 @@ traceback, and every file in the folder unchanged. Rows marked SUB run in a subp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,18 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("train-manifest-without-checksum", [*TRAIN, "--steps", "2", "--resume", "no_checksum"],
      "no_checksum/step-00000001/manifest.json is damaged: it has no checksum of its own",
      "use an earlier checkpoint", False),
+    # --- a failed run or conversion leaves no folder it made behind (snapshot: every name)
+    ("train-resume-truncated-into-new-folders", [*TRAIN, "--steps", "2", "--resume",
+                                                 "truncated", "--checkpoint-dir", "new/ck"],
+     "truncated/rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint",
+     False),
+    ("convert-truncated-into-new-folders", ["checkpoint", "convert", "truncated", "new/ck",
+                                            "--layout", "dp=1"],
+     "truncated/rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint",
+     False),
+    ("convert-into-its-own-source", ["checkpoint", "convert", GOOD, GOOD, "--layout", "dp=1"],
+     f"the destination {GOOD} lies inside the source", "write it outside the checkpoint",
+     False),
     ("convert-into-a-file", ["checkpoint", "convert", GOOD, "a_file.txt/out", "--layout",
                              "dp=1"], "the destination a_file.txt/out cannot be written",
      "choose another path", False),
@@ -134,6 +147,9 @@ def make_inputs(folder: Path) -> None:
         manifest = json.loads(path.read_text())
         damage(manifest)
         path.write_text(json.dumps(manifest))
+    shutil.copytree(good, folder / "truncated")  # a rank file cut short
+    cut = folder / "truncated" / "rank-00000.safetensors"
+    os.truncate(cut, cut.stat().st_size // 2)
     # well-formed and checksummed, but without the second block: only stage 0 loads it
     shutil.copytree(good, folder / "missing_piece" / good.name)
     path = folder / "missing_piece" / good.name / "manifest.json"

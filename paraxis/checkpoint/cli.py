@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action in ("convert", "import-hf", "export-hf"):
         destination = Path(args.destination)
         check_writable_folder(destination, "the destination")  # before reading anything
+        source = Path(args.source).resolve()
+        if destination.resolve().is_relative_to(source):
+            raise ParaxisError(f"the destination {destination} lies inside the source "
+                               f"{args.source}; write it outside the checkpoint")
         try:
             if args.action == "export-hf":
                 print(f"wrote {export_hf(args.source, destination)}")

@@ -82,8 +82,6 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
                      base: dict, config_toml: str = "", seq_len: int | None = None) -> Path:
     """Write full tensors (`full_of(kind, name)`) as `destination/step-N`, one file per
     (stage, TP rank) of `layout`; `base` holds the manifest's other facts (step, model...)."""
-    from paraxis.tensor_parallel.apply import tp_split_dim
-
     layout = layout.validate(model=cfg)  # heads, vocab, MLP width divisible by tp
     destination = Path(destination)
     final = destination / step_dir_name(int(base["step"]))
@@ -91,7 +89,31 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
         raise ParaxisError(f"{final} already exists; choose another destination")
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    made = None  # the outermost folder this call creates, removed again if it fails
+    for folder in (destination, *destination.parents):
+        if folder.exists():
+            break
+        made = folder
     tmp.mkdir(parents=True)
+    try:
+        files, pieces = _write_pieces(full_of, kinds, cfg, layout, tmp, seq_len)
+    except BaseException:  # a source that fails to read: leave no trace of the attempt
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    manifest = {**base, "format": FORMAT, "version": VERSION, "layout": str(layout),
+                "world_size": layout.world_size, "files": files, "pieces": pieces}
+    commit(tmp, final, manifest, config_toml)
+    return final
+
+
+def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
+                  cfg: ModelConfig, layout: Layout, tmp: Path, seq_len: int | None
+                  ) -> tuple[dict, list]:
+    """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces."""
+    from paraxis.tensor_parallel.apply import tp_split_dim
+
     files, pieces = {}, []
     for stage in range(layout.pp):
         per_rank: dict[int, dict[str, torch.Tensor]] = {}
@@ -112,7 +134,4 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
             path = tmp / rank_file(rank)
             _write_tensors(tensors, path)
             files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
-    manifest = {**base, "format": FORMAT, "version": VERSION, "layout": str(layout),
-                "world_size": layout.world_size, "files": files, "pieces": pieces}
-    commit(tmp, final, manifest, config_toml)
-    return final
+    return files, pieces

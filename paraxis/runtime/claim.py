@@ -57,6 +57,7 @@ class Claim:
     token: str
     facts: dict[str, Any]
     lock: FolderLock | None = None
+    created: Path | None = None  # the folder, where this claim made it
 
     def __enter__(self) -> Claim:
         if self.lock is not None:  # ranks started from here write as this holder
@@ -73,6 +74,9 @@ class Claim:
         """Give the folder back (only the holder of the lock has anything to give)."""
         if self.lock is not None:
             self.lock.release()
+            created = self.created
+            if created is not None and not any(p.is_file() for p in created.rglob("*")):
+                shutil.rmtree(created, ignore_errors=True)  # a run that wrote nothing
 
 
 def facts_of(cfg: RunConfig, data: TokenData | Blend) -> dict[str, Any]:
@@ -146,6 +150,7 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
             _check_same_run(cfg, source, manifest, facts)
     _check_owner(folder, run_id, source)  # before touching anything
     _check_space(cfg, folder)
+    created = next((f for f in reversed((folder, *folder.parents)) if not f.exists()), None)
     folder.mkdir(parents=True, exist_ok=True)
     lock = _take_lock(cfg, folder, run_id, source is not None)
     try:
@@ -153,7 +158,7 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
     except ParaxisError:
         lock.release()
         raise
-    return Claim(run_id, lock.token, facts, lock)
+    return Claim(run_id, lock.token, facts, lock, created)
 
 
 def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
