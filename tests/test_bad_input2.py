@@ -80,6 +80,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                                             "--layout", "dp=1"],
      "truncated/rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint",
      False),
+    ("generate-a-listed-file-missing", ["generate", "--checkpoint", "lost_file", "--prompt",
+                                        "a", "--device", "cpu"],
+     "lost_file/rank-00001.safetensors is missing", "use an earlier one", False),
     ("convert-into-its-own-source", ["checkpoint", "convert", GOOD, GOOD, "--layout", "dp=1"],
      f"the destination {GOOD} lies inside the source", "write it outside the checkpoint",
      False),
@@ -147,6 +150,13 @@ def make_inputs(folder: Path) -> None:
         manifest = json.loads(path.read_text())
         damage(manifest)
         path.write_text(json.dumps(manifest))
+    # a file the manifest lists (an optimizer shard, say) is gone: generate reads only the
+    # weights, and must refuse it all the same, as training and `checkpoint info` do
+    shutil.copytree(good, folder / "lost_file")
+    path = folder / "lost_file" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"]["rank-00001.safetensors"] = dict(manifest["files"]["rank-00000.safetensors"])
+    path.write_text(json.dumps(with_checksum(manifest)))
     shutil.copytree(good, folder / "truncated")  # a rank file cut short
     cut = folder / "truncated" / "rank-00000.safetensors"
     os.truncate(cut, cut.stat().st_size // 2)

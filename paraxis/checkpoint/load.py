@@ -170,6 +170,18 @@ class CheckpointReader:
         self._verified.add(name)
         return path
 
+    def check_complete(self) -> None:
+        """Every listed file present at its size (no hashing: the files read are hashed on
+        first use), so a checkpoint that training would refuse is refused here too."""
+        for name, expected in sorted(self.manifest.get("files", {}).items()):
+            path = safe_member(self.directory, name)
+            if not path.is_file():
+                raise ParaxisError(f"{path} is missing; the checkpoint is incomplete, use an "
+                                   "earlier one")
+            if path.stat().st_size != expected["bytes"]:
+                raise ParaxisError(f"{path} is corrupt or truncated (its size differs from "
+                                   "the manifest); use an earlier checkpoint")
+
     def trust_all(self) -> None:
         """Every file was hashed by some rank (`verify_together`): skip hashing on open."""
         self._verified.update(self.manifest.get("files", {}))
@@ -239,6 +251,7 @@ def read_full_state(directory: str | Path, kinds: tuple[str, ...] = ("param",)
     from paraxis.model_config import ModelConfig
 
     reader = CheckpointReader(directory)
+    reader.check_complete()
     cfg = ModelConfig.from_dict(reader.manifest["model"], source=str(reader.directory))
     out = {}
     for kind in kinds:
