@@ -322,3 +322,13 @@ def test_more_ranks_than_cores_is_a_one_line_warning(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert lines == ["paraxis: warning: 2 ranks on 1 CPU core: they will share cores and every "
                      "step will be slower; for speed use --nproc 1"], result.stderr
+
+
+def test_the_tp_advice_offers_only_degrees_that_run(inputs):
+    # tiny-llama's 2 kv heads rule out tp=4 as well as tp=3: the advice says 1, 2, not 1, 2, 4
+    code, stderr = run_row(["checkpoint", "convert", GOOD, "out", "--layout", "tp=3"], inputs,
+                           False)
+    assert code == 2 and stderr.strip().endswith("choose tp among 1, 2, 4")  # tiny: 4 kv heads
+    code, stderr = run_row([*TRAIN, "--model", "tiny-llama", "--nproc", "3", "--tp", "3"], inputs,
+                           False)
+    assert code == 2 and stderr.strip().endswith("choose tp among 1, 2"), stderr
