@@ -85,6 +85,12 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    from paraxis.runtime.resume import already_complete
+
+    if done := already_complete(cfg):  # a requeued job that had finished: exit 0
+        if os.environ.get("RANK", "0") == "0":
+            print(f"paraxis: {done}", file=sys.stderr, flush=True)
+        return 0
     if cfg.auto.enabled:  # --layout auto: the planner's pick replaces it (auto_layout.py)
         from paraxis.auto_layout import measured_line, resolve
 

@@ -18,6 +18,7 @@ import torch
 from paraxis.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
 from paraxis.checkpoint.convert import convert
 from paraxis.checkpoint.entries import KINDS
+from paraxis.cli import main
 from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -308,3 +309,18 @@ def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
     _assert_same_tensors(_full(source), _full(v_split))
     back = convert(v_split, tmp_path / "one", Layout.parse("dp=1"))
     _assert_same_tensors(_full(source), _full(back))
+
+
+def test_a_requeued_run_that_had_finished_exits_0(tmp_path, capsys):
+    # a stop signal that comes as the run ends leaves a final checkpoint at --steps; the
+    # scheduler's requeue (--resume auto) finds the run complete: exit 0, one line, nothing
+    # trained or written
+    _train_one_device(tmp_path / "run", steps=2)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    argv = ["train", "--model", "tiny", "--steps", "2", "--seq-len", "32", "--global-batch",
+            "4", "--quiet", "--device", "cpu", "--checkpoint-dir", str(tmp_path / "run"),
+            "--resume", "auto"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "is at step 2 of --steps 2: the run is complete, nothing to train" in err
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before

@@ -45,6 +45,21 @@ def resume_source(cfg: RunConfig) -> Path | None:
     return resolve(ckpt.resume)
 
 
+def already_complete(cfg: RunConfig) -> str | None:
+    """With --resume auto, the line saying the newest checkpoint in --checkpoint-dir already
+    reached --steps (None otherwise): a scheduler that requeues a job whose stop signal came
+    as it finished finds the run done, not an error."""
+    ckpt = cfg.checkpoint
+    if ckpt.resume != "auto" or not ckpt.dir:
+        return None
+    saved = complete_checkpoints(Path(ckpt.dir))
+    if not saved or saved[-1][0] < cfg.train.steps:
+        return None
+    step, path = saved[-1]
+    return (f"{path} is at step {step} of --steps {cfg.train.steps}: the run is complete, "
+            "nothing to train (raise --steps to train further)")
+
+
 def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int) -> int:
     """Load what the run starts from into `engine`; return the step to continue from."""
     path = resume_source(cfg)
