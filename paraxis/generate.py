@@ -26,10 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--checkpoint", required=True,
         help="a Hugging Face model directory or a paraxis checkpoint directory")
     add("--prompt", required=True, help="text to continue")
-    add("--max-new-tokens", type=int, default=100)
-    add("--temperature", type=float, default=0.8, help="0: greedy")
-    add("--top-k", type=int, default=50, help="sample among the k likeliest tokens (0: all)")
-    add("--seed", type=int, default=0)
+    add("--max-new-tokens", type=int, default=100, help="tokens to add (default 100)")
+    add("--temperature", type=float, default=0.8, help="default 0.8; 0: greedy")
+    add("--top-k", type=int, default=50,
+        help="sample among the k likeliest tokens (default 50; 0: all)")
+    add("--seed", type=int, default=0, help="the sampling's seed (default 0)")
     add("--tokenizer", default=None, help="Hugging Face tokenizer.json (default: the "
         "checkpoint's own tokenizer.json, else byte-level)")
     add("--device", default="auto", help="auto, cpu or cuda")
