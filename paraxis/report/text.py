@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.layout import Layout
 from paraxis.plan.comm import axis_link
+from paraxis.plan.experts import ep_link
 from paraxis.viz.html import esc, table
 
 if TYPE_CHECKING:
@@ -118,9 +119,10 @@ def defence_section(plan: Plan) -> str:
             ["example layout", "rule"],
             [(lay.replace(",", ", "), why) for why, lay in list(reasons.items())[:5]]))
     links = []
-    for axis in ("tp", "pp", "dp"):
+    for axis in ("tp", "cp", "ep", "pp", "dp"):
         if getattr(plan.layout, axis) > 1:
-            link = axis_link(plan.layout, axis, plan.cluster)
+            link = (ep_link(plan.layout, plan.cluster) if axis == "ep"
+                    else axis_link(plan.layout, axis, plan.cluster))
             where = "crosses nodes (network)" if link.crosses_nodes else "stays in a node"
             links.append(f"{axis} group of {getattr(plan.layout, axis)} {where}, "
                          f"{rate(link.bandwidth_Bps)}")
