@@ -170,14 +170,17 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
         return (f"no layout of {what}: even sharded over all {gpus} GPUs (ZeRO-3) its model "
                 f"states take {states:.1f} GB per GPU, more than {limit:.0f} GB; use at least "
                 f"{enough} GPUs")
-    enough = devices_to_hold(closest, gpus)
-    narrowed = ((["--zero"] if args.zero is not None and args.zero < 3 else [])
-                + (["--recompute"] if args.recompute and "full" not in args.recompute else []))
-    fixes = ([f"about {enough} GPUs would hold it"] if enough else []) + (
-        [f"drop {' and '.join(narrowed)}, which rule{'' if len(narrowed) > 1 else 's'} out "
-         "deeper sharding or recomputation"] if narrowed else []) + [
-        "shorten --seq-len" if closest.memory["activations"] > 0.2 * closest.memory["total"]
-        else "give a larger GPU (--gpu)"]
+    fixes = []
+    if enough := devices_to_hold(closest, gpus):
+        fixes.append(f"about {enough} GPUs would hold it")
+    if args.zero is not None and args.zero < 3:
+        fixes.append(f"drop --zero {args.zero}, which rules out deeper ZeRO sharding")
+    if args.recompute and "full" not in args.recompute:
+        fixes.append("drop --recompute, which rules out full recomputation")
+    memory = closest.memory
+    if memory["activations"] >= memory["params"] + memory["grads"] + memory["optimizer"]:
+        fixes.append("shorten --seq-len")  # activations take most of it
+    fixes.append("give a larger GPU (--gpu)")
     return (f"no layout of {what}; closest: {closest.layout} {too_big_reason(closest)}; "
             f"{', or '.join(fixes)}")
 
