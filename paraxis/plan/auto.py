@@ -62,7 +62,8 @@ class AutoChoice:
                  f"{self.global_batch} x {self.seq_len} tokens: {len(result.ranked)} fit, "
                  f"{len(result.too_big)} too big for memory"]
         parts = [f"compute {best.time['compute']:.3g} s"] + [
-            f"{k} {best.time[k]:.3g} s" for k in OVERHEADS if best.time.get(k, 0.0) > 0.0005]
+            f"{k.replace('_', ' ')} {best.time[k]:.3g} s" for k in OVERHEADS
+            if best.time.get(k, 0.0) > 0.0005]
         lines.append("its step: " + ", ".join(parts))
         tied = ties(best, result.ranked, band)
         runner = next((e for e in result.ranked if e is not best), None)
