@@ -193,3 +193,13 @@ def test_the_ranking_groups_from_the_fastest_not_by_fixed_buckets() -> None:
     # the defence must not say it lost on simplicity
     group = group_numbers([d, c, a, b])
     assert group[id(a)] == group[id(b)] == 0 and group[id(c)] == group[id(d)] == 1
+
+
+def test_every_micro_batch_size_that_divides_a_replicas_batch_is_tried() -> None:
+    # 15 sequences over dp=3: 5 a replica, run as one microbatch of 5 (or 5 of 1), where
+    # powers of 2 alone would have left only microbatches of 1
+    cfg = PRESETS["llama2-7b"]
+    result = search(cfg, build_cluster("a100-80gb", 3, 3), 1024, 15, Constraints(dp=3))
+    assert {e.micro_batch for e in result.ranked} >= {1, 5}
+    result = search(cfg, build_cluster("a100-80gb", 8, 8), 1024, 96, Constraints(dp=8))
+    assert {e.micro_batch for e in result.ranked} >= {3, 6, 12}  # 12 a replica

@@ -26,7 +26,9 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 
-MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
+# Sequences per microbatch tried: every size up to this that divides a replica's batch (a
+# replica's 5 or 12 sequences split into 5 or 3 and 4 and 6 too, not only into powers of 2)
+MAX_MICRO_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Constraints:
     # model chunks per device tried for interleaved (None: 2 and 4 where the layers split
     # evenly into them, else the smallest depth that splits them)
     virtual_stages: tuple[int, ...] | None = None
-    micro_batch: int | None = None  # sequences per microbatch (None: try MICRO_BATCH_SIZES)
+    micro_batch: int | None = None  # sequences per microbatch (None: try up to MAX_MICRO_BATCH)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         for zero, reshard in _zero_choices(zeros, pp):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
-            for micro_batch in (c.micro_batch,) if c.micro_batch else MICRO_BATCH_SIZES:
+            sizes = (c.micro_batch,) if c.micro_batch else range(1, MAX_MICRO_BATCH + 1)
+            for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
                 microbatches = per_replica // micro_batch
