@@ -222,6 +222,16 @@ def test_run_report_puts_measured_next_to_predicted(pipeline_run, tmp_path):
     assert "Measured vs predicted" in html and "trace.json: bubble predicted" in html
     assert 'download="trace.chrome.json" href="data:application/json;base64,' in html
     assert f"{records[0]['loss']:.3f} -&gt; {records[-1]['loss']:.3f}" in html
+    # the same run as --layout auto would have left it: its records carry the pick's price,
+    # and the report says who chose the layout and what was predicted then
+    auto = tmp_path / "auto"
+    auto.mkdir()
+    (auto / "metrics.jsonl").write_text("".join(json.dumps({**r, "predicted_step_s": 0.5}) + "\n"
+                                                for r in records))
+    html = write_report(tmp_path / "auto.html", model="tiny", gpus=4, global_batch=8,
+                        seq_len=32, layout=PIPE, run_dir=auto).read_text()
+    assert "chosen by the planner when the run started (--layout auto)" in html
+    assert "given by" not in html and "--layout auto picked this layout predicting 500 ms" in html
 
 
 # ------------------------------------------------------------------ in a real browser

@@ -40,7 +40,7 @@ class Plan:
     layout: Layout
     estimate: Estimate
     search: SearchResult | None  # None when the search found nothing that fits
-    chosen_by: str  # "planner" or "user"
+    chosen_by: str  # "planner", "user", or "auto" (the run's --layout auto picked it)
 
     @property
     def memory(self) -> dict[str, float]:
@@ -109,6 +109,8 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     hardware = choose_hardware(inputs, run.folder if run else None, world,
                                inputs.model or "tiny")
     plan = make_plan(hardware)
+    if run is not None and run.picked_step_s is not None and plan.chosen_by == "user":
+        plan = dataclasses.replace(plan, chosen_by="auto")  # --layout auto picked it
     sections = [("plan", "Plan", plan_section(plan)),
                 ("defence", "Defence", defence_section(plan))]
     lesson_html, lesson = pipeline_section(plan, run)

@@ -51,6 +51,13 @@ class MeasuredRun:
 
         return measured_bubble(self.events)
 
+    @property
+    def picked_step_s(self) -> float | None:
+        """The step time `--layout auto` predicted when it picked the run's layout (each
+        metrics record carries it), or None for a layout given by hand."""
+        return next((r["predicted_step_s"] for r in self.records
+                     if r.get("predicted_step_s") is not None), None)
+
     def schedule(self, layout: Layout) -> str:
         """The schedule the trace ran: the layout's, or interleaved if it has chunks."""
         return layout.schedule if self.virtual == 1 or layout.schedule == "interleaved" \
@@ -122,6 +129,17 @@ def load_run(folder: Path) -> MeasuredRun:
                        load_trace(trace) if trace else [])
 
 
+def _picked(run: MeasuredRun, forecast: Forecast) -> str:
+    """What --layout auto predicted when it picked the layout, beside the forecast here."""
+    if run.picked_step_s is None:
+        return ""
+    error = run.picked_step_s / forecast.measured_step_s - 1
+    return (f"When the run started, --layout auto picked this layout predicting "
+            f"{duration(run.picked_step_s)} ({error:+.0%} off), on the profile timed before "
+            "the run; the forecast here prices the means of its timings before and after "
+            "the run. ")
+
+
 def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
     e, gpu, hw = plan.estimate, plan.cluster.gpu, plan.hardware
     records = run.records
@@ -142,7 +160,7 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
         f"<p class=\"callout\">Step time: predicted {duration(e.step_time_s)}, measured "
         f"{duration(forecast.measured_step_s)}: the prediction is {error:+.0%} off "
         f"({'within' if abs(error) <= PREDICTION_TOLERANCE else 'outside'} "
-        f"{PREDICTION_TOLERANCE:.0%}). {forecast.caveat()}</p>",
+        f"{PREDICTION_TOLERANCE:.0%}). {_picked(run, forecast)}{forecast.caveat()}</p>",
         table(["", "predicted", "measured", "measured vs predicted"], [
             ("throughput (tokens/s)", f"{e.tokens_per_s:,.0f}", f"{measured_tps:,.0f}",
              times(measured_tps / e.tokens_per_s, "faster", "slower")),

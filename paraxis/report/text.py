@@ -70,8 +70,9 @@ def plan_section(plan: Plan) -> str:
                   if k in ("compute", "tp", "pp", "dp", "bubble", "optimizer", "step_calls")
                   and v > 0]
                  + [("step", duration(e.step_time_s), "100%")])
-    who = "chosen by the planner (fastest layout that fits)" if plan.chosen_by == "planner" \
-        else "given by the user"
+    who = {"planner": "chosen by the planner (fastest layout that fits)",
+           "auto": "chosen by the planner when the run started (--layout auto)",
+           "user": "given by the user"}[plan.chosen_by]
     fits = '<span class="good">fits</span>' if e.fits else '<span class="bad">does not fit</span>'
     return (f"{inputs}<p class=\"callout\">Layout <code>{esc(plan.layout)}</code>, {esc(who)}"
             f": {fits} in memory; predicted {e.tokens_per_s:,.0f} tokens/s, step "
@@ -94,13 +95,16 @@ def defence_section(plan: Plan) -> str:
     parts.append("<h3>Fastest layouts that fit</h3>" + table(
         ["rank", "layout", "step", "tokens/s", "MFU", f"memory/{plan.hardware.device}"],
         rows))
-    if plan.chosen_by == "user" and result.ranked:
+    if plan.chosen_by in ("user", "auto") and result.ranked:
         best = result.ranked[0]
         ratio = e.step_time_s / best.step_time_s
-        parts.append(f"<p>The layout shown was given by hand; the planner's best, "
+        how = ("was given by hand" if plan.chosen_by == "user" else
+               "was --layout auto's pick on the profile timed before the run; priced again on "
+               "the means of its timings before and after the run")
+        parts.append(f"<p>The layout shown {how}; the planner's best, "
                      f"<code>{esc(best.layout)}</code>, is predicted {times(ratio)} than "
                      "it.</p>" if ratio > 1.005 else
-                     "<p>The layout given by hand is as fast as the planner's best.</p>")
+                     f"<p>The layout shown {how}; it is as fast as the planner's best.</p>")
     faster = [r for r in result.too_big  # fastest first
               if r.estimate is not None and r.estimate.step_time_s < e.step_time_s]
     if faster:
