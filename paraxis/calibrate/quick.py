@@ -35,7 +35,8 @@ PROBE_S = 2.0  # seconds the busy ranks run to see how many cores our ranks get
 @dataclass(frozen=True)
 class FoundProfile:
     path: Path
-    how: str  # "committed", "cached" (an earlier calibration for this run) or "calibrated"
+    how: str  # "committed", "cached" (an earlier calibration for a run of this shape), or
+    # "calibrated" (now)
     cpu: str  # the CPU model it was measured on
     cores: int
     seconds: float  # how long the calibration took (0 where none ran now)
@@ -49,8 +50,9 @@ class FoundProfile:
             return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) "
                     f"made now in {self.seconds:.0f} s")
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
-                f"next to this run in {self.seconds:.0f} s (the cores its ranks get, its "
-                "compute rates and its collectives: the mean of a probe before and after it)")
+                f"in {self.seconds:.0f} s for a run of this model on as many ranks, kept in "
+                f"{self.path.parent} (the cores the ranks get, the compute rates and the "
+                "collectives: the means of its timings before and after that run)")
 
 
 def calibration_steal(path: str | Path) -> float | None:

@@ -113,7 +113,10 @@ def no_fit_message(cfg: ModelConfig, cluster: Cluster, result: SearchResult) -> 
     states = closest.memory["params"] + closest.memory["grads"] + closest.memory["optimizer"]
     enough = devices_to_hold(closest, ranks)
     more = f" or about {enough} ranks" if enough else ""
-    return (f"no layout of {ranks} ranks fits {cfg.name} in {limit / GB:.2f} GB per rank; "
-            f"closest: {closest.layout} needs {need / GB:.2f} GB per rank ({states / GB:.2f} "
-            f"GB of it model states, activations {closest.memory['activations'] / GB:.2f} GB); "
-            f"give it {need / GB:.2f} GB per rank (--memory-gb){more}")
+    memory = closest.memory
+    return (f"no layout of {ranks} ranks fits {cfg.name} in {limit / GB:.3g} GB per rank; "
+            f"closest: {closest.layout} needs {need / GB:.3g} GB per rank (model states "
+            f"{states / GB:.3g} GB, activations {memory['activations'] / GB:.3g} GB, buffers "
+            f"{memory['buffers'] / GB:.3g} GB, the rank's process baseline "
+            f"{memory['reserved'] / GB:.3g} GB); give it {need / GB:.3g} GB per rank "
+            f"(--memory-gb){more}")
