@@ -16,7 +16,7 @@ from paraxis.cli import main
 from paraxis.config import RunConfig, read_run_file
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.plan.verify import ranks_of, spearman
+from paraxis.plan.verify import Measured, ranks_of, round_noise, spearman, table
 from paraxis.train_cli import config_from_args
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json")
@@ -151,3 +151,17 @@ def test_spearman_and_its_ranks():
     assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     assert math.isnan(spearman([1, 1], [1, 2]))
+
+
+def test_verify_says_when_the_rounds_disagree_more_than_the_layouts_differ():
+    # one layout's medians 0.0575 and 0.0989 s over two rounds, the two layouts 1.2% apart:
+    # the machine's noise, not the layouts, orders them, and the table says so
+    rows = [Measured("a", 0.041, [0.0575, 0.0989], 1, 2), Measured("b", 0.043, [0.077, 0.0776],
+                                                                   2, 1)]
+    lines = table(rows)
+    assert round_noise(rows) == pytest.approx((0.0989 - 0.0575) / 0.0782)
+    assert lines[-1].startswith("Noise: between rounds one layout's median moved by up to 53%")
+    assert "this machine does not order them" in lines[-1]
+    quiet = [Measured("a", 0.041, [0.050, 0.051], 1, 1), Measured("b", 0.043, [0.060, 0.061],
+                                                                  2, 2)]
+    assert "does not order" not in table(quiet)[-1]

@@ -135,4 +135,21 @@ def table(rows: list[Measured]) -> list[str]:
             else f"{rho:+.2f}")
     lines.append(f"Spearman rank correlation {said} over {len(rows)} layouts; "
                  f"the pick ran {s['pick_over_fastest']:+.1%} vs the fastest measured")
+    noise = round_noise(rows)
+    measured = [r.measured_s for r in rows]
+    gap = max(measured) / min(measured) - 1
+    if noise > 0 and gap <= noise:
+        lines.append(f"Noise: between rounds one layout's median moved by up to {noise:.0%}, "
+                     f"more than the {gap:.1%} the measured layouts span: this machine does "
+                     "not order them; more rounds (--verify-rounds) or a quieter machine would")
+    elif noise > 0:
+        lines.append(f"Noise: between rounds one layout's median moved by up to {noise:.0%}; "
+                     f"the measured layouts span {gap:.1%}")
     return lines
+
+
+def round_noise(rows: list[Measured]) -> float:
+    """The largest spread of one layout's medians over the rounds, (max - min) / median:
+    measured differences smaller than this are the machine's noise, not the layouts'."""
+    return max(((max(r.runs_s) - min(r.runs_s)) / r.measured_s for r in rows
+                if len(r.runs_s) > 1), default=0.0)
