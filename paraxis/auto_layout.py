@@ -47,8 +47,9 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
     its prices come from, and the hardware file it read (None: a GPU preset)."""
     from paraxis.model_config import load_model_config
     from paraxis.plan.auto import choose
+    from paraxis.plan.hardware import build_cluster
     from paraxis.plan.inputs import PlanInputs
-    from paraxis.plan.search import Constraints
+    from paraxis.plan.search import Constraints, search
     from paraxis.report.hardware import choose_hardware
 
     model_cfg = load_model_config(cfg.model.name)
@@ -60,6 +61,12 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
     memory_gb = cfg.auto.memory_gb
     if memory_gb is not None and not memory_gb > 0:
         raise ParaxisError(f"--memory-gb {memory_gb} must be a positive number of GB per rank")
+    # packing refuses context parallelism (packing.check_layout): never pick it then
+    constraints = Constraints(cp=1) if cfg.train.pack_documents else Constraints()
+    # The layout rules need no prices: a rank count or batch no layout can run fails now,
+    # not after a calibration (search raises before it prices anything)
+    search(model_cfg, build_cluster("a100-80gb", ranks, ranks), seq_len,
+           cfg.train.global_batch, constraints)
     inputs = PlanInputs(model=cfg.model.name, gpus=ranks, gpus_per_node=ranks,
                         hardware=cfg.logging.hardware, memory_gb=memory_gb,
                         precision=cfg.train.precision, seq_len=seq_len,
@@ -78,8 +85,6 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
         cores = available_cores(cluster.cores_per_node, PROBE_S, ranks)
         cluster = cluster.replace(available_cores=cores)
         source += f"; our ranks get {cores:.2f} of its {cluster.cores_per_node} cores now"
-    # packing refuses context parallelism (packing.check_layout): never pick it then
-    constraints = Constraints(cp=1) if cfg.train.pack_documents else Constraints()
     choice = choose(model_cfg, cluster, seq_len, cfg.train.global_batch,
                     given.precision_rule(), constraints)
     if memory_gb is not None:

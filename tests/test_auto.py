@@ -165,3 +165,19 @@ def test_verify_says_when_the_rounds_disagree_more_than_the_layouts_differ():
     quiet = [Measured("a", 0.041, [0.050, 0.051], 1, 1), Measured("b", 0.043, [0.060, 0.061],
                                                                   2, 2)]
     assert "does not order" not in table(quiet)[-1]
+
+
+def test_a_rank_count_no_layout_can_run_fails_before_any_calibration(tmp_path, monkeypatch,
+                                                                     capfd):
+    # 3 ranks, a 2-layer model of 4 heads and a batch of 16: no (dp, tp, pp) runs it; the
+    # rules say so at once, where the calibration (10-30 s, cached) came first before
+    monkeypatch.setenv("PARAXIS_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "two.json"
+    model.write_text(json.dumps({"name": "two-layer", "style": "llama", "vocab_size": 256,
+                                 "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2,
+                                 "d_ff": 128, "max_seq_len": 128}))
+    code = main(["train", "--nproc", "3", "--layout", "auto", "--model", str(model),
+                 "--seq-len", "64", "--global-batch", "16"])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "satisfies the rules" in err[0]
+    assert not (tmp_path / "cache").exists()  # nothing was calibrated
