@@ -19,7 +19,9 @@ from paraxis.options import option
 class AutoSection:
     enabled: bool = option(False, "let the planner choose the layout on this machine's "
                            "calibrated profile (what --layout auto sets)", "--auto-layout")
-    memory_gb: float | None = option(None, "memory per rank the auto layout must fit in "
+    memory_gb: float | None = option(None, "memory per rank the auto layout must fit in, as "
+                                     "the planner forecasts it: tensors and the process "
+                                     "baseline, not the data or the loop's own buffers "
                                      "(default: the profile's share of this machine's)",
                                      "--memory-gb")
     predicted_step_s: float | None = option(None, "the planner's step time for the layout "
