@@ -111,10 +111,9 @@ class GPU:
 
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
-# Memory as the driver reports it (nvidia-smi's total): an "80GB" A100 has 81920 MiB, an
-# "80GB HBM3" H100 (SXM or PCIe) 81559 MiB, a "40GB" A100 40960 MiB, an H200 143771 MiB, a
-# 32 GB V100 32768 MiB, an L40S 46068 MiB (ECC on): binary units, so above the "GB" of the
-# name (7% for 80 GB, 2% for the H200's 141 and 1% for the L40S's 48 with ECC's share).
+# Memory as the driver reports it (nvidia-smi's total, binary units): an "80GB" A100 81920
+# MiB, an "80GB HBM3" H100 (SXM or PCIe) 81559, a "40GB" A100 40960, an H200 143771, a 32 GB
+# V100 32768, an L40S 46068 (ECC on): 1-7% above the "GB" of the name.
 MIB = 2**20
 
 # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
