@@ -12,6 +12,7 @@ same on one device and on many. The config and its flags live in `paraxis.config
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -87,6 +88,9 @@ def run_training(cfg: RunConfig) -> list[dict]:
                            "which takes bf16 or fp16, not fp32; use --precision bf16")
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
     rank, world = init_distributed(device, train.timeout_s)
+    if cfg.launch.nproc != world:  # torchrun's ranks: the config.toml they write replays as
+        # `paraxis train --config` on as many ranks
+        cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=world))
     clean = False  # whether every rank can still meet at the shutdown barrier
     claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:

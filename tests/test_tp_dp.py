@@ -3,6 +3,7 @@ one device: same losses and global gradient norms over 4 steps, through the torc
 
 import pytest
 
+from paraxis.config import read_run_file
 from paraxis.testing import train_records
 
 
@@ -17,3 +18,6 @@ def test_dp2_tp2_zero1_with_sequence_parallel_matches_one_device(tmp_path):
     for one, dp_tp in zip(runs["one"], runs["dp_tp"], strict=True):
         assert dp_tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
         assert dp_tp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    # the torchrun job's config.toml (written last) replays with `paraxis train --config`
+    # on as many ranks: it records nproc = 4, not each rank's own 1
+    assert read_run_file(tmp_path / "config.toml").launch.nproc == 4
