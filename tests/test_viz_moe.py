@@ -77,7 +77,7 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
     html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
                         layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
-    assert "each rank holds 1 experts" in html
+    assert "each rank holds 1 expert of" in html
     assert "too large to build here" in html  # routing: `paraxis experts` on a checkpoint
     dense = write_report(tmp_path / "d.html", model="llama2-7b", gpus=8,
                          layout="dp=8", global_batch=64, seq_len=4096).read_text()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.cost import Estimate
+from paraxis.plan.cost import STEP_PARTS, Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import Precision
 from paraxis.plan.search import (
@@ -32,7 +32,7 @@ from paraxis.plan.uncertainty import error_band, ties
 
 GB = 1e9
 MAX_DEFENCE_LINES = 5
-OVERHEADS = ("tp", "cp", "ep", "pp", "dp", "bubble", "optimizer", "step_calls")
+OVERHEADS = STEP_PARTS[1:]  # beside compute
 
 
 @dataclass(frozen=True)

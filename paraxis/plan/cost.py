@@ -79,6 +79,10 @@ PREDICTION_TOLERANCE = 0.25
 PREDICTION_SHARE = 0.8
 
 
+# The parts of a step as it is priced, exposed time only: they add up to time["step"]
+STEP_PARTS = ("compute", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer", "step_calls")
+
+
 @dataclass(frozen=True)
 class Estimate:
     layout: Layout

@@ -32,7 +32,8 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
     parts = [f"<p>{cfg.name}: {cfg.n_experts} experts per MoE block, each token routed to "
              f"{cfg.top_k}; {cfg.num_params() / 1e6:,.1f} M parameters in all, "
              f"{cfg.num_active_params() / 1e6:,.1f} M used per token (what the FLOPs follow). "
-             f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} experts of every "
+             f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} "
+             f"expert{'s' if cfg.n_experts // layout.ep > 1 else ''} of every "
              "MoE block.</p>"]
     if layout.ep > 1:
         tokens = e.micro_batch * plan.seq_len // layout.cp  # one rank's microbatch

@@ -130,10 +130,13 @@ def _ring(plan: Plan) -> Section:
     ranks = ring_ranks(layout.dp)
     if layout.dp > 1:
         sync = (f"This plan's gradient sync runs over dp={layout.dp}, priced at "
-                f"{duration(e.time.get('dp_total', 0.0))} per step.")
+                f"{duration(e.time.get('dp_total', 0.0))} per step in all, "
+                f"{duration(e.time.get('dp', 0.0))} of it not hidden behind the backward.")
         if ranks != layout.dp:
             sync += (f" A ring of {layout.dp} is a plain exchange, so the picture shows "
-                     f"{ranks} ranks.")
+                     f"{ranks} ranks." if layout.dp < ranks else
+                     f" A ring of {layout.dp} takes 2 x {layout.dp - 1} steps; the picture "
+                     f"shows the same algorithm on {ranks} ranks, which stays legible.")
     else:
         sync = "This plan has dp=1, so no gradient all-reduce; the picture shows 4 ranks."
     return ("ring", "Ring all-reduce", figure(

@@ -145,8 +145,10 @@ def _what_the_run_used(plan: Plan, run: MeasuredRun | None, costs_of: str) -> st
     schedule = build_schedule(layout.schedule, layout.pp, layout.microbatches,
                               layout.virtual_stages)
     timeline = schedule.simulate(own.forward_s, own.backward_s, own.send_s)
-    header = ["", "schedule", "microbatches", "forward", "backward", "send", "bubble",
-              "peak in flight"]
+    in_flight = ("peak in flight (microbatches)" if layout.virtual_stages == 1 else
+                 f"peak in flight (chunks of 1/{layout.virtual_stages} stage)")
+    header = ["", "schedule", "microbatches", "forward", "backward", "send",
+              "bubble (sends included)", in_flight]
     rows = [("this plan, priced", NAMES[layout.schedule], layout.microbatches,
              duration(own.forward_s), duration(own.backward_s), duration(own.send_s),
              f"{timeline.bubble_fraction:.0%}", max(schedule.peak_in_flight()))]

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 
 from paraxis.layout import Layout
 from paraxis.plan.comm import axis_link
+from paraxis.plan.cost import STEP_PARTS
 from paraxis.plan.experts import ep_link
+from paraxis.plan.search import EQUAL_TIMES
 from paraxis.viz.html import esc, table
 
 if TYPE_CHECKING:
@@ -65,12 +67,13 @@ def plan_section(plan: Plan) -> str:
     rows = [(k, size(v)) for k, v in memory.items() if k not in ("stage", "total")]
     memory_table = table(["component", f"per {device} (busiest stage)"], rows + [
         ("total", f"{size(memory['total'])} of {size(e.memory_limit_bytes)}")])
-    time = table(["part of the step", "time", "share"],
-                 [(k, duration(v), f"{v / e.step_time_s:.0%}") for k, v in e.time.items()
-                  if k in ("compute", "tp", "pp", "dp", "bubble", "optimizer", "step_calls")
-                  and v > 0]
+    time = table(["part of the step (time not hidden behind compute)", "time", "share"],
+                 [(k.replace("_", " "), duration(e.time[k]), f"{e.time[k] / e.step_time_s:.0%}")
+                  for k in STEP_PARTS if e.time[k] > 0]
                  + [("step", duration(e.step_time_s), "100%")])
-    who = {"planner": "chosen by the planner (fastest layout that fits)",
+    who = {"planner": "chosen by the planner (the fastest layout that fits, where layouts "
+                      f"within {EQUAL_TIMES:.1%} of each other count as equal and the simpler "
+                      "goes first)",
            "auto": "chosen by the planner when the run started (--layout auto)",
            "user": "given by the user"}[plan.chosen_by]
     fits = '<span class="good">fits</span>' if e.fits else '<span class="bad">does not fit</span>'
@@ -94,7 +97,9 @@ def defence_section(plan: Plan) -> str:
             for i, c in enumerate(result.top(6))]
     parts.append("<h3>Fastest layouts that fit</h3>" + table(
         ["rank", "layout", "step", "tokens/s", "MFU", f"memory/{plan.hardware.device}"],
-        rows))
+        rows) + f"<p>Ranked fastest first, where steps within {EQUAL_TIMES:.1%} of each other "
+        "count as equal and the simpler layout (fewer model-parallel ranks, lower ZeRO stage, "
+        "less recomputation) goes first: the model cannot tell such layouts apart.</p>")
     if plan.chosen_by in ("user", "auto") and result.ranked:
         best = result.ranked[0]
         ratio = e.step_time_s / best.step_time_s

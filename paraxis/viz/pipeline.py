@@ -73,7 +73,7 @@ def compare_schedules(stages: int, microbatches: int, forward_s: float, backward
             f"v={chunks}, peak {peak} chunk activations of 1/{chunks} stage"
         panels.append(TimelinePanel(f"{SCHEDULE_TITLES[kind]}; {held}",
                                     timeline_events(timeline), timeline.bubble_fraction))
-    note = f" ({cost_note})" if cost_note else ""
+    note = f"\n({cost_note})" if cost_note else ""  # its own line: a long note is not cut
     fig = plot_timelines(panels, f"Pipeline schedules: {stages} stages, {microbatches} "
                                  f"microbatches{note}", time_unit=time_unit)
     return fig, shown
