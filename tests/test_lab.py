@@ -148,7 +148,9 @@ def test_scaling_gap(browser):
         gpu = F.BASE_GPU_BYTES * 2 ** ((year - F.BASE_YEAR) / F.GPU_MEMORY_DOUBLING_YEARS)
         said = text(browser, "scaling-year-out")
         assert f"largest published, {name}, has {shown}" in said
-        assert f"at least {math.ceil(state / gpu)} GPUs" in said
+        needed = math.ceil(state / gpu)
+        assert f"at least {needed} GPU{'s' if needed > 1 else ''} just" in said
+        assert f"the trend's GPU holds {float(f'{gpu / 1e9:.3g}'):g} GB" in said
     # the course's trend, past where it held, is shown as a number, not as "1.75e+7B"
     assert "1.75e+16 parameters" in said
     for billions, state_gb in ((7, "112 GB"), (70, "1120 GB"), (175, "2800 GB")):
@@ -230,6 +232,12 @@ def test_tensor_parallel_mlp(browser):
         assert close(text(browser, "tp-time"), traffic["times"][f"4/{link}"])
     click(browser, "tp-check")
     assert "128 all-reduces" in text(browser, "tp-answer")
+    # at TP 1 nothing is all-reduced: the count says so, and the check answers at TP 8
+    slide(browser, "tp-degree", F.TP_DEGREES, 1)
+    assert text(browser, "tp-answer") == ""  # the answer was for TP 4
+    assert "nothing to all-reduce" in text(browser, "tp-count")
+    click(browser, "tp-check")
+    assert "at TP 8 one step's 128 all-reduces" in text(browser, "tp-answer")
 
 
 def test_pipeline_schedules(browser):
@@ -324,10 +332,17 @@ def test_grid_names_every_role(browser):
                 name = f"{axis.upper()} group "
                 expected = [name + json.dumps(group, separators=(",", ":"))] * (len(group) > 1)
                 assert [line.split(":")[0] for line in lines if line.startswith(name)] == expected
+    # dp = cp = ep = 2: GPU 3's CP and EP groups are the same two GPUs; both are drawn
+    set_grid(2, 2, 2, 2, 2, 8)
+    hover(3)
+    twice = browser.find_element("id", "grid-rank-1")
+    assert twice.get_attribute("data-axis") == "cp ep"
+    assert twice.value_of_css_property("box-shadow").count("rgb") == 2
     set_grid(1, 2, 2, 1, 2)
     with pytest.raises(ParaxisError) as error:
         grid_layout(1, 2, 2, 1, 2)
     assert text(browser, "grid-error") == str(error.value)
+    assert text(browser, "grid-world") == "—"  # not the last valid grid's size
     click(browser, "grid-check")
     assert "[4,5,6,7]" in text(browser, "grid-answer")
 

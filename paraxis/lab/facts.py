@@ -35,7 +35,7 @@ LARGEST_PUBLISHED = {
     2018: ("BERT-Large", 0.34e9),  # Devlin et al. 2018
     2019: ("T5-11B", 11e9),  # Raffel et al. 2019
     2020: ("GPT-3", 175e9),  # Brown et al. 2020
-    2021: ("Megatron-Turing NLG", 530e9),  # Smith et al. 2022 (trained in 2021)
+    2021: ("Switch-C (MoE)", 1.571e12),  # Fedus et al. 2021 (Megatron-Turing NLG: 530B dense)
     2022: ("PaLM", 540e9),  # Chowdhery et al. 2022
     2023: ("Falcon-180B", 180e9),  # Almazrouei et al. 2023 (GPT-4's size is unpublished)
     2024: ("DeepSeek-V3 (MoE)", 671e9),  # DeepSeek-AI 2024

@@ -6,6 +6,13 @@
 (function scalingGap() {
   const params = (n) => n < 1e12 ? +(n / 1e9).toPrecision(3) + "B"
     : n < 1e15 ? +(n / 1e12).toPrecision(3) + "T" : n.toExponential(2);
+  // bytes on the axis in words (the sliders' "B" is billions of parameters)
+  const bytes = (n) => {
+    const units = [[1e15, "PB"], [1e12, "TB"], [1e9, "GB"], [1e6, "MB"]];
+    const [size, name] = units.find(([u]) => n >= u) || [1, "bytes"];
+    return +(n / size).toPrecision(3) + " " + name;
+  };
+  const gpus = (n) => n + (n === 1 ? " GPU" : " GPUs");
   const d = DATA.scaling, svg = $("scaling-chart");
   const W = 560, H = 240, L = 60, R = 20, T = 15, B = 30;
   const ys = d.years.flatMap((y) => [y.state_bytes, y.gpu_bytes, y.published_state_bytes]);
@@ -15,7 +22,7 @@
   for (let e = lo; e <= hi; e += 2) {
     el("line", {x1: L, x2: W - R, y1: y(10 ** e), y2: y(10 ** e), stroke: "#dee2e6"}, svg);
     el("text", {x: L - 6, y: y(10 ** e) + 4, "text-anchor": "end", class: "tick"}, svg,
-      "1e" + e + " B");
+      bytes(10 ** e));
   }
   d.years.forEach((yr, i) => el("text", {x: x(i), y: H - 10, "text-anchor": "middle",
     class: "tick"}, svg, yr.year));
@@ -29,16 +36,18 @@
     const i = d.years.findIndex((yr) => yr.year === value), yr = d.years[i];
     marker.setAttribute("x1", x(i)); marker.setAttribute("x2", x(i));
     $("scaling-year-out").textContent = value + ": the trend gives a frontier model of " +
-      params(yr.params) + " parameters (" + gb(yr.state_bytes) + " of training state); the " +
+      params(yr.params) + " parameters (" + bytes(yr.state_bytes) + " of training state); the " +
       "largest published, " + yr.published_name + ", has " + params(yr.published_params) +
-      ": " + gb(yr.published_state_bytes) + " of training state, where one GPU holds " +
-      gb(yr.gpu_bytes) + ": at least " + yr.published_gpus_to_hold + " GPUs just to hold it.";
+      ": " + bytes(yr.published_state_bytes) + " of training state, where the trend's GPU " +
+      "holds " + bytes(yr.gpu_bytes) + ": at least " + gpus(yr.published_gpus_to_hold) +
+      " just to hold it.";
   });
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
     const m = d.models.find((mm) => mm.billions === value);
     $("scaling-model-out").textContent = value + "B parameters: weights " +
       gb(m.weights_bytes) + ", weights + gradients + Adam " + gb(m.state_bytes) +
-      " against " + gb(d.gpu_bytes) + " on one GPU: " + m.gpus_to_hold + " GPUs' memory.";
+      " against " + gb(d.gpu_bytes) + " on one GPU: " + (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") +
+      " memory.";
   }, (v) => v + "B");
   $("scaling-check").addEventListener("click", () => {
     model.set(70);
@@ -133,7 +142,8 @@
       });
     });
     $("ring-status").textContent = step === 0
-      ? "Ready. " + ranks + " GPUs, " + ranks + " chunks each (GPU r holds r+1 in every chunk)."
+      ? "Ready. " + ranks + " GPUs, " + ranks + " chunks each (GPU r holds (r+1)·10^(c mod 3) " +
+        "in chunk c, so each GPU's share shows in the sums' digits)."
       : "Step " + step + "/" + ring.step_count + " (" + state.phase + "): every GPU sends one chunk" +
         " to its right neighbour" + (state.phase === "reduce-scatter" ? " and adds the one it receives."
         : " and keeps the finished one it receives.");
@@ -204,8 +214,11 @@
   }
   function traffic() {
     const t = d.traffic, tp = degree.get();
-    $("tp-count").textContent = t.per_layer + " all-reduces per layer (2 forward, 2 backward) × " +
-      d.model.layers + " layers = " + t.per_step + " per step, " + gb(t.activation_bytes) + " each";
+    $("tp-answer").textContent = "";  // an answer was for the settings it was asked at
+    $("tp-count").textContent = tp === 1
+      ? "TP 1: every GPU holds whole layers, so there is nothing to all-reduce"
+      : t.per_layer + " all-reduces per layer (2 forward, 2 backward) × " + d.model.layers +
+        " layers = " + t.per_step + " per step, " + gb(t.activation_bytes) + " each";
     $("tp-time").textContent = seconds(t.times[tp + "/" + link.get()]);
     $("tp-links").textContent = Object.keys(d.links).map((name) => name + " " +
       seconds(t.times[tp + "/" + name])).join(" · ");
@@ -216,7 +229,8 @@
   const steps = stepper("tp", () => STAGES.length, draw, 1000);
   steps.go(0); traffic();
   $("tp-check").addEventListener("click", () => {
-    const t = d.traffic.times, tp = degree.get();
+    // at TP 1 nothing moves: answer at the largest degree on the slider
+    const t = d.traffic.times, tp = degree.get() > 1 ? degree.get() : Math.max(...d.degrees);
     $("tp-answer").textContent = "Every layer all-reduces its activations: at TP " + tp +
       " one step's " + d.traffic.per_step + " all-reduces take " + seconds(t[tp + "/NVLink"]) +
       " on NVLink but " + seconds(t[tp + "/Ethernet"]) + " on Ethernet.";

@@ -160,7 +160,12 @@
     layout = d.layouts[key()];
     box.innerHTML = "";
     $("grid-role").textContent = "Hover over a GPU.";
-    if (layout.error) { $("grid-error").textContent = layout.error; return; }
+    if (layout.error) {  // no grid: no world size either (not the last valid one's)
+      $("grid-error").textContent = layout.error;
+      $("grid-world").textContent = "—";
+      $("grid-role").textContent = "";
+      return;
+    }
     $("grid-error").textContent = "";
     const [dp, tp, pp, cp] = [dpS.get(), tpS.get(), ppS.get(), cpS.get()];
     $("grid-world").textContent = layout.coords.length;
@@ -189,13 +194,23 @@
     pp: "the other stages' layers of this replica", dp: "the same layers, other data",
     cp: "split every sequence", ep: "split the experts"};
   function hover(rank) {
-    document.querySelectorAll(".gpucell").forEach((c) => c.removeAttribute("data-axis"));
-    const lines = [layout.labels[String(nodeS.get())][rank]];
+    document.querySelectorAll(".gpucell").forEach((c) => {
+      c.removeAttribute("data-axis");
+      c.style.boxShadow = "";
+    });
+    const lines = [layout.labels[String(nodeS.get())][rank]], rings = {};
     for (const axis of ["dp", "pp", "cp", "ep", "tp"]) {
       const group = layout.groups[axis].find((g) => g.includes(rank));
       if (group.length < 2) continue;
-      for (const r of group) if (r !== rank) $("grid-rank-" + r).setAttribute("data-axis", axis);
+      for (const r of group) if (r !== rank) (rings[r] = rings[r] || []).push(axis);
       lines.push(axis.toUpperCase() + " group " + JSON.stringify(group) + ": " + ROLES[axis]);
+    }
+    // a GPU in several of the groups (cp and ep can coincide) gets a ring per group
+    for (const [r, axes] of Object.entries(rings)) {
+      const cell = $("grid-rank-" + r);
+      cell.setAttribute("data-axis", axes.join(" "));
+      cell.style.boxShadow = axes.map((a, i) => "0 0 0 " + 3 * (i + 1) + "px " + COLOURS[a])
+        .join(", ");
     }
     $("grid-rank-" + rank).setAttribute("data-axis", "me");
     $("grid-role").textContent = lines.join("\n");
