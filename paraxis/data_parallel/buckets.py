@@ -75,6 +75,11 @@ class GradReducer:
         self.accumulate = any(unit.dtype != self.grad_dtype for unit in units)
         self.group = group
         self.dp_size = group_size(group)
+        # fp16 gradients are divided by the group's size before they are summed, not after:
+        # dp loss-scaled gradients can overflow fp16 in their sum where their mean does not
+        # (PyTorch DDP's hook and FSDP pre-divide for the same reason); a power of 2 divides
+        # exactly, so for such groups the mean is the same bits either way
+        self.predivide = self.grad_dtype == torch.float16 and self.dp_size > 1
         self.shard_grads = shard_grads
         # ZeRO-1: full buckets, but only this rank's shard needs the sum
         self.reduce_to_shard = reduce_to_shard
@@ -235,6 +240,8 @@ class GradReducer:
             while len(self._pending) >= MAX_IN_FLIGHT:
                 self._retire_oldest()
             flat = self._take_flat(unit)
+            if self.predivide:
+                flat.div_(self.dp_size)
             if index in self._reduced:  # a later microbatch: its sum adds to the shard
                 out = torch.empty_like(unit.grad_shard)
                 self._pending.append((reduce_scatter_sum(out, flat, unit.group), flat, out,
@@ -243,7 +250,10 @@ class GradReducer:
                 self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, unit.group),
                                       flat, None, None, False, unit.group))
             self._reduced.add(index)
-        elif self.reduce_to_shard:
+            return
+        if self.predivide:
+            unit.grad_full.div_(self.dp_size)
+        if self.reduce_to_shard:
             # The output must not alias the input (gloo gets it wrong), so the sum lands in
             # a shard-sized buffer and is copied into the bucket when it has arrived.
             out = torch.empty_like(unit.grad_shard)
@@ -270,7 +280,7 @@ class GradReducer:
         self._launch_ready()
         while self._pending:
             self._retire_oldest()
-        if self.dp_size > 1:
+        if self.dp_size > 1 and not self.predivide:
             for buffer in self.grad_buffers():
                 buffer.div_(self.dp_size)
         self._complete = [False] * len(self.units)
