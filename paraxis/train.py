@@ -150,7 +150,13 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
     from paraxis.runtime import faults
-    from paraxis.runtime.nan_policy import NumericalFault, nonfinite, skip_message, stop_message
+    from paraxis.runtime.nan_policy import (
+        NumericalFault,
+        nonfinite,
+        overflow_message,
+        skip_message,
+        stop_message,
+    )
     from paraxis.runtime.preemption import Preempted, StopRequest
     from paraxis.runtime.resume import save, save_due, trim_metrics
     from paraxis.runtime.watchdog import WATCH
@@ -194,10 +200,14 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             problem = nonfinite(loss, grad_norm, engine.skipped_overflow())
             if problem and train.on_nan == "stop":
                 raise NumericalFault(stop_message(step, problem))
+            overflowed = problem is None and engine.skipped_overflow()
             if problem is None:
-                engine.optimizer_step(lr)
+                engine.optimizer_step(lr)  # skips itself where fp16 overflowed
             elif rank == 0:
                 print(skip_message(step, problem), file=sys.stderr, flush=True)
+            if overflowed and rank == 0:
+                print(overflow_message(step, engine.loss_scaler.state_dict()["scale"]),
+                      file=sys.stderr, flush=True)
             engine.zero_grad()
             # From here on the weights hold good steps only: the place to save a checkpoint.
             step_time = time.perf_counter() - started
@@ -221,8 +231,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == train.steps):
                 record["val_loss"] = _evaluate(cfg, engine, data, share, device)
             record["data_bytes_read"] = data.bytes_read()  # this rank's, held-out reads too
-            if problem:
-                record["skipped"] = problem
+            if problem or overflowed:
+                record["skipped"] = problem or "fp16 gradients overflowed (loss scale lowered)"
             if engine.loss_scaler is not None:  # fp16: the scale the next step uses
                 record["loss_scale"] = engine.loss_scaler.state_dict()["scale"]
             records.append(record)

@@ -130,3 +130,20 @@ def test_a_stopped_run_keeps_only_good_checkpoints(monkeypatch, tmp_path):
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2, 3]
     _, params = read_full_state(tmp_path)
     assert all(torch.isfinite(t).all() for t in params.values())
+
+
+def test_an_fp16_overflow_skip_is_said_and_recorded(capsys):
+    # lr 0.3 without clipping overflows tiny's fp16 gradients within a few steps: the loss
+    # scaler skips those steps (not a fault), and the run says so, as --on-nan skip does
+    cfg = RunConfig.from_flags(model="tiny", steps=5, global_batch=4, seq_len=32, lr=0.3,
+                               warmup=0, grad_clip=0.0, precision="fp16", quiet=True)
+    records = run_training(cfg)
+    lowered = [r for r, before in zip(records[1:], records, strict=False)
+               if r["loss_scale"] < before["loss_scale"]]
+    assert lowered and all(r.get("skipped", "").startswith("fp16 gradients overflowed")
+                           for r in lowered)
+    assert sum("skipped" in r for r in records) == len(lowered) + (
+        records[0]["loss_scale"] < 2.0**16)
+    err = capsys.readouterr().err
+    assert err.count("fp16 gradients overflowed; step skipped, loss scale lowered") == \
+        sum("skipped" in r for r in records)

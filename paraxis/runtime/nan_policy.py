@@ -44,3 +44,9 @@ def stop_message(step: int, fault: str) -> str:
 def skip_message(step: int, fault: str) -> str:
     return (f"paraxis: warning: step {step}: {fault}; step skipped (--on-nan skip), weights "
             "unchanged")
+
+
+def overflow_message(step: int, scale: float) -> str:
+    """fp16's loss scaler skipped the step (not a fault: it lowers the scale and goes on)."""
+    return (f"paraxis: note: step {step}: fp16 gradients overflowed; step skipped, loss scale "
+            f"lowered to {scale:g}")
