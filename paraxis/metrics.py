@@ -11,6 +11,7 @@ Records go to a JSON-lines file and, when asked, TensorBoard event files (rank 0
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 from pathlib import Path
@@ -87,6 +88,17 @@ def device_peak_flops(device: torch.device, peak_tflops: float | None = None,
     return None
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float (at any depth) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
 class MetricsSink:
     """Step records to JSON lines (appending when a run resumes) and TensorBoard."""
 
@@ -104,7 +116,10 @@ class MetricsSink:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            # strict JSON has no NaN or Infinity: such a value is written as null (the
+            # record's `skipped` says what was not finite; run_records.load_metrics reads
+            # a null loss or norm back as NaN)
+            self.file.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
             self.file.flush()
         if self.writer:
             for key, value in record.items():

@@ -7,6 +7,7 @@ matplotlib: the planner's `--verify` reads runs too.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -21,6 +22,9 @@ WARMUP_STEPS = 3  # first steps pay for allocation and autotuning: left out of m
 DISTURBED_SPREAD = 0.25
 
 
+NOT_FINITE_AS_NULL = ("loss", "grad_norm", "val_loss")
+
+
 def load_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     try:
@@ -32,9 +36,12 @@ def load_metrics(path: str | Path) -> list[dict]:
     for number, line in enumerate(lines, start=1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 raise ParaxisError(f"{path}:{number} is not a JSON line") from None
+            # a non-finite loss or norm is written as null (metrics.strict_json)
+            records.append({k: math.nan if v is None and k in NOT_FINITE_AS_NULL else v
+                            for k, v in record.items()})
     if not records:
         raise ParaxisError(f"{path} holds no steps; did the run finish its first step?")
     return records

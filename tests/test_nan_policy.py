@@ -114,6 +114,14 @@ def test_every_rank_skips_the_same_step(tmp_path, monkeypatch, layout, fault):
             "unchanged") in result.stderr
     launched = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [("skipped" in r) for r in launched] == [False, True, False, False]
+    # strict JSON (no NaN or Infinity, which JavaScript's and jq's parsers refuse): the
+    # skipped step's loss is null, and `skipped` says what it was
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    assert [json.loads(line, parse_constant=refuse)["step"]
+             for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
+    assert launched[1]["loss"] is None and launched[1]["skipped"] == "loss is nan"
     single, _ = train(monkeypatch, "nan:step=1", steps=4, on_nan="skip", min_lr_ratio=0.1)
     for a, b in zip(launched, single, strict=True):
         if "skipped" not in a:
