@@ -135,16 +135,19 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
                     call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
                     datasheet_Bps=gpu.nvlink_bandwidth_Bps)
-    # Rails: the k members of a node drive min(k, NICs) NICs; NCCL runs one ring per NIC,
-    # so a flat ring moves min(k, NICs) NICs' worth per node, never more than NVLink, and
-    # each member's own share of the network (a hierarchical collective's rail) is
-    # min(1, NICs / k) of one NIC.
+    # Rails: every group of an axis runs its collective at once (the DP groups of all TP
+    # ranks, say), so the node's NICs are shared by all its GPUs: each has min(1, NICs /
+    # GPUs per node) of one NIC, whatever group it is in. NCCL runs one ring per NIC, so a
+    # group's k members of a node move k such shares per node, never more than NVLink, and
+    # a member's own share is its rail in a hierarchical collective. (With a NIC per GPU, as
+    # on a DGX, every member has its own.)
     per_node = max(1, len(ranks) // nodes)
     nics = cluster.nics_per_node or cluster.gpus_per_node
     nic = cluster.inter_node_bandwidth_Bps
-    ring = min(min(per_node, nics) * nic, gpu.nvlink_bandwidth_Bps)
+    share = nic * min(1.0, nics / cluster.gpus_per_node)  # one GPU's part of the NICs
+    ring = min(per_node * share, gpu.nvlink_bandwidth_Bps)
     return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), nodes,
-                per_node, nic * min(1.0, nics / per_node) * efficiency,
+                per_node, share * efficiency,
                 cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
                 cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
 

@@ -182,8 +182,11 @@ def link_speed(link: Link, cluster: Cluster) -> str:
         return (f"{link.datasheet_Bps / GB:.3g} GB/s per GPU each way ({bandwidth / GB:.3g} "
                 f"GB/s achieved at link_efficiency {efficiency:g})")
     nics = cluster.nics_per_node or cluster.gpus_per_node
-    used = min(link.per_node, nics)
-    return (f"{used} of the node's {nics} NICs x {cluster.inter_node_bandwidth_Bps / GB:.3g} "
-            f"GB/s each way for its {link.per_node} member(s) per node ({link.algorithm} "
-            f"algorithm; a ring reaches {bandwidth / GB:.3g} GB/s at link_efficiency "
-            f"{efficiency:g})")
+    nic = cluster.inter_node_bandwidth_Bps
+    shared = ("one per GPU" if nics >= cluster.gpus_per_node else
+              f"shared by its {cluster.gpus_per_node} GPUs, whose groups all cross them at "
+              f"once: {nic * nics / cluster.gpus_per_node / GB:.3g} GB/s each")
+    return (f"the node's {nics} NIC{'s' if nics > 1 else ''} x {nic / GB:.3g} GB/s each way "
+            f"({shared}), for the group's {link.per_node} member(s) per node "
+            f"({link.algorithm} algorithm; a ring reaches {bandwidth / GB:.3g} GB/s at "
+            f"link_efficiency {efficiency:g})")
