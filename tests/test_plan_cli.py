@@ -237,3 +237,24 @@ def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in err and b"Exception" not in err
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"cluster": {"inter_node_bandwidth_Bps": "25e9"}},
+     "inter_node_bandwidth_Bps = '25e9' must be a number; write it without quotes"),
+    ({"gpu": {"peak_flops": "fast"}}, "peak_flops = 'fast' must be a number; give one"),
+    ({"cluster": {"gpus_per_node": 0}}, "gpus_per_node = 0 must be above 0"),
+    ({"gpu": {"link_efficiency": 0}}, "link_efficiency = 0 is the achieved share"),
+    ({"cluster": {"inter_node_bandwidth_Bps": -25e9}}, "must be above 0"),
+    ({"gpu": {"hbm_bandwidth_Bps": -1}}, "hbm_bandwidth_Bps = -1 must be above 0"),
+    ({"cluster": {"inter_node_latency_s": -1}}, "inter_node_latency_s = -1 must not be negative"),
+    ({"cluster": {"nics_per_node": 2.5}}, "nics_per_node = 2.5 must be a whole number"),
+])
+def test_a_hardware_files_bad_value_is_one_line(tmp_path, capsys, body, message) -> None:
+    # each was a traceback (a string compared with a number, a division by zero, memory
+    # exhausted by a negative latency) or a price below zero
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(body))
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "16",
+                           "--hardware", str(path))
+    assert code == 2 and message in err and err.count("\n") == 1, err

@@ -54,6 +54,7 @@ from pathlib import Path
 from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
+from paraxis.plan.hardware_values import check_values
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,8 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     Overrides set to None are ignored, so CLI flags left unset keep the file's or preset's value.
     """
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    check_values(overrides, {f.name: str(f.type) for f in (*dataclasses.fields(GPU),
+                                                           *dataclasses.fields(Cluster))})
     base = get_gpu(str(overrides.pop("gpu", gpu)))
     gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
     if gpu_changes.get("name", base.name) != base.name:
@@ -384,9 +387,6 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
             float(gpu_changes.get("hbm_bandwidth_Bps", base.hbm_bandwidth_Bps)),  # type: ignore[arg-type]
             CARRIED[base.name]))
     gpu_obj = dataclasses.replace(base, **gpu_changes)
-    for key in ("peak_flops", "memory_bytes", "nvlink_bandwidth_Bps"):
-        if float(getattr(gpu_obj, key)) <= 0:
-            raise ParaxisError(f"GPU {key}={getattr(gpu_obj, key)} must be positive")
     per_node = int(overrides.pop("gpus_per_node", gpus_per_node))
     if gpus is not None:
         if gpus < 1:
