@@ -3,10 +3,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from paraxis.cli import main
+
+PROFILE = Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json"
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -258,3 +261,22 @@ def test_a_hardware_files_bad_value_is_one_line(tmp_path, capsys, body, message)
     code, _, err = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "16",
                            "--hardware", str(path))
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_flags_beat_the_preset_and_a_cpu_profile_is_one_machine(tmp_path, capsys) -> None:
+    # --gpus-per-node beat neither a --cluster preset nor a file (preset < file < flags)
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "16", "--cluster",
+                           "dgx-a100", "--gpus-per-node", "4", "--json")
+    assert code == 0 and json.loads(out)["hardware"]["cluster"]["gpus_per_node"] == 4
+    # a profile calibrated on 2 CPU ranks, planned for 8: one machine of 8 ranks (not 4
+    # nodes of 2 joined by an invented network) sharing its memory
+    profile = json.loads(PROFILE.read_text())
+    profile["cluster"]["gpus_per_node"] = 2
+    profile["gpu"]["memory_bytes"] = 12e9
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(profile))
+    code, out, _ = run_cli(capsys, "plan", "--model", "tiny", "--gpus", "8", "--precision",
+                           "fp32", "--global-batch", "16", "--hardware", str(path), "--json")
+    hardware = json.loads(out)["hardware"]
+    assert code == 0 and hardware["cluster"]["nodes"] == 1
+    assert hardware["gpu"]["memory_bytes"] == pytest.approx(12e9 * 2 / 8)

@@ -33,7 +33,7 @@ class PlanInputs:
     model: str | None = None  # preset name or .json/.toml model file
     params: float | None = None  # or a generic GPT shape of this many parameters
     gpus: int | None = None  # None: one node
-    gpus_per_node: int = 8
+    gpus_per_node: int | None = None  # None: the preset's or file's, else 8
     gpu: str | None = None  # None: the hardware file's GPU, else DEFAULT_GPU
     hardware: str | None = None  # TOML/JSON file, e.g. the profile `paraxis calibrate` wrote
     cluster_preset: str | None = None  # a cluster as built (hardware.CLUSTERS), network included
@@ -65,9 +65,19 @@ class PlanInputs:
                  "nics_per_node": self.nics_per_node,
                  "collective_algorithm": self.collective_algorithm,
                  "pipeline_zero2_reduce": self.pipeline_zero2_reduce}
-        overrides.update({k: v for k, v in flags.items() if v is not None and v != 0})
+        if overrides.get("cores_per_node") and self.gpus:
+            # a CPU profile: every rank runs on this one machine, whatever rank count it was
+            # calibrated on, and more ranks than that share its memory (each keeps the
+            # calibration's share at most)
+            calibrated = int(overrides.get("gpus_per_node", 1))  # type: ignore[call-overload]
+            overrides["gpus_per_node"] = self.gpus
+            if "memory_bytes" in overrides and self.gpus > calibrated:
+                overrides["memory_bytes"] = \
+                    float(overrides["memory_bytes"]) * calibrated / self.gpus  # type: ignore[arg-type]
+        flags["gpus_per_node"] = self.gpus_per_node
+        overrides.update({k: v for k, v in flags.items() if v is not None})
         overrides["gpu"] = self.gpu or overrides.get("gpu", DEFAULT_GPU)
-        return build_cluster(str(overrides["gpu"]), self.gpus, self.gpus_per_node, overrides)
+        return build_cluster(str(overrides["gpu"]), self.gpus, 8, overrides)
 
     def precision_rule(self) -> Precision:
         if self.precision is None:
@@ -104,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     which.add_argument("--params", type=float, help="generic GPT shape of N parameters")
     add("--gpus", type=int, default=gpus,
         help=f"GPUs (or CPU ranks) in all (default: {gpus or gpus_text})")
-    add("--gpus-per-node", type=int, default=8)
+    add("--gpus-per-node", type=int, default=None,
+        help="GPUs per node (default: the --cluster preset's or --hardware file's, else 8)")
     add("--gpu", default=None, help=f"one of {', '.join(GPUS)} (default: the --hardware "
                                     f"file's, else {DEFAULT_GPU})")
     add("--hardware", help="TOML/JSON hardware file, e.g. the profile `paraxis calibrate` "

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_numbers(args: argparse.Namespace) -> None:
     """Sizes that must be positive: 0 used to fall back to a default silently, and a zero or
     negative node size or bandwidth to divide by zero or price nonsense."""
-    if args.gpus_per_node < 1:
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise ParaxisError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
     for flag in ("seq_len", "memory_gb", "nvlink_gbps", "network_gbps"):
         value = getattr(args, flag, None)

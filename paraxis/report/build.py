@@ -125,7 +125,8 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
 
 
 def write_report(out_path: str | Path = "report.html", model: str = "tiny", gpus: int = 1,
-                 gpu: str | None = None, gpus_per_node: int = 8, seq_len: int | None = None,
+                 gpu: str | None = None, gpus_per_node: int | None = None,
+                 seq_len: int | None = None,
                  global_batch: int = 16, layout: Layout | str | None = None,
                  run_dir: str | Path | None = None, hardware: str | None = None,
                  precision: str | None = None) -> Path:
