@@ -78,9 +78,8 @@ from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
 PREDICTION_TOLERANCE = 0.25
 PREDICTION_SHARE = 0.8
 
-
-# The parts of a step as it is priced, exposed time only: they add up to time["step"]
-STEP_PARTS = ("compute", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer", "step_calls")
+STEP_PARTS = ("compute", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer",
+              "step_calls")  # a step's parts, exposed time only: they add up to its time
 
 
 @dataclass(frozen=True)
