@@ -71,3 +71,10 @@ def check_writable(path: Path, flag: str) -> None:
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
                            "folder); choose another path")
+
+
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet: what
+    creating `path` makes, and what to remove again if nothing lands in it (None: none)."""
+    return next((folder for folder in reversed((path, *path.parents))
+                 if not folder.exists()), None)

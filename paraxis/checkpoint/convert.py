@@ -23,6 +23,7 @@ from paraxis.checkpoint.save import _write_tensors, commit, rank_file
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
+from paraxis.run_checks import outermost_missing
 
 
 def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
@@ -89,11 +90,7 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
         raise ParaxisError(f"{final} already exists; choose another destination")
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    made = None  # the outermost folder this call creates, removed again if it fails
-    for folder in (destination, *destination.parents):
-        if folder.exists():
-            break
-        made = folder
+    made = outermost_missing(destination)  # removed again if the write fails
     tmp.mkdir(parents=True)
     try:
         files, pieces = _write_pieces(full_of, kinds, cfg, layout, tmp, seq_len)

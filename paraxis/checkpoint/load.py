@@ -153,9 +153,8 @@ class CheckpointReader:
         except Exception as error:  # noqa: BLE001
             raise ParaxisError(f"{path} is not a safetensors file ({error})") from None
 
-    def _check_file(self, name: str) -> Path:
-        """The file's path once it is listed, present, of its size and (unless some rank
-        already hashed it) of its checksum."""
+    def _present(self, name: str) -> tuple[Path, dict]:
+        """The file's path and manifest entry, once it is listed and present."""
         path = safe_member(self.directory, name)
         expected = self.manifest.get("files", {}).get(name)
         if expected is None:
@@ -163,6 +162,12 @@ class CheckpointReader:
         if not path.is_file():
             raise ParaxisError(f"{path} is missing; the checkpoint is incomplete, use an "
                                "earlier one")
+        return path, expected
+
+    def _check_file(self, name: str) -> Path:
+        """The file's path once it is listed, present, of its size and (unless some rank
+        already hashed it) of its checksum."""
+        path, expected = self._present(name)
         if path.stat().st_size != expected["bytes"] or (
                 name not in self._verified and sha256_of(path) != expected["sha256"]):
             raise ParaxisError(f"{path} is corrupt or truncated (checksum differs from "
@@ -173,11 +178,8 @@ class CheckpointReader:
     def check_complete(self) -> None:
         """Every listed file present at its size (no hashing: the files read are hashed on
         first use), so a checkpoint that training would refuse is refused here too."""
-        for name, expected in sorted(self.manifest.get("files", {}).items()):
-            path = safe_member(self.directory, name)
-            if not path.is_file():
-                raise ParaxisError(f"{path} is missing; the checkpoint is incomplete, use an "
-                                   "earlier one")
+        for name in sorted(self.manifest.get("files", {})):
+            path, expected = self._present(name)
             if path.stat().st_size != expected["bytes"]:
                 raise ParaxisError(f"{path} is corrupt or truncated (its size differs from "
                                    "the manifest); use an earlier checkpoint")

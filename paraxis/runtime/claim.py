@@ -39,6 +39,7 @@ from paraxis.checkpoint.ownership import (
     run_facts,
 )
 from paraxis.errors import ParaxisError
+from paraxis.run_checks import outermost_missing
 from paraxis.runtime.distributed import restart_attempt
 from paraxis.runtime.resume import resume_source
 
@@ -150,7 +151,7 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
             _check_same_run(cfg, source, manifest, facts)
     _check_owner(folder, run_id, source)  # before touching anything
     _check_space(cfg, folder)
-    created = next((f for f in reversed((folder, *folder.parents)) if not f.exists()), None)
+    created = outermost_missing(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = _take_lock(cfg, folder, run_id, source is not None)
     try:
