@@ -23,6 +23,7 @@ from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.plan.precision import PRECISIONS
+from paraxis.units import DEFAULT_BUCKET_BYTES
 
 
 class HeldOutResult(NamedTuple):
@@ -52,7 +53,7 @@ def cluster_for(run: HeldOutRun) -> Cluster:
     return build_cluster(gpu, run.gpus, 8, {
         **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
         "attention_impl": run.attention_impl,
-        "gradient_bucket_bytes": 0 if run.fsdp else 25e6, **dict(run.network)})
+        "gradient_bucket_bytes": 0 if run.fsdp else DEFAULT_BUCKET_BYTES, **dict(run.network)})
 
 
 def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> float:

@@ -44,6 +44,7 @@ from paraxis.precision import POLICIES as PRECISIONS
 from paraxis.run_checks import check_late_failures, check_writable
 from paraxis.runtime.nan_policy import POLICIES
 from paraxis.schedules import check_compile
+from paraxis.units import DEFAULT_BUCKET_MB
 
 FP32_MAX = 3.4028234663852886e38
 
@@ -81,7 +82,7 @@ class TrainSection:
                            "stay eager)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
-    bucket_mb: float = option(25.0, "data-parallel gradient bucket size in MiB")
+    bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")
     timeout_s: float = option(600.0, "seconds any collective or message may wait before the "
                               "run stops, naming it")
     on_nan: str = option("stop", "a NaN/inf loss or gradient stops the run or skips that step",

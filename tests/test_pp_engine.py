@@ -196,3 +196,28 @@ def test_more_stages_than_layers_is_one_line():
     with pytest.raises(ParaxisError, match="cannot fill") as error:
         partition_layers(PRESETS["tiny"], 8)
     assert "\n" not in str(error.value)
+
+
+class _Work:
+    """Stands in for a torch Work in a pure test of `op_handles`: records its wait."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def wait(self) -> bool:
+        self.waited = True
+        return True
+
+
+def test_a_coalesced_batch_is_waited_whole_by_each_of_its_ops():
+    """NCCL's batch_isend_irecv returns one Work for the whole group (gloo one per op): every
+    op of the batch must then wait for that group, never index into it."""
+    from paraxis.pipeline_parallel.executor import op_handles
+    ops = ["send", "recv", "recv"]
+    per_op = [_Work(), _Work(), _Work()]
+    assert op_handles(ops, per_op) == per_op
+    group = [_Work()]
+    handles = op_handles(ops, group)
+    assert len(handles) == 3
+    handles[2].wait()
+    assert group[0].waited

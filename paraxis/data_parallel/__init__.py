@@ -9,6 +9,6 @@
 - `engine.py`: `DataParallelEngine`, the Engine contract on a dp group (dp = 1: a group of one).
 """
 
-from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
+from paraxis.data_parallel.engine import DataParallelEngine
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DataParallelEngine"]
+__all__ = ["DataParallelEngine"]

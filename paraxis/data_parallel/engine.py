@@ -62,8 +62,7 @@ from paraxis.runtime.params import (
 )
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.partial import sum_partial_grads
-
-DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
+from paraxis.units import DEFAULT_BUCKET_BYTES
 
 
 class DataParallelEngine(LocalEngine):

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.errors import ParaxisError
 from paraxis.packing import weigh
 from paraxis.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.runtime.watchdog import WATCH
@@ -74,12 +75,32 @@ class _Step:
     # (microbatch, chunk) -> weight gradients a split B left for its W
     weight_grads: dict[tuple[int, int], PendingWeightGrad] = field(default_factory=dict)
     # (work, tensor, peer): a tensor must outlive its isend, so it is held until the step ends
-    pending_sends: list[tuple[dist.Work, torch.Tensor, int]] = field(default_factory=list)
+    pending_sends: list[tuple[dist.Work | AllOf, torch.Tensor, int]] = field(default_factory=list)
     # receives posted ahead: action position -> (work, buffer, perf_counter time of posting)
     posted: dict[int, tuple[dist.Work, torch.Tensor, float]] = field(default_factory=dict)
     # receives posted and not yet waited for: message key -> (work, buffer, posted_s, action)
-    inflight: dict[tuple, tuple[dist.Work, torch.Tensor, float, Action]] = field(
+    inflight: dict[tuple, tuple[dist.Work | AllOf, torch.Tensor, float, Action]] = field(
         default_factory=dict)
+
+
+class AllOf:
+    """One wait for a coalesced batch of point-to-point ops: waits for every Work of it."""
+
+    def __init__(self, works: list[dist.Work]) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        return all(work.wait() is not False for work in self.works)
+
+
+def op_handles(ops: list[dist.P2POp], works: list[dist.Work]) -> list[dist.Work | AllOf]:
+    """A wait handle per op of a `batch_isend_irecv`. A backend that coalesces (NCCL) returns
+    one Work for the whole batch (torch's `_coalescing_manager`: `cm.works`), which completes
+    all its ops together; gloo returns one per op. Every op of a coalesced batch waits for it
+    all, as torch.distributed.pipelining's `_wait_batch_p2p` does."""
+    if len(works) == len(ops):
+        return list(works)
+    return [AllOf(works)] * len(ops)
 
 
 class PipelineExecutor:
@@ -109,8 +130,12 @@ class PipelineExecutor:
                                  default=-1)
         self.trace: list[dict[str, Any]] = []
         # How many communication points ahead to post receives (see above).
-        self.recv_ahead = (recv_ahead if recv_ahead is not None
-                           else int(dist.is_initialized() and dist.get_backend() == "gloo"))
+        backend = dist.get_backend() if dist.is_initialized() else None
+        self.recv_ahead = recv_ahead if recv_ahead is not None else int(backend == "gloo")
+        if self.recv_ahead and backend == "nccl":
+            # A lone irecv is not ordered against NCCL's batched groups on the same pair.
+            raise ParaxisError("recv_ahead > 0 posts receives outside the batched groups, "
+                               "which NCCL does not order; leave recv_ahead unset on NCCL")
         # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
         # sequence parallelism replaces it with its sequence-scattered shape.
         self.boundary_shape: Callable[[torch.Size], tuple[int, ...]] = self._residual_shape
@@ -260,7 +285,7 @@ class PipelineExecutor:
                 buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
                 recvs.append((action, len(ops) - 1, buffer))
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = op_handles(ops, dist.batch_isend_irecv(ops) if ops else [])
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
                 step.pending_sends.append((work, op.tensor, op.peer))

@@ -17,6 +17,7 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout, grid_rank
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
+from paraxis.units import DEFAULT_BUCKET_BYTES
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
 
@@ -278,7 +279,7 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
 
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
-                 layers: int = 1, bucket_bytes: float = 25e6,
+                 layers: int = 1, bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                  zero3_reshard: str | None = None, pipelined: bool = False) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 

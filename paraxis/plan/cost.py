@@ -237,7 +237,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # eager runtime has none (its traffic counts none either, compute.py).
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
                            "flash" if layout.cp > 1 else gpu.attention_kernel,
-                           reserved=gpu.reserved_bytes,
+                           reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
                            dropout=cfg.style == "gpt2" and gpu.kernels == "fused",
                            expert_imbalance=expert_imbalance,
                            zero2_reduce=gpu.pipeline_zero2_reduce)

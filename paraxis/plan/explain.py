@@ -13,7 +13,7 @@ from paraxis.plan.context import imbalance
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import RESERVED_BYTES, model_state_bytes
+from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
@@ -36,7 +36,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     limit = gpu.memory_bytes / GB
     states = sum(model_state_bytes(cfg.num_params(), 1, 0, precision).values()) / GB
     lines = []
-    one_gpu = states + RESERVED_BYTES / GB <= limit
+    one_gpu = states + gpu.reserved_bytes / GB <= limit
     lines.append(
         f"Fits on one GPU? {'yes' if one_gpu else 'no'}: {cfg.num_params() / 1e9:.3g}B "
         f"parameters need {precision.total_bytes:g} B each = {states:.1f} GB of model states "

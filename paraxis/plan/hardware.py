@@ -18,7 +18,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "attention_impl": "fa2",            # unmeasured: a fitted kernel's rate ("": GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
-      "gradient_bucket_bytes": 25e6,      # ZeRO-0/1/2 grads per call; 0: one per layer (FSDP)
+      "gradient_bucket_bytes": 26214400,  # ZeRO-0/1/2 grads per call (25 MiB); 0: per layer (FSDP)
       "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "nodes": 8, "gpus_per_node": 8,
@@ -55,6 +55,7 @@ from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 from paraxis.plan.hardware_values import check_values
+from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,14 @@ class GPU:
     # Memory held back from the model on every device: the CUDA context, NCCL workspaces and
     # allocator slack on a GPU (a round 2 GB), or on a CPU a rank's process baseline
     # (interpreter, PyTorch, gloo) measured by `paraxis calibrate` (calibrate/baseline.py).
-    reserved_bytes: float = 2e9
+    reserved_bytes: float = DEFAULT_RESERVED_BYTES
     # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name
     # ZeRO-0/1/2 gradient reductions: one collective call per bucket of this many bytes
     # (paraxis's runtime and PyTorch DDP: 25 MB, each call paying its latency), or 0: one call
     # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
-    gradient_bucket_bytes: float = 25e6
+    gradient_bucket_bytes: float = DEFAULT_BUCKET_BYTES
     # ZeRO-2 under a pipeline: "step", as paraxis's runtime does it (a stage accumulates its
     # gradients whole over the microbatches and reduce-scatters them once, at the step's end:
     # ZeRO-1's traffic, the whole gradients in memory beside the shards), or "microbatch",
@@ -115,7 +116,6 @@ class GPU:
 # Memory as the driver reports it (nvidia-smi's total, binary units): an "80GB" A100 81920
 # MiB, an "80GB HBM3" H100 (SXM or PCIe) 81559, a "40GB" A100 40960, an H200 143771, a 32 GB
 # V100 32768, an L40S 46068 (ECC on): 1-7% above the "GB" of the name.
-MIB = 2**20
 
 # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
 # (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best).

@@ -17,6 +17,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_bl
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 if TYPE_CHECKING:
     from paraxis.layout import Layout
@@ -60,10 +61,6 @@ def zero_table(num_params: int, gpus: int,
     return rows
 
 
-# CUDA context, NCCL workspaces and allocator fragmentation: held back from every GPU.
-RESERVED_BYTES = 2e9
-# Gradient-reduction bucket (PyTorch DDP's 25 MB default), double-buffered while in flight.
-COMM_BUCKET_BYTES = 25e6
 
 
 def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
@@ -199,7 +196,8 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
-                  reserved: float = RESERVED_BYTES,
+                  reserved: float = DEFAULT_RESERVED_BYTES,
+                  bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                   dropout: bool | None = None,
                   expert_imbalance: float = DEFAULT_IMBALANCE,
                   zero2_reduce: str = "step") -> dict[str, float]:
@@ -275,7 +273,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif replicas > 1:
-            buffers += 2 * COMM_BUCKET_BYTES
+            # Gradient buckets, double-buffered while a reduction is in flight; bucket 0 is
+            # one call per layer (FSDP's units): a layer's gradients are the bucket.
+            layer = (local + experts) / max(1, dense + moe) * precision.grad_bytes
+            buffers += 2 * (bucket_bytes or layer)
         if (layout.zero == 2 and replicas > 1 and layout.pp > 1 and zero2_reduce == "step"
                 and (layout.microbatches > 1 or cfg.tied_embeddings)):
             # A pipeline's ZeRO-2 accumulates the stage's gradients whole over its

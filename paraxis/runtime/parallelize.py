@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from paraxis.checkpoint.pieces import FullSource, fill_entries
-from paraxis.data_parallel.engine import DEFAULT_BUCKET_BYTES, DataParallelEngine
+from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model import SequenceSplit, Transformer, initial_value, parameter_shapes
@@ -49,6 +49,7 @@ from paraxis.runtime.engine import Engine
 from paraxis.schedules import check_compile
 from paraxis.tensor_parallel.apply import apply_tensor_parallel
 from paraxis.tensor_parallel.comm import keep_collectives_eager
+from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
 
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
@@ -152,7 +153,7 @@ def interleaving_note(layout: Layout) -> str:
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
                  precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
-                 bucket_mb: float = 25.0, seq_len: int | None = None,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
                  announce: bool = False, compile: bool = False,
                  end_of_document: int | None = None) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
@@ -170,7 +171,7 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
             print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
                          precision=precision, weight_decay=weight_decay,
-                         bucket_bytes=int(bucket_mb * 2**20), compile=compile,
+                         bucket_bytes=int(bucket_mb * MIB), compile=compile,
                          end_of_document=end_of_document)
     materialize(engine, model_cfg, seed)
     return engine

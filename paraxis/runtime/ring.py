@@ -39,14 +39,14 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
         send_chunk = transfers[me].chunk
         recv_chunk = transfers[(me - 1) % ranks].chunk  # what my left neighbour sends me
         incoming = torch.empty_like(chunks[recv_chunk])
-        # Post both before waiting: every rank sends and receives at once, and a blocking
-        # send first would deadlock a ring whose transport does not buffer.
-        requests = [dist.isend(chunks[send_chunk].clone(), right, group=group),
-                    dist.irecv(incoming, left, group=group)]
+        # Post both as one group before waiting: every rank sends and receives at once. A
+        # blocking send first would deadlock a ring whose transport does not buffer, and NCCL
+        # runs a pair's messages in order on one stream: with 2 ranks both would send first.
+        ops = [dist.P2POp(dist.isend, chunks[send_chunk].clone(), right, group=group),
+               dist.P2POp(dist.irecv, incoming, left, group=group)]
         with WATCH.waiting("recv", peer=left, axis="ring"):
-            requests[1].wait()
-        with WATCH.waiting("send", peer=right, axis="ring"):
-            requests[0].wait()
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
         if phase == REDUCE_SCATTER:
             chunks[recv_chunk].add_(incoming)
         else:
