@@ -137,6 +137,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
           claim: Claim | None = None) -> list[dict]:
+    import torch
+
     from paraxis.checkpoint.manifest import step_dir_name
     from paraxis.data_blend import Blend
     from paraxis.loader import Loader, Share, read_share
@@ -210,6 +212,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
                       file=sys.stderr, flush=True)
             engine.zero_grad()
             # From here on the weights hold good steps only: the place to save a checkpoint.
+            if device.type == "cuda":  # the optimizer's kernels are this step's time
+                torch.cuda.synchronize(device)
             step_time = time.perf_counter() - started
             tokens_per_s = tokens_per_step / step_time
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,

@@ -106,3 +106,14 @@ def test_a_body_must_take_the_context_first():
 
     with pytest.raises(TypeError, match="must take the RankContext as its first parameter"):
         on_ranks(2)(body)
+
+
+def test_one_named_gpu_for_several_local_ranks_is_one_line(monkeypatch):
+    """--device cuda:0 with several ranks on the node would put them all on one GPU, which
+    NCCL refuses ("Duplicate GPU"): say so before anything starts."""
+    from paraxis.errors import ParaxisError
+    from paraxis.runtime.distributed import pick_device
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ParaxisError, match="names one GPU for every rank"):
+        pick_device("cuda:0")
+    assert pick_device("cpu").type == "cpu"

@@ -31,6 +31,19 @@ def test_seeds_13b_on_16_gpus_zero3() -> None:
     assert total_gb(13 * 10**9, 16, 3) == pytest.approx(13.0, abs=1e-9)
 
 
+def test_seeds_zero3_sends_one_and_a_half_times_zero1() -> None:
+    """The seeds' "ZeRO-3 adds extra communication (1.5x vs ZeRO-1)", and the planner's step
+    time on a latency-free link moves the same bytes (its collectives are these)."""
+    from paraxis.plan.comm import Link, dp_sync_time
+
+    traffic = [row["traffic"] for row in zero_table(7 * 10**9, 8)]
+    assert traffic[0] == traffic[1] == traffic[2] == pytest.approx(2 * 14e9 * 7 / 8)
+    assert traffic[3] / traffic[1] == pytest.approx(1.5)
+    link = Link(bandwidth_Bps=1e10, latency_s=0.0, crosses_nodes=False)
+    times = [dp_sync_time(7e9, 8, zero, link) for zero in range(4)]
+    assert [t * 1e10 for t in times] == pytest.approx(traffic)
+
+
 def test_seeds_16p_rule_components() -> None:
     states = model_state_bytes(7 * 10**9, 1, 0)
     assert states == {"params": 14e9, "grads": 14e9, "optimizer": 84e9}

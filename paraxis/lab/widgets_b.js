@@ -127,6 +127,10 @@
       $("zero-" + i).textContent = gb(r.total);
       $("zero-fit-" + i).textContent = r.total <= limit ? "fits" : "does not fit";
     });
+    const sent = rows[chosen].traffic;
+    $("zero-traffic").textContent = gpusS.get() > 1
+      ? gb(sent) + " (" + +(sent / rows[1].traffic).toFixed(2) + "x ZeRO-1's)"
+      : "nothing (one GPU)";
     // the largest model on the slider whose states fit at the chosen stage
     const fits = d.models.filter((m) => d.tables[m + "/" + gpusS.get()][chosen].total <= limit);
     $("zero-largest").textContent = fits.length ? fits[fits.length - 1] + "B"

@@ -277,6 +277,26 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
     return forward, exposed + contention * hidden
 
 
+# One data-parallel step's collectives by ZeRO stage, each (op, the state it moves): ZeRO
+# (Rajbhandari et al. 2020) Sec. 7: stages 0-2 move the gradients and parameters once (2P),
+# ZeRO-3 gathers the parameters twice, for the forward and for the backward (3P: 1.5x).
+ZERO_STEP_COLLECTIVES = {
+    0: (("all_reduce", "grads"),),
+    1: (("reduce_scatter", "grads"), ("all_gather", "params")),
+    2: (("reduce_scatter", "grads"), ("all_gather", "params")),
+    3: (("all_gather", "params"), ("all_gather", "params"), ("reduce_scatter", "grads")),
+}
+
+
+def zero_traffic_bytes(num_params: float, n: int, zero: int, grad_bytes: float = 2,
+                       param_bytes: float = 2) -> float:
+    """Bytes each of `n` data-parallel GPUs sends in one step of one microbatch, ring
+    algorithms (`ring_factor`): the seeds' "ZeRO-3 adds 1.5x the communication of ZeRO-1".
+    `dp_sync_time` prices the same collectives, with buckets, microbatches and latency."""
+    size = {"grads": num_params * grad_bytes, "params": num_params * param_bytes}
+    return sum(ring_factor(op, n) * size[state] for op, state in ZERO_STEP_COLLECTIVES[zero])
+
+
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
                  layers: int = 1, bucket_bytes: float = DEFAULT_BUCKET_BYTES,

@@ -13,6 +13,7 @@ from paraxis.plan.activations import (
     logits_bytes,
 )
 from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.comm import zero_traffic_bytes
 from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_blocks
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
@@ -53,11 +54,15 @@ def model_state_bytes(num_params: int, dp: int, zero: int,
 
 def zero_table(num_params: int, gpus: int,
                precision: Precision = MIXED_ADAM) -> list[dict[str, float]]:
-    """The seeds' ZeRO calculator: one row per stage with the per-GPU bytes of each state."""
+    """The seeds' ZeRO calculator: one row per stage with the per-GPU bytes of each state
+    ("total" their sum) and "traffic", the bytes each GPU sends per step (`comm`)."""
     rows = []
     for zero in range(4):
         states = model_state_bytes(num_params, gpus, zero, precision)
-        rows.append({"zero": zero, **states, "total": sum(states.values())})
+        rows.append({"zero": zero, **states, "total": sum(states.values()),
+                     "traffic": zero_traffic_bytes(num_params, gpus, zero,
+                                                   precision.grad_bytes,
+                                                   precision.param_bytes)})
     return rows
 
 

@@ -60,12 +60,17 @@ def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes
                      formulas: list[str]) -> None:
     table = Table(title=f"{num_params / 1e9:g}B parameters on {gpus} GPUs: model states per GPU")
     for column in ("stage", "shards", "formula", "params GB", "grads GB", "optimizer GB",
-                   "total GB", f"fits {limit_bytes / GB:.0f} GB ({limit_bytes / 2**30:.0f} GiB)?"):
+                   "total GB", f"fits {limit_bytes / GB:.0f} GB ({limit_bytes / 2**30:.0f} GiB)?",
+                   "sent GB/step"):
         table.add_column(column, justify="left" if column in ("stage", "shards") else "right")
     shards = ["nothing", "optimizer states", "+ gradients", "+ parameters"]
     for row, shard, formula in zip(rows, shards, formulas, strict=True):
         table.add_row("baseline" if row["zero"] == 0 else f"ZeRO-{row['zero']}", shard, formula,
                       f"{row['params'] / GB:.4g}", f"{row['grads'] / GB:.4g}",
                       f"{row['optimizer'] / GB:.4g}", f"{row['total'] / GB:.4g}",
-                      "yes" if row["total"] <= limit_bytes else "no")
+                      "yes" if row["total"] <= limit_bytes else "no",
+                      f"{row['traffic'] / GB:.4g} ({row['traffic'] / rows[1]['traffic']:.2g}x)"
+                      if gpus > 1 else "0")
+    table.caption = ("sent: bytes each GPU sends per step of one microbatch, ring collectives "
+                     "(ZeRO Sec. 7: the parameters' size x (N-1)/N twice, ZeRO-3 three times)")
     terminal_console().print(table)

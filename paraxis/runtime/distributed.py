@@ -36,6 +36,10 @@ def pick_device(requested: str = "auto") -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda"):
+        if requested != "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
+            # every rank of the node would share that one GPU (NCCL: "Duplicate GPU")
+            raise ParaxisError(f"--device {requested} names one GPU for every rank of this "
+                               "node; use --device cuda (each rank takes its LOCAL_RANK's)")
         if not torch.cuda.is_available():
             raise ParaxisError("--device cuda was asked for but no CUDA GPU is visible; "
                                "use --device cpu")
