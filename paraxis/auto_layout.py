@@ -54,10 +54,7 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
 
     model_cfg = load_model_config(cfg.model.name)
     seq_len = cfg.train.seq_len
-    if seq_len > model_cfg.max_seq_len:
-        raise ParaxisError(f"--seq-len {seq_len} is over the model's context of "
-                           f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
-                           "or less")
+    model_cfg.check_seq_len(seq_len)
     memory_gb = cfg.auto.memory_gb
     if memory_gb is not None and not memory_gb > 0:
         raise ParaxisError(f"--memory-gb {memory_gb} must be a positive number of GB per rank")

@@ -121,6 +121,14 @@ class ModelConfig:
     def learned_positions(self) -> bool:
         return self.style == "gpt2"
 
+    def check_seq_len(self, seq_len: int) -> None:
+        """Learned positions end at the table's length; rotary positions do not (long-context
+        training takes a RoPE model past its pretraining context: Llama 3.1 8K -> 128K)."""
+        if seq_len > self.max_seq_len and self.learned_positions:
+            raise ParaxisError(f"--seq-len {seq_len} is over {self.name}'s context of "
+                               f"{self.max_seq_len} (learned positions); use --seq-len "
+                               f"{self.max_seq_len} or less")
+
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0

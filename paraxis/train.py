@@ -76,10 +76,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     cfg.check()
     train = cfg.train
     model_cfg = load_model_config(cfg.model.name)
-    if train.seq_len > model_cfg.max_seq_len:
-        raise ParaxisError(f"--seq-len {train.seq_len} is over the model's context of "
-                           f"{model_cfg.max_seq_len}; use --seq-len {model_cfg.max_seq_len} "
-                           "or less")
+    model_cfg.check_seq_len(train.seq_len)
     device = pick_device(train.device)
     if device.type == "cuda" and cfg.layout.cp > 1 and \
             get_policy(train.precision).compute_dtype == "fp32":

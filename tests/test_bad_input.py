@@ -73,7 +73,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("grad-clip-negative", [*TRAIN, "--grad-clip", "-1"], "--grad-clip -1.0",
      "0 turns it off", False),
     ("warmup-negative", [*TRAIN, "--warmup", "-5"], "--warmup -5", "must be >= 0", False),
-    ("seq-len-over-context", [*TRAIN, "--seq-len", "4096"], "over the model's context",
+    ("seq-len-over-context", [*TRAIN, "--seq-len", "4096"], "over tiny's context",
      "use --seq-len 128 or less", False),
     ("global-batch-0", [*TRAIN, "--global-batch", "0"], "--global-batch 0",
      "must be at least 1", False),

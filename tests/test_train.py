@@ -89,7 +89,7 @@ def test_every_command_prints_its_help(capsys):
 @pytest.mark.parametrize("args,message", [
     (["--model", "gpt5"], "unknown model 'gpt5'"),
     (["--data", "/nonexistent/tokens.bin"], "does not exist"),
-    (["--seq-len", "4096"], "over the model's context"),
+    (["--seq-len", "4096"], "over tiny's context"),
     (["--global-batch", "10", "--grad-accum", "4"], "not divisible by dp*microbatches"),
     (["--steps", "0"], "--steps 0 must be at least 1"),
     (["--tp", "3"], "dp*tp*pp"),
@@ -101,3 +101,12 @@ def test_bad_train_input_is_one_line_without_traceback(args, message):
     assert len(lines) == 1 and lines[0].startswith("paraxis: error:"), result.stderr
     assert message in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_rotary_model_trains_past_its_pretraining_context():
+    """RoPE positions are computed, not looked up: a Llama-style model trains past its
+    max_seq_len (as long-context training does), where the planner prices it too."""
+    records = run_training(RunConfig.from_flags(model="tiny-llama", steps=1, global_batch=2,
+                                                seq_len=2 * PRESETS["tiny-llama"].max_seq_len,
+                                                quiet=True))
+    assert len(records) == 1 and records[0]["loss"] > 0

@@ -89,11 +89,7 @@ class PlanInputs:
 
     def sequence_length(self, cfg: ModelConfig) -> int:
         seq_len = self.seq_len or cfg.max_seq_len
-        # Learned positions end at the table's length; rotary positions do not (long-context
-        # training takes a RoPE model past its pretraining context: Llama 3.1 8K -> 128K).
-        if seq_len > cfg.max_seq_len and cfg.learned_positions:
-            raise ParaxisError(f"--seq-len {seq_len} is over {cfg.name}'s context of "
-                               f"{cfg.max_seq_len}; use --seq-len {cfg.max_seq_len} or less")
+        cfg.check_seq_len(seq_len)
         if self.global_batch < 1:
             raise ParaxisError(f"--global-batch {self.global_batch} must be at least 1")
         return seq_len
