@@ -40,7 +40,7 @@ from paraxis.auto_config import AutoSection, check_no_layout_flags, expand_run_f
 from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
-from paraxis.precision import POLICIES as PRECISIONS
+from paraxis.precision import get_policy
 from paraxis.run_checks import check_late_failures, check_writable
 from paraxis.runtime.nan_policy import POLICIES
 from paraxis.schedules import check_compile
@@ -227,9 +227,7 @@ class RunConfig:
                                "weights), not both")
         if ckpt.resume == "auto" and not ckpt.dir:
             raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
-        if train.precision not in PRECISIONS:
-            raise ParaxisError(f"--precision {train.precision} is unknown; use "
-                               f"{', '.join(PRECISIONS)}")
+        get_policy(train.precision)  # an unknown name: the one-line error
         for flag, value in (("--global-batch", train.global_batch),
                             ("--log-every", self.logging.log_every),
                             ("--nproc", self.launch.nproc)):

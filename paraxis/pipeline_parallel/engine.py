@@ -31,7 +31,7 @@ from paraxis.pipeline_parallel.zero3 import PipelineZero3
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.watchdog import WATCH
-from paraxis.schedules import build_schedule, forward_only, validate
+from paraxis.schedules import build_schedule, forward_only, head_stage, validate
 
 
 class PipelineEngine(LocalEngine):
@@ -102,7 +102,7 @@ class PipelineEngine(LocalEngine):
 
     def _loss_from_last_stage(self, loss: torch.Tensor) -> float:
         # Only the last stage computed the loss: it tells the rest of its pipeline.
-        holder = self.schedule.place(self.schedule.num_virtual_stages - 1)[0]  # zb-v: stage 0
+        holder = head_stage(self.schedule.num_stages, self.schedule.placement)  # zb-v: stage 0
         with WATCH.waiting("broadcast", self.groups.pp_group):
             dist.broadcast(loss, src=self.groups.pp_ranks[holder], group=self.groups.pp_group)
         return self.reduce_loss(float(loss))

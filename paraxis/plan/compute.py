@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 
+from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.precision import Precision
 
@@ -186,3 +187,22 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
     if kernels == "eager":
         return 21 * 4 + 3 * precision.grad_bytes
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
+
+
+def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_params: float,
+                   experts: float, hbm_Bps: float, pipelined: bool) -> float:
+    """Seconds of a stage's optimizer step, after the flush and the gradient sync: memory-bound,
+    its bytes at memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the
+    update over the replicas; Rajbhandari et al. 2020); `experts` shard over their own
+    replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does."""
+    replicas = layout.dp * layout.cp
+    shard = stage_params / (replicas if layout.zero >= 1 else 1)
+    shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
+    seconds = shard * optimizer_traffic_per_param(precision, kernels) / hbm_Bps
+    whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
+    if kernels == "eager" and whole:
+        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
+        # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
+        seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
+            * (stage_params + experts) / hbm_Bps
+    return seconds

@@ -48,7 +48,7 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
-    optimizer_traffic_per_param,
+    optimizer_time,
 )
 from paraxis.plan.context import cp_layer_times, imbalance, replica_link
 from paraxis.plan.experts import (
@@ -60,7 +60,7 @@ from paraxis.plan.experts import (
 )
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
-from paraxis.plan.memory import head_stage, layout_memory, stage_kinds, stage_local_params
+from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
@@ -72,6 +72,7 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
+from paraxis.schedules import head_stage
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -364,19 +365,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
-    # The optimizer steps after the flush and the gradient sync, memory-bound: its bytes at
-    # memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the update over
-    # dp; Rajbhandari et al. 2020).
-    hbm = layer_rates(cluster, layout.tp)[2]
-    shard = stage_param_count / (replicas if layout.zero >= 1 else 1)
-    shard += experts / (expert_replicas if layout.zero >= 1 else 1)
-    t_optimizer = shard * optimizer_traffic_per_param(precision, gpu.kernels) / hbm
-    whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
-    if gpu.kernels == "eager" and whole:
-        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
-        # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
-        t_optimizer += (layout.microbatches - 1) * 3 * precision.grad_bytes \
-            * (stage_param_count + experts) / hbm
+    t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
+                                 layer_rates(cluster, layout.tp)[2], pipelined)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
     t_calls = step_calls_time(cfg, layout, cluster)
     step = pipeline + dp_exposed + t_optimizer + t_calls

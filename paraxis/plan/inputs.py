@@ -81,7 +81,7 @@ class PlanInputs:
 
     def precision_rule(self) -> Precision:
         if self.precision is None:
-            raise ParaxisError("no --precision given; use mixed or fp32")
+            raise ParaxisError(f"no --precision given; use one of {', '.join(PRECISIONS)}")
         if self.precision not in PRECISIONS:
             raise ParaxisError(f"--precision {self.precision!r} is unknown; use "
                                f"{' or '.join(PRECISIONS)}")

@@ -18,6 +18,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_bl
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.schedules import head_stage
 from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 if TYPE_CHECKING:
@@ -106,11 +107,6 @@ def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
                placement: str = "loop") -> Partition:
     # a layout search asks often
     return partition_layers(cfg, pp, virtual, seq_len=seq_len, placement=placement)
-
-
-def head_stage(pp: int, placement: str = "loop") -> int:
-    """The stage holding the final norm, LM head and loss: the last, or stage 0 in zb-v's V."""
-    return 0 if placement == "v" else pp - 1
 
 
 def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,

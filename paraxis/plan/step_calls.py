@@ -41,8 +41,8 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link, group_link, group_ranks
 from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import head_stage
 from paraxis.plan.sync import nearest_measured, sync_wait
+from paraxis.schedules import head_stage
 
 
 def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster

@@ -46,6 +46,7 @@ from paraxis.schedules.core import (
     Event,
     Schedule,
     Timeline,
+    head_stage,
     input_message,
     place_of,
     simulate,
@@ -56,5 +57,5 @@ from paraxis.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
            "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
-           "input_message", "place_of", "placement_of", "simulate", "stage_costs", "validate",
-           "virtual_stage_of"]
+           "head_stage", "input_message", "place_of", "placement_of", "simulate", "stage_costs",
+           "validate", "virtual_stage_of"]

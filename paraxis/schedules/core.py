@@ -60,6 +60,12 @@ def place_of(virtual_stage: int, stages: int, placement: str = "loop") -> tuple[
     return virtual_stage % stages, virtual_stage // stages
 
 
+def head_stage(stages: int, placement: str = "loop") -> int:
+    """The stage of the last virtual stage (final norm, LM head, loss): the last stage, or
+    stage 0 in zb-v's V, where the last virtual stage comes back to the first."""
+    return place_of(2 * stages - 1 if placement == "v" else stages - 1, stages, placement)[0]
+
+
 # ----------------------------------------------------------------------------- costs
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from paraxis.schedules import Timeline, build_schedule
+from paraxis.schedules import FIXED_VIRTUAL, Timeline, build_schedule
 from paraxis.viz.timeline import TimelinePanel, plot_timelines
 from paraxis.viz.trace import COMPUTE_KINDS, busy_fraction, trace_costs
 
@@ -63,7 +63,7 @@ def compare_schedules(stages: int, microbatches: int, forward_s: float, backward
     for kind in kinds:
         if kind == "interleaved" and (microbatches % stages or virtual < 2):
             continue  # Megatron's interleaving needs microbatches in groups of `stages`
-        chunks = virtual if kind == "interleaved" else 2 if kind == "zb-v" else 1
+        chunks = virtual if kind == "interleaved" else FIXED_VIRTUAL.get(kind, 1)
         schedule = build_schedule(kind, stages, microbatches, chunks)
         timeline = schedule.simulate(forward_s, backward_s, comm_s, weight_s)
         peak = max(schedule.peak_in_flight())
