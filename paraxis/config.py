@@ -89,13 +89,26 @@ class TrainSection:
                          choices=POLICIES)
 
 
+# AdamW as GPT-3 trained (Brown et al. 2020, App. B: beta2 0.95, weight decay 0.1), and
+# Megatron-LM's and torchtitan's defaults; every engine's default reads these.
+WEIGHT_DECAY, ADAM_BETAS, ADAM_EPS = 0.1, (0.9, 0.95), 1e-8
+
+
 @dataclass(frozen=True)
 class OptimizerSection:
     lr: float = option(3e-3, "peak learning rate")
     min_lr_ratio: float = option(0.1, "final learning rate as a fraction of --lr")
     warmup_steps: int = option(10, "steps of linear warmup", "--warmup")
-    weight_decay: float = option(0.1, "AdamW weight decay of the matrices; 0 turns it off")
+    weight_decay: float = option(WEIGHT_DECAY,
+                                 "AdamW weight decay of the matrices; 0 turns it off")
+    adam_beta1: float = option(ADAM_BETAS[0], "AdamW's first-moment decay", "--adam-beta1")
+    adam_beta2: float = option(ADAM_BETAS[1], "AdamW's second-moment decay", "--adam-beta2")
+    adam_eps: float = option(ADAM_EPS, "AdamW's epsilon", "--adam-eps")
     grad_clip: float = option(1.0, "max global gradient norm; 0 turns clipping off")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return self.adam_beta1, self.adam_beta2
 
 
 @dataclass(frozen=True)
@@ -235,6 +248,12 @@ class RunConfig:
                 raise ParaxisError(f"{flag} {value} must be at least 1")
         if not opt.weight_decay >= 0:
             raise ParaxisError(f"--weight-decay {opt.weight_decay} must be >= 0 (0 turns it off)")
+        for flag, beta in (("--adam-beta1", opt.adam_beta1), ("--adam-beta2", opt.adam_beta2)):
+            if not 0 <= beta < 1:
+                raise ParaxisError(f"{flag} {beta} must be in [0, 1) (typical: 0.9, 0.95)")
+        if not 0 < opt.adam_eps < 1:
+            raise ParaxisError(f"--adam-eps {opt.adam_eps} must be a small positive number "
+                               "(typical: 1e-8)")
         if not 0 <= opt.min_lr_ratio <= 1:
             raise ParaxisError(f"min_lr_ratio {opt.min_lr_ratio} must be between 0 and 1 (the "
                                "final learning rate as a fraction of --lr)")

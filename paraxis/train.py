@@ -102,6 +102,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
                               precision=train.precision, compile=train.compile,
                               weight_decay=cfg.optimizer.weight_decay,
+                              betas=cfg.optimizer.betas, eps=cfg.optimizer.adam_eps,
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
                               end_of_document=end_of_document)

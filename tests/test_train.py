@@ -110,3 +110,12 @@ def test_a_rotary_model_trains_past_its_pretraining_context():
                                                 seq_len=2 * PRESETS["tiny-llama"].max_seq_len,
                                                 quiet=True))
     assert len(records) == 1 and records[0]["loss"] > 0
+
+
+def test_adam_betas_and_eps_reach_the_optimizer():
+    """--adam-beta1/--adam-beta2/--adam-eps (Megatron-LM's names) change the update."""
+    common = dict(model="tiny", steps=3, global_batch=2, seq_len=32, quiet=True)
+    base = [r["loss"] for r in run_training(RunConfig.from_flags(**common))]
+    again = [r["loss"] for r in run_training(RunConfig.from_flags(**common))]
+    beta = [r["loss"] for r in run_training(RunConfig.from_flags(**common, adam_beta2=0.5))]
+    assert base == again and base[0] == beta[0] and base[2] != beta[2]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
+from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.data_parallel.buckets import GradReducer, make_buckets
 from paraxis.data_parallel.flat import FlatUnit, all_gather, group_size
 from paraxis.data_parallel.masters import MasterWeights
@@ -78,8 +79,8 @@ class DataParallelEngine(LocalEngine):
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
-                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, autocast_dtype: torch.dtype | None = None,
+                 weight_decay: float = WEIGHT_DECAY, betas: tuple[float, float] = ADAM_BETAS,
+                 eps: float = ADAM_EPS, autocast_dtype: torch.dtype | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  device: torch.device | None = None,
                  precision: str | PrecisionPolicy = "fp32") -> None:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from paraxis.checkpoint.entries import Entry, Place, whole_entries
+from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.layout import Layout
 from paraxis.model import single_device_parameters
 from paraxis.moe.layer import set_aux_loss_scale
@@ -100,8 +101,8 @@ class LocalEngine:
 
     end_of_document: int | None = None  # document packing: set by runtime.parallelize
 
-    def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = 0.1,
-                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+    def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = WEIGHT_DECAY,
+                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
                  autocast_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.layout = layout

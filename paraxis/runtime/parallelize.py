@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from paraxis.checkpoint.pieces import FullSource, fill_entries
+from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -54,8 +55,9 @@ from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
-                precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
-                eps: float = 1e-8, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
+                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                 compile: bool = False, end_of_document: int | None = None) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
     (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
@@ -102,7 +104,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     #    of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(
-        model, layout, groups, weight_decay=weight_decay, eps=eps, bucket_bytes=bucket_bytes,
+        model, layout, groups, weight_decay=weight_decay, betas=betas, eps=eps,
+        bucket_bytes=bucket_bytes,
         device=device, precision=precision)
     data_parallel.end_of_document = end_of_document  # it masks and weighs the loss
     if layout.pp == 1:
@@ -152,7 +155,8 @@ def interleaving_note(layout: Layout) -> str:
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
-                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = 0.1,
+                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
+                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
                  bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
                  announce: bool = False, compile: bool = False,
                  end_of_document: int | None = None) -> Engine:
@@ -170,7 +174,7 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         if note := interleaving_note(layout):
             print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
-                         precision=precision, weight_decay=weight_decay,
+                         precision=precision, weight_decay=weight_decay, betas=betas, eps=eps,
                          bucket_bytes=int(bucket_mb * MIB), compile=compile,
                          end_of_document=end_of_document)
     materialize(engine, model_cfg, seed)
