@@ -47,8 +47,6 @@ RECOMPUTE = ("none", "selective", "full")
 # ZeRO-3 with pp > 1: when a chunk's gathered parameters are freed (`pipeline_parallel/zero3.py`)
 ZERO3_RESHARD = ("forward", "step")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
-# Axes whose degree > 1 is refused until the issue that implements them lands.
-NOT_YET: dict[str, tuple[str, int]] = {}
 
 
 class Coords(NamedTuple):
@@ -210,10 +208,6 @@ class Layout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
-        for name, (what, issue) in NOT_YET.items():
-            if getattr(self, name) > 1:
-                raise ParaxisError(f"layout {name}={getattr(self, name)}: {what} is not "
-                                   f"implemented yet (issue {issue} adds it); use {name}=1")
         if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
             raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
                                f"ep among {_divisors(self.dp * self.cp)}")
@@ -367,7 +361,7 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep", *NOT_YET)
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep")
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")

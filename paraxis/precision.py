@@ -69,16 +69,6 @@ class PrecisionPolicy:
         return DTYPE_BYTES[self.grad_dtype]
 
     @property
-    def reduce_bytes(self) -> int:
-        """Bytes per element a gradient reduction moves."""
-        return DTYPE_BYTES[self.reduce_dtype]
-
-    @property
-    def gather_bytes(self) -> int:
-        """Bytes per element a ZeRO parameter all-gather moves (the stored parameters)."""
-        return DTYPE_BYTES[self.param_dtype]
-
-    @property
     def compute_bytes(self) -> int:
         """Bytes per element of the activations the step computes in."""
         return DTYPE_BYTES[self.compute_dtype]

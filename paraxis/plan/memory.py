@@ -119,13 +119,6 @@ def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
             for stage in range(pp)]
 
 
-def stage_blocks(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
-                 placement: str = "loop") -> list[list[int]]:
-    """The block indices each stage holds (all its chunks): blocks differ in a mixture of
-    experts whose first blocks are dense."""
-    return [list(blocks) for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement)]
-
-
 @functools.lru_cache(maxsize=4096)  # a layout search asks often
 def stage_kinds(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
                 placement: str = "loop") -> tuple[tuple[int, int], ...]:

@@ -116,7 +116,7 @@ def check_blocking(schedule: Schedule, sends_block: bool = True) -> None:
     linear in the number of actions.
     """
     groups = _groups(schedule)
-    partner = _partners(schedule, groups)
+    partner = _partners(groups)
     reached = [-1] * len(groups)  # the group each stage has posted last (len: finished)
     unmatched = [0] * len(groups)  # waiting ops of that group whose partner is not posted
     ready = deque(range(len(groups)))  # stages whose current group is complete
@@ -169,7 +169,7 @@ def _groups(schedule: Schedule) -> list[list[list[_Op]]]:
     return per_stage
 
 
-def _partners(schedule: Schedule, groups: list[list[list[_Op]]]) -> dict[_Op, _Op]:
+def _partners(groups: list[list[list[_Op]]]) -> dict[_Op, _Op]:
     """Each op's matching op on the other side; ParaxisError where a message has no other
     side, two of one side, or an end that names the wrong peer."""
     ends: dict[tuple[str, tuple], _Op] = {}

@@ -7,7 +7,6 @@ given costs and returns a `Timeline`. Nothing here decides an order: the generat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -209,9 +208,6 @@ class Schedule:
         return {"kind": self.kind, "stages": self.num_stages, "microbatches": self.microbatches,
                 "virtual": self.virtual, "placement": self.placement,
                 "actions": [[asdict(a) for a in actions] for actions in self.stages]}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 @dataclass(frozen=True)
