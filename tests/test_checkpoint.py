@@ -300,6 +300,20 @@ def test_checkpoint_command_info_and_convert(saved, tmp_path):
     _assert_same_tensors(_full(saved), _full(tmp_path / "tp2"))
 
 
+def _resume_both(ctx: RankContext, source: str, converted: str) -> tuple[list, list]:
+    return (_losses(run_training(_cfg("dp=2", 4, resume=source))),
+            _losses(run_training(_cfg("dp=2", 4, resume=converted))))
+
+
+def test_a_conversion_resumes_at_its_own_data_parallel_layout(saved, tmp_path):
+    # convert writes one file per (stage, TP rank): the other dp ranks have no file of their
+    # own (nor RNG state) to restore, and must still resume, as from the source
+    converted = convert(saved, tmp_path / "dp2", Layout.parse("dp=2"))
+    from_source, from_conversion = run_on_ranks("dp=2", _resume_both, str(saved),
+                                                str(converted))[0]
+    assert from_conversion == from_source
+
+
 def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
     # zb-v places chunks in a V (stage 0 holds the embedding and the head, and a tied
     # model's two copies): conversion cuts the same tensors for it, and back to one device.

@@ -229,15 +229,18 @@ def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any]
         scaler = engine.loss_scaler
         if scaler is not None and manifest.get("loss_scaler"):
             scaler.load_state_dict(manifest["loss_scaler"])
-    same_layout = manifest.get("layout") == str(engine.layout)
-    if restore_rng and same_layout and not weights_only:
-        from paraxis.checkpoint.save import rank_file
+    from paraxis.checkpoint.save import rank_file
 
-        state = reader.rank_tensor(rank_file(rank), "rng/torch")
+    # A run's own layout wrote a file per rank with its RNG state; a conversion (`convert`)
+    # writes one per (stage, TP rank) and no RNG state, so the other ranks have none.
+    own_file = rank_file(rank)
+    same_layout = manifest.get("layout") == str(engine.layout)
+    if restore_rng and same_layout and not weights_only and own_file in manifest["files"]:
+        state = reader.rank_tensor(own_file, "rng/torch")
         if state is not None:
             torch.set_rng_state(state)
         if engine.device.type == "cuda":
-            cuda_state = reader.rank_tensor(rank_file(rank), "rng/cuda")
+            cuda_state = reader.rank_tensor(own_file, "rng/cuda")
             if cuda_state is not None:
                 torch.cuda.set_rng_state(cuda_state, engine.device)
     return manifest
