@@ -5,7 +5,8 @@ the final weights too (gathered from their dp shards and tp slices), for
 
 - dp2 x pp2 under 1F1B (reshard after forward, a tied GPT-2), interleaved (keep for the
   step, Llama), GPipe with selective recompute, zb-h1 with full recompute (W re-gathers its
-  chunk) and zb-v (tied copies on one stage) - one launch of 4 ranks;
+  chunk), zb-v (tied copies on one stage) and zb-h1 on GPT-2 (LayerNorm's W gathers its
+  chunk) - one launch of 4 ranks;
 - dp2 x tp2 (sequence parallel) x pp2, interleaved, full recompute - one launch of 8 ranks.
 
 Every layout also counts the bytes its ZeRO collectives assemble in one step
@@ -29,6 +30,7 @@ from paraxis.checkpoint.entries import KINDS
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
+from paraxis.pipeline_parallel.zero3 import w_reads_weights
 from paraxis.plan.comm import zero3_pipeline_volume
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.parallelize import materialize, parallelize
@@ -42,7 +44,9 @@ FOUR = [("dp=2,pp=2,zero=3,schedule=1f1b,microbatches=4", "tiny"),
          "zero3_reshard=step", "tiny-llama"),
         ("dp=2,pp=2,zero=3,schedule=gpipe,microbatches=2,recompute=selective", "tiny-llama"),
         ("dp=2,pp=2,zero=3,schedule=zb-h1,microbatches=4,recompute=full", "tiny-llama"),
-        ("dp=2,pp=2,zero=3,schedule=zb-v,microbatches=4,zero3_reshard=step", "tiny")]
+        ("dp=2,pp=2,zero=3,schedule=zb-v,microbatches=4,zero3_reshard=step", "tiny"),
+        # GPT-2's LayerNorm reads its weight in W: W gathers its chunk (freed after B)
+        ("dp=2,pp=2,zero=3,schedule=zb-h1,microbatches=4", "tiny")]
 EIGHT = [("dp=2,tp=2,pp=2,zero=3,schedule=interleaved,virtual_stages=2,microbatches=4,"
           "sp=true,recompute=full", "tiny-llama")]
 
@@ -111,7 +115,7 @@ def _planned(engine, layout: Layout, cfg) -> dict[str, float]:
     embedding = sum(p.numel() for part in parts if part.has_embedding
                     for name, p in part.named_parameters() if name.endswith("_emb.weight"))
     regathered = 0
-    if schedule.split_backward and layout.recompute == "full":
+    if schedule.split_backward and w_reads_weights(parts, layout.recompute):
         regathered = sum(p.numel() for chunk, part in enumerate(parts)
                          if schedule.virtual_stage(stage, chunk) > 0 for p in part.parameters())
     return zero3_pipeline_volume(total, layout.microbatches, layout.zero3_reshard, 4, 4,

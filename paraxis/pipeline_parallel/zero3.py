@@ -33,9 +33,12 @@ which this module reads (`PipelineZero3.around` wraps every compute action):
 Between actions the first unit the next action needs is prefetched (an F's first unit, a
 backward's last), so its gather overlaps the stage's sends and receives.
 
-A zero-bubble W reads no weight (a linear's weight gradient is dy^T x), so under "forward"
-it runs with its chunk freed, except under full recompute: W re-runs the blocks' forward,
-and gathers the chunk first.
+A zero-bubble W reads no weight of a linear (its weight gradient is dy^T x) nor of an
+RMSNorm (split_backward's cut node there is the multiply by the weight), so under "forward" it
+runs with its chunk freed, except (`w_reads_weights`) under full recompute, where W re-runs
+the blocks' forward, and with a LayerNorm (GPT-2), whose one backward kernel
+(native_layer_norm_backward) reads the weight even for the weight gradient alone: then W
+gathers the chunk first.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ from torch import nn
 from paraxis.data_parallel.zero import ParamGatherer
 from paraxis.errors import ParaxisError
 from paraxis.schedules import COMPUTE, Action, Schedule
+
+
+def w_reads_weights(parts: list[nn.Module], recompute: str) -> bool:
+    """Whether a split backward's W needs its chunk's weights gathered (see above)."""
+    return recompute == "full" or any(isinstance(module, nn.LayerNorm)
+                                      for part in parts for module in part.modules())
 
 
 class PipelineZero3:
@@ -80,7 +89,7 @@ class PipelineZero3:
         tied_ids = {id(p) for p in tied}
         self.deferred = {chunk for chunk, part in enumerate(parts)
                          if any(id(p) in tied_ids for p in part.parameters())}
-        self.w_needs_weights = recompute == "full"  # W recomputes the blocks' forward
+        self.w_needs_weights = w_reads_weights(parts, recompute)
         self.sync_now = False  # whether the running backward reduces its chunk's gradients
 
     def _here(self, action: Action) -> int:
@@ -89,7 +98,7 @@ class PipelineZero3:
     def _gathers_for_backward(self, action: Action) -> bool:
         """Whether a B/W reads its chunk's weights: a fused B always; a split B except on the
         first virtual stage (nothing to compute there: its W runs the whole backward); a W
-        there, or under full recompute."""
+        there, or where W reads weights (`w_reads_weights`)."""
         if action.kind == "B":
             return not self.split or self._here(action) > 0
         return self._here(action) == 0 or self.w_needs_weights
