@@ -196,6 +196,10 @@ class RunConfig:
         if accum is not None:
             if accum < 1:
                 raise ParaxisError(f"--grad-accum {accum} must be at least 1")
+            given = flags.get("microbatches")
+            if given is not None and given != accum:
+                raise ParaxisError(f"--grad-accum {accum} and --microbatches {given} name the "
+                                   "same count (microbatches per step); give one of them")
             flags["microbatches"] = accum
         changes: dict[str, dict[str, Any]] = {}
         for key, value in flags.items():

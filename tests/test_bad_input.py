@@ -75,6 +75,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("warmup-negative", [*TRAIN, "--warmup", "-5"], "--warmup -5", "must be >= 0", False),
     ("adam-beta2-one", [*TRAIN, "--adam-beta2", "1"], "--adam-beta2 1.0", "must be in [0, 1)",
      False),
+    ("accum-vs-microbatches", [*TRAIN, "--grad-accum", "2", "--microbatches", "4"],
+     "--grad-accum 2 and --microbatches 4", "give one of them", False),
     ("adam-eps-zero", [*TRAIN, "--adam-eps", "0"], "--adam-eps 0.0", "small positive", False),
     ("seq-len-over-context", [*TRAIN, "--seq-len", "4096"], "over tiny's context",
      "use --seq-len 128 or less", False),

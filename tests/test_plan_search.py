@@ -146,10 +146,11 @@ def test_bad_input_is_one_line(call, message: str) -> None:
 
 
 def test_times_within_half_a_percent_rank_simplest_first_and_the_defence_says_so() -> None:
-    # llama3-8b on 8 H100s: pure DP and a 2-stage pipeline price within 0.1% of each other,
-    # the pipeline a hair faster; the ranking counts them as equal and puts pure DP first
+    # llama3-8b on 8 H100s without context parallelism (cp=2 is 1.5% faster still): pure DP
+    # and a 2-stage pipeline price within 0.1% of each other, the pipeline a hair faster; the
+    # ranking counts them as equal and puts pure DP first
     cfg = PRESETS["llama3-8b"]
-    best, cluster, result = best_layout(cfg, 8, 1024, 8192, gpu="h100-sxm-80gb")
+    best, cluster, result = best_layout(cfg, 8, 1024, 8192, gpu="h100-sxm-80gb", cp=1)
     ranked = result.ranked
     # never is a later layout faster than an earlier one by more than the 0.5% counted equal
     fastest_after = [min(e.step_time_s for e in ranked[i:]) for i in range(len(ranked))]
