@@ -34,6 +34,15 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def device_memory_bytes(device: torch.device) -> float | None:
+    """A GPU's total memory; None on a CPU (whose ranks share the machine's)."""
+    import torch
+
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return None
+
+
 def over_ranks(value: int) -> list[int]:
     """`value` of every rank, in rank order (one small all-gather; call on every rank)."""
     import torch

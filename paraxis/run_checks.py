@@ -13,6 +13,8 @@ from paraxis.errors import ParaxisError
 
 if TYPE_CHECKING:
     from paraxis.config import RunConfig
+    from paraxis.layout import Layout
+    from paraxis.model_config import ModelConfig
 
 
 def check_late_failures(cfg: RunConfig) -> None:
@@ -78,3 +80,43 @@ def outermost_missing(path: Path) -> Path | None:
     creating `path` makes, and what to remove again if nothing lands in it (None: none)."""
     return next((folder for folder in reversed((path, *path.parents))
                  if not folder.exists()), None)
+
+
+def available_host_bytes() -> float:
+    """Memory a new allocation can have now (the kernel's MemAvailable), else the RAM."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_states_fit(model: ModelConfig, layout: Layout, precision: str,
+                     device_memory_bytes: float | None) -> None:
+    """Refuse, before anything is allocated, a layout whose model states alone (parameters,
+    gradients, optimizer states: the planner's count, which the runtime's tensors equal)
+    exceed what one rank has: its GPU's memory, or on a CPU (`device_memory_bytes` None)
+    this machine's available memory shared by the node's ranks."""
+    from paraxis.plan.memory import layout_memory
+    from paraxis.plan.precision import Precision
+    from paraxis.precision import get_policy
+
+    memory = layout_memory(model, layout, 1, 1, Precision.of(get_policy(precision)))
+    states = memory["params"] + memory["grads"] + memory["optimizer"]
+    if device_memory_bytes is None:
+        ranks, available = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), available_host_bytes()
+        have = available / ranks
+        where = (f"the {have / 1e9:,.1f} GB each of this machine's {ranks} ranks has of its "
+                 f"{available / 1e9:,.1f} GB available" if ranks > 1 else
+                 f"this machine's {available / 1e9:,.1f} GB available")
+    else:
+        have = device_memory_bytes
+        where = f"its GPU's {have / 1e9:,.1f} GB"
+    if states > have:
+        raise ParaxisError(
+            f"{model.name} at layout {layout} holds {states / 1e9:,.1f} GB of model states per "
+            f"rank (parameters, gradients, optimizer; {precision}), more than {where}; shard "
+            f"them over more ranks (--zero 3, --tp, --pp): `paraxis plan --model {model.name} "
+            "--gpus N` finds a layout that fits")

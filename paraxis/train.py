@@ -56,10 +56,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
     import torch.distributed as dist
 
     from paraxis.data_blend import load_run_data
-    from paraxis.metrics import print_model_states
+    from paraxis.metrics import device_memory_bytes, print_model_states
     from paraxis.model_config import load_model_config
     from paraxis.packing import packing_id
     from paraxis.precision import get_policy
+    from paraxis.run_checks import check_states_fit
     from paraxis.runtime.claim import claim_folder
     from paraxis.runtime.distributed import (
         build_groups,
@@ -92,6 +93,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
     claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
+        check_states_fit(model_cfg, layout, train.precision, device_memory_bytes(device))
         data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
         data.check(model_cfg.vocab_size, train.seq_len, held_out=cfg.eval.every > 0)
         end_of_document = packing_id(data.end_of_document, data.name) \

@@ -3,7 +3,7 @@
     paraxis experts --model tiny-moe --ep 4                  # initial weights, demo text
     paraxis experts --model runs/moe/checkpoints --ep 2 --out moe/   # a trained model
 
-Runs the model's forward on a batch of text (the embedded corpus, or `--data`), records
+Runs the model's forward on a batch of the embedded corpus's text, records
 every MoE block's routing, and prints per block the tokens per expert, the busiest expert
 over the mean (the load the step waits for under expert parallelism) and, for `--ep N`, the
 bytes each EP rank sends in the dispatch all-to-all when the batch's sequences are split
@@ -53,7 +53,14 @@ def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
 
         cfg, model = load_for_inference(model_name)
     else:
+        from paraxis.run_checks import available_host_bytes
+
         cfg = load_model_config(model_name)
+        need, have = cfg.num_params() * 4, available_host_bytes()  # fp32 weights, one device
+        if cfg.is_moe and need > have:
+            raise ParaxisError(f"{cfg.name}'s fp32 weights ({need / 1e9:,.1f} GB) exceed this "
+                               f"machine's {have / 1e9:,.1f} GB available; route a smaller "
+                               "model (tiny-moe, or a model file with fewer layers)")
         model = build_model(cfg, seed=seed) if cfg.is_moe else None
     if not cfg.is_moe or model is None:
         raise ParaxisError(f"model {cfg.name} has no experts; give an MoE model (a preset such "
