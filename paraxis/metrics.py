@@ -147,7 +147,10 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     """A mixture of experts' step figures, the same on every layout (empty for a dense model):
     `expert_tokens`, the (token, expert) assignments each expert of each MoE block received
     this step over the whole global batch, one list per block in model order; `aux_loss`, the
-    load-balancing loss (coef included, summed over blocks, averaged over microbatches).
+    load-balancing loss (coef included, summed over blocks, averaged over microbatches); under
+    a capacity factor `dropped_tokens`, the assignments each block dropped over capacity (each
+    rank's capacity holds its own tokens, as in Switch Transformer and Megatron-LM, so a
+    layout with dp x cp > 1 drops other tokens than one device, and trains other numbers).
     Counted as the microbatches' backward passes each block (`MoE.take_step`). Collective:
     every rank calls it (blocks of other pipeline stages arrive over the pp group, each
     rank's share of the aux loss is averaged over the dp x cp ranks)."""
@@ -160,27 +163,34 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     if not cfg.n_experts:
         return {}
     counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.float64)
+    dropped = torch.zeros(cfg.n_layers, dtype=torch.float64)
     aux = torch.zeros(1, dtype=torch.float64)
     for name, module in model.named_modules():
         if isinstance(module, MoE):
             block = int(name.split("blocks.")[1].split(".")[0])
             step_counts, step_aux = module.take_step()
+            dropped[block] = module.take_dropped()
             if step_counts is not None:
                 counts[block] = step_counts.double().cpu()
             if step_aux:
                 aux += cfg.aux_loss_coef * float(sum(step_aux)) / len(step_aux)
     if groups is not None and dist.is_initialized():
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        counts, aux = counts.to(device), aux.to(device)
+        counts, aux, dropped = counts.to(device), aux.to(device), dropped.to(device)
         if groups.replica_group is not None:
             with WATCH.waiting("all_reduce", groups.replica_group):
                 dist.all_reduce(aux, group=groups.replica_group)
             aux /= dist.get_world_size(groups.replica_group)
+            if cfg.capacity_factor:  # each dp x cp rank drops from its own tokens
+                with WATCH.waiting("all_reduce", groups.replica_group):
+                    dist.all_reduce(dropped, group=groups.replica_group)
         if groups.pp_group is not None:
-            with WATCH.waiting("all_reduce", groups.pp_group):
-                dist.all_reduce(counts, group=groups.pp_group)
-            with WATCH.waiting("all_reduce", groups.pp_group):
-                dist.all_reduce(aux, group=groups.pp_group)
+            for figure in (counts, aux, dropped) if cfg.capacity_factor else (counts, aux):
+                with WATCH.waiting("all_reduce", groups.pp_group):
+                    dist.all_reduce(figure, group=groups.pp_group)
     rows = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
-    return {"expert_tokens": [[int(n) for n in counts[i].tolist()] for i in rows],
-            "aux_loss": float(aux)}
+    figures = {"expert_tokens": [[int(n) for n in counts[i].tolist()] for i in rows],
+               "aux_loss": float(aux)}
+    if cfg.capacity_factor:
+        figures["dropped_tokens"] = [int(dropped[i]) for i in rows]
+    return figures

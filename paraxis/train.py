@@ -111,6 +111,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())
+        if model_cfg.capacity_factor and layout.dp * layout.cp > 1 and rank == 0:
+            print(f"paraxis: note: capacity_factor {model_cfg.capacity_factor:g} caps each "
+                  f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
+                  f"{layout.dp * layout.cp} other tokens are dropped than on one device "
+                  "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
         if rank == 0:
             write_config(cfg)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)

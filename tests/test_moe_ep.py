@@ -162,15 +162,18 @@ def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
     return out
 
 
-def _capacity_step(layout: Layout, groups: ParallelGroups) -> tuple[int, list[list[int]]]:
+def _capacity_step(layout: Layout, groups: ParallelGroups
+                   ) -> tuple[int, list[list[int]], list[int]]:
     """Step 0 of tiny-moe with a `CAPACITY` factor: the bytes this rank sent in its
-    all-to-alls and the per-expert counts it dispatched (what stayed under the cap)."""
-    engine = build_engine(CFG.replace(capacity_factor=CAPACITY), layout, groups, "cpu",
-                          seed=0)
+    all-to-alls, the per-expert counts it dispatched (what stayed under the cap), and the
+    step's `dropped_tokens` metric (every rank's drops, per block)."""
+    cfg = CFG.replace(capacity_factor=CAPACITY)
+    engine = build_engine(cfg, layout, groups, "cpu", seed=0)
     x, y = (_share(t, layout, groups.dp_rank, groups.cp_rank) for t in _batch(0))
     with AllToAllCounter() as counter:
         engine.forward_backward(x, y)
-    return counter.nbytes(), counter.dispatched
+    dropped = moe_step_metrics(engine.model, groups, cfg)["dropped_tokens"]
+    return counter.nbytes(), counter.dispatched, dropped
 
 
 def _saved(root: str, layout: str) -> str:
@@ -296,9 +299,13 @@ def _assert_capacity(layout: Layout, by_rank: list[dict]) -> None:
     `dispatch_bytes` of the rank's tokens per microbatch, 4 all-to-alls per block."""
     cfg = CFG.replace(capacity_factor=CAPACITY)
     tokens = BATCH // layout.dp * SEQ
-    for nbytes, dispatched in (r["capacity"] for r in by_rank):
+    for nbytes, dispatched, dropped in (r["capacity"] for r in by_rank):
         assert len(dispatched) == CFG.n_moe_layers
         assert all(count == CAP for counts in dispatched for count in counts), dispatched
+        # the metric counts what no rank dispatched: every assignment of the global batch
+        # less the cap each expert took on each rank
+        assert dropped == [BATCH * SEQ * CFG.top_k - layout.dp * CFG.n_experts * CAP] \
+            * CFG.n_moe_layers
         assert nbytes == CFG.n_moe_layers * ALL_TO_ALLS_PER_BLOCK * dispatch_bytes(
             cfg, layout.ep, tokens, 4)
 

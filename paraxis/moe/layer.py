@@ -118,6 +118,7 @@ class MoE(nn.Module):
         # this step's training microbatches: summed global counts, aux values (`take_step`)
         self.step_counts: torch.Tensor | None = None
         self.step_aux: list[torch.Tensor] = []
+        self.step_dropped = 0  # this rank's assignments over capacity this step
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
@@ -143,14 +144,16 @@ class MoE(nn.Module):
         if torch.is_grad_enabled() and aux.requires_grad:
             # counted when the microbatch's backward passes here: once per training
             # microbatch, even when full recompute runs the forward twice
-            count = functools.partial(self._count_step, counts, self.last_aux)
+            count = functools.partial(self._count_step, counts, self.last_aux,
+                                      self.last_dropped)
             out = AuxLossGradient.apply(out, aux, self.aux_scale * self.cfg.aux_loss_coef,
                                         count)
         return out.view(shape)
 
-    def _count_step(self, counts: torch.Tensor, aux: torch.Tensor) -> None:
+    def _count_step(self, counts: torch.Tensor, aux: torch.Tensor, dropped: int) -> None:
         self.step_counts = counts if self.step_counts is None else self.step_counts + counts
         self.step_aux.append(aux)
+        self.step_dropped += dropped
 
     def take_step(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """This step's per-expert assignment counts (global, summed over its microbatches)
@@ -158,6 +161,11 @@ class MoE(nn.Module):
         taken = self.step_counts, self.step_aux
         self.step_counts, self.step_aux = None, []
         return taken
+
+    def take_dropped(self) -> int:
+        """This rank's assignments dropped over capacity this step (its microbatches); resets."""
+        dropped, self.step_dropped = self.step_dropped, 0
+        return dropped
 
     def _dispatch(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                   keep: torch.Tensor | None) -> torch.Tensor:
