@@ -392,3 +392,18 @@ def test_a_plan_without_a_pipeline_draws_its_own_model_split_into_stages(tmp_pat
                        seq_len=4096)
     html = out.read_text()
     assert "Faster, but too big" not in html and "would all be slower" in html
+
+
+def test_a_run_is_given_by_its_metrics_file_or_its_folder(tmp_path):
+    # `paraxis train --metrics-file runs/m.jsonl` then `paraxis report --run runs/m.jsonl`
+    from paraxis.config import RunConfig
+    from paraxis.report.measured import load_run
+    from paraxis.train import run_training
+
+    metrics = tmp_path / "m.jsonl"
+    run_training(RunConfig.from_flags(model="tiny", steps=2, global_batch=2, seq_len=16,
+                                      quiet=True, metrics_file=str(metrics)))
+    by_file = load_run(metrics)
+    assert len(by_file.records) == 2 and by_file.folder == tmp_path
+    metrics.rename(tmp_path / "metrics.jsonl")
+    assert len(load_run(tmp_path).records) == 2

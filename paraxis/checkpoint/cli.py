@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conv.add_argument("destination", help="directory that receives step-N/")
     conv.add_argument("--layout", required=True, help="e.g. dp=2,tp=4,pp=2 or dp=1 for one "
                       "device")
-    imp = sub.add_parser("import-hf", help="a Hugging Face Llama/GPT-2 directory as a checkpoint")
+    imp = sub.add_parser("import-hf", help="a Hugging Face Llama, GPT-2 or Mixtral directory "
+                         "as a checkpoint")
     imp.add_argument("source", help="directory with config.json and model.safetensors")
     imp.add_argument("destination", help="directory that receives step-00000000/")
     imp.add_argument("--layout", default="dp=1", help="layout to cut the files for")

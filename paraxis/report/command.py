@@ -29,16 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                      "the planner's choice")
     # dest is not "run": the CLI keeps each subcommand's entry point in args.run
     parser.add_argument("--run", dest="run_dir", default=None,
-                        help="a run folder: metrics.jsonl (+ optional *trace*.json)")
+                        help="a run: its --metrics-file, or the folder holding "
+                             "metrics.jsonl (+ optional *trace*.json, config.toml)")
     parser.add_argument("--out", default="report.html", help="the HTML file to write")
 
 
 def run(args: argparse.Namespace) -> int:
     from paraxis.report.build import build_report, save
+    from paraxis.report.measured import metrics_path
 
     given = inputs.from_args(args)
     if args.run_dir is not None:
-        given = from_run_config(given, args, Path(args.run_dir) / "config.toml")
+        given = from_run_config(given, args, metrics_path(Path(args.run_dir)).parent
+                                / "config.toml")
     if given.global_batch is None:
         given = dataclasses.replace(given, global_batch=GLOBAL_BATCH)
     out = save(build_report(given, args.run_dir), args.out)

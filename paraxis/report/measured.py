@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 @dataclass
 class MeasuredRun:
     folder: Path
-    records: list[dict]  # one per step, from metrics.jsonl
+    records: list[dict]  # one per step, from the metrics file
     trace_path: Path | None
     events: list[dict]  # the pipeline executor's trace; empty without one
+    metrics_file: Path  # where `records` came from
 
     @property
     def virtual(self) -> int:
@@ -117,16 +118,25 @@ class Forecast:
                 "a quiet machine to compare.")
 
 
-def load_run(folder: Path) -> MeasuredRun:
+def metrics_path(run: Path) -> Path:
+    """A run given as its folder (its metrics.jsonl) or as its --metrics-file itself."""
+    return run if run.is_file() else run / "metrics.jsonl"
+
+
+def load_run(run: Path) -> MeasuredRun:
+    """The run `paraxis train --metrics-file` wrote: that file (or a folder's metrics.jsonl),
+    with the *trace*.json and config.toml the run wrote beside it."""
     from paraxis.viz.trace import load_trace
 
-    if not (folder / "metrics.jsonl").is_file():
-        raise ParaxisError(f"{folder} has no metrics.jsonl; give the folder a run wrote "
-                           "with `paraxis train --metrics-file DIR/metrics.jsonl`")
+    metrics = metrics_path(run)
+    if not metrics.is_file():
+        raise ParaxisError(f"{run} has no metrics.jsonl; give the metrics file a run wrote "
+                           "(`paraxis train --metrics-file FILE`) or its folder")
+    folder = metrics.parent
     traces = sorted(folder.glob("*trace*.json"))
     trace = traces[0] if traces else None
-    return MeasuredRun(folder, load_metrics(folder / "metrics.jsonl"), trace,
-                       load_trace(trace) if trace else [])
+    return MeasuredRun(folder, load_metrics(metrics), trace,
+                       load_trace(trace) if trace else [], metrics)
 
 
 def _picked(run: MeasuredRun, forecast: Forecast) -> str:
@@ -154,7 +164,7 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
     error = forecast.error
     memory = plan.memory["total"]
     parts = [
-        f"<p>From <code>{esc(run.folder / 'metrics.jsonl')}</code>: {len(records)} steps "
+        f"<p>From <code>{esc(run.metrics_file)}</code>: {len(records)} steps "
         f"(medians skip the first steps' warm-up). Forecast for {esc(label)}, the hardware "
         f"the run ran on, {_priced(hw)}.{_host(forecast)}</p>",
         f"<p class=\"callout\">Step time: predicted {duration(e.step_time_s)}, measured "

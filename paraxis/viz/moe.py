@@ -62,7 +62,9 @@ def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[flo
     bottom.axhline(mean, color="black", linestyle="--", linewidth=1)
     bottom.text(n_experts - 0.5, mean, f" mean {mean:.1f}", va="bottom", ha="right",
                 fontsize=8)
-    bottom.set_ylabel(f"tokens (all {len(counted)})")
+    k = len(chosen[0])  # each token counts once per expert it goes to
+    bottom.set_ylabel(f"assignments (all {len(counted)} tokens x top {k})" if k > 1
+                      else f"tokens (all {len(counted)})")
     bottom.set_xticks(range(n_experts), [str(e) for e in range(n_experts)])
     bottom.set_xlabel("expert" + (f" (colour: the EP rank holding it, ep={ep})" if ep > 1
                                   else ""))
