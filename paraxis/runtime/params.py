@@ -94,5 +94,6 @@ def norm_squared(tensors: list[torch.Tensor], device: torch.device) -> torch.Ten
     norm `clip_grad_norm_` uses)."""
     if not tensors:
         return torch.zeros((), device=device)
-    norms = torch._foreach_norm([t.detach().float() for t in tensors])
+    # in fp32 without an fp32 copy of each 16-bit gradient
+    norms = torch._foreach_norm([t.detach() for t in tensors], 2, dtype=torch.float32)
     return torch.stack(norms).pow(2).sum()
