@@ -17,7 +17,7 @@
 
 A section is a frozen dataclass and a TOML table of the same name; [layout] is
 `paraxis.layout.Layout` itself. Everything else is derived from the fields: the TOML keys
-(`read_run_file`, `to_toml`), the command-line flags (`paraxis.train_cli`), their help and the
+(`paraxis.run_file`), the command-line flags (`paraxis.train_cli`), their help and the
 flat keyword names `RunConfig.from_flags` takes (`--checkpoint-dir` -> `checkpoint_dir`). A
 field's flag is `--<name>` unless its metadata names another (`warmup_steps` is `--warmup`).
 Adding an option is adding one field here.
@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paraxis.auto_config import AutoSection, check_no_layout_flags, expand_run_file, take_layout
+from paraxis.auto_config import AutoSection, check_no_layout_flags, take_layout
 from paraxis.errors import ParaxisError
 from paraxis.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
 from paraxis.options import option
@@ -334,79 +333,3 @@ def _flag_table() -> dict[str, tuple[str, str]]:
 
 
 FLAGS = _flag_table()
-
-
-# ------------------------------------------------------------------------- TOML files
-
-
-def read_run_file(path: str | Path) -> RunConfig:
-    """A TOML run file -> RunConfig (defaults for what it leaves out)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ParaxisError(f"config file {path} does not exist; check the path (examples/ "
-                           "holds run files to start from)")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ParaxisError(f"config file {path} is not valid TOML ({error}); fix that "
-                           "line") from None
-    known = sections()
-    doc = expand_run_file(doc)  # `layout = "auto"` atop the file: the planner picks
-    values: dict[str, Any] = {}
-    for section, table in doc.items():
-        if section not in known:
-            raise ParaxisError(f"{path}: unknown section [{section}]; known: "
-                               f"{', '.join(known)}")
-        if not isinstance(table, dict):
-            raise ParaxisError(f"{path}: [{section}] must be a table of key = value lines")
-        cls = known[section]
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = [key for key in table if key not in fields]
-        if unknown and section == "layout":
-            raise ParaxisError(f"{path}: unknown [layout] key(s) {', '.join(sorted(unknown))}; "
-                               f"known: {', '.join(fields)}")
-        if unknown:
-            raise ParaxisError(f"{path}: unknown key {unknown[0]!r} in [{section}]; known: "
-                               f"{', '.join(fields)}")
-        for key, value in table.items():
-            _check_type(path, section, key, value, field_type(cls, key), fields[key].default)
-        values[section] = cls(**table)
-    return RunConfig(**values)
-
-
-EXAMPLES = {str: "runs/metrics.jsonl", int: 5, float: 400.0, bool: True}
-
-
-def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
-                default: Any) -> None:
-    """A value must have its field's type (an int where a float is wanted is fine): a quoted
-    number would otherwise fail deep inside training, far from the file that caused it."""
-    ok = (isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
-          or wanted is float and isinstance(value, int) and not isinstance(value, bool))
-    if not ok:
-        example = _toml_value(default if default is not None else EXAMPLES[wanted])
-        raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
-                           f"{wanted.__name__}; write e.g. {key} = {example}")
-
-
-def to_toml(cfg: RunConfig) -> str:
-    """The TOML that reads back to `cfg` (saved with checkpoints and runs). A field left at
-    None (no metrics file, no checkpoint dir, ...) is left out: TOML has no None."""
-    lines: list[str] = []
-    for section in sections():
-        values = getattr(cfg, section)
-        lines.append(f"[{section}]")
-        for f in dataclasses.fields(values):
-            value = getattr(values, f.name)
-            if value is not None:
-                lines.append(f"{f.name} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -49,6 +49,11 @@ ZERO3_RESHARD = ("forward", "step")
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 
 
+
+def node_of(rank: int, gpus_per_node: int) -> int:
+    """The node holding `rank`: consecutive ranks fill a node (launchers number them so)."""
+    return rank // gpus_per_node
+
 class Coords(NamedTuple):
     """Where one rank sits in the grid: its index along every axis, in `AXES` order (a new
     axis adds its `<name>_rank` field here; tests/test_layout.py checks the two agree)."""

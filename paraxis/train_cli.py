@@ -26,10 +26,10 @@ from paraxis.config import (
     flag_key,
     flag_names,
     meta,
-    read_run_file,
     sections,
 )
 from paraxis.errors import ParaxisError
+from paraxis.run_file import read_run_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

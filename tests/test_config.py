@@ -10,9 +10,10 @@ import math
 import pytest
 
 from paraxis.cli import main
-from paraxis.config import RunConfig, read_run_file, sections, to_toml
+from paraxis.config import RunConfig, sections
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.run_file import read_run_file, to_toml
 from paraxis.train_cli import add_arguments, config_from_args
 
 

@@ -6,9 +6,10 @@ import argparse
 import numpy as np
 import pytest
 
-from paraxis.config import RunConfig, read_run_file, to_toml
+from paraxis.config import RunConfig
 from paraxis.data import ByteTokenizer, HFTokenizer, TokenData
 from paraxis.errors import ParaxisError
+from paraxis.run_file import read_run_file, to_toml
 from paraxis.train import run_training
 from paraxis.train_cli import add_arguments, config_from_args
 

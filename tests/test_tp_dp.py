@@ -3,7 +3,7 @@ one device: same losses and global gradient norms over 4 steps, through the torc
 
 import pytest
 
-from paraxis.config import read_run_file
+from paraxis.run_file import read_run_file
 from paraxis.testing import train_records
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from paraxis.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
 from paraxis.errors import ParaxisError
 from paraxis.model import Transformer
-from paraxis.runtime.engine import adamw
+from paraxis.runtime.engine import adamw, decays
 from paraxis.runtime.watchdog import WATCH
 
 
@@ -52,7 +52,7 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
             master = owned[piece.shard_lo: piece.shard_hi]
             if grads.dtype == master.dtype:
                 master.grad = grads[piece.shard_lo: piece.shard_hi]
-            (decay if piece.param.dim() >= 2 else no_decay).append(master)
+            (decay if decays(piece.param) else no_decay).append(master)
             pieces.append((piece, master))
     optimizer = adamw(decay, no_decay, weight_decay, betas, eps)
     return optimizer, pieces

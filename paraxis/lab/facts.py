@@ -15,9 +15,8 @@ from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
 from paraxis.plan.hardware import CLUSTERS, GPUS
 from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.simulate.ring import ring_schedule, simulate_ring
+from paraxis.units import GB
 from paraxis.viz.tp_split import COLUMN, ROW, SplitWeight
-
-GB = 1e9  # the course counts decimal gigabytes: 16 x 7e9 bytes = 112 GB
 
 # ----------------------------------------------------------------- chapter 0: the gap
 

@@ -29,8 +29,8 @@ from paraxis.plan.search import (
     search,
 )
 from paraxis.plan.uncertainty import error_band, ties
+from paraxis.units import GB
 
-GB = 1e9
 MAX_DEFENCE_LINES = 5
 OVERHEADS = STEP_PARTS[1:]  # beside compute
 

@@ -14,7 +14,7 @@ import math
 from typing import NamedTuple
 
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout, grid_rank
+from paraxis.layout import Layout, grid_rank, node_of
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
 from paraxis.units import DEFAULT_BUCKET_BYTES
@@ -155,7 +155,7 @@ def group_link(ranks: list[int], cluster: Cluster) -> Link:
 
 @functools.lru_cache(maxsize=4096)
 def _nodes_spanned(ranks: tuple[int, ...], gpus_per_node: int) -> int:
-    return len({rank // gpus_per_node for rank in ranks})  # Cluster.node_of
+    return len({node_of(rank, gpus_per_node) for rank in ranks})
 
 
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:

@@ -18,8 +18,7 @@ from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
 from paraxis.plan.uncertainty import error_band
-
-GB = 1e9
+from paraxis.units import GB
 
 
 def _shape(estimate: Estimate) -> tuple[int, int, int]:

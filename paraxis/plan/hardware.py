@@ -53,6 +53,7 @@ from pathlib import Path
 
 from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
+from paraxis.layout import node_of
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 from paraxis.plan.hardware_values import check_values
 from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
@@ -93,15 +94,14 @@ class GPU:
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
     # shard size. 0: not measured (datasheet presets, older profiles): not priced.
     layer_overhead_s: float = 0.0
-    # Memory held back from the model on every device: the CUDA context, NCCL workspaces and
-    # allocator slack on a GPU (a round 2 GB), or on a CPU a rank's process baseline
-    # (interpreter, PyTorch, gloo) measured by `paraxis calibrate` (calibrate/baseline.py).
+    # Memory held back on every device (units.DEFAULT_RESERVED_BYTES on a GPU); on a CPU a
+    # rank's process baseline, measured by `paraxis calibrate` (calibrate/baseline.py).
     reserved_bytes: float = DEFAULT_RESERVED_BYTES
     # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name
     # ZeRO-0/1/2 gradient reductions: one collective call per bucket of this many bytes
-    # (paraxis's runtime and PyTorch DDP: 25 MB, each call paying its latency), or 0: one call
+    # (paraxis's runtime and PyTorch DDP: 25 MiB, each call paying its latency), or 0: one call
     # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
     gradient_bucket_bytes: float = DEFAULT_BUCKET_BYTES
     # ZeRO-2 under a pipeline: "step", as paraxis's runtime does it (a stage accumulates its
@@ -272,7 +272,7 @@ class Cluster:
         return self.nodes * self.gpus_per_node
 
     def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
+        return node_of(rank, self.gpus_per_node)
 
     def replace(self, **changes: object) -> Cluster:
         return dataclasses.replace(self, **changes)

@@ -21,8 +21,8 @@ from paraxis.plan.hardware import (
     load_hardware_file,
 )
 from paraxis.plan.precision import PRECISIONS, Precision
+from paraxis.units import GB
 
-GB = 1e9
 DEFAULT_GPU = "a100-80gb"
 
 

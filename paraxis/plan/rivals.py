@@ -24,7 +24,6 @@ from paraxis.plan.uncertainty import (
     ties,
 )
 
-GB = 1e9
 Price = Callable[[Estimate, Cluster], float]
 
 

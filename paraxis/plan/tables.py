@@ -10,8 +10,7 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
 from paraxis.terminal import console as terminal_console
-
-GB = 1e9
+from paraxis.units import GB
 
 
 def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,

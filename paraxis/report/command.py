@@ -54,7 +54,7 @@ def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Pa
     """What the command line leaves out, from the run's own resolved config (`paraxis train`
     writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length and
     precision that really ran, so the forecast prices that run."""
-    from paraxis.config import read_run_file
+    from paraxis.run_file import read_run_file
 
     if not path.is_file():
         return given

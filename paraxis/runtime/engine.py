@@ -264,12 +264,17 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
 GROUP_BYTES = 64 * 2**20  # the most parameter bytes one foreach AdamW call works on
 
 
+def decays(param: nn.Parameter) -> bool:
+    """Weight decay on matrices only, not biases or norms: the GPT-2/nanoGPT convention."""
+    return param.dim() >= 2
+
+
 def make_adamw(params: Iterable[nn.Parameter], weight_decay: float,
                betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
-    """AdamW with decay on matrices only (not biases, norms): the GPT-2/nanoGPT convention."""
+    """AdamW with decay where `decays` says."""
     params = [p for p in params if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    decay = [p for p in params if decays(p)]
+    no_decay = [p for p in params if not decays(p)]
     return adamw(decay, no_decay, weight_decay, betas, eps)
 
 

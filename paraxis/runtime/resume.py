@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
-from paraxis.config import to_toml
 from paraxis.errors import ParaxisError
+from paraxis.run_file import to_toml
 from paraxis.runtime.distributed import restart_attempt
 
 if TYPE_CHECKING:

@@ -15,15 +15,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from paraxis.layout import Layout
+from paraxis.layout import Layout, node_of
 from paraxis.viz.style import AXIS_COLOUR, new_figure
 
 _NODE_SHADES = ("#e8f1fa", "#fdf0d5")  # alternate nodes: pale blue, pale sand
 MAX_LABELLED_RANKS = 256  # beyond this, cells are too small for text
-
-
-def node_of(rank: int, gpus_per_node: int) -> int:
-    return rank // gpus_per_node
 
 
 def rank_roles(layout: Layout, gpus_per_node: int) -> list[dict[str, int]]:
