@@ -22,8 +22,9 @@ from pathlib import Path
 
 from paraxis.calibrate.baseline import process_baseline_bytes
 from paraxis.hf import write_hf
+from paraxis.init_weights import initial_value
 from paraxis.layout import Layout
-from paraxis.model import initial_value, parameter_shapes
+from paraxis.model import parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.plan.memory import layout_memory
 from paraxis.plan.precision import PRECISIONS

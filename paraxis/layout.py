@@ -3,7 +3,7 @@
 A layout says how `world = pp * dp * cp * tp` ranks split the work:
 
 - `tp` ranks split every layer's matrices (Megatron tensor parallelism),
-- `cp` ranks split every sequence (context parallelism; K/V travel every layer; issue 22),
+- `cp` ranks split every sequence (context parallelism; K/V travel every layer),
 - `dp` ranks each see a different slice of the batch (with `zero` sharding on top),
 - `pp` ranks split the stack of layers into pipeline stages.
 
@@ -18,11 +18,9 @@ on different nodes (PP only sends activations at stage boundaries). Coordinates 
 group (one axis, or several joined by "_", such as "dp_tp") are computed from that list and
 nothing else, so adding an axis is adding a name to `AXES` (and its degree to the Layout).
 
-Expert parallelism (`ep`, issue 23) is not a factor of the world: the `ep` ranks that share
-one expert shard are carved out of the dp x cp ranks of one (pp, tp) position, as Megatron
-does, so turning it on never changes the world size; `ep` must divide `dp * cp`.
-
-This module is pure Python: `paraxis plan` imports it without torch.
+Expert parallelism (`ep`) is not a factor of the world: its groups are carved out of the
+dp x cp ranks of one (pp, tp) position, as in Megatron, so `ep` must divide `dp * cp`.
+Pure Python: `paraxis plan` imports it without torch.
 """
 
 from __future__ import annotations
@@ -44,15 +42,13 @@ if TYPE_CHECKING:
 
 SCHEDULES = KINDS  # the pipeline schedules `paraxis.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
-# ZeRO-3 with pp > 1: when a chunk's gathered parameters are freed (`pipeline_parallel/zero3.py`)
-ZERO3_RESHARD = ("forward", "step")
+ZERO3_RESHARD = ("forward", "step")  # ZeRO-3, pp > 1: when gathered chunks are freed (zero3.py)
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:
-    """The node holding `rank`: consecutive ranks fill a node (launchers number them so)."""
-    return rank // gpus_per_node
+    return rank // gpus_per_node  # consecutive ranks fill a node (launchers number them so)
 
 class Coords(NamedTuple):
     """Where one rank sits in the grid: its index along every axis, in `AXES` order (a new
@@ -142,6 +138,9 @@ class Layout:
     schedule: str = option("1f1b", "pipeline schedule: " + ", ".join(SCHEDULES))
     virtual_stages: int = option(1, "model chunks per pipeline stage (interleaved; zb-v: 2)")
     recompute: str = option("none", "activation recomputation: " + ", ".join(RECOMPUTE))
+    recompute_layers: int = option(1, "full recompute: blocks per checkpoint (Megatron-LM's "
+                                   "--recompute-num-layers, uniform): 1 keeps every block's "
+                                   "input, N every N-th (the course's sqrt(L) rule)")
     sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
@@ -209,7 +208,7 @@ class Layout:
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
-        for name in (*AXES, "ep", "microbatches", "virtual_stages"):
+        for name in (*AXES, "ep", "microbatches", "virtual_stages", "recompute_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
@@ -227,6 +226,9 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise ParaxisError(f"unknown recompute {self.recompute!r}; use one of "
                                f"{', '.join(RECOMPUTE)}")
+        if self.recompute_layers > 1 and self.recompute != "full":
+            raise ParaxisError(f"recompute_layers={self.recompute_layers} groups the blocks of "
+                               "full recompute; add recompute=full or drop recompute_layers")
         if self.schedule in FIXED_VIRTUAL:
             if self.virtual_stages != FIXED_VIRTUAL[self.schedule]:
                 raise ParaxisError(f"schedule={self.schedule} runs {FIXED_VIRTUAL[self.schedule]}"
@@ -381,6 +383,8 @@ class Layout:
             parts.append(f"virtual_stages={self.virtual_stages}")
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
+        if self.recompute_layers > 1:
+            parts.append(f"recompute_layers={self.recompute_layers}")
         if self.sequence_parallel:
             parts.append("sequence_parallel=true")
         return ",".join(parts)

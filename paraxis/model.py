@@ -22,8 +22,6 @@ exactly the single-device weights.
 
 from __future__ import annotations
 
-import hashlib
-import math
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +34,7 @@ from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.chunks import positions as chunk_positions
 from paraxis.errors import ParaxisError
+from paraxis.init_weights import init_parameter
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
 from paraxis.packing import Documents, find_documents, packed_attention
@@ -211,6 +210,14 @@ class Blocks(nn.ModuleList):
         return list(self._modules.values())[index]
 
 
+def run_blocks(blocks: list[Block], x: torch.Tensor, documents: Documents | None
+               ) -> torch.Tensor:
+    """Blocks in a row: the region one grouped checkpoint recomputes."""
+    for block in blocks:
+        x = block(x, documents)
+    return x
+
+
 class Transformer(nn.Module):
     """The whole model, or a part of it: `blocks` (global indices, default all), with or
     without the embedding (`embed`) and the final norm, LM head and loss (`head`).
@@ -231,6 +238,7 @@ class Transformer(nn.Module):
         self.has_head = head
         self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
         self.end_of_document: int | None = None  # document packing (set_packing)
+        self.recompute_group = 1  # blocks per checkpoint under grouped full recompute
         if embed:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
             if cfg.learned_positions:
@@ -274,8 +282,15 @@ class Transformer(nn.Module):
         documents = self.documents(x if self.has_embedding else tokens)
         if self.has_embedding:
             x = self.embed(x, documents)
-        for block in self.blocks:
-            x = block(x, documents)
+        group = self.recompute_group
+        if group > 1 and torch.is_grad_enabled():
+            blocks = list(self.blocks)
+            for first in range(0, len(blocks), group):
+                x = checkpoint(run_blocks, blocks[first:first + group], x, documents,
+                               use_reentrant=False)
+        else:
+            for block in self.blocks:
+                x = block(x, documents)
         if not self.has_head:
             return x
         logits = self.logits(x)
@@ -304,11 +319,16 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.attn.split = split
 
-    def set_recompute(self, mode: str) -> None:
-        """"none", "selective" (attention core only) or "full" (whole blocks)."""
+    def set_recompute(self, mode: str, layers: int = 1) -> None:
+        """"none", "selective" (attention core only) or "full" (whole blocks). Full with
+        `layers` > 1: one checkpoint per run of `layers` consecutive blocks of this part
+        (Megatron-LM's uniform method, --recompute-num-layers): only each run's input is
+        kept, and its backward recomputes the whole run at once (the course's sqrt(L) rule
+        at layers = sqrt(L))."""
         for block in self.blocks:
-            block.recompute = mode == "full"
+            block.recompute = mode == "full" and layers == 1
             block.attn.recompute_core = mode == "selective"
+        self.recompute_group = layers if mode == "full" else 1
 
 
 def single_device_name(name: str, param: nn.Parameter) -> str:
@@ -329,50 +349,12 @@ def single_device_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]
     return list(seen.values())
 
 
-def parameter_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed for one named parameter (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-@torch.no_grad()
-def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) -> None:
-    """Fill one full (unsharded) parameter, as a function of its name and the seed only."""
-    leaf = name.rsplit(".", 1)[-1]
-    module = name.rsplit(".", 2)[-2] if "." in name else ""
-    if leaf == "bias":
-        param.zero_()
-        return
-    if "norm" in module:
-        param.fill_(1.0)
-        return
-    generator = torch.Generator().manual_seed(parameter_seed(seed, name))
-    std = 0.02
-    if module in ("o", "down"):
-        # GPT-2 scales residual-stream output projections by 1/sqrt(2 * layers).
-        std = 0.02 / math.sqrt(2 * cfg.n_layers)
-    if param.dtype == torch.float32 and param.is_contiguous() and param.device.type == "cpu":
-        torch.randn(param.shape, generator=generator, out=param.detach())  # no temporary
-        param.mul_(std)
-        return
-    values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
-    param.copy_(values.to(param.dtype))
-
-
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{single-device parameter name: shape} in the model's order, from the model built on
     the meta device (no memory)."""
     with torch.device("meta"):
         model = Transformer(cfg)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
-def initial_value(name: str, shape: tuple[int, ...], cfg: ModelConfig,
-                  seed: int) -> torch.Tensor:
-    """A new full tensor holding parameter `name`'s single-device initial value."""
-    full = torch.empty(shape)
-    init_parameter(name, full, cfg, seed)
-    return full
 
 
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:

@@ -14,7 +14,8 @@ import torch
 
 from paraxis.errors import ParaxisError
 from paraxis.hf import HFReader, expected_shapes, read_hf, write_hf
-from paraxis.model import build_model, initial_value
+from paraxis.init_weights import initial_value
+from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 from paraxis.runtime.tensor_memory import TensorBytes
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from paraxis.model import build_model, init_parameter
+from paraxis.init_weights import init_parameter
+from paraxis.model import build_model
 from paraxis.model_config import PRESETS
 
 

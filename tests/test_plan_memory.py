@@ -140,3 +140,17 @@ def test_the_planner_prices_the_runtimes_own_stage_partition():
     counts = stage_layers(cfg, 5, seq_len=1024)
     assert counts != [3, 3, 2, 2, 2] and sum(counts) == 12
     assert stage_params(cfg, 5, seq_len=1024)[1] == counts[1] * cfg.layer_params()
+
+
+def test_grouped_full_recompute_keeps_one_input_per_run_of_blocks() -> None:
+    # the course's sqrt(L) rule on llama2-7b (32 blocks): a checkpoint per run of 6 blocks
+    # keeps ceil(32 / 6) = 6 block inputs instead of 32, and rebuilds 6 blocks at once
+    cfg = PRESETS["llama2-7b"]
+    every = layout_memory(cfg, Layout(recompute="full"), 4096, 1)
+    grouped = layout_memory(cfg, Layout(recompute="full", recompute_layers=6), 4096, 1)
+    head = layout_memory(cfg, Layout(recompute="full", recompute_layers=10**6), 4096, 1)
+    inputs = every["activations"] - head["activations"]  # 31 block inputs
+    assert every["activations"] - grouped["activations"] == pytest.approx(inputs * 26 / 31)
+    assert grouped["buffers"] == pytest.approx(6 * every["buffers"])
+    with pytest.raises(ParaxisError, match="groups the blocks of full recompute"):
+        Layout(recompute="selective", recompute_layers=2)

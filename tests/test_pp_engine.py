@@ -156,16 +156,26 @@ def test_recompute_saves_activation_memory():
     cfg = PRESETS["tiny"]
     saved = {}
     x = torch.randint(0, 256, (2, 64))
-    for mode in ("none", "selective", "full"):
+    grads = {}
+    for mode, layers in (("none", 1), ("selective", 1), ("full", 1), ("full", 2), ("full", 4)):
         model = build_model(cfg)
-        model.set_recompute(mode)
+        model.set_recompute(mode, layers)
         with SavedActivations(model.parameters()) as meter:
             loss = model(x, x)
-        saved[mode] = meter.live_bytes
+        saved[mode, layers] = meter.live_bytes
         loss.backward()
         assert meter.live_bytes == 0  # backward released everything
-    assert saved["full"] < saved["selective"] < saved["none"]
-    assert saved["full"] < saved["none"] / 4
+        grads[mode, layers] = [p.grad for p in model.parameters()]
+    assert saved["full", 1] < saved["selective", 1] < saved["none", 1]
+    assert saved["full", 1] < saved["none", 1] / 4
+    # a checkpoint per run of blocks keeps one block input per run, not one per block (the
+    # course's sqrt(L) rule); the rest (embedding, head, loss) is the same
+    block_input = 2 * 64 * cfg.d_model * 4  # fp32
+    assert saved["full", 1] - saved["full", 2] == (cfg.n_layers - cfg.n_layers // 2) * block_input
+    assert saved["full", 1] - saved["full", 4] == (cfg.n_layers - 1) * block_input
+    # and recomputing changes no number
+    for key in grads:
+        assert all(torch.equal(a, b) for a, b in zip(grads[key], grads["none", 1], strict=True))
 
 
 def test_partition_is_balanced_and_printed():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING
 
 from paraxis.attention_kernel import RUNTIME_KERNEL
@@ -249,6 +250,13 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # an interleaved (microbatch, chunk) holds 1/v of them.
         activations = (in_flight * dense * dense_layer
                        + in_flight * moe * moe_layer)
+        group = layout.recompute_layers if layout.recompute == "full" else 1
+        if group > 1:
+            # grouped checkpoints (model.run_blocks) keep one input per run of `group`
+            # blocks of each chunk in flight
+            per_chunk = (dense + moe) / layout.virtual_stages
+            activations = in_flight * layout.virtual_stages * math.ceil(
+                per_chunk / group) * dense_layer
         if stage == last:
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
@@ -263,7 +271,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                 rebuilt = max(rebuilt, layer_activation_bytes(
                     cfg, *kernel_args, "none", attention, dropout, mlp=False)
                     + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance))
-            buffers += rebuilt * precision.activation_bytes / 2
+            # a run of `group` blocks is rebuilt at once in its backward
+            per_chunk = math.ceil((dense + moe) / layout.virtual_stages)
+            buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif replicas > 1:

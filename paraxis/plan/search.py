@@ -45,6 +45,7 @@ class Constraints:
     cp_attention: str = "ring"
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute_layers: int = 1  # blocks per checkpoint when recompute is full
     # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
     # without it but less memory: both are dominated, so they are left out unless asked for.
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
@@ -225,6 +226,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     zero=zero, zero3_reshard=reshard,
                                     microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
+                                    recompute_layers=(c.recompute_layers
+                                                      if recompute == "full" else 1),
                                     sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
                                 check_interleaving(layout, cfg)

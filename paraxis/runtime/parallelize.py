@@ -36,8 +36,9 @@ from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.errors import ParaxisError
+from paraxis.init_weights import initial_value
 from paraxis.layout import Layout
-from paraxis.model import SequenceSplit, Transformer, initial_value, parameter_shapes
+from paraxis.model import SequenceSplit, Transformer, parameter_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.moe.expert_parallel import shard_experts
 from paraxis.packing import check_layout as check_packing
@@ -93,7 +94,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
             part.set_packing(end_of_document)
     # 4. activation recompute
     for part in parts:
-        part.set_recompute(layout.recompute)
+        part.set_recompute(layout.recompute, layout.recompute_layers)
     # (compile: after recompute, which wraps what is compiled)
     if compile:
         check_compile(layout.schedule, compile)
