@@ -164,7 +164,7 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
         return {}
     counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.float64)
     dropped = torch.zeros(cfg.n_layers, dtype=torch.float64)
-    aux = torch.zeros(1, dtype=torch.float64)
+    losses = torch.zeros(2, dtype=torch.float64)  # aux loss, z-loss: coefficients included
     for name, module in model.named_modules():
         if isinstance(module, MoE):
             block = int(name.split("blocks.")[1].split(".")[0])
@@ -173,24 +173,28 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
             if step_counts is not None:
                 counts[block] = step_counts.double().cpu()
             if step_aux:
-                aux += cfg.aux_loss_coef * float(sum(step_aux)) / len(step_aux)
+                losses[0] += cfg.aux_loss_coef * float(sum(step_aux)) / len(step_aux)
+            if step_z := module.take_z():
+                losses[1] += cfg.z_loss_coef * float(sum(step_z)) / len(step_z)
     if groups is not None and dist.is_initialized():
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        counts, aux, dropped = counts.to(device), aux.to(device), dropped.to(device)
-        if groups.replica_group is not None:
+        counts, dropped, losses = counts.to(device), dropped.to(device), losses.to(device)
+        if groups.replica_group is not None:  # the losses: averaged over the replicas
             with WATCH.waiting("all_reduce", groups.replica_group):
-                dist.all_reduce(aux, group=groups.replica_group)
-            aux /= dist.get_world_size(groups.replica_group)
+                dist.all_reduce(losses, group=groups.replica_group)
+            losses /= dist.get_world_size(groups.replica_group)
             if cfg.capacity_factor:  # each dp x cp rank drops from its own tokens
                 with WATCH.waiting("all_reduce", groups.replica_group):
                     dist.all_reduce(dropped, group=groups.replica_group)
         if groups.pp_group is not None:
-            for figure in (counts, aux, dropped) if cfg.capacity_factor else (counts, aux):
+            for figure in (counts, losses, dropped) if cfg.capacity_factor else (counts, losses):
                 with WATCH.waiting("all_reduce", groups.pp_group):
                     dist.all_reduce(figure, group=groups.pp_group)
     rows = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     figures = {"expert_tokens": [[int(n) for n in counts[i].tolist()] for i in rows],
-               "aux_loss": float(aux)}
+               "aux_loss": float(losses[0])}
+    if cfg.z_loss_coef:
+        figures["z_loss"] = float(losses[1])
     if cfg.capacity_factor:
         figures["dropped_tokens"] = [int(dropped[i]) for i in rows]
     return figures

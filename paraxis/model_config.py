@@ -51,6 +51,7 @@ class ModelConfig:
     first_dense_layers: int = 0  # the first blocks keep a dense MLP of width d_ff
     capacity_factor: float = 0.0  # 0: dropless; else tokens per expert <= cf * T * k / E
     aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch Transformer eq. 4)
+    z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE eq. 5; Megatron --moe-z-loss-coeff)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -96,8 +97,10 @@ class ModelConfig:
         if not 0 <= self.first_dense_layers <= self.n_layers:
             raise ParaxisError(f"first_dense_layers {self.first_dense_layers} must be within "
                                f"0..n_layers ({self.n_layers})")
-        if self.n_shared_experts < 0 or self.capacity_factor < 0 or self.aux_loss_coef < 0:
-            raise ParaxisError("n_shared_experts, capacity_factor and aux_loss_coef must be >= 0")
+        if min(self.n_shared_experts, self.capacity_factor, self.aux_loss_coef,
+               self.z_loss_coef) < 0:
+            raise ParaxisError("n_shared_experts, capacity_factor, aux_loss_coef and "
+                               "z_loss_coef must be >= 0")
 
     # --------------------------------------------------------------- derived shape facts
 

@@ -59,7 +59,8 @@ def test_routing_is_mixtrals_softmax_topk_renormalised() -> None:
 
 
 def test_injected_aux_gradient_equals_adding_the_aux_loss() -> None:
-    cfg = PRESETS["tiny-moe-shared"].replace(aux_loss_coef=0.1)
+    # the router's regulariser: the load-balancing loss and ST-MoE's z-loss
+    cfg = PRESETS["tiny-moe-shared"].replace(aux_loss_coef=0.1, z_loss_coef=0.01)
     x = torch.randint(0, 256, (2, 32))
     y = torch.randint(0, 256, (2, 32))
     injected = build_model(cfg, seed=1)
@@ -69,23 +70,26 @@ def test_injected_aux_gradient_equals_adding_the_aux_loss() -> None:
     explicit = build_model(cfg, seed=1)
     set_aux_loss_scale(explicit, 0.0)  # nothing injected: the aux loss is added by hand
     auxes: list[torch.Tensor] = []
+    zs: list[torch.Tensor] = []
 
     def recompute_aux(layer: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
                       output: torch.Tensor) -> None:
         tokens = inputs[0].reshape(-1, cfg.d_model)
-        probs = F.softmax(layer.router(tokens), dim=-1, dtype=torch.float32)
+        logits = layer.router(tokens)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         auxes.append(layer._aux_loss(layer.last_counts, probs, tokens.shape[0]))
+        zs.append((torch.logsumexp(logits, dim=-1) ** 2).mean())
 
     for layer in moe_layers(explicit):
         layer.register_forward_hook(recompute_aux)
     loss = explicit(x, y)
-    (0.5 * (loss + cfg.aux_loss_coef * sum(auxes))).backward()
+    (0.5 * (loss + cfg.aux_loss_coef * sum(auxes) + cfg.z_loss_coef * sum(zs))).backward()
     for (name, a), (_, b) in zip(injected.named_parameters(), explicit.named_parameters(),
                                  strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8, msg=name)
     assert aux_loss_value(injected) == pytest.approx(cfg.aux_loss_coef * float(sum(auxes).detach()))
     # the router's gradient really comes partly from the aux loss
-    plain = build_model(cfg.replace(aux_loss_coef=0.0), seed=1)
+    plain = build_model(cfg.replace(aux_loss_coef=0.0, z_loss_coef=0.0), seed=1)
     (plain(x, y) * 0.5).backward()
     router = "blocks.1.moe.router.weight"
     assert not torch.allclose(dict(plain.named_parameters())[router].grad,

@@ -71,7 +71,7 @@ from paraxis.tensor_parallel.apply import tp_split_dim
 from paraxis.testing import RankContext, as_layout, run_on_ranks
 from paraxis.train import run_training
 
-CFG = PRESETS["tiny-moe"]
+CFG = PRESETS["tiny-moe"].replace(z_loss_coef=1e-3)  # with ST-MoE's router z-loss
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
 LOSS_TOL, NORM_TOL = 1e-5, 1e-5
 FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
@@ -118,8 +118,9 @@ def _record_routing(model: torch.nn.Module) -> dict[str, list[np.ndarray]]:
             key = name[name.index("blocks."):]
             chosen[key] = []
 
-            def route(tokens: torch.Tensor, layer: MoE = module, key: str = key) -> tuple:
-                weights, picked, probs = MoE.route(layer, tokens)
+            def route(tokens: torch.Tensor, logits: torch.Tensor | None = None,
+                      layer: MoE = module, key: str = key) -> tuple:
+                weights, picked, probs = MoE.route(layer, tokens, logits)
                 if getattr(layer, "recording", False):
                     chosen[key].append(picked.detach().numpy().copy())
                 return weights, picked, probs

@@ -73,8 +73,9 @@ class LocalExperts:
 
 
 class AuxLossGradient(torch.autograd.Function):
-    """Identity on the block's output; in backward it also starts the aux loss's gradient
-    (d aux = scale), so the aux loss trains the router wherever this block runs."""
+    """Identity on the block's output; in backward it also starts the gradient of the
+    router's regulariser (aux loss and z-loss, coefficients included; d = scale), so they
+    train the router wherever this block runs."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, output: torch.Tensor,
@@ -119,10 +120,13 @@ class MoE(nn.Module):
         self.step_counts: torch.Tensor | None = None
         self.step_aux: list[torch.Tensor] = []
         self.step_dropped = 0  # this rank's assignments over capacity this step
+        self.step_z: list[torch.Tensor] = []  # router z-loss values, coef-free
 
-    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def route(self, tokens: torch.Tensor, logits: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
-        probs = F.softmax(self.router(tokens), dim=-1, dtype=torch.float32)
+        logits = self.router(tokens) if logits is None else logits
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, chosen, probs
@@ -130,7 +134,8 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        weights, chosen, probs = self.route(tokens)
+        logits = self.router(tokens)
+        weights, chosen, probs = self.route(tokens, logits)
         local_counts = torch.bincount(chosen.flatten(), minlength=self.cfg.n_experts)
         counts = self._global(local_counts)
         self.last_counts = counts
@@ -141,19 +146,24 @@ class MoE(nn.Module):
             out = out + self.shared(tokens)
         aux = self._aux_loss(counts, probs, tokens.shape[0])
         self.last_aux = aux.detach()
-        if torch.is_grad_enabled() and aux.requires_grad:
+        # ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean squared log-sum-exp of
+        # the router logits over this rank's tokens, which keeps the logits small
+        z = torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+        regulariser = self.cfg.aux_loss_coef * aux + self.cfg.z_loss_coef * z
+        if torch.is_grad_enabled() and regulariser.requires_grad:
             # counted when the microbatch's backward passes here: once per training
             # microbatch, even when full recompute runs the forward twice
             count = functools.partial(self._count_step, counts, self.last_aux,
-                                      self.last_dropped)
-            out = AuxLossGradient.apply(out, aux, self.aux_scale * self.cfg.aux_loss_coef,
-                                        count)
+                                      self.last_dropped, z.detach())
+            out = AuxLossGradient.apply(out, regulariser, self.aux_scale, count)
         return out.view(shape)
 
-    def _count_step(self, counts: torch.Tensor, aux: torch.Tensor, dropped: int) -> None:
+    def _count_step(self, counts: torch.Tensor, aux: torch.Tensor, dropped: int,
+                    z: torch.Tensor) -> None:
         self.step_counts = counts if self.step_counts is None else self.step_counts + counts
         self.step_aux.append(aux)
         self.step_dropped += dropped
+        self.step_z.append(z)
 
     def take_step(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """This step's per-expert assignment counts (global, summed over its microbatches)
@@ -166,6 +176,11 @@ class MoE(nn.Module):
         """This rank's assignments dropped over capacity this step (its microbatches); resets."""
         dropped, self.step_dropped = self.step_dropped, 0
         return dropped
+
+    def take_z(self) -> list[torch.Tensor]:
+        """This step's router z-loss values (this rank's, one per microbatch, coef-free)."""
+        z, self.step_z = self.step_z, []
+        return z
 
     def _dispatch(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                   keep: torch.Tensor | None) -> torch.Tensor:
