@@ -214,6 +214,8 @@ class RunConfig:
     def check(self) -> None:
         """Every rule a value must keep, as a one-line error naming its flag."""
         train, opt, ckpt = self.train, self.optimizer, self.checkpoint
+        if train.steps > 10**12:  # a trillion steps: past any run, and past int64 sums
+            raise ParaxisError(f"--steps {train.steps} is over 10**12; give a real step count")
         if train.steps < 1:
             raise ParaxisError(f"--steps {train.steps} must be at least 1")
         if train.seq_len < 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,27 +153,36 @@ def _columnar(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
     yield from _texts(table.column(field).to_pylist(), piece.file, piece.first_row, field)
 
 
+def _numbered_lines(file: str) -> Iterator[tuple[int, bytes]]:
+    """(row number, raw line) of a JSONL file, gzipped where it ends in .gz."""
+    opener = gzip.open if file.endswith(".gz") else open
+    try:
+        with opener(file, "rb") as lines:
+            yield from enumerate(lines, 1)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:  # a cut or foreign .gz
+        raise ParaxisError(f"{file} is not a complete gzip file ({error}); download or "
+                           "compress it again, or give the uncompressed .jsonl") from None
+
+
 def _jsonl(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
-    opener = gzip.open if piece.file.endswith(".gz") else open
-    with opener(piece.file, "rb") as lines:  # decoded row by row, to name a bad one
-        for number, raw in enumerate(lines, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ParaxisError(f"{piece.file} row {number} is not UTF-8 (byte "
-                                   f"0x{raw[error.start]:02x} at column {error.start + 1}); "
-                                   "re-encode the file as UTF-8 or remove the row") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ParaxisError(f"{piece.file} row {number} is not JSON ({error.msg}); "
-                                   "fix or remove the line") from None
-            if not isinstance(row, dict) or field not in row:
-                raise ParaxisError(f"{piece.file} row {number} has no '{field}' field; fix "
-                                   "the row or choose the field with --text-field")
-            yield from _texts([row[field]], piece.file, number, field)
+    for number, raw in _numbered_lines(piece.file):  # decoded row by row, to name a bad one
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ParaxisError(f"{piece.file} row {number} is not UTF-8 (byte "
+                               f"0x{raw[error.start]:02x} at column {error.start + 1}); "
+                               "re-encode the file as UTF-8 or remove the row") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ParaxisError(f"{piece.file} row {number} is not JSON ({error.msg}); "
+                               "fix or remove the line") from None
+        if not isinstance(row, dict) or field not in row:
+            raise ParaxisError(f"{piece.file} row {number} has no '{field}' field; fix "
+                               "the row or choose the field with --text-field")
+        yield from _texts([row[field]], piece.file, number, field)
 
 
 def documents(piece: Piece, field: str) -> Iterator[tuple[int, str]]:

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--temperature {args.temperature} must be >= 0 (0: greedy) and "
                            f"else finite and at least {MIN_TEMPERATURE} (smaller ones overflow "
                            "the logits)")
+    if not 0 <= args.seed < 2**63:
+        raise ParaxisError(f"--seed {args.seed} must be between 0 and 2**63 - 1")
     if args.top_k < 0:
         raise ParaxisError(f"--top-k {args.top_k} must be >= 0 (0: no cut)")
     cfg, model = load_for_inference(args.checkpoint, pick_device(args.device))

@@ -297,23 +297,25 @@ class Layout:
         # tp splits heads, kv heads, the vocabulary and the MLP width: the degrees that
         # divide all four are the ones to offer
         splits = (model.n_heads, model.n_kv_heads, model.vocab_size, model.d_ff)
-        choices = ", ".join(str(t) for t in range(1, model.n_heads + 1)
-                            if not any(n % t for n in splits))
+
+        def choices() -> str:  # only for a message: a search validates thousands of layouts
+            return ", ".join(str(t) for t in range(1, model.n_heads + 1)
+                             if not any(n % t for n in splits))
         if model.n_heads % self.tp:
             raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
-                               f"{self.tp}; choose tp among {choices}")
+                               f"{self.tp}; choose tp among {choices()}")
         if model.n_kv_heads % self.tp:
             raise ParaxisError(f"{model.n_kv_heads} kv heads are not divisible by tp={self.tp}; "
-                               f"choose tp among {choices}")
+                               f"choose tp among {choices()}")
         # Padding the vocabulary would change the model's loss normalisation and its shapes
         # in checkpoints; an error keeps every layout's model identical.
         if model.vocab_size % self.tp:
             raise ParaxisError(f"vocab size {model.vocab_size} is not divisible by tp={self.tp}; "
                                f"pad the vocabulary to a multiple of tp or choose tp among "
-                               f"{choices}")
+                               f"{choices()}")
         if model.d_ff % self.tp:
             raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={self.tp}; "
-                               f"choose tp among {choices}")
+                               f"choose tp among {choices()}")
         chunks = self.pp * self.virtual_stages
         if model.n_layers < chunks:
             raise ParaxisError(

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paraxis.errors import ParaxisError
+from paraxis.errors import ParaxisError, RunFailed
 
 if TYPE_CHECKING:
     import torch
@@ -128,8 +128,14 @@ class MetricsSink:
             # strict JSON has no NaN or Infinity: such a value is written as null (the
             # record's `skipped` says what was not finite; run_records.load_metrics reads
             # a null loss or norm back as NaN)
-            self.file.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(strict_json(record), allow_nan=False) + "\n")
+                self.file.flush()
+            except OSError as error:
+                raise RunFailed(f"cannot write the metrics file {self.file.name} at step "
+                                f"{record['step']} ({error.strerror}); free space or choose "
+                                "another --metrics-file, then resume with --resume auto "
+                                "from the last checkpoint") from None
         if self.writer:
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float):

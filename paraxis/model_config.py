@@ -353,8 +353,9 @@ def model_from_params(num_params: float, seq_len: int = 2048,
     Llama-2 7B (4096/32); a block holds 12 d_model^2 parameters (Kaplan et al. 2020, Sec. 2.1).
     Width is a multiple of 1024 past 1024 so the heads (of 128) divide by tp up to 8.
     """
-    if not num_params >= 1e6:
-        raise ParaxisError(f"--params {num_params:g} is too small; give at least 1e6")
+    if not 1e6 <= num_params <= 1e13:  # nan fails both
+        raise ParaxisError(f"--params {num_params:g} must be a number within 1e6..1e13 "
+                           "(10 trillion: 5x the largest model published)")
     # 12 L d^2 = N with d = 128 L  ->  L = (N / (12 * 128^2))^(1/3)
     d_model = 128 * (num_params / (12 * 128**2)) ** (1 / 3)
     step = 1024 if d_model >= 1024 else 128

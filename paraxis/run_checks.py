@@ -22,9 +22,9 @@ def check_late_failures(cfg: RunConfig) -> None:
     --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,
     and every folder the run will write."""
     train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
-    if train.seed < 0:
-        raise ParaxisError(f"--seed {train.seed} must be >= 0 (numpy's generators take "
-                           "non-negative seeds)")
+    if not 0 <= train.seed < 2**63:  # torch.manual_seed takes a signed 64-bit integer
+        raise ParaxisError(f"--seed {train.seed} must be between 0 and 2**63 - 1 (numpy's "
+                           "and torch's generators take non-negative 64-bit seeds)")
     if not opt.grad_clip >= 0 or opt.grad_clip == math.inf:
         raise ParaxisError(f"--grad-clip {opt.grad_clip} must be a finite number >= 0 "
                            "(0 turns it off)")

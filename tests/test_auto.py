@@ -13,10 +13,11 @@ import pytest
 from bench.scale import MODEL as MODEL_08B
 from paraxis.auto_layout import plan_for
 from paraxis.cli import main
-from paraxis.config import RunConfig, read_run_file
+from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.plan.verify import Measured, ranks_of, round_noise, spearman, table
+from paraxis.run_file import read_run_file
 from paraxis.train_cli import config_from_args
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json")

@@ -25,8 +25,8 @@ GOOD = "ckpt/step-00000001"
 
 ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- training flags that were ignored or crashed
-    ("seed-negative", [*TRAIN, "--seed", "-1"], "--seed -1 must be >= 0", "non-negative",
-     False),
+    ("seed-negative", [*TRAIN, "--seed", "-1"], "--seed -1 must be between 0 and 2**63 - 1",
+     "non-negative", False),
     ("grad-clip-nan", [*TRAIN, "--grad-clip", "nan"], "--grad-clip nan", "0 turns it off",
      False),
     ("peak-tflops-negative", [*TRAIN, "--peak-tflops", "-5"], "--peak-tflops -5.0",
@@ -112,6 +112,39 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("generate-endless", ["generate", "--checkpoint", GOOD, "--prompt", "a",
                           "--max-new-tokens", "100000000000000000000"],
      "--max-new-tokens 100000000000000000000", "within 0..100000", False),
+    # --- output paths that cannot be written, found before any work
+    ("prepare-out-under-a-file", ["data", "prepare", "good.jsonl", "--out", "a_file.txt/x"],
+     "--out a_file.txt/x cannot be written", "choose another path", False),
+    ("report-out-under-a-file", ["report", "--model", "tiny", "--out", "a_file.txt/r.html"],
+     "--out a_file.txt/r.html cannot be written", "choose another path", False),
+    ("context-out-a-file", ["context", "--cp", "2", "--out", "a_file.txt"],
+     "is a file, not a folder", "choose another path", False),
+    ("experts-out-a-file", ["experts", "--out", "a_file.txt"], "is a file, not a folder",
+     "choose another path", False),
+    ("calibrate-out-under-a-file", ["calibrate", "--nproc", "2", "--out", "a_file.txt/p.json"],
+     "--out a_file.txt/p.json cannot be written", "choose another path", False),
+    # --- numbers past what the libraries take, and sizes past what a command can show
+    ("seed-over-int64", [*TRAIN, "--seed", "99999999999999999999999"],
+     "must be between 0 and 2**63 - 1", "64-bit seeds", False),
+    ("steps-over-a-trillion", [*TRAIN, "--steps", "99999999999999999999"], "is over 10**12",
+     "give a real step count", False),
+    ("plan-params-1e30", ["plan", "--params", "1e30", "--gpus", "8"], "--params 1e+30",
+     "within 1e6..1e13", False),
+    ("schedule-nan-scale", ["schedule", "--kind", "zb-h1", "--stage-scale", "1,1,1,nan"],
+     "'1,1,1,nan'", "each between 0 and 1e+06", False),
+    ("schedule-huge", ["schedule", "--stages", "100000", "--microbatches", "100000"],
+     "over 100,000 actions", "a few stages and microbatches", False),
+    ("context-seq-len-0", ["context", "--cp", "2", "--seq-len", "0"], "--seq-len must be",
+     "within 1..", False),
+    ("experts-too-many-tokens", ["experts", "--model", "tiny-moe", "--seq-len", "100000"],
+     "--batch 8 x --seq-len 100000 is over 65,536 tokens", "route fewer tokens", False),
+    # --- damaged compressed data
+    ("data-cut-gzip", ["data", "prepare", "cut.jsonl.gz", "--out", "prepared_cut"],
+     "cut.jsonl.gz is not a complete gzip file", "compress it again", False),
+    ("data-not-gzip", ["data", "prepare", "fake.jsonl.gz", "--out", "prepared_fake"],
+     "fake.jsonl.gz is not a complete gzip file", "give the uncompressed .jsonl", False),
+    ("rdzv-host-elsewhere", [*TRAIN, "--nproc", "2", "--rdzv-host", "192.0.2.1"],
+     "--rdzv-host 192.0.2.1 cannot be listened on here", "127.0.0.1 for one machine", False),
     # --- under --nproc, bad input the ranks find: one line (not one per rank), exit code 2
     ("nproc-resume-other-model", [*TRAIN, "--steps", "2", "--nproc", "2", "--model",
                                   "tiny-llama", "--resume", GOOD],
@@ -124,7 +157,14 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
 
 
 def make_inputs(folder: Path) -> None:
+    import gzip
+
     (folder / "a_file.txt").write_text("not a folder\n")
+    rows = "".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(200))
+    (folder / "good.jsonl").write_text(rows)
+    packed = gzip.compress(rows.encode())
+    (folder / "cut.jsonl.gz").write_bytes(packed[:len(packed) // 2])
+    (folder / "fake.jsonl.gz").write_text(rows)
     shape = {"name": "m", "style": "llama", "vocab_size": 256, "n_layers": 2, "d_model": 64,
              "n_heads": 4, "n_kv_heads": 4, "d_ff": 128, "max_seq_len": 64}
     (folder / "list.json").write_text(json.dumps([shape]))
@@ -273,3 +313,23 @@ def test_a_full_disk_during_a_save_is_one_line_and_exit_3(tmp_path, monkeypatch)
         "paraxis: error: rank 0: cannot write checkpoint ck/step-00000001.tmp (No space left "
         "on device: ck/step-00000001.tmp/rank-00000.safetensors); free space or fix the "
         "folder, then resume from the previous checkpoint with --resume auto"]
+
+
+def test_a_full_disk_reported_by_safetensors_is_one_line_and_frees_the_tmp(tmp_path,
+                                                                           monkeypatch):
+    # safetensors reports a full disk with its own SafetensorError, not an OSError (as a
+    # 3 MB tmpfs showed); the half-written step folder is removed, its space given back
+    from safetensors import SafetensorError
+
+    import paraxis.checkpoint.save as save
+
+    def full(tensors: object, path: Path) -> None:
+        Path(path).write_bytes(b"partial")
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
+
+    monkeypatch.setattr(save, "_write_tensors", full)
+    code, stderr = run_row([*TRAIN, "--checkpoint-dir", "ck"], tmp_path, False)
+    assert code == 3 and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "No space left on device" in stderr
+    assert not (tmp_path / "ck" / "step-00000001.tmp").exists()

@@ -364,9 +364,12 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens % args.seq_len:
         raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
                            f"{args.seq_len}")
+    from paraxis.run_checks import check_writable
+
+    out = Path(args.out)
+    check_writable(out, "--out")  # before minutes of measuring
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
                         args.device, args.busy_s)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     print(f"wrote {out} in {profile['calibration']['seconds']:.1f} s; use it with "

@@ -108,7 +108,10 @@ def save_checkpoint(engine: Engine, root: str | Path, step: int,
     problem = _attempt(lambda: _write_pieces(engine, tmp, rank, files, pieces), tmp, rank)
     _maybe_die(step, rank)
     gathered = _gather({"files": files, "pieces": pieces, "problem": problem})
-    _raise_agreed(next((g["problem"] for g in gathered if g["problem"]), None))
+    problem = next((g["problem"] for g in gathered if g["problem"]), None)
+    if problem and rank == 0:  # every rank is done with it: give its space back
+        shutil.rmtree(tmp, ignore_errors=True)
+    _raise_agreed(problem)
 
     problem = None
     if rank == 0:
@@ -167,14 +170,20 @@ def _write_pieces(engine: Engine, tmp: Path, rank: int, files: list[dict[str, An
 
 
 def _attempt(action: Callable[[], None], tmp: Path, rank: int) -> str | None:
-    """Run `action`; a failed write (full disk, permissions) becomes one line (None: ok)."""
+    """Run `action`; a failed write (full disk, permissions) becomes one line (None: ok).
+    safetensors reports its own write errors (SafetensorError: "No space left on device")."""
+    from safetensors import SafetensorError
+
     try:
         action()
     except OSError as error:
-        return (f"rank {rank}: cannot write checkpoint {tmp} ({error.strerror}: "
-                f"{error.filename}); free space or fix the folder, then resume from the "
-                "previous checkpoint with --resume auto")
-    return None
+        reason = f"{error.strerror}: {error.filename}"
+    except SafetensorError as error:
+        reason = str(error)
+    else:
+        return None
+    return (f"rank {rank}: cannot write checkpoint {tmp} ({reason}); free space or fix the "
+            "folder, then resume from the previous checkpoint with --resume auto")
 
 
 def _raise_agreed(problem: str | None) -> None:

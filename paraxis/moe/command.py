@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from paraxis.moe.layer import MoE
 
 
+MAX_TOKENS = 65_536
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-moe",
                         help="an MoE preset, model file, or checkpoint/HF directory")
@@ -56,6 +59,7 @@ def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
         from paraxis.run_checks import available_host_bytes
 
         cfg = load_model_config(model_name)
+        cfg.check_seq_len(seq_len)
         need, have = cfg.num_params() * 4, available_host_bytes()  # fp32 weights, one device
         if cfg.is_moe and need > have:
             raise ParaxisError(f"{cfg.name}'s fp32 weights ({need / 1e9:,.1f} GB) exceed this "
@@ -106,9 +110,17 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("ep", "batch", "seq_len"):
         if getattr(args, flag) < 1:
             raise ParaxisError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.batch * args.seq_len > MAX_TOKENS:  # one forward on one CPU: a look, not a run
+        raise ParaxisError(f"--batch {args.batch} x --seq-len {args.seq_len} is over "
+                           f"{MAX_TOKENS:,} tokens; route fewer tokens (the routing of a "
+                           "few thousand shows the balance)")
     if args.batch % args.ep:
         raise ParaxisError(f"--batch {args.batch} is not divisible by --ep {args.ep}; give a "
                            "batch the ep ranks can share")
+    if args.out is not None:
+        from paraxis.run_checks import check_writable_folder
+
+        check_writable_folder(args.out, "--out")
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
     console = terminal_console()

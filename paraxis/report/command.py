@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from paraxis.report.build import build_report, save
     from paraxis.report.measured import metrics_path
+    from paraxis.run_checks import check_writable
 
+    check_writable(Path(args.out), "--out")
     given = inputs.from_args(args)
     if args.run_dir is not None:
         given = from_run_config(given, args, metrics_path(Path(args.run_dir)).parent

@@ -21,7 +21,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from paraxis.errors import ParaxisError
+from paraxis.errors import ParaxisError, RunFailed
 from paraxis.layout import Coords, Layout
 from paraxis.runtime.watchdog import WATCH, name_group
 
@@ -79,6 +79,19 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
         return 0, 1
     options = {"timeout": collective_timeout(),
                "device_id": device if device.type == "cuda" else None}
+    try:
+        _join(device, world_size, options)
+    except RuntimeError as error:  # torch's DistNetworkError, gloo's "connectFullMesh failed"
+        raise RunFailed(f"rank {os.environ.get('RANK', '?')} could not join the job's "
+                        f"{world_size} ranks within --timeout-s {timeout_s:g} "
+                        f"({str(error).splitlines()[0][:120]}); give a larger --timeout-s, "
+                        "or check --rdzv-host and the network") from None
+    WATCH.rank = dist.get_rank()
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _join(device: torch.device, world_size: int, options: dict) -> None:
+    """init_process_group, under a restarted job's per-attempt store prefix (below)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # Under torch's elastic agent (torchrun --max-restarts) every attempt of a restarted
         # job joins the agent's one store at the same address, and torch adds no per-attempt
@@ -92,8 +105,6 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
             world_size=world_size, **options)
     else:
         dist.init_process_group(backend_for(device), **options)
-    WATCH.rank = dist.get_rank()
-    return dist.get_rank(), dist.get_world_size()
 
 
 def shutdown_distributed(clean: bool = True) -> None:

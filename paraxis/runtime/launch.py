@@ -126,10 +126,20 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
     # the store owns the socket from here on and closes it.
-    listener = socket.create_server((host, 0), backlog=max(128, 4 * nproc))
+    try:
+        listener = socket.create_server((host, 0), backlog=max(128, 4 * nproc))
+    except OSError as error:
+        raise ParaxisError(f"--rdzv-host {host} cannot be listened on here ({error.strerror});"
+                           " give an address of this machine (127.0.0.1 for one machine)"
+                           ) from None
     port = listener.getsockname()[1]
-    store = dist.TCPStore(host, port, is_master=True, master_listen_fd=listener.detach(),
-                          wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    try:
+        store = dist.TCPStore(host, port, is_master=True, master_listen_fd=listener.detach(),
+                              wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    except dist.DistError as error:
+        raise RunFailed(f"the launcher's rendezvous store did not start within --timeout-s "
+                        f"{timeout_s:g} ({str(error).splitlines()[0][:120]}); give a larger "
+                        "--timeout-s") from None
     common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
               "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
               "TORCHELASTIC_RESTART_COUNT": str(attempt),

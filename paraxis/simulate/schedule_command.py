@@ -24,6 +24,10 @@ from paraxis.schedules import KINDS, Schedule, build_schedule, validate
 from paraxis.viz.text_timeline import render_timeline
 from paraxis.viz.trace import load_trace, trace_costs
 
+MAX_COST = 1e6  # relative times: beyond it a timeline's sums lose their resolution
+# A timeline to print, not a cluster's step: P x M x v compute actions at most
+MAX_ACTIONS = 100_000
+
 
 def _numbers(text: str) -> float | list[float]:
     try:
@@ -31,6 +35,9 @@ def _numbers(text: str) -> float | list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number or a comma-separated "
                                          "list of numbers (one per stage)") from None
+    if not all(0 <= v <= MAX_COST for v in values):  # nan fails every comparison
+        raise argparse.ArgumentTypeError(f"{text!r}: costs and factors are relative times, "
+                                         f"each between 0 and {MAX_COST:g}")
     return values[0] if len(values) == 1 else values
 
 
@@ -70,6 +77,10 @@ def _scaled(value: float | list[float] | None, scale: list[float], stages: int
 
 def run(args: argparse.Namespace) -> int:
     virtual = args.virtual if args.virtual is not None else 2 if args.kind == "interleaved" else 1
+    if args.stages * args.microbatches * virtual > MAX_ACTIONS:
+        raise ParaxisError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
+                           f"{virtual} chunks is over {MAX_ACTIONS:,} actions to simulate; "
+                           "a few stages and microbatches show the schedule")
     schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, virtual))
     forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
     source = f"forward {_text(forward)}, backward {_text(backward)}"

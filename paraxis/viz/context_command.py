@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--out", default=None, metavar="DIR", help="write the pictures (PNG) into this folder")
 
 
+MAX_CP = 64  # ranks to list and draw
+MAX_SEQ_LEN = 1 << 24  # 16M tokens: the pairs are counted exactly, in Python
+
+
 def resolve(args: argparse.Namespace) -> tuple[int, str, int, Layout | None]:
     """(cp, attention, seq_len, layout or None) from the flags, checked."""
     layout = Layout.parse(args.layout) if args.layout else None
@@ -61,9 +65,11 @@ def resolve(args: argparse.Namespace) -> tuple[int, str, int, Layout | None]:
         cp, attention = layout.cp, layout.cp_attention
     cp = DEFAULT_CP if cp is None else cp
     attention = attention or VARIANTS[0]
-    if cp < 1:
-        raise ParaxisError(f"--cp must be at least 1, got {cp}")
+    if not 1 <= cp <= MAX_CP:
+        raise ParaxisError(f"--cp must be within 1..{MAX_CP} (a picture per rank), got {cp}")
     seq_len = args.seq_len if args.seq_len is not None else TOKENS_PER_RANK * cp
+    if not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise ParaxisError(f"--seq-len must be within 1..{MAX_SEQ_LEN:,}, got {seq_len}")
     check_split(seq_len, cp)
     return cp, attention, seq_len, layout
 
@@ -124,7 +130,11 @@ def draw(cp: int, attention: str, seq_len: int, layout: Layout | None, gpus_per_
 
 
 def run(args: argparse.Namespace) -> int:
+    from paraxis.run_checks import check_writable_folder
+
     cp, attention, seq_len, layout = resolve(args)
+    if args.out is not None:
+        check_writable_folder(Path(args.out), "--out")
     print(describe(cp, attention, seq_len))
     if args.out is not None:
         for path in draw(cp, attention, seq_len, layout, args.gpus_per_node, args.out):
