@@ -294,13 +294,11 @@ class Layout:
 
     def _check_model(self, model: ModelConfig) -> None:
         self._check_experts(model)
-        # tp splits heads, kv heads, the vocabulary and the MLP width: the degrees that
-        # divide all four are the ones to offer
+        # tp splits heads, kv heads, vocabulary and MLP width: offer degrees dividing all four
         splits = (model.n_heads, model.n_kv_heads, model.vocab_size, model.d_ff)
-
         def choices() -> str:  # only for a message: a search validates thousands of layouts
-            return ", ".join(str(t) for t in range(1, model.n_heads + 1)
-                             if not any(n % t for n in splits))
+            return ", ".join(str(t) for t in range(1, model.n_heads + 1) if not any(
+                n % t for n in splits))
         if model.n_heads % self.tp:
             raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
                                f"{self.tp}; choose tp among {choices()}")

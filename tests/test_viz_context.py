@@ -137,7 +137,7 @@ def test_context_command_prints_the_split_and_writes_pictures(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--cp", "3", "--seq-len", "100"], "not divisible by 6"),
-    (["--cp", "0"], "at least 1"),
+    (["--cp", "0"], "must be within 1..64"),
     (["--cp", "4", "--layout", "cp=2"], "disagrees with the layout"),
 ])
 def test_context_command_bad_input_is_one_line(argv, message, capsys):

@@ -71,6 +71,7 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
     (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
     """
     WATCH.timeout_s = timeout_s
+    WATCH.step = None  # a new run has no step yet (one process may run several, as tests do)
     if dist.is_initialized():
         WATCH.rank = dist.get_rank()
         return dist.get_rank(), dist.get_world_size()
