@@ -16,6 +16,9 @@ from paraxis.errors import ParaxisError
 def read_run_file(path: str | Path) -> RunConfig:
     """A TOML run file -> RunConfig (defaults for what it leaves out)."""
     path = Path(path)
+    if path.is_dir():
+        raise ParaxisError(f"config file {path} is a folder; give a .toml run file (examples/ "
+                           "holds some to start from)")
     if not path.is_file():
         raise ParaxisError(f"config file {path} does not exist; check the path (examples/ "
                            "holds run files to start from)")
@@ -58,7 +61,8 @@ def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
     ok = (isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
           or wanted is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
-        example = _toml_value(default if default is not None else EXAMPLES[wanted])
+        fallback = "runs/x" if wanted is str and key == "dir" else EXAMPLES[wanted]
+        example = _toml_value(default if default is not None else fallback)
         raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
                            f"{wanted.__name__}; write e.g. {key} = {example}")
 

@@ -138,6 +138,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "within 1..", False),
     ("experts-too-many-tokens", ["experts", "--model", "tiny-moe", "--seq-len", "100000"],
      "--batch 8 x --seq-len 100000 is over 65,536 tokens", "route fewer tokens", False),
+    ("config-a-folder", ["train", "--config", "."], "config file . is a folder",
+     "give a .toml run file", False),
     # --- damaged compressed data
     ("data-cut-gzip", ["data", "prepare", "cut.jsonl.gz", "--out", "prepared_cut"],
      "cut.jsonl.gz is not a complete gzip file", "compress it again", False),
