@@ -46,6 +46,10 @@ def check_late_failures(cfg: RunConfig) -> None:
         from paraxis.packing import check_layout  # torch: only for runs that pack
 
         check_layout(cfg.layout)
+    for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
+                        ("--metrics-file", log.metrics_file)):
+        if given is not None and not given.strip():  # "" would write into the working folder
+            raise ParaxisError(f"{flag} is empty; give a path, or leave the flag out")
     for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
         if folder:
             check_writable_folder(Path(folder), flag)

@@ -138,6 +138,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "within 1..", False),
     ("experts-too-many-tokens", ["experts", "--model", "tiny-moe", "--seq-len", "100000"],
      "--batch 8 x --seq-len 100000 is over 65,536 tokens", "route fewer tokens", False),
+    ("metrics-file-empty", [*TRAIN, "--metrics-file", ""], "--metrics-file is empty",
+     "leave the flag out", False),
+    ("checkpoint-dir-empty", [*TRAIN, "--checkpoint-dir", ""], "--checkpoint-dir is empty",
+     "give a path", False),
     ("config-a-folder", ["train", "--config", "."], "config file . is a folder",
      "give a .toml run file", False),
     # --- damaged compressed data
