@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from paraxis.errors import ParaxisError
+from paraxis.run_checks import check_writable_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +35,6 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError("say what to do: paraxis data prepare SRC --out DIR")
     if args.workers < 1:
         raise ParaxisError(f"--workers {args.workers} must be 1 or more")
-    from pathlib import Path
-
-    from paraxis.run_checks import check_writable_folder
-
     check_writable_folder(Path(args.out), "--out")
     out = prepare(args.source, args.out, args.tokenizer, args.text_field, args.workers)
     _, index = read_prepared(out)

@@ -46,9 +46,9 @@ ZERO3_RESHARD = ("forward", "step")  # ZeRO-3, pp > 1: when gathered chunks are 
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 
 
-
 def node_of(rank: int, gpus_per_node: int) -> int:
     return rank // gpus_per_node  # consecutive ranks fill a node (launchers number them so)
+
 
 class Coords(NamedTuple):
     """Where one rank sits in the grid: its index along every axis, in `AXES` order (a new

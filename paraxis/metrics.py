@@ -174,14 +174,13 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     for name, module in model.named_modules():
         if isinstance(module, MoE):
             block = int(name.split("blocks.")[1].split(".")[0])
-            step_counts, step_aux = module.take_step()
-            dropped[block] = module.take_dropped()
-            if step_counts is not None:
-                counts[block] = step_counts.double().cpu()
-            if step_aux:
-                losses[0] += cfg.aux_loss_coef * float(sum(step_aux)) / len(step_aux)
-            if step_z := module.take_z():
-                losses[1] += cfg.z_loss_coef * float(sum(step_z)) / len(step_z)
+            step = module.take_step()
+            dropped[block] = step.dropped
+            if step.counts is not None:
+                counts[block] = step.counts.double().cpu()
+            if step.aux:
+                losses[0] += cfg.aux_loss_coef * float(sum(step.aux)) / len(step.aux)
+                losses[1] += cfg.z_loss_coef * float(sum(step.z)) / len(step.z)
     if groups is not None and dist.is_initialized():
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         counts, dropped, losses = counts.to(device), dropped.to(device), losses.to(device)

@@ -86,6 +86,11 @@ def outermost_missing(path: Path) -> Path | None:
                  if not folder.exists()), None)
 
 
+def host_ram_bytes() -> float:
+    """This machine's RAM."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def available_host_bytes() -> float:
     """Memory a new allocation can have now (the kernel's MemAvailable), else the RAM."""
     try:
@@ -94,7 +99,7 @@ def available_host_bytes() -> float:
                 return float(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return host_ram_bytes()
 
 
 def check_states_fit(model: ModelConfig, layout: Layout, precision: str,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
 from paraxis.plan.comm import COLLECTIVES
+from paraxis.run_checks import host_ram_bytes
 
 # Message sizes the collectives are timed at, latency- to bandwidth-bound, up to above the
 # 25 MB gradient bucket (GPU.gradient_bucket_bytes), the largest message a ZeRO-0/1/2 run
@@ -235,7 +236,7 @@ def _device_description(device_type: str, max_ranks: int) -> dict:
                 "memory_bytes": float(props.total_memory), "cores": 0}
     model = cpu_model_name()
     cores = cpu_cores()
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = host_ram_bytes()
     # A "device" is one core running one rank; the ranks share the RAM, so each may count
     # on its share of it at the largest rank count calibrated.
     return {"type": "cpu", "name": "cpu-core", "model": model, "cores": cores or 1,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -96,6 +97,17 @@ class AuxLossGradient(torch.autograd.Function):
         return grad, aux_grad, None, None
 
 
+@dataclass
+class StepStats:
+    """One MoE block's figures over a step's training microbatches, counted as each
+    microbatch's backward passes the block (once, even under full recompute)."""
+
+    counts: torch.Tensor | None = None  # per-expert assignments, global, summed
+    aux: list[torch.Tensor] = field(default_factory=list)  # aux loss, coef-free, per microbatch
+    z: list[torch.Tensor] = field(default_factory=list)  # router z-loss, coef-free
+    dropped: int = 0  # this rank's assignments over capacity
+
+
 class MoE(nn.Module):
     """Router + `n_experts` SwiGLU experts (+ shared experts). `make_expert(width)` builds
     one expert MLP (the model's own MLP class, so experts are ordinary MLPs)."""
@@ -116,11 +128,7 @@ class MoE(nn.Module):
         self.last_counts: torch.Tensor | None = None  # per-expert assignments, global
         self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)
         self.last_dropped = 0  # assignments over capacity (capacity_factor > 0)
-        # this step's training microbatches: summed global counts, aux values (`take_step`)
-        self.step_counts: torch.Tensor | None = None
-        self.step_aux: list[torch.Tensor] = []
-        self.step_dropped = 0  # this rank's assignments over capacity this step
-        self.step_z: list[torch.Tensor] = []  # router z-loss values, coef-free
+        self.step = StepStats()  # this step's training microbatches (`take_step`)
 
     def route(self, tokens: torch.Tensor, logits: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,27 +168,16 @@ class MoE(nn.Module):
 
     def _count_step(self, counts: torch.Tensor, aux: torch.Tensor, dropped: int,
                     z: torch.Tensor) -> None:
-        self.step_counts = counts if self.step_counts is None else self.step_counts + counts
-        self.step_aux.append(aux)
-        self.step_dropped += dropped
-        self.step_z.append(z)
+        step = self.step
+        step.counts = counts if step.counts is None else step.counts + counts
+        step.aux.append(aux)
+        step.z.append(z)
+        step.dropped += dropped
 
-    def take_step(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """This step's per-expert assignment counts (global, summed over its microbatches)
-        and its aux loss values (this rank's share, one per microbatch, coef-free); resets."""
-        taken = self.step_counts, self.step_aux
-        self.step_counts, self.step_aux = None, []
+    def take_step(self) -> StepStats:
+        """This step's figures (`StepStats`); resets them for the next step."""
+        taken, self.step = self.step, StepStats()
         return taken
-
-    def take_dropped(self) -> int:
-        """This rank's assignments dropped over capacity this step (its microbatches); resets."""
-        dropped, self.step_dropped = self.step_dropped, 0
-        return dropped
-
-    def take_z(self) -> list[torch.Tensor]:
-        """This step's router z-loss values (this rank's, one per microbatch, coef-free)."""
-        z, self.step_z = self.step_z, []
-        return z
 
     def _dispatch(self, tokens: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                   keep: torch.Tensor | None) -> torch.Tensor:

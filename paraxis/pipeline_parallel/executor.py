@@ -90,7 +90,9 @@ class AllOf:
         self.works = works
 
     def wait(self) -> bool:
-        return all(work.wait() is not False for work in self.works)
+        for work in self.works:
+            work.wait()
+        return True
 
 
 def op_handles(ops: list[dist.P2POp], works: list[dist.Work]) -> list[dist.Work | AllOf]:

@@ -251,10 +251,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         activations = (in_flight * dense * dense_layer
                        + in_flight * moe * moe_layer)
         group = layout.recompute_layers if layout.recompute == "full" else 1
+        per_chunk = math.ceil((dense + moe) / layout.virtual_stages)  # blocks of a chunk
         if group > 1:
             # grouped checkpoints (model.run_blocks) keep one input per run of `group`
             # blocks of each chunk in flight
-            per_chunk = (dense + moe) / layout.virtual_stages
             activations = in_flight * layout.virtual_stages * math.ceil(
                 per_chunk / group) * dense_layer
         if stage == last:
@@ -272,7 +272,6 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                     cfg, *kernel_args, "none", attention, dropout, mlp=False)
                     + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance))
             # a run of `group` blocks is rebuilt at once in its backward
-            per_chunk = math.ceil((dense + moe) / layout.virtual_stages)
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
