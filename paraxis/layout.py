@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from paraxis.context_parallel.balance import VARIANTS as CP_ATTENTION
+from paraxis.context_parallel.balance import check_heads
 from paraxis.errors import ParaxisError
 from paraxis.options import option
 from paraxis.schedules import FIXED_VIRTUAL, KINDS, placement_of
@@ -144,7 +145,8 @@ class Layout:
     sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
-                               "(passed rank to rank) or all_gather (gathered once a layer)")
+                               "(passed rank to rank), all_gather (gathered once a layer) or "
+                               "all_to_all (heads split around attention: DeepSpeed-Ulysses)")
     zero3_reshard: str = option("forward", "ZeRO-3 with pp>1: forward frees a chunk's gathered "
                                 "weights after every forward and backward (gathers per "
                                 "microbatch); step keeps them until the chunk's last backward "
@@ -314,6 +316,8 @@ class Layout:
         if model.d_ff % self.tp:
             raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={self.tp}; "
                                f"choose tp among {choices()}")
+        check_heads(self.cp_attention, model.n_heads // self.tp, model.n_kv_heads // self.tp,
+                    self.cp)
         chunks = self.pp * self.virtual_stages
         if model.n_layers < chunks:
             raise ParaxisError(
@@ -373,18 +377,11 @@ class Layout:
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")
         parts.append(f"zero={self.zero}")
-        if self.zero3_reshard != "forward":
-            parts.append(f"zero3_reshard={self.zero3_reshard}")
-        if self.pp > 1 or self.microbatches > 1:
-            parts.append(f"microbatches={self.microbatches}")
-        if self.pp > 1:
-            parts.append(f"schedule={self.schedule}")
-        if self.virtual_stages > 1:
-            parts.append(f"virtual_stages={self.virtual_stages}")
-        if self.recompute != "none":
-            parts.append(f"recompute={self.recompute}")
-        if self.recompute_layers > 1:
-            parts.append(f"recompute_layers={self.recompute_layers}")
+        shown = {"zero3_reshard": self.zero3_reshard != "forward",  # the rest: when not default
+                 "microbatches": self.pp > 1 or self.microbatches > 1, "schedule": self.pp > 1,
+                 "virtual_stages": self.virtual_stages > 1, "recompute": self.recompute != "none",
+                 "recompute_layers": self.recompute_layers > 1}
+        parts += [f"{name}={getattr(self, name)}" for name, show in shown.items() if show]
         if self.sequence_parallel:
             parts.append("sequence_parallel=true")
         return ",".join(parts)

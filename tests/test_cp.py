@@ -6,9 +6,11 @@ below are within 1e-5 of one device's, step by step (so are the gradient norms, 
 and the held-out loss at the end), and so are the final weights (read from the checkpoint
 each run writes, see WEIGHT_TOL), for
 
-- cp=4 with the ring and with the all-gather attention, cp2 x tp2 with sequence parallelism,
-  cp2 x dp2 with ZeRO-3, cp2 x pp2 (one launch of 4 ranks);
-- dp2 x cp2 x pp2 (ZeRO-1) and cp2 x tp2 (SP) x pp2 (one launch of 8 ranks);
+- cp=4 with the ring, the all-gather and the all-to-all attention (tiny-llama's 2 kv heads
+  repeated to 4), cp2 x tp2 with sequence parallelism, cp2 x dp2 with ZeRO-3, cp2 x pp2 (one
+  launch of 4 ranks);
+- dp2 x cp2 x pp2 (ZeRO-1) and cp2 x tp2 (SP) x pp2 with the all-to-all attention (one
+  launch of 8 ranks);
 - `paraxis train --nproc 4 --cp 4 --seq-len 512`, the command line end to end.
 
 Checkpoints cross cp degrees: the cp2 x dp2 run's step-5 checkpoint resumed at cp=4 and on
@@ -45,8 +47,10 @@ NORM_TOL = 1e-5  # relative: the global gradient norm of every step
 WEIGHT_TOL, WEIGHT_MEAN_TOL = 3e-4, 1e-7
 # (recompute rides along: selective reruns the cp attention itself in backward)
 FOUR = ["cp=4", "cp=4,cp_attention=all_gather,recompute=selective", "cp=2,tp=2,sp=true",
-        "cp=2,dp=2,zero=3", "cp=2,pp=2,microbatches=2,recompute=full"]
-EIGHT = ["dp=2,cp=2,pp=2,zero=1,microbatches=2", "cp=2,tp=2,sp=true,pp=2,microbatches=2"]
+        "cp=2,dp=2,zero=3", "cp=2,pp=2,microbatches=2,recompute=full",
+        "cp=4,cp_attention=all_to_all"]
+EIGHT = ["dp=2,cp=2,pp=2,zero=1,microbatches=2",
+         "cp=2,tp=2,sp=true,pp=2,microbatches=2,cp_attention=all_to_all"]
 SAVES = "cp=2,dp=2,zero=3"  # its step-5 checkpoint is resumed at cp=4 and on one device
 
 
@@ -172,6 +176,10 @@ def test_learned_positions_and_tied_embeddings_follow_the_chunks():
      "divisible by 2*cp*tp = 8"),
     (dict(cp=2, cp_attention="tree"), {}, "unknown cp_attention 'tree'"),
     (dict(cp=2, tp=2), dict(world_size=8), "dp*cp*tp*pp = 1*2*2*1 = 4"),
+    (dict(cp=8, cp_attention="all_to_all"), dict(model=PRESETS["tiny-llama"]),
+     "splits the attention heads over the cp ranks: 4 heads"),
+    (dict(cp=3, cp_attention="all_to_all"), dict(model=PRESETS["small-llama"]),
+     "8 heads .per TP rank. do not divide by cp=3"),
 ])
 def test_bad_context_parallel_layouts_are_one_line_errors(fields, against, message):
     with pytest.raises(ParaxisError, match=message.replace("*", r"\*")) as error:

@@ -1,8 +1,9 @@
 """Context-parallel attention equals one device's causal attention, balanced and skipping
 the masked blocks.
 
-On 2 and 4 gloo ranks (one launch each), for the ring and the all-gather variant, with
-multi-head and grouped-query attention: each rank's output and its q, k, v gradients equal
+On 2 and 4 gloo ranks (one launch each), for the ring, the all-gather and the all-to-all
+variant, with multi-head and grouped-query attention (for the all-to-all also fewer K/V
+heads than ranks, whose heads it repeats): each rank's output and its q, k, v gradients equal
 the matching positions of `F.scaled_dot_product_attention(..., is_causal=True,
 enable_gqa=True)` on the whole sequence; every rank computes the same number of (query, key)
 pairs and together exactly the causal triangle; a rank saves for backward only its own
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.balance import (
     PairCounter,
+    check_heads,
     check_split,
     pairs_per_rank,
     rank_chunks,
@@ -40,7 +42,11 @@ CASES = [
     ("all_gather", 2, 4, 4, 64, 16),
     ("all_gather", 1, 4, 2, 256, 32),
     ("ring", 1, 6, 1, 128, 16),  # multi-query: one kv head
+    ("all_to_all", 2, 4, 4, 64, 16),
+    ("all_to_all", 1, 8, 2, 256, 32),  # at cp=4: 2 kv heads repeated to 4
+    ("all_to_all", 1, 4, 1, 128, 16),  # multi-query: the one kv head goes to every rank
 ]
+VARIANTS = ("ring", "all_gather", "all_to_all")
 ATOL = 4e-6  # fp32, O(1) values; the largest difference seen here was 1.4e-6 (seq 256, cp 4)
 
 
@@ -110,6 +116,11 @@ def test_bad_input() -> None:
         check_qkv(q, torch.zeros(1, 2, 6, 16), torch.zeros(1, 2, 6, 16))
     with pytest.raises(ParaxisError, match="unknown context-parallel attention"):
         context_parallel_attention(q, kv, kv, None, variant="ulysses")
+    with pytest.raises(ParaxisError, match="do not divide by cp=3"):
+        check_heads("all_to_all", 4, 2, 3)
+    with pytest.raises(ParaxisError, match="divide by cp or divide it"):
+        check_heads("all_to_all", 12, 4, 6)
+    check_heads("ring", 4, 2, 3)  # the blockwise variants split no heads
 
 
 # ------------------------------------------------------------------- on ranks, vs one device
@@ -150,9 +161,11 @@ def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
     assert counter.pairs("forward") == pairs_per_rank(seq, cp)[rank], where
     assert backward_counter.pairs("backward") == counter.pairs("forward"), where
     # Saved for backward: this rank's q, k, v, output and log-sum-exp, nothing more.
-    assert sum(saved) == saved_bytes_per_rank(batch, heads, kv_heads, seq, head_dim, cp, 4), where
+    assert sum(saved) == saved_bytes_per_rank(batch, heads, kv_heads, seq, head_dim, cp, 4,
+                                              variant), where
     # Sent bytes: what the planner's formula says.
-    forward, backward = sent_bytes_per_rank(variant, batch, kv_heads, seq, head_dim, cp, 4)
+    forward, backward = sent_bytes_per_rank(variant, batch, heads, kv_heads, seq, head_dim,
+                                            cp, 4)
     assert counter.sent_bytes("forward") == forward, where
     assert backward_counter.sent_bytes("backward") == backward, where
     return counter.pairs("forward")
@@ -183,12 +196,12 @@ def _check_bf16(variant: str, seed: int) -> None:
 def _all_cases(ctx: RankContext, subgroups: int) -> list[list[int]]:
     """Every case over the whole world, then over `subgroups` disjoint rings at once."""
     pairs = [[_check_case(case, None, seed)] for seed, case in enumerate(CASES)]
-    for seed, variant in enumerate(("ring", "all_gather")):
+    for seed, variant in enumerate(VARIANTS):
         _check_bf16(variant, 50 + seed)
     size = ctx.world_size // subgroups
     groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(subgroups)]
     group = groups[ctx.rank // size]
-    for seed, variant in enumerate(("ring", "all_gather")):
+    for seed, variant in enumerate(VARIANTS):
         _check_case((variant, 1, 4, 2, 32 * size, 16), group, 100 + seed)
     return pairs
 
@@ -205,6 +218,6 @@ def test_matches_one_device(world: int, subgroups: int) -> None:
 
 
 def test_cases_cover_both_variants_and_gqa() -> None:
-    """The case list itself: both variants, with MHA and with grouped queries."""
+    """The case list itself: every variant, with MHA and with grouped queries."""
     kinds = {(case[0], case[2] == case[3]) for case in CASES}
-    assert kinds == set(itertools.product(("ring", "all_gather"), (True, False)))
+    assert kinds == set(itertools.product(VARIANTS, (True, False)))

@@ -6,7 +6,8 @@
 - `chunks`: the split on tensors (a rank's local part, its tokens' global positions for
   RoPE, the whole sequence back from the parts).
 - `kernel`: one block on the flash kernel, and the log-sum-exp merge of partial results.
-- `ring`, `all_gather`: the two ways of bringing K/V to the queries, as autograd functions;
+- `ring`, `all_gather`: two ways of bringing K/V to the queries, as autograd functions;
+  `all_to_all`: the third way, a head split around the kernel (DeepSpeed-Ulysses);
   `attention.context_parallel_attention` picks one by name.
 
 This file imports nothing, so that `paraxis.context_parallel.balance` stays torch-free.

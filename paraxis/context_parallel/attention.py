@@ -4,9 +4,11 @@
 
 `q`, `k`, `v` are this rank's local sequence (`chunks.local_part`), after RoPE at the
 tokens' global positions (`chunks.positions`); K/V at kv-head width. The variants compute
-the same blocks and give the same result (to rounding): "ring" passes K/V around the group
+the same pairs and give the same result (to rounding): "ring" passes K/V around the group
 step by step behind the compute (`ring.py`), "all_gather" gathers them once per layer
-(`all_gather.py`); which is cheaper depends on kv_heads and the network (the planner's call).
+(`all_gather.py`), "all_to_all" trades the sequence split for a head split around the
+kernel (DeepSpeed-Ulysses, `all_to_all.py`); which is cheapest depends on the heads, the
+kv_heads and the network (the planner's call).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import torch
 import torch.distributed as dist
 
 from paraxis.context_parallel.all_gather import all_gather_attention
+from paraxis.context_parallel.all_to_all import all_to_all_attention
 from paraxis.context_parallel.balance import VARIANTS
 from paraxis.context_parallel.ring import ring_attention
 from paraxis.errors import ParaxisError
 
-_IMPLEMENTATIONS = {"ring": ring_attention, "all_gather": all_gather_attention}
+_IMPLEMENTATIONS = {"ring": ring_attention, "all_gather": all_gather_attention,
+                    "all_to_all": all_to_all_attention}
 assert tuple(_IMPLEMENTATIONS) == VARIANTS
 
 

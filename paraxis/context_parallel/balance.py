@@ -27,7 +27,7 @@ from types import TracebackType
 from paraxis.errors import ParaxisError
 
 # How K/V reach the queries (`attention.context_parallel_attention`).
-VARIANTS = ("ring", "all_gather")
+VARIANTS = ("ring", "all_gather", "all_to_all")
 
 
 def check_split(seq_len: int, cp: int) -> int:
@@ -39,6 +39,28 @@ def check_split(seq_len: int, cp: int) -> int:
                            f"equal chunks: seq_len {seq_len} is not divisible by {2 * cp}; "
                            "change seq_len or cp")
     return seq_len // (2 * cp)
+
+
+def kv_heads_sent(kv_heads: int, cp: int) -> int:
+    """K/V heads a rank hands the all-to-all variant: its own, or, with fewer K/V heads than
+    ranks, each repeated for the cp/kv_heads ranks whose query heads read it."""
+    return max(kv_heads, cp)
+
+
+def check_heads(variant: str, heads: int, kv_heads: int, cp: int) -> None:
+    """The all-to-all variant splits a rank's heads over the cp ranks: its query heads must
+    divide by cp, its K/V heads divide by cp or divide cp. The other variants split no
+    heads."""
+    if variant != "all_to_all" or cp == 1:
+        return
+    if heads % cp:
+        raise ParaxisError(f"cp_attention=all_to_all splits the attention heads over the cp "
+                           f"ranks: {heads} heads (per TP rank) do not divide by cp={cp}; "
+                           "use cp_attention=ring or a cp that divides the heads")
+    if kv_heads % cp and cp % kv_heads:
+        raise ParaxisError(f"cp_attention=all_to_all needs the K/V heads (per TP rank) to "
+                           f"divide by cp or divide it: {kv_heads} and cp={cp} do neither; "
+                           "use cp_attention=ring or another cp")
 
 
 def rank_chunks(rank: int, cp: int) -> tuple[int, int]:
@@ -123,28 +145,38 @@ def gathered_blocks(rank: int, cp: int) -> list[Block]:
 
 def pairs_per_rank(seq_len: int, cp: int) -> list[int]:
     """(query, key) pairs each rank computes per head in one forward, by rank; the same for
-    the ring and the all-gather variant (they compute the same blocks, `ring_blocks`)."""
+    the ring and the all-gather variant (they compute the same blocks, `ring_blocks`), and
+    for the all-to-all variant, whose heads/cp heads' whole triangle is s(s+1)/(2 cp) per
+    head, which is exactly each zig-zag rank's 2*cp*L^2 + L pairs for s = 2*cp*L."""
     chunk_len = check_split(seq_len, cp)
     return [sum(block.pairs(chunk_len) for step in range(cp)
                 for block in ring_blocks(rank, step, cp)) for rank in range(cp)]
 
 
 def saved_bytes_per_rank(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
-                         cp: int, bytes_per_element: int) -> int:
-    """Bytes one rank's attention core saves for backward in one layer, both variants: its
-    q and output, its own K and V (kv-head width), an fp32 log-sum-exp per head and query;
-    single-device flash attention's for s/cp tokens (no received K/V is kept)."""
+                         cp: int, bytes_per_element: int, variant: str = "ring") -> int:
+    """Bytes one rank's attention core saves for backward in one layer: its q and output,
+    its own K and V (kv-head width), an fp32 log-sum-exp per head and query; single-device
+    flash attention's for s/cp tokens (no received K/V is kept). The all-to-all variant
+    keeps the same for heads/cp heads over s tokens, with its K/V copies (`kv_heads_sent`)."""
+    if variant == "all_to_all":
+        kv_heads = kv_heads_sent(kv_heads, cp)
     tokens = batch * (seq_len // cp)
     elements = tokens * head_dim * (2 * heads + 2 * kv_heads)
     return elements * bytes_per_element + tokens * heads * 4
 
 
-def sent_bytes_per_rank(variant: str, batch: int, kv_heads: int, seq_len: int, head_dim: int,
-                        cp: int, bytes_per_element: int) -> tuple[int, int]:
+def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
+                        head_dim: int, cp: int, bytes_per_element: int) -> tuple[int, int]:
     """(forward, backward) bytes one rank hands to the network for one layer's attention, as
     `PairCounter` records them: K/V at kv-head width in the activation dtype, dK/dV in fp32.
     For a collective that is its input (a ring all-gather or reduce-scatter moves (cp-1)/cp
-    of it per rank); the module docstrings of `ring` and `all_gather` explain each term."""
+    of it per rank, an all-to-all the same); the module docstrings of `ring`, `all_gather`
+    and `all_to_all` explain each term."""
+    if variant == "all_to_all":  # q, k, v, then the output; backward the same, reversed
+        width = 2 * heads + 2 * kv_heads_sent(kv_heads, cp)
+        both = batch * (seq_len // cp) * head_dim * width * bytes_per_element
+        return both, both
     local_kv = 2 * batch * kv_heads * (seq_len // cp) * head_dim  # K and V elements
     if variant == "ring":  # cp-1 K/V hops each way; cp-1 hops of the dK/dV accumulators
         forward = (cp - 1) * local_kv * bytes_per_element

@@ -22,13 +22,18 @@ runtime's own counts, torch-free; nothing is re-derived here):
   travels one hop behind its block, so the last one home has no compute left to hide
   behind: exposed. The
   all-gather's collectives block the attention that needs them: all exposed.
+- The all-to-all variant (DeepSpeed-Ulysses, `context_parallel/all_to_all.py`) moves q, k,
+  v and the output instead (two all-to-alls each way, all exposed: the kernel needs every
+  token of its heads), runs the kernel on the whole sequence for heads/cp heads (its rate
+  is the full sequence's: `kernel_pieces`), and keeps the K/V copies it sends where a TP
+  rank has fewer K/V heads than cp (`repeated_kv_bytes`).
 """
 
 from __future__ import annotations
 
 import functools
 
-from paraxis.context_parallel.balance import pairs_per_rank, sent_bytes_per_rank
+from paraxis.context_parallel.balance import kv_heads_sent, pairs_per_rank, sent_bytes_per_rank
 from paraxis.layout import Layout, grid_rank
 from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link, collective_time, group_link
@@ -59,6 +64,23 @@ def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
     return max(1, cfg.n_kv_heads // tp)
 
 
+def kernel_pieces(variant: str, cp: int) -> int:
+    """Into how many pieces the attention kernel's sequence is cut: the blockwise variants
+    run blocks of s/cp queries by s/cp keys, the all-to-all variant the whole sequence."""
+    return 1 if variant == "all_to_all" else cp
+
+
+def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
+                      micro_batch: int) -> float:
+    """Bytes (16-bit) one layer's core keeps beyond single-device flash attention's for s/cp
+    tokens: the all-to-all variant's K/V copies where a TP rank has fewer K/V heads than cp
+    (`balance.kv_heads_sent`); 0 otherwise."""
+    if variant != "all_to_all" or cp == 1:
+        return 0.0
+    extra_heads = kv_heads_sent(local_kv_heads(cfg, tp), cp) - local_kv_heads(cfg, tp)
+    return 2 * 2 * micro_batch * (seq_len // cp) * cfg.head_dim * extra_heads  # K and V
+
+
 def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
                    micro_batch: int, activation_bytes: int, link: Link,
                    core_forward: float, core_backward: float,
@@ -72,8 +94,12 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     if cp == 1:
         return zero
     forward_bytes, backward_bytes = sent_bytes_per_rank(
-        variant, micro_batch, local_kv_heads(cfg, tp), seq_len, cfg.head_dim, cp,
-        activation_bytes)
+        variant, micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len,
+        cfg.head_dim, cp, activation_bytes)
+    if variant == "all_to_all":  # q, k, v over, the output back; nothing hides them
+        forward = collective_time("all_to_all", forward_bytes, cp, link, calls=2)
+        backward = collective_time("all_to_all", backward_bytes, cp, link, calls=2)
+        return {"forward": forward, "backward": backward, "total": forward + backward}
     step_f, step_b = core_forward / cp, core_backward / cp  # one ring step's compute
 
     def hidden(transfer: float, window: float) -> float:

@@ -50,7 +50,7 @@ from paraxis.plan.compute import (
     layer_forward_traffic_per_token_eager,
     optimizer_time,
 )
-from paraxis.plan.context import cp_layer_times, imbalance, replica_link
+from paraxis.plan.context import cp_layer_times, imbalance, kernel_pieces, replica_link
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     all_to_all_times,
@@ -167,7 +167,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             cfg, seq_len, layout.tp, layout.sequence_parallel, mlp))  # in 16-bit bytes
     # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
-    fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim, layout.cp, layout.tp)
+    fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim,
+                                   kernel_pieces(layout.cp_attention, layout.cp), layout.tp)
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))

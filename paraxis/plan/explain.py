@@ -122,8 +122,11 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
     layout, time = best.layout, best.time
     link = axis_link(layout, "cp", cluster)
     chunk = best.seq_len // (2 * layout.cp)
-    how = ("a ring of K/V blocks whose hops hide behind each step's attention"
-           if layout.cp_attention == "ring" else "an all-gather of K/V before attention")
+    how = {"ring": "a ring of K/V blocks whose hops hide behind each step's attention",
+           "all_gather": "an all-gather of K/V before attention",
+           "all_to_all": "all-to-alls of q, k, v and the output around attention, which "
+                         "runs the whole sequence for heads/cp heads (DeepSpeed-Ulysses)",
+           }[layout.cp_attention]
     skew = imbalance(best.seq_len, layout.cp)
     return (f"CP={layout.cp} splits each {best.seq_len}-token sequence into {2 * layout.cp} "
             f"chunks of {chunk} (zig-zag: each rank holds 2, and computes {skew:.2f}x the mean "

@@ -15,6 +15,7 @@ from paraxis.plan.activations import (
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
+from paraxis.plan.context import repeated_kv_bytes
 from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_blocks
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
@@ -227,6 +228,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         cfg, local_seq, micro_batch, expert_imbalance) if cfg.is_moe else 0.0
     if layout.recompute == "full":
         moe_layer = dense_layer  # only the block's input is kept
+    elif layout.recompute == "none":  # the core's own tensors are kept
+        copies = repeated_kv_bytes(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
+                                   micro_batch)
+        dense_layer += copies
+        moe_layer += copies if cfg.is_moe else 0.0
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced

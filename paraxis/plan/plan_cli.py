@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 
+from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
 from paraxis.errors import ParaxisError
 from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
 from paraxis.model_config import ModelConfig
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
             dp=stated.dp if "dp" in fixed else args.dp,
             cp=stated.cp if "cp" in fixed else args.cp,
             ep=stated.ep if "ep" in fixed else args.ep,
-            cp_attention=stated.cp_attention,
+            cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
+                          else CP_VARIANTS),
             zero=stated.zero if "zero" in fixed else args.zero,
             recompute=((stated.recompute,) if "recompute" in fixed
                        else tuple(args.recompute or RECOMPUTE)),

@@ -76,8 +76,9 @@ def attention_kernel_rate(cluster: Cluster, kernel: AttentionKernel, seq_len: in
 
     With context parallelism every ring step but the diagonal one is a full block of s/cp
     queries by s/cp keys: priced at the non-causal rate of sequences of s/cp (the all-gather
-    variant alike). Heads split over TP do not change the rate (the charts hold tokens fixed
-    and vary the sequence)."""
+    variant alike; `cp` is the number of pieces, 1 for the all-to-all variant, which runs
+    the whole sequence). Heads split over TP do not change the rate (the charts hold tokens
+    fixed and vary the sequence)."""
     gpu = cluster.gpu
     if gpu.attention_flops or not gpu.attention_impl or kernel.keeps_scores:
         return 0.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
 from paraxis.context_parallel.balance import check_split
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -42,7 +43,7 @@ class Constraints:
     dp: int | None = None
     cp: int | None = None
     ep: int | None = None  # expert parallelism (mixtures of experts only)
-    cp_attention: str = "ring"
+    cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
     recompute_layers: int = 1  # blocks per checkpoint when recompute is full
@@ -177,17 +178,18 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 dp = world // (tp * pp * cp)
                 if c.dp and dp != c.dp:
                     continue
-                shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=c.cp_attention)
-                try:
-                    shape.validate(world, cfg)
-                except ParaxisError as error:
-                    result.rule_breakers.append(Rejection(shape, str(error)))
-                    continue
-                if global_batch % dp:
-                    result.rule_breakers.append(Rejection(
-                        shape, f"global batch {global_batch} does not split over dp={dp}"))
-                    continue
-                axis_shapes += [shape.replace(ep=ep) for ep in _ep_degrees(cfg, dp * cp, c)]
+                for variant in c.cp_attention if cp > 1 else ("ring",):
+                    shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
+                    try:
+                        shape.validate(world, cfg)
+                    except ParaxisError as error:
+                        result.rule_breakers.append(Rejection(shape, str(error)))
+                        continue
+                    if global_batch % dp:
+                        result.rule_breakers.append(Rejection(
+                            shape, f"global batch {global_batch} does not split over dp={dp}"))
+                        break
+                    axis_shapes += [shape.replace(ep=ep) for ep in _ep_degrees(cfg, dp * cp, c)]
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try

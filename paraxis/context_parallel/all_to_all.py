@@ -1,0 +1,118 @@
+"""All-to-all context parallelism (DeepSpeed-Ulysses): split the heads, not the sequence,
+for the length of the attention core.
+
+Outside attention every rank holds s/cp tokens of every head, as with the other variants.
+Around the core, one all-to-all hands rank j all s tokens of head group j (heads/cp query
+heads with their K/V heads); each rank runs ordinary causal attention over the whole
+sequence for its heads, one unsplit kernel call, no blocks to merge; a second all-to-all
+hands the output back: s/cp tokens of every head (Jacobs et al. 2023, "DeepSpeed Ulysses",
+arXiv:2309.14509; Megatron-LM's `cp_comm_type="a2a"`).
+
+Why a third variant: the ring and the all-gather move only K/V, but each rank receives the
+whole sequence's K/V per layer whatever cp is. An all-to-all sends (cp-1)/cp of the rank's
+own q, k, v and output: a volume per rank that falls with cp, carried by every link at once
+on an all-to-all network (NVLink inside a node). The attention itself runs at the kernel's
+full-sequence rate. What it costs: q and the output travel too (with grouped queries they
+outweigh K/V many times), nothing hides the exchange (the core needs all of it), and cp is
+bounded by the head count.
+
+The rule: the query heads a rank holds (per TP rank) divide by cp; its K/V heads either
+divide by cp or divide cp. In the second case (fewer K/V heads than ranks: Llama 3 70B's 8
+kv heads over tp 8 leave 1) each K/V head is repeated to the ranks whose queries read it
+before the exchange, and those copies are what travels and what is saved (`kv_heads_sent`).
+
+Order: the local sequence is the zig-zag pair of chunks (`balance.rank_chunks`), RoPE
+already applied at the global positions. After the first all-to-all a rank holds every
+rank's pair: it puts the chunks in sequence order (`chunks.full_sequence`) so that the
+plain causal mask is right, and the output goes back as each rank's pair (`chunks.by_rank`).
+
+Balance: every rank computes the whole causal triangle for heads/cp heads, 1/cp of the work,
+exactly the zig-zag split's per-rank count (`balance.pairs_per_rank`), whatever the split.
+
+Memory: the kernel saves q, k, v, the output and the fp32 log-sum-exp for heads/cp heads
+over s tokens: the bytes single-device flash attention saves for s/cp tokens of every head,
+plus the repeated K/V copies where there are any (`balance.saved_bytes_per_rank`).
+
+Communication per rank and layer: forward one all-to-all of q, k and v together and one of
+the output; backward the reverse (the output's gradient, then dq, dk, dv together), in the
+activation dtype. Each call's input is the rank's local tensors; (cp-1)/cp of it leaves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.autograd.function import FunctionCtx
+
+from paraxis.context_parallel.balance import check_heads, kv_heads_sent, record
+from paraxis.context_parallel.chunks import by_rank, full_sequence
+from paraxis.context_parallel.kernel import check_qkv
+from paraxis.runtime.watchdog import WATCH
+
+HEAD_DIM, SEQ_DIM = 1, 2  # (batch, heads, seq, head_dim), as the attention core's tensors
+
+
+class _Exchange(torch.autograd.Function):
+    """All-to-all of `parts` (cp, ...): part j goes to rank j, and what arrives from rank i
+    lands at [i]. Its own inverse, so backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, parts: torch.Tensor, group: dist.ProcessGroup | None
+                ) -> torch.Tensor:
+        ctx.group = group
+        return _all_to_all(parts, group, "forward")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_to_all(grad.contiguous(), ctx.group, "backward"), None
+
+
+def _all_to_all(parts: torch.Tensor, group: dist.ProcessGroup | None,
+                phase: str) -> torch.Tensor:
+    arrived = torch.empty_like(parts)
+    record(phase, sent_bytes=parts.numel() * parts.element_size())
+    with WATCH.waiting("all_to_all", group, axis="cp"):
+        dist.all_to_all_single(arrived, parts, group=group)
+    return arrived
+
+
+def _by_head_group(x: torch.Tensor, cp: int) -> torch.Tensor:
+    """(batch, heads, L, d) -> (cp, batch, heads/cp, L, d): head group j at [j]."""
+    return x.unflatten(HEAD_DIM, (cp, -1)).movedim(HEAD_DIM, 0)
+
+
+def _repeat_kv(x: torch.Tensor, cp: int) -> torch.Tensor:
+    """K or V with each head repeated for the ranks whose queries read it: kv_heads_sent
+    heads (a view's copy, whose backward sums the copies' gradients)."""
+    batch, kv_heads, seq, head_dim = x.shape
+    copies = kv_heads_sent(kv_heads, cp) // kv_heads
+    if copies == 1:
+        return x
+    return x.unsqueeze(2).expand(batch, kv_heads, copies, seq, head_dim).reshape(
+        batch, kv_heads * copies, seq, head_dim)
+
+
+def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         group: dist.ProcessGroup | None = None, scale: float | None = None
+                         ) -> torch.Tensor:
+    """Causal attention of this rank's queries over the whole sequence split across `group`;
+    the same contract as `ring.ring_attention`, computed on a head split."""
+    check_qkv(q, k, v, flash_ops=False)
+    cp = dist.get_world_size(group)
+    batch, heads, local_len, head_dim = q.shape
+    check_heads("all_to_all", heads, k.shape[1], cp)
+    k, v = _repeat_kv(k, cp), _repeat_kv(v, cp)
+    widths = [heads // cp, k.shape[1] // cp, v.shape[1] // cp]
+    parts = torch.cat([_by_head_group(t, cp) for t in (q, k, v)], dim=HEAD_DIM + 1)
+    arrived = _Exchange.apply(parts.contiguous(), group)  # [i]: rank i's tokens, my heads
+    whole = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)
+    q_heads, k_heads, v_heads = whole.split(widths, dim=HEAD_DIM)
+    seq = local_len * cp
+    record("forward", pairs=seq * (seq + 1) // 2 // cp)  # heads/cp heads' whole triangle
+    out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
+                                         scale=scale, enable_gqa=True)
+    if out.requires_grad:  # backward computes the same pairs again
+        out.register_hook(lambda grad: record("backward", pairs=seq * (seq + 1) // 2 // cp))
+    back = _Exchange.apply(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
+    return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)
