@@ -13,10 +13,15 @@ from paraxis.context_parallel.balance import pairs_per_rank, rank_chunks, ring_s
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.viz.context import block_cells, cell_pairs, contiguous_pairs, plot_chunks
-from paraxis.viz.context_ring import plot_kv_exchange, plot_kv_gather, plot_kv_ring
+from paraxis.viz.context_ring import (
+    plot_kv_all_to_all,
+    plot_kv_exchange,
+    plot_kv_gather,
+    plot_kv_ring,
+)
 from paraxis.viz.grid import plot_rank_grid, rank_roles
 
-VARIANTS = ("ring", "all_gather")
+VARIANTS = ("ring", "all_gather", "all_to_all")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -28,7 +33,11 @@ def test_block_matrix_is_the_causal_triangle_and_adds_up_to_the_balance(variant)
         # the diagonal ones causal inside: counted independently of the kernel calls.
         assert set(cells) == {(q, k) for q in range(2 * cp) for k in range(q + 1)}
         for (q, k), cell in cells.items():
-            assert cell.rank == holder[q] and cell.half == (q == k)
+            assert cell.half == (q == k)
+            if variant == "all_to_all":  # every rank, for its heads
+                assert cell.rank is None and cell.step is None
+                continue
+            assert cell.rank == holder[q]
             if variant == "ring":  # computed when the key's holder's K/V reach the rank
                 assert ring_source(cell.rank, cell.step, cp) == holder[k]
             else:
@@ -43,7 +52,7 @@ def test_block_matrix_is_the_causal_triangle_and_adds_up_to_the_balance(variant)
 
 def test_every_picture_builds_for_cp_1_to_8():
     for cp in range(1, 9):
-        variant = VARIANTS[cp % 2]
+        variant = VARIANTS[cp % 3]
         fig = plot_chunks(64 * cp, cp, variant)
         assert_readable(fig)
         # The matrix draws one shape per computed block, triangles on the diagonal.
@@ -51,7 +60,7 @@ def test_every_picture_builds_for_cp_1_to_8():
                      if isinstance(c, PatchCollection)]
         assert len(blocks.get_paths()) == cp * (2 * cp + 1)
         plt.close(fig)
-        for fig in (plot_kv_ring(cp), plot_kv_gather(cp)):
+        for fig in (plot_kv_ring(cp), plot_kv_gather(cp), plot_kv_all_to_all(cp)):
             assert fig._suptitle is not None and f"cp = {cp}" in fig._suptitle.get_text()
             plt.close(fig)
 
@@ -163,3 +172,17 @@ def test_grid_labels_name_each_ranks_expert_parallel_place():
         for place, rank in enumerate(group):
             assert f" ep{place} " in cell_label(layout, rank, 8)
     assert " ep" not in cell_label(Layout(dp=4, tp=2), 0, 8)
+
+
+def test_all_to_all_picture_shows_rows_before_and_columns_during():
+    """Before the exchange rank r holds its chunks of every head group (row r), during
+    attention rank j holds head group j of every chunk (column j): the runtime's split
+    (`all_to_all._by_head_group` sends head group j to rank j)."""
+    cp = 4
+    fig = plot_kv_all_to_all(cp)
+    before, during = fig.axes[:2]
+    labels = [[t.get_text() for t in ax.texts] for ax in (before, during)]
+    assert labels[0] == [f"r{row}" for row in range(cp) for _ in range(cp)]
+    assert labels[1] == [f"r{col}" for _ in range(cp) for col in range(cp)]
+    assert "sends 3 of its 4 pieces" in fig._suptitle.get_text()
+    plt.close(fig)

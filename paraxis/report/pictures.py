@@ -70,10 +70,14 @@ def _context(plan: Plan) -> Section:
     shown = "" if drawn == cp else f" The picture shows cp = {drawn} to stay legible."
     command = f"paraxis context --cp {drawn} --attention {variant} --out DIR" + (
         f" --seq-len {plan.seq_len}" if drawn == cp else "")
-    how = ("K/V blocks travel the ring one rank per step, behind each step's compute; in "
-           "backward the dK/dV follow one hop behind and land on their owners."
-           if variant == "ring" else "K/V are gathered once per layer (again in backward) "
-           "and the dK/dV reduce-scattered back to their owners.")
+    how = {"ring": "K/V blocks travel the ring one rank per step, behind each step's "
+                   "compute; in backward the dK/dV follow one hop behind and land on their "
+                   "owners.",
+           "all_gather": "K/V are gathered once per layer (again in backward) and the dK/dV "
+                         "reduce-scattered back to their owners.",
+           "all_to_all": "An all-to-all gives each rank one head group of the whole "
+                         "sequence (q, k and v), the output returns by a second one, and "
+                         "backward runs both in reverse."}[variant]
     exchange = figure(figure_data_uri(plot_kv_exchange(drawn, variant)),
                       f"context parallelism: {variant}",
                       f"{how} The planner prices this exchange at "

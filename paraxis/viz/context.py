@@ -8,7 +8,8 @@ cut), `ring_source` and `ring_blocks` (whose K/V a rank holds at each ring step,
 kernel calls it makes against them, as `ring.py` loops over them), `gathered_blocks` (the
 all-gather variant's calls) and `pairs_per_rank` (the count the kernels are tested
 against). The block matrix is those kernel calls unfolded onto (query chunk, key chunk)
-cells, so a test can check that the picture adds up to `pairs_per_rank`.
+cells, so a test can check that the picture adds up to `pairs_per_rank`. Under the
+all-to-all variant every rank computes every cell, for its heads/cp heads.
 
     plot_chunks(seq_len=4096, cp=4)        # the split, the block matrix, pairs per rank
     block_cells(cp=4)[(7, 2)]              # Cell(rank=0, step=2, half=False)
@@ -48,7 +49,8 @@ MAX_LABELLED_CP = 8  # beyond this, cells and ring nodes are too small for text
 class Cell:
     """One (query chunk, key chunk) block of the causal attention matrix, as computed."""
 
-    rank: int  # the rank that computes it: the one holding the query chunk
+    rank: int | None  # who computes it: the query chunk's holder (None: every rank, each
+    # for its heads/cp heads, the all-to-all variant)
     step: int | None  # the ring step it is computed at (None: the all-gather's one pass)
     half: bool  # on the diagonal: causal inside, about half its pairs computed
 
@@ -84,9 +86,12 @@ def _unfold(block: Block, query_chunks: tuple[int, ...], key_chunks: tuple[int, 
 
 def block_cells(cp: int, variant: str = "ring") -> dict[tuple[int, int], Cell]:
     """(query chunk, key chunk) -> who computes it, for every block under the causal
-    diagonal: the runtime's kernel calls (`ring_blocks` or `gathered_blocks`) unfolded."""
+    diagonal: the runtime's kernel calls (`ring_blocks` or `gathered_blocks`) unfolded; the
+    all-to-all variant's one causal call over the whole sequence, on every rank."""
     check_cp(cp)
     check_variant(variant)
+    if variant == "all_to_all":
+        return {(q, k): Cell(None, None, q == k) for q in range(2 * cp) for k in range(q + 1)}
     cells: dict[tuple[int, int], Cell] = {}
     for rank in range(cp):
         if variant == "ring":
@@ -103,13 +108,16 @@ def block_cells(cp: int, variant: str = "ring") -> dict[tuple[int, int], Cell]:
 
 
 def cell_pairs(cells: dict[tuple[int, int], Cell], seq_len: int, cp: int) -> list[int]:
-    """(query, key) pairs per rank the cells add up to: a full cell L*L, a diagonal one
-    L(L+1)/2 (the causal square, as `Block.pairs` counts it)."""
+    """(query, key) pairs per head per rank the cells add up to: a full cell L*L, a diagonal
+    one L(L+1)/2 (the causal square, as `Block.pairs` counts it); a cell every rank computes
+    for its heads/cp heads counts 1/cp to each."""
     chunk_len = check_split(seq_len, cp)
-    pairs = [0] * cp
+    pairs = [0] * cp  # times cp, to stay in integers
     for cell in cells.values():
-        pairs[cell.rank] += chunk_len * (chunk_len + 1) // 2 if cell.half else chunk_len ** 2
-    return pairs
+        count = chunk_len * (chunk_len + 1) // 2 if cell.half else chunk_len ** 2
+        for rank in range(cp) if cell.rank is None else (cell.rank,):
+            pairs[rank] += count * (1 if cell.rank is None else cp)
+    return [p // cp for p in pairs]
 
 
 def contiguous_pairs(seq_len: int, cp: int) -> list[int]:
@@ -207,7 +215,7 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
     ax.vlines(range(n + 1), 0, n, color="#cccccc", linewidth=0.5)
     shapes, colours = [], []
     for (q, k), cell in cells.items():
-        colour = rank_colour(cell.rank)
+        colour = OKABE_ITO["grey"] if cell.rank is None else rank_colour(cell.rank)
         # a diagonal block's causal part is key <= query: the cell's lower-left triangle
         shapes.append(Polygon([(k, q), (k, q + 1), (k + 1, q + 1)]) if cell.half
                       else Rectangle((k, q), 1, 1))
@@ -215,7 +223,8 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
         if labelled:
             step = "" if cell.step is None else f"\ns{cell.step}"
             x, y = (k + 0.3, q + 0.72) if cell.half else (k + 0.5, q + 0.5)
-            ax.text(x, y, f"r{cell.rank}{step}", ha="center", va="center",
+            who = "all" if cell.rank is None else f"r{cell.rank}"
+            ax.text(x, y, f"{who}{step}", ha="center", va="center",
                     fontsize=7 if n <= 8 else 5.5, color=text_colour(colour), linespacing=0.9)
     # one collection, not a patch per cell: a 16 x 16 matrix draws in a blink
     ax.add_collection(PatchCollection(shapes, facecolors=colours, edgecolors="white",
@@ -230,7 +239,8 @@ def _draw_matrix(ax: Axes, cells: dict[tuple[int, int], Cell], n: int, variant: 
                   fontsize=8)
     ax.set_xlabel("key chunk")
     ax.set_ylabel("query chunk")
-    how = "r: rank, s: ring step" if variant == "ring" else "r: rank, after the gather"
+    how = {"ring": "r: rank, s: ring step", "all_gather": "r: rank, after the gather",
+           "all_to_all": "all: every rank, for its heads/cp heads"}[variant]
     ax.set_title(f"attention blocks by computing rank ({how});\nblank: masked, never "
                  "computed; triangle: causal diagonal", loc="left", fontsize=9)
 

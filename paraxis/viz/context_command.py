@@ -101,6 +101,13 @@ def describe(cp: int, attention: str, seq_len: int) -> str:
                                     rank_chunks(source, cp))
                 cells.append(f"r{rank} KV{source} {calls.replace(chr(10), ' + ')}")
             lines.append(f"  step {step}: " + " | ".join(cells))
+    elif attention == "all_to_all":
+        lines.append("all-to-all: rank j sends head group i of its chunks to rank i and "
+                     "gets head group j of every chunk, then runs one causal call over all "
+                     f"{seq_len} tokens for its heads/cp heads; the output goes back")
+        for rank in range(cp):
+            lines.append(f"  r{rank}: head group {rank}, q0-{2 * cp - 1}×k0-{2 * cp - 1} "
+                         "causal")
     else:
         lines.append("all-gather: every rank gets all K/V once (again in backward), then:")
         for rank in range(cp):

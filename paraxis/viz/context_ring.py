@@ -6,8 +6,9 @@ it holds (`balance.ring_source`) and the query x key chunks it computes against 
 the next step, and the dK/dV accumulators of backward, one hop behind their K/V, which land
 on their owners after the last step (as `ring._RingAttention.backward` passes them). The
 all-gather (`plot_kv_gather`): the one gather, each rank's calls against the whole sequence
-(`balance.gathered_blocks`), and the reduce-scatter of dK/dV. Part one (`context.py`) draws
-the split and the block matrix.
+(`balance.gathered_blocks`), and the reduce-scatter of dK/dV. The all-to-all
+(`plot_kv_all_to_all`): who holds which (token chunks, head group) piece before and after
+the exchange (`all_to_all.py`). Part one (`context.py`) draws the split and the block matrix.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Circle, FancyArrowPatch, Patch
+from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
 from paraxis.context_parallel.balance import (
     gathered_blocks,
@@ -41,9 +42,11 @@ MAX_RING_CP = 16  # one ring panel per step: more steps than this no longer fit 
 
 
 def plot_kv_exchange(cp: int, variant: str = "ring") -> Figure:
-    """The ring's steps (`plot_kv_ring`) or the all-gather (`plot_kv_gather`)."""
+    """The ring's steps (`plot_kv_ring`), the all-gather (`plot_kv_gather`) or the
+    all-to-all (`plot_kv_all_to_all`)."""
     check_variant(variant)
-    return plot_kv_ring(cp) if variant == "ring" else plot_kv_gather(cp)
+    return {"ring": plot_kv_ring, "all_gather": plot_kv_gather,
+            "all_to_all": plot_kv_all_to_all}[variant](cp)
 
 
 def _positions(cp: int) -> list[tuple[float, float]]:
@@ -205,4 +208,45 @@ def plot_kv_gather(cp: int) -> Figure:
                loc="outside lower center", fontsize=8, title_fontsize=8,
                title="qA×kB-C: query chunk A against key chunks B to C (keys before A in "
                      "full, A itself causally)")
+    return fig
+
+
+def plot_kv_all_to_all(cp: int) -> Figure:
+    """The all-to-all variant as two grids of (token chunks, head group) pieces, coloured
+    by the rank holding each: before the exchange rank r holds its chunks of every head
+    (a row), after it rank j holds head group j of every chunk (a column). The output goes
+    back the other way; backward runs both exchanges in reverse."""
+    check_cp(cp)
+    fig, axes = new_figure(10.5, 5.2, ncols=2, squeeze=False)
+    labelled = cp <= MAX_LABELLED_CP
+    panels = {"before attention (and after, for the output)": lambda row, col: row,
+              "during attention": lambda row, col: col}
+    for ax, (title, holder) in zip(axes[0], panels.items(), strict=True):
+        for row in range(cp):
+            for col in range(cp):
+                colour = rank_colour(holder(row, col))
+                ax.add_patch(Rectangle((col, row), 1, 1, facecolor=colour, edgecolor="white",
+                                       linewidth=1.5))
+                if labelled:
+                    ax.text(col + 0.5, row + 0.5, f"r{holder(row, col)}", ha="center",
+                            va="center", fontsize=7, color=text_colour(colour))
+        ax.set_xlim(0, cp)
+        ax.set_ylim(cp, 0)
+        ax.set_aspect("equal")
+        every = max(1, cp // 8)
+        ax.set_xticks([c + 0.5 for c in range(0, cp, every)],
+                      [f"h{c}" for c in range(0, cp, every)], fontsize=8)
+        ax.set_yticks([r + 0.5 for r in range(0, cp, every)],
+                      [",".join(map(str, rank_chunks(r, cp))) for r in range(0, cp, every)],
+                      fontsize=8)
+        ax.set_xlabel("head group (heads/cp heads each)", fontsize=8)
+        ax.set_ylabel("token chunks (a rank's zig-zag pair)", fontsize=8)
+        ax.set_title(title, loc="left", fontsize=10)
+    moved = f"sends {cp - 1} of its {cp} pieces" if cp > 1 else "sends nothing"
+    fig.suptitle(f"All-to-all context parallelism (Ulysses), cp = {cp}: each rank {moved}\n"
+                 "(q, k, v), attends over whole sequences for one head group, and the output "
+                 "comes back", x=0.01, ha="left", fontsize=10)
+    fig.legend(handles=[Patch(facecolor=rank_colour(0), edgecolor="#333333",
+                              label="a piece, coloured and labelled by the rank holding it")],
+               loc="outside lower center", fontsize=8)
     return fig
