@@ -201,3 +201,75 @@ def test_paraxis_plan_accepts_llama3_long_context_layout(capsys) -> None:
     assert only["fits"] and only["layout"]["cp_attention"] == "all_gather"
     assert 0 < only["mfu"] <= only["hfu"] <= 1 and only["time_s"]["cp"] > 0
     assert not plan()["fits"]
+
+
+# ----------------------------------------------------------- all-to-all (Ulysses) variant
+
+
+def test_all_to_all_moves_q_kv_and_output_and_hides_none_of_it() -> None:
+    from paraxis.context_parallel.balance import sent_bytes_per_rank
+    from paraxis.plan.comm import collective_time
+
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    link = axis_link(Layout(cp=8), "cp", cluster)
+    times = cp_layer_times(LLAMA_8B, "all_to_all", 8, 1, LONG, 1, 2, link, 1.0, 2.0, 0.0)
+    forward, backward = sent_bytes_per_rank("all_to_all", 1, LLAMA_8B.n_heads,
+                                            LLAMA_8B.n_kv_heads, LONG, LLAMA_8B.head_dim, 8, 2)
+    # q (32 heads) + k, v (8 each) over, the output (32) back: 80 head-widths of s/cp tokens
+    assert forward == backward == (LONG // 8) * LLAMA_8B.head_dim * 80 * 2
+    one_way = collective_time("all_to_all", forward, 8, link, calls=2)
+    # however long the attention core (1 s, 2 s here), nothing hides: the kernel needs it all
+    assert times == {"forward": one_way, "backward": one_way, "total": 2 * one_way}
+
+
+def test_all_to_all_runs_the_whole_sequence_kernel_on_a_cp_th_of_the_heads() -> None:
+    # per rank exactly 1/cp of one device's layer: the same kernel shapes (the whole causal
+    # sequence, fewer heads), where the ring's blocks run at the rate of s/cp-long blocks
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    whole = layer_times(LLAMA_8B, Layout(dp=16), cluster, LONG, 1)
+    split = layer_times(LLAMA_8B, Layout(cp=16, cp_attention="all_to_all"), cluster, LONG, 1)
+    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=1e-9)
+    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=1e-9)
+
+
+def test_all_to_all_keeps_its_repeated_kv_copies() -> None:
+    # Llama 3 70B at tp=8 leaves one kv head per rank: at cp=4 the all-to-all repeats it to
+    # 4, and the runtime saves those copies (balance.saved_bytes_per_rank, measured with
+    # saved-tensor hooks in tests/test_cp_attention.py); the planner charges the same bytes
+    from paraxis.plan.context import repeated_kv_bytes
+
+    cfg, batch, seq, cp, tp = PRESETS["llama3-70b"], 1, 32768, 4, 8
+    heads, kv = cfg.n_heads // tp, cfg.n_kv_heads // tp
+    extra = (saved_bytes_per_rank(batch, heads, kv, seq, cfg.head_dim, cp, 2, "all_to_all")
+             - saved_bytes_per_rank(batch, heads, kv, seq, cfg.head_dim, cp, 2, "ring"))
+    assert extra == repeated_kv_bytes(cfg, "all_to_all", cp, tp, seq, batch) > 0
+    assert repeated_kv_bytes(cfg, "ring", cp, tp, seq, batch) == 0
+    cluster = build_cluster("h100-sxm-80gb", 32, 8)
+    layouts = {v: Layout(tp=tp, cp=cp, sequence_parallel=True, cp_attention=v)
+               for v in ("ring", "all_to_all")}
+    memory = {v: evaluate(cfg, layout, cluster, seq, 1).memory["activations"]
+              for v, layout in layouts.items()}
+    # one microbatch in flight, every layer, in 16-bit elements
+    assert memory["all_to_all"] - memory["ring"] == pytest.approx(cfg.n_layers * extra)
+
+
+def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
+    cluster = build_cluster("h100-sxm-80gb", 8, 8)
+    priced = search(LLAMA_8B, cluster, 65536, 8)
+    variants = {e.layout.cp_attention for e in priced.ranked if e.layout.cp > 1}
+    assert variants == {"ring", "all_gather", "all_to_all"}
+    # the others are priced at each shape's fastest ring layout (plan/cp_variants.py)
+    for other in (e for e in priced.ranked if e.layout.cp_attention != "ring"):
+        shape = [e for e in priced.ranked if e.layout.cp_attention == "ring" and (
+            e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) == (
+            other.layout.dp, other.layout.tp, other.layout.pp, other.layout.cp)]
+        fastest = min(shape, key=lambda e: e.step_time_s)
+        assert other.layout == fastest.layout.replace(cp_attention=other.layout.cp_attention)
+    named = search(LLAMA_8B, cluster, 65536, 8, Constraints(cp_attention=("all_to_all",)))
+    assert {e.layout.cp_attention for e in named.ranked if e.layout.cp > 1} == {"all_to_all"}
+    # a cp the heads do not divide by is a rule broken, said once per shape
+    gpt2 = search(PRESETS["gpt2-1.5b"], cluster, 65536, 8,
+                  Constraints(cp_attention=("all_to_all",)))
+    assert all(e.layout.cp == 1 for e in gpt2.ranked)
+    assert any("25 heads (per TP rank) do not divide by cp=2" in r.reason
+               for r in gpt2.rule_breakers)

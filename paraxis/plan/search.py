@@ -5,7 +5,8 @@ parallelism), drops rule-breakers (Layout.validate, with its message) and layout
 fit (with their memory), and returns the fastest. Dominated variants are skipped without
 pricing: more recomputation only adds FLOPs, so it is tried only when the lighter setting does
 not fit. Context parallelism is tried for long sequences only (`context.MIN_CP_TOKENS` per
-rank), or at the degree asked for. Expert parallelism (mixtures of experts) is tried at every
+rank), or at the degree asked for, its K/V exchange variants compared per shape
+(`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every
 degree that divides dp*cp and the experts while its group stays in a node; beyond the node,
 only until one fits (a larger group sends more of every all-to-all over the network).
 """
@@ -22,6 +23,7 @@ from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
 from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
@@ -178,7 +180,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 dp = world // (tp * pp * cp)
                 if c.dp and dp != c.dp:
                     continue
-                for variant in c.cp_attention if cp > 1 else ("ring",):
+                # the first variant's grid; the others per shape at the end (cp_variants.py)
+                for variant in c.cp_attention[:1] if cp > 1 else ("ring",):
                     shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
                     try:
                         shape.validate(world, cfg)
@@ -248,6 +251,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
+    siblings, priced = other_variants(result.ranked, c.cp_attention[1:], cfg, world, lambda l: (
+        evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap,
+                 expert_imbalance, memo)))
+    result.ranked += siblings
+    result.considered += priced
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
