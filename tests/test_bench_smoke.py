@@ -1,8 +1,10 @@
 """The benchmark command runs end to end at a tiny size, so it cannot rot."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from bench import bench_cp
 from bench.predicted_vs_measured import QUICK_LAYOUTS
@@ -78,3 +80,15 @@ def test_cp_bench_sides_equal_unsharded_attention():
     errors = bench_cp.check(cp=4, seq=128, heads=4, kv_heads=2)
     assert set(errors) == {"paraxis ring", "paraxis all_gather", "alltoall", "allgather"}
     assert max(errors.values()) < 1e-5, errors
+
+
+def test_cp_variants_bench_quick_prints_a_row_per_variant():
+    """`python -m bench.cp_variants --quick`: checks the three variants against unsharded
+    attention, then times all_to_all and all_gather against the ring."""
+    result = subprocess.run([sys.executable, "-m", "bench.cp_variants", "--quick"],
+                            capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).parents[1], env={**os.environ, "PYTHONPATH": "."})
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| causal")]
+    assert [row.split(" | ")[1] for row in rows] == ["all_to_all", "all_gather"]
+    assert all(float(row.split(" | ")[4].split()[0]) > 0 for row in rows)
