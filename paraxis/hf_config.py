@@ -185,6 +185,10 @@ def check_mixtral_form(cfg: ModelConfig) -> None:
         raise ParaxisError(f"model {cfg.name} has first_dense_layers={cfg.first_dense_layers}, "
                            "but every block of Mixtral's format (MixtralForCausalLM) routes to "
                            "experts; export a model with first_dense_layers 0")
+    if cfg.expert_bias_rate:
+        raise ParaxisError(f"model {cfg.name} routes with a per-expert bias (expert_bias_rate="
+                           f"{cfg.expert_bias_rate:g}), but Mixtral's format has no routing bias "
+                           "and would choose other experts; export a model trained without it")
 
 
 def mixtral_json(cfg: ModelConfig) -> dict:

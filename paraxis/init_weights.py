@@ -22,7 +22,7 @@ def init_parameter(name: str, param: torch.Tensor, cfg: ModelConfig, seed: int) 
     """Fill one full (unsharded) parameter, as a function of its name and the seed only."""
     leaf = name.rsplit(".", 1)[-1]
     module = name.rsplit(".", 2)[-2] if "." in name else ""
-    if leaf == "bias":
+    if leaf == "bias" or leaf.endswith("_bias"):  # and an MoE's routing bias
         param.zero_()
         return
     if "norm" in module:

@@ -349,12 +349,32 @@ def single_device_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]
     return list(seen.values())
 
 
+def single_device_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(single-device name, buffer) of every persistent buffer of the model parts in
+    `module` (an MoE block's routing bias, `blocks.N.moe.expert_bias`): training state that
+    is not a parameter, which checkpoints keep."""
+    parts = [m for m in module.modules() if isinstance(m, Transformer)] or [module]
+    return [(f"{prefix}.{key}" if prefix else key, buffer)
+            for part in parts for prefix, sub in part.named_modules()
+            for key, buffer in sub._buffers.items()
+            if buffer is not None and key not in sub._non_persistent_buffers_set]
+
+
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{single-device parameter name: shape} in the model's order, from the model built on
     the meta device (no memory)."""
     with torch.device("meta"):
         model = Transformer(cfg)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """`parameter_shapes`, then the buffers' (`single_device_buffers`): every tensor of
+    training state a checkpoint holds."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return {**parameter_shapes(cfg),
+            **{name: tuple(b.shape) for name, b in single_device_buffers(model)}}
 
 
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:

@@ -52,6 +52,9 @@ class ModelConfig:
     capacity_factor: float = 0.0  # 0: dropless; else tokens per expert <= cf * T * k / E
     aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch Transformer eq. 4)
     z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE eq. 5; Megatron --moe-z-loss-coeff)
+    # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2): a routing bias per expert moved by
+    # this much after every step (0: none; DeepSeek-V3 used 0.001; moe/layer.py)
+    expert_bias_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -78,7 +81,13 @@ class ModelConfig:
         self._check_experts()
 
     def _check_experts(self) -> None:
+        if not (self.expert_bias_rate >= 0 and math.isfinite(self.expert_bias_rate)):
+            raise ParaxisError(f"expert_bias_rate must be >= 0 and finite, got "
+                               f"{self.expert_bias_rate!r}; DeepSeek-V3 used 0.001")
         if self.n_experts == 0:
+            if self.expert_bias_rate:
+                raise ParaxisError("expert_bias_rate needs a mixture of experts (n_experts > 0); "
+                                   "drop it or set n_experts")
             if self.top_k or self.n_shared_experts or self.d_ff_expert:
                 raise ParaxisError("top_k, d_ff_expert and n_shared_experts need n_experts > 0; "
                                    "set n_experts for a mixture of experts or drop them")

@@ -154,6 +154,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
         over_ranks,
         peak_memory_bytes,
     )
+    from paraxis.moe.layer import update_expert_biases
     from paraxis.plan.compute import mfu
     from paraxis.progress import Progress
     from paraxis.runtime import faults
@@ -210,6 +211,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             overflowed = problem is None and engine.skipped_overflow()
             if problem is None:
                 engine.optimizer_step(lr)  # skips itself where fp16 overflowed
+                if not overflowed:  # an MoE's routing bias follows the applied steps
+                    update_expert_biases(engine.model)
             elif rank == 0:
                 print(skip_message(step, problem), file=sys.stderr, flush=True)
             if overflowed and rank == 0:

@@ -26,18 +26,22 @@ from paraxis.model_config import ModelConfig
 from paraxis.run_checks import outermost_missing
 
 
-def stage_parameter_names(cfg: ModelConfig, layout: Layout, stage: int,
-                          seq_len: int | None = None) -> list[str]:
+def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,
+                      seq_len: int | None = None) -> tuple[list[str], list[str]]:
     """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
-    belongs to the first stage's embedding)."""
+    belongs to the first stage's embedding), and of its buffers (training state without
+    optimizer moments: `model.single_device_buffers`)."""
+    from paraxis.model import single_device_buffers
     from paraxis.pipeline_parallel.partition import partition_layers
     from paraxis.pipeline_parallel.stage import stage_parts
     from paraxis.runtime.params import is_pp_duplicate
 
     partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
-    return [name for part in stage_parts(cfg, partition, stage)  # meta: names, no memory
-            for name, param in part.named_parameters() if not is_pp_duplicate(param)]
+    parts = stage_parts(cfg, partition, stage)  # meta: names, no memory
+    return ([name for part in parts for name, param in part.named_parameters()
+             if not is_pp_duplicate(param)],
+            [name for part in parts for name, _ in single_device_buffers(part)])
 
 
 def convert(source: str | Path, destination: str | Path, layout: Layout,
@@ -114,10 +118,11 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
     files, pieces = {}, []
     for stage in range(layout.pp):
         per_rank: dict[int, dict[str, torch.Tensor]] = {}
-        for name in stage_parameter_names(cfg, layout, stage, seq_len):
-            dim = tp_split_dim(name) if layout.tp > 1 else None
+        params, buffers = stage_state_names(cfg, layout, stage, seq_len)
+        for name in params + buffers:
+            dim = tp_split_dim(name) if layout.tp > 1 and name in params else None
             count = layout.tp if dim is not None else 1
-            for kind in kinds:
+            for kind in kinds if name in params else ("param",):
                 full = full_of(kind, name)
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):

@@ -123,6 +123,15 @@ def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Te
     return entries
 
 
+def buffer_entries(named: list[tuple[str, torch.Tensor]], place: Place) -> list[Entry]:
+    """Entries of training state kept in buffers (`model.single_device_buffers`): whole
+    tensors, the same on every rank of their stage, written by its first TP rank of its
+    first replica; no optimizer moments."""
+    owner = place.tp_rank == 0 and place.dp_rank == 0
+    return [Entry("param", name, buffer, tuple(buffer.shape), None, 0, 1, 0, buffer.numel(),
+                  owner) for name, buffer in named]
+
+
 def shard_entries(pieces: list[tuple[ShardPiece, torch.Tensor]], names: Mapping[int, str],
                   state: Mapping[torch.Tensor, dict], place: Place, kinds: tuple[str, ...],
                   whole_on_every_dp_rank: bool = False) -> list[Entry]:

@@ -38,6 +38,7 @@ from paraxis.data_parallel.precision import LossScaler, any_rank_overflowed, tor
 from paraxis.data_parallel.zero import (
     ParamGatherer,
     flatten_params_into,
+    give_buffers_storage,
     give_storage,
     shard_optimizer,
     zero3_units,
@@ -113,7 +114,9 @@ class DataParallelEngine(LocalEngine):
         if any(p.is_meta for p in params):
             _cast(params, torch_dtype(policy.param_dtype))
             if self.zero == 0 and not policy.has_masters:  # else views of flat buffers
-                _allocate(params, device)
+                for p in params:
+                    give_storage(p, device)
+            give_buffers_storage(model, device)
         else:
             self._broadcast_from_first_rank(params)
             if policy.has_masters:
@@ -312,9 +315,9 @@ class DataParallelEngine(LocalEngine):
 
     def checkpoint_entries(self) -> list[Entry]:
         """ZeRO-1/2: whole parameters, AdamW moments of this rank's shard; ZeRO-3: the
-        parameters too exist only as this rank's shard."""
+        parameters too exist only as this rank's shard. The model's buffers are whole."""
         if self.masters is not None:
-            return self._master_entries()
+            return self._master_entries() + self.buffer_entries()
         if self.zero == 0:
             return super().checkpoint_entries()
         named = self.named_parameters()
@@ -325,7 +328,7 @@ class DataParallelEngine(LocalEngine):
         if self.zero in (1, 2):
             trainable = [(n, p) for n, p in named if p.requires_grad]
             entries += whole_entries(trainable, self.optimizer.state, place, ("param",))
-        return entries
+        return entries + self.buffer_entries()
 
     def _master_entries(self) -> list[Entry]:
         """A 16-bit policy saves the fp32 masters as the parameters (with their moments).
@@ -391,9 +394,3 @@ def _piece_grads(units: list[FlatUnit], whole: bool) -> list[torch.Tensor]:
     return [(unit.grad_full if whole else unit.grad_shard)[piece.shard_lo:piece.shard_hi]
             for unit in units for piece in (unit.whole_pieces() if whole else unit.pieces())]
 
-
-def _allocate(params: list[nn.Parameter], device: torch.device) -> None:
-    """Storage (no values yet) on `device` for meta parameters."""
-    for p in params:
-        if p.is_meta:
-            give_storage(p, device)

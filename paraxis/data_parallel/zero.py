@@ -76,6 +76,18 @@ def flatten_params_into(unit: FlatUnit, buffer: torch.Tensor) -> None:
             p.data = view
 
 
+def give_buffers_storage(model: nn.Module, device: torch.device) -> None:
+    """Zeros on `device` for the meta buffers of `model` (an MoE block's routing bias), to
+    be filled like the parameters: with their initial value, or a checkpoint's."""
+    if device.type == "meta":
+        return
+    for module in model.modules():
+        for key, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_meta:
+                module._buffers[key] = torch.zeros(buffer.shape, dtype=buffer.dtype,
+                                                   device=device)
+
+
 def give_storage(param: nn.Parameter, device: torch.device, empty: bool = False) -> None:
     """Move meta `param` to `device` with uninitialised storage of its own (no values read),
     or with `empty` none at all (zero elements, to be pointed at a buffer with `.data`).

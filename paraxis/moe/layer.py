@@ -27,6 +27,17 @@ loss the model returns: its gradient is injected in backward at the block's outp
 (`AuxLossGradient`, as Megatron-Core's MoEAuxLossAutoScaler does), scaled like the main
 loss (`set_aux_loss_scale`: 1/microbatches, times fp16's loss scale), so a pipeline stage's
 aux loss needs no trip to the last stage; its value is kept for the metrics.
+
+Aux-loss-free balancing (DeepSeek-AI 2024, DeepSeek-V3 Sec. 2.1.2; Megatron-LM's
+--moe-router-enable-expert-bias, torchtitan's load_balance_coeff), with `expert_bias_rate`
+> 0: a bias per expert is added to the router's probabilities to choose each token's
+experts, and only to choose them: the weights stay the chosen experts' own probabilities.
+After every applied step each bias moves by the rate against its expert's load over that
+step (`update_expert_bias`): down where the expert took more than the mean of the step's
+(token, expert) assignments, up where it took fewer. The counts are those of the whole
+global batch (the metrics' `expert_tokens`), the same on every rank holding the block, so
+every layout moves the bias as one device does. The bias is fp32 training state, kept in a
+buffer that checkpoints save (`model.single_device_buffers`); it has no gradient.
 """
 
 from __future__ import annotations
@@ -129,13 +140,20 @@ class MoE(nn.Module):
         self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)
         self.last_dropped = 0  # assignments over capacity (capacity_factor > 0)
         self.step = StepStats()  # this step's training microbatches (`take_step`)
+        # the aux-loss-free routing bias, fp32 whatever the parameters' dtype (None: off)
+        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts, dtype=torch.float32)
+                             if cfg.expert_bias_rate else None)
 
     def route(self, tokens: torch.Tensor, logits: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
         logits = self.router(tokens) if logits is None else logits
         probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
+        if self.expert_bias is None:
+            weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
+        else:  # the bias chooses the experts; their weights are their own probabilities
+            chosen = (probs + self.expert_bias).topk(self.cfg.top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, chosen, probs
 
@@ -173,6 +191,13 @@ class MoE(nn.Module):
         step.aux.append(aux)
         step.z.append(z)
         step.dropped += dropped
+
+    @torch.no_grad()
+    def update_expert_bias(self, counts: torch.Tensor) -> None:
+        """Move each expert's bias by the rate against its load: down where `counts` (the
+        step's assignments per expert, global) is above their mean, up where below."""
+        load = counts.to(device=self.expert_bias.device, dtype=torch.float32)
+        self.expert_bias.add_(torch.sign(load.mean() - load), alpha=self.cfg.expert_bias_rate)
 
     def take_step(self) -> StepStats:
         """This step's figures (`StepStats`); resets them for the next step."""
@@ -234,6 +259,14 @@ class MoE(nn.Module):
 
 def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def update_expert_biases(model: nn.Module) -> None:
+    """After an applied step: every block with a routing bias moves it by its step's counts
+    (before the metrics take them)."""
+    for layer in moe_layers(model):
+        if layer.expert_bias is not None and layer.step.counts is not None:
+            layer.update_expert_bias(layer.step.counts)
 
 
 def set_aux_loss_scale(model: nn.Module, scale: float) -> None:

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from paraxis.checkpoint.entries import Entry, Place, whole_entries
+from paraxis.checkpoint.entries import Entry, Place, buffer_entries, whole_entries
 from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.layout import Layout
-from paraxis.model import single_device_parameters
+from paraxis.model import single_device_buffers, single_device_parameters
 from paraxis.moe.layer import set_aux_loss_scale
 from paraxis.packing import counted_targets, loss_weights, mask_targets, weigh
 from paraxis.runtime.params import local_norm_squares
@@ -231,9 +231,15 @@ class LocalEngine:
                      self.groups.expert_dp_rank)
 
     def checkpoint_entries(self) -> list[Entry]:
-        """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all)."""
+        """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all), and
+        the model's buffers."""
         trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        return whole_entries(trainable, self.optimizer.state, self.place())
+        return whole_entries(trainable, self.optimizer.state, self.place()) + \
+            self.buffer_entries()
+
+    def buffer_entries(self) -> list[Entry]:
+        """The training state the model keeps in buffers (an MoE block's routing bias)."""
+        return buffer_entries(single_device_buffers(self.model), self.place())
 
     def trace_events(self) -> list[dict[str, Any]]:
         return []

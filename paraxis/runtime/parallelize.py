@@ -38,7 +38,7 @@ from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.init_weights import initial_value
 from paraxis.layout import Layout
-from paraxis.model import SequenceSplit, Transformer, parameter_shapes
+from paraxis.model import SequenceSplit, Transformer, state_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.moe.expert_parallel import shard_experts
 from paraxis.packing import check_layout as check_packing
@@ -139,8 +139,9 @@ def check_compiler(device: torch.device) -> None:
 
 @torch.no_grad()
 def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
-    """Fill every parameter piece this rank holds with its single-device initial value."""
-    shapes = parameter_shapes(cfg)
+    """Fill every parameter piece (and buffer) this rank holds with its single-device
+    initial value."""
+    shapes = state_shapes(cfg)
     source = FullSource(lambda kind, name: initial_value(name, shapes[name], cfg, seed), shapes)
     fill_entries(engine, source, ("param",), f"initial weights (seed {seed})")
 
