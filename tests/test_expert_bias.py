@@ -178,3 +178,10 @@ def test_mixtral_export_refuses_the_bias(one_device, tmp_path) -> None:
         export_hf(f"{root}/step-{STEPS:08d}", str(tmp_path / "hf"))
     assert "\n" not in str(error.value)
     assert not (tmp_path / "hf").exists()
+
+
+def test_checkpoint_info_counts_parameters_not_the_bias(one_device, capsys) -> None:
+    from paraxis.cli import main
+
+    assert main(["checkpoint", "info", f"{one_device[1][2]}/step-{STEPS:08d}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == _config().num_params()

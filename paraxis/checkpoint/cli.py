@@ -66,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
     reader = CheckpointReader(args.path)
     manifest = reader.manifest
-    ModelConfig.from_dict(manifest["model"], source=str(reader.directory / "manifest.json"))
+    cfg = ModelConfig.from_dict(manifest["model"],
+                                source=str(reader.directory / "manifest.json"))
+    from paraxis.model import parameter_shapes
+
+    trained = parameter_shapes(cfg)  # not the buffers (an MoE's routing bias)
     problems = reader.verify()  # every file's size and checksum: info vouches for them
     if problems:
         raise ParaxisError(problems[0])
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                "layout": manifest["layout"], "world_size": manifest["world_size"],
                "model": manifest["model"].get("name"),
                "parameters": sum(math.prod(reader.pieces[("param", n)][0]["shape"])
-                                 for n in reader.names()),
+                                 for n in reader.names() if n in trained),
                "has_optimizer": manifest.get("has_optimizer", False),
                "files": len(manifest["files"]),
                "bytes": sum(f["bytes"] for f in manifest["files"].values())}
