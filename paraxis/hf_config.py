@@ -185,6 +185,11 @@ def check_mixtral_form(cfg: ModelConfig) -> None:
         raise ParaxisError(f"model {cfg.name} has first_dense_layers={cfg.first_dense_layers}, "
                            "but every block of Mixtral's format (MixtralForCausalLM) routes to "
                            "experts; export a model with first_dense_layers 0")
+    if cfg.router_score != "softmax" or cfg.route_groups:
+        raise ParaxisError(f"model {cfg.name} routes with router_score={cfg.router_score} and "
+                           f"route_groups={cfg.route_groups}, but Mixtral's format routes by a "
+                           "softmax over all experts; export a model with router_score softmax "
+                           "and route_groups 0")
     if cfg.expert_bias_rate:
         raise ParaxisError(f"model {cfg.name} routes with a per-expert bias (expert_bias_rate="
                            f"{cfg.expert_bias_rate:g}), but Mixtral's format has no routing bias "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
+from paraxis.moe.config_checks import check_experts
 
 STYLES = ("gpt2", "llama")
 
@@ -55,6 +56,14 @@ class ModelConfig:
     # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2): a routing bias per expert moved by
     # this much after every step (0: none; DeepSeek-V3 used 0.001; moe/layer.py)
     expert_bias_rate: float = 0.0
+    # the router's scores: "softmax" over the experts (Mixtral) or "sigmoid" per expert
+    # (DeepSeek-V3 eq. 15), the chosen ones' renormalised to weights either way
+    router_score: str = "softmax"
+    # group-limited routing (DeepSeek-V3's node-limited routing; Megatron-LM's
+    # --moe-router-num-groups / --moe-router-group-topk): experts cut into route_groups equal
+    # groups, each token chooses inside its best route_group_limit of them (0: no groups)
+    route_groups: int = 0
+    route_group_limit: int = 0
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -78,38 +87,7 @@ class ModelConfig:
         if self.style == "gpt2" and self.n_kv_heads != self.n_heads:
             raise ParaxisError("gpt2-style models use n_kv_heads == n_heads; set them equal or "
                                "use style llama for grouped-query attention")
-        self._check_experts()
-
-    def _check_experts(self) -> None:
-        if not (self.expert_bias_rate >= 0 and math.isfinite(self.expert_bias_rate)):
-            raise ParaxisError(f"expert_bias_rate must be >= 0 and finite, got "
-                               f"{self.expert_bias_rate!r}; DeepSeek-V3 used 0.001")
-        if self.n_experts == 0:
-            if self.expert_bias_rate:
-                raise ParaxisError("expert_bias_rate needs a mixture of experts (n_experts > 0); "
-                                   "drop it or set n_experts")
-            if self.top_k or self.n_shared_experts or self.d_ff_expert:
-                raise ParaxisError("top_k, d_ff_expert and n_shared_experts need n_experts > 0; "
-                                   "set n_experts for a mixture of experts or drop them")
-            return
-        if self.style != "llama":
-            raise ParaxisError("mixtures of experts are llama-style (SwiGLU experts); set style "
-                               "llama or n_experts 0")
-        for field in ("n_experts", "top_k", "d_ff_expert"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ParaxisError(f"model {field}={value!r} must be a positive integer for a "
-                                   "mixture of experts")
-        if self.top_k > self.n_experts:
-            raise ParaxisError(f"top_k {self.top_k} exceeds n_experts {self.n_experts}; route "
-                               "each token to at most n_experts experts")
-        if not 0 <= self.first_dense_layers <= self.n_layers:
-            raise ParaxisError(f"first_dense_layers {self.first_dense_layers} must be within "
-                               f"0..n_layers ({self.n_layers})")
-        if min(self.n_shared_experts, self.capacity_factor, self.aux_loss_coef,
-               self.z_loss_coef) < 0:
-            raise ParaxisError("n_shared_experts, capacity_factor, aux_loss_coef and "
-                               "z_loss_coef must be >= 0")
+        check_experts(self)
 
     # --------------------------------------------------------------- derived shape facts
 
@@ -295,7 +273,11 @@ def _moe(base: ModelConfig, name: str, experts: int, top_k: int, d_ff_expert: in
 # 8x22B-v0.1) and DeepSeek-V3 (DeepSeek-AI 2024, Table/Sec. 4.2: 61 layers, 256 routed experts
 # of width 2048 plus 1 shared, top 8, first 3 blocks dense). DeepSeek's multi-head latent
 # attention is modelled as plain 128-head attention (about the same parameters per layer:
-# 205M here, 187M for MLA); its node-limited routing and MTP module are not modelled.
+# 205M here, 187M for MLA); its MTP module is not modelled. Its routing (Sec. 2.1.2, 4.2:
+# sigmoid scores, 8 groups of which a token uses 4, the aux-loss-free bias at 0.001) is
+# router_score "sigmoid", route_groups 8, route_group_limit 4, expert_bias_rate 0.001; the
+# preset keeps Mixtral's softmax routing, as the held-out runs priced with it (NeMo
+# AutoModel's, with a forced-balanced gate) did not route that way.
 for _config in (
     _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 96, 128), "tiny-moe", 8, 2, 96),
     _moe(ModelConfig("tiny-moe", "llama", 256, 4, 64, 4, 2, 192, 128), "tiny-moe-shared",

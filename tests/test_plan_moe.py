@@ -137,6 +137,11 @@ def test_per_node_dispatch_sends_a_token_once_to_each_remote_node() -> None:
     assert remote_nodes_per_token(DEEPSEEK, 1) == 0.0
     # one expert a token (top-1): one row, on another node with probability 7/8
     assert remote_nodes_per_token(DEEPSEEK.replace(top_k=1), 8) == pytest.approx(7 / 8)
+    # DeepSeek-V3's own node-limited routing (8 groups = the 8 nodes, 4 used a token): at
+    # most 4 nodes, 3.5 of them remote on average; groups that are not the nodes change nothing
+    limited = DEEPSEEK.replace(route_groups=8, route_group_limit=4)
+    assert remote_nodes_per_token(limited, 8) == pytest.approx(4 * 7 / 8)
+    assert remote_nodes_per_token(limited, 4) == remote_nodes_per_token(DEEPSEEK, 4)
     no_latency = {"intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0}
     per_row = build_cluster("h100-sxm-80gb", 64, 8, no_latency)
     deepep = build_cluster("h100-sxm-80gb", 64, 8, {**no_latency, "expert_dispatch": "per_node"})

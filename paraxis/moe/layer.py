@@ -146,16 +146,33 @@ class MoE(nn.Module):
 
     def route(self, tokens: torch.Tensor, logits: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(weights, experts) of shape (tokens, top_k), and every expert's probability."""
+        """(weights, experts) of shape (tokens, top_k), and every expert's probability (the
+        scores normalised over the experts: what the balance loss averages)."""
+        cfg = self.cfg
         logits = self.router(tokens) if logits is None else logits
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        if self.expert_bias is None:
-            weights, chosen = probs.topk(self.cfg.top_k, dim=-1)
-        else:  # the bias chooses the experts; their weights are their own probabilities
-            chosen = (probs + self.expert_bias).topk(self.cfg.top_k, dim=-1).indices
-            weights = probs.gather(-1, chosen)
+        scores = (F.softmax(logits, dim=-1, dtype=torch.float32) if cfg.router_score == "softmax"
+                  else torch.sigmoid(logits.float()))
+        # the bias and the groups choose the experts; the weights are their own scores
+        choice = scores if self.expert_bias is None else scores + self.expert_bias
+        if cfg.route_groups:
+            choice = self._within_groups(choice)
+        chosen = choice.topk(cfg.top_k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
         weights = weights / weights.sum(dim=-1, keepdim=True)
+        probs = scores if cfg.router_score == "softmax" else scores / scores.sum(-1, keepdim=True)
         return weights, chosen, probs
+
+    def _within_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` with every expert outside each token's route_group_limit best groups
+        set to -inf; a group's score is the sum of its best top_k / route_group_limit choice
+        scores (DeepSeek-V3 Sec. 2.1.2, node-limited routing; Megatron's group_limited_topk)."""
+        cfg = self.cfg
+        tokens = choice.shape[0]
+        by_group = choice.view(tokens, cfg.route_groups, -1)
+        group_scores = by_group.topk(cfg.top_k // cfg.route_group_limit, dim=-1).values.sum(-1)
+        kept = group_scores.topk(cfg.route_group_limit, dim=-1).indices
+        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        return by_group.masked_fill(~allowed.unsqueeze(-1), float("-inf")).view(tokens, -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

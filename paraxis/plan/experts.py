@@ -216,13 +216,21 @@ def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens:
 def remote_nodes_per_token(cfg: ModelConfig, nodes: int) -> float:
     """Other nodes a token's top_k distinct experts sit on, expected under uniform routing
     over `nodes` nodes holding n_experts / nodes experts each: (nodes - 1) x P(a given node
-    holds at least one) = (nodes - 1) x (1 - C(E - E/N, k) / C(E, k))."""
+    holds at least one) = (nodes - 1) x (1 - C(E - E/N, k) / C(E, k)).
+
+    Group-limited routing whose groups are the nodes (route_groups == nodes: the experts of
+    a group are one node's, as placement's contiguous blocks make them) sends a token to at
+    most route_group_limit nodes (DeepSeek-V3 Sec. 2.1.2: 4 of 8): priced at that bound,
+    each of them another node with probability (nodes - 1) / nodes, where that is fewer."""
     experts, k = cfg.n_experts, cfg.top_k
     elsewhere = experts - experts / nodes
     miss = 1.0
     for i in range(k):  # C(E - E/N, k) / C(E, k) as a product
         miss *= max(0.0, elsewhere - i) / (experts - i)
-    return (nodes - 1) * (1 - miss)
+    uniform = (nodes - 1) * (1 - miss)
+    if cfg.route_groups == nodes > 1 and cfg.route_group_limit:
+        return min(uniform, cfg.route_group_limit * (nodes - 1) / nodes)
+    return uniform
 
 
 def per_node_dispatch_time(cfg: ModelConfig, size_bytes: float, ep: int, link: Link) -> float:
