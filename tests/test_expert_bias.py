@@ -27,6 +27,7 @@ import torch
 
 from paraxis.checkpoint import read_full_state
 from paraxis.checkpoint.convert import export_hf
+from paraxis.checkpoint.manifest import CHECKSUM, checksum_of
 from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
 from paraxis.model import MLP
@@ -185,3 +186,24 @@ def test_checkpoint_info_counts_parameters_not_the_bias(one_device, capsys) -> N
 
     assert main(["checkpoint", "info", f"{one_device[1][2]}/step-{STEPS:08d}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == _config().num_params()
+
+
+def test_a_checkpoint_older_than_the_routing_fields_still_resumes(tmp_path) -> None:
+    """A manifest written before `expert_bias_rate`, `router_score` and the route groups
+    existed holds the model their defaults describe: resuming and --init-from accept it."""
+    root = tmp_path / "old"
+    run_training(RunConfig.from_flags(model="tiny-moe", steps=2, global_batch=4, seq_len=32,
+                                      device="cpu", quiet=True, checkpoint_dir=str(root),
+                                      checkpoint_every=2))
+    manifest = root / "step-00000002" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    for field in ("expert_bias_rate", "router_score", "route_groups", "route_group_limit"):
+        del doc["model"][field]
+    doc[CHECKSUM] = checksum_of(doc)  # as an older version wrote it
+    manifest.write_text(json.dumps(doc))
+    for how in (dict(resume=str(root / "step-00000002")),
+                dict(init_from=str(root / "step-00000002"))):
+        records = run_training(RunConfig.from_flags(
+            model="tiny-moe", steps=3, global_batch=4, seq_len=32, device="cpu", quiet=True,
+            **how))
+        assert records and all(r["loss"] > 0 for r in records), how
