@@ -75,8 +75,8 @@ def test_ring_hides_the_exchange_behind_attention_and_all_gather_only_partly() -
 
 
 def test_no_exchange_without_cp() -> None:
-    assert cp_layer_times(LLAMA_8B, "ring", 1, 1, 4096, 1, 2, None, 1.0, 2.0, 0.2) == {
-        "forward": 0.0, "backward": 0.0, "total": 0.0}
+    times = cp_layer_times(LLAMA_8B, "ring", 1, 1, 4096, 1, 2, None, 1.0, 2.0, 0.2)
+    assert set(times.values()) == {0.0} and {"forward", "backward", "total"} <= set(times)
 
 
 def test_states_shard_over_dp_times_cp() -> None:
@@ -216,10 +216,29 @@ def test_all_to_all_moves_q_kv_and_output_and_hides_none_of_it() -> None:
     forward, backward = sent_bytes_per_rank("all_to_all", 1, LLAMA_8B.n_heads,
                                             LLAMA_8B.n_kv_heads, LONG, LLAMA_8B.head_dim, 8, 2)
     # q (32 heads) + k, v (8 each) over, the output (32) back: 80 head-widths of s/cp tokens
-    assert forward == backward == (LONG // 8) * LLAMA_8B.head_dim * 80 * 2
-    one_way = collective_time("all_to_all", forward, 8, link, calls=2)
+    head = (LONG // 8) * LLAMA_8B.head_dim * 2
+    assert forward == backward == 80 * head
+    # each call keeps 1/8 of its input on the rank (the runtime's record counts the input)
+    qkv = collective_time("all_to_all", 48 * head * 7 / 8, 8, link)
+    one_way = qkv + collective_time("all_to_all", 32 * head * 7 / 8, 8, link)
     # however long the attention core (1 s, 2 s here), nothing hides: the kernel needs it all
-    assert times == {"forward": one_way, "backward": one_way, "total": 2 * one_way}
+    assert (times["forward"], times["backward"], times["total"]) == (
+        one_way, one_way, 2 * one_way)
+    # selective recompute reruns the core until its saved tensors are back: q, k, v only
+    assert (times["rerun"], times["forward_total"]) == (qkv, one_way)
+
+
+def test_recomputation_counts_the_rerun_exchange_in_the_traffic() -> None:
+    # found by a review: the exposed CP time (9.05 s) exceeded the CP traffic (6.03 s) under
+    # selective recompute, whose rerun exchange was added to the one and not the other
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    for variant in ("ring", "all_gather", "all_to_all"):
+        for recompute in ("none", "selective", "full"):
+            layout = Layout(tp=2, cp=8, sequence_parallel=True, cp_attention=variant,
+                            recompute=recompute)
+            times = layer_times(LLAMA_8B, layout, cluster, LONG, 1)
+            exposed = times["cp_forward"] + times["cp_backward"]
+            assert 0 < exposed <= times["cp_total"] * (1 + 1e-9), (variant, recompute)
 
 
 def test_all_to_all_runs_the_whole_sequence_kernel_on_a_cp_th_of_the_heads() -> None:
@@ -258,6 +277,8 @@ def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
     priced = search(LLAMA_8B, cluster, 65536, 8)
     variants = {e.layout.cp_attention for e in priced.ranked if e.layout.cp > 1}
     assert variants == {"ring", "all_gather", "all_to_all"}
+    # every layout priced is counted, and fits or is too big (the variants' too)
+    assert priced.considered == len(priced.ranked) + len(priced.too_big)
     # the others are priced at each shape's fastest ring layout (plan/cp_variants.py)
     for other in (e for e in priced.ranked if e.layout.cp_attention != "ring"):
         shape = [e for e in priced.ranked if e.layout.cp_attention == "ring" and (

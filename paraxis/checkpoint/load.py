@@ -217,9 +217,14 @@ def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any]
     The RNG state comes back only when the checkpoint was written by the same layout (a
     resharded run has different ranks, so no rank's state is "its own").
     """
+    from paraxis.model_config import ModelConfig
+
     reader = CheckpointReader(directory)
     manifest = reader.manifest
-    check_model(manifest, model, reader.directory)
+    # the saved model with every field: one the checkpoint predates reads as its default,
+    # the model that checkpoint trained
+    saved = ModelConfig.from_dict(manifest["model"], source=str(reader.directory)).to_dict()
+    check_model({"model": saved}, model, reader.directory)
     verify_together(reader)
     with_optimizer = manifest.get("has_optimizer", False) and not weights_only
     fill_entries(engine, reader, KINDS if with_optimizer else ("param",),

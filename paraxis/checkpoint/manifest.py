@@ -17,7 +17,6 @@ the checksum existed, is read without it).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -175,14 +174,10 @@ def safe_member(directory: Path, name: str) -> Path:
 
 
 def check_model(manifest: dict[str, Any], model: dict[str, Any], directory: Path) -> None:
-    """The checkpoint must hold this model: same shapes, same architecture. A field the
-    checkpoint predates (a newer ModelConfig's, such as `expert_bias_rate`) reads as its
-    default, which is the model that checkpoint trained."""
-    from paraxis.model_config import ModelConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-                if f.default is not dataclasses.MISSING}
-    saved = {**defaults, **manifest.get("model", {})}
+    """The checkpoint must hold this model: same shapes, same architecture. `manifest`'s
+    model as `ModelConfig.to_dict` gives it (with every field; `load_checkpoint` reads it
+    so), so a field the checkpoint predates reads as its default."""
+    saved = manifest.get("model", {})
     differ = sorted(k for k in set(saved) | set(model)
                     if k != "name" and saved.get(k) != model.get(k))
     if differ:

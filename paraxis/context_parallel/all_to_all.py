@@ -98,7 +98,8 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed on a head split."""
-    check_qkv(q, k, v, flash_ops=False)
+    check_qkv(q, k, v)  # on GPU 16-bit, as the others: SDPA's flash kernel (fp32 would
+    # fall back to the math kernel with grouped K/V, an s x s matrix per head)
     cp = dist.get_world_size(group)
     batch, heads, local_len, head_dim = q.shape
     check_heads("all_to_all", heads, k.shape[1], cp)

@@ -30,11 +30,9 @@ from paraxis.context_parallel.balance import Block, record
 from paraxis.errors import ParaxisError
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash_ops: bool = True) -> int:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """Check a rank's local (batch, heads, seq, head_dim) q and (batch, kv_heads, seq,
-    head_dim) k, v; return the chunk length (half the local sequence). `flash_ops`: the
-    caller runs torch's flash ops itself (the blockwise variants), which take 16-bit
-    tensors on GPU; SDPA picks a kernel for any dtype."""
+    head_dim) k, v; return the chunk length (half the local sequence)."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
         raise ParaxisError(f"context-parallel attention takes q (batch, heads, seq, head_dim) "
                            f"and k, v of one shape (batch, kv_heads, seq, head_dim); got q "
@@ -49,7 +47,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash_ops: bool
     if seq % 2:
         raise ParaxisError(f"a context-parallel rank holds two equal chunks of the sequence: "
                            f"its local length {seq} must be even (seq_len divisible by 2*cp)")
-    if flash_ops and q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16):
+    if q.device.type == "cuda" and q.dtype not in (torch.float16, torch.bfloat16):
         raise ParaxisError(f"context-parallel attention on GPU runs FlashAttention, which "
                            f"takes fp16 or bf16, not {q.dtype}; train with --precision bf16")
     return seq // 2

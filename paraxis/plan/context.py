@@ -88,18 +88,28 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     """Seconds of one layer's K/V exchange per microbatch on one rank.
 
     `core_forward` / `core_backward`: the layer's attention-core seconds on this rank (the
-    window the ring hides behind). Keys: forward / backward (exposed), total (all traffic).
+    window the ring hides behind). Keys: forward / backward (exposed), total (all traffic),
+    forward_total (the forward's traffic: what full recompute runs again), rerun /
+    rerun_total (exposed and all of what selective recompute, which reruns the attention
+    core until its saved tensors are back, runs again).
     """
-    zero = {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    zero = dict.fromkeys(("forward", "backward", "total", "forward_total", "rerun",
+                          "rerun_total"), 0.0)
     if cp == 1:
         return zero
     forward_bytes, backward_bytes = sent_bytes_per_rank(
         variant, micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len,
         cfg.head_dim, cp, activation_bytes)
     if variant == "all_to_all":  # q, k, v over, the output back; nothing hides them
-        forward = collective_time("all_to_all", forward_bytes, cp, link, calls=2)
-        backward = collective_time("all_to_all", backward_bytes, cp, link, calls=2)
-        return {"forward": forward, "backward": backward, "total": forward + backward}
+        # an all-to-all keeps 1/cp of its input on the rank: (cp-1)/cp of it leaves
+        heads, kv = cfg.n_heads // tp, kv_heads_sent(local_kv_heads(cfg, tp), cp)
+        per_head = forward_bytes * (cp - 1) / cp / (2 * heads + 2 * kv)
+        qkv = collective_time("all_to_all", per_head * (heads + 2 * kv), cp, link)
+        both = qkv + collective_time("all_to_all", per_head * heads, cp, link)
+        # backward: the output's gradient over, dq, dk, dv back (the same bytes); selective
+        # recompute stops at the kernel's saved tensors: the q, k, v exchange only
+        return {"forward": both, "backward": both, "total": 2 * both, "forward_total": both,
+                "rerun": qkv, "rerun_total": qkv}
     step_f, step_b = core_forward / cp, core_backward / cp  # one ring step's compute
 
     def hidden(transfer: float, window: float) -> float:
@@ -116,7 +126,8 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
         backward = (hidden(kv_hop, step_b) + (cp - 2) * hidden(kv_hop + grad_hop, step_b)
                     + grad_hop)
         return {"forward": forward, "backward": backward,
-                "total": (cp - 1) * (2 * kv_hop + grad_hop)}
+                "total": (cp - 1) * (2 * kv_hop + grad_hop), "forward_total": (cp - 1) * kv_hop,
+                "rerun": forward, "rerun_total": (cp - 1) * kv_hop}
     # all-gather: the gathered K/V are cp x the local input; the reduce-scatter's input is
     # the whole sequence's fp32 dK/dV (balance.sent_bytes_per_rank counts inputs)
     # (context_parallel/all_gather.py): the forward gather runs while the rank computes its
@@ -124,8 +135,10 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     # at once, and its reduce-scatter runs behind the diagonal block again
     gather = collective_time("all_gather", cp * forward_bytes, cp, link)
     scatter = collective_time("reduce_scatter", backward_bytes - forward_bytes, cp, link)
-    return {"forward": hidden(gather, step_f), "backward": gather + hidden(scatter, step_b),
-            "total": 2 * gather + scatter}
+    forward = hidden(gather, step_f)
+    return {"forward": forward, "backward": gather + hidden(scatter, step_b),
+            "total": 2 * gather + scatter, "forward_total": gather, "rerun": forward,
+            "rerun_total": gather}
 
 
 def replica_link(layout: Layout, cluster: Cluster) -> Link:

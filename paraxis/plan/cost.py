@@ -210,8 +210,10 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
                         act, axis_link(layout, "cp", cluster), core_forward * tokens,
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
-    if layout.recompute != "none":
-        cp["backward"] += cp["forward"]  # the rerun attention core needs the K/V again
+    if layout.recompute != "none":  # the rerun attention core exchanges again
+        rerun = "forward" if layout.recompute == "full" else "rerun"
+        cp["backward"] += cp[rerun]
+        cp["total"] += cp[rerun + "_total"]
     ep = all_to_all_times(cfg, layout, cluster, tokens, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
     if layout.recompute == "full":

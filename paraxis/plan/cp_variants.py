@@ -24,11 +24,10 @@ from paraxis.plan.cost import Estimate
 
 
 def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: ModelConfig,
-                   world: int, price: Callable[[Layout], Estimate]
-                   ) -> tuple[list[Estimate], int]:
-    """(the fitting estimates, how many were priced) of each cp > 1 shape's fastest layout
-    in `ranked` with every variant of `variants` (those the heads allow; `price` evaluates
-    one layout)."""
+                   world: int, price: Callable[[Layout], Estimate]) -> list[Estimate]:
+    """The estimates, fitting or not, of each cp > 1 shape's fastest layout in `ranked`
+    with every variant of `variants` (those the heads allow; `price` evaluates one
+    layout)."""
     fastest: dict[tuple[int, ...], Estimate] = {}
     for estimate in ranked:
         layout = estimate.layout
@@ -36,7 +35,7 @@ def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: Model
         if layout.cp > 1 and (shape not in fastest
                               or estimate.step_time_s < fastest[shape].step_time_s):
             fastest[shape] = estimate
-    found, priced = [], 0
+    found = []
     for estimate in fastest.values():
         for variant in variants:
             layout = estimate.layout.replace(cp_attention=variant)
@@ -44,7 +43,5 @@ def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: Model
                 layout.validate(world, cfg)
             except ParaxisError:  # the heads do not split over cp: the variant cannot run
                 continue
-            sibling, priced = price(layout), priced + 1
-            if sibling.fits:
-                found.append(sibling)
-    return found, priced
+            found.append(price(layout))
+    return found

@@ -180,8 +180,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 dp = world // (tp * pp * cp)
                 if c.dp and dp != c.dp:
                     continue
-                # the first variant's grid; the others per shape at the end (cp_variants.py)
-                for variant in c.cp_attention[:1] if cp > 1 else ("ring",):
+                for variant in c.cp_attention[:1] if cp > 1 else ("ring",):  # cp_variants.py
                     shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
                     try:
                         shape.validate(world, cfg)
@@ -251,11 +250,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
-    siblings, priced = other_variants(result.ranked, c.cp_attention[1:], cfg, world, lambda l: (
-        evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap,
-                 expert_imbalance, memo)))
-    result.ranked += siblings
-    result.considered += priced
+    siblings = other_variants(result.ranked, c.cp_attention[1:], cfg, world, lambda l: (
+        evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
+                 memo)))
+    result.considered += len(siblings)
+    result.ranked += [e for e in siblings if e.fits]
+    result.too_big += [Rejection(e.layout, too_big_reason(e), e) for e in siblings if not e.fits]
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
