@@ -190,9 +190,9 @@ def check_mixtral_form(cfg: ModelConfig) -> None:
                            f"route_groups={cfg.route_groups}, but Mixtral's format routes by a "
                            "softmax over all experts; export a model with router_score softmax "
                            "and route_groups 0")
-    if cfg.expert_bias_rate:
-        raise ParaxisError(f"model {cfg.name} routes with a per-expert bias (expert_bias_rate="
-                           f"{cfg.expert_bias_rate:g}), but Mixtral's format has no routing bias "
+    if cfg.expert_bias:
+        raise ParaxisError(f"model {cfg.name} routes with a per-expert bias (expert_bias "
+                           "true), but Mixtral's format has no routing bias "
                            "and would choose other experts; export a model trained without it")
 
 

@@ -53,9 +53,11 @@ class ModelConfig:
     capacity_factor: float = 0.0  # 0: dropless; else tokens per expert <= cf * T * k / E
     aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch Transformer eq. 4)
     z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE eq. 5; Megatron --moe-z-loss-coeff)
-    # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2): a routing bias per expert moved by
-    # this much after every step (0: none; DeepSeek-V3 used 0.001; moe/layer.py)
-    expert_bias_rate: float = 0.0
+    # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2; moe/layer.py): a routing bias per
+    # expert, moved by expert_bias_rate after every step (DeepSeek-V3: 0.001, then 0 for its
+    # last 500B tokens: the rate may change when a run resumes; 0 freezes the bias)
+    expert_bias: bool = False
+    expert_bias_rate: float = 0.001
     # the router's scores: "softmax" over the experts (Mixtral) or "sigmoid" per expert
     # (DeepSeek-V3 eq. 15), the chosen ones' renormalised to weights either way
     router_score: str = "softmax"
@@ -217,6 +219,7 @@ def _check_types(data: dict[str, object], source: str) -> None:
             continue
         value, kind = data[f.name], f.type
         ok = (isinstance(value, str) if kind == "str" else
+              isinstance(value, bool) if kind == "bool" else
               isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
               isinstance(value, int | float) and not isinstance(value, bool)
               and math.isfinite(value))
@@ -225,7 +228,7 @@ def _check_types(data: dict[str, object], source: str) -> None:
 
 
 _KIND_WORDS = {"str": "a string", "int": "a whole number (not true/false or a quoted number)",
-               "float": "a finite number (not a quoted one)"}
+               "float": "a finite number (not a quoted one)", "bool": "true or false"}
 
 
 def _gpt2(name: str, layers: int, d: int, heads: int, vocab: int = 50304,
@@ -275,7 +278,7 @@ def _moe(base: ModelConfig, name: str, experts: int, top_k: int, d_ff_expert: in
 # attention is modelled as plain 128-head attention (about the same parameters per layer:
 # 205M here, 187M for MLA); its MTP module is not modelled. Its routing (Sec. 2.1.2, 4.2:
 # sigmoid scores, 8 groups of which a token uses 4, the aux-loss-free bias at 0.001) is
-# router_score "sigmoid", route_groups 8, route_group_limit 4, expert_bias_rate 0.001; the
+# router_score "sigmoid", route_groups 8, route_group_limit 4, expert_bias true; the
 # preset keeps Mixtral's softmax routing, as the held-out runs priced with it (NeMo
 # AutoModel's, with a forced-balanced gate) did not route that way.
 for _config in (

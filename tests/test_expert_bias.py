@@ -1,9 +1,9 @@
 """Aux-loss-free load balancing (DeepSeek-V3): a per-expert routing bias.
 
-`expert_bias_rate` > 0 gives every MoE block a bias per expert, added to the router's
+`expert_bias` gives every MoE block a bias per expert, added to the router's
 probabilities to choose each token's experts and never to weigh their outputs; after each
-applied step it moves by the rate against the expert's load over that step's global batch
-(down where the load is above the mean, up where below). Checked here:
+applied step it moves by `expert_bias_rate` against the expert's load over that step's
+global batch (down where the load is above the mean, up where below). Checked here:
 
 - routing: the bias picks the experts, the weights stay the unbiased probabilities,
   renormalised; the update is the sign rule on the step's counts;
@@ -12,6 +12,7 @@ applied step it moves by the rate against the expert's load over that step's glo
   1e-5 step by step and the same biases, read back from each run's checkpoint;
 - the bias is training state: a checkpoint saves it, and one device resuming a dp4 x ep4
   checkpoint goes on exactly like one device's uninterrupted run;
+- the rate may change when a run resumes (0 freezes the bias, as DeepSeek-V3 did last);
 - a Mixtral export refuses a model with the bias (Mixtral has no such tensor), and bad
   rates are one-line errors.
 """
@@ -43,7 +44,8 @@ BIASES = [f"blocks.{i}.moe.expert_bias" for i in range(4)]
 
 
 def _config(**changes: object) -> ModelConfig:
-    return dataclasses.replace(PRESETS["tiny-moe"], **{"expert_bias_rate": RATE, **changes})
+    return dataclasses.replace(PRESETS["tiny-moe"],
+                               **{"expert_bias": True, "expert_bias_rate": RATE, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def test_the_update_moves_each_bias_by_the_rate_against_its_load() -> None:
     assert layer.expert_bias.dtype == torch.float32
 
 
-def test_without_a_rate_there_is_no_bias() -> None:
+def test_without_expert_bias_there_is_no_bias() -> None:
     cfg = PRESETS["tiny-moe"]
     layer = MoE(cfg, lambda width: MLP(cfg, width))
     assert layer.expert_bias is None and "expert_bias" not in layer.state_dict()
@@ -115,7 +117,7 @@ def test_bad_rates_are_one_line_errors(rate: float) -> None:
 
 def test_a_dense_model_refuses_a_bias_rate() -> None:
     with pytest.raises(ParaxisError, match="need a mixture of experts"):
-        dataclasses.replace(PRESETS["tiny-llama"], expert_bias_rate=0.01)
+        dataclasses.replace(PRESETS["tiny-llama"], expert_bias=True)
 
 
 # --------------------------------------------------------------------------- on ranks
@@ -189,7 +191,7 @@ def test_checkpoint_info_counts_parameters_not_the_bias(one_device, capsys) -> N
 
 
 def test_a_checkpoint_older_than_the_routing_fields_still_resumes(tmp_path) -> None:
-    """A manifest written before `expert_bias_rate`, `router_score` and the route groups
+    """A manifest written before `expert_bias`, `router_score` and the route groups
     existed holds the model their defaults describe: resuming and --init-from accept it."""
     root = tmp_path / "old"
     run_training(RunConfig.from_flags(model="tiny-moe", steps=2, global_batch=4, seq_len=32,
@@ -197,7 +199,8 @@ def test_a_checkpoint_older_than_the_routing_fields_still_resumes(tmp_path) -> N
                                       checkpoint_every=2))
     manifest = root / "step-00000002" / "manifest.json"
     doc = json.loads(manifest.read_text())
-    for field in ("expert_bias_rate", "router_score", "route_groups", "route_group_limit"):
+    for field in ("expert_bias", "expert_bias_rate", "router_score", "route_groups",
+                  "route_group_limit"):
         del doc["model"][field]
     doc[CHECKSUM] = checksum_of(doc)  # as an older version wrote it
     manifest.write_text(json.dumps(doc))
@@ -207,3 +210,24 @@ def test_a_checkpoint_older_than_the_routing_fields_still_resumes(tmp_path) -> N
             model="tiny-moe", steps=3, global_batch=4, seq_len=32, device="cpu", quiet=True,
             **how))
         assert records and all(r["loss"] > 0 for r in records), how
+
+
+def test_the_rate_may_change_when_a_run_resumes(model_file, one_device, tmp_path) -> None:
+    """DeepSeek-V3 moved its biases at 0.001 and then froze them (0) for its last 500B
+    tokens: one device's step-3 checkpoint resumed with the rate 0 keeps its biases."""
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(json.dumps(dataclasses.asdict(_config(name="tiny-moe-bias",
+                                                            expert_bias_rate=0.0))))
+    root = one_device[1][2]
+    _run(str(frozen), "dp=1", str(tmp_path / "resumed"), resume=f"{root}/step-{SAVE_AT:08d}")
+    kept, at_save = _biases(str(tmp_path / "resumed")), _biases(root, SAVE_AT)
+    assert all(torch.equal(kept[name], at_save[name]) for name in BIASES)
+    assert any(at_save[name].abs().max() > 0 for name in BIASES)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_expert_bias_in_a_model_file_must_be_true_or_false(value: object) -> None:
+    doc = {**dataclasses.asdict(_config()), "expert_bias": value}
+    with pytest.raises(ParaxisError, match="expert_bias = .* must be true or false") as error:
+        ModelConfig.from_dict(doc, source="m.json")
+    assert "\n" not in str(error.value)

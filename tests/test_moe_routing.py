@@ -28,7 +28,7 @@ from paraxis.train import run_training
 
 # tiny-moe's 8 experts in 4 groups of 2, a token's top 2 from its best group
 DEEPSEEK_LIKE = dict(router_score="sigmoid", route_groups=4, route_group_limit=1,
-                     expert_bias_rate=0.01)
+                     expert_bias=True, expert_bias_rate=0.01)
 
 
 def _config(**changes: object) -> ModelConfig:
@@ -41,7 +41,7 @@ def _layer(cfg: ModelConfig) -> MoE:
 
 
 def test_sigmoid_scores_weigh_the_chosen_experts_renormalised() -> None:
-    layer = _layer(_config(route_groups=0, route_group_limit=0, expert_bias_rate=0.0))
+    layer = _layer(_config(route_groups=0, route_group_limit=0, expert_bias=False))
     tokens = torch.randn(16, 64)
     weights, chosen, probs = layer.route(tokens)
     scores = torch.sigmoid(layer.router(tokens).float())
@@ -53,7 +53,7 @@ def test_sigmoid_scores_weigh_the_chosen_experts_renormalised() -> None:
 
 
 def test_groups_limit_each_token_to_its_best_groups() -> None:
-    cfg = _config(expert_bias_rate=0.0)
+    cfg = _config(expert_bias=False)
     layer = _layer(cfg)
     tokens = torch.randn(64, 64)
     _, chosen, _ = layer.route(tokens)
@@ -70,7 +70,7 @@ def test_groups_limit_each_token_to_its_best_groups() -> None:
         want = sorted(allowed, key=lambda e: -row[e])[:cfg.top_k]
         assert sorted(chosen[token].tolist()) == sorted(want), token
     # the limit bites: free routing sends some tokens to two groups, this one never
-    free = _layer(_config(route_groups=0, route_group_limit=0, expert_bias_rate=0.0))
+    free = _layer(_config(route_groups=0, route_group_limit=0, expert_bias=False))
     spans = [{e // per_group for e in row.tolist()} for row in free.route(tokens)[1]]
     assert any(len(groups) > 1 for groups in spans)
     assert all(len({e // per_group for e in row.tolist()}) == 1 for row in chosen)

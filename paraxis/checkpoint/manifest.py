@@ -173,13 +173,18 @@ def safe_member(directory: Path, name: str) -> Path:
     return directory / name
 
 
+# Model fields a resumed run may change: the name, and the routing bias's update speed
+# (DeepSeek-V3 trained with 0.001, then 0 for its last 500B tokens, Sec. 4.2).
+CHANGES_ON_RESUME = ("name", "expert_bias_rate")
+
+
 def check_model(manifest: dict[str, Any], model: dict[str, Any], directory: Path) -> None:
     """The checkpoint must hold this model: same shapes, same architecture. `manifest`'s
     model as `ModelConfig.to_dict` gives it (with every field; `load_checkpoint` reads it
     so), so a field the checkpoint predates reads as its default."""
     saved = manifest.get("model", {})
     differ = sorted(k for k in set(saved) | set(model)
-                    if k != "name" and saved.get(k) != model.get(k))
+                    if k not in CHANGES_ON_RESUME and saved.get(k) != model.get(k))
     if differ:
         details = ", ".join(f"{k} {saved.get(k)} vs {model.get(k)}" for k in differ[:4])
         raise ParaxisError(f"checkpoint {directory} holds a different model ({details}); "

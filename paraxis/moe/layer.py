@@ -29,10 +29,10 @@ loss (`set_aux_loss_scale`: 1/microbatches, times fp16's loss scale), so a pipel
 aux loss needs no trip to the last stage; its value is kept for the metrics.
 
 Aux-loss-free balancing (DeepSeek-AI 2024, DeepSeek-V3 Sec. 2.1.2; Megatron-LM's
---moe-router-enable-expert-bias, torchtitan's load_balance_coeff), with `expert_bias_rate`
-> 0: a bias per expert is added to the router's probabilities to choose each token's
+--moe-router-enable-expert-bias, torchtitan's load_balance_coeff), with `expert_bias`: a
+bias per expert is added to the router's probabilities to choose each token's
 experts, and only to choose them: the weights stay the chosen experts' own probabilities.
-After every applied step each bias moves by the rate against its expert's load over that
+After every applied step each bias moves by `expert_bias_rate` against its expert's load over that
 step (`update_expert_bias`): down where the expert took more than the mean of the step's
 (token, expert) assignments, up where it took fewer. The counts are those of the whole
 global batch (the metrics' `expert_tokens`), the same on every rank holding the block, so
@@ -142,7 +142,7 @@ class MoE(nn.Module):
         self.step = StepStats()  # this step's training microbatches (`take_step`)
         # the aux-loss-free routing bias, fp32 whatever the parameters' dtype (None: off)
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts, dtype=torch.float32)
-                             if cfg.expert_bias_rate else None)
+                             if cfg.expert_bias else None)
 
     def route(self, tokens: torch.Tensor, logits: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
