@@ -218,7 +218,8 @@ def test_no_fit_names_the_layout_closest_in_memory(capsys) -> None:
     code, _, err = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "8",
                            "--global-batch", "64", "--seq-len", "4096")
     assert code == 2 and err.count("\n") == 1
-    assert "closest: dp=1,tp=8," in err and "needs 140.8 GB per GPU > 86 GB" in err
+    # (full recompute in checkpoints of 2 blocks: 0.1 GB under checkpoints of 1)
+    assert "closest: dp=1,tp=8," in err and "needs 140.7 GB per GPU > 86 GB" in err
     assert "about 14 GPUs would hold it" in err and "--zero" not in err
     # a narrowing flag is named as the thing to drop
     code, _, err = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "8",

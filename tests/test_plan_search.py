@@ -14,14 +14,8 @@ from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.search import (
-    EQUAL_TIMES,
-    Constraints,
-    group_numbers,
-    rank,
-    search,
-    simpler_by,
-)
+from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, rank, simpler_by
+from paraxis.plan.search import Constraints, search
 
 
 def best_layout(cfg, gpus: int, global_batch: int, seq_len: int, gpu: str = "a100-80gb",
@@ -204,3 +198,19 @@ def test_every_micro_batch_size_that_divides_a_replicas_batch_is_tried() -> None
     assert {e.micro_batch for e in result.ranked} >= {1, 5}
     result = search(cfg, build_cluster("a100-80gb", 8, 8), 1024, 96, Constraints(dp=8))
     assert {e.micro_batch for e in result.ranked} >= {3, 6, 12}  # 12 a replica
+
+
+def test_grouped_full_recompute_is_tried_where_one_block_a_checkpoint_does_not_fit() -> None:
+    """Llama 3 405B on 16 stages of 8 GPUs holds 16 microbatches in flight on its first
+    stage: checkpoints of 2 blocks keep half the stored inputs for one more block rebuilt at
+    once (57.6 -> 56.2 GB a GPU, the same step time). On GPUs of 57 GB only that fits, and
+    the search finds it; a stated recompute_layers=1 is kept."""
+    cfg = PRESETS["llama3-405b"]
+    cluster = build_cluster("h100-sxm-80gb", 128, 8, {"memory_bytes": 57e9})
+    fixed = dict(tp=8, pp=16, dp=1, zero=0, recompute=("full",), micro_batch=1,
+                 schedules=("1f1b",))
+    result = search(cfg, cluster, 8192, 64, Constraints(**fixed))
+    assert result.ranked and result.ranked[0].layout.recompute_layers == 2
+    ungrouped = search(cfg, cluster, 8192, 64, Constraints(**fixed, recompute_layers=1))
+    assert not ungrouped.ranked
+    assert {r.layout.recompute_layers for r in ungrouped.too_big} == {1}

@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             zero=stated.zero if "zero" in fixed else args.zero,
             recompute=((stated.recompute,) if "recompute" in fixed
                        else tuple(args.recompute or RECOMPUTE)),
-            recompute_layers=stated.recompute_layers,
+            recompute_layers=(stated.recompute_layers if "recompute_layers" in fixed
+                              else None),
             schedules=((stated.schedule,) if "schedule" in fixed
                        else tuple(args.schedule or ("1f1b", "interleaved"))),
             virtual_stages=((stated.virtual_stages,) if "virtual_stages" in fixed

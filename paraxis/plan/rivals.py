@@ -14,7 +14,8 @@ from collections.abc import Callable
 from paraxis.layout import Layout
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.search import EQUAL_TIMES, SearchResult, group_numbers, simpler_by
+from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, simpler_by
+from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import (
     GPU_BAND,
     HELD_OUT_GPU_BAND,

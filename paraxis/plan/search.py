@@ -28,6 +28,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
 from paraxis.plan.precision import MIXED_ADAM, Precision
+from paraxis.plan.ranking import rank
 
 # Sequences per microbatch tried: every size up to this that divides a replica's batch (a
 # replica's 5 or 12 sequences split into 5 or 3 and 4 and 6 too, not only into powers of 2)
@@ -48,7 +49,8 @@ class Constraints:
     cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
-    recompute_layers: int = 1  # blocks per checkpoint when recompute is full
+    # blocks per checkpoint when recompute is full (None: 1, then grouped where 1 does not fit)
+    recompute_layers: int | None = None
     # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
     # without it but less memory: both are dominated, so they are left out unless asked for.
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
@@ -221,8 +223,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
                                                          cfg.n_layers):
                     for sp in c.sequence_parallel if tp > 1 else (False,):
-                        for recompute in c.recompute:
-                            settings = (micro_batch, kind, virtual, sp, recompute)
+                        for recompute, group in _recompute_steps(c, cfg.n_layers, pp, virtual):
+                            settings = (micro_batch, kind, virtual, sp, recompute, group)
                             if reshard == "forward" and (shape, zero, settings) in kept:
                                 break  # keeping the chunk fit: regathering is only slower
                             try:
@@ -230,8 +232,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     zero=zero, zero3_reshard=reshard,
                                     microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
-                                    recompute_layers=(c.recompute_layers
-                                                      if recompute == "full" else 1),
+                                    recompute_layers=group,
                                     sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
                                 check_interleaving(layout, cfg)
@@ -268,6 +269,25 @@ def _zero_choices(zeros: tuple[int, ...], pp: int) -> list[tuple[int, str]]:
     price regathering at the same settings."""
     return [(zero, reshard) for zero in zeros
             for reshard in (("step", "forward") if zero == 3 and pp > 1 else ("forward",))]
+
+
+def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int
+                     ) -> list[tuple[str, int]]:
+    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' kinds and,
+    after full recompute of every block where the blocks per checkpoint are left free,
+    checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
+    the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
+    layouts nothing lighter fits."""
+    steps = []
+    for recompute in c.recompute:
+        if recompute != "full":
+            steps.append((recompute, 1))
+        elif c.recompute_layers is not None:
+            steps.append((recompute, c.recompute_layers))
+        else:
+            blocks = math.ceil(n_layers / (pp * virtual))
+            steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
+    return steps
 
 
 def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
@@ -333,68 +353,3 @@ def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
     states = memory["params"] + memory["grads"] + memory["optimizer"]
     rest = memory["total"] - states
     return math.ceil(devices * states / (limit - rest)) if limit > rest else None
-
-
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
-
-
-EQUAL_TIMES = 0.005  # the ranking counts times within 0.5% of each other as equal
-
-
-def _simplicity(estimate: Estimate) -> tuple:
-    """Simpler first: fewer model- and context-parallel ranks, lower ZeRO stage, less
-    recomputation, shallower interleaving, then the smaller footprint."""
-    layout = estimate.layout
-    return (layout.tp * layout.pp * layout.cp, layout.ep, layout.zero,
-            RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])
-
-
-def equal_groups(estimates: list[Estimate]) -> list[list[Estimate]]:
-    """The ranking's groups in order: from the fastest layout not yet placed, every layout
-    within 0.5% of its time is one group, simplest first; the next group starts at the first
-    layout beyond."""
-    by_time = sorted(estimates, key=lambda e: (e.step_time_s, _simplicity(e)))
-    groups: list[list[Estimate]] = []
-    start = 0
-    while start < len(by_time):
-        limit = by_time[start].step_time_s * (1 + EQUAL_TIMES)
-        end = start
-        while end < len(by_time) and by_time[end].step_time_s <= limit:
-            end += 1
-        groups.append(sorted(by_time[start:end], key=_simplicity))
-        start = end
-    return groups
-
-
-def rank(estimates: list[Estimate]) -> list[Estimate]:
-    """Fastest first, where times within 0.5% count as equal and the simpler layout goes
-    first (`equal_groups`)."""
-    return [estimate for group in equal_groups(estimates) for estimate in group]
-
-
-SIMPLICITY_TERMS = ("model-parallel ranks, tp x pp x cp", "expert-parallel ranks",
-                    "ZeRO stage", "recomputation", "interleaving depth", "memory per GPU")
-
-
-def simpler_by(first: Estimate, second: Estimate) -> str:
-    """What makes `first` simpler than `second` in the ranking's order (its first differing
-    term), e.g. "model-parallel ranks, tp x pp x cp: 1 vs 2"; "" where neither is."""
-    names = list(RECOMPUTE_ORDER)  # by their order: none, selective, full
-    for term, a, b in zip(SIMPLICITY_TERMS, _simplicity(first), _simplicity(second),
-                          strict=True):
-        if a < b:
-            if term == "recomputation":
-                return f"{term}: {names[a]} vs {names[b]}"
-            if term == "memory per GPU":
-                return f"{term}: {a / 1e9:.1f} vs {b / 1e9:.1f} GB"
-            return f"{term}: {a} vs {b}"
-        if a > b:
-            return ""
-    return ""
-
-
-def group_numbers(estimates: list[Estimate]) -> dict[int, int]:
-    """Each ranked layout's group of equal times (`equal_groups`), by id(estimate): two
-    layouts of one group were placed by simplicity, not by time."""
-    return {id(e): number for number, group in enumerate(equal_groups(estimates))
-            for e in group}

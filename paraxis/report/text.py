@@ -8,7 +8,7 @@ from paraxis.layout import Layout
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import STEP_PARTS
 from paraxis.plan.experts import ep_link
-from paraxis.plan.search import EQUAL_TIMES
+from paraxis.plan.ranking import EQUAL_TIMES
 from paraxis.viz.html import esc, table
 
 if TYPE_CHECKING:
