@@ -37,7 +37,7 @@ class HeldOutRun:
     attention_impl: str = ""
     network: tuple[tuple[str, object], ...] = ()  # cluster overrides the source states
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
-    cp_attention: str = "ring"  # how K/V reach the queries: "ring" or "all_gather"
+    cp_attention: str = "ring"  # how K/V reach the queries: ring, all_gather or all_to_all
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
     precision: str = "bf16"  # a key of paraxis.plan.precision.PRECISIONS

@@ -181,7 +181,8 @@ def render_held_out() -> tuple[list[str], list[str], list[HeldOutResult], list[s
         pp = f"{run.pp}"
         if estimate is not None and not run.virtual_stages:  # the depth the planner picked
             pp += f" (v={estimate.layout.virtual_stages})"
-        cp = f"{run.cp}" + (" all-gather" if run.cp > 1 and run.cp_attention != "ring" else "")
+        cp = f"{run.cp}" + (f" {run.cp_attention.replace('_', '-')}"
+                             if run.cp > 1 and run.cp_attention != "ring" else "")
         lines.append(f"| {run.name} | {run.where} | {run.gpus} | {run.dp} | "
                      f"{zero} | {run.tp} | {pp} | {cp} | {batch} x {run.seq_len} | "
                      f"{run.recompute} | "

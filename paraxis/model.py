@@ -373,8 +373,8 @@ def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     training state a checkpoint holds."""
     with torch.device("meta"):
         model = Transformer(cfg)
-    return {**parameter_shapes(cfg),
-            **{name: tuple(b.shape) for name, b in single_device_buffers(model)}}
+    return {name: tuple(t.shape) for name, t in
+            [*model.named_parameters(), *single_device_buffers(model)]}
 
 
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:

@@ -101,7 +101,7 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_qkv(q, k, v)  # on GPU 16-bit, as the others: SDPA's flash kernel (fp32 would
     # fall back to the math kernel with grouped K/V, an s x s matrix per head)
     cp = dist.get_world_size(group)
-    batch, heads, local_len, head_dim = q.shape
+    heads, local_len = q.shape[HEAD_DIM], q.shape[SEQ_DIM]
     check_heads("all_to_all", heads, k.shape[1], cp)
     k, v = _repeat_kv(k, cp), _repeat_kv(v, cp)
     widths = [heads // cp, k.shape[1] // cp, v.shape[1] // cp]

@@ -166,6 +166,15 @@ def saved_bytes_per_rank(batch: int, heads: int, kv_heads: int, seq_len: int, he
     return elements * bytes_per_element + tokens * heads * 4
 
 
+def all_to_all_inputs(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
+                      cp: int, bytes_per_element: int) -> tuple[int, int]:
+    """Bytes of the all-to-all variant's two calls' inputs on one rank for one layer, each
+    way: (q, k and v together, with the K/V copies of `kv_heads_sent`; the output). Backward
+    moves the same: the output's gradient, then dq, dk, dv."""
+    per_head = batch * (seq_len // cp) * head_dim * bytes_per_element
+    return per_head * (heads + 2 * kv_heads_sent(kv_heads, cp)), per_head * heads
+
+
 def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
                         head_dim: int, cp: int, bytes_per_element: int) -> tuple[int, int]:
     """(forward, backward) bytes one rank hands to the network for one layer's attention, as
@@ -174,8 +183,8 @@ def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq
     of it per rank, an all-to-all the same); the module docstrings of `ring`, `all_gather`
     and `all_to_all` explain each term."""
     if variant == "all_to_all":  # q, k, v, then the output; backward the same, reversed
-        width = 2 * heads + 2 * kv_heads_sent(kv_heads, cp)
-        both = batch * (seq_len // cp) * head_dim * width * bytes_per_element
+        both = sum(all_to_all_inputs(batch, heads, kv_heads, seq_len, head_dim, cp,
+                                     bytes_per_element))
         return both, both
     local_kv = 2 * batch * kv_heads * (seq_len // cp) * head_dim  # K and V elements
     if variant == "ring":  # cp-1 K/V hops each way; cp-1 hops of the dK/dV accumulators

@@ -33,7 +33,12 @@ from __future__ import annotations
 
 import functools
 
-from paraxis.context_parallel.balance import kv_heads_sent, pairs_per_rank, sent_bytes_per_rank
+from paraxis.context_parallel.balance import (
+    all_to_all_inputs,
+    kv_heads_sent,
+    pairs_per_rank,
+    sent_bytes_per_rank,
+)
 from paraxis.layout import Layout, grid_rank
 from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link, collective_time, group_link
@@ -97,15 +102,14 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
                           "rerun_total"), 0.0)
     if cp == 1:
         return zero
-    forward_bytes, backward_bytes = sent_bytes_per_rank(
-        variant, micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len,
-        cfg.head_dim, cp, activation_bytes)
+    shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
+             cp, activation_bytes)
+    forward_bytes, backward_bytes = sent_bytes_per_rank(variant, *shape)
     if variant == "all_to_all":  # q, k, v over, the output back; nothing hides them
         # an all-to-all keeps 1/cp of its input on the rank: (cp-1)/cp of it leaves
-        heads, kv = cfg.n_heads // tp, kv_heads_sent(local_kv_heads(cfg, tp), cp)
-        per_head = forward_bytes * (cp - 1) / cp / (2 * heads + 2 * kv)
-        qkv = collective_time("all_to_all", per_head * (heads + 2 * kv), cp, link)
-        both = qkv + collective_time("all_to_all", per_head * heads, cp, link)
+        qkv, out = (collective_time("all_to_all", size * (cp - 1) / cp, cp, link)
+                    for size in all_to_all_inputs(*shape))
+        both = qkv + out
         # backward: the output's gradient over, dq, dk, dv back (the same bytes); selective
         # recompute stops at the kernel's saved tensors: the q, k, v exchange only
         return {"forward": both, "backward": both, "total": 2 * both, "forward_total": both,
