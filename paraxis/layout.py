@@ -20,6 +20,9 @@ nothing else, so adding an axis is adding a name to `AXES` (and its degree to th
 
 Expert parallelism (`ep`) is not a factor of the world: its groups are carved out of the
 dp x cp ranks of one (pp, tp) position, as in Megatron, so `ep` must divide `dp * cp`.
+Nor is expert tensor parallelism (`etp`, 1 or tp): with etp = tp each expert's matrices are
+split over the tp ranks like the dense MLP's (Megatron-Core's expert tensor parallel size),
+with 1 every tp rank holds and runs its experts whole.
 Pure Python: `paraxis plan` imports it without torch.
 """
 
@@ -33,8 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from paraxis.context_parallel.balance import VARIANTS as CP_ATTENTION
-from paraxis.context_parallel.balance import check_heads
 from paraxis.errors import ParaxisError
+from paraxis.layout_model import check_model, divisors
 from paraxis.options import option
 from paraxis.schedules import FIXED_VIRTUAL, KINDS, placement_of
 
@@ -107,7 +110,7 @@ def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     groups = grid_groups(degrees, ("dp", "cp"))
     if len(groups[0]) % ep:
         raise ParaxisError(f"ep={ep} must divide dp*cp = {len(groups[0])}; choose ep among "
-                           f"{_divisors(len(groups[0]))}")
+                           f"{divisors(len(groups[0]))}")
     return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
@@ -130,6 +133,8 @@ class Layout:
                         "2*cp chunks)")
     ep: int = option(1, "expert-parallel ranks splitting the experts, carved out of dp*cp "
                         "(the world size does not change)")
+    etp: int = option(1, "expert tensor parallelism: 1 keeps every expert whole on each tp "
+                         "rank, tp splits each expert over the tp ranks like the dense MLP")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters")
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
@@ -210,13 +215,16 @@ class Layout:
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
-        for name in (*AXES, "ep", "microbatches", "virtual_stages", "recompute_layers"):
+        for name in (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
         if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
             raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
-                               f"ep among {_divisors(self.dp * self.cp)}")
+                               f"ep among {divisors(self.dp * self.cp)}")
+        if self.etp not in (1, self.tp):
+            raise ParaxisError(f"etp={self.etp} must be 1 (experts whole on every tp rank) or "
+                               f"tp={self.tp} (each expert split over the tp ranks)")
         if self.zero not in (0, 1, 2, 3):
             raise ParaxisError(f"layout zero={self.zero!r} must be one of 0, 1, 2, 3")
         if self.schedule not in SCHEDULES:
@@ -295,45 +303,7 @@ class Layout:
                                f"tp ({self.tp}); change seq_len or tp")
 
     def _check_model(self, model: ModelConfig) -> None:
-        self._check_experts(model)
-        # tp splits heads, kv heads, vocabulary and MLP width: offer degrees dividing all four
-        splits = (model.n_heads, model.n_kv_heads, model.vocab_size, model.d_ff)
-        def choices() -> str:  # only for a message: a search validates thousands of layouts
-            return ", ".join(str(t) for t in range(1, model.n_heads + 1) if not any(
-                n % t for n in splits))
-        if model.n_heads % self.tp:
-            raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
-                               f"{self.tp}; choose tp among {choices()}")
-        if model.n_kv_heads % self.tp:
-            raise ParaxisError(f"{model.n_kv_heads} kv heads are not divisible by tp={self.tp}; "
-                               f"choose tp among {choices()}")
-        # Padding the vocabulary would change the model's loss normalisation and its shapes
-        # in checkpoints; an error keeps every layout's model identical.
-        if model.vocab_size % self.tp:
-            raise ParaxisError(f"vocab size {model.vocab_size} is not divisible by tp={self.tp}; "
-                               f"pad the vocabulary to a multiple of tp or choose tp among "
-                               f"{choices()}")
-        if model.d_ff % self.tp:
-            raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={self.tp}; "
-                               f"choose tp among {choices()}")
-        check_heads(self.cp_attention, model.n_heads // self.tp, model.n_kv_heads // self.tp,
-                    self.cp)
-        chunks = self.pp * self.virtual_stages
-        if model.n_layers < chunks:
-            raise ParaxisError(
-                f"{model.n_layers} layers cannot fill pp*virtual_stages = {chunks} model "
-                f"chunks (each needs at least one layer); use pp*virtual_stages <= "
-                f"{model.n_layers}")
-
-    def _check_experts(self, model: ModelConfig) -> None:
-        if self.ep > 1 and not model.n_experts:
-            raise ParaxisError(f"ep={self.ep} needs a mixture-of-experts model, and "
-                               f"{model.name} has no experts; use ep=1 or an MoE model "
-                               "(e.g. tiny-moe)")
-        if model.n_experts and model.n_experts % self.ep:
-            raise ParaxisError(f"ep={self.ep} must divide the number of experts "
-                               f"({model.n_experts}); choose ep among "
-                               f"{_divisors(model.n_experts)}")
+        check_model(self, model)  # layout_model.py: the shapes each axis splits
 
     # ------------------------------------------------------------------ text in / out
 
@@ -372,7 +342,7 @@ class Layout:
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep")
+        parts += [f"{axis}={getattr(self, axis)}" for axis in ("cp", "ep", "etp")
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")
@@ -392,6 +362,3 @@ class Layout:
     def replace(self, **changes: object) -> Layout:
         return dataclasses.replace(self, **changes)
 
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

@@ -113,14 +113,15 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
                   cfg: ModelConfig, layout: Layout, tmp: Path, seq_len: int | None
                   ) -> tuple[dict, list]:
     """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces."""
-    from paraxis.tensor_parallel.apply import tp_split_dim
+    from paraxis.tensor_parallel.apply import tp_plan, tp_split_dim
 
+    plan = tp_plan(split_experts=layout.etp > 1)
     files, pieces = {}, []
     for stage in range(layout.pp):
         per_rank: dict[int, dict[str, torch.Tensor]] = {}
         params, buffers = stage_state_names(cfg, layout, stage, seq_len)
         for name in params + buffers:
-            dim = tp_split_dim(name) if layout.tp > 1 and name in params else None
+            dim = tp_split_dim(name, plan) if layout.tp > 1 and name in params else None
             count = layout.tp if dim is not None else 1
             for kind in kinds if name in params else ("param",):
                 full = full_of(kind, name)

@@ -243,7 +243,8 @@ class DataParallelEngine(LocalEngine):
             sharded, replicated = local_norm_squares([p for p in params if not is_ep_sharded(p)])
             experts = self._experts_norm([p.grad for p in params if is_ep_sharded(p)
                                           and p.grad is not None])
-            return global_norm_squared(sharded, replicated, self.groups, False, experts)
+            return global_norm_squared(sharded, replicated, self.groups, False, experts,
+                                       self.layout.etp > 1)
         # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
         # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
         live = [(piece, grad) for (piece, _), grad in zip(self.pieces, self.piece_grads,
@@ -254,7 +255,8 @@ class DataParallelEngine(LocalEngine):
         sharded = norm_squared([g for p, g in live if is_tp_sharded(p.param)], self.device)
         replicated = norm_squared([g for p, g in live if not is_tp_sharded(p.param)],
                                   self.device)
-        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts)
+        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts,
+                                   self.layout.etp > 1)
 
     def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""

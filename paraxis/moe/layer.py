@@ -136,6 +136,9 @@ class MoE(nn.Module):
         self.run_experts: ExpertsRunner = LocalExperts(self.experts)
         self.stats_group: dist.ProcessGroup | None = None  # ranks sharing a microbatch step
         self.aux_scale = 1.0  # d(total loss)/d(aux loss) in backward (set_aux_loss_scale)
+        # this rank's share of the regulariser's gradient: 1/tp where the experts are split
+        # over tp (tensor_parallel.apply.ExpertsRegion: the tp ranks' router gradients add up)
+        self.regulariser_share = 1.0
         self.last_counts: torch.Tensor | None = None  # per-expert assignments, global
         self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)
         self.last_dropped = 0  # assignments over capacity (capacity_factor > 0)
@@ -198,7 +201,8 @@ class MoE(nn.Module):
             # microbatch, even when full recompute runs the forward twice
             count = functools.partial(self._count_step, counts, self.last_aux,
                                       self.last_dropped, z.detach())
-            out = AuxLossGradient.apply(out, regulariser, self.aux_scale, count)
+            out = AuxLossGradient.apply(out, regulariser,
+                                        self.aux_scale * self.regulariser_share, count)
         return out.view(shape)
 
     def _count_step(self, counts: torch.Tensor, aux: torch.Tensor, dropped: int,

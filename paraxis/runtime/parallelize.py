@@ -72,7 +72,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     parts = stage_parts(cfg, partition, groups.pp_rank)
     # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
     for part in parts:
-        apply_tensor_parallel(part, groups, layout.sequence_parallel)
+        apply_tensor_parallel(part, groups, layout.sequence_parallel, layout.etp > 1)
     # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
     #    its attention over the cp group
     if layout.cp > 1:

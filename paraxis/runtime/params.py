@@ -45,16 +45,19 @@ def is_pp_duplicate(param: torch.Tensor) -> bool:
 
 def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor,
                         groups: ParallelGroups | None, grads_sharded_over_dp: bool,
-                        expert_sq: torch.Tensor | None = None) -> torch.Tensor:
+                        expert_sq: torch.Tensor | None = None,
+                        experts_split_over_tp: bool = False) -> torch.Tensor:
     """Squared L2 norm of the whole model's gradient from this rank's local pieces.
 
     tp_sharded_sq: sum of squares of this rank's TP-sharded gradients (or gradient shards);
     replicated_sq: the same for TP-replicated ones (pp duplicates already left out).
     Sharded pieces are summed over the TP group, replicated ones counted once; then summed
     over the dp group when ZeRO shards gradients there, and over the pipeline's stages.
-    expert_sq: the same for `ep_sharded` gradients (replicated over TP): each expert counted
-    once, so summed over the EP group (different experts), and over the experts' dp group
-    too when ZeRO shards them there (the two together are the dp x cp group).
+    expert_sq: the same for `ep_sharded` gradients: each expert counted once, so summed
+    over the EP group (different experts), and over the experts' dp group too when ZeRO
+    shards them there (the two together are the dp x cp group); over the TP group as well
+    where the experts are split over it (`experts_split_over_tp`: the layout's etp = tp),
+    else they are whole on every TP rank.
     """
     total = replicated_sq.float().clone()
     sharded = tp_sharded_sq.float().clone()
@@ -68,10 +71,12 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
             dist.all_reduce(total, group=replicas)
     if expert_sq is not None and groups is not None:
         experts = expert_sq.float().clone()
-        over = replicas if grads_sharded_over_dp else groups.ep_group
-        if over is not None:
-            with WATCH.waiting("all_reduce", over):
-                dist.all_reduce(experts, group=over)
+        over = [replicas if grads_sharded_over_dp else groups.ep_group]
+        if experts_split_over_tp:
+            over.append(groups.tp_group)
+        for group in filter(None, over):
+            with WATCH.waiting("all_reduce", group):
+                dist.all_reduce(experts, group=group)
         total += experts
     if groups is not None and groups.pp_group is not None:
         with WATCH.waiting("all_reduce", groups.pp_group):

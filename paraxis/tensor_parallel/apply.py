@@ -46,7 +46,9 @@ from paraxis.tensor_parallel.layers import (
     SequenceShardedPositions,
     VocabParallelEmbedding,
     enter_tp_region,
+    leave_tp_region,
 )
+from paraxis.tensor_parallel.partial import mark_partial_grad
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,11 @@ class Colwise:
 
 
 class Rowwise:
-    """Input features split; partial outputs all-reduced (or reduce-scattered with SP)."""
+    """Input features split; partial outputs all-reduced (or reduce-scattered with SP), or
+    left partial (`leave_region=False`) where the parent sums them once for several."""
+
+    def __init__(self, leave_region: bool = True) -> None:
+        self.leave_region = leave_region
 
     @staticmethod
     def split_dim(leaf: str) -> int | None:
@@ -89,7 +95,11 @@ class Rowwise:
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         _check_divisible(module.weight.shape[1], ctx.size, f"{module.weight.shape[1]} input "
                          "features")
-        return RowParallelLinear.from_linear(module, ctx.group, ctx.sequence_parallel)
+        if module.bias is not None and not self.leave_region:
+            raise ParaxisError("a row-parallel linear whose partial outputs its parent sums "
+                               "cannot take a bias (it would be added tp times); drop the bias")
+        return RowParallelLinear.from_linear(module, ctx.group, ctx.sequence_parallel,
+                                             self.leave_region)
 
 
 class EnterRegion:
@@ -149,6 +159,27 @@ class WholeSequence:
         return module
 
 
+class ExpertsRegion:
+    """A mixture of experts' block whose experts are split over tp (layout `etp` = tp;
+    Megatron-Core's expert tensor parallelism): its input enters the TP region once (with SP
+    gathered, so every rank routes the whole sequence as without TP) and its output leaves it
+    once (summed over the ranks, reduce-scattered back to sequence shards with SP), as the
+    dense MLP's do. Between the two each rank runs its slice of every expert, and of the
+    shared experts, on the tokens routed there, so their outputs are partial sums, and so is
+    each rank's gradient of the weights that combine them: the router's gradient is summed
+    over tp once a step (`mark_partial_grad`), and the regulariser's gradient (aux and
+    z-loss), whole on every rank, is injected at 1/tp on each (`regulariser_share`)."""
+
+    def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
+        module.register_forward_pre_hook(lambda _, args: (
+            enter_tp_region(args[0], ctx.group, ctx.sequence_parallel), *args[1:]))
+        module.register_forward_hook(lambda _, args, output: leave_tp_region(
+            output, ctx.group, ctx.sequence_parallel))
+        mark_partial_grad(module.router.weight, ctx.group)
+        module.regulariser_share = 1 / ctx.size
+        return module
+
+
 class VocabParallelLoss:
     """Cross-entropy on vocab-parallel logits (no full logits anywhere)."""
 
@@ -176,6 +207,24 @@ PLAN: dict[str, SplitStyle] = {
     "lm_head": Colwise(enter_region=True),  # vocab-parallel logits
     "loss_fn": VocabParallelLoss(),
 }
+
+
+# With etp = tp: every expert and the shared experts split as the dense MLP is, inside one
+# region around the block (`ExpertsRegion`); `tp_plan(split_experts=True)`.
+EXPERTS_SPLIT: dict[str, SplitStyle] = {
+    "blocks.*.moe": ExpertsRegion(),
+    "blocks.*.moe.experts.*.up": Colwise(),
+    "blocks.*.moe.experts.*.gate": Colwise(),
+    "blocks.*.moe.experts.*.down": Rowwise(leave_region=False),
+    "blocks.*.moe.shared.up": Colwise(),
+    "blocks.*.moe.shared.gate": Colwise(),
+    "blocks.*.moe.shared.down": Rowwise(leave_region=False),
+}
+
+
+def tp_plan(split_experts: bool = False) -> dict[str, SplitStyle]:
+    """The plan: `PLAN`, with the experts split over tp where the layout's etp = tp."""
+    return {**PLAN, **EXPERTS_SPLIT} if split_experts else PLAN
 
 
 def tp_split_dim(name: str, plan: Mapping[str, SplitStyle] = PLAN) -> int | None:
@@ -210,13 +259,14 @@ def find_config(model: nn.Module) -> ModelConfig | None:
 
 
 def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.ProcessGroup | None,
-                          sequence_parallel: bool = False,
-                          plan: Mapping[str, SplitStyle] = PLAN) -> nn.Module:
+                          sequence_parallel: bool = False, split_experts: bool = False,
+                          plan: Mapping[str, SplitStyle] | None = None) -> nn.Module:
     """Split `model` in place for this rank's TP group and return it.
 
     `model` holds full single-device weights (every TP rank builds the same ones); each rank
     keeps its slice. `groups` is the runtime's ParallelGroups (its tp_group is used) or a
-    process group. With tp == 1 the model is returned unchanged.
+    process group. `split_experts`: the layout's etp = tp (`tp_plan`). With tp == 1 the model
+    is returned unchanged.
     """
     group = groups.tp_group if isinstance(groups, ParallelGroups) else groups
     size = 1 if group is None else dist.get_world_size(group)
@@ -224,7 +274,8 @@ def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.Proces
         return model
     cfg = find_config(model)
     if cfg is not None:  # one-line errors for shapes that do not split evenly
-        Layout(tp=size).validate(model=cfg)
+        Layout(tp=size, etp=size if split_experts else 1).validate(model=cfg)
+    plan = tp_plan(split_experts) if plan is None else plan
     lm_head, tok_emb = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
     tied = lm_head is not None and tok_emb is not None and lm_head.weight is tok_emb.weight
     ctx = TPContext(group, size, sequence_parallel)

@@ -115,25 +115,30 @@ class RowParallelLinear(nn.Module):
     SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 1}  # input features; bias replicated
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None,
-                 group: dist.ProcessGroup | None, sequence_parallel: bool = False) -> None:
+                 group: dist.ProcessGroup | None, sequence_parallel: bool = False,
+                 leave_region: bool = True) -> None:
         super().__init__()
         self.weight = weight
         self.bias = bias
         self.group = group
         self.sequence_parallel = sequence_parallel
+        self.leave_region = leave_region
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         if sequence_parallel and bias is not None:  # added to this rank's tokens only
             mark_partial_grad(bias, group)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None,
-                    sequence_parallel: bool = False) -> RowParallelLinear:
+                    sequence_parallel: bool = False, leave_region: bool = True
+                    ) -> RowParallelLinear:
         rank, size = _group_rank_size(group)
         weight = shard_parameter(linear.weight, cls.SPLIT_DIMS["weight"], rank, size)
-        return cls(weight, linear.bias, group, sequence_parallel)
+        return cls(weight, linear.bias, group, sequence_parallel, leave_region)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = leave_tp_region(F.linear(x, self.weight), self.group, self.sequence_parallel)
+        y = F.linear(x, self.weight)
+        if self.leave_region:  # else the parent sums the partial outputs (ExpertsRegion)
+            y = leave_tp_region(y, self.group, self.sequence_parallel)
         if self.bias is None:
             return y
         return y + self.bias
