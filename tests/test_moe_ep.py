@@ -5,19 +5,20 @@ chosen experts in every MoE block equal the single-device ones; then the losses 
 1e-5 of one device's step by step (the gradient norms too, relatively), for
 
 - dp4 x ep4, dp4 x ep2 with ZeRO-1, dp2 x ep2 x tp2 with ZeRO-2, dp2 x ep2 x pp2 with
-  full recompute (the all-to-alls run again in backward), dp2 x cp2 x ep2 with ZeRO-3 (one
-  launch of 4 ranks);
+  full recompute (the all-to-alls run again in backward), dp2 x cp2 x ep2 with ZeRO-3,
+  dp2 x ep2 x tp2 with the experts split over tp (etp = 2) and ZeRO-3 (one launch of 4
+  ranks);
 - dp2 x ep2 x tp2 (sequence parallel) x pp2 with ZeRO-1 (8 ranks; under SP the MoE block
   gathers the whole sequence, so the experts see what they see without SP);
 - cp2 x ep2 and dp2 (2 ranks);
 - `paraxis train --model tiny-moe --nproc 4 --dp 4 --ep 4`, the command line end to end.
 
-Checkpoints cross ep, tp, pp and dp: dp4 x ep2 (ZeRO-1), dp2 x ep2 x tp2 (ZeRO-2) and
-dp2 x ep2 x pp2 resume the step-5 checkpoint of dp2 x cp2 x ep2 (ZeRO-3), dp2 (ep = 1)
-resumes cp2 x ep2's, and one device resumes both, each going on like one device (pp2, with
-2 microbatches, like one device resuming over the same global microbatches). The ZeRO-3
-checkpoint also exports to a Mixtral directory whose logits in transformers are one
-device's of the checkpoint.
+Checkpoints cross ep, tp, etp, pp and dp: dp4 x ep2 (ZeRO-1), dp2 x ep2 x tp2 (ZeRO-2, and
+etp = 2 with ZeRO-3) and dp2 x ep2 x pp2 resume the step-5 checkpoint of dp2 x cp2 x ep2
+(ZeRO-3), dp2 (ep = 1) resumes cp2 x ep2's, and one device resumes both, each going on like
+one device (pp2, with 2 microbatches, like one device resuming over the same global
+microbatches). The ZeRO-3 checkpoint also exports to a Mixtral directory whose logits in
+transformers are one device's of the checkpoint.
 
 The routing statistics are per microbatch step over the dp x cp ranks (moe/layer.py): with
 M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
@@ -75,11 +76,12 @@ CFG = PRESETS["tiny-moe"].replace(z_loss_coef=1e-3)  # with ST-MoE's router z-lo
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
 LOSS_TOL, NORM_TOL = 1e-5, 1e-5
 FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
-        "dp=2,ep=2,pp=2,microbatches=2,recompute=full"]
+        "dp=2,ep=2,pp=2,microbatches=2,recompute=full", "dp=2,ep=2,tp=2,etp=2,zero=3"]
 EIGHT = ["dp=2,ep=2,tp=2,sp=true,pp=2,microbatches=2,zero=1"]
 # layout -> the layout whose step-5 checkpoint it resumes after its own run (same launch)
 RESUMES = {"dp=4,ep=2,zero=1": "dp=2,cp=2,ep=2,zero=3", "dp=2": "cp=2,ep=2",
            "dp=2,ep=2,tp=2,zero=2": "dp=2,cp=2,ep=2,zero=3",
+           "dp=2,ep=2,tp=2,etp=2,zero=3": "dp=2,cp=2,ep=2,zero=3",
            "dp=2,ep=2,pp=2,microbatches=2,recompute=full": "dp=2,cp=2,ep=2,zero=3"}
 # dp4 x ep4 also runs a step of tiny-moe under this capacity factor: each rank's 64 tokens
 # make 128 assignments, 16 per expert on average, capped at ceil(0.15 * 64 * 2 / 8) = 3

@@ -175,7 +175,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     dense = (weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
              + hidden_bytes / hbm) * tokens
     if moe:
-        dense += moe_forward_seconds(cfg, cluster, tokens, expert_imbalance, hbm)
+        dense += moe_forward_seconds(cfg, cluster, tokens, expert_imbalance, hbm, layout.etp)
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
@@ -254,7 +254,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
     # what layer_times and head_times read of the layout: the grid, SP, CP variant, recompute
-    key = (tuple(layout.degrees.items()), layout.ep, layout.sequence_parallel,
+    key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
            layout.cp_attention, layout.recompute, micro_batch)
     memo = {} if memo is None else memo
     # CPU ranks: a layer's calls wait after half a layer's forward on one TP rank (plan/sync.py)

@@ -8,8 +8,10 @@ counts, torch-free; nothing is re-derived here):
   routed experts (E/ep each, `placement.experts_of_rank`); each expert is replicated over the
   dp*cp/ep ranks of its expert-data-parallel group, where its gradients are reduced and ZeRO
   shards its states. Everything else (attention, norms, router, shared experts, dense blocks,
-  embedding, head) is replicated over dp*cp as in a dense model. The MoE block is replicated
-  over tp (experts are not TP-split): every rank of a TP group holds and runs the whole block.
+  embedding, head) is replicated over dp*cp as in a dense model. Over tp the router is
+  replicated, and so are the experts with the layout's etp = 1: every rank of a TP group
+  holds and runs them whole; with etp = tp each routed and shared expert is split over tp
+  like the dense MLP (1/tp of its parameters, FLOPs and hidden activations on each rank).
 - Compute: a token passes through the router, its top_k experts and the shared ones, so the
   FLOPs follow the active parameters (`ModelConfig.layer_params(i, active=True)`). The
   busiest EP rank receives `imbalance` x the mean tokens and computes that much expert work;
@@ -121,55 +123,60 @@ class BlockParams(NamedTuple):
     """One block's parameters by how a layout splits them."""
 
     split: int  # split over tp (attention, norms, a dense MLP)
-    replicated: int  # the MoE block's router and shared experts: whole on every tp rank
-    experts: int  # routed experts: split over ep, replicated over the expert-dp group
+    router: int  # the MoE block's router: whole on every tp rank
+    shared: int  # its shared experts: whole on every tp rank, or split over etp
+    experts: int  # routed experts: split over ep (and etp), replicated over the expert-dp group
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks for each block thousands of times
 def block_params(cfg: ModelConfig, index: int) -> BlockParams:
     total = cfg.layer_params(index)
     if not cfg.is_moe_layer(index):
-        return BlockParams(total, 0, 0)
+        return BlockParams(total, 0, 0, 0)
     experts = cfg.n_experts * cfg.expert_params()
-    replicated = cfg.moe_replicated_params()
-    return BlockParams(total - experts - replicated, replicated, experts)
+    shared = cfg.n_shared_experts * cfg.expert_params()
+    router = cfg.moe_replicated_params() - shared
+    return BlockParams(total - experts - shared - router, router, shared, experts)
 
 
-def local_params(cfg: ModelConfig, blocks: range | list[int], tp: int,
-                 ep: int) -> tuple[float, float]:
+def local_params(cfg: ModelConfig, blocks: range | list[int], tp: int, ep: int,
+                 etp: int = 1) -> tuple[float, float]:
     """(parameters replicated over dp*cp, expert parameters replicated over dp*cp/ep) that
-    one rank holds of `blocks`."""
+    one rank holds of `blocks`, with the experts split over `etp` (1 or tp)."""
     parts = [block_params(cfg, i) for i in blocks]
-    return (sum(p.split / tp + p.replicated for p in parts),
-            sum(p.experts for p in parts) / ep)
+    return (sum(p.split / tp + p.router + p.shared / etp for p in parts),
+            sum(p.experts for p in parts) / (ep * etp))
 
 
 def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
-                         imbalance: float = 1.0) -> float:
+                         imbalance: float = 1.0, etp: int = 1) -> float:
     """Bytes an MoE block's feed-forward half keeps for backward on one rank (16-bit
-    activations; on every tp rank: the block is not split): per routed (token, expert) row on
-    the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and product (6 f_e);
-    per token and shared expert 6 f_e; the router's fp32 logits and probabilities (8 E)."""
+    activations; every tp rank routes the whole sequence, SP or not): per routed (token,
+    expert) row on the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and
+    product (6 f_e / etp: their slice where the experts are split over tp); per token and
+    shared expert 6 f_e / etp; the router's fp32 logits and probabilities (8 E)."""
     tokens = seq_len * micro_batch
     rows = tokens * cfg.top_k * busiest_load(cfg, imbalance)
-    h, f = cfg.d_model, cfg.d_ff_expert
+    h, f = cfg.d_model, cfg.d_ff_expert / etp
     return rows * (2 * h + 6 * f) + tokens * (cfg.n_shared_experts * 6 * f + 8 * cfg.n_experts)
 
 
 def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbalance: float,
-                        hbm: float) -> float:
+                        hbm: float, etp: int = 1) -> float:
     """Seconds of an MoE block's feed-forward half (router, routed and shared experts) on
     the busiest rank for `tokens` tokens, forward: its GEMMs at the GEMM rate of one GPU
-    (not split over tp), its elementwise kernels at `hbm` bytes/s (SwiGLU 6 f_e bytes per
-    row, the permutation in and out of expert order 8h per row). The GEMMs' efficiency
-    follows their (h, f_e) shape; that each expert sees only its share of the rows (fewer
-    for fine-grained experts) is not modelled."""
+    (each expert's slice of width f_e / etp: whole with etp = 1), its elementwise kernels at
+    `hbm` bytes/s (SwiGLU 6 f_e / etp bytes per row, the permutation in and out of expert
+    order 8h per row). The GEMMs' efficiency follows their (h, f_e / etp) shape; that each
+    expert sees only its share of the rows (fewer for fine-grained experts) is not
+    modelled."""
     gpu = cluster.gpu
-    h, f = cfg.d_model, cfg.d_ff_expert
+    h, f = cfg.d_model, cfg.d_ff_expert / etp
     routed = tokens * cfg.top_k * busiest_load(cfg, imbalance)
     rows = routed + tokens * cfg.n_shared_experts
     peak = gpu.peak_flops * cluster.compute_share
-    experts = 2 * rows * cfg.expert_params() / (peak * gemm_efficiency(cluster, min(h, f)))
+    experts = 2 * rows * cfg.expert_params() / etp / (peak * gemm_efficiency(cluster,
+                                                                              min(h, f)))
     router = 2 * tokens * h * cfg.n_experts / (peak * gemm_efficiency(cluster,
                                                                        min(h, cfg.n_experts)))
     traffic = rows * 6 * f + routed * 8 * h

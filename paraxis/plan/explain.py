@@ -146,8 +146,12 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
     experts = cfg.n_moe_layers * cfg.n_experts * cfg.expert_params() / layout.pp
     whole = experts * precision.total_bytes / GB  # a mean stage's experts on one GPU, no EP
     replicas = layout.dp * layout.cp // layout.ep
-    held = sum(model_state_bytes(round(experts / layout.ep), replicas, layout.zero,
-                                 precision).values()) / GB
+    held = sum(model_state_bytes(round(experts / (layout.ep * layout.etp)), replicas,
+                                 layout.zero, precision).values()) / GB
+    split = (f" Each expert is split over the tp={layout.tp} ranks like the dense MLP "
+             f"(etp={layout.etp}): 1/{layout.tp} of its states and FLOPs on each." if
+             layout.etp > 1 else " The experts are whole on every tp rank (etp=1): each "
+             f"of the tp={layout.tp} ranks repeats their work." if layout.tp > 1 else "")
     if layout.ep == 1:
         rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
         versus = (f"; the best layout with EP, {rival.layout}, is "
@@ -156,7 +160,7 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
                    "them per GPU, which fits" if layout.zero and replicas > 1 else ", which fit")
         return (f"EP=1: every rank holds all {cfg.n_experts} experts of its blocks (about "
                 f"{whole:.1f} GB of states per GPU before ZeRO{sharded}), so no token leaves "
-                f"its rank{versus}.")
+                f"its rank{versus}.{split}")
     link = ep_link(layout, cluster)
     where = ("across nodes, over the network" if link.crosses_nodes else
              f"inside one node over {intra}")
@@ -164,12 +168,11 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
             f"a dp x cp group, {layout.tp * layout.ep} ranks wide with tp={layout.tp}): each "
             f"rank holds {cfg.n_experts // layout.ep} of the {cfg.n_experts} experts of every "
             f"MoE block, so a stage's expert states take {held:.1f} GB per GPU instead of "
-            f"{whole:.1f} GB (1/{layout.ep}, ZeRO-{layout.zero} over their {replicas} "
+            f"{whole:.1f} GB (1/{layout.ep * layout.etp}, ZeRO-{layout.zero} over their {replicas} "
             f"expert-data-parallel replicas); it pays 4 all-to-alls per MoE block per "
             f"microbatch (dispatch and combine, forward and backward; busiest rank at "
             f"{imbalance:g}x the mean load), {time['ep_total']:.2f} s per step, all exposed "
-            f"({time['ep'] / time['step']:.0%} of the step). The MoE block is not split over "
-            "tp: more TP would not shrink the experts.")
+            f"({time['ep'] / time['step']:.0%} of the step).{split}")
 
 
 def link_speed(link: Link, cluster: Cluster) -> str:

@@ -89,7 +89,7 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     its prefetch and the next action's first unit are (forward: 3 L, or 2 L + H).
     """
     pb, gb = precision.param_bytes, precision.grad_bytes
-    layer = _largest_block(cfg, layout.tp, layout.ep)
+    layer = _largest_block(cfg, layout.tp, layout.ep, layout.etp)
     if layout.pp > 1:
         head = cfg.vocab_size * cfg.d_model / layout.tp
         gathered = (local_params if layout.zero3_reshard == "step"
@@ -138,24 +138,26 @@ def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
-def _largest_block(cfg: ModelConfig, tp: int, ep: int) -> float:
-    """The largest block a rank gathers (an MoE block: its experts over ep, whole over tp)."""
-    return max(sum(local_params_of(cfg, [i], tp, ep)) for i in {0, cfg.n_layers - 1})
+def _largest_block(cfg: ModelConfig, tp: int, ep: int, etp: int) -> float:
+    """The largest block a rank gathers (an MoE block: its experts over ep and etp)."""
+    return max(sum(local_params_of(cfg, [i], tp, ep, etp)) for i in {0, cfg.n_layers - 1})
 
 
 def stage_local_params(cfg: ModelConfig, layout: Layout,
                        seq_len: int | None = None) -> list[tuple[float, float]]:
     """Per stage, (parameters one rank holds replicated over dp*cp, expert parameters it
     holds replicated over the dp*cp/ep ranks of their expert-data-parallel group): TP splits
-    every matrix of a dense model (Shoeybi 2019); an MoE block's router, shared and routed
-    experts are whole on every tp rank, the routed ones split over ep (plan/experts.py)."""
+    every matrix of a dense model (Shoeybi 2019); an MoE block's router is whole on every
+    tp rank, its shared and routed experts too with etp = 1 or split over tp with etp = tp,
+    the routed ones split over ep (plan/experts.py)."""
     return list(_stage_local_params(cfg, layout.pp, layout.virtual_stages, seq_len,
-                                    layout.placement, layout.tp, layout.ep))
+                                    layout.placement, layout.tp, layout.ep, layout.etp))
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks often
 def _stage_local_params(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
-                        placement: str, tp: int, ep: int) -> tuple[tuple[float, float], ...]:
+                        placement: str, tp: int, ep: int,
+                        etp: int) -> tuple[tuple[float, float], ...]:
     stages = _stage_blocks(cfg, pp, virtual, seq_len, placement)
     totals = stage_params(cfg, pp, virtual, seq_len, placement)
     shares = []
@@ -163,7 +165,7 @@ def _stage_local_params(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | 
         if not cfg.is_moe:
             shares.append((total / tp, 0.0))
             continue
-        replicated, experts = local_params_of(cfg, blocks, tp, ep)
+        replicated, experts = local_params_of(cfg, blocks, tp, ep, etp)
         blocks_total = sum(cfg.layer_params(i) for i in blocks)
         shares.append(((total - blocks_total) / tp + replicated, experts))
     return tuple(shares)
@@ -225,7 +227,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                          dropout)
     moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
                                        dropout, mlp=False) + moe_activation_bytes(
-        cfg, local_seq, micro_batch, expert_imbalance) if cfg.is_moe else 0.0
+        cfg, local_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
     if layout.recompute == "full":
         moe_layer = dense_layer  # only the block's input is kept
     elif layout.recompute == "none":  # the core's own tensors are kept
@@ -276,7 +278,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             if moe:
                 rebuilt = max(rebuilt, layer_activation_bytes(
                     cfg, *kernel_args, "none", attention, dropout, mlp=False)
-                    + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance))
+                    + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance,
+                                           layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
         if layout.zero == 3:

@@ -122,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
             check_interleaving(stated, cfg)
         constraints = Constraints(
             max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
-            tp=stated.tp if "tp" in fixed else args.tp,
+            tp=stated.tp if "tp" in fixed or stated.etp > 1 else args.tp,
             pp=stated.pp if "pp" in fixed else args.pp,
             dp=stated.dp if "dp" in fixed else args.dp,
             cp=stated.cp if "cp" in fixed else args.cp,
             ep=stated.ep if "ep" in fixed else args.ep,
+            split_experts=(stated.etp > 1,) if "etp" in fixed else (True,),
             cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
                           else CP_VARIANTS),
             zero=stated.zero if "zero" in fixed else args.zero,
@@ -221,10 +222,13 @@ def _layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
     if "virtual_stages" in fields and fields["virtual_stages"] != 1:
         fields.setdefault("schedule", "interleaved")
     # a multiple of pp satisfies every schedule's rule on the microbatch count; where ep is
-    # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp)
+    # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp), and where
+    # etp is given without tp, tp = etp
     open_fields: dict[str, object] = {"microbatches": fields.get("pp", 1)}
     if "ep" in fields and "dp" not in fields:
         open_fields["dp"] = fields["ep"]
+    if "etp" in fields and "tp" not in fields:  # etp is 1 or tp: a split names tp
+        open_fields["tp"] = fields["etp"]
     stated = Layout(**{**open_fields, **fields})  # type: ignore[arg-type]
     return fields, stated, micro_batch
 

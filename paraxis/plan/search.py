@@ -46,6 +46,9 @@ class Constraints:
     dp: int | None = None
     cp: int | None = None
     ep: int | None = None  # expert parallelism (mixtures of experts only)
+    # experts split over tp (etp = tp) or whole on every tp rank (etp = 1): splitting moves the
+    # same tokens and holds and computes 1/tp, so whole experts are left out unless asked for
+    split_experts: tuple[bool, ...] = (True,)
     cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
@@ -193,7 +196,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         result.rule_breakers.append(Rejection(
                             shape, f"global batch {global_batch} does not split over dp={dp}"))
                         break
-                    axis_shapes += [shape.replace(ep=ep) for ep in _ep_degrees(cfg, dp * cp, c)]
+                    axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
+                                    for ep in _ep_degrees(cfg, dp * cp, c)
+                                    for split in _expert_splits(cfg, tp, c)]
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
@@ -207,7 +212,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         across = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
-        if across and (dp, tp, pp, shape.cp) in fitted_across_nodes:
+        if across and (dp, tp, pp, shape.cp, shape.etp) in fitted_across_nodes:
             continue  # a smaller ep already fits: more only sends more over the network
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
             continue  # its model states alone overflow at the deepest ZeRO: a larger ep
@@ -247,7 +252,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     kept.add((shape, zero, settings))
                                 result.ranked.append(estimate)
                                 if across:
-                                    fitted_across_nodes.add((dp, tp, pp, shape.cp))
+                                    fitted_across_nodes.add((dp, tp, pp, shape.cp, shape.etp))
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
@@ -321,6 +326,12 @@ def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
     if c.ep is not None:
         return [c.ep] if ranks % c.ep == 0 else []
     return [ep for ep in _divisors(ranks) if ep == 1 or (cfg.is_moe and cfg.n_experts % ep == 0)]
+
+
+def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...]:
+    """Whether to split the experts over tp (etp = tp): the choices asked for, where there
+    are experts and tp > 1 to split them over."""
+    return c.split_experts if cfg.is_moe and tp > 1 else (False,)
 
 
 def too_big_reason(estimate: Estimate) -> str:
