@@ -281,3 +281,15 @@ def test_flags_beat_the_preset_and_a_cpu_profile_is_one_machine(tmp_path, capsys
     hardware = json.loads(out)["hardware"]
     assert code == 0 and hardware["cluster"]["nodes"] == 1
     assert hardware["gpu"]["memory_bytes"] == pytest.approx(12e9 * 2 / 8)
+
+
+@pytest.mark.parametrize("stated, tp, etp", [("etp=2", 2, 2), ("tp=2,etp=1", 2, 1),
+                                            ("tp=2", 2, 2)])
+def test_a_partial_layout_states_whether_experts_split(capsys, stated, tp, etp) -> None:
+    """etp alone names tp (etp is 1 or tp); without it the search splits the experts."""
+    code, out, _ = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
+                           "--seq-len", "4096", "--global-batch", "256", "--layout", stated,
+                           "--top", "3", "--json")
+    layouts = [entry["layout"] for entry in json.loads(out)["layouts"]]
+    assert code == 0 and layouts
+    assert all((entry["tp"], entry["etp"]) == (tp, etp) for entry in layouts), stated

@@ -218,3 +218,41 @@ def test_without_ep_the_defence_says_zero_is_what_makes_the_experts_fit() -> Non
                      cluster, 4096, 512)
     zero1_line = next(x for x in explain(cfg, cluster, zero1) if x.startswith("EP=1"))
     assert "ZeRO-1 over its 32 replicas leaves" in zero1_line
+
+
+def test_experts_split_over_tp_hold_and_compute_their_share() -> None:
+    """etp = tp: a rank holds 1/tp of every routed expert (and of the shared ones), computes
+    1/tp of their FLOPs and keeps 1/tp of their hidden activations; the router stays whole,
+    and the tokens each rank dispatches do not change."""
+    experts = DEEPSEEK.n_moe_layers * DEEPSEEK.n_experts * DEEPSEEK.expert_params()
+    whole, split = Layout(dp=8, tp=8, ep=8), Layout(dp=8, tp=8, ep=8, etp=8)
+    (rest_whole, experts_whole), = stage_local_params(DEEPSEEK, whole)
+    (rest_split, experts_split), = stage_local_params(DEEPSEEK, split)
+    assert experts_whole == experts / 8 and experts_split == experts / 64
+    shared = DEEPSEEK.n_moe_layers * DEEPSEEK.n_shared_experts * DEEPSEEK.expert_params()
+    assert rest_whole - rest_split == pytest.approx(shared * 7 / 8)
+    # SwiGLU's three hidden tensors (6 f_e bytes a row) of the 8 routed and the shared
+    # expert per token shrink to 1/8; the dispatched inputs (2h a row) do not
+    hidden = 4096 * (DEEPSEEK.top_k + DEEPSEEK.n_shared_experts) * 6 * DEEPSEEK.d_ff_expert
+    assert moe_activation_bytes(DEEPSEEK, 4096, 1) - moe_activation_bytes(
+        DEEPSEEK, 4096, 1, 1.0, 8) == pytest.approx(hidden * 7 / 8)
+    cluster = build_cluster("h100-sxm-80gb", 512, 8)
+    a, b = (layer_times(DEEPSEEK, layout, cluster, 4096, 1, moe=True) for layout in (whole, split))
+    assert b["forward"] < a["forward"] / 2 and b["ep_total"] == a["ep_total"]
+    slower, faster = (evaluate(DEEPSEEK, layout.replace(pp=8, microbatches=8, recompute="full",
+                                                        zero=1, sequence_parallel=True),
+                               build_cluster("h100-sxm-80gb", 512, 8), 4096, 64)
+                      for layout in (whole, split))
+    assert faster.step_time_s < slower.step_time_s
+    assert faster.memory["params"] < slower.memory["params"]
+    line = next(x for x in explain(DEEPSEEK, cluster, faster) if x.startswith("EP="))
+    assert "Each expert is split over the tp=8 ranks like the dense MLP (etp=8)" in line
+
+
+def test_the_search_splits_the_experts_unless_a_layout_keeps_them_whole() -> None:
+    result = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2))
+    assert result.ranked and all(e.layout.etp == 2 for e in result.ranked)
+    whole = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2, split_experts=(False,)))
+    assert whole.ranked and all(e.layout.etp == 1 for e in whole.ranked)
+    assert whole.ranked[0].step_time_s > result.ranked[0].step_time_s
+    assert all(e.layout.etp == 1 for e in search(PRESETS["llama3-8b"], H100_8, 4096, 8).ranked)
