@@ -31,10 +31,11 @@ except ImportError:
 BATCH, SEQ = 2, 16
 
 
-def seeds_per_layer(sequence_parallel: bool) -> dict[tuple[str, str], int]:
+def seeds_per_layer(sequence_parallel: bool, whole_mlp: bool = False
+                    ) -> dict[tuple[str, str], int]:
     """(kind, phase) -> collectives per transformer layer (seeds ch. 3; Korthikanti fig. 5)."""
     if tp_collectives_per_layer is not None:  # {phase: {kind: count}}, zeros included
-        planned = tp_collectives_per_layer(sequence_parallel)
+        planned = tp_collectives_per_layer(sequence_parallel, whole_mlp)
         return {(kind, phase): n for phase, kinds in planned.items()
                 for kind, n in kinds.items() if n}
     if not sequence_parallel:
@@ -43,9 +44,11 @@ def seeds_per_layer(sequence_parallel: bool) -> dict[tuple[str, str], int]:
             ("all_gather", "backward"): 2, ("reduce_scatter", "backward"): 2}
 
 
-def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool) -> dict:
+def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool,
+                split_experts: bool = False) -> dict:
     cfg = PRESETS[model_name]
-    model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel)
+    model = apply_tensor_parallel(build_model(cfg, seed=0), dist.group.WORLD, sequence_parallel,
+                                  split_experts)
     tp = dist.get_world_size()
     seq = SEQ // tp if sequence_parallel else SEQ
     x = torch.randn(BATCH, seq, cfg.d_model, requires_grad=True)
@@ -78,6 +81,19 @@ def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
         # o/down biases (GPT-2); RMSNorm weight x2 (Llama). Their gradients are partial
         # until the engine sums them, once a step (test below), not in the layer's backward.
         assert result["partial"] == (6 if model_name == "tiny" else 2)
+    assert result["param_grad"] == 0
+
+
+@pytest.mark.parametrize("split_experts", [False, True], ids=["etp1", "etp2"])
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
+def test_a_mixture_of_experts_block_sends_what_the_planner_counts(sequence_parallel,
+                                                                  split_experts):
+    """Experts split over tp (etp = tp) enter and leave the TP region as the dense MLP does;
+    whole on every rank (etp = 1) they add only SP's all-gathers (`whole_mlp`). The router's
+    gradient, partial with split experts, waits for the engine's once-a-step sum."""
+    result = run_on_ranks("tp=2", count_block, "tiny-moe", sequence_parallel, split_experts)[0]
+    assert result["counts"] == seeds_per_layer(sequence_parallel, not split_experts)
+    assert result["partial"] == 2 * sequence_parallel + split_experts  # RMSNorms, router
     assert result["param_grad"] == 0
 
 

@@ -196,17 +196,19 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     mlp_in = cfg.d_ff * (1 if cfg.style == "gpt2" else 2)
     windows = tuple(2 * tokens * cfg.d_model * width / rate
                     for width in (cfg.d_model + 2 * cfg.kv_dim, mlp_in))
+    whole = moe and layout.etp == 1  # experts whole on every tp rank: outside the TP region
+    windows = windows[:1] if whole else windows
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
     # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention, regather, backward_link)
+        overlap.contention, regather, backward_link, whole)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
-                             passes, regather, backward_link) if layout.tp > 1 else 0.0
+                             passes, regather, backward_link, whole) if layout.tp > 1 else 0.0
     cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
                         act, axis_link(layout, "cp", cluster), core_forward * tokens,
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
