@@ -92,3 +92,13 @@ def test_cp_variants_bench_quick_prints_a_row_per_variant():
     rows = [line for line in result.stdout.splitlines() if line.startswith("| causal")]
     assert [row.split(" | ")[1] for row in rows] == ["all_to_all", "all_gather"]
     assert all(float(row.split(" | ")[4].split()[0]) > 0 for row in rows)
+
+
+def test_expert_tp_bench_quick_prints_measured_and_planned_speed():
+    """`python -m bench.expert_tp --quick`: checks etp=1 and etp=2 give one loss, then times
+    them against each other beside the planner's ratio on the calibrated profile."""
+    from bench.expert_tp import rows
+
+    measured, predicted = rows(quick=True)
+    assert len(measured) == len(predicted) == 1
+    assert measured[0].ratio > 0 and predicted[0] > 0
