@@ -127,5 +127,6 @@ def check_states_fit(model: ModelConfig, layout: Layout, precision: str,
         raise ParaxisError(
             f"{model.name} at layout {layout} holds {states / 1e9:,.1f} GB of model states per "
             f"rank (parameters, gradients, optimizer; {precision}), more than {where}; shard "
-            f"them over more ranks (--zero 3, --tp, --pp): `paraxis plan --model {model.name} "
+            f"them over more ranks (--zero 3, --tp, --pp{', --ep, --etp' * model.is_moe}): "
+            f"`paraxis plan --model {model.name} "
             "--gpus N` finds a layout that fits")

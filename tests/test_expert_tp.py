@@ -14,12 +14,15 @@ and the aux-loss-free routing bias, 6 steps, one launch of 4 ranks:
 - each rank holds 1/tp of every expert: its parameter count is the planner's
   (`plan.memory.stage_local_params`);
 - the TP plan and the checkpoint converter agree on which dims are split; bad etp values
-  are one-line errors.
+  are one-line errors; a run with whole experts under tp (etp = 1) says they repeat their
+  work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -95,7 +98,9 @@ def one_device(model_file: str, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 def _on_ranks(ctx: RankContext, model: str, root: str) -> dict:
     layout = str(ctx.layout)
-    result = {"losses": _run(model, layout, f"{root}/{layout}")}
+    with contextlib.redirect_stderr(io.StringIO()) as notes:
+        result: dict = {"losses": _run(model, layout, f"{root}/{layout}")}
+    result["notes"] = notes.getvalue()
     engine = build_engine(CFG, ctx.layout, ctx.groups, "cpu", seed=0)
     result["params"] = sum(p.numel() for p in engine.model.parameters())
     result["pp_rank"] = ctx.groups.pp_rank
@@ -130,6 +135,8 @@ def test_split_experts_train_like_one_device(one_device, layouts):
         biases, wanted = _biases(_saved(root, text, STEPS)), _biases(last)
         assert all(torch.equal(biases[n], wanted[n]) for n in BIASES), text
         assert any(wanted[n].abs().max() > 0 for n in BIASES)  # the biases moved
+        # whole experts under tp repeat their work: the run says so when it starts
+        assert ("etp=1 keeps every expert whole" in by_rank[0]["notes"]) == (layout.etp == 1)
         if "resumed" in by_rank[0]:  # another etp's checkpoint
             _assert_close(f"{text} resuming {RESUMES[text]}", by_rank[0]["resumed"],
                           want[SAVE_AT:])

@@ -293,3 +293,13 @@ def test_a_partial_layout_states_whether_experts_split(capsys, stated, tp, etp) 
     layouts = [entry["layout"] for entry in json.loads(out)["layouts"]]
     assert code == 0 and layouts
     assert all((entry["tp"], entry["etp"]) == (tp, etp) for entry in layouts), stated
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--model", "tiny", "--layout", "etp=2"), "etp=2 splits experts, and tiny has none"),
+    (("--model", "mixtral-8x7b", "--tp", "4", "--layout", "etp=2"),
+     "--tp 4 contradicts etp=2"),
+])
+def test_plan_refuses_an_etp_it_cannot_honour(capsys, argv, message) -> None:
+    code, _, err = run_cli(capsys, "plan", "--gpus", "64", "--global-batch", "256", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

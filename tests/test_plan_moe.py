@@ -247,6 +247,12 @@ def test_experts_split_over_tp_hold_and_compute_their_share() -> None:
     assert faster.memory["params"] < slower.memory["params"]
     line = next(x for x in explain(DEEPSEEK, cluster, faster) if x.startswith("EP="))
     assert "Each expert is split over the tp=8 ranks like the dense MLP (etp=8)" in line
+    # without EP: 1/tp of each expert's states on a rank, before ZeRO
+    alone = evaluate(MIXTRAL, Layout(dp=32, tp=2, etp=2, zero=1, microbatches=8,
+                                     recompute="full"), H100, 4096, 256)
+    line = next(x for x in explain(MIXTRAL, H100, alone) if x.startswith("EP=1"))
+    whole = MIXTRAL.n_layers * MIXTRAL.n_experts * MIXTRAL.expert_params() * 16 / 1e9
+    assert f"holds 1/2 of each of the 8 experts of its blocks (about {whole / 2:.1f} GB" in line
 
 
 def test_the_search_splits_the_experts_unless_a_layout_keeps_them_whole() -> None:
@@ -256,3 +262,9 @@ def test_the_search_splits_the_experts_unless_a_layout_keeps_them_whole() -> Non
     assert whole.ranked and all(e.layout.etp == 1 for e in whole.ranked)
     assert whole.ranked[0].step_time_s > result.ranked[0].step_time_s
     assert all(e.layout.etp == 1 for e in search(PRESETS["llama3-8b"], H100_8, 4096, 8).ranked)
+
+
+def test_experts_too_narrow_to_split_stay_whole_in_the_search() -> None:
+    odd = MIXTRAL.replace(d_ff_expert=14335)  # not divisible by tp=2: etp=1 is tried instead
+    result = search(odd, H100, 4096, 256, Constraints(tp=2))
+    assert result.ranked and all(e.layout.etp == 1 for e in result.ranked)

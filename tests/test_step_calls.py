@@ -37,6 +37,9 @@ RUNS = [  # (model, layout): one launch of 8 ranks runs them all
     ("tiny-moe", "dp=4,pp=2,ep=2,zero=1,microbatches=2,schedule=1f1b"),
     # SP's partial gradients: one sum over tp a step, after the sync (ZeRO-2: on the shards)
     ("tiny", "dp=2,tp=2,pp=2,zero=2,microbatches=2,schedule=1f1b,sequence_parallel=true"),
+    # experts split over tp: the routers' partial gradients summed without SP, the experts'
+    # norm summed over tp in the sharded norm's call
+    ("tiny-moe", "dp=4,tp=2,ep=2,etp=2,zero=1"),
 ]
 RECORDED_STEP = 1  # of 3: not the first, nor a logging step (0 and the last)
 

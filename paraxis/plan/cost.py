@@ -54,6 +54,7 @@ from paraxis.plan.context import cp_layer_times, imbalance, kernel_pieces, repli
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     all_to_all_times,
+    busiest_load,
     check_ep,
     expert_dp_link,
     moe_forward_seconds,
@@ -194,6 +195,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU):
     # the window its backward collective hides in.
     mlp_in = cfg.d_ff * (1 if cfg.style == "gpt2" else 2)
+    if moe:  # the experts' gate and up, over the busiest rank's rows and the shared experts
+        mlp_in = 2 * cfg.d_ff_expert * (cfg.top_k * busiest_load(cfg, expert_imbalance)
+                                        + cfg.n_shared_experts)
     windows = tuple(2 * tokens * cfg.d_model * width / rate
                     for width in (cfg.d_model + 2 * cfg.kv_dim, mlp_in))
     whole = moe and layout.etp == 1  # experts whole on every tp rank: outside the TP region

@@ -158,9 +158,10 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
                   f"{rival.step_time_s / best.step_time_s - 1:+.1%}" if rival else "")
         sharded = (f"; ZeRO-{layout.zero} over its {replicas} replicas leaves {held:.1f} GB of "
                    "them per GPU, which fits" if layout.zero and replicas > 1 else ", which fit")
-        return (f"EP=1: every rank holds all {cfg.n_experts} experts of its blocks (about "
-                f"{whole:.1f} GB of states per GPU before ZeRO{sharded}), so no token leaves "
-                f"its rank{versus}.{split}")
+        share = "all" if layout.etp == 1 else f"1/{layout.etp} of each of the"
+        return (f"EP=1: every rank holds {share} {cfg.n_experts} experts of its blocks (about "
+                f"{whole / layout.etp:.1f} GB of states per GPU before ZeRO{sharded}), so no "
+                f"token leaves its rank{versus}.{split}")
     link = ep_link(layout, cluster)
     where = ("across nodes, over the network" if link.crosses_nodes else
              f"inside one node over {intra}")

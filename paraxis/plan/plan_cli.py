@@ -12,6 +12,7 @@ import math
 from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
 from paraxis.errors import ParaxisError
 from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
+from paraxis.layout_model import check_model
 from paraxis.model_config import ModelConfig
 from paraxis.plan import inputs, verify
 from paraxis.plan.cost import Overlap, evaluate
@@ -108,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
                            "(the busiest EP rank's tokens over the mean)")
     imbalance = args.expert_imbalance
     fixed, stated, micro_batch = _layout_fields(args.layout or "")
+    if "etp" in fixed:  # experts to split, and a tp to split them over
+        check_model(stated, cfg)
+        if stated.etp > 1 and args.tp and args.tp != stated.etp:
+            raise ParaxisError(f"--tp {args.tp} contradicts etp={stated.etp} in --layout "
+                               "(etp is 1 or tp); drop one")
     layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it

@@ -330,8 +330,10 @@ def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
 
 def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...]:
     """Whether to split the experts over tp (etp = tp): the choices asked for, where there
-    are experts and tp > 1 to split them over."""
-    return c.split_experts if cfg.is_moe and tp > 1 else (False,)
+    are experts and tp > 1 to split them over, and their width divides by tp (else whole)."""
+    if not cfg.is_moe or tp == 1 or cfg.d_ff_expert % tp:
+        return (False,)
+    return c.split_experts
 
 
 def too_big_reason(estimate: Estimate) -> str:

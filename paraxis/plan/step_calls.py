@@ -19,6 +19,7 @@ them on real ranks, layout by layout, against this list):
   to sequence shards (norms, row-parallel biases, positions), summed over the TP group in
   one call after the gradient sync (tensor_parallel/partial.py `sum_partial_grads`; priced
   as a small call: a Llama 2 70B's 161 norms are 5 MB of fp32 gradients, 0.1 ms on NVLink);
+  the routers' too where experts are split over tp (etp > 1), with SP or without;
 - the gradient norm for clipping: summed over the TP group, over the replicas where ZeRO
   shards gradients, over the pipeline (runtime/params.py `global_norm_squared`); expert
   gradients over their own group;
@@ -63,8 +64,8 @@ def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster
         ends = group_ranks(layout, "pp")
         add("tied embedding gradient", 2, group_link([ends[0], ends[-1]], cluster))
     tp = axis_link(layout, "tp", cluster) if layout.tp > 1 else None
-    if layout.sequence_parallel:
-        add("SP's partial gradients over tp", layout.tp, tp)
+    if layout.sequence_parallel or (cfg.is_moe and layout.etp > 1):
+        add("partial gradients over tp", layout.tp, tp)
     add("norm over tp", layout.tp, tp)
     if layout.zero >= 1:
         add("norm over replicas", replicas, replica)

@@ -55,15 +55,20 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
     over the dp group when ZeRO shards gradients there, and over the pipeline's stages.
     expert_sq: the same for `ep_sharded` gradients: each expert counted once, so summed
     over the EP group (different experts), and over the experts' dp group too when ZeRO
-    shards them there (the two together are the dp x cp group); over the TP group as well
-    where the experts are split over it (`experts_split_over_tp`: the layout's etp = tp),
-    else they are whole on every TP rank.
+    shards them there (the two together are the dp x cp group); over the TP group as well,
+    in the call that sums the sharded ones, where the experts are split over it
+    (`experts_split_over_tp`: the layout's etp = tp), else they are whole on every TP rank.
     """
     total = replicated_sq.float().clone()
     sharded = tp_sharded_sq.float().clone()
+    split = expert_sq is not None and experts_split_over_tp
     if groups is not None and groups.tp_group is not None:
+        if split:  # the experts' tp slices summed in the same call
+            sharded = torch.stack([sharded, expert_sq.float()])
         with WATCH.waiting("all_reduce", groups.tp_group):
             dist.all_reduce(sharded, group=groups.tp_group)
+        if split:
+            sharded, expert_sq = sharded[0], sharded[1]
     total += sharded
     replicas = groups.replica_group if groups is not None else None  # dp (x cp)
     if grads_sharded_over_dp and replicas is not None:
@@ -71,12 +76,10 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
             dist.all_reduce(total, group=replicas)
     if expert_sq is not None and groups is not None:
         experts = expert_sq.float().clone()
-        over = [replicas if grads_sharded_over_dp else groups.ep_group]
-        if experts_split_over_tp:
-            over.append(groups.tp_group)
-        for group in filter(None, over):
-            with WATCH.waiting("all_reduce", group):
-                dist.all_reduce(experts, group=group)
+        over = replicas if grads_sharded_over_dp else groups.ep_group
+        if over is not None:
+            with WATCH.waiting("all_reduce", over):
+                dist.all_reduce(experts, group=over)
         total += experts
     if groups is not None and groups.pp_group is not None:
         with WATCH.waiting("all_reduce", groups.pp_group):
