@@ -7,6 +7,7 @@ paraxis's step next to its peer's, alternating them in the same processes.
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
@@ -221,3 +222,11 @@ def ratio_interval(runs: list[list[tuple[float, float]]], draws: int = 2000,
                       / statistics.median(a for a, _ in sample))
     ratios.sort()
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
+def quick_flag(doc: str, quick_help: str) -> bool:
+    """Whether the command line asks for `--quick` (a smoke run); `doc`'s first line is the
+    command's description."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser.parse_args().quick

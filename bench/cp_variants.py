@@ -16,13 +16,12 @@ GPU model weighs (links that run while the kernels compute) is not what this mac
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch.nn.functional as F
 
 from bench.bench_cp import _local, _run, _whole
-from bench.common import Row, compare
+from bench.common import Row, compare, quick_flag
 from paraxis.testing import run_distributed
 
 HEADS = 8
@@ -70,12 +69,10 @@ def rows(quick: bool = False) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small layout (a smoke run)")
-    args = parser.parse_args()
+    quick = quick_flag(__doc__, "one small layout (a smoke run)")
     print("| work | variant | variant ms | ring ms | speed vs ring (95% interval) |")
     print("|---|---|---|---|---|")
-    for row in rows(args.quick):
+    for row in rows(quick):
         low, high = row.ratio_interval
         print(f"| {row.name} | {row.paraxis} | {1e3 * row.paraxis_step_time_s:.1f} | "
               f"{1e3 * row.peer_step_time_s:.1f} | {row.ratio:.2f} ({low:.2f}-{high:.2f}) |")

@@ -16,13 +16,12 @@ against one device).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bench.common import Row, compare, engine_step
+from bench.common import Row, compare, engine_step, quick_flag
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.cost import evaluate
@@ -85,12 +84,10 @@ def rows(quick: bool = False) -> tuple[list[Row], list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the tiny model (a smoke run)")
-    args = parser.parse_args()
+    quick = quick_flag(__doc__, "the tiny model (a smoke run)")
     print("| work | etp=2 ms | etp=1 ms | speed of etp=2 (95% interval) | planner's |")
     print("|---|---|---|---|---|")
-    measured, predicted = rows(args.quick)
+    measured, predicted = rows(quick)
     for row, ratio in zip(measured, predicted, strict=True):
         low, high = row.ratio_interval
         print(f"| {row.name} | {1e3 * row.paraxis_step_time_s:.1f} | "
