@@ -23,7 +23,7 @@ sequence shards.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,11 +107,7 @@ class EnterRegion:
     (q, k, v share one all-reduce in backward; with SP, one all-gather forward)."""
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
-        def enter(_: nn.Module, args: tuple) -> tuple:
-            return (enter_tp_region(args[0], ctx.group, ctx.sequence_parallel), *args[1:])
-
-        module.register_forward_pre_hook(enter)
-        return module
+        return _around(module, lambda x: enter_tp_region(x, ctx.group, ctx.sequence_parallel))
 
 
 class VocabParallel:
@@ -152,11 +148,8 @@ class WholeSequence:
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         if not ctx.sequence_parallel:
             return module
-        module.register_forward_pre_hook(
-            lambda _, args: (gather_for_replicated(args[0], ctx.group), *args[1:]))
-        module.register_forward_hook(
-            lambda _, args, output: scatter_to_sequence(output, ctx.group))
-        return module
+        return _around(module, lambda x: gather_for_replicated(x, ctx.group),
+                       lambda y: scatter_to_sequence(y, ctx.group))
 
 
 class ExpertsRegion:
@@ -171,13 +164,20 @@ class ExpertsRegion:
     z-loss), whole on every rank, is injected at 1/tp on each (`regulariser_share`)."""
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
-        module.register_forward_pre_hook(lambda _, args: (
-            enter_tp_region(args[0], ctx.group, ctx.sequence_parallel), *args[1:]))
-        module.register_forward_hook(lambda _, args, output: leave_tp_region(
-            output, ctx.group, ctx.sequence_parallel))
         mark_partial_grad(module.router.weight, ctx.group)
         module.regulariser_share = 1 / ctx.size
-        return module
+        return _around(module, lambda x: enter_tp_region(x, ctx.group, ctx.sequence_parallel),
+                       lambda y: leave_tp_region(y, ctx.group, ctx.sequence_parallel))
+
+
+def _around(module: nn.Module, before: Callable[[torch.Tensor], torch.Tensor],
+            after: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
+    """`module` with `before` applied to its first input and `after` to its output (hooks:
+    the module's own forward is unchanged)."""
+    module.register_forward_pre_hook(lambda _, args: (before(args[0]), *args[1:]))
+    if after is not None:
+        module.register_forward_hook(lambda _, args, output: after(output))
+    return module
 
 
 class VocabParallelLoss:
