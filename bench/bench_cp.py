@@ -124,7 +124,11 @@ def _setup(side: str, seq: int, heads: int, kv_heads: int) -> Callable[[], None]
     return step
 
 
-def check(cp: int, seq: int, heads: int, kv_heads: int) -> dict[str, float]:
+SIDES = ("paraxis ring", "alltoall", "paraxis all_gather", "allgather")
+
+
+def check(cp: int, seq: int, heads: int, kv_heads: int,
+          sides: tuple[str, ...] = SIDES) -> dict[str, float]:
     """Largest absolute difference, over ranks, output and q, k, v gradients, of each side
     from unsharded causal attention; raises if PyTorch's head-tail split is not paraxis's."""
 
@@ -142,7 +146,7 @@ def check(cp: int, seq: int, heads: int, kv_heads: int) -> dict[str, float]:
         local = _local(whole)
         return {side: max((got - w).abs().max().item()
                           for got, w in zip(_run(side, local), want, strict=True))
-                for side in ("paraxis ring", "alltoall", "paraxis all_gather", "allgather")}
+                for side in sides}
 
     per_rank = run_distributed(body, cp, timeout_s=900)
     return {side: max(r[side] for r in per_rank) for side in per_rank[0]}

@@ -16,38 +16,11 @@ GPU model weighs (links that run while the kernels compute) is not what this mac
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch.nn.functional as F
-
-from bench.bench_cp import _local, _run, _whole
+from bench.bench_cp import TOLERANCE, _setup, check
 from bench.common import Row, compare, quick_flag
-from paraxis.testing import run_distributed
+from paraxis.context_parallel.balance import VARIANTS
 
 HEADS = 8
-TOLERANCE = 1e-4  # fp32, O(1) values
-
-
-def _setup(variant: str, seq: int, kv_heads: int) -> Callable[[], None]:
-    local = _local(_whole(seq, HEADS, kv_heads))
-    return lambda: _run(f"paraxis {variant}", local)
-
-
-def _check(cp: int, seq: int, kv_heads: int) -> float:
-    """Largest difference of any variant from unsharded attention, over ranks."""
-
-    def body() -> float:
-        whole = _whole(seq, HEADS, kv_heads)
-        q, k, v = (x.clone().requires_grad_() for x in whole[:3])
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        out.backward(whole[3])
-        want = _local([out.detach(), q.grad, k.grad, v.grad])
-        return max((got - w).abs().max().item() for variant in ("ring", "all_gather",
-                                                                  "all_to_all")
-                   for got, w in zip(_run(f"paraxis {variant}", _local(whole)), want,
-                                     strict=True))
-
-    return max(run_distributed(body, cp, timeout_s=900))
 
 
 def rows(quick: bool = False) -> list[Row]:
@@ -55,15 +28,17 @@ def rows(quick: bool = False) -> list[Row]:
     seq, steps, repeats = (256, 2, 1) if quick else (4096, 6, 3)
     out = []
     for cp, kv_heads in layouts:
-        worst = _check(cp, seq, kv_heads)
+        worst = max(check(cp, seq, HEADS, kv_heads,
+                          tuple(f"paraxis {v}" for v in VARIANTS)).values())
         if not worst <= TOLERANCE:
             raise AssertionError(f"cp={cp}, kv_heads {kv_heads}: {worst:.1e} from unsharded")
         for variant in ("all_to_all", "all_gather"):
             work = (f"causal attention fwd+bwd cp={cp} ({HEADS} heads, {kv_heads} kv, head_dim "
                     f"64, seq {seq}; within {worst:.0e} of unsharded)")
             out.append(compare(work, cp, seq,
-                               (variant, lambda v=variant, h=kv_heads: _setup(v, seq, h)),
-                               ("ring", lambda h=kv_heads: _setup("ring", seq, h)),
+                               (variant, lambda v=variant, h=kv_heads: _setup(
+                                   f"paraxis {v}", seq, HEADS, h)),
+                               ("ring", lambda h=kv_heads: _setup("paraxis ring", seq, HEADS, h)),
                                steps=steps, repeats=repeats, device="cpu"))
     return out
 
@@ -76,6 +51,7 @@ def main() -> None:
         low, high = row.ratio_interval
         print(f"| {row.name} | {row.paraxis} | {1e3 * row.paraxis_step_time_s:.1f} | "
               f"{1e3 * row.peer_step_time_s:.1f} | {row.ratio:.2f} ({low:.2f}-{high:.2f}) |")
+
 
 if __name__ == "__main__":
     main()

@@ -44,7 +44,8 @@ from paraxis.packing import Documents, find_documents, packed_attention
 class SequenceSplit:
     """This rank's share of every sequence under context parallelism: rank `rank` of the
     `size` ranks of `group` holds chunks rank and 2*size-1-rank of 2*size; attention
-    brings the other ranks' K/V by `variant` ("ring" or "all_gather")."""
+    brings the other ranks' K/V by `variant` ("ring", "all_gather" or
+    "all_to_all": `context_parallel.balance.VARIANTS`)."""
 
     group: dist.ProcessGroup | None
     rank: int
@@ -360,21 +361,19 @@ def single_device_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
             if buffer is not None and key not in sub._non_persistent_buffers_set]
 
 
-def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def parameter_shapes(cfg: ModelConfig, buffers: bool = False) -> dict[str, tuple[int, ...]]:
     """{single-device parameter name: shape} in the model's order, from the model built on
-    the meta device (no memory)."""
+    the meta device (no memory); with `buffers`, then the buffers' too."""
     with torch.device("meta"):
         model = Transformer(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    tensors = [*model.named_parameters(), *(single_device_buffers(model) if buffers else [])]
+    return {name: tuple(t.shape) for name, t in tensors}
 
 
 def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """`parameter_shapes`, then the buffers' (`single_device_buffers`): every tensor of
+    """`parameter_shapes` and the buffers' (`single_device_buffers`): every tensor of
     training state a checkpoint holds."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    return {name: tuple(t.shape) for name, t in
-            [*model.named_parameters(), *single_device_buffers(model)]}
+    return parameter_shapes(cfg, buffers=True)
 
 
 def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.balance import (
+    VARIANTS,
     PairCounter,
     check_heads,
     check_split,
@@ -46,7 +47,6 @@ CASES = [
     ("all_to_all", 1, 8, 2, 256, 32),  # at cp=4: 2 kv heads repeated to 4
     ("all_to_all", 1, 4, 1, 128, 16),  # multi-query: the one kv head goes to every rank
 ]
-VARIANTS = ("ring", "all_gather", "all_to_all")
 ATOL = 4e-6  # fp32, O(1) values; the largest difference seen here was 1.4e-6 (seq 256, cp 4)
 
 

@@ -119,3 +119,15 @@ def test_dp2_ep2_routes_and_trains_like_one_device(tmp_path) -> None:
     with pytest.raises(ParaxisError, match="Mixtral's format routes by a softmax"):
         export_hf(tmp_path / "one" / "step-00000004", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_routing_is_described_where_it_is_shown() -> None:
+    """`paraxis experts` and the report name the routing a model runs (moe.config_checks)."""
+    from paraxis.moe.config_checks import routing_text
+
+    assert routing_text(PRESETS["mixtral-8x7b"]) == "top 2 of 8 by softmax scores"
+    deepseek = _config()
+    text = routing_text(deepseek)
+    assert ("sigmoid" in text) == (deepseek.router_score == "sigmoid")
+    assert ("groups" in text) == bool(deepseek.route_groups)
+    assert ("routing bias" in text) == deepseek.expert_bias

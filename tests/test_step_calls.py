@@ -24,6 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
 # ZeRO's parameter gathers.
 PRICED_ELSEWHERE = ("tensor_parallel/comm.py", "tensor_parallel/cross_entropy.py",
                     "tensor_parallel/apply.py", "context_parallel/", "moe/expert_parallel.py",
+                    "runtime/all_to_all.py",
                     "pipeline_parallel/executor.py", "data_parallel/buckets.py",
                     "data_parallel/zero.py", "data_parallel/engine.py all_gather")
 RUNS = [  # (model, layout): one launch of 8 ranks runs them all

@@ -5,11 +5,13 @@ import re
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 from matplotlib.collections import PatchCollection
 from test_viz import assert_readable
 
 from paraxis.cli import main
-from paraxis.context_parallel.balance import pairs_per_rank, rank_chunks, ring_source
+from paraxis.context_parallel.all_to_all import _by_head_group
+from paraxis.context_parallel.balance import VARIANTS, pairs_per_rank, rank_chunks, ring_source
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.viz.context import block_cells, cell_pairs, contiguous_pairs, plot_chunks
@@ -20,8 +22,6 @@ from paraxis.viz.context_ring import (
     plot_kv_ring,
 )
 from paraxis.viz.grid import plot_rank_grid, rank_roles
-
-VARIANTS = ("ring", "all_gather", "all_to_all")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -183,6 +183,9 @@ def test_all_to_all_picture_shows_rows_before_and_columns_during():
     before, during = fig.axes[:2]
     labels = [[t.get_text() for t in ax.texts] for ax in (before, during)]
     assert labels[0] == [f"r{row}" for row in range(cp) for _ in range(cp)]
-    assert labels[1] == [f"r{col}" for _ in range(cp) for col in range(cp)]
+    # the rank the runtime sends each head group to: [j] of its split goes to rank j
+    sent = _by_head_group(torch.arange(cp).view(1, cp, 1, 1), cp)
+    holder = {int(head): rank for rank in range(cp) for head in sent[rank].flatten()}
+    assert labels[1] == [f"r{holder[col]}" for _ in range(cp) for col in range(cp)]
     assert "sends 3 of its 4 pieces" in fig._suptitle.get_text()
     plt.close(fig)

@@ -43,38 +43,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.autograd.function import FunctionCtx
 
 from paraxis.context_parallel.balance import check_heads, kv_heads_sent, record
 from paraxis.context_parallel.chunks import by_rank, full_sequence
 from paraxis.context_parallel.kernel import check_qkv
-from paraxis.runtime.watchdog import WATCH
+from paraxis.runtime.all_to_all import AllToAll
 
 HEAD_DIM, SEQ_DIM = 1, 2  # (batch, heads, seq, head_dim), as the attention core's tensors
 
 
-class _Exchange(torch.autograd.Function):
+def _exchange(parts: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-to-all of `parts` (cp, ...): part j goes to rank j, and what arrives from rank i
-    lands at [i]. Its own inverse, so backward sends the gradients back the same way."""
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, parts: torch.Tensor, group: dist.ProcessGroup | None
-                ) -> torch.Tensor:
-        ctx.group = group
-        return _all_to_all(parts, group, "forward")
-
-    @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_to_all(grad.contiguous(), ctx.group, "backward"), None
+    lands at [i]; backward sends the gradients back the same way (`runtime.all_to_all`).
+    The pair counter records each call's whole input."""
+    ones = [1] * parts.shape[0]
+    return AllToAll.apply(parts, ones, ones, group, "cp", _record)
 
 
-def _all_to_all(parts: torch.Tensor, group: dist.ProcessGroup | None,
-                phase: str) -> torch.Tensor:
-    arrived = torch.empty_like(parts)
+def _record(phase: str, parts: torch.Tensor, send: list[int]) -> None:
     record(phase, sent_bytes=parts.numel() * parts.element_size())
-    with WATCH.waiting("all_to_all", group, axis="cp"):
-        dist.all_to_all_single(arrived, parts, group=group)
-    return arrived
 
 
 def _by_head_group(x: torch.Tensor, cp: int) -> torch.Tensor:
@@ -106,14 +93,15 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k, v = _repeat_kv(k, cp), _repeat_kv(v, cp)
     widths = [heads // cp, k.shape[1] // cp, v.shape[1] // cp]
     parts = torch.cat([_by_head_group(t, cp) for t in (q, k, v)], dim=HEAD_DIM + 1)
-    arrived = _Exchange.apply(parts.contiguous(), group)  # [i]: rank i's tokens, my heads
+    arrived = _exchange(parts, group)  # [i]: rank i's tokens, my heads
     whole = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)
     q_heads, k_heads, v_heads = whole.split(widths, dim=HEAD_DIM)
     seq = local_len * cp
-    record("forward", pairs=seq * (seq + 1) // 2 // cp)  # heads/cp heads' whole triangle
+    pairs = seq * (seq + 1) // 2 // cp  # heads/cp heads' whole triangle
+    record("forward", pairs=pairs)
     out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
                                          scale=scale, enable_gqa=True)
     if out.requires_grad:  # backward computes the same pairs again
-        out.register_hook(lambda grad: record("backward", pairs=seq * (seq + 1) // 2 // cp))
-    back = _Exchange.apply(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
+        out.register_hook(lambda grad: record("backward", pairs=pairs))
+    back = _exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
     return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)

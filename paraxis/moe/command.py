@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
+from paraxis.moe.config_checks import routing_text
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
     console = terminal_console()
     console.print(f"[bold]{cfg.name}[/]: {cfg.n_experts} experts, top {cfg.top_k}, "
-                  f"{args.batch} x {args.seq_len} tokens, ep={args.ep}")
+                  f"{args.batch} x {args.seq_len} tokens, ep={args.ep}; routing: "
+                  f"{routing_text(cfg)}")
     table = Table("block", "tokens per expert", "busiest / mean",
                   *(["dispatch KiB out per EP rank (fp32)"] if args.ep > 1 else []))
     for index, (chosen, _) in routes.items():

@@ -1,4 +1,5 @@
-"""The mixture-of-experts fields of a `ModelConfig`, checked: pure Python, as the config."""
+"""The mixture-of-experts fields of a `ModelConfig`, checked and described: pure Python, as
+the config."""
 
 from __future__ import annotations
 
@@ -65,3 +66,15 @@ def _check_groups(cfg: ModelConfig) -> None:
                            f"{limit}, and top_k / route_group_limit at most a group's "
                            f"{cfg.n_experts // groups} experts (each kept group is scored "
                            "by its best top_k / route_group_limit experts)")
+
+
+def routing_text(cfg: ModelConfig) -> str:
+    """How a token picks its experts, in words: the scores, top-k, the groups, the bias."""
+    how = f"top {cfg.top_k} of {cfg.n_experts} by {cfg.router_score} scores"
+    if cfg.route_groups:
+        how += (f", within the best {cfg.route_group_limit} of {cfg.route_groups} expert "
+                "groups")
+    if cfg.expert_bias:
+        how += (f", chosen with the aux-loss-free routing bias (rate "
+                f"{cfg.expert_bias_rate:g})")
+    return how

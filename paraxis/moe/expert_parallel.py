@@ -40,6 +40,7 @@ from torch import nn
 
 from paraxis.moe.layer import ExpertList, LocalExperts, moe_layers
 from paraxis.moe.placement import experts_of_rank
+from paraxis.runtime.all_to_all import AllToAll, Count
 from paraxis.runtime.watchdog import WATCH
 
 
@@ -75,41 +76,19 @@ class AllToAllCounter:
 _ACTIVE: list[AllToAllCounter] = []
 
 
-def _exchange(rows: torch.Tensor, send: list[int], receive: list[int],
-              group: dist.ProcessGroup, phase: str, purpose: str) -> torch.Tensor:
-    """Send `send[j]` consecutive rows to rank j of `group`; receive `receive[i]` from
-    rank i, in rank order."""
-    rows = rows.contiguous()
-    out = rows.new_empty((sum(receive), *rows.shape[1:]))
-    with WATCH.waiting("all_to_all", group):
-        dist.all_to_all_single(out, rows, output_split_sizes=receive,
-                               input_split_sizes=send, group=group)
-    if _ACTIVE:
+def _counted(purpose: str, group: dist.ProcessGroup) -> Count:
+    """What the active `AllToAllCounter`s record of a row all-to-all of `purpose`: the bytes
+    sent to the other ranks of `group`."""
+    def count(phase: str, rows: torch.Tensor, send: list[int]) -> None:
+        if not _ACTIVE:
+            return
         me = dist.get_rank(group)
         per_row = math.prod(rows.shape[1:]) * rows.element_size()
         event = AllToAllEvent(sum(n for j, n in enumerate(send) if j != me) * per_row, phase,
                               purpose)
         for counter in _ACTIVE:
             counter.events.append(event)
-    return out
-
-
-class _AllToAll(torch.autograd.Function):
-    """Differentiable all-to-all of rows: backward sends the gradients back the way the rows
-    came (the reverse all-to-all)."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, rows: torch.Tensor,
-                send: list[int], receive: list[int], group: dist.ProcessGroup,
-                purpose: str) -> torch.Tensor:
-        ctx.send, ctx.receive, ctx.group, ctx.purpose = send, receive, group, purpose
-        return _exchange(rows, send, receive, group, "forward", purpose)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-                 ) -> tuple[torch.Tensor, None, None, None, None]:
-        back = _exchange(grad, ctx.receive, ctx.send, ctx.group, "backward", ctx.purpose)
-        return back, None, None, None, None
+    return count
 
 
 class AllToAllExperts:
@@ -136,7 +115,8 @@ class AllToAllExperts:
         send = [sum(counts[j * per_rank:(j + 1) * per_rank]) for j in range(ep)]
         receive = [sum(row) for row in by_source]
         # 2. dispatch
-        arrived = _AllToAll.apply(tokens, send, receive, self.group, "dispatch")
+        arrived = AllToAll.apply(tokens, send, receive, self.group, None,
+                                 _counted("dispatch", self.group))
         # 3. source-major -> expert-major, run the experts, and back
         pieces = arrived.split([n for row in by_source for n in row])
         expert_major = [pieces[i * per_rank + e] for e in range(per_rank) for i in range(ep)]
@@ -146,7 +126,8 @@ class AllToAllExperts:
         source_major = torch.cat([outputs[e * ep + i] for i in range(ep)
                                   for e in range(per_rank)])
         # 4. combine: every output back to its token's rank
-        return _AllToAll.apply(source_major, receive, send, self.group, "combine")
+        return AllToAll.apply(source_major, receive, send, self.group, None,
+                              _counted("combine", self.group))
 
 
 def shard_experts(model: nn.Module, n_experts: int, ep: int, ep_rank: int,

@@ -89,10 +89,9 @@ class AllOf:
     def __init__(self, works: list[dist.Work]) -> None:
         self.works = works
 
-    def wait(self) -> bool:
+    def wait(self) -> None:
         for work in self.works:
             work.wait()
-        return True
 
 
 def op_handles(ops: list[dist.P2POp], works: list[dist.Work]) -> list[dist.Work | AllOf]:

@@ -35,8 +35,8 @@ import functools
 
 from paraxis.context_parallel.balance import (
     all_to_all_inputs,
-    kv_heads_sent,
     pairs_per_rank,
+    saved_bytes_per_rank,
     sent_bytes_per_rank,
 )
 from paraxis.layout import Layout, grid_rank
@@ -79,11 +79,13 @@ def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len:
                       micro_batch: int) -> float:
     """Bytes (16-bit) one layer's core keeps beyond single-device flash attention's for s/cp
     tokens: the all-to-all variant's K/V copies where a TP rank has fewer K/V heads than cp
-    (`balance.kv_heads_sent`); 0 otherwise."""
+    (`balance.kv_heads_sent`); 0 otherwise: what `balance.saved_bytes_per_rank` counts
+    beyond the ring's."""
     if variant != "all_to_all" or cp == 1:
         return 0.0
-    extra_heads = kv_heads_sent(local_kv_heads(cfg, tp), cp) - local_kv_heads(cfg, tp)
-    return 2 * 2 * micro_batch * (seq_len // cp) * cfg.head_dim * extra_heads  # K and V
+    shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
+             cp, 2)
+    return float(saved_bytes_per_rank(*shape, variant) - saved_bytes_per_rank(*shape, "ring"))
 
 
 def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,

@@ -5,9 +5,9 @@ same activations (the all-to-all's repeated K/V copies aside, `context.repeated_
 run the same FLOPs and differ in how long the exchange takes and how much of it hides
 (`context.cp_layer_times`) and in the attention kernel's rate (`context.kernel_pieces`).
 So the search prices its whole grid with the first variant asked for, and then each
-(dp, tp, pp, cp, ep) shape's fastest fitting layout again with each other variant: one
-evaluation per shape and variant instead of a second and third grid (a search of 1024 GPUs
-at 128K tokens took 4.1 s instead of 1.8 s). What this can miss: a variant whose best
+(dp, tp, pp, cp, ep, etp) shape's fastest fitting layout again with each other variant: one
+evaluation per shape and variant instead of a second and third grid, which would more than
+double a search's time. What this can miss: a variant whose best
 microbatch size or recomputation differs from the first variant's, which only a different
 exchange time can cause; `paraxis plan --layout cp_attention=NAME` searches that variant's
 whole grid.
@@ -31,7 +31,7 @@ def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: Model
     fastest: dict[tuple[int, ...], Estimate] = {}
     for estimate in ranked:
         layout = estimate.layout
-        shape = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep)
+        shape = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp)
         if layout.cp > 1 and (shape not in fastest
                               or estimate.step_time_s < fastest[shape].step_time_s):
             fastest[shape] = estimate

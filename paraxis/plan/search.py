@@ -185,20 +185,20 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 dp = world // (tp * pp * cp)
                 if c.dp and dp != c.dp:
                     continue
-                for variant in c.cp_attention[:1] if cp > 1 else ("ring",):  # cp_variants.py
-                    shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
-                    try:
-                        shape.validate(world, cfg)
-                    except ParaxisError as error:
-                        result.rule_breakers.append(Rejection(shape, str(error)))
-                        continue
-                    if global_batch % dp:
-                        result.rule_breakers.append(Rejection(
-                            shape, f"global batch {global_batch} does not split over dp={dp}"))
-                        break
-                    axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
-                                    for ep in _ep_degrees(cfg, dp * cp, c)
-                                    for split in _expert_splits(cfg, tp, c)]
+                variant = c.cp_attention[0] if cp > 1 else "ring"  # the others: cp_variants.py
+                shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
+                try:
+                    shape.validate(world, cfg)
+                except ParaxisError as error:
+                    result.rule_breakers.append(Rejection(shape, str(error)))
+                    continue
+                if global_batch % dp:
+                    result.rule_breakers.append(Rejection(
+                        shape, f"global batch {global_batch} does not split over dp={dp}"))
+                    continue
+                axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
+                                for ep in _ep_degrees(cfg, dp * cp, c)
+                                for split in _expert_splits(cfg, tp, c)]
     if not axis_shapes:
         reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try

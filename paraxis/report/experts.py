@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from paraxis.moe.config_checks import routing_text
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, uniform_send_matrix
 from paraxis.report.text import duration
 from paraxis.viz.html import figure
@@ -42,7 +43,8 @@ def _over_tp(layout: Layout) -> str:
 def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
     cfg, layout, e = plan.cfg, plan.layout, plan.estimate
     parts = [f"<p>{cfg.name}: {cfg.n_experts} experts per MoE block, each token routed to "
-             f"{cfg.top_k}; {cfg.num_params() / 1e6:,.1f} M parameters in all, "
+             f"{cfg.top_k} ({routing_text(cfg)}); {cfg.num_params() / 1e6:,.1f} M parameters "
+             "in all, "
              f"{cfg.num_active_params() / 1e6:,.1f} M used per token (what the FLOPs follow). "
              f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} "
              f"expert{'s' if cfg.n_experts // layout.ep > 1 else ''} of every "

@@ -2,7 +2,8 @@
 how evenly a run's experts were loaded.
 
 - `plot_routing`: tokens (rows) by experts (columns), each cell the router weight a token
-  gives an expert it chose (Mixtral: softmax, top-k, renormalised), with the tokens per
+  gives an expert it chose (the model's routing, `MoE.route`: Mixtral's softmax, top-k,
+  renormalised, or DeepSeek-V3's sigmoid scores, groups and bias), with the tokens per
   expert below: the imbalance the load-balancing loss works against.
 - `plot_all_to_all`: the dispatch all-to-all of one MoE block as a matrix of source rank by
   destination rank, rows and bytes, from `paraxis.moe.placement.send_matrix` (the function the
