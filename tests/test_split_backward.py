@@ -175,11 +175,20 @@ def test_split_matches_fused_with_tensor_parallelism():
 
 # ----------------------------------------------------------------------------- timing
 
-def measure(repetitions: int, naive: bool, recompute: str = "none"
+# Sequences of 256 tokens in the timed chunk: 4096 tokens, so that each activation and
+# gradient (2-5.5 MiB) outgrows a core's L2 cache, as a real model's do (one 4096 x 4096
+# bf16 activation is 32 MiB). With 1024 tokens the 1 MiB d_model-wide gradients stay in the
+# 2 MiB L2 of the Intel Xeon VM while the fused backward uses them at once, but not across
+# the gap between B and W: B + W then took 1.09-1.12x the fused backward there (CI, stop 50:
+# median 1.11), against 1.05x on the AMD EPYC VM (512 KiB L2, where neither side keeps them).
+# On the Intel VM: 1.06-1.09x at 2048 tokens (`--batch 8`), 1.05x at 4096 (this default).
+BATCH_TIMED = 16
+
+def measure(repetitions: int, naive: bool, recompute: str = "none", batch: int = BATCH_TIMED
             ) -> tuple[dict[str, float], list[float]]:
     """Median milliseconds of a fused backward, of B + W (and each), and of B + the naive
     W (a second backward over the parameters), interleaved on one chunk: two small-llama
-    blocks, 4 x 256 tokens, one thread, so kernels dominate Python's overhead.
+    blocks, `batch` x 256 tokens, one thread, so kernels dominate Python's overhead.
 
     Returns the figures and each round's ratio of B + W to the fused backward. The clock
     is this process's CPU time (user and system, page faults included), not the
@@ -192,8 +201,8 @@ def measure(repetitions: int, naive: bool, recompute: str = "none"
     model.set_recompute(recompute)
     params = list(model.parameters())
     generator = torch.Generator().manual_seed(0)
-    stream = torch.randn(4, 256, cfg.d_model, generator=generator)
-    grad = torch.randn(4, 256, cfg.d_model, generator=generator)
+    stream = torch.randn(batch, 256, cfg.d_model, generator=generator)
+    grad = torch.randn(batch, 256, cfg.d_model, generator=generator)
 
     def fused() -> tuple[float, ...]:
         x = stream.clone().requires_grad_()
@@ -255,10 +264,11 @@ def test_split_costs_about_a_fused_backward():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "MALLOC_MMAP_MAX_": "0",
            "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-    # The split costs about 5% more here (it re-reads from memory what the fused backward
-    # found in cache); other processes sharing the memory and caches move the median of 8
-    # rounds by as much again. While that median is over 10%, 8 more rounds join it, twice
-    # at most; a split that redid work (the naive W: about 1.5x) fails all three. Where the
+    # The split costs about 5% more here (B keeps the gradients W starts from, so their
+    # memory is not reused hot, and the engine adds into them out of place); other processes
+    # sharing the memory and caches move the median of 8 rounds by as much again. While that
+    # median is over 10%, 8 more rounds join it, twice at most; a split that redid work (the
+    # naive W: 1.6x) fails all three. Where the
     # host stayed busy through all 24 rounds (session 17's suite: rounds 0.90-1.39, median
     # 1.10), the fastest of each side's rounds still tells the cost of the work from the
     # cost of the neighbours: a burst of other work only ever adds to a round.
@@ -284,9 +294,11 @@ if __name__ == "__main__":
     parser.add_argument("--repetitions", type=int, default=8)
     parser.add_argument("--naive", action="store_true", help="also time the naive W")
     parser.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    parser.add_argument("--batch", type=int, default=BATCH_TIMED,
+                        help="sequences of 256 tokens in the timed chunk")
     parser.add_argument("--json", action="store_true", help="one JSON line of figures")
     args = parser.parse_args()
-    result, ratios = measure(args.repetitions, args.naive, args.recompute)
+    result, ratios = measure(args.repetitions, args.naive, args.recompute, args.batch)
     if args.json:
         print(json.dumps({**result, "ratios": ratios}))
     else:
