@@ -37,7 +37,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("report", "paraxis.report.command",
      "write one self-contained HTML report: plan, pictures, run"),
     ("lab", "paraxis.lab.command",
-     "write the course's seven simulators as one interactive, offline HTML page"),
+     "write the course's seven simulators and two more as one interactive, offline page"),
     ("calibrate", "paraxis.calibrate.command",
      "measure this machine's compute and collectives; write a profile for `plan --hardware`"),
     ("generate", "paraxis.generate", "sample text from a paraxis or Hugging Face checkpoint"),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
-WIDGETS = ("scaling", "dp", "ring", "tp", "pipe", "zero", "grid")
+WIDGETS = ("scaling", "dp", "ring", "tp", "pipe", "zero", "grid", "cp", "moe")
 # Steps to take before a widget's screenshot, so the shot shows its animation under way.
 SHOT_STEPS = {"dp": 4, "ring": 3, "tp": 5}
 

@@ -1,7 +1,9 @@
-"""`paraxis lab`: write the course's seven simulators as one self-contained HTML page.
+"""`paraxis lab`: write the course's seven simulators, and two beyond it, as one
+self-contained HTML page.
 
 The page is a template (page.html, widgets.html) with its scripts (core.js, widgets_a.js,
-widgets_b.js) and the library's figures (`facts`, `schedule_facts`, `grid_facts`) inlined:
+widgets_b.js, widgets_c.js) and the library's figures (`facts`, `schedule_facts`,
+`grid_facts`, `context_facts`, `expert_facts`) inlined:
 no server, no network, no external URL. The JSON is escaped so that no "</" can end the
 script element early.
 """
@@ -13,19 +15,21 @@ from importlib.resources import files
 from pathlib import Path
 
 from paraxis.errors import ParaxisError
+from paraxis.lab.context_facts import context_facts
+from paraxis.lab.expert_facts import expert_facts
 from paraxis.lab.facts import dp_facts, ring_facts, scaling_facts, tp_facts, zero_facts
 from paraxis.lab.grid_facts import grid_facts
 from paraxis.lab.schedule_facts import schedule_facts
 
 PAGE_NAME = "lab.html"
-SCRIPTS = ("core.js", "widgets_a.js", "widgets_b.js")
+SCRIPTS = ("core.js", "widgets_a.js", "widgets_b.js", "widgets_c.js")
 
 
 def lab_data() -> dict:
     """Everything the widgets look up, keyed by widget."""
     return {"scaling": scaling_facts(), "dp": dp_facts(), "ring": ring_facts(),
             "tp": tp_facts(), "pipeline": schedule_facts(), "zero": zero_facts(),
-            "grid": grid_facts()}
+            "grid": grid_facts(), "context": context_facts(), "experts": expert_facts()}
 
 
 def _asset(name: str) -> str:
