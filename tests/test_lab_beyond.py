@@ -27,6 +27,7 @@ from paraxis.moe.command import counts_by_rank, route_batch
 from paraxis.moe.layer import moe_layers
 from paraxis.moe.placement import all_to_all_bytes, send_matrix
 from paraxis.viz.context import contiguous_pairs
+from tests.test_lab import click, slide, text
 
 
 @pytest.fixture(scope="module")
@@ -36,27 +37,11 @@ def data():
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, data):
-    page = write_lab(tmp_path_factory.mktemp("lab"), data)
+    """The page in its own headless session (tests/test_lab.py has its own)."""
     driver = open_browser(height=1400)
-    driver.get(page.resolve().as_uri())
+    driver.get(write_lab(tmp_path_factory.mktemp("lab"), data).resolve().as_uri())
     yield driver
     driver.quit()
-
-
-def slide(driver, element_id: str, values: list, value) -> None:
-    driver.execute_script(
-        "const e = document.getElementById(arguments[0]); e.value = arguments[1];"
-        "e.dispatchEvent(new Event('input'));", element_id, values.index(value))
-
-
-def text(driver, element_id: str) -> str:
-    return driver.execute_script("return document.getElementById(arguments[0]).textContent",
-                                 element_id)
-
-
-def click(driver, element_id: str, times: int = 1) -> None:
-    for _ in range(times):
-        driver.find_element("id", element_id).click()
 
 
 def attributes(driver, selector: str, *names: str) -> list[list[str]]:
