@@ -3,7 +3,7 @@ computes which block of causal attention and at which ring step, and what each w
 moving K/V sends and keeps, for every setting of the widget's sliders.
 
 All from the functions the runtime runs and the pictures draw: `context_parallel.balance`
-(`rank_chunks`, `ring_source`, `ring_blocks`, `pairs_per_rank`, `sent_bytes_per_rank`,
+(`rank_chunks`, `ring_source`, `ring_blocks`, `pairs_per_rank`, `wire_bytes_per_rank`,
 `saved_bytes_per_rank`) and `viz.context` (`block_cells`, the kernel calls unfolded onto
 (query chunk, key chunk) cells; `contiguous_pairs`, what the zig-zag split avoids).
 """
@@ -17,38 +17,45 @@ from paraxis.context_parallel.balance import (
     ring_blocks,
     ring_source,
     saved_bytes_per_rank,
-    sent_bytes_per_rank,
+    wire_bytes_per_rank,
 )
+from paraxis.model_config import PRESETS
 from paraxis.viz.context import block_cells, blocks_text, contiguous_pairs
 from paraxis.viz.style import RANK_COLOURS
 
 CP_DEGREES = [2, 4, 8]
 SEQ_LENS = [8192, 32768, 131072]
 # The attention priced per layer: Llama 3 8B's (32 query heads, 8 K/V heads of 128), one
-# sequence, bf16 (Dubey et al. 2024, Table 3).
-SHAPE = {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "bytes": 2}
+# sequence, bf16.
+MODEL = "llama3-8b"
+SHAPE = {"batch": 1, "heads": PRESETS[MODEL].n_heads, "kv_heads": PRESETS[MODEL].n_kv_heads,
+         "head_dim": PRESETS[MODEL].head_dim, "bytes": 2}
 
 
 def ring_steps(cp: int) -> list[list[dict]]:
     """Per ring step, per rank: whose K/V it holds and the blocks it computes against them
-    ("q0,7×k6": its query chunks against those key chunks; "skip": none)."""
-    return [[{"source": ring_source(rank, step, cp),
-              "blocks": blocks_text(ring_blocks(rank, step, cp), rank_chunks(rank, cp),
-                                    rank_chunks(ring_source(rank, step, cp), cp))}
-             for rank in range(cp)] for step in range(cp)]
+    ("q1,6×k0": its query chunks against those key chunks; "skip": none)."""
+    steps = []
+    for step in range(cp):
+        sources = [ring_source(rank, step, cp) for rank in range(cp)]
+        steps.append([{"source": source,
+                       "blocks": blocks_text(ring_blocks(rank, step, cp), rank_chunks(rank, cp),
+                                             rank_chunks(source, cp))}
+                      for rank, source in enumerate(sources)])
+    return steps
 
 
 def costs(seq_len: int, cp: int) -> dict:
-    """Pairs per rank (zig-zag, contiguous) and, per variant, the bytes one rank sends
-    (forward, backward) and saves for backward in one layer; one device's saved bytes."""
-    shape = [SHAPE[k] for k in ("batch", "heads", "kv_heads")]
-    tail = [SHAPE["head_dim"], cp, SHAPE["bytes"]]
+    """Pairs per rank (zig-zag, contiguous) and, per variant, the bytes that leave one rank
+    (forward, backward) and that it keeps for backward in one layer's attention core; one
+    device's kept bytes."""
+    shape = {"batch": SHAPE["batch"], "heads": SHAPE["heads"], "kv_heads": SHAPE["kv_heads"],
+             "seq_len": seq_len, "head_dim": SHAPE["head_dim"],
+             "bytes_per_element": SHAPE["bytes"]}
     return {"zigzag": pairs_per_rank(seq_len, cp), "contiguous": contiguous_pairs(seq_len, cp),
-            "sent": {v: sent_bytes_per_rank(v, *shape, seq_len, *tail) for v in VARIANTS},
-            "saved": {v: saved_bytes_per_rank(*shape, seq_len, *tail, variant=v)
-                      for v in VARIANTS},
-            "one_device_saved": saved_bytes_per_rank(*shape, seq_len, SHAPE["head_dim"], 1,
-                                                     SHAPE["bytes"])}
+            "sent": {v: wire_bytes_per_rank(v, cp=cp, **shape) for v in VARIANTS},
+            "saved": {v: saved_bytes_per_rank(cp=cp, variant=v, **shape) for v in VARIANTS},
+            "one_device_saved": saved_bytes_per_rank(cp=1, **shape)}
 
 
 def context_facts() -> dict:

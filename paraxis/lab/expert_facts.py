@@ -6,8 +6,9 @@ initial weights reads a batch of the embedded corpus, and every MoE block's top-
 are recorded. From them, as the runtime and the planner count (`moe.placement`,
 `moe.command.counts_by_rank`): the batch's sequences split over the EP ranks as data
 parallelism splits them; each rank keeps at most `expert_capacity` assignments per expert
-(earlier tokens first, the runtime's `MoE._within_capacity`) and sends the rest of its
-assignments to the ranks holding their experts (`send_matrix`, `all_to_all_bytes`).
+(as many as the runtime's `MoE._within_capacity` keeps, which tests/test_lab_beyond.py
+checks) and sends the rest of its assignments to the ranks holding their experts
+(`send_matrix`, `all_to_all_bytes`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from paraxis.moe.placement import (
     send_matrix,
     uniform_send_matrix,
 )
+from paraxis.viz.style import RANK_COLOURS
 
 MODEL = "tiny-moe"
 BATCH, SEQ_LEN = 8, 128  # 1024 tokens: the 8 sequences split evenly over every ep below
 EP_DEGREES = [1, 2, 4, 8]
-CAPACITY_FACTORS = [0.0, 2.0, 1.25, 1.0]  # 0: dropless (no cap)
+# The slider runs from no cap (0: dropless) to the tightest: drops grow left to right.
+CAPACITY_FACTORS = [0.0, 2.0, 1.25, 1.0]
 BYTES_PER_VALUE = 4  # fp32 activations, as the CPU runs tiny-moe
 
 
@@ -37,7 +40,9 @@ def expert_setting(chosen: list[list[int]], n_experts: int, top_k: int, d_model:
                    ep: int, capacity_factor: float) -> dict:
     """One (block, ep, capacity factor) setting: per EP rank and expert the assignments
     routed and kept, the kept rows each rank sends each rank, the bytes that leave each
-    rank in one dispatch all-to-all, and what uniform routing would send."""
+    rank in one dispatch all-to-all, and the same for uniform routing; the busiest expert
+    (as routed) and the busiest rank (the kept assignments its experts take) over the mean,
+    and the share of the assignments that leave their rank."""
     routed = counts_by_rank(chosen, n_experts, ep)
     tokens = len(chosen) // ep  # per rank
     capacity = (expert_capacity(tokens, top_k, n_experts, capacity_factor)
@@ -45,10 +50,21 @@ def expert_setting(chosen: list[list[int]], n_experts: int, top_k: int, d_model:
     kept = capped(routed, capacity)
     sends = send_matrix(kept, ep)
     uniform = uniform_send_matrix(tokens, top_k, n_experts, ep, capacity_factor)
+    per_expert = [sum(column) for column in zip(*routed, strict=True)]
+    work = [sum(column) for column in zip(*sends, strict=True)]  # what each rank computes
     return {"routed": routed, "kept": kept, "capacity": capacity, "sends": sends,
             "sent_bytes": all_to_all_bytes(sends, d_model, BYTES_PER_VALUE),
             "uniform_sent_bytes": all_to_all_bytes(uniform, d_model, BYTES_PER_VALUE)[0],
-            "owners": [list(experts_of_rank(n_experts, ep, r)) for r in range(ep)]}
+            "owners": [list(experts_of_rank(n_experts, ep, r)) for r in range(ep)],
+            "busiest_expert": per_expert.index(max(per_expert)),
+            "expert_load": max(per_expert) / (sum(per_expert) / n_experts),
+            "busiest_rank": work.index(max(work)), "rank_load": max(work) / (sum(work) / ep),
+            "leave_share": leaving_share(sends), "uniform_leave_share": leaving_share(uniform)}
+
+
+def leaving_share(sends: list[list[float]]) -> float:
+    """The share of the rows in a send matrix that leave their rank (off the diagonal)."""
+    return 1 - sum(row[i] for i, row in enumerate(sends)) / sum(map(sum, sends))
 
 
 def expert_facts() -> dict:
@@ -62,4 +78,4 @@ def expert_facts() -> dict:
     return {"model": MODEL, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
             "d_model": cfg.d_model, "tokens": BATCH * SEQ_LEN, "blocks": sorted(routes),
             "ep": EP_DEGREES, "capacity_factors": CAPACITY_FACTORS,
-            "bytes_per_value": BYTES_PER_VALUE, "settings": settings}
+            "bytes_per_value": BYTES_PER_VALUE, "colours": RANK_COLOURS, "settings": settings}

@@ -67,7 +67,8 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
         "chunks only.";
     } else if (variant === "ring") {
       $("cp-phase").textContent = "Ring step " + (index - 1) + " (of 0 to " + (cp - 1) +
-        "): each rank computes against the K/V it holds, then passes them one rank on.";
+        "): each rank computes against the K/V it holds while passing them one rank on " +
+        "(no pass after the last step).";
       s.steps[index - 1].forEach((r, rank) => lines.push("rank " + rank + ": K/V of rank " +
         r.source + " (chunks " + s.chunks[r.source].join(",") + ") → " +
         r.blocks.replace(/\n/g, ", ")));
@@ -84,8 +85,8 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
 
   function drawCosts(s) {
     const c = s.costs[String(seqS.get())], svg = $("cp-pairs"), cp = cpS.get();
-    const most = Math.max(...c.contiguous), bar = 840 / (3 * cp), mean = c.zigzag.reduce(
-      (a, b) => a + b, 0) / cp;
+    const most = Math.max(...c.contiguous), bar = 840 / (3 * cp);
+    const mean = c.contiguous.reduce((a, b) => a + b, 0) / cp;
     svg.innerHTML = "";
     for (let rank = 0; rank < cp; rank++) {
       [["zigzag", 1], ["contiguous", 0.4]].forEach(([kind, opacity], i) => {
@@ -100,16 +101,18 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     }
     el("text", {x: 0, y: 162, class: "tick"}, svg, "solid: zig-zag · pale: contiguous pieces");
     $("cp-balanced").textContent = c.zigzag.every((p) => p === c.zigzag[0])
-      ? pairsText(c.zigzag[0]) + " on every rank" : c.zigzag.map(millions).join(" ");
+      ? pairsText(c.zigzag[0]) + " on every rank" : c.zigzag.map(pairsText).join(" ");
     $("cp-lopsided").textContent = (Math.max(...c.contiguous) / mean).toFixed(2) + "x";
     const table = $("cp-table");
     table.innerHTML = "";
-    el("caption", {}, table, "Per rank, one layer: Llama 3 8B's attention (" + d.shape.heads +
+    el("caption", {}, table, "Per rank, one layer's attention core: Llama 3 8B's (" +
+      d.shape.heads +
       " heads, " + d.shape.kv_heads + " K/V heads of " + d.shape.head_dim + "), " +
       seqS.get() / 1024 + "K tokens, bf16; one device keeps " +
       bytesText(c.one_device_saved) + ".");
     const head = el("tr", {}, table);
-    for (const h of ["K/V moved by", "sends forward", "sends backward", "keeps for backward"])
+    for (const h of ["K/V moved by", "leaves the rank, forward", "backward",
+      "kept for backward"])
       el("th", {}, head, h);
     for (const v of d.variants) {
       const row = el("tr", {id: "cp-row-" + v, class: v === variantS.get() ? "chosen" : ""},
@@ -147,26 +150,16 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
 // ------------------------------------------------------------ mixture of experts
 (function experts() {
   const d = DATA.experts, bars = $("moe-bars");
-  const colour = (rank) => rankColour(DATA.context.colours, rank);
+  const colour = (rank) => rankColour(d.colours, rank);
   const entry = () => d.settings[blockS.get() + "/" + epS.get() + "/" + cfS.get()];
   const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+  // per expert, over the ranks: for drawing the bars
+  const perExpert = (counts) => Array.from({length: d.n_experts},
+    (_, x) => sum(counts.map((row) => row[x])));
 
-  function figures(e) {
-    const E = d.n_experts, ep = epS.get();
-    const routed = Array.from({length: E}, (_, x) => sum(e.routed.map((row) => row[x])));
-    const kept = Array.from({length: E}, (_, x) => sum(e.kept.map((row) => row[x])));
-    const work = e.owners.map((experts) => sum(experts.map((x) => kept[x])));
-    const stay = sum(e.sends.map((row, i) => row[i])), total = sum(e.sends.flat());
-    return {routed, kept, work, busiest: routed.indexOf(Math.max(...routed)),
-      busiestRank: work.indexOf(Math.max(...work)),
-      leave: (total - stay) / total, uniformLeave: (ep - 1) / ep,
-      expertLoad: Math.max(...routed) / (sum(routed) / E),
-      rankLoad: Math.max(...work) / (sum(work) / ep)};
-  }
-
-  function drawBars(e, f) {
-    const E = d.n_experts, ep = epS.get(), width = 460 / E, most = Math.max(...f.routed);
-    const scale = 190 / Math.max(most, e.capacity ? e.capacity * ep : 0);
+  function drawBars(e) {
+    const E = d.n_experts, width = 460 / E, routed = perExpert(e.routed);
+    const scale = 190 / Math.max(...routed);
     bars.innerHTML = "";
     for (let x = 0; x < E; x++) {
       let y = 210;
@@ -176,7 +169,7 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
         el("rect", {x: 40 + x * width, y, width: width - 4, height: h, fill: colour(rank),
           id: "moe-bar-" + x + "-" + rank}, bars);
       });
-      const dropped = f.routed[x] - f.kept[x];
+      const dropped = routed[x] - perExpert(e.kept)[x];
       if (dropped) el("rect", {x: 40 + x * width, y: y - dropped * scale, width: width - 4,
         height: dropped * scale, fill: "#adb5bd", id: "moe-drop-" + x}, bars);
       el("text", {x: 40 + x * width + width / 2 - 2, y: 222, "text-anchor": "middle",
@@ -184,14 +177,10 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     }
     e.owners.forEach((experts, rank) => el("text", {x: 40 + (experts[0] + experts.length / 2)
       * width - 2, y: 240, "text-anchor": "middle", class: "tick"}, bars, "on rank " + rank));
-    const line = (value, dash, label) => {
-      const y = 210 - value * scale;
-      el("line", {x1: 36, x2: 40 + E * width, y1: y, y2: y, stroke: "#212529",
-        "stroke-dasharray": dash}, bars);
-      el("text", {x: 0, y: y + 4, class: "tick"}, bars, label);
-    };
-    line(sum(f.routed) / E, "2 3", "mean");
-    if (e.capacity) line(e.capacity * ep, "6 3", "cap");
+    const mean = 210 - sum(routed) / E * scale;
+    el("line", {x1: 36, x2: 40 + E * width, y1: mean, y2: mean, stroke: "#212529",
+      "stroke-dasharray": "2 3"}, bars);
+    el("text", {x: 0, y: mean + 4, class: "tick"}, bars, "mean");
   }
 
   function drawSends(e) {
@@ -210,22 +199,22 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
   }
 
   function draw() {
-    const e = entry(), f = figures(e);
+    const e = entry(), routed = sum(e.routed.flat()), dropped = routed - sum(e.kept.flat());
     $("moe-model").textContent = d.model + " at its initial weights: " + d.n_experts +
       " experts, top " + d.top_k + ", " + d.tokens + " tokens of the embedded corpus (" +
       d.tokens * d.top_k + " assignments) split over " + epS.get() + " rank(s); capacity " +
-      (e.capacity === null ? "none (dropless)" : e.capacity + " assignments per expert per rank");
-    drawBars(e, f);
+      (e.capacity === null ? "none (dropless)" : e.capacity + " assignments per expert " +
+      "of each rank's own tokens");
+    drawBars(e);
     drawSends(e);
-    $("moe-expert-load").textContent = f.expertLoad.toFixed(2) + "x (expert " + f.busiest + ")";
-    $("moe-rank-load").textContent = f.rankLoad.toFixed(2) + "x";
-    const dropped = sum(f.routed) - sum(f.kept);
-    $("moe-dropped").textContent = dropped + " of " + sum(f.routed) + " assignments (" +
-      pct(dropped / sum(f.routed)) + ")";
+    $("moe-expert-load").textContent = e.expert_load.toFixed(2) + "x (expert " +
+      e.busiest_expert + ")";
+    $("moe-rank-load").textContent = e.rank_load.toFixed(2) + "x (rank " + e.busiest_rank + ")";
+    $("moe-dropped").textContent = dropped + " of " + routed + " assignments (" +
+      pct(dropped / routed) + ")";
     $("moe-bytes").textContent = e.sent_bytes.map(bytesText).join(" · ") + " (d_model " +
       d.d_model + ", fp32)";
     $("moe-uniform").textContent = bytesText(e.uniform_sent_bytes) + " each";
-    return f;
   }
   const blockS = slider("moe-block", d.blocks, d.blocks[0], draw);
   const epS = slider("moe-ep", d.ep, 4, draw);
@@ -233,13 +222,13 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
   draw();
   $("moe-check").addEventListener("click", () => {
     blockS.set(d.blocks[0]); epS.set(4); cfS.set(0);
-    const f = draw();
+    const e = entry();
     $("moe-answer").textContent = "Under uniform routing 1/ep of a rank's assignments stay on " +
-      "it: (ep − 1)/ep = " + pct(f.uniformLeave) + " leave at ep = 4; this router sends " +
-      pct(f.leave) + ". Its busiest expert (" + f.busiest + ") gets " +
-      f.expertLoad.toFixed(2) + "x the mean; the busiest rank (" + f.busiestRank + ") " +
-      "computes " + f.rankLoad.toFixed(2) + "x the mean rank's work, and every rank waits " +
+      "it: (ep − 1)/ep = " + pct(e.uniform_leave_share) + " leave at ep = 4; this router " +
+      "sends " + pct(e.leave_share) + ". Its busiest expert (" + e.busiest_expert + ") gets " +
+      e.expert_load.toFixed(2) + "x the mean; the busiest rank (" + e.busiest_rank + ") " +
+      "computes " + e.rank_load.toFixed(2) + "x the mean rank's work, and every rank waits " +
       "for it at the all-to-all that brings the outputs back.";
   });
-  window.lab.widgets.experts = {blockS, epS, cfS, figures: () => figures(entry())};
+  window.lab.widgets.experts = {blockS, epS, cfS};
 })();
