@@ -15,7 +15,6 @@ from paraxis.context_parallel.balance import (
     ring_blocks,
     ring_source,
     saved_bytes_per_rank,
-    wire_bytes_per_rank,
 )
 from paraxis.lab import context_facts as C
 from paraxis.lab import expert_facts as X
@@ -27,7 +26,7 @@ from paraxis.moe.command import counts_by_rank, route_batch
 from paraxis.moe.layer import moe_layers
 from paraxis.moe.placement import all_to_all_bytes, send_matrix, uniform_send_matrix
 from paraxis.plan.comm import Link
-from paraxis.plan.context import cp_layer_times
+from paraxis.plan.context import cp_layer_times, wire_bytes_per_rank
 from paraxis.viz.context import blocks_text, contiguous_pairs
 from tests.test_lab import click, slide, text
 

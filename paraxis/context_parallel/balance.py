@@ -195,25 +195,6 @@ def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq
     return forward, forward + cp * local_kv * 4
 
 
-def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
-                        head_dim: int, cp: int, bytes_per_element: int) -> tuple[int, int]:
-    """(forward, backward) bytes that leave one rank for one layer's attention: of what
-    `sent_bytes_per_rank` hands each collective, the share a rank sends, as the planner
-    prices it (`plan.context.cp_layer_times`). The ring's hops send all of theirs. A ring
-    all-gather sends (cp-1)/cp of its output, cp x the local K/V, and a reduce-scatter
-    (cp-1)/cp of its input (Thakur et al. 2005), so the all-gather variant moves exactly
-    the ring's bytes, in fewer, larger messages; an all-to-all sends the (cp-1)/cp of its
-    input bound for the other ranks."""
-    forward, backward = sent_bytes_per_rank(variant, batch, heads, kv_heads, seq_len, head_dim,
-                                            cp, bytes_per_element)
-    if variant == "ring":
-        return forward, backward
-    if variant == "all_to_all":
-        return forward * (cp - 1) // cp, backward * (cp - 1) // cp
-    gathered = (cp - 1) * forward  # the forward's all-gather, and backward's again
-    return gathered, gathered + (backward - forward) * (cp - 1) // cp
-
-
 # ----------------------------------------------------------------- counting at run time
 
 

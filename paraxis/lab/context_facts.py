@@ -3,9 +3,10 @@ computes which block of causal attention and at which ring step, and what each w
 moving K/V sends and keeps, for every setting of the widget's sliders.
 
 All from the functions the runtime runs and the pictures draw: `context_parallel.balance`
-(`rank_chunks`, `ring_source`, `ring_blocks`, `pairs_per_rank`, `wire_bytes_per_rank`,
-`saved_bytes_per_rank`) and `viz.context` (`block_cells`, the kernel calls unfolded onto
-(query chunk, key chunk) cells; `contiguous_pairs`, what the zig-zag split avoids).
+(`rank_chunks`, `ring_source`, `ring_blocks`, `pairs_per_rank`, `saved_bytes_per_rank`),
+`plan.context.wire_bytes_per_rank` (what the planner prices) and `viz.context`
+(`block_cells`, the kernel calls unfolded onto (query chunk, key chunk) cells;
+`contiguous_pairs`, what the zig-zag split avoids).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from paraxis.context_parallel.balance import (
     ring_blocks,
     ring_source,
     saved_bytes_per_rank,
-    wire_bytes_per_rank,
 )
 from paraxis.model_config import PRESETS
+from paraxis.plan.context import wire_bytes_per_rank
 from paraxis.viz.context import block_cells, blocks_text, contiguous_pairs
 from paraxis.viz.style import RANK_COLOURS
 

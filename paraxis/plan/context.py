@@ -41,7 +41,7 @@ from paraxis.context_parallel.balance import (
 )
 from paraxis.layout import Layout, grid_rank
 from paraxis.model_config import ModelConfig
-from paraxis.plan.comm import Link, axis_link, collective_time, group_link
+from paraxis.plan.comm import Link, axis_link, collective_time, group_link, ring_factor
 from paraxis.plan.hardware import Cluster
 
 # A search tries cp > 1 only while each rank keeps at least this many tokens of a sequence:
@@ -86,6 +86,24 @@ def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len:
     shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
              cp, 2)
     return float(saved_bytes_per_rank(*shape, variant) - saved_bytes_per_rank(*shape, "ring"))
+
+
+def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
+                        head_dim: int, cp: int, bytes_per_element: int) -> tuple[float, float]:
+    """(forward, backward) bytes that leave one rank for one layer's attention: of what
+    `balance.sent_bytes_per_rank` hands each collective, the share a rank sends, as
+    `cp_layer_times` prices it. The ring's hops send all of theirs. The all-gather sends
+    `ring_factor` of its output (cp x the local K/V) and the reduce-scatter of its input, so
+    the all-gather variant moves exactly the ring's bytes, in fewer, larger messages; an
+    all-to-all sends the (cp-1)/cp of its input bound for the other ranks."""
+    forward, backward = sent_bytes_per_rank(variant, batch, heads, kv_heads, seq_len, head_dim,
+                                            cp, bytes_per_element)
+    if variant == "ring":
+        return forward, backward
+    if variant == "all_to_all":
+        return forward * (cp - 1) / cp, backward * (cp - 1) / cp
+    gathered = ring_factor("all_gather", cp) * cp * forward  # forward, and backward again
+    return gathered, gathered + ring_factor("reduce_scatter", cp) * (backward - forward)
 
 
 def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
