@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import Row, compare, engine_step, quick_flag
+from bench.common import Row, compare, engine_step, quick_flag, token_batch
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.cost import evaluate
@@ -39,18 +39,10 @@ QUICK = PRESETS["tiny-moe"]
 BATCH = 4
 
 
-def _batch(cfg: ModelConfig, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = torch.randint(0, cfg.vocab_size, (BATCH, seq + 1),
-                           generator=torch.Generator().manual_seed(0))
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 def _setup(cfg: ModelConfig, layout: Layout, seq: int) -> Callable[[], None]:
-    groups = build_groups(layout)
-    engine = build_engine(cfg, layout, groups, "cpu", seed=0)
-    x, y = _batch(cfg, seq)
-    rows = slice(groups.dp_rank * BATCH // layout.dp, (groups.dp_rank + 1) * BATCH // layout.dp)
-    return engine_step(engine, x[rows], y[rows])
+    """One training step of `layout` (tp only: every rank takes the whole batch)."""
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0)
+    return engine_step(engine, *token_batch(cfg.vocab_size, BATCH, seq, torch.device("cpu")))
 
 
 def _first_losses(cfg: ModelConfig, layouts: tuple[Layout, ...], seq: int) -> list[float]:
@@ -58,14 +50,15 @@ def _first_losses(cfg: ModelConfig, layouts: tuple[Layout, ...], seq: int) -> li
         losses = []
         for layout in layouts:
             engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0)
-            losses.append(engine.forward_backward(*_batch(cfg, seq)))
+            losses.append(engine.forward_backward(
+                *token_batch(cfg.vocab_size, BATCH, seq, torch.device("cpu"))))
         return losses
 
     return run_distributed(body, layouts[0].world_size, timeout_s=900)[0]
 
 
-def rows(quick: bool = False) -> tuple[list[Row], list[float]]:
-    """The measured rows and, per row, the planner's predicted etp=1 / etp=2 time ratio."""
+def rows(quick: bool = False) -> tuple[Row, float]:
+    """The measured row and the planner's predicted etp=1 / etp=2 time ratio."""
     cfg, seq = (QUICK, 64) if quick else (MODEL, 512)
     steps, repeats = (2, 1) if quick else (6, 3)
     whole, split = (Layout(tp=2, sequence_parallel=True, etp=etp) for etp in (1, 2))
@@ -80,19 +73,18 @@ def rows(quick: bool = False) -> tuple[list[Row], list[float]]:
     cluster = build_cluster(gpus=2, overrides=load_hardware_file(PROFILE))
     times = [evaluate(cfg, layout, cluster, seq, BATCH, FP32_ADAM).step_time_s
              for layout in (whole, split)]
-    return [row], [times[0] / times[1]]
+    return row, times[0] / times[1]
 
 
 def main() -> None:
     quick = quick_flag(__doc__, "the tiny model (a smoke run)")
     print("| work | etp=2 ms | etp=1 ms | speed of etp=2 (95% interval) | planner's |")
     print("|---|---|---|---|---|")
-    measured, predicted = rows(quick)
-    for row, ratio in zip(measured, predicted, strict=True):
-        low, high = row.ratio_interval
-        print(f"| {row.name} | {1e3 * row.paraxis_step_time_s:.1f} | "
-              f"{1e3 * row.peer_step_time_s:.1f} | {row.ratio:.2f} ({low:.2f}-{high:.2f}) | "
-              f"{ratio:.2f} |")
+    row, ratio = rows(quick)
+    low, high = row.ratio_interval
+    print(f"| {row.name} | {1e3 * row.paraxis_step_time_s:.1f} | "
+          f"{1e3 * row.peer_step_time_s:.1f} | {row.ratio:.2f} ({low:.2f}-{high:.2f}) | "
+          f"{ratio:.2f} |")
 
 
 if __name__ == "__main__":

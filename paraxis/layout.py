@@ -274,7 +274,7 @@ class Layout:
                 f"{self.world_size} but the world has {world_size} ranks; choose degrees "
                 f"whose product is {world_size}")
         if model is not None:
-            self._check_model(model)
+            check_model(self, model)  # layout_model.py: the shapes each axis splits
         if global_batch is not None:
             per_step = self.dp * self.microbatches
             if global_batch < 1 or global_batch % per_step:
@@ -301,9 +301,6 @@ class Layout:
         if self.sequence_parallel and seq_len % self.tp:
             raise ParaxisError(f"sequence parallelism needs seq_len ({seq_len}) divisible by "
                                f"tp ({self.tp}); change seq_len or tp")
-
-    def _check_model(self, model: ModelConfig) -> None:
-        check_model(self, model)  # layout_model.py: the shapes each axis splits
 
     # ------------------------------------------------------------------ text in / out
 

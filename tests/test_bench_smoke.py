@@ -96,9 +96,10 @@ def test_cp_variants_bench_quick_prints_a_row_per_variant():
 
 def test_expert_tp_bench_quick_prints_measured_and_planned_speed():
     """`python -m bench.expert_tp --quick`: checks etp=1 and etp=2 give one loss, then times
-    them against each other beside the planner's ratio on the calibrated profile."""
+    them against each other beside the planner's ratio on the calibrated profile. The check
+    that can fail is the loss equality inside `rows` (it raises); the ratios only have to
+    exist, as the tiny model's timings on a shared machine prove nothing either way."""
     from bench.expert_tp import rows
 
     measured, predicted = rows(quick=True)
-    assert len(measured) == len(predicted) == 1
-    assert measured[0].ratio > 0 and predicted[0] > 0
+    assert measured.ratio > 0 and predicted > 0

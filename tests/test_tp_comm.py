@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from paraxis.model import build_model
 from paraxis.model_config import PRESETS
+from paraxis.plan.comm import tp_collectives_per_layer
 from paraxis.runtime.params import is_partial_over_tp
 from paraxis.tensor_parallel import CommCounter, apply_tensor_parallel
 from paraxis.tensor_parallel.comm import (
@@ -23,25 +24,16 @@ from paraxis.tensor_parallel.comm import (
 )
 from paraxis.testing import RankContext, on_ranks, run_on_ranks
 
-try:  # the planner's cost model, when its branch is merged
-    from paraxis.plan.comm import tp_collectives_per_layer
-except ImportError:
-    tp_collectives_per_layer = None
-
 BATCH, SEQ = 2, 16
 
 
 def seeds_per_layer(sequence_parallel: bool, whole_mlp: bool = False
                     ) -> dict[tuple[str, str], int]:
-    """(kind, phase) -> collectives per transformer layer (seeds ch. 3; Korthikanti fig. 5)."""
-    if tp_collectives_per_layer is not None:  # {phase: {kind: count}}, zeros included
-        planned = tp_collectives_per_layer(sequence_parallel, whole_mlp)
-        return {(kind, phase): n for phase, kinds in planned.items()
-                for kind, n in kinds.items() if n}
-    if not sequence_parallel:
-        return {("all_reduce", "forward"): 2, ("all_reduce", "backward"): 2}
-    return {("all_gather", "forward"): 2, ("reduce_scatter", "forward"): 2,
-            ("all_gather", "backward"): 2, ("reduce_scatter", "backward"): 2}
+    """(kind, phase) -> collectives per transformer layer as the planner prices them
+    (seeds ch. 3; Korthikanti fig. 5)."""
+    planned = tp_collectives_per_layer(sequence_parallel, whole_mlp)  # zeros included
+    return {(kind, phase): n for phase, kinds in planned.items()
+            for kind, n in kinds.items() if n}
 
 
 def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool,

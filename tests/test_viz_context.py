@@ -183,9 +183,11 @@ def test_all_to_all_picture_shows_rows_before_and_columns_during():
     before, during = fig.axes[:2]
     labels = [[t.get_text() for t in ax.texts] for ax in (before, during)]
     assert labels[0] == [f"r{row}" for row in range(cp) for _ in range(cp)]
-    # the rank the runtime sends each head group to: [j] of its split goes to rank j
-    sent = _by_head_group(torch.arange(cp).view(1, cp, 1, 1), cp)
-    holder = {int(head): rank for rank in range(cp) for head in sent[rank].flatten()}
+    # the rank the runtime sends each head group to ([j] of its split goes to rank j), with
+    # two heads a group, so a split other than contiguous groups would show here
+    sent = _by_head_group(torch.arange(2 * cp).view(1, 2 * cp, 1, 1), cp)
+    holder = {int(head) // 2: rank for rank in range(cp) for head in sent[rank].flatten()}
+    assert len(holder) == cp
     assert labels[1] == [f"r{holder[col]}" for _ in range(cp) for col in range(cp)]
     assert "sends 3 of its 4 pieces" in fig._suptitle.get_text()
     plt.close(fig)

@@ -120,10 +120,11 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
     for stage in range(layout.pp):
         per_rank: dict[int, dict[str, torch.Tensor]] = {}
         params, buffers = stage_state_names(cfg, layout, stage, seq_len)
-        for name in params + buffers:
-            dim = tp_split_dim(name, plan) if layout.tp > 1 and name in params else None
+        is_param = dict.fromkeys(params, True) | dict.fromkeys(buffers, False)
+        for name, param in is_param.items():
+            dim = tp_split_dim(name, plan) if layout.tp > 1 and param else None
             count = layout.tp if dim is not None else 1
-            for kind in kinds if name in params else ("param",):
+            for kind in kinds if param else ("param",):
                 full = full_of(kind, name)
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):

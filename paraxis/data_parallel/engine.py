@@ -115,7 +115,8 @@ class DataParallelEngine(LocalEngine):
             _cast(params, torch_dtype(policy.param_dtype))
             if self.zero == 0 and not policy.has_masters:  # else views of flat buffers
                 for p in params:
-                    give_storage(p, device)
+                    if p.is_meta:
+                        give_storage(p, device)
             give_buffers_storage(model, device)
         else:
             self._broadcast_from_first_rank(params)

@@ -88,6 +88,11 @@ def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len:
     return float(saved_bytes_per_rank(*shape, variant) - saved_bytes_per_rank(*shape, "ring"))
 
 
+def leaving(all_to_all_input: float, cp: int) -> float:
+    """Bytes of an all-to-all's input that leave the rank: it keeps 1/cp of it."""
+    return all_to_all_input * (cp - 1) / cp
+
+
 def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
                         head_dim: int, cp: int, bytes_per_element: int) -> tuple[float, float]:
     """(forward, backward) bytes that leave one rank for one layer's attention: of what
@@ -101,7 +106,7 @@ def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq
     if variant == "ring":
         return forward, backward
     if variant == "all_to_all":
-        return forward * (cp - 1) / cp, backward * (cp - 1) / cp
+        return leaving(forward, cp), leaving(backward, cp)
     gathered = ring_factor("all_gather", cp) * cp * forward  # forward, and backward again
     return gathered, gathered + ring_factor("reduce_scatter", cp) * (backward - forward)
 
@@ -124,16 +129,15 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
         return zero
     shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
              cp, activation_bytes)
-    forward_bytes, backward_bytes = sent_bytes_per_rank(variant, *shape)
     if variant == "all_to_all":  # q, k, v over, the output back; nothing hides them
-        # an all-to-all keeps 1/cp of its input on the rank: (cp-1)/cp of it leaves
-        qkv, out = (collective_time("all_to_all", size * (cp - 1) / cp, cp, link)
+        qkv, out = (collective_time("all_to_all", leaving(size, cp), cp, link)
                     for size in all_to_all_inputs(*shape))
         both = qkv + out
         # backward: the output's gradient over, dq, dk, dv back (the same bytes); selective
         # recompute stops at the kernel's saved tensors: the q, k, v exchange only
         return {"forward": both, "backward": both, "total": 2 * both, "forward_total": both,
                 "rerun": qkv, "rerun_total": qkv}
+    forward_bytes, backward_bytes = sent_bytes_per_rank(variant, *shape)
     step_f, step_b = core_forward / cp, core_backward / cp  # one ring step's compute
 
     def hidden(transfer: float, window: float) -> float:

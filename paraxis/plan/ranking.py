@@ -4,10 +4,8 @@ lower ZeRO stage, less recomputation...); the defence names what made one simple
 
 from __future__ import annotations
 
+from paraxis.layout import RECOMPUTE
 from paraxis.plan.cost import Estimate
-
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
-
 
 EQUAL_TIMES = 0.005  # the ranking counts times within 0.5% of each other as equal
 
@@ -17,7 +15,7 @@ def _simplicity(estimate: Estimate) -> tuple:
     recomputation, shallower interleaving, then the smaller footprint."""
     layout = estimate.layout
     return (layout.tp * layout.pp * layout.cp, layout.ep, layout.zero,
-            RECOMPUTE_ORDER[layout.recompute], layout.virtual_stages, estimate.memory["total"])
+            RECOMPUTE.index(layout.recompute), layout.virtual_stages, estimate.memory["total"])
 
 
 def equal_groups(estimates: list[Estimate]) -> list[list[Estimate]]:
@@ -50,12 +48,11 @@ SIMPLICITY_TERMS = ("model-parallel ranks, tp x pp x cp", "expert-parallel ranks
 def simpler_by(first: Estimate, second: Estimate) -> str:
     """What makes `first` simpler than `second` in the ranking's order (its first differing
     term), e.g. "model-parallel ranks, tp x pp x cp: 1 vs 2"; "" where neither is."""
-    names = list(RECOMPUTE_ORDER)  # by their order: none, selective, full
     for term, a, b in zip(SIMPLICITY_TERMS, _simplicity(first), _simplicity(second),
                           strict=True):
         if a < b:
             if term == "recomputation":
-                return f"{term}: {names[a]} vs {names[b]}"
+                return f"{term}: {RECOMPUTE[a]} vs {RECOMPUTE[b]}"
             if term == "memory per GPU":
                 return f"{term}: {a / 1e9:.1f} vs {b / 1e9:.1f} GB"
             return f"{term}: {a} vs {b}"

@@ -259,8 +259,8 @@ def find_config(model: nn.Module) -> ModelConfig | None:
 
 
 def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.ProcessGroup | None,
-                          sequence_parallel: bool = False, split_experts: bool = False,
-                          plan: Mapping[str, SplitStyle] | None = None) -> nn.Module:
+                          sequence_parallel: bool = False, split_experts: bool = False
+                          ) -> nn.Module:
     """Split `model` in place for this rank's TP group and return it.
 
     `model` holds full single-device weights (every TP rank builds the same ones); each rank
@@ -275,7 +275,7 @@ def apply_tensor_parallel(model: nn.Module, groups: ParallelGroups | dist.Proces
     cfg = find_config(model)
     if cfg is not None:  # one-line errors for shapes that do not split evenly
         Layout(tp=size, etp=size if split_experts else 1).validate(model=cfg)
-    plan = tp_plan(split_experts) if plan is None else plan
+    plan = tp_plan(split_experts)
     lm_head, tok_emb = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
     tied = lm_head is not None and tok_emb is not None and lm_head.weight is tok_emb.weight
     ctx = TPContext(group, size, sequence_parallel)
