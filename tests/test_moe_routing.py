@@ -90,8 +90,9 @@ def test_bad_routing_fields_are_one_line_errors(changes: dict, message: str) -> 
 
 
 def test_a_dense_model_refuses_routing_fields() -> None:
-    with pytest.raises(ParaxisError, match="need a mixture of experts"):
-        dataclasses.replace(PRESETS["tiny-llama"], router_score="sigmoid")
+    for field in (dict(router_score="sigmoid"), dict(route_group_limit=4)):
+        with pytest.raises(ParaxisError, match="need a mixture of experts"):
+            dataclasses.replace(PRESETS["tiny-llama"], **field)
 
 
 # --------------------------------------------------------------------------- on ranks

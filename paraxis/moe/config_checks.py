@@ -23,9 +23,11 @@ def check_experts(cfg: ModelConfig) -> None:
     if not isinstance(cfg.expert_bias, bool):
         raise ParaxisError(f"expert_bias must be true or false, got {cfg.expert_bias!r}")
     if cfg.n_experts == 0:
-        if cfg.expert_bias or cfg.route_groups or cfg.router_score != "softmax":
-            raise ParaxisError("expert_bias, route_groups and router_score need a mixture of "
-                               "experts (n_experts > 0); drop them or set n_experts")
+        if (cfg.expert_bias or cfg.route_groups or cfg.route_group_limit
+                or cfg.router_score != "softmax"):
+            raise ParaxisError("expert_bias, route_groups, route_group_limit and router_score "
+                               "need a mixture of experts (n_experts > 0); drop them or set "
+                               "n_experts")
         if cfg.top_k or cfg.n_shared_experts or cfg.d_ff_expert:
             raise ParaxisError("top_k, d_ff_expert and n_shared_experts need n_experts > 0; "
                                "set n_experts for a mixture of experts or drop them")
