@@ -159,7 +159,8 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     layout with dp x cp > 1 drops other tokens than one device, and trains other numbers).
     Counted as the microbatches' backward passes each block (`MoE.take_step`). Collective:
     every rank calls it (blocks of other pipeline stages arrive over the pp group, each
-    rank's share of the aux loss is averaged over the dp x cp ranks)."""
+    rank's share of the aux loss is averaged over the dp x cp ranks, and over the tp ranks
+    where each routes its own sequence shard)."""
     import torch
     import torch.distributed as dist
 
@@ -171,8 +172,11 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.float64)
     dropped = torch.zeros(cfg.n_layers, dtype=torch.float64)
     losses = torch.zeros(2, dtype=torch.float64)  # aux loss, z-loss: coefficients included
+    shards = None  # the tp group where each tp rank routes its own sequence shard
     for name, module in model.named_modules():
         if isinstance(module, MoE):
+            if module.shard_group is not None:
+                shards = module.shard_group
             block = int(name.split("blocks.")[1].split(".")[0])
             step = module.take_step()
             dropped[block] = step.dropped
@@ -191,6 +195,10 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
             if cfg.capacity_factor:  # each dp x cp rank drops from its own tokens
                 with WATCH.waiting("all_reduce", groups.replica_group):
                     dist.all_reduce(dropped, group=groups.replica_group)
+        if shards is not None:  # and over the tp ranks' sequence shards
+            with WATCH.waiting("all_reduce", shards):
+                dist.all_reduce(losses, group=shards)
+            losses /= dist.get_world_size(shards)
         if groups.pp_group is not None:
             for figure in (counts, losses, dropped) if cfg.capacity_factor else (counts, losses):
                 with WATCH.waiting("all_reduce", groups.pp_group):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.config import RunConfig
 from paraxis.errors import ParaxisError
+from paraxis.plan.experts import experts_over_tp, feed_forward
 from paraxis.train_cli import add_arguments, config_from_args, start
 
 if TYPE_CHECKING:
@@ -116,10 +117,9 @@ def run_training(cfg: RunConfig) -> list[dict]:
                   f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
                   f"{layout.dp * layout.cp} other tokens are dropped than on one device "
                   "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
-        if model_cfg.is_moe and layout.tp > 1 and layout.etp == 1 and rank == 0:
-            print(f"paraxis: note: etp=1 keeps every expert whole on each of the tp="
-                  f"{layout.tp} ranks, which all repeat its work; --etp {layout.tp} splits "
-                  "each over them like the dense MLP", file=sys.stderr, flush=True)
+        if feed_forward(model_cfg, layout) == "whole" and layout.tp > 1 and rank == 0:
+            print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
+                  flush=True)
         if rank == 0:
             write_config(cfg)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)

@@ -36,6 +36,7 @@ from paraxis.layout import Layout
 from paraxis.model import parameter_shapes
 from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.plan.experts import feed_forward
 from paraxis.plan.memory import stage_local_params
 from paraxis.runtime.parallelize import build_engine
 from paraxis.tensor_parallel.apply import tp_plan, tp_split_dim
@@ -135,8 +136,10 @@ def test_split_experts_train_like_one_device(one_device, layouts):
         biases, wanted = _biases(_saved(root, text, STEPS)), _biases(last)
         assert all(torch.equal(biases[n], wanted[n]) for n in BIASES), text
         assert any(wanted[n].abs().max() > 0 for n in BIASES)  # the biases moved
-        # whole experts under tp repeat their work: the run says so when it starts
-        assert ("etp=1 keeps every expert whole" in by_rank[0]["notes"]) == (layout.etp == 1)
+        # whole experts that repeat their work on every tp rank: the run says so when it
+        # starts; on SP's sequence shards (the etp=1 layout here) they do not
+        assert ("repeats their work" in by_rank[0]["notes"]) == (
+            feed_forward(CFG, layout) == "whole")
         if "resumed" in by_rank[0]:  # another etp's checkpoint
             _assert_close(f"{text} resuming {RESUMES[text]}", by_rank[0]["resumed"],
                           want[SAVE_AT:])

@@ -62,7 +62,7 @@ from paraxis.moe.expert_parallel import AllToAllCounter
 from paraxis.moe.layer import MoE
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
 from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.plan.experts import dispatch_bytes, measured_all_to_all_bytes
+from paraxis.plan.experts import dispatch_bytes, measured_all_to_all_bytes, routing_share
 from paraxis.plan.memory import model_state_bytes, stage_local_params
 from paraxis.plan.precision import FP32_ADAM
 from paraxis.runtime.distributed import ParallelGroups, build_groups
@@ -190,7 +190,8 @@ def _on_ranks(ctx: RankContext, root: str) -> dict:
     """This layout's 10 steps (saving at step 5), and the resumption `RESUMES` asks for."""
     result = _train(ctx.layout, ctx.groups, save=f"{root}/{ctx.layout}")
     result["coords"] = (ctx.groups.dp_rank, ctx.groups.cp_rank, ctx.groups.ep_rank,
-                        ctx.layout.group_of(ctx.rank, "ep"), ctx.groups.pp_rank)
+                        ctx.layout.group_of(ctx.rank, "ep"), ctx.groups.pp_rank,
+                        ctx.groups.tp_rank)
     if str(ctx.layout) == str(as_layout("dp=4,ep=4")):
         result["capacity"] = _capacity_step(ctx.layout, ctx.groups)
     source = {str(as_layout(k)): v for k, v in RESUMES.items()}.get(str(ctx.layout))
@@ -227,8 +228,10 @@ def _one_thread() -> Iterator[None]:
 
 
 def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
-    """This rank's chosen experts on step 0 are one device's for the same tokens."""
+    """This rank's chosen experts on step 0 are one device's for the same tokens (under SP
+    with whole experts, its own sequence shard's: `routing_share`)."""
     dp_rank, cp_rank = result["coords"][:2]
+    shards, tp_rank = routing_share(CFG, layout), result["coords"][5]
     micro, per_dp = layout.microbatches, BATCH // layout.dp
     assert result["chosen"], "no MoE block on this rank"
     for name, calls in result["chosen"].items():
@@ -238,6 +241,8 @@ def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
             want = want.view(layout.dp, per_dp // micro, SEQ, -1)[dp_rank]
             if layout.cp > 1:
                 want = local_part(want, cp_rank, layout.cp)
+            if shards > 1:
+                want = want.chunk(shards, dim=1)[tp_rank]
             wanted.append(want.reshape(-1, CFG.top_k))
         if layout.recompute == "full":  # each microbatch routed again in its backward
             assert len(calls) == 2 * micro, name
@@ -275,6 +280,11 @@ def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
         dispatched = [by_rank[r]["traffic"][1] for r in group]
         forwards = len(dispatched[0])
         assert forwards == passes * layout.microbatches * len(result["chosen"])
+        # each rank routes its tokens of a microbatch: under SP with whole experts only its
+        # sequence shard's (a 1/tp share), as the planner prices it
+        tokens = BATCH // (layout.dp * layout.microbatches) * SEQ // layout.cp
+        assert all(sum(counts) == tokens // routing_share(CFG, layout) * CFG.top_k
+                   for counts in dispatched[me]), layout
         sent = received = 0
         for j in range(forwards):
             sends = send_matrix([counts[j] for counts in dispatched], layout.ep)

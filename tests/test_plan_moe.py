@@ -20,14 +20,18 @@ from paraxis.plan.experts import (
     check_ep,
     dispatch_bytes,
     ep_link,
+    experts_over_tp,
+    feed_forward,
     imbalance_of_counts,
     measured_all_to_all_bytes,
     moe_activation_bytes,
     remote_nodes_per_token,
+    routing_share,
+    shard_grad_sum_seconds,
 )
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.memory import stage_local_params, stage_params
+from paraxis.plan.memory import stage_kinds, stage_local_params, stage_params
 from paraxis.plan.precision import MIXED_ADAM
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import GPU_BAND, ties
@@ -240,7 +244,7 @@ def test_experts_split_over_tp_hold_and_compute_their_share() -> None:
     a, b = (layer_times(DEEPSEEK, layout, cluster, 4096, 1, moe=True) for layout in (whole, split))
     assert b["forward"] < a["forward"] / 2 and b["ep_total"] == a["ep_total"]
     slower, faster = (evaluate(DEEPSEEK, layout.replace(pp=8, microbatches=8, recompute="full",
-                                                        zero=1, sequence_parallel=True),
+                                                        zero=1),
                                build_cluster("h100-sxm-80gb", 512, 8), 4096, 64)
                       for layout in (whole, split))
     assert faster.step_time_s < slower.step_time_s
@@ -255,12 +259,55 @@ def test_experts_split_over_tp_hold_and_compute_their_share() -> None:
     assert f"holds 1/2 of each of the 8 experts of its blocks (about {whole / 2:.1f} GB" in line
 
 
-def test_the_search_splits_the_experts_unless_a_layout_keeps_them_whole() -> None:
+def test_whole_experts_on_sequence_shards_route_a_tp_share() -> None:
+    """Under SP with etp = 1 and dropless routing each tp rank routes its own sequence
+    shard (moe.placement.experts_on_sequence_shards, as the runtime's WholeExperts): 1/tp
+    of the expert FLOPs, all-to-all bytes and expert activations, no TP collective around
+    the block, and the router's and experts' gradients summed over tp once a step. Under a
+    capacity factor the block gathers the sequence, and every rank routes all of it."""
+    cluster = build_cluster("h100-sxm-80gb", 512, 8)
+    shards = Layout(dp=8, tp=8, pp=8, ep=8, zero=1, microbatches=8, recompute="full",
+                    sequence_parallel=True)
+    dropping = DEEPSEEK.replace(capacity_factor=1.25)
+    assert (feed_forward(DEEPSEEK, shards), routing_share(DEEPSEEK, shards)) == ("shards", 8)
+    assert (feed_forward(dropping, shards), routing_share(dropping, shards)) == ("whole", 1)
+    assert feed_forward(DEEPSEEK, shards.replace(sequence_parallel=False)) == "whole"
+    assert feed_forward(DEEPSEEK, shards.replace(etp=8)) == "split"
+    # the one wording of the defence, the report and `paraxis train`'s note
+    assert "routes only its own sequence shard" in experts_over_tp(DEEPSEEK, shards)
+    assert "(a capacity factor gathers the sequence); etp=8 splits them" in experts_over_tp(
+        dropping, shards)
+    assert "repeats their work on the whole sequence (no SP)" in experts_over_tp(
+        DEEPSEEK, shards.replace(sequence_parallel=False))
+    assert experts_over_tp(DEEPSEEK, shards.replace(dp=64, tp=1, sequence_parallel=False)) == ""
+    on, off = (layer_times(cfg, shards, cluster, 4096, 1, moe=True) for cfg in (
+        DEEPSEEK, DEEPSEEK.replace(capacity_factor=DEEPSEEK.top_k * 100.0)))  # cf never binds
+    assert on["ep_total"] < off["ep_total"] / 6 and on["tp_total"] < off["tp_total"]
+    assert on["forward"] < off["forward"]
+    assert moe_activation_bytes(DEEPSEEK, 4096 // 8, 1) == pytest.approx(
+        moe_activation_bytes(DEEPSEEK, 4096, 1) / 8)
+    estimate = evaluate(DEEPSEEK, shards, cluster, 4096, 64)
+    moe = max(m for _, m in stage_kinds(DEEPSEEK, 8, 1, 4096))
+    experts = max(e for _, e in stage_local_params(DEEPSEEK, shards, 4096))
+    summed = shard_grad_sum_seconds(DEEPSEEK, shards, cluster, moe, experts,
+                                    MIXED_ADAM.grad_bytes)
+    assert summed > 0 and estimate.time["dp_total"] == pytest.approx(evaluate(
+        DEEPSEEK, shards.replace(sequence_parallel=False), cluster, 4096, 64).time["dp_total"]
+        + summed)
+
+
+def test_the_search_tries_whole_experts_where_they_run_on_sequence_shards() -> None:
     result = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2))
-    assert result.ranked and all(e.layout.etp == 2 for e in result.ranked)
-    whole = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2, split_experts=(False,)))
+    assert {e.layout.etp for e in result.ranked} == {1, 2}
+    assert all(e.layout.sequence_parallel for e in result.ranked)
+    split = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2, split_experts=(True,)))
+    assert split.ranked and all(e.layout.etp == 2 for e in split.ranked)
+    whole = search(MIXTRAL, H100, 4096, 256, Constraints(tp=2, split_experts=(False,),
+                                                         sequence_parallel=(False,)))
     assert whole.ranked and all(e.layout.etp == 1 for e in whole.ranked)
-    assert whole.ranked[0].step_time_s > result.ranked[0].step_time_s
+    assert whole.ranked[0].step_time_s > split.ranked[0].step_time_s  # repeated expert work
+    dropping = search(MIXTRAL.replace(capacity_factor=1.25), H100, 4096, 256, Constraints(tp=2))
+    assert all(e.layout.etp == 2 for e in dropping.ranked)
     assert all(e.layout.etp == 1 for e in search(PRESETS["llama3-8b"], H100_8, 4096, 8).ranked)
 
 

@@ -41,6 +41,9 @@ RUNS = [  # (model, layout): one launch of 8 ranks runs them all
     # experts split over tp: the routers' partial gradients summed without SP, the experts'
     # norm summed over tp in the sharded norm's call
     ("tiny-moe", "dp=4,tp=2,ep=2,etp=2,zero=1"),
+    # whole experts on SP's sequence shards: their gradients join the partial sum over tp,
+    # and the aux loss is averaged over tp
+    ("tiny-moe", "dp=4,tp=2,ep=2,zero=1,sequence_parallel=true"),
 ]
 RECORDED_STEP = 1  # of 3: not the first, nor a logging step (0 and the last)
 

@@ -27,11 +27,11 @@ from paraxis.testing import RankContext, on_ranks, run_on_ranks
 BATCH, SEQ = 2, 16
 
 
-def seeds_per_layer(sequence_parallel: bool, whole_mlp: bool = False
+def seeds_per_layer(sequence_parallel: bool, mlp: str = "split"
                     ) -> dict[tuple[str, str], int]:
     """(kind, phase) -> collectives per transformer layer as the planner prices them
     (seeds ch. 3; Korthikanti fig. 5)."""
-    planned = tp_collectives_per_layer(sequence_parallel, whole_mlp)  # zeros included
+    planned = tp_collectives_per_layer(sequence_parallel, mlp)  # zeros included
     return {(kind, phase): n for phase, kinds in planned.items()
             for kind, n in kinds.items() if n}
 
@@ -53,6 +53,7 @@ def count_block(ctx: RankContext, model_name: str, sequence_parallel: bool,
     return {"counts": counts, "bytes": nbytes, "activation_bytes": activation_bytes, "tp": tp,
             "param_grad": counter.count("all_reduce", "backward", "param_grad"),
             "partial": sum(map(is_partial_over_tp, model.blocks[1].parameters())),
+            "moe_params": len(list(model.blocks[1].moe.parameters())) if cfg.n_experts else 0,
             "other": counter.count(purpose="loss")}
 
 
@@ -80,12 +81,17 @@ def test_one_layer_sends_what_the_seeds_count(model_name, sequence_parallel):
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["plain", "sp"])
 def test_a_mixture_of_experts_block_sends_what_the_planner_counts(sequence_parallel,
                                                                   split_experts):
-    """Experts split over tp (etp = tp) enter and leave the TP region as the dense MLP does;
-    whole on every rank (etp = 1) they add only SP's all-gathers (`whole_mlp`). The router's
-    gradient, partial with split experts, waits for the engine's once-a-step sum."""
+    """Experts split over tp (etp = tp) enter and leave the TP region as the dense MLP does.
+    Whole on every rank (etp = 1) they need no collective without SP, and none with it
+    either: each rank routes its own sequence shard (tiny-moe is dropless). The router's
+    gradient, partial with split experts, and with SP the router's and every expert's,
+    wait for the engine's once-a-step sum."""
     result = run_on_ranks("tp=2", count_block, "tiny-moe", sequence_parallel, split_experts)[0]
-    assert result["counts"] == seeds_per_layer(sequence_parallel, not split_experts)
-    assert result["partial"] == 2 * sequence_parallel + split_experts  # RMSNorms, router
+    mlp = "split" if split_experts else "shards" if sequence_parallel else "whole"
+    assert result["counts"] == seeds_per_layer(sequence_parallel, mlp)
+    moe = (1 if split_experts else result["moe_params"]) if split_experts or sequence_parallel \
+        else 0  # the router, or all of the block's
+    assert result["partial"] == 2 * sequence_parallel + moe  # RMSNorms, and the MoE's
     assert result["param_grad"] == 0
 
 

@@ -16,8 +16,10 @@ their experts by all-to-all and back.
 Load balance (Switch Transformer, Fedus et al. 2022, eq. 4): aux = coef * E * sum_e f_e P_e,
 with f_e the share of the batch's assignments routed to expert e and P_e the mean router
 probability of e. f is counted over the tokens of all ranks that share a microbatch step
-(`stats_group`: data x context parallel, whose tensor-parallel ranks see the same tokens), so
-every layout sees the statistics one device sees for that microbatch. The statistics are per
+(`stats_group`: data x context parallel, whose tensor-parallel ranks see the same tokens;
+and `shard_group`, the tp group, where each tp rank routes only its own sequence shard:
+`tensor_parallel.apply.WholeExperts`), so every layout sees the statistics one device sees
+for that microbatch. The statistics are per
 microbatch step: with M microbatches, global microbatch m is the union of microbatch m of
 every dp x cp rank (each rank's m-th slice of its rows), and one device reproduces a layout
 by accumulating gradients over those same token sets (tests/test_moe_ep.py builds its
@@ -135,6 +137,8 @@ class MoE(nn.Module):
             self.shared = make_expert(cfg.n_shared_experts * cfg.d_ff_expert)
         self.run_experts: ExpertsRunner = LocalExperts(self.experts)
         self.stats_group: dist.ProcessGroup | None = None  # ranks sharing a microbatch step
+        # the tp group where each tp rank routes only its own sequence shard (WholeExperts)
+        self.shard_group: dist.ProcessGroup | None = None
         self.aux_scale = 1.0  # d(total loss)/d(aux loss) in backward (set_aux_loss_scale)
         # this rank's share of the regulariser's gradient: 1/tp where the experts are split
         # over tp (tensor_parallel.apply.ExpertsRegion: the tp ranks' router gradients add up)
@@ -262,10 +266,10 @@ class MoE(nn.Module):
 
     def _global(self, counts: torch.Tensor) -> torch.Tensor:
         """Per-expert assignment counts over every rank of this microbatch step."""
-        if self.stats_group is None or dist.get_world_size(self.stats_group) == 1:
-            return counts
-        counts = counts.clone()
-        dist.all_reduce(counts, group=self.stats_group)
+        for group in (self.stats_group, self.shard_group):
+            if group is not None and dist.get_world_size(group) > 1:
+                counts = counts.clone()
+                dist.all_reduce(counts, group=group)
         return counts
 
     def _aux_loss(self, counts: torch.Tensor, probs: torch.Tensor,

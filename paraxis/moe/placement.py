@@ -19,6 +19,18 @@ from paraxis.errors import ParaxisError
 ALL_TO_ALLS_PER_BLOCK = 4  # dispatch and combine, forward and backward
 
 
+def experts_on_sequence_shards(tp: int, sequence_parallel: bool, etp: int,
+                               capacity_factor: float) -> bool:
+    """Whether each tp rank runs a mixture of experts' block on its own sequence shard only:
+    under sequence parallelism, with the experts whole on every tp rank (etp = 1) and
+    dropless routing, as Megatron-Core runs it (its experts' data-parallel group takes in the
+    tp ranks). Then the block needs no collective around it and each rank does 1/tp of its
+    expert work, at the price of summing the router's and experts' gradients over tp once a
+    step. Under a capacity factor the block gathers the sequence instead: capacity counts a
+    rank's tokens, and a shard's capacity would drop other tokens than one device does."""
+    return tp > 1 and sequence_parallel and etp == 1 and not capacity_factor
+
+
 def experts_of_rank(n_experts: int, ep: int, ep_rank: int) -> range:
     """The experts EP rank `ep_rank` of `ep` holds."""
     if ep < 1 or n_experts % ep:

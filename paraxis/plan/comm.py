@@ -163,21 +163,22 @@ def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
 
 
 def tp_collectives_per_layer(sequence_parallel: bool,
-                             whole_mlp: bool = False) -> dict[str, dict[str, int]]:
+                             mlp: str = "split") -> dict[str, dict[str, int]]:
     """Collectives one transformer layer issues over its TP group, per pass.
 
     Without SP (Shoeybi et al. 2019 Sec. 3): forward all-reduces after attention and after the
     MLP (the g operators), backward the two conjugate f operators. With SP (Korthikanti et al.
-    2022 Sec. 4.2.2) each all-reduce becomes an all-gather + reduce-scatter pair. `whole_mlp`:
-    a feed-forward half every rank runs whole (a mixture of experts' block with etp = 1),
-    whose only collective is SP's all-gather, of its input forward and of its output's
-    gradient backward.
+    2022 Sec. 4.2.2) each all-reduce becomes an all-gather + reduce-scatter pair. `mlp`: the
+    feed-forward half split over tp ("split": a dense MLP, experts with etp = tp), whole on
+    every rank ("whole": experts with etp = 1; its only collective is SP's all-gather, of its
+    input forward and of its output's gradient backward), or whole on each rank's sequence
+    shard ("shards": `moe.placement.experts_on_sequence_shards`; none at all).
     """
-    mlp = 0 if whole_mlp else 1
     if sequence_parallel:
-        per_pass = {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 1 + mlp}
+        per_pass = {"all_reduce": 0, "all_gather": 1 + (mlp != "shards"),
+                    "reduce_scatter": 1 + (mlp == "split")}
     else:
-        per_pass = {"all_reduce": 1 + mlp, "all_gather": 0, "reduce_scatter": 0}
+        per_pass = {"all_reduce": 1 + (mlp == "split"), "all_gather": 0, "reduce_scatter": 0}
     return {"forward": dict(per_pass), "backward": dict(per_pass)}
 
 
@@ -226,16 +227,15 @@ def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: 
 
 def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
                   passes: int = 2, regather: bool = True,
-                  backward_link: Link | None = None, whole_mlp: bool = False) -> float:
+                  backward_link: Link | None = None, mlp: str = "split") -> float:
     """Seconds of TP traffic one layer moves per microbatch: the forward collectives
     `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
-    backward's (with SP and `regather`, Megatron's re-gathers too), those on
-    `backward_link` where given (CPU ranks: their calls wait after the backward's compute,
-    plan/sync.after_backward); `whole_mlp` as in `tp_collectives_per_layer` (its input is
-    not re-gathered)."""
-    counts = tp_collectives_per_layer(sequence_parallel, whole_mlp)
+    backward's (with SP and `regather`, Megatron's re-gathers too), those on `backward_link`
+    where given (CPU ranks: their calls wait after the backward's compute, plan/sync.py);
+    `mlp` as in `tp_collectives_per_layer` (unsplit, it has no input to re-gather)."""
+    counts = tp_collectives_per_layer(sequence_parallel, mlp)
     back = backward_link or link
-    regathers = (SP_BACKWARD_REGATHERS - whole_mlp) * collective_time(
+    regathers = (SP_BACKWARD_REGATHERS - (mlp != "split")) * collective_time(
         "all_gather", activation_bytes, tp, back) if sequence_parallel and regather else 0.0
     return ((passes - 1) * _collectives_time(counts["forward"], activation_bytes, tp, link)
             + _collectives_time(counts["backward"], activation_bytes, tp, back) + regathers)
@@ -244,8 +244,8 @@ def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, lin
 def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: bool,
                           link: Link, gemm_windows_s: tuple[float, ...], overlap: bool = True,
                           contention: float = 0.0, regather: bool = True,
-                          backward_link: Link | None = None,
-                          whole_mlp: bool = False) -> tuple[float, float]:
+                          backward_link: Link | None = None, mlp: str = "split"
+                          ) -> tuple[float, float]:
     """(forward, backward) seconds of TP communication one layer puts on the critical path per
     microbatch; a full recomputation pays the forward figure once more.
 
@@ -256,22 +256,22 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
     stored input overlaps the input-gradient GEMM (Sec. 4.2.2), while the all-gathers of the
     row-parallel outputs' gradients stay exposed. `gemm_windows_s` holds one weight-gradient
     GEMM time per column-parallel linear; traffic beyond a window is exposed, and `contention`
-    of the hidden part still lands on the step. The backward's calls are priced on
-    `backward_link` where given (`tp_layer_time`). `whole_mlp` as there (then only QKV's
-    window is given; with SP its output gradient's all-gather is the second exposed one).
-    """
+    of the hidden part still lands on the step. `backward_link`, `mlp` as in `tp_layer_time`
+    (a feed-forward half not split over tp gives only QKV's window; with SP a "whole" one's
+    output gradient all-gather is the second exposed one, a "shards" one adds none)."""
     if tp <= 1:
         return 0.0, 0.0
-    counts = tp_collectives_per_layer(sequence_parallel, whole_mlp)
+    counts = tp_collectives_per_layer(sequence_parallel, mlp)
     forward = _collectives_time(counts["forward"], activation_bytes, tp, link)
     back = backward_link or link
     if not overlap:
         return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link,
                                       regather=regather, backward_link=back,
-                                      whole_mlp=whole_mlp) - forward
+                                      mlp=mlp) - forward
     if sequence_parallel:
         gather = collective_time("all_gather", activation_bytes, tp, back)
-        exposed = 2 * gather  # the conjugates of the forward reduce-scatters
+        # the conjugates of the forward reduce-scatters (a whole feed-forward half's scatter)
+        exposed = (1 + (mlp != "shards")) * gather
         # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
         hideable = [gather] if regather else []
         hideable.append(collective_time("reduce_scatter", activation_bytes, tp, back))

@@ -9,20 +9,18 @@ Step time (one data-parallel replica runs the same pipeline as every other):
                + the step's own small calls (loss, gradient norm, stop flag: step_calls.py)
 
 Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
-last microbatch's backward (PyTorch DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's
-gathers behind the step's compute (prefetch); the backward's TP collectives of the
-column-parallel linears hide behind their gradient GEMMs (Megatron: Korthikanti et al. 2022
-Sec. 6.2), while forward TP collectives and PP sends sit on the critical path (Narayanan et
-al. 2021 Sec. 4).
+last microbatch's backward (DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's gathers
+behind the step's compute (prefetch); the backward's TP collectives of the column-parallel
+linears hide behind their gradient GEMMs (Korthikanti et al. 2022 Sec. 6.2), while forward
+TP collectives and PP sends sit on the critical path (Narayanan et al. 2021 Sec. 4).
 
 CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
-min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`, what other
-sessions leave us, else all of them), nothing hides communication (gloo's threads run on the
-same cores as the compute), each layer pays the eager ops' dispatch per microbatch however
-small its shard (`GPU.layer_overhead_s`, calibrated), and ranks idle in a pipeline bubble
-hand their core to the busy ones, so a pipeline takes the longer of its work spread over the
-cores and its critical path at the share one stage's ranks get when they compute alone
-(Graham 1969's two bounds of list scheduling).
+min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`), nothing
+hides communication (gloo's threads share the cores), each layer pays the eager ops'
+dispatch per microbatch (`GPU.layer_overhead_s`, calibrated), and ranks idle in a pipeline
+bubble lend their core to the busy ones: a pipeline takes the longer of its work spread
+over the cores and its critical path at the share one stage's ranks get when they compute
+alone (Graham 1969's two bounds of list scheduling).
 """
 
 from __future__ import annotations
@@ -57,7 +55,10 @@ from paraxis.plan.experts import (
     busiest_load,
     check_ep,
     expert_dp_link,
+    feed_forward,
     moe_forward_seconds,
+    routing_share,
+    shard_grad_sum_seconds,
 )
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
@@ -151,9 +152,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     sequence's scores per token, times the split's imbalance (1.0 for the zig-zag split).
 
     With `moe`, a mixture-of-experts block: its attention half as above, its experts on the
-    busiest EP rank (`expert_imbalance` x the mean rows) and its all-to-alls
-    (`plan/experts.py`), keys ep_forward / ep_backward / ep_total.
-    """
+    busiest EP rank (`expert_imbalance` x the mean rows; of 1/tp of the tokens where each tp
+    rank routes its own shard) and its all-to-alls (`plan/experts.py`), keys ep_forward /
+    ep_backward / ep_total."""
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len // layout.cp
     rate, attention_rate, hbm = layer_rates(cluster, layout.tp)
@@ -175,8 +176,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
     dense = (weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
              + hidden_bytes / hbm) * tokens
+    routed = tokens / routing_share(cfg, layout) if moe else tokens  # an MoE block's
     if moe:
-        dense += moe_forward_seconds(cfg, cluster, tokens, expert_imbalance, hbm, layout.etp)
+        dense += moe_forward_seconds(cfg, cluster, routed, expert_imbalance, hbm, layout.etp)
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
@@ -189,30 +191,28 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     backward = BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
-    # CPU ranks: the backward's calls wait after the backward's compute (plan/sync.py)
-    backward_link = axis_link(layout, "tp", after_backward(cluster))
+    backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync.py
     boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
-    # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU):
-    # the window its backward collective hides in.
-    mlp_in = cfg.d_ff * (1 if cfg.style == "gpt2" else 2)
-    if moe:  # the experts' gate and up, over the busiest rank's rows and the shared experts
-        mlp_in = 2 * cfg.d_ff_expert * (cfg.top_k * busiest_load(cfg, expert_imbalance)
-                                        + cfg.n_shared_experts)
-    windows = tuple(2 * tokens * cfg.d_model * width / rate
-                    for width in (cfg.d_model + 2 * cfg.kv_dim, mlp_in))
-    whole = moe and layout.etp == 1  # experts whole on every tp rank: outside the TP region
-    windows = windows[:1] if whole else windows
+    # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU;
+    # split experts': over the busiest rank's rows and the shared experts): the window its
+    # backward collective hides in. Whole experts sit outside the TP region: no window.
+    ffn = feed_forward(cfg, layout) if moe else "split"
+    mlp_in = (2 * cfg.d_ff_expert * (cfg.top_k * busiest_load(cfg, expert_imbalance)
+                                     + cfg.n_shared_experts) if moe
+              else cfg.d_ff * (1 if cfg.style == "gpt2" else 2))
+    widths = (cfg.d_model + 2 * cfg.kv_dim, mlp_in)[:1 if ffn != "split" else 2]
+    windows = tuple(2 * tokens * cfg.d_model * width / rate for width in widths)
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
     # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention, regather, backward_link, whole)
+        overlap.contention, regather, backward_link, ffn)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
-                             passes, regather, backward_link, whole) if layout.tp > 1 else 0.0
+                             passes, regather, backward_link, ffn) if layout.tp > 1 else 0.0
     cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
                         act, axis_link(layout, "cp", cluster), core_forward * tokens,
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
@@ -220,7 +220,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         rerun = "forward" if layout.recompute == "full" else "rerun"
         cp["backward"] += cp[rerun]
         cp["total"] += cp[rerun + "_total"]
-    ep = all_to_all_times(cfg, layout, cluster, tokens, act, expert_imbalance) if moe else {
+    ep = all_to_all_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
     if layout.recompute == "full":
         ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
@@ -309,11 +309,10 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                      chunk, after_backward(chunk)))
         t_pp = layout.virtual_stages * sum(sends)
 
-    # Balanced stages: the idle share of GPipe and the 1F1B family does not depend on the
-    # backward/forward ratio (tests/test_plan_bubble.py), so one cached simulation serves
-    # every recompute setting. A zero-bubble schedule's does (its W's fill the bubble): it is
-    # simulated at this run's ratio, rounded so a layout search reuses the simulation, with
-    # W at the simulator's own share of the backward (`schedules.stage_costs`).
+    # Balanced stages: GPipe's and the 1F1B family's idle share does not depend on the
+    # backward/forward ratio (tests/test_plan_bubble.py): one cached simulation serves all.
+    # A zero-bubble schedule's does (W's fill the bubble): simulated at this run's rounded
+    # ratio, W at the simulator's share of the backward (`schedules.stage_costs`).
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages, *bubble_costs(layout.schedule,
                                                                      t_forward, t_backward))
@@ -374,6 +373,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
     else:
         dp_exposed = t_dp
+    t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
+                                      precision.grad_bytes)  # after the sync, exposed
+    t_dp, dp_exposed = t_dp + t_shards, dp_exposed + t_shards
     t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
                                  layer_rates(cluster, layout.tp)[2], pipelined)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
@@ -391,9 +393,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
             "tp_total": layout.microbatches * t_tp_total, "pp_total": layout.microbatches * t_pp,
             "dp_total": t_dp, "ep": layout.microbatches * t_ep,
             "ep_total": layout.microbatches * blocks_sum(busiest, "ep_total")}
-    notes = []
-    if layout.tp > 1 and axis_link(layout, "tp", cluster).crosses_nodes:
-        notes.append("TP group crosses nodes: its all-reduces run over the network")
+    notes = (["TP group crosses nodes: its all-reduces run over the network"]
+             if layout.tp > 1 and axis_link(layout, "tp", cluster).crosses_nodes else [])
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
                     flops["hardware"] / (step * peak_total), notes, seq_len)

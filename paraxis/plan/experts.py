@@ -38,10 +38,11 @@ from paraxis.moe.placement import (
     ALL_TO_ALLS_PER_BLOCK,
     all_to_all_bytes,
     experts_of_rank,
+    experts_on_sequence_shards,
     send_matrix,
     uniform_send_matrix,
 )
-from paraxis.plan.comm import Link, collective_time, group_link, latency_steps
+from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
 
@@ -71,6 +72,57 @@ def imbalance_of_counts(counts: list[list[int]], ep: int) -> float:
     received = [sum(row[j] for row in sends) for j in range(ep)]
     mean = sum(received) / ep
     return max(received) / mean if mean else 1.0
+
+
+def feed_forward(cfg: ModelConfig, layout: Layout) -> str:
+    """How an MoE block's feed-forward half runs over tp (`comm.tp_collectives_per_layer`'s
+    `mlp`): "split" with etp = tp, "shards" where each tp rank runs its own sequence shard
+    through whole experts (`placement.experts_on_sequence_shards`), else "whole"."""
+    if layout.etp > 1:
+        return "split"
+    return "shards" if experts_on_sequence_shards(layout.tp, layout.sequence_parallel,
+                                                  layout.etp, cfg.capacity_factor) else "whole"
+
+
+def experts_over_tp(cfg: ModelConfig, layout: Layout) -> str:
+    """One sentence on how the tp ranks hold and run the experts (etp), for the defence,
+    the report and `paraxis train`'s note ("" without experts or tp)."""
+    tp, how = layout.tp, feed_forward(cfg, layout)
+    if tp == 1 or not cfg.is_moe:
+        return ""
+    if how == "split":
+        return (f"Each expert is split over the tp={tp} ranks like the dense MLP (etp={tp}): "
+                f"1/{tp} of its states and FLOPs on each.")
+    if how == "shards":
+        return (f"The experts are whole on every tp rank (etp=1), and each of the tp={tp} "
+                f"ranks routes only its own sequence shard (SP, dropless): 1/{tp} of their "
+                "FLOPs on each, all their states, their gradients summed over tp once a step.")
+    why = "a capacity factor gathers the sequence" if layout.sequence_parallel else "no SP"
+    return (f"The experts are whole on every tp rank (etp=1): each of the tp={tp} ranks "
+            f"repeats their work on the whole sequence ({why}); etp={tp} splits them.")
+
+
+def routing_share(cfg: ModelConfig, layout: Layout) -> int:
+    """By how much fewer tokens a rank routes than its tp group holds of a microbatch: tp
+    where each tp rank routes its own sequence shard, else 1 (every rank routes them all)."""
+    return layout.tp if feed_forward(cfg, layout) == "shards" else 1
+
+
+def shard_grad_sum_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster,
+                           moe_blocks: int, experts: float, grad_bytes: float) -> float:
+    """Seconds of summing over tp, once a step after the gradient sync, the gradients of
+    the router and the shared and routed experts of a rank's `moe_blocks` MoE blocks
+    (`experts` routed-expert parameters), where each tp rank runs its own sequence shard
+    (`tensor_parallel.partial.sum_partial_grads`): the shards ZeRO leaves each rank, at the
+    tp link's bandwidth (the call's latency is `step_calls`'). Nothing overlaps it."""
+    if not moe_blocks or feed_forward(cfg, layout) != "shards":
+        return 0.0
+    block = block_params(cfg, cfg.n_layers - 1)  # the last block routes if any does
+    replicas = layout.dp * layout.cp if layout.zero else 1
+    size = grad_bytes * (moe_blocks * (block.router + block.shared) / replicas
+                         + experts / max(1, replicas // layout.ep))
+    bandwidth, _ = axis_link(layout, "tp", cluster).cost("all_reduce")
+    return op_time("all_reduce", size, layout.tp, bandwidth)
 
 
 def busiest_load(cfg: ModelConfig, imbalance: float) -> float:
@@ -150,8 +202,8 @@ def local_params(cfg: ModelConfig, blocks: range | list[int], tp: int, ep: int,
 
 def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
                          imbalance: float = 1.0, etp: int = 1) -> float:
-    """Bytes an MoE block's feed-forward half keeps for backward on one rank (16-bit
-    activations; every tp rank routes the whole sequence, SP or not): per routed (token,
+    """Bytes an MoE block's feed-forward half keeps for backward on one rank for the
+    `seq_len` tokens of each sequence it routes (16-bit activations): per routed (token,
     expert) row on the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and
     product (6 f_e / etp: their slice where the experts are split over tp); per token and
     shared expert 6 f_e / etp; the router's fp32 logits and probabilities (8 E)."""

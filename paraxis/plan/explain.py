@@ -11,7 +11,7 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import imbalance
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
-from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link
+from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.precision import MIXED_ADAM, Precision
@@ -148,10 +148,7 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
     replicas = layout.dp * layout.cp // layout.ep
     held = sum(model_state_bytes(round(experts / (layout.ep * layout.etp)), replicas,
                                  layout.zero, precision).values()) / GB
-    split = (f" Each expert is split over the tp={layout.tp} ranks like the dense MLP "
-             f"(etp={layout.etp}): 1/{layout.tp} of its states and FLOPs on each." if
-             layout.etp > 1 else " The experts are whole on every tp rank (etp=1): each "
-             f"of the tp={layout.tp} ranks repeats their work." if layout.tp > 1 else "")
+    split = " " + experts_over_tp(cfg, layout) if layout.tp > 1 else ""
     if layout.ep == 1:
         rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
         versus = (f"; the best layout with EP, {rival.layout}, is "

@@ -16,7 +16,12 @@ from paraxis.plan.activations import (
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
 from paraxis.plan.context import repeated_kv_bytes
-from paraxis.plan.experts import DEFAULT_IMBALANCE, moe_activation_bytes, moe_blocks
+from paraxis.plan.experts import (
+    DEFAULT_IMBALANCE,
+    moe_activation_bytes,
+    moe_blocks,
+    routing_share,
+)
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.partition import Partition, partition_layers
 from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
@@ -213,7 +218,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     Mixture of experts: a rank holds 1/ep of the routed experts of its MoE blocks, whose
     states ZeRO shards over their dp*cp/ep replicas; an MoE block keeps its attention half's
     activations and its experts' (`experts.moe_activation_bytes`, the busiest rank's
-    `expert_imbalance` x the mean rows).
+    `expert_imbalance` x the mean rows, of its sequence shard where it routes only that).
     """
     local_seq = seq_len // layout.cp
     replicas = layout.dp * layout.cp
@@ -225,9 +230,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
     dense_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
                                          dropout)
+    routed_seq = local_seq // routing_share(cfg, layout) if cfg.is_moe else local_seq
     moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
                                        dropout, mlp=False) + moe_activation_bytes(
-        cfg, local_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
+        cfg, routed_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
     if layout.recompute == "full":
         moe_layer = dense_layer  # only the block's input is kept
     elif layout.recompute == "none":  # the core's own tensors are kept
@@ -278,7 +284,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             if moe:
                 rebuilt = max(rebuilt, layer_activation_bytes(
                     cfg, *kernel_args, "none", attention, dropout, mlp=False)
-                    + moe_activation_bytes(cfg, local_seq, micro_batch, expert_imbalance,
+                    + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
                                            layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             dp=stated.dp if "dp" in fixed else args.dp,
             cp=stated.cp if "cp" in fixed else args.cp,
             ep=stated.ep if "ep" in fixed else args.ep,
-            split_experts=(stated.etp > 1,) if "etp" in fixed else (True,),
+            split_experts=(stated.etp > 1,) if "etp" in fixed else None,
             cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
                           else CP_VARIANTS),
             zero=stated.zero if "zero" in fixed else args.zero,

@@ -46,9 +46,9 @@ class Constraints:
     dp: int | None = None
     cp: int | None = None
     ep: int | None = None  # expert parallelism (mixtures of experts only)
-    # experts split over tp (etp = tp) or whole on every tp rank (etp = 1): splitting moves the
-    # same tokens and holds and computes 1/tp, so whole experts are left out unless asked for
-    split_experts: tuple[bool, ...] = (True,)
+    # experts split over tp (etp = tp) or whole on every tp rank (etp = 1); None: split, and
+    # whole too where each tp rank would route its own sequence shard (`_expert_splits`)
+    split_experts: tuple[bool, ...] | None = None
     cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
@@ -329,11 +329,18 @@ def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
 
 
 def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...]:
-    """Whether to split the experts over tp (etp = tp): the choices asked for, where there
-    are experts and tp > 1 to split them over, and their width divides by tp (else whole)."""
+    """Whether to split the experts over tp (etp = tp), where there are experts, tp > 1 to
+    split them over and their width divides by tp (else whole): the choices asked for. By
+    default split, and whole too where SP is among the choices and routing is dropless
+    (`placement.experts_on_sequence_shards`): each tp rank then routes its own shard, which
+    computes 1/tp of the expert work as splitting does, with wider GEMMs and no collective
+    around the block, but holds every expert whole and sums their gradients over tp. Without
+    SP whole experts repeat the work on every tp rank: left out unless asked for."""
     if not cfg.is_moe or tp == 1 or cfg.d_ff_expert % tp:
         return (False,)
-    return c.split_experts
+    if c.split_experts is not None:
+        return c.split_experts
+    return (True, False) if True in c.sequence_parallel and not cfg.capacity_factor else (True,)
 
 
 def too_big_reason(estimate: Estimate) -> str:

@@ -19,12 +19,15 @@ them on real ranks, layout by layout, against this list):
   to sequence shards (norms, row-parallel biases, positions), summed over the TP group in
   one call after the gradient sync (tensor_parallel/partial.py `sum_partial_grads`; priced
   as a small call: a Llama 2 70B's 161 norms are 5 MB of fp32 gradients, 0.1 ms on NVLink);
-  the routers' too where experts are split over tp (etp > 1), with SP or without;
+  the routers' too where experts are split over tp (etp > 1), with SP or without; and the
+  routers' and experts' where each tp rank runs its own sequence shard through them (their
+  bytes are priced with the gradient sync: `experts.shard_grad_sum_seconds`);
 - the gradient norm for clipping: summed over the TP group, over the replicas where ZeRO
   shards gradients, over the pipeline (runtime/params.py `global_norm_squared`); expert
   gradients over their own group;
-- a mixture of experts' routing metrics: the aux loss over the replicas, the expert token
-  counts and the aux loss over the pipeline (metrics.py `moe_step_metrics`);
+- a mixture of experts' routing metrics: the aux loss over the replicas (and over tp where
+  each tp rank routes its own sequence shard), the expert token counts and the aux loss over
+  the pipeline (metrics.py `moe_step_metrics`);
 - the stop flag, over the whole world (runtime/preemption.py `StopRequest.agreed`).
 
 Not in the list: fp16's overflow flag (a max over tp, replicas and pp; the planner's
@@ -39,6 +42,7 @@ import math
 
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
+from paraxis.moe.placement import experts_on_sequence_shards
 from paraxis.plan.comm import Link, axis_link, group_link, group_ranks
 from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
@@ -74,6 +78,9 @@ def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster
     add("norm over pp", layout.pp, pp)
     if cfg.is_moe:
         add("aux loss over replicas", replicas, replica)
+        if experts_on_sequence_shards(layout.tp, layout.sequence_parallel, layout.etp,
+                                      cfg.capacity_factor):
+            add("aux loss over tp", layout.tp, tp)
         add("expert counts over pp", layout.pp, pp)
         add("aux loss over pp", layout.pp, pp)
     world = layout.world_size

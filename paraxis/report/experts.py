@@ -16,28 +16,17 @@ from typing import TYPE_CHECKING
 
 from paraxis.moe.config_checks import routing_text
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, uniform_send_matrix
+from paraxis.plan.experts import experts_over_tp
 from paraxis.report.text import duration
 from paraxis.viz.html import figure
 from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
 from paraxis.viz.style import figure_data_uri
 
 if TYPE_CHECKING:
-    from paraxis.layout import Layout
     from paraxis.report.build import Plan
     from paraxis.report.measured import MeasuredRun
 
 Section = tuple[str, str, str]  # (anchor, heading, HTML body)
-
-
-def _over_tp(layout: Layout) -> str:
-    """How the experts sit on the tp ranks (etp)."""
-    if layout.tp == 1:
-        return ""
-    if layout.etp > 1:
-        return (f", each split over the tp = {layout.tp} ranks like the dense MLP (etp = "
-                f"{layout.etp})")
-    return (f", each whole on all tp = {layout.tp} ranks, which repeat its work (etp = 1; "
-            f"etp = {layout.tp} would split it)")
 
 
 def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
@@ -48,7 +37,7 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
              f"{cfg.num_active_params() / 1e6:,.1f} M used per token (what the FLOPs follow). "
              f"ep = {layout.ep}: each rank holds {cfg.n_experts // layout.ep} "
              f"expert{'s' if cfg.n_experts // layout.ep > 1 else ''} of every "
-             f"MoE block{_over_tp(layout)}.</p>"]
+             f"MoE block. {experts_over_tp(cfg, layout)}</p>"]
     if layout.ep > 1:
         tokens = e.micro_batch * plan.seq_len // layout.cp  # one rank's microbatch
         per_rank = uniform_send_matrix(tokens, cfg.top_k, cfg.n_experts, layout.ep,

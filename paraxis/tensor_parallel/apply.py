@@ -34,6 +34,7 @@ from torch import nn
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
+from paraxis.moe.placement import experts_on_sequence_shards
 from paraxis.runtime.distributed import ParallelGroups
 from paraxis.runtime.params import is_tp_sharded
 from paraxis.runtime.watchdog import WATCH
@@ -139,14 +140,30 @@ class SequenceSharded:
                            "supports LayerNorm, RMSNorm and position embeddings")
 
 
-class WholeSequence:
-    """A replicated module that runs on the whole sequence even under SP (a mixture of
-    experts' block: routing statistics and experts see every token, as without TP): its input
-    is gathered (backward: this rank's chunk) and its output cut back to this rank's chunk
-    (backward: all-gather), so every rank computes the same whole gradients."""
+class WholeExperts:
+    """A mixture of experts' block whose experts are whole on every tp rank (etp = 1).
+
+    Without SP every rank holds the whole sequence and runs all of it: the ranks repeat
+    each other's expert work. Under SP with dropless routing
+    (`placement.experts_on_sequence_shards`) each rank routes and runs only its own sequence
+    shard, as Megatron-Core does: no collective around the block and 1/tp of the expert work.
+    The router's, experts' and shared experts' gradients then cover this rank's tokens: they
+    are partial sums over tp, added once a step (`mark_partial_grad`); the routing counts
+    are summed over the tp group too (`MoE.shard_group`), so every rank routes with one
+    device's statistics; and the regulariser, whose mean probabilities are this rank's
+    tokens', is injected at 1/tp (`regulariser_share`): its mean over the equal shards is
+    one device's. Under a capacity factor the block's input is gathered (backward: this
+    rank's chunk) and its output cut back to this rank's chunk (backward: all-gather), so
+    every rank routes the whole sequence under one device's capacity."""
 
     def apply(self, module: nn.Module, ctx: TPContext) -> nn.Module:
         if not ctx.sequence_parallel:
+            return module
+        if experts_on_sequence_shards(ctx.size, True, 1, module.cfg.capacity_factor):
+            for param in module.parameters():
+                mark_partial_grad(param, ctx.group)
+            module.shard_group = ctx.group
+            module.regulariser_share = 1 / ctx.size
             return module
         return _around(module, lambda x: gather_for_replicated(x, ctx.group),
                        lambda y: scatter_to_sequence(y, ctx.group))
@@ -198,7 +215,7 @@ PLAN: dict[str, SplitStyle] = {
     "blocks.*.attn.v": Colwise(),
     "blocks.*.attn.o": Rowwise(),
     "blocks.*.norm2": SequenceSharded(),
-    "blocks.*.moe": WholeSequence(),  # router and experts replicated (no pattern below)
+    "blocks.*.moe": WholeExperts(),  # router and experts replicated (no pattern below)
     "blocks.*.mlp": EnterRegion(),
     "blocks.*.mlp.up": Colwise(),
     "blocks.*.mlp.gate": Colwise(),

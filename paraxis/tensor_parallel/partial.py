@@ -15,6 +15,7 @@ import torch.distributed as dist
 from paraxis.runtime.params import is_partial_over_tp
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
+from paraxis.units import DEFAULT_BUCKET_BYTES
 
 
 def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> None:
@@ -28,8 +29,9 @@ def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> N
 
 
 def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
-                      group: dist.ProcessGroup | None) -> None:
-    """Sum over the TP group, in place and in one call per dtype, the gradients of the
+                      group: dist.ProcessGroup | None,
+                      bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    """Sum over the TP group, in place and in one call per dtype (and bucket), the gradients of the
     parameters `mark_partial_grad` marked, given as (parameter, gradient) pairs (the others
     are passed over); call on every rank of the group with the same pairs, once a step after
     the data-parallel reduction (both are sums over disjoint ranks, so they commute, and the
@@ -39,7 +41,9 @@ def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
     sequence-parallel parameters' gradients). paraxis first summed each parameter in its own
     backward: one call per parameter per microbatch, 52 a step on the first rank of tiny at
     tp=4, pp=2, 4 microbatches, beside SP's own 72 all-gathers and reduce-scatters
-    (`python -m bench.sp_grad_sums` counts them).
+    (`python -m bench.sp_grad_sums` counts them). The calls carry at most `bucket_bytes`
+    each (one larger gradient alone, in place), so the flat copy stays small when experts
+    that run on sequence shards make the gradients large (`WholeExperts`).
     """
     grads = [grad for param, grad in grads if is_partial_over_tp(param) and grad is not None]
     if group is None or dist.get_world_size(group) == 1 or not grads:
@@ -48,11 +52,35 @@ def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
     for grad in grads:
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for same in by_dtype.values():
-        flat = torch.cat([grad.reshape(-1) for grad in same])
-        record("all_reduce", flat.numel() * flat.element_size(), "backward", "param_grad")
-        with WATCH.waiting("all_reduce", group):
-            dist.all_reduce(flat, group=group)
-        offset = 0
-        for grad in same:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        for bucket in _buckets(same, bucket_bytes):
+            _sum_in_one_call(bucket, group)
+
+
+def _buckets(grads: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """`grads` in order, cut into runs of at most `limit` bytes (a larger one alone)."""
+    runs: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for grad in grads:
+        nbytes = grad.numel() * grad.element_size()
+        if runs[-1] and size + nbytes > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(grad)
+        size += nbytes
+    return runs
+
+
+def _sum_in_one_call(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """All-reduce `grads` (one dtype) in one call: in place where it is one contiguous
+    tensor, else through one flat copy."""
+    alone = len(grads) == 1 and grads[0].is_contiguous()
+    flat = grads[0] if alone else torch.cat([grad.reshape(-1) for grad in grads])
+    record("all_reduce", flat.numel() * flat.element_size(), "backward", "param_grad")
+    with WATCH.waiting("all_reduce", group):
+        dist.all_reduce(flat, group=group)
+    if alone:
+        return
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
