@@ -47,7 +47,7 @@ STEPS, SAVE_AT, SEQ = 6, 3, 64
 LOSS_TOL = NORM_TOL = 1e-5
 LAYOUTS = ["dp=2,tp=2,etp=2", "dp=2,tp=2,etp=2,sp=true,ep=2,zero=3",
            "tp=2,etp=2,sp=true,pp=2,microbatches=2,recompute=full,zero=1",
-           "dp=2,tp=2,sp=true,ep=2,zero=1"]
+           "dp=2,tp=2,sp=true,ep=2,zero=3"]
 RESUMES = {LAYOUTS[3]: LAYOUTS[1]}  # layout -> the layout whose step-3 checkpoint it resumes
 
 

@@ -8,7 +8,6 @@ import matplotlib.pyplot as plt
 import pytest
 
 from paraxis.cli import main
-from paraxis.layout import Layout
 from paraxis.moe.command import counts_by_rank, route_batch
 from paraxis.moe.placement import all_to_all_bytes, send_matrix
 from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
@@ -82,10 +81,12 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
                         layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
     assert "each rank holds 1 expert of" in html
-    assert "each whole on all tp = 8 ranks, which repeat its work (etp = 1" in html
-    from paraxis.report.experts import _over_tp  # the sentence's other case
-    assert "each split over the tp = 8 ranks like the dense MLP (etp = 8)" in _over_tp(
-        Layout(dp=8, tp=8, ep=8, etp=8))
+    # the planner's sentence (plan.experts.experts_over_tp), for this layout: no SP
+    assert "each of the tp=8 ranks repeats their work on the whole sequence (no SP)" in html
+    shards = write_report(tmp_path / "s.html", model="mixtral-8x7b", gpus=64,
+                          layout="dp=8,tp=8,ep=8,sequence_parallel=true", global_batch=64,
+                          seq_len=4096).read_text()
+    assert "ranks routes only its own sequence shard (SP, dropless)" in shards
     assert "too large to build here" in html  # routing: `paraxis experts` on a checkpoint
     dense = write_report(tmp_path / "d.html", model="llama2-7b", gpus=8,
                          layout="dp=8", global_batch=64, seq_len=4096).read_text()
