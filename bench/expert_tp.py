@@ -1,4 +1,5 @@
-"""Experts split over tp (etp = tp) against experts whole on every tp rank (etp = 1).
+"""Experts split over tp (etp = tp) against experts whole on every tp rank (etp = 1), which
+under SP with dropless routing run each rank's own sequence shard (`WholeExperts`).
 
     PYTHONPATH=. python -m bench.expert_tp            # the table in docs/architecture.md
     PYTHONPATH=. python -m bench.expert_tp --quick    # a smoke run (tests/test_bench_smoke.py)

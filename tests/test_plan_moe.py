@@ -291,6 +291,11 @@ def test_whole_experts_on_sequence_shards_route_a_tp_share() -> None:
     experts = max(e for _, e in stage_local_params(DEEPSEEK, shards, 4096))
     summed = shard_grad_sum_seconds(DEEPSEEK, shards, cluster, moe, experts,
                                     MIXED_ADAM.grad_bytes)
+    # docs/architecture.md: on shards etp=1 is faster than etp=8, which sends every token
+    # from each tp rank, but holds every expert whole: it does not fit where etp=8 does
+    split = evaluate(DEEPSEEK, shards.replace(etp=8), cluster, 4096, 64)
+    assert estimate.step_time_s < split.step_time_s / 4 and split.fits and not estimate.fits
+    assert split.time["ep"] > 6 * estimate.time["ep"]
     assert summed > 0 and estimate.time["dp_total"] == pytest.approx(evaluate(
         DEEPSEEK, shards.replace(sequence_parallel=False), cluster, 4096, 64).time["dp_total"]
         + summed)
