@@ -1,6 +1,11 @@
 """Units, and the default sizes that more than one module reads (no torch import)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+Item = TypeVar("Item")
+
 GB = 1e9  # decimal, as GPU datasheets and the course count memory (16 x 7e9 bytes = 112 GB)
 MIB = 2**20  # binary, as the CUDA driver (nvidia-smi) and PyTorch's bucket sizes count
 
@@ -13,3 +18,19 @@ DEFAULT_BUCKET_BYTES = int(DEFAULT_BUCKET_MB * MIB)
 # Memory held back from the model on every GPU: the CUDA context, NCCL workspaces and the
 # allocator's slack (a round 2 GB; a CPU profile replaces it with a rank's measured baseline).
 DEFAULT_RESERVED_BYTES = 2e9
+
+
+def runs_within(items: Iterable[Item], nbytes: Callable[[Item], int], limit: float
+                ) -> list[list[Item]]:
+    """`items` in order, cut into consecutive runs of at most `limit` bytes (an item larger
+    than `limit` alone): how gradient sums and checkpoint files are grouped."""
+    runs: list[list[Item]] = [[]]
+    size = 0
+    for item in items:
+        n = nbytes(item)
+        if runs[-1] and size + n > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(item)
+        size += n
+    return runs

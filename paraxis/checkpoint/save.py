@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from paraxis.checkpoint.entries import Entry, optimizer_steps
+from paraxis.checkpoint.entries import optimizer_steps
 from paraxis.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -45,6 +45,7 @@ from paraxis.checkpoint.manifest import (
 from paraxis.checkpoint.ownership import still_held, write_identity
 from paraxis.errors import RunFailed
 from paraxis.runtime.watchdog import WATCH
+from paraxis.units import runs_within
 
 if TYPE_CHECKING:
     from paraxis.runtime.engine import Engine
@@ -60,20 +61,6 @@ FILE_BYTES = 256 * 2**20  # the most piece bytes one file holds (a rank writes s
 def rank_file(rank: int, part: int = 0) -> str:
     """The rank's first file (which also holds its RNG state), or its part-th."""
     return f"rank-{rank:05d}.safetensors" if part == 0 else f"rank-{rank:05d}-{part}.safetensors"
-
-
-def _groups(entries: list[Entry], limit: int) -> list[list[Entry]]:
-    """Consecutive entries in groups of at most `limit` bytes (one entry may exceed it)."""
-    groups: list[list[Entry]] = [[]]
-    size = 0
-    for entry in entries:
-        nbytes = entry.tensor.numel() * entry.tensor.element_size()
-        if groups[-1] and size + nbytes > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(entry)
-        size += nbytes
-    return groups
 
 
 def save_checkpoint(engine: Engine, root: str | Path, step: int,
@@ -151,7 +138,8 @@ def _write_pieces(engine: Engine, tmp: Path, rank: int, files: list[dict[str, An
                   pieces: list[dict[str, Any]]) -> None:
     """This rank's files: the pieces it owns, at most FILE_BYTES of them per file."""
     entries = [e for e in engine.checkpoint_entries() if e.owner]
-    for part, group in enumerate(_groups(entries, FILE_BYTES)):
+    for part, group in enumerate(runs_within(
+            entries, lambda e: e.tensor.numel() * e.tensor.element_size(), FILE_BYTES)):
         # A copy of each piece: ZeRO's parameters are views of one flat buffer, and
         # safetensors stores tensors that share memory only once. One file's worth at a time,
         # so saving needs at most FILE_BYTES on top of what the rank holds.

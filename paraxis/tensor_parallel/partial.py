@@ -15,7 +15,7 @@ import torch.distributed as dist
 from paraxis.runtime.params import is_partial_over_tp
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
-from paraxis.units import DEFAULT_BUCKET_BYTES
+from paraxis.units import DEFAULT_BUCKET_BYTES, runs_within
 
 
 def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> None:
@@ -52,22 +52,8 @@ def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
     for grad in grads:
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for same in by_dtype.values():
-        for bucket in _buckets(same, bucket_bytes):
+        for bucket in runs_within(same, lambda g: g.numel() * g.element_size(), bucket_bytes):
             _sum_in_one_call(bucket, group)
-
-
-def _buckets(grads: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    """`grads` in order, cut into runs of at most `limit` bytes (a larger one alone)."""
-    runs: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for grad in grads:
-        nbytes = grad.numel() * grad.element_size()
-        if runs[-1] and size + nbytes > limit:
-            runs.append([])
-            size = 0
-        runs[-1].append(grad)
-        size += nbytes
-    return runs
 
 
 def _sum_in_one_call(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
