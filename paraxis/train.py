@@ -117,7 +117,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                   f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
                   f"{layout.dp * layout.cp} other tokens are dropped than on one device "
                   "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
-        if feed_forward(model_cfg, layout) == "whole" and layout.tp > 1 and rank == 0:
+        if (model_cfg.is_moe and layout.tp > 1 and feed_forward(model_cfg, layout) == "whole"
+                and rank == 0):
             print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
                   flush=True)
         if rank == 0:

@@ -47,7 +47,7 @@ STEPS, SAVE_AT, SEQ = 6, 3, 64
 LOSS_TOL = NORM_TOL = 1e-5
 LAYOUTS = ["dp=2,tp=2,etp=2", "dp=2,tp=2,etp=2,sp=true,ep=2,zero=3",
            "tp=2,etp=2,sp=true,pp=2,microbatches=2,recompute=full,zero=1",
-           "dp=2,tp=2,sp=true,ep=2,zero=3"]
+           "dp=2,tp=2,sp=true,ep=2,zero=3", "dp=2,tp=2"]
 RESUMES = {LAYOUTS[3]: LAYOUTS[1]}  # layout -> the layout whose step-3 checkpoint it resumes
 
 
@@ -68,12 +68,12 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _run(model: str, layout: str, root: str, **options: object) -> list[tuple[float, float]]:
-    """(loss, gradient norm) of every step."""
+def _run(model: str, layout: str, root: str, **options: object) -> list[tuple[float, ...]]:
+    """(loss, gradient norm, aux loss, z-loss) of every step."""
     fields = dict(model=model, steps=STEPS, global_batch=8, seq_len=SEQ, warmup=2,
                   device="cpu", quiet=True, layout=as_layout(layout), checkpoint_dir=root,
                   checkpoint_every=SAVE_AT)
-    return [(r["loss"], r["grad_norm"])
+    return [(r["loss"], r["grad_norm"], r["aux_loss"], r["z_loss"])
             for r in run_training(RunConfig.from_flags(**{**fields, **options}))]
 
 
@@ -118,9 +118,12 @@ def layouts(model_file: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return run_on_ranks(LAYOUTS, _on_ranks, model_file, str(root), timeout_s=500), root
 
 
-def _assert_close(what: str, steps: list[tuple[float, float]],
-                  want: list[tuple[float, float]]) -> None:
+def _assert_close(what: str, steps: list[tuple[float, ...]],
+                  want: list[tuple[float, ...]]) -> None:
     assert len(steps) == len(want), what
+    # the routing metrics (aux and z-loss, averaged over dp, and over tp on shards)
+    regulariser = max(abs(a[i] - b[i]) for a, b in zip(steps, want, strict=True) for i in (2, 3))
+    assert regulariser <= LOSS_TOL, f"{what}: aux or z-loss differ by {regulariser:.2e}"
     worst = max(abs(a[0] - b[0]) for a, b in zip(steps, want, strict=True))
     assert worst <= LOSS_TOL, f"{what}: losses differ by {worst:.2e}"
     norms = max(abs(a[1] / b[1] - 1) for a, b in zip(steps, want, strict=True))

@@ -22,6 +22,7 @@ from paraxis.tensor_parallel.comm import (
     reduce_scatter_to_sequence,
     scatter_to_sequence,
 )
+from paraxis.tensor_parallel.partial import mark_partial_grad, sum_partial_grads
 from paraxis.testing import RankContext, on_ranks, run_on_ranks
 
 BATCH, SEQ = 2, 16
@@ -173,3 +174,28 @@ def test_partial_gradients_are_summed_once_a_step(layout):
     for calls, partial in run_on_ranks(layout, _engine_step_calls):
         assert partial == 4 * 6 + 2 + 1  # 4 layers x 6, the final norm, the positions
         assert calls == 1
+
+
+def sum_in_buckets(ctx: RankContext) -> dict:
+    """`sum_partial_grads` with 40-byte buckets on real ranks: fp32 gradients of 12, 20,
+    160, 8 bytes and a non-contiguous 64-byte one go in runs [12, 20], [160] (alone, in
+    place), [8], [64] (alone, through a copy)."""
+    rank = dist.get_rank()
+    shapes = [(3,), (5,), (40,), (2,), (4, 4)]
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
+    for param in params:
+        mark_partial_grad(param, dist.group.WORLD)
+    grads = [torch.full(shape, rank + 1.0) for shape in shapes]
+    grads[-1] = grads[-1].t()
+    big = grads[2].data_ptr()
+    with CommCounter() as counter:
+        sum_partial_grads(list(zip(params, grads, strict=True)), dist.group.WORLD, 40)
+    return {"sums": [sorted(set(g.flatten().tolist())) for g in grads],
+            "calls": counter.count("all_reduce", "backward", "param_grad"),
+            "in_place": grads[2].data_ptr() == big}
+
+
+def test_partial_gradients_are_summed_a_bucket_at_a_time():
+    for result in run_on_ranks("tp=2", sum_in_buckets):
+        assert result["sums"] == [[3.0]] * 5  # 1 + 2 everywhere
+        assert result["calls"] == 4 and result["in_place"]

@@ -70,10 +70,11 @@ from paraxis.units import DEFAULT_BUCKET_BYTES
 class DataParallelEngine(LocalEngine):
     """Data parallelism over `groups.replica_group` (dp x cp) with ZeRO stage `layout.zero`.
 
-    bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time).
-    precision: the policy (`paraxis.precision`; a preset's name or a policy): parameters are
-    stored in its param dtype, gradients accumulate and are reduced in its grad dtype, a
-    16-bit policy's AdamW updates fp32 masters (`masters.py`), fp16 scales its loss.
+    bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time)
+    and for the partial gradients' sum over tp. precision: the policy (`paraxis.precision`;
+    a preset's name or a policy): parameters are stored in its param dtype, gradients
+    accumulate and are reduced in its grad dtype, a 16-bit policy's AdamW updates fp32
+    masters (`masters.py`), fp16 scales its loss.
     autocast_dtype: the older form, 16-bit compute over fp32 parameters and gradients
     (`precision.autocast_policy`). device: where parameters still on the meta device get their
     storage (default: where the parameters are).
@@ -85,9 +86,7 @@ class DataParallelEngine(LocalEngine):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  device: torch.device | None = None,
                  precision: str | PrecisionPolicy = "fp32") -> None:
-        self.model = model
-        self.layout = layout
-        self.groups = groups
+        self.model, self.layout, self.groups = model, layout, groups
         self.policy = policy = get_policy(precision)
         if autocast_dtype is not None:
             names = {torch_dtype(n): n for n in ("fp32", "bf16", "fp16")}
@@ -105,6 +104,7 @@ class DataParallelEngine(LocalEngine):
                                f"group has {self.dp_size} ranks; build its groups from the layout")
         if bucket_bytes <= 0:
             raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
+        self.bucket_bytes = bucket_bytes
         self.loss_scaler = LossScaler() if policy.loss_scaling else None
         self._skip_step = False
         self._grad_factor = 1.0  # unscale/clip factor left for the fp32 master gradients
@@ -205,14 +205,15 @@ class DataParallelEngine(LocalEngine):
 
     def finish_grad_sync(self) -> None:
         """Wait for every bucket/shard reduction; gradients are then the dp mean. Then sum
-        SP's partial gradients over the TP group, in one call (`sum_partial_grads`)."""
+        the partial gradients over the TP group, a call per bucket (`sum_partial_grads`)."""
         self.reducer.finish()
         if self.gatherer is not None:
             self.gatherer.free_all()
         pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
                   zip(self.pieces, self.piece_grads, strict=True)] if self.pieces else
                  [(p, p.grad) for p in self.model.parameters()])
-        sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None)
+        sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None,
+                          self.bucket_bytes)
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         loss = super().evaluate(inputs, targets)

@@ -140,8 +140,8 @@ class MoE(nn.Module):
         # the tp group where each tp rank routes only its own sequence shard (WholeExperts)
         self.shard_group: dist.ProcessGroup | None = None
         self.aux_scale = 1.0  # d(total loss)/d(aux loss) in backward (set_aux_loss_scale)
-        # this rank's share of the regulariser's gradient: 1/tp where the experts are split
-        # over tp (tensor_parallel.apply.ExpertsRegion: the tp ranks' router gradients add up)
+        # this rank's share of the regulariser's gradient: 1/tp where the tp ranks' router
+        # gradients add up (tensor_parallel.apply: ExpertsRegion, WholeExperts on shards)
         self.regulariser_share = 1.0
         self.last_counts: torch.Tensor | None = None  # per-expert assignments, global
         self.last_aux: torch.Tensor | None = None  # the aux loss value (this rank's share)

@@ -10,8 +10,10 @@ counts, torch-free; nothing is re-derived here):
   shards its states. Everything else (attention, norms, router, shared experts, dense blocks,
   embedding, head) is replicated over dp*cp as in a dense model. Over tp the router is
   replicated, and so are the experts with the layout's etp = 1: every rank of a TP group
-  holds and runs them whole; with etp = tp each routed and shared expert is split over tp
-  like the dense MLP (1/tp of its parameters, FLOPs and hidden activations on each rank).
+  holds them whole and runs them on the whole sequence, or under SP with dropless routing
+  on its own sequence shard (`feed_forward`, `routing_share`); with etp = tp each routed
+  and shared expert is split over tp like the dense MLP (1/tp of its parameters, FLOPs and
+  hidden activations on each rank).
 - Compute: a token passes through the router, its top_k experts and the shared ones, so the
   FLOPs follow the active parameters (`ModelConfig.layer_params(i, active=True)`). The
   busiest EP rank receives `imbalance` x the mean tokens and computes that much expert work;

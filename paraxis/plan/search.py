@@ -228,6 +228,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
                                                          cfg.n_layers):
                     for sp in c.sequence_parallel if tp > 1 else (False,):
+                        if not sp and _repeats_experts(cfg, shape, c):
+                            continue
                         for recompute, group in _recompute_steps(c, cfg.n_layers, pp, virtual):
                             settings = (micro_batch, kind, virtual, sp, recompute, group)
                             if reshard == "forward" and (shape, zero, settings) in kept:
@@ -341,6 +343,13 @@ def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...
     if c.split_experts is not None:
         return c.split_experts
     return (True, False) if True in c.sequence_parallel and not cfg.capacity_factor else (True,)
+
+
+def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
+    """Whole experts without SP, which every tp rank runs on the whole sequence, where the
+    search chose them itself (for their shards under SP: `_expert_splits`)."""
+    return (c.split_experts is None and shape.etp == 1 and shape.tp > 1 and cfg.is_moe
+            and cfg.d_ff_expert % shape.tp == 0)
 
 
 def too_big_reason(estimate: Estimate) -> str:

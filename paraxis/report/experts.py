@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.moe.config_checks import routing_text
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, uniform_send_matrix
-from paraxis.plan.experts import experts_over_tp
+from paraxis.plan.experts import experts_over_tp, routing_share
 from paraxis.report.text import duration
 from paraxis.viz.html import figure
 from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
@@ -39,7 +39,8 @@ def experts_section(plan: Plan, run: MeasuredRun | None) -> Section:
              f"expert{'s' if cfg.n_experts // layout.ep > 1 else ''} of every "
              f"MoE block. {experts_over_tp(cfg, layout)}</p>"]
     if layout.ep > 1:
-        tokens = e.micro_batch * plan.seq_len // layout.cp  # one rank's microbatch
+        # one rank's microbatch (its sequence shard's where each tp rank routes its own)
+        tokens = e.micro_batch * plan.seq_len // layout.cp // routing_share(cfg, layout)
         per_rank = uniform_send_matrix(tokens, cfg.top_k, cfg.n_experts, layout.ep,
                                        cfg.capacity_factor)[0][0]
         per_expert = round(per_rank * layout.ep / cfg.n_experts)

@@ -80,8 +80,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         for part in parts:
             part.set_context_parallel(split)
     # 3b. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
-    #     tp ranks see the same tokens), and with ep > 1 only this rank's experts, the
-    #     others reached by all-to-all over the ep group (moe/expert_parallel.py)
+    #     and tp, where step 2 left each tp rank its own sequence shard), and with ep > 1
+    #     only this rank's experts, the others reached by all-to-all over the ep group
     if cfg.n_experts:
         layout.validate(model=cfg)
         for part in parts:

@@ -1,10 +1,12 @@
 """Sequence parallelism's partial gradients: replicated parameters applied to sequence shards.
 
 With SP each TP rank normalises only its own tokens, so the norms' weights and biases, the
-row-parallel biases and learned positions (parameters every TP rank holds whole) get on each
-rank the gradient of its tokens only; the single-device gradient is their sum over the TP
-group. The layers mark them (`mark_partial_grad`), and the engine sums them once a step
-(`sum_partial_grads`, from `DataParallelEngine.finish_grad_sync`).
+row-parallel biases and learned positions (parameters every TP rank holds whole), and the
+router and whole experts of a mixture of experts that runs on sequence shards
+(`apply.WholeExperts`), get on each rank the gradient of its tokens only; the
+single-device gradient is their sum over the TP group. The layers mark them
+(`mark_partial_grad`), and the engine sums them once a step (`sum_partial_grads`, from
+`DataParallelEngine.finish_grad_sync`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from paraxis.units import DEFAULT_BUCKET_BYTES, runs_within
 
 def mark_partial_grad(param: torch.Tensor, group: dist.ProcessGroup | None) -> None:
     """Mark a replicated parameter that sequence parallelism applies to this rank's tokens
-    only (norm weights and biases, row-parallel biases, learned positions): its gradient on
+    only (norm weights and biases, row-parallel biases, learned positions, whole experts on
+    shards and their router): its gradient on
     each TP rank covers that rank's tokens, and the single-device gradient is their sum
     (Korthikanti et al. 2022, sec. 4.2.2). The engine sums them once a step with
     `sum_partial_grads` (`is_partial_over_tp`)."""
