@@ -90,8 +90,8 @@ def test_a_mixture_of_experts_block_sends_what_the_planner_counts(sequence_paral
     result = run_on_ranks("tp=2", count_block, "tiny-moe", sequence_parallel, split_experts)[0]
     mlp = "split" if split_experts else "shards" if sequence_parallel else "whole"
     assert result["counts"] == seeds_per_layer(sequence_parallel, mlp)
-    moe = (1 if split_experts else result["moe_params"]) if split_experts or sequence_parallel \
-        else 0  # the router, or all of the block's
+    # the router, or all of the block's
+    moe = 1 if split_experts else result["moe_params"] if sequence_parallel else 0
     assert result["partial"] == 2 * sequence_parallel + moe  # RMSNorms, and the MoE's
     assert result["param_grad"] == 0
 

@@ -119,9 +119,8 @@ def shard_grad_sum_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster,
     tp link's bandwidth (the call's latency is `step_calls`'). Nothing overlaps it."""
     if not moe_blocks or feed_forward(cfg, layout) != "shards":
         return 0.0
-    block = block_params(cfg, cfg.n_layers - 1)  # the last block routes if any does
     replicas = layout.dp * layout.cp if layout.zero else 1
-    size = grad_bytes * (moe_blocks * (block.router + block.shared) / replicas
+    size = grad_bytes * (moe_blocks * cfg.moe_replicated_params() / replicas
                          + experts / max(1, replicas // layout.ep))
     bandwidth, _ = axis_link(layout, "tp", cluster).cost("all_reduce")
     return op_time("all_reduce", size, layout.tp, bandwidth)
