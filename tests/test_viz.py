@@ -19,7 +19,7 @@ from paraxis.viz.pipeline import (
     timeline_events,
 )
 from paraxis.viz.ring import plot_ring
-from paraxis.viz.tp_split import COLUMN, ROW, VOCAB, plot_tp_split, split_weights
+from paraxis.viz.tp_split import COLUMN, ROW, VOCAB, WHOLE, plot_tp_split, split_weights
 from paraxis.viz.trace import check_events, from_chrome_trace, load_trace, to_chrome_trace
 
 
@@ -94,19 +94,25 @@ def test_rank_grid_roles_are_the_layouts_coordinates():
 
 
 def test_tp_split_agrees_with_the_tensor_parallel_plan():
-    from paraxis.tensor_parallel.apply import PLAN, Colwise, Rowwise, VocabParallel, _pattern
+    from paraxis.model import parameter_shapes
+    from paraxis.tensor_parallel.apply import tp_plan, tp_split_dim
 
-    styles = {Colwise: (COLUMN, VOCAB), Rowwise: (ROW,), VocabParallel: (VOCAB,)}
-    for cfg in (PRESETS["tiny"], PRESETS["tiny-llama"]):
-        weights = split_weights(cfg)
-        assert {w.name for w in weights} >= {"blocks.0.attn.o.weight", "blocks.0.mlp.up.weight"}
-        for w in weights:
-            module = w.name.removesuffix(".weight")
-            matches = [style for text, style in PLAN.items() if _pattern(text).match(module)]
-            assert matches, f"{module} is not in the TP plan"
-            assert w.style in styles[type(matches[0])], module
-        fig = plot_tp_split(cfg, 2)
-        assert_readable(fig)
+    dims = {COLUMN: 0, VOCAB: 0, ROW: 1, WHOLE: None}
+    moe = PRESETS["tiny-moe-shared"].replace(first_dense_layers=1)
+    for cfg in (PRESETS["tiny"], PRESETS["tiny-llama"], PRESETS["tiny-moe"], moe):
+        for split in (False, True) if cfg.is_moe else (False,):
+            weights, shapes = split_weights(cfg, split), parameter_shapes(cfg)
+            names = {w.name for w in weights}
+            assert "blocks.0.attn.o.weight" in names
+            # the dense MLP where block 0 has one; one expert of the first MoE block
+            assert ("blocks.0.mlp.up.weight" in names) == (not cfg.is_moe_layer(0))
+            assert any(".moe.experts.0.down" in n for n in names) == cfg.is_moe
+            for w in weights:  # a real parameter, split along the dim the runtime splits
+                assert shapes[w.name] == (w.out_features, w.in_features), w.name
+                assert tp_split_dim(w.name, tp_plan(split)) == dims[w.style], w.name
+            fig = plot_tp_split(cfg, 2, etp=2 if split else 1)
+            assert_readable(fig)
+            assert ("etp=" in fig._suptitle.get_text()) == cfg.is_moe
     w = next(w for w in split_weights(PRESETS["tiny"]) if w.name.endswith("down.weight"))
     assert (w.split_dim, w.slice_of(1, 2)) == (1, (128, 256))
 

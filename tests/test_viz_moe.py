@@ -82,7 +82,9 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
     assert "each rank holds 1 expert of" in html
     # the planner's sentence (plan.experts.experts_over_tp), for this layout: no SP
-    assert "each of the tp=8 ranks repeats their work on the whole sequence (no SP)" in html
+    # ... in the experts section and under the tp split, whose experts are drawn whole
+    assert html.count("each of the tp=8 ranks repeats their work on the whole sequence "
+                      "(no SP)") == 2
     shards = write_report(tmp_path / "s.html", model="mixtral-8x7b", gpus=64,
                           layout="dp=8,tp=8,ep=8,sequence_parallel=true", global_batch=64,
                           seq_len=4096).read_text()

@@ -55,6 +55,7 @@ from torch import nn
 
 from paraxis.model_config import ModelConfig
 from paraxis.moe.placement import expert_capacity
+from paraxis.runtime.watchdog import WATCH
 
 ExpertsRunner = Callable[[torch.Tensor, list[int]], torch.Tensor]
 
@@ -269,7 +270,8 @@ class MoE(nn.Module):
         for group in (self.stats_group, self.shard_group):
             if group is not None and dist.get_world_size(group) > 1:
                 counts = counts.clone()
-                dist.all_reduce(counts, group=group)
+                with WATCH.waiting("all_reduce (routing counts)", group):
+                    dist.all_reduce(counts, group=group)
         return counts
 
     def _aux_loss(self, counts: torch.Tensor, probs: torch.Tensor,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paraxis.context_parallel.balance import pairs_per_rank
+from paraxis.plan.experts import experts_over_tp
 from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.report.experts import experts_section
 from paraxis.report.text import duration, layout_text
@@ -92,10 +93,12 @@ def _tp(plan: Plan) -> Section:
     tp = layout.tp if layout.tp > 1 else 2
     note = "" if layout.tp > 1 else (" This plan uses tp=1 (every rank holds whole weights); "
                                      "the picture shows tp=2 to illustrate.")
+    etp = tp if layout.etp > 1 else 1
+    experts = experts_over_tp(plan.cfg, layout)  # what the grey (whole) experts mean
     return ("tp", "Tensor-parallel split", figure(
-        figure_data_uri(plot_tp_split(plan.cfg, tp)), "tensor-parallel split",
+        figure_data_uri(plot_tp_split(plan.cfg, tp, etp)), "tensor-parallel split",
         "Column-parallel layers split output features, row-parallel ones input features; "
-        "one all-reduce joins them (Megatron-LM)." + note))
+        "one all-reduce joins them (Megatron-LM)." + note + (" " + experts if experts else "")))
 
 
 def _memory(plan: Plan) -> Section:
