@@ -11,6 +11,8 @@ and the aux-loss-free routing bias, 6 steps, one launch of 4 ranks:
   1e-5 relatively, the same biases;
 - dp2 x tp2 (SP) x ep2 with etp = 1 resumes the etp = 2 ZeRO-3 run's step-3 checkpoint
   and goes on like one device (checkpoints cross etp);
+- under a capacity factor whole experts with SP gather the sequence: dp2 x tp2 (SP) x ep2
+  drops, step by step, the assignments dp2 x tp2 without SP drops, and trains its numbers;
 - each rank holds 1/tp of every expert: its parameter count is the planner's
   (`plan.memory.stage_local_params`);
 - the TP plan and the checkpoint converter agree on which dims are split; bad etp values
@@ -49,6 +51,10 @@ LAYOUTS = ["dp=2,tp=2,etp=2", "dp=2,tp=2,etp=2,sp=true,ep=2,zero=3",
            "tp=2,etp=2,sp=true,pp=2,microbatches=2,recompute=full,zero=1",
            "dp=2,tp=2,sp=true,ep=2,zero=3", "dp=2,tp=2"]
 RESUMES = {LAYOUTS[3]: LAYOUTS[1]}  # layout -> the layout whose step-3 checkpoint it resumes
+# Whole experts under a capacity factor: with SP the block gathers the sequence, so each tp
+# rank drops what the dp rank's whole sequence overflows, as without SP (a shard's capacity
+# would drop other tokens). At 0.5 every block drops assignments.
+CAPACITY, GATHERS = 0.5, (LAYOUTS[3], LAYOUTS[4])
 
 
 def _config(**changes: object) -> ModelConfig:
@@ -65,15 +71,19 @@ BIASES = [f"blocks.{i}.moe.expert_bias" for i in range(CFG.first_dense_layers, C
 def model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("model") / "tiny-moe-etp.json"
     path.write_text(json.dumps(dataclasses.asdict(CFG)))
+    path.with_name("capacity.json").write_text(json.dumps(dataclasses.asdict(
+        CFG.replace(capacity_factor=CAPACITY))))
     return str(path)
 
 
 def _run(model: str, layout: str, root: str, **options: object) -> list[tuple[float, ...]]:
-    """(loss, gradient norm, aux loss, z-loss) of every step."""
+    """(loss, gradient norm, aux loss, z-loss) of every step (and the assignments each block
+    dropped, under a capacity factor)."""
     fields = dict(model=model, steps=STEPS, global_batch=8, seq_len=SEQ, warmup=2,
                   device="cpu", quiet=True, layout=as_layout(layout), checkpoint_dir=root,
                   checkpoint_every=SAVE_AT)
-    return [(r["loss"], r["grad_norm"], r["aux_loss"], r["z_loss"])
+    return [(r["loss"], r["grad_norm"], r["aux_loss"], r["z_loss"],
+             *([tuple(r["dropped_tokens"])] if "dropped_tokens" in r else []))
             for r in run_training(RunConfig.from_flags(**{**fields, **options}))]
 
 
@@ -109,6 +119,9 @@ def _on_ranks(ctx: RankContext, model: str, root: str) -> dict:
     if source is not None:
         result["resumed"] = _run(model, layout, f"{root}/{layout}-resumed",
                                  resume=str(_saved(root, source, SAVE_AT)))
+    if layout in {str(as_layout(text)) for text in GATHERS}:
+        result["capacity"] = _run(str(Path(model).with_name("capacity.json")), layout,
+                                  f"{root}/{layout}-capacity", steps=3)
     return result
 
 
@@ -146,6 +159,20 @@ def test_split_experts_train_like_one_device(one_device, layouts):
         if "resumed" in by_rank[0]:  # another etp's checkpoint
             _assert_close(f"{text} resuming {RESUMES[text]}", by_rank[0]["resumed"],
                           want[SAVE_AT:])
+
+
+def test_whole_experts_under_a_capacity_factor_drop_what_the_whole_sequence_overflows(
+        layouts):
+    """SP's gather path (capacity factor, etp=1) trains the numbers of the same run without
+    SP, where every tp rank holds the whole sequence: the same drops, losses and norms."""
+    results, _ = layouts
+    gathered, whole = (results[LAYOUTS.index(text)][0]["capacity"] for text in GATHERS)
+    assert feed_forward(CFG.replace(capacity_factor=CAPACITY), as_layout(GATHERS[0])) \
+        == "whole"
+    assert all(min(step[4]) > 0 for step in whole), whole  # the capacity binds
+    assert [step[4] for step in gathered] == [step[4] for step in whole]
+    _assert_close(f"{GATHERS[0]} against {GATHERS[1]}", [step[:4] for step in gathered],
+                  [step[:4] for step in whole])
 
 
 def test_each_rank_holds_its_share_of_every_expert(layouts):
