@@ -62,12 +62,9 @@ def run(args: argparse.Namespace) -> int:
                                "destination") from None
         print(f"wrote {final} for layout {Layout.parse(args.layout)}")
         return 0
-    from paraxis.model_config import ModelConfig
-
     reader = CheckpointReader(args.path)
     manifest = reader.manifest
-    cfg = ModelConfig.from_dict(manifest["model"],
-                                source=str(reader.directory / "manifest.json"))
+    cfg = reader.model_config()
     from paraxis.model import parameter_shapes
 
     trained = parameter_shapes(cfg)  # not the buffers (an MoE's routing bias)

@@ -49,7 +49,7 @@ def convert(source: str | Path, destination: str | Path, layout: Layout,
     """Rewrite checkpoint `source` as `destination/step-N`, cut for `layout`."""
     reader = CheckpointReader(source)
     manifest = reader.manifest
-    cfg = ModelConfig.from_dict(manifest["model"], source=str(reader.directory))
+    cfg = reader.model_config()
     kinds = tuple(k for k in KINDS if reader.names(k))
     base = {key: value for key, value in manifest.items()
             if key not in ("files", "pieces", "layout", "world_size")}

@@ -33,6 +33,7 @@ from paraxis.checkpoint.manifest import (
 )
 from paraxis.checkpoint.pieces import FullSource, fill_entries, rows_holding
 from paraxis.errors import ParaxisError
+from paraxis.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from paraxis.runtime.engine import Engine
@@ -53,6 +54,11 @@ class CheckpointReader:
 
     def names(self, kind: str = "param") -> list[str]:
         return sorted(name for k, name in self.pieces if k == kind)
+
+    def model_config(self) -> ModelConfig:
+        """The model the checkpoint trained, every field (one it predates: its default)."""
+        return ModelConfig.from_dict(self.manifest["model"],
+                                     source=str(self.directory / "manifest.json"))
 
     def full(self, kind: str, name: str) -> torch.Tensor:
         """The whole single-device tensor `kind/name`, assembled from its pieces."""
@@ -217,13 +223,11 @@ def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any]
     The RNG state comes back only when the checkpoint was written by the same layout (a
     resharded run has different ranks, so no rank's state is "its own").
     """
-    from paraxis.model_config import ModelConfig
-
     reader = CheckpointReader(directory)
     manifest = reader.manifest
     # the saved model with every field: one the checkpoint predates reads as its default,
     # the model that checkpoint trained
-    saved = ModelConfig.from_dict(manifest["model"], source=str(reader.directory)).to_dict()
+    saved = reader.model_config().to_dict()
     check_model({"model": saved}, model, reader.directory)
     verify_together(reader)
     with_optimizer = manifest.get("has_optimizer", False) and not weights_only
@@ -258,11 +262,9 @@ def read_full_state(directory: str | Path, kinds: tuple[str, ...] = ("param",)
     No process group needed: this is how `paraxis generate`, `checkpoint convert` and the
     resharding tests see a checkpoint as one device would.
     """
-    from paraxis.model_config import ModelConfig
-
     reader = CheckpointReader(directory)
     reader.check_complete()
-    cfg = ModelConfig.from_dict(reader.manifest["model"], source=str(reader.directory))
+    cfg = reader.model_config()
     out = {}
     for kind in kinds:
         if kind not in KINDS:
