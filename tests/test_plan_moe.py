@@ -12,8 +12,9 @@ from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import PRESETS
 from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
-from paraxis.plan.comm import collective_time
+from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
+from paraxis.plan.context import replica_link
 from paraxis.plan.cost import evaluate, layer_times
 from paraxis.plan.experts import (
     all_to_all_times,
@@ -26,6 +27,7 @@ from paraxis.plan.experts import (
     measured_all_to_all_bytes,
     moe_activation_bytes,
     remote_nodes_per_token,
+    routing_calls_seconds,
     routing_share,
     shard_grad_sum_seconds,
 )
@@ -34,6 +36,7 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.plan.memory import stage_kinds, stage_local_params, stage_params
 from paraxis.plan.precision import MIXED_ADAM
 from paraxis.plan.search import Constraints, search
+from paraxis.plan.step_calls import scalar_call_time
 from paraxis.plan.uncertainty import GPU_BAND, ties
 
 MIXTRAL = PRESETS["mixtral-8x7b"]
@@ -98,9 +101,21 @@ def test_all_to_all_bytes_are_placements_for_uniform_routing() -> None:
     cluster = H100_8
     times = layer_times(MIXTRAL, layout, cluster, 4096, 1, moe=True, expert_imbalance=1.5)
     one = collective_time("all_to_all", 1.5 * sent, ep, ep_link(layout, cluster))
-    assert times["ep_total"] == pytest.approx(ALL_TO_ALLS_PER_BLOCK * one)
+    # and, forward, the routing's small calls: the counts over the 8 replicas sharing the
+    # microbatch step and the counts each EP rank sends each (moe/layer.py, expert_parallel)
+    calls = routing_calls_seconds(MIXTRAL, layout, cluster)
+    assert calls == pytest.approx(scalar_call_time(8, replica_link(layout, cluster), cluster)
+                                  + scalar_call_time(ep, ep_link(layout, cluster), cluster))
+    assert times["ep_total"] == pytest.approx(ALL_TO_ALLS_PER_BLOCK * one + calls)
+    assert times["ep_forward"] == pytest.approx(ALL_TO_ALLS_PER_BLOCK // 2 * one + calls)
     assert layer_times(MIXTRAL, layout.replace(ep=1), cluster, 4096, 1, moe=True)[
-        "ep_total"] == 0.0
+        "ep_total"] == pytest.approx(calls - scalar_call_time(ep, ep_link(layout, cluster),
+                                                              cluster))
+    assert layer_times(MIXTRAL, Layout(tp=8), cluster, 4096, 1, moe=True)["ep_total"] == 0.0
+    # each tp rank routing its own sequence shard sums the counts over tp as well
+    shards = Layout(tp=8, sequence_parallel=True)
+    assert routing_calls_seconds(MIXTRAL, shards, cluster) == scalar_call_time(
+        8, axis_link(shards, "tp", cluster), cluster)
 
 
 def test_measured_counts_give_the_busiest_ranks_share_and_the_bytes() -> None:
@@ -296,9 +311,11 @@ def test_whole_experts_on_sequence_shards_route_a_tp_share() -> None:
     split = evaluate(DEEPSEEK, shards.replace(etp=8), cluster, 4096, 64)
     assert estimate.step_time_s < split.step_time_s / 4 and split.fits and not estimate.fits
     assert split.time["ep"] > 6 * estimate.time["ep"]
-    assert summed > 0 and estimate.time["dp_total"] == pytest.approx(evaluate(
-        DEEPSEEK, shards.replace(sequence_parallel=False), cluster, 4096, 64).time["dp_total"]
-        + summed)
+    # priced apart from the gradient sync, which is the same as where no rank runs shards
+    assert summed > 0 and estimate.time["tp_grads"] == summed
+    assert estimate.time["dp_total"] == pytest.approx(evaluate(
+        DEEPSEEK, shards.replace(sequence_parallel=False), cluster, 4096, 64).time["dp_total"])
+    assert split.time["tp_grads"] == 0.0
 
 
 def test_the_search_tries_whole_experts_where_they_run_on_sequence_shards() -> None:

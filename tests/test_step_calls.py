@@ -19,12 +19,12 @@ from paraxis.plan.hardware import Cluster, get_gpu
 from paraxis.plan.step_calls import step_calls, step_calls_time
 
 PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
-# Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives and the
-# vocab-parallel loss (per microbatch), the pipeline's messages, the gradient sync and
-# ZeRO's parameter gathers.
+# Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives, an MoE
+# block's routing counts (`experts.routing_calls_seconds`) and the vocab-parallel loss (per
+# microbatch), the pipeline's messages, the gradient sync and ZeRO's parameter gathers.
 PRICED_ELSEWHERE = ("tensor_parallel/comm.py", "tensor_parallel/cross_entropy.py",
                     "tensor_parallel/apply.py", "context_parallel/", "moe/expert_parallel.py",
-                    "runtime/all_to_all.py",
+                    "moe/layer.py", "runtime/all_to_all.py",
                     "pipeline_parallel/executor.py", "data_parallel/buckets.py",
                     "data_parallel/zero.py", "data_parallel/engine.py all_gather")
 RUNS = [  # (model, layout): one launch of 8 ranks runs them all

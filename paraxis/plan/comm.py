@@ -172,8 +172,8 @@ def tp_collectives_per_layer(sequence_parallel: bool,
     feed-forward half split over tp ("split": a dense MLP, experts with etp = tp), whole on
     every rank ("whole": experts with etp = 1; its only collective is SP's all-gather, of its
     input forward and of its output's gradient backward), or whole on each rank's sequence
-    shard ("shards": `moe.placement.experts_on_sequence_shards`; only its routing counts'
-    all-reduce, a few bytes, unpriced as over dp x cp)."""
+    shard ("shards": `moe.placement.experts_on_sequence_shards`; its only call over tp
+    sums the routing counts: `experts.routing_calls_seconds`)."""
     gather, scatter = {"split": (1, 1), "whole": (1, 0), "shards": (0, 0)}[mlp]
     if sequence_parallel:
         per_pass = {"all_reduce": 0, "all_gather": 1 + gather, "reduce_scatter": 1 + scatter}

@@ -51,7 +51,7 @@ from paraxis.plan.compute import (
 from paraxis.plan.context import cp_layer_times, imbalance, kernel_pieces, replica_link
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
-    all_to_all_times,
+    block_exchange_times,
     busiest_load,
     check_ep,
     expert_dp_link,
@@ -91,7 +91,7 @@ class Estimate:
     micro_batch: int  # sequences per microbatch per replica
     memory: dict[str, float]  # per GPU, on the stage that needs the most
     memory_limit_bytes: float
-    time: dict[str, float]  # compute, tp, pp, dp (exposed), bubble, step, seconds
+    time: dict[str, float]  # compute, tp, pp, dp (exposed), bubble, tp_grads, step: seconds
     tokens_per_s: float
     mfu: float
     hfu: float
@@ -220,7 +220,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         rerun = "forward" if layout.recompute == "full" else "rerun"
         cp["backward"] += cp[rerun]
         cp["total"] += cp[rerun + "_total"]
-    ep = all_to_all_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
+    ep = block_exchange_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
     if layout.recompute == "full":
         ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
@@ -375,12 +375,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
-    t_dp, dp_exposed = t_dp + t_shards, dp_exposed + t_shards
     t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
                                  layer_rates(cluster, layout.tp)[2], pipelined)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
     t_calls = step_calls_time(cfg, layout, cluster)
-    step = pipeline + dp_exposed + t_optimizer + t_calls
+    step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)
     peak_total = cluster.world_size * gpu.peak_flops
@@ -389,7 +388,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
             "pp": 0.0 if overlap.pp else layout.microbatches * t_pp,
             "cp": layout.microbatches * t_cp, "cp_total": layout.microbatches * t_cp_total,
             "dp": dp_exposed, "bubble": pipeline - busy, "optimizer": t_optimizer,
-            "step_calls": t_calls, "step": step,
+            "step_calls": t_calls, "step": step, "tp_grads": t_shards,
             "tp_total": layout.microbatches * t_tp_total, "pp_total": layout.microbatches * t_pp,
             "dp_total": t_dp, "ep": layout.microbatches * t_ep,
             "ep_total": layout.microbatches * blocks_sum(busiest, "ep_total")}

@@ -45,8 +45,10 @@ from paraxis.moe.placement import (
     uniform_send_matrix,
 )
 from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
+from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
+from paraxis.plan.step_calls import scalar_call_time
 
 # The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the middle
 # capacity factor the Switch Transformer benchmarks (Fedus et al. 2022, Sec. 2.2 defines it
@@ -271,6 +273,28 @@ def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens:
         one = collective_time("all_to_all", size, layout.ep, link)
     half = ALL_TO_ALLS_PER_BLOCK // 2
     return {"forward": half * one, "backward": half * one, "total": ALL_TO_ALLS_PER_BLOCK * one}
+
+
+def routing_calls_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> float:
+    """Seconds of an MoE block's small blocking calls per microbatch forward (`moe.layer`,
+    `moe.expert_parallel`): the routing counts all-reduced over the dp x cp ranks sharing the
+    microbatch step, and over tp where each tp rank routes its own sequence shard; with
+    ep > 1 the counts each rank sends each rank (an all-to-all of E integers). Each costs
+    its latency (`step_calls.scalar_call_time`)."""
+    groups = [(layout.dp * layout.cp, lambda: replica_link(layout, cluster)),
+              (layout.tp if routing_share(cfg, layout) > 1 else 1,
+               lambda: axis_link(layout, "tp", cluster)),
+              (layout.ep, lambda: ep_link(layout, cluster))]
+    return sum(scalar_call_time(n, link(), cluster) for n, link in groups if n > 1)
+
+
+def block_exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,
+                         value_bytes: int, imbalance: float) -> dict[str, float]:
+    """An MoE block's exposed calls per microbatch: its all-to-alls (`all_to_all_times`)
+    and, forward, its routing's small calls (`routing_calls_seconds`)."""
+    times = all_to_all_times(cfg, layout, cluster, tokens, value_bytes, imbalance)
+    calls = routing_calls_seconds(cfg, layout, cluster)
+    return {**times, "forward": times["forward"] + calls, "total": times["total"] + calls}
 
 
 def remote_nodes_per_token(cfg: ModelConfig, nodes: int) -> float:

@@ -149,6 +149,8 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
     held = sum(model_state_bytes(round(experts / (layout.ep * layout.etp)), replicas,
                                  layout.zero, precision).values()) / GB
     split = " " + experts_over_tp(cfg, layout) if layout.tp > 1 else ""
+    if time.get("tp_grads"):  # experts on sequence shards: their gradients summed over tp
+        split += f" That sum takes {time['tp_grads']:.2f} s a step, exposed."
     if layout.ep == 1:
         rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
         versus = (f"; the best layout with EP, {rival.layout}, is "

@@ -21,7 +21,7 @@ them on real ranks, layout by layout, against this list):
   as a small call: a Llama 2 70B's 161 norms are 5 MB of fp32 gradients, 0.1 ms on NVLink);
   the routers' too where experts are split over tp (etp > 1), with SP or without; and the
   routers' and experts' where each tp rank runs its own sequence shard through them (their
-  bytes are priced with the gradient sync: `experts.shard_grad_sum_seconds`);
+  bytes are priced apart: `experts.shard_grad_sum_seconds`, an estimate's `tp_grads`);
 - the gradient norm for clipping: summed over the TP group, over the replicas where ZeRO
   shards gradients, over the pipeline (runtime/params.py `global_norm_squared`); expert
   gradients over their own group;
