@@ -185,11 +185,6 @@ class RunConfig:
             raise TypeError(f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(FLAGS)}")
         layout = take_layout(flags, self.layout)  # "auto": the planner picks it
         if isinstance(layout, str):
-            keys = [item.partition("=")[0].strip() for item in layout.split(",") if item.strip()]
-            repeated = sorted({key for key in keys if keys.count(key) > 1})
-            if repeated:
-                raise ParaxisError(f"layout {layout!r} sets {', '.join(repeated)} more than "
-                                   "once; give each key once")
             layout = Layout.parse(layout)
         accum = flags.pop("grad_accum", None)
         if accum is not None:

@@ -324,6 +324,9 @@ class Layout:
                 raise ParaxisError(f"cannot read layout item {item!r}; write key=value with keys "
                                    f"{', '.join(fields)}")
             raw = raw.strip()
+            if key in values:
+                raise ParaxisError(f"layout {text!r} sets {key} more than once; give each key "
+                                   "once")
             if fields[key].type in ("int", int):
                 try:
                     values[key] = int(raw)

@@ -75,6 +75,12 @@ class ModelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ParaxisError(f"model {field}={value!r} must be a positive integer")
+        for field, meaning in (("norm_eps", "the epsilon under a norm's square root"),
+                               ("rope_theta", "rotary positions' base")):
+            value = getattr(self, field)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ParaxisError(f"model {field}={value!r} must be a positive number "
+                                   f"({meaning}); the default is {getattr(ModelConfig, field)}")
         if self.d_model % self.n_heads:
             raise ParaxisError(f"d_model {self.d_model} is not divisible by n_heads "
                                f"{self.n_heads}; choose n_heads dividing d_model (head size "

@@ -125,6 +125,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "d_model 60 is not divisible by n_heads 7", "choose n_heads dividing d_model", False),
     ("model-unknown-key", [*TRAIN, "--model", "extra_key.json"], "unknown key(s) n_expertz",
      "known keys are", False),
+    ("model-rope-theta-negative", [*TRAIN, "--model", "rope.json"],
+     "rope_theta=-1.0 must be a positive number", "the default is 10000.0", False),
     # --- run files (TOML configs)
     ("config-missing", [*TRAIN, "--config", "missing.toml"], "does not exist",
      "examples/ holds run files", False),
@@ -207,6 +209,9 @@ def make_inputs(folder: Path) -> None:
     (folder / "extra_key.json").write_text(
         '{"name": "m", "style": "gpt2", "vocab_size": 256, "n_layers": 2, "d_model": 64, '
         '"n_heads": 4, "n_kv_heads": 4, "d_ff": 128, "max_seq_len": 64, "n_expertz": 8}')
+    (folder / "rope.json").write_text(
+        '{"name": "m", "style": "llama", "vocab_size": 256, "n_layers": 2, "d_model": 64, '
+        '"n_heads": 4, "n_kv_heads": 4, "d_ff": 128, "max_seq_len": 64, "rope_theta": -1.0}')
     (folder / "broken.toml").write_text("[train\nsteps = 1\n")
     (folder / "section.toml").write_text("[trian]\nsteps = 1\n")
     (folder / "key.toml").write_text("[train]\nstepz = 1\n")

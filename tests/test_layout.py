@@ -137,6 +137,12 @@ def test_parse_and_print_round_trip():
         Layout.parse("dp2")
     with pytest.raises(ParaxisError, match="must be an integer"):
         Layout.parse("dp=two")
+    # every reader of layout text (plan, report, convert, train): a key given twice is an
+    # error, two names of one field too
+    for text, key in (("dp=2,dp=4", "dp"), ("sp=true,sequence_parallel=false",
+                                             "sequence_parallel")):
+        with pytest.raises(ParaxisError, match=f"sets {key} more than once"):
+            Layout.parse_fields(text)
 
 
 def test_layout_module_imports_without_torch():
