@@ -121,11 +121,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
                 and rank == 0):
             print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
                   flush=True)
-        if rank == 0:
-            write_config(cfg)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
         try:
             first = start_step(cfg, engine, model_cfg, rank)
+            if rank == 0:  # once the checkpoint it starts from has loaded: a run that
+                write_config(cfg)  # cannot start leaves the last run's config.toml
             records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first, claim)
         finally:
             if heartbeat is not None:

@@ -76,6 +76,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                                                  "truncated", "--checkpoint-dir", "new/ck"],
      "truncated/rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint",
      False),
+    ("train-resume-truncated-keeps-the-last-runs-config", [
+        *TRAIN, "--steps", "2", "--resume", "truncated", "--metrics-file",
+        "last_run/metrics.jsonl"], "truncated/rank-00000.safetensors is corrupt or truncated",
+     "use an earlier checkpoint", False),
     ("convert-truncated-into-new-folders", ["checkpoint", "convert", "truncated", "new/ck",
                                             "--layout", "dp=1"],
      "truncated/rank-00000.safetensors is corrupt or truncated", "use an earlier checkpoint",
@@ -166,6 +170,9 @@ def make_inputs(folder: Path) -> None:
     import gzip
 
     (folder / "a_file.txt").write_text("not a folder\n")
+    (folder / "last_run").mkdir()  # a finished run's files, which a failed one must keep
+    (folder / "last_run" / "config.toml").write_text("[train]\nsteps = 100\n")
+    (folder / "last_run" / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
     rows = "".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(200))
     (folder / "good.jsonl").write_text(rows)
     packed = gzip.compress(rows.encode())
