@@ -98,6 +98,18 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- planner and calculators
     ("plan-gpus-per-node-0", ["plan", "--model", "tiny", "--gpus", "8", "--gpus-per-node",
                               "0"], "--gpus-per-node 0", "must be at least 1", SUB),
+    ("plan-tp-0", ["plan", "--model", "tiny", "--gpus", "4", "--tp", "0"], "--tp 0 must be "
+     "at least 1", "leave it out to search that degree", False),
+    ("plan-max-pp-0", ["plan", "--model", "tiny", "--gpus", "4", "--max-pp", "0"],
+     "--max-pp 0 must be at least 1", "leave it out", False),
+    ("ring-bandwidth-0", ["ring", "--bandwidth-gbps", "0"], "--bandwidth-gbps 0.0",
+     "must be a positive number of GB/s", False),
+    ("ring-latency-nan", ["ring", "--latency-us", "nan"], "--latency-us nan",
+     "at least 0", False),
+    ("ring-size-0", ["ring", "--size", "0"], "--size 0", "at least 1 element", False),
+    ("context-gpus-per-node-0", ["context", "--layout", "cp=2,tp=2", "--gpus-per-node", "0",
+                                 "--out", "ctx"], "--gpus-per-node 0", "must be at least 1",
+     False),
     ("plan-network-negative", ["plan", "--model", "tiny", "--gpus", "8", "--network-gbps",
                                "-1"], "--network-gbps -1.0", "leave the flag out", False),
     ("plan-seq-len-0", ["plan", "--model", "tiny", "--seq-len", "0"], "--seq-len 0",

@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
+    for flag in ("tp", "pp", "dp", "cp", "ep", "max_tp", "max_pp"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be at least 1; leave "
+                               "it out to search that degree")
     if args.global_batch < 1:
         raise ParaxisError(f"--global-batch {args.global_batch} must be at least 1")
     if not args.expert_imbalance >= 1:

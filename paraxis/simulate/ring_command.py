@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from paraxis.errors import ParaxisError
@@ -68,6 +69,25 @@ def _table(sim: RingSimulation, step: RingStep | None, title: str) -> Table:
     return table
 
 
+def _check_costs(args: argparse.Namespace) -> None:
+    """The cost line's inputs: a finite bandwidth above zero, no negative latency or size."""
+    if not math.isfinite(args.bandwidth_gbps) or args.bandwidth_gbps <= 0:
+        raise ParaxisError(f"--bandwidth-gbps {args.bandwidth_gbps} must be a positive number "
+                           "of GB/s (25: the seed's worked example)")
+    if not math.isfinite(args.latency_us) or args.latency_us < 0:
+        raise ParaxisError(f"--latency-us {args.latency_us} must be a number of microseconds "
+                           "at least 0")
+    if args.message_gb is not None and (not math.isfinite(args.message_gb)
+                                        or args.message_gb <= 0):
+        raise ParaxisError(f"--message-gb {args.message_gb} must be a positive number of GB; "
+                           "leave it out to skip that line")
+    if args.bytes_per_element < 1:
+        raise ParaxisError(f"--bytes-per-element {args.bytes_per_element} must be at least 1 "
+                           "(4 for fp32, 2 for bf16)")
+    if args.size is not None and args.size < 1:
+        raise ParaxisError(f"--size {args.size} must be at least 1 element (default: --ranks)")
+
+
 def run(args: argparse.Namespace) -> int:
     from paraxis.terminal import console as terminal_console
 
@@ -76,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                            f"watch: every step prints an N x N table (64 ranks already take "
                            f"minutes and a GB); use --ranks <= {MAX_RANKS} and --size <= "
                            f"{MAX_SIZE}, and `paraxis plan` for the cost at scale")
+    _check_costs(args)
     console = terminal_console()
     sim = simulate_ring(args.ranks, size=args.size, bytes_per_element=args.bytes_per_element)
     n, x_bytes = sim.ranks, sim.size * sim.bytes_per_element

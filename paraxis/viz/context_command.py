@@ -71,6 +71,9 @@ def resolve(args: argparse.Namespace) -> tuple[int, str, int, Layout | None]:
     if not 1 <= seq_len <= MAX_SEQ_LEN:
         raise ParaxisError(f"--seq-len must be within 1..{MAX_SEQ_LEN:,}, got {seq_len}")
     check_split(seq_len, cp)
+    if args.gpus_per_node < 1:
+        raise ParaxisError(f"--gpus-per-node {args.gpus_per_node} must be at least 1 (8 on a "
+                           "DGX node)")
     return cp, attention, seq_len, layout
 
 
