@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.calibrate.quick import PROFILE_NAME
     from paraxis.config import RunConfig
     from paraxis.lab.page import write_lab
+    from paraxis.model_config import load_model_config
     from paraxis.report.build import build_report, save
     from paraxis.report.hardware import choose_hardware
     from paraxis.runtime.launch import launch
@@ -61,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
                                    metrics_file=str(out / "single" / "metrics.jsonl"))
     parallel_cfg = common.with_flags(layout=layout,
                                      metrics_file=str(out / "parallel" / "metrics.jsonl"))
+    model_cfg = load_model_config(args.model)
     for cfg in (single_cfg, parallel_cfg):  # bad input fails before anything is written
         cfg.check()
-        cfg.layout.validate(cfg.layout.world_size)
+        cfg.layout.validate(cfg.layout.world_size, model_cfg, GLOBAL_BATCH, SEQ_LEN)
 
     what = f"{args.steps} steps of {GLOBAL_BATCH} x {SEQ_LEN} tokens"
     console.print(f"[bold]1/3[/]  {args.model} on one device, {what}; metrics in "
