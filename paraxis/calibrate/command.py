@@ -353,7 +353,8 @@ def default_nproc(device: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    nproc = _int_list(args.nproc, "--nproc") if args.nproc else default_nproc(args.device)
+    nproc = (_int_list(args.nproc, "--nproc") if args.nproc is not None
+             else default_nproc(args.device))
     sizes = [kb * 1024 for kb in _int_list(args.sizes_kb, "--sizes-kb")]
     if len(set(sizes)) < 2:
         raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "
@@ -365,8 +366,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens % args.seq_len:
         raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
                            f"{args.seq_len}")
+    from paraxis.model_config import load_model_config
     from paraxis.run_checks import check_writable
 
+    load_model_config(args.model)  # a bad name or file: one line here, not from every rank
     out = Path(args.out)
     check_writable(out, "--out")  # before minutes of measuring
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
