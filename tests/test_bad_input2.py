@@ -104,6 +104,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                                  "c.json"], "unknown model 'nosuch'", "choose a preset", False),
     ("calibrate-nproc-empty", ["calibrate", "--nproc", "", "--out", "c.json"],
      "--nproc '' needs positive integers", "e.g. 2,4,8", False),
+    ("lab-screenshots-under-a-file", ["lab", "--out", "lab", "--screenshots",
+                                      "a_file.txt/shots"], "--screenshots a_file.txt/shots "
+     "cannot be written", "choose another path", False),
+    ("lab-out-empty", ["lab", "--out", ""], "--out is empty", "give a folder", False),
     ("plan-tp-0", ["plan", "--model", "tiny", "--gpus", "4", "--tp", "0"], "--tp 0 must be "
      "at least 1", "leave it out to search that degree", False),
     ("plan-max-pp-0", ["plan", "--model", "tiny", "--gpus", "4", "--max-pp", "0"],
