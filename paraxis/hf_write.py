@@ -49,8 +49,7 @@ def write_hf(path: str | Path, cfg: ModelConfig,
     if path.exists() and not path.is_dir():
         raise ParaxisError(f"{path} is a file; give a directory to write the model into")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ParaxisError(f"{path} exists and is not empty; choose a new directory or pass "
-                           "overwrite=True")
+        raise ParaxisError(f"{path} exists and is not empty; choose a new or empty directory")
     if max_shard_bytes is not None and max_shard_bytes <= 0:
         raise ParaxisError(f"max_shard_bytes is {max_shard_bytes}; give a positive size")
     config = config_json(cfg)  # refuses a model the format cannot hold before any writing
