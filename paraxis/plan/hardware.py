@@ -55,7 +55,7 @@ from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.errors import ParaxisError
 from paraxis.layout import node_of
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
-from paraxis.plan.hardware_values import check_values
+from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
 
@@ -345,14 +345,14 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (ValueError, UnicodeDecodeError) as error:
         raise ParaxisError(f"hardware file {path} is not valid JSON/TOML: {error}") from None
+    check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes
     flat: dict[str, object] = {}
     for key, value in data.items():
         if key in ("gpu", "cluster") and isinstance(value, dict):
             flat.update(value)
         else:
             flat[key] = value
-    for key in _METADATA_KEYS:
-        flat.pop(key, None)
+    flat = {key: value for key, value in flat.items() if key not in _METADATA_KEYS}
     known = _GPU_KEYS | _CLUSTER_KEYS | {"gpu"}
     unknown = sorted(set(flat) - known)
     if unknown:
