@@ -23,9 +23,36 @@ DISTURBED_SPREAD = 0.25
 
 
 NOT_FINITE_AS_NULL = ("loss", "grad_norm", "val_loss")
+# What every step record of `paraxis train` holds, and what readers of a run rely on: numbers
+# (a loss written as null was not finite); a step's time and throughput are above zero
+STEP_KEYS = ("step", "loss", "tokens_per_s", "step_time_s")
+POSITIVE_KEYS = ("tokens_per_s", "step_time_s")
+OPTIONAL_KEYS = ("peak_mem_bytes", "cpu_steal", "predicted_step_s")  # numbers, where present
+NULL_WHEN_UNMEASURED = ("cpu_steal", "predicted_step_s")  # null: a run did not measure it
+
+
+def _not_a_step(record: object) -> str | None:
+    """Why `record` is not a step record of `paraxis train` (None when it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    missing = [key for key in STEP_KEYS if key not in record]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for key in (*STEP_KEYS, *(k for k in OPTIONAL_KEYS if k in record)):
+        value = record[key]
+        if value is None and (key in NOT_FINITE_AS_NULL or key in NULL_WHEN_UNMEASURED):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"its {key} is {json.dumps(value)}, not a number"
+        if key in POSITIVE_KEYS and not value > 0:
+            return f"its {key} is {value}, not above zero"
+    return None
 
 
 def load_metrics(path: str | Path) -> list[dict]:
+    """The step records of the metrics file at `path`, one per line, each checked to be a
+    step record of `paraxis train` (STEP_KEYS are numbers); a loss or norm written as null
+    (not finite) is read back as NaN."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -39,6 +66,11 @@ def load_metrics(path: str | Path) -> list[dict]:
                 record = json.loads(line)
             except ValueError:
                 raise ParaxisError(f"{path}:{number} is not a JSON line") from None
+            problem = _not_a_step(record)
+            if problem:
+                raise ParaxisError(f"{path}:{number} is not a step record of `paraxis train` "
+                                   f"({problem}); give the metrics file `paraxis train "
+                                   "--metrics-file` wrote, or its folder")
             # a non-finite loss or norm is written as null (metrics.strict_json)
             records.append({k: math.nan if v is None and k in NOT_FINITE_AS_NULL else v
                             for k, v in record.items()})

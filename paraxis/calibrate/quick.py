@@ -7,8 +7,9 @@ shapes (a tiny model's GEMMs and dispatch are not a larger one's) and timed coll
 the run's rank count; else a short calibration (one rank's kernels at the run's own layer
 shapes; the collectives on the run's rank count at four message sizes, five where the
 model's gradients pass 1 MiB; the cores as many busy ranks as the run has get: about 5-30 s,
-load permitting), saved in the run's folder
-for the next report. `paraxis demo` calibrates just before its run; the report after it
+load permitting), saved in the run's folder for the next report (`save_profile`: a run
+folder that cannot be written is left as it is, and the profile kept in a temporary file for
+this report alone). `paraxis demo` calibrates just before its run; the report after it
 probes the cores and times the compute and the collectives again and prices with the means,
 as the load (and a shared VM's speed) may change while a run runs. Both record the share
 of CPU time a VM's host took meanwhile (`calibration.cpu_steal`, paraxis/steal.py).
@@ -16,11 +17,16 @@ of CPU time a VM's host took meanwhile (`calibration.cpu_steal`, paraxis/steal.p
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paraxis.errors import ParaxisError
 from paraxis.steal import DISTURBED_STEAL, StealMeter
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
@@ -40,9 +46,15 @@ class FoundProfile:
     cpu: str  # the CPU model it was measured on
     cores: int
     seconds: float  # how long the calibration took (0 where none ran now)
+    unwritable: Path | None = None  # the run folder it could not be saved in (`save_profile`)
 
     def describe(self) -> str:
         """One sentence for the report: which profile, and why it applies."""
+        unsaved = "" if self.unwritable is None else \
+            f", not saved: {self.unwritable} cannot be written"
+        return self._which() + unsaved
+
+    def _which(self) -> str:
         if self.how == "committed":
             return (f"the committed profile {self.path.name} (measured on this CPU, "
                     f"{self.cpu}, {self.cores} cores)")
@@ -51,8 +63,9 @@ class FoundProfile:
                     f"made now in {self.seconds:.0f} s")
         return (f"a short calibration of this machine ({self.cpu}, {self.cores} cores) made "
                 f"in {self.seconds:.0f} s for a run of this model on as many ranks, kept in "
-                f"{self.path.parent} (the cores the ranks get, the compute rates and the "
-                "collectives: the means of its timings before and after that run)")
+                f"{self.unwritable or self.path.parent} (the cores the ranks get, the compute "
+                "rates and the collectives: the means of its timings before and after that "
+                "run)")
 
 
 def calibration_steal(path: str | Path) -> float | None:
@@ -77,8 +90,13 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
     the run's rank count."""
     try:
         profile = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
+        return _matches(profile, cpu, cores, ranks, model)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return False  # unreadable, or not a profile: not this run's
+
+
+def _matches(profile: dict, cpu: str, cores: int, ranks: int, model: str) -> bool:
+    """`matches` for a profile read (a malformed one raises a lookup or type error)."""
     device = profile.get("calibration", {}).get("device", {})
     timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
     shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
@@ -168,15 +186,50 @@ def after_weight(before_steal: float | None, after_steal: float | None) -> float
     return 0.5
 
 
+def save_profile(profile: dict, path: Path) -> Path:
+    """Write `profile` at `path` and return where it is. Where `path` cannot be written after
+    all (a full disk, a read-only file system), into a temporary file this process removes when
+    it exits: the report goes on uncached, and nothing of the user's is changed."""
+    text = json.dumps(profile, indent=2) + "\n"
+    try:
+        _write_whole(path, text)
+        return path
+    except OSError:
+        pass
+    try:
+        handle, name = tempfile.mkstemp(prefix="paraxis-", suffix=f"-{path.name}")
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+    except OSError as error:
+        raise ParaxisError(f"cannot save the calibration of this CPU in {path.parent} nor in "
+                           f"a temporary folder ({error.strerror}); free some space, or give "
+                           "--hardware (a `paraxis calibrate` profile)") from None
+    atexit.register(Path(name).unlink, missing_ok=True)
+    return Path(name)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write `text` at `path` whole or not at all: into a file beside it, renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_text(text)
+        os.replace(staging, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        raise
+
+
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
     from paraxis.calibrate.command import available_cores, calibrate, cpu_cores, cpu_model_name
 
     cpu, cores = cpu_model_name(), cpu_cores()
-    cached = Path(folder) / PROFILE_NAME
     if matches(COMMITTED, cpu, cores, ranks, model):
         return FoundProfile(COMMITTED, "committed", cpu, cores, 0.0)
+    cached = Path(folder) / PROFILE_NAME
     if matches(cached, cpu, cores, ranks, model):
         profile = json.loads(cached.read_text())
         calibration = profile["calibration"]
@@ -204,7 +257,9 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                                    for k, v in after.items()})
             if again is not None:
                 _price_collectives(profile, ranks, again, weight)
-            cached.write_text(json.dumps(profile, indent=2) + "\n")
+            kept = save_profile(profile, cached)
+            return FoundProfile(kept, "cached", cpu, cores, calibration.get("seconds", 0.0),
+                                None if kept == cached else cached.parent)
         return FoundProfile(cached, "cached", cpu, cores, calibration.get("seconds", 0.0))
     started = time.perf_counter()
     with StealMeter() as meter:
@@ -212,6 +267,6 @@ def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                             seq_len=seq_len, repeats=QUICK_REPEATS, device="cpu",
                             busy_s=PROBE_S, log=lambda *_: None, busy_ranks=ranks)
     profile["calibration"]["cpu_steal"] = [meter.share]
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(profile, indent=2) + "\n")
-    return FoundProfile(cached, "calibrated", cpu, cores, time.perf_counter() - started)
+    kept = save_profile(profile, cached)
+    return FoundProfile(kept, "calibrated", cpu, cores, time.perf_counter() - started,
+                        None if kept == cached else cached.parent)

@@ -106,6 +106,10 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
         gpus = Layout.parse(inputs.layout).world_size if inputs.layout else 1
         inputs = dataclasses.replace(inputs, gpus=gpus)
     world = inputs.gpus
+    if inputs.layout is not None:  # a layout that cannot run fails before any calibration
+        cfg = inputs.model_config()
+        Layout.parse(inputs.layout).validate(world, cfg, inputs.global_batch,
+                                             inputs.sequence_length(cfg))
     hardware = choose_hardware(inputs, run.folder if run else None, world,
                                inputs.model or "tiny")
     plan = make_plan(hardware)

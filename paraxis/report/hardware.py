@@ -45,7 +45,8 @@ def is_cpu(cluster: Cluster) -> bool:
 def choose_hardware(inputs: PlanInputs, run_dir: Path | None, world_size: int,
                     model: str) -> Hardware:
     """The hardware the report prices (module docstring); a CPU profile may be calibrated
-    now, in the run's folder, for `world_size` ranks of `model`."""
+    now for `world_size` ranks of `model`, kept in the run's folder where it can be written
+    (`calibrate.quick.save_profile`)."""
     if inputs.hardware:
         return _from_file(inputs, Path(inputs.hardware), "the file given with --hardware")
     if inputs.gpu or run_dir is None:

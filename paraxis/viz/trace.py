@@ -17,6 +17,7 @@ communication.
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -29,10 +30,24 @@ COMM_KINDS = ("send", "recv")
 _LANE = {"compute": 0, "comm": 1}
 
 
+INDEX_KEYS = ("rank", "stage", "microbatch", "chunk")  # whole numbers from 0
+TIME_KEYS = ("start_s", "end_s")
+
+
+def _is_number(value: object, whole: bool = False) -> bool:
+    """Whether `value` is a real number (a whole one where `whole`), not a bool."""
+    kind = numbers.Integral if whole else numbers.Real
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
 def check_events(events: Iterable[dict]) -> list[dict]:
-    """The events as a list, each checked for the keys and kinds above."""
+    """The events as a list, each checked for the keys, kinds and numbers above."""
     checked = []
     for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise ParaxisError(f"trace event {i} is {json.dumps(event, default=str)[:40]}, "
+                               "not an object; a paraxis trace event is an object with "
+                               f"{', '.join(TRACE_KEYS)}")
         missing = [k for k in TRACE_KEYS if k not in event]
         if missing:
             raise ParaxisError(f"trace event {i} lacks {', '.join(missing)}; a paraxis trace "
@@ -40,6 +55,14 @@ def check_events(events: Iterable[dict]) -> list[dict]:
         if event["kind"] not in COMPUTE_KINDS + COMM_KINDS:
             raise ParaxisError(f"trace event {i} has kind {event['kind']!r}; expected one of "
                                f"{', '.join(COMPUTE_KINDS + COMM_KINDS)}")
+        for key in INDEX_KEYS:
+            if not (_is_number(event[key], whole=True) and event[key] >= 0):
+                raise ParaxisError(f"trace event {i} has {key} {event[key]!r}; expected a "
+                                   "whole number from 0")
+        for key in TIME_KEYS:
+            if not _is_number(event[key]):
+                raise ParaxisError(f"trace event {i} has {key} {event[key]!r}; expected "
+                                   "seconds, a number")
         if event["end_s"] < event["start_s"]:
             raise ParaxisError(f"trace event {i} ends before it starts")
         checked.append(event)
@@ -80,16 +103,28 @@ def to_chrome_trace(events: Iterable[dict]) -> dict:
 
 
 def from_chrome_trace(trace: dict | list) -> list[dict]:
-    """Back from Trace Event Format (as `to_chrome_trace` writes it) to paraxis events."""
-    raw = trace["traceEvents"] if isinstance(trace, dict) else trace
+    """Back from Trace Event Format (as `to_chrome_trace` writes it) to paraxis events: its
+    complete events (ph "X"), each with a numeric ts and dur in microseconds."""
+    raw = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(raw, list):
+        raise ParaxisError("a Chrome trace's traceEvents must be a list of events, not "
+                           f"{json.dumps(raw, default=str)[:40]}")
     events = []
-    for e in raw:
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict):
+            raise ParaxisError(f"Chrome trace event {i} is {json.dumps(e, default=str)[:40]}, "
+                               "not an object")
         if e.get("ph") != "X":
             continue
         args = e.get("args", {})
+        bad = [key for key in ("ts", "dur") if not _is_number(e.get(key))]
+        if bad or not isinstance(args, dict) or not isinstance(e.get("name", ""), str):
+            raise ParaxisError(f"Chrome trace event {i} is not a complete event as paraxis "
+                               "writes them (numeric ts and dur in microseconds, pid, a name "
+                               "and an args object)")
         start = e["ts"] / 1e6
-        events.append({"rank": e["pid"], "stage": args.get("stage", e["pid"]),
-                       "kind": args.get("kind", e["name"][:1]),
+        events.append({"rank": e.get("pid"), "stage": args.get("stage", e.get("pid")),
+                       "kind": args.get("kind", e.get("name", "")[:1]),
                        "microbatch": args.get("microbatch", 0), "chunk": args.get("chunk", 0),
                        "start_s": start, "end_s": start + e["dur"] / 1e6})
     return check_events(events)
@@ -102,15 +137,26 @@ def write_chrome_trace(events: Iterable[dict], path: str | Path) -> Path:
 
 
 def load_trace(path: str | Path) -> list[dict]:
-    """Read a trace file: a JSON list of paraxis events, or a Chrome trace we wrote."""
+    """Read a trace file: a JSON list of paraxis events, or a Chrome trace we wrote. A file
+    that is neither, or holds no events, is refused in one line naming it."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ParaxisError(f"cannot read trace {path}: {error}") from None
-    if isinstance(data, dict) or (data and "ph" in data[0]):
-        return from_chrome_trace(data)
-    return check_events(data)
+    fix = ("give the trace.json a pipeline run (pp > 1) writes beside its metrics, or a "
+           "Chrome trace paraxis wrote")
+    if not isinstance(data, dict | list):
+        raise ParaxisError(f"trace {path} holds a JSON {type(data).__name__}, not a list of "
+                           f"events or a Chrome trace; {fix}")
+    chrome = isinstance(data, dict) or (data and isinstance(data[0], dict) and "ph" in data[0])
+    try:
+        events = from_chrome_trace(data) if chrome else check_events(data)
+    except ParaxisError as error:
+        raise ParaxisError(f"trace {path}: {error}; {fix}") from None
+    if not events:
+        raise ParaxisError(f"trace {path} holds no events; {fix}")
+    return events
 
 
 def busy_fraction(events: Iterable[dict]) -> dict[int, float]:

@@ -1,0 +1,181 @@
+"""`paraxis report --run` and `paraxis schedule --from-trace` given a damaged run folder.
+
+A metrics line that is JSON but not a step record, a trace that is not one, and a run folder
+that cannot be written: each is one line on stderr naming the file and a fix, exit code 2, and
+the folder (and an earlier --out) left as they were. Run folders are written by hand, modelled
+on what `paraxis train --metrics-file` writes, so these tests train nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from paraxis.calibrate import quick
+from paraxis.cli import main
+
+# one step as `paraxis train --metrics-file` writes it (a CPU run of tiny)
+STEP = {"step": 0, "loss": 5.35, "lr": 3e-4, "grad_norm": 6.07, "tokens_per_s": 318.4,
+        "step_time_s": 0.402, "mfu": None, "peak_mem_bytes": 342634496, "data_wait_s": 2e-4,
+        "cpu_steal": 0.0, "peak_mem_bytes_by_rank": [342634496],
+        "peak_mem_bytes_max_rank": 342634496, "data_bytes_read": 264}
+EVENT = {"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "chunk": 0,
+         "start_s": 0.0, "end_s": 0.01}
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes: what a failed command must leave as it was."""
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_folder(tmp_path: Path, lines: list[str], trace: str | None = None) -> Path:
+    """A run folder with these metrics.jsonl lines (and a trace.json when given)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    if trace is not None:
+        (folder / "trace.json").write_text(trace)
+    return folder
+
+
+def fails_in_one_line(argv: list[str], capsys: pytest.CaptureFixture, *words: str) -> str:
+    """Run `paraxis argv`: exit code 2 and one line on stderr holding each of `words`."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paraxis: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+    return err
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("[1, 2]", "a JSON list, not an object"),
+    ('{"loss": 1.0}', "missing step, tokens_per_s, step_time_s"),
+    (json.dumps({**STEP, "tokens_per_s": "fast"}), 'its tokens_per_s is "fast", not a number'),
+    (json.dumps({**STEP, "step_time_s": 0}), "its step_time_s is 0, not above zero"),
+    (json.dumps({**STEP, "peak_mem_bytes": None}), "its peak_mem_bytes is null"),
+])
+def test_report_refuses_a_line_that_is_not_a_step_record(tmp_path, capsys, line, problem):
+    folder = run_folder(tmp_path, [json.dumps(STEP), line])
+    out = tmp_path / "good.html"
+    out.write_text("an earlier report\n")
+    before = snapshot(tmp_path)
+    fails_in_one_line(["report", "--run", str(folder), "--out", str(out)], capsys,
+                      "metrics.jsonl:2 is not a step record of `paraxis train`", problem,
+                      "--metrics-file")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_step_record_may_leave_out_what_a_run_did_not_measure(tmp_path):
+    from paraxis.run_records import load_metrics
+
+    folder = run_folder(tmp_path, [json.dumps({**STEP, "loss": None, "cpu_steal": None}),
+                                   json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 300,
+                                               "step_time_s": 0.4})])
+    records = load_metrics(folder / "metrics.jsonl")
+    assert len(records) == 2 and records[0]["loss"] != records[0]["loss"]  # null: NaN
+
+
+BAD_TRACES = [
+    ('{"traceEvents": 5}', "traceEvents must be a list of events"),
+    ('{"traceEvents": [5]}', "Chrome trace event 0 is 5, not an object"),
+    ('{"traceEvents": [{"ph": "X", "ts": "a", "dur": 1}]}', "not a complete event"),
+    ("[]", "holds no events"),
+    ('{"traceEvents": [{"ph": "M"}]}', "holds no events"),
+    ("5", "holds a JSON int"),
+    ("[5]", "trace event 0 is 5, not an object"),
+    (json.dumps([{**EVENT, "start_s": "a"}]), "start_s 'a'"),
+    (json.dumps([{**EVENT, "stage": -1}]), "stage -1"),
+]
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_TRACES)
+def test_schedule_refuses_a_malformed_trace_naming_it(tmp_path, capsys, text, problem):
+    trace = tmp_path / "tr.json"
+    trace.write_text(text)
+    fails_in_one_line(["schedule", "--from-trace", str(trace)], capsys,
+                      f"trace {trace}", problem, "trace.json a pipeline run")
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_TRACES[:4])
+def test_report_refuses_a_malformed_trace_in_the_run_folder(tmp_path, capsys, text, problem):
+    folder = run_folder(tmp_path, [json.dumps(STEP)], trace=text)
+    out = tmp_path / "good.html"
+    out.write_text("an earlier report\n")
+    before = snapshot(tmp_path)
+    fails_in_one_line(["report", "--run", str(folder), "--out", str(out)], capsys,
+                      "trace.json", problem)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_chrome_trace_paraxis_wrote_still_loads(tmp_path):
+    from paraxis.viz.trace import load_trace, write_chrome_trace
+
+    events = [EVENT, {**EVENT, "kind": "B", "start_s": 0.01, "end_s": 0.03}]
+    loaded = load_trace(write_chrome_trace(events, tmp_path / "trace.json"))
+    assert [(e["kind"], e["end_s"] - e["start_s"]) for e in loaded] == \
+        [(e["kind"], pytest.approx(e["end_s"] - e["start_s"])) for e in events]
+
+
+# --- a CPU calibration is kept in the run folder, or where that cannot be written, nowhere
+
+PROFILE = {"calibration": {"device": {"type": "cpu"}}, "gpu": {}, "cluster": {}}
+
+
+def test_a_profile_is_saved_whole_in_the_run_folder(tmp_path):
+    wanted = tmp_path / "run" / quick.PROFILE_NAME
+    assert quick.save_profile(PROFILE, wanted) == wanted
+    assert json.loads(wanted.read_text()) == PROFILE
+    assert [p.name for p in wanted.parent.iterdir()] == [quick.PROFILE_NAME]  # no staging
+
+
+def test_a_profile_that_cannot_be_saved_goes_to_a_temporary_file(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder\n")
+    wanted = tmp_path / "a_file" / quick.PROFILE_NAME  # its folder cannot be made
+    saved = quick.save_profile(PROFILE, wanted)
+    assert saved != wanted and json.loads(saved.read_text()) == PROFILE
+    assert (tmp_path / "a_file").read_text() == "not a folder\n"
+    saved.unlink()
+
+
+def test_a_malformed_cached_profile_is_no_match(tmp_path):
+    for text in ("[1]", '{"calibration": 5}', "not json"):
+        (tmp_path / quick.PROFILE_NAME).write_text(text)
+        assert not quick.matches(tmp_path / quick.PROFILE_NAME, "cpu", 2, 1, "tiny")
+
+
+def test_report_on_a_read_only_run_folder_writes_nothing_into_it(tmp_path, capsys,
+                                                                monkeypatch):
+    """A real read-only folder (chmod), where this user cannot write to it: the report is
+    priced on a calibration in a temporary file (faked here: the committed profile)."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    folder = run_folder(tmp_path, [json.dumps({**STEP, "step": i}) for i in range(3)])
+    monkeypatch.setattr("paraxis.calibrate.command.calibrate",
+                        lambda *args, **kwargs: json.loads(quick.COMMITTED.read_text()))
+    monkeypatch.setattr(quick, "COMMITTED", tmp_path / "no-committed-profile.json")
+    before = snapshot(folder)
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this user can write into a read-only folder")
+        out = tmp_path / "r.html"
+        assert main(["report", "--run", str(folder), "--out", str(out), "--seq-len", "32",
+                     "--global-batch", "4"]) == 0, capsys.readouterr().err
+        assert out.is_file() and snapshot(folder) == before
+    finally:
+        folder.chmod(0o755)
+
+
+def test_the_report_says_when_a_calibration_was_not_saved(tmp_path):
+    found = quick.FoundProfile(tmp_path / "x.json", "calibrated", "a CPU", 2, 4.0,
+                               unwritable=tmp_path / "run")
+    assert found.describe().endswith(f"made now in 4 s, not saved: {tmp_path / 'run'} "
+                                     "cannot be written")
+    assert "not saved" not in quick.FoundProfile(tmp_path / "x.json", "calibrated", "a CPU",
+                                                 2, 4.0).describe()
