@@ -281,11 +281,14 @@ def routing_calls_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster) ->
     microbatch step, and over tp where each tp rank routes its own sequence shard; with
     ep > 1 the counts each rank sends each rank (an all-to-all of E integers). Each costs
     its latency (`step_calls.scalar_call_time`)."""
-    groups = [(layout.dp * layout.cp, lambda: replica_link(layout, cluster)),
-              (layout.tp if routing_share(cfg, layout) > 1 else 1,
-               lambda: axis_link(layout, "tp", cluster)),
-              (layout.ep, lambda: ep_link(layout, cluster))]
-    return sum(scalar_call_time(n, link(), cluster) for n, link in groups if n > 1)
+    seconds, replicas = 0.0, layout.dp * layout.cp
+    if replicas > 1:
+        seconds += scalar_call_time(replicas, replica_link(layout, cluster), cluster)
+    if routing_share(cfg, layout) > 1:
+        seconds += scalar_call_time(layout.tp, axis_link(layout, "tp", cluster), cluster)
+    if layout.ep > 1:
+        seconds += scalar_call_time(layout.ep, ep_link(layout, cluster), cluster)
+    return seconds
 
 
 def block_exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,
