@@ -16,6 +16,7 @@ import pytest
 
 from paraxis.calibrate import quick
 from paraxis.cli import main
+from tests.test_bad_input import snapshot  # every name: size and mtime
 
 # one step as `paraxis train --metrics-file` writes it (a CPU run of tiny)
 STEP = {"step": 0, "loss": 5.35, "lr": 3e-4, "grad_norm": 6.07, "tokens_per_s": 318.4,
@@ -24,12 +25,6 @@ STEP = {"step": 0, "loss": 5.35, "lr": 3e-4, "grad_norm": 6.07, "tokens_per_s": 
         "peak_mem_bytes_max_rank": 342634496, "data_bytes_read": 264}
 EVENT = {"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "chunk": 0,
          "start_s": 0.0, "end_s": 0.01}
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder` with its bytes: what a failed command must leave as it was."""
-    return {str(p.relative_to(folder)): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def run_folder(tmp_path: Path, lines: list[str], trace: str | None = None) -> Path:
