@@ -95,7 +95,7 @@ def _run_sections(wanted: set[str], quick: bool, out: Path,
         print("running precision policies ...", flush=True)
         sections["precision"] = precision.run(quick)
     if "gpu" in wanted:
-        print("running one GPU (bf16 GPT-2 124M) ...", flush=True)
+        print("running one GPU (bf16 steps, GPT-2 124M to 1.5B) ...", flush=True)
         sections["gpu"] = gpu.run(quick)
     if "faults" in wanted:
         from bench import faults

@@ -112,8 +112,8 @@ def flex_attention_within(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           documents: Documents, enable_gqa: bool,
                           compiled: bool = True) -> torch.Tensor:
     """The CUDA path: flex attention over the block mask, compiled (run eagerly it computes
-    every score; the tests run it so on CPU against the SDPA path). Not run on a GPU where
-    it was written."""
+    every score; the tests run it so on CPU against the SDPA path). On an H100 it equals
+    SDPA with the boolean mask, forward and backward (tests/test_packing.py, run there)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = _compiled_flex_attention() if compiled else flex_attention

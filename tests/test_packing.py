@@ -105,6 +105,38 @@ def test_the_cuda_flex_path_equals_the_cpu_mask_path():
     torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_the_compiled_flex_path_equals_sdpa_with_the_mask(dtype):
+    """On CUDA `packed_attention` runs flex attention, compiled, over the block mask: forward
+    and backward equal SDPA with the boolean mask (fp32: to rounding; bf16: no further from
+    an fp32 reference than SDPA's own bf16 result). Ran on an H100 (docs/gpu/README.md)."""
+    g = torch.Generator().manual_seed(2)
+    docs = find_documents(torch.randint(0, 12, (2, 512), generator=g).cuda(), EOS).ready()
+    q32, k32, v32 = (torch.randn(2, heads, 512, 64, generator=g).cuda() for heads in (8, 2, 2))
+    grad = torch.randn(2, 8, 512, 64, generator=g).cuda()
+
+    def run(attention, dtype):
+        q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
+        out = attention(q, k, v)
+        return [out, *torch.autograd.grad(out, (q, k, v), grad.to(dtype))]
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=docs.attention_mask,
+                                              enable_gqa=True)
+
+    reference = run(sdpa, torch.float32)
+    flex = run(lambda q, k, v: packed_attention(q, k, v, docs, enable_gqa=True), dtype)
+    if dtype == torch.float32:
+        for got, want in zip(flex, reference, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+        return
+    plain = run(sdpa, dtype)
+    for got, own, want in zip(flex, plain, reference, strict=True):
+        error = ((got.float() - want).norm() / want.norm()).item()
+        assert error <= 1.1 * ((own.float() - want).norm() / want.norm()).item() + 1e-4
+
+
 def test_vocab_parallel_loss_ignores_masked_targets():
     logits = torch.randn(2, 5, 16, requires_grad=True)
     targets = torch.randint(0, 16, (2, 5))
