@@ -38,6 +38,7 @@ from paraxis.init_weights import init_parameter
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
 from paraxis.packing import Documents, find_documents, packed_attention
+from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -191,10 +192,12 @@ class Block(nn.Module):
 
 class CrossEntropy(nn.Module):
     """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
-    default: packing masks targets so). Tensor parallelism swaps in a vocab-parallel version."""
+    default: packing masks targets so): the vocab-parallel kernel on one device's whole
+    vocabulary, which never holds the fp32 softmax of all tokens at once
+    (`paraxis.loss_kernel`). Tensor parallelism swaps in its vocab-parallel version."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return vocab_parallel_cross_entropy(logits, targets, None)
 
 
 class Blocks(nn.ModuleList):

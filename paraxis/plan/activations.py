@@ -13,7 +13,10 @@ keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic 
 
 from __future__ import annotations
 
+import math
+
 from paraxis.attention_kernel import RUNTIME_KERNEL, AttentionKernel, get_kernel
+from paraxis.loss_kernel import loss_bytes
 from paraxis.model_config import ModelConfig
 
 
@@ -87,6 +90,9 @@ def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int
                                   attention, dropout)
 
 
-def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1) -> float:
-    # Korthikanti et al. 2022 Sec. 4.3: the output layer and fp32 cross entropy, 4sbv/t.
-    return 4 * seq_len * micro_batch * cfg.vocab_size / tp
+def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
+                 element_bytes: float = 2) -> float:
+    """The loss at its backward (`paraxis.loss_kernel`): logits of `element_bytes` and their
+    gradient, 4sbv/t for 16-bit logits as Korthikanti et al. 2022 Sec. 4.3 count the output
+    layer and cross entropy, plus one chunk's fp32 workspace."""
+    return loss_bytes(seq_len * micro_batch, math.ceil(cfg.vocab_size / tp), element_bytes)

@@ -271,11 +271,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             # blocks of each chunk in flight
             activations = in_flight * layout.virtual_stages * math.ceil(
                 per_chunk / group) * dense_layer
-        if stage == last:
-            activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp)
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
+        if stage == last:
+            activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
+                                        precision.activation_bytes)
         buffers = 0.0
         if layout.recompute == "full":
             rebuilt = full_layer_activation_bytes(

@@ -12,7 +12,9 @@ cross entropy loss"):
     loss   = log s - z_t
     dloss/dz_v = softmax_v - [v == target]   (local to the shard: no backward comm)
 
-The largest tensor is one (tokens, V/tp) shard. Targets equal to IGNORE_INDEX (-100, as
+The backward keeps the logits in their own dtype and one log-sum-exp per token; the fp32
+softmax exists a chunk of tokens at a time (`paraxis.loss_kernel`, what the planner prices).
+Targets equal to IGNORE_INDEX (-100, as
 F.cross_entropy; document packing masks targets so) count in neither the mean nor the
 gradient.
 """
@@ -24,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import FunctionCtx
 
+from paraxis.loss_kernel import chunk_rows
 from paraxis.packing import IGNORE_INDEX
 from paraxis.runtime.watchdog import WATCH
 from paraxis.tensor_parallel.counter import record
@@ -43,52 +46,67 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 group: dist.ProcessGroup | None) -> torch.Tensor:
         rank = 0 if group is None else dist.get_rank(group)
         shard_width = logits.shape[-1]
-        z = logits.reshape(-1, shard_width)
+        z = logits.reshape(-1, shard_width)  # in its own dtype: no fp32 copy of the whole
         targets = targets.reshape(-1)
-        peak = z.max(dim=-1).values
+        peak = z.amax(dim=-1).float()  # exact in any dtype: a max rounds nothing
         _all_reduce(peak, group, dist.ReduceOp.MAX)
-        shifted = z - peak.unsqueeze(-1)  # the one (tokens, V/tp) temporary
 
         local = targets - rank * shard_width
         elsewhere = (local < 0) | (local >= shard_width)
         local = local.masked_fill(elsewhere, 0)
-        target_logit = shifted.gather(1, local.unsqueeze(-1)).squeeze(-1)
+        target_logit = z.gather(1, local.unsqueeze(-1)).squeeze(-1).float() - peak
         target_logit = target_logit.masked_fill(elsewhere, 0.0)
 
-        probs = shifted.exp_()  # in place: `shifted` is not needed any more
-        sum_exp = probs.sum(dim=-1)
+        sum_exp = torch.empty_like(peak)
+        for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (loss_kernel.py)
+            sum_exp[rows] = _upcast(z[rows]).sub_(peak[rows, None]).exp_().sum(dim=-1)
         # The two sums travel in one all-reduce: one latency instead of two.
         sums = torch.stack((target_logit, sum_exp))
         _all_reduce(sums, group)
         target_logit, sum_exp = sums[0], sums[1]
 
-        probs.div_(sum_exp.unsqueeze(-1))  # softmax over the whole vocabulary, this slice
-        losses = sum_exp.log() - target_logit
+        log_sum_exp = sum_exp.log()
+        losses = log_sum_exp - target_logit
         # The mean over counted targets, computed on the device whether or not any target
         # is ignored: asking first (`ignored.any()`) would stop the host every microbatch.
         ignored = targets == IGNORE_INDEX
-        ctx.counted = (~ignored).to(probs.dtype).unsqueeze(-1)
-        count = ctx.counted.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
-        ctx.save_for_backward(probs, local, elsewhere)
-        ctx.logits_shape = logits.shape
+        counted = (~ignored).float().unsqueeze(-1)
+        count = counted.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
+        # for the backward: the logits as they came, and the whole vocabulary's log-sum-exp
+        ctx.save_for_backward(logits, log_sum_exp.add_(peak), local, elsewhere, counted)
         return losses.masked_fill(ignored, 0.0).sum() / count
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        probs, local, elsewhere = ctx.saved_tensors
-        grad_logits = probs.clone()
-        rows = torch.arange(grad_logits.shape[0], device=grad_logits.device)
-        grad_logits[rows, local] -= (~elsewhere).to(grad_logits.dtype)
+        logits, log_sum_exp, local, elsewhere, counted = ctx.saved_tensors
+        z = logits.reshape(-1, logits.shape[-1])
         # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
         # none counts: 0, as F.cross_entropy's, where 0 / 0 would make every gradient NaN)
-        grad_logits.mul_(ctx.counted * (grad / ctx.counted.sum().clamp(min=1)))
-        return grad_logits.view(ctx.logits_shape), None, None
+        scale = counted * (grad / counted.sum().clamp(min=1))
+        grad_logits = torch.empty_like(z)
+        for rows in _chunks(z):  # softmax - one-hot, scaled, a chunk at a time
+            chunk = _upcast(z[rows]).sub_(log_sum_exp[rows, None]).exp_()
+            index = torch.arange(chunk.shape[0], device=chunk.device)
+            chunk[index, local[rows]] -= (~elsewhere[rows]).to(chunk.dtype)
+            grad_logits[rows] = chunk.mul_(scale[rows])
+        return grad_logits.view(logits.shape), None, None
+
+
+def _chunks(z: torch.Tensor) -> list[slice]:
+    rows, step = z.shape[0], chunk_rows(z.shape[-1])
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _upcast(z: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of a chunk of logits, safe to change in place (also when they are fp32)."""
+    return z.to(torch.float32, copy=True)
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
                                  group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Mean next-token loss from this rank's (..., V/tp) logits; the same on every TP rank."""
-    return _VocabParallelCrossEntropy.apply(logits.float(), targets, group)
+    """Mean next-token loss from this rank's (..., V/tp) logits; the same on every TP rank.
+    With `group` None, the plain cross entropy of one device's full logits."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, group)
 
 
 class VocabParallelCrossEntropy(nn.Module):
