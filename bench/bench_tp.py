@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.data_parallel import DataParallelEngine
@@ -36,6 +37,14 @@ def _paraxis(batch: int, seq: int) -> Callable[[], None]:
     return engine_step(engine, x, y)
 
 
+class _TorchCrossEntropy(torch.nn.Module):
+    """The peer's loss: F.cross_entropy, which `loss_parallel` runs on vocab-sharded DTensor
+    logits (paraxis's own kernel takes plain tensors)."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
 def _dtensor(batch: int, seq: int) -> Callable[[], None]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
@@ -56,6 +65,7 @@ def _dtensor(batch: int, seq: int) -> Callable[[], None]:
         for name in ("attn.o", "mlp.down"):
             plan[f"blocks.{i}.{name}"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
+    model.loss_fn = _TorchCrossEntropy()  # loss_parallel's: F.cross_entropy on DTensors
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
                                   foreach=False)
     x, y = token_batch(MODEL.vocab_size, batch, seq)

@@ -59,7 +59,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
         sum_exp = torch.empty_like(peak)
         for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (loss_kernel.py)
-            sum_exp[rows] = _upcast(z[rows]).sub_(peak[rows, None]).exp_().sum(dim=-1)
+            sum_exp[rows] = _minus(z[rows], peak[rows]).exp_().sum(dim=-1)
         # The two sums travel in one all-reduce: one latency instead of two.
         sums = torch.stack((target_logit, sum_exp))
         _all_reduce(sums, group)
@@ -85,10 +85,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         scale = counted * (grad / counted.sum().clamp(min=1))
         grad_logits = torch.empty_like(z)
         for rows in _chunks(z):  # softmax - one-hot, scaled, a chunk at a time
-            chunk = _upcast(z[rows]).sub_(log_sum_exp[rows, None]).exp_()
+            chunk = _minus(z[rows], log_sum_exp[rows]).exp_()
             index = torch.arange(chunk.shape[0], device=chunk.device)
             chunk[index, local[rows]] -= (~elsewhere[rows]).to(chunk.dtype)
-            grad_logits[rows] = chunk.mul_(scale[rows])
+            torch.mul(chunk, scale[rows], out=grad_logits[rows])  # cast as it is written
         return grad_logits.view(logits.shape), None, None
 
 
@@ -97,9 +97,10 @@ def _chunks(z: torch.Tensor) -> list[slice]:
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _upcast(z: torch.Tensor) -> torch.Tensor:
-    """An fp32 copy of a chunk of logits, safe to change in place (also when they are fp32)."""
-    return z.to(torch.float32, copy=True)
+def _minus(z: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """z - per_row[:, None] as a new fp32 chunk, read from z in its own dtype in one pass
+    (fp32 `per_row` promotes the result): the workspace, free to change in place."""
+    return torch.sub(z, per_row.unsqueeze(-1))
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
