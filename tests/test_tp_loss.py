@@ -67,3 +67,51 @@ def test_full_logits_never_exist_in_the_loss(ctx):
     assert largest.numel == shard_numel  # the logits shard is the largest tensor made
     assert max(saved) == shard_numel  # and the largest kept for backward
     assert batch * seq * cfg.vocab_size > shard_numel
+
+
+class Alive(TorchDispatchMode):
+    """The most bytes held at once by the tensors ops return, while the caller keeps them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import weakref
+
+        self.weakref, self.alive, self.peak = weakref, {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.untyped_storage().nbytes():
+                storage = leaf.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.alive:
+                    self.alive[key] = (storage.nbytes(), self.weakref.ref(leaf))
+        self.alive = {k: v for k, v in self.alive.items() if v[1]() is not None}
+        self.peak = max(self.peak, sum(size for size, _ in self.alive.values()))
+        return out
+
+
+def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
+    """paraxis.loss_kernel on one device: bf16 logits in, the loss and gradient of
+    F.cross_entropy on their fp32 values (over several chunks), and at most the logits'
+    gradient and one chunk's fp32 workspace made at once beside the logits."""
+    import paraxis.tensor_parallel.cross_entropy as kernel
+
+    rows, vocab, chunk = 64, 96, 16
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(4, 16, vocab, generator=generator) * 3).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (4, 16), generator=generator)
+    targets[0, 3] = -100
+    expected = F.cross_entropy(logits.float().view(-1, vocab), targets.view(-1))
+    (want,) = torch.autograd.grad(expected, logits)
+    with Alive() as alive:
+        loss = vocab_parallel_cross_entropy(logits, targets, None)
+        (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+    # the gradient (bf16) and one fp32 chunk, plus per-token vectors; the old kernel made an
+    # fp32 copy of all the logits (4x the bf16 logits' bytes) before anything else
+    logits_bytes = rows * vocab * 2
+    assert alive.peak <= logits_bytes + chunk * vocab * 4 * 2 + 64 * rows * 4
