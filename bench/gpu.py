@@ -93,8 +93,7 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
            "planner_step_time_s": None, "planner_memory_bytes": None}
     if preset is not None:
         cluster = build_cluster(preset.name, 1, 1, {"kernels": "eager"})
-        estimate = evaluate(cfg, layout.replace(microbatches=1), cluster, seq, batch,
-                            MIXED_ADAM)
+        estimate = evaluate(cfg, layout, cluster, seq, batch, MIXED_ADAM)
         row["planner_step_time_s"] = estimate.step_time_s
         row["planner_memory_bytes"] = estimate.memory["total"]
     return row

@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import gpu
-from bench.common import engine_step, token_batch
+from bench.common import engine_step, measure_steps, token_batch
 from paraxis.layout import Layout
 from paraxis.runtime.distributed import build_groups
 from paraxis.runtime.parallelize import build_engine
@@ -61,9 +59,8 @@ def kernel_seconds(step, steps: int = 3) -> tuple[dict[str, float], dict[str, fl
     by_class: dict[str, float] = {}
     by_name: dict[str, float] = {}
     for event in kernels:
-        seconds = event["dur"] / 1e6 / steps
-        by_class[kernel_class(event["name"])] = by_class.get(kernel_class(event["name"]), 0) \
-            + seconds
+        seconds, kind = event["dur"] / 1e6 / steps, kernel_class(event["name"])
+        by_class[kind] = by_class.get(kind, 0) + seconds
         by_name[event["name"][:90]] = by_name.get(event["name"][:90], 0) + seconds
     top = dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])
     return by_class, top, len(kernels) / steps
@@ -86,15 +83,10 @@ def profile_run(device: torch.device, model_name: str, batch: int, seq: int) -> 
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     engine.zero_grad()
-    walls = []
-    for _ in range(10):
-        started = time.perf_counter()
-        step()
-        torch.cuda.synchronize(device)
-        walls.append(time.perf_counter() - started)
+    wall = measure_steps(step, 10, warmup=0, device=device)["step_time_s"]
     by_class, top, count = kernel_seconds(step)
-    return {"model": model_name, "batch": batch, "seq": seq,
-            "wall_s": statistics.median(walls), "gpu_busy_s": sum(by_class.values()),
+    return {"model": model_name, "batch": batch, "seq": seq, "wall_s": wall,
+            "gpu_busy_s": sum(by_class.values()),
             "kernels_per_step": count, "by_kind_s": by_class, "states_bytes": states,
             "forward_backward_peak_bytes": peak, "top_kernels_s": top}
 

@@ -30,8 +30,12 @@ def chunk_rows(width: int) -> int:
     return max(1, CHUNK_BYTES // (WORKSPACE_ELEMENT_BYTES * max(1, width)))
 
 
+def workspace_bytes(tokens: int, width: int) -> float:
+    """One chunk's fp32 workspace: the fewer of `tokens` and a chunk's rows."""
+    return min(tokens, chunk_rows(width)) * width * WORKSPACE_ELEMENT_BYTES
+
+
 def loss_bytes(tokens: int, width: int, element_bytes: float) -> float:
     """Bytes the loss holds at its backward for `tokens` rows of `width` logits of
     `element_bytes` each: the saved logits, their gradient and one chunk's fp32 workspace."""
-    workspace = min(tokens, chunk_rows(width)) * width * WORKSPACE_ELEMENT_BYTES
-    return 2 * element_bytes * tokens * width + workspace
+    return 2 * element_bytes * tokens * width + workspace_bytes(tokens, width)

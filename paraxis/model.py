@@ -38,7 +38,7 @@ from paraxis.init_weights import init_parameter
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
 from paraxis.packing import Documents, find_documents, packed_attention
-from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 
 
 @dataclass(frozen=True)
@@ -190,16 +190,6 @@ class Block(nn.Module):
         return x + feed_forward(self.norm2(x))
 
 
-class CrossEntropy(nn.Module):
-    """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
-    default: packing masks targets so): the vocab-parallel kernel on one device's whole
-    vocabulary, which never holds the fp32 softmax of all tokens at once
-    (`paraxis.loss_kernel`). Tensor parallelism swaps in its vocab-parallel version."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, targets, None)
-
-
 class Blocks(nn.ModuleList):
     """The model's blocks, registered under their global index: a part holding blocks 4-7
     names its parameters `blocks.5.attn.q.weight`, exactly as the whole model does, while
@@ -258,7 +248,9 @@ class Transformer(nn.Module):
                 self.lm_head.weight = self.tok_emb.weight
             elif cfg.tied_embeddings:
                 self.lm_head.weight.pp_duplicate = True  # counted once (runtime/params.py)
-            self.loss_fn = CrossEntropy()
+            # the vocab-parallel loss on one device's whole vocabulary (paraxis.loss_kernel);
+            # tensor parallelism swaps in one over its TP group
+            self.loss_fn = VocabParallelCrossEntropy(None)
 
     # The three pieces a part may own: embed (first stage), blocks, head (last).
 

@@ -6,7 +6,7 @@ import pytest
 
 from paraxis.context_parallel.balance import pairs_per_rank, saved_bytes_per_rank
 from paraxis.layout import Layout
-from paraxis.loss_kernel import chunk_rows
+from paraxis.loss_kernel import workspace_bytes
 from paraxis.model_config import PRESETS
 from paraxis.plan.activations import attention_kernel_bytes
 from paraxis.plan.comm import axis_link
@@ -27,8 +27,7 @@ def test_activation_memory_falls_as_one_over_cp() -> None:
                         microbatches=1)
         estimate = evaluate(LLAMA_8B, layout, cluster, 32768, 64 // (8 * cp))
         # the loss's chunk workspace is capped (paraxis.loss_kernel), the rest is per token
-        workspace = min(32768 // cp, chunk_rows(LLAMA_8B.vocab_size // 8)) * \
-            (LLAMA_8B.vocab_size // 8) * 4
+        workspace = workspace_bytes(32768 // cp, LLAMA_8B.vocab_size // 8)
         activations = estimate.memory["activations"] - workspace
         base = base or activations
         assert activations == pytest.approx(base / cp, rel=0.02)

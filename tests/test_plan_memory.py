@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
-from paraxis.loss_kernel import chunk_rows
+from paraxis.loss_kernel import workspace_bytes
 from paraxis.model_config import PRESETS
 from paraxis.plan.memory import (
     FP32_ADAM,
@@ -118,7 +118,7 @@ def test_layout_memory_by_stage() -> None:
     # stage 0 holds pp = 4 microbatches of a quarter of the layers: the same as pp = 1's one
     # microbatch of every layer (Korthikanti et al. 2022 Sec. 4.2.3); pp = 1's one stage also
     # holds the loss: bf16 logits and their gradient (4sbv/t) and one chunk's fp32 workspace
-    loss = 4 * 4096 * 32000 / 8 + min(4096, chunk_rows(4000)) * 4000 * 4
+    loss = 4 * 4096 * 32000 / 8 + workspace_bytes(4096, 4000)
     assert four["activations"] == pytest.approx(one["activations"] - loss, rel=1e-6)
     gpipe = layout_memory(cfg, Layout(dp=1, tp=8, pp=4, microbatches=8, schedule="gpipe"),
                           4096, 1)

@@ -4,6 +4,8 @@ Two independent witnesses: every tensor any op produces during the head + loss (
 backward, seen by a dispatch mode), and every tensor autograd saves (saved_tensors_hooks).
 """
 
+import weakref
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -74,9 +76,7 @@ class Alive(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        import weakref
-
-        self.weakref, self.alive, self.peak = weakref, {}, 0
+        self.alive, self.peak = {}, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         out = func(*args, **(kwargs or {}))
@@ -85,7 +85,7 @@ class Alive(TorchDispatchMode):
                 storage = leaf.untyped_storage()
                 key = storage.data_ptr()
                 if key not in self.alive:
-                    self.alive[key] = (storage.nbytes(), self.weakref.ref(leaf))
+                    self.alive[key] = (storage.nbytes(), weakref.ref(leaf))
         self.alive = {k: v for k, v in self.alive.items() if v[1]() is not None}
         self.peak = max(self.peak, sum(size for size, _ in self.alive.values()))
         return out

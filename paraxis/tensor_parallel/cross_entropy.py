@@ -111,7 +111,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
 
 
 class VocabParallelCrossEntropy(nn.Module):
-    """Drop-in for `paraxis.model.CrossEntropy` when the LM head is vocab-parallel."""
+    """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
+    default: packing masks targets so), from (..., V/tp) logits; with `group` None, one
+    device's whole vocabulary (paraxis.model's loss)."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         super().__init__()
