@@ -32,10 +32,16 @@ meet at a fresh TCP port. With `device="cuda"` each rank takes the GPU of its lo
 joins over NCCL; those ranks are spawned, not forked (a forked child cannot use CUDA once its
 parent has touched it), so the body must then be a module-level function given to
 `run_on_ranks`. `run_distributed(fn, world_size)` is the layer below: `fn` with no context.
+
+A process that forks CPU ranks must not see a GPU: once a backward has run in it, autograd
+keeps a thread per GPU, and a child forked after that cannot run autograd at all (PyTorch
+wiki, "Autograd and Fork"). The test suite therefore calls `hide_gpus()` first
+(tests/conftest.py); the ranks `device="cuda"` spawns see the GPUs again (`gpu_count()`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -46,7 +52,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -212,6 +218,52 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
 HANG_MARGIN_S = 10.0
 
 
+# ------------------------------------------------------------ GPUs, seen by spawned ranks
+
+SEEN_GPUS = "PARAXIS_SEEN_GPUS"  # CUDA_VISIBLE_DEVICES as it was before `hide_gpus`
+UNSET = "<unset>"
+
+
+def hide_gpus() -> None:
+    """Let this process see no GPU (call it before anything touches CUDA); the ranks that
+    `run_distributed(..., device="cuda")` spawns see the GPUs it could see."""
+    if SEEN_GPUS not in os.environ:
+        os.environ[SEEN_GPUS] = os.environ.get("CUDA_VISIBLE_DEVICES", UNSET)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+@contextlib.contextmanager
+def gpus_seen() -> Iterator[None]:
+    """The environment of a spawned GPU rank: the GPUs from before `hide_gpus`."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = os.environ.get(SEEN_GPUS)
+    if seen is not None:
+        if seen == UNSET:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = seen
+    try:
+        yield
+    finally:
+        if seen is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden if hidden is not None else ""
+
+
+@functools.cache
+def gpu_count() -> int:
+    """How many GPUs a rank spawned with `device="cuda"` sees (asked of a new process when
+    this one hides them; no NVIDIA device file, no GPU, and no process started)."""
+    if SEEN_GPUS not in os.environ:
+        return torch.cuda.device_count()
+    if not Path("/dev/nvidiactl").exists():
+        return 0
+    with gpus_seen():
+        answer = subprocess.run([sys.executable, "-c", "import torch; "
+                                 "print(torch.cuda.device_count())"],
+                                capture_output=True, text=True, timeout=120)
+    return int(answer.stdout.strip() or 0)
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                     kwargs: dict | None = None, timeout_s: float = 180.0,
                     device: str = "cpu") -> list[Any]:
@@ -224,8 +276,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
                                        timeout_s + HANG_MARGIN_S, device))
                  for rank in range(world_size)]
-    for process in processes:
-        process.start()
+    with gpus_seen() if device == "cuda" else contextlib.nullcontext():
+        for process in processes:
+            process.start()
     collected: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:

@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from paraxis.testing import hide_gpus
+
+# The suite forks CPU ranks, which a process that has run autograd on a GPU machine cannot do
+# (paraxis/testing.py): it sees no GPU; the GPU tests spawn ranks that do.
+hide_gpus()
+
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:
     # transformers starts norm gains at 1 and biases at 0; moving them makes a dropped or

@@ -1,6 +1,7 @@
 """The distributed test harness: real gloo ranks, errors surfaced, no hangs; the `on_ranks`
 decorator gives a body its rank, layout and groups."""
 
+import multiprocessing as mp
 import os
 import time
 
@@ -9,7 +10,16 @@ import torch
 import torch.distributed as dist
 
 from paraxis.layout import Layout
-from paraxis.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
+from paraxis.testing import (
+    SEEN_GPUS,
+    UNSET,
+    RankContext,
+    RankFailed,
+    gpus_seen,
+    on_ranks,
+    run_distributed,
+    run_on_ranks,
+)
 
 
 def _sum_of_ranks() -> float:
@@ -117,3 +127,17 @@ def test_one_named_gpu_for_several_local_ranks_is_one_line(monkeypatch):
     with pytest.raises(ParaxisError, match="names one GPU for every rank"):
         pick_device("cuda:0")
     assert pick_device("cpu").type == "cpu"
+
+
+def _seen() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", UNSET)
+
+
+def test_the_suite_sees_no_gpu_and_its_spawned_gpu_ranks_see_what_it_could():
+    """On a GPU machine a backward in this process would start autograd's per-GPU threads,
+    and every CPU rank forked after it would fail its first backward: tests/conftest.py hides
+    the GPUs (`hide_gpus`); a rank spawned for `device="cuda"` gets them back."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and torch.cuda.device_count() == 0
+    with gpus_seen(), mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_seen) == os.environ[SEEN_GPUS]
+    assert _seen() == ""

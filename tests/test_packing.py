@@ -31,7 +31,7 @@ from paraxis.packing import (
 from paraxis.runtime.engine import LocalEngine
 from paraxis.runtime.parallelize import build_engine
 from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from paraxis.testing import RankContext, run_distributed, run_on_ranks
+from paraxis.testing import RankContext, gpu_count, run_distributed, run_on_ranks
 
 EOS = 0  # the byte tokenizer's end-of-document id
 
@@ -134,14 +134,13 @@ def _flex_and_sdpa_on_cuda(dtype: torch.dtype) -> tuple[list[float], list[float]
     return errors(flex), errors(run(sdpa, dtype))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_a_gpu_the_compiled_flex_path_equals_sdpa_with_the_mask(dtype):
     """On CUDA `packed_attention` runs flex attention, compiled, over the block mask: forward
     and backward equal SDPA with the boolean mask (fp32: to rounding; bf16: no further from
     an fp32 reference than SDPA's own bf16 result). Ran on an H100 (docs/gpu/README.md).
-    In a spawned rank: autograd on CUDA in this process would break the forked CPU ranks of
-    the tests after it (PyTorch's autograd threads do not survive a fork)."""
+    In a spawned rank: the suite's own process sees no GPU (paraxis.testing.hide_gpus)."""
     ((flex, plain),) = run_distributed(_flex_and_sdpa_on_cuda, 1, (dtype,), device="cuda")
     if dtype == torch.float32:
         assert max(flex) < 2e-5, flex
