@@ -33,10 +33,8 @@ joins over NCCL; those ranks are spawned, not forked (a forked child cannot use 
 parent has touched it), so the body must then be a module-level function given to
 `run_on_ranks`. `run_distributed(fn, world_size)` is the layer below: `fn` with no context.
 
-A process that forks CPU ranks must not see a GPU: once a backward has run in it, autograd
-keeps a thread per GPU, and a child forked after that cannot run autograd at all (PyTorch
-wiki, "Autograd and Fork"). The test suite therefore calls `hide_gpus()` first
-(tests/conftest.py); the ranks `device="cuda"` spawns see the GPUs again (`gpu_count()`).
+A process that forks CPU ranks must not see a GPU (`paraxis.hidden_gpus`): the test suite
+hides them from itself; the ranks `device="cuda"` spawns see them again (`gpu_count()`).
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -61,6 +59,7 @@ from typing import Any, TypeVar, overload
 import torch
 import torch.distributed as dist
 
+from paraxis.hidden_gpus import SEEN_GPUS, gpus_seen
 from paraxis.layout import Layout
 from paraxis.runtime.distributed import ParallelGroups, backend_for, build_groups, pick_device
 
@@ -219,34 +218,6 @@ HANG_MARGIN_S = 10.0
 
 
 # ------------------------------------------------------------ GPUs, seen by spawned ranks
-
-SEEN_GPUS = "PARAXIS_SEEN_GPUS"  # CUDA_VISIBLE_DEVICES as it was before `hide_gpus`
-UNSET = "<unset>"
-
-
-def hide_gpus() -> None:
-    """Let this process see no GPU (call it before anything touches CUDA); the ranks that
-    `run_distributed(..., device="cuda")` spawns see the GPUs it could see."""
-    if SEEN_GPUS not in os.environ:
-        os.environ[SEEN_GPUS] = os.environ.get("CUDA_VISIBLE_DEVICES", UNSET)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-
-
-@contextlib.contextmanager
-def gpus_seen() -> Iterator[None]:
-    """The environment of a spawned GPU rank: the GPUs from before `hide_gpus`."""
-    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    seen = os.environ.get(SEEN_GPUS)
-    if seen is not None:
-        if seen == UNSET:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = seen
-    try:
-        yield
-    finally:
-        if seen is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden if hidden is not None else ""
 
 
 @functools.cache

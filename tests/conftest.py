@@ -6,14 +6,21 @@ is missing. Models are saved once per session (safetensors, the default format).
 
 from pathlib import Path
 
-import pytest
-import torch
-
-from paraxis.testing import hide_gpus
+from paraxis.hidden_gpus import hide_gpus
 
 # The suite forks CPU ranks, which a process that has run autograd on a GPU machine cannot do
-# (paraxis/testing.py): it sees no GPU; the GPU tests spawn ranks that do.
+# (paraxis/hidden_gpus.py): it sees no GPU, from before torch is imported; the GPU tests
+# spawn ranks that do.
 hide_gpus()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount():  # what autograd counts
+    raise pytest.UsageError(
+        "CUDA saw the GPUs before tests/conftest.py could hide them (a pytest plugin?), so "
+        "the suite's forked CPU ranks could not run autograd; run it with them hidden from "
+        "the start: CUDA_VISIBLE_DEVICES= make test (the GPU tests then skip)")
 
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:

@@ -9,17 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from paraxis.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
 from paraxis.layout import Layout
-from paraxis.testing import (
-    SEEN_GPUS,
-    UNSET,
-    RankContext,
-    RankFailed,
-    gpus_seen,
-    on_ranks,
-    run_distributed,
-    run_on_ranks,
-)
+from paraxis.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
 
 
 def _sum_of_ranks() -> float:
