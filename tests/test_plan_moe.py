@@ -3,6 +3,7 @@ all-to-alls from moe/placement on the link the EP group spans, the search over e
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -316,6 +317,12 @@ def test_whole_experts_on_sequence_shards_route_a_tp_share() -> None:
     assert estimate.time["dp_total"] == pytest.approx(evaluate(
         DEEPSEEK, shards.replace(sequence_parallel=False), cluster, 4096, 64).time["dp_total"])
     assert split.time["tp_grads"] == 0.0
+    # the runtime sums them a bucket per call (sum_partial_grads): a latency for each call
+    # but the first (step_calls' own), none with one bucket as large as all of them
+    flat = cluster.replace(gpu=dataclasses.replace(cluster.gpu, gradient_bucket_bytes=1e15))
+    one_call = shard_grad_sum_seconds(DEEPSEEK, shards, flat, moe, experts, MIXED_ADAM.grad_bytes)
+    calls = 1 + (summed - one_call) / scalar_call_time(8, axis_link(shards, "tp", cluster), cluster)
+    assert calls > 10 and calls == pytest.approx(round(calls))
 
 
 def test_the_search_tries_whole_experts_where_they_run_on_sequence_shards() -> None:

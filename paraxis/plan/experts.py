@@ -31,6 +31,7 @@ counts, torch-free; nothing is re-derived here):
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 from paraxis.errors import ParaxisError
@@ -118,14 +119,18 @@ def shard_grad_sum_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster,
     the router and the shared and routed experts of a rank's `moe_blocks` MoE blocks
     (`experts` routed-expert parameters), where each tp rank runs its own sequence shard
     (`tensor_parallel.partial.sum_partial_grads`): the shards ZeRO leaves each rank, at the
-    tp link's bandwidth (the call's latency is `step_calls`'). Nothing overlaps it."""
+    tp link's bandwidth, in a call per gradient bucket (the first call's latency is
+    `step_calls`', the others' here). Nothing overlaps it."""
     if not moe_blocks or feed_forward(cfg, layout) != "shards":
         return 0.0
     replicas = layout.dp * layout.cp if layout.zero else 1
     size = grad_bytes * (moe_blocks * cfg.moe_replicated_params() / replicas
                          + experts / max(1, replicas // layout.ep))
-    bandwidth, _ = axis_link(layout, "tp", cluster).cost("all_reduce")
-    return op_time("all_reduce", size, layout.tp, bandwidth)
+    link = axis_link(layout, "tp", cluster)
+    bucket = cluster.gpu.gradient_bucket_bytes
+    calls = math.ceil(size / bucket) if bucket else 1  # 0: one flat call (Megatron's)
+    return (op_time("all_reduce", size, layout.tp, link.cost("all_reduce")[0])
+            + (calls - 1) * scalar_call_time(layout.tp, link, cluster))
 
 
 def busiest_load(cfg: ModelConfig, imbalance: float) -> float:
