@@ -325,6 +325,32 @@ def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
     _assert_same_tensors(_full(source), _full(back))
 
 
+def _tp_pieces(directory: Path, name: str) -> list[tuple[int, int, list[int]]]:
+    """(tp_dim, tp_count, shape) of each parameter piece of `name` in a checkpoint."""
+    pieces = json.loads((directory / "manifest.json").read_text())["pieces"]
+    return sorted({(p["tp_dim"], p["tp_count"], tuple(p["shape"])) for p in pieces
+                   if p["kind"] == "param" and p["name"] == name})
+
+
+def test_a_moe_checkpoint_converts_to_split_experts_and_back(tmp_path):
+    # etp=2 cuts every routed expert's matrices over tp as the dense MLP's (up and gate by
+    # rows, down by columns), etp=1 under tp keeps them whole: conversion between the two
+    # and back to one device moves the same tensors
+    run_training(RunConfig.from_flags(model="tiny-moe", steps=1, global_batch=4, seq_len=32,
+                                      quiet=True, checkpoint_dir=str(tmp_path / "a")))
+    source = tmp_path / "a" / "step-00000001"
+    split = convert(source, tmp_path / "split", Layout.parse("tp=2,etp=2"))
+    whole = convert(split, tmp_path / "whole", Layout.parse("tp=2"))
+    back = convert(whole, tmp_path / "one", Layout.parse("dp=1"))
+    for converted in (split, whole, back):
+        _assert_same_tensors(_full(source), _full(converted))
+    up, down = "blocks.1.moe.experts.3.up.weight", "blocks.1.moe.experts.3.down.weight"
+    (_, _, (rows, cols)), = _tp_pieces(source, up)
+    assert _tp_pieces(split, up) == [(0, 2, (rows, cols))]  # the full shape, cut on dim 0
+    assert _tp_pieces(split, down)[0][:2] == (1, 2)
+    assert _tp_pieces(whole, up) == [(None, 1, (rows, cols))]
+
+
 def test_a_requeued_run_that_had_finished_exits_0(tmp_path, capsys):
     # a stop signal that comes as the run ends leaves a final checkpoint at --steps; the
     # scheduler's requeue (--resume auto) finds the run complete: exit 0, one line, nothing
