@@ -56,18 +56,28 @@ def check_model(layout: Layout, model: ModelConfig) -> None:
             f"{model.n_layers}")
 
 
+def ep_splits(model: ModelConfig, ep: int) -> bool:
+    """Whether ep ranks can share `model`'s experts evenly (ep=1: any model)."""
+    return ep == 1 or (model.is_moe and model.n_experts % ep == 0)
+
+
+def etp_splits(model: ModelConfig, etp: int) -> bool:
+    """Whether every expert of `model` splits over etp ranks (etp=1: any model)."""
+    return etp == 1 or (model.is_moe and model.d_ff_expert % etp == 0)
+
+
 def _check_experts(layout: Layout, model: ModelConfig) -> None:
     if layout.ep > 1 and not model.n_experts:
         raise ParaxisError(f"ep={layout.ep} needs a mixture-of-experts model, and "
                            f"{model.name} has no experts; use ep=1 or an MoE model "
                            "(e.g. tiny-moe)")
-    if model.n_experts and model.n_experts % layout.ep:
+    if not ep_splits(model, layout.ep):
         raise ParaxisError(f"ep={layout.ep} must divide the number of experts "
                            f"({model.n_experts}); choose ep among "
                            f"{divisors(model.n_experts)}")
     if layout.etp > 1 and not model.n_experts:
         raise ParaxisError(f"etp={layout.etp} splits experts, and {model.name} has none; "
                            "drop etp")
-    if layout.etp > 1 and model.d_ff_expert % layout.etp:
+    if not etp_splits(model, layout.etp):
         raise ParaxisError(f"expert width {model.d_ff_expert} is not divisible by etp="
                            f"{layout.etp}; use etp=1 (experts whole on every tp rank)")

@@ -20,6 +20,7 @@ from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
 from paraxis.context_parallel.balance import check_split
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
+from paraxis.layout_model import ep_splits, etp_splits
 from paraxis.model_config import ModelConfig
 from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
@@ -327,7 +328,7 @@ def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
     that leave the node are tried smallest first, and only until one fits (search)."""
     if c.ep is not None:
         return [c.ep] if ranks % c.ep == 0 else []
-    return [ep for ep in _divisors(ranks) if ep == 1 or (cfg.is_moe and cfg.n_experts % ep == 0)]
+    return [ep for ep in _divisors(ranks) if ep_splits(cfg, ep)]
 
 
 def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...]:
@@ -338,7 +339,7 @@ def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...
     computes 1/tp of the expert work as splitting does, with wider GEMMs and no collective
     around the block, but holds every expert whole and sums their gradients over tp. Without
     SP whole experts repeat the work on every tp rank: left out unless asked for."""
-    if not cfg.is_moe or tp == 1 or cfg.d_ff_expert % tp:
+    if tp == 1 or not cfg.is_moe or not etp_splits(cfg, tp):
         return (False,)
     if c.split_experts is not None:
         return c.split_experts
@@ -349,7 +350,7 @@ def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
     """Whole experts without SP, which every tp rank runs on the whole sequence, where the
     search chose them itself (for their shards under SP: `_expert_splits`)."""
     return (c.split_experts is None and shape.etp == 1 and shape.tp > 1 and cfg.is_moe
-            and cfg.d_ff_expert % shape.tp == 0)
+            and etp_splits(cfg, shape.tp))
 
 
 def too_big_reason(estimate: Estimate) -> str:
