@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.collections import PatchCollection
 from matplotlib.colors import to_rgb
@@ -174,10 +173,9 @@ def plot_chunks(seq_len: int, cp: int, variant: str = "ring") -> Figure:
     cells = block_cells(cp, variant)
     n = 2 * cp
     side = min(7.0, 2.6 + 0.45 * n)
-    fig, axes = plt.subplot_mosaic([["seq", "seq"], ["matrix", "pairs"]],
-                                   figsize=(max(11.5, side + 5.2), side + 2.4),
-                                   layout="constrained", height_ratios=[1, side],
-                                   width_ratios=[side, 4.6])
+    fig = Figure(figsize=(max(11.5, side + 5.2), side + 2.4), layout="constrained")
+    axes = fig.subplot_mosaic([["seq", "seq"], ["matrix", "pairs"]],
+                              height_ratios=[1, side], width_ratios=[side, 4.6])
     holder = {chunk: rank for rank in range(cp) for chunk in rank_chunks(rank, cp)}
     _draw_sequence(axes["seq"], holder, chunk_len)
     _draw_matrix(axes["matrix"], cells, n, variant)

@@ -9,8 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: works on servers and in tests without a display
 
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402 - after choosing the backend
 
 # Okabe & Ito 2008, "Color Universal Design": distinguishable with every common colour
 # vision deficiency, and dark enough to show on white paper.
@@ -44,19 +43,19 @@ RC = {
 
 # Titles and labels read rcParams when they are created, after `new_figure` returns, so the
 # style is set for the process (only code that draws paraxis pictures imports this module).
-plt.rcParams.update(RC)
+matplotlib.rcParams.update(RC)
 
 
 def new_figure(width_in: float, height_in: float, **subplots: object) -> tuple[Figure, object]:
-    """A figure and its axes with the shared style (layout="constrained" keeps labels in)."""
-    fig, axes = plt.subplots(figsize=(width_in, height_in), layout="constrained", **subplots)
-    return fig, axes
+    """A figure and its axes with the shared style (layout="constrained" keeps labels in).
+    Not pyplot's: nothing keeps it once its caller lets go (a report draws dozens)."""
+    fig = Figure(figsize=(width_in, height_in), layout="constrained")
+    return fig, fig.subplots(**subplots)
 
 
 def figure_bytes(fig: Figure, fmt: str = "svg", dpi: int = 120) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=fmt, dpi=dpi)
-    plt.close(fig)  # the report draws many figures; free each once it is saved
     return buffer.getvalue()
 
 
