@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from paraxis.plan.auto import AutoChoice
 
 CACHE_ENV = "PARAXIS_CACHE"  # where calibrations are kept (default ~/.cache/paraxis)
+# `plan --verify`'s ranks a CPU core: 8 on a 2-core machine, the calibration's largest count;
+# beyond that every layout's bursts would run for hours (and calibrate first)
+VERIFY_RANKS_PER_CORE = 4
 
 
 def cache_folder(model: str, seq_len: int, ranks: int) -> Path:
@@ -146,17 +149,24 @@ def verify_plan(args: argparse.Namespace) -> int:
     machine (priced as --layout auto prices them), each trained for a short burst by
     `paraxis train`, interleaved (`plan.verify`); prints the measured ranking next to the
     predicted one, with Spearman's rank correlation."""
+    from paraxis.calibrate.command import cpu_cores
     from paraxis.config import RunConfig
     from paraxis.model_config import load_model_config
-    from paraxis.plan.verify import table, verify
+    from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 
-    k, ranks = args.verify, args.gpus
-    if k < 1 or args.verify_rounds < 1 or args.verify_steps < 2:
-        raise ParaxisError("--verify K needs K >= 1, --verify-rounds >= 1 and --verify-steps "
-                           ">= 2")
-    if not ranks:
+    k, ranks = args.verify, args.gpus  # plan_cli.check_verify checked the --verify flags
+    rounds = ROUNDS if args.verify_rounds is None else args.verify_rounds
+    steps = STEPS if args.verify_steps is None else args.verify_steps
+    if ranks is None or ranks < 1:
         raise ParaxisError("--verify trains each layout on this machine: give --gpus N, the "
                            "ranks to run them on")
+    cores = cpu_cores()
+    most = VERIFY_RANKS_PER_CORE * cores
+    if ranks > most:
+        raise ParaxisError(f"--gpus {ranks} is more ranks than --verify trains on this "
+                           f"machine's {cores} CPU core(s) ({VERIFY_RANKS_PER_CORE} a core: "
+                           f"each of the top {k} runs {rounds} time(s) on all of them); give "
+                           f"--gpus {most} or fewer")
     if args.gpu or args.cluster_preset or args.params is not None:
         raise ParaxisError("--verify prices this machine, where the layouts run: leave out "
                            "--gpu, --cluster and --params (give --model, and --hardware for "
@@ -172,14 +182,14 @@ def verify_plan(args: argparse.Namespace) -> int:
     candidates = choice.result.top(k)
     print(f"the planner's top {len(candidates)} of {choice.cfg.name} on {ranks} ranks, global "
           f"batch {cfg.train.global_batch} x {cfg.train.seq_len} tokens, priced on {source}; "
-          f"training each for {args.verify_steps} steps, {args.verify_rounds} round(s):",
+          f"training each for {steps} steps, {rounds} round(s):",
           flush=True)
     train_args = ["--model", model, "--nproc", str(ranks), "--global-batch",
                   str(cfg.train.global_batch), "--seq-len", str(cfg.train.seq_len),
                   "--precision", precision]
     with tempfile.TemporaryDirectory(prefix="paraxis-verify-") as folder:
-        rows = verify(candidates, train_args, Path(folder), args.verify_rounds,
-                      args.verify_steps, log=lambda line: print(line, flush=True))
+        rows = verify(candidates, train_args, Path(folder), rounds, steps,
+                      log=lambda line: print(line, flush=True))
     for line in table(rows):
         print(line)
     return 0

@@ -224,7 +224,9 @@ class Layout:
                                f"ep among {divisors(self.dp * self.cp)}")
         if self.etp not in (1, self.tp):
             raise ParaxisError(f"etp={self.etp} must be 1 (experts whole on every tp rank) or "
-                               f"tp={self.tp} (each expert split over the tp ranks)")
+                               f"tp={self.tp} (each expert split over the tp ranks); leave etp "
+                               f"out, or give tp={self.etp} too to split each expert "
+                               f"{self.etp} ways")
         if self.zero not in (0, 1, 2, 3):
             raise ParaxisError(f"layout zero={self.zero!r} must be one of 0, 1, 2, 3")
         if self.schedule not in SCHEDULES:

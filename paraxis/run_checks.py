@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 def check_late_failures(cfg: RunConfig) -> None:
-    """One-line errors for the seed, gradient clip, peak TFLOP/s, --exit-after, a negative
+    """One-line errors for the seed, gradient clip, peak TFLOP/s, --memory-gb and
+    --predicted-step-s (auto or not), --exit-after, a negative
     --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,
     and every folder the run will write."""
     train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
@@ -31,6 +32,11 @@ def check_late_failures(cfg: RunConfig) -> None:
     if log.peak_tflops is not None and not 0 < log.peak_tflops < math.inf:
         raise ParaxisError(f"--peak-tflops {log.peak_tflops} must be a positive number "
                            "(one device's peak, e.g. 989 for an H100's bf16)")
+    for flag, value, unit in (("--memory-gb", cfg.auto.memory_gb, "GB per rank"),
+                              ("--predicted-step-s", cfg.auto.predicted_step_s, "seconds")):
+        if value is not None and not 0 < value < math.inf:  # with or without --layout auto
+            raise ParaxisError(f"{flag} {value} must be a positive number of {unit}; leave "
+                               "the flag out for the default")
     if ckpt.exit_after is not None and not ckpt.dir:
         raise ParaxisError("--exit-after needs --checkpoint-dir: it stops with a "
                            "checkpoint to continue from")

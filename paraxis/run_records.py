@@ -65,7 +65,9 @@ def load_metrics(path: str | Path) -> list[dict]:
             try:
                 record = json.loads(line)
             except ValueError:
-                raise ParaxisError(f"{path}:{number} is not a JSON line") from None
+                raise ParaxisError(f"{path}:{number} is not a JSON line; give the metrics file "
+                                   "`paraxis train --metrics-file` wrote, or its folder"
+                                   ) from None
             problem = _not_a_step(record)
             if problem:
                 raise ParaxisError(f"{path}:{number} is not a step record of `paraxis train` "

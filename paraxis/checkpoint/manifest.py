@@ -73,7 +73,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ParaxisError(f"{path} is not valid JSON ({error}); the checkpoint is damaged, "
                            "use an earlier one") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ParaxisError(f"{path} is not a paraxis checkpoint manifest")
+        raise ParaxisError(f"{path} is not a paraxis checkpoint manifest (no \"format\": "
+                           f"\"{FORMAT}\"); the checkpoint is damaged or not paraxis's: use "
+                           "an earlier checkpoint, or one `paraxis train` saved")
     version = manifest.get("version")
     if not isinstance(version, int) or version > VERSION:
         raise ParaxisError(f"{path} has format version {version}, newer than this paraxis "

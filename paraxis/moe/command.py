@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--seed", type=int, default=0, help="initial weights' seed (presets)")
     parser.add_argument("--block", type=int, default=None, help="the block to draw")
-    parser.add_argument("--out", type=Path, default=None, help="directory for the pictures")
+    parser.add_argument("--out", default=None, help="directory for the pictures")
 
 
 def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
@@ -121,9 +121,15 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         from paraxis.run_checks import check_writable_folder
 
-        check_writable_folder(args.out, "--out")
+        if not args.out.strip():  # "" would write into the current folder
+            raise ParaxisError("--out is empty; give a folder, e.g. pictures")
+        check_writable_folder(Path(args.out), "--out")
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
+    if args.block is not None and args.block not in routes:  # with or without --out
+        raise ParaxisError(f"--block {args.block} is not an MoE block of {cfg.name} (blocks "
+                           f"0..{cfg.n_layers - 1}); choose one of "
+                           f"{', '.join(map(str, routes))}")
     console = terminal_console()
     console.print(f"[bold]{cfg.name}[/]: {cfg.n_experts} experts, top {cfg.top_k}, "
                   f"{args.batch} x {args.seq_len} tokens, ep={args.ep}; routing: "
@@ -149,12 +155,10 @@ def _draw(args: argparse.Namespace, cfg: ModelConfig, routes: dict, console: obj
     from paraxis.viz.moe import plot_all_to_all, plot_routing
     from paraxis.viz.style import figure_bytes
 
-    block = min(routes) if args.block is None else args.block
-    if block not in routes:
-        raise ParaxisError(f"--block {block} is not an MoE block; choose one of "
-                           f"{', '.join(map(str, routes))}")
+    block = min(routes) if args.block is None else args.block  # run() checked it
     chosen, weights = routes[block]
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     shown = min(len(chosen), 24)
     pictures = {"routing.png": plot_routing(chosen[:shown], weights[:shown], cfg.n_experts,
                                             args.ep, counted=chosen)}
@@ -162,5 +166,5 @@ def _draw(args: argparse.Namespace, cfg: ModelConfig, routes: dict, console: obj
         pictures["all_to_all.png"] = plot_all_to_all(
             counts_by_rank(chosen, cfg.n_experts, args.ep), args.ep, cfg.d_model)
     for name, figure in pictures.items():
-        (args.out / name).write_bytes(figure_bytes(figure, fmt="png"))
-        console.print(f"wrote {args.out / name}")  # type: ignore[attr-defined]
+        (out / name).write_bytes(figure_bytes(figure, fmt="png"))
+        console.print(f"wrote {out / name}")  # type: ignore[attr-defined]

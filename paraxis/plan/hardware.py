@@ -339,10 +339,10 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
     """Read a TOML/JSON hardware file into flat overrides (schema in the module docstring)."""
     path = Path(path)
     if not path.is_file():
-        raise ParaxisError(f"hardware file {path} does not exist; give an existing .json/.toml")
+        wrong = "is a folder" if path.is_dir() else "does not exist"
+        raise ParaxisError(f"hardware file {path} {wrong}; give a .json/.toml file that exists")
     try:
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        data = (tomllib.loads if path.suffix == ".toml" else json.loads)(path.read_text())
     except (ValueError, UnicodeDecodeError) as error:
         raise ParaxisError(f"hardware file {path} is not valid JSON/TOML: {error}") from None
     check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes

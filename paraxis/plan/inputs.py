@@ -142,6 +142,23 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     parser.set_defaults(default_model=model)
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Sizes that must be positive, for `plan` and `report` alike: 0 used to fall back to a
+    default silently, and a zero or negative node size or bandwidth to divide by zero or price
+    nonsense."""
+    for flag in ("gpus_per_node", "nics_per_node"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            default = "one NIC per GPU" if flag == "nics_per_node" else "the default"
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be at least 1; leave it "
+                               f"out for {default}")
+    for flag in ("seq_len", "memory_gb", "nvlink_gbps", "network_gbps"):
+        value = getattr(args, flag, None)
+        if value is not None and not 0 < value < float("inf"):
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be a positive number; "
+                               "leave the flag out for the default")
+
+
 def from_args(args: argparse.Namespace) -> PlanInputs:
     return PlanInputs(model=args.model or (None if args.params is not None
                                            else args.default_model),

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from paraxis.errors import ParaxisError
-from paraxis.plan.hardware import GPUS, get_gpu
+from paraxis.plan.hardware import GPUS
 from paraxis.plan.memory import zero_table
 from paraxis.plan.precision import PRECISIONS, Precision
 
@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise ParaxisError(f"--gpus {args.gpus}: need at least one GPU")
     precision = PRECISIONS[args.precision]
-    gpu = get_gpu(args.gpu)
+    if args.gpu not in GPUS:  # hardware.get_gpu's advice names plan's --hardware
+        raise ParaxisError(f"unknown GPU {args.gpu!r}; choose --gpu among {', '.join(GPUS)}")
+    gpu = GPUS[args.gpu]
     rows = zero_table(int(args.params), args.gpus, precision)
     if args.json:
         print(json.dumps({"schema": "paraxis.memory/1", "params": int(args.params),

@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="train the top K layouts on --gpus ranks of this machine (paraxis "
                        "train, a short burst each, priced on this machine's profile) and "
                        "print the measured ranking next to the predicted one")
-    check.add_argument("--verify-rounds", type=int, default=verify.ROUNDS,
+    check.add_argument("--verify-rounds", type=int, default=None,
                        help=f"runs of each layout, interleaved (default {verify.ROUNDS})")
-    check.add_argument("--verify-steps", type=int, default=verify.STEPS,
+    check.add_argument("--verify-steps", type=int, default=None,
                        help=f"steps per run (default {verify.STEPS})")
     limits = parser.add_argument_group("search constraints")
     for axis in ("tp", "pp", "dp", "cp", "ep"):
@@ -76,20 +76,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sends hide")
 
 
-def check_numbers(args: argparse.Namespace) -> None:
-    """Sizes that must be positive: 0 used to fall back to a default silently, and a zero or
-    negative node size or bandwidth to divide by zero or price nonsense."""
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise ParaxisError(f"--gpus-per-node {args.gpus_per_node} must be at least 1")
-    for flag in ("seq_len", "memory_gb", "nvlink_gbps", "network_gbps"):
-        value = getattr(args, flag, None)
-        if value is not None and not 0 < value < float("inf"):
-            raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be a positive number; "
-                               "leave the flag out for the default")
+def check_verify(args: argparse.Namespace) -> None:
+    """The --verify flags, in every mode: a count below its least, or a --verify-rounds or
+    --verify-steps without the --verify they shape (silently ignored before)."""
+    for flag, value, least in (("--verify", args.verify, 1),
+                               ("--verify-rounds", args.verify_rounds, 1),
+                               ("--verify-steps", args.verify_steps, 2)):
+        if value is not None and value < least:
+            raise ParaxisError(f"{flag} {value} must be at least {least}")
+    for flag, value in (("--verify-rounds", args.verify_rounds),
+                        ("--verify-steps", args.verify_steps)):
+        if value is not None and args.verify is None:
+            raise ParaxisError(f"{flag} needs --verify K (it shapes the training of the top K "
+                               f"layouts); add --verify K or leave {flag} out")
 
 
 def run(args: argparse.Namespace) -> int:
-    check_numbers(args)
+    inputs.check_numbers(args)
+    check_verify(args)
     if args.verify is not None:  # trains: it needs torch, the plan alone does not
         from paraxis.auto_layout import verify_plan
 

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.report.measured import metrics_path
     from paraxis.run_checks import check_writable
 
+    inputs.check_numbers(args)  # as `paraxis plan` checks them
     check_writable(Path(args.out), "--out")
     given = inputs.from_args(args)
     if args.run_dir is not None:
