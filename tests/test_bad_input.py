@@ -14,7 +14,9 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -282,23 +284,31 @@ def run_row(argv: list[str], folder: Path, subprocess_run: bool) -> tuple[int, s
     return code, err.getvalue()
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bad_inputs")
-    make_inputs(folder)
-    return folder
-
-
 def test_the_catalogue_has_at_least_30_rows():
     assert len(ROWS) >= 30
     assert len({row[0] for row in ROWS}) == len(ROWS)
     assert sum(row[4] for row in ROWS) >= 12  # a representative share end to end
 
 
-@pytest.mark.parametrize("argv,message,hint,in_subprocess",
-                         [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
-def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
-    check_row(inputs, argv, message, hint, in_subprocess)
+def catalogue(rows: list[tuple], make: Callable[[Path], None], name: str,
+              **check: Any) -> tuple[Callable, Callable]:
+    """A catalogue file's `inputs` fixture (its files, made once) and its test, a case for
+    each row (name, argv, message, hint, in_subprocess): `check_row` with `check`."""
+    @pytest.fixture(scope="module")
+    def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+
+    @pytest.mark.parametrize("argv,message,hint,in_subprocess",
+                             [row[1:] for row in rows], ids=[row[0] for row in rows])
+    def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
+        check_row(inputs, argv, message, hint, in_subprocess, **check)
+
+    return inputs, test_bad_input_is_one_line_with_a_hint
+
+
+inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_inputs")
 
 
 def check_row(folder: Path, argv: list[str], message: str, hint: str, in_subprocess: bool,

@@ -16,7 +16,7 @@ import pytest
 from paraxis.checkpoint.manifest import with_checksum
 from paraxis.config import RunConfig
 from paraxis.train import run_training
-from tests.test_bad_input import check_row, run_row, snapshot
+from tests.test_bad_input import catalogue, run_row, snapshot
 
 SUB = True
 TRAIN = ["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch", "4",
@@ -243,17 +243,8 @@ def make_inputs(folder: Path) -> None:
     path.write_text(json.dumps(with_checksum(manifest)))
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bad_inputs2")
-    make_inputs(folder)
-    return folder
-
-
-@pytest.mark.parametrize("argv,message,hint,in_subprocess",
-                         [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
-def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
-    check_row(inputs, argv, message, hint, in_subprocess, exit_code=2)
+inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_inputs2",
+                                                           exit_code=2)
 
 
 def test_a_manifest_written_before_checksums_still_reads(inputs):

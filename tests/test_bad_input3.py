@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.test_bad_input import check_row, run_row
+from tests.test_bad_input import catalogue, run_row
 
 SUB = True
 TRAIN = ["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch", "4",
@@ -77,17 +75,8 @@ def make_inputs(folder: Path) -> None:
     (folder / "not_paraxis" / "step-00000001" / "manifest.json").write_text("[]\n")
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bad_inputs3")
-    make_inputs(folder)
-    return folder
-
-
-@pytest.mark.parametrize("argv,message,hint,in_subprocess",
-                         [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
-def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
-    check_row(inputs, argv, message, hint, in_subprocess, exit_code=2)
+inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_inputs3",
+                                                           exit_code=2)
 
 
 def test_memory_advises_only_its_own_flags(inputs):
