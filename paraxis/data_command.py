@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from paraxis.errors import ParaxisError
 from paraxis.run_checks import check_writable_folder
@@ -35,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError("say what to do: paraxis data prepare SRC --out DIR")
     if args.workers < 1:
         raise ParaxisError(f"--workers {args.workers} must be 1 or more")
-    check_writable_folder(Path(args.out), "--out")
+    check_writable_folder(args.out, "--out", "data/shards")
     out = prepare(args.source, args.out, args.tokenizer, args.text_field, args.workers)
     _, index = read_prepared(out)
     print(f"{out}: {index['tokens']:,} tokens in {index['documents']:,} documents, "

@@ -61,8 +61,13 @@ def check_late_failures(cfg: RunConfig) -> None:
             check_writable_folder(Path(folder), flag)
 
 
-def check_writable_folder(path: Path, flag: str) -> None:
-    """Fail before training if the folder `path` cannot be created or written in."""
+def check_writable_folder(path: str | Path, flag: str, example: str = "pictures") -> None:
+    """Fail before training if the folder `path` cannot be created or written in; a flag's
+    empty text (which Path reads as the current folder) is refused."""
+    if isinstance(path, str):
+        if not path.strip():
+            raise ParaxisError(f"{flag} is empty; give a folder, e.g. {example}")
+        path = Path(path)
     if path.exists() and not path.is_dir():
         raise ParaxisError(f"{flag} {path} is a file, not a folder; choose another path")
     folder = path

@@ -16,15 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from paraxis.errors import ParaxisError
     from paraxis.lab.page import write_lab  # the library's figures, only when run
     from paraxis.run_checks import check_writable_folder
 
     for flag, folder in (("--out", args.out), ("--screenshots", args.screenshots)):
-        if folder is not None and not folder.strip():  # "" would write into the current one
-            raise ParaxisError(f"{flag} is empty; give a folder, e.g. runs/lab")
         if folder is not None:  # both before anything is written
-            check_writable_folder(Path(folder), flag)
+            check_writable_folder(folder, flag, "runs/lab")
     path = write_lab(args.out)
     print(f"lab: {path.resolve()} ({path.stat().st_size / 1e6:.1f} MB, opens from disk)")
     if args.screenshots:

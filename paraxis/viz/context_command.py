@@ -144,9 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     cp, attention, seq_len, layout = resolve(args)
     if args.out is not None:
-        if not args.out.strip():  # "" would write into the current folder
-            raise ParaxisError("--out is empty; give a folder, e.g. pictures")
-        check_writable_folder(Path(args.out), "--out")
+        check_writable_folder(args.out, "--out")
     print(describe(cp, attention, seq_len))
     if args.out is not None:
         for path in draw(cp, attention, seq_len, layout, args.gpus_per_node, args.out):
