@@ -22,6 +22,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("experts-out-empty", ["experts", "--out", ""], "--out is empty", "give a folder", SUB),
     ("context-out-empty", ["context", "--cp", "2", "--out", ""], "--out is empty",
      "give a folder", False),
+    ("data-out-empty", ["data", "prepare", "a_folder", "--out", ""], "--out is empty",
+     "give a folder, e.g. data/shards", False),
     # --- a block the model does not have, with or without pictures to draw
     ("experts-block-beyond-layers", ["experts", "--block", "99"],
      "--block 99 is not an MoE block of tiny-moe", "choose one of 0, 1, 2, 3", False),
