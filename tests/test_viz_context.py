@@ -3,7 +3,6 @@ rank grid shows the cp coordinate `Layout.coords` gives."""
 
 import re
 
-import matplotlib.pyplot as plt
 import pytest
 import torch
 from matplotlib.collections import PatchCollection
@@ -59,10 +58,8 @@ def test_every_picture_builds_for_cp_1_to_8():
         (blocks,) = [c for ax in fig.axes for c in ax.collections
                      if isinstance(c, PatchCollection)]
         assert len(blocks.get_paths()) == cp * (2 * cp + 1)
-        plt.close(fig)
         for fig in (plot_kv_ring(cp), plot_kv_gather(cp), plot_kv_all_to_all(cp)):
             assert fig._suptitle is not None and f"cp = {cp}" in fig._suptitle.get_text()
-            plt.close(fig)
 
 
 def test_ring_picture_shows_whose_kv_each_rank_holds():
@@ -79,7 +76,6 @@ def test_ring_picture_shows_whose_kv_each_rank_holds():
         assert held == [f"KV{ring_source(r, step, 4)}" for r in range(4)]
         arrows = len(ax.patches) - 4  # four nodes, then K/V (solid) and dK/dV (dashed)
         assert arrows == 4 * ((step < 3) + (step > 0))
-    plt.close(fig)
 
 
 def test_rank_grid_labels_carry_the_cp_coordinate_of_layout_coords():
@@ -102,11 +98,9 @@ def test_rank_grid_labels_carry_the_cp_coordinate_of_layout_coords():
                 seen[rank] = tuple(map(int, match.groups()))
     assert seen == {r: (c.dp_rank, c.cp_rank, c.tp_rank, c.pp_rank)
                     for r, c in enumerate(map(layout.coords, range(16)))}
-    plt.close(fig)
     fig = plot_rank_grid(Layout(dp=2, tp=2), 8)  # cp = 1: the 3D grid, no cp in labels
     assert fig._suptitle.get_text().startswith("3D rank grid")
     assert not any(" cp" in t.get_text() for ax in fig.axes for t in ax.texts)
-    plt.close(fig)
 
 
 def test_report_with_cp_draws_the_context_pictures(monkeypatch):
@@ -190,4 +184,3 @@ def test_all_to_all_picture_shows_rows_before_and_columns_during():
     assert len(holder) == cp
     assert labels[1] == [f"r{holder[col]}" for _ in range(cp) for col in range(cp)]
     assert "sends 3 of its 4 pieces" in fig._suptitle.get_text()
-    plt.close(fig)
