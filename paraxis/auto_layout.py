@@ -31,11 +31,16 @@ from paraxis.errors import ParaxisError
 if TYPE_CHECKING:
     from paraxis.config import RunConfig
     from paraxis.plan.auto import AutoChoice
+    from paraxis.plan.cost import Overlap
+    from paraxis.plan.search import Constraints
 
 CACHE_ENV = "PARAXIS_CACHE"  # where calibrations are kept (default ~/.cache/paraxis)
 # `plan --verify`'s ranks a CPU core: 8 on a 2-core machine, the calibration's largest count;
 # beyond that every layout's bursts would run for hours (and calibrate first)
 VERIFY_RANKS_PER_CORE = 4
+# the plan flags that describe a cluster's network, which a verify's ranks do not have
+MACHINE_FLAGS = ("gpus_per_node", "nvlink_gbps", "network_gbps", "nics_per_node",
+                 "collective_algorithm", "pipeline_zero2_reduce")
 
 
 def cache_folder(model: str, seq_len: int, ranks: int) -> Path:
@@ -45,11 +50,16 @@ def cache_folder(model: str, seq_len: int, ranks: int) -> Path:
     return root / "profiles" / f"{name}-seq{seq_len}-{ranks}ranks"
 
 
-def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
+def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
+             overlap: Overlap | None = None,
+             expert_imbalance: float | None = None) -> tuple[AutoChoice, str, str | None]:
     """The planner's pick for `cfg` on `ranks` ranks of this machine, one phrase saying where
-    its prices come from, and the hardware file it read (None: a GPU preset)."""
+    its prices come from, and the hardware file it read (None: a GPU preset). `limits`,
+    `overlap` and `expert_imbalance`: `plan --verify`'s search flags (None: the defaults)."""
     from paraxis.model_config import load_model_config
     from paraxis.plan.auto import choose
+    from paraxis.plan.cost import DEFAULT_OVERLAP
+    from paraxis.plan.experts import DEFAULT_IMBALANCE
     from paraxis.plan.hardware import build_cluster
     from paraxis.plan.inputs import PlanInputs
     from paraxis.plan.search import Constraints, search
@@ -62,7 +72,9 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
     if memory_gb is not None and not memory_gb > 0:
         raise ParaxisError(f"--memory-gb {memory_gb} must be a positive number of GB per rank")
     # packing refuses context parallelism (packing.check_layout): never pick it then
-    constraints = Constraints(cp=1) if cfg.train.pack_documents else Constraints()
+    constraints = limits or Constraints()
+    if cfg.train.pack_documents:
+        constraints = dataclasses.replace(constraints, cp=1)
     # The layout rules need no prices: a rank count or batch no layout can run fails now,
     # not after a calibration (search raises before it prices anything)
     search(model_cfg, build_cluster("a100-80gb", ranks, ranks), seq_len,
@@ -86,7 +98,8 @@ def plan_for(cfg: RunConfig, ranks: int) -> tuple[AutoChoice, str, str | None]:
         cluster = cluster.replace(available_cores=cores)
         source += f"; our ranks get {cores:.2f} of its {cluster.cores_per_node} cores now"
     choice = choose(model_cfg, cluster, seq_len, cfg.train.global_batch,
-                    given.precision_rule(), constraints)
+                    given.precision_rule(), constraints, overlap or DEFAULT_OVERLAP,
+                    expert_imbalance or DEFAULT_IMBALANCE)
     if memory_gb is not None:
         source += f", {memory_gb:g} GB per rank as given"
     return choice, source, given.hardware
@@ -152,6 +165,7 @@ def verify_plan(args: argparse.Namespace) -> int:
     from paraxis.calibrate.command import cpu_cores
     from paraxis.config import RunConfig
     from paraxis.model_config import load_model_config
+    from paraxis.plan import search_flags
     from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 
     k, ranks = args.verify, args.gpus  # plan_cli.check_verify checked the --verify flags
@@ -171,14 +185,29 @@ def verify_plan(args: argparse.Namespace) -> int:
         raise ParaxisError("--verify prices this machine, where the layouts run: leave out "
                            "--gpu, --cluster and --params (give --model, and --hardware for "
                            "a calibrated profile)")
+    for flag in MACHINE_FLAGS:  # this machine's own network: nothing to override
+        if getattr(args, flag) not in (None, False):
+            raise ParaxisError(f"--{flag.replace('_', '-')} describes a cluster; --verify "
+                               "prices this machine's ranks as measured: leave it out")
+    if args.json:
+        raise ParaxisError("--verify prints its measured table, not the plan's JSON: leave "
+                           "--json out")
     model = args.model or args.default_model
+    model_cfg = load_model_config(model)
     # `paraxis train` has no "mixed": it is bf16 with fp32 masters (plan/precision.py)
     precision = "bf16" if args.precision == "mixed" else args.precision
     cfg = RunConfig.from_flags(model=model, nproc=ranks, global_batch=args.global_batch,
-                               seq_len=args.seq_len or load_model_config(model).max_seq_len,
+                               seq_len=args.seq_len or model_cfg.max_seq_len,
                                precision=precision, hardware=args.hardware,
                                memory_gb=args.memory_gb, layout="auto")
-    choice, source, _ = plan_for(cfg, ranks)
+    fixed, stated, micro_batch = search_flags.stated_fields(args, model_cfg)
+    if search_flags.complete_layout(fixed, stated, micro_batch, cfg.train.global_batch):
+        raise ParaxisError(f"--layout {args.layout} is one whole layout: --verify ranks the "
+                           "planner's top K; leave out microbatches (and micro_batch) to "
+                           "search the rest, or train it with paraxis train --layout")
+    limits = search_flags.search_constraints(args, fixed, stated, micro_batch, model_cfg)
+    overlap = search_flags.overlap_rules(args.no_overlap, args.exposed or ())
+    choice, source, _ = plan_for(cfg, ranks, limits, overlap, args.expert_imbalance)
     candidates = choice.result.top(k)
     print(f"the planner's top {len(candidates)} of {choice.cfg.name} on {ranks} ranks, global "
           f"batch {cfg.train.global_batch} x {cfg.train.seq_len} tokens, priced on {source}; "

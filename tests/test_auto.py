@@ -133,13 +133,17 @@ def test_the_08b_model_on_8_ranks_gets_a_layout_that_fits_each_rank(tmp_path):
 
 
 def test_plan_verify_trains_the_top_two_and_ranks_them(capsys):
+    # the search flags shape what --verify ranks as they shape the plan (ignored before)
     code = main(["plan", "--verify", "2", "--verify-rounds", "1", "--verify-steps", "3",
                  "--model", "tiny", "--gpus", "2", "--global-batch", "8", "--seq-len", "32",
-                 "--precision", "fp32", "--hardware", PROFILE])
+                 "--precision", "fp32", "--hardware", PROFILE, "--layout", "zero=1",
+                 "--recompute", "none"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     head = out.index(next(line for line in out if line.startswith("#pred")))
     rows = [line.split() for line in out[head + 1:head + 3]]
+    assert all(Layout.parse(r[4]).zero == 1 and Layout.parse(r[4]).recompute == "none"
+               for r in rows), rows
     assert [int(r[0]) for r in rows] == [1, 2]  # the planner's order
     assert sorted(int(r[1]) for r in rows) == [1, 2]  # the measured ranking
     assert all(float(r[3].rstrip("s")) > 0 for r in rows)

@@ -31,6 +31,17 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("plan-verify-too-many-ranks", [*PLAN, "--verify", "1", "--gpus", TOO_MANY_RANKS],
      f"--gpus {TOO_MANY_RANKS} is more ranks than --verify trains on this machine",
      "or fewer", SUB),
+    # --- --verify with flags it cannot honour on this machine's ranks (ignored before)
+    ("plan-verify-network-gbps", [*PLAN, "--verify", "2", "--gpus", "2", "--network-gbps",
+                                  "50"], "--network-gbps describes a cluster",
+     "leave it out", False),
+    ("plan-verify-json", [*PLAN, "--verify", "2", "--gpus", "2", "--json"],
+     "--verify prints its measured table", "leave --json out", False),
+    ("plan-verify-whole-layout", [*PLAN, "--verify", "2", "--gpus", "2", "--global-batch",
+                                  "8", "--layout", "dp=2,microbatches=1"],
+     "is one whole layout", "leave out microbatches", SUB),
+    ("plan-verify-tp-0", [*PLAN, "--verify", "2", "--gpus", "2", "--tp", "0"],
+     "--tp 0 must be at least 1", "leave it out", False),
     # --- flags checked in one mode only, now in every one
     ("train-predicted-step-negative", [*TRAIN, "--predicted-step-s", "-1"],
      "--predicted-step-s -1.0", "must be a positive number", False),

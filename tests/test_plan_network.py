@@ -12,8 +12,8 @@ from paraxis.model_config import PRESETS
 from paraxis.plan.comm import axis_link, collective_time, dp_sync_time, group_link
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.hardware import CLUSTERS, build_cluster, cluster_preset
-from paraxis.plan.plan_cli import overlap_rules
 from paraxis.plan.search import Constraints, search
+from paraxis.plan.search_flags import overlap_rules
 
 
 def cluster(name: str, gpus: int = 64, **changes):

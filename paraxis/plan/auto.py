@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
 from paraxis.model_config import ModelConfig
-from paraxis.plan.cost import STEP_PARTS, Estimate
+from paraxis.plan.cost import DEFAULT_OVERLAP, STEP_PARTS, Estimate, Overlap
+from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.precision import Precision
 from paraxis.plan.search import (
@@ -90,12 +91,14 @@ def _slower(rival: Estimate, best: Estimate) -> str:
 
 
 def choose(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
-           precision: Precision, constraints: Constraints | None = None) -> AutoChoice:
+           precision: Precision, constraints: Constraints | None = None,
+           overlap: Overlap = DEFAULT_OVERLAP,
+           expert_imbalance: float = DEFAULT_IMBALANCE) -> AutoChoice:
     """The fastest layout of the cluster's ranks that fits (module docstring), or a one-line
     ParaxisError naming the closest layout and what it would need; `constraints`: what the
-    run rules out (document packing: no context parallelism)."""
+    run rules out (document packing: no context parallelism; `plan --verify`'s flags)."""
     result = search(cfg, cluster, seq_len, global_batch, constraints or Constraints(),
-                    precision=precision)
+                    precision, overlap, expert_imbalance)
     if not result.ranked:
         raise ParaxisError(no_fit_message(cfg, cluster, result))
     return AutoChoice(cfg, cluster, result.ranked[0], result, global_batch, seq_len)

@@ -9,13 +9,11 @@ import argparse
 import json
 import math
 
-from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
 from paraxis.errors import ParaxisError
-from paraxis.layout import RECOMPUTE, SCHEDULES, Layout
-from paraxis.layout_model import check_model
+from paraxis.layout import RECOMPUTE, SCHEDULES
 from paraxis.model_config import ModelConfig
 from paraxis.plan import inputs, verify
-from paraxis.plan.cost import Overlap, evaluate
+from paraxis.plan.cost import evaluate
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
@@ -23,13 +21,18 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.precision import Precision
 from paraxis.plan.search import (
-    Constraints,
     SearchResult,
     check_interleaving,
     closest_to_fitting,
     devices_to_hold,
     search,
     too_big_reason,
+)
+from paraxis.plan.search_flags import (
+    complete_layout,
+    overlap_rules,
+    search_constraints,
+    stated_fields,
 )
 
 
@@ -91,19 +94,8 @@ def check_verify(args: argparse.Namespace) -> None:
                                f"layouts); add --verify K or leave {flag} out")
 
 
-def run(args: argparse.Namespace) -> int:
-    inputs.check_numbers(args)
-    check_verify(args)
-    if args.verify is not None:  # trains: it needs torch, the plan alone does not
-        from paraxis.auto_layout import verify_plan
-
-        return verify_plan(args)
-    given = inputs.from_args(args)
-    cfg = given.model_config()
-    cluster = given.cluster()
-    precision = given.precision_rule()
-    seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
-    overlap = overlap_rules(args.no_overlap, args.exposed or ())
+def check_search_flags(args: argparse.Namespace) -> None:
+    """The search's numbers, before anything is priced or trained (--verify included)."""
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
     for flag in ("tp", "pp", "dp", "cp", "ep", "max_tp", "max_pp"):
@@ -116,14 +108,25 @@ def run(args: argparse.Namespace) -> int:
     if not args.expert_imbalance >= 1:
         raise ParaxisError(f"--expert-imbalance {args.expert_imbalance:g} must be at least 1 "
                            "(the busiest EP rank's tokens over the mean)")
+
+
+def run(args: argparse.Namespace) -> int:
+    inputs.check_numbers(args)
+    check_verify(args)
+    check_search_flags(args)
+    if args.verify is not None:  # trains: it needs torch, the plan alone does not
+        from paraxis.auto_layout import verify_plan
+
+        return verify_plan(args)
+    given = inputs.from_args(args)
+    cfg = given.model_config()
+    cluster = given.cluster()
+    precision = given.precision_rule()
+    seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
+    overlap = overlap_rules(args.no_overlap, args.exposed or ())
     imbalance = args.expert_imbalance
-    fixed, stated, micro_batch = _layout_fields(args.layout or "")
-    if "etp" in fixed:  # experts to split, and a tp to split them over
-        check_model(stated, cfg)
-        if stated.etp > 1 and args.tp and args.tp != stated.etp:
-            raise ParaxisError(f"--tp {args.tp} contradicts etp={stated.etp} in --layout "
-                               "(etp is 1 or tp); drop one")
-    layout = _complete_layout(fixed, stated, micro_batch, args.global_batch)
+    fixed, stated, micro_batch = stated_fields(args, cfg)
+    layout = complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
         layout.validate(cluster.world_size, cfg, args.global_batch, seq_len)
@@ -133,30 +136,7 @@ def run(args: argparse.Namespace) -> int:
         layouts, result = [best], None
     else:
         # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
-        if "virtual_stages" in fixed:
-            check_interleaving(stated, cfg)
-        constraints = Constraints(
-            max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
-            tp=stated.tp if "tp" in fixed or stated.etp > 1 else args.tp,
-            pp=stated.pp if "pp" in fixed else args.pp,
-            dp=stated.dp if "dp" in fixed else args.dp,
-            cp=stated.cp if "cp" in fixed else args.cp,
-            ep=stated.ep if "ep" in fixed else args.ep,
-            split_experts=(stated.etp > 1,) if "etp" in fixed else None,
-            cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
-                          else CP_VARIANTS),
-            zero=stated.zero if "zero" in fixed else args.zero,
-            recompute=((stated.recompute,) if "recompute" in fixed
-                       else tuple(args.recompute or RECOMPUTE)),
-            recompute_layers=(stated.recompute_layers if "recompute_layers" in fixed
-                              else None),
-            schedules=((stated.schedule,) if "schedule" in fixed
-                       else tuple(args.schedule or ("1f1b", "interleaved"))),
-            virtual_stages=((stated.virtual_stages,) if "virtual_stages" in fixed
-                            else None),
-            sequence_parallel=((stated.sequence_parallel,) if "sequence_parallel" in fixed
-                               else (False,) if args.no_sp else (True,)),
-            tp_within_node=args.tp_within_node, micro_batch=micro_batch)
+        constraints = search_constraints(args, fixed, stated, micro_batch, cfg)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
                         overlap, imbalance)
         if not result.ranked:
@@ -203,64 +183,3 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
     fixes.append("give a larger GPU (--gpu)")
     return (f"no layout of {what}; closest: {closest.layout} {too_big_reason(closest)}; "
             f"{', or '.join(fixes)}")
-
-
-MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
-
-
-def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
-    """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
-    zero3, tp or cp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
-    if no_overlap:
-        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
-    return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
-                   cp="cp" not in exposed,
-                   zero3_prefetch="zero3" not in exposed)
-
-
-def _layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
-    """The fields a --layout text sets; the layout they describe, with the defaults and the
-    microbatch count the search would choose left at a value the rules accept (so every
-    other rule is checked now); and the micro-batch size (sequences per microbatch, how
-    papers state a run) if the text gives one."""
-    items = [part.strip() for part in text.split(",") if part.strip()]
-    sizes = [item for item in items if item.partition("=")[0].strip().replace("-", "_")
-             in MICRO_BATCH_KEYS]
-    micro_batch = None
-    if sizes:
-        raw = sizes[-1].partition("=")[2].strip()
-        if not raw.isdigit() or int(raw) < 1:
-            raise ParaxisError(f"layout {sizes[-1]!r}: the micro-batch size must be a positive "
-                               "integer (sequences per microbatch)")
-        micro_batch = int(raw)
-    fields = Layout.parse_fields(",".join(item for item in items if item not in sizes))
-    if "virtual_stages" in fields and fields["virtual_stages"] != 1:
-        fields.setdefault("schedule", "interleaved")
-    # a multiple of pp satisfies every schedule's rule on the microbatch count; where ep is
-    # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp), and where
-    # etp is given without tp, tp = etp
-    open_fields: dict[str, object] = {"microbatches": fields.get("pp", 1)}
-    if "ep" in fields and "dp" not in fields:
-        open_fields["dp"] = fields["ep"]
-    if "etp" in fields and "tp" not in fields:  # etp is 1 or tp: a split names tp
-        open_fields["tp"] = fields["etp"]
-    stated = Layout(**{**open_fields, **fields})  # type: ignore[arg-type]
-    return fields, stated, micro_batch
-
-
-def _complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
-                     global_batch: int) -> Layout | None:
-    """The one layout the fields state (microbatches given, or a micro-batch size with dp),
-    or None: a partial layout, whose open fields the search fills."""
-    if micro_batch is not None and "dp" in fields:
-        per_replica, rest = divmod(global_batch, stated.dp * micro_batch)
-        if rest or not per_replica:
-            raise ParaxisError(f"global batch {global_batch} does not split into microbatches "
-                               f"of {micro_batch} over dp={stated.dp}; choose a micro-batch "
-                               f"size dividing {global_batch // stated.dp}")
-        if "microbatches" in fields and stated.microbatches != per_replica:
-            raise ParaxisError(f"dp={stated.dp} x microbatches={stated.microbatches} x "
-                               f"micro_batch={micro_batch} is not the global batch "
-                               f"{global_batch}; give microbatches or micro_batch, not both")
-        return stated.replace(microbatches=per_replica)
-    return stated if "microbatches" in fields else None

@@ -1,0 +1,123 @@
+"""The plan's search flags, read into what the search takes: a --layout text's fields
+(fixed, or one whole layout), the constraint flags into `Constraints`, --no-overlap and
+--exposed into `Overlap`. `paraxis plan` and `paraxis plan --verify` read them alike.
+
+    fixed, stated, micro_batch = stated_fields(args, cfg)   # "dp=2,zero=1" -> dp, zero fixed
+    complete_layout(fixed, stated, micro_batch, 64)         # None: a partial layout
+    search_constraints(args, fixed, stated, micro_batch, cfg)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
+from paraxis.errors import ParaxisError
+from paraxis.layout import RECOMPUTE, Layout
+from paraxis.layout_model import check_model
+from paraxis.model_config import ModelConfig
+from paraxis.plan.cost import Overlap
+from paraxis.plan.search import Constraints, check_interleaving
+
+MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
+
+
+def overlap_rules(no_overlap: bool, exposed: tuple[str, ...] | list[str]) -> Overlap:
+    """The overlap rules the flags ask for: all off with --no-overlap; each --exposed dp,
+    zero3, tp or cp turns that one off (--exposed pp turns the pipeline sends' hiding on)."""
+    if no_overlap:
+        return Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=False)
+    return Overlap(dp="dp" not in exposed, tp="tp" not in exposed, pp="pp" in exposed,
+                   cp="cp" not in exposed,
+                   zero3_prefetch="zero3" not in exposed)
+
+
+def layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
+    """The fields a --layout text sets; the layout they describe, with the defaults and the
+    microbatch count the search would choose left at a value the rules accept (so every
+    other rule is checked now); and the micro-batch size (sequences per microbatch, how
+    papers state a run) if the text gives one."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    sizes = [item for item in items if item.partition("=")[0].strip().replace("-", "_")
+             in MICRO_BATCH_KEYS]
+    micro_batch = None
+    if sizes:
+        raw = sizes[-1].partition("=")[2].strip()
+        if not raw.isdigit() or int(raw) < 1:
+            raise ParaxisError(f"layout {sizes[-1]!r}: the micro-batch size must be a positive "
+                               "integer (sequences per microbatch)")
+        micro_batch = int(raw)
+    fields = Layout.parse_fields(",".join(item for item in items if item not in sizes))
+    if "virtual_stages" in fields and fields["virtual_stages"] != 1:
+        fields.setdefault("schedule", "interleaved")
+    # a multiple of pp satisfies every schedule's rule on the microbatch count; where ep is
+    # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp), and where
+    # etp is given without tp, tp = etp
+    open_fields: dict[str, object] = {"microbatches": fields.get("pp", 1)}
+    if "ep" in fields and "dp" not in fields:
+        open_fields["dp"] = fields["ep"]
+    if "etp" in fields and "tp" not in fields:  # etp is 1 or tp: a split names tp
+        open_fields["tp"] = fields["etp"]
+    stated = Layout(**{**open_fields, **fields})  # type: ignore[arg-type]
+    return fields, stated, micro_batch
+
+
+def stated_fields(args: argparse.Namespace,
+                  cfg: ModelConfig) -> tuple[dict[str, object], Layout, int | None]:
+    """--layout's fields, the layout they state and its micro-batch size (`layout_fields`),
+    its expert split checked against the model and --tp."""
+    fixed, stated, micro_batch = layout_fields(args.layout or "")
+    if "etp" in fixed:  # experts to split, and a tp to split them over
+        check_model(stated, cfg)
+        if stated.etp > 1 and args.tp and args.tp != stated.etp:
+            raise ParaxisError(f"--tp {args.tp} contradicts etp={stated.etp} in --layout "
+                               "(etp is 1 or tp); drop one")
+    return fixed, stated, micro_batch
+
+
+def complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
+                     global_batch: int) -> Layout | None:
+    """The one layout the fields state (microbatches given, or a micro-batch size with dp),
+    or None: a partial layout, whose open fields the search fills."""
+    if micro_batch is not None and "dp" in fields:
+        per_replica, rest = divmod(global_batch, stated.dp * micro_batch)
+        if rest or not per_replica:
+            raise ParaxisError(f"global batch {global_batch} does not split into microbatches "
+                               f"of {micro_batch} over dp={stated.dp}; choose a micro-batch "
+                               f"size dividing {global_batch // stated.dp}")
+        if "microbatches" in fields and stated.microbatches != per_replica:
+            raise ParaxisError(f"dp={stated.dp} x microbatches={stated.microbatches} x "
+                               f"micro_batch={micro_batch} is not the global batch "
+                               f"{global_batch}; give microbatches or micro_batch, not both")
+        return stated.replace(microbatches=per_replica)
+    return stated if "microbatches" in fields else None
+
+
+def search_constraints(args: argparse.Namespace, fixed: dict[str, object], stated: Layout,
+                       micro_batch: int | None, cfg: ModelConfig) -> Constraints:
+    """The search's limits: the fields a partial --layout fixes (`stated_fields`), else the
+    constraint flags (--tp, --zero, --recompute, --no-pp, ...); `plan --verify` ranks the same."""
+    if "virtual_stages" in fixed:
+        check_interleaving(stated, cfg)
+    return Constraints(
+        max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
+        tp=stated.tp if "tp" in fixed or stated.etp > 1 else args.tp,
+        pp=stated.pp if "pp" in fixed else args.pp,
+        dp=stated.dp if "dp" in fixed else args.dp,
+        cp=stated.cp if "cp" in fixed else args.cp,
+        ep=stated.ep if "ep" in fixed else args.ep,
+        split_experts=(stated.etp > 1,) if "etp" in fixed else None,
+        cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
+                      else CP_VARIANTS),
+        zero=stated.zero if "zero" in fixed else args.zero,
+        recompute=((stated.recompute,) if "recompute" in fixed
+                   else tuple(args.recompute or RECOMPUTE)),
+        recompute_layers=(stated.recompute_layers if "recompute_layers" in fixed
+                          else None),
+        schedules=((stated.schedule,) if "schedule" in fixed
+                   else tuple(args.schedule or ("1f1b", "interleaved"))),
+        virtual_stages=((stated.virtual_stages,) if "virtual_stages" in fixed
+                        else None),
+        sequence_parallel=((stated.sequence_parallel,) if "sequence_parallel" in fixed
+                           else (False,) if args.no_sp else (True,)),
+        tp_within_node=args.tp_within_node, micro_batch=micro_batch)
