@@ -74,6 +74,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "give the metrics file `paraxis train --metrics-file` wrote", False),
     ("plan-hardware-a-folder", [*PLAN, "--hardware", "a_folder"],
      "hardware file a_folder is a folder", "give a .json/.toml file", False),
+    ("plan-hardware-bad-toml", [*PLAN, "--hardware", "broken.toml"],
+     "hardware file broken.toml is not valid TOML", "write one with paraxis calibrate", False),
     # --- etp on a dense model with tp=1
     ("plan-etp-without-tp", [*PLAN, "--layout", "etp=2,tp=1"], "etp=2 must be 1",
      "leave etp out", False),
@@ -82,6 +84,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
 
 def make_inputs(folder: Path) -> None:
     (folder / "a_folder").mkdir()
+    (folder / "broken.toml").write_text("peak_flops = [\n")
     (folder / "bad_run").mkdir()
     (folder / "bad_run" / "metrics.jsonl").write_text("not json\n")
     (folder / "not_paraxis" / "step-00000001").mkdir(parents=True)

@@ -341,10 +341,12 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
     if not path.is_file():
         wrong = "is a folder" if path.is_dir() else "does not exist"
         raise ParaxisError(f"hardware file {path} {wrong}; give a .json/.toml file that exists")
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
     try:
-        data = (tomllib.loads if path.suffix == ".toml" else json.loads)(path.read_text())
+        data = (tomllib.loads if kind == "TOML" else json.loads)(path.read_text())
     except (ValueError, UnicodeDecodeError) as error:
-        raise ParaxisError(f"hardware file {path} is not valid JSON/TOML: {error}") from None
+        raise ParaxisError(f"hardware file {path} is not valid {kind} ({error}); fix it (schema "
+                           "in docs/planner.md) or write one with paraxis calibrate") from None
     check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes
     flat: dict[str, object] = {}
     for key, value in data.items():
@@ -363,10 +365,8 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
 
 def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node: int = 8,
                   overrides: dict[str, object] | None = None) -> Cluster:
-    """A cluster from a preset GPU name, a GPU count and optional overrides (file or flags).
-
-    Overrides set to None are ignored, so CLI flags left unset keep the file's or preset's value.
-    """
+    """A cluster from a preset GPU name, a GPU count and optional overrides (file or flags);
+    overrides set to None are ignored, so flags left unset keep the file's or preset's value."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     check_values(overrides, {f.name: str(f.type) for f in (*dataclasses.fields(GPU),
                                                            *dataclasses.fields(Cluster))})
