@@ -71,10 +71,7 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     memory_gb = cfg.auto.memory_gb
     if memory_gb is not None and not memory_gb > 0:
         raise ParaxisError(f"--memory-gb {memory_gb} must be a positive number of GB per rank")
-    # packing refuses context parallelism (packing.check_layout): never pick it then
     constraints = limits or Constraints()
-    if cfg.train.pack_documents:
-        constraints = dataclasses.replace(constraints, cp=1)
     # The layout rules need no prices: a rank count or batch no layout can run fails now,
     # not after a calibration (search raises before it prices anything)
     search(model_cfg, build_cluster("a100-80gb", ranks, ranks), seq_len,

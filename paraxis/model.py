@@ -37,7 +37,7 @@ from paraxis.errors import ParaxisError
 from paraxis.init_weights import init_parameter
 from paraxis.model_config import ModelConfig
 from paraxis.moe.layer import MoE
-from paraxis.packing import Documents, find_documents, packed_attention
+from paraxis.packing import Documents, find_documents, packed_attention, split_documents
 from paraxis.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 
 
@@ -115,7 +115,7 @@ class Attention(nn.Module):
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               documents: Documents | None = None) -> torch.Tensor:
         if self.split is not None:
-            return self._context_parallel_core(q, k, v, self.split)
+            return self._context_parallel_core(q, k, v, self.split, documents)
         if documents is not None:
             return self._packed_core(q, k, v, documents)
         if self.cfg.style == "llama":
@@ -137,14 +137,19 @@ class Attention(nn.Module):
         return packed_attention(q, k, v, documents, RUNTIME_KERNEL.kv_heads_native)
 
     def _context_parallel_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               split: SequenceSplit) -> torch.Tensor:
+                               split: SequenceSplit, documents: Documents | None = None
+                               ) -> torch.Tensor:
         """The same attention when this rank holds two chunks of each sequence: RoPE at the
-        tokens' global positions, the other chunks' K/V (kv-head width) from the cp group."""
+        tokens' global positions (packed: their positions in their documents), the other
+        chunks' K/V (kv-head width) from the cp group (packed: within each document)."""
         if self.cfg.style == "llama":
-            positions = split.positions(q.shape[2], q.device)
+            positions = (split.positions(q.shape[2], q.device) if documents is None
+                         else documents.positions.unsqueeze(1))
             q = rotary(q, self.cfg.rope_theta, positions)
             k = rotary(k, self.cfg.rope_theta, positions)
-        return context_parallel_attention(q, k, v, split.group, split.variant)
+        return context_parallel_attention(q, k, v, split.group, split.variant,
+                                          documents=None if documents is None
+                                          else documents.by_rank)
 
 
 class MLP(nn.Module):
@@ -299,12 +304,15 @@ class Transformer(nn.Module):
         if tokens is None:
             raise ParaxisError("a packed model part without the embedding needs the token ids "
                                "of its input: call it as part(x, tokens=ids)")
+        if self.split is not None:  # a document may start in another cp rank's chunk
+            split = self.split
+            return split_documents(tokens, self.end_of_document, split.group, split.rank,
+                                   split.size)
         return find_documents(tokens, self.end_of_document).ready()
 
     def set_packing(self, end_of_document: int | None) -> None:
         """Keep attention and positions within each document, documents ending at id
-        `end_of_document` (None: the whole window is one sequence, the default). Not with
-        context parallelism (`packing.check_layout` refuses it)."""
+        `end_of_document` (None: the whole window is one sequence, the default)."""
         self.end_of_document = end_of_document
 
     def set_context_parallel(self, split: SequenceSplit | None) -> None:

@@ -23,9 +23,12 @@ holding different counts of masked targets, so each share's mean is weighed by i
 
 Every rank draws the whole global batch and holds its share's token ids, so every pipeline
 stage finds the documents of a microbatch itself: the executor hands each stage the
-microbatch's ids along with its activations. Context parallelism is refused
-(`check_layout`): its ring and all-gather kernels (`context_parallel/kernel.py`) run the
-flash kernel on causal blocks with no document mask.
+microbatch's ids along with its activations. Under context parallelism a rank holds two
+chunks of each row, and a document may start in another rank's chunk: the cp group
+all-gathers its token ids (integers, s per row, once a forward; `split_documents`), each
+rank finds the documents of the whole rows, keeps its own tokens' positions, and hands the
+attention every cp rank's document ids (`Documents.by_rank`), from which each kernel block
+builds its mask (`context_parallel/kernel.py`).
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part
 from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
+from paraxis.runtime.watchdog import WATCH
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index, as Hugging Face labels use
 
@@ -49,6 +54,8 @@ class Documents:
 
     ids: torch.Tensor  # (batch, seq): each token's document, counted from 0 in its row
     positions: torch.Tensor  # (batch, seq): each token's position within its document
+    # context parallelism: every cp rank's local ids, (cp, batch, seq); ids is [cp rank]
+    by_rank: torch.Tensor | None = None
 
     @functools.cached_property
     def attention_mask(self) -> torch.Tensor:
@@ -98,26 +105,26 @@ def _compiled(function: Callable) -> Callable:
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
-                     enable_gqa: bool) -> torch.Tensor:
+                     enable_gqa: bool, scale: float | None = None) -> torch.Tensor:
     """Attention of (batch, heads, seq, head_dim) q, k, v within each document. CPU: torch's
     SDPA with the boolean mask (its flash kernel; `paraxis.attention_kernel`). CUDA: flex
     attention over the block mask (`flex_attention_within`)."""
     if q.device.type == "cuda":
-        return flex_attention_within(q, k, v, documents, enable_gqa)
+        return flex_attention_within(q, k, v, documents, enable_gqa, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=documents.attention_mask,
-                                          enable_gqa=enable_gqa)
+                                          enable_gqa=enable_gqa, scale=scale)
 
 
 def flex_attention_within(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           documents: Documents, enable_gqa: bool,
-                          compiled: bool = True) -> torch.Tensor:
+                          compiled: bool = True, scale: float | None = None) -> torch.Tensor:
     """The CUDA path: flex attention over the block mask, compiled (run eagerly it computes
     every score; the tests run it so on CPU against the SDPA path). On an H100 it equals
     SDPA with the boolean mask, forward and backward (tests/test_packing.py, run there)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = _compiled_flex_attention() if compiled else flex_attention
-    return flex(q, k, v, block_mask=documents.block_mask, enable_gqa=enable_gqa)
+    return flex(q, k, v, block_mask=documents.block_mask, enable_gqa=enable_gqa, scale=scale)
 
 
 @functools.cache
@@ -139,6 +146,19 @@ def find_documents(tokens: torch.Tensor, end_of_document: int) -> Documents:
     starts[..., 1:] = ends[..., :-1].bool()
     first = torch.where(starts, index, 0).cummax(-1).values  # where each token's doc starts
     return Documents(ids, index - first)
+
+
+def split_documents(tokens: torch.Tensor, end_of_document: int,
+                    group: dist.ProcessGroup | None, rank: int, cp: int) -> Documents:
+    """The documents of this cp rank's local token ids `tokens` (batch, s/cp: its two chunks
+    of each row, `context_parallel.chunks.local_part`): the group's ids gathered into whole
+    rows, their documents found, this rank's tokens kept, every rank's ids in `by_rank`."""
+    parts = [torch.empty_like(tokens) for _ in range(cp)]
+    with WATCH.waiting("all_gather", group, axis="cp"):
+        dist.all_gather(parts, tokens.contiguous(), group=group)
+    whole = find_documents(full_sequence(parts), end_of_document)
+    return Documents(local_part(whole.ids, rank, cp), local_part(whole.positions, rank, cp),
+                     by_rank(whole.ids, cp))
 
 
 def mask_targets(tokens: torch.Tensor, targets: torch.Tensor,
@@ -179,11 +199,3 @@ def packing_id(end_of_document: int | None, data_name: str) -> int:
                            "corpus is one stream); give a .jsonl, Parquet, datasets or "
                            "prepared source, or drop --pack-documents")
     return end_of_document
-
-
-def check_layout(layout: Layout) -> None:
-    """Refuse the layouts packing does not support yet, in one line."""
-    if layout.cp > 1:
-        raise ParaxisError("pack_documents does not run with context parallelism yet: the "
-                           "ring and all-gather attention kernels (context_parallel/kernel.py) "
-                           "take no document mask; use cp=1 or drop --pack-documents")

@@ -48,10 +48,6 @@ def check_late_failures(cfg: RunConfig) -> None:
                            f"{layout.virtual_stages if layout.virtual_stages > 1 else 'several'}"
                            " model chunks on each pipeline stage); raise pp or use "
                            "schedule=1f1b")
-    if train.pack_documents:
-        from paraxis.packing import check_layout  # torch: only for runs that pack
-
-        check_layout(cfg.layout)
     for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
                         ("--metrics-file", log.metrics_file)):
         if given is not None and not given.strip():  # "" would write into the working folder

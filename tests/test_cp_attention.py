@@ -19,9 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from paraxis.context_parallel import kernel
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.balance import (
     VARIANTS,
+    Block,
     PairCounter,
     check_heads,
     check_split,
@@ -193,11 +195,51 @@ def _check_bf16(variant: str, seed: int) -> None:
         assert error <= 2 * (one_device - exact).abs().max(), f"{variant} bf16 cp={cp}"
 
 
+def document_ids(batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, seq) document ids of rows cut into random documents: row 0 many short ones
+    (some a single token, some crossing chunk and rank boundaries), the others fewer."""
+    rows = []
+    for row in range(batch):
+        ends = torch.rand(seq, generator=generator) < (0.2 if row == 0 else 0.03)
+        rows.append(ends.long().cumsum(0) - ends.long())  # an end belongs to its document
+    return torch.stack(rows)
+
+
+def _check_documents(variant: str, group: dist.ProcessGroup | None, seed: int) -> None:
+    """Packed documents: the split attention with every rank's document ids equals one
+    device's SDPA under the document mask (same document and causal), output and grads."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, kv_heads, seq, head_dim = 2, 4, 2, 32 * cp, 16
+    q, dout = (torch.randn(batch, heads, seq, head_dim, generator=generator) for _ in "qo")
+    k, v = (torch.randn(batch, kv_heads, seq, head_dim, generator=generator) for _ in "kv")
+    ids = document_ids(batch, seq, generator)
+    mask = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & torch.ones(seq, seq).tril().bool()
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*whole, attn_mask=mask.unsqueeze(1),
+                                               enable_gqa=True)
+    reference.backward(dout)
+
+    def mine(t: torch.Tensor) -> torch.Tensor:
+        return local_part(t.detach(), rank, cp, dim=2)
+
+    local = [mine(t).requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, group, variant=variant,
+                                     documents=by_rank(ids, cp, dim=1))
+    out.backward(mine(dout))
+    where = f"documents {variant} cp={cp} rank={rank}"
+    torch.testing.assert_close(out, mine(reference), atol=ATOL, rtol=0, msg=where)
+    for name, got, want in zip("qkv", local, whole, strict=True):
+        torch.testing.assert_close(got.grad, mine(want.grad), atol=ATOL, rtol=0,
+                                   msg=f"d{name} {where}")
+
+
 def _all_cases(ctx: RankContext, subgroups: int) -> list[list[int]]:
     """Every case over the whole world, then over `subgroups` disjoint rings at once."""
     pairs = [[_check_case(case, None, seed)] for seed, case in enumerate(CASES)]
     for seed, variant in enumerate(VARIANTS):
         _check_bf16(variant, 50 + seed)
+        _check_documents(variant, None, 70 + seed)
     size = ctx.world_size // subgroups
     groups = [dist.new_group(list(range(g * size, (g + 1) * size))) for g in range(subgroups)]
     group = groups[ctx.rank // size]
@@ -221,3 +263,40 @@ def test_cases_cover_both_variants_and_gqa() -> None:
     """The case list itself: every variant, with MHA and with grouped queries."""
     kinds = {(case[0], case[2] == case[3]) for case in CASES}
     assert kinds == set(itertools.product(VARIANTS, (True, False)))
+
+
+def test_the_masked_block_kernel_equals_the_cpu_op() -> None:
+    """The CUDA path of a block with a document mask (`kernel.masked_forward`/`_backward`,
+    plain tensor ops), run here on CPU against the CPU flash op with the same mask: output,
+    log-sum-exp (-inf for a row without keys, where the op says 0) and the backward from a
+    given output and log-sum-exp, with grouped queries and tiles of rows."""
+    generator = torch.Generator().manual_seed(3)
+    batch, heads, kv_heads, chunk, head_dim = 2, 4, 2, 24, 8
+    q, dout = (torch.randn(batch, heads, 2 * chunk, head_dim, generator=generator)
+               for _ in "qo")
+    k, v = (torch.randn(batch, kv_heads, 2 * chunk, head_dim, generator=generator)
+            for _ in "kv")
+    ids = (document_ids(batch, 2 * chunk, generator), document_ids(batch, 2 * chunk, generator))
+    old_tile, kernel.ROW_TILE = kernel.ROW_TILE, 16  # several tiles, the last one partial
+    try:
+        for block in (Block(0, 2, 0, 2, causal=True), Block(1, 2, 0, 2, causal=False),
+                      Block(0, 2, 1, 2, causal=False)):
+            bias, empty = kernel.block_mask(ids, block, chunk, q.dtype)
+            parts = (kernel.rows(q, block, chunk), kernel.cols(k, block, chunk),
+                     kernel.cols(v, block, chunk))
+            want_out, want_lse = kernel.block_forward(q, k, v, block, chunk, 0.3, ids)
+            out, lse = kernel.masked_forward(*parts, bias, 0.3)
+            torch.testing.assert_close(out, want_out, atol=1e-6, rtol=0)
+            torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=0)
+            assert torch.isneginf(lse).any() == empty.any()
+            # backward from a merged result whose every row is finite, as the variants give it
+            full_lse = lse.where(torch.isfinite(lse), torch.zeros_like(lse))
+            want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+                kernel.rows(dout, block, chunk), *parts, out, full_lse, 0.0, False,
+                attn_mask=bias, scale=0.3)
+            got = kernel.masked_backward(kernel.rows(dout, block, chunk), *parts, out,
+                                         full_lse, bias, 0.3)
+            for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"{name} {block}")
+    finally:
+        kernel.ROW_TILE = old_tile

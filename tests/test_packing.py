@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
 from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
+from paraxis.context_parallel.chunks import local_part
 from paraxis.layout import Layout
 from paraxis.model import build_model
 from paraxis.model_config import load_model_config
@@ -183,10 +183,12 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def train(engine, rows: slice) -> tuple[list[float], list[float]]:
+def train(engine, rows: slice, cp_rank: int = 0, cp: int = 1) -> tuple[list[float], list[float]]:
+    """Train on this share: `rows` of each batch, and under cp its rank's two chunks."""
     losses, norms = [], []
     for x, y in batches():
-        losses.append(engine.forward_backward(x[rows], y[rows]))
+        x, y = (local_part(t[rows], cp_rank, cp) if cp > 1 else t[rows] for t in (x, y))
+        losses.append(engine.forward_backward(x, y))
         norms.append(engine.clip_grad_norm(1.0))
         engine.optimizer_step(LR)
         engine.zero_grad()
@@ -205,21 +207,30 @@ def reference(model: str) -> tuple[list[float], list[float]]:
 
 LAYOUTS = {"dp=2,zero=3,microbatches=2,recompute=full": "tiny",
            "tp=2,sp=true,microbatches=2": "tiny-llama", "pp=2,microbatches=2": "tiny",
-           "dp=2,ep=2": "tiny-moe"}
+           "dp=2,ep=2": "tiny-moe",
+           # context parallelism: documents cross the chunks and the ranks (RoPE, learned
+           # positions), by each way of bringing K/V to the queries
+           "cp=2": "tiny-llama", "cp=2,cp_attention=all_gather,recompute=selective": "tiny",
+           "cp=2,cp_attention=all_to_all": "tiny-llama"}
+# cp beside dp (the loss weighed over dp x cp) and pp (each stage gathers its ids)
+LAYOUTS_4 = {"cp=2,dp=2,zero=1": "tiny-llama", "cp=2,pp=2,microbatches=2": "tiny"}
 
 
 def _rank_body(ctx: RankContext) -> tuple[list[float], list[float]]:
-    cfg = load_model_config(next(m for k, m in LAYOUTS.items() if Layout.parse(k) == ctx.layout))
+    cfg = load_model_config(next(m for k, m in {**LAYOUTS, **LAYOUTS_4}.items()
+                                 if Layout.parse(k) == ctx.layout))
     engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=SEED, seq_len=SEQ,
                           end_of_document=EOS)
     share = BATCH // ctx.layout.dp
-    return train(engine, slice(ctx.groups.dp_rank * share, (ctx.groups.dp_rank + 1) * share))
+    return train(engine, slice(ctx.groups.dp_rank * share, (ctx.groups.dp_rank + 1) * share),
+                 ctx.groups.cp_rank, ctx.layout.cp)
 
 
-def test_packed_training_matches_one_device_on_every_layout():
-    per_layout = run_on_ranks(list(LAYOUTS), _rank_body, timeout_s=170)
+@pytest.mark.parametrize("layouts", [LAYOUTS, LAYOUTS_4], ids=["2-ranks", "4-ranks"])
+def test_packed_training_matches_one_device_on_every_layout(layouts):
+    per_layout = run_on_ranks(list(layouts), _rank_body, timeout_s=170)
     unpacked = reference_unpacked("tiny")
-    for (layout, model), per_rank in zip(LAYOUTS.items(), per_layout, strict=True):
+    for (layout, model), per_rank in zip(layouts.items(), per_layout, strict=True):
         ref_losses, ref_norms = reference(model)
         for losses, norms in per_rank:
             assert losses == pytest.approx(ref_losses, rel=2e-5), layout
@@ -233,9 +244,8 @@ def reference_unpacked(model: str) -> float:
     return engine.forward_backward(x, y)
 
 
-def test_packing_refuses_context_parallelism_and_data_without_end_of_document():
-    with pytest.raises(ParaxisError, match="context parallelism"):
-        RunConfig.from_flags(pack_documents=True, layout="cp=2").check()
+def test_packing_refuses_data_without_end_of_document():
+    RunConfig.from_flags(pack_documents=True, layout="cp=2").check()  # refused before
     result = subprocess.run(
         [sys.executable, "-m", "paraxis", "train", "--model", "tiny", "--steps", "1",
          "--seq-len", "16", "--global-batch", "2", "--device", "cpu", "--quiet",
@@ -263,3 +273,15 @@ def test_training_packs_a_jsonl_corpus_by_its_end_of_document_id(tmp_path, monke
         losses[pack] = [r["loss"] for r in run_training(cfg)]
     assert all(math.isfinite(v) for v in losses[True])
     assert losses[True][0] != pytest.approx(losses[False][0], rel=1e-5)  # packing is on
+    # end to end under context parallelism: each rank's loader reads its two chunks of
+    # every row, and the run trains the one-device packed numbers
+    metrics = tmp_path / "cp2.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "paraxis", "train", "--model", "tiny", "--steps", "1",
+         "--global-batch", "4", "--seq-len", "32", "--quiet", "--device", "cpu", "--data",
+         str(tmp_path / "c.jsonl"), "--pack-documents", "--nproc", "2", "--cp", "2",
+         "--metrics-file", str(metrics)], capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stderr
+    split = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()
+             if '"loss"' in line]
+    assert split == pytest.approx(losses[True], rel=2e-5)

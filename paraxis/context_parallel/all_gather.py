@@ -45,6 +45,7 @@ from paraxis.context_parallel.kernel import (
     empty_result,
     forward_blocks,
 )
+from paraxis.context_parallel.ring import step_ids
 from paraxis.runtime.watchdog import WATCH
 
 
@@ -83,25 +84,27 @@ def _reduce_scatter_kv(parts: torch.Tensor, group: dist.ProcessGroup | None) -> 
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                group: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
+                group: dist.ProcessGroup | None, scale: float,
+                documents: torch.Tensor | None) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         kv = torch.stack([k, v])
         gathering = _gather_kv(kv, group, "forward")
         out, lse = empty_result(q)
-        forward_blocks(q, kv, ring_blocks(rank, 0, cp), chunk_len, scale, out, lse)
+        forward_blocks(q, kv, ring_blocks(rank, 0, cp), chunk_len, scale, out, lse,
+                       step_ids(documents, rank, 0, cp))
         gathered = gathering.wait()
         for step in range(1, cp):
             forward_blocks(q, gathered[ring_source(rank, step, cp)], ring_blocks(rank, step, cp),
-                           chunk_len, scale, out, lse)
+                           chunk_len, scale, out, lse, step_ids(documents, rank, step, cp))
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.scale, ctx.chunk_len = group, scale, chunk_len
+        ctx.group, ctx.scale, ctx.chunk_len, ctx.documents = group, scale, chunk_len, documents
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad_out: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -113,20 +116,22 @@ class _AllGatherAttention(torch.autograd.Function):
         for step in range(1, cp):
             source = ring_source(rank, step, cp)
             backward_blocks(grad_out, q, gathered[source], out, lse, ring_blocks(rank, step, cp),
-                            chunk_len, scale, dq, parts[source])
+                            chunk_len, scale, dq, parts[source],
+                            step_ids(ctx.documents, rank, step, cp))
         del gathered
         scattering = _reduce_scatter_kv(parts, group)
         own = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
         backward_blocks(grad_out, q, kv, out, lse, ring_blocks(rank, 0, cp), chunk_len, scale,
-                        dq, own)
+                        dq, own, step_ids(ctx.documents, rank, 0, cp))
         grad_kv = scattering.wait() + own
-        return dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
+        return (dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None,
+                None)
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         group: dist.ProcessGroup | None = None, scale: float | None = None
-                         ) -> torch.Tensor:
+                         group: dist.ProcessGroup | None = None, scale: float | None = None,
+                         documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed against gathered K/V."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _AllGatherAttention.apply(q, k, v, group, scale)
+    return _AllGatherAttention.apply(q, k, v, group, scale, documents)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from paraxis.context_parallel.balance import check_heads, kv_heads_sent, record
 from paraxis.context_parallel.chunks import by_rank, full_sequence
 from paraxis.context_parallel.kernel import check_qkv
+from paraxis.packing import Documents, packed_attention
 from paraxis.runtime.all_to_all import AllToAll
 
 HEAD_DIM, SEQ_DIM = 1, 2  # (batch, heads, seq, head_dim), as the attention core's tensors
@@ -81,10 +82,12 @@ def _repeat_kv(x: torch.Tensor, cp: int) -> torch.Tensor:
 
 
 def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         group: dist.ProcessGroup | None = None, scale: float | None = None
-                         ) -> torch.Tensor:
+                         group: dist.ProcessGroup | None = None, scale: float | None = None,
+                         documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
-    the same contract as `ring.ring_attention`, computed on a head split."""
+    the same contract as `ring.ring_attention`, computed on a head split. Packed documents:
+    the whole sequence's ids (`documents`, every rank's local ids, put in sequence order)
+    give the kernel its document mask (`packing.packed_attention`)."""
     check_qkv(q, k, v)  # on GPU 16-bit, as the others: SDPA's flash kernel (fp32 would
     # fall back to the math kernel with grouped K/V, an s x s matrix per head)
     cp = dist.get_world_size(group)
@@ -99,8 +102,12 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     seq = local_len * cp
     pairs = seq * (seq + 1) // 2 // cp  # heads/cp heads' whole triangle
     record("forward", pairs=pairs)
-    out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
-                                         scale=scale, enable_gqa=True)
+    if documents is None:
+        out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
+                                             scale=scale, enable_gqa=True)
+    else:  # the mask needs the ids alone (positions are RoPE's, applied before)
+        ids = full_sequence(list(documents.unbind(0)), dim=1)
+        out = packed_attention(q_heads, k_heads, v_heads, Documents(ids, ids), True, scale)
     if out.requires_grad:  # backward computes the same pairs again
         out.register_hook(lambda grad: record("backward", pairs=pairs))
     back = _exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j

@@ -29,9 +29,12 @@ assert tuple(_IMPLEMENTATIONS) == VARIANTS
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                group: dist.ProcessGroup | None, variant: str = "ring",
-                               scale: float | None = None) -> torch.Tensor:
-    """Causal attention of this rank's queries over the sequence split across `group`."""
+                               scale: float | None = None,
+                               documents: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of this rank's queries over the sequence split across `group`;
+    `documents` (packing): every cp rank's local document ids, (cp, batch, local seq), which
+    keep attention within each document."""
     if variant not in _IMPLEMENTATIONS:
         raise ParaxisError(f"unknown context-parallel attention {variant!r}; use one of "
                            f"{', '.join(VARIANTS)}")
-    return _IMPLEMENTATIONS[variant](q, k, v, group, scale)
+    return _IMPLEMENTATIONS[variant](q, k, v, group, scale, documents)

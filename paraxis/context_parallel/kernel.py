@@ -20,6 +20,16 @@ no recomputation of the forward and no per-block state: only q, k, v, out and ls
 K and V stay at their kv-head width: the kernels take grouped-query attention natively (a
 query head h reads kv head h // (heads / kv_heads), as `enable_gqa=True` in torch's SDPA)
 and return dK, dV at kv-head width, summed over each group.
+
+Packed documents (`paraxis.packing`) add a mask: query i sees key j only inside its own
+document. Each block then gets an additive mask (0 or -inf, `block_mask`) built from the
+document ids of its query rows and of its key columns (`ids`: every cp rank's, so a rank
+knows whose keys it holds). A document mask can leave a block's row with no key at all (a
+query whose document starts after the block's keys); such a row contributes nothing, which
+the merge needs as log-sum-exp -inf, not the 0 that torch's CPU op returns for it
+(`block_forward` sets it). On CUDA, FlashAttention-2's ops take no mask: a masked block runs
+`masked_forward`/`masked_backward`, the same contract in plain tensor ops (fp32 scores, a
+tile of `ROW_TILE` query rows at a time), exact but slower than a fused kernel.
 """
 
 from __future__ import annotations
@@ -63,61 +73,102 @@ def cols(x: torch.Tensor, block: Block, chunk_len: int) -> torch.Tensor:
     return x[:, :, block.k_start * chunk_len:block.k_stop * chunk_len]
 
 
+# a block's document ids: (this rank's query ids, the key owner's ids), (batch, 2L) each
+BlockIds = tuple[torch.Tensor, torch.Tensor]
+
+
+def block_mask(ids: BlockIds, block: Block, chunk_len: int, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's additive (batch, 1, rows, cols) document mask (0 where query and key share
+    a document, and for the causal diagonal block key <= query; -inf elsewhere), and its
+    rows that see no key at all, (batch, 1, rows)."""
+    q_ids = ids[0][:, block.q_start * chunk_len:block.q_stop * chunk_len]
+    k_ids = ids[1][:, block.k_start * chunk_len:block.k_stop * chunk_len]
+    allowed = (q_ids.unsqueeze(-1) == k_ids.unsqueeze(-2)).unsqueeze(1)
+    if block.causal:  # a square: the rank's own chunks, in sequence order
+        allowed = allowed & torch.ones(allowed.shape[-2:], dtype=torch.bool,
+                                       device=allowed.device).tril()
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill_(~allowed, float("-inf")), ~allowed.any(-1)
+
+
 def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
-                  chunk_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's (output, log-sum-exp): `q` the local queries, `k`, `v` the K/V at hand."""
+                  chunk_len: int, scale: float, ids: BlockIds | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's (output, log-sum-exp): `q` the local queries, `k`, `v` the K/V at hand;
+    `ids`: the document ids of both (packing; None: causal only)."""
     record("forward", pairs=block.pairs(chunk_len))
     qb, kb, vb = rows(q, block, chunk_len), cols(k, block, chunk_len), cols(v, block, chunk_len)
+    if ids is None:
+        if q.device.type == "cuda":
+            return _cuda_forward(qb, kb, vb, block.causal, scale)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+            qb, kb, vb, 0.0, block.causal, scale=scale)
+    bias, empty = block_mask(ids, block, chunk_len, q.dtype)
     if q.device.type == "cuda":
-        return _cuda_forward(qb, kb, vb, block.causal, scale)
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-        qb, kb, vb, 0.0, block.causal, scale=scale)
+        return masked_forward(qb, kb, vb, bias, scale)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        qb, kb, vb, 0.0, False, attn_mask=bias, scale=scale)
+    return out, lse.masked_fill(empty, float("-inf"))  # the op says 0 for a row without keys
 
 
 def block_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, block: Block, chunk_len: int,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   scale: float, ids: BlockIds | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The block's (dq for its rows, dk and dv for its columns), from the merged `out` and
-    `lse` of the whole local sequence."""
+    `lse` of the whole local sequence (always finite: a query sees at least itself)."""
     record("backward", pairs=block.pairs(chunk_len))
     dout, qb, ob = (rows(t, block, chunk_len) for t in (grad_out, q, out))
     lseb = rows(lse, block, chunk_len).contiguous()
     kb, vb = cols(k, block, chunk_len), cols(v, block, chunk_len)
+    if ids is None:
+        if q.device.type == "cuda":
+            return _cuda_backward(dout, qb, kb, vb, ob, lseb, block.causal, scale)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+            dout, qb, kb, vb, ob, lseb, 0.0, block.causal, scale=scale)
+    bias, _ = block_mask(ids, block, chunk_len, q.dtype)
     if q.device.type == "cuda":
-        return _cuda_backward(dout, qb, kb, vb, ob, lseb, block.causal, scale)
+        return masked_backward(dout, qb, kb, vb, ob, lseb, bias, scale)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
-        dout, qb, kb, vb, ob, lseb, 0.0, block.causal, scale=scale)
+        dout, qb, kb, vb, ob, lseb, 0.0, False, attn_mask=bias, scale=scale)
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, block: Block, chunk_len: int,
           block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
     """Fold a block's result into the running fp32 (out, lse) of the local sequence, in
     place. Rows no block has touched yet hold out 0 and lse -inf: the first block's result
-    lands exactly (weights 0 and exp(0) = 1)."""
+    lands exactly (weights 0 and exp(0) = 1). A row still without keys after the block
+    (both -inf, packing) keeps out 0 and lse -inf."""
     out_rows, lse_rows = rows(out, block, chunk_len), rows(lse, block, chunk_len)
     merged = torch.logaddexp(lse_rows, block_lse)
-    out_rows.mul_(torch.exp(lse_rows - merged).unsqueeze(-1))
-    out_rows.add_(block_out * torch.exp(block_lse - merged).unsqueeze(-1))
+    seen = torch.isfinite(merged)
+    weight_old = torch.where(seen, torch.exp(lse_rows - merged), 0.0)
+    weight_new = torch.where(seen, torch.exp(block_lse - merged), 0.0)
+    out_rows.mul_(weight_old.unsqueeze(-1))
+    out_rows.add_(block_out * weight_new.unsqueeze(-1))
     lse_rows.copy_(merged)
 
 
 def forward_blocks(q: torch.Tensor, kv: torch.Tensor, blocks: list[Block], chunk_len: int,
-                   scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+                   scale: float, out: torch.Tensor, lse: torch.Tensor,
+                   ids: BlockIds | None = None) -> None:
     """Attend this rank's queries to the K/V blocks `blocks` of `kv` (K and V stacked), merging
     each partial result into (out, lse): the loop both variants run."""
     for block in blocks:
-        block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale)
+        block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale, ids)
         merge(out, lse, block, chunk_len, block_out, block_lse)
 
 
 def backward_blocks(grad_out: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
                     out: torch.Tensor, lse: torch.Tensor, blocks: list[Block], chunk_len: int,
-                    scale: float, dq: torch.Tensor, grad_kv: torch.Tensor) -> None:
+                    scale: float, dq: torch.Tensor, grad_kv: torch.Tensor,
+                    ids: BlockIds | None = None) -> None:
     """Add the gradients of `blocks` (from the merged out and lse) into dq and grad_kv (dK and
     dV stacked, laid out like kv)."""
     for block in blocks:
         dq_block, dk_block, dv_block = block_backward(
-            grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale)
+            grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale, ids)
         rows(dq, block, chunk_len).add_(dq_block)
         cols(grad_kv[0], block, chunk_len).add_(dk_block)
         cols(grad_kv[1], block, chunk_len).add_(dv_block)
@@ -153,3 +204,68 @@ def _cuda_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     return torch.ops.aten._scaled_dot_product_flash_attention_backward.default(
         grad_out, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, causal,
         unused_rng, unused_rng, scale=scale)
+
+
+# ------------------------------------------------------------------ masked blocks, any device
+# A block with a document mask on CUDA (FlashAttention-2's ops take no mask): the kernel's
+# contract in plain tensor ops, fp32, ROW_TILE query rows at a time so that the scores held
+# at once stay (batch, heads, ROW_TILE, cols). tests/test_cp_attention.py checks both
+# functions against the CPU op on CPU.
+ROW_TILE = 512
+
+
+def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(batch, heads, rows, d) -> (batch, kv_heads, heads/kv_heads, rows, d): query head h
+    under kv head h // group, as enable_gqa reads them."""
+    return q.unflatten(1, (kv_heads, -1))
+
+
+def _scores(qt: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float
+            ) -> torch.Tensor:
+    """q.k * scale + bias for a tile of grouped queries (fp32), (batch, kv_heads, group,
+    rows, cols)."""
+    scores = (qt.float() @ k.float().unsqueeze(2).transpose(-1, -2)) * scale
+    return scores + bias.float().unsqueeze(2)
+
+
+def masked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output in q's dtype, fp32 log-sum-exp; -inf for a row without keys) of q against
+    k, v under the additive `bias` (batch, 1, rows, cols)."""
+    kv_heads, rows_ = k.shape[1], q.shape[2]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    grouped_out, grouped_lse = _grouped(out, kv_heads), lse.unflatten(1, (kv_heads, -1))
+    for start in range(0, rows_, ROW_TILE):
+        tile = slice(start, start + ROW_TILE)
+        scores = _scores(_grouped(q[:, :, tile], kv_heads), k, bias[:, :, tile], scale)
+        tile_lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - tile_lse.unsqueeze(-1)).nan_to_num(0.0)  # keyless: 0
+        grouped_out[:, :, :, tile] = (probs @ v.float().unsqueeze(2)).to(q.dtype)
+        grouped_lse[:, :, :, tile] = tile_lse
+    return out, lse
+
+
+def masked_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, bias: torch.Tensor, scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the masked block from the merged `out` and `lse` (FlashAttention's
+    backward: P = exp(S - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO o O)), dQ = dS K s,
+    dK = dS^T Q s), dK and dV summed over each kv head's query heads."""
+    kv_heads = k.shape[1]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    grouped_dq = _grouped(dq, kv_heads)
+    kf, vf = k.float().unsqueeze(2), v.float().unsqueeze(2)
+    for start in range(0, q.shape[2], ROW_TILE):
+        tile = slice(start, start + ROW_TILE)
+        qt, dot, ot = (_grouped(t[:, :, tile], kv_heads).float() for t in (q, dout, out))
+        tile_lse = lse[:, :, tile].unflatten(1, (kv_heads, -1)).unsqueeze(-1)
+        probs = torch.exp(_scores(qt, k, bias[:, :, tile], scale) - tile_lse)
+        dv += (probs.transpose(-1, -2) @ dot).sum(2)
+        delta = (dot * ot).sum(-1, keepdim=True)
+        dscores = probs * (dot @ vf.transpose(-1, -2) - delta)
+        grouped_dq[:, :, :, tile] = (dscores @ kf * scale).to(q.dtype)
+        dk += (dscores.transpose(-1, -2) @ qt * scale).sum(2)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)

@@ -48,8 +48,9 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.context_parallel.balance import record, ring_blocks
+from paraxis.context_parallel.balance import record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
+    BlockIds,
     backward_blocks,
     check_qkv,
     empty_result,
@@ -91,24 +92,26 @@ class _Pass:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                group: dist.ProcessGroup | None, scale: float) -> torch.Tensor:
+                group: dist.ProcessGroup | None, scale: float,
+                documents: torch.Tensor | None) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         out, lse = empty_result(q)
         kv = torch.stack([k, v])  # K and V travel as one message a step
         for step in range(cp):
             arriving = _Pass(kv, group, "forward") if step < cp - 1 else None
-            forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse)
+            forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse,
+                           step_ids(documents, rank, step, cp))
             if arriving is not None:
                 kv = arriving.wait()
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.scale, ctx.chunk_len = group, scale, chunk_len
+        ctx.group, ctx.scale, ctx.chunk_len, ctx.documents = group, scale, chunk_len, documents
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad_out: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -121,7 +124,7 @@ class _RingAttention(torch.autograd.Function):
             arriving = _Pass(kv, group, "backward") if step < cp - 1 else None
             grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
             backward_blocks(grad_out, q, kv, out, lse, ring_blocks(rank, step, cp), chunk_len,
-                            scale, dq, grad_kv)
+                            scale, dq, grad_kv, step_ids(ctx.documents, rank, step, cp))
             if step == 0:
                 own_grad = grad_kv  # stays here; the other ranks' shares come home at the end
             else:
@@ -132,12 +135,21 @@ class _RingAttention(torch.autograd.Function):
             if arriving is not None:
                 kv = arriving.wait()
         grad_kv = own_grad if accumulator is None else own_grad + accumulator.wait()
-        return dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
+        return (dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None,
+                None)
+
+
+def step_ids(documents: torch.Tensor | None, rank: int, step: int, cp: int) -> BlockIds | None:
+    """The document ids of this rank's queries and of the K/V it holds at ring step `step`
+    (`documents`: every cp rank's local ids, (cp, batch, 2L); None: no packing)."""
+    if documents is None:
+        return None
+    return documents[rank], documents[ring_source(rank, step, cp)]
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   group: dist.ProcessGroup | None = None, scale: float | None = None
-                   ) -> torch.Tensor:
+                   group: dist.ProcessGroup | None = None, scale: float | None = None,
+                   documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence, split across `group`
     (None: the world) by the zig-zag split (`chunks.local_part`).
 
@@ -145,5 +157,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     local sequence (chunks r and 2*cp-1-r of length L, RoPE already applied at their global
     positions). Returns (batch, heads, 2L, head_dim), what `F.scaled_dot_product_attention(
     ..., is_causal=True, enable_gqa=True)` on the whole sequence gives at these positions;
-    differentiable in q, k, v. `scale` defaults to 1/sqrt(head_dim)."""
-    return _RingAttention.apply(q, k, v, group, q.shape[-1] ** -0.5 if scale is None else scale)
+    differentiable in q, k, v. `scale` defaults to 1/sqrt(head_dim). `documents`: packed
+    documents' ids of every cp rank's local tokens, (cp, batch, 2L) (`packing.Documents.
+    by_rank`); attention then stays within each document."""
+    return _RingAttention.apply(q, k, v, group, q.shape[-1] ** -0.5 if scale is None else scale,
+                                documents)

@@ -41,7 +41,6 @@ from paraxis.layout import Layout
 from paraxis.model import SequenceSplit, Transformer, state_shapes
 from paraxis.model_config import ModelConfig
 from paraxis.moe.expert_parallel import shard_experts
-from paraxis.packing import check_layout as check_packing
 from paraxis.pipeline_parallel.engine import PipelineEngine
 from paraxis.pipeline_parallel.partition import Partition, partition_layers
 from paraxis.pipeline_parallel.stage import stage_parts
@@ -87,9 +86,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         for part in parts:
             shard_experts(part, cfg.n_experts, layout.ep, groups.ep_rank, groups.ep_group,
                           groups.replica_group)
-    # 3c. document packing: attention and positions within each document (not under cp)
+    # 3c. document packing: attention and positions within each document
     if end_of_document is not None:
-        check_packing(layout)
         for part in parts:
             part.set_packing(end_of_document)
     # 4. activation recompute
