@@ -149,7 +149,7 @@ class Attention(nn.Module):
             k = rotary(k, self.cfg.rope_theta, positions)
         return context_parallel_attention(q, k, v, split.group, split.variant,
                                           documents=None if documents is None
-                                          else documents.by_rank)
+                                          else documents.cp_chunks)
 
 
 class MLP(nn.Module):

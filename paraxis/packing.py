@@ -27,8 +27,8 @@ microbatch's ids along with its activations. Under context parallelism a rank ho
 chunks of each row, and a document may start in another rank's chunk: the cp group
 all-gathers its token ids (integers, s per row, once a forward; `split_documents`), each
 rank finds the documents of the whole rows, keeps its own tokens' positions, and hands the
-attention every cp rank's document ids (`Documents.by_rank`), from which each kernel block
-builds its mask (`context_parallel/kernel.py`).
+attention every cp rank's document ids (`Documents.cp_chunks`), from which each kernel block
+builds its mask, skipping the blocks that share no document (`context_parallel/kernel.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part
+from paraxis.context_parallel.chunks import full_sequence, local_part
+from paraxis.context_parallel.kernel import ChunkDocuments
 from paraxis.errors import ParaxisError
 from paraxis.runtime.watchdog import WATCH
 
@@ -54,8 +55,8 @@ class Documents:
 
     ids: torch.Tensor  # (batch, seq): each token's document, counted from 0 in its row
     positions: torch.Tensor  # (batch, seq): each token's position within its document
-    # context parallelism: every cp rank's local ids, (cp, batch, seq); ids is [cp rank]
-    by_rank: torch.Tensor | None = None
+    # context parallelism: every cp rank's ids and which chunks share a document
+    cp_chunks: ChunkDocuments | None = None
 
     @functools.cached_property
     def attention_mask(self) -> torch.Tensor:
@@ -158,7 +159,7 @@ def split_documents(tokens: torch.Tensor, end_of_document: int,
         dist.all_gather(parts, tokens.contiguous(), group=group)
     whole = find_documents(full_sequence(parts), end_of_document)
     return Documents(local_part(whole.ids, rank, cp), local_part(whole.positions, rank, cp),
-                     by_rank(whole.ids, cp))
+                     ChunkDocuments.of(whole.ids, cp))
 
 
 def mask_targets(tokens: torch.Tensor, targets: torch.Tensor,

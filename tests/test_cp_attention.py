@@ -224,10 +224,26 @@ def _check_documents(variant: str, group: dist.ProcessGroup | None, seed: int) -
         return local_part(t.detach(), rank, cp, dim=2)
 
     local = [mine(t).requires_grad_() for t in (q, k, v)]
-    out = context_parallel_attention(*local, group, variant=variant,
-                                     documents=by_rank(ids, cp, dim=1))
-    out.backward(mine(dout))
+    with PairCounter() as counter:
+        out = context_parallel_attention(*local, group, variant=variant,
+                                         documents=kernel.ChunkDocuments.of(ids, cp))
+    with PairCounter() as backward_counter:
+        out.backward(mine(dout))
     where = f"documents {variant} cp={cp} rank={rank}"
+    # the blockwise variants compute exactly the blocks where some query and key share a
+    # document (read off the dense mask here), forward and backward
+    if variant != "all_to_all":
+        needed = 0
+        for step in range(cp):
+            for block in ring_blocks(rank, step, cp):
+                rows_ = positions(seq, rank, cp)[block.q_start * seq // (2 * cp):
+                                                 block.q_stop * seq // (2 * cp)]
+                cols_ = positions(seq, (rank - step) % cp, cp)[
+                    block.k_start * seq // (2 * cp):block.k_stop * seq // (2 * cp)]
+                if mask[:, rows_][:, :, cols_].any():
+                    needed += block.pairs(seq // (2 * cp))
+        assert counter.pairs("forward") == needed, where
+        assert backward_counter.pairs("backward") == needed, where
     torch.testing.assert_close(out, mine(reference), atol=ATOL, rtol=0, msg=where)
     for name, got, want in zip("qkv", local, whole, strict=True):
         torch.testing.assert_close(got.grad, mine(want.grad), atol=ATOL, rtol=0,
@@ -276,7 +292,9 @@ def test_the_masked_block_kernel_equals_the_cpu_op() -> None:
                for _ in "qo")
     k, v = (torch.randn(batch, kv_heads, 2 * chunk, head_dim, generator=generator)
             for _ in "kv")
-    ids = (document_ids(batch, 2 * chunk, generator), document_ids(batch, 2 * chunk, generator))
+    queries, keys = (document_ids(batch, 2 * chunk, generator) for _ in "qk")
+    everything = tuple((True,) * 2 for _ in range(2))
+    ids = kernel.BlockIds(queries, keys, (0, 1), (0, 1), everything)
     old_tile, kernel.ROW_TILE = kernel.ROW_TILE, 16  # several tiles, the last one partial
     try:
         for block in (Block(0, 2, 0, 2, causal=True), Block(1, 2, 0, 2, causal=False),
@@ -300,3 +318,21 @@ def test_the_masked_block_kernel_equals_the_cpu_op() -> None:
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"{name} {block}")
     finally:
         kernel.ROW_TILE = old_tile
+
+
+def test_chunks_that_share_a_document_are_found_and_the_others_skipped() -> None:
+    """`ChunkDocuments.of`: chunk pairs sharing a document, as a brute force over the ids
+    finds them; with documents shorter than a chunk, blocks between distant chunks are
+    skipped (`BlockIds.needed`), those between neighbours are not."""
+    cp, chunk = 4, 16
+    ids = document_ids(3, 2 * cp * chunk, torch.Generator().manual_seed(5))
+    ids[1:] = document_ids(2, 2 * cp * chunk, torch.Generator().manual_seed(6))[:1]
+    documents = kernel.ChunkDocuments.of(ids, cp)
+    pieces = ids.unflatten(1, (2 * cp, chunk))
+    for a, b in itertools.product(range(2 * cp), repeat=2):
+        brute = any(set(pieces[row, a].tolist()) & set(pieces[row, b].tolist())
+                    for row in range(3))
+        assert documents.shared[a][b] == brute, (a, b)
+    short = kernel.ChunkDocuments.of(torch.arange(2 * cp * chunk)[None] // 5, cp)
+    assert not short.at(0, 3, cp).needed(Block(0, 2, 0, 2, causal=False))  # chunks 7 vs 3, 4
+    assert short.at(3, 3, cp).needed(Block(0, 2, 0, 2, causal=True))  # its own: always

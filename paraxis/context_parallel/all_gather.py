@@ -40,6 +40,7 @@ from torch.autograd.function import FunctionCtx
 
 from paraxis.context_parallel.balance import record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
+    ChunkDocuments,
     backward_blocks,
     check_qkv,
     empty_result,
@@ -85,7 +86,7 @@ class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 group: dist.ProcessGroup | None, scale: float,
-                documents: torch.Tensor | None) -> torch.Tensor:
+                documents: ChunkDocuments | None) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         kv = torch.stack([k, v])
@@ -130,7 +131,7 @@ class _AllGatherAttention(torch.autograd.Function):
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          group: dist.ProcessGroup | None = None, scale: float | None = None,
-                         documents: torch.Tensor | None = None) -> torch.Tensor:
+                         documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed against gathered K/V."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale

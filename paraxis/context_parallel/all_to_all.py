@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from paraxis.context_parallel.balance import check_heads, kv_heads_sent, record
 from paraxis.context_parallel.chunks import by_rank, full_sequence
-from paraxis.context_parallel.kernel import check_qkv
+from paraxis.context_parallel.kernel import ChunkDocuments, check_qkv
 from paraxis.packing import Documents, packed_attention
 from paraxis.runtime.all_to_all import AllToAll
 
@@ -83,7 +83,7 @@ def _repeat_kv(x: torch.Tensor, cp: int) -> torch.Tensor:
 
 def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          group: dist.ProcessGroup | None = None, scale: float | None = None,
-                         documents: torch.Tensor | None = None) -> torch.Tensor:
+                         documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed on a head split. Packed documents:
     the whole sequence's ids (`documents`, every rank's local ids, put in sequence order)
@@ -106,7 +106,7 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
                                              scale=scale, enable_gqa=True)
     else:  # the mask needs the ids alone (positions are RoPE's, applied before)
-        ids = full_sequence(list(documents.unbind(0)), dim=1)
+        ids = full_sequence(list(documents.by_rank.unbind(0)), dim=1)
         out = packed_attention(q_heads, k_heads, v_heads, Documents(ids, ids), True, scale)
     if out.requires_grad:  # backward computes the same pairs again
         out.register_hook(lambda grad: record("backward", pairs=pairs))

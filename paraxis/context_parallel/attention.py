@@ -19,6 +19,7 @@ import torch.distributed as dist
 from paraxis.context_parallel.all_gather import all_gather_attention
 from paraxis.context_parallel.all_to_all import all_to_all_attention
 from paraxis.context_parallel.balance import VARIANTS
+from paraxis.context_parallel.kernel import ChunkDocuments
 from paraxis.context_parallel.ring import ring_attention
 from paraxis.errors import ParaxisError
 
@@ -30,10 +31,9 @@ assert tuple(_IMPLEMENTATIONS) == VARIANTS
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                group: dist.ProcessGroup | None, variant: str = "ring",
                                scale: float | None = None,
-                               documents: torch.Tensor | None = None) -> torch.Tensor:
+                               documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the sequence split across `group`;
-    `documents` (packing): every cp rank's local document ids, (cp, batch, local seq), which
-    keep attention within each document."""
+    `documents` (packing, `kernel.ChunkDocuments`) keep attention within each document."""
     if variant not in _IMPLEMENTATIONS:
         raise ParaxisError(f"unknown context-parallel attention {variant!r}; use one of "
                            f"{', '.join(VARIANTS)}")

@@ -23,20 +23,25 @@ and return dK, dV at kv-head width, summed over each group.
 
 Packed documents (`paraxis.packing`) add a mask: query i sees key j only inside its own
 document. Each block then gets an additive mask (0 or -inf, `block_mask`) built from the
-document ids of its query rows and of its key columns (`ids`: every cp rank's, so a rank
-knows whose keys it holds). A document mask can leave a block's row with no key at all (a
-query whose document starts after the block's keys); such a row contributes nothing, which
-the merge needs as log-sum-exp -inf, not the 0 that torch's CPU op returns for it
-(`block_forward` sets it). On CUDA, FlashAttention-2's ops take no mask: a masked block runs
-`masked_forward`/`masked_backward`, the same contract in plain tensor ops (fp32 scores, a
-tile of `ROW_TILE` query rows at a time), exact but slower than a fused kernel.
+document ids of its query rows and of its key columns (`ChunkDocuments`: every cp rank's
+ids, so a rank knows whose keys it holds); a block whose queries and keys share no
+document is skipped (`BlockIds.needed`), which with short documents is most of them. A
+document mask can also leave a row of a computed block with no key (a query whose document
+starts after the block's keys); such a row contributes nothing, which the merge needs as
+log-sum-exp -inf, not the 0 that torch's CPU op returns for it (`block_forward` sets it).
+On CUDA, FlashAttention-2's ops take no mask: a masked block runs `masked_forward` and
+`masked_backward`, the same contract in plain tensor ops (fp32 scores, a tile of `ROW_TILE`
+query rows at a time), exact but slower than a fused kernel.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from paraxis.context_parallel.balance import Block, record
+from paraxis.context_parallel.balance import Block, rank_chunks, record
+from paraxis.context_parallel.chunks import by_rank
 from paraxis.errors import ParaxisError
 
 
@@ -73,8 +78,48 @@ def cols(x: torch.Tensor, block: Block, chunk_len: int) -> torch.Tensor:
     return x[:, :, block.k_start * chunk_len:block.k_stop * chunk_len]
 
 
-# a block's document ids: (this rank's query ids, the key owner's ids), (batch, 2L) each
-BlockIds = tuple[torch.Tensor, torch.Tensor]
+@dataclass(frozen=True)
+class ChunkDocuments:
+    """Packed documents as the blocks need them (`packing.split_documents` builds it once a
+    forward): every cp rank's local document ids, and which chunks share a document."""
+
+    by_rank: torch.Tensor  # (cp, batch, 2L): rank r's local ids at [r]
+    # shared[a][b]: some row has a document in both global chunk a and chunk b (ids rise
+    # along a row, so for b < a: chunk b's last id is chunk a's first); host data
+    shared: tuple[tuple[bool, ...], ...]
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, cp: int) -> ChunkDocuments:
+        """From the whole rows' ids (batch, s); one read to the host."""
+        chunks = ids.unflatten(-1, (2 * cp, -1))
+        first, last = chunks[..., 0], chunks[..., -1]  # (batch, 2cp)
+        shared = (first.unsqueeze(-1) <= last.unsqueeze(-2)) & (
+            last.unsqueeze(-1) >= first.unsqueeze(-2))  # [a][b]: their id ranges overlap
+        return cls(by_rank(ids, cp), tuple(map(tuple, shared.any(0).tolist())))
+
+    def at(self, rank: int, source: int, cp: int) -> BlockIds:
+        """What rank `rank`'s blocks against the K/V of rank `source` need."""
+        return BlockIds(self.by_rank[rank], self.by_rank[source], rank_chunks(rank, cp),
+                        rank_chunks(source, cp), self.shared)
+
+
+@dataclass(frozen=True)
+class BlockIds:
+    """The document ids of a rank's queries and of the K/V at hand, (batch, 2L) each, with
+    the global chunk of each local slot (`balance.rank_chunks`)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    query_chunks: tuple[int, int]
+    key_chunks: tuple[int, int]
+    shared: tuple[tuple[bool, ...], ...]
+
+    def needed(self, block: Block) -> bool:
+        """Does any query of the block share a document with any of its keys? A block that
+        does not is skipped, forward and backward (flex attention skips such tiles too)."""
+        return any(self.shared[a][b]
+                   for a in self.query_chunks[block.q_start:block.q_stop]
+                   for b in self.key_chunks[block.k_start:block.k_stop] if b <= a)
 
 
 def block_mask(ids: BlockIds, block: Block, chunk_len: int, dtype: torch.dtype
@@ -82,8 +127,8 @@ def block_mask(ids: BlockIds, block: Block, chunk_len: int, dtype: torch.dtype
     """The block's additive (batch, 1, rows, cols) document mask (0 where query and key share
     a document, and for the causal diagonal block key <= query; -inf elsewhere), and its
     rows that see no key at all, (batch, 1, rows)."""
-    q_ids = ids[0][:, block.q_start * chunk_len:block.q_stop * chunk_len]
-    k_ids = ids[1][:, block.k_start * chunk_len:block.k_stop * chunk_len]
+    q_ids = ids.queries[:, block.q_start * chunk_len:block.q_stop * chunk_len]
+    k_ids = ids.keys[:, block.k_start * chunk_len:block.k_stop * chunk_len]
     allowed = (q_ids.unsqueeze(-1) == k_ids.unsqueeze(-2)).unsqueeze(1)
     if block.causal:  # a square: the rank's own chunks, in sequence order
         allowed = allowed & torch.ones(allowed.shape[-2:], dtype=torch.bool,
@@ -156,6 +201,8 @@ def forward_blocks(q: torch.Tensor, kv: torch.Tensor, blocks: list[Block], chunk
     """Attend this rank's queries to the K/V blocks `blocks` of `kv` (K and V stacked), merging
     each partial result into (out, lse): the loop both variants run."""
     for block in blocks:
+        if ids is not None and not ids.needed(block):
+            continue
         block_out, block_lse = block_forward(q, kv[0], kv[1], block, chunk_len, scale, ids)
         merge(out, lse, block, chunk_len, block_out, block_lse)
 
@@ -167,6 +214,8 @@ def backward_blocks(grad_out: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
     """Add the gradients of `blocks` (from the merged out and lse) into dq and grad_kv (dK and
     dV stacked, laid out like kv)."""
     for block in blocks:
+        if ids is not None and not ids.needed(block):
+            continue
         dq_block, dk_block, dv_block = block_backward(
             grad_out, q, kv[0], kv[1], out, lse, block, chunk_len, scale, ids)
         rows(dq, block, chunk_len).add_(dq_block)

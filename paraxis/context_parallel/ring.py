@@ -51,6 +51,7 @@ from torch.autograd.function import FunctionCtx
 from paraxis.context_parallel.balance import record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
     BlockIds,
+    ChunkDocuments,
     backward_blocks,
     check_qkv,
     empty_result,
@@ -93,7 +94,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 group: dist.ProcessGroup | None, scale: float,
-                documents: torch.Tensor | None) -> torch.Tensor:
+                documents: ChunkDocuments | None) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         out, lse = empty_result(q)
@@ -139,17 +140,18 @@ class _RingAttention(torch.autograd.Function):
                 None)
 
 
-def step_ids(documents: torch.Tensor | None, rank: int, step: int, cp: int) -> BlockIds | None:
+def step_ids(documents: ChunkDocuments | None, rank: int, step: int, cp: int
+             ) -> BlockIds | None:
     """The document ids of this rank's queries and of the K/V it holds at ring step `step`
-    (`documents`: every cp rank's local ids, (cp, batch, 2L); None: no packing)."""
+    (None: no packing)."""
     if documents is None:
         return None
-    return documents[rank], documents[ring_source(rank, step, cp)]
+    return documents.at(rank, ring_source(rank, step, cp), cp)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    group: dist.ProcessGroup | None = None, scale: float | None = None,
-                   documents: torch.Tensor | None = None) -> torch.Tensor:
+                   documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence, split across `group`
     (None: the world) by the zig-zag split (`chunks.local_part`).
 
@@ -158,7 +160,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     positions). Returns (batch, heads, 2L, head_dim), what `F.scaled_dot_product_attention(
     ..., is_causal=True, enable_gqa=True)` on the whole sequence gives at these positions;
     differentiable in q, k, v. `scale` defaults to 1/sqrt(head_dim). `documents`: packed
-    documents' ids of every cp rank's local tokens, (cp, batch, 2L) (`packing.Documents.
-    by_rank`); attention then stays within each document."""
+    documents (`kernel.ChunkDocuments`, from `packing.split_documents`); attention then
+    stays within each document."""
     return _RingAttention.apply(q, k, v, group, q.shape[-1] ** -0.5 if scale is None else scale,
                                 documents)
