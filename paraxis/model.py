@@ -13,7 +13,8 @@ hands the parts that care (positions, the attention core) a `SequenceSplit`; wit
 
 Document packing (`paraxis.packing`, `Transformer.set_packing`) keeps attention and positions
 within each document of a window: the forward finds the documents from the token ids and
-hands every block their mask.
+hands every block their mask (under context parallelism from the whole rows' ids, which the
+cp group gathers: `packing.split_documents`).
 
 Initialisation is a function of (seed, parameter name) alone (`init_parameter`): a pipeline
 stage that builds only its own blocks, or a TP rank that fills only its shard, starts from
