@@ -27,7 +27,7 @@ microbatch's ids along with its activations. Under context parallelism a rank ho
 chunks of each row, and a document may start in another rank's chunk: the cp group
 all-gathers its token ids (integers, s per row, once a forward; `split_documents`), each
 rank finds the documents of the whole rows, keeps its own tokens' positions, and hands the
-attention every cp rank's document ids (`Documents.cp_chunks`), from which each kernel block
+attention the whole rows' document ids (`Documents.cp_chunks`), from which each kernel block
 builds its mask, skipping the blocks that share no document (`context_parallel/kernel.py`).
 """
 
@@ -55,7 +55,7 @@ class Documents:
 
     ids: torch.Tensor  # (batch, seq): each token's document, counted from 0 in its row
     positions: torch.Tensor  # (batch, seq): each token's position within its document
-    # context parallelism: every cp rank's ids and which chunks share a document
+    # context parallelism: the whole rows' ids and which chunks share a document
     cp_chunks: ChunkDocuments | None = None
 
     @functools.cached_property
@@ -153,7 +153,8 @@ def split_documents(tokens: torch.Tensor, end_of_document: int,
                     group: dist.ProcessGroup | None, rank: int, cp: int) -> Documents:
     """The documents of this cp rank's local token ids `tokens` (batch, s/cp: its two chunks
     of each row, `context_parallel.chunks.local_part`): the group's ids gathered into whole
-    rows, their documents found, this rank's tokens kept, every rank's ids in `by_rank`."""
+    rows, their documents found, this rank's tokens kept, the whole rows' ids for the
+    attention (`cp_chunks`)."""
     parts = [torch.empty_like(tokens) for _ in range(cp)]
     with WATCH.waiting("all_gather", group, axis="cp"):
         dist.all_gather(parts, tokens.contiguous(), group=group)

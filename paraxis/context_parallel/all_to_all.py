@@ -86,8 +86,8 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed on a head split. Packed documents:
-    the whole sequence's ids (`documents`, every rank's local ids, put in sequence order)
-    give the kernel its document mask (`packing.packed_attention`)."""
+    the whole sequence's ids (`documents.ids`) give the kernel its document mask
+    (`packing.packed_attention`)."""
     check_qkv(q, k, v)  # on GPU 16-bit, as the others: SDPA's flash kernel (fp32 would
     # fall back to the math kernel with grouped K/V, an s x s matrix per head)
     cp = dist.get_world_size(group)
@@ -106,8 +106,8 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, is_causal=True,
                                              scale=scale, enable_gqa=True)
     else:  # the mask needs the ids alone (positions are RoPE's, applied before)
-        ids = full_sequence(list(documents.by_rank.unbind(0)), dim=1)
-        out = packed_attention(q_heads, k_heads, v_heads, Documents(ids, ids), True, scale)
+        packed = Documents(documents.ids, documents.ids)  # positions: unused
+        out = packed_attention(q_heads, k_heads, v_heads, packed, True, scale)
     if out.requires_grad:  # backward computes the same pairs again
         out.register_hook(lambda grad: record("backward", pairs=pairs))
     back = _exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j

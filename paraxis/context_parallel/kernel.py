@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from paraxis.context_parallel.balance import Block, rank_chunks, record
-from paraxis.context_parallel.chunks import by_rank
+from paraxis.context_parallel.chunks import local_part
 from paraxis.errors import ParaxisError
 
 
@@ -81,9 +81,9 @@ def cols(x: torch.Tensor, block: Block, chunk_len: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class ChunkDocuments:
     """Packed documents as the blocks need them (`packing.split_documents` builds it once a
-    forward): every cp rank's local document ids, and which chunks share a document."""
+    forward): the whole rows' document ids, and which chunks share a document."""
 
-    by_rank: torch.Tensor  # (cp, batch, 2L): rank r's local ids at [r]
+    ids: torch.Tensor  # (batch, s), in sequence order; rank r's are local_part(ids, r, cp)
     # shared[a][b]: some row has a document in both global chunk a and chunk b (ids rise
     # along a row, so for b < a: chunk b's last id is chunk a's first); host data
     shared: tuple[tuple[bool, ...], ...]
@@ -95,12 +95,12 @@ class ChunkDocuments:
         first, last = chunks[..., 0], chunks[..., -1]  # (batch, 2cp)
         shared = (first.unsqueeze(-1) <= last.unsqueeze(-2)) & (
             last.unsqueeze(-1) >= first.unsqueeze(-2))  # [a][b]: their id ranges overlap
-        return cls(by_rank(ids, cp), tuple(map(tuple, shared.any(0).tolist())))
+        return cls(ids, tuple(map(tuple, shared.any(0).tolist())))
 
     def at(self, rank: int, source: int, cp: int) -> BlockIds:
         """What rank `rank`'s blocks against the K/V of rank `source` need."""
-        return BlockIds(self.by_rank[rank], self.by_rank[source], rank_chunks(rank, cp),
-                        rank_chunks(source, cp), self.shared)
+        return BlockIds(local_part(self.ids, rank, cp), local_part(self.ids, source, cp),
+                        rank_chunks(rank, cp), rank_chunks(source, cp), self.shared)
 
 
 @dataclass(frozen=True)
