@@ -15,7 +15,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.heldout_findings import HELD_OUT_FINDINGS
+from bench.heldout_findings import HELD_OUT_FINDINGS, largest_error_lines
 from bench.heldout_llm_foundry import LLM_FOUNDRY
 from bench.heldout_runs import (
     AUTOMODEL,
@@ -291,6 +291,8 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         f"({len(long)} rows) {error_stats(long)}.",
         f"Memory: {len(memory_faults)} verdicts against the sources: a run that ran must fit, "
         "one the source reports out of memory must not.",
+        "",
+        *largest_error_lines(errors, fitted_errors),
         "",
         *HELD_OUT_FINDINGS,
         "",

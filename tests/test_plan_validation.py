@@ -154,3 +154,20 @@ def test_no_published_row_beats_the_ideal_machine_of_its_gpus() -> None:
     for result in priced:  # the ideal machine is never slower than the row as priced
         assert shares[result.run.name] * (1 + (result.error or 0.0)) <= 1 + 1e-9
     assert max(shares.values()) > 0.85  # some rows ran close to their GPUs' limit
+
+
+def test_the_largest_error_line_reads_the_median_of_the_largest_draw() -> None:
+    # docs/validation.md's "What the largest-error target asks": the median of the largest
+    # |error| of n normal draws is z * RMS with (2 Phi(z) - 1)^n = 1/2; checked by drawing
+    import random
+    import statistics
+
+    from bench.heldout_findings import largest_error_lines
+
+    n, draw = 231, random.Random(0)
+    largest = [max(abs(draw.gauss(0, 1)) for _ in range(n)) for _ in range(1001)]
+    line = largest_error_lines([0.1, -0.1] * (n // 2) + [0.1], [0.05, -0.03])[0]
+    z = float(line.split("(the median of the largest: ")[1].split(" RMS")[0])
+    assert statistics.median(largest) == pytest.approx(z, rel=0.03)
+    assert "an RMS of 10.0%" in line and f"largest |error| of {0.1 * z:.1%}" in line
+    assert "in-sample 4.0%" in line and "0 of 231 rows lie beyond 20%" in line
