@@ -34,6 +34,7 @@ from paraxis.context_parallel.balance import (
     sent_bytes_per_rank,
 )
 from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part, positions
+from paraxis.context_parallel.hierarchical import CpLevels
 from paraxis.context_parallel.kernel import check_qkv
 from paraxis.errors import ParaxisError
 from paraxis.testing import RankContext, run_on_ranks
@@ -48,6 +49,13 @@ CASES = [
     ("all_to_all", 2, 4, 4, 64, 16),
     ("all_to_all", 1, 8, 2, 256, 32),  # at cp=4: 2 kv heads repeated to 4
     ("all_to_all", 1, 4, 1, 128, 16),  # multi-query: the one kv head goes to every rank
+]
+# Two-level cp on 4 ranks (all-to-all over 2, the variant across 2): K/V heads that divide
+# by 2, and one K/V head repeated to both ranks of an all-to-all group.
+TWO_LEVEL_CASES = [
+    ("ring", 1, 4, 2, 128, 16),
+    ("all_gather", 2, 4, 4, 64, 16),
+    ("ring", 1, 4, 1, 128, 16),
 ]
 ATOL = 4e-6  # fp32, O(1) values; the largest difference seen here was 1.4e-6 (seq 256, cp 4)
 
@@ -128,10 +136,13 @@ def test_bad_input() -> None:
 # ------------------------------------------------------------------- on ranks, vs one device
 
 
-def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
-    """Run one case on this rank of `group`, compare with one device; return its pairs."""
+def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int,
+                levels: CpLevels | None = None) -> int:
+    """Run one case on this rank of `group` (two-level cp: its `levels`), compare with one
+    device; return its pairs."""
     variant, batch, heads, kv_heads, seq, head_dim = case
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    a2a = 1 if levels is None else dist.get_world_size(levels.a2a)
     generator = torch.Generator().manual_seed(seed)
     q, dout = (torch.randn(batch, heads, seq, head_dim, generator=generator) for _ in "qo")
     k, v = (torch.randn(batch, kv_heads, seq, head_dim, generator=generator) for _ in "kv")
@@ -150,11 +161,12 @@ def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
         return t
 
     with PairCounter() as counter, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        out = context_parallel_attention(*local, group, variant=variant)
+        out = context_parallel_attention(*local, group if levels is None else levels,
+                                         variant=variant)
     with PairCounter() as backward_counter:
         out.backward(mine(dout))
 
-    where = f"{case} cp={cp} rank={rank}"
+    where = f"{case} cp={cp} a2a={a2a} rank={rank}"
     torch.testing.assert_close(out, mine(reference), atol=ATOL, rtol=0, msg=where)
     for name, got, want in zip("qkv", local, whole, strict=True):
         torch.testing.assert_close(got.grad, mine(want.grad), atol=ATOL, rtol=0,
@@ -164,10 +176,10 @@ def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int) -> int:
     assert backward_counter.pairs("backward") == counter.pairs("forward"), where
     # Saved for backward: this rank's q, k, v, output and log-sum-exp, nothing more.
     assert sum(saved) == saved_bytes_per_rank(batch, heads, kv_heads, seq, head_dim, cp, 4,
-                                              variant), where
+                                              variant, a2a), where
     # Sent bytes: what the planner's formula says.
     forward, backward = sent_bytes_per_rank(variant, batch, heads, kv_heads, seq, head_dim,
-                                            cp, 4)
+                                            cp, 4, a2a)
     assert counter.sent_bytes("forward") == forward, where
     assert backward_counter.sent_bytes("backward") == backward, where
     return counter.pairs("forward")
@@ -205,7 +217,8 @@ def document_ids(batch: int, seq: int, generator: torch.Generator) -> torch.Tens
     return torch.stack(rows)
 
 
-def _check_documents(variant: str, group: dist.ProcessGroup | None, seed: int) -> None:
+def _check_documents(variant: str, group: dist.ProcessGroup | None, seed: int,
+                     levels: CpLevels | None = None) -> None:
     """Packed documents: the split attention with every rank's document ids equals one
     device's SDPA under the document mask (same document and causal), output and grads."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -225,14 +238,15 @@ def _check_documents(variant: str, group: dist.ProcessGroup | None, seed: int) -
 
     local = [mine(t).requires_grad_() for t in (q, k, v)]
     with PairCounter() as counter:
-        out = context_parallel_attention(*local, group, variant=variant,
+        out = context_parallel_attention(*local, group if levels is None else levels,
+                                         variant=variant,
                                          documents=kernel.ChunkDocuments.of(ids, cp))
     with PairCounter() as backward_counter:
         out.backward(mine(dout))
-    where = f"documents {variant} cp={cp} rank={rank}"
+    where = f"documents {variant} cp={cp} rank={rank} two-level={levels is not None}"
     # the blockwise variants compute exactly the blocks where some query and key share a
     # document (read off the dense mask here), forward and backward
-    if variant != "all_to_all":
+    if variant != "all_to_all" and levels is None:
         needed = 0
         for step in range(cp):
             for block in ring_blocks(rank, step, cp):
@@ -261,6 +275,14 @@ def _all_cases(ctx: RankContext, subgroups: int) -> list[list[int]]:
     group = groups[ctx.rank // size]
     for seed, variant in enumerate(VARIANTS):
         _check_case((variant, 1, 4, 2, 32 * size, 16), group, 100 + seed)
+    if ctx.world_size == 4:  # two levels: all-to-all inside {0, 1} and {2, 3}, across them
+        a2a_groups = [dist.new_group(ranks) for ranks in ([0, 1], [2, 3])]
+        across_groups = [dist.new_group(ranks) for ranks in ([0, 2], [1, 3])]
+        levels = CpLevels(a2a_groups[ctx.rank // 2], across_groups[ctx.rank % 2])
+        for seed, case in enumerate(TWO_LEVEL_CASES):
+            pairs.append([_check_case(case, None, 200 + seed, levels)])
+        for seed, variant in enumerate(("ring", "all_gather")):
+            _check_documents(variant, None, 300 + seed, levels)
     return pairs
 
 
@@ -269,7 +291,9 @@ def test_matches_one_device(world: int, subgroups: int) -> None:
     """Subgroups of 1 rank at world 2 check cp=1; two rings of 2 at world 4 check that
     peers are found by their rank in the cp group, not in the world."""
     by_rank_pairs = run_on_ranks(world, _all_cases, subgroups)
-    for index, (_, _, _, _, seq, _) in enumerate(CASES):
+    cases = CASES + (TWO_LEVEL_CASES if world == 4 else [])
+    assert len(by_rank_pairs[0]) == len(cases)
+    for index, (_, _, _, _, seq, _) in enumerate(cases):
         counts = [rank_pairs[index][0] for rank_pairs in by_rank_pairs]
         assert max(counts) <= 1.1 * min(counts)
         assert sum(counts) == seq * (seq + 1) // 2

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.context_parallel.balance import record, ring_blocks, ring_source
+from paraxis.context_parallel.balance import heads_share, record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
     ChunkDocuments,
     backward_blocks,
@@ -86,26 +86,35 @@ class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 group: dist.ProcessGroup | None, scale: float,
-                documents: ChunkDocuments | None) -> torch.Tensor:
+                documents: ChunkDocuments | None, share: int) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         kv = torch.stack([k, v])
-        gathering = _gather_kv(kv, group, "forward")
         out, lse = empty_result(q)
-        forward_blocks(q, kv, ring_blocks(rank, 0, cp), chunk_len, scale, out, lse,
-                       step_ids(documents, rank, 0, cp))
-        gathered = gathering.wait()
-        for step in range(1, cp):
-            forward_blocks(q, gathered[ring_source(rank, step, cp)], ring_blocks(rank, step, cp),
-                           chunk_len, scale, out, lse, step_ids(documents, rank, step, cp))
+        with heads_share(share):
+            gathering = _gather_kv(kv, group, "forward")
+            forward_blocks(q, kv, ring_blocks(rank, 0, cp), chunk_len, scale, out, lse,
+                           step_ids(documents, rank, 0, cp))
+            gathered = gathering.wait()
+            for step in range(1, cp):
+                forward_blocks(q, gathered[ring_source(rank, step, cp)],
+                               ring_blocks(rank, step, cp), chunk_len, scale, out, lse,
+                               step_ids(documents, rank, step, cp))
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale, ctx.chunk_len, ctx.documents = group, scale, chunk_len, documents
+        ctx.share = share
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad_out: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None, None]:
+        with heads_share(ctx.share):
+            return _AllGatherAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: FunctionCtx, grad_out: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -126,13 +135,14 @@ class _AllGatherAttention(torch.autograd.Function):
                         dq, own, step_ids(ctx.documents, rank, 0, cp))
         grad_kv = scattering.wait() + own
         return (dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None,
-                None)
+                None, None)
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          group: dist.ProcessGroup | None = None, scale: float | None = None,
-                         documents: ChunkDocuments | None = None) -> torch.Tensor:
+                         documents: ChunkDocuments | None = None, share: int = 1
+                         ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence split across `group`;
     the same contract as `ring.ring_attention`, computed against gathered K/V."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _AllGatherAttention.apply(q, k, v, group, scale, documents)
+    return _AllGatherAttention.apply(q, k, v, group, scale, documents, share)

@@ -53,7 +53,7 @@ from paraxis.runtime.all_to_all import AllToAll
 HEAD_DIM, SEQ_DIM = 1, 2  # (batch, heads, seq, head_dim), as the attention core's tensors
 
 
-def _exchange(parts: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+def exchange(parts: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-to-all of `parts` (cp, ...): part j goes to rank j, and what arrives from rank i
     lands at [i]; backward sends the gradients back the same way (`runtime.all_to_all`).
     The pair counter records each call's whole input."""
@@ -65,12 +65,12 @@ def _record(phase: str, parts: torch.Tensor, send: list[int]) -> None:
     record(phase, sent_bytes=parts.numel() * parts.element_size())
 
 
-def _by_head_group(x: torch.Tensor, cp: int) -> torch.Tensor:
+def by_head_group(x: torch.Tensor, cp: int) -> torch.Tensor:
     """(batch, heads, L, d) -> (cp, batch, heads/cp, L, d): head group j at [j]."""
     return x.unflatten(HEAD_DIM, (cp, -1)).movedim(HEAD_DIM, 0)
 
 
-def _repeat_kv(x: torch.Tensor, cp: int) -> torch.Tensor:
+def repeat_kv(x: torch.Tensor, cp: int) -> torch.Tensor:
     """K or V with each head repeated for the ranks whose queries read it: kv_heads_sent
     heads (a view's copy, whose backward sums the copies' gradients)."""
     batch, kv_heads, seq, head_dim = x.shape
@@ -93,10 +93,10 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cp = dist.get_world_size(group)
     heads, local_len = q.shape[HEAD_DIM], q.shape[SEQ_DIM]
     check_heads("all_to_all", heads, k.shape[1], cp)
-    k, v = _repeat_kv(k, cp), _repeat_kv(v, cp)
+    k, v = repeat_kv(k, cp), repeat_kv(v, cp)
     widths = [heads // cp, k.shape[1] // cp, v.shape[1] // cp]
-    parts = torch.cat([_by_head_group(t, cp) for t in (q, k, v)], dim=HEAD_DIM + 1)
-    arrived = _exchange(parts, group)  # [i]: rank i's tokens, my heads
+    parts = torch.cat([by_head_group(t, cp) for t in (q, k, v)], dim=HEAD_DIM + 1)
+    arrived = exchange(parts, group)  # [i]: rank i's tokens, my heads
     whole = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)
     q_heads, k_heads, v_heads = whole.split(widths, dim=HEAD_DIM)
     seq = local_len * cp
@@ -110,5 +110,5 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = packed_attention(q_heads, k_heads, v_heads, packed, True, scale)
     if out.requires_grad:  # backward computes the same pairs again
         out.register_hook(lambda grad: record("backward", pairs=pairs))
-    back = _exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
+    back = exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
     return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)

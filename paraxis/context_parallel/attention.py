@@ -8,7 +8,8 @@ the same pairs and give the same result (to rounding): "ring" passes K/V around 
 step by step behind the compute (`ring.py`), "all_gather" gathers them once per layer
 (`all_gather.py`), "all_to_all" trades the sequence split for a head split around the
 kernel (DeepSpeed-Ulysses, `all_to_all.py`); which is cheapest depends on the heads, the
-kv_heads and the network (the planner's call).
+kv_heads and the network (the planner's call). Two levels (`hierarchical.py`, the layout's
+`cp_a2a`): an all-to-all inside small groups, the ring or the all-gather across them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from paraxis.context_parallel.all_gather import all_gather_attention
 from paraxis.context_parallel.all_to_all import all_to_all_attention
 from paraxis.context_parallel.balance import VARIANTS
+from paraxis.context_parallel.hierarchical import ACROSS, CpLevels, hierarchical_attention
 from paraxis.context_parallel.kernel import ChunkDocuments
 from paraxis.context_parallel.ring import ring_attention
 from paraxis.errors import ParaxisError
@@ -29,12 +31,19 @@ assert tuple(_IMPLEMENTATIONS) == VARIANTS
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               group: dist.ProcessGroup | None, variant: str = "ring",
-                               scale: float | None = None,
+                               group: dist.ProcessGroup | CpLevels | None,
+                               variant: str = "ring", scale: float | None = None,
                                documents: ChunkDocuments | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries over the sequence split across `group`;
-    `documents` (packing, `kernel.ChunkDocuments`) keep attention within each document."""
+    `documents` (packing, `kernel.ChunkDocuments`) keep attention within each document.
+    `group` as `CpLevels`: two-level cp (`hierarchical.py`), `variant` across the levels."""
     if variant not in _IMPLEMENTATIONS:
         raise ParaxisError(f"unknown context-parallel attention {variant!r}; use one of "
                            f"{', '.join(VARIANTS)}")
+    if isinstance(group, CpLevels):
+        if variant not in ACROSS:
+            raise ParaxisError(f"two-level cp runs {' or '.join(ACROSS)} across its "
+                               f"all-to-all groups, not {variant}; set cp_attention to one "
+                               "of those or drop cp_a2a")
+        return hierarchical_attention(q, k, v, group, variant, scale, documents)
     return _IMPLEMENTATIONS[variant](q, k, v, group, scale, documents)

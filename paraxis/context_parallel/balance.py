@@ -21,6 +21,8 @@ diagonal). Blocks entirely above the diagonal are never computed.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -154,34 +156,48 @@ def pairs_per_rank(seq_len: int, cp: int) -> list[int]:
 
 
 def saved_bytes_per_rank(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
-                         cp: int, bytes_per_element: int, variant: str = "ring") -> int:
+                         cp: int, bytes_per_element: int, variant: str = "ring",
+                         a2a: int = 1) -> int:
     """Bytes one rank's attention core saves for backward in one layer: its q and output,
     its own K and V (kv-head width), an fp32 log-sum-exp per head and query; single-device
     flash attention's for s/cp tokens (no received K/V is kept). The all-to-all variant
-    keeps the same for heads/cp heads over s tokens, with its K/V copies (`kv_heads_sent`)."""
-    if variant == "all_to_all":
-        kv_heads = kv_heads_sent(kv_heads, cp)
+    keeps the same for heads/cp heads over s tokens, with its K/V copies (`kv_heads_sent`);
+    two-level cp (`a2a` > 1) for heads/a2a heads over a2a*s/cp tokens, with its copies."""
+    kv_heads = kv_heads_sent(kv_heads, cp if variant == "all_to_all" else a2a)
     tokens = batch * (seq_len // cp)
     elements = tokens * head_dim * (2 * heads + 2 * kv_heads)
     return elements * bytes_per_element + tokens * heads * 4
 
 
 def all_to_all_inputs(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
-                      cp: int, bytes_per_element: int) -> tuple[int, int]:
+                      cp: int, bytes_per_element: int, a2a: int | None = None
+                      ) -> tuple[int, int]:
     """Bytes of the all-to-all variant's two calls' inputs on one rank for one layer, each
     way: (q, k and v together, with the K/V copies of `kv_heads_sent`; the output). Backward
-    moves the same: the output's gradient, then dq, dk, dv."""
+    moves the same: the output's gradient, then dq, dk, dv. `a2a`: the ranks the calls span
+    (two-level cp; default all cp ranks)."""
     per_head = batch * (seq_len // cp) * head_dim * bytes_per_element
-    return per_head * (heads + 2 * kv_heads_sent(kv_heads, cp)), per_head * heads
+    copies = kv_heads_sent(kv_heads, cp if a2a is None else a2a)
+    return per_head * (heads + 2 * copies), per_head * heads
 
 
 def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
-                        head_dim: int, cp: int, bytes_per_element: int) -> tuple[int, int]:
+                        head_dim: int, cp: int, bytes_per_element: int, a2a: int = 1
+                        ) -> tuple[int, int]:
     """(forward, backward) bytes one rank hands to the network for one layer's attention, as
     `PairCounter` records them: K/V at kv-head width in the activation dtype, dK/dV in fp32.
     For a collective that is its input (a ring all-gather or reduce-scatter moves (cp-1)/cp
     of it per rank, an all-to-all the same); the module docstrings of `ring`, `all_gather`
-    and `all_to_all` explain each term."""
+    and `all_to_all` explain each term. Two-level cp (`a2a` > 1, `hierarchical.py`): the
+    all-to-all's inputs over a2a ranks, plus `variant` across cp/a2a ranks for heads/a2a
+    heads (and the K/V copies) over chunks a2a times longer."""
+    if a2a > 1:
+        inner = sum(all_to_all_inputs(batch, heads, kv_heads, seq_len, head_dim, cp,
+                                      bytes_per_element, a2a))
+        forward, backward = sent_bytes_per_rank(
+            variant, batch, heads // a2a, kv_heads_sent(kv_heads, a2a) // a2a, seq_len,
+            head_dim, cp // a2a, bytes_per_element)
+        return forward + inner, backward + inner
     if variant == "all_to_all":  # q, k, v, then the output; backward the same, reversed
         both = sum(all_to_all_inputs(batch, heads, kv_heads, seq_len, head_dim, cp,
                                      bytes_per_element))
@@ -223,10 +239,23 @@ class PairCounter:
 
 
 _ACTIVE: list[PairCounter] = []
+_HEAD_SHARE = [1]  # the innermost `heads_share`
+
+
+@contextmanager
+def heads_share(parts: int) -> Iterator[None]:
+    """Count the pairs recorded inside as `parts`-th of them: a kernel that runs 1/parts
+    of the heads (two-level cp: `hierarchical.py`) over a longer sequence, so that every
+    variant counts pairs per head of the whole model."""
+    _HEAD_SHARE.append(parts)
+    try:
+        yield
+    finally:
+        _HEAD_SHARE.pop()
 
 
 def record(phase: str, pairs: int = 0, sent_bytes: int = 0) -> None:
     """Add to every active counter (none: nothing to do)."""
     for counter in _ACTIVE:
-        counter.counts[phase] += pairs
+        counter.counts[phase] += pairs // _HEAD_SHARE[-1]
         counter.sent[phase] += sent_bytes

@@ -97,6 +97,16 @@ class ChunkDocuments:
             last.unsqueeze(-1) >= first.unsqueeze(-2))  # [a][b]: their id ranges overlap
         return cls(ids, tuple(map(tuple, shared.any(0).tolist())))
 
+    def coarser(self, parts: int) -> ChunkDocuments:
+        """The same documents seen by ranks that each hold `parts` ranks' chunks (two-level
+        cp, `hierarchical.py`): chunk A of the 2*cp/parts coarse ones is fine chunks
+        A*parts .. (A+1)*parts-1; two coarse chunks share a document if any of theirs do."""
+        n = len(self.shared) // parts
+        return ChunkDocuments(self.ids, tuple(
+            tuple(any(self.shared[a][b] for a in range(i * parts, (i + 1) * parts)
+                      for b in range(j * parts, (j + 1) * parts)) for j in range(n))
+            for i in range(n)))
+
     def at(self, rank: int, source: int, cp: int) -> BlockIds:
         """What rank `rank`'s blocks against the K/V of rank `source` need."""
         return BlockIds(local_part(self.ids, rank, cp), local_part(self.ids, source, cp),

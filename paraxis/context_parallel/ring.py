@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.context_parallel.balance import record, ring_blocks, ring_source
+from paraxis.context_parallel.balance import heads_share, record, ring_blocks, ring_source
 from paraxis.context_parallel.kernel import (
     BlockIds,
     ChunkDocuments,
@@ -94,25 +94,33 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 group: dist.ProcessGroup | None, scale: float,
-                documents: ChunkDocuments | None) -> torch.Tensor:
+                documents: ChunkDocuments | None, share: int) -> torch.Tensor:
         chunk_len = check_qkv(q, k, v)
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         out, lse = empty_result(q)
         kv = torch.stack([k, v])  # K and V travel as one message a step
-        for step in range(cp):
-            arriving = _Pass(kv, group, "forward") if step < cp - 1 else None
-            forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse,
-                           step_ids(documents, rank, step, cp))
-            if arriving is not None:
-                kv = arriving.wait()
+        with heads_share(share):
+            for step in range(cp):
+                arriving = _Pass(kv, group, "forward") if step < cp - 1 else None
+                forward_blocks(q, kv, ring_blocks(rank, step, cp), chunk_len, scale, out, lse,
+                               step_ids(documents, rank, step, cp))
+                if arriving is not None:
+                    kv = arriving.wait()
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale, ctx.chunk_len, ctx.documents = group, scale, chunk_len, documents
+        ctx.share = share
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad_out: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None, None]:
+        with heads_share(ctx.share):
+            return _RingAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: FunctionCtx, grad_out: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         group, scale, chunk_len = ctx.group, ctx.scale, ctx.chunk_len
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -137,7 +145,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = arriving.wait()
         grad_kv = own_grad if accumulator is None else own_grad + accumulator.wait()
         return (dq.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None,
-                None)
+                None, None)
 
 
 def step_ids(documents: ChunkDocuments | None, rank: int, step: int, cp: int
@@ -151,7 +159,7 @@ def step_ids(documents: ChunkDocuments | None, rank: int, step: int, cp: int
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    group: dist.ProcessGroup | None = None, scale: float | None = None,
-                   documents: ChunkDocuments | None = None) -> torch.Tensor:
+                   documents: ChunkDocuments | None = None, share: int = 1) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence, split across `group`
     (None: the world) by the zig-zag split (`chunks.local_part`).
 
@@ -161,6 +169,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ..., is_causal=True, enable_gqa=True)` on the whole sequence gives at these positions;
     differentiable in q, k, v. `scale` defaults to 1/sqrt(head_dim). `documents`: packed
     documents (`kernel.ChunkDocuments`, from `packing.split_documents`); attention then
-    stays within each document."""
+    stays within each document. `share`: this rank runs 1/share of the heads (two-level
+    cp), so its pairs count as a share-th (`balance.heads_share`)."""
     return _RingAttention.apply(q, k, v, group, q.shape[-1] ** -0.5 if scale is None else scale,
-                                documents)
+                                documents, share)
