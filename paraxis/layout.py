@@ -152,6 +152,9 @@ class Layout:
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
                                "(passed rank to rank), all_gather (gathered once a layer) or "
                                "all_to_all (heads split around attention: DeepSpeed-Ulysses)")
+    cp_a2a: int = option(1, "two-level cp: an all-to-all of heads inside groups of cp_a2a "
+                         "consecutive cp ranks (a node), cp_attention (ring or all_gather) "
+                         "across the groups (Megatron-LM's a2a+p2p); 1: one level")
     zero3_reshard: str = option("forward", "ZeRO-3 with pp>1: forward frees a chunk's gathered "
                                 "weights after every forward and backward (gathers per "
                                 "microbatch); step keeps them until the chunk's last backward "
@@ -196,13 +199,19 @@ class Layout:
 
     def groups(self, axis: str) -> list[list[int]]:
         """Every group along one axis ("dp", "tp", "pp", "cp", "ep", "expert_dp": the ranks
-        holding the same experts) or several joined by "_" ("dp_tp": every rank of one
+        holding the same experts; "cp_a2a", "cp_across": two-level cp's all-to-all groups
+        and the groups across them) or several joined by "_" ("dp_tp": every rank of one
         pipeline stage, for ZeRO over dp x tp and loss sums). Each group is in rank order;
         the groups of one axis partition the world."""
         if axis == "ep":
             return expert_groups(self.degrees, self.ep)
         if axis == "expert_dp":
             return expert_dp_groups(self.degrees, self.ep)
+        if axis in ("cp_a2a", "cp_across"):  # two-level cp: each cp group cut both ways
+            a, cp_groups = self.cp_a2a, grid_groups(self.degrees, ("cp",))
+            if axis == "cp_a2a":  # consecutive cp ranks
+                return [group[i:i + a] for group in cp_groups for i in range(0, self.cp, a)]
+            return [group[j::a] for group in cp_groups for j in range(a)]
         return grid_groups(self.degrees, tuple(axis.split("_")))
 
     def group_of(self, rank: int, axis: str) -> list[int]:
@@ -215,7 +224,8 @@ class Layout:
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
-        for name in (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers"):
+        for name in (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers",
+                     "cp_a2a"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
@@ -235,6 +245,14 @@ class Layout:
         if self.cp_attention not in CP_ATTENTION:
             raise ParaxisError(f"unknown cp_attention {self.cp_attention!r}; use one of "
                                f"{', '.join(CP_ATTENTION)}")
+        inner = [a for a in range(2, self.cp) if self.cp % a == 0]
+        if self.cp_a2a > 1 and self.cp_a2a not in inner:
+            raise ParaxisError(f"cp_a2a={self.cp_a2a} must divide cp={self.cp} and be smaller "
+                               f"(cp_a2a=cp is cp_attention=all_to_all); choose cp_a2a among "
+                               f"{', '.join(map(str, inner)) or 'none: raise cp'}")
+        if self.cp_a2a > 1 and self.cp_attention == "all_to_all":
+            raise ParaxisError("cp_attention=all_to_all already splits heads over every cp "
+                               "rank; drop cp_a2a, or set cp_attention=ring with it")
         if self.recompute not in RECOMPUTE:
             raise ParaxisError(f"unknown recompute {self.recompute!r}; use one of "
                                f"{', '.join(RECOMPUTE)}")
@@ -348,6 +366,8 @@ class Layout:
                   if getattr(self, axis) > 1]
         if self.cp > 1 and self.cp_attention != "ring":
             parts.append(f"cp_attention={self.cp_attention}")
+        if self.cp_a2a > 1:
+            parts.append(f"cp_a2a={self.cp_a2a}")
         parts.append(f"zero={self.zero}")
         shown = {"zero3_reshard": self.zero3_reshard != "forward",  # the rest: when not default
                  "microbatches": self.pp > 1 or self.microbatches > 1, "schedule": self.pp > 1,

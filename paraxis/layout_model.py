@@ -48,6 +48,11 @@ def check_model(layout: Layout, model: ModelConfig) -> None:
         raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={tp}; "
                            f"choose tp among {choices()}")
     check_heads(layout.cp_attention, model.n_heads // tp, model.n_kv_heads // tp, layout.cp)
+    heads, kv_heads, a = model.n_heads // tp, model.n_kv_heads // tp, layout.cp_a2a
+    if a > 1 and (heads % a or (kv_heads % a and a % kv_heads)):
+        raise ParaxisError(f"cp_a2a={a} splits the attention heads inside each group: {heads}"
+                           f" heads and {kv_heads} kv heads (per TP rank) must divide by it "
+                           "(kv heads may divide it instead); choose another cp_a2a")
     chunks = layout.pp * layout.virtual_stages
     if model.n_layers < chunks:
         raise ParaxisError(

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from paraxis.attention_kernel import RUNTIME_KERNEL
 from paraxis.context_parallel.attention import context_parallel_attention
 from paraxis.context_parallel.chunks import positions as chunk_positions
+from paraxis.context_parallel.hierarchical import CpLevels
 from paraxis.errors import ParaxisError
 from paraxis.init_weights import init_parameter
 from paraxis.model_config import ModelConfig
@@ -53,6 +54,7 @@ class SequenceSplit:
     rank: int
     size: int
     variant: str = "ring"
+    levels: CpLevels | None = None  # two-level cp (layout.cp_a2a): the attention's groups
 
     def positions(self, local_len: int, device: torch.device) -> torch.Tensor:
         """The global positions of this rank's `local_len` tokens, in local order."""
@@ -148,7 +150,7 @@ class Attention(nn.Module):
                          else documents.positions.unsqueeze(1))
             q = rotary(q, self.cfg.rope_theta, positions)
             k = rotary(k, self.cfg.rope_theta, positions)
-        return context_parallel_attention(q, k, v, split.group, split.variant,
+        return context_parallel_attention(q, k, v, split.levels or split.group, split.variant,
                                           documents=None if documents is None
                                           else documents.cp_chunks)
 

@@ -7,7 +7,8 @@ and the held-out loss at the end), and so are the final weights (read from the c
 each run writes, see WEIGHT_TOL), for
 
 - cp=4 with the ring, the all-gather and the all-to-all attention (tiny-llama's 2 kv heads
-  repeated to 4), cp2 x tp2 with sequence parallelism, cp2 x dp2 with ZeRO-3, cp2 x pp2 (one
+  repeated to 4), cp2 x tp2 with sequence parallelism, cp2 x dp2 with ZeRO-3, cp2 x pp2, and
+  two-level cp=4 (an all-to-all over 2 ranks, the ring or the all-gather across 2; one
   launch of 4 ranks);
 - dp2 x cp2 x pp2 (ZeRO-1) and cp2 x tp2 (SP) x pp2 with the all-to-all attention (one
   launch of 8 ranks);
@@ -48,7 +49,8 @@ WEIGHT_TOL, WEIGHT_MEAN_TOL = 3e-4, 1e-7
 # (recompute rides along: selective reruns the cp attention itself in backward)
 FOUR = ["cp=4", "cp=4,cp_attention=all_gather,recompute=selective", "cp=2,tp=2,sp=true",
         "cp=2,dp=2,zero=3", "cp=2,pp=2,microbatches=2,recompute=full",
-        "cp=4,cp_attention=all_to_all"]
+        "cp=4,cp_attention=all_to_all", "cp=4,cp_a2a=2",
+        "cp=4,cp_a2a=2,cp_attention=all_gather,recompute=selective"]
 EIGHT = ["dp=2,cp=2,pp=2,zero=1,microbatches=2",
          "cp=2,tp=2,sp=true,pp=2,microbatches=2,cp_attention=all_to_all"]
 SAVES = "cp=2,dp=2,zero=3"  # its step-5 checkpoint is resumed at cp=4 and on one device
@@ -180,6 +182,15 @@ def test_learned_positions_and_tied_embeddings_follow_the_chunks():
      "splits the attention heads over the cp ranks: 4 heads"),
     (dict(cp=3, cp_attention="all_to_all"), dict(model=PRESETS["small-llama"]),
      "8 heads .per TP rank. do not divide by cp=3"),
+    # two-level cp
+    (dict(cp=4, cp_a2a=3), {},
+     "cp_a2a=3 must divide cp=4 and be smaller .cp_a2a=cp is cp_attention=all_to_all.; "
+     "choose cp_a2a among 2"),
+    (dict(cp=4, cp_a2a=4), {}, "cp_a2a=cp is cp_attention=all_to_all"),
+    (dict(cp_a2a=2), {}, "among none: raise cp"),
+    (dict(cp=4, cp_a2a=2, cp_attention="all_to_all"), {}, "drop cp_a2a"),
+    (dict(cp=8, cp_a2a=4, tp=2), dict(model=PRESETS["tiny-llama"]),
+     "cp_a2a=4 splits the attention heads inside each group: 2 heads and 1 kv heads .per TP"),
 ])
 def test_bad_context_parallel_layouts_are_one_line_errors(fields, against, message):
     with pytest.raises(ParaxisError, match=message.replace("*", r"\*")) as error:
@@ -193,6 +204,17 @@ def test_layout_text_round_trips_cp():
     assert str(layout) == "dp=2,tp=2,pp=1,cp=2,cp_attention=all_gather,zero=0"
     assert Layout.parse(str(layout)) == layout
     assert Layout.parse(str(Layout(cp=4))) == Layout(cp=4)
+    two = Layout.parse("dp=2,cp=8,cp_a2a=2")
+    assert str(two) == "dp=2,tp=1,pp=1,cp=8,cp_a2a=2,zero=0" and Layout.parse(str(two)) == two
+
+
+def test_two_level_cp_groups_cut_each_cp_group_both_ways():
+    layout = Layout(dp=2, cp=8, cp_a2a=2)  # cp is inside dp: ranks 0-7 and 8-15
+    a2a, across = layout.groups("cp_a2a"), layout.groups("cp_across")
+    assert a2a[:4] == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(a2a) == 8
+    assert across == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+    for group in across:  # a rank's index across is its all-to-all group's index
+        assert [a2a.index(next(g for g in a2a if r in g)) % 4 for r in group] == [0, 1, 2, 3]
 
 
 def test_cli_refuses_a_bad_sequence_split_in_one_line(model):

@@ -213,7 +213,8 @@ LAYOUTS = {"dp=2,zero=3,microbatches=2,recompute=full": "tiny",
            "cp=2": "tiny-llama", "cp=2,cp_attention=all_gather,recompute=selective": "tiny",
            "cp=2,cp_attention=all_to_all": "tiny-llama"}
 # cp beside dp (the loss weighed over dp x cp) and pp (each stage gathers its ids)
-LAYOUTS_4 = {"cp=2,dp=2,zero=1": "tiny-llama", "cp=2,pp=2,microbatches=2": "tiny"}
+LAYOUTS_4 = {"cp=2,dp=2,zero=1": "tiny-llama", "cp=2,pp=2,microbatches=2": "tiny",
+             "cp=4,cp_a2a=2": "tiny-llama"}  # two-level cp
 
 
 def _rank_body(ctx: RankContext) -> tuple[list[float], list[float]]:

@@ -141,7 +141,8 @@ def end_rank_process(code: int) -> NoReturn:
 # "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`)
 # and "expert_dp" (the ranks holding the same experts under expert parallelism).
 # A new axis is one more name here and one `<name>_group` field below.
-GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp", "expert_dp")
+GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp", "expert_dp", "cp_a2a",
+              "cp_across")
 
 
 @dataclass
@@ -165,6 +166,9 @@ class ParallelGroups:
     dp_cp_group: dist.ProcessGroup | None = None  # dp x cp; created only when cp > 1
     # the ranks holding the same experts (dp*cp/ep of them); created only when ep > 1
     expert_dp_group: dist.ProcessGroup | None = None
+    # two-level cp (layout.cp_a2a > 1): the all-to-all groups and the groups across them
+    cp_a2a_group: dist.ProcessGroup | None = None
+    cp_across_group: dist.ProcessGroup | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         """The handle of one of `GROUP_AXES` by name."""
@@ -250,6 +254,8 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
             continue  # the dp groups themselves (`replica_group`)
         if axis == "expert_dp" and layout.ep == 1:
             continue  # the replica groups themselves (`expert_group`)
+        if axis.startswith("cp_") and layout.cp_a2a == 1:
+            continue  # one level: the cp group alone
         for ranks in layout.groups(axis):
             if len(ranks) == 1 or world == 1:
                 continue

@@ -34,6 +34,7 @@ from torch import nn
 
 from paraxis.checkpoint.pieces import FullSource, fill_entries
 from paraxis.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from paraxis.context_parallel.hierarchical import CpLevels
 from paraxis.data_parallel.engine import DataParallelEngine
 from paraxis.errors import ParaxisError
 from paraxis.init_weights import initial_value
@@ -75,7 +76,10 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
     #    its attention over the cp group
     if layout.cp > 1:
-        split = SequenceSplit(groups.cp_group, groups.cp_rank, layout.cp, layout.cp_attention)
+        levels = CpLevels(groups.cp_a2a_group, groups.cp_across_group) if (
+            layout.cp_a2a > 1) else None
+        split = SequenceSplit(groups.cp_group, groups.cp_rank, layout.cp, layout.cp_attention,
+                              levels)
         for part in parts:
             part.set_context_parallel(split)
     # 3b. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
