@@ -289,7 +289,13 @@ def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
             e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp) == (
             other.layout.dp, other.layout.tp, other.layout.pp, other.layout.cp)]
         fastest = min(shape, key=lambda e: e.step_time_s)
-        assert other.layout == fastest.layout.replace(cp_attention=other.layout.cp_attention)
+        assert other.layout == fastest.layout.replace(cp_attention=other.layout.cp_attention,
+                                                      cp_a2a=other.layout.cp_a2a)
+    # and the ring and the all-gather in two levels, each cp_a2a dividing cp, once a shape
+    two = {(e.layout.cp, e.layout.cp_attention, e.layout.cp_a2a) for e in priced.ranked
+           if e.layout.cp_a2a > 1}
+    assert {(8, "ring", 2), (8, "ring", 4), (8, "all_gather", 2), (8, "all_gather", 4)} <= two
+    assert all(cp % a2a == 0 and 1 < a2a < cp for cp, _, a2a in two)
     named = search(LLAMA_8B, cluster, 65536, 8, Constraints(cp_attention=("all_to_all",)))
     assert {e.layout.cp_attention for e in named.ranked if e.layout.cp > 1} == {"all_to_all"}
     # a cp the heads do not divide by is a rule broken, said once per shape
@@ -298,3 +304,28 @@ def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
     assert all(e.layout.cp == 1 for e in gpt2.ranked)
     assert any("25 heads (per TP rank) do not divide by cp=2" in r.reason
                for r in gpt2.rule_breakers)
+
+
+def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across() -> None:
+    # cp=16 over 2 nodes of 8 (cp_a2a=8): q, k, v and the output cross NVLink by all-to-all,
+    # the K/V of heads/8 heads (chunks 8x longer) ring across the two nodes' network
+    from paraxis.context_parallel.balance import all_to_all_inputs, kv_heads_sent
+    from paraxis.plan.comm import collective_time, group_link
+    from paraxis.plan.context import exchange_times, leaving, level_times
+
+    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    layout = Layout(cp=16, cp_a2a=8)
+    times = exchange_times(LLAMA_8B, layout, cluster, LONG, 1, 2, 1.0, 2.0, 0.1)
+    inside, across = group_link(list(range(8)), cluster), group_link([0, 8], cluster)
+    assert inside.bandwidth_Bps > 5 * across.bandwidth_Bps  # NVLink against the network
+    heads, kv = LLAMA_8B.n_heads, LLAMA_8B.n_kv_heads
+    qkv, out = (collective_time("all_to_all", leaving(b, 8), 8, inside)
+                for b in all_to_all_inputs(1, heads, kv, LONG, LLAMA_8B.head_dim, 16, 2, 8))
+    ring = level_times("ring", (1, heads // 8, kv_heads_sent(kv, 8) // 8, LONG,
+                                LLAMA_8B.head_dim, 2, 2), across, 1.0, 2.0, 0.1)
+    assert times["forward"] == pytest.approx(ring["forward"] + qkv + out)
+    assert times["total"] == pytest.approx(ring["total"] + 2 * (qkv + out))
+    assert times["rerun"] == pytest.approx(ring["rerun"] + qkv)
+    # one level over the same 16 ranks: the ring's 15 hops cross the network
+    one = exchange_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1, 2, 1.0, 2.0, 0.1)
+    assert one["total"] > times["total"]

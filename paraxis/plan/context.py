@@ -35,6 +35,7 @@ import functools
 
 from paraxis.context_parallel.balance import (
     all_to_all_inputs,
+    kv_heads_sent,
     pairs_per_rank,
     saved_bytes_per_rank,
     sent_bytes_per_rank,
@@ -69,23 +70,25 @@ def local_kv_heads(cfg: ModelConfig, tp: int) -> int:
     return max(1, cfg.n_kv_heads // tp)
 
 
-def kernel_pieces(variant: str, cp: int) -> int:
+def kernel_pieces(layout: Layout) -> int:
     """Into how many pieces the attention kernel's sequence is cut: the blockwise variants
-    run blocks of s/cp queries by s/cp keys, the all-to-all variant the whole sequence."""
-    return 1 if variant == "all_to_all" else cp
+    run blocks of s/cp queries by s/cp keys, the all-to-all variant the whole sequence,
+    two-level cp blocks of s/(cp/cp_a2a)."""
+    return 1 if layout.cp_attention == "all_to_all" else layout.cp // layout.cp_a2a
 
 
 def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
-                      micro_batch: int) -> float:
+                      micro_batch: int, a2a: int = 1) -> float:
     """Bytes (16-bit) one layer's core keeps beyond single-device flash attention's for s/cp
-    tokens: the all-to-all variant's K/V copies where a TP rank has fewer K/V heads than cp
-    (`balance.kv_heads_sent`); 0 otherwise: what `balance.saved_bytes_per_rank` counts
-    beyond the ring's."""
-    if variant != "all_to_all" or cp == 1:
+    tokens: the all-to-all's K/V copies where a TP rank has fewer K/V heads than the ranks
+    it spans (cp, or cp_a2a for two levels; `balance.kv_heads_sent`); 0 otherwise: what
+    `balance.saved_bytes_per_rank` counts beyond the ring's."""
+    if (variant != "all_to_all" and a2a == 1) or cp == 1:
         return 0.0
     shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
              cp, 2)
-    return float(saved_bytes_per_rank(*shape, variant) - saved_bytes_per_rank(*shape, "ring"))
+    return float(saved_bytes_per_rank(*shape, variant, a2a)
+                 - saved_bytes_per_rank(*shape, "ring"))
 
 
 def leaving(all_to_all_input: float, cp: int) -> float:
@@ -123,12 +126,19 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     rerun_total (exposed and all of what selective recompute, which reruns the attention
     core until its saved tensors are back, runs again).
     """
-    zero = dict.fromkeys(("forward", "backward", "total", "forward_total", "rerun",
-                          "rerun_total"), 0.0)
     if cp == 1:
-        return zero
+        return dict.fromkeys(("forward", "backward", "total", "forward_total", "rerun",
+                              "rerun_total"), 0.0)
     shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
              cp, activation_bytes)
+    return level_times(variant, shape, link, core_forward, core_backward, contention)
+
+
+def level_times(variant: str, shape: tuple[int, ...], link: Link, core_forward: float,
+                core_backward: float, contention: float) -> dict[str, float]:
+    """`cp_layer_times` for one level of cp ranks: `shape` = (batch, heads, kv heads, seq,
+    head dim, ranks, activation bytes) of `balance.sent_bytes_per_rank`."""
+    cp = shape[5]
     if variant == "all_to_all":  # q, k, v over, the output back; nothing hides them
         qkv, out = (collective_time("all_to_all", leaving(size, cp), cp, link)
                     for size in all_to_all_inputs(*shape))
@@ -167,6 +177,33 @@ def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: in
     return {"forward": forward, "backward": gather + hidden(scatter, step_b),
             "total": 2 * gather + scatter, "forward_total": gather, "rerun": forward,
             "rerun_total": gather}
+
+
+def exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                   micro_batch: int, activation_bytes: int, core_forward: float,
+                   core_backward: float, contention: float) -> dict[str, float]:
+    """`cp_layer_times` for the layout's cp, one level or two (`cp_a2a` > 1,
+    `context_parallel/hierarchical.py`): an all-to-all of q, k, v and the output over the
+    cp_a2a consecutive ranks (all exposed, as the all-to-all variant's), and the layout's
+    variant across the cp/cp_a2a groups for heads/cp_a2a heads (with the K/V copies) on
+    chunks cp_a2a times longer, each over the link its group spans."""
+    if layout.cp_a2a == 1:
+        return cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
+                              micro_batch, activation_bytes, axis_link(layout, "cp", cluster),
+                              core_forward, core_backward, contention)
+    a, heads, kv = layout.cp_a2a, cfg.n_heads // layout.tp, local_kv_heads(cfg, layout.tp)
+    a2a_link, across_link = (group_link([grid_rank(layout.degrees, {"cp": c}) for c in cps],
+                                        cluster) for cps in (range(a), range(0, layout.cp, a)))
+    qkv, out = (collective_time("all_to_all", leaving(size, a), a, a2a_link)
+                for size in all_to_all_inputs(micro_batch, heads, kv, seq_len, cfg.head_dim,
+                                              layout.cp, activation_bytes, a))
+    across = level_times(layout.cp_attention, (micro_batch, heads // a, kv_heads_sent(kv, a)
+                                               // a, seq_len, cfg.head_dim, layout.cp // a,
+                                               activation_bytes),
+                         across_link, core_forward, core_backward, contention)
+    extra = {"forward": qkv + out, "backward": qkv + out, "total": 2 * (qkv + out),
+             "forward_total": qkv + out, "rerun": qkv, "rerun_total": qkv}
+    return {key: across[key] + extra[key] for key in across}
 
 
 def replica_link(layout: Layout, cluster: Cluster) -> Link:

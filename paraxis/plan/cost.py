@@ -48,7 +48,7 @@ from paraxis.plan.compute import (
     layer_forward_traffic_per_token_eager,
     optimizer_time,
 )
-from paraxis.plan.context import cp_layer_times, imbalance, kernel_pieces, replica_link
+from paraxis.plan.context import exchange_times, imbalance, kernel_pieces, replica_link
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     block_exchange_times,
@@ -170,7 +170,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
     fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim,
-                                   kernel_pieces(layout.cp_attention, layout.cp), layout.tp)
+                                   kernel_pieces(layout), layout.tp)
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
@@ -213,8 +213,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         tp_backward += tp_forward  # the rerun forward's collectives block it again
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
                              passes, regather, backward_link, ffn) if layout.tp > 1 else 0.0
-    cp = cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len, micro_batch,
-                        act, axis_link(layout, "cp", cluster), core_forward * tokens,
+    cp = exchange_times(cfg, layout, cluster, seq_len, micro_batch, act, core_forward * tokens,
                         core_backward * tokens, overlap.contention if overlap.cp else 1.0)
     if layout.recompute != "none":  # the rerun attention core exchanges again
         rerun = "forward" if layout.recompute == "full" else "rerun"

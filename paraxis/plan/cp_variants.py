@@ -10,7 +10,8 @@ evaluation per shape and variant instead of a second and third grid, which would
 double a search's time. What this can miss: a variant whose best
 microbatch size or recomputation differs from the first variant's, which only a different
 exchange time can cause; `paraxis plan --layout cp_attention=NAME` searches that variant's
-whole grid.
+whole grid. Two-level cp (`cp_a2a`: an all-to-all inside groups of cp_a2a ranks, the ring
+or the all-gather across them) is tried the same way, for every cp_a2a dividing cp.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate
 
 
-def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: ModelConfig,
-                   world: int, price: Callable[[Layout], Estimate]) -> list[Estimate]:
+def other_variants(ranked: list[Estimate], variants: tuple[str, ...], a2a: int | None,
+                   cfg: ModelConfig, world: int,
+                   price: Callable[[Layout], Estimate]) -> list[Estimate]:
     """The estimates, fitting or not, of each cp > 1 shape's fastest layout in `ranked`
     with every variant of `variants` (those the heads allow; `price` evaluates one
-    layout)."""
+    layout), and for the ring and the all-gather in two levels too: each `cp_a2a` that
+    divides cp (`a2a`: only that one)."""
     fastest: dict[tuple[int, ...], Estimate] = {}
     for estimate in ranked:
         layout = estimate.layout
@@ -37,11 +40,16 @@ def other_variants(ranked: list[Estimate], variants: tuple[str, ...], cfg: Model
             fastest[shape] = estimate
     found = []
     for estimate in fastest.values():
+        cp = estimate.layout.cp
+        splits = [a for a in range(1, cp) if cp % a == 0] if a2a is None else [a2a]
         for variant in variants:
-            layout = estimate.layout.replace(cp_attention=variant)
-            try:
-                layout.validate(world, cfg)
-            except ParaxisError:  # the heads do not split over cp: the variant cannot run
-                continue
-            found.append(price(layout))
+            for split in splits if variant != "all_to_all" else [1]:
+                layout = estimate.layout.replace(cp_attention=variant, cp_a2a=split)
+                if layout == estimate.layout:
+                    continue  # the search priced it
+                try:
+                    layout.validate(world, cfg)
+                except ParaxisError:  # the heads do not split over cp: it cannot run
+                    continue
+                found.append(price(layout))
     return found

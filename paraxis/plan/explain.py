@@ -127,6 +127,10 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
            "all_to_all": "all-to-alls of q, k, v and the output around attention, which "
                          "runs the whole sequence for heads/cp heads (DeepSpeed-Ulysses)",
            }[layout.cp_attention]
+    if layout.cp_a2a > 1:  # two-level cp (context_parallel/hierarchical.py)
+        how = (f"an all-to-all of heads inside groups of {layout.cp_a2a} ranks, then {how} "
+               f"across the {layout.cp // layout.cp_a2a} groups on chunks {layout.cp_a2a}x "
+               "longer")
     skew = imbalance(best.seq_len, layout.cp)
     return (f"CP={layout.cp} splits each {best.seq_len}-token sequence into {2 * layout.cp} "
             f"chunks of {chunk} (zig-zag: each rank holds 2, and computes {skew:.2f}x the mean "

@@ -238,7 +238,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         moe_layer = dense_layer  # only the block's input is kept
     elif layout.recompute == "none":  # the core's own tensors are kept
         copies = repeated_kv_bytes(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
-                                   micro_batch)
+                                   micro_batch, layout.cp_a2a)
         dense_layer += copies
         moe_layer += copies if cfg.is_moe else 0.0
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and

@@ -51,6 +51,7 @@ class Constraints:
     # whole too where each tp rank would route its own sequence shard (`_expert_splits`)
     split_experts: tuple[bool, ...] | None = None
     cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
+    cp_a2a: int | None = None  # two-level cp's all-to-all size (None: each, cp_variants.py)
     zero: int | None = None
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # blocks per checkpoint when recompute is full (None: 1, then grouped where 1 does not fit)
@@ -189,7 +190,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 variant = c.cp_attention[0] if cp > 1 else "ring"  # the others: cp_variants.py
                 shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
                 try:
-                    shape.validate(world, cfg)
+                    shape = shape.replace(cp_a2a=c.cp_a2a or 1).validate(world, cfg)
                 except ParaxisError as error:
                     result.rule_breakers.append(Rejection(shape, str(error)))
                     continue
@@ -259,7 +260,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
-    siblings = other_variants(result.ranked, c.cp_attention[1:], cfg, world, lambda l: (
+    siblings = other_variants(result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: (
         evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
                  memo)))
     result.considered += len(siblings)

@@ -109,6 +109,7 @@ def search_constraints(args: argparse.Namespace, fixed: dict[str, object], state
         split_experts=(stated.etp > 1,) if "etp" in fixed else None,
         cp_attention=((stated.cp_attention,) if "cp_attention" in fixed
                       else CP_VARIANTS),
+        cp_a2a=stated.cp_a2a if "cp_a2a" in fixed else None,
         zero=stated.zero if "zero" in fixed else args.zero,
         recompute=((stated.recompute,) if "recompute" in fixed
                    else tuple(args.recompute or RECOMPUTE)),
