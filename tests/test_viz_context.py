@@ -9,7 +9,7 @@ from matplotlib.collections import PatchCollection
 from test_viz import assert_readable
 
 from paraxis.cli import main
-from paraxis.context_parallel.all_to_all import _by_head_group
+from paraxis.context_parallel.all_to_all import by_head_group
 from paraxis.context_parallel.balance import VARIANTS, pairs_per_rank, rank_chunks, ring_source
 from paraxis.errors import ParaxisError
 from paraxis.layout import Layout
@@ -171,7 +171,7 @@ def test_grid_labels_name_each_ranks_expert_parallel_place():
 def test_all_to_all_picture_shows_rows_before_and_columns_during():
     """Before the exchange rank r holds its chunks of every head group (row r), during
     attention rank j holds head group j of every chunk (column j): the runtime's split
-    (`all_to_all._by_head_group` sends head group j to rank j)."""
+    (`all_to_all.by_head_group` sends head group j to rank j)."""
     cp = 4
     fig = plot_kv_all_to_all(cp)
     before, during = fig.axes[:2]
@@ -179,7 +179,7 @@ def test_all_to_all_picture_shows_rows_before_and_columns_during():
     assert labels[0] == [f"r{row}" for row in range(cp) for _ in range(cp)]
     # the rank the runtime sends each head group to ([j] of its split goes to rank j), with
     # two heads a group, so a split other than contiguous groups would show here
-    sent = _by_head_group(torch.arange(2 * cp).view(1, 2 * cp, 1, 1), cp)
+    sent = by_head_group(torch.arange(2 * cp).view(1, 2 * cp, 1, 1), cp)
     holder = {int(head) // 2: rank for rank in range(cp) for head in sent[rank].flatten()}
     assert len(holder) == cp
     assert labels[1] == [f"r{holder[col]}" for _ in range(cp) for col in range(cp)]
