@@ -91,15 +91,8 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_qkv(q, k, v)  # on GPU 16-bit, as the others: SDPA's flash kernel (fp32 would
     # fall back to the math kernel with grouped K/V, an s x s matrix per head)
     cp = dist.get_world_size(group)
-    heads, local_len = q.shape[HEAD_DIM], q.shape[SEQ_DIM]
-    check_heads("all_to_all", heads, k.shape[1], cp)
-    k, v = repeat_kv(k, cp), repeat_kv(v, cp)
-    widths = [heads // cp, k.shape[1] // cp, v.shape[1] // cp]
-    parts = torch.cat([by_head_group(t, cp) for t in (q, k, v)], dim=HEAD_DIM + 1)
-    arrived = exchange(parts, group)  # [i]: rank i's tokens, my heads
-    whole = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)
-    q_heads, k_heads, v_heads = whole.split(widths, dim=HEAD_DIM)
-    seq = local_len * cp
+    q_heads, k_heads, v_heads = to_head_split(q, k, v, group)
+    seq = q.shape[SEQ_DIM] * cp
     pairs = seq * (seq + 1) // 2 // cp  # heads/cp heads' whole triangle
     record("forward", pairs=pairs)
     if documents is None:
@@ -110,5 +103,29 @@ def all_to_all_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = packed_attention(q_heads, k_heads, v_heads, packed, True, scale)
     if out.requires_grad:  # backward computes the same pairs again
         out.register_hook(lambda grad: record("backward", pairs=pairs))
-    back = exchange(by_rank(out, cp, dim=SEQ_DIM), group)  # [j]: head group j
+    return from_head_split(out, group)
+
+
+def to_head_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  group: dist.ProcessGroup | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first all-to-all over `group` (n ranks): this rank's local q, k, v (every head,
+    its zig-zag pair of chunks) -> heads/n heads (K/V repeated where fewer than n) of every
+    rank's chunks, in `chunks.full_sequence` order. Also two-level cp's inner step."""
+    ranks, heads = dist.get_world_size(group), q.shape[HEAD_DIM]
+    check_heads("all_to_all", heads, k.shape[1], ranks)
+    k, v = repeat_kv(k, ranks), repeat_kv(v, ranks)
+    widths = [heads // ranks, k.shape[1] // ranks, v.shape[1] // ranks]
+    parts = torch.cat([by_head_group(t, ranks) for t in (q, k, v)], dim=HEAD_DIM + 1)
+    arrived = exchange(parts, group)  # [i]: rank i's tokens, my heads
+    whole = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)
+    q_heads, k_heads, v_heads = whole.split(widths, dim=HEAD_DIM)
+    return q_heads, k_heads, v_heads
+
+
+def from_head_split(out: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The second all-to-all: the output of heads/n heads over the group's chunks back to
+    this rank's chunks of every head."""
+    ranks = dist.get_world_size(group)
+    back = exchange(by_rank(out, ranks, dim=SEQ_DIM), group)  # [j]: head group j
     return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)

@@ -24,7 +24,8 @@ Cost per rank and layer: the all-to-all's q, k, v and output as the all-to-all v
 moves them but over a ranks (its (a-1)/a leaves the rank), and the ring's K/V of heads/a
 heads over r ranks: the hops are as large as a ring over cp ranks sends but a-fold fewer.
 Heads: the query heads a rank holds divide by a, its K/V heads divide by a or divide it
-(repeated as the all-to-all variant does, `balance.check_heads`).
+(repeated as the all-to-all variant does: its `to_head_split` and `from_head_split` are the
+two exchanges here).
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ import torch
 import torch.distributed as dist
 
 from paraxis.context_parallel.all_gather import all_gather_attention
-from paraxis.context_parallel.all_to_all import by_head_group, exchange, repeat_kv
-from paraxis.context_parallel.balance import check_heads
-from paraxis.context_parallel.chunks import by_rank, full_sequence
+from paraxis.context_parallel.all_to_all import from_head_split, to_head_split
 from paraxis.context_parallel.kernel import ChunkDocuments, check_qkv
 from paraxis.context_parallel.ring import ring_attention
 
-HEAD_DIM, SEQ_DIM = 1, 2  # (batch, heads, seq, head_dim)
 ACROSS = {"ring": ring_attention, "all_gather": all_gather_attention}
 
 
@@ -63,16 +61,8 @@ def hierarchical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     "all_gather") runs across the all-to-all groups."""
     check_qkv(q, k, v)
     a = dist.get_world_size(levels.a2a)
-    heads = q.shape[HEAD_DIM]
-    check_heads("all_to_all", heads, k.shape[1], a)
-    k, v = repeat_kv(k, a), repeat_kv(v, a)
-    widths = [heads // a, k.shape[1] // a, v.shape[1] // a]
-    parts = torch.cat([by_head_group(t, a) for t in (q, k, v)], dim=HEAD_DIM + 1)
-    arrived = exchange(parts, levels.a2a)  # [i]: member i's tokens, my heads
-    local = full_sequence(list(arrived.unbind(0)), dim=SEQ_DIM)  # coarse zig-zag of `across`
-    q_heads, k_heads, v_heads = local.split(widths, dim=HEAD_DIM)
+    # the group's chunks for heads/a heads: the coarse zig-zag pair of `levels.across`
+    q_heads, k_heads, v_heads = to_head_split(q, k, v, levels.a2a)
     coarse = None if documents is None else documents.coarser(a)
     out = ACROSS[variant](q_heads, k_heads, v_heads, levels.across, scale, coarse, share=a)
-    back = exchange(by_rank(out, a, dim=SEQ_DIM), levels.a2a)  # [j]: head group j
-    return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)
-
+    return from_head_split(out, levels.a2a)
