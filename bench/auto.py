@@ -2,7 +2,7 @@
 
 For each setting (a tiny model, a global batch, a rank count), the planner searches on this
 machine's calibrated profile exactly as `paraxis train --layout auto` does
-(`paraxis.auto_layout.plan_for`), and its five fastest layouts train side by side: one
+(`paraxis.train.auto_layout.plan_for`), and its five fastest layouts train side by side: one
 launch of the ranks builds the engine `paraxis train` builds for each of the five (on the
 same ranks, each with its own process groups), and their steps alternate, the order rotated
 every step, so a slow spell of this shared machine lands on all five alike (as the
@@ -23,13 +23,13 @@ import time
 
 import torch
 
-from paraxis.auto_layout import plan_for
-from paraxis.config import RunConfig
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
+from paraxis.dist.testing import run_distributed
 from paraxis.plan.uncertainty import CPU_BAND
 from paraxis.plan.verify import Measured, ranks_of, summary
-from paraxis.testing import run_distributed
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.train.auto_layout import plan_for
+from paraxis.train.config import RunConfig
 
 TOP = 5
 # (model, ranks, global batch): different tiny models, batch sizes and rank counts
@@ -46,8 +46,8 @@ def side_by_side(cfg: ModelConfig, layouts: list[Layout], global_batch: int, seq
     import torch.distributed as dist
 
     from bench.common import engine_step
-    from paraxis.runtime.distributed import build_groups
-    from paraxis.runtime.parallelize import build_engine
+    from paraxis.dist.groups import build_groups
+    from paraxis.parallelize import build_engine
 
     tokens = torch.randint(0, cfg.vocab_size, (global_batch, seq_len + 1),
                            generator=torch.Generator().manual_seed(0))

@@ -43,7 +43,7 @@ SMALL_SIZES_BYTES = 4 * 1024 * 1024
 def refitted(profile: dict, timings: dict) -> dict:
     """The profile with its collectives' fits made on `timings` ({ranks: {op: {group:
     points}}}) instead of its own."""
-    from paraxis.calibrate.profile import fit_collectives
+    from paraxis.train.calibrate.profile import fit_collectives
 
     fits = fit_collectives(timings)
     table = {op: {world: {n: fit.to_dict() for n, fit in by_group.items()}

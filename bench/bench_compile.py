@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine
-from paraxis.testing import run_distributed
+from paraxis.dist.groups import build_groups
+from paraxis.dist.testing import run_distributed
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
 LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b")

@@ -10,7 +10,7 @@ may change or vanish in any PyTorch release.
 
 Same work on both sides: causal attention, forward and backward, of one fixed random q, k, v
 (and output gradient) split by the zig-zag balance, rank r holding chunks r and 2*cp-1-r of
-2*cp (`paraxis.context_parallel.chunks.local_part`; PyTorch's template assumes the same
+2*cp (`paraxis.parallel.context.chunks.local_part`; PyTorch's template assumes the same
 split, its `_HeadTailLoadBalancer`, which `check` confirms index by index). Pairs:
 
 - paraxis "ring" (K/V passed one hop per step by isend/irecv, behind the compute) with the
@@ -43,9 +43,9 @@ from torch.distributed.tensor.experimental._context_parallel._load_balancer impo
 )
 
 from bench.common import Row, compare
-from paraxis.context_parallel.attention import context_parallel_attention
-from paraxis.context_parallel.chunks import local_part, positions
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
+from paraxis.parallel.context.attention import context_parallel_attention
+from paraxis.parallel.context.chunks import local_part, positions
 
 SEQ_DIM = 2  # q, k, v are (batch, heads, seq, head_dim)
 HEAD_DIM = 64

@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 
 from bench.common import Row, compare, engine_step, rank_device
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.engine import make_adamw
+from paraxis.dist.groups import build_groups
+from paraxis.engine.contract import make_adamw
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 RANKS = 2
 LR, CLIP = 1e-3, 1.0

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import torch
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine
+from paraxis.dist.groups import build_groups
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
 

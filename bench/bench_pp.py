@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.engine import make_adamw
-from paraxis.runtime.parallelize import build_engine
-from paraxis.schedules import build_schedule
+from paraxis.dist.groups import build_groups
+from paraxis.engine.contract import make_adamw
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
+from paraxis.spec.schedules import build_schedule
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, untied head
 PP = 2

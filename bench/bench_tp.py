@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from bench.common import Row, compare, engine_step, rank_device, token_batch
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.distributed import build_groups
-from paraxis.tensor_parallel import apply_tensor_parallel
+from paraxis.dist.groups import build_groups
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 MODEL = PRESETS["small-llama"].replace(n_layers=4)  # hidden 256, 8 heads / 4 kv heads
 TP = 2

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from paraxis.calibrate.kernels import sync as _sync
-from paraxis.runtime.engine import Engine
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
+from paraxis.engine.contract import Engine
+from paraxis.train.calibrate.kernels import sync as _sync
 
 
 def reset_peak_rss() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bench.bench_cp import TOLERANCE, _setup, check
 from bench.common import Row, compare, quick_flag
-from paraxis.context_parallel.balance import VARIANTS
+from paraxis.spec.cp_balance import VARIANTS
 
 HEADS = 8
 

@@ -28,7 +28,7 @@ import argparse
 import statistics
 
 from bench.cpu_call_timeline import split_step
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
 
 SIZES_BYTES = (4, 16384, 131072, 1048576)
 FLOPS_PER_S = 9e10  # only sizes the segment: about this machine's fp32 GEMM rate
@@ -43,7 +43,7 @@ def probe_body(segment_s: float, sizes: tuple[int, ...], group_size: int = 2
     import torch
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import neighbour_group
+    from paraxis.train.calibrate.collectives import neighbour_group
 
     group = neighbour_group(group_size)
     a = torch.randn(256, 256)
@@ -103,10 +103,10 @@ def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2,
     import json
 
     from bench.predicted_vs_measured import profile_overrides
-    from paraxis.layout import Layout
     from paraxis.plan.comm import axis_link, collective_time
     from paraxis.plan.hardware import build_cluster
     from paraxis.plan.sync import at_segment
+    from paraxis.spec.layout import Layout
 
     with open(profile_path) as file:
         cluster = build_cluster(gpus=ranks, overrides=profile_overrides(json.load(file)))
@@ -124,7 +124,7 @@ def main() -> None:
                         help="message sizes in bytes, comma-separated")
     args = parser.parse_args()
     sizes = tuple(int(size) for size in args.sizes.split(","))
-    from paraxis.calibrate.command import cpu_cores
+    from paraxis.commands.calibrate import cpu_cores
 
     share = min(1.0, cpu_cores() / args.ranks)
     per_rank = run_distributed(probe_body, args.ranks,

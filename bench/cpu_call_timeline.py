@@ -15,7 +15,7 @@ same clock in every process). Per call over the ranks of its group:
 - `skew`: the last rank's entry minus the first's. The first waits that long for its peers:
   the lag the planner's sync wait prices (plan/sync.py, from compute between calls);
 - `exchange`: from the last entry to the first exit, when every rank is inside the call;
-  what the calibration's back-to-back timings price (paraxis/calibrate/collectives.py);
+  what the calibration's back-to-back timings price (paraxis/train/calibrate/collectives.py);
 - `exit lag`: the last rank's exit minus the first's. A rank that leaves first goes back to
   its compute while a peer is still finishing the call: the lag carries into the next call's
   skew.
@@ -30,8 +30,8 @@ import argparse
 import statistics
 from dataclasses import dataclass
 
-from paraxis.layout import Layout
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
+from paraxis.spec.layout import Layout
 
 # (entered, left, message bytes) of one call on one rank, perf_counter seconds
 Call = tuple[float, float, int]

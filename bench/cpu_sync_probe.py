@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
 
 SEGMENTS_MS = (2, 8, 32, 128)
 SECONDS_PER_SEGMENT = 3.0
@@ -66,7 +66,7 @@ def probe_body(segments_ms: tuple[int, ...], seconds: float) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from paraxis.calibrate.command import cpu_cores
+    from paraxis.commands.calibrate import cpu_cores
 
     cores = cpu_cores()
     for ranks in [int(a) for a in argv] or [2, 4, 8]:

@@ -29,8 +29,8 @@ import statistics
 import sys
 from collections.abc import Callable
 
-from paraxis.layout import Layout
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
+from paraxis.spec.layout import Layout
 
 GLOBAL_BATCH, SEQ_LEN, STEPS = 16, 128, 5
 
@@ -43,9 +43,9 @@ def model_step(text: str, model: str = "") -> Callable[[], None]:
 
     from bench.common import engine_step
     from bench.predicted_vs_measured import MODEL
-    from paraxis.model_config import PRESETS
-    from paraxis.runtime.distributed import build_groups
-    from paraxis.runtime.parallelize import build_engine
+    from paraxis.dist.groups import build_groups
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.model_config import PRESETS
 
     cfg = PRESETS[model] if model else MODEL
     layout = Layout.parse(text)
@@ -66,7 +66,7 @@ def probe_body(text: str, skip_all_reduce: bool = False, model: str = "") -> dic
 
     import torch.distributed as dist
 
-    from paraxis.data_parallel.flat import _Done
+    from paraxis.engine.data_parallel.flat import _Done
 
     calls, real_all_reduce = [0], dist.all_reduce
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from paraxis.testing import run_distributed
+from paraxis.dist.testing import run_distributed
 
 
 def wait_body(segments_s: tuple[float, ...], sizes: tuple[int, ...], repeats: int,
@@ -26,8 +26,8 @@ def wait_body(segments_s: tuple[float, ...], sizes: tuple[int, ...], repeats: in
     """On every rank: {(segment_s, message bytes): [wait in ms, ...]}."""
     import torch
 
-    from paraxis.calibrate.collectives import neighbour_group, sync_wait
-    from paraxis.calibrate.kernels import matmul_rate
+    from paraxis.train.calibrate.collectives import neighbour_group, sync_wait
+    from paraxis.train.calibrate.kernels import matmul_rate
 
     group = neighbour_group(group_size)
     cpu = torch.device("cpu")

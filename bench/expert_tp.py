@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 
 from bench.common import Row, compare, engine_step, quick_flag, token_batch
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.dist.groups import build_groups
+from paraxis.dist.testing import run_distributed
+from paraxis.parallelize import build_engine
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, load_hardware_file
-from paraxis.plan.precision import FP32_ADAM
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine
-from paraxis.testing import run_distributed
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.state_bytes import FP32_ADAM
 
 PROFILE = Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json"
 # 8 experts of width 1024 (4x d_model), top 2: the experts are most of each block's FLOPs

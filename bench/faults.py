@@ -4,7 +4,7 @@ check that nothing is lost.
 Each kill trial SIGKILLs one rank (chosen by the trial's seed) in one phase of one step
 (before the step, in forward, in backward, in its first collective, or between the shard
 files and the manifest of a checkpoint save: `PARAXIS_FAULT=kill:...,phase=...`,
-`paraxis/runtime/faults.py`) of a run with `--max-restarts 2`; each SIGTERM trial sends
+`paraxis/train/faults.py`) of a run with `--max-restarts 2`; each SIGTERM trial sends
 SIGTERM to the `--nproc` launcher after a random step, then resumes with `--resume auto`.
 A trial passes when
 - the run ends with exit code 0 (after the restart or the resume),
@@ -48,8 +48,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def final_state(folder: Path) -> dict:
-    from paraxis.checkpoint import read_full_state
-    from paraxis.checkpoint.entries import KINDS
+    from paraxis.model.checkpoint import read_full_state
+    from paraxis.model.checkpoint.entries import KINDS
 
     return read_full_state(folder / "ck", KINDS)[1]
 
@@ -84,7 +84,7 @@ def _verdict(folder: Path, expected: dict, code: int, started: float,
 
     import torch
 
-    from paraxis.checkpoint import complete_checkpoints
+    from paraxis.model.checkpoint import complete_checkpoints
 
     time.sleep(0.2)  # the launcher joined its ranks before exiting; a stray one shows
     orphans = _orphans(folder)

@@ -21,11 +21,11 @@ from unittest import mock
 from bench import validate_planner
 from bench.korthikanti_table4 import TABLE_4, layer_ms
 from bench.validate_planner import RUNS, predict
-from paraxis.model_config import ModelConfig
 from paraxis.plan import hardware
 from paraxis.plan.cost import Overlap
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
+from paraxis.spec.model_config import ModelConfig
 
 EFFICIENCIES = [0.64 + 0.02 * i for i in range(14)]  # 0.64 .. 0.90
 HALF_WIDTHS = [0, 64, 128, 192, 256, 384, 512, 768]

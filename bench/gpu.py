@@ -4,7 +4,7 @@ The step is the one `paraxis train` runs on one device (the engine `build_engine
 forward, backward, clip, AdamW), under bf16 autocast; attention goes through
 `scaled_dot_product_attention`, which on a CUDA GPU with bf16 inputs picks the flash kernel.
 MFU is `plan.compute.mfu` (the planner's FLOP formula, the one the runtime logs) over the
-device's peak, found from its name (`paraxis.metrics.device_peak_flops`).
+device's peak, found from its name (`paraxis.train.metrics.device_peak_flops`).
 
 Beside each measured step stands `plan.cost.evaluate` for the same run: the GPU's preset
 with `kernels="eager"` (paraxis's elementwise ops run unfused), one device, the bf16 policy.
@@ -20,15 +20,15 @@ from __future__ import annotations
 import torch
 
 from bench.common import engine_step, measure_steps, token_batch
-from paraxis.layout import Layout
-from paraxis.metrics import device_peak_flops
-from paraxis.model_config import PRESETS
+from paraxis.dist.groups import build_groups
+from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name
-from paraxis.plan.precision import MIXED_ADAM
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.state_bytes import MIXED_ADAM
+from paraxis.train.metrics import device_peak_flops
 
 # (model, sequences, tokens each): GPT-2 sizes from 124M to 1.5B, and one Llama-style
 # 8-layer slice of Llama 3 8B (GQA, SwiGLU, a 128K vocabulary) at 4K tokens.

@@ -23,9 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench import gpu
 from bench.common import engine_step, measure_steps, token_batch
-from paraxis.layout import Layout
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine
+from paraxis.dist.groups import build_groups
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
 
 GEMM_MARKERS = ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90", "sm80", "splitk")
 

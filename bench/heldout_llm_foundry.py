@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.heldout_record import FLOAT8, HeldOutRun
-from paraxis.model_config import ModelConfig
+from paraxis.spec.model_config import ModelConfig
 
 # ---------------------------------------------------------------------------------- llm-foundry
 # MosaicML's MPT benchmarks: every row of the five tables of scripts/train/benchmarking/

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraxis.model_config import ModelConfig
+from paraxis.spec.model_config import ModelConfig
 
 FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not model"
 
@@ -12,7 +12,7 @@ FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not mod
 @dataclass(frozen=True)
 class HeldOutRun:
     name: str
-    model: str | ModelConfig  # a paraxis preset (paraxis/model_config.py) or the source's shape
+    model: str | ModelConfig  # a paraxis preset (paraxis/spec/model_config.py) or the source's shape
     gpu: str  # a key of validate_heldout.CLUSTERS: "a100", "a100-40gb", "h100", "h100-96gb"
     gpus: int
     dp: int  # data-parallel degree (FSDP/ZeRO over it, see zero)
@@ -40,7 +40,7 @@ class HeldOutRun:
     cp_attention: str = "ring"  # how K/V reach the queries: ring, all_gather or all_to_all
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
-    precision: str = "bf16"  # a key of paraxis.plan.precision.PRECISIONS
+    precision: str = "bf16"  # a key of paraxis.spec.state_bytes.PRECISIONS
     fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from bench.heldout_llm_foundry import llm_foundry_rows
 from bench.heldout_record import FLOAT8, HeldOutRun
-from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.compute import model_flops_per_token
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/torchtitan): "
                    "Llama 2 and Llama 3 with FSDP2 on 64 A100-80GB")

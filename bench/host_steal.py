@@ -6,7 +6,7 @@
 Trains `paraxis demo`'s model and batch (tiny, 16 x 128 tokens, fp32) on CPU ranks launched
 as `paraxis train --nproc` launches them, `--runs` times one after another, and prints per
 run the median step time after the warm-up and the mean share of CPU time stolen during
-those steps (the metrics' `cpu_steal`, paraxis/steal.py). Nothing else needs to run in the
+those steps (the metrics' `cpu_steal`, paraxis/files/host_steal.py). Nothing else needs to run in the
 guest for the share to move: on a shared host it does, and the step time with it.
 """
 
@@ -16,16 +16,16 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from paraxis.demo import GLOBAL_BATCH, LAYOUT_3D, SEQ_LEN
-from paraxis.layout import Layout
+from paraxis.commands.demo import GLOBAL_BATCH, LAYOUT_3D, SEQ_LEN
+from paraxis.spec.layout import Layout
 
 
 def one_run(layout: Layout, steps: int, folder: Path) -> tuple[float, float | None]:
     """(median step seconds, stolen share) of one run of `layout`."""
-    from paraxis.config import RunConfig
-    from paraxis.run_records import load_metrics, steady, steal
-    from paraxis.runtime.launch import launch
-    from paraxis.train import run_training
+    from paraxis.dist.launch import launch
+    from paraxis.files.run_records import load_metrics, steady, steal
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     metrics = folder / "metrics.jsonl"
     cfg = RunConfig.from_flags(model="tiny", steps=steps, global_batch=GLOBAL_BATCH,

@@ -4,10 +4,10 @@ microbatch 4, seq 2048), forward and backward milliseconds per configuration. Fi
 
 from __future__ import annotations
 
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Overlap, layer_times
 from paraxis.plan.hardware import build_cluster
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
 
 TABLE_4 = [  # (sequence parallel, recompute, forward ms, backward ms)
     (False, "none", 7.7, 11.9),

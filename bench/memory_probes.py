@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 
 from bench.scale import MODEL
-from paraxis.runtime.host_memory import return_freed_memory
-from paraxis.runtime.parallelize import build_engine
-from paraxis.runtime.tensor_memory import TensorBytes
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.host_memory import return_freed_memory
+from paraxis.dist.tensor_memory import TensorBytes
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.parallelize import build_engine
 
 NUMEL = 4_000_000  # 16 MB of fp32
 

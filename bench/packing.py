@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from paraxis.model_config import PRESETS
-from paraxis.packing import find_documents
+from paraxis.parallel.context.packing import find_documents
 from paraxis.plan.compute import counted_forward_flops_per_token
+from paraxis.spec.model_config import PRESETS
 
 
 def _seconds(run: Callable[[], object], repeats: int = 3) -> float:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import build_engine
 from paraxis.plan.memory import model_state_bytes
-from paraxis.plan.precision import PRECISIONS
-from paraxis.precision import POLICIES
-from paraxis.runtime.parallelize import build_engine
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import POLICIES
+from paraxis.spec.state_bytes import PRECISIONS
 
 MODEL = PRESETS["tiny"]
 LAUNCHES = [["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,sp=true,zero=3,microbatches=2",

@@ -7,7 +7,7 @@ slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on th
 
 What a shared machine changes is measured again around each layout (the mean of a probe
 just before and one just after the run): how many cores our ranks get
-(`paraxis.calibrate.command.available_cores`; on a quiet machine the core count every time)
+(`paraxis.commands.calibrate.available_cores`; on a quiet machine the core count every time)
 and how fast they compute (`bench.calibration.rates_now`; a shared VM's speed drifts between
 a calibration and a run). Nothing is fitted to a layout's measured time. The re-timed rates
 guard against such drift; they are noisy too. In the run at a5f9256 (AMD EPYC, no drift to
@@ -28,13 +28,13 @@ import torch
 
 from bench.befores import BEFORES, SMALL_SIZES_BYTES, backward_at_forward_segment
 from bench.common import engine_step, measure_steps
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.dist.testing import run_distributed
+from paraxis.files.host_steal import DISTURBED_STEAL
 from paraxis.plan.cost import PREDICTION_SHARE, PREDICTION_TOLERANCE, Estimate, evaluate
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.precision import FP32_ADAM
-from paraxis.steal import DISTURBED_STEAL
-from paraxis.testing import run_distributed
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.state_bytes import FP32_ADAM
 
 # Hidden 256, 8 layers (so 2, 4 and 8 stages and 2 chunks per stage divide them evenly).
 MODEL = PRESETS["small-llama"].replace(name="small-llama-8", n_layers=8)
@@ -119,7 +119,7 @@ AFTER_CALLS = [
 ]
 # Eight more, listed before they first ran: after the runtime's ZeRO-2/3 reduce every
 # microbatch (data_parallel/buckets.py) and each row records the CPU time a VM's host took
-# (column steal, paraxis/steal.py): reported apart.
+# (column steal, paraxis/files/host_steal.py): reported apart.
 AFTER_STEAL = [
     "dp=2,zero=2,microbatches=4",
     "dp=8,zero=3,microbatches=2",
@@ -193,9 +193,9 @@ def train_body(cfg: ModelConfig, layout: Layout, global_batch: int, seq_len: int
     """On every rank: build the engine `paraxis train` would, time its steps (the training
     loop's, stop flag included: rows before `AFTER_CALLS` timed them without it) on a fixed
     batch."""
-    from paraxis.runtime.distributed import build_groups
-    from paraxis.runtime.parallelize import build_engine
-    from paraxis.runtime.preemption import StopRequest
+    from paraxis.dist.groups import build_groups
+    from paraxis.dist.preemption import StopRequest
+    from paraxis.parallelize import build_engine
 
     groups = build_groups(layout)
     engine = build_engine(cfg, layout, groups, "cpu", seed=0, seq_len=seq_len)
@@ -279,7 +279,7 @@ def profile_overrides(profile: dict) -> dict:
 
 def cores_now(quick: bool) -> float:
     """The cores our ranks get right now (see the module docstring)."""
-    from paraxis.calibrate.command import available_cores
+    from paraxis.commands.calibrate import available_cores
 
     return available_cores(busy_s=0.3 if quick else 2.0)
 
@@ -296,9 +296,9 @@ def measure_now(cfg: ModelConfig, layout: Layout, s: dict
     """(step seconds, cores used, now, steal): `measure` between two probes of the cores and
     of the compute rates; now holds the means of each pair (the profile's fields they
     replace); steal, the share of CPU time a VM's host took during the steps' runs ("run")
-    and during the probes ("probes"; paraxis/steal.py, None where not measured)."""
+    and during the probes ("probes"; paraxis/files/host_steal.py, None where not measured)."""
     from bench.calibration import rates_now
-    from paraxis.steal import StealMeter
+    from paraxis.files.host_steal import StealMeter
 
     with StealMeter() as probes:
         rates = rates_now(s["quick"])
@@ -463,7 +463,7 @@ def render(data: dict) -> str:
         "backward): one of the eight first measured after the backward's calls were read "
         "after the backward's compute (`AFTER_BACKWARD`). Steal: that "
         "share during the layout's steps "
-        "(paraxis/steal.py), and during its probes in brackets.",
+        "(paraxis/files/host_steal.py), and during its probes in brackets.",
         "",
         "| layout | ranks | cores | used | steal | measured | predicted | error | compute | "
         "tp | pp | dp | bubble | optimizer | calls |",

@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from paraxis.calibrate.baseline import process_baseline_bytes
-from paraxis.hf import write_hf
-from paraxis.init_weights import initial_value
-from paraxis.layout import Layout
-from paraxis.model import parameter_shapes
-from paraxis.model_config import ModelConfig
+from paraxis.model.hf import write_hf
+from paraxis.model.init_weights import initial_value
+from paraxis.model.transformer import parameter_shapes
 from paraxis.plan.memory import layout_memory
-from paraxis.plan.precision import PRECISIONS
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import PRECISIONS
+from paraxis.train.calibrate.baseline import process_baseline_bytes
 
 MODEL = ModelConfig("llama-0.8b", "llama", 32000, 24, 1536, 12, 4, 5120, 128)
 QUICK_MODEL = ModelConfig("llama-tiny-scale", "llama", 256, 4, 128, 4, 2, 384, 64)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.predicted_vs_measured import measure_around, predict
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
 
 IMAGE = "img/scaling.png"
 
@@ -82,7 +82,7 @@ def run(quick: bool, profile: dict, image_dir: Path, log=print) -> dict:  # noqa
 def plot(points: list[dict], path: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from paraxis.viz.style import AXIS_COLOUR, new_figure, save_figure
+    from paraxis.show.viz.style import AXIS_COLOUR, new_figure, save_figure
 
     seconds = FuncFormatter(lambda y, _: f"{y:g} s")
 

@@ -32,9 +32,9 @@ def _rank(ctx, steps: int) -> tuple[dict[str, int], float]:
     """On every rank: ({kind: calls per step}, median step seconds)."""
     import torch
 
-    from paraxis.model_config import PRESETS
-    from paraxis.runtime.parallelize import materialize, parallelize
-    from paraxis.tensor_parallel.counter import CommCounter
+    from paraxis.parallel.tensor.counter import CommCounter
+    from paraxis.parallelize import materialize, parallelize
+    from paraxis.spec.model_config import PRESETS
 
     cfg = PRESETS["tiny"]
     engine = parallelize(cfg, ctx.layout, ctx.groups, "cpu")
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("layouts", nargs="*", default=DEFAULT)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
-    from paraxis.layout import Layout
-    from paraxis.testing import run_on_ranks
+    from paraxis.dist.testing import run_on_ranks
+    from paraxis.spec.layout import Layout
 
     for text in args.layouts:
         layout = Layout.parse(text)

@@ -6,13 +6,13 @@ price of the step's own small calls.
 
 Trains `--model` (default tiny, `paraxis demo`'s, with its batch of 16 x 128 tokens, fp32)
 on real gloo ranks and times each step's phases as the training loop makes them
-(paraxis/train.py): the pipeline's schedule (`executor.run`; the whole forward and backward
+(paraxis/train/loop.py): the pipeline's schedule (`executor.run`; the whole forward and backward
 without PP), the gradient sync after it (`finish_grad_sync`: a tied embedding's gradient
 and the data-parallel buckets), the loss's broadcast and mean, the gradient norm for
 clipping, the optimizer step, and the stop flag. Medians over the steps after the first
 five, per rank, in milliseconds. The last phases but the optimizer are the calls
 plan/step_calls.py prices; the table's last line is that price on a quick calibration of
-this machine (`paraxis.calibrate.quick`, about 15 s), with its one-element calls and sync
+this machine (`paraxis.train.calibrate.quick`, about 15 s), with its one-element calls and sync
 waits.
 """
 
@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from paraxis.layout import Layout
-from paraxis.testing import run_on_ranks
+from paraxis.dist.testing import run_on_ranks
+from paraxis.spec.layout import Layout
 
 GLOBAL_BATCH, SEQ_LEN, WARMUP = 16, 128, 5
 DEMO_LAYOUT = "dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b"
@@ -36,9 +36,9 @@ def phases_body(ctx, model: str, steps: int) -> dict[str, float]:
     """On every rank: train `steps` steps as the loop does, timing each phase."""
     import torch
 
-    from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import materialize, parallelize
-    from paraxis.runtime.preemption import StopRequest
+    from paraxis.dist.preemption import StopRequest
+    from paraxis.parallelize import materialize, parallelize
+    from paraxis.spec.model_config import load_model_config
 
     torch.set_num_threads(1)
     cfg = load_model_config(model)
@@ -91,10 +91,10 @@ def phases_body(ctx, model: str, steps: int) -> dict[str, float]:
 def priced(model: str, layout: Layout) -> tuple[float, int]:
     """(seconds, calls) the planner prices for the step's own calls, on a quick calibration
     of this machine."""
-    from paraxis.calibrate.quick import profile_for_cpu_run
-    from paraxis.model_config import load_model_config
     from paraxis.plan.inputs import PlanInputs
     from paraxis.plan.step_calls import step_calls, step_calls_time
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.calibrate.quick import profile_for_cpu_run
 
     with tempfile.TemporaryDirectory() as folder:
         found = profile_for_cpu_run(layout.world_size, folder, model, SEQ_LEN)

@@ -14,16 +14,16 @@ from typing import NamedTuple
 
 from bench.heldout_record import HeldOutRun
 from bench.heldout_runs import HELD_OUT
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
-from paraxis.plan.precision import PRECISIONS
-from paraxis.units import DEFAULT_BUCKET_BYTES
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.state_bytes import PRECISIONS
+from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 
 
 class HeldOutResult(NamedTuple):

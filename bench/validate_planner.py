@@ -37,11 +37,11 @@ from bench.validate_heldout import (
     moe_findings,
     render_held_out,
 )
-from paraxis.model_config import ModelConfig
 from paraxis.plan.compute import iteration_flops
 from paraxis.plan.cost import Overlap
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
+from paraxis.spec.model_config import ModelConfig
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU "
              "Clusters Using Megatron-LM (SC'21, arXiv:2104.04473)")

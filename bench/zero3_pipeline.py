@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
+from paraxis.dist.testing import RankContext, run_on_ranks
 from paraxis.plan.comm import zero3_pipeline_volume
 from paraxis.plan.memory import model_state_bytes, stage_params
-from paraxis.plan.precision import FP32_ADAM
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import FP32_ADAM
 
 SEQ, SEED = 64, 0
 
@@ -41,9 +41,9 @@ def model(layers: int) -> ModelConfig:
 def _rank(ctx: RankContext, cfg: ModelConfig) -> dict[str, float]:
     import torch
 
-    from paraxis.data_parallel.flat import VOLUME
-    from paraxis.runtime.parallelize import build_engine
-    from paraxis.runtime.tensor_memory import TensorBytes
+    from paraxis.dist.tensor_memory import TensorBytes
+    from paraxis.engine.data_parallel.flat import VOLUME
+    from paraxis.parallelize import build_engine
 
     layout, groups = ctx.layout, ctx.groups
     generator = torch.Generator().manual_seed(groups.dp_rank)

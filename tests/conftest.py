@@ -6,10 +6,10 @@ is missing. Models are saved once per session (safetensors, the default format).
 
 from pathlib import Path
 
-from paraxis.hidden_gpus import hide_gpus
+from paraxis.dist.hidden_gpus import hide_gpus
 
 # The suite forks CPU ranks, which a process that has run autograd on a GPU machine cannot do
-# (paraxis/hidden_gpus.py): it sees no GPU, from before torch is imported; the GPU tests
+# (paraxis/dist/hidden_gpus.py): it sees no GPU, from before torch is imported; the GPU tests
 # spawn ranks that do.
 hide_gpus()
 

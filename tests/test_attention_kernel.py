@@ -1,19 +1,19 @@
-"""The attention kernel is one fact: what paraxis.model's attention keeps for backward is what
-the planner counts (paraxis/attention_kernel.py), and grouped K/V stay at kv-head width."""
+"""The attention kernel is one fact: what paraxis.model.transformer's attention keeps for backward is what
+the planner counts (paraxis/spec/attention_kernel.py), and grouped K/V stay at kv-head width."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from paraxis.attention_kernel import FLASH, MATH, RUNTIME_KERNEL, get_kernel
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import Attention
-from paraxis.model_config import PRESETS, ModelConfig
+from paraxis.model.transformer import Attention
 from paraxis.plan.activations import attention_kernel_bytes, layer_activation_bytes
 from paraxis.plan.cost import layer_times
 from paraxis.plan.hardware import GPUS, build_cluster
 from paraxis.plan.memory import layout_memory
+from paraxis.spec.attention_kernel import FLASH, MATH, RUNTIME_KERNEL, get_kernel
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 GQA = ModelConfig("gqa", "llama", 256, 2, 64, 8, 2, 192, 256)  # 8 query heads, 2 kv heads
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from bench.scale import MODEL as MODEL_08B
-from paraxis.auto_layout import plan_for
 from paraxis.cli import main
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
+from paraxis.commands.train import config_from_args
 from paraxis.plan.verify import Measured, ranks_of, round_noise, spearman, table
-from paraxis.run_file import read_run_file
-from paraxis.train_cli import config_from_args
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.train.auto_layout import plan_for
+from paraxis.train.config import RunConfig
+from paraxis.train.run_file import read_run_file
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json")
 GB = 1e9
@@ -102,7 +102,7 @@ def _states_upper_bound(layout: Layout) -> float:
     shards them over dp (Rajbhandari et al. 2020), a stage holds its blocks and, at worst,
     both the embedding and the head, TP splits every tensor (an upper bound: norms are not
     split, but they are tiny)."""
-    from paraxis.model import parameter_shapes
+    from paraxis.model.transformer import parameter_shapes
 
     per_stage = MODEL_08B.n_layers // layout.pp
     stages = [0.0] * layout.pp

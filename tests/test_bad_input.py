@@ -234,8 +234,8 @@ def make_checkpoints(folder: Path) -> None:
     import json
     import shutil
 
-    from paraxis.config import RunConfig
-    from paraxis.train import run_training
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     run_training(RunConfig.from_flags(model="tiny", steps=1, global_batch=4, seq_len=32,
                                       quiet=True, device="cpu",

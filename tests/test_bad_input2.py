@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraxis.checkpoint.manifest import with_checksum
-from paraxis.config import RunConfig
-from paraxis.train import run_training
+from paraxis.files.checkpoint_manifest import with_checksum
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 from tests.test_bad_input import catalogue, run_row, snapshot
 
 SUB = True
@@ -249,7 +249,7 @@ inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "b
 
 def test_a_manifest_written_before_checksums_still_reads(inputs):
     """Format version 1 (no checksum of its own) reads as before; this paraxis writes 2."""
-    from paraxis.checkpoint.manifest import VERSION, read_manifest
+    from paraxis.files.checkpoint_manifest import VERSION, read_manifest
 
     old = read_manifest(inputs / "version_1" / "step-00000001")
     new = read_manifest(inputs / GOOD)
@@ -267,8 +267,8 @@ def test_ranks_of_a_job_print_one_line_for_one_mistake(monkeypatch):
 
     import torch.distributed as dist
 
-    from paraxis.errors import CommFailure, ParaxisError
-    from paraxis.runtime.one_line import decide
+    from paraxis.dist.one_line import decide
+    from paraxis.spec.errors import CommFailure, ParaxisError
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=5))
@@ -296,7 +296,7 @@ def test_bad_input_one_rank_finds_under_torchrun_is_one_line(inputs):
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m",
-               "paraxis.train", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
+               "paraxis.train.loop", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
                "missing_piece"]
     before = snapshot(inputs)
     done = subprocess.run(command, cwd=inputs, capture_output=True, text=True, timeout=170,
@@ -312,7 +312,7 @@ def test_bad_input_one_rank_finds_under_torchrun_is_one_line(inputs):
 def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeypatch):
     import collections
 
-    import paraxis.runtime.claim as claim
+    import paraxis.train.claim as claim
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(claim.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
@@ -327,7 +327,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_training(inputs, monkeyp
 def test_a_full_disk_during_a_save_is_one_line_and_exit_3(tmp_path, monkeypatch):
     import errno
 
-    import paraxis.checkpoint.save as save
+    import paraxis.model.checkpoint.save as save
 
     def full(tensors: object, path: Path) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -347,7 +347,7 @@ def test_a_full_disk_reported_by_safetensors_is_one_line_and_frees_the_tmp(tmp_p
     # 3 MB tmpfs showed); the half-written step folder is removed, its space given back
     from safetensors import SafetensorError
 
-    import paraxis.checkpoint.save as save
+    import paraxis.model.checkpoint.save as save
 
     def full(tensors: object, path: Path) -> None:
         Path(path).write_bytes(b"partial")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.cpu_call_timeline import split_call, split_groups, split_step
-from paraxis.layout import Layout
+from paraxis.spec.layout import Layout
 
 
 def test_a_call_splits_into_skew_exchange_and_exit_lag():

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from paraxis.calibrate.fit import fit_alpha_beta
-from paraxis.calibrate.profile import build_profile
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
 from paraxis.plan.comm import COLLECTIVES as OPS
 from paraxis.plan.comm import axis_link, collective_time, latency_steps, ring_factor
 from paraxis.plan.hardware import build_cluster, load_hardware_file
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.train.calibrate.fit import fit_alpha_beta
+from paraxis.train.calibrate.profile import build_profile
 
 SIZES = [16e3, 128e3, 1e6, 4e6]
 
@@ -138,7 +138,7 @@ def test_latency_bound_times_keep_their_latency():
 
 def test_each_calibrated_rate_is_the_median_of_the_probes():
     """A slow spell during one probe (a shared machine) does not become the profile."""
-    from paraxis.calibrate.command import median_probe
+    from paraxis.commands.calibrate import median_probe
 
     def probe(gemm: float, attention: float, elementwise: float, dispatch: float) -> dict:
         return {"matmul": {"flops_per_s": gemm, "shapes": [gemm]}, "dtype": "float32",
@@ -156,7 +156,7 @@ def test_each_calibrated_rate_is_the_median_of_the_probes():
 def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
     """The committed profile (small-llama's shapes) does not price a tiny model's run: its
     GEMM rates and per-layer dispatch are another model's."""
-    from paraxis.calibrate.quick import matches
+    from paraxis.train.calibrate.quick import matches
 
     path = tmp_path / "hardware-profile.json"
     profile = {
@@ -187,7 +187,7 @@ def _sync_body(segments_s: list[float], flops_per_s: float) -> tuple[float, floa
     import torch
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import sync_wait
+    from paraxis.train.calibrate.collectives import sync_wait
 
     segment = segments_s[dist.get_rank()]
     a = torch.randn(256, 256)
@@ -211,7 +211,7 @@ def test_a_call_waits_for_the_rank_that_computes_longer():
     A third process on the two cores still moves a launch out of the band (0.32 while
     session 18 collected the tests beside the suite): up to three launches, one must land
     in it; a sync_wait that did not see the wait, or counted it twice, misses all three."""
-    from paraxis.testing import run_distributed
+    from paraxis.dist.testing import run_distributed
 
     ratios = []
     for _ in range(3):
@@ -249,10 +249,10 @@ def test_calibration_sizes_reach_the_largest_message_a_run_sends():
     up to 4 MiB at 22 ms; the 32 MiB point now committed took 129 ms), so the default sizes
     pass the DP gradient bucket, and a quick calibration reaches its model's gradients where
     they are larger."""
-    from paraxis.calibrate.command import DEFAULT_SIZES_KB
-    from paraxis.calibrate.quick import QUICK_SIZES, quick_sizes
-    from paraxis.model_config import load_model_config
+    from paraxis.commands.calibrate import DEFAULT_SIZES_KB
     from paraxis.plan.hardware import GPU
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.calibrate.quick import QUICK_SIZES, quick_sizes
 
     assert max(DEFAULT_SIZES_KB) * 1024 >= GPU.gradient_bucket_bytes
     assert quick_sizes("tiny") == list(QUICK_SIZES)  # 0.9 MB of gradients: covered
@@ -286,7 +286,7 @@ def test_the_bench_before_refits_on_the_small_sizes_only():
 def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatch):
     """The demo's profile is made before its run; the report after it probes the cores and
     times the compute again, prices with the means, and keeps them for later reports."""
-    from paraxis.calibrate import command, quick
+    from paraxis.train.calibrate import command, quick
 
     cpu, cores = command.cpu_model_name(), command.cpu_cores()
     before = {"peak_flops": 80e9, "attention_flops": 40e9, "hbm_bandwidth_Bps": 20e9,
@@ -338,7 +338,7 @@ def test_a_quick_profile_without_a_comparable_curve_keeps_the_flat_wait():
     """A cached profile timed before the curve existed: the timing after the run brings a
     curve, which alone would carry none of the before/after weights; the flat figure is
     mixed and no curve is written."""
-    from paraxis.calibrate.quick import _price_collectives
+    from paraxis.train.calibrate.quick import _price_collectives
 
     sizes = [4096.0, 1048576.0]
     profile = {"gpu": {}, "cluster": {"sync_wait_s": {"8": {"2": 1e-3}}},
@@ -364,8 +364,8 @@ class _QuietHost:
 
 
 def test_timings_a_vms_host_disturbed_do_not_count_when_the_others_were_quiet(tmp_path):
-    from paraxis.calibrate.quick import after_weight
-    from paraxis.steal import DISTURBED_STEAL, cpu_ticks, stolen_share
+    from paraxis.files.host_steal import DISTURBED_STEAL, cpu_ticks, stolen_share
+    from paraxis.train.calibrate.quick import after_weight
 
     quiet, busy = DISTURBED_STEAL / 4, 3 * DISTURBED_STEAL
     assert after_weight(quiet, quiet) == after_weight(busy, busy) == 0.5
@@ -381,7 +381,7 @@ def test_timings_a_vms_host_disturbed_do_not_count_when_the_others_were_quiet(tm
 
 
 def test_calibration_steal_is_that_of_the_timings_that_count(tmp_path):
-    from paraxis.calibrate.quick import calibration_steal
+    from paraxis.train.calibrate.quick import calibration_steal
 
     path = tmp_path / "hardware-profile.json"
 
@@ -409,7 +409,7 @@ def _two_pairs_body() -> tuple[float, float]:
     import torch
     import torch.distributed as dist
 
-    from paraxis.calibrate.collectives import _seconds_per_call, neighbour_group
+    from paraxis.train.calibrate.collectives import _seconds_per_call, neighbour_group
 
     group, flag = neighbour_group(2), torch.zeros(1)
     slow = dist.get_rank() < 2
@@ -426,7 +426,7 @@ def test_a_collective_is_priced_at_the_groups_mean_not_the_slowest_rank():
     """Each group's time is its slowest member's; the groups running at once are samples of
     one call, priced at their mean. A pair that sleeps 20 ms a call beside one that does not:
     about 10 ms, where the world's slowest rank (what calibrations timed before) reads 20."""
-    from paraxis.testing import run_distributed
+    from paraxis.dist.testing import run_distributed
 
     (mean, slowest), *others = run_distributed(_two_pairs_body, 4)
     assert all(o == pytest.approx((mean, slowest)) for o in others)  # one figure for all

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
-from paraxis.checkpoint.convert import convert
-from paraxis.checkpoint.entries import KINDS
 from paraxis.cli import main
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.testing import LayoutLike, RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.dist.testing import LayoutLike, RankContext, as_layout, run_on_ranks
+from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
+from paraxis.model.checkpoint.convert import convert
+from paraxis.model.checkpoint.entries import KINDS
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,10 +72,10 @@ def test_resume_is_bit_identical(tmp_path, layout):
 def test_fp16_loss_scale_survives_a_resume(tmp_path):
     # A resumed fp16 run must go on with the scale the run had reached (and its count
     # towards the next doubling), not restart from 2**16.
-    from paraxis.checkpoint import save_checkpoint
-    from paraxis.data_parallel import DataParallelEngine
-    from paraxis.model import build_model
-    from paraxis.model_config import PRESETS
+    from paraxis.engine.data_parallel import DataParallelEngine
+    from paraxis.model.checkpoint import save_checkpoint
+    from paraxis.model.transformer import build_model
+    from paraxis.spec.model_config import PRESETS
 
     def engine() -> DataParallelEngine:
         return DataParallelEngine(build_model(PRESETS["tiny"], seed=0), Layout(), None,
@@ -98,9 +98,9 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
 def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
     import torch.distributed as dist
 
-    from paraxis.checkpoint import save_checkpoint
-    from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
+    from paraxis.model.checkpoint import save_checkpoint
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.model_config import load_model_config
 
     source = f"{root}/a/step-00000003"
     run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
@@ -145,10 +145,10 @@ def test_reshard_across_layouts_and_to_one_device(tmp_path):
 
 
 def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> None:
-    from paraxis.checkpoint import save_checkpoint
-    from paraxis.model_config import load_model_config
-    from paraxis.runtime.distributed import build_groups
-    from paraxis.runtime.parallelize import build_engine
+    from paraxis.dist.groups import build_groups
+    from paraxis.model.checkpoint import save_checkpoint
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.model_config import load_model_config
 
     cfg = _cfg(layout, 5)
     model_cfg = load_model_config(cfg.model.name)
@@ -198,9 +198,9 @@ def _train_one_device(root: Path, steps: int, keep: int = 3, every: int = 0) -> 
 
 
 def _load_into_fresh(directory: Path, model: str = "tiny") -> None:
-    from paraxis.model import build_model
-    from paraxis.model_config import load_model_config
-    from paraxis.runtime.engine import LocalEngine
+    from paraxis.engine.contract import LocalEngine
+    from paraxis.model.transformer import build_model
+    from paraxis.spec.model_config import load_model_config
 
     cfg = load_model_config(model)
     load_checkpoint(LocalEngine(build_model(cfg), Layout()), directory, cfg.to_dict())
@@ -268,9 +268,9 @@ def test_directory_without_manifest_is_not_a_checkpoint(saved):
 def _split_dims_match_the_runtime(ctx: RankContext, model_name: str) -> None:
     import torch.distributed as dist
 
-    from paraxis.model import build_model
-    from paraxis.model_config import load_model_config
-    from paraxis.tensor_parallel.apply import apply_tensor_parallel, tp_split_dim
+    from paraxis.model.transformer import build_model
+    from paraxis.parallel.tensor.apply import apply_tensor_parallel, tp_split_dim
+    from paraxis.spec.model_config import load_model_config
 
     model = apply_tensor_parallel(build_model(load_model_config(model_name)), dist.group.WORLD)
     for name, param in model.named_parameters():

@@ -10,11 +10,11 @@ import math
 import pytest
 
 from paraxis.cli import main
-from paraxis.config import RunConfig, sections
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.run_file import read_run_file, to_toml
-from paraxis.train_cli import add_arguments, config_from_args
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.train.config import RunConfig, sections
+from paraxis.train.flags import add_arguments, config_from_args
+from paraxis.train.run_file import read_run_file, to_toml
 
 
 def parse(*argv):

@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.checkpoint import read_full_state
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
-from paraxis.testing import LayoutLike, RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.dist.testing import LayoutLike, RankContext, as_layout, run_on_ranks
+from paraxis.model.checkpoint import read_full_state
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 SEQ, STEPS = 512, 10
 LOSS_TOL = 1e-5  # the acceptance: fp32 losses within 1e-5 over 10 steps

@@ -19,9 +19,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from paraxis.context_parallel import kernel
-from paraxis.context_parallel.attention import context_parallel_attention
-from paraxis.context_parallel.balance import (
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.parallel.context import kernel
+from paraxis.parallel.context.attention import context_parallel_attention
+from paraxis.parallel.context.chunks import by_rank, full_sequence, local_part, positions
+from paraxis.parallel.context.hierarchical import CpLevels
+from paraxis.parallel.context.kernel import check_qkv
+from paraxis.spec.cp_balance import (
     VARIANTS,
     Block,
     PairCounter,
@@ -33,11 +37,7 @@ from paraxis.context_parallel.balance import (
     saved_bytes_per_rank,
     sent_bytes_per_rank,
 )
-from paraxis.context_parallel.chunks import by_rank, full_sequence, local_part, positions
-from paraxis.context_parallel.hierarchical import CpLevels
-from paraxis.context_parallel.kernel import check_qkv
-from paraxis.errors import ParaxisError
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.errors import ParaxisError
 
 # (variant, batch, heads, kv_heads, seq, head_dim)
 CASES = [

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from paraxis.cli import main
-from paraxis.config import RunConfig
-from paraxis.data_prepare import BYTE_END_OF_DOCUMENT, load_token_data, prepare, read_prepared
-from paraxis.errors import ParaxisError
-from paraxis.train import run_training
+from paraxis.data.prepare import BYTE_END_OF_DOCUMENT, load_token_data, prepare, read_prepared
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

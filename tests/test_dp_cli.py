@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from paraxis.config import RunConfig
-from paraxis.train import run_training
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "4", "--seq-len", "32",
           "--device", "cpu", "--quiet"]

@@ -9,12 +9,12 @@ shard is padded.
 import pytest
 import torch
 
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 ODD = ModelConfig("odd", "gpt2", vocab_size=251, n_layers=2, d_model=15, n_heads=3,
                   n_kv_heads=3, d_ff=36, max_seq_len=33)

@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
+from paraxis.dist.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
 from paraxis.plan.memory import FP32_ADAM, model_state_bytes
-from paraxis.runtime.engine import LocalEngine
-from paraxis.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 TINY = PRESETS["tiny"]
 

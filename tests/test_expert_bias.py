@@ -26,16 +26,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.checkpoint import read_full_state
-from paraxis.checkpoint.convert import export_hf
-from paraxis.checkpoint.manifest import CHECKSUM, checksum_of
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.model import MLP
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.moe.layer import MoE
-from paraxis.testing import RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.dist.testing import RankContext, as_layout, run_on_ranks
+from paraxis.files.checkpoint_manifest import CHECKSUM, checksum_of
+from paraxis.model.checkpoint import read_full_state
+from paraxis.model.checkpoint.convert import export_hf
+from paraxis.model.transformer import MLP
+from paraxis.parallel.experts.layer import MoE
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 RATE, STEPS, SAVE_AT = 0.01, 6, 3
 LOSS_TOL = 1e-5

@@ -31,19 +31,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.checkpoint import read_full_state
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import parameter_shapes
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.dist.testing import RankContext, as_layout, run_on_ranks
+from paraxis.model.checkpoint import read_full_state
+from paraxis.model.transformer import parameter_shapes
+from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim
+from paraxis.parallelize import build_engine
 from paraxis.plan.experts import feed_forward
 from paraxis.plan.memory import stage_local_params
-from paraxis.runtime.parallelize import build_engine
-from paraxis.tensor_parallel.apply import tp_plan, tp_split_dim
-from paraxis.testing import RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.partition import partition_layers
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 STEPS, SAVE_AT, SEQ = 6, 3, 64
 LOSS_TOL = NORM_TOL = 1e-5

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from bench import faults
-from paraxis.checkpoint import complete_checkpoints
-from paraxis.checkpoint.ownership import pid_alive
+from paraxis.files.checkpoint_ownership import pid_alive
+from paraxis.model.checkpoint import complete_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12  # room for two interruptions two steps apart, and a step after them

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraxis.config import RunConfig
-from paraxis.data import TokenData
-from paraxis.train import run_training
+from paraxis.data.corpus import TokenData
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 from tests.test_bad_input import run_row, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

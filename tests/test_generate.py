@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from paraxis.cli import main
-from paraxis.hf import write_hf
-from paraxis.inference import generate, load_for_inference
-from paraxis.model import build_model
-from paraxis.model_config import ModelConfig
+from paraxis.model.hf import write_hf
+from paraxis.model.inference import generate, load_for_inference
+from paraxis.model.transformer import build_model
+from paraxis.spec.model_config import ModelConfig
 
 pytest.importorskip("transformers")
 
@@ -91,8 +91,8 @@ def test_cli_errors_are_one_line(hf_gpt2, tmp_path, capsys):
 
 
 def test_a_paraxis_checkpoint_generates_what_its_hf_source_does(hf_gpt2, tmp_path):
-    from paraxis.checkpoint.convert import import_hf
-    from paraxis.layout import Layout
+    from paraxis.model.checkpoint.convert import import_hf
+    from paraxis.spec.layout import Layout
 
     checkpoint = import_hf(hf_gpt2, tmp_path / "ckpt", Layout.parse("tp=2,pp=2"))
     cfg, model = load_for_inference(checkpoint)

@@ -2,7 +2,7 @@
 the run ends by itself, every waiting rank naming its wait, within timeout + 30 s.
 
 The stall is real: `PARAXIS_FAULT=hang:rank=R,step=S` makes rank R sleep forever at step S
-(`paraxis/runtime/faults.py`); everything after that is the shipped code path.
+(`paraxis/train/faults.py`); everything after that is the shipped code path.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
-from paraxis.layout import Layout
-from paraxis.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
+from paraxis.dist.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
+from paraxis.dist.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
+from paraxis.spec.layout import Layout
 
 
 def _sum_of_ranks() -> float:
@@ -113,8 +113,8 @@ def test_a_body_must_take_the_context_first():
 def test_one_named_gpu_for_several_local_ranks_is_one_line(monkeypatch):
     """--device cuda:0 with several ranks on the node would put them all on one GPU, which
     NCCL refuses ("Duplicate GPU"): say so before anything starts."""
-    from paraxis.errors import ParaxisError
-    from paraxis.runtime.distributed import pick_device
+    from paraxis.dist.groups import pick_device
+    from paraxis.spec.errors import ParaxisError
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     with pytest.raises(ParaxisError, match="names one GPU for every rank"):
         pick_device("cuda:0")

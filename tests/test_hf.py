@@ -11,15 +11,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.errors import ParaxisError
-from paraxis.hf import read_hf, write_hf
-from paraxis.inference import model_from_state
-from paraxis.layout import Layout
-from paraxis.model import build_model, single_device_parameters
-from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.tensor_parallel import apply_tensor_parallel
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.model.hf import read_hf, write_hf
+from paraxis.model.inference import model_from_state
+from paraxis.model.transformer import build_model, single_device_parameters
+from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
 
 pytest.importorskip("transformers")
 

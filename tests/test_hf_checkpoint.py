@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paraxis.checkpoint import read_full_state
-from paraxis.checkpoint.convert import export_hf, import_hf
-from paraxis.config import RunConfig
-from paraxis.data import TokenData
-from paraxis.hf import read_hf
-from paraxis.layout import Layout
-from paraxis.testing import RankContext, run_on_ranks
-from paraxis.train import run_training
+from paraxis.data.corpus import TokenData
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.model.checkpoint import read_full_state
+from paraxis.model.checkpoint.convert import export_hf, import_hf
+from paraxis.model.hf import read_hf
+from paraxis.spec.layout import Layout
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 
 def _cfg(model: str, layout: str, init_from: str) -> RunConfig:

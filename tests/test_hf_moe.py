@@ -19,16 +19,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.errors import ParaxisError
-from paraxis.hf import HFReader, read_hf, write_hf
-from paraxis.inference import model_from_state
-from paraxis.model import build_model, single_device_parameters
-from paraxis.model_config import PRESETS
-from paraxis.moe.expert_parallel import AllToAllCounter, shard_experts
-from paraxis.moe.layer import moe_layers
-from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.tensor_parallel import apply_tensor_parallel
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.model.hf import HFReader, read_hf, write_hf
+from paraxis.model.inference import model_from_state
+from paraxis.model.transformer import build_model, single_device_parameters
+from paraxis.parallel.experts.expert_parallel import AllToAllCounter, shard_experts
+from paraxis.parallel.experts.layer import moe_layers
+from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
 
 transformers = pytest.importorskip("transformers")
 
@@ -194,7 +194,7 @@ def test_round_trips_are_exact(hf_mixtral, tmp_path):
 
 def test_a_checkpoint_imported_from_mixtral_exports_transformers_own_files(hf_mixtral,
                                                                           tmp_path):
-    from paraxis.checkpoint.convert import export_hf, import_hf
+    from paraxis.model.checkpoint.convert import export_hf, import_hf
 
     checkpoint = import_hf(hf_mixtral, tmp_path / "imported")
     exported = export_hf(checkpoint, tmp_path / "exported")
@@ -207,9 +207,9 @@ def test_training_starts_from_a_mixtral_directory(hf_mixtral, hf_logits):
     """`--model DIR --init-from DIR`: the first loss is transformers' on the same batch."""
     import torch.nn.functional as F
 
-    from paraxis.config import RunConfig
-    from paraxis.data import TokenData
-    from paraxis.train import run_training
+    from paraxis.data.corpus import TokenData
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     cfg = RunConfig.from_flags(model=hf_mixtral, steps=1, global_batch=4, seq_len=32,
                                quiet=True, init_from=hf_mixtral)

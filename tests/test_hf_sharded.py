@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.errors import ParaxisError
-from paraxis.hf import HFReader, expected_shapes, read_hf, write_hf
-from paraxis.init_weights import initial_value
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.tensor_memory import TensorBytes
+from paraxis.dist.tensor_memory import TensorBytes
+from paraxis.model.hf import HFReader, expected_shapes, read_hf, write_hf
+from paraxis.model.init_weights import initial_value
+from paraxis.model.transformer import build_model
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS
 
 pytest.importorskip("transformers")
 
@@ -78,12 +78,12 @@ class Recorder:
 
 
 def test_a_region_asks_safetensors_for_that_region_alone(hf_gpt2, monkeypatch):
-    import paraxis.hf_read
+    import paraxis.model.hf.read
 
     reader = HFReader(hf_gpt2)  # shapes come from the headers: no region asked yet
     asked: list = []
-    get_slice = paraxis.hf_read._get_slice
-    monkeypatch.setattr(paraxis.hf_read, "_get_slice", lambda handle, file, name: Recorder(
+    get_slice = paraxis.model.hf.read._get_slice
+    monkeypatch.setattr(paraxis.model.hf.read, "_get_slice", lambda handle, file, name: Recorder(
         name, get_slice(handle, file, name), asked))
     reader.region("blocks.1.attn.k.weight", (slice(8, 16),))
     reader.region("tok_emb.weight", (slice(0, 4), slice(2, 6)))

@@ -16,12 +16,14 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.support.ui import WebDriverWait
 
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.lab import facts as F
-from paraxis.lab import lab_data, write_lab
-from paraxis.lab.browser import open_browser
-from paraxis.lab.grid_facts import DEGREES, GPUS_PER_NODE, grid_layout
-from paraxis.lab.schedule_facts import (
+from paraxis.plan.comm import ring_all_reduce_time
+from paraxis.plan.memory import model_state_bytes, zero_table
+from paraxis.plan.ring_steps import simulate_ring
+from paraxis.show.lab import facts as F
+from paraxis.show.lab.browser import open_browser
+from paraxis.show.lab.grid_facts import DEGREES, GPUS_PER_NODE, grid_layout
+from paraxis.show.lab.page import lab_data, write_lab
+from paraxis.show.lab.schedule_facts import (
     INTERLEAVED_VIRTUAL,
     MICROBATCHES,
     STAGES,
@@ -29,11 +31,9 @@ from paraxis.lab.schedule_facts import (
     schedule_settings,
     slow_settings,
 )
-from paraxis.plan.comm import ring_all_reduce_time
-from paraxis.plan.memory import model_state_bytes, zero_table
-from paraxis.schedules import build_schedule
-from paraxis.simulate.ring import simulate_ring
-from paraxis.viz.grid import cell_label
+from paraxis.show.viz.grid import cell_label
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.schedules import build_schedule
 
 
 @pytest.fixture(scope="module")

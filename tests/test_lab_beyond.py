@@ -8,7 +8,17 @@ ground truths they could get wrong (the causal triangle, the ring's K/V, the run
 import pytest
 import torch
 
-from paraxis.context_parallel.balance import (
+from paraxis.commands.experts import counts_by_rank, route_batch
+from paraxis.model.transformer import build_model
+from paraxis.parallel.experts.layer import moe_layers
+from paraxis.plan.comm import Link
+from paraxis.plan.context import cp_layer_times, wire_bytes_per_rank
+from paraxis.show.lab import context_facts as C
+from paraxis.show.lab import expert_facts as X
+from paraxis.show.lab.browser import open_browser
+from paraxis.show.lab.page import lab_data, write_lab
+from paraxis.show.viz.context import blocks_text, contiguous_pairs
+from paraxis.spec.cp_balance import (
     VARIANTS,
     pairs_per_rank,
     rank_chunks,
@@ -16,18 +26,8 @@ from paraxis.context_parallel.balance import (
     ring_source,
     saved_bytes_per_rank,
 )
-from paraxis.lab import context_facts as C
-from paraxis.lab import expert_facts as X
-from paraxis.lab import lab_data, write_lab
-from paraxis.lab.browser import open_browser
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.moe.command import counts_by_rank, route_batch
-from paraxis.moe.layer import moe_layers
-from paraxis.moe.placement import all_to_all_bytes, send_matrix, uniform_send_matrix
-from paraxis.plan.comm import Link
-from paraxis.plan.context import cp_layer_times, wire_bytes_per_rank
-from paraxis.viz.context import blocks_text, contiguous_pairs
+from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix, uniform_send_matrix
+from paraxis.spec.model_config import PRESETS
 from tests.test_lab import click, slide, text
 
 

@@ -6,9 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import AXES, Coords, Layout, expert_groups, grid_groups, grid_index, grid_rank
-from paraxis.model_config import PRESETS
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import (
+    AXES,
+    Coords,
+    Layout,
+    expert_groups,
+    grid_groups,
+    grid_index,
+    grid_rank,
+)
+from paraxis.spec.model_config import PRESETS
 
 
 def test_rank_order_tp_fastest_then_dp_then_pp():
@@ -150,13 +158,13 @@ def test_layout_module_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, paraxis.layout, paraxis.model_config; "
+    code = ("import sys, paraxis.spec.layout, paraxis.spec.model_config; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_build_groups_names_every_axis_group():
-    from paraxis.runtime.distributed import GROUP_AXES, build_groups
+    from paraxis.dist.groups import GROUP_AXES, build_groups
 
     groups = build_groups(Layout())  # a single process: every group is None
     assert {axis: groups.group(axis) for axis in GROUP_AXES} == dict.fromkeys(GROUP_AXES)

@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from paraxis.cli import main
-from paraxis.config import RunConfig
-from paraxis.context_parallel.chunks import full_sequence
-from paraxis.data_blend import load_blend, parse_blend
-from paraxis.data_prepare import prepare
-from paraxis.data_tokens import TokenShards
-from paraxis.errors import ParaxisError
-from paraxis.loader import SLEEP_ENV, Loader, Share, read_share
-from paraxis.testing import run_on_ranks
-from paraxis.train import run_training
+from paraxis.data.blend import load_blend, parse_blend
+from paraxis.data.loader import SLEEP_ENV, Loader, Share, read_share
+from paraxis.data.prepare import prepare
+from paraxis.data.tokens import TokenShards
+from paraxis.dist.testing import run_on_ranks
+from paraxis.parallel.context.chunks import full_sequence
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 BATCH, SEQ = 8, 32
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from paraxis.init_weights import init_parameter
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
+from paraxis.model.init_weights import init_parameter
+from paraxis.model.transformer import build_model
+from paraxis.spec.model_config import PRESETS
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama", "small", "small-llama"])

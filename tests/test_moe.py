@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paraxis.errors import ParaxisError
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.moe.layer import aux_loss_value, moe_layers, set_aux_loss_scale
+from paraxis.model.transformer import build_model
+from paraxis.parallel.experts.layer import aux_loss_value, moe_layers, set_aux_loss_scale
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 
 @pytest.mark.parametrize("name", ["tiny-moe", "tiny-moe-shared"])

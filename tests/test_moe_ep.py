@@ -48,29 +48,29 @@ import numpy as np
 import pytest
 import torch
 
-from paraxis.checkpoint import load_checkpoint, save_checkpoint
-from paraxis.checkpoint.convert import export_hf
-from paraxis.config import RunConfig
-from paraxis.context_parallel.chunks import local_part
-from paraxis.errors import ParaxisError
-from paraxis.inference import load_for_inference
-from paraxis.layout import Layout
-from paraxis.metrics import moe_step_metrics
-from paraxis.model import parameter_shapes
-from paraxis.model_config import PRESETS
-from paraxis.moe.expert_parallel import AllToAllCounter
-from paraxis.moe.layer import MoE
-from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
-from paraxis.pipeline_parallel.partition import partition_layers
+from paraxis.dist.groups import ParallelGroups, build_groups
+from paraxis.dist.testing import RankContext, as_layout, run_on_ranks
+from paraxis.engine.contract import storage_bytes
+from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
+from paraxis.model.checkpoint.convert import export_hf
+from paraxis.model.inference import load_for_inference
+from paraxis.model.transformer import parameter_shapes
+from paraxis.parallel.context.chunks import local_part
+from paraxis.parallel.experts.expert_parallel import AllToAllCounter
+from paraxis.parallel.experts.layer import MoE
+from paraxis.parallel.tensor.apply import tp_split_dim
+from paraxis.parallelize import build_engine
 from paraxis.plan.experts import dispatch_bytes, measured_all_to_all_bytes, routing_share
 from paraxis.plan.memory import model_state_bytes, stage_local_params
-from paraxis.plan.precision import FP32_ADAM
-from paraxis.runtime.distributed import ParallelGroups, build_groups
-from paraxis.runtime.engine import storage_bytes
-from paraxis.runtime.parallelize import build_engine
-from paraxis.tensor_parallel.apply import tp_split_dim
-from paraxis.testing import RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.expert_placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
+from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
+from paraxis.train.metrics import moe_step_metrics
 
 CFG = PRESETS["tiny-moe"].replace(z_loss_coef=1e-3)  # with ST-MoE's router z-loss
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3

@@ -17,14 +17,14 @@ import json
 import pytest
 import torch
 
-from paraxis.checkpoint.convert import export_hf
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.model import MLP
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.moe.layer import MoE
-from paraxis.testing import RankContext, as_layout, run_on_ranks
-from paraxis.train import run_training
+from paraxis.dist.testing import RankContext, as_layout, run_on_ranks
+from paraxis.model.checkpoint.convert import export_hf
+from paraxis.model.transformer import MLP
+from paraxis.parallel.experts.layer import MoE
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 # tiny-moe's 8 experts in 4 groups of 2, a token's top 2 from its best group
 DEEPSEEK_LIKE = dict(router_score="sigmoid", route_groups=4, route_group_limit=1,
@@ -124,7 +124,7 @@ def test_dp2_ep2_routes_and_trains_like_one_device(tmp_path) -> None:
 
 def test_the_routing_is_described_where_it_is_shown() -> None:
     """`paraxis experts` and the report name the routing a model runs (moe.config_checks)."""
-    from paraxis.moe.config_checks import routing_text
+    from paraxis.spec.moe_checks import routing_text
 
     assert routing_text(PRESETS["mixtral-8x7b"]) == "top 2 of 8 by softmax scores"
     deepseek = _config()

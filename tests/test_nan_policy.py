@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import paraxis.runtime.parallelize as build
-from paraxis.config import RunConfig
-from paraxis.runtime.nan_policy import NumericalFault, nonfinite
-from paraxis.train import run_training
+import paraxis.parallelize as build
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
+from paraxis.train.nan_policy import NumericalFault, nonfinite
 
 ROOT = Path(__file__).resolve().parents[1]
 # Constant learning rate (no warmup, no decay), so runs of different lengths take the same
@@ -129,7 +129,7 @@ def test_every_rank_skips_the_same_step(tmp_path, monkeypatch, layout, fault):
 
 
 def test_a_stopped_run_keeps_only_good_checkpoints(monkeypatch, tmp_path):
-    from paraxis.checkpoint import complete_checkpoints, read_full_state
+    from paraxis.model.checkpoint import complete_checkpoints, read_full_state
 
     with pytest.raises(NumericalFault, match="step 3"):
         train(monkeypatch, "nan:step=3", steps=6, on_nan="stop", checkpoint_every=1,

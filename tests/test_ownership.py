@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraxis.checkpoint import complete_checkpoints
-from paraxis.checkpoint.ownership import LOCK_FILE, RUN_FILE
-from paraxis.checkpoint.save import prune
-from paraxis.config import RunConfig
-from paraxis.train import run_training
+from paraxis.files.checkpoint_ownership import LOCK_FILE, RUN_FILE
+from paraxis.model.checkpoint import complete_checkpoints
+from paraxis.model.checkpoint.save import prune
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 from tests.test_bad_input import run_row, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def test_a_resume_with_other_batch_seed_or_data_says_which_and_needs_a_flag(fold
 def test_metrics_logged_after_the_resumed_checkpoint_are_dropped(tmp_path):
     """A run killed during the save of step 5 logged steps 3 and 4 after its step-3
     checkpoint; resuming there must not log them twice (and a line cut short goes too)."""
-    from paraxis.runtime.resume import trim_metrics
+    from paraxis.train.resume import trim_metrics
 
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5))

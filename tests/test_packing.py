@@ -1,4 +1,4 @@
-"""Document packing (`paraxis.packing`, `--pack-documents`): a packed window never attends
+"""Document packing (`paraxis.parallel.context.packing`, `--pack-documents`): a packed window never attends
 across documents, positions restart per document, the target after an end-of-document input
 is masked, and every layout trains the same numbers as one device."""
 
@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
-from paraxis.config import RunConfig
-from paraxis.context_parallel.chunks import local_part
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import load_model_config
-from paraxis.packing import (
+from paraxis.dist.testing import RankContext, gpu_count, run_distributed, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallel.context.chunks import local_part
+from paraxis.parallel.context.packing import (
     IGNORE_INDEX,
     counted_targets,
     find_documents,
@@ -28,10 +27,11 @@ from paraxis.packing import (
     packed_attention,
     weigh,
 )
-from paraxis.runtime.engine import LocalEngine
-from paraxis.runtime.parallelize import build_engine
-from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from paraxis.testing import RankContext, gpu_count, run_distributed, run_on_ranks
+from paraxis.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import load_model_config
+from paraxis.train.config import RunConfig
 
 EOS = 0  # the byte tokenizer's end-of-document id
 
@@ -140,7 +140,7 @@ def test_on_a_gpu_the_compiled_flex_path_equals_sdpa_with_the_mask(dtype):
     """On CUDA `packed_attention` runs flex attention, compiled, over the block mask: forward
     and backward equal SDPA with the boolean mask (fp32: to rounding; bf16: no further from
     an fp32 reference than SDPA's own bf16 result). Ran on an H100 (docs/gpu/README.md).
-    In a spawned rank: the suite's own process sees no GPU (paraxis.testing.hide_gpus)."""
+    In a spawned rank: the suite's own process sees no GPU (paraxis.dist.testing.hide_gpus)."""
     ((flex, plain),) = run_distributed(_flex_and_sdpa_on_cuda, 1, (dtype,), device="cuda")
     if dtype == torch.float32:
         assert max(flex) < 2e-5, flex
@@ -257,7 +257,7 @@ def test_packing_refuses_data_without_end_of_document():
 
 
 def test_training_packs_a_jsonl_corpus_by_its_end_of_document_id(tmp_path, monkeypatch):
-    from paraxis.train import run_training
+    from paraxis.train.loop import run_training
 
     monkeypatch.setenv("PARAXIS_DATA_CACHE", str(tmp_path / "cache"))
     g = torch.Generator().manual_seed(0)

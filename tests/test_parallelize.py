@@ -5,12 +5,12 @@ every layout the single-device initial weights, bit for bit."""
 import pytest
 import torch
 
-from paraxis.layout import Layout
-from paraxis.model import Transformer, build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.distributed import build_groups
-from paraxis.runtime.parallelize import build_engine, interleaving_note, parallelize
-from paraxis.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.dist.groups import build_groups
+from paraxis.dist.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.model.transformer import Transformer, build_model
+from paraxis.parallelize import build_engine, interleaving_note, parallelize
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 TINY = PRESETS["tiny"]  # GPT-2 style: the last stage holds a copy of the tied embedding
 
@@ -58,7 +58,7 @@ EIGHT_LAYERS = {name: PRESETS[name].replace(n_layers=8) for name in ("tiny", "ti
 
 
 def _initial_pieces_match(ctx: RankContext, reference: dict) -> dict[str, bool]:
-    from paraxis.checkpoint.pieces import cut
+    from paraxis.model.checkpoint.pieces import cut
 
     out = {}
     for name, cfg in EIGHT_LAYERS.items():

@@ -5,10 +5,6 @@ held-out runs of docs/validation.md."""
 import pytest
 
 from bench.fit_attention import chart_points, errors, fit_all, rms
-from paraxis.attention_kernel import FLASH
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.attention_rates import (
     FITTED,
     IMPLEMENTATIONS,
@@ -19,6 +15,10 @@ from paraxis.plan.compute import layer_forward_flops_per_token
 from paraxis.plan.cost import evaluate, layer_times
 from paraxis.plan.hardware import GPUS, build_cluster
 from paraxis.plan.rates import attention_kernel_rate
+from paraxis.spec.attention_kernel import FLASH
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 LLAMA = PRESETS["llama2-7b"]  # head dim 128
 

@@ -11,7 +11,7 @@ from paraxis.plan.bubble import (
     in_flight_formula,
     pipeline_figures,
 )
-from paraxis.schedules import build_schedule
+from paraxis.spec.schedules import build_schedule
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])

@@ -111,7 +111,7 @@ def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) 
 
 
 def test_planner_imports_without_torch() -> None:
-    code = ("import sys; import paraxis.plan, paraxis.plan.plan_cli, paraxis.plan.memory_cli, "
+    code = ("import sys; import paraxis.plan, paraxis.commands.plan, paraxis.commands.memory, "
             "paraxis.plan.search, paraxis.plan.explain; from paraxis.cli import main; "
             "import contextlib, io; f = io.StringIO(); "
             "contextlib.redirect_stdout(f).__enter__(); "

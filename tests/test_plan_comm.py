@@ -2,8 +2,6 @@
 
 import pytest
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
 from paraxis.plan.comm import (
     Link,
     all_gather_time,
@@ -17,6 +15,8 @@ from paraxis.plan.comm import (
     tp_layer_time,
 )
 from paraxis.plan.hardware import build_cluster
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 
 
 def test_seeds_ring_all_reduce_example() -> None:
@@ -108,8 +108,8 @@ def test_zero2_reduces_every_microbatch_except_under_a_pipeline() -> None:
     """As the runtime does it (data_parallel/buckets.py): ZeRO-2 reduce-scatters each
     microbatch's gradients; a pipeline's stage accumulates them whole and reduces once,
     ZeRO-1's traffic, and holds the whole gradients beside the shards until then."""
-    from paraxis.model_config import PRESETS
     from paraxis.plan.cost import evaluate
+    from paraxis.spec.model_config import PRESETS
 
     link = Link(10e9, 0.0, True)
     zero1 = dp_sync_time(1e9, 8, 1, link, microbatches=4)

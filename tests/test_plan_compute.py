@@ -2,7 +2,6 @@
 
 import pytest
 
-from paraxis.model_config import PRESETS, ModelConfig
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import (
     iteration_flops,
@@ -10,6 +9,7 @@ from paraxis.plan.compute import (
     model_flops_per_token,
     recompute_flops_per_token,
 )
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 GPT3 = PRESETS["gpt3-175b"]
 
@@ -85,11 +85,11 @@ def test_activations_match_korthikanti_table_2(tp: int) -> None:
 
 
 def test_optimizer_step_is_hbm_bound_and_zero_splits_it() -> None:
-    from paraxis.layout import Layout
     from paraxis.plan.compute import optimizer_traffic_per_param
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
-    from paraxis.plan.precision import MIXED_ADAM
+    from paraxis.spec.layout import Layout
+    from paraxis.spec.state_bytes import MIXED_ADAM
 
     cfg = PRESETS["llama2-7b"]
     cluster = build_cluster("a100-80gb", 8, 8)

@@ -4,16 +4,16 @@ import time
 
 import pytest
 
-from paraxis.context_parallel.balance import pairs_per_rank, saved_bytes_per_rank
-from paraxis.layout import Layout
-from paraxis.loss_kernel import workspace_bytes
-from paraxis.model_config import PRESETS
 from paraxis.plan.activations import attention_kernel_bytes
 from paraxis.plan.comm import axis_link
 from paraxis.plan.context import MIN_CP_TOKENS, cp_layer_times, imbalance
 from paraxis.plan.cost import Overlap, evaluate, layer_times
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
+from paraxis.spec.cp_balance import pairs_per_rank, saved_bytes_per_rank
+from paraxis.spec.layout import Layout
+from paraxis.spec.loss_kernel import workspace_bytes
+from paraxis.spec.model_config import PRESETS
 
 LLAMA_8B = PRESETS["llama3-8b"]
 LONG = 131072
@@ -26,7 +26,7 @@ def test_activation_memory_falls_as_one_over_cp() -> None:
         layout = Layout(dp=64 // (8 * cp), cp=cp, tp=8, sequence_parallel=True, zero=1,
                         microbatches=1)
         estimate = evaluate(LLAMA_8B, layout, cluster, 32768, 64 // (8 * cp))
-        # the loss's chunk workspace is capped (paraxis.loss_kernel), the rest is per token
+        # the loss's chunk workspace is capped (paraxis.spec.loss_kernel), the rest is per token
         workspace = workspace_bytes(32768 // cp, LLAMA_8B.vocab_size // 8)
         activations = estimate.memory["activations"] - workspace
         base = base or activations
@@ -148,8 +148,8 @@ def test_long_sequence_mfu_stays_below_the_peak(long_search) -> None:
     # `paraxis plan --model llama3-8b --gpus 64 --seq-len 131072 --global-batch 64` printed
     # MFU 102.3%: the time model priced the flash kernel's causal half of the scores while
     # the MFU counted the full square. Now both count the causal half (plan/compute.py).
-    from paraxis.attention_kernel import FLASH
     from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
+    from paraxis.spec.attention_kernel import FLASH
 
     cluster, result = long_search
     best = result.ranked[0]
@@ -211,8 +211,8 @@ def test_paraxis_plan_accepts_llama3_long_context_layout(capsys) -> None:
 
 
 def test_all_to_all_moves_q_kv_and_output_and_hides_none_of_it() -> None:
-    from paraxis.context_parallel.balance import sent_bytes_per_rank
     from paraxis.plan.comm import collective_time
+    from paraxis.spec.cp_balance import sent_bytes_per_rank
 
     cluster = build_cluster("h100-sxm-80gb", 16, 8)
     link = axis_link(Layout(cp=8), "cp", cluster)
@@ -309,9 +309,9 @@ def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
 def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across() -> None:
     # cp=16 over 2 nodes of 8 (cp_a2a=8): q, k, v and the output cross NVLink by all-to-all,
     # the K/V of heads/8 heads (chunks 8x longer) ring across the two nodes' network
-    from paraxis.context_parallel.balance import all_to_all_inputs, kv_heads_sent
     from paraxis.plan.comm import collective_time, group_link
     from paraxis.plan.context import exchange_times, leaving, level_times
+    from paraxis.spec.cp_balance import all_to_all_inputs, kv_heads_sent
 
     cluster = build_cluster("h100-sxm-80gb", 16, 8)
     layout = Layout(cp=16, cp_a2a=8)

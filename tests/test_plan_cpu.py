@@ -2,8 +2,6 @@
 
 import pytest
 
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import Link, tp_layer_time
 from paraxis.plan.compute import (
@@ -12,7 +10,9 @@ from paraxis.plan.compute import (
 )
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.state_bytes import FP32_ADAM, MIXED_ADAM
 
 MODEL = PRESETS["small-llama"].replace(n_layers=8)
 CPU = {"name": "cpu-core", "peak_flops": 1e11, "matmul_efficiency": 1.0,

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 PLAN_70B = ("plan", "--model", "llama2-70b", "--gpus", "512", "--global-batch", "1024",
             "--seq-len", "4096", "--json")
@@ -61,7 +61,7 @@ def test_a_layout_that_does_not_fit_is_not_said_to_fit() -> None:
     text = " ".join(explain(cfg, cluster, best))
     assert "fits without splitting" not in text
     # 462.2 GB: the ZeRO-3 buffers are the runtime's (plan.memory.zero3_buffer_bytes), the
-    # loss's workspace too (paraxis.loss_kernel)
+    # loss's workspace too (paraxis.spec.loss_kernel)
     assert "this layout does not fit: it needs 462.2 GB per GPU > 86 GB" in text
 
 

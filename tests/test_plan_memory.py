@@ -4,10 +4,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.loss_kernel import workspace_bytes
-from paraxis.model_config import PRESETS
 from paraxis.plan.memory import (
     FP32_ADAM,
     MIXED_ADAM,
@@ -15,6 +11,10 @@ from paraxis.plan.memory import (
     model_state_bytes,
     zero_table,
 )
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.loss_kernel import workspace_bytes
+from paraxis.spec.model_config import PRESETS
 
 GB = 1e9
 
@@ -128,8 +128,8 @@ def test_layout_memory_by_stage() -> None:
 
 
 def test_the_planner_prices_the_runtimes_own_stage_partition():
-    from paraxis.pipeline_parallel.partition import partition_layers
     from paraxis.plan.memory import stage_layers, stage_params
+    from paraxis.spec.partition import partition_layers
 
     # gpt2-124m (12 blocks, a heavy head) over 5 stages: the FLOP-balanced split is uneven and
     # not the even split's [3, 3, 2, 2, 2].

@@ -9,10 +9,6 @@ import time
 
 import pytest
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
-from paraxis.moe.placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
 from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.context import replica_link
@@ -35,10 +31,14 @@ from paraxis.plan.experts import (
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.memory import stage_kinds, stage_local_params, stage_params
-from paraxis.plan.precision import MIXED_ADAM
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.step_calls import scalar_call_time
 from paraxis.plan.uncertainty import GPU_BAND, ties
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.expert_placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.state_bytes import MIXED_ADAM
 
 MIXTRAL = PRESETS["mixtral-8x7b"]
 DEEPSEEK = PRESETS["deepseek-v3-style"]

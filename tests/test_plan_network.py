@@ -6,14 +6,14 @@ import json
 import pytest
 
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.comm import axis_link, collective_time, dp_sync_time, group_link
 from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.hardware import CLUSTERS, build_cluster, cluster_preset
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.search_flags import overlap_rules
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 
 def cluster(name: str, gpus: int = 64, **changes):

@@ -7,15 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.fit_gemm import peak_tp
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS, model_from_params
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, rank, simpler_by
 from paraxis.plan.search import Constraints, search
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, model_from_params
 
 
 def best_layout(cfg, gpus: int, global_batch: int, seq_len: int, gpu: str = "a100-80gb",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.precision import FP32_ADAM
 from paraxis.plan.sync import at_segment, sync_segment_s, sync_wait, wait_at
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.state_bytes import FP32_ADAM
 
 CURVE = [[1e-3, 1e-3], [4e-3, 2e-3], [16e-3, 5e-3]]  # [segment_s, wait_s]
 MODEL = PRESETS["small-llama"].replace(name="small-llama-8", n_layers=8)
@@ -96,8 +96,8 @@ def test_an_interleaved_send_waits_after_its_chunk_not_its_stage():
 
 
 def test_a_hardware_file_cannot_set_the_planners_segment(tmp_path):
-    from paraxis.errors import ParaxisError
     from paraxis.plan.hardware import load_hardware_file
+    from paraxis.spec.errors import ParaxisError
 
     path = tmp_path / "hw.json"
     path.write_text('{"gpu": "a100-80gb", "sync_segment_s": 0.1}')

@@ -10,12 +10,12 @@ import pytest
 
 from bench.validate_planner import RUNS, predict
 from paraxis.cli import main
-from paraxis.model_config import PRESETS, model_from_params
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import CPU_BAND, GPU_BAND, PARAMETERS, _scaled, decider, ties
+from paraxis.spec.model_config import PRESETS, model_from_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

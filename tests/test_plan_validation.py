@@ -57,8 +57,8 @@ def test_torchtitan_checkpointing_priced_as_it_ran() -> None:
     # fit in their GPUs and the run its table reports out of memory does not.
     from bench.heldout_runs import TORCHTITAN
     from bench.validate_heldout import price, torchtitan_op_bytes
-    from paraxis.model_config import PRESETS
     from paraxis.plan.activations import layer_activation_bytes
+    from paraxis.spec.model_config import PRESETS
 
     cfg = PRESETS["llama2-70b"]
     op = torchtitan_op_bytes(cfg, 4096, 1)
@@ -90,8 +90,8 @@ def test_llama3_table_4_rows_are_priced_as_the_paper_ran_them() -> None:
     # of the 989 TFLOP/s peak is 380 TFLOP/s.
     from bench.heldout_runs import LLAMA3_RUNS
     from bench.validate_heldout import price
-    from paraxis.model_config import PRESETS
     from paraxis.plan.compute import model_flops_per_token
+    from paraxis.spec.model_config import PRESETS
 
     assert [(r.gpus, r.tp, r.cp, r.pp, r.dp, r.seq_len) for r in LLAMA3_RUNS] == [
         (8192, 8, 1, 16, 64, 8192), (16384, 8, 1, 16, 128, 8192),
@@ -125,8 +125,8 @@ def test_fsdp_reduces_gradients_one_layer_at_a_time() -> None:
     # llm-foundry's SHARD_GRAD_OP rows are priced with FSDP's calls.
     from bench.heldout_runs import LLAMA3_RUNS, llm_foundry_rows
     from bench.validate_heldout import cluster_for
-    from paraxis.layout import Layout
     from paraxis.plan.comm import axis_link, collective_time, dp_sync_time
+    from paraxis.spec.layout import Layout
 
     assert all(cluster_for(r).gpu.gradient_bucket_bytes == 0 for r in LLAMA3_RUNS)
     assert all(r.fsdp for r in llm_foundry_rows() if r.zero == 2)

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.engine import LocalEngine
-from paraxis.runtime.parallelize import materialize, parallelize
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import materialize, parallelize
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 # Adam divides by sqrt(v) + eps: with eps=1e-8, a weight whose gradient is ~eps turns a
@@ -39,7 +39,7 @@ def _train(engine, rows: slice, first_grads=None) -> list[float]:
 
 
 def _rank(ctx: RankContext, cfg):
-    from paraxis.tensor_parallel import full_state
+    from paraxis.parallel.tensor import full_state
 
     layout, groups = ctx.layout, ctx.groups
     engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
@@ -65,7 +65,7 @@ def _rank(ctx: RankContext, cfg):
 
 def _owned_masks(engine, groups) -> dict:
     """{name: bool array}: which elements of each (full) gradient this dp rank reduced."""
-    from paraxis.tensor_parallel.apply import gather_full
+    from paraxis.parallel.tensor.apply import gather_full
 
     owned = {}
     for piece, _ in engine.data_parallel.pieces:

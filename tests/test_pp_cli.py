@@ -5,12 +5,12 @@ import sys
 
 import pytest
 
-from paraxis.config import RunConfig
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
-from paraxis.testing import train_records
-from paraxis.train import run_training
+from paraxis.dist.testing import train_records
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 COMMON = ["--model", "tiny", "--steps", "3", "--global-batch", "8", "--seq-len", "32",
           "--device", "cpu", "--quiet"]

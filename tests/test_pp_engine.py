@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.memory import SavedActivations
-from paraxis.pipeline_parallel.partition import partition_layers
-from paraxis.runtime.engine import LocalEngine
-from paraxis.runtime.parallelize import build_engine
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.engine.pipeline_parallel.memory import SavedActivations
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import build_engine
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 
@@ -222,7 +222,7 @@ class _Work:
 def test_a_coalesced_batch_is_waited_whole_by_each_of_its_ops():
     """NCCL's batch_isend_irecv returns one Work for the whole group (gloo one per op): every
     op of the batch must then wait for that group, never index into it."""
-    from paraxis.pipeline_parallel.executor import op_handles
+    from paraxis.engine.pipeline_parallel.executor import op_handles
     ops = ["send", "recv", "recv"]
     per_op = [_Work(), _Work(), _Work()]
     assert op_handles(ops, per_op) == per_op

@@ -1,4 +1,4 @@
-"""The precision policies (paraxis/precision.py) on every axis: 16-bit training close to
+"""The precision policies (paraxis/spec/precision.py) on every axis: 16-bit training close to
 fp32, fp16's loss scale where backward starts (the pipeline executor included), an overflow
 on any one rank skipped by all, and the bytes each rank holds equal to the planner's."""
 
@@ -7,18 +7,18 @@ import math
 import pytest
 import torch
 
-from paraxis.checkpoint import load_checkpoint, save_checkpoint
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
+from paraxis.dist.params import is_pp_duplicate, is_tp_sharded
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import build_engine
 from paraxis.plan.memory import model_state_bytes
-from paraxis.plan.precision import PRECISIONS, Precision
-from paraxis.precision import POLICIES, PrecisionPolicy
-from paraxis.runtime.parallelize import build_engine
-from paraxis.runtime.params import is_pp_duplicate, is_tp_sharded
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import POLICIES, PrecisionPolicy
+from paraxis.spec.state_bytes import PRECISIONS, Precision
 
 TINY = PRESETS["tiny"]
 STEPS = 3
@@ -221,7 +221,7 @@ def test_compiled_blocks_match_eager():
 
 
 def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch, tmp_path):
-    from paraxis.runtime.parallelize import check_compiler
+    from paraxis.parallelize import check_compiler
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no g++, clang++ or c++
     monkeypatch.delenv("CXX", raising=False)
@@ -231,8 +231,8 @@ def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch, tmp_path):
 
 
 def _train_run(ctx: RankContext) -> dict[str, list]:
-    from paraxis.config import RunConfig
-    from paraxis.train import run_training
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     out = {}
     for precision in ("fp32", "fp16"):
@@ -255,8 +255,8 @@ def test_paraxis_train_runs_fp16_through_the_pipeline():
 
 
 def _fp16_run(ctx: RankContext) -> list[dict]:
-    from paraxis.config import RunConfig
-    from paraxis.train import run_training
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     return run_training(RunConfig.from_flags(model="tiny", steps=2, global_batch=4, seq_len=32,
                                              quiet=True, precision="fp16",
@@ -269,8 +269,8 @@ def test_fp16_gradients_are_averaged_over_dp_without_overflowing():
     their sum over two ranks did not (the sum was taken before the division): every dp
     layout skipped its first step and drifted 4% from one rank. Divided before the sum, dp=2
     trains as one rank does, at every ZeRO stage."""
-    from paraxis.config import RunConfig
-    from paraxis.train import run_training
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     one = run_training(RunConfig.from_flags(model="tiny", steps=2, global_batch=4, seq_len=32,
                                             quiet=True, precision="fp16"))

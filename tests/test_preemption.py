@@ -18,7 +18,7 @@ import torch
 def test_sighup_and_sigint_stop_like_sigterm_and_a_second_ctrl_c_stops_at_once():
     """Every signal of SIGNALS sets the flag (a closed terminal, Ctrl-C), the exit code is
     128 + its number, and a second SIGINT raises at once (`runtime/preemption.py`)."""
-    from paraxis.runtime.preemption import Preempted, StopRequest
+    from paraxis.dist.preemption import Preempted, StopRequest
 
     hangup = signal.getsignal(signal.SIGHUP)  # SIG_IGN under nohup
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
@@ -40,7 +40,7 @@ def test_sighup_and_sigint_stop_like_sigterm_and_a_second_ctrl_c_stops_at_once()
 def test_the_launcher_passes_each_signal_to_its_ranks_as_sigterm():
     """SIGHUP or SIGINT to the launcher reaches each rank as SIGTERM (which saves a
     checkpoint; a second SIGINT would not); a second signal SIGKILLs them."""
-    from paraxis.runtime.launch import _PassSignals
+    from paraxis.dist.launch import _PassSignals
 
     for first in (signal.SIGHUP, signal.SIGINT):
         children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from paraxis.calibrate.command import cpu_model_name
 from paraxis.cli import main
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.report.build import write_report
-from paraxis.testing import RankContext, run_on_ranks
-from paraxis.viz.trace import load_trace, to_chrome_trace
+from paraxis.commands.calibrate import cpu_model_name
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.files.trace import load_trace, to_chrome_trace
+from paraxis.show.report.build import write_report
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 
 PIPE = Layout(pp=4, microbatches=4, schedule="1f1b")
 PLAN_SECTIONS = ("plan", "defence", "grid", "tp", "pipeline", "memory", "ring")
@@ -65,12 +65,12 @@ def test_report_refuses_a_run_folder_without_metrics(tmp_path):
 def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     """A real one-rank run, reported against the planner's prediction on a profile of the
     form `paraxis calibrate` writes: the step-time error is shown in one line."""
-    from paraxis.calibrate.profile import build_profile
-    from paraxis.model_config import load_model_config
+    from paraxis.files.run_records import load_metrics, steady
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
-    from paraxis.plan.precision import FP32_ADAM
-    from paraxis.run_records import load_metrics, steady
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.spec.state_bytes import FP32_ADAM
+    from paraxis.train.calibrate.profile import build_profile
 
     run = tmp_path / "run"
     assert main(["train", "--model", "tiny", "--steps", "8", "--global-batch", "4",
@@ -109,8 +109,8 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
 def test_a_run_that_shared_its_machine_is_flagged():
     """Other load on the machine spreads a run's steps (run_records.spread): the report says
     its measured step is not the layout's alone instead of blaming the forecast."""
-    from paraxis.report.measured import Forecast
-    from paraxis.run_records import spread
+    from paraxis.files.run_records import spread
+    from paraxis.show.report.measured import Forecast
 
     # steps of two real paraxis demo runs here (ms, after warm-up, every third)
     quiet = [199, 225, 222, 197, 203, 216, 218, 227, 218, 204, 185, 192, 191, 200, 195, 219,
@@ -127,7 +127,7 @@ def test_a_run_that_shared_its_machine_is_flagged():
 
 
 def test_ratios_read_as_a_reader_says_them():
-    from paraxis.report.text import times
+    from paraxis.show.report.text import times
 
     assert times(1.8) == "1.8x faster" and times(1 / 2.5) == "2.5x slower"
     assert times(13_304 / 13_199) == "1.01x faster"  # near one: three digits, never "1x"
@@ -150,8 +150,8 @@ def test_demo_report_draws_the_pipeline_lesson(tmp_path):
     """The demo's plan (tiny, dp=2 x tp=2 x pp=2, 2 microbatches) is the case where the
     lesson does not show at the run's own settings; the pictures are drawn where it does,
     and the run's own schedule is stated next to them."""
-    from paraxis.demo import LAYOUT_3D, report_inputs
-    from paraxis.report.build import build_report
+    from paraxis.commands.demo import LAYOUT_3D, report_inputs
+    from paraxis.show.report.build import build_report
 
     report = build_report(report_inputs("tiny", LAYOUT_3D))
     _lesson_holds(report.lesson)
@@ -166,11 +166,11 @@ def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple
     metrics file exactly as `paraxis train --metrics-file` does."""
     import torch
 
-    from paraxis.config import RunConfig
-    from paraxis.data import TokenData
-    from paraxis.model_config import load_model_config
-    from paraxis.runtime.parallelize import build_engine
-    from paraxis.train import _loop
+    from paraxis.data.corpus import TokenData
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import _loop
 
     cfg = RunConfig.from_flags(model="tiny", steps=3, global_batch=8, seq_len=32,
                                device="cpu", layout=PIPE, metrics_file=f"{folder}/metrics.jsonl",
@@ -275,8 +275,8 @@ def demo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def demo_report(demo):
     """The demo's report, rebuilt from its run folder (the profile the demo calibrated)."""
-    from paraxis.demo import LAYOUT_3D, report_inputs
-    from paraxis.report.build import build_report
+    from paraxis.commands.demo import LAYOUT_3D, report_inputs
+    from paraxis.show.report.build import build_report
 
     folder, _ = demo
     return build_report(report_inputs("tiny", LAYOUT_3D), folder / "parallel")
@@ -296,7 +296,7 @@ def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
 
 @pytest.mark.slow
 def test_a_disturbed_demo_run_says_so(demo_report):
-    # The run and the profile's timings record what a VM's host took (paraxis/steal.py); a
+    # The run and the profile's timings record what a VM's host took (paraxis/files/host_steal.py); a
     # run that was disturbed (steps spread, or the host took more than DISTURBED_STEAL) must
     # say so in its report.
     forecast = demo_report.forecast
@@ -323,7 +323,7 @@ def test_demo_forecast_is_within_30_percent(demo_report):
     # A forecast prices the layout on this machine as a calibration found it; it cannot know
     # what else will load the machine while the run runs. On the 2-core VM of sessions
     # 15-16 that load is mostly the VM's host: with 2% of the CPU time stolen the demo's
-    # ranks step at 184-198 ms, with 23-31% at 489-700 ms (paraxis/steal.py), and one
+    # ranks step at 184-198 ms, with 23-31% at 489-700 ms (paraxis/files/host_steal.py), and one
     # timing taken while the host stole 26% priced a quiet run 17% slow. The run and the
     # profile's timings record what the host took, the timings it disturbed do not count
     # where the others were quiet (calibrate.quick.after_weight), and a run that was
@@ -400,9 +400,9 @@ def test_a_plan_without_a_pipeline_draws_its_own_model_split_into_stages(tmp_pat
 
 def test_a_run_is_given_by_its_metrics_file_or_its_folder(tmp_path):
     # `paraxis train --metrics-file runs/m.jsonl` then `paraxis report --run runs/m.jsonl`
-    from paraxis.config import RunConfig
-    from paraxis.report.measured import load_run
-    from paraxis.train import run_training
+    from paraxis.show.report.measured import load_run
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     metrics = tmp_path / "m.jsonl"
     run_training(RunConfig.from_flags(model="tiny", steps=2, global_batch=2, seq_len=16,

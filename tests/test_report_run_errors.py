@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from paraxis.calibrate import quick
 from paraxis.cli import main
+from paraxis.train.calibrate import quick
 from tests.test_bad_input import snapshot  # every name: size and mtime
 
 # one step as `paraxis train --metrics-file` writes it (a CPU run of tiny)
@@ -67,7 +67,7 @@ def test_report_refuses_a_line_that_is_not_a_step_record(tmp_path, capsys, line,
 
 
 def test_a_step_record_may_leave_out_what_a_run_did_not_measure(tmp_path):
-    from paraxis.run_records import load_metrics
+    from paraxis.files.run_records import load_metrics
 
     folder = run_folder(tmp_path, [json.dumps({**STEP, "loss": None, "cpu_steal": None}),
                                    json.dumps({"step": 1, "loss": 5.0, "tokens_per_s": 300,
@@ -109,7 +109,7 @@ def test_report_refuses_a_malformed_trace_in_the_run_folder(tmp_path, capsys, te
 
 
 def test_a_chrome_trace_paraxis_wrote_still_loads(tmp_path):
-    from paraxis.viz.trace import load_trace, write_chrome_trace
+    from paraxis.files.trace import load_trace, write_chrome_trace
 
     events = [EVENT, {**EVENT, "kind": "B", "start_s": 0.01, "end_s": 0.03}]
     loaded = load_trace(write_chrome_trace(events, tmp_path / "trace.json"))
@@ -151,7 +151,7 @@ def test_report_on_a_read_only_run_folder_writes_nothing_into_it(tmp_path, capsy
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
     folder = run_folder(tmp_path, [json.dumps({**STEP, "step": i}) for i in range(3)])
-    monkeypatch.setattr("paraxis.calibrate.command.calibrate",
+    monkeypatch.setattr("paraxis.commands.calibrate.calibrate",
                         lambda *args, **kwargs: json.loads(quick.COMMITTED.read_text()))
     monkeypatch.setattr(quick, "COMMITTED", tmp_path / "no-committed-profile.json")
     before = snapshot(folder)

@@ -6,16 +6,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.errors import ParaxisError
-from paraxis.runtime.ring import ring_all_reduce
-from paraxis.simulate.ring import (
+from paraxis.dist.ring import ring_all_reduce
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.plan.ring_steps import (
     ALL_GATHER,
     REDUCE_SCATTER,
     chunk_bounds,
     ring_all_reduce_time_s,
     simulate_ring,
 )
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.errors import ParaxisError
 
 
 def _inputs(ranks: int, size: int, seed: int) -> list[list[float]]:

@@ -14,15 +14,15 @@ import gc
 
 import torch
 
-from paraxis.checkpoint import save
-from paraxis.checkpoint.load import load_checkpoint
-from paraxis.checkpoint.pieces import cut
-from paraxis.checkpoint.save import save_checkpoint
-from paraxis.model import build_model
-from paraxis.model_config import ModelConfig
-from paraxis.runtime.parallelize import materialize, parallelize
-from paraxis.runtime.tensor_memory import TensorBytes
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.tensor_memory import TensorBytes
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.model.checkpoint import save
+from paraxis.model.checkpoint.load import load_checkpoint
+from paraxis.model.checkpoint.pieces import cut
+from paraxis.model.checkpoint.save import save_checkpoint
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import materialize, parallelize
+from paraxis.spec.model_config import ModelConfig
 
 # Llama-style, wide for its length (parameters, not activations, are what must not fit),
 # and made of many tensors: the largest (an MLP matrix) is 1/32 of the model.

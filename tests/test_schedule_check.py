@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from paraxis.errors import ParaxisError
-from paraxis.schedules import Action, Schedule, build_schedule
-from paraxis.schedules.check import check_blocking, check_communication, check_pair_order
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.schedules import Action, Schedule, build_schedule
+from paraxis.spec.schedules.check import check_blocking, check_communication, check_pair_order
 
 CASES = [(kind, p, m, v)
          for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraxis.errors import ParaxisError
-from paraxis.schedules import Action, Schedule, build_schedule, simulate, validate
-from paraxis.viz.text_timeline import render_timeline
+from paraxis.show.viz.text_timeline import render_timeline
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.schedules import Action, Schedule, build_schedule, simulate, validate
 
 CASES = [(kind, p, m, v)
          for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 12, 16)

@@ -20,13 +20,13 @@ import pytest
 import torch
 from torch import nn
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.split_backward import backward_input
-from paraxis.tensor_parallel import apply_tensor_parallel
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.pipeline_parallel.split_backward import backward_input
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 BATCH, SEQ = 2, 16
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
 from paraxis.plan.hardware import Cluster, get_gpu
 from paraxis.plan.step_calls import step_calls, step_calls_time
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
 # Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives, an MoE
@@ -57,9 +57,9 @@ def _calls_of_one_step(runs: list[tuple[str, str]]) -> list[list[tuple[str, int]
     """On every rank: each run's (call site, group size) of every wait in RECORDED_STEP."""
     import torch.distributed as dist
 
-    from paraxis.config import RunConfig
-    from paraxis.runtime.watchdog import WATCH
-    from paraxis.train import run_training
+    from paraxis.dist.watchdog import WATCH
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
 
     by_run = []
     for model, layout in runs:
@@ -83,7 +83,7 @@ def _calls_of_one_step(runs: list[tuple[str, str]]) -> list[list[tuple[str, int]
 
 @pytest.fixture(scope="module")
 def recorded() -> list[list[list[tuple[str, int]]]]:
-    from paraxis.testing import run_distributed
+    from paraxis.dist.testing import run_distributed
 
     return run_distributed(_calls_of_one_step, 8, (RUNS,), timeout_s=300)
 

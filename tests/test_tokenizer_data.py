@@ -6,12 +6,12 @@ import argparse
 import numpy as np
 import pytest
 
-from paraxis.config import RunConfig
-from paraxis.data import ByteTokenizer, HFTokenizer, TokenData
-from paraxis.errors import ParaxisError
-from paraxis.run_file import read_run_file, to_toml
-from paraxis.train import run_training
-from paraxis.train_cli import add_arguments, config_from_args
+from paraxis.data.corpus import ByteTokenizer, HFTokenizer, TokenData
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.config import RunConfig
+from paraxis.train.flags import add_arguments, config_from_args
+from paraxis.train.loop import run_training
+from paraxis.train.run_file import read_run_file, to_toml
 
 pytest.importorskip("tokenizers")
 

@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.plan.comm import tp_collectives_per_layer
-from paraxis.runtime.params import is_partial_over_tp
-from paraxis.tensor_parallel import CommCounter, apply_tensor_parallel
-from paraxis.tensor_parallel.comm import (
+from paraxis.dist.params import is_partial_over_tp
+from paraxis.dist.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import CommCounter, apply_tensor_parallel
+from paraxis.parallel.tensor.comm import (
     copy_to_tp,
     gather_from_sequence,
     reduce_from_tp,
     reduce_scatter_to_sequence,
     scatter_to_sequence,
 )
-from paraxis.tensor_parallel.partial import mark_partial_grad, sum_partial_grads
-from paraxis.testing import RankContext, on_ranks, run_on_ranks
+from paraxis.parallel.tensor.partial import mark_partial_grad, sum_partial_grads
+from paraxis.plan.comm import tp_collectives_per_layer
+from paraxis.spec.model_config import PRESETS
 
 BATCH, SEQ = 2, 16
 
@@ -152,7 +152,7 @@ def test_operators_are_conjugate(ctx):
 
 def _engine_step_calls(ctx: RankContext) -> tuple[int, int]:
     """(parameter-gradient calls, partial parameters) of one engine step with SP."""
-    from paraxis.runtime.parallelize import materialize, parallelize
+    from paraxis.parallelize import materialize, parallelize
 
     cfg = PRESETS["tiny"]
     engine = parallelize(cfg, ctx.layout, ctx.groups, "cpu")

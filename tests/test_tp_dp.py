@@ -3,8 +3,8 @@ one device: same losses and global gradient norms over 4 steps, through the torc
 
 import pytest
 
-from paraxis.run_file import read_run_file
-from paraxis.testing import train_records
+from paraxis.dist.testing import train_records
+from paraxis.train.run_file import read_run_file
 
 
 def test_dp2_tp2_zero1_with_sequence_parallel_matches_one_device(tmp_path):

@@ -7,13 +7,13 @@ TP shard, gathered to full tensors, against it after each of 5 steps.
 import pytest
 import torch
 
-from paraxis.data_parallel import DataParallelEngine
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.runtime.engine import LocalEngine
-from paraxis.tensor_parallel import apply_tensor_parallel, full_state
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import apply_tensor_parallel, full_state
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 # tiny-llama has 2 kv heads: tp=4 needs a grouped-query model with 4 kv heads (8 q heads).
 LLAMA_GQA_8_4 = ModelConfig("llama-gqa-8-4", "llama", 256, 2, 64, 8, 4, 192, 64)

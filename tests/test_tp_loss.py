@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.tensor_parallel import apply_tensor_parallel
-from paraxis.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from paraxis.testing import on_ranks
+from paraxis.dist.testing import on_ranks
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
+from paraxis.spec.model_config import PRESETS
 
 
 class LargestTensor(TorchDispatchMode):
@@ -92,10 +92,10 @@ class Alive(TorchDispatchMode):
 
 
 def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
-    """paraxis.loss_kernel on one device: bf16 logits in, the loss and gradient of
+    """paraxis.spec.loss_kernel on one device: bf16 logits in, the loss and gradient of
     F.cross_entropy on their fp32 values (over several chunks), and at most the logits'
     gradient and one chunk's fp32 workspace made at once beside the logits."""
-    import paraxis.tensor_parallel.cross_entropy as kernel
+    import paraxis.parallel.tensor.cross_entropy as kernel
 
     rows, vocab, chunk = 64, 96, 16
     monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)

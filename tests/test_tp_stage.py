@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS, ModelConfig
-from paraxis.tensor_parallel import apply_tensor_parallel, full_state
-from paraxis.tensor_parallel.partial import sum_partial_grads
-from paraxis.testing import RankContext, run_on_ranks, train_records
+from paraxis.dist.testing import RankContext, run_on_ranks, train_records
+from paraxis.model.transformer import build_model
+from paraxis.parallel.tensor import apply_tensor_parallel, full_state
+from paraxis.parallel.tensor.partial import sum_partial_grads
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS, ModelConfig
 
 
 class FirstStage(nn.Module):

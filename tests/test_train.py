@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from paraxis.config import RunConfig
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.runtime.engine import LocalEngine
-from paraxis.train import learning_rate, run_training
+from paraxis.engine.contract import LocalEngine
+from paraxis.model.transformer import build_model
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import learning_rate, run_training
 
 
 @pytest.mark.parametrize("accum", [2, 4])

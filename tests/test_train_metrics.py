@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from paraxis.config import RunConfig
-from paraxis.model_config import load_model_config
+from paraxis.dist.testing import RankContext, run_on_ranks
 from paraxis.plan.compute import model_flops_per_token
-from paraxis.testing import RankContext, run_on_ranks
-from paraxis.train import run_training
+from paraxis.spec.model_config import load_model_config
+from paraxis.train.config import RunConfig
+from paraxis.train.loop import run_training
 
 
 def _cfg(layout: str = "dp=1", **options) -> RunConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paraxis.units import runs_within
+from paraxis.spec.units import runs_within
 
 
 def test_runs_keep_order_stay_within_the_limit_and_put_a_large_item_alone() -> None:

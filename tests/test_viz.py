@@ -5,22 +5,22 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import PRESETS
+from paraxis.files.trace import check_events, from_chrome_trace, load_trace, to_chrome_trace
 from paraxis.plan.memory import model_state_bytes
-from paraxis.schedules import build_schedule
-from paraxis.viz.grid import plot_rank_grid, rank_roles
-from paraxis.viz.memory import plot_stage_memory, plot_zero_memory, unit_for, zero_rows
-from paraxis.viz.pipeline import (
+from paraxis.show.viz.grid import plot_rank_grid, rank_roles
+from paraxis.show.viz.memory import plot_stage_memory, plot_zero_memory, unit_for, zero_rows
+from paraxis.show.viz.pipeline import (
     compare_schedules,
     measured_bubble,
     predicted_vs_measured,
     timeline_events,
 )
-from paraxis.viz.ring import plot_ring
-from paraxis.viz.tp_split import COLUMN, ROW, VOCAB, WHOLE, plot_tp_split, split_weights
-from paraxis.viz.trace import check_events, from_chrome_trace, load_trace, to_chrome_trace
+from paraxis.show.viz.ring import plot_ring
+from paraxis.show.viz.tp_split import COLUMN, ROW, VOCAB, WHOLE, plot_tp_split, split_weights
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.schedules import build_schedule
 
 
 def assert_readable(fig: Figure) -> None:
@@ -94,8 +94,8 @@ def test_rank_grid_roles_are_the_layouts_coordinates():
 
 
 def test_tp_split_agrees_with_the_tensor_parallel_plan():
-    from paraxis.model import parameter_shapes
-    from paraxis.tensor_parallel.apply import tp_plan, tp_split_dim
+    from paraxis.model.transformer import parameter_shapes
+    from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim
 
     dims = {COLUMN: 0, VOCAB: 0, ROW: 1, WHOLE: None}
     moe = PRESETS["tiny-moe-shared"].replace(first_dense_layers=1)
@@ -147,7 +147,7 @@ def test_schedule_comparison_and_predicted_vs_measured_are_readable():
 
 
 def test_run_picture_puts_its_legend_under_the_panels():
-    from paraxis.viz.run import plot_run
+    from paraxis.show.viz.run import plot_run
 
     records = [{"step": s, "loss": 5 - s / 10, "tokens_per_s": 9000 + 100 * s,
                 "peak_mem_bytes": 4.2e8} for s in range(12)]

@@ -9,18 +9,18 @@ from matplotlib.collections import PatchCollection
 from test_viz import assert_readable
 
 from paraxis.cli import main
-from paraxis.context_parallel.all_to_all import by_head_group
-from paraxis.context_parallel.balance import VARIANTS, pairs_per_rank, rank_chunks, ring_source
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.viz.context import block_cells, cell_pairs, contiguous_pairs, plot_chunks
-from paraxis.viz.context_ring import (
+from paraxis.parallel.context.all_to_all import by_head_group
+from paraxis.show.viz.context import block_cells, cell_pairs, contiguous_pairs, plot_chunks
+from paraxis.show.viz.context_ring import (
     plot_kv_all_to_all,
     plot_kv_exchange,
     plot_kv_gather,
     plot_kv_ring,
 )
-from paraxis.viz.grid import plot_rank_grid, rank_roles
+from paraxis.show.viz.grid import plot_rank_grid, rank_roles
+from paraxis.spec.cp_balance import VARIANTS, pairs_per_rank, rank_chunks, ring_source
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -105,9 +105,9 @@ def test_rank_grid_labels_carry_the_cp_coordinate_of_layout_coords():
 
 def test_report_with_cp_draws_the_context_pictures(monkeypatch):
     from paraxis.plan.inputs import PlanInputs
-    from paraxis.report import pictures as report_pictures
-    from paraxis.report.build import make_plan
-    from paraxis.report.hardware import choose_hardware
+    from paraxis.show.report import pictures as report_pictures
+    from paraxis.show.report.build import make_plan
+    from paraxis.show.report.hardware import choose_hardware
 
     def sections(layout):
         inputs = PlanInputs(model="tiny", gpus=4, layout=layout, seq_len=128, global_batch=8,
@@ -159,7 +159,7 @@ def test_pictures_refuse_bad_input_in_one_line():
 
 
 def test_grid_labels_name_each_ranks_expert_parallel_place():
-    from paraxis.viz.grid import cell_label
+    from paraxis.show.viz.grid import cell_label
 
     layout = Layout(dp=4, ep=2, tp=2)
     for group in layout.groups("ep"):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from paraxis.cli import main
-from paraxis.moe.command import counts_by_rank, route_batch
-from paraxis.moe.placement import all_to_all_bytes, send_matrix
-from paraxis.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
+from paraxis.commands.experts import counts_by_rank, route_batch
+from paraxis.show.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
+from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix
 
 
 def test_routing_of_a_batch_is_split_over_ep_ranks_as_data_parallelism_splits_it() -> None:
@@ -72,7 +72,7 @@ def test_bad_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
 
 
 def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path) -> None:
-    from paraxis.report.build import write_report
+    from paraxis.show.report.build import write_report
 
     html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
                         layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()

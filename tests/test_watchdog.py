@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.errors import CommFailure
-from paraxis.runtime.heartbeat import describe_stall
-from paraxis.runtime.watchdog import WATCH, name_group, ranks_text
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.dist.heartbeat import describe_stall
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.dist.watchdog import WATCH, name_group, ranks_text
+from paraxis.spec.errors import CommFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 2.0
@@ -102,8 +102,8 @@ def test_watchdog_ends_a_rank_stuck_outside_communication():
     """No progress for timeout + grace and not in any wait: one line, exit code 3."""
     script = textwrap.dedent("""
         import time
-        from paraxis.runtime.heartbeat import start_heartbeat
-        from paraxis.runtime.watchdog import WATCH
+        from paraxis.dist.heartbeat import start_heartbeat
+        from paraxis.dist.watchdog import WATCH
         WATCH.begin_step(5)
         start_heartbeat(rank=1, world=2, timeout_s=1.0)  # grace: 5 s
         time.sleep(60)  # stuck in 'computation'

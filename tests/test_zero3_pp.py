@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 import torch
 
-from paraxis.checkpoint import read_full_state
-from paraxis.checkpoint.convert import convert
-from paraxis.checkpoint.entries import KINDS
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
-from paraxis.pipeline_parallel.zero3 import w_reads_weights
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.engine.pipeline_parallel.zero3 import w_reads_weights
+from paraxis.model.checkpoint import read_full_state
+from paraxis.model.checkpoint.convert import convert
+from paraxis.model.checkpoint.entries import KINDS
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import materialize, parallelize
 from paraxis.plan.comm import zero3_pipeline_volume
-from paraxis.runtime.engine import LocalEngine
-from paraxis.runtime.parallelize import materialize, parallelize
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
 
 STEPS, BATCH, SEQ, SEED = 10, 8, 16, 3
 EPS = 1e-5  # as in tests/test_pp_3d.py: keeps Adam's 1/sqrt(v) from amplifying rounding
@@ -58,7 +58,7 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _train(engine, rows: slice, on_step=None) -> list[float]:
-    from paraxis.data_parallel.flat import VOLUME
+    from paraxis.engine.data_parallel.flat import VOLUME
 
     losses = []
     for step, (x, y) in enumerate(_batches()):
@@ -74,8 +74,8 @@ def _train(engine, rows: slice, on_step=None) -> list[float]:
 
 def _rank(ctx: RankContext, models: dict[str, str], root: str
           ) -> tuple[list[float], dict, dict]:
-    from paraxis.checkpoint import load_checkpoint, save_checkpoint
-    from paraxis.tensor_parallel.apply import gather_full
+    from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
+    from paraxis.parallel.tensor.apply import gather_full
 
     layout, groups = ctx.layout, ctx.groups
     cfg = PRESETS[models[str(layout)]]

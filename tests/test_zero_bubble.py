@@ -7,16 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model import build_model
-from paraxis.model_config import PRESETS
+from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.engine.contract import LocalEngine
+from paraxis.model.transformer import build_model
+from paraxis.parallelize import materialize, parallelize
 from paraxis.plan.bubble import pipeline_figures
-from paraxis.plan.partition import partition_layers
-from paraxis.runtime.engine import LocalEngine
-from paraxis.runtime.parallelize import materialize, parallelize
-from paraxis.schedules import build_schedule, place_of, validate, virtual_stage_of
-from paraxis.testing import RankContext, run_on_ranks
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.partition import partition_layers
+from paraxis.spec.schedules import build_schedule, place_of, validate, virtual_stage_of
 
 # ------------------------------------------------------------------- schedules as data
 
@@ -144,7 +144,7 @@ def _train(engine, rows: slice) -> list[float]:
 
 
 def _rank(ctx: RankContext, cfgs: dict) -> tuple[list[float], dict, list]:
-    from paraxis.tensor_parallel import full_state
+    from paraxis.parallel.tensor import full_state
 
     layout, groups = ctx.layout, ctx.groups
     cfg = cfgs[str(layout)]
@@ -221,7 +221,7 @@ def _traced_steps(ctx: RankContext, microbatches: int
 
     import torch.distributed as dist
 
-    from paraxis.runtime.parallelize import build_engine
+    from paraxis.parallelize import build_engine
 
     cfg = MEASURED_MODEL
     engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0)
@@ -272,8 +272,8 @@ def _measure_bubble(microbatches: int) -> tuple[float, float, float, float, floa
     """(measured bubble, the measured steps replayed action by action, zb-h1 simulated from
     the trace's mean costs, 1F1B simulated from the same, compute / point-to-point time) of
     three traced zb-h1 steps at pp=2."""
-    from paraxis.viz.pipeline import measured_bubble
-    from paraxis.viz.trace import replay, trace_costs
+    from paraxis.files.trace import replay, trace_costs
+    from paraxis.show.viz.pipeline import measured_bubble
 
     layout = Layout(pp=2, microbatches=microbatches, schedule="zb-h1")
     per_rank = run_on_ranks(layout, _traced_steps, microbatches, timeout_s=300)
@@ -300,9 +300,9 @@ def _as_trace(timeline) -> list[dict]:
 
 @pytest.mark.parametrize("kind,virtual", [("zb-h1", 1), ("zb-v", 2), ("interleaved", 2)])
 def test_a_replay_of_a_step_redoes_it_action_by_action(kind: str, virtual: int) -> None:
-    from paraxis.schedules import simulate
-    from paraxis.viz.pipeline import measured_bubble
-    from paraxis.viz.trace import replay
+    from paraxis.files.trace import replay
+    from paraxis.show.viz.pipeline import measured_bubble
+    from paraxis.spec.schedules import simulate
 
     schedule = build_schedule(kind, 4, 8, virtual)
     generator = np.random.default_rng(0)
@@ -326,7 +326,7 @@ def test_a_replay_of_a_step_redoes_it_action_by_action(kind: str, virtual: int) 
 
 
 def test_a_replay_needs_a_whole_step() -> None:
-    from paraxis.viz.trace import replay
+    from paraxis.files.trace import replay
 
     schedule = build_schedule("zb-h1", 2, 4)
     trace = _as_trace(schedule.simulate())

@@ -6,8 +6,8 @@ from the ModelConfig, so SwiGLU MLPs, grouped-query attention and dropout-free (
 are priced by the same rules; for a GPT block and the math kernel it reduces to the paper's
 formulas exactly.
 
-The attention core follows the kernel that runs it (`paraxis/attention_kernel.py`): the
-"math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel paraxis.model runs
+The attention core follows the kernel that runs it (`paraxis/spec/attention_kernel.py`): the
+"math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel paraxis.model.transformer runs
 keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic in s.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 
-from paraxis.attention_kernel import RUNTIME_KERNEL, AttentionKernel, get_kernel
-from paraxis.loss_kernel import loss_bytes
-from paraxis.model_config import ModelConfig
+from paraxis.spec.attention_kernel import RUNTIME_KERNEL, AttentionKernel, get_kernel
+from paraxis.spec.loss_kernel import loss_bytes
+from paraxis.spec.model_config import ModelConfig
 
 
 def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: AttentionKernel,
@@ -28,7 +28,7 @@ def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: Attenti
 
 def has_dropout(cfg: ModelConfig, dropout: bool | None) -> bool:
     """Whether the run keeps dropout masks: as stated, else Korthikanti's GPT block (dropout
-    after attention, in the scores and after the MLP; a Llama block has none). paraxis.model
+    after attention, in the scores and after the MLP; a Llama block has none). paraxis.model.transformer
     has no dropout, and the cost model says so for its eager runtime (cost.evaluate)."""
     return cfg.style == "gpt2" if dropout is None else dropout
 
@@ -68,7 +68,7 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     # inputs 2sbh each, 2 dropout masks sbh each) -> 10sbh, replicated unless SP (Sec. 4.2.2).
     outside = 4 * s * b * h + 2 * s * b * h + 2 * s * b * h + (2 * s * b * h if dropout else 0)
     # Inside TP: the output-projection input (2sbh; beside the flash kernel's own output, as
-    # paraxis.model copies the heads back to rows) and the attention kernel's tensors ...
+    # paraxis.model.transformer copies the heads back to rows) and the attention kernel's tensors ...
     core = attention_kernel_bytes(cfg, s, b, kernel, dropout=dropout)
     if recompute == "selective":
         # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's
@@ -92,7 +92,7 @@ def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                  element_bytes: float = 2) -> float:
-    """The loss at its backward (`paraxis.loss_kernel`): logits of `element_bytes` and their
+    """The loss at its backward (`paraxis.spec.loss_kernel`): logits of `element_bytes` and their
     gradient, 4sbv/t for 16-bit logits as Korthikanti et al. 2022 Sec. 4.3 count the output
     layer and cross entropy, plus one chunk's fp32 workspace."""
     return loss_bytes(seq_len * micro_batch, math.ceil(cfg.vocab_size / tp), element_bytes)

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import DEFAULT_OVERLAP, STEP_PARTS, Estimate, Overlap
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.precision import Precision
 from paraxis.plan.search import (
     Constraints,
     SearchResult,
@@ -30,7 +26,11 @@ from paraxis.plan.search import (
     search,
 )
 from paraxis.plan.uncertainty import error_band, ties
-from paraxis.units import GB
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import Precision
+from paraxis.spec.units import GB
 
 MAX_DEFENCE_LINES = 5
 OVERHEADS = STEP_PARTS[1:]  # beside compute

@@ -1,6 +1,6 @@
 """Pipeline bubble and in-flight microbatches, from the schedule objects the runtime executes.
 
-Small schedules are built and simulated (`paraxis.schedules`); past `SIMULATE_MAX_ACTIONS`
+Small schedules are built and simulated (`paraxis.spec.schedules`); past `SIMULATE_MAX_ACTIONS`
 compute actions the closed forms below answer instead. tests/test_plan_bubble.py proves the
 closed forms equal the simulated figures over a grid of (kind, P, M, v).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from paraxis.schedules import SPLIT_BACKWARD, build_schedule
+from paraxis.spec.schedules import SPLIT_BACKWARD, build_schedule
 
 SIMULATE_MAX_ACTIONS = 256  # P * M * v; larger schedules use the proven closed forms
 

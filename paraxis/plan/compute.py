@@ -9,14 +9,14 @@ The causal attention core: the planner counts the half of the s x s scores under
 mask (`CAUSAL_SHARE`), as Megatron-LM has counted since March 2025 (megatron/training/
 training.py, `num_floating_point_operations`, commit 8873b55: "only half of the attention
 matrix is non-zero"), and as the time model prices a flash kernel (it skips the masked half,
-paraxis/attention_kernel.py). The older convention, full squares (PaLM's 6N + 12LHQT,
+paraxis/spec/attention_kernel.py). The older convention, full squares (PaLM's 6N + 12LHQT,
 Chowdhery et al. 2022 App. B; Narayanan et al. 2021 eq. 3), is `causal=False`: the published
 figures of those papers, and of the Llama 3 paper, which cites PaLM's definition, are in it.
 Counting the full square while pricing half let a long-sequence plan report MFU above 100%
 (llama3-8b at 131,072 tokens: 102%); with the causal count the model FLOPs never exceed what
 the time model prices, so MFU <= HFU <= 1 (tests/test_plan_compute.py).
 
-Document packing (paraxis.packing) changes neither count. Every input position is a token
+Document packing (paraxis.parallel.context.packing) changes neither count. Every input position is a token
 here and in the training loop's tokens/s, masked targets included: their forward and
 backward run like any other's, only their loss term is zero. Attention stays counted over
 the whole causal window, though packing computes only the scores within documents (on CUDA;
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import functools
 
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
-from paraxis.plan.precision import Precision
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import Precision
 
 
 def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int,
@@ -147,9 +147,9 @@ def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
 def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1,
                                           mlp: bool = True) -> float:
     """Elements read + written per token by one layer's non-GEMM forward kernels as eager
-    PyTorch runs paraxis.model (one kernel per op, nothing fused), on one rank.
+    PyTorch runs paraxis.model.transformer (one kernel per op, nothing fused), on one rank.
 
-    Counted op by op from paraxis/model.py (h = d_model, q = query width, kv = key/value width,
+    Counted op by op from paraxis/model/transformer.py (h = d_model, q = query width, kv = key/value width,
     f = d_ff; q, kv, f split over tp): an out-of-place op reads its inputs and writes its
     output once. Llama: RMSNorm (pow, x * rsqrt, * weight: 6h) twice; rotary on q and k (mul,
     neg, cat, mul, add: 10 per element); heads back to rows (a copy, 2q; grouped K and V

@@ -1,6 +1,6 @@
 """Price context parallelism (cp ranks split every sequence): what it costs per layer.
 
-What cp changes, and where the facts come from (`paraxis.context_parallel.balance`, the
+What cp changes, and where the facts come from (`paraxis.spec.cp_balance`, the
 runtime's own counts, torch-free; nothing is re-derived here):
 
 - Memory: each rank holds s/cp tokens of every sequence, so every activation falls by cp
@@ -15,7 +15,7 @@ runtime's own counts, torch-free; nothing is re-derived here):
   spans: the ring sends cp-1 hops of the local K/V forward, and in backward cp-1 hops of K/V
   plus cp-1 hops of the fp32 dK/dV accumulators; the all-gather variant gathers K/V forward
   and again in backward, then reduce-scatters the whole fp32 dK/dV.
-- Overlap (`paraxis/context_parallel/ring.py`): the ring posts step t+1's K/V before step t
+- Overlap (`paraxis/parallel/context/ring.py`): the ring posts step t+1's K/V before step t
   computes, so each hop hides behind one step's attention (1/cp of the layer's core, as every
   step computes the same 2L x 2L pairs for chunks of L tokens): exposed = max(0, hop - step)
   per step, plus the overlap's contention on what hides. In backward the dK/dV accumulator
@@ -33,17 +33,17 @@ from __future__ import annotations
 
 import functools
 
-from paraxis.context_parallel.balance import (
+from paraxis.plan.comm import Link, axis_link, collective_time, group_link, ring_factor
+from paraxis.plan.hardware import Cluster
+from paraxis.spec.cp_balance import (
     all_to_all_inputs,
     kv_heads_sent,
     pairs_per_rank,
     saved_bytes_per_rank,
     sent_bytes_per_rank,
 )
-from paraxis.layout import Layout, grid_rank
-from paraxis.model_config import ModelConfig
-from paraxis.plan.comm import Link, axis_link, collective_time, group_link, ring_factor
-from paraxis.plan.hardware import Cluster
+from paraxis.spec.layout import Layout, grid_rank
+from paraxis.spec.model_config import ModelConfig
 
 # A search tries cp > 1 only while each rank keeps at least this many tokens of a sequence:
 # below it a ring step's attention (quadratic in the chunk) hides less of its K/V hop (linear

@@ -27,9 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paraxis.attention_kernel import AttentionKernel, get_kernel
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
 from paraxis.plan.bubble import bubble_costs, pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
@@ -63,7 +60,6 @@ from paraxis.plan.experts import (
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
-from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
@@ -74,7 +70,11 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
-from paraxis.schedules import head_stage
+from paraxis.spec.attention_kernel import AttentionKernel, get_kernel
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.schedules import head_stage
+from paraxis.spec.state_bytes import MIXED_ADAM, Precision
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -119,7 +119,7 @@ def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_ra
                 hbm: float, measured: bool, kernel: AttentionKernel,
                 peak: float = float("inf"), kernel_rate: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds per token of the attention core. A measured rate
-    (a calibration, `paraxis.calibrate.kernels.attention_rate`) is in the planner's count,
+    (a calibration, `paraxis.train.calibrate.kernels.attention_rate`) is in the planner's count,
     3 x `scores` forward + backward, and cannot beat the kernel's own FLOPs at `peak` (the
     cap keeps MFU <= 1 whatever a profile says). Else a fitted `kernel_rate` (the named flash
     implementation at this shape, `rates.attention_kernel_rate`) is in the kernel's own
@@ -167,7 +167,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
             cfg, seq_len, layout.tp, layout.sequence_parallel, mlp))  # in 16-bit bytes
-    # the context-parallel kernels are flash (paraxis/context_parallel/kernel.py)
+    # the context-parallel kernels are flash (paraxis/parallel/context/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
     fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim,
                                    kernel_pieces(layout), layout.tp)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
 
 
 def other_variants(ranked: list[Estimate], variants: tuple[str, ...], a2a: int | None,

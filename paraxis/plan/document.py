@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Estimate, Overlap
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.precision import Precision
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band, step_range
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import Precision
 
 SCHEMA = "paraxis.plan/1"
 

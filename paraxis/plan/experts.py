@@ -1,6 +1,6 @@
 """Price a mixture of experts under expert parallelism: what an MoE block costs per layer.
 
-What ep changes, and where the facts come from (`paraxis.moe.placement`, the runtime's own
+What ep changes, and where the facts come from (`paraxis.spec.expert_placement`, the runtime's own
 counts, torch-free; nothing is re-derived here):
 
 - Parameters: every block past `first_dense_layers` holds a router, `n_experts` routed experts
@@ -34,10 +34,13 @@ import functools
 import math
 from typing import NamedTuple
 
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout, expert_dp_groups, expert_groups
-from paraxis.model_config import ModelConfig
-from paraxis.moe.placement import (
+from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
+from paraxis.plan.context import replica_link
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.rates import gemm_efficiency
+from paraxis.plan.step_calls import scalar_call_time
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.expert_placement import (
     ALL_TO_ALLS_PER_BLOCK,
     all_to_all_bytes,
     experts_of_rank,
@@ -45,11 +48,8 @@ from paraxis.moe.placement import (
     send_matrix,
     uniform_send_matrix,
 )
-from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
-from paraxis.plan.context import replica_link
-from paraxis.plan.hardware import Cluster
-from paraxis.plan.rates import gemm_efficiency
-from paraxis.plan.step_calls import scalar_call_time
+from paraxis.spec.layout import Layout, expert_dp_groups, expert_groups
+from paraxis.spec.model_config import ModelConfig
 
 # The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the middle
 # capacity factor the Switch Transformer benchmarks (Fedus et al. 2022, Sec. 2.2 defines it

@@ -7,18 +7,18 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 
 from __future__ import annotations
 
-from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import imbalance
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes
-from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
 from paraxis.plan.uncertainty import error_band
-from paraxis.units import GB
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import MIXED_ADAM, Precision
+from paraxis.spec.units import GB
 
 
 def _shape(estimate: Estimate) -> tuple[int, int, int]:

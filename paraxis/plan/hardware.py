@@ -51,12 +51,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paraxis.attention_kernel import KERNELS, RUNTIME_KERNEL
-from paraxis.errors import ParaxisError
-from paraxis.layout import node_of
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 from paraxis.plan.hardware_values import check_structure, check_values
-from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
+from paraxis.spec.attention_kernel import KERNELS, RUNTIME_KERNEL
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import node_of
+from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class GPU:
     # Memory held back on every device (units.DEFAULT_RESERVED_BYTES on a GPU); on a CPU a
     # rank's process baseline, measured by `paraxis calibrate` (calibrate/baseline.py).
     reserved_bytes: float = DEFAULT_RESERVED_BYTES
-    # The attention core's kernel (paraxis/attention_kernel.py): "flash", what paraxis.model
+    # The attention core's kernel (paraxis/spec/attention_kernel.py): "flash", what paraxis.model.transformer
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name
     # ZeRO-0/1/2 gradient reductions: one collective call per bucket of this many bytes

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import NoReturn, TypeGuard
 
-from paraxis.errors import ParaxisError
+from paraxis.spec.errors import ParaxisError
 
 # Fractions of a datasheet figure a kernel or collective reaches: above 0, at most 1.
 FRACTIONS = ("matmul_efficiency", "link_efficiency", "hbm_efficiency")

@@ -6,13 +6,13 @@ the loss's elementwise traffic, and with tp > 1 the vocab-parallel ends' collect
 
 from __future__ import annotations
 
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
 from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, head_forward_traffic_per_token_eager
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import MIXED_ADAM, Precision
 
 
 def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,

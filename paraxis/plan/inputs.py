@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from paraxis.errors import ParaxisError
-from paraxis.model_config import ModelConfig, load_model_config, model_from_params
 from paraxis.plan.hardware import (
     CLUSTERS,
     GPUS,
@@ -20,8 +18,10 @@ from paraxis.plan.hardware import (
     cluster_preset,
     load_hardware_file,
 )
-from paraxis.plan.precision import PRECISIONS, Precision
-from paraxis.units import GB
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import ModelConfig, load_model_config, model_from_params
+from paraxis.spec.state_bytes import PRECISIONS, Precision
+from paraxis.spec.units import GB
 
 DEFAULT_GPU = "a100-80gb"
 

@@ -6,8 +6,6 @@ import functools
 import math
 from typing import TYPE_CHECKING
 
-from paraxis.attention_kernel import RUNTIME_KERNEL
-from paraxis.errors import ParaxisError
 from paraxis.plan.activations import (
     full_layer_activation_bytes,
     layer_activation_bytes,
@@ -23,14 +21,16 @@ from paraxis.plan.experts import (
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
-from paraxis.plan.partition import Partition, partition_layers
-from paraxis.plan.precision import FP32_ADAM, MIXED_ADAM, Precision
-from paraxis.schedules import head_stage
-from paraxis.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
+from paraxis.spec.attention_kernel import RUNTIME_KERNEL
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.partition import Partition, partition_layers
+from paraxis.spec.schedules import head_stage
+from paraxis.spec.state_bytes import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 if TYPE_CHECKING:
-    from paraxis.layout import Layout
-    from paraxis.model_config import ModelConfig
+    from paraxis.spec.layout import Layout
+    from paraxis.spec.model_config import ModelConfig
 
 __all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
            "zero_table"]
@@ -205,7 +205,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   expert_imbalance: float = DEFAULT_IMBALANCE,
                   zero2_reduce: str = "step") -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
-    attention core run by the kernel named `attention` (paraxis/attention_kernel.py).
+    attention core run by the kernel named `attention` (paraxis/spec/attention_kernel.py).
     `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
     keeps the stage's whole gradients until the step's end.
 

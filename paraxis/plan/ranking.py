@@ -4,8 +4,8 @@ lower ZeRO stage, less recomputation...); the defence names what made one simple
 
 from __future__ import annotations
 
-from paraxis.layout import RECOMPUTE
 from paraxis.plan.cost import Estimate
+from paraxis.spec.layout import RECOMPUTE
 
 EQUAL_TIMES = 0.005  # the ranking counts times within 0.5% of each other as equal
 

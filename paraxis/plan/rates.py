@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraxis.attention_kernel import AttentionKernel
-from paraxis.model_config import ModelConfig
 from paraxis.plan.attention_rates import kernel_flops
 from paraxis.plan.compute import layer_forward_flops_per_token, layer_gemm_shapes
 from paraxis.plan.hardware import Cluster
+from paraxis.spec.attention_kernel import AttentionKernel
+from paraxis.spec.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from paraxis.layout import Layout
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, simpler_by
@@ -24,6 +23,7 @@ from paraxis.plan.uncertainty import (
     step_range,
     ties,
 )
+from paraxis.spec.layout import Layout
 
 Price = Callable[[Estimate, Cluster], float]
 

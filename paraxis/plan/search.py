@@ -16,20 +16,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
-from paraxis.context_parallel.balance import check_split
-from paraxis.errors import ParaxisError
-from paraxis.layout import Layout
-from paraxis.layout_model import ep_splits, etp_splits
-from paraxis.model_config import ModelConfig
 from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
-from paraxis.plan.precision import MIXED_ADAM, Precision
 from paraxis.plan.ranking import rank
+from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
+from paraxis.spec.cp_balance import check_split
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.layout_model import ep_splits, etp_splits
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.state_bytes import MIXED_ADAM, Precision
 
 # Sequences per microbatch tried: every size up to this that divides a replica's batch (a
 # replica's 5 or 12 sequences split into 5 or 3 and 4 and 6 too, not only into powers of 2)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-from paraxis.context_parallel.balance import VARIANTS as CP_VARIANTS
-from paraxis.errors import ParaxisError
-from paraxis.layout import RECOMPUTE, Layout
-from paraxis.layout_model import check_model
-from paraxis.model_config import ModelConfig
 from paraxis.plan.cost import Overlap
 from paraxis.plan.search import Constraints, check_interleaving
+from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import RECOMPUTE, Layout
+from paraxis.spec.layout_model import check_model
+from paraxis.spec.model_config import ModelConfig
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
 

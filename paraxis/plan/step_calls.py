@@ -40,14 +40,14 @@ from __future__ import annotations
 import functools
 import math
 
-from paraxis.layout import Layout
-from paraxis.model_config import ModelConfig
-from paraxis.moe.placement import experts_on_sequence_shards
 from paraxis.plan.comm import Link, axis_link, group_link, group_ranks
 from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.sync import nearest_measured, sync_wait
-from paraxis.schedules import head_stage
+from paraxis.spec.expert_placement import experts_on_sequence_shards
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.schedules import head_stage
 
 
 def step_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster

@@ -26,9 +26,9 @@ import bisect
 import dataclasses
 import math
 
-from paraxis.model_config import ModelConfig
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, layer_forward_flops_per_token
 from paraxis.plan.hardware import Cluster
+from paraxis.spec.model_config import ModelConfig
 
 
 def nearest_count(keys: list[str], want: int) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from paraxis.model_config import ModelConfig
+from paraxis.files.terminal import console as terminal_console
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
-from paraxis.terminal import console as terminal_console
-from paraxis.units import GB
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.units import GB
 
 
 def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,

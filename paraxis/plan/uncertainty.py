@@ -55,7 +55,7 @@ GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.vali
 HELD_OUT_GPU_BAND = ErrorBand(0.116, 0.389, 231, "held-out rows of docs/validation.md")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted"): the 60 layouts of the
 # bench run of session 16, on the 2-core Intel Xeon VM of session 15, the first to record the
-# host's steal (paraxis/steal.py): 51 of the 60 ran while the host took more than 8% of the
+# host's steal (paraxis/files/host_steal.py): 51 of the 60 ran while the host took more than 8% of the
 # CPU time (rms over all 60 29.7%, largest 63.6%; the 9 quiet layouts' mean |error| 13.0%, the
 # disturbed 26.7%). Session 15's run of 52 gave rms 26.4% (largest 99.1%), session 14's of 44
 # 13.0% (40.0%), the run at a5f9256 on an AMD EPYC VM 10.0% (22.1%): between machines and

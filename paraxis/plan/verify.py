@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paraxis.errors import ParaxisError
+from paraxis.files.run_records import load_metrics, steady
 from paraxis.plan.cost import Estimate
-from paraxis.run_records import load_metrics, steady
+from paraxis.spec.errors import ParaxisError
 
 STEPS = 10  # per burst
 ROUNDS = 2  # bursts of each layout, interleaved

@@ -1,0 +1,65 @@
+"""`paraxis generate`: continue a prompt with a trained or imported model, for a quick look.
+
+    paraxis generate --checkpoint runs/x/checkpoint --prompt "def main(" --max-new-tokens 200
+    paraxis generate --checkpoint hf/llama --prompt "Hello" --temperature 0      # greedy
+
+The text goes through the tokenizer given with --tokenizer, else the checkpoint directory's
+own tokenizer.json, else the byte-level one. torch is imported only when the command runs, so
+`paraxis plan` stays torch-free (cli.py builds every subcommand's parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from paraxis.spec.errors import ParaxisError
+
+MAX_NEW_TOKENS = 100_000
+# Below this, logits / temperature overflows fp32 (logits of order 1 over 1e-38 -> inf, and
+# softmax of inf is nan); 1e-4 is already greedy in practice.
+MIN_TEMPERATURE = 1e-4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--checkpoint", required=True,
+        help="a Hugging Face model directory or a paraxis checkpoint directory")
+    add("--prompt", required=True, help="text to continue")
+    add("--max-new-tokens", type=int, default=100, help="tokens to add (default 100)")
+    add("--temperature", type=float, default=0.8, help="default 0.8; 0: greedy")
+    add("--top-k", type=int, default=50,
+        help="sample among the k likeliest tokens (default 50; 0: all)")
+    add("--seed", type=int, default=0, help="the sampling's seed (default 0)")
+    add("--tokenizer", default=None, help="Hugging Face tokenizer.json (default: the "
+        "checkpoint's own tokenizer.json, else byte-level)")
+    add("--device", default="auto", help="auto, cpu or cuda")
+
+
+def run(args: argparse.Namespace) -> int:
+    from paraxis.dist.groups import pick_device
+    from paraxis.model.inference import generate, load_for_inference, pick_tokenizer
+
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ParaxisError(f"--max-new-tokens {args.max_new_tokens} must be within 0.."
+                           f"{MAX_NEW_TOKENS} (this is a quick look, not a server)")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < float("inf")):
+        raise ParaxisError(f"--temperature {args.temperature} must be >= 0 (0: greedy) and "
+                           f"else finite and at least {MIN_TEMPERATURE} (smaller ones overflow "
+                           "the logits)")
+    if not 0 <= args.seed < 2**63:
+        raise ParaxisError(f"--seed {args.seed} must be between 0 and 2**63 - 1")
+    if args.top_k < 0:
+        raise ParaxisError(f"--top-k {args.top_k} must be >= 0 (0: no cut)")
+    cfg, model = load_for_inference(args.checkpoint, pick_device(args.device))
+    tokenizer = pick_tokenizer(Path(args.checkpoint), args.tokenizer, cfg.vocab_size)
+    prompt = [int(t) for t in tokenizer.encode(args.prompt, special=True)]
+    if not prompt:
+        raise ParaxisError("--prompt is empty after tokenisation; give some text")
+    if max(prompt) >= cfg.vocab_size:
+        raise ParaxisError(f"prompt token id {max(prompt)} is outside the model's vocabulary of "
+                           f"{cfg.vocab_size}; give the tokenizer it was trained with "
+                           "(--tokenizer)")
+    new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    print(tokenizer.decode(prompt + new))
+    return 0

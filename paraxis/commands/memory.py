@@ -1,0 +1,58 @@
+"""`paraxis memory`: the seeds' ZeRO calculator, model-state bytes per GPU by stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from paraxis.plan.hardware import GPUS
+from paraxis.plan.memory import zero_table
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.state_bytes import PRECISIONS, Precision
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", type=float, required=True, help="parameter count, e.g. 7e9")
+    parser.add_argument("--gpus", type=int, default=8, help="data-parallel GPUs (N)")
+    parser.add_argument("--gpu", default="a100-80gb", help=f"one of {', '.join(GPUS)}")
+    parser.add_argument("--precision", choices=PRECISIONS, default="mixed")
+    parser.add_argument("--json", action="store_true")
+
+
+def formulas(precision: Precision) -> list[str]:
+    """The seeds' formulas (Ch. 5) for this precision, P = parameters, N = GPUs."""
+    p, g, o = (f"{x:g}" for x in (precision.param_bytes, precision.grad_bytes,
+                                  precision.optimizer_bytes))
+    total = f"{precision.total_bytes:g}"
+    pg = f"{precision.param_bytes + precision.grad_bytes:g}"
+    go = f"{precision.grad_bytes + precision.optimizer_bytes:g}"
+    return [f"{total}P", f"{pg}P + {o}P/N", f"{p}P + {go}P/N", f"{total}P/N"]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.params < 1e18:  # inf and nan too: 1e18 parameters is 1000x today's largest
+        raise ParaxisError(f"--params {args.params:g} must be a number below 1e18")
+    if args.params < 1:
+        raise ParaxisError(f"--params {args.params:g} must be at least 1")
+    if args.gpus < 1:
+        raise ParaxisError(f"--gpus {args.gpus}: need at least one GPU")
+    precision = PRECISIONS[args.precision]
+    if args.gpu not in GPUS:  # hardware.get_gpu's advice names plan's --hardware
+        raise ParaxisError(f"unknown GPU {args.gpu!r}; choose --gpu among {', '.join(GPUS)}")
+    gpu = GPUS[args.gpu]
+    rows = zero_table(int(args.params), args.gpus, precision)
+    if args.json:
+        print(json.dumps({"schema": "paraxis.memory/1", "params": int(args.params),
+                          "gpus": args.gpus, "gpu": gpu.name,
+                          "memory_bytes": gpu.memory_bytes,
+                          "precision": {"param_bytes": precision.param_bytes,
+                                        "grad_bytes": precision.grad_bytes,
+                                        "optimizer_bytes": precision.optimizer_bytes},
+                          "stages": [{**row, "formula": f, "fits": row["total"] <=
+                                      gpu.memory_bytes}
+                                     for row, f in zip(rows, formulas(precision),
+                                                       strict=True)]}, indent=2))
+        return 0
+    from paraxis.plan.tables import print_zero_table
+    print_zero_table(args.params, args.gpus, rows, gpu.memory_bytes, formulas(precision))
+    return 0

@@ -1,0 +1,76 @@
+"""`paraxis report`: write one self-contained HTML report: plan, defence, pictures, run.
+
+    paraxis report --model gpt2-1.5b --gpus 16 --out report.html
+    paraxis report --model tiny --gpus 8 --layout dp=2,tp=2,pp=2 --run runs/demo/parallel
+    paraxis report --model tiny --gpus 2 --layout dp=2 --run runs/m --hardware profile.json \
+                   --precision fp32        # priced on a `paraxis calibrate` profile
+
+The model, hardware and batch flags are `paraxis plan`'s (paraxis.plan.inputs); for a run,
+those left out come from the run's own config.toml (its model, layout, batch, sequence length
+and precision). A run is forecast on the hardware it ran on (paraxis.show.report.hardware):
+--hardware or --gpu when given, else this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from paraxis.plan import inputs
+
+GLOBAL_BATCH = 16  # without a run's config.toml: the demo's batch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    inputs.add_arguments(parser, model="tiny", gpus_text="the --layout's ranks, else 1",
+                         global_batch=None, precision=None,
+                         layout_help="price this layout (e.g. dp=2,tp=2,pp=2) instead of "
+                                     "the planner's choice")
+    # dest is not "run": the CLI keeps each subcommand's entry point in args.run
+    parser.add_argument("--run", dest="run_dir", default=None,
+                        help="a run: its --metrics-file, or the folder holding "
+                             "metrics.jsonl (+ optional *trace*.json, config.toml)")
+    parser.add_argument("--out", default="report.html", help="the HTML file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    from paraxis.show.report.build import build_report, save
+    from paraxis.show.report.measured import metrics_path
+    from paraxis.train.run_checks import check_writable
+
+    inputs.check_numbers(args)  # as `paraxis plan` checks them
+    check_writable(Path(args.out), "--out")
+    given = inputs.from_args(args)
+    if args.run_dir is not None:
+        given = from_run_config(given, args, metrics_path(Path(args.run_dir)).parent
+                                / "config.toml")
+    if given.global_batch is None:
+        given = dataclasses.replace(given, global_batch=GLOBAL_BATCH)
+    out = save(build_report(given, args.run_dir), args.out)
+    print(f"report written to {out.resolve()}")
+    return 0
+
+
+def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path
+                    ) -> inputs.PlanInputs:
+    """What the command line leaves out, from the run's own resolved config (`paraxis train`
+    writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length and
+    precision that really ran, so the forecast prices that run."""
+    from paraxis.train.run_file import read_run_file
+
+    if not path.is_file():
+        return given
+    run = read_run_file(path)
+    changes: dict[str, object] = {}
+    if args.model is None and args.params is None:
+        changes["model"] = run.model.name
+    if args.layout is None:
+        changes["layout"] = str(run.layout)
+    if args.global_batch is None:
+        changes["global_batch"] = run.train.global_batch
+    if args.seq_len is None:
+        changes["seq_len"] = run.train.seq_len
+    if args.precision is None:
+        changes["precision"] = run.train.precision  # the planner knows every policy
+    return dataclasses.replace(given, **changes)

@@ -1,0 +1,147 @@
+"""`paraxis schedule`: one pipeline schedule's timeline, bubble and memory, in the terminal.
+
+    paraxis schedule --kind 1f1b --stages 4 --microbatches 8
+    paraxis schedule --kind zb-h1 --stages 4 --microbatches 8 --stage-scale 1,1,1,2
+    paraxis schedule --kind interleaved --stages 2 --microbatches 4 --virtual 2 --json
+    paraxis schedule --kind zb-v --from-trace runs/demo/trace.json --microbatches 8
+    paraxis schedule --kind zb-v --stages 4 --model gpt2-124m   # costs of its stage split
+
+Costs are per stage when a list is given (`--forward-cost 1,1,1,2`), or scaled per stage by
+`--stage-scale` (2 = that stage is twice as slow), or those of a model's stage split (the
+partition the runtime uses, priced by FLOPs: the head's stage is the heavy one), or measured
+per chunk from a run's trace.
+The schedule itself is data (`paraxis.spec.schedules`); this module only prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from paraxis.files.trace import load_trace, trace_costs
+from paraxis.show.viz.text_timeline import render_timeline
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.schedules import KINDS, Schedule, build_schedule, validate
+
+MAX_COST = 1e6  # relative times: beyond it a timeline's sums lose their resolution
+# A timeline to print, not a cluster's step: P x M x v compute actions at most
+MAX_ACTIONS = 100_000
+
+
+def _numbers(text: str) -> float | list[float]:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a comma-separated "
+                                         "list of numbers (one per stage)") from None
+    if not all(0 <= v <= MAX_COST for v in values):  # nan fails every comparison
+        raise argparse.ArgumentTypeError(f"{text!r}: costs and factors are relative times, "
+                                         f"each between 0 and {MAX_COST:g}")
+    return values[0] if len(values) == 1 else values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--kind", default="1f1b", help=", ".join(KINDS))
+    add("--stages", type=int, default=4, help="pipeline stages P")
+    add("--microbatches", type=int, default=8, help="microbatches M per step")
+    add("--virtual", type=int, default=None,
+        help="model chunks per stage (interleaved; default 2 there, as one chunk per stage "
+             "is plain 1F1B)")
+    add("--forward-cost", type=_numbers, default=1.0,
+        help="time of one forward of a whole stage; a list gives one per stage (or chunk)")
+    add("--backward-cost", type=_numbers, default=2.0,
+        help="time of one whole backward (B + W); a number or a list per stage (or chunk)")
+    add("--weight-cost", type=_numbers, default=None,
+        help="time of the weight-gradient part W of the backward (default: half of it)")
+    add("--stage-scale", type=_numbers, default=None,
+        help="per-stage cost factors, e.g. 1,1,1,2: the last stage twice as slow")
+    add("--from-trace", default=None, metavar="PATH",
+        help="take per-chunk F/B/W costs from a run's trace.json (its stages and chunks)")
+    add("--model", default=None,
+        help="cost each chunk as the runtime splits this model (preset or .json/.toml file)")
+    add("--json", action="store_true", help="machine-readable output")
+
+
+def _scaled(value: float | list[float] | None, scale: list[float], stages: int
+            ) -> float | list[float] | None:
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value] * stages
+    if len(values) != stages:
+        raise ParaxisError(f"--stage-scale needs per-stage costs, got {len(values)} values for "
+                           f"{stages} stages; give one cost, or one per stage")
+    return [v * s for v, s in zip(values, scale, strict=True)]
+
+
+def run(args: argparse.Namespace) -> int:
+    virtual = args.virtual if args.virtual is not None else 2 if args.kind == "interleaved" else 1
+    if args.stages * args.microbatches * virtual > MAX_ACTIONS:
+        raise ParaxisError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
+                           f"{virtual} chunks is over {MAX_ACTIONS:,} actions to simulate; "
+                           "a few stages and microbatches show the schedule")
+    schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, virtual))
+    forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
+    source = f"forward {_text(forward)}, backward {_text(backward)}"
+    if args.model:
+        forward, backward = _partition_costs(args.model, schedule)
+        weight = None
+        source = f"costs of {args.model}'s stage split, backward = 2 x forward"
+    if args.from_trace:
+        forward, backward, weight = trace_costs(load_trace(args.from_trace), schedule.num_stages,
+                                                schedule.virtual, schedule.virtual_stage)
+        source = f"costs per chunk measured in {args.from_trace}"
+    if args.stage_scale is not None:
+        scale = args.stage_scale if isinstance(args.stage_scale, list) else [args.stage_scale]
+        if len(scale) != schedule.num_stages or min(scale) <= 0:
+            raise ParaxisError(f"--stage-scale needs {schedule.num_stages} positive factors, got "
+                               f"{_text(args.stage_scale)}")
+        forward, backward = (_scaled(forward, scale, schedule.num_stages),
+                             _scaled(backward, scale, schedule.num_stages))
+        weight = _scaled(weight, scale, schedule.num_stages)
+        source += f", stage cost factors {_text(scale)}"
+    if weight is not None:
+        source += f", W {_text(weight)}"
+    timeline = schedule.simulate(forward, backward, 0.0, weight)
+    peaks = schedule.peak_in_flight()
+    idle = timeline.idle_by_stage()
+    if args.json:
+        print(json.dumps({
+            **schedule.to_dict(), "bubble_fraction": timeline.bubble_fraction,
+            "bubble_ratio": timeline.idle_time / timeline.busy_time,
+            "makespan": timeline.makespan, "peak_in_flight": peaks, "idle_by_stage": idle,
+            "events": [[{**asdict(e.action), "start": e.start, "end": e.end} for e in stage]
+                       for stage in timeline.events]}))
+        return 0
+    chunks = f", {schedule.virtual} chunks per stage" if schedule.virtual > 1 else ""
+    print(f"{args.kind}: {args.stages} stages, {args.microbatches} microbatches{chunks} "
+          f"({source})")
+    print(render_timeline(timeline))
+    print(f"bubble fraction: {timeline.bubble_fraction:.1%} of the timeline "
+          f"(idle / ideal = {timeline.idle_time / timeline.busy_time:.3f})")
+    print("idle time per stage: " + ", ".join(f"{t:.3g}" for t in idle)
+          + f" (of a step of {timeline.makespan:.3g})")
+    unit = " (microbatch-chunks)" if schedule.virtual > 1 else ""
+    held = " (until W: a split backward keeps them)" if schedule.split_backward else ""
+    print(f"peak in-flight activations per stage{unit}: {peaks}{held}")
+    return 0
+
+
+def _partition_costs(model: str, schedule: Schedule) -> tuple[list[float], list[float]]:
+    """Forward cost per chunk (virtual stage) of the runtime's split of `model`, relative to
+    the mean chunk, and backward at twice that."""
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.spec.partition import partition_layers
+
+    split = partition_layers(load_model_config(model), schedule.num_stages, schedule.virtual,
+                             placement=schedule.placement)
+    mean = sum(split.costs) / len(split.costs)
+    forward = [cost / mean for cost in split.costs]
+    return forward, [2 * cost for cost in forward]
+
+
+def _text(value: float | list[float] | None) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{v:g}" for v in value)
+    return "default" if value is None else f"{value:g}"

@@ -1,0 +1,165 @@
+"""Weighted blends of token sources, and the held-out set: where each sample of a batch lies.
+
+    --data corpus.jsonl                        one source (today's sampling, unchanged)
+    --data web.jsonl:0.7,code_prepared:0.3     each sample from web with probability 0.7
+    --val-data heldout.jsonl                   evaluation reads this instead of the tail 5%
+
+A blend picks each sample's source with the given probabilities, then its window start
+within that source, both from generators seeded by (seed, step): a pure function, so every
+rank computes the same global batch whatever the layout, and a resumed run continues at the
+exact sample. One source draws exactly as before blending existed, so runs (and checkpoints'
+fingerprints) of a single source are unchanged.
+
+Without --val-data each source keeps its last 5% for evaluation; with it, training draws from
+the whole of every source and evaluation from the whole held-out set (itself a source or a
+blend, in any format `--data` takes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paraxis.data.corpus import TokenData, sample_key
+from paraxis.spec.errors import ParaxisError
+
+if TYPE_CHECKING:
+    from paraxis.train.config import DataSection
+
+EXAMPLE = "write PATH:WEIGHT items joined by commas, e.g. web.jsonl:0.7,code:0.3"
+
+
+def parse_blend(spec: str | None) -> list[tuple[str, float]]:
+    """`--data` text -> [(path, weight)], weights summing to 1. A path that exists is one
+    source even if its name holds ',' or ':'."""
+    if spec in (None, "", "embedded") or Path(spec).exists():
+        return [(spec or "embedded", 1.0)]
+    items = [item.strip() for item in spec.split(",")]
+    out = []
+    for item in items:
+        path, sep, text = item.rpartition(":")
+        try:
+            weight = float(text) if sep else None
+        except ValueError:
+            weight = None
+        if weight is None:
+            if sep and path and Path(path).exists():  # "c.jsonl:abc": a weight misspelt
+                raise ParaxisError(f"blend weight {text!r} of {path} is not a number; "
+                                   f"{EXAMPLE}")
+            if len(items) == 1:
+                return [(spec, 1.0)]  # one path (TokenData.load says if it does not exist)
+            raise ParaxisError(f"blend item {item!r} of --data {spec} has no weight; {EXAMPLE}")
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ParaxisError(f"blend weight {text} of {path} is not a positive number; "
+                               f"{EXAMPLE}")
+        if not path:
+            raise ParaxisError(f"blend item {item!r} of --data {spec} has no path; {EXAMPLE}")
+        out.append((path, weight))
+    total = sum(weight for _, weight in out)
+    return [(path, weight / total) for path, weight in out]
+
+
+@dataclass
+class Blend:
+    """Token sources drawn with probabilities `weights`, and where evaluation draws from:
+    `val` (a separate held-out blend) or, when None, each source's tail."""
+
+    sources: list[TokenData]
+    weights: list[float]
+    name: str
+    val: Blend | None = None
+
+    @classmethod
+    def of(cls, data: TokenData | Blend) -> Blend:
+        """A blend as is; one TokenData as the blend of itself alone."""
+        return data if isinstance(data, Blend) else cls([data], [1.0], data.name)
+
+    def part(self, split: str) -> tuple[Blend, str]:
+        """The blend and the part of each source that `split` ("train" or "val") draws
+        windows from (`TokenData.span`)."""
+        if self.val is None:
+            return self, split
+        return (self.val if split == "val" else self), "all"
+
+    def positions(self, step: int, batch_size: int, seq_len: int, seed: int,
+                  split: str = "train") -> tuple[Blend, np.ndarray, np.ndarray]:
+        """Every sample of the global batch of `step`: the blend it comes from, each
+        sample's source index and window start. Cheap (integers only): every rank computes
+        all of them and reads just its own rows."""
+        blend, part = self.part(split)
+        key = sample_key(seed, step, split)
+        if len(blend.sources) == 1:  # exactly the draws of single-source runs
+            starts = blend.sources[0].starts(key, batch_size, seq_len, part)
+            return blend, np.zeros(batch_size, dtype=np.int64), starts
+        which = np.random.default_rng([*key, 1]).choice(len(blend.sources), size=batch_size,
+                                                        p=blend.weights)
+        starts = np.empty(batch_size, dtype=np.int64)
+        for index, source in enumerate(blend.sources):
+            drawn = source.starts([*key, 2, index], batch_size, seq_len, part)
+            starts[which == index] = drawn[which == index]
+        return blend, which, starts
+
+    def check(self, vocab_size: int, seq_len: int, held_out: bool = True) -> None:
+        """Each source (and the held-out set's) long enough and within the vocabulary;
+        `held_out`: whether the run evaluates (each source's tail is then drawn too)."""
+        for source in self.sources:
+            source.check(vocab_size, seq_len, whole=self.val is not None, held_out=held_out)
+        if self.val is not None:
+            for source in self.val.sources:
+                source.check(vocab_size, seq_len, whole=True)
+
+    @property
+    def end_of_document(self) -> int | None:
+        """The id ending each document, for packing: the sources' common id, None when one
+        source does not know it; sources that end documents differently cannot be packed."""
+        ids = {source.end_of_document for source in self.sources}
+        if len(ids) > 1 and None not in ids:
+            raise ParaxisError(f"the blended sources end documents with different ids "
+                               f"({sorted(ids)}); prepare them with one tokenizer to pack them")
+        return None if None in ids else ids.pop()
+
+    def bytes_read(self) -> int:
+        """Bytes the loader has read from every source, held-out set included."""
+        blends = [self] if self.val is None else [self, self.val]
+        return sum(s.tokens.bytes_read for b in blends for s in b.sources)
+
+    def facts(self) -> dict[str, Any]:
+        """What a resumed run must share with its checkpoint (`checkpoint.ownership`): one
+        source's name, length and fingerprint as before blending existed; a blend's
+        fingerprint covers every source's and its weight (the held-out set is not part:
+        changing it leaves the training samples as they were)."""
+        from paraxis.files.checkpoint_ownership import data_facts
+
+        each = [data_facts(s.tokens, s.name) for s in self.sources]
+        if len(each) == 1:
+            return each[0]
+        digest = hashlib.sha256(repr([(f["fingerprint"], round(w, 12)) for f, w in
+                                      zip(each, self.weights, strict=True)]).encode())
+        return {"name": self.name, "tokens": sum(f["tokens"] for f in each),
+                "fingerprint": digest.hexdigest()[:16],
+                "blend": [{**f, "weight": w} for f, w in zip(each, self.weights, strict=True)]}
+
+
+def load_blend(spec: str | None, dtype: str = "uint16", tokenizer: str | None = None,
+               text_field: str = "text") -> Blend:
+    """The sources `spec` names (`parse_blend`), each read as `--data` reads one."""
+    from paraxis.data.prepare import load_token_data
+
+    parsed = parse_blend(spec)
+    sources = [load_token_data(path, dtype, tokenizer, text_field) for path, _ in parsed]
+    return Blend(sources, [weight for _, weight in parsed],
+                 sources[0].name if len(sources) == 1 else spec or "embedded")
+
+
+def load_run_data(section: DataSection) -> Blend:
+    """A run's training blend, with its held-out set when `--val-data` names one."""
+    blend = load_blend(section.path, section.dtype, section.tokenizer, section.text_field)
+    if section.val_path:
+        blend.val = load_blend(section.val_path, section.dtype, section.tokenizer,
+                               section.text_field)
+    return blend

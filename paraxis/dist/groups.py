@@ -1,0 +1,269 @@
+"""Process start-up and process groups, all derived from the Layout.
+
+Nothing else in paraxis computes a rank by hand: every group (one per name in `GROUP_AXES`)
+and the pipeline neighbours of this rank come from `build_groups(layout)`, which asks the
+layout for the groups of each name. Device from the local rank, backend from the device:
+NCCL on CUDA, gloo on CPU.
+
+Every group carries the run's collective timeout: `new_group` does not inherit the default
+group's (it falls back to the backend's 30 minutes), so it is passed explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from paraxis.spec.errors import ParaxisError, RunFailed
+from paraxis.spec.layout import Coords, Layout
+from paraxis.dist.watchdog import WATCH, name_group
+
+
+def collective_timeout() -> timedelta:
+    """The timeout every process group of this run is created with (the watchdog's)."""
+    return timedelta(seconds=WATCH.timeout_s)
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """"auto" -> this rank's GPU (by LOCAL_RANK) when CUDA is present, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if requested != "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
+            # every rank of the node would share that one GPU (NCCL: "Duplicate GPU")
+            raise ParaxisError(f"--device {requested} names one GPU for every rank of this "
+                               "node; use --device cuda (each rank takes its LOCAL_RANK's)")
+        if not torch.cuda.is_available():
+            raise ParaxisError("--device cuda was asked for but no CUDA GPU is visible; "
+                               "use --device cpu")
+        if requested == "cuda":
+            requested = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        device = torch.device(requested)
+        torch.cuda.set_device(device)
+        return device
+    if requested != "cpu":
+        raise ParaxisError(f"unknown device {requested!r}; use auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def restart_attempt() -> int:
+    """Which attempt of an elastic job this is: 0 first, n after n restarts (torchrun's
+    TORCHELASTIC_RESTART_COUNT; 0 outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
+    """Join the job torchrun (or the test harness) described in the environment.
+
+    Returns (rank, world_size); a single process without torchrun's variables is world 1
+    and needs no process group. `timeout_s` bounds every collective and point-to-point wait
+    (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
+    """
+    WATCH.timeout_s = timeout_s
+    WATCH.step = None  # a new run has no step yet (one process may run several, as tests do)
+    if dist.is_initialized():
+        WATCH.rank = dist.get_rank()
+        return dist.get_rank(), dist.get_world_size()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 1
+    options = {"timeout": collective_timeout(),
+               "device_id": device if device.type == "cuda" else None}
+    try:
+        _join(device, world_size, options)
+    except RuntimeError as error:  # torch's DistNetworkError, gloo's "connectFullMesh failed"
+        raise RunFailed(f"rank {os.environ.get('RANK', '?')} could not join the job's "
+                        f"{world_size} ranks within --timeout-s {timeout_s:g} "
+                        f"({str(error).splitlines()[0][:120]}); give a larger --timeout-s, "
+                        "or check --rdzv-host and the network") from None
+    WATCH.rank = dist.get_rank()
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _join(device: torch.device, world_size: int, options: dict) -> None:
+    """init_process_group, under a restarted job's per-attempt store prefix (below)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torch's elastic agent (torchrun --max-restarts) every attempt of a restarted
+        # job joins the agent's one store at the same address, and torch adds no per-attempt
+        # prefix there (torch/distributed/rendezvous.py), so the sub-groups of a restarted
+        # run would read the dead attempt's peer addresses and fail to connect. One prefix
+        # per attempt keeps each attempt's keys apart.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size, is_master=False, timeout=collective_timeout())
+        dist.init_process_group(backend_for(device), store=dist.PrefixStore(
+            f"paraxis/attempt_{restart_attempt()}", store), rank=int(os.environ["RANK"]),
+            world_size=world_size, **options)
+    else:
+        dist.init_process_group(backend_for(device), **options)
+
+
+def shutdown_distributed(clean: bool = True) -> None:
+    """Leave the process group. After a failed wait (`clean=False`) the group is broken and
+    a barrier would only wait out the timeout again: the process just exits."""
+    if dist.is_initialized() and clean:
+        # Ranks that reach destroy_process_group() seconds apart can abort on gloo
+        # (PLATFORM.md); a barrier first lines them up.
+        with WATCH.waiting("barrier (shutdown)"):
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def end_rank_process(code: int) -> NoReturn:
+    """End a rank's process that left its groups cleanly without finalizing the interpreter.
+
+    A gloo worker thread frees a finished collective a moment after its wait has returned
+    (a barrier also keeps the work queued before it until the barrier is freed); freeing a
+    tensor that has a Python object takes the GIL, and a thread that takes it while the
+    interpreter finalizes aborts the process ("terminate called without an active
+    exception": 2 of 22 two-rank pipeline runs here, after the trace's gather_object and the
+    shutdown barrier; pytorch/pytorch#190489 and #179291). A rank has closed its files and
+    left its groups by then, so skipping finalization loses nothing. A failed rank exits as
+    usual: its peers' reports rely on its sockets closing no sooner than they did."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()  # what atexit would have flushed
+    os._exit(code)
+
+
+# Every group build_groups creates, by name (`Layout.groups` reads the name): the axes of the
+# grid, experts, "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums) and
+# "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`)
+# and "expert_dp" (the ranks holding the same experts under expert parallelism).
+# A new axis is one more name here and one `<name>_group` field below.
+GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp", "expert_dp", "cp_a2a",
+              "cp_across")
+
+
+@dataclass
+class ParallelGroups:
+    """This rank's place in the layout and the groups it belongs to.
+
+    A group handle is None when its axis has size 1 (nothing to communicate), or when the
+    world is a single process.
+    """
+
+    layout: Layout
+    rank: int
+    coords: Coords
+    dp_group: dist.ProcessGroup | None
+    tp_group: dist.ProcessGroup | None
+    pp_group: dist.ProcessGroup | None
+    dp_tp_group: dist.ProcessGroup | None
+    pp_ranks: list[int]  # global ranks of this rank's pipeline, stage 0 first
+    cp_group: dist.ProcessGroup | None = None  # context parallelism (issue 22)
+    ep_group: dist.ProcessGroup | None = None  # expert parallelism (issue 23), inside dp x cp
+    dp_cp_group: dist.ProcessGroup | None = None  # dp x cp; created only when cp > 1
+    # the ranks holding the same experts (dp*cp/ep of them); created only when ep > 1
+    expert_dp_group: dist.ProcessGroup | None = None
+    # two-level cp (layout.cp_a2a > 1): the all-to-all groups and the groups across them
+    cp_a2a_group: dist.ProcessGroup | None = None
+    cp_across_group: dist.ProcessGroup | None = None
+
+    def group(self, axis: str) -> dist.ProcessGroup | None:
+        """The handle of one of `GROUP_AXES` by name."""
+        return getattr(self, f"{axis}_group")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords.dp_rank
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords.tp_rank
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords.pp_rank
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coords.cp_rank
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        """The ranks that hold the same parameters and see different tokens: the dp group,
+        or dp x cp under context parallelism (each cp rank holds other tokens of the same
+        sequences). Gradients are averaged over it, ZeRO shards over it, and the loss, a
+        mean over equally many tokens on every rank, is averaged over it (Megatron-LM's
+        data-parallel group "with context parallel")."""
+        return self.dp_cp_group if self.layout.cp > 1 else self.dp_group
+
+    @property
+    def replica_rank(self) -> int:
+        """This rank's index in `replica_group` (its dp rank when cp = 1)."""
+        if self.layout.cp == 1:
+            return self.coords.dp_rank
+        return self.layout.group_of(self.rank, "dp_cp").index(self.rank)
+
+    @property
+    def ep_rank(self) -> int:
+        """Index in the expert-parallel group (not a grid coordinate: ep lives in dp x cp)."""
+        return self.layout.group_of(self.rank, "ep").index(self.rank)
+
+    @property
+    def expert_dp_rank(self) -> int:
+        """Index among the ranks holding the same experts (the replica rank when ep = 1)."""
+        if self.layout.ep == 1:
+            return self.replica_rank
+        return self.layout.group_of(self.rank, "expert_dp").index(self.rank)
+
+    @property
+    def expert_group(self) -> dist.ProcessGroup | None:
+        """Where expert gradients are reduced and their ZeRO states sharded: the ranks
+        holding the same experts (the replica group itself when ep = 1)."""
+        return self.expert_dp_group if self.layout.ep > 1 else self.replica_group
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.pp_rank == self.layout.pp - 1
+
+    @property
+    def prev_stage_rank(self) -> int | None:
+        return None if self.is_first_stage else self.pp_ranks[self.pp_rank - 1]
+
+    @property
+    def next_stage_rank(self) -> int | None:
+        return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
+
+
+def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
+    """Create every group of `GROUP_AXES` (collectively: all ranks must call this) and return
+    the ones that contain this rank."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    layout.validate(world_size=world)
+    rank = dist.get_rank() if dist.is_initialized() and rank is None else (rank or 0)
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for axis in GROUP_AXES:
+        mine[f"{axis}_group"] = None
+        if axis == "dp_cp" and layout.cp == 1:
+            continue  # the dp groups themselves (`replica_group`)
+        if axis == "expert_dp" and layout.ep == 1:
+            continue  # the replica groups themselves (`expert_group`)
+        if axis.startswith("cp_") and layout.cp_a2a == 1:
+            continue  # one level: the cp group alone
+        for ranks in layout.groups(axis):
+            if len(ranks) == 1 or world == 1:
+                continue
+            # new_group is collective over the whole world, so every rank creates every
+            # group in the same order, then keeps its own.
+            group = dist.new_group(ranks, timeout=collective_timeout())
+            name_group(group, axis)
+            if rank in ranks:
+                mine[f"{axis}_group"] = group
+    return ParallelGroups(layout=layout, rank=rank, coords=layout.coords(rank),
+                          pp_ranks=layout.group_of(rank, "pp"), **mine)

@@ -1,0 +1,267 @@
+"""Start N ranks on this machine, watch them, stop them together (`paraxis train --nproc N`).
+
+    launch(run_training, (cfg,), nproc=4)     # rank 0's return value comes back
+
+Each rank runs `fn(*args)` in a fresh process with the environment torchrun would give it
+(RANK, WORLD_SIZE, MASTER_ADDR, ...), so the function `torchrun -m paraxis.train` reaches on
+every rank runs here unchanged: one machine needs no torchrun, and several machines use
+torchrun with its own flags (`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint
+host:port -m paraxis.train ...`). `fn` must be a module-level function (it is pickled by
+name for the spawned processes).
+
+Nothing listens beyond loopback unless `host` says so: this process hosts the rendezvous
+store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to every
+interface, whatever address it is given), the ranks join it as clients (torchrun's
+agent-store convention), and gloo is pinned to the loopback interface.
+
+Each rank reports its own failure in one line (`one_line.run_guarded`); when one fails, the
+others get a moment to report theirs, then are stopped, and this process adds one line
+naming the ranks that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
+from paraxis.dist.preemption import CatchSignals
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+LOOPBACK = "127.0.0.1"
+
+
+def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
+                env: dict[str, str], results: Queue) -> None:
+    from paraxis.dist.preemption import die_with_parent
+
+    die_with_parent(int(env["PARAXIS_LAUNCHER_PID"]))  # no orphans, even after a SIGKILL
+    os.environ.update(env)
+    import torch
+
+    from paraxis.dist.one_line import run_guarded
+    from paraxis.dist.groups import end_rank_process
+    from paraxis.dist.host_memory import return_freed_memory
+
+    if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
+        torch.set_num_threads(1)
+        return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
+    returned: list[Any] = []
+
+    def body() -> int:
+        try:
+            returned.append(fn(*args))
+            return 0
+        except ParaxisError as error:
+            if not _told_launcher(error, results, debug):
+                # No lingering after the line (`CommFailure.linger_s`, for torchrun, which
+                # ends the job at its first exit): this launcher itself waits for the rest.
+                error.linger_s = 0.0
+                raise
+            return error.exit_code
+
+    code = run_guarded(body, debug=debug)
+    if code:
+        sys.exit(code)  # the rank already said why, in one line
+    if env["RANK"] == "0":
+        results.put(("result", returned[0]))
+    results.close()
+    results.join_thread()
+    end_rank_process(0)  # gloo's threads may still hold tensors: no finalization
+
+
+def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
+    """Bad input (exit code 2) and what every rank says alike (a preemption) go to the
+    launcher, which prints each distinct line once: one line, not one per rank."""
+    if debug or not (error.exit_code == 2 or getattr(error, "same_on_every_rank", False)):
+        return False
+    from paraxis.dist.one_line import decide
+
+    decide(error)  # marks the attempt as ended by bad input: a peer that lost this rank is quiet
+    results.put(("error", str(error), error.exit_code))
+    results.close()
+    results.join_thread()
+    return True
+
+
+def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
+           max_restarts: int = 0, debug: bool = False, timeout_s: float = 600.0,
+           device: str = "auto") -> Any:
+    """Run `fn(*args)` on `nproc` local ranks; return what rank 0's call returned.
+
+    max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
+    stopped and all start again, up to this many times, with TORCHELASTIC_RESTART_COUNT set
+    as under torchrun --max-restarts (training resumes from its newest checkpoint then:
+    `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
+    ranks run on the CPU (then one thread each).
+    """
+    import torch
+
+    one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    for attempt in range(max_restarts + 1):
+        try:
+            return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread)
+        except RunFailed as failure:
+            if attempt == max_restarts:
+                raise
+            print(f"paraxis: {failure}; restarting every rank from the newest checkpoint "
+                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
+                 attempt: int, timeout_s: float, one_thread: bool) -> Any:
+    import torch.distributed as dist
+
+    # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
+    # the store owns the socket from here on and closes it.
+    try:
+        listener = socket.create_server((host, 0), backlog=max(128, 4 * nproc))
+    except OSError as error:
+        raise ParaxisError(f"--rdzv-host {host} cannot be listened on here ({error.strerror});"
+                           " give an address of this machine (127.0.0.1 for one machine)"
+                           ) from None
+    port = listener.getsockname()[1]
+    try:
+        store = dist.TCPStore(host, port, is_master=True, master_listen_fd=listener.detach(),
+                              wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    except dist.DistError as error:
+        raise RunFailed(f"the launcher's rendezvous store did not start within --timeout-s "
+                        f"{timeout_s:g} ({str(error).splitlines()[0][:120]}); give a larger "
+                        "--timeout-s") from None
+    common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
+              "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
+              "TORCHELASTIC_RESTART_COUNT": str(attempt),
+              "PARAXIS_LAUNCHER_PID": str(os.getpid()),
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
+        common["GLOO_SOCKET_IFNAME"] = "lo"
+    context = mp.get_context("spawn")  # fork after `import torch` is unsafe
+    results = context.Queue()
+    processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
+        fn, args, one_thread, debug, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        results)) for rank in range(nproc)]
+    for process in processes:
+        process.start()
+    try:
+        with _PassSignals(processes) as signals:
+            return _watch(processes, results, timeout_s, signals)
+    finally:
+        _stop(processes)
+        del store
+
+
+class _PassSignals(CatchSignals):
+    """While the ranks run, SIGTERM, SIGHUP or SIGINT to the launcher reaches them (as
+    SIGTERM: a terminal's Ctrl-C already reached them as SIGINT, and a second SIGINT would
+    stop them without a checkpoint); they stop together at the next step boundary, saving a
+    checkpoint (`runtime/preemption.py`). A second signal stops them at once."""
+
+    def __init__(self, processes: list) -> None:
+        super().__init__()
+        self.processes = processes
+
+    def _handle(self, signum: int, frame: object) -> None:
+        passed = signal.SIGKILL if self.signum else signal.SIGTERM
+        self.signum = self.signum or signum
+        for process in self.processes:
+            if process.exitcode is None and process.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, passed)
+
+
+def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSignals) -> Any:
+    """Wait for every rank to exit 0 (then return rank 0's result) or for one to fail."""
+    returned, received = None, False
+    said: dict[str, int] = {}  # lines the ranks left to the launcher -> their exit code
+    while True:
+        try:
+            kind, *payload = results.get(timeout=0.1)
+            if kind == "result":
+                returned, received = payload[0], True
+            else:
+                said.setdefault(payload[0], payload[1])
+        except queue.Empty:
+            pass
+        codes = [p.exitcode for p in processes]
+        if all(code == 0 for code in codes):  # done (a signal that came too late changes nothing)
+            return returned if received else results.get(timeout=timeout_s)[1]
+        if signals.signum or any(code not in (None, 0) for code in codes):
+            _wait_for_the_rest(processes, results, said, signals)
+            if said:  # bad input or a preemption: the same line from every rank, once
+                error = ParaxisError("; ".join(said))
+                error.exit_code = max(said.values())
+                raise error
+            if signals.signum:
+                error = ParaxisError(f"stopped by {signal.Signals(signals.signum).name} "
+                                     "before the ranks started training; nothing was saved")
+                error.exit_code = 128 + signals.signum
+                raise error
+            raise RunFailed(failure_summary([p.exitcode for p in processes]))
+
+
+def _wait_for_the_rest(processes: list, results: Queue, said: dict[str, int],
+                       signals: _PassSignals) -> None:
+    """After a failure the others' waits expire a moment later: let them say so. After a
+    signal, wait for every rank to save and stop (their watchdog bounds it)."""
+    deadline = time.monotonic() + CommFailure.linger_s + 2.0
+    while any(p.exitcode is None for p in processes) and (
+            signals.signum or time.monotonic() < deadline):
+        with contextlib.suppress(queue.Empty):
+            kind, *payload = results.get(timeout=0.1)
+            if kind == "error":
+                said.setdefault(payload[0], payload[1])
+    with contextlib.suppress(queue.Empty):  # lines put just before their rank exited
+        while True:
+            kind, *payload = results.get(timeout=0.2)
+            if kind == "error":
+                said.setdefault(payload[0], payload[1])
+
+
+def _stop(processes: list) -> None:
+    """Stop whoever is still running: the run failed, so there is nothing to save (SIGKILL:
+    SIGTERM would ask them to save at the next step, with a peer gone)."""
+    for process in processes:
+        if process.exitcode is None:
+            process.kill()
+    for process in processes:
+        process.join()
+
+
+def failure_summary(codes: list[int | None]) -> str:
+    """"rank 1 exited with code 3, rank 2 did not exit on its own (stopped); ..." in one line."""
+    parts = []
+    for rank, code in enumerate(codes):
+        if code is None:
+            parts.append(f"rank {rank} did not exit on its own (stopped)")
+        elif code < 0:
+            parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
+        elif code > 0:
+            parts.append(f"rank {rank} exited with code {code}")
+    return (f"{', '.join(parts)} (of {len(codes)} ranks); each failed rank's own line above "
+            "says why (--debug for tracebacks)")
+
+
+def warn_if_oversubscribed(nproc: int, device: str) -> None:
+    """One line when CPU ranks outnumber the cores this process may use: the run works,
+    only slower (every rank wants a core of its own)."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores and nproc > cores:
+        print(f"paraxis: warning: {nproc} ranks on {cores} CPU core{'s' * (cores > 1)}: they "
+              f"will share cores and every step will be slower; for speed use --nproc {cores}",
+              file=sys.stderr, flush=True)

@@ -1,0 +1,300 @@
+"""Run a test body on real ranks (processes, gloo, one thread each) as if it were one process.
+
+A distributed test reads like a single-process test: the decorator starts the ranks, joins
+them in a process group, builds the groups of the layout, and hands the body a `RankContext`:
+
+    from paraxis.dist.testing import on_ranks
+
+    @on_ranks("dp=2,tp=2")                 # world size from the layout: 4 ranks
+    def test_tp_pairs(ctx, tmp_path):      # ctx first; pytest fixtures and params after it
+        assert ctx.groups.tp_rank == ctx.rank % 2
+        ...                                # assert inside: a failing rank fails the test
+
+    @on_ranks(["dp=4", "dp=2,tp=2,zero=1"])  # several layouts of one world, one launch:
+    def test_each(ctx):                      # the body runs once per layout, in order,
+        ...                                  # each time with that layout's own groups
+
+Starting ranks is the expensive part (~2 s for 4 here), so a test that covers several
+layouts of one world size runs them in one launch. A test that compares with a single-device
+run computed in the parent calls `run_on_ranks` and gets the bodies' return values back:
+
+    losses = run_on_ranks("pp=2,microbatches=4", train, cfg)   # [rank 0's, rank 1's]
+    losses = run_on_ranks(["dp=2", "tp=2"], train, cfg)          # [[dp=2 by rank], [tp=2 ...]]
+
+A body whose layout changes with other per-case data makes the groups itself with
+`ctx.with_layout(layout)`. A layout is a `Layout`, its text ("dp=2,tp=2") or a plain world
+size (n: the layout dp=n), for bodies that only need n ranks.
+
+Any rank's exception is raised in the caller with that rank's traceback (and the layout it
+ran); a rank that does not finish within `timeout_s` fails the call instead of hanging it.
+Processes are forked (the cheapest start on this machine), so bodies may be closures, and
+meet at a fresh TCP port. With `device="cuda"` each rank takes the GPU of its local rank and
+joins over NCCL; those ranks are spawned, not forked (a forked child cannot use CUDA once its
+parent has touched it), so the body must then be a module-level function given to
+`run_on_ranks`. `run_distributed(fn, world_size)` is the layer below: `fn` with no context.
+
+A process that forks CPU ranks must not see a GPU (`paraxis.dist.hidden_gpus`): the test suite
+hides them from itself; the ranks `device="cuda"` spawns see them again (`gpu_count()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+
+from paraxis.dist.hidden_gpus import SEEN_GPUS, gpus_seen
+from paraxis.spec.layout import Layout
+from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
+
+
+class RankFailed(AssertionError):
+    """A rank raised; the message carries its traceback."""
+
+
+LayoutLike = Layout | str | int
+"""A layout, its text ("dp=2,tp=2"), or a world size n (the layout dp=n)."""
+
+T = TypeVar("T")
+
+
+def as_layout(layout: LayoutLike) -> Layout:
+    """The `Layout` a test names: itself, parsed from text, or dp=n for a world size n."""
+    if isinstance(layout, Layout):
+        return layout
+    if isinstance(layout, str):
+        return Layout.parse(layout)
+    return Layout(dp=layout)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a test body gets on its rank: who it is, the layout, and that layout's groups
+    (`groups.dp_rank`, `groups.tp_group`, `groups.next_stage_rank`, ...), already built."""
+
+    rank: int
+    world_size: int
+    layout: Layout
+    groups: ParallelGroups
+
+    def with_layout(self, layout: LayoutLike) -> RankContext:
+        """The same ranks under another layout of this world, with its groups created now.
+        Creating groups is collective: every rank calls this, in the same order."""
+        return _context(layout)
+
+
+def _context(layout: LayoutLike) -> RankContext:
+    layout = as_layout(layout)
+    return RankContext(dist.get_rank(), dist.get_world_size(), layout, build_groups(layout))
+
+
+def _each_layout(body: Callable[..., Any], layouts: list[Layout], *args: Any,
+                 **kwargs: Any) -> list[Any]:
+    """On one rank: the body once per layout, each time with that layout's fresh groups."""
+    results = []
+    for layout in layouts:
+        try:
+            results.append(body(_context(layout), *args, **kwargs))
+        except BaseException as error:
+            error.add_note(f"(while running layout {layout})")
+            raise
+    return results
+
+
+@overload
+def run_on_ranks(layouts: LayoutLike, body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[T]: ...
+
+
+@overload
+def run_on_ranks(layouts: list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = ..., device: str = ..., **kwargs: Any) -> list[list[T]]: ...
+
+
+def run_on_ranks(layouts: LayoutLike | list[LayoutLike], body: Callable[..., T], *args: Any,
+                 timeout_s: float = 180.0, device: str = "cpu",
+                 **kwargs: Any) -> list[T] | list[list[T]]:
+    """Run `body(ctx, *args, **kwargs)` on the ranks of `layouts` (one launch) and return
+    what it returned: by rank for one layout, by layout then by rank for a list of them."""
+    __tracebackhide__ = True
+    several = isinstance(layouts, list)
+    wanted = [as_layout(layout) for layout in (layouts if several else [layouts])]
+    world_size = wanted[0].world_size
+    if any(layout.world_size != world_size for layout in wanted):
+        raise ValueError("the layouts of one launch must have one world size; got "
+                         + ", ".join(f"{layout} ({layout.world_size})" for layout in wanted))
+    per_rank = run_distributed(functools.partial(_each_layout, body, wanted), world_size,
+                               args, kwargs, timeout_s, device)
+    by_layout = [[results[index] for results in per_rank] for index in range(len(wanted))]
+    return by_layout if several else by_layout[0]
+
+
+def on_ranks(layouts: LayoutLike | list[LayoutLike],
+             timeout_s: float = 180.0) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Decorator: the test body runs on every rank of `layouts` (once per layout for a
+    list); pytest sees one test.
+
+    The body's first parameter receives the `RankContext`; pytest fills the others (fixtures,
+    parametrize arguments) in the parent, and they travel to the ranks. The body's return
+    value is ignored: assert inside it (a failing rank fails the test with its traceback).
+    """
+
+    def wrap(body: Callable[..., Any]) -> Callable[..., None]:
+        signature = inspect.signature(body)
+        if not signature.parameters:
+            raise TypeError(f"{body.__name__} must take the RankContext as its first "
+                            "parameter: def test_...(ctx, ...)")
+
+        @functools.wraps(body)
+        def test(*args: Any, **kwargs: Any) -> None:
+            __tracebackhide__ = True
+            run_on_ranks(layouts, body, *args, timeout_s=timeout_s, **kwargs)
+
+        # pytest reads the signature to pick fixtures: it must not look for one named ctx.
+        test.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=list(signature.parameters.values())[1:])
+        return test
+
+    return wrap
+
+
+# ------------------------------------------- the layer below: a plain function on N ranks
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
+               args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
+               device: str = "cpu") -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        # Device from the local rank, backend from the device, as paraxis.runtime does.
+        chosen = pick_device(device)
+        dist.init_process_group(backend_for(chosen),
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size,
+                                device_id=chosen if chosen.type == "cuda" else None,
+                                timeout=timedelta(seconds=collective_timeout_s))
+        value = fn(*args, **kwargs)
+        dist.barrier()
+        results.put((rank, "ok", value))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)  # skip atexit handlers inherited from the pytest process
+
+
+# A rank's collectives time out this long after the caller's deadline: a rank left waiting
+# for one that hangs would otherwise fail its collective at about the same moment the caller
+# gives up, and which of the two is reported first would depend on how late each was
+# scheduled (the caller read as "rank 1 failed: ... timeout" instead of a hang).
+HANG_MARGIN_S = 10.0
+
+
+# ------------------------------------------------------------ GPUs, seen by spawned ranks
+
+
+@functools.cache
+def gpu_count() -> int:
+    """How many GPUs a rank spawned with `device="cuda"` sees (asked of a new process when
+    this one hides them; no NVIDIA device file, no GPU, and no process started)."""
+    if SEEN_GPUS not in os.environ:
+        return torch.cuda.device_count()
+    if not Path("/dev/nvidiactl").exists():
+        return 0
+    with gpus_seen():
+        answer = subprocess.run([sys.executable, "-c", "import torch; "
+                                 "print(torch.cuda.device_count())"],
+                                capture_output=True, text=True, timeout=120)
+    return int(answer.stdout.strip() or 0)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
+                    kwargs: dict | None = None, timeout_s: float = 180.0,
+                    device: str = "cpu") -> list[Any]:
+    """Run `fn(*args, **kwargs)` on `world_size` ranks; return each rank's result, by rank."""
+    __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
+    context = mp.get_context("spawn" if device == "cuda" else "fork")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=_rank_main, daemon=True,
+                                 args=(fn, rank, world_size, port, args, kwargs or {}, results,
+                                       timeout_s + HANG_MARGIN_S, device))
+                 for rank in range(world_size)]
+    with gpus_seen() if device == "cuda" else contextlib.nullcontext():
+        for process in processes:
+            process.start()
+    collected: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(collected) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(collected))
+                raise RankFailed(f"rank(s) {missing} did not finish within {timeout_s:.0f} s "
+                                 "(a hang: a collective that some rank never joined?)")
+            try:
+                rank, status, value = results.get(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty: check for ranks that died without a word
+                dead = [r for r, p in enumerate(processes)
+                        if p.exitcode not in (None, 0) and r not in collected]
+                if dead:
+                    raise RankFailed(f"rank {dead[0]} died with exit code "
+                                     f"{processes[dead[0]].exitcode}") from None
+                continue
+            if status == "error":
+                raise RankFailed(f"rank {rank} failed:\n{value}")
+            collected[rank] = value
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    return [collected[rank] for rank in range(world_size)]
+
+
+# ------------------------------------------------------- whole runs of the command line
+
+
+def train_records(args: list[str], metrics: Path, nproc: int = 1,
+                  timeout_s: float = 150) -> list[dict]:
+    """Run `paraxis train args` in a new process (under torchrun with `nproc` ranks when
+    nproc > 1) and return the records of its metrics file; a non-zero exit fails with the
+    tail of its stderr."""
+    launcher = [sys.executable, "-m", "paraxis", "train"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                    str(nproc), "--master-port", str(free_port()), "-m", "paraxis.train"]
+    result = subprocess.run([*launcher, *args, "--metrics-file", str(metrics)],
+                            capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise AssertionError(f"paraxis train exited {result.returncode}:\n"
+                             f"{result.stderr[-2000:]}")
+    return [json.loads(line) for line in metrics.read_text().splitlines()]

@@ -1,0 +1,329 @@
+"""The training step's contract with a parallel runtime (`Engine`), and its single-device form.
+
+A training loop needs four things from a runtime, whatever the layout:
+
+    loss = engine.forward_backward(inputs, targets)   # this dp rank's share of the batch
+    norm = engine.clip_grad_norm(max_norm)            # global norm, over every shard
+    engine.optimizer_step(lr)
+    engine.zero_grad()
+
+and checkpointing, tracing and reporting need a few more (`Engine` lists them all).
+`LocalEngine` is the reference: one process holds the whole model, splits its batch into
+`layout.microbatches` microsteps (gradient accumulation) and runs AdamW. The parallel
+engines (`data_parallel.DataParallelEngine`, `pipeline_parallel.engine.PipelineEngine`)
+subclass it and change only what their axis changes.
+
+Document packing (`paraxis.parallel.context.packing`) reaches the engine in two places: `microbatches` masks
+the targets after each end-of-document input, and each microbatch's mean loss is weighed by
+its count of unmasked targets (`packing.loss_weights`), so that every layout's loss is the
+mean over the global batch's unmasked targets, as on one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from paraxis.dist.params import local_norm_squares
+from paraxis.model.checkpoint.entries import Entry, Place, buffer_entries, whole_entries
+from paraxis.model.transformer import single_device_buffers, single_device_parameters
+from paraxis.parallel.context.packing import counted_targets, loss_weights, mask_targets, weigh
+from paraxis.parallel.experts.layer import set_aux_loss_scale
+from paraxis.spec.layout import Layout
+from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+
+if TYPE_CHECKING:
+    from paraxis.dist.groups import ParallelGroups
+
+
+class LossScale(Protocol):
+    """fp16's dynamic loss scale as checkpoints see it (`data_parallel.precision`)."""
+
+    def state_dict(self) -> dict[str, float]: ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None: ...
+
+
+class Engine(Protocol):
+    """What the training loop, checkpoints, traces and reports may ask of a runtime.
+
+    A Protocol rather than a base class: callers depend on these names only, and an engine
+    that shares no code with `LocalEngine` (one wrapping another library, say) fits as long
+    as it has them. The engines here do share code, by subclassing `LocalEngine`.
+    """
+
+    model: nn.Module  # this rank's modules (a Transformer, or a stage's parts)
+    layout: Layout
+    optimizer: torch.optim.Optimizer
+    loss_scaler: LossScale | None  # fp16's dynamic loss scale, checkpointed; else None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters under their single-device names, each once."""
+        ...
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """Every piece of training state this rank holds, in single-device coordinates."""
+        ...
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
+
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]: ...
+
+    def clip_grad_norm(self, max_norm: float) -> float: ...
+
+    def skipped_overflow(self) -> bool: ...
+
+    def optimizer_step(self, lr: float) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        """The last step's recorded actions (Chrome trace events); empty if none recorded."""
+        ...
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds, by kind (params, grads, optimizer)."""
+        ...
+
+
+class LocalEngine:
+    """The whole model in one process: the reference every layout is compared with."""
+
+    end_of_document: int | None = None  # document packing: set by runtime.parallelize
+
+    def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = WEIGHT_DECAY,
+                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.layout = layout
+        self.autocast_dtype = autocast_dtype
+        self.groups: ParallelGroups | None = None
+        self.loss_scaler: LossScale | None = None
+        self.optimizer = make_adamw(model.parameters(), weight_decay, betas, eps)
+        init_adam_state(self.optimizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def microbatches(self, inputs: torch.Tensor, targets: torch.Tensor
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The microbatches of this share; packing masks their targets."""
+        count = self.layout.microbatches
+        if self.end_of_document is not None:
+            targets = mask_targets(inputs, targets, self.end_of_document)
+        return list(zip(inputs.chunk(count), targets.chunk(count), strict=True))
+
+    def loss_weights(self, micro: list[tuple[torch.Tensor, torch.Tensor]]
+                     ) -> list[float] | None:
+        """Packing: each microbatch's weight (`packing.loss_weights`); None otherwise."""
+        if self.end_of_document is None:
+            return None
+        counts = counted_targets([y for _, y in micro])
+        total = self.count_over_replicas(sum(counts))
+        return loss_weights(counts, total, self.layout.dp * self.layout.cp)
+
+    def count_over_replicas(self, count: int) -> int:
+        """The sum of `count` over the ranks sharing the batch (dp x cp): one here."""
+        return count
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Accumulate gradients over the microbatches; return the mean loss."""
+        micro = self.microbatches(inputs, targets)
+        weights = self.loss_weights(micro)
+        losses = []  # read once after the last backward: .item() per microbatch stops the host
+        # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
+        set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
+        for index, (x, y) in enumerate(micro):
+            with self.no_sync(last=index == len(micro) - 1):
+                loss = self.loss(x, y)
+                if weights is not None:
+                    loss = weigh(loss, weights[index])
+                loss = loss / len(micro)  # mean over microbatches = batch mean
+                self.backward(loss)
+            losses.append(loss.detach())
+        self.finish_grad_sync()
+        return self.reduce_loss(sum(torch.stack(losses).tolist()))  # the same sum as before
+
+    @torch.no_grad()
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """Mean loss on this dp rank's share of a held-out batch; no gradients, no update."""
+        micro = self.microbatches(inputs, targets)
+        weights = self.loss_weights(micro) or [1.0] * len(micro)
+        total = sum(weigh(self.loss(x, y), w).item() for (x, y), w in
+                    zip(micro, weights, strict=True)) / len(micro)
+        return self.reduce_loss(total)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
+        loss.backward()
+
+    def loss_scale(self) -> float:
+        """fp16's dynamic loss scale (1: none), by which `backward` multiplies the loss."""
+        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+
+    def finish_grad_sync(self) -> None:
+        """Data-parallel engines wait for their in-flight gradient reductions here."""
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.autocast_dtype is None:
+            return self.model(inputs, targets)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self.model(inputs, targets)
+
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Data-parallel engines communicate only on the last microstep."""
+        return contextlib.nullcontext()
+
+    def reduce_loss(self, loss: float) -> float:
+        return loss
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        """Squared global gradient norm; parallel engines reduce it over their groups
+        (`paraxis.dist.params.global_norm_squared`)."""
+        sharded, replicated = local_norm_squares(list(self.model.parameters()))
+        return sharded + replicated
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global L2 norm of all gradients; scale them down to `max_norm` when above it."""
+        norm = math.sqrt(float(self.grad_norm_squared()))
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
+            grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]
+                     if p.grad is not None]
+            torch._foreach_mul_(grads, scale)
+        return norm
+
+    def skipped_overflow(self) -> bool:
+        """True when fp16 loss scaling found inf/NaN gradients this step and skips the
+        update itself (an expected event, not a numerical fault)."""
+        return False
+
+    def optimizer_step(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------ checkpoints, traces, reports
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return single_device_parameters(self.model)
+
+    def place(self) -> Place:
+        """This rank's TP slice and replica (dp x cp; for experts, among the ranks holding
+        the same ones), for its checkpoint entries."""
+        if self.groups is None:
+            return Place()
+        return Place(self.groups.tp_rank, self.layout.tp, self.groups.replica_rank,
+                     self.groups.expert_dp_rank)
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all), and
+        the model's buffers."""
+        trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        return whole_entries(trainable, self.optimizer.state, self.place()) + \
+            self.buffer_entries()
+
+    def buffer_entries(self) -> list[Entry]:
+        """The training state the model keeps in buffers (an MoE block's routing bias)."""
+        return buffer_entries(single_device_buffers(self.model), self.place())
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        return []
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer states, counted from
+        tensor storages (each storage once)."""
+        params = [p.data for p in self.model.parameters()]
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return {"params": storage_bytes(params), "grads": storage_bytes(grads),
+                "optimizer": storage_bytes(optimizer_tensors(self.optimizer))}
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    return (t for state in optimizer.state.values() for t in state.values()
+            if isinstance(t, torch.Tensor))
+
+
+GROUP_BYTES = 64 * 2**20  # the most parameter bytes one foreach AdamW call works on
+
+
+def decays(param: nn.Parameter) -> bool:
+    """Weight decay on matrices only, not biases or norms: the GPT-2/nanoGPT convention."""
+    return param.dim() >= 2
+
+
+def make_adamw(params: Iterable[nn.Parameter], weight_decay: float,
+               betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+    """AdamW with decay where `decays` says."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if decays(p)]
+    no_decay = [p for p in params if not decays(p)]
+    return adamw(decay, no_decay, weight_decay, betas, eps)
+
+
+def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], weight_decay: float,
+          betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+    """AdamW over `decay` (with weight decay) and `no_decay` tensors.
+
+    foreach=True: one multi-tensor call per group instead of a Python loop over tensors. Its
+    per-element math is the single-tensor algorithm's, so on CPU the result is the same bit
+    for bit whatever the tensors' shapes or sharding (a sharded optimizer still matches the
+    single-device one; tests/test_dp_equivalence.py). A foreach call makes temporaries as
+    large as all the tensors it is given, so the tensors are split into groups of at most
+    GROUP_BYTES: a 100M-parameter shard steps with 64 MiB of temporaries, not 400 MB.
+    """
+    groups = [{"params": chunk, "weight_decay": decay_rate}
+              for tensors, decay_rate in ((decay, weight_decay), (no_decay, 0.0))
+              for chunk in _chunks(tensors, GROUP_BYTES)]
+    # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
+    groups = groups or [{"params": [], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
+
+
+def _chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    chunks: list[list[torch.Tensor]] = []
+    size = limit
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(t)
+        size += nbytes
+    return chunks
+
+
+def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate AdamW's moments now rather than at the first step, so the memory logged at
+    start is the memory training holds, and checkpoints list them from step 0 (the same
+    zeros torch would create lazily)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

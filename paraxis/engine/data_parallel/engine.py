@@ -1,0 +1,400 @@
+"""`DataParallelEngine`: the Engine contract on a dp group, with ZeRO stage 0-3.
+
+Every dp rank runs the same module on its slice of the batch. The engine works on whatever
+parameters the module holds (a whole model, TP shards, one pipeline stage's parts) and talks
+only over `groups.replica_group` (dp, or dp x cp: cp ranks hold the same parameters), so the
+pipeline engine puts it underneath its own. dp = cp = 1 is a group of one (`dp_group` None):
+its collectives are no-ops, so every layout runs through this engine at no measurable cost.
+The one exception is experts split over ep (`ep_sharded`): their units reduce, shard and
+gather over the ranks holding the same experts (`groups.expert_group`); their gradients,
+already summed over every rank whose tokens they took, are divided by dp*cp like the rest.
+
+Parameters still on the meta device (`runtime.parallelize`) get their storage here, on
+`device`, without a value being read: ZeRO-3 never allocates more than a block's full
+parameters at a time. Their values come afterwards, by name (`parallelize.materialize`).
+
+    with engine.no_sync(last=is_last_microbatch):   # around each microbatch's backward
+        loss.backward()
+    engine.finish_grad_sync()                        # once, after the last backward
+    engine.clip_grad_norm(max_norm); engine.optimizer_step(lr); engine.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraxis.dist.groups import ParallelGroups
+from paraxis.dist.params import (
+    global_norm_squared,
+    is_ep_sharded,
+    is_pp_duplicate,
+    is_tp_sharded,
+    local_norm_squares,
+    norm_squared,
+)
+from paraxis.dist.watchdog import WATCH
+from paraxis.engine.contract import (
+    LocalEngine,
+    init_adam_state,
+    make_adamw,
+    optimizer_tensors,
+    storage_bytes,
+)
+from paraxis.engine.data_parallel.buckets import GradReducer, make_buckets
+from paraxis.engine.data_parallel.flat import FlatUnit, all_gather, group_size
+from paraxis.engine.data_parallel.loss_scale import LossScaler, any_rank_overflowed, torch_dtype
+from paraxis.engine.data_parallel.masters import MasterWeights
+from paraxis.engine.data_parallel.zero import (
+    ParamGatherer,
+    flatten_params_into,
+    give_buffers_storage,
+    give_storage,
+    shard_optimizer,
+    zero3_units,
+)
+from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
+from paraxis.parallel.tensor.partial import sum_partial_grads
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.precision import PrecisionPolicy, autocast_policy, get_policy
+from paraxis.spec.units import DEFAULT_BUCKET_BYTES
+from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+
+
+class DataParallelEngine(LocalEngine):
+    """Data parallelism over `groups.replica_group` (dp x cp) with ZeRO stage `layout.zero`.
+
+    bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time)
+    and for the partial gradients' sum over tp. precision: the policy (`paraxis.spec.precision`;
+    a preset's name or a policy): parameters are stored in its param dtype, gradients
+    accumulate and are reduced in its grad dtype, a 16-bit policy's AdamW updates fp32
+    masters (`masters.py`), fp16 scales its loss.
+    autocast_dtype: the older form, 16-bit compute over fp32 parameters and gradients
+    (`precision.autocast_policy`). device: where parameters still on the meta device get their
+    storage (default: where the parameters are).
+    """
+
+    def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
+                 weight_decay: float = WEIGHT_DECAY, betas: tuple[float, float] = ADAM_BETAS,
+                 eps: float = ADAM_EPS, autocast_dtype: torch.dtype | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 device: torch.device | None = None,
+                 precision: str | PrecisionPolicy = "fp32") -> None:
+        self.model, self.layout, self.groups = model, layout, groups
+        self.policy = policy = get_policy(precision)
+        if autocast_dtype is not None:
+            names = {torch_dtype(n): n for n in ("fp32", "bf16", "fp16")}
+            self.policy = policy = autocast_policy(names[autocast_dtype])
+        self.autocast_dtype = (None if policy.compute_dtype == "fp32"
+                               else torch_dtype(policy.compute_dtype))
+        self.zero = layout.zero
+        self.dp_group = groups.replica_group if groups is not None else None  # dp (x cp)
+        self.dp_size = group_size(self.dp_group)
+        # experts split over ep reduce (and shard) over the ranks holding the same experts
+        self.expert_group = groups.expert_group if groups is not None else None
+        if self.dp_size != layout.dp * layout.cp:
+            axes = "dp*cp" if layout.cp > 1 else "dp"
+            raise ParaxisError(f"layout {axes}={layout.dp * layout.cp} but this rank's {axes} "
+                               f"group has {self.dp_size} ranks; build its groups from the layout")
+        if bucket_bytes <= 0:
+            raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
+        self.bucket_bytes = bucket_bytes
+        self.loss_scaler = LossScaler() if policy.loss_scaling else None
+        self._skip_step = False
+        self._grad_factor = 1.0  # unscale/clip factor left for the fp32 master gradients
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = device or params[0].device
+        fp32_values = None  # masters start from these, not from their 16-bit roundings
+        if any(p.is_meta for p in params):
+            _cast(params, torch_dtype(policy.param_dtype))
+            if self.zero == 0 and not policy.has_masters:  # else views of flat buffers
+                for p in params:
+                    if p.is_meta:
+                        give_storage(p, device)
+            give_buffers_storage(model, device)
+        else:
+            self._broadcast_from_first_rank(params)
+            if policy.has_masters:
+                fp32_values = {id(p): p.detach().float() for p in params}
+            _cast(params, torch_dtype(policy.param_dtype))
+        grad_dtype = torch_dtype(policy.grad_dtype)
+        # Sharded gradients are reduced per microbatch (buckets.py), except under a pipeline,
+        # whose stages accumulate them whole and reduce once (its tied embedding's sum and
+        # ZeRO-3's chunks need the whole step's gradients: pipeline_parallel/engine.py).
+        self.reduce_every_microbatch = self.zero >= 2 and layout.pp == 1
+        self.gatherer: ParamGatherer | None = None
+        if self.zero == 3:
+            self.units, hooks = zero3_units(model, params, self.dp_group, device,
+                                            self.expert_group)
+            self.gatherer = ParamGatherer(self.units, hooks, model, self.dp_group)
+            # Backward completes the forward units last-to-first, then the root.
+            order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
+                                                                     len(self.units)))
+            self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
+                                       shard_grads=True,
+                                       on_unit_backward_done=lambda i: self.gatherer
+                                       .on_unit_backward_done(order[i]), grad_dtype=grad_dtype)
+        else:
+            self.units = make_buckets(params, bucket_bytes, self.group_of, device)
+            if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
+                for unit in self.units:
+                    full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+                    flatten_params_into(unit, full)
+                    unit.param_full = full
+                    unit.param_shard = unit.shard_of(full)
+            self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
+                                       reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype)
+        self.masters: MasterWeights | None = None
+        if policy.has_masters:
+            whole = self.zero == 0  # ZeRO-0 updates every unit whole
+            owned = [u.param_full if whole else u.param_shard for u in self.units]
+            grads = [u.grad_full if whole else u.grad_shard for u in self.units]
+            self.masters = MasterWeights(self.units, owned, grads, whole)
+            self.optimizer, self.pieces = shard_optimizer(
+                self.units, weight_decay, betas, eps, self.masters.masters, whole)
+            self.masters.attach(self.pieces)
+            if fp32_values is not None:
+                self.masters.fill_from(fp32_values)
+        elif self.zero == 0:
+            self.optimizer = make_adamw(params, weight_decay, betas, eps)
+            self.pieces = []
+        else:
+            self.optimizer, self.pieces = shard_optimizer(self.units, weight_decay, betas, eps)
+        init_adam_state(self.optimizer)
+        # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
+        self.piece_grads = [] if not self.pieces else _piece_grads(
+            self.units, whole=self.masters is not None and self.zero == 0)
+
+    def group_of(self, param: nn.Parameter) -> dist.ProcessGroup | None:
+        """Where `param`'s gradient is reduced: the replica group, or the experts' own."""
+        return self.expert_group if is_ep_sharded(param) else self.dp_group
+
+    def _broadcast_from_first_rank(self, params: list[nn.Parameter]) -> None:
+        """Every rank starts from dp rank 0's weights (as DDP does), whatever their seeds."""
+        with torch.no_grad():
+            for p in params:
+                group = self.group_of(p)
+                if group is not None:
+                    with WATCH.waiting("broadcast", group):
+                        dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
+
+    # ------------------------------------------------------------------- the contract
+
+    def backward(self, loss: torch.Tensor) -> None:
+        scaler = self.loss_scaler
+        (loss * scaler.scale if scaler is not None else loss).backward()
+
+    @contextlib.contextmanager
+    def no_sync(self, last: bool) -> Iterator[None]:
+        """Around one microbatch's backward. ZeRO-0/1: gradients accumulate locally unless
+        `last`, in which case buckets launch from the backward hooks (nanoGPT: sync only at
+        the last microstep, since earlier all-reduces would be overwritten work). ZeRO-2/3
+        without a pipeline: every microbatch reduce-scatters its gradients into the shards
+        (`reduce_every_microbatch`), so no rank ever holds the whole model's gradients."""
+        every = self.reduce_every_microbatch
+        self.reducer.begin_microstep(sync=last or every)
+        yield
+        if every and not last:
+            self.reducer.end_microstep()
+
+    def finish_grad_sync(self) -> None:
+        """Wait for every bucket/shard reduction; gradients are then the dp mean. Then sum
+        the partial gradients over the TP group, a call per bucket (`sum_partial_grads`)."""
+        self.reducer.finish()
+        if self.gatherer is not None:
+            self.gatherer.free_all()
+        pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
+                  zip(self.pieces, self.piece_grads, strict=True)] if self.pieces else
+                 [(p, p.grad) for p in self.model.parameters()])
+        sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None,
+                          self.bucket_bytes)
+
+    def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        loss = super().evaluate(inputs, targets)
+        if self.gatherer is not None:  # forward-only leaves the root unit gathered
+            self.gatherer.free_all()
+        return loss
+
+    def count_over_replicas(self, count: int) -> int:
+        if self.dp_group is None:
+            return count
+        value = torch.tensor([count], dtype=torch.int64, device=self.device)
+        with WATCH.waiting("all_reduce", self.dp_group):
+            dist.all_reduce(value, group=self.dp_group)
+        return int(value)
+
+    def reduce_loss(self, loss: float) -> float:
+        if self.dp_group is None:
+            return loss
+        value = torch.tensor([loss], dtype=torch.float64)
+        if self.device.type == "cuda":
+            value = value.to(self.device)
+        with WATCH.waiting("all_reduce", self.dp_group):
+            dist.all_reduce(value, group=self.dp_group)
+        return float(value) / self.dp_size
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        if self.zero == 0 and self.masters is None:
+            params = list(self.model.parameters())
+            sharded, replicated = local_norm_squares([p for p in params if not is_ep_sharded(p)])
+            experts = self._experts_norm([p.grad for p in params if is_ep_sharded(p)
+                                          and p.grad is not None])
+            return global_norm_squared(sharded, replicated, self.groups, False, experts,
+                                       self.layout.etp > 1)
+        # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
+        # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
+        live = [(piece, grad) for (piece, _), grad in zip(self.pieces, self.piece_grads,
+                                                          strict=True)
+                if not is_pp_duplicate(piece.param)]
+        experts = self._experts_norm([g for p, g in live if is_ep_sharded(p.param)])
+        live = [(p, g) for p, g in live if not is_ep_sharded(p.param)]
+        sharded = norm_squared([g for p, g in live if is_tp_sharded(p.param)], self.device)
+        replicated = norm_squared([g for p, g in live if not is_tp_sharded(p.param)],
+                                  self.device)
+        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts,
+                                   self.layout.etp > 1)
+
+    def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
+        """Squared norm of this rank's expert gradients (None without expert parallelism)."""
+        return norm_squared(grads, self.device) if self.layout.ep > 1 else None
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global norm over every shard; clips (and, for fp16, unscales) in one pass: on
+        fp32 gradients in place, on 16-bit ones in their fp32 master copies at the step."""
+        norm = math.sqrt(float(self.grad_norm_squared()))
+        factor = 1.0
+        if self.loss_scaler is not None:
+            self._skip_step = any_rank_overflowed(math.isfinite(norm), self.groups,
+                                                  self.device)
+            self.loss_scaler.update(overflow=self._skip_step)
+            if self._skip_step:
+                return norm
+            factor = 1.0 / self.loss_scaler.last_scale
+            norm *= factor
+        if max_norm > 0 and norm > max_norm:
+            factor *= max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
+        if factor != 1.0 and self.reducer.grad_dtype == torch.float32:
+            for buffer in self.reducer.grad_buffers():
+                buffer.mul_(factor)
+        elif factor != 1.0:
+            self._grad_factor = factor  # 1/S would underflow in fp16 itself
+        return norm
+
+    def skipped_overflow(self) -> bool:
+        return self._skip_step
+
+    def optimizer_step(self, lr: float) -> None:
+        factor, self._grad_factor = self._grad_factor, 1.0
+        if self._skip_step:  # fp16 overflow: this step's gradients are not usable
+            self._skip_step = False
+            return
+        if self.gatherer is not None:
+            self.gatherer.free_all()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.masters is not None:
+            self.masters.load_grads(factor)
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.write_back()
+        if self.zero in (1, 2):
+            # Each rank updated its shard in place; all-gather rebuilds the full parameters.
+            # The shard is copied first: an all-gather's input must not alias its output.
+            works = [(all_gather(unit.param_full, unit.param_shard.clone(), unit.group),
+                      unit.group) for unit in self.units]
+            for work, group in works:
+                with WATCH.waiting("all_gather", group):
+                    work.wait()
+
+    def zero_grad(self) -> None:
+        self.reducer.zero()
+
+    # ------------------------------------------------------ checkpoints, traces, reports
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """ZeRO-1/2: whole parameters, AdamW moments of this rank's shard; ZeRO-3: the
+        parameters too exist only as this rank's shard. The model's buffers are whole."""
+        if self.masters is not None:
+            return self._master_entries() + self.buffer_entries()
+        if self.zero == 0:
+            return super().checkpoint_entries()
+        named = self.named_parameters()
+        names = {id(p): n for n, p in named}
+        place = self.place()
+        kinds = KINDS if self.zero == 3 else KINDS[1:]
+        entries = shard_entries(self.pieces, names, self.optimizer.state, place, kinds)
+        if self.zero in (1, 2):
+            trainable = [(n, p) for n, p in named if p.requires_grad]
+            entries += whole_entries(trainable, self.optimizer.state, place, ("param",))
+        return entries + self.buffer_entries()
+
+    def _master_entries(self) -> list[Entry]:
+        """A 16-bit policy saves the fp32 masters as the parameters (with their moments).
+        The 16-bit parameters are entries too, never written (owner False) but filled from
+        the same full tensor on load or initialisation, so they equal the rounded masters."""
+        named = self.named_parameters()
+        names = {id(p): n for n, p in named}
+        place = self.place()
+        # ZeRO-0: whole masters on every dp rank, one writer
+        entries = shard_entries(self.pieces, names, self.optimizer.state, place, KINDS,
+                                whole_on_every_dp_rank=self.zero == 0)
+        if self.zero == 3:
+            copies = shard_entries(
+                [(piece, unit.param_shard[piece.shard_lo:piece.shard_hi])
+                 for unit in self.units for piece in unit.pieces()], names, {}, place,
+                ("param",))
+        else:
+            copies = whole_entries([(n, p) for n, p in named if p.requires_grad], {}, place,
+                                   ("param",))
+        for entry in copies:
+            entry.owner = False
+        # by name, so initialisation and loading build each full tensor once
+        return sorted(entries + copies, key=lambda e: (e.name, e.kind))
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Name -> full parameter (a copy). Collective under ZeRO-3: call on every rank."""
+        if self.gatherer is None:
+            return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        out = {}
+        names = {id(p): n for n, p in self.named_parameters()}  # single-device names
+        for index, unit in enumerate(self.units):
+            flat = self.gatherer.full_flat(index)
+            for p, start, end in unit.spans():
+                out[names[id(p)]] = flat[start:end].view(p.shape).clone()
+        return out
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients and optimizer states, counted from
+        tensor storages (each storage once; a freed ZeRO-3 block counts zero)."""
+        params = [p.data for p in self.model.parameters()]
+        if self.gatherer is not None:
+            params += [unit.param_shard for unit in self.units]
+        grads = list(self.reducer.grad_buffers())
+        grads += [p.grad for p in self.model.parameters() if p.grad is not None]
+        optimizer = list(optimizer_tensors(self.optimizer))
+        if self.masters is not None:
+            optimizer += self.masters.masters
+        return {"params": storage_bytes(params), "grads": storage_bytes(grads),
+                "optimizer": storage_bytes(optimizer)}
+
+
+def _cast(params: list[nn.Parameter], dtype: torch.dtype) -> None:
+    """Store `params` in `dtype` (the policy's); the Parameter objects stay (hooks, tied
+    modules and the roles set on them keep referring to them)."""
+    for p in params:
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
+def _piece_grads(units: list[FlatUnit], whole: bool) -> list[torch.Tensor]:
+    """Each piece's reduced gradient, in `shard_optimizer`'s order."""
+    return [(unit.grad_full if whole else unit.grad_shard)[piece.shard_lo:piece.shard_hi]
+            for unit in units for piece in (unit.whole_pieces() if whole else unit.pieces())]
+

@@ -1,0 +1,141 @@
+"""Offline resharding, and weights to and from Hugging Face (`paraxis checkpoint`).
+
+Any layout already loads any checkpoint at start-up (`load.py`); `convert` does the
+reassembly once, in one process with no process group, and writes files cut the way the
+target layout's ranks hold them: one file per (pipeline stage, TP rank), each tensor split as
+the TP plan splits it (`tensor_parallel.apply.tp_split_dim`). Data-parallel replicas read
+the same file, and ZeRO shards are cut from it at load time. The whole model passes through
+memory once, tensor by tensor per stage.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from paraxis.files.checkpoint_manifest import FORMAT, VERSION, sha256_of, step_dir_name
+from paraxis.model.checkpoint.entries import KINDS, Entry
+from paraxis.model.checkpoint.load import CheckpointReader
+from paraxis.model.checkpoint.save import _write_tensors, commit, rank_file
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.train.run_checks import outermost_missing
+
+
+def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,
+                      seq_len: int | None = None) -> tuple[list[str], list[str]]:
+    """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
+    belongs to the first stage's embedding), and of its buffers (training state without
+    optimizer moments: `model.single_device_buffers`)."""
+    from paraxis.dist.params import is_pp_duplicate
+    from paraxis.model.stage import stage_parts
+    from paraxis.model.transformer import single_device_buffers
+    from paraxis.spec.partition import partition_layers
+
+    partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
+                                 placement=layout.placement)
+    parts = stage_parts(cfg, partition, stage)  # meta: names, no memory
+    return ([name for part in parts for name, param in part.named_parameters()
+             if not is_pp_duplicate(param)],
+            [name for part in parts for name, _ in single_device_buffers(part)])
+
+
+def convert(source: str | Path, destination: str | Path, layout: Layout,
+            seq_len: int | None = None) -> Path:
+    """Rewrite checkpoint `source` as `destination/step-N`, cut for `layout`."""
+    reader = CheckpointReader(source)
+    manifest = reader.manifest
+    cfg = reader.model_config()
+    kinds = tuple(k for k in KINDS if reader.names(k))
+    base = {key: value for key, value in manifest.items()
+            if key not in ("files", "pieces", "layout", "world_size")}
+    config = reader.directory / "config.toml"
+    return write_for_layout(reader.full, kinds, cfg, layout, destination,
+                            {**base, "converted_from": str(reader.directory)},
+                            config.read_text() if config.is_file() else "", seq_len)
+
+
+def import_hf(source: str | Path, destination: str | Path, layout: Layout | None = None
+              ) -> Path:
+    """A Hugging Face model directory as a paraxis checkpoint at step 0 (weights only)."""
+    from paraxis.model.hf import read_hf
+
+    layout = layout or Layout()
+    cfg, state = read_hf(source)
+    base = {"step": 0, "optimizer_steps": 0, "has_optimizer": False, "model": cfg.to_dict(),
+            "imported_from": str(source)}
+    return write_for_layout(lambda kind, name: state[name], ("param",), cfg, layout,
+                            destination, base)
+
+
+def export_hf(source: str | Path, destination: str | Path) -> Path:
+    """A paraxis checkpoint's weights as a Hugging Face model directory."""
+    from paraxis.model.checkpoint.load import read_full_state
+    from paraxis.model.hf import write_hf
+
+    cfg, state = read_full_state(source)
+    write_hf(destination, cfg, state)
+    return Path(destination)
+
+
+def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
+                     cfg: ModelConfig, layout: Layout, destination: str | Path,
+                     base: dict, config_toml: str = "", seq_len: int | None = None) -> Path:
+    """Write full tensors (`full_of(kind, name)`) as `destination/step-N`, one file per
+    (stage, TP rank) of `layout`; `base` holds the manifest's other facts (step, model...)."""
+    layout = layout.validate(model=cfg)  # heads, vocab, MLP width divisible by tp
+    destination = Path(destination)
+    final = destination / step_dir_name(int(base["step"]))
+    if final.exists():
+        raise ParaxisError(f"{final} already exists; choose another destination")
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    made = outermost_missing(destination)  # removed again if the write fails
+    tmp.mkdir(parents=True)
+    try:
+        files, pieces = _write_pieces(full_of, kinds, cfg, layout, tmp, seq_len)
+    except BaseException:  # a source that fails to read: leave no trace of the attempt
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    manifest = {**base, "format": FORMAT, "version": VERSION, "layout": str(layout),
+                "world_size": layout.world_size, "files": files, "pieces": pieces}
+    commit(tmp, final, manifest, config_toml)
+    return final
+
+
+def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
+                  cfg: ModelConfig, layout: Layout, tmp: Path, seq_len: int | None
+                  ) -> tuple[dict, list]:
+    """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces."""
+    from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim
+
+    plan = tp_plan(split_experts=layout.etp > 1)
+    files, pieces = {}, []
+    for stage in range(layout.pp):
+        per_rank: dict[int, dict[str, torch.Tensor]] = {}
+        params, buffers = stage_state_names(cfg, layout, stage, seq_len)
+        is_param = dict.fromkeys(params, True) | dict.fromkeys(buffers, False)
+        for name, param in is_param.items():
+            dim = tp_split_dim(name, plan) if layout.tp > 1 and param else None
+            count = layout.tp if dim is not None else 1
+            for kind in kinds if param else ("param",):
+                full = full_of(kind, name)
+                for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
+                                               else [full]):
+                    rank = layout.rank(tp_rank=tp_rank, pp_rank=stage)
+                    piece = Entry(kind, name, part.contiguous(), tuple(full.shape), dim,
+                                  tp_rank, count, 0, part.numel(), owner=True)
+                    per_rank.setdefault(rank, {})[piece.key] = piece.tensor
+                    pieces.append({**piece.describe(), "file": rank_file(rank),
+                                   "key": piece.key})
+        for rank, tensors in per_rank.items():
+            path = tmp / rank_file(rank)
+            _write_tensors(tensors, path)
+            files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    return files, pieces

@@ -1,0 +1,123 @@
+"""Cross-entropy over vocab-parallel logits, without ever gathering the full logits.
+
+Each rank holds logits for its vocab slice [start, start + V/tp) of every token. Softmax
+cross-entropy needs three per-token numbers that are sums or maxima over the vocabulary,
+so three all-reduces of (tokens,) vectors replace an all-gather of (tokens, V) logits
+(Megatron-LM, Shoeybi et al. 2019, sec. 3, "fuse the output of the parallel GEMM with the
+cross entropy loss"):
+
+    m      = max_v z_v                 (all-reduce MAX; for numerical stability)
+    s      = sum_v exp(z_v - m)        (all-reduce SUM)
+    z_t    = z_target - m              (all-reduce SUM; only the owning rank contributes)
+    loss   = log s - z_t
+    dloss/dz_v = softmax_v - [v == target]   (local to the shard: no backward comm)
+
+The backward keeps the logits in their own dtype and one log-sum-exp per token; the fp32
+softmax exists a chunk of tokens at a time (`paraxis.spec.loss_kernel`, what the planner prices).
+Targets equal to IGNORE_INDEX (-100, as
+F.cross_entropy; document packing masks targets so) count in neither the mean nor the
+gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd.function import FunctionCtx
+
+from paraxis.dist.watchdog import WATCH
+from paraxis.parallel.context.packing import IGNORE_INDEX
+from paraxis.parallel.tensor.counter import record
+from paraxis.spec.loss_kernel import chunk_rows
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
+                op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
+    if group is not None:
+        record("all_reduce", x.numel() * x.element_size(), "forward", "loss")
+        with WATCH.waiting("all_reduce", group):
+            dist.all_reduce(x, op=op, group=group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: torch.Tensor, targets: torch.Tensor,
+                group: dist.ProcessGroup | None) -> torch.Tensor:
+        rank = 0 if group is None else dist.get_rank(group)
+        shard_width = logits.shape[-1]
+        z = logits.reshape(-1, shard_width)  # in its own dtype: no fp32 copy of the whole
+        targets = targets.reshape(-1)
+        peak = z.amax(dim=-1).float()  # exact in any dtype: a max rounds nothing
+        _all_reduce(peak, group, dist.ReduceOp.MAX)
+
+        local = targets - rank * shard_width
+        elsewhere = (local < 0) | (local >= shard_width)
+        local = local.masked_fill(elsewhere, 0)
+        target_logit = z.gather(1, local.unsqueeze(-1)).squeeze(-1).float() - peak
+        target_logit = target_logit.masked_fill(elsewhere, 0.0)
+
+        sum_exp = torch.empty_like(peak)
+        for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (loss_kernel.py)
+            sum_exp[rows] = _minus(z[rows], peak[rows]).exp_().sum(dim=-1)
+        # The two sums travel in one all-reduce: one latency instead of two.
+        sums = torch.stack((target_logit, sum_exp))
+        _all_reduce(sums, group)
+        target_logit, sum_exp = sums[0], sums[1]
+
+        log_sum_exp = sum_exp.log()
+        losses = log_sum_exp - target_logit
+        # The mean over counted targets, computed on the device whether or not any target
+        # is ignored: asking first (`ignored.any()`) would stop the host every microbatch.
+        ignored = targets == IGNORE_INDEX
+        counted = (~ignored).float().unsqueeze(-1)
+        count = counted.sum()  # none kept: 0 / 0 = NaN, as F.cross_entropy's mean
+        # for the backward: the logits as they came, and the whole vocabulary's log-sum-exp
+        ctx.save_for_backward(logits, log_sum_exp.add_(peak), local, elsewhere, counted)
+        return losses.masked_fill(ignored, 0.0).sum() / count
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, log_sum_exp, local, elsewhere, counted = ctx.saved_tensors
+        z = logits.reshape(-1, logits.shape[-1])
+        # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
+        # none counts: 0, as F.cross_entropy's, where 0 / 0 would make every gradient NaN)
+        scale = counted * (grad / counted.sum().clamp(min=1))
+        grad_logits = torch.empty_like(z)
+        for rows in _chunks(z):  # softmax - one-hot, scaled, a chunk at a time
+            chunk = _minus(z[rows], log_sum_exp[rows]).exp_()
+            index = torch.arange(chunk.shape[0], device=chunk.device)
+            chunk[index, local[rows]] -= (~elsewhere[rows]).to(chunk.dtype)
+            torch.mul(chunk, scale[rows], out=grad_logits[rows])  # cast as it is written
+        return grad_logits.view(logits.shape), None, None
+
+
+def _chunks(z: torch.Tensor) -> list[slice]:
+    rows, step = z.shape[0], chunk_rows(z.shape[-1])
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _minus(z: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """z - per_row[:, None] as a new fp32 chunk, read from z in its own dtype in one pass
+    (fp32 `per_row` promotes the result): the workspace, free to change in place."""
+    return torch.sub(z, per_row.unsqueeze(-1))
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                                 group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Mean next-token loss from this rank's (..., V/tp) logits; the same on every TP rank.
+    With `group` None, the plain cross entropy of one device's full logits."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, group)
+
+
+class VocabParallelCrossEntropy(nn.Module):
+    """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
+    default: packing masks targets so), from (..., V/tp) logits; with `group` None, one
+    device's whole vocabulary (paraxis.model.transformer's loss)."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, targets, self.group)

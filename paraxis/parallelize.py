@@ -1,0 +1,185 @@
+"""From a model config and a Layout to the engine that trains it: the one assembly line.
+
+    engine = build_engine(model_cfg, layout, groups, device, seed=0)
+           = parallelize(model_cfg, layout, groups, device)   # no values read or drawn
+             + materialize(engine, model_cfg, seed)           # each rank fills what it owns
+
+`parallelize` applies the axes in the order a reader expects (torchtitan's parallelize
+functions have the same shape): split the pipeline (each stage builds only its own part, on
+the meta device), split each part for tensor parallelism, point it at this rank's chunks of
+the sequence (context parallelism), choose what to recompute, then hand the parameters to
+gradient sync / ZeRO over the dp (x cp) group, which gives them storage on the device. It
+never reads a parameter's value, so it runs on a model that does not exist yet: with
+`device="meta"` nothing at all is allocated (tests/test_parallelize.py).
+
+`materialize` then writes each parameter's single-device initial value (`model.init_parameter`,
+a function of the seed and the name alone) into whatever piece of it this rank holds, through
+the by-name path checkpoint loading uses (`checkpoint.pieces.fill_entries`): a TP slice, a
+ZeRO shard, a stage's blocks all start bit for bit from the single-device weights. Each value
+is drawn whole (that is what makes it layout-independent), one tensor at a time, and only for
+the parameters the rank holds a piece of: a rank's memory is its share plus one full tensor.
+
+A new axis plugs in at one place in `parallelize` (its step, at its place in the order, as
+context parallelism's step 3, experts' step 3b), one field in the Layout
+(`paraxis/spec/layout.py`), and one folder holding its modules (`context_parallel/`, `moe/`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+from torch import nn
+
+from paraxis.dist.groups import ParallelGroups
+from paraxis.engine.contract import Engine
+from paraxis.engine.data_parallel.engine import DataParallelEngine
+from paraxis.engine.pipeline_parallel.engine import PipelineEngine
+from paraxis.model.checkpoint.pieces import FullSource, fill_entries
+from paraxis.model.init_weights import initial_value
+from paraxis.model.stage import stage_parts
+from paraxis.model.transformer import SequenceSplit, Transformer, state_shapes
+from paraxis.parallel.context.hierarchical import CpLevels
+from paraxis.parallel.experts.expert_parallel import shard_experts
+from paraxis.parallel.tensor.apply import apply_tensor_parallel
+from paraxis.parallel.tensor.comm import keep_collectives_eager
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.partition import Partition, partition_layers
+from paraxis.spec.precision import PrecisionPolicy
+from paraxis.spec.schedules import check_compile
+from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
+from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+
+
+def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
+                device: str | torch.device, *, partition: Partition | None = None,
+                precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
+                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                compile: bool = False, end_of_document: int | None = None) -> Engine:
+    """This rank's engine for `layout`, its parameters allocated on `device` but not filled
+    (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
+    precision: the policy (`paraxis.spec.precision`), which every axis below follows; compile:
+    `torch.compile` each block's forward (`compile_blocks`); end_of_document: pack documents
+    ending at this id (`paraxis.parallel.context.packing`; None: no packing)."""
+    device = torch.device(device)
+    partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
+                                                placement=layout.placement)
+    # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
+    parts = stage_parts(cfg, partition, groups.pp_rank)
+    # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
+    for part in parts:
+        apply_tensor_parallel(part, groups, layout.sequence_parallel, layout.etp > 1)
+    # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
+    #    its attention over the cp group
+    if layout.cp > 1:
+        levels = CpLevels(groups.cp_a2a_group, groups.cp_across_group) if (
+            layout.cp_a2a > 1) else None
+        split = SequenceSplit(groups.cp_group, groups.cp_rank, layout.cp, layout.cp_attention,
+                              levels)
+        for part in parts:
+            part.set_context_parallel(split)
+    # 3b. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
+    #     and tp, where step 2 left each tp rank its own sequence shard), and with ep > 1
+    #     only this rank's experts, the others reached by all-to-all over the ep group
+    if cfg.n_experts:
+        layout.validate(model=cfg)
+        for part in parts:
+            shard_experts(part, cfg.n_experts, layout.ep, groups.ep_rank, groups.ep_group,
+                          groups.replica_group)
+    # 3c. document packing: attention and positions within each document
+    if end_of_document is not None:
+        for part in parts:
+            part.set_packing(end_of_document)
+    # 4. activation recompute
+    for part in parts:
+        part.set_recompute(layout.recompute, layout.recompute_layers)
+    # (compile: after recompute, which wraps what is compiled)
+    if compile:
+        check_compile(layout.schedule, compile)
+        check_compiler(device)
+        for part in parts:
+            compile_blocks(part)
+    # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
+    #    of one when both are 1; experts split over ep: over the ranks holding them)
+    model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
+    data_parallel = DataParallelEngine(
+        model, layout, groups, weight_decay=weight_decay, betas=betas, eps=eps,
+        bucket_bytes=bucket_bytes,
+        device=device, precision=precision)
+    data_parallel.end_of_document = end_of_document  # it masks and weighs the loss
+    if layout.pp == 1:
+        return data_parallel
+    # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
+    engine = PipelineEngine(parts, data_parallel, groups)
+    engine.end_of_document = end_of_document
+    return engine
+
+
+def compile_blocks(part: Transformer) -> None:
+    """`torch.compile` each block's computation, the block's own hooks outside it (ZeRO-3
+    gathers parameters in them) and the TP collectives inside it eager
+    (`tensor_parallel/comm.py` marks them): the graphs hold the matmuls, norms and
+    elementwise work between communications. Blocks share one graph (parameters are its
+    inputs), so the compile costs about one graph per rank, forward and backward."""
+    keep_collectives_eager()
+    for block in part.blocks:
+        block._forward = torch.compile(block._forward)
+
+
+def check_compiler(device: torch.device) -> None:
+    """torch.compile's CPU kernels are C++ built on the spot: without a compiler the first
+    step would fail deep inside inductor, so say it here."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in (
+            os.environ.get("CXX", ""), "g++", "clang++", "c++") if c):
+        raise ParaxisError("--compile on CPU needs a C++ compiler (g++ or clang++, or set "
+                           "CXX); install one or drop --compile")
+
+
+@torch.no_grad()
+def materialize(engine: Engine, cfg: ModelConfig, seed: int) -> None:
+    """Fill every parameter piece (and buffer) this rank holds with its single-device
+    initial value."""
+    shapes = state_shapes(cfg)
+    source = FullSource(lambda kind, name: initial_value(name, shapes[name], cfg, seed), shapes)
+    fill_entries(engine, source, ("param",), f"initial weights (seed {seed})")
+
+
+def interleaving_note(layout: Layout) -> str:
+    """What a run asking for the interleaved schedule with one chunk per stage should know
+    (it runs as 1F1B: the Layout keeps virtual_stages at 1 unless told); "" otherwise."""
+    if layout.pp > 1 and layout.schedule == "interleaved" and layout.virtual_stages == 1:
+        return ("note: schedule=interleaved with one chunk per stage runs as 1F1B; give "
+                "virtual_stages=2 or more (--virtual-stages) to interleave")
+    return ""
+
+
+def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
+                 device: str | torch.device, *, seed: int,
+                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
+                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
+                 announce: bool = False, compile: bool = False,
+                 end_of_document: int | None = None) -> Engine:
+    """The engine for `layout` with the seed's single-device initial weights.
+
+    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16") or a
+    policy; seq_len: weighs attention in the pipeline split; announce: print the split
+    (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`);
+    end_of_document: pack documents ending at this id (`paraxis.parallel.context.packing`).
+    """
+    partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
+                                 placement=layout.placement)
+    if announce and layout.pp > 1:
+        print(f"pipeline split ({layout.pp} stages):\n{partition.describe()}", flush=True)
+        if note := interleaving_note(layout):
+            print(note, flush=True)
+    engine = parallelize(model_cfg, layout, groups, device, partition=partition,
+                         precision=precision, weight_decay=weight_decay, betas=betas, eps=eps,
+                         bucket_bytes=int(bucket_mb * MIB), compile=compile,
+                         end_of_document=end_of_document)
+    materialize(engine, model_cfg, seed)
+    return engine

@@ -1,1 +1,0 @@
-"""The parallel runtime (imports torch): process groups, engines, parallel layers."""

@@ -1,0 +1,65 @@
+"""Open the lab page in headless Chromium through Selenium: for the browser test and for
+the screenshots in docs/img/.
+
+Uses Debian's packages (`apt-get install -y chromium chromium-driver`): the chromedriver
+that ships with the browser, so the two always match and nothing is downloaded. Selenium is
+a dev dependency; it is imported only here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.spec.errors import ParaxisError
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = "/usr/bin/chromium"
+WIDGETS = ("scaling", "dp", "ring", "tp", "pipe", "zero", "grid", "cp", "moe")
+# Steps to take before a widget's screenshot, so the shot shows its animation under way.
+SHOT_STEPS = {"dp": 4, "ring": 3, "tp": 5}
+
+
+def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
+    """A headless Chromium driven by Debian's chromedriver; ParaxisError when missing."""
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as error:
+        raise ParaxisError("the lab's browser needs selenium; pip install -e '.[dev]'") from error
+    for path, package in ((CHROMEDRIVER, "chromium-driver"), (CHROMIUM, "chromium")):
+        if shutil.which(path) is None:
+            raise ParaxisError(f"{path} is missing; apt-get install -y {package}")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def screenshots(page: Path, folder: Path) -> list[Path]:
+    """One PNG per widget, lab-<widget>.png in `folder`, each after pressing its check
+    button (so the shot shows a worked answer) and stepping its animation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    driver = open_browser(height=1600)
+    try:
+        driver.get(page.resolve().as_uri())
+        shots = []
+        for widget in WIDGETS:
+            driver.find_element("id", f"{widget}-check").click()
+            for _ in range(SHOT_STEPS.get(widget, 0)):
+                driver.find_element("id", f"{widget}-step").click()
+            path = folder / f"lab-{widget}.png"
+            section = driver.find_element("id", f"w-{widget}")
+            driver.execute_script("arguments[0].scrollIntoView(true)", section)  # all of it
+            section.screenshot(str(path))
+            shots.append(path)
+        return shots
+    finally:
+        driver.quit()

@@ -1,0 +1,11 @@
+"""`paraxis report`: one self-contained HTML file with the plan, its defence, the pictures,
+and, given a run folder, what was measured next to what was forecast.
+
+    build.py     the plan (shared inputs: paraxis.plan.inputs) and the page; write_report
+    hardware.py  which hardware a report prices: a preset, a file, or this machine's CPU
+    text.py      units and the plan and defence sections
+    pictures.py  the rank grid, TP split, memory and ring pictures
+    pipeline.py  the schedules drawn where their lesson holds, and what the run used
+    measured.py  the run: metrics and trace next to the forecast
+    (the command: paraxis/commands/report.py)
+"""

@@ -1,1 +1,0 @@
-"""Pure-Python simulators (no torch): what the runtime does, step by step."""

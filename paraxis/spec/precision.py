@@ -1,0 +1,124 @@
+"""The precision policy: which dtype each piece of the training state has, as one fact.
+
+A run's mixed precision is four choices and two flags (Micikevicius et al., "Mixed Precision
+Training", ICLR 2018; ZeRO, Rajbhandari et al. 2020, sec. 3.1):
+
+    param_dtype    what the model's parameters are stored in (what forward reads)
+    compute_dtype  what matmuls run in (autocast)
+    grad_dtype     what gradients accumulate in, between microbatches
+    reduce_dtype   what the dp collectives move (ZeRO-3 gathers param_dtype)
+    master_weights an fp32 copy of the parameters that AdamW updates (in the ZeRO shard
+                   where ZeRO shards the optimizer); the 16-bit parameters are cast from it
+    loss_scaling   fp16's dynamic loss scale (data_parallel/precision.py)
+
+The runtime (`data_parallel.engine`, `pipeline_parallel`), the planner (`plan.precision`) and
+the metrics read the same `PrecisionPolicy`, so the bytes the planner prices are the bytes
+paraxis holds (tests/test_precision.py counts them). Dtypes are names here, not torch
+dtypes: the planner imports no torch (`torch_dtype` maps them in the runtime).
+
+Presets (bytes per parameter: params + grads + optimizer states):
+
+    fp32           fp32 everything                                      4 + 4 + 8
+    bf16           bf16 params/grads/reductions, fp32 masters and Adam  2 + 2 + 12 (16P)
+    bf16-fp32grad  bf16 params, fp32 gradient accumulation/reduction    2 + 4 + 12
+    fp16           as bf16 in fp16, with dynamic loss scaling           2 + 2 + 12
+
+CPU default: fp32 (bf16 matmuls run 50-250x slower than fp32 on CPUs without AVX-512 BF16;
+docs/precision.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraxis.spec.errors import ParaxisError
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    name: str
+    param_dtype: str = "fp32"
+    compute_dtype: str = "fp32"
+    grad_dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    master_weights: bool = False
+    loss_scaling: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("param_dtype", "compute_dtype", "grad_dtype", "reduce_dtype"):
+            if getattr(self, field) not in DTYPE_BYTES:
+                raise ParaxisError(f"precision {self.name}: {field} "
+                                   f"{getattr(self, field)!r} is unknown; use "
+                                   f"{', '.join(DTYPE_BYTES)}")
+        if self.reduce_dtype != self.grad_dtype:
+            # Gradients are reduced in the buffer they accumulate in (no cast copy per step).
+            raise ParaxisError(f"precision {self.name}: reduce_dtype must equal grad_dtype")
+        if self.grad_dtype == "fp32" and self.param_dtype != "fp32" \
+                and not self.master_weights:
+            raise ParaxisError(f"precision {self.name}: fp32 gradients of 16-bit parameters "
+                               "need master_weights")
+
+    @property
+    def param_bytes(self) -> int:
+        return DTYPE_BYTES[self.param_dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the activations the step computes in."""
+        return DTYPE_BYTES[self.compute_dtype]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """AdamW's two fp32 moments, plus the fp32 master copy where there is one."""
+        return 8 + (4 if self.has_masters else 0)
+
+    @property
+    def has_masters(self) -> bool:
+        """Whether an fp32 copy exists besides the stored parameters (fp32 storage needs
+        none: the parameters are the masters)."""
+        return self.master_weights and self.param_dtype != "fp32"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def describe(self) -> str:
+        """One line: the dtypes and bytes per parameter."""
+        return (f"{self.name}: params {self.param_dtype}, compute {self.compute_dtype}, "
+                f"grads {self.grad_dtype}, masters "
+                f"{'fp32' if self.has_masters else 'none'}"
+                f"{', loss scaling' if self.loss_scaling else ''} "
+                f"({self.param_bytes}+{self.grad_bytes}+{self.optimizer_bytes} bytes/param)")
+
+
+FP32 = PrecisionPolicy("fp32")
+BF16 = PrecisionPolicy("bf16", "bf16", "bf16", "bf16", "bf16", master_weights=True)
+BF16_FP32GRAD = PrecisionPolicy("bf16-fp32grad", "bf16", "bf16", "fp32", "fp32",
+                                master_weights=True)
+FP16 = PrecisionPolicy("fp16", "fp16", "fp16", "fp16", "fp16", master_weights=True,
+                       loss_scaling=True)
+POLICIES = {p.name: p for p in (FP32, BF16, BF16_FP32GRAD, FP16)}
+
+
+def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
+    """fp32 parameters, gradients and optimizer with 16-bit compute under autocast (what
+    `--dtype` meant before the policies; fp16 still scales its loss): 4 + 4 + 8 bytes."""
+    if compute_dtype == "fp32":
+        return FP32
+    return PrecisionPolicy(f"autocast-{compute_dtype}", compute_dtype=compute_dtype,
+                           loss_scaling=compute_dtype == "fp16")
+
+
+def get_policy(name: str | PrecisionPolicy) -> PrecisionPolicy:
+    """The preset called `name` (a policy passes through)."""
+    if isinstance(name, PrecisionPolicy):
+        return name
+    if name not in POLICIES:
+        raise ParaxisError(f"--precision {name} is unknown; use {', '.join(POLICIES)}")
+    return POLICIES[name]

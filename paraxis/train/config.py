@@ -1,0 +1,332 @@
+"""A run's configuration: typed sections, each field one fact (default, type, help, flag).
+
+    [model]      name = "tiny-llama"
+    [data]       path = "embedded"  dtype = "uint16"  tokenizer = "tok/tokenizer.json"
+                 text_field = "text"  val_path = "heldout.jsonl"  prefetch = 2
+    [train]      steps = 200  global_batch = 16  seq_len = 128  seed = 0  device = "auto"
+                 precision = "fp32"  compile = false  bucket_mb = 25.0  timeout_s = 600
+                 on_nan = "stop"  pack_documents = false
+    [optimizer]  lr = 3e-3  min_lr_ratio = 0.1  warmup_steps = 20  weight_decay = 0.1
+                 grad_clip = 1.0
+    [layout]     dp = 2  tp = 1  pp = 1  zero = 1  microbatches = 2  schedule = "1f1b"
+    [eval]       every = 50  batches = 4
+    [logging]    metrics_file = "runs/x/metrics.jsonl"  log_every = 10  quiet = false
+    [checkpoint] dir = "runs/x/checkpoints"  every = 50  keep = 3  resume = "auto"
+    [launch]     nproc = 4  max_restarts = 0  rdzv_host = "127.0.0.1"
+    [auto]       enabled = false  memory_gb = 2.0   (paraxis/train/auto_config.py)
+
+A section is a frozen dataclass and a TOML table of the same name; [layout] is
+`paraxis.spec.layout.Layout` itself. Everything else is derived from the fields: the TOML keys
+(`paraxis.train.run_file`), the command-line flags (`paraxis.commands.train`), their help and the
+flat keyword names `RunConfig.from_flags` takes (`--checkpoint-dir` -> `checkpoint_dir`). A
+field's flag is `--<name>` unless its metadata names another (`warmup_steps` is `--warmup`).
+Adding an option is adding one field here.
+
+Reading a run file is strict: an unknown section or key, or a value of the wrong type, is
+a one-line error naming the known ones, so a typo never silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
+from paraxis.spec.options import option
+from paraxis.spec.precision import get_policy
+from paraxis.spec.schedules import check_compile
+from paraxis.spec.units import DEFAULT_BUCKET_MB
+from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_layout
+from paraxis.train.nan_policy import POLICIES
+from paraxis.train.run_checks import check_late_failures, check_writable
+
+FP32_MAX = 3.4028234663852886e38
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = option("tiny", "preset (tiny, tiny-llama, gpt2-124m, ...), a .json/.toml model "
+                       "file, or a Hugging Face / paraxis checkpoint directory", "--model")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    path: str = option("embedded", "'embedded', a .bin, text, .jsonl(.gz), Parquet or datasets "
+                       "source, a prepared folder, or a blend: a.jsonl:0.7,b:0.3", "--data")
+    dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
+    tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
+                                   "(default: byte-level)")
+    text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
+    val_path: str | None = option(None, "held-out data for --eval-every (as --data takes); "
+                                  "default: the last 5% of each source", "--val-data")
+    prefetch: int = option(2, "batches the loader reads ahead in a thread; 0: in the step")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = option(100, "optimizer steps; the learning-rate schedule spans them")
+    global_batch: int = option(16, "sequences per step, over all data-parallel ranks")
+    seq_len: int = option(128, "tokens per sequence")
+    seed: int = option(0, "seed of the initial weights and of the batch order")
+    device: str = option("auto", "auto, cpu or cuda")
+    precision: str = option("fp32", "precision policy: fp32, bf16 (bf16 parameters and "
+                            "gradients, fp32 masters), bf16-fp32grad or fp16 (loss scaling); "
+                            "docs/precision.md")
+    compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
+                           "stay eager)")
+    pack_documents: bool = option(False, "attention, positions and loss kept within each "
+                                  "document (needs an end-of-document id; docs/data.md)")
+    bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")
+    timeout_s: float = option(600.0, "seconds any collective or message may wait before the "
+                              "run stops, naming it")
+    on_nan: str = option("stop", "a NaN/inf loss or gradient stops the run or skips that step",
+                         choices=POLICIES)
+
+
+# AdamW as GPT-3 trained (Brown et al. 2020, App. B: beta2 0.95, weight decay 0.1), and
+# Megatron-LM's and torchtitan's defaults; every engine's default reads these.
+WEIGHT_DECAY, ADAM_BETAS, ADAM_EPS = 0.1, (0.9, 0.95), 1e-8
+
+
+@dataclass(frozen=True)
+class OptimizerSection:
+    lr: float = option(3e-3, "peak learning rate")
+    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of --lr")
+    warmup_steps: int = option(10, "steps of linear warmup", "--warmup")
+    weight_decay: float = option(WEIGHT_DECAY,
+                                 "AdamW weight decay of the matrices; 0 turns it off")
+    adam_beta1: float = option(ADAM_BETAS[0], "AdamW's first-moment decay", "--adam-beta1")
+    adam_beta2: float = option(ADAM_BETAS[1], "AdamW's second-moment decay", "--adam-beta2")
+    adam_eps: float = option(ADAM_EPS, "AdamW's epsilon", "--adam-eps")
+    grad_clip: float = option(1.0, "max global gradient norm; 0 turns clipping off")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return self.adam_beta1, self.adam_beta2
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    every: int = option(0, "steps between held-out loss evaluations; 0: never", "--eval-every")
+    batches: int = option(4, "held-out batches per evaluation", "--eval-batches")
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    metrics_file: str | None = option(None, "write one JSON line per step (and config.toml, "
+                                      "trace.json beside it)")
+    log_every: int = option(10, "steps between progress lines")
+    tensorboard: str | None = option(None, "also write TensorBoard event files to this folder")
+    peak_tflops: float | None = option(None, "one device's peak TFLOP/s for MFU (default: the "
+                                       "GPU preset, or --hardware)")
+    hardware: str | None = option(None, "hardware file (paraxis calibrate) giving the peak")
+    quiet: bool = option(False, "no progress display")
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    dir: str | None = option(None, "save sharded checkpoints here (step-N/)", "--checkpoint-dir")
+    every: int = option(0, "steps between checkpoints; 0: only at the end", "--checkpoint-every")
+    keep: int = option(3, "complete checkpoints kept; 0: all", "--keep")
+    resume: str | None = option(None, "checkpoint (or a folder of them: the newest) to continue "
+                                "from; 'auto': the newest in --checkpoint-dir, if any", "--resume")
+    exit_after: int | None = option(None, "stop after this step with a checkpoint (a job's time "
+                                    "slot); the schedule still spans --steps", "--exit-after")
+    init_from: str | None = option(None, "start from these weights (a paraxis checkpoint or a "
+                                   "Hugging Face folder); optimizer and schedule start fresh",
+                                   "--init-from")
+    allow_changes: bool = option(False, "resume even with another global batch, sequence "
+                                 "length, seed or data than the checkpoint's",
+                                 "--allow-resume-changes")
+
+
+@dataclass(frozen=True)
+class LaunchSection:
+    nproc: int = option(1, "launch this many ranks here (alone: --dp N); under torchrun leave "
+                        "it out")
+    max_restarts: int = option(0, "when a rank dies, restart all ranks from the newest "
+                               "checkpoint, this many times (under torchrun use its own flag)")
+    rdzv_host: str = option("127.0.0.1", "address the --nproc launcher's store listens on; "
+                            "the default is loopback only")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs; a TOML table per section."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    layout: Layout = field(default_factory=Layout)
+    eval: EvalSection = field(default_factory=EvalSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    launch: LaunchSection = field(default_factory=LaunchSection)
+    auto: AutoSection = field(default_factory=AutoSection)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> RunConfig:
+        """The defaults with `flags` on top, named as the command line names them:
+        `RunConfig.from_flags(model="tiny", steps=3, warmup=0, layout="dp=2")`."""
+        return cls().with_flags(**flags)
+
+    def with_flags(self, **flags: Any) -> RunConfig:
+        """This config with `flags` on top. `layout` (a Layout or "dp=2,tp=2" text) replaces
+        the layout before the single-axis flags (`dp`, `zero`, ...) change it; `grad_accum`
+        is another name for `microbatches`."""
+        unknown = sorted(set(flags) - set(FLAGS) - {"layout", "grad_accum"})
+        if unknown:
+            raise TypeError(f"unknown flag(s) {', '.join(unknown)}; known: {', '.join(FLAGS)}")
+        layout = take_layout(flags, self.layout)  # "auto": the planner picks it
+        if isinstance(layout, str):
+            layout = Layout.parse(layout)
+        accum = flags.pop("grad_accum", None)
+        if accum is not None:
+            if accum < 1:
+                raise ParaxisError(f"--grad-accum {accum} must be at least 1")
+            given = flags.get("microbatches")
+            if given is not None and given != accum:
+                raise ParaxisError(f"--grad-accum {accum} and --microbatches {given} name the "
+                                   "same count (microbatches per step); give one of them")
+            flags["microbatches"] = accum
+        changes: dict[str, dict[str, Any]] = {}
+        for key, value in flags.items():
+            section, name = FLAGS[key]
+            changes.setdefault(section, {})[name] = value
+        if changes.get("auto", {}).get("enabled", self.auto.enabled):
+            check_no_layout_flags([key for key in flags if FLAGS[key][0] == "layout"])
+        replaced = {name: dataclasses.replace(getattr(self, name), **values)
+                    for name, values in changes.items() if name != "layout"}
+        return dataclasses.replace(self, **replaced,
+                                   layout=layout.replace(**changes.get("layout", {})))
+
+    def check(self) -> None:
+        """Every rule a value must keep, as a one-line error naming its flag."""
+        train, opt, ckpt = self.train, self.optimizer, self.checkpoint
+        if train.steps > 10**12:  # a trillion steps: past any run, and past int64 sums
+            raise ParaxisError(f"--steps {train.steps} is over 10**12; give a real step count")
+        if train.steps < 1:
+            raise ParaxisError(f"--steps {train.steps} must be at least 1")
+        if train.seq_len < 1:
+            raise ParaxisError(f"--seq-len {train.seq_len} must be at least 1")
+        if not opt.lr > 0 or not math.isfinite(opt.lr):
+            raise ParaxisError(f"--lr {opt.lr} must be a positive number")
+        if opt.lr > FP32_MAX / 10:  # AdamW's first step is lr / (1 - beta1) (Kingma & Ba, alg. 1)
+            raise ParaxisError(f"--lr {opt.lr:g} overflows fp32 in AdamW's first update; "
+                               "typical values are 1e-4 to 1e-2")
+        if opt.grad_clip < 0:
+            raise ParaxisError(f"--grad-clip {opt.grad_clip} must be >= 0 (0 turns it off)")
+        if opt.warmup_steps < 0:
+            raise ParaxisError(f"--warmup {opt.warmup_steps} must be >= 0")
+        if ckpt.every < 0 or ckpt.keep < 0:
+            raise ParaxisError("--checkpoint-every and --keep must be >= 0")
+        if self.eval.every < 0 or self.eval.batches < 1:
+            raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
+        if ckpt.exit_after is not None and ckpt.exit_after < 1:
+            raise ParaxisError(f"--exit-after {ckpt.exit_after} must be at least 1")
+        if self.launch.max_restarts < 0:
+            raise ParaxisError(f"--max-restarts {self.launch.max_restarts} must be >= 0")
+        if self.launch.max_restarts and not ckpt.dir:
+            raise ParaxisError("--max-restarts needs --checkpoint-dir: a restart resumes from "
+                               "the newest checkpoint there")
+        if ckpt.resume and ckpt.init_from:
+            raise ParaxisError("give --resume (continue a run) or --init-from (start from its "
+                               "weights), not both")
+        if ckpt.resume == "auto" and not ckpt.dir:
+            raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
+        get_policy(train.precision)  # an unknown name: the one-line error
+        for flag, value in (("--global-batch", train.global_batch),
+                            ("--log-every", self.logging.log_every),
+                            ("--nproc", self.launch.nproc)):
+            if value < 1:
+                raise ParaxisError(f"{flag} {value} must be at least 1")
+        if not opt.weight_decay >= 0:
+            raise ParaxisError(f"--weight-decay {opt.weight_decay} must be >= 0 (0 turns it off)")
+        for flag, beta in (("--adam-beta1", opt.adam_beta1), ("--adam-beta2", opt.adam_beta2)):
+            if not 0 <= beta < 1:
+                raise ParaxisError(f"{flag} {beta} must be in [0, 1) (typical: 0.9, 0.95)")
+        if not 0 < opt.adam_eps < 1:
+            raise ParaxisError(f"--adam-eps {opt.adam_eps} must be a small positive number "
+                               "(typical: 1e-8)")
+        if not 0 <= opt.min_lr_ratio <= 1:
+            raise ParaxisError(f"min_lr_ratio {opt.min_lr_ratio} must be between 0 and 1 (the "
+                               "final learning rate as a fraction of --lr)")
+        check_compile(self.layout.schedule, train.compile)
+        if not train.bucket_mb > 0:
+            raise ParaxisError(f"--bucket-mb {train.bucket_mb} must be positive (DDP uses 25)")
+        if not 0 < train.timeout_s < math.inf:
+            raise ParaxisError(f"--timeout-s {train.timeout_s} must be a positive number of "
+                               "seconds")
+        if train.on_nan not in POLICIES:
+            raise ParaxisError(f"--on-nan {train.on_nan} is unknown; use "
+                               f"{' or '.join(POLICIES)}")
+        if self.logging.metrics_file:
+            check_writable(Path(self.logging.metrics_file), "--metrics-file")
+        check_late_failures(self)
+
+
+# ------------------------------------------------------------------ derived: the facts
+
+
+def sections() -> dict[str, type]:
+    """Section name -> its dataclass, in file order."""
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)}
+
+
+def field_type(section: type, name: str) -> type:
+    """A field's type without "| None": `float | None` -> float."""
+    hint = typing.get_type_hints(section)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+# Flag facts Layout's own fields do not carry (layout.py knows nothing of the command line).
+LAYOUT_FLAGS: dict[str, dict[str, Any]] = {
+    # torchrun rejects "--virtual" as an abbreviation of its own flag: spell it out too
+    "virtual_stages": {"flag": ("--virtual", "--virtual-stages")},
+    "zero": {"choices": (0, 1, 2, 3)},
+    "cp_attention": {"choices": CP_ATTENTION},
+    "zero3_reshard": {"choices": ZERO3_RESHARD},
+}
+
+
+def meta(section: str, f: dataclasses.Field, key: str) -> Any:
+    """A field's metadata entry ("help", "flag", "choices"), or None."""
+    if f.metadata.get(key) is not None:
+        return f.metadata[key]
+    return LAYOUT_FLAGS.get(f.name, {}).get(key) if section == "layout" else None
+
+
+def flag_names(section: str, f: dataclasses.Field) -> tuple[str, ...]:
+    """The field's command-line spellings, its canonical (long) one last."""
+    named = meta(section, f, "flag")
+    if named:
+        return (named,) if isinstance(named, str) else tuple(named)
+    return ("--" + f.name.replace("_", "-"),)
+
+
+def flag_key(section: str, f: dataclasses.Field) -> str:
+    """The flat keyword of a field's flag: `--checkpoint-dir` -> `checkpoint_dir`."""
+    return flag_names(section, f)[-1].lstrip("-").replace("-", "_")
+
+
+def _flag_table() -> dict[str, tuple[str, str]]:
+    """Flat flag key (`checkpoint_dir`) -> (section, field name), for every field."""
+    table: dict[str, tuple[str, str]] = {}
+    for section, cls in sections().items():
+        for f in dataclasses.fields(cls):
+            key = flag_key(section, f)
+            if key in table:
+                raise AssertionError(f"two config fields share the flag --{key}")
+            table[key] = (section, f.name)
+    return table
+
+
+FLAGS = _flag_table()

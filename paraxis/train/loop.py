@@ -1,0 +1,311 @@
+"""The training loop: one readable loop for every layout.
+
+    paraxis train --model tiny --steps 50                 # one process
+    torchrun --nproc-per-node 4 -m paraxis.train ...      # the same loop on 4 ranks
+
+The loop asks the runtime (an engine built from the Layout) for forward/backward, gradient
+clipping and the optimizer step; everything else here (data, learning rate, metrics) is the
+same on one device and on many. The config and its flags live in `paraxis.train.config` and
+`paraxis.train.flags`; where a run's state comes from, in `paraxis.train.resume`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.plan.experts import experts_over_tp, feed_forward
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.config import RunConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from paraxis.data.blend import Blend
+    from paraxis.data.corpus import TokenData
+    from paraxis.data.loader import Share
+    from paraxis.dist.groups import ParallelGroups
+    from paraxis.engine.contract import Engine
+    from paraxis.spec.model_config import ModelConfig
+    from paraxis.train.claim import Claim
+
+__all__ = ["learning_rate", "run_training"]
+
+
+def learning_rate(step: int, cfg: RunConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr (GPT-3 paper, appendix B)."""
+    opt, steps = cfg.optimizer, cfg.train.steps
+    if step < opt.warmup_steps:
+        return opt.lr * (step + 1) / opt.warmup_steps
+    span = max(1, steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / span)
+    floor = opt.lr * opt.min_lr_ratio
+    return floor + 0.5 * (opt.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def run_training(cfg: RunConfig) -> list[dict]:
+    """Train; return the per-step metrics (the same records the metrics file gets)."""
+    import torch
+    import torch.distributed as dist
+
+    from paraxis.data.blend import load_run_data
+    from paraxis.dist.groups import (
+        build_groups,
+        init_distributed,
+        pick_device,
+        shutdown_distributed,
+    )
+    from paraxis.dist.heartbeat import start_heartbeat
+    from paraxis.dist.preemption import Preempted
+    from paraxis.parallel.context.packing import packing_id
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.model_config import load_model_config
+    from paraxis.spec.precision import get_policy
+    from paraxis.train.claim import claim_folder
+    from paraxis.train.metrics import device_memory_bytes, print_model_states
+    from paraxis.train.nan_policy import NumericalFault
+    from paraxis.train.resume import start_step, write_config
+    from paraxis.train.run_checks import check_states_fit
+
+    cfg.check()
+    train = cfg.train
+    model_cfg = load_model_config(cfg.model.name)
+    model_cfg.check_seq_len(train.seq_len)
+    device = pick_device(train.device)
+    if device.type == "cuda" and cfg.layout.cp > 1 and \
+            get_policy(train.precision).compute_dtype == "fp32":
+        # context_parallel.kernel runs FlashAttention on GPU, which has no fp32 kernels
+        raise ParaxisError("context parallelism on GPU computes attention with FlashAttention, "
+                           "which takes bf16 or fp16, not fp32; use --precision bf16")
+    joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
+    rank, world = init_distributed(device, train.timeout_s)
+    if cfg.launch.nproc != world:  # torchrun's ranks: the config.toml they write replays as
+        # `paraxis train --config` on as many ranks
+        cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=world))
+    clean = False  # whether every rank can still meet at the shutdown barrier
+    claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
+    try:
+        layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
+        check_states_fit(model_cfg, layout, train.precision, device_memory_bytes(device))
+        data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
+        data.check(model_cfg.vocab_size, train.seq_len, held_out=cfg.eval.every > 0)
+        end_of_document = packing_id(data.end_of_document, data.name) \
+            if train.pack_documents else None  # a blend's common id is asked only then
+        claim = claim_folder(cfg, data, rank, world)
+        groups = build_groups(layout)
+        torch.manual_seed(train.seed)
+        engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
+                              precision=train.precision, compile=train.compile,
+                              weight_decay=cfg.optimizer.weight_decay,
+                              betas=cfg.optimizer.betas, eps=cfg.optimizer.adam_eps,
+                              bucket_mb=train.bucket_mb, seq_len=train.seq_len,
+                              announce=rank == 0 and not cfg.logging.quiet,
+                              end_of_document=end_of_document)
+        if not cfg.logging.quiet:
+            print_model_states(engine.memory_report(), rank, world,
+                               get_policy(train.precision).describe())
+        if model_cfg.capacity_factor and layout.dp * layout.cp > 1 and rank == 0:
+            print(f"paraxis: note: capacity_factor {model_cfg.capacity_factor:g} caps each "
+                  f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
+                  f"{layout.dp * layout.cp} other tokens are dropped than on one device "
+                  "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
+        if (model_cfg.is_moe and layout.tp > 1 and feed_forward(model_cfg, layout) == "whole"
+                and rank == 0):
+            print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
+                  flush=True)
+        heartbeat = start_heartbeat(rank, world, train.timeout_s)
+        try:
+            first = start_step(cfg, engine, model_cfg, rank)
+            if rank == 0:  # once the checkpoint it starts from has loaded: a run that
+                write_config(cfg)  # cannot start leaves the last run's config.toml
+            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first, claim)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+        clean = True
+        return records
+    except (NumericalFault, Preempted):
+        clean = True  # every rank stops at the same step (nan_policy.py, preemption.py)
+        raise
+    finally:
+        # After any other failure some rank may be gone or stuck: a barrier would only wait
+        # out the timeout, so the process just exits.
+        if claim is not None:
+            claim.release()
+        if not joined:
+            shutdown_distributed(clean)
+
+
+def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
+          device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
+          claim: Claim | None = None) -> list[dict]:
+    import torch
+
+    from paraxis.data.blend import Blend
+    from paraxis.data.loader import Loader, Share, read_share
+    from paraxis.dist.preemption import Preempted, StopRequest
+    from paraxis.dist.watchdog import WATCH
+    from paraxis.files.checkpoint_manifest import step_dir_name
+    from paraxis.files.host_steal import cpu_ticks, stolen_share
+    from paraxis.parallel.experts.layer import update_expert_biases
+    from paraxis.plan.compute import mfu
+    from paraxis.train import faults
+    from paraxis.train.metrics import (
+        MetricsSink,
+        device_peak_flops,
+        moe_step_metrics,
+        over_ranks,
+        peak_memory_bytes,
+    )
+    from paraxis.train.nan_policy import (
+        NumericalFault,
+        nonfinite,
+        overflow_message,
+        skip_message,
+        stop_message,
+    )
+    from paraxis.train.progress import Progress
+    from paraxis.train.resume import save, save_due, trim_metrics
+
+    fault = faults.from_env()  # None unless a reliability test breaks the run on purpose
+    train, log = cfg.train, cfg.logging
+    layout = groups.layout
+    tokens_per_step = train.global_batch * train.seq_len
+    peak_flops = device_peak_flops(device, log.peak_tflops, log.hardware)
+    records: list[dict] = []
+    # A resumed run appends to the metrics of the run it continues (less the steps logged
+    # after the checkpoint it resumes: they are about to be taken again).
+    if rank == 0 and start_step > 0 and log.metrics_file:
+        trim_metrics(Path(log.metrics_file), start_step)
+    sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
+        if rank == 0 else None
+    show = rank == 0 and not log.quiet
+    data, share = Blend.of(data), Share.of(groups)
+    exit_after = cfg.checkpoint.exit_after  # a resume past it runs on to the last step
+    last = exit_after if exit_after and start_step < exit_after < train.steps else train.steps
+
+    def read(step: int) -> tuple[np.ndarray, np.ndarray]:  # runs in the loader's thread
+        return read_share(data, step, train.global_batch, train.seq_len, train.seed, share)
+
+    with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress, \
+            StopRequest() as stop, \
+            Loader(read, range(start_step, last), cfg.data.prefetch) as loader:
+        for step in range(start_step, train.steps):
+            started, ticks = time.perf_counter(), cpu_ticks()
+            WATCH.begin_step(step)
+            if fault is not None:
+                fault.before_step(step, rank, engine.model)
+            batch, data_wait_s = loader.get(step)
+            x, y = _to_device(batch, device)
+            lr = learning_rate(step, cfg)
+            loss = engine.forward_backward(x, y)
+            grad_norm = engine.clip_grad_norm(cfg.optimizer.grad_clip)
+            # The NaN policy (runtime/nan_policy.py): every rank reaches the same verdict, and
+            # a non-finite step never reaches the weights.
+            problem = nonfinite(loss, grad_norm, engine.skipped_overflow())
+            if problem and train.on_nan == "stop":
+                raise NumericalFault(stop_message(step, problem))
+            overflowed = problem is None and engine.skipped_overflow()
+            if problem is None:
+                engine.optimizer_step(lr)  # skips itself where fp16 overflowed
+                if not overflowed:  # an MoE's routing bias follows the applied steps
+                    update_expert_biases(engine.model)
+            elif rank == 0:
+                print(skip_message(step, problem), file=sys.stderr, flush=True)
+            if overflowed and rank == 0:
+                print(overflow_message(step, engine.loss_scaler.state_dict()["scale"]),
+                      file=sys.stderr, flush=True)
+            engine.zero_grad()
+            # From here on the weights hold good steps only: the place to save a checkpoint.
+            if device.type == "cuda":  # the optimizer's kernels are this step's time
+                torch.cuda.synchronize(device)
+            step_time = time.perf_counter() - started
+            tokens_per_s = tokens_per_step / step_time
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+                      "mfu": None if peak_flops is None else mfu(
+                          model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
+                      "peak_mem_bytes": peak_memory_bytes(device), "data_wait_s": data_wait_s,
+                      # the CPU time a VM's host took meanwhile (paraxis/files/host_steal.py)
+                      "cpu_steal": stolen_share(ticks, cpu_ticks())}
+            record.update(moe_step_metrics(engine.model, groups, model_cfg))
+            if cfg.auto.predicted_step_s is not None:  # --layout auto: the planner's forecast
+                record["predicted_step_s"] = cfg.auto.predicted_step_s
+            done = step + 1
+            logging = step % log.log_every == 0 or done == train.steps
+            if logging:
+                peaks = over_ranks(record["peak_mem_bytes"])
+                record["peak_mem_bytes_by_rank"] = peaks
+                record["peak_mem_bytes_max_rank"] = max(peaks)
+            if cfg.eval.every and (done % cfg.eval.every == 0 or done == train.steps):
+                record["val_loss"] = _evaluate(cfg, engine, data, share, device)
+            record["data_bytes_read"] = data.bytes_read()  # this rank's, held-out reads too
+            if problem or overflowed:
+                record["skipped"] = problem or "fp16 gradients overflowed (loss scale lowered)"
+            if engine.loss_scaler is not None:  # fp16: the scale the next step uses
+                record["loss_scale"] = engine.loss_scaler.state_dict()["scale"]
+            records.append(record)
+            if sink:
+                sink.write(record)
+            progress.update(step, record, log=logging)
+            signum = stop.agreed(device)  # every rank stops at the same step, or none
+            if save_due(cfg, done) or (signum and cfg.checkpoint.dir):
+                save(cfg, engine, model_cfg, done, claim)
+            if signum:
+                raise Preempted(signum, done, cfg.checkpoint.dir and str(
+                    Path(cfg.checkpoint.dir) / step_dir_name(done)))
+            if done == cfg.checkpoint.exit_after:
+                break
+    if sink:
+        sink.close()
+    if log.metrics_file:
+        _save_trace(engine, Path(log.metrics_file).parent / "trace.json", rank)
+    return records
+
+
+def _to_device(batch: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    import torch
+
+    return tuple(torch.from_numpy(part).to(device) for part in batch)
+
+
+def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
+              device: torch.device) -> float:
+    """Mean loss over the same `eval_batches` held-out batches every time (comparable
+    across steps, runs and layouts): --val-data's, else each source's tail."""
+    from paraxis.data.loader import read_share
+
+    train, total = cfg.train, 0.0
+    for index in range(cfg.eval.batches):
+        batch = read_share(data, index, train.global_batch, train.seq_len, train.seed, share,
+                           split="val")
+        total += engine.evaluate(*_to_device(batch, device))
+    return total / cfg.eval.batches
+
+
+def _save_trace(engine: Engine, path: Path, rank: int) -> None:
+    """The last step's per-rank pipeline actions as one Chrome/Perfetto trace (rank 0
+    writes it), for the report's measured timeline. Only pipeline engines record actions."""
+    import torch.distributed as dist
+
+    from paraxis.dist.watchdog import WATCH
+
+    events = engine.trace_events()
+    if engine.layout.pp == 1:
+        return
+    if dist.is_initialized():
+        gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
+        with WATCH.waiting("gather_object"):
+            dist.gather_object(events, gathered, dst=0)
+        events = [e for part in (gathered or []) for e in part]
+    if rank == 0 and events:
+        from paraxis.files.trace import write_chrome_trace
+
+        write_chrome_trace(events, path)

@@ -1,0 +1,152 @@
+"""Which state a run starts from, and what it saves when: the policy of `paraxis train`.
+
+A run starts from, in this order of precedence:
+1. the newest checkpoint in --checkpoint-dir when this is a restarted attempt (--max-restarts
+   or torchrun's): the progress made since the job started;
+2. --init-from: another run's weights (a paraxis checkpoint or a Hugging Face folder), cut
+   for this layout; the optimizer and the learning-rate schedule start fresh;
+3. --resume: a checkpoint, the newest in a folder of them, or "auto" (the newest in
+   --checkpoint-dir if there is one);
+4. else step 0, the seed's weights.
+
+It saves a checkpoint every --checkpoint-every steps, at --exit-after and at the end, and
+its resolved config once, at the start (`write_config`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paraxis.dist.groups import restart_attempt
+from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.run_file import to_toml
+
+if TYPE_CHECKING:
+    from paraxis.engine.contract import Engine
+    from paraxis.spec.model_config import ModelConfig
+    from paraxis.train.claim import Claim
+    from paraxis.train.config import RunConfig
+
+
+def resume_source(cfg: RunConfig) -> Path | None:
+    """The checkpoint this run continues (None: it starts fresh or from --init-from)."""
+    ckpt = cfg.checkpoint
+    saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
+    if restart_attempt() > 0 and saved:
+        return saved[-1][1]
+    if ckpt.init_from or not ckpt.resume:
+        return None
+    if ckpt.resume == "auto":
+        return saved[-1][1] if saved else None  # nothing saved yet: a fresh start
+    return resolve(ckpt.resume)
+
+
+def already_complete(cfg: RunConfig) -> str | None:
+    """With --resume auto, the line saying the newest checkpoint in --checkpoint-dir already
+    reached --steps (None otherwise): a scheduler that requeues a job whose stop signal came
+    as it finished finds the run done, not an error."""
+    ckpt = cfg.checkpoint
+    if ckpt.resume != "auto" or not ckpt.dir:
+        return None
+    saved = complete_checkpoints(Path(ckpt.dir))
+    if not saved or saved[-1][0] < cfg.train.steps:
+        return None
+    step, path = saved[-1]
+    return (f"{path} is at step {step} of --steps {cfg.train.steps}: the run is complete, "
+            "nothing to train (raise --steps to train further)")
+
+
+def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int) -> int:
+    """Load what the run starts from into `engine`; return the step to continue from."""
+    path = resume_source(cfg)
+    if path is None:
+        if cfg.checkpoint.init_from:
+            init_from(cfg.checkpoint.init_from, engine, model_cfg, rank)
+        return 0
+    manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
+    step = int(manifest["step"])
+    if step >= cfg.train.steps:
+        raise ParaxisError(f"checkpoint {path} is at step {step}, not before --steps "
+                           f"{cfg.train.steps}; raise --steps to train further")
+    if rank == 0 and not cfg.logging.quiet:
+        print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
+              file=sys.stderr, flush=True)
+    return step
+
+
+def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
+    """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
+    cut for this layout; the optimizer and the schedule start fresh."""
+    from paraxis.files.checkpoint_manifest import check_model
+    from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
+
+    if (Path(path) / "config.json").is_file():
+        from paraxis.model.hf import HFReader
+
+        reader = HFReader(path)  # reads headers only; each rank then reads just its pieces
+        check_model({"model": reader.cfg.to_dict()}, model_cfg.to_dict(), Path(path))
+        fill_entries(engine, RegionSource(reader.region, reader.shapes), ("param",), path)
+    else:
+        load_checkpoint(engine, resolve(path), model_cfg.to_dict(), rank, weights_only=True)
+
+
+def save_due(cfg: RunConfig, done: int) -> bool:
+    """Whether to save after `done` steps: every --checkpoint-every, at --exit-after and at
+    the end (only with --checkpoint-dir)."""
+    every = cfg.checkpoint.every
+    return bool(cfg.checkpoint.dir) and (done == cfg.train.steps
+                                         or done == cfg.checkpoint.exit_after
+                                         or (every > 0 and done % every == 0))
+
+
+def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
+         claim: Claim | None = None) -> None:
+    """A checkpoint of `step` steps done, with the resolved config, the data position and
+    the run it belongs to (`runtime/claim.py`: pruning touches this run's checkpoints only)."""
+    train = cfg.train
+    data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
+            "global_batch": train.global_batch, "seq_len": train.seq_len}
+    run = None
+    if claim is not None:
+        data["source"] = claim.facts["source"]
+        run = {"id": claim.run_id, "token": claim.token, "facts": claim.facts}
+    save_checkpoint(engine, cfg.checkpoint.dir, step, model_cfg.to_dict(),
+                    config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data},
+                    run=run)
+
+
+def trim_metrics(path: Path, start_step: int) -> None:
+    """Drop the metrics lines of steps >= start_step (logged after the checkpoint a resumed
+    run continues from, before the run stopped), so the file holds each step once."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a line cut short by the crash
+        if isinstance(step, int) and step < start_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def write_config(cfg: RunConfig) -> None:
+    """The resolved config as config.toml beside the metrics file (it reads back with
+    --config), and one line saying where; checkpoints carry their own copy."""
+    where = None
+    if cfg.logging.metrics_file:
+        path = Path(cfg.logging.metrics_file).parent / "config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_toml(cfg))
+        where = str(path)
+    elif cfg.checkpoint.dir:
+        where = f"config.toml in every checkpoint under {cfg.checkpoint.dir}"
+    if where and not cfg.logging.quiet:
+        print(f"resolved config: {where}", file=sys.stderr, flush=True)

@@ -1,0 +1,90 @@
+"""Run files: a RunConfig read from TOML, strictly, and written back (`paraxis/train/config.py`
+holds the sections; a run file is one TOML table per section)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.auto_config import expand_run_file
+from paraxis.train.config import RunConfig, field_type, sections
+
+
+def read_run_file(path: str | Path) -> RunConfig:
+    """A TOML run file -> RunConfig (defaults for what it leaves out)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ParaxisError(f"config file {path} is a folder; give a .toml run file (examples/ "
+                           "holds some to start from)")
+    if not path.is_file():
+        raise ParaxisError(f"config file {path} does not exist; check the path (examples/ "
+                           "holds run files to start from)")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ParaxisError(f"config file {path} is not valid TOML ({error}); fix that "
+                           "line") from None
+    known = sections()
+    doc = expand_run_file(doc)  # `layout = "auto"` atop the file: the planner picks
+    values: dict[str, Any] = {}
+    for section, table in doc.items():
+        if section not in known:
+            raise ParaxisError(f"{path}: unknown section [{section}]; known: "
+                               f"{', '.join(known)}")
+        if not isinstance(table, dict):
+            raise ParaxisError(f"{path}: [{section}] must be a table of key = value lines")
+        cls = known[section]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = [key for key in table if key not in fields]
+        if unknown and section == "layout":
+            raise ParaxisError(f"{path}: unknown [layout] key(s) {', '.join(sorted(unknown))}; "
+                               f"known: {', '.join(fields)}")
+        if unknown:
+            raise ParaxisError(f"{path}: unknown key {unknown[0]!r} in [{section}]; known: "
+                               f"{', '.join(fields)}")
+        for key, value in table.items():
+            _check_type(path, section, key, value, field_type(cls, key), fields[key].default)
+        values[section] = cls(**table)
+    return RunConfig(**values)
+
+
+EXAMPLES = {str: "runs/metrics.jsonl", int: 5, float: 400.0, bool: True}
+
+
+def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
+                default: Any) -> None:
+    """A value must have its field's type (an int where a float is wanted is fine): a quoted
+    number would otherwise fail deep inside training, far from the file that caused it."""
+    ok = (isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
+          or wanted is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        fallback = "runs/x" if wanted is str and key == "dir" else EXAMPLES[wanted]
+        example = _toml_value(default if default is not None else fallback)
+        raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
+                           f"{wanted.__name__}; write e.g. {key} = {example}")
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The TOML that reads back to `cfg` (saved with checkpoints and runs). A field left at
+    None (no metrics file, no checkpoint dir, ...) is left out: TOML has no None."""
+    lines: list[str] = []
+    for section in sections():
+        values = getattr(cfg, section)
+        lines.append(f"[{section}]")
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            if value is not None:
+                lines.append(f"{f.name} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,69 @@
+"""Where a run's ranks come from: this process alone, N processes it launches itself
+(`--nproc N`, `paraxis/dist/launch.py`), or one rank of a job torchrun started. Bad input
+fails here in one line, not in N tracebacks."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+
+from paraxis.spec.errors import ParaxisError
+from paraxis.train.config import RunConfig
+
+
+def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
+    """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
+    torchrun job. Bad input fails here in one line, not in N tracebacks."""
+    launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    from paraxis.train.resume import already_complete
+
+    if done := already_complete(cfg):  # a requeued job that had finished: exit 0
+        if os.environ.get("RANK", "0") == "0":
+            print(f"paraxis: {done}", file=sys.stderr, flush=True)
+        return 0
+    if cfg.auto.enabled:  # --layout auto: the planner's pick replaces it (auto_layout.py)
+        from paraxis.train.auto_layout import measured_line, resolve
+
+        cfg = resolve(cfg, launched)
+        code = start(cfg, train, debug)
+        line = None if launched else measured_line(cfg)
+        if line:
+            print(f"paraxis: {line}", file=sys.stderr, flush=True)
+        return code
+    nproc = cfg.launch.nproc
+    if nproc > 1 and not launched:
+        from paraxis.data.blend import load_run_data
+        from paraxis.dist.launch import launch, warn_if_oversubscribed
+        from paraxis.spec.model_config import load_model_config
+
+        if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
+            cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
+        cfg.check()
+        train_cfg = cfg.train
+        model_cfg = load_model_config(cfg.model.name)
+        cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
+        data = load_run_data(cfg.data)
+        data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
+        if train_cfg.pack_documents:  # before any rank starts
+            from paraxis.parallel.context.packing import packing_id
+
+            packing_id(data.end_of_document, data.name)
+        warn_if_oversubscribed(nproc, train_cfg.device)
+        from paraxis.train.claim import claim_folder  # the launcher holds --checkpoint-dir
+
+        with claim_folder(cfg, data) or contextlib.nullcontext():
+            launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
+                   max_restarts=cfg.launch.max_restarts, debug=debug,
+                   timeout_s=train_cfg.timeout_s, device=train_cfg.device)
+        return 0
+    if not launched and cfg.layout.world_size > 1:
+        lay, n = cfg.layout, cfg.layout.world_size
+        axes = ("dp", "cp", "tp", "pp") if lay.cp > 1 else ("dp", "tp", "pp")
+        raise ParaxisError(f"{'*'.join(axes)} = {'*'.join(str(getattr(lay, a)) for a in axes)}"
+                           f" = {n} ranks but this is one process; add --nproc {n} (or start "
+                           f"it with torchrun --nproc-per-node {n})")
+    train(cfg)
+    return 0
