@@ -7,7 +7,7 @@ benchmarks ran on.
 
 from __future__ import annotations
 
-from paraxis.commands.calibrate import DEFAULT_SIZES_KB, calibrate
+from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, calibrate
 
 PROFILE_NAME = "hardware-profile.json"
 
@@ -28,7 +28,7 @@ def run(quick: bool, log=print) -> dict:  # noqa: ANN001
 def rates_now(quick: bool) -> dict[str, float]:
     """The compute rates this section's calibration measured, timed again now (the same
     shapes and repeats), as the profile's GPU fields."""
-    from paraxis.commands.calibrate import compute_rates
+    from paraxis.train.calibrate.measure import compute_rates
 
     return compute_rates(*COMPUTE[quick])
 

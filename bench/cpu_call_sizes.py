@@ -124,7 +124,7 @@ def main() -> None:
                         help="message sizes in bytes, comma-separated")
     args = parser.parse_args()
     sizes = tuple(int(size) for size in args.sizes.split(","))
-    from paraxis.commands.calibrate import cpu_cores
+    from paraxis.train.calibrate.measure import cpu_cores
 
     share = min(1.0, cpu_cores() / args.ranks)
     per_rank = run_distributed(probe_body, args.ranks,

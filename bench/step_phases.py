@@ -37,8 +37,8 @@ def phases_body(ctx, model: str, steps: int) -> dict[str, float]:
     import torch
 
     from paraxis.dist.preemption import StopRequest
+    from paraxis.files.model_file import load_model_config
     from paraxis.parallelize import materialize, parallelize
-    from paraxis.spec.model_config import load_model_config
 
     torch.set_num_threads(1)
     cfg = load_model_config(model)
@@ -91,9 +91,9 @@ def phases_body(ctx, model: str, steps: int) -> dict[str, float]:
 def priced(model: str, layout: Layout) -> tuple[float, int]:
     """(seconds, calls) the planner prices for the step's own calls, on a quick calibration
     of this machine."""
+    from paraxis.files.model_file import load_model_config
     from paraxis.plan.inputs import PlanInputs
     from paraxis.plan.step_calls import step_calls, step_calls_time
-    from paraxis.spec.model_config import load_model_config
     from paraxis.train.calibrate.quick import profile_for_cpu_run
 
     with tempfile.TemporaryDirectory() as folder:

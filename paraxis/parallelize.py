@@ -47,11 +47,11 @@ from paraxis.parallel.tensor.comm import keep_collectives_eager
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.spec.partition import Partition, partition_layers
 from paraxis.spec.precision import PrecisionPolicy
 from paraxis.spec.schedules import check_compile
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
-from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,

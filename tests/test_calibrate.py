@@ -138,7 +138,7 @@ def test_latency_bound_times_keep_their_latency():
 
 def test_each_calibrated_rate_is_the_median_of_the_probes():
     """A slow spell during one probe (a shared machine) does not become the profile."""
-    from paraxis.commands.calibrate import median_probe
+    from paraxis.train.calibrate.measure import median_probe
 
     def probe(gemm: float, attention: float, elementwise: float, dispatch: float) -> dict:
         return {"matmul": {"flops_per_s": gemm, "shapes": [gemm]}, "dtype": "float32",
@@ -249,9 +249,9 @@ def test_calibration_sizes_reach_the_largest_message_a_run_sends():
     up to 4 MiB at 22 ms; the 32 MiB point now committed took 129 ms), so the default sizes
     pass the DP gradient bucket, and a quick calibration reaches its model's gradients where
     they are larger."""
-    from paraxis.commands.calibrate import DEFAULT_SIZES_KB
+    from paraxis.files.model_file import load_model_config
     from paraxis.plan.hardware import GPU
-    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB
     from paraxis.train.calibrate.quick import QUICK_SIZES, quick_sizes
 
     assert max(DEFAULT_SIZES_KB) * 1024 >= GPU.gradient_bucket_bytes

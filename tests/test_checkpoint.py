@@ -98,9 +98,9 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
 def _reshard_body(ctx: RankContext, root: str) -> tuple[list, list]:
     import torch.distributed as dist
 
+    from paraxis.files.model_file import load_model_config
     from paraxis.model.checkpoint import save_checkpoint
     from paraxis.parallelize import build_engine
-    from paraxis.spec.model_config import load_model_config
 
     source = f"{root}/a/step-00000003"
     run_training(_cfg("dp=2,tp=2,pp=2,zero=1", 5, checkpoint_dir=f"{root}/a", exit_after=3))
@@ -146,9 +146,9 @@ def test_reshard_across_layouts_and_to_one_device(tmp_path):
 
 def _load_and_save(source: Path, destination: Path, layout: str = "dp=1") -> None:
     from paraxis.dist.groups import build_groups
+    from paraxis.files.model_file import load_model_config
     from paraxis.model.checkpoint import save_checkpoint
     from paraxis.parallelize import build_engine
-    from paraxis.spec.model_config import load_model_config
 
     cfg = _cfg(layout, 5)
     model_cfg = load_model_config(cfg.model.name)
@@ -199,8 +199,8 @@ def _train_one_device(root: Path, steps: int, keep: int = 3, every: int = 0) -> 
 
 def _load_into_fresh(directory: Path, model: str = "tiny") -> None:
     from paraxis.engine.contract import LocalEngine
+    from paraxis.files.model_file import load_model_config
     from paraxis.model.transformer import build_model
-    from paraxis.spec.model_config import load_model_config
 
     cfg = load_model_config(model)
     load_checkpoint(LocalEngine(build_model(cfg), Layout()), directory, cfg.to_dict())
@@ -268,9 +268,9 @@ def test_directory_without_manifest_is_not_a_checkpoint(saved):
 def _split_dims_match_the_runtime(ctx: RankContext, model_name: str) -> None:
     import torch.distributed as dist
 
+    from paraxis.files.model_file import load_model_config
     from paraxis.model.transformer import build_model
     from paraxis.parallel.tensor.apply import apply_tensor_parallel, tp_split_dim
-    from paraxis.spec.model_config import load_model_config
 
     model = apply_tensor_parallel(build_model(load_model_config(model_name)), dist.group.WORLD)
     for name, param in model.named_parameters():

@@ -8,7 +8,7 @@ ground truths they could get wrong (the causal triangle, the ring's K/V, the run
 import pytest
 import torch
 
-from paraxis.commands.experts import counts_by_rank, route_batch
+from paraxis.model.routing import counts_by_rank, route_batch
 from paraxis.model.transformer import build_model
 from paraxis.parallel.experts.layer import moe_layers
 from paraxis.plan.comm import Link

@@ -86,7 +86,7 @@ def test_a_share_is_the_rows_and_chunks_of_the_whole_batch(corpus):
 def _shares(ctx, spec):
     """On each rank: its share of steps 0..2 of a blend, and the bytes that took."""
     data = load_blend(spec)
-    share = Share.of(ctx.groups)
+    share = Share.of(ctx.groups.layout, ctx.groups.rank)
     got = [read_share(data, step, BATCH, SEQ, 7, share) for step in range(3)]
     return share, got, data.bytes_read()
 

@@ -15,6 +15,7 @@ from torch.nn.attention.flex_attention import create_mask
 
 from paraxis.dist.testing import RankContext, gpu_count, run_distributed, run_on_ranks
 from paraxis.engine.contract import LocalEngine
+from paraxis.files.model_file import load_model_config
 from paraxis.model.transformer import build_model
 from paraxis.parallel.context.chunks import local_part
 from paraxis.parallel.context.packing import (
@@ -30,7 +31,6 @@ from paraxis.parallel.context.packing import (
 from paraxis.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
-from paraxis.spec.model_config import load_model_config
 from paraxis.train.config import RunConfig
 
 EOS = 0  # the byte tokenizer's end-of-document id

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from paraxis.cli import main
-from paraxis.commands.calibrate import cpu_model_name
 from paraxis.dist.testing import RankContext, run_on_ranks
 from paraxis.files.trace import load_trace, to_chrome_trace
 from paraxis.show.report.build import write_report
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
+from paraxis.train.calibrate.measure import cpu_model_name
 
 PIPE = Layout(pp=4, microbatches=4, schedule="1f1b")
 PLAN_SECTIONS = ("plan", "defence", "grid", "tp", "pipeline", "memory", "ring")
@@ -65,10 +65,10 @@ def test_report_refuses_a_run_folder_without_metrics(tmp_path):
 def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     """A real one-rank run, reported against the planner's prediction on a profile of the
     form `paraxis calibrate` writes: the step-time error is shown in one line."""
+    from paraxis.files.model_file import load_model_config
     from paraxis.files.run_records import load_metrics, steady
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
-    from paraxis.spec.model_config import load_model_config
     from paraxis.spec.state_bytes import FP32_ADAM
     from paraxis.train.calibrate.profile import build_profile
 
@@ -167,8 +167,8 @@ def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple
     import torch
 
     from paraxis.data.corpus import TokenData
+    from paraxis.files.model_file import load_model_config
     from paraxis.parallelize import build_engine
-    from paraxis.spec.model_config import load_model_config
     from paraxis.train.config import RunConfig
     from paraxis.train.loop import _loop
 

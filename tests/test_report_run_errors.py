@@ -151,7 +151,7 @@ def test_report_on_a_read_only_run_folder_writes_nothing_into_it(tmp_path, capsy
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
     folder = run_folder(tmp_path, [json.dumps({**STEP, "step": i}) for i in range(3)])
-    monkeypatch.setattr("paraxis.commands.calibrate.calibrate",
+    monkeypatch.setattr("paraxis.train.calibrate.measure.calibrate",
                         lambda *args, **kwargs: json.loads(quick.COMMITTED.read_text()))
     monkeypatch.setattr(quick, "COMMITTED", tmp_path / "no-committed-profile.json")
     before = snapshot(folder)

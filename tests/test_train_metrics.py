@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.files.model_file import load_model_config
 from paraxis.plan.compute import model_flops_per_token
-from paraxis.spec.model_config import load_model_config
 from paraxis.train.config import RunConfig
 from paraxis.train.loop import run_training
 

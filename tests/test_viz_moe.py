@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from paraxis.cli import main
-from paraxis.commands.experts import counts_by_rank, route_batch
+from paraxis.model.routing import counts_by_rank, route_batch
 from paraxis.show.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
 from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix
 

@@ -14,9 +14,9 @@ import json
 import math
 from pathlib import Path
 
+from paraxis.files.host import check_writable_folder
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
-from paraxis.train.run_checks import check_writable_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -140,7 +140,7 @@ def draw(cp: int, attention: str, seq_len: int, layout: Layout | None, gpus_per_
 
 
 def run(args: argparse.Namespace) -> int:
-    from paraxis.train.run_checks import check_writable_folder
+    from paraxis.files.host import check_writable_folder
 
     cp, attention, seq_len, layout = resolve(args)
     if args.out is not None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from paraxis.files.host import check_writable_folder
 from paraxis.spec.errors import ParaxisError
-from paraxis.train.run_checks import check_writable_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

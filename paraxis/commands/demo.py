@@ -43,13 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from paraxis.dist.launch import launch
+    from paraxis.files.model_file import load_model_config
     from paraxis.files.terminal import console as terminal_console
     from paraxis.show.lab.page import write_lab
     from paraxis.show.report.build import build_report, save
-    from paraxis.show.report.hardware import choose_hardware
-    from paraxis.spec.model_config import load_model_config
     from paraxis.train.calibrate.quick import PROFILE_NAME
     from paraxis.train.config import RunConfig
+    from paraxis.train.hardware import choose_hardware
     from paraxis.train.loop import run_training
 
     console = terminal_console(highlight=False)

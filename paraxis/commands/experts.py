@@ -14,7 +14,6 @@ all-to-all of one block (`--block`, default the first MoE block).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,13 +21,10 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.moe_checks import routing_text
 
 if TYPE_CHECKING:
-    import torch
-
-    from paraxis.parallel.experts.layer import MoE
     from paraxis.spec.model_config import ModelConfig
 
+MAX_TOKENS = 65_536  # one forward on one CPU: a look, not a run
 
-MAX_TOKENS = 65_536
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,70 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="directory for the pictures")
 
 
-def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
-                ) -> tuple[ModelConfig, dict[int, tuple[list[list[int]], list[list[float]]]]]:
-    """(config, {block index: (chosen, weights)}): the model's routing of `batch` sequences
-    of the embedded corpus, every MoE block, tokens in batch order."""
-    import torch
-
-    from paraxis.data.corpus import embedded_corpus
-    from paraxis.model.transformer import build_model
-    from paraxis.spec.model_config import load_model_config
-
-    if Path(model_name).is_dir():
-        from paraxis.model.inference import load_for_inference
-
-        cfg, model = load_for_inference(model_name)
-    else:
-        from paraxis.train.run_checks import available_host_bytes
-
-        cfg = load_model_config(model_name)
-        cfg.check_seq_len(seq_len)
-        need, have = cfg.num_params() * 4, available_host_bytes()  # fp32 weights, one device
-        if cfg.is_moe and need > have:
-            raise ParaxisError(f"{cfg.name}'s fp32 weights ({need / 1e9:,.1f} GB) exceed this "
-                               f"machine's {have / 1e9:,.1f} GB available; route a smaller "
-                               "model (tiny-moe, or a model file with fewer layers)")
-        model = build_model(cfg, seed=seed) if cfg.is_moe else None
-    if not cfg.is_moe or model is None:
-        raise ParaxisError(f"model {cfg.name} has no experts; give an MoE model (a preset such "
-                           "as tiny-moe, a model file with n_experts, or its checkpoint)")
-    corpus = torch.from_numpy(embedded_corpus()[: batch * seq_len].astype("int64"))
-    if corpus.numel() < batch * seq_len:
-        raise ParaxisError(f"--batch {batch} x --seq-len {seq_len} is more text than the "
-                           "embedded corpus holds; ask for fewer tokens")
-    ids = corpus.view(batch, seq_len) % cfg.vocab_size
-    routes: dict[int, tuple[list[list[int]], list[list[float]]]] = {}
-    for index, block in zip(range(cfg.n_layers), model.blocks, strict=True):
-        if hasattr(block, "moe"):
-            block.moe.register_forward_hook(_recorder(routes, index, cfg.d_model))
-    with torch.no_grad():
-        model(ids)
-    return cfg, routes
-
-
-def _recorder(routes: dict, index: int, d_model: int) -> Callable[..., None]:
-    def record(layer: MoE, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        weights, chosen, _ = layer.route(inputs[0].reshape(-1, d_model))
-        routes[index] = (chosen.tolist(), weights.tolist())
-    return record
-
-
-def counts_by_rank(chosen: list[list[int]], n_experts: int, ep: int) -> list[list[int]]:
-    """Per-expert assignments of each EP rank's tokens when the batch's tokens (in batch
-    order) are split into ep equal contiguous parts, as data parallelism splits sequences."""
-    share = len(chosen) // ep
-    counts = [[0] * n_experts for _ in range(ep)]
-    for token, experts in enumerate(chosen[: share * ep]):
-        for expert in experts:
-            counts[token // share][expert] += 1
-    return counts
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from paraxis.files.terminal import console as terminal_console
+    from paraxis.model.routing import counts_by_rank, route_batch
     from paraxis.spec.expert_placement import all_to_all_bytes, experts_of_rank, send_matrix
 
     for flag in ("ep", "batch", "seq_len"):
@@ -119,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--batch {args.batch} is not divisible by --ep {args.ep}; give a "
                            "batch the ep ranks can share")
     if args.out is not None:
-        from paraxis.train.run_checks import check_writable_folder
+        from paraxis.files.host import check_writable_folder
 
         check_writable_folder(args.out, "--out")
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
@@ -150,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _draw(args: argparse.Namespace, cfg: ModelConfig, routes: dict, console: object) -> None:
+    from paraxis.model.routing import counts_by_rank
     from paraxis.show.viz.moe import plot_all_to_all, plot_routing
     from paraxis.show.viz.style import figure_bytes
 

@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from paraxis.files.host import check_writable_folder
     from paraxis.show.lab.page import write_lab  # the library's figures, only when run
-    from paraxis.train.run_checks import check_writable_folder
 
     for flag, folder in (("--out", args.out), ("--screenshots", args.screenshots)):
         if folder is not None:  # both before anything is written

@@ -7,7 +7,7 @@
 
 The model, hardware and batch flags are `paraxis plan`'s (paraxis.plan.inputs); for a run,
 those left out come from the run's own config.toml (its model, layout, batch, sequence length
-and precision). A run is forecast on the hardware it ran on (paraxis.show.report.hardware):
+and precision). A run is forecast on the hardware it ran on (paraxis.train.hardware):
 --hardware or --gpu when given, else this machine.
 """
 
@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from paraxis.files.host import check_writable
     from paraxis.show.report.build import build_report, save
     from paraxis.show.report.measured import metrics_path
-    from paraxis.train.run_checks import check_writable
 
     inputs.check_numbers(args)  # as `paraxis plan` checks them
     check_writable(Path(args.out), "--out")

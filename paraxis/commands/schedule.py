@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 def _partition_costs(model: str, schedule: Schedule) -> tuple[list[float], list[float]]:
     """Forward cost per chunk (virtual stage) of the runtime's split of `model`, relative to
     the mean chunk, and backward at twice that."""
-    from paraxis.spec.model_config import load_model_config
+    from paraxis.files.model_file import load_model_config
     from paraxis.spec.partition import partition_layers
 
     split = partition_layers(load_model_config(model), schedule.num_stages, schedule.virtual,

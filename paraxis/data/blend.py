@@ -21,15 +21,13 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from paraxis.data.corpus import TokenData, sample_key
 from paraxis.spec.errors import ParaxisError
-
-if TYPE_CHECKING:
-    from paraxis.train.config import DataSection
+from paraxis.spec.options import option
 
 EXAMPLE = "write PATH:WEIGHT items joined by commas, e.g. web.jsonl:0.7,code:0.3"
 
@@ -154,6 +152,19 @@ def load_blend(spec: str | None, dtype: str = "uint16", tokenizer: str | None = 
     sources = [load_token_data(path, dtype, tokenizer, text_field) for path, _ in parsed]
     return Blend(sources, [weight for _, weight in parsed],
                  sources[0].name if len(sources) == 1 else spec or "embedded")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    path: str = option("embedded", "'embedded', a .bin, text, .jsonl(.gz), Parquet or datasets "
+                       "source, a prepared folder, or a blend: a.jsonl:0.7,b:0.3", "--data")
+    dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
+    tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
+                                   "(default: byte-level)")
+    text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
+    val_path: str | None = option(None, "held-out data for --eval-every (as --data takes); "
+                                  "default: the last 5% of each source", "--val-data")
+    prefetch: int = option(2, "batches the loader reads ahead in a thread; 0: in the step")
 
 
 def load_run_data(section: DataSection) -> Blend:

@@ -1,6 +1,6 @@
 """The loader: each rank reads only its share of each step's batch, ahead of the step.
 
-    share = Share.of(groups)                      # dp rows and, under cp, chunks of each row
+    share = Share.of(layout, rank)                # dp rows and, under cp, chunks of each row
     x, y = read_share(blend, step, 16, 128, seed, share)        # (16/dp, 128/cp) int64 each
     with Loader(lambda s: read_share(blend, s, ...), range(first, last)) as loader:
         for step in range(first, last):
@@ -41,10 +41,10 @@ import numpy as np
 
 from paraxis.spec.cp_balance import check_split, rank_chunks
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 
 if TYPE_CHECKING:
     from paraxis.data.blend import Blend
-    from paraxis.dist.groups import ParallelGroups
 
 SLEEP_ENV = "PARAXIS_TEST_DATA_SLEEP"
 T = TypeVar("T")
@@ -61,10 +61,10 @@ class Share:
     cp: int = 1
 
     @classmethod
-    def of(cls, groups: ParallelGroups) -> Share:
-        layout = groups.layout
-        return cls(groups.dp_rank, layout.dp, groups.cp_rank if layout.cp > 1 else 0,
-                   layout.cp)
+    def of(cls, layout: Layout, rank: int) -> Share:
+        """Global rank `rank`'s share under `layout`."""
+        coords = layout.coords(rank)
+        return cls(coords.dp_rank, layout.dp, coords.cp_rank, layout.cp)
 
     def rows(self, global_batch: int) -> range:
         per_rank = global_batch // self.dp

@@ -30,26 +30,25 @@ import torch
 from torch import nn
 
 from paraxis.dist.params import local_norm_squares
-from paraxis.model.checkpoint.entries import Entry, Place, buffer_entries, whole_entries
+from paraxis.model.checkpoint.entries import (
+    Checkpointable,
+    Entry,
+    LossScale,
+    Place,
+    buffer_entries,
+    whole_entries,
+)
 from paraxis.model.transformer import single_device_buffers, single_device_parameters
 from paraxis.parallel.context.packing import counted_targets, loss_weights, mask_targets, weigh
 from paraxis.parallel.experts.layer import set_aux_loss_scale
 from paraxis.spec.layout import Layout
-from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 
 if TYPE_CHECKING:
     from paraxis.dist.groups import ParallelGroups
 
 
-class LossScale(Protocol):
-    """fp16's dynamic loss scale as checkpoints see it (`data_parallel.precision`)."""
-
-    def state_dict(self) -> dict[str, float]: ...
-
-    def load_state_dict(self, state: dict[str, float]) -> None: ...
-
-
-class Engine(Protocol):
+class Engine(Checkpointable, Protocol):
     """What the training loop, checkpoints, traces and reports may ask of a runtime.
 
     A Protocol rather than a base class: callers depend on these names only, and an engine
@@ -58,19 +57,9 @@ class Engine(Protocol):
     """
 
     model: nn.Module  # this rank's modules (a Transformer, or a stage's parts)
-    layout: Layout
-    optimizer: torch.optim.Optimizer
-    loss_scaler: LossScale | None  # fp16's dynamic loss scale, checkpointed; else None
-
-    @property
-    def device(self) -> torch.device: ...
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This rank's parameters under their single-device names, each once."""
-        ...
-
-    def checkpoint_entries(self) -> list[Entry]:
-        """Every piece of training state this rank holds, in single-device coordinates."""
         ...
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...

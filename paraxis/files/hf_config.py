@@ -1,8 +1,7 @@
 """Hugging Face config.json <-> paraxis ModelConfig, for Llama, Mixtral and GPT-2.
 
-Reading gives the ModelConfig fields as a dict (`model_config.hf_model_config` builds the
-ModelConfig from them), so this module needs ModelConfig only as a type and the import runs
-one way: `model_config` reads a Hugging Face directory through this module.
+`hf_model_config` reads a Hugging Face directory's config.json into a ModelConfig;
+`config_json` writes one back.
 
 Reading refuses, in one line naming the file, every setting the reference model
 (`paraxis.model.transformer`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head on
@@ -16,12 +15,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from paraxis.spec.errors import ParaxisError
-
-if TYPE_CHECKING:
-    from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_config import ModelConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
                  "GPT2LMHeadModel": "gpt2"}
@@ -220,3 +216,13 @@ def gpt2_json(cfg: ModelConfig) -> dict:
         "scale_attn_weights": True, "tie_word_embeddings": True,
         "bos_token_id": None, "eos_token_id": None,
     }
+
+
+def hf_model_config(path: Path) -> ModelConfig:
+    """A Hugging Face model directory -> its ModelConfig (config.json, read by `read_hf_config`;
+    a shape the model cannot take is an error naming the file)."""
+    fields = read_hf_config(path)
+    try:
+        return ModelConfig(**fields)  # type: ignore[arg-type]
+    except ParaxisError as error:
+        raise ParaxisError(f"{path / 'config.json'}: {error}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from paraxis.files.model_file import load_model_config
 from paraxis.plan.hardware import (
     CLUSTERS,
     GPUS,
@@ -19,7 +20,7 @@ from paraxis.plan.hardware import (
     load_hardware_file,
 )
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.model_config import ModelConfig, load_model_config, model_from_params
+from paraxis.spec.model_config import ModelConfig, model_from_params
 from paraxis.spec.state_bytes import PRECISIONS, Precision
 from paraxis.spec.units import GB
 

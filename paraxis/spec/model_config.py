@@ -19,11 +19,8 @@ A llama-style model may be a mixture of experts (`n_experts > 0`): each block pa
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.moe_checks import check_experts
@@ -297,52 +294,6 @@ for _config in (
          256, 8, 2048, shared=1, dense=3),
 ):
     PRESETS[_config.name] = _config
-
-
-def load_model_config(name_or_path: str) -> ModelConfig:
-    """A preset name, a .json/.toml file with the ModelConfig fields, or a directory holding a
-    model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if path.is_dir():
-        return _model_of_directory(path)
-    if path.suffix in (".json", ".toml"):
-        if not path.is_file():
-            raise ParaxisError(f"model file {path} does not exist; give a preset name "
-                               f"({', '.join(PRESETS)}) or an existing .json/.toml file")
-        try:
-            text = path.read_text()
-            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
-                               "fix the file or give a preset name") from None
-        if isinstance(data, dict):
-            data = data.get("model", data)
-        return ModelConfig.from_dict(data, source=str(path))
-    raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
-                       "or give a .json/.toml file")
-
-
-def _model_of_directory(path: Path) -> ModelConfig:
-    from paraxis.files.checkpoint_manifest import read_manifest, resolve
-
-    if (path / "config.json").is_file():
-        return hf_model_config(path)
-    directory = resolve(path)  # a checkpoint, or the newest under a directory of them
-    return ModelConfig.from_dict(read_manifest(directory)["model"], source=str(directory))
-
-
-def hf_model_config(path: Path) -> ModelConfig:
-    """A Hugging Face model directory -> its ModelConfig (config.json, read by `hf_config`;
-    a shape the model cannot take is an error naming the file)."""
-    from paraxis.files.hf_config import read_hf_config
-
-    fields = read_hf_config(path)
-    try:
-        return ModelConfig(**fields)  # type: ignore[arg-type]
-    except ParaxisError as error:
-        raise ParaxisError(f"{path / 'config.json'}: {error}") from None
 
 
 def model_from_params(num_params: float, seq_len: int = 2048,

@@ -56,14 +56,14 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     """The planner's pick for `cfg` on `ranks` ranks of this machine, one phrase saying where
     its prices come from, and the hardware file it read (None: a GPU preset). `limits`,
     `overlap` and `expert_imbalance`: `plan --verify`'s search flags (None: the defaults)."""
+    from paraxis.files.model_file import load_model_config
     from paraxis.plan.auto import choose
     from paraxis.plan.cost import DEFAULT_OVERLAP
     from paraxis.plan.experts import DEFAULT_IMBALANCE
     from paraxis.plan.hardware import build_cluster
     from paraxis.plan.inputs import PlanInputs
     from paraxis.plan.search import Constraints, search
-    from paraxis.show.report.hardware import choose_hardware
-    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.hardware import choose_hardware
 
     model_cfg = load_model_config(cfg.model.name)
     seq_len = cfg.train.seq_len
@@ -88,7 +88,7 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     if hardware.cpu and not cfg.logging.hardware:
         # A profile's cores are those its calibration got; on a shared machine the load
         # changes from minute to minute, so the cores our ranks get are probed again now.
-        from paraxis.commands.calibrate import available_cores
+        from paraxis.train.calibrate.measure import available_cores
         from paraxis.train.calibrate.quick import PROBE_S
 
         cores = available_cores(cluster.cores_per_node, PROBE_S, ranks)
@@ -159,10 +159,10 @@ def verify_plan(args: argparse.Namespace) -> int:
     machine (priced as --layout auto prices them), each trained for a short burst by
     `paraxis train`, interleaved (`plan.verify`); prints the measured ranking next to the
     predicted one, with Spearman's rank correlation."""
-    from paraxis.commands.calibrate import cpu_cores
+    from paraxis.files.model_file import load_model_config
     from paraxis.plan import search_flags
     from paraxis.plan.verify import ROUNDS, STEPS, table, verify
-    from paraxis.spec.model_config import load_model_config
+    from paraxis.train.calibrate.measure import cpu_cores
     from paraxis.train.config import RunConfig
 
     k, ranks = args.verify, args.gpus  # plan_cli.check_verify checked the --verify flags

@@ -39,9 +39,9 @@ from paraxis.files.checkpoint_ownership import (
     read_json,
     run_facts,
 )
+from paraxis.files.host import outermost_missing
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.resume import resume_source
-from paraxis.train.run_checks import outermost_missing
 
 if TYPE_CHECKING:
     from paraxis.data.blend import Blend
@@ -185,7 +185,7 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
 def _check_space(cfg: RunConfig, folder: Path) -> None:
     """One checkpoint must fit: parameters and AdamW's two moments, 4 bytes each (fp32
     masters under every precision policy), in the free space of the folder's disk."""
-    from paraxis.spec.model_config import load_model_config
+    from paraxis.files.model_file import load_model_config
 
     need = 12 * load_model_config(cfg.model.name).num_params()
     existing = folder

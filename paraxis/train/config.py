@@ -35,15 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paraxis.data.blend import DataSection
+from paraxis.files.host import check_writable, check_writable_folder
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
+from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.spec.options import option
 from paraxis.spec.precision import get_policy
 from paraxis.spec.schedules import check_compile
 from paraxis.spec.units import DEFAULT_BUCKET_MB
 from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_layout
 from paraxis.train.nan_policy import POLICIES
-from paraxis.train.run_checks import check_late_failures, check_writable
 
 FP32_MAX = 3.4028234663852886e38
 
@@ -52,19 +54,6 @@ FP32_MAX = 3.4028234663852886e38
 class ModelSection:
     name: str = option("tiny", "preset (tiny, tiny-llama, gpt2-124m, ...), a .json/.toml model "
                        "file, or a Hugging Face / paraxis checkpoint directory", "--model")
-
-
-@dataclass(frozen=True)
-class DataSection:
-    path: str = option("embedded", "'embedded', a .bin, text, .jsonl(.gz), Parquet or datasets "
-                       "source, a prepared folder, or a blend: a.jsonl:0.7,b:0.3", "--data")
-    dtype: str = option("uint16", "token dtype of a .bin file", "--data-dtype")
-    tokenizer: str | None = option(None, "Hugging Face tokenizer.json for text data "
-                                   "(default: byte-level)")
-    text_field: str = option("text", "the text field of JSONL, Parquet and datasets sources")
-    val_path: str | None = option(None, "held-out data for --eval-every (as --data takes); "
-                                  "default: the last 5% of each source", "--val-data")
-    prefetch: int = option(2, "batches the loader reads ahead in a thread; 0: in the step")
 
 
 @dataclass(frozen=True)
@@ -86,11 +75,6 @@ class TrainSection:
                               "run stops, naming it")
     on_nan: str = option("stop", "a NaN/inf loss or gradient stops the run or skips that step",
                          choices=POLICIES)
-
-
-# AdamW as GPT-3 trained (Brown et al. 2020, App. B: beta2 0.95, weight decay 0.1), and
-# Megatron-LM's and torchtitan's defaults; every engine's default reads these.
-WEIGHT_DECAY, ADAM_BETAS, ADAM_EPS = 0.1, (0.9, 0.95), 1e-8
 
 
 @dataclass(frozen=True)
@@ -330,3 +314,44 @@ def _flag_table() -> dict[str, tuple[str, str]]:
 
 
 FLAGS = _flag_table()
+
+
+def check_late_failures(cfg: RunConfig) -> None:
+    """Values that used to fail late, after training had started (a traceback at the first
+    save), or to be silently ignored, refused before anything is created: one-line errors for the seed, gradient clip, peak TFLOP/s, --memory-gb and
+    --predicted-step-s (auto or not), --exit-after, a negative
+    --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,
+    and every folder the run will write."""
+    train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
+    if not 0 <= train.seed < 2**63:  # torch.manual_seed takes a signed 64-bit integer
+        raise ParaxisError(f"--seed {train.seed} must be between 0 and 2**63 - 1 (numpy's "
+                           "and torch's generators take non-negative 64-bit seeds)")
+    if not opt.grad_clip >= 0 or opt.grad_clip == math.inf:
+        raise ParaxisError(f"--grad-clip {opt.grad_clip} must be a finite number >= 0 "
+                           "(0 turns it off)")
+    if log.peak_tflops is not None and not 0 < log.peak_tflops < math.inf:
+        raise ParaxisError(f"--peak-tflops {log.peak_tflops} must be a positive number "
+                           "(one device's peak, e.g. 989 for an H100's bf16)")
+    for flag, value, unit in (("--memory-gb", cfg.auto.memory_gb, "GB per rank"),
+                              ("--predicted-step-s", cfg.auto.predicted_step_s, "seconds")):
+        if value is not None and not 0 < value < math.inf:  # with or without --layout auto
+            raise ParaxisError(f"{flag} {value} must be a positive number of {unit}; leave "
+                               "the flag out for the default")
+    if ckpt.exit_after is not None and not ckpt.dir:
+        raise ParaxisError("--exit-after needs --checkpoint-dir: it stops with a "
+                           "checkpoint to continue from")
+    if cfg.data.prefetch < 0:
+        raise ParaxisError(f"--prefetch {cfg.data.prefetch} must be >= 0 (0: no read-ahead)")
+    layout = cfg.layout
+    if layout.pp == 1 and (layout.schedule == "interleaved" or layout.virtual_stages > 1):
+        raise ParaxisError(f"schedule={layout.schedule} needs pp > 1 (it runs "
+                           f"{layout.virtual_stages if layout.virtual_stages > 1 else 'several'}"
+                           " model chunks on each pipeline stage); raise pp or use "
+                           "schedule=1f1b")
+    for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
+                        ("--metrics-file", log.metrics_file)):
+        if given is not None and not given.strip():  # "" would write into the working folder
+            raise ParaxisError(f"{flag} is empty; give a path, or leave the flag out")
+    for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
+        if folder:
+            check_writable_folder(Path(folder), flag)

@@ -11,10 +11,8 @@ same on one device and on many. The config and its flags live in `paraxis.train.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -64,9 +62,9 @@ def run_training(cfg: RunConfig) -> list[dict]:
     )
     from paraxis.dist.heartbeat import start_heartbeat
     from paraxis.dist.preemption import Preempted
+    from paraxis.files.model_file import load_model_config
     from paraxis.parallel.context.packing import packing_id
     from paraxis.parallelize import build_engine
-    from paraxis.spec.model_config import load_model_config
     from paraxis.spec.precision import get_policy
     from paraxis.train.claim import claim_folder
     from paraxis.train.metrics import device_memory_bytes, print_model_states
@@ -187,7 +185,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
         if rank == 0 else None
     show = rank == 0 and not log.quiet
-    data, share = Blend.of(data), Share.of(groups)
+    data, share = Blend.of(data), Share.of(groups.layout, groups.rank)
     exit_after = cfg.checkpoint.exit_after  # a resume past it runs on to the last step
     last = exit_after if exit_after and start_step < exit_after < train.steps else train.steps
 

@@ -37,7 +37,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     if nproc > 1 and not launched:
         from paraxis.data.blend import load_run_data
         from paraxis.dist.launch import launch, warn_if_oversubscribed
-        from paraxis.spec.model_config import load_model_config
+        from paraxis.files.model_file import load_model_config
 
         if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
             cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))

@@ -62,9 +62,9 @@ from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_
 from paraxis.parallel.tensor.partial import sum_partial_grads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
+from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 from paraxis.spec.precision import PrecisionPolicy, autocast_policy, get_policy
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
-from paraxis.train.config import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
 
 
 class DataParallelEngine(LocalEngine):

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from paraxis.files.checkpoint_manifest import FORMAT, VERSION, sha256_of, step_dir_name
+from paraxis.files.host import outermost_missing
 from paraxis.model.checkpoint.entries import KINDS, Entry
 from paraxis.model.checkpoint.load import CheckpointReader
 from paraxis.model.checkpoint.save import _write_tensors, commit, rank_file
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.train.run_checks import outermost_missing
 
 
 def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,

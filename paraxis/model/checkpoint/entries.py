@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from paraxis.dist.params import is_ep_sharded, is_pp_duplicate, is_tp_sharded
+from paraxis.spec.layout import Layout
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")  # the parameter, then AdamW's two moments
 
@@ -160,3 +161,27 @@ def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
 def set_optimizer_steps(optimizer: torch.optim.Optimizer, steps: int) -> None:
     for per_tensor in optimizer.state.values():
         per_tensor["step"] = torch.tensor(float(steps))
+
+
+class LossScale(Protocol):
+    """fp16's dynamic loss scale as checkpoints see it (`engine/data_parallel/loss_scale.py`)."""
+
+    def state_dict(self) -> dict[str, float]: ...
+
+    def load_state_dict(self, state: dict[str, float]) -> None: ...
+
+
+class Checkpointable(Protocol):
+    """What saving and loading a checkpoint ask of an engine (`paraxis.engine.contract.Engine`
+    has these names among its others)."""
+
+    layout: Layout
+    optimizer: torch.optim.Optimizer
+    loss_scaler: LossScale | None  # fp16's dynamic loss scale, checkpointed; else None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def checkpoint_entries(self) -> list[Entry]:
+        """Every piece of training state this rank holds, in single-device coordinates."""
+        ...

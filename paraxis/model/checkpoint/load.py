@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,13 +30,10 @@ from paraxis.files.checkpoint_manifest import (
     safe_member,
     sha256_of,
 )
-from paraxis.model.checkpoint.entries import KINDS, Entry, set_optimizer_steps
+from paraxis.model.checkpoint.entries import KINDS, Checkpointable, Entry, set_optimizer_steps
 from paraxis.model.checkpoint.pieces import FullSource, fill_entries, rows_holding
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from paraxis.engine.contract import Engine
 
 
 class CheckpointReader:
@@ -213,7 +210,7 @@ def verify_together(reader: CheckpointReader) -> None:
     reader.trust_all()
 
 
-def load_checkpoint(engine: Engine, directory: str | Path, model: dict[str, Any],
+def load_checkpoint(engine: Checkpointable, directory: str | Path, model: dict[str, Any],
                     rank: int = 0, restore_rng: bool = True,
                     weights_only: bool = False) -> dict[str, Any]:
     """Fill the engine's parameters and optimizer states from `directory`; every rank calls

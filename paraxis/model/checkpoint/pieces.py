@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from paraxis.model.checkpoint.entries import Checkpointable, Entry
 from paraxis.spec.errors import ParaxisError
-
-if TYPE_CHECKING:
-    from paraxis.engine.contract import Engine
-    from paraxis.model.checkpoint.entries import Entry
 
 
 class PieceSource(Protocol):
@@ -108,7 +105,7 @@ class RegionSource:
         return self.region(entry.name, index).reshape(-1)[start:stop]
 
 
-def fill_entries(engine: Engine, source: PieceSource, kinds: tuple[str, ...],
+def fill_entries(engine: Checkpointable, source: PieceSource, kinds: tuple[str, ...],
                  what: str) -> None:
     """Write into each of the engine's entries of `kinds` its piece from `source`: the one
     place a layout takes its share (initial weights, imported weights, a checkpoint)."""

@@ -27,7 +27,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,12 +43,9 @@ from paraxis.files.checkpoint_manifest import (
     with_checksum,
 )
 from paraxis.files.checkpoint_ownership import still_held, write_identity
-from paraxis.model.checkpoint.entries import optimizer_steps
+from paraxis.model.checkpoint.entries import Checkpointable, optimizer_steps
 from paraxis.spec.errors import RunFailed
 from paraxis.spec.units import runs_within
-
-if TYPE_CHECKING:
-    from paraxis.engine.contract import Engine
 
 # Test hook: "STEP:RANK" makes that rank exit right after writing its shard file of that
 # step's save, as a node dying mid-checkpoint would (the crash test in tests/).
@@ -63,7 +60,7 @@ def rank_file(rank: int, part: int = 0) -> str:
     return f"rank-{rank:05d}.safetensors" if part == 0 else f"rank-{rank:05d}-{part}.safetensors"
 
 
-def save_checkpoint(engine: Engine, root: str | Path, step: int,
+def save_checkpoint(engine: Checkpointable, root: str | Path, step: int,
                     model: dict[str, Any], config_toml: str = "", keep: int = 0,
                     extra: dict[str, Any] | None = None,
                     run: dict[str, Any] | None = None) -> Path:
@@ -134,7 +131,7 @@ def _fresh_dir(tmp: Path) -> None:
     tmp.mkdir(parents=True)
 
 
-def _write_pieces(engine: Engine, tmp: Path, rank: int, files: list[dict[str, Any]],
+def _write_pieces(engine: Checkpointable, tmp: Path, rank: int, files: list[dict[str, Any]],
                   pieces: list[dict[str, Any]]) -> None:
     """This rank's files: the pieces it owns, at most FILE_BYTES of them per file."""
     entries = [e for e in engine.checkpoint_entries() if e.owner]

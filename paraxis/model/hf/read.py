@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from paraxis.files.hf_config import read_json, unsupported
+from paraxis.files.hf_config import hf_model_config, read_json, unsupported
 from paraxis.model.hf.names import (
     FUSED_ROUTER,
     GPT2_PREFIX,
@@ -29,7 +29,7 @@ from paraxis.model.hf.names import (
     their_index,
 )
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.model_config import ModelConfig, hf_model_config
+from paraxis.spec.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from safetensors import safe_open

@@ -13,7 +13,7 @@ checks) and sends the rest of its assignments to the ranks holding their experts
 
 from __future__ import annotations
 
-from paraxis.commands.experts import counts_by_rank, route_batch
+from paraxis.model.routing import counts_by_rank, route_batch
 from paraxis.show.viz.style import RANK_COLOURS
 from paraxis.spec.expert_placement import (
     all_to_all_bytes,

@@ -20,7 +20,6 @@ from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.inputs import PlanInputs
 from paraxis.plan.search import SearchResult, search
-from paraxis.show.report.hardware import Hardware, choose_hardware
 from paraxis.show.report.measured import Forecast, MeasuredRun, load_run, run_section
 from paraxis.show.report.pictures import pictures
 from paraxis.show.report.pipeline import Lesson, pipeline_section
@@ -28,6 +27,7 @@ from paraxis.show.report.text import defence_section, plan_section
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.train.hardware import Hardware, choose_hardware
 
 
 @dataclass

@@ -71,8 +71,8 @@ ROUTED_MODEL_LIMIT = 1e9  # parameters: larger models are not built to draw thei
 
 
 def _routing(plan: Plan, run: MeasuredRun | None) -> str:
-    from paraxis.commands.experts import route_batch
     from paraxis.files.checkpoint_manifest import complete_checkpoints
+    from paraxis.model.routing import route_batch
 
     cfg = plan.cfg
     found = [] if run is None else [d for root in (run.folder, run.folder / "checkpoints")

@@ -2,7 +2,7 @@
 
 Measured figures come from the run's folder (metrics.jsonl from `paraxis train
 --metrics-file`, and a pipeline run's trace.json); forecast ones from the planner's
-`Estimate` on the hardware the run ran on (`paraxis.show.report.hardware`).
+`Estimate` on the hardware the run ran on (`paraxis.train.hardware`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from paraxis.train.calibrate.quick import calibration_steal
 
 if TYPE_CHECKING:
     from paraxis.show.report.build import Plan
-    from paraxis.show.report.hardware import Hardware
+    from paraxis.train.hardware import Hardware
 
 
 @dataclass

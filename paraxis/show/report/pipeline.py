@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from paraxis.files.model_file import load_model_config
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import build_cluster
 from paraxis.show.report.text import duration
@@ -26,7 +27,6 @@ from paraxis.show.viz.pipeline import (
 from paraxis.show.viz.style import figure_data_uri
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
-from paraxis.spec.model_config import load_model_config
 from paraxis.spec.schedules import build_schedule
 
 if TYPE_CHECKING:

@@ -112,9 +112,9 @@ def _matches(profile: dict, cpu: str, cores: int, ranks: int, model: str) -> boo
 def quick_sizes(model: str) -> list[int]:
     """QUICK_SIZES, and where `model`'s fp32 gradients (the DP sync's message, in 25 MB
     buckets) are larger, that size too, up to the largest size `paraxis calibrate` times:
-    fits do not extrapolate well (paraxis.commands.calibrate.DEFAULT_SIZES_KB)."""
-    from paraxis.commands.calibrate import DEFAULT_SIZES_KB
-    from paraxis.spec.model_config import load_model_config
+    fits do not extrapolate well (`measure.DEFAULT_SIZES_KB`)."""
+    from paraxis.files.model_file import load_model_config
+    from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB
 
     gradients = min(4 * load_model_config(model).num_params(), max(DEFAULT_SIZES_KB) * 1024)
     return [*QUICK_SIZES, *([gradients] if gradients > max(QUICK_SIZES) else [])]
@@ -122,7 +122,7 @@ def quick_sizes(model: str) -> list[int]:
 
 def _rates_again(shapes_from: dict) -> dict[str, float]:
     """The compute rates a quick calibration measured, timed again (the profile's fields)."""
-    from paraxis.commands.calibrate import compute_rates
+    from paraxis.train.calibrate.measure import compute_rates
 
     return compute_rates(shapes_from["model"], shapes_from["tokens"], shapes_from["seq_len"],
                          QUICK_REPEATS)
@@ -131,7 +131,7 @@ def _rates_again(shapes_from: dict) -> dict[str, float]:
 def _collectives_again(profile: dict, ranks: int) -> dict:
     """The profile's collectives and sync waits timed again on `ranks` ranks
     (`collective_body`'s {"times", "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"})."""
-    from paraxis.commands.calibrate import collectives_again
+    from paraxis.train.calibrate.measure import collectives_again
 
     again = collectives_again(profile, ranks, QUICK_REPEATS)
     profile["calibration"]["collectives_after_run"] = {str(ranks): again}
@@ -224,7 +224,12 @@ def _write_whole(path: Path, text: str) -> None:
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
-    from paraxis.commands.calibrate import available_cores, calibrate, cpu_cores, cpu_model_name
+    from paraxis.train.calibrate.measure import (
+        available_cores,
+        calibrate,
+        cpu_cores,
+        cpu_model_name,
+    )
 
     cpu, cores = cpu_model_name(), cpu_cores()
     if matches(COMMITTED, cpu, cores, ranks, model):

@@ -1,0 +1,61 @@
+"""This host's folders and memory: where a run may write, what creating a folder makes, and
+how much RAM there is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from paraxis.spec.errors import ParaxisError
+
+
+def check_writable_folder(path: str | Path, flag: str, example: str = "pictures") -> None:
+    """Fail before training if the folder `path` cannot be created or written in; a flag's
+    empty text (which Path reads as the current folder) is refused."""
+    if isinstance(path, str):
+        if not path.strip():
+            raise ParaxisError(f"{flag} is empty; give a folder, e.g. {example}")
+        path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ParaxisError(f"{flag} {path} is a file, not a folder; choose another path")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
+                           "folder); choose another path")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before training (and before creating anything) if `path` cannot be written."""
+    if path.is_dir():
+        raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
+                           "folder); choose another path")
+
+
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet: what
+    creating `path` makes, and what to remove again if nothing lands in it (None: none)."""
+    return next((folder for folder in reversed((path, *path.parents))
+                 if not folder.exists()), None)
+
+
+def host_ram_bytes() -> float:
+    """This machine's RAM."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def available_host_bytes() -> float:
+    """Memory a new allocation can have now (the kernel's MemAvailable), else the RAM."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return host_ram_bytes()

@@ -1,0 +1,45 @@
+"""Where a run's model comes from: a preset name, a .json/.toml model file, or a directory
+holding a model (a paraxis checkpoint's manifest, or a Hugging Face config.json)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from paraxis.files.checkpoint_manifest import read_manifest, resolve
+from paraxis.files.hf_config import hf_model_config
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS, ModelConfig
+
+
+def load_model_config(name_or_path: str) -> ModelConfig:
+    """A preset name, a .json/.toml file with the ModelConfig fields, or a directory holding a
+    model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.is_dir():
+        return _model_of_directory(path)
+    if path.suffix in (".json", ".toml"):
+        if not path.is_file():
+            raise ParaxisError(f"model file {path} does not exist; give a preset name "
+                               f"({', '.join(PRESETS)}) or an existing .json/.toml file")
+        try:
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
+                               "fix the file or give a preset name") from None
+        if isinstance(data, dict):
+            data = data.get("model", data)
+        return ModelConfig.from_dict(data, source=str(path))
+    raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
+                       "or give a .json/.toml file")
+
+
+def _model_of_directory(path: Path) -> ModelConfig:
+    if (path / "config.json").is_file():
+        return hf_model_config(path)
+    directory = resolve(path)  # a checkpoint, or the newest under a directory of them
+    return ModelConfig.from_dict(read_manifest(directory)["model"], source=str(directory))
