@@ -1,10 +1,9 @@
 """The shape of the package: no import cycle, no long module, few and explained `noqa: ANN`.
 
-The import graph is read from the source with `ast`, so every import counts, including the
-ones inside functions (a cycle hidden in a function body is still a cycle: it only moves the
-failure to the moment the function first runs). Imports under `if TYPE_CHECKING:` are the one
-exception: they never execute, they only tell the type checker about a name, so they are not
-edges of the runtime graph.
+The import graph is read from the source with `ast`, so every import counts: the ones inside
+functions (a cycle hidden in a function body is still a cycle: it only moves the failure to
+the moment the function first runs) and the ones under `if TYPE_CHECKING:` (a type is a
+dependency: a cycle kept out of sight there is still two modules that need each other).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
-MAX_LINES = 400
+MAX_LINES = 500
 MAX_NOQA_ANN = 5
 
 
@@ -27,28 +26,9 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement in the tree except those under `if TYPE_CHECKING:` (its
-    `else:` branch does run, so it is walked)."""
-    found: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in the tree, wherever it stands."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
 
 
 def imported_modules(name: str, source: str, known: set[str], is_package: bool = False
@@ -59,7 +39,7 @@ def imported_modules(name: str, source: str, known: set[str], is_package: bool =
     runs `pkg/__init__.py`, so it is an edge to `pkg` too."""
     package = name if is_package else name.rpartition(".")[0]
     edges: set[str] = set()
-    for node in _runtime_imports(ast.parse(source, name)):
+    for node in _imports(ast.parse(source, name)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -120,7 +100,7 @@ def _shortest_path(graph: dict[str, set[str]], start: str, goal: str) -> list[st
     return None
 
 
-def test_the_cycle_finder_sees_function_level_imports_and_skips_type_checking():
+def test_the_cycle_finder_sees_function_level_and_type_checking_imports():
     source = {
         "p.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p import b\n",
         "p.b": "def f():\n    from p import c\n",
@@ -128,9 +108,9 @@ def test_the_cycle_finder_sees_function_level_imports_and_skips_type_checking():
         "q": "", "q.r": "",
     }
     graph = {name: imported_modules(name, text, set(source)) for name, text in source.items()}
-    assert graph["p.a"] == set() and graph["p.b"] == {"p.c"}
+    assert graph["p.a"] == {"p.b"} and graph["p.b"] == {"p.c"}
     assert graph["p.c"] == {"p.a", "p.b", "q", "q.r"}  # q.r runs q's __init__ first
-    assert find_cycles(graph) == [["p.b", "p.c", "p.b"]]
+    assert find_cycles(graph) == [["p.a", "p.b", "p.c", "p.a"], ["p.b", "p.c", "p.b"]]
     assert find_cycles({"x": {"y"}, "y": {"x", "z"}, "z": {"y"}}) == [
         ["x", "y", "x"], ["y", "z", "y"]]
 
@@ -140,7 +120,7 @@ def test_no_import_cycle_inside_paraxis():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_no_module_over_400_lines():
+def test_no_module_over_500_lines():
     long = {name: n for name, path in modules().items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -124,7 +124,7 @@ def test_dp2_ep2_routes_and_trains_like_one_device(tmp_path) -> None:
 
 def test_the_routing_is_described_where_it_is_shown() -> None:
     """`paraxis experts` and the report name the routing a model runs (moe.config_checks)."""
-    from paraxis.spec.moe_checks import routing_text
+    from paraxis.spec.model_config import routing_text
 
     assert routing_text(PRESETS["mixtral-8x7b"]) == "top 2 of 8 by softmax scores"
     deepseek = _config()

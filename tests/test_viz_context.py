@@ -106,7 +106,7 @@ def test_rank_grid_labels_carry_the_cp_coordinate_of_layout_coords():
 def test_report_with_cp_draws_the_context_pictures(monkeypatch):
     from paraxis.plan.inputs import PlanInputs
     from paraxis.show.report import pictures as report_pictures
-    from paraxis.show.report.build import make_plan
+    from paraxis.show.report.plan import make_plan
     from paraxis.train.hardware import choose_hardware
 
     def sections(layout):

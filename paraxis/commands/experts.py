@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.moe_checks import routing_text
+from paraxis.spec.model_config import routing_text
 
 if TYPE_CHECKING:
     from paraxis.spec.model_config import ModelConfig

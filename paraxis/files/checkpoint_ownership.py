@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,19 @@ def describe_holder(holder: dict[str, Any]) -> str:
     age = time.time() - float(holder.get("beat", 0))
     return (f"run {holder.get('run')} (pid {holder.get('pid')} on {holder.get('host')}, last "
             f"heartbeat {age:.0f} s ago)")
+
+
+@dataclass
+class RunIdentity:
+    """Which run a checkpoint belongs to, as its manifest records it: the run id, the token of
+    the lock the run holds (checked before each save) and the facts that identify the run."""
+
+    run_id: str
+    token: str
+    facts: dict[str, Any]
+
+    def manifest_entry(self) -> dict[str, Any]:
+        return {"id": self.run_id, "token": self.token, "facts": self.facts}
 
 
 class FolderLock:

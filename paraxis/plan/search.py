@@ -26,8 +26,7 @@ from paraxis.plan.ranking import rank
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import Layout
-from paraxis.spec.layout_model import ep_splits, etp_splits
+from paraxis.spec.layout import Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.state_bytes import MIXED_ADAM, Precision
 

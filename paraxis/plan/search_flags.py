@@ -15,8 +15,7 @@ from paraxis.plan.cost import Overlap
 from paraxis.plan.search import Constraints, check_interleaving
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import RECOMPUTE, Layout
-from paraxis.spec.layout_model import check_model
+from paraxis.spec.layout import RECOMPUTE, Layout, check_model
 from paraxis.spec.model_config import ModelConfig
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")

@@ -31,6 +31,7 @@ from paraxis.files.checkpoint_ownership import (
     LOCK_ENV,
     LOCK_FILE,
     FolderLock,
+    RunIdentity,
     describe_holder,
     differences,
     new_run_id,
@@ -50,13 +51,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Claim:
-    """This run's hold on its checkpoint folder: the run id its manifests carry, the lock's
-    token (checked before each save) and the lock itself where this process holds it."""
+class Claim(RunIdentity):
+    """This run's hold on its checkpoint folder: its identity, and the lock itself where this
+    process holds it."""
 
-    run_id: str
-    token: str
-    facts: dict[str, Any]
     lock: FolderLock | None = None
     created: Path | None = None  # the folder, where this claim made it
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.dist.groups import restart_attempt
+from paraxis.files.checkpoint_ownership import RunIdentity
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.run_file import to_toml
@@ -28,7 +29,6 @@ from paraxis.train.run_file import to_toml
 if TYPE_CHECKING:
     from paraxis.engine.contract import Engine
     from paraxis.spec.model_config import ModelConfig
-    from paraxis.train.claim import Claim
     from paraxis.train.config import RunConfig
 
 
@@ -104,16 +104,16 @@ def save_due(cfg: RunConfig, done: int) -> bool:
 
 
 def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
-         claim: Claim | None = None) -> None:
+         claim: RunIdentity | None = None) -> None:
     """A checkpoint of `step` steps done, with the resolved config, the data position and
-    the run it belongs to (`runtime/claim.py`: pruning touches this run's checkpoints only)."""
+    the run it belongs to (`paraxis/train/claim.py`: pruning touches this run's checkpoints only)."""
     train = cfg.train
     data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
             "global_batch": train.global_batch, "seq_len": train.seq_len}
     run = None
     if claim is not None:
         data["source"] = claim.facts["source"]
-        run = {"id": claim.run_id, "token": claim.token, "facts": claim.facts}
+        run = claim.manifest_entry()
     save_checkpoint(engine, cfg.checkpoint.dir, step, model_cfg.to_dict(),
                     config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data},
                     run=run)

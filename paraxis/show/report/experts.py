@@ -15,15 +15,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paraxis.plan.experts import experts_over_tp, routing_share
+from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration
 from paraxis.show.viz.html import figure
 from paraxis.show.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
 from paraxis.show.viz.style import figure_data_uri
 from paraxis.spec.expert_placement import ALL_TO_ALLS_PER_BLOCK, uniform_send_matrix
-from paraxis.spec.moe_checks import routing_text
+from paraxis.spec.model_config import routing_text
 
 if TYPE_CHECKING:
-    from paraxis.show.report.build import Plan
     from paraxis.show.report.measured import MeasuredRun
 
 Section = tuple[str, str, str]  # (anchor, heading, HTML body)

@@ -17,6 +17,7 @@ from paraxis.files.host_steal import DISTURBED_STEAL
 from paraxis.files.run_records import DISTURBED_SPREAD, load_metrics, spread, steady, steal
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
+from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration, size, times
 from paraxis.show.viz.html import esc, figure, table
 from paraxis.show.viz.run import plot_run
@@ -26,7 +27,6 @@ from paraxis.spec.layout import Layout
 from paraxis.train.calibrate.quick import calibration_steal
 
 if TYPE_CHECKING:
-    from paraxis.show.report.build import Plan
     from paraxis.train.hardware import Hardware
 
 

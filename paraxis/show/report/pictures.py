@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from paraxis.plan.experts import experts_over_tp
 from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.show.report.experts import experts_section
+from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration, layout_text
 from paraxis.show.viz.context import MAX_LABELLED_CP, plot_chunks
 from paraxis.show.viz.context_ring import plot_kv_exchange
@@ -24,7 +25,6 @@ from paraxis.show.viz.tp_split import plot_tp_split
 from paraxis.spec.cp_balance import pairs_per_rank
 
 if TYPE_CHECKING:
-    from paraxis.show.report.build import Plan
     from paraxis.show.report.measured import MeasuredRun
 
 Section = tuple[str, str, str]  # (anchor, heading, HTML body)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from paraxis.files.model_file import load_model_config
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import build_cluster
+from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration
 from paraxis.show.viz.html import esc, figure, table
 from paraxis.show.viz.pipeline import (
@@ -30,7 +31,6 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.schedules import build_schedule
 
 if TYPE_CHECKING:
-    from paraxis.show.report.build import Plan
     from paraxis.show.report.measured import MeasuredRun
 
 REFERENCE = ("gpt2-1.5b", "a100-80gb")  # model and GPU of the pictures when the plan's don't

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import STEP_PARTS
 from paraxis.plan.experts import ep_link
 from paraxis.plan.ranking import EQUAL_TIMES
+from paraxis.show.report.plan import Plan
 from paraxis.show.viz.html import esc, table
 from paraxis.spec.layout import Layout
-
-if TYPE_CHECKING:
-    from paraxis.show.report.build import Plan
 
 
 def size(value: float) -> str:

@@ -31,12 +31,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from paraxis.spec.errors import ParaxisError
-
-if TYPE_CHECKING:  # schedules.validate calls this module: a run-time import would be a cycle
-    from paraxis.spec.schedules import Action, Schedule
+from paraxis.spec.schedules.core import Action, Schedule
 
 COMMUNICATION = ("send", "recv")
 _SHOWN_STAGES = 6  # a deadlock message details this many stuck stages, then counts the rest
