@@ -16,7 +16,7 @@ def without_sync(profile: dict) -> dict:
 
 
 def flat_sync(profile: dict) -> dict:
-    """The profile as priced before session 20: every call's sync wait the one figure timed
+    """The profile priced without the sync-wait curve: every call's sync wait the one figure timed
     after the calibration's own segment (`Cluster.sync_wait_s`), not read off the curve at
     the compute before the call (`Cluster.sync_wait_curve_s`, plan/sync.py)."""
     return {**profile, "cluster": {k: v for k, v in profile["cluster"].items()
@@ -25,7 +25,7 @@ def flat_sync(profile: dict) -> dict:
 
 @contextlib.contextmanager
 def backward_at_forward_segment() -> Iterator[None]:
-    """The planner as it priced before session 21, while in the block: the backward's calls
+    """The planner's former pricing of the backward, while in the block: the backward's calls
     (a TP layer's backward collectives, a stage's gradient send) read off the sync-wait curve
     after the forward's segment, not after the backward's (plan/sync.BACKWARD_SEGMENTS)."""
     from paraxis.plan import sync
@@ -67,7 +67,7 @@ def small_sizes(profile: dict) -> dict:
 
 def slowest_rank(profile: dict) -> dict:
     """The profile with its collectives fitted on the world's slowest rank's times, as the
-    calibration priced them before session 19 (the same batches, kept beside the groups'
+    calibration formerly priced them (the same batches, kept beside the groups'
     mean: calibration["collectives_slowest"]). The generic link fields stay the mean's; the
     bench's layouts price every group from its own fit."""
     timings = {int(world): ops

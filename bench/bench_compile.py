@@ -1,6 +1,6 @@
 """`--compile` next to eager paraxis: the same engine, each block's forward compiled.
 
-Layouts of issue 19's acceptance: dp=2 ZeRO-3 (parameters gathered in hooks around the
+Three layouts: dp=2 ZeRO-3 (parameters gathered in hooks around the
 compiled forward), tp=2 with sequence parallelism (collectives eager between compiled
 pieces) and pp=2 1F1B. Before timing, each layout checks that compiled losses equal eager
 ones to fp32 rounding (relative 1e-5 over three steps and a held-out batch); the suite
@@ -21,7 +21,7 @@ from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 
-MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
+MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT
 LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b")
 
 

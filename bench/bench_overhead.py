@@ -17,7 +17,7 @@ from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 
-MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT of PLATFORM.md
+MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT
 
 
 def _paraxis(batch: int, seq: int) -> Callable[[], None]:

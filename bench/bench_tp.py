@@ -4,7 +4,7 @@ Same model (Llama style, untied head, grouped kv heads), same weights, same batc
 The peer uses the torchtitan plan: ColwiseParallel for q/k/v/gate/up, RowwiseParallel for
 o/down, a vocab-parallel embedding (RowwiseParallel on the table) and a vocab-parallel head
 with `loss_parallel` so it never gathers the logits either. Both steps are forward, backward
-and AdamW(foreach=False) (DTensor params need it, PLATFORM.md); neither clips gradients,
+and AdamW(foreach=False) (DTensor params need it); neither clips gradients,
 since the peer has no global norm over mixed DTensor/Tensor gradients to match.
 """
 

@@ -8,8 +8,8 @@ device's peak, found from its name (`paraxis.train.metrics.device_peak_flops`).
 
 Beside each measured step stands `plan.cost.evaluate` for the same run: the GPU's preset
 with `kernels="eager"` (paraxis's elementwise ops run unfused), one device, the bf16 policy.
-The runs were listed here before any of them ran on a GPU (issue 20: validation that counts
-is on data the model was not fitted to); nothing in the planner is fitted to them.
+The runs were listed here before any of them ran on a GPU (validation that counts is
+on data the model was not fitted to); nothing in the planner is fitted to them.
 
 On a machine without CUDA the full-size part is not run (a CPU tells nothing about a GPU);
 `--quick` still runs the same code on the CPU at a tiny size, so it cannot rot.

@@ -3,7 +3,7 @@
     python -m bench.gpu_shapes [--out DIR]      # on a CUDA machine: bf16, full sizes
     python -m bench.gpu_shapes --quick          # anywhere: tiny sizes, so the code cannot rot
 
-Issue 20, deliverable 7. The planner prices a GEMM at a fraction of the GPU's bf16 peak that
+The planner prices a GEMM at a fraction of the GPU's bf16 peak that
 grows with the GEMM's narrower side (`plan.rates.gemm_efficiency`: two parameters fitted on
 A100 training runs, carried to H100/H200 by their measured matmul ceilings) and the attention
 core at FlashAttention-2's published rate by sequence length and head dim

@@ -87,7 +87,7 @@ HELD_OUT_FINDINGS = [
 
 
 def largest_error_lines(errors: list[float], fitted_errors: list[float]) -> list[str]:
-    """What issue 20's target "largest held-out |error| <= 20%" asks of a model, computed from
+    """What the target "largest held-out |error| <= 20%" asks of a model, computed from
     the errors themselves: for errors spread like a normal of the held-out RMS, the median of
     the largest |error| over this many rows, and the RMS (and mean |error|) at which the
     largest would be 20% at even odds. The median of the largest of n draws of |N(0, s)| is

@@ -12,8 +12,8 @@ and how fast they compute (`bench.calibration.rates_now`; a shared VM's speed dr
 a calibration and a run). Nothing is fitted to a layout's measured time. The re-timed rates
 guard against such drift; they are noisy too. In the run at a5f9256 (AMD EPYC, no drift to
 speak of: 72-90 GFLOP/s over its layouts, its calibration 78) the calibration's own rates
-priced the 44 layouts better (mean |error| 7.6% against 8.2%); in session 14's run (Intel
-Xeon: 115-155 GFLOP/s over the layouts, its calibration 153, the `now` of each row in
+priced the 44 layouts better (mean |error| 7.6% against 8.2%); in a run on an Intel
+Xeon (115-155 GFLOP/s over the layouts, its calibration 153, the `now` of each row in
 docs/benchmarks.json) the re-timed ones did (9.7% against 12.2%). The before/after lines
 under the table give both.
 """
@@ -53,7 +53,7 @@ LAYOUTS = [
     "dp=2,tp=2,pp=2,zero=1,microbatches=4,schedule=1f1b",
     "dp=8",
 ]
-# Issue 20's check of the CPU model: eight layouts first measured after its fix (commit
+# A check of the CPU model: eight layouts first measured after a fix to it (commit
 # 9af132c, a calibrated profile priced its GEMMs with the A100's shape term), listed here
 # before they ran, so the fix cannot have been tuned on them. Errors are reported apart.
 AFTER_FIX = [
@@ -408,7 +408,7 @@ def _befores(row: dict) -> dict[str, float]:
 
 
 def groups(rows: list[dict]) -> dict[str, dict]:
-    """Mean |error| and mean signed error of the layouts issue 20's CPU fix was found on,
+    """Mean |error| and mean signed error of the layouts the CPU model's fix was found on,
     and of those first measured after each later change (`AFTER_FIX`, `AFTER_SYNC`,
     `AFTER_SIZES`, `AFTER_RATES`, `AFTER_CALLS`), apart; each also priced on each of
     BEFORES."""
@@ -448,7 +448,7 @@ def render(data: dict) -> str:
         "all ranks spent per step over the step time, i.e. the cores the run really had "
         "(compute and gloo's threads); where it differs from the probed cores, the machine's "
         "load changed during the run. (after): one of the eight layouts first measured "
-        "after issue 20's fix to the CPU model (`AFTER_FIX`); (after sync): one of the eight "
+        "after the fix to the CPU model (`AFTER_FIX`); (after sync): one of the eight "
         "first measured after the model charged each synchronising call its wait between "
         "compute (`AFTER_SYNC`); (after sizes): one of the eight first measured after the "
         "calibration timed collectives up to 32 MiB (`AFTER_SIZES`); (after rates): one of "
@@ -489,7 +489,7 @@ def render(data: dict) -> str:
                          f"{b['mean_signed_error']:+.1%}" for key, b in befores.items())
         lines.append(f"- Layouts {name}: {g['layouts']}, mean |error| "
                      f"{g['mean_abs_error']:.1%}, mean signed error "
-                     f"{g['mean_signed_error']:+.1%}{before} (issue 20's targets: <= 10% and "
+                     f"{g['mean_signed_error']:+.1%}{before} (the targets: <= 10% and "
                      "within +-5%).")
     if data.get("groups"):
         lines.append("")

@@ -1,4 +1,4 @@
-"""Training a model no rank can hold (issue 18): the 0.8B Llama on this machine's 8 ranks.
+"""Training a model no rank can hold: the 0.8B Llama on this machine's 8 ranks.
 
 A Llama-style model of 0.82B parameters (d_model 1536, 24 layers, 12 heads, 4 KV heads,
 d_ff 5120, vocab 32000) is 3.26 GB in fp32 weights alone, 13 GB with its gradients and

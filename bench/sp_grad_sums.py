@@ -5,15 +5,14 @@
 
 With SP each rank normalises only its tokens, so the gradients of the parameters every TP
 rank holds whole (norm weights and biases, row-parallel biases, learned positions) must be
-summed over the TP group. paraxis summed each one in its own backward, one all-reduce per
-parameter per microbatch, until session 17: 52 calls a step on the first rank of the
-default layout, whose step took 1687 ms against 412 ms without SP here (8 ranks on 2
-cores). Since, like Megatron-LM's `finalize_model_grads`, the engine sums them once a step
-in one call (`tensor_parallel.partial.sum_partial_grads`), which the planner prices
-(`plan.step_calls`): 1 call, and 544 ms a step against 509 ms without SP. This prints, per
-layout, the TP collectives one step issues on the first rank (counted by
-`tensor_parallel.counter`), those summing parameter gradients among them, and the median
-step time after a warm-up step.
+summed over the TP group. Summing each one in its own backward, one all-reduce per
+parameter per microbatch, made 52 calls a step on the first rank of the default layout,
+whose step took 1687 ms against 412 ms without SP here (8 ranks on 2 cores). So, like
+Megatron-LM's `finalize_model_grads`, the engine sums them once a step in one call
+(`tensor_parallel.partial.sum_partial_grads`), which the planner prices (`plan.step_calls`):
+1 call, and 544 ms a step against 509 ms without SP. This prints, per layout, the TP
+collectives one step issues on the first rank (counted by `tensor_parallel.counter`), those
+summing parameter gradients among them, and the median step time after a warm-up step.
 """
 
 from __future__ import annotations

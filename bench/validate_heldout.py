@@ -232,7 +232,7 @@ def llama3_lines() -> list[str]:
 def moe_findings(priced: list[HeldOutResult]) -> list[str]:
     """The mixture-of-experts rows (ep > 1) in words, with the figures behind their error."""
     rows = [r for r in priced if r.run.ep > 1]
-    lines = ["Mixtures of experts (issue 23): the rows with expert parallelism, priced with",
+    lines = ["Mixtures of experts: the rows with expert parallelism, priced with",
              "the planner's model of paraxis's runtime (four all-to-alls per MoE block per",
              "microbatch, moe/placement.py), each all-to-all sent as its source sends it",
              "(`expert_dispatch`):", ""]

@@ -250,7 +250,7 @@ def render() -> tuple[str, float]:
 
 def held_out_section(fitted_errors: list[float]) -> list[str]:
     """The held-out runs (bench/heldout_runs.py), their errors apart from the fitted ones,
-    and where issue 20's acceptance stands."""
+    and where they stand against the held-out targets."""
     table, summary, priced, memory_faults = render_held_out()
     errors = [r.error for r in priced if r.error is not None]
     short = [r.error for r in priced if r.error is not None and r.run.seq_len <= 8192]
@@ -264,7 +264,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "before any change to a fitted parameter, the third (Llama 3, NeMo's CP table) after",
         "the fit, with no fitted parameter changed since: the one pricing change it prompted,",
         "FSDP's per-layer gradient calls, is finding (4) with its before and after; the fourth",
-        "(NeMo AutoModel, DeepSeek-V3) with the planner's mixtures of experts, issue 23); rows",
+        "(NeMo AutoModel, DeepSeek-V3) with the planner's mixtures of experts); rows",
         "the planner cannot price say why.",
         "Each run is priced as its source ran it (`bench/validate_heldout.py`): its GPU, GPU",
         "count, data/tensor/pipeline/context degrees (and the CP variant: ring, or all-gather",

@@ -1,6 +1,6 @@
 """ZeRO-3 with pipeline parallelism against the planner: `python -m bench.zero3_pipeline`.
 
-Issue 24's acceptance at a model of at least 50M parameters (a Llama-style 69M model, untied,
+Measured on a model of at least 50M parameters (a Llama-style 69M model, untied,
 fp32): on 4 gloo ranks, dp=2 x pp=2 under 1F1B with 4 microbatches, ZeRO-1 next to ZeRO-3
 with each reshard choice. For each rank it reports
 

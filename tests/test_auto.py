@@ -1,4 +1,4 @@
-"""`--layout auto` (issue 28): the planner picks the layout, defends it, and the run shows
+"""`--layout auto`: the planner picks the layout, defends it, and the run shows
 predicted next to measured; `paraxis plan --verify K` trains the top K and ranks them.
 
 Prices come from the committed profile given with --hardware, so no test calibrates (the

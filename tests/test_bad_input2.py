@@ -1,4 +1,4 @@
-"""The bad-input catalogue, round two (issue 25): inputs that used to end in a traceback, fail
+"""The bad-input catalogue, round two: inputs that used to end in a traceback, fail
 late (after training, at the first save) or be silently ignored. Same rules as
 `tests/test_bad_input.py`: one line `paraxis: error: ...` with a fix, a non-zero exit, no
 traceback, and every file in the folder unchanged. Rows marked SUB run in a subprocess."""

@@ -206,10 +206,10 @@ def test_a_call_waits_for_the_rank_that_computes_longer():
     for it, so the wait beyond the idle call is half the difference (the ranks' mean).
 
     On a host whose cores change speed from one tenth of a second to the next, the idle call
-    timed once before the rounds read up to 5 ms where it takes 0.3 (CI's run of session 16
-    read a wait of 0.0, this VM 0.0 in 2 of 12 launches): each round now times its own.
+    timed once before the rounds read up to 5 ms where it takes 0.3 (one CI run read a wait
+    of 0.0, this VM 0.0 in 2 of 12 launches): so each round times its own.
     A third process on the two cores still moves a launch out of the band (0.32 while
-    session 18 collected the tests beside the suite): up to three launches, one must land
+    another process collected the tests beside the suite): up to three launches, one must land
     in it; a sync_wait that did not see the wait, or counted it twice, misses all three."""
     from paraxis.dist.testing import run_distributed
 

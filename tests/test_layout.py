@@ -55,7 +55,7 @@ def test_grid_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
 def test_axes_are_one_ordered_list_outermost_first():
     assert AXES == ("pp", "dp", "cp", "tp")
     assert Coords._fields == tuple(f"{axis}_rank" for axis in AXES)
-    # With cp > 1 (issue 22) the formula in the layout module's docstring holds: cp sits
+    # With cp > 1 the formula in the layout module's docstring holds: cp sits
     # between dp and tp, so a CP group is tp-strided ranks inside one dp replica.
     degrees = {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
     for rank in range(16):

@@ -1,4 +1,4 @@
-"""The loader (issue 26): each rank reads only its share of each batch from memory-mapped
+"""The loader: each rank reads only its share of each batch from memory-mapped
 shards, prefetched by a thread; the same samples on every layout and across resumes;
 weighted blends; a separate held-out set; bad input in one line."""
 

@@ -1,6 +1,6 @@
 """Expert parallelism: every layout with ep > 1 trains tiny-moe like one device.
 
-Issue 23's acceptance, in fp32 and dropless, for 10 steps: first, on step 0, every token's
+Checked in fp32 and dropless, for 10 steps: first, on step 0, every token's
 chosen experts in every MoE block equal the single-device ones; then the losses are within
 1e-5 of one device's step by step (the gradient norms within 5e-5, relatively), for
 
@@ -74,9 +74,9 @@ from paraxis.train.metrics import moe_step_metrics
 
 CFG = PRESETS["tiny-moe"].replace(z_loss_coef=1e-3)  # with ST-MoE's router z-loss
 BATCH, SEQ, STEPS, LR = 8, 32, 10, 2e-3
-# Gradient norms: relative. Over 10 steps fp32 sums in other orders drift apart: on the Intel
-# Xeon (AVX-512) VM of session 28, dp=2 alone (only the all-reduce's order differs) reached
-# 1.4e-5 and dp2 x ep2 x tp2 1.5e-5, step 6 or 9 (under 1e-5 on the AMD EPYC VMs before)
+# Gradient norms: relative. Over 10 steps fp32 sums in other orders drift apart: on an Intel
+# Xeon (AVX-512) VM, dp=2 alone (only the all-reduce's order differs) reached
+# 1.4e-5 and dp2 x ep2 x tp2 1.5e-5, step 6 or 9 (under 1e-5 on AMD EPYC VMs)
 LOSS_TOL, NORM_TOL = 1e-5, 5e-5
 FOUR = ["dp=4,ep=4", "dp=2,cp=2,ep=2,zero=3", "dp=4,ep=2,zero=1", "dp=2,ep=2,tp=2,zero=2",
         "dp=2,ep=2,pp=2,microbatches=2,recompute=full", "dp=2,ep=2,tp=2,etp=2,zero=3"]

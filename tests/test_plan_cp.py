@@ -126,9 +126,9 @@ def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
     elapsed = time.process_time() - start
     assert result.ranked and result.ranked[0].layout.cp > 1
-    # 10,558 layouts priced, 98% of them too big at 128k tokens: 2.6 s of CPU on the Xeon VM
-    # of sessions 14-18 (4.4-5.0 s before session 18 shared the per-layer times between
-    # layouts and priced alike stages once; bench/bench_plan.py times the 2-8k-token
+    # 10,558 layouts priced, 98% of them too big at 128k tokens: 2.6 s of CPU on an Intel
+    # Xeon VM, since the search shares the per-layer times between layouts and prices alike
+    # stages once (4.4-5.0 s without that; bench/bench_plan.py times the 2-8k-token
     # searches, target 2 s). CPU time, not wall time: a host that takes the CPU away
     # (steal) or another process on the core does not count.
     assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"

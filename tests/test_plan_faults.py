@@ -1,4 +1,4 @@
-"""Small faults of `paraxis plan` (issue 20, deliverable 6), one test each."""
+"""Small faults of `paraxis plan`, one test each."""
 
 import json
 

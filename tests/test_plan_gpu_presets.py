@@ -1,4 +1,4 @@
-"""GPU presets without fitted runs take the A100 fit over by measured ratios (issue 20)."""
+"""GPU presets without fitted runs take the A100 fit over by measured ratios."""
 
 from __future__ import annotations
 

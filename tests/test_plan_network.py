@@ -1,4 +1,4 @@
-"""The network model (issue 20, deliverable 3): rails, per-NIC bandwidth, the cross-node
+"""The network model: rails, per-NIC bandwidth, the cross-node
 algorithm, per-collective latency, switchable overlap rules, and cluster presets."""
 
 import json

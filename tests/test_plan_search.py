@@ -72,7 +72,7 @@ def test_70b_on_32_nodes_is_tp_inside_nodes_with_pp_and_dp() -> None:
     # TP bytes of TP = 4 (each GPU does half the compute per microbatch but still all-gathers
     # and reduce-scatters (t-1)/t of the activations, and its GEMMs are half as wide): ~9%
     # slower, far less than leaving the node. Whether that is a tie within the model's
-    # validated error is the defence's to say (issue 20 withdrew TP = 8 as a requirement).
+    # validated error is the defence's to say, so TP = 8 is not required here.
     course = [e for e in result.ranked if e.layout.tp == 8 and e.layout.pp > 1
               and e.layout.dp > 1]
     assert course and course[0].step_time_s <= 1.10 * best.step_time_s

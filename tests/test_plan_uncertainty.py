@@ -1,5 +1,5 @@
 """Uncertainty in the plan: the validated band, ties within it, what would decide them, and
-the best fitting layout of each family as rivals (issue 20, deliverable 4)."""
+the best fitting layout of each family as rivals."""
 
 import json
 import math

@@ -20,7 +20,7 @@ PLAN_SECTIONS = ("plan", "defence", "grid", "tp", "pipeline", "memory", "ring")
 
 def words(html: str) -> str:
     """The report less its embedded data: URIs, whose base64 spells any four letters by
-    chance: "HTTP" about once in ten reports, "CUDA" once in some twenty (stop 53's CI)."""
+    chance: "HTTP" about once in ten reports, "CUDA" once in some twenty (seen in CI)."""
     return re.sub(r'data:[^"]*', "", html)
 
 
@@ -305,30 +305,28 @@ def test_a_disturbed_demo_run_says_so(demo_report):
         not forecast.caveat()
 
 
-# The CPUs on which the demo's forecast was checked after sessions 19-21 changed the CPU model
-# (collectives timed at the groups' mean; each call's sync wait read at the compute before
-# it, the backward's after the backward): there the test is strict.
+# The CPUs on which the demo's forecast was checked with the current CPU model (collectives
+# timed at the groups' mean; each call's sync wait read at the compute before it, the
+# backward's after the backward): there the test is strict.
 FORECAST_CHECKED_ON = ("AMD EPYC",)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(not cpu_model_name().startswith(FORECAST_CHECKED_ON), strict=False, reason=(
-    "issue 17's 30% is shown on the AMD EPYC VM only: there the demo's undisturbed "
-    "forecasts read +39 to +56% with collectives timed at the world's slowest rank (before "
-    "session 19), -8, -20, -7, +10% after session 20, +8, +1, +6, +6% after session 21 and "
-    "-4, +15% in session 22, -2, -9, -1% and `make demo` +7% in session 23 (`paraxis demo "
-    "--steps 30`); the Intel VM of sessions 14-16 has "
-    "run none of those changes (there: -15% to +21% before them)"))
+    "the 30% target is shown on the AMD EPYC VM only: there the demo's undisturbed "
+    "forecasts read within -20% to +15% under the current CPU model (`paraxis demo "
+    "--steps 30`); the Intel VM has run none of its changes (there: -15% to +21% before "
+    "them)"))
 def test_demo_forecast_is_within_30_percent(demo_report):
     # A forecast prices the layout on this machine as a calibration found it; it cannot know
-    # what else will load the machine while the run runs. On the 2-core VM of sessions
-    # 15-16 that load is mostly the VM's host: with 2% of the CPU time stolen the demo's
+    # what else will load the machine while the run runs. On a 2-core VM that load is
+    # mostly the VM's host: with 2% of the CPU time stolen the demo's
     # ranks step at 184-198 ms, with 23-31% at 489-700 ms (paraxis/files/host_steal.py), and one
     # timing taken while the host stole 26% priced a quiet run 17% slow. The run and the
     # profile's timings record what the host took, the timings it disturbed do not count
     # where the others were quiet (calibrate.quick.after_weight), and a run that was
     # disturbed anyway (steps spread, or the host took more than DISTURBED_STEAL) must say
-    # so in its report; the others are held to issue 17's 30%.
+    # so in its report; the others are held to 30%.
     forecast = demo_report.forecast
     assert forecast.steal is not None or not Path("/proc/stat").exists()
     if forecast.disturbed:

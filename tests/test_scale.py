@@ -1,4 +1,4 @@
-"""Training what one rank cannot hold (issue 18): no rank ever makes a full copy of the model.
+"""Training what one rank cannot hold: no rank ever makes a full copy of the model.
 
 The model below is sized so that its single-device training state (fp32 parameters,
 gradients and AdamW's two moments: 16 bytes a parameter) is over the per-rank limit the test

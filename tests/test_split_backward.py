@@ -179,7 +179,7 @@ def test_split_matches_fused_with_tensor_parallelism():
 # gradient (2-5.5 MiB) outgrows a core's L2 cache, as a real model's do (one 4096 x 4096
 # bf16 activation is 32 MiB). With 1024 tokens the 1 MiB d_model-wide gradients stay in the
 # 2 MiB L2 of the Intel Xeon VM while the fused backward uses them at once, but not across
-# the gap between B and W: B + W then took 1.09-1.12x the fused backward there (CI, stop 50:
+# the gap between B and W: B + W then took 1.09-1.12x the fused backward there (in CI:
 # median 1.11), against 1.05x on the AMD EPYC VM (512 KiB L2, where neither side keeps them).
 # On the Intel VM: 1.06-1.09x at 2048 tokens (`--batch 8`), 1.05x at 4096 (this default).
 BATCH_TIMED = 16
@@ -254,7 +254,7 @@ def measure(repetitions: int, naive: bool, recompute: str = "none", batch: int =
 
 
 def test_split_costs_about_a_fused_backward():
-    """B + W within 10% of the fused backward (issue 21's acceptance).
+    """B + W within 10% of the fused backward.
 
     Measured in a fresh process whose glibc malloc keeps freed memory (no mmap, no trim),
     as PyTorch's caching allocator does on a GPU. Under glibc's defaults, every tensor
@@ -269,7 +269,7 @@ def test_split_costs_about_a_fused_backward():
     # sharing the memory and caches move the median of 8 rounds by as much again. While that
     # median is over 10%, 8 more rounds join it, twice at most; a split that redid work (the
     # naive W: 1.6x) fails all three. Where the
-    # host stayed busy through all 24 rounds (session 17's suite: rounds 0.90-1.39, median
+    # host stayed busy through all 24 rounds (one run of the suite: rounds 0.90-1.39, median
     # 1.10), the fastest of each side's rounds still tells the cost of the work from the
     # cost of the neighbours: a burst of other work only ever adds to a round.
     ratios: list[float] = []

@@ -259,7 +259,7 @@ def test_measured_bubble_agrees_with_the_simulation_at_pp2() -> None:
     # executor's: a gap between actions, a message posted late. The simulation from the
     # trace's mean costs (the planner's view) is not held to 15% of a measured step: on a
     # shared host one step's computes are not alike (two ranks computing at once can slow
-    # each other to 1.7x with no steal recorded), and session 17's CI read +40% that way.
+    # each other to 1.7x with no steal recorded), and one CI run read +40% that way.
     # Here the mean-cost simulation read -13% to +37% of the measured bubble in 12 launches;
     # the replay -4% to +9%.
     measured, replayed, simulated, one_f_one_b, ratio = _measure_bubble(2)

@@ -112,8 +112,8 @@ def shutdown_distributed(clean: bool = True) -> None:
     """Leave the process group. After a failed wait (`clean=False`) the group is broken and
     a barrier would only wait out the timeout again: the process just exits."""
     if dist.is_initialized() and clean:
-        # Ranks that reach destroy_process_group() seconds apart can abort on gloo
-        # (PLATFORM.md); a barrier first lines them up.
+        # Ranks that reach destroy_process_group() seconds apart can abort on gloo; a
+        # barrier first lines them up.
         with WATCH.waiting("barrier (shutdown)"):
             dist.barrier()
         dist.destroy_process_group()
@@ -161,8 +161,8 @@ class ParallelGroups:
     pp_group: dist.ProcessGroup | None
     dp_tp_group: dist.ProcessGroup | None
     pp_ranks: list[int]  # global ranks of this rank's pipeline, stage 0 first
-    cp_group: dist.ProcessGroup | None = None  # context parallelism (issue 22)
-    ep_group: dist.ProcessGroup | None = None  # expert parallelism (issue 23), inside dp x cp
+    cp_group: dist.ProcessGroup | None = None  # context parallelism
+    ep_group: dist.ProcessGroup | None = None  # expert parallelism, inside dp x cp
     dp_cp_group: dist.ProcessGroup | None = None  # dp x cp; created only when cp > 1
     # the ranks holding the same experts (dp*cp/ep of them); created only when ep > 1
     expert_dp_group: dist.ProcessGroup | None = None

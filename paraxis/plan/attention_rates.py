@@ -6,7 +6,7 @@ tile, rescales its running softmax once per tile and, under a causal mask, half-
 tiles on the diagonal, so its rate grows with the sequence and differs by implementation:
 FlashAttention-2 (Dao 2023, what PyTorch's SDPA runs on A100/H100 since torch 2.2) reaches
 60-65% of the A100's peak at long sequences, FlashAttention-1 and the Triton kernel MosaicML
-ran in 2023 about half of that (issue 20, deliverable 2: "attention shapes").
+ran in 2023 about half of that.
 
 The measurements (`CHARTS`) are the fwd + bwd bars of the FlashAttention-2 paper (Dao 2023,
 arXiv:2307.08691, Fig. 4: A100 80GB SXM4, Fig. 7: H100 80GB SXM5; the same images are

@@ -70,7 +70,7 @@ class GPU:
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
     # HBM bandwidth in memory-bound elementwise kernels.
     matmul_efficiency: float = 0.6
-    # GEMM shape (Deliverable 2 of issue 20): a GEMM whose narrower side (k or n, per GPU)
+    # GEMM shape: a GEMM whose narrower side (k or n, per GPU)
     # is w reaches matmul_efficiency * w / (w + gemm_half_width) of peak: narrow GEMMs fill
     # fewer tiles and waves of the SMs and reuse each byte less. 0: every GEMM alike. (The
     # attention core has its own rate by shape: attention_impl below.)

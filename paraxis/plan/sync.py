@@ -1,7 +1,7 @@
 """What a synchronising call waits for on CPU ranks that share cores, by the compute before it.
 
 Ranks that outnumber the cores drift apart while they compute, and each collective waits for
-the last member of its group (docs/planner.md, "Found next (session 11)"). How far they
+the last member of its group (docs/planner.md). How far they
 drift grows with the compute between two calls: `paraxis calibrate` times the wait after
 GEMM segments of a few lengths (calibrate/collectives.sync_wait_curve), and the planner
 reads the wait at the segment a call really follows (`at_segment`): half a layer's forward
@@ -87,8 +87,7 @@ def sync_segment_s(cfg: ModelConfig, tokens: float, flops_per_s: float) -> float
     return layer_forward_flops_per_token(cfg, 1, 0)[0] * tokens / 2 / flops_per_s
 
 
-# The backward's compute between two of its calls, in forward segments (bench.befores sets it
-# to 1 to price as before session 21).
+# The backward's compute between two of its calls, in forward segments.
 BACKWARD_SEGMENTS = float(BACKWARD_FLOPS_RATIO)
 
 

@@ -45,21 +45,12 @@ GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.vali
                      fitted=True)
 # Published GPU runs held out from every fit (docs/validation.md, bench/heldout_runs.py:
 # torchtitan, llm-foundry, BLOOM, FlashAttention, Llama 3, NeMo AutoModel): what the model does
-# on runs it never saw. With each source's attention kernel at its measured rate
-# (plan/attention_rates.py) the rms fell from 33.1% (largest 119.3%, beyond 8K tokens); the
-# largest errors left are runs whose sources do not state their kernel (Llama 3, NeMo AutoModel).
-# H100 GEMMs carried over from the A100 fit by measured matmul ceilings (plan/hardware.py):
-# rms 12.9% -> 11.8%. DeepSeek V3 x1024 priced with the checkpointing its config was first
-# committed with (bench/heldout_runs.py): rms 11.8% -> 11.9%; both DeepSeek V3 rows with
-# DeepEP's dispatch (once per node, plan/experts.py): 11.9% -> 11.6%, largest 41.2% -> 38.9%.
+# on runs it never saw (recomputed by `python -m bench.validate_planner`; the largest errors
+# left are runs whose sources do not state their kernel: Llama 3, NeMo AutoModel).
 HELD_OUT_GPU_BAND = ErrorBand(0.116, 0.389, 231, "held-out rows of docs/validation.md")
-# This machine's CPU ranks (docs/benchmarks.json, section "predicted"): the 60 layouts of the
-# bench run of session 16, on the 2-core Intel Xeon VM of session 15, the first to record the
-# host's steal (paraxis/files/host_steal.py): 51 of the 60 ran while the host took more than 8% of the
-# CPU time (rms over all 60 29.7%, largest 63.6%; the 9 quiet layouts' mean |error| 13.0%, the
-# disturbed 26.7%). Session 15's run of 52 gave rms 26.4% (largest 99.1%), session 14's of 44
-# 13.0% (40.0%), the run at a5f9256 on an AMD EPYC VM 10.0% (22.1%): between machines and
-# runs the band moves more than any one change to the model moved it.
+# This machine's CPU ranks (docs/benchmarks.json, section "predicted"): 60 layouts on a 2-core
+# Intel Xeon VM, 51 of which ran while the host took more than 8% of the CPU time
+# (paraxis/files/host_steal.py); docs/benchmarks.md says how the band moves between machines.
 CPU_BAND = ErrorBand(0.297, 0.636, 60, "docs/benchmarks.md, python -m bench.predicted_vs_measured")
 
 

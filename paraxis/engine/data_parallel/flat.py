@@ -3,7 +3,7 @@
 A `FlatUnit` lays a list of parameters end to end in one 1-D index space, padded to a
 multiple of the dp size so that every dp rank owns one equal, contiguous shard (ZeRO,
 Rajbhandari et al. 2020, sec. 5: each rank updates 1/N_d of the states). Equal shards are
-what reduce-scatter and all-gather need (gloo rejects unequal sizes, PLATFORM.md); the pad
+what reduce-scatter and all-gather need (gloo rejects unequal sizes); the pad
 is at most dp-1 elements per unit.
 
 The collectives below take `group=None` to mean "dp has size 1": they degenerate to copies,

@@ -60,8 +60,8 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
     unluckiest group's (on 8 CPU ranks sharing 2 cores, back-to-back pair all-reduces of
     16 KiB-1 MiB: 2.43-3.78 ms against 1.44-2.83 ms on the mean, in
     docs/benchmarks-mean/hardware-profile.json), and the lag between a
-    step's ranks is `sync_wait`'s to count. Calibrations before session 19 priced the
-    slowest rank's, the second figure (the bench prices both).
+    step's ranks is `sync_wait`'s to count. The slowest rank's times, the second figure,
+    are kept beside them (the bench prices both).
     """
     call()  # warm-up: connections, buffers
     sync(device)

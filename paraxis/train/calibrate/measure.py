@@ -288,8 +288,8 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")
     profile = build_profile(device_info, compute, timings, waits, calls, curves)
-    # the world's slowest rank's times, which calibrations before session 19 fitted
-    # (`_seconds_per_call`; the bench prices both)
+    # the world's slowest rank's times beside the mean's (`_seconds_per_call`; the bench
+    # prices both)
     profile["calibration"]["collectives_slowest"] = {str(n): t for n, t in slowest.items()}
     for op, by_world in profile["cluster"]["collectives"].items():
         for world, by_group in by_world.items():
