@@ -24,7 +24,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check paraxis tests bench
+	$(BIN)/ruff check paraxis tests bench validation tools
 
 bench: setup
 	$(BIN)/python -m bench

@@ -76,7 +76,7 @@ def render(profile: dict) -> str:
     waits, curves = cluster.get("sync_wait_s"), cluster.get("sync_wait_curve_s", {})
     if curves:
         lines += ["", "What a synchronising call costs in a step beyond those fits "
-                  "(`sync_wait_curve_s`, calibrate/collectives.sync_wait_curve): the median "
+                  "(`sync_wait_curve_s`, train/calibrate/collectives.sync_wait_curve): the median "
                   "wait of a one-element all-reduce after GEMM segments of 1/16, 1/4 and all "
                   "of half a layer's forward, every group at once, less the same call on idle "
                   "ranks; the planner reads a call's wait at the compute before it "
@@ -89,7 +89,7 @@ def render(profile: dict) -> str:
                   for world, by_group in curves.items() for n, curve in by_group.items()]
     elif waits:
         lines += ["", "What a synchronising call costs in a step beyond those fits "
-                  "(`sync_wait_s`, calibrate/collectives.sync_wait): the median wait of a "
+                  "(`sync_wait_s`, train/calibrate/collectives.sync_wait): the median wait of a "
                   "one-element all-reduce after half a layer's forward GEMMs, every group at "
                   "once, less the same call on idle ranks.", "",
                   "| ranks on node | group | wait per call (ms) |", "|---|---|---|"]

@@ -7,7 +7,7 @@ slowest rank's) is set beside `paraxis.plan.cost.evaluate` for that layout on th
 
 What a shared machine changes is measured again around each layout (the mean of a probe
 just before and one just after the run): how many cores our ranks get
-(`paraxis.commands.calibrate.available_cores`; on a quiet machine the core count every time)
+(`paraxis.train.calibrate.measure.available_cores`; on a quiet machine the core count every time)
 and how fast they compute (`bench.calibration.rates_now`; a shared VM's speed drifts between
 a calibration and a run). Nothing is fitted to a layout's measured time. The re-timed rates
 guard against such drift; they are noisy too. In the run at a5f9256 (AMD EPYC, no drift to
@@ -118,7 +118,7 @@ AFTER_CALLS = [
     "dp=2,tp=2,pp=2,microbatches=8,schedule=interleaved,virtual_stages=2",
 ]
 # Eight more, listed before they first ran: after the runtime's ZeRO-2/3 reduce every
-# microbatch (data_parallel/buckets.py) and each row records the CPU time a VM's host took
+# microbatch (engine/data_parallel/buckets.py) and each row records the CPU time a VM's host took
 # (column steal, paraxis/files/host_steal.py): reported apart.
 AFTER_STEAL = [
     "dp=2,zero=2,microbatches=4",
@@ -279,7 +279,7 @@ def profile_overrides(profile: dict) -> dict:
 
 def cores_now(quick: bool) -> float:
     """The cores our ranks get right now (see the module docstring)."""
-    from paraxis.commands.calibrate import available_cores
+    from paraxis.train.calibrate.measure import available_cores
 
     return available_cores(busy_s=0.3 if quick else 2.0)
 

@@ -1,11 +1,11 @@
-"""bench.cpu_call_timeline: a call's time split into its ranks' skew, exchange and exit lag."""
+"""tools.probes.cpu_call_timeline: a call's time split into its ranks' skew, exchange, exit lag."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.cpu_call_timeline import split_call, split_groups, split_step
 from paraxis.spec.layout import Layout
+from tools.probes.cpu_call_timeline import split_call, split_groups, split_step
 
 
 def test_a_call_splits_into_skew_exchange_and_exit_lag():

@@ -1,12 +1,12 @@
-"""bench.gpu_shapes: GEMM and attention by shape, beside the planner's rate for each shape."""
+"""tools.probes.gpu_shapes: GEMM and attention by shape, beside the planner's rate for each."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench import gpu_shapes
 from paraxis.plan.hardware import GPUS
+from tools.probes import gpu_shapes
 
 
 def test_flop_counts_are_the_planners():

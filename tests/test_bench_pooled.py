@@ -1,4 +1,4 @@
-"""bench.pooled: the groups of several committed bench runs, run by run and pooled."""
+"""tools.probes.pooled: the groups of several committed bench runs, run by run and pooled."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-RUNS = [DOCS / "benchmarks-backward", DOCS / "benchmarks-backward-rerun"]
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+RUNS = [RESULTS / "benchmarks-backward", RESULTS / "benchmarks-backward-rerun"]
 
 
 def test_pooled_groups_are_the_runs_rows_together(monkeypatch, capsys):
-    from bench import pooled
+    from tools.probes import pooled
 
     monkeypatch.setattr(sys, "argv", ["pooled", "--before", "forward_segment", *map(str, RUNS)])
     pooled.main()

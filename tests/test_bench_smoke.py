@@ -84,9 +84,9 @@ def test_cp_bench_sides_equal_unsharded_attention():
 
 
 def test_cp_variants_bench_quick_prints_a_row_per_variant():
-    """`python -m bench.cp_variants --quick`: checks the three variants against unsharded
+    """`python -m tools.probes.cp_variants --quick`: checks the three variants against unsharded
     attention, then times all_to_all and all_gather against the ring."""
-    result = subprocess.run([sys.executable, "-m", "bench.cp_variants", "--quick"],
+    result = subprocess.run([sys.executable, "-m", "tools.probes.cp_variants", "--quick"],
                             capture_output=True, text=True, timeout=300,
                             cwd=Path(__file__).parents[1], env={**os.environ, "PYTHONPATH": "."})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -96,11 +96,11 @@ def test_cp_variants_bench_quick_prints_a_row_per_variant():
 
 
 def test_expert_tp_bench_quick_prints_measured_and_planned_speed():
-    """`python -m bench.expert_tp --quick`: checks etp=1 and etp=2 give one loss, then times
+    """`python -m tools.probes.expert_tp --quick`: checks etp=1 and etp=2 give one loss, then times
     them against each other beside the planner's ratio on the calibrated profile. The check
     that can fail is the loss equality inside `rows` (it raises); the ratios only have to
     exist, as the tiny model's timings on a shared machine prove nothing either way."""
-    from bench.expert_tp import rows
+    from tools.probes.expert_tp import rows
 
     measured, predicted = rows(quick=True)
     assert measured.ratio > 0 and predicted > 0

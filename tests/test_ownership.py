@@ -1,7 +1,7 @@
 """A checkpoint folder belongs to one run: another run is refused in one line unless it
 resumes, pruning touches the run's own checkpoints only, a resume takes over the lock of a
 dead or silent owner (saying so), and a resume must share the checkpoint's batch, sequence
-length, seed and data (`checkpoint/ownership.py`, `runtime/claim.py`)."""
+length, seed and data (`files/checkpoint_ownership.py`, `train/claim.py`)."""
 
 from __future__ import annotations
 

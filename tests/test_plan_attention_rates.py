@@ -4,7 +4,6 @@ held-out runs of docs/validation.md."""
 
 import pytest
 
-from bench.fit_attention import chart_points, errors, fit_all, rms
 from paraxis.plan.attention_rates import (
     FITTED,
     IMPLEMENTATIONS,
@@ -19,12 +18,13 @@ from paraxis.spec.attention_kernel import FLASH
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from validation.fit_attention import chart_points, errors, fit_all, rms
 
 LLAMA = PRESETS["llama2-7b"]  # head dim 128
 
 
 def test_the_committed_fit_is_what_the_fit_script_finds() -> None:
-    # python -m bench.fit_attention: least squares on the chart points, nothing else
+    # python -m validation.fit_attention: least squares on the chart points, nothing else
     assert fit_all() == FITTED
     assert 3 * len(FITTED) == 24  # parameters: r_max(64), r_max(128), s_half per fit
 
@@ -132,7 +132,7 @@ def test_the_math_kernel_and_measured_rates_are_untouched() -> None:
         assert times[0] == times[1] == times[2]
 
 
-# Held-out rows beyond 8K tokens (docs/validation.md, python -m bench.validate_planner): mean
+# Held-out rows beyond 8K tokens (docs/validation.md, python -m validation): mean
 # |error| 62.6% (all too fast) with the core at the GEMM rate, 14.6% with each source's kernel
 # at its fitted rate (too slow now: -13.8% signed). The bound leaves 5 points for what the
 # chart readings and the FA1 stand-in for MosaicML's Triton kernel leave uncertain, far below
@@ -141,8 +141,8 @@ LONG_MEAN_ERROR_BOUND = 0.20
 
 
 def test_long_sequence_held_out_rows_come_within_the_measured_bound() -> None:
-    from bench.heldout_runs import HELD_OUT
-    from bench.validate_heldout import price
+    from validation.heldout_runs import HELD_OUT
+    from validation.validate_heldout import price
 
     assert all(run.attention_impl in IMPLEMENTATIONS for run in HELD_OUT)
     long = [price(run) for run in HELD_OUT if run.seq_len > 8192 and not run.unpriced]

@@ -117,7 +117,7 @@ def test_planner_imports_without_torch() -> None:
             "contextlib.redirect_stdout(f).__enter__(); "
             "main(['plan', '--params', '1e9', '--gpus', '8']); "
             "assert 'torch' not in sys.modules, 'torch imported'; "
-            # matplotlib costs 1 s of the 2 s a 1024-GPU plan may take (bench/bench_plan.py):
+            # matplotlib costs 1 s of the 2 s a 1024-GPU plan may take (tools/probes/bench_plan.py):
             # only the commands that draw import it
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

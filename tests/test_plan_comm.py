@@ -105,7 +105,7 @@ def test_dp_sync_volume_by_zero_stage() -> None:
 
 
 def test_zero2_reduces_every_microbatch_except_under_a_pipeline() -> None:
-    """As the runtime does it (data_parallel/buckets.py): ZeRO-2 reduce-scatters each
+    """As the runtime does it (engine/data_parallel/buckets.py): ZeRO-2 reduce-scatters each
     microbatch's gradients; a pipeline's stage accumulates them whole and reduces once,
     ZeRO-1's traffic, and holds the whole gradients beside the shards until then."""
     from paraxis.plan.cost import evaluate

@@ -60,7 +60,7 @@ def test_ring_hides_the_exchange_behind_attention_and_all_gather_only_partly() -
     gather = layer_times(LLAMA_8B, Layout(cp=16, cp_attention="all_gather"), cluster, LONG, 1)
     exposed = ring["cp_forward"] + ring["cp_backward"]
     assert 0 < exposed < 0.5 * ring["cp_total"]
-    # all-gather (context_parallel/all_gather.py): the forward gather and backward's
+    # all-gather (parallel/context/all_gather.py): the forward gather and backward's
     # reduce-scatter hide behind the diagonal block, backward's gather is waited for at once
     gathered = gather["cp_forward"] + gather["cp_backward"]
     assert exposed < gathered < gather["cp_total"]
@@ -128,7 +128,7 @@ def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     assert result.ranked and result.ranked[0].layout.cp > 1
     # 10,558 layouts priced, 98% of them too big at 128k tokens: 2.6 s of CPU on an Intel
     # Xeon VM, since the search shares the per-layer times between layouts and prices alike
-    # stages once (4.4-5.0 s without that; bench/bench_plan.py times the 2-8k-token
+    # stages once (4.4-5.0 s without that; tools/probes/bench_plan.py times the 2-8k-token
     # searches, target 2 s). CPU time, not wall time: a host that takes the CPU away
     # (steal) or another process on the core does not count.
     assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"

@@ -1,5 +1,5 @@
 """The planner prices mixtures of experts: active FLOPs, expert states over ep, the token
-all-to-alls from moe/placement on the link the EP group spans, the search over ep."""
+all-to-alls from parallel/experts/placement on the link the EP group spans, the search over ep."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_all_to_all_bytes_are_placements_for_uniform_routing() -> None:
     times = layer_times(MIXTRAL, layout, cluster, 4096, 1, moe=True, expert_imbalance=1.5)
     one = collective_time("all_to_all", 1.5 * sent, ep, ep_link(layout, cluster))
     # and, forward, the routing's small calls: the counts over the 8 replicas sharing the
-    # microbatch step and the counts each EP rank sends each (moe/layer.py, expert_parallel)
+    # microbatch step and the counts each EP rank sends each (parallel/experts/layer.py, expert_parallel)
     calls = routing_calls_seconds(MIXTRAL, layout, cluster)
     assert calls == pytest.approx(scalar_call_time(8, replica_link(layout, cluster), cluster)
                                   + scalar_call_time(ep, ep_link(layout, cluster), cluster))
@@ -207,7 +207,7 @@ def test_searching_1024_gpus_for_a_mixture_of_experts_stays_fast() -> None:
     # EP layout ties the leader within the model's fit error (the defence says so)
     best = result.ranked[0]
     assert any(e.layout.ep > 1 for e in [best, *ties(best, result.ranked, GPU_BAND)])
-    # 3.2 s of CPU on an Intel Xeon VM; bench/bench_plan.py has the 2 s target
+    # 3.2 s of CPU on an Intel Xeon VM; tools/probes/bench_plan.py has the 2 s target
     assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"
 
 
@@ -307,7 +307,7 @@ def test_whole_experts_on_sequence_shards_route_a_tp_share() -> None:
     experts = max(e for _, e in stage_local_params(DEEPSEEK, shards, 4096))
     summed = shard_grad_sum_seconds(DEEPSEEK, shards, cluster, moe, experts,
                                     MIXED_ADAM.grad_bytes)
-    # docs/architecture.md: on shards etp=1 is faster than etp=8, which sends every token
+    # docs/experts.md: on shards etp=1 is faster than etp=8, which sends every token
     # from each tp rank, but holds every expert whole: it does not fit where etp=8 does
     split = evaluate(DEEPSEEK, shards.replace(etp=8), cluster, 4096, 64)
     assert estimate.step_time_s < split.step_time_s / 4 and split.fits and not estimate.fits

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.fit_gemm import peak_tp
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
@@ -16,6 +15,7 @@ from paraxis.plan.search import Constraints, search
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, model_from_params
+from validation.fit_gemm import peak_tp
 
 
 def best_layout(cfg, gpus: int, global_batch: int, seq_len: int, gpu: str = "a100-80gb",
@@ -87,7 +87,7 @@ def test_tp_vs_pp_peaks_at_the_node_size(batch: int) -> None:
     # Narayanan et al. 2021 Sec. 5.4.1, Fig. 13: a 161B GPT (32 layers, 128 heads, h = 20480)
     # on 64 GPUs with no data parallelism peaks at tensor-parallel size = GPUs per node (8):
     # smaller t means a deep pipeline and its bubble, larger t all-reduces over InfiniBand.
-    assert peak_tp(batch) == 8  # bench/fit_gemm.py keeps the fitted efficiency to this
+    assert peak_tp(batch) == 8  # validation/fit_gemm.py keeps the fitted efficiency to this
 
 
 def test_explanation_names_the_tree_and_rivals() -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.validate_planner import RUNS, predict
 from paraxis.cli import main
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
@@ -16,6 +15,7 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import CPU_BAND, GPU_BAND, PARAMETERS, _scaled, decider, ties
 from paraxis.spec.model_config import PRESETS, model_from_params
+from validation.validate_planner import RUNS, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,9 +32,9 @@ def test_gpu_band_is_the_validation_error() -> None:
 
 
 def test_held_out_band_is_the_held_out_error(plan_70b) -> None:
-    from bench.heldout_runs import HELD_OUT
-    from bench.validate_heldout import price
     from paraxis.plan.uncertainty import HELD_OUT_GPU_BAND
+    from validation.heldout_runs import HELD_OUT
+    from validation.validate_heldout import price
 
     errors = [r.error for r in map(price, HELD_OUT) if r.error is not None]
     assert HELD_OUT_GPU_BAND.runs == len(errors)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from bench.korthikanti_table4 import TABLE_4, layer_ms
-from bench.validate_planner import RUNS, predict
 from paraxis.plan.cost import Overlap
+from validation.korthikanti_table4 import TABLE_4, layer_ms
+from validation.validate_planner import RUNS, predict
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[run.name for run in RUNS])
@@ -18,7 +18,7 @@ def test_at_least_six_runs_from_two_papers() -> None:
     assert len(RUNS) >= 6 and len({run.source for run in RUNS}) >= 2
 
 
-# Korthikanti et al. 2022 Table 4 (bench/korthikanti_table4.py): one 22B layer.
+# Korthikanti et al. 2022 Table 4 (validation/korthikanti_table4.py): one 22B layer.
 _layer_ms = layer_ms
 
 
@@ -39,8 +39,8 @@ def test_table_4_needs_the_backward_tp_overlap() -> None:
 
 
 def test_held_out_rows_are_priced_or_say_why() -> None:
-    from bench.heldout_runs import HELD_OUT
-    from bench.validate_heldout import price
+    from validation.heldout_runs import HELD_OUT
+    from validation.validate_heldout import price
 
     fitted = {run.name for run in RUNS}
     for run in HELD_OUT:
@@ -55,10 +55,10 @@ def test_torchtitan_checkpointing_priced_as_it_ran() -> None:
     # torchtitan's "selective op" keeps every other matmul output and the attention output
     # (torchtitan_op_bytes), between paraxis's full and none; priced so, its runs that ran
     # fit in their GPUs and the run its table reports out of memory does not.
-    from bench.heldout_runs import TORCHTITAN
-    from bench.validate_heldout import price, torchtitan_op_bytes
     from paraxis.plan.activations import layer_activation_bytes
     from paraxis.spec.model_config import PRESETS
+    from validation.heldout_runs import TORCHTITAN
+    from validation.validate_heldout import price, torchtitan_op_bytes
 
     cfg = PRESETS["llama2-70b"]
     op = torchtitan_op_bytes(cfg, 4096, 1)
@@ -71,7 +71,7 @@ def test_torchtitan_checkpointing_priced_as_it_ran() -> None:
 
 
 def test_llm_foundry_rows_are_every_row_of_the_copied_tables() -> None:
-    from bench.heldout_llm_foundry import LLM_FOUNDRY_TABLES, llm_foundry_rows
+    from validation.heldout_llm_foundry import LLM_FOUNDRY_TABLES, llm_foundry_rows
 
     text = LLM_FOUNDRY_TABLES.read_text()
     rows = llm_foundry_rows()
@@ -84,14 +84,14 @@ def test_llm_foundry_rows_are_every_row_of_the_copied_tables() -> None:
 
 
 def test_llama3_table_4_rows_are_priced_as_the_paper_ran_them() -> None:
-    # Dubey et al. 2024 Table 4 (bench/heldout_runs.py, LLAMA3_RUNS): every row priced, the
+    # Dubey et al. 2024 Table 4 (validation/heldout_runs.py, LLAMA3_RUNS): every row priced, the
     # 128K row with all-gather CP over 16 ranks, fitting the H100s it ran on; the published
     # TFLOPs converted with PaLM's full-square count (the MFU the paper cites), so 38% MFU
     # of the 989 TFLOP/s peak is 380 TFLOP/s.
-    from bench.heldout_runs import LLAMA3_RUNS
-    from bench.validate_heldout import price
     from paraxis.plan.compute import model_flops_per_token
     from paraxis.spec.model_config import PRESETS
+    from validation.heldout_runs import LLAMA3_RUNS
+    from validation.validate_heldout import price
 
     assert [(r.gpus, r.tp, r.cp, r.pp, r.dp, r.seq_len) for r in LLAMA3_RUNS] == [
         (8192, 8, 1, 16, 64, 8192), (16384, 8, 1, 16, 128, 8192),
@@ -112,7 +112,7 @@ def test_llama3_table_4_rows_are_priced_as_the_paper_ran_them() -> None:
     estimate = price(long).estimate
     assert (estimate.layout.cp, estimate.layout.cp_attention, estimate.layout.zero) == (
         16, "all_gather", 2)
-    # the figures of docs/validation.md (python -m bench.validate_planner), pinned so a
+    # the figures of docs/validation.md (python -m validation), pinned so a
     # change to the cost model shows here (published: 164, 152, 67 tokens/s/GPU)
     assert predicted == pytest.approx({"Llama 3 405B 8K x8192": 100.1,
                                        "Llama 3 405B 8K x16384": 109.5,
@@ -123,10 +123,10 @@ def test_fsdp_reduces_gradients_one_layer_at_a_time() -> None:
     # PyTorch FSDP reduce-scatters each wrapped block as one call; DDP (and paraxis's runtime)
     # one call per 25 MB bucket, each paying the ring's step latencies. Llama 3's FSDP and
     # llm-foundry's SHARD_GRAD_OP rows are priced with FSDP's calls.
-    from bench.heldout_runs import LLAMA3_RUNS, llm_foundry_rows
-    from bench.validate_heldout import cluster_for
     from paraxis.plan.comm import axis_link, collective_time, dp_sync_time
     from paraxis.spec.layout import Layout
+    from validation.heldout_runs import LLAMA3_RUNS, llm_foundry_rows
+    from validation.validate_heldout import cluster_for
 
     assert all(cluster_for(r).gpu.gradient_bucket_bytes == 0 for r in LLAMA3_RUNS)
     assert all(r.fsdp for r in llm_foundry_rows() if r.zero == 2)
@@ -145,8 +145,8 @@ def test_no_published_row_beats_the_ideal_machine_of_its_gpus() -> None:
     # finding 6: the planner's FLOPs at the best measured rates, all else free, bound every
     # row; the bound is a real bound (faster than the row as priced) and a fitted curve near
     # it would be needed to come within 20% of the rows that ran closest to it
-    from bench.heldout_runs import HELD_OUT
-    from bench.validate_heldout import ideal_share, price
+    from validation.heldout_runs import HELD_OUT
+    from validation.validate_heldout import ideal_share, price
 
     priced = [price(r) for r in HELD_OUT if not r.unpriced and r.tokens_per_gpu_s]
     shares = {r.run.name: ideal_share(r) for r in priced}
@@ -162,7 +162,7 @@ def test_the_largest_error_line_reads_the_median_of_the_largest_draw() -> None:
     import random
     import statistics
 
-    from bench.heldout_findings import largest_error_lines
+    from validation.heldout_findings import largest_error_lines
 
     n, draw = 231, random.Random(0)
     largest = [max(abs(draw.gauss(0, 1)) for _ in range(n)) for _ in range(1001)]

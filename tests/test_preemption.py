@@ -1,5 +1,5 @@
 """Preemption's signals: SIGTERM, SIGHUP and SIGINT each stop a run at a step boundary
-(`runtime/preemption.py`), and the `--nproc` launcher passes them on to its ranks. The end
+(`dist/preemption.py`), and the `--nproc` launcher passes them on to its ranks. The end
 to end test (SIGTERM, then SIGKILL of the launcher, then a resume that ends bit-identical)
 shares its uninterrupted reference run with the fault trials in `tests/test_faults.py`."""
 
@@ -17,7 +17,7 @@ import torch
 
 def test_sighup_and_sigint_stop_like_sigterm_and_a_second_ctrl_c_stops_at_once():
     """Every signal of SIGNALS sets the flag (a closed terminal, Ctrl-C), the exit code is
-    128 + its number, and a second SIGINT raises at once (`runtime/preemption.py`)."""
+    128 + its number, and a second SIGINT raises at once (`dist/preemption.py`)."""
     from paraxis.dist.preemption import Preempted, StopRequest
 
     hangup = signal.getsignal(signal.SIGHUP)  # SIG_IGN under nohup

@@ -82,7 +82,7 @@ def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
 @pytest.mark.slow
 def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(tmp_path):
     """The same under torchrun's own --max-restarts: each restarted attempt must get fresh
-    process-group keys in the agent's store (runtime/distributed.py), or it cannot connect."""
+    process-group keys in the agent's store (dist/groups.py), or it cannot connect."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def torchrun(root: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -22,11 +22,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "paraxis"
 # Where the calls priced elsewhere are made: a layer's TP, CP and EP collectives, an MoE
 # block's routing counts (`experts.routing_calls_seconds`) and the vocab-parallel loss (per
 # microbatch), the pipeline's messages, the gradient sync and ZeRO's parameter gathers.
-PRICED_ELSEWHERE = ("tensor_parallel/comm.py", "tensor_parallel/cross_entropy.py",
-                    "tensor_parallel/apply.py", "context_parallel/", "moe/expert_parallel.py",
-                    "moe/layer.py", "runtime/all_to_all.py",
-                    "pipeline_parallel/executor.py", "data_parallel/buckets.py",
-                    "data_parallel/zero.py", "data_parallel/engine.py all_gather")
+PRICED_ELSEWHERE = ("parallel/tensor/comm.py", "parallel/tensor/cross_entropy.py",
+                    "parallel/tensor/apply.py", "parallel/context/",
+                    "parallel/experts/expert_parallel.py", "parallel/experts/layer.py",
+                    "dist/all_to_all.py", "engine/pipeline_parallel/executor.py",
+                    "engine/data_parallel/buckets.py", "engine/data_parallel/zero.py",
+                    "engine/data_parallel/engine.py all_gather")
 RUNS = [  # (model, layout): one launch of 8 ranks runs them all
     ("tiny", "dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b"),  # paraxis demo's
     ("tiny", "dp=8"),

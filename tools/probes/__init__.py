@@ -1,0 +1,1 @@
+"""One-off probes: each measures what a sentence of the docs states (tools/probes/README.md)."""
