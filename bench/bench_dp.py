@@ -24,6 +24,7 @@ from paraxis.engine.data_parallel import DataParallelEngine
 from paraxis.model.transformer import build_model
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 
 RANKS = 2
 LR, CLIP = 1e-3, 1.0
@@ -70,7 +71,7 @@ def _torch_body(s: dict, wrap: str) -> Callable[[], Callable[[], None]]:
             for block in model.blocks:
                 fully_shard(block)
             fully_shard(model)
-        optimizer = make_adamw(model.parameters(), 0.1, (0.9, 0.95), 1e-8)
+        optimizer = make_adamw(model.parameters(), AdamW())
         x, y = _data(s)
 
         def step() -> None:

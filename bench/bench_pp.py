@@ -35,6 +35,7 @@ from paraxis.model.transformer import build_model
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 from paraxis.spec.partition import partition_layers
 from paraxis.spec.schedules import build_schedule
 
@@ -72,8 +73,7 @@ def _torch_pipelining(schedule: str, batch: int, seq: int, microbatches: int
     runner = peer(stages if schedule in MULTI else stages[0], microbatches, loss_fn=loss_fn)
     if schedule in MULTI:
         _check_same_order(runner.pipeline_order[rank], schedule, microbatches, rank)
-    optimizer = make_adamw([p for module in modules for p in module.parameters()], 0.1,
-                           (0.9, 0.95), 1e-8)
+    optimizer = make_adamw([p for module in modules for p in module.parameters()], AdamW())
     for group in optimizer.param_groups:
         group["lr"] = 1e-3
     x, y = token_batch(MODEL.vocab_size, batch, seq)

@@ -14,8 +14,10 @@ from paraxis.dist.one_line import OneLineParser, run_guarded
 
 # (name, module, one-line help). Add a subcommand by adding a line.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("demo", "paraxis.commands.demo", "train the tiny model on the embedded corpus and show the loss fall"),
-    ("train", "paraxis.commands.train", "train a model on one device or many (torchrun-compatible)"),
+    ("demo", "paraxis.commands.demo",
+     "train the tiny model on the embedded corpus and show the loss fall"),
+    ("train", "paraxis.commands.train",
+     "train a model on one device or many (torchrun-compatible)"),
     ("checkpoint", "paraxis.commands.checkpoint", "inspect a checkpoint, or convert it to "
      "another layout"),
     ("data", "paraxis.commands.data", "tokenize a JSONL, Parquet or datasets corpus into shards"),
@@ -35,7 +37,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "write the course's seven simulators and two more as one interactive, offline page"),
     ("calibrate", "paraxis.commands.calibrate",
      "measure this machine's compute and collectives; write a profile for `plan --hardware`"),
-    ("generate", "paraxis.commands.generate", "sample text from a paraxis or Hugging Face checkpoint"),
+    ("generate", "paraxis.commands.generate",
+     "sample text from a paraxis or Hugging Face checkpoint"),
 ]
 
 

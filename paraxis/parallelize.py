@@ -47,7 +47,7 @@ from paraxis.parallel.tensor.comm import keep_collectives_eager
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.partition import Partition, partition_layers
 from paraxis.spec.precision import PrecisionPolicy
 from paraxis.spec.schedules import check_compile
@@ -56,8 +56,7 @@ from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
-                precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
-                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                 compile: bool = False, end_of_document: int | None = None) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
@@ -106,17 +105,13 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
     #    of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
-    data_parallel = DataParallelEngine(
-        model, layout, groups, weight_decay=weight_decay, betas=betas, eps=eps,
-        bucket_bytes=bucket_bytes,
-        device=device, precision=precision)
-    data_parallel.end_of_document = end_of_document  # it masks and weighs the loss
+    data_parallel = DataParallelEngine(model, layout, groups, adamw=adamw,
+                                       bucket_bytes=bucket_bytes, device=device,
+                                       precision=precision, end_of_document=end_of_document)
     if layout.pp == 1:
         return data_parallel
     # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
-    engine = PipelineEngine(parts, data_parallel, groups)
-    engine.end_of_document = end_of_document
-    return engine
+    return PipelineEngine(parts, data_parallel, groups)
 
 
 def compile_blocks(part: Transformer) -> None:
@@ -159,8 +154,7 @@ def interleaving_note(layout: Layout) -> str:
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
-                 precision: str | PrecisionPolicy = "fp32", weight_decay: float = WEIGHT_DECAY,
-                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
+                 precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                  bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
                  announce: bool = False, compile: bool = False,
                  end_of_document: int | None = None) -> Engine:
@@ -178,8 +172,7 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         if note := interleaving_note(layout):
             print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
-                         precision=precision, weight_decay=weight_decay, betas=betas, eps=eps,
-                         bucket_bytes=int(bucket_mb * MIB), compile=compile,
-                         end_of_document=end_of_document)
+                         precision=precision, adamw=adamw, bucket_bytes=int(bucket_mb * MIB),
+                         compile=compile, end_of_document=end_of_document)
     materialize(engine, model_cfg, seed)
     return engine

@@ -1,5 +1,6 @@
-"""The attention kernel is one fact: what paraxis.model.transformer's attention keeps for backward is what
-the planner counts (paraxis/spec/attention_kernel.py), and grouped K/V stay at kv-head width."""
+"""The attention kernel is one fact: what paraxis.model.transformer's attention keeps for backward
+is what the planner counts (paraxis/spec/attention_kernel.py), and grouped K/V stay at kv-head
+width."""
 
 import pytest
 import torch

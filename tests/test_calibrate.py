@@ -286,7 +286,8 @@ def test_the_bench_before_refits_on_the_small_sizes_only():
 def test_a_cached_profile_is_timed_again_once_after_its_run(tmp_path, monkeypatch):
     """The demo's profile is made before its run; the report after it probes the cores and
     times the compute again, prices with the means, and keeps them for later reports."""
-    from paraxis.train.calibrate import measure as command, quick
+    from paraxis.train.calibrate import measure as command
+    from paraxis.train.calibrate import quick
 
     cpu, cores = command.cpu_model_name(), command.cpu_cores()
     before = {"peak_flops": 80e9, "attention_flops": 40e9, "hbm_bandwidth_Bps": 20e9,

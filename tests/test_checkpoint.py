@@ -76,10 +76,11 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
     from paraxis.model.checkpoint import save_checkpoint
     from paraxis.model.transformer import build_model
     from paraxis.spec.model_config import PRESETS
+    from paraxis.spec.precision import autocast_policy
 
     def engine() -> DataParallelEngine:
         return DataParallelEngine(build_model(PRESETS["tiny"], seed=0), Layout(), None,
-                                  autocast_dtype=torch.float16)
+                                  precision=autocast_policy("fp16"))
 
     saved = engine()
     for overflow in (True, True, False, False, False):

@@ -20,7 +20,8 @@ one device (pp2, with 2 microbatches, like one device resuming over the same glo
 microbatches). The ZeRO-3 checkpoint also exports to a Mixtral directory whose logits in
 transformers are one device's of the checkpoint.
 
-The routing statistics are per microbatch step over the dp x cp ranks (parallel/experts/layer.py): with
+The routing statistics are per microbatch step over the dp x cp ranks (parallel/experts/layer.py):
+with
 M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
 one device's reference accumulates over those same token sets (`_reference`).
 

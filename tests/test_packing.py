@@ -1,6 +1,6 @@
-"""Document packing (`paraxis.parallel.context.packing`, `--pack-documents`): a packed window never attends
-across documents, positions restart per document, the target after an end-of-document input
-is masked, and every layout trains the same numbers as one device."""
+"""Document packing (`paraxis.parallel.context.packing`, `--pack-documents`): a packed window never
+attends across documents, positions restart per document, the target after an end-of-document
+input is masked, and every layout trains the same numbers as one device."""
 
 import functools
 import json
@@ -200,8 +200,7 @@ def reference(model: str) -> tuple[list[float], list[float]]:
     cfg = load_model_config(model)
     net = build_model(cfg, seed=SEED)
     net.set_packing(EOS)
-    engine = LocalEngine(net, Layout())
-    engine.end_of_document = EOS
+    engine = LocalEngine(net, Layout(), end_of_document=EOS)
     return train(engine, slice(None))
 
 

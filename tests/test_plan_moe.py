@@ -103,7 +103,8 @@ def test_all_to_all_bytes_are_placements_for_uniform_routing() -> None:
     times = layer_times(MIXTRAL, layout, cluster, 4096, 1, moe=True, expert_imbalance=1.5)
     one = collective_time("all_to_all", 1.5 * sent, ep, ep_link(layout, cluster))
     # and, forward, the routing's small calls: the counts over the 8 replicas sharing the
-    # microbatch step and the counts each EP rank sends each (parallel/experts/layer.py, expert_parallel)
+    # microbatch step and the counts each EP rank sends each (parallel/experts/layer.py,
+    # expert_parallel)
     calls = routing_calls_seconds(MIXTRAL, layout, cluster)
     assert calls == pytest.approx(scalar_call_time(8, replica_link(layout, cluster), cluster)
                                   + scalar_call_time(ep, ep_link(layout, cluster), cluster))

@@ -11,6 +11,7 @@ from paraxis.model.transformer import build_model
 from paraxis.parallelize import materialize, parallelize
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 # Adam divides by sqrt(v) + eps: with eps=1e-8, a weight whose gradient is ~eps turns a
@@ -42,7 +43,7 @@ def _rank(ctx: RankContext, cfg):
     from paraxis.parallel.tensor import full_state
 
     layout, groups = ctx.layout, ctx.groups
-    engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     grads = {}
@@ -97,7 +98,7 @@ def test_3d_layout_equals_single_device(layout_text, model, recompute):
         layout = layout.replace(recompute_layers=2)
     assert layout.world_size == 8
     results = run_on_ranks(layout, _rank, cfg, timeout_s=120)
-    reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), eps=EPS)
+    reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), adamw=AdamW(eps=EPS))
     reference_grads = {}
 
     def first_grads() -> None:

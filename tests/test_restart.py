@@ -88,7 +88,7 @@ def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(tmp_path):
     def torchrun(root: Path, *extra: str) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", *extra,
-                   "-m", "paraxis.train.loop", "--dp", "2", "--zero", "1", "--model", "tiny",
+                   "-m", "paraxis.train", "--dp", "2", "--zero", "1", "--model", "tiny",
                    "--steps", "6", "--global-batch", "4", "--seq-len", "32",
                    "--checkpoint-dir", str(root), "--checkpoint-every", "2", "--quiet"]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)

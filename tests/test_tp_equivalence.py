@@ -14,6 +14,7 @@ from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor import apply_tensor_parallel, full_state
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.optimizer import AdamW
 
 # tiny-llama has 2 kv heads: tp=4 needs a grouped-query model with 4 kv heads (8 q heads).
 LLAMA_GQA_8_4 = ModelConfig("llama-gqa-8-4", "llama", 256, 2, 64, 8, 4, 192, 64)
@@ -40,9 +41,10 @@ def train_and_compare(ctx: RankContext, model_name: str) -> list[float]:
     # Adam's update g / (|g| + eps) turns a gradient's rounding difference d into a weight
     # difference up to lr * d / eps where |g| ~ eps (some o/down weights start there): eps=1e-5
     # keeps that near 1e-7, so the drift stays far below the 1e-5 tolerances over 5 steps.
-    reference = LocalEngine(build_model(cfg, seed=3), Layout(), eps=1e-5)
+    reference = LocalEngine(build_model(cfg, seed=3), Layout(), adamw=AdamW(eps=1e-5))
     model = apply_tensor_parallel(build_model(cfg, seed=3), groups, sequence_parallel)
-    engine = DataParallelEngine(model, layout, groups, eps=1e-5)  # dp=1: a group of one
+    # dp=1: a group of one
+    engine = DataParallelEngine(model, layout, groups, adamw=AdamW(eps=1e-5))
     generator = torch.Generator().manual_seed(11)
     losses = []
     for step in range(STEPS):

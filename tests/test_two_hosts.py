@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["-m", "paraxis.train.loop", "--model", "tiny", "--steps", "4", "--global-batch", "8",
+TRAIN = ["-m", "paraxis.train", "--model", "tiny", "--steps", "4", "--global-batch", "8",
          "--seq-len", "32", "--device", "cpu", "--quiet", "--dp", "2", "--tp", "2",
          "--timeout-s", "60"]
 ADDRESSES = ("10.77.0.1", "10.77.0.2")

@@ -35,6 +35,7 @@ from paraxis.parallelize import materialize, parallelize
 from paraxis.plan.comm import zero3_pipeline_volume
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 
 STEPS, BATCH, SEQ, SEED = 10, 8, 16, 3
 EPS = 1e-5  # as in tests/test_pp_3d.py: keeps Adam's 1/sqrt(v) from amplifying rounding
@@ -79,7 +80,7 @@ def _rank(ctx: RankContext, models: dict[str, str], root: str
 
     layout, groups = ctx.layout, ctx.groups
     cfg = PRESETS[models[str(layout)]]
-    engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     counted: dict = {}
@@ -94,7 +95,7 @@ def _rank(ctx: RankContext, models: dict[str, str], root: str
         params[name] = gather_full(value, owned[name], groups.tp_group).numpy()  # tp gather
     # A checkpoint of the sharded stage, loaded into a fresh engine, goes on identically.
     path = save_checkpoint(engine, f"{root}/{_directory(layout)}", STEPS, cfg.to_dict())
-    resumed = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    resumed = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
     load_checkpoint(resumed, path, cfg.to_dict(), ctx.rank)
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
     x, y = _batches()[0]
@@ -123,7 +124,8 @@ def _planned(engine, layout: Layout, cfg) -> dict[str, float]:
 
 
 def _reference(model: str) -> tuple[list[float], dict[str, np.ndarray]]:
-    engine = LocalEngine(build_model(PRESETS[model], seed=SEED), Layout(), eps=EPS)
+    engine = LocalEngine(build_model(PRESETS[model], seed=SEED), Layout(),
+                         adamw=AdamW(eps=EPS))
     losses = _train(engine, slice(None))
     return losses, {n: p.detach().numpy() for n, p in engine.model.named_parameters()}
 

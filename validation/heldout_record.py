@@ -12,7 +12,7 @@ FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not mod
 @dataclass(frozen=True)
 class HeldOutRun:
     name: str
-    model: str | ModelConfig  # a paraxis preset (paraxis/spec/model_config.py) or the source's shape
+    model: str | ModelConfig  # a paraxis preset (spec/model_config.py) or the source's shape
     gpu: str  # a key of validate_heldout.CLUSTERS: "a100", "a100-40gb", "h100", "h100-96gb"
     gpus: int
     dp: int  # data-parallel degree (FSDP/ZeRO over it, see zero)

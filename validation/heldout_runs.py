@@ -259,7 +259,8 @@ NEMO_RUNS = [
 # with `enable_fsdp_optimizations`: under pipelines every backward but the step's last skips
 # the gradient sync and keeps the parameters gathered (nemo_automodel/components/moe/
 # fsdp_mixin.py), one reduce-scatter per step with optimizer states sharded: ZeRO-1; that
-# reduce-scatter is one call per block, as fully_shard wraps each block (parallel/experts/parallelizer.py,
+# reduce-scatter is one call per block, as fully_shard wraps each block
+# (parallel/experts/parallelizer.py,
 # apply_fsdp): fsdp=True.
 # The 1024-GPU config as first committed (examples/benchmark/configs/
 # deepseek_v3_te_deepep_1024.yaml at 2c236e08, 2025-10-08, two days after the table's

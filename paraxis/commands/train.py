@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from paraxis.train.flags import add_arguments, config_from_args
-from paraxis.train.loop import run_training
-from paraxis.train.start import start
 
 __all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
+    from paraxis.train.loop import run_training
+    from paraxis.train.start import start
+
     return start(config_from_args(args), run_training, debug=getattr(args, "debug", False))

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from paraxis.data.corpus import TokenData, sample_key
+from paraxis.data.prepare import load_token_data
+from paraxis.files.checkpoint_ownership import data_facts
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.options import option
 
@@ -131,8 +133,6 @@ class Blend:
         source's name, length and fingerprint as before blending existed; a blend's
         fingerprint covers every source's and its weight (the held-out set is not part:
         changing it leaves the training samples as they were)."""
-        from paraxis.files.checkpoint_ownership import data_facts
-
         each = [data_facts(s.tokens, s.name) for s in self.sources]
         if len(each) == 1:
             return each[0]
@@ -146,8 +146,6 @@ class Blend:
 def load_blend(spec: str | None, dtype: str = "uint16", tokenizer: str | None = None,
                text_field: str = "text") -> Blend:
     """The sources `spec` names (`parse_blend`), each read as `--data` reads one."""
-    from paraxis.data.prepare import load_token_data
-
     parsed = parse_blend(spec)
     sources = [load_token_data(path, dtype, tokenizer, text_field) for path, _ in parsed]
     return Blend(sources, [weight for _, weight in parsed],

@@ -49,7 +49,7 @@ class HFTokenizer:
             raise ParaxisError(f"tokenizer {path} does not exist; give a Hugging Face "
                                "tokenizer.json (or the folder holding one)")
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # lazy: tokenizers, only for a tokenizer.json
         except ImportError:
             raise ParaxisError("a tokenizer.json needs the tokenizers package: "
                                "pip install tokenizers") from None

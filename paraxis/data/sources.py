@@ -105,8 +105,8 @@ def pieces(path: Path, kind: str) -> list[Piece]:
 def _pyarrow() -> ModuleType:
     """pyarrow, imported lazily: token-file runs do not need it."""
     try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401 - registers pyarrow.parquet
+        import pyarrow  # lazy: pyarrow takes 80 ms; only Parquet and datasets need it
+        import pyarrow.parquet  # noqa: F401 - registers pyarrow.parquet  # lazy: pyarrow, as above
     except ImportError:
         raise ParaxisError("Parquet and datasets sources need pyarrow: pip install pyarrow") \
             from None

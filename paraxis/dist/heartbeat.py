@@ -30,9 +30,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from paraxis.spec.errors import RunFailed
+import torch.distributed as dist
+
 from paraxis.dist.groups import restart_attempt
 from paraxis.dist.watchdog import WATCH, ranks_text
+from paraxis.spec.errors import RunFailed
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -185,8 +187,6 @@ def _connect_store(timeout_s: float) -> TCPStore | None:
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None
-    import torch.distributed as dist
-
     try:
         return dist.TCPStore(host, int(port), is_master=False,
                              timeout=timedelta(seconds=max(10.0, 2 * timeout_s)))

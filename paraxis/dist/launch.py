@@ -33,8 +33,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from paraxis.dist.host_memory import return_freed_memory
+from paraxis.dist.one_line import decide, run_guarded
+from paraxis.dist.preemption import CatchSignals, die_with_parent
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
-from paraxis.dist.preemption import CatchSignals
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -44,15 +46,11 @@ LOOPBACK = "127.0.0.1"
 
 def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
                 env: dict[str, str], results: Queue) -> None:
-    from paraxis.dist.preemption import die_with_parent
-
     die_with_parent(int(env["PARAXIS_LAUNCHER_PID"]))  # no orphans, even after a SIGKILL
     os.environ.update(env)
-    import torch
+    import torch  # lazy: torch, after the rank's env is set
 
-    from paraxis.dist.one_line import run_guarded
-    from paraxis.dist.groups import end_rank_process
-    from paraxis.dist.host_memory import return_freed_memory
+    from paraxis.dist.groups import end_rank_process  # lazy: torch, after the rank's env is set
 
     if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
         torch.set_num_threads(1)
@@ -86,8 +84,6 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
     launcher, which prints each distinct line once: one line, not one per rank."""
     if debug or not (error.exit_code == 2 or getattr(error, "same_on_every_rank", False)):
         return False
-    from paraxis.dist.one_line import decide
-
     decide(error)  # marks the attempt as ended by bad input: a peer that lost this rank is quiet
     results.put(("error", str(error), error.exit_code))
     results.close()
@@ -106,7 +102,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
     ranks run on the CPU (then one thread each).
     """
-    import torch
+    import torch  # lazy: torch; ranks load this before their env
 
     one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     for attempt in range(max_restarts + 1):
@@ -122,7 +118,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
                  attempt: int, timeout_s: float, one_thread: bool) -> Any:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch; ranks load this before their env
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
     # the store owns the socket from here on and closes it.
@@ -256,7 +252,7 @@ def failure_summary(codes: list[int | None]) -> str:
 def warn_if_oversubscribed(nproc: int, device: str) -> None:
     """One line when CPU ranks outnumber the cores this process may use: the run works,
     only slower (every rank wants a core of its own)."""
-    import torch
+    import torch  # lazy: torch; ranks load this before their env
 
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return

@@ -65,9 +65,9 @@ def _job_store() -> Store | None:
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
-    from paraxis.dist.groups import restart_attempt
+    from paraxis.dist.groups import restart_attempt  # lazy: torch; CLI start-up imports this
 
     try:
         store = dist.TCPStore(host, int(port), is_master=False,

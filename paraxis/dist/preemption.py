@@ -19,6 +19,8 @@ The exit code is 128 + the signal's number, as a shell reports a process a signa
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import threading
 from typing import TYPE_CHECKING
@@ -78,10 +80,10 @@ class StopRequest(CatchSignals):
     def agreed(self, device: torch.device) -> int:
         """The signal some rank received (0: none), the same on every rank: one MAX
         all-reduce of the flag over the world (none in a single process)."""
-        import torch
-        import torch.distributed as dist
+        import torch  # lazy: torch; ranks load this before their env
+        import torch.distributed as dist  # lazy: torch; ranks load this before their env
 
-        from paraxis.dist.watchdog import WATCH
+        from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self.signum
@@ -96,9 +98,6 @@ def die_with_parent(launcher_pid: int) -> None:
     """Ask Linux to send this process SIGTERM when its parent (the launcher) dies, even by
     SIGKILL (prctl PR_SET_PDEATHSIG): the ranks then stop at their next step boundary, saving
     a checkpoint, instead of training on as orphans. If the launcher is already gone, now."""
-    import ctypes
-    import os
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG

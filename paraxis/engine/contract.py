@@ -13,7 +13,8 @@ and checkpointing, tracing and reporting need a few more (`Engine` lists them al
 engines (`data_parallel.DataParallelEngine`, `pipeline_parallel.engine.PipelineEngine`)
 subclass it and change only what their axis changes.
 
-Document packing (`paraxis.parallel.context.packing`) reaches the engine in two places: `microbatches` masks
+Document packing (`paraxis.parallel.context.packing`) reaches the engine in two places:
+`microbatches` masks
 the targets after each end-of-document input, and each microbatch's mean loss is weighed by
 its count of unmasked targets (`packing.loss_weights`), so that every layout's loss is the
 mean over the global batch's unmasked targets, as on one device.
@@ -42,7 +43,8 @@ from paraxis.model.transformer import single_device_buffers, single_device_param
 from paraxis.parallel.context.packing import counted_targets, loss_weights, mask_targets, weigh
 from paraxis.parallel.experts.layer import set_aux_loss_scale
 from paraxis.spec.layout import Layout
-from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
+from paraxis.spec.units import runs_within
 
 if TYPE_CHECKING:
     from paraxis.dist.groups import ParallelGroups
@@ -88,17 +90,17 @@ class Engine(Checkpointable, Protocol):
 class LocalEngine:
     """The whole model in one process: the reference every layout is compared with."""
 
-    end_of_document: int | None = None  # document packing: set by runtime.parallelize
-
-    def __init__(self, model: nn.Module, layout: Layout, weight_decay: float = WEIGHT_DECAY,
-                 betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: nn.Module, layout: Layout, adamw: AdamW = DEFAULT_ADAMW,
+                 end_of_document: int | None = None) -> None:
+        """end_of_document: pack documents ending at this id (it masks and weighs the loss;
+        `paraxis.parallel.context.packing`); None: no packing."""
         self.model = model
         self.layout = layout
-        self.autocast_dtype = autocast_dtype
+        self.end_of_document = end_of_document
+        self.autocast_dtype: torch.dtype | None = None  # fp32 compute
         self.groups: ParallelGroups | None = None
         self.loss_scaler: LossScale | None = None
-        self.optimizer = make_adamw(model.parameters(), weight_decay, betas, eps)
+        self.optimizer = make_adamw(model.parameters(), adamw)
         init_adam_state(self.optimizer)
 
     @property
@@ -259,22 +261,25 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
 GROUP_BYTES = 64 * 2**20  # the most parameter bytes one foreach AdamW call works on
 
 
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def decays(param: nn.Parameter) -> bool:
     """Weight decay on matrices only, not biases or norms: the GPT-2/nanoGPT convention."""
     return param.dim() >= 2
 
 
-def make_adamw(params: Iterable[nn.Parameter], weight_decay: float,
-               betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+def make_adamw(params: Iterable[nn.Parameter], hyper: AdamW) -> torch.optim.AdamW:
     """AdamW with decay where `decays` says."""
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if decays(p)]
     no_decay = [p for p in params if not decays(p)]
-    return adamw(decay, no_decay, weight_decay, betas, eps)
+    return adamw(decay, no_decay, hyper)
 
 
-def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], weight_decay: float,
-          betas: tuple[float, float], eps: float) -> torch.optim.AdamW:
+def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], hyper: AdamW
+          ) -> torch.optim.AdamW:
     """AdamW over `decay` (with weight decay) and `no_decay` tensors.
 
     foreach=True: one multi-tensor call per group instead of a Python loop over tensors. Its
@@ -285,24 +290,11 @@ def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], weight_decay:
     GROUP_BYTES: a 100M-parameter shard steps with 64 MiB of temporaries, not 400 MB.
     """
     groups = [{"params": chunk, "weight_decay": decay_rate}
-              for tensors, decay_rate in ((decay, weight_decay), (no_decay, 0.0))
-              for chunk in _chunks(tensors, GROUP_BYTES)]
+              for tensors, decay_rate in ((decay, hyper.weight_decay), (no_decay, 0.0))
+              for chunk in runs_within(tensors, tensor_bytes, GROUP_BYTES) if chunk]
     # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
     groups = groups or [{"params": [], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=eps, foreach=True)
-
-
-def _chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    chunks: list[list[torch.Tensor]] = []
-    size = limit
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if size + nbytes > limit:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(t)
-        size += nbytes
-    return chunks
+    return torch.optim.AdamW(groups, lr=0.0, betas=hyper.betas, eps=hyper.eps, foreach=True)
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:

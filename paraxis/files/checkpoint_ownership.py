@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paraxis.spec.errors import ParaxisError
 
 RUN_FILE = "run.json"
@@ -50,8 +52,6 @@ def new_run_id() -> str:
 def data_facts(tokens: Any, name: str) -> dict[str, Any]:
     """The data's name, length and a fingerprint (SHA-256 of its length, first and last MiB):
     a moved file still matches, another file or another tokenizer does not."""
-    import numpy as np
-
     dtype = np.dtype(tokens.dtype)
     count = FINGERPRINT_BYTES // dtype.itemsize  # sliced: memory-mapped shards read just these
     digest = hashlib.sha256(f"{len(tokens)} {dtype}".encode())

@@ -4,7 +4,8 @@
 `config_json` writes one back.
 
 Reading refuses, in one line naming the file, every setting the reference model
-(`paraxis.model.transformer`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head on
+(`paraxis.model.transformer`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head
+on
 Llama, exact GELU or unusual attention scaling on GPT-2, a sliding window shorter than the
 sequences or router noise on Mixtral. Writing spells RoPE's theta both ways (transformers 5
 nests it in rope_parameters), and refuses a mixture of experts Mixtral's format cannot hold
@@ -104,7 +105,8 @@ def _llama_config(doc: dict, source: Path, name: str,
 
 def _mixtral_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     """Llama's attention and norms, and in every block a router (softmax, top-k,
-    renormalise: what `paraxis.parallel.experts.layer.MoE.route` does) over `num_local_experts` SwiGLU
+    renormalise: what `paraxis.parallel.experts.layer.MoE.route` does) over `num_local_experts`
+    SwiGLU
     experts of width `intermediate_size`."""
     fields = _llama_config(doc, source, name, MIXTRAL_DEFAULTS)
     window, longest = doc.get("sliding_window"), fields["max_seq_len"]

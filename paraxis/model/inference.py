@@ -12,16 +12,15 @@ serving engine.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from paraxis.data.corpus import BYTE_VOCAB, ByteTokenizer, HFTokenizer
+from paraxis.model.checkpoint import complete_checkpoints, read_full_state
+from paraxis.model.hf import read_hf
 from paraxis.model.transformer import Transformer
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from paraxis.data.corpus import ByteTokenizer, HFTokenizer
 
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
@@ -31,13 +30,9 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
     if not path.is_dir():
         raise ParaxisError(f"checkpoint {path} is not a directory; give a Hugging Face model "
                            "directory (config.json) or a paraxis checkpoint (manifest.json)")
-    from paraxis.model.checkpoint import complete_checkpoints, read_full_state
-
     if (path / "manifest.json").is_file() or complete_checkpoints(path):
         cfg, state = read_full_state(path)  # a checkpoint, or the newest in a run's directory
     elif (path / "config.json").is_file():
-        from paraxis.model.hf import read_hf
-
         cfg, state = read_hf(path)
     else:
         raise ParaxisError(f"{path} holds neither config.json (a Hugging Face model) nor "
@@ -93,8 +88,6 @@ def generate(model: Transformer, prompt: list[int], max_new_tokens: int,
 def pick_tokenizer(checkpoint: Path, given: str | None, vocab_size: int
                    ) -> HFTokenizer | ByteTokenizer:
     """--tokenizer, else the checkpoint's tokenizer.json, else bytes (if the model's are)."""
-    from paraxis.data.corpus import BYTE_VOCAB, ByteTokenizer, HFTokenizer
-
     if given:
         return HFTokenizer(given)
     if (checkpoint / "tokenizer.json").is_file():

@@ -11,7 +11,8 @@ every sequence (`paraxis.parallel.context.chunks`), so its tokens' positions are
 hands the parts that care (positions, the attention core) a `SequenceSplit`; without one
 (every layout with cp = 1) the code below runs exactly as on one device.
 
-Document packing (`paraxis.parallel.context.packing`, `Transformer.set_packing`) keeps attention and positions
+Document packing (`paraxis.parallel.context.packing`, `Transformer.set_packing`) keeps attention
+and positions
 within each document of a window: the forward finds the documents from the token ids and
 hands every block their mask (under context parallelism from the whole rows' ids, which the
 cp group gathers: `packing.split_documents`).

@@ -7,7 +7,8 @@ are priced by the same rules; for a GPT block and the math kernel it reduces to 
 formulas exactly.
 
 The attention core follows the kernel that runs it (`paraxis/spec/attention_kernel.py`): the
-"math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel paraxis.model.transformer runs
+"math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel
+paraxis.model.transformer runs
 keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic in s.
 """
 
@@ -28,7 +29,8 @@ def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: Attenti
 
 def has_dropout(cfg: ModelConfig, dropout: bool | None) -> bool:
     """Whether the run keeps dropout masks: as stated, else Korthikanti's GPT block (dropout
-    after attention, in the scores and after the MLP; a Llama block has none). paraxis.model.transformer
+    after attention, in the scores and after the MLP; a Llama block has none).
+    paraxis.model.transformer
     has no dropout, and the cost model says so for its eager runtime (cost.evaluate)."""
     return cfg.style == "gpt2" if dropout is None else dropout
 
@@ -68,7 +70,8 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     # inputs 2sbh each, 2 dropout masks sbh each) -> 10sbh, replicated unless SP (Sec. 4.2.2).
     outside = 4 * s * b * h + 2 * s * b * h + 2 * s * b * h + (2 * s * b * h if dropout else 0)
     # Inside TP: the output-projection input (2sbh; beside the flash kernel's own output, as
-    # paraxis.model.transformer copies the heads back to rows) and the attention kernel's tensors ...
+    # paraxis.model.transformer copies the heads back to rows) and the attention kernel's tensors
+    # ...
     core = attention_kernel_bytes(cfg, s, b, kernel, dropout=dropout)
     if recompute == "selective":
         # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's

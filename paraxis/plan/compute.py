@@ -16,7 +16,8 @@ Counting the full square while pricing half let a long-sequence plan report MFU 
 (llama3-8b at 131,072 tokens: 102%); with the causal count the model FLOPs never exceed what
 the time model prices, so MFU <= HFU <= 1 (tests/test_plan_compute.py).
 
-Document packing (paraxis.parallel.context.packing) changes neither count. Every input position is a token
+Document packing (paraxis.parallel.context.packing) changes neither count. Every input position is
+a token
 here and in the training loop's tokens/s, masked targets included: their forward and
 backward run like any other's, only their loss term is zero. Attention stays counted over
 the whole causal window, though packing computes only the scores within documents (on CUDA;
@@ -149,7 +150,8 @@ def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1,
     """Elements read + written per token by one layer's non-GEMM forward kernels as eager
     PyTorch runs paraxis.model.transformer (one kernel per op, nothing fused), on one rank.
 
-    Counted op by op from paraxis/model/transformer.py (h = d_model, q = query width, kv = key/value width,
+    Counted op by op from paraxis/model/transformer.py (h = d_model, q = query width,
+    kv = key/value width,
     f = d_ff; q, kv, f split over tp): an out-of-place op reads its inputs and writes its
     output once. Llama: RMSNorm (pow, x * rsqrt, * weight: 6h) twice; rotary on q and k (mul,
     neg, cat, mul, add: 10 per element); heads back to rows (a copy, 2q; grouped K and V

@@ -97,7 +97,8 @@ class GPU:
     # Memory held back on every device (units.DEFAULT_RESERVED_BYTES on a GPU); on a CPU a
     # rank's process baseline, measured by `paraxis calibrate` (calibrate/baseline.py).
     reserved_bytes: float = DEFAULT_RESERVED_BYTES
-    # The attention core's kernel (paraxis/spec/attention_kernel.py): "flash", what paraxis.model.transformer
+    # The attention core's kernel (paraxis/spec/attention_kernel.py): "flash", what
+    # paraxis.model.transformer
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name
     # ZeRO-0/1/2 gradient reductions: one collective call per bucket of this many bytes

@@ -1,6 +1,7 @@
 """The attention kernel: one fact that paraxis.model.transformer runs and the planner prices.
 
-paraxis.model.transformer calls torch's `scaled_dot_product_attention` with a causal mask and K, V at
+paraxis.model.transformer calls torch's `scaled_dot_product_attention` with a causal mask and K, V
+at
 their kv-head width (`enable_gqa=True`). PyTorch runs it as a flash-style kernel
 (FlashAttention, Dao et al. 2022) on GPU and on CPU alike (`ScaledDotProductFlashAttention
 ForCpuBackward` on this machine's torch): the s x s scores exist only tile by tile in fast
@@ -12,7 +13,8 @@ published runs of 2021-22: it keeps the softmax output, the dropout mask and its
 (the s^2 terms Korthikanti et al. 2022 Sec. 4.1 count), computes every score of the causal
 mask's upper half, and runs on K, V repeated to the full head count.
 
-Document packing (paraxis.parallel.context.packing) adds a mask keeping attention within each document. On
+Document packing (paraxis.parallel.context.packing) adds a mask keeping attention within each
+document. On
 CPU the model hands SDPA a boolean (b, 1, s, s) mask, and PyTorch still runs this flash
 kernel (`ScaledDotProductFlashAttentionForCpuBackward`, tests/test_packing.py), but computes
 every tile of the square: with a mask it cannot skip the tiles above the diagonal

@@ -1,9 +1,20 @@
-"""AdamW's defaults: the run config's, and every engine's when a caller gives none.
+"""AdamW's hyperparameters besides the learning rate, as one value: the run config's
+defaults, and what every engine's optimizer is built from.
 
-As GPT-3 trained (Brown et al. 2020, appendix B: beta2 0.95, weight decay 0.1), and
-Megatron-LM's and torchtitan's defaults; eps is PyTorch's.
+The defaults are GPT-3's (Brown et al. 2020, appendix B: beta2 0.95, weight decay 0.1), and
+Megatron-LM's and torchtitan's; eps is PyTorch's.
 """
 
-WEIGHT_DECAY = 0.1
-ADAM_BETAS = (0.9, 0.95)
-ADAM_EPS = 1e-8
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdamW:
+    weight_decay: float = 0.1  # on matrices only (`engine.contract.decays`)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+
+
+DEFAULT_ADAMW = AdamW()

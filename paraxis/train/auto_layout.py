@@ -26,13 +26,25 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paraxis.files.model_file import load_model_config
+from paraxis.files.run_records import load_metrics, steady, steady_records
+from paraxis.plan import search_flags
+from paraxis.plan.auto import choose
+from paraxis.plan.cost import DEFAULT_OVERLAP
+from paraxis.plan.experts import DEFAULT_IMBALANCE
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.inputs import PlanInputs
+from paraxis.plan.search import Constraints, search
+from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 from paraxis.spec.errors import ParaxisError
+from paraxis.train.calibrate.measure import available_cores, cpu_cores
+from paraxis.train.calibrate.quick import PROBE_S, PROFILE_NAME
+from paraxis.train.config import RunConfig
+from paraxis.train.hardware import choose_hardware
 
 if TYPE_CHECKING:
     from paraxis.plan.auto import AutoChoice
     from paraxis.plan.cost import Overlap
-    from paraxis.plan.search import Constraints
-    from paraxis.train.config import RunConfig
 
 CACHE_ENV = "PARAXIS_CACHE"  # where calibrations are kept (default ~/.cache/paraxis)
 # `plan --verify`'s ranks a CPU core: 8 on a 2-core machine, the calibration's largest count;
@@ -56,15 +68,6 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     """The planner's pick for `cfg` on `ranks` ranks of this machine, one phrase saying where
     its prices come from, and the hardware file it read (None: a GPU preset). `limits`,
     `overlap` and `expert_imbalance`: `plan --verify`'s search flags (None: the defaults)."""
-    from paraxis.files.model_file import load_model_config
-    from paraxis.plan.auto import choose
-    from paraxis.plan.cost import DEFAULT_OVERLAP
-    from paraxis.plan.experts import DEFAULT_IMBALANCE
-    from paraxis.plan.hardware import build_cluster
-    from paraxis.plan.inputs import PlanInputs
-    from paraxis.plan.search import Constraints, search
-    from paraxis.train.hardware import choose_hardware
-
     model_cfg = load_model_config(cfg.model.name)
     seq_len = cfg.train.seq_len
     model_cfg.check_seq_len(seq_len)
@@ -88,9 +91,6 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     if hardware.cpu and not cfg.logging.hardware:
         # A profile's cores are those its calibration got; on a shared machine the load
         # changes from minute to minute, so the cores our ranks get are probed again now.
-        from paraxis.train.calibrate.measure import available_cores
-        from paraxis.train.calibrate.quick import PROBE_S
-
         cores = available_cores(cluster.cores_per_node, PROBE_S, ranks)
         cluster = cluster.replace(available_cores=cores)
         source += f"; our ranks get {cores:.2f} of its {cluster.cores_per_node} cores now"
@@ -108,8 +108,6 @@ def resolve(cfg: RunConfig, launched: bool = False) -> RunConfig:
     hardware file must be given: ranks must not each calibrate, and differently."""
     if not cfg.auto.enabled:
         return cfg
-    from paraxis.train.calibrate.quick import PROFILE_NAME
-
     if launched:
         if not cfg.logging.hardware:
             raise ParaxisError("--layout auto under torchrun needs --hardware (a `paraxis "
@@ -142,8 +140,6 @@ def measured_line(cfg: RunConfig) -> str | None:
     predicted, metrics = cfg.auto.predicted_step_s, cfg.logging.metrics_file
     if predicted is None or not metrics or not Path(metrics).is_file():
         return None
-    from paraxis.files.run_records import load_metrics, steady, steady_records
-
     try:
         records = load_metrics(metrics)
     except ParaxisError:  # no step written: nothing to compare
@@ -159,12 +155,6 @@ def verify_plan(args: argparse.Namespace) -> int:
     machine (priced as --layout auto prices them), each trained for a short burst by
     `paraxis train`, interleaved (`plan.verify`); prints the measured ranking next to the
     predicted one, with Spearman's rank correlation."""
-    from paraxis.files.model_file import load_model_config
-    from paraxis.plan import search_flags
-    from paraxis.plan.verify import ROUNDS, STEPS, table, verify
-    from paraxis.train.calibrate.measure import cpu_cores
-    from paraxis.train.config import RunConfig
-
     k, ranks = args.verify, args.gpus  # plan_cli.check_verify checked the --verify flags
     rounds = ROUNDS if args.verify_rounds is None else args.verify_rounds
     steps = STEPS if args.verify_steps is None else args.verify_steps

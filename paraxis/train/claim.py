@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
+from paraxis.data.blend import Blend
 from paraxis.dist.groups import restart_attempt
+from paraxis.dist.watchdog import WATCH
 from paraxis.files.checkpoint_manifest import complete_checkpoints, read_manifest
 from paraxis.files.checkpoint_ownership import (
     LOCK_ENV,
@@ -41,11 +45,11 @@ from paraxis.files.checkpoint_ownership import (
     run_facts,
 )
 from paraxis.files.host import outermost_missing
+from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.resume import resume_source
 
 if TYPE_CHECKING:
-    from paraxis.data.blend import Blend
     from paraxis.data.corpus import TokenData
     from paraxis.train.config import RunConfig
 
@@ -79,8 +83,6 @@ class Claim(RunIdentity):
 
 
 def facts_of(cfg: RunConfig, data: TokenData | Blend) -> dict[str, Any]:
-    from paraxis.data.blend import Blend
-
     train = cfg.train
     return run_facts(train.global_batch, train.seq_len, train.seed, Blend.of(data).facts())
 
@@ -94,10 +96,6 @@ def claim_folder(cfg: RunConfig, data: TokenData | Blend, rank: int = 0, world: 
         return Claim(**json.loads(held))
     if world == 1:
         return _prepare(cfg, data)
-    import torch.distributed as dist
-
-    from paraxis.dist.watchdog import WATCH
-
     outcome: list[Any] = [{}]
     claim = None
     if rank == 0:
@@ -183,8 +181,6 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
 def _check_space(cfg: RunConfig, folder: Path) -> None:
     """One checkpoint must fit: parameters and AdamW's two moments, 4 bytes each (fp32
     masters under every precision policy), in the free space of the folder's disk."""
-    from paraxis.files.model_file import load_model_config
-
     need = 12 * load_model_config(cfg.model.name).num_params()
     existing = folder
     while not existing.exists():  # the folder may not exist yet: its disk does

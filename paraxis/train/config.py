@@ -39,7 +39,7 @@ from paraxis.data.blend import DataSection
 from paraxis.files.host import check_writable, check_writable_folder
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
-from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
+from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
 from paraxis.spec.precision import get_policy
 from paraxis.spec.schedules import check_compile
@@ -82,16 +82,21 @@ class OptimizerSection:
     lr: float = option(3e-3, "peak learning rate")
     min_lr_ratio: float = option(0.1, "final learning rate as a fraction of --lr")
     warmup_steps: int = option(10, "steps of linear warmup", "--warmup")
-    weight_decay: float = option(WEIGHT_DECAY,
+    weight_decay: float = option(DEFAULT_ADAMW.weight_decay,
                                  "AdamW weight decay of the matrices; 0 turns it off")
-    adam_beta1: float = option(ADAM_BETAS[0], "AdamW's first-moment decay", "--adam-beta1")
-    adam_beta2: float = option(ADAM_BETAS[1], "AdamW's second-moment decay", "--adam-beta2")
-    adam_eps: float = option(ADAM_EPS, "AdamW's epsilon", "--adam-eps")
+    adam_beta1: float = option(DEFAULT_ADAMW.betas[0], "AdamW's first-moment decay",
+                               "--adam-beta1")
+    adam_beta2: float = option(DEFAULT_ADAMW.betas[1], "AdamW's second-moment decay",
+                               "--adam-beta2")
+    adam_eps: float = option(DEFAULT_ADAMW.eps, "AdamW's epsilon", "--adam-eps")
     grad_clip: float = option(1.0, "max global gradient norm; 0 turns clipping off")
 
     @property
     def betas(self) -> tuple[float, float]:
         return self.adam_beta1, self.adam_beta2
+
+    def adamw(self) -> AdamW:
+        return AdamW(self.weight_decay, self.betas, self.adam_eps)
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,8 @@ FLAGS = _flag_table()
 
 def check_late_failures(cfg: RunConfig) -> None:
     """Values that used to fail late, after training had started (a traceback at the first
-    save), or to be silently ignored, refused before anything is created: one-line errors for the seed, gradient clip, peak TFLOP/s, --memory-gb and
+    save), or to be silently ignored, refused before anything is created: one-line errors for the
+    seed, gradient clip, peak TFLOP/s, --memory-gb and
     --predicted-step-s (auto or not), --exit-after, a negative
     --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,
     and every folder the run will write."""

@@ -31,6 +31,7 @@ from torch import nn
 
 from paraxis.dist.groups import restart_attempt
 from paraxis.dist.watchdog import WATCH
+from paraxis.model.checkpoint.save import FAIL_ENV
 from paraxis.spec.errors import ParaxisError
 
 KINDS = ("hang", "nan", "kill")
@@ -70,8 +71,6 @@ class Fault:
         elif self.phase == "collective":
             WATCH.on_wait = _die
         elif self.phase == "save":
-            from paraxis.model.checkpoint.save import FAIL_ENV
-
             os.environ[FAIL_ENV] = f"{self.step + 1}:{rank}"
         else:  # the rank's first module with weights: every pipeline stage has one
             first = next(m for m in model.modules() if not list(m.children())

@@ -16,6 +16,7 @@ from pathlib import Path
 from paraxis.plan.hardware import Cluster, gpu_for_device_name
 from paraxis.plan.inputs import DEFAULT_GPU, PlanInputs
 from paraxis.spec.errors import ParaxisError
+from paraxis.train.calibrate.quick import profile_for_cpu_run
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def choose_hardware(inputs: PlanInputs, run_dir: Path | None, world_size: int,
         gpu = inputs.gpu or DEFAULT_GPU
         return Hardware(dataclasses.replace(inputs, gpu=gpu), False, gpu,
                         f"the {gpu} preset (datasheet figures, paraxis/plan/hardware.py)")
-    import torch  # only to see what this machine runs on
+    import torch  # lazy: torch, only to see what this machine runs on
 
     if torch.cuda.is_available():
         device = torch.cuda.get_device_name(0)
@@ -63,8 +64,6 @@ def choose_hardware(inputs: PlanInputs, run_dir: Path | None, world_size: int,
                                "(a `paraxis calibrate` profile) for the run's forecast")
         return Hardware(dataclasses.replace(inputs, gpu=preset.name), False, preset.name,
                         f"the {preset.name} preset, the GPU this machine has ({device})")
-    from paraxis.train.calibrate.quick import profile_for_cpu_run
-
     found = profile_for_cpu_run(world_size, run_dir, model, inputs.seq_len or 128)
     return _from_file(inputs, found.path, found.describe())
 

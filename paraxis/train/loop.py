@@ -18,21 +18,41 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paraxis.data.blend import Blend, load_run_data
+from paraxis.data.loader import Loader, Share, read_share
+from paraxis.dist.preemption import Preempted, StopRequest
+from paraxis.files.checkpoint_manifest import step_dir_name
+from paraxis.files.host_steal import cpu_ticks, stolen_share
+from paraxis.files.model_file import load_model_config
+from paraxis.files.trace import write_chrome_trace
+from paraxis.plan.compute import mfu
 from paraxis.plan.experts import experts_over_tp, feed_forward
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import get_policy
 from paraxis.train.config import RunConfig
+from paraxis.train.nan_policy import (
+    NumericalFault,
+    nonfinite,
+    overflow_message,
+    skip_message,
+    stop_message,
+)
+from paraxis.train.run_checks import check_states_fit
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from paraxis.data.blend import Blend
     from paraxis.data.corpus import TokenData
-    from paraxis.data.loader import Share
     from paraxis.dist.groups import ParallelGroups
     from paraxis.engine.contract import Engine
     from paraxis.spec.model_config import ModelConfig
     from paraxis.train.claim import Claim
+
+# torch, and every module that imports it, is imported inside the functions: a rank that
+# `paraxis train --nproc` spawns loads this module (to unpickle `run_training`) before it sets
+# its environment, OMP_NUM_THREADS among it, which torch reads as it loads (dist/launch.py);
+# and `paraxis train`'s command imports this module at CLI start-up.
 
 __all__ = ["learning_rate", "run_training"]
 
@@ -50,27 +70,31 @@ def learning_rate(step: int, cfg: RunConfig) -> float:
 
 def run_training(cfg: RunConfig) -> list[dict]:
     """Train; return the per-step metrics (the same records the metrics file gets)."""
-    import torch
-    import torch.distributed as dist
+    import torch  # lazy: torch; ranks load this before their env
+    import torch.distributed as dist  # lazy: torch; ranks load this before their env
 
-    from paraxis.data.blend import load_run_data
-    from paraxis.dist.groups import (
+    from paraxis.dist.groups import (  # lazy: torch; ranks load this before their env
         build_groups,
         init_distributed,
         pick_device,
         shutdown_distributed,
     )
-    from paraxis.dist.heartbeat import start_heartbeat
-    from paraxis.dist.preemption import Preempted
-    from paraxis.files.model_file import load_model_config
-    from paraxis.parallel.context.packing import packing_id
-    from paraxis.parallelize import build_engine
-    from paraxis.spec.precision import get_policy
-    from paraxis.train.claim import claim_folder
-    from paraxis.train.metrics import device_memory_bytes, print_model_states
-    from paraxis.train.nan_policy import NumericalFault
-    from paraxis.train.resume import start_step, write_config
-    from paraxis.train.run_checks import check_states_fit
+    from paraxis.dist.heartbeat import (  # lazy: torch; ranks load this before their env
+        start_heartbeat,
+    )
+    from paraxis.parallel.context.packing import (  # lazy: torch; ranks load this before their env
+        packing_id,
+    )
+    from paraxis.parallelize import build_engine  # lazy: torch; and a test patches build_engine
+    from paraxis.train.claim import claim_folder  # lazy: torch; ranks load this before their env
+    from paraxis.train.metrics import (  # lazy: torch; ranks load this before their env
+        device_memory_bytes,
+        print_model_states,
+    )
+    from paraxis.train.resume import (  # lazy: torch; ranks load this before their env
+        start_step,
+        write_config,
+    )
 
     cfg.check()
     train = cfg.train
@@ -101,8 +125,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         torch.manual_seed(train.seed)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
                               precision=train.precision, compile=train.compile,
-                              weight_decay=cfg.optimizer.weight_decay,
-                              betas=cfg.optimizer.betas, eps=cfg.optimizer.adam_eps,
+                              adamw=cfg.optimizer.adamw(),
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
                               end_of_document=end_of_document)
@@ -144,33 +167,26 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
           claim: Claim | None = None) -> list[dict]:
-    import torch
+    import torch  # lazy: torch; ranks load this before their env
 
-    from paraxis.data.blend import Blend
-    from paraxis.data.loader import Loader, Share, read_share
-    from paraxis.dist.preemption import Preempted, StopRequest
-    from paraxis.dist.watchdog import WATCH
-    from paraxis.files.checkpoint_manifest import step_dir_name
-    from paraxis.files.host_steal import cpu_ticks, stolen_share
-    from paraxis.parallel.experts.layer import update_expert_biases
-    from paraxis.plan.compute import mfu
-    from paraxis.train import faults
-    from paraxis.train.metrics import (
+    from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
+    from paraxis.parallel.experts.layer import (  # lazy: torch; ranks load this before their env
+        update_expert_biases,
+    )
+    from paraxis.train import faults  # lazy: torch; ranks load this before their env
+    from paraxis.train.metrics import (  # lazy: torch; ranks load this before their env
         MetricsSink,
         device_peak_flops,
         moe_step_metrics,
         over_ranks,
         peak_memory_bytes,
     )
-    from paraxis.train.nan_policy import (
-        NumericalFault,
-        nonfinite,
-        overflow_message,
-        skip_message,
-        stop_message,
+    from paraxis.train.progress import Progress  # lazy: rich, and torch via the heartbeat
+    from paraxis.train.resume import (  # lazy: torch; ranks load this before their env
+        save,
+        save_due,
+        trim_metrics,
     )
-    from paraxis.train.progress import Progress
-    from paraxis.train.resume import save, save_due, trim_metrics
 
     fault = faults.from_env()  # None unless a reliability test breaks the run on purpose
     train, log = cfg.train, cfg.logging
@@ -269,7 +285,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
 
 
 def _to_device(batch: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    import torch
+    import torch  # lazy: torch; ranks load this before their env
 
     return tuple(torch.from_numpy(part).to(device) for part in batch)
 
@@ -278,8 +294,6 @@ def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
               device: torch.device) -> float:
     """Mean loss over the same `eval_batches` held-out batches every time (comparable
     across steps, runs and layouts): --val-data's, else each source's tail."""
-    from paraxis.data.loader import read_share
-
     train, total = cfg.train, 0.0
     for index in range(cfg.eval.batches):
         batch = read_share(data, index, train.global_batch, train.seq_len, train.seed, share,
@@ -291,9 +305,9 @@ def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
 def _save_trace(engine: Engine, path: Path, rank: int) -> None:
     """The last step's per-rank pipeline actions as one Chrome/Perfetto trace (rank 0
     writes it), for the report's measured timeline. Only pipeline engines record actions."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch; ranks load this before their env
 
-    from paraxis.dist.watchdog import WATCH
+    from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
 
     events = engine.trace_events()
     if engine.layout.pp == 1:
@@ -304,6 +318,4 @@ def _save_trace(engine: Engine, path: Path, rank: int) -> None:
             dist.gather_object(events, gathered, dst=0)
         events = [e for part in (gathered or []) for e in part]
     if rank == 0 and events:
-        from paraxis.files.trace import write_chrome_trace
-
         write_chrome_trace(events, path)

@@ -17,18 +17,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.distributed as dist
+
+from paraxis.dist.watchdog import WATCH
+from paraxis.parallel.experts.layer import MoE
+from paraxis.plan.hardware import build_cluster, gpu_for_device_name, load_hardware_file
 from paraxis.spec.errors import ParaxisError, RunFailed
 
 if TYPE_CHECKING:
-    import torch
-
     from paraxis.dist.groups import ParallelGroups
     from paraxis.spec.model_config import ModelConfig
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    import torch
-
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
@@ -36,8 +38,6 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def device_memory_bytes(device: torch.device) -> float | None:
     """A GPU's total memory; None on a CPU (whose ranks share the machine's)."""
-    import torch
-
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
     return None
@@ -45,9 +45,6 @@ def device_memory_bytes(device: torch.device) -> float | None:
 
 def over_ranks(value: int) -> list[int]:
     """`value` of every rank, in rank order (one small all-gather; call on every rank)."""
-    import torch
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return [value]
     tensor = torch.tensor([value], dtype=torch.int64)
@@ -84,14 +81,8 @@ def device_peak_flops(device: torch.device, peak_tflops: float | None = None,
     if peak_tflops:
         return peak_tflops * 1e12
     if hardware_file:
-        from paraxis.plan.hardware import build_cluster, load_hardware_file
-
         return build_cluster(gpus=1, overrides=load_hardware_file(hardware_file)).gpu.peak_flops
     if device.type == "cuda":
-        import torch
-
-        from paraxis.plan.hardware import gpu_for_device_name
-
         gpu = gpu_for_device_name(torch.cuda.get_device_name(device))
         return gpu.peak_flops if gpu is not None else None
     return None
@@ -116,7 +107,9 @@ class MetricsSink:
         self.writer = None
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import (  # lazy: tensorboard is optional
+                    SummaryWriter,
+                )
             except ImportError:
                 raise ParaxisError("--tensorboard needs the tensorboard package; pip install "
                                    "tensorboard, or leave the flag out") from None
@@ -161,12 +154,6 @@ def moe_step_metrics(model: torch.nn.Module, groups: ParallelGroups | None,
     every rank calls it (blocks of other pipeline stages arrive over the pp group, each
     rank's share of the aux loss is averaged over the dp x cp ranks, and over the tp ranks
     where each routes its own sequence shard)."""
-    import torch
-    import torch.distributed as dist
-
-    from paraxis.dist.watchdog import WATCH
-    from paraxis.parallel.experts.layer import MoE
-
     if not cfg.n_experts:
         return {}
     counts = torch.zeros(cfg.n_layers, cfg.n_experts, dtype=torch.float64)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
+from paraxis.dist import heartbeat
 from paraxis.files.terminal import PIPED_WIDTH
 
 
@@ -31,15 +32,11 @@ class Progress:
     def __enter__(self) -> Progress:
         self._bar.__enter__()
         if self.enabled:
-            from paraxis.dist import heartbeat
-
             self._previous_sink, heartbeat.stall_sink = heartbeat.stall_sink, self.stall
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.enabled:
-            from paraxis.dist import heartbeat
-
             heartbeat.stall_sink = self._previous_sink
         self._bar.__exit__(*exc)
 

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.dist.groups import restart_attempt
+from paraxis.files.checkpoint_manifest import check_model
 from paraxis.files.checkpoint_ownership import RunIdentity
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
+from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
+from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.run_file import to_toml
 
@@ -81,12 +84,7 @@ def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int
 def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
     """Start from another run's weights (a paraxis checkpoint or a Hugging Face directory),
     cut for this layout; the optimizer and the schedule start fresh."""
-    from paraxis.files.checkpoint_manifest import check_model
-    from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
-
     if (Path(path) / "config.json").is_file():
-        from paraxis.model.hf import HFReader
-
         reader = HFReader(path)  # reads headers only; each rank then reads just its pieces
         check_model({"model": reader.cfg.to_dict()}, model_cfg.to_dict(), Path(path))
         fill_entries(engine, RegionSource(reader.region, reader.shapes), ("param",), path)
@@ -106,7 +104,8 @@ def save_due(cfg: RunConfig, done: int) -> bool:
 def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
          claim: RunIdentity | None = None) -> None:
     """A checkpoint of `step` steps done, with the resolved config, the data position and
-    the run it belongs to (`paraxis/train/claim.py`: pruning touches this run's checkpoints only)."""
+    the run it belongs to (`paraxis/train/claim.py`: pruning touches this run's checkpoints
+    only)."""
     train = cfg.train
     data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
             "global_batch": train.global_batch, "seq_len": train.seq_len}

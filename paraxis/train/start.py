@@ -10,7 +10,11 @@ import os
 import sys
 from collections.abc import Callable
 
+from paraxis.data.blend import load_run_data
+from paraxis.dist.launch import launch, warn_if_oversubscribed
+from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
+from paraxis.train.auto_layout import measured_line, resolve
 from paraxis.train.config import RunConfig
 
 
@@ -18,15 +22,13 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
-    from paraxis.train.resume import already_complete
+    from paraxis.train.resume import already_complete  # lazy: torch; CLI start-up imports this
 
     if done := already_complete(cfg):  # a requeued job that had finished: exit 0
         if os.environ.get("RANK", "0") == "0":
             print(f"paraxis: {done}", file=sys.stderr, flush=True)
         return 0
     if cfg.auto.enabled:  # --layout auto: the planner's pick replaces it (auto_layout.py)
-        from paraxis.train.auto_layout import measured_line, resolve
-
         cfg = resolve(cfg, launched)
         code = start(cfg, train, debug)
         line = None if launched else measured_line(cfg)
@@ -35,10 +37,6 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         return code
     nproc = cfg.launch.nproc
     if nproc > 1 and not launched:
-        from paraxis.data.blend import load_run_data
-        from paraxis.dist.launch import launch, warn_if_oversubscribed
-        from paraxis.files.model_file import load_model_config
-
         if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
             cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
         cfg.check()
@@ -48,11 +46,15 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         data = load_run_data(cfg.data)
         data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
         if train_cfg.pack_documents:  # before any rank starts
-            from paraxis.parallel.context.packing import packing_id
+            from paraxis.parallel.context.packing import (  # lazy: torch; CLI start-up imports this
+                packing_id,
+            )
 
             packing_id(data.end_of_document, data.name)
         warn_if_oversubscribed(nproc, train_cfg.device)
-        from paraxis.train.claim import claim_folder  # the launcher holds --checkpoint-dir
+        from paraxis.train.claim import (  # lazy: torch; CLI start-up imports this
+            claim_folder,  # the launcher holds --checkpoint-dir
+        )
 
         with claim_folder(cfg, data) or contextlib.nullcontext():
             launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,

@@ -62,8 +62,8 @@ from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_
 from paraxis.parallel.tensor.partial import sum_partial_grads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
-from paraxis.spec.optimizer import ADAM_BETAS, ADAM_EPS, WEIGHT_DECAY
-from paraxis.spec.precision import PrecisionPolicy, autocast_policy, get_policy
+from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
+from paraxis.spec.precision import PrecisionPolicy, get_policy
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 
 
@@ -75,22 +75,19 @@ class DataParallelEngine(LocalEngine):
     a preset's name or a policy): parameters are stored in its param dtype, gradients
     accumulate and are reduced in its grad dtype, a 16-bit policy's AdamW updates fp32
     masters (`masters.py`), fp16 scales its loss.
-    autocast_dtype: the older form, 16-bit compute over fp32 parameters and gradients
-    (`precision.autocast_policy`). device: where parameters still on the meta device get their
-    storage (default: where the parameters are).
+    (`autocast_policy` gives 16-bit compute over fp32 parameters and gradients.) device: where
+    parameters still on the meta device get their storage (default: where the parameters
+    are). end_of_document: document packing (`LocalEngine`).
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
-                 weight_decay: float = WEIGHT_DECAY, betas: tuple[float, float] = ADAM_BETAS,
-                 eps: float = ADAM_EPS, autocast_dtype: torch.dtype | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 adamw: AdamW = DEFAULT_ADAMW, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  device: torch.device | None = None,
-                 precision: str | PrecisionPolicy = "fp32") -> None:
+                 precision: str | PrecisionPolicy = "fp32",
+                 end_of_document: int | None = None) -> None:
         self.model, self.layout, self.groups = model, layout, groups
+        self.end_of_document = end_of_document
         self.policy = policy = get_policy(precision)
-        if autocast_dtype is not None:
-            names = {torch_dtype(n): n for n in ("fp32", "bf16", "fp16")}
-            self.policy = policy = autocast_policy(names[autocast_dtype])
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
                                else torch_dtype(policy.compute_dtype))
         self.zero = layout.zero
@@ -157,15 +154,15 @@ class DataParallelEngine(LocalEngine):
             grads = [u.grad_full if whole else u.grad_shard for u in self.units]
             self.masters = MasterWeights(self.units, owned, grads, whole)
             self.optimizer, self.pieces = shard_optimizer(
-                self.units, weight_decay, betas, eps, self.masters.masters, whole)
+                self.units, adamw, self.masters.masters, whole)
             self.masters.attach(self.pieces)
             if fp32_values is not None:
                 self.masters.fill_from(fp32_values)
         elif self.zero == 0:
-            self.optimizer = make_adamw(params, weight_decay, betas, eps)
+            self.optimizer = make_adamw(params, adamw)
             self.pieces = []
         else:
-            self.optimizer, self.pieces = shard_optimizer(self.units, weight_decay, betas, eps)
+            self.optimizer, self.pieces = shard_optimizer(self.units, adamw)
         init_adam_state(self.optimizer)
         # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
         self.piece_grads = [] if not self.pieces else _piece_grads(

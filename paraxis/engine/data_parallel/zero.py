@@ -31,10 +31,11 @@ from paraxis.engine.contract import adamw, decays
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
 from paraxis.model.transformer import Transformer
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.optimizer import AdamW
 
 
-def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[float, float],
-                    eps: float, masters: list[torch.Tensor] | None = None, whole: bool = False
+def shard_optimizer(units: list[FlatUnit], hyper: AdamW,
+                    masters: list[torch.Tensor] | None = None, whole: bool = False
                     ) -> tuple[torch.optim.AdamW, list[tuple[Piece, torch.Tensor]]]:
     """AdamW over this rank's shard; returns it and the (piece, master view) pairs.
 
@@ -54,7 +55,7 @@ def shard_optimizer(units: list[FlatUnit], weight_decay: float, betas: tuple[flo
                 master.grad = grads[piece.shard_lo: piece.shard_hi]
             (decay if decays(piece.param) else no_decay).append(master)
             pieces.append((piece, master))
-    optimizer = adamw(decay, no_decay, weight_decay, betas, eps)
+    optimizer = adamw(decay, no_decay, hyper)
     return optimizer, pieces
 
 

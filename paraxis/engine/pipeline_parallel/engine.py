@@ -50,6 +50,7 @@ class PipelineEngine(LocalEngine):
         self.groups = groups
         self.model, self.layout = data_parallel.model, layout
         self.autocast_dtype = data_parallel.autocast_dtype
+        self.end_of_document = data_parallel.end_of_document  # packing masks and weighs the loss
         self.optimizer = data_parallel.optimizer
         self.loss_scaler = data_parallel.loss_scaler
         boundary = torch_dtype(data_parallel.policy.param_dtype)
@@ -57,8 +58,6 @@ class PipelineEngine(LocalEngine):
         self.tied = TiedEmbedding(groups, parts)
         self.schedule = validate(build_schedule(layout.schedule, layout.pp,
                                                 layout.microbatches, layout.virtual_stages))
-        self.executor = PipelineExecutor(self.schedule, groups.pp_rank, parts,
-                                         groups.pp_ranks, groups.rank, boundary)
         # ZeRO-3: the schedule says when each chunk is gathered, freed and reduced
         self.zero3: PipelineZero3 | None = None
         if data_parallel.gatherer is not None:
@@ -66,17 +65,20 @@ class PipelineEngine(LocalEngine):
             self.zero3 = PipelineZero3(data_parallel.gatherer, parts, self.schedule,
                                        groups.pp_rank, layout.zero3_reshard, layout.recompute,
                                        tied)
-            self.executor.around_compute = self.zero3.around
-        self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
-                                              parts, groups.pp_ranks, groups.rank, boundary)
         # Under context parallelism the microbatch's ids are already this rank's s/cp tokens
-        # (the loop splits them), so the boundary shape below follows them unchanged.
+        # (the loop splits them), so the boundary shape follows them unchanged. Sequence
+        # parallelism keeps the residual stream split along the sequence between blocks, so a
+        # stage boundary carries 1/tp of the sequence (Korthikanti et al.).
+        shape = None
         if layout.sequence_parallel:
-            # Sequence parallelism keeps the residual stream split along the sequence between
-            # blocks, so a stage boundary carries 1/tp of the sequence (Korthikanti et al.).
             d_model = parts[0].cfg.d_model
-            for executor in (self.executor, self.eval_executor):
-                executor.boundary_shape = lambda ids: (ids[0], ids[1] // layout.tp, d_model)
+            shape = lambda ids: (ids[0], ids[1] // layout.tp, d_model)  # noqa: E731
+        self.executor = PipelineExecutor(
+            self.schedule, groups.pp_rank, parts, groups.pp_ranks, groups.rank, boundary,
+            boundary_shape=shape, around_compute=self.zero3.around if self.zero3 else None)
+        self.eval_executor = PipelineExecutor(forward_only(self.schedule), groups.pp_rank,
+                                              parts, groups.pp_ranks, groups.rank, boundary,
+                                              boundary_shape=shape)
 
     # ------------------------------------------------------------------- the contract
 

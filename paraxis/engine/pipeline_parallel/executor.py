@@ -107,7 +107,15 @@ def op_handles(ops: list[dist.P2POp], works: list[dist.Work]) -> list[dist.Work 
 class PipelineExecutor:
     def __init__(self, schedule: Schedule, stage: int, chunks: list[nn.Module],
                  stage_ranks: list[int], rank: int, dtype: torch.dtype = torch.float32,
-                 recv_ahead: int | None = None) -> None:
+                 recv_ahead: int | None = None,
+                 boundary_shape: Callable[[torch.Size], tuple[int, ...]] | None = None,
+                 around_compute: Callable[[int], contextlib.AbstractContextManager[Any]] | None
+                 = None) -> None:
+        """boundary_shape: (shape of microbatch token ids) -> shape of the tensor crossing a
+        stage boundary (default: the whole residual stream; sequence parallelism gives its
+        sequence-scattered shape); around_compute: position -> a context around that compute
+        action (ZeRO-3 gathers and frees a chunk's weights by the schedule:
+        `zero3.PipelineZero3.around`)."""
         self.schedule = schedule
         self.stage = stage
         self.chunks = chunks
@@ -137,12 +145,8 @@ class PipelineExecutor:
             # A lone irecv is not ordered against NCCL's batched groups on the same pair.
             raise ParaxisError("recv_ahead > 0 posts receives outside the batched groups, "
                                "which NCCL does not order; leave recv_ahead unset on NCCL")
-        # (shape of microbatch token ids) -> shape of the tensor crossing a stage boundary;
-        # sequence parallelism replaces it with its sequence-scattered shape.
-        self.boundary_shape: Callable[[torch.Size], tuple[int, ...]] = self._residual_shape
-        # position -> a context around that compute action (ZeRO-3 gathers and frees a chunk's
-        # weights by the schedule: `zero3.PipelineZero3.around`)
-        self.around_compute: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None
+        self.boundary_shape = boundary_shape or self._residual_shape
+        self.around_compute = around_compute
 
     def _residual_shape(self, ids_shape: torch.Size) -> tuple[int, ...]:
         module = self.chunks[0]

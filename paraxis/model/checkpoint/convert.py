@@ -16,14 +16,20 @@ from pathlib import Path
 
 import torch
 
+from paraxis.dist.params import is_pp_duplicate
 from paraxis.files.checkpoint_manifest import FORMAT, VERSION, sha256_of, step_dir_name
 from paraxis.files.host import outermost_missing
 from paraxis.model.checkpoint.entries import KINDS, Entry
-from paraxis.model.checkpoint.load import CheckpointReader
+from paraxis.model.checkpoint.load import CheckpointReader, read_full_state
 from paraxis.model.checkpoint.save import _write_tensors, commit, rank_file
+from paraxis.model.hf import read_hf, write_hf
+from paraxis.model.stage import stage_parts
+from paraxis.model.transformer import single_device_buffers
+from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.partition import partition_layers
 
 
 def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,
@@ -31,11 +37,6 @@ def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,
     """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
     belongs to the first stage's embedding), and of its buffers (training state without
     optimizer moments: `model.single_device_buffers`)."""
-    from paraxis.dist.params import is_pp_duplicate
-    from paraxis.model.stage import stage_parts
-    from paraxis.model.transformer import single_device_buffers
-    from paraxis.spec.partition import partition_layers
-
     partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
     parts = stage_parts(cfg, partition, stage)  # meta: names, no memory
@@ -62,8 +63,6 @@ def convert(source: str | Path, destination: str | Path, layout: Layout,
 def import_hf(source: str | Path, destination: str | Path, layout: Layout | None = None
               ) -> Path:
     """A Hugging Face model directory as a paraxis checkpoint at step 0 (weights only)."""
-    from paraxis.model.hf import read_hf
-
     layout = layout or Layout()
     cfg, state = read_hf(source)
     base = {"step": 0, "optimizer_steps": 0, "has_optimizer": False, "model": cfg.to_dict(),
@@ -74,9 +73,6 @@ def import_hf(source: str | Path, destination: str | Path, layout: Layout | None
 
 def export_hf(source: str | Path, destination: str | Path) -> Path:
     """A paraxis checkpoint's weights as a Hugging Face model directory."""
-    from paraxis.model.checkpoint.load import read_full_state
-    from paraxis.model.hf import write_hf
-
     cfg, state = read_full_state(source)
     write_hf(destination, cfg, state)
     return Path(destination)
@@ -113,8 +109,6 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
                   cfg: ModelConfig, layout: Layout, tmp: Path, seq_len: int | None
                   ) -> tuple[dict, list]:
     """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces."""
-    from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim
-
     plan = tp_plan(split_experts=layout.etp > 1)
     files, pieces = {}, []
     for stage in range(layout.pp):

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from safetensors import safe_open
 
 from paraxis.files.checkpoint_manifest import (
     check_model,
@@ -32,6 +34,7 @@ from paraxis.files.checkpoint_manifest import (
 )
 from paraxis.model.checkpoint.entries import KINDS, Checkpointable, Entry, set_optimizer_steps
 from paraxis.model.checkpoint.pieces import FullSource, fill_entries, rows_holding
+from paraxis.model.checkpoint.save import rank_file
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
 
@@ -148,8 +151,6 @@ class CheckpointReader:
         """A safetensors handle (a context manager) on a checked file. Handles are not kept:
         an open file stays memory-mapped, and the pages it touched would count as this
         process's memory until it closed."""
-        from safetensors import safe_open
-
         path = self._check_file(name)
         try:
             return safe_open(str(path), framework="pt", device="cpu")
@@ -196,8 +197,6 @@ def verify_together(reader: CheckpointReader) -> None:
     """Check the checkpoint's files with the work split over the ranks of the default process
     group (each hashes 1/world of them), and raise the same one-line error on every rank if
     any failed. Without a process group, files are checked as they are opened."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -235,8 +234,6 @@ def load_checkpoint(engine: Checkpointable, directory: str | Path, model: dict[s
         scaler = engine.loss_scaler
         if scaler is not None and manifest.get("loss_scaler"):
             scaler.load_state_dict(manifest["loss_scaler"])
-    from paraxis.model.checkpoint.save import rank_file
-
     # A run's own layout wrote a file per rank with its RNG state; a conversion (`convert`)
     # writes one per (stage, TP rank) and no RNG state, so the other ranks have none.
     own_file = rank_file(rank)

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from paraxis.dist.watchdog import WATCH
 from paraxis.files.checkpoint_manifest import (
@@ -157,8 +159,6 @@ def _write_pieces(engine: Checkpointable, tmp: Path, rank: int, files: list[dict
 def _attempt(action: Callable[[], None], tmp: Path, rank: int) -> str | None:
     """Run `action`; a failed write (full disk, permissions) becomes one line (None: ok).
     safetensors reports its own write errors (SafetensorError: "No space left on device")."""
-    from safetensors import SafetensorError
-
     try:
         action()
     except OSError as error:
@@ -223,8 +223,6 @@ def _run_of(directory: Path) -> str | None:
 
 
 def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
     save_file(tensors, str(path))
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())

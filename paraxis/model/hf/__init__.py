@@ -5,7 +5,8 @@ and out.
     reader = HFReader("path/to/hf-dir")        # or one region at a time: reader.region(...)
     write_hf("out-dir", cfg, state)            # a directory transformers' from_pretrained loads
 
-`state` is keyed by `paraxis.model.transformer` parameter names (`tok_emb.weight`, `blocks.0.attn.q.weight`,
+`state` is keyed by `paraxis.model.transformer` parameter names (`tok_emb.weight`,
+`blocks.0.attn.q.weight`,
 ...), one entry per parameter as `named_parameters()` lists them, so GPT-2's tied LM head
 appears once, as `tok_emb.weight`. Any layout takes it from there: a pipeline stage, TP shard
 or ZeRO-3 shard reads the regions it owns by name, and `write_hf` takes a callable that makes

@@ -15,9 +15,10 @@ execute code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from paraxis.files.hf_config import hf_model_config, read_json, unsupported
 from paraxis.model.hf.names import (
@@ -30,9 +31,6 @@ from paraxis.model.hf.names import (
 )
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from safetensors import safe_open
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
@@ -189,8 +187,6 @@ def _get_slice(handle: safe_open, file: Path, name: str) -> Any:  # safetensors'
 def _open(file: Path) -> safe_open:
     """A memory-mapped safetensors handle (no pickle): a region read touches only the pages
     that hold it. (safetensors 0.8's `backend="pread"` reads a whole tensor for any slice.)"""
-    from safetensors import safe_open
-
     if not file.is_file():
         raise ParaxisError(f"{file} does not exist; the index names it as a shard")
     try:

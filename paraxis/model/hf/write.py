@@ -22,6 +22,7 @@ from math import prod
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from paraxis.files.hf_config import config_json
 from paraxis.model.hf.names import Source, expected_shapes, hf_tensors, their_index
@@ -120,8 +121,6 @@ class _Shards:
         self.total_bytes += tensor.nbytes
 
     def flush(self) -> None:
-        from safetensors.torch import save_file
-
         if self.tensors:
             save_file(self.tensors, self._part(len(self.written)), metadata={"format": "pt"})
             self.written.append(list(self.tensors))

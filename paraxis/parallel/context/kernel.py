@@ -21,7 +21,8 @@ K and V stay at their kv-head width: the kernels take grouped-query attention na
 query head h reads kv head h // (heads / kv_heads), as `enable_gqa=True` in torch's SDPA)
 and return dK, dV at kv-head width, summed over each group.
 
-Packed documents (`paraxis.parallel.context.packing`) add a mask: query i sees key j only inside its own
+Packed documents (`paraxis.parallel.context.packing`) add a mask: query i sees key j only inside
+its own
 document. Each block then gets an additive mask (0 or -inf, `block_mask`) built from the
 document ids of its query rows and of its key columns (`ChunkDocuments`: every cp rank's
 ids, so a rank knows whose keys it holds); a block whose queries and keys share no

@@ -84,7 +84,9 @@ class Documents:
     def block_mask(self) -> object:
         """The mask as flex attention's BlockMask (CUDA): blocks of 128 x 128 scores that
         hold no allowed pair are skipped, not computed and masked."""
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import (  # lazy: torch < 2.5 lacks it; CUDA only
+            create_block_mask,
+        )
 
         batch, seq = self.ids.shape
         # On CUDA compiled (torch's advice): uncompiled, it materialises the dense (b, 1, s, s)
@@ -122,7 +124,9 @@ def flex_attention_within(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """The CUDA path: flex attention over the block mask, compiled (run eagerly it computes
     every score; the tests run it so on CPU against the SDPA path). On an H100 it equals
     SDPA with the boolean mask, forward and backward (tests/test_packing.py, run there)."""
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import (  # lazy: torch < 2.5 lacks it; CUDA only
+        flex_attention,
+    )
 
     flex = _compiled_flex_attention() if compiled else flex_attention
     return flex(q, k, v, block_mask=documents.block_mask, enable_gqa=enable_gqa, scale=scale)
@@ -130,7 +134,9 @@ def flex_attention_within(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @functools.cache
 def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import (  # lazy: torch < 2.5 lacks it; CUDA only
+        flex_attention,
+    )
 
     return torch.compile(flex_attention, dynamic=False)
 

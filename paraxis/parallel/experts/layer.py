@@ -10,7 +10,8 @@ How tokens reach their experts is the one thing that changes with expert paralle
 it is a seam: the block sorts the (token, expert) assignments by expert and hands the
 sorted tokens with the count per expert to `self.run_experts`, which returns their outputs
 in the same order. On one device (`LocalExperts`) that is a loop over the experts; under
-expert parallelism (`paraxis.parallel.experts.expert_parallel`) the tokens travel to the ranks holding
+expert parallelism (`paraxis.parallel.experts.expert_parallel`) the tokens travel to the ranks
+holding
 their experts by all-to-all and back.
 
 Load balance (Switch Transformer, Fedus et al. 2022, eq. 4): aux = coef * E * sum_e f_e P_e,

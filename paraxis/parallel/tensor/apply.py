@@ -204,7 +204,8 @@ class VocabParallelLoss:
         return VocabParallelCrossEntropy(ctx.group)
 
 
-# The reference model's plan; `paraxis.model.transformer` names. Order matters only for the tie below.
+# The reference model's plan; `paraxis.model.transformer` names. Order matters only for the tie
+# below.
 PLAN: dict[str, SplitStyle] = {
     "tok_emb": VocabParallel(),
     "pos_emb": SequenceSharded(),

@@ -27,8 +27,10 @@ SHOT_STEPS = {"dp": 4, "ring": 3, "tp": 5}
 def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
     """A headless Chromium driven by Debian's chromedriver; ParaxisError when missing."""
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
+        from selenium import webdriver  # lazy: selenium is optional (dev extra)
+        from selenium.webdriver.chrome.service import (  # lazy: selenium is optional (dev extra)
+            Service,
+        )
     except ImportError as error:
         raise ParaxisError("the lab's browser needs selenium; pip install -e '.[dev]'") from error
     for path, package in ((CHROMEDRIVER, "chromium-driver"), (CHROMIUM, "chromium")):

@@ -1,9 +1,10 @@
 """`paraxis lab`: write the course's seven simulators, and two beyond it, as one
 self-contained HTML page.
 
-The page is a template (page.html, widgets.html) with its scripts (core.js, widgets_a.js,
-widgets_b.js, widgets_c.js) and the library's figures (`facts`, `schedule_facts`,
-`grid_facts`, `context_facts`, `expert_facts`) inlined:
+The page is a template (page.html, widgets.html) with its scripts (core.js; one file a part
+of the course: scaling_data_tensor.js, pipelines_zero_grid.js, context_experts.js) and the
+library's figures (`facts`, `schedule_facts`, `grid_facts`, `context_facts`, `expert_facts`)
+inlined:
 no server, no network, no external URL. The JSON is escaped so that no "</" can end the
 script element early.
 """
@@ -22,7 +23,8 @@ from paraxis.show.lab.schedule_facts import schedule_facts
 from paraxis.spec.errors import ParaxisError
 
 PAGE_NAME = "lab.html"
-SCRIPTS = ("core.js", "widgets_a.js", "widgets_b.js", "widgets_c.js")
+SCRIPTS = ("core.js", "scaling_data_tensor.js", "pipelines_zero_grid.js",
+           "context_experts.js")
 
 
 def lab_data() -> dict:

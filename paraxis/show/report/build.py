@@ -22,6 +22,7 @@ from paraxis.show.report.pictures import pictures
 from paraxis.show.report.pipeline import Lesson, pipeline_section
 from paraxis.show.report.plan import Plan, make_plan
 from paraxis.show.report.text import defence_section, plan_section
+from paraxis.show.viz.html import page
 from paraxis.spec.layout import Layout
 from paraxis.train.hardware import choose_hardware
 
@@ -36,8 +37,6 @@ class Report:
     sections: list[tuple[str, str, str]]  # (anchor, heading, HTML body)
 
     def html(self) -> str:
-        from paraxis.show.viz.html import page
-
         return page(self.title, f"layout {self.plan.layout}; written by `paraxis report`",
                     self.sections)
 

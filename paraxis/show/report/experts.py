@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from paraxis.files.checkpoint_manifest import complete_checkpoints
 from paraxis.plan.experts import experts_over_tp, routing_share
 from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration
@@ -71,8 +72,7 @@ ROUTED_MODEL_LIMIT = 1e9  # parameters: larger models are not built to draw thei
 
 
 def _routing(plan: Plan, run: MeasuredRun | None) -> str:
-    from paraxis.files.checkpoint_manifest import complete_checkpoints
-    from paraxis.model.routing import route_batch
+    from paraxis.model.routing import route_batch  # lazy: torch, only to route a MoE model's tokens
 
     cfg = plan.cfg
     found = [] if run is None else [d for root in (run.folder, run.folder / "checkpoints")

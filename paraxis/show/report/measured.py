@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 
 from paraxis.files.host_steal import DISTURBED_STEAL
 from paraxis.files.run_records import DISTURBED_SPREAD, load_metrics, spread, steady, steal
+from paraxis.files.trace import load_trace, to_chrome_trace
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
 from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration, size, times
 from paraxis.show.viz.html import esc, figure, table
+from paraxis.show.viz.pipeline import measured_bubble, predicted_vs_measured
 from paraxis.show.viz.run import plot_run
 from paraxis.show.viz.style import figure_data_uri
 from paraxis.spec.errors import ParaxisError
@@ -48,8 +50,6 @@ class MeasuredRun:
 
     @property
     def measured_bubble(self) -> float:
-        from paraxis.show.viz.pipeline import measured_bubble
-
         return measured_bubble(self.events)
 
     @property
@@ -73,7 +73,7 @@ class Forecast:
     predicted_step_s: float
     measured_step_s: float
     spread: float = 0.0  # of the measured steps (run_records.spread)
-    steal: float | None = None  # CPU time a VM's host took during the steps (paraxis/files/host_steal.py)
+    steal: float | None = None  # CPU time a VM's host took during the steps (host_steal.py)
     calibration_steal: float | None = None  # ... during the profile's timings, at most
 
     @property
@@ -126,8 +126,6 @@ def metrics_path(run: Path) -> Path:
 def load_run(run: Path) -> MeasuredRun:
     """The run `paraxis train --metrics-file` wrote: that file (or a folder's metrics.jsonl),
     with the *trace*.json and config.toml the run wrote beside it."""
-    from paraxis.files.trace import load_trace
-
     metrics = metrics_path(run)
     if not metrics.is_file():
         raise ParaxisError(f"{run} has no metrics.jsonl; give the metrics file a run wrote "
@@ -193,9 +191,6 @@ def run_section(plan: Plan, run: MeasuredRun) -> tuple[str, Forecast]:
 
 
 def _trace(plan: Plan, run: MeasuredRun) -> str:
-    from paraxis.files.trace import to_chrome_trace
-    from paraxis.show.viz.pipeline import predicted_vs_measured
-
     if run.trace_path is None:
         return ("<p class=\"muted\">No trace in the run folder (a file named *trace*.json): "
                 "no measured timeline.</p>")
@@ -214,7 +209,8 @@ def _trace(plan: Plan, run: MeasuredRun) -> str:
 
 
 def _host(forecast: Forecast) -> str:
-    """A sentence on the CPU time a VM's host took, where it was measured (paraxis/files/host_steal.py)."""
+    """A sentence on the CPU time a VM's host took, where it was measured
+    (paraxis/files/host_steal.py)."""
     if forecast.steal is None:
         return ""
     timed = ("" if forecast.calibration_steal is None else

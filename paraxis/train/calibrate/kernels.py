@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from paraxis.model.transformer import Block, make_norm, rotary
+from paraxis.plan.compute import layer_forward_traffic_per_token_eager
 from paraxis.spec.model_config import ModelConfig
 
 
@@ -105,8 +107,6 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
     their dispatch alone, which `layer_overhead` prices apart, so it is taken out here
     (time = fixed dispatch + bytes / bandwidth, through the two points).
     """
-    from paraxis.plan.compute import layer_forward_traffic_per_token_eager
-
     seconds = _elementwise_seconds(cfg, batch, seq_len, device, dtype, repeats)
     # On a GPU the host runs ahead of the kernels: there the one-token time is not priced
     # apart (cost.layer_times), so nothing is taken out.
@@ -122,8 +122,6 @@ def elementwise_bandwidth(cfg: ModelConfig, batch: int, seq_len: int, device: to
 def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
                          dtype: torch.dtype, repeats: int) -> float:
     """Seconds of a block's elementwise ops, forward + backward (`elementwise_bandwidth`)."""
-    from paraxis.model.transformer import make_norm, rotary
-
     h = cfg.d_model
 
     def leaf(*shape: int) -> torch.Tensor:
@@ -150,12 +148,11 @@ def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: tor
 
 def layer_overhead(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                    repeats: int = 5) -> float:
-    """Seconds one paraxis.model.transformer block takes, forward + backward, on a single token: what
+    """Seconds one paraxis.model.transformer block takes, forward + backward, on a single
+    token: what
     eager PyTorch spends dispatching its few dozen ops (Python, autograd, the kernel launch)
     whatever their size. A rank pays it per layer per microbatch however small its shard
     of the work, so for a small model split over many ranks it can rival the FLOPs."""
-    from paraxis.model.transformer import Block
-
     block = Block(cfg).to(device=device, dtype=dtype)
     x = torch.randn(1, 1, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
     return best_time(lambda: block(x).sum().backward(), device, repeats)

@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.files.host import host_ram_bytes
+from paraxis.files.model_file import load_model_config
 from paraxis.plan.comm import COLLECTIVES
+from paraxis.plan.sync import sync_segment_s as planned_segment_s
 from paraxis.spec.errors import ParaxisError
+from paraxis.train.calibrate.baseline import process_baseline_bytes
+from paraxis.train.calibrate.profile import build_profile, compute_fields
 
 # Message sizes the collectives are timed at, latency- to bandwidth-bound, up to above the
 # 25 MB gradient bucket (GPU.gradient_bucket_bytes), the largest message a ZeRO-0/1/2 run
@@ -28,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def _device_type(requested: str) -> str:
-    import torch
+    import torch  # lazy: torch; CLI start-up imports this
 
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,7 +44,7 @@ def _device_type(requested: str) -> str:
 
 
 def _rank_device(device_type: str) -> torch.device:
-    import torch
+    import torch  # lazy: torch; CLI start-up imports this
 
     if device_type == "cuda":  # device from the local rank
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -48,7 +52,7 @@ def _rank_device(device_type: str) -> torch.device:
 
 
 def _dtype(device: torch.device) -> torch.dtype:
-    import torch
+    import torch  # lazy: torch; CLI start-up imports this
 
     # What the runtime computes in: fp32 on CPU, bf16 autocast on GPUs.
     return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -90,8 +94,7 @@ def median_probe(results: list[dict]) -> dict:
 def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_type: str
                    ) -> dict:
     """The achieved GEMM, attention and elementwise rates, measured once."""
-    from paraxis.files.model_file import load_model_config
-    from paraxis.train.calibrate.kernels import (
+    from paraxis.train.calibrate.kernels import (  # lazy: torch; CLI start-up imports this
         attention_rate,
         elementwise_bandwidth,
         gemm_shapes,
@@ -121,8 +124,7 @@ def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[s
     """The compute rates a CPU calibration measures (`compute_body`, one rank), timed again
     now, as the profile's GPU fields (profile.compute_fields): a shared VM's cores change
     speed between a calibration and a run, which is priced at the speed it ran at."""
-    from paraxis.dist.testing import run_distributed
-    from paraxis.train.calibrate.profile import compute_fields
+    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
 
     args = (model, tokens, seq_len, repeats, "cpu")
     return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
@@ -134,7 +136,7 @@ def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
     "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"}. Gloo between ranks that outnumber
     the cores times a pair's call differently from one minute to the next, and a tiny
     model's step pays it on every TP call."""
-    from paraxis.dist.testing import run_distributed
+    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
 
     calibration = profile["calibration"]
     timed = calibration["collectives"][str(ranks)]["all_reduce"]
@@ -154,9 +156,13 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
     synchronising call costs after compute segments up to `segment_s` (`sync_wait_curve`;
     "sync_wait_s": the wait after `segment_s`) and a one-element all-reduce back to back
     (`scalar_calls`)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
-    from paraxis.train.calibrate.collectives import collective_times, scalar_calls, sync_wait_curve
+    from paraxis.train.calibrate.collectives import (  # lazy: torch; CLI start-up imports this
+        collective_times,
+        scalar_calls,
+        sync_wait_curve,
+    )
 
     device = _rank_device(device_type)
     world = dist.get_world_size()
@@ -174,15 +180,12 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
 def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
     """The longest compute between two synchronising calls that `sync_wait_curve` times:
     half a layer's forward GEMMs at `tokens`, at the measured rate (plan/sync.py)."""
-    from paraxis.files.model_file import load_model_config
-    from paraxis.plan.sync import sync_segment_s as segment
-
-    return segment(load_model_config(model), tokens, flops_per_s)
+    return planned_segment_s(load_model_config(model), tokens, flops_per_s)
 
 
 def busy_body(seconds: float) -> float:
     """Runs on every rank, one per core: the share of a core this rank got."""
-    from paraxis.train.calibrate.kernels import busy_share
+    from paraxis.train.calibrate.kernels import busy_share  # lazy: torch; CLI start-up imports this
 
     return busy_share(seconds)
 
@@ -210,7 +213,7 @@ def available_cores(cores: int | None = None, busy_s: float = 2.0,
     the machine has where other sessions use it (Cluster.available_cores). Where the other
     load shares our session's scheduling group, more ranks get more of the machine: a run
     of N ranks is best probed with N."""
-    from paraxis.dist.testing import run_distributed
+    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
 
     cores = cores or cpu_cores()
     shares = run_distributed(busy_body, ranks or cores, (busy_s,),
@@ -220,7 +223,7 @@ def available_cores(cores: int | None = None, busy_s: float = 2.0,
 
 def _device_description(device_type: str, max_ranks: int) -> dict:
     if device_type == "cuda":
-        import torch
+        import torch  # lazy: torch; CLI start-up imports this
 
         props = torch.cuda.get_device_properties(0)
         return {"type": "cuda", "name": props.name, "model": props.name,
@@ -241,12 +244,11 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
               busy_ranks: int | None = None) -> dict:
     """Measure and return the profile document (paraxis.train.calibrate.profile). `busy_ranks`:
     how many ranks probe the cores our ranks get (default one per core)."""
-    from paraxis.dist.testing import run_distributed
-    from paraxis.train.calibrate.profile import build_profile
+    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
 
     device_type = _device_type(device)
     if device_type == "cuda":
-        import torch
+        import torch  # lazy: torch; CLI start-up imports this
 
         gpus = torch.cuda.device_count()
         if max(nproc) > gpus:
@@ -282,8 +284,6 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
                                                          busy_ranks)
         log(f"cores: {device_info['cores']}, {device_info['available_cores']:.2f} available "
             f"to our ranks (one busy rank per core for {busy_s:g} s)")
-        from paraxis.train.calibrate.baseline import process_baseline_bytes
-
         device_info["baseline_bytes"] = float(process_baseline_bytes())
         log(f"a rank's baseline memory (interpreter, torch, gloo): "
             f"{device_info['baseline_bytes'] / 2**20:,.0f} MiB")

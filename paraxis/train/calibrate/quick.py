@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paraxis.files.host_steal import DISTURBED_STEAL, StealMeter
+from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
+from paraxis.train.calibrate.measure import (
+    DEFAULT_SIZES_KB,
+    compute_rates,
+    cpu_cores,
+    cpu_model_name,
+)
+from paraxis.train.calibrate.profile import link_fields
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
 PROFILE_NAME = "hardware-profile.json"
@@ -113,17 +121,12 @@ def quick_sizes(model: str) -> list[int]:
     """QUICK_SIZES, and where `model`'s fp32 gradients (the DP sync's message, in 25 MB
     buckets) are larger, that size too, up to the largest size `paraxis calibrate` times:
     fits do not extrapolate well (`measure.DEFAULT_SIZES_KB`)."""
-    from paraxis.files.model_file import load_model_config
-    from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB
-
     gradients = min(4 * load_model_config(model).num_params(), max(DEFAULT_SIZES_KB) * 1024)
     return [*QUICK_SIZES, *([gradients] if gradients > max(QUICK_SIZES) else [])]
 
 
 def _rates_again(shapes_from: dict) -> dict[str, float]:
     """The compute rates a quick calibration measured, timed again (the profile's fields)."""
-    from paraxis.train.calibrate.measure import compute_rates
-
     return compute_rates(shapes_from["model"], shapes_from["tokens"], shapes_from["seq_len"],
                          QUICK_REPEATS)
 
@@ -131,7 +134,9 @@ def _rates_again(shapes_from: dict) -> dict[str, float]:
 def _collectives_again(profile: dict, ranks: int) -> dict:
     """The profile's collectives and sync waits timed again on `ranks` ranks
     (`collective_body`'s {"times", "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"})."""
-    from paraxis.train.calibrate.measure import collectives_again
+    from paraxis.train.calibrate.measure import (  # lazy: a test patches measure.collectives_again
+        collectives_again,
+    )
 
     again = collectives_again(profile, ranks, QUICK_REPEATS)
     profile["calibration"]["collectives_after_run"] = {str(ranks): again}
@@ -142,8 +147,6 @@ def _price_collectives(profile: dict, ranks: int, again: dict, after: float) -> 
     """Refit the profile's links from each point's timings before and after the run,
     weighted `1 - after` and `after` (a quick profile times one rank count: all its fits
     are refitted)."""
-    from paraxis.train.calibrate.profile import link_fields
-
     def mix(before: float, later: float) -> float:
         return (1 - after) * before + after * later
 
@@ -224,11 +227,9 @@ def _write_whole(path: Path, text: str) -> None:
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
                         seq_len: int = 128) -> FoundProfile:
     """The profile a CPU run of `ranks` ranks of `model` is forecast with (module docstring)."""
-    from paraxis.train.calibrate.measure import (
+    from paraxis.train.calibrate.measure import (  # lazy: tests patch these in measure
         available_cores,
         calibrate,
-        cpu_cores,
-        cpu_model_name,
     )
 
     cpu, cores = cpu_model_name(), cpu_cores()

@@ -1,4 +1,4 @@
-"""The bad-input catalogue, round two: inputs that used to end in a traceback, fail
+"""The bad-input catalogue of late failures: inputs that would end in a traceback, fail
 late (after training, at the first save) or be silently ignored. Same rules as
 `tests/test_bad_input.py`: one line `paraxis: error: ...` with a fix, a non-zero exit, no
 traceback, and every file in the folder unchanged. Rows marked SUB run in a subprocess."""
@@ -296,7 +296,7 @@ def test_bad_input_one_rank_finds_under_torchrun_is_one_line(inputs):
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m",
-               "paraxis.train.loop", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
+               "paraxis.train", *TRAIN[1:], "--steps", "2", "--pp", "2", "--resume",
                "missing_piece"]
     before = snapshot(inputs)
     done = subprocess.run(command, cwd=inputs, capture_output=True, text=True, timeout=170,

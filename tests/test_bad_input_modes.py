@@ -1,4 +1,4 @@
-"""The bad-input catalogue, round three: inputs that wrote into the working folder, passed
+"""The bad-input catalogue across modes: inputs that would write into the working folder, pass
 unchecked in one mode of a command while checked in another, or were refused without saying
 how to fix them. Same rules as `tests/test_bad_input.py`: one line `paraxis: error: ...` with
 a fix, exit code 2, no traceback, and every file in the folder unchanged. Rows marked SUB run
