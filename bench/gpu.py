@@ -27,7 +27,7 @@ from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.state_bytes import MIXED_ADAM
+from paraxis.spec.precision import MIXED_ADAM
 from paraxis.train.metrics import device_peak_flops
 
 # (model, sequences, tokens each): GPT-2 sizes from 124M to 1.5B, and one Llama-style

@@ -18,8 +18,7 @@ from paraxis.parallelize import build_engine
 from paraxis.plan.memory import model_state_bytes
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.precision import POLICIES
-from paraxis.spec.state_bytes import PRECISIONS
+from paraxis.spec.precision import POLICIES, PRECISIONS
 
 MODEL = PRESETS["tiny"]
 LAUNCHES = [["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,sp=true,zero=3,microbatches=2",

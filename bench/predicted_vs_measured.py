@@ -34,7 +34,7 @@ from paraxis.plan.cost import PREDICTION_SHARE, PREDICTION_TOLERANCE, Estimate, 
 from paraxis.plan.hardware import build_cluster
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
-from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.spec.precision import FP32_ADAM
 
 # Hidden 256, 8 layers (so 2, 4 and 8 stages and 2 chunks per stage divide them evenly).
 MODEL = PRESETS["small-llama"].replace(name="small-llama-8", n_layers=8)

@@ -26,7 +26,7 @@ from paraxis.model.transformer import parameter_shapes
 from paraxis.plan.memory import layout_memory
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import PRECISIONS
+from paraxis.spec.precision import PRECISIONS
 from paraxis.train.calibrate.baseline import process_baseline_bytes
 
 MODEL = ModelConfig("llama-0.8b", "llama", 32000, 24, 1536, 12, 4, 5120, 128)

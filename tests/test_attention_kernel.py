@@ -1,5 +1,5 @@
 """The attention kernel is one fact: what paraxis.model.transformer's attention keeps for backward
-is what the planner counts (paraxis/spec/attention_kernel.py), and grouped K/V stay at kv-head
+is what the planner counts (paraxis/spec/kernels.py), and grouped K/V stay at kv-head
 width."""
 
 import pytest
@@ -11,8 +11,8 @@ from paraxis.plan.activations import attention_kernel_bytes, layer_activation_by
 from paraxis.plan.cost import layer_times
 from paraxis.plan.hardware import GPUS, build_cluster
 from paraxis.plan.memory import layout_memory
-from paraxis.spec.attention_kernel import FLASH, MATH, RUNTIME_KERNEL, get_kernel
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import FLASH, MATH, RUNTIME_KERNEL, get_kernel
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 

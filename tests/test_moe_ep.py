@@ -68,7 +68,7 @@ from paraxis.spec.expert_placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_byte
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.partition import partition_layers
-from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.spec.precision import FP32_ADAM
 from paraxis.train.config import RunConfig
 from paraxis.train.loop import run_training
 from paraxis.train.metrics import moe_step_metrics

@@ -14,8 +14,8 @@ from paraxis.plan.compute import layer_forward_flops_per_token
 from paraxis.plan.cost import evaluate, layer_times
 from paraxis.plan.hardware import GPUS, build_cluster
 from paraxis.plan.rates import attention_kernel_rate
-from paraxis.spec.attention_kernel import FLASH
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import FLASH
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from validation.fit_attention import chart_points, errors, fit_all, rms

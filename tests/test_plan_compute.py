@@ -89,7 +89,7 @@ def test_optimizer_step_is_hbm_bound_and_zero_splits_it() -> None:
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
     from paraxis.spec.layout import Layout
-    from paraxis.spec.state_bytes import MIXED_ADAM
+    from paraxis.spec.precision import MIXED_ADAM
 
     cfg = PRESETS["llama2-7b"]
     cluster = build_cluster("a100-80gb", 8, 8)

@@ -11,8 +11,8 @@ from paraxis.plan.cost import Overlap, evaluate, layer_times
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 from paraxis.spec.cp_balance import pairs_per_rank, saved_bytes_per_rank
+from paraxis.spec.kernels import workspace_bytes
 from paraxis.spec.layout import Layout
-from paraxis.spec.loss_kernel import workspace_bytes
 from paraxis.spec.model_config import PRESETS
 
 LLAMA_8B = PRESETS["llama3-8b"]
@@ -26,7 +26,7 @@ def test_activation_memory_falls_as_one_over_cp() -> None:
         layout = Layout(dp=64 // (8 * cp), cp=cp, tp=8, sequence_parallel=True, zero=1,
                         microbatches=1)
         estimate = evaluate(LLAMA_8B, layout, cluster, 32768, 64 // (8 * cp))
-        # the loss's chunk workspace is capped (paraxis.spec.loss_kernel), the rest is per token
+        # the loss's chunk workspace is capped (paraxis.spec.kernels), the rest is per token
         workspace = workspace_bytes(32768 // cp, LLAMA_8B.vocab_size // 8)
         activations = estimate.memory["activations"] - workspace
         base = base or activations
@@ -149,7 +149,7 @@ def test_long_sequence_mfu_stays_below_the_peak(long_search) -> None:
     # MFU 102.3%: the time model priced the flash kernel's causal half of the scores while
     # the MFU counted the full square. Now both count the causal half (plan/compute.py).
     from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
-    from paraxis.spec.attention_kernel import FLASH
+    from paraxis.spec.kernels import FLASH
 
     cluster, result = long_search
     best = result.ranked[0]

@@ -12,7 +12,7 @@ from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.state_bytes import FP32_ADAM, MIXED_ADAM
+from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM
 
 MODEL = PRESETS["small-llama"].replace(n_layers=8)
 CPU = {"name": "cpu-core", "peak_flops": 1e11, "matmul_efficiency": 1.0,

@@ -61,7 +61,7 @@ def test_a_layout_that_does_not_fit_is_not_said_to_fit() -> None:
     text = " ".join(explain(cfg, cluster, best))
     assert "fits without splitting" not in text
     # 462.2 GB: the ZeRO-3 buffers are the runtime's (plan.memory.zero3_buffer_bytes), the
-    # loss's workspace too (paraxis.spec.loss_kernel)
+    # loss's workspace too (paraxis.spec.kernels)
     assert "this layout does not fit: it needs 462.2 GB per GPU > 86 GB" in text
 
 

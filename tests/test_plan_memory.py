@@ -12,8 +12,8 @@ from paraxis.plan.memory import (
     zero_table,
 )
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import workspace_bytes
 from paraxis.spec.layout import Layout
-from paraxis.spec.loss_kernel import workspace_bytes
 from paraxis.spec.model_config import PRESETS
 
 GB = 1e9

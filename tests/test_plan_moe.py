@@ -38,7 +38,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.expert_placement import ALL_TO_ALLS_PER_BLOCK, all_to_all_bytes, send_matrix
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.state_bytes import MIXED_ADAM
+from paraxis.spec.precision import MIXED_ADAM
 
 MIXTRAL = PRESETS["mixtral-8x7b"]
 DEEPSEEK = PRESETS["deepseek-v3-style"]

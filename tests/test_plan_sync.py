@@ -10,7 +10,7 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.plan.sync import at_segment, sync_segment_s, sync_wait, wait_at
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.spec.precision import FP32_ADAM
 
 CURVE = [[1e-3, 1e-3], [4e-3, 2e-3], [16e-3, 5e-3]]  # [segment_s, wait_s]
 MODEL = PRESETS["small-llama"].replace(name="small-llama-8", n_layers=8)

@@ -17,8 +17,7 @@ from paraxis.plan.memory import model_state_bytes
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.precision import POLICIES, PrecisionPolicy
-from paraxis.spec.state_bytes import PRECISIONS, Precision
+from paraxis.spec.precision import POLICIES, PRECISIONS, Precision, PrecisionPolicy
 
 TINY = PRESETS["tiny"]
 STEPS = 3

@@ -69,7 +69,7 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     from paraxis.files.run_records import load_metrics, steady
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
-    from paraxis.spec.state_bytes import FP32_ADAM
+    from paraxis.spec.precision import FP32_ADAM
     from paraxis.train.calibrate.profile import build_profile
 
     run = tmp_path / "run"

@@ -92,7 +92,7 @@ class Alive(TorchDispatchMode):
 
 
 def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
-    """paraxis.spec.loss_kernel on one device: bf16 logits in, the loss and gradient of
+    """paraxis.spec.kernels on one device: bf16 logits in, the loss and gradient of
     F.cross_entropy on their fp32 values (over several chunks), and at most the logits'
     gradient and one chunk's fp32 workspace made at once beside the logits."""
     import paraxis.parallel.tensor.cross_entropy as kernel

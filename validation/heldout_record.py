@@ -40,7 +40,7 @@ class HeldOutRun:
     cp_attention: str = "ring"  # how K/V reach the queries: ring, all_gather or all_to_all
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
-    precision: str = "bf16"  # a key of paraxis.spec.state_bytes.PRECISIONS
+    precision: str = "bf16"  # a key of paraxis.spec.precision.PRECISIONS
     fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)

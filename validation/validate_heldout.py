@@ -20,7 +20,7 @@ from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
-from paraxis.spec.state_bytes import PRECISIONS
+from paraxis.spec.precision import PRECISIONS
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 from validation.heldout_record import HeldOutRun
 from validation.heldout_runs import HELD_OUT

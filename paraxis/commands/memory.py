@@ -8,7 +8,7 @@ import json
 from paraxis.plan.hardware import GPUS
 from paraxis.plan.memory import zero_table
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.state_bytes import PRECISIONS, Precision
+from paraxis.spec.precision import PRECISIONS, Precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,9 +31,9 @@ from paraxis.plan.search_flags import (
     stated_fields,
 )
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import RECOMPUTE, SCHEDULES
+from paraxis.spec.layout import RECOMPUTE, SCHEDULES, ZERO_STAGES
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import Precision
+from paraxis.spec.precision import Precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-tp", type=int, help="largest tensor-parallel degree")
     limits.add_argument("--max-pp", type=int, help="largest pipeline degree")
     limits.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
-    limits.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="fix the ZeRO stage")
+    limits.add_argument("--zero", type=int, choices=ZERO_STAGES, help="fix the ZeRO stage")
     limits.add_argument("--recompute", choices=RECOMPUTE, action="append",
                         help="allowed recomputation (repeatable; default all)")
     limits.add_argument("--schedule", choices=SCHEDULES, action="append",

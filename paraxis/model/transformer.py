@@ -44,8 +44,8 @@ from paraxis.parallel.context.packing import (
 )
 from paraxis.parallel.experts.layer import MoE
 from paraxis.parallel.tensor.cross_entropy import VocabParallelCrossEntropy
-from paraxis.spec.attention_kernel import RUNTIME_KERNEL
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import RUNTIME_KERNEL
 from paraxis.spec.model_config import ModelConfig
 
 
@@ -129,7 +129,7 @@ class Attention(nn.Module):
             return self._packed_core(q, k, v, documents)
         if self.cfg.style == "llama":
             q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
-        # The kernel is one fact shared with the planner (paraxis/spec/attention_kernel.py): a
+        # The kernel is one fact shared with the planner (paraxis/spec/kernels.py): a
         # flash-style SDPA that keeps q, k, v, the output and the log-sum-exp for backward,
         # with grouped-query K and V at kv-head width (no copy repeated to every head).
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -138,7 +138,7 @@ class Attention(nn.Module):
     def _packed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      documents: Documents) -> torch.Tensor:
         """Attention within each document: RoPE at the positions in the document, and the
-        document mask (`packing.packed_attention`; the kernels: `paraxis.spec.attention_kernel`)."""
+        document mask (`packing.packed_attention`; the kernels: `paraxis.spec.kernels`)."""
         if self.cfg.style == "llama":
             positions = documents.positions.unsqueeze(1)  # (batch, 1, seq): every head
             q = rotary(q, self.cfg.rope_theta, positions)
@@ -262,7 +262,7 @@ class Transformer(nn.Module):
                 self.lm_head.weight = self.tok_emb.weight
             elif cfg.tied_embeddings:
                 self.lm_head.weight.pp_duplicate = True  # counted once (runtime/params.py)
-            # the vocab-parallel loss on one device's whole vocabulary (paraxis.spec.loss_kernel);
+            # the vocab-parallel loss on one device's whole vocabulary (paraxis.spec.kernels);
             # tensor parallelism swaps in one over its TP group
             self.loss_fn = VocabParallelCrossEntropy(None)
 

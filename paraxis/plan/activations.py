@@ -6,7 +6,7 @@ from the ModelConfig, so SwiGLU MLPs, grouped-query attention and dropout-free (
 are priced by the same rules; for a GPT block and the math kernel it reduces to the paper's
 formulas exactly.
 
-The attention core follows the kernel that runs it (`paraxis/spec/attention_kernel.py`): the
+The attention core follows the kernel that runs it (`paraxis/spec/kernels.py`): the
 "math" kernel keeps the s x s scores (the paper's 5as^2b); the flash kernel
 paraxis.model.transformer runs
 keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic in s.
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import math
 
-from paraxis.spec.attention_kernel import RUNTIME_KERNEL, AttentionKernel, get_kernel
-from paraxis.spec.loss_kernel import loss_bytes
+from paraxis.spec.kernels import RUNTIME_KERNEL, AttentionKernel, get_kernel, loss_bytes
 from paraxis.spec.model_config import ModelConfig
 
 
@@ -95,7 +94,7 @@ def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                  element_bytes: float = 2) -> float:
-    """The loss at its backward (`paraxis.spec.loss_kernel`): logits of `element_bytes` and their
+    """The loss at its backward (`paraxis.spec.kernels`): logits of `element_bytes` and their
     gradient, 4sbv/t for 16-bit logits as Korthikanti et al. 2022 Sec. 4.3 count the output
     layer and cross entropy, plus one chunk's fp32 workspace."""
     return loss_bytes(seq_len * micro_batch, math.ceil(cfg.vocab_size / tp), element_bytes)

@@ -16,7 +16,7 @@ height (`ESTIMATED`). Setup: batch x seqlen = 16k tokens, hidden 2048 (32 heads 
 of 128), fp16 (the same tensor-core rate as bf16). Their FLOP count (the paper's Sec. 4.1
 and benchmarks/benchmark_flash_attention.py) is paraxis's for the flash kernel: forward
 4 s^2 d heads per sequence, halved under a causal mask, backward 2.5x forward
-(`attention_kernel.FLASH`: causal_fraction 0.5, backward_ratio 2.5), so a bar's TFLOP/s is
+(`kernels.FLASH`: causal_fraction 0.5, backward_ratio 2.5), so a bar's TFLOP/s is
 directly the rate of the FLOPs `plan/cost.py` prices.
 
 The model, per (GPU, kernel, mask): rate(s, d) = r_max(d) * s / (s + s_half). s_half is the

@@ -29,7 +29,7 @@ from paraxis.plan.uncertainty import error_band, ties
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import Precision
+from paraxis.spec.precision import Precision
 from paraxis.spec.units import GB
 
 MAX_DEFENCE_LINES = 5

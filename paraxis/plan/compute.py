@@ -9,7 +9,7 @@ The causal attention core: the planner counts the half of the s x s scores under
 mask (`CAUSAL_SHARE`), as Megatron-LM has counted since March 2025 (megatron/training/
 training.py, `num_floating_point_operations`, commit 8873b55: "only half of the attention
 matrix is non-zero"), and as the time model prices a flash kernel (it skips the masked half,
-paraxis/spec/attention_kernel.py). The older convention, full squares (PaLM's 6N + 12LHQT,
+paraxis/spec/kernels.py). The older convention, full squares (PaLM's 6N + 12LHQT,
 Chowdhery et al. 2022 App. B; Narayanan et al. 2021 eq. 3), is `causal=False`: the published
 figures of those papers, and of the Llama 3 paper, which cites PaLM's definition, are in it.
 Counting the full square while pricing half let a long-sequence plan report MFU above 100%
@@ -31,7 +31,7 @@ import functools
 
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import Precision
+from paraxis.spec.precision import Precision
 
 
 def layer_forward_flops_per_token(cfg: ModelConfig, seq_len: int,
@@ -155,7 +155,7 @@ def layer_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1,
     f = d_ff; q, kv, f split over tp): an out-of-place op reads its inputs and writes its
     output once. Llama: RMSNorm (pow, x * rsqrt, * weight: 6h) twice; rotary on q and k (mul,
     neg, cat, mul, add: 10 per element); heads back to rows (a copy, 2q; grouped K and V
-    need no repeat, attention_kernel.py); two residual adds (3h each); SiLU (2f) and the gate
+    need no repeat, spec/kernels.py); two residual adds (3h each); SiLU (2f) and the gate
     product (3f). GPT-2: LayerNorm is one kernel (2h) twice, GELU one (2f); biases ride in
     the GEMMs. The attention core itself is priced by FLOPs (`attention_flops`). Without
     `mlp`, the MLP's activation and gate product are left out (plan/experts.py).

@@ -70,11 +70,11 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
-from paraxis.spec.attention_kernel import AttentionKernel, get_kernel
+from paraxis.spec.kernels import AttentionKernel, get_kernel
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.precision import MIXED_ADAM, Precision
 from paraxis.spec.schedules import head_stage
-from paraxis.spec.state_bytes import MIXED_ADAM, Precision
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).

@@ -9,7 +9,7 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band, step_range
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import Precision
+from paraxis.spec.precision import Precision
 
 SCHEMA = "paraxis.plan/1"
 

@@ -17,7 +17,7 @@ from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import MIXED_ADAM, Precision
+from paraxis.spec.precision import MIXED_ADAM, Precision
 from paraxis.spec.units import GB
 
 

@@ -53,8 +53,8 @@ from pathlib import Path
 
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 from paraxis.plan.hardware_values import check_structure, check_values
-from paraxis.spec.attention_kernel import KERNELS, RUNTIME_KERNEL
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import KERNELS, RUNTIME_KERNEL
 from paraxis.spec.layout import node_of
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
@@ -97,7 +97,7 @@ class GPU:
     # Memory held back on every device (units.DEFAULT_RESERVED_BYTES on a GPU); on a CPU a
     # rank's process baseline, measured by `paraxis calibrate` (calibrate/baseline.py).
     reserved_bytes: float = DEFAULT_RESERVED_BYTES
-    # The attention core's kernel (paraxis/spec/attention_kernel.py): "flash", what
+    # The attention core's kernel (paraxis/spec/kernels.py): "flash", what
     # paraxis.model.transformer
     # runs, or "math", which keeps the s x s scores (Megatron-LM's published 2021-22 runs).
     attention_kernel: str = RUNTIME_KERNEL.name

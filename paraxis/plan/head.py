@@ -12,7 +12,7 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import MIXED_ADAM, Precision
+from paraxis.spec.precision import MIXED_ADAM, Precision
 
 
 def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,

@@ -21,7 +21,7 @@ from paraxis.plan.hardware import (
 )
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig, model_from_params
-from paraxis.spec.state_bytes import PRECISIONS, Precision
+from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import GB
 
 DEFAULT_GPU = "a100-80gb"

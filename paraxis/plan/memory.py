@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
 
 from paraxis.plan.activations import (
     full_layer_activation_bytes,
@@ -21,16 +20,14 @@ from paraxis.plan.experts import (
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
-from paraxis.spec.attention_kernel import RUNTIME_KERNEL
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import RUNTIME_KERNEL
+from paraxis.spec.layout import ZERO_STAGES, Layout
+from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
+from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM, Precision
 from paraxis.spec.schedules import head_stage
-from paraxis.spec.state_bytes import FP32_ADAM, MIXED_ADAM, Precision
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
-
-if TYPE_CHECKING:
-    from paraxis.spec.layout import Layout
-    from paraxis.spec.model_config import ModelConfig
 
 __all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
            "zero_table"]
@@ -47,8 +44,8 @@ def model_state_bytes(num_params: int, dp: int, zero: int,
         raise ParaxisError(f"parameter count {num_params} is negative; give a count >= 0")
     if dp < 1:
         raise ParaxisError(f"dp={dp} must be at least 1")
-    if zero not in (0, 1, 2, 3):
-        raise ParaxisError(f"zero={zero!r} must be one of 0, 1, 2, 3")
+    if zero not in ZERO_STAGES:
+        raise ParaxisError(f"zero={zero!r} must be one of {', '.join(map(str, ZERO_STAGES))}")
     # ZeRO (Rajbhandari et al. 2020) Sec. 5.1-5.3, Fig. 1: P_os, P_os+g, P_os+g+p divide by N_d.
     optimizer_share = 1 / dp if zero >= 1 else 1.0
     grad_share = 1 / dp if zero >= 2 else 1.0
@@ -205,7 +202,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   expert_imbalance: float = DEFAULT_IMBALANCE,
                   zero2_reduce: str = "step") -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
-    attention core run by the kernel named `attention` (paraxis/spec/attention_kernel.py).
+    attention core run by the kernel named `attention` (paraxis/spec/kernels.py).
     `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
     keeps the stage's whole gradients until the step's end.
 

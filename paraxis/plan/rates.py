@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from paraxis.plan.attention_rates import kernel_flops
 from paraxis.plan.compute import layer_forward_flops_per_token, layer_gemm_shapes
 from paraxis.plan.hardware import Cluster
-from paraxis.spec.attention_kernel import AttentionKernel
+from paraxis.spec.kernels import AttentionKernel
 from paraxis.spec.model_config import ModelConfig
 
 

@@ -26,9 +26,9 @@ from paraxis.plan.ranking import rank
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import Layout, ep_splits, etp_splits
+from paraxis.spec.layout import ZERO_STAGES, Layout, divisors, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import MIXED_ADAM, Precision
+from paraxis.spec.precision import MIXED_ADAM, Precision
 
 # Sequences per microbatch tried: every size up to this that divides a replica's batch (a
 # replica's 5 or 12 sequences split into 5 or 3 and 4 and 6 too, not only into powers of 2)
@@ -84,10 +84,6 @@ class SearchResult:
         return self.ranked[:k]
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_interleaving(layout: Layout, cfg: ModelConfig) -> None:
     """Interleaving prices equal model chunks: the layers must split evenly into pp x v
     chunks (Megatron-LM refuses other depths; Narayanan et al. 2021 Sec. 2.2 assumes it)."""
@@ -136,7 +132,7 @@ def _why_no_shape(c: Constraints, world: int, per_node: int) -> str:
     for name, value in fixed.items():
         if world % value:
             return (f"{name}={value} does not divide the {world} GPUs; choose {name} among "
-                    f"{', '.join(map(str, _divisors(world)))}")
+                    f"{', '.join(map(str, divisors(world)))}")
     product = math.prod(fixed.values())
     if len(fixed) > 1 and world % product:
         named = " x ".join(f"{name}={value}" for name, value in fixed.items())
@@ -174,12 +170,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result = SearchResult([])
     kept: set[tuple[Layout, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
     axis_shapes = []
-    for tp in _divisors(world):
+    for tp in divisors(world):
         if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp):
             continue
         if c.tp_within_node and tp > cluster.gpus_per_node:
             continue
-        for pp in _divisors(world // tp):
+        for pp in divisors(world // tp):
             if (c.max_pp and pp > c.max_pp) or (c.pp and pp != c.pp):
                 continue
             for cp in _cp_degrees(world // (tp * pp), seq_len, c):
@@ -207,7 +203,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
                            f"{reasons}")
 
-    zeros = (c.zero,) if c.zero is not None else (0, 1, 2, 3)
+    zeros = (c.zero,) if c.zero is not None else ZERO_STAGES
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
@@ -304,7 +300,7 @@ def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
     `MIN_CP_TOKENS` / 2 tokens (each rank keeping `MIN_CP_TOKENS` or more)."""
     if c.cp is not None:
         return [c.cp] if ranks % c.cp == 0 else []
-    return [cp for cp in _divisors(ranks) if cp == 1 or (
+    return [cp for cp in divisors(ranks) if cp == 1 or (
         seq_len % (2 * cp) == 0 and seq_len // cp >= MIN_CP_TOKENS)]
 
 
@@ -328,7 +324,7 @@ def _ep_degrees(cfg: ModelConfig, ranks: int, c: Constraints) -> list[int]:
     that leave the node are tried smallest first, and only until one fits (search)."""
     if c.ep is not None:
         return [c.ep] if ranks % c.ep == 0 else []
-    return [ep for ep in _divisors(ranks) if ep_splits(cfg, ep)]
+    return [ep for ep in divisors(ranks) if ep_splits(cfg, ep)]
 
 
 def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...]:

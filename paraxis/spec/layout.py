@@ -45,6 +45,7 @@ from paraxis.spec.schedules import FIXED_VIRTUAL, KINDS, placement_of
 SCHEDULES = KINDS  # the pipeline schedules `paraxis.spec.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 ZERO3_RESHARD = ("forward", "step")  # ZeRO-3, pp > 1: when gathered chunks are freed (zero3.py)
+ZERO_STAGES = (0, 1, 2, 3)  # ZeRO (Rajbhandari et al. 2020): none, +optimizer, +grads, +params
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 
 
@@ -108,7 +109,7 @@ def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     groups = grid_groups(degrees, ("dp", "cp"))
     if len(groups[0]) % ep:
         raise ParaxisError(f"ep={ep} must divide dp*cp = {len(groups[0])}; choose ep among "
-                           f"{divisors(len(groups[0]))}")
+                           f"{divisors_text(len(groups[0]))}")
     return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
 
 
@@ -134,7 +135,7 @@ class Layout:
     etp: int = option(1, "expert tensor parallelism: 1 keeps every expert whole on each tp "
                          "rank, tp splits each expert over the tp ranks like the dense MLP")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
-                        "3 +parameters")
+                        "3 +parameters", choices=ZERO_STAGES)
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
     # with pp == 1 they are gradient-accumulation microsteps (Megatron uses one number for both).
     microbatches: int = option(1, "microbatches per step per replica (pipeline fill or "
@@ -149,14 +150,16 @@ class Layout:
                                           "sequence (needs tp > 1)")
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
                                "(passed rank to rank), all_gather (gathered once a layer) or "
-                               "all_to_all (heads split around attention: DeepSpeed-Ulysses)")
+                               "all_to_all (heads split around attention: DeepSpeed-Ulysses)",
+                               choices=CP_ATTENTION)
     cp_a2a: int = option(1, "two-level cp: an all-to-all of heads inside groups of cp_a2a "
                          "consecutive cp ranks (a node), cp_attention (ring or all_gather) "
                          "across the groups (Megatron-LM's a2a+p2p); 1: one level")
     zero3_reshard: str = option("forward", "ZeRO-3 with pp>1: forward frees a chunk's gathered "
                                 "weights after every forward and backward (gathers per "
                                 "microbatch); step keeps them until the chunk's last backward "
-                                "(one gather per step, the stage's weights held whole)")
+                                "(one gather per step, the stage's weights held whole)",
+                                choices=ZERO3_RESHARD)
 
     def __post_init__(self) -> None:
         if self.schedule in FIXED_VIRTUAL and self.virtual_stages == 1:
@@ -229,14 +232,15 @@ class Layout:
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
         if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
             raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
-                               f"ep among {divisors(self.dp * self.cp)}")
+                               f"ep among {divisors_text(self.dp * self.cp)}")
         if self.etp not in (1, self.tp):
             raise ParaxisError(f"etp={self.etp} must be 1 (experts whole on every tp rank) or "
                                f"tp={self.tp} (each expert split over the tp ranks); leave etp "
                                f"out, or give tp={self.etp} too to split each expert "
                                f"{self.etp} ways")
-        if self.zero not in (0, 1, 2, 3):
-            raise ParaxisError(f"layout zero={self.zero!r} must be one of 0, 1, 2, 3")
+        if self.zero not in ZERO_STAGES:
+            raise ParaxisError(f"layout zero={self.zero!r} must be one of "
+                               f"{', '.join(map(str, ZERO_STAGES))}")
         if self.schedule not in SCHEDULES:
             raise ParaxisError(f"unknown schedule {self.schedule!r}; use one of "
                                f"{', '.join(SCHEDULES)}")
@@ -390,8 +394,13 @@ class Layout:
 # one line naming a fix.
 
 
-def divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def divisors(n: int) -> list[int]:
+    """The whole numbers that divide n: the degrees an axis of n ranks (or n heads) can take."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def divisors_text(n: int) -> str:
+    return ", ".join(map(str, divisors(n)))
 
 
 def check_model(layout: Layout, model: ModelConfig) -> None:
@@ -451,7 +460,7 @@ def _check_experts(layout: Layout, model: ModelConfig) -> None:
     if not ep_splits(model, layout.ep):
         raise ParaxisError(f"ep={layout.ep} must divide the number of experts "
                            f"({model.n_experts}); choose ep among "
-                           f"{divisors(model.n_experts)}")
+                           f"{divisors_text(model.n_experts)}")
     if layout.etp > 1 and not model.n_experts:
         raise ParaxisError(f"etp={layout.etp} splits experts, and {model.name} has none; "
                            "drop etp")

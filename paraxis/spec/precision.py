@@ -9,12 +9,13 @@ Training", ICLR 2018; ZeRO, Rajbhandari et al. 2020, sec. 3.1):
     reduce_dtype   what the dp collectives move (ZeRO-3 gathers param_dtype)
     master_weights an fp32 copy of the parameters that AdamW updates (in the ZeRO shard
                    where ZeRO shards the optimizer); the 16-bit parameters are cast from it
-    loss_scaling   fp16's dynamic loss scale (data_parallel/precision.py)
+    loss_scaling   fp16's dynamic loss scale (engine/data_parallel/loss_scale.py)
 
-The runtime (`data_parallel.engine`, `pipeline_parallel`), the planner (`plan.precision`) and
-the metrics read the same `PrecisionPolicy`, so the bytes the planner prices are the bytes
-paraxis holds (tests/test_precision.py counts them). Dtypes are names here, not torch
-dtypes: the planner imports no torch (`torch_dtype` maps them in the runtime).
+The runtime (`engine.data_parallel`, `engine.pipeline_parallel`), the planner (through
+`Precision`, below: bytes per parameter) and the metrics read the same `PrecisionPolicy`, so
+the bytes the planner prices are the bytes paraxis holds (tests/test_precision.py counts
+them). Dtypes are names here, not torch dtypes: the planner imports no torch (`torch_dtype`
+maps them in the runtime).
 
 Presets (bytes per parameter: params + grads + optimizer states):
 
@@ -104,6 +105,8 @@ BF16_FP32GRAD = PrecisionPolicy("bf16-fp32grad", "bf16", "bf16", "fp32", "fp32",
 FP16 = PrecisionPolicy("fp16", "fp16", "fp16", "fp16", "fp16", master_weights=True,
                        loss_scaling=True)
 POLICIES = {p.name: p for p in (FP32, BF16, BF16_FP32GRAD, FP16)}
+# Other names of a preset: "mixed" is the planner's older name of bf16 (ZeRO's "16 P").
+ALIASES = {"mixed": "bf16"}
 
 
 def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
@@ -116,9 +119,46 @@ def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
 
 
 def get_policy(name: str | PrecisionPolicy) -> PrecisionPolicy:
-    """The preset called `name` (a policy passes through)."""
+    """The preset called `name` or one of its `ALIASES` (a policy passes through)."""
     if isinstance(name, PrecisionPolicy):
         return name
+    name = ALIASES.get(name, name)
     if name not in POLICIES:
         raise ParaxisError(f"--precision {name} is unknown; use {', '.join(POLICIES)}")
     return POLICIES[name]
+
+
+# ------------------------------------------------ bytes per parameter, as the planner prices
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes each parameter costs in parameters, gradients and optimizer states, and bytes
+    per element of the activations the step computes in. A policy reduces gradients in
+    their own dtype and gathers parameters in theirs, so grad_bytes and param_bytes are also
+    the dp collectives' bytes per element (plan/comm.py)."""
+
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float = 2  # bf16/fp16 compute; 4 for fp32
+
+    @property
+    def total_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @classmethod
+    def of(cls, policy: PrecisionPolicy) -> Precision:
+        """The planner's view of a runtime policy."""
+        return cls(policy.param_bytes, policy.grad_bytes, policy.optimizer_bytes,
+                   activation_bytes=policy.compute_bytes)
+
+
+# ZeRO (Rajbhandari et al. 2020) Sec. 3.1: fp16 params and grads (2+2) plus fp32 master copy,
+# momentum and variance (K = 12): the "16 P" rule, paraxis's bf16 policy.
+MIXED_ADAM = Precision.of(BF16)
+# Plain fp32 Adam: fp32 params and grads, momentum and variance (4+4+8).
+FP32_ADAM = Precision.of(POLICIES["fp32"])
+# The --precision choices of `paraxis plan`, `paraxis memory` and `paraxis report`: the
+# runtime's policies and their aliases.
+PRECISIONS = {name: Precision.of(get_policy(name)) for name in (*POLICIES, *ALIASES)}

@@ -37,6 +37,7 @@ from paraxis.plan.inputs import PlanInputs
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import get_policy
 from paraxis.train.calibrate.measure import available_cores, cpu_cores
 from paraxis.train.calibrate.quick import PROBE_S, PROFILE_NAME
 from paraxis.train.config import RunConfig
@@ -181,8 +182,7 @@ def verify_plan(args: argparse.Namespace) -> int:
                            "--json out")
     model = args.model or args.default_model
     model_cfg = load_model_config(model)
-    # `paraxis train` has no "mixed": it is bf16 with fp32 masters (plan/precision.py)
-    precision = "bf16" if args.precision == "mixed" else args.precision
+    precision = get_policy(args.precision).name  # a preset's alias ("mixed") by its name
     cfg = RunConfig.from_flags(model=model, nproc=ranks, global_batch=args.global_batch,
                                seq_len=args.seq_len or model_cfg.max_seq_len,
                                precision=precision, hardware=args.hardware,

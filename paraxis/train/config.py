@@ -38,7 +38,7 @@ from typing import Any
 from paraxis.data.blend import DataSection
 from paraxis.files.host import check_writable, check_writable_folder
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import CP_ATTENTION, ZERO3_RESHARD, Layout
+from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
 from paraxis.spec.precision import get_policy
@@ -280,9 +280,6 @@ def field_type(section: type, name: str) -> type:
 LAYOUT_FLAGS: dict[str, dict[str, Any]] = {
     # torchrun rejects "--virtual" as an abbreviation of its own flag: spell it out too
     "virtual_stages": {"flag": ("--virtual", "--virtual-stages")},
-    "zero": {"choices": (0, 1, 2, 3)},
-    "cp_attention": {"choices": CP_ATTENTION},
-    "zero3_reshard": {"choices": ZERO3_RESHARD},
 }
 
 

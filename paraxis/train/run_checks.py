@@ -9,8 +9,7 @@ from paraxis.plan.memory import layout_memory
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.precision import get_policy
-from paraxis.spec.state_bytes import Precision
+from paraxis.spec.precision import Precision, get_policy
 
 
 def check_states_fit(model: ModelConfig, layout: Layout, precision: str,

@@ -30,7 +30,7 @@ from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, load_hardware_file
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
-from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.spec.precision import FP32_ADAM
 
 PROFILE = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
 # 8 experts of width 1024 (4x d_model), top 2: the experts are most of each block's FLOPs

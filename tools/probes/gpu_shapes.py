@@ -15,7 +15,7 @@ beside the planner's figure for the same shape.
   and down projections), bf16, w from 512 to 16384. FLOPs 2 M K N.
 - Attention: the FA2 paper's setup (16k tokens a batch, hidden 2048: 32 heads of 64 or 16 of
   128), causal and not, forward and backward of `scaled_dot_product_attention` on bf16 with
-  the flash backend forced; FLOPs in the flash kernel's own count (`attention_kernel.FLASH`:
+  the flash backend forced; FLOPs in the flash kernel's own count (`kernels.FLASH`:
   4 s^2 d per head and sequence forward, halved under a causal mask, backward 2.5x).
 
 Each time is the fastest of a few repeats after a warm-up (`calibrate.kernels.best_time`),
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from paraxis.plan.attention_rates import kernel_flops
 from paraxis.plan.hardware import GPU, build_cluster, gpu_for_device_name
 from paraxis.plan.rates import gemm_efficiency
-from paraxis.spec.attention_kernel import FLASH
+from paraxis.spec.kernels import FLASH
 from paraxis.train.calibrate.kernels import best_time
 
 FULL = {"rows": 8192, "widths": (512, 1024, 2048, 4096, 8192, 16384), "tokens": 16384,
@@ -95,7 +95,7 @@ def gemm_flops(m: int, k: int, n: int) -> float:
 
 
 def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
-    """Forward and backward FLOPs of the flash kernel (its own count, attention_kernel.FLASH)."""
+    """Forward and backward FLOPs of the flash kernel (its own count, kernels.FLASH)."""
     forward = 4.0 * seq_len**2 * head_dim * heads * batch
     if causal:
         forward *= FLASH.causal_fraction

@@ -28,7 +28,7 @@ from paraxis.plan.comm import zero3_pipeline_volume
 from paraxis.plan.memory import model_state_bytes, stage_params
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.state_bytes import FP32_ADAM
+from paraxis.spec.precision import FP32_ADAM
 
 SEQ, SEED = 64, 0
 

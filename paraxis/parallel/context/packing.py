@@ -110,7 +110,7 @@ def _compiled(function: Callable) -> Callable:
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents,
                      enable_gqa: bool, scale: float | None = None) -> torch.Tensor:
     """Attention of (batch, heads, seq, head_dim) q, k, v within each document. CPU: torch's
-    SDPA with the boolean mask (its flash kernel; `paraxis.spec.attention_kernel`). CUDA: flex
+    SDPA with the boolean mask (its flash kernel; `paraxis.spec.kernels`). CUDA: flex
     attention over the block mask (`flex_attention_within`)."""
     if q.device.type == "cuda":
         return flex_attention_within(q, k, v, documents, enable_gqa, scale=scale)

@@ -13,7 +13,7 @@ cross entropy loss"):
     dloss/dz_v = softmax_v - [v == target]   (local to the shard: no backward comm)
 
 The backward keeps the logits in their own dtype and one log-sum-exp per token; the fp32
-softmax exists a chunk of tokens at a time (`paraxis.spec.loss_kernel`, what the planner prices).
+softmax exists a chunk of tokens at a time (`paraxis.spec.kernels`, what the planner prices).
 Targets equal to IGNORE_INDEX (-100, as
 F.cross_entropy; document packing masks targets so) count in neither the mean nor the
 gradient.
@@ -29,7 +29,7 @@ from torch.autograd.function import FunctionCtx
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.context.packing import IGNORE_INDEX
 from paraxis.parallel.tensor.counter import record
-from paraxis.spec.loss_kernel import chunk_rows
+from paraxis.spec.kernels import chunk_rows
 
 
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
@@ -58,7 +58,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = target_logit.masked_fill(elsewhere, 0.0)
 
         sum_exp = torch.empty_like(peak)
-        for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (loss_kernel.py)
+        for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (spec/kernels.py)
             sum_exp[rows] = _minus(z[rows], peak[rows]).exp_().sum(dim=-1)
         # The two sums travel in one all-reduce: one latency instead of two.
         sums = torch.stack((target_logit, sum_exp))

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from paraxis.plan.memory import model_state_bytes
 from paraxis.show.viz.style import OKABE_ITO, new_figure
-from paraxis.spec.state_bytes import MIXED_ADAM, Precision
+from paraxis.spec.precision import MIXED_ADAM, Precision
 
 COMPONENT_COLOUR = {"params": OKABE_ITO["blue"], "grads": OKABE_ITO["orange"],
                     "optimizer": OKABE_ITO["green"], "activations": OKABE_ITO["purple"],
