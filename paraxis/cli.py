@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from paraxis.dist.one_line import OneLineParser, run_guarded
+from paraxis.dist.bad_input import OneLineParser, run_guarded
 
 # (name, module, one-line help). Add a subcommand by adding a line.
 COMMANDS: list[tuple[str, str, str]] = [

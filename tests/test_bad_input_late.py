@@ -262,12 +262,12 @@ def test_a_manifest_written_before_checksums_still_reads(inputs):
 def test_ranks_of_a_job_print_one_line_for_one_mistake(monkeypatch):
     """Through the job's store: the first rank to raise a line prints it, a rank raising the
     same line stays quiet, another line is printed too, and a rank whose peer left after
-    bad input is quiet with exit code 2 (`dist/one_line.py`)."""
+    bad input is quiet with exit code 2 (`dist/bad_input.py`)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    from paraxis.dist.one_line import decide
+    from paraxis.dist.bad_input import decide
     from paraxis.spec.errors import CommFailure, ParaxisError
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,

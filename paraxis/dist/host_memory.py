@@ -5,7 +5,7 @@ and small ones from its heap, which keeps them. The line between the two moves: 
 mmap'ed block is freed, the threshold rises to that block's size, up to 32 MiB. A training
 step frees tensors of every size, so after the first step nearly all of them come from the
 heap, and a freed activation or gathered ZeRO-3 unit stays resident. `python -m
-bench.memory_probes` measures it on the 0.8B Llama of docs/memory.md at dp=8 zero=3 (6 of
+tools.probes.memory_probes` measures it on the 0.8B Llama of docs/memory.md at dp=8 zero=3 (6 of
 its 24 layers, one step): the largest rank's resident peak was 1,624 MiB with the moving
 threshold and 1,430 MiB with it pinned at 1 MiB, for the same 1,100 MiB of tensors. Pinning
 it is one `mallopt` call; PyTorch's CPU allocator has no cache of its own to tune instead.

@@ -14,7 +14,7 @@ store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to 
 interface, whatever address it is given), the ranks join it as clients (torchrun's
 agent-store convention), and gloo is pinned to the loopback interface.
 
-Each rank reports its own failure in one line (`one_line.run_guarded`); when one fails, the
+Each rank reports its own failure in one line (`bad_input.run_guarded`); when one fails, the
 others get a moment to report theirs, then are stopped, and this process adds one line
 naming the ranks that failed.
 """
@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from paraxis.dist.host_memory import return_freed_memory
-from paraxis.dist.one_line import decide, run_guarded
+from paraxis.dist.bad_input import decide, run_guarded
 from paraxis.dist.preemption import CatchSignals, die_with_parent
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
 

@@ -2,12 +2,10 @@
 
 On a VM a virtual CPU that is ready to run may still wait for the host to schedule it: Linux
 counts that wait as "steal" time (/proc/stat, the eighth figure of the `cpu` line, in
-clock ticks over all CPUs). Ranks that synchronise often suffer it far beyond its share: on
-the 2-core VM of docs/benchmarks.md `python -m bench.host_steal` stepped `paraxis demo`'s
-8 ranks at 201-208 ms with 2.6-4.2% of the CPU time stolen and at 261 ms with 15%, run
-after run, with nothing else running in the guest. A forecast made from a calibration
-cannot know what the host will take during the run; the run can measure it, and a report
-can say so.
+clock ticks over all CPUs). Ranks that synchronise often suffer it far beyond its share
+(`python -m tools.probes.host_steal` measures `paraxis demo`'s step against it;
+tools/probes/README.md). A forecast made from a calibration cannot know what the host will
+take during the run; the run can measure it, and a report can say so.
 
 Reads a file; imports nothing else (the planner's `--verify` reads runs too). Where there
 is no /proc/stat (not Linux) every reading is None.
@@ -19,8 +17,8 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 # The share of CPU time stolen above which a run or a calibration did not have this
-# machine's cores as a quiet VM does: `bench.host_steal`'s quiet runs here read 2.6-4.2%,
-# its disturbed one 15%; docs/benchmarks.md's steal column spans 0-40%.
+# machine's cores as a quiet VM does (between the quiet and the disturbed runs of
+# `tools.probes.host_steal`; docs/benchmarks.md's steal column spans 0-40%).
 DISTURBED_STEAL = 0.08
 
 

@@ -26,7 +26,7 @@ half-empty diagonal tiles cost as much as the s-long inner loop; it does not dep
 head dim. r_max(d) is the plateau, fitted at d = 64 and d = 128 and linear in between
 (clamped outside: larger heads run as 128, smaller as 64). Three parameters per (GPU,
 kernel, mask), 24 in all for FA1 and FA2 on A100 and H100, fitted by least squares on the
-relative error by `python -m bench.fit_attention` (`FITTED`, with the rms error of each).
+relative error by `python -m validation.fit_attention` (`FITTED`, with the rms error of each).
 
 Other GPUs of the same architecture run at the measured rates scaled by their bf16 peak
 (`MEASURED_ON`: the H100 PCIe at 756/989 of the SXM's, the H200 at the H100 SXM's).
@@ -46,7 +46,7 @@ CHART_PEAKS = {"a100": 312e12, "h100": 989e12}
 # (GPU, kernel, head dim, causal) -> TFLOP/s at SEQ_LENS, fwd + bwd (FA2 paper Figs. 4, 7).
 # "fa1": FlashAttention (CUDA, v1); "fa2": FlashAttention-2; "triton-tutorial": the paper's
 # "FlashAttention Triton" bars (A100 only), kept as the evidence that a Triton kernel of
-# 2023 runs close to FA1 (bench/fit_attention.py prints the ratio); not priced itself.
+# 2023 runs close to FA1 (validation/fit_attention.py prints the ratio); not priced itself.
 CHARTS: dict[tuple[str, str, int, bool], tuple[float, ...]] = {
     ("a100", "fa1", 64, False): (91, 92, 104, 108, 110, 110),
     ("a100", "fa1", 128, False): (76, 72, 76, 80, 82, 83),
@@ -89,7 +89,7 @@ class KernelFit:
         return r_max * seq_len / (seq_len + self.s_half)
 
 
-# python -m bench.fit_attention (least squares on the relative error, CHARTS above);
+# python -m validation.fit_attention (least squares on the relative error, CHARTS above);
 # (GPU, kernel, causal) -> fit. 24 parameters on 96 points: rms 2.5%, largest 11.2% (H100 FA1
 # causal at 4K, a dip of the published bar). FA2's shapes fit within 1%, FA1's within 4.3%.
 FITTED: dict[tuple[str, str, bool], KernelFit] = {

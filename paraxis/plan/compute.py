@@ -21,7 +21,7 @@ a token
 here and in the training loop's tokens/s, masked targets included: their forward and
 backward run like any other's, only their loss term is zero. Attention stays counted over
 the whole causal window, though packing computes only the scores within documents (on CUDA;
-the CPU kernel computes the whole square): `python -m bench.packing` gives the share, which
+the CPU kernel computes the whole square): `python -m tools.probes.packing` gives the share, which
 docs/data.md quotes. So MFU is comparable between packed and unpacked runs of one shape.
 """
 

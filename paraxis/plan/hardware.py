@@ -119,7 +119,7 @@ class GPU:
 # V100 32768, an L40S 46068 (ECC on): 1-7% above the "GB" of the name.
 
 # A100: GEMM efficiency by shape, fitted on the fitted measurements of docs/validation.md
-# (python -m bench.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best).
+# (python -m validation.fit_gemm: rms 5.1%; one efficiency for every GEMM: 5.2% at best).
 A100_MATMUL_EFFICIENCY, A100_GEMM_HALF_WIDTH = 0.70, 192.0
 A100_PEAK, A100_HBM = 312e12, 2.039e12
 
@@ -134,7 +134,7 @@ A100_PEAK, A100_HBM = 312e12, 2.039e12
 #   w / (w + balance) of the roofline, and a chip with twice the balance needs twice the w.
 # The rule sets the presets below (CARRIED), and again where overrides change a carried
 # preset's peak or HBM bandwidth without stating the curve (build_cluster): a 96 GB H100 at
-# 2.4 TB/s (bench/validate_heldout.py) has its own balance, not the SXM's.
+# 2.4 TB/s (validation/validate_heldout.py) has its own balance, not the SXM's.
 MAMF_SHARE = {"a100": 271.2 / 312, "h100": 794.5 / 989}
 
 

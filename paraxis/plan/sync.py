@@ -11,7 +11,7 @@ before a stage's activation send, and twice those before the backward's calls
 forward's GEMMs). A 256-token microbatch split over TP = 4 computes about half a millisecond
 between two calls, where the calibration's own segment (half a layer at 2048 tokens) is 15
 ms: in groups of 4 among 8 ranks sharing 2 cores the first waits about 1.3 ms, the second 7
-(docs/benchmarks-segment).
+(bench/results/benchmarks-segment).
 
 Calls that follow a whole backward (the gradient sync, the step's own small calls) and
 ZeRO-3's gathers pay the wait at the calibration's segment (`Cluster.sync_wait_s`), the

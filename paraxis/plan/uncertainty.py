@@ -2,7 +2,7 @@
 hardware parameter that would decide a tie.
 
 A step time is only as good as the cost model behind it. Its error was measured against
-published runs (GPUs: `python -m bench.validate_planner`, docs/validation.md) and against
+published runs (GPUs: `python -m validation`, docs/validation.md) and against
 runs on this machine (CPU ranks: `python -m bench.predicted_vs_measured`,
 docs/benchmarks.md). The root-mean-square relative error of those comparisons is the band
 every prediction carries; two layouts whose predicted times differ by less than it are a tie
@@ -41,11 +41,11 @@ class ErrorBand(NamedTuple):
 
 
 # Published GPU runs (docs/validation.md): rows of Narayanan 2021 and Korthikanti 2022.
-GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m bench.validate_planner",
+GPU_BAND = ErrorBand(0.053, 0.103, 25, "docs/validation.md, python -m validation",
                      fitted=True)
-# Published GPU runs held out from every fit (docs/validation.md, bench/heldout_runs.py:
+# Published GPU runs held out from every fit (docs/validation.md, validation/heldout_runs.py:
 # torchtitan, llm-foundry, BLOOM, FlashAttention, Llama 3, NeMo AutoModel): what the model does
-# on runs it never saw (recomputed by `python -m bench.validate_planner`; the largest errors
+# on runs it never saw (recomputed by `python -m validation`; the largest errors
 # left are runs whose sources do not state their kernel: Llama 3, NeMo AutoModel).
 HELD_OUT_GPU_BAND = ErrorBand(0.116, 0.389, 231, "held-out rows of docs/validation.md")
 # This machine's CPU ranks (docs/benchmarks.json, section "predicted"): 60 layouts on a 2-core

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from paraxis.dist.one_line import OneLineParser, run_guarded
+from paraxis.dist.bad_input import OneLineParser, run_guarded
 from paraxis.train.flags import add_arguments, config_from_args
 from paraxis.train.loop import run_training
 from paraxis.train.start import start

@@ -82,7 +82,7 @@ class FlatUnit:
 
 # Bytes of ZeRO's parameter gathers and gradient reductions started on this rank, by kind:
 # the size of the full (padded) flat tensor each one assembles or reduces, whatever the
-# backend moves on the wire for it. Tests and bench/zero3_pipeline.py read and reset it to
+# backend moves on the wire for it. Tests and tools/probes/zero3_pipeline.py read and reset it to
 # check the planner's count (`plan.comm.zero3_pipeline_volume`).
 VOLUME = {"all_gather": 0, "reduce_scatter": 0}
 
@@ -148,9 +148,8 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor,
 def _sums_in_place(group: dist.ProcessGroup) -> bool:
     """Whether the ZeRO collectives run as in-place all-reduces. gloo's reduce_scatter and
     all_gather each allocate a temporary as large as the full buffer, and its reduce-scatter
-    is slower than an all-reduce of the same buffer (`python -m bench.memory_probes`, 4 ranks,
-    16 MB: reduce_scatter_single 66 ms and all_gather_single 28 ms, each with a temporary as
-    large as the buffer; all_reduce 26 ms and none). So on gloo gathering is an all-reduce of
+    is slower than an all-reduce of the same buffer (`python -m tools.probes.memory_probes`
+    times them; tools/probes/README.md). So on gloo gathering is an all-reduce of
     the buffer zero-filled around this rank's part, and reduce-scattering an all-reduce
     followed by a copy of this rank's part. NCCL's own
     collectives allocate nothing and move half the bytes: they are used as they are."""

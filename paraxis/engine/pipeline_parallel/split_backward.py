@@ -15,15 +15,9 @@ backward about 2F (Qi et al., sec. 2.1, table 1). Computed naively, W is a secon
 through every later block again, so it costs a whole backward (2F) and B + W costs 3F. Here W
 starts where each weight's branch leaves the input's path, from the gradients B saw there, and
 computes only the dA matmuls: B + W costs about 2F, as the fused backward does. (B takes
-more than half: attention's core and the norms' input gradients have no weight side.)
-Measured by `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 PYTHONPATH=.
-python tests/test_split_backward.py --naive` (two small-llama blocks, 4096 tokens, one
-thread, CPU time; malloc keeping freed memory, as the test runs it) on the Intel Xeon VM:
-fused backward 226-232 ms; B 155-157 + W 83-84 = 238-240 ms (1.05x); naive W 224-227 ms.
-The 5% is memory: B keeps the gradients W starts from, so the engine cannot reuse their
-memory while it is hot, and adds into them out of place. With 1024 tokens (`--batch 4`) it is
-1.09-1.11x there, as the fused backward finds its 1 MiB gradients still in the core's 2 MiB
-L2, and W does not.
+more than half: attention's core and the norms' input gradients have no weight side.) What
+is left over is memory: B keeps the gradients W starts from, so the engine cannot reuse that
+memory while it is hot (measured: docs/pipelines.md, "Split backward: B and W").
 
 How W finds where to start: a walk over the autograd graph after the forward.
 
@@ -53,16 +47,14 @@ each cut node's incoming gradient to what B recorded, so nothing counts twice.
 Activation recompute (`torch.utils.checkpoint`, non-reentrant) recomputes a region once per
 backward call that needs it: once in B and, under one `GraphExecGroup`, once for all of W's
 calls (not once per call). With full recompute, B + W therefore costs one forward more than a
-fused backward (the command above with `--recompute full`: 1.37x); selective recompute
-costs nothing more, as W never needs the attention core it recomputes.
+fused backward; selective recompute costs nothing more, as W never needs the attention core
+it recomputes.
 
 Memory: B keeps the graph (`retain_graph=True`) for W, so a chunk whose W is pending holds its
 activations, including those only B needed (eager autograd cannot free a node's saved tensors
 selectively), and the gradients B recorded; W frees them. On CPU, holding more memory at once
-costs glibc's malloc page faults where it maps fresh memory: with its defaults B + W took
-1.10x the fused backward (the command above without MALLOC_*), with the mmap threshold
-paraxis pins on CPU ranks (`runtime/host_memory.py`; MALLOC_MMAP_THRESHOLD_=1048576 instead)
-1.08x, the extra time in B.
+costs glibc's malloc page faults where it maps fresh memory (`dist/host_memory.py` pins the
+mmap threshold on CPU ranks).
 """
 
 from __future__ import annotations

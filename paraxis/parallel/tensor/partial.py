@@ -44,7 +44,7 @@ def sum_partial_grads(grads: list[tuple[torch.Tensor, torch.Tensor | None]],
     sequence-parallel parameters' gradients). paraxis first summed each parameter in its own
     backward: one call per parameter per microbatch, 52 a step on the first rank of tiny at
     tp=4, pp=2, 4 microbatches, beside SP's own 72 all-gathers and reduce-scatters
-    (`python -m bench.sp_grad_sums` counts them). The calls carry at most `bucket_bytes`
+    (`python -m tools.probes.sp_grad_sums` counts them). The calls carry at most `bucket_bytes`
     each (one larger gradient alone, in place), so the flat copy stays small when experts
     that run on sequence shards make the gradients large (`WholeExperts`).
     """

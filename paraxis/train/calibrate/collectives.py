@@ -59,7 +59,7 @@ def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: i
     each time the same call, and the price is their mean: the world's slowest rank is the
     unluckiest group's (on 8 CPU ranks sharing 2 cores, back-to-back pair all-reduces of
     16 KiB-1 MiB: 2.43-3.78 ms against 1.44-2.83 ms on the mean, in
-    docs/benchmarks-mean/hardware-profile.json), and the lag between a
+    bench/results/benchmarks-mean/hardware-profile.json), and the lag between a
     step's ranks is `sync_wait`'s to count. The slowest rank's times, the second figure,
     are kept beside them (the bench prices both).
     """
@@ -193,7 +193,7 @@ def sync_wait(segment_s: float, flops_per_s: float, device: torch.device,
     drift apart over a segment and the call waits for the last one, and the compute after a
     wait runs slower. The median over
     rounds of ~25 ms halves (`cycles_timed` cycles in all, at least 5 rounds), the ranks'
-    mean. `message_bytes` sizes the call (bench.cpu_wait_sizes: whether a large message
+    mean. `message_bytes` sizes the call (tools.probes.cpu_wait_sizes: whether a large message
     waits longer; the calibration times the one element).
     """
     a = torch.randn(256, 256, device=device)
