@@ -4,9 +4,6 @@ model, so every row is priced both ways on the same measurements."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 
 def without_sync(profile: dict) -> dict:
     """The profile as priced before the planner charged synchronising calls their wait
@@ -23,18 +20,11 @@ def flat_sync(profile: dict) -> dict:
                                    if k != "sync_wait_curve_s"}}
 
 
-@contextlib.contextmanager
-def backward_at_forward_segment() -> Iterator[None]:
-    """The planner's former pricing of the backward, while in the block: the backward's calls
-    (a TP layer's backward collectives, a stage's gradient send) read off the sync-wait curve
-    after the forward's segment, not after the backward's (plan/sync.BACKWARD_SEGMENTS)."""
-    from paraxis.plan import sync
-
-    was, sync.BACKWARD_SEGMENTS = sync.BACKWARD_SEGMENTS, 1.0
-    try:
-        yield
-    finally:
-        sync.BACKWARD_SEGMENTS = was
+def backward_at_forward_segment(profile: dict) -> dict:
+    """The profile with the planner's former pricing of the backward: the backward's calls (a
+    TP layer's backward collectives, a stage's gradient send) read off the sync-wait curve
+    after the forward's segment, not after the backward's (`Cluster.backward_segments`)."""
+    return {**profile, "cluster": {**profile["cluster"], "backward_segments": 1.0}}
 
 
 SMALL_SIZES_BYTES = 4 * 1024 * 1024
@@ -87,9 +77,8 @@ BEFORES = {
                      lambda p, now: (slowest_rank(p), now)),
     "flat_sync": ("with every call's sync wait the one timed after the calibration's "
                   "segment", lambda p, now: (flat_sync(p), now)),
-    # priced in bench.predicted_vs_measured.add_befores, within backward_at_forward_segment
     "forward_segment": ("with the backward's calls read after the forward's segment",
-                        lambda p, now: (p, now)),
+                        lambda p, now: (backward_at_forward_segment(p), now)),
     "calibration_rates": ("at the calibration's compute rates (not those measured again "
                           "around the run)",
                           lambda p, now: (p, {"available_cores": now["available_cores"]})),

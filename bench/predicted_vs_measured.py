@@ -20,13 +20,12 @@ under the table give both.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 
 import torch
 
-from bench.befores import BEFORES, SMALL_SIZES_BYTES, backward_at_forward_segment
+from bench.befores import BEFORES, SMALL_SIZES_BYTES
 from bench.common import engine_step, measure_steps
 from paraxis.dist.testing import run_distributed
 from paraxis.files.host_steal import DISTURBED_STEAL
@@ -264,10 +263,8 @@ def add_befores(row: dict, layout: Layout, cfg: ModelConfig, profile: dict,
         if key == "calibration_rates" and "peak_flops" not in now:
             continue  # no rates were measured again
         priced_profile, priced_now = change(profile, now)
-        with (backward_at_forward_segment() if key == "forward_segment"
-              else contextlib.nullcontext()):
-            seconds = predict(cfg, layout, priced_profile, global_batch, seq_len,
-                              priced_now).step_time_s
+        seconds = predict(cfg, layout, priced_profile, global_batch, seq_len,
+                          priced_now).step_time_s
         before[key] = {"predicted_s": seconds, "error": seconds / row["measured_step_s"] - 1}
     return {**row, "before": before}
 

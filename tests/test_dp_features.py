@@ -15,6 +15,7 @@ from paraxis.plan.memory import FP32_ADAM, model_state_bytes
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import autocast_policy
 
 TINY = PRESETS["tiny"]
 
@@ -26,10 +27,10 @@ def _batch(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _engine(ctx: RankContext, zero: int, micro: int = 1, bucket_bytes: int = 25 * 2**20,
-            dtype=None):
+            compute: str = "fp32"):
     layout = Layout(dp=dist.get_world_size(), zero=zero, microbatches=micro)
     return DataParallelEngine(build_model(TINY, seed=1), layout, ctx.with_layout(layout).groups,
-                              autocast_dtype=dtype, bucket_bytes=bucket_bytes)
+                              precision=autocast_policy(compute), bucket_bytes=bucket_bytes)
 
 
 @on_ranks(2)
@@ -138,7 +139,7 @@ def test_zero_with_one_rank_degenerates_to_plain_training(zero):
 def test_bf16_compute_trains_close_to_fp32(ctx):
     x, y = _batch(4, seed=dist.get_rank())
     for zero in (0, 3):
-        fp32, bf16 = _engine(ctx, zero), _engine(ctx, zero, dtype=torch.bfloat16)
+        fp32, bf16 = _engine(ctx, zero), _engine(ctx, zero, compute="bf16")
         losses = []
         for engine in (fp32, bf16):
             loss = engine.forward_backward(x, y)
@@ -153,7 +154,7 @@ def test_bf16_compute_trains_close_to_fp32(ctx):
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     engine = DataParallelEngine(build_model(TINY, seed=2), Layout(zero=2), None,
-                                autocast_dtype=torch.float16)
+                                precision=autocast_policy("fp16"))
     engine.loss_scaler.scale = 2.0**120  # the scaled fp32 loss overflows: inf gradients
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.forward_backward(*_batch(2))

@@ -15,6 +15,7 @@ from paraxis.plan.bubble import pipeline_figures
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 from paraxis.spec.partition import partition_layers
 from paraxis.spec.schedules import build_schedule, place_of, validate, virtual_stage_of
 
@@ -148,7 +149,7 @@ def _rank(ctx: RankContext, cfgs: dict) -> tuple[list[float], dict, list]:
 
     layout, groups = ctx.layout, ctx.groups
     cfg = cfgs[str(layout)]
-    engine = parallelize(cfg, layout, groups, "cpu", eps=EPS)
+    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     losses = _train(engine, slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp))
@@ -172,7 +173,7 @@ def _check_against_one_device(layouts: list[str], models: list[str]) -> None:
                            timeout_s=240)
     for text, per_rank in zip(layouts, results, strict=True):
         cfg = cfgs[str(Layout.parse(text))]
-        reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), eps=EPS)
+        reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), adamw=AdamW(eps=EPS))
         expected = _train(reference, slice(None))
         weights = {n: p.detach().numpy() for n, p in reference.model.named_parameters()}
         seen = set()

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
+from paraxis.plan.compute import BACKWARD_FLOPS_RATIO
 from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import KERNELS, RUNTIME_KERNEL
@@ -211,6 +212,9 @@ class Cluster:
     # ... read at this much compute (one rank alone) before a call; 0: at the calibration's
     # own segment (sync_wait_s). Set per layout and call site by plan/sync.at_segment.
     sync_segment_s: float = 0.0
+    # ... and a backward's calls read this many of those segments later: a backward computes
+    # the input's and the weights' gradients between two of its calls (plan/sync.after_backward).
+    backward_segments: float = float(BACKWARD_FLOPS_RATIO)
     # CPU ranks: seconds of a one-element all-reduce back to back, all groups at once
     # (calibrate/collectives.scalar_calls), [ranks on node][group size] -> s: the step's
     # own small calls (plan/step_calls.py). Gloo takes another algorithm below a few
@@ -331,8 +335,10 @@ def gpu_for_device_name(device_name: str) -> GPU | None:
 
 
 _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
-# sync_segment_s is the planner's, per layout and call site (plan/sync.at_segment)
-_CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {"gpu", "sync_segment_s"}
+# sync_segment_s and backward_segments are the planner's, per layout and call site
+# (plan/sync.py), not a machine's
+_CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {
+    "gpu", "sync_segment_s", "backward_segments"}
 _METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself
 
 

@@ -26,7 +26,7 @@ import bisect
 import dataclasses
 import math
 
-from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, layer_forward_flops_per_token
+from paraxis.plan.compute import layer_forward_flops_per_token
 from paraxis.plan.hardware import Cluster
 from paraxis.spec.model_config import ModelConfig
 
@@ -87,8 +87,6 @@ def sync_segment_s(cfg: ModelConfig, tokens: float, flops_per_s: float) -> float
     return layer_forward_flops_per_token(cfg, 1, 0)[0] * tokens / 2 / flops_per_s
 
 
-# The backward's compute between two of its calls, in forward segments.
-BACKWARD_SEGMENTS = float(BACKWARD_FLOPS_RATIO)
 
 
 def at_segment(cluster: Cluster, segment_s: float) -> Cluster:
@@ -101,8 +99,9 @@ def at_segment(cluster: Cluster, segment_s: float) -> Cluster:
 
 def after_backward(cluster: Cluster) -> Cluster:
     """`cluster`, priced at the forward's segment (`at_segment`), with its calls priced after
-    the backward of that segment instead (BACKWARD_SEGMENTS x as long); else `cluster` itself
+    the backward of that segment instead (`cluster.backward_segments` x as long); else `cluster`
+    itself
     (GPUs, profiles without a curve, a cluster at the flat figure)."""
     if cluster.sync_segment_s <= 0:
         return cluster
-    return at_segment(cluster, BACKWARD_SEGMENTS * cluster.sync_segment_s)
+    return at_segment(cluster, cluster.backward_segments * cluster.sync_segment_s)

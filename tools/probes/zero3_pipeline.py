@@ -10,7 +10,7 @@ with each reshard choice. For each rank it reports
 - the bytes its ZeRO collectives assembled in that step (`data_parallel.flat.VOLUME`),
   next to the planner's `zero3_pipeline_volume` (the runtime's flat units are padded to a
   multiple of dp, at most dp-1 elements each);
-- the peak of tensor bytes alive during the step (`runtime.tensor_memory.TensorBytes`),
+- the peak of tensor bytes alive during the step (`dist.tensor_memory.TensorBytes`),
   where the reshard choice shows: "step" holds the stage's weights whole;
 - the step's wall time (shared CPU cores: a rough figure).
 
