@@ -1,2 +1,3 @@
-"""Files and consoles, no torch: the checkpoint manifest and ownership, the Hugging Face
-config, run records, traces, the host's steal counter and the terminal."""
+"""Files and consoles, no torch: model files and the Hugging Face config, the checkpoint
+manifest and ownership, run records, traces, this host's folders, memory and steal counter,
+and the terminal."""
