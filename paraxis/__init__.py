@@ -1,7 +1,7 @@
 """paraxis: train one model across many devices, and understand how.
 
-The pure-Python parts (layout, model shapes, planner, schedules) import without torch; the
-runtime (`paraxis.runtime`, `paraxis.model.transformer`) needs torch.
+The package's folders are its layers, lowest first: spec, files, data, plan (no torch), then
+dist, parallel, model, engine, parallelize, train, show and commands (docs/architecture.md).
 """
 
 __version__ = "0.1.0"

@@ -1,2 +1,2 @@
 """The model and what holds its weights: the transformer, initial weights, pipeline stages,
-checkpoints and Hugging Face interop."""
+checkpoints, Hugging Face interop, inference and a router's choices on real text."""
