@@ -21,9 +21,8 @@ microbatches). The ZeRO-3 checkpoint also exports to a Mixtral directory whose l
 transformers are one device's of the checkpoint.
 
 The routing statistics are per microbatch step over the dp x cp ranks (parallel/experts/layer.py):
-with
-M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so
-one device's reference accumulates over those same token sets (`_reference`).
+with M > 1 microbatches the global microbatch m is the union of every dp rank's microbatch m, so one
+device's reference accumulates over those same token sets (`_reference`).
 
 The all-to-all bytes each rank measures equal `placement.all_to_all_bytes` of the send
 matrix built from the per-expert counts every rank dispatched (four all-to-alls per block:

@@ -297,9 +297,8 @@ def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
 @pytest.mark.slow
 def test_a_disturbed_demo_run_says_so(demo_report):
     # The run and the profile's timings record what a VM's host took (paraxis/files/host_steal.py);
-    # a
-    # run that was disturbed (steps spread, or the host took more than DISTURBED_STEAL) must
-    # say so in its report.
+    # a run that was disturbed (steps spread, or the host took more than DISTURBED_STEAL) must say
+    # so in its report.
     forecast = demo_report.forecast
     assert forecast.steal is not None or not Path("/proc/stat").exists()
     assert (forecast.caveat() in demo_report.html()) if forecast.disturbed else \

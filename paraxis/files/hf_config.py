@@ -5,11 +5,10 @@
 
 Reading refuses, in one line naming the file, every setting the reference model
 (`paraxis.model.transformer`) cannot reproduce: RoPE scaling, partial rotary, biases or a tied head
-on
-Llama, exact GELU or unusual attention scaling on GPT-2, a sliding window shorter than the
-sequences or router noise on Mixtral. Writing spells RoPE's theta both ways (transformers 5
-nests it in rope_parameters), and refuses a mixture of experts Mixtral's format cannot hold
-(shared experts, dense blocks). Pure Python, like `paraxis.spec.model_config`.
+on Llama, exact GELU or unusual attention scaling on GPT-2, a sliding window shorter than the
+sequences or router noise on Mixtral. Writing spells RoPE's theta both ways (transformers 5 nests it
+in rope_parameters), and refuses a mixture of experts Mixtral's format cannot hold (shared experts,
+dense blocks). Pure Python, like `paraxis.spec.model_config`.
 """
 
 from __future__ import annotations

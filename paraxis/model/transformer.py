@@ -11,11 +11,10 @@ every sequence (`paraxis.parallel.context.chunks`), so its tokens' positions are
 hands the parts that care (positions, the attention core) a `SequenceSplit`; without one
 (every layout with cp = 1) the code below runs exactly as on one device.
 
-Document packing (`paraxis.parallel.context.packing`, `Transformer.set_packing`) keeps attention
-and positions
-within each document of a window: the forward finds the documents from the token ids and
-hands every block their mask (under context parallelism from the whole rows' ids, which the
-cp group gathers: `packing.split_documents`).
+Document packing (`paraxis.parallel.context.packing`, `Transformer.set_packing`) keeps attention and
+positions within each document of a window: the forward finds the documents from the token ids and
+hands every block their mask (under context parallelism from the whole rows' ids, which the cp group
+gathers: `packing.split_documents`).
 
 Initialisation is a function of (seed, parameter name) alone (`init_parameter`): a pipeline
 stage that builds only its own blocks, or a TP rank that fills only its shard, starts from

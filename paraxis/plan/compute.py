@@ -16,13 +16,12 @@ Counting the full square while pricing half let a long-sequence plan report MFU 
 (llama3-8b at 131,072 tokens: 102%); with the causal count the model FLOPs never exceed what
 the time model prices, so MFU <= HFU <= 1 (tests/test_plan_compute.py).
 
-Document packing (paraxis.parallel.context.packing) changes neither count. Every input position is
-a token
-here and in the training loop's tokens/s, masked targets included: their forward and
-backward run like any other's, only their loss term is zero. Attention stays counted over
-the whole causal window, though packing computes only the scores within documents (on CUDA;
-the CPU kernel computes the whole square): `python -m tools.probes.packing` gives the share, which
-docs/data.md quotes. So MFU is comparable between packed and unpacked runs of one shape.
+Document packing (paraxis.parallel.context.packing) changes neither count. Every input position is a
+token here and in the training loop's tokens/s, masked targets included: their forward and backward
+run like any other's, only their loss term is zero. Attention stays counted over the whole causal
+window, though packing computes only the scores within documents (on CUDA; the CPU kernel computes
+the whole square): `python -m tools.probes.packing` gives the share, which docs/data.md quotes. So
+MFU is comparable between packed and unpacked runs of one shape.
 """
 
 from __future__ import annotations

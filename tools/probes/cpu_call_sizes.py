@@ -4,19 +4,18 @@ it costs back to back and to what the planner charges for it.
     python -m tools.probes.cpu_call_sizes [--ranks 8] [--group 2] [--segment-ms 0.5]
                                           [--sizes 4,16384,...] [--hardware PROFILE]
 
-Every rank (groups of `--group` neighbouring ranks, all groups at once, as TP runs) runs
-rounds of cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer
-is well under a millisecond) with and without an all-reduce of the message after it, then the same
-all-reduces back to back. Per message size, the ranks' mean, in ms: `in_step` (a cycle with
-the call minus one without: what the call adds to a step), `back_to_back` (a call on ranks
-doing nothing else), how late the last rank of a group entered the in-step call and left it
-(`skew`, `exit_lag`: tools.probes.cpu_call_timeline's split), the process CPU time the call adds
-in a step (`cpu_in_step`, gloo's threads included) and that CPU time over the rank's share
-of the cores (`cpu_over_share`: cores / ranks where the ranks outnumber them). With
-`--hardware` (a profile `paraxis calibrate` or the demo wrote), also the planner's price of
-the same call
-(`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's
-sync wait after `--segment-ms` of compute, plan/sync.py).
+Every rank (groups of `--group` neighbouring ranks, all groups at once, as TP runs) runs rounds of
+cycles, each a GEMM segment of about `--segment-ms` alone (the demo's half layer is well under a
+millisecond) with and without an all-reduce of the message after it, then the same all-reduces back
+to back. Per message size, the ranks' mean, in ms: `in_step` (a cycle with the call minus one
+without: what the call adds to a step), `back_to_back` (a call on ranks doing nothing else), how
+late the last rank of a group entered the in-step call and left it (`skew`, `exit_lag`:
+tools.probes.cpu_call_timeline's split), the process CPU time the call adds in a step
+(`cpu_in_step`, gloo's threads included) and that CPU time over the rank's share of the cores
+(`cpu_over_share`: cores / ranks where the ranks outnumber them). With `--hardware` (a profile
+`paraxis calibrate` or the demo wrote), also the planner's price of the same call
+(`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's sync
+wait after `--segment-ms` of compute, plan/sync.py).
 
 Medians over 7 rounds of 20 cycles per rank; every figure moves by 10-30% between launches
 on a shared VM, so compare columns within one launch.

@@ -3,12 +3,11 @@
     python -m tools.probes.host_steal [--runs N] [--steps N] [LAYOUT]
                                         (default: 4 runs of 40 steps of paraxis demo's layout)
 
-Trains `paraxis demo`'s model and batch (tiny, 16 x 128 tokens, fp32) on CPU ranks launched
-as `paraxis train --nproc` launches them, `--runs` times one after another, and prints per
-run the median step time after the warm-up and the mean share of CPU time stolen during
-those steps (the metrics' `cpu_steal`, paraxis/files/host_steal.py). Nothing else needs to run in
-the
-guest for the share to move: on a shared host it does, and the step time with it.
+Trains `paraxis demo`'s model and batch (tiny, 16 x 128 tokens, fp32) on CPU ranks launched as
+`paraxis train --nproc` launches them, `--runs` times one after another, and prints per run the
+median step time after the warm-up and the mean share of CPU time stolen during those steps (the
+metrics' `cpu_steal`, paraxis/files/host_steal.py). Nothing else needs to run in the guest for the
+share to move: on a shared host it does, and the step time with it.
 """
 
 from __future__ import annotations

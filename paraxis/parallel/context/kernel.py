@@ -21,18 +21,16 @@ K and V stay at their kv-head width: the kernels take grouped-query attention na
 query head h reads kv head h // (heads / kv_heads), as `enable_gqa=True` in torch's SDPA)
 and return dK, dV at kv-head width, summed over each group.
 
-Packed documents (`paraxis.parallel.context.packing`) add a mask: query i sees key j only inside
-its own
-document. Each block then gets an additive mask (0 or -inf, `block_mask`) built from the
-document ids of its query rows and of its key columns (`ChunkDocuments`: every cp rank's
-ids, so a rank knows whose keys it holds); a block whose queries and keys share no
-document is skipped (`BlockIds.needed`), which with short documents is most of them. A
-document mask can also leave a row of a computed block with no key (a query whose document
-starts after the block's keys); such a row contributes nothing, which the merge needs as
-log-sum-exp -inf, not the 0 that torch's CPU op returns for it (`block_forward` sets it).
-On CUDA, FlashAttention-2's ops take no mask: a masked block runs `masked_forward` and
-`masked_backward`, the same contract in plain tensor ops (fp32 scores, a tile of `ROW_TILE`
-query rows at a time), exact but slower than a fused kernel.
+Packed documents (`paraxis.parallel.context.packing`) add a mask: query i sees key j only inside its
+own document. Each block then gets an additive mask (0 or -inf, `block_mask`) built from the
+document ids of its query rows and of its key columns (`ChunkDocuments`: every cp rank's ids, so a
+rank knows whose keys it holds); a block whose queries and keys share no document is skipped
+(`BlockIds.needed`), which with short documents is most of them. A document mask can also leave a
+row of a computed block with no key (a query whose document starts after the block's keys); such a
+row contributes nothing, which the merge needs as log-sum-exp -inf, not the 0 that torch's CPU op
+returns for it (`block_forward` sets it). On CUDA, FlashAttention-2's ops take no mask: a masked
+block runs `masked_forward` and `masked_backward`, the same contract in plain tensor ops (fp32
+scores, a tile of `ROW_TILE` query rows at a time), exact but slower than a fused kernel.
 """
 
 from __future__ import annotations

@@ -6,13 +6,12 @@ al. 2024, eq. 1; Hugging Face's MixtralSparseMoeBlock does exactly this) gives e
 experts and their weights. The block's output is the weighted sum of the chosen experts'
 outputs (SwiGLU MLPs), plus the shared experts' that every token uses (DeepSeek-MoE).
 
-How tokens reach their experts is the one thing that changes with expert parallelism, so
-it is a seam: the block sorts the (token, expert) assignments by expert and hands the
-sorted tokens with the count per expert to `self.run_experts`, which returns their outputs
-in the same order. On one device (`LocalExperts`) that is a loop over the experts; under
-expert parallelism (`paraxis.parallel.experts.expert_parallel`) the tokens travel to the ranks
-holding
-their experts by all-to-all and back.
+How tokens reach their experts is the one thing that changes with expert parallelism, so it is a
+seam: the block sorts the (token, expert) assignments by expert and hands the sorted tokens with the
+count per expert to `self.run_experts`, which returns their outputs in the same order. On one device
+(`LocalExperts`) that is a loop over the experts; under expert parallelism
+(`paraxis.parallel.experts.expert_parallel`) the tokens travel to the ranks holding their experts by
+all-to-all and back.
 
 Load balance (Switch Transformer, Fedus et al. 2022, eq. 4): aux = coef * E * sum_e f_e P_e,
 with f_e the share of the batch's assignments routed to expert e and P_e the mean router

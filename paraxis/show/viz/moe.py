@@ -7,8 +7,7 @@ how evenly a run's experts were loaded.
   expert below: the imbalance the load-balancing loss works against.
 - `plot_all_to_all`: the dispatch all-to-all of one MoE block as a matrix of source rank by
   destination rank, rows and bytes, from `paraxis.spec.expert_placement.send_matrix` (the function
-  the
-  runtime counts its traffic with and the planner prices); the diagonal stays on its rank.
+  the runtime counts its traffic with and the planner prices); the diagonal stays on its rank.
 - `plot_expert_load`: per-expert token counts of every step of a run (its metrics), with the
   busiest expert's load over the mean: under expert parallelism the step waits for the rank
   holding the busiest experts.

@@ -149,9 +149,8 @@ def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: tor
 def layer_overhead(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                    repeats: int = 5) -> float:
     """Seconds one paraxis.model.transformer block takes, forward + backward, on a single
-    token: what
-    eager PyTorch spends dispatching its few dozen ops (Python, autograd, the kernel launch)
-    whatever their size. A rank pays it per layer per microbatch however small its shard
+    token: what eager PyTorch spends dispatching its few dozen ops (Python, autograd, the kernel
+    launch) whatever their size. A rank pays it per layer per microbatch however small its shard
     of the work, so for a small model split over many ranks it can rival the FLOPs."""
     block = Block(cfg).to(device=device, dtype=dtype)
     x = torch.randn(1, 1, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
