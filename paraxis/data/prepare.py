@@ -12,7 +12,7 @@ Everything is written to a temporary folder and renamed into place at the end, s
 source at once both end up reading one complete copy.
 
 Training pointed at a raw source prepares it into `<cache>/<fingerprint>` first
-(`load_token_data`); the cache is `$PARAXIS_DATA_CACHE`, else `~/.cache/paraxis/data/corpus`.
+(`load_token_data`); the cache is `$PARAXIS_DATA_CACHE`, else `~/.cache/paraxis/data`.
 """
 
 from __future__ import annotations
