@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test lint bench setup browser clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,18 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/paraxis demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# The lab's and the report's browser tests open their pages in Debian's chromium, driven by its
+# chromedriver: installed here where this machine allows it (root and apt-get, as .ci/run
+# does); elsewhere those tests are skipped, each saying how to install them.
+browser:
+	@(command -v chromium && command -v chromedriver) >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	       && echo "paraxis: installing chromium and chromium-driver for the browser tests" \
+	       && apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	  || echo "paraxis: chromium and chromedriver are not installed and cannot be here; the browser tests will be skipped (apt-get install -y chromium chromium-driver, then make test)"
 
 lint: setup
 	$(BIN)/ruff check paraxis tests bench validation tools

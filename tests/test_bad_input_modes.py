@@ -42,6 +42,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "is one whole layout", "leave out microbatches", SUB),
     ("plan-verify-tp-0", [*PLAN, "--verify", "2", "--gpus", "2", "--tp", "0"],
      "--tp 0 must be at least 1", "leave it out", False),
+    # --- CUDA ranks this machine cannot place (the suite sees no GPU): refused before launch
+    ("train-cuda-ranks-without-gpu", [*TRAIN[:-1], "cuda", "--nproc", "2"],
+     "this machine shows no CUDA GPU", "use --device cpu", SUB),
     # --- flags checked in one mode only, now in every one
     ("train-predicted-step-negative", [*TRAIN, "--predicted-step-s", "-1"],
      "--predicted-step-s -1.0", "must be a positive number", False),

@@ -133,3 +133,29 @@ def test_the_suite_sees_no_gpu_and_its_spawned_gpu_ranks_see_what_it_could():
     with gpus_seen(), mp.get_context("spawn").Pool(1) as pool:
         assert pool.apply(_seen) == os.environ[SEEN_GPUS]
     assert _seen() == ""
+
+
+def test_gpus_seen_where_the_variable_was_never_set(monkeypatch):
+    """A process that inherits `hide_gpus`'s mark with no CUDA_VISIBLE_DEVICES at all (a rank
+    the suite spawned, or a GPU machine that never set it) sees every GPU inside `gpus_seen`
+    and leaves the variable as it found it."""
+    monkeypatch.setenv(SEEN_GPUS, UNSET)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with gpus_seen():
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with gpus_seen():
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_cuda_ranks_a_machine_cannot_place_are_refused_in_one_line():
+    from paraxis.dist.launch import cuda_ranks_problem
+
+    assert cuda_ranks_problem(2, "cuda", 2, None) is None
+    assert cuda_ranks_problem(1, "cuda:1", 2, None) is None
+    assert "shows no CUDA GPU (CUDA_VISIBLE_DEVICES='')" in cuda_ranks_problem(1, "cuda", 0, "")
+    assert "--nproc 4 CUDA ranks need a GPU each, and this machine shows 1; use --nproc 1" in \
+        cuda_ranks_problem(4, "cuda", 1, None)
+    assert "names one GPU for all 2 ranks" in cuda_ranks_problem(2, "cuda:0", 8, None)

@@ -28,7 +28,7 @@ from paraxis.spec.cp_balance import (
 )
 from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix, uniform_send_matrix
 from paraxis.spec.model_config import PRESETS
-from tests.test_lab import click, slide, text
+from tests.test_lab import click, skip_without_browser, slide, text
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def data():
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, data):
     """The page in its own headless session (tests/test_lab.py has its own)."""
+    skip_without_browser()
     driver = open_browser(height=1400)
     driver.get(write_lab(tmp_path_factory.mktemp("lab"), data).resolve().as_uri())
     yield driver

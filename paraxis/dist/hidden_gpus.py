@@ -31,12 +31,18 @@ def gpus_seen() -> Iterator[None]:
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     seen = os.environ.get(SEEN_GPUS)
     if seen is not None:
-        if seen == UNSET:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = seen
+        _set_visible(None if seen == UNSET else seen)
     try:
         yield
     finally:
         if seen is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden if hidden is not None else ""
+            _set_visible(hidden)
+
+
+def _set_visible(devices: str | None) -> None:
+    """CUDA_VISIBLE_DEVICES set to `devices`, or unset for None (a process that inherited
+    the marks of `hide_gpus` may have no such variable at all)."""
+    if devices is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices

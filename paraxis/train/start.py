@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from paraxis.data.blend import load_run_data
-from paraxis.dist.launch import launch, warn_if_oversubscribed
+from paraxis.dist.launch import check_cuda_ranks, launch, warn_if_oversubscribed
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.auto_layout import measured_line, resolve
@@ -51,6 +51,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
             )
 
             packing_id(data.end_of_document, data.name)
+        check_cuda_ranks(nproc, train_cfg.device)
         warn_if_oversubscribed(nproc, train_cfg.device)
         from paraxis.train.claim import (  # lazy: torch; CLI start-up imports this
             claim_folder,  # the launcher holds --checkpoint-dir

@@ -24,18 +24,26 @@ WIDGETS = ("scaling", "dp", "ring", "tp", "pipe", "zero", "grid", "cp", "moe")
 SHOT_STEPS = {"dp": 4, "ring": 3, "tp": 5}
 
 
-def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
-    """A headless Chromium driven by Debian's chromedriver; ParaxisError when missing."""
+def browser_missing() -> str | None:
+    """What of the browser is not installed, as one line saying how to install it (None:
+    everything is there)."""
     try:
-        from selenium import webdriver  # lazy: selenium is optional (dev extra)
-        from selenium.webdriver.chrome.service import (  # lazy: selenium is optional (dev extra)
-            Service,
-        )
-    except ImportError as error:
-        raise ParaxisError("the lab's browser needs selenium; pip install -e '.[dev]'") from error
+        import selenium  # noqa: F401  # lazy: selenium is optional (dev extra)
+    except ImportError:
+        return "the lab's browser needs selenium; pip install -e '.[dev]'"
     for path, package in ((CHROMEDRIVER, "chromium-driver"), (CHROMIUM, "chromium")):
         if shutil.which(path) is None:
-            raise ParaxisError(f"{path} is missing; apt-get install -y {package}")
+            return f"{path} is missing; apt-get install -y {package}"
+    return None
+
+
+def open_browser(width: int = 1100, height: int = 1000) -> WebDriver:
+    """A headless Chromium driven by Debian's chromedriver; ParaxisError when missing."""
+    if missing := browser_missing():
+        raise ParaxisError(missing)
+    from selenium import webdriver  # lazy: selenium is optional (dev extra)
+    from selenium.webdriver.chrome.service import Service  # lazy: selenium, as above
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
