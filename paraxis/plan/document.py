@@ -17,7 +17,9 @@ SCHEMA = "paraxis.plan/1"
 def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                   precision: Precision, overlap: Overlap, layouts: list[Estimate],
                   explanation: list[str], result: SearchResult | None = None) -> dict:
-    cluster_dict = {k: v for k, v in dataclasses.asdict(cluster).items() if k != "gpu"}
+    # the machine's fields (backward_segments is the planner's model, not the machine's)
+    cluster_dict = {k: v for k, v in dataclasses.asdict(cluster).items()
+                    if k not in ("gpu", "backward_segments")}
     band = error_band(cluster)
     doc: dict = {
         "schema": SCHEMA,
