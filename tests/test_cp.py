@@ -187,7 +187,8 @@ def test_learned_positions_and_tied_embeddings_follow_the_chunks():
      "cp_a2a=3 must divide cp=4 and be smaller .cp_a2a=cp is cp_attention=all_to_all.; "
      "choose cp_a2a among 2"),
     (dict(cp=4, cp_a2a=4), {}, "cp_a2a=cp is cp_attention=all_to_all"),
-    (dict(cp_a2a=2), {}, "among none: raise cp"),
+    (dict(cp_a2a=2), {}, "cp=1 has none.: raise cp, or leave cp_a2a out"),
+    (dict(cp=2, cp_a2a=3), {}, "cp_a2a=3 needs a cp of 4 or more"),
     (dict(cp=4, cp_a2a=2, cp_attention="all_to_all"), {}, "drop cp_a2a"),
     (dict(cp=8, cp_a2a=4, tp=2), dict(model=PRESETS["tiny-llama"]),
      "cp_a2a=4 splits the attention heads inside each group: 2 heads and 1 kv heads .per TP"),

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from paraxis.files.checkpoint_ownership import check_not_a_run_folder
 from paraxis.files.host import check_writable_folder
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action in ("convert", "import-hf", "export-hf"):
         destination = Path(args.destination)
         check_writable_folder(destination, "the destination")  # before reading anything
+        if args.action != "export-hf":
+            check_not_a_run_folder(destination, f"checkpoint {args.action}")
         source = Path(args.source).resolve()
         if destination.resolve().is_relative_to(source):
             raise ParaxisError(f"the destination {destination} lies inside the source "

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from paraxis.dist.launch import launch
+    from paraxis.files.host import check_writable_folder
     from paraxis.files.model_file import load_model_config
     from paraxis.files.terminal import console as terminal_console
     from paraxis.show.lab.page import write_lab
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.train.loop import run_training
 
     console = terminal_console(highlight=False)
+    check_writable_folder(args.out, "--out", "runs/demo")
     out = Path(args.out)
     layout = Layout.parse(args.layout)
     common = RunConfig.from_flags(model=args.model, steps=args.steps, global_batch=GLOBAL_BATCH,

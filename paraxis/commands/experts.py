@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("ep", "batch", "seq_len"):
         if getattr(args, flag) < 1:
             raise ParaxisError(f"--{flag.replace('_', '-')} must be >= 1")
+    if not 0 <= args.seed < 2**63:  # as `paraxis train`: torch's generator takes these
+        raise ParaxisError(f"--seed {args.seed} must be between 0 and 2**63 - 1")
     if args.batch * args.seq_len > MAX_TOKENS:  # one forward on one CPU: a look, not a run
         raise ParaxisError(f"--batch {args.batch} x --seq-len {args.seq_len} is over "
                            f"{MAX_TOKENS:,} tokens; route fewer tokens (the routing of a "

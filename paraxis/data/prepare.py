@@ -33,6 +33,7 @@ import numpy as np
 from paraxis.data.corpus import ByteTokenizer, HFTokenizer, TokenData, load_tokenizer
 from paraxis.data.sources import Piece, documents, pieces, source_files, source_kind
 from paraxis.data.tokens import TokenShards
+from paraxis.files.host import check_writable_folder
 from paraxis.spec.errors import ParaxisError
 
 VERSION = 1
@@ -240,7 +241,9 @@ def _check_vocabulary(tokens: np.ndarray, vocab: int, file: Path, ends_file: Pat
 def cache_root() -> Path:
     """Where training keeps the tokens of raw sources it prepared."""
     if os.environ.get("PARAXIS_DATA_CACHE"):
-        return Path(os.environ["PARAXIS_DATA_CACHE"])
+        root = Path(os.environ["PARAXIS_DATA_CACHE"])
+        check_writable_folder(root, "PARAXIS_DATA_CACHE", "~/.cache/paraxis/data")
+        return root
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "paraxis" / "data"
 

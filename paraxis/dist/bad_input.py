@@ -41,6 +41,8 @@ BAD_INPUT = "bad_input"
 
 def decide(error: ParaxisError) -> tuple[bool, int]:
     """(whether this rank prints `error`'s line, the exit code it ends with)."""
+    if getattr(error, "not_a_rank", False):  # found before any rank of a job: say it here
+        return True, error.exit_code
     if getattr(error, "same_on_every_rank", False):  # every rank raises it: rank 0 says it
         return os.environ.get("RANK", "0") == "0", error.exit_code
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:

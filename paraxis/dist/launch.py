@@ -249,6 +249,32 @@ def failure_summary(codes: list[int | None]) -> str:
             "says why (--debug for tracebacks)")
 
 
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_rank_environment(nproc: int) -> None:
+    """Refuse torchrun's variables half set, or naming another world than --nproc: left in
+    the shell by an earlier job, they would make this process wait for peers that never come."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    world = os.environ["WORLD_SIZE"]
+    unset = "unset " + " ".join(TORCHRUN_VARIABLES)
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    message = None
+    if missing:
+        message = (f"WORLD_SIZE={world} is set but {', '.join(missing)} "
+                   f"{'is' if len(missing) == 1 else 'are'} not: torchrun sets them together; "
+                   f"{unset} (left from another job?), or start the run with torchrun")
+    elif nproc > 1 and world != str(nproc):
+        message = (f"--nproc {nproc} starts its own ranks, but WORLD_SIZE={world} says this "
+                   f"process is one of {world} torchrun ranks; {unset} (left from another "
+                   "job?), or drop --nproc under torchrun")
+    if message:
+        error = ParaxisError(message)
+        error.not_a_rank = True  # no job store to agree through: its variables are the fault
+        raise error
+
+
 def check_cuda_ranks(nproc: int, device: str) -> None:
     """Refuse, before any rank starts, `--device cuda` where no GPU is visible and more
     CUDA ranks on this machine than the GPUs it shows (each rank takes its own GPU;

@@ -97,6 +97,21 @@ def read_json(path: Path, what: str) -> dict[str, Any] | None:
     return record
 
 
+def check_not_a_run_folder(folder: Path, command: str) -> None:
+    """Refuse writing a checkpoint from outside a run (`command`: what would write it) into
+    a folder a run holds (run.lock) or owns (run.json): the run would later replace that
+    step with its own, or refuse to resume past it."""
+    holder = read_json(folder / LOCK_FILE, "the lock")
+    if holder is not None:
+        raise ParaxisError(f"{folder} is held by {describe_holder(holder)} (its run.lock); "
+                           f"{command} into another folder")
+    identity = read_identity(folder)
+    if identity is not None:
+        raise ParaxisError(f"{folder} belongs to run {identity['id']} (its run.json), whose "
+                           f"--resume would meet a step it did not write; {command} into "
+                           "another folder")
+
+
 def read_identity(folder: Path) -> dict[str, Any] | None:
     return read_json(folder / RUN_FILE, "the run that owns the folder")
 

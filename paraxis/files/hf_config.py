@@ -14,6 +14,7 @@ dense blocks). Pure Python, like `paraxis.spec.model_config`.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
@@ -31,6 +32,7 @@ def read_hf_config(path: Path) -> dict[str, object]:
                            "(config.json + model.safetensors)")
     source = path / "config.json"
     doc = read_json(source)
+    _check_number_types(doc, source)
     # hand-written configs sometimes name only the model_type ("llama", "mixtral", "gpt2")
     arch = (doc.get("architectures") or [doc.get("model_type")])[0]
     style = ARCHITECTURES.get(arch) or (arch if arch in ARCHITECTURES.values() else None)
@@ -39,6 +41,30 @@ def read_hf_config(path: Path) -> dict[str, object]:
                            f"imports {', '.join(ARCHITECTURES)}")
     build = {"llama": _llama_config, "mixtral": _mixtral_config, "gpt2": _gpt2_config}[style]
     return build(doc, source, path.resolve().name)
+
+
+# The keys read as counts and as real numbers; a value of another type (a quoted "4", a
+# boolean) is named in one line before anything computes with it.
+WHOLE_NUMBER_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                     "head_dim", "n_embd", "n_layer", "n_head", "n_positions", "n_inner",
+                     "num_local_experts", "num_experts_per_tok", "sliding_window")
+REAL_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "router_aux_loss_coef",
+                    "router_jitter_noise", "partial_rotary_factor")
+
+
+def _check_number_types(doc: dict, source: Path) -> None:
+    for key in WHOLE_NUMBER_KEYS:
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ParaxisError(f"{source}: {key} = {value!r} must be a whole number (not a "
+                               "quoted number or true/false); fix config.json")
+    for key in REAL_NUMBER_KEYS:
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
+                                  or not math.isfinite(value)):
+            raise ParaxisError(f"{source}: {key} = {value!r} must be a finite number; fix "
+                               "config.json")
 
 
 def read_json(path: Path) -> dict:

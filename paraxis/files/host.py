@@ -16,6 +16,7 @@ def check_writable_folder(path: str | Path, flag: str, example: str = "pictures"
         if not path.strip():
             raise ParaxisError(f"{flag} is empty; give a folder, e.g. {example}")
         path = Path(path)
+    check_name_lengths(path, flag)
     if path.exists() and not path.is_dir():
         raise ParaxisError(f"{flag} {path} is a file, not a folder; choose another path")
     folder = path
@@ -28,6 +29,7 @@ def check_writable_folder(path: str | Path, flag: str, example: str = "pictures"
 
 def check_writable(path: Path, flag: str) -> None:
     """Fail before training (and before creating anything) if `path` cannot be written."""
+    check_name_lengths(path, flag)
     if path.is_dir():
         raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
     folder = path.parent
@@ -36,6 +38,30 @@ def check_writable(path: Path, flag: str) -> None:
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
                            "folder); choose another path")
+
+
+def check_name_lengths(path: Path, flag: str) -> None:
+    """Refuse a path the file system cannot hold: a name longer than its folder allows
+    (255 bytes on ext4 and most others), or a whole path longer than the system's limit."""
+    # (asking whether a too-long name exists fails itself: read the limits where the path
+    # starts)
+    start = Path(path.anchor) if path.is_absolute() else Path.cwd()
+    name_max, path_max = _limit(start, "PC_NAME_MAX", 255), _limit(start, "PC_PATH_MAX", 4096)
+    for name in path.parts:
+        if len(os.fsencode(name)) > name_max:
+            raise ParaxisError(f"{flag}: the name {name[:24]}... is {len(os.fsencode(name))} "
+                               f"bytes, more than this file system allows ({name_max}); choose "
+                               "a shorter name")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise ParaxisError(f"{flag} is a path of more than {path_max} bytes, more than this "
+                           "system allows; choose a shorter path")
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
 
 
 def outermost_missing(path: Path) -> Path | None:

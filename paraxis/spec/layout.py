@@ -248,10 +248,14 @@ class Layout:
             raise ParaxisError(f"unknown cp_attention {self.cp_attention!r}; use one of "
                                f"{', '.join(CP_ATTENTION)}")
         inner = [a for a in range(2, self.cp) if self.cp % a == 0]
+        if self.cp_a2a > 1 and not inner:
+            raise ParaxisError(f"cp_a2a={self.cp_a2a} needs a cp of 4 or more (a divisor of cp "
+                               f"between 1 and cp; cp={self.cp} has none): raise cp, or leave "
+                               "cp_a2a out")
         if self.cp_a2a > 1 and self.cp_a2a not in inner:
             raise ParaxisError(f"cp_a2a={self.cp_a2a} must divide cp={self.cp} and be smaller "
                                f"(cp_a2a=cp is cp_attention=all_to_all); choose cp_a2a among "
-                               f"{', '.join(map(str, inner)) or 'none: raise cp'}")
+                               f"{', '.join(map(str, inner))}")
         if self.cp_a2a > 1 and self.cp_attention == "all_to_all":
             raise ParaxisError("cp_attention=all_to_all already splits heads over every cp "
                                "rank; drop cp_a2a, or set cp_attention=ring with it")

@@ -48,6 +48,10 @@ from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_l
 from paraxis.train.nan_policy import POLICIES
 
 FP32_MAX = 3.4028234663852886e38
+# A collective's wait: below a second the rendezvous itself cannot start; above 10 million
+# (115 days) the number no longer fits the C++ timeouts it becomes.
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e7
+MAX_BUCKET_MB = 1 << 20  # a terabyte: past any model's gradients
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,10 @@ class RunConfig:
             raise ParaxisError("--checkpoint-every and --keep must be >= 0")
         if self.eval.every < 0 or self.eval.batches < 1:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
+        for flag, given in (("--checkpoint-every", ckpt.every != 0), ("--keep", ckpt.keep != 3)):
+            if given and not ckpt.dir:  # as --exit-after: nothing would be saved
+                raise ParaxisError(f"{flag} needs --checkpoint-dir (where the checkpoints go); "
+                                   "add it, or leave the flag out")
         if ckpt.exit_after is not None and ckpt.exit_after < 1:
             raise ParaxisError(f"--exit-after {ckpt.exit_after} must be at least 1")
         if self.launch.max_restarts < 0:
@@ -235,8 +243,9 @@ class RunConfig:
                             ("--nproc", self.launch.nproc)):
             if value < 1:
                 raise ParaxisError(f"{flag} {value} must be at least 1")
-        if not opt.weight_decay >= 0:
-            raise ParaxisError(f"--weight-decay {opt.weight_decay} must be >= 0 (0 turns it off)")
+        if not 0 <= opt.weight_decay < math.inf:
+            raise ParaxisError(f"--weight-decay {opt.weight_decay} must be a number >= 0 (0 turns "
+                               "it off; typical: 0.1)")
         for flag, beta in (("--adam-beta1", opt.adam_beta1), ("--adam-beta2", opt.adam_beta2)):
             if not 0 <= beta < 1:
                 raise ParaxisError(f"{flag} {beta} must be in [0, 1) (typical: 0.9, 0.95)")
@@ -247,11 +256,12 @@ class RunConfig:
             raise ParaxisError(f"min_lr_ratio {opt.min_lr_ratio} must be between 0 and 1 (the "
                                "final learning rate as a fraction of --lr)")
         check_compile(self.layout.schedule, train.compile)
-        if not train.bucket_mb > 0:
-            raise ParaxisError(f"--bucket-mb {train.bucket_mb} must be positive (DDP uses 25)")
-        if not 0 < train.timeout_s < math.inf:
+        if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
+            raise ParaxisError(f"--bucket-mb {train.bucket_mb} must be a positive number of MiB "
+                               f"up to {MAX_BUCKET_MB:,} (DDP uses 25)")
+        if not MIN_TIMEOUT_S <= train.timeout_s <= MAX_TIMEOUT_S:
             raise ParaxisError(f"--timeout-s {train.timeout_s} must be a positive number of "
-                               "seconds")
+                               f"seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,.0f} (default 600)")
         if train.on_nan not in POLICIES:
             raise ParaxisError(f"--on-nan {train.on_nan} is unknown; use "
                                f"{' or '.join(POLICIES)}")
@@ -358,3 +368,6 @@ def check_late_failures(cfg: RunConfig) -> None:
     for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
         if folder:
             check_writable_folder(Path(folder), flag)
+            if log.metrics_file and Path(log.metrics_file).absolute() == Path(folder).absolute():
+                raise ParaxisError(f"--metrics-file {log.metrics_file} is also the {flag} "
+                                   "folder; give the metrics file another path")

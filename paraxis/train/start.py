@@ -11,7 +11,12 @@ import sys
 from collections.abc import Callable
 
 from paraxis.data.blend import load_run_data
-from paraxis.dist.launch import check_cuda_ranks, launch, warn_if_oversubscribed
+from paraxis.dist.launch import (
+    check_cuda_ranks,
+    check_rank_environment,
+    launch,
+    warn_if_oversubscribed,
+)
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.auto_layout import measured_line, resolve
@@ -21,6 +26,7 @@ from paraxis.train.config import RunConfig
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
+    check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
     from paraxis.train.resume import already_complete  # lazy: torch; CLI start-up imports this
 

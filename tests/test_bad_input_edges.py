@@ -1,0 +1,112 @@
+"""The bad-input catalogue at the edges: numbers too large or too small for what they become,
+names longer than the file system holds, one path given for two things, flags that need
+another, checkpoints written into a folder a run owns, torchrun's variables left in a shell.
+Same rules as `tests/test_bad_input.py`: one line `paraxis: error: ...` with a fix, exit
+code 2, no traceback, and every file in the folder unchanged. Rows marked SUB run in a
+subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_bad_input import catalogue, check_row, run_row
+
+SUB = True
+TRAIN = ["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch", "4",
+         "--device", "cpu"]
+LONG_NAME = "n" * 300  # past the 255 bytes of ext4 and most file systems
+
+ROWS: list[tuple[str, list[str], str, str, bool]] = [
+    # --- numbers past what they become (an int, a C timeout)
+    ("bucket-mb-inf", [*TRAIN, "--bucket-mb", "inf"], "--bucket-mb inf",
+     "DDP uses 25", SUB),
+    ("timeout-overflows", [*TRAIN, "--nproc", "2", "--timeout-s", "1e300"],
+     "--timeout-s 1e+300", "1 to 10,000,000 (default 600)", SUB),
+    ("timeout-below-a-second", [*TRAIN, "--nproc", "2", "--timeout-s", "1e-9"],
+     "--timeout-s 1e-09", "1 to 10,000,000 (default 600)", SUB),
+    ("weight-decay-inf", [*TRAIN, "--weight-decay", "inf"], "--weight-decay inf",
+     "typical: 0.1", False),
+    # --- names the file system cannot hold
+    ("metrics-file-name-too-long", [*TRAIN, "--metrics-file", f"{LONG_NAME}/m.jsonl"],
+     "--metrics-file: the name nnnn", "choose a shorter name", SUB),
+    ("checkpoint-dir-name-too-long", [*TRAIN, "--checkpoint-dir", LONG_NAME],
+     "--checkpoint-dir: the name nnnn", "choose a shorter name", False),
+    ("lab-out-name-too-long", ["lab", "--out", LONG_NAME], "--out: the name nnnn",
+     "choose a shorter name", False),
+    # --- one path for two things
+    ("metrics-file-is-the-checkpoint-dir", [*TRAIN, "--metrics-file", "X",
+                                            "--checkpoint-dir", "X"],
+     "--metrics-file X is also the --checkpoint-dir folder", "another path", SUB),
+    # --- flags that do nothing without another (as --exit-after without a folder)
+    ("checkpoint-every-without-dir", [*TRAIN, "--checkpoint-every", "1"],
+     "--checkpoint-every needs --checkpoint-dir", "leave the flag out", False),
+    ("keep-without-dir", [*TRAIN, "--keep", "5"], "--keep needs --checkpoint-dir",
+     "leave the flag out", False),
+    # --- the other commands refuse what train refuses
+    ("experts-seed-negative", ["experts", "--seed", "-5"],
+     "--seed -5 must be between 0 and 2**63 - 1", "2**63 - 1", False),
+    ("demo-out-empty", ["demo", "--out", ""], "--out is empty", "runs/demo", SUB),
+    # --- a checkpoint from outside a run into a folder a run owns or holds
+    ("convert-into-a-run-folder", ["checkpoint", "convert", "no_source", "run_folder",
+                                   "--layout", "dp=1"],
+     "run_folder belongs to run owner-1 (its run.json)", "into another folder", SUB),
+    ("import-hf-into-a-held-folder", ["checkpoint", "import-hf", "hf_quoted", "held_folder"],
+     "held_folder is held by run holder-1", "checkpoint import-hf into another folder",
+     False),
+    # --- a config.json whose counts are not numbers
+    ("import-hf-quoted-heads", ["checkpoint", "import-hf", "hf_quoted", "out"],
+     "num_attention_heads = '4' must be a whole number", "fix config.json", SUB),
+]
+
+
+def make_inputs(folder: Path) -> None:
+    (folder / "run_folder").mkdir()
+    (folder / "run_folder" / "run.json").write_text(json.dumps({"id": "owner-1",
+                                                                "created": 0.0}))
+    (folder / "held_folder").mkdir()
+    (folder / "held_folder" / "run.lock").write_text(json.dumps(
+        {"run": "holder-1", "token": "t", "host": socket.gethostname(), "pid": os.getpid(),
+         "beat": time.time()}))
+    (folder / "hf_quoted").mkdir()
+    (folder / "hf_quoted" / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": "4", "num_key_value_heads": 4,
+         "intermediate_size": 128, "max_position_embeddings": 128}))
+    (folder / "cache_file").write_text("not a folder\n")
+    (folder / "c.jsonl").write_text('{"text": "one document"}\n{"text": "another"}\n')
+
+
+inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_edges",
+                                                           exit_code=2)
+
+
+@pytest.mark.parametrize("environment,argv,message,hint", [
+    ({"WORLD_SIZE": "4"}, [*TRAIN, "--nproc", "2"],
+     "WORLD_SIZE=4 is set but RANK, MASTER_ADDR, MASTER_PORT are not", "start the run with "
+     "torchrun"),
+    # a whole torchrun world left in the shell: before, the run waited silently for peers
+    ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     [*TRAIN, "--nproc", "2"], "--nproc 2 starts its own ranks, but WORLD_SIZE=4",
+     "drop --nproc under torchrun"),
+    ({"PARAXIS_DATA_CACHE": "cache_file"}, [*TRAIN, "--data", "c.jsonl"],
+     "PARAXIS_DATA_CACHE cache_file is a file, not a folder", "choose another path"),
+], ids=["world-size-alone", "a-leftover-torchrun-world", "data-cache-a-file"])
+def test_what_the_environment_says_is_checked_in_one_line(inputs, monkeypatch, environment,
+                                                          argv, message, hint):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    check_row(inputs, argv, message, hint, SUB, exit_code=2)
+
+
+def test_checkpoint_every_with_its_folder_still_trains(inputs):
+    # the flag alone is refused above; with the folder it needs, the run saves as before
+    code, stderr = run_row([*TRAIN, "--checkpoint-every", "1", "--checkpoint-dir", "ok_ck"],
+                           inputs, False)
+    assert code == 0, stderr
+    assert (inputs / "ok_ck" / "run.json").is_file()
