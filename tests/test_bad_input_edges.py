@@ -59,6 +59,21 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("import-hf-into-a-held-folder", ["checkpoint", "import-hf", "hf_quoted", "held_folder"],
      "held_folder is held by run holder-1", "checkpoint import-hf into another folder",
      False),
+    # --- run files TOML cannot read as written, or whose values train would blame on a flag
+    ("run-file-with-a-bom", [*TRAIN, "--config", "bom.toml"], "starts with a byte-order mark",
+     "save it as UTF-8 without BOM", False),
+    ("run-file-a-fifo", [*TRAIN, "--config", "fifo.toml"], "fifo.toml is not a regular file",
+     "give a .toml run file", SUB),
+    ("run-file-lr-nan", [*TRAIN, "--config", "nan.toml"],
+     "nan.toml: [optimizer] lr = nan must be a finite number", "write e.g. lr = 0.003", False),
+    # --- flags that would be silently ignored
+    ("cp-attention-without-cp", [*TRAIN, "--cp-attention", "all_to_all"],
+     "--cp-attention all_to_all says how K/V reach the queries across cp ranks, and cp = 1",
+     "add --cp N, or leave it out", False),
+    ("zero3-reshard-without-a-pipeline", [*TRAIN, "--zero", "3", "--zero3-reshard", "step"],
+     "--zero3-reshard step applies to ZeRO-3 under a pipeline", "leave it out", False),
+    ("rdzv-host-empty", [*TRAIN, "--nproc", "2", "--rdzv-host", ""], "--rdzv-host is empty",
+     "e.g. 127.0.0.1", SUB),
     # --- a config.json whose counts are not numbers
     ("import-hf-quoted-heads", ["checkpoint", "import-hf", "hf_quoted", "out"],
      "num_attention_heads = '4' must be a whole number", "fix config.json", SUB),
@@ -79,6 +94,9 @@ def make_inputs(folder: Path) -> None:
          "num_hidden_layers": 2, "num_attention_heads": "4", "num_key_value_heads": 4,
          "intermediate_size": 128, "max_position_embeddings": 128}))
     (folder / "cache_file").write_text("not a folder\n")
+    (folder / "bom.toml").write_text("\ufeff[train]\nsteps = 1\n", encoding="utf-8")
+    os.mkfifo(folder / "fifo.toml")
+    (folder / "nan.toml").write_text("[optimizer]\nlr = nan\n")
     (folder / "c.jsonl").write_text('{"text": "one document"}\n{"text": "another"}\n')
 
 

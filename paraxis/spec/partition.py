@@ -10,6 +10,7 @@ planner prices the same split (one fact, computed once).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from paraxis.spec.errors import ParaxisError
@@ -138,11 +139,18 @@ def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extr
                    ) -> list[int]:
     """Boundaries 0 = b0 < b1 < ... < b_parts = n of a contiguous split that minimises the
     largest part (first part carries first_extra, last part last_extra). Dynamic programming
-    over (parts used, blocks covered): n is at most a few hundred layers."""
+    over (parts used, blocks covered), quadratic in the blocks: a model of a few hundred
+    layers takes milliseconds; past DP_BLOCKS a bottleneck search gives the same largest
+    part in O(parts log n) per try (ties between equal largest parts then go to the
+    earliest boundaries, not to the evenest squares)."""
     n = len(costs)
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    if parts == 1:
+        return [0, n]
+    if n > DP_BLOCKS:
+        return _bottleneck_split(prefix, parts, first_extra, last_extra)
 
     def cost(part: int, start: int, stop: int) -> float:
         extra = (first_extra if part == 0 else 0.0) + (last_extra if part == parts - 1 else 0.0)
@@ -165,3 +173,45 @@ def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extr
     for k in range(parts, 0, -1):
         bounds.append(choice[k][bounds[-1]])
     return bounds[::-1]
+
+
+DP_BLOCKS = 1024  # beyond this many blocks the quadratic search gives way to the bottleneck one
+
+
+def _bottleneck_split(prefix: list[float], parts: int, first_extra: float, last_extra: float
+                      ) -> list[int]:
+    """`_min_max_split` for many blocks: bisect the largest part's cost; for each candidate a
+    greedy pass extends every part as far as the candidate allows (leaving a block for each
+    part after it) and succeeds when the last part fits too."""
+    n = len(prefix) - 1
+
+    def extra(part: int) -> float:
+        return (first_extra if part == 0 else 0.0) + (last_extra if part == parts - 1 else 0.0)
+
+    def greedy(limit: float) -> list[int] | None:
+        bounds = [0]
+        for part in range(parts - 1):
+            start = bounds[-1]
+            # the furthest stop with prefix[stop] - prefix[start] + extra <= limit
+            stop = bisect.bisect_right(prefix, prefix[start] + limit - extra(part)) - 1
+            stop = min(stop, n - (parts - 1 - part))  # a block for every later part
+            if stop <= start:
+                return None
+            bounds.append(stop)
+        if prefix[n] - prefix[bounds[-1]] + extra(parts - 1) > limit:
+            return None
+        return [*bounds, n]
+
+    low, high = 0.0, prefix[n] + first_extra + last_extra
+    found = greedy(high)
+    for _ in range(100):  # bisection of a float interval: 100 halvings reach its precision
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        attempt = greedy(middle)
+        if attempt is None:
+            low = middle
+        else:
+            high, found = middle, attempt
+    assert found is not None
+    return found

@@ -361,6 +361,15 @@ def check_late_failures(cfg: RunConfig) -> None:
                            f"{layout.virtual_stages if layout.virtual_stages > 1 else 'several'}"
                            " model chunks on each pipeline stage); raise pp or use "
                            "schedule=1f1b")
+    if layout.cp == 1 and layout.cp_attention != "ring":
+        raise ParaxisError(f"--cp-attention {layout.cp_attention} says how K/V reach the "
+                           "queries across cp ranks, and cp = 1; add --cp N, or leave it out")
+    if layout.zero3_reshard != "forward" and not (layout.zero == 3 and layout.pp > 1):
+        raise ParaxisError(f"--zero3-reshard {layout.zero3_reshard} applies to ZeRO-3 under a "
+                           "pipeline (--zero 3 with --pp 2 or more); leave it out")
+    if not cfg.launch.rdzv_host.strip():
+        raise ParaxisError("--rdzv-host is empty; give the address the launcher's store "
+                           "listens on, e.g. 127.0.0.1")
     for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
                         ("--metrics-file", log.metrics_file)):
         if given is not None and not given.strip():  # "" would write into the working folder

@@ -4,6 +4,7 @@ holds the sections; a run file is one TOML table per section)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,22 @@ def read_run_file(path: str | Path) -> RunConfig:
     if path.is_dir():
         raise ParaxisError(f"config file {path} is a folder; give a .toml run file (examples/ "
                            "holds some to start from)")
-    if not path.is_file():
+    if not path.exists():
         raise ParaxisError(f"config file {path} does not exist; check the path (examples/ "
                            "holds run files to start from)")
+    if not path.is_file():  # a FIFO or a device: reading it could wait forever
+        raise ParaxisError(f"config file {path} is not a regular file; give a .toml run file")
     try:
-        doc = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        text = path.read_text()
+    except UnicodeDecodeError as error:
+        raise ParaxisError(f"config file {path} is not UTF-8 text ({error}); save it as "
+                           "UTF-8") from None
+    if text.startswith("\ufeff"):
+        raise ParaxisError(f"config file {path} starts with a byte-order mark (U+FEFF), which "
+                           "TOML does not allow; save it as UTF-8 without BOM")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
         raise ParaxisError(f"config file {path} is not valid TOML ({error}); fix that "
                            "line") from None
     known = sections()
@@ -65,6 +76,10 @@ def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
         example = _toml_value(default if default is not None else fallback)
         raise ParaxisError(f"{path}: [{section}] {key} = {value!r} must be of type "
                            f"{wanted.__name__}; write e.g. {key} = {example}")
+    if wanted is float and not math.isfinite(value):  # TOML has nan and inf literals
+        example = _toml_value(default if default is not None else EXAMPLES[float])
+        raise ParaxisError(f"{path}: [{section}] {key} = {value} must be a finite number; "
+                           f"write e.g. {key} = {example}")
 
 
 def to_toml(cfg: RunConfig) -> str:
