@@ -64,3 +64,17 @@ def test_the_launcher_passes_each_signal_to_its_ranks_as_sigterm():
             os.kill(os.getpid(), first)  # a rank that does not stop: the second one kills
             time.sleep(0.01)
             assert children[0].wait(timeout=30) == -signal.SIGKILL
+
+
+def test_the_launcher_ends_as_the_signal_it_received():
+    """The ranks received SIGTERM from the launcher whatever the launcher received; their
+    line and exit code then say the launcher's signal: 130 for Ctrl-C, 129 for a closed
+    terminal, as a shell reports them. Other lines pass unchanged."""
+    from paraxis.dist.launch import _as_received
+
+    said = {"stopped by SIGTERM after step 3; saved ck/step-00000003": 143,
+            "the data is bad": 2}
+    assert _as_received(said, signal.SIGINT) == {
+        "stopped by SIGINT after step 3; saved ck/step-00000003": 130, "the data is bad": 2}
+    assert set(_as_received(said, signal.SIGHUP).values()) == {129, 2}
+    assert _as_received(said, signal.SIGTERM) == said

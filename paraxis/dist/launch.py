@@ -33,8 +33,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from paraxis.dist.host_memory import return_freed_memory
 from paraxis.dist.bad_input import decide, run_guarded
+from paraxis.dist.host_memory import return_freed_memory
 from paraxis.dist.preemption import CatchSignals, die_with_parent
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
 
@@ -167,10 +167,12 @@ class _PassSignals(CatchSignals):
     def __init__(self, processes: list) -> None:
         super().__init__()
         self.processes = processes
+        self.count = 0  # signals received: a second one kills the ranks, nothing saved
 
     def _handle(self, signum: int, frame: object) -> None:
         passed = signal.SIGKILL if self.signum else signal.SIGTERM
         self.signum = self.signum or signum
+        self.count += 1
         for process in self.processes:
             if process.exitcode is None and process.pid:
                 with contextlib.suppress(ProcessLookupError):
@@ -195,16 +197,32 @@ def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSign
             return returned if received else results.get(timeout=timeout_s)[1]
         if signals.signum or any(code not in (None, 0) for code in codes):
             _wait_for_the_rest(processes, results, said, signals)
+            if signals.signum:
+                said = _as_received(said, signals.signum)
             if said:  # bad input or a preemption: the same line from every rank, once
                 error = ParaxisError("; ".join(said))
                 error.exit_code = max(said.values())
                 raise error
             if signals.signum:
-                error = ParaxisError(f"stopped by {signal.Signals(signals.signum).name} "
-                                     "before the ranks started training; nothing was saved")
+                name = signal.Signals(signals.signum).name
+                error = ParaxisError(
+                    f"stopped by {name}: a second signal stopped the ranks at once, without "
+                    "saving (the checkpoint folder holds the last save before it)"
+                    if signals.count > 1 else
+                    f"stopped by {name} before the ranks started training; nothing was saved")
                 error.exit_code = 128 + signals.signum
                 raise error
             raise RunFailed(failure_summary([p.exitcode for p in processes]))
+
+
+def _as_received(said: dict[str, int], signum: int) -> dict[str, int]:
+    """The ranks' preemption lines as the launcher's own signal: it passed them SIGTERM
+    whatever it received, so a Ctrl-C or a closed terminal ends as 130 or 129, as documented."""
+    passed = f"stopped by {signal.SIGTERM.name}"
+    received = f"stopped by {signal.Signals(signum).name}"
+    return {line.replace(passed, received): (128 + signum if code == 128 + signal.SIGTERM
+                                             else code)
+            for line, code in said.items()}
 
 
 def _wait_for_the_rest(processes: list, results: Queue, said: dict[str, int],
