@@ -78,3 +78,20 @@ def test_the_launcher_ends_as_the_signal_it_received():
         "stopped by SIGINT after step 3; saved ck/step-00000003": 130, "the data is bad": 2}
     assert set(_as_received(said, signal.SIGHUP).values()) == {129, 2}
     assert _as_received(said, signal.SIGTERM) == said
+
+
+@pytest.mark.slow
+def test_a_stop_signal_is_heard_inside_a_long_evaluation(tmp_path):
+    """An evaluation of 1e11 held-out batches: SIGTERM stops it within EVAL_STOP_EVERY
+    batches, with the step's checkpoint (before, it was heard only after the evaluation)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "paraxis", "train", "--steps", "5", "--quiet", "--seq-len", "32",
+         "--global-batch", "4", "--device", "cpu", "--eval-every", "1", "--eval-batches",
+         "100000000000", "--checkpoint-dir", str(tmp_path / "ck")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # start-up, the first step, then well into its evaluation
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 143, stderr
+    assert "stopped by SIGTERM after step" in stderr and "saved" in stderr, stderr

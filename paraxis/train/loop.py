@@ -259,7 +259,9 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
                 record["peak_mem_bytes_by_rank"] = peaks
                 record["peak_mem_bytes_max_rank"] = max(peaks)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == train.steps):
-                record["val_loss"] = _evaluate(cfg, engine, data, share, device)
+                val_loss = _evaluate(cfg, engine, data, share, device, stop)
+                if val_loss is not None:  # None: a stop signal cut the evaluation short
+                    record["val_loss"] = val_loss
             record["data_bytes_read"] = data.bytes_read()  # this rank's, held-out reads too
             if problem or overflowed:
                 record["skipped"] = problem or "fp16 gradients overflowed (loss scale lowered)"
@@ -290,12 +292,20 @@ def _to_device(batch: tuple[np.ndarray, ...], device: torch.device) -> tuple[tor
     return tuple(torch.from_numpy(part).to(device) for part in batch)
 
 
+# Held-out batches between two checks of the stop flag during an evaluation: a stop signal
+# waits at most this many (one agreed flag, as at a step boundary, on every rank alike).
+EVAL_STOP_EVERY = 64
+
+
 def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
-              device: torch.device) -> float:
+              device: torch.device, stop: StopRequest) -> float | None:
     """Mean loss over the same `eval_batches` held-out batches every time (comparable
-    across steps, runs and layouts): --val-data's, else each source's tail."""
+    across steps, runs and layouts): --val-data's, else each source's tail. None when a stop
+    signal came during it: the run stops at this step without a held-out loss."""
     train, total = cfg.train, 0.0
     for index in range(cfg.eval.batches):
+        if index and index % EVAL_STOP_EVERY == 0 and stop.agreed(device):
+            return None
         batch = read_share(data, index, train.global_batch, train.seq_len, train.seed, share,
                            split="val")
         total += engine.evaluate(*_to_device(batch, device))
