@@ -72,6 +72,12 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "add --cp N, or leave it out", False),
     ("zero3-reshard-without-a-pipeline", [*TRAIN, "--zero", "3", "--zero3-reshard", "step"],
      "--zero3-reshard step applies to ZeRO-3 under a pipeline", "leave it out", False),
+    ("data-dtype-without-a-token-file", [*TRAIN, "--data-dtype", "uint8"],
+     "--data-dtype uint8 says how a .bin token file is read, and --data names none",
+     "leave it out", False),
+    ("text-field-without-a-raw-source", [*TRAIN, "--text-field", "body"],
+     "--text-field body names a field of JSONL, Parquet or datasets sources",
+     "leave it out", False),
     ("rdzv-host-empty", [*TRAIN, "--nproc", "2", "--rdzv-host", ""], "--rdzv-host is empty",
      "e.g. 127.0.0.1", SUB),
     # --- a config.json whose counts are not numbers

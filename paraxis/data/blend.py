@@ -27,6 +27,7 @@ import numpy as np
 
 from paraxis.data.corpus import TokenData, sample_key
 from paraxis.data.prepare import load_token_data
+from paraxis.data.sources import source_kind
 from paraxis.files.checkpoint_ownership import data_facts
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.options import option
@@ -167,8 +168,24 @@ class DataSection:
 
 def load_run_data(section: DataSection) -> Blend:
     """A run's training blend, with its held-out set when `--val-data` names one."""
+    check_data_flags(section)
     blend = load_blend(section.path, section.dtype, section.tokenizer, section.text_field)
     if section.val_path:
         blend.val = load_blend(section.val_path, section.dtype, section.tokenizer,
                                section.text_field)
     return blend
+
+
+def check_data_flags(section: DataSection) -> None:
+    """Refuse --data-dtype and --text-field where no source reads them (a .bin token file,
+    and JSONL, Parquet or datasets sources): given there, they would be silently ignored."""
+    paths = [Path(path) for spec in (section.path, section.val_path) if spec
+             for path, _ in parse_blend(spec) if path not in (None, "", "embedded")]
+    defaults = DataSection()
+    if section.dtype != defaults.dtype and not any(p.suffix == ".bin" for p in paths):
+        raise ParaxisError(f"--data-dtype {section.dtype} says how a .bin token file is read, "
+                           "and --data names none; leave it out")
+    if section.text_field != defaults.text_field and not any(
+            p.exists() and source_kind(p) is not None for p in paths):
+        raise ParaxisError(f"--text-field {section.text_field} names a field of JSONL, "
+                           "Parquet or datasets sources, and --data names none; leave it out")
