@@ -80,6 +80,30 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "leave it out", False),
     ("rdzv-host-empty", [*TRAIN, "--nproc", "2", "--rdzv-host", ""], "--rdzv-host is empty",
      "e.g. 127.0.0.1", SUB),
+    # --- checkpoints that are not what their names say, runs that change under them
+    ("resume-a-renamed-step", [*TRAIN, "--steps", "4", "--checkpoint-dir", "renamed",
+                               "--resume", "auto"],
+     "renamed/step-00000009 is named for step 9 but its manifest says step 2",
+     "give it back its name, step-00000002", SUB),
+    ("resume-in-another-precision", [*TRAIN, "--steps", "3", "--checkpoint-dir", "ck",
+                                     "--resume", "auto", "--precision", "bf16"],
+     "with --precision bf16 (checkpoint: fp32)", "--allow-resume-changes", False),
+    # --- model and data files that would train on something else than they say
+    ("model-json-key-twice", [*TRAIN, "--model", "twice.json"],
+     "the key 'n_layers' is given twice", "fix the file", False),
+    ("import-hf-integer-weights", ["checkpoint", "import-hf", "hf_int", "out"],
+     "is stored as I32, not floating point", "give its float (F32, BF16, F16) weights", False),
+    ("prepare-only-empty-texts", ["data", "prepare", "empty.jsonl", "--out", "prepared"],
+     "every document of empty.jsonl is empty", "--text-field", SUB),
+    ("prepared-folder-without-index", [*TRAIN, "--data", "unindexed"],
+     "holds prepared shards but no index.json", "paraxis data prepare", False),
+    # --- sampling from weights or with a tokenizer the model cannot take
+    ("generate-nan-weights", ["generate", "--checkpoint", "hf_nan", "--prompt", "hi"],
+     "holds NaN or infinite values", "use another checkpoint", SUB),
+    ("generate-tokenizer-larger-than-vocab", ["generate", "--checkpoint", "ck", "--prompt",
+                                              "hi", "--tokenizer", "big_tokenizer.json"],
+     "the tokenizer has 300 tokens, more than the model's vocabulary of 256",
+     "--tokenizer", False),
     # --- a config.json whose counts are not numbers
     ("import-hf-quoted-heads", ["checkpoint", "import-hf", "hf_quoted", "out"],
      "num_attention_heads = '4' must be a whole number", "fix config.json", SUB),
@@ -104,6 +128,40 @@ def make_inputs(folder: Path) -> None:
     os.mkfifo(folder / "fifo.toml")
     (folder / "nan.toml").write_text("[optimizer]\nlr = nan\n")
     (folder / "c.jsonl").write_text('{"text": "one document"}\n{"text": "another"}\n')
+    (folder / "empty.jsonl").write_text('{"text": ""}\n' * 20)
+    (folder / "unindexed").mkdir()
+    (folder / "unindexed" / "shard-00000.bin").write_bytes(bytes(64))
+    (folder / "twice.json").write_text(
+        '{"style": "gpt2", "vocab_size": 256, "n_layers": 2, "n_layers": 4, "d_model": 64, '
+        '"n_heads": 4, "d_ff": 256, "max_seq_len": 128}')
+    _checkpoints_and_weights(folder)
+
+
+def _checkpoints_and_weights(folder: Path) -> None:
+    """A 2-step run's checkpoint folder (ck), a copy with its step renamed, and its weights as
+    Hugging Face directories: one with an integer tensor, one with a NaN."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    code, stderr = run_row([*TRAIN, "--steps", "2", "--checkpoint-dir", "ck"], folder, False)
+    assert code == 0, stderr
+    shutil.copytree(folder / "ck", folder / "renamed")
+    (folder / "renamed" / "step-00000002").rename(folder / "renamed" / "step-00000009")
+    code, stderr = run_row(["checkpoint", "export-hf", "ck", "hf"], folder, False)
+    assert code == 0, stderr
+    for name, spoil in (("hf_int", lambda t: (t * 100).to(torch.int32)),
+                        ("hf_nan", lambda t: t.fill_(float("nan")))):
+        shutil.copytree(folder / "hf", folder / name)
+        tensors = load_file(folder / name / "model.safetensors")
+        first = sorted(tensors)[0]
+        tensors[first] = spoil(tensors[first])
+        save_file(tensors, folder / name / "model.safetensors", metadata={"format": "pt"})
+    vocab = {f"w{i}": i for i in range(300)}
+    Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(folder / "big_tokenizer.json"))
 
 
 inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_edges",
@@ -134,3 +192,10 @@ def test_checkpoint_every_with_its_folder_still_trains(inputs):
                            inputs, False)
     assert code == 0, stderr
     assert (inputs / "ok_ck" / "run.json").is_file()
+
+
+def test_checkpoint_info_takes_the_manifest_itself(inputs):
+    # before: "does not exist" for a manifest.json that exists
+    code, stderr = run_row(["checkpoint", "info", "ck/step-00000002/manifest.json"], inputs,
+                           False)
+    assert code == 0, stderr

@@ -175,6 +175,10 @@ class TokenData:
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
                            (".txt", ".md", ".py"))
+            if not files and any(path.glob("shard-*.bin")):  # `data prepare`'s, unindexed
+                raise ParaxisError(f"data folder {path} holds prepared shards but no "
+                                   "index.json (an interrupted prepare?); prepare the source "
+                                   "again with paraxis data prepare")
             if not files:
                 raise ParaxisError(f"data folder {path} holds no .txt/.md/.py files; put text "
                                    "files in it or give a .bin token file")

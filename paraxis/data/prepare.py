@@ -162,6 +162,11 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
                   for i, (piece, (n, d)) in enumerate(zip(todo, counts, strict=True)) if d]
         if not shards:
             raise ParaxisError(f"{path} holds no documents; give it some")
+        ends = sum(s["documents"] for s in shards) if end_of_document(tok) is not None else 0
+        if sum(s["tokens"] for s in shards) <= ends:
+            # each document's tokens end with one end-of-document id: no more means no text
+            raise ParaxisError(f"every document of {path} is empty (field {text_field!r}); give "
+                               "it some text, or choose the field with --text-field")
         dtype = "uint8" if isinstance(tok, ByteTokenizer) else np.dtype(tok.dtype).name
         index = {"format": "paraxis token shards", "version": VERSION, "fingerprint": key,
                  "source": str(path), "kind": kind, "text_field": text_field,

@@ -263,8 +263,8 @@ def failure_summary(codes: list[int | None]) -> str:
             parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
         elif code > 0:
             parts.append(f"rank {rank} exited with code {code}")
-    return (f"{', '.join(parts)} (of {len(codes)} ranks); each failed rank's own line above "
-            "says why (--debug for tracebacks)")
+    return (f"{', '.join(parts)} (of {len(codes)} ranks); a failed rank's own line above, "
+            "where it wrote one before it ended, says why (--debug for tracebacks)")
 
 
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")

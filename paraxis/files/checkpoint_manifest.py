@@ -84,6 +84,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         safe_member(directory, name)
     check_schema(manifest, path)
     _check_checksum(manifest, path)
+    named = STEP_DIR.match(directory.name)
+    if named and int(named.group(1)) != manifest["step"]:
+        raise ParaxisError(f"{directory} is named for step {int(named.group(1))} but its "
+                           f"manifest says step {manifest['step']} (renamed?); give it back "
+                           f"its name, {step_dir_name(manifest['step'])}")
     return manifest
 
 
@@ -196,6 +201,8 @@ def check_model(manifest: dict[str, Any], model: dict[str, Any], directory: Path
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory, or the newest complete one under a directory of them."""
     path = Path(path)
+    if path.name == MANIFEST and path.is_file():  # the manifest itself: its checkpoint
+        path = path.parent
     if (path / MANIFEST).is_file():
         return path
     if not path.is_dir():

@@ -60,10 +60,11 @@ def data_facts(tokens: Any, name: str) -> dict[str, Any]:
     return {"name": name, "tokens": int(len(tokens)), "fingerprint": digest.hexdigest()[:16]}
 
 
-def run_facts(global_batch: int, seq_len: int, seed: int, data: dict[str, Any]
-              ) -> dict[str, Any]:
+def run_facts(global_batch: int, seq_len: int, seed: int, data: dict[str, Any],
+              precision: str) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint it continues."""
-    return {"global_batch": global_batch, "seq_len": seq_len, "seed": seed, "source": data}
+    return {"global_batch": global_batch, "seq_len": seq_len, "seed": seed, "source": data,
+            "precision": precision}
 
 
 def differences(saved: dict[str, Any], facts: dict[str, Any]) -> list[str]:
@@ -71,7 +72,7 @@ def differences(saved: dict[str, Any], facts: dict[str, Any]) -> list[str]:
     checkpoint does not record (older checkpoints) are not compared."""
     out = []
     for key, flag in (("global_batch", "--global-batch"), ("seq_len", "--seq-len"),
-                      ("seed", "--seed")):
+                      ("seed", "--seed"), ("precision", "--precision")):
         if key in saved and saved[key] != facts[key]:
             out.append(f"{flag} {facts[key]} (checkpoint: {saved[key]})")
     old, new = saved.get("source"), facts["source"]

@@ -27,7 +27,8 @@ def load_model_config(name_or_path: str) -> ModelConfig:
                                f"({', '.join(PRESETS)}) or an existing .json/.toml file")
         try:
             text = path.read_text()
-            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+            data = (json.loads(text, object_pairs_hook=_no_repeated_keys)
+                    if path.suffix == ".json" else tomllib.loads(text))
         except (ValueError, UnicodeDecodeError) as error:
             raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
                                "fix the file or give a preset name") from None
@@ -36,6 +37,17 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         return ModelConfig.from_dict(data, source=str(path))
     raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
                        "or give a .json/.toml file")
+
+
+def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are each given once: JSON would take the last of a repeated
+    key silently (TOML refuses it itself)."""
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} is given twice")
+        seen[key] = value
+    return seen
 
 
 def _model_of_directory(path: Path) -> ModelConfig:

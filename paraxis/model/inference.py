@@ -37,6 +37,11 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu",
     else:
         raise ParaxisError(f"{path} holds neither config.json (a Hugging Face model) nor "
                            "manifest.json (a paraxis checkpoint) nor step-N checkpoints")
+    broken = next((name for name, tensor in state.items()
+                   if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+    if broken is not None:  # sampling from them would fail deep inside torch.multinomial
+        raise ParaxisError(f"{path}: tensor {broken!r} holds NaN or infinite values; use "
+                           "another checkpoint (an earlier step, or the source's own weights)")
     return cfg, model_from_state(cfg, state, device, dtype)
 
 

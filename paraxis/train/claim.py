@@ -47,6 +47,7 @@ from paraxis.files.checkpoint_ownership import (
 from paraxis.files.host import outermost_missing
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import get_policy
 from paraxis.train.resume import resume_source
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class Claim(RunIdentity):
 
 def facts_of(cfg: RunConfig, data: TokenData | Blend) -> dict[str, Any]:
     train = cfg.train
-    return run_facts(train.global_batch, train.seq_len, train.seed, Blend.of(data).facts())
+    return run_facts(train.global_batch, train.seq_len, train.seed, Blend.of(data).facts(),
+                     get_policy(train.precision).name)
 
 
 def claim_folder(cfg: RunConfig, data: TokenData | Blend, rank: int = 0, world: int = 1

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.dist.groups import restart_attempt
-from paraxis.files.checkpoint_manifest import check_model
+from paraxis.files.checkpoint_manifest import check_model, read_manifest
 from paraxis.files.checkpoint_ownership import RunIdentity
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import get_policy
 from paraxis.train.run_file import to_toml
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def already_complete(cfg: RunConfig) -> str | None:
     if not saved or saved[-1][0] < cfg.train.steps:
         return None
     step, path = saved[-1]
+    read_manifest(path)  # the step its name says, before the run is called complete
     return (f"{path} is at step {step} of --steps {cfg.train.steps}: the run is complete, "
             "nothing to train (raise --steps to train further)")
 
@@ -108,7 +110,8 @@ def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
     only)."""
     train = cfg.train
     data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
-            "global_batch": train.global_batch, "seq_len": train.seq_len}
+            "global_batch": train.global_batch, "seq_len": train.seq_len,
+            "precision": get_policy(train.precision).name}
     run = None
     if claim is not None:
         data["source"] = claim.facts["source"]

@@ -33,6 +33,8 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+# safetensors dtype names of the weights paraxis imports (cast to the run's dtype on load)
+FLOAT_DTYPES = ("F64", "F32", "BF16", "F16")
 
 
 class HFReader:
@@ -137,10 +139,13 @@ class _Files:
                                "model with safetensors")
         self.used: set[str] = set()
         self.stored_shapes: dict[str, tuple[int, ...]] = {}  # from the headers: no data read
+        self.stored_dtypes: dict[str, str] = {}
         for file in sorted(set(self.where.values())):
             handle = _open(file)
             for name in sorted(n for n, f in self.where.items() if f == file):
-                self.stored_shapes[name] = tuple(_get_slice(handle, file, name).get_shape())
+                stored = _get_slice(handle, file, name)
+                self.stored_shapes[name] = tuple(stored.get_shape())
+                self.stored_dtypes[name] = stored.get_dtype()
 
     def has(self, name: str) -> bool:
         return name in self.where
@@ -153,6 +158,11 @@ class _Files:
         if self.stored_shapes[name] != shape:
             raise ParaxisError(f"{self.where[name]}: tensor {name!r} has shape "
                                f"{self.stored_shapes[name]}, but config.json implies {shape}")
+        if self.stored_dtypes[name] not in FLOAT_DTYPES:  # weights cast to floats: truncated
+            raise ParaxisError(f"{self.where[name]}: tensor {name!r} is stored as "
+                               f"{self.stored_dtypes[name]}, not floating point; weights of a "
+                               "quantized or integer checkpoint do not import, give its "
+                               "float (F32, BF16, F16) weights")
         self.used.add(name)
 
     def read(self, name: str, index: tuple[int | slice, ...], transposed: bool = False
