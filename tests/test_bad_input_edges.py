@@ -107,6 +107,42 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- a config.json whose counts are not numbers
     ("import-hf-quoted-heads", ["checkpoint", "import-hf", "hf_quoted", "out"],
      "num_attention_heads = '4' must be a whole number", "fix config.json", SUB),
+    # --- files that are not text where text is read
+    ("report-run-not-text", ["report", "--run", "binary.jsonl", "--out", "r.html"],
+     "binary.jsonl is not a metrics file (not UTF-8 text)", "--metrics-file` wrote", SUB),
+    ("convert-config-not-text", ["checkpoint", "convert", "binary_config", "out", "--layout",
+                                 "dp=1"], "config.toml is not UTF-8 text",
+     "use an earlier one", False),
+    # --- sizes that would run for hours before saying anything
+    ("model-a-billion-layers", [*TRAIN, "--model", "billion_layers.json"],
+     "n_layers=1,000,000,000 is over 10,000", "give the model's real layer count", False),
+    ("calibrate-more-ranks-than-cores", ["calibrate", "--nproc", "100000", "--device", "cpu",
+                                         "--out", "c.json"],
+     "--nproc 100000 is more ranks than this machine's", "or fewer, e.g. 2,4", False),
+    # --- a path typed with a line break: still one line
+    ("data-path-with-a-newline", [*TRAIN, "--data", "tok\nens.bin"],
+     "data tok\\nens.bin does not exist", "give an existing .bin token file", SUB),
+    # --- empty text that meant the default or the working folder, unsaid
+    ("data-empty", [*TRAIN, "--data", ""], "--data is empty", "or leave the flag out", False),
+    ("resume-empty", [*TRAIN, "--resume", ""], "--resume is empty", "leave the flag out",
+     False),
+    ("convert-layout-empty", ["checkpoint", "convert", "ck", "out", "--layout", ""],
+     "--layout is empty", "dp=1 for one device", False),
+    ("convert-destination-empty", ["checkpoint", "convert", "ck", "", "--layout", "dp=1"],
+     "the destination is empty", "give a folder", SUB),
+    ("info-path-empty", ["checkpoint", "info", ""], "the checkpoint info source is empty",
+     "give a checkpoint", False),
+    ("plan-layout-empty", ["plan", "--model", "tiny", "--layout", ""], "--layout is empty",
+     "leave the flag out", False),
+    ("prepare-source-empty", ["data", "prepare", "", "--out", "prepared_here"],
+     "the source is empty", "give a .jsonl / .jsonl.gz file", False),
+    ("schedule-trace-a-folder", ["schedule", "--from-trace", "unindexed"],
+     "cannot read trace unindexed", "give the trace.json a pipeline run (pp > 1) writes",
+     False),
+    # --- a file where a checkpoint directory is expected
+    ("init-from-a-file", [*TRAIN, "--init-from", "cache_file"],
+     "checkpoint cache_file is a file, not a checkpoint directory", "give a step-N directory",
+     False),
 ]
 
 
@@ -131,6 +167,10 @@ def make_inputs(folder: Path) -> None:
     (folder / "empty.jsonl").write_text('{"text": ""}\n' * 20)
     (folder / "unindexed").mkdir()
     (folder / "unindexed" / "shard-00000.bin").write_bytes(bytes(64))
+    (folder / "binary.jsonl").write_bytes(bytes(range(256)))
+    (folder / "billion_layers.json").write_text(json.dumps(
+        {"style": "gpt2", "vocab_size": 256, "n_layers": 10**9, "d_model": 64, "n_heads": 4,
+         "d_ff": 256, "max_seq_len": 128}))
     (folder / "twice.json").write_text(
         '{"style": "gpt2", "vocab_size": 256, "n_layers": 2, "n_layers": 4, "d_model": 64, '
         '"n_heads": 4, "d_ff": 256, "max_seq_len": 128}')
@@ -160,6 +200,8 @@ def _checkpoints_and_weights(folder: Path) -> None:
         first = sorted(tensors)[0]
         tensors[first] = spoil(tensors[first])
         save_file(tensors, folder / name / "model.safetensors", metadata={"format": "pt"})
+    shutil.copytree(folder / "ck", folder / "binary_config")
+    (folder / "binary_config" / "step-00000002" / "config.toml").write_bytes(bytes(range(256)))
     vocab = {f"w{i}": i for i in range(300)}
     Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(folder / "big_tokenizer.json"))
 
@@ -178,7 +220,10 @@ inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "b
      "drop --nproc under torchrun"),
     ({"PARAXIS_DATA_CACHE": "cache_file"}, [*TRAIN, "--data", "c.jsonl"],
      "PARAXIS_DATA_CACHE cache_file is a file, not a folder", "choose another path"),
-], ids=["world-size-alone", "a-leftover-torchrun-world", "data-cache-a-file"])
+    ({"TORCHELASTIC_RESTART_COUNT": "x"}, TRAIN,
+     "TORCHELASTIC_RESTART_COUNT='x' is not a restart count", "unset it"),
+], ids=["world-size-alone", "a-leftover-torchrun-world", "data-cache-a-file",
+        "restart-count-not-a-number"])
 def test_what_the_environment_says_is_checked_in_one_line(inputs, monkeypatch, environment,
                                                           argv, message, hint):
     for name, value in environment.items():

@@ -32,9 +32,17 @@ def test_the_bottleneck_search_finds_the_dynamic_programme_s_largest_part():
             <= 1e-9 * _largest(costs, exact, first, last)
 
 
-def test_a_hundred_thousand_layers_split_in_well_under_a_second():
+def test_a_hundred_thousand_blocks_split_in_well_under_a_second():
+    # (ModelConfig itself caps a model at MAX_LAYERS; the search is timed on its own)
     started = time.perf_counter()
-    split = partition.partition_layers(PRESETS["tiny"].replace(n_layers=100_000), 4, 1)
+    bounds = partition._min_max_split([1.0] * 100_000, 4, 0.5, 0.5)
     assert time.perf_counter() - started < 1.0
-    sizes = [len(part) for part in split.parts]
+    sizes = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     assert sum(sizes) == 100_000 and max(sizes) - min(sizes) <= 2, sizes
+
+
+def test_the_largest_model_a_config_takes_splits_by_the_exact_search_quickly():
+    started = time.perf_counter()
+    split = partition.partition_layers(PRESETS["tiny"].replace(n_layers=512), 8, 1)
+    assert time.perf_counter() - started < 5.0
+    assert sum(len(part) for part in split.parts) == 512

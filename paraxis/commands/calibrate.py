@@ -16,7 +16,9 @@ import json
 from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
-from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, _device_type, calibrate
+from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, _device_type, calibrate, cpu_cores
+
+RANKS_PER_CORE = 4  # past this, starting and timing the ranks takes longer than it tells
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -61,6 +63,12 @@ def default_nproc(device: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     nproc = (_int_list(args.nproc, "--nproc") if args.nproc is not None
              else default_nproc(args.device))
+    cores = cpu_cores()
+    if (args.nproc is not None and _device_type(args.device) == "cpu"
+            and max(nproc) > RANKS_PER_CORE * cores):
+        raise ParaxisError(f"--nproc {max(nproc)} is more ranks than this machine's {cores} "
+                           f"CPU core(s) run ({RANKS_PER_CORE} a core); give rank counts of "
+                           f"{RANKS_PER_CORE * cores} or fewer, e.g. 2,4")
     sizes = [kb * 1024 for kb in _int_list(args.sizes_kb, "--sizes-kb")]
     if len(set(sizes)) < 2:
         raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "

@@ -44,9 +44,18 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.model.checkpoint.convert import convert, export_hf, import_hf
     from paraxis.model.checkpoint.load import CheckpointReader
 
+    source = args.path if args.action == "info" else args.source
+    if not source.strip():  # "" would read the working folder
+        raise ParaxisError(f"the checkpoint {args.action} source is empty; give a checkpoint "
+                           "(or Hugging Face model) directory")
+    layout = getattr(args, "layout", None)
+    if layout is not None and not layout.strip():  # "" would mean dp=1, unsaid
+        raise ParaxisError("--layout is empty; give the layout to cut the files for, e.g. "
+                           "dp=1 for one device or dp=2,tp=2")
     if args.action in ("convert", "import-hf", "export-hf"):
+        # the text, not a Path: "" (the working folder) is refused
+        check_writable_folder(args.destination, "the destination", "ckpt/converted")
         destination = Path(args.destination)
-        check_writable_folder(destination, "the destination")  # before reading anything
         if args.action != "export-hf":
             check_not_a_run_folder(destination, f"checkpoint {args.action}")
         source = Path(args.source).resolve()

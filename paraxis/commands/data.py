@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "action", None) != "prepare":
         raise ParaxisError("say what to do: paraxis data prepare SRC --out DIR")
+    if not args.source.strip():  # "" would read whatever the working folder holds
+        raise ParaxisError("the source is empty; give a .jsonl / .jsonl.gz file, a Parquet "
+                           "file or folder, or a Hugging Face datasets directory")
     if args.workers < 1:
         raise ParaxisError(f"--workers {args.workers} must be 1 or more")
     check_writable_folder(args.out, "--out", "data/shards")

@@ -179,6 +179,10 @@ def load_run_data(section: DataSection) -> Blend:
 def check_data_flags(section: DataSection) -> None:
     """Refuse --data-dtype and --text-field where no source reads them (a .bin token file,
     and JSONL, Parquet or datasets sources): given there, they would be silently ignored."""
+    for flag, spec in (("--data", section.path), ("--val-data", section.val_path)):
+        if spec is not None and not spec.strip():  # "" would read the embedded corpus
+            raise ParaxisError(f"{flag} is empty; give a token file, text, JSONL or Parquet "
+                               "source, or leave the flag out")
     paths = [Path(path) for spec in (section.path, section.val_path) if spec
              for path, _ in parse_blend(spec) if path not in (None, "", "embedded")]
     defaults = DataSection()

@@ -72,11 +72,18 @@ def _job_store() -> Store | None:
     from paraxis.dist.groups import restart_attempt  # lazy: torch; CLI start-up imports this
 
     try:
+        attempt = restart_attempt()
         store = dist.TCPStore(host, int(port), is_master=False,
                               timeout=timedelta(seconds=5))
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, ParaxisError):
         return None
-    return dist.PrefixStore(f"paraxis/one_line/attempt_{restart_attempt()}", store)
+    return dist.PrefixStore(f"paraxis/one_line/attempt_{attempt}", store)
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: a line break inside it (a path typed with one) written as the
+    escape a shell's $'...' takes."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -84,7 +91,7 @@ class OneLineParser(argparse.ArgumentParser):
     like every other paraxis error. Subcommand parsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"paraxis: error: {message}; see `{self.prog} --help`\n")
+        self.exit(2, f"paraxis: error: {one_line(message)}; see `{self.prog} --help`\n")
 
 
 def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
@@ -97,7 +104,7 @@ def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
             traceback.print_exc()
         say, code = decide(error)  # one line however many ranks of a job raise it
         if say:
-            print(f"paraxis: error: {error}", file=sys.stderr, flush=True)
+            print(f"paraxis: error: {one_line(str(error))}", file=sys.stderr, flush=True)
         time.sleep(getattr(error, "linger_s", 0.0))
         return code
     except KeyboardInterrupt:

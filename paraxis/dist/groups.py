@@ -56,7 +56,15 @@ def pick_device(requested: str = "auto") -> torch.device:
 def restart_attempt() -> int:
     """Which attempt of an elastic job this is: 0 first, n after n restarts (torchrun's
     TORCHELASTIC_RESTART_COUNT; 0 outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        attempt = int(text)
+    except ValueError:
+        attempt = -1
+    if attempt < 0:
+        raise ParaxisError(f"TORCHELASTIC_RESTART_COUNT={text!r} is not a restart count (a "
+                           "whole number >= 0); unset it (torchrun sets it) and run again")
+    return attempt
 
 
 def backend_for(device: torch.device) -> str:

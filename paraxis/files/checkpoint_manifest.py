@@ -205,6 +205,9 @@ def resolve(path: str | Path) -> Path:
         path = path.parent
     if (path / MANIFEST).is_file():
         return path
+    if path.exists() and not path.is_dir():
+        raise ParaxisError(f"checkpoint {path} is a file, not a checkpoint directory; give a "
+                           "step-N directory or the directory that holds them")
     if not path.is_dir():
         raise ParaxisError(f"checkpoint {path} does not exist; give a step-N directory or the "
                            "directory that holds them")

@@ -59,6 +59,9 @@ def load_metrics(path: str | Path) -> list[dict]:
     except OSError as error:
         raise ParaxisError(f"cannot read metrics {path}: {error}; give the folder that "
                            "`paraxis train --metrics-file DIR/metrics.jsonl` wrote") from None
+    except UnicodeDecodeError:
+        raise ParaxisError(f"{path} is not a metrics file (not UTF-8 text); give the metrics "
+                           "file `paraxis train --metrics-file` wrote, or its folder") from None
     records = []
     for number, line in enumerate(lines, start=1):
         if line.strip():

@@ -140,12 +140,12 @@ def load_trace(path: str | Path) -> list[dict]:
     """Read a trace file: a JSON list of paraxis events, or a Chrome trace we wrote. A file
     that is neither, or holds no events, is refused in one line naming it."""
     path = Path(path)
+    fix = ("give the trace.json a pipeline run (pp > 1) writes beside its metrics, or a "
+           "Chrome trace paraxis wrote")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ParaxisError(f"cannot read trace {path}: {error}") from None
-    fix = ("give the trace.json a pipeline run (pp > 1) writes beside its metrics, or a "
-           "Chrome trace paraxis wrote")
+        raise ParaxisError(f"cannot read trace {path}: {error}; {fix}") from None
     if not isinstance(data, dict | list):
         raise ParaxisError(f"trace {path} holds a JSON {type(data).__name__}, not a list of "
                            f"events or a Chrome trace; {fix}")

@@ -147,6 +147,10 @@ def check_numbers(args: argparse.Namespace) -> None:
     """Sizes that must be positive, for `plan` and `report` alike: 0 used to fall back to a
     default silently, and a zero or negative node size or bandwidth to divide by zero or price
     nonsense."""
+    layout = getattr(args, "layout", None)
+    if layout is not None and not layout.strip():  # "" would search instead, unsaid
+        raise ParaxisError("--layout is empty; give a layout such as dp=2,tp=2, or leave the "
+                           "flag out")
     for flag in ("gpus_per_node", "nics_per_node"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:

@@ -100,6 +100,7 @@ def routing_text(cfg: ModelConfig) -> str:
 # ------------------------------------------------------------------ model shapes
 
 STYLES = ("gpt2", "llama")
+MAX_LAYERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,10 @@ class ModelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ParaxisError(f"model {field}={value!r} must be a positive integer")
+        if self.n_layers > MAX_LAYERS:  # every planner and memory check walks the layers
+            raise ParaxisError(f"model n_layers={self.n_layers:,} is over {MAX_LAYERS:,} (the "
+                               "largest published models have under 200); give the model's "
+                               "real layer count")
         for field, meaning in (("norm_eps", "the epsilon under a norm's square root"),
                                ("rope_theta", "rotary positions' base")):
             value = getattr(self, field)

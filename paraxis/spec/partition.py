@@ -175,7 +175,7 @@ def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extr
     return bounds[::-1]
 
 
-DP_BLOCKS = 1024  # beyond this many blocks the quadratic search gives way to the bottleneck one
+DP_BLOCKS = 512  # beyond this many blocks the quadratic search gives way to the bottleneck one
 
 
 def _bottleneck_split(prefix: list[float], parts: int, first_extra: float, last_extra: float

@@ -371,7 +371,8 @@ def check_late_failures(cfg: RunConfig) -> None:
         raise ParaxisError("--rdzv-host is empty; give the address the launcher's store "
                            "listens on, e.g. 127.0.0.1")
     for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
-                        ("--metrics-file", log.metrics_file)):
+                        ("--metrics-file", log.metrics_file), ("--resume", ckpt.resume),
+                        ("--init-from", ckpt.init_from)):
         if given is not None and not given.strip():  # "" would write into the working folder
             raise ParaxisError(f"{flag} is empty; give a path, or leave the flag out")
     for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):

@@ -55,9 +55,14 @@ def convert(source: str | Path, destination: str | Path, layout: Layout,
     base = {key: value for key, value in manifest.items()
             if key not in ("files", "pieces", "layout", "world_size")}
     config = reader.directory / "config.toml"
+    try:
+        config_text = config.read_text() if config.is_file() else ""
+    except UnicodeDecodeError:
+        raise ParaxisError(f"{config} is not UTF-8 text; the checkpoint is damaged, use an "
+                           "earlier one (or remove its config.toml)") from None
     return write_for_layout(reader.full, kinds, cfg, layout, destination,
                             {**base, "converted_from": str(reader.directory)},
-                            config.read_text() if config.is_file() else "", seq_len)
+                            config_text, seq_len)
 
 
 def import_hf(source: str | Path, destination: str | Path, layout: Layout | None = None
