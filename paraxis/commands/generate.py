@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--top-k {args.top_k} must be >= 0 (0: no cut)")
     cfg, model = load_for_inference(args.checkpoint, pick_device(args.device))
     tokenizer = pick_tokenizer(Path(args.checkpoint), args.tokenizer, cfg.vocab_size)
-    if tokenizer.vocab_size > cfg.vocab_size:  # the text would decode ids the model never saw
+    if args.tokenizer and tokenizer.vocab_size > cfg.vocab_size:  # not the model's own one
         raise ParaxisError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
                            f"model's vocabulary of {cfg.vocab_size}; give the tokenizer it was "
                            "trained with (--tokenizer)")
