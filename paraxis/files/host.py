@@ -19,12 +19,7 @@ def check_writable_folder(path: str | Path, flag: str, example: str = "pictures"
     check_name_lengths(path, flag)
     if path.exists() and not path.is_dir():
         raise ParaxisError(f"{flag} {path} is a file, not a folder; choose another path")
-    folder = path
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
-                           "folder); choose another path")
+    _check_nearest_folder(path, path, flag)
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -32,7 +27,12 @@ def check_writable(path: Path, flag: str) -> None:
     check_name_lengths(path, flag)
     if path.is_dir():
         raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
-    folder = path.parent
+    _check_nearest_folder(path, path.parent, flag)
+
+
+def _check_nearest_folder(path: Path, folder: Path, flag: str) -> None:
+    """The nearest existing folder at or above `folder` (where writing `path` creates what
+    is missing) must be a folder this process may write in."""
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
