@@ -46,6 +46,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- flags that do nothing without another (as --exit-after without a folder)
     ("checkpoint-every-without-dir", [*TRAIN, "--checkpoint-every", "1"],
      "--checkpoint-every needs --checkpoint-dir", "leave the flag out", False),
+    ("exit-after-past-the-steps", [*TRAIN, "--checkpoint-dir", "ck_exit", "--exit-after", "5"],
+     "--exit-after 5 is past --steps 1", "give a step before it", False),
     ("keep-without-dir", [*TRAIN, "--keep", "5"], "--keep needs --checkpoint-dir",
      "leave the flag out", False),
     # --- the other commands refuse what train refuses

@@ -227,6 +227,10 @@ class RunConfig:
                                    "add it, or leave the flag out")
         if ckpt.exit_after is not None and ckpt.exit_after < 1:
             raise ParaxisError(f"--exit-after {ckpt.exit_after} must be at least 1")
+        if ckpt.exit_after is not None and ckpt.exit_after > train.steps:  # never reached
+            raise ParaxisError(f"--exit-after {ckpt.exit_after} is past --steps {train.steps}, "
+                               "where the run ends first; give a step before it, or leave "
+                               "the flag out")
         if self.launch.max_restarts < 0:
             raise ParaxisError(f"--max-restarts {self.launch.max_restarts} must be >= 0")
         if self.launch.max_restarts and not ckpt.dir:
