@@ -261,10 +261,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor
 GROUP_BYTES = 64 * 2**20  # the most parameter bytes one foreach AdamW call works on
 
 
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def decays(param: nn.Parameter) -> bool:
     """Weight decay on matrices only, not biases or norms: the GPT-2/nanoGPT convention."""
     return param.dim() >= 2
@@ -291,7 +287,8 @@ def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], hyper: AdamW
     """
     groups = [{"params": chunk, "weight_decay": decay_rate}
               for tensors, decay_rate in ((decay, hyper.weight_decay), (no_decay, 0.0))
-              for chunk in runs_within(tensors, tensor_bytes, GROUP_BYTES) if chunk]
+              for chunk in runs_within(tensors, lambda t: t.numel() * t.element_size(),
+                                       GROUP_BYTES) if chunk]
     # A rank whose shard holds only padding has nothing to step; AdamW needs some group.
     groups = groups or [{"params": [], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=0.0, betas=hyper.betas, eps=hyper.eps, foreach=True)

@@ -140,7 +140,7 @@ def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extr
     """Boundaries 0 = b0 < b1 < ... < b_parts = n of a contiguous split that minimises the
     largest part (first part carries first_extra, last part last_extra). Dynamic programming
     over (parts used, blocks covered), quadratic in the blocks: a model of a few hundred
-    layers takes milliseconds; past DP_BLOCKS a bottleneck search gives the same largest
+    layers takes well under a second; past DP_BLOCKS a bottleneck search gives the same largest
     part in O(parts log n) per try (ties between equal largest parts then go to the
     earliest boundaries, not to the evenest squares)."""
     n = len(costs)

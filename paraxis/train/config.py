@@ -221,7 +221,9 @@ class RunConfig:
             raise ParaxisError("--checkpoint-every and --keep must be >= 0")
         if self.eval.every < 0 or self.eval.batches < 1:
             raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
-        for flag, given in (("--checkpoint-every", ckpt.every != 0), ("--keep", ckpt.keep != 3)):
+        unset = CheckpointSection()  # a value other than the default was asked for
+        for flag, given in (("--checkpoint-every", ckpt.every != unset.every),
+                            ("--keep", ckpt.keep != unset.keep)):
             if given and not ckpt.dir:  # as --exit-after: nothing would be saved
                 raise ParaxisError(f"{flag} needs --checkpoint-dir (where the checkpoints go); "
                                    "add it, or leave the flag out")
@@ -365,10 +367,11 @@ def check_late_failures(cfg: RunConfig) -> None:
                            f"{layout.virtual_stages if layout.virtual_stages > 1 else 'several'}"
                            " model chunks on each pipeline stage); raise pp or use "
                            "schedule=1f1b")
-    if layout.cp == 1 and layout.cp_attention != "ring":
+    unset = Layout()  # a value other than the default was asked for
+    if layout.cp == 1 and layout.cp_attention != unset.cp_attention:
         raise ParaxisError(f"--cp-attention {layout.cp_attention} says how K/V reach the "
                            "queries across cp ranks, and cp = 1; add --cp N, or leave it out")
-    if layout.zero3_reshard != "forward" and not (layout.zero == 3 and layout.pp > 1):
+    if layout.zero3_reshard != unset.zero3_reshard and not (layout.zero == 3 and layout.pp > 1):
         raise ParaxisError(f"--zero3-reshard {layout.zero3_reshard} applies to ZeRO-3 under a "
                            "pipeline (--zero 3 with --pp 2 or more); leave it out")
     if not cfg.launch.rdzv_host.strip():
