@@ -147,10 +147,12 @@ def end_rank_process(code: int) -> NoReturn:
 # Every group build_groups creates, by name (`Layout.groups` reads the name): the axes of the
 # grid, experts, "dp_tp" (every rank of one pipeline stage: ZeRO over dp x tp, loss sums) and
 # "dp_cp" (the ranks holding the same parameters under context parallelism: `replica_group`)
-# and "expert_dp" (the ranks holding the same experts under expert parallelism).
+# and "expert_dp" (the ranks holding the same experts under expert parallelism); under hybrid
+# sharding "dp_shard" (where ZeRO shards), "dp_replicate" (the copies of one shard) and
+# "expert_shard" (the ranks of a shard group holding the same experts).
 # A new axis is one more name here and one `<name>_group` field below.
 GROUP_AXES = ("dp", "tp", "pp", "dp_tp", "cp", "ep", "dp_cp", "expert_dp", "cp_a2a",
-              "cp_across")
+              "cp_across", "dp_shard", "dp_replicate", "expert_shard")
 
 
 @dataclass
@@ -177,6 +179,10 @@ class ParallelGroups:
     # two-level cp (layout.cp_a2a > 1): the all-to-all groups and the groups across them
     cp_a2a_group: dist.ProcessGroup | None = None
     cp_across_group: dist.ProcessGroup | None = None
+    # hybrid sharding (layout.hybrid): ZeRO's groups, and the groups across their copies
+    dp_shard_group: dist.ProcessGroup | None = None
+    dp_replicate_group: dist.ProcessGroup | None = None
+    expert_shard_group: dist.ProcessGroup | None = None
 
     def group(self, axis: str) -> dist.ProcessGroup | None:
         """The handle of one of `GROUP_AXES` by name."""
@@ -233,6 +239,34 @@ class ParallelGroups:
         return self.expert_dp_group if self.layout.ep > 1 else self.replica_group
 
     @property
+    def zero_group(self) -> dist.ProcessGroup | None:
+        """Where ZeRO shards the states of the replicated parameters and reduce-scatters
+        their gradients: the replica group, or under hybrid sharding its block of
+        dp_shard x cp ranks."""
+        return self.dp_shard_group if self.layout.hybrid else self.replica_group
+
+    @property
+    def expert_zero_group(self) -> dist.ProcessGroup | None:
+        """Where ZeRO shards the states of experts: `expert_group`, or under hybrid
+        sharding its part inside this rank's shard group."""
+        if not self.layout.hybrid:
+            return self.expert_group
+        return self.expert_shard_group if self.layout.ep > 1 else self.dp_shard_group
+
+    @property
+    def replicate_group(self) -> dist.ProcessGroup | None:
+        """Under hybrid sharding, the ranks holding copies of this rank's shards (one per
+        shard group), over which the shards' gradients are all-reduced; else None."""
+        return self.dp_replicate_group if self.layout.hybrid else None
+
+    @property
+    def replicate_rank(self) -> int:
+        """Which copy of its shards this rank holds (0 without hybrid sharding)."""
+        if not self.layout.hybrid:
+            return 0
+        return self.layout.group_of(self.rank, "dp_replicate").index(self.rank)
+
+    @property
     def is_first_stage(self) -> bool:
         return self.coords.pp_rank == 0
 
@@ -264,6 +298,10 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
             continue  # the replica groups themselves (`expert_group`)
         if axis.startswith("cp_") and layout.cp_a2a == 1:
             continue  # one level: the cp group alone
+        if axis in ("dp_shard", "dp_replicate") and not layout.hybrid:
+            continue  # ZeRO shards over the replica group itself
+        if axis == "expert_shard" and not (layout.hybrid and layout.ep > 1):
+            continue
         for ranks in layout.groups(axis):
             if len(ranks) == 1 or world == 1:
                 continue

@@ -70,13 +70,15 @@ def global_norm_squared(tp_sharded_sq: torch.Tensor, replicated_sq: torch.Tensor
         if split:
             sharded, expert_sq = sharded[0], sharded[1]
     total += sharded
-    replicas = groups.replica_group if groups is not None else None  # dp (x cp)
-    if grads_sharded_over_dp and replicas is not None:
-        with WATCH.waiting("all_reduce", replicas):
-            dist.all_reduce(total, group=replicas)
+    # ZeRO's shards partition dp (x cp), or under hybrid sharding one shard group of it
+    shards = groups.zero_group if groups is not None else None
+    if grads_sharded_over_dp and shards is not None:
+        with WATCH.waiting("all_reduce", shards):
+            dist.all_reduce(total, group=shards)
     if expert_sq is not None and groups is not None:
         experts = expert_sq.float().clone()
-        over = replicas if grads_sharded_over_dp else groups.ep_group
+        # a shard group holds whole expert groups (ep divides dp_shard*cp)
+        over = shards if grads_sharded_over_dp else groups.ep_group
         if over is not None:
             with WATCH.waiting("all_reduce", over):
                 dist.all_reduce(experts, group=over)

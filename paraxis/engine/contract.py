@@ -219,7 +219,7 @@ class LocalEngine:
         if self.groups is None:
             return Place()
         return Place(self.groups.tp_rank, self.layout.tp, self.groups.replica_rank,
-                     self.groups.expert_dp_rank)
+                     self.groups.expert_dp_rank, self.groups.replicate_rank)
 
     def checkpoint_entries(self) -> list[Entry]:
         """Whole parameters and their AdamW moments (no ZeRO: every dp rank holds all), and

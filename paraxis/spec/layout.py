@@ -18,6 +18,12 @@ on different nodes (PP only sends activations at stage boundaries). Coordinates 
 group (one axis, or several joined by "_", such as "dp_tp") are computed from that list and
 nothing else, so adding an axis is adding a name to `AXES` (and its degree to the Layout).
 
+Hybrid sharding (`dp_shard`, PyTorch's HYBRID_SHARD, torchtitan's dp_replicate x dp_shard)
+splits the dp axis once more: dp_rank = replica * dp_shard + shard_index, so a shard group is
+dp_shard consecutive dp ranks (times cp and tp, the inner axes: dp_shard*cp*tp consecutive
+ranks, one node when that is the node's size). ZeRO shards within it; its dp/dp_shard
+copies all-reduce their shards' gradients across nodes.
+
 Expert parallelism (`ep`) is not a factor of the world: its groups are carved out of the
 dp x cp ranks of one (pp, tp) position, as in Megatron, so `ep` must divide `dp * cp`.
 Nor is expert tensor parallelism (`etp`, 1 or tp): with etp = tp each expert's matrices are
@@ -136,6 +142,10 @@ class Layout:
                          "rank, tp splits each expert over the tp ranks like the dense MLP")
     zero: int = option(0, "ZeRO stage over dp: 0 none, 1 optimizer state, 2 +gradients, "
                         "3 +parameters", choices=ZERO_STAGES)
+    dp_shard: int = option(0, "hybrid sharding: ZeRO shards within groups of dp_shard "
+                           "consecutive dp ranks (one node by default placement) and the "
+                           "dp/dp_shard groups are replicas of each other; 0: over every dp "
+                           "rank")
     # Microbatches per step per data-parallel replica. With pp > 1 they fill the pipeline;
     # with pp == 1 they are gradient-accumulation microsteps (Megatron uses one number for both).
     microbatches: int = option(1, "microbatches per step per replica (pipeline fill or "
@@ -162,10 +172,27 @@ class Layout:
                                 choices=ZERO3_RESHARD)
 
     def __post_init__(self) -> None:
+        if self.dp_shard == self.dp and not isinstance(self.dp_shard, bool):
+            object.__setattr__(self, "dp_shard", 0)  # shards over every dp rank: plain ZeRO
         if self.schedule in FIXED_VIRTUAL and self.virtual_stages == 1:
             # zb-v always folds the model twice over the stages: say so in the layout itself
             object.__setattr__(self, "virtual_stages", FIXED_VIRTUAL[self.schedule])
         self._check_own_rules()
+
+    @property
+    def shard_size(self) -> int:
+        """dp ranks in one ZeRO shard group: dp_shard under hybrid sharding, else dp."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded states: dp / dp_shard under hybrid sharding, else 1."""
+        return self.dp // self.shard_size
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether ZeRO shards within groups of dp ranks and replicates across them."""
+        return self.replicas > 1
 
     @property
     def placement(self) -> str:
@@ -208,12 +235,31 @@ class Layout:
             return expert_groups(self.degrees, self.ep)
         if axis == "expert_dp":
             return expert_dp_groups(self.degrees, self.ep)
+        if axis in ("dp_shard", "dp_replicate", "expert_shard"):
+            return self._hybrid_groups(axis)
         if axis in ("cp_a2a", "cp_across"):  # two-level cp: each cp group cut both ways
             a, cp_groups = self.cp_a2a, grid_groups(self.degrees, ("cp",))
             if axis == "cp_a2a":  # consecutive cp ranks
                 return [group[i:i + a] for group in cp_groups for i in range(0, self.cp, a)]
             return [group[j::a] for group in cp_groups for j in range(a)]
         return grid_groups(self.degrees, tuple(axis.split("_")))
+
+    def _hybrid_groups(self, axis: str) -> list[list[int]]:
+        """Hybrid sharding cuts each dp x cp group (dp outer, cp inner) into blocks of
+        dp_shard*cp consecutive ranks: "dp_shard" is a block (ZeRO's group), "dp_replicate"
+        the ranks at the same place in every block (the replicas of one shard), and
+        "expert_shard" the ranks of a block holding the same experts (every ep-th, as
+        "expert_dp" is of the whole dp x cp group). Without hybrid sharding a block is the
+        whole dp x cp group and every replicate group a single rank."""
+        size = self.shard_size * self.cp
+        dp_cp = grid_groups(self.degrees, ("dp", "cp"))
+        if axis == "dp_replicate":
+            return [group[j::size] for group in dp_cp for j in range(size)]
+        blocks = [group[i:i + size] for group in dp_cp for i in range(0, len(group), size)]
+        if axis == "dp_shard":
+            return blocks
+        expert_groups(self.degrees, self.ep)  # ep divides dp*cp
+        return [block[j::self.ep] for block in blocks for j in range(self.ep)]
 
     def group_of(self, rank: int, axis: str) -> list[int]:
         """The group along `axis` that contains `rank`."""
@@ -233,6 +279,21 @@ class Layout:
         if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
             raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
                                f"ep among {divisors_text(self.dp * self.cp)}")
+        if isinstance(self.dp_shard, bool) or not isinstance(self.dp_shard, int) \
+                or self.dp_shard < 0 or (self.dp_shard and self.dp % self.dp_shard):
+            raise ParaxisError(f"layout dp_shard={self.dp_shard!r} must divide dp={self.dp} "
+                               f"(0: shard over every dp rank); choose dp_shard among "
+                               f"{divisors_text(self.dp)}")
+        if self.hybrid and self.zero == 0:
+            raise ParaxisError(f"dp_shard={self.dp_shard} is the group ZeRO shards within, "
+                               "and zero=0 shards nothing; set zero=1, 2 or 3, or drop "
+                               "dp_shard")
+        if self.hybrid and (self.shard_size * self.cp) % self.ep:
+            raise ParaxisError(f"ep={self.ep} must divide dp_shard*cp = "
+                               f"{self.shard_size * self.cp} (expert groups sit inside a "
+                               f"shard group); choose ep among "
+                               f"{divisors_text(self.shard_size * self.cp)}, or a larger "
+                               "dp_shard")
         if self.etp not in (1, self.tp):
             raise ParaxisError(f"etp={self.etp} must be 1 (experts whole on every tp rank) or "
                                f"tp={self.tp} (each expert split over the tp ranks); leave etp "
@@ -375,6 +436,8 @@ class Layout:
         if self.cp_a2a > 1:
             parts.append(f"cp_a2a={self.cp_a2a}")
         parts.append(f"zero={self.zero}")
+        if self.dp_shard:
+            parts.append(f"dp_shard={self.dp_shard}")
         shown = {"zero3_reshard": self.zero3_reshard != "forward",  # the rest: when not default
                  "microbatches": self.pp > 1 or self.microbatches > 1, "schedule": self.pp > 1,
                  "virtual_stages": self.virtual_stages > 1, "recompute": self.recompute != "none",

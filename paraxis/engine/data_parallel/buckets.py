@@ -67,8 +67,14 @@ class GradReducer:
     def __init__(self, units: list[FlatUnit], group: dist.ProcessGroup | None,
                  shard_grads: bool,
                  on_unit_backward_done: Callable[[int], None] | None = None,
-                 reduce_to_shard: bool = False, grad_dtype: torch.dtype | None = None) -> None:
+                 reduce_to_shard: bool = False, grad_dtype: torch.dtype | None = None,
+                 replicate_group: dist.ProcessGroup | None = None) -> None:
         self.units = units
+        # hybrid sharding: each unit's shard, summed within its shard group, is then summed
+        # over its copies in the other shard groups
+        self.replicate_group = replicate_group
+        self.final = False  # the step's last microbatch: a finished shard goes across at once
+        self._across: dict[int, object] = {}  # unit index -> its all-reduce across copies
         self.grad_dtype = grad_dtype or units[0].dtype
         # autograd makes gradients in the parameters' dtype: another one is accumulated by
         # the hook into the flat buffers
@@ -99,9 +105,11 @@ class GradReducer:
         self._next_launch = 0
         self._reduced: set[int] = set()  # units already reduced into their shard this step
         # (work, tensor to hold until it is done, that tensor's sum or None, the shard it
-        # goes into (copied, or added where `add`) or None, its group)
+        # goes into (copied, or added where `add`) or None, its group, its unit's index and
+        # whether it was launched by the step's final backward)
         self._pending: list[tuple[object, torch.Tensor | None, torch.Tensor | None,
-                                  torch.Tensor | None, bool, dist.ProcessGroup | None]] = []
+                                  torch.Tensor | None, bool, dist.ProcessGroup | None,
+                                  int, bool]] = []
         self._pending_op = ("reduce_scatter" if shard_grads or reduce_to_shard
                             else "all_reduce")  # what finish() waits on
         for unit in units:
@@ -134,9 +142,12 @@ class GradReducer:
 
     # ------------------------------------------------------------------ per microstep
 
-    def begin_microstep(self, sync: bool) -> None:
-        """Called before each microbatch's backward: only a syncing one communicates."""
+    def begin_microstep(self, sync: bool, final: bool = False) -> None:
+        """Called before each microbatch's backward: only a syncing one communicates.
+        `final`: no later backward adds to this step's gradients, so under hybrid sharding
+        each shard's all-reduce across copies starts as soon as its own sum has arrived."""
         self.sync = sync
+        self.final = final
         self._ready = [0] * len(self.units)
         self._grads_seen = 0
 
@@ -245,10 +256,10 @@ class GradReducer:
             if index in self._reduced:  # a later microbatch: its sum adds to the shard
                 out = torch.empty_like(unit.grad_shard)
                 self._pending.append((reduce_scatter_sum(out, flat, unit.group), flat, out,
-                                      unit.grad_shard, True, unit.group))
+                                      unit.grad_shard, True, unit.group, index, self.final))
             else:
                 self._pending.append((reduce_scatter_sum(unit.grad_shard, flat, unit.group),
-                                      flat, None, None, False, unit.group))
+                                      flat, None, None, False, unit.group, index, self.final))
             self._reduced.add(index)
             return
         if self.predivide:
@@ -258,17 +269,26 @@ class GradReducer:
             # a shard-sized buffer and is copied into the bucket when it has arrived.
             out = torch.empty_like(unit.grad_shard)
             self._pending.append((reduce_scatter_sum(out, unit.grad_full, unit.group), out,
-                                  out, unit.grad_shard, False, unit.group))
+                                  out, unit.grad_shard, False, unit.group, index, self.final))
         else:
             self._pending.append((all_reduce_sum(unit.grad_full, unit.group), None, None,
-                                  None, False, unit.group))
+                                  None, False, unit.group, index, self.final))
 
     def _retire_oldest(self) -> None:
-        work, _, summed, shard, add, group = self._pending.pop(0)
+        work, _, summed, shard, add, group, index, final = self._pending.pop(0)
         with WATCH.waiting(self._pending_op, group):
             work.wait()
         if shard is not None:
             shard.add_(summed) if add else shard.copy_(summed)
+        if final:  # an earlier microbatch's sum is followed by the final one's
+            self._send_across(index)
+
+    def _send_across(self, index: int) -> None:
+        """Hybrid sharding: start the all-reduce of unit `index`'s summed shard over its
+        copies (once a step; nothing without hybrid sharding)."""
+        if self.replicate_group is not None and index not in self._across:
+            self._across[index] = all_reduce_sum(self.units[index].grad_shard,
+                                                 self.replicate_group)
 
     # ----------------------------------------------------------------------- finish
 
@@ -280,6 +300,13 @@ class GradReducer:
         self._launch_ready()
         while self._pending:
             self._retire_oldest()
+        for index in range(len(self.units)):
+            self._send_across(index)
+        for work in self._across.values():
+            with WATCH.waiting("all_reduce", self.replicate_group):
+                work.wait()
+        self._across.clear()
+        self.final = False
         if self.dp_size > 1 and not self.predivide:
             for buffer in self.grad_buffers():
                 buffer.div_(self.dp_size)

@@ -95,6 +95,11 @@ class DataParallelEngine(LocalEngine):
         self.dp_size = group_size(self.dp_group)
         # experts split over ep reduce (and shard) over the ranks holding the same experts
         self.expert_group = groups.expert_group if groups is not None else None
+        # where ZeRO shards: the groups above, or under hybrid sharding their parts inside
+        # one shard group, whose copies then all-reduce across (`replicate_group`)
+        self.zero_group = groups.zero_group if groups is not None else None
+        self.expert_zero_group = groups.expert_zero_group if groups is not None else None
+        self.replicate_group = groups.replicate_group if groups is not None else None
         if self.dp_size != layout.dp * layout.cp:
             axes = "dp*cp" if layout.cp > 1 else "dp"
             raise ParaxisError(f"layout {axes}={layout.dp * layout.cp} but this rank's {axes} "
@@ -127,16 +132,17 @@ class DataParallelEngine(LocalEngine):
         self.reduce_every_microbatch = self.zero >= 2 and layout.pp == 1
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units, hooks = zero3_units(model, params, self.dp_group, device,
-                                            self.expert_group)
-            self.gatherer = ParamGatherer(self.units, hooks, model, self.dp_group)
+            self.units, hooks = zero3_units(model, params, self.zero_group, device,
+                                            self.expert_zero_group)
+            self.gatherer = ParamGatherer(self.units, hooks, model, self.zero_group)
             # Backward completes the forward units last-to-first, then the root.
             order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
                                                                      len(self.units)))
             self.reducer = GradReducer([self.units[i] for i in order], self.dp_group,
                                        shard_grads=True,
                                        on_unit_backward_done=lambda i: self.gatherer
-                                       .on_unit_backward_done(order[i]), grad_dtype=grad_dtype)
+                                       .on_unit_backward_done(order[i]), grad_dtype=grad_dtype,
+                                       replicate_group=self.replicate_group)
         else:
             self.units = make_buckets(params, bucket_bytes, self.group_of, device)
             if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
@@ -146,7 +152,8 @@ class DataParallelEngine(LocalEngine):
                     unit.param_full = full
                     unit.param_shard = unit.shard_of(full)
             self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
-                                       reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype)
+                                       reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype,
+                                       replicate_group=self.replicate_group)
         self.masters: MasterWeights | None = None
         if policy.has_masters:
             whole = self.zero == 0  # ZeRO-0 updates every unit whole
@@ -169,14 +176,15 @@ class DataParallelEngine(LocalEngine):
             self.units, whole=self.masters is not None and self.zero == 0)
 
     def group_of(self, param: nn.Parameter) -> dist.ProcessGroup | None:
-        """Where `param`'s gradient is reduced: the replica group, or the experts' own."""
-        return self.expert_group if is_ep_sharded(param) else self.dp_group
+        """Where `param`'s gradient is reduced and its states sharded: the replica group,
+        or the experts' own (their parts in one shard group under hybrid sharding)."""
+        return self.expert_zero_group if is_ep_sharded(param) else self.zero_group
 
     def _broadcast_from_first_rank(self, params: list[nn.Parameter]) -> None:
         """Every rank starts from dp rank 0's weights (as DDP does), whatever their seeds."""
         with torch.no_grad():
             for p in params:
-                group = self.group_of(p)
+                group = self.expert_group if is_ep_sharded(p) else self.dp_group
                 if group is not None:
                     with WATCH.waiting("broadcast", group):
                         dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
@@ -195,7 +203,8 @@ class DataParallelEngine(LocalEngine):
         without a pipeline: every microbatch reduce-scatters its gradients into the shards
         (`reduce_every_microbatch`), so no rank ever holds the whole model's gradients."""
         every = self.reduce_every_microbatch
-        self.reducer.begin_microstep(sync=last or every)
+        # under a pipeline `last` may mean one chunk's last backward: only finish() is final
+        self.reducer.begin_microstep(sync=last or every, final=last and self.layout.pp == 1)
         yield
         if every and not last:
             self.reducer.end_microstep()

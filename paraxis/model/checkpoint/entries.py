@@ -79,12 +79,14 @@ class ShardPiece(Protocol):
 class Place:
     """Where a rank sits on the axes that cut a tensor: its TP slice and its dp replica
     (for experts under expert parallelism, its index among the ranks holding the same
-    experts: `expert_dp_rank`)."""
+    experts: `expert_dp_rank`), and under hybrid sharding which copy of its ZeRO shards it
+    holds."""
 
     tp_rank: int = 0
     tp_size: int = 1
     dp_rank: int = 0
     expert_dp_rank: int | None = None  # None: dp_rank
+    copy: int = 0  # hybrid sharding: which copy of its shards the rank holds (0 writes)
 
     def cut(self, param: nn.Parameter) -> tuple[tuple[int, ...], int | None, int, int]:
         """(full shape, tp dim, tp index, tp count) of the tensor `param` is a piece of."""
@@ -106,7 +108,9 @@ class Place:
         replica = self.dp_rank
         if is_ep_sharded(param) and self.expert_dp_rank is not None:
             replica = self.expert_dp_rank
-        return replica == 0 or not whole_on_every_dp_rank
+        if whole_on_every_dp_rank:
+            return replica == 0
+        return self.copy == 0
 
 
 def whole_entries(named: list[tuple[str, nn.Parameter]], state: Mapping[torch.Tensor, dict],
