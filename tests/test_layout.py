@@ -90,7 +90,7 @@ def test_old_layout_dicts_load_and_every_field_has_help():
     assert Layout(**old) == Layout(dp=2, pp=2, zero=1, microbatches=4)
     assert Layout(**old).to_dict() == {**old, "cp": 1, "ep": 1, "etp": 1, "cp_attention": "ring",
                                        "cp_a2a": 1, "zero3_reshard": "forward",
-                                       "recompute_layers": 1}
+                                       "recompute_layers": 1, "dp_shard": 0}
     assert str(Layout(**old)) == "dp=2,tp=1,pp=2,zero=1,microbatches=4,schedule=1f1b"
     import dataclasses
 

@@ -309,7 +309,8 @@ def zero_traffic_bytes(num_params: float, n: int, zero: int, grad_bytes: float =
 def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
                  layers: int = 1, bucket_bytes: float = DEFAULT_BUCKET_BYTES,
-                 zero3_reshard: str | None = None, pipelined: bool = False) -> float:
+                 zero3_reshard: str | None = None, pipelined: bool = False,
+                 copies: int = 1, across: Link | None = None) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
@@ -325,7 +326,32 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     reduces them once per step, ZeRO-2 as ZeRO-1 (`pipeline_parallel/engine.py`);
     zero3_reshard: ZeRO-3 under a pipeline, whose gathers follow that choice
     (`zero3_pipeline_volume`).
+    Hybrid sharding: `dp` is one shard group, and each rank's summed gradient shard (1/dp
+    of the stage's) is then all-reduced over its `copies` on the `across` link, once a step
+    (`data_parallel/buckets.py`; PyTorch HSDP, DeepSpeed ZeRO++'s hpZ).
     """
+    return (copies_sync_time(stage_param_count, dp, zero, copies, across, grad_bytes, layers,
+                             bucket_bytes)
+            + _shard_group_sync(stage_param_count, dp, zero, link, microbatches, grad_bytes,
+                                param_bytes, layers, bucket_bytes, zero3_reshard, pipelined))
+
+
+def copies_sync_time(stage_param_count: float, dp: int, zero: int, copies: int,
+                     across: Link | None, grad_bytes: float = 2, layers: int = 1,
+                     bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
+    """Hybrid sharding: seconds per step of the all-reduce of each rank's gradient shard
+    (1/dp of the stage's, dp the shard group's size) over its `copies` on `across`, a call
+    per bucket (ZeRO-3: per layer); 0 without hybrid sharding."""
+    if copies <= 1 or across is None:
+        return 0.0
+    grads = stage_param_count * grad_bytes
+    calls = layers if bucket_bytes <= 0 or zero == 3 else max(1, math.ceil(grads / bucket_bytes))
+    return collective_time("all_reduce", grads / dp, copies, across, calls)
+
+
+def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
+                      microbatches: int, grad_bytes: float, param_bytes: float, layers: int,
+                      bucket_bytes: float, zero3_reshard: str | None, pipelined: bool) -> float:
     if dp <= 1:
         return 0.0
     if zero == 3 and zero3_reshard is not None:

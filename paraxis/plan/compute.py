@@ -196,7 +196,7 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     its bytes at memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the
     update over the replicas; Rajbhandari et al. 2020); `experts` shard over their own
     replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does."""
-    replicas = layout.dp * layout.cp
+    replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
     seconds = shard * optimizer_traffic_per_param(precision, kernels) / hbm_Bps

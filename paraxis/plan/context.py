@@ -219,3 +219,33 @@ def _replica_ranks(degrees: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
     sizes = dict(degrees)
     return tuple(grid_rank(sizes, {"dp": d, "cp": c})
                  for d in range(sizes["dp"]) for c in range(sizes["cp"]))
+
+
+def zero_link(layout: Layout, cluster: Cluster) -> Link:
+    """The link ZeRO's collectives run over: the replica link, or under hybrid sharding one
+    shard group's (dp_shard x cp consecutive ranks: inside a node where they fit)."""
+    if not layout.hybrid:
+        return replica_link(layout, cluster)
+    return group_link(list(hybrid_group_ranks(tuple(layout.degrees.items()), layout.shard_size,
+                                         "shard")), cluster)
+
+
+def copies_link(layout: Layout, cluster: Cluster) -> Link | None:
+    """Under hybrid sharding, the link the all-reduce across a shard's copies runs over (one
+    rank per shard group: across nodes where a shard group fills one); else None."""
+    if not layout.hybrid:
+        return None
+    return group_link(list(hybrid_group_ranks(tuple(layout.degrees.items()), layout.shard_size,
+                                         "copies")), cluster)
+
+
+@functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
+def hybrid_group_ranks(degrees: tuple[tuple[str, int], ...], shard: int, which: str
+                  ) -> tuple[int, ...]:
+    """Rank 0's shard group (dp ranks 0..shard-1 x every cp rank) or its copies (dp ranks
+    0, shard, 2*shard, ...; `Layout.groups` "dp_shard" and "dp_replicate")."""
+    sizes = dict(degrees)
+    if which == "shard":
+        return tuple(grid_rank(sizes, {"dp": d, "cp": c})
+                     for d in range(shard) for c in range(sizes["cp"]))
+    return tuple(grid_rank(sizes, {"dp": d}) for d in range(0, sizes["dp"], shard))

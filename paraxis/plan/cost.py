@@ -31,6 +31,7 @@ from paraxis.plan.bubble import bubble_costs, pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
+    copies_sync_time,
     dp_sync_time,
     tp_layer_exposed_time,
     tp_layer_time,
@@ -45,7 +46,13 @@ from paraxis.plan.compute import (
     layer_forward_traffic_per_token_eager,
     optimizer_time,
 )
-from paraxis.plan.context import exchange_times, imbalance, kernel_pieces, replica_link
+from paraxis.plan.context import (
+    copies_link,
+    exchange_times,
+    imbalance,
+    kernel_pieces,
+    zero_link,
+)
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     block_exchange_times,
@@ -329,9 +336,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
         pipeline = max(busy, critical / (1 - figures.bubble_fraction))
 
-    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter.
-    replicas = layout.dp * layout.cp
-    dp_link = replica_link(layout, cluster)
+    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter;
+    # under hybrid sharding within one shard group of them, then across its copies.
+    replicas = layout.zero_ranks
+    dp_link = zero_link(layout, cluster)
+    copies, across = layout.replicas, copies_link(layout, cluster)
     # An MoE model's routed experts: over their dp*cp/ep replicas (plan/experts.py).
     shares = stage_local_params(cfg, layout, seq_len)
     stage_param_count = max(local for local, _ in shares)
@@ -342,12 +351,16 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        gpu.gradient_bucket_bytes, reshard, pipelined)
+                        gpu.gradient_bucket_bytes, reshard, pipelined, copies, across)
+    t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
+                                precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
+        expert_args = (max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
-                             max(k[1] for k in kinds), gpu.gradient_bucket_bytes, reshard,
-                             pipelined)
+                             *expert_args, reshard, pipelined, copies, across)
+        t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
+                                     precision.grad_bytes, *expert_args)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
@@ -364,6 +377,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
                         for comm, window in pairs)
         dp_exposed = passes * max(counts) * per_layer
+        # Hybrid: each shard's all-reduce across copies starts as the last microbatch's
+        # backward reduces it (pp = 1), beside what that backward's own traffic leaves
+        # free; under a pipeline it runs after the flush.
+        spare = 0.0 if layout.pp > 1 else max(0.0, t_backward - max(counts) * gather_b)
+        dp_exposed += max(0.0, t_across - spare) + overlap.contention * min(t_across, spare)
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
         # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only.

@@ -35,7 +35,7 @@ import math
 from typing import NamedTuple
 
 from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
-from paraxis.plan.context import replica_link
+from paraxis.plan.context import hybrid_group_ranks, replica_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
 from paraxis.plan.step_calls import scalar_call_time
@@ -123,7 +123,7 @@ def shard_grad_sum_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster,
     `step_calls`', the others' here). Nothing overlaps it."""
     if not moe_blocks or feed_forward(cfg, layout) != "shards":
         return 0.0
-    replicas = layout.dp * layout.cp if layout.zero else 1
+    replicas = layout.zero_ranks if layout.zero else 1
     size = grad_bytes * (moe_blocks * cfg.moe_replicated_params() / replicas
                          + experts / max(1, replicas // layout.ep))
     link = axis_link(layout, "tp", cluster)
@@ -250,8 +250,12 @@ def ep_link(layout: Layout, cluster: Cluster) -> Link:
 
 def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
     """The link the experts' gradient sync runs over: the dp*cp/ep ranks of a dp x cp group
-    at the same place in their EP groups."""
-    return group_link(list(_expert_dp_group(tuple(layout.degrees.items()), layout.ep)), cluster)
+    at the same place in their EP groups; under hybrid sharding, those of one shard group."""
+    degrees = tuple(layout.degrees.items())
+    if layout.hybrid:
+        return group_link(list(hybrid_group_ranks(degrees, layout.shard_size, "shard")
+                               [::layout.ep]), cluster)
+    return group_link(list(_expert_dp_group(degrees, layout.ep)), cluster)
 
 
 @functools.lru_cache(maxsize=1024)

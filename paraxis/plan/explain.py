@@ -7,8 +7,10 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from paraxis.plan.comm import Link, axis_link
-from paraxis.plan.context import imbalance
+from paraxis.plan.context import copies_link, imbalance, zero_link
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import Cluster
@@ -16,6 +18,7 @@ from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
 from paraxis.plan.uncertainty import error_band
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 from paraxis.spec.units import GB
@@ -84,17 +87,29 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             f"{f', v={layout.virtual_stages}' if layout.virtual_stages > 1 else ''}): only "
             f"point-to-point sends ({time['pp']:.2f} s) and a bubble of {time['bubble']:.2f} s "
             f"({time['bubble'] / time['step']:.1%} of the step).")
+    global_batch = best.micro_batch * layout.dp * layout.microbatches
+
+    def price(estimate: Estimate, changed: Cluster) -> float:
+        return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch, precision,
+                        overlap, expert_imbalance).step_time_s
+
     if layout.dp > 1:
         link = axis_link(layout, "dp", cluster)
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
         if layout.zero == 3 and layout.pp > 1:  # pipeline_parallel/zero3.py
             zero += (" (each chunk gathered per microbatch)" if layout.zero3_reshard == "forward"
                      else " (each chunk gathered once and kept for the step)")
-        lines.append(
-            f"DP={layout.dp} on top with {zero}: gradient sync moves {time['dp_total']:.2f} s of "
-            f"traffic over {'the network' if link.crosses_nodes else intra} at "
-            f"{link_speed(link, cluster)}, "
-            f"{time['dp']:.2f} s of it exposed.")
+        if layout.hybrid:
+            lines.append(hybrid_line(best, cluster, intra, zero, lambda other: evaluate(
+                cfg, other, cluster, best.seq_len, global_batch, precision, overlap,
+                expert_imbalance)))
+        else:
+            lines.append(
+                f"DP={layout.dp} on top with {zero}: gradient sync moves "
+                f"{time['dp_total']:.2f} s of traffic over "
+                f"{'the network' if link.crosses_nodes else intra} at "
+                f"{link_speed(link, cluster)}, {time['dp']:.2f} s of it exposed."
+                + _hybrid_rival(best, result, link.crosses_nodes))
     mem = best.memory
     lines.append(
         f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.0f} GB (params "
@@ -103,17 +118,56 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
     band = error_band(cluster)
-    global_batch = best.micro_batch * layout.dp * layout.microbatches
-
-    def price(estimate: Estimate, changed: Cluster) -> float:
-        return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch, precision,
-                        overlap, expert_imbalance).step_time_s
-
     lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
         lines += nearest_rivals(best, result, band, alternatives)
         lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
+
+
+def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
+                judge: Callable[[Layout], Estimate]) -> str:
+    """Hybrid sharding: where the shard group and its copies live, what each moves, and the
+    same layout sharded over every dp rank beside it."""
+    layout, time = best.layout, best.time
+    shard = zero_link(layout, cluster)
+    across = copies_link(layout, cluster)
+    assert across is not None  # a hybrid layout has copies
+    width = layout.zero_ranks * layout.tp
+    where = ("across nodes" if shard.crosses_nodes else f"inside one node over {intra}")
+    plain = judge(layout.replace(dp_shard=0))
+    versus = plain.step_time_s / best.step_time_s - 1
+    saved = (best.memory["total"] - plain.memory["total"]) / GB
+    return (f"DP={layout.dp} on top with {zero} sharded within groups of {layout.shard_size} "
+            f"dp ranks ({width} consecutive GPUs with tp={layout.tp}"
+            f"{f' and cp={layout.cp}' if layout.cp > 1 else ''}, {where}), replicated "
+            f"{layout.replicas} times: each rank's gradient shard is all-reduced across its "
+            f"{layout.replicas} copies over "
+            f"{'the network' if across.crosses_nodes else intra} at "
+            f"{link_speed(across, cluster)}; gradient sync moves {time['dp_total']:.2f} s of "
+            f"traffic, {time['dp']:.2f} s of it exposed. Sharding over all {layout.dp} dp "
+            f"ranks instead would hold {saved:.1f} GB less per GPU and take {versus:+.1%} "
+            f"per step.")
+
+
+def _hybrid_rival(best: Estimate, result: SearchResult | None, crosses_nodes: bool) -> str:
+    """For a plain ZeRO layout whose dp group spans nodes: the fastest layout of its shape
+    and stage with hybrid sharding, as the search priced it."""
+    if result is None or not crosses_nodes or not best.layout.zero:
+        return ""
+    layout = best.layout
+
+    def shape(other: Layout) -> tuple[int, ...]:
+        return (other.dp, other.tp, other.pp, other.cp, other.ep, other.zero)
+
+    twin = next((e for e in result.ranked if e.layout.hybrid
+                 and shape(e.layout) == shape(layout)), None)
+    if twin is None:
+        return ""
+    return (f" With ZeRO-{layout.zero} sharded within {twin.layout.shard_size} dp ranks "
+            f"instead (hybrid sharding, one copy per group) its best variant, "
+            f"{twin.layout}, is {twin.step_time_s / best.step_time_s - 1:+.1%} at "
+            f"{twin.memory['total'] / GB:.1f} GB per GPU.")
 
 
 def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
@@ -149,7 +203,7 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
     layout, time = best.layout, best.time
     experts = cfg.n_moe_layers * cfg.n_experts * cfg.expert_params() / layout.pp
     whole = experts * precision.total_bytes / GB  # a mean stage's experts on one GPU, no EP
-    replicas = layout.dp * layout.cp // layout.ep
+    replicas = layout.zero_ranks // layout.ep
     held = sum(model_state_bytes(round(experts / (layout.ep * layout.etp)), replicas,
                                  layout.zero, precision).values()) / GB
     split = " " + experts_over_tp(cfg, layout) if layout.tp > 1 else ""

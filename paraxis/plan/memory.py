@@ -218,7 +218,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     `expert_imbalance` x the mean rows, of its sequence shard where it routes only that).
     """
     local_seq = seq_len // layout.cp
-    replicas = layout.dp * layout.cp
+    replicas = layout.zero_ranks  # dp x cp, or one shard group of them (hybrid)
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
@@ -288,7 +288,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
-        elif replicas > 1:
+        elif layout.dp * layout.cp > 1:
             # Gradient buckets, double-buffered while a reduction is in flight; bucket 0 is
             # one call per layer (FSDP's units): a layer's gradients are the bucket.
             layer = (local + experts) / max(1, dense + moe) * precision.grad_bytes

@@ -52,6 +52,7 @@ class Constraints:
     cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
     cp_a2a: int | None = None  # two-level cp's all-to-all size (None: each, cp_variants.py)
     zero: int | None = None
+    dp_shard: int | None = None  # hybrid sharding's group (0: every dp rank); None: tried
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # blocks per checkpoint when recompute is full (None: 1, then grouped where 1 does not fit)
     recompute_layers: int | None = None
@@ -168,7 +169,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if c.ep is not None:
         check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
     result = SearchResult([])
-    kept: set[tuple[Layout, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
+    kept: set[tuple[Layout, int, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
     axis_shapes = []
     for tp in divisors(world):
         if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp):
@@ -214,7 +215,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
             continue  # its model states alone overflow at the deepest ZeRO: a larger ep
         per_replica = global_batch // dp
-        for zero, reshard in _zero_choices(zeros, pp):
+        for zero, reshard, dp_shard in _zero_choices(zeros, pp, shape, cluster, c):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             sizes = (c.micro_batch,) if c.micro_batch else range(1, MAX_MICRO_BATCH + 1)
@@ -229,11 +230,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             continue
                         for recompute, group in _recompute_steps(c, cfg.n_layers, pp, virtual):
                             settings = (micro_batch, kind, virtual, sp, recompute, group)
-                            if reshard == "forward" and (shape, zero, settings) in kept:
+                            if reshard == "forward" and (shape, zero, dp_shard,
+                                                         settings) in kept:
                                 break  # keeping the chunk fit: regathering is only slower
                             try:
                                 layout = shape.replace(
-                                    zero=zero, zero3_reshard=reshard,
+                                    zero=zero, zero3_reshard=reshard, dp_shard=dp_shard,
                                     microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
                                     recompute_layers=group,
@@ -248,7 +250,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                 precision, overlap, expert_imbalance, memo)
                             if estimate.fits:
                                 if reshard == "step":
-                                    kept.add((shape, zero, settings))
+                                    kept.add((shape, zero, dp_shard, settings))
                                 result.ranked.append(estimate)
                                 if across:
                                     fitted_across_nodes.add((dp, tp, pp, shape.cp, shape.etp))
@@ -266,13 +268,34 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     return result
 
 
-def _zero_choices(zeros: tuple[int, ...], pp: int) -> list[tuple[int, str]]:
-    """(ZeRO stage, zero3_reshard) pairs to try: under a pipeline ZeRO-3 either keeps a chunk
-    gathered for the step or gathers it per microbatch (`pipeline_parallel/zero3.py`). Keeping
-    comes first: it moves less and computes the same, so where it fits the search does not
-    price regathering at the same settings."""
-    return [(zero, reshard) for zero in zeros
-            for reshard in (("step", "forward") if zero == 3 and pp > 1 else ("forward",))]
+def _zero_choices(zeros: tuple[int, ...], pp: int, shape: Layout, cluster: Cluster,
+                  c: Constraints) -> list[tuple[int, str, int]]:
+    """(ZeRO stage, zero3_reshard, dp_shard) to try: under a pipeline ZeRO-3 either keeps a
+    chunk gathered for the step or gathers it per microbatch (`pipeline_parallel/zero3.py`).
+    Keeping is tried first: where it fits, gathering again would only be slower. Each stage
+    shards over every dp rank and, where that spans nodes, within one node (hybrid
+    sharding, `_node_shard`)."""
+    return [(zero, reshard, dp_shard) for zero in zeros
+            for reshard in (("step", "forward") if zero == 3 and pp > 1 else ("forward",))
+            for dp_shard in _shard_choices(zero, shape, cluster, c)]
+
+
+def _shard_choices(zero: int, shape: Layout, cluster: Cluster, c: Constraints
+                   ) -> tuple[int, ...]:
+    """dp_shard values to try: the one asked for; else every dp rank (0) and, with ZeRO, the
+    shard group that fills one node: the most dp ranks whose dp_shard x cp x tp consecutive
+    ranks fit in a node, when fewer than dp and holding whole expert groups."""
+    if c.dp_shard is not None:
+        if c.dp_shard in (0, shape.dp):
+            return (0,)
+        return (c.dp_shard,) if zero and shape.dp % c.dp_shard == 0 else ()
+    if not zero:
+        return (0,)
+    per_rank = shape.cp * shape.tp
+    # a shard group of one rank (cp = 1) shards nothing: it is ZeRO-0 with extra steps
+    fits = [d for d in divisors(shape.dp) if d * per_rank <= cluster.gpus_per_node
+            and (d * shape.cp) % shape.ep == 0 and d * shape.cp > 1]
+    return (0, max(fits)) if fits and max(fits) < shape.dp else (0,)
 
 
 def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int

@@ -57,6 +57,10 @@ def layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
         open_fields["dp"] = fields["ep"]
     if "etp" in fields and "tp" not in fields:  # etp is 1 or tp: a split names tp
         open_fields["tp"] = fields["etp"]
+    if fields.get("dp_shard") and "dp" not in fields:  # a shard group needs its copies
+        open_fields["dp"] = 2 * int(fields["dp_shard"])  # type: ignore[call-overload]
+    if fields.get("dp_shard") and "zero" not in fields:  # ...and a ZeRO stage to shard
+        open_fields["zero"] = 1
     stated = Layout(**{**open_fields, **fields})  # type: ignore[arg-type]
     return fields, stated, micro_batch
 
@@ -110,6 +114,7 @@ def search_constraints(args: argparse.Namespace, fixed: dict[str, object], state
                       else CP_VARIANTS),
         cp_a2a=stated.cp_a2a if "cp_a2a" in fixed else None,
         zero=stated.zero if "zero" in fixed else args.zero,
+        dp_shard=stated.dp_shard if "dp_shard" in fixed else None,
         recompute=((stated.recompute,) if "recompute" in fixed
                    else tuple(args.recompute or RECOMPUTE)),
         recompute_layers=(stated.recompute_layers if "recompute_layers" in fixed

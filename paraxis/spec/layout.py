@@ -190,6 +190,12 @@ class Layout:
         return self.dp // self.shard_size
 
     @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO shards a replicated parameter's states over: the dp x cp ranks holding
+        it, or under hybrid sharding the dp_shard x cp of them in one shard group."""
+        return self.shard_size * self.cp
+
+    @property
     def hybrid(self) -> bool:
         """Whether ZeRO shards within groups of dp ranks and replicates across them."""
         return self.replicas > 1
