@@ -2,7 +2,10 @@
 one thread each):
 
 - paraxis DP (zero=0, bucketed overlapped all-reduce) vs torch DistributedDataParallel,
-- paraxis ZeRO-3 vs FSDP2 `fully_shard` (per block, then the root).
+- paraxis ZeRO-3 vs FSDP2 `fully_shard` (per block, then the root),
+- paraxis hybrid sharding (dp=4, dp_shard=2, ZeRO-3) vs FSDP2's HSDP: `fully_shard` on a
+  2-D device mesh (2 replicas x 2 shards), 4 ranks: the shard groups are ranks (0, 1) and
+  (2, 3) on both sides.
 
     python -m bench.bench_dp            # full size (the lead runs this on a quiet machine)
     python -m bench.bench_dp --quick    # smoke run
@@ -27,6 +30,7 @@ from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW
 
 RANKS = 2
+HYBRID = Layout(dp=4, dp_shard=2, zero=3)  # 2 copies of shard groups of 2
 LR, CLIP = 1e-3, 1.0
 
 
@@ -45,12 +49,14 @@ def _data(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(rank_device()), y.to(rank_device())
 
 
-def _paraxis_body(s: dict, zero: int) -> Callable[[], Callable[[], None]]:
+def _paraxis_body(s: dict, zero: int, layout: Layout | None = None
+                  ) -> Callable[[], Callable[[], None]]:
+    wanted = layout or Layout(dp=RANKS, zero=zero)
+
     def body() -> Callable[[], None]:
-        layout = Layout(dp=RANKS, zero=zero)
         engine = DataParallelEngine(build_model(PRESETS[s["model"]], seed=0,
-                                                device=rank_device()), layout,
-                                    build_groups(layout))
+                                                device=rank_device()), wanted,
+                                    build_groups(wanted))
         x, y = _data(s)
         return engine_step(engine, x, y, LR, CLIP)
     return body
@@ -66,11 +72,17 @@ def _torch_body(s: dict, wrap: str) -> Callable[[], Callable[[], None]]:
             model = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            mesh = None
+            if wrap == "hsdp":  # (replicate, shard): FSDP2's hybrid sharding
+                copies = HYBRID.replicas
+                mesh = init_device_mesh(rank_device().type, (copies, HYBRID.shard_size),
+                                        mesh_dim_names=("replicate", "shard"))
             for block in model.blocks:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         optimizer = make_adamw(model.parameters(), AdamW())
         x, y = _data(s)
 
@@ -95,6 +107,10 @@ def rows(quick: bool) -> list[Row]:
                 repeats=s["repeats"]),
         compare(f"ZeRO-3 {s['model']}", RANKS, tokens, ("paraxis zero=3", _paraxis_body(s, 3)),
                 ("torch FSDP2 fully_shard", _torch_body(s, "fsdp2")), steps=s["steps"],
+                warmup=s["warmup"], repeats=s["repeats"]),
+        compare(f"HSDP {s['model']}", HYBRID.dp, HYBRID.dp * s["batch_per_rank"] * s["seq"],
+                (f"paraxis {HYBRID}", _paraxis_body(s, 3, HYBRID)),
+                ("torch FSDP2 HSDP (2-D mesh)", _torch_body(s, "hsdp")), steps=s["steps"],
                 warmup=s["warmup"], repeats=s["repeats"]),
     ]
 
