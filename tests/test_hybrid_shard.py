@@ -180,3 +180,77 @@ def test_states_are_sharded_within_the_shard_group_only():
     quarter: twice as much (the pad of each bucket aside)."""
     for plain, hybrid in run_on_ranks(8, _states_body, timeout_s=120)[0:1]:
         assert hybrid == pytest.approx(2 * plain, rel=0.01)
+
+
+# ------------------------------------------------------------------------------ planner
+
+
+def _thin_cluster(gpus: int = 128):
+    from paraxis.plan.hardware import build_cluster, cluster_preset
+
+    return build_cluster(gpus=gpus, overrides=cluster_preset("ethernet-1nic"))
+
+
+def test_planner_states_shard_within_the_group():
+    """A hybrid layout holds the model states of plain ZeRO over its shard group alone."""
+    from paraxis.plan.memory import layout_memory
+    from paraxis.spec.model_config import PRESETS
+
+    cfg = PRESETS["llama2-7b"]
+    hybrid = layout_memory(cfg, Layout(dp=64, dp_shard=8, zero=3), 4096, 1)
+    plain_over_8 = layout_memory(cfg, Layout(dp=8, zero=3), 4096, 1)
+    for key in ("params", "grads", "optimizer"):
+        assert hybrid[key] == plain_over_8[key]
+
+
+def test_planner_prices_the_copies_all_reduce_on_their_own_link():
+    """Shard groups of 8 consecutive ranks ride NVLink; their 16 copies (one rank per node)
+    share the node's one NIC; the all-reduce of each shard across them moves 2 (c-1)/c of
+    1/8 of the gradients."""
+    from paraxis.plan.comm import collective_time, copies_sync_time
+    from paraxis.plan.context import copies_link, zero_link
+
+    cluster = _thin_cluster()
+    layout = Layout(dp=128, dp_shard=8, zero=1)
+    shard, across = zero_link(layout, cluster), copies_link(layout, cluster)
+    assert not shard.crosses_nodes and across.crosses_nodes and across.nodes == 16
+    assert copies_link(Layout(dp=128, zero=1), cluster) is None
+    params = 7e9
+    seconds = copies_sync_time(params, 8, 1, 16, across, 2, 1, bucket_bytes=0)
+    assert seconds == collective_time("all_reduce", params * 2 / 8, 16, across)
+    assert seconds > 2 * (15 / 16) * params * 2 / 8 / across.bandwidth_Bps  # bytes at least
+
+
+def test_search_picks_hybrid_sharding_on_a_thin_network_and_defends_it():
+    """One 100 Gb/s NIC per 8-GPU node: ZeRO-3 over 128 ranks gathers every layer across the
+    network, within a node it does not; the search finds that and the defence says so."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.explain import explain
+    from paraxis.plan.search import Constraints, search
+    from paraxis.spec.model_config import PRESETS
+    from paraxis.spec.precision import PRECISIONS
+
+    cfg, cluster = PRESETS["llama2-7b"], _thin_cluster()
+    bf16 = PRECISIONS["bf16"]
+    plain = evaluate(cfg, Layout(dp=128, zero=3, microbatches=4), cluster, 4096, 512, bf16)
+    hybrid = evaluate(cfg, Layout(dp=128, dp_shard=8, zero=3, microbatches=4), cluster, 4096,
+                      512, bf16)
+    assert hybrid.fits and hybrid.step_time_s < plain.step_time_s / 2
+    result = search(cfg, cluster, 4096, 512, Constraints(), bf16)
+    best = result.ranked[0]
+    assert best.layout.hybrid and best.layout.shard_size * best.layout.tp <= 8
+    lines = explain(cfg, cluster, best, result, bf16)
+    line = next(line for line in lines if line.startswith("DP="))
+    assert f"sharded within groups of {best.layout.shard_size} dp ranks" in line
+    assert "inside one node" in line and "Sharding over all" in line
+    fixed = search(cfg, cluster, 4096, 512, Constraints(dp_shard=4), bf16)
+    assert fixed.ranked and all(e.layout.shard_size == 4 for e in fixed.ranked)
+
+
+def test_one_node_never_tries_hybrid_sharding():
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.search import search
+    from paraxis.spec.model_config import PRESETS
+
+    result = search(PRESETS["llama2-7b"], build_cluster(gpus=8), 4096, 64)
+    assert result.ranked and not any(e.layout.hybrid for e in result.ranked)

@@ -93,6 +93,27 @@ def test_rank_grid_roles_are_the_layouts_coordinates():
     assert_readable(plot_rank_grid(Layout(dp=64, tp=8, pp=1), 8))  # unlabelled, large
 
 
+def test_rank_grid_draws_hybrid_shard_groups():
+    """Each shard group is bracketed and named; every cell names its group (dp3/g1), which
+    is `Layout.groups("dp_shard")`'s; the copy of each rank is its index in its replicate
+    group."""
+    from paraxis.show.viz.grid import cell_label
+
+    layout = Layout(dp=4, dp_shard=2, zero=3, tp=2)
+    roles = rank_roles(layout, gpus_per_node=4)
+    groups = layout.groups("dp_shard")
+    for role in roles:
+        group = next(i for i, g in enumerate(sorted(groups)) if role["rank"] in g)
+        assert f"dp{role['dp']}/g{role['copy']} " in cell_label(layout, role["rank"], 4)
+        assert role["copy"] == group // layout.tp  # groups sorted: g0's tp groups first
+    figure = plot_rank_grid(layout, 4)
+    texts = [t.get_text() for ax in figure.axes for t in ax.texts]
+    assert "shard group 0" in texts and "shard group 1" in texts
+    assert "hybrid sharding: dp 4 = 2 shard groups × 2 dp ranks" in figure._suptitle.get_text()
+    assert_readable(figure)
+    assert_readable(plot_rank_grid(Layout(dp=4, dp_shard=2, zero=1, cp=2), 8))
+
+
 def test_tp_split_agrees_with_the_tensor_parallel_plan():
     from paraxis.model.transformer import parameter_shapes
     from paraxis.parallel.tensor.apply import tp_plan, tp_split_dim

@@ -286,9 +286,11 @@ def _shard_choices(zero: int, shape: Layout, cluster: Cluster, c: Constraints
     shard group that fills one node: the most dp ranks whose dp_shard x cp x tp consecutive
     ranks fit in a node, when fewer than dp and holding whole expert groups."""
     if c.dp_shard is not None:
-        if c.dp_shard in (0, shape.dp):
+        if c.dp_shard == 0:
             return (0,)
-        return (c.dp_shard,) if zero and shape.dp % c.dp_shard == 0 else ()
+        if not zero or shape.dp % c.dp_shard:  # shard groups of that size need ZeRO
+            return ()
+        return (0 if c.dp_shard == shape.dp else c.dp_shard,)
     if not zero:
         return (0,)
     per_rank = shape.cp * shape.tp

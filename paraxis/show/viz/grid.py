@@ -7,6 +7,9 @@ splits into cp sub-columns, one per context-parallel rank, the replicas separate
 lines in the DP colour: a CP group is one row inside a replica. Nodes are `gpus_per_node`
 consecutive ranks (what torchrun's --nproc-per-node gives), shaded alternately and separated
 by thick black lines, so a TP or CP group that crosses a node boundary shows at once.
+Under hybrid sharding (`Layout.dp_shard`) the columns of each ZeRO shard group are bracketed
+above the grid and split from the next group's by a dashed line in the ZeRO colour: ZeRO
+shards within a bracket, and the same cell in every bracket holds a copy of the same shard.
 """
 
 from __future__ import annotations
@@ -15,26 +18,33 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from paraxis.show.viz.style import AXIS_COLOUR, new_figure
+from paraxis.show.viz.style import AXIS_COLOUR, OKABE_ITO, new_figure
 from paraxis.spec.layout import Layout, node_of
 
 _NODE_SHADES = ("#e8f1fa", "#fdf0d5")  # alternate nodes: pale blue, pale sand
+ZERO_COLOUR = OKABE_ITO["vermillion"]  # hybrid sharding's shard groups
 MAX_LABELLED_RANKS = 256  # beyond this, cells are too small for text
 
 
 def rank_roles(layout: Layout, gpus_per_node: int) -> list[dict[str, int]]:
-    """One row per rank: rank, dp, cp, tp, pp, node."""
+    """One row per rank: rank, dp, cp, tp, pp, node, and the copy of its ZeRO shards it
+    holds (`Layout.groups("dp_replicate")`; 0 without hybrid sharding)."""
+    copy = {rank: group.index(rank) for group in layout.groups("dp_replicate")
+            for rank in group}
     return [{"rank": r, "dp": c.dp_rank, "cp": c.cp_rank, "tp": c.tp_rank, "pp": c.pp_rank,
-             "node": node_of(r, gpus_per_node)}
+             "node": node_of(r, gpus_per_node), "copy": copy[r]}
             for r, c in ((r, layout.coords(r)) for r in range(layout.world_size))]
 
 
 def cell_label(layout: Layout, rank: int, gpus_per_node: int) -> str:
     """"dp1 cp0 tp1 pp0 · node 0": a rank's coordinates (`Layout.coords`; cp only when the
     layout has it; with experts, "ep1": its place in its expert-parallel group, the experts it
-    holds, from `Layout.groups("ep")` as the runtime builds them) and its node."""
+    holds, from `Layout.groups("ep")` as the runtime builds them) and its node. Under hybrid
+    sharding "dp3/g1": dp rank 3 in shard group 1 (the copy of the shards it holds)."""
     coords = layout.coords(rank)
     cp = f" cp{coords.cp_rank}" if layout.cp > 1 else ""
+    if layout.hybrid:
+        cp = f"/g{coords.dp_rank // layout.shard_size}{cp}"
     ep = ""
     if layout.ep > 1:
         ep = f" ep{next(g for g in layout.groups('ep') if rank in g).index(rank)}"
@@ -80,10 +90,14 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8, device: str = "GPU") 
         if cp == 1:
             ax.set_xticks([d + 0.5 for d in range(dp)], [str(d) for d in range(dp)])
         else:
-            _mark_replicas(ax, dp, cp, tp, small)
+            _mark_replicas(ax, dp, cp, tp, small, pad=16 if layout.hybrid else 3.5)
+        if layout.hybrid:
+            _mark_shard_groups(ax, layout, small)
         ax.set_yticks([t + 0.5 for t in range(tp)], [str(t) for t in range(tp)])
         ax.set_ylabel("tp_rank", color=AXIS_COLOUR["tp"])
-        ax.set_title(f"pipeline stage {p}", color=AXIS_COLOUR["pp"], loc="left")
+        # under hybrid sharding the shard groups' brackets sit between the title and the grid
+        ax.set_title(f"pipeline stage {p}", color=AXIS_COLOUR["pp"], loc="left",
+                     pad=34 if layout.hybrid and cp > 1 else 20 if layout.hybrid else 6)
         for side in ax.spines.values():
             side.set_color(AXIS_COLOUR["pp"])
             side.set_linewidth(2)
@@ -101,7 +115,11 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8, device: str = "GPU") 
     if cp > 1:
         handles.append(Patch(facecolor="white", edgecolor=AXIS_COLOUR["dp"], linewidth=2.5,
                              label="data-parallel replica"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
+    if layout.hybrid:
+        handles.append(Patch(facecolor="white", edgecolor=ZERO_COLOUR, linewidth=2,
+                             linestyle="--", label=f"ZeRO-{layout.zero} shard group (copies "
+                                                   "all-reduce gradients across)"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3),
                title=f"{gpus_per_node} {device}s per node, {nodes} node(s); a pipeline group "
                      "is the same cell in every stage", title_fontsize=8)
     if cp == 1:
@@ -109,11 +127,33 @@ def plot_rank_grid(layout: Layout, gpus_per_node: int = 8, device: str = "GPU") 
     else:
         title = (f"4D rank grid: {layout.world_size} ranks = dp {dp} × cp {cp} × tp {tp} × "
                  f"pp {pp}")
+    if layout.hybrid:
+        title += (f"\nhybrid sharding: dp {dp} = {layout.replicas} shard groups × "
+                  f"{layout.shard_size} dp ranks")
     fig.suptitle(title, x=0.01, ha="left")
     return fig
 
 
-def _mark_replicas(ax: Axes, dp: int, cp: int, tp: int, small: bool) -> None:
+def _mark_shard_groups(ax: Axes, layout: Layout, small: bool) -> None:
+    """A bracket over each shard group's columns (dp_shard x cp of them), named g0, g1...,
+    and a dashed line in the ZeRO colour between groups."""
+    width, tp = layout.shard_size * layout.cp, layout.tp
+    for g in range(layout.replicas):
+        left = g * width
+        ax.annotate("", xy=(left + 0.08, -0.12), xytext=(left + width - 0.08, -0.12),
+                    xycoords="data", annotation_clip=False,
+                    arrowprops={"arrowstyle": "|-|", "color": ZERO_COLOUR, "lw": 1.5,
+                                "mutation_scale": 3})
+        ax.annotate(f"g{g}" if small else f"shard group {g}", (left + width / 2, -0.12),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=7 if small else 8, color=ZERO_COLOUR, fontweight="bold",
+                    annotation_clip=False)
+        if g:
+            ax.plot([left, left], [0, tp], color=ZERO_COLOUR, linewidth=2, linestyle="--",
+                    zorder=2.1)
+
+
+def _mark_replicas(ax: Axes, dp: int, cp: int, tp: int, small: bool, pad: float) -> None:
     """cp_rank under every sub-column, dp_rank over every replica, and a thick line in the
     DP colour between replicas."""
     ax.set_xticks([x + 0.5 for x in range(dp * cp)],
@@ -122,6 +162,6 @@ def _mark_replicas(ax: Axes, dp: int, cp: int, tp: int, small: bool) -> None:
     top = ax.secondary_xaxis("top")
     top.set_xticks([d * cp + cp / 2 for d in range(dp)], [f"dp{d}" for d in range(dp)],
                    color=AXIS_COLOUR["dp"], fontsize=8)
-    top.tick_params(length=0)
+    top.tick_params(length=0, pad=pad)
     for d in range(1, dp):
         ax.plot([d * cp, d * cp], [0, tp], color=AXIS_COLOUR["dp"], linewidth=5, zorder=1.9)
