@@ -254,3 +254,22 @@ def test_one_node_never_tries_hybrid_sharding():
 
     result = search(PRESETS["llama2-7b"], build_cluster(gpus=8), 4096, 64)
     assert result.ranked and not any(e.layout.hybrid for e in result.ranked)
+
+
+def test_docs_table_is_what_the_planner_prints():
+    """Every row of docs/hybrid.md's table, priced again."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster, cluster_preset
+    from paraxis.spec.model_config import PRESETS
+    from paraxis.spec.precision import PRECISIONS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "hybrid.md").read_text()
+    rows = [line.strip("|").split("|") for line in text.splitlines()
+            if line.startswith("| ethernet-1nic") or line.startswith("| dgx-a100")]
+    assert len(rows) == 8
+    for cluster_name, layout, step, dp, gb in (map(str.strip, row) for row in rows):
+        cluster = build_cluster(gpus=128, overrides=cluster_preset(cluster_name))
+        e = evaluate(PRESETS["llama2-7b"], Layout.parse(layout), cluster, 4096, 512,
+                     PRECISIONS["bf16"])
+        assert (f"{e.step_time_s:.2f}", f"{e.time['dp']:.2f}",
+                f"{e.memory['total'] / 1e9:.1f}") == (step, dp, gb), (cluster_name, layout)
