@@ -4,8 +4,8 @@
   groups across them, experts inside a shard group; bad values are one-line errors.
 - Equivalence (fp32, 8 gloo ranks, one launch): ZeRO-1/2/3 sharded within groups of 2 or 4
   dp ranks, alone and with tp, pp (ZeRO-3 under a pipeline), cp and ep, train tiny models
-  like one device, loss and gradient norm step by step; bf16 too, against the same policy
-  sharded over every dp rank.
+  like one device, loss and gradient norm step by step; bf16 and fp16 too, against the same
+  policy sharded over every dp rank.
 - Checkpoints: a hybrid run's step-3 checkpoint is written once (one copy of every shard)
   and resumes in a plain ZeRO layout and on one device like the straight run; a plain run's
   checkpoint resumes in a hybrid layout.
@@ -107,9 +107,23 @@ HYBRID = [
     ("tiny-llama", "dp=4,dp_shard=2,cp=2,zero=2", "fp32"),
     ("tiny-moe", "dp=4,dp_shard=2,ep=2,tp=2,zero=3", "fp32"),
     ("tiny-moe", "dp=4,dp_shard=2,cp=2,ep=4,zero=1", "fp32"),
+    ("tiny", "dp=4,dp_shard=2,pp=2,zero=3,zero3_reshard=step,microbatches=2", "fp32"),
+    # 16-bit policies against the same policy sharded over every dp rank (their twins)
     ("tiny", "dp=8,dp_shard=2,zero=3", "bf16"),
-    ("tiny", "dp=8,zero=3", "bf16"),  # its plain twin: bf16 is compared with it
+    ("tiny", "dp=8,zero=3", "bf16"),
+    ("tiny", "dp=8,dp_shard=4,zero=2", "fp16"),
+    ("tiny", "dp=8,zero=2", "fp16"),
 ]
+
+
+def _reference(index: int, results: list, single: dict) -> list:
+    model, layout, precision = HYBRID[index]
+    if precision == "fp32":
+        return single[model]
+    plain = str(Layout.parse(layout).replace(dp_shard=0))
+    twin = next(i for i, (m, text, p) in enumerate(HYBRID)
+                if m == model and p == precision and str(Layout.parse(text)) == plain)
+    return results[twin]
 
 
 def _equivalence_body(ctx: RankContext, root: str) -> list:
@@ -135,9 +149,9 @@ def test_hybrid_layouts_train_like_one_device(tmp_path):
     for model in {m for m, _, p in HYBRID if p == "fp32"} | {"tiny-llama"}:
         single[model] = [(r["loss"], r["grad_norm"])
                          for r in run_training(_cfg(model, "dp=1"))]
-    for (model, layout, precision), steps in zip(HYBRID, results, strict=False):
-        reference = single[model] if precision == "fp32" else results[HYBRID.index(
-            ("tiny", "dp=8,zero=3", "bf16"))]
+    for index, ((model, layout, precision), steps) in enumerate(
+            zip(HYBRID, results, strict=False)):
+        reference = _reference(index, results, single)
         assert len(steps) == 5, layout
         for (loss, norm), (ref_loss, ref_norm) in zip(steps, reference, strict=True):
             tol = (LOSS_TOL, NORM_TOL) if precision == "fp32" else (1e-3, 1e-2)
