@@ -69,11 +69,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     elif not best.fits:
         lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
     else:
-        how = (f"with ZeRO-3 sharding its states over dp={layout.dp}" if layout.zero == 3
-               else "replicated")
-        lines.append(f"No TP: the model fits {how} ({best.memory['total'] / GB:.1f} of "
-                     f"{limit:.0f} GB per GPU) without splitting matrices, so no per-layer "
-                     "collectives sit on the critical path.")
+        lines.append(f"No TP: {_whole_matrices(layout)} ({best.memory['total'] / GB:.1f} of "
+                     f"{limit:.0f} GB per GPU), so no per-layer collectives sit on the "
+                     "critical path.")
     if layout.cp > 1:
         lines.append(context_line(best, cluster, intra))
     if cfg.is_moe:
@@ -123,6 +121,20 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines += nearest_rivals(best, result, band, alternatives)
         lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
+
+
+def _whole_matrices(layout: Layout) -> str:
+    """How a layout without TP holds the model: split into stages, sharded or replicated."""
+    over = (f"groups of {layout.shard_size} dp ranks" if layout.hybrid
+            else f"dp={layout.dp}") + (f" x cp={layout.cp}" if layout.cp > 1 else "")
+    sharded = {0: "", 1: f", ZeRO-1 sharding the optimizer states over {over}",
+               2: f", ZeRO-2 sharding the optimizer states and gradients over {over}",
+               3: f", ZeRO-3 sharding weights, gradients and optimizer states over {over}"}
+    if layout.pp > 1:
+        return (f"the model is split into {layout.pp} pipeline stages (by layers, not "
+                f"matrices){sharded[layout.zero]}")
+    whole = "fits sharded" if layout.zero == 3 else "fits with whole weights on every GPU"
+    return f"the model {whole}{sharded[layout.zero]}"
 
 
 def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
