@@ -149,7 +149,7 @@ def test_hybrid_layouts_train_like_one_device(tmp_path):
     for model in {m for m, _, p in HYBRID if p == "fp32"} | {"tiny-llama"}:
         single[model] = [(r["loss"], r["grad_norm"])
                          for r in run_training(_cfg(model, "dp=1"))]
-    for index, ((model, layout, precision), steps) in enumerate(
+    for index, ((_model, layout, precision), steps) in enumerate(
             zip(HYBRID, results, strict=False)):
         reference = _reference(index, results, single)
         assert len(steps) == 5, layout

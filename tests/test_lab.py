@@ -22,7 +22,14 @@ from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.plan.ring_steps import simulate_ring
 from paraxis.show.lab import facts as F
 from paraxis.show.lab.browser import browser_missing, open_browser
-from paraxis.show.lab.grid_facts import DEGREES, GPUS_PER_NODE, grid_layout
+from paraxis.show.lab.grid_facts import (
+    DEGREES,
+    GPUS_PER_NODE,
+    grid_key,
+    grid_layout,
+    grid_settings,
+    shard_sizes,
+)
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.show.lab.schedule_facts import (
     INTERLEAVED_VIRTUAL,
@@ -312,27 +319,29 @@ def test_zero_calculator(browser):
     assert text(browser, "zero-answer") == "13B on 16 GPUs: baseline 208 GB, ZeRO-3 13 GB per GPU."
 
 
+def set_grid(driver, dp, tp, pp, cp=1, ep=1, per_node=4, dp_shard=0) -> None:
+    for name, values, value in (("dp", DEGREES, dp), ("tp", DEGREES, tp), ("pp", DEGREES, pp),
+                                ("cp", [1, 2], cp), ("ep", [1, 2, 4], ep),
+                                ("node", GPUS_PER_NODE, per_node)):
+        slide(driver, f"grid-{name}", values, value)
+    choose(driver, "grid-shard", dp_shard)
+
+
+def hover_rank(driver, rank: int) -> list[str]:
+    ActionChains(driver).move_to_element(driver.find_element("id", f"grid-rank-{rank}")).perform()
+    return text(driver, "grid-role").splitlines()
+
+
 def test_grid_names_every_role(browser):
-    def set_grid(dp, tp, pp, cp=1, ep=1, per_node=4):
-        for name, values, value in (("dp", DEGREES, dp), ("tp", DEGREES, tp), ("pp", DEGREES, pp),
-                                    ("cp", [1, 2], cp), ("ep", [1, 2, 4], ep),
-                                    ("node", GPUS_PER_NODE, per_node)):
-            slide(browser, f"grid-{name}", values, value)
-
-    def hover(rank: int) -> list[str]:
-        ActionChains(browser).move_to_element(
-            browser.find_element("id", f"grid-rank-{rank}")).perform()
-        return text(browser, "grid-role").splitlines()
-
     # (dp, tp, pp, cp, ep), GPUs per node, the ranks hovered: the course's 4x4x4 grid first
     for degrees, per_node, ranks in (((4, 4, 4, 1, 1), 4, (0, 5, 21, 63)),
                                      ((2, 2, 2, 2, 2), 8, (3, 9, 15)),
                                      ((4, 1, 2, 1, 4), 8, (2, 7))):
-        set_grid(*degrees, per_node)
+        set_grid(browser, *degrees, per_node)
         layout = grid_layout(*degrees)
         assert text(browser, "grid-world") == str(layout.world_size)
         for rank in ranks:
-            lines = hover(rank)
+            lines = hover_rank(browser, rank)
             assert lines[0] == cell_label(layout, rank, per_node)
             for axis in ("dp", "pp", "cp", "ep", "tp"):
                 group = layout.group_of(rank, axis)
@@ -340,18 +349,98 @@ def test_grid_names_every_role(browser):
                 expected = [name + json.dumps(group, separators=(",", ":"))] * (len(group) > 1)
                 assert [line.split(":")[0] for line in lines if line.startswith(name)] == expected
     # dp = cp = ep = 2: GPU 3's CP and EP groups are the same two GPUs; both are drawn
-    set_grid(2, 2, 2, 2, 2, 8)
-    hover(3)
+    set_grid(browser, 2, 2, 2, 2, 2, 8)
+    hover_rank(browser, 3)
     twice = browser.find_element("id", "grid-rank-1")
     assert twice.get_attribute("data-axis") == "cp ep"
     assert twice.value_of_css_property("box-shadow").count("rgb") == 2
-    set_grid(1, 2, 2, 1, 2)
+    set_grid(browser, 1, 2, 2, 1, 2)
     with pytest.raises(ParaxisError) as error:
         grid_layout(1, 2, 2, 1, 2)
     assert text(browser, "grid-error") == str(error.value)
     assert text(browser, "grid-world") == "—"  # not the last valid grid's size
     click(browser, "grid-check")
     assert "[4,5,6,7]" in text(browser, "grid-answer")
+
+
+def test_grid_facts_of_hybrid_sharding_are_the_layout_s(data):
+    layouts = data["grid"]["layouts"]
+    hybrid = 0
+    for setting in grid_settings():
+        plain = layouts[grid_key(*setting)]
+        if "error" in plain:
+            continue
+        assert list(plain["shards"]) == [str(size) for size in shard_sizes(setting[0])]
+        for size, shown in plain["shards"].items():
+            try:
+                layout = grid_layout(*setting, dp_shard=int(size))
+            except ParaxisError as error:
+                assert shown == {"error": str(error)}
+                continue
+            hybrid += 1
+            assert layout.hybrid and layout.zero == 1
+            assert shown == {axis: layout.groups(axis) for axis in ("dp_shard", "dp_replicate")}
+            # the page draws a hybrid layout from the plain one's coordinates and groups
+            assert plain["coords"] == [[c.dp_rank, c.cp_rank, c.tp_rank, c.pp_rank]
+                                       for c in map(layout.coords, range(layout.world_size))]
+            assert plain["groups"] == {axis: layout.groups(axis) for axis in plain["groups"]}
+    assert hybrid > 50
+
+
+def test_grid_shows_hybrid_sharding(browser):
+    def outlined() -> list[list[int]]:
+        return browser.execute_script(
+            "return [...document.querySelectorAll('#grid-cells .shardgroup')].map("
+            "(e) => e.dataset.ranks.split(' ').map(Number))")
+
+    def options() -> list[str]:
+        return browser.execute_script(
+            "return [...document.getElementById('grid-shard').options].map((o) => o.text)")
+
+    # (dp, tp, pp, cp, ep), dp_shard, GPUs per node, the ranks hovered
+    for degrees, dp_shard, per_node, ranks in (((4, 2, 1, 1, 1), 2, 4, (0, 5, 6)),
+                                               ((4, 1, 2, 2, 2), 1, 8, (3, 12)),
+                                               ((2, 2, 2, 1, 1), 1, 4, (1, 6))):
+        set_grid(browser, *degrees, per_node, dp_shard)
+        assert browser.find_element("id", "grid-shard").get_attribute("value") == str(dp_shard)
+        layout = grid_layout(*degrees, dp_shard=dp_shard)
+        assert options() == ["all dp ranks"] + [f"{size} dp rank{'s' * (size > 1)}"
+                                                for size in shard_sizes(layout.dp)]
+        assert text(browser, "grid-world") == str(layout.world_size)
+        assert sorted(outlined()) == sorted(layout.groups("dp_shard"))
+        for rank in ranks:
+            lines = hover_rank(browser, rank)
+            assert lines[0] == cell_label(grid_layout(*degrees), rank, per_node)
+            own, copies = layout.group_of(rank, "dp_shard"), layout.group_of(rank, "dp_replicate")
+            shard_lines = [line for line in lines if line.startswith(("ZeRO shard", "DP copies"))]
+            assert [line.split(":")[0] for line in shard_lines] == [
+                "ZeRO shard group " + json.dumps(own, separators=(",", ":")),
+                "DP copies " + json.dumps(copies, separators=(",", ":"))]
+            # its copy is the shard group index cell_label prints as "/g" on the static grid
+            copy = layout.coords(rank).dp_rank // layout.shard_size
+            assert f"/g{copy}" in cell_label(layout, rank, per_node)
+            assert shard_lines[1].endswith(f"(this GPU is copy {copy})")
+            for other in set(copies) - {rank}:
+                axes = browser.find_element("id", f"grid-rank-{other}").get_attribute("data-axis")
+                assert "dp_replicate" in axes.split()
+            assert browser.execute_script(
+                "return [...document.querySelectorAll('#grid-cells .shardgroup.mine')].map("
+                "(e) => e.dataset.ranks)") == [" ".join(map(str, own))]
+    # a hybrid layout the Layout refuses (ep=4 must divide dp_shard*cp = 2): its error, no grid
+    set_grid(browser, 4, 1, 1, 1, 4, 4, 2)
+    with pytest.raises(ParaxisError) as error:
+        grid_layout(4, 1, 1, 1, 4, dp_shard=2)
+    assert text(browser, "grid-error") == str(error.value)
+    assert text(browser, "grid-world") == "—"
+    # every dp rank (plain): no outline, no shard lines; dp = 1 offers no hybrid choice
+    set_grid(browser, 4, 2, 1, 1, 1, 4, 0)
+    assert outlined() == []
+    assert not [line for line in hover_rank(browser, 5) if "shard" in line or "copies" in line]
+    set_grid(browser, 4, 2, 1, 1, 1, 4, 2)
+    slide(browser, "grid-dp", DEGREES, 1)
+    assert options() == ["all dp ranks"] and outlined() == []
+    assert browser.find_element("id", "grid-shard").get_attribute("disabled") is not None
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def test_no_errors_in_the_console(browser):

@@ -155,17 +155,35 @@
 
 // ------------------------------------------------------------ chapter 6: the 3D grid
 (function grid() {
-  const d = DATA.grid, box = $("grid-cells");
-  let layout = null;
+  const d = DATA.grid, box = $("grid-cells"), shardSelect = $("grid-shard");
+  // a rank's copies (its place in the other shard groups) get a ring of their own colour
+  const RINGS = Object.assign({dp_replicate: "#d6336c"}, COLOURS);
+  let layout = null, shards = null, outlines = [];
   function key() {
     return [dpS.get(), tpS.get(), ppS.get(), cpS.get(), epS.get()].join("/");
   }
+  // The shard-group choices: every dp rank, then the hybrid dp_shard sizes DATA has for this
+  // setting, largest first; the chosen one is kept while it stays a choice.
+  function setShardChoices() {
+    const keep = shardSelect.value, base = d.layouts[key()];
+    const sizes = base.error ? [] : Object.keys(base.shards).sort((a, b) => b - a);
+    shardSelect.innerHTML = "";
+    el("option", {value: "0"}, shardSelect, "all dp ranks");
+    for (const size of sizes) el("option", {value: size}, shardSelect,
+      size + (size === "1" ? " dp rank" : " dp ranks"));
+    shardSelect.value = sizes.includes(keep) ? keep : "0";
+    shardSelect.disabled = !sizes.length;
+  }
   function draw() {
+    setShardChoices();
     layout = d.layouts[key()];
+    shards = layout.error || shardSelect.value === "0" ? null : layout.shards[shardSelect.value];
     box.innerHTML = "";
+    outlines = [];
     $("grid-role").textContent = "Hover over a GPU.";
-    if (layout.error) {  // no grid: no world size either (not the last valid one's)
-      $("grid-error").textContent = layout.error;
+    const error = layout.error || (shards && shards.error);
+    if (error) {  // no grid: no world size either (not the last valid one's)
+      $("grid-error").textContent = error;
       $("grid-world").textContent = "—";
       $("grid-role").textContent = "";
       return;
@@ -173,24 +191,38 @@
     $("grid-error").textContent = "";
     const [dp, tp, pp, cp] = [dpS.get(), tpS.get(), ppS.get(), cpS.get()];
     $("grid-world").textContent = layout.coords.length;
+    // every item is placed by (row, column), so a shard group's outline can share its cells'
+    // grid area: row 1 and column 1 hold the axis labels
+    const area = (row, col, rows, cols) => "grid-area: " + (row + 2) + " / " + (col + 2) +
+      " / span " + (rows || 1) + " / span " + (cols || 1);
     for (let stage = 0; stage < pp; stage++) {
       const panel = el("div", {class: "stage"}, box);
       el("div", {class: "title"}, panel, "pipeline stage " + stage);
       const table = el("div", {class: "cells", style: "grid-template-columns: auto repeat(" +
         dp * cp + ", 1fr)"}, panel);
-      el("div", {class: "axislabel"}, table, "");
+      el("div", {class: "axislabel", style: area(-1, -1)}, table, "");
       for (let col = 0; col < dp * cp; col++) {
-        el("div", {class: "axislabel"}, table, "dp" + Math.floor(col / cp) +
-          (cp > 1 ? " cp" + (col % cp) : ""));
+        el("div", {class: "axislabel", style: area(-1, col)}, table, "dp" +
+          Math.floor(col / cp) + (cp > 1 ? " cp" + (col % cp) : ""));
       }
+      const place = {};  // rank -> [row, column] on this stage
       for (let t = 0; t < tp; t++) for (let col = 0; col < dp * cp; col++) {
-        if (col === 0) el("div", {class: "axislabel"}, table, "tp" + t);
+        if (col === 0) el("div", {class: "axislabel", style: area(t, -1)}, table, "tp" + t);
         const rank = layout.coords.findIndex(([a, c, tt, p]) => p === stage && tt === t &&
           a * cp + c === col);
+        place[rank] = [t, col];
         const node = Math.floor(rank / nodeS.get());
         const cell = el("div", {class: "gpucell node" + (node % 2), id: "grid-rank-" + rank,
-          "data-rank": rank}, table, "GPU " + rank);
+          "data-rank": rank, style: area(t, col)}, table, "GPU " + rank);
         cell.addEventListener("mouseenter", () => hover(rank));
+      }
+      for (const group of shards ? shards.dp_shard : []) {
+        if (!(group[0] in place)) continue;  // another stage's
+        const rows = group.map((r) => place[r][0]), cols = group.map((r) => place[r][1]);
+        const [row, col] = [Math.min(...rows), Math.min(...cols)];
+        outlines.push({group, node: el("div", {class: "shardgroup", "data-ranks": group.join(" "),
+          style: area(row, col, Math.max(...rows) - row + 1, Math.max(...cols) - col + 1)},
+          table)});
       }
     }
   }
@@ -202,18 +234,31 @@
       c.removeAttribute("data-axis");
       c.style.boxShadow = "";
     });
+    for (const {group, node} of outlines) node.classList.toggle("mine", group.includes(rank));
     const lines = [layout.labels[String(nodeS.get())][rank]], rings = {};
+    const ring = (group, axis) => {
+      for (const r of group) if (r !== rank) (rings[r] = rings[r] || []).push(axis);
+    };
     for (const axis of ["dp", "pp", "cp", "ep", "tp"]) {
       const group = layout.groups[axis].find((g) => g.includes(rank));
       if (group.length < 2) continue;
-      for (const r of group) if (r !== rank) (rings[r] = rings[r] || []).push(axis);
+      ring(group, axis);
       lines.push(axis.toUpperCase() + " group " + JSON.stringify(group) + ": " + ROLES[axis]);
+    }
+    if (shards) {  // hybrid sharding: the rank's shard group (outlined) and its copies
+      const own = shards.dp_shard.find((g) => g.includes(rank));
+      const copies = shards.dp_replicate.find((g) => g.includes(rank));
+      ring(copies, "dp_replicate");
+      lines.push("ZeRO shard group " + JSON.stringify(own) + ": optimizer states sharded " +
+        "within (ZeRO-1)");
+      lines.push("DP copies " + JSON.stringify(copies) + ": the same shard, gradients " +
+        "all-reduced across (this GPU is copy " + copies.indexOf(rank) + ")");
     }
     // a GPU in several of the groups (cp and ep can coincide) gets a ring per group
     for (const [r, axes] of Object.entries(rings)) {
       const cell = $("grid-rank-" + r);
       cell.setAttribute("data-axis", axes.join(" "));
-      cell.style.boxShadow = axes.map((a, i) => "0 0 0 " + 3 * (i + 1) + "px " + COLOURS[a])
+      cell.style.boxShadow = axes.map((a, i) => "0 0 0 " + 3 * (i + 1) + "px " + RINGS[a])
         .join(", ");
     }
     $("grid-rank-" + rank).setAttribute("data-axis", "me");
@@ -225,13 +270,18 @@
   const cpS = slider("grid-cp", d.cp, 1, draw);
   const epS = slider("grid-ep", d.ep, 1, draw);
   const nodeS = slider("grid-node", d.gpus_per_node, 4, draw);
+  // dp_shard as DATA keys it ("0": every dp rank); a size that is not a choice here reads "0"
+  const shardS = {get: () => Number(shardSelect.value),
+    set: (size) => { shardSelect.value = String(size); draw(); }};
+  shardSelect.addEventListener("input", draw);
   draw();
   $("grid-check").addEventListener("click", () => {
+    shardSelect.value = "0";
     dpS.set(4); tpS.set(4); ppS.set(4); cpS.set(1); epS.set(1); nodeS.set(4);
     hover(5);
     $("grid-answer").textContent = "Tensor parallelism: GPU 5's TP group " +
       JSON.stringify(layout.groups.tp.find((g) => g.includes(5))) + " is one node's " +
       nodeS.get() + " GPUs (" + layout.labels["4"][5] + ").";
   });
-  window.lab.widgets.grid = {dpS, tpS, ppS, cpS, epS, nodeS, hover};
+  window.lab.widgets.grid = {dpS, tpS, ppS, cpS, epS, nodeS, shardS, hover};
 })();
