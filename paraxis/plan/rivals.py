@@ -51,10 +51,11 @@ def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBan
     lines = [f"Prediction: {best.step_time_s:.3g} s per step, {low:.3g}-{high:.3g} s at the "
              f"{band.name} ±{band.rms:.1%} ({band.over}, {band.source}; largest "
              f"{band.largest:.0%})."]
-    if band is GPU_BAND:  # the fitted runs' band; say what runs never fitted showed
+    if band.held_out:  # a GPU: the held-out error of all GPUs, and the fit's own
         held = HELD_OUT_GPU_BAND
         lines.append(f"Held out: on {held.runs} published runs never fitted the RMS error is "
-                     f"{held.rms:.0%} (largest {held.largest:.0%}, {held.source}).")
+                     f"{held.rms:.0%} (largest {held.largest:.0%}, {held.source}); on the "
+                     f"{GPU_BAND.runs} runs it was fitted on, {GPU_BAND.rms:.1%}.")
     if result is None:
         return lines
     tied = ties(best, result.ranked, band)
