@@ -67,11 +67,13 @@ def test_a_layout_that_does_not_fit_is_not_said_to_fit() -> None:
 
 def test_the_memory_reason_names_the_microbatch_it_is_for() -> None:
     cfg, cluster = PRESETS["llama2-70b"], build_cluster("a100-80gb", 256, 8)
-    result = search(cfg, cluster, 4096, 1024, Constraints(tp=1, pp=1, zero=3,
+    # ZeRO-3 over all 256 ranks (sharded within a node, the states alone would not fit)
+    result = search(cfg, cluster, 4096, 1024, Constraints(tp=1, pp=1, zero=3, dp_shard=0,
                                                           recompute=("none",)))
-    reason = result.too_big[0].reason
-    assert reason.startswith("needs ") and "GB of it activations of 4-sequence microbatches " \
-        "of 4096 tokens (recompute=none)" in reason
+    rejected = result.too_big[0]
+    assert rejected.reason.startswith("needs ") and (
+        f"GB of it activations of {rejected.estimate.micro_batch}-sequence microbatches of "
+        "4096 tokens (recompute=none)") in rejected.reason
 
 
 @pytest.mark.parametrize("constraints,message", [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from paraxis.plan.hardware import Cluster
@@ -124,8 +125,26 @@ def measured_fits(cluster: Cluster, group_size: int) -> tuple[tuple[str, float, 
     return tuple(fits)
 
 
-def group_link(ranks: list[int], cluster: Cluster) -> Link:
+# A search prices thousands of layouts on one cluster, asking for the same few groups'
+# links again and again: (id of the cluster, ranks) -> (that cluster, its link). The entry
+# holds the cluster itself, so its id cannot be reused while the entry lives.
+_LINKS: dict[tuple[int, tuple[int, ...]], tuple[Cluster, Link]] = {}
+
+
+def group_link(ranks: Sequence[int], cluster: Cluster) -> Link:
     """Bandwidth and latency a collective over `ranks` sees."""
+    key = (id(cluster), ranks if isinstance(ranks, tuple) else tuple(ranks))
+    hit = _LINKS.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    if len(_LINKS) >= 4096:
+        _LINKS.clear()
+    link = _group_link(key[1], cluster)
+    _LINKS[key] = (cluster, link)
+    return link
+
+
+def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     # a search asks this of thousands of groups, some of thousands of ranks: a group whose
     # lowest and highest ranks share a node (as a TP group does) is read off those two
     low, high = cluster.node_of(min(ranks)), cluster.node_of(max(ranks))
@@ -159,7 +178,7 @@ def _nodes_spanned(ranks: tuple[int, ...], gpus_per_node: int) -> int:
 
 
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
-    return group_link(group_ranks(layout, axis), cluster)
+    return group_link(_axis_ranks(tuple(layout.degrees.items()), axis), cluster)
 
 
 def tp_collectives_per_layer(sequence_parallel: bool,

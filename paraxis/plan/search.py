@@ -101,8 +101,9 @@ def check_interleaving(layout: Layout, cfg: ModelConfig) -> None:
 def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tuple[int, ...]:
     if constraints.virtual_stages is not None:
         return constraints.virtual_stages  # given: a depth that does not split is refused
-    even = [v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0]
-    return tuple(v for v in even if v in (2, 4)) or tuple(even[:1])
+    # every depth that splits the layers evenly: the best is often deeper than 2 or 4 (NVIDIA
+    # runs Llama 3 405B at 8 on pp = 16... whatever the layers allow)
+    return tuple(v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0)
 
 
 def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
@@ -219,9 +220,13 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             sizes = (c.micro_batch,) if c.micro_batch else range(1, MAX_MICRO_BATCH + 1)
+            too_big_at: int | None = None
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
+                if too_big_at is not None and micro_batch > too_big_at:
+                    break  # a larger microbatch holds more activations: it cannot fit either
+                too_big_before, fits_here = len(result.too_big), False
                 microbatches = per_replica // micro_batch
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
                                                          cfg.n_layers):
@@ -232,6 +237,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             settings = (micro_batch, kind, virtual, sp, recompute, group)
                             if reshard == "forward" and (shape, zero, dp_shard,
                                                          settings) in kept:
+                                fits_here = True  # kept whole, a variant of this size fits
                                 break  # keeping the chunk fit: regathering is only slower
                             try:
                                 layout = shape.replace(
@@ -249,6 +255,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
                                                 precision, overlap, expert_imbalance, memo)
                             if estimate.fits:
+                                fits_here = True
                                 if reshard == "step":
                                     kept.add((shape, zero, dp_shard, settings))
                                 result.ranked.append(estimate)
@@ -257,6 +264,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
+                # Nothing at this size fit, at any recompute: larger microbatches hold more
+                # activations (a pipeline's ZeRO-2 excepted: at one microbatch it keeps no
+                # whole gradients)
+                if (not fits_here and len(result.too_big) > too_big_before
+                        and not (zero == 2 and pp > 1)):
+                    too_big_at = micro_batch
     siblings = other_variants(result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: (
         evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
                  memo)))

@@ -164,10 +164,15 @@ def _min_max_split(costs: list[float], parts: int, first_extra: float, last_extr
     best[0][0] = (0.0, 0.0)
     for k in range(1, parts + 1):
         for j in range(k, n - (parts - k) + 1):
-            for i in range(k - 1, j):
+            # The last part [i, j) grows as i falls: once it alone exceeds the best largest
+            # part so far, no smaller i can do better. Ties go to the smallest i (`<=`
+            # while i falls), as an ascending scan keeping the first best would.
+            for i in range(j - 1, k - 2, -1):
                 part = cost(k - 1, i, j)
+                if part > best[k][j][0]:
+                    break
                 value = (max(best[k - 1][i][0], part), best[k - 1][i][1] + part * part)
-                if value < best[k][j]:
+                if value <= best[k][j]:
                     best[k][j], choice[k][j] = value, i
     bounds = [n]
     for k in range(parts, 0, -1):
