@@ -17,7 +17,8 @@ from typing import NamedTuple
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import Layout, grid_rank, node_of
+from paraxis.spec.grid import grid_rank, node_of
+from paraxis.spec.layout import Layout
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")

@@ -42,7 +42,8 @@ from paraxis.spec.cp_balance import (
     saved_bytes_per_rank,
     sent_bytes_per_rank,
 )
-from paraxis.spec.layout import Layout, grid_rank
+from paraxis.spec.grid import grid_rank
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 
 # A search tries cp > 1 only while each rank keeps at least this many tokens of a sequence:

@@ -48,7 +48,8 @@ from paraxis.spec.expert_placement import (
     send_matrix,
     uniform_send_matrix,
 )
-from paraxis.spec.layout import Layout, expert_dp_groups, expert_groups
+from paraxis.spec.grid import expert_dp_groups, expert_groups
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 
 # The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the middle

@@ -55,8 +55,8 @@ from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO
 from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.grid import node_of
 from paraxis.spec.kernels import KERNELS, RUNTIME_KERNEL
-from paraxis.spec.layout import node_of
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
 

@@ -26,7 +26,8 @@ from paraxis.plan.ranking import rank
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import ZERO_STAGES, Layout, divisors, ep_splits, etp_splits
+from paraxis.spec.grid import divisors
+from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 

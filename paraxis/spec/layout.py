@@ -35,15 +35,22 @@ Pure Python: `paraxis plan` imports it without torch.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from paraxis.spec.cp_balance import VARIANTS as CP_ATTENTION
 from paraxis.spec.cp_balance import check_heads
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.grid import (
+    AXES,
+    divisors_text,
+    expert_dp_groups,
+    expert_groups,
+    grid_groups,
+    grid_index,
+    grid_rank,
+)
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.options import option
 from paraxis.spec.schedules import FIXED_VIRTUAL, KINDS, placement_of
@@ -52,11 +59,6 @@ SCHEDULES = KINDS  # the pipeline schedules `paraxis.spec.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
 ZERO3_RESHARD = ("forward", "step")  # ZeRO-3, pp > 1: when gathered chunks are freed (zero3.py)
 ZERO_STAGES = (0, 1, 2, 3)  # ZeRO (Rajbhandari et al. 2020): none, +optimizer, +grads, +params
-AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
-
-
-def node_of(rank: int, gpus_per_node: int) -> int:
-    return rank // gpus_per_node  # consecutive ranks fill a node (launchers number them so)
 
 
 class Coords(NamedTuple):
@@ -67,64 +69,6 @@ class Coords(NamedTuple):
     dp_rank: int
     cp_rank: int
     tp_rank: int
-
-
-def grid_rank(degrees: Mapping[str, int], index: Mapping[str, int]) -> int:
-    """Coordinates (axis -> index; a missing axis is 0) -> global rank, `AXES` order."""
-    rank = 0
-    for axis in AXES:
-        value, size = index.get(axis, 0), degrees[axis]
-        if not 0 <= value < size:
-            raise ParaxisError(f"{axis}_rank {value} is outside 0..{size - 1}")
-        rank = rank * size + value
-    return rank
-
-
-def grid_index(degrees: Mapping[str, int], rank: int) -> dict[str, int]:
-    """Global rank -> coordinates (axis -> index); the inverse of `grid_rank`."""
-    world = math.prod(degrees[axis] for axis in AXES)
-    if not 0 <= rank < world:
-        raise ParaxisError(f"rank {rank} is outside a world of {world} ranks")
-    index: dict[str, int] = {}
-    for axis in reversed(AXES):  # the innermost axis is the remainder
-        rank, index[axis] = divmod(rank, degrees[axis])
-    return {axis: index[axis] for axis in AXES}
-
-
-def grid_groups(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[list[int]]:
-    """Every group along `axes`: the ranks that agree on all the other axes, each group in
-    rank order, groups ordered by the other axes (outermost first). They partition the world."""
-    unknown = [axis for axis in axes if axis not in AXES]
-    if unknown or not axes:
-        raise ParaxisError(f"unknown axis {'_'.join(axes)!r}; use names among "
-                           f"{', '.join(AXES)}, ep, joined by '_' (e.g. dp_tp)")
-    inside = [axis for axis in AXES if axis in axes]
-    outside = [axis for axis in AXES if axis not in axes]
-
-    def ranks_along(fixed: dict[str, int]) -> list[int]:
-        return [grid_rank(degrees, {**fixed, **dict(zip(inside, moving, strict=True))})
-                for moving in itertools.product(*(range(degrees[a]) for a in inside))]
-
-    return [ranks_along(dict(zip(outside, fixed, strict=True)))
-            for fixed in itertools.product(*(range(degrees[a]) for a in outside))]
-
-
-def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
-    """The expert-parallel groups: each dp x cp group (one (pp, tp) position) cut into
-    consecutive blocks of `ep` ranks, so experts never change the world size."""
-    groups = grid_groups(degrees, ("dp", "cp"))
-    if len(groups[0]) % ep:
-        raise ParaxisError(f"ep={ep} must divide dp*cp = {len(groups[0])}; choose ep among "
-                           f"{divisors_text(len(groups[0]))}")
-    return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
-
-
-def expert_dp_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
-    """The experts' data-parallel groups: the dp*cp/ep ranks of one dp x cp group that hold
-    the same experts (the same index in their expert-parallel groups). Gradients of experts
-    are reduced, and their ZeRO states sharded, over these."""
-    expert_groups(degrees, ep)  # the same check: ep divides dp*cp
-    return [group[j::ep] for group in grid_groups(degrees, ("dp", "cp")) for j in range(ep)]
 
 
 @dataclass(frozen=True)
@@ -465,15 +409,6 @@ class Layout:
 # the MLP width (and with `etp = tp` every expert's width); cp's all-to-all variant splits
 # heads again; pp needs a layer per model chunk; ep splits the experts. Each broken rule is
 # one line naming a fix.
-
-
-def divisors(n: int) -> list[int]:
-    """The whole numbers that divide n: the degrees an axis of n ranks (or n heads) can take."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def divisors_text(n: int) -> str:
-    return ", ".join(map(str, divisors(n)))
 
 
 def check_model(layout: Layout, model: ModelConfig) -> None:

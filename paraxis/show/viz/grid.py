@@ -19,7 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from paraxis.show.viz.style import AXIS_COLOUR, OKABE_ITO, new_figure
-from paraxis.spec.layout import Layout, node_of
+from paraxis.spec.grid import node_of
+from paraxis.spec.layout import Layout
 
 _NODE_SHADES = ("#e8f1fa", "#fdf0d5")  # alternate nodes: pale blue, pale sand
 ZERO_COLOUR = OKABE_ITO["vermillion"]  # hybrid sharding's shard groups

@@ -1,0 +1,88 @@
+"""The rank grid as pure arithmetic: coordinates, groups and nodes from axis degrees.
+
+`Layout` (paraxis/spec/layout.py) holds the degrees; these functions turn them into ranks
+and groups, with no other input, so the runtime's process groups, the planner's links and
+the pictures all come from one place. The axes are ordered outermost first (`AXES`): TP
+varies fastest. Pure Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+
+from paraxis.spec.errors import ParaxisError
+
+AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
+
+
+def node_of(rank: int, gpus_per_node: int) -> int:
+    return rank // gpus_per_node  # consecutive ranks fill a node (launchers number them so)
+
+
+def grid_rank(degrees: Mapping[str, int], index: Mapping[str, int]) -> int:
+    """Coordinates (axis -> index; a missing axis is 0) -> global rank, `AXES` order."""
+    rank = 0
+    for axis in AXES:
+        value, size = index.get(axis, 0), degrees[axis]
+        if not 0 <= value < size:
+            raise ParaxisError(f"{axis}_rank {value} is outside 0..{size - 1}")
+        rank = rank * size + value
+    return rank
+
+
+def grid_index(degrees: Mapping[str, int], rank: int) -> dict[str, int]:
+    """Global rank -> coordinates (axis -> index); the inverse of `grid_rank`."""
+    world = math.prod(degrees[axis] for axis in AXES)
+    if not 0 <= rank < world:
+        raise ParaxisError(f"rank {rank} is outside a world of {world} ranks")
+    index: dict[str, int] = {}
+    for axis in reversed(AXES):  # the innermost axis is the remainder
+        rank, index[axis] = divmod(rank, degrees[axis])
+    return {axis: index[axis] for axis in AXES}
+
+
+def grid_groups(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[list[int]]:
+    """Every group along `axes`: the ranks that agree on all the other axes, each group in
+    rank order, groups ordered by the other axes (outermost first). They partition the world."""
+    unknown = [axis for axis in axes if axis not in AXES]
+    if unknown or not axes:
+        raise ParaxisError(f"unknown axis {'_'.join(axes)!r}; use names among "
+                           f"{', '.join(AXES)}, ep, joined by '_' (e.g. dp_tp)")
+    inside = [axis for axis in AXES if axis in axes]
+    outside = [axis for axis in AXES if axis not in axes]
+
+    def ranks_along(fixed: dict[str, int]) -> list[int]:
+        return [grid_rank(degrees, {**fixed, **dict(zip(inside, moving, strict=True))})
+                for moving in itertools.product(*(range(degrees[a]) for a in inside))]
+
+    return [ranks_along(dict(zip(outside, fixed, strict=True)))
+            for fixed in itertools.product(*(range(degrees[a]) for a in outside))]
+
+
+def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
+    """The expert-parallel groups: each dp x cp group (one (pp, tp) position) cut into
+    consecutive blocks of `ep` ranks, so experts never change the world size."""
+    groups = grid_groups(degrees, ("dp", "cp"))
+    if len(groups[0]) % ep:
+        raise ParaxisError(f"ep={ep} must divide dp*cp = {len(groups[0])}; choose ep among "
+                           f"{divisors_text(len(groups[0]))}")
+    return [group[i:i + ep] for group in groups for i in range(0, len(group), ep)]
+
+
+def expert_dp_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
+    """The experts' data-parallel groups: the dp*cp/ep ranks of one dp x cp group that hold
+    the same experts (the same index in their expert-parallel groups). Gradients of experts
+    are reduced, and their ZeRO states sharded, over these."""
+    expert_groups(degrees, ep)  # the same check: ep divides dp*cp
+    return [group[j::ep] for group in grid_groups(degrees, ("dp", "cp")) for j in range(ep)]
+
+
+def divisors(n: int) -> list[int]:
+    """The whole numbers that divide n: the degrees an axis of n ranks (or n heads) can take."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def divisors_text(n: int) -> str:
+    return ", ".join(map(str, divisors(n)))
