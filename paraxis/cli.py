@@ -33,6 +33,8 @@ COMMANDS: list[tuple[str, str, str]] = [
      "see how context parallelism splits a sequence and passes K/V (text and pictures)"),
     ("report", "paraxis.commands.report",
      "write one self-contained HTML report: plan, pictures, run"),
+    ("diagnose", "paraxis.commands.diagnose",
+     "why a run ended, or why throughput fell after a move: measured figures and forecast"),
     ("lab", "paraxis.commands.lab",
      "write the course's seven simulators and two more as one interactive, offline page"),
     ("calibrate", "paraxis.commands.calibrate",
