@@ -227,3 +227,22 @@ def test_defence_of_a_pipeline_without_tp_says_the_model_is_split_not_replicated
         line = next(line for line in explain(cfg, cluster, best) if line.startswith("No TP"))
         assert says in line, line
         assert "replicated" not in line or "pp" not in text
+
+
+def test_defence_states_the_overlaps_it_assumed_and_the_headroom_it_kept():
+    cfg, cluster = PRESETS["llama2-7b"], build_cluster("a100-80gb", 16, 8)
+    best = evaluate(cfg, Layout.parse("dp=4,tp=2,pp=2,zero=1,microbatches=8"), cluster,
+                    4096, 64)
+    line = next(line for line in explain(cfg, cluster, best) if "Headroom" in line)
+    assert line.startswith("Assumed hidden: the gradient sync behind the backward, TP's "
+                           "backward collectives behind the weight-gradient GEMMs")
+    assert "exposed: the pipeline's sends, TP's forward collectives" in line
+    free = best.memory_limit_bytes - best.memory["total"]
+    assert f"{free / 1e9:.1f} GB ({free / best.memory_limit_bytes:.0%}) of the GPU left free" \
+        in line
+    from paraxis.plan.cost import Overlap
+
+    nothing = explain(cfg, cluster, best, overlap=Overlap(dp=False, tp=False, pp=False,
+                                                          zero3_prefetch=False, cp=False))
+    assert any(line.startswith("Assumed exposed: the gradient sync, TP's backward") for
+               line in nothing)

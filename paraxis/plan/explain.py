@@ -15,6 +15,7 @@ from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes
+from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
 from paraxis.plan.uncertainty import error_band
@@ -70,7 +71,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
     else:
         lines.append(f"No TP: {_whole_matrices(layout)} ({best.memory['total'] / GB:.1f} of "
-                     f"{limit:.0f} GB per GPU), so no per-layer collectives sit on the "
+                     f"{limit:.1f} GB per GPU), so no per-layer collectives sit on the "
                      "critical path.")
     if layout.cp > 1:
         lines.append(context_line(best, cluster, intra))
@@ -109,18 +110,50 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                 f"{link_speed(link, cluster)}, {time['dp']:.2f} s of it exposed."
                 + _hybrid_rival(best, result, link.crosses_nodes))
     mem = best.memory
+    # used and capacity to the same digits: rounding keeps their order, so a layout that
+    # fits never reads as more than the GPU holds
     lines.append(
-        f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.0f} GB (params "
+        f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.1f} GB (params "
         f"{mem['params'] / GB:.1f}, grads {mem['grads'] / GB:.1f}, optimizer "
         f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, buffers "
         f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
+    lines.append(assumptions_line(best, overlap_on(cluster, overlap)))
     band = error_band(cluster)
     lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
         lines += nearest_rivals(best, result, band, alternatives)
         lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
+
+
+def assumptions_line(best: Estimate, overlap: Overlap) -> str:
+    """What the price assumed hidden and what exposed (`Overlap`), for the axes the layout
+    uses, and the memory it kept free: the reserve and what is left under the capacity."""
+    layout = best.layout
+    calls = {"dp": ("the gradient sync", "the backward", layout.dp * layout.cp > 1),
+             "tp": ("TP's backward collectives", "the weight-gradient GEMMs", layout.tp > 1),
+             "zero3_prefetch": ("ZeRO-3's gathers", "the layer before", layout.zero == 3),
+             "cp": ("the K/V exchange", "attention", layout.cp > 1),
+             "pp": ("the pipeline's sends", "compute", layout.pp > 1)}
+    used = {name: call for name, call in calls.items() if call[2]}
+    hidden = [f"{what} behind {behind}" for name, (what, behind, _) in used.items()
+              if getattr(overlap, name)]
+    exposed = [what for name, (what, _, _) in used.items() if not getattr(overlap, name)]
+    if layout.tp > 1:
+        exposed.append("TP's forward collectives")
+    parts = []
+    if hidden:
+        parts.append(f"Assumed hidden: {', '.join(hidden)} (each hidden second still costs "
+                     f"{overlap.contention:.0%} of itself, for the SMs and bandwidth shared)")
+    if exposed:
+        parts.append(f"{'exposed' if hidden else 'Assumed exposed'}: {', '.join(exposed)}")
+    mem, limit = best.memory, best.memory_limit_bytes
+    free = limit - mem["total"]
+    headroom = (f"Headroom: {mem['reserved'] / GB:.1f} GB reserved for the runtime, and "
+                f"{free / GB:.1f} GB ({free / limit:.0%}) of the GPU left free"
+                if free >= 0 else f"Headroom: none, it needs {-free / GB:.1f} GB more")
+    return "; ".join(parts) + (". " if parts else "") + headroom + "."
 
 
 def _whole_matrices(layout: Layout) -> str:
