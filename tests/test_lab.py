@@ -154,8 +154,8 @@ def test_page_is_self_contained(page):
 
 def test_scaling_gap(browser):
     years = [y["year"] for y in F.scaling_facts()["years"]]
-    for year, name, shown in ((2018, "BERT-Large", "0.34B"), (2020, "GPT-3", "175B"),
-                              (2025, "Kimi K2 (MoE)", "1.04T")):
+    for year, name, shown in ((2018, "Mesh-TensorFlow Transformer", "5B"),
+                              (2023, "PanGu-Σ (MoE)", "1.085T"), (2025, "Kimi K2 (MoE)", "1.04T")):
         slide(browser, "scaling-year", years, year)
         params = F.LARGEST_PUBLISHED[year][1]
         state = sum(model_state_bytes(int(params), 1, 0).values())
@@ -165,8 +165,8 @@ def test_scaling_gap(browser):
         needed = math.ceil(state / gpu)
         assert f"at least {needed} GPU{'s' if needed > 1 else ''} just" in said
         assert f"the trend's GPU holds {float(f'{gpu / 1e9:.3g}'):g} GB" in said
-    # the course's trend, past where it held, is shown as a number, not as "1.75e+7B"
-    assert "1.75e+16 parameters" in said
+    # the course's trend, past where it held, is shown in words, never with an exponent
+    assert "17.5 quadrillion parameters" in said
     for billions, state_gb in ((7, "112 GB"), (70, "1120 GB"), (175, "2800 GB")):
         slide(browser, "scaling-model", F.MODEL_SIZES_B, billions)
         assert f"Adam {state_gb}" in text(browser, "scaling-model-out")
@@ -188,12 +188,15 @@ def test_data_parallel(browser):
     toy = F.toy_gradients(2, 512)
     click(browser, "dp-step", 3)  # each GPU's own gradient, then their average
     grads = [e.text for e in browser.find_elements("css selector", "#dp-gpus .cell.grad")]
-    assert grads == [f"g{g} = {value:.3f}" for g, value in enumerate(toy["local"])]
+    assert [g.split(" = ")[0] for g in grads] == ["g0", "g1"]
+    assert all(math.isclose(float(g.split(" = ")[1]), value, rel_tol=5e-4)  # 4 digits
+               for g, value in zip(grads, toy["local"], strict=True))
     click(browser, "dp-step")
     assert text(browser, "dp-phase") == "Phase 4/5: all-reduce gradients"
     assert math.isclose(toy["averaged"], toy["full"])  # the same update as one device's
-    assert f"{toy['averaged']:.6f}" in text(browser, "dp-toy")
-    assert f"{toy['full']:.6f}" in text(browser, "dp-toy")
+    averaged, full = re.findall(r"-?\d+\.\d+", text(browser, "dp-toy"))
+    assert math.isclose(float(averaged), toy["averaged"], rel_tol=5e-4)
+    assert math.isclose(float(full), toy["full"], rel_tol=5e-4)
     assert len(browser.find_elements("css selector", "#dp-gpus .gpu")) == 2
     click(browser, "dp-check")
     assert text(browser, "dp-answer") == "32 examples per GPU."
@@ -234,12 +237,15 @@ def test_tensor_parallel_mlp(browser):
         click(browser, "tp-step", 5)
         mlp = F.tp_mlp(tp)
         titles = [e.text for e in browser.find_elements("css selector", "#tp-ranks .title")]
-        assert titles == [f"GPU {i} · d_ff {r['columns'][0]}–{r['columns'][1] - 1}"
+        assert titles == [f"GPU {i} · d_ff columns {r['columns'][0]}–{r['columns'][1] - 1}"
+                          if r["columns"][1] - r["columns"][0] > 1
+                          else f"GPU {i} · d_ff column {r['columns'][0]}"
                           for i, r in enumerate(mlp["ranks"])]
         cells = [float(e.text) for e in browser.find_elements(
             "css selector", "#tp-out table.done td")]
         assert cells == [round(v, 2) for row in mlp["single"] for v in row]
-        assert float(text(browser, "tp-diff")) < 1e-12
+        assert text(browser, "tp-diff") in ("0 (the same bits)", "below 0.000001 (float "
+                                            "rounding: the sums run in another order)")
     traffic = F.tp_traffic()
     for link in ("NVLink", "PCIe", "Ethernet"):
         slide(browser, "tp-link", list(F.TP_LINKS), link)

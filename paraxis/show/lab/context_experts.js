@@ -4,10 +4,10 @@
 
 function bytesText(b) {
   const [scale, unit] = b >= 1e9 ? [1e9, "GB"] : b >= 1e6 ? [1e6, "MB"] : [1e3, "kB"];
-  return +(b / scale).toPrecision(3) + " " + unit;
+  return fmt(b / scale) + " " + unit;
 }
 function pairsText(n) {
-  return n >= 1e9 ? +(n / 1e9).toPrecision(3) + " bn" : +(n / 1e6).toPrecision(3) + " M";
+  return n >= 1e9 ? fmt(n / 1e9) + " bn" : fmt(n / 1e6) + " M";
 }
 function rankColour(colours, rank) { return colours[rank % colours.length]; }
 
@@ -34,11 +34,14 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
 
   function drawMatrix(s, variant, index) {
     const n = 2 * cpS.get(), size = 300 / n, left = 26, top = 18;
+    // narrow blocks take smaller labels, so that "k10" and "k11" stay apart
+    const tick = size < 24 ? {class: "tick", style: "font-size: 9px"}
+      : {class: "tick"};
     matrix.innerHTML = "";
     for (let c = 0; c < n; c++) {
-      el("text", {x: left + c * size + size / 2, y: 12, "text-anchor": "middle", class: "tick"},
+      el("text", {...tick, x: left + c * size + size / 2, y: 12, "text-anchor": "middle"},
         matrix, "k" + c);
-      el("text", {x: 0, y: top + c * size + size / 2 + 4, class: "tick"}, matrix, "q" + c);
+      el("text", {...tick, x: 0, y: top + c * size + size / 2 + 4}, matrix, "q" + c);
     }
     for (const [q, k, rank, step, half] of s.cells[variant]) {
       const shown = variant === "ring" ? step < index : index >= 1;
@@ -93,8 +96,9 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
         const h = 105 * c[kind][rank] / most, x = 40 + rank * 3 * bar + i * bar;
         el("rect", {x, y: 130 - h, width: bar - 2, height: h, fill: colour(rank), opacity,
           id: "cp-pairs-" + kind + "-" + rank}, svg);
-        if (bar > 28) el("text", {x: x + bar / 2, y: 126 - h, "text-anchor": "middle",
-          class: "tick"}, svg, pairsText(c[kind][rank]));
+        // narrow bars take smaller labels, so that neighbours' labels stay apart
+        el("text", {x: x + bar / 2, y: 126 - h, "text-anchor": "middle", class: "tick",
+          style: bar < 44 ? "font-size: 9px" : ""}, svg, pairsText(c[kind][rank]));
       });
       el("text", {x: 40 + rank * 3 * bar + bar, y: 146, "text-anchor": "middle", class: "tick"},
         svg, "rank " + rank);
@@ -149,7 +153,8 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
 
 // ------------------------------------------------------------ mixture of experts
 (function experts() {
-  const d = DATA.experts, bars = $("moe-bars");
+  // dropped assignments: an empty box with a dashed outline, unlike every rank's colour
+  const d = DATA.experts, bars = $("moe-bars"), DROPPED = "#495057";
   const colour = (rank) => rankColour(d.colours, rank);
   const entry = () => d.settings[blockS.get() + "/" + epS.get() + "/" + cfS.get()];
   const sum = (xs) => xs.reduce((a, b) => a + b, 0);
@@ -170,8 +175,9 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
           id: "moe-bar-" + x + "-" + rank}, bars);
       });
       const dropped = routed[x] - perExpert(e.kept)[x];
-      if (dropped) el("rect", {x: 40 + x * width, y: y - dropped * scale, width: width - 4,
-        height: dropped * scale, fill: "#adb5bd", id: "moe-drop-" + x}, bars);
+      if (dropped) el("rect", {x: 40 + x * width + 0.75, y: y - dropped * scale + 0.75,
+        width: width - 5.5, height: Math.max(0, dropped * scale - 1.5), fill: "#fff", stroke: DROPPED,
+        "stroke-width": 1.5, "stroke-dasharray": "4 2", id: "moe-drop-" + x}, bars);
       el("text", {x: 40 + x * width + width / 2 - 2, y: 222, "text-anchor": "middle",
         class: "tick"}, bars, "e" + x);
     }
@@ -181,6 +187,19 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     el("line", {x1: 36, x2: 40 + E * width, y1: mean, y2: mean, stroke: "#212529",
       "stroke-dasharray": "2 3"}, bars);
     el("text", {x: 0, y: mean + 4, class: "tick"}, bars, "mean");
+  }
+
+  // what the bars' colours mean, for the ranks of this setting
+  function drawLegend() {
+    const legend = $("moe-legend");
+    legend.innerHTML = "";
+    for (let rank = 0; rank < epS.get(); rank++) {
+      el("span", {id: "moe-legend-" + rank, "data-colour": colour(rank),
+        style: "background:" + colour(rank)}, legend, "rank " + rank + "'s tokens");
+    }
+    el("span", {id: "moe-legend-dropped", style: "background: #fff; color: " + DROPPED +
+      "; border: 1.5px dashed " + DROPPED}, legend, "dropped: over the capacity");
+    legend.append("dotted line: the mean expert's assignments");
   }
 
   function drawSends(e) {
@@ -206,6 +225,7 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
       (e.capacity === null ? "none (dropless)" : e.capacity + " assignments per expert " +
       "of each rank's own tokens");
     drawBars(e);
+    drawLegend();
     drawSends(e);
     $("moe-expert-load").textContent = e.expert_load.toFixed(2) + "x (expert " +
       e.busiest_expert + ")";

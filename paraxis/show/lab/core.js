@@ -37,9 +37,22 @@ function slider(id, values, initial, onChange, format) {
     set: (value) => { input.value = values.indexOf(value); update(); }};
 }
 
-function gb(bytes) { return +(bytes / 1e9).toPrecision(6) + " GB"; }
+// A number as people write it: `digits` significant digits (3 unless given), never an
+// exponent, no trailing zeros after the point ("0.14", "26.3", "1120", "0.000512").
+// Rounding to significant digits never decreases a larger number below a smaller one, so
+// "used of capacity" printed with the same digits never shows used above a capacity it fits.
+function fmt(x, digits) {
+  const d = digits || 3;
+  if (!Number.isFinite(x) || x === 0) return String(x);
+  const magnitude = Math.floor(Math.log10(Math.abs(x)));
+  const decimals = Math.max(0, d - 1 - magnitude);
+  const unit = 10 ** (magnitude - d + 1);
+  const text = decimals ? x.toFixed(decimals) : String(Math.round(x / unit) * unit);
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text;
+}
+function gb(bytes) { return fmt(bytes / 1e9, 4) + " GB"; }
 function pct(x) { return (100 * x).toFixed(1) + "%"; }
-function seconds(s) { return s >= 0.1 ? +s.toPrecision(3) + " s" : +(s * 1e3).toPrecision(3) + " ms"; }
+function seconds(s) { return s >= 0.1 ? fmt(s) + " s" : fmt(s * 1e3) + " ms"; }
 function gcd(a, b) { while (b) [a, b] = [b, a % b]; return a; }
 
 // A step-through animation: `steps` states, show(i) draws state i (0 = before step 1).

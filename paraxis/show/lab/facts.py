@@ -12,33 +12,63 @@ from __future__ import annotations
 import math
 
 from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
+from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, counted_forward_flops_per_token
 from paraxis.plan.hardware import CLUSTERS, GPUS
+from paraxis.plan.inputs import DEFAULT_GPU
 from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.plan.ring_steps import ring_schedule, simulate_ring
 from paraxis.show.viz.tp_split import COLUMN, ROW, SplitWeight
+from paraxis.spec.model_config import PRESETS
 from paraxis.spec.units import GB
+
+# ----------------------------------------------------------------------- the hardware
+
+# The hardware the lab prices is the planner's: its default GPU (`paraxis plan` without
+# --gpu) in the cluster preset built around it (tests/test_lab_numbers.py checks the two
+# agree), read from the presets so that the page and the CLI state the same memory and links.
+LAB_GPU = GPUS[DEFAULT_GPU]
+LAB_CLUSTER = "dgx-a100"
+
+
+def hardware_facts() -> dict:
+    """The preset figures every hardware-dependent number of the page rests on, with the
+    preset names the page prints beside them."""
+    cluster = CLUSTERS[LAB_CLUSTER]
+    return {"gpu": LAB_GPU.name, "memory_bytes": LAB_GPU.memory_bytes,
+            "memory_gib": LAB_GPU.memory_bytes / 2**30, "reserved_bytes": LAB_GPU.reserved_bytes,
+            "nvlink_Bps": LAB_GPU.nvlink_bandwidth_Bps, "peak_flops": LAB_GPU.peak_flops,
+            "cluster": LAB_CLUSTER, "gpus_per_node": cluster["gpus_per_node"],
+            "rail_Bps": float(cluster["inter_node_bandwidth_Bps"])}  # type: ignore[arg-type]
 
 # ----------------------------------------------------------------- chapter 0: the gap
 
 # CS 229s "Parallelism Fundamentals", ch. 0: LLM parameters grow ~10x a year (GPT-3, 175B
-# in 2020), GPU memory ~2x every 2.5 years (A100, 80 GB in 2020).
+# in 2020), GPU memory ~2x every 2.5 years (A100, 80 GB in 2020: the planner's a100-80gb).
 MODEL_GROWTH_PER_YEAR = 10.0
 GPU_MEMORY_DOUBLING_YEARS = 2.5
-BASE_YEAR, BASE_PARAMS, BASE_GPU_BYTES = 2020, 175e9, 80 * GB
+BASE_YEAR, BASE_PARAMS, BASE_GPU_BYTES = 2020, 175e9, LAB_GPU.memory_bytes
 YEARS = list(range(2018, 2026))
 MODEL_SIZES_B = [1, 7, 13, 30, 70, 175, 405, 1000]  # billions of parameters
-# The largest model each year whose parameter count its authors published (a mixture of
-# experts counts every expert: each is trained, so each has its 16 bytes). The course's 10x a
-# year holds to GPT-3 and then breaks: published sizes level off near a trillion.
+# The largest model each year whose parameter count its authors stated in a paper or report
+# of that year, counting models evaluated there as models (a mixture of experts counts every
+# expert: each is trained, so each has its 16 bytes). Left out: sizes never published
+# (GPT-4, PaLM 2), counts announced without a paper that year (Wu Dao 2.0, 2021; ERNIE 5.0,
+# 2025, its report 2026), and runs reported to demonstrate a training system (M6-10T, 10T,
+# Lin et al. 2021; BaGuaLu, 14.5T, Ma et al. 2022). The course's 10x a year holds to 2021
+# and then breaks: published sizes level off near a trillion.
 LARGEST_PUBLISHED = {
-    2018: ("BERT-Large", 0.34e9),  # Devlin et al. 2018
-    2019: ("T5-11B", 11e9),  # Raffel et al. 2019
-    2020: ("GPT-3", 175e9),  # Brown et al. 2020
-    2021: ("Switch-C (MoE)", 1.571e12),  # Fedus et al. 2021 (Megatron-Turing NLG: 530B dense)
-    2022: ("PaLM", 540e9),  # Chowdhery et al. 2022
-    2023: ("Falcon-180B", 180e9),  # Almazrouei et al. 2023 (GPT-4's size is unpublished)
-    2024: ("DeepSeek-V3 (MoE)", 671e9),  # DeepSeek-AI 2024
-    2025: ("Kimi K2 (MoE)", 1.04e12),  # Kimi Team 2025
+    # Shazeer et al. 2018, Mesh-TensorFlow, arXiv:1811.02084 (BERT-Large: 0.34B)
+    2018: ("Mesh-TensorFlow Transformer", 5e9),
+    2019: ("T5-11B", 11e9),  # Raffel et al. 2019, arXiv:1910.10683
+    # Lepikhin et al. 2020, GShard, arXiv:2006.16668: 600B (GPT-3, Brown et al. 2020: 175B)
+    2020: ("GShard (MoE)", 600e9),
+    # Fedus et al. 2021, Switch Transformers, arXiv:2101.03961 (GLaM, Du et al. 2021: 1.2T)
+    2021: ("Switch-C (MoE)", 1.571e12),
+    2022: ("PaLM", 540e9),  # Chowdhery et al. 2022, arXiv:2204.02311
+    # Ren et al. 2023, PanGu-Sigma, arXiv:2303.10845: 1.085T (Falcon-180B, 2023: 180B)
+    2023: ("PanGu-Σ (MoE)", 1.085e12),
+    2024: ("DeepSeek-V3 (MoE)", 671e9),  # DeepSeek-AI 2024, arXiv:2412.19437
+    2025: ("Kimi K2 (MoE)", 1.04e12),  # Kimi Team 2025, arXiv:2507.20534
 }
 
 
@@ -63,7 +93,8 @@ def scaling_facts() -> dict:
         total = sum(states.values())
         models.append({"billions": billions, "weights_bytes": states["params"],
                        "state_bytes": total, "gpus_to_hold": math.ceil(total / BASE_GPU_BYTES)})
-    return {"years": years, "models": models, "gpu_bytes": BASE_GPU_BYTES}
+    return {"years": years, "models": models, "gpu_bytes": BASE_GPU_BYTES,
+            "hardware": hardware_facts()}
 
 
 # ------------------------------------------------------------ chapter 1: data parallel
@@ -71,9 +102,34 @@ def scaling_facts() -> dict:
 DP_GPUS = [1, 2, 4, 8]
 DP_BATCHES = [64, 128, 256, 512]
 DP_MODEL_B = [1, 7, 13]
-NVLINK_BPS = 25 * GB  # the course's ring example: "B = 25 GB/s (NVLink)"
+# Up to 8 GPUs: one node of the lab's cluster, its GPUs' NVLink (each way, per GPU)
+NVLINK_BPS = LAB_GPU.nvlink_bandwidth_Bps
 DP_PHASES = ["replicate", "partition data", "forward + backward", "all-reduce gradients",
              "update"]
+
+
+def fits_on_gpu(state_bytes: float) -> bool:
+    """The planner's first question (`plan.explain`, "Fits on one GPU?"): model states plus
+    the memory held back on every GPU within the GPU's memory; activations come on top."""
+    return state_bytes + LAB_GPU.reserved_bytes <= LAB_GPU.memory_bytes
+
+
+def dp_remedies(params: int, gpus: int) -> dict:
+    """What holds a model that plain data parallelism cannot, on `gpus` GPUs: each ZeRO stage
+    (`zero_table`) and TP or PP splitting the model `gpus` ways (every GPU the whole states of
+    1/gpus of the parameters), those that fit with their bytes per GPU; and the fewest GPUs
+    over which ZeRO-3 (or TP x PP, the same bytes) fits, with its bytes per GPU."""
+    options = []
+    if gpus > 1:
+        options = [{"name": f"ZeRO-{row['zero']}", "bytes": row["total"]}
+                   for row in zero_table(params, gpus)[1:]]
+        options.append({"name": f"TP or PP over {gpus} GPUs",
+                        "bytes": sum(model_state_bytes(params // gpus, 1, 0).values())})
+    # ZeRO-3 holds 16 P / n bytes a GPU (`zero_table`): fits from n = 16 P / spare memory
+    whole = sum(model_state_bytes(params, 1, 0).values())
+    least = max(2, math.ceil(whole / (LAB_GPU.memory_bytes - LAB_GPU.reserved_bytes)))
+    return {"fitting": [o for o in options if fits_on_gpu(o["bytes"])], "least_gpus": least,
+            "least_bytes": zero_table(params, least)[3]["total"]}
 
 
 def toy_gradients(gpus: int, batch: int) -> dict:
@@ -94,21 +150,25 @@ def toy_gradients(gpus: int, batch: int) -> dict:
 
 def dp_facts() -> dict:
     """Per (GPUs, global batch, model size): examples per GPU, memory per GPU (no sharding:
-    every replica holds all 16 P bytes) and the gradient all-reduce on NVLink."""
+    every replica holds all 16 P bytes), whether that fits the lab's GPU and what would,
+    and the gradient all-reduce on its NVLink."""
     settings = {}
     for gpus in DP_GPUS:
         for batch in DP_BATCHES:
             for billions in DP_MODEL_B:
                 params = int(billions * 1e9)
                 states = model_state_bytes(params, gpus, 0)
+                memory = sum(states.values())
                 settings[f"{gpus}/{batch}/{billions}"] = {
                     "per_gpu": batch // gpus,
-                    "memory_bytes": sum(states.values()),
+                    "memory_bytes": memory,
+                    "fits": fits_on_gpu(memory),
+                    "remedies": None if fits_on_gpu(memory) else dp_remedies(params, gpus),
                     "grad_bytes": states["grads"],
                     "all_reduce_s": ring_all_reduce_time(states["grads"], gpus, NVLINK_BPS),
                     "toy": toy_gradients(gpus, batch)}
     return {"gpus": DP_GPUS, "batches": DP_BATCHES, "models": DP_MODEL_B,
-            "phases": DP_PHASES, "settings": settings}
+            "phases": DP_PHASES, "hardware": hardware_facts(), "settings": settings}
 
 
 # ----------------------------------------------------------------- chapter 2: the ring
@@ -118,10 +178,24 @@ RING_MESSAGE_GB = [0.5, 1, 2, 4, 8]
 RING_BANDWIDTH_GBPS = [12.5, 25, 50, 100, 200, 400, 900]
 
 
+def all_reduce_times(message_bytes: float, gpus: int, bandwidth_Bps: float) -> dict:
+    """Chapter 2's comparison for one all-reduce of `message_bytes` on every GPU: reduce to
+    one GPU and send back, against the ring (`ring_all_reduce_time`, the planner's formula).
+
+    Reduce to one: the root receives the other gpus - 1 messages through its one link, then
+    sends the sum back to each of them, so (gpus - 1) X crosses that link each way in turn,
+    2 (gpus - 1) X / B, "O(NX) through one bottleneck" (ch. 2). The ring: every GPU sends
+    2 (gpus - 1) X / gpus, all links busy at once."""
+    return {"naive_s": 2 * (gpus - 1) * message_bytes / bandwidth_Bps,
+            "naive_root_bytes": 2 * (gpus - 1) * message_bytes,
+            "ring_s": ring_all_reduce_time(message_bytes, gpus, bandwidth_Bps),
+            "ring_bytes_per_gpu": 2 * (gpus - 1) * message_bytes / gpus}
+
+
 def ring_facts() -> dict:
     """Every step of `simulate_ring` for each ring size (one element per chunk, the
-    simulator's default inputs) and the ring's time (`ring_all_reduce_time`, the planner's
-    formula) for every ring size, message and bandwidth on the sliders."""
+    simulator's default inputs) and, for every ring size, message and bandwidth on the
+    sliders, the ring's time and reduce-to-one's (`all_reduce_times`)."""
     rings = {}
     for ranks in RING_RANKS:
         sim = simulate_ring(ranks)
@@ -133,10 +207,11 @@ def ring_facts() -> dict:
                        "contributors": [[sorted(c) for c in rank] for rank in step.contributors]}
                       for step in sim.steps],
             "step_count": len(ring_schedule(ranks))}
-    times = {f"{n}/{x:g}/{b:g}": ring_all_reduce_time(x * GB, n, b * GB)
-             for n in RING_RANKS for x in RING_MESSAGE_GB for b in RING_BANDWIDTH_GBPS}
+    compared = {f"{n}/{x:g}/{b:g}": all_reduce_times(x * GB, n, b * GB)
+                for n in RING_RANKS for x in RING_MESSAGE_GB for b in RING_BANDWIDTH_GBPS}
     return {"ranks": RING_RANKS, "message_gb": RING_MESSAGE_GB,
-            "bandwidth_gbps": RING_BANDWIDTH_GBPS, "rings": rings, "times": times}
+            "bandwidth_gbps": RING_BANDWIDTH_GBPS, "rings": rings,
+            "times": {key: c["ring_s"] for key, c in compared.items()}, "compared": compared}
 
 
 # -------------------------------------------------------------------- chapter 5: ZeRO
@@ -158,21 +233,30 @@ def zero_facts() -> dict:
 
 TP_DEGREES = [1, 2, 4, 8]
 # Links of the course's chapters 3 and 7, GB/s one way per GPU (what a ring step sends at),
-# read from the planner's presets: NVLink 4 of an H100 (the course's "900 GB/s" counts both
-# ways), one 200 Gb/s InfiniBand rail per GPU (DGX A100; the course's "200-400 GB/s" is a
-# node's eight), PCIe Gen4 x16 (the course's "64 GB/s" counts both ways), one 100 Gb/s
+# read from the planner's presets, each with the preset it comes from: the lab GPU's NVLink
+# (NVLink 3 of an A100: the course's "900 GB/s" is NVLink 4 of an H100 counting both ways),
+# one HDR InfiniBand rail (200 Gb/s) per GPU of a DGX A100 (the course's "200-400 GB/s" is a
+# node's eight rails), PCIe Gen4 x16 (the course's "64 GB/s" counts both ways), one 100 Gb/s
 # Ethernet NIC.
-TP_LINKS = {"NVLink": GPUS["h100-sxm-80gb"].nvlink_bandwidth_Bps / GB,
-            "InfiniBand": float(CLUSTERS["dgx-a100"]["inter_node_bandwidth_Bps"]) / GB,
-            "PCIe": float(CLUSTERS["pcie-box"]["nvlink_bandwidth_Bps"]) / GB,
-            "Ethernet": float(CLUSTERS["ethernet-1nic"]["inter_node_bandwidth_Bps"]) / GB}
-# The step the traffic figure prices: a 7B-like model (Llama-2 7B shapes), one sequence.
-TP_MODEL = {"layers": 32, "d_model": 4096, "seq_len": 2048, "batch": 1, "bytes": 2}
+TP_LINK_PRESETS = {"NVLink": (f"{DEFAULT_GPU}'s NVLink", LAB_GPU.nvlink_bandwidth_Bps),
+                   "InfiniBand": (f"{LAB_CLUSTER}: one HDR rail per GPU",
+                                  CLUSTERS[LAB_CLUSTER]["inter_node_bandwidth_Bps"]),
+                   "PCIe": ("pcie-box: PCIe Gen4 x16",
+                            CLUSTERS["pcie-box"]["nvlink_bandwidth_Bps"]),
+                   "Ethernet": ("ethernet-1nic: one 100 Gb/s NIC",
+                                CLUSTERS["ethernet-1nic"]["inter_node_bandwidth_Bps"])}
+TP_LINKS = {name: float(bps) / GB  # type: ignore[arg-type]
+            for name, (_, bps) in TP_LINK_PRESETS.items()}
+# The step the traffic and compute figures price: Llama 2 7B's layers, one sequence, bf16.
+TP_PRESET = "llama2-7b"
+TP_MODEL = {"layers": PRESETS[TP_PRESET].n_layers, "d_model": PRESETS[TP_PRESET].d_model,
+            "seq_len": 2048, "batch": 1, "bytes": 2}
 
 
 def tp_traffic() -> dict:
     """Seconds of TP all-reduces per training step: `tp_collectives_per_layer` collectives
-    of one layer's activations (batch x seq x d_model) per layer, each a ring all-reduce."""
+    of one layer's activations (batch x seq x d_model) per layer, each a ring all-reduce at
+    the link's full rate."""
     m = TP_MODEL
     activation_bytes = m["batch"] * m["seq_len"] * m["d_model"] * m["bytes"]
     counts = tp_collectives_per_layer(sequence_parallel=False)
@@ -182,6 +266,19 @@ def tp_traffic() -> dict:
              for tp in TP_DEGREES for name, gbps in TP_LINKS.items()}
     return {"activation_bytes": activation_bytes, "per_layer": per_layer,
             "per_step": m["layers"] * per_layer, "times": times}
+
+
+def tp_compute() -> dict:
+    """Seconds of the same layers' forward and backward per step on each of `tp` GPUs at
+    the lab GPU's peak FLOP/s (the rate the traffic figure gives its links): the planner's
+    FLOPs per token and layer (`counted_forward_flops_per_token`), backward twice the
+    forward (`BACKWARD_FLOPS_RATIO`), split evenly over the tp ranks."""
+    m = TP_MODEL
+    weights, scores = counted_forward_flops_per_token(PRESETS[TP_PRESET], m["seq_len"])
+    flops = (1 + BACKWARD_FLOPS_RATIO) * (weights + scores) * m["layers"] * m["seq_len"] \
+        * m["batch"]
+    return {"flops": flops, "peak_flops": LAB_GPU.peak_flops,
+            "times": {str(tp): flops / (tp * LAB_GPU.peak_flops) for tp in TP_DEGREES}}
 
 
 def gelu(x: float) -> float:
@@ -223,5 +320,13 @@ def tp_mlp(tp: int) -> dict:
 
 
 def tp_facts() -> dict:
-    return {"degrees": TP_DEGREES, "links": TP_LINKS, "model": TP_MODEL,
-            "traffic": tp_traffic(), "mlp": {str(tp): tp_mlp(tp) for tp in TP_DEGREES}}
+    return {"degrees": TP_DEGREES, "links": TP_LINKS,
+            "link_presets": {name: preset for name, (preset, _) in TP_LINK_PRESETS.items()},
+            "model": {**TP_MODEL, "preset": TP_PRESET}, "hardware": hardware_facts(),
+            # what the note beside the links compares the course's both-ways figures with
+            "nvlink_Bps": {name: GPUS[name].nvlink_bandwidth_Bps
+                           for name in (DEFAULT_GPU, "h100-sxm-80gb")},
+            "rail_Bps": {name: CLUSTERS[name]["inter_node_bandwidth_Bps"]
+                         for name in ("dgx-a100", "dgx-h100")},
+            "traffic": tp_traffic(), "compute": tp_compute(),
+            "mlp": {str(tp): tp_mlp(tp) for tp in TP_DEGREES}}

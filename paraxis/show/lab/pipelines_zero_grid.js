@@ -4,28 +4,73 @@
 
 // ------------------------------------------------------------- chapter 4: pipelines
 (function pipeline() {
-  const d = DATA.pipeline, svg = $("pipe-svg");
+  const d = DATA.pipeline, svg = $("pipe-svg"), curve = $("pipe-curve");
   let kind = "gpipe", result = null, shownUpTo = Infinity;
-  const NAMES = ["F", "B", "W"];
-  function entry() {
+  const NAMES = ["F", "B", "W"], CHUNKS = "abcdefgh";
+  function entry(microbatches) {
     const v = kind === "interleaved" ? virtualS.get() : d.kind_virtual[kind];
-    return d.orders[kind + "/" + stagesS.get() + "/" + mbS.get() + "/" + v];
+    return d.orders[kind + "/" + stagesS.get() + "/" + (microbatches || mbS.get()) + "/" + v];
+  }
+  // An op as `paraxis schedule` prints it: F3 = forward of microbatch 3, F3b the same through
+  // the stage's second chunk when it has several (paraxis.show.viz.text_timeline).
+  const opLabel = (k, mb, chunk, v) => NAMES[k] + mb + (v > 1 ? CHUNKS[chunk] : "");
+  // A stage's later chunks in lighter shades of the op's colour: mixed with white, up to 55%.
+  function shade(colour, chunk, v) {
+    const t = v > 1 ? 0.55 * chunk / (v - 1) : 0;
+    const mix = (i) => Math.round(parseInt(colour.slice(i, i + 2), 16) * (1 - t) + 255 * t);
+    return "rgb(" + mix(1) + ", " + mix(3) + ", " + mix(5) + ")";
+  }
+  const pale = (chunk, v) => v > 1 && chunk / (v - 1) > 0.5;  // dark text on a light shade
+  // The course's batch is fixed and cut into M microbatches, so an op drawn at cost c (in one
+  // microbatch's forward-times) takes c/M of T, one stage's forward over the whole batch:
+  // the step is the timeline / M (GPipe's (M+P-1)(1+2)/M T; Huang et al. 2019, sec. 2.3).
+  // The overhead model adds a fixed o of T to every microbatch's forward and 2o to its
+  // backward (twice the GEMMs), which scales every op alike: step = timeline x (1/M + o).
+  const fixedBatchStep = (timeline, microbatches, overhead) =>
+    timeline * (1 / microbatches + overhead);
+  const figure = (x) => +x.toFixed(3);
+  function legend(e) {
+    const box = $("pipe-legend"), v = e.virtual, P = stagesS.get();
+    box.innerHTML = "";
+    const split = e.orders.some((o) => o.some((n, i) => i % 3 === 0 && n === 2));
+    const item = (cls, colour, words, chunk) => {
+      const span = el("span", {class: cls}, box);
+      if (chunk !== undefined) span.dataset.chunk = chunk;
+      el("span", {class: "swatch", style: "background: " + colour}, span);
+      span.appendChild(document.createTextNode(words));
+    };
+    item("kind", COLOURS.F, "forward");
+    item("kind", COLOURS.B, split ? "backward (input gradient)" : "backward");
+    if (split) item("kind", COLOURS.W, "weight gradient");
+    item("kind", COLOURS.idle, "idle (the bubble)");
+    if (v === 1) return;
+    el("br", {}, box);
+    box.appendChild(document.createTextNode("Each stage runs " + v + " chunks of layers, " +
+      "later ones lighter (s: the stage, of P = " + P + "): "));
+    // where a chunk's layers sit in the model: virtualStageOf in core.js
+    const where = (c) => e.placement === "v" ? (c ? "2P−1−s, the V's way back" : "s")
+      : (c ? (c > 1 ? c : "") + "P+s" : "s");
+    for (let c = 0; c < v; c++) item("chunk", shade(COLOURS.F, c, v), "F0" + CHUNKS[c] +
+      ": chunk " + CHUNKS[c] + ", virtual stage " + where(c), CHUNKS[c]);
   }
   function draw() {
-    const P = stagesS.get(), e = entry();
+    const P = stagesS.get(), M = mbS.get(), e = entry();
     svg.innerHTML = "";
     if (e.error) {
       result = null;
       $("pipe-error").textContent = e.error;
-      for (const id of ["pipe-bubble", "pipe-makespan", "pipe-peak"]) $(id).textContent = "—";
+      $("pipe-legend").innerHTML = "";
+      for (const id of ["pipe-bubble", "pipe-makespan", "pipe-peak", "pipe-step",
+        "pipe-step-overhead"]) $(id).textContent = "—";
       return;
     }
     $("pipe-error").textContent = "";
     const slow = slowS.get() === "none" ? -1 : slowS.get();
     const [f, b] = stageCosts(P, slow);
     result = simulate(e, P, f, b);
+    // drawn in a 900-unit viewBox that the page scales to its width
     const W = 900, row = Math.min(34, 260 / P), L = 70, scale = (W - L - 10) / result.makespan;
-    svg.setAttribute("height", row * P + 24);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + (row * P + 4));
     for (let s = 0; s < P; s++) {
       el("rect", {x: L, y: s * row + 2, width: result.makespan * scale, height: row - 4,
         fill: COLOURS.idle}, svg);
@@ -33,26 +78,101 @@
         svg, "stage " + s + (s === slow ? " (slow)" : ""));
       for (const [start, end, k, mb, chunk] of result.events[s]) {
         if (start >= shownUpTo) continue;
-        const g = el("g", {}, svg);
+        const label = opLabel(k, mb, chunk, e.virtual);
+        const g = el("g", {class: "op", "data-stage": s, "data-op": label}, svg);
+        // a hover names the op and its times (core.js's el makes no SVG <title>)
+        g.appendChild(document.createElementNS(SVGNS, "title")).textContent = label +
+          " on stage " + s + ": " + +start.toFixed(3) + " to " + +end.toFixed(3);
         el("rect", {x: L + start * scale, y: s * row + 2, width: Math.max(1, (end - start) * scale - 1),
-          height: row - 4, fill: COLOURS[NAMES[k]], opacity: chunk ? 0.75 : 1}, g);
-        if ((end - start) * scale > 16) el("text", {x: L + (start + end) / 2 * scale,
-          y: s * row + row / 2 + 4, "text-anchor": "middle", class: "blocklabel"}, g, NAMES[k] + mb);
+          height: row - 4, fill: shade(COLOURS[NAMES[k]], chunk, e.virtual)}, g);
+        if ((end - start) * scale > 6 * label.length + 4) el("text", {x: L + (start + end) / 2 * scale,
+          y: s * row + row / 2 + 4, "text-anchor": "middle",
+          class: "blocklabel" + (pale(chunk, e.virtual) ? " pale" : "")}, g, label);
       }
     }
     if (shownUpTo < Infinity) el("line", {x1: L + shownUpTo * scale, x2: L + shownUpTo * scale,
       y1: 0, y2: row * P, stroke: "#212529", "stroke-width": 2}, svg);
+    legend(e);
     $("pipe-bubble").textContent = result.fraction + " = " + pct(result.bubble);
-    $("pipe-makespan").textContent = +result.makespan.toFixed(3) + " forward-times";
+    $("pipe-makespan").textContent = figure(result.makespan) + " microbatch forward-times";
+    $("pipe-step").textContent = figure(fixedBatchStep(result.makespan, M, 0)) + " T (= " +
+      figure(result.makespan) + " ÷ " + M + ")";
+    $("pipe-step-overhead").textContent =
+      figure(fixedBatchStep(result.makespan, M, overheadS.get())) + " T";
     $("pipe-peak").textContent = result.peak.join(" ") + (e.virtual === 1
       ? " (microbatches' activations)" : " (chunks' activations, each 1/" + e.virtual +
       " of a microbatch's)");
   }
-  const redraw = () => { shownUpTo = Infinity; if (animation) animation.stop(); draw(); };
+  // The fixed batch's step against M (every M this kind runs at this P), with no overhead
+  // and with the chosen o; the smallest with o is marked and named.
+  function drawCurve() {
+    curve.innerHTML = "";
+    const P = stagesS.get(), o = overheadS.get(), slow = slowS.get() === "none" ? -1
+      : slowS.get();
+    const [f, b] = stageCosts(P, slow), all = d.microbatches;
+    const points = all.filter((m) => !entry(m).error).map((m) => {
+      const timeline = simulate(entry(m), P, f, b).makespan;
+      return {m, ideal: fixedBatchStep(timeline, m, 0), step: fixedBatchStep(timeline, m, o)};
+    });
+    if (!points.length) {  // interleaved with no M on the slider a multiple of P
+      $("pipe-best").textContent = "No M on the slider makes this schedule at P = " + P +
+        ": " + entry(all[0]).error;
+      return;
+    }
+    const W = 460, H = 190, L = 40, R = 14, T = 26, B = 34;
+    const top = 1.08 * Math.max(...points.map((p) => p.step));
+    const x = (m) => L + all.indexOf(m) * (W - L - R) / (all.length - 1);
+    const y = (v) => H - B - v / top * (H - T - B);
+    el("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#adb5bd"}, curve);
+    el("line", {x1: L, x2: L, y1: T - 6, y2: H - B, stroke: "#adb5bd"}, curve);
+    for (const m of all) el("text", {x: x(m), y: H - B + 14, "text-anchor": "middle",
+      class: "tick"}, curve, String(m));
+    el("text", {x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", class: "tick"}, curve,
+      "microbatches M (the batch fixed)");
+    for (const frac of [0.5, 1]) {
+      const v = top / 1.08 * frac;
+      el("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end", class: "tick"}, curve,
+        String(+v.toFixed(1)));
+    }
+    el("text", {x: 4, y: 12, class: "tick"}, curve, "step time, T");
+    const line = (key, attrs) => el("polyline", Object.assign({fill: "none",
+      points: points.map((p) => x(p.m) + "," + y(p[key])).join(" ")}, attrs), curve);
+    line("ideal", {stroke: "#868e96", "stroke-dasharray": "5 4", "stroke-width": 1.5});
+    line("step", {stroke: COLOURS.dp, "stroke-width": 2});
+    el("text", {x: W - R, y: 12, "text-anchor": "end", class: "tick"}, curve,
+      "solid: o = " + 100 * o + "% · dashed: no overhead");
+    const best = points.reduce((a, p) => (p.step < a.step ? p : a), points[0]);
+    for (const p of points) {
+      el("circle", {cx: x(p.m), cy: y(p.step), r: p.m === mbS.get() ? 5 : 3,
+        fill: p.m === mbS.get() ? "#212529" : COLOURS.dp, class: "point", "data-m": p.m,
+        "data-step": p.step}, curve);
+    }
+    el("circle", {cx: x(best.m), cy: y(best.step), r: 8, fill: "none", stroke: "#2b8a3e",
+      "stroke-width": 2, class: "best", "data-m": best.m}, curve);
+    const [first, last] = [points[0].m, points[points.length - 1].m];
+    const at = "M = " + best.m + " (" + figure(best.step) + " T, the green ring; black: the M " +
+      "chosen above)";
+    $("pipe-best").textContent = o === 0
+      ? "With no overhead in the model, the fixed batch's step only falls as M grows (the " +
+        "bubble shrinks): shortest at the largest, " + at + "."
+      : "In this model (not a measurement), with o = " + 100 * o + "% of T per microbatch, " +
+        "the fixed batch's step is shortest at " + at + (best.m === last
+          ? ", the largest M here: the bubble still outweighs the overhead."
+          : best.m === first ? ", the smallest M here: the overhead outweighs the bubble."
+            : ". Fewer microbatches leave a larger bubble, more pay the overhead more often: " +
+              "tune M.");
+  }
+  const redraw = () => {
+    shownUpTo = Infinity; if (animation) animation.stop();
+    $("pipe-answer").textContent = "";  // an answer was for the settings it was asked at
+    draw(); drawCurve();
+  };
   const stagesS = slider("pipe-stages", d.stages, 4, () => {
     slowS.setValues(["none", ...Array.from({length: stagesS.get()}, (_, s) => s)]); redraw(); });
   const mbS = slider("pipe-mb", d.microbatches, 4, redraw);
   const virtualS = slider("pipe-virtual", d.virtual, 2, redraw);
+  const overheadS = slider("pipe-overhead", d.overheads, d.overhead, redraw,
+    (o) => (o ? 100 * o + "% of T" : "none"));
   // which stage is slow: a <select> of "none" and the stages of the current P
   const slowS = {
     get: () => ($("pipe-slow").value === "none" ? "none" : Number($("pipe-slow").value)),
@@ -89,13 +209,13 @@
     return {stop};
   })();
   $("pipe-virtual").disabled = true;
-  draw();
+  draw(); drawCurve();
   $("pipe-check").addEventListener("click", () => {
     document.querySelector("#pipe-kinds button[data-kind=gpipe]").click();
     stagesS.set(4); mbS.set(8); slowS.set("none");
     $("pipe-answer").textContent = "P = 4, M = 8: bubble " + $("pipe-bubble").textContent + ".";
   });
-  window.lab.widgets.pipeline = {stagesS, mbS, virtualS, slowS, draw,
+  window.lab.widgets.pipeline = {stagesS, mbS, virtualS, slowS, overheadS, draw,
     result: () => result};
 })();
 
@@ -106,23 +226,33 @@
   function draw() {
     const rows = d.tables[modelS.get() + "/" + gpusS.get()], limit = memS.get() * 1e9;
     svg.innerHTML = "";
-    const W = 520, H = 260, L = 50, T = 24, B = 40;
+    $("zero-answer").textContent = "";  // an answer was for the settings it was asked at
+    // the bars take x up to 476 (the chosen one's frame); right of them, a column of its own
+    // for the GPU-memory line's label, so no bar can reach it
+    const W = 560, H = 260, L = 50, T = 24, B = 40, LABEL_X = 486;
     const top = Math.max(limit * 1.15, ...rows.map((r) => r.total));
     const y = (v) => H - B - (v / top) * (H - T - B);
     const chosen = stageS.get();
+    // painted in this order: bars, the GPU-memory line over them, the figures over the line
+    const bars = el("g", {}, svg);
+    el("line", {x1: L, x2: LABEL_X - 4, y1: y(limit), y2: y(limit), stroke: "#c92a2a",
+      "stroke-dasharray": "6 4", "stroke-width": 2}, svg);
+    el("text", {x: LABEL_X, y: y(limit) + 4, class: "tick limit"}, svg, memS.get() + " GB GPU");
+    const labels = el("g", {}, svg);
     rows.forEach((r, i) => {
       const x = L + 20 + i * 110;
       if (i === chosen) el("rect", {x: x - 6, y: y(r.total) - 18, width: 82,
-        height: H - B - y(r.total) + 18, fill: "none", stroke: "#212529", "stroke-width": 2}, svg);
+        height: H - B - y(r.total) + 18, fill: "none", stroke: "#212529", "stroke-width": 2},
+      bars);
       let base = 0;
       for (const [part, colour] of PARTS) {
         el("rect", {x, y: y(base + r[part]), width: 70, height: y(base) - y(base + r[part]),
-          fill: colour}, svg);
+          fill: colour}, bars);
         base += r[part];
       }
-      el("text", {x: x + 35, y: y(r.total) - 4, "text-anchor": "middle", class: "tick"}, svg,
-        gb(r.total));
-      el("text", {x: x + 35, y: H - B + 16, "text-anchor": "middle", class: "tick"}, svg,
+      el("text", {x: x + 35, y: y(r.total) - 4, "text-anchor": "middle", class: "tick halo"},
+        labels, gb(r.total));
+      el("text", {x: x + 35, y: H - B + 16, "text-anchor": "middle", class: "tick"}, labels,
         i ? "ZeRO-" + i : "baseline");
       $("zero-" + i).textContent = gb(r.total);
       $("zero-fit-" + i).textContent = r.total <= limit ? "fits" : "does not fit";
@@ -135,10 +265,6 @@
     const fits = d.models.filter((m) => d.tables[m + "/" + gpusS.get()][chosen].total <= limit);
     $("zero-largest").textContent = fits.length ? fits[fits.length - 1] + "B"
       : "none of " + d.models[0] + "B and up";
-    el("line", {x1: L, x2: W, y1: y(limit), y2: y(limit), stroke: "#c92a2a",
-      "stroke-dasharray": "6 4", "stroke-width": 2}, svg);
-    el("text", {x: W - 4, y: y(limit) - 4, "text-anchor": "end", class: "tick limit"}, svg,
-      memS.get() + " GB GPU");
   }
   const modelS = slider("zero-model", d.models, 7, draw, (v) => v + "B");
   const gpusS = slider("zero-gpus", d.gpus, 8, draw);
@@ -181,6 +307,7 @@
     box.innerHTML = "";
     outlines = [];
     $("grid-role").textContent = "Hover over a GPU.";
+    $("grid-answer").textContent = "";  // an answer was for the settings it was asked at
     const error = layout.error || (shards && shards.error);
     if (error) {  // no grid: no world size either (not the last valid one's)
       $("grid-error").textContent = error;

@@ -4,13 +4,13 @@
 
 // ------------------------------------------------------------- chapter 0: scaling gap
 (function scalingGap() {
-  const params = (n) => n < 1e12 ? +(n / 1e9).toPrecision(3) + "B"
-    : n < 1e15 ? +(n / 1e12).toPrecision(3) + "T" : n.toExponential(2);
+  const params = (n) => n < 1e12 ? fmt(n / 1e9, 4) + "B" : n < 1e15 ? fmt(n / 1e12, 4) + "T"
+    : fmt(n / 1e15, 4) + " quadrillion";
   // bytes on the axis in words (the sliders' "B" is billions of parameters)
   const bytes = (n) => {
-    const units = [[1e15, "PB"], [1e12, "TB"], [1e9, "GB"], [1e6, "MB"]];
+    const units = [[1e18, "EB"], [1e15, "PB"], [1e12, "TB"], [1e9, "GB"], [1e6, "MB"]];
     const [size, name] = units.find(([u]) => n >= u) || [1, "bytes"];
-    return +(n / size).toPrecision(3) + " " + name;
+    return fmt(n / size) + " " + name;
   };
   const gpus = (n) => n + (n === 1 ? " GPU" : " GPUs");
   const d = DATA.scaling, svg = $("scaling-chart");
@@ -32,6 +32,9 @@
   d.years.forEach((yr, i) => el("circle", {cx: x(i), cy: y(yr.published_state_bytes), r: 5,
     fill: COLOURS.W}, svg));
   const marker = el("line", {y1: T, y2: H - B, stroke: "#495057", "stroke-dasharray": "4 3"}, svg);
+  const hw = d.hardware, gpuName = hw.gpu + " (the planner's default GPU)";
+  $("scaling-gpu").textContent = "its 2020 point is the " + gpuName + ": " +
+    gb(hw.memory_bytes) + " = " + fmt(hw.memory_gib) + " GiB";
   const year = slider("scaling-year", d.years.map((yr) => yr.year), 2020, (value) => {
     const i = d.years.findIndex((yr) => yr.year === value), yr = d.years[i];
     marker.setAttribute("x1", x(i)); marker.setAttribute("x2", x(i));
@@ -39,22 +42,22 @@
       params(yr.params) + " parameters (" + bytes(yr.state_bytes) + " of training state); the " +
       "largest published, " + yr.published_name + ", has " + params(yr.published_params) +
       ": " + bytes(yr.published_state_bytes) + " of training state, where the trend's GPU " +
-      "holds " + bytes(yr.gpu_bytes) + ": at least " + gpus(yr.published_gpus_to_hold) +
-      " just to hold it.";
+      "holds " + bytes(yr.gpu_bytes) + " (from the " + hw.gpu + "'s " + gb(hw.memory_bytes) +
+      " in 2020): at least " + gpus(yr.published_gpus_to_hold) + " just to hold it.";
   });
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
     const m = d.models.find((mm) => mm.billions === value);
     $("scaling-model-out").textContent = value + "B parameters: weights " +
       gb(m.weights_bytes) + ", weights + gradients + Adam " + gb(m.state_bytes) +
-      " against " + gb(d.gpu_bytes) + " on one GPU: " + (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") +
-      " memory.";
+      " against " + gb(d.gpu_bytes) + " on one " + gpuName + ": " +
+      (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") + " memory.";
   }, (v) => v + "B");
   $("scaling-check").addEventListener("click", () => {
     model.set(70);
     const m = d.models.find((mm) => mm.billions === 70);
     $("scaling-answer").textContent = "Its training state alone is " + gb(m.state_bytes) +
-      ", more than an " + gb(d.gpu_bytes) + " GPU holds: it must be split over at least " +
-      m.gpus_to_hold + ".";
+      ", more than the " + gb(d.gpu_bytes) + " an " + hw.gpu + " holds: it must be split " +
+      "over at least " + m.gpus_to_hold + ".";
   });
   year.update(); model.update();
   window.lab.widgets.scaling = {year, model};
@@ -77,17 +80,39 @@
       el("div", {class: "cell data" + (phase >= 2 ? " on" : "")}, col,
         phase >= 2 ? "examples " + g * s.per_gpu + "–" + ((g + 1) * s.per_gpu - 1) : "—");
       el("div", {class: "cell grad" + (phase >= 3 ? " on" : "")}, col,
-        phase >= 4 ? "ḡ = " + toy.averaged.toFixed(3) : phase >= 3 ? "g" + g + " = " +
-        toy.local[g].toFixed(3) : "—");
+        phase >= 4 ? "ḡ = " + fmt(toy.averaged, 4) : phase >= 3 ? "g" + g + " = " +
+        fmt(toy.local[g], 4) : "—");
       el("div", {class: "cell update" + (phase >= 5 ? " on" : "")}, col,
         phase >= 5 ? "W ← W − η ḡ" : "—");
     }
     $("dp-per-gpu").textContent = s.per_gpu;
     $("dp-memory").textContent = gb(s.memory_bytes);
-    $("dp-allreduce").textContent = seconds(s.all_reduce_s);
+    $("dp-allreduce").textContent = gpusS.get() === 1 ? "none (one GPU)" : seconds(s.all_reduce_s);
     $("dp-grad-bytes").textContent = gb(s.grad_bytes);
-    $("dp-toy").textContent = phase >= 4 ? "Averaged over GPUs: " + toy.averaged.toFixed(6) +
-      "; the whole batch on one device: " + toy.full.toFixed(6) + " (the same update)." : "";
+    fit(s);
+    $("dp-toy").textContent = phase >= 4 ? "Averaged over GPUs: " + fmt(toy.averaged, 4) +
+      "; the whole batch on one device: " + fmt(toy.full, 4) + " (the same update)." : "";
+  }
+  // DP's hard limit: every replica holds the whole model, so more GPUs never make it fit
+  function fit(s) {
+    const hw = d.hardware, n = gpusS.get(), out = $("dp-fit");
+    const held = gb(s.memory_bytes) + " of model states + " + gb(hw.reserved_bytes) +
+      " reserved";
+    out.className = s.fits ? "" : "error";
+    if (s.fits) {
+      out.textContent = "Fits: " + held + " within the " + gb(hw.memory_bytes) + " of one " +
+        hw.gpu + "; activations come on top.";
+      return;
+    }
+    const r = s.remedies;
+    const ways = r.fitting.map((o) => o.name + " (" + gb(o.bytes) + " a GPU)");
+    out.textContent = "Does not fit: " + held + " > " + gb(hw.memory_bytes) + " of one " +
+      hw.gpu + ". Data parallelism alone cannot train this model on any number of these " +
+      "GPUs: every replica holds all of it. " + (ways.length
+      ? "On these " + n + " GPUs these would fit: " + ways.join(", ") + "."
+      : (n === 1 ? "One GPU has nothing to shard over" : "On " + n + " GPUs nothing shards " +
+        "enough") + ": ZeRO-3, or TP × PP splitting the model, needs at least " +
+        r.least_gpus + " GPUs (" + gb(r.least_bytes) + " a GPU).");
   }
   const gpusS = slider("dp-gpus-n", d.gpus, 4, (v) => { gpus = v; if (steps) steps.go(steps.index()); });
   const batchS = slider("dp-batch", d.batches, 256, () => steps && steps.go(steps.index()));
@@ -95,6 +120,11 @@
     (v) => v + "B");
   const steps = stepper("dp", () => d.phases.length, draw, 900);
   steps.go(0);
+  const hw = d.hardware;
+  $("dp-capacity").textContent = gb(hw.memory_bytes) + " on an " + hw.gpu +
+    " (the planner's default GPU; " + fmt(hw.memory_gib) + " GiB)";
+  $("dp-link").textContent = "NVLink at " + gb(hw.nvlink_Bps) + "/s each way (the " + hw.gpu +
+    "'s, one " + hw.cluster + " node)";
   $("dp-check").addEventListener("click", () => {
     gpusS.set(8); batchS.set(256);
     $("dp-answer").textContent = $("dp-per-gpu").textContent + " examples per GPU.";
@@ -105,24 +135,36 @@
 // ------------------------------------------------------------ chapter 2: ring all-reduce
 (function ringAllReduce() {
   const d = DATA.ring, svg = $("ring-svg");
+  const CX = 170, CY = 150, RING = 115, NODE = 24;
   let ranks = 4;
+  const pos = (i) => [CX + RING * Math.sin(2 * Math.PI * i / ranks),
+    CY - RING * Math.cos(2 * Math.PI * i / ranks)];
+  // One send: an arrow from circle edge to circle edge, its chunk label beside it on the
+  // ring's inner side (sends go clockwise, so the inner side is the arrow's right). At N = 2
+  // the two sends share a chord: each moves to its own side.
+  function send(src, dst, chunk) {
+    const [x1, y1] = pos(src), [x2, y2] = pos(dst);
+    const length = Math.hypot(x2 - x1, y2 - y1), ux = (x2 - x1) / length, uy = (y2 - y1) / length;
+    const nx = -uy, ny = ux, shift = ranks === 2 ? 7 : 0;
+    el("line", {x1: x1 + ux * (NODE + 3) + nx * shift, y1: y1 + uy * (NODE + 3) + ny * shift,
+      x2: x2 - ux * (NODE + 6) + nx * shift, y2: y2 - uy * (NODE + 6) + ny * shift,
+      class: "send", "marker-end": "url(#arrow)"}, svg);
+    el("text", {x: (x1 + x2) / 2 + nx * (shift + 15), y: (y1 + y2) / 2 + ny * (shift + 15) + 4,
+      "text-anchor": "middle", class: "sendlabel"}, svg, "c" + chunk);
+  }
   function draw(step) {
     const ring = d.rings[String(ranks)], state = step ? ring.steps[step - 1] : null;
     const values = state ? state.values : ring.initial;
-    svg.innerHTML = "";
-    const cx = 170, cy = 150, r = 110, pos = (i) => [cx + r * Math.sin(2 * Math.PI * i / ranks),
-      cy - r * Math.cos(2 * Math.PI * i / ranks)];
+    // the arrowhead's marker lives in the svg's defs: clear the drawing, keep the defs
+    for (const node of [...svg.children]) if (node.tagName !== "defs") node.remove();
     const sent = new Set();
     if (state) for (const [src, dst, chunk] of state.sends) {
-      const [x1, y1] = pos(src), [x2, y2] = pos(dst);
-      el("line", {x1: x1 + (x2 - x1) * 0.2, y1: y1 + (y2 - y1) * 0.2, x2: x1 + (x2 - x1) * 0.8,
-        y2: y1 + (y2 - y1) * 0.8, class: "send"}, svg);
-      el("text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, class: "sendlabel"}, svg, "c" + chunk);
+      send(src, dst, chunk);
       sent.add(src + "/" + chunk);
     }
     for (let i = 0; i < ranks; i++) {
       const [x0, y0] = pos(i);
-      el("circle", {cx: x0, cy: y0, r: 24, class: "node"}, svg);
+      el("circle", {cx: x0, cy: y0, r: NODE, class: "node"}, svg);
       el("text", {x: x0, y: y0 + 4, "text-anchor": "middle", class: "nodelabel"}, svg, "GPU " + i);
     }
     // every GPU's chunks: green once a chunk holds every GPU's contribution, outlined when
@@ -141,18 +183,28 @@
           tr, v);
       });
     });
+    // what every chunk sums to once all-reduced: the simulator's last step
+    const done = ring.steps[ring.steps.length - 1].values[0];
     $("ring-status").textContent = step === 0
-      ? "Ready. " + ranks + " GPUs, " + ranks + " chunks each (GPU r holds (r+1)·10^(c mod 3) " +
-        "in chunk c, so each GPU's share shows in the sums' digits)."
+      ? "Ready. " + ranks + " GPUs, " + ranks + " chunks each: GPU r holds (r+1)·10^(c mod 3) " +
+        "in chunk c, so every finished chunk c holds " + (ranks === 2 ? "1+2" : "1+2+…+" + ranks) +
+        " = " + done[0] +
+        " times 10^(c mod 3): " + done.join(", ") + "."
       : "Step " + step + "/" + ring.step_count + " (" + state.phase + "): every GPU sends one chunk" +
         " to its right neighbour" + (state.phase === "reduce-scatter" ? " and adds the one it receives."
         : " and keeps the finished one it receives.");
   }
   function times() {
-    const key = (n) => n + "/" + msg.get() + "/" + bw.get();
+    const key = (n) => n + "/" + msg.get() + "/" + bw.get(), c = d.compared[key(ranks)];
     $("ring-time").textContent = seconds(d.times[key(ranks)]);
     $("ring-scale").textContent = d.ranks.map((n) => "N=" + n + ": " + seconds(d.times[key(n)]))
       .join(" · ");
+    $("ring-naive-time").textContent = seconds(c.naive_s);
+    $("ring-naive").textContent = "At N = " + ranks + ", X = " + msg.get() + " GB, B = " +
+      bw.get() + " GB/s, GPU 0's link carries " + gb(c.naive_root_bytes) + "; in the ring " +
+      "each GPU sends " + gb(c.ring_bytes_per_gpu) + ", all links at once (" +
+      seconds(c.ring_s) + "): the ring is " + fmt(c.naive_s / c.ring_s) + "× faster, and the " +
+      "gap grows with N.";
   }
   const rankS = slider("ring-ranks", d.ranks, 4, (v) => { ranks = v; if (steps) steps.go(0); times(); });
   const msg = slider("ring-message", d.message_gb, 2, () => times(), (v) => v + " GB");
@@ -187,6 +239,9 @@
       }
     }
   };
+  // the slice of d_ff a GPU owns, [first, end)
+  const columns = ([a, b]) => b - a === 1 ? "d_ff column " + a
+    : "d_ff columns " + a + "–" + (b - 1);
   function draw(stage) {
     const tp = degree.get(), m = d.mlp[String(tp)], box = $("tp-ranks");
     box.innerHTML = "";
@@ -194,8 +249,7 @@
       : "Step " + stage + "/" + STAGES.length + ": " + STAGES[stage - 1];
     m.ranks.forEach((r, i) => {
       const gpu = el("div", {class: "gpu"}, box);
-      el("div", {class: "title"}, gpu, "GPU " + i + " · d_ff " + r.columns[0] + "–" +
-        (r.columns[1] - 1));
+      el("div", {class: "title"}, gpu, "GPU " + i + " · " + columns(r.columns));
       const col = el("div", {class: "row"}, gpu);
       if (stage >= 1) matrix(col, m.x, "X");
       if (stage >= 2) matrix(col, r.hidden, "Y" + i);
@@ -209,7 +263,9 @@
       matrix(out, m.single, "one device: GeLU(X W₁) W₂");
       const diff = Math.max(...m.reduced.flatMap((row, i) => row.map((v, j) =>
         Math.abs(v - m.single[i][j]))));
-      $("tp-diff").textContent = diff.toExponential(1);
+      $("tp-diff").textContent = diff === 0 ? "0 (the same bits)"
+        : diff < 1e-6 ? "below 0.000001 (float rounding: the sums run in another order)"
+          : fmt(diff);
     } else $("tp-diff").textContent = "—";
   }
   function traffic() {
@@ -218,11 +274,30 @@
     $("tp-count").textContent = tp === 1
       ? "TP 1: every GPU holds whole layers, so there is nothing to all-reduce"
       : t.per_layer + " all-reduces per layer (2 forward, 2 backward) × " + d.model.layers +
-        " layers = " + t.per_step + " per step, " + gb(t.activation_bytes) + " each";
+        " layers = " + t.per_step + " per step, " + fmt(t.activation_bytes / 1e6) + " MB each";
     $("tp-time").textContent = seconds(t.times[tp + "/" + link.get()]);
+    $("tp-compute").textContent = seconds(d.compute.times[String(tp)]);
     $("tp-links").textContent = Object.keys(d.links).map((name) => name + " " +
       seconds(t.times[tp + "/" + name])).join(" · ");
   }
+  const hw = d.hardware;
+  $("tp-setting").textContent = d.model.preset + "'s " + d.model.layers + " layers, " +
+    d.model.seq_len + " tokens, bf16; compute at the " + hw.gpu + "'s peak " +
+    fmt(hw.peak_flops / 1e12) + " TFLOP/s, links at their full rate";
+  const nv = d.nvlink_Bps, rail = d.rail_Bps, each = (bps) => gb(bps) + "/s";
+  const bothWays = (bps) => gb(2 * bps) + "/s", bits = (bps) => fmt(8 * bps / 1e9) + " Gb/s";
+  $("tp-link-note").textContent = "Link speeds are one GPU's, one way, the rate a ring step " +
+    "sends at, from the planner's presets: " + Object.keys(d.links).map((name) => name + " " +
+    fmt(d.links[name]) + " GB/s (" + d.link_presets[name] + ")").join(", ") + ". Datasheets " +
+    "and the course often count otherwise. NVLink's 900 GB/s is an H100's NVLink 4 counting " +
+    "both directions (h100-sxm-80gb: " + bothWays(nv["h100-sxm-80gb"]) + ", " +
+    each(nv["h100-sxm-80gb"]) + " each way; " + hw.gpu + ": " + bothWays(nv[hw.gpu]) + ", " +
+    each(nv[hw.gpu]) + " each way). InfiniBand is rated in Gb/s (bits) per NIC, and its " +
+    "generations differ: an HDR rail (" + bits(rail["dgx-a100"]) + ", dgx-a100) is " +
+    each(rail["dgx-a100"]) + " each way, an NDR rail (" + bits(rail["dgx-h100"]) +
+    ", dgx-h100) " + each(rail["dgx-h100"]) + "; a DGX gives each GPU one rail, so the " +
+    "course's 200-400 GB/s is a node's eight rails together. PCIe Gen4 x16's 64 GB/s counts " +
+    "both directions too.";
   const degree = slider("tp-degree", d.degrees, 2, () => { if (steps) steps.go(steps.index()); traffic(); });
   const link = slider("tp-link", Object.keys(d.links), "NVLink", traffic,
     (name) => name + " (" + d.links[name] + " GB/s each way)");
@@ -233,7 +308,11 @@
     const t = d.traffic.times, tp = degree.get() > 1 ? degree.get() : Math.max(...d.degrees);
     $("tp-answer").textContent = "Every layer all-reduces its activations: at TP " + tp +
       " one step's " + d.traffic.per_step + " all-reduces take " + seconds(t[tp + "/NVLink"]) +
-      " on NVLink but " + seconds(t[tp + "/Ethernet"]) + " on Ethernet.";
+      " on NVLink but " + seconds(t[tp + "/Ethernet"]) + " on Ethernet, against " +
+      seconds(d.compute.times[String(tp)]) + " of compute for the same layers on each " +
+      hw.gpu + ": on NVLink the all-reduces add " + pct(t[tp + "/NVLink"] /
+      d.compute.times[String(tp)]) + " to the compute, on Ethernet " +
+      fmt(t[tp + "/Ethernet"] / d.compute.times[String(tp)]) + "× the compute.";
   });
   window.lab.widgets.tp = {degree, link, steps};
 })();

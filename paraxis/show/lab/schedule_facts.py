@@ -23,6 +23,11 @@ INTERLEAVED_VIRTUAL = [2, 3, 4]  # the v slider; the other kinds run their own v
 # Course ch. 7: "if stage 0 takes 10ms and stage 3 takes 20ms" - a slow stage takes twice as long.
 SLOW_FACTOR = 2.0
 FORWARD_COST, BACKWARD_COST = 1.0, 2.0  # backward twice the forward (Narayanan et al. 2021)
+# The overhead slider: a fixed cost per microbatch per stage, as a fraction of one stage's
+# forward over the whole batch (course ch. 4: smaller microbatches, smaller bubble, more
+# overhead; tune). A model the page labels as one; the pipeline widget applies it.
+MICROBATCH_OVERHEADS = [0.0, 0.01, 0.02, 0.05, 0.1]
+DEFAULT_OVERHEAD = 0.02
 
 
 def key(kind: str, stages: int, microbatches: int, virtual: int) -> str:
@@ -65,7 +70,8 @@ def schedule_facts() -> dict:
             "virtual": INTERLEAVED_VIRTUAL, "slow_factor": SLOW_FACTOR,
             "kind_virtual": {kind: kind_virtual(kind)[0] for kind in KINDS
                              if kind != "interleaved"},  # the slider's v for interleaved
-            "forward_cost": FORWARD_COST, "backward_cost": BACKWARD_COST, "orders": orders}
+            "forward_cost": FORWARD_COST, "backward_cost": BACKWARD_COST,
+            "overheads": MICROBATCH_OVERHEADS, "overhead": DEFAULT_OVERHEAD, "orders": orders}
 
 
 def stage_cost_lists(stages: int, slow_stage: int | None) -> tuple[list[float], list[float]]:
