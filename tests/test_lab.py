@@ -18,6 +18,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from paraxis.cli import main
 from paraxis.plan.comm import ring_all_reduce_time
+from paraxis.plan.hardware import GPUS
+from paraxis.plan.inputs import DEFAULT_GPU
 from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.plan.ring_steps import simulate_ring
 from paraxis.show.lab import facts as F
@@ -310,17 +312,34 @@ def test_zero_calculator(browser):
     slide(browser, "zero-gpus", F.ZERO_GPUS, 8)
     shown = [text(browser, f"zero-{stage}") for stage in range(4)]
     assert shown == ["112 GB", "38.5 GB", "26.25 GB", "14 GB"]  # the course's table
-    slide(browser, "zero-memory", F.GPU_MEMORY_GB, 80)
+    # the GPU choices are the planner's presets, each named with its memory
+    assert sorted(F.ZERO_GPU_PRESETS) == sorted(GPUS)
+    memories = [GPUS[name].memory_bytes for name in F.ZERO_GPU_PRESETS]
+    assert memories == sorted(memories)  # least memory first
+    slide(browser, "zero-memory", F.ZERO_GPU_PRESETS, DEFAULT_GPU)
+    assert text(browser, "zero-memory-value") == "a100-80gb: 85.9 GB"  # 80 GiB
+    limit = browser.find_element("css selector", "#zero-svg text.limit")
+    assert [s.text for s in limit.find_elements("css selector", "tspan")] == ["a100-80gb",
+                                                                               "85.9 GB"]
     assert [text(browser, f"zero-fit-{s}") for s in range(4)] == ["does not fit", "fits",
                                                                   "fits", "fits"]
-    for stage, gpus, memory_gb in ((0, 8, 80), (3, 8, 80), (2, 64, 24)):
+    for stage, gpus, gpu in ((0, 8, "a100-80gb"), (3, 8, "a100-80gb"), (2, 64, "v100-32gb"),
+                             (3, 16, "h200"), (1, 32, "l40s")):
         slide(browser, "zero-stage", [0, 1, 2, 3], stage)
         slide(browser, "zero-gpus", F.ZERO_GPUS, gpus)
-        slide(browser, "zero-memory", F.GPU_MEMORY_GB, memory_gb)
+        slide(browser, "zero-memory", F.ZERO_GPU_PRESETS, gpu)
+        name, memory = text(browser, "zero-memory-value").split(": ")
+        assert name == gpu and close(memory, GPUS[gpu].memory_bytes)
+        for row in zero_table(7 * 10**9, gpus):  # fits as the planner's first question says
+            said = text(browser, f"zero-fit-{row['zero']}")
+            assert said == ("fits" if F.fits_on_gpu(row["total"], GPUS[gpu]) else "does not fit")
         largest = max(b for b in F.ZERO_MODEL_B
-                      if zero_table(int(b * 1e9), gpus)[stage]["total"] <= memory_gb * 1e9)
+                      if F.fits_on_gpu(zero_table(int(b * 1e9), gpus)[stage]["total"], GPUS[gpu]))
         assert text(browser, "zero-largest") == f"{largest}B"
-    assert text(browser, "zero-fit-1") == "does not fit"  # 7B at ZeRO-1 on 64 GPUs of 24 GB
+    slide(browser, "zero-gpus", F.ZERO_GPUS, 16)
+    slide(browser, "zero-memory", F.ZERO_GPU_PRESETS, "v100-32gb")
+    # 7B at ZeRO-1 on 16: 33.25 GB of states within 34.36 GB, but not with the 2 GB reserve
+    assert text(browser, "zero-fit-1") == "does not fit"
     click(browser, "zero-check")
     assert text(browser, "zero-answer") == "13B on 16 GPUs: baseline 208 GB, ZeRO-3 13 GB per GPU."
 

@@ -145,6 +145,18 @@ def test_check_answers_follow_the_controls(browser):
     slide(browser, "zero-model", F.ZERO_MODEL_B, 70)
     assert text(browser, "zero-answer") == ""
 
+    # the chapter 0-2 checks name the settings they were asked at too
+    for check, answer, control, values, value in (
+            ("scaling-check", "scaling-answer", "scaling-model", F.MODEL_SIZES_B, 13),
+            ("dp-check", "dp-answer", "dp-gpus-n", F.DP_GPUS, 2),
+            ("dp-check", "dp-answer", "dp-batch", F.DP_BATCHES, 64),
+            ("ring-check", "ring-answer", "ring-message", F.RING_MESSAGE_GB, 8),
+            ("ring-check", "ring-answer", "ring-bandwidth", F.RING_BANDWIDTH_GBPS, 100)):
+        click(browser, check)
+        assert text(browser, answer), check
+        slide(browser, control, values, value)
+        assert text(browser, answer) == "", (check, control)
+
 
 def cli_rows(capsys, kind: str, stages: int, microbatches: int, virtual: int) -> list[list[str]]:
     """Each stage's ops in order as `paraxis schedule` prints them (a cell per time slot:
@@ -231,9 +243,10 @@ def test_zero_gpu_label_never_overlaps_a_bar(browser):
 
     for stage in (3, 0):
         slide(browser, "zero-stage", [0, 1, 2, 3], stage)
-        for billions, gpus, memory_gb in ((70, 64, 80), (7, 8, 80), (175, 1, 24),
-                                          (1, 64, 141), (13, 16, 40), (1, 1, 24)):
+        for billions, gpus, gpu in ((70, 64, "a100-80gb"), (7, 8, "h100-pcie-80gb"),
+                                    (175, 1, "v100-32gb"), (1, 64, "h200"),
+                                    (13, 16, "a100-40gb"), (1, 1, "v100-32gb")):
             slide(browser, "zero-model", F.ZERO_MODEL_B, billions)
             slide(browser, "zero-gpus", F.ZERO_GPUS, gpus)
-            slide(browser, "zero-memory", F.GPU_MEMORY_GB, memory_gb)
-            assert overlaps() == [], (stage, billions, gpus, memory_gb)
+            slide(browser, "zero-memory", F.ZERO_GPU_PRESETS, gpu)
+            assert overlaps() == [], (stage, billions, gpus, gpu)

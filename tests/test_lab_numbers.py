@@ -1,8 +1,9 @@
 """The lab's numbers as a reader sees them: the hardware they rest on is the planner's, each
 is printed with a sensible precision and never with an exponent, each states its limit
 (data parallelism's memory), and the drawings that carry them (the ring's arrows and labels,
-the mixture of experts' colours, context parallelism's figures in a narrow window) show them
-whole. One headless session for all of it, as tests/test_lab.py drives the page.
+the pipeline's stage names, the mixture of experts' colours, context parallelism's figures
+in a narrow window) show them whole. One headless session for all of it, as tests/test_lab.py
+drives the page.
 """
 
 import math
@@ -20,13 +21,15 @@ from paraxis.plan.ring_steps import simulate_ring
 from paraxis.show.lab import context_facts as C
 from paraxis.show.lab import expert_facts as X
 from paraxis.show.lab import facts as F
+from paraxis.show.lab import schedule_facts as S
 from paraxis.show.lab.browser import open_browser
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.spec.model_config import PRESETS
-from tests.test_lab import click, skip_without_browser, slide, text
+from tests.test_lab import choose, click, set_grid, skip_without_browser, slide, text
 
 # The widgets this file reads, by section id.
-SECTIONS = ("w-scaling", "w-dp", "w-ring", "w-tp", "w-faults", "w-cp", "w-moe")
+SECTIONS = ("w-scaling", "w-dp", "w-ring", "w-tp", "w-pipe", "w-zero", "w-grid", "w-faults",
+            "w-cp", "w-moe")
 MAX_DIGITS = 4
 
 
@@ -65,6 +68,8 @@ def badly_printed(driver) -> list[str]:
     shown = driver.execute_script(
         "return arguments[0].map((id) => document.getElementById(id).innerText).join('\\n')",
         list(SECTIONS))
+    # a list of ranks ("[0,16,32,48]") is numbers, not one with thousands separators
+    shown = re.sub(r"\[[\d,]+\]", lambda m: m.group(0).replace(",", ", "), shown)
     bad = [m.group(0) for m in re.finditer(r".{0,30}\d(?:\.\d+)?[eE][+-]?\d.{0,10}", shown)]
     for m in re.finditer(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?", shown):
         if significant_digits(m.group(0)) > MAX_DIGITS:
@@ -280,6 +285,42 @@ def test_no_number_has_more_than_four_digits_or_an_exponent(browser):
             scan(f"tp {tp} {link}")
         click(browser, "tp-check")
         scan(f"tp {tp} answered")
+    for kind, stages, microbatches, virtual, slow in (
+            ("gpipe", 4, 8, 1, "none"), ("1f1b", 3, 12, 1, 1), ("interleaved", 4, 12, 3, 2),
+            ("interleaved", 3, 6, 4, 0), ("zb-h1", 5, 6, 1, "none"), ("zb-v", 6, 16, 2, 5),
+            ("interleaved", 4, 6, 2, "none")):  # the last refused: M not a multiple of P
+        browser.find_element("css selector", f"#pipe-kinds button[data-kind='{kind}']").click()
+        slide(browser, "pipe-stages", S.STAGES, stages)
+        slide(browser, "pipe-mb", S.MICROBATCHES, microbatches)
+        if kind == "interleaved":
+            slide(browser, "pipe-virtual", S.INTERLEAVED_VIRTUAL, virtual)
+        choose(browser, "pipe-slow", slow)
+        for overhead in S.MICROBATCH_OVERHEADS:
+            slide(browser, "pipe-overhead", S.MICROBATCH_OVERHEADS, overhead)
+            scan(f"pipe {kind} P={stages} M={microbatches} v={virtual} slow {slow} o={overhead}")
+    click(browser, "pipe-check")
+    scan("pipe answered")
+    for billions, gpus in ((1, 1), (7, 8), (13, 16), (30, 32), (70, 64), (175, 2)):
+        slide(browser, "zero-model", F.ZERO_MODEL_B, billions)
+        slide(browser, "zero-gpus", F.ZERO_GPUS, gpus)
+        for gpu in F.ZERO_GPU_PRESETS:
+            slide(browser, "zero-memory", F.ZERO_GPU_PRESETS, gpu)
+            for stage in range(4):
+                slide(browser, "zero-stage", [0, 1, 2, 3], stage)
+                scan(f"zero {billions}B on {gpus} {gpu} ZeRO-{stage}")
+    click(browser, "zero-check")
+    scan("zero answered")
+    for degrees, per_node, shard in (((4, 4, 4, 1, 1), 4, 0), ((4, 2, 2, 2, 2), 8, 2),
+                                     ((4, 1, 4, 2, 4), 8, 2), ((2, 4, 2, 2, 1), 4, 1),
+                                     ((4, 1, 4, 2, 4), 8, 1)):  # the last refused: no GPUs
+        set_grid(browser, *degrees, per_node, shard)
+        scan(f"grid {degrees} {per_node} per node, shard {shard}")
+        world = 0 if text(browser, "grid-error") else math.prod(degrees[:4])
+        for rank in sorted({0, world // 2 + 1, world - 1} if world else set()):
+            browser.execute_script("window.lab.widgets.grid.hover(arguments[0])", rank)
+            scan(f"grid {degrees} {per_node} per node, shard {shard}, rank {rank}")
+    click(browser, "grid-check")
+    scan("grid answered")
     for cp in C.CP_DEGREES:
         for seq in C.SEQ_LENS:
             for variant in C.VARIANTS:
@@ -348,6 +389,20 @@ def test_moe_bars_have_a_colour_legend(browser):
         assert drops and all(drops)  # dropped: dashed outlines, as the legend says
         assert "dashed" in browser.execute_script(
             "return document.getElementById('moe-legend-dropped').style.border")
+
+
+def test_pipeline_stage_names_clear_the_timeline(browser):
+    """A slow stage's longer name ("stage 2 (slow)") ends left of every op and idle bar."""
+    browser.find_element("css selector", "#pipe-kinds button[data-kind='1f1b']").click()
+    for stages, slow in ((4, 2), (8, 7), (2, "none")):
+        slide(browser, "pipe-stages", S.STAGES, stages)
+        choose(browser, "pipe-slow", slow)
+        names, bars = browser.execute_script("""
+            const svg = document.getElementById('pipe-svg');
+            const box = (e) => e.getBoundingClientRect();
+            return [[...svg.querySelectorAll(':scope > text.tick')].map((t) => box(t).right),
+                    [...svg.querySelectorAll('rect')].map((r) => box(r).left)];""")
+        assert len(names) == stages and max(names) < min(bars), (stages, slow)
 
 
 def test_context_drawing_fits_a_narrow_window(browser):

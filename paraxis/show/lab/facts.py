@@ -13,7 +13,7 @@ import math
 
 from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, counted_forward_flops_per_token
-from paraxis.plan.hardware import CLUSTERS, GPUS
+from paraxis.plan.hardware import CLUSTERS, GPU, GPUS
 from paraxis.plan.inputs import DEFAULT_GPU
 from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.plan.ring_steps import ring_schedule, simulate_ring
@@ -108,10 +108,10 @@ DP_PHASES = ["replicate", "partition data", "forward + backward", "all-reduce gr
              "update"]
 
 
-def fits_on_gpu(state_bytes: float) -> bool:
+def fits_on_gpu(state_bytes: float, gpu: GPU = LAB_GPU) -> bool:
     """The planner's first question (`plan.explain`, "Fits on one GPU?"): model states plus
     the memory held back on every GPU within the GPU's memory; activations come on top."""
-    return state_bytes + LAB_GPU.reserved_bytes <= LAB_GPU.memory_bytes
+    return state_bytes + gpu.reserved_bytes <= gpu.memory_bytes
 
 
 def dp_remedies(params: int, gpus: int) -> dict:
@@ -218,15 +218,21 @@ def ring_facts() -> dict:
 
 ZERO_MODEL_B = [1, 3, 7, 13, 30, 70, 175]
 ZERO_GPUS = [1, 2, 4, 8, 16, 32, 64]
-GPU_MEMORY_GB = [24, 40, 80, 141]
+# The GPU slider: the planner's GPU presets (`paraxis plan --gpu`), least memory first.
+ZERO_GPU_PRESETS = sorted(GPUS, key=lambda name: (GPUS[name].memory_bytes, name))
 
 
 def zero_facts() -> dict:
-    """`zero_table` (the library's ZeRO calculator) for every model size and GPU count."""
+    """`zero_table` (the library's ZeRO calculator) for every model size and GPU count, and
+    the memory of each GPU preset with what the planner holds back on it (`fits_on_gpu`:
+    the states fit when they and the reserve fit within the memory)."""
     tables = {f"{b:g}/{n}": zero_table(int(b * 1e9), n)
               for b in ZERO_MODEL_B for n in ZERO_GPUS}
-    return {"models": ZERO_MODEL_B, "gpus": ZERO_GPUS, "gpu_memory_gb": GPU_MEMORY_GB,
-            "tables": tables}
+    presets = {name: {"memory_bytes": GPUS[name].memory_bytes,
+                      "reserved_bytes": GPUS[name].reserved_bytes}
+               for name in ZERO_GPU_PRESETS}
+    return {"models": ZERO_MODEL_B, "gpus": ZERO_GPUS, "gpu_presets": ZERO_GPU_PRESETS,
+            "gpu_memory": presets, "default_gpu": DEFAULT_GPU, "tables": tables}
 
 
 # ---------------------------------------------------------- chapter 3: tensor parallel

@@ -28,7 +28,7 @@
   // backward (twice the GEMMs), which scales every op alike: step = timeline x (1/M + o).
   const fixedBatchStep = (timeline, microbatches, overhead) =>
     timeline * (1 / microbatches + overhead);
-  const figure = (x) => +x.toFixed(3);
+  const figure = (x) => fmt(x, 4);
   function legend(e) {
     const box = $("pipe-legend"), v = e.virtual, P = stagesS.get();
     box.innerHTML = "";
@@ -69,20 +69,24 @@
     const [f, b] = stageCosts(P, slow);
     result = simulate(e, P, f, b);
     // drawn in a 900-unit viewBox that the page scales to its width
-    const W = 900, row = Math.min(34, 260 / P), L = 70, scale = (W - L - 10) / result.makespan;
+    const W = 900, row = Math.min(34, 260 / P);
     svg.setAttribute("viewBox", "0 0 " + W + " " + (row * P + 4));
+    // the stage names first: the timeline starts right of the widest ("stage 2 (slow)")
+    const names = Array.from({length: P}, (_, s) => el("text",
+      {x: 4, y: s * row + row / 2 + 4, class: "tick" + (s === slow ? " slow" : "")}, svg,
+      "stage " + s + (s === slow ? " (slow)" : "")));
+    const L = Math.max(70, ...names.map((name) => name.getBBox().width + 12));
+    const scale = (W - L - 10) / result.makespan;
     for (let s = 0; s < P; s++) {
       el("rect", {x: L, y: s * row + 2, width: result.makespan * scale, height: row - 4,
         fill: COLOURS.idle}, svg);
-      el("text", {x: 4, y: s * row + row / 2 + 4, class: "tick" + (s === slow ? " slow" : "")},
-        svg, "stage " + s + (s === slow ? " (slow)" : ""));
       for (const [start, end, k, mb, chunk] of result.events[s]) {
         if (start >= shownUpTo) continue;
         const label = opLabel(k, mb, chunk, e.virtual);
         const g = el("g", {class: "op", "data-stage": s, "data-op": label}, svg);
         // a hover names the op and its times (core.js's el makes no SVG <title>)
         g.appendChild(document.createElementNS(SVGNS, "title")).textContent = label +
-          " on stage " + s + ": " + +start.toFixed(3) + " to " + +end.toFixed(3);
+          " on stage " + s + ": " + figure(start) + " to " + figure(end);
         el("rect", {x: L + start * scale, y: s * row + 2, width: Math.max(1, (end - start) * scale - 1),
           height: row - 4, fill: shade(COLOURS[NAMES[k]], chunk, e.virtual)}, g);
         if ((end - start) * scale > 6 * label.length + 4) el("text", {x: L + (start + end) / 2 * scale,
@@ -223,21 +227,35 @@
 (function zero() {
   const d = DATA.zero, svg = $("zero-svg");
   const PARTS = [["params", COLOURS.dp], ["grads", COLOURS.B], ["optimizer", COLOURS.F]];
+  // the planner's rule (facts.fits_on_gpu): the states and the memory held back on every GPU
+  // within the GPU's memory
+  const fits = (bytes, gpu) => bytes + gpu.reserved_bytes <= gpu.memory_bytes;
   function draw() {
-    const rows = d.tables[modelS.get() + "/" + gpusS.get()], limit = memS.get() * 1e9;
+    const rows = d.tables[modelS.get() + "/" + gpusS.get()], name = gpuS.get();
+    const gpu = d.gpu_memory[name], limit = gpu.memory_bytes;
     svg.innerHTML = "";
     $("zero-answer").textContent = "";  // an answer was for the settings it was asked at
     // the bars take x up to 476 (the chosen one's frame); right of them, a column of its own
-    // for the GPU-memory line's label, so no bar can reach it
-    const W = 560, H = 260, L = 50, T = 24, B = 40, LABEL_X = 486;
+    // for the GPU-memory line's label (the preset's name over its memory), so no bar can
+    // reach it
+    const W = 600, H = 260, L = 50, T = 24, B = 40, LABEL_X = 486;
     const top = Math.max(limit * 1.15, ...rows.map((r) => r.total));
     const y = (v) => H - B - (v / top) * (H - T - B);
     const chosen = stageS.get();
-    // painted in this order: bars, the GPU-memory line over them, the figures over the line
+    // painted in this order: the reserve's band and the bars, the GPU-memory line over them,
+    // the figures over the line
     const bars = el("g", {}, svg);
+    el("rect", {x: L, y: y(limit), width: LABEL_X - 4 - L,
+      height: y(limit - gpu.reserved_bytes) - y(limit), fill: "#ffe3e3", class: "reserve"}, bars);
     el("line", {x1: L, x2: LABEL_X - 4, y1: y(limit), y2: y(limit), stroke: "#c92a2a",
       "stroke-dasharray": "6 4", "stroke-width": 2}, svg);
-    el("text", {x: LABEL_X, y: y(limit) + 4, class: "tick limit"}, svg, memS.get() + " GB GPU");
+    const label = el("text", {x: LABEL_X, y: y(limit) - 3, class: "tick limit"}, svg);
+    for (const [i, line] of [name, gb(limit)].entries()) {
+      const span = label.appendChild(document.createElementNS(SVGNS, "tspan"));
+      span.setAttribute("x", LABEL_X);
+      if (i) span.setAttribute("dy", 14);
+      span.textContent = line;
+    }
     const labels = el("g", {}, svg);
     rows.forEach((r, i) => {
       const x = L + 20 + i * 110;
@@ -255,20 +273,23 @@
       el("text", {x: x + 35, y: H - B + 16, "text-anchor": "middle", class: "tick"}, labels,
         i ? "ZeRO-" + i : "baseline");
       $("zero-" + i).textContent = gb(r.total);
-      $("zero-fit-" + i).textContent = r.total <= limit ? "fits" : "does not fit";
+      $("zero-fit-" + i).textContent = fits(r.total, gpu) ? "fits" : "does not fit";
     });
+    $("zero-reserve").textContent = gb(gpu.reserved_bytes);
     const sent = rows[chosen].traffic;
     $("zero-traffic").textContent = gpusS.get() > 1
-      ? gb(sent) + " (" + +(sent / rows[1].traffic).toFixed(2) + "x ZeRO-1's)"
+      ? gb(sent) + " (" + fmt(sent / rows[1].traffic) + "x ZeRO-1's)"
       : "nothing (one GPU)";
     // the largest model on the slider whose states fit at the chosen stage
-    const fits = d.models.filter((m) => d.tables[m + "/" + gpusS.get()][chosen].total <= limit);
-    $("zero-largest").textContent = fits.length ? fits[fits.length - 1] + "B"
+    const fitting = d.models.filter((m) => fits(d.tables[m + "/" + gpusS.get()][chosen].total,
+      gpu));
+    $("zero-largest").textContent = fitting.length ? fitting[fitting.length - 1] + "B"
       : "none of " + d.models[0] + "B and up";
   }
   const modelS = slider("zero-model", d.models, 7, draw, (v) => v + "B");
   const gpusS = slider("zero-gpus", d.gpus, 8, draw);
-  const memS = slider("zero-memory", d.gpu_memory_gb, 80, draw, (v) => v + " GB");
+  const gpuS = slider("zero-memory", d.gpu_presets, d.default_gpu, draw,
+    (name) => name + ": " + gb(d.gpu_memory[name].memory_bytes));
   const stageS = slider("zero-stage", [0, 1, 2, 3], 3, draw, (v) => (v ? "ZeRO-" + v : "none"));
   draw();
   $("zero-check").addEventListener("click", () => {
@@ -276,7 +297,7 @@
     $("zero-answer").textContent = "13B on 16 GPUs: baseline " + $("zero-0").textContent +
       ", ZeRO-3 " + $("zero-3").textContent + " per GPU.";
   });
-  window.lab.widgets.zero = {modelS, gpusS, memS, stageS};
+  window.lab.widgets.zero = {modelS, gpusS, gpuS, stageS};
 })();
 
 // ------------------------------------------------------------ chapter 6: the 3D grid

@@ -46,6 +46,7 @@
       " in 2020): at least " + gpus(yr.published_gpus_to_hold) + " just to hold it.";
   });
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
+    $("scaling-answer").textContent = "";  // an answer was for the model it was asked at
     const m = d.models.find((mm) => mm.billions === value);
     $("scaling-model-out").textContent = value + "B parameters: weights " +
       gb(m.weights_bytes) + ", weights + gradients + Adam " + gb(m.state_bytes) +
@@ -114,8 +115,14 @@
         "enough") + ": ZeRO-3, or TP × PP splitting the model, needs at least " +
         r.least_gpus + " GPUs (" + gb(r.least_bytes) + " a GPU).");
   }
-  const gpusS = slider("dp-gpus-n", d.gpus, 4, (v) => { gpus = v; if (steps) steps.go(steps.index()); });
-  const batchS = slider("dp-batch", d.batches, 256, () => steps && steps.go(steps.index()));
+  // an answer was for the settings it was asked at: moving a control clears it
+  const clear = () => { $("dp-answer").textContent = ""; };
+  const gpusS = slider("dp-gpus-n", d.gpus, 4, (v) => {
+    gpus = v; clear(); if (steps) steps.go(steps.index());
+  });
+  const batchS = slider("dp-batch", d.batches, 256, () => {
+    clear(); if (steps) steps.go(steps.index());
+  });
   const modelS = slider("dp-model", d.models, 7, () => steps && steps.go(steps.index()),
     (v) => v + "B");
   const steps = stepper("dp", () => d.phases.length, draw, 900);
@@ -206,9 +213,13 @@
       seconds(c.ring_s) + "): the ring is " + fmt(c.naive_s / c.ring_s) + "× faster, and the " +
       "gap grows with N.";
   }
+  // the answer names the message and bandwidth it was asked at: moving them clears it
+  const clear = () => { $("ring-answer").textContent = ""; };
   const rankS = slider("ring-ranks", d.ranks, 4, (v) => { ranks = v; if (steps) steps.go(0); times(); });
-  const msg = slider("ring-message", d.message_gb, 2, () => times(), (v) => v + " GB");
-  const bw = slider("ring-bandwidth", d.bandwidth_gbps, 25, () => times(), (v) => v + " GB/s");
+  const msg = slider("ring-message", d.message_gb, 2, () => { clear(); times(); },
+    (v) => v + " GB");
+  const bw = slider("ring-bandwidth", d.bandwidth_gbps, 25, () => { clear(); times(); },
+    (v) => v + " GB/s");
   const steps = stepper("ring", () => d.rings[String(ranks)].step_count, draw, 800);
   steps.go(0); times();
   $("ring-check").addEventListener("click", () => {
