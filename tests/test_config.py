@@ -90,7 +90,8 @@ def test_round_trip(tmp_path):
 
 def test_round_trip_of_fields_that_default_to_none(tmp_path):
     # float | None and int | None: the type comes from the annotation, not the None default
-    cfg = parse("--exit-after", "5", "--peak-tflops", "400")
+    cfg = parse("--exit-after", "5", "--peak-tflops", "400", "--checkpoint-dir",
+                str(tmp_path / "ck"))  # a run file is checked as it is read: a valid run
     path = tmp_path / "run.toml"
     path.write_text(to_toml(cfg))
     again = parse("--config", str(path))

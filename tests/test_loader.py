@@ -227,7 +227,8 @@ def test_bad_blends_are_one_line(corpus, capsys, data, message):
 
 
 def test_bad_val_data_and_prefetch_are_one_line(corpus, capsys, monkeypatch):
-    for argv, message in ((["--val-data", "nowhere.jsonl"], "data nowhere.jsonl does not exist"),
+    for argv, message in ((["--val-data", "nowhere.jsonl", "--eval-every", "1"],
+                           "data nowhere.jsonl does not exist"),
                           (["--prefetch", "-1"], "--prefetch -1 must be >= 0")):
         assert main(["train", "--data", str(corpus["b"]), "--steps", "1", "--quiet",
                      "--device", "cpu", *argv]) == 2

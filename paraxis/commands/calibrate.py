@@ -73,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if len(set(sizes)) < 2:
         raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "
                            "latency and bandwidth")
-    if args.repeats < 1 or args.tokens < 1 or args.seq_len < 1:
-        raise ParaxisError("--repeats, --tokens and --seq-len must be at least 1")
+    for flag, count in (("--repeats", args.repeats), ("--tokens", args.tokens),
+                        ("--seq-len", args.seq_len)):
+        if count < 1:
+            raise ParaxisError(f"{flag} {count} must be at least 1")
     if not args.busy_s > 0:
         raise ParaxisError(f"--busy-s {args.busy_s} must be positive, e.g. 2")
     if args.tokens % args.seq_len:
@@ -84,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.files.model_file import load_model_config
 
     load_model_config(args.model)  # a bad name or file: one line here, not from every rank
+    check_writable(args.out, "--out", "profile.json")  # before minutes of measuring
     out = Path(args.out)
-    check_writable(out, "--out")  # before minutes of measuring
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
                         args.device, args.busy_s)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,8 @@ own tokenizer.json, else the byte-level one. torch is imported only when the com
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from paraxis.files.checkpoint_manifest import folder_of
 from paraxis.spec.errors import ParaxisError
 
 MAX_NEW_TOKENS = 100_000
@@ -51,8 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--seed {args.seed} must be between 0 and 2**63 - 1")
     if args.top_k < 0:
         raise ParaxisError(f"--top-k {args.top_k} must be >= 0 (0: no cut)")
-    cfg, model = load_for_inference(args.checkpoint, pick_device(args.device))
-    tokenizer = pick_tokenizer(Path(args.checkpoint), args.tokenizer, cfg.vocab_size)
+    if not args.checkpoint.strip():  # Path("") is the working folder
+        raise ParaxisError("--checkpoint is empty; give a paraxis checkpoint or a Hugging Face "
+                           "model directory")
+    checkpoint = folder_of(args.checkpoint)
+    cfg, model = load_for_inference(checkpoint, pick_device(args.device))
+    tokenizer = pick_tokenizer(checkpoint, args.tokenizer, cfg.vocab_size)
     if args.tokenizer and tokenizer.vocab_size > cfg.vocab_size:  # not the model's own one
         raise ParaxisError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
                            f"model's vocabulary of {cfg.vocab_size}; give the tokenizer it was "

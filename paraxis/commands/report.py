@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.show.report.measured import metrics_path
 
     inputs.check_numbers(args)  # as `paraxis plan` checks them
-    check_writable(Path(args.out), "--out")
+    check_writable(args.out, "--out", "report.html")
     given = inputs.from_args(args)
     if args.run_dir is not None:
         given = from_run_config(given, args, metrics_path(Path(args.run_dir)).parent

@@ -84,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, virtual))
     forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
     source = f"forward {_text(forward)}, backward {_text(backward)}"
+    for flag, given in (("--model", args.model), ("--from-trace", args.from_trace)):
+        if given is not None and not given.strip():  # "" would be silently ignored
+            raise ParaxisError(f"{flag} is empty; give one, or leave the flag out")
     if args.model:
         forward, backward = _partition_costs(args.model, schedule)
         weight = None

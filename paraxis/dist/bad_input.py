@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from paraxis.spec.errors import ParaxisError
 
@@ -86,9 +87,20 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+# A negative number in any spelling float() takes: argparse's own pattern knows only "-1" and
+# "-.5", so `--adam-eps -1e-8` read "-1e-8" as a flag and said "expected one argument".
+NEGATIVE_NUMBER = re.compile(r"^-(?:(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|inf|infinity|nan)$",
+                             re.IGNORECASE)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (argparse prints the whole usage block first),
-    like every other paraxis error. Subcommand parsers inherit the class."""
+    like every other paraxis error, and a negative number is a value, whatever its spelling.
+    Subcommand parsers inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"paraxis: error: {one_line(message)}; see `{self.prog} --help`\n")

@@ -31,17 +31,23 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paraxis.dist.bad_input import decide, run_guarded
 from paraxis.dist.host_memory import return_freed_memory
 from paraxis.dist.preemption import CatchSignals, die_with_parent
+from paraxis.files.checkpoint_manifest import complete_checkpoints
+from paraxis.files.host import available_host_bytes
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
 LOOPBACK = "127.0.0.1"
+# A rank's memory before it builds any model: the interpreter, torch and gloo (about 220 MB
+# resident per idle CPU rank, measured on a 2-core Linux host with PyTorch 2.13)
+RANK_BASELINE_BYTES = 0.22e9
 
 
 def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
@@ -93,21 +99,23 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
 
 def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
            max_restarts: int = 0, debug: bool = False, timeout_s: float = 600.0,
-           device: str = "auto") -> Any:
+           device: str = "auto", checkpoint_dir: str | None = None) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; return what rank 0's call returned.
 
     max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
     stopped and all start again, up to this many times, with TORCHELASTIC_RESTART_COUNT set
     as under torchrun --max-restarts (training resumes from its newest checkpoint then:
     `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
-    ranks run on the CPU (then one thread each).
+    ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
+    named when a signal stops them without a line of their own.
     """
     import torch  # lazy: torch; ranks load this before their env
 
     one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     for attempt in range(max_restarts + 1):
         try:
-            return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread)
+            return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread,
+                                checkpoint_dir)
         except RunFailed as failure:
             if attempt == max_restarts:
                 raise
@@ -117,7 +125,8 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
 
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
-                 attempt: int, timeout_s: float, one_thread: bool) -> Any:
+                 attempt: int, timeout_s: float, one_thread: bool,
+                 checkpoint_dir: str | None) -> Any:
     import torch.distributed as dist  # lazy: torch; ranks load this before their env
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
@@ -152,7 +161,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
         process.start()
     try:
         with _PassSignals(processes) as signals:
-            return _watch(processes, results, timeout_s, signals)
+            return _watch(processes, results, timeout_s, signals, checkpoint_dir)
     finally:
         _stop(processes)
         del store
@@ -179,7 +188,8 @@ class _PassSignals(CatchSignals):
                     os.kill(process.pid, passed)
 
 
-def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSignals) -> Any:
+def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSignals,
+           checkpoint_dir: str | None = None) -> Any:
     """Wait for every rank to exit 0 (then return rank 0's result) or for one to fail."""
     returned, received = None, False
     said: dict[str, int] = {}  # lines the ranks left to the launcher -> their exit code
@@ -204,12 +214,7 @@ def _watch(processes: list, results: Queue, timeout_s: float, signals: _PassSign
                 error.exit_code = max(said.values())
                 raise error
             if signals.signum:
-                name = signal.Signals(signals.signum).name
-                error = ParaxisError(
-                    f"stopped by {name}: a second signal stopped the ranks at once, without "
-                    "saving (the checkpoint folder holds the last save before it)"
-                    if signals.count > 1 else
-                    f"stopped by {name} before the ranks started training; nothing was saved")
+                error = ParaxisError(stopped_line(signals.signum, signals.count, checkpoint_dir))
                 error.exit_code = 128 + signals.signum
                 raise error
             raise RunFailed(failure_summary([p.exitcode for p in processes]))
@@ -253,18 +258,50 @@ def _stop(processes: list) -> None:
         process.join()
 
 
+def stopped_line(signum: int, count: int, checkpoint_dir: str | None) -> str:
+    """What a signal to the launcher ended when no rank said so itself (a rank stopped within
+    the training steps saves and says which step): a second signal killed the ranks, or the
+    first came while they started up or finished; then what --checkpoint-dir holds now."""
+    how = ("a second signal stopped the ranks at once, without saving" if count > 1 else
+           "the ranks were outside the training steps (starting up or finishing), where a "
+           "signal saves nothing")
+    if not checkpoint_dir:
+        saved = "no --checkpoint-dir, so nothing was saved"
+    elif checkpoints := complete_checkpoints(Path(checkpoint_dir)):
+        step, path = checkpoints[-1]
+        saved = (f"the newest checkpoint is {path} (step {step}): continue from it with "
+                 "--resume auto")
+    else:
+        saved = f"no checkpoint was saved in {checkpoint_dir}"
+    return f"stopped by {signal.Signals(signum).name}: {how}; {saved}"
+
+
 def failure_summary(codes: list[int | None]) -> str:
-    """"rank 1 exited with code 3, rank 2 did not exit on its own (stopped); ..." in one line."""
-    parts = []
+    """"rank 1 was killed by SIGKILL, rank 0 was stopped by the launcher (of 2 ranks); ..." in
+    one line. A rank that exited with a code said why in its own line (`run_guarded`, or
+    Python's traceback); a rank killed by a signal wrote nothing, so the line says where such
+    a signal comes from instead of pointing at a line that is not there."""
+    parts, signals, exited = [], set(), False
     for rank, code in enumerate(codes):
         if code is None:
-            parts.append(f"rank {rank} did not exit on its own (stopped)")
+            parts.append(f"rank {rank} was stopped by the launcher")
         elif code < 0:
+            signals.add(signal.Signals(-code).name)
             parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
         elif code > 0:
+            exited = True
             parts.append(f"rank {rank} exited with code {code}")
-    return (f"{', '.join(parts)} (of {len(codes)} ranks); a failed rank's own line above, "
-            "where it wrote one before it ended, says why (--debug for tracebacks)")
+    why = []
+    if signals:
+        source = ("the kernel's out-of-memory killer or a kill command (`dmesg` names the "
+                  "first)" if signals == {"SIGKILL"} else "outside the run or a crash in "
+                  "native code")
+        why.append(f"a rank killed by {' or '.join(sorted(signals))} writes no line of its "
+                   f"own: the signal came from {source}")
+    if exited:
+        why.append("a rank that exited with a code said why in its own line above (--debug "
+                   "for tracebacks)")
+    return "; ".join([f"{', '.join(parts)} (of {len(codes)} ranks)", *why])
 
 
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -321,6 +358,19 @@ def cuda_ranks_problem(nproc: int, device: str, gpus: int, visible: str | None) 
         return (f"--nproc {nproc} CUDA ranks need a GPU each, and this machine shows {gpus}"
                 f"{shown}; use --nproc {gpus}, or --device cpu for {nproc} CPU ranks")
     return None
+
+
+def check_host_memory(nproc: int) -> None:
+    """Refuse more ranks than this machine's available memory holds even idle, before any
+    starts: the kernel's out-of-memory killer would otherwise end the largest process, which
+    may not be one of them."""
+    need, have = nproc * RANK_BASELINE_BYTES, available_host_bytes()
+    if need > have:
+        most = max(1, int(have // RANK_BASELINE_BYTES))
+        raise ParaxisError(f"--nproc {nproc} ranks need about {need / 1e9:,.0f} GB before any "
+                           f"model ({RANK_BASELINE_BYTES / 1e9:g} GB each: Python, torch and "
+                           f"gloo) and this machine has {have / 1e9:,.1f} GB available; use "
+                           f"--nproc {most} or fewer")
 
 
 def warn_if_oversubscribed(nproc: int, device: str) -> None:

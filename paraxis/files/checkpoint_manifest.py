@@ -198,11 +198,16 @@ def check_model(manifest: dict[str, Any], model: dict[str, Any], directory: Path
                            "train with --model set to the checkpoint's model (or its directory)")
 
 
+def folder_of(path: str | Path) -> Path:
+    """`path`, or its checkpoint directory when `path` is the manifest itself (a path one
+    may well give for the checkpoint)."""
+    path = Path(path)
+    return path.parent if path.name == MANIFEST and path.is_file() else path
+
+
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory, or the newest complete one under a directory of them."""
-    path = Path(path)
-    if path.name == MANIFEST and path.is_file():  # the manifest itself: its checkpoint
-        path = path.parent
+    path = folder_of(path)
     if (path / MANIFEST).is_file():
         return path
     if path.exists() and not path.is_dir():

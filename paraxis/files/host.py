@@ -22,8 +22,13 @@ def check_writable_folder(path: str | Path, flag: str, example: str = "pictures"
     _check_nearest_folder(path, path, flag)
 
 
-def check_writable(path: Path, flag: str) -> None:
-    """Fail before training (and before creating anything) if `path` cannot be written."""
+def check_writable(path: str | Path, flag: str, example: str = "runs/x/out.json") -> None:
+    """Fail before training (and before creating anything) if the file `path` cannot be
+    written; a flag's empty text (which Path reads as the current folder) is refused."""
+    if isinstance(path, str):
+        if not path.strip():
+            raise ParaxisError(f"{flag} is empty; give a file name, e.g. {example}")
+        path = Path(path)
     check_name_lengths(path, flag)
     if path.is_dir():
         raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")

@@ -18,6 +18,9 @@ def load_model_config(name_or_path: str) -> ModelConfig:
     model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
+    if not name_or_path.strip():  # Path("") is the working folder, read as a checkpoint
+        raise ParaxisError(f"--model is empty; give a preset ({', '.join(PRESETS)}), a "
+                           ".json/.toml model file or a checkpoint folder")
     path = Path(name_or_path)
     if path.is_dir():
         return _model_of_directory(path)

@@ -23,7 +23,7 @@ def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
                 ) -> tuple[ModelConfig, dict[int, tuple[list[list[int]], list[list[float]]]]]:
     """(config, {block index: (chosen, weights)}): the model's routing of `batch` sequences
     of the embedded corpus, every MoE block, tokens in batch order."""
-    if Path(model_name).is_dir():
+    if model_name.strip() and Path(model_name).is_dir():  # "": the working folder, refused below
         cfg, model = load_for_inference(model_name)
     else:
         cfg = load_model_config(model_name)

@@ -151,6 +151,10 @@ def check_numbers(args: argparse.Namespace) -> None:
     if layout is not None and not layout.strip():  # "" would search instead, unsaid
         raise ParaxisError("--layout is empty; give a layout such as dp=2,tp=2, or leave the "
                            "flag out")
+    model = getattr(args, "model", None)
+    if model is not None and not model.strip():  # "" would price the default model, unsaid
+        raise ParaxisError("--model is empty; give a preset or a model file, or leave the "
+                           "flag out")
     for flag in ("gpus_per_node", "nics_per_node"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:

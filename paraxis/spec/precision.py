@@ -118,13 +118,15 @@ def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
                            loss_scaling=compute_dtype == "fp16")
 
 
-def get_policy(name: str | PrecisionPolicy) -> PrecisionPolicy:
-    """The preset called `name` or one of its `ALIASES` (a policy passes through)."""
+def get_policy(name: str | PrecisionPolicy, subject: str | None = None) -> PrecisionPolicy:
+    """The preset called `name` or one of its `ALIASES` (a policy passes through); an unknown
+    name's error starts with `subject` (default: `--precision NAME`)."""
     if isinstance(name, PrecisionPolicy):
         return name
     name = ALIASES.get(name, name)
     if name not in POLICIES:
-        raise ParaxisError(f"--precision {name} is unknown; use {', '.join(POLICIES)}")
+        raise ParaxisError(f"{subject or f'--precision {name}'} is unknown; use "
+                           f"{', '.join(POLICIES)}")
     return POLICIES[name]
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,25 @@ FP32_MAX = 3.4028234663852886e38
 # (115 days) the number no longer fits the C++ timeouts it becomes.
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e7
 MAX_BUCKET_MB = 1 << 20  # a terabyte: past any model's gradients
+
+
+NO_VALUE: Any = object()  # a message names a field alone, without its value
+
+
+class FlagNames:
+    """How a rule names the value it refuses: by the flag that sets it, keyed by the flag's
+    flat key (`lr`, `checkpoint_every`): `of("lr", -1)` is `--lr -1`. A run file names its
+    own values by their TOML keys instead (`run_file.RunFileNames`)."""
+
+    def of(self, key: str, value: Any = NO_VALUE) -> str:
+        name = "--" + key.replace("_", "-")
+        return name if value is NO_VALUE else f"{name} {value}"
+
+
+FLAG_NAMES = FlagNames()
+# What 0 means for the counts that may be 0
+ZERO_MEANS = {"checkpoint_every": "save only at the end", "keep": "keep all",
+              "eval_every": "never evaluate"}
 
 
 @dataclass(frozen=True)
@@ -199,81 +219,89 @@ class RunConfig:
         return dataclasses.replace(self, **replaced,
                                    layout=layout.replace(**changes.get("layout", {})))
 
-    def check(self) -> None:
-        """Every rule a value must keep, as a one-line error naming its flag."""
+    def check(self, names: FlagNames | None = None) -> None:
+        """Every rule a value must keep, as a one-line error naming where the value came
+        from: its flag (`--lr -1`), or a run file's key (`names`, `run_file.RunFileNames`)."""
         train, opt, ckpt = self.train, self.optimizer, self.checkpoint
+        of = (names or FLAG_NAMES).of
         if train.steps > 10**12:  # a trillion steps: past any run, and past int64 sums
-            raise ParaxisError(f"--steps {train.steps} is over 10**12; give a real step count")
+            raise ParaxisError(f"{of('steps', train.steps)} is over 10**12; give a real step "
+                               "count")
         if train.steps < 1:
-            raise ParaxisError(f"--steps {train.steps} must be at least 1")
+            raise ParaxisError(f"{of('steps', train.steps)} must be at least 1")
         if train.seq_len < 1:
-            raise ParaxisError(f"--seq-len {train.seq_len} must be at least 1")
+            raise ParaxisError(f"{of('seq_len', train.seq_len)} must be at least 1")
         if not opt.lr > 0 or not math.isfinite(opt.lr):
-            raise ParaxisError(f"--lr {opt.lr} must be a positive number")
+            raise ParaxisError(f"{of('lr', opt.lr)} must be a positive number")
         if opt.lr > FP32_MAX / 10:  # AdamW's first step is lr / (1 - beta1) (Kingma & Ba, alg. 1)
-            raise ParaxisError(f"--lr {opt.lr:g} overflows fp32 in AdamW's first update; "
+            raise ParaxisError(f"{of('lr', opt.lr)} overflows fp32 in AdamW's first update; "
                                "typical values are 1e-4 to 1e-2")
         if opt.grad_clip < 0:
-            raise ParaxisError(f"--grad-clip {opt.grad_clip} must be >= 0 (0 turns it off)")
+            raise ParaxisError(f"{of('grad_clip', opt.grad_clip)} must be >= 0 (0 turns it off)")
         if opt.warmup_steps < 0:
-            raise ParaxisError(f"--warmup {opt.warmup_steps} must be >= 0")
-        if ckpt.every < 0 or ckpt.keep < 0:
-            raise ParaxisError("--checkpoint-every and --keep must be >= 0")
-        if self.eval.every < 0 or self.eval.batches < 1:
-            raise ParaxisError("--eval-every must be >= 0 and --eval-batches >= 1")
+            raise ParaxisError(f"{of('warmup', opt.warmup_steps)} must be >= 0")
+        for key, count in (("checkpoint_every", ckpt.every), ("keep", ckpt.keep),
+                           ("eval_every", self.eval.every)):
+            if count < 0:
+                raise ParaxisError(f"{of(key, count)} must be >= 0 (0: {ZERO_MEANS[key]})")
+        if self.eval.batches < 1:
+            raise ParaxisError(f"{of('eval_batches', self.eval.batches)} must be at least 1")
         unset = CheckpointSection()  # a value other than the default was asked for
-        for flag, given in (("--checkpoint-every", ckpt.every != unset.every),
-                            ("--keep", ckpt.keep != unset.keep)):
+        for key, given in (("checkpoint_every", ckpt.every != unset.every),
+                           ("keep", ckpt.keep != unset.keep)):
             if given and not ckpt.dir:  # as --exit-after: nothing would be saved
-                raise ParaxisError(f"{flag} needs --checkpoint-dir (where the checkpoints go); "
-                                   "add it, or leave the flag out")
+                raise ParaxisError(f"{of(key)} needs --checkpoint-dir (where the checkpoints "
+                                   "go); add it, or leave the flag out")
+        check_evaluation(self, of)
         if ckpt.exit_after is not None and ckpt.exit_after < 1:
-            raise ParaxisError(f"--exit-after {ckpt.exit_after} must be at least 1")
+            raise ParaxisError(f"{of('exit_after', ckpt.exit_after)} must be at least 1")
         if ckpt.exit_after is not None and ckpt.exit_after > train.steps:  # never reached
-            raise ParaxisError(f"--exit-after {ckpt.exit_after} is past --steps {train.steps}, "
-                               "where the run ends first; give a step before it, or leave "
-                               "the flag out")
+            raise ParaxisError(f"{of('exit_after', ckpt.exit_after)} is past --steps "
+                               f"{train.steps}, where the run ends first; give a step before "
+                               "it, or leave the flag out")
         if self.launch.max_restarts < 0:
-            raise ParaxisError(f"--max-restarts {self.launch.max_restarts} must be >= 0")
+            raise ParaxisError(f"{of('max_restarts', self.launch.max_restarts)} must be >= 0")
         if self.launch.max_restarts and not ckpt.dir:
-            raise ParaxisError("--max-restarts needs --checkpoint-dir: a restart resumes from "
-                               "the newest checkpoint there")
+            raise ParaxisError(f"{of('max_restarts')} needs --checkpoint-dir: a restart "
+                               "resumes from the newest checkpoint there")
         if ckpt.resume and ckpt.init_from:
             raise ParaxisError("give --resume (continue a run) or --init-from (start from its "
                                "weights), not both")
         if ckpt.resume == "auto" and not ckpt.dir:
-            raise ParaxisError("--resume auto needs --checkpoint-dir (where to look)")
-        get_policy(train.precision)  # an unknown name: the one-line error
-        for flag, value in (("--global-batch", train.global_batch),
-                            ("--log-every", self.logging.log_every),
-                            ("--nproc", self.launch.nproc)):
+            raise ParaxisError(f"{of('resume', ckpt.resume)} needs --checkpoint-dir (where to "
+                               "look)")
+        get_policy(train.precision, of("precision", train.precision))
+        for key, value in (("global_batch", train.global_batch),
+                           ("log_every", self.logging.log_every),
+                           ("nproc", self.launch.nproc)):
             if value < 1:
-                raise ParaxisError(f"{flag} {value} must be at least 1")
+                raise ParaxisError(f"{of(key, value)} must be at least 1")
         if not 0 <= opt.weight_decay < math.inf:
-            raise ParaxisError(f"--weight-decay {opt.weight_decay} must be a number >= 0 (0 turns "
-                               "it off; typical: 0.1)")
-        for flag, beta in (("--adam-beta1", opt.adam_beta1), ("--adam-beta2", opt.adam_beta2)):
+            raise ParaxisError(f"{of('weight_decay', opt.weight_decay)} must be a number >= 0 "
+                               "(0 turns it off; typical: 0.1)")
+        for key, beta in (("adam_beta1", opt.adam_beta1), ("adam_beta2", opt.adam_beta2)):
             if not 0 <= beta < 1:
-                raise ParaxisError(f"{flag} {beta} must be in [0, 1) (typical: 0.9, 0.95)")
+                raise ParaxisError(f"{of(key, beta)} must be in [0, 1) (typical: 0.9, 0.95)")
         if not 0 < opt.adam_eps < 1:
-            raise ParaxisError(f"--adam-eps {opt.adam_eps} must be a small positive number "
+            raise ParaxisError(f"{of('adam_eps', opt.adam_eps)} must be a small positive number "
                                "(typical: 1e-8)")
         if not 0 <= opt.min_lr_ratio <= 1:
-            raise ParaxisError(f"min_lr_ratio {opt.min_lr_ratio} must be between 0 and 1 (the "
-                               "final learning rate as a fraction of --lr)")
+            raise ParaxisError(f"{of('min_lr_ratio', opt.min_lr_ratio)} must be between 0 and "
+                               "1 (the final learning rate as a fraction of --lr)")
         check_compile(self.layout.schedule, train.compile)
         if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
-            raise ParaxisError(f"--bucket-mb {train.bucket_mb} must be a positive number of MiB "
-                               f"up to {MAX_BUCKET_MB:,} (DDP uses 25)")
+            raise ParaxisError(f"{of('bucket_mb', train.bucket_mb)} must be a positive number "
+                               f"of MiB up to {MAX_BUCKET_MB:,} (DDP uses 25)")
         if not MIN_TIMEOUT_S <= train.timeout_s <= MAX_TIMEOUT_S:
-            raise ParaxisError(f"--timeout-s {train.timeout_s} must be a positive number of "
-                               f"seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,.0f} (default 600)")
+            raise ParaxisError(f"{of('timeout_s', train.timeout_s)} must be a positive number "
+                               f"of seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,.0f} (default "
+                               "600)")
         if train.on_nan not in POLICIES:
-            raise ParaxisError(f"--on-nan {train.on_nan} is unknown; use "
+            raise ParaxisError(f"{of('on_nan', train.on_nan)} is unknown; use "
                                f"{' or '.join(POLICIES)}")
         if self.logging.metrics_file:
-            check_writable(Path(self.logging.metrics_file), "--metrics-file")
-        check_late_failures(self)
+            check_writable(Path(self.logging.metrics_file), of("metrics_file"))
+        check_late_failures(self, of)
 
 
 # ------------------------------------------------------------------ derived: the facts
@@ -334,7 +362,8 @@ def _flag_table() -> dict[str, tuple[str, str]]:
 FLAGS = _flag_table()
 
 
-def check_late_failures(cfg: RunConfig) -> None:
+def check_late_failures(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of
+                        ) -> None:
     """Values that used to fail late, after training had started (a traceback at the first
     save), or to be silently ignored, refused before anything is created: one-line errors for the
     seed, gradient clip, peak TFLOP/s, --memory-gb and
@@ -343,24 +372,24 @@ def check_late_failures(cfg: RunConfig) -> None:
     and every folder the run will write."""
     train, opt, ckpt, log = cfg.train, cfg.optimizer, cfg.checkpoint, cfg.logging
     if not 0 <= train.seed < 2**63:  # torch.manual_seed takes a signed 64-bit integer
-        raise ParaxisError(f"--seed {train.seed} must be between 0 and 2**63 - 1 (numpy's "
+        raise ParaxisError(f"{of('seed', train.seed)} must be between 0 and 2**63 - 1 (numpy's "
                            "and torch's generators take non-negative 64-bit seeds)")
     if not opt.grad_clip >= 0 or opt.grad_clip == math.inf:
-        raise ParaxisError(f"--grad-clip {opt.grad_clip} must be a finite number >= 0 "
+        raise ParaxisError(f"{of('grad_clip', opt.grad_clip)} must be a finite number >= 0 "
                            "(0 turns it off)")
     if log.peak_tflops is not None and not 0 < log.peak_tflops < math.inf:
-        raise ParaxisError(f"--peak-tflops {log.peak_tflops} must be a positive number "
+        raise ParaxisError(f"{of('peak_tflops', log.peak_tflops)} must be a positive number "
                            "(one device's peak, e.g. 989 for an H100's bf16)")
-    for flag, value, unit in (("--memory-gb", cfg.auto.memory_gb, "GB per rank"),
-                              ("--predicted-step-s", cfg.auto.predicted_step_s, "seconds")):
+    for key, value, unit in (("memory_gb", cfg.auto.memory_gb, "GB per rank"),
+                             ("predicted_step_s", cfg.auto.predicted_step_s, "seconds")):
         if value is not None and not 0 < value < math.inf:  # with or without --layout auto
-            raise ParaxisError(f"{flag} {value} must be a positive number of {unit}; leave "
+            raise ParaxisError(f"{of(key, value)} must be a positive number of {unit}; leave "
                                "the flag out for the default")
     if ckpt.exit_after is not None and not ckpt.dir:
-        raise ParaxisError("--exit-after needs --checkpoint-dir: it stops with a "
+        raise ParaxisError(f"{of('exit_after')} needs --checkpoint-dir: it stops with a "
                            "checkpoint to continue from")
     if cfg.data.prefetch < 0:
-        raise ParaxisError(f"--prefetch {cfg.data.prefetch} must be >= 0 (0: no read-ahead)")
+        raise ParaxisError(f"{of('prefetch', cfg.data.prefetch)} must be >= 0 (0: no read-ahead)")
     layout = cfg.layout
     if layout.pp == 1 and (layout.schedule == "interleaved" or layout.virtual_stages > 1):
         raise ParaxisError(f"schedule={layout.schedule} needs pp > 1 (it runs "
@@ -369,22 +398,31 @@ def check_late_failures(cfg: RunConfig) -> None:
                            "schedule=1f1b")
     unset = Layout()  # a value other than the default was asked for
     if layout.cp == 1 and layout.cp_attention != unset.cp_attention:
-        raise ParaxisError(f"--cp-attention {layout.cp_attention} says how K/V reach the "
+        raise ParaxisError(f"{of('cp_attention', layout.cp_attention)} says how K/V reach the "
                            "queries across cp ranks, and cp = 1; add --cp N, or leave it out")
     if layout.zero3_reshard != unset.zero3_reshard and not (layout.zero == 3 and layout.pp > 1):
-        raise ParaxisError(f"--zero3-reshard {layout.zero3_reshard} applies to ZeRO-3 under a "
+        raise ParaxisError(f"{of('zero3_reshard', layout.zero3_reshard)} applies to ZeRO-3 under a "
                            "pipeline (--zero 3 with --pp 2 or more); leave it out")
     if not cfg.launch.rdzv_host.strip():
-        raise ParaxisError("--rdzv-host is empty; give the address the launcher's store "
+        raise ParaxisError(f"{of('rdzv_host')} is empty; give the address the launcher's store "
                            "listens on, e.g. 127.0.0.1")
-    for flag, given in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard),
-                        ("--metrics-file", log.metrics_file), ("--resume", ckpt.resume),
-                        ("--init-from", ckpt.init_from)):
+    for key, given in (("checkpoint_dir", ckpt.dir), ("tensorboard", log.tensorboard),
+                       ("metrics_file", log.metrics_file), ("resume", ckpt.resume),
+                       ("init_from", ckpt.init_from)):
         if given is not None and not given.strip():  # "" would write into the working folder
-            raise ParaxisError(f"{flag} is empty; give a path, or leave the flag out")
-    for flag, folder in (("--checkpoint-dir", ckpt.dir), ("--tensorboard", log.tensorboard)):
+            raise ParaxisError(f"{of(key)} is empty; give a path, or leave the flag out")
+    for key, folder in (("checkpoint_dir", ckpt.dir), ("tensorboard", log.tensorboard)):
         if folder:
-            check_writable_folder(Path(folder), flag)
+            check_writable_folder(Path(folder), of(key))
             if log.metrics_file and Path(log.metrics_file).absolute() == Path(folder).absolute():
-                raise ParaxisError(f"--metrics-file {log.metrics_file} is also the {flag} "
-                                   "folder; give the metrics file another path")
+                raise ParaxisError(f"{of('metrics_file', log.metrics_file)} is also the "
+                                   f"{of(key)} folder; give the metrics file another path")
+
+
+def check_evaluation(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of) -> None:
+    """Held-out data is read only by evaluations: without --eval-every it would be silently
+    ignored. (--eval-batches is left alone: a config that turns evaluations off for a while
+    keeps its count.)"""
+    if cfg.data.val_path and not cfg.eval.every:
+        raise ParaxisError(f"{of('val_data', cfg.data.val_path)} is read only by evaluations, "
+                           "and --eval-every is 0 (never); add --eval-every N, or leave it out")

@@ -22,7 +22,7 @@ from paraxis.train.config import (
     meta,
     sections,
 )
-from paraxis.train.run_file import read_run_file
+from paraxis.train.run_file import read_run_file_named
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +67,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if hasattr(args, "removed_dtype"):
         raise ParaxisError(f"--dtype is now --precision (fp32, bf16, bf16-fp32grad, fp16; "
                            f"docs/precision.md): use --precision {args.removed_dtype}")
-    config = getattr(args, "config", None)
-    base = read_run_file(config) if config else RunConfig()
     given = {key: value for key, value in vars(args).items()
              if key in FLAGS or key in ("layout", "grad_accum")}
-    return base.with_flags(**given)
+    config = getattr(args, "config", None)
+    if not config:
+        return RunConfig().with_flags(**given)  # checked where the run starts
+    base, names = read_run_file_named(config)
+    cfg = base.with_flags(**given)
+    cfg.check(names.overridden(given))  # now, while it knows which values the file set
+    return cfg

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from paraxis.dist.groups import restart_attempt
 from paraxis.files.checkpoint_manifest import check_model, read_manifest
-from paraxis.files.checkpoint_ownership import RunIdentity
+from paraxis.files.checkpoint_ownership import RunIdentity, read_identity
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
@@ -39,14 +39,34 @@ if TYPE_CHECKING:
 def resume_source(cfg: RunConfig) -> Path | None:
     """The checkpoint this run continues (None: it starts fresh or from --init-from)."""
     ckpt = cfg.checkpoint
-    saved = complete_checkpoints(Path(ckpt.dir)) if ckpt.dir else []
-    if restart_attempt() > 0 and saved:
-        return saved[-1][1]
+    newest = newest_of_the_folder(Path(ckpt.dir)) if ckpt.dir else None
+    if restart_attempt() > 0 and newest:
+        return newest[1]
     if ckpt.init_from or not ckpt.resume:
         return None
     if ckpt.resume == "auto":
-        return saved[-1][1] if saved else None  # nothing saved yet: a fresh start
+        return newest[1] if newest else None  # nothing saved yet: a fresh start
     return resolve(ckpt.resume)
+
+
+def newest_of_the_folder(folder: Path) -> tuple[int, Path] | None:
+    """The newest complete checkpoint in --checkpoint-dir, what `--resume auto` and a restart
+    continue (None: none yet). One written by another run than the folder's owner (run.json),
+    as a step copied in from elsewhere, is refused: it would continue that run, whose seed,
+    batch and data are not this folder's."""
+    saved = complete_checkpoints(folder)
+    if not saved:
+        return None
+    step, path = saved[-1]
+    owner = (read_identity(folder) or {}).get("id")
+    writer = (read_manifest(path).get("run") or {}).get("id")
+    if owner and writer and writer != owner:
+        raise ParaxisError(f"the newest checkpoint in {folder}, {path.name}, belongs to run "
+                           f"{writer}, not to run {owner} that owns the folder (its run.json); "
+                           f"move {path.name} out of {folder} to continue run {owner}, or "
+                           f"continue run {writer} with --resume {path} and another "
+                           "--checkpoint-dir")
+    return step, path
 
 
 def already_complete(cfg: RunConfig) -> str | None:
@@ -56,11 +76,10 @@ def already_complete(cfg: RunConfig) -> str | None:
     ckpt = cfg.checkpoint
     if ckpt.resume != "auto" or not ckpt.dir:
         return None
-    saved = complete_checkpoints(Path(ckpt.dir))
-    if not saved or saved[-1][0] < cfg.train.steps:
+    newest = newest_of_the_folder(Path(ckpt.dir))  # its manifest read: the step its name says
+    if not newest or newest[0] < cfg.train.steps:
         return None
-    step, path = saved[-1]
-    read_manifest(path)  # the step its name says, before the run is called complete
+    step, path = newest
     return (f"{path} is at step {step} of --steps {cfg.train.steps}: the run is complete, "
             "nothing to train (raise --steps to train further)")
 

@@ -6,16 +6,54 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.auto_config import expand_run_file
-from paraxis.train.config import RunConfig, field_type, sections
+from paraxis.train.config import (
+    FLAGS,
+    NO_VALUE,
+    FlagNames,
+    RunConfig,
+    field_type,
+    flag_key,
+    sections,
+)
+
+
+class RunFileNames(FlagNames):
+    """A run file's values named as the file writes them (`run.toml: [optimizer] lr = -1`),
+    so that a rule's error points at the line to fix, not at a flag nobody gave; a value a
+    flag overrode keeps its flag's name. Keys are flat flag keys (`checkpoint_every`)."""
+
+    def __init__(self, path: Path, keys: Collection[str]) -> None:
+        self.path, self.keys = path, frozenset(keys)
+
+    def of(self, key: str, value: Any = NO_VALUE) -> str:
+        if key not in self.keys:
+            return super().of(key, value)
+        section, name = FLAGS[key]
+        shown = "" if value is NO_VALUE else f" = {_toml_value(value)}"
+        return f"{self.path}: [{section}] {name}{shown}"
+
+    def overridden(self, flags: Collection[str]) -> RunFileNames:
+        """These names less the values `flags` replaced (`RunConfig.with_flags`: --layout
+        replaces the whole layout and its auto switch, --grad-accum is --microbatches)."""
+        gone = set(flags) | ({"microbatches"} if "grad_accum" in flags else set())
+        if "layout" in flags:
+            gone |= {key for key, (section, _) in FLAGS.items() if section in ("layout", "auto")}
+        return RunFileNames(self.path, self.keys - gone)
 
 
 def read_run_file(path: str | Path) -> RunConfig:
     """A TOML run file -> RunConfig (defaults for what it leaves out)."""
+    return read_run_file_named(path)[0]
+
+
+def read_run_file_named(path: str | Path) -> tuple[RunConfig, RunFileNames]:
+    """A TOML run file -> RunConfig, and the names of the values it set (`RunFileNames`)."""
     path = Path(path)
     if path.is_dir():
         raise ParaxisError(f"config file {path} is a folder; give a .toml run file (examples/ "
@@ -41,6 +79,7 @@ def read_run_file(path: str | Path) -> RunConfig:
     known = sections()
     doc = expand_run_file(doc)  # `layout = "auto"` atop the file: the planner picks
     values: dict[str, Any] = {}
+    keys: list[str] = []
     for section, table in doc.items():
         if section not in known:
             raise ParaxisError(f"{path}: unknown section [{section}]; known: "
@@ -58,8 +97,9 @@ def read_run_file(path: str | Path) -> RunConfig:
                                f"{', '.join(fields)}")
         for key, value in table.items():
             _check_type(path, section, key, value, field_type(cls, key), fields[key].default)
+            keys.append(flag_key(section, fields[key]))
         values[section] = cls(**table)
-    return RunConfig(**values)
+    return RunConfig(**values), RunFileNames(path, keys)
 
 
 EXAMPLES = {str: "runs/metrics.jsonl", int: 5, float: 400.0, bool: True}

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from paraxis.data.blend import load_run_data
 from paraxis.dist.launch import (
     check_cuda_ranks,
+    check_host_memory,
     check_rank_environment,
     launch,
     warn_if_oversubscribed,
@@ -46,6 +47,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
             cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
         cfg.check()
+        check_host_memory(nproc)  # first: a mistyped count must not wait for the data
         train_cfg = cfg.train
         model_cfg = load_model_config(cfg.model.name)
         cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
@@ -66,7 +68,8 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         with claim_folder(cfg, data) or contextlib.nullcontext():
             launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
                    max_restarts=cfg.launch.max_restarts, debug=debug,
-                   timeout_s=train_cfg.timeout_s, device=train_cfg.device)
+                   timeout_s=train_cfg.timeout_s, device=train_cfg.device,
+                   checkpoint_dir=cfg.checkpoint.dir)
         return 0
     if not launched and cfg.layout.world_size > 1:
         lay, n = cfg.layout, cfg.layout.world_size
