@@ -55,6 +55,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "positive number", False),
     ("memory-params-negative-exponent", ["memory", "--params", "-7e9"], "--params -7e+09",
      "must be at least 1", False),
+    # --- a world no layout can split: quick (divisors in sqrt time), one reason per rule
+    ("plan-gpus-a-hundred-million", ["plan", "--model", "tiny", "--gpus", "100000000"],
+     "global batch 1024 does not split over dp=100000000", "attention heads", False),
     # --- empty text that meant the working folder or the default, unsaid
     ("train-model-empty", [*TRAIN, "--model", ""], "--model is empty", "give a preset", False),
     ("plan-model-empty", ["plan", "--model", ""], "--model is empty", "leave the flag out",

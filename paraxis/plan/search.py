@@ -14,6 +14,7 @@ only until one fits (a larger group sends more of every all-to-all over the netw
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from paraxis.plan.context import MIN_CP_TOKENS
@@ -200,7 +201,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 for ep in _ep_degrees(cfg, dp * cp, c)
                                 for split in _expert_splits(cfg, tp, c)]
     if not axis_shapes:
-        reasons = "; ".join(sorted({r.reason for r in result.rule_breakers})[:3])
+        # one of each rule broken (the same rule at other degrees says nothing new)
+        kinds: dict[str, str] = {}
+        for reason in sorted({r.reason for r in result.rule_breakers}):
+            kinds.setdefault(re.sub(r"\d+", "N", reason), reason)
+        reasons = "; ".join(list(kinds.values())[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
             raise ParaxisError(_why_no_shape(c, world, cluster.gpus_per_node))
         raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "

@@ -81,7 +81,8 @@ def expert_dp_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
 
 def divisors(n: int) -> list[int]:
     """The whole numbers that divide n: the degrees an axis of n ranks (or n heads) can take."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]  # pairs d, n / d
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def divisors_text(n: int) -> str:
