@@ -367,6 +367,18 @@ def test_the_planner_never_prints_a_fitting_layout_above_its_gpu(capsys):
 # ------------------------------------------------------------- pictures and sections
 
 
+def _contrast(first: str, second: str) -> float:
+    """WCAG 2 contrast ratio of two CSS "rgb(r, g, b)" colours."""
+    def luminance(css: str) -> float:
+        inside = css[css.index("(") + 1:].rstrip(")")
+        channels = [float(v) / 255 for v in inside.split(",")[:3]]
+        linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+                  for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    light, dark = sorted((luminance(first), luminance(second)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
 def test_moe_bars_have_a_colour_legend(browser):
     for ep, cf in ((2, 1.0), (8, 1.0)):
         slide(browser, "moe-ep", X.EP_DEGREES, ep)
@@ -383,6 +395,12 @@ def test_moe_bars_have_a_colour_legend(browser):
                 "'fill'))", rank)
             assert fills and set(fills) == {colour}
         assert legend[-1][0] == "moe-legend-dropped"
+        # every chip's text readable on its colour (WCAG contrast of at least 3:1)
+        pairs = browser.execute_script(
+            "return [...document.querySelectorAll('#moe-legend span')].map((s) => {"
+            "const c = getComputedStyle(s); return [c.color, c.backgroundColor]; })")
+        for text_colour, background in pairs:
+            assert _contrast(text_colour, background) >= 3, (text_colour, background)
         drops = browser.execute_script(
             "return [...document.querySelectorAll('#moe-bars [id^=moe-drop-]')].map("
             "(b) => b.getAttribute('stroke-dasharray'))")

@@ -189,13 +189,21 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     el("text", {x: 0, y: mean + 4, class: "tick"}, bars, "mean");
   }
 
+  // dark text on a light colour (yellow, sky, orange), white on a dark one: the sRGB
+  // luminance decides, so every chip stays readable
+  function textOn(hex) {
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16) / 255);
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 ? "#212529" : "#fff";
+  }
+
   // what the bars' colours mean, for the ranks of this setting
   function drawLegend() {
     const legend = $("moe-legend");
     legend.innerHTML = "";
     for (let rank = 0; rank < epS.get(); rank++) {
       el("span", {id: "moe-legend-" + rank, "data-colour": colour(rank),
-        style: "background:" + colour(rank)}, legend, "rank " + rank + "'s tokens");
+        style: "background:" + colour(rank) + "; color:" + textOn(colour(rank))}, legend,
+        "rank " + rank + "'s tokens");
     }
     el("span", {id: "moe-legend-dropped", style: "background: #fff; color: " + DROPPED +
       "; border: 1.5px dashed " + DROPPED}, legend, "dropped: over the capacity");
