@@ -192,8 +192,8 @@ def _states_body(ctx: RankContext) -> tuple[int, int]:
 def test_states_are_sharded_within_the_shard_group_only():
     """ZeRO-1 over 8 ranks holds 1/8 of AdamW's moments per rank, within groups of 4 a
     quarter: twice as much (the pad of each bucket aside)."""
-    for plain, hybrid in run_on_ranks(8, _states_body, timeout_s=120)[0:1]:
-        assert hybrid == pytest.approx(2 * plain, rel=0.01)
+    plain, hybrid = run_on_ranks(8, _states_body, timeout_s=120)[0]  # rank 0's
+    assert hybrid == pytest.approx(2 * plain, rel=0.01)
 
 
 # ------------------------------------------------------------------------------ planner
@@ -215,6 +215,22 @@ def test_planner_states_shard_within_the_group():
     plain_over_8 = layout_memory(cfg, Layout(dp=8, zero=3), 4096, 1)
     for key in ("params", "grads", "optimizer"):
         assert hybrid[key] == plain_over_8[key]
+
+
+@pytest.mark.parametrize("text", ["dp=4,dp_shard=2,tp=2,zero=1", "dp=8,dp_shard=4,cp=2,zero=3",
+                                  "dp=4,dp_shard=2,cp=2,ep=2,pp=2,zero=2"])
+def test_planner_groups_are_the_layouts(text):
+    """The planner's rank-0 groups (kept fast for the search) are `Layout.groups`' first,
+    the groups the runtime builds."""
+    from paraxis.plan.context import hybrid_group_ranks
+
+    layout = Layout.parse(text)
+    degrees = tuple(layout.degrees.items())
+    shard = hybrid_group_ranks(degrees, layout.shard_size, "shard")
+    assert list(shard) == layout.groups("dp_shard")[0]
+    assert list(hybrid_group_ranks(degrees, layout.shard_size, "copies")) == \
+        layout.groups("dp_replicate")[0]
+    assert list(shard[::layout.ep]) == layout.groups("expert_shard")[0]
 
 
 def test_planner_prices_the_copies_all_reduce_on_their_own_link():

@@ -11,6 +11,7 @@ with one line saying how to install them.
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from selenium.webdriver.common.action_chains import ActionChains
@@ -61,11 +62,28 @@ def skip_without_browser() -> None:
         pytest.skip(f"the lab's browser tests: {missing}, then make test")
 
 
+def open_lab(page: Path, **size: int):
+    """A headless browser on the lab page `page` (skips where no browser is installed)."""
+    skip_without_browser()
+    driver = open_browser(**{"height": 1400, **size})
+    driver.get(page.resolve().as_uri())
+    return driver
+
+
+def show_pipeline(driver, kind: str, stages: int, microbatches: int, virtual: int = 2,
+                  slow: int | None = None) -> None:
+    """Set the pipeline widget: schedule kind, P, M, chunks (interleaved) and slow stage."""
+    driver.find_element("css selector", f"#pipe-kinds button[data-kind='{kind}']").click()
+    slide(driver, "pipe-stages", STAGES, stages)
+    slide(driver, "pipe-mb", MICROBATCHES, microbatches)
+    if kind == "interleaved":
+        slide(driver, "pipe-virtual", INTERLEAVED_VIRTUAL, virtual)
+    choose(driver, "pipe-slow", "none" if slow is None else slow)
+
+
 @pytest.fixture(scope="module")
 def browser(page):
-    skip_without_browser()
-    driver = open_browser(height=1400)
-    driver.get(page.resolve().as_uri())
+    driver = open_lab(page)
     yield driver
     driver.quit()
 
@@ -263,14 +281,8 @@ def test_tensor_parallel_mlp(browser):
 
 
 def test_pipeline_schedules(browser):
-    def show(kind: str, stages: int, microbatches: int, virtual: int = 1,
-             slow: int | None = None) -> None:
-        browser.find_element("css selector", f"#pipe-kinds button[data-kind='{kind}']").click()
-        slide(browser, "pipe-stages", STAGES, stages)
-        slide(browser, "pipe-mb", MICROBATCHES, microbatches)
-        if kind == "interleaved":
-            slide(browser, "pipe-virtual", INTERLEAVED_VIRTUAL, virtual)
-        choose(browser, "pipe-slow", "none" if slow is None else slow)
+    def show(*setting) -> None:
+        show_pipeline(browser, *setting)
 
     show("gpipe", 4, 4)
     assert text(browser, "pipe-bubble") == "3/7 = 42.9%"

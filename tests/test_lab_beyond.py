@@ -15,7 +15,6 @@ from paraxis.plan.comm import Link
 from paraxis.plan.context import cp_layer_times, wire_bytes_per_rank
 from paraxis.show.lab import context_facts as C
 from paraxis.show.lab import expert_facts as X
-from paraxis.show.lab.browser import open_browser
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.show.viz.context import blocks_text, contiguous_pairs
 from paraxis.spec.cp_balance import (
@@ -28,7 +27,7 @@ from paraxis.spec.cp_balance import (
 )
 from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix, uniform_send_matrix
 from paraxis.spec.model_config import PRESETS
-from tests.test_lab import click, skip_without_browser, slide, text
+from tests.test_lab import click, open_lab, slide, text
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +38,7 @@ def data():
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, data):
     """The page in its own headless session (tests/test_lab.py has its own)."""
-    skip_without_browser()
-    driver = open_browser(height=1400)
-    driver.get(write_lab(tmp_path_factory.mktemp("lab"), data).resolve().as_uri())
+    driver = open_lab(write_lab(tmp_path_factory.mktemp("lab"), data))
     yield driver
     driver.quit()
 

@@ -10,18 +10,15 @@ import pytest
 
 from paraxis.cli import main
 from paraxis.show.lab import facts as F
-from paraxis.show.lab.browser import open_browser
 from paraxis.show.lab.grid_facts import DEGREES
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.show.lab.schedule_facts import (
-    INTERLEAVED_VIRTUAL,
     MICROBATCHES,
-    STAGES,
     stage_cost_lists,
 )
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import build_schedule
-from tests.test_lab import choose, click, hover_rank, set_grid, skip_without_browser, slide, text
+from tests.test_lab import choose, click, hover_rank, open_lab, set_grid, show_pipeline, slide, text
 
 NARROW = 820  # px: a laptop window beside an editor
 
@@ -33,22 +30,10 @@ def data():
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, data):
-    skip_without_browser()
-    driver = open_browser(width=NARROW, height=1400)
-    driver.get(write_lab(tmp_path_factory.mktemp("lab"), data).resolve().as_uri())
+    driver = open_lab(write_lab(tmp_path_factory.mktemp("lab"), data), width=NARROW)
     yield driver
     assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
     driver.quit()
-
-
-def show(driver, kind: str, stages: int, microbatches: int, virtual: int = 2,
-         slow: int | None = None) -> None:
-    driver.find_element("css selector", f"#pipe-kinds button[data-kind='{kind}']").click()
-    slide(driver, "pipe-stages", STAGES, stages)
-    slide(driver, "pipe-mb", MICROBATCHES, microbatches)
-    if kind == "interleaved":
-        slide(driver, "pipe-virtual", INTERLEAVED_VIRTUAL, virtual)
-    choose(driver, "pipe-slow", "none" if slow is None else slow)
 
 
 def first_number(shown: str) -> float:
@@ -78,14 +63,14 @@ def test_fixed_batch_step_shrinks_as_microbatches_grow(browser):
         for stages in (2, 4, 8):
             steps = []
             for microbatches in (1, 2, 4, 8, 16):
-                show(browser, kind, stages, microbatches)
+                show_pipeline(browser, kind, stages, microbatches)
                 step = first_number(text(browser, "pipe-step"))
                 assert math.isclose(step, 3 * (microbatches + stages - 1) / microbatches,
                                     rel_tol=1e-3), (kind, stages, microbatches)
                 steps.append(step)
             assert steps == sorted(steps, reverse=True) and len(set(steps)) == len(steps)
     # and the timeline (in one microbatch's forward-times) is that step times M
-    show(browser, "gpipe", 4, 16)
+    show_pipeline(browser, "gpipe", 4, 16)
     assert first_number(text(browser, "pipe-makespan")) == 57
     assert first_number(text(browser, "pipe-step")) == pytest.approx(57 / 16, rel=1e-3)
 
@@ -94,7 +79,7 @@ def test_microbatch_overhead_puts_the_best_m_inside_the_range(browser, data):
     """With a fixed cost per microbatch the fixed batch's step has a minimum at an interior
     M; the widget names it, as a model."""
     overheads = data["pipeline"]["overheads"]
-    show(browser, "gpipe", 4, 4)
+    show_pipeline(browser, "gpipe", 4, 4)
     interior = 0
     for overhead in overheads:
         slide(browser, "pipe-overhead", overheads, overhead)
@@ -112,11 +97,11 @@ def test_microbatch_overhead_puts_the_best_m_inside_the_range(browser, data):
         interior += MICROBATCHES[0] < best < MICROBATCHES[-1]
     assert interior >= 2
     # interleaved needs M a multiple of P: the curve has only those points
-    show(browser, "interleaved", 4, 8, 2)
+    show_pipeline(browser, "interleaved", 4, 8, 2)
     points = browser.execute_script(
         "return [...document.querySelectorAll('#pipe-curve .point')].map((e) => +e.dataset.m)")
     assert points == [m for m in MICROBATCHES if m % 4 == 0]
-    show(browser, "interleaved", 5, 8, 2)  # no M on the slider is a multiple of 5
+    show_pipeline(browser, "interleaved", 5, 8, 2)  # no M on the slider is a multiple of 5
     assert "No M on the slider" in text(browser, "pipe-best")
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
@@ -197,14 +182,14 @@ def test_chunks_are_labelled_as_the_cli_labels_them_with_a_legend(browser, capsy
 
     for kind, stages, microbatches, virtual in (("interleaved", 4, 8, 2), ("zb-v", 4, 8, 2),
                                                 ("interleaved", 2, 4, 3)):
-        show(browser, kind, stages, microbatches, virtual)
+        show_pipeline(browser, kind, stages, microbatches, virtual)
         assert labels() == cli_rows(capsys, kind, stages, microbatches, virtual), kind
         chunks = legend()
         assert [c for c, _ in chunks] == ["abc"[c] for c in range(virtual)]
         for chunk, colour in chunks:
             assert fills(chunk) == {colour}, (kind, chunk)
         assert len({colour for _, colour in chunks}) == virtual  # a shade per chunk
-    show(browser, "1f1b", 4, 8)
+    show_pipeline(browser, "1f1b", 4, 8)
     assert labels() == cli_rows(capsys, "1f1b", 4, 8, 1)  # one chunk: no suffix
     assert legend() == []
 
@@ -222,7 +207,7 @@ def test_pipeline_drawing_fits_a_narrow_window(browser):
 
     assert browser.execute_script("return window.innerWidth") <= NARROW
     for kind, stages, microbatches in (("1f1b", 4, 8), ("gpipe", 8, 16), ("zb-v", 6, 12)):
-        show(browser, kind, stages, microbatches)
+        show_pipeline(browser, kind, stages, microbatches)
         assert last_op_inside(kind), kind
 
 

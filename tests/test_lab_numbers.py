@@ -22,10 +22,9 @@ from paraxis.show.lab import context_facts as C
 from paraxis.show.lab import expert_facts as X
 from paraxis.show.lab import facts as F
 from paraxis.show.lab import schedule_facts as S
-from paraxis.show.lab.browser import open_browser
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.spec.model_config import PRESETS
-from tests.test_lab import choose, click, set_grid, skip_without_browser, slide, text
+from tests.test_lab import choose, click, open_lab, set_grid, slide, text
 
 # The widgets this file reads, by section id.
 SECTIONS = ("w-scaling", "w-dp", "w-ring", "w-tp", "w-pipe", "w-zero", "w-grid", "w-faults",
@@ -41,9 +40,7 @@ def data():
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, data):
     """The page in its own headless session (the other lab tests have theirs)."""
-    skip_without_browser()
-    driver = open_browser(height=1400)
-    driver.get(write_lab(tmp_path_factory.mktemp("lab"), data).resolve().as_uri())
+    driver = open_lab(write_lab(tmp_path_factory.mktemp("lab"), data))
     yield driver
     driver.quit()
 
