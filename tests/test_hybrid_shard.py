@@ -4,8 +4,8 @@
   groups across them, experts inside a shard group; bad values are one-line errors.
 - Equivalence (fp32, 8 gloo ranks, one launch): ZeRO-1/2/3 sharded within groups of 2 or 4
   dp ranks, alone and with tp, pp (ZeRO-3 under a pipeline), cp and ep, train tiny models
-  like one device, loss and gradient norm step by step; bf16 and fp16 too, against the same
-  policy sharded over every dp rank.
+  like one device, loss and gradient norm step by step; bf16, bf16-fp32grad and fp16 too,
+  against the same policy sharded over every dp rank.
 - Checkpoints: a hybrid run's step-3 checkpoint is written once (one copy of every shard)
   and resumes in a plain ZeRO layout and on one device like the straight run; a plain run's
   checkpoint resumes in a hybrid layout.
@@ -113,6 +113,8 @@ HYBRID = [
     ("tiny", "dp=8,zero=3", "bf16"),
     ("tiny", "dp=8,dp_shard=4,zero=2", "fp16"),
     ("tiny", "dp=8,zero=2", "fp16"),
+    ("tiny", "dp=8,dp_shard=2,zero=1", "bf16-fp32grad"),
+    ("tiny", "dp=8,zero=1", "bf16-fp32grad"),
 ]
 
 
