@@ -101,7 +101,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         check_compile(layout.schedule, compile)
         check_compiler(device)
         for part in parts:
-            compile_blocks(part)
+            compile_blocks(part, head=layout.zero < 3)
     # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
     #    of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
@@ -114,15 +114,24 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     return PipelineEngine(parts, data_parallel, groups)
 
 
-def compile_blocks(part: Transformer) -> None:
+def compile_blocks(part: Transformer, head: bool = True) -> None:
     """`torch.compile` each block's computation, the block's own hooks outside it (ZeRO-3
     gathers parameters in them) and the TP collectives inside it eager
     (`tensor_parallel/comm.py` marks them): the graphs hold the matmuls, norms and
     elementwise work between communications. Blocks share one graph (parameters are its
-    inputs), so the compile costs about one graph per rank, forward and backward."""
+    inputs), so the compile costs about one graph per rank, forward and backward.
+
+    With `head`, the final norm, LM head and loss too (`Transformer.head`): compiled, the
+    loss's chunked passes over the logits become one fused kernel per chunk. ZeRO-3 hooks
+    the norm and the head themselves (each a unit), so there only the loss is compiled."""
     keep_collectives_eager()
     for block in part.blocks:
         block._forward = torch.compile(block._forward)
+    if part.has_head:
+        if head:
+            part.head = torch.compile(part.head)
+        else:
+            part.loss_fn.forward = torch.compile(part.loss_fn.forward)
 
 
 def check_compiler(device: torch.device) -> None:

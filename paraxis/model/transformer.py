@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paraxis.kernels.linear import project
 from paraxis.model.init_weights import init_parameter
 from paraxis.parallel.context.attention import context_parallel_attention
 from paraxis.parallel.context.chunks import positions as chunk_positions
@@ -99,7 +100,8 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.head_dim = cfg.head_dim
         bias = cfg.has_bias
-        # Separate q/k/v projections: splitting them by heads for TP is then a plain slice.
+        # Separate q/k/v weights: splitting them by heads for TP is then a plain slice; the
+        # forward runs them as one GEMM (`kernels.linear.project`).
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
         self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=bias)
         self.v = nn.Linear(cfg.d_model, cfg.kv_dim, bias=bias)
@@ -111,9 +113,8 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         # Head counts come from the projection widths, so a TP rank that holds a slice of the
         # heads runs this same code.
-        q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2)
+                   for t in project(x, [self.q, self.k, self.v]))
         if self.recompute_core and torch.is_grad_enabled():
             out = checkpoint(self._core, q, k, v, documents, use_reentrant=False)
         else:
@@ -173,7 +174,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
+            gate, up = project(x, [self.gate, self.up])  # one GEMM
+            return self.down(F.silu(gate) * up)
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
@@ -302,6 +304,11 @@ class Transformer(nn.Module):
                 x = block(x, documents)
         if not self.has_head:
             return x
+        return self.head(x, targets)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm, the LM head and, given targets, the loss: one region for
+        `--compile`, which fuses the loss's passes over the logits."""
         logits = self.logits(x)
         return logits if targets is None else self.loss_fn(logits, targets)
 

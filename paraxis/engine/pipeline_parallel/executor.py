@@ -225,9 +225,11 @@ class PipelineExecutor:
             x.requires_grad_()
         step.stage_inputs[key] = x
         with _autocast(step.device, step.autocast_dtype):
-            out = module(x, tokens=step.inputs[action.microbatch])
-            if here == self.last_virtual:
-                out = module.loss_fn(out, step.targets[action.microbatch])
+            if here != self.last_virtual:
+                out = module(x, tokens=step.inputs[action.microbatch])
+            else:  # the head's part returns the loss (`Transformer.head`)
+                out = module(x, step.targets[action.microbatch],
+                             tokens=step.inputs[action.microbatch])
                 if step.loss_weights is not None:
                     out = weigh(out, step.loss_weights[action.microbatch])
                 out = out / len(step.inputs)

@@ -163,8 +163,9 @@ def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
 
 
 def set_optimizer_steps(optimizer: torch.optim.Optimizer, steps: int) -> None:
-    for per_tensor in optimizer.state.values():
-        per_tensor["step"] = torch.tensor(float(steps))
+    for param, per_tensor in optimizer.state.items():
+        # on the parameter's device, where the fused AdamW kernel reads it
+        per_tensor["step"] = torch.tensor(float(steps), device=param.device)
 
 
 class LossScale(Protocol):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from paraxis.kernels.linear import linear
 from paraxis.parallel.tensor.comm import (
     copy_to_tp,
     gather_from_sequence,
@@ -97,7 +98,13 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enter_region:
             x = enter_tp_region(x, self.group, self.sequence_parallel)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
+
+    @property
+    def stackable(self) -> bool:
+        """Whether siblings sharing its input may run in one GEMM with it
+        (`kernels.linear.project`): only when the parent entered the TP region for them."""
+        return not self.enter_region
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} (local), "
@@ -136,7 +143,7 @@ class RowParallelLinear(nn.Module):
         return cls(weight, linear.bias, group, sequence_parallel, leave_region)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight)
         if self.leave_region:  # else the parent sums the partial outputs (ExpertsRegion)
             y = leave_tp_region(y, self.group, self.sequence_parallel)
         if self.bias is None:

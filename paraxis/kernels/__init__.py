@@ -1,0 +1,2 @@
+"""The compute kernels the model and the parallel layers share: one entry for every GEMM
+(`linear`), so a precision that changes how matmuls run (FP8) changes it in one place."""
