@@ -1,44 +1,57 @@
-"""One GPU: paraxis's single-device step in bf16, its MFU, and the planner's forecast of it.
+"""One GPU: paraxis's single-device step beside the best plain PyTorch and Hugging Face
+transformers, on the same shapes, batch, optimizer and clipping, in one run.
 
-The step is the one `paraxis train` runs on one device (the engine `build_engine` makes:
-forward, backward, clip, AdamW), under bf16 autocast; attention goes through
-`scaled_dot_product_attention`, which on a CUDA GPU with bf16 inputs picks the flash kernel.
-MFU is `plan.compute.mfu` (the planner's FLOP formula, the one the runtime logs) over the
-device's peak, found from its name (`paraxis.train.metrics.device_peak_flops`).
+The sides of every run (all listed here before any of them ran on a GPU):
 
-Beside each measured step stands `plan.cost.evaluate` for the same run: the GPU's preset
-with `kernels="eager"` (paraxis's elementwise ops run unfused), one device, the bf16 policy.
-The runs were listed here before any of them ran on a GPU (validation that counts is
-on data the model was not fitted to); nothing in the planner is fitted to them.
+- paraxis: the one-device engine `paraxis train` builds (bf16 parameters with fp32 masters,
+  AdamW, clipping at 1.0), eager;
+- paraxis --compile: the same engine with its blocks and head compiled;
+- reference: the compiled plain loop of `bench/reference.py` (one q/k/v GEMM, SDPA,
+  `F.cross_entropy`, fused AdamW, `torch.compile` of the whole model, bf16 autocast);
+- transformers: GPT2LMHeadModel or LlamaForCausalLM (SDPA attention) compiled, with the same
+  optimizer and clipping, where transformers is installed.
+
+Columns: tokens/s, the ratio to the best peer (reference or transformers), MFU
+(`plan.compute.mfu`, the planner's FLOP count over the device's peak), peak allocated
+memory, and CUDA kernels per step (torch.profiler, one step). Beside paraxis's rows stands
+`plan.cost.evaluate` for the same run on the GPU's preset: eager kernels for the eager side,
+fused ones for the compiled side; nothing in the planner is fitted to these runs.
 
 On a machine without CUDA the full-size part is not run (a CPU tells nothing about a GPU);
-`--quick` still runs the same code on the CPU at a tiny size, so it cannot rot.
+`--quick` runs every side on the CPU at a tiny size, uncompiled, so the code cannot rot.
 """
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable
+
 import torch
 
 from bench.common import engine_step, measure_steps, token_batch
+from bench.reference import Reference, hf_model, training_step
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name
 from paraxis.spec.layout import Layout
-from paraxis.spec.model_config import PRESETS
+from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM
 from paraxis.train.metrics import device_peak_flops
 
-# (model, sequences, tokens each): GPT-2 sizes from 124M to 1.5B, and one Llama-style
-# 8-layer slice of Llama 3 8B (GQA, SwiGLU, a 128K vocabulary) at 4K tokens.
-FULL = {"runs": [("gpt2-124m", 8, 1024), ("gpt2-124m", 16, 1024), ("gpt2-350m", 8, 1024),
-                 ("gpt2-774m", 8, 1024), ("gpt2-1.5b", 4, 1024), ("llama3-8b/8", 2, 4096)],
-        "steps": 20, "warmup": 5}
-QUICK = {"runs": [("tiny", 2, 64)], "steps": 2, "warmup": 1}
+# (model, sequences, tokens each): GPT-2 124M at two batches, and an 8-layer slice of
+# Llama 3 8B (GQA, SwiGLU, a 128K vocabulary) at 4K tokens.
+FULL = {"runs": [("gpt2-124m", 16, 1024), ("gpt2-124m", 8, 1024), ("llama3-8b/8", 2, 4096)],
+        "steps": 20, "warmup": 5, "compile": True}
+QUICK = {"runs": [("tiny", 2, 64), ("tiny-llama", 2, 64)], "steps": 2, "warmup": 1,
+         "compile": False}
+SIDES = ("paraxis", "paraxis --compile", "reference", "transformers")
+PEERS = ("reference", "transformers")
+CLIP = 1.0
 
 
-def model(name: str):
+def model(name: str) -> ModelConfig:
     """A preset, or "preset/L": the preset cut to its first L layers."""
     base, _, layers = name.partition("/")
     cfg = PRESETS[base]
@@ -61,81 +74,134 @@ def measure_all(device: torch.device, setting: dict) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     preset = gpu_for_device_name(name) if cuda else None
-    runs = []
-    for model_name, batch, seq in setting["runs"]:
-        runs.append(measure(device, model_name, batch, seq, setting, preset))
-        if cuda:
-            torch.cuda.empty_cache()
+    runs = [measure(device, model_name, batch, seq, setting, preset)
+            for model_name, batch, seq in setting["runs"]]
     return {"device": name, "preset": preset.name if preset else None,
-            "precision": "bf16 autocast, fp32 master weights and AdamW",
             "peak_flops": device_peak_flops(device), "steps": setting["steps"],
-            "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-            "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled() if cuda else False,
-            "runs": runs}
+            "compiled": setting["compile"], "torch": torch.__version__,
+            "cuda": torch.version.cuda if cuda else None, "runs": runs}
 
 
 def measure(device: torch.device, model_name: str, batch: int, seq: int, setting: dict,
             preset) -> dict:
+    """One run, every side in turn (each freed before the next is built)."""
     cfg = model(model_name)
-    layout = Layout()
-    engine = build_engine(cfg, layout, build_groups(layout), device, seed=0, precision="bf16")
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
-    step = engine_step(engine, x, y, clip=1.0)
-    measured = measure_steps(step, setting["steps"], setting["warmup"], device)
-    del engine, step, x, y
-    step_time = measured["step_time_s"]
-    tokens_per_s = batch * seq / step_time
+    sides = {}
+    for side in SIDES:
+        try:
+            sides[side] = measure_side(side, cfg, x, y, setting, device)
+        except Exception as error:  # one side failing (a compiler error) keeps the others
+            sides[side] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+        finally:
+            gc.collect()
+            torch._dynamo.reset()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     peak = device_peak_flops(device)
-    row = {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
-           "step_time_s": step_time, "tokens_per_s": tokens_per_s,
-           "mfu": mfu(cfg, seq, tokens_per_s, 1, peak) if peak else None,
-           "peak_memory_bytes": measured["peak_memory_bytes"] if device.type == "cuda" else None,
-           "planner_step_time_s": None, "planner_memory_bytes": None}
+    for result in sides.values():
+        if "tokens_per_s" in result:
+            result["mfu"] = mfu(cfg, seq, result["tokens_per_s"], 1, peak) if peak else None
+    best_peer = max((sides[p].get("tokens_per_s", 0.0) for p in PEERS), default=0.0)
+    for result in sides.values():
+        if "tokens_per_s" in result and best_peer:
+            result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
     if preset is not None:
-        cluster = build_cluster(preset.name, 1, 1, {"kernels": "eager"})
-        estimate = evaluate(cfg, layout, cluster, seq, batch, MIXED_ADAM)
-        row["planner_step_time_s"] = estimate.step_time_s
-        row["planner_memory_bytes"] = estimate.memory["total"]
-    return row
+        for side, kernels in (("paraxis", "eager"), ("paraxis --compile", "fused")):
+            estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1,
+                                                             {"kernels": kernels}),
+                                seq, batch, MIXED_ADAM)
+            sides[side]["planner_step_time_s"] = estimate.step_time_s
+            sides[side]["planner_memory_bytes"] = estimate.memory["total"]
+    return {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
+            "sides": sides}
+
+
+def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
+                 setting: dict, device: torch.device) -> dict:
+    step = build_side(side, cfg, x, y, setting["compile"], device)
+    if step is None:
+        return {"error": "transformers is not installed"}
+    measured = measure_steps(step, setting["steps"], setting["warmup"], device)
+    tokens = x.numel()
+    return {"step_time_s": measured["step_time_s"],
+            "tokens_per_s": tokens / measured["step_time_s"],
+            "peak_memory_bytes": measured["peak_memory_bytes"] if device.type == "cuda"
+            else None,
+            "kernels_per_step": kernels_per_step(step) if device.type == "cuda" else None}
+
+
+def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
+               compile: bool, device: torch.device) -> Callable[[], None] | None:
+    if side.startswith("paraxis"):
+        compiled = compile and side.endswith("--compile")
+        precision = "bf16" if device.type == "cuda" else "fp32"
+        engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
+                              precision=precision, compile=compiled)
+        return engine_step(engine, x, y, clip=CLIP)
+    if side == "reference":
+        return training_step(Reference(cfg).to(device), x, y, CLIP, compile=compile)
+    built = hf_model(cfg)
+    if built is None:
+        return None
+    hf, loss_of = built
+    return training_step(hf.to(device), x, y, CLIP, compile=compile, loss_of=loss_of)
+
+
+def kernels_per_step(step: Callable[[], None]) -> int:
+    """CUDA kernels one step launches (torch.profiler's device events)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
 
 
 def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**30:,.1f} GiB"
 
 
-def _error(measured: float, planned: float | None) -> str:
-    return "-" if planned is None else f"{planned / measured - 1:+.0%}"
-
-
 def render(section: dict) -> str:
-    head = "## One GPU: bf16 training steps, their MFU and the planner's forecast\n\n"
+    head = "## One GPU: paraxis beside the compiled reference and transformers\n\n"
     if "skipped" in section:
         return head + f"Not run: {section['skipped']}.\n"
     peak = section["peak_flops"]
     lines = [
-        head + "paraxis's one-device engine (`build_engine`: forward, backward, clip, AdamW) under "
-        "bf16 autocast on " + section["device"] + "; MFU is the planner's model FLOPs "
-        "(`plan.compute.mfu`) over the device's peak dense bf16 FLOP/s"
-        + (f" ({peak / 1e12:,.0f} TFLOP/s)" if peak else "") + ". The FLOPs count half of "
-        "the causal attention square (Megatron-LM's convention since 2025, see "
-        "docs/planner.md). Planner: `plan.cost.evaluate` on the "
-        f"{section['preset'] or '(none)'} preset with eager kernels; error = planner / "
-        "measured - 1. The runs were listed before any ran on a GPU; nothing is fitted to "
-        "them.", "",
-        "| model | batch x seq | step | tokens/s | MFU | planner step | error | peak memory "
-        "| planner memory |", "|---|---|---|---|---|---|---|---|---|"]
+        head + "One training step (forward, backward, clip at 1.0, AdamW) on "
+        + section["device"] + ", every side on the same batch: paraxis's one-device engine "
+        "(bf16 parameters, fp32 masters), eager and `--compile`; the compiled plain loop of "
+        "bench/reference.py; Hugging Face transformers compiled. Ratio: tokens/s over the "
+        "best peer's. MFU: the planner's model FLOPs (`plan.compute.mfu`) over the peak dense "
+        "bf16 FLOP/s" + (f" ({peak / 1e12:,.0f} TFLOP/s)" if peak else "") + ". Planner: "
+        f"`plan.cost.evaluate` on the {section['preset'] or '(none)'} preset; error = planner "
+        "/ measured - 1. The runs were listed before any ran on a GPU."
+        + ("" if section.get("compiled") else " Quick run on the CPU: nothing compiled, "
+           "fp32."), "",
+        "| run | side | step | tokens/s | ratio | MFU | peak memory | kernels/step "
+        "| planner step | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
-        planned = r["planner_step_time_s"]
-        lines.append(
-            f"| {r['model']} ({r['params'] / 1e6:,.0f}M) | {r['batch']} x {r['seq']} "
-            f"| {r['step_time_s'] * 1e3:,.1f} ms | {r['tokens_per_s']:,.0f} | "
-            + ("-" if r["mfu"] is None else f"{r['mfu']:.1%}")
-            + " | " + ("-" if planned is None else f"{planned * 1e3:,.1f} ms")
-            + f" | {_error(r['step_time_s'], planned)} | {_gib(r['peak_memory_bytes'])} "
-            f"| {_gib(r['planner_memory_bytes'])} |")
-    lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}, flash SDP enabled: "
-              f"{section['flash_sdp_enabled']}; median of {section['steps']} steps after "
-              "warm-up."]
+        run_name = f"{r['model']} ({r['params'] / 1e6:,.0f}M), {r['batch']} x {r['seq']}"
+        for side, s in r["sides"].items():
+            if "error" in s:
+                lines.append(f"| {run_name} | {side} | not run: {s['error']} |"
+                             + " |" * 7)
+                continue
+            planned = s.get("planner_step_time_s")
+            ratio = s.get("ratio_to_best_peer")
+            lines.append(
+                f"| {run_name} | {side} | {s['step_time_s'] * 1e3:,.1f} ms "
+                f"| {s['tokens_per_s']:,.0f} | "
+                + ("-" if ratio is None else f"{ratio:.2f}") + " | "
+                + ("-" if s.get("mfu") is None else f"{s['mfu']:.1%}")
+                + f" | {_gib(s['peak_memory_bytes'])} | "
+                + ("-" if s["kernels_per_step"] is None else f"{s['kernels_per_step']:,}")
+                + " | " + ("-" if planned is None else f"{planned * 1e3:,.1f} ms")
+                + " | " + ("-" if planned is None
+                           else f"{planned / s['step_time_s'] - 1:+.0%}") + " |")
+    lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}; median of "
+              f"{section['steps']} steps after warm-up (compiling happens in the warm-up)."]
     return "\n".join(lines) + "\n"
 
 

@@ -45,13 +45,19 @@ def test_quick_run_renders_a_table_per_sweep(tmp_path):
 
 def test_each_gpu_step_is_measured_beside_the_planners_forecast_of_it():
     # bench.gpu on a CPU at a tiny size with an H100 preset standing in: the code path a GPU
-    # runs, the planner pricing the same run with paraxis's eager kernels.
+    # runs, every side measured, the planner pricing paraxis's sides (eager kernels for the
+    # eager one, fused for the compiled one).
     from bench import gpu
 
     row = gpu.measure(torch.device("cpu"), "tiny", 2, 64, gpu.QUICK, GPUS["h100-sxm-80gb"])
-    assert row["step_time_s"] > 0 and row["planner_step_time_s"] > 0
-    assert row["planner_memory_bytes"] > 0
+    eager, compiled = row["sides"]["paraxis"], row["sides"]["paraxis --compile"]
+    assert eager["step_time_s"] > 0 and eager["planner_step_time_s"] > 0
+    assert eager["planner_memory_bytes"] > 0
+    assert compiled["planner_step_time_s"] < eager["planner_step_time_s"]
+    assert row["sides"]["reference"]["tokens_per_s"] > 0
     assert gpu.model("llama3-8b/8").n_layers == 8  # "preset/L": the first L layers
     section = {"device": "cpu", "preset": "h100-sxm-80gb", "peak_flops": None, "steps": 2,
-               "torch": "x", "cuda": None, "flash_sdp_enabled": False, "runs": [row]}
-    assert "| tiny (0M) | 2 x 64 |" in gpu.render(section)
+               "compiled": False, "torch": "x", "cuda": None, "runs": [row]}
+    text = gpu.render(section)
+    assert "| tiny (0M), 2 x 64 | paraxis |" in text
+    assert "| tiny (0M), 2 x 64 | reference |" in text

@@ -68,9 +68,15 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(tmp_path):
     out = tmp_path / "benchmarks.md"
     _bench(out, "gpu")
     section = json.loads(out.with_suffix(".json").read_text())["sections"]["gpu"]
-    # without CUDA the quick part runs the same step on the CPU (no peak known: no MFU)
-    (run,) = section["runs"]
-    assert run["tokens_per_s"] > 0 and run["step_time_s"] > 0 and run["mfu"] is None
+    # without CUDA the quick part runs every side's step on the CPU, uncompiled (no peak
+    # known: no MFU); transformers is a peer where it is installed
+    assert [r["model"] for r in section["runs"]] == ["tiny", "tiny-llama"]
+    for run in section["runs"]:
+        sides = run["sides"]
+        assert set(sides) == {"paraxis", "paraxis --compile", "reference", "transformers"}
+        for side in ("paraxis", "paraxis --compile", "reference"):
+            assert sides[side]["tokens_per_s"] > 0 and sides[side]["mfu"] is None, side
+        assert sides["reference"]["ratio_to_best_peer"] <= 1.0
     assert "## One GPU" in out.read_text()
 
 

@@ -73,14 +73,15 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
 
-def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None,
+           *others: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Rotate pairs of channels by a position-dependent angle (RoPE, Su et al. 2021).
 
     x: (batch, heads, seq, head_dim); positions: each token's position (default 0..seq-1;
     a context-parallel rank's tokens sit elsewhere in the sequence; packed documents give
     (batch, 1, seq), each row's own). Uses the "rotate half" pairing (channel i with
-    i + head_dim/2), as Llama's Hugging Face implementation does.
+    i + head_dim/2), as Llama's Hugging Face implementation does. `others` (the keys, after
+    the queries) are rotated by the same angles, computed once; then all come back.
     """
     seq, head_dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device,
@@ -88,8 +89,13 @@ def rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
     steps = (torch.arange(seq, device=x.device, dtype=torch.float32) if positions is None
              else positions.to(device=x.device, dtype=torch.float32))
     angles = steps.unsqueeze(-1) * inv_freq  # torch.outer's product, for any leading shape
-    cos = torch.cat((angles, angles), dim=-1).cos().to(x.dtype)
-    sin = torch.cat((angles, angles), dim=-1).sin().to(x.dtype)
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    rotated = tuple(_rotate(t, cos, sin) for t in (x, *others))
+    return rotated if others else rotated[0]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
 
@@ -128,7 +134,7 @@ class Attention(nn.Module):
         if documents is not None:
             return self._packed_core(q, k, v, documents)
         if self.cfg.style == "llama":
-            q, k = rotary(q, self.cfg.rope_theta), rotary(k, self.cfg.rope_theta)
+            q, k = rotary(q, self.cfg.rope_theta, None, k)
         # The kernel is one fact shared with the planner (paraxis/spec/kernels.py): a
         # flash-style SDPA that keeps q, k, v, the output and the log-sum-exp for backward,
         # with grouped-query K and V at kv-head width (no copy repeated to every head).
@@ -141,8 +147,7 @@ class Attention(nn.Module):
         document mask (`packing.packed_attention`; the kernels: `paraxis.spec.kernels`)."""
         if self.cfg.style == "llama":
             positions = documents.positions.unsqueeze(1)  # (batch, 1, seq): every head
-            q = rotary(q, self.cfg.rope_theta, positions)
-            k = rotary(k, self.cfg.rope_theta, positions)
+            q, k = rotary(q, self.cfg.rope_theta, positions, k)
         return packed_attention(q, k, v, documents, RUNTIME_KERNEL.kv_heads_native)
 
     def _context_parallel_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -154,8 +159,7 @@ class Attention(nn.Module):
         if self.cfg.style == "llama":
             positions = (split.positions(q.shape[2], q.device) if documents is None
                          else documents.positions.unsqueeze(1))
-            q = rotary(q, self.cfg.rope_theta, positions)
-            k = rotary(k, self.cfg.rope_theta, positions)
+            q, k = rotary(q, self.cfg.rope_theta, positions, k)
         return context_parallel_attention(q, k, v, split.levels or split.group, split.variant,
                                           documents=None if documents is None
                                           else documents.cp_chunks)
