@@ -1,12 +1,12 @@
 """`--compile` next to eager paraxis: the same engine, each block's forward compiled.
 
-Three layouts: dp=2 ZeRO-3 (parameters gathered in hooks around the
-compiled forward), tp=2 with sequence parallelism (collectives eager between compiled
-pieces) and pp=2 1F1B. Before timing, each layout checks that compiled losses equal eager
-ones to fp32 rounding (relative 1e-5 over three steps and a held-out batch); the suite
-tests two of them (tests/test_precision.py), this the third and the speed. Compiling costs
-tens of seconds per rank the first time here (torch inductor's cache shortens later runs);
-that cost is outside the timed steps.
+Four layouts: dp=2 ZeRO-3 (parameters gathered in hooks around the compiled forward), tp=2
+with sequence parallelism (collectives eager between compiled pieces), pp=2 1F1B, and cp=2
+(context-parallel attention's exchanges inside the compiled block). Before timing, each
+layout checks that compiled losses equal eager ones to fp32 rounding (relative 1e-5 over
+three steps and a held-out batch); the suite tests two of them (tests/test_precision.py),
+this the others and the speed. Compiling costs tens of seconds per rank the first time here
+(torch inductor's cache shortens later runs); that cost is outside the timed steps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 
 MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT
-LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b")
+LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b", "cp=2")
 
 
 def _setup(layout: Layout, compile: bool, batch: int, seq: int) -> Callable[[], None]:
