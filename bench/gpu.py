@@ -213,7 +213,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, any device")
     parser.add_argument("--out", type=Path, help="write gpu-step.md and .json here")
+    parser.add_argument("--runs", help="which of the full runs, by position from 0 "
+                        "(\"0,2\"; default all): a lent GPU's 10-minute calls fit a part")
     args = parser.parse_args()
+    if args.runs:
+        try:
+            FULL["runs"] = [FULL["runs"][int(i)] for i in args.runs.split(",")]
+        except (ValueError, IndexError):
+            parser.error(f"--runs {args.runs}: give positions 0-{len(FULL['runs']) - 1}, "
+                         "comma-separated")
     result = run(args.quick)
     print(render(result), end="")
     if args.out:
