@@ -14,6 +14,7 @@ from paraxis.plan.cost import evaluate
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
+from paraxis.plan.fp8 import check_fp8
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.search import (
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = given.model_config()
     cluster = given.cluster()
     precision = given.precision_rule()
+    check_fp8(cluster.gpu, precision)  # before a search, which skips layouts it cannot price
     seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     imbalance = args.expert_imbalance

@@ -64,6 +64,7 @@ from paraxis.plan.experts import (
     routing_share,
     shard_grad_sum_seconds,
 )
+from paraxis.plan.fp8 import check_fp8, gather_bytes_per_param, layer_linears_seconds
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
@@ -181,21 +182,28 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     core_forward, core_backward = (imbalance(seq_len, layout.cp) * t for t in _core_times(
         scores, score_bytes, rate, attention_rate, hbm, gpu.attention_flops > 0, kernel,
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
-    dense = (weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp)
-             + hidden_bytes / hbm) * tokens
+    gemms = weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp) * tokens
+    gemms_backward = bf16_backward = BACKWARD_FLOPS_RATIO * gemms
+    if precision.fp8_recipe:  # the block linears on FP8 tensor cores, with their casts
+        # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
+        shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
+        gemms, gemms_backward = layer_linears_seconds(cfg, cluster, precision, layout.tp,
+                                                      tokens, hbm, mlp, 1 / shard)
+    dense = hidden_bytes / hbm * tokens
     routed = tokens / routing_share(cfg, layout) if moe else tokens  # an MoE block's
     if moe:
-        dense += moe_forward_seconds(cfg, cluster, routed, expert_imbalance, hbm, layout.etp)
+        dense += moe_forward_seconds(cfg, cluster, routed, expert_imbalance, hbm, layout.etp,
+                                     precision, layout.ep)
     if cluster.cores_per_node and gpu.kernels == "eager":
         # Eager dispatch, per layer per microbatch (a calibrated one-token pass, a third in
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
         dense += gpu.layer_overhead_s / 3 / cluster.compute_share
-    forward = dense + core_forward * tokens
+    forward = gemms + dense + core_forward * tokens
     recompute = {"none": 0.0, "full": forward,
                  "selective": core_forward * tokens}[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
-    backward = BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
+    backward = gemms_backward + BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
 
     link = axis_link(layout, "tp", cluster)
     backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync.py
@@ -208,7 +216,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                                      + cfg.n_shared_experts) if moe
               else cfg.d_ff * (1 if cfg.style == "gpt2" else 2))
     widths = (cfg.d_model + 2 * cfg.kv_dim, mlp_in)[:1 if ffn != "split" else 2]
-    windows = tuple(2 * tokens * cfg.d_model * width / rate for width in widths)
+    windows = tuple(2 * tokens * cfg.d_model * width / rate * gemms_backward / (bf16_backward or 1)
+                    for width in widths)  # shorter where the GEMMs run in FP8
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
     # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
@@ -247,6 +256,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     `memo`: a dict kept across calls with the same model, cluster, sequence, precision, overlap
     and imbalance (a search's): per-layer times reused across ZeRO, schedules, microbatches."""
     check_ep(cfg, layout)
+    check_fp8(cluster.gpu, precision)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
@@ -347,7 +357,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     experts = max(expert for _, expert in shares)
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
-    sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
+    gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
+    sync = (layout.microbatches, precision.grad_bytes, gathered)
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
@@ -365,12 +376,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
-                                               dp_link, precision.grad_bytes,
-                                               precision.param_bytes)
+                                               dp_link, precision.grad_bytes, gathered)
         windows = layer
         if experts:  # the mean block's gathers, experts over their own replicas
             more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
-                                     precision.grad_bytes, precision.param_bytes)
+                                     precision.grad_bytes, gathered)
             gather_f, gather_b = gather_f + more[0], gather_b + more[1]
             windows = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]}
         pairs, passes = zero3_windows(gather_f, gather_b, windows, layout)

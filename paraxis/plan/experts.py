@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from paraxis.plan.comm import Link, axis_link, collective_time, group_link, latency_steps, op_time
 from paraxis.plan.context import hybrid_group_ranks, replica_link
+from paraxis.plan.fp8 import experts_seconds
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import gemm_efficiency
 from paraxis.plan.step_calls import scalar_call_time
@@ -51,6 +52,7 @@ from paraxis.spec.expert_placement import (
 from paraxis.spec.grid import expert_dp_groups, expert_groups
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.precision import Precision
 
 # The busiest EP rank's tokens over the mean when no measurement is given: 1.25, the middle
 # capacity factor the Switch Transformer benchmarks (Fedus et al. 2022, Sec. 2.2 defines it
@@ -223,14 +225,16 @@ def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
 
 
 def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbalance: float,
-                        hbm: float, etp: int = 1) -> float:
+                        hbm: float, etp: int = 1, precision: Precision | None = None,
+                        ep: int = 1) -> float:
     """Seconds of an MoE block's feed-forward half (router, routed and shared experts) on
     the busiest rank for `tokens` tokens, forward: its GEMMs at the GEMM rate of one GPU
     (each expert's slice of width f_e / etp: whole with etp = 1), its elementwise kernels at
     `hbm` bytes/s (SwiGLU 6 f_e / etp bytes per row, the permutation in and out of expert
     order 8h per row). The GEMMs' efficiency follows their (h, f_e / etp) shape; that each
     expert sees only its share of the rows (fewer for fine-grained experts) is not
-    modelled."""
+    modelled. With an FP8 `precision` the experts run in FP8 (plan/fp8.py), their weights
+    cast on each of the `ep` ranks that hold a share; the router stays bf16."""
     gpu = cluster.gpu
     h, f = cfg.d_model, cfg.d_ff_expert / etp
     routed = tokens * cfg.top_k * busiest_load(cfg, imbalance)
@@ -238,6 +242,9 @@ def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbal
     peak = gpu.peak_flops * cluster.compute_share
     experts = 2 * rows * cfg.expert_params() / etp / (peak * gemm_efficiency(cluster,
                                                                               min(h, f)))
+    if precision is not None and precision.fp8_recipe:
+        held = cfg.n_experts / ep + cfg.n_shared_experts
+        experts = experts_seconds(cfg, cluster, precision, rows, etp, hbm, held)
     router = 2 * tokens * h * cfg.n_experts / (peak * gemm_efficiency(cluster,
                                                                        min(h, cfg.n_experts)))
     traffic = rows * 6 * f + routed * 8 * h

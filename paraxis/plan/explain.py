@@ -7,6 +7,7 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from paraxis.plan.comm import Link, axis_link
@@ -118,6 +119,11 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, buffers "
         f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
+    if precision.fp8_recipe:
+        lines.append(fp8_line(best, cluster, evaluate(
+            cfg, layout, cluster, best.seq_len, global_batch,
+            dataclasses.replace(precision, fp8_recipe="", fp8_weight_gather=False), overlap,
+            expert_imbalance), precision))
     lines.append(assumptions_line(best, overlap_on(cluster, overlap)))
     band = error_band(cluster)
     lines += prediction_lines(best, result, band, cluster, price)
@@ -125,6 +131,23 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         lines += nearest_rivals(best, result, band, alternatives)
         lines += family_rivals(best, result, band, cluster.gpus_per_node, lines)
     return lines
+
+
+def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precision) -> str:
+    """What FP8 buys on the chosen layout: its step and activations against the same layout
+    in bf16 (plan/fp8.py)."""
+    gathered = "FP8" if precision.fp8_weight_gather else "bf16"
+    speedup = bf16.step_time_s / best.step_time_s
+    return (f"FP8 ({precision.fp8_recipe} scales): the block linears (q/k/v, attention output, "
+            f"MLP) run on FP8 tensor cores ({cluster.gpu.fp8_peak_flops / 1e12:,.0f} TFLOP/s "
+            f"dense peak, {cluster.gpu.fp8_peak_flops / cluster.gpu.peak_flops:.0f}x bf16's), "
+            "each paying an amax and a cast pass over its input, weight and output gradient; "
+            "the LM head, router and attention core stay bf16. Step "
+            f"{best.step_time_s:.2f} s against {bf16.step_time_s:.2f} s in bf16 on this "
+            f"layout ({speedup:.2f}x{', FP8 does not pay here' if speedup < 1 else ''}), "
+            f"activations {best.memory['activations'] / GB:.1f} GB against "
+            f"{bf16.memory['activations'] / GB:.1f}; ZeRO gathers {gathered} weights; MFU is "
+            "counted against the bf16 peak.")
 
 
 def assumptions_line(best: Estimate, overlap: Overlap) -> str:

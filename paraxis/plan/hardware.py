@@ -8,6 +8,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "gpu": "a100-80gb",                 # preset to start from
       "name": "my-a100",                  # any of the GPU fields below override the preset
       "peak_flops": 312e12,               # dense bf16 FLOP/s
+      "fp8_peak_flops": 0,                # dense FP8 FLOP/s (0: no FP8 tensor cores)
       "memory_bytes": 80e9,
       "nvlink_bandwidth_Bps": 300e9,      # intra-node, bytes/s per GPU per direction
       "hbm_bandwidth_Bps": 2.039e12,      # device memory bandwidth
@@ -67,6 +68,9 @@ class GPU:
     memory_bytes: float
     nvlink_bandwidth_Bps: float  # per GPU, one direction
     hbm_bandwidth_Bps: float = 2.0e12  # device memory bandwidth (datasheet)
+    # dense FP8 tensor-core FLOP/s (datasheet; compute capability 8.9 and up); 0: none, and
+    # --precision fp8 is refused (plan/fp8.py)
+    fp8_peak_flops: float = 0.0
     # Calibration, a few physical factors per GPU type (docs/validation.md): achieved fraction
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
     # HBM bandwidth in memory-bound elementwise kernels.
@@ -158,15 +162,17 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("a100-80gb", A100_PEAK, 81920 * MIB, 300e9, A100_HBM,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2"),
-    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, attention_impl="fa2",
+    # FP8 dense peaks: twice bf16's on Hopper (H100 SXM and H200 1979, PCIe 1513 TFLOP/s)
+    # and Ada (L40S 733); the datasheets' "with sparsity" figures are twice these
+    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, 1979e12, attention_impl="fa2",
         **carried_from_a100(989e12, 3.35e12, CARRIED["h100-sxm-80gb"])),
     # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
-    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, attention_impl="fa2",
+    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, 1513e12, attention_impl="fa2",
         **carried_from_a100(756e12, 2.0e12, CARRIED["h100-pcie-80gb"])),
-    GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, attention_impl="fa2",
+    GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, 1979e12, attention_impl="fa2",
         **carried_from_a100(989e12, 4.8e12, CARRIED["h200"])),
     GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12),
-    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12),  # no NVLink: PCIe Gen4 x16
+    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12, 733e12),  # no NVLink: PCIe Gen4 x16
 )}
 
 

@@ -8,9 +8,11 @@ differ (a report is usually of the tiny demo model, a plan of a large one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from paraxis.files.model_file import load_model_config
+from paraxis.plan.fp8 import PRICED_RECIPES
 from paraxis.plan.hardware import (
     CLUSTERS,
     GPUS,
@@ -45,6 +47,8 @@ class PlanInputs:
     nvlink_gbps: float | None = None
     network_gbps: float | None = None
     precision: str | None = "mixed"  # None: the command's choice (PlanInputs.precision_rule)
+    fp8_recipe: str | None = None  # fp8's scaling recipe (None: the policy's)
+    fp8_weight_gather: bool = False  # ZeRO gathers FP8 weights (plan/fp8.py)
     seq_len: int | None = None  # None: the model's context length
     global_batch: int = 1024
     layout: str | None = None
@@ -86,7 +90,14 @@ class PlanInputs:
         if self.precision not in PRECISIONS:
             raise ParaxisError(f"--precision {self.precision!r} is unknown; use "
                                f"{' or '.join(PRECISIONS)}")
-        return PRECISIONS[self.precision]
+        precision = PRECISIONS[self.precision]
+        if (self.fp8_recipe or self.fp8_weight_gather) and not precision.fp8_recipe:
+            raise ParaxisError("--fp8-recipe and --fp8-weight-gather shape --precision fp8; "
+                               "add --precision fp8 or leave them out")
+        if self.fp8_recipe:
+            precision = dataclasses.replace(precision, fp8_recipe=self.fp8_recipe)
+        return dataclasses.replace(precision, fp8_weight_gather=self.fp8_weight_gather) \
+            if self.fp8_weight_gather else precision
 
     def sequence_length(self, cfg: ModelConfig) -> int:
         seq_len = self.seq_len or cfg.max_seq_len
@@ -134,8 +145,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--precision", choices=tuple(PRECISIONS), default=precision,
         help="paraxis train's policies (docs/precision.md): fp32 4+4+8 bytes/param (the "
              "CPU default), bf16 (= mixed) 2+2+12, bf16-fp32grad 2+4+12, fp16 2+2+12; "
-             "default: "
+             "fp8: bf16's states, the block GEMMs in FP8 (plan/fp8.py); default: "
              + (precision or "fp32 for a run, else mixed"))
+    add("--fp8-recipe", choices=PRICED_RECIPES,
+        help="fp8's scales: tensorwise (the default), rowwise, or Transformer Engine's "
+             "delayed scaling")
+    add("--fp8-weight-gather", action="store_true",
+        help="fp8: ZeRO gathers the linears' weights in FP8, 1 byte each (torchao's "
+             "enable_fsdp_float8_all_gather); paraxis gathers bf16")
     add("--global-batch", type=int, default=global_batch,
         help=f"sequences per step (default: {global_batch or 'the run config, else 16'})")
     add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")
@@ -179,5 +196,8 @@ def from_args(args: argparse.Namespace) -> PlanInputs:
                       pipeline_zero2_reduce=getattr(args, "pipeline_zero2_reduce", None),
                       memory_gb=args.memory_gb,
                       nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps,
-                      precision=args.precision, seq_len=args.seq_len,
+                      precision=args.precision,
+                      fp8_recipe=getattr(args, "fp8_recipe", None),
+                      fp8_weight_gather=getattr(args, "fp8_weight_gather", False),
+                      seq_len=args.seq_len,
                       global_batch=args.global_batch, layout=args.layout)

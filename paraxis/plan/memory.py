@@ -20,6 +20,7 @@ from paraxis.plan.experts import (
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
+from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import RUNTIME_KERNEL
 from paraxis.spec.layout import ZERO_STAGES, Layout
@@ -90,7 +91,7 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     the whole stage stays gathered for the step (zero3_reshard=step: S params) or one unit,
     its prefetch and the next action's first unit are (forward: 3 L, or 2 L + H).
     """
-    pb, gb = precision.param_bytes, precision.grad_bytes
+    pb, gb = gather_bytes_per_param(cfg, precision), precision.grad_bytes  # gathered
     layer = _largest_block(cfg, layout.tp, layout.ep, layout.etp)
     if layout.pp > 1:
         head = cfg.vocab_size * cfg.d_model / layout.tp
@@ -231,6 +232,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
                                        dropout, mlp=False) + moe_activation_bytes(
         cfg, routed_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
+    if precision.fp8_recipe and layout.recompute != "full":
+        # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
+        fp8_args = (layout.tp, layout.sequence_parallel)
+        dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args) * local_seq * micro_batch
+        moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False) * local_seq \
+            * micro_batch if cfg.is_moe else 0.0
     if layout.recompute == "full":
         moe_layer = dense_layer  # only the block's input is kept
     elif layout.recompute == "none":  # the core's own tensors are kept
