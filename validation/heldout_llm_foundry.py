@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paraxis.spec.model_config import ModelConfig
-from validation.heldout_record import FLOAT8, HeldOutRun
+from validation.heldout_record import HeldOutRun
 
 # ---------------------------------------------------------------------------------- llm-foundry
 # MosaicML's MPT benchmarks: every row of the five tables of scripts/train/benchmarking/
@@ -13,7 +13,9 @@ from validation.heldout_record import FLOAT8, HeldOutRun
 # (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2), no TP or PP; microbatch x accumulation per
 # GPU; "Activation Checkpointing True" wraps each block (full recompute); triton/flash attention
 # (`llm_foundry_kernel`);
-# the throughput column (T/s/GPU) is a token rate, so no FLOP convention enters.
+# the throughput column (T/s/GPU) is a token rate, so no FLOP convention enters. The FP8
+# table's `amp_fp8` is Composer's Transformer Engine autocast (delayed scaling: "delayed"),
+# its linears swapped for Transformer Engine's; FSDP gathers bf16 weights.
 LLM_FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 8c8dd48 "
                "(tables last changed in 4952183): MPT models trained with Composer FSDP")
 LLM_FOUNDRY_TABLES = Path(__file__).parent / "data" / "llm_foundry_benchmarks.md"
@@ -66,7 +68,8 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             name, mpt(size, seq), LLM_FOUNDRY_GPUS[gpu], gpus, gpus, 1, 1, micro * accum, seq,
             "full" if checkpointing == "True" else "none", tokens, LLM_FOUNDRY,
             f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
-            FLOAT8 if "fp8" in precision else "", micro_batch=micro,
-            zero=ZERO_OF_SHARDING[sharding], fsdp=True,
-            attention_impl=llm_foundry_kernel(table, size)))
+            micro_batch=micro, zero=ZERO_OF_SHARDING[sharding], fsdp=True,
+            attention_impl=llm_foundry_kernel(table, size),
+            **({"precision": "fp8", "fp8_recipe": "delayed"} if "fp8" in precision
+               else {})))  # type: ignore[arg-type]
     return runs

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from paraxis.spec.model_config import ModelConfig
 
-FLOAT8 = "Float8 linears: FP8 tensor cores, a precision the planner does not model"
-
 
 @dataclass(frozen=True)
 class HeldOutRun:
@@ -41,6 +39,10 @@ class HeldOutRun:
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
     precision: str = "bf16"  # a key of paraxis.spec.precision.PRECISIONS
+    # fp8 rows: the scaling recipe the source ran ("": the fp8 policy's; plan/fp8.py) and
+    # whether its ZeRO/FSDP gathers moved FP8 weights
+    fp8_recipe: str = ""
+    fp8_weight_gather: bool = False
     fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from paraxis.plan.compute import model_flops_per_token
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from validation.heldout_llm_foundry import llm_foundry_rows
-from validation.heldout_record import FLOAT8, HeldOutRun
+from validation.heldout_record import HeldOutRun
 
 TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/torchtitan): "
                    "Llama 2 and Llama 3 with FSDP2 on 64 A100-80GB")
@@ -46,12 +46,23 @@ def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: floa
                       **extra)  # type: ignore[arg-type]
 
 
+# Float8 rows (torchao's float8 training at eab345c, torchtitan 9dec370, both named by the
+# file's "Versions used" table): tensorwise dynamic scales, the only recipe torchtitan
+# offered then (docs/float8.md at 9dec370), FSDP all-gathering FP8 weights as that file's
+# launch command does (--float8.enable_fsdp_float8_all_gather). Every Float8 row also ran
+# torch.compile, which the bf16 rows leave unpriced (COMPILE): the Float8 rows are priced
+# with fused elementwise kernels standing in for it (validation/heldout_fp8.py prices their
+# bf16 compile twins alike, to separate FP8's share of the error). torchtitan's TP shards
+# the norms' sequence (SequenceParallel): sequence parallelism with tp > 1; its FP8
+# all-gather of TP inputs is not modelled (priced at bf16's 2 bytes).
 def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: int, seq: int,
           recompute: str, tps: float, where: str, unpriced: str = "",
-          schedule: str = "1f1b", cp: int = 1) -> HeldOutRun:
+          schedule: str = "1f1b", cp: int = 1, fp8: bool = False) -> HeldOutRun:
     return HeldOutRun(name, model, "h100-96gb", gpus, dp, tp, pp, batch, seq, recompute, tps,
                       TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp,
-                      attention_impl="fa2")
+                      attention_impl="fa2", sequence_parallel=fp8 and tp > 1,
+                      **({"precision": "fp8", "fp8_weight_gather": True, "kernels": "fused"}
+                         if fp8 else {}))  # type: ignore[arg-type]
 
 
 # torchtitan's checkpointing (torchtitan/parallelisms/parallelize_llama.py at 0413364):
@@ -86,43 +97,44 @@ TORCHTITAN = [
     _h100("Llama 3.1 8B FSDP x8 compile", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op", 6667,
           "Table 1, row FSDP + torch.compile", COMPILE),
     _h100("Llama 3.1 8B FSDP x8 compile fp8", "llama3-8b", 8, 8, 1, 1, 2, 8192, "op",
-          8532, "Table 1, row FSDP + torch.compile + Float8", FLOAT8),
+          8532, "Table 1, row FSDP + torch.compile + Float8", fp8=True),
     _h100("Llama 3.1 8B FSDP x128", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op", 5605,
           "Table 3, row FSDP"),
     _h100("Llama 3.1 8B FSDP x128 compile", "llama3-8b", 128, 128, 1, 1, 2, 8192, "op",
           6514, "Table 3, row FSDP + torch.compile", COMPILE),
     _h100("Llama 3.1 8B FSDP x128 compile fp8", "llama3-8b", 128, 128, 1, 1, 2, 8192,
-          "op", 8380, "Table 3, row FSDP + torch.compile + Float8", FLOAT8),
-    # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing (the CP
-    # rows are priceable but for Float8).
+          "op", 8380, "Table 3, row FSDP + torch.compile + Float8", fp8=True),
+    # Table 2: FSDP + CP + compile + Float8, 8B, local batch 1, full checkpointing.
     _h100("Llama 3.1 8B CP1 32K", "llama3-8b", 8, 8, 1, 1, 1, 32768, "full", 3890,
-          "Table 2, row FSDP 8, CP 1", FLOAT8),
+          "Table 2, row FSDP 8, CP 1", fp8=True),
     _h100("Llama 3.1 8B CP2 64K", "llama3-8b", 8, 4, 1, 1, 1, 65536, "full", 2540,
-          "Table 2, row FSDP 4, CP 2", FLOAT8, cp=2),
+          "Table 2, row FSDP 4, CP 2", fp8=True, cp=2),
     _h100("Llama 3.1 8B CP4 128K", "llama3-8b", 8, 2, 1, 1, 1, 131072, "full", 1071,
-          "Table 2, row FSDP 2, CP 4", FLOAT8, cp=4),
+          "Table 2, row FSDP 2, CP 4", fp8=True, cp=4),
     _h100("Llama 3.1 8B CP8 256K", "llama3-8b", 8, 1, 1, 1, 1, 262144, "full", 548,
-          "Table 2, row FSDP 1, CP 8", FLOAT8, cp=8),
-    # Table 4: 70B, FSDP 32 x TP 8, local batch 16, full checkpointing, compile + Float8.
+          "Table 2, row FSDP 1, CP 8", fp8=True, cp=8),
+    # Table 4: 70B, FSDP 32 x TP 8, local batch 16, full checkpointing, compile + Float8
+    # (its caption: both rows).
     _h100("Llama 3.1 70B 2D", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 829,
-          "Table 4, row 2D", FLOAT8),
+          "Table 4, row 2D", fp8=True),
     _h100("Llama 3.1 70B 2D AsyncTP", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 876,
-          "Table 4, row 2D + AsyncTP", ASYNC_TP),
-    # Table 5: 405B, FSDP 8 x TP 8 x PP 8, local batch 32, global 256, full checkpointing.
+          "Table 4, row 2D + AsyncTP", ASYNC_TP, fp8=True),
+    # Table 5: 405B, FSDP 8 x TP 8 x PP 8, local batch 32, global 256, full checkpointing,
+    # "+ torch.compile + Float8 + AsyncTP" (its caption).
     _h100("Llama 3.1 405B 3D 1F1B", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 100,
-          "Table 5, row 1F1B", FLOAT8),
+          "Table 5, row 1F1B", ASYNC_TP, fp8=True),
     _h100("Llama 3.1 405B 3D interleaved", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 128,
-          "Table 5, row Interleaved 1F1B", FLOAT8, schedule="interleaved"),
+          "Table 5, row Interleaved 1F1B", ASYNC_TP, fp8=True, schedule="interleaved"),
     # Table 6: 405B, TP 8 x PP 8, local batch 8, full checkpointing, 1F1B; "+ torch.compile +
     # Float8 + AsyncTP" (its caption).
     _h100("Llama 3.1 405B 4D CP1 32K", "llama3-405b", 512, 8, 8, 8, 8, 32768, "full", 76,
-          "Table 6, row FSDP 8, CP 1", FLOAT8),
+          "Table 6, row FSDP 8, CP 1", ASYNC_TP, fp8=True),
     _h100("Llama 3.1 405B 4D CP2 64K", "llama3-405b", 512, 4, 8, 8, 8, 65536, "full", 47,
-          "Table 6, row FSDP 4, CP 2", FLOAT8, cp=2),
+          "Table 6, row FSDP 4, CP 2", ASYNC_TP, fp8=True, cp=2),
     _h100("Llama 3.1 405B 4D CP4 128K", "llama3-405b", 512, 2, 8, 8, 8, 131072, "full", 31,
-          "Table 6, row FSDP 2, CP 4", FLOAT8, cp=4),
+          "Table 6, row FSDP 2, CP 4", ASYNC_TP, fp8=True, cp=4),
     _h100("Llama 3.1 405B 4D CP8 256K", "llama3-405b", 512, 1, 8, 8, 8, 262144, "full", 16,
-          "Table 6, row FSDP 1, CP 8", FLOAT8, cp=8),
+          "Table 6, row FSDP 1, CP 8", ASYNC_TP, fp8=True, cp=8),
 ]
 
 
@@ -220,13 +232,15 @@ LLAMA3_RUNS = [
 # ------------------------------------------------------------------------------ NeMo, long seq.
 # NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at commit 8cfedd7, table
 # "LLAMA2-7B (FP8) - H100" (NeMo 24.03.01, DGX-H100): the "With CP" columns, every row. FP8
-# throughout, so none is priced; NVIDIA's other published CP > 1 rows (the same file's B200
-# table, Megatron-Bridge docs/performance-summary*.md on H100) are FP8 too. TFLOPS per GPU
-# are converted to tokens with the full attention square (Megatron-LM's count before March
-# 2025; the file does not say which count it used). Checkpointing is not stated.
+# throughout (Transformer Engine, delayed scaling: "delayed"); NVIDIA's other published
+# CP > 1 rows (the same file's B200 table, Megatron-Bridge docs/performance-summary*.md on
+# H100) are FP8 too. TFLOPS per GPU are converted to tokens with the full attention square
+# (Megatron-LM's count before March 2025; the file does not say which count it used). The
+# table states neither the micro-batch, nor checkpointing, nor optimizer sharding, so none
+# is priced as it ran.
 NEMO_LONG = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at commit "
              "8cfedd7: Llama 2 7B with context parallelism on DGX-H100 (FP8)")
-FP8 = "FP8 (Transformer Engine): FP8 tensor cores, a precision the planner does not model"
+UNSTATED = "micro-batch, checkpointing and optimizer sharding not stated: not priced as run"
 
 
 def _nemo(seq_k: int, gpus: int, batch: int, tp: int, pp: int, dp: int, cp: int,
@@ -237,8 +251,8 @@ def _nemo(seq_k: int, gpus: int, batch: int, tp: int, pp: int, dp: int, cp: int,
         f"Llama 2 7B {seq_k}K CP{cp}", "llama2-7b", "h100", gpus, dp, tp, pp, batch // dp,
         seq, "not stated", tflops * 1e12 / per_token, NEMO_LONG,
         f"LLAMA2-7B (FP8) - H100, row {seq_k}K / {gpus} GPUs / TP {tp} PP {pp} DP {dp} CP {cp}"
-        f" ({tflops:g} TFLOPS/GPU)", FP8, cp=cp, sequence_parallel=tp > 1, micro_batch=-1,
-        zero=-1)  # micro-batch and optimizer sharding: not stated
+        f" ({tflops:g} TFLOPS/GPU)", UNSTATED, cp=cp, sequence_parallel=tp > 1,
+        micro_batch=-1, zero=-1, precision="fp8", fp8_recipe="delayed")
 
 
 NEMO_RUNS = [
@@ -318,14 +332,16 @@ AUTOMODEL_RUNS = [
 # DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437): "each trillion tokens
 # requires only 180K H800 GPU hours" on 2048 H800s (Sec. 1), i.e. 1e12 / (180e3 x 3600)
 # tokens per second per GPU; PP16, EP64 over 8 nodes, ZeRO-1 data parallelism (Sec. 3.2);
-# 4K tokens, batch 15360 after its ramp-up (Sec. 4.2). FP8 GEMMs (Sec. 3.3): not priced.
+# 4K tokens, batch 15360 after its ramp-up (Sec. 4.2). FP8 GEMMs with fine-grained scales
+# (Sec. 3.3: 1 x 128 tiles of activations, 128 x 128 blocks of weights, promoted to fp32 on
+# CUDA cores every 128 elements of k) on H800s: neither the recipe nor the GPU is modelled.
 DEEPSEEK_V3 = "DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437)"
 DEEPSEEK_V3_RUN = HeldOutRun(
     "DeepSeek-V3 pre-training x2048 EP64", "deepseek-v3-style", "h800", 2048, 128, 1, 16,
     15360 // 128, 4096, "none", 1e12 / (180e3 * 3600), DEEPSEEK_V3,
     "Sec. 1 (180K H800 GPU hours per trillion tokens), Sec. 3.2 (PP16, EP64, ZeRO-1), Sec. 4.2",
-    "FP8 GEMMs (Sec. 3.3) on H800s: a precision and a GPU the planner does not model",
-    zero=1, ep=64)
+    "fine-grained FP8 scaling (Sec. 3.3) on H800s: a recipe and a GPU the planner does not "
+    "model", zero=1, ep=64, precision="fp8")
 
 HELD_OUT = (TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + LLAMA3_RUNS
             + NEMO_RUNS + AUTOMODEL_RUNS + [DEEPSEEK_V3_RUN])

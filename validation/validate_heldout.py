@@ -20,7 +20,7 @@ from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
-from paraxis.spec.precision import PRECISIONS
+from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 from validation.heldout_record import HeldOutRun
 from validation.heldout_runs import HELD_OUT
@@ -88,8 +88,21 @@ def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
                         cp_attention=run.cp_attention,
                         sequence_parallel=run.sequence_parallel, ep=run.ep)
         estimates.append(evaluate(cfg, layout, cluster, run.seq_len, run.local_batch * run.dp,
-                                  PRECISIONS[run.precision], **imbalance))
+                                  precision_of(run), **imbalance))
     return min(estimates, key=lambda e: (not e.fits, e.step_time_s))
+
+
+def precision_of(run: HeldOutRun) -> Precision:
+    """The precision the source ran, its FP8 recipe and weight gathers included."""
+    precision = PRECISIONS[run.precision]
+    if run.fp8_recipe:
+        precision = dataclasses.replace(precision, fp8_recipe=run.fp8_recipe)
+    return dataclasses.replace(precision, fp8_weight_gather=run.fp8_weight_gather)
+
+
+def is_fp8(run: HeldOutRun) -> bool:
+    """An FP8 row: accounted apart from the bf16 rows (validation/heldout_fp8.py)."""
+    return run.precision == "fp8"
 
 
 def model_of(run: HeldOutRun) -> ModelConfig:
@@ -147,10 +160,11 @@ def short_source(run: HeldOutRun) -> str:
     return run.source.split(" ")[0].split("/")[-1]
 
 
-def render_held_out() -> tuple[list[str], list[str], list[HeldOutResult], list[str]]:
-    """Markdown lines of the held-out table, of its summary by source and GPU, the priced
-    rows (with an error), and the memory verdicts that break the acceptance rule (a run
-    that ran must fit, an OOM must not)."""
+def render_held_out(runs: list[HeldOutRun] | None = None,
+                    ) -> tuple[list[str], list[str], list[HeldOutResult], list[str]]:
+    """Markdown lines of the held-out table of `runs` (default: every row but the FP8 ones),
+    of its summary by source and GPU, the priced rows (with an error), and the memory
+    verdicts that break the acceptance rule (a run that ran must fit, an OOM must not)."""
     lines = [
         "| run | source (table, row) | GPUs | dp | zero | tp | pp | cp | micro x accumulation "
         "x seq | recompute | published tokens/s/GPU | predicted | error | memory (GB/GPU) |",
@@ -159,7 +173,8 @@ def render_held_out() -> tuple[list[str], list[str], list[HeldOutResult], list[s
     priced: list[HeldOutResult] = []
     memory_faults: list[str] = []
     groups: dict[tuple[str, str], list[HeldOutResult]] = {}
-    for result in map(price, HELD_OUT):
+    for result in map(price, [run for run in HELD_OUT if not is_fp8(run)]
+                      if runs is None else runs):
         run, estimate = result.run, result.estimate
         groups.setdefault((short_source(run), run.gpu), []).append(result)
         published = "OOM" if run.out_of_memory else f"{run.tokens_per_gpu_s:,.0f}"

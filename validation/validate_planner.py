@@ -22,6 +22,7 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 from paraxis.spec.model_config import ModelConfig
 from validation.heldout_findings import HELD_OUT_FINDINGS, largest_error_lines
+from validation.heldout_fp8 import fp8_runs, fp8_section
 from validation.heldout_llm_foundry import LLM_FOUNDRY
 from validation.heldout_runs import (
     AUTOMODEL,
@@ -285,7 +286,8 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "",
         f"Fitted rows: {len(fitted_errors)} priced, mean |error| "
         f"{sum(fitted_errors) / len(fitted_errors):.1%}, largest {max(fitted_errors):.1%}.",
-        f"Held-out rows: {len(HELD_OUT)} listed from {len({s.split(' ')[0] for s in sources})} "
+        f"Held-out rows: {len(HELD_OUT)} listed (the {len(fp8_runs())} FP8 ones accounted in "
+        f"their own section below) from {len({s.split(' ')[0] for s in sources})} "
         f"independent sources (with the fitted rows' two papers, "
         f"{len({s.split(' ')[0] for s in sources}) + 2}), {len(errors)} priced: "
         f"{error_stats(errors)} (targets: mean |error| <= 10%, largest <= 20%).",
@@ -325,13 +327,15 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         "  row: GPUs, TP, CP, PP, DP, sequence, batch per DP, 16M tokens, TFLOPs/GPU, MFU;",
         "  the arXiv v1 HTML prints DP 4 for the 131,072 row, where 16,384 GPUs and 16M",
         "  tokens both need DP 8, as later versions print it).",
-        f"- {NEMO_LONG}: the \"With CP\" columns of every row; FP8, so none is priced.",
+        f"- {NEMO_LONG}: the \"With CP\" columns of every row; FP8, its micro-batch,",
+        "  checkpointing and optimizer sharding not stated, so none is priced.",
         f"- {AUTOMODEL}: every row of the table (time per global step, tokens/s/GPU) and the",
         "  DeepSeek V3 configs (forced-balanced gate, checkpointing, pipeline microbatch 1).",
         f"- {DEEPSEEK_V3}: Sec. 1 (180K H800 GPU hours per trillion tokens, 2048 H800s),",
         "  Sec. 3.2 (PP16, EP64 over 8 nodes, ZeRO-1), Sec. 4.2 (4K tokens, batch 15360).",
         "",
         *moe_findings(priced),
+        *fp8_section(errors),
     ]
 
 
