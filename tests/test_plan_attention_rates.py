@@ -142,10 +142,12 @@ LONG_MEAN_ERROR_BOUND = 0.20
 
 def test_long_sequence_held_out_rows_come_within_the_measured_bound() -> None:
     from validation.heldout_runs import HELD_OUT
-    from validation.validate_heldout import price
+    from validation.validate_heldout import is_fp8, price
 
     assert all(run.attention_impl in IMPLEMENTATIONS for run in HELD_OUT)
-    long = [price(run) for run in HELD_OUT if run.seq_len > 8192 and not run.unpriced]
+    # the bf16 rows, as docs/validation.md accounts them (its FP8 rows stand apart)
+    long = [price(run) for run in HELD_OUT
+            if run.seq_len > 8192 and not run.unpriced and not is_fp8(run)]
     errors_ = [r.error for r in long if r.error is not None]
     assert len(errors_) == 44
     mean = sum(map(abs, errors_)) / len(errors_)
