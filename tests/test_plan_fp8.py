@@ -2,6 +2,7 @@
 in ZeRO's gathers, and where it is refused."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,12 @@ def test_bench_runs_ratios_beside_the_measured() -> None:
     1.18x): the slice gains, GPT-2 about breaks even (its GEMMs are small)."""
     assert 1.1 < step_ratio(LLAMA_SLICE) < 1.4
     assert 0.9 < step_ratio(GPT2) < 1.1
+
+
+def test_docs_quote_the_bench_runs_ratios() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    assert f"16 x 1024 {step_ratio(GPT2):.2f}x (measured 0.88x" in text
+    assert f"2 x 4096\n{step_ratio(LLAMA_SLICE):.2f}x (measured 1.18x)" in text
 
 
 def test_casts_follow_the_recipe() -> None:

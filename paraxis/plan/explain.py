@@ -136,7 +136,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
 def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precision) -> str:
     """What FP8 buys on the chosen layout: its step and activations against the same layout
     in bf16 (plan/fp8.py)."""
-    gathered = "FP8" if precision.fp8_weight_gather else "bf16"
+    layout = best.layout
+    gathers = "" if not layout.zero or layout.zero_ranks == 1 else (
+        f"; ZeRO gathers {'FP8' if precision.fp8_weight_gather else 'bf16'} weights")
     speedup = bf16.step_time_s / best.step_time_s
     return (f"FP8 ({precision.fp8_recipe} scales): the block linears (q/k/v, attention output, "
             f"MLP) run on FP8 tensor cores ({cluster.gpu.fp8_peak_flops / 1e12:,.0f} TFLOP/s "
@@ -146,8 +148,8 @@ def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precis
             f"{best.step_time_s:.2f} s against {bf16.step_time_s:.2f} s in bf16 on this "
             f"layout ({speedup:.2f}x{', FP8 does not pay here' if speedup < 1 else ''}), "
             f"activations {best.memory['activations'] / GB:.1f} GB against "
-            f"{bf16.memory['activations'] / GB:.1f}; ZeRO gathers {gathered} weights; MFU is "
-            "counted against the bf16 peak.")
+            f"{bf16.memory['activations'] / GB:.1f}{gathers}; MFU is counted against the "
+            "bf16 peak.")
 
 
 def assumptions_line(best: Estimate, overlap: Overlap) -> str:

@@ -21,9 +21,13 @@ the tensor: inputs and output gradients under fused kernels, never the weight), 
 pass reading it and writing FP8 twice, row- and column-major for the three GEMMs; the
 FP8 input and weight are kept for the backward, so only the output gradient is cast there.
 Each dynamic cast also pays its amax reduction's second stage, one small kernel
-(`AMAX_KERNEL_S`). Rowwise scales cast each layout with its own amax; Transformer Engine's
-delayed scaling ("delayed", a pricing recipe of the published runs) takes the scale from
-the amax history and reduces the amax inside one cast-transpose pass.
+(`AMAX_KERNEL_S`). Rowwise scales cast each layout with its own amax (their GEMM is priced
+at the tensorwise rate: no measurement here says how much slower it runs); Transformer
+Engine's delayed scaling ("delayed", a pricing recipe of the published runs) takes the scale
+from the amax history and reduces the amax inside one cast-transpose pass.
+Not modelled: FP8 all-gathers of tensor-parallel inputs (priced at bf16's 2 bytes), the
+experts' inputs kept in FP8 (bf16's bytes), and how the experts' FP8 time splits between
+forward and backward (a third and two thirds, as in bf16).
 
 Memory: each linear's input is kept for the backward in FP8 (torchao's roofline assumes
 it; Transformer Engine keeps its FP8 inputs): `saved_fp8_bytes_per_token` is what that
