@@ -94,6 +94,8 @@ def test_fp8_memory_keeps_linear_inputs_in_fp8_and_states_as_bf16() -> None:
     for state in ("params", "grads", "optimizer"):
         assert fp8[state] == bf16[state]
     assert fp8["activations"] < bf16["activations"]
+    # one block's weights in FP8 twice (row- and column-major) while it computes
+    assert fp8["buffers"] - bf16["buffers"] == pytest.approx(2 * cfg.layer_params(0))
     # full recomputation keeps only each block's input, a bf16 tensor: nothing to save
     full = Layout(recompute="full")
     bf16, fp8 = (evaluate(cfg, full, H100, seq, batch, p).memory for p in (BF16_PRICE,

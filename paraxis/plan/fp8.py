@@ -31,9 +31,10 @@ forward and backward (a third and two thirds, as in bf16).
 
 Memory: each linear's input is kept for the backward in FP8 (torchao's roofline assumes
 it; Transformer Engine keeps its FP8 inputs): `saved_fp8_bytes_per_token` is what that
-saves against bf16. The FP8 copy of the weights a layer computes with is transient (cast
-each microbatch, tensorwise) and scales are a float each (rowwise: per row, 4 / k of the
-FP8 bytes), both below the planner's resolution. The states are bf16's.
+saves against bf16. The FP8 copy of the weights a block computes with, row- and
+column-major, is transient (cast each microbatch): plan/memory.py holds one block's in its
+buffers. Scales are a float each (rowwise: per row, 4 / k of the FP8 bytes), below the
+planner's resolution. The states are bf16's.
 """
 
 from __future__ import annotations

@@ -293,6 +293,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                            layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
+        if precision.fp8_recipe:
+            # the block computing holds its weights cast to FP8, row- and column-major
+            buffers += 2 * _largest_block(cfg, layout.tp, layout.ep, layout.etp)
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif layout.dp * layout.cp > 1:
