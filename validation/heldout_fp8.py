@@ -46,11 +46,16 @@ def twin(run: HeldOutRun) -> HeldOutRun | None:
 
 
 def twin_lines(priced: list[HeldOutResult]) -> list[str]:
-    """Published and predicted FP8 / bf16 speedups of the rows with a bf16 twin."""
-    lines = []
+    """Published and predicted FP8 / bf16 speedups of the rows with a bf16 twin; for the
+    others, the speedup the planner gives FP8 over the same row priced in bf16."""
+    lines, alone = [], []
     for result in priced:
         other = twin(result.run)
         if other is None or not other.tokens_per_gpu_s or not result.run.tokens_per_gpu_s:
+            bf16 = price(dataclasses.replace(result.run, precision="bf16", fp8_recipe="",
+                                             fp8_weight_gather=False))
+            speedup = (result.tokens_per_gpu_s or 0.0) / (bf16.tokens_per_gpu_s or 1.0)
+            alone.append(f"{result.run.name} {speedup:.2f}x")
             continue
         bf16 = price(other)
         assert bf16.tokens_per_gpu_s is not None and result.tokens_per_gpu_s is not None
@@ -60,6 +65,9 @@ def twin_lines(priced: list[HeldOutResult]) -> list[str]:
                      f"{published:.2f}x, predicted {predicted:.2f}x "
                      f"({predicted / published - 1:+.1%}); its bf16 twin {bf16.error:+.1%}, "
                      f"the FP8 row {result.error:+.1%}")
+    if alone:
+        lines.append("- no bf16 twin published; the planner's FP8 / bf16 speedup on the row: "
+                     + ", ".join(alone))
     return lines
 
 
@@ -102,7 +110,9 @@ def fp8_section(bf16_errors: list[float]) -> list[str]:
         "The speedups come within a few percent where the rows themselves do not: an FP8",
         "row's error is mostly its bf16 twin's. torchtitan's H100s ran at a 500 W power limit",
         "(finding 5: its bf16 rows are too fast as well), and its long-sequence CP rows miss",
-        "by more than its 8K rows, without a bf16 twin to tell CP's share from FP8's.",
+        "by more than its 8K rows where FP8 changes the step least (the last line: the",
+        "attention core, bf16, takes most of a 128K or 256K step), so by CP's pricing or",
+        "the kernel's at those lengths rather than by FP8's.",
         "",
         *table,
         "",
