@@ -100,8 +100,8 @@ def open_settings_lines() -> list[str]:
         f"{r.run.name} {r.error:+.1%} (micro-batch {r.run.micro_batch}, {r.run.recompute}, "
         f"ZeRO-{r.run.zero})" for r in results if r.error is not None and r.estimate)
     return [f"NeMo's CP rows, their micro-batch, checkpointing and optimizer sharding picked "
-            f"as the planner's search would (the fastest that fits, so at best as fast as the "
-            f"run; not in the figures above), the attention core at the GEMM rate as the file "
+            f"as the planner's search would (the fastest that fits, so the error leans fast; "
+            f"not in the figures above), the attention core at the GEMM rate as the file "
             f"names no kernel (too fast beyond 8K, finding 2): {error_stats(errors)}; {rows}.",
             ""]
 
