@@ -31,10 +31,14 @@ forward and backward (a third and two thirds, as in bf16).
 
 Memory: each linear's input is kept for the backward in FP8 (torchao's roofline assumes
 it; Transformer Engine keeps its FP8 inputs): `saved_fp8_bytes_per_token` is what that
-saves against bf16. The FP8 copy of the weights a block computes with, row- and
-column-major, is transient (cast each microbatch): plan/memory.py holds one block's in its
-buffers. Scales are a float each (rowwise: per row, 4 / k of the FP8 bytes), below the
-planner's resolution. The states are bf16's.
+saves against bf16. torchao's autograd function itself saves the bf16 input and weight and
+casts them again in the backward (float8_linear.py, `matmul_with_hp_or_float8_args`); what
+a compiled step keeps is its partitioner's choice, so a torchao run may keep bf16's bytes
+(torchtitan's Table 1 reports the same memory with and without Float8). The FP8 copy of
+the weights a block computes with, row- and column-major, is transient (cast each
+microbatch): plan/memory.py holds one block's in its buffers. Scales are a float each
+(rowwise: per row, 4 / k of the FP8 bytes), below the planner's resolution. The states are
+bf16's.
 """
 
 from __future__ import annotations
