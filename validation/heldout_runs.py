@@ -33,7 +33,16 @@ TORCHTITAN_H100 = ("torchtitan docs/performance.md at commit eaea6f6 (pytorch/to
                    "Llama 3.1 on H100 (96 GB HBM2e, 2.4 TB/s, 500 W power limit; 400 Gb/s "
                    "RDMA per GPU)")
 COMPILE = "torch.compile fuses the elementwise kernels: the planner models eager or Megatron-fused"
-ASYNC_TP = "AsyncTP overlaps TP collectives with GEMMs in the forward too: not modelled"
+
+# Runtime settings the cost model prices per source (plan/hardware.py), as each source ran
+# them. Gradient buckets and the ZeRO parameter gather: PyTorch FSDP (torchtitan, llm-foundry,
+# NeMo AutoModel, Llama 3's) reduces one wrapped block a call and gathers a block's
+# parameters in its forward (`fsdp`, validate_heldout.cluster_for); DDP (FlashAttention's
+# table) reduces in torch's default 25 MiB buckets; BLOOM's DeepSpeed below. TP overlap: only
+# BLOOM and Llama 3 run TP among the priced rows; neither source states an overlap beyond the
+# backward's, Megatron-LM's default of their time ("backward"); torchtitan's AsyncTP row is
+# its runtime's forward overlap ("all"), unpriced for its Float8 linears. MoE dispatch: the
+# priced EP rows have tp = 1 (AutoModel's DeepEP: `expert_dispatch`).
 
 
 # torchtitan's attention is PyTorch SDPA (torchtitan/models/llama/model.py:
@@ -106,8 +115,9 @@ TORCHTITAN = [
     # Table 4: 70B, FSDP 32 x TP 8, local batch 16, full checkpointing, compile + Float8.
     _h100("Llama 3.1 70B 2D", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 829,
           "Table 4, row 2D", FLOAT8),
+    # AsyncTP pipelines the TP collectives with the GEMMs, forward too: tp_comm_overlap "all"
     _h100("Llama 3.1 70B 2D AsyncTP", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 876,
-          "Table 4, row 2D + AsyncTP", ASYNC_TP),
+          "Table 4, row 2D + AsyncTP", FLOAT8),
     # Table 5: 405B, FSDP 8 x TP 8 x PP 8, local batch 32, global 256, full checkpointing.
     _h100("Llama 3.1 405B 3D 1F1B", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 100,
           "Table 5, row 1F1B", FLOAT8),
@@ -131,7 +141,11 @@ TORCHTITAN = [
 # micro-batch 2, global batch 2048 x 2048 tokens, Megatron's fused kernels and fused softmax
 # (scores kept), DeepSpeed activation checkpointing of every layer, ZeRO stage 1 (BF16
 # optimizer), DeepSpeed's non-interleaved 1F1B pipeline; 4 Omni-Path links (100 Gb/s each) per
-# node. The logged line of the first epoch's end gives 104.70 s per iteration.
+# node. The logged line of the first epoch's end gives 104.70 s per iteration. Its DeepSpeed
+# config states only ZeRO stage 1: DeepSpeed's default gradient bucket of the time
+# (reduce_bucket_size 5e8 elements, 16-bit: 1e9 bytes) and its parameter all-gather after the
+# step (`param_gather_overlap` False). Megatron-DeepSpeed of 2022 had no TP communication
+# overlap beyond the backward's (`tp_comm_overlap` "backward").
 BLOOM = ("bigscience-workshop/bigscience train/tr11-176B-ml/README.md at commit 00327f8: "
          "BLOOM 176B training")
 BLOOM_MODEL = ModelConfig("bloom-176b", "gpt2", 250880, 70, 14336, 112, 112, 4 * 14336, 2048)
@@ -140,7 +154,8 @@ BLOOM_RUN = HeldOutRun(
     2048 * 2048 / 104.70 / 384, BLOOM,
     "sections Replica setup, Important checkpoints (iteration 85376: 104.70 s, 149.77 TFLOPs)",
     micro_batch=2, zero=1, kernels="fused", attention_kernel="math",
-    network=(("nics_per_node", 4), ("inter_node_bandwidth_Bps", 12.5e9)))
+    network=(("nics_per_node", 4), ("inter_node_bandwidth_Bps", 12.5e9),
+             ("gradient_bucket_bytes", 5e8 * 2)))
 
 # ------------------------------------------------------------------------------ FlashAttention
 # Dao-AILab/flash-attention training/README.md, the table "Training speed" (8 x A100 80GB SXM4,

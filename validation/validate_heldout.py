@@ -49,10 +49,14 @@ CLUSTERS: dict[str, tuple[str, dict[str, object]]] = {
 
 
 def cluster_for(run: HeldOutRun) -> Cluster:
+    """The cluster `run` ran on, with its runtime's settings. PyTorch FSDP reduces gradients
+    one wrapped block at a time (no buckets) and gathers a block's parameters in its forward,
+    where the previous block's compute hides the gather (SHARD_GRAD_OP's and ZeRO-1-style
+    sharding's too: `param_gather_overlap`)."""
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
         **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
-        "attention_impl": run.attention_impl,
+        "attention_impl": run.attention_impl, "param_gather_overlap": run.fsdp,
         "gradient_bucket_bytes": 0 if run.fsdp else DEFAULT_BUCKET_BYTES, **dict(run.network)})
 
 

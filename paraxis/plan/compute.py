@@ -207,3 +207,22 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
         seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
             * (stage_params + experts) / hbm_Bps
     return seconds
+
+
+# Kernels one transformer layer launches per microbatch, forward + backward, by runtime.
+# "eager" (paraxis's runtime, one kernel per op and autocast's casts): GPT-2 blocks 82,
+# measured on an H100 (docs/gpu/gpu-profile.json: the four GPT-2 steps' kernel counts fit by
+# 124 outside the blocks + 82 a block + 0.8 per million parameters, AdamW's foreach chunks,
+# within 26 kernels); Llama blocks 216, GPT-2's scaled by the ops a block's forward runs in
+# paraxis/model/transformer.py (29: norms of 3 ops, rotary of 5 on q and k, SwiGLU's 5;
+# against GPT-2's 11). "fused" (Megatron-LM's kernels), counted from its GPT layer: forward
+# 4 GEMMs, 2 layer norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10),
+# backward twice the GEMMs and one kernel per fused op (20).
+LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 216, ("fused", "gpt2"): 30,
+                 ("fused", "llama"): 30}
+
+
+def layer_kernels(cfg: ModelConfig, kernels: str) -> int:
+    """Kernels one layer launches per microbatch, forward and backward (`LAYER_KERNELS`)."""
+    return LAYER_KERNELS[(kernels, "gpt2" if cfg.style == "gpt2" else "llama")]
+

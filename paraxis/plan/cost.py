@@ -9,10 +9,14 @@ Step time (one data-parallel replica runs the same pipeline as every other):
                + the step's own small calls (loss, gradient norm, stop flag: step_calls.py)
 
 Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
-last microbatch's backward (DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's gathers
-behind the step's compute (prefetch); the backward's TP collectives of the column-parallel
-linears hide behind their gradient GEMMs (Korthikanti et al. 2022 Sec. 6.2), while forward
-TP collectives and PP sends sit on the critical path (Narayanan et al. 2021 Sec. 4).
+last microbatch's backward but for its last bucket (DDP buckets; Li et al. 2020 Sec. 3.2.3),
+ZeRO-1/2's parameter all-gather after the step is exposed (or behind the next forward,
+`GPU.param_gather_overlap`), and ZeRO-3's gathers hide behind the step's compute (prefetch);
+the backward's TP collectives of the column-parallel linears hide behind their gradient GEMMs
+(Korthikanti et al. 2022 Sec. 6.2), while forward TP collectives (unless the runtime pipelines
+them with the GEMMs, `GPU.tp_comm_overlap`) and PP sends sit on the critical path (Narayanan
+et al. 2021 Sec. 4). A layer takes at least the time its host needs to launch its kernels
+(`GPU.kernel_launch_s`), which prices small microbatches.
 
 CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
 min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`), nothing
@@ -33,8 +37,8 @@ from paraxis.plan.comm import (
     collective_time,
     copies_sync_time,
     dp_sync_time,
-    tp_layer_exposed_time,
-    tp_layer_time,
+    last_bucket_time,
+    param_gather_time,
     zero3_layer_times,
     zero3_windows,
 )
@@ -44,6 +48,7 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
+    layer_kernels,
     optimizer_time,
 )
 from paraxis.plan.context import (
@@ -62,6 +67,8 @@ from paraxis.plan.experts import (
     feed_forward,
     moe_forward_seconds,
     routing_share,
+    sequence_shard_dispatch,
+    shard_dispatch_times,
     shard_grad_sum_seconds,
 )
 from paraxis.plan.hardware import Cluster
@@ -77,6 +84,7 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
+from paraxis.plan.tp_layer import tp_layer_exposed_time, tp_layer_time
 from paraxis.spec.kernels import AttentionKernel, get_kernel
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
@@ -196,6 +204,16 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
     backward = BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
+    if gpu.kernel_launch_s and not cluster.cores_per_node:
+        # The host issues the layer's kernels ahead of the GPU (GPU.kernel_launch_s): a pass
+        # takes the longer of its GPU time and its launches, a third of them forward (as its
+        # FLOPs are), the rerun forward's again in the backward. Small microbatches run
+        # host-bound, so the microbatch size is priced.
+        host = layer_kernels(cfg, gpu.kernels) * gpu.kernel_launch_s
+        host_forward, host_backward = host / 3, 2 * host / 3
+        if layout.recompute == "full":
+            host_backward += host_forward
+        forward, backward = max(forward, host_forward), max(backward, host_backward)
 
     link = axis_link(layout, "tp", cluster)
     backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync.py
@@ -210,11 +228,18 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     widths = (cfg.d_model + 2 * cfg.kv_dim, mlp_in)[:1 if ffn != "split" else 2]
     windows = tuple(2 * tokens * cfg.d_model * width / rate for width in widths)
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
-    # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
+    # paraxis's eager runtime keeps the gathered input (tp_layer.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
+    # TP collectives pipelined with the GEMMs beside them, forward too (GPU.tp_comm_overlap
+    # "all"): the row-parallel GEMMs' windows, attention's output projection and MLP-out
+    row_windows = (2 * tokens * cfg.d_model * cfg.d_model / rate,
+                   2 * tokens * cfg.d_model * cfg.d_ff / rate
+                   ) if gpu.tp_comm_overlap == "all" and ffn == "split" and not moe else (
+        (2 * tokens * cfg.d_model * cfg.d_model / rate,) if gpu.tp_comm_overlap == "all"
+        else ())
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention, regather, backward_link, ffn)
+        overlap.contention, regather, backward_link, ffn, row_windows)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
@@ -228,6 +253,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         cp["total"] += cp[rerun + "_total"]
     ep = block_exchange_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
+    if moe and sequence_shard_dispatch(cfg, layout, cluster):
+        ep = shard_dispatch_times(cfg, layout, cluster, routed, act, expert_imbalance, link,
+                                  boundary_bytes)
     if layout.recompute == "full":
         ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
         ep["total"] += ep["forward"]
@@ -354,6 +382,12 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                         gpu.gradient_bucket_bytes, reshard, pipelined, copies, across)
     t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
                                 precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
+    # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
+    # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
+    t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
+                                 precision.param_bytes)
+    t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
+                              precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
         expert_args = (max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
@@ -361,6 +395,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                              *expert_args, reshard, pipelined, copies, across)
         t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
                                      precision.grad_bytes, *expert_args)
+        t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
+                                      precision.param_bytes)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
@@ -384,10 +420,21 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed += max(0.0, t_across - spare) + overlap.contention * min(t_across, spare)
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
-        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only.
+        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only,
+        # but for the last bucket's. The parameters' all-gather comes after the step: exposed,
+        # or behind the next step's first forward where the runtime starts it there.
         window = (layout.microbatches * t_backward if layout.zero == 2 and not pipelined
                   else t_backward)
-        dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
+        grads = t_dp - t_gather
+        tail = min(t_tail, grads)
+        hideable = grads - tail
+        dp_exposed = (tail + max(0.0, hideable - window)
+                      + overlap.contention * min(hideable, window))
+        if gpu.param_gather_overlap:
+            dp_exposed += (max(0.0, t_gather - t_forward)
+                           + overlap.contention * min(t_gather, t_forward))
+        else:
+            dp_exposed += t_gather
     else:
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
