@@ -23,6 +23,7 @@ from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import PRECISIONS
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 from validation.heldout_record import HeldOutRun
+from validation.heldout_runs import BLOOM as BLOOM_SOURCE
 from validation.heldout_runs import HELD_OUT
 
 
@@ -394,3 +395,39 @@ def bound_lines(priced: list[HeldOutResult]) -> list[str]:
     lines += [f"  - {r.run.name}: error {r.error:+.1%}, {share:.2f} of the ideal machine"
               for share, r in shares if abs(r.error or 0.0) > 0.20]
     return lines + [""]
+
+
+# The runtime switches of the cost model (plan/hardware.py), each set as its source ran it
+# (validation/heldout_runs.py): what each does to the rows it touches, against the other
+# setting. (label, rows it applies to, overrides of the other setting)
+SWITCHES = (
+    ("FSDP gathers a block's parameters in its forward (`param_gather_overlap`), against "
+     "an exposed all-gather after the step",
+     lambda run: run.fsdp and run.zero in (1, 2), (("param_gather_overlap", False),)),
+    ("BLOOM's DeepSpeed buckets of 5e8 elements (`gradient_bucket_bytes`), against DDP's "
+     "25 MiB", lambda run: run.source == BLOOM_SOURCE,
+     (("gradient_bucket_bytes", DEFAULT_BUCKET_BYTES),)),
+    ("the host's kernel launches (`kernel_launch_s`), against none",
+     lambda run: True, (("kernel_launch_s", 0.0),)),
+    ("the backward's TP overlap the TP rows with SP ran (`tp_comm_overlap` \"backward\"), "
+     "against every TP collective pipelined with its GEMM (\"all\", which none ran)",
+     lambda run: run.tp > 1 and run.sequence_parallel, (("tp_comm_overlap", "all"),)),
+)
+
+
+def switch_lines(priced: list[HeldOutResult]) -> list[str]:
+    """The held-out errors of the rows each runtime switch touches, priced with the other
+    setting -> as priced."""
+    lines = ["Runtime switches: the errors of the rows each one touches with the other "
+             "setting -> as priced:", ""]
+    for label, applies, other in SWITCHES:
+        rows = [r for r in priced if applies(r.run)]
+        if not rows:
+            continue
+        before = [price(dataclasses.replace(r.run, network=(*r.run.network, *other))).error
+                  or 0.0 for r in rows]
+        after = [r.error or 0.0 for r in rows]
+        lines.append(f"- {label} ({len(rows)} rows): {error_stats(before)} -> "
+                     f"{error_stats(after)}")
+    return lines + [""]
+

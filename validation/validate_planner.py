@@ -42,6 +42,7 @@ from validation.validate_heldout import (
     llama3_lines,
     moe_findings,
     render_held_out,
+    switch_lines,
 )
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU "
@@ -303,6 +304,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *kernel_lines(priced),
         *gemm_lines(priced),
         *bound_lines(priced),
+        *switch_lines(priced),
         *llama3_lines(),
         "",
         *table,
