@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paraxis.kernels.stacked import stacked_linear
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
@@ -37,10 +39,11 @@ def stackable(layers: list[nn.Module]) -> bool:
 
 
 def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
-    """[layer(x) for layer in layers], in one GEMM where the layers allow it (`stackable`)."""
+    """[layer(x) for layer in layers], in one GEMM where the layers allow it (`stackable`);
+    for backward it keeps the weights, not their stacked copy (`kernels.stacked`)."""
     if len(layers) == 1 or not stackable(layers):
         return [layer(x) for layer in layers]
-    weight = torch.cat([layer.weight for layer in layers])
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    widths = [layer.weight.shape[0] for layer in layers]
-    return list(linear(x, weight, bias).split(widths, dim=-1))
+    weights = [layer.weight for layer in layers]
+    biases = None if layers[0].bias is None else [layer.bias for layer in layers]
+    widths = [w.shape[0] for w in weights]
+    return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
