@@ -103,3 +103,20 @@ def test_small_microbatches_run_host_bound() -> None:
     long = [evaluate(cfg, Layout(dp=8, zero=3), at, 4096, 8).step_time_s
             for at in (cluster, free)]
     assert long[0] == long[1]
+
+
+def test_megatron_buckets_grow_with_the_data_parallel_degree() -> None:
+    from paraxis.plan.comm import gradient_bucket_bytes
+
+    gpu = build_cluster("h100-sxm-80gb", 8, 8, {"gradient_bucket_rule": "megatron"}).gpu
+    assert gradient_bucket_bytes(gpu, 8, 4) == 40e6 * 4  # the 40M-parameter floor
+    assert gradient_bucket_bytes(gpu, 1024, 4) == 1024e6 * 4  # 1M parameters a rank
+    # 1024 ranks over a thin network: Megatron's buckets pay far fewer ring latencies
+    layout = Layout(dp=1024, microbatches=1)
+    overrides = {"nics_per_node": 4, "inter_node_bandwidth_Bps": 12.5e9}
+    exposed = [evaluate(PRESETS["llama2-7b"], layout, build_cluster(
+        "h100-sxm-80gb", 1024, 8, {**overrides, "gradient_bucket_rule": rule}), 2048,
+        1024).time["dp"] for rule in ("fixed", "megatron")]
+    assert exposed[1] < exposed[0] / 2
+    with pytest.raises(ParaxisError, match="gradient_bucket_rule='often' is unknown"):
+        build_cluster("a100-80gb", 8, 8, {"gradient_bucket_rule": "often"})

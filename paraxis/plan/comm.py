@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
@@ -320,6 +320,21 @@ def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
         return (scatters * collective_time("reduce_scatter", grads, dp, link, buckets)
                 + collective_time("all_gather", params, dp, link))
     return collective_time("all_reduce", grads, dp, link, buckets)
+
+
+# Megatron-Core's DDP default (DistributedDataParallelConfig.bucket_size): max(40M, 1M x dp)
+# parameters a bucket, "larger DP sizes need larger buckets to ensure collectives do not
+# become latency-bound".
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK = 40e6, 1e6
+
+
+def gradient_bucket_bytes(gpu: GPU, dp: int, grad_bytes: float) -> float:
+    """Bytes of one gradient bucket over `dp` ranks by the runtime's rule
+    (`GPU.gradient_bucket_rule`): "fixed", `GPU.gradient_bucket_bytes` (0: one per layer);
+    "megatron", Megatron-Core's max(40M, 1M x dp) parameters."""
+    if gpu.gradient_bucket_rule == "megatron":
+        return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * dp) * grad_bytes
+    return gpu.gradient_bucket_bytes
 
 
 def param_gather_time(stage_param_count: float, dp: int, zero: int, link: Link,

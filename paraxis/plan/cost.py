@@ -37,6 +37,7 @@ from paraxis.plan.comm import (
     collective_time,
     copies_sync_time,
     dp_sync_time,
+    gradient_bucket_bytes,
     last_bucket_time,
     param_gather_time,
     zero3_layer_times,
@@ -378,19 +379,21 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
+    bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        gpu.gradient_bucket_bytes, reshard, pipelined, copies, across)
+                        bucket, reshard, pipelined, copies, across)
     t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
-                                precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
+                                precision.grad_bytes, max(counts), bucket)
     # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
     # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
     t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
                                  precision.param_bytes)
     t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
-                              precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
+                              precision.grad_bytes, max(counts), bucket)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
-        expert_args = (max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
+        expert_args = (max(k[1] for k in kinds),
+                       gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
                              *expert_args, reshard, pipelined, copies, across)
         t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,

@@ -20,6 +20,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "gradient_bucket_bytes": 26214400,  # ZeRO-0/1/2 grads per call (25 MiB); 0: per layer (FSDP)
+      "gradient_bucket_rule": "fixed",    # or "megatron": max(40M, 1M x dp) parameters a bucket
       "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
       "tp_comm_overlap": "backward",      # TP collectives behind GEMMs: backward, or "all" (SP)
       "param_gather_overlap": false,      # ZeRO-1/2 parameter all-gather behind the next forward
@@ -116,6 +117,9 @@ class GPU:
     # (paraxis's runtime and PyTorch DDP: 25 MiB, each call paying its latency), or 0: one call
     # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
     gradient_bucket_bytes: float = DEFAULT_BUCKET_BYTES
+    # How the runtime sizes those buckets: "fixed", gradient_bucket_bytes; "megatron",
+    # Megatron-Core's DDP default, max(40M, 1M x dp) parameters a bucket (comm.py).
+    gradient_bucket_rule: str = "fixed"
     # ZeRO-2 under a pipeline: "step", as paraxis's runtime does it (a stage accumulates its
     # gradients whole over the microbatches and reduce-scatters them once, at the step's end:
     # ZeRO-1's traffic, the whole gradients in memory beside the shards), or "microbatch",
@@ -272,6 +276,9 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
+            raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
+                               "unknown; use fixed or megatron")
         if self.gpu.tp_comm_overlap not in ("backward", "all"):
             raise ParaxisError(f"tp_comm_overlap={self.gpu.tp_comm_overlap!r} is unknown; use "
                                "backward or all")
