@@ -123,10 +123,21 @@ def compile_blocks(part: Transformer, head: bool = True) -> None:
 
     With `head`, the final norm, LM head and loss too (`Transformer.head`): compiled, the
     loss's chunked passes over the logits become one fused kernel per chunk. ZeRO-3 hooks
-    the norm and the head themselves (each a unit), so there only the loss is compiled."""
+    the norm and the head themselves (each a unit), so there only the loss is compiled.
+
+    A routed (MoE) block's routing counts tokens per expert, which depends on the data, so
+    there the attention half (`Block._attend`) and each expert MLP are compiled, the
+    routing and dispatch between them eager; an expert's token count changes every step,
+    so its graph is compiled for any count (`dynamic=True`)."""
     keep_collectives_eager()
     for block in part.blocks:
-        block._forward = torch.compile(block._forward)
+        moe = getattr(block, "moe", None)
+        if moe is None:
+            block._forward = torch.compile(block._forward)
+            continue
+        block._attend = torch.compile(block._attend)
+        for expert in [*moe.experts, *([moe.shared] if hasattr(moe, "shared") else [])]:
+            expert.forward = torch.compile(expert.forward, dynamic=True)
     if part.has_head:
         if head:
             part.head = torch.compile(part.head)
