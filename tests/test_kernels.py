@@ -97,7 +97,8 @@ def test_fused_adamw_steps_like_the_foreach_one():
 
 def test_compiled_regions_have_no_graph_breaks():
     """What `--compile` compiles (`parallelize.compile_blocks`): each block's `_forward` and
-    the part's `head` (final norm, LM head, loss), each one graph."""
+    the part's `head` (final norm, LM head, loss), each one graph; in a routed block its
+    attention half and its experts."""
     for name in ("tiny", "tiny-llama"):
         cfg = PRESETS[name]
         model = build_model(cfg, seed=0)
@@ -108,6 +109,15 @@ def test_compiled_regions_have_no_graph_breaks():
             explained = torch._dynamo.explain(region)(*args)
             assert explained.graph_break_count == 0, (name, explained.break_reasons)
             assert explained.graph_count == 1, name
+    # a routed block: its attention half, and an expert MLP at some token count
+    cfg = PRESETS["tiny-moe"]
+    block = build_model(cfg, seed=0).blocks[0]
+    x = torch.randn(2, 16, cfg.d_model)
+    for region, args in ((block._attend, (x,)), (block.moe.experts[0].forward,
+                                                 (x.reshape(-1, cfg.d_model)[:7],))):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(region)(*args)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
 def _engine(precision: str = "fp32"):
