@@ -30,6 +30,9 @@ class HeldOutRun:
     micro_batch: int = 0  # sequences per microbatch (0: the whole local batch; -1: not stated)
     zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP; -1: ?
     kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
+    # AdamW (GPU.optimizer_kernel); "auto": torch.optim.AdamW's multi-tensor ops beside eager
+    # elementwise kernels, a fused Adam beside fused ones (validate_heldout.optimizer_kernel)
+    optimizer_kernel: str = "auto"
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
     # The flash implementation the source ran (plan/attention_rates.py: "fa2", "fa1",
     # "triton"), its core priced at that kernel's measured rate by shape; "": the source does

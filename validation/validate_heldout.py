@@ -56,9 +56,19 @@ def cluster_for(run: HeldOutRun) -> Cluster:
     sharding's too: `param_gather_overlap`)."""
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
-        **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
+        **overrides, "kernels": run.kernels, "optimizer_kernel": optimizer_kernel(run),
+        "attention_kernel": run.attention_kernel,
         "attention_impl": run.attention_impl, "param_gather_overlap": run.fsdp,
         "gradient_bucket_bytes": 0 if run.fsdp else DEFAULT_BUCKET_BYTES, **dict(run.network)})
+
+
+def optimizer_kernel(run: HeldOutRun) -> str:
+    """How `run`'s AdamW ran: as its record says, else torch.optim.AdamW's multi-tensor ops
+    beside eager elementwise kernels (what these rows were priced with from the start; the
+    sources do not say) and a fused Adam beside fused ones."""
+    if run.optimizer_kernel != "auto":
+        return run.optimizer_kernel
+    return "foreach" if run.kernels == "eager" else "fused"
 
 
 def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> float:

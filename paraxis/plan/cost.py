@@ -443,7 +443,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
     t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
-                                 layer_rates(cluster, layout.tp)[2], pipelined)
+                                 layer_rates(cluster, layout.tp)[2], pipelined,
+                                 gpu.optimizer_kernel)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
     t_calls = step_calls_time(cfg, layout, cluster)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls

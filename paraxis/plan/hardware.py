@@ -24,6 +24,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
       "tp_comm_overlap": "backward",      # TP collectives behind GEMMs: backward, or "all" (SP)
       "param_gather_overlap": false,      # ZeRO-1/2 parameter all-gather behind the next forward
+      "optimizer_kernel": "auto",         # AdamW: fused, foreach, paraxis; auto: by "kernels"
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "kernel_launch_s": 3.66e-5,         # GPU: host seconds per kernel launched
       "nodes": 8, "gpus_per_node": 8,
@@ -137,6 +138,11 @@ class GPU:
     # paraxis's runtime, DeepSpeed ZeRO-1/2), or bucket by bucket behind the next step's first
     # forward (True: Megatron-Core --overlap-param-gather).
     param_gather_overlap: bool = False
+    # How AdamW runs (`compute.optimizer_traffic_per_param`): "fused" (Megatron/Apex
+    # multi-tensor Adam), "foreach" (torch.optim.AdamW's multi-tensor ops, one pass per op),
+    # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
+    # master passes); "auto" is "fused" with fused kernels and "paraxis" with eager ones.
+    optimizer_kernel: str = "auto"
 
 
 # Host seconds per kernel launched, measured with paraxis's eager runtime on the host of an
@@ -279,6 +285,9 @@ class Cluster:
         if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
             raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
                                "unknown; use fixed or megatron")
+        if self.gpu.optimizer_kernel not in ("auto", "fused", "foreach", "paraxis"):
+            raise ParaxisError(f"optimizer_kernel={self.gpu.optimizer_kernel!r} is unknown; "
+                               "use auto, fused, foreach or paraxis")
         if self.gpu.tp_comm_overlap not in ("backward", "all"):
             raise ParaxisError(f"tp_comm_overlap={self.gpu.tp_comm_overlap!r} is unknown; use "
                                "backward or all")
