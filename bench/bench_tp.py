@@ -4,7 +4,8 @@ Same model (Llama style, untied head, grouped kv heads), same weights, same batc
 The peer uses the torchtitan plan: ColwiseParallel for q/k/v/gate/up, RowwiseParallel for
 o/down, a vocab-parallel embedding (RowwiseParallel on the table) and a vocab-parallel head
 with `loss_parallel` so it never gathers the logits either. Both steps are forward, backward
-and AdamW(foreach=False) (DTensor params need it); neither clips gradients,
+and fused AdamW (the peer: one optimizer for its DTensor shards, one for its plain
+tensors, since one fused call takes only one kind); neither clips gradients,
 since the peer has no global norm over mixed DTensor/Tensor gradients to match.
 """
 
@@ -47,7 +48,7 @@ class _TorchCrossEntropy(torch.nn.Module):
 
 def _dtensor(batch: int, seq: int) -> Callable[[], None]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -66,16 +67,21 @@ def _dtensor(batch: int, seq: int) -> Callable[[], None]:
             plan[f"blocks.{i}.{name}"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
     model.loss_fn = _TorchCrossEntropy()  # loss_parallel's: F.cross_entropy on DTensors
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1,
-                                  foreach=False)
+    # fused AdamW, one per kind of parameter: a fused call cannot mix DTensor shards with
+    # the plain tensors the plan leaves replicated (the norms)
+    kinds = ([p for p in model.parameters() if isinstance(p, DTensor)],
+             [p for p in model.parameters() if not isinstance(p, DTensor)])
+    optimizers = [torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True)
+                  for params in kinds if params]
     x, y = token_batch(MODEL.vocab_size, batch, seq)
 
     def step() -> None:
         with loss_parallel():  # cross-entropy on vocab-sharded logits, no gather
             loss = model(x, y)
             loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return step
 

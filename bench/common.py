@@ -100,10 +100,11 @@ def engine_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, lr: float = 1e
     """One paraxis training step on a fixed batch, as the training loop runs it."""
 
     def step() -> None:
-        engine.forward_backward(x, y)
-        if clip is not None:
-            engine.clip_grad_norm(clip)
-        engine.optimizer_step(lr)
+        if clip is None:  # as the peers it is compared with: no gradient norm at all
+            engine.forward_backward(x, y)
+            engine.optimizer_step(lr)
+        else:  # the loop's step: nothing read from the device until it is all queued
+            engine.train_step(x, y, lr, clip)
         engine.zero_grad()
 
     return step

@@ -108,8 +108,8 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
             result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
     if preset is not None:
         for side, kernels in (("paraxis", "eager"), ("paraxis --compile", "fused")):
-            estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1,
-                                                             {"kernels": kernels}),
+            runtime = {"kernels": kernels, "optimizer_kernel": "paraxis"}  # its own AdamW
+            estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1, runtime),
                                 seq, batch, MIXED_ADAM)
             sides[side]["planner_step_time_s"] = estimate.step_time_s
             sides[side]["planner_memory_bytes"] = estimate.memory["total"]

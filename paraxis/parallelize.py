@@ -7,7 +7,8 @@
 `parallelize` applies the axes in the order a reader expects (torchtitan's parallelize
 functions have the same shape): split the pipeline (each stage builds only its own part, on
 the meta device), split each part for tensor parallelism, point it at this rank's chunks of
-the sequence (context parallelism), choose what to recompute, then hand the parameters to
+the sequence (context parallelism), give the projections their FP8 GEMMs under an FP8
+policy, choose what to recompute, then hand the parameters to
 gradient sync / ZeRO over the dp (x cp) group, which gives them storage on the device. It
 never reads a parameter's value, so it runs on a model that does not exist yet: with
 `device="meta"` nothing at all is allocated (tests/test_parallelize.py).
@@ -36,6 +37,7 @@ from paraxis.dist.groups import ParallelGroups
 from paraxis.engine.contract import Engine
 from paraxis.engine.data_parallel.engine import DataParallelEngine
 from paraxis.engine.pipeline_parallel.engine import PipelineEngine
+from paraxis.kernels.fp8_modules import check_fp8, convert_to_fp8
 from paraxis.model.checkpoint.pieces import FullSource, fill_entries
 from paraxis.model.init_weights import initial_value
 from paraxis.model.stage import stage_parts
@@ -49,7 +51,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.precision import PrecisionPolicy
+from paraxis.spec.precision import PrecisionPolicy, get_policy
 from paraxis.spec.schedules import check_compile
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
 
@@ -93,6 +95,14 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     if end_of_document is not None:
         for part in parts:
             part.set_packing(end_of_document)
+    # 3d. FP8: every block projection the policy names runs its matmul in FP8, its scales
+    #     reduced over the groups that split what one device's GEMM sees (kernels/fp8.py)
+    policy = get_policy(precision)
+    if policy.fp8_recipe is not None:
+        check_fp8(policy, cfg, layout.tp, layout.etp, device)
+        tokens = (groups.cp_group,) if layout.cp > 1 else ()
+        for part in parts:
+            convert_to_fp8(part, policy, tokens, tokens if layout.ep == 1 else ())
     # 4. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute, layout.recompute_layers)
@@ -123,10 +133,21 @@ def compile_blocks(part: Transformer, head: bool = True) -> None:
 
     With `head`, the final norm, LM head and loss too (`Transformer.head`): compiled, the
     loss's chunked passes over the logits become one fused kernel per chunk. ZeRO-3 hooks
-    the norm and the head themselves (each a unit), so there only the loss is compiled."""
+    the norm and the head themselves (each a unit), so there only the loss is compiled.
+
+    A routed (MoE) block's routing counts tokens per expert, which depends on the data, so
+    there the attention half (`Block._attend`) and each expert MLP are compiled, the
+    routing and dispatch between them eager; an expert's token count changes every step,
+    so its graph is compiled for any count (`dynamic=True`)."""
     keep_collectives_eager()
     for block in part.blocks:
-        block._forward = torch.compile(block._forward)
+        moe = getattr(block, "moe", None)
+        if moe is None:
+            block._forward = torch.compile(block._forward)
+            continue
+        block._attend = torch.compile(block._attend)
+        for expert in [*moe.experts, *([moe.shared] if hasattr(moe, "shared") else [])]:
+            expert.forward = torch.compile(expert.forward, dynamic=True)
     if part.has_head:
         if head:
             part.head = torch.compile(part.head)
@@ -169,10 +190,11 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  end_of_document: int | None = None) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
-    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16") or a
-    policy; seq_len: weighs attention in the pipeline split; announce: print the split
-    (rank 0, when not quiet); compile: `torch.compile` each block (`compile_blocks`);
-    end_of_document: pack documents ending at this id (`paraxis.parallel.context.packing`).
+    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16", "fp8",
+    "fp8-rowwise") or a policy; seq_len: weighs attention in the pipeline split; announce:
+    print the split (rank 0, when not quiet); compile: `torch.compile` each block
+    (`compile_blocks`); end_of_document: pack documents ending at this id
+    (`paraxis.parallel.context.packing`).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)

@@ -95,7 +95,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("bucket-0", [*TRAIN, "--bucket-mb", "0"], "--bucket-mb 0.0", "DDP uses 25", False),
     ("timeout-0", [*TRAIN, "--timeout-s", "0"], "--timeout-s 0.0",
      "positive number of seconds", False),
-    ("precision-fp8", [*TRAIN, "--precision", "fp8"], "--precision fp8 is unknown",
+    ("precision-fp4", [*TRAIN, "--precision", "fp4"], "--precision fp4 is unknown",
      "use fp32, bf16, bf16-fp32grad, fp16", False),
     ("dtype-renamed", [*TRAIN, "--dtype", "bf16"], "--dtype is now --precision",
      "use --precision bf16", False),

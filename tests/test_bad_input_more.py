@@ -34,7 +34,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("run-file-steps-0", ["train", "--quiet", "--device", "cpu", "--config", "steps0.toml"],
      "steps0.toml: [train] steps = 0 must be at least 1", "at least 1", False),
     ("run-file-precision-unknown", [*TRAIN, "--config", "precision.toml"],
-     'precision.toml: [train] precision = "fp8" is unknown', "use fp32, bf16", False),
+     'precision.toml: [train] precision = "fp4" is unknown', "use fp32, bf16", False),
     ("run-file-checkpoint-every-without-dir", [*TRAIN, "--config", "every.toml"],
      "every.toml: [checkpoint] every needs --checkpoint-dir", "add it", False),
     ("run-file-val-path-without-evaluations", [*TRAIN, "--config", "val.toml"],
@@ -98,7 +98,7 @@ def make_inputs(folder: Path) -> None:
     (folder / "neg_lr.toml").write_text("[optimizer]\nlr = -1\n")
     (folder / "seed.toml").write_text("[train]\nseed = -3\n")
     (folder / "steps0.toml").write_text("[train]\nsteps = 0\n")
-    (folder / "precision.toml").write_text('[train]\nprecision = "fp8"\n')
+    (folder / "precision.toml").write_text('[train]\nprecision = "fp4"\n')
     (folder / "every.toml").write_text("[checkpoint]\nevery = 2\n")
     (folder / "val.toml").write_text('[data]\nval_path = "c.jsonl"\n')
     (folder / "c.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n"

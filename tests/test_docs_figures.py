@@ -239,9 +239,9 @@ def test_planner_mixture_of_experts_pick(capsys) -> None:
                r"\(`(paraxis plan --model mixtral-8x7b [^`]*)`\) it picks dp=(\d+), pp=(\d+), "
                r"ep=(\d+) inside the node, ZeRO-3 keeping each chunk gathered for the step "
                r"\(([\d.]+) s a step, ([\d.]+) s of all-to-alls exposed\).*? the best layout "
-               r"without EP splits each expert over tp=(\d+) \(etp=(\d+)\) across (\w+) stages, "
-               r"and is ([\d.]+)% slower.*? the same command with `--layout ([^`]+)`, takes "
-               r"(\w+) stages and ([\d.]+) s a step")
+               r"without EP keeps the experts whole on tp=(\d+)'s sequence shards \(etp=(\d+) "
+               r"with SP.*?\) across (\w+) stages, and is ([\d.]+)% slower.*?the same "
+               r"command with `--layout ([^`]+)` takes (\w+) stages and ([\d.]+) s a step")
     (command, dp, pp, ep, step, all_to_all, tp, etp, stages, slower, whole, whole_stages,
      whole_step) = m.groups()
     out = plan(capsys, command)
@@ -251,7 +251,8 @@ def test_planner_mixture_of_experts_pick(capsys) -> None:
     assert agrees(step, out.row["step s"])
     assert agrees(all_to_all, out.bullet(r"EP=\d+ .* ([\d.]+) s per step, all exposed").group(1))
     best = out.bullet(r"Best layout without EP: (\S+), \+([\d.]+)%")
-    assert f",tp={tp},pp={WORDS[stages]},etp={etp}," in best.group(1)
+    assert f",tp={tp},pp={WORDS[stages]}," in best.group(1) and etp == "1"
+    assert "etp=" not in best.group(1) and "sequence_parallel=true" in best.group(1)
     assert best.group(2) == slower
     out = plan(capsys, command, "--layout", whole)
     assert f",tp={tp},pp={WORDS[whole_stages]}," in out.row["layout"]

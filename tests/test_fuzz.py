@@ -49,7 +49,7 @@ TRAIN_BAD = {
     "--eval-every": ["-1"], "--checkpoint-every": ["-1"], "--keep": ["-1"],
     "--exit-after": ["0", "1"], "--peak-tflops": ["0", "-5", INF, NAN], "--nproc": ["0", "-2"],
     "--max-restarts": ["-1", "1"], "--zero": ["5", "-1"], "--tp": ["3", "0"], "--pp": ["0", "7"],
-    "--microbatches": ["0", "-2"], "--precision": ["fp8", "FP32", ""], "--device": ["tpu", ""],
+    "--microbatches": ["0", "-2"], "--precision": ["fp4", "FP32", ""], "--device": ["tpu", ""],
     "--on-nan": ["ignore"], "--schedule": ["zigzag"], "--recompute": ["most"],
     "--layout": ["dp=1,dp=1", "dp=two", "xx=3", "pp=1,schedule=interleaved", "dp=0", "=",
                  "tp=2,tp=2"], "--virtual-stages": ["2", "0"],

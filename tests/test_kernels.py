@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -96,7 +97,8 @@ def test_fused_adamw_steps_like_the_foreach_one():
 
 def test_compiled_regions_have_no_graph_breaks():
     """What `--compile` compiles (`parallelize.compile_blocks`): each block's `_forward` and
-    the part's `head` (final norm, LM head, loss), each one graph."""
+    the part's `head` (final norm, LM head, loss), each one graph; in a routed block its
+    attention half and its experts."""
     for name in ("tiny", "tiny-llama"):
         cfg = PRESETS[name]
         model = build_model(cfg, seed=0)
@@ -107,3 +109,138 @@ def test_compiled_regions_have_no_graph_breaks():
             explained = torch._dynamo.explain(region)(*args)
             assert explained.graph_break_count == 0, (name, explained.break_reasons)
             assert explained.graph_count == 1, name
+    # a routed block: its attention half, and an expert MLP at some token count
+    cfg = PRESETS["tiny-moe"]
+    block = build_model(cfg, seed=0).blocks[0]
+    x = torch.randn(2, 16, cfg.d_model)
+    for region, args in ((block._attend, (x,)), (block.moe.experts[0].forward,
+                                                 (x.reshape(-1, cfg.d_model)[:7],))):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(region)(*args)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def _engine(precision: str = "fp32"):
+    from paraxis.dist.groups import build_groups
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.layout import Layout
+
+    layout = Layout.parse("microbatches=2")
+    return build_engine(PRESETS["tiny-llama"], layout, build_groups(layout), "cpu", seed=0,
+                        precision=precision)
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, PRESETS["tiny-llama"].vocab_size, (4, 17),
+                           generator=torch.Generator().manual_seed(seed))
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def test_train_step_is_the_step_of_the_float_calls():
+    """`train_step` (what the loop runs) moves the weights exactly as forward_backward,
+    clip_grad_norm and optimizer_step called one by one, and returns the same numbers."""
+    queued, called = _engine(), _engine()
+    for step in range(3):
+        x, y = _batch(step)
+        loss, norm = queued.train_step(x, y, 1e-2, 0.5)
+        queued.zero_grad()
+        assert float(loss) == called.forward_backward(x, y)
+        assert float(norm) == called.clip_grad_norm(0.5)
+        called.optimizer_step(1e-2)
+        called.zero_grad()
+    for (_, a), (_, b) in zip(queued.named_parameters(), called.named_parameters(),
+                              strict=True):
+        assert torch.equal(a, b)
+
+
+def test_train_step_reads_nothing_back_from_the_device(monkeypatch):
+    """No tensor becomes a Python number inside the step (each such read makes the host
+    wait for a GPU): float(), .item(), .tolist() and bool() of a tensor fail while it runs."""
+    for precision in ("fp32", "bf16"):
+        engine = _engine(precision)
+        x, y = _batch(0)
+        engine.train_step(x, y, 1e-2, 1.0)  # first step: state set up
+        engine.zero_grad()
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the step read a tensor on the host")
+
+        with monkeypatch.context() as patch:
+            for name in ("__float__", "item", "tolist", "__bool__", "__int__"):
+                patch.setattr(torch.Tensor, name, refuse)
+            with pytest.raises(AssertionError, match="read a tensor"):
+                float(torch.ones(()))
+            loss, norm = engine.train_step(x, y, 1e-2, 1.0)
+        assert 0 < float(loss) < 20 and float(norm) > 0, precision
+
+
+def test_a_step_that_is_not_finite_leaves_weights_and_adam_alone():
+    """Decided on the device: the fused kernel's found_inf skips the update, the moments and
+    the step count, with fp32 weights and with bf16 ones over fp32 masters."""
+    for precision in ("fp32", "bf16"):
+        engine = _engine(precision)
+        engine.train_step(*_batch(0), 1e-2, 1.0)
+        engine.zero_grad()
+        before = [p.detach().clone() for _, p in engine.named_parameters()]
+        state = [{k: v.clone() for k, v in s.items()} for s in engine.optimizer.state.values()]
+        param = engine.named_parameters()[3][1]
+        hook = param.register_hook(lambda grad: grad * float("inf"))
+        loss, norm = engine.train_step(*_batch(1), 1e-2, 1.0)
+        hook.remove()
+        engine.zero_grad()
+        assert torch.isfinite(loss) and not torch.isfinite(norm)
+        for (_, p), old in zip(engine.named_parameters(), before, strict=True):
+            assert torch.equal(p, old), precision
+        for s, old in zip(engine.optimizer.state.values(), state, strict=True):
+            for key, value in s.items():
+                assert torch.equal(value, old[key]), (precision, key)
+        # and the next finite step goes on as usual
+        engine.train_step(*_batch(2), 1e-2, 1.0)
+        assert not all(torch.equal(p, old) for (_, p), old in
+                       zip(engine.named_parameters(), before, strict=True))
+
+
+def test_stacked_projections_keep_the_weights_not_a_stacked_copy():
+    """One GEMM forward; for backward the input and the weights themselves are kept (as
+    separate linears keep them), never their stacked copy; gradients as separate linears'."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, 32), nn.Linear(32, 8), nn.Linear(32, 8)]
+    x = torch.randn(4, 5, 32, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outs = project(x, layers)
+    stacked_rows = sum(layer.weight.shape[0] for layer in layers)
+    assert not any(t.dim() == 2 and t.shape[0] == stacked_rows for t in saved)
+    weights = {layer.weight.data_ptr() for layer in layers}
+    assert weights <= {t.data_ptr() for t in saved}
+    sum(o.square().sum() for o in outs).backward()
+    got = [x.grad.clone()] + [p.grad.clone() for layer in layers for p in layer.parameters()]
+    x.grad = None
+    for layer in layers:
+        layer.zero_grad()
+    sum(layer(x).square().sum() for layer in layers).backward()
+    want = [x.grad] + [p.grad for layer in layers for p in layer.parameters()]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_stacked_projections_under_autocast_match_separate_ones():
+    """bf16 autocast over fp32 weights: the backward computes in bf16 and hands each
+    gradient back in its tensor's dtype, as autocast's casts do for separate linears."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, 16), nn.Linear(32, 16)]
+    x = torch.randn(3, 32, requires_grad=True)
+    grads = []
+    for stacked in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs = project(x, layers) if stacked else [layer(x) for layer in layers]
+        assert all(o.dtype == torch.bfloat16 for o in outs)
+        sum(o.float().square().sum() for o in outs).backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for layer in layers
+                                         for p in layer.parameters()])
+        x.grad = None
+        for layer in layers:
+            layer.zero_grad()
+    for a, b in zip(*grads, strict=True):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

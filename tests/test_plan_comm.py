@@ -11,10 +11,9 @@ from paraxis.plan.comm import (
     reduce_scatter_time,
     ring_all_reduce_time,
     tp_collectives_per_layer,
-    tp_layer_exposed_time,
-    tp_layer_time,
 )
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.tp_layer import tp_layer_exposed_time, tp_layer_time
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 

@@ -50,8 +50,10 @@ def test_zigzag_split_leaves_no_imbalance_and_compute_falls_by_cp() -> None:
     cluster = build_cluster("h100-sxm-80gb", 16, 8)
     whole = layer_times(LLAMA_8B, Layout(dp=16), cluster, LONG, 1)
     split = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
-    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=0.01)
-    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=0.01)
+    # within what separates the kernel's unmasked ring blocks from the masked whole (cuDNN,
+    # the preset's: 557 against 509 TFLOP/s at its plateaus, d = 128)
+    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=0.05)
+    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=0.05)
 
 
 def test_ring_hides_the_exchange_behind_attention_and_all_gather_only_partly() -> None:

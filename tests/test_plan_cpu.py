@@ -3,13 +3,15 @@
 import pytest
 
 from paraxis.plan.bubble import pipeline_figures
-from paraxis.plan.comm import Link, tp_layer_time
+from paraxis.plan.comm import Link
 from paraxis.plan.compute import (
     layer_forward_traffic_per_token_eager,
     optimizer_traffic_per_param,
 )
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.tp_layer import tp_layer_time
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM
@@ -87,8 +89,8 @@ def test_a_lone_stage_shares_the_cores_among_its_own_ranks():
 def test_nothing_hides_communication_on_a_cpu():
     estimate = price(Layout(dp=2))
     assert estimate.time["dp"] == estimate.time["dp_total"] > 0
-    gpu = evaluate(MODEL, Layout(dp=2), build_cluster("a100-80gb", 2), 128, 16)
-    assert gpu.time["dp"] < gpu.time["dp_total"]  # DDP buckets hide behind backward
+    gpu = evaluate(PRESETS["gpt2-124m"], Layout(dp=2), build_cluster("a100-80gb", 2), 128, 16)
+    assert gpu.time["dp"] < gpu.time["dp_total"]  # DDP buckets (but the last) hide behind backward
 
 
 def test_eager_traffic_counts_every_elementwise_kernel():
@@ -106,7 +108,13 @@ def test_eager_traffic_counts_every_elementwise_kernel():
 
 
 def test_optimizer_update_is_priced_by_bytes():
-    assert optimizer_traffic_per_param(FP32_ADAM, "eager") == 21 * 4 + 3 * 4
+    # paraxis's runtime (torch's fused kernel, then its own norm and clipping passes), the
+    # elementwise "eager" setting's AdamW; torch.optim.AdamW's foreach ops; Megatron's fused
+    assert optimizer_traffic_per_param(FP32_ADAM, "eager") == 28 + 4 + 2 * 4
+    assert optimizer_traffic_per_param(FP32_ADAM, "paraxis") == 28 + 4 + 2 * 4
+    assert optimizer_traffic_per_param(FP32_ADAM, "foreach") == 21 * 4 + 3 * 4
+    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis") == 28 + 2 + 6 + 8 + 6
+    assert optimizer_traffic_per_param(MIXED_ADAM, "fused") == 32
     one, sharded = price(Layout(dp=2)), price(Layout(dp=2, zero=1))
     assert sharded.time["optimizer"] == pytest.approx(one.time["optimizer"] / 2)
 
@@ -175,3 +183,20 @@ def test_a_calibrated_device_takes_no_presets_gemm_shape_term():
                           + MODEL.d_model * MODEL.vocab_size) * 16 * 128
     assert slow - plain == pytest.approx(gemm_flops / CPU["peak_flops"] * 192 / 256,
                                          rel=0.02)
+
+
+def test_optimizer_kernel_follows_the_runtime_and_can_be_named():
+    """`auto` prices paraxis's AdamW beside eager kernels and Megatron's fused Adam beside
+    fused ones; a source that ran torch.optim.AdamW's foreach ops names it."""
+    def optimizer_s(changes: dict) -> float:
+        cluster = build_cluster("h100-sxm-80gb", 1, 1, changes)
+        return evaluate(PRESETS["gpt2-124m"], Layout(), cluster, 1024, 8,
+                        MIXED_ADAM).time["optimizer"]
+
+    eager = optimizer_s({"kernels": "eager"})
+    assert eager == pytest.approx(optimizer_s({"kernels": "eager",
+                                               "optimizer_kernel": "paraxis"}))
+    assert eager < optimizer_s({"kernels": "eager", "optimizer_kernel": "foreach"})
+    assert optimizer_s({"kernels": "fused"}) < eager
+    with pytest.raises(ParaxisError, match="optimizer_kernel='apex' is unknown"):
+        build_cluster("h100-sxm-80gb", 1, 1, {"optimizer_kernel": "apex"})

@@ -19,7 +19,15 @@ from paraxis.plan.rates import layer_rates, weight_gemm_seconds
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.precision import BF16, FP8, PRECISIONS, Precision, PrecisionPolicy
+from paraxis.spec.precision import (
+    BF16,
+    FP8,
+    PRECISIONS,
+    Precision,
+    PrecisionPolicy,
+    get_policy,
+)
+from paraxis.spec.precision import PRESETS as POLICY_PRESETS
 
 H100 = build_cluster("h100-sxm-80gb", 1, 8)
 BF16_PRICE, FP8_PRICE = PRECISIONS["bf16"], PRECISIONS["fp8"]
@@ -119,12 +127,21 @@ def test_fp8_weight_gather_halves_the_linears_gathers() -> None:
 def test_fp8_policy_is_bf16s_states_with_fp8_gemms() -> None:
     assert (FP8.param_bytes, FP8.grad_bytes, FP8.optimizer_bytes) == (
         BF16.param_bytes, BF16.grad_bytes, BF16.optimizer_bytes)
-    assert FP8.fp8_recipe == "tensorwise" and not BF16.fp8_recipe
-    assert "fp8 (tensorwise)" in FP8.describe()
+    assert FP8.fp8_recipe == "tensorwise" and BF16.fp8_recipe is None
+    assert "FP8 block GEMMs (tensorwise)" in FP8.describe()
+    # both runtime presets price FP8 with their own scales
+    assert PRECISIONS["fp8-rowwise"].fp8_recipe == "rowwise"
+    assert PRECISIONS["bf16"].fp8_recipe is None
     assert FP8_PRICE.total_bytes == BF16_PRICE.total_bytes == 16
     with pytest.raises(ParaxisError, match="fp8_recipe 'blockwise' is unknown"):
         PrecisionPolicy("x", "bf16", "bf16", "bf16", "bf16", master_weights=True,
                         fp8_recipe="blockwise")
+    # Transformer Engine's delayed scaling is the planner's alone: no runtime policy runs it
+    with pytest.raises(ParaxisError, match="fp8_recipe 'delayed' is unknown"):
+        PrecisionPolicy("x", "bf16", "bf16", "bf16", "bf16", master_weights=True,
+                        fp8_recipe="delayed")
+    with pytest.raises(ParaxisError, match="unknown"):
+        check_fp8(GPUS["h100-sxm-80gb"], dataclasses.replace(FP8_PRICE, fp8_recipe="blockwise"))
 
 
 def test_fp8_is_refused_on_gpus_without_fp8_tensor_cores() -> None:
@@ -157,6 +174,16 @@ def test_plan_fp8_end_to_end(capsys) -> None:
                            "--layout", "dp=8,zero=3,microbatches=8")
     assert code == 0
     assert "FP8 (rowwise scales)" in out and "ZeRO gathers FP8 weights" in out
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu",
+                           "h100-sxm-80gb", "--precision", "fp8-rowwise", "--global-batch",
+                           "64", "--seq-len", "8192", "--top", "2")
+    assert code == 0
+    assert "FP8 (rowwise scales)" in out
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu",
+                           "h100-sxm-80gb", "--precision", "fp8", "--fp8-recipe", "delayed",
+                           "--global-batch", "64", "--seq-len", "8192", "--top", "2")
+    assert code == 0
+    assert "FP8 (delayed scales)" in out
 
 
 def test_plan_fp8_on_a100_is_one_line_exit_2(capsys) -> None:
@@ -170,3 +197,13 @@ def test_fp8_flags_need_fp8(capsys) -> None:
     code, _, err = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu",
                            "h100-sxm-80gb", "--fp8-weight-gather")
     assert code == 2 and "add --precision fp8" in err
+
+
+def test_train_takes_only_the_recipes_the_runtime_runs() -> None:
+    """`paraxis train --precision` takes the runtime's presets; the planner's delayed scaling
+    is a pricing recipe (--fp8-recipe) that no preset names."""
+    fp8 = {name for name, policy in POLICY_PRESETS.items() if policy.fp8_recipe is not None}
+    assert fp8 == {"fp8", "fp8-rowwise"}
+    assert get_policy("fp8-rowwise").fp8_recipe == "rowwise"
+    with pytest.raises(ParaxisError, match="unknown"):
+        get_policy("fp8-delayed")

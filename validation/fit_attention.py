@@ -4,7 +4,8 @@
 
 The model (paraxis/plan/attention_rates.py): rate(s, d) = r_max(d) * s / (s + s_half) per
 (GPU, kernel, causal mask), r_max fitted at head dims 64 and 128, s_half shared by both: three
-parameters on twelve chart points each (CHARTS, the FlashAttention-2 paper's fwd + bwd bars).
+parameters on twelve chart points each (CHARTS: the FlashAttention-2 paper's fwd + bwd bars, and
+cuDNN's on H100 from the FlashAttention-3 paper's forward and backward bars).
 For a given s_half the two plateaus minimising the squared relative error have a closed form;
 s_half is searched on a grid of whole tokens. No training run, fitted or held out, is read
 here. Prints each fit, its rms and largest error, the FITTED table to commit, and how the
@@ -17,7 +18,7 @@ from paraxis.plan.attention_rates import CHARTS, SEQ_LENS, KernelFit
 from validation.fit_gemm import rms
 
 S_HALF_GRID = range(0, 4001)  # tokens
-PRICED_KERNELS = ("fa1", "fa2")
+PRICED_KERNELS = ("fa1", "fa2", "cudnn")
 
 
 def chart_points(gpu: str, kernel: str, causal: bool) -> list[tuple[int, int, float]]:
@@ -55,7 +56,7 @@ def fit_kernel(gpu: str, kernel: str, causal: bool) -> KernelFit:
 def fit_all() -> dict[tuple[str, str, bool], KernelFit]:
     return {(gpu, kernel, causal): fit_kernel(gpu, kernel, causal)
             for gpu in ("a100", "h100") for kernel in PRICED_KERNELS
-            for causal in (False, True)}
+            for causal in (False, True) if chart_points(gpu, kernel, causal)}
 
 
 def main() -> int:

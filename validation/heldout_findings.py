@@ -43,7 +43,7 @@ HELD_OUT_FINDINGS = [
     "NVIDIA's published CP rows are FP8 too; neither has a bf16 twin). Its rows are priced",
     "as Sec. 3.3.2",
     "describes them; what the paper leaves open is listed in validation/heldout_runs.py",
-    "(`LLAMA3`). The 128K row, all-gather CP over 16 ranks, comes out 26% too fast (its",
+    "(`LLAMA3`). The 128K row, all-gather CP over 16 ranks, comes out 27% too fast (its",
     "published tokens depend on the FLOP count: lines below), the two 8K rows, without CP,",
     "28-39% too slow: they miss in opposite directions, and not by CP alone. The paper's FSDP",
     "shards the gradients (ZeRO-2), a reduce-scatter of every microbatch's fp32 gradients",
@@ -84,6 +84,15 @@ HELD_OUT_FINDINGS = [
     "against MAMF's 0.869, w = 4096-5120). Llama 3's 8K x8192 row ran at 0.83 of",
     "an ideal machine that keeps the bubble of the interleaving depth the planner's memory",
     "allows (finding 4): its schedule had less bubble than that. Nothing was refitted.",
+    "(7) The runtime switches (plan/hardware.py: `tp_comm_overlap`, `param_gather_overlap`,",
+    "`gradient_bucket_bytes` with its last bucket never hidden, `expert_tp_dispatch`,",
+    "`kernel_launch_s`, `attention_impl = \"cudnn\"`) are set as each source ran them",
+    "(validation/heldout_runs.py), and the lines below give each against its other setting.",
+    "They barely move these rows: no priced source ran TP overlap beyond the backward's,",
+    "sequence-shard MoE dispatch or cuDNN attention, and no priced row is host-bound. The",
+    "misses left are those of findings 2, 4 and 6: the triton kernel's FA1 stand-in beyond",
+    "8K, Llama 3's 8K rows, and the A100-80GB llm-foundry rows that ran closer to the",
+    "chip's best matmul rate than the fitted curve allows. Nothing was refitted on them.",
 ]
 
 
@@ -100,7 +109,7 @@ def largest_error_lines(errors: list[float], fitted_errors: list[float]) -> list
     ranked = sorted(map(abs, errors))
     beyond = sum(a > 0.20 for a in ranked)
     fitted_mean = sum(map(abs, fitted_errors)) / len(fitted_errors)
-    at_mean = 0.10 / math.sqrt(2 / math.pi)  # a normal's RMS at mean |error| 10%
+    at_mean = 0.08 / math.sqrt(2 / math.pi)  # a normal's RMS at the mean |error| target
     return [
         "What the largest-error target asks: the held-out errors have an RMS of "
         f"{rms:.1%}; their 90th and 95th percentiles of |error| are "
@@ -111,5 +120,5 @@ def largest_error_lines(errors: list[float], fitted_errors: list[float]) -> list
         f"{needed:.1%}, a mean |error| of {needed * math.sqrt(2 / math.pi):.1%}, near the fitted "
         f"rows' own in-sample {fitted_mean:.1%}, on {n} rows from sources that "
         "do not publish every setting they ran (the misses below each name theirs). A "
-        "model exactly at the mean target (10%, an RMS of "
+        "model exactly at the mean target (8%, an RMS of "
         f"{at_mean:.1%}) would have a largest |error| near {at_mean * z:.0%} here."]

@@ -52,7 +52,7 @@ def twin_lines(priced: list[HeldOutResult]) -> list[str]:
     for result in priced:
         other = twin(result.run)
         if other is None or not other.tokens_per_gpu_s or not result.run.tokens_per_gpu_s:
-            bf16 = price(dataclasses.replace(result.run, precision="bf16", fp8_recipe="",
+            bf16 = price(dataclasses.replace(result.run, precision="bf16", fp8_recipe=None,
                                              fp8_weight_gather=False))
             speedup = (result.tokens_per_gpu_s or 0.0) / (bf16.tokens_per_gpu_s or 1.0)
             alone.append(f"{result.run.name} {speedup:.2f}x")

@@ -28,6 +28,9 @@ class HeldOutRun:
     micro_batch: int = 0  # sequences per microbatch (0: the whole local batch; -1: not stated)
     zero: int = 3  # ZeRO stage over dp: 3 = FSDP FULL_SHARD, 2 = SHARD_GRAD_OP, 0 = DDP; -1: ?
     kernels: str = "eager"  # elementwise ops: "eager" PyTorch or "fused" (Megatron, apex)
+    # AdamW (GPU.optimizer_kernel); "auto": torch.optim.AdamW's multi-tensor ops beside eager
+    # elementwise kernels, a fused Adam beside fused ones (validate_heldout.optimizer_kernel)
+    optimizer_kernel: str = "auto"
     attention_kernel: str = "flash"  # "math" where the source keeps the s x s scores
     # The flash implementation the source ran (plan/attention_rates.py: "fa2", "fa1",
     # "triton"), its core priced at that kernel's measured rate by shape; "": the source does
@@ -39,9 +42,9 @@ class HeldOutRun:
     sequence_parallel: bool = False
     virtual_stages: int = 1  # interleaving depth; 0: not published, the planner picks it
     precision: str = "bf16"  # a key of paraxis.spec.precision.PRECISIONS
-    # fp8 rows: the scaling recipe the source ran ("": the fp8 policy's; plan/fp8.py) and
+    # FP8 rows: the scaling recipe the source ran (None: the precision's; plan/fp8.py) and
     # whether its ZeRO/FSDP gathers moved FP8 weights
-    fp8_recipe: str = ""
+    fp8_recipe: str | None = None
     fp8_weight_gather: bool = False
     fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp

@@ -33,7 +33,18 @@ TORCHTITAN_H100 = ("torchtitan docs/performance.md at commit eaea6f6 (pytorch/to
                    "Llama 3.1 on H100 (96 GB HBM2e, 2.4 TB/s, 500 W power limit; 400 Gb/s "
                    "RDMA per GPU)")
 COMPILE = "torch.compile fuses the elementwise kernels: the planner models eager or Megatron-fused"
-ASYNC_TP = "AsyncTP overlaps TP collectives with GEMMs in the forward too: not modelled"
+# Tables 5 and 6 name the schedule but not how many microbatches a step's pipeline ran.
+PP_MICROBATCHES = "pipeline microbatches per step not stated: not priced as run"
+
+# Runtime settings the cost model prices per source (plan/hardware.py), as each source ran
+# them. Gradient buckets and the ZeRO parameter gather: PyTorch FSDP (torchtitan, llm-foundry,
+# NeMo AutoModel, Llama 3's) reduces one wrapped block a call and gathers a block's
+# parameters in its forward (`fsdp`, validate_heldout.cluster_for); DDP (FlashAttention's
+# table) reduces in torch's default 25 MiB buckets; BLOOM's DeepSpeed below. TP overlap: only
+# BLOOM and Llama 3 run TP among the priced bf16 rows; neither source states an overlap beyond
+# the backward's, Megatron-LM's default of their time ("backward"); torchtitan's AsyncTP rows
+# (Float8, validation/heldout_fp8.py) are its runtime's forward overlap ("all"). MoE
+# dispatch: the priced EP rows have tp = 1 (AutoModel's DeepEP: `expert_dispatch`).
 
 
 # torchtitan's attention is PyTorch SDPA (torchtitan/models/llama/model.py:
@@ -57,10 +68,12 @@ def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: floa
 # all-gather of TP inputs is not modelled (priced at bf16's 2 bytes).
 def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: int, seq: int,
           recompute: str, tps: float, where: str, unpriced: str = "",
-          schedule: str = "1f1b", cp: int = 1, fp8: bool = False) -> HeldOutRun:
+          schedule: str = "1f1b", cp: int = 1, fp8: bool = False,
+          async_tp: bool = False) -> HeldOutRun:
     return HeldOutRun(name, model, "h100-96gb", gpus, dp, tp, pp, batch, seq, recompute, tps,
                       TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp,
                       attention_impl="fa2", sequence_parallel=fp8 and tp > 1,
+                      network=(("tp_comm_overlap", "all"),) if async_tp else (),
                       **({"precision": "fp8", "fp8_weight_gather": True, "kernels": "fused"}
                          if fp8 else {}))  # type: ignore[arg-type]
 
@@ -117,24 +130,26 @@ TORCHTITAN = [
     # (its caption: both rows).
     _h100("Llama 3.1 70B 2D", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 829,
           "Table 4, row 2D", fp8=True),
+    # AsyncTP pipelines the TP collectives with the GEMMs, forward too: tp_comm_overlap "all"
     _h100("Llama 3.1 70B 2D AsyncTP", "llama3-70b", 256, 32, 8, 1, 16, 8192, "full", 876,
-          "Table 4, row 2D + AsyncTP", ASYNC_TP, fp8=True),
+          "Table 4, row 2D + AsyncTP", fp8=True, async_tp=True),
     # Table 5: 405B, FSDP 8 x TP 8 x PP 8, local batch 32, global 256, full checkpointing,
     # "+ torch.compile + Float8 + AsyncTP" (its caption).
     _h100("Llama 3.1 405B 3D 1F1B", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 100,
-          "Table 5, row 1F1B", ASYNC_TP, fp8=True),
+          "Table 5, row 1F1B", PP_MICROBATCHES, fp8=True, async_tp=True),
     _h100("Llama 3.1 405B 3D interleaved", "llama3-405b", 512, 8, 8, 8, 32, 8192, "full", 128,
-          "Table 5, row Interleaved 1F1B", ASYNC_TP, fp8=True, schedule="interleaved"),
+          "Table 5, row Interleaved 1F1B", PP_MICROBATCHES, fp8=True, async_tp=True,
+          schedule="interleaved"),
     # Table 6: 405B, TP 8 x PP 8, local batch 8, full checkpointing, 1F1B; "+ torch.compile +
     # Float8 + AsyncTP" (its caption).
     _h100("Llama 3.1 405B 4D CP1 32K", "llama3-405b", 512, 8, 8, 8, 8, 32768, "full", 76,
-          "Table 6, row FSDP 8, CP 1", ASYNC_TP, fp8=True),
+          "Table 6, row FSDP 8, CP 1", PP_MICROBATCHES, fp8=True, async_tp=True),
     _h100("Llama 3.1 405B 4D CP2 64K", "llama3-405b", 512, 4, 8, 8, 8, 65536, "full", 47,
-          "Table 6, row FSDP 4, CP 2", ASYNC_TP, fp8=True, cp=2),
+          "Table 6, row FSDP 4, CP 2", PP_MICROBATCHES, fp8=True, async_tp=True, cp=2),
     _h100("Llama 3.1 405B 4D CP4 128K", "llama3-405b", 512, 2, 8, 8, 8, 131072, "full", 31,
-          "Table 6, row FSDP 2, CP 4", ASYNC_TP, fp8=True, cp=4),
+          "Table 6, row FSDP 2, CP 4", PP_MICROBATCHES, fp8=True, async_tp=True, cp=4),
     _h100("Llama 3.1 405B 4D CP8 256K", "llama3-405b", 512, 1, 8, 8, 8, 262144, "full", 16,
-          "Table 6, row FSDP 1, CP 8", ASYNC_TP, fp8=True, cp=8),
+          "Table 6, row FSDP 1, CP 8", PP_MICROBATCHES, fp8=True, async_tp=True, cp=8),
 ]
 
 
@@ -143,7 +158,11 @@ TORCHTITAN = [
 # micro-batch 2, global batch 2048 x 2048 tokens, Megatron's fused kernels and fused softmax
 # (scores kept), DeepSpeed activation checkpointing of every layer, ZeRO stage 1 (BF16
 # optimizer), DeepSpeed's non-interleaved 1F1B pipeline; 4 Omni-Path links (100 Gb/s each) per
-# node. The logged line of the first epoch's end gives 104.70 s per iteration.
+# node. The logged line of the first epoch's end gives 104.70 s per iteration. Its DeepSpeed
+# config states only ZeRO stage 1: DeepSpeed's default gradient bucket of the time
+# (reduce_bucket_size 5e8 elements, 16-bit: 1e9 bytes) and its parameter all-gather after the
+# step (`param_gather_overlap` False). Megatron-DeepSpeed of 2022 had no TP communication
+# overlap beyond the backward's (`tp_comm_overlap` "backward").
 BLOOM = ("bigscience-workshop/bigscience train/tr11-176B-ml/README.md at commit 00327f8: "
          "BLOOM 176B training")
 BLOOM_MODEL = ModelConfig("bloom-176b", "gpt2", 250880, 70, 14336, 112, 112, 4 * 14336, 2048)
@@ -152,7 +171,8 @@ BLOOM_RUN = HeldOutRun(
     2048 * 2048 / 104.70 / 384, BLOOM,
     "sections Replica setup, Important checkpoints (iteration 85376: 104.70 s, 149.77 TFLOPs)",
     micro_batch=2, zero=1, kernels="fused", attention_kernel="math",
-    network=(("nics_per_node", 4), ("inter_node_bandwidth_Bps", 12.5e9)))
+    network=(("nics_per_node", 4), ("inter_node_bandwidth_Bps", 12.5e9),
+             ("gradient_bucket_bytes", 5e8 * 2)))
 
 # ------------------------------------------------------------------------------ FlashAttention
 # Dao-AILab/flash-attention training/README.md, the table "Training speed" (8 x A100 80GB SXM4,

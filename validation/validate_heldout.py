@@ -23,6 +23,7 @@ from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 from validation.heldout_record import HeldOutRun
+from validation.heldout_runs import BLOOM as BLOOM_SOURCE
 from validation.heldout_runs import HELD_OUT
 
 
@@ -49,11 +50,25 @@ CLUSTERS: dict[str, tuple[str, dict[str, object]]] = {
 
 
 def cluster_for(run: HeldOutRun) -> Cluster:
+    """The cluster `run` ran on, with its runtime's settings. PyTorch FSDP reduces gradients
+    one wrapped block at a time (no buckets) and gathers a block's parameters in its forward,
+    where the previous block's compute hides the gather (SHARD_GRAD_OP's and ZeRO-1-style
+    sharding's too: `param_gather_overlap`)."""
     gpu, overrides = CLUSTERS[run.gpu]
     return build_cluster(gpu, run.gpus, 8, {
-        **overrides, "kernels": run.kernels, "attention_kernel": run.attention_kernel,
-        "attention_impl": run.attention_impl,
+        **overrides, "kernels": run.kernels, "optimizer_kernel": optimizer_kernel(run),
+        "attention_kernel": run.attention_kernel,
+        "attention_impl": run.attention_impl, "param_gather_overlap": run.fsdp,
         "gradient_bucket_bytes": 0 if run.fsdp else DEFAULT_BUCKET_BYTES, **dict(run.network)})
+
+
+def optimizer_kernel(run: HeldOutRun) -> str:
+    """How `run`'s AdamW ran: as its record says, else torch.optim.AdamW's multi-tensor ops
+    beside eager elementwise kernels (what these rows were priced with from the start; the
+    sources do not say) and a fused Adam beside fused ones."""
+    if run.optimizer_kernel != "auto":
+        return run.optimizer_kernel
+    return "foreach" if run.kernels == "eager" else "fused"
 
 
 def torchtitan_op_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> float:
@@ -95,14 +110,14 @@ def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
 def precision_of(run: HeldOutRun) -> Precision:
     """The precision the source ran, its FP8 recipe and weight gathers included."""
     precision = PRECISIONS[run.precision]
-    if run.fp8_recipe:
+    if run.fp8_recipe is not None:
         precision = dataclasses.replace(precision, fp8_recipe=run.fp8_recipe)
     return dataclasses.replace(precision, fp8_weight_gather=run.fp8_weight_gather)
 
 
 def is_fp8(run: HeldOutRun) -> bool:
     """An FP8 row: accounted apart from the bf16 rows (validation/heldout_fp8.py)."""
-    return run.precision == "fp8"
+    return PRECISIONS[run.precision].fp8_recipe is not None
 
 
 def model_of(run: HeldOutRun) -> ModelConfig:
@@ -405,3 +420,39 @@ def bound_lines(priced: list[HeldOutResult]) -> list[str]:
     lines += [f"  - {r.run.name}: error {r.error:+.1%}, {share:.2f} of the ideal machine"
               for share, r in shares if abs(r.error or 0.0) > 0.20]
     return lines + [""]
+
+
+# The runtime switches of the cost model (plan/hardware.py), each set as its source ran it
+# (validation/heldout_runs.py): what each does to the rows it touches, against the other
+# setting. (label, rows it applies to, overrides of the other setting)
+SWITCHES = (
+    ("FSDP gathers a block's parameters in its forward (`param_gather_overlap`), against "
+     "an exposed all-gather after the step",
+     lambda run: run.fsdp and run.zero in (1, 2), (("param_gather_overlap", False),)),
+    ("BLOOM's DeepSpeed buckets of 5e8 elements (`gradient_bucket_bytes`), against DDP's "
+     "25 MiB", lambda run: run.source == BLOOM_SOURCE,
+     (("gradient_bucket_bytes", DEFAULT_BUCKET_BYTES),)),
+    ("the host's kernel launches (`kernel_launch_s`), against none",
+     lambda run: True, (("kernel_launch_s", 0.0),)),
+    ("the backward's TP overlap the TP rows with SP ran (`tp_comm_overlap` \"backward\"), "
+     "against every TP collective pipelined with its GEMM (\"all\", which none ran)",
+     lambda run: run.tp > 1 and run.sequence_parallel, (("tp_comm_overlap", "all"),)),
+)
+
+
+def switch_lines(priced: list[HeldOutResult]) -> list[str]:
+    """The held-out errors of the rows each runtime switch touches, priced with the other
+    setting -> as priced."""
+    lines = ["Runtime switches: the errors of the rows each one touches with the other "
+             "setting -> as priced:", ""]
+    for label, applies, other in SWITCHES:
+        rows = [r for r in priced if applies(r.run)]
+        if not rows:
+            continue
+        before = [price(dataclasses.replace(r.run, network=(*r.run.network, *other))).error
+                  or 0.0 for r in rows]
+        after = [r.error or 0.0 for r in rows]
+        lines.append(f"- {label} ({len(rows)} rows): {error_stats(before)} -> "
+                     f"{error_stats(after)}")
+    return lines + [""]
+

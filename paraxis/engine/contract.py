@@ -23,7 +23,6 @@ mean over the global batch's unmasked targets, as on one device.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,6 +65,11 @@ class Engine(Checkpointable, Protocol):
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
 
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, lr: float,
+                   max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole step without waiting for the device: (loss, gradient norm) on it."""
+        ...
+
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float: ...
 
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]: ...
@@ -89,6 +93,8 @@ class Engine(Checkpointable, Protocol):
 
 class LocalEngine:
     """The whole model in one process: the reference every layout is compared with."""
+
+    _nonfinite: torch.Tensor | None = None  # set by `train_step` for its optimizer step
 
     def __init__(self, model: nn.Module, layout: Layout, adamw: AdamW = DEFAULT_ADAMW,
                  end_of_document: int | None = None) -> None:
@@ -128,11 +134,35 @@ class LocalEngine:
         """The sum of `count` over the ranks sharing the batch (dp x cp): one here."""
         return count
 
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, lr: float,
+                   max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward, clipping and the AdamW step, queued on the device without
+        the host waiting for it: the loss and the gradient norm come back as tensors there,
+        to be read once the whole step is queued (a GPU then never idles while the host
+        reads a number mid-step). A step whose loss or norm is not finite leaves the
+        weights and AdamW's state as they were, decided on the device (the fused kernel's
+        `found_inf`); the caller learns of it when it reads the two numbers. The caller
+        still calls `zero_grad` after."""
+        loss = self.forward_backward_on_device(inputs, targets)
+        norm = self.clip_grad_norm_on_device(max_norm)
+        self._nonfinite = ~(torch.isfinite(loss.to(norm.device)) & torch.isfinite(norm))
+        try:
+            self.optimizer_step(lr)
+        finally:
+            self._nonfinite = None
+        return loss, norm
+
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """Accumulate gradients over the microbatches; return the mean loss."""
+        """Accumulate gradients over the microbatches; return the mean loss (waiting for the
+        device to compute it: `train_step` does not wait)."""
+        return float(self.forward_backward_on_device(inputs, targets))
+
+    def forward_backward_on_device(self, inputs: torch.Tensor, targets: torch.Tensor
+                                   ) -> torch.Tensor:
+        """`forward_backward`, its mean loss left on the device (fp64, 0-d)."""
         micro = self.microbatches(inputs, targets)
         weights = self.loss_weights(micro)
-        losses = []  # read once after the last backward: .item() per microbatch stops the host
+        losses = []
         # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
         set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
         for index, (x, y) in enumerate(micro):
@@ -144,16 +174,16 @@ class LocalEngine:
                 self.backward(loss)
             losses.append(loss.detach())
         self.finish_grad_sync()
-        return self.reduce_loss(sum(torch.stack(losses).tolist()))  # the same sum as before
+        return self.reduce_loss(torch.stack(losses).double().sum())
 
     @torch.no_grad()
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Mean loss on this dp rank's share of a held-out batch; no gradients, no update."""
         micro = self.microbatches(inputs, targets)
         weights = self.loss_weights(micro) or [1.0] * len(micro)
-        total = sum(weigh(self.loss(x, y), w).item() for (x, y), w in
-                    zip(micro, weights, strict=True)) / len(micro)
-        return self.reduce_loss(total)
+        total = torch.stack([weigh(self.loss(x, y), w).double() for (x, y), w in
+                             zip(micro, weights, strict=True)]).sum() / len(micro)
+        return float(self.reduce_loss(total))
 
     def backward(self, loss: torch.Tensor) -> None:
         """Mixed-precision engines scale the loss here (fp16 loss scaling)."""
@@ -176,7 +206,8 @@ class LocalEngine:
         """Data-parallel engines communicate only on the last microstep."""
         return contextlib.nullcontext()
 
-    def reduce_loss(self, loss: float) -> float:
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The mean of this rank's loss (a 0-d tensor) over the ranks sharing the batch."""
         return loss
 
     def grad_norm_squared(self) -> torch.Tensor:
@@ -187,12 +218,15 @@ class LocalEngine:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Global L2 norm of all gradients; scale them down to `max_norm` when above it."""
-        norm = math.sqrt(float(self.grad_norm_squared()))
-        if max_norm > 0 and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
+        return float(self.clip_grad_norm_on_device(max_norm))
+
+    def clip_grad_norm_on_device(self, max_norm: float) -> torch.Tensor:
+        """`clip_grad_norm`, the norm left on the device and the clipping decided there."""
+        norm = self.grad_norm_squared().sqrt()
+        if max_norm > 0:
             grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]
                      if p.grad is not None]
-            torch._foreach_mul_(grads, scale)
+            torch._foreach_mul_(grads, clip_factor(norm, max_norm))
         return norm
 
     def skipped_overflow(self) -> bool:
@@ -203,7 +237,7 @@ class LocalEngine:
     def optimizer_step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        step_unless_nonfinite(self.optimizer, self._nonfinite)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -301,6 +335,29 @@ def fusable(tensors: list[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW takes these tensors: floating point, on CPU or CUDA
     (none at all: a rank with nothing to step)."""
     return all(t.is_floating_point() and t.device.type in ("cpu", "cuda") for t in tensors)
+
+
+def clip_factor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What gradients are multiplied by to bring the norm down to `max_norm` (1 when it is
+    below): torch.nn.utils.clip_grad_norm_'s formula, on the device."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def step_unless_nonfinite(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor | None
+                          ) -> None:
+    """`optimizer.step()`, skipped where `nonfinite` (a 0-d bool tensor) is true: by the
+    fused kernel itself, which then changes neither weights, moments nor step count, so the
+    host never waits; an unfused optimizer has to read the flag first."""
+    if nonfinite is None:
+        optimizer.step()
+    elif optimizer.defaults.get("fused"):
+        optimizer.found_inf = nonfinite.float()  # read by torch's fused Adam/AdamW
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not bool(nonfinite):
+        optimizer.step()
 
 
 def step_count(steps: int, device: torch.device) -> torch.Tensor:

@@ -1,2 +1,3 @@
 """The compute kernels the model and the parallel layers share: one entry for every GEMM
-(`linear`), so a precision that changes how matmuls run (FP8) changes it in one place."""
+(`linear`), so a precision that changes how matmuls run (FP8: `fp8.py`) changes it in one
+place."""

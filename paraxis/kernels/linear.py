@@ -10,6 +10,10 @@ parallelism's slices are unchanged. A tensor-parallel rank stacks its own slices
 GEMM holds whole heads of q, k and v, and gate and up stay paired column for column. The
 stacking copy is part of the weight's cast to the compute dtype that autocast makes anyway,
 and under `torch.compile` one kernel does both.
+
+Under an FP8 policy a projection carries its `Fp8Gemm` (`fp8`: how it scales, over which
+groups; `kernels.fp8`), and `linear` runs its matmul in FP8; stacked projections share one,
+so the stacked weight is scaled as one tensor, as on one device.
 """
 
 from __future__ import annotations
@@ -18,29 +22,59 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paraxis.kernels.fp8 import Fp8Gemm, fp8_linear
+from paraxis.kernels.stacked import stacked_linear
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """y = x W^T + b: every projection of the model goes through here."""
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           fp8: Fp8Gemm | None = None) -> torch.Tensor:
+    """y = x W^T + b: every projection of the model goes through here; with `fp8`, its
+    matmul in FP8 (`kernels.fp8`)."""
+    if fp8 is not None:
+        return fp8_linear(x, weight, bias, fp8)
     return F.linear(x, weight, bias)
+
+
+class Fp8Linear(nn.Linear):
+    """An `nn.Linear` whose matmul runs in FP8 (`fp8`), holding the same Parameters as the
+    layer it replaces (`from_linear`): names, values and checkpoints are unchanged."""
+
+    fp8: Fp8Gemm
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear, fp8: Fp8Gemm) -> Fp8Linear:
+        with torch.device("meta"):  # nothing allocated: the Parameters are the layer's
+            new = cls(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        new.weight, new.bias = layer.weight, layer.bias
+        new.fp8 = fp8
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.fp8)
 
 
 def stackable(layers: list[nn.Module]) -> bool:
     """Whether `layers` can run as one GEMM: each is x W^T + b and nothing else (an
     `nn.Linear`, or a layer saying so by its `stackable` attribute: a column-parallel
-    layer that does not enter the TP region itself), none has hooks of its own, and their
-    biases are all there or all absent."""
+    layer that does not enter the TP region itself), none has hooks of its own, their
+    biases are all there or all absent, and they run in one precision (one `fp8`)."""
     plain = all(getattr(layer, "stackable", isinstance(layer, nn.Linear))
                 and not (layer._forward_hooks or layer._forward_pre_hooks)
                 for layer in layers)
-    return plain and len({layer.bias is None for layer in layers}) == 1
+    fp8 = getattr(layers[0], "fp8", None)
+    return plain and len({layer.bias is None for layer in layers}) == 1 and all(
+        getattr(layer, "fp8", None) == fp8 for layer in layers)
 
 
 def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """[layer(x) for layer in layers], in one GEMM where the layers allow it (`stackable`)."""
     if len(layers) == 1 or not stackable(layers):
         return [layer(x) for layer in layers]
-    weight = torch.cat([layer.weight for layer in layers])
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    widths = [layer.weight.shape[0] for layer in layers]
-    return list(linear(x, weight, bias).split(widths, dim=-1))
+    weights = [layer.weight for layer in layers]
+    biases = None if layers[0].bias is None else [layer.bias for layer in layers]
+    widths = [w.shape[0] for w in weights]
+    fp8 = getattr(layers[0], "fp8", None)
+    if fp8 is None:  # keeps the weights, not their stacked copy, for backward
+        return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
+    bias = None if biases is None else torch.cat(biases)
+    return list(linear(x, torch.cat(weights), bias, fp8).split(widths, dim=-1))

@@ -204,9 +204,14 @@ class Block(nn.Module):
         return self._forward(x, documents)
 
     def _forward(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), documents)
+        x = self._attend(x, documents)
         feed_forward = self.moe if hasattr(self, "moe") else self.mlp
         return x + feed_forward(self.norm2(x))
+
+    def _attend(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
+        """The attention half with its norm and residual: what `--compile` compiles in a
+        routed block, whose experts' token counts depend on the data."""
+        return x + self.attn(self.norm1(x), documents)
 
 
 class Blocks(nn.ModuleList):

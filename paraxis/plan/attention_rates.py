@@ -4,9 +4,10 @@ and the small physical model the planner prices the attention core with.
 Why: the attention core is not a GEMM. A flash kernel streams K/V tiles past each query
 tile, rescales its running softmax once per tile and, under a causal mask, half-wastes the
 tiles on the diagonal, so its rate grows with the sequence and differs by implementation:
-FlashAttention-2 (Dao 2023, what PyTorch's SDPA runs on A100/H100 since torch 2.2) reaches
-60-65% of the A100's peak at long sequences, FlashAttention-1 and the Triton kernel MosaicML
-ran in 2023 about half of that.
+FlashAttention-2 (Dao 2023, what PyTorch's SDPA runs on A100 since torch 2.2, and on H100
+from 2.2 to 2.10) reaches 60-65% of the A100's peak at long sequences, FlashAttention-1 and
+the Triton kernel MosaicML ran in 2023 about half of that; cuDNN's fused attention (SDPA's
+choice on Hopper from torch 2.11) runs 1.3-1.6x FA2 on the H100.
 
 The measurements (`CHARTS`) are the fwd + bwd bars of the FlashAttention-2 paper (Dao 2023,
 arXiv:2307.08691, Fig. 4: A100 80GB SXM4, Fig. 7: H100 80GB SXM5; the same images are
@@ -17,7 +18,8 @@ of 128), fp16 (the same tensor-core rate as bf16). Their FLOP count (the paper's
 and benchmarks/benchmark_flash_attention.py) is paraxis's for the flash kernel: forward
 4 s^2 d heads per sequence, halved under a causal mask, backward 2.5x forward
 (`kernels.FLASH`: causal_fraction 0.5, backward_ratio 2.5), so a bar's TFLOP/s is
-directly the rate of the FLOPs `plan/cost.py` prices.
+directly the rate of the FLOPs `plan/cost.py` prices. cuDNN's fwd + bwd points are built
+from the FlashAttention-3 paper's separate forward and backward bars (`CUDNN_FORWARD`).
 
 The model, per (GPU, kernel, mask): rate(s, d) = r_max(d) * s / (s + s_half). s_half is the
 sequence length at which the per-row work that does not grow with s (loading a query tile,
@@ -25,8 +27,9 @@ the final rescale, writing the output and log-sum-exp) and, under a causal mask,
 half-empty diagonal tiles cost as much as the s-long inner loop; it does not depend on the
 head dim. r_max(d) is the plateau, fitted at d = 64 and d = 128 and linear in between
 (clamped outside: larger heads run as 128, smaller as 64). Three parameters per (GPU,
-kernel, mask), 24 in all for FA1 and FA2 on A100 and H100, fitted by least squares on the
-relative error by `python -m validation.fit_attention` (`FITTED`, with the rms error of each).
+kernel, mask), 24 for FA1 and FA2 on A100 and H100, fitted by least squares on the
+relative error by `python -m validation.fit_attention` (`FITTED`, with the rms error of each);
+cuDNN's two (H100) bring them to 30.
 
 Other GPUs of the same architecture run at the measured rates scaled by their bf16 peak
 (`MEASURED_ON`: the H100 PCIe at 756/989 of the SXM's, the H200 at the H100 SXM's).
@@ -69,6 +72,31 @@ CHARTS: dict[tuple[str, str, int, bool], tuple[float, ...]] = {
     ("h100", "fa2", 64, True): (141, 192, 232, 257, 273, 284),
     ("h100", "fa2", 128, True): (163, 221, 265, 294, 308, 328),
 }
+
+# cuDNN's fused flash attention (what PyTorch SDPA picks on Hopper from torch 2.11, whose
+# bundled cuDNN passes its version gate; opt-in from 2.6 to 2.10): the forward and backward
+# bars of the FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608, Fig. 5 forward, Fig.
+# 6 backward: H100 80GB SXM5, bf16, the FA2 paper's setup of 16k tokens and hidden 2048),
+# TFLOP/s at SEQ_LENS. The paper charts the backward without a mask only; under a causal mask
+# the backward is taken to keep the forward's ratio to its unmasked rate. Its FA2 bars match
+# the FA2 paper's within 4% (fwd + bwd, d = 128), so the two sets of charts agree.
+CUDNN_FORWARD = {(64, False): (335, 373, 395, 408, 412, 413),
+                 (128, False): (497, 574, 617, 609, 600, 595),
+                 (64, True): (225, 288, 334, 363, 379, 388),
+                 (128, True): (315, 410, 484, 518, 529, 539)}
+CUDNN_BACKWARD = {64: (266, 348, 395, 417, 432, 433), 128: (305, 408, 465, 499, 518, 516)}
+
+
+def _fwd_bwd(forward: float, backward: float) -> float:
+    # one forward and a backward of 2.5x its FLOPs (kernels.FLASH), at their own rates
+    return 3.5 / (1 / forward + 2.5 / backward)
+
+
+for (_d, _causal), _forward in CUDNN_FORWARD.items():
+    CHARTS[("h100", "cudnn", _d, _causal)] = tuple(
+        round(_fwd_bwd(f, b * f / unmasked), 1) for f, b, unmasked in zip(
+            _forward, CUDNN_BACKWARD[_d], CUDNN_FORWARD[(_d, False)], strict=True))
+
 # Points whose label the legend hid (A100 FA2): read from the bar's height.
 ESTIMATED = {(("a100", "fa2", 64, False), 1024), (("a100", "fa2", 128, False), 512),
              (("a100", "fa2", 128, False), 1024)}
@@ -90,8 +118,9 @@ class KernelFit:
 
 
 # python -m validation.fit_attention (least squares on the relative error, CHARTS above);
-# (GPU, kernel, causal) -> fit. 24 parameters on 96 points: rms 2.5%, largest 11.2% (H100 FA1
-# causal at 4K, a dip of the published bar). FA2's shapes fit within 1%, FA1's within 4.3%.
+# (GPU, kernel, causal) -> fit. 30 parameters on 120 points: rms 2.5%, largest 11.2% (H100 FA1
+# causal at 4K, a dip of the published bar). FA2's shapes fit within 1%, FA1's within 4.3%,
+# cuDNN's within 2.1%.
 FITTED: dict[tuple[str, str, bool], KernelFit] = {
     ("a100", "fa1", False): KernelFit(1.079e+14, 8.24e+13, 93, 0.0394),
     ("a100", "fa1", True): KernelFit(9.34e+13, 8.29e+13, 313, 0.034),
@@ -101,14 +130,17 @@ FITTED: dict[tuple[str, str, bool], KernelFit] = {
     ("h100", "fa1", True): KernelFit(1.511e+14, 1.333e+14, 226, 0.0433),
     ("h100", "fa2", False): KernelFit(3.004e+14, 3.45e+14, 196, 0.0088),
     ("h100", "fa2", True): KernelFit(2.918e+14, 3.343e+14, 539, 0.008),
+    ("h100", "cudnn", False): KernelFit(4.45e+14, 5.576e+14, 292, 0.0193),
+    ("h100", "cudnn", True): KernelFit(4.29e+14, 5.088e+14, 640, 0.021),
 }
 
 # The kernels a GPU preset or a published run can name (GPU.attention_impl). "triton" is
 # the Triton FlashAttention of 2022-23 (flash_attn_triton.py of flash-attn 1.0.x, which
 # MosaicML's llm-foundry ran as `attn_impl: triton`): never measured on its own; its
 # docstring calls it "slightly slower than CUDA forward + backward" (FlashAttention v1), so it
-# is priced at FA1's fit on both GPUs. "" (no kernel named): the core at the GEMM rate.
-PRICED_AS = {"fa2": "fa2", "fa1": "fa1", "triton": "fa1"}
+# is priced at FA1's fit on both GPUs. "cudnn" is measured on Hopper only. "" (no kernel
+# named): the core at the GEMM rate.
+PRICED_AS = {"fa2": "fa2", "fa1": "fa1", "triton": "fa1", "cudnn": "cudnn"}
 IMPLEMENTATIONS = ("", *PRICED_AS)
 
 # GPU presets (by name prefix) -> the chart GPU their kernels run like.
@@ -123,13 +155,20 @@ def measured_on(gpu_name: str) -> str | None:
     return None
 
 
+def measured_for(gpu_name: str, implementation: str) -> bool:
+    """Whether `implementation`'s rate was measured on the chart GPU this GPU runs like."""
+    chart = measured_on(gpu_name)
+    return any((chart, PRICED_AS.get(implementation), causal) in FITTED
+               for causal in (False, True))
+
+
 def kernel_flops(gpu_name: str, peak_flops: float, implementation: str, seq_len: float,
                  head_dim: float, causal: bool = True) -> float:
     """FLOP/s of `implementation`'s fwd + bwd on one GPU, in the flash kernel's own count
     (the FLOPs it computes: half the square under a causal mask), for sequences of
     `seq_len` with heads of `head_dim`; the chart GPU's rate scaled by `peak_flops`."""
     chart = measured_on(gpu_name)
-    if chart is None or implementation not in PRICED_AS:
+    if chart is None or (chart, PRICED_AS.get(implementation), causal) not in FITTED:
         raise ValueError(f"no attention measurements for {implementation!r} on {gpu_name!r}")
     fit = FITTED[(chart, PRICED_AS[implementation], causal)]
     return fit.rate(seq_len, head_dim) * peak_flops / CHART_PEAKS[chart]

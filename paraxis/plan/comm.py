@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
@@ -202,13 +202,6 @@ def tp_collectives_per_layer(sequence_parallel: bool,
     return {"forward": dict(per_pass), "backward": dict(per_pass)}
 
 
-# Megatron's SP keeps only the sequence shard of the two column-parallel GEMM inputs (the
-# memory activations.py counts) and all-gathers them again in the backward (Korthikanti et
-# al. 2022 Sec. 4.2.2): two extra all-gathers per layer. paraxis's own runtime lets autograd
-# keep the gathered input instead, so it has none (`regather=False`).
-SP_BACKWARD_REGATHERS = 2
-
-
 def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int = 1) -> float:
     """Seconds of `calls` collectives `op` (all_reduce, all_gather, reduce_scatter,
     send_recv, all_to_all) moving `size_bytes` in all over a group of n on `link`: the bytes at the
@@ -238,72 +231,6 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int =
         return fixed + intra + inter
     bandwidth, latency = link.cost(op)
     return fixed + op_time(op, size_bytes, n, bandwidth) + calls * latency_steps(op, n) * latency
-
-
-def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
-    return sum(count * collective_time(op, size_bytes, tp, link)
-               for op, count in counts.items())
-
-
-def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, link: Link,
-                  passes: int = 2, regather: bool = True,
-                  backward_link: Link | None = None, mlp: str = "split") -> float:
-    """Seconds of TP traffic one layer moves per microbatch: the forward collectives
-    `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
-    backward's (with SP and `regather`, Megatron's re-gathers too), those on `backward_link`
-    where given (CPU ranks: their calls wait after the backward's compute, plan/sync.py);
-    `mlp` as in `tp_collectives_per_layer` (unsplit, it has no input to re-gather)."""
-    counts = tp_collectives_per_layer(sequence_parallel, mlp)
-    back = backward_link or link
-    regathers = (SP_BACKWARD_REGATHERS - (mlp != "split")) * collective_time(
-        "all_gather", activation_bytes, tp, back) if sequence_parallel and regather else 0.0
-    return ((passes - 1) * _collectives_time(counts["forward"], activation_bytes, tp, link)
-            + _collectives_time(counts["backward"], activation_bytes, tp, back) + regathers)
-
-
-def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: bool,
-                          link: Link, gemm_windows_s: tuple[float, ...], overlap: bool = True,
-                          contention: float = 0.0, regather: bool = True,
-                          backward_link: Link | None = None, mlp: str = "split"
-                          ) -> tuple[float, float]:
-    """(forward, backward) seconds of TP communication one layer puts on the critical path per
-    microbatch; a full recomputation pays the forward figure once more.
-
-    Forward collectives block the next GEMM. In the backward, Megatron launches the
-    input-gradient collective of each column-parallel linear (QKV, MLP-in) asynchronously and
-    overlaps it with that linear's weight-gradient GEMM (Korthikanti et al. 2022 Sec. 6.2; their
-    Table 4 backward of 11.9 ms is 2x the compute, not 2x + comm); with SP the re-gather of the
-    stored input overlaps the input-gradient GEMM (Sec. 4.2.2), while the all-gathers of the
-    row-parallel outputs' gradients stay exposed. `gemm_windows_s` holds one weight-gradient
-    GEMM time per column-parallel linear; traffic beyond a window is exposed, and `contention`
-    of the hidden part still lands on the step. `backward_link`, `mlp` as in `tp_layer_time`
-    (a feed-forward half not split over tp gives only QKV's window; with SP a "whole" one's
-    output gradient all-gather is the second exposed one, a "shards" one adds none)."""
-    if tp <= 1:
-        return 0.0, 0.0
-    counts = tp_collectives_per_layer(sequence_parallel, mlp)
-    forward = _collectives_time(counts["forward"], activation_bytes, tp, link)
-    back = backward_link or link
-    if not overlap:
-        return forward, tp_layer_time(activation_bytes, tp, sequence_parallel, link,
-                                      regather=regather, backward_link=back,
-                                      mlp=mlp) - forward
-    if sequence_parallel:
-        gather = collective_time("all_gather", activation_bytes, tp, back)
-        # the conjugates of the forward reduce-scatters (a whole feed-forward half's scatter)
-        exposed = (1 + (mlp != "shards")) * gather
-        # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
-        hideable = [gather] if regather else []
-        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, back))
-    else:
-        exposed = 0.0
-        hideable = [collective_time("all_reduce", activation_bytes, tp, back)]
-    hidden = 0.0
-    for window in gemm_windows_s:
-        for comm in hideable:
-            hidden += min(comm, window)
-            exposed += max(0.0, comm - window)
-    return forward, exposed + contention * hidden
 
 
 # One data-parallel step's collectives by ZeRO stage, each (op, the state it moves): ZeRO
@@ -393,6 +320,47 @@ def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
         return (scatters * collective_time("reduce_scatter", grads, dp, link, buckets)
                 + collective_time("all_gather", params, dp, link))
     return collective_time("all_reduce", grads, dp, link, buckets)
+
+
+# Megatron-Core's DDP default (DistributedDataParallelConfig.bucket_size): max(40M, 1M x dp)
+# parameters a bucket, "larger DP sizes need larger buckets to ensure collectives do not
+# become latency-bound".
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK = 40e6, 1e6
+
+
+def gradient_bucket_bytes(gpu: GPU, dp: int, grad_bytes: float) -> float:
+    """Bytes of one gradient bucket over `dp` ranks by the runtime's rule
+    (`GPU.gradient_bucket_rule`): "fixed", `GPU.gradient_bucket_bytes` (0: one per layer);
+    "megatron", Megatron-Core's max(40M, 1M x dp) parameters."""
+    if gpu.gradient_bucket_rule == "megatron":
+        return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_RANK * dp) * grad_bytes
+    return gpu.gradient_bucket_bytes
+
+
+def param_gather_time(stage_param_count: float, dp: int, zero: int, link: Link,
+                      param_bytes: float = 2) -> float:
+    """Seconds of ZeRO-1/2's all-gather of the updated parameters after the optimizer step
+    (part of `dp_sync_time`): it cannot overlap the backward that came before it, only the
+    next step's forward where the runtime starts it there (GPU.param_gather_overlap)."""
+    if zero not in (1, 2) or dp <= 1:
+        return 0.0
+    return collective_time("all_gather", stage_param_count * param_bytes, dp, link)
+
+
+def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
+                     grad_bytes: float = 2, layers: int = 1,
+                     bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
+    """Seconds of the last gradient bucket's reduction (ZeRO-0: all-reduce; 1/2:
+    reduce-scatter): a bucket is reduced once its last gradient is computed, so the last one
+    (the first layers' gradients) starts only when the backward ends and is never hidden
+    (Li et al. 2020, PyTorch DDP, Sec. 3.2.3 and Fig. 7: larger buckets, fewer calls, a
+    longer tail). `bucket_bytes` 0: one layer's gradients."""
+    if dp <= 1 or zero == 3:
+        return 0.0
+    grads = stage_param_count * grad_bytes
+    size = grads / layers if bucket_bytes <= 0 else min(grads, bucket_bytes)
+    op = "all_reduce" if zero == 0 else "reduce_scatter"
+    return collective_time(op, size, dp, link)
 
 
 def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,

@@ -176,30 +176,51 @@ def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float
 def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") -> float:
     """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
     FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
+    `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise setting's "eager"
+    stands for paraxis's runtime, "fused" for Megatron's).
 
-    Fused (Megatron/Apex multi-tensor Adam, the published runs): the gradient read twice (the
+    fused (Megatron/Apex multi-tensor Adam, the published runs): the gradient read twice (the
     global norm for clipping, then the update), the optimizer states (fp32 master, m, v) and
-    the parameter each read and written: 32 B for mixed precision. Eager (torch.optim.AdamW,
-    one kernel per op, single-tensor or foreach alike, what paraxis runs): each op reads and
+    the parameter each read and written: 32 B for mixed precision.
+
+    foreach (torch.optim.AdamW's multi-tensor ops, one kernel per op): each op reads and
     writes whole fp32 tensors, 21 element passes (decay mul_ 2, lerp_ 3, mul_ + addcmul_ 6,
     sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read and the clipping mul_ (3
     passes of the gradient).
+
+    paraxis (`engine.contract.adamw`): torch's fused AdamW kernel reads the fp32 weight (or
+    master), its fp32 gradient and both moments and writes back the weight and moments
+    (28 B), around paraxis's own passes: the norm's read, the clipping multiply (of the
+    gradients, or with 16-bit gradients of their fp32 copy) and, with fp32 masters, the copy
+    of 16-bit gradients to fp32 and the write-back to the 16-bit weight: 40 B in fp32, 50 B
+    for bf16 with masters.
     """
-    if kernels == "eager":
+    kernels = {"eager": "paraxis", "auto": "fused"}.get(kernels, kernels)
+    if kernels == "foreach":
         return 21 * 4 + 3 * precision.grad_bytes
+    if kernels == "paraxis":
+        fused_kernel, norm = 4 * 4 + 3 * 4, precision.grad_bytes
+        if precision.optimizer_bytes <= 8:  # no masters: the fp32 weights are stepped
+            return fused_kernel + norm + 2 * precision.grad_bytes
+        to_fp32 = 0 if precision.grad_bytes == 4 else precision.grad_bytes + 4
+        return fused_kernel + norm + to_fp32 + 2 * 4 + 4 + precision.param_bytes
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
 
 
 def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_params: float,
-                   experts: float, hbm_Bps: float, pipelined: bool) -> float:
+                   experts: float, hbm_Bps: float, pipelined: bool,
+                   optimizer: str = "auto") -> float:
     """Seconds of a stage's optimizer step, after the flush and the gradient sync: memory-bound,
     its bytes at memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the
     update over the replicas; Rajbhandari et al. 2020); `experts` shard over their own
-    replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does."""
+    replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does.
+    kernels: the elementwise setting; optimizer: how AdamW runs (`GPU.optimizer_kernel`;
+    "auto" follows `kernels`)."""
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
-    seconds = shard * optimizer_traffic_per_param(precision, kernels) / hbm_Bps
+    seconds = shard * optimizer_traffic_per_param(
+        precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
     if kernels == "eager" and whole:
         # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
@@ -207,3 +228,22 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
         seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
             * (stage_params + experts) / hbm_Bps
     return seconds
+
+
+# Kernels one transformer layer launches per microbatch, forward + backward, by runtime.
+# "eager" (paraxis's runtime, one kernel per op and autocast's casts): GPT-2 blocks 82,
+# measured on an H100 (docs/gpu/gpu-profile.json: the four GPT-2 steps' kernel counts fit by
+# 124 outside the blocks + 82 a block + 0.8 per million parameters, AdamW's foreach chunks,
+# within 26 kernels); Llama blocks 216, GPT-2's scaled by the ops a block's forward runs in
+# paraxis/model/transformer.py (29: norms of 3 ops, rotary of 5 on q and k, SwiGLU's 5;
+# against GPT-2's 11). "fused" (Megatron-LM's kernels), counted from its GPT layer: forward
+# 4 GEMMs, 2 layer norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10),
+# backward twice the GEMMs and one kernel per fused op (20).
+LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 216, ("fused", "gpt2"): 30,
+                 ("fused", "llama"): 30}
+
+
+def layer_kernels(cfg: ModelConfig, kernels: str) -> int:
+    """Kernels one layer launches per microbatch, forward and backward (`LAYER_KERNELS`)."""
+    return LAYER_KERNELS[(kernels, "gpt2" if cfg.style == "gpt2" else "llama")]
+

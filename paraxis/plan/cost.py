@@ -9,10 +9,14 @@ Step time (one data-parallel replica runs the same pipeline as every other):
                + the step's own small calls (loss, gradient norm, stop flag: step_calls.py)
 
 Overlap assumptions are explicit (`Overlap`): by default the DP gradient sync hides behind the
-last microbatch's backward (DDP buckets; Li et al. 2020 Sec. 3.2.3) and ZeRO-3's gathers
-behind the step's compute (prefetch); the backward's TP collectives of the column-parallel
-linears hide behind their gradient GEMMs (Korthikanti et al. 2022 Sec. 6.2), while forward
-TP collectives and PP sends sit on the critical path (Narayanan et al. 2021 Sec. 4).
+last microbatch's backward but for its last bucket (DDP buckets; Li et al. 2020 Sec. 3.2.3),
+ZeRO-1/2's parameter all-gather after the step is exposed (or behind the next forward,
+`GPU.param_gather_overlap`), and ZeRO-3's gathers hide behind the step's compute (prefetch);
+the backward's TP collectives of the column-parallel linears hide behind their gradient GEMMs
+(Korthikanti et al. 2022 Sec. 6.2), while forward TP collectives (unless the runtime pipelines
+them with the GEMMs, `GPU.tp_comm_overlap`) and PP sends sit on the critical path (Narayanan
+et al. 2021 Sec. 4). A layer takes at least the time its host needs to launch its kernels
+(`GPU.kernel_launch_s`), which prices small microbatches.
 
 CPU ranks (a cluster with `cores_per_node`) time-share the cores: each computes at
 min(1, cores / ranks) of the calibrated one-core rate (cores: `available_cores`), nothing
@@ -33,8 +37,9 @@ from paraxis.plan.comm import (
     collective_time,
     copies_sync_time,
     dp_sync_time,
-    tp_layer_exposed_time,
-    tp_layer_time,
+    gradient_bucket_bytes,
+    last_bucket_time,
+    param_gather_time,
     zero3_layer_times,
     zero3_windows,
 )
@@ -44,6 +49,7 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
+    layer_kernels,
     optimizer_time,
 )
 from paraxis.plan.context import (
@@ -62,6 +68,8 @@ from paraxis.plan.experts import (
     feed_forward,
     moe_forward_seconds,
     routing_share,
+    sequence_shard_dispatch,
+    shard_dispatch_times,
     shard_grad_sum_seconds,
 )
 from paraxis.plan.fp8 import check_fp8, gather_bytes_per_param, layer_linears_seconds
@@ -78,6 +86,7 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
+from paraxis.plan.tp_layer import tp_layer_exposed_time, tp_layer_time
 from paraxis.spec.kernels import AttentionKernel, get_kernel
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
@@ -184,7 +193,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
     gemms = weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp) * tokens
     gemms_backward = bf16_backward = BACKWARD_FLOPS_RATIO * gemms
-    if precision.fp8_recipe:  # the block linears on FP8 tensor cores, with their casts
+    if precision.fp8_recipe is not None:  # the block linears on FP8 tensor cores, with their casts
         # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
         shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
         gemms, gemms_backward = layer_linears_seconds(cfg, cluster, precision, layout.tp,
@@ -204,6 +213,16 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
     backward = gemms_backward + BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
+    if gpu.kernel_launch_s and not cluster.cores_per_node:
+        # The host issues the layer's kernels ahead of the GPU (GPU.kernel_launch_s): a pass
+        # takes the longer of its GPU time and its launches, a third of them forward (as its
+        # FLOPs are), the rerun forward's again in the backward. Small microbatches run
+        # host-bound, so the microbatch size is priced.
+        host = layer_kernels(cfg, gpu.kernels) * gpu.kernel_launch_s
+        host_forward, host_backward = host / 3, 2 * host / 3
+        if layout.recompute == "full":
+            host_backward += host_forward
+        forward, backward = max(forward, host_forward), max(backward, host_backward)
 
     link = axis_link(layout, "tp", cluster)
     backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync.py
@@ -219,11 +238,18 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     windows = tuple(2 * tokens * cfg.d_model * width / rate * gemms_backward / (bf16_backward or 1)
                     for width in widths)  # shorter where the GEMMs run in FP8
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
-    # paraxis's eager runtime keeps the gathered input (comm.SP_BACKWARD_REGATHERS).
+    # paraxis's eager runtime keeps the gathered input (tp_layer.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
+    # TP collectives pipelined with the GEMMs beside them, forward too (GPU.tp_comm_overlap
+    # "all"): the row-parallel GEMMs' windows, attention's output projection and MLP-out
+    row_windows = (2 * tokens * cfg.d_model * cfg.d_model / rate,
+                   2 * tokens * cfg.d_model * cfg.d_ff / rate
+                   ) if gpu.tp_comm_overlap == "all" and ffn == "split" and not moe else (
+        (2 * tokens * cfg.d_model * cfg.d_model / rate,) if gpu.tp_comm_overlap == "all"
+        else ())
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
-        overlap.contention, regather, backward_link, ffn)
+        overlap.contention, regather, backward_link, ffn, row_windows)
     passes = 3 if layout.recompute == "full" else 2
     if layout.recompute == "full":
         tp_backward += tp_forward  # the rerun forward's collectives block it again
@@ -237,6 +263,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         cp["total"] += cp[rerun + "_total"]
     ep = block_exchange_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
+    if moe and sequence_shard_dispatch(cfg, layout, cluster):
+        ep = shard_dispatch_times(cfg, layout, cluster, routed, act, expert_imbalance, link,
+                                  boundary_bytes)
     if layout.recompute == "full":
         ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
         ep["total"] += ep["forward"]
@@ -361,17 +390,27 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     sync = (layout.microbatches, precision.grad_bytes, gathered)
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
+    bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        gpu.gradient_bucket_bytes, reshard, pipelined, copies, across)
+                        bucket, reshard, pipelined, copies, across)
     t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
-                                precision.grad_bytes, max(counts), gpu.gradient_bucket_bytes)
+                                precision.grad_bytes, max(counts), bucket)
+    # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
+    # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
+    t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
+                                 gathered)
+    t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
+                              precision.grad_bytes, max(counts), bucket)
     if experts:
         expert_link = expert_dp_link(layout, cluster)
-        expert_args = (max(k[1] for k in kinds), gpu.gradient_bucket_bytes)
+        expert_args = (max(k[1] for k in kinds),
+                       gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
         t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
                              *expert_args, reshard, pipelined, copies, across)
         t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
                                      precision.grad_bytes, *expert_args)
+        t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
+                                      gathered)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
@@ -394,16 +433,28 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed += max(0.0, t_across - spare) + overlap.contention * min(t_across, spare)
     elif overlap.dp and layout.zero < 3:
         # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
-        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only.
+        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only,
+        # but for the last bucket's. The parameters' all-gather comes after the step: exposed,
+        # or behind the next step's first forward where the runtime starts it there.
         window = (layout.microbatches * t_backward if layout.zero == 2 and not pipelined
                   else t_backward)
-        dp_exposed = max(0.0, t_dp - window) + overlap.contention * min(t_dp, window)
+        grads = t_dp - t_gather
+        tail = min(t_tail, grads)
+        hideable = grads - tail
+        dp_exposed = (tail + max(0.0, hideable - window)
+                      + overlap.contention * min(hideable, window))
+        if gpu.param_gather_overlap:
+            dp_exposed += (max(0.0, t_gather - t_forward)
+                           + overlap.contention * min(t_gather, t_forward))
+        else:
+            dp_exposed += t_gather
     else:
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
     t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
-                                 layer_rates(cluster, layout.tp)[2], pipelined)
+                                 layer_rates(cluster, layout.tp)[2], pipelined,
+                                 gpu.optimizer_kernel)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
     t_calls = step_calls_time(cfg, layout, cluster)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls

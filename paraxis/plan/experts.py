@@ -242,7 +242,7 @@ def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbal
     peak = gpu.peak_flops * cluster.compute_share
     experts = 2 * rows * cfg.expert_params() / etp / (peak * gemm_efficiency(cluster,
                                                                               min(h, f)))
-    if precision is not None and precision.fp8_recipe:
+    if precision is not None and precision.fp8_recipe is not None:
         held = cfg.n_experts / ep + cfg.n_shared_experts
         experts = experts_seconds(cfg, cluster, precision, rows, etp, hbm, held)
     router = 2 * tokens * h * cfg.n_experts / (peak * gemm_efficiency(cluster,
@@ -315,6 +315,35 @@ def block_exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tok
     times = all_to_all_times(cfg, layout, cluster, tokens, value_bytes, imbalance)
     calls = routing_calls_seconds(cfg, layout, cluster)
     return {**times, "forward": times["forward"] + calls, "total": times["total"] + calls}
+
+
+def sequence_shard_dispatch(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> bool:
+    """Whether each tp rank sends only its sequence shard over the expert all-to-all
+    (`Cluster.expert_tp_dispatch` "sequence_shard": experts split over tp under SP)."""
+    return (cluster.expert_tp_dispatch == "sequence_shard" and layout.ep > 1 and layout.tp > 1
+            and layout.sequence_parallel and feed_forward(cfg, layout) == "split")
+
+
+def shard_dispatch_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,
+                         value_bytes: int, imbalance: float, tp_link: Link,
+                         boundary_bytes: float) -> dict[str, float]:
+    """An MoE block's exposed calls per microbatch under Megatron-Core's all-to-all dispatcher
+    with experts split over tp under SP (`sequence_shard_dispatch`): each tp rank routes its
+    own 1/tp of the `tokens` and sends them over the expert all-to-all, then the dispatched
+    rows are all-gathered within the TP group (over NVLink while it fits in a node) and,
+    after the experts, reduce-scattered back (MoEAlltoAllTokenDispatcher's
+    gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region);
+    backward their conjugates. Those TP calls take the place of the dense MLP half's SP
+    all-gather and reduce-scatter of the tokens (`boundary_bytes`, priced with the layer's
+    TP collectives), so only what they move beyond those is added here."""
+    times = block_exchange_times(cfg, layout, cluster, tokens / layout.tp, value_bytes,
+                                 imbalance)
+    rows = boundary_bytes * cfg.top_k * busiest_load(cfg, imbalance)
+    extra = sum(collective_time(op, rows, layout.tp, tp_link)
+                - collective_time(op, boundary_bytes, layout.tp, tp_link)
+                for op in ("all_gather", "reduce_scatter"))
+    return {"forward": times["forward"] + extra, "backward": times["backward"] + extra,
+            "total": times["total"] + 2 * extra}
 
 
 def remote_nodes_per_token(cfg: ModelConfig, nodes: int) -> float:

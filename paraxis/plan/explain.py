@@ -14,7 +14,7 @@ from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import copies_link, imbalance, zero_link
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.memory import model_state_bytes
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
@@ -119,12 +119,12 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, buffers "
         f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "
         f"recompute={layout.recompute}); {best.tokens_per_s:,.0f} tokens/s, MFU {best.mfu:.1%}.")
-    if precision.fp8_recipe:
+    if precision.fp8_recipe is not None:
         lines.append(fp8_line(best, cluster, evaluate(
             cfg, layout, cluster, best.seq_len, global_batch,
-            dataclasses.replace(precision, fp8_recipe="", fp8_weight_gather=False), overlap,
+            dataclasses.replace(precision, fp8_recipe=None, fp8_weight_gather=False), overlap,
             expert_imbalance), precision))
-    lines.append(assumptions_line(best, overlap_on(cluster, overlap)))
+    lines.append(assumptions_line(best, overlap_on(cluster, overlap), cluster.gpu))
     band = error_band(cluster)
     lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
@@ -152,12 +152,18 @@ def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precis
             "bf16 peak.")
 
 
-def assumptions_line(best: Estimate, overlap: Overlap) -> str:
-    """What the price assumed hidden and what exposed (`Overlap`), for the axes the layout
-    uses, and the memory it kept free: the reserve and what is left under the capacity."""
+def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -> str:
+    """What the price assumed hidden and what exposed (`Overlap`, and the runtime's own
+    switches on `gpu`: TP overlap, the parameter all-gather), for the axes the layout uses,
+    and the memory it kept free: the reserve and what is left under the capacity."""
     layout = best.layout
-    calls = {"dp": ("the gradient sync", "the backward", layout.dp * layout.cp > 1),
-             "tp": ("TP's backward collectives", "the weight-gradient GEMMs", layout.tp > 1),
+    pipelined_tp = (gpu is not None and gpu.tp_comm_overlap == "all"
+                    and layout.sequence_parallel)
+    calls = {"dp": ("the gradient sync", "the backward (but for its last bucket)",
+                    layout.dp * layout.cp > 1),
+             "tp": (("every TP collective", "the GEMM beside it") if pipelined_tp else
+                    ("TP's backward collectives", "the weight-gradient GEMMs"))
+             + (layout.tp > 1,),
              "zero3_prefetch": ("ZeRO-3's gathers", "the layer before", layout.zero == 3),
              "cp": ("the K/V exchange", "attention", layout.cp > 1),
              "pp": ("the pipeline's sends", "compute", layout.pp > 1)}
@@ -165,8 +171,13 @@ def assumptions_line(best: Estimate, overlap: Overlap) -> str:
     hidden = [f"{what} behind {behind}" for name, (what, behind, _) in used.items()
               if getattr(overlap, name)]
     exposed = [what for name, (what, _, _) in used.items() if not getattr(overlap, name)]
-    if layout.tp > 1:
+    if layout.tp > 1 and not (pipelined_tp and overlap.tp):
         exposed.append("TP's forward collectives")
+    if layout.zero in (1, 2) and layout.dp * layout.cp > 1:
+        if gpu is not None and gpu.param_gather_overlap and overlap.dp:
+            hidden.append("ZeRO's parameter all-gather behind the next step's forward")
+        else:
+            exposed.append("ZeRO's parameter all-gather after the step")
     parts = []
     if hidden:
         parts.append(f"Assumed hidden: {', '.join(hidden)} (each hidden second still costs "

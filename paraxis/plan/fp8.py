@@ -49,7 +49,7 @@ from paraxis.plan.compute import layer_gemm_shapes
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.precision import FP8_RECIPES, Precision
+from paraxis.spec.precision import FP8_MIN_CAPABILITY, FP8_RECIPES, Precision
 
 # The planner's recipes: the runtime's, and Transformer Engine's delayed scaling.
 PRICED_RECIPES = (*FP8_RECIPES, "delayed")
@@ -67,15 +67,16 @@ AMAX_KERNEL_S = 2e-6
 def check_fp8(gpu: GPU, precision: Precision) -> None:
     """Refuse FP8 where the GPU has no FP8 tensor cores (`GPU.fp8_peak_flops` 0) or the
     recipe is not one the planner prices."""
-    if not precision.fp8_recipe:
+    if precision.fp8_recipe is None:
         return
     if precision.fp8_recipe not in PRICED_RECIPES:
         raise ParaxisError(f"FP8 recipe {precision.fp8_recipe!r} is unknown; use "
                            f"{', '.join(PRICED_RECIPES)}")
     if not gpu.fp8_peak_flops:
-        raise ParaxisError(f"--precision fp8 needs FP8 tensor cores (compute capability 8.9 "
-                           f"and up: H100, H200, L40S); {gpu.name} has none: use "
-                           "--precision bf16 or an FP8 GPU")
+        major, minor = FP8_MIN_CAPABILITY
+        raise ParaxisError(f"FP8 precisions need FP8 tensor cores (compute capability "
+                           f"{major}.{minor} and up: H100, H200, L40S); {gpu.name} has none: "
+                           "use --precision bf16 or an FP8 GPU")
 
 
 def fp8_gemm_efficiency(gpu: GPU, width: float) -> float:
@@ -148,7 +149,7 @@ def gather_bytes_per_param(cfg: ModelConfig, precision: Precision) -> float:
     """Mean bytes per parameter ZeRO's gathers move: 1 for the FP8 linears' weights where
     they travel in FP8 (`Precision.fp8_weight_gather`), the stored bytes for the rest
     (embeddings, norms, the LM head, the router)."""
-    if not (precision.fp8_recipe and precision.fp8_weight_gather):
+    if precision.fp8_recipe is None or not precision.fp8_weight_gather:
         return precision.param_bytes
     total = cfg.num_params()
     linears = sum(k * n for k, n in layer_gemm_shapes(cfg)) * cfg.n_layers

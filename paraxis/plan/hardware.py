@@ -16,17 +16,24 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "link_efficiency": 0.8,             # achieved fraction of link bandwidth in collectives
       "hbm_efficiency": 0.8,              # achieved fraction of HBM bandwidth, elementwise ops
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
-      "attention_impl": "fa2",            # unmeasured: a fitted kernel's rate ("": GEMM rate)
+      "attention_impl": "fa2",            # unmeasured: a fitted kernel's rate (fa2, cudnn, fa1,
+                                          # triton; "": GEMM rate)
       "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "gradient_bucket_bytes": 26214400,  # ZeRO-0/1/2 grads per call (25 MiB); 0: per layer (FSDP)
+      "gradient_bucket_rule": "fixed",    # or "megatron": max(40M, 1M x dp) parameters a bucket
       "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
+      "tp_comm_overlap": "backward",      # TP collectives behind GEMMs: backward, or "all" (SP)
+      "param_gather_overlap": false,      # ZeRO-1/2 parameter all-gather behind the next forward
+      "optimizer_kernel": "auto",         # AdamW: fused, foreach, paraxis; auto: by "kernels"
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
+      "kernel_launch_s": 3.66e-5,         # GPU: host seconds per kernel launched
       "nodes": 8, "gpus_per_node": 8,
       "inter_node_bandwidth_Bps": 25e9,   # one NIC (rail), bytes/s per direction
       "nics_per_node": 8,                 # rails (0: one per GPU)
       "collective_algorithm": "ring",     # across nodes: ring or hierarchical
       "expert_dispatch": "per_expert",    # MoE all-to-all across nodes, or "per_node" (DeepEP)
+      "expert_tp_dispatch": "every_rank", # experts split over tp, SP: or "sequence_shard"
       "intra_node_latency_s": 5e-6, "inter_node_latency_s": 1e-5,   # per ring step
       "collective_latency_s": 1e-5,       # per collective call
       "cores_per_node": 0,                # CPU cores the ranks of a node share (0: own devices)
@@ -52,7 +59,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_on
+from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_for, measured_on
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO
 from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.spec.errors import ParaxisError
@@ -69,7 +76,7 @@ class GPU:
     nvlink_bandwidth_Bps: float  # per GPU, one direction
     hbm_bandwidth_Bps: float = 2.0e12  # device memory bandwidth (datasheet)
     # dense FP8 tensor-core FLOP/s (datasheet; compute capability 8.9 and up); 0: none, and
-    # --precision fp8 is refused (plan/fp8.py)
+    # the FP8 precisions are refused (plan/fp8.py)
     fp8_peak_flops: float = 0.0
     # Calibration, a few physical factors per GPU type (docs/validation.md): achieved fraction
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
@@ -86,9 +93,9 @@ class GPU:
     # 0 prices it like the GEMMs (peak x matmul_efficiency). A calibration measures it.
     attention_flops: float = 0.0
     # Unmeasured, the FlashAttention implementation the trainer runs (plan/attention_rates.py):
-    # "fa2" (PyTorch SDPA on A100/H100 since torch 2.2), "fa1", "triton" (2022-23, priced as
-    # fa1), its fwd + bwd rate fitted by sequence and head dim on published kernel benchmarks
-    # of this GPU type; "" (no kernel named) prices the core like the GEMMs.
+    # "fa2" (PyTorch SDPA on A100 since torch 2.2), "cudnn" (SDPA on H100/H200 from torch 2.11),
+    # "fa1", "triton" (2022-23, priced as fa1), its fwd + bwd rate fitted by sequence and head
+    # dim on published kernel benchmarks of this GPU type; "" prices the core like the GEMMs.
     attention_impl: str = ""
     # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
     # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
@@ -99,6 +106,11 @@ class GPU:
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
     # shard size. 0: not measured (datasheet presets, older profiles): not priced.
     layer_overhead_s: float = 0.0
+    # GPU ranks: host seconds to issue one kernel (PyTorch's dispatch, autograd and the CUDA
+    # launch). The host runs ahead of the GPU, so a layer takes the longer of its GPU time
+    # and its launches (compute.layer_kernels) x this: small microbatches go host-bound.
+    # 0: not priced (CPU ranks price their dispatch by layer_overhead_s).
+    kernel_launch_s: float = 0.0
     # Memory held back on every device (units.DEFAULT_RESERVED_BYTES on a GPU); on a CPU a
     # rank's process baseline, measured by `paraxis calibrate` (calibrate/baseline.py).
     reserved_bytes: float = DEFAULT_RESERVED_BYTES
@@ -110,13 +122,38 @@ class GPU:
     # (paraxis's runtime and PyTorch DDP: 25 MiB, each call paying its latency), or 0: one call
     # per layer, as PyTorch FSDP reduces each wrapped block as one unit (ZeRO-3 always is).
     gradient_bucket_bytes: float = DEFAULT_BUCKET_BYTES
+    # How the runtime sizes those buckets: "fixed", gradient_bucket_bytes; "megatron",
+    # Megatron-Core's DDP default, max(40M, 1M x dp) parameters a bucket (comm.py).
+    gradient_bucket_rule: str = "fixed"
     # ZeRO-2 under a pipeline: "step", as paraxis's runtime does it (a stage accumulates its
     # gradients whole over the microbatches and reduce-scatters them once, at the step's end:
     # ZeRO-1's traffic, the whole gradients in memory beside the shards), or "microbatch",
     # PyTorch FSDP's default (each microbatch's backward reduce-scatters; only shards
     # accumulate), as Llama 3's runs did. Without a pipeline paraxis reduces each microbatch.
     pipeline_zero2_reduce: str = "step"
+    # TP collectives a runtime overlaps with GEMMs: "backward", the input-gradient all-reduce
+    # (with SP, reduce-scatter and re-gather) of each column-parallel linear behind its
+    # weight-gradient GEMM (Megatron-LM's default, Korthikanti et al. 2022 Sec. 6.2), the
+    # forward's blocking; "all", with SP, every TP collective pipelined with the GEMM beside
+    # it, forward too (Megatron-Core --tp-comm-overlap, NeMo ub_tp_comm_overlap: Transformer
+    # Engine's userbuffers; tp_layer.tp_layer_exposed_time).
+    tp_comm_overlap: str = "backward"
+    # ZeRO-1/2's all-gather of the updated parameters: after the step, exposed (False:
+    # paraxis's runtime, DeepSpeed ZeRO-1/2), or bucket by bucket behind the next step's first
+    # forward (True: Megatron-Core --overlap-param-gather).
+    param_gather_overlap: bool = False
+    # How AdamW runs (`compute.optimizer_traffic_per_param`): "fused" (Megatron/Apex
+    # multi-tensor Adam), "foreach" (torch.optim.AdamW's multi-tensor ops, one pass per op),
+    # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
+    # master passes); "auto" is "fused" with fused kernels and "paraxis" with eager ones.
+    optimizer_kernel: str = "auto"
 
+
+# Host seconds per kernel launched, measured with paraxis's eager runtime on the host of an
+# H100 (docs/gpu/gpu-profile.json): the host-bound GPT-2 1.5B step issued 5334 kernels in
+# 195 ms (36.6 us each; GPT-2 124M: 1224 in 49 ms, 40 us). A property of the host and of
+# PyTorch's per-op cost, so every GPU preset carries it.
+HOST_SECONDS_PER_KERNEL = 36.6e-6
 
 # Datasheet figures. NVLink: A100 600 GB/s, H100/H200 900 GB/s bidirectional -> half per way.
 # Memory as the driver reports it (nvidia-smi's total, binary units): an "80GB" A100 81920
@@ -158,21 +195,27 @@ CARRIED = {"h100-sxm-80gb": MAMF_SHARE["h100"], "h100-pcie-80gb": MAMF_SHARE["h1
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("a100-40gb", A100_PEAK, 40960 * MIB, 300e9, 1.555e12,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
-        attention_impl="fa2"),
+        attention_impl="fa2", kernel_launch_s=HOST_SECONDS_PER_KERNEL),
     GPU("a100-80gb", A100_PEAK, 81920 * MIB, 300e9, A100_HBM,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
-        attention_impl="fa2"),
+        attention_impl="fa2", kernel_launch_s=HOST_SECONDS_PER_KERNEL),
+    # Hopper presets: the kernel torch 2.11's SDPA runs there (cuDNN's, docs/gpu/README.md).
     # FP8 dense peaks: twice bf16's on Hopper (H100 SXM and H200 1979, PCIe 1513 TFLOP/s)
     # and Ada (L40S 733); the datasheets' "with sparsity" figures are twice these
-    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, 1979e12, attention_impl="fa2",
+    GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, 1979e12, attention_impl="cudnn",
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
         **carried_from_a100(989e12, 3.35e12, CARRIED["h100-sxm-80gb"])),
     # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
-    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, 1513e12, attention_impl="fa2",
+    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, 1513e12, attention_impl="cudnn",
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
         **carried_from_a100(756e12, 2.0e12, CARRIED["h100-pcie-80gb"])),
-    GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, 1979e12, attention_impl="fa2",
+    GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, 1979e12, attention_impl="cudnn",
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
         **carried_from_a100(989e12, 4.8e12, CARRIED["h200"])),
-    GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12),
-    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12, 733e12),  # no NVLink: PCIe Gen4 x16
+    GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12,
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL),
+    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12, 733e12,
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL),  # no NVLink: PCIe Gen4 x16
 )}
 
 
@@ -193,6 +236,11 @@ class Cluster:
     # that holds any of its experts, to the GPU of the same in-node index, which forwards it
     # over NVLink (DeepEP's normal kernels; DeepSeek-AI 2024, Sec. 3.2.2), plan/experts.py.
     expert_dispatch: str = "per_expert"
+    # Experts split over tp under SP: "every_rank" sends each tp rank's whole tokens over the
+    # expert all-to-all (paraxis's runtime); "sequence_shard" sends its sequence shard and
+    # all-gathers the rows within the TP group (Megatron-Core's all-to-all dispatcher),
+    # plan/experts.py shard_dispatch_times.
+    expert_tp_dispatch: str = "every_rank"
     intra_node_latency_s: float = 5e-6  # per ring step
     inter_node_latency_s: float = 1e-5  # per ring step
     collective_latency_s: float = 0.0  # per collective call: launch and synchronisation
@@ -240,6 +288,15 @@ class Cluster:
                                f"of them) and cores_per_node={self.cores_per_node}")
         if self.gpu.kernels not in ("fused", "eager"):
             raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
+            raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
+                               "unknown; use fixed or megatron")
+        if self.gpu.optimizer_kernel not in ("auto", "fused", "foreach", "paraxis"):
+            raise ParaxisError(f"optimizer_kernel={self.gpu.optimizer_kernel!r} is unknown; "
+                               "use auto, fused, foreach or paraxis")
+        if self.gpu.tp_comm_overlap not in ("backward", "all"):
+            raise ParaxisError(f"tp_comm_overlap={self.gpu.tp_comm_overlap!r} is unknown; use "
+                               "backward or all")
         if self.gpu.pipeline_zero2_reduce not in ("step", "microbatch"):
             raise ParaxisError(f"pipeline_zero2_reduce={self.gpu.pipeline_zero2_reduce!r} is "
                                "unknown; use step or microbatch")
@@ -249,6 +306,9 @@ class Cluster:
         if self.expert_dispatch not in ("per_expert", "per_node"):
             raise ParaxisError(f"expert_dispatch={self.expert_dispatch!r} is unknown; use "
                                "per_expert or per_node")
+        if self.expert_tp_dispatch not in ("every_rank", "sequence_shard"):
+            raise ParaxisError(f"expert_tp_dispatch={self.expert_tp_dispatch!r} is unknown; "
+                               "use every_rank or sequence_shard")
         if self.nics_per_node < 0:
             raise ParaxisError(f"nics_per_node={self.nics_per_node} must be >= 0 (0: one per "
                                "GPU)")
@@ -263,6 +323,9 @@ class Cluster:
             raise ParaxisError(f"attention_impl={impl!r}: no kernel measurements for GPU "
                                f"{self.gpu.name!r} (only A100, H100, H200 presets); give "
                                "attention_impl=\"\" or a measured attention_flops")
+        if impl and not measured_for(self.gpu.name, impl):
+            raise ParaxisError(f"attention_impl={impl!r} was not measured on GPU "
+                               f"{self.gpu.name!r} (cudnn: Hopper only); give fa2 or fa1")
 
     @property
     def compute_share(self) -> float:

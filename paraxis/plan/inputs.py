@@ -47,7 +47,7 @@ class PlanInputs:
     nvlink_gbps: float | None = None
     network_gbps: float | None = None
     precision: str | None = "mixed"  # None: the command's choice (PlanInputs.precision_rule)
-    fp8_recipe: str | None = None  # fp8's scaling recipe (None: the policy's)
+    fp8_recipe: str | None = None  # an FP8 precision's scaling recipe (None: the preset's)
     fp8_weight_gather: bool = False  # ZeRO gathers FP8 weights (plan/fp8.py)
     seq_len: int | None = None  # None: the model's context length
     global_batch: int = 1024
@@ -91,9 +91,9 @@ class PlanInputs:
             raise ParaxisError(f"--precision {self.precision!r} is unknown; use "
                                f"{' or '.join(PRECISIONS)}")
         precision = PRECISIONS[self.precision]
-        if (self.fp8_recipe or self.fp8_weight_gather) and not precision.fp8_recipe:
-            raise ParaxisError("--fp8-recipe and --fp8-weight-gather shape --precision fp8; "
-                               "add --precision fp8 or leave them out")
+        if (self.fp8_recipe or self.fp8_weight_gather) and precision.fp8_recipe is None:
+            raise ParaxisError("--fp8-recipe and --fp8-weight-gather shape an FP8 precision; "
+                               "add --precision fp8 (or fp8-rowwise) or leave them out")
         if self.fp8_recipe:
             precision = dataclasses.replace(precision, fp8_recipe=self.fp8_recipe)
         return dataclasses.replace(precision, fp8_weight_gather=self.fp8_weight_gather) \
@@ -145,11 +145,13 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
     add("--precision", choices=tuple(PRECISIONS), default=precision,
         help="paraxis train's policies (docs/precision.md): fp32 4+4+8 bytes/param (the "
              "CPU default), bf16 (= mixed) 2+2+12, bf16-fp32grad 2+4+12, fp16 2+2+12; "
-             "fp8: bf16's states, the block GEMMs in FP8 (plan/fp8.py); default: "
+             "fp8 (tensorwise scales) and fp8-rowwise: bf16's states, the block GEMMs in "
+             "FP8 (plan/fp8.py); default: "
              + (precision or "fp32 for a run, else mixed"))
     add("--fp8-recipe", choices=PRICED_RECIPES,
-        help="fp8's scales: tensorwise (the default), rowwise, or Transformer Engine's "
-             "delayed scaling")
+        help="an FP8 precision's scales in place of its preset's: tensorwise, rowwise, or "
+             "Transformer Engine's delayed scaling (priced only: paraxis train runs fp8 and "
+             "fp8-rowwise)")
     add("--fp8-weight-gather", action="store_true",
         help="fp8: ZeRO gathers the linears' weights in FP8, 1 byte each (torchao's "
              "enable_fsdp_float8_all_gather); paraxis gathers bf16")

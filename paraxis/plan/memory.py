@@ -232,7 +232,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
                                        dropout, mlp=False) + moe_activation_bytes(
         cfg, routed_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
-    if precision.fp8_recipe and layout.recompute != "full":
+    if precision.fp8_recipe is not None and layout.recompute != "full":
         # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
         fp8_args = (layout.tp, layout.sequence_parallel)
         dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args) * local_seq * micro_batch
@@ -293,7 +293,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                            layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward
             buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
-        if precision.fp8_recipe:
+        if precision.fp8_recipe is not None:
             # the block computing holds its weights cast to FP8, row- and column-major
             buffers += 2 * _largest_block(cfg, layout.tp, layout.ep, layout.etp)
         if layout.zero == 3:

@@ -23,10 +23,13 @@ class Overlap:
     """Which communication hides behind compute (True) or adds to the step (False).
 
     dp: DDP-style gradient buckets (ZeRO-0/1: behind the last microbatch's backward; ZeRO-2:
-    behind every backward). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
+    behind every backward), all but the last bucket; ZeRO-1/2's parameter all-gather after
+    the step hides only where the runtime starts it in the next forward
+    (`GPU.param_gather_overlap`). zero3_prefetch: FSDP-style prefetch one layer ahead, so each
     layer's gathers (and its gradient reduce-scatter) hide behind one layer's compute, never
     behind the whole step. tp: the backward's TP collectives behind the weight-gradient
-    GEMMs (forward TP collectives always block the next GEMM). pp: the pipeline's sends.
+    GEMMs; the forward's block the next GEMM unless the runtime pipelines every TP collective
+    with its GEMM (`GPU.tp_comm_overlap` "all", under SP). pp: the pipeline's sends.
     cp: each ring hop of K/V (and dK/dV) behind one ring step's attention (plan/context.py).
     """
 

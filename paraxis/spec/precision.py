@@ -10,11 +10,8 @@ Training", ICLR 2018; ZeRO, Rajbhandari et al. 2020, sec. 3.1):
     master_weights an fp32 copy of the parameters that AdamW updates (in the ZeRO shard
                    where ZeRO shards the optimizer); the 16-bit parameters are cast from it
     loss_scaling   fp16's dynamic loss scale (engine/data_parallel/loss_scale.py)
-    fp8_recipe     FP8 compute: the block linears' GEMMs (q/k/v, o, the MLP's or experts' up,
-                   gate and down) run on FP8 tensor cores, their inputs scaled by this
-                   recipe ("tensorwise": one scale a tensor, "rowwise": one a row); the
-                   output layer, the MoE router and the attention core stay in
-                   compute_dtype; "" (every preset but fp8): no FP8
+    fp8_recipe     None, or how the FP8 GEMMs scale their operands: "tensorwise" (one
+                   scale per tensor) or "rowwise" (one per row of each GEMM's operands)
 
 The runtime (`engine.data_parallel`, `engine.pipeline_parallel`), the planner (through
 `Precision`, below: bytes per parameter) and the metrics read the same `PrecisionPolicy`, so
@@ -28,7 +25,13 @@ Presets (bytes per parameter: params + grads + optimizer states):
     bf16           bf16 params/grads/reductions, fp32 masters and Adam  2 + 2 + 12 (16P)
     bf16-fp32grad  bf16 params, fp32 gradient accumulation/reduction    2 + 4 + 12
     fp16           as bf16 in fp16, with dynamic loss scaling           2 + 2 + 12
-    fp8            bf16's states, the block GEMMs in FP8 (tensorwise)    2 + 2 + 12
+    fp8            as bf16, the blocks' GEMMs in FP8 (tensorwise)       2 + 2 + 12
+    fp8-rowwise    as fp8, rowwise scales                               2 + 2 + 12
+
+FP8 is a compute format (paraxis/kernels/fp8.py; Micikevicius et al., "FP8 Formats for Deep
+Learning", 2022): every projection inside a block (`FP8_GEMMS`) casts its operands to FP8 for
+its matmul, while parameters, gradients, masters, checkpoints and every other op keep the
+bf16 policy's dtypes. The output layer and the MoE router stay in bf16 (`KEPT_GEMMS`).
 
 CPU default: fp32 (bf16 matmuls run 50-250x slower than fp32 on CPUs without AVX-512 BF16;
 docs/precision.md).
@@ -39,11 +42,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# How an FP8 GEMM's inputs are scaled: one scale per tensor or per row (torchao's float8
-# training recipes; Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 3).
+# FP8 scaling recipes (torchao's float8 training names them alike): one scale per tensor, or
+# one per row along each GEMM's contraction dim.
 FP8_RECIPES = ("tensorwise", "rowwise")
+# The GEMMs an FP8 policy runs in FP8, as module-name patterns ("*": one name component):
+# attention's q, k, v, o, the dense MLP's and every expert's and shared expert's up, gate,
+# down. torchao's float8 training and Megatron's keep the output layer in 16 bits (its
+# logits feed the loss's softmax over the whole vocabulary), and so does the MoE router,
+# whose logits choose the experts.
+FP8_GEMMS = ("blocks.*.attn.q", "blocks.*.attn.k", "blocks.*.attn.v", "blocks.*.attn.o",
+             "blocks.*.mlp.up", "blocks.*.mlp.gate", "blocks.*.mlp.down",
+             "blocks.*.moe.experts.*.up", "blocks.*.moe.experts.*.gate",
+             "blocks.*.moe.experts.*.down",
+             "blocks.*.moe.shared.up", "blocks.*.moe.shared.gate", "blocks.*.moe.shared.down")
+KEPT_GEMMS = ("lm_head", "blocks.*.moe.router")  # in the compute dtype under FP8 too
+# FP8 tensor cores (torch._scaled_mm): Ada (8.9) and Hopper (9.0) and later.
+FP8_MIN_CAPABILITY = (8, 9)
+# torch._scaled_mm needs both dims of its second operand and the contraction dim to be
+# multiples of 16: every FP8 weight's rows and columns (the token dim is padded).
+FP8_DIM_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -55,12 +75,9 @@ class PrecisionPolicy:
     reduce_dtype: str = "fp32"
     master_weights: bool = False
     loss_scaling: bool = False
-    fp8_recipe: str = ""
+    fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        if self.fp8_recipe and self.fp8_recipe not in FP8_RECIPES:
-            raise ParaxisError(f"precision {self.name}: fp8_recipe {self.fp8_recipe!r} is "
-                               f"unknown; use {', '.join(FP8_RECIPES)}")
         for field in ("param_dtype", "compute_dtype", "grad_dtype", "reduce_dtype"):
             if getattr(self, field) not in DTYPE_BYTES:
                 raise ParaxisError(f"precision {self.name}: {field} "
@@ -73,6 +90,17 @@ class PrecisionPolicy:
                 and not self.master_weights:
             raise ParaxisError(f"precision {self.name}: fp32 gradients of 16-bit parameters "
                                "need master_weights")
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise ParaxisError(f"precision {self.name}: fp8_recipe {self.fp8_recipe!r} is "
+                               f"unknown; use {' or '.join(FP8_RECIPES)}")
+        if self.fp8_recipe is not None and self.compute_dtype == "fp16":
+            raise ParaxisError(f"precision {self.name}: FP8 GEMMs write bf16 or fp32, not "
+                               "fp16 (torch._scaled_mm's rowwise kernels: bf16 only)")
+
+    @property
+    def fp8_gemms(self) -> tuple[str, ...]:
+        """The module-name patterns of the GEMMs that run in FP8 (none without a recipe)."""
+        return FP8_GEMMS if self.fp8_recipe is not None else ()
 
     @property
     def param_bytes(self) -> int:
@@ -108,7 +136,7 @@ class PrecisionPolicy:
                 f"grads {self.grad_dtype}, masters "
                 f"{'fp32' if self.has_masters else 'none'}"
                 f"{', loss scaling' if self.loss_scaling else ''}"
-                f"{f', block GEMMs fp8 ({self.fp8_recipe})' if self.fp8_recipe else ''} "
+                f"{f', FP8 block GEMMs ({self.fp8_recipe})' if self.fp8_recipe else ''} "
                 f"({self.param_bytes}+{self.grad_bytes}+{self.optimizer_bytes} bytes/param)")
 
 
@@ -119,10 +147,15 @@ BF16_FP32GRAD = PrecisionPolicy("bf16-fp32grad", "bf16", "bf16", "fp32", "fp32",
 FP16 = PrecisionPolicy("fp16", "fp16", "fp16", "fp16", "fp16", master_weights=True,
                        loss_scaling=True)
 POLICIES = {p.name: p for p in (FP32, BF16, BF16_FP32GRAD, FP16)}
-# bf16's states (fp32 masters and AdamW), the block GEMMs in FP8 with tensorwise scales.
-# The planner prices it (plan/fp8.py); `paraxis train` runs the policies of POLICIES.
+# bf16's state with the blocks' GEMMs in FP8 (`FP8_GEMMS`): a policy of its own per recipe,
+# as bf16-fp32grad is bf16's with fp32 gradients.
 FP8 = PrecisionPolicy("fp8", "bf16", "bf16", "bf16", "bf16", master_weights=True,
                       fp8_recipe="tensorwise")
+FP8_ROWWISE = PrecisionPolicy("fp8-rowwise", "bf16", "bf16", "bf16", "bf16",
+                              master_weights=True, fp8_recipe="rowwise")
+FP8_POLICIES = {p.name: p for p in (FP8, FP8_ROWWISE)}
+# Every preset --precision takes: POLICIES (every GEMM in the compute dtype) and the FP8 ones.
+PRESETS = {**POLICIES, **FP8_POLICIES}
 # Other names of a preset: "mixed" is the planner's older name of bf16 (ZeRO's "16 P").
 ALIASES = {"mixed": "bf16"}
 
@@ -142,10 +175,39 @@ def get_policy(name: str | PrecisionPolicy, subject: str | None = None) -> Preci
     if isinstance(name, PrecisionPolicy):
         return name
     name = ALIASES.get(name, name)
-    if name not in POLICIES:
+    if name not in PRESETS:
         raise ParaxisError(f"{subject or f'--precision {name}'} is unknown; use "
-                           f"{', '.join(POLICIES)}")
-    return POLICIES[name]
+                           f"{', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def fp8_shape_problem(cfg: ModelConfig, tp: int = 1, etp: int = 1, precision: str = "fp8"
+                      ) -> str | None:
+    """Why `cfg`'s FP8 GEMMs cannot run at tensor-parallel degree `tp` (experts: `etp`) under
+    `--precision precision`, in words naming the dimension and a fix; None when every weight
+    dim, as each rank holds it, is a multiple of `FP8_DIM_MULTIPLE`."""
+    m = FP8_DIM_MULTIPLE
+    # (what, its width, the axis splitting it across ranks, that axis's degree)
+    widths = [("d_model", cfg.d_model, "tp", 1),
+              ("the attention width (heads x head_dim)", cfg.n_heads * cfg.head_dim, "tp", tp),
+              ("the k/v width (kv_heads x head_dim)", cfg.kv_dim, "tp", tp)]
+    if cfg.n_moe_layers < cfg.n_layers:  # a dense MLP somewhere
+        widths.append(("d_ff", cfg.d_ff, "tp", tp))
+    if cfg.is_moe:
+        widths.append(("d_ff_expert", cfg.d_ff_expert, "etp", etp))
+        if cfg.n_shared_experts:
+            widths.append(("the shared experts' width (n_shared_experts x d_ff_expert)",
+                           cfg.n_shared_experts * cfg.d_ff_expert, "etp", etp))
+    for what, width, axis, split in widths:
+        if (width // split) % m:
+            on = (f" ({width} / {axis} {split} = {width // split} on each rank)"
+                  if split > 1 else "")
+            lower = f", or a lower {axis}" if split > 1 else ""
+            return (f"--precision {precision} needs every weight dimension a multiple of {m}: "
+                    f"{what} is "
+                    f"{width}{on}; use a model whose {what} is a multiple of {m * split}"
+                    f"{lower}, or --precision bf16")
+    return None
 
 
 # ------------------------------------------------ bytes per parameter, as the planner prices
@@ -163,7 +225,9 @@ class Precision:
     grad_bytes: float
     optimizer_bytes: float
     activation_bytes: float = 2  # bf16/fp16 compute; 4 for fp32
-    fp8_recipe: str = ""  # the block GEMMs in FP8 with these scales ("": none; plan/fp8.py)
+    # the block GEMMs' FP8 scaling: the policy's, or one the planner alone prices
+    # (plan/fp8.py's PRICED_RECIPES); None: no FP8
+    fp8_recipe: str | None = None
     # ZeRO's gathers move the FP8 linears' weights cast to FP8 (torchao's
     # enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather); paraxis's runtime
     # gathers bf16 weights
@@ -186,6 +250,5 @@ MIXED_ADAM = Precision.of(BF16)
 # Plain fp32 Adam: fp32 params and grads, momentum and variance (4+4+8).
 FP32_ADAM = Precision.of(POLICIES["fp32"])
 # The --precision choices of `paraxis plan`, `paraxis memory` and `paraxis report`: the
-# runtime's policies and their aliases, and fp8.
-PRECISIONS = {name: Precision.of(get_policy(name)) for name in (*POLICIES, *ALIASES)}
-PRECISIONS[FP8.name] = Precision.of(FP8)
+# runtime's policies and their aliases.
+PRECISIONS = {name: Precision.of(get_policy(name)) for name in (*PRESETS, *ALIASES)}

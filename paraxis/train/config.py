@@ -88,7 +88,8 @@ class TrainSection:
     seed: int = option(0, "seed of the initial weights and of the batch order")
     device: str = option("auto", "auto, cpu or cuda")
     precision: str = option("fp32", "precision policy: fp32, bf16 (bf16 parameters and "
-                            "gradients, fp32 masters), bf16-fp32grad or fp16 (loss scaling); "
+                            "gradients, fp32 masters), bf16-fp32grad, fp16 (loss scaling), "
+                            "fp8 or fp8-rowwise (bf16's, the blocks' GEMMs in FP8); "
                             "docs/precision.md")
     compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
                            "stay eager)")

@@ -219,19 +219,19 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             batch, data_wait_s = loader.get(step)
             x, y = _to_device(batch, device)
             lr = learning_rate(step, cfg)
-            loss = engine.forward_backward(x, y)
-            grad_norm = engine.clip_grad_norm(cfg.optimizer.grad_clip)
-            # The NaN policy (runtime/nan_policy.py): every rank reaches the same verdict, and
+            # The whole step is queued before the host reads a number from it; a step whose
+            # loss or gradient norm is not finite has left the weights alone on the device.
+            loss_t, grad_norm_t = engine.train_step(x, y, lr, cfg.optimizer.grad_clip)
+            loss, grad_norm = float(loss_t), float(grad_norm_t)
+            # The NaN policy (train/nan_policy.py): every rank reaches the same verdict, and
             # a non-finite step never reaches the weights.
             problem = nonfinite(loss, grad_norm, engine.skipped_overflow())
             if problem and train.on_nan == "stop":
                 raise NumericalFault(stop_message(step, problem))
             overflowed = problem is None and engine.skipped_overflow()
-            if problem is None:
-                engine.optimizer_step(lr)  # skips itself where fp16 overflowed
-                if not overflowed:  # an MoE's routing bias follows the applied steps
-                    update_expert_biases(engine.model)
-            elif rank == 0:
+            if problem is None and not overflowed:
+                update_expert_biases(engine.model)  # an MoE's routing bias: applied steps only
+            elif problem is not None and rank == 0:
                 print(skip_message(step, problem), file=sys.stderr, flush=True)
             if overflowed and rank == 0:
                 print(overflow_message(step, engine.loss_scaler.state_dict()["scale"]),

@@ -41,9 +41,11 @@ from paraxis.dist.params import (
 from paraxis.dist.watchdog import WATCH
 from paraxis.engine.contract import (
     LocalEngine,
+    clip_factor,
     init_adam_state,
     make_adamw,
     optimizer_tensors,
+    step_unless_nonfinite,
     storage_bytes,
 )
 from paraxis.engine.data_parallel.buckets import GradReducer, make_buckets
@@ -235,15 +237,13 @@ class DataParallelEngine(LocalEngine):
             dist.all_reduce(value, group=self.dp_group)
         return int(value)
 
-    def reduce_loss(self, loss: float) -> float:
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self.dp_group is None:
             return loss
-        value = torch.tensor([loss], dtype=torch.float64)
-        if self.device.type == "cuda":
-            value = value.to(self.device)
+        value = loss.reshape(1).clone()  # the collective's own buffer, on the loss's device
         with WATCH.waiting("all_reduce", self.dp_group):
             dist.all_reduce(value, group=self.dp_group)
-        return float(value) / self.dp_size
+        return value[0] / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
         if self.zero == 0 and self.masters is None:
@@ -270,25 +270,29 @@ class DataParallelEngine(LocalEngine):
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""
         return norm_squared(grads, self.device) if self.layout.ep > 1 else None
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm_on_device(self, max_norm: float) -> torch.Tensor:
         """Global norm over every shard; clips (and, for fp16, unscales) in one pass: on
-        fp32 gradients in place, on 16-bit ones in their fp32 master copies at the step."""
-        norm = math.sqrt(float(self.grad_norm_squared()))
-        factor = 1.0
+        fp32 gradients in place, on 16-bit ones in their fp32 master copies at the step.
+        Decided on the device, except fp16's overflow check, which every rank must agree on
+        before the step (its loss scale changes with it)."""
+        norm = self.grad_norm_squared().sqrt()
+        factor: torch.Tensor | float = 1.0
         if self.loss_scaler is not None:
-            self._skip_step = any_rank_overflowed(math.isfinite(norm), self.groups,
-                                                  self.device)
+            finite = math.isfinite(float(norm))
+            self._skip_step = any_rank_overflowed(finite, self.groups, self.device)
             self.loss_scaler.update(overflow=self._skip_step)
             if self._skip_step:
                 return norm
             factor = 1.0 / self.loss_scaler.last_scale
-            norm *= factor
-        if max_norm > 0 and norm > max_norm:
-            factor *= max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s formula
-        if factor != 1.0 and self.reducer.grad_dtype == torch.float32:
+            norm = norm * factor
+        if max_norm > 0:
+            factor = factor * clip_factor(norm, max_norm)
+        if isinstance(factor, float) and factor == 1.0:
+            return norm
+        if self.reducer.grad_dtype == torch.float32:
             for buffer in self.reducer.grad_buffers():
                 buffer.mul_(factor)
-        elif factor != 1.0:
+        else:
             self._grad_factor = factor  # 1/S would underflow in fp16 itself
         return norm
 
@@ -298,7 +302,6 @@ class DataParallelEngine(LocalEngine):
     def optimizer_step(self, lr: float) -> None:
         factor, self._grad_factor = self._grad_factor, 1.0
         if self._skip_step:  # fp16 overflow: this step's gradients are not usable
-            self._skip_step = False
             return
         if self.gatherer is not None:
             self.gatherer.free_all()
@@ -306,7 +309,7 @@ class DataParallelEngine(LocalEngine):
             group["lr"] = lr
         if self.masters is not None:
             self.masters.load_grads(factor)
-        self.optimizer.step()
+        step_unless_nonfinite(self.optimizer, self._nonfinite)
         if self.masters is not None:
             self.masters.write_back()
         if self.zero in (1, 2):

@@ -56,12 +56,14 @@ class MasterWeights:
         torch._foreach_copy_(self.owned, self.masters)
 
     @torch.no_grad()
-    def load_grads(self, factor: float) -> None:
-        """The masters' gradients: fp32 casts of the reduced gradients times `factor`."""
+    def load_grads(self, factor: float | torch.Tensor) -> None:
+        """The masters' gradients: fp32 casts of the reduced gradients times `factor` (a
+        number, or a 0-d tensor on the device: clipping decided there)."""
+        scale = not (isinstance(factor, float) and factor == 1.0)
         flats = []
         for grads in self.grads:
             if grads.dtype == torch.float32:
-                flats.append(grads.mul_(factor) if factor != 1.0 else grads)
+                flats.append(grads.mul_(factor) if scale else grads)
             else:
                 flats.append(grads.float().mul_(factor))
         for index, view, lo, hi in self.views:

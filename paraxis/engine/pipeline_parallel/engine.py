@@ -82,7 +82,8 @@ class PipelineEngine(LocalEngine):
 
     # ------------------------------------------------------------------- the contract
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def forward_backward_on_device(self, inputs: torch.Tensor, targets: torch.Tensor
+                                   ) -> torch.Tensor:
         micro = self.microbatches(inputs, targets)
         xs, ys = [x for x, _ in micro], [y for _, y in micro]
         self.executor.trace.clear()
@@ -100,14 +101,14 @@ class PipelineEngine(LocalEngine):
         loss = self.eval_executor.run([x for x, _ in micro], [y for _, y in micro],
                                       self.autocast_dtype,
                                       loss_weights=self.loss_weights(micro))
-        return self._loss_from_last_stage(loss)
+        return float(self._loss_from_last_stage(loss))
 
-    def _loss_from_last_stage(self, loss: torch.Tensor) -> float:
+    def _loss_from_last_stage(self, loss: torch.Tensor) -> torch.Tensor:
         # Only the last stage computed the loss: it tells the rest of its pipeline.
         holder = head_stage(self.schedule.num_stages, self.schedule.placement)  # zb-v: stage 0
         with WATCH.waiting("broadcast", self.groups.pp_group):
             dist.broadcast(loss, src=self.groups.pp_ranks[holder], group=self.groups.pp_group)
-        return self.reduce_loss(float(loss))
+        return self.reduce_loss(loss.double())
 
     def _backward_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         # A rank holding a tied embedding copy must sum it with its partner stage before
@@ -125,7 +126,7 @@ class PipelineEngine(LocalEngine):
         self.tied.sum_grads(self.data_parallel.reducer.grad_of)
         self.data_parallel.finish_grad_sync()
 
-    def reduce_loss(self, loss: float) -> float:
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.data_parallel.reduce_loss(loss)
 
     def count_over_replicas(self, count: int) -> int:
@@ -134,14 +135,18 @@ class PipelineEngine(LocalEngine):
     def grad_norm_squared(self) -> torch.Tensor:
         return self.data_parallel.grad_norm_squared()
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        return self.data_parallel.clip_grad_norm(max_norm)
+    def clip_grad_norm_on_device(self, max_norm: float) -> torch.Tensor:
+        return self.data_parallel.clip_grad_norm_on_device(max_norm)
 
     def skipped_overflow(self) -> bool:
         return self.data_parallel.skipped_overflow()
 
     def optimizer_step(self, lr: float) -> None:
-        self.data_parallel.optimizer_step(lr)
+        self.data_parallel._nonfinite = self._nonfinite  # set by train_step for its step
+        try:
+            self.data_parallel.optimizer_step(lr)
+        finally:
+            self.data_parallel._nonfinite = None
 
     def zero_grad(self) -> None:
         self.data_parallel.zero_grad()

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from paraxis.kernels.fp8 import Fp8Gemm
 from paraxis.kernels.linear import linear
 from paraxis.parallel.tensor.comm import (
     copy_to_tp,
@@ -73,6 +74,10 @@ class ColumnParallelLinear(nn.Module):
     # Which dim of each single-device parameter is sliced across the TP group: the rows of
     # the weight and the bias entries are output features. (Checkpoint conversion reads it.)
     SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 0, "bias": 0}
+    # which features of its GEMM the TP group splits: an FP8 scale spanning them is
+    # max-reduced over the group (`kernels.fp8.Fp8Gemm`)
+    FP8_SPLIT: ClassVar[str] = "outputs"
+    fp8: Fp8Gemm | None = None  # the matmul in FP8 (an FP8 policy: parallelize's fp8 step)
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None,
                  group: dist.ProcessGroup | None, sequence_parallel: bool = False,
@@ -98,7 +103,7 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enter_region:
             x = enter_tp_region(x, self.group, self.sequence_parallel)
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.fp8)
 
     @property
     def stackable(self) -> bool:
@@ -120,6 +125,8 @@ class RowParallelLinear(nn.Module):
     """
 
     SPLIT_DIMS: ClassVar[dict[str, int]] = {"weight": 1}  # input features; bias replicated
+    FP8_SPLIT: ClassVar[str] = "inputs"  # as ColumnParallelLinear's
+    fp8: Fp8Gemm | None = None
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None,
                  group: dist.ProcessGroup | None, sequence_parallel: bool = False,
@@ -143,7 +150,7 @@ class RowParallelLinear(nn.Module):
         return cls(weight, linear.bias, group, sequence_parallel, leave_region)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight)
+        y = linear(x, self.weight, fp8=self.fp8)
         if self.leave_region:  # else the parent sums the partial outputs (ExpertsRegion)
             y = leave_tp_region(y, self.group, self.sequence_parallel)
         if self.bias is None:

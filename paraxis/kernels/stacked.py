@@ -1,0 +1,52 @@
+"""Several projections of one input as one GEMM, without keeping the stacked weight.
+
+`torch.cat` of the weights followed by `F.linear` would run one GEMM, but autograd would
+then keep the stacked copy until the backward: for q/k/v and gate/up that is most of a
+block's weights again, per block, for the whole forward (and under ZeRO-3 it would undo the
+point of freeing gathered weights). This function keeps the input and the weights
+themselves, as separate linears do, and stacks the weights again in the backward, for the
+moment of its two GEMMs.
+
+Mixed precision follows autocast: the forward's `F.linear` runs under whatever autocast is
+active, and the backward computes in the dtype the forward produced, casting each gradient
+back to its tensor's own dtype (what autocast's casts do for separate linears).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import FunctionCtx
+
+
+class _Stacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, count: int, *tensors: torch.Tensor
+                ) -> torch.Tensor:
+        weights, biases = tensors[:count], tensors[count:]
+        out = F.linear(x, torch.cat(weights), torch.cat(biases) if biases else None)
+        ctx.save_for_backward(x, *weights)
+        ctx.count, ctx.has_bias, ctx.compute_dtype = count, bool(biases), out.dtype
+        ctx.bias_dtypes = [b.dtype for b in biases]
+        return out
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, *weights = ctx.saved_tensors
+        dtype = ctx.compute_dtype
+        widths = [w.shape[0] for w in weights]
+        grad = grad.to(dtype)
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = (grad @ torch.cat(weights).to(dtype)).to(x.dtype)
+        grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]).to(dtype)
+        grad_weights = [g.to(w.dtype) for g, w in zip(grad_weight.split(widths), weights,
+                                                     strict=True)]
+        grad_biases = ([g.to(d) for g, d in zip(rows.sum(0).split(widths), ctx.bias_dtypes,
+                                               strict=True)] if ctx.has_bias else [])
+        return grad_x, None, *grad_weights, *grad_biases
+
+
+def stacked_linear(x: torch.Tensor, weights: list[torch.Tensor],
+                   biases: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """x [W_1; W_2; ...]^T + [b_1; b_2; ...]: one GEMM, outputs side by side."""
+    return _Stacked.apply(x, len(weights), *weights, *(biases or []))
