@@ -244,3 +244,33 @@ def test_stacked_projections_under_autocast_match_separate_ones():
     for a, b in zip(*grads, strict=True):
         assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_a_split_backward_computes_each_gradient_of_a_stack_once():
+    """Zero-bubble schedules ask for the input gradient alone (B), then the weights' (W;
+    engine/pipeline_parallel/split_backward.py): one GEMM each, not both GEMMs twice."""
+    from paraxis.engine.pipeline_parallel.split_backward import backward_input
+
+    layers = [nn.Linear(16, 16, bias=False), nn.Linear(16, 8, bias=False)]
+    x = torch.randn(4, 16, requires_grad=True)  # a stage's input, as received
+    out = torch.cat(project(x.tanh(), layers), dim=-1)
+    grad = torch.randn_like(out)
+    weights = [layer.weight for layer in layers]
+    with CountGemms() as counter:
+        grad_x, pending = backward_input(out, grad, x, weights)
+    assert counter.count == 1
+    with CountGemms() as counter:
+        pending.run()
+    assert counter.count == 1
+    torch.testing.assert_close(grad_x, (grad @ torch.cat(weights)) * (1 - x.tanh() ** 2))
+    torch.testing.assert_close(torch.cat([w.grad for w in weights]), grad.t() @ x.tanh())
+
+
+def test_autograd_grad_over_leaves_still_gets_every_gradient():
+    """Where the engine cannot say what a pass needs (torch.autograd.grad to leaf tensors),
+    the stack computes what was asked for anyway."""
+    layers = [nn.Linear(8, 8), nn.Linear(8, 4)]
+    x = torch.randn(3, 8, requires_grad=True)
+    out = torch.cat(project(x, layers), dim=-1)
+    grad_x, grad_w = torch.autograd.grad(out.square().sum(), [x, layers[0].weight])
+    assert grad_x.shape == x.shape and grad_w.shape == layers[0].weight.shape

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx
 
 from paraxis.dist.watchdog import WATCH
+from paraxis.kernels.grads import wanted
 from paraxis.spec.precision import FP8_DIM_MULTIPLE, FP8_MIN_CAPABILITY, FP8_RECIPES
 
 E4M3 = torch.float8_e4m3fn
@@ -186,7 +187,7 @@ class Fp8Matmul(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: torch.Tensor
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         gemm, out = ctx.gemm, ctx.out_dtype
-        want_x, want_w = (_wanted(ctx, index) for index in (0, 1))
+        want_x, want_w = (wanted(ctx, index) for index in (0, 1))
         grad_x = grad_w = None
         if gemm.recipe == "rowwise":
             x, weight = ctx.saved_tensors
@@ -208,16 +209,6 @@ class Fp8Matmul(torch.autograd.Function):
                                    out)
         return (None if grad_x is None else grad_x.to(ctx.x_dtype),
                 None if grad_w is None else grad_w.to(ctx.w_dtype), None, None)
-
-
-def _wanted(ctx: FunctionCtx, index: int) -> bool:
-    """Whether this backward pass needs input `index`'s gradient. A split backward
-    (pipeline_parallel/split_backward.py) asks for the input gradient alone (B), then for the
-    weight's alone (W); a custom function's `needs_input_grad` cannot tell, so ask the
-    engine whether it will run the node the gradient goes to."""
-    node = ctx.next_functions[index][0]
-    return ctx.needs_input_grad[index] and node is not None and \
-        torch._C._will_engine_execute_node(node)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -18,35 +18,46 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx
 
+from paraxis.kernels.grads import wanted
+
 
 class _Stacked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, x: torch.Tensor, count: int, *tensors: torch.Tensor
+    def forward(ctx: FunctionCtx, x: torch.Tensor, *tensors_then_count: torch.Tensor | int
                 ) -> torch.Tensor:
+        # the count last: autograd's next_functions list the tensor inputs only, so the
+        # tensors' positions are then the same there as in needs_input_grad
+        *tensors, count = tensors_then_count
         weights, biases = tensors[:count], tensors[count:]
         out = F.linear(x, torch.cat(weights), torch.cat(biases) if biases else None)
         ctx.save_for_backward(x, *weights)
-        ctx.count, ctx.has_bias, ctx.compute_dtype = count, bool(biases), out.dtype
+        ctx.count, ctx.compute_dtype = count, out.dtype
         ctx.bias_dtypes = [b.dtype for b in biases]
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """The input's gradient and the weights' (and biases'), each only where this pass
+        asks for it (`kernels.grads.wanted`: a split backward asks for them apart)."""
         x, *weights = ctx.saved_tensors
-        dtype = ctx.compute_dtype
+        dtype, count = ctx.compute_dtype, ctx.count
         widths = [w.shape[0] for w in weights]
         grad = grad.to(dtype)
         rows = grad.reshape(-1, grad.shape[-1])
-        grad_x = (grad @ torch.cat(weights).to(dtype)).to(x.dtype)
-        grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]).to(dtype)
-        grad_weights = [g.to(w.dtype) for g, w in zip(grad_weight.split(widths), weights,
-                                                     strict=True)]
-        grad_biases = ([g.to(d) for g, d in zip(rows.sum(0).split(widths), ctx.bias_dtypes,
-                                               strict=True)] if ctx.has_bias else [])
-        return grad_x, None, *grad_weights, *grad_biases
+        grad_x = (grad @ torch.cat(weights).to(dtype)).to(x.dtype) if wanted(ctx, 0) else None
+        grad_weights: list[torch.Tensor | None] = [None] * count
+        if any(wanted(ctx, 1 + i) for i in range(count)):
+            grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]).to(dtype)
+            grad_weights = [g.to(w.dtype) for g, w in zip(grad_weight.split(widths), weights,
+                                                         strict=True)]
+        grad_biases: list[torch.Tensor | None] = [None] * len(ctx.bias_dtypes)
+        if any(wanted(ctx, 1 + count + i) for i in range(len(ctx.bias_dtypes))):
+            grad_biases = [g.to(d) for g, d in zip(rows.sum(0).split(widths), ctx.bias_dtypes,
+                                                  strict=True)]
+        return grad_x, *grad_weights, *grad_biases, None
 
 
 def stacked_linear(x: torch.Tensor, weights: list[torch.Tensor],
                    biases: list[torch.Tensor] | None = None) -> torch.Tensor:
     """x [W_1; W_2; ...]^T + [b_1; b_2; ...]: one GEMM, outputs side by side."""
-    return _Stacked.apply(x, len(weights), *weights, *(biases or []))
+    return _Stacked.apply(x, *weights, *(biases or []), len(weights))
