@@ -6,6 +6,8 @@ The sides of every run (all listed here before any of them ran on a GPU):
 - paraxis: the one-device engine `paraxis train` builds (bf16 parameters with fp32 masters,
   AdamW, clipping at 1.0), eager;
 - paraxis --compile: the same engine with its blocks and head compiled;
+- paraxis fp8 --compile: the same, its block GEMMs in FP8 (`--precision fp8`, tensorwise
+  scales; on a GPU without FP8 tensor cores the side says so and the others run);
 - reference: the compiled plain loop of `bench/reference.py` (one q/k/v GEMM, SDPA,
   `F.cross_entropy`, fused AdamW, `torch.compile` of the whole model, bf16 autocast);
 - transformers: GPT2LMHeadModel or LlamaForCausalLM (SDPA attention) compiled, with the same
@@ -37,7 +39,7 @@ from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
-from paraxis.spec.precision import MIXED_ADAM
+from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
 from paraxis.train.metrics import device_peak_flops
 
 # (model, sequences, tokens each): GPT-2 124M at two batches, and an 8-layer slice of
@@ -46,7 +48,8 @@ FULL = {"runs": [("gpt2-124m", 16, 1024), ("gpt2-124m", 8, 1024), ("llama3-8b/8"
         "steps": 20, "warmup": 5, "compile": True}
 QUICK = {"runs": [("tiny", 2, 64), ("tiny-llama", 2, 64)], "steps": 2, "warmup": 1,
          "compile": False}
-SIDES = ("paraxis", "paraxis --compile", "reference", "transformers")
+SIDES = ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference",
+         "transformers")
 PEERS = ("reference", "transformers")
 CLIP = 1.0
 
@@ -107,10 +110,14 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         if "tokens_per_s" in result and best_peer:
             result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
     if preset is not None:
-        for side, kernels in (("paraxis", "eager"), ("paraxis --compile", "fused")):
+        for side, kernels, precision in (("paraxis", "eager", MIXED_ADAM),
+                                         ("paraxis --compile", "fused", MIXED_ADAM),
+                                         ("paraxis fp8 --compile", "fused", PRECISIONS["fp8"])):
+            if "error" in sides[side]:
+                continue
             runtime = {"kernels": kernels, "optimizer_kernel": "paraxis"}  # its own AdamW
             estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1, runtime),
-                                seq, batch, MIXED_ADAM)
+                                seq, batch, precision)
             sides[side]["planner_step_time_s"] = estimate.step_time_s
             sides[side]["planner_memory_bytes"] = estimate.memory["total"]
     return {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
@@ -135,7 +142,7 @@ def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
                compile: bool, device: torch.device) -> Callable[[], None] | None:
     if side.startswith("paraxis"):
         compiled = compile and side.endswith("--compile")
-        precision = "bf16" if device.type == "cuda" else "fp32"
+        precision = "fp8" if "fp8" in side else "bf16" if device.type == "cuda" else "fp32"
         engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
                               precision=precision, compile=compiled)
         return engine_step(engine, x, y, clip=CLIP)

@@ -73,8 +73,9 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(tmp_path):
     assert [r["model"] for r in section["runs"]] == ["tiny", "tiny-llama"]
     for run in section["runs"]:
         sides = run["sides"]
-        assert set(sides) == {"paraxis", "paraxis --compile", "reference", "transformers"}
-        for side in ("paraxis", "paraxis --compile", "reference"):
+        assert set(sides) == {"paraxis", "paraxis --compile", "paraxis fp8 --compile",
+                              "reference", "transformers"}
+        for side in ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference"):
             assert sides[side]["tokens_per_s"] > 0 and sides[side]["mfu"] is None, side
         assert sides["reference"]["ratio_to_best_peer"] <= 1.0
     assert "## One GPU" in out.read_text()
