@@ -29,7 +29,7 @@ from torch import nn
 
 import paraxis.kernels.fp8 as fp8
 from paraxis.dist.groups import build_groups
-from paraxis.dist.testing import RankContext, run_on_ranks
+from paraxis.dist.testing import RankContext, one_thread, run_on_ranks
 from paraxis.kernels.fp8 import E4M3, E5M2, Fp8Gemm, Fp8Matmul, dequantize, quantize, scaled_mm
 from paraxis.kernels.fp8_modules import check_fp8
 from paraxis.kernels.linear import Fp8Linear
@@ -58,14 +58,8 @@ LOSS_TOL, NORM_TOL = 3e-4, 1e-2
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
-    """One thread, as each rank has: these tiny models run several times slower on two
-    threads when the machine's cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------ casts and the matmul

@@ -36,12 +36,10 @@ things the planner leaves out).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +47,7 @@ import pytest
 import torch
 
 from paraxis.dist.groups import ParallelGroups, build_groups
-from paraxis.dist.testing import RankContext, as_layout, run_on_ranks
+from paraxis.dist.testing import RankContext, as_layout, one_thread, run_on_ranks
 from paraxis.engine.contract import storage_bytes
 from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
 from paraxis.model.checkpoint.convert import export_hf
@@ -209,22 +207,10 @@ def _reference(layout: Layout) -> dict:
     key = (layout.dp, layout.microbatches)
     if key not in _REFERENCES:
         one = Layout(microbatches=layout.microbatches)
-        with _one_thread():
+        with one_thread():
             _REFERENCES[key] = _train(one, build_groups(one),
                                       order=_global_microbatch_order(*key))
     return _REFERENCES[key]
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """One thread, as each rank has: this tiny model runs several times slower on two
-    threads when the machine's cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _assert_routing(layout: Layout, result: dict, reference: dict) -> None:
@@ -404,7 +390,7 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
             if layout.microbatches == 1:
                 _assert_losses(what, resumed, _reference(Layout()), 5)
             else:  # one device resumes with the same global microbatches
-                with _one_thread():
+                with one_thread():
                     one = Layout(microbatches=layout.microbatches)
                     again = _train(one, build_groups(one), range(5, STEPS),
                                    _global_microbatch_order(layout.dp, layout.microbatches),
@@ -413,7 +399,7 @@ def test_expert_parallel_layouts_train_like_one_device(layouts, tmp_path):
             if RESUMES[text] in on_one_device:
                 continue
             on_one_device.add(RESUMES[text])
-            with _one_thread():
+            with one_thread():
                 one = _train(Layout(), build_groups(Layout()), range(5, STEPS),
                              load=_saved(str(tmp_path), RESUMES[text]))
             _assert_losses(f"{RESUMES[text]} checkpoint on one device", one,
@@ -442,7 +428,7 @@ def _assert_exports_to_mixtral(checkpoint: str, out: Path) -> None:
 def test_cli_dp4_ep4_matches_one_device(tmp_path):
     flags = dict(model="tiny-moe", seq_len=SEQ, steps=STEPS, global_batch=BATCH, warmup=2,
                  eval_every=0, device="cpu", quiet=True)
-    with _one_thread():  # in this process: no start-up cost
+    with one_thread():  # in this process: no start-up cost
         one = run_training(RunConfig.from_flags(**flags))
     metrics = tmp_path / "ep4.jsonl"
     command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "4", "--ep",
@@ -495,7 +481,7 @@ def test_step_metrics_count_each_microbatch_once_under_full_recompute():
     """Counted as backward passes a block: full recompute runs its forward twice, the
     count stays one per microbatch (and evaluation counts nothing)."""
     figures = []
-    with _one_thread():
+    with one_thread():
         for recompute in ("none", "full"):
             layout = Layout(microbatches=2, recompute=recompute)
             groups = build_groups(layout)

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,9 +59,9 @@ from typing import Any, TypeVar, overload
 import torch
 import torch.distributed as dist
 
+from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
 from paraxis.dist.hidden_gpus import SEEN_GPUS, gpus_seen
 from paraxis.spec.layout import Layout
-from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
 
 
 class RankFailed(AssertionError):
@@ -298,3 +298,15 @@ def train_records(args: list[str], metrics: Path, nproc: int = 1,
         raise AssertionError(f"paraxis train exited {result.returncode}:\n"
                              f"{result.stderr[-2000:]}")
     return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread, as each rank runs: a test's tiny model in the test process runs
+    several times slower on two threads when the machine's cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
