@@ -174,6 +174,8 @@ def render(section: dict) -> str:
     head = "## One GPU: paraxis beside the compiled reference and transformers\n\n"
     if "skipped" in section:
         return head + f"Not run: {section['skipped']}.\n"
+    if section["runs"] and "sides" not in section["runs"][0]:
+        return render_paraxis_alone(section)
     peak = section["peak_flops"]
     lines = [
         head + "One training step (forward, backward, clip at 1.0, AdamW) on "
@@ -209,6 +211,30 @@ def render(section: dict) -> str:
                            else f"{planned / s['step_time_s'] - 1:+.0%}") + " |")
     lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}; median of "
               f"{section['steps']} steps after warm-up (compiling happens in the warm-up)."]
+    return "\n".join(lines) + "\n"
+
+
+def render_paraxis_alone(section: dict) -> str:
+    """A section this bench wrote before it had peers (paraxis's eager step alone, beside
+    the planner), as it was measured: kept until the next GPU run replaces it."""
+    lines = ["## One GPU: paraxis's bf16 step alone (before the side-by-side bench)\n\n"
+             f"Measured on {section['device']} (torch {section['torch']}, CUDA "
+             f"{section['cuda']}, median of {section['steps']} steps): the one-device engine "
+             "under bf16 autocast, eager, beside `plan.cost.evaluate` on the "
+             f"{section['preset']} preset with eager kernels (error = planner / measured - 1). "
+             "The runtime has changed since (docs/gpu/README.md); `python -m bench --only gpu` "
+             "on a GPU replaces this table.", "",
+             "| model | batch x seq | step | tokens/s | MFU | planner step | error | peak memory "
+             "|", "|---|---|---|---|---|---|---|---|"]
+    for r in section["runs"]:
+        planned = r.get("planner_step_time_s")
+        lines.append(
+            f"| {r['model']} ({r['params'] / 1e6:,.0f}M) | {r['batch']} x {r['seq']} "
+            f"| {r['step_time_s'] * 1e3:,.1f} ms | {r['tokens_per_s']:,.0f} | "
+            + ("-" if r.get("mfu") is None else f"{r['mfu']:.1%}") + " | "
+            + ("-" if planned is None else f"{planned * 1e3:,.1f} ms | "
+               f"{planned / r['step_time_s'] - 1:+.0%}")
+            + f" | {_gib(r.get('peak_memory_bytes'))} |")
     return "\n".join(lines) + "\n"
 
 

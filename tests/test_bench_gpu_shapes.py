@@ -62,3 +62,18 @@ def test_each_gpu_step_is_measured_beside_the_planners_forecast_of_it():
     text = gpu.render(section)
     assert "| tiny (0M), 2 x 64 | paraxis |" in text
     assert "| tiny (0M), 2 x 64 | reference |" in text
+
+
+def test_a_gpu_section_from_before_the_peers_still_renders():
+    """docs/benchmarks.json keeps the last GPU run until a GPU replaces it; one written
+    before the bench had peers (paraxis's step alone) renders as it was measured."""
+    from bench import gpu
+
+    old = {"device": "NVIDIA H100 80GB HBM3", "preset": "h100-sxm-80gb", "peak_flops": 989e12,
+           "steps": 20, "torch": "2.11.0", "cuda": "13.0", "runs": [
+               {"model": "gpt2-124m", "params": 124475904, "batch": 8, "seq": 1024,
+                "step_time_s": 0.0452, "tokens_per_s": 181155.0, "mfu": 0.146,
+                "peak_memory_bytes": 6.8 * 2**30, "planner_step_time_s": 0.0273}]}
+    text = gpu.render(old)
+    assert "paraxis's bf16 step alone" in text
+    assert "| gpt2-124m (124M) | 8 x 1024 | 45.2 ms | 181,155 | 14.6% | 27.3 ms | -40% |" in text
