@@ -8,8 +8,9 @@ weights stacked along the output features does the same work at the rate of a wi
 (`attn.q.weight`, ...): checkpoints, Hugging Face names, initial values and tensor
 parallelism's slices are unchanged. A tensor-parallel rank stacks its own slices, so its
 GEMM holds whole heads of q, k and v, and gate and up stay paired column for column. The
-stacking copy is part of the weight's cast to the compute dtype that autocast makes anyway,
-and under `torch.compile` one kernel does both.
+stacked weight exists only while a GEMM runs (`kernels.stacked`: forward, and again in
+backward); with 16-bit compute over fp32 weights the stacking copy is the cast autocast
+makes anyway, and under `torch.compile` one kernel does both.
 
 Under an FP8 policy a projection carries its `Fp8Gemm` (`fp8`: how it scales, over which
 groups; `kernels.fp8`), and `linear` runs its matmul in FP8; stacked projections share one,
