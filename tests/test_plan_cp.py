@@ -47,13 +47,15 @@ def test_saved_attention_bytes_match_the_runtime_count(cp: int) -> None:
 
 def test_zigzag_split_leaves_no_imbalance_and_compute_falls_by_cp() -> None:
     assert imbalance(LONG, 16) == 1.0 and len(set(pairs_per_rank(LONG, 16))) == 1
-    cluster = build_cluster("h100-sxm-80gb", 16, 8)
+    # The split's balance, on a kernel whose masked and unmasked blocks run at one rate at
+    # these lengths (FA2's curves); the H100 preset's cuDNN runs a ring's unmasked blocks
+    # faster than the masked whole (557 against 509 TFLOP/s at its plateaus, d = 128), a
+    # property of the kernel, not of the split.
+    cluster = build_cluster("h100-sxm-80gb", 16, 8, {"attention_impl": "fa2"})
     whole = layer_times(LLAMA_8B, Layout(dp=16), cluster, LONG, 1)
     split = layer_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1)
-    # within what separates the kernel's unmasked ring blocks from the masked whole (cuDNN,
-    # the preset's: 557 against 509 TFLOP/s at its plateaus, d = 128)
-    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=0.05)
-    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=0.05)
+    assert split["forward"] == pytest.approx(whole["forward"] / 16, rel=0.01)
+    assert split["backward"] == pytest.approx(whole["backward"] / 16, rel=0.01)
 
 
 def test_ring_hides_the_exchange_behind_attention_and_all_gather_only_partly() -> None:
