@@ -195,7 +195,7 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
     of 16-bit gradients to fp32 and the write-back to the 16-bit weight: 40 B in fp32, 50 B
     for bf16 with masters.
     """
-    kernels = {"eager": "paraxis", "auto": "fused"}.get(kernels, kernels)
+    kernels = "paraxis" if kernels == "eager" else kernels  # eager elementwise: paraxis's
     if kernels == "foreach":
         return 21 * 4 + 3 * precision.grad_bytes
     if kernels == "paraxis":
@@ -219,6 +219,7 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
+    # "auto": paraxis's AdamW beside eager kernels, Megatron's fused Adam beside fused ones
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
