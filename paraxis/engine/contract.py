@@ -36,6 +36,7 @@ from paraxis.model.checkpoint.entries import (
     LossScale,
     Place,
     buffer_entries,
+    step_count,
     whole_entries,
 )
 from paraxis.model.transformer import single_device_buffers, single_device_parameters
@@ -358,12 +359,6 @@ def step_unless_nonfinite(optimizer: torch.optim.Optimizer, nonfinite: torch.Ten
             del optimizer.found_inf
     elif not bool(nonfinite):
         optimizer.step()
-
-
-def step_count(steps: int, device: torch.device) -> torch.Tensor:
-    """AdamW's step count as its state holds it: on the parameter's device, which the fused
-    kernel requires (torch keeps it there too for fused and capturable AdamW)."""
-    return torch.tensor(float(steps), device=device)
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:

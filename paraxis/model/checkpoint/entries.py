@@ -162,10 +162,15 @@ def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
     return 0
 
 
+def step_count(steps: int, device: torch.device) -> torch.Tensor:
+    """AdamW's step count as its state holds it: on the parameter's device, which the fused
+    kernel requires (torch keeps it there too for fused and capturable AdamW)."""
+    return torch.tensor(float(steps), device=device)
+
+
 def set_optimizer_steps(optimizer: torch.optim.Optimizer, steps: int) -> None:
     for param, per_tensor in optimizer.state.items():
-        # on the parameter's device, where the fused AdamW kernel reads it
-        per_tensor["step"] = torch.tensor(float(steps), device=param.device)
+        per_tensor["step"] = step_count(steps, param.device)
 
 
 class LossScale(Protocol):
