@@ -26,6 +26,7 @@ On a machine without CUDA the full-size part is not run (a CPU tells nothing abo
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 
 import torch
@@ -91,12 +92,18 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
     cfg = model(model_name)
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
     sides = {}
-    for side in SIDES:
+    for side in setting.get("sides", SIDES):
+        started = time.perf_counter()
         try:
             sides[side] = measure_side(side, cfg, x, y, setting, device)
         except Exception as error:  # one side failing (a compiler error) keeps the others
             sides[side] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
         finally:
+            measured = sides.get(side, {})
+            print(f"{model_name} {batch} x {seq}, {side}: " + (
+                f"{measured['step_time_s'] * 1e3:,.1f} ms a step" if "step_time_s" in measured
+                else measured.get("error", "failed")) + f" ({time.perf_counter() - started:,.0f}"
+                " s with compiling)", flush=True)
             gc.collect()
             torch._dynamo.reset()
             if device.type == "cuda":
@@ -105,7 +112,7 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
     for result in sides.values():
         if "tokens_per_s" in result:
             result["mfu"] = mfu(cfg, seq, result["tokens_per_s"], 1, peak) if peak else None
-    best_peer = max((sides[p].get("tokens_per_s", 0.0) for p in PEERS), default=0.0)
+    best_peer = max((sides.get(p, {}).get("tokens_per_s", 0.0) for p in PEERS), default=0.0)
     for result in sides.values():
         if "tokens_per_s" in result and best_peer:
             result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
@@ -113,7 +120,7 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         for side, kernels, precision in (("paraxis", "eager", MIXED_ADAM),
                                          ("paraxis --compile", "fused", MIXED_ADAM),
                                          ("paraxis fp8 --compile", "fused", PRECISIONS["fp8"])):
-            if "error" in sides[side]:
+            if "error" in sides.get(side, {"error": "not run"}):
                 continue
             runtime = {"kernels": kernels, "optimizer_kernel": "paraxis"}  # its own AdamW
             estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1, runtime),
@@ -248,7 +255,15 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, help="write gpu-step.md and .json here")
     parser.add_argument("--runs", help="which of the full runs, by position from 0 "
                         "(\"0,2\"; default all): a lent GPU's 10-minute calls fit a part")
+    parser.add_argument("--sides", help="which sides, by position in SIDES from 0 (default "
+                        "all)")
     args = parser.parse_args()
+    if args.sides:
+        try:
+            FULL["sides"] = QUICK["sides"] = [SIDES[int(i)] for i in args.sides.split(",")]
+        except (ValueError, IndexError):
+            parser.error(f"--sides {args.sides}: give positions 0-{len(SIDES) - 1}, "
+                         "comma-separated")
     if args.runs:
         try:
             FULL["runs"] = [FULL["runs"][int(i)] for i in args.runs.split(",")]

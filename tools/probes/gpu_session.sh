@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
+#   bash tools/probes/gpu_session.sh all          # the four below in one call, most wanted first
 #   bash tools/probes/gpu_session.sh fp8          # _scaled_mm against the CPU emulation
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
 #   bash tools/probes/gpu_session.sh suite        # the tests that need CUDA, then the suite
-# Output goes to $OUT (the device tool brings it back); copy it into docs/gpu/ with the
-# command that made it.
+# Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
+# with the command that made it.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.txt"
+log=$out/session.log  # every part's output, in order; each bench part's json beside it
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv | tee -a "$log"
+bench() {  # bench() SECONDS NAME RUNS [SIDES]: one bench.gpu part, its json kept as NAME.json
+  timeout "$1" python3 -m bench.gpu --runs "$3" ${4:+--sides "$4"} --out "/tmp/$2" 2>&1 \
+    | tee -a "$log"
+  cp "/tmp/$2/gpu-step.json" "$out/$2.json" 2>/dev/null || true
+}
+hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and the CUDA ones
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_packing.py \
+    tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
+}
 case ${1:-} in
-  fp8) timeout 570 python3 -m tools.probes.fp8_cuda 2>&1 | tee "$out/fp8.log" ;;
-  speed-gpt2) timeout 570 python3 -m bench.gpu --runs 0,1 --out "$out/gpt2" 2>&1 | tee "$out/gpt2.log" ;;
-  speed-llama) timeout 570 python3 -m bench.gpu --runs 2 --out "$out/llama" 2>&1 | tee "$out/llama.log" ;;
+  all)
+    timeout 60 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
+    hidden_gpus 90
+    bench 200 gpt2 0 0,1,3,4         # GPT-2 124M at 16 x 1024, no FP8 side
+    bench 220 llama 2                # the Llama slice, every side
+    bench 120 gpt2-8 1 0,1,3 ;;      # GPT-2 124M at 8 x 1024, in whatever time is left
+  fp8) timeout 570 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log" ;;
+  speed-gpt2) bench 570 gpt2 0,1 ;;
+  speed-llama) bench 570 llama 2 ;;
   suite) timeout 570 python3 -m pytest -q -p no:cacheprovider -x -n 8 --durations=15 tests 2>&1 \
-           | tee "$out/suite.log" ;;
-  *) echo "usage: gpu_session.sh fp8 | speed-gpt2 | speed-llama | suite" >&2; exit 2 ;;
+           | tee -a "$log" ;;
+  *) echo "usage: gpu_session.sh all | fp8 | speed-gpt2 | speed-llama | suite" >&2; exit 2 ;;
 esac
