@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from bench.scale import MODEL
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.host_memory import return_freed_memory
 from paraxis.dist.tensor_memory import TensorBytes
 from paraxis.dist.testing import RankContext, run_on_ranks
@@ -27,8 +28,8 @@ NUMEL = 4_000_000  # 16 MB of fp32
 def _collectives(ctx: RankContext) -> dict[str, tuple[float, float]]:
     world = dist.get_world_size()
     full, shard, flat = torch.zeros(NUMEL), torch.zeros(NUMEL // world), torch.ones(NUMEL)
-    calls = {"reduce_scatter_single": lambda: dist.reduce_scatter_single(shard, flat),
-             "all_gather_single": lambda: dist.all_gather_single(full, shard),
+    calls = {"reduce_scatter_single": lambda: reduce_scatter_single(shard, flat),
+             "all_gather_single": lambda: all_gather_single(full, shard),
              "all_reduce (in place)": lambda: dist.all_reduce(flat)}
     out = {}
     for name, call in calls.items():

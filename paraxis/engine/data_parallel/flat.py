@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -121,7 +123,7 @@ def reduce_scatter_sum(shard: torch.Tensor, full: torch.Tensor,
     if _sums_in_place(group):
         mine = full[group_rank(group) * shard.numel():][:shard.numel()]
         return _ThenCopy(dist.all_reduce(full, group=group, async_op=True), mine, shard)
-    return dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM, group=group,
+    return reduce_scatter_single(shard, full, op=dist.ReduceOp.SUM, group=group,
                                       async_op=True)
 
 
@@ -142,7 +144,7 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor,
         full[:lo].zero_()
         full[lo + shard.numel():].zero_()  # others' parts: x + 0 + ... + 0 is x, exactly
         return dist.all_reduce(full, group=group, async_op=True)
-    return dist.all_gather_single(full, shard, group=group, async_op=True)
+    return all_gather_single(full, shard, group=group, async_op=True)
 
 
 def _sums_in_place(group: dist.ProcessGroup) -> bool:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.context.kernel import (
     ChunkDocuments,
@@ -69,7 +70,7 @@ def _gather_kv(kv: torch.Tensor, group: dist.ProcessGroup | None, phase: str) ->
     gathered = kv.new_empty((cp, *kv.shape))
     record(phase, sent_bytes=kv.numel() * kv.element_size())
     # Collectives concatenate along dim 0 (gloo takes no stacked form).
-    work = dist.all_gather_single(gathered.flatten(0, 1), kv, group=group, async_op=True)
+    work = all_gather_single(gathered.flatten(0, 1), kv, group=group, async_op=True)
     return _Collective("all_gather", gathered, work, group)
 
 
@@ -78,7 +79,7 @@ def _reduce_scatter_kv(parts: torch.Tensor, group: dist.ProcessGroup | None) -> 
     rank's rank-major fp32 dK/dV `parts` (cp, 2, ...)."""
     mine = parts.new_empty(parts.shape[1:])
     record("backward", sent_bytes=parts.numel() * parts.element_size())
-    work = dist.reduce_scatter_single(mine, parts.flatten(0, 1), group=group, async_op=True)
+    work = reduce_scatter_single(mine, parts.flatten(0, 1), group=group, async_op=True)
     return _Collective("reduce_scatter", mine, work, group)
 
 

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.tensor.counter import record
 from paraxis.spec.errors import ParaxisError
@@ -89,7 +90,7 @@ def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str) -> to
     record("all_gather", local.numel() * local.element_size(), phase)
     out = local.new_empty((local.shape[0] * tp, *local.shape[1:]))
     with WATCH.waiting("all_gather", group):
-        dist.all_gather_single(out, local, group=group)
+        all_gather_single(out, local, group=group)
     return out.transpose(0, SEQ_DIM).contiguous()
 
 
@@ -104,7 +105,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str
     record("reduce_scatter", full.numel() * full.element_size(), phase)
     out = full.new_empty((full.shape[0] // tp, *full.shape[1:]))
     with WATCH.waiting("reduce_scatter", group):
-        dist.reduce_scatter_single(out, full, group=group)
+        reduce_scatter_single(out, full, group=group)
     return out.transpose(0, SEQ_DIM).contiguous()
 
 

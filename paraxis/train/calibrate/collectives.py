@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.train.calibrate.kernels import sync
 
 
@@ -27,9 +28,9 @@ def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: to
     if op == "all_reduce":
         return lambda: dist.all_reduce(full, group=group)
     if op == "all_gather":
-        return lambda: dist.all_gather_single(full, shard, group=group)
+        return lambda: all_gather_single(full, shard, group=group)
     if op == "reduce_scatter":
-        return lambda: dist.reduce_scatter_single(shard, full, group=group)
+        return lambda: reduce_scatter_single(shard, full, group=group)
     incoming = torch.empty_like(full)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
     me = ranks.index(dist.get_rank())
