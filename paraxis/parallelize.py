@@ -111,7 +111,10 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         check_compile(layout.schedule, compile)
         check_compiler(device)
         for part in parts:
-            compile_blocks(part, head=layout.zero < 3)
+            if compiles_whole(cfg, layout, end_of_document):
+                part.compile()
+            else:
+                compile_blocks(part, head=layout.zero < 3)
     # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
     #    of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
@@ -122,6 +125,18 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         return data_parallel
     # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
     return PipelineEngine(parts, data_parallel, groups)
+
+
+def compiles_whole(cfg: ModelConfig, layout: Layout, end_of_document: int | None) -> bool:
+    """Whether `--compile` compiles the whole model as one graph rather than block by block:
+    where nothing inside its forward communicates, gathers or branches on the data (no
+    tensor, context, pipeline or expert split, no ZeRO-3 hooks, no routing, no packing's
+    documents, no recompute), so that one graph holds embedding, blocks, head and loss. On a
+    GPU that is one guard check and one compiled call for the forward and one for the
+    backward, where blocks compiled one by one cost a Python round trip each (12 for GPT-2
+    124M, forward and backward); the kernels inside are the same."""
+    return (layout.tp == layout.cp == layout.pp == layout.ep == 1 and layout.zero < 3
+            and not cfg.n_experts and end_of_document is None and layout.recompute == "none")
 
 
 def compile_blocks(part: Transformer, head: bool = True) -> None:

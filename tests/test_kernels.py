@@ -96,15 +96,19 @@ def test_fused_adamw_steps_like_the_foreach_one():
 
 
 def test_compiled_regions_have_no_graph_breaks():
-    """What `--compile` compiles (`parallelize.compile_blocks`): each block's `_forward` and
-    the part's `head` (final norm, LM head, loss), each one graph; in a routed block its
-    attention half and its experts."""
+    """What `--compile` compiles, each one graph: the whole model where nothing in it
+    communicates (`parallelize.compiles_whole`), else (`parallelize.compile_blocks`) each
+    block's `_forward` and the part's `head` (final norm, LM head, loss); in a routed block
+    its attention half and its experts."""
     for name in ("tiny", "tiny-llama"):
         cfg = PRESETS[name]
         model = build_model(cfg, seed=0)
         tokens = torch.randint(0, cfg.vocab_size, (2, 16))
         x = model.embed(tokens)
-        for region, args in ((model.blocks[0]._forward, (x,)), (model.head, (x, tokens))):
+        # `compiles_whole`: the whole model, embedding to loss, where nothing in it
+        # communicates; else each block's `_forward` and the head
+        for region, args in ((model, (tokens, tokens)), (model.blocks[0]._forward, (x,)),
+                             (model.head, (x, tokens))):
             torch._dynamo.reset()
             explained = torch._dynamo.explain(region)(*args)
             assert explained.graph_break_count == 0, (name, explained.break_reasons)

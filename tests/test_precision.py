@@ -191,10 +191,11 @@ def test_a_checkpoint_keeps_the_fp32_masters(tmp_path, zero):
         assert torch.equal(ours, theirs)
 
 
-def _eager_and_compiled(ctx: RankContext) -> tuple[list[float], list[float]]:
+def _eager_and_compiled(ctx: RankContext) -> tuple[list[float], list[float], bool]:
     runs = []
     for compile in (False, True):
         engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, compile=compile)
+        whole = getattr(engine.model, "_compiled_call_impl", None) is not None
         losses = []
         for step in range(STEPS):
             losses.append(engine.forward_backward(*_dp_share(ctx, _batch(seed=step))))
@@ -203,20 +204,22 @@ def _eager_and_compiled(ctx: RankContext) -> tuple[list[float], list[float]]:
             engine.zero_grad()
         losses.append(engine.evaluate(*_dp_share(ctx, _batch(seed=9))))
         runs.append(losses)
-    return runs[0], runs[1]
+    return runs[0], runs[1], whole
 
 
 @pytest.mark.slow
 def test_compiled_blocks_match_eager():
-    """`--compile` (torch.compile of each block's forward, ZeRO-3's gathers in hooks around
-    it) against eager at dp=2 ZeRO-3 and pp=2 1F1B, in one launch (compiling costs ~20-40 s
-    per rank here; tp=2 with sequence parallelism is in the bench, bench/bench_compile.py)."""
-    layouts = ["dp=2,zero=3", "pp=2,microbatches=2,schedule=1f1b"]
+    """`--compile` against eager: the whole model as one graph at dp=2 ZeRO-2
+    (`compiles_whole`), each block's forward at dp=2 ZeRO-3 (its gathers in hooks around
+    them) and pp=2 1F1B, in one launch (compiling costs ~20-40 s per rank here; tp=2 with
+    sequence parallelism is in the bench, bench/bench_compile.py)."""
+    layouts = ["dp=2,zero=2", "dp=2,zero=3", "pp=2,microbatches=2,schedule=1f1b"]
     for layout, by_rank in zip(layouts, run_on_ranks(layouts, _eager_and_compiled,
                                                      timeout_s=400), strict=True):
-        for eager, compiled in by_rank:
+        for eager, compiled, whole in by_rank:
             # losses, gradient norms and a held-out loss, step by step: fp32 rounding only
             assert compiled == pytest.approx(eager, rel=1e-5), layout
+            assert whole == (layout == "dp=2,zero=2"), layout
 
 
 def test_compile_without_a_cpp_compiler_is_one_line(monkeypatch, tmp_path):

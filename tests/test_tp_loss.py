@@ -115,3 +115,23 @@ def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
     # fp32 copy of all the logits (4x the bf16 logits' bytes) before anything else
     logits_bytes = rows * vocab * 2
     assert alive.peak <= logits_bytes + chunk * vocab * 4 * 2 + 64 * rows * 4
+
+
+def test_the_compiled_loss_is_the_same_loss():
+    """Under `--compile` the loss runs as whole-tensor expressions the compiler fuses (no fp32
+    chunks): the loss and gradient of F.cross_entropy on the fp32 values, ignored targets
+    too, in one graph."""
+    generator = torch.Generator().manual_seed(2)
+    targets = torch.randint(0, 101, (3, 37), generator=generator)
+    targets[0, :5] = -100
+    compiled = torch.compile(lambda z, t: vocab_parallel_cross_entropy(z, t, None),
+                             fullgraph=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(3, 37, 101, generator=generator) * 3).to(dtype).requires_grad_()
+        loss = compiled(logits, targets)
+        (grad,) = torch.autograd.grad(loss, logits)
+        expected = F.cross_entropy(logits.float().view(-1, 101), targets.view(-1))
+        (want,) = torch.autograd.grad(expected, logits)
+        torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+        assert grad.dtype == dtype
+        torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-8)

@@ -14,6 +14,10 @@ cross entropy loss"):
 
 The backward keeps the logits in their own dtype and one log-sum-exp per token; the fp32
 softmax exists a chunk of tokens at a time (`paraxis.spec.kernels`, what the planner prices).
+Compiled (`--compile`), the same formulas are written as whole-tensor expressions instead,
+which the compiler fuses into one pass over the logits forward (the max apart) and one
+backward, with no fp32 tensor of the logits' size in memory; eager, each of those would be a
+separate fp32 pass, which the in-place chunks avoid.
 Targets equal to IGNORE_INDEX (-100, as
 F.cross_entropy; document packing masks targets so) count in neither the mean nor the
 gradient.
@@ -57,9 +61,12 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = z.gather(1, local.unsqueeze(-1)).squeeze(-1).float() - peak
         target_logit = target_logit.masked_fill(elsewhere, 0.0)
 
-        sum_exp = torch.empty_like(peak)
-        for rows in _chunks(z):  # the fp32 exponentials a chunk at a time (spec/kernels.py)
-            sum_exp[rows] = _minus(z[rows], peak[rows]).exp_().sum(dim=-1)
+        if torch.compiler.is_compiling():  # one fused reduction: no fp32 chunk exists
+            sum_exp = torch.exp(z.float() - peak.unsqueeze(-1)).sum(dim=-1)
+        else:
+            sum_exp = torch.empty_like(peak)
+            for rows in _chunks(z):  # the fp32 exponentials a chunk at a time
+                sum_exp[rows] = _minus(z[rows], peak[rows]).exp_().sum(dim=-1)
         # The two sums travel in one all-reduce: one latency instead of two.
         sums = torch.stack((target_logit, sum_exp))
         _all_reduce(sums, group)
@@ -83,6 +90,12 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
         # none counts: 0, as F.cross_entropy's, where 0 / 0 would make every gradient NaN)
         scale = counted * (grad / counted.sum().clamp(min=1))
+        if torch.compiler.is_compiling():  # one fused pass: logits in, gradient out
+            columns = torch.arange(z.shape[-1], device=z.device)
+            one_hot = (columns == local.unsqueeze(-1)) & ~elsewhere.unsqueeze(-1)
+            softmax = torch.exp(z.float() - log_sum_exp.unsqueeze(-1))
+            grad_logits = ((softmax - one_hot.float()) * scale).to(z.dtype)
+            return grad_logits.view(logits.shape), None, None
         grad_logits = torch.empty_like(z)
         for rows in _chunks(z):  # softmax - one-hot, scaled, a chunk at a time
             chunk = _minus(z[rows], log_sum_exp[rows]).exp_()
