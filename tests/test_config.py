@@ -119,3 +119,15 @@ def test_typos_are_errors(tmp_path, text, message):
 def test_missing_file():
     with pytest.raises(ParaxisError, match="does not exist"):
         read_run_file("/nonexistent/run.toml")
+
+
+def test_compile_defaults_to_on_for_cuda_only():
+    """No --compile given: compiled on CUDA, where the H200 measured it faster
+    (docs/gpu/README.md), except under a schedule that splits the backward; eager on CPU.
+    Given, it is what it says."""
+    from paraxis.train.config import TrainSection
+
+    auto, on, off = TrainSection(), TrainSection(compile=True), TrainSection(compile=False)
+    assert auto.compiles("cuda", "1f1b") and not auto.compiles("cpu", "1f1b")
+    assert not auto.compiles("cuda", "zb-h1")
+    assert on.compiles("cpu", "1f1b") and not off.compiles("cuda", "1f1b")

@@ -43,7 +43,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
 from paraxis.spec.precision import get_policy
-from paraxis.spec.schedules import check_compile
+from paraxis.spec.schedules import SPLIT_BACKWARD, check_compile
 from paraxis.spec.units import DEFAULT_BUCKET_MB
 from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_layout
 from paraxis.train.nan_policy import POLICIES
@@ -91,8 +91,10 @@ class TrainSection:
                             "gradients, fp32 masters), bf16-fp32grad, fp16 (loss scaling), "
                             "fp8 or fp8-rowwise (bf16's, the blocks' GEMMs in FP8); "
                             "docs/precision.md")
-    compile: bool = option(False, "torch.compile each block's forward (hooks and collectives "
-                           "stay eager)")
+    compile: bool | None = option(None, "torch.compile the model (whole where nothing in it "
+                                  "communicates, else each block, hooks and collectives "
+                                  "eager); default: on CUDA yes, on CPU no "
+                                  "(docs/gpu/README.md)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
     bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")
@@ -100,6 +102,14 @@ class TrainSection:
                               "run stops, naming it")
     on_nan: str = option("stop", "a NaN/inf loss or gradient stops the run or skips that step",
                          choices=POLICIES)
+
+    def compiles(self, device_type: str, schedule: str) -> bool:
+        """`--compile` as given, else yes on CUDA (measured faster there: docs/gpu/README.md)
+        unless the schedule splits the backward, which a compiled block cannot; no on CPU,
+        where compiling costs more than it saves on the models a CPU trains."""
+        if self.compile is not None:
+            return self.compile
+        return device_type == "cuda" and schedule not in SPLIT_BACKWARD
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
-                              precision=train.precision, compile=train.compile,
+                              precision=train.precision,
+                              compile=train.compiles(device.type, layout.schedule),
                               adamw=cfg.optimizer.adamw(),
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
