@@ -11,7 +11,9 @@ The sides of every run (all listed here before any of them ran on a GPU):
 - reference: the compiled plain loop of `bench/reference.py` (one q/k/v GEMM, SDPA,
   `F.cross_entropy`, fused AdamW, `torch.compile` of the whole model, bf16 autocast);
 - transformers: GPT2LMHeadModel or LlamaForCausalLM (SDPA attention) compiled, with the same
-  optimizer and clipping, where transformers is installed.
+  optimizer and clipping, where transformers is installed;
+- reference fp8: the compiled reference with torchao's float8 training (tensorwise), where
+  torchao is installed (a lent GPU's image lacks it: gpu_session.sh says how to carry it).
 
 Columns: tokens/s, the ratio to the best peer (reference or transformers), MFU
 (`plan.compute.mfu`, the planner's FLOP count over the device's peak), peak allocated
@@ -32,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from bench.common import engine_step, measure_steps, token_batch
-from bench.reference import Reference, hf_model, training_step
+from bench.reference import Reference, float8, hf_model, training_step
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
@@ -50,7 +52,7 @@ FULL = {"runs": [("gpt2-124m", 16, 1024), ("gpt2-124m", 8, 1024), ("llama3-8b/8"
 QUICK = {"runs": [("tiny", 2, 64), ("tiny-llama", 2, 64)], "steps": 2, "warmup": 1,
          "compile": False}
 SIDES = ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference",
-         "transformers")
+         "transformers", "reference fp8")
 PEERS = ("reference", "transformers")
 CLIP = 1.0
 
@@ -135,7 +137,8 @@ def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
                  setting: dict, device: torch.device) -> dict:
     step = build_side(side, cfg, x, y, setting["compile"], device)
     if step is None:
-        return {"error": "transformers is not installed"}
+        return {"error": ("torchao" if side.endswith("fp8") else "transformers")
+                + " is not installed"}
     measured = measure_steps(step, setting["steps"], setting["warmup"], device)
     tokens = x.numel()
     return {"step_time_s": measured["step_time_s"],
@@ -155,6 +158,9 @@ def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
         return engine_step(engine, x, y, clip=CLIP)
     if side == "reference":
         return training_step(Reference(cfg).to(device), x, y, CLIP, compile=compile)
+    if side == "reference fp8":
+        model = float8(Reference(cfg).to(device))
+        return None if model is None else training_step(model, x, y, CLIP, compile=compile)
     built = hf_model(cfg)
     if built is None:
         return None

@@ -119,6 +119,19 @@ class Reference(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def float8(model: Reference) -> Reference | None:
+    """The reference with torchao's float8 training (tensorwise scales, as torchtitan's
+    default) on every block GEMM, the LM head left in bf16 as torchtitan and paraxis leave it;
+    None where torchao is not installed."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    return convert_to_float8_training(model, config=config,
+                                      module_filter_fn=lambda _, name: name != "lm_head")
+
+
 def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float,
                   lr: float = 1e-3, compile: bool = True,
                   loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -69,12 +69,13 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(tmp_path):
     _bench(out, "gpu")
     section = json.loads(out.with_suffix(".json").read_text())["sections"]["gpu"]
     # without CUDA the quick part runs every side's step on the CPU, uncompiled (no peak
-    # known: no MFU); transformers is a peer where it is installed
+    # known: no MFU); transformers is a peer where it is installed, torchao's float8
+    # reference a side where torchao is
     assert [r["model"] for r in section["runs"]] == ["tiny", "tiny-llama"]
     for run in section["runs"]:
         sides = run["sides"]
         assert set(sides) == {"paraxis", "paraxis --compile", "paraxis fp8 --compile",
-                              "reference", "transformers"}
+                              "reference", "transformers", "reference fp8"}
         for side in ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference"):
             assert sides[side]["tokens_per_s"] > 0 and sides[side]["mfu"] is None, side
         assert sides["reference"]["ratio_to_best_peer"] <= 1.0

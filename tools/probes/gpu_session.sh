@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
-#   bash tools/probes/gpu_session.sh all          # the four below in one call, most wanted first
+#   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
+#   bash tools/probes/gpu_session.sh checks       # fp8, then the GPU machine's failing tests
 #   bash tools/probes/gpu_session.sh fp8          # _scaled_mm against the CPU emulation
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
 #   bash tools/probes/gpu_session.sh suite        # the tests that need CUDA, then the suite
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
-# with the command that made it.
+# with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
+# GPU image lacks: before the call, here, `echo /.whl/ >> .git/info/exclude; python3 -m pip
+# download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+# --platform manylinux_2_28_x86_64 -d .whl torchao==0.18.0`, and name `.whl` in the call's
+# carry; this script installs what it finds there.
 set -o pipefail
 export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
 log=$out/session.log  # every part's output, in order; each bench part's json beside it
@@ -23,16 +32,18 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
     tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
 }
 case ${1:-} in
-  all)
-    timeout 60 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
-    hidden_gpus 90
-    bench 200 gpt2 0 0,1,3,4         # GPT-2 124M at 16 x 1024, no FP8 side
-    bench 220 llama 2                # the Llama slice, every side
-    bench 120 gpt2-8 1 0,1,3 ;;      # GPT-2 124M at 8 x 1024, in whatever time is left
+  all)  # the speed runs first and alone: nothing else has run on the machine yet
+    bench 230 gpt2 0                 # GPT-2 124M at 16 x 1024, every side
+    bench 280 llama 2 0,1,2,3,5      # the Llama slice; transformers was measured (docs/gpu)
+    bench 80 gpt2-8 1 0,1,3 ;;       # GPT-2 124M at 8 x 1024, in whatever time is left
+  checks)  # the FP8 GEMMs and the tests that failed on a GPU machine before
+    timeout 120 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
+    hidden_gpus 300 ;;
   fp8) timeout 570 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log" ;;
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   suite) timeout 570 python3 -m pytest -q -p no:cacheprovider -x -n 8 --durations=15 tests 2>&1 \
            | tee -a "$log" ;;
-  *) echo "usage: gpu_session.sh all | fp8 | speed-gpt2 | speed-llama | suite" >&2; exit 2 ;;
+  *) echo "usage: gpu_session.sh all | checks | fp8 | speed-gpt2 | speed-llama | suite" >&2
+     exit 2 ;;
 esac
