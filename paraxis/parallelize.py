@@ -47,6 +47,7 @@ from paraxis.parallel.experts.expert_parallel import shard_experts
 from paraxis.parallel.tensor.apply import apply_tensor_parallel
 from paraxis.parallel.tensor.comm import keep_collectives_eager
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
@@ -60,12 +61,14 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
                 precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                compile: bool = False, end_of_document: int | None = None) -> Engine:
+                compile: bool = False, end_of_document: int | None = None,
+                fused_loss: bool = False) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
     (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
     precision: the policy (`paraxis.spec.precision`), which every axis below follows; compile:
-    `torch.compile` each block's forward (`compile_blocks`); end_of_document: pack documents
-    ending at this id (`paraxis.parallel.context.packing`; None: no packing)."""
+    `torch.compile` the model (`compiles_whole`, else `compile_blocks`); end_of_document:
+    pack documents ending at this id (`paraxis.parallel.context.packing`; None: no packing);
+    fused_loss: the LM head and loss fused (`spec.kernels.check_fused_loss` says where)."""
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
                                                 placement=layout.placement)
@@ -103,6 +106,11 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         tokens = (groups.cp_group,) if layout.cp > 1 else ()
         for part in parts:
             convert_to_fp8(part, policy, tokens, tokens if layout.ep == 1 else ())
+    # 3e. the LM head and the loss fused (never the whole logits), on the part holding them
+    if fused_loss:
+        check_fused_loss(layout.tp, layout.zero)
+        for part in parts:
+            part.fused_loss = part.has_head
     # 4. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute, layout.recompute_layers)
@@ -202,14 +210,15 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                  bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
                  announce: bool = False, compile: bool = False,
-                 end_of_document: int | None = None) -> Engine:
+                 end_of_document: int | None = None, fused_loss: bool = False) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
     precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16", "fp8",
     "fp8-rowwise") or a policy; seq_len: weighs attention in the pipeline split; announce:
     print the split (rank 0, when not quiet); compile: `torch.compile` each block
     (`compile_blocks`); end_of_document: pack documents ending at this id
-    (`paraxis.parallel.context.packing`).
+    (`paraxis.parallel.context.packing`); fused_loss: the LM head and loss as one kernel
+    that never holds the logits (`parallel.tensor.cross_entropy.linear_cross_entropy`).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
@@ -219,6 +228,7 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
             print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
                          precision=precision, adamw=adamw, bucket_bytes=int(bucket_mb * MIB),
-                         compile=compile, end_of_document=end_of_document)
+                         compile=compile, end_of_document=end_of_document,
+                         fused_loss=fused_loss)
     materialize(engine, model_cfg, seed)
     return engine

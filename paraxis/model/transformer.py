@@ -43,7 +43,7 @@ from paraxis.parallel.context.packing import (
     split_documents,
 )
 from paraxis.parallel.experts.layer import MoE
-from paraxis.parallel.tensor.cross_entropy import VocabParallelCrossEntropy
+from paraxis.parallel.tensor.cross_entropy import VocabParallelCrossEntropy, linear_cross_entropy
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import RUNTIME_KERNEL
 from paraxis.spec.model_config import ModelConfig
@@ -257,6 +257,9 @@ class Transformer(nn.Module):
         self.split: SequenceSplit | None = None  # context parallelism (set_context_parallel)
         self.end_of_document: int | None = None  # document packing (set_packing)
         self.recompute_group = 1  # blocks per checkpoint under grouped full recompute
+        # the LM head and loss as one kernel that never holds the logits (--fused-loss; one
+        # device's whole vocabulary: tensor parallelism keeps the vocab-parallel loss)
+        self.fused_loss = False
         if embed:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
             if cfg.learned_positions:
@@ -318,6 +321,8 @@ class Transformer(nn.Module):
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The final norm, the LM head and, given targets, the loss: one region for
         `--compile`, which fuses the loss's passes over the logits."""
+        if targets is not None and self.fused_loss:
+            return linear_cross_entropy(self.norm_f(x), self.lm_head.weight, targets)
         logits = self.logits(x)
         return logits if targets is None else self.loss_fn(logits, targets)
 

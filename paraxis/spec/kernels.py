@@ -91,3 +91,30 @@ def loss_bytes(tokens: int, width: int, element_bytes: float) -> float:
     """Bytes the loss holds at its backward for `tokens` rows of `width` logits of
     `element_bytes` each: the saved logits, their gradient and one chunk's fp32 workspace."""
     return 2 * element_bytes * tokens * width + workspace_bytes(tokens, width)
+
+
+# The LM head and the loss fused (`--fused-loss`, parallel/tensor/cross_entropy.py's
+# `linear_cross_entropy`): per chunk of tokens the logits, their loss and gradient, and the
+# chunk's share of dL/dx and dL/dW, so the logits never exist whole. It needs the whole
+# vocabulary on the rank and the head's weight in place without ZeRO-3's gather hooks.
+
+
+def check_fused_loss(tp: int, zero: int) -> None:
+    """Refuse `--fused-loss` where the runtime cannot run it."""
+    if tp > 1:
+        raise ParaxisError(f"--fused-loss computes the loss from one rank's whole vocabulary; "
+                           f"tp={tp} splits it (the vocab-parallel loss runs there): drop "
+                           "--fused-loss or use tp=1")
+    if zero >= 3:
+        raise ParaxisError("--fused-loss reads the LM head's weight directly, which ZeRO-3 "
+                           "gathers only around the head's own forward: drop --fused-loss or "
+                           "use zero 0-2")
+
+
+def fused_loss_bytes(tokens: int, width: int, hidden: int, element_bytes: float) -> float:
+    """Bytes the fused head and loss hold at the step's peak for `tokens` rows of a `width`
+    vocabulary from `hidden`-wide inputs: dL/dx and an fp32 dL/dW kept for backward, and
+    one chunk's logits (in their dtype) and fp32 workspace while it runs."""
+    rows = min(tokens, chunk_rows(width))
+    return (element_bytes * tokens * hidden + 4 * width * hidden
+            + rows * width * (element_bytes + WORKSPACE_ELEMENT_BYTES))

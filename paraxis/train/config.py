@@ -39,6 +39,7 @@ from typing import Any
 from paraxis.data.blend import DataSection
 from paraxis.files.host import check_writable, check_writable_folder
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
@@ -95,6 +96,9 @@ class TrainSection:
                                   "communicates, else each block, hooks and collectives "
                                   "eager); default: on CUDA yes, on CPU no "
                                   "(docs/gpu/README.md)")
+    fused_loss: bool = option(False, "the LM head and the loss as one kernel, a chunk of "
+                              "tokens at a time, that never holds the whole logits (tp=1, "
+                              "zero 0-2; docs/gpu/README.md)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
     bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")
@@ -300,6 +304,8 @@ class RunConfig:
             raise ParaxisError(f"{of('min_lr_ratio', opt.min_lr_ratio)} must be between 0 and "
                                "1 (the final learning rate as a fraction of --lr)")
         check_compile(self.layout.schedule, train.compile)
+        if train.fused_loss:
+            check_fused_loss(self.layout.tp, self.layout.zero)
         if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
             raise ParaxisError(f"{of('bucket_mb', train.bucket_mb)} must be a positive number "
                                f"of MiB up to {MAX_BUCKET_MB:,} (DDP uses 25)")

@@ -129,7 +129,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                               adamw=cfg.optimizer.adamw(),
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
-                              end_of_document=end_of_document)
+                              end_of_document=end_of_document,
+                              fused_loss=train.fused_loss)
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())

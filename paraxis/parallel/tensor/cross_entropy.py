@@ -134,3 +134,73 @@ class VocabParallelCrossEntropy(nn.Module):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(logits, targets, self.group)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The mean cross entropy of x W^T without the logits: the loss and both gradients
+    computed together in forward, a chunk of tokens at a time."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+        ignored = targets == IGNORE_INDEX
+        counted = (~ignored).float().unsqueeze(-1)
+        # d(mean)/d(token loss); 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean
+        scale = counted / counted.sum().clamp(min=1)
+        local = targets.masked_fill(ignored, 0)
+        losses, grads_x = [], []
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for rows in _chunks_of(x.shape[0], weight.shape[0]):
+            loss, grad_logits = _chunk_loss(x[rows] @ weight.t(), local[rows], scale[rows])
+            losses.append(loss)
+            grads_x.append(grad_logits @ weight)
+            grad_w += (grad_logits.t() @ x[rows]).float()
+        ctx.save_for_backward(torch.cat(grads_x), grad_w.to(weight.dtype))
+        return torch.cat(losses).masked_fill(ignored, 0.0).sum() / counted.sum()
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                 None]:
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad.to(grad_x.dtype), grad_w * grad.to(grad_w.dtype), None
+
+
+def _chunk_loss(logits: torch.Tensor, local: torch.Tensor, scale: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's token losses (fp32) and d(mean loss)/d(logits) in the logits' dtype,
+    written over the logits eager (one fp32 workspace of the chunk); compiled, as
+    expressions the compiler fuses into a pass or two over the chunk."""
+    target = logits.gather(1, local.unsqueeze(-1)).squeeze(-1).float()
+    if torch.compiler.is_compiling():
+        log_sum_exp = torch.logsumexp(logits.float(), dim=-1)
+        columns = torch.arange(logits.shape[-1], device=logits.device)
+        one_hot = (columns == local.unsqueeze(-1)).float()
+        softmax = torch.exp(logits.float() - log_sum_exp.unsqueeze(-1))
+        return log_sum_exp - target, ((softmax - one_hot) * scale).to(logits.dtype)
+    peak = logits.amax(dim=-1).float()
+    log_sum_exp = _minus(logits, peak).exp_().sum(dim=-1).log_().add_(peak)
+    softmax = _minus(logits, log_sum_exp).exp_()
+    softmax[torch.arange(softmax.shape[0], device=softmax.device), local] -= 1.0
+    torch.mul(softmax, scale, out=logits)
+    return log_sum_exp - target, logits
+
+
+def _chunks_of(rows: int, width: int) -> list[slice]:
+    step = chunk_rows(width)
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+                         ) -> torch.Tensor:
+    """Mean next-token loss of the logits x W^T (one device's whole vocabulary; targets
+    IGNORE_INDEX count in neither the mean nor the gradient), the logits never made whole:
+    per chunk of tokens their logits, loss and gradient, and that chunk's share of dL/dx and
+    dL/dW, so at the loss the step holds dL/dx and an fp32 dL/dW instead of the logits and
+    their gradient (Liger-Kernel's fused linear cross entropy, Hsu et al. 2024). The GEMMs
+    run in autocast's dtype where it is on, as `F.linear` would."""
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    with torch.autocast(kind, enabled=False):
+        loss = _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]).to(dtype),
+                                         weight.to(dtype), targets.reshape(-1))
+    return loss

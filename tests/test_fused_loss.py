@@ -1,0 +1,112 @@
+"""`--fused-loss`: the LM head and the loss as one kernel that never holds the logits
+(`parallel.tensor.cross_entropy.linear_cross_entropy`): the same loss and gradients as the
+head followed by F.cross_entropy, eager and compiled; no tensor as large as the logits; the
+same training as the unfused head; refused where it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import paraxis.parallel.tensor.cross_entropy as kernel
+from paraxis.dist.groups import build_groups
+from paraxis.parallel.tensor.cross_entropy import linear_cross_entropy
+from paraxis.parallelize import build_engine
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.kernels import check_fused_loss
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+
+VOCAB, WIDTH = 101, 32
+
+
+class LargestTensor(TorchDispatchMode):
+    """The largest tensor (in elements) any op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.numel = max(self.numel, leaf.numel())
+        return out
+
+
+def _inputs(dtype: torch.dtype, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 20, WIDTH, generator=generator).to(dtype).requires_grad_()
+    w = (torch.randn(VOCAB, WIDTH, generator=generator) / 6).to(dtype).requires_grad_()
+    targets = torch.randint(0, VOCAB, (2, 20), generator=generator)
+    targets[0, :3] = -100  # ignored: in neither the mean nor the gradient
+    return x, w, targets
+
+
+def _unfused(x, w, targets):
+    logits = (x.float() @ w.float().t()).view(-1, VOCAB)
+    return F.cross_entropy(logits, targets.view(-1))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_loss_is_the_head_and_cross_entropy(monkeypatch, compiled):
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: 7)  # 40 tokens: 6 chunks
+    fused = torch.compile(linear_cross_entropy, fullgraph=True) if compiled else \
+        linear_cross_entropy
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
+        x, w, targets = _inputs(dtype)
+        loss = fused(x, w, targets)
+        grads = torch.autograd.grad(loss * 2.5, (x, w))  # a scaled loss scales both
+        expected = _unfused(x, w, targets)
+        wants = torch.autograd.grad(expected * 2.5, (x, w))
+        torch.testing.assert_close(loss.float(), expected, rtol=tolerance, atol=1e-6)
+        for grad, want in zip(grads, wants, strict=True):
+            assert grad.dtype == dtype
+            torch.testing.assert_close(grad.float(), want.float(), rtol=tolerance,
+                                       atol=tolerance * want.abs().max().item())
+
+
+def test_fused_loss_never_makes_the_logits(monkeypatch):
+    """One chunk's logits at most: the unfused head makes (tokens x vocab) at once."""
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: 8)
+    x, w, targets = _inputs(torch.float32)
+    with LargestTensor() as largest:
+        linear_cross_entropy(x, w, targets).backward()
+    assert largest.numel == max(8 * VOCAB, VOCAB * WIDTH)
+    assert 40 * VOCAB > largest.numel
+
+
+def test_fused_loss_trains_as_the_unfused_head():
+    """Three fp32 steps of a GPT-2 (tied embedding) and a Llama model: the same losses and
+    gradient norms, and weights equal to fp32 rounding."""
+    for name in ("tiny", "tiny-llama"):
+        cfg = PRESETS[name]
+        generator = torch.Generator().manual_seed(3)
+        tokens = torch.randint(0, cfg.vocab_size, (4, 17), generator=generator)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        runs = []
+        for fused in (False, True):
+            layout = Layout.parse("microbatches=2")
+            engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0,
+                                  fused_loss=fused)
+            numbers = []
+            for _ in range(3):
+                loss, norm = engine.train_step(x, y, 1e-2, 1.0)
+                numbers += [float(loss), float(norm)]
+                engine.zero_grad()
+            runs.append((numbers, [p.detach().clone() for p in engine.model.parameters()]))
+        assert runs[1][0] == pytest.approx(runs[0][0], rel=1e-5), name
+        for fused_param, param in zip(runs[1][1], runs[0][1], strict=True):
+            torch.testing.assert_close(fused_param, param, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_loss_is_refused_where_it_cannot_run():
+    check_fused_loss(1, 2)
+    with pytest.raises(ParaxisError, match="tp=2 splits it"):
+        check_fused_loss(2, 0)
+    with pytest.raises(ParaxisError, match="ZeRO-3"):
+        check_fused_loss(1, 3)
