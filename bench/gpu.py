@@ -12,6 +12,8 @@ The sides of every run (all listed here before any of them ran on a GPU):
   `F.cross_entropy`, fused AdamW, `torch.compile` of the whole model, bf16 autocast);
 - transformers: GPT2LMHeadModel or LlamaForCausalLM (SDPA attention) compiled, with the same
   optimizer and clipping, where transformers is installed;
+- paraxis --compile --fused-loss: the compiled engine with the LM head and loss fused
+  (`--fused-loss`: the logits never whole);
 - reference fp8: the compiled reference with torchao's float8 training (tensorwise), where
   torchao is installed (a lent GPU's image lacks it: gpu_session.sh says how to carry it).
 
@@ -52,7 +54,7 @@ FULL = {"runs": [("gpt2-124m", 16, 1024), ("gpt2-124m", 8, 1024), ("llama3-8b/8"
 QUICK = {"runs": [("tiny", 2, 64), ("tiny-llama", 2, 64)], "steps": 2, "warmup": 1,
          "compile": False}
 SIDES = ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference",
-         "transformers", "reference fp8")
+         "transformers", "reference fp8", "paraxis --compile --fused-loss")
 PEERS = ("reference", "transformers")
 CLIP = 1.0
 
@@ -119,12 +121,15 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         if "tokens_per_s" in result and best_peer:
             result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
     if preset is not None:
-        for side, kernels, precision in (("paraxis", "eager", MIXED_ADAM),
-                                         ("paraxis --compile", "fused", MIXED_ADAM),
-                                         ("paraxis fp8 --compile", "fused", PRECISIONS["fp8"])):
+        for side, kernels, precision in (
+                ("paraxis", "eager", MIXED_ADAM), ("paraxis --compile", "fused", MIXED_ADAM),
+                ("paraxis fp8 --compile", "fused", PRECISIONS["fp8"]),
+                ("paraxis --compile --fused-loss", "fused", MIXED_ADAM)):
             if "error" in sides.get(side, {"error": "not run"}):
                 continue
-            runtime = {"kernels": kernels, "optimizer_kernel": "paraxis"}  # its own AdamW
+            runtime = {"kernels": kernels, "optimizer_kernel": "paraxis",  # its own AdamW
+                       "loss_kernel": "fused-linear" if side.endswith("--fused-loss")
+                       else "chunked"}
             estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1, runtime),
                                 seq, batch, precision)
             sides[side]["planner_step_time_s"] = estimate.step_time_s
@@ -151,10 +156,11 @@ def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
 def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
                compile: bool, device: torch.device) -> Callable[[], None] | None:
     if side.startswith("paraxis"):
-        compiled = compile and side.endswith("--compile")
+        compiled = compile and "--compile" in side
         precision = "fp8" if "fp8" in side else "bf16" if device.type == "cuda" else "fp32"
         engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                              precision=precision, compile=compiled)
+                              precision=precision, compile=compiled,
+                              fused_loss=side.endswith("--fused-loss"))
         return engine_step(engine, x, y, clip=CLIP)
     if side == "reference":
         return training_step(Reference(cfg).to(device), x, y, CLIP, compile=compile)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import paraxis.parallel.tensor.cross_entropy as kernel
 from paraxis.dist.groups import build_groups
@@ -110,3 +110,26 @@ def test_fused_loss_is_refused_where_it_cannot_run():
         check_fused_loss(2, 0)
     with pytest.raises(ParaxisError, match="ZeRO-3"):
         check_fused_loss(1, 3)
+
+
+def test_the_planner_prices_what_the_fused_loss_keeps():
+    """GPU.loss_kernel "fused-linear": the last stage keeps dL/dx, an fp32 dL/dW and one
+    chunk instead of the logits and their gradient; where the runtime refuses the fused loss
+    (tp > 1, ZeRO-3) the planner prices the chunked one."""
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.memory import layout_memory
+    from paraxis.spec.kernels import fused_loss_bytes, loss_bytes
+
+    cfg, seq, micro = PRESETS["gpt2-124m"], 1024, 8
+    tokens = seq * micro
+    for text, fused in (("dp=1", True), ("tp=2", False), ("dp=2,zero=3", False)):
+        layout = Layout.parse(text)
+        chunked = layout_memory(cfg, layout, seq, micro)["activations"]
+        priced = layout_memory(cfg, layout, seq, micro,
+                               loss_kernel="fused-linear")["activations"]
+        saved = loss_bytes(tokens, cfg.vocab_size, 2) - fused_loss_bytes(
+            tokens, cfg.vocab_size, cfg.d_model, 2)
+        assert chunked - priced == pytest.approx(saved if fused else 0.0), text
+    assert saved > 1e9  # GPT-2's 50K vocabulary at 8K tokens: over a GB
+    with pytest.raises(ParaxisError, match="loss_kernel='fast' is unknown"):
+        build_cluster("h100-sxm-80gb", 1, 1, {"loss_kernel": "fast"})

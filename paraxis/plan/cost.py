@@ -295,7 +295,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                            reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
                            dropout=cfg.style == "gpt2" and gpu.kernels == "fused",
                            expert_imbalance=expert_imbalance,
-                           zero2_reduce=gpu.pipeline_zero2_reduce)
+                           zero2_reduce=gpu.pipeline_zero2_reduce,
+                           loss_kernel=gpu.loss_kernel)
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,

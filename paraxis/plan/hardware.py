@@ -26,6 +26,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "tp_comm_overlap": "backward",      # TP collectives behind GEMMs: backward, or "all" (SP)
       "param_gather_overlap": false,      # ZeRO-1/2 parameter all-gather behind the next forward
       "optimizer_kernel": "auto",         # AdamW: fused, foreach, paraxis; auto: by "kernels"
+      "loss_kernel": "chunked",           # or "fused-linear": head + loss never hold the logits
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
       "kernel_launch_s": 3.66e-5,         # GPU: host seconds per kernel launched
       "nodes": 8, "gpus_per_node": 8,
@@ -64,7 +65,7 @@ from paraxis.plan.compute import BACKWARD_FLOPS_RATIO
 from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import node_of
-from paraxis.spec.kernels import KERNELS, RUNTIME_KERNEL
+from paraxis.spec.kernels import KERNELS, LOSS_KERNELS, RUNTIME_KERNEL
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES, MIB
 
 
@@ -147,6 +148,11 @@ class GPU:
     # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
     # master passes); "auto" is "fused" with fused kernels and "paraxis" with eager ones.
     optimizer_kernel: str = "auto"
+    # What the LM head and the loss keep (`spec.kernels`): "chunked", the logits and their
+    # gradient with one chunk's fp32 workspace (paraxis's default, Megatron-LM's fused cross
+    # entropy alike); "fused-linear", dL/dx, an fp32 dL/dW and one chunk's logits (paraxis
+    # --fused-loss, Liger-Kernel's fused linear cross entropy).
+    loss_kernel: str = "chunked"
 
 
 # Host seconds per kernel launched, measured with paraxis's eager runtime on the host of an
@@ -294,6 +300,9 @@ class Cluster:
         if self.gpu.optimizer_kernel not in ("auto", "fused", "foreach", "paraxis"):
             raise ParaxisError(f"optimizer_kernel={self.gpu.optimizer_kernel!r} is unknown; "
                                "use auto, fused, foreach or paraxis")
+        if self.gpu.loss_kernel not in LOSS_KERNELS:
+            raise ParaxisError(f"loss_kernel={self.gpu.loss_kernel!r} is unknown; use "
+                               f"{' or '.join(LOSS_KERNELS)}")
         if self.gpu.tp_comm_overlap not in ("backward", "all"):
             raise ParaxisError(f"tp_comm_overlap={self.gpu.tp_comm_overlap!r} is unknown; use "
                                "backward or all")

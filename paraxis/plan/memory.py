@@ -201,11 +201,13 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                   dropout: bool | None = None,
                   expert_imbalance: float = DEFAULT_IMBALANCE,
-                  zero2_reduce: str = "step") -> dict[str, float]:
+                  zero2_reduce: str = "step", loss_kernel: str = "chunked"
+                  ) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/spec/kernels.py).
     `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
-    keeps the stage's whole gradients until the step's end.
+    keeps the stage's whole gradients until the step's end. `loss_kernel`: what the head and
+    loss keep (GPU.loss_kernel).
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
 
@@ -279,8 +281,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
         if stage == last:
+            # the fused head runs where the runtime runs it (spec.kernels.check_fused_loss)
+            fused = loss_kernel == "fused-linear" and layout.tp == 1 and layout.zero < 3
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
-                                        precision.activation_bytes)
+                                        precision.activation_bytes,
+                                        loss_kernel if fused else "chunked")
         buffers = 0.0
         if layout.recompute == "full":
             rebuilt = full_layer_activation_bytes(

@@ -98,6 +98,8 @@ def loss_bytes(tokens: int, width: int, element_bytes: float) -> float:
 # chunk's share of dL/dx and dL/dW, so the logits never exist whole. It needs the whole
 # vocabulary on the rank and the head's weight in place without ZeRO-3's gather hooks.
 
+LOSS_KERNELS = ("chunked", "fused-linear")  # what the planner prices (GPU.loss_kernel)
+
 
 def check_fused_loss(tp: int, zero: int) -> None:
     """Refuse `--fused-loss` where the runtime cannot run it."""
