@@ -426,6 +426,11 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
     assert lines[0] == ("paraxis: error: --precision fp8 needs every weight dimension a "
                         "multiple of 16: d_ff is 200; use a model whose d_ff is a multiple of "
                         "16, or --precision bf16")
+    # several ranks: refused before any is launched (the launcher would take seconds)
+    code = main(["train", "--steps", "1", "--quiet", "--seq-len", "32", "--global-batch", "4",
+                 "--device", "cpu", "--model", "odd.json", "--precision", "fp8",
+                 "--nproc", "2"])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == lines
     with pytest.raises(ParaxisError, match="use fp32, bf16, bf16-fp32grad, fp16, fp8, "
                                            "fp8-rowwise"):
         get_policy("fp4")

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 
 from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
@@ -187,6 +188,10 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
                device: str = "cpu") -> None:
     torch.set_num_threads(1)
+    # A forked rank inherits the parent's pool of compile workers (torch.compile starts one
+    # on first use) without the threads that feed it, and would wait on it forever: it
+    # compiles in its own process instead.
+    torch._inductor.config.compile_threads = 1
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

@@ -20,6 +20,7 @@ from paraxis.dist.launch import (
 )
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import fp8_shape_problem, get_policy
 from paraxis.train.auto_layout import measured_line, resolve
 from paraxis.train.config import RunConfig
 
@@ -51,6 +52,10 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         train_cfg = cfg.train
         model_cfg = load_model_config(cfg.model.name)
         cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
+        if get_policy(train_cfg.precision).fp8_recipe is not None and (
+                problem := fp8_shape_problem(model_cfg, cfg.layout.tp, cfg.layout.etp,
+                                             train_cfg.precision)):
+            raise ParaxisError(problem)  # the ranks would each say it, after starting
         data = load_run_data(cfg.data)
         data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
         if train_cfg.pack_documents:  # before any rank starts
