@@ -8,8 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import paraxis.parallel.tensor.cross_entropy as kernel
 from paraxis.dist.groups import build_groups
@@ -19,23 +17,9 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from tests.test_tp_loss import LargestTensor
 
 VOCAB, WIDTH = 101, 32
-
-
-class LargestTensor(TorchDispatchMode):
-    """The largest tensor (in elements) any op returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.numel = max(self.numel, leaf.numel())
-        return out
 
 
 def _inputs(dtype: torch.dtype, seed: int = 0):
