@@ -123,9 +123,9 @@ def run_training(cfg: RunConfig) -> list[dict]:
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
+        compiled = train.compiles(device.type, layout.schedule)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
-                              precision=train.precision,
-                              compile=train.compiles(device.type, layout.schedule),
+                              precision=train.precision, compile=compiled,
                               adamw=cfg.optimizer.adamw(),
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
@@ -134,6 +134,10 @@ def run_training(cfg: RunConfig) -> list[dict]:
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())
+            if train.compile is None and compiled and rank == 0:
+                print("paraxis: note: torch.compile is on (the default on CUDA): the first "
+                      "step compiles the model and takes longer; --no-compile turns it off",
+                      file=sys.stderr, flush=True)
         if model_cfg.capacity_factor and layout.dp * layout.cp > 1 and rank == 0:
             print(f"paraxis: note: capacity_factor {model_cfg.capacity_factor:g} caps each "
                   f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
