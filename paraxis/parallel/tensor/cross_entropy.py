@@ -106,8 +106,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def _chunks(z: torch.Tensor) -> list[slice]:
-    rows, step = z.shape[0], chunk_rows(z.shape[-1])
-    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+    """The row slices of (tokens, width) logits, a chunk's fp32 workspace each."""
+    return _chunks_of(z.shape[0], z.shape[-1])
 
 
 def _minus(z: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
@@ -186,6 +186,7 @@ def _chunk_loss(logits: torch.Tensor, local: torch.Tensor, scale: torch.Tensor
 
 
 def _chunks_of(rows: int, width: int) -> list[slice]:
+    """Slices of `rows` tokens with `width` logits each, `spec.kernels.chunk_rows` a slice."""
     step = chunk_rows(width)
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
