@@ -103,11 +103,16 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         except Exception as error:  # one side failing (a compiler error) keeps the others
             sides[side] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
         finally:
+            # the side's figures as it ends: a part stopped at its time limit keeps them
             measured = sides.get(side, {})
-            print(f"{model_name} {batch} x {seq}, {side}: " + (
-                f"{measured['step_time_s'] * 1e3:,.1f} ms a step" if "step_time_s" in measured
-                else measured.get("error", "failed")) + f" ({time.perf_counter() - started:,.0f}"
-                " s with compiling)", flush=True)
+            figures = measured.get("error", "failed")
+            if "step_time_s" in measured:
+                kernels = measured["kernels_per_step"]
+                figures = (f"{measured['step_time_s'] * 1e3:,.1f} ms a step, peak memory "
+                           f"{_gib(measured['peak_memory_bytes'])}, "
+                           + ("-" if kernels is None else f"{kernels:,}") + " kernels")
+            print(f"{model_name} {batch} x {seq}, {side}: {figures} "
+                  f"({time.perf_counter() - started:,.0f} s with compiling)", flush=True)
             gc.collect()
             torch._dynamo.reset()
             if device.type == "cuda":
