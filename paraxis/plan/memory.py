@@ -22,7 +22,7 @@ from paraxis.plan.experts import (
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.kernels import RUNTIME_KERNEL
+from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
@@ -281,8 +281,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
         if stage == last:
-            # the fused head runs where the runtime runs it (spec.kernels.check_fused_loss)
-            fused = loss_kernel == "fused-linear" and layout.tp == 1 and layout.zero < 3
+            # the fused head where the runtime runs it, else the chunked loss
+            fused = loss_kernel == "fused-linear" and \
+                fused_loss_problem(layout.tp, layout.zero) is None
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
                                         precision.activation_bytes,
                                         loss_kernel if fused else "chunked")

@@ -101,16 +101,22 @@ def loss_bytes(tokens: int, width: int, element_bytes: float) -> float:
 LOSS_KERNELS = ("chunked", "fused-linear")  # what the planner prices (GPU.loss_kernel)
 
 
+def fused_loss_problem(tp: int, zero: int) -> str | None:
+    """Why the runtime cannot run `--fused-loss` at this tp and ZeRO stage (None: it can);
+    the planner prices the chunked loss there."""
+    if tp > 1:
+        return (f"--fused-loss computes the loss from one rank's whole vocabulary; tp={tp} "
+                "splits it (the vocab-parallel loss runs there): drop --fused-loss or use tp=1")
+    if zero >= 3:
+        return ("--fused-loss reads the LM head's weight directly, which ZeRO-3 gathers only "
+                "around the head's own forward: drop --fused-loss or use zero 0-2")
+    return None
+
+
 def check_fused_loss(tp: int, zero: int) -> None:
     """Refuse `--fused-loss` where the runtime cannot run it."""
-    if tp > 1:
-        raise ParaxisError(f"--fused-loss computes the loss from one rank's whole vocabulary; "
-                           f"tp={tp} splits it (the vocab-parallel loss runs there): drop "
-                           "--fused-loss or use tp=1")
-    if zero >= 3:
-        raise ParaxisError("--fused-loss reads the LM head's weight directly, which ZeRO-3 "
-                           "gathers only around the head's own forward: drop --fused-loss or "
-                           "use zero 0-2")
+    if problem := fused_loss_problem(tp, zero):
+        raise ParaxisError(problem)
 
 
 def fused_loss_bytes(tokens: int, width: int, hidden: int, element_bytes: float) -> float:

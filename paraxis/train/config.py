@@ -98,7 +98,7 @@ class TrainSection:
                                   "(docs/gpu/README.md)")
     fused_loss: bool = option(False, "the LM head and the loss as one kernel, a chunk of "
                               "tokens at a time, that never holds the whole logits (tp=1, "
-                              "zero 0-2; docs/gpu/README.md)")
+                              "zero 0-2; docs/precision.md)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
     bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")

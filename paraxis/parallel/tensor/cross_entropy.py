@@ -90,19 +90,32 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
         # none counts: 0, as F.cross_entropy's, where 0 / 0 would make every gradient NaN)
         scale = counted * (grad / counted.sum().clamp(min=1))
+        here = ~elsewhere  # the rows whose target is in this rank's slice
         if torch.compiler.is_compiling():  # one fused pass: logits in, gradient out
-            columns = torch.arange(z.shape[-1], device=z.device)
-            one_hot = (columns == local.unsqueeze(-1)) & ~elsewhere.unsqueeze(-1)
-            softmax = torch.exp(z.float() - log_sum_exp.unsqueeze(-1))
-            grad_logits = ((softmax - one_hot.float()) * scale).to(z.dtype)
+            grad_logits = _logits_grad(z, log_sum_exp, local, here, scale)
             return grad_logits.view(logits.shape), None, None
         grad_logits = torch.empty_like(z)
-        for rows in _chunks(z):  # softmax - one-hot, scaled, a chunk at a time
-            chunk = _minus(z[rows], log_sum_exp[rows]).exp_()
-            index = torch.arange(chunk.shape[0], device=chunk.device)
-            chunk[index, local[rows]] -= (~elsewhere[rows]).to(chunk.dtype)
-            torch.mul(chunk, scale[rows], out=grad_logits[rows])  # cast as it is written
+        for rows in _chunks(z):  # a chunk at a time
+            _logits_grad(z[rows], log_sum_exp[rows], local[rows], here[rows], scale[rows],
+                         out=grad_logits[rows])
         return grad_logits.view(logits.shape), None, None
+
+
+def _logits_grad(z: torch.Tensor, log_sum_exp: torch.Tensor, local: torch.Tensor,
+                 here: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """d(loss)/d(z) = (softmax(z) - one-hot of `local` on the rows `here`) x `scale`, in z's
+    dtype. Compiled: one expression the compiler fuses into a pass over z. Eager: through one
+    fp32 workspace of z's size, written into `out` as it is cast (`out` may be z itself)."""
+    if torch.compiler.is_compiling():
+        columns = torch.arange(z.shape[-1], device=z.device)
+        one_hot = (columns == local.unsqueeze(-1)) & here.unsqueeze(-1)
+        softmax = torch.exp(z.float() - log_sum_exp.unsqueeze(-1))
+        return ((softmax - one_hot.float()) * scale).to(z.dtype)
+    softmax = _minus(z, log_sum_exp).exp_()
+    softmax[torch.arange(softmax.shape[0], device=softmax.device), local] -= \
+        here.to(softmax.dtype)
+    return torch.mul(softmax, scale, out=torch.empty_like(z) if out is None else out)
 
 
 def _chunks(z: torch.Tensor) -> list[slice]:
@@ -150,8 +163,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         local = targets.masked_fill(ignored, 0)
         losses, grads_x = [], []
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        every = torch.ones_like(ignored)  # every target is in the one whole vocabulary
         for rows in _chunks_of(x.shape[0], weight.shape[0]):
-            loss, grad_logits = _chunk_loss(x[rows] @ weight.t(), local[rows], scale[rows])
+            loss, grad_logits = _chunk_loss(x[rows] @ weight.t(), local[rows], every[rows],
+                                            scale[rows])
             losses.append(loss)
             grads_x.append(grad_logits @ weight)
             grad_w += (grad_logits.t() @ x[rows]).float()
@@ -165,24 +180,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_x * grad.to(grad_x.dtype), grad_w * grad.to(grad_w.dtype), None
 
 
-def _chunk_loss(logits: torch.Tensor, local: torch.Tensor, scale: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk's token losses (fp32) and d(mean loss)/d(logits) in the logits' dtype,
-    written over the logits eager (one fp32 workspace of the chunk); compiled, as
-    expressions the compiler fuses into a pass or two over the chunk."""
+def _chunk_loss(logits: torch.Tensor, local: torch.Tensor, here: torch.Tensor,
+                scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's token losses (fp32) and d(mean loss)/d(logits) in the logits' dtype
+    (`_logits_grad`, written over the logits eager)."""
     target = logits.gather(1, local.unsqueeze(-1)).squeeze(-1).float()
     if torch.compiler.is_compiling():
         log_sum_exp = torch.logsumexp(logits.float(), dim=-1)
-        columns = torch.arange(logits.shape[-1], device=logits.device)
-        one_hot = (columns == local.unsqueeze(-1)).float()
-        softmax = torch.exp(logits.float() - log_sum_exp.unsqueeze(-1))
-        return log_sum_exp - target, ((softmax - one_hot) * scale).to(logits.dtype)
-    peak = logits.amax(dim=-1).float()
-    log_sum_exp = _minus(logits, peak).exp_().sum(dim=-1).log_().add_(peak)
-    softmax = _minus(logits, log_sum_exp).exp_()
-    softmax[torch.arange(softmax.shape[0], device=softmax.device), local] -= 1.0
-    torch.mul(softmax, scale, out=logits)
-    return log_sum_exp - target, logits
+    else:
+        peak = logits.amax(dim=-1).float()
+        log_sum_exp = _minus(logits, peak).exp_().sum(dim=-1).log_().add_(peak)
+    return log_sum_exp - target, _logits_grad(logits, log_sum_exp, local, here, scale,
+                                              out=logits)
 
 
 def _chunks_of(rows: int, width: int) -> list[slice]:
