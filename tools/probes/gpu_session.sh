@@ -33,9 +33,10 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
 }
 case ${1:-} in
   all)  # the speed runs first and alone: nothing else has run on the machine yet
-    bench 230 gpt2 0                 # GPT-2 124M at 16 x 1024, every side
-    bench 290 llama 2 0,1,2,3,5,6    # the Llama slice; transformers was measured (docs/gpu)
-    bench 70 gpt2-8 1 1,3 ;;         # GPT-2 124M at 8 x 1024 compiled, in the time left
+    bench 120 gpt2 0 1,6,3           # GPT-2 124M at 16 x 1024: compiled, fused loss, reference
+    bench 260 llama 2 1,6,3,2,5      # the Llama slice, with both FP8 sides
+    bench 90 gpt2-fp8 0 2,5          # GPT-2 124M at 16 x 1024 in FP8: paraxis and torchao
+    bench 100 gpt2-8 1 1,6,3 ;;      # GPT-2 124M at 8 x 1024, in the time left
   checks)  # the FP8 GEMMs and the tests that failed on a GPU machine before
     timeout 120 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
     hidden_gpus 300 ;;
