@@ -190,10 +190,11 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
 
     paraxis (`engine.contract.adamw`): torch's fused AdamW kernel reads the fp32 weight (or
     master), its fp32 gradient and both moments and writes back the weight and moments
-    (28 B), around paraxis's own passes: the norm's read, the clipping multiply (of the
-    gradients, or with 16-bit gradients of their fp32 copy) and, with fp32 masters, the copy
-    of 16-bit gradients to fp32 and the write-back to the 16-bit weight: 40 B in fp32, 50 B
-    for bf16 with masters.
+    (28 B), around paraxis's own passes: the norm's read and the clipping multiply of fp32
+    gradients (40 B in fp32); with fp32 masters of 16-bit gradients, the copy of the
+    gradients to fp32, the kernel clipping them itself (its `grad_scale`, writing the
+    clipped gradient back: 4 B) and the write-back to the 16-bit weight: 46 B for bf16
+    (`engine.data_parallel.masters`).
     """
     kernels = "paraxis" if kernels == "eager" else kernels  # eager elementwise: paraxis's
     if kernels == "foreach":
@@ -202,8 +203,10 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
         fused_kernel, norm = 4 * 4 + 3 * 4, precision.grad_bytes
         if precision.optimizer_bytes <= 8:  # no masters: the fp32 weights are stepped
             return fused_kernel + norm + 2 * precision.grad_bytes
-        to_fp32 = 0 if precision.grad_bytes == 4 else precision.grad_bytes + 4
-        return fused_kernel + norm + to_fp32 + 2 * 4 + 4 + precision.param_bytes
+        if precision.grad_bytes == 4:  # fp32 gradients: the masters' own, clipped in place
+            return fused_kernel + norm + 2 * 4 + 4 + precision.param_bytes
+        to_fp32, clipped_in_kernel = precision.grad_bytes + 4, 4
+        return fused_kernel + norm + to_fp32 + clipped_in_kernel + 4 + precision.param_bytes
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
 
 

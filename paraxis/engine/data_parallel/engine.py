@@ -308,10 +308,9 @@ class DataParallelEngine(LocalEngine):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.masters is not None:
-            self.masters.load_grads(factor)
-        step_unless_nonfinite(self.optimizer, self._nonfinite)
-        if self.masters is not None:
-            self.masters.write_back()
+            self.masters.step(self.optimizer, factor, self._nonfinite)
+        else:
+            step_unless_nonfinite(self.optimizer, self._nonfinite)
         if self.zero in (1, 2):
             # Each rank updated its shard in place; all-gather rebuilds the full parameters.
             # The shard is copied first: an all-gather's input must not alias its output.

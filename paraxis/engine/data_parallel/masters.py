@@ -3,12 +3,19 @@
 With a 16-bit policy (`paraxis.spec.precision`) the model's parameters are bf16/fp16 and AdamW
 updates an fp32 copy of the part this rank owns: the whole of each unit under ZeRO-0, its
 shard under ZeRO-1/2/3, so the copy and Adam's moments are sharded where ZeRO shards the
-optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3.1). Per step:
+optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3.1). A step
+(`step`), over batches of units of at most STEP_ELEMENTS elements each:
 
-    load_grads(factor)   the reduced 16-bit gradients, cast to fp32 and unscaled/clipped there
-                         (fp16's 1/S would underflow in fp16 itself)
-    optimizer.step()     on the fp32 masters
-    write_back()         the 16-bit parameters become the rounded masters
+    load_grads(batch)    the batch's reduced 16-bit gradients cast to fp32
+    optimizer.step()     on the batch's fp32 masters (the others have no gradient), the
+                         gradients unscaled and clipped inside torch's fused kernel (its
+                         `grad_scale`; fp16's 1/S would underflow in fp16 itself)
+    drop the fp32 copies
+
+and then `write_back`: the 16-bit parameters become the rounded masters. The batches bound
+the fp32 copies to STEP_ELEMENTS x 4 bytes (or one larger unit's) instead of 4 bytes for
+every parameter at once, which would be the step's peak of memory; a model of 2^28
+parameters or fewer steps in one batch.
 
 fp32 gradients (`bf16-fp32grad`) are the masters' gradients directly (views, no copy).
 """
@@ -17,7 +24,10 @@ from __future__ import annotations
 
 import torch
 
+from paraxis.engine.contract import step_unless_nonfinite
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece
+
+STEP_ELEMENTS = 2**28  # fp32 gradient copies alive at once: 1 GiB
 
 
 class MasterWeights:
@@ -55,24 +65,63 @@ class MasterWeights:
                 master[piece.shard_lo:piece.shard_hi].copy_(source)
         torch._foreach_copy_(self.owned, self.masters)
 
-    @torch.no_grad()
-    def load_grads(self, factor: float | torch.Tensor) -> None:
-        """The masters' gradients: fp32 casts of the reduced gradients times `factor` (a
-        number, or a 0-d tensor on the device: clipping decided there)."""
-        scale = not (isinstance(factor, float) and factor == 1.0)
-        flats = []
-        for grads in self.grads:
-            if grads.dtype == torch.float32:
-                flats.append(grads.mul_(factor) if scale else grads)
+    def batches(self) -> list[list[int]]:
+        """Consecutive units, each run of them at most STEP_ELEMENTS elements (a larger unit
+        alone): what one optimizer call steps."""
+        batches: list[list[int]] = []
+        size = 0
+        for index, owned in enumerate(self.owned):
+            if batches and size + owned.numel() <= STEP_ELEMENTS:
+                batches[-1].append(index)
+                size += owned.numel()
             else:
-                flats.append(grads.float().mul_(factor))
+                batches.append([index])
+                size = owned.numel()
+        return batches
+
+    @torch.no_grad()
+    def step(self, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor,
+             nonfinite: torch.Tensor | None) -> None:
+        """AdamW on the masters, a batch of units at a time; their gradients are the
+        reduced ones times `factor` (a number, or a 0-d tensor on the device: clipping
+        decided there), skipped where `nonfinite` (`contract.step_unless_nonfinite`)."""
+        scale = not (isinstance(factor, float) and factor == 1.0)
+        fused = bool(optimizer.defaults.get("fused"))
+        if scale and fused:  # the fused kernel divides each gradient by grad_scale
+            device = self.masters[0].device if self.masters else None
+            optimizer.grad_scale = (1.0 / torch.as_tensor(factor, dtype=torch.float32,
+                                                          device=device)).reshape(())
+        try:
+            for batch in self.batches():
+                self.load_grads(batch, factor if scale and not fused else 1.0)
+                step_unless_nonfinite(optimizer, nonfinite)
+                self.drop_grads(batch)
+        finally:
+            if scale and fused:
+                del optimizer.grad_scale
+        self.write_back()
+
+    def load_grads(self, units: list[int], factor: float | torch.Tensor) -> None:
+        """These units' masters' gradients: fp32 casts of their reduced gradients, times
+        `factor` (1.0: as they are)."""
+        wanted = set(units)
+        flats = {}
+        for index in units:
+            grads = self.grads[index]
+            flat = grads if grads.dtype == torch.float32 else grads.float()
+            flats[index] = flat if isinstance(factor, float) and factor == 1.0 \
+                else flat.mul_(factor)
         for index, view, lo, hi in self.views:
-            view.grad = flats[index][lo:hi]
+            if index in wanted:
+                view.grad = flats[index][lo:hi]
+
+    def drop_grads(self, units: list[int]) -> None:
+        wanted = set(units)
+        for index, view, _, _ in self.views:
+            if index in wanted:
+                view.grad = None
 
     @torch.no_grad()
     def write_back(self) -> None:
-        """16-bit parameters from the masters (round to nearest); drops the fp32 copies of
-        16-bit gradients."""
+        """16-bit parameters from the masters (round to nearest)."""
         torch._foreach_copy_(self.owned, self.masters)
-        for _, view, _, _ in self.views:
-            view.grad = None

@@ -1,0 +1,76 @@
+"""fp32 masters stepped a batch of units at a time (engine/data_parallel/masters.py): the same
+numbers whatever the batch size, clipping and fp16's unscaling applied inside the fused
+kernel, the fp32 gradient copies bounded by the batch."""
+
+import pytest
+import torch
+
+from paraxis.dist.groups import build_groups
+from paraxis.engine.data_parallel import masters
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+
+TINY = PRESETS["tiny"]
+
+
+def _train(precision: str, max_norm: float, steps: int = 3) -> tuple[list[torch.Tensor],
+                                                                     list[float]]:
+    layout = Layout()
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                          precision=precision)
+    g = torch.Generator().manual_seed(0)
+    norms = []
+    for _ in range(steps):
+        x = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        y = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        loss, norm = engine.train_step(x, y, 1e-2, max_norm)
+        engine.zero_grad()
+        norms.append(float(norm))
+    return [m.clone() for m in engine.masters.masters], norms
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_batches_of_units_step_the_same_numbers_as_one(monkeypatch, precision):
+    whole, norms = _train(precision, 0.05)
+    assert max(norms) > 0.05  # clipping scaled every step's gradients
+    monkeypatch.setattr(masters, "STEP_ELEMENTS", 5_000)
+    batched, _ = _train(precision, 0.05)
+    for ours, theirs in zip(batched, whole, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_clipping_inside_the_kernel_matches_clipping_the_copies(monkeypatch):
+    """grad_scale = 1 / factor in the fused kernel against the copies multiplied by the
+    factor before an unfused step: the same update to fp32 rounding. One step: after it, a
+    master one rounding apart can round to another bf16 weight, and Adam, which divides by
+    the gradients' own scale, turns the tiniest gradients' differences into whole steps."""
+    fused, _ = _train("bf16", 0.05, steps=1)
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", _unfused(torch.optim.AdamW.__init__))
+    unfused, _ = _train("bf16", 0.05, steps=1)
+    for ours, theirs in zip(fused, unfused, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    unclipped, _ = _train("bf16", 0.0, steps=1)
+    assert not torch.allclose(unclipped[0], fused[0], rtol=1e-5, atol=1e-6)
+
+
+def _unfused(init):
+    def wrapped(self, *args, **kwargs):
+        kwargs["fused"] = False
+        init(self, *args, **kwargs)
+    return wrapped
+
+
+def test_a_batch_holds_at_most_the_cap_or_one_larger_unit(monkeypatch):
+    layout = Layout()
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="bf16",
+                          bucket_mb=0.02)
+    sizes = [o.numel() for o in engine.masters.owned]
+    assert len(sizes) > 3
+    cap = sum(sizes) // 4
+    monkeypatch.setattr(masters, "STEP_ELEMENTS", cap)
+    batches = engine.masters.batches()
+    assert 4 <= len(batches) < len(sizes)
+    assert [i for b in batches for i in b] == list(range(len(sizes)))
+    for batch in batches:
+        assert len(batch) == 1 or sum(sizes[i] for i in batch) <= cap
