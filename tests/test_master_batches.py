@@ -7,6 +7,7 @@ import torch
 
 from paraxis.dist.groups import build_groups
 from paraxis.engine.data_parallel import masters
+from paraxis.engine.data_parallel.buckets import GradReducer
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -74,3 +75,39 @@ def test_a_batch_holds_at_most_the_cap_or_one_larger_unit(monkeypatch):
     assert [i for b in batches for i in b] == list(range(len(sizes)))
     for batch in batches:
         assert len(batch) == 1 or sum(sizes[i] for i in batch) <= cap
+
+
+def _train_microbatched(precision: str) -> tuple[list[torch.Tensor], list[float], object]:
+    layout = Layout(microbatches=2)
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                          precision=precision)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        y = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        loss, _ = engine.train_step(x, y, 1e-2, 1.0)
+        losses.append(float(loss))
+        engine.zero_grad()
+    params = [p.detach().clone() for p in engine.model.parameters()]
+    return params, losses, engine
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_one_rank_keeps_autograds_gradients_and_trains_the_same_bits(monkeypatch, precision):
+    """Where nothing is reduced the gradients are autograd's own tensors (no flat buffer to
+    fill and add into), dropped by zero_grad; the numbers are those of the flat buffers."""
+    params, losses, engine = _train_microbatched(precision)
+    assert engine.reducer.local
+    assert all(p.grad is None for p in engine.model.parameters())
+    engine.forward_backward(*[torch.randint(0, TINY.vocab_size, (4, 16))] * 2)
+    assert all(unit.grad_full is None for unit in engine.units)  # no bucket
+    grads = [p.grad for p in engine.model.parameters()]
+    assert all(g is not None for g in grads)
+    assert {id(g) for g in engine.reducer.grad_buffers()} == {id(g) for g in grads}
+    monkeypatch.setattr(GradReducer, "KEEP_AUTOGRAD_GRADS", False)
+    flat_params, flat_losses, flat = _train_microbatched(precision)
+    assert not flat.reducer.local
+    assert flat_losses == losses
+    for ours, theirs in zip(params, flat_params, strict=True):
+        assert torch.equal(ours, theirs)

@@ -30,6 +30,13 @@ per-rank mean losses is the global-batch mean loss. An expert's gradient arrives
 every rank whose tokens reached it (the all-to-all's backward brings them), so its sum over
 its own group is already the sum over all replicas, divided by the same number.
 
+Where nothing is reduced (every unit's group is one rank and no copies exist across shard
+groups: one device, or tensor or pipeline parallelism without data parallelism), there are
+no flat buffers: each `param.grad` is autograd's own tensor, made by the backward that
+computes it, added into by later microbatches and dropped by `zero`, as a plain PyTorch
+loop keeps them (`local`). Views into a zeroed buffer would cost a fill and an add pass over
+every gradient a step, and hold the gradients' bytes through the forward.
+
 Gradients accumulate and are reduced in `grad_dtype` (the precision policy's, default: the
 parameters' dtype). When it differs from the parameters' (bf16 parameters, fp32 gradients:
 Megatron's `main_grad`), autograd's gradient of each backward is added into the unit's flat
@@ -64,6 +71,8 @@ class GradReducer:
     the current backward (ZeRO-3 frees the unit's gathered parameters there).
     """
 
+    KEEP_AUTOGRAD_GRADS = True  # where nothing is reduced (False: flat buffers anyway)
+
     def __init__(self, units: list[FlatUnit], group: dist.ProcessGroup | None,
                  shard_grads: bool,
                  on_unit_backward_done: Callable[[int], None] | None = None,
@@ -86,6 +95,10 @@ class GradReducer:
         # (PyTorch DDP's hook and FSDP pre-divide for the same reason); a power of 2 divides
         # exactly, so for such groups the mean is the same bits either way
         self.predivide = self.grad_dtype == torch.float16 and self.dp_size > 1
+        # nothing to reduce: autograd's own gradients, no flat buffers
+        self.local = (self.KEEP_AUTOGRAD_GRADS and not self.accumulate and not shard_grads
+                      and not reduce_to_shard and replicate_group is None
+                      and all(group_size(unit.group) == 1 for unit in units))
         self.shard_grads = shard_grads
         # ZeRO-1: full buckets, but only this rank's shard needs the sum
         self.reduce_to_shard = reduce_to_shard
@@ -114,7 +127,9 @@ class GradReducer:
                             else "all_reduce")  # what finish() waits on
         for unit in units:
             unit.grad_accum = None  # ZeRO-2/3: the unit's flat gradient until it is reduced
-            if shard_grads:
+            if self.local:
+                unit.grad_full = unit.grad_shard = None
+            elif shard_grads:
                 unit.grad_shard = torch.zeros(unit.shard_numel, dtype=self.grad_dtype,
                                               device=unit.device)
             else:
@@ -134,7 +149,7 @@ class GradReducer:
                     lambda param, reducer=reducer: reducer()._on_grad(param))
 
     def attach_grad_views(self) -> None:
-        if self.shard_grads or self.accumulate:
+        if self.shard_grads or self.accumulate or self.local:
             return
         for unit in self.units:
             for p, start, end in unit.spans():
@@ -186,6 +201,8 @@ class GradReducer:
         return flat[start:end].view(param.shape)
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        if self.local:
+            return
         index = self._unit_of[id(param)]
         if self.accumulate:
             start, end = self._span_of[id(param)]
@@ -295,6 +312,8 @@ class GradReducer:
     def finish(self) -> None:
         """Launch what backward did not (units with unused parameters), wait for every
         collective, and turn the sums into means."""
+        if self.local:
+            return
         for index in range(self._next_launch, len(self.units)):
             self._complete[index] = True
         self._launch_ready()
@@ -316,12 +335,20 @@ class GradReducer:
         self.sync = True
 
     def grad_buffers(self) -> list[torch.Tensor]:
-        """The reduced gradients: full buckets (ZeRO-0) or this rank's shards (ZeRO-1/2/3)."""
+        """The reduced gradients: full buckets (ZeRO-0) or this rank's shards (ZeRO-1/2/3);
+        with nothing to reduce, the parameters' own gradients."""
+        if self.local:
+            return [p.grad for unit in self.units for p in unit.params if p.grad is not None]
         if self.shard_grads or self.reduce_to_shard:
             return [unit.grad_shard for unit in self.units]
         return [unit.grad_full for unit in self.units]
 
     def zero(self) -> None:
+        if self.local:
+            for unit in self.units:
+                for p in unit.params:
+                    p.grad = None
+            return
         for unit in self.units:  # ZeRO-0/1 accumulate into the whole bucket
             (unit.grad_shard if self.shard_grads else unit.grad_full).zero_()
         if self.shard_grads:

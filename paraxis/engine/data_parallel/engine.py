@@ -174,7 +174,7 @@ class DataParallelEngine(LocalEngine):
             self.optimizer, self.pieces = shard_optimizer(self.units, adamw)
         init_adam_state(self.optimizer)
         # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
-        self.piece_grads = [] if not self.pieces else _piece_grads(
+        self.piece_grads = [] if not self.pieces or self.reducer.local else _piece_grads(
             self.units, whole=self.masters is not None and self.zero == 0)
 
     def group_of(self, param: nn.Parameter) -> dist.ProcessGroup | None:
@@ -218,7 +218,7 @@ class DataParallelEngine(LocalEngine):
         if self.gatherer is not None:
             self.gatherer.free_all()
         pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
-                  zip(self.pieces, self.piece_grads, strict=True)] if self.pieces else
+                  zip(self.pieces, self.piece_grads, strict=True)] if self.piece_grads else
                  [(p, p.grad) for p in self.model.parameters()])
         sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None,
                           self.bucket_bytes)
@@ -246,7 +246,7 @@ class DataParallelEngine(LocalEngine):
         return value[0] / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
-        if self.zero == 0 and self.masters is None:
+        if self.zero == 0 and not self.piece_grads:  # the parameters' own gradients
             params = list(self.model.parameters())
             sharded, replicated = local_norm_squares([p for p in params if not is_ep_sharded(p)])
             experts = self._experts_norm([p.grad for p in params if is_ep_sharded(p)
@@ -290,8 +290,7 @@ class DataParallelEngine(LocalEngine):
         if isinstance(factor, float) and factor == 1.0:
             return norm
         if self.reducer.grad_dtype == torch.float32:
-            for buffer in self.reducer.grad_buffers():
-                buffer.mul_(factor)
+            torch._foreach_mul_(self.reducer.grad_buffers(), factor)
         else:
             self._grad_factor = factor  # 1/S would underflow in fp16 itself
         return norm

@@ -35,10 +35,10 @@ class MasterWeights:
     `grads` (its reduced gradients, the same range)."""
 
     def __init__(self, units: list[FlatUnit], owned: list[torch.Tensor],
-                 grads: list[torch.Tensor], whole: bool) -> None:
+                 grads: list[torch.Tensor | None], whole: bool) -> None:
         self.units = units
         self.owned = owned
-        self.grads = grads
+        self.grads = grads  # None: no flat gradient, the parameters' own (`GradReducer.local`)
         self.whole = whole  # ZeRO-0: the whole unit, else this rank's shard of it
         self.masters = [torch.zeros(t.numel(), dtype=torch.float32, device=t.device)
                         for t in owned]
@@ -108,12 +108,32 @@ class MasterWeights:
         flats = {}
         for index in units:
             grads = self.grads[index]
-            flat = grads if grads.dtype == torch.float32 else grads.float()
+            if grads is None:
+                flat = self._gathered_grads(index)
+            else:
+                flat = grads if grads.dtype == torch.float32 else grads.float()
             flats[index] = flat if isinstance(factor, float) and factor == 1.0 \
                 else flat.mul_(factor)
         for index, view, lo, hi in self.views:
             if index in wanted:
                 view.grad = flats[index][lo:hi]
+
+    def _gathered_grads(self, index: int) -> torch.Tensor:
+        """Unit `index`'s parameters' own gradients in one fp32 flat tensor (zeros for a
+        parameter that got none), laid out as the unit's flat parameters."""
+        unit = self.units[index]
+        flat = torch.empty(self.owned[index].numel(), dtype=torch.float32,
+                           device=self.owned[index].device)
+        into, grads = [], []
+        for param, start, end in unit.spans():
+            if param.grad is None:
+                flat[start:end].zero_()
+            else:
+                into.append(flat[start:end])
+                grads.append(param.grad.reshape(-1))
+        if into:
+            torch._foreach_copy_(into, grads)
+        return flat
 
     def drop_grads(self, units: list[int]) -> None:
         wanted = set(units)

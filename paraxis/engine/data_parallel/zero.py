@@ -43,7 +43,7 @@ def shard_optimizer(units: list[FlatUnit], hyper: AdamW,
     pieces of matrices only, the convention of `make_adamw`. masters: one fp32 flat tensor
     per unit that AdamW updates instead of the (16-bit) parameters, over the shard, or over
     the whole unit when `whole` (ZeRO-0); their gradients are set per step where the
-    gradient dtype differs (`data_parallel.masters`).
+    gradient dtype differs or no flat gradient exists (`data_parallel.masters`).
     """
     decay, no_decay, pieces = [], [], []
     for index, unit in enumerate(units):
@@ -51,7 +51,7 @@ def shard_optimizer(units: list[FlatUnit], hyper: AdamW,
             owned = unit.param_shard if masters is None else masters[index]
             grads = unit.grad_full if whole else unit.grad_shard
             master = owned[piece.shard_lo: piece.shard_hi]
-            if grads.dtype == master.dtype:
+            if grads is not None and grads.dtype == master.dtype:
                 master.grad = grads[piece.shard_lo: piece.shard_hi]
             (decay if decays(piece.param) else no_decay).append(master)
             pieces.append((piece, master))
