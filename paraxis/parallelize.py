@@ -62,13 +62,15 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                 compile: bool = False, end_of_document: int | None = None,
-                fused_loss: bool = False) -> Engine:
+                fused_loss: bool = False, fp8_weight_gather: bool = False) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
     (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
     precision: the policy (`paraxis.spec.precision`), which every axis below follows; compile:
     `torch.compile` the model (`compiles_whole`, else `compile_blocks`); end_of_document:
     pack documents ending at this id (`paraxis.parallel.context.packing`; None: no packing);
-    fused_loss: the LM head and loss fused (`spec.kernels.check_fused_loss` says where)."""
+    fused_loss: the LM head and loss fused (`spec.kernels.check_fused_loss` says where);
+    fp8_weight_gather: ZeRO-3 gathers FP8 weights in FP8 (`spec.precision.fp8_gather_problem`
+    says where)."""
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
                                                 placement=layout.placement)
@@ -128,7 +130,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(model, layout, groups, adamw=adamw,
                                        bucket_bytes=bucket_bytes, device=device,
-                                       precision=precision, end_of_document=end_of_document)
+                                       precision=precision, end_of_document=end_of_document,
+                                       fp8_weight_gather=fp8_weight_gather)
     if layout.pp == 1:
         return data_parallel
     # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
@@ -210,7 +213,8 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
                  bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
                  announce: bool = False, compile: bool = False,
-                 end_of_document: int | None = None, fused_loss: bool = False) -> Engine:
+                 end_of_document: int | None = None, fused_loss: bool = False,
+                 fp8_weight_gather: bool = False) -> Engine:
     """The engine for `layout` with the seed's single-device initial weights.
 
     precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16", "fp8",
@@ -218,7 +222,9 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     print the split (rank 0, when not quiet); compile: `torch.compile` each block
     (`compile_blocks`); end_of_document: pack documents ending at this id
     (`paraxis.parallel.context.packing`); fused_loss: the LM head and loss as one kernel
-    that never holds the logits (`parallel.tensor.cross_entropy.linear_cross_entropy`).
+    that never holds the logits (`parallel.tensor.cross_entropy.linear_cross_entropy`);
+    fp8_weight_gather: ZeRO-3 all-gathers the FP8 weights in FP8
+    (`engine.data_parallel.fp8_gather`).
     """
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
@@ -229,6 +235,6 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
                          precision=precision, adamw=adamw, bucket_bytes=int(bucket_mb * MIB),
                          compile=compile, end_of_document=end_of_document,
-                         fused_loss=fused_loss)
+                         fused_loss=fused_loss, fp8_weight_gather=fp8_weight_gather)
     materialize(engine, model_cfg, seed)
     return engine

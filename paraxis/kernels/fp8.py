@@ -100,7 +100,7 @@ def amax(x: torch.Tensor, rowwise: bool) -> torch.Tensor:
     return x.abs().amax().float()
 
 
-def _reduce_max(value: torch.Tensor, groups: Groups) -> torch.Tensor:
+def reduce_max(value: torch.Tensor, groups: Groups) -> torch.Tensor:
     """`value`'s elementwise max over every rank of `groups` (they split its tensor)."""
     if not groups:
         return value
@@ -122,7 +122,7 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool, groups: Groups 
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x * scale cast to `dtype`, scale): the scale from the amax of all of `x` or of each
     row (rowwise), max-reduced over `groups`. Saturates, as torchao's casts do."""
-    scale = scale_of(_reduce_max(amax(x, rowwise), groups), dtype)
+    scale = scale_of(reduce_max(amax(x, rowwise), groups), dtype)
     limit = torch.finfo(dtype).max
     return (x.float() * scale).clamp(-limit, limit).to(dtype).contiguous(), scale
 
@@ -169,14 +169,18 @@ class Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, gemm: Fp8Gemm,
-                out_dtype: torch.dtype) -> torch.Tensor:
+                out_dtype: torch.dtype, cast: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """cast: the weight already in FP8 and its scale (tensorwise; ZeRO-3 gathers it so,
+        `engine.data_parallel.fp8_gather`), `weight` then only its shape and its gradient's
+        place: its values are not read."""
         ctx.gemm, ctx.out_dtype = gemm, out_dtype
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
         rowwise = gemm.recipe == "rowwise"
         tensor_groups = () if rowwise else gemm.tokens
         x8, x_scale = quantize(x, E4M3, rowwise, tensor_groups + gemm.inputs)
-        w8, w_scale = quantize(weight, E4M3, rowwise,
-                               gemm.inputs + (() if rowwise else gemm.outputs))
+        w8, w_scale = cast if cast is not None else quantize(
+            weight, E4M3, rowwise, gemm.inputs + (() if rowwise else gemm.outputs))
         if rowwise:  # backward casts along other dims, from the 16-bit tensors
             ctx.save_for_backward(x, weight)
         else:  # one cast each, reused transposed: FP8 copies kept, not the 16-bit ones
@@ -185,7 +189,7 @@ class Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         gemm, out = ctx.gemm, ctx.out_dtype
         want_x, want_w = (wanted(ctx, index) for index in (0, 1))
         grad_x = grad_w = None
@@ -208,13 +212,14 @@ class Fp8Matmul(torch.autograd.Function):
                 grad_w = scaled_mm(g8.t().contiguous(), g_scale, x8.t().contiguous(), x_scale,
                                    out)
         return (None if grad_x is None else grad_x.to(ctx.x_dtype),
-                None if grad_w is None else grad_w.to(ctx.w_dtype), None, None)
+                None if grad_w is None else grad_w.to(ctx.w_dtype), None, None, None)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               gemm: Fp8Gemm) -> torch.Tensor:
+               gemm: Fp8Gemm, cast: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> torch.Tensor:
     """x W^T + b with the matmul in FP8, its output in the compute dtype (autocast's, else
-    the weight's)."""
+    the weight's). cast: W already in FP8 with its scale (`Fp8Matmul.forward`)."""
     kind = x.device.type
     out_dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) \
         else weight.dtype
@@ -223,6 +228,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         # its amax all-reduces stay eager, as tensor parallelism's collectives do: a graph
         # break around the GEMM rather than a traced process group
         matmul = torch.compiler.disable(matmul)
-    y = matmul(x.reshape(-1, x.shape[-1]), weight, gemm, out_dtype)
+    y = matmul(x.reshape(-1, x.shape[-1]), weight, gemm, out_dtype, cast)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias.to(out_dtype)

@@ -22,17 +22,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import FunctionCtx
 
 from paraxis.kernels.fp8 import Fp8Gemm, fp8_linear
 from paraxis.kernels.stacked import stacked_linear
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           fp8: Fp8Gemm | None = None) -> torch.Tensor:
+           fp8: Fp8Gemm | None = None,
+           cast: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """y = x W^T + b: every projection of the model goes through here; with `fp8`, its
-    matmul in FP8 (`kernels.fp8`)."""
+    matmul in FP8 (`kernels.fp8`), from the weight's FP8 copy where ZeRO-3 gathered one
+    (`cast`; by default the weight's own `fp8_cast`, `engine.data_parallel.fp8_gather`)."""
     if fp8 is not None:
-        return fp8_linear(x, weight, bias, fp8)
+        return fp8_linear(x, weight, bias, fp8,
+                          cast if cast is not None else getattr(weight, "fp8_cast", None))
     return F.linear(x, weight, bias)
 
 
@@ -67,6 +71,13 @@ def stackable(layers: list[nn.Module]) -> bool:
         getattr(layer, "fp8", None) == fp8 for layer in layers)
 
 
+def stacked_layers(module: nn.Module) -> list[nn.Module]:
+    """The projections `module` runs as one GEMM (its `STACKED` names, those it has: a
+    GELU MLP has no gate)."""
+    return [getattr(module, name) for name in getattr(module, "STACKED", ())
+            if hasattr(module, name)]
+
+
 def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """[layer(x) for layer in layers], in one GEMM where the layers allow it (`stackable`)."""
     if len(layers) == 1 or not stackable(layers):
@@ -78,4 +89,21 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     if fp8 is None:  # keeps the weights, not their stacked copy, for backward
         return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
     bias = None if biases is None else torch.cat(biases)
-    return list(linear(x, torch.cat(weights), bias, fp8).split(widths, dim=-1))
+    cast = getattr(weights[0], "fp8_cast", None)  # the stacked FP8 weight, gathered so
+    stacked = torch.cat(weights) if cast is None else _StackedShape.apply(*weights)
+    return list(linear(x, stacked, bias, fp8, cast).split(widths, dim=-1))
+
+
+class _StackedShape(torch.autograd.Function):
+    """The stacked weight's place in autograd, without its values: where ZeRO-3 gathered
+    the stacked weight in FP8 the 16-bit weights hold no storage, and the FP8 GEMM reads
+    only its copy; the stacked gradient goes back to each weight in its rows."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.rows = [w.shape[0] for w in weights]
+        return weights[0].new_zeros(()).expand(sum(ctx.rows), weights[0].shape[1])
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(grad.split(ctx.rows))

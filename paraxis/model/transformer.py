@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from paraxis.kernels.linear import project
+from paraxis.kernels.linear import project, stacked_layers
 from paraxis.model.init_weights import init_parameter
 from paraxis.parallel.context.attention import context_parallel_attention
 from paraxis.parallel.context.chunks import positions as chunk_positions
@@ -101,6 +101,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
+    STACKED = ("q", "k", "v")  # projections of one input: one GEMM (`kernels.linear.project`)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -120,7 +122,7 @@ class Attention(nn.Module):
         # Head counts come from the projection widths, so a TP rank that holds a slice of the
         # heads runs this same code.
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2)
-                   for t in project(x, [self.q, self.k, self.v]))
+                   for t in project(x, stacked_layers(self)))
         if self.recompute_core and torch.is_grad_enabled():
             out = checkpoint(self._core, q, k, v, documents, use_reentrant=False)
         else:
@@ -166,6 +168,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    STACKED = ("gate", "up")  # SwiGLU's: one GEMM (`kernels.linear.project`)
+
     def __init__(self, cfg: ModelConfig, hidden: int | None = None) -> None:
         super().__init__()
         self.swiglu = cfg.style == "llama"
@@ -178,7 +182,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            gate, up = project(x, [self.gate, self.up])  # one GEMM
+            gate, up = project(x, stacked_layers(self))  # one GEMM
             return self.down(F.silu(gate) * up)
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 

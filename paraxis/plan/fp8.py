@@ -146,14 +146,15 @@ def saved_fp8_bytes_per_token(cfg: ModelConfig, tp: int, sequence_parallel: bool
 
 @functools.lru_cache(maxsize=256)  # a layout search asks for every layout
 def gather_bytes_per_param(cfg: ModelConfig, precision: Precision) -> float:
-    """Mean bytes per parameter ZeRO's gathers move: 1 for the FP8 linears' weights where
-    they travel in FP8 (`Precision.fp8_weight_gather`), the stored bytes for the rest
-    (embeddings, norms, the LM head, the router)."""
+    """Mean bytes per parameter ZeRO's gathers move: 1 for the blocks' FP8 linears' weights
+    where they travel in FP8 (`Precision.fp8_weight_gather`), the stored bytes for the rest
+    (embeddings, norms, biases, the LM head, the router, and routed experts, which the
+    runtime gathers with their own units: `engine.data_parallel.fp8_gather`)."""
     if precision.fp8_recipe is None or not precision.fp8_weight_gather:
         return precision.param_bytes
     total = cfg.num_params()
-    linears = sum(k * n for k, n in layer_gemm_shapes(cfg)) * cfg.n_layers
-    if cfg.is_moe:
-        linears = cfg.blocks_params() - cfg.n_layers * cfg.n_experts * cfg.d_model
+    dense = cfg.n_layers - cfg.n_moe_layers
+    linears = sum(k * n for k, n in layer_gemm_shapes(cfg)) * dense \
+        + sum(k * n for k, n in layer_gemm_shapes(cfg, mlp=False)) * cfg.n_moe_layers
     share = min(1.0, linears / total)
     return share * 1 + (1 - share) * precision.param_bytes

@@ -43,7 +43,7 @@ from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
-from paraxis.spec.precision import get_policy
+from paraxis.spec.precision import fp8_gather_problem, get_policy
 from paraxis.spec.schedules import SPLIT_BACKWARD, check_compile
 from paraxis.spec.units import DEFAULT_BUCKET_MB
 from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_layout
@@ -99,6 +99,9 @@ class TrainSection:
     fused_loss: bool = option(False, "the LM head and the loss as one kernel, a chunk of "
                               "tokens at a time, that never holds the whole logits (tp=1, "
                               "zero 0-2; docs/precision.md)")
+    fp8_weight_gather: bool = option(False, "ZeRO-3 all-gathers the blocks' FP8 weights in "
+                                     "FP8, half the bytes (--precision fp8, --zero 3, pp=1; "
+                                     "docs/precision.md)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
     bucket_mb: float = option(DEFAULT_BUCKET_MB, "data-parallel gradient bucket size in MiB")
@@ -306,6 +309,9 @@ class RunConfig:
         check_compile(self.layout.schedule, train.compile)
         if train.fused_loss:
             check_fused_loss(self.layout.tp, self.layout.zero)
+        if train.fp8_weight_gather and (problem := fp8_gather_problem(
+                train.precision, self.layout.zero, self.layout.pp)):
+            raise ParaxisError(problem)
         if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
             raise ParaxisError(f"{of('bucket_mb', train.bucket_mb)} must be a positive number "
                                f"of MiB up to {MAX_BUCKET_MB:,} (DDP uses 25)")

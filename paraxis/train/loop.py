@@ -130,7 +130,8 @@ def run_training(cfg: RunConfig) -> list[dict]:
                               bucket_mb=train.bucket_mb, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet,
                               end_of_document=end_of_document,
-                              fused_loss=train.fused_loss)
+                              fused_loss=train.fused_loss,
+                              fp8_weight_gather=train.fp8_weight_gather)
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())

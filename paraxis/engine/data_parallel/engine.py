@@ -65,7 +65,7 @@ from paraxis.parallel.tensor.partial import sum_partial_grads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
-from paraxis.spec.precision import PrecisionPolicy, get_policy
+from paraxis.spec.precision import PrecisionPolicy, fp8_gather_problem, get_policy
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 
 
@@ -79,17 +79,22 @@ class DataParallelEngine(LocalEngine):
     masters (`masters.py`), fp16 scales its loss.
     (`autocast_policy` gives 16-bit compute over fp32 parameters and gradients.) device: where
     parameters still on the meta device get their storage (default: where the parameters
-    are). end_of_document: document packing (`LocalEngine`).
+    are). end_of_document: document packing (`LocalEngine`). fp8_weight_gather: ZeRO-3
+    gathers the blocks' FP8 weights in FP8 (`fp8_gather.py`).
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
                  adamw: AdamW = DEFAULT_ADAMW, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  device: torch.device | None = None,
                  precision: str | PrecisionPolicy = "fp32",
-                 end_of_document: int | None = None) -> None:
+                 end_of_document: int | None = None, fp8_weight_gather: bool = False
+                 ) -> None:
         self.model, self.layout, self.groups = model, layout, groups
         self.end_of_document = end_of_document
         self.policy = policy = get_policy(precision)
+        if fp8_weight_gather and (problem := fp8_gather_problem(policy.name, layout.zero,
+                                                                layout.pp)):
+            raise ParaxisError(problem)
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
                                else torch_dtype(policy.compute_dtype))
         self.zero = layout.zero
@@ -135,7 +140,8 @@ class DataParallelEngine(LocalEngine):
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
             self.units, hooks = zero3_units(model, params, self.zero_group, device,
-                                            self.expert_zero_group)
+                                            self.expert_zero_group, fp8_weight_gather,
+                                            layout.recompute)
             self.gatherer = ParamGatherer(self.units, hooks, model, self.zero_group)
             # Backward completes the forward units last-to-first, then the root.
             order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),

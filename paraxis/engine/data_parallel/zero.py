@@ -29,6 +29,14 @@ from torch import nn
 from paraxis.dist.watchdog import WATCH
 from paraxis.engine.contract import adamw, decays
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
+from paraxis.engine.data_parallel.fp8_gather import (
+    Fp8Weights,
+    attach,
+    cast_shard,
+    describe,
+    detach,
+    fp8_gemms,
+)
 from paraxis.model.transformer import Transformer
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.optimizer import AdamW
@@ -136,6 +144,8 @@ class ParamGatherer:
         self.keep = False
         self._state = ["free"] * len(units)
         self._work: list[object | None] = [None] * len(units)
+        # FP8 units (`fp8_gather`): their gathered FP8 copy and scales while gathered
+        self._fp8: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for unit in units:
             full = torch.empty(unit.padded_numel, dtype=unit.dtype, device=unit.device)
             full[unit.numel:].zero_()
@@ -155,13 +165,21 @@ class ParamGatherer:
         unit.param_full.untyped_storage().resize_(0)
 
     def prefetch(self, index: int) -> None:
-        """Start the all-gather of unit `index` if it is not gathered or on its way."""
+        """Start the all-gather of unit `index` if it is not gathered or on its way (an
+        FP8 unit's in FP8, into a fresh buffer: `fp8_gather`)."""
         if not 0 <= index < len(self.units) or self._state[index] != "free":
             return
         unit = self.units[index]
-        unit.param_full.untyped_storage().resize_(unit.padded_numel *
-                                                  unit.param_full.element_size())
-        self._work[index] = all_gather(unit.param_full, unit.param_shard, unit.group)
+        weights: Fp8Weights | None = getattr(unit, "fp8", None)
+        if weights is not None:
+            shard8, scales = cast_shard(unit, weights)
+            full8 = torch.empty(unit.padded_numel, dtype=torch.uint8, device=unit.device)
+            self._work[index] = all_gather(full8, shard8.view(torch.uint8), unit.group)
+            self._fp8[index] = (full8, scales)
+        else:
+            unit.param_full.untyped_storage().resize_(unit.padded_numel *
+                                                      unit.param_full.element_size())
+            self._work[index] = all_gather(unit.param_full, unit.param_shard, unit.group)
         self._state[index] = "pending"
 
     def gather(self, index: int) -> None:
@@ -171,12 +189,20 @@ class ParamGatherer:
                 self._work[index].wait()
             self._work[index] = None
             self._state[index] = "ready"
+            if index in self._fp8:
+                full8, scales = self._fp8[index]
+                attach(full8.view(torch.float8_e4m3fn), scales, self.units[index].fp8)
 
     def free(self, index: int) -> None:
+        """Unit `index`'s gathered parameters go (an FP8 copy stays where autograd keeps
+        it for backward)."""
         if self._state[index] == "pending":  # never leave a collective half-way
             self.gather(index)
         if self._state[index] == "ready":
-            self._release(self.units[index])
+            if self._fp8.pop(index, None) is not None:
+                detach(self.units[index].fp8)
+            else:
+                self._release(self.units[index])
             self._state[index] = "free"
 
     def free_all(self) -> None:
@@ -215,8 +241,13 @@ class ParamGatherer:
         def hook(grad: torch.Tensor) -> None:
             self.phase = "backward"
             self.gather(index)
-            if self._same_chunk(index, index - 1) and self.hooks[index - 1].backward_needs_weights:
-                self.prefetch(index - 1)
+            # the next unit backward needs: one before this, past a block's FP8 unit
+            before = index - 1
+            if before >= 1 and not self.hooks[before].backward_needs_weights \
+                    and getattr(self.units[before], "fp8", None) is not None:
+                before -= 1
+            if self._same_chunk(index, before) and self.hooks[before].backward_needs_weights:
+                self.prefetch(before)
         return hook
 
     def _same_chunk(self, index: int, other: int) -> bool:
@@ -240,22 +271,26 @@ class ParamGatherer:
 
 def zero3_units(model: nn.Module, params: list[nn.Parameter],
                 group: dist.ProcessGroup | None, device: torch.device,
-                expert_group: dist.ProcessGroup | None = None
-                ) -> tuple[list[FlatUnit], list[UnitHooks]]:
+                expert_group: dist.ProcessGroup | None = None, fp8_gather: bool = False,
+                recompute: str = "none") -> tuple[list[FlatUnit], list[UnitHooks]]:
     """ZeRO-3 units in forward order (embedding, one per block, final norm, LM head; chunk
     after chunk under a pipeline) and their hooks, then a root unit for whatever is left
     (used at both ends of the step: a tied embedding and head).
     A block whose experts are split over ep (`ep_sharded`) has a second unit right after its
     own, its experts, sharded over `expert_group` (the ranks holding the same experts) and
-    gathered from the first local expert's forward to the last's."""
+    gathered from the first local expert's forward to the last's.
+    fp8_gather: a block's FP8 weights come first, as a unit of their own that travels in FP8
+    and backward does not gather again (`fp8_gather`), unless full recompute (`recompute`)
+    runs the block's forward again there."""
     wanted = {id(p) for p in params}
     taken: set[int] = set()
     units: list[FlatUnit] = []
     hooks: list[UnitHooks] = []
 
-    def add(modules: list[nn.Module], hook: UnitHooks, experts: bool = False) -> None:
-        own = [p for m in modules for p in m.parameters() if id(p) in wanted
-               and id(p) not in taken and getattr(p, "ep_sharded", False) == experts]
+    def add(modules: list[nn.Module], hook: UnitHooks, experts: bool = False,
+            own: list[nn.Parameter] | None = None) -> None:
+        own = own or [p for m in modules for p in m.parameters() if id(p) in wanted
+                      and id(p) not in taken and getattr(p, "ep_sharded", False) == experts]
         if not own:
             raise ParaxisError("ZeRO-3 shards per block, but a block holds no trainable "
                                "parameters of its own; use zero<=2 for this model")
@@ -271,6 +306,11 @@ def zero3_units(model: nn.Module, params: list[nn.Parameter],
         if embed and not tied:
             add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
         for block in part.blocks:
+            gemms = fp8_gemms(block) if fp8_gather else []
+            if gemms:
+                add([block], UnitHooks(block, block, recompute == "full"),
+                    own=[layer.weight for gemm in gemms for layer in gemm])
+                units[-1].fp8 = describe(units[-1], gemms)
             add([block], UnitHooks(block, block))
             experts = list(getattr(getattr(block, "moe", None), "experts", []))
             if experts and getattr(experts[0].up.weight, "ep_sharded", False):
