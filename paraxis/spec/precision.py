@@ -210,10 +210,10 @@ def fp8_shape_problem(cfg: ModelConfig, tp: int = 1, etp: int = 1, precision: st
     return None
 
 
-def fp8_gather_problem(precision: str, zero: int, pp: int) -> str | None:
-    """Why `--fp8-weight-gather` cannot run with this precision and layout (a sentence with
-    the fix); None when it can: tensorwise FP8 (one scale per GEMM, which the gathered copy
-    carries), ZeRO-3 (which gathers weights) and no pipeline."""
+def fp8_gather_problem(precision: str, zero: int) -> str | None:
+    """Why `--fp8-weight-gather` cannot run with this precision and ZeRO stage (a sentence
+    with the fix); None when it can: tensorwise FP8 (one scale per GEMM, which the gathered
+    copy carries) and ZeRO-3 (which gathers weights)."""
     recipe = get_policy(precision).fp8_recipe
     if recipe != "tensorwise":
         has = "no FP8 GEMMs" if recipe is None else f"{recipe} scales, taken by each GEMM"
@@ -223,9 +223,6 @@ def fp8_gather_problem(precision: str, zero: int, pp: int) -> str | None:
     if zero != 3:
         return (f"--fp8-weight-gather is how ZeRO-3 gathers its weights; zero={zero} keeps "
                 "them whole on every rank; use --zero 3 or drop --fp8-weight-gather")
-    if pp > 1:
-        return (f"--fp8-weight-gather runs without a pipeline (pp={pp}); use pp=1 or drop "
-                "--fp8-weight-gather")
     return None
 
 

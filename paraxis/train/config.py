@@ -100,7 +100,7 @@ class TrainSection:
                               "tokens at a time, that never holds the whole logits (tp=1, "
                               "zero 0-2; docs/precision.md)")
     fp8_weight_gather: bool = option(False, "ZeRO-3 all-gathers the blocks' FP8 weights in "
-                                     "FP8, half the bytes (--precision fp8, --zero 3, pp=1; "
+                                     "FP8, half the bytes (--precision fp8, --zero 3; "
                                      "docs/precision.md)")
     pack_documents: bool = option(False, "attention, positions and loss kept within each "
                                   "document (needs an end-of-document id; docs/data.md)")
@@ -310,7 +310,7 @@ class RunConfig:
         if train.fused_loss:
             check_fused_loss(self.layout.tp, self.layout.zero)
         if train.fp8_weight_gather and (problem := fp8_gather_problem(
-                train.precision, self.layout.zero, self.layout.pp)):
+                train.precision, self.layout.zero)):
             raise ParaxisError(problem)
         if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
             raise ParaxisError(f"{of('bucket_mb', train.bucket_mb)} must be a positive number "

@@ -92,8 +92,7 @@ class DataParallelEngine(LocalEngine):
         self.model, self.layout, self.groups = model, layout, groups
         self.end_of_document = end_of_document
         self.policy = policy = get_policy(precision)
-        if fp8_weight_gather and (problem := fp8_gather_problem(policy.name, layout.zero,
-                                                                layout.pp)):
+        if fp8_weight_gather and (problem := fp8_gather_problem(policy.name, layout.zero)):
             raise ParaxisError(problem)
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
                                else torch_dtype(policy.compute_dtype))
