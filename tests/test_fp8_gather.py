@@ -120,3 +120,44 @@ def test_the_cli_refuses_before_launching(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--fp8-weight-gather" in err[0], err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def _resume(ctx: RankContext, root: str) -> dict[str, bool]:
+    """A checkpoint of an FP8-gathering run holds single-device names and bf16 values: it
+    loads into the same layout, gathering or not, and the resumed step is the same bits."""
+    from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
+
+    def engine(gather: bool):
+        return build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, precision="fp8",
+                            fp8_weight_gather=gather)
+
+    def step(e, seed: int) -> float:
+        rank, per = ctx.groups.dp_rank, ROWS // ctx.layout.dp
+        tokens = torch.randint(0, TINY.vocab_size, (ROWS, SEQ + 1),
+                               generator=torch.Generator().manual_seed(seed))
+        x, y = tokens[rank * per:(rank + 1) * per, :-1], tokens[rank * per:(rank + 1) * per, 1:]
+        loss = e.forward_backward(x, y)
+        e.clip_grad_norm(1.0)
+        e.optimizer_step(1e-2)
+        e.zero_grad()
+        return loss
+
+    saved = engine(True)
+    step(saved, 0)
+    path = save_checkpoint(saved, root, 1, TINY.to_dict())
+    theirs = saved.full_parameters()
+    out = {}
+    for gather in (True, False):
+        loaded = engine(gather)
+        load_checkpoint(loaded, path, TINY.to_dict())
+        ours = loaded.full_parameters()
+        out[f"loaded {gather}"] = set(ours) == set(theirs) and all(
+            torch.equal(ours[n], theirs[n]) and ours[n].dtype == torch.bfloat16 for n in ours)
+        if gather:
+            out["resumed"] = step(loaded, 1) == step(saved, 1)
+    return out
+
+
+def test_a_checkpoint_resumes_the_same_bits_gathering_or_not(tmp_path):
+    for result in run_on_ranks("dp=4,zero=3", _resume, str(tmp_path), timeout_s=300):
+        assert all(result.values()), result
