@@ -121,6 +121,17 @@ def test_the_planner_prices_what_the_fused_loss_keeps():
         build_cluster("h100-sxm-80gb", 1, 1, {"loss_kernel": "fast"})
 
 
+def test_paraxis_plan_prices_the_fused_loss_when_asked():
+    """`paraxis plan --fused-loss`: the runtime's flag, priced as the hardware file's
+    loss_kernel = "fused-linear" is."""
+    from paraxis.plan.inputs import PlanInputs
+
+    common = {"model": "gpt2-124m", "gpus": 1, "gpu": "h200", "global_batch": 16,
+              "seq_len": 1024}
+    plain, fused = (PlanInputs(**common, fused_loss=flag).cluster() for flag in (False, True))
+    assert plain.gpu.loss_kernel == "chunked" and fused.gpu.loss_kernel == "fused-linear"
+
+
 def test_the_docs_figures_of_the_fused_loss():
     """docs/precision.md's size of the unfused head's logits and gradient, and
     docs/gpu/README.md's planner saving, for GPT-2 124M at 16 x 1024 in bf16: read from the

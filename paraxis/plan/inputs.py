@@ -49,6 +49,7 @@ class PlanInputs:
     precision: str | None = "mixed"  # None: the command's choice (PlanInputs.precision_rule)
     fp8_recipe: str | None = None  # an FP8 precision's scaling recipe (None: the preset's)
     fp8_weight_gather: bool = False  # ZeRO gathers FP8 weights (plan/fp8.py)
+    fused_loss: bool = False  # the LM head and loss fused (GPU.loss_kernel "fused-linear")
     seq_len: int | None = None  # None: the model's context length
     global_batch: int = 1024
     layout: str | None = None
@@ -69,7 +70,8 @@ class PlanInputs:
                  "inter_node_bandwidth_Bps": self.network_gbps and self.network_gbps * GB,
                  "nics_per_node": self.nics_per_node,
                  "collective_algorithm": self.collective_algorithm,
-                 "pipeline_zero2_reduce": self.pipeline_zero2_reduce}
+                 "pipeline_zero2_reduce": self.pipeline_zero2_reduce,
+                 "loss_kernel": "fused-linear" if self.fused_loss else None}
         if overrides.get("cores_per_node") and self.gpus:
             # a CPU profile: every rank runs on this one machine, whatever rank count it was
             # calibrated on, and more ranks than that share its memory (each keeps the
@@ -153,8 +155,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
              "Transformer Engine's delayed scaling (priced only: paraxis train runs fp8 and "
              "fp8-rowwise)")
     add("--fp8-weight-gather", action="store_true",
-        help="fp8: ZeRO gathers the linears' weights in FP8, 1 byte each (torchao's "
-             "enable_fsdp_float8_all_gather); paraxis gathers bf16")
+        help="fp8: ZeRO gathers the blocks' linear weights in FP8, 1 byte each (paraxis "
+             "train --fp8-weight-gather; torchao's enable_fsdp_float8_all_gather)")
+    add("--fused-loss", action="store_true",
+        help="the LM head and the loss as one chunked kernel that never holds the logits "
+             "(paraxis train --fused-loss; where it cannot run, tp>1 or ZeRO-3, the chunked "
+             "loss is priced)")
     add("--global-batch", type=int, default=global_batch,
         help=f"sequences per step (default: {global_batch or 'the run config, else 16'})")
     add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")
@@ -201,5 +207,6 @@ def from_args(args: argparse.Namespace) -> PlanInputs:
                       precision=args.precision,
                       fp8_recipe=getattr(args, "fp8_recipe", None),
                       fp8_weight_gather=getattr(args, "fp8_weight_gather", False),
+                      fused_loss=getattr(args, "fused_loss", False),
                       seq_len=args.seq_len,
                       global_batch=args.global_batch, layout=args.layout)
