@@ -257,7 +257,8 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  microbatches: int = 1, grad_bytes: float = 2, param_bytes: float = 2,
                  layers: int = 1, bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                  zero3_reshard: str | None = None, pipelined: bool = False,
-                 copies: int = 1, across: Link | None = None) -> float:
+                 copies: int = 1, across: Link | None = None,
+                 regather_bytes: float | None = None) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
@@ -276,11 +277,14 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     Hybrid sharding: `dp` is one shard group, and each rank's summed gradient shard (1/dp
     of the stage's) is then all-reduced over its `copies` on the `across` link, once a step
     (`data_parallel/buckets.py`; PyTorch HSDP, DeepSpeed ZeRO++'s hpZ).
+    regather_bytes: ZeRO-3's backward gather, bytes per parameter (default `param_bytes`;
+    less where FP8 weights are not gathered again: `fp8.regather_bytes_per_param`).
     """
     return (copies_sync_time(stage_param_count, dp, zero, copies, across, grad_bytes, layers,
                              bucket_bytes)
             + _shard_group_sync(stage_param_count, dp, zero, link, microbatches, grad_bytes,
-                                param_bytes, layers, bucket_bytes, zero3_reshard, pipelined))
+                                param_bytes, layers, bucket_bytes, zero3_reshard, pipelined,
+                                param_bytes if regather_bytes is None else regather_bytes))
 
 
 def copies_sync_time(stage_param_count: float, dp: int, zero: int, copies: int,
@@ -298,18 +302,19 @@ def copies_sync_time(stage_param_count: float, dp: int, zero: int, copies: int,
 
 def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
                       microbatches: int, grad_bytes: float, param_bytes: float, layers: int,
-                      bucket_bytes: float, zero3_reshard: str | None, pipelined: bool) -> float:
+                      bucket_bytes: float, zero3_reshard: str | None, pipelined: bool,
+                      regather_bytes: float) -> float:
     if dp <= 1:
         return 0.0
     if zero == 3 and zero3_reshard is not None:
         volume = zero3_pipeline_volume(stage_param_count, microbatches, zero3_reshard,
-                                       param_bytes, grad_bytes)
+                                       param_bytes, grad_bytes, regather_bytes=regather_bytes)
         gathers = 1 if zero3_reshard == "step" else 2 * microbatches  # passes over the stage
         return (collective_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
                 + collective_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
     if zero == 3:
         return microbatches * layers * sum(zero3_layer_times(
-            stage_param_count / layers, dp, link, grad_bytes, param_bytes))
+            stage_param_count / layers, dp, link, grad_bytes, param_bytes, regather_bytes))
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
     buckets = layers if bucket_bytes <= 0 else max(1, math.ceil(grads / bucket_bytes))
@@ -364,19 +369,23 @@ def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
 
 
 def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,
-                      param_bytes: float = 2) -> tuple[float, float]:
+                      param_bytes: float = 2, regather_bytes: float | None = None
+                      ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's ZeRO-3 traffic per microbatch: the
-    forward gathers its parameters; the backward gathers them again and reduce-scatters
-    their gradients (Rajbhandari et al. 2020 Sec. 5.3)."""
+    forward gathers its parameters; the backward gathers them again (`regather_bytes` a
+    parameter, default `param_bytes`) and reduce-scatters their gradients (Rajbhandari et
+    al. 2020 Sec. 5.3)."""
     gather = collective_time("all_gather", layer_params * param_bytes, dp, link)
+    again = gather if regather_bytes is None or regather_bytes == param_bytes else \
+        collective_time("all_gather", layer_params * regather_bytes, dp, link)
     scatter = collective_time("reduce_scatter", layer_params * grad_bytes, dp, link)
-    return gather, gather + scatter
+    return gather, again + scatter
 
 
 def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
                           param_bytes: float = 2, grad_bytes: float = 2,
-                          forward_only_params: float = 0.0, regathered_params: float = 0.0
-                          ) -> dict[str, float]:
+                          forward_only_params: float = 0.0, regathered_params: float = 0.0,
+                          regather_bytes: float | None = None) -> dict[str, float]:
     """Bytes one rank's ZeRO-3 collectives assemble per step under a pipeline, as the
     runtime does it (`pipeline_parallel/zero3.py`), for a stage of `stage_params` (after TP):
     {"all_gather", "reduce_scatter"}.
@@ -388,12 +397,15 @@ def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
     "step": each parameter is gathered once and kept to its chunk's last backward. Gradients
     accumulate over the microbatches and are reduce-scattered once (Rajbhandari et al. 2020
     Sec. 5.3 for the per-layer gathers; PyTorch FSDP2's gradient sync on the last microbatch).
+    regather_bytes: the backward's gathers, bytes per parameter (default `param_bytes`).
     """
+    again = param_bytes if regather_bytes is None else regather_bytes
     if reshard == "step":
-        gathered = stage_params
+        gathered = stage_params * param_bytes
     else:
-        gathered = microbatches * (2 * stage_params - forward_only_params + regathered_params)
-    return {"all_gather": gathered * param_bytes, "reduce_scatter": stage_params * grad_bytes}
+        gathered = microbatches * (stage_params * param_bytes + (
+            stage_params - forward_only_params + regathered_params) * again)
+    return {"all_gather": gathered, "reduce_scatter": stage_params * grad_bytes}
 
 
 

@@ -72,7 +72,12 @@ from paraxis.plan.experts import (
     shard_dispatch_times,
     shard_grad_sum_seconds,
 )
-from paraxis.plan.fp8 import check_fp8, gather_bytes_per_param, layer_linears_seconds
+from paraxis.plan.fp8 import (
+    check_fp8,
+    gather_bytes_per_param,
+    layer_linears_seconds,
+    regather_bytes_per_param,
+)
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
@@ -388,12 +393,14 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
     gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
+    regathered = regather_bytes_per_param(cfg, precision, layout.recompute)
     sync = (layout.microbatches, precision.grad_bytes, gathered)
+    expert_sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        bucket, reshard, pipelined, copies, across)
+                        bucket, reshard, pipelined, copies, across, regathered)
     t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
                                 precision.grad_bytes, max(counts), bucket)
     # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
@@ -406,21 +413,22 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         expert_link = expert_dp_link(layout, cluster)
         expert_args = (max(k[1] for k in kinds),
                        gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
-        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *sync,
+        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *expert_sync,
                              *expert_args, reshard, pipelined, copies, across)
         t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
                                      precision.grad_bytes, *expert_args)
         t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
-                                      gathered)
+                                      precision.param_bytes)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
-                                               dp_link, precision.grad_bytes, gathered)
+                                               dp_link, precision.grad_bytes, gathered,
+                                               regathered)
         windows = layer
         if experts:  # the mean block's gathers, experts over their own replicas
             more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
-                                     precision.grad_bytes, gathered)
+                                     precision.grad_bytes, precision.param_bytes)
             gather_f, gather_b = gather_f + more[0], gather_b + more[1]
             windows = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]}
         pairs, passes = zero3_windows(gather_f, gather_b, windows, layout)

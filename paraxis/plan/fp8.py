@@ -146,15 +146,30 @@ def saved_fp8_bytes_per_token(cfg: ModelConfig, tp: int, sequence_parallel: bool
 
 @functools.lru_cache(maxsize=256)  # a layout search asks for every layout
 def gather_bytes_per_param(cfg: ModelConfig, precision: Precision) -> float:
-    """Mean bytes per parameter ZeRO's gathers move: 1 for the blocks' FP8 linears' weights
-    where they travel in FP8 (`Precision.fp8_weight_gather`), the stored bytes for the rest
-    (embeddings, norms, biases, the LM head, the router, and routed experts, which the
-    runtime gathers with their own units: `engine.data_parallel.fp8_gather`)."""
+    """Mean bytes per parameter ZeRO's gathers move, over the parameters outside the routed
+    experts: 1 for the blocks' FP8 linears' weights where they travel in FP8
+    (`Precision.fp8_weight_gather`), the stored bytes for the rest (embeddings, norms,
+    biases, the LM head, the router, shared experts). Routed experts are gathered with their
+    own units at the stored bytes (`engine.data_parallel.fp8_gather`)."""
+    return _fp8_share(cfg, precision) * 1 + (1 - _fp8_share(cfg, precision)) \
+        * precision.param_bytes
+
+
+def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: str) -> float:
+    """Mean bytes per parameter (as `gather_bytes_per_param`) ZeRO-3 gathers again for the
+    backward: all of them, except the FP8 linears' weights where they travel in FP8, whose
+    copy autograd keeps from the forward, unless full recompute runs the forward again."""
+    if recompute == "full":
+        return gather_bytes_per_param(cfg, precision)
+    return (1 - _fp8_share(cfg, precision)) * precision.param_bytes
+
+
+def _fp8_share(cfg: ModelConfig, precision: Precision) -> float:
+    """The share of the parameters outside the routed experts that ZeRO gathers in FP8."""
     if precision.fp8_recipe is None or not precision.fp8_weight_gather:
-        return precision.param_bytes
-    total = cfg.num_params()
+        return 0.0
     dense = cfg.n_layers - cfg.n_moe_layers
     linears = sum(k * n for k, n in layer_gemm_shapes(cfg)) * dense \
         + sum(k * n for k, n in layer_gemm_shapes(cfg, mlp=False)) * cfg.n_moe_layers
-    share = min(1.0, linears / total)
-    return share * 1 + (1 - share) * precision.param_bytes
+    routed = cfg.n_moe_layers * cfg.n_experts * cfg.expert_params()
+    return min(1.0, linears / (cfg.num_params() - routed))
