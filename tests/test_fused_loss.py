@@ -132,6 +132,23 @@ def test_paraxis_plan_prices_the_fused_loss_when_asked():
     assert plain.gpu.loss_kernel == "chunked" and fused.gpu.loss_kernel == "fused-linear"
 
 
+def test_a_search_for_the_fused_loss_keeps_to_layouts_that_run_it():
+    """`paraxis plan --fused-loss` and `paraxis train --layout auto --fused-loss` search only
+    tp=1 and ZeRO 0-2, where the runtime runs the fused loss; asking for more is refused."""
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.search import Constraints, search
+
+    cfg = PRESETS["llama2-7b"]
+    cluster = build_cluster("h100-sxm-80gb", 8, 8)
+    free = search(cfg, cluster, 4096, 64)
+    assert any(e.layout.tp > 1 or e.layout.zero == 3 for e in free.ranked)
+    fused = search(cfg, cluster, 4096, 64, Constraints(fused_loss=True))
+    assert fused.ranked and all(e.layout.tp == 1 and e.layout.zero < 3 for e in fused.ranked)
+    for limits in ({"tp": 2}, {"zero": 3}):
+        with pytest.raises(ParaxisError, match="--fused-loss"):
+            Constraints(fused_loss=True, **limits)
+
+
 def test_the_docs_figures_of_the_fused_loss():
     """docs/precision.md's size of the unfused head's logits and gradient, and
     docs/gpu/README.md's planner saving, for GPT-2 124M at 16 x 1024 in bf16: read from the

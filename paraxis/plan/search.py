@@ -28,6 +28,7 @@ from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
+from paraxis.spec.kernels import fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -67,6 +68,14 @@ class Constraints:
     # evenly into them, else the smallest depth that splits them)
     virtual_stages: tuple[int, ...] | None = None
     micro_batch: int | None = None  # sequences per microbatch (None: try up to MAX_MICRO_BATCH)
+    # `--fused-loss`: only layouts the runtime runs it on (`spec.kernels.fused_loss_problem`)
+    fused_loss: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fused_loss:
+            problem = fused_loss_problem(self.tp or 1, self.zero or 0)
+            if problem:
+                raise ParaxisError(problem)
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     kept: set[tuple[Layout, int, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
     axis_shapes = []
     for tp in divisors(world):
-        if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp):
+        if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp) or (c.fused_loss and tp > 1):
             continue
         if c.tp_within_node and tp > cluster.gpus_per_node:
             continue
@@ -212,6 +221,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                            f"{reasons}")
 
     zeros = (c.zero,) if c.zero is not None else ZERO_STAGES
+    if c.fused_loss:  # the runtime's fused loss: tp 1, ZeRO 0-2
+        zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:

@@ -125,4 +125,5 @@ def search_constraints(args: argparse.Namespace, fixed: dict[str, object], state
                         else None),
         sequence_parallel=((stated.sequence_parallel,) if "sequence_parallel" in fixed
                            else (False,) if args.no_sp else (True,)),
-        tp_within_node=args.tp_within_node, micro_batch=micro_batch)
+        tp_within_node=args.tp_within_node, micro_batch=micro_batch,
+        fused_loss=getattr(args, "fused_loss", False))

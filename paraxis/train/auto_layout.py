@@ -75,7 +75,8 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     memory_gb = cfg.auto.memory_gb
     if memory_gb is not None and not memory_gb > 0:
         raise ParaxisError(f"--memory-gb {memory_gb} must be a positive number of GB per rank")
-    constraints = limits or Constraints()
+    # --fused-loss: priced, and searched only where the runtime runs it
+    constraints = limits or Constraints(fused_loss=cfg.train.fused_loss)
     # The layout rules need no prices: a rank count or batch no layout can run fails now,
     # not after a calibration (search raises before it prices anything)
     search(model_cfg, build_cluster("a100-80gb", ranks, ranks), seq_len,
@@ -83,7 +84,7 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     inputs = PlanInputs(model=cfg.model.name, gpus=ranks, gpus_per_node=ranks,
                         hardware=cfg.logging.hardware, memory_gb=memory_gb,
                         precision=cfg.train.precision, seq_len=seq_len,
-                        global_batch=cfg.train.global_batch)
+                        global_batch=cfg.train.global_batch, fused_loss=cfg.train.fused_loss)
     hardware = choose_hardware(inputs, cache_folder(model_cfg.name, seq_len, ranks), ranks,
                                cfg.model.name)
     given = hardware.inputs
