@@ -111,3 +111,19 @@ def test_one_rank_keeps_autograds_gradients_and_trains_the_same_bits(monkeypatch
     assert flat_losses == losses
     for ours, theirs in zip(params, flat_params, strict=True):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_parameter_no_backward_reached_has_a_zero_gradient(monkeypatch, local):
+    """As in a bucket, so AdamW decays it as every layout does (None would skip it)."""
+    from paraxis.engine.data_parallel.flat import FlatUnit
+
+    monkeypatch.setattr(GradReducer, "KEEP_AUTOGRAD_GRADS", local)
+    used, unused = (torch.nn.Parameter(torch.ones(3)) for _ in range(2))
+    reducer = GradReducer([FlatUnit([used, unused], 1, 0)], None, shard_grads=False)
+    assert reducer.local == local
+    reducer.begin_microstep(sync=True, final=True)
+    (2 * used).sum().backward()
+    reducer.finish()
+    assert torch.equal(used.grad, torch.full((3,), 2.0))
+    assert torch.equal(unused.grad, torch.zeros(3))

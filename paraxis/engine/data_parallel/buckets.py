@@ -311,8 +311,14 @@ class GradReducer:
 
     def finish(self) -> None:
         """Launch what backward did not (units with unused parameters), wait for every
-        collective, and turn the sums into means."""
+        collective, and turn the sums into means. Nothing to reduce (`local`): a parameter
+        no backward reached gets a zero gradient, as a bucket would give it (AdamW then
+        decays it as on every other layout)."""
         if self.local:
+            for unit in self.units:
+                for p in unit.params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
             return
         for index in range(self._next_launch, len(self.units)):
             self._complete[index] = True
