@@ -66,7 +66,8 @@ def _copies_match(ctx: RankContext, model: str) -> bool:
 
 
 def _both(ctx: RankContext) -> dict[str, object]:
-    model = "tiny" if ctx.layout.recompute == "full" else "tiny-llama"
+    model = "tiny" if ctx.layout.recompute == "full" else \
+        "tiny-moe" if ctx.layout.ep > 1 else "tiny-llama"
     bf16, bf16_bytes = _train(ctx, model, gather=False)
     fp8, fp8_bytes = _train(ctx, model, gather=True)
     return {"bf16": bf16, "fp8": fp8, "bf16_bytes": bf16_bytes, "fp8_bytes": fp8_bytes,
@@ -76,7 +77,8 @@ def _both(ctx: RankContext) -> dict[str, object]:
 LAYOUTS = ["dp=4,zero=3,microbatches=2", "dp=2,tp=2,sp=true,zero=3",
            "dp=2,cp=2,zero=3", "dp=4,zero=3,recompute=full",
            "dp=2,pp=2,zero=3,microbatches=4,schedule=zb-h1",
-           "dp=2,pp=2,zero=3,microbatches=2,zero3_reshard=step"]
+           "dp=2,pp=2,zero=3,microbatches=2,zero3_reshard=step",
+           "dp=2,ep=2,tp=2,etp=2,zero=3"]  # experts split over tp, gathered in bf16
 
 
 def test_fp8_gathered_weights_are_the_casts_and_train_alike_with_fewer_bytes():
