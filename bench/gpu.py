@@ -108,9 +108,12 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
             figures = measured.get("error", "failed")
             if "step_time_s" in measured:
                 kernels = measured["kernels_per_step"]
+                phases = measured.get("peak_by_phase") or {}
                 figures = (f"{measured['step_time_s'] * 1e3:,.1f} ms a step, peak memory "
                            f"{_gib(measured['peak_memory_bytes'])}, "
-                           + ("-" if kernels is None else f"{kernels:,}") + " kernels")
+                           + ("-" if kernels is None else f"{kernels:,}") + " kernels"
+                           + "".join(f", {phase} {_gib(value)}"
+                                     for phase, value in phases.items()))
             print(f"{model_name} {batch} x {seq}, {side}: {figures} "
                   f"({time.perf_counter() - started:,.0f} s with compiling)", flush=True)
             gc.collect()
@@ -151,11 +154,46 @@ def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
                 + " is not installed"}
     measured = measure_steps(step, setting["steps"], setting["warmup"], device)
     tokens = x.numel()
+    engine = getattr(step, "engine", None)
     return {"step_time_s": measured["step_time_s"],
             "tokens_per_s": tokens / measured["step_time_s"],
             "peak_memory_bytes": measured["peak_memory_bytes"] if device.type == "cuda"
             else None,
-            "kernels_per_step": kernels_per_step(step) if device.type == "cuda" else None}
+            "kernels_per_step": kernels_per_step(step) if device.type == "cuda" else None,
+            "peak_by_phase": _phases(engine, x, y, device)}
+
+
+def _phases(engine, x: torch.Tensor, y: torch.Tensor, device: torch.device
+            ) -> dict[str, int] | None:
+    """`phase_peaks` where there is a paraxis engine on a GPU; an error there costs the side
+    only this figure."""
+    if engine is None or device.type != "cuda":
+        return None
+    try:
+        return phase_peaks(engine, x, y, device)
+    except Exception as error:  # the side's step time and memory stand without it
+        print(f"peak by phase not measured: {type(error).__name__}: {error}", flush=True)
+        return None
+
+
+def phase_peaks(engine, x: torch.Tensor, y: torch.Tensor, device: torch.device
+                ) -> dict[str, int]:
+    """Peak allocated bytes of one more step, by phase: the states alone (the step's
+    start), forward and backward, then clipping and the optimizer step (where a peak
+    above the first's is the optimizer's own temporaries)."""
+    torch.cuda.synchronize(device)
+    peaks = {"states": torch.cuda.memory_allocated(device)}
+    torch.cuda.reset_peak_memory_stats(device)
+    engine.forward_backward_on_device(x, y)
+    torch.cuda.synchronize(device)
+    peaks["forward_backward"] = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    engine.clip_grad_norm_on_device(CLIP)
+    engine.optimizer_step(1e-3)
+    torch.cuda.synchronize(device)
+    peaks["optimizer"] = torch.cuda.max_memory_allocated(device)
+    engine.zero_grad()
+    return peaks
 
 
 def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
@@ -166,7 +204,9 @@ def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
         engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
                               precision=precision, compile=compiled,
                               fused_loss=side.endswith("--fused-loss"))
-        return engine_step(engine, x, y, clip=CLIP)
+        step = engine_step(engine, x, y, clip=CLIP)
+        step.engine = engine  # type: ignore[attr-defined]  # for `phase_peaks`
+        return step
     if side == "reference":
         return training_step(Reference(cfg).to(device), x, y, CLIP, compile=compile)
     if side == "reference fp8":
