@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
 #   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
+#   bash tools/probes/gpu_session.sh fp8-sides    # the FP8 and fused-loss sides
 #   bash tools/probes/gpu_session.sh checks       # fp8, then the GPU machine's failing tests
 #   bash tools/probes/gpu_session.sh fp8          # _scaled_mm against the CPU emulation
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
@@ -33,10 +34,12 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
 }
 case ${1:-} in
   all)  # the speed runs first and alone: nothing else has run on the machine yet
-    bench 120 gpt2 0 1,6,3           # GPT-2 124M at 16 x 1024: compiled, fused loss, reference
-    bench 260 llama 2 1,6,3,2,5      # the Llama slice, with both FP8 sides
-    bench 90 gpt2-fp8 0 2,5          # GPT-2 124M at 16 x 1024 in FP8: paraxis and torchao
-    bench 100 gpt2-8 1 1,6,3 ;;      # GPT-2 124M at 8 x 1024, in the time left
+    bench 120 gpt2 0 0,1,3           # GPT-2 124M at 16 x 1024: eager, compiled, reference
+    bench 200 llama 2 0,1,3          # the Llama slice (8 layers of Llama 3 8B) at 2 x 4096
+    bench 100 gpt2-8 1 0,1,3 ;;      # GPT-2 124M at 8 x 1024
+  fp8-sides)  # both FP8 sides and the fused loss, as the second H200 run measured them
+    bench 260 llama 2 6,2,5
+    bench 150 gpt2-fp8 0 6,2,5 ;;
   checks)  # the FP8 GEMMs and the tests that failed on a GPU machine before
     timeout 120 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
     hidden_gpus 300 ;;
@@ -45,6 +48,7 @@ case ${1:-} in
   speed-llama) bench 570 llama 2 ;;
   suite) timeout 570 python3 -m pytest -q -p no:cacheprovider -x -n 8 --durations=15 tests 2>&1 \
            | tee -a "$log" ;;
-  *) echo "usage: gpu_session.sh all | checks | fp8 | speed-gpt2 | speed-llama | suite" >&2
+  *) echo "usage: gpu_session.sh all | fp8-sides | checks | fp8 | speed-gpt2 | speed-llama |" \
+          "suite" >&2
      exit 2 ;;
 esac
