@@ -384,7 +384,9 @@ class DataParallelEngine(LocalEngine):
 
     def memory_report(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients and optimizer states, counted from
-        tensor storages (each storage once; a freed ZeRO-3 block counts zero)."""
+        tensor storages (each storage once; a freed ZeRO-3 block counts zero). Gradients
+        that each backward makes and `zero_grad` drops (`GradReducer.local`) count what a
+        step holds, whether or not they exist now."""
         params = [p.data for p in self.model.parameters()]
         if self.gatherer is not None:
             params += [unit.param_shard for unit in self.units]
@@ -393,7 +395,9 @@ class DataParallelEngine(LocalEngine):
         optimizer = list(optimizer_tensors(self.optimizer))
         if self.masters is not None:
             optimizer += self.masters.masters
-        return {"params": storage_bytes(params), "grads": storage_bytes(grads),
+        grad_bytes = storage_bytes(grads) if not self.reducer.local else sum(
+            p.numel() * p.element_size() for unit in self.units for p in unit.params)
+        return {"params": storage_bytes(params), "grads": grad_bytes,
                 "optimizer": storage_bytes(optimizer)}
 
 
