@@ -100,6 +100,9 @@ def test_one_rank_keeps_autograds_gradients_and_trains_the_same_bits(monkeypatch
     params, losses, engine = _train_microbatched(precision)
     assert engine.reducer.local
     assert all(p.grad is None for p in engine.model.parameters())
+    # what a step holds, though none exists between steps
+    assert engine.memory_report()["grads"] == sum(p.numel() * p.element_size()
+                                                  for p in engine.model.parameters())
     engine.forward_backward(*[torch.randint(0, TINY.vocab_size, (4, 16))] * 2)
     assert all(unit.grad_full is None for unit in engine.units)  # no bucket
     grads = [p.grad for p in engine.model.parameters()]
