@@ -163,3 +163,26 @@ def _resume(ctx: RankContext, root: str) -> dict[str, bool]:
 def test_a_checkpoint_resumes_the_same_bits_gathering_or_not(tmp_path):
     for result in run_on_ranks("dp=4,zero=3", _resume, str(tmp_path), timeout_s=300):
         assert all(result.values()), result
+
+
+def test_the_stacked_weights_place_compiles_with_and_without_gradients():
+    """The stacked FP8 GEMM's weight stand-in (`kernels.linear._StackedShape`, folded over
+    q, k, v) has the stacked shape under torch.compile, evaluation (no_grad) included, and
+    sends each weight its rows of the gradient."""
+    import functools
+
+    from paraxis.kernels.linear import _StackedShape
+
+    q, k, v = (torch.nn.Parameter(torch.randn(rows, 8)) for rows in (16, 4, 4))
+
+    def stacked() -> torch.Tensor:
+        return functools.reduce(_StackedShape.apply, [q, k, v])
+
+    compiled = torch.compile(stacked, backend="eager")
+    with torch.no_grad():
+        assert compiled().shape == (24, 8)
+    out = compiled()
+    assert out.shape == (24, 8)
+    (out * torch.arange(24.0).unsqueeze(1)).sum().backward()
+    assert torch.equal(v.grad[:, 0], torch.arange(20.0, 24.0))
+    assert q.grad.shape == (16, 8) and k.grad.shape == (4, 8)

@@ -93,7 +93,7 @@ def _train_microbatched(precision: str) -> tuple[list[torch.Tensor], list[float]
     return params, losses, engine
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_one_rank_keeps_autograds_gradients_and_trains_the_same_bits(monkeypatch, precision):
     """Where nothing is reduced the gradients are autograd's own tensors (no flat buffer to
     fill and add into), dropped by zero_grad; the numbers are those of the flat buffers."""

@@ -19,6 +19,8 @@ so the stacked weight is scaled as one tensor, as on one device.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,20 +92,23 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
         return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
     bias = None if biases is None else torch.cat(biases)
     cast = getattr(weights[0], "fp8_cast", None)  # the stacked FP8 weight, gathered so
-    stacked = torch.cat(weights) if cast is None else _StackedShape.apply(*weights)
+    stacked = torch.cat(weights) if cast is None else functools.reduce(
+        _StackedShape.apply, weights)
     return list(linear(x, stacked, bias, fp8, cast).split(widths, dim=-1))
 
 
 class _StackedShape(torch.autograd.Function):
-    """The stacked weight's place in autograd, without its values: where ZeRO-3 gathered
+    """Two weights stacked, as autograd sees it, without their values: where ZeRO-3 gathered
     the stacked weight in FP8 the 16-bit weights hold no storage, and the FP8 GEMM reads
-    only its copy; the stacked gradient goes back to each weight in its rows."""
+    only its copy; the stacked gradient goes back to each weight in its rows. (Two inputs,
+    folded over three: torch.compile traces a fixed number of them.)"""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, *weights: torch.Tensor) -> torch.Tensor:
-        ctx.rows = [w.shape[0] for w in weights]
-        return weights[0].new_zeros(()).expand(sum(ctx.rows), weights[0].shape[1])
+    def forward(ctx: FunctionCtx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        ctx.rows = (first.shape[0], second.shape[0])
+        return first.new_zeros(()).expand(sum(ctx.rows), first.shape[1])
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(grad.split(ctx.rows))
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        first, second = grad.split(ctx.rows)
+        return first, second

@@ -159,8 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
              "train --fp8-weight-gather; torchao's enable_fsdp_float8_all_gather)")
     add("--fused-loss", action="store_true",
         help="the LM head and the loss as one chunked kernel that never holds the logits "
-             "(paraxis train --fused-loss; where it cannot run, tp>1 or ZeRO-3, the chunked "
-             "loss is priced)")
+             "(paraxis train --fused-loss): priced, and a search keeps to the layouts that "
+             "run it (tp=1, ZeRO 0-2); a given layout outside them is priced with the "
+             "chunked loss")
     add("--global-batch", type=int, default=global_batch,
         help=f"sequences per step (default: {global_batch or 'the run config, else 16'})")
     add("--seq-len", type=int, help="tokens per sequence (default: the model's context)")

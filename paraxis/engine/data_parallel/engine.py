@@ -223,8 +223,8 @@ class DataParallelEngine(LocalEngine):
         if self.gatherer is not None:
             self.gatherer.free_all()
         pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
-                  zip(self.pieces, self.piece_grads, strict=True)] if self.piece_grads else
-                 [(p, p.grad) for p in self.model.parameters()])
+                  zip(self.pieces, self.current_piece_grads(), strict=True)] if self.pieces
+                 else [(p, p.grad) for p in self.model.parameters()])
         sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None,
                           self.bucket_bytes)
 
@@ -251,7 +251,7 @@ class DataParallelEngine(LocalEngine):
         return value[0] / self.dp_size
 
     def grad_norm_squared(self) -> torch.Tensor:
-        if self.zero == 0 and not self.piece_grads:  # the parameters' own gradients
+        if self.zero == 0 and self.masters is None:
             params = list(self.model.parameters())
             sharded, replicated = local_norm_squares([p for p in params if not is_ep_sharded(p)])
             experts = self._experts_norm([p.grad for p in params if is_ep_sharded(p)
@@ -260,7 +260,8 @@ class DataParallelEngine(LocalEngine):
                                        self.layout.etp > 1)
         # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
         # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
-        live = [(piece, grad) for (piece, _), grad in zip(self.pieces, self.piece_grads,
+        live = [(piece, grad) for (piece, _), grad in zip(self.pieces,
+                                                          self.current_piece_grads(),
                                                           strict=True)
                 if not is_pp_duplicate(piece.param)]
         experts = self._experts_norm([g for p, g in live if is_ep_sharded(p.param)])
@@ -270,6 +271,14 @@ class DataParallelEngine(LocalEngine):
                                   self.device)
         return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts,
                                    self.layout.etp > 1)
+
+    def current_piece_grads(self) -> list[torch.Tensor]:
+        """Each piece's reduced gradient (`piece_grads`, views of the flat buffers); with
+        nothing reduced (`GradReducer.local`) the parameter's own gradient, whose pieces
+        are whole (ZeRO-0), read in the same order."""
+        if not self.reducer.local:
+            return self.piece_grads
+        return [piece.param.grad.view(-1)[piece.lo:piece.hi] for piece, _ in self.pieces]
 
     def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""

@@ -28,6 +28,7 @@ from torch import nn
 from paraxis.engine.data_parallel.flat import FlatUnit
 from paraxis.kernels.fp8 import E4M3, Groups, reduce_max, scale_of
 from paraxis.kernels.linear import stackable, stacked_layers
+from paraxis.spec.errors import ParaxisError
 
 
 @dataclass
@@ -67,7 +68,8 @@ def weight_groups(gemms: list[list[nn.Module]]) -> Groups:
     features', `Fp8Gemm`): one set for the whole unit."""
     splits = {tuple(layer.fp8.inputs + layer.fp8.outputs) for gemm in gemms for layer in gemm}
     if len(splits) != 1:
-        raise ValueError(f"FP8 weights of one block split over different groups: {splits}")
+        raise ParaxisError("--fp8-weight-gather: a block's FP8 weights are split over "
+                           f"different groups ({len(splits)}); drop --fp8-weight-gather")
     return splits.pop()
 
 
@@ -80,7 +82,8 @@ def describe(unit: FlatUnit, gemms: list[list[nn.Module]]) -> Fp8Weights:
         spans.append((at, at + size))
         at += size
     if at != unit.numel:
-        raise ValueError("an FP8 unit holds exactly its GEMMs' weights")
+        raise ParaxisError("--fp8-weight-gather: an FP8 unit must hold exactly its GEMMs' "
+                           "weights; drop --fp8-weight-gather")
     return Fp8Weights(gemms, spans, weight_groups(gemms))
 
 

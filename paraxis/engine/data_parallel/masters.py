@@ -124,6 +124,7 @@ class MasterWeights:
         unit = self.units[index]
         flat = torch.empty(self.owned[index].numel(), dtype=torch.float32,
                            device=self.owned[index].device)
+        flat[unit.numel:].zero_()  # padding
         into, grads = [], []
         for param, start, end in unit.spans():
             if param.grad is None:

@@ -306,7 +306,10 @@ def zero3_units(model: nn.Module, params: list[nn.Parameter],
         if embed and not tied:
             add(embed, UnitHooks(embed[0], embed[-1], backward_needs_weights=False))
         for block in part.blocks:
-            gemms = fp8_gemms(block) if fp8_gather else []
+            # GEMMs whose weights are all trainable and not yet in a unit
+            gemms = [gemm for gemm in (fp8_gemms(block) if fp8_gather else [])
+                     if all(id(layer.weight) in wanted and id(layer.weight) not in taken
+                            for layer in gemm)]
             if gemms:
                 add([block], UnitHooks(block, block, recompute == "full"),
                     own=[layer.weight for gemm in gemms for layer in gemm])
