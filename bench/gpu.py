@@ -40,7 +40,7 @@ from bench.reference import Reference, float8, hf_model, training_step
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
-from paraxis.plan.cost import evaluate
+from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
@@ -129,21 +129,33 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         if "tokens_per_s" in result and best_peer:
             result["ratio_to_best_peer"] = result["tokens_per_s"] / best_peer
     if preset is not None:
-        for side, kernels, precision in (
-                ("paraxis", "eager", MIXED_ADAM), ("paraxis --compile", "fused", MIXED_ADAM),
-                ("paraxis fp8 --compile", "fused", PRECISIONS["fp8"]),
-                ("paraxis --compile --fused-loss", "fused", MIXED_ADAM)):
+        for side, estimate in planned(cfg, batch, seq, preset.name).items():
             if "error" in sides.get(side, {"error": "not run"}):
                 continue
-            runtime = {"kernels": kernels, "optimizer_kernel": "paraxis",  # its own AdamW
-                       "loss_kernel": "fused-linear" if side.endswith("--fused-loss")
-                       else "chunked"}
-            estimate = evaluate(cfg, Layout(), build_cluster(preset.name, 1, 1, runtime),
-                                seq, batch, precision)
             sides[side]["planner_step_time_s"] = estimate.step_time_s
             sides[side]["planner_memory_bytes"] = estimate.memory["total"]
     return {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
             "sides": sides}
+
+
+# paraxis's sides as the planner prices them: (kernels, precision); the loss kernel follows
+# the side's name, the optimizer is paraxis's own AdamW
+PLANNED = {"paraxis": ("eager", MIXED_ADAM), "paraxis --compile": ("fused", MIXED_ADAM),
+           "paraxis fp8 --compile": ("fused", PRECISIONS["fp8"]),
+           "paraxis --compile --fused-loss": ("fused", MIXED_ADAM)}
+
+
+def planned(cfg: ModelConfig, batch: int, seq: int, gpu: str) -> dict[str, Estimate]:
+    """`plan.cost.evaluate` of each paraxis side on the GPU preset `gpu` (no GPU needed:
+    `python -m bench.gpu --planner h200`)."""
+    out = {}
+    for side, (kernels, precision) in PLANNED.items():
+        runtime = {"kernels": kernels, "optimizer_kernel": "paraxis",
+                   "loss_kernel": "fused-linear" if side.endswith("--fused-loss")
+                   else "chunked"}
+        out[side] = evaluate(cfg, Layout(), build_cluster(gpu, 1, 1, runtime), seq, batch,
+                             precision)
+    return out
 
 
 def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
@@ -314,7 +326,17 @@ if __name__ == "__main__":
                         "(\"0,2\"; default all): a lent GPU's 10-minute calls fit a part")
     parser.add_argument("--sides", help="which sides, by position in SIDES from 0 (default "
                         "all)")
+    parser.add_argument("--planner", metavar="GPU", help="print only the planner's step time "
+                        "and memory of paraxis's sides on this GPU preset (e.g. h200), for "
+                        "every full run; no GPU needed")
     args = parser.parse_args()
+    if args.planner:
+        for model_name, batch, seq in FULL["runs"]:
+            for side, estimate in planned(model(model_name), batch, seq, args.planner).items():
+                print(f"{model_name} {batch} x {seq}, {side}: planner "
+                      f"{estimate.step_time_s * 1e3:,.1f} ms, "
+                      f"{_gib(estimate.memory['total'])}")
+        raise SystemExit(0)
     if args.sides:
         try:
             FULL["sides"] = QUICK["sides"] = [SIDES[int(i)] for i in args.sides.split(",")]

@@ -57,8 +57,7 @@ def _copies_match(ctx: RankContext, model: str) -> bool:
         for gemm, (start, end) in zip(unit.fp8.gemms, unit.fp8.spans, strict=True):
             w8, scale = gemm[0].weight.fp8_cast
             weight = whole[start:end].view(-1, gemm[0].weight.shape[1])
-            want8, want_scale = quantize(weight, E4M3, False,
-                                         gemm[0].fp8.inputs + gemm[0].fp8.outputs)
+            want8, want_scale = quantize(weight, E4M3, False, gemm[0].fp8.weight_groups)
             same &= bool(torch.equal(w8.view(torch.uint8), want8.view(torch.uint8))
                          and torch.equal(scale, want_scale))
         gatherer.free(index)
@@ -186,3 +185,23 @@ def test_the_stacked_weights_place_compiles_with_and_without_gradients():
     (out * torch.arange(24.0).unsqueeze(1)).sum().backward()
     assert torch.equal(v.grad[:, 0], torch.arange(20.0, 24.0))
     assert q.grad.shape == (16, 8) and k.grad.shape == (4, 8)
+
+
+def test_a_report_of_a_run_prices_how_it_gathered_and_computed_its_loss(tmp_path):
+    """`paraxis report --run` reads --fp8-weight-gather and --fused-loss from the run's
+    config, as it reads its precision and layout."""
+    import argparse
+
+    from paraxis.commands.report import from_run_config
+    from paraxis.plan.inputs import PlanInputs
+
+    args = argparse.Namespace(model=None, params=None, layout=None, global_batch=None,
+                              seq_len=None, precision=None)
+    for flag, zero in (("fp8_weight_gather", 3), ("fused_loss", 2)):
+        config = tmp_path / f"{flag}.toml"
+        config.write_text(f'[model]\nname = "tiny-llama"\n[train]\nprecision = "fp8"\n'
+                          f'{flag} = true\n[layout]\ndp = 2\nzero = {zero}\n')
+        priced = from_run_config(PlanInputs(), args, config)
+        assert getattr(priced, flag) and priced.precision == "fp8", flag
+        other = {"fp8_weight_gather": "fused_loss", "fused_loss": "fp8_weight_gather"}[flag]
+        assert not getattr(priced, other), flag

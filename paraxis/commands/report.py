@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
 def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path
                     ) -> inputs.PlanInputs:
     """What the command line leaves out, from the run's own resolved config (`paraxis train`
-    writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length and
-    precision that really ran, so the forecast prices that run."""
+    writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length,
+    precision, loss kernel and FP8 gathers that really ran, so the forecast prices that
+    run."""
     from paraxis.train.run_file import read_run_file
 
     if not path.is_file():
@@ -73,4 +74,8 @@ def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Pa
         changes["seq_len"] = run.train.seq_len
     if args.precision is None:
         changes["precision"] = run.train.precision  # the planner knows every policy
+    # how the run computed its loss and gathered its FP8 weights, priced as it ran
+    changes["fused_loss"] = given.fused_loss or run.train.fused_loss
+    if args.precision is None:  # the run's FP8 precision with it
+        changes["fp8_weight_gather"] = given.fp8_weight_gather or run.train.fp8_weight_gather
     return dataclasses.replace(given, **changes)

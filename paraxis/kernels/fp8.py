@@ -85,6 +85,12 @@ class Fp8Gemm:
             object.__setattr__(self, name, tuple(
                 g for g in getattr(self, name) if g is not None and dist.get_world_size(g) > 1))
 
+    @property
+    def weight_groups(self) -> Groups:
+        """The groups the weight's amax is max-reduced over: its input features' splitters,
+        and for one scale per tensor (tensorwise) its output features' too."""
+        return self.inputs + (() if self.recipe == "rowwise" else self.outputs)
+
 
 # ------------------------------------------------------------------------ scales and casts
 
@@ -123,8 +129,13 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool, groups: Groups 
     """(x * scale cast to `dtype`, scale): the scale from the amax of all of `x` or of each
     row (rowwise), max-reduced over `groups`. Saturates, as torchao's casts do."""
     scale = scale_of(reduce_max(amax(x, rowwise), groups), dtype)
+    return cast_scaled(x, scale, dtype), scale
+
+
+def cast_scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x * scale in `dtype`, saturating at its largest value (the cast of `quantize`)."""
     limit = torch.finfo(dtype).max
-    return (x.float() * scale).clamp(-limit, limit).to(dtype).contiguous(), scale
+    return (x.float() * scale).clamp(-limit, limit).to(dtype).contiguous()
 
 
 def dequantize(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -179,8 +190,8 @@ class Fp8Matmul(torch.autograd.Function):
         rowwise = gemm.recipe == "rowwise"
         tensor_groups = () if rowwise else gemm.tokens
         x8, x_scale = quantize(x, E4M3, rowwise, tensor_groups + gemm.inputs)
-        w8, w_scale = cast if cast is not None else quantize(
-            weight, E4M3, rowwise, gemm.inputs + (() if rowwise else gemm.outputs))
+        w8, w_scale = cast if cast is not None else quantize(weight, E4M3, rowwise,
+                                                             gemm.weight_groups)
         if rowwise:  # backward casts along other dims, from the 16-bit tensors
             ctx.save_for_backward(x, weight)
         else:  # one cast each, reused transposed: FP8 copies kept, not the 16-bit ones

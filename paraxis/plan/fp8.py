@@ -49,7 +49,12 @@ from paraxis.plan.compute import layer_gemm_shapes
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.precision import FP8_MIN_CAPABILITY, FP8_RECIPES, Precision
+from paraxis.spec.precision import (
+    FP8_MIN_CAPABILITY,
+    FP8_RECIPES,
+    Precision,
+    fp8_weights_regathered,
+)
 
 # The planner's recipes: the runtime's, and Transformer Engine's delayed scaling.
 PRICED_RECIPES = (*FP8_RECIPES, "delayed")
@@ -159,7 +164,7 @@ def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: 
     """Mean bytes per parameter (as `gather_bytes_per_param`) ZeRO-3 gathers again for the
     backward: all of them, except the FP8 linears' weights where they travel in FP8, whose
     copy autograd keeps from the forward, unless full recompute runs the forward again."""
-    if recompute == "full":
+    if fp8_weights_regathered(recompute):
         return gather_bytes_per_param(cfg, precision)
     return (1 - _fp8_share(cfg, precision)) * precision.param_bytes
 

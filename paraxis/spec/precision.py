@@ -226,6 +226,14 @@ def fp8_gather_problem(precision: str, zero: int) -> str | None:
     return None
 
 
+def fp8_weights_regathered(recompute: str) -> bool:
+    """Whether ZeRO-3 gathers FP8 weights gathered in FP8 again for the backward: only
+    where full recompute runs the forward again; otherwise the backward multiplies the copy
+    autograd kept from the forward (runtime `zero.zero3_units`, planner
+    `fp8.regather_bytes_per_param`)."""
+    return recompute == "full"
+
+
 # ------------------------------------------------ bytes per parameter, as the planner prices
 
 

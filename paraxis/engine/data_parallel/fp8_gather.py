@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from paraxis.engine.data_parallel.flat import FlatUnit
-from paraxis.kernels.fp8 import E4M3, Groups, reduce_max, scale_of
+from paraxis.kernels.fp8 import E4M3, Groups, amax, cast_scaled, reduce_max, scale_of
 from paraxis.kernels.linear import stackable, stacked_layers
 from paraxis.spec.errors import ParaxisError
 
@@ -64,9 +64,9 @@ def fp8_gemms(block: nn.Module) -> list[list[nn.Module]]:
 
 
 def weight_groups(gemms: list[list[nn.Module]]) -> Groups:
-    """The groups that split the FP8 weights beyond ZeRO (tensorwise: their input and output
-    features', `Fp8Gemm`): one set for the whole unit."""
-    splits = {tuple(layer.fp8.inputs + layer.fp8.outputs) for gemm in gemms for layer in gemm}
+    """The groups that split the FP8 weights beyond ZeRO (`Fp8Gemm.weight_groups`): one set
+    for the whole unit."""
+    splits = {layer.fp8.weight_groups for gemm in gemms for layer in gemm}
     if len(splits) != 1:
         raise ParaxisError("--fp8-weight-gather: a block's FP8 weights are split over "
                            f"different groups ({len(splits)}); drop --fp8-weight-gather")
@@ -98,16 +98,15 @@ def cast_shard(unit: FlatUnit, weights: Fp8Weights) -> tuple[torch.Tensor, torch
         a, b = max(start, lo), min(end, hi)
         if a < b:
             parts.append((index, a - lo, b - lo))
-    amax = torch.zeros(len(weights.spans), dtype=torch.float32, device=shard.device)
+    largest = torch.zeros(len(weights.spans), dtype=torch.float32, device=shard.device)
     for index, a, b in parts:
-        amax[index] = torch.maximum(amax[index], shard[a:b].abs().amax().float())
-    amax = reduce_max(amax, (unit.group,) + weights.groups if unit.group is not None
-                       else weights.groups)
-    scales = scale_of(amax, E4M3)
-    limit = torch.finfo(E4M3).max
+        largest[index] = torch.maximum(largest[index], amax(shard[a:b], rowwise=False))
+    largest = reduce_max(largest, (unit.group,) + weights.groups if unit.group is not None
+                         else weights.groups)
+    scales = scale_of(largest, E4M3)
     out = torch.zeros(unit.shard_numel, dtype=E4M3, device=shard.device)
     for index, a, b in parts:
-        out[a:b] = (shard[a:b].float() * scales[index]).clamp(-limit, limit).to(E4M3)
+        out[a:b] = cast_scaled(shard[a:b], scales[index], E4M3)
     return out, scales
 
 

@@ -40,6 +40,7 @@ from paraxis.engine.data_parallel.fp8_gather import (
 from paraxis.model.transformer import Transformer
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.optimizer import AdamW
+from paraxis.spec.precision import fp8_weights_regathered
 
 
 def shard_optimizer(units: list[FlatUnit], hyper: AdamW,
@@ -311,7 +312,7 @@ def zero3_units(model: nn.Module, params: list[nn.Parameter],
                      if all(id(layer.weight) in wanted and id(layer.weight) not in taken
                             for layer in gemm)]
             if gemms:
-                add([block], UnitHooks(block, block, recompute == "full"),
+                add([block], UnitHooks(block, block, fp8_weights_regathered(recompute)),
                     own=[layer.weight for gemm in gemms for layer in gemm])
                 units[-1].fp8 = describe(units[-1], gemms)
             add([block], UnitHooks(block, block))
