@@ -17,13 +17,16 @@ Sources: torchtitan (A100 and H100, FSDP2), MosaicML llm-foundry (A100 40/80 GB 
 FSDP; sequences to 64K), BigScience BLOOM-176B (A100, Megatron-DeepSpeed 3D) and the
 FlashAttention repository's GPT-3 training table (A100, DDP / ZeRO-1). The second batch
 (llm-foundry, BLOOM, FlashAttention) was added in one commit before any change to a fitted
-parameter.
+parameter. NVIDIA's DGX Cloud benchmarking recipes (H100, NeMo / Megatron-Core: TP overlap,
+distributed optimizer, interleaved pipelines, CP and an MoE; validation/heldout_dgxc.py) were
+added in one commit before any change to the planner that could see them.
 """
 
 from __future__ import annotations
 
 from paraxis.plan.compute import model_flops_per_token
 from paraxis.spec.model_config import PRESETS, ModelConfig
+from validation.heldout_dgxc import dgxc_rows
 from validation.heldout_llm_foundry import llm_foundry_rows
 from validation.heldout_record import HeldOutRun
 
@@ -364,4 +367,4 @@ DEEPSEEK_V3_RUN = HeldOutRun(
     "model", zero=1, ep=64, precision="fp8")
 
 HELD_OUT = (TORCHTITAN + llm_foundry_rows() + [BLOOM_RUN] + FLASH_RUNS + LLAMA3_RUNS
-            + NEMO_RUNS + AUTOMODEL_RUNS + [DEEPSEEK_V3_RUN])
+            + NEMO_RUNS + AUTOMODEL_RUNS + [DEEPSEEK_V3_RUN] + dgxc_rows())

@@ -1,0 +1,173 @@
+"""NVIDIA's DGX Cloud benchmarking recipes as held-out runs (validation/heldout_runs.py).
+
+NVIDIA/dgxc-benchmarking at commit 8f5cbb3 (release v25.02): each NeMo training recipe's
+README publishes its step time and throughput at five to nine GPU counts on DGX H100 (8 x
+400 Gb/s InfiniBand per node), BF16 and FP8. Every row of every table is copied verbatim
+into validation/data/dgxc_benchmarking.md and read here; each run is priced as the recipe's
+config at the same commit ran it (the yaml beside each README, NeMo 24.12):
+
+- Megatron-Core with the distributed optimizer (`distributed_fused_adam` or
+  `mcore_distributed_optim`: optimizer states sharded, ZeRO-1), `overlap_grad_sync` and
+  `overlap_param_sync` (the parameter all-gather behind the next forward:
+  `param_gather_overlap`), gradient buckets of the config's `bucket_cap_mb`;
+- Transformer Engine: fused elementwise kernels and fused Adam; attention through
+  FusedAttention (cuDNN), which TE prefers to FlashAttention on Hopper (`attention_impl`
+  "cudnn"); sequence parallelism wherever TP > 1; `ub_tp_comm_overlap` (userbuffers: every
+  TP collective pipelined with its GEMM, `tp_comm_overlap` "all") where the config sets it;
+- activation checkpointing off, except Nemotron-4 340B's `selective`.
+
+Shapes as the configs give them: Nemotron-4 has grouped-query attention and a squared-ReLU
+MLP without a gate, which ModelConfig cannot state together (its GPT-2 style ties kv heads to
+heads): it is priced as a Llama-style block whose gated MLP has 2/3 of the width, the same
+parameters, FLOPs and kept activations. Llama 3.1 405B runs with 16 query groups (the
+config's `num_query_groups`). Vocabularies are padded to a multiple of 128 x TP, as
+Megatron pads them. Grok-1's table gives DP = 1 beside EP = 2-8 at 8-32 GPUs, which
+Megatron-Core cannot run (EP divides the data-parallel size): dp is the GPUs left after
+tp x pp x cp, and the table's GBS and MBS give the accumulation. MaxText's table (JAX/XLA)
+is listed, not priced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+from paraxis.spec.model_config import PRESETS, ModelConfig
+from validation.heldout_record import HeldOutRun
+
+DGXC = ("NVIDIA/dgxc-benchmarking at commit 8f5cbb3 (v25.02): NeMo 24.12 training recipes on "
+        "DGX H100, each README's performance table")
+DGXC_TABLES = Path(__file__).parent / "data" / "dgxc_benchmarking.md"
+MAXTEXT = "JAX/XLA (MaxText): a runtime the planner does not model; its remat policy not stated"
+
+MIB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What a recipe's yaml sets (the README's tables give the degrees and batches)."""
+
+    model: ModelConfig
+    seq_len: int
+    bucket_mb: int  # bucket_cap_mb; 0: not set, Megatron-Core's own rule (comm.py)
+    tp_overlap: bool  # ub_tp_comm_overlap
+    recompute: str = "none"
+
+
+def _padded(cfg: ModelConfig, tp: int) -> ModelConfig:
+    step = 128 * tp  # make_vocab_size_divisible_by x TP
+    return cfg.replace(vocab_size=math.ceil(cfg.vocab_size / step) * step)
+
+
+def _nemotron(name: str, layers: int, d_model: int, heads: int, ffn: int) -> ModelConfig:
+    return ModelConfig(name, "llama", 256000, layers, d_model, heads, 8, ffn * 2 // 3, 4096)
+
+
+GROK = ModelConfig("grok-1", "llama", 131072, 64, 6144, 48, 8, 32768, 8192, n_experts=8,
+                   top_k=2, d_ff_expert=32768)
+
+# README file -> its recipe (the yaml at the same commit)
+RECIPES = {
+    "nemo_megatron/README_175b.md": Recipe(PRESETS["gpt3-175b"].replace(vocab_size=50257),
+                                           2048, 220, True),
+    "nemotron/README_15b.md": Recipe(_nemotron("nemotron4-15b", 32, 6144, 48, 24576), 4096,
+                                     100, True),
+    "nemotron/README_340b.md": Recipe(_nemotron("nemotron4-340b", 96, 18432, 96, 73728),
+                                      4096, 50, False, "selective"),
+    "llama3.1/README_8b.md": Recipe(PRESETS["llama3-8b"], 8192, 75, False),
+    "llama3.1/README_70b.md": Recipe(PRESETS["llama3-70b"], 8192, 75, True),
+    "llama3.1/README_405b.md": Recipe(PRESETS["llama3-405b"].replace(n_kv_heads=16), 8192,
+                                      75, True),
+    "grok1/README_314b.md": Recipe(GROK, 8192, 0, False),
+}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _degrees(header: str) -> dict[str, int]:
+    return {key: int(value) for key, value in re.findall(r"\b(TP|PP|CP|VP|MBS|GA)=(\d+)", header)}
+
+
+def _grok_layouts(lines: list[str]) -> dict[int, dict[str, int]]:
+    """Grok-1's configuration table: GPUs -> its columns (VP "NA" read as 1)."""
+    head = _cells(lines[0])
+    return {int(cells[0]): {key: int(value) if value.isdigit() else 1
+                            for key, value in zip(head, cells, strict=True)}
+            for cells in map(_cells, lines[2:])}
+
+
+def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[str]],
+         layout: dict[str, int], precision: str) -> HeldOutRun:
+    recipe = RECIPES[file]
+    tp, cp = layout["TP"], layout.get("CP", 1)
+    pp = int(rows["PP"][column]) if "PP" in rows else layout.get("PP", 1)
+    vp_cell = rows["VP"][column] if "VP" in rows else str(layout.get("VP", 1))
+    vp = int(vp_cell) if vp_cell.isdigit() else 1
+    layers = int(rows["Layers"][column]) if "Layers" in rows else layout.get(
+        "Layers", recipe.model.n_layers)
+    gbs = int(rows["GBS"][column]) if "GBS" in rows else layout["GBS"]
+    seq = layout.get("SeqLen", recipe.seq_len)
+    dp = gpus // (tp * pp * cp)
+    cfg = _padded(recipe.model.replace(n_layers=layers, max_seq_len=seq), tp)
+    tokens = float(rows["Throughput in tokens per second"][column]) / gpus
+    title = header.split(" (")[0].replace(" BF16", "").replace("NeMo Megatron", "GPT-3 175B")
+    name = f"{title} x{gpus}"
+    buckets = (("gradient_bucket_bytes", recipe.bucket_mb * MIB) if recipe.bucket_mb
+               else ("gradient_bucket_rule", "megatron"))
+    return HeldOutRun(
+        name, cfg, "h100", gpus, dp, tp, pp, gbs // dp, seq, recipe.recompute, tokens, DGXC,
+        f"{file}, {header.split(' (')[0]} table, {gpus} GPUs", micro_batch=layout["MBS"],
+        zero=1, kernels="fused", attention_impl="cudnn", cp=cp, sequence_parallel=tp > 1,
+        schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
+        ep=layout.get("EP", 1),
+        network=(("tp_comm_overlap", "all" if recipe.tp_overlap else "backward"),
+                 ("param_gather_overlap", True), buckets),
+        **({"precision": "fp8", "fp8_recipe": "delayed"} if precision == "FP8"
+           else {}))  # type: ignore[arg-type]
+
+
+def dgxc_rows(path: Path = DGXC_TABLES) -> list[HeldOutRun]:
+    """One held-out run per GPU count of every performance table in the copied READMEs."""
+    sections: dict[str, list[str]] = {}
+    file = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            file = line[3:].strip()
+            sections[file] = []
+        elif line.startswith("|") and file:
+            sections[file].append(line)
+    runs = []
+    for file, lines in sections.items():
+        configs = _grok_layouts(lines[:11]) if file.startswith("grok1/") else {}
+        tables = [i for i, line in enumerate(lines) if re.search(r"(BF16|FP8)", _cells(line)[0])
+                  and "Throughput on" in line or "x H100 GPUs (GBS" in line]
+        for start, end in zip(tables, [*tables[1:], len(lines)], strict=True):
+            header = _cells(lines[start])
+            rows = {cells[0]: cells[1:] for cells in map(_cells, lines[start + 2:end])}
+            precision = "FP8" if "FP8" in header[0] else "BF16"
+            for column, title in enumerate(header[1:]):
+                gpus = int(re.search(r"(\d+)x? H100", title).group(1))  # type: ignore[union-attr]
+                if file.startswith("maxtext/"):
+                    runs.append(_maxtext(header[0], title, gpus, rows, column))
+                    continue
+                gbs = re.search(r"GBS=(\d+)", title)
+                layout = configs.get(gpus) or {**_degrees(header[0]),
+                                               **({"GBS": int(gbs.group(1))} if gbs else {})}
+                runs.append(_run(file, header[0], column, gpus, rows, layout, precision))
+    return runs
+
+
+def _maxtext(header: str, title: str, gpus: int, rows: dict[str, list[str]],
+             column: int) -> HeldOutRun:
+    gbs = int(re.search(r"GBS=(\d+)", title).group(1))  # type: ignore[union-attr]
+    tokens = float(rows["Throughput in tokens per second"][column]) / gpus
+    fp8 = {"precision": "fp8"} if "FP8" in header else {}
+    return HeldOutRun(f"{header.split(' (')[0].replace(' BF16', '')} x{gpus}", "llama3-70b",
+                      "h100", gpus, gpus, 1, 1, gbs // gpus, 8192, "not stated", tokens, DGXC,
+                      f"maxtext/README_70b.md, {header.split(' (')[0]} table, {gpus} GPUs",
+                      MAXTEXT, micro_batch=2, kernels="fused",
+                      **fp8)  # type: ignore[arg-type]
