@@ -14,7 +14,18 @@ config at the same commit ran it (the yaml beside each README, NeMo 24.12):
   FusedAttention (cuDNN), which TE prefers to FlashAttention on Hopper (`attention_impl`
   "cudnn"); sequence parallelism wherever TP > 1; `ub_tp_comm_overlap` (userbuffers: every
   TP collective pipelined with its GEMM, `tp_comm_overlap` "all") where the config sets it;
-- activation checkpointing off, except Nemotron-4 340B's `selective`.
+- activation checkpointing off, except Nemotron-4 340B's `selective`;
+- AdamW's states as NeMo's `distributed_fused_adam` stores them for bf16 parameters
+  (megatron_amp_O2; nemo/collections/nlp/models/language_modeling/megatron_base_model.py,
+  `setup_optimization`, in NeMo 24.12): fp32 moments and only the 16 low bits of each fp32
+  master (`store_param_remainders`), 10 bytes a parameter; Nemotron-4 340B's optimizer
+  `dtype: bf16` keeps bf16 moments and no master (the states' dtype is the parameters'),
+  4 bytes. Megatron-Core's own optimizer (`mcore_distributed_optim`: Nemotron-4 15B, Grok-1)
+  keeps fp32 moments and master, 12;
+- Grok-1's experts split over the tensor-parallel ranks (expert tensor parallelism defaults
+  to TP in Megatron-Core 0.10, NeMo 24.12's), its tokens dispatched by the yaml's `alltoall`
+  dispatcher: each TP rank sends its sequence-parallel shard, then the TP group all-gathers
+  the received tokens (`expert_tp_dispatch` "sequence_shard").
 
 Shapes as the configs give them: Nemotron-4 has grouped-query attention and a squared-ReLU
 MLP without a gate, which ModelConfig cannot state together (its GPT-2 style ties kv heads to
@@ -54,6 +65,7 @@ class Recipe:
     bucket_mb: int  # bucket_cap_mb; 0: not set, Megatron-Core's own rule (comm.py)
     tp_overlap: bool  # ub_tp_comm_overlap
     recompute: str = "none"
+    optimizer_bytes: float = 10  # distributed_fused_adam: fp32 moments, master remainders
 
 
 def _padded(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -73,14 +85,14 @@ RECIPES = {
     "nemo_megatron/README_175b.md": Recipe(PRESETS["gpt3-175b"].replace(vocab_size=50257),
                                            2048, 220, True),
     "nemotron/README_15b.md": Recipe(_nemotron("nemotron4-15b", 32, 6144, 48, 24576), 4096,
-                                     100, True),
+                                     100, True, optimizer_bytes=12),
     "nemotron/README_340b.md": Recipe(_nemotron("nemotron4-340b", 96, 18432, 96, 73728),
-                                      4096, 50, False, "selective"),
+                                      4096, 50, False, "selective", optimizer_bytes=4),
     "llama3.1/README_8b.md": Recipe(PRESETS["llama3-8b"], 8192, 75, False),
     "llama3.1/README_70b.md": Recipe(PRESETS["llama3-70b"], 8192, 75, True),
     "llama3.1/README_405b.md": Recipe(PRESETS["llama3-405b"].replace(n_kv_heads=16), 8192,
                                       75, True),
-    "grok1/README_314b.md": Recipe(GROK, 8192, 0, False),
+    "grok1/README_314b.md": Recipe(GROK, 8192, 0, False, optimizer_bytes=12),
 }
 
 
@@ -123,9 +135,11 @@ def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[st
         f"{file}, {header.split(' (')[0]} table, {gpus} GPUs", micro_batch=layout["MBS"],
         zero=1, kernels="fused", attention_impl="cudnn", cp=cp, sequence_parallel=tp > 1,
         schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-        ep=layout.get("EP", 1),
+        ep=layout.get("EP", 1), etp=tp if recipe.model.is_moe else 1,
+        optimizer_bytes=recipe.optimizer_bytes,
         network=(("tp_comm_overlap", "all" if recipe.tp_overlap else "backward"),
-                 ("param_gather_overlap", True), buckets),
+                 ("param_gather_overlap", True), buckets,
+                 *((("expert_tp_dispatch", "sequence_shard"),) if recipe.model.is_moe else ())),
         **({"precision": "fp8", "fp8_recipe": "delayed"} if precision == "FP8"
            else {}))  # type: ignore[arg-type]
 

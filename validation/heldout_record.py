@@ -46,6 +46,10 @@ class HeldOutRun:
     # whether its ZeRO/FSDP gathers moved FP8 weights
     fp8_recipe: str | None = None
     fp8_weight_gather: bool = False
+    # AdamW's state bytes per parameter where the source's optimizer stores other than the
+    # precision's fp32 moments and master (0: the precision's)
+    optimizer_bytes: float = 0
     fsdp: bool = False  # PyTorch FSDP: gradients reduced one wrapped block (layer) at a time
     ep: int = 1  # expert-parallel degree (mixtures of experts), carved out of dp x cp
+    etp: int = 1  # expert tensor parallelism: 1 (experts whole) or tp (split like the MLP)
     expert_imbalance: float = 0.0  # busiest EP rank's load over the mean (0: planner default)

@@ -101,7 +101,7 @@ def _evaluate(run: HeldOutRun, recompute: str) -> Estimate:
                         schedule="interleaved" if virtual > 1 else run.schedule,
                         virtual_stages=virtual, microbatches=run.local_batch // micro_batch,
                         cp_attention=run.cp_attention,
-                        sequence_parallel=run.sequence_parallel, ep=run.ep)
+                        sequence_parallel=run.sequence_parallel, ep=run.ep, etp=run.etp)
         estimates.append(evaluate(cfg, layout, cluster, run.seq_len, run.local_batch * run.dp,
                                   precision_of(run), **imbalance))
     return min(estimates, key=lambda e: (not e.fits, e.step_time_s))
@@ -112,7 +112,10 @@ def precision_of(run: HeldOutRun) -> Precision:
     precision = PRECISIONS[run.precision]
     if run.fp8_recipe is not None:
         precision = dataclasses.replace(precision, fp8_recipe=run.fp8_recipe)
-    return dataclasses.replace(precision, fp8_weight_gather=run.fp8_weight_gather)
+    precision = dataclasses.replace(precision, fp8_weight_gather=run.fp8_weight_gather)
+    if run.optimizer_bytes:
+        precision = dataclasses.replace(precision, optimizer_bytes=run.optimizer_bytes)
+    return precision
 
 
 def is_fp8(run: HeldOutRun) -> bool:
