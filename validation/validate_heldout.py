@@ -22,6 +22,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
+from validation.heldout_dgxc import DGXC as DGXC_SOURCE
 from validation.heldout_record import HeldOutRun
 from validation.heldout_runs import BLOOM as BLOOM_SOURCE
 from validation.heldout_runs import HELD_OUT
@@ -428,6 +429,10 @@ def bound_lines(priced: list[HeldOutResult]) -> list[str]:
 # The runtime switches of the cost model (plan/hardware.py), each set as its source ran it
 # (validation/heldout_runs.py): what each does to the rows it touches, against the other
 # setting. (label, rows it applies to, overrides of the other setting)
+def _userbuffers(run: HeldOutRun) -> bool:
+    return ("tp_comm_overlap", "all") in run.network
+
+
 SWITCHES = (
     ("FSDP gathers a block's parameters in its forward (`param_gather_overlap`), against "
      "an exposed all-gather after the step",
@@ -437,9 +442,23 @@ SWITCHES = (
      (("gradient_bucket_bytes", DEFAULT_BUCKET_BYTES),)),
     ("the host's kernel launches (`kernel_launch_s`), against none",
      lambda run: True, (("kernel_launch_s", 0.0),)),
-    ("the backward's TP overlap the TP rows with SP ran (`tp_comm_overlap` \"backward\"), "
-     "against every TP collective pipelined with its GEMM (\"all\", which none ran)",
-     lambda run: run.tp > 1 and run.sequence_parallel, (("tp_comm_overlap", "all"),)),
+    ("the backward's TP overlap the TP rows with SP ran without userbuffers "
+     "(`tp_comm_overlap` \"backward\"), against every TP collective pipelined with its GEMM",
+     lambda run: run.tp > 1 and run.sequence_parallel and not _userbuffers(run),
+     (("tp_comm_overlap", "all"),)),
+    ("NeMo's userbuffers (`ub_tp_comm_overlap`: `tp_comm_overlap` \"all\"), against the "
+     "backward's overlap only",
+     _userbuffers, (("tp_comm_overlap", "backward"),)),
+    ("Megatron-Core's parameter all-gather behind the next forward (`overlap_param_sync`: "
+     "`param_gather_overlap`), against exposed after the step",
+     lambda run: run.source == DGXC_SOURCE, (("param_gather_overlap", False),)),
+    ("Megatron-Core's all-to-all dispatcher sending sequence shards (`expert_tp_dispatch` "
+     "\"sequence_shard\"), against every TP rank's tokens",
+     lambda run: ("expert_tp_dispatch", "sequence_shard") in run.network,
+     (("expert_tp_dispatch", "every_rank"),)),
+    ("Transformer Engine's cuDNN attention (`attention_impl` \"cudnn\"), against "
+     "FlashAttention-2's rate",
+     lambda run: run.attention_impl == "cudnn", (("attention_impl", "fa2"),)),
 )
 
 
