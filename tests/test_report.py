@@ -37,6 +37,23 @@ def assert_self_contained(html: str, sections: tuple[str, ...]) -> None:
         assert tag not in text
 
 
+def cpu_profile(path: Path, ranks: int) -> dict:
+    """A profile of the form `paraxis calibrate` writes, for a 2-core CPU whose collectives
+    are timed over groups of 2 up to `ranks` ranks, written at `path`."""
+    from paraxis.train.calibrate.profile import build_profile
+
+    points = [[4e3, 1e-4], [4e6, 4e-3]]
+    sizes = [str(n) for n in (2, 4, 8) if n <= ranks]
+    profile = build_profile(
+        {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2},
+        {"matmul": {"flops_per_s": 5e10}, "attention_flops_per_s": 2e10,
+         "elementwise_Bps": 5e9},
+        {ranks: {op: dict.fromkeys(sizes, points)
+                 for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")}})
+    path.write_text(json.dumps(profile))
+    return profile
+
+
 def test_plan_only_report_has_every_section(tmp_path):
     out = write_report(tmp_path / "plan.html", model="small", gpus=4, global_batch=8,
                        seq_len=128, layout="dp=1,tp=2,pp=2,microbatches=4,schedule=1f1b")
@@ -70,21 +87,13 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     from paraxis.plan.cost import evaluate
     from paraxis.plan.hardware import build_cluster
     from paraxis.spec.precision import FP32_ADAM
-    from paraxis.train.calibrate.profile import build_profile
 
     run = tmp_path / "run"
     assert main(["train", "--model", "tiny", "--steps", "8", "--global-batch", "4",
                  "--seq-len", "32", "--quiet", "--device", "cpu",
                  "--metrics-file", str(run / "metrics.jsonl")]) == 0
-    points = [[4e3, 1e-4], [4e6, 4e-3]]
-    profile = build_profile(
-        {"name": "cpu-core", "type": "cpu", "memory_bytes": 4e9, "cores": 2},
-        {"matmul": {"flops_per_s": 5e10}, "attention_flops_per_s": 2e10,
-         "elementwise_Bps": 5e9},
-        {2: {op: {"2": points} for op in ("all_reduce", "all_gather", "reduce_scatter",
-                                          "send_recv")}})
     hw = tmp_path / "profile.json"
-    hw.write_text(json.dumps(profile))
+    profile = cpu_profile(hw, ranks=2)
     capsys.readouterr()
     assert main(["report", "--model", "tiny", "--gpus", "1", "--layout", "dp=1",
                  "--global-batch", "4", "--seq-len", "32", "--run", str(run),
@@ -216,9 +225,13 @@ def test_measured_trace_of_a_4_rank_1f1b_run(pipeline_run):
 
 @pytest.mark.slow
 def test_run_report_puts_measured_next_to_predicted(pipeline_run, tmp_path):
+    # Priced on a profile given as --hardware would give it: calibrating this CPU for a run's
+    # report is the demo's part (test_demo_run_is_forecast_on_a_profile_of_this_cpu).
     folder, _ = pipeline_run
+    hw = tmp_path / "profile.json"
+    cpu_profile(hw, ranks=4)
     out = write_report(tmp_path / "run.html", model="tiny", gpus=4, global_batch=8,
-                       seq_len=32, layout=PIPE, run_dir=folder)
+                       seq_len=32, layout=PIPE, run_dir=folder, hardware=str(hw))
     html = out.read_text()
     assert_self_contained(html, (*PLAN_SECTIONS, "run"))
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
@@ -233,7 +246,7 @@ def test_run_report_puts_measured_next_to_predicted(pipeline_run, tmp_path):
     (auto / "metrics.jsonl").write_text("".join(json.dumps({**r, "predicted_step_s": 0.5}) + "\n"
                                                 for r in records))
     html = write_report(tmp_path / "auto.html", model="tiny", gpus=4, global_batch=8,
-                        seq_len=32, layout=PIPE, run_dir=auto).read_text()
+                        seq_len=32, layout=PIPE, run_dir=auto, hardware=str(hw)).read_text()
     assert "chosen by the planner when the run started (--layout auto)" in html
     assert "given by" not in html and "--layout auto picked this layout predicting 500 ms" in html
 
