@@ -465,7 +465,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                                  layer_rates(cluster, layout.tp)[2], pipelined,
                                  gpu.optimizer_kernel)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
-    t_calls = step_calls_time(cfg, layout, cluster)
+    calls_key = ("step calls", tuple(layout.degrees.items()), layout.ep, layout.etp,
+                 layout.sequence_parallel, layout.zero >= 1, layout.placement)
+    if calls_key not in memo:  # what step_calls reads of the layout
+        memo[calls_key] = step_calls_time(cfg, layout, cluster)
+    t_calls = memo[calls_key]
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)

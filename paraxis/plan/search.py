@@ -33,9 +33,6 @@ from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
-# Sequences per microbatch tried: every size up to this that divides a replica's batch (a
-# replica's 5 or 12 sequences split into 5 or 3 and 4 and 6 too, not only into powers of 2)
-MAX_MICRO_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class Constraints:
     # model chunks per device tried for interleaved (None: 2 and 4 where the layers split
     # evenly into them, else the smallest depth that splits them)
     virtual_stages: tuple[int, ...] | None = None
-    micro_batch: int | None = None  # sequences per microbatch (None: try up to MAX_MICRO_BATCH)
+    micro_batch: int | None = None  # sequences per microbatch (None: every size that fits)
     # `--fused-loss`: only layouts the runtime runs it on (`spec.kernels.fused_loss_problem`)
     fused_loss: bool = False
 
@@ -236,13 +233,19 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         for zero, reshard, dp_shard in _zero_choices(zeros, pp, shape, cluster, c):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
-            sizes = (c.micro_batch,) if c.micro_batch else range(1, MAX_MICRO_BATCH + 1)
+            # Every size that divides a replica's batch (5 or 12 sequences split into 5, or 3,
+            # 4 and 6, not only powers of 2), smallest first, up to the first that fits nowhere
+            sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
             too_big_at: int | None = None
+            fitted_smaller = False
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
                 if too_big_at is not None and micro_batch > too_big_at:
                     break  # a larger microbatch holds more activations: it cannot fit either
+                if pp > 1 and per_replica // micro_batch < pp and fitted_smaller:
+                    break  # fewer microbatches than stages idle half the pipeline or more
+                    # ((P - 1) / (M + P - 1)); a smaller size that fills it already fits
                 too_big_before, fits_here = len(result.too_big), False
                 microbatches = per_replica // micro_batch
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
@@ -284,6 +287,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 # Nothing at this size fit, at any recompute: larger microbatches hold more
                 # activations (a pipeline's ZeRO-2 excepted: at one microbatch it keeps no
                 # whole gradients)
+                fitted_smaller = fitted_smaller or fits_here
                 if (not fits_here and len(result.too_big) > too_big_before
                         and not (zero == 2 and pp > 1)):
                     too_big_at = micro_batch
