@@ -34,7 +34,6 @@ from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
 
-
 @dataclass(frozen=True)
 class Constraints:
     """Limits the user puts on the search (None: free)."""
