@@ -150,6 +150,32 @@ def test_plan_verify_trains_the_top_two_and_ranks_them(capsys):
     assert out[head + 3].startswith("Spearman rank correlation ")
 
 
+def test_plan_verify_prices_and_trains_the_fused_loss(monkeypatch):
+    # --fused-loss reaches both halves of --verify: the prices (the head and loss as one
+    # kernel) and the training runs that measure them
+    import paraxis.train.auto_layout as auto_layout
+
+    seen = {}
+
+    def capture(candidates, train_args, folder, rounds, steps, log):
+        seen.update(candidates=candidates, train_args=train_args)
+        return [Measured(str(e.layout), e.step_time_s, [e.step_time_s], rank, rank)
+                for rank, e in enumerate(candidates, 1)]
+
+    monkeypatch.setattr(auto_layout, "verify", capture)
+    code = main(["plan", "--verify", "1", "--model", "tiny", "--gpus", "2", "--global-batch",
+                 "8", "--seq-len", "32", "--precision", "fp32", "--hardware", PROFILE,
+                 "--fused-loss"])
+    assert code == 0 and "--fused-loss" in seen["train_args"]
+    assert all(e.layout.tp == 1 and e.layout.zero <= 2 for e in seen["candidates"])
+    priced = seen["candidates"][0]
+    cfg = RunConfig.from_flags(model="tiny", nproc=2, global_batch=8, seq_len=32,
+                               precision="fp32", hardware=PROFILE, layout="auto")
+    chunked = plan_for(cfg, 2)[0].result.ranked
+    same = next(e for e in chunked if e.layout == priced.layout)
+    assert priced.memory["activations"] != same.memory["activations"]
+
+
 def test_spearman_and_its_ranks():
     assert ranks_of([0.3, 0.1, 0.2, 0.1]) == [4, 1.5, 3, 1.5]
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)

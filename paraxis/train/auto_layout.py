@@ -187,7 +187,8 @@ def verify_plan(args: argparse.Namespace) -> int:
     cfg = RunConfig.from_flags(model=model, nproc=ranks, global_batch=args.global_batch,
                                seq_len=args.seq_len or model_cfg.max_seq_len,
                                precision=precision, hardware=args.hardware,
-                               memory_gb=args.memory_gb, layout="auto")
+                               memory_gb=args.memory_gb, layout="auto",
+                               fused_loss=bool(getattr(args, "fused_loss", False)))
     fixed, stated, micro_batch = search_flags.stated_fields(args, model_cfg)
     if search_flags.complete_layout(fixed, stated, micro_batch, cfg.train.global_batch):
         raise ParaxisError(f"--layout {args.layout} is one whole layout: --verify ranks the "
@@ -203,7 +204,7 @@ def verify_plan(args: argparse.Namespace) -> int:
           flush=True)
     train_args = ["--model", model, "--nproc", str(ranks), "--global-batch",
                   str(cfg.train.global_batch), "--seq-len", str(cfg.train.seq_len),
-                  "--precision", precision]
+                  "--precision", precision, *(["--fused-loss"] if cfg.train.fused_loss else [])]
     with tempfile.TemporaryDirectory(prefix="paraxis-verify-") as folder:
         rows = verify(candidates, train_args, Path(folder), rounds, steps,
                       log=lambda line: print(line, flush=True))
