@@ -38,6 +38,16 @@ LARGE_SCALE_TABLE = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
 LARGE_SCALE_FLASH = ("1b", "3b", "7b", "70b")
 
 
+def fp32_reduce(table: str, mode: str) -> bool:
+    """Whether a row's FSDP reduced its gradients in fp32: Composer's `mixed_precision:
+    DEFAULT` keeps bf16 parameters and reduces in fp32 from Composer 0.17
+    (composer/trainer/mosaic_fsdp_utils.py, `get_mixed_precision`); up to 0.16 it left
+    `reduce_dtype` unset, which torch's FSDP reads as the parameters' bf16. The ">= 128 GPUs"
+    table ran llm-foundry 5e85bd62d (setup.py: mosaicml>=0.17.2,<0.18); the others were
+    last made at b2a43a147 (mosaicml>=0.16.4,<0.17) or before."""
+    return table == LARGE_SCALE_TABLE and mode == "DEFAULT"
+
+
 def llm_foundry_kernel(table: str, size: str) -> str:
     return "fa2" if table == LARGE_SCALE_TABLE and size in LARGE_SCALE_FLASH else "triton"
 
@@ -61,8 +71,8 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
         size, seq, gpus, gpu = cells[0], int(cells[1]), int(cells[2]), cells[3]
         # The A100 40GB table has no "Model TFLOP" column: read from the right-hand end.
         micro, accum = int(cells[-13]), int(cells[-12])
-        tokens, precision, sharding, checkpointing = (float(cells[-8]), cells[-6], cells[-4],
-                                                      cells[-3])
+        tokens, precision, mode, sharding, checkpointing = (
+            float(cells[-8]), cells[-6], cells[-5], cells[-4], cells[-3])
         name = f"MPT {size} {seq} x{gpus} {gpu} mb{micro}"
         runs.append(HeldOutRun(
             name, mpt(size, seq), LLM_FOUNDRY_GPUS[gpu], gpus, gpus, 1, 1, micro * accum, seq,
@@ -71,5 +81,6 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             micro_batch=micro, zero=ZERO_OF_SHARDING[sharding], fsdp=True,
             attention_impl=llm_foundry_kernel(table, size),
             **({"precision": "fp8", "fp8_recipe": "delayed"} if "fp8" in precision
+               else {"precision": "bf16-fp32grad"} if fp32_reduce(table, mode)
                else {})))  # type: ignore[arg-type]
     return runs
