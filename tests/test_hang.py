@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,28 @@ def run_with_timestamps(args: list[str], fault: str, cwd: Path) -> tuple[int, li
     return code, lines, exited
 
 
+# The two runs below are mostly waits (for the timeout, the heartbeat, the watchdog), so
+# they run side by side, both started when the first of the two tests needs them.
+# name: (--timeout-s, the layout's flags, the fault)
+HUNG = {"collective": (5, ["--nproc", "4", "--dp", "4"], "hang:rank=2,step=1"),
+        "stage": (4, ["--nproc", "2", "--pp", "2", "--microbatches", "2"], "hang:rank=1,step=1")}
+
+
+@pytest.fixture(scope="module")
+def hung_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
+    """Both runs, started together: each test takes its own (exit code, stderr lines with
+    their arrival times, exit time)."""
+    with ThreadPoolExecutor(2) as pool:
+        yield {name: pool.submit(run_with_timestamps,
+                                 [*TRAIN, *flags, "--timeout-s", str(timeout_s)], fault,
+                                 tmp_path_factory.mktemp(name))
+               for name, (timeout_s, flags, fault) in HUNG.items()}
+
+
 @pytest.mark.slow
-def test_a_rank_that_hangs_before_a_collective_ends_the_run(tmp_path):
-    timeout_s = 5
-    code, lines, exited = run_with_timestamps(
-        [*TRAIN, "--nproc", "4", "--dp", "4", "--timeout-s", str(timeout_s)],
-        "hang:rank=2,step=1", tmp_path)
+def test_a_rank_that_hangs_before_a_collective_ends_the_run(hung_runs):
+    timeout_s = HUNG["collective"][0]
+    code, lines, exited = hung_runs["collective"].result()
     text = "\n".join(line for _, line in lines)
     assert code != 0, text
     assert "Traceback" not in text
@@ -64,11 +81,9 @@ def test_a_rank_that_hangs_before_a_collective_ends_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_pipeline_stage_that_hangs_is_named_by_its_neighbour(tmp_path):
-    timeout_s = 4
-    code, lines, exited = run_with_timestamps(
-        [*TRAIN, "--nproc", "2", "--pp", "2", "--microbatches", "2", "--timeout-s",
-         str(timeout_s)], "hang:rank=1,step=1", tmp_path)
+def test_a_pipeline_stage_that_hangs_is_named_by_its_neighbour(hung_runs):
+    timeout_s = HUNG["stage"][0]
+    code, lines, exited = hung_runs["stage"].result()
     text = "\n".join(line for _, line in lines)
     assert code != 0, text
     assert "Traceback" not in text
