@@ -3,7 +3,8 @@
 Nothing else in paraxis computes a rank by hand: every group (one per name in `GROUP_AXES`)
 and the pipeline neighbours of this rank come from `build_groups(layout)`, which asks the
 layout for the groups of each name. Device from the local rank, backend from the device:
-NCCL on CUDA, gloo on CPU.
+NCCL on CUDA, gloo on CPU; CUDA ranks sharing GPUs (`--share-gpu`) take
+`shared_gpu.BACKEND`, gloo through the host.
 
 Every group carries the run's collective timeout: `new_group` does not inherit the default
 group's (it falls back to the backend's 30 minutes), so it is passed explicitly.
@@ -21,9 +22,10 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from paraxis.dist import shared_gpu
+from paraxis.dist.watchdog import WATCH, name_group
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.layout import Coords, Layout
-from paraxis.dist.watchdog import WATCH, name_group
 
 
 def collective_timeout() -> timedelta:
@@ -31,20 +33,25 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=WATCH.timeout_s)
 
 
-def pick_device(requested: str = "auto") -> torch.device:
-    """"auto" -> this rank's GPU (by LOCAL_RANK) when CUDA is present, else the CPU."""
+def pick_device(requested: str = "auto", share_gpu: bool = False) -> torch.device:
+    """"auto" -> this rank's GPU (by LOCAL_RANK) when CUDA is present, else the CPU. With
+    `share_gpu` the node's ranks take its GPUs in turn (LOCAL_RANK modulo their count), and
+    a named GPU serves them all."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda"):
-        if requested != "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
+        if requested != "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1 \
+                and not share_gpu:
             # every rank of the node would share that one GPU (NCCL: "Duplicate GPU")
             raise ParaxisError(f"--device {requested} names one GPU for every rank of this "
-                               "node; use --device cuda (each rank takes its LOCAL_RANK's)")
+                               "node; use --device cuda (each rank takes its LOCAL_RANK's), "
+                               "or add --share-gpu")
         if not torch.cuda.is_available():
             raise ParaxisError("--device cuda was asked for but no CUDA GPU is visible; "
                                "use --device cpu")
         if requested == "cuda":
-            requested = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            requested = f"cuda:{local % torch.cuda.device_count() if share_gpu else local}"
         device = torch.device(requested)
         torch.cuda.set_device(device)
         return device
@@ -67,16 +74,27 @@ def restart_attempt() -> int:
     return attempt
 
 
-def backend_for(device: torch.device) -> str:
+def backend_for(device: torch.device, share_gpu: bool = False) -> str:
+    if share_gpu:
+        shared_gpu.register()
+        return shared_gpu.BACKEND
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
+def through_host(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether `group`'s calls run on gloo's host-side algorithms (gloo itself, or CUDA
+    ranks sharing GPUs through it), not NCCL's."""
+    return dist.get_backend(group) in ("gloo", shared_gpu.BACKEND)
+
+
+def init_distributed(device: torch.device, timeout_s: float,
+                     share_gpu: bool = False) -> tuple[int, int]:
     """Join the job torchrun (or the test harness) described in the environment.
 
     Returns (rank, world_size); a single process without torchrun's variables is world 1
     and needs no process group. `timeout_s` bounds every collective and point-to-point wait
     (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
+    `share_gpu`: CUDA ranks sharing GPUs, on `shared_gpu.BACKEND`.
     """
     WATCH.timeout_s = timeout_s
     WATCH.step = None  # a new run has no step yet (one process may run several, as tests do)
@@ -87,9 +105,9 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
     if world_size == 1:
         return 0, 1
     options = {"timeout": collective_timeout(),
-               "device_id": device if device.type == "cuda" else None}
+               "device_id": device if device.type == "cuda" and not share_gpu else None}
     try:
-        _join(device, world_size, options)
+        _join(backend_for(device, share_gpu), world_size, options)
     except RuntimeError as error:  # torch's DistNetworkError, gloo's "connectFullMesh failed"
         raise RunFailed(f"rank {os.environ.get('RANK', '?')} could not join the job's "
                         f"{world_size} ranks within --timeout-s {timeout_s:g} "
@@ -99,7 +117,7 @@ def init_distributed(device: torch.device, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _join(device: torch.device, world_size: int, options: dict) -> None:
+def _join(backend: str, world_size: int, options: dict) -> None:
     """init_process_group, under a restarted job's per-attempt store prefix (below)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # Under torch's elastic agent (torchrun --max-restarts) every attempt of a restarted
@@ -109,11 +127,11 @@ def _join(device: torch.device, world_size: int, options: dict) -> None:
         # per attempt keeps each attempt's keys apart.
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               world_size, is_master=False, timeout=collective_timeout())
-        dist.init_process_group(backend_for(device), store=dist.PrefixStore(
+        dist.init_process_group(backend, store=dist.PrefixStore(
             f"paraxis/attempt_{restart_attempt()}", store), rank=int(os.environ["RANK"]),
             world_size=world_size, **options)
     else:
-        dist.init_process_group(backend_for(device), **options)
+        dist.init_process_group(backend, **options)
 
 
 def shutdown_distributed(clean: bool = True) -> None:

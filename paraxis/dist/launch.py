@@ -330,33 +330,37 @@ def check_rank_environment(nproc: int) -> None:
         raise error
 
 
-def check_cuda_ranks(nproc: int, device: str) -> None:
+def check_cuda_ranks(nproc: int, device: str, share_gpu: bool = False) -> None:
     """Refuse, before any rank starts, `--device cuda` where no GPU is visible and more
-    CUDA ranks on this machine than the GPUs it shows (each rank takes its own GPU;
-    torchrun across hosts places its ranks itself)."""
+    CUDA ranks on this machine than the GPUs it shows (each rank takes its own GPU, unless
+    `share_gpu`; torchrun across hosts places its ranks itself)."""
     if not device.startswith("cuda"):
         return
     import torch  # lazy: torch; ranks load this before their env
 
     message = cuda_ranks_problem(nproc, device, torch.cuda.device_count(),
-                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"), share_gpu)
     if message:
         raise ParaxisError(message)
 
 
-def cuda_ranks_problem(nproc: int, device: str, gpus: int, visible: str | None) -> str | None:
+def cuda_ranks_problem(nproc: int, device: str, gpus: int, visible: str | None,
+                       share_gpu: bool = False) -> str | None:
     """What is wrong with `nproc` ranks on `device` where `gpus` GPUs are visible (None:
     nothing); `visible` is CUDA_VISIBLE_DEVICES, named in the message where it is set."""
     shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
     if gpus == 0:
         return (f"--device {device} was asked for but this machine shows no CUDA GPU{shown}; "
                 "use --device cpu")
+    if share_gpu:
+        return None
     if device != "cuda" and nproc > 1:  # every rank would share that one GPU
         return (f"--device {device} names one GPU for all {nproc} ranks; use --device cuda "
-                "(each rank takes its own)")
+                "(each rank takes its own), or add --share-gpu")
     if nproc > gpus:
         return (f"--nproc {nproc} CUDA ranks need a GPU each, and this machine shows {gpus}"
-                f"{shown}; use --nproc {gpus}, or --device cpu for {nproc} CPU ranks")
+                f"{shown}; use --nproc {gpus}, --device cpu for {nproc} CPU ranks, or "
+                f"--share-gpu to run them on the {gpus} (slow: collectives through the host)")
     return None
 
 

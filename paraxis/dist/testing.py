@@ -186,7 +186,7 @@ def free_port() -> int:
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
-               device: str = "cpu") -> None:
+               device: str = "cpu", share_gpu: bool = False) -> None:
     torch.set_num_threads(1)
     # A forked rank inherits the parent's pool of compile workers (torch.compile starts one
     # on first use) without the threads that feed it, and would wait on it forever: it
@@ -197,11 +197,12 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                       MASTER_PORT=str(port))
     try:
         # Device from the local rank, backend from the device, as paraxis.runtime does.
-        chosen = pick_device(device)
-        dist.init_process_group(backend_for(chosen),
+        chosen = pick_device(device, share_gpu)
+        dist.init_process_group(backend_for(chosen, share_gpu),
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size,
-                                device_id=chosen if chosen.type == "cuda" else None,
+                                device_id=chosen if chosen.type == "cuda" and not share_gpu
+                                else None,
                                 timeout=timedelta(seconds=collective_timeout_s))
         value = fn(*args, **kwargs)
         dist.barrier()
@@ -242,15 +243,17 @@ def gpu_count() -> int:
 
 def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                     kwargs: dict | None = None, timeout_s: float = 180.0,
-                    device: str = "cpu") -> list[Any]:
-    """Run `fn(*args, **kwargs)` on `world_size` ranks; return each rank's result, by rank."""
+                    device: str = "cpu", share_gpu: bool = False) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on `world_size` ranks; return each rank's result, by rank.
+    `share_gpu`: the ranks join `shared_gpu.BACKEND` (gloo through the host), taking the
+    GPUs in turn where `device` is "cuda"."""
     __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
     context = mp.get_context("spawn" if device == "cuda" else "fork")
     results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_rank_main, daemon=True,
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
-                                       timeout_s + HANG_MARGIN_S, device))
+                                       timeout_s + HANG_MARGIN_S, device, share_gpu))
                  for rank in range(world_size)]
     with gpus_seen() if device == "cuda" else contextlib.nullcontext():
         for process in processes:

@@ -88,6 +88,10 @@ class TrainSection:
     seq_len: int = option(128, "tokens per sequence")
     seed: int = option(0, "seed of the initial weights and of the batch order")
     device: str = option("auto", "auto, cpu or cuda")
+    share_gpu: bool = option(False, "CUDA ranks take the GPUs in turn, more ranks than GPUs, "
+                             "their collectives staged through gloo on the host: slow, to "
+                             "run every axis's CUDA code on a one-GPU machine "
+                             "(docs/gpu/README.md)")
     precision: str = option("fp32", "precision policy: fp32, bf16 (bf16 parameters and "
                             "gradients, fp32 masters), bf16-fp32grad, fp16 (loss scaling), "
                             "fp8 or fp8-rowwise (bf16's, the blocks' GEMMs in FP8); "

@@ -100,14 +100,14 @@ def run_training(cfg: RunConfig) -> list[dict]:
     train = cfg.train
     model_cfg = load_model_config(cfg.model.name)
     model_cfg.check_seq_len(train.seq_len)
-    device = pick_device(train.device)
+    device = pick_device(train.device, train.share_gpu)
     if device.type == "cuda" and cfg.layout.cp > 1 and \
             get_policy(train.precision).compute_dtype == "fp32":
         # context_parallel.kernel runs FlashAttention on GPU, which has no fp32 kernels
         raise ParaxisError("context parallelism on GPU computes attention with FlashAttention, "
                            "which takes bf16 or fp16, not fp32; use --precision bf16")
     joined = dist.is_initialized()  # a caller's process group (tests) stays theirs to close
-    rank, world = init_distributed(device, train.timeout_s)
+    rank, world = init_distributed(device, train.timeout_s, train.share_gpu)
     if cfg.launch.nproc != world:  # torchrun's ranks: the config.toml they write replays as
         # `paraxis train --config` on as many ranks
         cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=world))

@@ -64,7 +64,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
             )
 
             packing_id(data.end_of_document, data.name)
-        check_cuda_ranks(nproc, train_cfg.device)
+        check_cuda_ranks(nproc, train_cfg.device, train_cfg.share_gpu)
         warn_if_oversubscribed(nproc, train_cfg.device)
         from paraxis.train.claim import (  # lazy: torch; CLI start-up imports this
             claim_folder,  # the launcher holds --checkpoint-dir

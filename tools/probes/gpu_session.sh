@@ -6,6 +6,7 @@
 #   bash tools/probes/gpu_session.sh fp8          # _scaled_mm against the CPU emulation
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
+#   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
 #   bash tools/probes/gpu_session.sh suite        # the tests that need CUDA, then the suite
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
 # with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
@@ -44,11 +45,15 @@ case ${1:-} in
     timeout 120 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log"
     hidden_gpus 300 ;;
   fp8) timeout 570 python3 -m tools.probes.fp8_cuda 2>&1 | tee -a "$log" ;;
+  shared)  # --share-gpu: the staged collectives on CUDA tensors, then every axis's run
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_shared_gpu.py 2>&1 \
+      | tee -a "$log"
+    timeout 420 python3 -m tools.probes.shared_gpu 2>&1 | tee -a "$log" ;;
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   suite) timeout 570 python3 -m pytest -q -p no:cacheprovider -x -n 8 --durations=15 tests 2>&1 \
            | tee -a "$log" ;;
-  *) echo "usage: gpu_session.sh all | fp8-sides | checks | fp8 | speed-gpt2 | speed-llama |" \
-          "suite" >&2
+  *) echo "usage: gpu_session.sh all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
+          "speed-llama | suite" >&2
      exit 2 ;;
 esac

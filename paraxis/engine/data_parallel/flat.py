@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+from paraxis.dist.groups import through_host
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def _sums_in_place(group: dist.ProcessGroup) -> bool:
     the buffer zero-filled around this rank's part, and reduce-scattering an all-reduce
     followed by a copy of this rank's part. NCCL's own
     collectives allocate nothing and move half the bytes: they are used as they are."""
-    return dist.get_backend(group) == "gloo"
+    return through_host(group)
 
 
 class _ThenCopy:

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paraxis.dist.groups import through_host
 from paraxis.dist.watchdog import WATCH
 from paraxis.engine.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.parallel.context.packing import weigh
@@ -139,9 +140,9 @@ class PipelineExecutor:
                                  default=-1)
         self.trace: list[dict[str, Any]] = []
         # How many communication points ahead to post receives (see above).
-        backend = dist.get_backend() if dist.is_initialized() else None
-        self.recv_ahead = recv_ahead if recv_ahead is not None else int(backend == "gloo")
-        if self.recv_ahead and backend == "nccl":
+        host = dist.is_initialized() and through_host()
+        self.recv_ahead = recv_ahead if recv_ahead is not None else int(host)
+        if self.recv_ahead and dist.is_initialized() and dist.get_backend() == "nccl":
             # A lone irecv is not ordered against NCCL's batched groups on the same pair.
             raise ParaxisError("recv_ahead > 0 posts receives outside the batched groups, "
                                "which NCCL does not order; leave recv_ahead unset on NCCL")

@@ -1,0 +1,180 @@
+"""Several ranks on one GPU: a process group that stages CUDA tensors through gloo.
+
+NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"), and gloo
+takes CUDA tensors for a few collectives only, so a run of more CUDA ranks than GPUs has
+neither backend. `--share-gpu` gives it this one: a `ProcessGroup` whose every call copies
+its CUDA tensors to the host, runs gloo's own collective or point-to-point call there, and
+copies the results back (CPU tensors go straight through). It is slow, and the point is
+not speed: every axis's CUDA code (its kernels, streams, dtypes and the tensors it hands to
+the collectives) runs on a one-GPU machine before an 8-GPU one, with the exact collectives
+the run would make; the ranks share the GPU's memory and time.
+
+The calls are gloo's, so the numbers are gloo's: a run that trains the same numbers on CPU
+ranks over gloo trains them here (up to the GPU's own kernels). Sends and receives stay
+asynchronous as gloo makes them (a received CUDA tensor is filled when its work is waited
+on, which every caller does before reading it); collectives complete before they return.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKEND = "paraxis_shared"  # the name init_process_group and dist.get_backend use
+
+
+class _Done(dist._Work):
+    """A finished call: its results are already in place."""
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Then(dist._Work):
+    """gloo's work, then the copies back to the CUDA tensors it filled on the host."""
+
+    def __init__(self, work: dist.Work, copies: list[tuple[torch.Tensor, torch.Tensor]],
+                 keep: list[torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self.work, self.copies, self.keep = work, copies, keep  # keep: a send's host copies
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self.work.wait()
+        for target, source in self.copies:
+            target.copy_(source)
+        self.copies, self.keep = [], None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed() and not self.copies
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+
+
+def _back(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    for target, source in zip(targets, sources, strict=True):
+        if target.device.type != "cpu":
+            target.copy_(source)
+
+
+class SharedGpuGroup(dist.ProcessGroup):
+    """gloo with CUDA tensors staged through the host; one per process group of the run."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size,
+                                          timeout)
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return BACKEND
+
+    def _run(self, call: Any, outputs: list[torch.Tensor], host: list[torch.Tensor]
+             ) -> dist._Work:
+        call.wait()
+        _back(outputs, host)
+        return _Done()
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        host = [_host(t) for t in tensors]
+        return self._run(self.gloo.allreduce(host, opts), tensors, host)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        host = [_host(t) for t in tensors]
+        return self._run(self.gloo.broadcast(host, opts), tensors, host)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any) -> dist._Work:
+        host = [[_host(t) for t in row] for row in outputs]
+        call = self.gloo.allgather(host, [_host(t) for t in inputs], opts)
+        return self._run(call, [t for row in outputs for t in row],
+                         [t for row in host for t in row])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any
+                          ) -> dist._Work:
+        host = _host(output)
+        return self._run(self.gloo._allgather_base(host, _host(input), opts), [output], [host])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any
+                              ) -> dist._Work:
+        host = _host(output)
+        call = self.gloo._reduce_scatter_base(host, _host(input), opts)
+        return self._run(call, [output], [host])
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_splits: list[int], input_splits: list[int], opts: Any
+                          ) -> dist._Work:
+        host = _host(output)
+        call = self.gloo.alltoall_base(host, _host(input), output_splits, input_splits, opts)
+        return self._run(call, [output], [host])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        host = [_host(t) for t in tensors]
+        return self._run(self.gloo.allreduce_coalesced(host, opts), tensors, host)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        host = [_host(t) for t in tensors]
+        return self._run(self.gloo.reduce(host, opts), tensors, host)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any) -> dist._Work:
+        host = [[_host(t) for t in row] for row in outputs]
+        call = self.gloo.gather(host, [_host(t) for t in inputs], opts)
+        return self._run(call, [t for row in outputs for t in row],
+                         [t for row in host for t in row])
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any) -> dist._Work:
+        host = [_host(t) for t in outputs]
+        call = self.gloo.scatter(host, [[_host(t) for t in row] for row in inputs], opts)
+        return self._run(call, outputs, host)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any) -> dist._Work:
+        host = [_host(t) for t in outputs]
+        call = self.gloo.reduce_scatter(host, [[_host(t) for t in row] for row in inputs],
+                                        opts)
+        return self._run(call, outputs, host)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+                 ) -> dist._Work:
+        host = [_host(t) for t in outputs]
+        return self._run(self.gloo.alltoall(host, [_host(t) for t in inputs], opts), outputs,
+                         host)
+
+    def barrier(self, opts: Any = None) -> dist._Work:
+        self.gloo.barrier(dist.BarrierOptions()).wait()
+        return _Done()
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist._Work:
+        host = [_host(t).contiguous() for t in tensors]
+        return _Then(self.gloo.send(host, dst, tag), [], keep=host)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist._Work:
+        host = [_host(t) for t in tensors]
+        copies = [(t, h) for t, h in zip(tensors, host, strict=True) if t.device.type != "cpu"]
+        return _Then(self.gloo.recv(host, src, tag), copies)
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> SharedGpuGroup:
+    return SharedGpuGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Make `BACKEND` a name init_process_group knows (once per process)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
