@@ -35,6 +35,7 @@ from validation.heldout_runs import (
     TORCHTITAN_A100,
     TORCHTITAN_H100,
 )
+from validation.heldout_search import search_lines
 from validation.validate_heldout import (
     bound_lines,
     error_stats,
@@ -309,6 +310,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *gemm_lines(priced),
         *bound_lines(priced),
         *switch_lines(priced),
+        *search_lines(),
         *llama3_lines(),
         "",
         *table,

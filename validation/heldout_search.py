@@ -1,0 +1,47 @@
+"""What the planner's search picks where NVIDIA published its own layout (docs/validation.md).
+
+For each of NVIDIA's DGX Cloud recipes (validation/heldout_dgxc.py) at its smallest GPU count,
+the search runs over every layout of those GPUs, priced on the cluster and runtime the recipe
+ran (its overlaps, optimizer and attention kernel), with the recipe's global batch and
+sequence; its pick is printed beside NVIDIA's layout, both as the planner prices them and
+NVIDIA's as measured. A pick priced faster than NVIDIA's measured run is a claim nobody
+measured; one far slower would mean the search misses what NVIDIA runs.
+"""
+
+from __future__ import annotations
+
+from paraxis.plan.search import search
+from validation.heldout_dgxc import dgxc_rows
+from validation.heldout_record import HeldOutRun
+from validation.validate_heldout import cluster_for, model_of, precision_of, price
+
+
+def _first_of_each_recipe() -> list[HeldOutRun]:
+    seen: set[str] = set()
+    runs = []
+    for run in dgxc_rows():
+        recipe = run.where.split(",")[0]
+        if run.unpriced or run.precision != "bf16" or recipe in seen:
+            continue
+        seen.add(recipe)
+        runs.append(run)
+    return runs
+
+
+def search_lines() -> list[str]:
+    lines = ["The search on NVIDIA's GPU counts: each DGX Cloud recipe's first row, its layout "
+             "(as run) against the planner's pick of every layout of those GPUs, on the "
+             "recipe's runtime (`python -m validation`, validation/heldout_search.py):", "",
+             "| run | NVIDIA's layout | published tokens/s/GPU | priced | the planner's pick "
+             "| priced | pick / published |", "|---|---|---|---|---|---|---|"]
+    for run in _first_of_each_recipe():
+        ran = price(run)
+        assert ran.estimate is not None and ran.tokens_per_gpu_s is not None
+        found = search(model_of(run), cluster_for(run), run.seq_len, run.local_batch * run.dp,
+                       precision=precision_of(run))
+        best = found.ranked[0]
+        tokens = best.tokens_per_s / run.gpus
+        lines.append(f"| {run.name} | `{ran.estimate.layout}` | {run.tokens_per_gpu_s:,.0f} | "
+                     f"{ran.tokens_per_gpu_s:,.0f} | `{best.layout}` | {tokens:,.0f} | "
+                     f"{tokens / run.tokens_per_gpu_s - 1:+.1%} |")
+    return [*lines, ""]
