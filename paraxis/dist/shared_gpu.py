@@ -46,8 +46,7 @@ class _Then(dist._Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         self.work.wait()
-        for target, source in self.copies:
-            target.copy_(source)
+        _back([t for t, _ in self.copies], [s for _, s in self.copies])
         self.copies, self.keep = [], None
         return True
 
@@ -60,9 +59,13 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _back(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    for target, source in zip(targets, sources, strict=True):
-        if target.device.type != "cpu":
-            target.copy_(source)
+    """Copy the host results into their CUDA tensors, finished before this returns: NCCL's
+    callers may read them on another stream than the one the call was made on."""
+    on_gpu = [(t, s) for t, s in zip(targets, sources, strict=True) if t.device.type != "cpu"]
+    for target, source in on_gpu:
+        target.copy_(source)
+    if on_gpu:
+        torch.cuda.current_stream(on_gpu[0][0].device).synchronize()
 
 
 class SharedGpuGroup(dist.ProcessGroup):
