@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,8 @@ def catalogue(rows: list[tuple], make: Callable[[Path], None], name: str,
               **check: Any) -> tuple[Callable, Callable]:
     """A catalogue file's `inputs` fixture (its files, made once) and its test, a case for
     each row (name, argv, message, hint, in_subprocess): `check_row` with `check`."""
+    launched: dict[tuple[str, ...], tuple[int, str, bool]] = {}
+
     @pytest.fixture(scope="module")
     def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         folder = tmp_path_factory.mktemp(name)
@@ -304,20 +307,43 @@ def catalogue(rows: list[tuple], make: Callable[[Path], None], name: str,
     @pytest.mark.parametrize("argv,message,hint,in_subprocess",
                              [row[1:] for row in rows], ids=[row[0] for row in rows])
     def test_bad_input_is_one_line_with_a_hint(inputs, argv, message, hint, in_subprocess):
-        check_row(inputs, argv, message, hint, in_subprocess, **check)
+        if in_subprocess and not launched:
+            launched.update(launch_all([row[1] for row in rows if row[4]], inputs))
+        check_row(inputs, argv, message, hint, in_subprocess,
+                  launched=launched.get(tuple(argv)) if in_subprocess else None, **check)
 
     return inputs, test_bad_input_is_one_line_with_a_hint
+
+
+def launch_all(commands: list[list[str]], folder: Path
+               ) -> dict[tuple[str, ...], tuple[int, str, bool]]:
+    """Each command's (exit code, stderr, whether `folder` was unchanged after all of them),
+    run as `python -m paraxis` two at a time: a process's start-up (importing torch) is most
+    of its time and takes one core, so two cores run two."""
+    before = snapshot(folder)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda argv: run_row(argv, folder, True), commands))
+    unchanged = snapshot(folder) == before
+    return {tuple(argv): (code, stderr, unchanged)
+            for argv, (code, stderr) in zip(commands, results, strict=True)}
 
 
 inputs, test_bad_input_is_one_line_with_a_hint = catalogue(ROWS, make_inputs, "bad_inputs")
 
 
 def check_row(folder: Path, argv: list[str], message: str, hint: str, in_subprocess: bool,
-              exit_code: int | None = None) -> None:
+              exit_code: int | None = None,
+              launched: tuple[int, str, bool] | None = None) -> None:
     """A catalogue row holds: one line `paraxis: error: ...` naming `message` and `hint`,
-    exit code `exit_code` (None: any non-zero), no traceback, nothing on disk changed."""
+    exit code `exit_code` (None: any non-zero), no traceback, nothing on disk changed.
+    `launched`: the row already run (`launch_all`), its exit code, stderr and whether the
+    folder was unchanged after it and the rows run beside it."""
     before = snapshot(folder)
-    code, stderr = run_row(argv, folder, in_subprocess)
+    if launched is None:
+        code, stderr = run_row(argv, folder, in_subprocess)
+    else:
+        code, stderr, unchanged = launched
+        assert unchanged, "a failed command (this row or one run beside it) changed files on disk"
     lines = stderr.strip().splitlines()
     if exit_code is None:
         assert code not in (0, None), stderr
