@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,12 +47,31 @@ def _steps_logged(metrics: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-@pytest.mark.slow
-def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
+def _torchrun(root: Path, *extra: str, env: dict) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", *extra,
+               "-m", "paraxis.train", "--dp", "2", "--zero", "1", "--model", "tiny",
+               "--steps", "6", "--global-batch", "4", "--seq-len", "32",
+               "--checkpoint-dir", str(root), "--checkpoint-every", "2", "--quiet"]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)
+
+
+@pytest.fixture(scope="module")
+def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Future, Path]]:
+    """The uninterrupted runs both tests compare with, started together in the background
+    when the first test starts (a run's start-up leaves a core idle now and then, which the
+    other run and the first test's faulty run take): name -> (its process, its folder)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    straight = subprocess.run(_command(tmp_path / "straight"), env=env, capture_output=True,
-                              text=True, timeout=170)
-    assert straight.returncode == 0, straight.stderr
+    nproc, torchrun = tmp_path_factory.mktemp("nproc"), tmp_path_factory.mktemp("torchrun")
+    with ThreadPoolExecutor(2) as pool:
+        yield {"nproc": (pool.submit(subprocess.run, _command(nproc), env=env,
+                                     capture_output=True, text=True, timeout=170), nproc),
+               "torchrun": (pool.submit(_torchrun, torchrun, env=env), torchrun)}
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_and_ends_bit_identical(straight_runs, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     seed = random.randrange(1_000_000)
     chooser = random.Random(seed)
@@ -72,7 +92,9 @@ def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
     context = f"seed {seed}: killed worker {victim} after step {kill_after}\n{stderr}"
     assert killed is not None, context
     assert run.returncode == 0, context
-    expected = read_full_state(tmp_path / "straight" / "ckpt", KINDS)[1]
+    straight, folder = straight_runs["nproc"]
+    assert straight.result().returncode == 0, straight.result().stderr
+    expected = read_full_state(folder / "ckpt", KINDS)[1]
     got = read_full_state(faulty / "ckpt", KINDS)[1]
     assert sorted(got) == sorted(expected)
     for name in expected:
@@ -80,25 +102,15 @@ def test_a_killed_rank_restarts_and_ends_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(tmp_path):
+def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(straight_runs, tmp_path):
     """The same under torchrun's own --max-restarts: each restarted attempt must get fresh
     process-group keys in the agent's store (dist/groups.py), or it cannot connect."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def torchrun(root: Path, *extra: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", *extra,
-                   "-m", "paraxis.train", "--dp", "2", "--zero", "1", "--model", "tiny",
-                   "--steps", "6", "--global-batch", "4", "--seq-len", "32",
-                   "--checkpoint-dir", str(root), "--checkpoint-every", "2", "--quiet"]
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=170)
-
-    straight = torchrun(tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    env["PARAXIS_FAULT"] = "kill:rank=1,step=3"
-    restarted = torchrun(tmp_path / "restarted", "--max-restarts", "1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": "kill:rank=1,step=3"}
+    restarted = _torchrun(tmp_path / "restarted", "--max-restarts", "1", env=env)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert "exitcode: -9" in restarted.stderr  # the fault really fired (SIGKILL)
-    expected = read_full_state(tmp_path / "straight", KINDS)[1]
+    straight, folder = straight_runs["torchrun"]
+    assert straight.result().returncode == 0, straight.result().stderr
+    expected = read_full_state(folder, KINDS)[1]
     got = read_full_state(tmp_path / "restarted", KINDS)[1]
     assert all(torch.equal(got[name], expected[name]) for name in expected)
