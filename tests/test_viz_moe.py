@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -71,8 +75,22 @@ def test_bad_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
     assert not (tmp_path / "pics").exists()
 
 
-def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path,
-                                                    dense_plan_report: str) -> None:
+@pytest.fixture(scope="module")
+def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Future, Path]]:
+    """`paraxis train` of tiny-moe on dp=2 x ep=2 for 3 steps, started in the background by
+    the plan's report test so that it trains while that test draws: (its process, its
+    folder)."""
+    run = tmp_path_factory.mktemp("ep") / "run"
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(
+            subprocess.run, [sys.executable, "-m", "paraxis", "train", "--model", "tiny-moe",
+                             "--steps", "3", "--seq-len", "32", "--nproc", "2", "--dp", "2",
+                             "--ep", "2", "--metrics-file", str(run / "metrics.jsonl")],
+            check=True, capture_output=True, timeout=300), run
+
+
+def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path, dense_plan_report: str,
+                                                    ep_run: tuple[Future, Path]) -> None:
     from paraxis.show.report.build import write_report
 
     html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
@@ -91,16 +109,12 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path,
     assert "Mixture of experts" not in dense_plan_report  # llama2-7b, dp=8
 
 
-def test_report_of_an_expert_parallel_run_draws_its_expert_load(tmp_path: Path) -> None:
+def test_report_of_an_expert_parallel_run_draws_its_expert_load(
+        tmp_path: Path, ep_run: tuple[Future, Path]) -> None:
     import json
-    import subprocess
-    import sys
 
-    run = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "paraxis", "train", "--model", "tiny-moe",
-                    "--steps", "3", "--seq-len", "32", "--nproc", "2", "--dp", "2", "--ep",
-                    "2", "--metrics-file", str(run / "metrics.jsonl")], check=True,
-                   capture_output=True, timeout=300)
+    trained, run = ep_run
+    trained.result()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(len(r["expert_tokens"]) == 4 for r in records)  # one list per MoE block
     assert main(["report", "--run", str(run), "--out", str(tmp_path / "r.html")]) == 0
