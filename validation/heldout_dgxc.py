@@ -3,29 +3,38 @@
 NVIDIA/dgxc-benchmarking at commit 8f5cbb3 (release v25.02): each NeMo training recipe's
 README publishes its step time and throughput at five to nine GPU counts on DGX H100 (8 x
 400 Gb/s InfiniBand per node), BF16 and FP8. Every row of every table is copied verbatim
-into validation/data/dgxc_benchmarking.md and read here; each run is priced as the recipe's
-config at the same commit ran it (the yaml beside each README, NeMo 24.12):
+into validation/data/dgxc_benchmarking.md and read here; each run is priced as the recipe
+ran it at the same commit: its yaml (NeMo 24.12), with what its configure.sh overrides on
+the command line and in the environment:
 
 - Megatron-Core with the distributed optimizer (`distributed_fused_adam` or
   `mcore_distributed_optim`: optimizer states sharded, ZeRO-1), `overlap_grad_sync` and
   `overlap_param_sync` (the parameter all-gather behind the next forward:
-  `param_gather_overlap`), gradient buckets of the config's `bucket_cap_mb`;
-- Transformer Engine: fused elementwise kernels and fused Adam; attention through
-  FusedAttention (cuDNN), which TE prefers to FlashAttention on Hopper (`attention_impl`
-  "cudnn"); sequence parallelism wherever TP > 1; `ub_tp_comm_overlap` (userbuffers: every
-  TP collective pipelined with its GEMM, `tp_comm_overlap` "all") where the config sets it;
+  `param_gather_overlap`), gradient buckets of the yaml's `bucket_cap_mb`;
+- Transformer Engine: fused elementwise kernels and fused Adam; sequence parallelism
+  wherever TP > 1; attention through FusedAttention (cuDNN, `attention_impl` "cudnn") where
+  configure.sh sets NVTE_FUSED_ATTN=1 (GPT-3, Nemotron-4 15B, Llama 3.1), FlashAttention-2
+  where it sets 0 (Nemotron-4 340B, Grok-1); `ub_tp_comm_overlap` (userbuffers: every TP
+  collective pipelined with its GEMM, `tp_comm_overlap` "all") where the yaml or
+  configure.sh sets it (all but Llama 3.1 8B, whose TP is 1);
+- Nemotron-4 340B's BF16 runs with CP = 2 (configure.sh: `if DTYPE = bf16: CP=2`, which the
+  README's header leaves out: half the data parallelism, twice the accumulation);
 - activation checkpointing off, except Nemotron-4 340B's `selective`;
-- AdamW's states as NeMo's `distributed_fused_adam` stores them for bf16 parameters
-  (megatron_amp_O2; nemo/collections/nlp/models/language_modeling/megatron_base_model.py,
-  `setup_optimization`, in NeMo 24.12): fp32 moments and only the 16 low bits of each fp32
-  master (`store_param_remainders`), 10 bytes a parameter; Nemotron-4 340B's optimizer
-  `dtype: bf16` keeps bf16 moments and no master (the states' dtype is the parameters'),
-  4 bytes. Megatron-Core's own optimizer (`mcore_distributed_optim`: Nemotron-4 15B, Grok-1)
-  keeps fp32 moments and master, 12;
+- AdamW's states as NeMo 24.12 stores them (nemo/collections/nlp/models/language_modeling/
+  megatron_base_model.py, `setup_optimization`): `distributed_fused_adam` with bf16
+  parameters keeps fp32 moments and only the 16 low bits of each fp32 master
+  (`store_param_remainders`), 10 bytes a parameter, unless `fp8_params` is set (the FP8
+  runs, and GPT-3's yaml for both precisions), which keeps whole masters: 12; Nemotron-4
+  340B's optimizer `dtype: bf16` keeps bf16 moments and no master (4 bytes), a bf16 master
+  too under `fp8_params` (6). Megatron-Core's own optimizer (`mcore_distributed_optim`:
+  Nemotron-4 15B, Grok-1) keeps fp32 moments and master, 12. Under `fp8_params` the
+  parameters are stored, so gathered, in FP8 (`fp8_weight_gather`);
 - Grok-1's experts split over the tensor-parallel ranks (expert tensor parallelism defaults
   to TP in Megatron-Core 0.10, NeMo 24.12's), its tokens dispatched by the yaml's `alltoall`
   dispatcher: each TP rank sends its sequence-parallel shard, then the TP group all-gathers
-  the received tokens (`expert_tp_dispatch` "sequence_shard").
+  the received tokens (`expert_tp_dispatch` "sequence_shard"); every expert padded to its
+  capacity at a capacity factor of 1 (`moe_pad_expert_input_to_capacity`), so each computes
+  exactly the mean load.
 
 Shapes as the configs give them: Nemotron-4 has grouped-query attention and a squared-ReLU
 MLP without a gate, which ModelConfig cannot state together (its GPT-2 style ties kv heads to
@@ -58,14 +67,17 @@ MIB = 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """What a recipe's yaml sets (the README's tables give the degrees and batches)."""
+    """What a recipe's yaml and configure.sh set (the README's tables give the degrees and
+    batches)."""
 
     model: ModelConfig
     seq_len: int
     bucket_mb: int  # bucket_cap_mb; 0: not set, Megatron-Core's own rule (comm.py)
-    tp_overlap: bool  # ub_tp_comm_overlap
+    attention: str  # NVTE_FUSED_ATTN=1: "cudnn"; 0: FlashAttention-2, "fa2"
     recompute: str = "none"
-    optimizer_bytes: float = 10  # distributed_fused_adam: fp32 moments, master remainders
+    # AdamW's bytes a parameter, BF16 runs and FP8 runs (fp8_params: whole masters)
+    optimizer_bytes: tuple[float, float] = (10, 12)
+    bf16_cp: int = 0  # configure.sh's CP for BF16 runs where the table's header leaves it out
 
 
 def _padded(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -78,21 +90,22 @@ def _nemotron(name: str, layers: int, d_model: int, heads: int, ffn: int) -> Mod
 
 
 GROK = ModelConfig("grok-1", "llama", 131072, 64, 6144, 48, 8, 32768, 8192, n_experts=8,
-                   top_k=2, d_ff_expert=32768)
+                   top_k=2, d_ff_expert=32768, capacity_factor=1.0)
 
-# README file -> its recipe (the yaml at the same commit)
+# README file -> its recipe (the yaml and configure.sh at the same commit)
 RECIPES = {
     "nemo_megatron/README_175b.md": Recipe(PRESETS["gpt3-175b"].replace(vocab_size=50257),
-                                           2048, 220, True),
+                                           2048, 220, "cudnn", optimizer_bytes=(12, 12)),
     "nemotron/README_15b.md": Recipe(_nemotron("nemotron4-15b", 32, 6144, 48, 24576), 4096,
-                                     100, True, optimizer_bytes=12),
+                                     100, "cudnn", optimizer_bytes=(12, 12)),
     "nemotron/README_340b.md": Recipe(_nemotron("nemotron4-340b", 96, 18432, 96, 73728),
-                                      4096, 50, False, "selective", optimizer_bytes=4),
-    "llama3.1/README_8b.md": Recipe(PRESETS["llama3-8b"], 8192, 75, False),
-    "llama3.1/README_70b.md": Recipe(PRESETS["llama3-70b"], 8192, 75, True),
+                                      4096, 50, "fa2", "selective", optimizer_bytes=(4, 6),
+                                      bf16_cp=2),
+    "llama3.1/README_8b.md": Recipe(PRESETS["llama3-8b"], 8192, 75, "cudnn"),
+    "llama3.1/README_70b.md": Recipe(PRESETS["llama3-70b"], 8192, 75, "cudnn"),
     "llama3.1/README_405b.md": Recipe(PRESETS["llama3-405b"].replace(n_kv_heads=16), 8192,
-                                      75, True),
-    "grok1/README_314b.md": Recipe(GROK, 8192, 0, False, optimizer_bytes=12),
+                                      125, "cudnn"),
+    "grok1/README_314b.md": Recipe(GROK, 8192, 0, "fa2", optimizer_bytes=(12, 12)),
 }
 
 
@@ -115,7 +128,8 @@ def _grok_layouts(lines: list[str]) -> dict[int, dict[str, int]]:
 def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[str]],
          layout: dict[str, int], precision: str) -> HeldOutRun:
     recipe = RECIPES[file]
-    tp, cp = layout["TP"], layout.get("CP", 1)
+    fp8 = precision == "FP8"
+    tp, cp = layout["TP"], recipe.bf16_cp if recipe.bf16_cp and not fp8 else layout.get("CP", 1)
     pp = int(rows["PP"][column]) if "PP" in rows else layout.get("PP", 1)
     vp_cell = rows["VP"][column] if "VP" in rows else str(layout.get("VP", 1))
     vp = int(vp_cell) if vp_cell.isdigit() else 1
@@ -133,14 +147,15 @@ def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[st
     return HeldOutRun(
         name, cfg, "h100", gpus, dp, tp, pp, gbs // dp, seq, recipe.recompute, tokens, DGXC,
         f"{file}, {header.split(' (')[0]} table, {gpus} GPUs", micro_batch=layout["MBS"],
-        zero=1, kernels="fused", attention_impl="cudnn", cp=cp, sequence_parallel=tp > 1,
+        zero=1, kernels="fused", attention_impl=recipe.attention, cp=cp,
+        sequence_parallel=tp > 1,
         schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
         ep=layout.get("EP", 1), etp=tp if recipe.model.is_moe else 1,
-        optimizer_bytes=recipe.optimizer_bytes,
-        network=(("tp_comm_overlap", "all" if recipe.tp_overlap else "backward"),
+        optimizer_bytes=recipe.optimizer_bytes[fp8],
+        network=(("tp_comm_overlap", "all"),
                  ("param_gather_overlap", True), buckets,
                  *((("expert_tp_dispatch", "sequence_shard"),) if recipe.model.is_moe else ())),
-        **({"precision": "fp8", "fp8_recipe": "delayed"} if precision == "FP8"
+        **({"precision": "fp8", "fp8_recipe": "delayed", "fp8_weight_gather": True} if fp8
            else {}))  # type: ignore[arg-type]
 
 

@@ -426,13 +426,13 @@ def bound_lines(priced: list[HeldOutResult]) -> list[str]:
     return lines + [""]
 
 
+def _userbuffers(run: HeldOutRun) -> bool:
+    return run.tp > 1 and ("tp_comm_overlap", "all") in run.network
+
+
 # The runtime switches of the cost model (plan/hardware.py), each set as its source ran it
 # (validation/heldout_runs.py): what each does to the rows it touches, against the other
 # setting. (label, rows it applies to, overrides of the other setting)
-def _userbuffers(run: HeldOutRun) -> bool:
-    return ("tp_comm_overlap", "all") in run.network
-
-
 SWITCHES = (
     ("FSDP gathers a block's parameters in its forward (`param_gather_overlap`), against "
      "an exposed all-gather after the step",

@@ -243,8 +243,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if too_big_at is not None and micro_batch > too_big_at:
                     break  # a larger microbatch holds more activations: it cannot fit either
                 if pp > 1 and per_replica // micro_batch < pp and fitted_smaller:
-                    break  # fewer microbatches than stages idle half the pipeline or more
-                    # ((P - 1) / (M + P - 1)); a smaller size that fills it already fits
+                    # fewer microbatches than stages idle half the pipeline or more
+                    # ((P - 1) / (M + P - 1)), and a smaller size that fills it fits
+                    break
                 too_big_before, fits_here = len(result.too_big), False
                 microbatches = per_replica // micro_batch
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
@@ -286,10 +287,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 # Nothing at this size fit, at any recompute: larger microbatches hold more
                 # activations (a pipeline's ZeRO-2 excepted: at one microbatch it keeps no
                 # whole gradients)
-                fitted_smaller = fitted_smaller or fits_here
                 if (not fits_here and len(result.too_big) > too_big_before
                         and not (zero == 2 and pp > 1)):
                     too_big_at = micro_batch
+                fitted_smaller = fitted_smaller or fits_here
     siblings = other_variants(result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: (
         evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
                  memo)))

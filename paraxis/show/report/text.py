@@ -106,16 +106,19 @@ def defence_section(plan: Plan) -> str:
                      f"<code>{esc(best.layout)}</code>, is predicted {times(ratio)} than "
                      "it.</p>" if ratio > 1.005 else
                      f"<p>The layout shown {how}; it is as fast as the planner's best.</p>")
-    faster = [r for r in result.too_big  # fastest first
-              if r.estimate is not None and r.estimate.step_time_s < e.step_time_s]
+    # fastest first; faster by more than the ranking's equal-times margin, as it ranks
+    faster = [r for r in result.too_big
+              if r.estimate is not None
+              and r.estimate.step_time_s < e.step_time_s * (1 - EQUAL_TIMES)]
     if faster:
         parts.append("<h3>Faster, but too big</h3>" + table(
             ["layout", "would take", "why not"],
             [(layout_text(r.layout), duration(r.estimate.step_time_s), r.reason)
              for r in faster[:4] if r.estimate is not None]))
     elif result.too_big:
-        parts.append("<p>No layout predicted faster than this one was left out for memory: "
-                     f"the {len(result.too_big)} that do not fit would all be slower.</p>")
+        parts.append(f"<p>No layout predicted faster than this one (by more than "
+                     f"{EQUAL_TIMES:.1%}) was left out for memory: the {len(result.too_big)} "
+                     "that do not fit would all be slower.</p>")
     reasons: dict[str, str] = {}
     for r in result.rule_breakers:
         reasons.setdefault(r.reason, str(r.layout))
