@@ -60,6 +60,15 @@ def pick_device(requested: str = "auto", share_gpu: bool = False) -> torch.devic
     return torch.device("cpu")
 
 
+def ranks_per_device(device: torch.device, share_gpu: bool) -> int:
+    """How many of this node's ranks share `device`: 1, or with `share_gpu` on CUDA the
+    node's ranks over its GPUs, rounded up (each gets that share of its memory and FLOPs)."""
+    if not share_gpu or device.type != "cuda":
+        return 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return -(-local // torch.cuda.device_count())
+
+
 def restart_attempt() -> int:
     """Which attempt of an elastic job this is: 0 first, n after n restarts (torchrun's
     TORCHELASTIC_RESTART_COUNT; 0 outside torchrun)."""
@@ -79,6 +88,15 @@ def backend_for(device: torch.device, share_gpu: bool = False) -> str:
         shared_gpu.register()
         return shared_gpu.BACKEND
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def batch_isend_irecv(ops: list[dist.P2POp]) -> list[dist.Work]:
+    """`dist.batch_isend_irecv`, where the backend batches the calls (NCCL orders a pair's
+    messages by it); on host backends each posted alone, as torch itself does for gloo (and
+    its batching of CUDA calls, which CUDA ranks sharing a GPU make, is NCCL's)."""
+    if ops and through_host(ops[0].group):
+        return [op.op(op.tensor, op.peer, op.group, op.tag) for op in ops]
+    return dist.batch_isend_irecv(ops)
 
 
 def through_host(group: dist.ProcessGroup | None = None) -> bool:

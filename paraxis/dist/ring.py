@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.dist.groups import batch_isend_irecv
 from paraxis.dist.watchdog import WATCH
 from paraxis.plan.ring_steps import REDUCE_SCATTER, chunk_bounds, ring_schedule
 
@@ -45,7 +46,7 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
         ops = [dist.P2POp(dist.isend, chunks[send_chunk].clone(), right, group=group),
                dist.P2POp(dist.irecv, incoming, left, group=group)]
         with WATCH.waiting("recv", peer=left, axis="ring"):
-            for work in dist.batch_isend_irecv(ops):
+            for work in batch_isend_irecv(ops):
                 work.wait()
         if phase == REDUCE_SCATTER:
             chunks[recv_chunk].add_(incoming)

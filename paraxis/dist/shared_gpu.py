@@ -13,6 +13,8 @@ The calls are gloo's, so the numbers are gloo's: a run that trains the same numb
 ranks over gloo trains them here (up to the GPU's own kernels). Sends and receives stay
 asynchronous as gloo makes them (a received CUDA tensor is filled when its work is waited
 on, which every caller does before reading it); collectives complete before they return.
+Sends and receives are posted one by one (`groups.batch_isend_irecv`), as torch does for
+gloo: torch's batching of CUDA point-to-point calls is NCCL's.
 """
 
 from __future__ import annotations
@@ -159,8 +161,16 @@ class SharedGpuGroup(dist.ProcessGroup):
         return self._run(self.gloo.alltoall(host, [_host(t) for t in inputs], opts), outputs,
                          host)
 
+    # torch 2.12 and earlier call them by these names
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    alltoall_base = all_to_all_single
+
     def barrier(self, opts: Any = None) -> dist._Work:
-        self.gloo.barrier(dist.BarrierOptions()).wait()
+        own = dist.BarrierOptions()  # gloo's, without a CUDA device it would refuse
+        if opts is not None:
+            own.timeout = opts.timeout
+        self.gloo.barrier(own).wait()
         return _Done()
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist._Work:
@@ -168,7 +178,8 @@ class SharedGpuGroup(dist.ProcessGroup):
         return _Then(self.gloo.send(host, dst, tag), [], keep=host)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist._Work:
-        host = [_host(t) for t in tensors]
+        host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
+                for t in tensors]  # contiguous, as gloo needs; nothing copied from the GPU
         copies = [(t, h) for t, h in zip(tensors, host, strict=True) if t.device.type != "cpu"]
         return _Then(self.gloo.recv(host, src, tag), copies)
 

@@ -77,6 +77,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         build_groups,
         init_distributed,
         pick_device,
+        ranks_per_device,
         shutdown_distributed,
     )
     from paraxis.dist.heartbeat import (  # lazy: torch; ranks load this before their env
@@ -115,7 +116,10 @@ def run_training(cfg: RunConfig) -> list[dict]:
     claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
-        check_states_fit(model_cfg, layout, train.precision, device_memory_bytes(device))
+        memory = device_memory_bytes(device)  # None on CPU
+        if memory is not None:  # ranks sharing a GPU (--share-gpu) each get a share of it
+            memory /= ranks_per_device(device, train.share_gpu)
+        check_states_fit(model_cfg, layout, train.precision, memory)
         data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
         data.check(model_cfg.vocab_size, train.seq_len, held_out=cfg.eval.every > 0)
         end_of_document = packing_id(data.end_of_document, data.name) \
@@ -176,6 +180,9 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
           claim: Claim | None = None) -> list[dict]:
     import torch  # lazy: torch; ranks load this before their env
 
+    from paraxis.dist.groups import (  # lazy: torch; ranks load this before their env
+        ranks_per_device,
+    )
     from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
     from paraxis.parallel.experts.layer import (  # lazy: torch; ranks load this before their env
         update_expert_biases,
@@ -200,6 +207,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     layout = groups.layout
     tokens_per_step = train.global_batch * train.seq_len
     peak_flops = device_peak_flops(device, log.peak_tflops, log.hardware)
+    if peak_flops is not None:  # ranks sharing a GPU (--share-gpu) each get a share of it
+        peak_flops /= ranks_per_device(device, train.share_gpu)
     records: list[dict] = []
     # A resumed run appends to the metrics of the run it continues (less the steps logged
     # after the checkpoint it resumes: they are about to be taken again).

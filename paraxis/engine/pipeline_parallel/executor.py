@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.dist.groups import through_host
+from paraxis.dist.groups import batch_isend_irecv, through_host
 from paraxis.dist.watchdog import WATCH
 from paraxis.engine.pipeline_parallel.split_backward import PendingWeightGrad, backward_input
 from paraxis.parallel.context.packing import weigh
@@ -293,7 +293,7 @@ class PipelineExecutor:
                 buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
                 recvs.append((action, len(ops) - 1, buffer))
-        works = op_handles(ops, dist.batch_isend_irecv(ops) if ops else [])
+        works = op_handles(ops, batch_isend_irecv(ops) if ops else [])
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
                 step.pending_sends.append((work, op.tensor, op.peer))
