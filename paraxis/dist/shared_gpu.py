@@ -73,11 +73,18 @@ def _back(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
 class SharedGpuGroup(dist.ProcessGroup):
     """gloo with CUDA tensors staged through the host; one per process group of the run."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
+                 name: str = "") -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size,
-                                          timeout)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout, options.group_name = timeout, name
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, options)
+        # torch reads a group's name from its backends (torch.compile refers to groups by
+        # it); the calls themselves reach the methods below, which stage what gloo cannot take
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self.gloo)
 
     def size(self) -> int:
         return self._size
@@ -184,11 +191,13 @@ class SharedGpuGroup(dist.ProcessGroup):
         return _Then(self.gloo.recv(host, src, tag), copies)
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> SharedGpuGroup:
-    return SharedGpuGroup(store, rank, size, timeout)
+def _create(options: Any, _backend_options: Any) -> SharedGpuGroup:
+    return SharedGpuGroup(options.store, options.group_rank, options.group_size,
+                          options.timeout, options.group_id)
 
 
 def register() -> None:
     """Make `BACKEND` a name init_process_group knows (once per process)."""
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                      devices=["cpu", "cuda"])

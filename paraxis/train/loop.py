@@ -86,7 +86,10 @@ def run_training(cfg: RunConfig) -> list[dict]:
     from paraxis.parallel.context.packing import (  # lazy: torch; ranks load this before their env
         packing_id,
     )
-    from paraxis.parallelize import build_engine  # lazy: torch; and a test patches build_engine
+    from paraxis.parallelize import (  # lazy: torch; and a test patches build_engine
+        build_engine,
+        compiles_whole,
+    )
     from paraxis.train.claim import claim_folder  # lazy: torch; ranks load this before their env
     from paraxis.train.metrics import (  # lazy: torch; ranks load this before their env
         device_memory_bytes,
@@ -128,6 +131,15 @@ def run_training(cfg: RunConfig) -> list[dict]:
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
         compiled = train.compiles(device.type, layout.schedule)
+        if compiled and train.share_gpu and not compiles_whole(model_cfg, layout,
+                                                               end_of_document):
+            # torch.compile turns the collectives inside compiled blocks into its own traced
+            # ones on C++ process groups; ranks sharing a GPU have a Python one
+            if train.compile:
+                raise ParaxisError("--compile with --share-gpu compiles only layouts whose "
+                                   "model communicates nothing inside (dp, ZeRO 0-2); drop "
+                                   "--compile, or --share-gpu")
+            compiled = False
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
                               precision=train.precision, compile=compiled,
                               adamw=cfg.optimizer.adamw(),

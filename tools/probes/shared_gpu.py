@@ -34,16 +34,20 @@ RUNS = {
     "tp x pp": ("tiny-llama", 4, "tp=2,pp=2,microbatches=4", "fp32"),
     "dp x cp zero=2": ("tiny-llama", 4, "dp=2,cp=2,zero=2", "bf16"),
     "dp x tp x pp": ("tiny-llama", 8, "dp=2,tp=2,pp=2,zero=1,microbatches=4", "fp32"),
+    # compiled whole, as CUDA runs of layouts that communicate nothing inside the model are
+    # by default (the others run uncompiled under --share-gpu: paraxis/train/loop.py)
+    "dp compiled": ("tiny-llama", 2, "dp=2,zero=1", "fp32"),
 }
 
 
-def losses(model: str, ranks: int, layout: str, precision: str, steps: int, device: str
-           ) -> list[float]:
+def losses(model: str, ranks: int, layout: str, precision: str, steps: int, device: str,
+           compiled: bool = False) -> list[float]:
     with tempfile.TemporaryDirectory() as folder:
         metrics = Path(folder) / "metrics.jsonl"
         command = [sys.executable, "-m", "paraxis", "train", "--model", model, "--device",
                    device, "--precision", precision, "--steps", str(steps), "--global-batch",
-                   "8", "--seq-len", "64", "--log-every", "1", "--no-compile",
+                   "8", "--seq-len", "64", "--log-every", "1",
+                   "--compile" if compiled else "--no-compile",
                    "--metrics-file", str(metrics), "--nproc", str(ranks)]
         if ranks > 1:
             command += ["--layout", layout, "--share-gpu"]
@@ -72,7 +76,8 @@ def main() -> int:
             alone[model, precision] = losses(model, 1, "", precision, args.steps, args.device)
         single = alone[model, precision]
         try:
-            shared = losses(model, ranks, layout, precision, args.steps, args.device)
+            shared = losses(model, ranks, layout, precision, args.steps, args.device,
+                            compiled=name.endswith("compiled"))
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             failed += 1
             print(f"| {name} | {layout} | {ranks} | failed: {error} | | |", flush=True)
