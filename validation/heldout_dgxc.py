@@ -172,8 +172,11 @@ def dgxc_rows(path: Path = DGXC_TABLES) -> list[HeldOutRun]:
     runs = []
     for file, lines in sections.items():
         configs = _grok_layouts(lines[:11]) if file.startswith("grok1/") else {}
-        tables = [i for i, line in enumerate(lines) if re.search(r"(BF16|FP8)", _cells(line)[0])
-                  and "Throughput on" in line or "x H100 GPUs (GBS" in line]
+        # a table starts at its header: "<model> BF16|FP8 (...) | Throughput on N H100 GPUs"
+        # (GPT-3's: "... | Nx H100 GPUs (GBS=...)"); Grok-1's layout table is not one
+        tables = [i for i, line in enumerate(lines)
+                  if (re.search(r"(BF16|FP8)", _cells(line)[0]) and "Throughput on" in line)
+                  or "x H100 GPUs (GBS" in line]
         for start, end in zip(tables, [*tables[1:], len(lines)], strict=True):
             header = _cells(lines[start])
             rows = {cells[0]: cells[1:] for cells in map(_cells, lines[start + 2:end])}
