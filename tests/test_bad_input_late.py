@@ -181,6 +181,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("nproc-resume-other-model", [*TRAIN, "--steps", "2", "--nproc", "2", "--model",
                                   "tiny-llama", "--resume", GOOD],
      "holds a different model", "--model set to the checkpoint's model", SUB),
+    ("nproc-share-gpu-compile-tp", [*TRAIN, "--nproc", "2", "--tp", "2", "--share-gpu",
+                                    "--compile"],
+     "--compile with --share-gpu compiles only layouts", "drop --compile", SUB),
     # found by the first pipeline stage alone: its peer loses it and stays quiet
     ("nproc-found-on-one-rank", [*TRAIN, "--steps", "2", "--nproc", "2", "--pp", "2",
                                  "--resume", "missing_piece"],
