@@ -48,7 +48,7 @@ class _Then(dist._Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         self.work.wait()
-        _back([t for t, _ in self.copies], [s for _, s in self.copies])
+        _back(self.copies)
         self.copies, self.keep = [], None
         return True
 
@@ -56,27 +56,35 @@ class _Then(dist._Work):
         return self.work.is_completed() and not self.copies
 
 
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+def _host(value: Any, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """`value` (a tensor, a list of them, a list of lists, or anything else) with each CUDA
+    tensor replaced by a host copy; (CUDA tensor, host copy) pairs are added to `copies`."""
+    if isinstance(value, list):
+        return [_host(item, copies) for item in value]
+    if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
+        return value
+    host = value.detach().to("cpu")
+    copies.append((value, host))
+    return host
 
 
-def _back(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """Copy the host results into their CUDA tensors, finished before this returns: NCCL's
+def _back(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy host results into their CUDA tensors, finished before this returns: NCCL's
     callers may read them on another stream than the one the call was made on."""
-    on_gpu = [(t, s) for t, s in zip(targets, sources, strict=True) if t.device.type != "cpu"]
-    for target, source in on_gpu:
+    for target, source in copies:
         target.copy_(source)
-    if on_gpu:
-        torch.cuda.current_stream(on_gpu[0][0].device).synchronize()
+    if copies:
+        torch.cuda.current_stream(copies[0][0].device).synchronize()
 
 
 class SharedGpuGroup(dist.ProcessGroup):
-    """gloo with CUDA tensors staged through the host; one per process group of the run."""
+    """gloo with CUDA tensors staged through the host; one per process group of the run.
+    Every call's first argument is what it writes (a tensor or a list of them): its CUDA
+    tensors get gloo's results back."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  name: str = "") -> None:
         super().__init__(rank, size)
-        self._rank, self._size = rank, size
         options = dist.ProcessGroupGloo._Options()
         options._timeout, options.group_name = timeout, name
         options._devices = [dist.ProcessGroupGloo.create_default_device()]
@@ -86,87 +94,63 @@ class SharedGpuGroup(dist.ProcessGroup):
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self.gloo)
 
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND
 
-    def _run(self, call: Any, outputs: list[torch.Tensor], host: list[torch.Tensor]
-             ) -> dist._Work:
-        call.wait()
-        _back(outputs, host)
+    def _staged(self, call: Any, written: Any, *args: Any) -> dist._Work:
+        """gloo's `call` on host copies of its arguments, waited for; `written`'s results
+        copied back."""
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        host = _host(written, copies)
+        call(host, *(_host(arg, []) for arg in args)).wait()
+        _back(copies)
         return _Done()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
-        host = [_host(t) for t in tensors]
-        return self._run(self.gloo.allreduce(host, opts), tensors, host)
+        return self._staged(self.gloo.allreduce, tensors, opts)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        return self._staged(self.gloo.allreduce_coalesced, tensors, opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
-        host = [_host(t) for t in tensors]
-        return self._run(self.gloo.broadcast(host, opts), tensors, host)
+        return self._staged(self.gloo.broadcast, tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
+        return self._staged(self.gloo.reduce, tensors, opts)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any) -> dist._Work:
-        host = [[_host(t) for t in row] for row in outputs]
-        call = self.gloo.allgather(host, [_host(t) for t in inputs], opts)
-        return self._run(call, [t for row in outputs for t in row],
-                         [t for row in host for t in row])
+        return self._staged(self.gloo.allgather, outputs, inputs, opts)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any) -> dist._Work:
+        return self._staged(self.gloo.gather, outputs, inputs, opts)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any) -> dist._Work:
+        return self._staged(self.gloo.scatter, outputs, inputs, opts)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any) -> dist._Work:
+        return self._staged(self.gloo.reduce_scatter, outputs, inputs, opts)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+                 ) -> dist._Work:
+        return self._staged(self.gloo.alltoall, outputs, inputs, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any
                           ) -> dist._Work:
-        host = _host(output)
-        return self._run(self.gloo._allgather_base(host, _host(input), opts), [output], [host])
+        return self._staged(self.gloo._allgather_base, output, input, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any
                               ) -> dist._Work:
-        host = _host(output)
-        call = self.gloo._reduce_scatter_base(host, _host(input), opts)
-        return self._run(call, [output], [host])
+        return self._staged(self.gloo._reduce_scatter_base, output, input, opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_splits: list[int], input_splits: list[int], opts: Any
                           ) -> dist._Work:
-        host = _host(output)
-        call = self.gloo.alltoall_base(host, _host(input), output_splits, input_splits, opts)
-        return self._run(call, [output], [host])
-
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
-        host = [_host(t) for t in tensors]
-        return self._run(self.gloo.allreduce_coalesced(host, opts), tensors, host)
-
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist._Work:
-        host = [_host(t) for t in tensors]
-        return self._run(self.gloo.reduce(host, opts), tensors, host)
-
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-               opts: Any) -> dist._Work:
-        host = [[_host(t) for t in row] for row in outputs]
-        call = self.gloo.gather(host, [_host(t) for t in inputs], opts)
-        return self._run(call, [t for row in outputs for t in row],
-                         [t for row in host for t in row])
-
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                opts: Any) -> dist._Work:
-        host = [_host(t) for t in outputs]
-        call = self.gloo.scatter(host, [[_host(t) for t in row] for row in inputs], opts)
-        return self._run(call, outputs, host)
-
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
-                       opts: Any) -> dist._Work:
-        host = [_host(t) for t in outputs]
-        call = self.gloo.reduce_scatter(host, [[_host(t) for t in row] for row in inputs],
-                                        opts)
-        return self._run(call, outputs, host)
-
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
-                 ) -> dist._Work:
-        host = [_host(t) for t in outputs]
-        return self._run(self.gloo.alltoall(host, [_host(t) for t in inputs], opts), outputs,
-                         host)
+        return self._staged(self.gloo.alltoall_base, output, input, output_splits,
+                            input_splits, opts)
 
     # torch 2.12 and earlier call them by these names
     _allgather_base = all_gather_single
@@ -181,7 +165,7 @@ class SharedGpuGroup(dist.ProcessGroup):
         return _Done()
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist._Work:
-        host = [_host(t).contiguous() for t in tensors]
+        host = [t.detach().to("cpu").contiguous() for t in tensors]
         return _Then(self.gloo.send(host, dst, tag), [], keep=host)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist._Work:
