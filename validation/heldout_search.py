@@ -1,4 +1,6 @@
-"""What the planner's search picks where NVIDIA published its own layout (docs/validation.md).
+"""NVIDIA's DGX Cloud runs beyond their errors (docs/validation.md): what the planner's search
+picks where NVIDIA published its own layout, and what their memory verdicts owe to the
+optimizer and expert facts validation/heldout_dgxc.py records.
 
 For each of NVIDIA's DGX Cloud recipes (validation/heldout_dgxc.py) at its smallest GPU count,
 the search runs over every layout of those GPUs that the recipe's runtime runs (Megatron-Core's
@@ -9,6 +11,8 @@ layout, on the same model: what the search claims) and NVIDIA's as measured.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from paraxis.plan.search import Constraints, search
 from validation.heldout_dgxc import dgxc_rows
@@ -45,3 +49,15 @@ def search_lines() -> list[str]:
                      f"{ran.tokens_per_gpu_s:,.0f} | `{best.layout}` | {tokens:,.0f} | "
                      f"{tokens / ran.tokens_per_gpu_s - 1:+.1%} |")
     return [*lines, ""]
+
+
+def record_line() -> str:
+    """How many DGX Cloud BF16 runs that ran would not fit priced with 12 bytes of optimizer
+    states a parameter (fp32 moments and master) and experts whole on every TP rank."""
+    runs = [run for run in dgxc_rows() if not run.unpriced and run.precision == "bf16"]
+    out = [run.name for run in runs
+           if not price(dataclasses.replace(run, optimizer_bytes=12, etp=1)).estimate.fits]
+    recorded = sum(not price(run).estimate.fits for run in runs)
+    return (f"- Priced with 12 bytes of AdamW states a parameter and experts whole on every "
+            f"TP rank, {len(out)} of the {len(runs)} DGX Cloud BF16 runs that ran do not fit "
+            f"({', '.join(out) or 'none'}); as recorded, {recorded}.")

@@ -35,7 +35,7 @@ from validation.heldout_runs import (
     TORCHTITAN_A100,
     TORCHTITAN_H100,
 )
-from validation.heldout_search import search_lines
+from validation.heldout_search import record_line, search_lines
 from validation.validate_heldout import (
     bound_lines,
     error_stats,
@@ -309,7 +309,9 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *kernel_lines(priced),
         *gemm_lines(priced),
         *bound_lines(priced),
-        *switch_lines(priced),
+        *switch_lines(priced)[:-1],
+        record_line(),
+        "",
         *search_lines(),
         *llama3_lines(),
         "",
