@@ -200,6 +200,14 @@ def test_every_micro_batch_size_that_divides_a_replicas_batch_is_tried() -> None
     assert {e.micro_batch for e in result.ranked} >= {1, 5}
     result = search(cfg, build_cluster("a100-80gb", 8, 8), 1024, 96, Constraints(dp=8))
     assert {e.micro_batch for e in result.ranked} >= {3, 6, 12}  # 12 a replica
+    # beyond 16 too, wherever it fits: 64 sequences of tiny on one device
+    result = search(PRESETS["tiny"], build_cluster("a100-80gb", 1, 1), 128, 64)
+    assert {e.micro_batch for e in result.ranked} >= {1, 2, 4, 8, 16, 32, 64}
+    # under a pipeline, a size leaving fewer microbatches than stages only where no smaller
+    # one fits: 8 sequences on pp=4 stop at 2 a microbatch (4 of them)
+    result = search(PRESETS["tiny"], build_cluster("a100-80gb", 4, 4), 128, 8,
+                    Constraints(pp=4, schedules=("1f1b",)))
+    assert {e.micro_batch for e in result.ranked} == {1, 2}
 
 
 def test_grouped_full_recompute_is_tried_where_one_block_a_checkpoint_does_not_fit() -> None:
