@@ -125,6 +125,13 @@ def _grok_layouts(lines: list[str]) -> dict[int, dict[str, int]]:
             for cells in map(_cells, lines[2:])}
 
 
+def _named(file: str, header: str, gpus: int) -> tuple[str, str]:
+    """A row's name ("Nemotron4 15b FP8 x64") and where it stands (file, table, column)."""
+    table = header.split(" (")[0]
+    title = table.replace(" BF16", "").replace("NeMo Megatron", "GPT-3 175B")
+    return f"{title} x{gpus}", f"{file}, {table} table, {gpus} GPUs"
+
+
 def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[str]],
          layout: dict[str, int], precision: str) -> HeldOutRun:
     recipe = RECIPES[file]
@@ -140,13 +147,12 @@ def _run(file: str, header: str, column: int, gpus: int, rows: dict[str, list[st
     dp = gpus // (tp * pp * cp)
     cfg = _padded(recipe.model.replace(n_layers=layers, max_seq_len=seq), tp)
     tokens = float(rows["Throughput in tokens per second"][column]) / gpus
-    title = header.split(" (")[0].replace(" BF16", "").replace("NeMo Megatron", "GPT-3 175B")
-    name = f"{title} x{gpus}"
+    name, where = _named(file, header, gpus)
     buckets = (("gradient_bucket_bytes", recipe.bucket_mb * MIB) if recipe.bucket_mb
                else ("gradient_bucket_rule", "megatron"))
     return HeldOutRun(
         name, cfg, "h100", gpus, dp, tp, pp, gbs // dp, seq, recipe.recompute, tokens, DGXC,
-        f"{file}, {header.split(' (')[0]} table, {gpus} GPUs", micro_batch=layout["MBS"],
+        where, micro_batch=layout["MBS"],
         zero=1, kernels="fused", attention_impl=recipe.attention, cp=cp,
         sequence_parallel=tp > 1,
         schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
@@ -198,8 +204,7 @@ def _maxtext(header: str, title: str, gpus: int, rows: dict[str, list[str]],
     gbs = int(re.search(r"GBS=(\d+)", title).group(1))  # type: ignore[union-attr]
     tokens = float(rows["Throughput in tokens per second"][column]) / gpus
     fp8 = {"precision": "fp8"} if "FP8" in header else {}
-    return HeldOutRun(f"{header.split(' (')[0].replace(' BF16', '')} x{gpus}", "llama3-70b",
-                      "h100", gpus, gpus, 1, 1, gbs // gpus, 8192, "not stated", tokens, DGXC,
-                      f"maxtext/README_70b.md, {header.split(' (')[0]} table, {gpus} GPUs",
-                      MAXTEXT, micro_batch=2, kernels="fused",
-                      **fp8)  # type: ignore[arg-type]
+    name, where = _named("maxtext/README_70b.md", header, gpus)
+    return HeldOutRun(name, "llama3-70b", "h100", gpus, gpus, 1, 1, gbs // gpus, 8192,
+                      "not stated", tokens, DGXC, where, MAXTEXT, micro_batch=2,
+                      kernels="fused", **fp8)  # type: ignore[arg-type]
