@@ -169,8 +169,10 @@ class SharedGpuGroup(dist.ProcessGroup):
         return _Then(self.gloo.send(host, dst, tag), [], keep=host)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist._Work:
-        host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
-                for t in tensors]  # contiguous, as gloo needs; nothing copied from the GPU
+        host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype,
+                                                             device="cpu")
+                for t in tensors]  # on the host whatever the default device (gloo reads
+        # into it: a CUDA buffer is a bad address), contiguous; nothing copied from the GPU
         copies = [(t, h) for t, h in zip(tensors, host, strict=True) if t.device.type != "cpu"]
         return _Then(self.gloo.recv(host, src, tag), copies)
 
