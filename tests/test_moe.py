@@ -64,11 +64,11 @@ def test_injected_aux_gradient_equals_adding_the_aux_loss() -> None:
     x = torch.randint(0, 256, (2, 32))
     y = torch.randint(0, 256, (2, 32))
     injected = build_model(cfg, seed=1)
-    set_aux_loss_scale(injected, 0.5)  # as an engine does for two microbatches
+    set_aux_loss_scale(moe_layers(injected), 0.5)  # as an engine does for two microbatches
     (injected(x, y) * 0.5).backward()
 
     explicit = build_model(cfg, seed=1)
-    set_aux_loss_scale(explicit, 0.0)  # nothing injected: the aux loss is added by hand
+    set_aux_loss_scale(moe_layers(explicit), 0.0)  # nothing injected: the aux loss is added by hand
     auxes: list[torch.Tensor] = []
     zs: list[torch.Tensor] = []
 

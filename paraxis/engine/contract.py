@@ -23,6 +23,7 @@ mean over the global batch's unmasked targets, as on one device.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +42,7 @@ from paraxis.model.checkpoint.entries import (
 )
 from paraxis.model.transformer import single_device_buffers, single_device_parameters
 from paraxis.parallel.context.packing import counted_targets, loss_weights, mask_targets, weigh
-from paraxis.parallel.experts.layer import set_aux_loss_scale
+from paraxis.parallel.experts.layer import MoE, moe_layers, set_aux_loss_scale
 from paraxis.spec.layout import Layout
 from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.units import runs_within
@@ -114,6 +115,11 @@ class LocalEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @functools.cached_property
+    def moe_layers(self) -> list[MoE]:
+        """The model's MoE blocks (none in a dense model), found at the first step."""
+        return moe_layers(self.model)
+
     def microbatches(self, inputs: torch.Tensor, targets: torch.Tensor
                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The microbatches of this share; packing masks their targets."""
@@ -165,7 +171,7 @@ class LocalEngine:
         weights = self.loss_weights(micro)
         losses = []
         # an MoE's aux loss starts its gradient as the loss does: / microbatches, * fp16 scale
-        set_aux_loss_scale(self.model, self.loss_scale() / len(micro))
+        set_aux_loss_scale(self.moe_layers, self.loss_scale() / len(micro))
         for index, (x, y) in enumerate(micro):
             with self.no_sync(last=index == len(micro) - 1):
                 loss = self.loss(x, y)

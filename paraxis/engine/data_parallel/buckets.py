@@ -142,8 +142,10 @@ class GradReducer:
         # The hook reaches the reducer through a weak reference: a tensor's hooks are not
         # seen by Python's cycle collector, so a strong one would keep the engine (and all of
         # its memory) alive after its last user let go of it.
+        # Nothing to reduce (`local`): no hook, which would cost the host a call into Python
+        # per parameter per backward for nothing.
         reducer = weakref.ref(self)
-        for unit in units:
+        for unit in units if not self.local else []:
             for p in unit.params:
                 p.register_post_accumulate_grad_hook(
                     lambda param, reducer=reducer: reducer()._on_grad(param))
@@ -201,8 +203,6 @@ class GradReducer:
         return flat[start:end].view(param.shape)
 
     def _on_grad(self, param: torch.Tensor) -> None:
-        if self.local:
-            return
         index = self._unit_of[id(param)]
         if self.accumulate:
             start, end = self._span_of[id(param)]

@@ -178,6 +178,7 @@ class DataParallelEngine(LocalEngine):
         else:
             self.optimizer, self.pieces = shard_optimizer(self.units, adamw)
         init_adam_state(self.optimizer)
+        self._norm_kinds: tuple[list[int], list[int], list[int]] | None = None
         # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
         self.piece_grads = [] if not self.pieces or self.reducer.local else _piece_grads(
             self.units, whole=self.masters is not None and self.zero == 0)
@@ -222,11 +223,13 @@ class DataParallelEngine(LocalEngine):
         self.reducer.finish()
         if self.gatherer is not None:
             self.gatherer.free_all()
+        tp_group = self.groups.tp_group if self.groups is not None else None
+        if group_size(tp_group) == 1:
+            return  # nothing partial to sum (and no per-parameter pass on the host)
         pairs = ([(piece.param, grad) for (piece, _), grad in  # what norm and optimizer read
                   zip(self.pieces, self.current_piece_grads(), strict=True)] if self.pieces
                  else [(p, p.grad) for p in self.model.parameters()])
-        sum_partial_grads(pairs, self.groups.tp_group if self.groups is not None else None,
-                          self.bucket_bytes)
+        sum_partial_grads(pairs, tp_group, self.bucket_bytes)
 
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         loss = super().evaluate(inputs, targets)
@@ -260,17 +263,28 @@ class DataParallelEngine(LocalEngine):
                                        self.layout.etp > 1)
         # ZeRO-1/2/3: each rank holds the reduced gradient of a disjoint piece of every
         # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
-        live = [(piece, grad) for (piece, _), grad in zip(self.pieces,
-                                                          self.current_piece_grads(),
-                                                          strict=True)
-                if not is_pp_duplicate(piece.param)]
-        experts = self._experts_norm([g for p, g in live if is_ep_sharded(p.param)])
-        live = [(p, g) for p, g in live if not is_ep_sharded(p.param)]
-        sharded = norm_squared([g for p, g in live if is_tp_sharded(p.param)], self.device)
-        replicated = norm_squared([g for p, g in live if not is_tp_sharded(p.param)],
-                                  self.device)
-        return global_norm_squared(sharded, replicated, self.groups, self.zero >= 1, experts,
+        grads = self.current_piece_grads()
+        experts, sharded, replicated = ([grads[i] for i in kind]
+                                        for kind in self._pieces_by_norm())
+        return global_norm_squared(norm_squared(sharded, self.device),
+                                   norm_squared(replicated, self.device), self.groups,
+                                   self.zero >= 1, self._experts_norm(experts),
                                    self.layout.etp > 1)
+
+    def _pieces_by_norm(self) -> tuple[list[int], list[int], list[int]]:
+        """The pieces' indices by how their gradients enter the norm: expert-parallel,
+        tensor-parallel sharded, and the rest (a pipeline's duplicate of a tied weight in
+        none); worked out at the first step, once every axis has marked its parameters, and
+        kept: the step then makes no per-piece pass over the flags."""
+        if self._norm_kinds is None:
+            kinds: tuple[list[int], list[int], list[int]] = ([], [], [])
+            for index, (piece, _) in enumerate(self.pieces):
+                if not is_pp_duplicate(piece.param):
+                    kind = (0 if is_ep_sharded(piece.param) else
+                            1 if is_tp_sharded(piece.param) else 2)
+                    kinds[kind].append(index)
+            self._norm_kinds = kinds
+        return self._norm_kinds
 
     def current_piece_grads(self) -> list[torch.Tensor]:
         """Each piece's reduced gradient (`piece_grads`, views of the flat buffers); with
@@ -278,7 +292,9 @@ class DataParallelEngine(LocalEngine):
         are whole (ZeRO-0), read in the same order."""
         if not self.reducer.local:
             return self.piece_grads
-        return [piece.param.grad.view(-1)[piece.lo:piece.hi] for piece, _ in self.pieces]
+        grads = [piece.param.grad.view(-1) for piece, _ in self.pieces]
+        return [grad if piece.hi - piece.lo == grad.numel() else grad[piece.lo:piece.hi]
+                for grad, (piece, _) in zip(grads, self.pieces, strict=True)]
 
     def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""

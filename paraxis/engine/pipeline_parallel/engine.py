@@ -88,7 +88,7 @@ class PipelineEngine(LocalEngine):
         xs, ys = [x for x, _ in micro], [y for _, y in micro]
         self.executor.trace.clear()
         scale = self.loss_scale()
-        set_aux_loss_scale(self.model, scale / len(xs))  # an MoE's aux loss, as the loss
+        set_aux_loss_scale(self.moe_layers, scale / len(xs))  # an MoE's aux loss, as the loss
         loss = self.executor.run(xs, ys, self.autocast_dtype,
                                  backward_context=self._backward_context, loss_scale=scale,
                                  loss_weights=self.loss_weights(micro))

@@ -296,10 +296,12 @@ def update_expert_biases(model: nn.Module) -> None:
             layer.update_expert_bias(layer.step.counts)
 
 
-def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
+def set_aux_loss_scale(layers: list[MoE], scale: float) -> None:
     """The factor the engine applies to a microbatch's loss before backward (1/microbatches
-    times fp16's loss scale): the aux loss's injected gradient gets the same."""
-    for layer in moe_layers(model):
+    times fp16's loss scale): the aux loss's injected gradient gets the same. `layers`:
+    the model's `moe_layers`, found once (a walk over the modules every step costs a dense
+    model's host as much as its clipping)."""
+    for layer in layers:
         layer.aux_scale = scale
 
 
