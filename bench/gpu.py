@@ -41,7 +41,8 @@ from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import Estimate, evaluate
-from paraxis.plan.hardware import build_cluster, gpu_for_device_name
+from paraxis.plan.hardware import build_cluster, get_gpu, gpu_for_device_name
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
@@ -331,6 +332,10 @@ if __name__ == "__main__":
                         "every full run; no GPU needed")
     args = parser.parse_args()
     if args.planner:
+        try:
+            get_gpu(args.planner)
+        except ParaxisError as error:
+            parser.error(f"--planner: {error}")
         for model_name, batch, seq in FULL["runs"]:
             for side, estimate in planned(model(model_name), batch, seq, args.planner).items():
                 print(f"{model_name} {batch} x {seq}, {side}: planner "
