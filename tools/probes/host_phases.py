@@ -1,0 +1,108 @@
+"""The host's share of a training step, phase by phase: paraxis's one-device engine beside
+bench/reference.py's compiled loop, on a GPT-2 124M cut to a tiny width.
+
+    python -m tools.probes.host_phases [--precision bf16|fp32] [--steps N]
+
+A GPU step goes host-bound when the host takes longer to queue the kernels than the GPU
+takes to run them (GPT-2 124M at 8 x 1024 on a lent H100: docs/gpu/README.md). Its cost is
+the Python and dispatch of each step, which does not depend on the model's width: at width
+16, 8 tokens and one thread, a CPU step is mostly that cost. Both sides are compiled whole
+and keep GPT-2's 12 blocks and their parameters (paraxis 196, the reference 148: paraxis
+keeps q, k and v apart and stacks them in the graph); the reference runs under bf16
+autocast with fp32 parameters as on a GPU, paraxis with `--precision`'s parameters (bf16:
+fp32 masters, the GPU default). Medians over `--steps` steps after 10, in milliseconds:
+forward and backward; the gradient norm and clipping; the optimizer step; zero_grad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench import gpu
+from bench.common import token_batch
+from bench.reference import Reference
+from paraxis.dist.groups import build_groups
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+
+PHASES = ("forward+backward", "norm+clip", "optimizer", "zero_grad")
+WARMUP = 10
+
+
+def paraxis_phases(cfg, x: torch.Tensor, y: torch.Tensor, precision: str
+                   ) -> list[Callable[[], None]]:
+    engine = build_engine(cfg, Layout(), build_groups(Layout()), torch.device("cpu"), seed=0,
+                          precision=precision, compile=True)
+    state = {}
+
+    def forward_backward() -> None:
+        state["loss"] = engine.forward_backward_on_device(x, y)
+
+    def clip() -> None:  # as `train_step` makes it, with its finite check
+        norm = engine.clip_grad_norm_on_device(1.0)
+        engine._nonfinite = ~(torch.isfinite(state["loss"]) & torch.isfinite(norm))
+
+    def step() -> None:
+        engine.optimizer_step(1e-3)
+        engine._nonfinite = None
+
+    return [forward_backward, clip, step, engine.zero_grad]
+
+
+def reference_phases(cfg, x: torch.Tensor, y: torch.Tensor) -> list[Callable[[], None]]:
+    model = Reference(cfg)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=1e-3, fused=True)
+    forward = torch.compile(model)
+
+    def forward_backward() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = forward(x, y)
+        loss.backward()
+
+    def clip() -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+
+    return [forward_backward, clip, optimizer.step, optimizer.zero_grad]
+
+
+def timed(phases: list[Callable[[], None]], steps: int) -> list[float]:
+    times: list[list[float]] = [[] for _ in phases]
+    for index in range(WARMUP + steps):
+        for phase, kept in zip(phases, times, strict=True):
+            started = time.perf_counter()
+            phase()
+            if index >= WARMUP:
+                kept.append((time.perf_counter() - started) * 1e3)
+    return [statistics.median(kept) for kept in times]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: give at least 1")
+    torch.set_num_threads(1)
+    cfg = gpu.model("gpt2-124m").replace(d_model=16, n_heads=2, n_kv_heads=2, d_ff=32,
+                                         vocab_size=64, max_seq_len=16)
+    x, y = token_batch(cfg.vocab_size, 1, 8, torch.device("cpu"))
+    rows = {f"paraxis --compile ({args.precision})": paraxis_phases(cfg, x, y, args.precision),
+            "reference (bf16 autocast)": reference_phases(cfg, x, y)}
+    print(f"| side | {' | '.join(PHASES)} | step |\n|---|{'---|' * (len(PHASES) + 1)}")
+    for side, phases in rows.items():
+        medians = timed(phases, args.steps)
+        print(f"| {side} | " + " | ".join(f"{m:.2f}" for m in medians)
+              + f" | {sum(medians):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
