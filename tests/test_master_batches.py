@@ -6,11 +6,18 @@ import pytest
 import torch
 
 from paraxis.dist.groups import build_groups
+from paraxis.engine.contract import (
+    adamw,
+    fused_adamw_group,
+    init_adam_state,
+    takes_gradients_given,
+)
 from paraxis.engine.data_parallel import masters
 from paraxis.engine.data_parallel.buckets import GradReducer
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.optimizer import AdamW
 
 TINY = PRESETS["tiny"]
 
@@ -130,3 +137,41 @@ def test_a_parameter_no_backward_reached_has_a_zero_gradient(monkeypatch, local)
     reducer.finish()
     assert torch.equal(used.grad, torch.full((3,), 2.0))
     assert torch.equal(unused.grad, torch.zeros(3))
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_gradients_handed_to_the_fused_kernel_step_as_torch_does(nonfinite):
+    # `fused_adamw_group` (the masters' step) against torch's own AdamW.step on the same
+    # tensors, gradient scale and non-finite flag: weights, moments and step counts equal
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(shape, generator=g) for shape in ((8, 4), (4,), (3, 5))]
+    drawn = [torch.randn(t.shape, generator=g) for t in tensors]
+    sides = []
+    for given in (False, True):
+        params = [t.clone() for t in tensors]
+        grads = [grad.clone() for grad in drawn]  # the kernel unscales them in place
+        optimizer = adamw(params[::2], params[1:2], AdamW(weight_decay=0.1))
+        init_adam_state(optimizer)
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-2
+        scale = torch.tensor(2.5)
+        found_inf = torch.tensor(float(nonfinite))
+        for _ in range(2):
+            if given:
+                assert takes_gradients_given(optimizer)
+                for group in optimizer.param_groups:
+                    fused_adamw_group(optimizer, group, group["params"],
+                                      [grads[next(i for i, p in enumerate(params) if p is q)]
+                                       for q in group["params"]], scale, found_inf)
+            else:
+                for p, grad in zip(params, grads, strict=True):
+                    p.grad = grad
+                optimizer.grad_scale, optimizer.found_inf = scale, found_inf
+                optimizer.step()
+        sides.append([params, [dict(optimizer.state[p]) for p in params]])
+    (torch_params, torch_states), (ours, our_states) = sides
+    for p, q in zip(torch_params, ours, strict=True):
+        assert torch.equal(p, q)
+    assert nonfinite == torch.equal(ours[0], tensors[0])  # a non-finite step changes nothing
+    for a, b in zip(torch_states, our_states, strict=True):
+        assert all(torch.equal(a[key], b[key]) for key in ("step", "exp_avg", "exp_avg_sq"))

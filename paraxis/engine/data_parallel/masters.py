@@ -6,12 +6,15 @@ shard under ZeRO-1/2/3, so the copy and Adam's moments are sharded where ZeRO sh
 optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3.1). A step
 (`step`), over batches of units of at most STEP_ELEMENTS elements each:
 
-    load_grads(batch)    the batch's reduced 16-bit gradients cast to fp32
-    optimizer.step()     on the batch's fp32 masters (the others have no gradient), the
-                         gradients unscaled and clipped inside torch's fused kernel (its
-                         `grad_scale`; fp16's 1/S would underflow in fp16 itself)
+    _flat_grads(batch)   the batch's reduced 16-bit gradients cast to fp32
+    AdamW                torch's fused kernel on the batch's fp32 masters, handed those
+                         gradients (`contract.fused_adamw_group`: no `.grad` set per
+                         master), unscaled and clipped inside it (its `grad_scale`; fp16's
+                         1/S would underflow in fp16 itself)
     drop the fp32 copies
 
+(An optimizer that is not torch's fused AdamW reads them as the masters' `.grad` from
+`load_grads` in its `step()`.)
 and then `write_back`: the 16-bit parameters become the rounded masters. The batches bound
 the fp32 copies to STEP_ELEMENTS x 4 bytes (or one larger unit's) instead of 4 bytes for
 every parameter at once, which would be the step's peak of memory; a model of 2^28
@@ -24,7 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from paraxis.engine.contract import step_unless_nonfinite
+from paraxis.engine.contract import (
+    fused_adamw_group,
+    step_unless_nonfinite,
+    takes_gradients_given,
+)
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece
 
 STEP_ELEMENTS = 2**28  # fp32 gradient copies alive at once: 1 GiB
@@ -44,6 +51,7 @@ class MasterWeights:
                         for t in owned]
         # (unit index, the optimizer's master view, lo, hi in the unit's range)
         self.views: list[tuple[int, torch.Tensor, int, int]] = []
+        self._members_of: dict[tuple[int, ...], list] = {}  # `_members`'s, by batch
 
     def pieces(self, unit: FlatUnit) -> list[Piece]:
         return unit.whole_pieces() if self.whole else unit.pieces()
@@ -86,6 +94,9 @@ class MasterWeights:
         reduced ones times `factor` (a number, or a 0-d tensor on the device: clipping
         decided there), skipped where `nonfinite` (`contract.step_unless_nonfinite`)."""
         scale = not (isinstance(factor, float) and factor == 1.0)
+        if takes_gradients_given(optimizer):
+            self._step_fused(optimizer, factor if scale else None, nonfinite)
+            return
         fused = bool(optimizer.defaults.get("fused"))
         if scale and fused:  # the fused kernel divides each gradient by grad_scale
             device = self.masters[0].device if self.masters else None
@@ -101,10 +112,43 @@ class MasterWeights:
                 del optimizer.grad_scale
         self.write_back()
 
-    def load_grads(self, units: list[int], factor: float | torch.Tensor) -> None:
-        """These units' masters' gradients: fp32 casts of their reduced gradients, times
-        `factor` (1.0: as they are)."""
-        wanted = set(units)
+    def _step_fused(self, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor | None,
+                    nonfinite: torch.Tensor | None) -> None:
+        """`step` with torch's fused AdamW, each batch's fp32 gradients handed to the kernel
+        (`fused_adamw_group`) instead of set as the masters' `.grad`."""
+        grad_scale = None if factor is None else (1.0 / torch.as_tensor(
+            factor, dtype=torch.float32, device=self.masters[0].device)).reshape(())
+        found_inf = None if nonfinite is None else nonfinite.float()
+        for batch in self.batches():
+            flats = self._flat_grads(batch, 1.0)
+            for group, members in self._members(optimizer, tuple(batch)):
+                fused_adamw_group(optimizer, group, [view for _, view, _, _ in members],
+                                  [flats[index][lo:hi] for index, _, lo, hi in members],
+                                  grad_scale, found_inf)
+            del flats
+        self.write_back()
+
+    def _members(self, optimizer: torch.optim.Optimizer, batch: tuple[int, ...]
+                 ) -> list[tuple[dict, list[tuple[int, torch.Tensor, int, int]]]]:
+        """The batch's master views by the optimizer's param group, in `views` order: worked
+        out at the first step and kept (the groups and views never change)."""
+        if batch not in self._members_of:
+            group_of = {id(view): group for group in optimizer.param_groups
+                        for view in group["params"]}
+            members: dict[int, list[tuple[int, torch.Tensor, int, int]]] = {}
+            wanted = set(batch)
+            for index, view, lo, hi in self.views:
+                if index in wanted:
+                    members.setdefault(id(group_of[id(view)]), []).append((index, view, lo, hi))
+            self._members_of[batch] = [(group, members[id(group)])
+                                       for group in optimizer.param_groups
+                                       if id(group) in members]
+        return self._members_of[batch]
+
+    def _flat_grads(self, units: list[int], factor: float | torch.Tensor
+                    ) -> dict[int, torch.Tensor]:
+        """Unit index -> its fp32 flat gradient: a cast of the reduced one, times `factor`
+        (1.0: as it is)."""
         flats = {}
         for index in units:
             grads = self.grads[index]
@@ -114,6 +158,13 @@ class MasterWeights:
                 flat = grads if grads.dtype == torch.float32 else grads.float()
             flats[index] = flat if isinstance(factor, float) and factor == 1.0 \
                 else flat.mul_(factor)
+        return flats
+
+    def load_grads(self, units: list[int], factor: float | torch.Tensor) -> None:
+        """These units' masters' gradients: fp32 casts of their reduced gradients, times
+        `factor` (1.0: as they are)."""
+        wanted = set(units)
+        flats = self._flat_grads(units, factor)
         for index, view, lo, hi in self.views:
             if index in wanted:
                 view.grad = flats[index][lo:hi]
@@ -125,6 +176,10 @@ class MasterWeights:
         flat = torch.empty(self.owned[index].numel(), dtype=torch.float32,
                            device=self.owned[index].device)
         flat[unit.numel:].zero_()  # padding
+        grads = [param.grad for param in unit.params]
+        if all(grad is not None for grad in grads):  # one cast into place, no view per span
+            torch.cat([grad.reshape(-1) for grad in grads], out=flat[:unit.numel])
+            return flat
         into, grads = [], []
         for param, start, end in unit.spans():
             if param.grad is None:
