@@ -15,7 +15,10 @@ The sides of every run (all listed here before any of them ran on a GPU):
 - paraxis --compile --fused-loss: the compiled engine with the LM head and loss fused
   (`--fused-loss`: the logits never whole);
 - reference fp8: the compiled reference with torchao's float8 training (tensorwise), where
-  torchao is installed (a lent GPU's image lacks it: gpu_session.sh says how to carry it).
+  torchao is installed (a lent GPU's image lacks it: gpu_session.sh says how to carry it);
+- paraxis autocast-bf16 --compile: the compiled engine with fp32 parameters, gradients and
+  AdamW under bf16 autocast (`--precision autocast-bf16`: the reference's recipe, 16 bytes
+  a parameter with fp32 gradients, no 16-bit copy of the weights kept through the step).
 
 Columns: tokens/s, the ratio to the best peer (reference or transformers), MFU
 (`plan.compute.mfu`, the planner's FLOP count over the device's peak), peak allocated
@@ -55,7 +58,8 @@ FULL = {"runs": [("gpt2-124m", 16, 1024), ("gpt2-124m", 8, 1024), ("llama3-8b/8"
 QUICK = {"runs": [("tiny", 2, 64), ("tiny-llama", 2, 64)], "steps": 2, "warmup": 1,
          "compile": False}
 SIDES = ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference",
-         "transformers", "reference fp8", "paraxis --compile --fused-loss")
+         "transformers", "reference fp8", "paraxis --compile --fused-loss",
+         "paraxis autocast-bf16 --compile")
 PEERS = ("reference", "transformers")
 CLIP = 1.0
 
@@ -143,7 +147,8 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
 # the side's name, the optimizer is paraxis's own AdamW
 PLANNED = {"paraxis": ("eager", MIXED_ADAM), "paraxis --compile": ("fused", MIXED_ADAM),
            "paraxis fp8 --compile": ("fused", PRECISIONS["fp8"]),
-           "paraxis --compile --fused-loss": ("fused", MIXED_ADAM)}
+           "paraxis --compile --fused-loss": ("fused", MIXED_ADAM),
+           "paraxis autocast-bf16 --compile": ("fused", PRECISIONS["autocast-bf16"])}
 
 
 def planned(cfg: ModelConfig, batch: int, seq: int, gpu: str) -> dict[str, Estimate]:
@@ -213,7 +218,8 @@ def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
                compile: bool, device: torch.device) -> Callable[[], None] | None:
     if side.startswith("paraxis"):
         compiled = compile and "--compile" in side
-        precision = "fp8" if "fp8" in side else "bf16" if device.type == "cuda" else "fp32"
+        precision = ("fp8" if "fp8" in side else "autocast-bf16" if "autocast" in side
+                     else "bf16" if device.type == "cuda" else "fp32")
         engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
                               precision=precision, compile=compiled,
                               fused_loss=side.endswith("--fused-loss"))

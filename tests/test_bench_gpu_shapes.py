@@ -55,6 +55,8 @@ def test_each_gpu_step_is_measured_beside_the_planners_forecast_of_it():
     assert eager["planner_memory_bytes"] > 0
     assert compiled["planner_step_time_s"] < eager["planner_step_time_s"]
     assert row["sides"]["paraxis fp8 --compile"]["planner_step_time_s"] > 0  # FP8 priced
+    autocast = row["sides"]["paraxis autocast-bf16 --compile"]  # fp32 state, bf16 compute
+    assert autocast["tokens_per_s"] > 0 and autocast["planner_step_time_s"] > 0
     assert row["sides"]["reference"]["tokens_per_s"] > 0
     assert gpu.model("llama3-8b/8").n_layers == 8  # "preset/L": the first L layers
     section = {"device": "cpu", "preset": "h100-sxm-80gb", "peak_flops": None, "steps": 2,

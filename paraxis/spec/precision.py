@@ -154,7 +154,8 @@ FP8 = PrecisionPolicy("fp8", "bf16", "bf16", "bf16", "bf16", master_weights=True
 FP8_ROWWISE = PrecisionPolicy("fp8-rowwise", "bf16", "bf16", "bf16", "bf16",
                               master_weights=True, fp8_recipe="rowwise")
 FP8_POLICIES = {p.name: p for p in (FP8, FP8_ROWWISE)}
-# Every preset --precision takes: POLICIES (every GEMM in the compute dtype) and the FP8 ones.
+# Every preset --precision takes: POLICIES (every GEMM in the compute dtype), the FP8 ones,
+# and bf16 compute over fp32 state (`autocast_policy`).
 PRESETS = {**POLICIES, **FP8_POLICIES}
 # Other names of a preset: "mixed" is the planner's older name of bf16 (ZeRO's "16 P").
 ALIASES = {"mixed": "bf16"}
@@ -167,6 +168,14 @@ def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
         return FP32
     return PrecisionPolicy(f"autocast-{compute_dtype}", compute_dtype=compute_dtype,
                            loss_scaling=compute_dtype == "fp16")
+
+
+# bf16 compute over fp32 parameters, gradients and AdamW (4 + 4 + 8 bytes): a plain PyTorch
+# loop's autocast recipe, and torchtitan's under FSDP2's bf16 MixedPrecisionPolicy. The
+# 16-bit weights exist only as the casts the forward and backward make, where `bf16` keeps
+# them all step beside its fp32 masters: on one GPU the lighter of the two.
+AUTOCAST_BF16 = autocast_policy("bf16")
+PRESETS[AUTOCAST_BF16.name] = AUTOCAST_BF16
 
 
 def get_policy(name: str | PrecisionPolicy, subject: str | None = None) -> PrecisionPolicy:

@@ -94,8 +94,8 @@ class TrainSection:
                              "(docs/gpu/README.md)")
     precision: str = option("fp32", "precision policy: fp32, bf16 (bf16 parameters and "
                             "gradients, fp32 masters), bf16-fp32grad, fp16 (loss scaling), "
-                            "fp8 or fp8-rowwise (bf16's, the blocks' GEMMs in FP8); "
-                            "docs/precision.md")
+                            "fp8 or fp8-rowwise (bf16's, the blocks' GEMMs in FP8), "
+                            "autocast-bf16 (fp32 state, bf16 compute); docs/precision.md")
     compile: bool | None = option(None, "torch.compile the model (whole where nothing in it "
                                   "communicates, else each block, hooks and collectives "
                                   "eager); default: on CUDA yes, on CPU no "

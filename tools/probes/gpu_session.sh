@@ -35,9 +35,10 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
 }
 case ${1:-} in
   all)  # the speed runs first and alone: nothing else has run on the machine yet
-    bench 120 gpt2 0 0,1,3           # GPT-2 124M at 16 x 1024: eager, compiled, reference
-    bench 200 llama 2 0,1,3          # the Llama slice (8 layers of Llama 3 8B) at 2 x 4096
-    bench 100 gpt2-8 1 0,1,3 ;;      # GPT-2 124M at 8 x 1024
+    # each: eager, compiled, the reference, compiled under autocast-bf16 (fp32 state)
+    bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
+    bench 260 llama 2 0,1,3,7        # the Llama slice (8 layers of Llama 3 8B) at 2 x 4096
+    bench 130 gpt2-8 1 0,1,3,7 ;;    # GPT-2 124M at 8 x 1024
   fp8-sides)  # both FP8 sides and the fused loss, as the second H200 run measured them
     bench 260 llama 2 6,2,5
     bench 150 gpt2-fp8 0 6,2,5 ;;
