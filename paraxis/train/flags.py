@@ -65,8 +65,8 @@ def _add_flag(group: argparse._ArgumentGroup, section: str, cls: type,
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the --config run file, then every flag given on the command line."""
     if hasattr(args, "removed_dtype"):
-        same = ("autocast-bf16 (what --dtype bf16 meant: bf16 compute over fp32 state) or bf16"
-                if args.removed_dtype == "bf16" else args.removed_dtype)
+        same = ("bf16, or autocast-bf16 for what --dtype bf16 meant (bf16 compute over fp32 "
+                "state)" if args.removed_dtype == "bf16" else args.removed_dtype)
         raise ParaxisError(f"--dtype is now --precision (fp32, bf16, bf16-fp32grad, fp16, "
                            f"autocast-bf16; docs/precision.md): use --precision {same}")
     given = {key: value for key, value in vars(args).items()
