@@ -116,8 +116,9 @@ class MasterWeights:
                     nonfinite: torch.Tensor | None) -> None:
         """`step` with torch's fused AdamW, each batch's fp32 gradients handed to the kernel
         (`fused_adamw_group`) instead of set as the masters' `.grad`."""
+        device = self.masters[0].device if self.masters else None
         grad_scale = None if factor is None else (1.0 / torch.as_tensor(
-            factor, dtype=torch.float32, device=self.masters[0].device)).reshape(())
+            factor, dtype=torch.float32, device=device)).reshape(())
         found_inf = None if nonfinite is None else nonfinite.float()
         for batch in self.batches():
             flats = self._flat_grads(batch, 1.0)
