@@ -1,9 +1,11 @@
-"""Shared fixtures: tiny random Hugging Face checkpoints made locally by `transformers`.
+"""Shared fixtures: tiny random Hugging Face checkpoints made locally by `transformers`, and
+what several test files read, made once per session (a plan's report, a torchrun job).
 
 `transformers` is a test-only dependency: the fixtures skip the tests that use them when it
 is missing. Models are saved once per session (safetensors, the default format).
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from paraxis.dist.hidden_gpus import hide_gpus
@@ -132,3 +134,29 @@ def dense_plan_report(tmp_path_factory: pytest.TempPathFactory) -> str:
                        gpus=8, global_batch=64, seq_len=4096,
                        layout="dp=8,tp=1,pp=1,microbatches=8")
     return out.read_text()
+
+
+@dataclass(frozen=True)
+class TorchrunJob:
+    """A `paraxis train` job torchrun ran on one host: its flags (`common`, then `layout`),
+    its metrics records, and its folder (metrics.jsonl and the config.toml beside it)."""
+
+    common: list[str]
+    layout: list[str]
+    records: list[dict]
+    folder: Path
+
+
+@pytest.fixture(scope="session")
+def dp2_tp2_job(tmp_path_factory: pytest.TempPathFactory) -> TorchrunJob:
+    """4 steps of tiny on dp=2 x tp=2 with ZeRO-1 and sequence parallelism, 4 torchrun ranks
+    on this host, run once per session: test_tp_dp holds it against one device and
+    test_two_hosts the same job on two hosts against it."""
+    from paraxis.dist.testing import train_records
+
+    common = ["--model", "tiny", "--steps", "4", "--global-batch", "4", "--seq-len", "32",
+              "--device", "cpu", "--quiet", "--timeout-s", "60"]
+    layout = ["--dp", "2", "--tp", "2", "--zero", "1", "--sequence-parallel"]
+    folder = tmp_path_factory.mktemp("dp2_tp2")
+    records = train_records([*common, *layout], folder / "metrics.jsonl", nproc=4)
+    return TorchrunJob(common, layout, records, folder)

@@ -4,7 +4,9 @@ Two network namespaces joined by a veth pair stand in for two machines: each has
 interfaces, addresses and ports, and its only way to the other is the link (10.77.0.1 <->
 10.77.0.2). On each, torchrun's c10d rendezvous meets the other at node 1's address, gloo
 talks over the veth (GLOO_SOCKET_IFNAME), and the losses must equal a single-host 4-rank
-run of the same command. Needs root (CAP_NET_ADMIN); skipped with the reason otherwise.
+run of the same command (dp=2 x tp=2, ZeRO-1, sequence parallelism: conftest.dp2_tp2_job,
+which test_tp_dp holds against one device). Needs root (CAP_NET_ADMIN); skipped with the
+reason otherwise.
 """
 
 from __future__ import annotations
@@ -19,9 +21,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["-m", "paraxis.train", "--model", "tiny", "--steps", "4", "--global-batch", "8",
-         "--seq-len", "32", "--device", "cpu", "--quiet", "--dp", "2", "--tp", "2",
-         "--timeout-s", "60"]
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
 
 
@@ -68,7 +67,7 @@ def losses(path: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_nodes_over_a_link_train_like_one_host(two_hosts, tmp_path):
+def test_two_nodes_over_a_link_train_like_one_host(two_hosts, dp2_tp2_job, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     endpoint = f"{ADDRESSES[0]}:29500"
     nodes = []
@@ -78,7 +77,8 @@ def test_two_nodes_over_a_link_train_like_one_host(two_hosts, tmp_path):
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
                    "two-hosts", "--rdzv-conf", f"is_host={int(node_rank == 0)}",
                    "--local-addr", address, "--node-rank", str(node_rank), "--max-restarts",
-                   "0", *TRAIN, "--metrics-file", str(tmp_path / "two_hosts.jsonl")]
+                   "0", "-m", "paraxis.train", *dp2_tp2_job.common, *dp2_tp2_job.layout,
+                   "--metrics-file", str(tmp_path / "two_hosts.jsonl")]
         nodes.append(subprocess.Popen(command, env={**env, "GLOO_SOCKET_IFNAME": interface},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
@@ -92,19 +92,14 @@ def test_two_nodes_over_a_link_train_like_one_host(two_hosts, tmp_path):
     for node, output in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, output[-3000:]
     # The ranks really talked over the link: the tiny model's gradients alone (~0.2M fp32
-    # values per all-reduce, 4 steps) are megabytes.
+    # values, reduce-scattered and the updated weights all-gathered each of 4 steps) are
+    # megabytes.
     namespace, interface, _ = two_hosts[1]
     stats = json.loads(sh("ip", "-n", namespace, "-s", "-j", "link", "show", "dev",
                           interface).stdout)[0]["stats64"]
     assert stats["rx"]["bytes"] > 1_000_000 and stats["tx"]["bytes"] > 1_000_000, stats
 
-    single = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         *TRAIN, "--metrics-file", str(tmp_path / "one_host.jsonl")],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-
-    two, one = losses(tmp_path / "two_hosts.jsonl"), losses(tmp_path / "one_host.jsonl")
+    two, one = losses(tmp_path / "two_hosts.jsonl"), [r["loss"] for r in dp2_tp2_job.records]
     assert len(two) == len(one) == 4
     # seen bit-identical here; 1e-6 leaves room for gloo choosing another reduction order
     # when the ranks sit on two hosts
