@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,12 +82,42 @@ def test_a_genuinely_diverging_run_stops_on_the_step_it_diverges(monkeypatch):
         run_training(RunConfig.from_flags(**{**COMMON, "lr": 1e4, "grad_clip": 0.0}, steps=3))
 
 
-def test_stop_exits_non_zero_naming_the_step(tmp_path):
-    metrics = tmp_path / "m.jsonl"
+# The command-line runs, each in its own folder: one that stops, and one rank's NaN on two
+# ranks that every rank must skip, for two layouts. They are mostly process start-up, so they
+# run side by side, all started when the first test needs them.
+# name: (flags, the fault)
+LAUNCHED = {
+    "stop": ([*CLI, "--steps", "5"], "nan:step=2"),
+    # one dp rank's NaN reaches the other's all-reduce
+    "dp": ([*CLI, "--steps", "4", "--nproc", "2", "--dp", "2", "--on-nan", "skip"],
+           "nan:step=1,rank=1"),
+    # crosses the stage boundary
+    "pp": ([*CLI, "--steps", "4", "--nproc", "2", "--pp", "2", "--microbatches", "2",
+            "--on-nan", "skip"], "nan:step=1,rank=0"),
+}
+
+
+def launch(flags: list[str], fault: str, folder: Path
+           ) -> tuple[subprocess.CompletedProcess, Path]:
+    """`python -m paraxis train FLAGS` with PARAXIS_FAULT: how it ended, its metrics file."""
+    metrics = folder / "m.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "paraxis", "train", *CLI, "--steps", "5", "--metrics-file",
-         str(metrics)], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": "nan:step=2"})
+        [sys.executable, "-m", "paraxis", "train", *flags, "--metrics-file", str(metrics)],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": fault})
+    return result, metrics
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
+    """Every run of LAUNCHED, started together: each test takes its own."""
+    with ThreadPoolExecutor(len(LAUNCHED)) as pool:
+        yield {name: pool.submit(launch, flags, fault, tmp_path_factory.mktemp(name))
+               for name, (flags, fault) in LAUNCHED.items()}
+
+
+def test_stop_exits_non_zero_naming_the_step(launched):
+    result, metrics = launched["stop"].result()
     assert result.returncode == 3
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -98,17 +129,9 @@ def test_stop_exits_non_zero_naming_the_step(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,fault", [
-    (["--dp", "2"], "nan:step=1,rank=1"),  # one dp rank's NaN reaches the other's all-reduce
-    (["--pp", "2", "--microbatches", "2"], "nan:step=1,rank=0"),  # crosses the stage boundary
-])
-def test_every_rank_skips_the_same_step(tmp_path, monkeypatch, layout, fault):
-    metrics = tmp_path / "m.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "paraxis", "train", *CLI, "--steps", "4", "--nproc", "2",
-         *layout, "--on-nan", "skip", "--metrics-file", str(metrics)],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PARAXIS_FAULT": fault})
+@pytest.mark.parametrize("name", ["dp", "pp"])
+def test_every_rank_skips_the_same_step(launched, monkeypatch, name):
+    result, metrics = launched[name].result()
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("paraxis: warning: step 1: loss is nan; step skipped (--on-nan skip), weights "
             "unchanged") in result.stderr
