@@ -4,20 +4,49 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from bench import bench_cp
 from bench.predicted_vs_measured import QUICK_LAYOUTS
 
+ROOT = Path(__file__).parents[1]
+# The quick bench's parts each test reads, run as `python -m bench --quick --only PARTS`.
+PARTS = {"suites": "overhead,dp,tp,pp,cp", "sections": "calibrate,predicted,scaling",
+         "gpu": "gpu"}
 
-def _bench(out, parts: str) -> None:
+
+def _bench(out: Path, parts: str) -> None:
     subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", parts, "--out",
                     str(out)], check=True, timeout=900, capture_output=True)
 
 
-def test_bench_quick_writes_table_and_json(tmp_path):
-    out = tmp_path / "benchmarks.md"
-    _bench(out, "overhead,dp,tp,pp,cp")
+def _cp_variants() -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.probes.cp_variants", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": "."})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
+    """The bench's parts (name -> its benchmarks.md once it has run) and the CP variants'
+    probe, started together when the first test needs them: each is mostly one busy core
+    (start-up, one process's steps, the pictures), so two cores run them side by side."""
+    def bench(parts: str, out: Path) -> Path:
+        _bench(out, parts)
+        return out
+
+    with ThreadPoolExecutor(len(PARTS) + 1) as pool:
+        started = {name: pool.submit(bench, parts,
+                                     tmp_path_factory.mktemp(name) / "benchmarks.md")
+                   for name, parts in PARTS.items()}
+        yield {**started, "cp_variants": pool.submit(_cp_variants)}
+
+
+def test_bench_quick_writes_table_and_json(runs):
+    out = runs["suites"].result()
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     peers = " ".join(r["peer"] for r in rows)
     for peer in ("plain PyTorch loop", "DDP", "FSDP2", "DTensor", "Schedule1F1B",
@@ -35,12 +64,11 @@ def test_bench_quick_writes_table_and_json(tmp_path):
     assert table.count("\n| ") == len(rows) + 1  # header plus one line per row
 
 
-def test_bench_quick_calibrates_predicts_and_draws_scaling(tmp_path):
-    out = tmp_path / "benchmarks.md"
-    _bench(out, "calibrate,predicted,scaling")
+def test_bench_quick_calibrates_predicts_and_draws_scaling(runs):
+    out = runs["sections"].result()
     doc = json.loads(out.with_suffix(".json").read_text())
     assert doc["rows"] == [] and set(doc["sections"]) == {"calibrate", "predicted", "scaling"}
-    profile = json.loads((tmp_path / "hardware-profile.json").read_text())
+    profile = json.loads((out.parent / "hardware-profile.json").read_text())
     assert profile == doc["sections"]["calibrate"]
     predicted = doc["sections"]["predicted"]
     assert len(predicted["rows"]) == len(QUICK_LAYOUTS)
@@ -50,7 +78,7 @@ def test_bench_quick_calibrates_predicts_and_draws_scaling(tmp_path):
     points = doc["sections"]["scaling"]["points"]
     assert {(p["kind"], p["axis"]) for p in points} == {
         (k, a) for k in ("dp", "pp") for a in ("hidden", "ranks")}
-    assert (tmp_path / "img" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out.parent / "img" / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = out.read_text()
     for heading in ("## Calibration", "## Predicted vs measured", "## Scaling"):
         assert heading in text
@@ -64,9 +92,8 @@ def test_bench_quick_calibrates_predicts_and_draws_scaling(tmp_path):
     assert again["sections"]["calibrate"] != doc["sections"]["calibrate"]
 
 
-def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(tmp_path):
-    out = tmp_path / "benchmarks.md"
-    _bench(out, "gpu")
+def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(runs):
+    out = runs["gpu"].result()
     section = json.loads(out.with_suffix(".json").read_text())["sections"]["gpu"]
     # without CUDA the quick part runs every side's step on the CPU, uncompiled (no peak
     # known: no MFU); transformers is a peer where it is installed, torchao's float8
@@ -92,12 +119,10 @@ def test_cp_bench_sides_equal_unsharded_attention():
     assert max(errors.values()) < 1e-5, errors
 
 
-def test_cp_variants_bench_quick_prints_a_row_per_variant():
+def test_cp_variants_bench_quick_prints_a_row_per_variant(runs):
     """`python -m tools.probes.cp_variants --quick`: checks the three variants against unsharded
     attention, then times all_to_all and all_gather against the ring."""
-    result = subprocess.run([sys.executable, "-m", "tools.probes.cp_variants", "--quick"],
-                            capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).parents[1], env={**os.environ, "PYTHONPATH": "."})
+    result = runs["cp_variants"].result()
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| causal")]
     assert [row.split(" | ")[1] for row in rows] == ["all_to_all", "all_gather"]
