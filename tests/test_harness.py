@@ -45,7 +45,7 @@ def _one_rank_hangs() -> None:
 
 def test_hang_becomes_a_failure():
     with pytest.raises(RankFailed, match=r"rank\(s\) \[0, 1\] did not finish"):
-        run_distributed(_one_rank_hangs, 2, timeout_s=8)
+        run_distributed(_one_rank_hangs, 2, timeout_s=3)
 
 
 @on_ranks(2)

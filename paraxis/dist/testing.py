@@ -280,8 +280,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                 raise RankFailed(f"rank {rank} failed:\n{value}")
             collected[rank] = value
     finally:
+        finished = len(collected) == world_size
         for process in processes:
-            process.join(timeout=5)
+            # After success each rank is exiting; after a failure the ranks still running wait
+            # on the one that failed or hung, and end now.
+            process.join(timeout=5 if finished else 0)
             if process.is_alive():
                 process.kill()
                 process.join()
