@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -86,16 +87,30 @@ def test_every_command_prints_its_help(capsys):
         assert "usage: paraxis " + name in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args,message", [
+BAD_TRAIN = [
     (["--model", "gpt5"], "unknown model 'gpt5'"),
     (["--data", "/nonexistent/tokens.bin"], "does not exist"),
     (["--seq-len", "4096"], "over tiny's context"),
     (["--global-batch", "10", "--grad-accum", "4"], "not divisible by dp*microbatches"),
     (["--steps", "0"], "--steps 0 must be at least 1"),
     (["--tp", "3"], "dp*tp*pp"),
-])
-def test_bad_train_input_is_one_line_without_traceback(args, message):
-    result = paraxis("train", "--steps", "1", "--quiet", *args)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_train_runs() -> dict[tuple[str, ...], subprocess.CompletedProcess]:
+    """`paraxis train` with each of BAD_TRAIN's flags, two at a time: a process's start-up
+    (importing torch) is most of its time and takes one core, so two cores run two."""
+    with ThreadPoolExecutor(2) as pool:
+        results = pool.map(lambda args: paraxis("train", "--steps", "1", "--quiet", *args),
+                           [args for args, _ in BAD_TRAIN])
+        return {tuple(args): result
+                for (args, _), result in zip(BAD_TRAIN, results, strict=True)}
+
+
+@pytest.mark.parametrize("args,message", BAD_TRAIN)
+def test_bad_train_input_is_one_line_without_traceback(bad_train_runs, args, message):
+    result = bad_train_runs[tuple(args)]
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("paraxis: error:"), result.stderr
