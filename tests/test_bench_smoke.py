@@ -103,7 +103,8 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(runs):
         sides = run["sides"]
         assert set(sides) == {"paraxis", "paraxis --compile", "paraxis fp8 --compile",
                               "reference", "transformers", "reference fp8",
-                              "paraxis --compile --fused-loss"}
+                              "paraxis --compile --fused-loss",
+                              "paraxis autocast-bf16 --compile"}
         for side in ("paraxis", "paraxis --compile", "paraxis fp8 --compile", "reference"):
             assert sides[side]["tokens_per_s"] > 0 and sides[side]["mfu"] is None, side
         assert sides["reference"]["ratio_to_best_peer"] <= 1.0
