@@ -13,12 +13,11 @@ optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3
                          1/S would underflow in fp16 itself)
     drop the fp32 copies
 
-(An optimizer that is not torch's fused AdamW reads them as the masters' `.grad` from
-`load_grads` in its `step()`.)
-and then `write_back`: the 16-bit parameters become the rounded masters. The batches bound
-the fp32 copies to STEP_ELEMENTS x 4 bytes (or one larger unit's) instead of 4 bytes for
-every parameter at once, which would be the step's peak of memory; a model of 2^28
-parameters or fewer steps in one batch.
+and then `write_back`: the 16-bit parameters become the rounded masters. (An optimizer that
+is not torch's fused AdamW reads the gradients as the masters' `.grad`, set by `load_grads`,
+in its `step()`.) The batches bound the fp32 copies to STEP_ELEMENTS x 4 bytes (or one
+larger unit's) instead of 4 bytes for every parameter at once, which would be the step's
+peak of memory; a model of 2^28 parameters or fewer steps in one batch.
 
 fp32 gradients (`bf16-fp32grad`) are the masters' gradients directly (views, no copy).
 """
