@@ -30,6 +30,10 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
+        # the checks the run makes before training, made before importing torch (seconds):
+        # a mistyped flag or an unwritable folder fails at once
+        cfg.check()
     from paraxis.train.resume import already_complete  # lazy: torch; CLI start-up imports this
 
     if done := already_complete(cfg):  # a requeued job that had finished: exit 0
