@@ -323,6 +323,8 @@ def launch_all(commands: list[list[str]], folder: Path
     run as `python -m paraxis` two at a time: a process's start-up (importing torch) is most
     of its time and takes one core, so two cores run two."""
     before = snapshot(folder)
+    # runs on several ranks (a launcher and its ranks each start up) take longest: first
+    commands = sorted(commands, key=lambda argv: "--nproc" not in argv)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda argv: run_row(argv, folder, True), commands))
     unchanged = snapshot(folder) == before
