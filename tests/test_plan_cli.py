@@ -1,15 +1,18 @@
 """`paraxis plan` and `paraxis memory` from the command line; the planner never imports torch."""
 
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from paraxis.cli import main
 
-PROFILE = Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json"
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "docs" / "hardware-profile.json"
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -76,22 +79,32 @@ def test_hardware_file(tmp_path, capsys) -> None:
     assert doc["hardware"]["cluster"]["inter_node_bandwidth_Bps"] == 12.5e9
 
 
-def test_the_documented_hardware_file_plans(tmp_path, capsys) -> None:
-    """docs/planner.md's example hardware file, every key in it, is one the planner takes."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+def documented_hardware_file() -> dict | None:
+    """docs/planner.md's example hardware file (None where the docs hold none)."""
+    text = (ROOT / "docs" / "planner.md").read_text()
     example = re.search(r'```json\n(\{\n  "gpu": \{"name": "my-a100".*?)\n```', text, re.S)
-    assert example, "the hardware file example of docs/planner.md"
-    hw = tmp_path / "hw.json"
-    documented = json.loads(example.group(1))
+    return json.loads(example.group(1)) if example else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def documented_plan(tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[subprocess.Popen | None]:
+    """`paraxis plan` of mixtral-8x7b on 64 GPUs priced with `documented_hardware_file`,
+    started before this file's first test: its search is seconds of one core, which run
+    beside the other tests on the second (its process; None without the example)."""
+    documented = documented_hardware_file()
+    if documented is None:
+        yield None
+        return
+    hw = tmp_path_factory.mktemp("hw") / "hw.json"
     documented["cluster"]["expert_dispatch"] = "per_node"  # read, not a default
     hw.write_text(json.dumps(documented))
-    code, out, err = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
-                             "--global-batch", "256", "--hardware", str(hw), "--json")
-    assert code == 0, err
-    assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_node"
+    with subprocess.Popen([sys.executable, "-m", "paraxis", "plan", "--model", "mixtral-8x7b",
+                           "--gpus", "64", "--global-batch", "256", "--hardware", str(hw),
+                           "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        yield process
+        process.kill()  # still running only where its test did not wait for it
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -303,3 +316,12 @@ def test_a_partial_layout_states_whether_experts_split(capsys, stated, tp, etp) 
 def test_plan_refuses_an_etp_it_cannot_honour(capsys, argv, message) -> None:
     code, _, err = run_cli(capsys, "plan", "--gpus", "64", "--global-batch", "256", *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_documented_hardware_file_plans(documented_plan: subprocess.Popen | None) -> None:
+    """docs/planner.md's example hardware file, every key in it, is one the planner takes
+    (last in this file, so that its plan runs beside all the other tests)."""
+    assert documented_plan is not None, "the hardware file example of docs/planner.md"
+    out, err = documented_plan.communicate(timeout=300)
+    assert documented_plan.returncode == 0, err
+    assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_node"
