@@ -270,7 +270,7 @@ def render(section: dict) -> str:
         f"`plan.cost.evaluate` on the {section['preset'] or '(none)'} preset; error = planner "
         "/ measured - 1. The runs were listed before any ran on a GPU."
         + ("" if section.get("compiled") else " Quick run on the CPU: nothing compiled, "
-           "fp32."), "",
+           "fp32 (the autocast-bf16 side: bf16 autocast)."), "",
         "| run | side | step | tokens/s | ratio | MFU | peak memory | kernels/step "
         "| planner step | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:

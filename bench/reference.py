@@ -132,6 +132,15 @@ def float8(model: Reference) -> Reference | None:
                                       module_filter_fn=lambda _, name: name != "lm_head")
 
 
+def reference_adamw(model: nn.Module, lr: float = 1e-3) -> torch.optim.AdamW:
+    """The plain loop's optimizer: torch's fused AdamW, decay 0.1 on matrices only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+
+
 def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float,
                   lr: float = 1e-3, compile: bool = True,
                   loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -139,11 +148,7 @@ def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: floa
     """One step as a careful plain loop runs it: bf16 autocast forward and backward (on a
     GPU), clipping on the device (no host sync), fused AdamW with decay on matrices.
     `loss_of(model, x, y)`: the model's loss, where it is not `model(x, y)` (transformers)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    optimizer = reference_adamw(model, lr)
     forward = torch.compile(model) if compile else model
     loss_of = loss_of or (lambda m, a, b: m(a, b))
     device = x.device.type

@@ -391,8 +391,9 @@ def fused_adamw_group(optimizer: torch.optim.Optimizer, group: dict[str, Any],
 
 
 def takes_gradients_given(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `fused_adamw_group` can step `optimizer`: torch's fused AdamW without amsgrad
-    (torch 2.6 and later name its decoupled decay in each group)."""
+    """Whether `fused_adamw_group` can step `optimizer`: torch's fused AdamW without amsgrad,
+    from a torch whose AdamW names its decoupled decay in each group (its `adam` then takes
+    it)."""
     return bool(optimizer.defaults.get("fused")) and all(
         "decoupled_weight_decay" in group and not group["amsgrad"]
         for group in optimizer.param_groups)

@@ -25,7 +25,7 @@ import torch
 
 from bench import gpu
 from bench.common import token_batch
-from bench.reference import Reference
+from bench.reference import Reference, reference_adamw
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
@@ -56,10 +56,7 @@ def paraxis_phases(cfg, x: torch.Tensor, y: torch.Tensor, precision: str
 
 def reference_phases(cfg, x: torch.Tensor, y: torch.Tensor) -> list[Callable[[], None]]:
     model = Reference(cfg)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=1e-3, fused=True)
+    optimizer = reference_adamw(model)
     forward = torch.compile(model)
 
     def forward_backward() -> None:

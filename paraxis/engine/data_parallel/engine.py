@@ -22,6 +22,7 @@ parameters at a time. Their values come afterwards, by name (`parallelize.materi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 
@@ -178,7 +179,6 @@ class DataParallelEngine(LocalEngine):
         else:
             self.optimizer, self.pieces = shard_optimizer(self.units, adamw)
         init_adam_state(self.optimizer)
-        self._norm_kinds: tuple[list[int], list[int], list[int]] | None = None
         # the reduced gradient of each piece (the optimizer's .grad where dtypes agree)
         self.piece_grads = [] if not self.pieces or self.reducer.local else _piece_grads(
             self.units, whole=self.masters is not None and self.zero == 0)
@@ -265,26 +265,25 @@ class DataParallelEngine(LocalEngine):
         # parameter (its shard); padding is left out. (ZeRO-0 with masters: whole pieces.)
         grads = self.current_piece_grads()
         experts, sharded, replicated = ([grads[i] for i in kind]
-                                        for kind in self._pieces_by_norm())
+                                        for kind in self._pieces_by_norm)
         return global_norm_squared(norm_squared(sharded, self.device),
                                    norm_squared(replicated, self.device), self.groups,
                                    self.zero >= 1, self._experts_norm(experts),
                                    self.layout.etp > 1)
 
+    @functools.cached_property
     def _pieces_by_norm(self) -> tuple[list[int], list[int], list[int]]:
         """The pieces' indices by how their gradients enter the norm: expert-parallel,
         tensor-parallel sharded, and the rest (a pipeline's duplicate of a tied weight in
         none); worked out at the first step, once every axis has marked its parameters, and
         kept: the step then makes no per-piece pass over the flags."""
-        if self._norm_kinds is None:
-            kinds: tuple[list[int], list[int], list[int]] = ([], [], [])
-            for index, (piece, _) in enumerate(self.pieces):
-                if not is_pp_duplicate(piece.param):
-                    kind = (0 if is_ep_sharded(piece.param) else
-                            1 if is_tp_sharded(piece.param) else 2)
-                    kinds[kind].append(index)
-            self._norm_kinds = kinds
-        return self._norm_kinds
+        kinds: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for index, (piece, _) in enumerate(self.pieces):
+            if not is_pp_duplicate(piece.param):
+                kind = (0 if is_ep_sharded(piece.param) else
+                        1 if is_tp_sharded(piece.param) else 2)
+                kinds[kind].append(index)
+        return kinds
 
     def current_piece_grads(self) -> list[torch.Tensor]:
         """Each piece's reduced gradient (`piece_grads`, views of the flat buffers); with
@@ -292,9 +291,7 @@ class DataParallelEngine(LocalEngine):
         are whole (ZeRO-0), read in the same order."""
         if not self.reducer.local:
             return self.piece_grads
-        grads = [piece.param.grad.view(-1) for piece, _ in self.pieces]
-        return [grad if piece.hi - piece.lo == grad.numel() else grad[piece.lo:piece.hi]
-                for grad, (piece, _) in zip(grads, self.pieces, strict=True)]
+        return [piece.param.grad.view(-1)[piece.lo:piece.hi] for piece, _ in self.pieces]
 
     def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""
