@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from bench import faults
+from paraxis.dist.launch import rank_pids
 from paraxis.files.checkpoint_ownership import pid_alive
 from paraxis.model.checkpoint import complete_checkpoints
 
@@ -67,9 +68,7 @@ def _interrupt(folder: Path, sig: signal.Signals, *extra: str) -> tuple[int, str
     while _steps_logged(folder) < logged + 2 and launcher.poll() is None:
         assert time.monotonic() < deadline, "the run did not start"
         time.sleep(0.05)
-    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-    ranks = [int(pid) for pid in children
-             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    ranks = rank_pids(launcher.pid)
     launcher.send_signal(sig)
     _, stderr = launcher.communicate(timeout=150)
     return launcher.returncode, stderr, ranks

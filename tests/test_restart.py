@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from paraxis.dist.launch import rank_pids
 from paraxis.model.checkpoint import read_full_state
 from paraxis.model.checkpoint.entries import KINDS
 
@@ -27,20 +28,6 @@ def _command(root: Path, *extra: str) -> list[str]:
             "--global-batch", "8", "--seq-len", "32", "--checkpoint-dir", str(root / "ckpt"),
             "--checkpoint-every", "2", "--metrics-file", str(root / "metrics.jsonl"),
             "--quiet", *extra]
-
-
-def _workers(launcher: int) -> list[int]:
-    """The ranks: the launcher's children started by multiprocessing's spawn."""
-    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    out = []
-    for pid in map(int, children):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"spawn_main" in cmdline:
-            out.append(pid)
-    return out
 
 
 def _steps_logged(metrics: Path) -> int:
@@ -82,7 +69,7 @@ def test_a_killed_rank_restarts_and_ends_bit_identical(straight_runs, tmp_path):
     deadline = time.monotonic() + 120
     killed = None
     while time.monotonic() < deadline and run.poll() is None:
-        workers = _workers(run.pid)
+        workers = rank_pids(run.pid)
         if _steps_logged(faulty / "metrics.jsonl") >= kill_after and len(workers) == 4:
             killed = sorted(workers)[victim]
             os.kill(killed, signal.SIGKILL)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from paraxis.dist.launch import rank_pids
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,9 +36,7 @@ def test_a_stopped_rank_is_named_silent_at_the_step_it_stopped(tmp_path):
         while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
             assert time.monotonic() < deadline and launcher.poll() is None, "\n".join(lines)
             time.sleep(0.05)
-        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text()
-        ranks = sorted(int(pid) for pid in children.split()
-                       if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        ranks = rank_pids(launcher.pid)
         os.kill(ranks[1], signal.SIGSTOP)
         # Once the stall line names it, the frozen rank is killed (a run that ends itself
         # when a wait times out is tests/test_hang.py's); else rank 0's wait times out.

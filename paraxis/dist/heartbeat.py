@@ -79,11 +79,7 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         self._store = _connect_store(self.interval_s)
-        launcher = int(os.environ.get("PARAXIS_LAUNCHER_PID", "0"))
         while not self._stop_event.wait(self.interval_s):
-            if launcher and os.getppid() != launcher:  # orphaned (where prctl is missing):
-                launcher = 0  # stop at the next step, with a checkpoint (preemption.py)
-                os.kill(os.getpid(), signal.SIGTERM)
             idle_s = time.monotonic() - WATCH.since
             if idle_s > self.timeout_s + self.grace_s:
                 self._give_up(idle_s)

@@ -2,12 +2,14 @@
 
     launch(run_training, (cfg,), nproc=4)     # rank 0's return value comes back
 
-Each rank runs `fn(*args)` in a fresh process with the environment torchrun would give it
+Each rank runs `fn(*args)` in its own process with the environment torchrun would give it
 (RANK, WORLD_SIZE, MASTER_ADDR, ...), so the function `torchrun -m paraxis.train` reaches on
 every rank runs here unchanged: one machine needs no torchrun, and several machines use
 torchrun with its own flags (`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint
 host:port -m paraxis.train ...`). `fn` must be a module-level function (it is pickled by
-name for the spawned processes).
+name). The ranks fork from a server process that imported torch and `fn`'s module once
+(`rank_context`), and take this process's environment, folder, stdout and stderr as they
+are at the launch.
 
 Nothing listens beyond loopback unless `host` says so: this process hosts the rendezvous
 store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to every
@@ -31,12 +33,13 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing import forkserver, reduction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paraxis.dist.bad_input import decide, run_guarded
 from paraxis.dist.host_memory import return_freed_memory
-from paraxis.dist.preemption import CatchSignals, die_with_parent
+from paraxis.dist.preemption import CatchSignals, stop_with_launcher
 from paraxis.files.checkpoint_manifest import complete_checkpoints
 from paraxis.files.host import available_host_bytes
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
@@ -50,16 +53,43 @@ LOOPBACK = "127.0.0.1"
 RANK_BASELINE_BYTES = 0.22e9
 
 
+class _Inherited:
+    """Descriptors a rank takes from its launcher, whichever way it starts: stdout and
+    stderr (a fork server's children would otherwise write where the server was started,
+    pytest's capture of an earlier test, say) and the read end of the pipe that tells the
+    rank its launcher died (`preemption.stop_with_launcher`)."""
+
+    def __init__(self, stdout: int, stderr: int, launcher: int) -> None:
+        self.stdout, self.stderr, self.launcher = stdout, stderr, launcher
+
+    def __reduce__(self) -> tuple:
+        return _Inherited._received, tuple(
+            reduction.DupFd(fd) for fd in (self.stdout, self.stderr, self.launcher))
+
+    @staticmethod
+    def _received(*handles: Any) -> _Inherited:
+        return _Inherited(*(handle.detach() for handle in handles))
+
+    def attach(self) -> None:
+        for target, fd in ((1, self.stdout), (2, self.stderr)):
+            if fd != target:
+                os.dup2(fd, target)
+                os.close(fd)
+        stop_with_launcher(self.launcher)  # no orphans, even after a SIGKILL
+
+
 def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
-                env: dict[str, str], results: Queue) -> None:
-    die_with_parent(int(env["PARAXIS_LAUNCHER_PID"]))  # no orphans, even after a SIGKILL
+                env: dict[str, str], results: Queue, inherited: _Inherited) -> None:
+    inherited.attach()
+    os.environ.clear()  # the launcher's environment now, not the fork server's at its start
     os.environ.update(env)
-    import torch  # lazy: torch, after the rank's env is set
+    import torch  # lazy: torch, preloaded by the fork server
 
     from paraxis.dist.groups import end_rank_process  # lazy: torch, after the rank's env is set
 
+    # torch read OMP_NUM_THREADS when the fork server imported it: the rank's value, now
+    torch.set_num_threads(1 if one_thread else int(env["OMP_NUM_THREADS"]))
     if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
-        torch.set_num_threads(1)
         return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
     returned: list[Any] = []
 
@@ -109,7 +139,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
     named when a signal stops them without a line of their own.
     """
-    import torch  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
 
     one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     for attempt in range(max_restarts + 1):
@@ -124,10 +154,58 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     raise AssertionError("unreachable")
 
 
+def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """How ranks start: forked from a fork server that imported torch and `fn`'s module once
+    (forking a process that has run torch is unsafe, forking one that only imported it is
+    not, and is how CUDA ranks may start too), so N ranks cost one import of torch instead
+    of N (seconds each). Spawned where there is no fork server (not POSIX)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    preload = ["torch", "torch.distributed"]
+    if fn.__module__ != "__main__":
+        preload.append(fn.__module__)
+    context.set_forkserver_preload(preload)  # read once, when the server starts
+    return context
+
+
+def rank_pids(launcher_pid: int) -> list[int]:
+    """The pids of the ranks a launcher process started, by rank (Linux /proc): the children
+    of its fork server (or, spawned, its own children running multiprocessing's spawn_main);
+    fewer while they start or after they end."""
+    def children(pid: int) -> list[int]:
+        try:
+            return [int(child) for child in
+                    Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            return []
+
+    def command(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            return b""
+
+    ranks = []
+    for child in children(launcher_pid):
+        if b"multiprocessing.forkserver" in command(child):
+            ranks += children(child)
+        elif b"spawn_main" in command(child):
+            ranks.append(child)
+    return sorted(ranks)
+
+
+def start_rank_server(fn: Callable[..., Any]) -> None:
+    """Start the ranks' fork server now, so that it imports torch while this process makes
+    its own checks (two cores do both at once); `launch` would start it at the first rank."""
+    if rank_context(fn).get_start_method() == "forkserver":
+        forkserver.ensure_running()
+
+
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
                  attempt: int, timeout_s: float, one_thread: bool,
                  checkpoint_dir: str | None) -> Any:
-    import torch.distributed as dist  # lazy: torch; ranks load this before their env
+    import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
     # the store owns the socket from here on and closes it.
@@ -148,22 +226,27 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
     common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
               "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
               "TORCHELASTIC_RESTART_COUNT": str(attempt),
-              "PARAXIS_LAUNCHER_PID": str(os.getpid()),
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
-    context = mp.get_context("spawn")  # fork after `import torch` is unsafe
+    context = rank_context(fn)
     results = context.Queue()
+    watched, alive = os.pipe()  # `alive` closes when this process dies: the ranks then stop
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
-        fn, args, one_thread, debug, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-        results)) for rank in range(nproc)]
-    for process in processes:
-        process.start()
+        fn, args, one_thread, debug,
+        {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, results,
+        _Inherited(1, 2, watched))) for rank in range(nproc)]
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        os.close(watched)
     try:
         with _PassSignals(processes) as signals:
             return _watch(processes, results, timeout_s, signals, checkpoint_dir)
     finally:
         _stop(processes)
+        os.close(alive)
         del store
 
 
@@ -336,7 +419,7 @@ def check_cuda_ranks(nproc: int, device: str, share_gpu: bool = False) -> None:
     `share_gpu`; torchrun across hosts places its ranks itself)."""
     if not device.startswith("cuda"):
         return
-    import torch  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
 
     message = cuda_ranks_problem(nproc, device, torch.cuda.device_count(),
                                  os.environ.get("CUDA_VISIBLE_DEVICES"), share_gpu)
@@ -380,7 +463,7 @@ def check_host_memory(nproc: int) -> None:
 def warn_if_oversubscribed(nproc: int, device: str) -> None:
     """One line when CPU ranks outnumber the cores this process may use: the run works,
     only slower (every rank wants a core of its own)."""
-    import torch  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
 
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return

@@ -19,7 +19,6 @@ The exit code is 128 + the signal's number, as a shell reports a process a signa
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
@@ -80,10 +79,10 @@ class StopRequest(CatchSignals):
     def agreed(self, device: torch.device) -> int:
         """The signal some rank received (0: none), the same on every rank: one MAX
         all-reduce of the flag over the world (none in a single process)."""
-        import torch  # lazy: torch; ranks load this before their env
-        import torch.distributed as dist  # lazy: torch; ranks load this before their env
+        import torch  # lazy: torch; CLI start-up imports this
+        import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
-        from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
+        from paraxis.dist.watchdog import WATCH  # lazy: torch; CLI start-up imports this
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self.signum
@@ -94,14 +93,15 @@ class StopRequest(CatchSignals):
         return int(flag.item())
 
 
-def die_with_parent(launcher_pid: int) -> None:
-    """Ask Linux to send this process SIGTERM when its parent (the launcher) dies, even by
-    SIGKILL (prctl PR_SET_PDEATHSIG): the ranks then stop at their next step boundary, saving
-    a checkpoint, instead of training on as orphans. If the launcher is already gone, now."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return  # not Linux: the heartbeat's parent check is the fallback
-    if os.getppid() != launcher_pid:
+def stop_with_launcher(launcher_fd: int) -> None:
+    """SIGTERM this process when its launcher dies, even by SIGKILL: `launcher_fd` is the
+    read end of a pipe whose write end only the launcher holds, so a read returns at its
+    death, when the kernel closes that end. The ranks then stop at their next step boundary,
+    saving a checkpoint, instead of training on as orphans. If the launcher is already
+    gone, at once."""
+    def watch() -> None:
+        while os.read(launcher_fd, 1):
+            pass
         os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="paraxis-launcher-watch", daemon=True).start()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paraxis.spec.errors import ParaxisError
 from paraxis.dist.groups import batch_isend_irecv
 from paraxis.dist.watchdog import WATCH
 from paraxis.plan.ring_steps import REDUCE_SCATTER, chunk_bounds, ring_schedule
+from paraxis.spec.errors import ParaxisError
 
 
 def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,

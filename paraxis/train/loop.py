@@ -49,10 +49,8 @@ if TYPE_CHECKING:
     from paraxis.spec.model_config import ModelConfig
     from paraxis.train.claim import Claim
 
-# torch, and every module that imports it, is imported inside the functions: a rank that
-# `paraxis train --nproc` spawns loads this module (to unpickle `run_training`) before it sets
-# its environment, OMP_NUM_THREADS among it, which torch reads as it loads (dist/launch.py);
-# and `paraxis train`'s command imports this module at CLI start-up.
+# torch, and every module that imports it, is imported inside the functions: `paraxis
+# train`'s command imports this module at CLI start-up, which must not wait for torch.
 
 __all__ = ["learning_rate", "run_training"]
 
@@ -70,32 +68,32 @@ def learning_rate(step: int, cfg: RunConfig) -> float:
 
 def run_training(cfg: RunConfig) -> list[dict]:
     """Train; return the per-step metrics (the same records the metrics file gets)."""
-    import torch  # lazy: torch; ranks load this before their env
-    import torch.distributed as dist  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
+    import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
-    from paraxis.dist.groups import (  # lazy: torch; ranks load this before their env
+    from paraxis.dist.groups import (  # lazy: torch; CLI start-up imports this
         build_groups,
         init_distributed,
         pick_device,
         ranks_per_device,
         shutdown_distributed,
     )
-    from paraxis.dist.heartbeat import (  # lazy: torch; ranks load this before their env
+    from paraxis.dist.heartbeat import (  # lazy: torch; CLI start-up imports this
         start_heartbeat,
     )
-    from paraxis.parallel.context.packing import (  # lazy: torch; ranks load this before their env
+    from paraxis.parallel.context.packing import (  # lazy: torch; CLI start-up imports this
         packing_id,
     )
     from paraxis.parallelize import (  # lazy: torch; and a test patches build_engine
         build_engine,
         compiles_whole,
     )
-    from paraxis.train.claim import claim_folder  # lazy: torch; ranks load this before their env
-    from paraxis.train.metrics import (  # lazy: torch; ranks load this before their env
+    from paraxis.train.claim import claim_folder  # lazy: torch; CLI start-up imports this
+    from paraxis.train.metrics import (  # lazy: torch; CLI start-up imports this
         device_memory_bytes,
         print_model_states,
     )
-    from paraxis.train.resume import (  # lazy: torch; ranks load this before their env
+    from paraxis.train.resume import (  # lazy: torch; CLI start-up imports this
         start_step,
         write_config,
     )
@@ -190,17 +188,17 @@ def run_training(cfg: RunConfig) -> list[dict]:
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
           claim: Claim | None = None) -> list[dict]:
-    import torch  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
 
-    from paraxis.dist.groups import (  # lazy: torch; ranks load this before their env
+    from paraxis.dist.groups import (  # lazy: torch; CLI start-up imports this
         ranks_per_device,
     )
-    from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
-    from paraxis.parallel.experts.layer import (  # lazy: torch; ranks load this before their env
+    from paraxis.dist.watchdog import WATCH  # lazy: torch; CLI start-up imports this
+    from paraxis.parallel.experts.layer import (  # lazy: torch; CLI start-up imports this
         update_expert_biases,
     )
-    from paraxis.train import faults  # lazy: torch; ranks load this before their env
-    from paraxis.train.metrics import (  # lazy: torch; ranks load this before their env
+    from paraxis.train import faults  # lazy: torch; CLI start-up imports this
+    from paraxis.train.metrics import (  # lazy: torch; CLI start-up imports this
         MetricsSink,
         device_peak_flops,
         moe_step_metrics,
@@ -208,7 +206,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
         peak_memory_bytes,
     )
     from paraxis.train.progress import Progress  # lazy: rich, and torch via the heartbeat
-    from paraxis.train.resume import (  # lazy: torch; ranks load this before their env
+    from paraxis.train.resume import (  # lazy: torch; CLI start-up imports this
         save,
         save_due,
         trim_metrics,
@@ -315,7 +313,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
 
 
 def _to_device(batch: tuple[np.ndarray, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    import torch  # lazy: torch; ranks load this before their env
+    import torch  # lazy: torch; CLI start-up imports this
 
     return tuple(torch.from_numpy(part).to(device) for part in batch)
 
@@ -343,9 +341,9 @@ def _evaluate(cfg: RunConfig, engine: Engine, data: Blend, share: Share,
 def _save_trace(engine: Engine, path: Path, rank: int) -> None:
     """The last step's per-rank pipeline actions as one Chrome/Perfetto trace (rank 0
     writes it), for the report's measured timeline. Only pipeline engines record actions."""
-    import torch.distributed as dist  # lazy: torch; ranks load this before their env
+    import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
-    from paraxis.dist.watchdog import WATCH  # lazy: torch; ranks load this before their env
+    from paraxis.dist.watchdog import WATCH  # lazy: torch; CLI start-up imports this
 
     events = engine.trace_events()
     if engine.layout.pp == 1:

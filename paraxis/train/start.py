@@ -16,6 +16,7 @@ from paraxis.dist.launch import (
     check_host_memory,
     check_rank_environment,
     launch,
+    start_rank_server,
     warn_if_oversubscribed,
 )
 from paraxis.files.model_file import load_model_config
@@ -30,6 +31,8 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
+    if cfg.launch.nproc > 1 and not launched:
+        start_rank_server(train)  # it imports torch for the ranks while this process checks
     if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
         # a mistyped flag or an unwritable folder fails at once

@@ -324,8 +324,9 @@ class PipelineExecutor:
                 continue
             action = self.actions[index]
             buffer = torch.empty(step.shape, dtype=self.dtype, device=step.device)
-            work = dist.irecv(buffer, self.stage_ranks[action.peer],
-                              tag=self.schedule.message_tag(action))
+            peer = self.stage_ranks[action.peer]
+            with WATCH.waiting("recv", peer=peer, axis="pp"):  # fails at once if the peer left
+                work = dist.irecv(buffer, peer, tag=self.schedule.message_tag(action))
             step.posted[index] = (work, buffer, time.perf_counter())
 
     def _record(self, action: Action, started: float, posted_s: float | None = None) -> None:

@@ -1,0 +1,40 @@
+"""`paraxis.dist.launch` starts ranks from a fork server that imported torch once: each rank
+still gets its launcher's environment, working folder, stdout and stderr as they are at
+launch (not as they were when the server started), one thread, and dies with its launcher."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from paraxis.dist.launch import launch, rank_context
+
+
+def report(tag: str, launcher: int) -> dict:
+    import torch
+
+    for fd, name in ((1, "out"), (2, "err")):  # one write each: the ranks share the files
+        os.write(fd, f"rank {os.environ['RANK']} {tag} {name}\n".encode())
+    parent = os.getppid()  # the fork server, which had loaded torch's library before forking
+    server_torch = "libtorch_cpu" in open(f"/proc/{parent}/maps").read()
+    return {"tag": os.environ.get("PARAXIS_TEST_TAG"), "cwd": os.getcwd(),
+            "threads": torch.get_num_threads(), "server": parent != launcher and server_torch}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server is POSIX's")
+def test_ranks_fork_from_a_server_and_take_the_launchers_state_at_each_launch(
+        tmp_path, monkeypatch, capfd):
+    assert rank_context(report).get_start_method() == "forkserver"
+    for tag in ("first", "second"):  # the second launch reuses the server the first started
+        folder = tmp_path / tag
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.setenv("PARAXIS_TEST_TAG", tag)
+        got = launch(report, (tag, os.getpid()), nproc=2, device="cpu")
+        assert got == {"tag": tag, "cwd": str(folder), "threads": 1, "server": True}
+        out, err = capfd.readouterr()  # this launch's lines, in this test's capture
+        assert sorted(out.splitlines()) == [f"rank 0 {tag} out", f"rank 1 {tag} out"]
+        assert sorted(line for line in err.splitlines() if line.startswith("rank")) == [
+            f"rank 0 {tag} err", f"rank 1 {tag} err"]
