@@ -169,6 +169,25 @@ def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
     return context
 
 
+def _start_server_quietly() -> None:
+    """Start the fork server (once a process) with its stdout and stderr on /dev/null: the
+    ranks write to the launcher's own (`_Inherited`), and a server holding the launcher's
+    would keep a caller reading them waiting until it exits, a second after the launcher."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, quiet):
+            os.close(fd)
+
+
 def rank_pids(launcher_pid: int) -> list[int]:
     """The pids of the ranks a launcher process started, by rank (Linux /proc): the children
     of its fork server (or, spawned, its own children running multiprocessing's spawn_main);
@@ -195,11 +214,13 @@ def rank_pids(launcher_pid: int) -> list[int]:
     return sorted(ranks)
 
 
-def start_rank_server(fn: Callable[..., Any]) -> None:
-    """Start the ranks' fork server now, so that it imports torch while this process makes
-    its own checks (two cores do both at once); `launch` would start it at the first rank."""
-    if rank_context(fn).get_start_method() == "forkserver":
-        forkserver.ensure_running()
+def start_rank_server(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """`rank_context(fn)`, its fork server started (once a process): called before the
+    launcher's own checks, the server imports torch while they run (two cores do both)."""
+    context = rank_context(fn)
+    if context.get_start_method() == "forkserver":
+        _start_server_quietly()
+    return context
 
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
@@ -229,7 +250,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
-    context = rank_context(fn)
+    context = start_rank_server(fn)
     results = context.Queue()
     watched, alive = os.pipe()  # `alive` closes when this process dies: the ranks then stop
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
