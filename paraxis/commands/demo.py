@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.train.calibrate.quick import PROFILE_NAME
     from paraxis.train.config import RunConfig
     from paraxis.train.hardware import choose_hardware
-    from paraxis.train.loop import run_training
+    from paraxis.train.loop import RANK_MODULES, run_training
 
     console = terminal_console(highlight=False)
     check_writable_folder(args.out, "--out", "runs/demo")
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                                layout.world_size, args.model)
     console.print(f"      the report's forecast is priced on {hardware.source}")
     if layout.world_size > 1:
-        launch(run_training, (parallel_cfg,), layout.world_size, device="cpu")
+        launch(run_training, (parallel_cfg,), layout.world_size, device="cpu",
+               preload=RANK_MODULES)
     else:
         run_training(parallel_cfg)
     parallel = [json.loads(line) for line in

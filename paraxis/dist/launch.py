@@ -129,7 +129,8 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
 
 def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
            max_restarts: int = 0, debug: bool = False, timeout_s: float = 600.0,
-           device: str = "auto", checkpoint_dir: str | None = None) -> Any:
+           device: str = "auto", checkpoint_dir: str | None = None,
+           preload: tuple[str, ...] = ()) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; return what rank 0's call returned.
 
     max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
@@ -137,7 +138,8 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     as under torchrun --max-restarts (training resumes from its newest checkpoint then:
     `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
     ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
-    named when a signal stops them without a line of their own.
+    named when a signal stops them without a line of their own; `preload`, the modules
+    `fn` imports as it starts, loaded once for every rank (`rank_context`).
     """
     import torch  # lazy: torch; CLI start-up imports this
 
@@ -145,7 +147,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     for attempt in range(max_restarts + 1):
         try:
             return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread,
-                                checkpoint_dir)
+                                checkpoint_dir, preload)
         except RunFailed as failure:
             if attempt == max_restarts:
                 raise
@@ -154,18 +156,18 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     raise AssertionError("unreachable")
 
 
-def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
-    """How ranks start: forked from a fork server that imported torch and `fn`'s module once
-    (forking a process that has run torch is unsafe, forking one that only imported it is
-    not, and is how CUDA ranks may start too), so N ranks cost one import of torch instead
-    of N (seconds each). Spawned where there is no fork server (not POSIX)."""
+def rank_context(fn: Callable[..., Any], preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
+    """How ranks start: forked from a fork server that imported torch, `fn`'s module and the
+    modules `preload` names once (forking a process that has run torch is unsafe, forking one
+    that only imported it is not, and is how CUDA ranks may start too), so N ranks cost one
+    import of torch instead of N (seconds each). Spawned where there is no fork server."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    preload = ["torch", "torch.distributed"]
+    modules = ["torch", "torch.distributed", *preload]
     if fn.__module__ != "__main__":
-        preload.append(fn.__module__)
-    context.set_forkserver_preload(preload)  # read once, when the server starts
+        modules.append(fn.__module__)
+    context.set_forkserver_preload(modules)  # read once, when the server starts
     return context
 
 
@@ -214,10 +216,11 @@ def rank_pids(launcher_pid: int) -> list[int]:
     return sorted(ranks)
 
 
-def start_rank_server(fn: Callable[..., Any]) -> mp.context.BaseContext:
-    """`rank_context(fn)`, its fork server started (once a process): called before the
-    launcher's own checks, the server imports torch while they run (two cores do both)."""
-    context = rank_context(fn)
+def start_rank_server(fn: Callable[..., Any],
+                      preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
+    """`rank_context(fn, preload)`, its fork server started (once a process): called before
+    the launcher's own checks, the server imports torch while they run (two cores do both)."""
+    context = rank_context(fn, preload)
     if context.get_start_method() == "forkserver":
         _start_server_quietly()
     return context
@@ -225,7 +228,7 @@ def start_rank_server(fn: Callable[..., Any]) -> mp.context.BaseContext:
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
                  attempt: int, timeout_s: float, one_thread: bool,
-                 checkpoint_dir: str | None) -> Any:
+                 checkpoint_dir: str | None, preload: tuple[str, ...]) -> Any:
     import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
@@ -250,7 +253,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
-    context = start_rank_server(fn)
+    context = start_rank_server(fn, preload)
     results = context.Queue()
     watched, alive = os.pipe()  # `alive` closes when this process dies: the ranks then stop
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(

@@ -24,6 +24,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import fp8_shape_problem, get_policy
 from paraxis.train.auto_layout import measured_line, resolve
 from paraxis.train.config import RunConfig
+from paraxis.train.loop import RANK_MODULES
 
 
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
@@ -32,7 +33,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
     if cfg.launch.nproc > 1 and not launched:
-        start_rank_server(train)  # it imports torch for the ranks while this process checks
+        start_rank_server(train, RANK_MODULES)  # imports torch for the ranks meanwhile
     if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
         # a mistyped flag or an unwritable folder fails at once
@@ -81,7 +82,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
             launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
                    max_restarts=cfg.launch.max_restarts, debug=debug,
                    timeout_s=train_cfg.timeout_s, device=train_cfg.device,
-                   checkpoint_dir=cfg.checkpoint.dir)
+                   checkpoint_dir=cfg.checkpoint.dir, preload=RANK_MODULES)
         return 0
     if not launched and cfg.layout.world_size > 1:
         lay, n = cfg.layout, cfg.layout.world_size
