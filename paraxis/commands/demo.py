@@ -42,7 +42,7 @@ def report_inputs(model: str, layout: Layout) -> PlanInputs:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from paraxis.dist.launch import launch
+    from paraxis.dist.launch import launch, start_rank_server
     from paraxis.files.host import check_writable_folder
     from paraxis.files.model_file import load_model_config
     from paraxis.files.terminal import console as terminal_console
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         cfg.check()
         cfg.layout.validate(cfg.layout.world_size, model_cfg, GLOBAL_BATCH, SEQ_LEN)
 
+    if layout.world_size > 1:  # its ranks' server imports torch while one device trains
+        start_rank_server(run_training, RANK_MODULES)
     what = f"{args.steps} steps of {GLOBAL_BATCH} x {SEQ_LEN} tokens"
     console.print(f"[bold]1/3[/]  {args.model} on one device, {what}; metrics in "
                   f"{out / 'single'}")
