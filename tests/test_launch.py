@@ -1,11 +1,12 @@
 """`paraxis.dist.launch` starts ranks from a fork server that imported torch once: each rank
-still gets its launcher's environment, working folder, stdout and stderr as they are at
-launch (not as they were when the server started), one thread, and dies with its launcher."""
+still gets its launcher's environment, working folder, stdout and stderr as they are at the
+launch, and one thread; the server is gone when the launch returns."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,17 +24,25 @@ def report(tag: str, launcher: int) -> dict:
             "threads": torch.get_num_threads(), "server": parent != launcher and server_torch}
 
 
+def servers_of(pid: int) -> list[str]:
+    """The fork servers among `pid`'s (main thread's) children."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [child for child in children if b"multiprocessing.forkserver" in
+            Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server is POSIX's")
 def test_ranks_fork_from_a_server_and_take_the_launchers_state_at_each_launch(
         tmp_path, monkeypatch, capfd):
     assert rank_context(report).get_start_method() == "forkserver"
-    for tag in ("first", "second"):  # the second launch reuses the server the first started
+    for tag in ("first", "second"):
         folder = tmp_path / tag
         folder.mkdir()
         monkeypatch.chdir(folder)
         monkeypatch.setenv("PARAXIS_TEST_TAG", tag)
         got = launch(report, (tag, os.getpid()), nproc=2, device="cpu")
         assert got == {"tag": tag, "cwd": str(folder), "threads": 1, "server": True}
+        assert not servers_of(os.getpid())  # stopped as the launch returned
         out, err = capfd.readouterr()  # this launch's lines, in this test's capture
         assert sorted(out.splitlines()) == [f"rank 0 {tag} out", f"rank 1 {tag} out"]
         assert sorted(line for line in err.splitlines() if line.startswith("rank")) == [

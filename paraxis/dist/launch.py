@@ -144,16 +144,19 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     import torch  # lazy: torch; CLI start-up imports this
 
     one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    for attempt in range(max_restarts + 1):
-        try:
-            return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s, one_thread,
-                                checkpoint_dir, preload)
-        except RunFailed as failure:
-            if attempt == max_restarts:
-                raise
-            print(f"paraxis: {failure}; restarting every rank from the newest checkpoint "
-                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")
+    try:
+        for attempt in range(max_restarts + 1):
+            try:
+                return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s,
+                                    one_thread, checkpoint_dir, preload)
+            except RunFailed as failure:
+                if attempt == max_restarts:
+                    raise
+                print(f"paraxis: {failure}; restarting every rank from the newest checkpoint "
+                      f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
+        raise AssertionError("unreachable")
+    finally:
+        stop_rank_server()  # nothing of the run outlives it
 
 
 def rank_context(fn: Callable[..., Any], preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
@@ -224,6 +227,20 @@ def start_rank_server(fn: Callable[..., Any],
     if context.get_start_method() == "forkserver":
         _start_server_quietly()
     return context
+
+
+def stop_rank_server() -> None:
+    """Stop this process's fork server, if one runs (once its ranks have ended, or before
+    any started): at once, as nothing of it needs saving (left alone it outlives the
+    launcher by its interpreter's teardown, a second, or by the rest of its torch import
+    when bad input stops the launcher first). The next launch starts another."""
+    server = getattr(forkserver, "_forkserver", None)
+    pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
+    if pid is None or stop is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    stop()  # closes its pipe and reaps it
 
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,

@@ -17,6 +17,7 @@ from paraxis.dist.launch import (
     check_rank_environment,
     launch,
     start_rank_server,
+    stop_rank_server,
     warn_if_oversubscribed,
 )
 from paraxis.files.model_file import load_model_config
@@ -30,10 +31,18 @@ from paraxis.train.loop import RANK_MODULES
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
+    if cfg.launch.nproc == 1 or "WORLD_SIZE" in os.environ:
+        return _start(cfg, train, debug)
+    start_rank_server(train, RANK_MODULES)  # it imports torch for the ranks meanwhile
+    try:
+        return _start(cfg, train, debug)
+    finally:
+        stop_rank_server()  # stopped by the launch, or left unused by bad input
+
+
+def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) -> int:
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
-    if cfg.launch.nproc > 1 and not launched:
-        start_rank_server(train, RANK_MODULES)  # imports torch for the ranks meanwhile
     if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
         # a mistyped flag or an unwritable folder fails at once
