@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from bench import faults
-from paraxis.dist.launch import rank_pids
+from paraxis.dist.rank_server import rank_pids
 from paraxis.files.checkpoint_ownership import pid_alive
 from paraxis.model.checkpoint import complete_checkpoints
 

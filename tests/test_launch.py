@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from paraxis.dist.launch import launch, rank_context
+from paraxis.dist.launch import launch
+from paraxis.dist.rank_server import rank_context
 
 
 def report(tag: str, launcher: int) -> dict:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +82,14 @@ def test_the_launcher_ends_as_the_signal_it_received():
 
 
 @pytest.mark.slow
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (Linux: SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
 def test_a_stop_signal_is_heard_inside_a_long_evaluation(tmp_path):
     """An evaluation of 1e11 held-out batches: SIGTERM stops it within EVAL_STOP_EVERY
     batches, with the step's checkpoint (before, it was heard only after the evaluation)."""
@@ -90,7 +99,11 @@ def test_a_stop_signal_is_heard_inside_a_long_evaluation(tmp_path):
          "--global-batch", "4", "--device", "cpu", "--eval-every", "1", "--eval-batches",
          "100000000000", "--checkpoint-dir", str(tmp_path / "ck")],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # start-up, the first step, then well into its evaluation
+    deadline = time.monotonic() + 120
+    while not _catches_sigterm(run.pid):  # the training loop's handler is in place
+        assert run.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+    time.sleep(2)  # the first step (a tiny model's), then well into its evaluation
     run.send_signal(signal.SIGTERM)
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 143, stderr

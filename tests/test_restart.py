@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraxis.dist.launch import rank_pids
+from paraxis.dist.rank_server import rank_pids
 from paraxis.model.checkpoint import read_full_state
 from paraxis.model.checkpoint.entries import KINDS
 

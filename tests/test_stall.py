@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from paraxis.dist.launch import rank_pids
+from paraxis.dist.rank_server import rank_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -42,7 +42,8 @@ def report_inputs(model: str, layout: Layout) -> PlanInputs:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from paraxis.dist.launch import launch, start_rank_server
+    from paraxis.dist.launch import launch
+    from paraxis.dist.rank_server import start_rank_server
     from paraxis.files.host import check_writable_folder
     from paraxis.files.model_file import load_model_config
     from paraxis.files.terminal import console as terminal_console

@@ -8,8 +8,8 @@ every rank runs here unchanged: one machine needs no torchrun, and several machi
 torchrun with its own flags (`torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint
 host:port -m paraxis.train ...`). `fn` must be a module-level function (it is pickled by
 name). The ranks fork from a server process that imported torch and `fn`'s module once
-(`rank_context`), and take this process's environment, folder, stdout and stderr as they
-are at the launch.
+(`rank_server`), and take this process's environment, folder, stdout and stderr as they are
+at the launch.
 
 Nothing listens beyond loopback unless `host` says so: this process hosts the rendezvous
 store on a socket bound to 127.0.0.1 (torch's elastic agent binds its stores to every
@@ -24,7 +24,6 @@ naming the ranks that failed.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -33,13 +32,13 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing import forkserver, reduction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paraxis.dist.bad_input import decide, run_guarded
 from paraxis.dist.host_memory import return_freed_memory
-from paraxis.dist.preemption import CatchSignals, stop_with_launcher
+from paraxis.dist.preemption import CatchSignals
+from paraxis.dist.rank_server import Inherited, start_rank_server, stop_rank_server
 from paraxis.files.checkpoint_manifest import complete_checkpoints
 from paraxis.files.host import available_host_bytes
 from paraxis.spec.errors import CommFailure, ParaxisError, RunFailed
@@ -53,33 +52,8 @@ LOOPBACK = "127.0.0.1"
 RANK_BASELINE_BYTES = 0.22e9
 
 
-class _Inherited:
-    """Descriptors a rank takes from its launcher, whichever way it starts: stdout and
-    stderr (a fork server's children would otherwise write where the server was started,
-    pytest's capture of an earlier test, say) and the read end of the pipe that tells the
-    rank its launcher died (`preemption.stop_with_launcher`)."""
-
-    def __init__(self, stdout: int, stderr: int, launcher: int) -> None:
-        self.stdout, self.stderr, self.launcher = stdout, stderr, launcher
-
-    def __reduce__(self) -> tuple:
-        return _Inherited._received, tuple(
-            reduction.DupFd(fd) for fd in (self.stdout, self.stderr, self.launcher))
-
-    @staticmethod
-    def _received(*handles: Any) -> _Inherited:
-        return _Inherited(*(handle.detach() for handle in handles))
-
-    def attach(self) -> None:
-        for target, fd in ((1, self.stdout), (2, self.stderr)):
-            if fd != target:
-                os.dup2(fd, target)
-                os.close(fd)
-        stop_with_launcher(self.launcher)  # no orphans, even after a SIGKILL
-
-
 def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bool,
-                env: dict[str, str], results: Queue, inherited: _Inherited) -> None:
+                env: dict[str, str], results: Queue, inherited: Inherited) -> None:
     inherited.attach()
     os.environ.clear()  # the launcher's environment now, not the fork server's at its start
     os.environ.update(env)
@@ -139,7 +113,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
     ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
     named when a signal stops them without a line of their own; `preload`, the modules
-    `fn` imports as it starts, loaded once for every rank (`rank_context`).
+    `fn` imports as it starts, loaded once for every rank (`rank_server.rank_context`).
     """
     import torch  # lazy: torch; CLI start-up imports this
 
@@ -157,90 +131,6 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
         raise AssertionError("unreachable")
     finally:
         stop_rank_server()  # nothing of the run outlives it
-
-
-def rank_context(fn: Callable[..., Any], preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
-    """How ranks start: forked from a fork server that imported torch, `fn`'s module and the
-    modules `preload` names once (forking a process that has run torch is unsafe, forking one
-    that only imported it is not, and is how CUDA ranks may start too), so N ranks cost one
-    import of torch instead of N (seconds each). Spawned where there is no fork server."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    context = mp.get_context("forkserver")
-    modules = ["torch", "torch.distributed", *preload]
-    if fn.__module__ != "__main__":
-        modules.append(fn.__module__)
-    context.set_forkserver_preload(modules)  # read once, when the server starts
-    return context
-
-
-def _start_server_quietly() -> None:
-    """Start the fork server (once a process) with its stdout and stderr on /dev/null: the
-    ranks write to the launcher's own (`_Inherited`), and a server holding the launcher's
-    would keep a caller reading them waiting until it exits, a second after the launcher."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(quiet, 1)
-        os.dup2(quiet, 2)
-        forkserver.ensure_running()
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, quiet):
-            os.close(fd)
-
-
-def rank_pids(launcher_pid: int) -> list[int]:
-    """The pids of the ranks a launcher process started, by rank (Linux /proc): the children
-    of its fork server (or, spawned, its own children running multiprocessing's spawn_main);
-    fewer while they start or after they end."""
-    def children(pid: int) -> list[int]:
-        try:
-            return [int(child) for child in
-                    Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            return []
-
-    def command(pid: int) -> bytes:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
-            return b""
-
-    ranks = []
-    for child in children(launcher_pid):
-        if b"multiprocessing.forkserver" in command(child):
-            ranks += children(child)
-        elif b"spawn_main" in command(child):
-            ranks.append(child)
-    return sorted(ranks)
-
-
-def start_rank_server(fn: Callable[..., Any],
-                      preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
-    """`rank_context(fn, preload)`, its fork server started (once a process): called before
-    the launcher's own checks, the server imports torch while they run (two cores do both)."""
-    context = rank_context(fn, preload)
-    if context.get_start_method() == "forkserver":
-        _start_server_quietly()
-    return context
-
-
-def stop_rank_server() -> None:
-    """Stop this process's fork server, if one runs (once its ranks have ended, or before
-    any started): at once, as nothing of it needs saving (left alone it outlives the
-    launcher by its interpreter's teardown, a second, or by the rest of its torch import
-    when bad input stops the launcher first). The next launch starts another."""
-    server = getattr(forkserver, "_forkserver", None)
-    pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
-    if pid is None or stop is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    stop()  # closes its pipe and reaps it
 
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
@@ -276,7 +166,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
         fn, args, one_thread, debug,
         {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, results,
-        _Inherited(1, 2, watched))) for rank in range(nproc)]
+        Inherited(1, 2, watched))) for rank in range(nproc)]
     try:
         for process in processes:
             process.start()

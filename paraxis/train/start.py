@@ -16,10 +16,9 @@ from paraxis.dist.launch import (
     check_host_memory,
     check_rank_environment,
     launch,
-    start_rank_server,
-    stop_rank_server,
     warn_if_oversubscribed,
 )
+from paraxis.dist.rank_server import start_rank_server, stop_rank_server
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import fp8_shape_problem, get_policy
