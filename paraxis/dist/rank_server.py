@@ -121,7 +121,9 @@ def stop_rank_server() -> None:
     """Stop this process's fork server, if one runs (once its ranks have ended, or before
     any started): at once, as nothing of it needs saving (left alone it outlives the
     launcher by its interpreter's teardown, a second, or by the rest of its torch import
-    when bad input stops the launcher first). The next launch starts another."""
+    when bad input stops the launcher first). The next launch starts another. It reaches
+    the server through multiprocessing's private handle (one server a process, stopped by
+    its own tests so); where that is missing the server is left to end with this process."""
     server = getattr(forkserver, "_forkserver", None)
     pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
     if pid is None or stop is None:
