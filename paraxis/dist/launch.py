@@ -103,8 +103,7 @@ def _told_launcher(error: ParaxisError, results: Queue, debug: bool) -> bool:
 
 def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK,
            max_restarts: int = 0, debug: bool = False, timeout_s: float = 600.0,
-           device: str = "auto", checkpoint_dir: str | None = None,
-           preload: tuple[str, ...] = ()) -> Any:
+           device: str = "auto", checkpoint_dir: str | None = None) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; return what rank 0's call returned.
 
     max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
@@ -112,8 +111,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     as under torchrun --max-restarts (training resumes from its newest checkpoint then:
     `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
     ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
-    named when a signal stops them without a line of their own; `preload`, the modules
-    `fn` imports as it starts, loaded once for every rank (`rank_server.rank_context`).
+    named when a signal stops them without a line of their own.
     """
     import torch  # lazy: torch; CLI start-up imports this
 
@@ -122,7 +120,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
         for attempt in range(max_restarts + 1):
             try:
                 return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s,
-                                    one_thread, checkpoint_dir, preload)
+                                    one_thread, checkpoint_dir)
             except RunFailed as failure:
                 if attempt == max_restarts:
                     raise
@@ -135,7 +133,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
                  attempt: int, timeout_s: float, one_thread: bool,
-                 checkpoint_dir: str | None, preload: tuple[str, ...]) -> Any:
+                 checkpoint_dir: str | None) -> Any:
     import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
@@ -160,13 +158,13 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
-    context = start_rank_server(fn, preload)
+    context = start_rank_server(fn)
     results = context.Queue()
     watched, alive = os.pipe()  # `alive` closes when this process dies: the ranks then stop
     processes = [context.Process(target=_rank_entry, name=f"paraxis-rank-{rank}", args=(
         fn, args, one_thread, debug,
         {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)}, results,
-        Inherited(1, 2, watched))) for rank in range(nproc)]
+        Inherited(watched))) for rank in range(nproc)]
     try:
         for process in processes:
             process.start()

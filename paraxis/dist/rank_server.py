@@ -28,34 +28,34 @@ class Inherited:
     pytest's capture of an earlier test, say) and the read end of the pipe that tells the
     rank its launcher died (`preemption.stop_with_launcher`)."""
 
-    def __init__(self, stdout: int, stderr: int, launcher: int) -> None:
-        self.stdout, self.stderr, self.launcher = stdout, stderr, launcher
+    def __init__(self, launcher: int, stdio: tuple[int, ...] = (1, 2)) -> None:
+        self.launcher, self.stdio = launcher, stdio
 
     def __reduce__(self) -> tuple:
         return Inherited._received, tuple(
-            reduction.DupFd(fd) for fd in (self.stdout, self.stderr, self.launcher))
+            reduction.DupFd(fd) for fd in (self.launcher, *self.stdio))
 
     @staticmethod
-    def _received(*handles: Any) -> Inherited:
-        return Inherited(*(handle.detach() for handle in handles))
+    def _received(launcher: Any, *stdio: Any) -> Inherited:
+        return Inherited(launcher.detach(), tuple(handle.detach() for handle in stdio))
 
     def attach(self) -> None:
-        for target, fd in ((1, self.stdout), (2, self.stderr)):
+        for target, fd in enumerate(self.stdio, start=1):
             if fd != target:
                 os.dup2(fd, target)
                 os.close(fd)
         stop_with_launcher(self.launcher)  # no orphans, even after a SIGKILL
 
 
-def rank_context(fn: Callable[..., Any], preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
-    """How ranks start: forked from a fork server that imported torch, `fn`'s module and the
-    modules `preload` names once (forking a process that has run torch is unsafe, forking one
-    that only imported it is not, and is how CUDA ranks may start too), so N ranks cost one
-    import of torch instead of N (seconds each). Spawned where there is no fork server."""
+def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """How ranks start: forked from a fork server that imported torch and `fn`'s module once
+    (forking a process that has run torch is unsafe, forking one that only imported it is
+    not, and is how CUDA ranks may start too), so N ranks cost one import of torch instead
+    of N (seconds each). Spawned where there is no fork server."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    modules = ["torch", "torch.distributed", *preload]
+    modules = ["torch", "torch.distributed"]
     if fn.__module__ != "__main__":
         modules.append(fn.__module__)
     context.set_forkserver_preload(modules)  # read once, when the server starts
@@ -107,11 +107,10 @@ def rank_pids(launcher_pid: int) -> list[int]:
     return sorted(ranks)
 
 
-def start_rank_server(fn: Callable[..., Any],
-                      preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
-    """`rank_context(fn, preload)`, its fork server started (once a process): called before
-    the launcher's own checks, the server imports torch while they run (two cores do both)."""
-    context = rank_context(fn, preload)
+def start_rank_server(fn: Callable[..., Any]) -> mp.context.BaseContext:
+    """`rank_context(fn)`, its fork server started (once a process): called before the
+    launcher's own checks, the server imports torch while they run (two cores do both)."""
+    context = rank_context(fn)
     if context.get_start_method() == "forkserver":
         _start_server_quietly()
     return context

@@ -52,12 +52,7 @@ if TYPE_CHECKING:
 # torch, and every module that imports it, is imported inside the functions: `paraxis
 # train`'s command imports this module at CLI start-up, which must not wait for torch.
 
-__all__ = ["RANK_MODULES", "learning_rate", "run_training"]
-
-# What run_training imports as it starts: `paraxis train --nproc`'s fork server loads them
-# once for every rank (dist/launch.py, `preload`).
-RANK_MODULES = ("paraxis.dist.groups", "paraxis.dist.heartbeat", "paraxis.parallelize",
-                "paraxis.train.claim", "paraxis.train.metrics", "paraxis.train.resume")
+__all__ = ["learning_rate", "run_training"]
 
 
 def learning_rate(step: int, cfg: RunConfig) -> float:

@@ -24,7 +24,6 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import fp8_shape_problem, get_policy
 from paraxis.train.auto_layout import measured_line, resolve
 from paraxis.train.config import RunConfig
-from paraxis.train.loop import RANK_MODULES
 
 
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
@@ -32,7 +31,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     if cfg.launch.nproc == 1 or "WORLD_SIZE" in os.environ:
         return _start(cfg, train, debug)
-    start_rank_server(train, RANK_MODULES)  # it imports torch for the ranks meanwhile
+    start_rank_server(train)  # it imports torch for the ranks meanwhile
     try:
         return _start(cfg, train, debug)
     finally:
@@ -90,7 +89,7 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
             launch(train, (cfg,), nproc, host=cfg.launch.rdzv_host,
                    max_restarts=cfg.launch.max_restarts, debug=debug,
                    timeout_s=train_cfg.timeout_s, device=train_cfg.device,
-                   checkpoint_dir=cfg.checkpoint.dir, preload=RANK_MODULES)
+                   checkpoint_dir=cfg.checkpoint.dir)
         return 0
     if not launched and cfg.layout.world_size > 1:
         lay, n = cfg.layout, cfg.layout.world_size
