@@ -5,6 +5,7 @@ what several test files read, made once per session (a plan's report, a torchrun
 is missing. Models are saved once per session (safetensors, the default format).
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,12 @@ if torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount():  # what autogr
         "CUDA saw the GPUs before tests/conftest.py could hide them (a pytest plugin?), so "
         "the suite's forked CPU ranks could not run autograd; run it with them hidden from "
         "the start: CUDA_VISIBLE_DEVICES= make test (the GPU tests then skip)")
+
+# Under pytest-xdist each worker computes on its share of the cores (ranks take one thread
+# each already): torch's default, every core in every worker, oversubscribes a many-core
+# machine and pushes the multi-rank tests past their deadlines.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:
