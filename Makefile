@@ -20,8 +20,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/paraxis demo
 
+# Two workers (pytest-xdist): one core waits while the other runs a single-process test or a
+# rank starts, about a third of a serial run on two cores; each worker computes on its share
+# of the cores (tests/conftest.py).
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # The lab's and the report's browser tests open their pages in Debian's chromium, driven by its
 # chromedriver: installed here where this machine allows it (root and apt-get, as .ci/run
