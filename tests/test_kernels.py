@@ -278,3 +278,22 @@ def test_autograd_grad_over_leaves_still_gets_every_gradient():
     out = torch.cat(project(x, layers), dim=-1)
     grad_x, grad_w = torch.autograd.grad(out.square().sum(), [x, layers[0].weight])
     assert grad_x.shape == x.shape and grad_w.shape == layers[0].weight.shape
+
+
+def test_compiled_embedding_backward_holds_no_fp32_copy_of_a_bf16_table():
+    """Compiled, the token embedding's backward makes the bf16 gradient alone: inductor's own
+    decomposition of it would hold an fp32 table beside it (3x the gradient's bytes at
+    once), 2.1 GB on Llama 3 8B (paraxis/kernels/embedding.py)."""
+    from paraxis.kernels.embedding import Embedding
+    from tools.probes.peak_memory import alive_at_peak, cpu_events
+
+    table = Embedding(4096, 256).to(torch.bfloat16)
+    ids = torch.randint(0, 4096, (2, 64))
+    torch._dynamo.reset()
+    lookup = torch.compile(lambda tokens: table(tokens).float().square().sum())
+    lookup(ids).backward()  # compiled here, outside the count
+    table.weight.grad = None
+    peak, _, _ = alive_at_peak(cpu_events(lambda: lookup(ids).backward()))
+    gradient = table.weight.numel() * 2
+    assert table.weight.grad.dtype == torch.bfloat16
+    assert peak < 1.25 * gradient, (peak, gradient)

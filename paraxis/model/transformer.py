@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paraxis.kernels.embedding import Embedding
 from paraxis.kernels.linear import project, stacked_layers
 from paraxis.model.init_weights import init_parameter
 from paraxis.parallel.context.attention import context_parallel_attention
@@ -265,7 +266,7 @@ class Transformer(nn.Module):
         # device's whole vocabulary: tensor parallelism keeps the vocab-parallel loss)
         self.fused_loss = False
         if embed:
-            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.tok_emb = Embedding(cfg.vocab_size, cfg.d_model)
             if cfg.learned_positions:
                 self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         indices = range(cfg.n_layers) if blocks is None else blocks

@@ -7,6 +7,7 @@
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
 #   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
+#   bash tools/probes/gpu_session.sh peak         # what is alive at the Llama slice's peak
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
 # with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
@@ -52,9 +53,10 @@ case ${1:-} in
     timeout 420 python3 -m tools.probes.shared_gpu 2>&1 | tee -a "$log" ;;
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
+  peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
   suite) timeout 570 python3 -m pytest -v -p no:cacheprovider -n 6 --durations=15 tests 2>&1 \
            | tee -a "$log" ;;
   *) echo "usage: gpu_session.sh all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
-          "speed-llama | suite" >&2
+          "speed-llama | peak | suite" >&2
      exit 2 ;;
 esac

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from paraxis.kernels.embedding import embedding
 from paraxis.kernels.fp8 import Fp8Gemm
 from paraxis.kernels.linear import linear
 from paraxis.parallel.tensor.comm import (
@@ -191,7 +192,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         local = idx - self.vocab_start
         outside = (local < 0) | (local >= self.weight.shape[0])
-        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        rows = embedding(local.masked_fill(outside, 0), self.weight)
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
         return leave_tp_region(rows, self.group, self.sequence_parallel)
 
