@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 @torch.library.custom_op("paraxis::embedding_backward", mutates_args=())
@@ -42,7 +43,11 @@ class _Lookup(torch.autograd.Function):
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.embedding(ids, weight)`, its weight's gradient from `embedding_backward`."""
+    """`F.embedding(ids, weight)`, its weight's gradient from `embedding_backward`; torch's
+    own lookup for a DTensor table (PyTorch's tensor parallelism, which the CPU bench runs on
+    this model), as the custom operator has no sharding rule."""
+    if isinstance(weight, DTensor):
+        return F.embedding(ids, weight)
     return _Lookup.apply(ids, weight)
 
 
