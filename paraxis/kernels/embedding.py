@@ -43,10 +43,11 @@ class _Lookup(torch.autograd.Function):
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`F.embedding(ids, weight)`, its weight's gradient from `embedding_backward`; torch's
-    own lookup for a DTensor table (PyTorch's tensor parallelism, which the CPU bench runs on
-    this model), as the custom operator has no sharding rule."""
-    if isinstance(weight, DTensor):
+    """`F.embedding(ids, weight)`; compiled, its weight's gradient from `embedding_backward`
+    (eager autograd runs that kernel already, without the custom function's Python). A
+    DTensor table (PyTorch's tensor parallelism, which the CPU bench runs on this model)
+    takes torch's own lookup: the custom operator has no sharding rule."""
+    if not torch.compiler.is_compiling() or isinstance(weight, DTensor):
         return F.embedding(ids, weight)
     return _Lookup.apply(ids, weight)
 
