@@ -148,21 +148,40 @@ def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: floa
     """One step as a careful plain loop runs it: bf16 autocast forward and backward (on a
     GPU), clipping on the device (no host sync), fused AdamW with decay on matrices.
     `loss_of(model, x, y)`: the model's loss, where it is not `model(x, y)` (transformers)."""
+    autocast = torch.bfloat16 if x.device.type == "cuda" else None
+    forward_backward, rest = training_phases(model, x, y, clip, lr, compile, loss_of, autocast)
+
+    def step() -> None:
+        forward_backward()
+        rest()
+
+    return step
+
+
+def training_phases(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float,
+                    lr: float = 1e-3, compile: bool = True,
+                    loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+                    | None = None, autocast: torch.dtype | None = torch.bfloat16
+                    ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """`training_step` in its two phases: (forward and backward under `autocast`, None for
+    none; the rest: clipping, AdamW, zero_grad)."""
     optimizer = reference_adamw(model, lr)
     forward = torch.compile(model) if compile else model
     loss_of = loss_of or (lambda m, a, b: m(a, b))
     device = x.device.type
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
-    def step() -> None:
-        with torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
+    def forward_backward() -> None:
+        with torch.autocast(device, dtype=autocast or torch.bfloat16,
+                            enabled=autocast is not None):
             loss = loss_of(forward, x, y)
         loss.backward()
+
+    def rest() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return forward_backward, rest
 
 
 def hf_model(cfg: ModelConfig) -> tuple[nn.Module, Callable] | None:

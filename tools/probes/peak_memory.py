@@ -29,7 +29,7 @@ import torch
 
 from bench import gpu
 from bench.common import token_batch
-from bench.reference import Reference, reference_adamw
+from bench.reference import Reference, training_phases
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
@@ -114,20 +114,7 @@ def build(side: str, cfg, x: torch.Tensor, y: torch.Tensor, device: torch.device
     """(forward and backward, the rest of the step: clipping, AdamW, zero_grad) of `side`, as
     bench.gpu's sides run them."""
     if side == "reference":
-        model = Reference(cfg).to(device)
-        forward, optimizer = torch.compile(model), reference_adamw(model, 1e-3)
-
-        def forward_backward() -> None:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = forward(x, y)
-            loss.backward()
-
-        def rest() -> None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), gpu.CLIP, foreach=True)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        return forward_backward, rest
+        return training_phases(Reference(cfg).to(device), x, y, gpu.CLIP)
     engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
                           precision=side.removeprefix("paraxis "), compile=True)
 
