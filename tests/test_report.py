@@ -155,21 +155,6 @@ def _lesson_holds(lesson) -> None:
     assert lesson.costs.send_s < lesson.costs.forward_s / 10
 
 
-def test_demo_report_draws_the_pipeline_lesson(tmp_path):
-    """The demo's plan (tiny, dp=2 x tp=2 x pp=2, 2 microbatches) is the case where the
-    lesson does not show at the run's own settings; the pictures are drawn where it does,
-    and the run's own schedule is stated next to them."""
-    from paraxis.commands.demo import LAYOUT_3D, report_inputs
-    from paraxis.show.report.build import build_report
-
-    report = build_report(report_inputs("tiny", LAYOUT_3D))
-    _lesson_holds(report.lesson)
-    assert report.lesson.stages == LAYOUT_3D.pp
-    html = report.html()
-    assert "What this plan runs: 1F1B over 2 stages with 2 microbatch(es)" in html
-    assert "x faster" in html or "as fast as the planner" in html
-
-
 def _pipeline_run(ctx: RankContext, folder: str) -> tuple[list[dict], list[tuple]]:
     """Three real training steps of `tiny` on a 4-stage 1F1B pipeline; rank 0 writes the
     metrics file exactly as `paraxis train --metrics-file` does."""
@@ -297,12 +282,20 @@ def demo_report(demo):
 
 @pytest.mark.slow
 def test_demo_run_is_forecast_on_a_profile_of_this_cpu(demo_report):
+    from paraxis.commands.demo import LAYOUT_3D
+
     report = demo_report
+    # The demo's plan (tiny, dp=2 x tp=2 x pp=2, 2 microbatches) is the case where the
+    # pipeline lesson does not show at the run's own settings: the pictures are drawn where
+    # it does, and the run's own schedule is stated next to them.
     _lesson_holds(report.lesson)
+    assert report.lesson.stages == LAYOUT_3D.pp
+    html = report.html()
+    assert "What this plan runs: 1F1B over 2 stages with 2 microbatch(es)" in html
+    assert "x faster" in html or "as fast as the planner" in html
     # Like for like: a CPU run is priced on a profile of this CPU, not on a GPU preset.
     assert report.plan.hardware.cpu and report.plan.cluster.cores_per_node > 0
     assert report.title.startswith("paraxis report: tiny on 8 CPU ranks on ")
-    html = report.html()
     assert "CUDA" not in words(html) and "a100" not in report.title
     assert f"the prediction is {report.forecast.error:+.0%} off" in html
 

@@ -12,7 +12,13 @@ import torch.distributed as dist
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.launch import cuda_ranks_problem
 from paraxis.dist.shared_gpu import BACKEND
-from paraxis.dist.testing import gpu_count, run_distributed, train_records
+from paraxis.dist.testing import (
+    RankContext,
+    gpu_count,
+    run_distributed,
+    run_on_ranks,
+    train_records,
+)
 
 
 def _every_call(on_gpu: bool = False) -> dict[str, bool]:
@@ -85,16 +91,26 @@ def test_every_call_stages_cuda_tensors_on_one_gpu() -> None:
         assert all(checks.values()), (rank, [name for name, ok in checks.items() if not ok])
 
 
+def _losses_over_gloo(ctx: RankContext, flags: dict) -> list[float]:
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
+
+    records = run_training(RunConfig.from_flags(**flags, quiet=True, layout=str(ctx.layout)))
+    return [r["loss"] for r in records if "loss" in r]
+
+
 def test_a_run_trains_the_same_numbers_as_over_gloo(tmp_path) -> None:
     # data parallel with sharded states (its gathers and reductions) and a pipeline (its
-    # sends and receives); TP's calls are _every_call's
-    args = ["--model", "tiny", "--steps", "2", "--global-batch", "8", "--seq-len", "32",
-            "--device", "cpu", "--layout", "dp=2,pp=2,zero=1,microbatches=2", "--log-every",
-            "1"]
-    gloo = train_records(args, tmp_path / "gloo.jsonl", nproc=4)
-    shared = train_records([*args, "--share-gpu"], tmp_path / "shared.jsonl", nproc=4)
-    losses = [[r["loss"] for r in records if "loss" in r] for records in (gloo, shared)]
-    assert losses[0] and losses[0] == losses[1]
+    # sends and receives); TP's calls are _every_call's. `paraxis train --share-gpu` as a
+    # user runs it, against the same run on ranks forked here over plain gloo.
+    layout = "dp=2,pp=2,zero=1,microbatches=2"
+    flags = dict(model="tiny", steps=2, global_batch=8, seq_len=32, device="cpu", log_every=1)
+    args = [part for name, value in flags.items()
+            for part in (f"--{name.replace('_', '-')}", str(value))]
+    shared = train_records([*args, "--layout", layout, "--share-gpu"],
+                           tmp_path / "shared.jsonl", nproc=4)
+    gloo = run_on_ranks(layout, _losses_over_gloo, flags)[0]
+    assert gloo and gloo == [r["loss"] for r in shared if "loss" in r]
 
 
 def test_more_cuda_ranks_than_gpus_run_when_they_share() -> None:

@@ -132,11 +132,17 @@ def test_apply_refuses_an_odd_vocabulary_on_every_rank():
 
 
 def test_cli_trains_with_tp_and_sequence_parallel_like_one_device(tmp_path):
-    common = ["--model", "tiny-llama", "--steps", "3", "--global-batch", "4", "--seq-len",
-              "32", "--device", "cpu", "--quiet"]
-    runs = {"one": train_records(common, tmp_path / "one.jsonl"),
-            "tp": train_records([*common, "--tp", "2", "--sequence-parallel"],
+    # `paraxis train --nproc 2` as a user runs it, against one device trained here
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
+
+    flags = dict(model="tiny-llama", steps=3, global_batch=4, seq_len=32, device="cpu")
+    common = [part for name, value in flags.items()
+              for part in (f"--{name.replace('_', '-')}", str(value))]
+    runs = {"one": run_training(RunConfig.from_flags(**flags, quiet=True)),
+            "tp": train_records([*common, "--quiet", "--tp", "2", "--sequence-parallel"],
                                 tmp_path / "tp.jsonl", nproc=2, timeout_s=120)}
+    assert len(runs["one"]) == len(runs["tp"]) == 3
     for one, tp in zip(runs["one"], runs["tp"], strict=True):
         assert tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
         assert tp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
