@@ -142,17 +142,21 @@ def test_context_parallel_layouts_train_like_one_device(layouts, model, one_devi
                             "cp=2 checkpoint resumed on one device")
 
 
-def test_cli_cp4_matches_one_device(model, one_device, tmp_path):
-    metrics = tmp_path / "cp4.jsonl"
+def test_cli_cp4_matches_one_device(model, tmp_path):
+    # the flags reach the runtime: 3 steps (the layouts above hold cp=4 to one device over
+    # STEPS), against one device trained here with the same flags
+    metrics, steps = tmp_path / "cp4.jsonl", 3
     command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--cp", "4",
-               "--model", model, "--seq-len", str(SEQ), "--steps", str(STEPS),
-               "--global-batch", "4", "--warmup", "2", "--eval-every", str(STEPS),
+               "--model", model, "--seq-len", str(SEQ), "--steps", str(steps),
+               "--global-batch", "4", "--warmup", "2", "--eval-every", str(steps),
                "--eval-batches", "1", "--device", "cpu", "--quiet",
                "--metrics-file", str(metrics)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    _assert_matches(_losses(records), None, one_device, "paraxis train --nproc 4 --cp 4")
+    single = run_training(_cfg(model, "dp=1", steps=steps, eval_every=steps))
+    _assert_matches(_losses(records), None, (_losses(single), {}),
+                    "paraxis train --nproc 4 --cp 4")
 
 
 def _gpt2(ctx: RankContext) -> list[float]:

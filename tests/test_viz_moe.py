@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -92,17 +91,19 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Future, P
 
 def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path, dense_plan_report: str,
                                                     ep_run: tuple[Future, Path]) -> None:
+    from paraxis.plan.inputs import PlanInputs
     from paraxis.show.report.build import write_report
+    from paraxis.show.report.experts import experts_section
+    from paraxis.show.report.plan import make_plan
+    from paraxis.train.hardware import choose_hardware
 
-    # the SP layout's report is drawn in a second process meanwhile (drawing is one busy core)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        sharded = pool.submit(write_report, tmp_path / "s.html", model="mixtral-8x7b",
-                              gpus=64, layout="dp=8,tp=8,ep=8,sequence_parallel=true",
-                              global_batch=64, seq_len=4096)
-        html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
-                            layout="dp=8,tp=8,ep=8", global_batch=64,
-                            seq_len=4096).read_text()
-        shards = sharded.result().read_text()
+    html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
+                        layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
+    # with SP, the experts section the same report would hold
+    sp = PlanInputs(model="mixtral-8x7b", gpus=64, layout="dp=8,tp=8,ep=8,sequence_parallel=true",
+                    global_batch=64, seq_len=4096, precision="mixed")
+    _, _, shards = experts_section(make_plan(choose_hardware(sp, None, 64, "mixtral-8x7b")),
+                                   None)
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
     assert "each rank holds 1 expert of" in html
     # the planner's sentence (plan.experts.experts_over_tp), for this layout: no SP
