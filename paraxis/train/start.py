@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from paraxis.data.blend import load_run_data
+from paraxis.data.blend import Blend, load_run_data
 from paraxis.dist.launch import (
     check_cuda_ranks,
     check_host_memory,
@@ -43,8 +43,12 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
     if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
-        # a mistyped flag or an unwritable folder fails at once
+        # a mistyped flag, an unknown model, missing data or an unwritable folder fails at
+        # once (a run that may be complete already is told so first: `already_complete`)
         cfg.check()
+        if not (cfg.checkpoint.resume == "auto" and cfg.checkpoint.dir):
+            check_one_process(cfg)
+            check_inputs(cfg, 1)
     from paraxis.train.resume import already_complete  # lazy: torch; CLI start-up imports this
 
     if done := already_complete(cfg):  # a requeued job that had finished: exit 0
@@ -65,14 +69,7 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
         cfg.check()
         check_host_memory(nproc)  # first: a mistyped count must not wait for the data
         train_cfg = cfg.train
-        model_cfg = load_model_config(cfg.model.name)
-        cfg.layout.validate(nproc, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
-        if get_policy(train_cfg.precision).fp8_recipe is not None and (
-                problem := fp8_shape_problem(model_cfg, cfg.layout.tp, cfg.layout.etp,
-                                             train_cfg.precision)):
-            raise ParaxisError(problem)  # the ranks would each say it, after starting
-        data = load_run_data(cfg.data)
-        data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
+        data = check_inputs(cfg, nproc)  # the ranks would each say it, after starting
         if train_cfg.pack_documents:  # before any rank starts
             from paraxis.parallel.context.packing import (  # lazy: torch; CLI start-up imports this
                 packing_id,
@@ -91,11 +88,34 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
                    timeout_s=train_cfg.timeout_s, device=train_cfg.device,
                    checkpoint_dir=cfg.checkpoint.dir)
         return 0
-    if not launched and cfg.layout.world_size > 1:
-        lay, n = cfg.layout, cfg.layout.world_size
-        axes = ("dp", "cp", "tp", "pp") if lay.cp > 1 else ("dp", "tp", "pp")
-        raise ParaxisError(f"{'*'.join(axes)} = {'*'.join(str(getattr(lay, a)) for a in axes)}"
-                           f" = {n} ranks but this is one process; add --nproc {n} (or start "
-                           f"it with torchrun --nproc-per-node {n})")
+    if not launched:
+        check_one_process(cfg)
     train(cfg)
     return 0
+
+
+def check_inputs(cfg: RunConfig, world: int) -> Blend:
+    """The run's model, its layout on `world` ranks, FP8's shapes and its data, checked
+    without torch (one-line errors); returns the data."""
+    train_cfg = cfg.train
+    model_cfg = load_model_config(cfg.model.name)
+    model_cfg.check_seq_len(train_cfg.seq_len)
+    cfg.layout.validate(world, model_cfg, train_cfg.global_batch, train_cfg.seq_len)
+    if get_policy(train_cfg.precision).fp8_recipe is not None and (
+            problem := fp8_shape_problem(model_cfg, cfg.layout.tp, cfg.layout.etp,
+                                         train_cfg.precision)):
+        raise ParaxisError(problem)
+    data = load_run_data(cfg.data)
+    data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
+    return data
+
+
+def check_one_process(cfg: RunConfig) -> None:
+    """A layout of several ranks asked of one process (no --nproc, no torchrun): one line."""
+    lay, n = cfg.layout, cfg.layout.world_size
+    if n == 1:
+        return
+    axes = ("dp", "cp", "tp", "pp") if lay.cp > 1 else ("dp", "tp", "pp")
+    raise ParaxisError(f"{'*'.join(axes)} = {'*'.join(str(getattr(lay, a)) for a in axes)}"
+                       f" = {n} ranks but this is one process; add --nproc {n} (or start "
+                       f"it with torchrun --nproc-per-node {n})")
