@@ -126,16 +126,21 @@ def test_a_fixed_cp_is_searched_around() -> None:
 
 def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     cluster = build_cluster("h100-sxm-80gb", 1024, 8)
-    start = time.process_time()
-    result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
-    elapsed = time.process_time() - start
-    assert result.ranked and result.ranked[0].layout.cp > 1
     # 10,558 layouts priced, 98% of them too big at 128k tokens: 2.6 s of CPU on an Intel
-    # Xeon VM, since the search shares the per-layer times between layouts and prices alike
-    # stages once (4.4-5.0 s without that; tools/probes/bench_plan.py times the 2-8k-token
-    # searches, target 2 s). CPU time, not wall time: a host that takes the CPU away
-    # (steal) or another process on the core does not count.
-    assert elapsed < 6.0, f"search took {elapsed:.1f} s of CPU"
+    # Xeon VM, 4.3-4.4 s on an AMD EPYC VM, since the search shares the per-layer times
+    # between layouts and prices alike stages once (4.4-5.0 s on the Xeon without that;
+    # tools/probes/bench_plan.py times the 2-8k-token searches, target 2 s). CPU time, not
+    # wall time: a host that takes the CPU away (steal) does not count. A process on the
+    # core's sibling still slows this one's CPU time (its caches and execution units are
+    # shared: 6.2 s once on the EPYC beside a suite's other worker), so the faster of two
+    # searches is the one held to the bound, as timeit takes the best of its repeats.
+    elapsed = []
+    for _ in range(2):
+        start = time.process_time()
+        result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
+        elapsed.append(time.process_time() - start)
+        assert result.ranked and result.ranked[0].layout.cp > 1
+    assert min(elapsed) < 6.0, f"search took {min(elapsed):.1f} s of CPU (best of two)"
 
 
 def test_exposed_cp_shows_every_hop() -> None:
