@@ -131,18 +131,6 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
-def dense_plan_report(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The HTML of `paraxis report` for a dense model's plan without a pipeline: llama2-7b on
-    8 GPUs, dp=8 with 8 microbatches, 64 x 4096 tokens (drawn once, read by several tests)."""
-    from paraxis.show.report.build import write_report
-
-    out = write_report(tmp_path_factory.mktemp("report") / "dense.html", model="llama2-7b",
-                       gpus=8, global_batch=64, seq_len=4096,
-                       layout="dp=8,tp=1,pp=1,microbatches=8")
-    return out.read_text()
-
-
 @dataclass(frozen=True)
 class TorchrunJob:
     """A `paraxis train` job torchrun ran on one host: its flags (`common`, then `layout`),

@@ -386,13 +386,15 @@ def test_report_opens_in_headless_chromium(demo, tmp_path):
     assert pixels.std() > 0.1
 
 
-def test_a_plan_without_a_pipeline_draws_its_own_model_split_into_stages(dense_plan_report,
-                                                                         tmp_path):
-    # no pp in the plan (llama2-7b, dp=8): the pipeline pictures price the plan's own model in
-    # 4 stages on its GPU (its sends are small next to its forwards), and the text names it
-    html = dense_plan_report
+def test_a_plan_without_a_pipeline_draws_its_own_model_split_into_stages(tmp_path):
+    # no pp in the plan (llama2-7b, dp=8, 8 microbatches, 64 x 4096 tokens): the pipeline
+    # pictures price the plan's own model in 4 stages on its GPU (its sends are small next to
+    # its forwards), and the text names it
+    html = write_report(tmp_path / "dense.html", model="llama2-7b", gpus=8, global_batch=64,
+                        seq_len=4096, layout="dp=8,tp=1,pp=1,microbatches=8").read_text()
     assert html.count("llama2-7b split into 4 stages on 4 x a100-80gb") >= 2
     assert "gpt2-1.5b" not in html and "the model above" not in html
+    assert "Mixture of experts" not in html  # a dense model's report has no experts section
     # "Faster, but too big" lists only layouts faster than the one shown: for the planner's
     # pick here none of the layouts that do not fit is faster, and the report says so
     out = write_report(tmp_path / "pick.html", model="llama2-7b", gpus=8, global_batch=512,

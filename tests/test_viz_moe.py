@@ -89,7 +89,7 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Future, P
             check=True, capture_output=True, timeout=300), run
 
 
-def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path, dense_plan_report: str,
+def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path,
                                                     ep_run: tuple[Future, Path]) -> None:
     from paraxis.plan.inputs import PlanInputs
     from paraxis.show.report.build import write_report
@@ -112,7 +112,6 @@ def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path, dense_plan_r
                       "(no SP)") == 2
     assert "ranks routes only its own sequence shard (SP, dropless)" in shards
     assert "too large to build here" in html  # routing: `paraxis experts` on a checkpoint
-    assert "Mixture of experts" not in dense_plan_report  # llama2-7b, dp=8
 
 
 def test_report_of_an_expert_parallel_run_draws_its_expert_load(
