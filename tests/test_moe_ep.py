@@ -47,7 +47,7 @@ import pytest
 import torch
 
 from paraxis.dist.groups import ParallelGroups, build_groups
-from paraxis.dist.testing import RankContext, as_layout, one_thread, run_on_ranks
+from paraxis.dist.testing import RankContext, as_layout, flag_args, one_thread, run_on_ranks
 from paraxis.engine.contract import storage_bytes
 from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
 from paraxis.model.checkpoint.convert import export_hf
@@ -432,9 +432,7 @@ def test_cli_dp4_ep4_matches_one_device(tmp_path):
         one = run_training(RunConfig.from_flags(**flags))
     metrics = tmp_path / "ep4.jsonl"
     command = [sys.executable, "-m", "paraxis", "train", "--nproc", "4", "--dp", "4", "--ep",
-               "4", "--metrics-file", str(metrics)]
-    for key, value in flags.items():
-        command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+               "4", "--metrics-file", str(metrics), *flag_args(flags)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     ep4 = [json.loads(line) for line in metrics.read_text().splitlines()]

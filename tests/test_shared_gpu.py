@@ -14,6 +14,7 @@ from paraxis.dist.launch import cuda_ranks_problem
 from paraxis.dist.shared_gpu import BACKEND
 from paraxis.dist.testing import (
     RankContext,
+    flag_args,
     gpu_count,
     run_distributed,
     run_on_ranks,
@@ -105,9 +106,7 @@ def test_a_run_trains_the_same_numbers_as_over_gloo(tmp_path) -> None:
     # user runs it, against the same run on ranks forked here over plain gloo.
     layout = "dp=2,pp=2,zero=1,microbatches=2"
     flags = dict(model="tiny", steps=2, global_batch=8, seq_len=32, device="cpu", log_every=1)
-    args = [part for name, value in flags.items()
-            for part in (f"--{name.replace('_', '-')}", str(value))]
-    shared = train_records([*args, "--layout", layout, "--share-gpu"],
+    shared = train_records([*flag_args(flags), "--layout", layout, "--share-gpu"],
                            tmp_path / "shared.jsonl", nproc=4)
     gloo = run_on_ranks(layout, _losses_over_gloo, flags)[0]
     assert gloo and gloo == [r["loss"] for r in shared if "loss" in r]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.dist.testing import RankContext, run_on_ranks, train_records
+from paraxis.dist.testing import RankContext, flag_args, run_on_ranks, train_records
 from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor import apply_tensor_parallel, full_state
 from paraxis.parallel.tensor.partial import sum_partial_grads
@@ -137,10 +137,9 @@ def test_cli_trains_with_tp_and_sequence_parallel_like_one_device(tmp_path):
     from paraxis.train.loop import run_training
 
     flags = dict(model="tiny-llama", steps=3, global_batch=4, seq_len=32, device="cpu")
-    common = [part for name, value in flags.items()
-              for part in (f"--{name.replace('_', '-')}", str(value))]
     runs = {"one": run_training(RunConfig.from_flags(**flags, quiet=True)),
-            "tp": train_records([*common, "--quiet", "--tp", "2", "--sequence-parallel"],
+            "tp": train_records([*flag_args(flags), "--quiet", "--tp", "2",
+                                 "--sequence-parallel"],
                                 tmp_path / "tp.jsonl", nproc=2, timeout_s=120)}
     assert len(runs["one"]) == len(runs["tp"]) == 3
     for one, tp in zip(runs["one"], runs["tp"], strict=True):

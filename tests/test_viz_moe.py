@@ -92,18 +92,15 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Future, P
 def test_report_of_an_moe_plan_draws_the_all_to_all(tmp_path: Path,
                                                     ep_run: tuple[Future, Path]) -> None:
     from paraxis.plan.inputs import PlanInputs
-    from paraxis.show.report.build import write_report
+    from paraxis.show.report.build import report_plan, write_report
     from paraxis.show.report.experts import experts_section
-    from paraxis.show.report.plan import make_plan
-    from paraxis.train.hardware import choose_hardware
 
     html = write_report(tmp_path / "r.html", model="mixtral-8x7b", gpus=64,
                         layout="dp=8,tp=8,ep=8", global_batch=64, seq_len=4096).read_text()
     # with SP, the experts section the same report would hold
     sp = PlanInputs(model="mixtral-8x7b", gpus=64, layout="dp=8,tp=8,ep=8,sequence_parallel=true",
-                    global_batch=64, seq_len=4096, precision="mixed")
-    _, _, shards = experts_section(make_plan(choose_hardware(sp, None, 64, "mixtral-8x7b")),
-                                   None)
+                    global_batch=64, seq_len=4096)
+    _, _, shards = experts_section(report_plan(sp)[0], None)
     assert "Mixture of experts" in html and "dispatch all-to-all" in html
     assert "each rank holds 1 expert of" in html
     # the planner's sentence (plan.experts.experts_over_tp), for this layout: no SP

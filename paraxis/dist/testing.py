@@ -294,6 +294,15 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
 # ------------------------------------------------------- whole runs of the command line
 
 
+def flag_args(flags: dict[str, Any]) -> list[str]:
+    """`RunConfig.from_flags` keywords as `paraxis train` flags: seq_len=32 is `--seq-len 32`,
+    True a bare switch (`quiet=True`: `--quiet`)."""
+    args: list[str] = []
+    for key, value in flags.items():
+        args += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return args
+
+
 def train_records(args: list[str], metrics: Path, nproc: int = 1,
                   timeout_s: float = 150) -> list[dict]:
     """Run `paraxis train args` in a new process (under torchrun with `nproc` ranks when

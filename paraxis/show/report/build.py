@@ -24,7 +24,7 @@ from paraxis.show.report.plan import Plan, make_plan
 from paraxis.show.report.text import defence_section, plan_section
 from paraxis.show.viz.html import page
 from paraxis.spec.layout import Layout
-from paraxis.train.hardware import choose_hardware
+from paraxis.train.hardware import Hardware, choose_hardware
 
 
 @dataclass
@@ -45,6 +45,23 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     """Plan (or price the given layout), draw everything, and add the run in `run_dir` (its
     metrics.jsonl and optional *trace*.json) when given."""
     run = load_run(Path(run_dir)) if run_dir is not None else None
+    plan, hardware = report_plan(inputs, run)
+    sections = [("plan", "Plan", plan_section(plan)),
+                ("defence", "Defence", defence_section(plan))]
+    lesson_html, lesson = pipeline_section(plan, run)
+    sections += pictures(plan, ("pipeline", "Pipeline schedules", lesson_html), run)
+    forecast = None
+    if run is not None:
+        body, forecast = run_section(plan, run)
+        sections.append(("run", "Measured vs predicted", body))
+    where = hardware.ranks(plan.cluster.world_size)
+    return Report(f"paraxis report: {plan.cfg.name} on {where}", plan, lesson, run, forecast,
+                  sections)
+
+
+def report_plan(inputs: PlanInputs, run: MeasuredRun | None = None) -> tuple[Plan, Hardware]:
+    """The plan a report of `inputs` (and of `run`, when given) draws, and the hardware it is
+    priced on."""
     if inputs.precision is None:  # a run computes in `paraxis train`'s default, fp32
         inputs = dataclasses.replace(inputs, precision="fp32" if run else "mixed")
     if inputs.gpus is None:  # as many as the layout given has ranks, else one
@@ -60,17 +77,7 @@ def build_report(inputs: PlanInputs, run_dir: str | Path | None = None) -> Repor
     plan = make_plan(hardware)
     if run is not None and run.picked_step_s is not None and plan.chosen_by == "user":
         plan = dataclasses.replace(plan, chosen_by="auto")  # --layout auto picked it
-    sections = [("plan", "Plan", plan_section(plan)),
-                ("defence", "Defence", defence_section(plan))]
-    lesson_html, lesson = pipeline_section(plan, run)
-    sections += pictures(plan, ("pipeline", "Pipeline schedules", lesson_html), run)
-    forecast = None
-    if run is not None:
-        body, forecast = run_section(plan, run)
-        sections.append(("run", "Measured vs predicted", body))
-    where = hardware.ranks(plan.cluster.world_size)
-    return Report(f"paraxis report: {plan.cfg.name} on {where}", plan, lesson, run, forecast,
-                  sections)
+    return plan, hardware
 
 
 def write_report(out_path: str | Path = "report.html", model: str = "tiny", gpus: int = 1,
