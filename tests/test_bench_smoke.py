@@ -19,8 +19,9 @@ PARTS = {"suites": "overhead,dp,tp,pp,cp", "sections": "calibrate,predicted,scal
 
 
 def _bench(out: Path, parts: str) -> None:
-    subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", parts, "--out",
-                    str(out)], check=True, timeout=900, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", parts,
+                             "--out", str(out)], timeout=900, capture_output=True, text=True)
+    assert result.returncode == 0, f"bench --only {parts}: {result.stderr[-3000:]}"
 
 
 def _cp_variants() -> subprocess.CompletedProcess:

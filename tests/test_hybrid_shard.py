@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.train.config import RunConfig
 from paraxis.train.loop import run_training
+
+ROOT = Path(__file__).parents[1]
 
 LOSS_TOL, NORM_TOL = 1e-5, 5e-5
 
@@ -89,7 +92,8 @@ def test_command_line_refuses_a_bad_shard_size(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "paraxis", "train", "--model", "tiny", "--dp", "4",
          "--dp-shard", "3", "--zero", "1", "--nproc", "4", "--steps", "1"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})  # a checkout not installed finds paraxis
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "dp_shard=3 must divide dp=4" in lines[0], result.stderr

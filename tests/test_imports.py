@@ -141,3 +141,21 @@ def test_few_noqa_ann_markers_each_with_its_reason():
         + ", ".join(where for where, _ in markers))
     assert not unexplained, ("write the reason after each marker (`# noqa: ANN001 - why`): "
                              + ", ".join(unexplained))
+
+
+def test_commands_run_elsewhere_are_told_where_paraxis_is():
+    """A test that starts a process in another folder passes `env` (PYTHONPATH at the
+    checkout): where paraxis is not installed, as on the GPU image, `python -m paraxis`
+    from a temporary folder finds no module."""
+    unplaced = []
+    for path in sorted((PACKAGE.parent / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            keywords = {k.arg: k.value for k in node.keywords}
+            cwd = keywords.get("cwd")
+            if cwd is None or "env" in keywords or ast.unparse(cwd) in ("ROOT", "cwd"):
+                continue
+            unplaced.append(f"{path.name}:{node.lineno}")
+    assert not unplaced, "pass env={**os.environ, 'PYTHONPATH': str(ROOT)}: " + ", ".join(
+        unplaced)

@@ -439,8 +439,16 @@ def test_cli_dp4_ep4_matches_one_device(tmp_path):
     assert len(ep4) == len(one) == STEPS
     for a, b in zip(one, ep4, strict=True):
         assert abs(a["loss"] - b["loss"]) <= LOSS_TOL, (a["step"], a["loss"], b["loss"])
-        # the metrics: every expert's tokens of the global batch, and the aux loss
-        assert a["expert_tokens"] == b["expert_tokens"], a["step"]
+        # the metrics: every expert's tokens of the global batch, and the aux loss. The first
+        # step routes with the same weights, so the same counts; after it the weights differ
+        # in their last bits (the gradients summed in another order), which can move a token
+        # whose two best experts tie within them (seen on a 16-core Intel host: one token of
+        # 512 at step 6), so at most 1% of a block's tokens change expert
+        moved = [sum(abs(x - y) for x, y in zip(p, q, strict=True)) // 2
+                 for p, q in zip(a["expert_tokens"], b["expert_tokens"], strict=True)]
+        if a["step"] == one[0]["step"]:
+            assert a["expert_tokens"] == b["expert_tokens"]
+        assert max(moved) <= BATCH * SEQ * CFG.top_k // 100, (a["step"], moved)
         assert a["aux_loss"] == pytest.approx(b["aux_loss"], abs=1e-6)
     counts = ep4[0]["expert_tokens"]
     assert len(counts) == CFG.n_moe_layers

@@ -4,8 +4,10 @@
 then keep the stacked copy until the backward: for q/k/v and gate/up that is most of a
 block's weights again, per block, for the whole forward (and under ZeRO-3 it would undo the
 point of freeing gathered weights). This function keeps the input and the weights
-themselves, as separate linears do, and stacks the weights again in the backward, for the
-moment of its two GEMMs.
+themselves, as separate linears do. Its backward reads the weights one by one (the input's
+gradient as one GEMM per weight, summed), never their stacked copy: with the copy there,
+torch.compile's partitioner would keep it from the forward for the backward (it saves
+what a GEMM reads rather than recompute it), 2.1 GB over the 8 blocks of Llama 3 8B.
 
 Mixed precision follows autocast: the forward's `F.linear` runs under whatever autocast is
 active, and the backward computes in the dtype the forward produced, casting each gradient
@@ -44,7 +46,13 @@ class _Stacked(torch.autograd.Function):
         widths = [w.shape[0] for w in weights]
         grad = grad.to(dtype)
         rows = grad.reshape(-1, grad.shape[-1])
-        grad_x = (grad @ torch.cat(weights).to(dtype)).to(x.dtype) if wanted(ctx, 0) else None
+        grad_x = None
+        if wanted(ctx, 0):  # one GEMM per weight on its columns of the gradient, summed
+            parts = rows.split(widths, dim=1)
+            grad_x = parts[0] @ weights[0].to(dtype)
+            for part, weight in zip(parts[1:], weights[1:], strict=True):
+                grad_x = torch.addmm(grad_x, part, weight.to(dtype))
+            grad_x = grad_x.reshape(x.shape).to(x.dtype)
         grad_weights: list[torch.Tensor | None] = [None] * count
         if any(wanted(ctx, 1 + i) for i in range(count)):
             grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]).to(dtype)
