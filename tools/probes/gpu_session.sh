@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
+#   bash tools/probes/gpu_session.sh first        # the Llama slice's two sides, then the suite
 #   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
 #   bash tools/probes/gpu_session.sh fp8-sides    # the FP8 and fused-loss sides
 #   bash tools/probes/gpu_session.sh checks       # fp8, then the GPU machine's failing tests
@@ -35,6 +36,11 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
     tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
 }
 case ${1:-} in
+  first)  # one call (about 510 s on an H100): the Llama slice, paraxis --compile beside the
+    # reference (speed and peak memory), alone on the fresh machine; then the whole suite
+    bench 200 llama 2 1,3
+    timeout -s INT -k 20 330 python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 \
+      -rfE tests 2>&1 | tee -a "$log" ;;
   all)  # the speed runs first and alone: nothing else has run on the machine yet
     # each: eager, compiled, the reference, compiled under autocast-bf16 (fp32 state)
     bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
@@ -57,7 +63,7 @@ case ${1:-} in
   suite)  # -n 8: 97% of the suite in 350 s on a 16-core H100 machine; SIGINT prints the summary
     timeout -s INT -k 20 560 python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 -rfE \
       tests 2>&1 | tee -a "$log" ;;
-  *) echo "usage: gpu_session.sh all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
+  *) echo "usage: gpu_session.sh first | all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
           "speed-llama | peak | suite" >&2
      exit 2 ;;
 esac
