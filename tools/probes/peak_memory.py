@@ -21,6 +21,7 @@ import argparse
 import collections
 import gc
 import json
+import linecache
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,8 +71,20 @@ def _where(frames: list[dict]) -> str:
     for frame in frames:
         if any(part in frame["filename"] for part in OWN):
             name = frame["filename"].split("/")[-1]
-            return f"{name}:{frame['line']} {frame['name']}"
+            return f"{name}:{frame['line']} {frame['name']}{_generated(frame)}"
     return frames[0]["name"] if frames else "?"
+
+
+def _generated(frame: dict) -> str:
+    """In a compiled graph's generated code, the allocating line and the source nodes named
+    in the comment after it (the buffer's shape and what made it): "" elsewhere."""
+    if "torchinductor" not in frame["filename"]:
+        return ""
+    line = linecache.getline(frame["filename"], frame["line"]).strip()
+    below = (linecache.getline(frame["filename"], frame["line"] + 1).strip()
+             .removeprefix("# Topologically Sorted Source Nodes: "))
+    return f" [{line}]" + (f" {below.split(', Original ATen')[0]}" if below.startswith("[")
+                           else "")
 
 
 def cuda_events(step: Callable[[], None]) -> list[Event]:
