@@ -36,7 +36,9 @@ CALIBRATED = {"calibrate", "predicted", "scaling"}  # sections that need this ru
 
 
 def machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    from paraxis.train.calibrate.measure import cpu_model_name
+
+    return {"cpu": cpu_model_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "backend": "gloo (CPU), one thread per rank",
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -54,6 +56,18 @@ def table(rows: list[dict]) -> str:
             f"{r['paraxis_peak_rss_bytes'] / 2**20:,.0f} MiB | "
             f"{r['peer_peak_rss_bytes'] / 2**20:,.0f} MiB |")
     return "\n".join(lines)
+
+
+def _elsewhere(rows: list[dict], info: dict) -> str:
+    """Which suites' rows an earlier run measured (`--only` keeps them), on what machine."""
+    here = f"{info['cpu']}, {info['date']}"
+    others: dict[str, list[str]] = {}
+    for r in rows:
+        where = r.get("measured_on", "an earlier run (machine not recorded)")
+        if where != here and r.get("suite") not in others.get(where, []):
+            others.setdefault(where, []).append(r.get("suite", "?"))
+    return "".join(f"\nRows of {', '.join(suites)}: measured on {where}.\n"
+                   for where, suites in others.items())
 
 
 def _below_one(rows: list[dict]) -> str:
@@ -145,7 +159,8 @@ def render(doc: dict) -> str:
             "the 95% interval of the ratio comes from a two-stage bootstrap: the runs (process "
             "launches), then the step pairs within each. Peak RSS is measured with each side "
             "alone in its processes.\n\n"
-            + table(doc["rows"]) + "\n" + _below_one(doc["rows"]))
+            + table(doc["rows"]) + "\n" + _elsewhere(doc["rows"], info)
+            + _below_one(doc["rows"]))
     from bench import auto, faults
 
     renderers = {"calibrate": calibration.render, "predicted": predicted_vs_measured.render,
@@ -188,10 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     # kept only when no suite runs.
     results = [row for row in previous.get("rows", [])
                if (row["suite"] not in ran if "suite" in row else not ran)]
+    here = machine()
     for short in ran:
         print(f"running {SUITES[short]} ...", flush=True)
         for row in importlib.import_module(SUITES[short]).rows(quick=args.quick):
-            results.append({**row.to_dict(), "suite": short})
+            results.append({**row.to_dict(), "suite": short,
+                            "measured_on": f"{here['cpu']}, {here['date']}"})
             low, high = row.ratio_interval
             print(f"  {row.name}: ratio {row.ratio:.2f} ({low:.2f}-{high:.2f})", flush=True)
     order = list(SUITES)
