@@ -58,9 +58,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _measured_on(info: dict) -> str:
+    """Where and when a row was measured, from `machine()`'s fields."""
+    return f"{info['cpu']}, {info['date']}"
+
+
 def _elsewhere(rows: list[dict], info: dict) -> str:
     """Which suites' rows an earlier run measured (`--only` keeps them), on what machine."""
-    here = f"{info['cpu']}, {info['date']}"
+    here = _measured_on(info)
     others: dict[str, list[str]] = {}
     for r in rows:
         where = r.get("measured_on", "an earlier run (machine not recorded)")
@@ -203,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     # kept only when no suite runs.
     results = [row for row in previous.get("rows", [])
                if (row["suite"] not in ran if "suite" in row else not ran)]
-    here = machine()
+    here = _measured_on(machine())
     for short in ran:
         print(f"running {SUITES[short]} ...", flush=True)
         for row in importlib.import_module(SUITES[short]).rows(quick=args.quick):
             results.append({**row.to_dict(), "suite": short,
-                            "measured_on": f"{here['cpu']}, {here['date']}"})
+                            "measured_on": here})
             low, high = row.ratio_interval
             print(f"  {row.name}: ratio {row.ratio:.2f} ({low:.2f}-{high:.2f})", flush=True)
     order = list(SUITES)

@@ -64,9 +64,9 @@ def test_learning_rate_warms_up_then_decays():
     assert rates[-1] >= 0.1
 
 
-def paraxis(*args, cwd=None):
+def paraxis(*args):
     return subprocess.run([sys.executable, "-m", "paraxis", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+                          text=True, timeout=120)
 
 
 def test_help_lists_subcommands():

@@ -35,12 +35,16 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
   timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_packing.py \
     tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
 }
+suite() {  # suite() SECONDS: the whole suite, each outcome logged as it ends; SIGINT at the
+  # limit prints the summary (-n 8: 97% of it in 350 s on a 16-core H100 machine)
+  timeout -s INT -k 20 "$1" python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 \
+    -rfE tests 2>&1 | tee -a "$log"
+}
 case ${1:-} in
   first)  # one call (about 510 s on an H100): the Llama slice, paraxis --compile beside the
     # reference (speed and peak memory), alone on the fresh machine; then the whole suite
     bench 200 llama 2 1,3
-    timeout -s INT -k 20 330 python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 \
-      -rfE tests 2>&1 | tee -a "$log" ;;
+    suite 330 ;;
   all)  # the speed runs first and alone: nothing else has run on the machine yet
     # each: eager, compiled, the reference, compiled under autocast-bf16 (fp32 state)
     bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
@@ -60,9 +64,7 @@ case ${1:-} in
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
-  suite)  # -n 8: 97% of the suite in 350 s on a 16-core H100 machine; SIGINT prints the summary
-    timeout -s INT -k 20 560 python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 -rfE \
-      tests 2>&1 | tee -a "$log" ;;
+  suite) suite 560 ;;
   *) echo "usage: gpu_session.sh first | all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
           "speed-llama | peak | suite" >&2
      exit 2 ;;
