@@ -10,7 +10,15 @@ import torch
 import torch.distributed as dist
 
 from paraxis.dist.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
-from paraxis.dist.testing import RankContext, RankFailed, on_ranks, run_distributed, run_on_ranks
+from paraxis.dist.testing import (
+    RankContext,
+    RankFailed,
+    on_ranks,
+    read_report,
+    report,
+    run_distributed,
+    run_on_ranks,
+)
 from paraxis.spec.layout import Layout
 
 
@@ -36,6 +44,27 @@ def test_failing_rank_fails_the_caller_with_its_error():
     with pytest.raises(RankFailed, match="rank 2 failed(.|\n)*rank two is broken"):
         run_distributed(_rank_two_fails, 4, timeout_s=60)
     assert time.monotonic() - started < 30
+
+
+def _report_and_exit(results) -> None:
+    report(results, 2, "ok", {"logits": torch.arange(6.0).reshape(2, 3)})
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def test_a_tensor_a_rank_returned_is_read_after_the_rank_has_exited():
+    # A busy caller reads a rank's message after the rank has gone: a tensor sent through
+    # the queue's own pickler would point at the dead rank's memory (and was read as a hang).
+    context = mp.get_context("fork")
+    results = context.Queue()
+    rank = context.Process(target=_report_and_exit, args=(results,))
+    rank.start()
+    rank.join()
+    assert rank.exitcode == 0
+    number, status, value = read_report(results, timeout_s=10)
+    assert (number, status) == (2, "ok")
+    assert torch.equal(value["logits"], torch.arange(6.0).reshape(2, 3))
 
 
 def _one_rank_hangs() -> None:

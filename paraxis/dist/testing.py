@@ -45,6 +45,8 @@ import inspect
 import json
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import socket
 import subprocess
 import sys
@@ -184,6 +186,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def report(results: Any, rank: int, status: str, value: Any) -> None:
+    """Put a rank's outcome on the caller's queue, pickled here, by value: through the queue
+    torch would share a tensor's memory by a descriptor that the caller fetches from this
+    process when it reads the message, and the rank may have exited by then (the message
+    would be lost, and the rank read as hung)."""
+    results.put((rank, status, pickle.dumps(value)))
+
+
+def read_report(results: Any, timeout_s: float) -> tuple[int, str, Any]:
+    """The next outcome a rank `report`ed; `queue.Empty` after `timeout_s`."""
+    rank, status, value = results.get(timeout=timeout_s)
+    return rank, status, pickle.loads(value)
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
                device: str = "cpu", share_gpu: bool = False) -> None:
@@ -206,10 +222,10 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                                 timeout=timedelta(seconds=collective_timeout_s))
         value = fn(*args, **kwargs)
         dist.barrier()
-        results.put((rank, "ok", value))
+        report(results, rank, "ok", value)
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        results.put((rank, "error", traceback.format_exc()))
+        report(results, rank, "error", traceback.format_exc())
     finally:
         results.close()
         results.join_thread()
@@ -268,8 +284,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                 raise RankFailed(f"rank(s) {missing} did not finish within {timeout_s:.0f} s "
                                  "(a hang: a collective that some rank never joined?)")
             try:
-                rank, status, value = results.get(timeout=min(remaining, 1.0))
-            except Exception:  # queue.Empty: check for ranks that died without a word
+                rank, status, value = read_report(results, timeout_s=min(remaining, 1.0))
+            except queue.Empty:  # check for ranks that died without a word
                 dead = [r for r, p in enumerate(processes)
                         if p.exitcode not in (None, 0) and r not in collected]
                 if dead:
