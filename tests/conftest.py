@@ -5,6 +5,7 @@ what several test files read, made once per session (a plan's report, a torchrun
 is missing. Models are saved once per session (safetensors, the default format).
 """
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ hide_gpus()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from paraxis.train.loop import RUN_IMPORTS  # noqa: E402
+
 if torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount():  # what autograd counts
     raise pytest.UsageError(
         "CUDA saw the GPUs before tests/conftest.py could hide them (a pytest plugin?), so "
@@ -30,6 +33,11 @@ if torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount():  # what autogr
 # machine and pushes the multi-rank tests past their deadlines.
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+# The ranks a test forks (paraxis.dist.testing) inherit what this process imported: what a
+# run imports as it runs is imported here once, not again in every rank of every launch.
+for _module in RUN_IMPORTS:
+    importlib.import_module(_module)
 
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:

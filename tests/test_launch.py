@@ -48,3 +48,27 @@ def test_ranks_fork_from_a_server_and_take_the_launchers_state_at_each_launch(
         assert sorted(out.splitlines()) == [f"rank 0 {tag} out", f"rank 1 {tag} out"]
         assert sorted(line for line in err.splitlines() if line.startswith("rank")) == [
             f"rank 0 {tag} err", f"rank 1 {tag} err"]
+
+
+def _imported_while_training(layout: str) -> list[str]:
+    """The modules of paraxis and its libraries that a run of `layout` imported as it ran."""
+    from paraxis.train.config import RunConfig
+    from paraxis.train.loop import run_training
+
+    before = set(sys.modules)
+    run_training(RunConfig.from_flags(model="tiny-moe", steps=1, global_batch=4, seq_len=32,
+                                      device="cpu", quiet=True, layout=layout))
+    return sorted(name for name in set(sys.modules) - before
+                  if name.split(".")[0] in ("paraxis", "rich", "safetensors"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server is POSIX's")
+def test_a_run_imports_nothing_its_rank_server_did_not(tmp_path, monkeypatch):
+    # Each rank would otherwise import the training stack again, every launch (half a
+    # second of CPU a rank); the suite's ranks inherit the same list (tests/conftest.py).
+    from paraxis.dist.rank_server import start_rank_server
+    from paraxis.train.loop import RUN_IMPORTS
+
+    monkeypatch.chdir(tmp_path)
+    start_rank_server(_imported_while_training, RUN_IMPORTS)
+    assert launch(_imported_while_training, ("dp=2,ep=2,zero=1",), nproc=2, device="cpu") == []

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.train.calibrate.quick import PROFILE_NAME
     from paraxis.train.config import RunConfig
     from paraxis.train.hardware import choose_hardware
-    from paraxis.train.loop import run_training
+    from paraxis.train.loop import RUN_IMPORTS, run_training
 
     console = terminal_console(highlight=False)
     check_writable_folder(args.out, "--out", "runs/demo")
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.layout.validate(cfg.layout.world_size, model_cfg, GLOBAL_BATCH, SEQ_LEN)
 
     if layout.world_size > 1:  # its ranks' server imports torch while one device trains
-        start_rank_server(run_training)
+        start_rank_server(run_training, RUN_IMPORTS)
     what = f"{args.steps} steps of {GLOBAL_BATCH} x {SEQ_LEN} tokens"
     console.print(f"[bold]1/3[/]  {args.model} on one device, {what}; metrics in "
                   f"{out / 'single'}")

@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing import forkserver, reduction
 from pathlib import Path
 from typing import Any
@@ -47,18 +47,20 @@ class Inherited:
         stop_with_launcher(self.launcher)  # no orphans, even after a SIGKILL
 
 
-def rank_context(fn: Callable[..., Any]) -> mp.context.BaseContext:
-    """How ranks start: forked from a fork server that imported torch and `fn`'s module once
-    (forking a process that has run torch is unsafe, forking one that only imported it is
-    not, and is how CUDA ranks may start too), so N ranks cost one import of torch instead
-    of N (seconds each). Spawned where there is no fork server."""
+def rank_context(fn: Callable[..., Any], preload: Sequence[str] = ()
+                 ) -> mp.context.BaseContext:
+    """How ranks start: forked from a fork server that imported torch, `fn`'s module and the
+    modules named in `preload` (what `fn` imports as it runs) once (forking a process that
+    has run torch is unsafe, forking one that only imported it is not, and is how CUDA ranks
+    may start too), so N ranks cost one import of them instead of N (seconds each). Spawned
+    where there is no fork server."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
     modules = ["torch", "torch.distributed"]
     if fn.__module__ != "__main__":
         modules.append(fn.__module__)
-    context.set_forkserver_preload(modules)  # read once, when the server starts
+    context.set_forkserver_preload([*modules, *preload])  # read once, when the server starts
     return context
 
 
@@ -107,10 +109,11 @@ def rank_pids(launcher_pid: int) -> list[int]:
     return sorted(ranks)
 
 
-def start_rank_server(fn: Callable[..., Any]) -> mp.context.BaseContext:
-    """`rank_context(fn)`, its fork server started (once a process): called before the
-    launcher's own checks, the server imports torch while they run (two cores do both)."""
-    context = rank_context(fn)
+def start_rank_server(fn: Callable[..., Any], preload: Sequence[str] = ()
+                      ) -> mp.context.BaseContext:
+    """`rank_context(fn, preload)`, its fork server started (once a process): called before
+    the launcher's own checks, the server imports torch while they run (two cores do both)."""
+    context = rank_context(fn, preload)
     if context.get_start_method() == "forkserver":
         _start_server_quietly()
     return context

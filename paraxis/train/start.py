@@ -24,6 +24,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import fp8_shape_problem, get_policy
 from paraxis.train.auto_layout import measured_line, resolve
 from paraxis.train.config import RunConfig
+from paraxis.train.loop import RUN_IMPORTS
 
 
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
@@ -31,7 +32,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
     if cfg.launch.nproc == 1 or "WORLD_SIZE" in os.environ:
         return _start(cfg, train, debug)
-    start_rank_server(train)  # it imports torch for the ranks meanwhile
+    start_rank_server(train, RUN_IMPORTS)  # it imports torch for the ranks meanwhile
     try:
         return _start(cfg, train, debug)
     finally:
