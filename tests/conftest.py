@@ -20,6 +20,7 @@ hide_gpus()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from paraxis.data.corpus import embedded_corpus  # noqa: E402
 from paraxis.train.loop import RUN_IMPORTS  # noqa: E402
 
 if torch.cuda._is_compiled() and torch._C._cuda_getDeviceCount():  # what autograd counts
@@ -38,6 +39,7 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 # run imports as it runs is imported here once, not again in every rank of every launch.
 for _module in RUN_IMPORTS:
     importlib.import_module(_module)
+embedded_corpus()  # read once, the same way: what a run trains on by default
 
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:

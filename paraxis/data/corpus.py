@@ -8,6 +8,7 @@ tokens as one device.
 
 from __future__ import annotations
 
+import functools
 import math
 import sysconfig
 from dataclasses import dataclass
@@ -86,9 +87,11 @@ def load_tokenizer(path: str | Path | None) -> ByteTokenizer | HFTokenizer:
     return ByteTokenizer() if path in (None, "") else HFTokenizer(path)
 
 
+@functools.cache
 def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
     """The Python standard library's own sources, as bytes: text that exists on every
-    machine with Python, so the demo needs no download."""
+    machine with Python, so the demo needs no download. Read once a process (a tenth of a
+    second); the array is read-only."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     chunks, total = [], 0
     for path in sorted(stdlib.glob("*.py")):

@@ -23,6 +23,7 @@ exactly the single-device weights.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -401,10 +402,16 @@ def single_device_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 def parameter_shapes(cfg: ModelConfig, buffers: bool = False) -> dict[str, tuple[int, ...]]:
     """{single-device parameter name: shape} in the model's order, from the model built on
     the meta device (no memory); with `buffers`, then the buffers' too."""
+    return dict(_shapes(cfg, buffers))
+
+
+@functools.cache
+def _shapes(cfg: ModelConfig, buffers: bool) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`parameter_shapes`, built once a process for each model (a fifth of a second)."""
     with torch.device("meta"):
         model = Transformer(cfg)
     tensors = [*model.named_parameters(), *(single_device_buffers(model) if buffers else [])]
-    return {name: tuple(t.shape) for name, t in tensors}
+    return tuple((name, tuple(t.shape)) for name, t in tensors)
 
 
 def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
