@@ -14,7 +14,6 @@ from paraxis.dist.testing import (
     RankContext,
     RankFailed,
     on_ranks,
-    read_report,
     report,
     run_distributed,
     run_on_ranks,
@@ -46,24 +45,25 @@ def test_failing_rank_fails_the_caller_with_its_error():
     assert time.monotonic() - started < 30
 
 
-def _report_and_exit(results) -> None:
-    report(results, 2, "ok", {"logits": torch.arange(6.0).reshape(2, 3)})
-    results.close()
-    results.join_thread()
+def _report_and_exit(results, read) -> None:
+    report(results, read, 2, "ok", {"logits": torch.arange(6.0).reshape(2, 3)})
     os._exit(0)
 
 
-def test_a_tensor_a_rank_returned_is_read_after_the_rank_has_exited():
-    # A busy caller reads a rank's message after the rank has gone: a tensor sent through
-    # the queue's own pickler would point at the dead rank's memory (and was read as a hang).
+def test_a_tensor_a_rank_returned_is_read_however_late_the_caller_reads_it():
+    # A busy caller reads a rank's message late: its tensor is shared memory that the caller
+    # fetches from the rank, so the rank waits until the caller has read (it exited before,
+    # and its message was lost: the rank was read as hung).
     context = mp.get_context("fork")
-    results = context.Queue()
-    rank = context.Process(target=_report_and_exit, args=(results,))
+    results, read = context.Queue(), context.Event()
+    rank = context.Process(target=_report_and_exit, args=(results, read))
     rank.start()
-    rank.join()
-    assert rank.exitcode == 0
-    number, status, value = read_report(results, timeout_s=10)
-    assert (number, status) == (2, "ok")
+    rank.join(timeout=2)
+    assert rank.is_alive()  # it waits for its caller
+    number, status, value = results.get(timeout=10)
+    read.set()
+    rank.join(timeout=10)
+    assert (number, status, rank.exitcode) == (2, "ok", 0)
     assert torch.equal(value["logits"], torch.arange(6.0).reshape(2, 3))
 
 

@@ -45,7 +45,6 @@ import inspect
 import json
 import multiprocessing as mp
 import os
-import pickle
 import queue
 import socket
 import subprocess
@@ -186,22 +185,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def report(results: Any, rank: int, status: str, value: Any) -> None:
-    """Put a rank's outcome on the caller's queue, pickled here, by value: through the queue
-    torch would share a tensor's memory by a descriptor that the caller fetches from this
-    process when it reads the message, and the rank may have exited by then (the message
-    would be lost, and the rank read as hung)."""
-    results.put((rank, status, pickle.dumps(value)))
+# How long a rank that reported waits for its caller to read the report before it exits.
+READ_WAIT_S = 60.0
 
 
-def read_report(results: Any, timeout_s: float) -> tuple[int, str, Any]:
-    """The next outcome a rank `report`ed; `queue.Empty` after `timeout_s`."""
-    rank, status, value = results.get(timeout=timeout_s)
-    return rank, status, pickle.loads(value)
+def report(results: Any, read: Any, rank: int, status: str, value: Any) -> None:
+    """Put a rank's outcome on the caller's queue and stay until the caller has read every
+    rank's (`read`, an Event it sets): a tensor goes through the queue as shared memory,
+    which the caller fetches from this process as it reads the message, so a rank that had
+    exited by then would lose its message (and be read as hung)."""
+    results.put((rank, status, value))
+    results.close()
+    results.join_thread()
+    read.wait(READ_WAIT_S)
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               args: tuple, kwargs: dict, results: Any, collective_timeout_s: float,
+               args: tuple, kwargs: dict, results: Any, read: Any, collective_timeout_s: float,
                device: str = "cpu", share_gpu: bool = False) -> None:
     torch.set_num_threads(1)
     # A forked rank inherits the parent's pool of compile workers (torch.compile starts one
@@ -222,13 +222,13 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                                 timeout=timedelta(seconds=collective_timeout_s))
         value = fn(*args, **kwargs)
         dist.barrier()
-        report(results, rank, "ok", value)
         dist.destroy_process_group()
+        outcome = ("ok", value)
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        report(results, rank, "error", traceback.format_exc())
+        outcome = ("error", traceback.format_exc())
+    try:
+        report(results, read, rank, *outcome)
     finally:
-        results.close()
-        results.join_thread()
         os._exit(0)  # skip atexit handlers inherited from the pytest process
 
 
@@ -265,11 +265,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     GPUs in turn where `device` is "cuda"."""
     __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
     context = mp.get_context("spawn" if device == "cuda" else "fork")
-    results = context.Queue()
+    results, read = context.Queue(), context.Event()
     port = free_port()
     processes = [context.Process(target=_rank_main, daemon=True,
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
-                                       timeout_s + HANG_MARGIN_S, device, share_gpu))
+                                       read, timeout_s + HANG_MARGIN_S, device, share_gpu))
                  for rank in range(world_size)]
     with gpus_seen() if device == "cuda" else contextlib.nullcontext():
         for process in processes:
@@ -284,7 +284,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                 raise RankFailed(f"rank(s) {missing} did not finish within {timeout_s:.0f} s "
                                  "(a hang: a collective that some rank never joined?)")
             try:
-                rank, status, value = read_report(results, timeout_s=min(remaining, 1.0))
+                rank, status, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:  # check for ranks that died without a word
                 dead = [r for r, p in enumerate(processes)
                         if p.exitcode not in (None, 0) and r not in collected]
@@ -296,6 +296,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
                 raise RankFailed(f"rank {rank} failed:\n{value}")
             collected[rank] = value
     finally:
+        read.set()  # every report read (or no more will be): the ranks may exit
         finished = len(collected) == world_size
         for process in processes:
             # After success each rank is exiting; after a failure the ranks still running wait
