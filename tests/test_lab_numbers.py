@@ -6,6 +6,9 @@ in a narrow window) show them whole. One headless session for all of it, as test
 drives the page.
 """
 
+from __future__ import annotations
+
+import json
 import math
 import re
 
@@ -59,12 +62,13 @@ def significant_digits(number: str) -> int:
     return len(digits.lstrip("0").rstrip("0"))
 
 
-def badly_printed(driver) -> list[str]:
-    """Every number shown in the widgets of SECTIONS with more than MAX_DIGITS significant
-    digits or an exponent, with the text around it."""
-    shown = driver.execute_script(
-        "return arguments[0].map((id) => document.getElementById(id).innerText).join('\\n')",
-        list(SECTIONS))
+# The text of the widgets of SECTIONS, as a reader sees it.
+SHOWN = "return arguments[0].map((id) => document.getElementById(id).innerText).join('\\n')"
+
+
+def badly_printed(shown: str) -> list[str]:
+    """Every number in `shown` (widgets' text) with more than MAX_DIGITS significant digits or
+    an exponent, with the text around it."""
     # a list of ranks ("[0,16,32,48]") is numbers, not one with thousands separators
     shown = re.sub(r"\[[\d,]+\]", lambda m: m.group(0).replace(",", ", "), shown)
     bad = [m.group(0) for m in re.finditer(r".{0,30}\d(?:\.\d+)?[eE][+-]?\d.{0,10}", shown)]
@@ -72,6 +76,41 @@ def badly_printed(driver) -> list[str]:
         if significant_digits(m.group(0)) > MAX_DIGITS:
             bad.append(shown[max(0, m.start() - 30):m.end() + 10])
     return bad
+
+
+class Moves:
+    """A test's moves on the page, played in one script: each input and click is handled as
+    it comes (the widgets redraw in their event handlers; only "play" runs on a timer), so one
+    round trip to the browser makes them all and reads every scan, where one per move took
+    most of a minute. Takes the calls tests/test_lab.py's helpers make on a driver."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, list]] = []  # (script body, its arguments)
+
+    def execute_script(self, script: str, *args: object) -> None:
+        self.steps.append((script, list(args)))
+
+    def find_element(self, by: str, value: str) -> Moves:
+        self._query = (f"document.getElementById({json.dumps(value)})" if by == "id" else
+                       f"document.querySelector({json.dumps(value)})")
+        return self
+
+    def click(self) -> None:
+        self.steps.append((f"{self._query}.click();", []))
+
+    def scan(self, where: str) -> None:
+        self.steps.append((f"return [{json.dumps(where)}, (function () {{ {SHOWN} }})"
+                           ".apply(null, arguments)];", [list(SECTIONS)]))
+
+    def play(self, driver) -> list[tuple[str, str]]:
+        """Make the moves; each scan's (where, text shown), in order."""
+        steps, self.steps = self.steps, []
+        return driver.execute_script(
+            "const out = [];"
+            "for (const [body, args] of arguments[0]) {"
+            "  const got = new Function(body).apply(null, args);"
+            "  if (got !== undefined) out.push(got); }"
+            "return out;", steps)
 
 
 # ------------------------------------------------------------------------ the hardware
@@ -245,10 +284,9 @@ def test_tp_check_weighs_the_all_reduces_against_the_compute(browser):
 
 def test_no_number_has_more_than_four_digits_or_an_exponent(browser):
     """Every widget of this file through a spread of settings, its check answered."""
-    bad = []
-
-    def scan(where: str) -> None:
-        bad.extend(f"{where}: {b}" for b in badly_printed(browser))
+    page, moves, scans = browser, Moves(), []
+    browser = moves  # the moves below go to the page together (`Moves`)
+    scan = moves.scan
 
     years = [y["year"] for y in F.scaling_facts()["years"]]
     click(browser, "scaling-check")
@@ -312,7 +350,8 @@ def test_no_number_has_more_than_four_digits_or_an_exponent(browser):
                                      ((4, 1, 4, 2, 4), 8, 1)):  # the last refused: no GPUs
         set_grid(browser, *degrees, per_node, shard)
         scan(f"grid {degrees} {per_node} per node, shard {shard}")
-        world = 0 if text(browser, "grid-error") else math.prod(degrees[:4])
+        scans += moves.play(page)  # the moves so far made: the page says what it refused
+        world = 0 if text(page, "grid-error") else math.prod(degrees[:4])
         for rank in sorted({0, world // 2 + 1, world - 1} if world else set()):
             browser.execute_script("window.lab.widgets.grid.hover(arguments[0])", rank)
             scan(f"grid {degrees} {per_node} per node, shard {shard}, rank {rank}")
@@ -333,6 +372,9 @@ def test_no_number_has_more_than_four_digits_or_an_exponent(browser):
             scan(f"moe {ep} {cf}")
     click(browser, "moe-check")
     scan("all answered")
+    scans += moves.play(page)
+    assert len(scans) > 300  # every scan above read the page
+    bad = [f"{where}: {b}" for where, shown in scans for b in badly_printed(shown)]
     assert bad == []
 
 
