@@ -40,21 +40,11 @@ def report_inputs(model: str, layout: Layout) -> PlanInputs:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from paraxis.dist.launch import launch
-    from paraxis.dist.rank_server import start_rank_server
     from paraxis.files.host import check_writable_folder
     from paraxis.files.model_file import load_model_config
-    from paraxis.files.terminal import console as terminal_console
-    from paraxis.show.lab.page import write_lab
-    from paraxis.show.report.build import build_report, save
-    from paraxis.train.calibrate.quick import PROFILE_NAME
     from paraxis.train.config import RunConfig
-    from paraxis.train.hardware import choose_hardware
-    from paraxis.train.loop import RUN_IMPORTS, run_training
 
-    console = terminal_console(highlight=False)
+    # bad input fails before anything is written, and before the imports below (seconds)
     check_writable_folder(args.out, "--out", "runs/demo")
     out = Path(args.out)
     layout = Layout.parse(args.layout)
@@ -66,10 +56,22 @@ def run(args: argparse.Namespace) -> int:
     parallel_cfg = common.with_flags(layout=layout,
                                      metrics_file=str(out / "parallel" / "metrics.jsonl"))
     model_cfg = load_model_config(args.model)
-    for cfg in (single_cfg, parallel_cfg):  # bad input fails before anything is written
+    for cfg in (single_cfg, parallel_cfg):
         cfg.check()
         cfg.layout.validate(cfg.layout.world_size, model_cfg, GLOBAL_BATCH, SEQ_LEN)
 
+    from rich.table import Table
+
+    from paraxis.dist.launch import launch
+    from paraxis.dist.rank_server import start_rank_server
+    from paraxis.files.terminal import console as terminal_console
+    from paraxis.show.lab.page import write_lab
+    from paraxis.show.report.build import build_report, save
+    from paraxis.train.calibrate.quick import PROFILE_NAME
+    from paraxis.train.hardware import choose_hardware
+    from paraxis.train.loop import RUN_IMPORTS, run_training
+
+    console = terminal_console(highlight=False)
     if layout.world_size > 1:  # its ranks' server imports torch while one device trains
         start_rank_server(run_training, RUN_IMPORTS)
     what = f"{args.steps} steps of {GLOBAL_BATCH} x {SEQ_LEN} tokens"

@@ -39,13 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from paraxis.files.terminal import console as terminal_console
-    from paraxis.model.routing import counts_by_rank, route_batch
-    from paraxis.spec.expert_placement import all_to_all_bytes, experts_of_rank, send_matrix
-
-    for flag in ("ep", "batch", "seq_len"):
+    for flag in ("ep", "batch", "seq_len"):  # before the imports below (torch: seconds)
         if getattr(args, flag) < 1:
             raise ParaxisError(f"--{flag.replace('_', '-')} must be >= 1")
     if not 0 <= args.seed < 2**63:  # as `paraxis train`: torch's generator takes these
@@ -61,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         from paraxis.files.host import check_writable_folder
 
         check_writable_folder(args.out, "--out")
+    from rich.table import Table
+
+    from paraxis.files.terminal import console as terminal_console
+    from paraxis.model.routing import counts_by_rank, route_batch
+    from paraxis.spec.expert_placement import all_to_all_bytes, experts_of_rank, send_matrix
+
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
     if args.block is not None and args.block not in routes:  # with or without --out
