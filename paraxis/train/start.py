@@ -42,14 +42,21 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
 def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) -> int:
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
-    if not launched and cfg.launch.nproc == 1 and not cfg.auto.enabled:
+    checked = None  # the data `check_inputs` returned for the ranks of this launcher
+    if not launched and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
         # a mistyped flag, an unknown model, missing data or an unwritable folder fails at
         # once (a run that may be complete already is told so first: `already_complete`)
+        nproc = cfg.launch.nproc
+        if nproc > 1 and cfg.layout.world_size == 1:  # --nproc N alone: N-way data parallel
+            cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
         cfg.check()
         if not (cfg.checkpoint.resume == "auto" and cfg.checkpoint.dir):
-            check_one_process(cfg)
-            check_inputs(cfg, 1)
+            if nproc == 1:
+                check_one_process(cfg)
+            else:
+                check_host_memory(nproc)  # first: a mistyped count must not wait for the data
+            checked = check_inputs(cfg, nproc)
     from paraxis.train.resume import already_complete  # lazy: torch; CLI start-up imports this
 
     if done := already_complete(cfg):  # a requeued job that had finished: exit 0
@@ -70,7 +77,8 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
         cfg.check()
         check_host_memory(nproc)  # first: a mistyped count must not wait for the data
         train_cfg = cfg.train
-        data = check_inputs(cfg, nproc)  # the ranks would each say it, after starting
+        # the ranks would each say it, after starting
+        data = checked if checked is not None else check_inputs(cfg, nproc)
         if train_cfg.pack_documents:  # before any rank starts
             from paraxis.parallel.context.packing import (  # lazy: torch; CLI start-up imports this
                 packing_id,
