@@ -86,6 +86,7 @@ class Moves:
 
     def __init__(self) -> None:
         self.steps: list[tuple[str, list]] = []  # (script body, its arguments)
+        self._query = ""  # the element `find_element` named, for `click`
 
     def execute_script(self, script: str, *args: object) -> None:
         self.steps.append((script, list(args)))

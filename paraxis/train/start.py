@@ -42,7 +42,7 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
 def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) -> int:
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
-    checked = None  # the data `check_inputs` returned for the ranks of this launcher
+    checked = None  # the data `check_inputs` returned, where it ran before torch
     if not launched and not cfg.auto.enabled:
         # the checks the run makes before training, made before importing torch (seconds):
         # a mistyped flag, an unknown model, missing data or an unwritable folder fails at
@@ -71,14 +71,11 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
             print(f"paraxis: {line}", file=sys.stderr, flush=True)
         return code
     nproc = cfg.launch.nproc
-    if nproc > 1 and not launched:
-        if cfg.layout.world_size == 1:  # --nproc N alone means N-way data parallelism
-            cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
-        cfg.check()
-        check_host_memory(nproc)  # first: a mistyped count must not wait for the data
-        train_cfg = cfg.train
-        # the ranks would each say it, after starting
-        data = checked if checked is not None else check_inputs(cfg, nproc)
+    if nproc > 1 and not launched:  # cfg was completed and checked above, before torch
+        if checked is None:  # --resume auto with a folder: its data checked now, not before
+            check_host_memory(nproc)
+            checked = check_inputs(cfg, nproc)  # the ranks would each say it, after starting
+        train_cfg, data = cfg.train, checked
         if train_cfg.pack_documents:  # before any rank starts
             from paraxis.parallel.context.packing import (  # lazy: torch; CLI start-up imports this
                 packing_id,
@@ -97,7 +94,7 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
                    timeout_s=train_cfg.timeout_s, device=train_cfg.device,
                    checkpoint_dir=cfg.checkpoint.dir)
         return 0
-    if not launched:
+    if not launched and checked is None:
         check_one_process(cfg)
     train(cfg)
     return 0
