@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_cp
+from bench import bench_cp, bench_pp
 from bench.predicted_vs_measured import QUICK_LAYOUTS
 
 ROOT = Path(__file__).parents[1]
@@ -46,14 +46,29 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
         yield {**started, "cp_variants": pool.submit(_cp_variants)}
 
 
+def test_a_pipeline_peer_torch_cannot_run_on_gloo_is_named_not_run(monkeypatch):
+    """torch 2.11's ScheduleZBVZeroBubble fails its own start-up on gloo (a message from a
+    rank to itself); the bench says so and compares the other schedules, instead of exiting
+    1. Every schedule's peer runs on the torch installed here (2.12 and later)."""
+    import torch
+
+    assert torch.__version__ < "2.12" or all(bench_pp.peer_refused(s) is None
+                                             for s in bench_pp.PEERS)
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.11.0+cu130"))
+    refused = {s: why for s in bench_pp.PEERS if (why := bench_pp.peer_refused(s))}
+    assert list(refused) == ["zb-v"]
+    assert "2.11.0+cu130" in refused["zb-v"] and "2.12" in refused["zb-v"]
+
+
 def test_bench_quick_writes_table_and_json(runs):
     out = runs["suites"].result()
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     peers = " ".join(r["peer"] for r in rows)
-    for peer in ("plain PyTorch loop", "DDP", "FSDP2", "DTensor", "Schedule1F1B",
-                 "ScheduleGPipe", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
-                 "private API (torch.distributed.tensor.experimental._attention."
-                 "_templated_ring_attention, rotate alltoall)", "rotate allgather"):
+    expected = ["plain PyTorch loop", "DDP", "FSDP2", "DTensor",
+                *(bench_pp.PEERS[s] for s in bench_pp.PEERS if bench_pp.peer_refused(s) is None),
+                "private API (torch.distributed.tensor.experimental._attention."
+                "_templated_ring_attention, rotate alltoall)", "rotate allgather"]
+    for peer in expected:
         assert peer in peers, peer
     # the CP rows ran only after every side matched unsharded attention (else the bench fails)
     cp_rows = [r for r in rows if r["suite"] == "cp"]
