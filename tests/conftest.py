@@ -41,6 +41,19 @@ for _module in RUN_IMPORTS:
     importlib.import_module(_module)
 embedded_corpus()  # read once, the same way: what a run trains on by default
 
+# The modules whose tests take longest (the demo, compiling, the bench, multi-rank training:
+# 25-100 s each on a 2-core VM, measured with --durations), collected first and in this order,
+# so that no worker starts one near the end while the others sit idle. Each module's tests
+# stay together and in their order; the rest keep theirs.
+FIRST = ("test_report.py", "test_precision.py", "test_bench_smoke.py", "test_cp.py",
+         "test_faults.py", "test_moe_ep.py", "test_checkpoint.py", "test_viz_moe.py",
+         "test_auto.py", "test_zero3_pp.py", "test_hybrid_shard.py", "test_kernels.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    place = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: place.get(item.path.name, len(FIRST)))  # stable
+
 
 def _save(model: torch.nn.Module, path: Path, seed: int) -> str:
     # transformers starts norm gains at 1 and biases at 0; moving them makes a dropped or

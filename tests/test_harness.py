@@ -4,6 +4,7 @@ decorator gives a body its rank, layout and groups."""
 import multiprocessing as mp
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,14 @@ def test_cuda_ranks_a_machine_cannot_place_are_refused_in_one_line():
     assert "--nproc 4 CUDA ranks need a GPU each, and this machine shows 1; use --nproc 1" in \
         cuda_ranks_problem(4, "cuda", 1, None)
     assert "names one GPU for all 2 ranks" in cuda_ranks_problem(2, "cuda:0", 8, None)
+
+
+def test_the_modules_the_suite_starts_with_exist(request):
+    """tests/conftest.py collects its slowest modules first, by file name: a renamed module
+    would silently go back to its place in the order."""
+    from tests.conftest import FIRST
+
+    assert all((Path(__file__).parent / name).is_file() for name in FIRST), FIRST
+    collected = [item.path.name for item in request.session.items]
+    starts = [name for name in dict.fromkeys(collected) if name in FIRST]
+    assert starts == [name for name in FIRST if name in collected]
