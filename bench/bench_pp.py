@@ -28,7 +28,7 @@ import torch.distributed as dist
 # torch's compiler stack) costs each rank seconds on this machine, per launch.
 from torch.distributed import pipelining
 
-from bench.common import Row, compare, engine_step, rank_device, token_batch
+from bench.common import Row, bench_device, compare, engine_step, rank_device, token_batch
 from paraxis.dist.groups import build_groups
 from paraxis.engine.contract import make_adamw
 from paraxis.model.transformer import build_model
@@ -47,9 +47,10 @@ CHUNKS = {"zb-v": 2}  # model chunks per stage (the others: one)
 MULTI = ("zb-h1", "zb-v")  # peers built on a list of this rank's stages (PipelineScheduleMulti)
 
 
-def peer_refused(schedule: str) -> str | None:
-    """Why the installed torch cannot run `schedule`'s peer on gloo, or None if it can."""
-    if schedule == "zb-v" and torch.__version__ < "2.12":
+def peer_refused(schedule: str, device: str = "cpu") -> str | None:
+    """Why the installed torch cannot run `schedule`'s peer on `device`'s backend (cpu:
+    gloo), or None if it can."""
+    if schedule == "zb-v" and device == "cpu" and torch.__version__ < "2.12":
         # Its start-up handshake sends each stage's neighbours a message, including the
         # neighbour on its own rank (the V puts virtual stages P-1 and P on rank P-1); gloo
         # has no pair from a rank to itself. torch 2.12 skips neighbours on the same rank.
@@ -121,7 +122,7 @@ def rows(quick: bool = False) -> list[Row]:
     batch, seq, microbatches, steps = (4, 32, 4, 2) if quick else (16, 128, 8, 10)
     out = []
     for schedule in PEERS:
-        if (why := peer_refused(schedule)) is not None:
+        if (why := peer_refused(schedule, bench_device(PP))) is not None:
             print(f"  pipeline {schedule}: not compared: {why}", flush=True)
             continue
         out.append(compare(

@@ -49,7 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future]:
 def test_a_pipeline_peer_torch_cannot_run_on_gloo_is_named_not_run(monkeypatch):
     """torch 2.11's ScheduleZBVZeroBubble fails its own start-up on gloo (a message from a
     rank to itself); the bench says so and compares the other schedules, instead of exiting
-    1. Every schedule's peer runs on the torch installed here (2.12 and later)."""
+    1. Every schedule's peer runs on the torch installed here where it is 2.12 or later."""
     import torch
 
     assert torch.__version__ < "2.12" or all(bench_pp.peer_refused(s) is None
@@ -58,6 +58,7 @@ def test_a_pipeline_peer_torch_cannot_run_on_gloo_is_named_not_run(monkeypatch):
     refused = {s: why for s in bench_pp.PEERS if (why := bench_pp.peer_refused(s))}
     assert list(refused) == ["zb-v"]
     assert "2.11.0+cu130" in refused["zb-v"] and "2.12" in refused["zb-v"]
+    assert bench_pp.peer_refused("zb-v", "cuda") is None  # gloo's refusal only
 
 
 def test_bench_quick_writes_table_and_json(runs):
