@@ -158,20 +158,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 targets: torch.Tensor) -> torch.Tensor:
         ignored = targets == IGNORE_INDEX
         counted = (~ignored).float().unsqueeze(-1)
-        # d(mean)/d(token loss); 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean
-        scale = counted / counted.sum().clamp(min=1)
         local = targets.masked_fill(ignored, 0)
         losses, grads_x = [], []
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         every = torch.ones_like(ignored)  # every target is in the one whole vocabulary
         for rows in _chunks_of(x.shape[0], weight.shape[0]):
+            # Each chunk's gradients of the summed token losses: what d(mean) adds, 1 / the
+            # count, is applied to their sums below. The count reduces every target, and a
+            # chunk that waited for it would keep its logits until then: compiled, the count
+            # fuses into the last chunk's pass, so every chunk's logits were alive at once.
             loss, grad_logits = _chunk_loss(x[rows] @ weight.t(), local[rows], every[rows],
-                                            scale[rows])
+                                            counted[rows])
             losses.append(loss)
             grads_x.append(grad_logits @ weight)
             grad_w += (grad_logits.t() @ x[rows]).float()
-        ctx.save_for_backward(torch.cat(grads_x), grad_w.to(weight.dtype))
-        return torch.cat(losses).masked_fill(ignored, 0.0).sum() / counted.sum()
+        # 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean; the gradients are 0
+        total = counted.sum()
+        inverse = 1 / total.clamp(min=1)
+        ctx.save_for_backward((torch.cat(grads_x) * inverse).to(x.dtype),
+                              (grad_w * inverse).to(weight.dtype))
+        return torch.cat(losses).masked_fill(ignored, 0.0).sum() / total
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
