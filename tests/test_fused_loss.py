@@ -70,23 +70,14 @@ def test_compiled_fused_loss_holds_one_chunks_logits_at_a_time(monkeypatch):
     """Compiled (inductor's own code, not aot_eager), the chunks run one after another: no
     chunk's gradient waits for a reduction over every target, which the compiler fuses into
     the last chunk's pass, so that every chunk's logits were alive at once."""
-    from tools.probes.peak_memory import alive_at_peak, cpu_events
+    from tools.probes.fused_loss_peak import inputs, peak_and_grads
 
     # 500 tokens: 5 chunks (5.4 chunks' logits alive at the peak when they waited; 2.4 now)
     monkeypatch.setattr(kernel, "chunk_rows", lambda width: 100)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(500, 32, generator=generator, requires_grad=True)
-    w = (torch.randn(2048, 32, generator=generator) / 6).requires_grad_()
-    targets = torch.randint(0, 2048, (500,), generator=generator)
-    torch._dynamo.reset()
-    fused = torch.compile(linear_cross_entropy, fullgraph=True)
-    fused(x, w, targets).backward()  # compiled here, outside the count
-    x.grad = w.grad = None
-    peak, _, _ = alive_at_peak(cpu_events(lambda: fused(x, w, targets).backward()))
+    x, w, targets = inputs(500, 2048, 32)
+    peak, grads = peak_and_grads(x, w, targets, compiled=True)
     chunk, logits = 100 * 2048 * 4, 500 * 2048 * 4
     assert peak < 3.5 * chunk < logits, (peak, chunk)
-    grads = x.grad, w.grad
-    x.grad = w.grad = None
     F.cross_entropy(x @ w.t(), targets).backward()
     torch.testing.assert_close(grads, (x.grad, w.grad), rtol=1e-5, atol=1e-7)
 
