@@ -5,6 +5,8 @@ same training as the unfused head; refused where it cannot run."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -79,6 +81,29 @@ def test_compiled_fused_loss_holds_one_chunks_logits_at_a_time(monkeypatch):
     chunk, logits = 100 * 2048 * 4, 500 * 2048 * 4
     assert peak < 3.5 * chunk < logits, (peak, chunk)
     F.cross_entropy(x @ w.t(), targets).backward()
+    torch.testing.assert_close(grads, (x.grad, w.grad), rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_fused_loss_adds_each_chunks_weight_gradient_in_turn(monkeypatch):
+    """Compiled, each chunk's share of dL/dW is made, added into the one fp32 sum and freed
+    before the next chunk's (`kernels.accumulate`), all into one buffer: the compiler does
+    not wait to add them in one pass (on CUDA it kept every chunk's vocabulary x width
+    product alive for it) nor copy the sum."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: 7)  # 40 tokens: 6 chunks
+    torch._dynamo.reset()
+    fused = torch.compile(linear_cross_entropy, fullgraph=True)
+    x, w, targets = _inputs(torch.float32)
+    _, codes = run_and_get_code(lambda: fused(x, w, targets).backward())
+    code = "\n".join(codes)  # the forward's graph and the backward's
+    # the buffer each call adds into (the last chunk's may be a view of it)
+    sums = re.findall(r"ops\.paraxis\.add_matmul_\.default\((?:reinterpret_tensor\()?(\w+)",
+                      code)
+    assert len(sums) == 6 and len(set(sums)) == 1, sums
+    grads = x.grad, w.grad
+    x.grad = w.grad = None
+    _unfused(x, w, targets).backward()
     torch.testing.assert_close(grads, (x.grad, w.grad), rtol=1e-5, atol=1e-7)
 
 

@@ -36,6 +36,7 @@ from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 
 SIDES = ("paraxis bf16", "paraxis autocast-bf16", "reference")
+FUSED = " fused-loss"  # a paraxis side with this suffix fuses the LM head and loss
 OWN = ("paraxis/", "bench/", "torchinductor")  # the frames a group is named by, innermost first
 
 
@@ -128,8 +129,9 @@ def build(side: str, cfg, x: torch.Tensor, y: torch.Tensor, device: torch.device
     bench.gpu's sides run them."""
     if side == "reference":
         return training_phases(Reference(cfg).to(device), x, y, gpu.CLIP)
+    precision = side.removeprefix("paraxis ").removesuffix(FUSED)
     engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                          precision=side.removeprefix("paraxis "), compile=True)
+                          precision=precision, compile=True, fused_loss=side.endswith(FUSED))
 
     def finish() -> None:
         engine.clip_grad_norm_on_device(gpu.CLIP)
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, help="cut the model to this width (CPU)")
     parser.add_argument("--layers", type=int, help="and to this many layers")
     parser.add_argument("--top", type=int, default=12, help="groups printed per side")
-    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"of {', '.join(SIDES)}; "
+                        f"a paraxis side ending in '{FUSED.strip()}' fuses its head and loss")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cfg = gpu.model(args.model)

@@ -31,6 +31,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx
 
 from paraxis.dist.watchdog import WATCH
+from paraxis.kernels.accumulate import add_matmul_
 from paraxis.parallel.context.packing import IGNORE_INDEX
 from paraxis.parallel.tensor.counter import record
 from paraxis.spec.kernels import chunk_rows
@@ -171,7 +172,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                             counted[rows])
             losses.append(loss)
             grads_x.append(grad_logits @ weight)
-            grad_w += (grad_logits.t() @ x[rows]).float()
+            add_matmul_(grad_w, grad_logits.t(), x[rows])  # made, added, freed in turn
         # 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean; the gradients are 0
         total = counted.sum()
         inverse = 1 / total.clamp(min=1)
