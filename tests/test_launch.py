@@ -72,3 +72,25 @@ def test_a_run_imports_nothing_its_rank_server_did_not(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     start_rank_server(_imported_while_training, RUN_IMPORTS)
     assert launch(_imported_while_training, ("dp=2,ep=2,zero=1",), nproc=2, device="cpu") == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server is POSIX's")
+def test_the_server_preloads_from_the_launchers_import_path(tmp_path, monkeypatch):
+    # A module only this process's sys.path finds, as paraxis is where it is not installed:
+    # the ranks' server imports it once (it runs in another folder, without PYTHONPATH).
+    from paraxis.dist.rank_server import start_rank_server
+
+    (tmp_path / "found_by_path").mkdir()
+    (tmp_path / "found_by_path" / "preloaded_probe.py").write_text(
+        "import os\nIMPORTED_IN = os.getpid()\n\n\n"
+        "def where():\n    return IMPORTED_IN, os.getppid()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "found_by_path"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    import preloaded_probe
+
+    start_rank_server(preloaded_probe.where)
+    imported_in, server = launch(preloaded_probe.where, (), nproc=2, device="cpu")
+    assert imported_in == server
+    assert "PYTHONPATH" not in os.environ
+

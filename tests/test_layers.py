@@ -18,6 +18,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "paraxis"
 TOP_LEVEL_AT_MOST = 16  # the layers' folders, cli.py, __init__.py and __main__.py
@@ -35,6 +37,7 @@ def layers() -> list[str]:
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    pytest.importorskip("importlinter")  # a dev requirement: `make test` installs it
     code = "import sys; from importlinter.cli import lint_imports; " \
            "sys.exit(lint_imports(no_cache=True, no_logo=True))"
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,

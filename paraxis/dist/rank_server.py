@@ -67,16 +67,27 @@ def rank_context(fn: Callable[..., Any], preload: Sequence[str] = ()
 def _start_server_quietly() -> None:
     """Start the fork server (once a process) with its stdout and stderr on /dev/null: the
     ranks write to the launcher's own (`Inherited`), and a server holding the launcher's
-    would keep a caller reading them waiting until it exits, a second after the launcher."""
+    would keep a caller reading them waiting until it exits, a second after the launcher.
+    The server gets the launcher's import path in PYTHONPATH: before Python 3.13 it is
+    started with its own (its working folder first), so where paraxis is not installed, or
+    the launcher added a folder to sys.path, its preload found nothing and every rank
+    imported the training stack itself."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = [os.dup(1), os.dup(2)]
     quiet = os.open(os.devnull, os.O_WRONLY)
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(entry or os.curdir)
+                                               for entry in sys.path)
     try:
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
         forkserver.ensure_running()
     finally:
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, quiet):
