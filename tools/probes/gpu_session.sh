@@ -38,13 +38,20 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
 suite() {  # suite() SECONDS: the whole suite, each outcome logged as it ends; SIGINT at the
   # limit prints the summary (-n 8: 97% of it in 350 s on a 16-core H100 machine)
   timeout -s INT -k 20 "$1" python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 \
-    -rfE tests 2>&1 | tee -a "$log"
+    -rfE tests 2>&1 | tee -a "$log" /tmp/suite.log
 }
 case ${1:-} in
   first)  # one call (about 510 s on an H100): the Llama slice, paraxis --compile beside the
     # reference (speed and peak memory), alone on the fresh machine; then the whole suite
     bench 200 llama 2 1,3
     suite 330 ;;
+  first-fused)  # as first, with the --fused-loss side after the two (about 580 s)
+    bench 250 llama 2 1,3,6
+    suite 315 ;;
+  again)  # the tests the last suite failed, again and alone, each with its output
+    grep -o '^FAILED tests/[^ ]*' /tmp/suite.log | cut -d' ' -f2 | sort -u \
+      | xargs -r timeout "${2:-150}" python3 -m pytest -q -p no:cacheprovider -n 4 -rfE 2>&1 \
+      | tee -a "$log" ;;
   all)  # the speed runs first and alone: nothing else has run on the machine yet
     # each: eager, compiled, the reference, compiled under autocast-bf16 (fp32 state)
     bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
@@ -65,7 +72,7 @@ case ${1:-} in
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
   suite) suite 560 ;;
-  *) echo "usage: gpu_session.sh first | all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
+  *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
           "speed-llama | peak | suite" >&2
      exit 2 ;;
 esac
