@@ -72,7 +72,7 @@ case ${1:-} in
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
   suite) suite 560 ;;
-  *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks | fp8 | shared | speed-gpt2 |" \
-          "speed-llama | peak | suite" >&2
+  *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks |" \
+          "fp8 | shared | speed-gpt2 | speed-llama | peak | suite" >&2
      exit 2 ;;
 esac
