@@ -157,7 +157,7 @@ def test_the_planner_prices_what_the_fused_loss_keeps():
         saved = loss_bytes(tokens, cfg.vocab_size, 2) - fused_loss_bytes(
             tokens, cfg.vocab_size, cfg.d_model, 2)
         assert chunked - priced == pytest.approx(saved if fused else 0.0), text
-    assert saved > 1e9  # GPT-2's 50K vocabulary at 8K tokens: over a GB
+    assert saved > 5e8  # GPT-2's 50K vocabulary at 8K tokens: over half a GB
     with pytest.raises(ParaxisError, match="loss_kernel='fast' is unknown"):
         build_cluster("h100-sxm-80gb", 1, 1, {"loss_kernel": "fast"})
 
@@ -191,7 +191,7 @@ def test_a_search_for_the_fused_loss_keeps_to_layouts_that_run_it():
 
 
 def test_the_docs_figures_of_the_fused_loss():
-    """docs/precision.md's size of the unfused head's logits and gradient, and
+    """docs/precision.md's size of the unfused head's logits (their gradient over them), and
     docs/gpu/README.md's planner saving, for GPT-2 124M at 16 x 1024 in bf16: read from the
     docs' text and recomputed here."""
     import re
@@ -203,7 +203,7 @@ def test_the_docs_figures_of_the_fused_loss():
     cfg, seq, micro = PRESETS["gpt2-124m"], 1024, 16
     precision = " ".join((docs / "precision.md").read_text().split())
     held = float(re.search(r"in bf16: ([\d.]+) GB for GPT-2 124M at 16 x 1024", precision)[1])
-    assert held == round(2 * 2 * seq * micro * cfg.vocab_size / 1e9, 1)
+    assert held == round(2 * seq * micro * cfg.vocab_size / 1e9, 1)
     gpu = " ".join((docs / "gpu" / "README.md").read_text().split())
     saved = float(re.search(r"([\d.]+) GiB less at GPT-2 124M's 16 x 1024", gpu)[1])
     chunked = layout_memory(cfg, Layout(), seq, micro)["activations"]

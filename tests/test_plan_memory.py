@@ -117,8 +117,9 @@ def test_layout_memory_by_stage() -> None:
         2 * (20 * cfg.layer_params() + cfg.embedding_params()) / 8, rel=1e-6)
     # stage 0 holds pp = 4 microbatches of a quarter of the layers: the same as pp = 1's one
     # microbatch of every layer (Korthikanti et al. 2022 Sec. 4.2.3); pp = 1's one stage also
-    # holds the loss: bf16 logits and their gradient (4sbv/t) and one chunk's fp32 workspace
-    loss = 4 * 4096 * 32000 / 8 + workspace_bytes(4096, 4000)
+    # holds the loss: bf16 logits, their gradient written over them (2sbv/t), and one
+    # chunk's fp32 workspace
+    loss = 2 * 4096 * 32000 / 8 + workspace_bytes(4096, 4000)
     assert four["activations"] == pytest.approx(one["activations"] - loss, rel=1e-6)
     gpipe = layout_memory(cfg, Layout(dp=1, tp=8, pp=4, microbatches=8, schedule="gpipe"),
                           4096, 1)

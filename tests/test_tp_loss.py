@@ -15,7 +15,10 @@ from torch.utils._pytree import tree_leaves
 from paraxis.dist.testing import on_ranks
 from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor import apply_tensor_parallel
-from paraxis.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
+from paraxis.parallel.tensor.cross_entropy import (
+    VocabParallelCrossEntropy,
+    vocab_parallel_cross_entropy,
+)
 from paraxis.spec.model_config import PRESETS
 
 
@@ -115,6 +118,34 @@ def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
     # fp32 copy of all the logits (4x the bf16 logits' bytes) before anything else
     logits_bytes = rows * vocab * 2
     assert alive.peak <= logits_bytes + chunk * vocab * 4 * 2 + 64 * rows * 4
+
+
+def test_the_models_loss_writes_the_gradient_over_its_logits(monkeypatch):
+    """The model's loss (`VocabParallelCrossEntropy`, whose logits the head made for it
+    alone): the same gradient, written over the logits a chunk at a time, so nothing of the
+    logits' size is made beside them; called as a function, the logits are left as given."""
+    import paraxis.parallel.tensor.cross_entropy as kernel
+
+    rows, vocab, chunk = 64, 512, 8
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)
+    generator = torch.Generator().manual_seed(4)
+    given = (torch.randn(4, 16, vocab, generator=generator) * 3).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (4, 16), generator=generator)
+    targets[1, 5] = -100
+    before = given.detach().clone()
+    (want,) = torch.autograd.grad(vocab_parallel_cross_entropy(given, targets, None), given)
+    assert torch.equal(given, before)  # a function's caller keeps its logits as they were
+    logits = given.detach() * 1  # made for the loss, as the head's are
+    logits.requires_grad_()
+    with Alive() as alive:
+        loss = VocabParallelCrossEntropy(None)(logits, targets)
+        (grad,) = torch.autograd.grad(loss, logits)
+    assert torch.equal(grad, want)
+    assert grad.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    # the logits (their views count them), one fp32 chunk and per-token vectors: no second
+    # logits' worth (149,000 bytes, the logits twice, as a function; 83,808 here)
+    logits_bytes = rows * vocab * 2
+    assert alive.peak <= logits_bytes + chunk * vocab * 4 + 64 * rows * 4 < 2 * logits_bytes
 
 
 def test_the_compiled_loss_is_the_same_loss():

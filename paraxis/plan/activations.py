@@ -100,10 +100,10 @@ def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                  element_bytes: float = 2, loss_kernel: str = "chunked") -> float:
-    """The loss at its backward (`paraxis.spec.kernels`): logits of `element_bytes` and their
-    gradient, 4sbv/t for 16-bit logits as Korthikanti et al. 2022 Sec. 4.3 count the output
-    layer and cross entropy, plus one chunk's fp32 workspace; with the head and loss fused
-    ("fused-linear", tp = 1), dL/dx, an fp32 dL/dW and one chunk instead."""
+    """The loss at its backward (`paraxis.spec.kernels`): logits of `element_bytes`, their
+    gradient written over them (2sbv/t for 16-bit logits), plus one chunk's fp32 workspace;
+    with the head and loss fused ("fused-linear", tp = 1), dL/dx, an fp32 dL/dW and one
+    chunk instead."""
     tokens = seq_len * micro_batch
     if loss_kernel == "fused-linear":
         return fused_loss_bytes(tokens, cfg.vocab_size, cfg.d_model, element_bytes)

@@ -148,10 +148,10 @@ class GPU:
     # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
     # master passes); "auto" is "fused" with fused kernels and "paraxis" with eager ones.
     optimizer_kernel: str = "auto"
-    # What the LM head and the loss keep (`spec.kernels`): "chunked", the logits and their
-    # gradient with one chunk's fp32 workspace (paraxis's default, Megatron-LM's fused cross
-    # entropy alike); "fused-linear", dL/dx, an fp32 dL/dW and one chunk's logits (paraxis
-    # --fused-loss, Liger-Kernel's fused linear cross entropy).
+    # What the LM head and the loss keep (`spec.kernels`): "chunked", the logits (their
+    # gradient written over them) and one chunk's fp32 workspace (paraxis's default);
+    # "fused-linear", dL/dx, an fp32 dL/dW and one chunk's logits (paraxis --fused-loss,
+    # Liger-Kernel's fused linear cross entropy).
     loss_kernel: str = "chunked"
 
 

@@ -25,10 +25,12 @@ device) keeps, for the backward, the logits in the dtype they were computed in (
 autocast) and one fp32 log-sum-exp per token; its backward writes the gradient of the logits
 in that same dtype. The fp32 softmax exists only a chunk of tokens at a time, in a workspace
 of at most `CHUNK_BYTES`: the backward upcasts a chunk of logits, turns it into softmax minus
-one-hot in place, and writes it into the gradient. So at the loss's backward (the step's
-memory peak, while every layer's activations are still held) the loss holds
-2 x (element bytes) x s b v / t plus one workspace: Korthikanti et al.'s 4sbv/t for 16-bit
-logits (their Sec. 4.3 count of "the output layer and fp32 cross entropy"). What a plain
+one-hot in place, and writes it over that chunk of the logits (the model's head makes them
+for the loss alone; compiled, one fused pass reads them and writes the gradient in their
+place). So at the loss's backward (the step's memory peak, while every layer's activations
+are still held) the loss holds (element bytes) x s b v / t plus one workspace: 2sbv/t for
+16-bit logits, where Korthikanti et al. (2022, Sec. 4.3) count 4sbv/t for "the output layer
+and fp32 cross entropy", Megatron-LM's fp32 softmax. What a plain
 `F.cross_entropy(logits.float())` costs instead was measured on an H100 (docs/gpu/README.md).
 """
 
@@ -89,8 +91,9 @@ def workspace_bytes(tokens: int, width: int) -> float:
 
 def loss_bytes(tokens: int, width: int, element_bytes: float) -> float:
     """Bytes the loss holds at its backward for `tokens` rows of `width` logits of
-    `element_bytes` each: the saved logits, their gradient and one chunk's fp32 workspace."""
-    return 2 * element_bytes * tokens * width + workspace_bytes(tokens, width)
+    `element_bytes` each: the saved logits, which their gradient is written over (eager, a
+    chunk at a time; compiled, one fused pass), and one chunk's fp32 workspace."""
+    return element_bytes * tokens * width + workspace_bytes(tokens, width)
 
 
 # The LM head and the loss fused (`--fused-loss`, parallel/tensor/cross_entropy.py's

@@ -48,7 +48,8 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, logits: torch.Tensor, targets: torch.Tensor,
-                group: dist.ProcessGroup | None) -> torch.Tensor:
+                group: dist.ProcessGroup | None, overwrite: bool) -> torch.Tensor:
+        ctx.overwrite = overwrite
         rank = 0 if group is None else dist.get_rank(group)
         shard_width = logits.shape[-1]
         z = logits.reshape(-1, shard_width)  # in its own dtype: no fp32 copy of the whole
@@ -85,7 +86,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return losses.masked_fill(ignored, 0.0).sum() / count
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor, None, None, None]:
         logits, log_sum_exp, local, elsewhere, counted = ctx.saved_tensors
         z = logits.reshape(-1, logits.shape[-1])
         # d(mean)/d(token loss): 1 / counted tokens; ignored rows get no gradient (also when
@@ -94,12 +96,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         here = ~elsewhere  # the rows whose target is in this rank's slice
         if torch.compiler.is_compiling():  # one fused pass: logits in, gradient out
             grad_logits = _logits_grad(z, log_sum_exp, local, here, scale)
-            return grad_logits.view(logits.shape), None, None
-        grad_logits = torch.empty_like(z)
-        for rows in _chunks(z):  # a chunk at a time
+            return grad_logits.view(logits.shape), None, None, None
+        # a chunk at a time; over the logits themselves where they are the model's own,
+        # which nothing reads after the loss: one logits-sized tensor instead of two
+        grad_logits = z if ctx.overwrite else torch.empty_like(z)
+        for rows in _chunks(z):
             _logits_grad(z[rows], log_sum_exp[rows], local[rows], here[rows], scale[rows],
                          out=grad_logits[rows])
-        return grad_logits.view(logits.shape), None, None
+        return grad_logits.view(logits.shape), None, None, None
 
 
 def _logits_grad(z: torch.Tensor, log_sum_exp: torch.Tensor, local: torch.Tensor,
@@ -131,23 +135,27 @@ def _minus(z: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                                 group: dist.ProcessGroup | None) -> torch.Tensor:
+                                 group: dist.ProcessGroup | None, overwrite: bool = False
+                                 ) -> torch.Tensor:
     """Mean next-token loss from this rank's (..., V/tp) logits; the same on every TP rank.
-    With `group` None, the plain cross entropy of one device's full logits."""
-    return _VocabParallelCrossEntropy.apply(logits, targets, group)
+    With `group` None, the plain cross entropy of one device's full logits. `overwrite`:
+    the backward writes the logits' gradient over the logits (eager), for a caller that
+    made them for the loss alone and reads them no more."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, group, overwrite)
 
 
 class VocabParallelCrossEntropy(nn.Module):
     """Mean next-token loss over the targets not IGNORE_INDEX (-100, F.cross_entropy's
     default: packing masks targets so), from (..., V/tp) logits; with `group` None, one
-    device's whole vocabulary (paraxis.model.transformer's loss)."""
+    device's whole vocabulary (paraxis.model.transformer's loss). The model's head makes
+    the logits for it alone, so their gradient is written over them."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         super().__init__()
         self.group = group
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, targets, self.group)
+        return vocab_parallel_cross_entropy(logits, targets, self.group, overwrite=True)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
