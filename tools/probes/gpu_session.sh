@@ -9,6 +9,8 @@
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
 #   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
 #   bash tools/probes/gpu_session.sh peak         # what is alive at the Llama slice's peak
+#   bash tools/probes/gpu_session.sh parts        # kernels by class, Llama slice and GPT-2 8K
+#                                                 # (tools/probes/planner_parts.py reads them)
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
 # with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
@@ -71,8 +73,15 @@ case ${1:-} in
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
+  parts)  # the compiled step's kernels by name, for the planner's parts (about 400 s)
+    for run in 2 1; do
+      mkdir -p "/tmp/parts-$run"
+      timeout 280 python3 -m tools.probes.gpu_sides_profile --run "$run" --out "/tmp/parts-$run" \
+        2>&1 | tee -a "$log"
+      cp "/tmp/parts-$run/gpu-sides-profile.json" "$out/sides-profile-run$run.json" || true
+    done ;;
   suite) suite 560 ;;
   *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks |" \
-          "fp8 | shared | speed-gpt2 | speed-llama | peak | suite" >&2
+          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite" >&2
      exit 2 ;;
 esac
