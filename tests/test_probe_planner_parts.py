@@ -11,8 +11,8 @@ import pytest
 from tools.probes.planner_parts import (
     CLASSES,
     fit_gemm_curve,
-    kernel_class,
     measured_parts,
+    part_of,
     planned_parts,
 )
 
@@ -30,7 +30,7 @@ def test_kernels_are_classed_by_name(tmp_path):
              "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>":
                  "optimizer",
              "triton_poi_fused_gelu_gelu_backward_view_5": "elementwise"}
-    assert {name: kernel_class(name) for name in names} == names
+    assert {name: part_of(name) for name in names} == names
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"paraxis --compile": {
         "wall_ms": 3.0, "busy_ms": 2.5, "kernels": 4,

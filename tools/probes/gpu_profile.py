@@ -32,8 +32,8 @@ GEMM_MARKERS = ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90", "sm80", "s
 
 def kernel_class(name: str) -> str:
     n = name.lower()
-    if "flash" in n or "fmha" in n or "attention" in n:
-        return "attention"
+    if any(marker in n for marker in ("flash", "fmha", "attention", "sdpa", "cudnn::fusion")):
+        return "attention"  # cuDNN's fused attention and its backward's helper kernels
     if any(marker in n for marker in GEMM_MARKERS):
         return "gemm"
     if "multi_tensor" in n or "foreach" in n:

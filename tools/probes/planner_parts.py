@@ -39,20 +39,16 @@ from paraxis.plan.head import head_times
 from paraxis.plan.rates import attention_kernel_rate, layer_rates, weight_gemm_seconds
 from paraxis.spec.kernels import get_kernel
 from paraxis.spec.layout import Layout
+from tools.probes.gpu_profile import kernel_class
 
 CLASSES = ("gemm", "attention", "elementwise", "optimizer")
 
 
-def kernel_class(name: str) -> str:
-    """The class of a CUDA kernel by its name (cuBLAS's nvjet and cutlass GEMMs, cuDNN's and
-    flash attention, the optimizers' multi-tensor kernels; the rest is elementwise)."""
-    if name.startswith("nvjet") or "gemm" in name.lower() or "cutlass" in name:
-        return "gemm"
-    if "sdpa" in name or "cudnn" in name or "flash" in name:
-        return "attention"
-    if "multi_tensor_apply" in name:
-        return "optimizer"
-    return "elementwise"
+def part_of(name: str) -> str:
+    """The planner's part a CUDA kernel belongs to, by `gpu_profile.kernel_class` of its name
+    (the loss's, the reductions' and the rest are elementwise passes)."""
+    kind = kernel_class(name)
+    return kind if kind in CLASSES else "elementwise"
 
 
 def planned_parts(run: int, side: str, preset: str) -> dict[str, float]:
@@ -88,7 +84,7 @@ def measured_parts(profile: Path, side: str) -> dict[str, float]:
     data = json.loads(profile.read_text())[side]
     parts = dict.fromkeys(CLASSES, 0.0)
     for name, _, ms in data["top"]:
-        parts[kernel_class(name)] += ms
+        parts[part_of(name)] += ms
     return {**parts, "kernels": data["kernels"], "busy": data["busy_ms"], "step": data["wall_ms"]}
 
 
