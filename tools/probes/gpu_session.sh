@@ -38,9 +38,11 @@ hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and t
     tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
 }
 suite() {  # suite() SECONDS: the whole suite, each outcome logged as it ends; SIGINT at the
-  # limit prints the summary (-n 8: 97% of it in 350 s on a 16-core H100 machine)
-  timeout -s INT -k 20 "$1" python3 -m pytest -v -p no:cacheprovider -n 8 --durations=15 \
-    -rfE tests 2>&1 | tee -a "$log" /tmp/suite.log
+  # limit prints the summary (-n 8: 97% of it in 350 s on a 16-core H100 machine). A file to
+  # a worker, in conftest's order: xdist's default gives the first 65 tests, the slowest
+  # files, all to one worker at -n 8 (on the third H200 run it ran them to 94% of the run)
+  timeout -s INT -k 20 "$1" python3 -m pytest -v -p no:cacheprovider -n 8 --dist loadfile \
+    --no-loadscope-reorder --durations=15 -rfE tests 2>&1 | tee -a "$log" /tmp/suite.log
 }
 case ${1:-} in
   first)  # one call (about 510 s on an H100): the Llama slice, paraxis --compile beside the
