@@ -10,7 +10,7 @@
 #   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
 #   bash tools/probes/gpu_session.sh peak         # what is alive at the Llama slice's peak
 #   bash tools/probes/gpu_session.sh parts        # kernels by class, Llama slice and GPT-2 8K
-#                                                 # (tools/probes/planner_parts.py reads them)
+#                                                 # (planner_parts reads them); host per kernel
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
 # with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
@@ -75,13 +75,15 @@ case ${1:-} in
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
-  parts)  # the compiled step's kernels by name, for the planner's parts (about 400 s)
+  parts)  # the compiled step's kernels by name, for the planner's parts, and the host's
+    # seconds a kernel on a step too small for the GPU to matter (at most 530 s)
     for run in 2 1; do
       mkdir -p "/tmp/parts-$run"
-      timeout 280 python3 -m tools.probes.gpu_sides_profile --run "$run" --out "/tmp/parts-$run" \
-        2>&1 | tee -a "$log"
+      timeout $(( run == 2 ? 260 : 120 )) python3 -m tools.probes.gpu_sides_profile \
+        --run "$run" --out "/tmp/parts-$run" 2>&1 | tee -a "$log"
       cp "/tmp/parts-$run/gpu-sides-profile.json" "$out/sides-profile-run$run.json" || true
-    done ;;
+    done
+    timeout 150 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
   suite) suite 560 ;;
   *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks |" \
           "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite" >&2

@@ -1,0 +1,78 @@
+"""The host's seconds per kernel of a one-GPU step, eager and compiled: what the planner's
+`GPU.kernel_launch_s` stands for, measured on a step too small for the GPU to matter.
+
+    python -m tools.probes.host_per_kernel [--width 64 --seq 64 --batch 1]   # CUDA
+
+`bench.gpu`'s GPT-2 124M and Llama 3 8B slice keep their layers and vocabulary-free shapes
+but are cut to `--width` (heads and the MLP with it) and a small vocabulary, so that each
+kernel runs in microseconds and the step's wall time is the host's: dispatch, autograd and
+launches. For each of paraxis's sides (eager, `--compile`) and the compiled reference: the
+median step, the kernels a step (torch.profiler's device events), their quotient, and the
+GPU's busy time, which must stay well under the step for the quotient to be the host's.
+The planner prices a pass at the longer of its GPU time and its kernels x kernel_launch_s
+(`plan.cost.layer_times`, kernels per layer from `plan.compute.LAYER_KERNELS`); one
+constant, `plan.hardware.HOST_SECONDS_PER_KERNEL`, serves eager and compiled steps now.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from bench import gpu
+from bench.common import measure_steps, token_batch
+from paraxis.plan.compute import layer_kernels
+
+SIDES = ("paraxis", "paraxis --compile", "reference")
+
+
+def busy_seconds(step, steps: int = 3) -> tuple[float, float]:
+    """(GPU busy seconds, kernels) a step, over `steps` profiled steps."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.device_time for e in kernels) / 1e6 / steps, len(kernels) / steps
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=512)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: the host's time per kernel is a GPU step's")
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for name in ("gpt2-124m", "llama3-8b/8"):
+        full = gpu.model(name)
+        heads = max(1, args.width // 64)
+        cfg = full.replace(d_model=args.width, n_heads=heads,
+                           n_kv_heads=max(1, heads * full.n_kv_heads // full.n_heads),
+                           d_ff=args.width * full.d_ff // full.d_model,
+                           vocab_size=args.vocab)
+        x, y = token_batch(cfg.vocab_size, args.batch, args.seq, device)
+        priced = {kind: layer_kernels(cfg, kind) * cfg.n_layers for kind in ("eager", "fused")}
+        print(f"{name} cut to width {args.width}, vocabulary {args.vocab}, {args.batch} x "
+              f"{args.seq} tokens; the planner counts {priced['eager']} (eager) and "
+              f"{priced['fused']} (fused) kernels in its layers", flush=True)
+        for side in SIDES:
+            torch._dynamo.reset()
+            step = gpu.build_side(side, cfg, x, y, True, device)
+            wall = measure_steps(step, steps=30, warmup=5, device=device)["step_time_s"]
+            busy, kernels = busy_seconds(step)
+            print(f"  {side}: {wall * 1e3:.2f} ms a step, {kernels:.0f} kernels, "
+                  f"{wall / kernels * 1e6:.1f} us a kernel, GPU busy {busy * 1e3:.2f} ms "
+                  f"({busy / wall:.0%})", flush=True)
+            del step
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
