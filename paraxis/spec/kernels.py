@@ -27,11 +27,12 @@ in that same dtype. The fp32 softmax exists only a chunk of tokens at a time, in
 of at most `CHUNK_BYTES`: the backward upcasts a chunk of logits, turns it into softmax minus
 one-hot in place, and writes it over that chunk of the logits (the model's head makes them
 for the loss alone; compiled, one fused pass reads them and writes the gradient, into their
-buffer where the compiler reuses it). So at the loss's backward (the step's memory peak, while every layer's activations
-are still held) the loss holds (element bytes) x s b v / t plus one workspace: 2sbv/t for
-16-bit logits, where Korthikanti et al. (2022, Sec. 4.3) count 4sbv/t for "the output layer
-and fp32 cross entropy", Megatron-LM's fp32 softmax. What a plain
-`F.cross_entropy(logits.float())` costs instead was measured on an H100 (docs/gpu/README.md).
+buffer where the compiler reuses it). So at the loss's backward (the step's memory peak,
+while every layer's activations are still held) the loss holds (element bytes) x s b v / t
+plus one workspace: 2sbv/t for 16-bit logits, where Korthikanti et al. (2022, Sec. 4.3)
+count 4sbv/t for "the output layer and fp32 cross entropy", Megatron-LM's fp32 softmax.
+What a plain `F.cross_entropy(logits.float())` costs instead was measured on an H100
+(docs/gpu/README.md).
 """
 
 from __future__ import annotations
