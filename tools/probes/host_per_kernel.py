@@ -25,8 +25,18 @@ from torch.profiler import ProfilerActivity, profile
 from bench import gpu
 from bench.common import measure_steps, token_batch
 from paraxis.plan.compute import layer_kernels
+from paraxis.spec.model_config import ModelConfig
 
 SIDES = ("paraxis", "paraxis --compile", "reference")
+
+
+def cut(cfg: ModelConfig, width: int, vocab: int) -> ModelConfig:
+    """`cfg` with its layers kept and its width, heads (64 wide), kv heads (in the same
+    ratio), MLP (in the same ratio to the width) and vocabulary cut."""
+    heads = max(1, width // 64)
+    return cfg.replace(d_model=width, n_heads=heads,
+                       n_kv_heads=max(1, heads * cfg.n_kv_heads // cfg.n_heads),
+                       d_ff=width * cfg.d_ff // cfg.d_model, vocab_size=vocab)
 
 
 def busy_seconds(step, steps: int = 3) -> tuple[float, float]:
@@ -51,12 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     for name in ("gpt2-124m", "llama3-8b/8"):
-        full = gpu.model(name)
-        heads = max(1, args.width // 64)
-        cfg = full.replace(d_model=args.width, n_heads=heads,
-                           n_kv_heads=max(1, heads * full.n_kv_heads // full.n_heads),
-                           d_ff=args.width * full.d_ff // full.d_model,
-                           vocab_size=args.vocab)
+        cfg = cut(gpu.model(name), args.width, args.vocab)
         x, y = token_batch(cfg.vocab_size, args.batch, args.seq, device)
         priced = {kind: layer_kernels(cfg, kind) * cfg.n_layers for kind in ("eager", "fused")}
         print(f"{name} cut to width {args.width}, vocabulary {args.vocab}, {args.batch} x "
