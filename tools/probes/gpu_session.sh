@@ -53,7 +53,8 @@ case ${1:-} in
     bench 250 llama 2 1,3,6
     suite 315 ;;
   again)  # the tests the last suite failed, again and alone, each with its output
-    grep -o '^FAILED tests/[^ ]*' /tmp/suite.log | cut -d' ' -f2 | sort -u \
+    # each outcome line of -v (the summary may be missing: a SIGINT can end xdist without it)
+    grep -oE '\] (FAILED|ERROR) tests/[^ ]+' /tmp/suite.log | cut -d' ' -f3 | sort -u \
       | xargs -r timeout "${2:-150}" python3 -m pytest -q -p no:cacheprovider -n 4 -rfE 2>&1 \
       | tee -a "$log" ;;
   all)  # the speed runs first and alone: nothing else has run on the machine yet
