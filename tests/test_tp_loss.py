@@ -94,18 +94,26 @@ class Alive(TorchDispatchMode):
         return out
 
 
+def _bf16_logits(monkeypatch, vocab: int, chunk: int, seed: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """4 x 16 bf16 logits of `vocab` and their targets, one of them ignored, with the loss
+    cut into chunks of `chunk` tokens."""
+    import paraxis.parallel.tensor.cross_entropy as kernel
+
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(4, 16, vocab, generator=generator) * 3).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (4, 16), generator=generator)
+    targets[seed % 4, 3] = -100
+    return logits, targets
+
+
 def test_the_loss_holds_its_logits_their_gradient_and_one_chunk(monkeypatch):
     """paraxis.spec.kernels on one device: bf16 logits in, the loss and gradient of
     F.cross_entropy on their fp32 values (over several chunks), and at most the logits'
     gradient and one chunk's fp32 workspace made at once beside the logits."""
-    import paraxis.parallel.tensor.cross_entropy as kernel
-
     rows, vocab, chunk = 64, 96, 16
-    monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)
-    generator = torch.Generator().manual_seed(1)
-    logits = (torch.randn(4, 16, vocab, generator=generator) * 3).bfloat16().requires_grad_()
-    targets = torch.randint(0, vocab, (4, 16), generator=generator)
-    targets[0, 3] = -100
+    logits, targets = _bf16_logits(monkeypatch, vocab, chunk, seed=1)
     expected = F.cross_entropy(logits.float().view(-1, vocab), targets.view(-1))
     (want,) = torch.autograd.grad(expected, logits)
     with Alive() as alive:
@@ -124,14 +132,8 @@ def test_the_models_loss_writes_the_gradient_over_its_logits(monkeypatch):
     """The model's loss (`VocabParallelCrossEntropy`, whose logits the head made for it
     alone): the same gradient, written over the logits a chunk at a time, so nothing of the
     logits' size is made beside them; called as a function, the logits are left as given."""
-    import paraxis.parallel.tensor.cross_entropy as kernel
-
     rows, vocab, chunk = 64, 512, 8
-    monkeypatch.setattr(kernel, "chunk_rows", lambda width: chunk)
-    generator = torch.Generator().manual_seed(4)
-    given = (torch.randn(4, 16, vocab, generator=generator) * 3).bfloat16().requires_grad_()
-    targets = torch.randint(0, vocab, (4, 16), generator=generator)
-    targets[1, 5] = -100
+    given, targets = _bf16_logits(monkeypatch, vocab, chunk, seed=4)
     before = given.detach().clone()
     (want,) = torch.autograd.grad(vocab_parallel_cross_entropy(given, targets, None), given)
     assert torch.equal(given, before)  # a function's caller keeps its logits as they were
