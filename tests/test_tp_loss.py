@@ -145,7 +145,7 @@ def test_the_models_loss_writes_the_gradient_over_its_logits(monkeypatch):
     assert torch.equal(grad, want)
     assert grad.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
     # the logits (their views count them), one fp32 chunk and per-token vectors: no second
-    # logits' worth (149,000 bytes, the logits twice, as a function; 83,808 here)
+    # logits' worth (148,996 bytes, the logits twice, as a function; 83,808 here)
     logits_bytes = rows * vocab * 2
     assert alive.peak <= logits_bytes + chunk * vocab * 4 + 64 * rows * 4 < 2 * logits_bytes
 
