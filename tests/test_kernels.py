@@ -325,3 +325,41 @@ def test_compiled_embedding_backward_holds_no_fp32_copy_of_a_bf16_table():
     gradient = table.weight.numel() * 2
     assert table.weight.grad.dtype == torch.bfloat16
     assert peak < 1.25 * gradient, (peak, gradient)
+
+
+def test_swiglu_keeps_its_inputs_and_recomputes_silu():
+    """A Llama MLP's eager forward keeps the gate/up GEMM's output and the product, not
+    silu(gate) (`kernels.activation`): 6sbf bytes, as `plan.activations` prices; the output
+    and every gradient are autograd's own for `F.silu(gate) * up`, bit for bit."""
+    import torch.nn.functional as F
+
+    from paraxis.kernels.activation import swiglu
+    from paraxis.model.transformer import MLP
+    from paraxis.plan.activations import layer_activation_bytes
+
+    cfg = PRESETS["tiny-llama"]
+    mlp = MLP(cfg).to(torch.bfloat16)
+    x = torch.randn(2, 8, cfg.d_model).bfloat16().requires_grad_()
+    kept: dict[int, int] = {}  # storage -> bytes, of the MLP's width
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.shape[-1] in (cfg.d_ff, 2 * cfg.d_ff):
+            kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = mlp(x)
+    tokens = x.shape[0] * x.shape[1]
+    assert sum(kept.values()) == 6 * tokens * cfg.d_ff  # gate and up, and the product
+    mlp_bytes = (layer_activation_bytes(cfg, 8, 2) - layer_activation_bytes(cfg, 8, 2, mlp=False))
+    assert mlp_bytes == 6 * tokens * cfg.d_ff
+    assert out.shape == x.shape
+    for shape in ((2, 8, cfg.d_ff), (16, cfg.d_ff)):
+        gate, up = (torch.randn(shape).bfloat16().requires_grad_() for _ in range(2))
+        ours = swiglu(gate, up)
+        theirs = F.silu(gate) * up
+        assert torch.equal(ours, theirs)
+        g = torch.randn(shape).bfloat16()
+        assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(ours, (gate, up), g),
+                                                     torch.autograd.grad(theirs, (gate, up), g),
+                                                     strict=True))

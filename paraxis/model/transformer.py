@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from paraxis.kernels.activation import swiglu
 from paraxis.kernels.embedding import Embedding
 from paraxis.kernels.linear import project, stacked_layers
 from paraxis.model.init_weights import init_parameter
@@ -185,7 +186,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             gate, up = project(x, stacked_layers(self))  # one GEMM
-            return self.down(F.silu(gate) * up)
+            return self.down(swiglu(gate, up))
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 

@@ -83,7 +83,8 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
         # scores, the flash kernel's output and log-sum-exp are rebuilt in the backward).
         core = _qkv_bytes(cfg, s, b, kernel)
     attention = 2 * s * b * h + core
-    # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up, product.
+    # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up and
+    # product, recomputing silu(gate) in the backward (paraxis.kernels.activation).
     kept_mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f * mlp
     inside = (attention + kept_mlp) / tp
     return inside + outside / (tp if sequence_parallel else 1)

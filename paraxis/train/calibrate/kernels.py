@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from paraxis.kernels.activation import swiglu
 from paraxis.model.transformer import Block, make_norm, rotary
 from paraxis.plan.compute import layer_forward_traffic_per_token_eager
 from paraxis.spec.model_config import ModelConfig
@@ -138,7 +139,7 @@ def _elementwise_seconds(cfg: ModelConfig, batch: int, seq_len: int, device: tor
                 heads.transpose(1, 2).reshape(batch, seq_len, h)]
         if cfg.style == "llama":
             outs += [rotary(heads, cfg.rope_theta), rotary(kv[0], cfg.rope_theta),
-                     F.silu(gate) * up]
+                     swiglu(gate, up)]
         else:
             outs.append(F.gelu(up, approximate="tanh"))
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
