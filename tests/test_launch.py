@@ -93,4 +93,3 @@ def test_the_server_preloads_from_the_launchers_import_path(tmp_path, monkeypatc
     imported_in, server = launch(preloaded_probe.where, (), nproc=2, device="cpu")
     assert imported_in == server
     assert "PYTHONPATH" not in os.environ
-

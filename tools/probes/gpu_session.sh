@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
 #   bash tools/probes/gpu_session.sh first        # the Llama slice's two sides, then the suite
+#   bash tools/probes/gpu_session.sh first-fused  # the same with the --fused-loss side too
+#   bash tools/probes/gpu_session.sh again        # the last suite's failures, alone
 #   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
 #   bash tools/probes/gpu_session.sh fp8-sides    # the FP8 and fused-loss sides
 #   bash tools/probes/gpu_session.sh checks       # fp8, then the GPU machine's failing tests
