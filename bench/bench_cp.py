@@ -127,28 +127,30 @@ def _setup(side: str, seq: int, heads: int, kv_heads: int) -> Callable[[], None]
 SIDES = ("paraxis ring", "alltoall", "paraxis all_gather", "allgather")
 
 
+def _errors_on_a_rank(cp: int, seq: int, heads: int, kv_heads: int,
+                      sides: tuple[str, ...]) -> dict[str, float]:
+    rank = dist.get_rank()
+    order = _HeadTailLoadBalancer(seq, cp, "cpu")._generate_indices()[0]
+    mine = order[rank * seq // cp:(rank + 1) * seq // cp]
+    if not torch.equal(mine, positions(seq, rank, cp)):
+        raise AssertionError(f"rank {rank}: torch's head-tail split holds {mine.tolist()}")
+    whole = _whole(seq, heads, kv_heads)
+    q, k, v = (x.clone().requires_grad_() for x in whole[:3])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.backward(whole[3])
+    want = _local([out.detach(), q.grad, k.grad, v.grad])
+    local = _local(whole)
+    return {side: max((got - w).abs().max().item()
+                      for got, w in zip(_run(side, local), want, strict=True))
+            for side in sides}
+
+
 def check(cp: int, seq: int, heads: int, kv_heads: int,
           sides: tuple[str, ...] = SIDES) -> dict[str, float]:
     """Largest absolute difference, over ranks, output and q, k, v gradients, of each side
     from unsharded causal attention; raises if PyTorch's head-tail split is not paraxis's."""
-
-    def body() -> dict[str, float]:
-        rank = dist.get_rank()
-        order = _HeadTailLoadBalancer(seq, cp, "cpu")._generate_indices()[0]
-        mine = order[rank * seq // cp:(rank + 1) * seq // cp]
-        if not torch.equal(mine, positions(seq, rank, cp)):
-            raise AssertionError(f"rank {rank}: torch's head-tail split holds {mine.tolist()}")
-        whole = _whole(seq, heads, kv_heads)
-        q, k, v = (x.clone().requires_grad_() for x in whole[:3])
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        out.backward(whole[3])
-        want = _local([out.detach(), q.grad, k.grad, v.grad])
-        local = _local(whole)
-        return {side: max((got - w).abs().max().item()
-                          for got, w in zip(_run(side, local), want, strict=True))
-                for side in sides}
-
-    per_rank = run_distributed(body, cp, timeout_s=900)
+    per_rank = run_distributed(_errors_on_a_rank, cp, (cp, seq, heads, kv_heads, sides),
+                               timeout_s=900)
     return {side: max(r[side] for r in per_rank) for side in per_rank[0]}
 
 

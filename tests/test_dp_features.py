@@ -86,21 +86,22 @@ def test_zero2_and_3_reduce_every_microbatch_and_never_hold_whole_gradients(ctx)
         assert norm == pytest.approx(float(expected), rel=1e-5), zero
 
 
+def _model_state_by_zero(ctx: RankContext, dp: int) -> dict:
+    measured = {}
+    for zero in range(4):
+        engine = _engine(ctx, zero)
+        start = engine.memory_report()
+        engine.forward_backward(*_batch(dp))
+        engine.clip_grad_norm(1.0)
+        engine.optimizer_step(1e-3)
+        measured[zero] = (start, engine.memory_report())
+    return measured
+
+
 @pytest.mark.parametrize("dp", [2, 4])
 def test_model_state_memory_matches_the_planner(dp):
-    def body(ctx: RankContext):
-        measured = {}
-        for zero in range(4):
-            engine = _engine(ctx, zero)
-            start = engine.memory_report()
-            engine.forward_backward(*_batch(dp))
-            engine.clip_grad_norm(1.0)
-            engine.optimizer_step(1e-3)
-            measured[zero] = (start, engine.memory_report())
-        return measured
-
     num_params = TINY.num_params()
-    for measured in run_on_ranks(dp, body):
+    for measured in run_on_ranks(dp, _model_state_by_zero, dp):
         for zero, (start, after_step) in measured.items():
             predicted = model_state_bytes(num_params, dp, zero, FP32_ADAM)
             for report in (start, after_step):

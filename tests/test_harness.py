@@ -1,9 +1,12 @@
 """The distributed test harness: real gloo ranks, errors surfaced, no hangs; the `on_ranks`
 decorator gives a body its rank, layout and groups."""
 
+import contextlib
 import multiprocessing as mp
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from paraxis.dist.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
 from paraxis.dist.testing import (
     RankContext,
     RankFailed,
+    forks_autograd,
     on_ranks,
     report,
     run_distributed,
@@ -84,6 +88,47 @@ def test_decorator_runs_the_body_on_every_rank(ctx):
     assert torch.get_num_threads() == 1
 
 
+
+def _backward_on_a_rank() -> tuple[int, int]:
+    weight = torch.ones(2, requires_grad=True)
+    (weight * dist.get_rank()).sum().backward()
+    return int(weight.grad[0]), os.getppid()
+
+
+@contextlib.contextmanager
+def _autograd_device_threads() -> Iterator[None]:
+    """A thread named as autograd's engine names its device threads: this process then looks
+    like one where torch.compile's tracing started them (some torch builds do, with no GPU)."""
+    named, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("pt_autograd_0")
+        named.set()
+        done.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    named.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_a_process_that_cannot_fork_autograd_starts_its_ranks_from_the_rank_server():
+    before = forks_autograd()  # False where an earlier test traced, under some torch builds
+    with _autograd_device_threads():
+        assert not forks_autograd()
+        ranks = run_distributed(_backward_on_a_rank, 2)
+        assert [grad for grad, _ in ranks] == [0, 1]
+        assert all(parent != os.getpid() for _, parent in ranks)  # the rank server's children
+        test_decorator_runs_the_body_on_every_rank()  # a decorated body pickles by its name
+        with pytest.raises(RankFailed, match="make the body a module-level function"):
+            run_distributed(lambda: None, 2)
+    assert forks_autograd() == before
+
 @on_ranks("dp=2,tp=2")
 def test_context_of_a_2x2_layout(ctx, tmp_path):
     # rank = dp_rank * tp + tp_rank: the tp pairs are {0, 1} and {2, 3}
@@ -121,15 +166,16 @@ def test_several_layouts_run_in_one_launch_each_with_its_groups():
         run_on_ranks(["dp=2", "dp=4"], _where, "x")
 
 
-def test_a_failing_rank_fails_the_decorated_test_with_its_traceback():
-    @on_ranks(["dp=2", "tp=2"], timeout_s=60)
-    def body(ctx):
-        assert ctx.layout.tp == 1 or ctx.rank == 0, "rank 1 may not run tp=2"
+@on_ranks(["dp=2", "tp=2"], timeout_s=60)
+def _fails_on_rank_1_under_tp(ctx):
+    assert ctx.layout.tp == 1 or ctx.rank == 0, "rank 1 may not run tp=2"
 
-    with pytest.raises(RankFailed, match=r"(?s)rank 1 failed:.*in body\n.*"
+
+def test_a_failing_rank_fails_the_decorated_test_with_its_traceback():
+    with pytest.raises(RankFailed, match=r"(?s)rank 1 failed:.*in _fails_on_rank_1_under_tp\n.*"
                                          r"rank 1 may not run tp=2.*while running layout "
                                          r"dp=1,tp=2"):
-        body()
+        _fails_on_rank_1_under_tp()
 
 
 def test_a_body_must_take_the_context_first():

@@ -28,10 +28,13 @@ size (n: the layout dp=n), for bodies that only need n ranks.
 Any rank's exception is raised in the caller with that rank's traceback (and the layout it
 ran); a rank that does not finish within `timeout_s` fails the call instead of hanging it.
 Processes are forked (the cheapest start on this machine), so bodies may be closures, and
-meet at a fresh TCP port. With `device="cuda"` each rank takes the GPU of its local rank and
-joins over NCCL; those ranks are spawned, not forked (a forked child cannot use CUDA once its
-parent has touched it), so the body must then be a module-level function given to
-`run_on_ranks`. `run_distributed(fn, world_size)` is the layer below: `fn` with no context.
+meet at a fresh TCP port. A process whose autograd engine has started its device threads
+cannot fork ranks that run autograd (`forks_autograd`); its ranks start from the rank server
+instead, and then the body must pickle: a module-level function, or an `on_ranks` test.
+With `device="cuda"` each rank takes the GPU of its local rank and joins over NCCL; those
+ranks are spawned, not forked (a forked child cannot use CUDA once its parent has touched
+it), so the body must then be a module-level function given to `run_on_ranks`.
+`run_distributed(fn, world_size)` is the layer below: `fn` with no context.
 
 A process that forks CPU ranks must not see a GPU (`paraxis.dist.hidden_gpus`): the test suite
 hides them from itself; the ranks `device="cuda"` spawns see them again (`gpu_count()`).
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import json
 import multiprocessing as mp
@@ -54,6 +58,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -63,6 +68,7 @@ import torch.distributed as dist
 
 from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
 from paraxis.dist.hidden_gpus import SEEN_GPUS, gpus_seen
+from paraxis.dist.rank_server import Inherited, start_rank_server
 from paraxis.spec.layout import Layout
 
 
@@ -166,7 +172,7 @@ def on_ranks(layouts: LayoutLike | list[LayoutLike],
         @functools.wraps(body)
         def test(*args: Any, **kwargs: Any) -> None:
             __tracebackhide__ = True
-            run_on_ranks(layouts, body, *args, timeout_s=timeout_s, **kwargs)
+            run_on_ranks(layouts, _DecoratedBody(body), *args, timeout_s=timeout_s, **kwargs)
 
         # pytest reads the signature to pick fixtures: it must not look for one named ctx.
         test.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -174,6 +180,29 @@ def on_ranks(layouts: LayoutLike | list[LayoutLike],
         return test
 
     return wrap
+
+
+class _DecoratedBody:
+    """A body `on_ranks` decorated, pickled by the name of its test (ranks that start from
+    the rank server take what pickles; the body's own name now holds the test)."""
+
+    def __init__(self, body: Callable[..., Any]) -> None:
+        self.body = body
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.body(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        if "<locals>" in self.body.__qualname__:  # no name reaches it: pickling says so
+            return _DecoratedBody, (self.body,)
+        return _decorated_body, (self.body.__module__, self.body.__qualname__)
+
+
+def _decorated_body(module: str, qualname: str) -> _DecoratedBody:
+    test: Any = importlib.import_module(module)
+    for name in qualname.split("."):
+        test = getattr(test, name)
+    return _DecoratedBody(test.__wrapped__)
 
 
 # ------------------------------------------- the layer below: a plain function on N ranks
@@ -202,7 +231,13 @@ def report(results: Any, read: Any, rank: int, status: str, value: Any) -> None:
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                args: tuple, kwargs: dict, results: Any, read: Any, collective_timeout_s: float,
-               device: str = "cpu", share_gpu: bool = False) -> None:
+               device: str = "cpu", share_gpu: bool = False,
+               served: tuple[Inherited, dict[str, str]] | None = None) -> None:
+    if served is not None:  # forked from the rank server: the caller's stdio and environment
+        inherited, environment = served
+        inherited.attach()
+        os.environ.clear()
+        os.environ.update(environment)
     torch.set_num_threads(1)
     # A forked rank inherits the parent's pool of compile workers (torch.compile starts one
     # on first use) without the threads that feed it, and would wait on it forever: it
@@ -264,16 +299,34 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     `share_gpu`: the ranks join `shared_gpu.BACKEND` (gloo through the host), taking the
     GPUs in turn where `device` is "cuda"."""
     __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
-    context = mp.get_context("spawn" if device == "cuda" else "fork")
+    served = device != "cuda" and not forks_autograd()
+    if served:
+        try:
+            reduction.ForkingPickler.dumps(fn)
+        except Exception as error:  # noqa: BLE001 - whatever pickling raised, in one line
+            raise RankFailed(
+                "this process can no longer fork ranks (autograd started its device threads "
+                "here, as torch.compile's tracing does on some torch builds: PyTorch's wiki, "
+                "Autograd-and-Fork), so its ranks start from the rank server, which takes only "
+                f"what pickles ({error}): make the body a module-level function") from None
+    context = (mp.get_context("spawn") if device == "cuda"
+               else start_rank_server(_rank_main) if served else mp.get_context("fork"))
     results, read = context.Queue(), context.Event()
     port = free_port()
+    watched, alive = os.pipe() if served else (-1, -1)  # `alive` closes when this process dies
     processes = [context.Process(target=_rank_main, daemon=True,
                                  args=(fn, rank, world_size, port, args, kwargs or {}, results,
-                                       read, timeout_s + HANG_MARGIN_S, device, share_gpu))
+                                       read, timeout_s + HANG_MARGIN_S, device, share_gpu,
+                                       (Inherited(watched), dict(os.environ)) if served
+                                       else None))
                  for rank in range(world_size)]
-    with gpus_seen() if device == "cuda" else contextlib.nullcontext():
-        for process in processes:
-            process.start()
+    try:
+        with gpus_seen() if device == "cuda" else contextlib.nullcontext():
+            for process in processes:
+                process.start()
+    finally:
+        if served:
+            os.close(watched)
     collected: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -305,7 +358,25 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
             if process.is_alive():
                 process.kill()
                 process.join()
+        if served:
+            os.close(alive)
     return [collected[rank] for rank in range(world_size)]
+
+
+def forks_autograd() -> bool:
+    """Whether a child forked from this process can run autograd. Once autograd's engine has
+    started its device threads here, a forked child's backward raises (PyTorch's wiki,
+    Autograd-and-Fork); some torch builds start them on a backward through fake tensors,
+    which torch.compile and flex attention trace with, even on a machine with no GPU. The
+    engine names those threads pt_autograd_<device> (Linux shows them in /proc)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return True
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().startswith("pt_autograd_"):
+                return False
+    return True
 
 
 # ------------------------------------------------------- whole runs of the command line

@@ -46,16 +46,18 @@ def _setup(cfg: ModelConfig, layout: Layout, seq: int) -> Callable[[], None]:
     return engine_step(engine, *token_batch(cfg.vocab_size, BATCH, seq, torch.device("cpu")))
 
 
-def _first_losses(cfg: ModelConfig, layouts: tuple[Layout, ...], seq: int) -> list[float]:
-    def body() -> list[float]:
-        losses = []
-        for layout in layouts:
-            engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0)
-            losses.append(engine.forward_backward(
-                *token_batch(cfg.vocab_size, BATCH, seq, torch.device("cpu"))))
-        return losses
+def _losses_on_a_rank(cfg: ModelConfig, layouts: tuple[Layout, ...], seq: int) -> list[float]:
+    losses = []
+    for layout in layouts:
+        engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0)
+        losses.append(engine.forward_backward(
+            *token_batch(cfg.vocab_size, BATCH, seq, torch.device("cpu"))))
+    return losses
 
-    return run_distributed(body, layouts[0].world_size, timeout_s=900)[0]
+
+def _first_losses(cfg: ModelConfig, layouts: tuple[Layout, ...], seq: int) -> list[float]:
+    return run_distributed(_losses_on_a_rank, layouts[0].world_size, (cfg, layouts, seq),
+                           timeout_s=900)[0]
 
 
 def rows(quick: bool = False) -> tuple[Row, float]:

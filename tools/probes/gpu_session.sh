@@ -36,25 +36,17 @@ bench() {  # bench() SECONDS NAME RUNS [SIDES]: one bench.gpu part, its json kep
   cp "/tmp/$2/gpu-step.json" "$out/$2.json" 2>/dev/null || true
 }
 hidden_gpus() {  # the forked CPU-rank tests that failed on a GPU machine, and the CUDA ones
-  # (the tracing ones apart, as in suite below)
-  for pick in "not ($TRACED)" "$TRACED"; do
-    timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 4 -k "$pick" tests/test_packing.py \
-      tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
-  done
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_packing.py \
+    tests/test_tp_loss.py tests/test_harness.py 2>&1 | tee -a "$log"
 }
-# The tests that run torch's compiler in the test process. Under torch 2.11 (the image's), a
-# worker that traced and then ran autograd cannot fork ranks that use autograd, so they run
-# in a second pass, after every forked-rank test (docs/gpu/README.md, "On the next lent GPU").
-TRACED='(compile or flex) and not compiled_blocks_match_eager and not compile_defaults and not cpp_compiler'
 suite() {  # suite() SECONDS: the whole suite, each outcome logged as it ends; SIGINT at the
   # limit prints the summary (-n 8: 97% of it in 350 s on a 16-core H100 machine). A file to
   # a worker, in conftest's order: xdist's default gives the first 65 tests, the slowest
-  # files, all to one worker at -n 8 (on the third H200 run it ran them to 94% of the run)
-  timeout -s INT -k 20 "$(( $1 - 65 ))" python3 -m pytest -v -p no:cacheprovider -n 8 \
-    --dist loadfile --no-loadscope-reorder --durations=15 -rfE -k "not ($TRACED)" tests 2>&1 \
-    | tee -a "$log" /tmp/suite.log
-  timeout -s INT -k 5 60 python3 -m pytest -v -p no:cacheprovider -n 4 -rfE -k "$TRACED" \
-    tests 2>&1 | tee -a "$log" /tmp/suite.log
+  # files, all to one worker at -n 8 (on the third H200 run it ran them to 94% of the run).
+  # Under torch 2.11 (the image's) a worker that traced can no longer fork ranks that run
+  # autograd; the harness then starts them from the rank server (dist/testing.py).
+  timeout -s INT -k 20 "$1" python3 -m pytest -v -p no:cacheprovider -n 8 --dist loadfile \
+    --no-loadscope-reorder --durations=15 -rfE tests 2>&1 | tee -a "$log" /tmp/suite.log
 }
 case ${1:-} in
   first)  # one call (about 510 s on an H100): the Llama slice, paraxis --compile beside the
