@@ -324,6 +324,10 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
         with gpus_seen() if device == "cuda" else contextlib.nullcontext():
             for process in processes:
                 process.start()
+    except BaseException:
+        if served:
+            os.close(alive)
+        raise
     finally:
         if served:
             os.close(watched)

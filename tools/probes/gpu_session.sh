@@ -14,6 +14,8 @@
 #   bash tools/probes/gpu_session.sh parts        # kernels by class, Llama slice and GPT-2 8K
 #                                                 # (planner_parts reads them); host per kernel
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
+#   bash tools/probes/gpu_session.sh autocast     # GPT-2 16 x 1024 under autocast-bf16 beside the
+#                                                 # reference, kernel by kernel (its 0.92x)
 # Output goes to $OUT (the device tool brings back at most 8 files); copy it into docs/gpu/
 # with the command that made it. bench.gpu's "reference fp8" side needs torchao, which the
 # GPU image lacks: before the call, here, `echo /.whl/ >> .git/info/exclude; python3 -m pip
@@ -90,7 +92,12 @@ case ${1:-} in
     done
     timeout 150 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
   suite) suite 560 ;;
+  autocast)  # the side at 0.92x of the reference on GPT-2 at 16 x 1024, never profiled
+    mkdir -p /tmp/autocast
+    timeout 200 python3 -m tools.probes.gpu_sides_profile --run 0 --out /tmp/autocast \
+      --sides "paraxis autocast-bf16 --compile,reference" 2>&1 | tee -a "$log"
+    cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
   *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks |" \
-          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite" >&2
+          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite | autocast" >&2
      exit 2 ;;
 esac

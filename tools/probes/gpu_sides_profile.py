@@ -1,10 +1,11 @@
 """Where paraxis's compiled step and the compiled reference differ, kernel by kernel.
 
-    python -m tools.probes.gpu_sides_profile [--run N] [--out DIR]   # on a CUDA machine
+    python -m tools.probes.gpu_sides_profile [--run N] [--sides A,B] [--out DIR]  # CUDA
 
-For one run of `bench.gpu` (default GPT-2 124M at 16 x 1024), each of the sides
-"paraxis --compile" and "reference" after warm-up: wall time per step, GPU busy time, and
-the kernels that take the most time per step (name, count and milliseconds per step),
+For one run of `bench.gpu` (default GPT-2 124M at 16 x 1024), each of the sides (default
+"paraxis --compile", "reference" and eager "paraxis"; any of bench.gpu's) after warm-up:
+wall time per step, GPU busy time, and the kernels that take the most time per step (name,
+count and milliseconds per step),
 from `torch.profiler` over three steps. Writes DIR/gpu-sides-profile.json.
 """
 
@@ -55,15 +56,21 @@ def profile_side(side: str, cfg, x, y, device) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=int, default=0)
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help="bench.gpu's side names, comma-separated")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    sides = args.sides.split(",")
+    unknown = sorted(set(sides) - set(gpu.SIDES))
+    if unknown:
+        parser.error(f"unknown side(s) {', '.join(unknown)}; give some of {', '.join(gpu.SIDES)}")
     torch.backends.cuda.matmul.allow_tf32 = True
     device = torch.device("cuda", 0)
     model_name, batch, seq = gpu.FULL["runs"][args.run]
     cfg = gpu.model(model_name)
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
     result = {}
-    for side in SIDES:
+    for side in sides:
         result[side] = profile_side(side, cfg, x, y, device)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
