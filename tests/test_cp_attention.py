@@ -168,6 +168,9 @@ def _check_case(case: tuple, group: dist.ProcessGroup | None, seed: int,
 
     where = f"{case} cp={cp} a2a={a2a} rank={rank}"
     torch.testing.assert_close(out, mine(reference), atol=ATOL, rtol=0, msg=where)
+    # laid out token by token, as a flash kernel's: the output projection reads it as rows
+    # without a copy (plan/activations.py counts none)
+    assert out.transpose(1, 2).is_contiguous(), where
     for name, got, want in zip("qkv", local, whole, strict=True):
         torch.testing.assert_close(got.grad, mine(want.grad), atol=ATOL, rtol=0,
                                    msg=f"d{name} {where}")

@@ -401,7 +401,7 @@ def test_planner_validation_figures() -> None:
     exposed = sorted(100 * (layer_ms(sp, recompute, Overlap(tp=False))[1] / backward_ms - 1)
                      for sp, recompute, _, backward_ms in TABLE_4 if recompute == "none")
     assert agrees(low, exposed[0]) and agrees(high, exposed[-1]), exposed
-    m = quoted("planner.md", r"The 128K row \(CP 16\) comes out \+(\d+)% \((\d+) against (\d+) "
+    m = quoted("planner.md", r"The 128K row \(CP 16\) comes out ([+-]\d+)% \((\d+) against (\d+) "
                              r"tokens/s per GPU\), the two 8K rows without CP (\d+)-(\d+)% too "
                              r"slow")
     error, priced, published, low, high = m.groups()

@@ -230,7 +230,7 @@ def test_defence_of_a_pipeline_without_tp_says_the_model_is_split_not_replicated
     """A layout with pp > 1 and tp = 1 splits the model into stages: the defence must not
     say it is replicated (nor, for ZeRO-3, that it is whole)."""
     cfg, cluster = PRESETS["llama2-7b"], build_cluster("a100-80gb", 16, 8)
-    for text, says in (("dp=2,pp=8,zero=1,microbatches=8", "split into 8 pipeline stages"),
+    for text, says in (("dp=2,pp=8,zero=1,microbatches=16", "split into 8 pipeline stages"),
                        ("dp=16,zero=1,recompute=full", "whole weights on every GPU"),
                        ("dp=16,zero=3,recompute=full", "ZeRO-3 sharding weights")):
         best = evaluate(cfg, Layout.parse(text), cluster, 4096, 64)

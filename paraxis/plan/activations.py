@@ -74,20 +74,45 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     # Sec. 4.1: parts outside the TP regions (2 LayerNorm inputs 4sbh, attention and MLP
     # inputs 2sbh each, 2 dropout masks sbh each) -> 10sbh, replicated unless SP (Sec. 4.2.2).
     outside = 4 * s * b * h + 2 * s * b * h + 2 * s * b * h + (2 * s * b * h if dropout else 0)
-    # Inside TP: the output-projection input (2sbh; beside the flash kernel's own output, as
-    # paraxis.model.transformer copies the heads back to rows) and the attention kernel's tensors
-    # ...
+    # Inside TP: the attention kernel's tensors, the output projection's input ...
     core = attention_kernel_bytes(cfg, s, b, kernel, dropout=dropout)
     if recompute == "selective":
         # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's
         # scores, the flash kernel's output and log-sum-exp are rebuilt in the backward).
         core = _qkv_bytes(cfg, s, b, kernel)
-    attention = 2 * s * b * h + core
+    kept_attention = core + projection_input_bytes(cfg, s, b, recompute, attention) \
+        + rotary_bytes(cfg, s, b, recompute, attention)
     # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up and
     # product, recomputing silu(gate) in the backward (paraxis.kernels.activation).
     kept_mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f * mlp
-    inside = (attention + kept_mlp) / tp
+    inside = (kept_attention + kept_mlp) / tp
     return inside + outside / (tp if sequence_parallel else 1)
+
+
+def projection_input_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
+                           recompute: str = "none", attention: str = RUNTIME_KERNEL.name
+                           ) -> float:
+    """The output projection's input apart from the attention kernel's tensors (2sbh): none
+    where the flash kernel keeps its output for its own backward, as that output is the
+    input (its memory holds each token's heads together, as context parallelism's output
+    does too, so they go back to rows as a view: paraxis.model.transformer, measured by
+    tests/test_plan_activations.py); the math kernel's attention-over-values product, or a
+    selectively recomputed core's output, otherwise."""
+    if recompute == "none" and not get_kernel(attention).keeps_scores:
+        return 0.0
+    return 2 * seq_len * micro_batch * cfg.d_model
+
+
+def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: str = "none",
+                 attention: str = RUNTIME_KERNEL.name) -> float:
+    """What rotary positions add beside the flash kernel's q, k, v: the kernel keeps the
+    rotated q and k, new tensors, while its v, a view of the one q/k/v projection
+    (kernels.linear.project), keeps that whole projection alive, q and k included: q and k
+    twice. Not under selective recompute (rotation runs inside the recomputed core, whose
+    inputs are the projection's views), nor for the math kernel's repeated K and V."""
+    if cfg.style != "llama" or recompute != "none" or get_kernel(attention).keeps_scores:
+        return 0.0
+    return 2 * seq_len * micro_batch * (cfg.d_model + cfg.kv_dim)
 
 
 def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,

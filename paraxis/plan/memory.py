@@ -9,6 +9,7 @@ from paraxis.plan.activations import (
     full_layer_activation_bytes,
     layer_activation_bytes,
     logits_bytes,
+    projection_input_bytes,
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
@@ -237,8 +238,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     if precision.fp8_recipe is not None and layout.recompute != "full":
         # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
         fp8_args = (layout.tp, layout.sequence_parallel)
-        dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args) * local_seq * micro_batch
-        moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False) * local_seq \
+        projected = projection_input_bytes(cfg, 1, 1, layout.recompute, attention) > 0
+        dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
+            * local_seq * micro_batch
+        moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
+                                               projection_input=projected) * local_seq \
             * micro_batch if cfg.is_moe else 0.0
     if layout.recompute == "full":
         moe_layer = dense_layer  # only the block's input is kept

@@ -125,7 +125,10 @@ def to_head_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def from_head_split(out: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """The second all-to-all: the output of heads/n heads over the group's chunks back to
-    this rank's chunks of every head."""
+    this rank's chunks of every head, laid out token by token (as `kernel.empty_result`)."""
     ranks = dist.get_world_size(group)
     back = exchange(by_rank(out, ranks, dim=SEQ_DIM), group)  # [j]: head group j
-    return back.movedim(0, HEAD_DIM).flatten(HEAD_DIM, HEAD_DIM + 1)
+    # (ranks, batch, heads/n, seq, dim) -> (batch, seq, heads, dim), then heads second
+    batch, _, seq, dim = back.shape[1:]
+    rows = back.permute(1, 3, 0, 2, 4).contiguous().view(batch, seq, -1, dim)
+    return rows.transpose(1, 2)

@@ -233,8 +233,12 @@ def backward_blocks(grad_out: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
 
 
 def empty_result(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The running (out, lse) before any block: fp32, out 0 and lse -inf for every row."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    """The running (out, lse) before any block: fp32, out 0 and lse -inf for every row. `out`
+    is (batch, heads, seq, head_dim) laid out token by token, as flash kernels lay out
+    theirs: the model's output projection then reads it as rows without a copy."""
+    batch, heads, seq, dim = q.shape
+    out = torch.zeros(batch, seq, heads, dim, dtype=torch.float32,
+                      device=q.device).transpose(1, 2)
     lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
     return out, lse
 
