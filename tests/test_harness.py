@@ -100,9 +100,11 @@ def _autograd_device_threads() -> Iterator[None]:
     """A thread named as autograd's engine names its device threads: this process then looks
     like one where torch.compile's tracing started them (some torch builds do, with no GPU)."""
     named, done = threading.Event(), threading.Event()
+    task: list[Path] = []
 
     def hold() -> None:
-        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("pt_autograd_0")
+        task.append(Path(f"/proc/self/task/{threading.get_native_id()}"))
+        (task[0] / "comm").write_text("pt_autograd_0")
         named.set()
         done.wait()
 
@@ -114,6 +116,9 @@ def _autograd_device_threads() -> Iterator[None]:
     finally:
         done.set()
         thread.join()
+        deadline = time.monotonic() + 10  # join returns before the OS thread is gone
+        while task[0].exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
