@@ -101,3 +101,23 @@ def test_optimizer_step_is_hbm_bound_and_zero_splits_it() -> None:
     sharded = evaluate(cfg, Layout(dp=4, tp=2, zero=1), cluster, 4096, 8)
     assert sharded.time["optimizer"] == pytest.approx(plain.time["optimizer"] / 4)
     assert sharded.step_time_s < plain.step_time_s
+
+
+def test_paraxis_compiled_blocks_are_priced_without_megatrons_dropout():
+    """`kernels="compiled"` (paraxis under torch.compile) fuses elementwise ops as Megatron's
+    kernels do, but its GPT blocks have no dropout: no masks kept (2sbh a layer) and none of
+    their traffic; a kernels setting it does not know is refused in one line."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.spec.errors import ParaxisError
+    from paraxis.spec.layout import Layout
+
+    cfg, seq, batch = PRESETS["gpt2-124m"], 1024, 8
+    megatron, paraxis = (evaluate(cfg, Layout(), build_cluster("h100-sxm-80gb", 1, 1, {
+        "kernels": kernels}), seq, batch) for kernels in ("fused", "compiled"))
+    masks = 2 * seq * batch * cfg.d_model * cfg.n_layers
+    assert megatron.memory["activations"] - paraxis.memory["activations"] == \
+        pytest.approx(masks)
+    assert paraxis.step_time_s < megatron.step_time_s
+    with pytest.raises(ParaxisError, match="use fused, eager or compiled"):
+        build_cluster("h100-sxm-80gb", 1, 1, {"kernels": "inductor"})

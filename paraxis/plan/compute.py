@@ -122,8 +122,8 @@ def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
 
 
 def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
-                                    sequence_parallel: bool = False,
-                                    mlp: bool = True) -> tuple[float, float]:
+                                    sequence_parallel: bool = False, mlp: bool = True,
+                                    dropout: bool | None = None) -> tuple[float, float]:
     """HBM bytes per token of one layer's memory-bound (non-GEMM) forward kernels on one GPU:
     (hidden-sized elementwise ops, attention-score ops). Each bf16 tensor read or written once.
 
@@ -133,9 +133,11 @@ def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
     split over tp). The fused scale-mask-softmax reads and writes a*s scores (4as) and the
     attention dropout reads them, writes them and a 1-byte mask (5as), with a/tp heads per GPU.
     Without `mlp`, the MLP's own kernels are left out (an MoE block's: plan/experts.py).
+    `dropout`: whether the block has it (default: a GPT block does, as Megatron's; a runtime
+    without it adds the residuals alone, 4h).
     """
     h, f = cfg.d_model, cfg.d_ff
-    dropout = cfg.style == "gpt2"
+    dropout = cfg.style == "gpt2" if dropout is None else dropout
     outside = 8 * h + (12 * h if dropout else 4 * h)
     inside = 4 * f if cfg.style == "gpt2" else 6 * f  # SwiGLU: read gate and up, write product
     inside *= mlp
@@ -196,7 +198,7 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
     clipped gradient back: 4 B) and the write-back to the 16-bit weight: 46 B for bf16
     (`engine.data_parallel.masters`).
     """
-    kernels = "paraxis" if kernels == "eager" else kernels  # eager elementwise: paraxis's
+    kernels = "paraxis" if kernels in ("eager", "compiled") else kernels  # paraxis's runtime
     if kernels == "foreach":
         return 21 * 4 + 3 * precision.grad_bytes
     if kernels == "paraxis":
@@ -226,7 +228,7 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
-    if kernels == "eager" and whole:
+    if kernels in ("eager", "compiled") and whole:
         # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
         # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
         seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
@@ -242,9 +244,11 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
 # paraxis/model/transformer.py (29: norms of 3 ops, rotary of 5 on q and k, SwiGLU's 5;
 # against GPT-2's 11). "fused" (Megatron-LM's kernels), counted from its GPT layer: forward
 # 4 GEMMs, 2 layer norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10),
-# backward twice the GEMMs and one kernel per fused op (20).
+# backward twice the GEMMs and one kernel per fused op (20). "compiled" (paraxis's block under
+# torch.compile) is taken as the fused layer's count: the same GEMMs and attention kernels,
+# the elementwise ops in a few generated kernels (not counted apart).
 LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 216, ("fused", "gpt2"): 30,
-                 ("fused", "llama"): 30}
+                 ("fused", "llama"): 30, ("compiled", "gpt2"): 30, ("compiled", "llama"): 30}
 
 
 def layer_kernels(cfg: ModelConfig, kernels: str) -> int:

@@ -78,7 +78,7 @@ from paraxis.plan.fp8 import (
     layer_linears_seconds,
     regather_bytes_per_param,
 )
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.head import head_times
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.rates import (
@@ -158,6 +158,12 @@ def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_ra
     return forward + traffic, kernel.backward_ratio * forward + 2 * traffic
 
 
+def runtime_dropout(cfg: ModelConfig, gpu: GPU) -> bool:
+    """Whether the runtime's blocks have dropout (its masks kept, its kernels run): Megatron's
+    ("fused") GPT blocks do; paraxis's, eager or compiled, have none."""
+    return cfg.style == "gpt2" and gpu.kernels == "fused"
+
+
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
                 precision: Precision = MIXED_ADAM, moe: bool = False,
@@ -188,7 +194,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         score_bytes = 0.0  # the attention kernel's own traffic is in its measured rate
     else:
         hidden_bytes, score_bytes = (b * act / 2 for b in layer_forward_traffic_per_token(
-            cfg, seq_len, layout.tp, layout.sequence_parallel, mlp))  # in 16-bit bytes
+            cfg, seq_len, layout.tp, layout.sequence_parallel, mlp,
+            runtime_dropout(cfg, gpu)))  # in 16-bit bytes
     # the context-parallel kernels are flash (paraxis/parallel/context/kernel.py)
     kernel = get_kernel("flash" if layout.cp > 1 else gpu.attention_kernel)
     fitted = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim,
@@ -293,12 +300,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     check_fp8(cluster.gpu, precision)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
-    # Dropout masks where the runtime has dropout: Megatron's ("fused") GPT blocks; paraxis's
-    # eager runtime has none (its traffic counts none either, compute.py).
+    # Dropout masks where the runtime has dropout (`runtime_dropout`).
     memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
                            "flash" if layout.cp > 1 else gpu.attention_kernel,
                            reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
-                           dropout=cfg.style == "gpt2" and gpu.kernels == "fused",
+                           dropout=runtime_dropout(cfg, gpu),
                            expert_imbalance=expert_imbalance,
                            zero2_reduce=gpu.pipeline_zero2_reduce,
                            loss_kernel=gpu.loss_kernel)

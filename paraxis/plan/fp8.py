@@ -103,7 +103,7 @@ def linear_seconds(cluster: Cluster, precision: Precision, rows: float, k: float
     gpu = cluster.gpu
     rate = gpu.fp8_peak_flops * cluster.compute_share * fp8_gemm_efficiency(gpu, min(k, n))
     fused, unfused = CAST_BYTES[precision.fp8_recipe]
-    activations = fused if gpu.kernels == "fused" else unfused
+    activations = unfused if gpu.kernels == "eager" else fused
     kernel = 0.0 if precision.fp8_recipe == "delayed" else AMAX_KERNEL_S
     forward = (2 * rows * k * n / rate + (rows * k * activations
                                           + weight_share * k * n * unfused) / hbm_Bps

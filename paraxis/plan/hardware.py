@@ -18,7 +18,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "attention_flops": 0,               # achieved FLOP/s of the attention core (0: GEMM rate)
       "attention_impl": "fa2",            # unmeasured: a fitted kernel's rate (fa2, cudnn, fa1,
                                           # triton; "": GEMM rate)
-      "kernels": "fused",                 # elementwise ops fused (Megatron) or "eager" (paraxis)
+      "kernels": "fused",                 # Megatron's fused ops, "eager" or "compiled" (paraxis)
       "attention_kernel": "flash",        # or "math" (keeps the s x s scores, Megatron 2021-22)
       "gradient_bucket_bytes": 26214400,  # ZeRO-0/1/2 grads per call (25 MiB); 0: per layer (FSDP)
       "gradient_bucket_rule": "fixed",    # or "megatron": max(40M, 1M x dp) parameters a bucket
@@ -99,9 +99,12 @@ class GPU:
     # dim on published kernel benchmarks of this GPU type; "" prices the core like the GEMMs.
     attention_impl: str = ""
     # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
-    # published runs) or "eager", one PyTorch kernel per op (paraxis's own runtime).
-    # The name stands for the runtime too: Megatron re-gathers SP inputs in the backward, and
-    # its Adam is one fused kernel (cost.layer_times, compute.optimizer_traffic_per_param).
+    # published runs), "eager", one PyTorch kernel per op (paraxis's own runtime), or
+    # "compiled", paraxis's runtime under torch.compile (its elementwise ops fused as
+    # "fused" prices them). The name stands for the runtime too: Megatron's GPT blocks
+    # have dropout, it re-gathers SP inputs in the backward, and its Adam is one fused
+    # kernel; paraxis's blocks have no dropout and keep the gathered inputs
+    # (cost.layer_times, compute.optimizer_traffic_per_param).
     kernels: str = "fused"
     # CPU ranks: seconds a layer's forward + backward spends dispatching its eager ops (one
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
@@ -146,7 +149,7 @@ class GPU:
     # How AdamW runs (`compute.optimizer_traffic_per_param`): "fused" (Megatron/Apex
     # multi-tensor Adam), "foreach" (torch.optim.AdamW's multi-tensor ops, one pass per op),
     # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
-    # master passes); "auto" is "fused" with fused kernels and "paraxis" with eager ones.
+    # master passes); "auto" is "fused" with fused kernels and "paraxis" with paraxis's.
     optimizer_kernel: str = "auto"
     # What the LM head and the loss keep (`spec.kernels`): "chunked", the logits (their
     # gradient written over them) and one chunk's fp32 workspace (paraxis's default);
@@ -292,8 +295,9 @@ class Cluster:
         if not 0 <= self.available_cores <= max(self.cores_per_node, 0):
             raise ParaxisError(f"available_cores={self.available_cores} must be between 0 (all "
                                f"of them) and cores_per_node={self.cores_per_node}")
-        if self.gpu.kernels not in ("fused", "eager"):
-            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused or eager")
+        if self.gpu.kernels not in ("fused", "eager", "compiled"):
+            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused, eager or "
+                               "compiled")
         if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
             raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
                                "unknown; use fixed or megatron")

@@ -6,7 +6,7 @@ the held-out published runs say if the GPU's GEMM curve were its GEMMs' measured
     python -m tools.probes.planner_parts --heldout-gemm docs/gpu/gpu-shapes.json
 
 The first prints, for one run of `bench.gpu` (GPT-2 124M at 8 x 1024: `--run 1`) and one
-compiled side (fused kernels: eager ones price their elementwise passes otherwise), the
+compiled side (its elementwise ops fused: eager ones are priced op by op), the
 milliseconds a step the planner gives its weight GEMMs (the LM head's with
 them), the attention core, the elementwise passes and the optimizer, and the host's launch
 time, beside the kernel time of the same classes in `tools.probes.gpu_sides_profile`'s
@@ -33,7 +33,7 @@ from paraxis.plan.compute import (
     layer_forward_traffic_per_token,
     layer_kernels,
 )
-from paraxis.plan.cost import _core_times, evaluate
+from paraxis.plan.cost import _core_times, evaluate, runtime_dropout
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.head import head_times
 from paraxis.plan.rates import attention_kernel_rate, layer_rates, weight_gemm_seconds
@@ -62,7 +62,8 @@ def planned_parts(run: int, side: str, preset: str) -> dict[str, float]:
     rate, attention_rate, hbm = layer_rates(cluster, 1)
     _, scores = layer_forward_flops_per_token(cfg, seq)
     hidden, score_bytes = (b * precision.activation_bytes / 2
-                           for b in layer_forward_traffic_per_token(cfg, seq, 1, False, True))
+                           for b in layer_forward_traffic_per_token(
+                               cfg, seq, 1, False, True, runtime_dropout(cfg, cluster.gpu)))
     kernel = get_kernel(cluster.gpu.attention_kernel)
     fitted = attention_kernel_rate(cluster, kernel, seq, cfg.head_dim, 1, 1)
     core = sum(_core_times(scores, score_bytes, rate, attention_rate, hbm, False, kernel,
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", type=int, default=0, help="bench.gpu's run, from 0")
     parser.add_argument("--side", default="paraxis --compile",
                         choices=[side for side, (kernels, _) in gpu.PLANNED.items()
-                                 if kernels == "fused"])
+                                 if kernels == "compiled"])
     parser.add_argument("--gpu", default="h100-sxm-80gb", help="the planner's GPU preset")
     parser.add_argument("--heldout-gemm", type=Path, metavar="SHAPES_JSON",
                         help="a gpu_shapes json whose GEMMs set the H100/H200 curve")
