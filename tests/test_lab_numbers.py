@@ -395,8 +395,8 @@ def test_the_shared_formatter_keeps_digits_and_order(browser):
 
 
 def test_the_planner_never_prints_a_fitting_layout_above_its_gpu(capsys):
-    # 58.2x GB of a 58.25 GB GPU: with the capacity to whole GB it read "58.2 of 58 GB"
-    code = main(["plan", "--gpus", "8", "--memory-gb", "58.25", "--layout",
+    # 59.06 GB of a 59.09 GB GPU: with the capacity to whole GB it read "59.1 of 59 GB"
+    code = main(["plan", "--gpus", "8", "--memory-gb", "59.09", "--layout",
                  "dp=8,tp=1,pp=1,zero=1,microbatches=128"])
     out = capsys.readouterr().out
     assert code == 0
