@@ -17,7 +17,7 @@ from paraxis.dist.hidden_gpus import SEEN_GPUS, UNSET, gpus_seen
 from paraxis.dist.testing import (
     RankContext,
     RankFailed,
-    forks_autograd,
+    can_fork_autograd,
     on_ranks,
     report,
     run_distributed,
@@ -88,7 +88,6 @@ def test_decorator_runs_the_body_on_every_rank(ctx):
     assert torch.get_num_threads() == 1
 
 
-
 def _backward_on_a_rank() -> tuple[int, int]:
     weight = torch.ones(2, requires_grad=True)
     (weight * dist.get_rank()).sum().backward()
@@ -123,16 +122,17 @@ def _autograd_device_threads() -> Iterator[None]:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
 def test_a_process_that_cannot_fork_autograd_starts_its_ranks_from_the_rank_server():
-    before = forks_autograd()  # False where an earlier test traced, under some torch builds
+    before = can_fork_autograd()  # False where an earlier test traced, under some torch builds
     with _autograd_device_threads():
-        assert not forks_autograd()
+        assert not can_fork_autograd()
         ranks = run_distributed(_backward_on_a_rank, 2)
         assert [grad for grad, _ in ranks] == [0, 1]
         assert all(parent != os.getpid() for _, parent in ranks)  # the rank server's children
         test_decorator_runs_the_body_on_every_rank()  # a decorated body pickles by its name
         with pytest.raises(RankFailed, match="make the body a module-level function"):
             run_distributed(lambda: None, 2)
-    assert forks_autograd() == before
+    assert can_fork_autograd() == before
+
 
 @on_ranks("dp=2,tp=2")
 def test_context_of_a_2x2_layout(ctx, tmp_path):

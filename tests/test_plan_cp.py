@@ -268,6 +268,7 @@ def test_all_to_all_keeps_its_repeated_kv_copies() -> None:
     # Llama 3 70B at tp=8 leaves one kv head per rank: at cp=4 the all-to-all repeats it to
     # 4, and the runtime saves those copies (balance.saved_bytes_per_rank, measured with
     # saved-tensor hooks in tests/test_cp_attention.py); the planner charges the same bytes
+    from paraxis.plan.activations import projection_input_bytes, rotary_bytes
     from paraxis.plan.context import repeated_kv_bytes
 
     cfg, batch, seq, cp, tp = PRESETS["llama3-70b"], 1, 32768, 4, 8
@@ -281,8 +282,13 @@ def test_all_to_all_keeps_its_repeated_kv_copies() -> None:
                for v in ("ring", "all_to_all")}
     memory = {v: evaluate(cfg, layout, cluster, seq, 1).memory["activations"]
               for v, layout in layouts.items()}
-    # one microbatch in flight, every layer, in 16-bit elements
-    assert memory["all_to_all"] - memory["ring"] == pytest.approx(cfg.n_layers * extra)
+    # one microbatch in flight, every layer, in 16-bit elements; the all-to-all also hands
+    # the output projection an output of its own and keeps none of rotary's tensors
+    # (activations.projection_input_bytes, rotary_bytes; tests/test_plan_activations.py)
+    local = seq // cp
+    apart = (projection_input_bytes(cfg, local, batch, head_split=True)
+             - rotary_bytes(cfg, local, batch)) / tp
+    assert memory["all_to_all"] - memory["ring"] == pytest.approx(cfg.n_layers * (extra + apart))
 
 
 def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:

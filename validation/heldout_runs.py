@@ -35,7 +35,8 @@ TORCHTITAN_A100 = ("torchtitan docs/performance.md at commit 0413364 (pytorch/to
 TORCHTITAN_H100 = ("torchtitan docs/performance.md at commit eaea6f6 (pytorch/torchtitan): "
                    "Llama 3.1 on H100 (96 GB HBM2e, 2.4 TB/s, 500 W power limit; 400 Gb/s "
                    "RDMA per GPU)")
-COMPILE = "torch.compile fuses the elementwise kernels: the planner models eager or Megatron-fused"
+COMPILE = ("torch.compile fuses the elementwise kernels of torchtitan's blocks: the planner "
+           "models eager, Megatron-fused or paraxis's compiled blocks")
 # Tables 5 and 6 name the schedule but not how many microbatches a step's pipeline ran.
 PP_MICROBATCHES = "pipeline microbatches per step not stated: not priced as run"
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
-from paraxis.plan.cost import Estimate, evaluate
+from paraxis.plan.cost import Estimate, evaluate, runtime_dropout
 from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.memory import stage_layers
@@ -152,7 +152,7 @@ def estimate_as_run(run: HeldOutRun) -> Estimate:
     none, full = _evaluate(run, "none"), _evaluate(run, "full")
     cfg, micro = model_of(run), run.micro_batch or run.local_batch
     layers = max(stage_layers(cfg, run.pp, 1, run.seq_len))
-    dropout = cfg.style == "gpt2" and run.kernels == "fused"  # as cost.evaluate has it
+    dropout = runtime_dropout(cfg, cluster_for(run).gpu)
     kept_none = layer_activation_bytes(cfg, run.seq_len, micro, dropout=dropout)
     kept_full = layer_activation_bytes(cfg, run.seq_len, micro, recompute="full")
     if run.recompute == "layer-2":

@@ -29,7 +29,7 @@ Any rank's exception is raised in the caller with that rank's traceback (and the
 ran); a rank that does not finish within `timeout_s` fails the call instead of hanging it.
 Processes are forked (the cheapest start on this machine), so bodies may be closures, and
 meet at a fresh TCP port. A process whose autograd engine has started its device threads
-cannot fork ranks that run autograd (`forks_autograd`); its ranks start from the rank server
+cannot fork ranks that run autograd (`can_fork_autograd`); its ranks start from the rank server
 instead, and then the body must pickle: a module-level function, or an `on_ranks` test.
 With `device="cuda"` each rank takes the GPU of its local rank and joins over NCCL; those
 ranks are spawned, not forked (a forked child cannot use CUDA once its parent has touched
@@ -68,7 +68,7 @@ import torch.distributed as dist
 
 from paraxis.dist.groups import ParallelGroups, backend_for, build_groups, pick_device
 from paraxis.dist.hidden_gpus import SEEN_GPUS, gpus_seen
-from paraxis.dist.rank_server import Inherited, start_rank_server
+from paraxis.dist.rank_server import Inherited, start_rank_server, stop_rank_server
 from paraxis.spec.layout import Layout
 
 
@@ -177,6 +177,7 @@ def on_ranks(layouts: LayoutLike | list[LayoutLike],
         # pytest reads the signature to pick fixtures: it must not look for one named ctx.
         test.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=list(signature.parameters.values())[1:])
+        test.rank_body = body  # type: ignore[attr-defined]  # how a rank finds it by name
         return test
 
     return wrap
@@ -184,7 +185,7 @@ def on_ranks(layouts: LayoutLike | list[LayoutLike],
 
 class _DecoratedBody:
     """A body `on_ranks` decorated, pickled by the name of its test (ranks that start from
-    the rank server take what pickles; the body's own name now holds the test)."""
+    the rank server take what pickles; the body's name holds the decorated test)."""
 
     def __init__(self, body: Callable[..., Any]) -> None:
         self.body = body
@@ -202,7 +203,7 @@ def _decorated_body(module: str, qualname: str) -> _DecoratedBody:
     test: Any = importlib.import_module(module)
     for name in qualname.split("."):
         test = getattr(test, name)
-    return _DecoratedBody(test.__wrapped__)
+    return _DecoratedBody(test.rank_body)
 
 
 # ------------------------------------------- the layer below: a plain function on N ranks
@@ -299,16 +300,17 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     `share_gpu`: the ranks join `shared_gpu.BACKEND` (gloo through the host), taking the
     GPUs in turn where `device` is "cuda"."""
     __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
-    served = device != "cuda" and not forks_autograd()
+    served = device != "cuda" and not can_fork_autograd()
     if served:
         try:
-            reduction.ForkingPickler.dumps(fn)
+            reduction.ForkingPickler.dumps((fn, args, kwargs))
         except Exception as error:  # noqa: BLE001 - whatever pickling raised, in one line
             raise RankFailed(
                 "this process can no longer fork ranks (autograd started its device threads "
                 "here, as torch.compile's tracing does on some torch builds: PyTorch's wiki, "
                 "Autograd-and-Fork), so its ranks start from the rank server, which takes only "
-                f"what pickles ({error}): make the body a module-level function") from None
+                f"what pickles ({error}): make the body a module-level function and its "
+                "arguments picklable") from None
     context = (mp.get_context("spawn") if device == "cuda"
                else start_rank_server(_rank_main) if served else mp.get_context("fork"))
     results, read = context.Queue(), context.Event()
@@ -362,17 +364,19 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
             if process.is_alive():
                 process.kill()
                 process.join()
-        if served:
+        if served:  # the server preloaded only this module: a later launcher starts its own
             os.close(alive)
+            stop_rank_server()
     return [collected[rank] for rank in range(world_size)]
 
 
-def forks_autograd() -> bool:
+def can_fork_autograd() -> bool:
     """Whether a child forked from this process can run autograd. Once autograd's engine has
     started its device threads here, a forked child's backward raises (PyTorch's wiki,
     Autograd-and-Fork); some torch builds start them on a backward through fake tensors,
     which torch.compile and flex attention trace with, even on a machine with no GPU. The
-    engine names those threads pt_autograd_<device> (Linux shows them in /proc)."""
+    engine names those threads pt_autograd_<device>, which Linux shows in /proc; where there
+    is no /proc, forking is taken to be safe."""
     tasks = Path("/proc/self/task")
     if not tasks.is_dir():
         return True

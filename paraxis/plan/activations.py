@@ -35,8 +35,8 @@ def _qkv_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, kernel: Attenti
 def has_dropout(cfg: ModelConfig, dropout: bool | None) -> bool:
     """Whether the run keeps dropout masks: as stated, else Korthikanti's GPT block (dropout
     after attention, in the scores and after the MLP; a Llama block has none).
-    paraxis.model.transformer
-    has no dropout, and the cost model says so for its eager runtime (cost.evaluate)."""
+    paraxis.model.transformer has no dropout, and the cost model says so for its runtime
+    (cost.runtime_dropout)."""
     return cfg.style == "gpt2" if dropout is None else dropout
 
 
@@ -59,11 +59,14 @@ def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
 def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
                            attention: str = RUNTIME_KERNEL.name,
-                           dropout: bool | None = None, mlp: bool = True) -> float:
+                           dropout: bool | None = None, mlp: bool = True,
+                           head_split: bool = False) -> float:
     """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences, with the
     attention core run by the kernel named `attention` ("flash" or "math") and dropout
-    masks where the run has dropout (`has_dropout`). Without `mlp`, the MLP's own tensors
-    are left out (an MoE block's experts keep theirs: `experts.moe_activation_bytes`)."""
+    masks where the run has dropout (`has_dropout`); `head_split`: context parallelism
+    splits heads around the core (all-to-all, one level or two). Without `mlp`, the MLP's
+    own tensors are left out (an MoE block's experts keep theirs:
+    `experts.moe_activation_bytes`)."""
     s, b, h, f = seq_len, micro_batch, cfg.d_model, cfg.d_ff
     kernel = get_kernel(attention)
     dropout = has_dropout(cfg, dropout)
@@ -80,8 +83,9 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
         # Sec. 5: the core is recomputed, so only its inputs q, k, v stay (the math kernel's
         # scores, the flash kernel's output and log-sum-exp are rebuilt in the backward).
         core = _qkv_bytes(cfg, s, b, kernel)
-    kept_attention = core + projection_input_bytes(cfg, s, b, recompute, attention) \
-        + rotary_bytes(cfg, s, b, recompute, attention)
+    kept_attention = core + projection_input_bytes(cfg, s, b, recompute, attention,
+                                                   head_split) \
+        + rotary_bytes(cfg, s, b, recompute, attention, head_split)
     # ... MLP: GELU input and output (2sbf each, 16sbh at f=4h); SwiGLU keeps gate, up and
     # product, recomputing silu(gate) in the backward (paraxis.kernels.activation).
     kept_mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f * mlp
@@ -90,27 +94,31 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
 
 
 def projection_input_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
-                           recompute: str = "none", attention: str = RUNTIME_KERNEL.name
-                           ) -> float:
+                           recompute: str = "none", attention: str = RUNTIME_KERNEL.name,
+                           head_split: bool = False) -> float:
     """The output projection's input apart from the attention kernel's tensors (2sbh): none
     where the flash kernel keeps its output for its own backward, as that output is the
-    input (its memory holds each token's heads together, as context parallelism's output
-    does too, so they go back to rows as a view: paraxis.model.transformer, measured by
-    tests/test_plan_activations.py); the math kernel's attention-over-values product, or a
-    selectively recomputed core's output, otherwise."""
-    if recompute == "none" and not get_kernel(attention).keeps_scores:
+    input (its memory holds each token's heads together, as the ring's and all-gather's
+    outputs do too, so they go back to rows as a view: paraxis.model.transformer, measured
+    by tests/test_plan_activations.py); the math kernel's attention-over-values product, a
+    selectively recomputed core's output, or the all-to-all's output (`head_split`: the
+    second all-to-all's, a tensor of its own beside the one the kernel keeps) otherwise."""
+    if recompute == "none" and not head_split and not get_kernel(attention).keeps_scores:
         return 0.0
     return 2 * seq_len * micro_batch * cfg.d_model
 
 
 def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: str = "none",
-                 attention: str = RUNTIME_KERNEL.name) -> float:
+                 attention: str = RUNTIME_KERNEL.name, head_split: bool = False) -> float:
     """What rotary positions add beside the flash kernel's q, k, v: the kernel keeps the
     rotated q and k, new tensors, while its v, a view of the one q/k/v projection
     (kernels.linear.project), keeps that whole projection alive, q and k included: q and k
     twice. Not under selective recompute (rotation runs inside the recomputed core, whose
-    inputs are the projection's views), nor for the math kernel's repeated K and V."""
-    if cfg.style != "llama" or recompute != "none" or get_kernel(attention).keeps_scores:
+    inputs are the projection's views), nor for the math kernel's repeated K and V, nor
+    where an all-to-all splits heads (`head_split`: it copies q, k and v into the kernel's
+    own, and keeps none of the rotated ones or the projection)."""
+    if cfg.style != "llama" or recompute != "none" or head_split \
+            or get_kernel(attention).keeps_scores:
         return 0.0
     return 2 * seq_len * micro_batch * (cfg.d_model + cfg.kv_dim)
 
@@ -118,10 +126,11 @@ def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: st
 def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
                                 tp: int = 1, sequence_parallel: bool = False,
                                 attention: str = RUNTIME_KERNEL.name,
-                                dropout: bool | None = None) -> float:
+                                dropout: bool | None = None, head_split: bool = False
+                                ) -> float:
     """What a fully recomputed layer rebuilds during its backward (a temporary buffer)."""
     return layer_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none",
-                                  attention, dropout)
+                                  attention, dropout, head_split=head_split)
 
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,

@@ -178,8 +178,8 @@ def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float
 def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") -> float:
     """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
     FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
-    `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise setting's "eager"
-    stands for paraxis's runtime, "fused" for Megatron's).
+    `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise settings "eager" and
+    "compiled" stand for paraxis's runtime, "fused" for Megatron's).
 
     fused (Megatron/Apex multi-tensor Adam, the published runs): the gradient read twice (the
     global norm for clipping, then the update), the optimizer states (fp32 master, m, v) and
@@ -224,12 +224,12 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
-    # "auto": paraxis's AdamW beside eager kernels, Megatron's fused Adam beside fused ones
+    # "auto": paraxis's AdamW beside paraxis's kernels, Megatron's fused Adam beside its own
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
     if kernels in ("eager", "compiled") and whole:
-        # eager autograd adds each later microbatch's gradients into .grad (read 2, write 1);
+        # paraxis's autograd adds each later microbatch's gradients into .grad (read 2, write 1);
         # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
         seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
             * (stage_params + experts) / hbm_Bps

@@ -250,7 +250,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     windows = tuple(2 * tokens * cfg.d_model * width / rate * gemms_backward / (bf16_backward or 1)
                     for width in widths)  # shorter where the GEMMs run in FP8
     # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
-    # paraxis's eager runtime keeps the gathered input (tp_layer.SP_BACKWARD_REGATHERS).
+    # paraxis's runtime keeps the gathered input (tp_layer.SP_BACKWARD_REGATHERS).
     regather = gpu.kernels == "fused"
     # TP collectives pipelined with the GEMMs beside them, forward too (GPU.tp_comm_overlap
     # "all"): the row-parallel GEMMs' windows, attention's output projection and MLP-out

@@ -229,16 +229,19 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     worst: dict[str, float] = {}
     local_by_stage = stage_local_params(cfg, layout, seq_len)
     kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
+    head_split = layout.cp > 1 and (layout.cp_attention == "all_to_all" or layout.cp_a2a > 1)
     dense_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
-                                         dropout)
+                                         dropout, head_split=head_split)
     routed_seq = local_seq // routing_share(cfg, layout) if cfg.is_moe else local_seq
     moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
-                                       dropout, mlp=False) + moe_activation_bytes(
+                                       dropout, mlp=False, head_split=head_split) \
+        + moe_activation_bytes(
         cfg, routed_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
     if precision.fp8_recipe is not None and layout.recompute != "full":
         # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
         fp8_args = (layout.tp, layout.sequence_parallel)
-        projected = projection_input_bytes(cfg, 1, 1, layout.recompute, attention) > 0
+        projected = projection_input_bytes(cfg, 1, 1, layout.recompute, attention,
+                                           head_split) > 0
         dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
             * local_seq * micro_batch
         moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
@@ -295,10 +298,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if layout.recompute == "full":
             rebuilt = full_layer_activation_bytes(
                 cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
-                dropout)
+                dropout, head_split)
             if moe:
                 rebuilt = max(rebuilt, layer_activation_bytes(
-                    cfg, *kernel_args, "none", attention, dropout, mlp=False)
+                    cfg, *kernel_args, "none", attention, dropout, mlp=False,
+                    head_split=head_split)
                     + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
                                            layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward

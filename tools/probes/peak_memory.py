@@ -159,8 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         heads = max(2, args.width // 128)  # a GPT-2 block has no grouped-query attention
         cfg = cfg.replace(d_model=args.width, n_heads=heads,
                           n_kv_heads=heads if cfg.style == "gpt2" else max(1, args.width // 512),
-                          d_ff=args.width * (4 if cfg.style == "gpt2" else 7) // 2
-                          * (2 if cfg.style == "gpt2" else 1))
+                          d_ff=4 * args.width if cfg.style == "gpt2" else args.width * 7 // 2)
     if args.layers:
         cfg = cfg.replace(n_layers=args.layers)
     x, y = token_batch(cfg.vocab_size, args.batch, args.seq, device)
