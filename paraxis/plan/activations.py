@@ -103,9 +103,15 @@ def projection_input_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     by tests/test_plan_activations.py); the math kernel's attention-over-values product, a
     selectively recomputed core's output, or the all-to-all's output (`head_split`: the
     second all-to-all's, a tensor of its own beside the one the kernel keeps) otherwise."""
-    if recompute == "none" and not head_split and not get_kernel(attention).keeps_scores:
+    if not keeps_projection_input(recompute, attention, head_split):
         return 0.0
     return 2 * seq_len * micro_batch * cfg.d_model
+
+
+def keeps_projection_input(recompute: str = "none", attention: str = RUNTIME_KERNEL.name,
+                           head_split: bool = False) -> bool:
+    """Whether the output projection's input is a tensor of its own (`projection_input_bytes`)."""
+    return recompute != "none" or head_split or get_kernel(attention).keeps_scores
 
 
 def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: str = "none",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 
+from paraxis.plan.activations import has_dropout
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
@@ -121,6 +122,12 @@ def mfu(cfg: ModelConfig, seq_len: int, tokens_per_s: float, world_size: int,
     return model_flops_per_token(cfg, seq_len) * tokens_per_s / (world_size * peak_flops)
 
 
+# How a runtime runs its elementwise ops (`GPU.kernels`): Megatron's fused kernels, or
+# paraxis's own runtime, eager or under torch.compile.
+ELEMENTWISE_KERNELS = ("fused", "eager", "compiled")
+PARAXIS_KERNELS = ("eager", "compiled")
+
+
 def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
                                     sequence_parallel: bool = False, mlp: bool = True,
                                     dropout: bool | None = None) -> tuple[float, float]:
@@ -133,11 +140,11 @@ def layer_forward_traffic_per_token(cfg: ModelConfig, seq_len: int, tp: int = 1,
     split over tp). The fused scale-mask-softmax reads and writes a*s scores (4as) and the
     attention dropout reads them, writes them and a 1-byte mask (5as), with a/tp heads per GPU.
     Without `mlp`, the MLP's own kernels are left out (an MoE block's: plan/experts.py).
-    `dropout`: whether the block has it (default: a GPT block does, as Megatron's; a runtime
-    without it adds the residuals alone, 4h).
+    `dropout`: whether the block has it (`activations.has_dropout`; a runtime without it adds
+    the residuals alone, 4h).
     """
     h, f = cfg.d_model, cfg.d_ff
-    dropout = cfg.style == "gpt2" if dropout is None else dropout
+    dropout = has_dropout(cfg, dropout)
     outside = 8 * h + (12 * h if dropout else 4 * h)
     inside = 4 * f if cfg.style == "gpt2" else 6 * f  # SwiGLU: read gate and up, write product
     inside *= mlp
@@ -198,7 +205,7 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
     clipped gradient back: 4 B) and the write-back to the 16-bit weight: 46 B for bf16
     (`engine.data_parallel.masters`).
     """
-    kernels = "paraxis" if kernels in ("eager", "compiled") else kernels  # paraxis's runtime
+    kernels = "paraxis" if kernels in PARAXIS_KERNELS else kernels
     if kernels == "foreach":
         return 21 * 4 + 3 * precision.grad_bytes
     if kernels == "paraxis":
@@ -228,7 +235,7 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
-    if kernels in ("eager", "compiled") and whole:
+    if kernels in PARAXIS_KERNELS and whole:
         # paraxis's autograd adds each later microbatch's gradients into .grad (read 2, write 1);
         # ZeRO-2/3 add only their reduced shards, unless a pipeline keeps them whole
         seconds += (layout.microbatches - 1) * 3 * precision.grad_bytes \
@@ -248,10 +255,11 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
 # torch.compile) is taken as the fused layer's count: the same GEMMs and attention kernels,
 # the elementwise ops in a few generated kernels (not counted apart).
 LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 216, ("fused", "gpt2"): 30,
-                 ("fused", "llama"): 30, ("compiled", "gpt2"): 30, ("compiled", "llama"): 30}
+                 ("fused", "llama"): 30}
 
 
 def layer_kernels(cfg: ModelConfig, kernels: str) -> int:
     """Kernels one layer launches per microbatch, forward and backward (`LAYER_KERNELS`)."""
-    return LAYER_KERNELS[(kernels, "gpt2" if cfg.style == "gpt2" else "llama")]
+    counted = "fused" if kernels == "compiled" else kernels
+    return LAYER_KERNELS[(counted, "gpt2" if cfg.style == "gpt2" else "llama")]
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_for, measured_on
-from paraxis.plan.compute import BACKWARD_FLOPS_RATIO
+from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, ELEMENTWISE_KERNELS
 from paraxis.plan.hardware_values import check_structure, check_values
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import node_of
@@ -295,9 +295,10 @@ class Cluster:
         if not 0 <= self.available_cores <= max(self.cores_per_node, 0):
             raise ParaxisError(f"available_cores={self.available_cores} must be between 0 (all "
                                f"of them) and cores_per_node={self.cores_per_node}")
-        if self.gpu.kernels not in ("fused", "eager", "compiled"):
-            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use fused, eager or "
-                               "compiled")
+        if self.gpu.kernels not in ELEMENTWISE_KERNELS:
+            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use "
+                               f"{', '.join(ELEMENTWISE_KERNELS[:-1])} or "
+                               f"{ELEMENTWISE_KERNELS[-1]}")
         if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
             raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
                                "unknown; use fixed or megatron")

@@ -7,9 +7,9 @@ import math
 
 from paraxis.plan.activations import (
     full_layer_activation_bytes,
+    keeps_projection_input,
     layer_activation_bytes,
     logits_bytes,
-    projection_input_bytes,
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
@@ -240,8 +240,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     if precision.fp8_recipe is not None and layout.recompute != "full":
         # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
         fp8_args = (layout.tp, layout.sequence_parallel)
-        projected = projection_input_bytes(cfg, 1, 1, layout.recompute, attention,
-                                           head_split) > 0
+        projected = keeps_projection_input(layout.recompute, attention, head_split)
         dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
             * local_seq * micro_batch
         moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
