@@ -11,7 +11,7 @@ median step, the kernels a step (torch.profiler's device events), their quotient
 GPU's busy time, which must stay well under the step for the quotient to be the host's.
 The planner prices a pass at the longer of its GPU time and its kernels x kernel_launch_s
 (`plan.cost.layer_times`, kernels per layer from `plan.compute.LAYER_KERNELS`); one
-constant, `plan.hardware.HOST_SECONDS_PER_KERNEL`, serves eager and compiled steps now.
+constant, `plan.hardware.HOST_SECONDS_PER_KERNEL`, serves eager and compiled steps.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("gpt2-124m", "llama3-8b/8"):
         cfg = cut(gpu.model(name), args.width, args.vocab)
         x, y = token_batch(cfg.vocab_size, args.batch, args.seq, device)
-        priced = {kind: layer_kernels(cfg, kind) * cfg.n_layers for kind in ("eager", "fused")}
+        priced = {kind: layer_kernels(cfg, kind) * cfg.n_layers
+                  for kind in ("eager", "compiled")}
         print(f"{name} cut to width {args.width}, vocabulary {args.vocab}, {args.batch} x "
               f"{args.seq} tokens; the planner counts {priced['eager']} (eager) and "
-              f"{priced['fused']} (fused) kernels in its layers", flush=True)
+              f"{priced['compiled']} (compiled) kernels in its layers", flush=True)
         for side in SIDES:
             torch._dynamo.reset()
             step = gpu.build_side(side, cfg, x, y, True, device)
