@@ -2,6 +2,8 @@
 # The checks a lent GPU runs, prepared so that each fits one device call (under 10 minutes):
 #   bash tools/probes/gpu_session.sh first        # the Llama slice's two sides, then the suite
 #   bash tools/probes/gpu_session.sh first-fused  # the same with the --fused-loss side too
+#   bash tools/probes/gpu_session.sh fused-suite  # the --fused-loss side alone, the whole suite
+#                                                 # to its end, its failures again (590 s)
 #   bash tools/probes/gpu_session.sh again        # the last suite's failures, alone
 #   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
 #   bash tools/probes/gpu_session.sh fp8-sides    # the FP8 and fused-loss sides
@@ -58,6 +60,17 @@ case ${1:-} in
   first-fused)  # as first, with the --fused-loss side after the two (about 580 s)
     bench 250 llama 2 1,3,6
     suite 315 ;;
+  fused-suite)  # one call of at most 590 s: the fused loss's peak on the fresh machine, then
+    # the whole suite with the time it needs (it reached 97% in 350 s on the fourth H100 run),
+    # then its failures again alone with whatever time is left
+    bench 110 llama 2 6
+    suite $(( 560 - SECONDS ))
+    left=$(( 585 - SECONDS ))
+    if (( left > 20 )); then
+      grep -oE '\] (FAILED|ERROR) tests/[^ ]+' /tmp/suite.log | cut -d' ' -f3 | sort -u \
+        | xargs -r timeout "$left" python3 -m pytest -q -p no:cacheprovider -n 4 -rfE 2>&1 \
+        | tee -a "$log"
+    fi ;;
   again)  # the tests the last suite failed, again and alone, each with its output
     # each outcome line of -v (the summary may be missing: a SIGINT can end xdist without it)
     grep -oE '\] (FAILED|ERROR) tests/[^ ]+' /tmp/suite.log | cut -d' ' -f3 | sort -u \
@@ -97,7 +110,7 @@ case ${1:-} in
     timeout 200 python3 -m tools.probes.gpu_sides_profile --run 0 --out /tmp/autocast \
       --sides "paraxis autocast-bf16 --compile,reference" 2>&1 | tee -a "$log"
     cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
-  *) echo "usage: gpu_session.sh first | first-fused | again | all | fp8-sides | checks |" \
+  *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | fp8-sides | checks |" \
           "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite | autocast" >&2
      exit 2 ;;
 esac
