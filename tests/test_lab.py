@@ -10,12 +10,13 @@ with one line saying how to install them.
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from selenium.webdriver.common.action_chains import ActionChains
-from selenium.webdriver.support.ui import WebDriverWait
 
 from paraxis.cli import main
 from paraxis.plan.comm import ring_all_reduce_time
@@ -169,6 +170,24 @@ def test_page_is_self_contained(page):
     assert page.stat().st_size < 3e6
 
 
+def test_the_lab_tests_run_their_pages_tests_without_selenium(tmp_path):
+    # A GPU image without selenium collects every lab module: its browser tests skip with
+    # one line, the page's own tests run (selenium imported at a module's top would make
+    # that module, and every module importing from it, an error).
+    block = tmp_path / "sitecustomize.py"
+    block.write_text("import sys\nsys.modules['selenium'] = None\n")
+    root = Path(__file__).resolve().parents[1]
+    modules = sorted(p.stem for p in Path(__file__).parent.glob("test_lab*.py"))
+    code = "".join(f"import tests.{m}\n" for m in modules) + (
+        "from paraxis.show.lab.browser import browser_missing\nprint(browser_missing())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{root}"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(modules) >= 4
+    assert done.stdout.strip() == "the lab's browser needs selenium; pip install -e '.[dev]'"
+
+
 # ------------------------------------------------------------------ widget by widget
 
 
@@ -308,6 +327,8 @@ def test_pipeline_schedules(browser):
     def blocks(_=None) -> int:
         return len(browser.find_elements("css selector", "#pipe-svg g"))
 
+    from selenium.webdriver.support.ui import WebDriverWait  # lazy: selenium is optional
+
     assert blocks() < 4 * 16  # 4 stages x (8 forwards + 8 backwards)
     WebDriverWait(browser, 20).until(lambda _: blocks() == 4 * 16)  # then the whole step
     click(browser, "pipe-check")
@@ -365,6 +386,8 @@ def set_grid(driver, dp, tp, pp, cp=1, ep=1, per_node=4, dp_shard=0) -> None:
 
 
 def hover_rank(driver, rank: int) -> list[str]:
+    from selenium.webdriver.common.action_chains import ActionChains  # lazy: optional
+
     ActionChains(driver).move_to_element(driver.find_element("id", f"grid-rank-{rank}")).perform()
     return text(driver, "grid-role").splitlines()
 
