@@ -180,7 +180,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                             counted[rows])
             losses.append(loss)
             grads_x.append(grad_logits @ weight)
-            add_matmul_(grad_w, grad_logits.t(), x[rows])  # made, added, freed in turn
+            add_matmul_(grad_w, grad_logits.t(), x[rows])  # added in turn, in place
         # 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean; the gradients are 0
         total = counted.sum()
         inverse = 1 / total.clamp(min=1)
