@@ -14,7 +14,10 @@
 #   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
 #   bash tools/probes/gpu_session.sh peak         # what is alive at the Llama slice's peak
 #   bash tools/probes/gpu_session.sh parts        # kernels by class, Llama slice and GPT-2 8K
-#                                                 # (planner_parts reads them); host per kernel
+#                                                 # (planner_parts reads them)
+#   bash tools/probes/gpu_session.sh host         # the host's time and kernels a block, eager
+#                                                 # and compiled (LAYER_KERNELS, the constant)
+#   bash tools/probes/gpu_session.sh eager-parts  # the eager step's kernels by class, GPT-2
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
 #   bash tools/probes/gpu_session.sh autocast     # GPT-2 16 x 1024 under autocast-bf16 beside the
 #                                                 # reference, kernel by kernel (its 0.92x)
@@ -95,15 +98,24 @@ case ${1:-} in
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
-  parts)  # the compiled step's kernels by name, for the planner's parts, and the host's
-    # seconds a kernel on a step too small for the GPU to matter (at most 530 s)
+  parts)  # the compiled step's kernels by name, for the planner's parts (at most 380 s)
     for run in 2 1; do
       mkdir -p "/tmp/parts-$run"
       timeout $(( run == 2 ? 260 : 120 )) python3 -m tools.probes.gpu_sides_profile \
         --run "$run" --out "/tmp/parts-$run" 2>&1 | tee -a "$log"
       cp "/tmp/parts-$run/gpu-sides-profile.json" "$out/sides-profile-run$run.json" || true
-    done
-    timeout 150 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
+    done ;;
+  host)  # the host's seconds a kernel and a block, on steps too small for the GPU to
+    # matter, each model at its depth and at half (140 s at one depth on the fourth H200 run)
+    timeout 300 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
+  eager-parts)  # the eager step's kernels by name, GPT-2 at 8 and 16 x 1024: the planner
+    # prices its GPU time 27% low at 16 x 1024 once the host is priced as measured
+    for run in 1 0; do
+      mkdir -p "/tmp/eager-$run"
+      timeout 120 python3 -m tools.probes.gpu_sides_profile --run "$run" --sides paraxis \
+        --out "/tmp/eager-$run" 2>&1 | tee -a "$log"
+      cp "/tmp/eager-$run/gpu-sides-profile.json" "$out/eager-profile-run$run.json" || true
+    done ;;
   suite) suite 560 ;;
   autocast)  # the side at 0.92x of the reference on GPT-2 at 16 x 1024, never profiled
     mkdir -p /tmp/autocast
@@ -111,6 +123,7 @@ case ${1:-} in
       --sides "paraxis autocast-bf16 --compile,reference" 2>&1 | tee -a "$log"
     cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
   *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | fp8-sides | checks |" \
-          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | suite | autocast" >&2
+          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | host | eager-parts | suite |" \
+          "autocast" >&2
      exit 2 ;;
 esac

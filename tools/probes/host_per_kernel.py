@@ -12,6 +12,10 @@ GPU's busy time, which must stay well under the step for the quotient to be the 
 The planner prices a pass at the longer of its GPU time and its kernels x kernel_launch_s
 (`plan.cost.layer_times`, kernels per layer from `plan.compute.LAYER_KERNELS`); one
 constant, `plan.hardware.HOST_SECONDS_PER_KERNEL`, serves eager and compiled steps.
+
+Each model also runs at half its layers: the difference is what one block adds, kernels and
+host time apart from the embedding, head, loss and optimizer, which is what LAYER_KERNELS
+and the constant stand for (a whole step's quotient mixes the two).
 """
 
 from __future__ import annotations
@@ -68,16 +72,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} cut to width {args.width}, vocabulary {args.vocab}, {args.batch} x "
               f"{args.seq} tokens; the planner counts {priced['eager']} (eager) and "
               f"{priced['compiled']} (compiled) kernels in its layers", flush=True)
+        half = cfg.replace(n_layers=cfg.n_layers // 2)
         for side in SIDES:
-            torch._dynamo.reset()
-            step = gpu.build_side(side, cfg, x, y, True, device)
-            wall = measure_steps(step, steps=30, warmup=5, device=device)["step_time_s"]
-            busy, kernels = busy_seconds(step)
+            runs = [measured(side, c, x, y, device) for c in (cfg, half)]
+            (wall, busy, kernels), (half_wall, _, half_kernels) = runs
+            blocks = cfg.n_layers - half.n_layers
+            block_kernels = (kernels - half_kernels) / blocks
+            block_wall = (wall - half_wall) / blocks
             print(f"  {side}: {wall * 1e3:.2f} ms a step, {kernels:.0f} kernels, "
                   f"{wall / kernels * 1e6:.1f} us a kernel, GPU busy {busy * 1e3:.2f} ms "
-                  f"({busy / wall:.0%})", flush=True)
-            del step
-            torch.cuda.empty_cache()
+                  f"({busy / wall:.0%}); a block: {block_kernels:.1f} kernels, "
+                  f"{block_wall * 1e3:.3f} ms, {block_wall / block_kernels * 1e6:.1f} us a "
+                  f"kernel; the rest: {kernels - cfg.n_layers * block_kernels:.0f} kernels",
+                  flush=True)
+
+
+def measured(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
+             device: torch.device) -> tuple[float, float, float]:
+    """(median step seconds, GPU busy seconds, kernels) a step of `side` on `cfg`."""
+    torch._dynamo.reset()
+    step = gpu.build_side(side, cfg, x, y, True, device)
+    wall = measure_steps(step, steps=30, warmup=5, device=device)["step_time_s"]
+    busy, kernels = busy_seconds(step)
+    del step
+    torch.cuda.empty_cache()
+    return wall, busy, kernels
 
 
 if __name__ == "__main__":
