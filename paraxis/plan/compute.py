@@ -247,14 +247,16 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
 # "eager" (paraxis's runtime, one kernel per op and autocast's casts): GPT-2 blocks 82,
 # measured on an H100 (docs/gpu/gpu-profile.json: the four GPT-2 steps' kernel counts fit by
 # 124 outside the blocks + 82 a block + 0.8 per million parameters, AdamW's foreach chunks,
-# within 26 kernels); Llama blocks 216, GPT-2's scaled by the ops a block's forward runs in
-# paraxis/model/transformer.py (29: norms of 3 ops, rotary of 5 on q and k, SwiGLU's 5;
-# against GPT-2's 11). "fused" (Megatron-LM's kernels), counted from its GPT layer: forward
-# 4 GEMMs, 2 layer norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10),
-# backward twice the GEMMs and one kernel per fused op (20). "compiled" (paraxis's block under
+# within 26 kernels); Llama blocks 95, from the steps of both models cut to width 64 on an
+# H200 (docs/gpu/README.md, "The fourth H200 run"): GPT-2's 12 blocks and the rest launched
+# 1,010 kernels, 82 a block leaving 26 for the embedding, head, loss, clipping and fused
+# AdamW; the Llama slice's 8 blocks and the same rest launched 785, (785 - 26) / 8.
+# "fused" (Megatron-LM's kernels), counted from its GPT layer: forward 4 GEMMs, 2 layer
+# norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10), backward twice
+# the GEMMs and one kernel per fused op (20). "compiled" (paraxis's block under
 # torch.compile) is taken as the fused layer's count: the same GEMMs and attention kernels,
 # the elementwise ops in a few generated kernels (not counted apart).
-LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 216, ("fused", "gpt2"): 30,
+LAYER_KERNELS = {("eager", "gpt2"): 82, ("eager", "llama"): 95, ("fused", "gpt2"): 30,
                  ("fused", "llama"): 30}
 
 
