@@ -42,7 +42,7 @@ def _train(precision: str, max_norm: float, steps: int = 3) -> tuple[list[torch.
 def test_batches_of_units_step_the_same_numbers_as_one(monkeypatch, precision):
     whole, norms = _train(precision, 0.05)
     assert max(norms) > 0.05  # clipping scaled every step's gradients
-    monkeypatch.setattr(masters, "STEP_ELEMENTS", 5_000)
+    monkeypatch.setattr(masters, "MASTER_STEP_ELEMENTS", 5_000)
     batched, _ = _train(precision, 0.05)
     for ours, theirs in zip(batched, whole, strict=True):
         assert torch.equal(ours, theirs)
@@ -76,7 +76,7 @@ def test_a_batch_holds_at_most_the_cap_or_one_larger_unit(monkeypatch):
     sizes = [o.numel() for o in engine.masters.owned]
     assert len(sizes) > 3
     cap = sum(sizes) // 4
-    monkeypatch.setattr(masters, "STEP_ELEMENTS", cap)
+    monkeypatch.setattr(masters, "MASTER_STEP_ELEMENTS", cap)
     batches = engine.masters.batches()
     assert 4 <= len(batches) < len(sizes)
     assert [i for b in batches for i in b] == list(range(len(sizes)))

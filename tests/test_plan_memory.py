@@ -1,5 +1,8 @@
 """Model-state memory: the seeds' worked examples and the ZeRO paper's Table 1."""
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -147,12 +150,57 @@ def test_the_planner_prices_the_runtimes_own_stage_partition():
 def test_grouped_full_recompute_keeps_one_input_per_run_of_blocks() -> None:
     # the course's sqrt(L) rule on llama2-7b (32 blocks): a checkpoint per run of 6 blocks
     # keeps ceil(32 / 6) = 6 block inputs instead of 32, and rebuilds 6 blocks at once
+    # (two microbatches: at the backward the gradients exist whole, so the activations'
+    # moment is each layout's peak, not the optimizer step's)
     cfg = PRESETS["llama2-7b"]
-    every = layout_memory(cfg, Layout(recompute="full"), 4096, 1)
-    grouped = layout_memory(cfg, Layout(recompute="full", recompute_layers=6), 4096, 1)
-    head = layout_memory(cfg, Layout(recompute="full", recompute_layers=10**6), 4096, 1)
+    every = layout_memory(cfg, Layout(recompute="full", microbatches=2), 4096, 1)
+    grouped = layout_memory(cfg, Layout(recompute="full", recompute_layers=6, microbatches=2),
+                            4096, 1)
+    head = layout_memory(cfg, Layout(recompute="full", recompute_layers=10**6,
+                                     microbatches=2), 4096, 1)
     inputs = every["activations"] - head["activations"]  # 31 block inputs
     assert every["activations"] - grouped["activations"] == pytest.approx(inputs * 26 / 31)
     assert grouped["buffers"] == pytest.approx(6 * every["buffers"])
     with pytest.raises(ParaxisError, match="groups the blocks of full recompute"):
         Layout(recompute="selective", recompute_layers=2)
+
+
+def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step() -> None:
+    # One microbatch on one rank: the backward's start holds the activations and the LM
+    # head's gradient alone; two microbatches hold every gradient beside the second's
+    # activations; with activations this small the optimizer step is the peak, every
+    # gradient there with the fp32 copies of a batch of them for the masters
+    from paraxis.spec.precision import MASTER_STEP_ELEMENTS
+
+    cfg = PRESETS["llama3-8b"]
+    one = layout_memory(cfg, Layout(), 4096, 2)
+    two = layout_memory(cfg, Layout(microbatches=2), 4096, 2)
+    head = cfg.vocab_size * cfg.d_model * 2  # bf16
+    assert one["grads"] == head and two["grads"] == cfg.num_params() * 2
+    assert one["activations"] == two["activations"] > 0
+    assert one["total"] == pytest.approx(two["total"] - two["grads"] + head)
+    small = layout_memory(cfg, Layout(recompute="full"), 128, 1)
+    assert small["activations"] == 0 and small["grads"] == cfg.num_params() * 2
+    assert small["buffers"] == 4 * cfg.vocab_size * cfg.d_model > 4 * MASTER_STEP_ELEMENTS
+    # fp32 parameters are their own masters: no copies
+    fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
+    assert fp32["buffers"] == 0
+
+
+@pytest.mark.parametrize("run, side", [
+    ("h200-2026-11-27b/llama.json", "paraxis --compile"),
+    ("h200-2026-11-27b/llama-fused.json", "paraxis --compile --fused-loss"),
+    ("h200-2026-11-26b/gpt2.json", "paraxis --compile"),
+    ("h200-2026-11-26b/gpt2-8.json", "paraxis --compile")])
+def test_the_one_gpu_peaks_measured_on_an_h200_are_forecast_within_2_percent(run, side):
+    """bench.gpu's compiled sides (one rank, one microbatch) against torch's
+    max_memory_allocated on an H200 (docs/gpu/README.md): the forecast less its reserve
+    (the CUDA context and the allocator's slack, which that count leaves out)."""
+    from bench import gpu
+
+    recorded = json.loads((Path(__file__).parents[1] / "docs" / "gpu" / run).read_text())
+    (measured,) = recorded["runs"]
+    memory = gpu.planned(gpu.model(measured["model"]), measured["batch"], measured["seq"],
+                         "h200")[side].memory
+    peak = measured["sides"][side]["peak_memory_bytes"]
+    assert (memory["total"] - memory["reserved"]) / peak == pytest.approx(1, abs=0.02)

@@ -27,7 +27,7 @@ from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.spec.precision import FP32_ADAM, MASTER_STEP_ELEMENTS, MIXED_ADAM, Precision
 from paraxis.spec.schedules import head_stage
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
@@ -195,6 +195,20 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
     return counts
 
 
+def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
+                       precision: Precision) -> float:
+    """Bytes of the fp32 gradient copies the optimizer step hands fp32 masters of 16-bit
+    parameters: a batch of flat units at a time, at most MASTER_STEP_ELEMENTS elements or
+    the largest unit (a block, or the embedding) alone, of the part this rank owns."""
+    if not precision.steps_fp32_copies:
+        return 0.0
+    unit = max(_largest_block(cfg, layout.tp, layout.ep, layout.etp),
+               cfg.vocab_size * cfg.d_model / layout.tp)
+    owned = local_params / (layout.zero_ranks if layout.zero >= 1 else 1)
+    return 4 * min(owned, max(MASTER_STEP_ELEMENTS, unit / (
+        layout.zero_ranks if layout.zero >= 1 else 1)))
+
+
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
@@ -210,7 +224,13 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     keeps the stage's whole gradients until the step's end. `loss_kernel`: what the head and
     loss keep (GPU.loss_kernel).
 
-    Keys: params, grads, optimizer, activations, buffers, reserved, total, stage.
+    Keys: params, grads, optimizer, activations, buffers, reserved, total, stage: the bytes
+    alive at the stage's peak, the larger of two moments. At the backward's start: the
+    states, the activations and buffers, and the gradients made so far (every one where
+    an earlier microbatch's backward or a data-parallel reducer's flat buffers hold them,
+    else the first module's alone). At the optimizer step: the states with every gradient,
+    and as buffers the fp32 copies of a batch of them that fp32 masters are stepped with
+    (`master_grad_copies`), activations freed.
 
     Context parallelism: a rank holds s/cp tokens of each sequence, so its activations are
     those of s/cp tokens (the flash kernel keeps nothing quadratic in s; `plan/context.py`),
@@ -257,6 +277,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced
     last = head_stage(layout.pp, layout.placement)
+    # One microbatch and no data-parallel reducer (whose flat buffers hold every gradient
+    # throughout, engine/data_parallel/buckets.py): the gradients exist only from the
+    # backward on, and the step's peak is the larger of two moments, priced apart.
+    one_backward = layout.microbatches == 1 and layout.dp * layout.cp == 1
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
@@ -324,7 +348,19 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             buffers += (local + experts) * precision.grad_bytes
         row = {**states, "activations": activations, "buffers": buffers,
                "reserved": reserved}
-        row["total"] = sum(row.values())
+        if one_backward:
+            # The stage's one backward makes every gradient after the activations' peak: at
+            # its start only the first module's exist (the LM head's on its stage, else its
+            # last block's); all of them at the optimizer step instead, activations freed.
+            first = cfg.vocab_size * cfg.d_model / layout.tp if stage == last \
+                else _largest_block(cfg, layout.tp, layout.ep, layout.etp)
+            row["grads"] = min(row["grads"], first * precision.grad_bytes)
+        rows = [row, {**states, "activations": 0.0,
+                      "buffers": master_grad_copies(cfg, layout, local + experts, precision),
+                      "reserved": reserved}]
+        for phase in rows:
+            phase["total"] = sum(phase.values())
+        row = max(rows, key=lambda phase: phase["total"])
         row["stage"] = stage
         if not worst or row["total"] > worst["total"]:
             worst = row

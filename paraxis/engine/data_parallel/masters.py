@@ -4,7 +4,7 @@ With a 16-bit policy (`paraxis.spec.precision`) the model's parameters are bf16/
 updates an fp32 copy of the part this rank owns: the whole of each unit under ZeRO-0, its
 shard under ZeRO-1/2/3, so the copy and Adam's moments are sharded where ZeRO shards the
 optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3.1). A step
-(`step`), over batches of units of at most STEP_ELEMENTS elements each:
+(`step`), over batches of units of at most MASTER_STEP_ELEMENTS elements each:
 
     _flat_grads(batch)   the batch's reduced 16-bit gradients cast to fp32
     AdamW                torch's fused kernel on the batch's fp32 masters, handed those
@@ -15,7 +15,7 @@ optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3
 
 and then `write_back`: the 16-bit parameters become the rounded masters. (An optimizer that
 is not torch's fused AdamW reads the gradients as the masters' `.grad`, set by `load_grads`,
-in its `step()`.) The batches bound the fp32 copies to STEP_ELEMENTS x 4 bytes (or one
+in its `step()`.) The batches bound the fp32 copies to MASTER_STEP_ELEMENTS x 4 bytes (or one
 larger unit's) instead of 4 bytes for every parameter at once, which would be the step's
 peak of memory; a model of 2^28 parameters or fewer steps in one batch.
 
@@ -32,8 +32,7 @@ from paraxis.engine.contract import (
     takes_gradients_given,
 )
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece
-
-STEP_ELEMENTS = 2**28  # fp32 gradient copies alive at once: 1 GiB
+from paraxis.spec.precision import MASTER_STEP_ELEMENTS
 
 
 class MasterWeights:
@@ -73,12 +72,12 @@ class MasterWeights:
         torch._foreach_copy_(self.owned, self.masters)
 
     def batches(self) -> list[list[int]]:
-        """Consecutive units, each run of them at most STEP_ELEMENTS elements (a larger unit
-        alone): what one optimizer call steps."""
+        """Consecutive units, each run of them at most MASTER_STEP_ELEMENTS elements (a
+        larger unit alone): what one optimizer call steps."""
         batches: list[list[int]] = []
         size = 0
         for index, owned in enumerate(self.owned):
-            if batches and size + owned.numel() <= STEP_ELEMENTS:
+            if batches and size + owned.numel() <= MASTER_STEP_ELEMENTS:
                 batches[-1].append(index)
                 size += owned.numel()
             else:
