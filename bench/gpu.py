@@ -139,6 +139,10 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
                 continue
             sides[side]["planner_step_time_s"] = estimate.step_time_s
             sides[side]["planner_memory_bytes"] = estimate.memory["total"]
+            # what torch's allocator counts: the total less the reserve (the CUDA context
+            # and the allocator's slack, which max_memory_allocated leaves out)
+            sides[side]["planner_allocated_bytes"] = \
+                estimate.memory["total"] - estimate.memory["reserved"]
     return {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
             "sides": sides}
 
@@ -268,17 +272,19 @@ def render(section: dict) -> str:
         "best peer's. MFU: the planner's model FLOPs (`plan.compute.mfu`) over the peak dense "
         "bf16 FLOP/s" + (f" ({peak / 1e12:,.0f} TFLOP/s)" if peak else "") + ". Planner: "
         f"`plan.cost.evaluate` on the {section['preset'] or '(none)'} preset; error = planner "
-        "/ measured - 1. The runs were listed before any ran on a GPU."
+        "/ measured - 1; its peak is the bytes it forecasts less its reserve, what "
+        "`max_memory_allocated` counts. The runs were listed before any ran on a GPU."
         + ("" if section.get("compiled") else " Quick run on the CPU: nothing compiled, "
            "fp32 (the autocast-bf16 side: bf16 autocast)."), "",
         "| run | side | step | tokens/s | ratio | MFU | peak memory | kernels/step "
-        "| planner step | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+        "| planner step | error | planner peak | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in section["runs"]:
         run_name = f"{r['model']} ({r['params'] / 1e6:,.0f}M), {r['batch']} x {r['seq']}"
         for side, s in r["sides"].items():
             if "error" in s:
                 lines.append(f"| {run_name} | {side} | not run: {s['error']} |"
-                             + " |" * 7)
+                             + " |" * 9)
                 continue
             planned = s.get("planner_step_time_s")
             ratio = s.get("ratio_to_best_peer")
@@ -291,10 +297,20 @@ def render(section: dict) -> str:
                 + ("-" if s["kernels_per_step"] is None else f"{s['kernels_per_step']:,}")
                 + " | " + ("-" if planned is None else f"{planned * 1e3:,.1f} ms")
                 + " | " + ("-" if planned is None
-                           else f"{planned / s['step_time_s'] - 1:+.0%}") + " |")
+                           else f"{planned / s['step_time_s'] - 1:+.0%}")
+                + " | " + _planned_peak(s) + " |")
     lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}; median of "
               f"{section['steps']} steps after warm-up (compiling happens in the warm-up)."]
     return "\n".join(lines) + "\n"
+
+
+def _planned_peak(side: dict) -> str:
+    """The planner's peak allocated bytes and its error against the measured peak, as two
+    table cells ("-" where either is missing)."""
+    planned, measured = side.get("planner_allocated_bytes"), side.get("peak_memory_bytes")
+    if planned is None:
+        return "- | -"
+    return f"{_gib(planned)} | " + ("-" if not measured else f"{planned / measured - 1:+.1%}")
 
 
 def render_paraxis_alone(section: dict) -> str:

@@ -15,7 +15,7 @@ from paraxis.plan.context import copies_link, imbalance, zero_link
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import GPU, Cluster
-from paraxis.plan.memory import model_state_bytes
+from paraxis.plan.memory import model_state_bytes, peak_moment
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, too_big_reason
@@ -114,7 +114,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     # used and capacity to the same digits: rounding keeps their order, so a layout that
     # fits never reads as more than the GPU holds
     lines.append(
-        f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.1f} GB (params "
+        f"Memory per GPU {mem['total'] / GB:.1f} of {limit:.1f} GB at its peak, "
+        f"{peak_moment(mem)} (params "
         f"{mem['params'] / GB:.1f}, grads {mem['grads'] / GB:.1f}, optimizer "
         f"{mem['optimizer'] / GB:.1f}, activations {mem['activations'] / GB:.1f}, buffers "
         f"{mem['buffers'] / GB:.1f}, reserved {mem['reserved'] / GB:.1f}, "

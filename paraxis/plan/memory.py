@@ -195,6 +195,12 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
     return counts
 
 
+def peak_moment(memory: dict[str, float]) -> str:
+    """The moment a `layout_memory` row holds its bytes: the optimizer step's frees every
+    activation, the backward's start holds some."""
+    return "the optimizer step" if memory["activations"] == 0 else "the backward's start"
+
+
 def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
                        precision: Precision) -> float:
     """Bytes of the fp32 gradient copies the optimizer step hands fp32 masters of 16-bit
