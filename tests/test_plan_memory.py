@@ -185,6 +185,14 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     # fp32 parameters are their own masters: no copies
     fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
     assert fp32["buffers"] == 0
+    # the reducer's persistent flat buffers hold every gradient throughout: any ZeRO stage,
+    # even on one rank, or gradients in another dtype than the parameters
+    from paraxis.spec.precision import PRECISIONS
+
+    for layout, precision in ((Layout(zero=1), MIXED_ADAM),
+                              (Layout(), PRECISIONS["bf16-fp32grad"])):
+        held = layout_memory(cfg, layout, 4096, 2, precision=precision)
+        assert held["grads"] == cfg.num_params() * precision.grad_bytes, layout
 
 
 @pytest.mark.parametrize("run, side", [

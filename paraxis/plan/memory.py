@@ -233,7 +233,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage: the bytes
     alive at the stage's peak, the larger of two moments. At the backward's start: the
     states, the activations and buffers, and the gradients made so far (every one where
-    an earlier microbatch's backward or a data-parallel reducer's flat buffers hold them,
+    an earlier microbatch's backward or the reducer's persistent flat buffers hold them,
     else the first module's alone). At the optimizer step: the states with every gradient,
     and as buffers the fp32 copies of a batch of them that fp32 masters are stepped with
     (`master_grad_copies`), activations freed.
@@ -283,10 +283,13 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced
     last = head_stage(layout.pp, layout.placement)
-    # One microbatch and no data-parallel reducer (whose flat buffers hold every gradient
-    # throughout, engine/data_parallel/buckets.py): the gradients exist only from the
-    # backward on, and the step's peak is the larger of two moments, priced apart.
-    one_backward = layout.microbatches == 1 and layout.dp * layout.cp == 1
+    # One microbatch and autograd's own gradients: the gradients exist only from the
+    # backward on, and the step's peak is the larger of two moments, priced apart. The
+    # reducer (engine/data_parallel/buckets.py) keeps them in persistent flat buffers
+    # instead wherever it has anything to do: dp or cp ranks to sum over, a ZeRO stage (a
+    # shard even of one rank), or gradients in another dtype than the parameters.
+    one_backward = (layout.microbatches == 1 and layout.dp * layout.cp == 1
+                    and layout.zero == 0 and precision.grad_bytes == precision.param_bytes)
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
