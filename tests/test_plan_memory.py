@@ -189,7 +189,8 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     # even on one rank, or gradients in another dtype than the parameters
     from paraxis.spec.precision import PRECISIONS
 
-    for layout, precision in ((Layout(zero=1), MIXED_ADAM),
+    for layout, precision in ((Layout(zero=1), MIXED_ADAM), (Layout(zero=2), MIXED_ADAM),
+                              (Layout(zero=3), MIXED_ADAM),
                               (Layout(), PRECISIONS["bf16-fp32grad"])):
         held = layout_memory(cfg, layout, 4096, 2, precision=precision)
         assert held["grads"] == cfg.num_params() * precision.grad_bytes, layout

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 _EPILOGUE_INPUTS = (torch.bfloat16, torch.float16)  # CUDA's out_dtype GEMMs take these
+# torch's addmm with an out_dtype (a recent release's, NVIDIA's cuBLAS; not ROCm's)
+_EPILOGUE = hasattr(torch.ops.aten.addmm, "dtype_out") and torch.version.hip is None
 
 
 @torch.library.custom_op("paraxis::add_matmul_", mutates_args=("acc",))
@@ -29,7 +31,8 @@ def add_matmul_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     product in a's dtype, then added."""
     if acc.dtype == a.dtype:
         acc.addmm_(a, b)
-    elif acc.is_cuda and acc.dtype == torch.float32 and a.dtype in _EPILOGUE_INPUTS:
+    elif (_EPILOGUE and acc.is_cuda and acc.dtype == torch.float32
+          and a.dtype in _EPILOGUE_INPUTS):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.add_(a @ b)

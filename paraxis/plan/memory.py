@@ -202,17 +202,27 @@ def peak_moment(memory: dict[str, float]) -> str:
 
 
 def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
-                       precision: Precision) -> float:
+                       expert_params: float, precision: Precision,
+                       bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
     """Bytes of the fp32 gradient copies the optimizer step hands fp32 masters of 16-bit
-    parameters: a batch of flat units at a time, at most MASTER_STEP_ELEMENTS elements or
-    the largest unit (a block, or the embedding) alone, of the part this rank owns."""
+    parameters (engine/data_parallel/masters.py): a batch of flat units at a time, at most
+    MASTER_STEP_ELEMENTS elements or the largest unit alone, of the part this rank owns.
+    A unit is a block under ZeRO-3, else a gradient bucket, or one parameter larger than a
+    bucket; routed experts shard over their expert-data-parallel group (dp*cp/ep)."""
     if not precision.steps_fp32_copies:
         return 0.0
-    unit = max(_largest_block(cfg, layout.tp, layout.ep, layout.etp),
-               cfg.vocab_size * cfg.d_model / layout.tp)
-    owned = local_params / (layout.zero_ranks if layout.zero >= 1 else 1)
-    return 4 * min(owned, max(MASTER_STEP_ELEMENTS, unit / (
-        layout.zero_ranks if layout.zero >= 1 else 1)))
+    sharded = layout.zero >= 1
+    shards = layout.zero_ranks if sharded else 1
+    expert_shards = max(1, layout.zero_ranks // layout.ep) if sharded else 1
+    owned = local_params / shards + expert_params / expert_shards
+    largest_parameter = max(cfg.vocab_size * cfg.d_model / layout.tp,
+                            cfg.d_ff * cfg.d_model / layout.tp,
+                            (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
+    if layout.zero == 3:
+        unit = max(_largest_block(cfg, layout.tp, layout.ep, layout.etp), largest_parameter)
+    else:
+        unit = max(bucket_bytes / precision.param_bytes, largest_parameter)
+    return 4 * min(owned, max(MASTER_STEP_ELEMENTS, unit / shards))
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
@@ -364,9 +374,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             first = cfg.vocab_size * cfg.d_model / layout.tp if stage == last \
                 else _largest_block(cfg, layout.tp, layout.ep, layout.etp)
             row["grads"] = min(row["grads"], first * precision.grad_bytes)
-        rows = [row, {**states, "activations": 0.0,
-                      "buffers": master_grad_copies(cfg, layout, local + experts, precision),
-                      "reserved": reserved}]
+        copies = master_grad_copies(cfg, layout, local, experts, precision, bucket_bytes)
+        rows = [row, {**states, "activations": 0.0, "buffers": copies, "reserved": reserved}]
         for phase in rows:
             phase["total"] = sum(phase.values())
         row = max(rows, key=lambda phase: phase["total"])
