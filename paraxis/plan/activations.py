@@ -123,8 +123,7 @@ def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: st
     inputs are the projection's views), nor for the math kernel's repeated K and V, nor
     where an all-to-all splits heads (`head_split`: it copies q, k and v into the kernel's
     own, and keeps none of the rotated ones or the projection)."""
-    if cfg.style != "llama" or recompute != "none" or head_split \
-            or get_kernel(attention).keeps_scores:
+    if cfg.style != "llama" or keeps_projection_input(recompute, attention, head_split):
         return 0.0
     return 2 * seq_len * micro_batch * (cfg.d_model + cfg.kv_dim)
 

@@ -94,14 +94,12 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     """
     pb, gb = gather_bytes_per_param(cfg, precision), precision.grad_bytes  # gathered
     layer = _largest_block(cfg, layout.tp, layout.ep, layout.etp)
+    head = _vocab_matrix(cfg, layout.tp)
     if layout.pp > 1:
-        head = cfg.vocab_size * cfg.d_model / layout.tp
         gathered = (local_params if layout.zero3_reshard == "step"
                     else max(3 * layer, 2 * layer + head))
         return gathered * pb + local_params * gb
-    largest = max(cfg.d_model * cfg.d_model, cfg.d_model * cfg.d_ff) / layout.tp
-    block = 2 * layer * pb + 2 * layer * gb + largest * gb
-    head = cfg.vocab_size * cfg.d_model / layout.tp
+    block = 2 * layer * pb + 2 * layer * gb + _largest_matrix(cfg, layout.tp) * gb
     if cfg.tied_embeddings:
         root = (cfg.embedding_params() + cfg.head_params()) / layout.tp
         return root * pb + max(block, head * gb)
@@ -139,6 +137,16 @@ def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
     partition = _partition(cfg, pp, virtual, seq_len, placement)
     return tuple(tuple(i for chunk in range(virtual) for i in partition.blocks_of(stage, chunk))
                  for stage in range(pp))
+
+
+def _vocab_matrix(cfg: ModelConfig, tp: int) -> float:
+    """Parameters of the embedding's (or LM head's) vocabulary x width matrix on one rank."""
+    return cfg.vocab_size * cfg.d_model / tp
+
+
+def _largest_matrix(cfg: ModelConfig, tp: int) -> float:
+    """Parameters of a dense block's largest weight matrix on one rank."""
+    return max(cfg.d_model * cfg.d_model, cfg.d_model * cfg.d_ff) / tp
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
@@ -215,8 +223,7 @@ def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
     shards = layout.zero_ranks if sharded else 1
     expert_shards = max(1, layout.zero_ranks // layout.ep) if sharded else 1
     owned = local_params / shards + expert_params / expert_shards
-    largest_parameter = max(cfg.vocab_size * cfg.d_model / layout.tp,
-                            cfg.d_ff * cfg.d_model / layout.tp,
+    largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp),
                             (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
     if layout.zero == 3:
         unit = max(_largest_block(cfg, layout.tp, layout.ep, layout.etp), largest_parameter)
@@ -371,7 +378,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             # The stage's one backward makes every gradient after the activations' peak: at
             # its start only the first module's exist (the LM head's on its stage, else its
             # last block's); all of them at the optimizer step instead, activations freed.
-            first = cfg.vocab_size * cfg.d_model / layout.tp if stage == last \
+            first = _vocab_matrix(cfg, layout.tp) if stage == last \
                 else _largest_block(cfg, layout.tp, layout.ep, layout.etp)
             row["grads"] = min(row["grads"], first * precision.grad_bytes)
         copies = master_grad_copies(cfg, layout, local, experts, precision, bucket_bytes)

@@ -3,7 +3,9 @@ the held-out published runs say if the GPU's GEMM curve were its GEMMs' measured
 
     python -m tools.probes.planner_parts --run 1 \
         --profile docs/gpu/h100-2026-11-26/gpu-sides-profile.json
-    python -m tools.probes.planner_parts --heldout-gemm docs/gpu/gpu-shapes.json
+    python -m tools.probes.planner_parts --heldout-gemm docs/gpu/gpu-shapes.json \
+        [--hbm-efficiency 0.4]
+    python -m tools.probes.planner_parts --gpu h200 --kernel-launch-us 24.8
 
 The first prints, for one run of `bench.gpu` (GPT-2 124M at 8 x 1024: `--run 1`) and one
 compiled side (its elementwise ops fused: eager ones are priced op by op), the
@@ -13,17 +15,21 @@ time, beside the kernel time of the same classes in `tools.probes.gpu_sides_prof
 json (its 40 longest kernels a step, by name). The second fits the GEMM curve
 (`GPU.matmul_efficiency` x w / (w + `GPU.gemm_half_width`), w the narrower side) to the
 GEMMs `tools.probes.gpu_shapes` measured, gives the H100 and H200 presets that curve, and
-prices docs/validation.md's held-out bf16 rows with it beside the presets as they are.
-No GPU needed.
+prices docs/validation.md's held-out bf16 rows with it beside the presets as they are
+(`--hbm-efficiency`: those presets' elementwise share of HBM bandwidth too), with
+`bench.gpu`'s paraxis sides priced on them. The third prices those sides on `--gpu` with
+its host seconds a kernel (`GPU.kernel_launch_s`) set as given. No GPU needed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import gpu
@@ -104,28 +110,47 @@ def fit_gemm_curve(shapes: Path) -> tuple[float, float]:
     return efficiency, half
 
 
-def heldout_errors(curve: tuple[float, float] | None) -> dict[str, list[float]]:
-    """The held-out bf16 rows' errors by GPU preset, with the H100/H200 GEMM curve `curve`."""
+HOPPER = ("h100-sxm-80gb", "h100-pcie-80gb", "h200")
+
+
+@contextlib.contextmanager
+def presets_changed(names: tuple[str, ...], **changes: float) -> Iterator[None]:
+    """The GPU presets `names` with `changes` to their fields, for the block's length."""
     import paraxis.plan.hardware as hardware
+
+    presets = dict(hardware.GPUS)
+    for name in names:
+        hardware.GPUS[name] = dataclasses.replace(presets[name], **changes)
+    try:
+        yield
+    finally:
+        hardware.GPUS.update(presets)
+
+
+def heldout_errors() -> dict[str, list[float]]:
+    """The held-out bf16 rows' errors by GPU preset, on the presets as they are now."""
     from validation.heldout_runs import HELD_OUT
     from validation.validate_heldout import is_fp8, price
 
-    presets = dict(hardware.GPUS)
-    if curve:
-        for name in ("h100-sxm-80gb", "h100-pcie-80gb", "h200"):
-            hardware.GPUS[name] = dataclasses.replace(
-                presets[name], matmul_efficiency=curve[0], gemm_half_width=curve[1])
-    try:
-        errors: dict[str, list[float]] = {}
-        for run in HELD_OUT:
-            if is_fp8(run):
-                continue
-            result = price(run)
-            if result.error is not None:
-                errors.setdefault(run.gpu, []).append(result.error)
-        return errors
-    finally:
-        hardware.GPUS.update(presets)
+    errors: dict[str, list[float]] = {}
+    for run in HELD_OUT:
+        if is_fp8(run):
+            continue
+        result = price(run)
+        if result.error is not None:
+            errors.setdefault(run.gpu, []).append(result.error)
+    return errors
+
+
+def print_bench_sides(preset: str) -> None:
+    """bench.gpu's paraxis sides (eager and compiled) as the planner prices them on
+    `preset`, ms a step, for each of its runs."""
+    for model_name, batch, seq in gpu.FULL["runs"]:
+        steps = {side: estimate.step_time_s * 1e3 for side, estimate in
+                 gpu.planned(gpu.model(model_name), batch, seq, preset).items()
+                 if side in ("paraxis", "paraxis --compile")}
+        print(f"  {model_name} {batch} x {seq} on {preset}: "
+              + ", ".join(f"{side} {ms:.1f} ms" for side, ms in steps.items()))
 
 
 def print_heldout(label: str, errors: dict[str, list[float]]) -> None:
@@ -147,12 +172,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", default="h100-sxm-80gb", help="the planner's GPU preset")
     parser.add_argument("--heldout-gemm", type=Path, metavar="SHAPES_JSON",
                         help="a gpu_shapes json whose GEMMs set the H100/H200 curve")
+    parser.add_argument("--hbm-efficiency", type=float,
+                        help="with --heldout-gemm: the H100/H200 elementwise share of HBM")
+    parser.add_argument("--kernel-launch-us", type=float,
+                        help="price bench.gpu's paraxis sides on --gpu with this host time")
     args = parser.parse_args(argv)
     if args.heldout_gemm:
         curve = fit_gemm_curve(args.heldout_gemm)
-        print_heldout("as the presets are", heldout_errors(None))
-        print_heldout(f"with the GEMM curve of {args.heldout_gemm} (efficiency {curve[0]:.3f}, "
-                      f"half width {curve[1]:g})", heldout_errors(curve))
+        print_heldout("as the presets are", heldout_errors())
+        changes = {"matmul_efficiency": curve[0], "gemm_half_width": curve[1]}
+        label = (f"with the GEMM curve of {args.heldout_gemm} (efficiency {curve[0]:.3f}, "
+                 f"half width {curve[1]:g})")
+        if args.hbm_efficiency is not None:
+            changes["hbm_efficiency"] = args.hbm_efficiency
+            label += f" and hbm_efficiency {args.hbm_efficiency:g}"
+        with presets_changed(HOPPER, **changes):
+            print_heldout(label, heldout_errors())
+            for preset in ("h100-sxm-80gb", "h200"):
+                print_bench_sides(preset)
+        return
+    if args.kernel_launch_us is not None:
+        with presets_changed((args.gpu,), kernel_launch_s=args.kernel_launch_us * 1e-6):
+            print_bench_sides(args.gpu)
         return
     name, batch, seq = gpu.FULL["runs"][args.run]
     planned = planned_parts(args.run, args.side, args.gpu)
