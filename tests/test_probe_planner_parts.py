@@ -14,6 +14,7 @@ from tools.probes.planner_parts import (
     measured_parts,
     part_of,
     planned_parts,
+    presets_changed,
 )
 
 
@@ -22,6 +23,17 @@ def test_the_parts_of_a_gpu_bound_step_are_the_planners_step(preset):
     parts = planned_parts(0, "paraxis --compile", preset)  # GPT-2 124M at 16 x 1024
     assert parts["host"] < parts["step"]  # the GPU, not the host, sets this step
     assert sum(parts[c] for c in CLASSES) == pytest.approx(parts["step"], rel=1e-9)
+
+
+def test_the_eager_sides_parts_are_the_planners_step_with_the_host_free():
+    # eager: each op its own pass over memory, the final norm's and the loss's among the
+    # elementwise part; with launches free the step is the GPU's, and the parts add up to it
+    with presets_changed(("h200",), kernel_launch_s=0.0):
+        eager = planned_parts(0, "paraxis", "h200")
+    compiled = planned_parts(0, "paraxis --compile", "h200")
+    assert sum(eager[c] for c in CLASSES) == pytest.approx(eager["step"], rel=1e-9)
+    assert eager["gemm"] == pytest.approx(compiled["gemm"], rel=1e-9)  # the same GEMMs
+    assert eager["elementwise"] > 2 * compiled["elementwise"]
 
 
 def test_kernels_are_classed_by_name(tmp_path):

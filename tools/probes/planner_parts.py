@@ -8,7 +8,8 @@ the held-out published runs say if the GPU's GEMM curve were its GEMMs' measured
     python -m tools.probes.planner_parts --gpu h200 --kernel-launch-us 24.8
 
 The first prints, for one run of `bench.gpu` (GPT-2 124M at 8 x 1024: `--run 1`) and one
-compiled side (its elementwise ops fused: eager ones are priced op by op), the
+paraxis side (`--side`: compiled sides' elementwise ops fused; the eager side's priced op by
+op, the final norm's and the loss's passes among them), the
 milliseconds a step the planner gives its weight GEMMs (the LM head's with
 them), the attention core, the elementwise passes and the optimizer, and the host's launch
 time, beside the kernel time of the same classes in `tools.probes.gpu_sides_profile`'s
@@ -35,8 +36,10 @@ from pathlib import Path
 from bench import gpu
 from paraxis.plan.compute import (
     BACKWARD_FLOPS_RATIO,
+    head_forward_traffic_per_token_eager,
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
+    layer_forward_traffic_per_token_eager,
     layer_kernels,
 )
 from paraxis.plan.cost import _core_times, evaluate, runtime_dropout
@@ -70,6 +73,12 @@ def planned_parts(run: int, side: str, preset: str) -> dict[str, float]:
     hidden, score_bytes = (b * precision.activation_bytes / 2
                            for b in layer_forward_traffic_per_token(
                                cfg, seq, 1, False, True, runtime_dropout(cfg, cluster.gpu)))
+    head_elementwise = 0.0  # the final norm's and the loss's passes, priced with the head
+    if kernels == "eager":  # one kernel per op: the layer's count, and the head's
+        hidden = precision.activation_bytes * layer_forward_traffic_per_token_eager(cfg)
+        score_bytes = 0.0
+        head_elementwise = (precision.activation_bytes * head_forward_traffic_per_token_eager(cfg)
+                            / hbm * tokens)
     kernel = get_kernel(cluster.gpu.attention_kernel)
     fitted = attention_kernel_rate(cluster, kernel, seq, cfg.head_dim, 1, 1)
     core = sum(_core_times(scores, score_bytes, rate, attention_rate, hbm, False, kernel,
@@ -78,9 +87,9 @@ def planned_parts(run: int, side: str, preset: str) -> dict[str, float]:
     step = evaluate(cfg, Layout(), cluster, seq, batch, precision)
     passes = 1 + BACKWARD_FLOPS_RATIO
     return {"gemm": 1e3 * (passes * weight_gemm_seconds(cfg, cluster, 1, rate) * tokens * layers
-                           + head["forward"] + head["backward"]),
+                           + head["forward"] + head["backward"] - passes * head_elementwise),
             "attention": 1e3 * core * tokens * layers,
-            "elementwise": 1e3 * passes * hidden / hbm * tokens * layers,
+            "elementwise": 1e3 * passes * (hidden / hbm * tokens * layers + head_elementwise),
             "optimizer": 1e3 * step.time["optimizer"],
             "host": 1e3 * layer_kernels(cfg, kernels) * cluster.gpu.kernel_launch_s * layers,
             "step": 1e3 * step.step_time_s}
@@ -166,9 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, help="a gpu_sides_profile json")
     parser.add_argument("--run", type=int, default=0, help="bench.gpu's run, from 0")
-    parser.add_argument("--side", default="paraxis --compile",
-                        choices=[side for side, (kernels, _) in gpu.PLANNED.items()
-                                 if kernels == "compiled"])
+    parser.add_argument("--side", default="paraxis --compile", choices=list(gpu.PLANNED))
     parser.add_argument("--gpu", default="h100-sxm-80gb", help="the planner's GPU preset")
     parser.add_argument("--heldout-gemm", type=Path, metavar="SHAPES_JSON",
                         help="a gpu_shapes json whose GEMMs set the H100/H200 curve")
