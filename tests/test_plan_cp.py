@@ -344,3 +344,29 @@ def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across(
     # one level over the same 16 ranks: the ring's 15 hops cross the network
     one = exchange_times(LLAMA_8B, Layout(cp=16), cluster, LONG, 1, 2, 1.0, 2.0, 0.1)
     assert one["total"] > times["total"]
+
+
+def test_on_cpu_ranks_the_all_gather_variant_sums_dkdv_by_the_all_to_all_it_runs() -> None:
+    # gloo's reduce-scatter is three times its all-to-all (balance.gathered_scatter): the
+    # runtime sums the fp32 dK/dV by an all-to-all there, and the planner prices that one
+    from paraxis.plan.comm import Link, collective_time
+    from paraxis.plan.context import leaving
+    from paraxis.spec.cp_balance import gathered_scatter, sent_bytes_per_rank
+
+    assert (gathered_scatter(True), gathered_scatter(False)) == ("all_to_all", "reduce_scatter")
+    link = Link(1e9, 1e-4, False, measured=(("all_gather", 1e-4, 1e9),
+                                            ("reduce_scatter", 1e-4, 0.3e9),
+                                            ("all_to_all", 1e-4, 1e9)))
+    cp, seq = 4, 8192
+    host = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0, True)
+    nccl = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0)
+    forward, backward = sent_bytes_per_rank("all_gather", 1, LLAMA_8B.n_heads,
+                                            LLAMA_8B.n_kv_heads, seq, LLAMA_8B.head_dim, cp, 4)
+    parts = backward - forward
+    assert host["total"] - nccl["total"] == pytest.approx(
+        collective_time("all_to_all", leaving(parts, cp), cp, link)
+        - collective_time("reduce_scatter", parts, cp, link))
+    assert host["total"] < nccl["total"]
+    # the ring sends its own hops on either backend
+    assert cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0, True) == \
+        cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0)

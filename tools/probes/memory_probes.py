@@ -1,8 +1,9 @@
 """The two measurements behind paraxis's CPU memory choices: `python -m tools.probes.memory_probes`.
 
-1. gloo's collectives (`engine/data_parallel/flat.py`): on 4 ranks and a 16 MB buffer, the tensor
-   bytes each allocates beyond its buffers (`TensorBytes`) and its time: reduce_scatter and
-   all_gather against an in-place all_reduce.
+1. gloo's collectives (`engine/data_parallel/flat.py`, `parallel/context/all_gather.py`): on 4
+   ranks and a 16 MB buffer, the tensor bytes each allocates beyond its buffers
+   (`TensorBytes`) and its time: reduce_scatter, all_gather and all_to_all against an
+   in-place all_reduce (`--only collectives`: this part alone).
 2. glibc's mmap threshold (`dist/host_memory.py`): one step of dp=8 ZeRO-3 on 6 of the 24
    layers of the 0.8B model of bench/scale.py, a rank's resident peak with the threshold left
    to move and pinned at 1 MiB, next to the rank's peak of counted tensor bytes.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -30,6 +32,7 @@ def _collectives(ctx: RankContext) -> dict[str, tuple[float, float]]:
     full, shard, flat = torch.zeros(NUMEL), torch.zeros(NUMEL // world), torch.ones(NUMEL)
     calls = {"reduce_scatter_single": lambda: reduce_scatter_single(shard, flat),
              "all_gather_single": lambda: all_gather_single(full, shard),
+             "all_to_all_single": lambda: dist.all_to_all_single(full, flat),
              "all_reduce (in place)": lambda: dist.all_reduce(flat)}
     out = {}
     for name, call in calls.items():
@@ -57,10 +60,15 @@ def _one_step(ctx: RankContext, pin: bool) -> tuple[int, int]:
     return peak * 1024, meter.peak
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["collectives"], help="the first measurement alone")
+    args = parser.parse_args(argv)
     print("gloo, 4 ranks, 16 MB: temporary (x the buffer), time")
     for name, (temporary, seconds) in run_on_ranks(4, _collectives)[0].items():
         print(f"  {name:>22}: {temporary:.2f}x, {seconds * 1e3:.0f} ms")
+    if args.only:
+        return
     print("dp=8 ZeRO-3, 6 layers of the 0.8B model, one step: largest rank's resident peak "
           "(and counted tensors)")
     for pin in (False, True):
