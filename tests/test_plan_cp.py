@@ -346,27 +346,42 @@ def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across(
     assert one["total"] > times["total"]
 
 
-def test_on_cpu_ranks_the_all_gather_variant_sums_dkdv_by_the_all_to_all_it_runs() -> None:
-    # gloo's reduce-scatter is three times its all-to-all (balance.gathered_scatter): the
-    # runtime sums the fp32 dK/dV by an all-to-all there, and the planner prices that one
-    from paraxis.plan.comm import Link, collective_time
-    from paraxis.plan.context import leaving
-    from paraxis.spec.cp_balance import gathered_scatter, sent_bytes_per_rank
 
-    assert (gathered_scatter(True), gathered_scatter(False)) == ("all_to_all", "reduce_scatter")
-    link = Link(1e9, 1e-4, False, measured=(("all_gather", 1e-4, 1e9),
-                                            ("reduce_scatter", 1e-4, 0.3e9),
-                                            ("all_to_all", 1e-4, 1e9)))
+def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_they_run() -> None:
+    # gloo's reduce-scatter is three times its all-to-all (spec.collectives): the runtime
+    # carries SP's and the all-gather CP's reduce-scatters by an all-to-all there, each owner
+    # summing its parts, and the planner prices that one; GPUs keep NCCL's reduce-scatter
+    from paraxis.plan.comm import Link, collective_time, group_link, scatter_time
+    from paraxis.plan.context import leaving
+    from paraxis.spec.collectives import reduce_scatter_form
+    from paraxis.spec.cp_balance import sent_bytes_per_rank
+
+    assert (reduce_scatter_form(True), reduce_scatter_form(False)) == (
+        "all_to_all", "reduce_scatter")
+    cpu = build_cluster(gpus=4, overrides={"name": "cpu-core", "peak_flops": 1e11,
+                                           "memory_bytes": 3e9, "cores_per_node": 2,
+                                           "gpus_per_node": 8})
+    assert group_link(range(4), cpu).scatter_op == "all_to_all"
+    assert group_link(range(4), build_cluster("h100-sxm-80gb", 16, 8)).scatter_op == \
+        "reduce_scatter"
+    fits = (("all_gather", 1e-4, 1e9), ("reduce_scatter", 1e-4, 0.3e9), ("all_to_all", 1e-4, 1e9))
+    nccl = Link(1e9, 1e-4, False, measured=fits)
+    host = nccl._replace(scatter_op="all_to_all")
+    assert scatter_time(8e6, 4, host) == collective_time("all_to_all", 6e6, 4, host)
+    assert scatter_time(8e6, 4, nccl) == collective_time("reduce_scatter", 8e6, 4, nccl)
     cp, seq = 4, 8192
-    host = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0, True)
-    nccl = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0)
+    on_host = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, host, 1.0, 2.0, 0.0)
+    on_nccl = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, nccl, 1.0, 2.0, 0.0)
     forward, backward = sent_bytes_per_rank("all_gather", 1, LLAMA_8B.n_heads,
                                             LLAMA_8B.n_kv_heads, seq, LLAMA_8B.head_dim, cp, 4)
     parts = backward - forward
-    assert host["total"] - nccl["total"] == pytest.approx(
-        collective_time("all_to_all", leaving(parts, cp), cp, link)
-        - collective_time("reduce_scatter", parts, cp, link))
-    assert host["total"] < nccl["total"]
+    assert on_host["total"] - on_nccl["total"] == pytest.approx(
+        collective_time("all_to_all", leaving(parts, cp), cp, host)
+        - collective_time("reduce_scatter", parts, cp, nccl))
     # the ring sends its own hops on either backend
-    assert cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0, True) == \
-        cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, link, 1.0, 2.0, 0.0)
+    assert cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, host, 1.0, 2.0, 0.0) == \
+        cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, nccl, 1.0, 2.0, 0.0)
+    # SP: a layer's reduce-scatters (two forward, two in backward) the same way
+    from paraxis.plan.tp_layer import tp_layer_time
+    assert tp_layer_time(1e6, 4, True, host) - tp_layer_time(1e6, 4, True, nccl) == \
+        pytest.approx(4 * (scatter_time(1e6, 4, host) - scatter_time(1e6, 4, nccl)))

@@ -9,7 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+from paraxis.dist.collectives import (
+    all_gather_single,
+    reduce_scatter_into,
+    reduce_scatter_single,
+)
 from paraxis.dist.launch import cuda_ranks_problem
 from paraxis.dist.shared_gpu import BACKEND
 from paraxis.dist.testing import (
@@ -48,6 +52,15 @@ def _every_call(on_gpu: bool = False) -> dict[str, bool]:
     shard = torch.empty(6 // world)
     reduce_scatter_single(shard, mine)
     ok["reduce_scatter_single"] = torch.equal(shard, sum(every).chunk(world)[rank])
+    # the activations' reduce-scatter as paraxis carries it here (an all-to-all, each owner
+    # adding its parts in rank order: spec.collectives), waited for and alone
+    summed = torch.empty(6 // world)
+    reduce_scatter_into(summed, mine)
+    later = torch.empty(6 // world)
+    handle = reduce_scatter_into(later, mine * 3, async_op=True)
+    handle.wait()
+    ok["reduce_scatter_into"] = (torch.equal(summed, sum(every).chunk(world)[rank])
+                                 and torch.equal(later, (3 * sum(every)).chunk(world)[rank]))
     swapped = torch.empty(6)
     dist.all_to_all_single(swapped, mine)
     ok["all_to_all_single"] = torch.equal(

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
+from paraxis.spec.collectives import reduce_scatter_form
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
 from paraxis.spec.layout import Layout
@@ -40,6 +41,9 @@ class Link(NamedTuple):
     intra_latency_s: float = 0.0
     call_latency_s: float = 0.0  # fixed cost of every collective call (launch, sync)
     datasheet_Bps: float = 0.0  # the ring's bandwidth before link_efficiency
+    # what carries an activation reduce-scatter here (spec.collectives, `scatter_time`):
+    # NCCL's reduce-scatter, or on CPU ranks (gloo) an all-to-all summed by each owner
+    scatter_op: str = "reduce_scatter"
 
     def cost(self, op: str) -> tuple[float, float]:
         """(bandwidth_Bps, latency_s) that `op` sees on this link (a flat ring)."""
@@ -151,11 +155,12 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     low, high = cluster.node_of(min(ranks)), cluster.node_of(max(ranks))
     nodes = 1 if low == high else _nodes_spanned(tuple(ranks), cluster.gpus_per_node)
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
+    scatter = reduce_scatter_form(through_host=bool(cluster.cores_per_node))
     if nodes == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
                     call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
-                    datasheet_Bps=gpu.nvlink_bandwidth_Bps)
+                    datasheet_Bps=gpu.nvlink_bandwidth_Bps, scatter_op=scatter)
     # Rails: every group of an axis runs its collective at once (the DP groups of all TP
     # ranks, say), so the node's NICs are shared by all its GPUs: each has min(1, NICs /
     # GPUs per node) of one NIC, whatever group it is in. NCCL runs one ring per NIC, so a
@@ -170,7 +175,7 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), nodes,
                 per_node, share * efficiency,
                 cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
-                cluster.intra_node_latency_s, cluster.collective_latency_s, ring)
+                cluster.intra_node_latency_s, cluster.collective_latency_s, ring, scatter)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -231,6 +236,16 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int =
         return fixed + intra + inter
     bandwidth, latency = link.cost(op)
     return fixed + op_time(op, size_bytes, n, bandwidth) + calls * latency_steps(op, n) * latency
+
+
+def scatter_time(size_bytes: float, n: int, link: Link) -> float:
+    """Seconds of a reduce-scatter of activations (SP's, the all-gather CP's dK/dV) of
+    `size_bytes` in over a group of n, as the runtime carries it on `link` (`Link.scatter_op`):
+    a reduce-scatter, or an all-to-all of the (n-1)/n bound for the other ranks, whose
+    owners add what they receive."""
+    if link.scatter_op == "all_to_all":
+        return collective_time("all_to_all", size_bytes * (n - 1) / n, n, link)
+    return collective_time("reduce_scatter", size_bytes, n, link)
 
 
 # One data-parallel step's collectives by ZeRO stage, each (op, the state it moves): ZeRO

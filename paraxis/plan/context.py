@@ -14,8 +14,8 @@ runtime's own counts, torch-free; nothing is re-derived here):
 - The K/V exchange per layer (`balance.sent_bytes_per_rank`), over the link the cp group
   spans: the ring sends cp-1 hops of the local K/V forward, and in backward cp-1 hops of K/V
   plus cp-1 hops of the fp32 dK/dV accumulators; the all-gather variant gathers K/V forward
-  and again in backward, then reduce-scatters the whole fp32 dK/dV (on CPU ranks, gloo, by
-  the all-to-all `balance.gathered_scatter` names).
+  and again in backward, then reduce-scatters the whole fp32 dK/dV (`comm.scatter_time`: on
+  CPU ranks, gloo, an all-to-all that each owner sums).
 - Overlap (`paraxis/parallel/context/ring.py`): the ring posts step t+1's K/V before step t
   computes, so each hop hides behind one step's attention (1/cp of the layer's core, as every
   step computes the same 2L x 2L pairs for chunks of L tokens): exposed = max(0, hop - step)
@@ -34,11 +34,17 @@ from __future__ import annotations
 
 import functools
 
-from paraxis.plan.comm import Link, axis_link, collective_time, group_link, ring_factor
+from paraxis.plan.comm import (
+    Link,
+    axis_link,
+    collective_time,
+    group_link,
+    ring_factor,
+    scatter_time,
+)
 from paraxis.plan.hardware import Cluster
 from paraxis.spec.cp_balance import (
     all_to_all_inputs,
-    gathered_scatter,
     kv_heads_sent,
     pairs_per_rank,
     saved_bytes_per_rank,
@@ -120,27 +126,25 @@ def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq
 def cp_layer_times(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len: int,
                    micro_batch: int, activation_bytes: int, link: Link,
                    core_forward: float, core_backward: float,
-                   contention: float, through_host: bool = False) -> dict[str, float]:
+                   contention: float) -> dict[str, float]:
     """Seconds of one layer's K/V exchange per microbatch on one rank.
 
     `core_forward` / `core_backward`: the layer's attention-core seconds on this rank (the
     window the ring hides behind). Keys: forward / backward (exposed), total (all traffic),
     forward_total (the forward's traffic: what full recompute runs again), rerun /
     rerun_total (exposed and all of what selective recompute, which reruns the attention
-    core until its saved tensors are back, runs again). `through_host`: CPU ranks (gloo).
+    core until its saved tensors are back, runs again).
     """
     if cp == 1:
         return dict.fromkeys(("forward", "backward", "total", "forward_total", "rerun",
                               "rerun_total"), 0.0)
     shape = (micro_batch, cfg.n_heads // tp, local_kv_heads(cfg, tp), seq_len, cfg.head_dim,
              cp, activation_bytes)
-    return level_times(variant, shape, link, core_forward, core_backward, contention,
-                       through_host)
+    return level_times(variant, shape, link, core_forward, core_backward, contention)
 
 
 def level_times(variant: str, shape: tuple[int, ...], link: Link, core_forward: float,
-                core_backward: float, contention: float,
-                through_host: bool = False) -> dict[str, float]:
+                core_backward: float, contention: float) -> dict[str, float]:
     """`cp_layer_times` for one level of cp ranks: `shape` = (batch, heads, kv heads, seq,
     head dim, ranks, activation bytes) of `balance.sent_bytes_per_rank`."""
     cp = shape[5]
@@ -177,10 +181,7 @@ def level_times(variant: str, shape: tuple[int, ...], link: Link, core_forward: 
     # own diagonal block (about one ring step's work), backward's gather is waited for
     # at once, and its reduce-scatter runs behind the diagonal block again
     gather = collective_time("all_gather", cp * forward_bytes, cp, link)
-    parts = backward_bytes - forward_bytes  # every rank's fp32 dK/dV, its input
-    scatter = (collective_time("all_to_all", leaving(parts, cp), cp, link)
-               if gathered_scatter(through_host) == "all_to_all"
-               else collective_time("reduce_scatter", parts, cp, link))
+    scatter = scatter_time(backward_bytes - forward_bytes, cp, link)
     forward = hidden(gather, step_f)
     return {"forward": forward, "backward": gather + hidden(scatter, step_b),
             "total": 2 * gather + scatter, "forward_total": gather, "rerun": forward,
@@ -195,11 +196,10 @@ def exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: 
     cp_a2a consecutive ranks (all exposed, as the all-to-all variant's), and the layout's
     variant across the cp/cp_a2a groups for heads/cp_a2a heads (with the K/V copies) on
     chunks cp_a2a times longer, each over the link its group spans."""
-    host = bool(cluster.cores_per_node)  # CPU ranks: their collectives are gloo's
     if layout.cp_a2a == 1:
         return cp_layer_times(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
                               micro_batch, activation_bytes, axis_link(layout, "cp", cluster),
-                              core_forward, core_backward, contention, host)
+                              core_forward, core_backward, contention)
     a, heads, kv = layout.cp_a2a, cfg.n_heads // layout.tp, local_kv_heads(cfg, layout.tp)
     a2a_link, across_link = (group_link([grid_rank(layout.degrees, {"cp": c}) for c in cps],
                                         cluster) for cps in (range(a), range(0, layout.cp, a)))
@@ -209,7 +209,7 @@ def exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: 
     across = level_times(layout.cp_attention, (micro_batch, heads // a, kv_heads_sent(kv, a)
                                                // a, seq_len, cfg.head_dim, layout.cp // a,
                                                activation_bytes),
-                         across_link, core_forward, core_backward, contention, host)
+                         across_link, core_forward, core_backward, contention)
     extra = {"forward": qkv + out, "backward": qkv + out, "total": 2 * (qkv + out),
              "forward_total": qkv + out, "rerun": qkv, "rerun_total": qkv}
     return {key: across[key] + extra[key] for key in across}

@@ -8,7 +8,7 @@ The collectives a layer issues are `comm.tp_collectives_per_layer`'s; each is pr
 
 from __future__ import annotations
 
-from paraxis.plan.comm import Link, collective_time, tp_collectives_per_layer
+from paraxis.plan.comm import Link, collective_time, scatter_time, tp_collectives_per_layer
 
 # Megatron's SP keeps only the sequence shard of the two column-parallel GEMM inputs (the
 # memory activations.py counts) and all-gathers them again in the backward (Korthikanti et
@@ -17,8 +17,15 @@ from paraxis.plan.comm import Link, collective_time, tp_collectives_per_layer
 SP_BACKWARD_REGATHERS = 2
 
 
+def _collective_time(op: str, size_bytes: float, tp: int, link: Link) -> float:
+    """One TP collective of `size_bytes`, a reduce-scatter as the runtime carries it there."""
+    if op == "reduce_scatter":
+        return scatter_time(size_bytes, tp, link)
+    return collective_time(op, size_bytes, tp, link)
+
+
 def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
-    return sum(count * collective_time(op, size_bytes, tp, link)
+    return sum(count * _collective_time(op, size_bytes, tp, link)
                for op, count in counts.items())
 
 
@@ -84,7 +91,7 @@ def tp_layer_exposed_time(activation_bytes: float, tp: int, sequence_parallel: b
         exposed = (1 + (mlp != "shards")) * gather
         # per column-parallel linear: re-gather behind dgrad, reduce-scatter behind wgrad
         hideable = [gather] if regather else []
-        hideable.append(collective_time("reduce_scatter", activation_bytes, tp, back))
+        hideable.append(scatter_time(activation_bytes, tp, back))
     else:
         exposed = 0.0
         hideable = [collective_time("all_reduce", activation_bytes, tp, back)]
@@ -106,9 +113,9 @@ def _pipelined_tp_times(activation_bytes: float, tp: int, link: Link, back: Link
         return max(0.0, comm - window) + contention * min(comm, window)
 
     gather_f = collective_time("all_gather", activation_bytes, tp, link)
-    scatter_f = collective_time("reduce_scatter", activation_bytes, tp, link)
+    scatter_f = scatter_time(activation_bytes, tp, link)
     gather_b = collective_time("all_gather", activation_bytes, tp, back)
-    scatter_b = collective_time("reduce_scatter", activation_bytes, tp, back)
+    scatter_b = scatter_time(activation_bytes, tp, back)
     halves = 2 if mlp == "split" else 1
     forward = backward = 0.0
     for column, row in list(zip(column_windows_s, row_windows_s, strict=False))[:halves]:

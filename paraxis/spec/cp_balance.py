@@ -181,17 +181,6 @@ def all_to_all_inputs(batch: int, heads: int, kv_heads: int, seq_len: int, head_
     return per_head * (heads + 2 * copies), per_head * heads
 
 
-def gathered_scatter(through_host: bool) -> str:
-    """The collective that sums the all-gather variant's dK/dV onto their owners: a
-    reduce-scatter, or where the cp group runs on gloo's host-side algorithms an all-to-all
-    of the same fp32 parts, each owner adding the cp it receives in rank order. The same
-    bytes leave each rank either way; gloo's reduce-scatter takes three times its own
-    all-to-all and more than its all-reduce of the whole buffer (16 MB over 4 ranks: 34,
-    11 and 21 ms, `python -m tools.probes.memory_probes --only collectives`). The runtime
-    posts it and the planner prices it."""
-    return "all_to_all" if through_host else "reduce_scatter"
-
-
 def sent_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,
                         head_dim: int, cp: int, bytes_per_element: int, a2a: int = 1
                         ) -> tuple[int, int]:

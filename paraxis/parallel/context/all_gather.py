@@ -22,7 +22,7 @@ that hands each owner its summed share, and compute the diagonal block while it 
 rank's own share is added when the reduce-scatter has returned (its own slot carries zeros).
 So each pass hides one collective behind the diagonal block's compute. On gloo the
 reduce-scatter is an all-to-all of the same parts, each owner summing the cp it receives
-(`balance.gathered_scatter`: gloo's own reduce-scatter is three times slower).
+(`spec.collectives`: gloo's own reduce-scatter is three times slower).
 
 Memory: a rank saves what the ring saves (its q, own k, v, the merged output, the fp32
 log-sum-exp) and not the gathered K/V, which backward gathers again: the saved bytes fall
@@ -40,8 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
-from paraxis.dist.groups import through_host
+from paraxis.dist.collectives import SummedInto, all_gather_single, reduce_scatter_into
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.context.kernel import (
     ChunkDocuments,
@@ -51,19 +50,13 @@ from paraxis.parallel.context.kernel import (
     forward_blocks,
 )
 from paraxis.parallel.context.ring import step_ids
-from paraxis.spec.cp_balance import (
-    gathered_scatter,
-    heads_share,
-    record,
-    ring_blocks,
-    ring_source,
-)
+from paraxis.spec.cp_balance import heads_share, record, ring_blocks, ring_source
 
 
 class _Collective:
     """One collective over the cp group, posted now; `wait()` returns its output."""
 
-    def __init__(self, name: str, output: torch.Tensor, work: dist.Work,
+    def __init__(self, name: str, output: torch.Tensor, work: dist.Work | SummedInto,
                  group: dist.ProcessGroup | None) -> None:
         self.name, self.output, self.work, self.group = name, output, work, group
 
@@ -83,29 +76,12 @@ def _gather_kv(kv: torch.Tensor, group: dist.ProcessGroup | None, phase: str) ->
     return _Collective("all_gather", gathered, work, group)
 
 
-class _Summed(_Collective):
-    """An all-to-all of every rank's parts of this rank's dK/dV, (cp, 2, ...): `wait()`
-    returns their sum, added in rank order."""
-
-    def wait(self) -> torch.Tensor:
-        parts = super().wait()
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return total
-
-
 def _reduce_scatter_kv(parts: torch.Tensor, group: dist.ProcessGroup | None) -> _Collective:
     """This rank's (2, batch, kv_heads, 2L, head_dim) dK/dV summed over the group, from every
-    rank's rank-major fp32 dK/dV `parts` (cp, 2, ...), by the collective
-    `balance.gathered_scatter` names for the group's backend."""
-    record("backward", sent_bytes=parts.numel() * parts.element_size())
-    if gathered_scatter(through_host(group)) == "all_to_all":
-        arriving = torch.empty_like(parts)  # [r]: rank r's part of this rank's dK/dV
-        work = dist.all_to_all_single(arriving, parts, group=group, async_op=True)
-        return _Summed("all_to_all", arriving, work, group)
+    rank's rank-major fp32 dK/dV `parts` (cp, 2, ...)."""
     mine = parts.new_empty(parts.shape[1:])
-    work = reduce_scatter_single(mine, parts.flatten(0, 1), group=group, async_op=True)
+    record("backward", sent_bytes=parts.numel() * parts.element_size())
+    work = reduce_scatter_into(mine, parts.flatten(0, 1), group=group, async_op=True)
     return _Collective("reduce_scatter", mine, work, group)
 
 

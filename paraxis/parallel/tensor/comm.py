@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import FunctionCtx
 
-from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+from paraxis.dist.collectives import all_gather_single, reduce_scatter_into
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.tensor.counter import record
 from paraxis.spec.errors import ParaxisError
@@ -105,7 +105,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, phase: str
     record("reduce_scatter", full.numel() * full.element_size(), phase)
     out = full.new_empty((full.shape[0] // tp, *full.shape[1:]))
     with WATCH.waiting("reduce_scatter", group):
-        reduce_scatter_single(out, full, group=group)
+        reduce_scatter_into(out, full, group=group)
     return out.transpose(0, SEQ_DIM).contiguous()
 
 
