@@ -324,8 +324,8 @@ def test_the_search_tries_every_cp_variant_unless_one_is_named() -> None:
 def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across() -> None:
     # cp=16 over 2 nodes of 8 (cp_a2a=8): q, k, v and the output cross NVLink by all-to-all,
     # the K/V of heads/8 heads (chunks 8x longer) ring across the two nodes' network
-    from paraxis.plan.comm import collective_time, group_link
-    from paraxis.plan.context import exchange_times, leaving, level_times
+    from paraxis.plan.comm import collective_time, group_link, leaving
+    from paraxis.plan.context import exchange_times, level_times
     from paraxis.spec.cp_balance import all_to_all_inputs, kv_heads_sent
 
     cluster = build_cluster("h100-sxm-80gb", 16, 8)
@@ -348,11 +348,10 @@ def test_two_level_cp_prices_its_all_to_all_inside_the_node_and_its_ring_across(
 
 
 def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_they_run() -> None:
-    # gloo's reduce-scatter is three times its all-to-all (spec.collectives): the runtime
+    # gloo's reduce-scatter is slower than its all-to-all (spec.collectives): the runtime
     # carries SP's and the all-gather CP's reduce-scatters by an all-to-all there, each owner
     # summing its parts, and the planner prices that one; GPUs keep NCCL's reduce-scatter
-    from paraxis.plan.comm import Link, collective_time, group_link, scatter_time
-    from paraxis.plan.context import leaving
+    from paraxis.plan.comm import Link, collective_time, group_link, leaving, scatter_time
     from paraxis.spec.collectives import reduce_scatter_form
     from paraxis.spec.cp_balance import sent_bytes_per_rank
 

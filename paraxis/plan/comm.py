@@ -238,13 +238,18 @@ def collective_time(op: str, size_bytes: float, n: int, link: Link, calls: int =
     return fixed + op_time(op, size_bytes, n, bandwidth) + calls * latency_steps(op, n) * latency
 
 
+def leaving(all_to_all_input: float, n: int) -> float:
+    """Bytes of an all-to-all's input that leave the rank: it keeps 1/n of it."""
+    return all_to_all_input * (n - 1) / n
+
+
 def scatter_time(size_bytes: float, n: int, link: Link) -> float:
     """Seconds of a reduce-scatter of activations (SP's, the all-gather CP's dK/dV) of
     `size_bytes` in over a group of n, as the runtime carries it on `link` (`Link.scatter_op`):
     a reduce-scatter, or an all-to-all of the (n-1)/n bound for the other ranks, whose
     owners add what they receive."""
     if link.scatter_op == "all_to_all":
-        return collective_time("all_to_all", size_bytes * (n - 1) / n, n, link)
+        return collective_time("all_to_all", leaving(size_bytes, n), n, link)
     return collective_time("reduce_scatter", size_bytes, n, link)
 
 

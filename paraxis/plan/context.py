@@ -39,6 +39,7 @@ from paraxis.plan.comm import (
     axis_link,
     collective_time,
     group_link,
+    leaving,
     ring_factor,
     scatter_time,
 )
@@ -98,11 +99,6 @@ def repeated_kv_bytes(cfg: ModelConfig, variant: str, cp: int, tp: int, seq_len:
              cp, 2)
     return float(saved_bytes_per_rank(*shape, variant, a2a)
                  - saved_bytes_per_rank(*shape, "ring"))
-
-
-def leaving(all_to_all_input: float, cp: int) -> float:
-    """Bytes of an all-to-all's input that leave the rank: it keeps 1/cp of it."""
-    return all_to_all_input * (cp - 1) / cp
 
 
 def wire_bytes_per_rank(variant: str, batch: int, heads: int, kv_heads: int, seq_len: int,

@@ -3,7 +3,8 @@
 1. gloo's collectives (`engine/data_parallel/flat.py`, `parallel/context/all_gather.py`): on 4
    ranks and a 16 MB buffer, the tensor bytes each allocates beyond its buffers
    (`TensorBytes`) and its time: reduce_scatter, all_gather and all_to_all against an
-   in-place all_reduce (`--only collectives`: this part alone).
+   in-place all_reduce, and paraxis's own reduce-scatter on gloo (`reduce_scatter_into`:
+   the all-to-all and its owner's sum); `--only collectives`: this part alone.
 2. glibc's mmap threshold (`dist/host_memory.py`): one step of dp=8 ZeRO-3 on 6 of the 24
    layers of the 0.8B model of bench/scale.py, a rank's resident peak with the threshold left
    to move and pinned at 1 MiB, next to the rank's peak of counted tensor bytes.
@@ -18,7 +19,11 @@ import torch
 import torch.distributed as dist
 
 from bench.scale import MODEL
-from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+from paraxis.dist.collectives import (
+    all_gather_single,
+    reduce_scatter_into,
+    reduce_scatter_single,
+)
 from paraxis.dist.host_memory import return_freed_memory
 from paraxis.dist.tensor_memory import TensorBytes
 from paraxis.dist.testing import RankContext, run_on_ranks
@@ -33,6 +38,7 @@ def _collectives(ctx: RankContext) -> dict[str, tuple[float, float]]:
     calls = {"reduce_scatter_single": lambda: reduce_scatter_single(shard, flat),
              "all_gather_single": lambda: all_gather_single(full, shard),
              "all_to_all_single": lambda: dist.all_to_all_single(full, flat),
+             "reduce_scatter_into": lambda: reduce_scatter_into(shard, flat),
              "all_reduce (in place)": lambda: dist.all_reduce(flat)}
     out = {}
     for name, call in calls.items():

@@ -22,7 +22,7 @@ that hands each owner its summed share, and compute the diagonal block while it 
 rank's own share is added when the reduce-scatter has returned (its own slot carries zeros).
 So each pass hides one collective behind the diagonal block's compute. On gloo the
 reduce-scatter is an all-to-all of the same parts, each owner summing the cp it receives
-(`spec.collectives`: gloo's own reduce-scatter is three times slower).
+(`spec.collectives`: gloo's own reduce-scatter is slower).
 
 Memory: a rank saves what the ring saves (its q, own k, v, the merged output, the fp32
 log-sum-exp) and not the gathered K/V, which backward gathers again: the saved bytes fall
