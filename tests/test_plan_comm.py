@@ -103,6 +103,39 @@ def test_dp_sync_volume_by_zero_stage() -> None:
     assert dp_sync_time(params, 1, 3, link) == 0.0
 
 
+def test_on_cpu_ranks_zero_is_priced_as_the_in_place_all_reduces_it_runs() -> None:
+    """On gloo the runtime carries ZeRO's reduce-scatters and gathers by an all-reduce of the
+    whole flat buffer (spec.collectives.zero_form, engine/data_parallel/flat.py): a CPU
+    link prices each as that all-reduce, at its own calibrated fit; GPUs keep NCCL's."""
+    from paraxis.plan.comm import collective_time, last_bucket_time, zero_time
+    from paraxis.spec.collectives import zero_form
+
+    assert [zero_form(op, True) for op in ("reduce_scatter", "all_gather")] == \
+        ["all_reduce"] * 2
+    assert zero_form("all_gather", False) == "all_gather"
+    with pytest.raises(ValueError, match="ZeRO runs no 'all_to_all'"):
+        zero_form("all_to_all", True)
+    fits = (("all_reduce", 1e-4, 2e9), ("reduce_scatter", 1e-4, 0.3e9),
+            ("all_gather", 1e-4, 0.5e9))
+    nccl = Link(1e9, 1e-4, False, measured=fits)
+    host = nccl._replace(through_host=True)
+    for op in ("reduce_scatter", "all_gather"):
+        assert zero_time(op, 8e6, 4, host, 3) == collective_time("all_reduce", 8e6, 4, host, 3)
+        assert zero_time(op, 8e6, 4, nccl, 3) == collective_time(op, 8e6, 4, nccl, 3)
+    for zero in (1, 2, 3):
+        expected = {1: 2, 2: 1 + 4, 3: 3 * 4}[zero] * collective_time("all_reduce", 8e6, 4,
+                                                                        host)
+        assert dp_sync_time(4e6, 4, zero, host, microbatches=4) == pytest.approx(expected)
+    assert last_bucket_time(4e6, 4, 1, host) == collective_time("all_reduce", 8e6, 4, host)
+    # the CPU cluster's links say so; a GPU cluster's do not
+    cpu = build_cluster(gpus=4, overrides={"name": "cpu-core", "peak_flops": 1e11,
+                                           "memory_bytes": 3e9, "cores_per_node": 2,
+                                           "gpus_per_node": 8})
+    assert axis_link(Layout(dp=4, zero=1), "dp", cpu).through_host
+    assert not axis_link(Layout(dp=4, zero=1), "dp", build_cluster("h100-sxm-80gb", 4, 8)
+                         ).through_host
+
+
 def test_zero2_reduces_every_microbatch_except_under_a_pipeline() -> None:
     """As the runtime does it (engine/data_parallel/buckets.py): ZeRO-2 reduce-scatters each
     microbatch's gradients; a pipeline's stage accumulates them whole and reduces once,

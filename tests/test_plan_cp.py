@@ -360,12 +360,11 @@ def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_th
     cpu = build_cluster(gpus=4, overrides={"name": "cpu-core", "peak_flops": 1e11,
                                            "memory_bytes": 3e9, "cores_per_node": 2,
                                            "gpus_per_node": 8})
-    assert group_link(range(4), cpu).scatter_op == "all_to_all"
-    assert group_link(range(4), build_cluster("h100-sxm-80gb", 16, 8)).scatter_op == \
-        "reduce_scatter"
+    assert group_link(range(4), cpu).through_host
+    assert not group_link(range(4), build_cluster("h100-sxm-80gb", 16, 8)).through_host
     fits = (("all_gather", 1e-4, 1e9), ("reduce_scatter", 1e-4, 0.3e9), ("all_to_all", 1e-4, 1e9))
     nccl = Link(1e9, 1e-4, False, measured=fits)
-    host = nccl._replace(scatter_op="all_to_all")
+    host = nccl._replace(through_host=True)
     assert scatter_time(8e6, 4, host) == collective_time("all_to_all", 6e6, 4, host)
     assert scatter_time(8e6, 4, nccl) == collective_time("reduce_scatter", 8e6, 4, nccl)
     cp, seq = 4, 8192

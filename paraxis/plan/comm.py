@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.sync import nearest_count, sync_wait
-from paraxis.spec.collectives import reduce_scatter_form
+from paraxis.spec.collectives import reduce_scatter_form, zero_form
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
 from paraxis.spec.layout import Layout
@@ -41,9 +41,9 @@ class Link(NamedTuple):
     intra_latency_s: float = 0.0
     call_latency_s: float = 0.0  # fixed cost of every collective call (launch, sync)
     datasheet_Bps: float = 0.0  # the ring's bandwidth before link_efficiency
-    # what carries an activation reduce-scatter here (spec.collectives, `scatter_time`):
-    # NCCL's reduce-scatter, or on CPU ranks (gloo) an all-to-all summed by each owner
-    scatter_op: str = "reduce_scatter"
+    # CPU ranks: the group runs gloo's host-side algorithms, where other collectives carry
+    # reduce-scatters and ZeRO's gathers (spec.collectives; `scatter_time`, `zero_time`)
+    through_host: bool = False
 
     def cost(self, op: str) -> tuple[float, float]:
         """(bandwidth_Bps, latency_s) that `op` sees on this link (a flat ring)."""
@@ -155,12 +155,12 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     low, high = cluster.node_of(min(ranks)), cluster.node_of(max(ranks))
     nodes = 1 if low == high else _nodes_spanned(tuple(ranks), cluster.gpus_per_node)
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
-    scatter = reduce_scatter_form(through_host=bool(cluster.cores_per_node))
+    host = bool(cluster.cores_per_node)
     if nodes == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
                     call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
-                    datasheet_Bps=gpu.nvlink_bandwidth_Bps, scatter_op=scatter)
+                    datasheet_Bps=gpu.nvlink_bandwidth_Bps, through_host=host)
     # Rails: every group of an axis runs its collective at once (the DP groups of all TP
     # ranks, say), so the node's NICs are shared by all its GPUs: each has min(1, NICs /
     # GPUs per node) of one NIC, whatever group it is in. NCCL runs one ring per NIC, so a
@@ -175,7 +175,7 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), nodes,
                 per_node, share * efficiency,
                 cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
-                cluster.intra_node_latency_s, cluster.collective_latency_s, ring, scatter)
+                cluster.intra_node_latency_s, cluster.collective_latency_s, ring, host)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -245,12 +245,20 @@ def leaving(all_to_all_input: float, n: int) -> float:
 
 def scatter_time(size_bytes: float, n: int, link: Link) -> float:
     """Seconds of a reduce-scatter of activations (SP's, the all-gather CP's dK/dV) of
-    `size_bytes` in over a group of n, as the runtime carries it on `link` (`Link.scatter_op`):
-    a reduce-scatter, or an all-to-all of the (n-1)/n bound for the other ranks, whose
-    owners add what they receive."""
-    if link.scatter_op == "all_to_all":
+    `size_bytes` in over a group of n, as the runtime carries it on `link`
+    (`spec.collectives.reduce_scatter_form`): a reduce-scatter, or an all-to-all of the
+    (n-1)/n bound for the other ranks, whose owners add what they receive."""
+    if reduce_scatter_form(link.through_host) == "all_to_all":
         return collective_time("all_to_all", leaving(size_bytes, n), n, link)
     return collective_time("reduce_scatter", size_bytes, n, link)
+
+
+def zero_time(op: str, size_bytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """Seconds of `calls` of ZeRO's `op` ("reduce_scatter" of gradients, "all_gather" of
+    parameters) on flat buffers of `size_bytes` in all over a group of n, as the runtime
+    carries them on `link` (`spec.collectives.zero_form`): `op` itself, or an all-reduce of
+    the whole buffer in place."""
+    return collective_time(zero_form(op, link.through_host), size_bytes, n, link, calls)
 
 
 # One data-parallel step's collectives by ZeRO stage, each (op, the state it moves): ZeRO
@@ -330,8 +338,8 @@ def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
         volume = zero3_pipeline_volume(stage_param_count, microbatches, zero3_reshard,
                                        param_bytes, grad_bytes, regather_bytes=regather_bytes)
         gathers = 1 if zero3_reshard == "step" else 2 * microbatches  # passes over the stage
-        return (collective_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
-                + collective_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
+        return (zero_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
+                + zero_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
     if zero == 3:
         return microbatches * layers * sum(zero3_layer_times(
             stage_param_count / layers, dp, link, grad_bytes, param_bytes, regather_bytes))
@@ -342,8 +350,8 @@ def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
         # reduce-scatter the gradients (ZeRO-1: once, accumulated; ZeRO-2: every microbatch,
         # once under a pipeline), then all-gather the updated parameters
         scatters = microbatches if zero == 2 and not pipelined else 1
-        return (scatters * collective_time("reduce_scatter", grads, dp, link, buckets)
-                + collective_time("all_gather", params, dp, link))
+        return (scatters * zero_time("reduce_scatter", grads, dp, link, buckets)
+                + zero_time("all_gather", params, dp, link))
     return collective_time("all_reduce", grads, dp, link, buckets)
 
 
@@ -369,7 +377,7 @@ def param_gather_time(stage_param_count: float, dp: int, zero: int, link: Link,
     next step's forward where the runtime starts it there (GPU.param_gather_overlap)."""
     if zero not in (1, 2) or dp <= 1:
         return 0.0
-    return collective_time("all_gather", stage_param_count * param_bytes, dp, link)
+    return zero_time("all_gather", stage_param_count * param_bytes, dp, link)
 
 
 def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
@@ -384,8 +392,9 @@ def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
         return 0.0
     grads = stage_param_count * grad_bytes
     size = grads / layers if bucket_bytes <= 0 else min(grads, bucket_bytes)
-    op = "all_reduce" if zero == 0 else "reduce_scatter"
-    return collective_time(op, size, dp, link)
+    if zero == 0:
+        return collective_time("all_reduce", size, dp, link)
+    return zero_time("reduce_scatter", size, dp, link)
 
 
 def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,
@@ -395,10 +404,10 @@ def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: floa
     forward gathers its parameters; the backward gathers them again (`regather_bytes` a
     parameter, default `param_bytes`) and reduce-scatters their gradients (Rajbhandari et
     al. 2020 Sec. 5.3)."""
-    gather = collective_time("all_gather", layer_params * param_bytes, dp, link)
+    gather = zero_time("all_gather", layer_params * param_bytes, dp, link)
     again = gather if regather_bytes is None or regather_bytes == param_bytes else \
-        collective_time("all_gather", layer_params * regather_bytes, dp, link)
-    scatter = collective_time("reduce_scatter", layer_params * grad_bytes, dp, link)
+        zero_time("all_gather", layer_params * regather_bytes, dp, link)
+    scatter = zero_time("reduce_scatter", layer_params * grad_bytes, dp, link)
     return gather, again + scatter
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.groups import through_host
+from paraxis.spec.collectives import zero_form
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,10 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor,
 
 
 def _sums_in_place(group: dist.ProcessGroup) -> bool:
-    """Whether the ZeRO collectives run as in-place all-reduces. gloo's reduce_scatter and
-    all_gather each allocate a temporary as large as the full buffer, and its reduce-scatter
-    is slower than an all-reduce of the same buffer (`python -m tools.probes.memory_probes`
-    times them; tools/probes/README.md). So on gloo gathering is an all-reduce of
-    the buffer zero-filled around this rank's part, and reduce-scattering an all-reduce
-    followed by a copy of this rank's part. NCCL's own
-    collectives allocate nothing and move half the bytes: they are used as they are."""
-    return through_host(group)
+    """Whether the ZeRO collectives run as in-place all-reduces (`spec.collectives.zero_form`:
+    on gloo, gathering is an all-reduce of the buffer zero-filled around this rank's part,
+    reduce-scattering an all-reduce followed by a copy of this rank's part)."""
+    return zero_form("reduce_scatter", through_host(group)) == "all_reduce"
 
 
 class _ThenCopy:

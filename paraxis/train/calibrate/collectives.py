@@ -20,8 +20,10 @@ from paraxis.train.calibrate.kernels import sync
 
 def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: torch.device,
                 dtype: torch.dtype) -> Callable[[], None]:
-    """One call of `op` on a message of `numel` elements over `group`, as the runtime issues
-    it (the flat-buffer forms of paraxis.engine.data_parallel.flat and paraxis.parallel.tensor)."""
+    """One call of `op` on a message of `numel` elements over `group`, in the flat-buffer
+    form the runtime issues it in on NCCL. On gloo the runtime carries its reduce-scatters and
+    ZeRO's gathers by all-to-alls and all-reduces instead (spec.collectives), which the
+    planner prices at those collectives' own fits."""
     size = dist.get_world_size(group)
     full = torch.ones(numel, device=device, dtype=dtype)
     shard = torch.ones(numel // size, device=device, dtype=dtype)
