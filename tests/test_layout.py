@@ -67,6 +67,23 @@ def test_axes_are_one_ordered_list_outermost_first():
     assert grid_groups(degrees, ("dp", "cp"))[:2] == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
+@given(degrees, degrees, degrees, degrees, st.sampled_from([1, 2, 4]))
+def test_rank_0s_groups_are_the_first_of_every_group(pp: int, dp: int, cp: int, tp: int,
+                                                      ep: int) -> None:
+    """What the planner's links read (rank 0's group alone) is the first of the world's."""
+    from paraxis.spec.grid import expert_dp_groups, first_expert_groups, first_group
+
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+    for axes in (("dp",), ("cp",), ("dp", "cp"), ("pp",), ("tp",), ("dp", "tp")):
+        assert first_group(sizes, axes) == grid_groups(sizes, axes)[0]
+    if (dp * cp) % ep:
+        with pytest.raises(ParaxisError, match="must divide dp"):
+            first_expert_groups(sizes, ep)
+    else:
+        assert first_expert_groups(sizes, ep) == (expert_groups(sizes, ep)[0],
+                                                  expert_dp_groups(sizes, ep)[0])
+
+
 def test_expert_groups_are_carved_out_of_dp_x_cp():
     degrees = {"pp": 1, "dp": 4, "cp": 1, "tp": 2}
     assert expert_groups(degrees, 2) == [[0, 2], [4, 6], [1, 3], [5, 7]]

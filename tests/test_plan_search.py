@@ -268,3 +268,33 @@ def test_defence_states_the_overlaps_it_assumed_and_the_headroom_it_kept():
                                                           zero3_prefetch=False, cp=False))
     assert any(line.startswith("Assumed exposed: the gradient sync, TP's backward") for
                line in nothing)
+
+
+@pytest.mark.parametrize("name,gpus,seq,batch", [("llama2-13b", 64, 4096, 512),
+                                                 ("mixtral-8x7b", 64, 4096, 256)])
+def test_a_setting_too_big_at_one_microbatch_size_is_too_big_at_every_larger_one(
+        name: str, gpus: int, seq: int, batch: int) -> None:
+    """The search prices a setting (schedule, depth, SP, recompute) again at a larger
+    microbatch only while it fits: a larger microbatch holds more activations. Each setting
+    it left too big, priced at every larger size, is too big there too (a pipeline's
+    ZeRO-2, which keeps no whole gradients at one microbatch, is priced at every size)."""
+    cfg = PRESETS[name]
+    cluster = build_cluster("h100-sxm-80gb", gpus, 8)
+    result = search(cfg, cluster, seq, batch)
+    assert result.ranked and result.too_big
+    checked = 0
+    for rejection in result.too_big[::max(1, len(result.too_big) // 150)]:
+        layout = rejection.layout
+        if layout.zero == 2 and layout.pp > 1:
+            continue
+        microbatches = layout.microbatches // 2
+        while microbatches >= 1 and layout.microbatches % microbatches == 0:
+            try:  # a size the rules allow (an interleaved schedule's count of microbatches)
+                larger = layout.replace(microbatches=microbatches).validate(gpus, cfg, batch,
+                                                                            seq)
+            except ParaxisError:
+                break
+            assert not evaluate(cfg, larger, cluster, seq, batch).fits, larger
+            checked += 1
+            microbatches //= 2
+    assert checked > 20

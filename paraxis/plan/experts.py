@@ -49,7 +49,7 @@ from paraxis.spec.expert_placement import (
     send_matrix,
     uniform_send_matrix,
 )
-from paraxis.spec.grid import expert_dp_groups, expert_groups
+from paraxis.spec.grid import first_expert_groups
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
@@ -253,7 +253,7 @@ def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbal
 
 def ep_link(layout: Layout, cluster: Cluster) -> Link:
     """The link an EP group's all-to-all runs over (the first group stands for all)."""
-    return group_link(list(_groups(tuple(layout.degrees.items()), layout.ep)[0]), cluster)
+    return group_link(list(_first_groups(tuple(layout.degrees.items()), layout.ep)[0]), cluster)
 
 
 def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
@@ -263,17 +263,15 @@ def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
     if layout.hybrid:
         return group_link(list(hybrid_group_ranks(degrees, layout.shard_size, "shard")
                                [::layout.ep]), cluster)
-    return group_link(list(_expert_dp_group(degrees, layout.ep)), cluster)
-
-
-@functools.lru_cache(maxsize=1024)
-def _expert_dp_group(degrees: tuple[tuple[str, int], ...], ep: int) -> tuple[int, ...]:
-    return tuple(expert_dp_groups(dict(degrees), ep)[0])
+    return group_link(list(_first_groups(degrees, layout.ep)[1]), cluster)
 
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
-def _groups(degrees: tuple[tuple[str, int], ...], ep: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(map(tuple, expert_groups(dict(degrees), ep)))
+def _first_groups(degrees: tuple[tuple[str, int], ...], ep: int
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rank 0's EP group and its experts' dp group (`grid.first_expert_groups`)."""
+    group, replicas = first_expert_groups(dict(degrees), ep)
+    return tuple(group), tuple(replicas)
 
 
 def all_to_all_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,

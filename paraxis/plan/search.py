@@ -237,6 +237,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
             too_big_at: int | None = None
             fitted_smaller = False
+            # Settings (schedule, depth, SP, recompute) too big at a smaller size: a larger
+            # microbatch holds more activations, so they are not priced again (a pipeline's
+            # ZeRO-2 excepted, as below)
+            outgrown: set[tuple] = set()
+            grows = not (zero == 2 and pp > 1)
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
@@ -246,7 +251,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     # fewer microbatches than stages idle half the pipeline or more
                     # ((P - 1) / (M + P - 1)), and a smaller size that fills it fits
                     break
-                too_big_before, fits_here = len(result.too_big), False
+                too_big_here, fits_here = False, False
                 microbatches = per_replica // micro_batch
                 for kind, virtual in _schedule_variants(pp, microbatches, c,
                                                          cfg.n_layers):
@@ -254,6 +259,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
                         for recompute, group in _recompute_steps(c, cfg.n_layers, pp, virtual):
+                            if grows and (kind, virtual, sp, recompute, group) in outgrown:
+                                too_big_here = True
+                                continue
                             settings = (micro_batch, kind, virtual, sp, recompute, group)
                             if reshard == "forward" and (shape, zero, dp_shard,
                                                          settings) in kept:
@@ -284,11 +292,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
+                            too_big_here = True
+                            outgrown.add((kind, virtual, sp, recompute, group))
                 # Nothing at this size fit, at any recompute: larger microbatches hold more
                 # activations (a pipeline's ZeRO-2 excepted: at one microbatch it keeps no
                 # whole gradients)
-                if (not fits_here and len(result.too_big) > too_big_before
-                        and not (zero == 2 and pp > 1)):
+                if not fits_here and too_big_here and grows:
                     too_big_at = micro_batch
                 fitted_smaller = fitted_smaller or fits_here
     siblings = other_variants(result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: (

@@ -61,6 +61,23 @@ def grid_groups(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[list[
             for fixed in itertools.product(*(range(degrees[a]) for a in outside))]
 
 
+def first_group(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[int]:
+    """Rank 0's group along `axes` (`grid_groups(degrees, axes)[0]`), without the world's
+    others: what a planner's link reads, a search asking for it of thousands of grids."""
+    inside = [axis for axis in AXES if axis in axes]
+    return [grid_rank(degrees, dict(zip(inside, moving, strict=True)))
+            for moving in itertools.product(*(range(degrees[a]) for a in inside))]
+
+
+def first_expert_groups(degrees: Mapping[str, int], ep: int) -> tuple[list[int], list[int]]:
+    """Rank 0's expert-parallel group and its experts' data-parallel group: the first of
+    `expert_groups` and of `expert_dp_groups`, from rank 0's dp x cp group alone."""
+    replicas = first_group(degrees, ("dp", "cp"))
+    if len(replicas) % ep:
+        expert_groups(degrees, ep)  # says which ep would divide dp*cp
+    return replicas[:ep], replicas[::ep]
+
+
 def expert_groups(degrees: Mapping[str, int], ep: int) -> list[list[int]]:
     """The expert-parallel groups: each dp x cp group (one (pp, tp) position) cut into
     consecutive blocks of `ep` ranks, so experts never change the world size."""
