@@ -30,7 +30,6 @@ alone (Graham 1969's two bounds of list scheduling).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from paraxis.plan.bubble import bubble_costs, pipeline_figures
 from paraxis.plan.comm import (
@@ -288,79 +287,6 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"]}
 
 
-class _SyncParts(NamedTuple):
-    """A layout's gradient sync and optimizer step, before what hides them (`evaluate`)."""
-
-    t_dp: float  # the sync's collectives, all of them
-    t_across: float  # hybrid sharding's all-reduce across a shard's copies
-    t_gather: float  # ZeRO-1/2's parameter all-gather after the step
-    t_tail: float  # the last gradient bucket's reduction
-    layer_gathers: tuple[float, float]  # ZeRO-3: a mean layer's (forward, backward) traffic
-    experts: float  # routed-expert parameters of the stage that holds the most
-    pipelined: bool  # ZeRO-2 reduces once a step under the pipeline
-    t_optimizer: float
-
-
-def _sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                precision: Precision, kinds: tuple[tuple[int, int], ...],
-                zero3_prefetch: bool) -> _SyncParts:
-    """What a search's layouts that differ only in microbatch size, SP or the CP variant
-    share: their gradient sync's collectives and their optimizer step."""
-    gpu = cluster.gpu
-    counts = [dense + moe for dense, moe in kinds]
-    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter;
-    # under hybrid sharding within one shard group of them, then across its copies.
-    replicas = layout.zero_ranks
-    dp_link = zero_link(layout, cluster)
-    copies, across = layout.replicas, copies_link(layout, cluster)
-    # An MoE model's routed experts: over their dp*cp/ep replicas (plan/experts.py).
-    shares = stage_local_params(cfg, layout, seq_len)
-    stage_param_count = max(local for local, _ in shares)
-    experts = max(expert for _, expert in shares)
-    expert_replicas = replicas // layout.ep
-    reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
-    gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
-    regathered = regather_bytes_per_param(cfg, precision, layout.recompute)
-    sync = (layout.microbatches, precision.grad_bytes, gathered)
-    expert_sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
-    # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
-    pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
-    bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
-    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        bucket, reshard, pipelined, copies, across, regathered)
-    t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
-                                precision.grad_bytes, max(counts), bucket)
-    # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
-    # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
-    t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
-                                 gathered)
-    t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
-                              precision.grad_bytes, max(counts), bucket)
-    if experts:
-        expert_link = expert_dp_link(layout, cluster)
-        expert_args = (max(k[1] for k in kinds),
-                       gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
-        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *expert_sync,
-                             *expert_args, reshard, pipelined, copies, across)
-        t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
-                                     precision.grad_bytes, *expert_args)
-        t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
-                                      precision.param_bytes)
-    layer_gathers = (0.0, 0.0)
-    if layout.zero == 3 and replicas > 1 and zero3_prefetch:
-        layer_gathers = zero3_layer_times(stage_param_count / max(counts), replicas, dp_link,
-                                          precision.grad_bytes, gathered, regathered)
-        if experts:  # the mean block's gathers, experts over their own replicas
-            more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
-                                     precision.grad_bytes, precision.param_bytes)
-            layer_gathers = (layer_gathers[0] + more[0], layer_gathers[1] + more[1])
-    t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
-                                 layer_rates(cluster, layout.tp)[2], pipelined,
-                                 gpu.optimizer_kernel)
-    return _SyncParts(t_dp, t_across, t_gather, t_tail, layer_gathers, experts, pipelined,
-                      t_optimizer)
-
-
 def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP,
@@ -391,9 +317,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
     # what layer_times and head_times read of the layout: the grid, SP, CP variant, recompute
-    degrees = tuple(layout.degrees.items())
-    layout_key = (degrees, layout.ep, layout.etp, layout.dp_shard, layout.cp_a2a)
-    key = (degrees, layout.ep, layout.etp, layout.sequence_parallel,
+    key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
            layout.cp_attention, layout.recompute, micro_batch)
     memo = {} if memo is None else memo
     # CPU ranks: a layer's calls wait after half a layer's forward on one TP rank (plan/sync.py)
@@ -408,24 +332,18 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 
     def blocks_sum(stage: int, *keys: str) -> float:
         dense, moe = kinds[stage]
-        own = other = 0.0
-        for k in keys:
-            own += layer[k]
-            other += moe_layer[k]
-        return dense * own + moe * other
+        return dense * sum(layer[k] for k in keys) + moe * sum(moe_layer[k] for k in keys)
 
-    # stages alike (their blocks, the head or not) compute alike: the first of each kind;
-    # the busiest computes the most (its blocks' forward and backward, and the head's)
-    busiest, most = 0, -1.0
-    seen: set[tuple] = set()
-    for stage in range(layout.pp):
-        if (kinds[stage], stage == last) in seen:
-            continue
-        seen.add((kinds[stage], stage == last))
-        compute = blocks_sum(stage, "forward", "backward") + (stage == last) * (
+    def stage_compute(stage: int) -> float:
+        has_head = stage == last
+        return blocks_sum(stage, "forward", "backward") + has_head * (
             head["forward"] + head["backward"])
-        if compute > most:
-            busiest, most = stage, compute
+
+    # stages alike (their blocks, the head or not) compute alike: the first of each kind
+    firsts: dict[tuple, int] = {}
+    for stage in range(layout.pp):
+        firsts.setdefault((kinds[stage], stage == last), stage)
+    busiest = max(firsts.values(), key=stage_compute)
     has_head = busiest == last
     t_forward = blocks_sum(busiest, "forward") + has_head * head["forward"]
     t_backward = blocks_sum(busiest, "backward") + has_head * head["backward"]
@@ -469,20 +387,55 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
         pipeline = max(busy, critical / (1 - figures.bubble_fraction))
 
-    sync_key = ("sync", layout_key, layout.zero, layout.zero3_reshard, layout.microbatches,
-                layout.virtual_stages, layout.placement, layout.recompute)
-    if sync_key not in memo:  # what the gradient sync reads of the layout
-        memo[sync_key] = _sync_parts(cfg, layout, cluster, seq_len, precision, kinds,
-                                     overlap.zero3_prefetch)
-    sync: _SyncParts = memo[sync_key]
-    t_dp, t_across, t_gather, pipelined = sync.t_dp, sync.t_across, sync.t_gather, sync.pipelined
-    replicas, experts = layout.zero_ranks, sync.experts
+    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter;
+    # under hybrid sharding within one shard group of them, then across its copies.
+    replicas = layout.zero_ranks
+    dp_link = zero_link(layout, cluster)
+    copies, across = layout.replicas, copies_link(layout, cluster)
+    # An MoE model's routed experts: over their dp*cp/ep replicas (plan/experts.py).
+    shares = stage_local_params(cfg, layout, seq_len)
+    stage_param_count = max(local for local, _ in shares)
+    experts = max(expert for _, expert in shares)
+    expert_replicas = replicas // layout.ep
+    reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
+    gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
+    regathered = regather_bytes_per_param(cfg, precision, layout.recompute)
+    sync = (layout.microbatches, precision.grad_bytes, gathered)
+    expert_sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
+    # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
+    pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
+    bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
+    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
+                        bucket, reshard, pipelined, copies, across, regathered)
+    t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
+                                precision.grad_bytes, max(counts), bucket)
+    # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
+    # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
+    t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
+                                 gathered)
+    t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
+                              precision.grad_bytes, max(counts), bucket)
+    if experts:
+        expert_link = expert_dp_link(layout, cluster)
+        expert_args = (max(k[1] for k in kinds),
+                       gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
+        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *expert_sync,
+                             *expert_args, reshard, pipelined, copies, across)
+        t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
+                                     precision.grad_bytes, *expert_args)
+        t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
+                                      precision.param_bytes)
     if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
-        gather_f, gather_b = sync.layer_gathers
+        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
+                                               dp_link, precision.grad_bytes, gathered,
+                                               regathered)
         windows = layer
         if experts:  # the mean block's gathers, experts over their own replicas
+            more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
+                                     precision.grad_bytes, precision.param_bytes)
+            gather_f, gather_b = gather_f + more[0], gather_b + more[1]
             windows = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]}
         pairs, passes = zero3_windows(gather_f, gather_b, windows, layout)
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
@@ -501,7 +454,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         window = (layout.microbatches * t_backward if layout.zero == 2 and not pipelined
                   else t_backward)
         grads = t_dp - t_gather
-        tail = min(sync.t_tail, grads)
+        tail = min(t_tail, grads)
         hideable = grads - tail
         dp_exposed = (tail + max(0.0, hideable - window)
                       + overlap.contention * min(hideable, window))
@@ -514,9 +467,11 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
-    t_optimizer = sync.t_optimizer
+    t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
+                                 layer_rates(cluster, layout.tp)[2], pipelined,
+                                 gpu.optimizer_kernel)
     # The step's own small calls (the loss, the gradient norm, the stop flag): latency each
-    calls_key = ("step calls", degrees, layout.ep, layout.etp,
+    calls_key = ("step calls", tuple(layout.degrees.items()), layout.ep, layout.etp,
                  layout.sequence_parallel, layout.zero >= 1, layout.placement)
     if calls_key not in memo:  # what step_calls reads of the layout
         memo[calls_key] = step_calls_time(cfg, layout, cluster)
