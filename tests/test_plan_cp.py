@@ -360,12 +360,15 @@ def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_th
     cpu = build_cluster(gpus=4, overrides={"name": "cpu-core", "peak_flops": 1e11,
                                            "memory_bytes": 3e9, "cores_per_node": 2,
                                            "gpus_per_node": 8})
-    assert group_link(range(4), cpu).through_host
-    assert not group_link(range(4), build_cluster("h100-sxm-80gb", 16, 8)).through_host
+    assert group_link(range(4), cpu).through_host and group_link(range(4), cpu).sum_Bps > 0
+    gpu_link = group_link(range(4), build_cluster("h100-sxm-80gb", 16, 8))
+    assert not gpu_link.through_host and gpu_link.sum_Bps == 0
     fits = (("all_gather", 1e-4, 1e9), ("reduce_scatter", 1e-4, 0.3e9), ("all_to_all", 1e-4, 1e9))
     nccl = Link(1e9, 1e-4, False, measured=fits)
-    host = nccl._replace(through_host=True)
-    assert scatter_time(8e6, 4, host) == collective_time("all_to_all", 6e6, 4, host)
+    host = nccl._replace(through_host=True, sum_Bps=2e9)
+    # the owner's sum: its first part copied, three added into it (11 parts of 2 MB)
+    assert scatter_time(8e6, 4, host) == pytest.approx(
+        collective_time("all_to_all", 6e6, 4, host) + 22e6 / 2e9)
     assert scatter_time(8e6, 4, nccl) == collective_time("reduce_scatter", 8e6, 4, nccl)
     cp, seq = 4, 8192
     on_host = cp_layer_times(LLAMA_8B, "all_gather", cp, 1, seq, 1, 4, host, 1.0, 2.0, 0.0)
@@ -374,8 +377,9 @@ def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_th
                                             LLAMA_8B.n_kv_heads, seq, LLAMA_8B.head_dim, cp, 4)
     parts = backward - forward
     assert on_host["total"] - on_nccl["total"] == pytest.approx(
-        collective_time("all_to_all", leaving(parts, cp), cp, host)
-        - collective_time("reduce_scatter", parts, cp, nccl))
+        scatter_time(parts, cp, host) - collective_time("reduce_scatter", parts, cp, nccl))
+    assert scatter_time(parts, cp, host) > collective_time("all_to_all", leaving(parts, cp),
+                                                           cp, host)
     # the ring sends its own hops on either backend
     assert cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, host, 1.0, 2.0, 0.0) == \
         cp_layer_times(LLAMA_8B, "ring", cp, 1, seq, 1, 4, nccl, 1.0, 2.0, 0.0)

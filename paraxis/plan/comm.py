@@ -44,6 +44,9 @@ class Link(NamedTuple):
     # CPU ranks: the group runs gloo's host-side algorithms, where other collectives carry
     # reduce-scatters and ZeRO's gathers (spec.collectives; `scatter_time`, `zero_time`)
     through_host: bool = False
+    # what one rank adds arrays at, bytes/s (memory-bound, its share of a core): the host-side
+    # reduce-scatter's sum; 0 where the collective sums in flight (NCCL)
+    sum_Bps: float = 0.0
 
     def cost(self, op: str) -> tuple[float, float]:
         """(bandwidth_Bps, latency_s) that `op` sees on this link (a flat ring)."""
@@ -156,11 +159,12 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     nodes = 1 if low == high else _nodes_spanned(tuple(ranks), cluster.gpus_per_node)
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
     host = bool(cluster.cores_per_node)
+    sums = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * cluster.compute_share if host else 0.0
     if nodes == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),
                     call_latency_s=cluster.collective_latency_s + sync_wait(cluster, len(ranks)),
-                    datasheet_Bps=gpu.nvlink_bandwidth_Bps, through_host=host)
+                    datasheet_Bps=gpu.nvlink_bandwidth_Bps, through_host=host, sum_Bps=sums)
     # Rails: every group of an axis runs its collective at once (the DP groups of all TP
     # ranks, say), so the node's NICs are shared by all its GPUs: each has min(1, NICs /
     # GPUs per node) of one NIC, whatever group it is in. NCCL runs one ring per NIC, so a
@@ -175,7 +179,7 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     return Link(ring * efficiency, cluster.inter_node_latency_s, True, (), nodes,
                 per_node, share * efficiency,
                 cluster.collective_algorithm, gpu.nvlink_bandwidth_Bps * efficiency,
-                cluster.intra_node_latency_s, cluster.collective_latency_s, ring, host)
+                cluster.intra_node_latency_s, cluster.collective_latency_s, ring, host, sums)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -247,9 +251,12 @@ def scatter_time(size_bytes: float, n: int, link: Link) -> float:
     """Seconds of a reduce-scatter of activations (SP's, the all-gather CP's dK/dV) of
     `size_bytes` in over a group of n, as the runtime carries it on `link`
     (`spec.collectives.reduce_scatter_form`): a reduce-scatter, or an all-to-all of the
-    (n-1)/n bound for the other ranks, whose owners add what they receive."""
+    (n-1)/n bound for the other ranks, whose owners add what they receive: a copy of the
+    first of its n parts and n - 1 additions into it (`dist.collectives.SummedInto`), (3n -
+    1) parts' bytes through memory at `Link.sum_Bps`."""
     if reduce_scatter_form(link.through_host) == "all_to_all":
-        return collective_time("all_to_all", leaving(size_bytes, n), n, link)
+        summed = size_bytes * (3 * n - 1) / n / link.sum_Bps if link.sum_Bps and n > 1 else 0.0
+        return collective_time("all_to_all", leaving(size_bytes, n), n, link) + summed
     return collective_time("reduce_scatter", size_bytes, n, link)
 
 
