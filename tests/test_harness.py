@@ -37,6 +37,32 @@ def test_all_reduce_of_rank_ids(world):
     assert run_distributed(_sum_of_ranks, world) == [world * (world - 1) / 2] * world
 
 
+def test_ranks_start_again_at_another_port_when_theirs_was_taken(monkeypatch):
+    """A port free when picked can be taken before rank 0 binds it (another test's process):
+    the launch is tried again at a fresh port, and only that failure is retried."""
+    import socket
+
+    import paraxis.dist.testing as testing
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picked = []
+    real = testing.free_port
+
+    def first_one_taken() -> int:
+        picked.append(taken.getsockname()[1] if not picked else real())
+        return picked[-1]
+
+    monkeypatch.setattr(testing, "free_port", first_one_taken)
+    with taken:
+        assert run_distributed(_sum_of_ranks, 2, timeout_s=60) == [1.0, 1.0]
+    assert len(picked) == 2
+    with pytest.raises(RankFailed, match="rank 2 failed"):  # any other failure: not retried
+        run_distributed(_rank_two_fails, 4)
+    assert len(picked) == 3
+
+
 def _rank_two_fails() -> None:
     if dist.get_rank() == 2:
         raise ValueError("rank two is broken")

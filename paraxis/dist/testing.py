@@ -300,6 +300,25 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (),
     `share_gpu`: the ranks join `shared_gpu.BACKEND` (gloo through the host), taking the
     GPUs in turn where `device` is "cuda"."""
     __tracebackhide__ = True  # pytest shows the rank's traceback, not this loop
+    for attempt in range(PORT_TRIES):
+        try:
+            return _launch(fn, world_size, args, kwargs, timeout_s, device, share_gpu)
+        except RankFailed as failure:
+            # The port was free when picked and taken before rank 0 bound it (another test's
+            # process): the ranks start again at another, as PyTorch's own distributed tests
+            # do (`retry_on_connect_failures`).
+            if attempt == PORT_TRIES - 1 or "EADDRINUSE" not in str(failure):
+                raise
+    raise AssertionError("unreachable")
+
+
+# Launches a run of ranks may take when the free port it picked is taken before rank 0 binds it.
+PORT_TRIES = 3
+
+
+def _launch(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict | None,
+            timeout_s: float, device: str, share_gpu: bool) -> list[Any]:
+    __tracebackhide__ = True
     served = device != "cuda" and not can_fork_autograd()
     if served:
         try:
