@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from paraxis.plan.hardware import GPU, Cluster
+from paraxis.plan.rates import layer_rates
 from paraxis.plan.sync import nearest_count, sync_wait
 from paraxis.spec.collectives import reduce_scatter_form, zero_form
 from paraxis.spec.errors import ParaxisError
@@ -159,7 +160,7 @@ def _group_link(ranks: tuple[int, ...], cluster: Cluster) -> Link:
     nodes = 1 if low == high else _nodes_spanned(tuple(ranks), cluster.gpus_per_node)
     gpu, efficiency = cluster.gpu, cluster.gpu.link_efficiency
     host = bool(cluster.cores_per_node)
-    sums = gpu.hbm_bandwidth_Bps * gpu.hbm_efficiency * cluster.compute_share if host else 0.0
+    sums = layer_rates(cluster, 1)[2] if host else 0.0  # a rank's elementwise rate
     if nodes == 1:
         return Link(gpu.nvlink_bandwidth_Bps * efficiency, cluster.intra_node_latency_s,
                     False, measured_fits(cluster, len(ranks)) if len(ranks) > 1 else (),

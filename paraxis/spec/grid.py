@@ -50,22 +50,22 @@ def grid_groups(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[list[
     if unknown or not axes:
         raise ParaxisError(f"unknown axis {'_'.join(axes)!r}; use names among "
                            f"{', '.join(AXES)}, ep, joined by '_' (e.g. dp_tp)")
-    inside = [axis for axis in AXES if axis in axes]
     outside = [axis for axis in AXES if axis not in axes]
-
-    def ranks_along(fixed: dict[str, int]) -> list[int]:
-        return [grid_rank(degrees, {**fixed, **dict(zip(inside, moving, strict=True))})
-                for moving in itertools.product(*(range(degrees[a]) for a in inside))]
-
-    return [ranks_along(dict(zip(outside, fixed, strict=True)))
+    return [_ranks_along(degrees, axes, dict(zip(outside, fixed, strict=True)))
             for fixed in itertools.product(*(range(degrees[a]) for a in outside))]
 
 
 def first_group(degrees: Mapping[str, int], axes: tuple[str, ...]) -> list[int]:
     """Rank 0's group along `axes` (`grid_groups(degrees, axes)[0]`), without the world's
     others: what a planner's link reads, a search asking for it of thousands of grids."""
+    return _ranks_along(degrees, axes, {})
+
+
+def _ranks_along(degrees: Mapping[str, int], axes: tuple[str, ...],
+                 fixed: dict[str, int]) -> list[int]:
+    """The group along `axes` whose other axes sit at `fixed` (missing ones at 0)."""
     inside = [axis for axis in AXES if axis in axes]
-    return [grid_rank(degrees, dict(zip(inside, moving, strict=True)))
+    return [grid_rank(degrees, {**fixed, **dict(zip(inside, moving, strict=True))})
             for moving in itertools.product(*(range(degrees[a]) for a in inside))]
 
 
