@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from paraxis.model.transformer import Attention
 from paraxis.plan.activations import attention_kernel_bytes, layer_activation_bytes
-from paraxis.plan.cost import layer_times
 from paraxis.plan.hardware import GPUS, build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.plan.memory import layout_memory
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import FLASH, MATH, RUNTIME_KERNEL, get_kernel

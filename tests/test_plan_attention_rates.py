@@ -11,8 +11,9 @@ from paraxis.plan.attention_rates import (
     kernel_flops,
 )
 from paraxis.plan.compute import layer_forward_flops_per_token
-from paraxis.plan.cost import evaluate, layer_times
+from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import GPUS, build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.plan.rates import attention_kernel_rate
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import FLASH

@@ -7,8 +7,9 @@ import pytest
 from paraxis.plan.activations import attention_kernel_bytes
 from paraxis.plan.comm import axis_link
 from paraxis.plan.context import MIN_CP_TOKENS, cp_layer_times, imbalance
-from paraxis.plan.cost import Overlap, evaluate, layer_times
+from paraxis.plan.cost import Overlap, evaluate
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.plan.search import Constraints, search
 from paraxis.spec.cp_balance import pairs_per_rank, saved_bytes_per_rank
 from paraxis.spec.kernels import workspace_bytes

@@ -12,7 +12,7 @@ import pytest
 from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
 from paraxis.plan.context import replica_link
-from paraxis.plan.cost import evaluate, layer_times
+from paraxis.plan.cost import evaluate
 from paraxis.plan.experts import (
     all_to_all_times,
     check_ep,
@@ -30,6 +30,7 @@ from paraxis.plan.experts import (
 )
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.plan.memory import stage_kinds, stage_local_params, stage_params
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.step_calls import scalar_call_time

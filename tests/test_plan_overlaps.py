@@ -6,8 +6,9 @@ import pytest
 
 from paraxis.plan.comm import Link, all_gather_time, last_bucket_time, param_gather_time
 from paraxis.plan.context import zero_link
-from paraxis.plan.cost import evaluate, layer_times
+from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.plan.tp_layer import tp_layer_exposed_time
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout

@@ -4,8 +4,9 @@ microbatch 4, seq 2048), forward and backward milliseconds per configuration. Fi
 
 from __future__ import annotations
 
-from paraxis.plan.cost import Overlap, layer_times
+from paraxis.plan.cost import Overlap
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.layer_cost import layer_times
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 

@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 from paraxis.plan.activations import layer_activation_bytes
 from paraxis.plan.compute import layer_forward_flops_per_token, model_flops_per_token
-from paraxis.plan.cost import Estimate, evaluate, runtime_dropout
+from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
+from paraxis.plan.layer_cost import runtime_dropout
 from paraxis.plan.memory import stage_layers
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig

@@ -42,9 +42,10 @@ from paraxis.plan.compute import (
     layer_forward_traffic_per_token_eager,
     layer_kernels,
 )
-from paraxis.plan.cost import _core_times, evaluate, runtime_dropout
+from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.head import head_times
+from paraxis.plan.layer_cost import _core_times, runtime_dropout
 from paraxis.plan.rates import attention_kernel_rate, layer_rates, weight_gemm_seconds
 from paraxis.spec.kernels import get_kernel
 from paraxis.spec.layout import Layout
