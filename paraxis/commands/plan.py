@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
         constraints = search_constraints(args, fixed, stated, micro_batch, cfg)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
-                        overlap, imbalance)
+                        overlap, imbalance, keep=max(6, args.top))
         if not result.ranked:
             raise ParaxisError(_no_fit(cfg, cluster, result, precision, args))
         layouts = result.top(args.top)

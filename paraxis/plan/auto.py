@@ -61,7 +61,8 @@ class AutoChoice:
                  f"predicted {best.step_time_s:.3g} s per step, priced on {source}",
                  f"searched {result.considered} layouts of {self.cfg.name} for global batch "
                  f"{self.global_batch} x {self.seq_len} tokens: {len(result.ranked)} fit, "
-                 f"{len(result.too_big)} too big for memory"]
+                 f"{len(result.too_big)} too big for memory, {result.skipped} skipped as "
+                 "slower"]
         parts = [f"compute {best.time['compute']:.3g} s"] + [
             f"{k.replace('_', ' ')} {best.time[k]:.3g} s" for k in OVERHEADS
             if best.time.get(k, 0.0) > 0.0005]

@@ -146,6 +146,15 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     """The pipeline part of `evaluate`'s step: every microbatch's compute and exposed
     communication on the busiest stage, over one minus the schedule's bubble; `overlap` as
     `overlap_on` gives it, `memo` as `evaluate`'s."""
+    # what layer_times and head_times read of the layout: the grid, SP, CP variant and its
+    # levels, recompute, and where FP8 weights are cast on ZeRO-3's shards, their group
+    key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
+           layout.cp_attention, layout.cp_a2a, layout.recompute, micro_batch,
+           layout.zero_ranks if layout.zero == 3 and precision.fp8_recipe is not None
+           and precision.fp8_weight_gather else 1)
+    whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches)
+    if whole in memo:  # alike across ZeRO stages, shard groups and ZeRO-3 regathering
+        return memo[whole]
     gpu = cluster.gpu
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
@@ -155,11 +164,6 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
-    # what layer_times and head_times read of the layout: the grid, SP, CP variant,
-    # recompute, and ZeRO-3's shard group (FP8 weights are cast on their shards)
-    key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
-           layout.cp_attention, layout.recompute, micro_batch,
-           layout.zero_ranks if layout.zero == 3 else 1)
     # CPU ranks: a layer's calls wait after half a layer's forward on one TP rank (plan/sync.py)
     half_layer = sync_segment_s(cfg, tokens_per_microbatch / layout.tp, gpu.peak_flops)
     if key not in memo:
@@ -227,8 +231,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         # critical path at the stage's share, whichever is longer.
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
         pipeline = max(busy, critical / (1 - figures.bubble_fraction))
-    return Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total, t_cp,
-                    t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline)
+    memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
+                           t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline)
+    return memo[whole]
 
 
 def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -237,16 +242,42 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
                      expert_imbalance: float = DEFAULT_IMBALANCE,
                      memo: dict | None = None) -> float:
     """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation: its
-    pipeline without recomputation (which only adds to the backward and its collectives)
-    and the step's own small calls; the gradient sync, the optimizer step and the experts'
+    pipeline without recomputation (which only adds to the backward and its collectives),
+    its optimizer step and the step's own small calls; the gradient sync and the experts'
     gradient sum over tp, which only add, are left out. The search skips a layout whose
     floor is above every time it keeps (`search.Floor`)."""
     memo = {} if memo is None else memo
-    bare = layout.replace(recompute="none", recompute_layers=1)
+    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
+                                                                     recompute_layers=1)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     pipe = pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
                          overlap_on(cluster, overlap), expert_imbalance, memo)
-    return pipe.pipeline + _calls_time(cfg, layout, cluster, memo)
+    return (pipe.pipeline + _optimizer_seconds(cfg, layout, cluster, seq_len, precision)
+            + _calls_time(cfg, layout, cluster, memo))
+
+
+def _optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                       precision: Precision) -> float:
+    """The optimizer step on the stage holding the most parameters (`optimizer_time`)."""
+    gpu = cluster.gpu
+    shares = stage_local_params(cfg, layout, seq_len)
+    pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
+    return optimizer_time(layout, precision, gpu.kernels, max(local for local, _ in shares),
+                          max(expert for _, expert in shares),
+                          layer_rates(cluster, layout.tp)[2], pipelined, gpu.optimizer_kernel)
+
+
+def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+              micro_batch: int, precision: Precision = MIXED_ADAM,
+              expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
+    """`layout_memory` with what `cluster`'s GPU and runtime keep: its attention kernel (flash
+    under cp), reserve, gradient buckets, dropout masks, pipeline ZeRO-2 and loss kernel."""
+    gpu = cluster.gpu
+    return layout_memory(cfg, layout, seq_len, micro_batch, precision,
+                         "flash" if layout.cp > 1 else gpu.attention_kernel,
+                         reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
+                         dropout=runtime_dropout(cfg, gpu), expert_imbalance=expert_imbalance,
+                         zero2_reduce=gpu.pipeline_zero2_reduce, loss_kernel=gpu.loss_kernel)
 
 
 def _calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:
@@ -273,13 +304,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout (`runtime_dropout`).
-    memory = layout_memory(cfg, layout, seq_len, micro_batch, precision,
-                           "flash" if layout.cp > 1 else gpu.attention_kernel,
-                           reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
-                           dropout=runtime_dropout(cfg, gpu),
-                           expert_imbalance=expert_imbalance,
-                           zero2_reduce=gpu.pipeline_zero2_reduce,
-                           loss_kernel=gpu.loss_kernel)
+    memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision,
+                       expert_imbalance)
     memo = {} if memo is None else memo
     pipe = pipeline_time(cfg, layout, cluster, seq_len, micro_batch, precision, overlap,
                          expert_imbalance, memo)
@@ -366,9 +392,7 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
-    t_optimizer = optimizer_time(layout, precision, gpu.kernels, stage_param_count, experts,
-                                 layer_rates(cluster, layout.tp)[2], pipelined,
-                                 gpu.optimizer_kernel)
+    t_optimizer = _optimizer_seconds(cfg, layout, cluster, seq_len, precision)
     t_calls = _calls_time(cfg, layout, cluster, memo)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
 

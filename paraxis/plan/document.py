@@ -45,6 +45,7 @@ def plan_document(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch
             "fitting": len(result.ranked),
             "rejected_rules": len(result.rule_breakers),
             "rejected_memory": len(result.too_big),
+            "skipped_slower": result.skipped,
             "rejected_examples": [
                 {"layout": str(r.layout), "reason": r.reason}
                 for r in (result.too_big[:3] + _distinct(result.rule_breakers, 3))],

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.prune import families
 from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, simpler_by
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import (
@@ -23,7 +24,6 @@ from paraxis.plan.uncertainty import (
     step_range,
     ties,
 )
-from paraxis.spec.layout import Layout
 
 Price = Callable[[Estimate, Cluster], float]
 
@@ -113,23 +113,13 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
     return lines
 
 
-def _families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
-    return [("ZeRO-3", lambda layout: layout.zero == 3),
-            ("without ZeRO-3", lambda layout: layout.zero < 3),
-            ("without PP", lambda layout: layout.pp == 1),
-            ("without TP", lambda layout: layout.tp == 1),
-            ("without CP", lambda layout: layout.cp == 1),
-            ("without EP", lambda layout: layout.ep == 1),
-            (f"with TP = {node}", lambda layout: layout.tp == node)]
-
-
 def family_rivals(best: Estimate, result: SearchResult, band: ErrorBand, node: int,
                   said: list[str]) -> list[str]:
     """The best fitting layout of each family `best` is not in (one line per layout, naming
     every family it leads); where none fits, the family's layout closest to fitting."""
     lines: list[str] = []
     leaders: dict[int, tuple[Estimate, list[str]]] = {}
-    for name, member in _families(node):
+    for name, member in families(node):
         if member(best.layout):
             continue
         rival = next((e for e in result.ranked if member(e.layout)), None)

@@ -9,6 +9,8 @@ rank), or at the degree asked for, its K/V exchange variants compared per shape
 (`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every
 degree that divides dp*cp and the experts while its group stays in a node; beyond the node,
 only until one fits (a larger group sends more of every all-to-all over the network).
+A layout whose floor (`cost.step_lower_bound`) is slower than everything the answer shows
+is skipped unpriced (`prune.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,20 @@ import re
 from dataclasses import dataclass, field
 
 from paraxis.plan.context import MIN_CP_TOKENS
-from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.cost import (
+    DEFAULT_OVERLAP,
+    Estimate,
+    Overlap,
+    evaluate,
+    step_lower_bound,
+)
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
+from paraxis.plan.prune import Bound, fits
 from paraxis.plan.ranking import rank
+from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
@@ -83,10 +93,12 @@ class Rejection:
 
 @dataclass
 class SearchResult:
-    ranked: list[Estimate]  # every fitting layout, fastest first
+    # the fitting layouts priced, fastest first: every one the answer shows (`prune.py`)
+    ranked: list[Estimate]
     rule_breakers: list[Rejection] = field(default_factory=list)
     too_big: list[Rejection] = field(default_factory=list)  # fastest first
-    considered: int = 0
+    considered: int = 0  # layouts priced
+    skipped: int = 0  # not priced: their floor is slower than anything the answer shows
 
     def top(self, k: int) -> list[Estimate]:
         return self.ranked[:k]
@@ -165,7 +177,11 @@ def _why_no_shape(c: Constraints, world: int, per_node: int) -> str:
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            constraints: Constraints = Constraints(), precision: Precision = MIXED_ADAM,
            overlap: Overlap = DEFAULT_OVERLAP,
-           expert_imbalance: float = DEFAULT_IMBALANCE) -> SearchResult:
+           expert_imbalance: float = DEFAULT_IMBALANCE, keep: int = 6,
+           exhaustive: bool = False) -> SearchResult:
+    """Every layout of `world` GPUs the constraints allow, priced; those slower than all the
+    answer shows (the `keep` fastest, the ties, each shape's fastest: `prune.py`) skipped
+    on their floor, unless `exhaustive`."""
     world = cluster.world_size
     if global_batch < 1:
         raise ParaxisError(f"global batch {global_batch} must be at least 1")
@@ -220,6 +236,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if c.fused_loss:  # the runtime's fused loss: tp 1, ZeRO 0-2
         zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
+    bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -258,7 +275,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
-                        for recompute, group in _recompute_steps(c, cfg.n_layers, pp, virtual):
+                        floor = None  # alike for every recompute step of this setting
+                        steps = _recompute_steps(c, cfg.n_layers, pp, virtual)
+                        for done, (recompute, group) in enumerate(steps):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
                                 too_big_here = True
                                 continue
@@ -279,9 +298,40 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             except ParaxisError as error:
                                 result.rule_breakers.append(Rejection(shape, str(error)))
                                 break
+                            if not exhaustive:
+                                if floor is None:
+                                    floor = step_lower_bound(
+                                        cfg, layout, cluster, seq_len, global_batch,
+                                        precision, overlap, expert_imbalance, memo)
+                                if floor > bound.limit(layout):
+                                    # slower than all the answer shows, and heavier
+                                    # recomputation only slower: skip them all, but
+                                    # across nodes learn whether one fits (as below)
+                                    result.skipped += 1
+                                    if not across:
+                                        result.skipped += len(steps) - done - 1
+                                        break
+                                    if fits(cfg, layout, cluster, seq_len, global_batch,
+                                             precision, expert_imbalance):
+                                        fitted_across_nodes.add(
+                                            (dp, tp, pp, shape.cp, shape.etp))
+                                        result.skipped += len(steps) - done - 1
+                                        break
+                                    continue
+                                if (floor > bound.shown() and bound.families_fit(layout)
+                                        and not fits(cfg, layout, cluster, seq_len,
+                                                      global_batch, precision,
+                                                      expert_imbalance)):
+                                    # too big, and too slow for the fastest too big: no
+                                    # answer shows it, but the search learns it is too big
+                                    result.skipped += 1
+                                    too_big_here = True
+                                    outgrown.add((kind, virtual, sp, recompute, group))
+                                    continue
                             result.considered += 1
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
                                                 precision, overlap, expert_imbalance, memo)
+                            bound.add(estimate)
                             if estimate.fits:
                                 fits_here = True
                                 if reshard == "step":

@@ -27,7 +27,8 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
                   f"{global_batch} x {seq_len} tokens")
     if result is not None:
         console.print(f"priced {result.considered} layouts: {len(result.ranked)} fit, "
-                      f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule")
+                      f"{len(result.too_big)} too big, {len(result.rule_breakers)} break a rule; "
+                      f"{result.skipped} skipped, slower than all shown (their floor)")
     band = error_band(cluster)
     table = Table(show_lines=False, caption=f"step s: predicted; {band.name} ±{band.rms:.1%} "
                   f"RMS ({band.source})")

@@ -87,7 +87,9 @@ def defence_section(plan: Plan) -> str:
     parts = [f"<p>The planner priced {result.considered} layouts for "
              f"{plan.hardware.ranks(plan.cluster.world_size)}: {len(result.ranked)} fit, "
              f"{len(result.too_big)} do not fit in memory, "
-             f"{len(result.rule_breakers)} break a rule.</p>"]
+             f"{len(result.rule_breakers)} break a rule; {result.skipped} more were skipped "
+             "unpriced, their floor (pipeline, optimizer step and small calls) slower than "
+             "every layout shown.</p>"]
     rows = [(i + 1, layout_text(c.layout), duration(c.step_time_s), f"{c.tokens_per_s:,.0f}",
              f"{c.mfu:.1%}", size(plan.device_memory(c)["total"]))
             for i, c in enumerate(result.top(6))]

@@ -1,0 +1,103 @@
+"""The search's branch and bound (plan/prune.py): a layout's floor never exceeds its price,
+and skipping on it changes nothing the answer shows, against the same search exhaustive."""
+
+import dataclasses
+
+import pytest
+
+from paraxis.plan.cost import evaluate, step_lower_bound
+from paraxis.plan.explain import explain
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.prune import TOO_BIG_SHOWN, families, shape_of
+from paraxis.plan.ranking import EQUAL_TIMES
+from paraxis.plan.search import Constraints, search
+from paraxis.plan.uncertainty import error_band, ties
+from paraxis.spec.model_config import PRESETS
+
+# (model, GPUs, GPU, global batch, sequence, constraints): dense and MoE, context parallel,
+# a zero-bubble schedule, CPU ranks
+CASES = [
+    ("llama3-8b", 64, "h100-sxm-80gb", 256, 8192, {}),
+    ("llama2-70b", 128, "a100-80gb", 512, 4096, {}),
+    ("mixtral-8x7b", 64, "h100-sxm-80gb", 128, 8192, {}),
+    ("llama2-7b", 32, "a100-80gb", 128, 2048, {"schedules": ("1f1b", "zb-h1")}),
+]
+
+
+def _searches(name, gpus, gpu, batch, seq, constraints):
+    cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)
+    c = Constraints(**constraints)
+    return (cfg, cluster, search(cfg, cluster, seq, batch, c, exhaustive=True),
+            search(cfg, cluster, seq, batch, c))
+
+
+def _facts(estimate):
+    return str(estimate.layout), estimate.step_time_s, estimate.memory["total"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_skipping_on_the_floor_changes_nothing_the_answer_shows(case) -> None:
+    cfg, cluster, whole, pruned = _searches(*case)
+    assert pruned.skipped > 0 and pruned.considered < whole.considered
+    # the fastest, the six kept, the ties of the error band
+    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+    band = error_band(cluster)
+    assert ([_facts(e) for e in ties(pruned.ranked[0], pruned.ranked, band)]
+            == [_facts(e) for e in ties(whole.ranked[0], whole.ranked, band)])
+    # every shape's fastest (nearest rivals, each family's best, the hybrid twin...)
+    fastest = {}
+    for e in whole.ranked:
+        fastest[shape_of(e.layout)] = min(fastest.get(shape_of(e.layout), 1e9), e.step_time_s)
+    kept = {}
+    for e in pruned.ranked:
+        kept[shape_of(e.layout)] = min(kept.get(shape_of(e.layout), 1e9), e.step_time_s)
+    assert kept == fastest
+    # every layout it kept is priced as the exhaustive search priced it
+    whole_by_text = {str(e.layout): _facts(e) for e in whole.ranked}
+    assert all(whole_by_text[str(e.layout)] == _facts(e) for e in pruned.ranked)
+    # the fastest too big ("faster, but too big")
+    assert ([str(r.layout) for r in pruned.too_big[:TOO_BIG_SHOWN]]
+            == [str(r.layout) for r in whole.too_big[:TOO_BIG_SHOWN]])
+    # each family's leader: the same, or one the ranking counts as equal to it
+    for name, member in families(cluster.gpus_per_node):
+        a = next((e for e in whole.ranked if member(e.layout)), None)
+        b = next((e for e in pruned.ranked if member(e.layout)), None)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert b.step_time_s == pytest.approx(a.step_time_s, rel=EQUAL_TIMES), name
+    # the defence of the pick reads the same
+    lines = explain(cfg, cluster, pruned.ranked[0], pruned)
+    if case[0] != "mixtral-8x7b":  # its family leaders tie within 0.5% (checked above)
+        assert lines == explain(cfg, cluster, whole.ranked[0], whole)
+
+
+@pytest.mark.parametrize("case", CASES[2:], ids=[f"{c[0]}-{c[1]}" for c in CASES[2:]])
+def test_the_floor_is_below_every_price(case) -> None:
+    name, gpus, gpu, batch, seq, constraints = case
+    cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)
+    whole = search(cfg, cluster, seq, batch, Constraints(**constraints), exhaustive=True)
+    priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
+    memo: dict = {}
+    for estimate in priced[::7]:
+        floor = step_lower_bound(cfg, estimate.layout, cluster, seq, batch, memo=memo)
+        assert 0 < floor <= estimate.step_time_s * (1 + 1e-12), estimate.layout
+
+
+def test_cpu_ranks_skip_too() -> None:
+    cfg = dataclasses.replace(PRESETS["llama2-7b"], n_layers=8, name="llama2-7b-8l")
+    cluster = build_cluster("a100-80gb", 8, 8).replace(cores_per_node=2)
+    whole = search(cfg, cluster, 1024, 32, exhaustive=True)
+    pruned = search(cfg, cluster, 1024, 32)
+    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+
+
+def test_two_level_cp_is_priced_as_itself_in_a_search() -> None:
+    """The cp variants re-priced per shape share the search's memo: a two-level layout's
+    layer times are its own, not the one-level layout's of the same variant."""
+    cfg, cluster = PRESETS["llama3-8b"], build_cluster("h100-sxm-80gb", 16, 8)
+    result = search(cfg, cluster, 65536, 16, Constraints(cp=8))
+    two_level = [e for e in result.ranked if e.layout.cp_a2a > 1]
+    assert two_level
+    for estimate in two_level[:5]:
+        alone = evaluate(cfg, estimate.layout, cluster, 65536, 16)
+        assert alone.step_time_s == estimate.step_time_s
