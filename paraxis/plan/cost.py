@@ -65,7 +65,7 @@ from paraxis.plan.fp8 import (
 )
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.head import head_times
-from paraxis.plan.layer_cost import layer_times, runtime_dropout
+from paraxis.plan.layer_cost import core_share_of_fastest, layer_times, runtime_dropout
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
@@ -142,17 +142,19 @@ class Pipeline(NamedTuple):
 
 def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                   micro_batch: int, precision: Precision, overlap: Overlap,
-                  expert_imbalance: float, memo: dict) -> Pipeline:
+                  expert_imbalance: float, memo: dict, floor: bool = False) -> Pipeline:
     """The pipeline part of `evaluate`'s step: every microbatch's compute and exposed
     communication on the busiest stage, over one minus the schedule's bubble; `overlap` as
-    `overlap_on` gives it, `memo` as `evaluate`'s."""
+    `overlap_on` gives it, `memo` as `evaluate`'s. With `floor`, a floor under it for any
+    cp variant: no K/V exchange exposed, the attention core at the fastest variant's rate."""
     # what layer_times and head_times read of the layout: the grid, SP, CP variant and its
     # levels, recompute, and where FP8 weights are cast on ZeRO-3's shards, their group
     key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
            layout.cp_attention, layout.cp_a2a, layout.recompute, micro_batch,
            layout.zero_ranks if layout.zero == 3 and precision.fp8_recipe is not None
            and precision.fp8_weight_gather else 1)
-    whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches)
+    whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches,
+             floor)
     if whole in memo:  # alike across ZeRO stages, shard groups and ZeRO-3 regathering
         return memo[whole]
     gpu = cluster.gpu
@@ -197,6 +199,11 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     t_cp_total = blocks_sum(busiest, "cp_total")
     t_ep = blocks_sum(busiest, "ep_forward", "ep_backward")  # MoE all-to-alls: they block
     t_ep_total = blocks_sum(busiest, "ep_total")
+    if floor:
+        faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
+        t_forward -= faster * blocks_sum(busiest, "core_forward")
+        t_backward -= faster * blocks_sum(busiest, "core_backward")
+        t_cp = 0.0
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -241,18 +248,35 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
                      overlap: Overlap = DEFAULT_OVERLAP,
                      expert_imbalance: float = DEFAULT_IMBALANCE,
                      memo: dict | None = None) -> float:
-    """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation: its
-    pipeline without recomputation (which only adds to the backward and its collectives),
-    its optimizer step and the step's own small calls; the gradient sync and the experts'
-    gradient sum over tp, which only add, are left out. The search skips a layout whose
-    floor is above every time it keeps (`search.Floor`)."""
+    """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation and any
+    cp variant (`pipeline_floor`), plus its optimizer step and the step's own small calls;
+    the gradient sync and the experts' gradient sum over tp, which only add, are left out.
+    The search skips a layout whose floor is above all its answer shows (`prune.py`)."""
     memo = {} if memo is None else memo
+    return (pipeline_floor(cfg, layout, cluster, seq_len, global_batch, precision,
+                           overlap, expert_imbalance, memo)
+            + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
+
+
+def pipeline_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                   global_batch: int, precision: Precision, overlap: Overlap,
+                   expert_imbalance: float, memo: dict) -> float:
+    """`pipeline_time` of `layout` without recomputation (which only adds to the backward
+    and its collectives), as a floor for every cp variant. It reads neither the ZeRO stage
+    nor its shard group, but where FP8 weights are cast on ZeRO-3's shards."""
     bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
                                                                      recompute_layers=1)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
-    pipe = pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
-                         overlap_on(cluster, overlap), expert_imbalance, memo)
-    return (pipe.pipeline + _optimizer_seconds(cfg, layout, cluster, seq_len, precision)
+    return pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
+                         overlap_on(cluster, overlap), expert_imbalance, memo,
+                         floor=True).pipeline
+
+
+def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                precision: Precision, memo: dict) -> float:
+    """The optimizer step and the step's small calls of `layout`: alike for every
+    microbatch size, schedule and recomputation."""
+    return (_optimizer_seconds(cfg, layout, cluster, seq_len, precision)
             + _calls_time(cfg, layout, cluster, memo))
 
 

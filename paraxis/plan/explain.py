@@ -18,7 +18,7 @@ from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.memory import model_state_bytes, peak_moment
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
-from paraxis.plan.search import SearchResult, too_big_reason
+from paraxis.plan.search import SearchResult, search, too_big_reason
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
@@ -109,7 +109,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                 f"{time['dp_total']:.2f} s of traffic over "
                 f"{'the network' if link.crosses_nodes else intra} at "
                 f"{link_speed(link, cluster)}, {time['dp']:.2f} s of it exposed."
-                + _hybrid_rival(best, result, link.crosses_nodes))
+                + _hybrid_rival(cfg, cluster, best, result, link.crosses_nodes, precision,
+                                overlap, expert_imbalance))
     mem = best.memory
     # used and capacity to the same digits: rounding keeps their order, so a layout that
     # fits never reads as more than the GPU holds
@@ -232,18 +233,21 @@ def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
             f"per step.")
 
 
-def _hybrid_rival(best: Estimate, result: SearchResult | None, crosses_nodes: bool) -> str:
+def _hybrid_rival(cfg: ModelConfig, cluster: Cluster, best: Estimate,
+                  result: SearchResult | None, crosses_nodes: bool, precision: Precision,
+                  overlap: Overlap, expert_imbalance: float) -> str:
     """For a plain ZeRO layout whose dp group spans nodes: the fastest layout of its shape
-    and stage with hybrid sharding, as the search priced it."""
+    and stage with hybrid sharding, searched among the search's choices (whose own search
+    skips what its answer does not show: `prune.py`)."""
     if result is None or not crosses_nodes or not best.layout.zero:
         return ""
     layout = best.layout
-
-    def shape(other: Layout) -> tuple[int, ...]:
-        return (other.dp, other.tp, other.pp, other.cp, other.ep, other.zero)
-
-    twin = next((e for e in result.ranked if e.layout.hybrid
-                 and shape(e.layout) == shape(layout)), None)
+    shape = dataclasses.replace(result.constraints, dp=layout.dp, tp=layout.tp, pp=layout.pp,
+                                cp=layout.cp, ep=layout.ep, zero=layout.zero, dp_shard=None)
+    batch = best.micro_batch * layout.dp * layout.microbatches
+    twins = search(cfg, cluster, best.seq_len, batch, shape, precision, overlap,
+                   expert_imbalance, exhaustive=True)
+    twin = next((e for e in twins.ranked if e.layout.hybrid), None)
     if twin is None:
         return ""
     return (f" With ZeRO-{layout.zero} sharded within {twin.layout.shard_size} dp ranks "

@@ -188,4 +188,23 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     return {"forward": forward, "backward": backward, "tp_forward": tp_forward,
             "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
             "cp_backward": cp["backward"], "cp_total": cp["total"],
-            "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"]}
+            "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"],
+            "core_forward": core_forward * tokens, "core_backward": core_backward * tokens}
+
+
+def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,
+                          seq_len: int) -> float:
+    """The fastest attention core any cp variant of `layout` runs, as a share of its own
+    (1.0 without cp or a fitted kernel rate): the variants cut the sequence into different
+    pieces (`context.kernel_pieces`: 1 for the all-to-all, cp/cp_a2a for the others), and a
+    kernel's rate depends on its sequence (`rates.attention_kernel_rate`)."""
+    if layout.cp == 1:
+        return 1.0
+    kernel = get_kernel("flash")
+    own = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim, kernel_pieces(layout),
+                                layout.tp)
+    if not own:
+        return 1.0
+    pieces = {layout.cp // a for a in range(1, layout.cp + 1) if layout.cp % a == 0}
+    return own / max(attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim, p,
+                                           layout.tp) for p in pieces)

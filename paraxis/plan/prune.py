@@ -6,20 +6,23 @@ far slower than the best. A layout's step has a floor that costs a fraction of p
 the sync and optimizer left out). Where that floor is above every time the answer can show,
 the layout is skipped, with the heavier recomputations of its setting, which are slower still.
 
-What the answer shows, and so what is kept exact (every consumer of `SearchResult`):
+What the answer shows, and so what is kept exact (every reader of `SearchResult`):
 
 - the fastest layout, the `keep` fastest, and every layout within the error band of the
   fastest (the ties a defence names: `uncertainty.ties`);
-- the fastest layout of every (dp, cp, ep, etp, tp, pp, zero, hybrid) shape and those within
-  the ranking's equal-times margin of it: the nearest rivals of other shapes, the best of
-  each family (ZeRO-3, no PP, no TP...), the hybrid-sharded twin, the best layout with EP,
-  the cp-exchange variants re-priced per shape (`cp_variants.py`), all draw from these;
+- the fastest layout of the `RIVAL_SHAPES` fastest (dp, cp, ep, tp, pp, zero) shapes: the
+  nearest rivals of other shapes a defence names (`rivals.nearest_rivals`);
+- the fastest layout of each family a defence names (`families`: ZeRO-3, no PP, no TP...);
 - the `TOO_BIG_SHOWN` fastest layouts that do not fit (the report's "faster, but too big").
 
-A shape none of whose layouts fits yet is never skipped: its closest-to-fitting layout is
-what a defence names for a family with no fit. Every limit is the search's running best,
-never below the final one, so a skipped layout is slower than the final limit too. The
-counts change: `SearchResult.skipped` says how many were not priced.
+Where layouts lie within the ranking's equal-times margin (0.5%) of such a layout, the one
+that goes first may differ from an exhaustive search's: the ranking counts them as equal.
+A family none of whose layouts fits yet is never skipped: its closest-to-fitting layout is
+what a defence names instead. Every limit is the search's running value, never below the
+final one, so a skipped layout is slower than the final limit too. The floor holds for
+every cp variant of a layout (`cost.pipeline_floor`), so the variants priced after the
+search (`cp_variants.py`) of a skipped layout would be skipped too. The counts change:
+`SearchResult.skipped` says how many layouts were not priced.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ import heapq
 import math
 from collections.abc import Callable
 
-from paraxis.plan.cost import Estimate, memory_on
+from paraxis.plan.cost import Estimate, fixed_floor, memory_on, pipeline_floor
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.ranking import EQUAL_TIMES
+from paraxis.plan.rates import Overlap
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
 
 TOO_BIG_SHOWN = 4  # the report's table of faster layouts left out for memory
+RIVAL_SHAPES = 6  # the pick's shape, the three nearest others a defence names, and more
 
 
 def families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
@@ -47,13 +53,13 @@ def families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
             ("without TP", lambda layout: layout.tp == 1),
             ("without CP", lambda layout: layout.cp == 1),
             ("without EP", lambda layout: layout.ep == 1),
-            (f"with TP = {node}", lambda layout: layout.tp == node)]
+            (f"with TP = {node}", lambda layout: layout.tp == node),
+            ("with EP", lambda layout: layout.ep > 1)]  # `explain.expert_line`
 
 
-def shape_of(layout: Layout) -> tuple:
-    """The shape whose fastest layout a defence may name (and the cp variants re-price)."""
-    return (layout.dp, layout.cp, layout.ep, layout.etp, layout.tp, layout.pp, layout.zero,
-            layout.hybrid)
+def rival_shape(layout: Layout) -> tuple[int, ...]:
+    """The shape a defence names rivals by (`rivals.nearest_rivals`)."""
+    return layout.dp, layout.cp, layout.ep, layout.tp, layout.pp, layout.zero
 
 
 class Bound:
@@ -64,29 +70,35 @@ class Bound:
         self.band = band  # the ties' relative margin (`uncertainty.error_band(...).rms`)
         self.keep = keep
         self.families = families(node)
-        self.unfitted = {name for name, _ in self.families}  # families with no fit yet
+        self.family_best: dict[str, float] = {}
         self.fastest: list[float] = []  # the `keep` fastest fitting steps, negated (a heap)
         self.too_big: list[float] = []  # the TOO_BIG_SHOWN fastest too-big steps, negated
         self.best = math.inf
-        self.by_shape: dict[tuple, float] = {}
+        self.shape_best: dict[tuple, float] = {}  # each rival shape's fastest
+        self.leaders: dict[tuple, float] = {}  # the RIVAL_SHAPES fastest of them
 
     def limit(self, layout: Layout) -> float:
-        """Above this floor, `layout` is slower than all the answer shows."""
-        shape = self.by_shape.get(shape_of(layout), math.inf) * (1 + EQUAL_TIMES)
-        return max(shape, self.shown())
+        """Above this floor, `layout`, if it fits, is slower than all the answer shows."""
+        if len(self.leaders) < RIVAL_SHAPES or len(self.fastest) < self.keep:
+            return math.inf
+        # the ties are within the band of the first ranked, up to 0.5% above the fastest
+        limit = max(self.best * (1 + EQUAL_TIMES) * (1 + self.band),
+                    -self.fastest[0] * (1 + EQUAL_TIMES),
+                    max(self.leaders.values()) * (1 + EQUAL_TIMES))
+        for name, member in self.families:
+            if member(layout):
+                limit = max(limit, self.family_best.get(name, math.inf) * (1 + EQUAL_TIMES))
+        return limit
 
-    def shown(self) -> float:
-        """Above this floor, a layout is none of the fastest, the ties or the fastest too
-        big: only as its shape's fastest could it show."""
-        kept = -self.fastest[0] if len(self.fastest) == self.keep else math.inf
-        shown = -self.too_big[0] if len(self.too_big) == TOO_BIG_SHOWN else math.inf
-        return max(self.best * (1 + self.band), kept, shown)
+    def too_big_limit(self) -> float:
+        """Above this floor, a layout that does not fit is none of the fastest too big."""
+        return -self.too_big[0] if len(self.too_big) == TOO_BIG_SHOWN else math.inf
 
     def families_fit(self, layout: Layout) -> bool:
         """Whether every family `layout` belongs to has a layout that fits: its own
         closest-to-fitting is then never named."""
-        return not any(name in self.unfitted and member(layout)
-                       for name, member in self.families)
+        return all(name in self.family_best for name, member in self.families
+                   if member(layout))
 
     def add(self, estimate: Estimate) -> None:
         step = estimate.step_time_s
@@ -95,11 +107,23 @@ class Bound:
             return
         self.best = min(self.best, step)
         _push(self.fastest, step, self.keep)
-        if self.unfitted:
-            self.unfitted -= {name for name, member in self.families
-                              if member(estimate.layout)}
-        shape = shape_of(estimate.layout)
-        self.by_shape[shape] = min(self.by_shape.get(shape, math.inf), step)
+        layout = estimate.layout
+        for name, member in self.families:
+            if member(layout) and step < self.family_best.get(name, math.inf):
+                self.family_best[name] = step
+        shape = rival_shape(layout)
+        if step >= self.shape_best.get(shape, math.inf):
+            return
+        self.shape_best[shape] = step
+        # the RIVAL_SHAPES fastest shapes: a shape's time only falls, so one that falls
+        # below the slowest of them takes its place
+        if shape in self.leaders or len(self.leaders) < RIVAL_SHAPES:
+            self.leaders[shape] = step
+        else:
+            slowest = max(self.leaders, key=self.leaders.__getitem__)
+            if step < self.leaders[slowest]:
+                del self.leaders[slowest]
+                self.leaders[shape] = step
 
 
 def _push(heap: list[float], step: float, size: int) -> None:
@@ -116,3 +140,42 @@ def fits(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int, globa
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, expert_imbalance)
     return memory["total"] <= cluster.gpu.memory_bytes
+
+
+class Floors:
+    """`cost.step_lower_bound` of a search's layouts before they are built: the pipeline's
+    part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
+    shard groups (but where FP8 weights are cast on ZeRO-3's shards), the optimizer's and
+    small calls' once per (shape, ZeRO, shard group, SP)."""
+
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+                 precision: Precision, overlap: Overlap, expert_imbalance: float,
+                 memo: dict) -> None:
+        self.args = cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance
+        self.memo = memo
+        self.pipelines: dict[tuple, float] = {}
+        self.fixed: dict[tuple, float] = {}
+
+    def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
+           sp: bool) -> float:
+        """The floor of `base` (`shape` with its ZeRO settings) at these settings; 0 where
+        they do not make a layout (the search then says why)."""
+        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
+        cast = base.zero == 3 and precision.fp8_recipe is not None and \
+            precision.fp8_weight_gather
+        key = (shape, base.zero_ranks if cast else 0, microbatches, kind, virtual, sp)
+        fixed_key = (base, sp)
+        if key not in self.pipelines or fixed_key not in self.fixed:
+            try:
+                probe = base.replace(microbatches=microbatches, schedule=kind,
+                                     virtual_stages=virtual, sequence_parallel=sp)
+            except ParaxisError:
+                return 0.0
+            if key not in self.pipelines:
+                self.pipelines[key] = pipeline_floor(cfg, probe, cluster, seq_len,
+                                                     global_batch, precision, overlap,
+                                                     imbalance, self.memo)
+            if fixed_key not in self.fixed:
+                self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
+                                                    self.memo)
+        return self.pipelines[key] + self.fixed[fixed_key]

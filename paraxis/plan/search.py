@@ -25,13 +25,12 @@ from paraxis.plan.cost import (
     Estimate,
     Overlap,
     evaluate,
-    step_lower_bound,
 )
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
-from paraxis.plan.prune import Bound, fits
+from paraxis.plan.prune import Bound, Floors, fits
 from paraxis.plan.ranking import rank
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
@@ -99,6 +98,7 @@ class SearchResult:
     too_big: list[Rejection] = field(default_factory=list)  # fastest first
     considered: int = 0  # layouts priced
     skipped: int = 0  # not priced: their floor is slower than anything the answer shows
+    constraints: Constraints = Constraints()  # what the search was asked
 
     def top(self, k: int) -> list[Estimate]:
         return self.ranked[:k]
@@ -192,7 +192,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         check_split(seq_len, c.cp)  # a cp that cannot split the sequence: say that, first
     if c.ep is not None:
         check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
-    result = SearchResult([])
+    result = SearchResult([], constraints=c)
     kept: set[tuple[Layout, int, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
     axis_shapes = []
     for tp in divisors(world):
@@ -237,6 +237,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
+    floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
+                    memo)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -249,6 +251,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         for zero, reshard, dp_shard in _zero_choices(zeros, pp, shape, cluster, c):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
+            base = shape.replace(zero=zero, zero3_reshard=reshard, dp_shard=dp_shard)
             # Every size that divides a replica's batch (5 or 12 sequences split into 5, or 3,
             # 4 and 6, not only powers of 2), smallest first, up to the first that fits nowhere
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
@@ -275,7 +278,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
-                        floor = None  # alike for every recompute step of this setting
+                        # alike for every recompute step of this setting
+                        floor = 0.0 if exhaustive else floors.of(
+                            shape, base, microbatches, kind, virtual, sp)
                         steps = _recompute_steps(c, cfg.n_layers, pp, virtual)
                         for done, (recompute, group) in enumerate(steps):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
@@ -286,44 +291,38 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                          settings) in kept:
                                 fits_here = True  # kept whole, a variant of this size fits
                                 break  # keeping the chunk fit: regathering is only slower
+                            # Its floor above what the answer shows of the layouts that
+                            # fit (slow) and of those too big (slow_if_big), it is not
+                            # priced, and where only one of the two holds, only if its
+                            # memory says it is the other; skipped outright but across
+                            # nodes, where whether it fits stops larger ep (above)
+                            slow = floor > bound.limit(base)
+                            slow_if_big = floor > bound.too_big_limit() and \
+                                bound.families_fit(base)
+                            if slow and slow_if_big and not across:
+                                result.skipped += len(steps) - done  # heavier: slower
+                                break
                             try:
-                                layout = shape.replace(
-                                    zero=zero, zero3_reshard=reshard, dp_shard=dp_shard,
+                                layout = base.replace(
                                     microbatches=microbatches, schedule=kind,
                                     virtual_stages=virtual, recompute=recompute,
-                                    recompute_layers=group,
-                                    sequence_parallel=sp)
+                                    recompute_layers=group, sequence_parallel=sp)
                                 layout.validate(world, cfg, global_batch, seq_len)
                                 check_interleaving(layout, cfg)
                             except ParaxisError as error:
                                 result.rule_breakers.append(Rejection(shape, str(error)))
                                 break
-                            if not exhaustive:
-                                if floor is None:
-                                    floor = step_lower_bound(
-                                        cfg, layout, cluster, seq_len, global_batch,
-                                        precision, overlap, expert_imbalance, memo)
-                                if floor > bound.limit(layout):
-                                    # slower than all the answer shows, and heavier
-                                    # recomputation only slower: skip them all, but
-                                    # across nodes learn whether one fits (as below)
-                                    result.skipped += 1
-                                    if not across:
-                                        result.skipped += len(steps) - done - 1
+                            if slow or slow_if_big:
+                                if fits(cfg, layout, cluster, seq_len, global_batch,
+                                        precision, expert_imbalance):
+                                    if slow:  # it fits: heavier recomputation is slower
+                                        fits_here = True
+                                        if across:
+                                            fitted_across_nodes.add(
+                                                (dp, tp, pp, shape.cp, shape.etp))
+                                        result.skipped += len(steps) - done
                                         break
-                                    if fits(cfg, layout, cluster, seq_len, global_batch,
-                                             precision, expert_imbalance):
-                                        fitted_across_nodes.add(
-                                            (dp, tp, pp, shape.cp, shape.etp))
-                                        result.skipped += len(steps) - done - 1
-                                        break
-                                    continue
-                                if (floor > bound.shown() and bound.families_fit(layout)
-                                        and not fits(cfg, layout, cluster, seq_len,
-                                                      global_batch, precision,
-                                                      expert_imbalance)):
-                                    # too big, and too slow for the fastest too big: no
-                                    # answer shows it, but the search learns it is too big
+                                elif slow_if_big:
                                     result.skipped += 1
                                     too_big_here = True
                                     outgrown.add((kind, virtual, sp, recompute, group))
@@ -427,7 +426,8 @@ def _states_overflow(cfg: ModelConfig, shape: Layout, cluster: Cluster, precisio
     """Whether a mixture of experts' model states alone exceed a GPU on some stage at the
     deepest ZeRO stage allowed: no microbatch or recomputation can make the shape fit, so its
     ep is skipped unpriced (a search of 1024 GPUs would otherwise price thousands)."""
-    zero = max(z for z in zeros if z < 3 or shape.pp == 1)
+    # (ZeRO-3 alone under a pipeline: its states, regathered per microbatch, at the least)
+    zero = max((z for z in zeros if z < 3 or shape.pp == 1), default=3)
     replicas = shape.dp * shape.cp
     worst = max(sum(model_state_bytes(round(local), replicas, zero, precision).values())
                 + sum(model_state_bytes(round(experts), replicas // shape.ep, zero,
