@@ -5,8 +5,9 @@ import dataclasses
 
 import pytest
 
-from paraxis.plan.cost import evaluate, step_lower_bound
+from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
+from paraxis.plan.floor import step_lower_bound
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, families, rival_shape
 from paraxis.plan.ranking import EQUAL_TIMES
@@ -84,7 +85,7 @@ def _leading_shapes(result) -> list[tuple]:
     return sorted(fastest.items(), key=lambda item: item[1])[:RIVAL_SHAPES]
 
 
-@pytest.mark.parametrize("case", CASES[2:], ids=[f"{c[0]}-{c[1]}" for c in CASES[2:]])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_the_floor_is_below_every_price(case) -> None:
     name, gpus, gpu, batch, seq, constraints = case
     cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)

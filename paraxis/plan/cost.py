@@ -78,7 +78,7 @@ from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
-from paraxis.spec.schedules import head_stage
+from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -138,6 +138,43 @@ class Pipeline(NamedTuple):
     pp: float
     busy: float
     pipeline: float
+    # a floor's added seconds were it recomputed (selective, full): 0 where the schedule's
+    # bubble or the shared cores do not grow with the work alike (`pipeline_time`)
+    reruns: tuple[float, float] = (0.0, 0.0)
+
+
+def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
+    """What layer_times and head_times read of the layout: the grid, SP, CP variant and its
+    levels, recompute, and where FP8 weights are cast on ZeRO-3's shards, their group."""
+    return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
+            layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
+            micro_batch, layout.zero_ranks if layout.zero == 3 and precision.fp8_recipe
+            is not None and precision.fp8_weight_gather else 1)
+
+
+def _half_layer(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                micro_batch: int) -> float:
+    """CPU ranks: a layer's calls wait after half a layer's forward on one TP rank
+    (plan/sync.py)."""
+    tokens = micro_batch * seq_len // layout.cp
+    return sync_segment_s(cfg, tokens / layout.tp, cluster.gpu.peak_flops)
+
+
+def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                micro_batch: int, precision: Precision, overlap: Overlap,
+                expert_imbalance: float, memo: dict, key: tuple | None = None
+                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
+    `head_times`), once per `block_key` in `memo`."""
+    key = block_key(layout, micro_batch, precision) if key is None else key
+    if key not in memo:
+        half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
+        at = at_segment(cluster, half_layer)
+        layer = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision)
+        memo[key] = (layer, layer_times(cfg, layout, at, seq_len, micro_batch, overlap,
+                                        precision, True, expert_imbalance) if cfg.is_moe else layer,
+                     head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
+    return memo[key]
 
 
 def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -147,17 +184,11 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     communication on the busiest stage, over one minus the schedule's bubble; `overlap` as
     `overlap_on` gives it, `memo` as `evaluate`'s. With `floor`, a floor under it for any
     cp variant: no K/V exchange exposed, the attention core at the fastest variant's rate."""
-    # what layer_times and head_times read of the layout: the grid, SP, CP variant and its
-    # levels, recompute, and where FP8 weights are cast on ZeRO-3's shards, their group
-    key = (tuple(layout.degrees.items()), layout.ep, layout.etp, layout.sequence_parallel,
-           layout.cp_attention, layout.cp_a2a, layout.recompute, micro_batch,
-           layout.zero_ranks if layout.zero == 3 and precision.fp8_recipe is not None
-           and precision.fp8_weight_gather else 1)
+    key = block_key(layout, micro_batch, precision)
     whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches,
              floor)
     if whole in memo:  # alike across ZeRO stages, shard groups and ZeRO-3 regathering
         return memo[whole]
-    gpu = cluster.gpu
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
 
     # The busiest stage per microbatch: its blocks in the runtime's own FLOP-balanced split,
@@ -166,15 +197,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
-    # CPU ranks: a layer's calls wait after half a layer's forward on one TP rank (plan/sync.py)
-    half_layer = sync_segment_s(cfg, tokens_per_microbatch / layout.tp, gpu.peak_flops)
-    if key not in memo:
-        at = at_segment(cluster, half_layer)
-        layer = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision)
-        memo[key] = (layer, layer_times(cfg, layout, at, seq_len, micro_batch, overlap,
-                                        precision, True, expert_imbalance) if cfg.is_moe else layer,
-                     head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
-    layer, moe_layer, head = memo[key]
+    half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
+    layer, moe_layer, head = block_times(cfg, layout, cluster, seq_len, micro_batch, precision,
+                                         overlap, expert_imbalance, memo, key)
 
     def blocks_sum(stage: int, *keys: str) -> float:
         dense, moe = kinds[stage]
@@ -199,11 +224,15 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     t_cp_total = blocks_sum(busiest, "cp_total")
     t_ep = blocks_sum(busiest, "ep_forward", "ep_backward")  # MoE all-to-alls: they block
     t_ep_total = blocks_sum(busiest, "ep_total")
+    reruns = (0.0, 0.0)  # the blocks' forward again: their attention cores, or all of it
     if floor:
         faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
         t_forward -= faster * blocks_sum(busiest, "core_forward")
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0
+        core = (1 - faster) * blocks_sum(busiest, "core_forward")
+        reruns = (core, blocks_sum(busiest, "forward") - faster * blocks_sum(
+            busiest, "core_forward"))
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -238,49 +267,17 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         # critical path at the stage's share, whichever is longer.
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
         pipeline = max(busy, critical / (1 - figures.bubble_fraction))
+    # more backward grows a 1F1B-family pipeline with its busy time (its bubble share holds);
+    # not a zero-bubble schedule's (its W's fill the bubble) nor shared cores' (above)
+    alike = layout.schedule not in SPLIT_BACKWARD and share >= stage_share
+    reruns = tuple(layout.microbatches * r / (1 - figures.bubble_fraction) if alike else 0.0
+                   for r in reruns)
     memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
-                           t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline)
+                           t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline, reruns)
     return memo[whole]
 
 
-def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                     global_batch: int, precision: Precision = MIXED_ADAM,
-                     overlap: Overlap = DEFAULT_OVERLAP,
-                     expert_imbalance: float = DEFAULT_IMBALANCE,
-                     memo: dict | None = None) -> float:
-    """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation and any
-    cp variant (`pipeline_floor`), plus its optimizer step and the step's own small calls;
-    the gradient sync and the experts' gradient sum over tp, which only add, are left out.
-    The search skips a layout whose floor is above all its answer shows (`prune.py`)."""
-    memo = {} if memo is None else memo
-    return (pipeline_floor(cfg, layout, cluster, seq_len, global_batch, precision,
-                           overlap, expert_imbalance, memo)
-            + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
-
-
-def pipeline_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                   global_batch: int, precision: Precision, overlap: Overlap,
-                   expert_imbalance: float, memo: dict) -> float:
-    """`pipeline_time` of `layout` without recomputation (which only adds to the backward
-    and its collectives), as a floor for every cp variant. It reads neither the ZeRO stage
-    nor its shard group, but where FP8 weights are cast on ZeRO-3's shards."""
-    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
-                                                                     recompute_layers=1)
-    micro_batch = global_batch // (layout.dp * layout.microbatches)
-    return pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
-                         overlap_on(cluster, overlap), expert_imbalance, memo,
-                         floor=True).pipeline
-
-
-def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                precision: Precision, memo: dict) -> float:
-    """The optimizer step and the step's small calls of `layout`: alike for every
-    microbatch size, schedule and recomputation."""
-    return (_optimizer_seconds(cfg, layout, cluster, seq_len, precision)
-            + _calls_time(cfg, layout, cluster, memo))
-
-
-def _optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                        precision: Precision) -> float:
     """The optimizer step on the stage holding the most parameters (`optimizer_time`)."""
     gpu = cluster.gpu
@@ -304,7 +301,7 @@ def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                          zero2_reduce=gpu.pipeline_zero2_reduce, loss_kernel=gpu.loss_kernel)
 
 
-def _calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:
+def calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:
     """The step's own small calls (the loss, the gradient norm, the stop flag): latency each,
     priced once per what `step_calls` reads of the layout."""
     key = ("step calls", tuple(layout.degrees.items()), layout.ep, layout.etp,
@@ -416,8 +413,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         dp_exposed = t_dp
     t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
                                       precision.grad_bytes)  # after the sync, exposed
-    t_optimizer = _optimizer_seconds(cfg, layout, cluster, seq_len, precision)
-    t_calls = _calls_time(cfg, layout, cluster, memo)
+    t_optimizer = optimizer_seconds(cfg, layout, cluster, seq_len, precision)
+    t_calls = calls_time(cfg, layout, cluster, memo)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)

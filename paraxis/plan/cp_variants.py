@@ -26,11 +26,13 @@ from paraxis.spec.model_config import ModelConfig
 
 def other_variants(ranked: list[Estimate], variants: tuple[str, ...], a2a: int | None,
                    cfg: ModelConfig, world: int,
-                   price: Callable[[Layout], Estimate]) -> list[Estimate]:
+                   price: Callable[[Layout], Estimate],
+                   wanted: Callable[[Estimate], bool] = lambda estimate: True
+                   ) -> list[Estimate]:
     """The estimates, fitting or not, of each cp > 1 shape's fastest layout in `ranked`
     with every variant of `variants` (those the heads allow; `price` evaluates one
     layout), and for the ring and the all-gather in two levels too: each `cp_a2a` that
-    divides cp (`a2a`: only that one)."""
+    divides cp (`a2a`: only that one); of the shapes whose fastest is `wanted` only."""
     fastest: dict[tuple[int, ...], Estimate] = {}
     for estimate in ranked:
         layout = estimate.layout
@@ -39,7 +41,7 @@ def other_variants(ranked: list[Estimate], variants: tuple[str, ...], a2a: int |
                               or estimate.step_time_s < fastest[shape].step_time_s):
             fastest[shape] = estimate
     found = []
-    for estimate in fastest.values():
+    for estimate in filter(wanted, fastest.values()):
         cp = estimate.layout.cp
         splits = [a for a in range(1, cp) if cp % a == 0] if a2a is None else [a2a]
         for variant in variants:

@@ -31,11 +31,9 @@ import heapq
 import math
 from collections.abc import Callable
 
-from paraxis.plan.cost import Estimate, fixed_floor, memory_on, pipeline_floor
+from paraxis.plan.cost import Estimate, memory_on
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.ranking import EQUAL_TIMES
-from paraxis.plan.rates import Overlap
-from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
@@ -76,9 +74,21 @@ class Bound:
         self.best = math.inf
         self.shape_best: dict[tuple, float] = {}  # each rival shape's fastest
         self.leaders: dict[tuple, float] = {}  # the RIVAL_SHAPES fastest of them
+        self.limits: dict[tuple, tuple[float, bool]] = {}  # by what families read; reset by add
 
     def limit(self, layout: Layout) -> float:
         """Above this floor, `layout`, if it fits, is slower than all the answer shows."""
+        return self._by_family(layout)[0]
+
+    def _by_family(self, layout: Layout) -> tuple[float, bool]:
+        """(`limit`, `families_fit`) of the layouts of `layout`'s families."""
+        key = (layout.zero, layout.pp, layout.tp, layout.cp, layout.ep)
+        if key not in self.limits:
+            self.limits[key] = self._limit(layout), all(
+                name in self.family_best for name, member in self.families if member(layout))
+        return self.limits[key]
+
+    def _limit(self, layout: Layout) -> float:
         if len(self.leaders) < RIVAL_SHAPES or len(self.fastest) < self.keep:
             return math.inf
         # the ties are within the band of the first ranked, up to 0.5% above the fastest
@@ -90,6 +100,12 @@ class Bound:
                 limit = max(limit, self.family_best.get(name, math.inf) * (1 + EQUAL_TIMES))
         return limit
 
+    def hides(self, floor: float, layout: Layout) -> bool:
+        """Whether a layout of this floor is slower than all the answer shows, whether or
+        not it fits (`layout`: its families)."""
+        return floor > self.limit(layout) and floor > self.too_big_limit() and \
+            self.families_fit(layout)
+
     def too_big_limit(self) -> float:
         """Above this floor, a layout that does not fit is none of the fastest too big."""
         return -self.too_big[0] if len(self.too_big) == TOO_BIG_SHOWN else math.inf
@@ -97,14 +113,14 @@ class Bound:
     def families_fit(self, layout: Layout) -> bool:
         """Whether every family `layout` belongs to has a layout that fits: its own
         closest-to-fitting is then never named."""
-        return all(name in self.family_best for name, member in self.families
-                   if member(layout))
+        return self._by_family(layout)[1]
 
     def add(self, estimate: Estimate) -> None:
         step = estimate.step_time_s
         if not estimate.fits:
             _push(self.too_big, step, TOO_BIG_SHOWN)
             return
+        self.limits.clear()
         self.best = min(self.best, step)
         _push(self.fastest, step, self.keep)
         layout = estimate.layout
@@ -140,42 +156,3 @@ def fits(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int, globa
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, expert_imbalance)
     return memory["total"] <= cluster.gpu.memory_bytes
-
-
-class Floors:
-    """`cost.step_lower_bound` of a search's layouts before they are built: the pipeline's
-    part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
-    shard groups (but where FP8 weights are cast on ZeRO-3's shards), the optimizer's and
-    small calls' once per (shape, ZeRO, shard group, SP)."""
-
-    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
-                 precision: Precision, overlap: Overlap, expert_imbalance: float,
-                 memo: dict) -> None:
-        self.args = cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance
-        self.memo = memo
-        self.pipelines: dict[tuple, float] = {}
-        self.fixed: dict[tuple, float] = {}
-
-    def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
-           sp: bool) -> float:
-        """The floor of `base` (`shape` with its ZeRO settings) at these settings; 0 where
-        they do not make a layout (the search then says why)."""
-        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        cast = base.zero == 3 and precision.fp8_recipe is not None and \
-            precision.fp8_weight_gather
-        key = (shape, base.zero_ranks if cast else 0, microbatches, kind, virtual, sp)
-        fixed_key = (base, sp)
-        if key not in self.pipelines or fixed_key not in self.fixed:
-            try:
-                probe = base.replace(microbatches=microbatches, schedule=kind,
-                                     virtual_stages=virtual, sequence_parallel=sp)
-            except ParaxisError:
-                return 0.0
-            if key not in self.pipelines:
-                self.pipelines[key] = pipeline_floor(cfg, probe, cluster, seq_len,
-                                                     global_batch, precision, overlap,
-                                                     imbalance, self.memo)
-            if fixed_key not in self.fixed:
-                self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
-                                                    self.memo)
-        return self.pipelines[key] + self.fixed[fixed_key]

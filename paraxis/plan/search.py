@@ -28,9 +28,10 @@ from paraxis.plan.cost import (
 )
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
+from paraxis.plan.floor import Floors, step_lower_bound
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
-from paraxis.plan.prune import Bound, Floors, fits
+from paraxis.plan.prune import Bound, fits
 from paraxis.plan.ranking import rank
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
@@ -179,9 +180,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            overlap: Overlap = DEFAULT_OVERLAP,
            expert_imbalance: float = DEFAULT_IMBALANCE, keep: int = 6,
            exhaustive: bool = False) -> SearchResult:
-    """Every layout of `world` GPUs the constraints allow, priced; those slower than all the
-    answer shows (the `keep` fastest, the ties, each shape's fastest: `prune.py`) skipped
-    on their floor, unless `exhaustive`."""
+    """Every layout the constraints allow priced, but those whose floor is slower than all
+    the answer shows (the `keep` fastest, the ties, rivals: `prune.py`) unless `exhaustive`."""
     world = cluster.world_size
     if global_batch < 1:
         raise ParaxisError(f"global batch {global_batch} must be at least 1")
@@ -243,7 +243,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         across = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
-        if across and (dp, tp, pp, shape.cp, shape.etp) in fitted_across_nodes:
+        ep_key = (dp, tp, pp, shape.cp, shape.etp)
+        if across and ep_key in fitted_across_nodes:
             continue  # a smaller ep already fits: more only sends more over the network
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
             continue  # its model states alone overflow at the deepest ZeRO: a larger ep
@@ -278,10 +279,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
-                        # alike for every recompute step of this setting
-                        floor = 0.0 if exhaustive else floors.of(
-                            shape, base, microbatches, kind, virtual, sp)
                         steps = _recompute_steps(c, cfg.n_layers, pp, virtual)
+                        learn = across and ep_key not in fitted_across_nodes
                         for done, (recompute, group) in enumerate(steps):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
                                 too_big_here = True
@@ -291,15 +290,15 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                          settings) in kept:
                                 fits_here = True  # kept whole, a variant of this size fits
                                 break  # keeping the chunk fit: regathering is only slower
-                            # Its floor above what the answer shows of the layouts that
-                            # fit (slow) and of those too big (slow_if_big), it is not
-                            # priced, and where only one of the two holds, only if its
-                            # memory says it is the other; skipped outright but across
-                            # nodes, where whether it fits stops larger ep (above)
+                            floor = 0.0 if exhaustive else floors.of(
+                                shape, base, microbatches, kind, virtual, sp, recompute)
+                            # Its floor above all the answer shows of the layouts that fit
+                            # (slow) and too big (slow_if_big): not priced (but across nodes
+                            # until one fits, above); above one, priced if its memory says so
                             slow = floor > bound.limit(base)
                             slow_if_big = floor > bound.too_big_limit() and \
                                 bound.families_fit(base)
-                            if slow and slow_if_big and not across:
+                            if slow and slow_if_big and not learn:
                                 result.skipped += len(steps) - done  # heavier: slower
                                 break
                             try:
@@ -318,8 +317,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     if slow:  # it fits: heavier recomputation is slower
                                         fits_here = True
                                         if across:
-                                            fitted_across_nodes.add(
-                                                (dp, tp, pp, shape.cp, shape.etp))
+                                            fitted_across_nodes.add(ep_key)
                                         result.skipped += len(steps) - done
                                         break
                                 elif slow_if_big:
@@ -337,7 +335,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     kept.add((shape, zero, dp_shard, settings))
                                 result.ranked.append(estimate)
                                 if across:
-                                    fitted_across_nodes.add((dp, tp, pp, shape.cp, shape.etp))
+                                    fitted_across_nodes.add(ep_key)
                                 break  # heavier recomputation would only be slower
                             result.too_big.append(Rejection(
                                 layout, too_big_reason(estimate), estimate))
@@ -349,9 +347,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if not fits_here and too_big_here and grows:
                     too_big_at = micro_batch
                 fitted_smaller = fitted_smaller or fits_here
-    siblings = other_variants(result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: (
-        evaluate(cfg, l, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
-                 memo)))
+    args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
+    siblings = other_variants(  # a layout's cp variants share its floor
+        result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
+        lambda e: exhaustive or not bound.hides(step_lower_bound(cfg, e.layout, *args), e.layout))
     result.considered += len(siblings)
     result.ranked += [e for e in siblings if e.fits]
     result.too_big += [Rejection(e.layout, too_big_reason(e), e) for e in siblings if not e.fits]

@@ -1,0 +1,103 @@
+"""Floors under a layout's step time, for the search to skip layouts on (`prune.py`).
+
+`evaluate` prices a layout whole; a floor costs a fraction of that and is never above it:
+the pipeline without recomputation (which only adds), as fast as any cp variant runs it
+(no K/V exchange exposed, the attention core at the fastest variant's kernel rate), plus
+the recomputed forward's compute, the optimizer step and the step's small calls; the
+gradient sync and the experts' gradient sum over tp, which only add, are left out.
+"""
+
+from __future__ import annotations
+
+from paraxis.plan.cost import (
+    calls_time,
+    optimizer_seconds,
+    pipeline_time,
+)
+from paraxis.plan.experts import DEFAULT_IMBALANCE
+from paraxis.plan.hardware import Cluster
+from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.precision import MIXED_ADAM, Precision
+
+
+def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                     global_batch: int, precision: Precision = MIXED_ADAM,
+                     overlap: Overlap = DEFAULT_OVERLAP,
+                     expert_imbalance: float = DEFAULT_IMBALANCE,
+                     memo: dict | None = None) -> float:
+    """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation and any
+    cp variant (`pipeline_floor`), plus its optimizer step and the step's own small calls;
+    the gradient sync and the experts' gradient sum over tp, which only add, are left out.
+    The search skips a layout whose floor is above all its answer shows (`prune.py`)."""
+    memo = {} if memo is None else memo
+    return (pipeline_floors(cfg, layout, cluster, seq_len, global_batch, precision,
+                            overlap, expert_imbalance, memo)[layout.recompute]
+            + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
+
+
+def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                    global_batch: int, precision: Precision, overlap: Overlap,
+                    expert_imbalance: float, memo: dict) -> dict[str, float]:
+    """A floor under `pipeline_time` of `layout` for every cp variant, by recomputation:
+    that of its pipeline without recomputation, plus the recomputed forward's compute (the
+    rerun's collectives left out). It reads neither the ZeRO stage nor its shard group, but
+    where FP8 weights are cast on ZeRO-3's shards."""
+    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
+                                                                     recompute_layers=1)
+    micro_batch = global_batch // (layout.dp * layout.microbatches)
+    pipe = pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
+                         overlap_on(cluster, overlap), expert_imbalance, memo, floor=True)
+    return {"none": pipe.pipeline, "selective": pipe.pipeline + pipe.reruns[0],
+            "full": pipe.pipeline + pipe.reruns[1]}
+
+
+def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                precision: Precision, memo: dict) -> float:
+    """The optimizer step and the step's small calls of `layout`: alike for every
+    microbatch size, schedule and recomputation."""
+    return (optimizer_seconds(cfg, layout, cluster, seq_len, precision)
+            + calls_time(cfg, layout, cluster, memo))
+
+
+
+class Floors:
+    """`cost.step_lower_bound` of a search's layouts before they are built: the pipeline's
+    part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
+    shard groups (but where FP8 weights are cast on ZeRO-3's shards), the optimizer's and
+    small calls' once per (shape, ZeRO, shard group, SP)."""
+
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+                 precision: Precision, overlap: Overlap, expert_imbalance: float,
+                 memo: dict) -> None:
+        self.args = cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance
+        self.memo = memo
+        self.pipelines: dict[tuple, dict[str, float]] = {}
+        self.fixed: dict[tuple, float] = {}
+
+    def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
+           sp: bool, recompute: str) -> float:
+        """The floor of `base` (`shape`, which lives as long as the search, with its ZeRO
+        settings) at these settings; 0 where they do not make a layout (the search then
+        says why). It grows with recomputation: none, selective, full."""
+        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
+        cast = base.zero == 3 and precision.fp8_recipe is not None and \
+            precision.fp8_weight_gather
+        key = (id(shape), base.zero_ranks if cast else 0, microbatches, kind, virtual, sp)
+        fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp)
+        if key not in self.pipelines or fixed_key not in self.fixed:
+            try:
+                probe = base.replace(microbatches=microbatches, schedule=kind,
+                                     virtual_stages=virtual, sequence_parallel=sp)
+            except ParaxisError:
+                return 0.0
+            if key not in self.pipelines:
+                self.pipelines[key] = pipeline_floors(cfg, probe, cluster, seq_len,
+                                                      global_batch, precision, overlap,
+                                                      imbalance, self.memo)
+            if fixed_key not in self.fixed:
+                self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
+                                                    self.memo)
+        return self.pipelines[key][recompute] + self.fixed[fixed_key]
