@@ -170,9 +170,12 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     if key not in memo:
         half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
         at = at_segment(cluster, half_layer)
-        layer = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision)
-        memo[key] = (layer, layer_times(cfg, layout, at, seq_len, micro_batch, overlap,
-                                        precision, True, expert_imbalance) if cfg.is_moe else layer,
+        moe = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision, True,
+                          expert_imbalance) if cfg.is_moe else None
+        # a model of MoE blocks only has no dense block to price (its rows count none)
+        layer = moe if cfg.n_moe_layers == cfg.n_layers else layer_times(
+            cfg, layout, at, seq_len, micro_batch, overlap, precision)
+        memo[key] = (layer, moe or layer,
                      head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
     return memo[key]
 
@@ -226,7 +229,10 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     t_ep_total = blocks_sum(busiest, "ep_total")
     reruns = (0.0, 0.0)  # the blocks' forward again: their attention cores, or all of it
     if floor:
-        faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
+        share_key = ("core share", layout.cp, layout.cp_attention, layout.cp_a2a, layout.tp)
+        if share_key not in memo:
+            memo[share_key] = core_share_of_fastest(cfg, layout, cluster, seq_len)
+        faster = 1 - memo[share_key]
         t_forward -= faster * blocks_sum(busiest, "core_forward")
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0
