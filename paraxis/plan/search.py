@@ -15,6 +15,7 @@ is skipped unpriced (`prune.py`).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -279,9 +280,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     for sp in c.sequence_parallel if tp > 1 else (False,):
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
-                        steps = _recompute_steps(c, cfg.n_layers, pp, virtual)
                         learn = across and ep_key not in fitted_across_nodes
-                        for done, (recompute, group) in enumerate(steps):
+                        for recompute, group in _recompute_steps(c, cfg.n_layers, pp,
+                                                                 virtual):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
                                 too_big_here = True
                                 continue
@@ -299,7 +300,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             slow_if_big = floor > bound.too_big_limit() and \
                                 bound.families_fit(base)
                             if slow and slow_if_big and not learn:
-                                result.skipped += len(steps) - done  # heavier: slower
+                                result.skipped += 1  # and its heavier recomputations, slower
                                 break
                             try:
                                 layout = base.replace(
@@ -318,7 +319,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                         fits_here = True
                                         if across:
                                             fitted_across_nodes.add(ep_key)
-                                        result.skipped += len(steps) - done
+                                        result.skipped += 1
                                         break
                                 elif slow_if_big:
                                     result.skipped += 1
@@ -391,8 +392,9 @@ def _shard_choices(zero: int, shape: Layout, cluster: Cluster, c: Constraints
     return (0, max(fits)) if fits and max(fits) < shape.dp else (0,)
 
 
+@functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
 def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int
-                     ) -> list[tuple[str, int]]:
+                     ) -> tuple[tuple[str, int], ...]:
     """(recompute, blocks per checkpoint) to try, lightest first: the constraints' kinds and,
     after full recompute of every block where the blocks per checkpoint are left free,
     checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
@@ -407,7 +409,7 @@ def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int
         else:
             blocks = math.ceil(n_layers / (pp * virtual))
             steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
-    return steps
+    return tuple(steps)
 
 
 def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
