@@ -150,9 +150,26 @@ def _push(heap: list[float], step: float, size: int) -> None:
         heapq.heapreplace(heap, -step)
 
 
-def fits(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int, global_batch: int,
-         precision: Precision, expert_imbalance: float) -> bool:
-    """Whether `layout` fits in memory, its time left unpriced."""
-    micro_batch = global_batch // (layout.dp * layout.microbatches)
-    memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, expert_imbalance)
-    return memory["total"] <= cluster.gpu.memory_bytes
+class Fits:
+    """Whether a layout fits in memory, its time left unpriced. A layout whose activations
+    alone (and the reserve) overflow the GPU overflows it at every ZeRO stage and shard
+    group, which do not change them: those are answered without pricing memory again."""
+
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+                 precision: Precision, expert_imbalance: float) -> None:
+        self.args = cfg, cluster, seq_len, global_batch, precision, expert_imbalance
+        self.overflow: set[tuple] = set()
+
+    def __call__(self, shape: Layout, layout: Layout) -> bool:
+        """Whether `layout`, of `shape` (which lives as long as the search), fits."""
+        cfg, cluster, seq_len, global_batch, precision, imbalance = self.args
+        key = (id(shape), layout.microbatches, layout.schedule, layout.virtual_stages,
+               layout.sequence_parallel, layout.recompute, layout.recompute_layers)
+        if key in self.overflow:
+            return False
+        micro_batch = global_batch // (layout.dp * layout.microbatches)
+        memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, imbalance)
+        limit = cluster.gpu.memory_bytes
+        if memory["activations"] + memory["reserved"] > limit:
+            self.overflow.add(key)
+        return memory["total"] <= limit

@@ -32,7 +32,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.floor import Floors, step_lower_bound
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import model_state_bytes, stage_local_params
-from paraxis.plan.prune import Bound, fits
+from paraxis.plan.prune import Bound, Fits
 from paraxis.plan.ranking import rank
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
@@ -240,6 +240,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
                     memo)
+    fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -313,8 +314,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 result.rule_breakers.append(Rejection(shape, str(error)))
                                 break
                             if slow or slow_if_big:
-                                if fits(cfg, layout, cluster, seq_len, global_batch,
-                                        precision, expert_imbalance):
+                                if fits(shape, layout):
                                     if slow:  # it fits: heavier recomputation is slower
                                         fits_here = True
                                         if across:
