@@ -16,8 +16,11 @@ from paraxis.plan.uncertainty import error_band, ties
 from paraxis.spec.model_config import PRESETS
 
 # (model, GPUs, GPU, global batch, sequence, constraints): dense and MoE, context parallel,
-# a zero-bubble schedule, CPU ranks
+# a zero-bubble schedule, and small microbatches whose kernels the host launches slower than
+# the GPU runs them (selective recomputation then hides in the host's time)
 CASES = [
+    ("gpt2-124m", 8, "h100-sxm-80gb", 16, 1024, {"recompute": ("selective",)}),
+    ("llama3-8b", 8, "h100-sxm-80gb", 16, 1024, {"recompute": ("full",)}),
     ("llama3-8b", 64, "h100-sxm-80gb", 256, 8192, {}),
     ("llama2-70b", 128, "a100-80gb", 512, 4096, {}),
     ("mixtral-8x7b", 64, "h100-sxm-80gb", 128, 8192, {}),
@@ -92,7 +95,7 @@ def test_the_floor_is_below_every_price(case) -> None:
     whole = search(cfg, cluster, seq, batch, Constraints(**constraints), exhaustive=True)
     priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
     memo: dict = {}
-    for estimate in priced[::7]:
+    for estimate in priced[::max(1, len(priced) // 400)]:
         floor = step_lower_bound(cfg, estimate.layout, cluster, seq, batch, memo=memo)
         assert 0 < floor <= estimate.step_time_s * (1 + 1e-12), estimate.layout
 

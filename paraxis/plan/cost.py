@@ -180,6 +180,20 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     return memo[key]
 
 
+def _rerun_floors(layer: dict[str, float], faster: float) -> tuple[float, float]:
+    """What recomputing adds to a block's backward at the least, for any cp variant (its
+    core `faster` by that share of its own): the attention core again (selective) or the
+    whole forward (full) on the GPU, less what the host's launches hide of it where they
+    outlast the GPU's backward (`layer_times`' host pricing)."""
+    core = (1 - faster) * layer["core_forward"]
+    gpu_forward = layer["gpu_forward"] - faster * layer["core_forward"]
+    gpu_backward = layer["gpu_backward"] - faster * layer["core_backward"]
+    host_forward, host_backward = layer["host_forward"], layer["host_backward"]
+    selective = max(0.0, core - max(0.0, host_backward - gpu_backward))
+    full = min(gpu_forward, max(host_forward, gpu_backward + gpu_forward - host_backward))
+    return selective, full
+
+
 def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                   micro_batch: int, precision: Precision, overlap: Overlap,
                   expert_imbalance: float, memo: dict, floor: bool = False) -> Pipeline:
@@ -236,9 +250,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         t_forward -= faster * blocks_sum(busiest, "core_forward")
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0
-        core = (1 - faster) * blocks_sum(busiest, "core_forward")
-        reruns = (core, blocks_sum(busiest, "forward") - faster * blocks_sum(
-            busiest, "core_forward"))
+        dense, moe = kinds[busiest]
+        reruns = tuple(dense * d + moe * m for d, m in zip(
+            _rerun_floors(layer, faster), _rerun_floors(moe_layer, faster), strict=True))
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0

@@ -129,6 +129,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
     backward = gemms_backward + BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
+    # the passes on the GPU and, where it prices them, on the host (before a rerun's)
+    pass_times = {"gpu_forward": forward, "gpu_backward": backward - recompute,
+                  "host_forward": 0.0, "host_backward": 0.0}
     if gpu.kernel_launch_s and not cluster.cores_per_node:
         # The host issues the layer's kernels ahead of the GPU (GPU.kernel_launch_s): a pass
         # takes the longer of its GPU time and its launches, a third of them forward (as its
@@ -136,6 +139,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         # host-bound, so the microbatch size is priced.
         host = layer_kernels(cfg, gpu.kernels) * gpu.kernel_launch_s
         host_forward, host_backward = host / 3, 2 * host / 3
+        pass_times.update(host_forward=host_forward, host_backward=host_backward)
         if layout.recompute == "full":
             host_backward += host_forward
         forward, backward = max(forward, host_forward), max(backward, host_backward)
@@ -189,7 +193,8 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
             "cp_backward": cp["backward"], "cp_total": cp["total"],
             "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"],
-            "core_forward": core_forward * tokens, "core_backward": core_backward * tokens}
+            "core_forward": core_forward * tokens, "core_backward": core_backward * tokens,
+            **pass_times}
 
 
 def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,
