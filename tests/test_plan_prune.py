@@ -13,7 +13,9 @@ from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, families, rival_shap
 from paraxis.plan.ranking import EQUAL_TIMES
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import error_band, ties
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import PRECISIONS
 
 # (model, GPUs, GPU, global batch, sequence, constraints): dense and MoE, context parallel,
 # a zero-bubble schedule, and small microbatches whose kernels the host launches slower than
@@ -125,3 +127,32 @@ def test_two_level_cp_is_priced_as_itself_in_a_search() -> None:
     for estimate in two_level[:5]:
         alone = evaluate(cfg, estimate.layout, cluster, 65536, 16)
         assert alone.step_time_s == estimate.step_time_s
+
+
+def test_a_heavier_recomputation_priced_faster_keeps_the_floor_below_it() -> None:
+    """Recomputing can make another stage the busiest, one that communicates less (an MoE
+    model's dense stage): the priced step then falls, and the floor must too."""
+    cfg = PRESETS["tiny-moe-shared"]
+    cluster = build_cluster("h100-sxm-80gb", 16, 8).replace(cores_per_node=16)
+    precision = PRECISIONS["fp8"]
+    for recompute in ("none", "full"):
+        layout = Layout(dp=4, pp=4, ep=4, microbatches=2, recompute=recompute)
+        price = evaluate(cfg, layout, cluster, 128, 8, precision).step_time_s
+        assert step_lower_bound(cfg, layout, cluster, 128, 8, precision) <= price
+    whole = search(cfg, cluster, 128, 8, Constraints(recompute=("full",)), precision,
+                   exhaustive=True)
+    pruned = search(cfg, cluster, 128, 8, Constraints(recompute=("full",)), precision)
+    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+
+
+@pytest.mark.parametrize("constraints", [Constraints(schedules=("1f1b", "zb-v")),
+                                         Constraints(schedules=("interleaved",),
+                                                     virtual_stages=(4,))])
+def test_settings_that_break_a_rule_are_refused_not_raised(constraints) -> None:
+    """More model chunks than layers: the exhaustive search records a rule breaker; the
+    floor of such a setting must not raise either."""
+    cfg, cluster = PRESETS["llama2-7b"], build_cluster("a100-80gb", 32, 8)
+    whole = search(cfg, cluster, 2048, 128, constraints, exhaustive=True)
+    pruned = search(cfg, cluster, 2048, 128, constraints)
+    assert _facts(pruned.ranked[0]) == _facts(whole.ranked[0])
+    assert pruned.rule_breakers

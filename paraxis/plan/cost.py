@@ -253,6 +253,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         dense, moe = kinds[busiest]
         reruns = tuple(dense * d + moe * m for d, m in zip(
             _rerun_floors(layer, faster), _rerun_floors(moe_layer, faster), strict=True))
+        # recomputing may make another stage the busiest: the least any stage communicates
+        least_comm = min(blocks_sum(s, "tp_forward", "tp_backward", "ep_forward", "ep_backward")
+                         + (s == last) * head["tp"] for s in firsts.values())
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -287,11 +290,16 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         # critical path at the stage's share, whichever is longer.
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
         pipeline = max(busy, critical / (1 - figures.bubble_fraction))
-    # more backward grows a 1F1B-family pipeline with its busy time (its bubble share holds);
-    # not a zero-bubble schedule's (its W's fill the bubble) nor shared cores' (above)
-    alike = layout.schedule not in SPLIT_BACKWARD and share >= stage_share
-    reruns = tuple(layout.microbatches * r / (1 - figures.bubble_fraction) if alike else 0.0
-                   for r in reruns)
+    if floor:
+        # A floor for every recomputation: the busy time, over the bubble's share only where
+        # that share holds whatever the work (a 1F1B-family schedule on its own cores; a
+        # zero-bubble schedule's W's fill its bubble); recomputing, the busiest stage's
+        # compute and rerun, and the least any stage communicates (`pipeline_floors`)
+        alike = layout.schedule not in SPLIT_BACKWARD and share >= stage_share
+        scale = layout.microbatches / (1 - figures.bubble_fraction if alike else 1.0)
+        pipeline = pipeline if alike else busy
+        least = least_comm + (0.0 if overlap.pp else t_pp)
+        reruns = tuple(scale * (slot_compute + rerun + least) - pipeline for rerun in reruns)
     memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
                            t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline, reruns)
     return memo[whole]

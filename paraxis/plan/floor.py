@@ -18,7 +18,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import Layout
+from paraxis.spec.layout import RECOMPUTE, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
@@ -29,7 +29,7 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
                      expert_imbalance: float = DEFAULT_IMBALANCE,
                      memo: dict | None = None) -> float:
     """A floor under `evaluate(...).step_time_s` for `layout` at any recomputation and any
-    cp variant (`pipeline_floor`), plus its optimizer step and the step's own small calls;
+    cp variant (`pipeline_floors`), plus its optimizer step and the step's own small calls;
     the gradient sync and the experts' gradient sum over tp, which only add, are left out.
     The search skips a layout whose floor is above all its answer shows (`prune.py`)."""
     memo = {} if memo is None else memo
@@ -42,9 +42,10 @@ def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len:
                     global_batch: int, precision: Precision, overlap: Overlap,
                     expert_imbalance: float, memo: dict) -> dict[str, float]:
     """A floor under `pipeline_time` of `layout` for every cp variant, by recomputation:
-    that of its pipeline without recomputation, plus the recomputed forward's compute (the
-    rerun's collectives left out). It reads neither the ZeRO stage nor its shard group, but
-    where FP8 weights are cast on ZeRO-3's shards."""
+    without it, its pipeline (its busy time where the bubble moves with the work); with it,
+    the recomputed forward's compute added and the least any stage communicates (the rerun's
+    collectives left out). It reads neither the ZeRO stage nor its shard group, but where
+    FP8 weights are cast on ZeRO-3's shards."""
     bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
                                                                      recompute_layers=1)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
@@ -64,7 +65,7 @@ def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
 
 
 class Floors:
-    """`cost.step_lower_bound` of a search's layouts before they are built: the pipeline's
+    """`step_lower_bound` of a search's layouts before they are built: the pipeline's
     part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
     shard groups (but where FP8 weights are cast on ZeRO-3's shards), the optimizer's and
     small calls' once per (shape, ZeRO, shard group, SP)."""
@@ -76,27 +77,31 @@ class Floors:
         self.memo = memo
         self.pipelines: dict[tuple, dict[str, float]] = {}
         self.fixed: dict[tuple, float] = {}
+        self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
 
     def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
            sp: bool, recompute: str) -> float:
         """The floor of `base` (`shape`, which lives as long as the search, with its ZeRO
-        settings) at these settings; 0 where they do not make a layout (the search then
-        says why). It grows with recomputation: none, selective, full."""
+        settings) at these settings under `recompute` or any heavier recomputation (a heavier
+        one can be priced faster: another stage may then be the busiest); 0 where they do
+        not make a layout (the search then says why)."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        cast = base.zero == 3 and precision.fp8_recipe is not None and \
-            precision.fp8_weight_gather
-        key = (id(shape), base.zero_ranks if cast else 0, microbatches, kind, virtual, sp)
-        fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp)
+        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
+               microbatches, kind, virtual, sp)
+        # the stage holding the most parameters, which the schedule and depth place
+        fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp, kind, virtual)
         if key not in self.pipelines or fixed_key not in self.fixed:
             try:
                 probe = base.replace(microbatches=microbatches, schedule=kind,
                                      virtual_stages=virtual, sequence_parallel=sp)
-            except ParaxisError:
+                if key not in self.pipelines:
+                    floors = pipeline_floors(cfg, probe, cluster, seq_len, global_batch,
+                                             precision, overlap, imbalance, self.memo)
+                    # the least from each recomputation on, lightest first (RECOMPUTE)
+                    self.pipelines[key] = {r: min(floors[h] for h in RECOMPUTE[i:])
+                                           for i, r in enumerate(RECOMPUTE)}
+            except ParaxisError:  # e.g. more model chunks than layers
                 return 0.0
-            if key not in self.pipelines:
-                self.pipelines[key] = pipeline_floors(cfg, probe, cluster, seq_len,
-                                                      global_batch, precision, overlap,
-                                                      imbalance, self.memo)
             if fixed_key not in self.fixed:
                 self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
                                                     self.memo)

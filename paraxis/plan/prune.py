@@ -2,9 +2,10 @@
 
 A search of 1024 GPUs for a long-context mixture of experts has some 56,000 layouts; most are
 far slower than the best. A layout's step has a floor that costs a fraction of pricing it
-(`cost.step_lower_bound`: its pipeline without recomputation and the step's small calls,
-the sync and optimizer left out). Where that floor is above every time the answer can show,
-the layout is skipped, with the heavier recomputations of its setting, which are slower still.
+(`floor.step_lower_bound`: its pipeline as fast as any cp variant runs it, with the
+recomputed forward, its optimizer step and small calls; the gradient sync left out). Where
+the floor of a setting under its recomputation or any heavier one is above every time the
+answer can show, they are all skipped.
 
 What the answer shows, and so what is kept exact (every reader of `SearchResult`):
 
@@ -20,9 +21,16 @@ that goes first may differ from an exhaustive search's: the ranking counts them 
 A family none of whose layouts fits yet is never skipped: its closest-to-fitting layout is
 what a defence names instead. Every limit is the search's running value, never below the
 final one, so a skipped layout is slower than the final limit too. The floor holds for
-every cp variant of a layout (`cost.pipeline_floor`), so the variants priced after the
-search (`cp_variants.py`) of a skipped layout would be skipped too. The counts change:
-`SearchResult.skipped` says how many layouts were not priced.
+every cp variant of a layout, so the variants priced after the search (`cp_variants.py`)
+of a skipped layout would be skipped too.
+
+What differs from an exhaustive search: the counts (`SearchResult.skipped` counts the
+settings skipped), and the search's own shortcuts, which read whether a layout fits (stop at
+the first microbatch size where none fits; fewer microbatches than stages only while no
+smaller size fits): a skipped layout's fit is unknown, so the search may go on to price
+layouts the exhaustive search stops before. They are real layouts, priced as any other; one
+can add a too-big example, a tie, or a faster cp variant re-priced at another shape's ring
+layout.
 """
 
 from __future__ import annotations
@@ -163,8 +171,10 @@ class Fits:
     def __call__(self, shape: Layout, layout: Layout) -> bool:
         """Whether `layout`, of `shape` (which lives as long as the search), fits."""
         cfg, cluster, seq_len, global_batch, precision, imbalance = self.args
+        # (the fused head's logits depend on the ZeRO stage: `spec.kernels.fused_loss_problem`)
         key = (id(shape), layout.microbatches, layout.schedule, layout.virtual_stages,
-               layout.sequence_parallel, layout.recompute, layout.recompute_layers)
+               layout.sequence_parallel, layout.recompute, layout.recompute_layers,
+               layout.zero if cluster.gpu.loss_kernel == "fused-linear" else None)
         if key in self.overflow:
             return False
         micro_batch = global_batch // (layout.dp * layout.microbatches)

@@ -9,7 +9,7 @@ rank), or at the degree asked for, its K/V exchange variants compared per shape
 (`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every
 degree that divides dp*cp and the experts while its group stays in a node; beyond the node,
 only until one fits (a larger group sends more of every all-to-all over the network).
-A layout whose floor (`cost.step_lower_bound`) is slower than everything the answer shows
+A layout whose floor (`floor.step_lower_bound`) is slower than everything the answer shows
 is skipped unpriced (`prune.py`).
 """
 
@@ -40,7 +40,7 @@ from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
 from paraxis.spec.kernels import fused_loss_problem
-from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
+from paraxis.spec.layout import RECOMPUTE, ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
@@ -142,9 +142,8 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
 
 
 def _constraints_text(c: Constraints) -> str:
-    given = [f"{name}={getattr(c, name)}" for name in ("tp", "pp", "dp", "cp", "ep", "max_tp",
-                                                        "max_pp")
-             if getattr(c, name) is not None]
+    given = [f"{n}={getattr(c, n)}" for n in ("tp", "pp", "dp", "cp", "ep", "max_tp", "max_pp")
+             if getattr(c, n) is not None]
     return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
 
 
@@ -255,14 +254,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
                 continue  # sharding over one rank changes nothing
             base = shape.replace(zero=zero, zero3_reshard=reshard, dp_shard=dp_shard)
-            # Every size that divides a replica's batch (5 or 12 sequences split into 5, or 3,
-            # 4 and 6, not only powers of 2), smallest first, up to the first that fits nowhere
+            # every size dividing a replica's batch (not only powers of 2), smallest first
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
             too_big_at: int | None = None
             fitted_smaller = False
-            # Settings (schedule, depth, SP, recompute) too big at a smaller size: a larger
-            # microbatch holds more activations, so they are not priced again (a pipeline's
-            # ZeRO-2 excepted, as below)
+            # Settings (schedule, depth, SP, recompute) too big at a smaller size: not priced
+            # again, a larger microbatch holds more (a pipeline's ZeRO-2 excepted, as below)
             outgrown: set[tuple] = set()
             grows = not (zero == 2 and pp > 1)
             for micro_batch in sizes:
@@ -292,7 +289,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                                          settings) in kept:
                                 fits_here = True  # kept whole, a variant of this size fits
                                 break  # keeping the chunk fit: regathering is only slower
-                            floor = 0.0 if exhaustive else floors.of(
+                            floor = 0.0 if exhaustive else floors.of(  # or heavier's
                                 shape, base, microbatches, kind, virtual, sp, recompute)
                             # Its floor above all the answer shows of the layouts that fit
                             # (slow) and too big (slow_if_big): not priced (but across nodes
@@ -401,7 +398,7 @@ def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int
     the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
     layouts nothing lighter fits."""
     steps = []
-    for recompute in c.recompute:
+    for recompute in sorted(c.recompute, key=RECOMPUTE.index):  # lightest first
         if recompute != "full":
             steps.append((recompute, 1))
         elif c.recompute_layers is not None:
