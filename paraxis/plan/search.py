@@ -241,10 +241,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     memo)
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
+    crosses: dict[tuple[int, ...], bool] = {}
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
-        across = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
         ep_key = (dp, tp, pp, shape.cp, shape.etp)
+        group = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
+        if group not in crosses:
+            crosses[group] = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
+        across = crosses[group]
         if across and ep_key in fitted_across_nodes:
             continue  # a smaller ep already fits: more only sends more over the network
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
@@ -268,8 +272,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if too_big_at is not None and micro_batch > too_big_at:
                     break  # a larger microbatch holds more activations: it cannot fit either
                 if pp > 1 and per_replica // micro_batch < pp and fitted_smaller:
-                    # fewer microbatches than stages idle half the pipeline or more
-                    # ((P - 1) / (M + P - 1)), and a smaller size that fills it fits
+                    # fewer microbatches than stages idle half the pipeline; a smaller size fits
                     break
                 too_big_here, fits_here = False, False
                 microbatches = per_replica // micro_batch
