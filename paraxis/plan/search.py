@@ -245,10 +245,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = (dp, tp, pp, shape.cp, shape.etp)
-        group = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
-        if group not in crosses:
-            crosses[group] = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
-        across = crosses[group]
+        grid = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
+        if grid not in crosses:
+            crosses[grid] = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
+        across = crosses[grid]
         if across and ep_key in fitted_across_nodes:
             continue  # a smaller ep already fits: more only sends more over the network
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
