@@ -63,7 +63,6 @@ def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             + calls_time(cfg, layout, cluster, memo))
 
 
-
 class Floors:
     """`step_lower_bound` of a search's layouts before they are built: the pipeline's
     part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.prune import families
+from paraxis.plan.prune import families, rival_shape
 from paraxis.plan.ranking import EQUAL_TIMES, group_numbers, simpler_by
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import (
@@ -28,9 +28,8 @@ from paraxis.plan.uncertainty import (
 Price = Callable[[Estimate, Cluster], float]
 
 
-def _shape(estimate: Estimate) -> tuple[int, int, int, int, int, int]:
-    layout = estimate.layout
-    return layout.dp, layout.cp, layout.ep, layout.tp, layout.pp, layout.zero
+def _shape(estimate: Estimate) -> tuple[int, ...]:
+    return rival_shape(estimate.layout)
 
 
 def _versus(rival: Estimate, best: Estimate, band: ErrorBand) -> str:
