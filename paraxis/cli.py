@@ -44,7 +44,9 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command`, only that subcommand's module is imported and its
+    arguments added (the others are listed by name and help), so a command starts quickly."""
     parser = OneLineParser(
         prog="paraxis",
         description="Train one model across many devices (DP, TP, PP, CP, EP, ZeRO), plan the "
@@ -52,17 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name, help_text in COMMANDS:
-        module = importlib.import_module(module_name)
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show tracebacks on errors")
-        module.add_arguments(command)
-        command.set_defaults(run=module.run)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                help="show tracebacks on errors")
+        if command in (None, name):
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # the first word naming a command is the command (options before it are paraxis's own)
+    named = {name for name, _, _ in COMMANDS}
+    parser = build_parser(next((word for word in argv if word in named), None))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 
 from paraxis.plan.bubble import (
     SIMULATE_MAX_ACTIONS,
+    bubble_floor,
     bubble_formula,
     in_flight_formula,
     pipeline_figures,
 )
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import build_schedule
 
 
@@ -34,6 +36,26 @@ def test_closed_forms_equal_the_schedule_objects(kind: str, stages: int, microba
         schedule.bubble_fraction(), abs=1e-12)
     assert list(in_flight_formula(kind, stages, microbatches, virtual)) == \
         schedule.peak_in_flight()
+
+
+FLOOR_GRID = [(kind, p, m, v) for kind, depths in (("gpipe", (1,)), ("1f1b", (1,)),
+                                                  ("interleaved", (2, 3, 4)),
+                                                  ("zb-h1", (1,)), ("zb-v", (2,)))
+              for p in (2, 3, 4, 5, 8) for m in range(1, 33) for v in depths
+              if p * m * v <= SIMULATE_MAX_ACTIONS]
+
+
+def test_the_bubble_floor_is_under_every_simulated_bubble() -> None:
+    """The search's floors (plan/floor.py) take the closed form for a simulation: it must
+    never be above the simulated timeline's idle share, whatever the microbatch count."""
+    for kind, stages, microbatches, virtual in FLOOR_GRID:
+        try:
+            simulated = pipeline_figures(kind, stages, microbatches, virtual).bubble_fraction
+        except ParaxisError:  # a schedule these counts do not make
+            continue
+        assert bubble_floor(kind, stages, microbatches, virtual) <= simulated, (
+            kind, stages, microbatches, virtual)
+    assert bubble_floor("zb-h1", 4, 8) == 0.0 and bubble_floor("1f1b", 1, 8) == 0.0
 
 
 @pytest.mark.parametrize("kind, virtual", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])

@@ -10,7 +10,7 @@ import json
 import math
 
 from paraxis.plan import inputs, verify
-from paraxis.plan.cost import evaluate
+from paraxis.plan.cost import devices_to_hold, evaluate, too_big_reason
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
@@ -21,9 +21,7 @@ from paraxis.plan.search import (
     SearchResult,
     check_interleaving,
     closest_to_fitting,
-    devices_to_hold,
     search,
-    too_big_reason,
 )
 from paraxis.plan.search_flags import (
     complete_layout,

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paraxis.plan.cost import DEFAULT_OVERLAP, STEP_PARTS, Estimate, Overlap
+from paraxis.plan.cost import DEFAULT_OVERLAP, STEP_PARTS, Estimate, Overlap, devices_to_hold
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import (
     Constraints,
     SearchResult,
     closest_to_fitting,
-    devices_to_hold,
     search,
 )
 from paraxis.plan.uncertainty import error_band, ties

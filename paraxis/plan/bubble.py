@@ -47,6 +47,16 @@ def in_flight_formula(kind: str, stages: int, microbatches: int,
                      microbatches * virtual) for stage in range(stages))
 
 
+def bubble_floor(kind: str, stages: int, microbatches: int, virtual: int = 1) -> float:
+    """A floor under `pipeline_figures(...).bubble_fraction` whatever the work: 0 for a
+    zero-bubble schedule (its W's fill the bubble by as much as the work allows); for the
+    others the closed form, which their simulated timelines never fall below
+    (tests/test_plan_bubble.py), less a rounding margin. Costs no simulation."""
+    if stages == 1 or kind in SPLIT_BACKWARD:
+        return 0.0
+    return bubble_formula(kind, stages, microbatches, virtual) * (1 - 1e-9)
+
+
 @lru_cache(maxsize=4096)
 def pipeline_figures(kind: str, stages: int, microbatches: int, virtual: int = 1,
                      forward_cost: float = 1.0, backward_cost: float = 2.0,

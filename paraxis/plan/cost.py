@@ -29,10 +29,11 @@ alone (Graham 1969's two bounds of list scheduling).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from paraxis.plan.bubble import bubble_costs, pipeline_figures
+from paraxis.plan.bubble import bubble_costs, bubble_floor, pipeline_figures
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
@@ -274,13 +275,14 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     # backward/forward ratio (tests/test_plan_bubble.py): one cached simulation serves all.
     # A zero-bubble schedule's does (W's fill the bubble): simulated at this run's rounded
     # ratio, W at the simulator's share of the backward (`schedules.stage_costs`).
-    figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
-                               layout.virtual_stages, *bubble_costs(layout.schedule,
-                                                                     t_forward, t_backward))
+    bubble = bubble_floor(layout.schedule, layout.pp, layout.microbatches,
+                          layout.virtual_stages) if floor else pipeline_figures(
+        layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
+        *bubble_costs(layout.schedule, t_forward, t_backward)).bubble_fraction
     slot_compute = t_forward + t_backward
     exposed_comm = t_tp + t_cp + t_ep + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
-    pipeline = busy / (1 - figures.bubble_fraction)
+    pipeline = busy / (1 - bubble)
     share = cluster.compute_share
     # While other stages idle, one stage's ranks of a node compute together: each gets the
     # cores shared among those alone (a whole core where they are no more than the cores).
@@ -289,14 +291,14 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         # Idle ranks lend their cores: the work bound (busy, at the shared rate) or the
         # critical path at the stage's share, whichever is longer.
         critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
-        pipeline = max(busy, critical / (1 - figures.bubble_fraction))
+        pipeline = max(busy, critical / (1 - bubble))
     if floor:
         # A floor for every recomputation: the busy time, over the bubble's share only where
         # that share holds whatever the work (a 1F1B-family schedule on its own cores; a
         # zero-bubble schedule's W's fill its bubble); recomputing, the busiest stage's
         # compute and rerun, and the least any stage communicates (`pipeline_floors`)
         alike = layout.schedule not in SPLIT_BACKWARD and share >= stage_share
-        scale = layout.microbatches / (1 - figures.bubble_fraction if alike else 1.0)
+        scale = layout.microbatches / (1 - bubble if alike else 1.0)
         pipeline = pipeline if alike else busy
         least = least_comm + (0.0 if overlap.pp else t_pp)
         reruns = tuple(scale * (slot_compute + rerun + least) - pipeline for rerun in reruns)
@@ -459,3 +461,28 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     return Estimate(layout, micro_batch, memory, gpu.memory_bytes, time,
                     global_batch * seq_len / step, flops["model"] / (step * peak_total),
                     flops["hardware"] / (step * peak_total), notes, seq_len)
+
+
+def too_big_reason(estimate: Estimate) -> str:
+    """Why a layout does not fit, naming what takes the memory: the model states, or the
+    activations of how many sequences per microbatch."""
+    memory, layout = estimate.memory, estimate.layout
+    states = memory["params"] + memory["grads"] + memory["optimizer"]
+    if memory["activations"] >= states:
+        what = (f"{memory['activations'] / 1e9:.1f} GB of it activations of "
+                f"{estimate.micro_batch}-sequence microbatches of {estimate.seq_len} tokens "
+                f"(recompute={layout.recompute})")
+    else:
+        what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
+    return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
+            f"{estimate.memory_limit_bytes / 1e9:.0f} GB, {what}")
+
+
+def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
+    """About how many devices would hold `estimate`'s layout: its model states shard over
+    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None where those
+    alone exceed a device."""
+    memory, limit = estimate.memory, estimate.memory_limit_bytes
+    states = memory["params"] + memory["grads"] + memory["optimizer"]
+    rest = memory["total"] - states
+    return math.ceil(devices * states / (limit - rest)) if limit > rest else None

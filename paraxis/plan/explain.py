@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import copies_link, imbalance, zero_link
-from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate
+from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate, too_big_reason
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.memory import model_state_bytes, peak_moment
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
-from paraxis.plan.search import SearchResult, search, too_big_reason
+from paraxis.plan.search import SearchResult, search
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig

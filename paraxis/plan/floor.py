@@ -9,18 +9,23 @@ gradient sync and the experts' gradient sum over tp, which only add, are left ou
 
 from __future__ import annotations
 
+from paraxis.plan.bubble import bubble_floor
 from paraxis.plan.cost import (
+    block_times,
     calls_time,
     optimizer_seconds,
     pipeline_time,
 )
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.layer_cost import core_share_of_fastest
+from paraxis.plan.memory import stage_kinds
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
+from paraxis.spec.schedules import placement_of
 
 
 def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -55,6 +60,33 @@ def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len:
             "full": pipe.pipeline + pipe.reruns[1]}
 
 
+def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                 micro_batch: int, precision: Precision, overlap: Overlap,
+                 expert_imbalance: float, memo: dict) -> tuple[float, float, float]:
+    """What `pipeline_floors` of `layout` at this microbatch size is at least, for every
+    schedule, interleaving depth and recomputation, per microbatch: (the stages' mean
+    compute, a dense block's and an MoE block's exposed TP and EP communication). The mean
+    is every block's GPU time with its attention core at the fastest cp variant's rate: a
+    stage's share of the model is its blocks' in any split, and the busiest stage computes
+    at least the mean; the host's launches, which only add, are left out."""
+    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
+                                                                     recompute_layers=1)
+    layer, moe_layer, head = block_times(cfg, bare, cluster, seq_len, micro_batch, precision,
+                                         overlap_on(cluster, overlap), expert_imbalance, memo)
+    faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
+    blocks = ((cfg.n_layers - cfg.n_moe_layers, layer), (cfg.n_moe_layers, moe_layer))
+    whole = [count * (block["forward"] + block["backward"]) for count, block in blocks]
+    lean = [count * (block["gpu_forward"] + block["gpu_backward"] - faster * (
+        block["core_forward"] + block["core_backward"])) for count, block in blocks]
+    # the busiest stage is the busiest by its whole time: its lean time is at least the
+    # leanest block kind's share of that
+    share = min((l / w for l, w in zip(lean, whole, strict=True) if w > 0), default=1.0)
+    total = sum(whole) + head["forward"] + head["backward"]
+    comm = [sum(block[k] for k in ("tp_forward", "tp_backward", "ep_forward", "ep_backward"))
+            for _, block in blocks]
+    return share * total / layout.pp, comm[0], comm[1]
+
+
 def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 precision: Precision, memo: dict) -> float:
     """The optimizer step and the step's small calls of `layout`: alike for every
@@ -76,6 +108,7 @@ class Floors:
         self.memo = memo
         self.pipelines: dict[tuple, dict[str, float]] = {}
         self.fixed: dict[tuple, float] = {}
+        self.computes: dict[tuple, float] = {}
         self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
 
     def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
@@ -105,3 +138,37 @@ class Floors:
                 self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
                                                     self.memo)
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
+
+    def coarse(self, shape: Layout, base: Layout, micro_batch: int, microbatches: int,
+               sps: tuple[bool, ...], variants: list[tuple[str, int]]) -> float:
+        """A floor under `of` for every (schedule, depth) of `variants`, SP setting of `sps`
+        and recomputation of `base` at this microbatch size, cheaper than any of them: the
+        stages' mean compute (`block_floors`) and the least any stage communicates, over one
+        minus the schedule's least bubble where that holds whatever the work (as
+        `pipeline_time`'s floor has it); 0 where no layout is made of them."""
+        cfg, cluster, seq_len, _, precision, overlap, imbalance = self.args
+        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
+               micro_batch, sps)
+        if key in self.computes:
+            return self.computes[key]
+        try:
+            parts = [block_floors(cfg, base.replace(microbatches=microbatches,
+                                                    sequence_parallel=sp),
+                                  cluster, seq_len, micro_batch, precision, overlap,
+                                  imbalance, self.memo) for sp in sps]
+        except ParaxisError:
+            parts = []
+        alike = cluster.compute_share >= cluster.share_with(
+            max(1, cluster.gpus_per_node // shape.pp))
+        floors = []
+        for kind, virtual in variants:
+            bubble = bubble_floor(kind, shape.pp, microbatches, virtual) if alike else 0.0
+            try:
+                stages = stage_kinds(cfg, shape.pp, virtual, seq_len, placement_of(kind))
+            except ParaxisError:  # more model chunks than layers: no layout
+                continue
+            floors += [microbatches * (compute + min(dense * dense_comm + moe * moe_comm
+                                                     for dense, moe in stages)) / (1 - bubble)
+                       for compute, dense_comm, moe_comm in parts]
+        self.computes[key] = min(floors, default=0.0)
+        return self.computes[key]

@@ -26,6 +26,7 @@ from paraxis.plan.cost import (
     Estimate,
     Overlap,
     evaluate,
+    too_big_reason,
 )
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
@@ -276,9 +277,15 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     break
                 too_big_here, fits_here = False, False
                 microbatches = per_replica // micro_batch
-                for kind, virtual in _schedule_variants(pp, microbatches, c,
-                                                         cfg.n_layers):
-                    for sp in c.sequence_parallel if tp > 1 else (False,):
+                learn = across and ep_key not in fitted_across_nodes
+                sps = c.sequence_parallel if tp > 1 else (False,)
+                variants = _schedule_variants(pp, microbatches, c, cfg.n_layers)
+                if not exhaustive and not learn and bound.hides(floors.coarse(
+                        shape, base, micro_batch, microbatches, sps, variants), base):
+                    result.skipped += 1  # every setting of this size is slower
+                    continue
+                for kind, virtual in variants:
+                    for sp in sps:
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
                         learn = across and ep_key not in fitted_across_nodes
@@ -468,33 +475,8 @@ def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
             and etp_splits(cfg, shape.tp))
 
 
-def too_big_reason(estimate: Estimate) -> str:
-    """Why a layout does not fit, naming what takes the memory: the model states, or the
-    activations of how many sequences per microbatch."""
-    memory, layout = estimate.memory, estimate.layout
-    states = memory["params"] + memory["grads"] + memory["optimizer"]
-    if memory["activations"] >= states:
-        what = (f"{memory['activations'] / 1e9:.1f} GB of it activations of "
-                f"{estimate.micro_batch}-sequence microbatches of {estimate.seq_len} tokens "
-                f"(recompute={layout.recompute})")
-    else:
-        what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
-    return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
-            f"{estimate.memory_limit_bytes / 1e9:.0f} GB, {what}")
-
-
 def closest_to_fitting(result: SearchResult) -> Estimate | None:
     """The priced layout that needs the least memory per GPU, where none fits (None where no
     layout was priced)."""
     priced = [r.estimate for r in result.too_big if r.estimate is not None]
     return min(priced, key=lambda e: e.memory["total"], default=None)
-
-
-def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
-    """About how many devices would hold `estimate`'s layout: its model states shard over
-    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None where those
-    alone exceed a device."""
-    memory, limit = estimate.memory, estimate.memory_limit_bytes
-    states = memory["params"] + memory["grads"] + memory["optimizer"]
-    rest = memory["total"] - states
-    return math.ceil(devices * states / (limit - rest)) if limit > rest else None
