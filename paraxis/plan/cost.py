@@ -345,18 +345,20 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
              global_batch: int, precision: Precision = MIXED_ADAM,
              overlap: Overlap = DEFAULT_OVERLAP,
              expert_imbalance: float = DEFAULT_IMBALANCE,
-             memo: dict | None = None) -> Estimate:
+             memo: dict | None = None, memory: dict[str, float] | None = None) -> Estimate:
     """Price `layout`: memory per GPU and step time for `global_batch` sequences per step
     (a mixture of experts with its busiest EP rank at `expert_imbalance` x the mean load).
     `memo`: a dict kept across calls with the same model, cluster, sequence, precision, overlap
-    and imbalance (a search's): per-layer times reused across ZeRO, schedules, microbatches."""
+    and imbalance (a search's): per-layer times reused across ZeRO, schedules, microbatches.
+    `memory`: the layout's `memory_on`, where the caller priced it already."""
     check_ep(cfg, layout)
     check_fp8(cluster.gpu, precision)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout (`runtime_dropout`).
-    memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision,
-                       expert_imbalance)
+    if memory is None:
+        memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision,
+                           expert_imbalance)
     memo = {} if memo is None else memo
     pipe = pipeline_time(cfg, layout, cluster, seq_len, micro_batch, precision, overlap,
                          expert_imbalance, memo)

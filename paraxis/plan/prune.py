@@ -172,6 +172,12 @@ class Fits:
                  precision: Precision, expert_imbalance: float) -> None:
         self.args = cfg, cluster, seq_len, global_batch, precision, expert_imbalance
         self.overflow: set[tuple] = set()
+        self.last: tuple[Layout, dict[str, float]] | None = None  # the last layout priced
+
+    def memory(self, layout: Layout) -> dict[str, float] | None:
+        """`memory_on` of `layout` where the last call priced it (the search then prices its
+        time with it), else None."""
+        return self.last[1] if self.last is not None and self.last[0] is layout else None
 
     def __call__(self, shape: Layout, layout: Layout) -> bool:
         """Whether `layout`, of `shape` (which lives as long as the search), fits."""
@@ -184,6 +190,7 @@ class Fits:
             return False
         micro_batch = global_batch // (layout.dp * layout.microbatches)
         memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, imbalance)
+        self.last = layout, memory
         limit = cluster.gpu.memory_bytes
         if memory["activations"] + memory["reserved"] > limit:
             self.overflow.add(key)

@@ -335,7 +335,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                     continue
                             result.considered += 1
                             estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
-                                                precision, overlap, expert_imbalance, memo)
+                                                precision, overlap, expert_imbalance, memo,
+                                                fits.memory(layout))
                             bound.add(estimate)
                             if estimate.fits:
                                 fits_here = True

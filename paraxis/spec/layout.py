@@ -401,7 +401,18 @@ class Layout:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: object) -> Layout:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, checked as a new layout is (`dataclasses.replace`, without
+        its per-field bookkeeping: a search builds tens of thousands)."""
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise TypeError(f"Layout has no field {sorted(unknown)[0]!r}")
+        new = object.__new__(Layout)
+        new.__dict__.update(self.__dict__, **changes)  # frozen: past __setattr__, as __init__
+        new.__post_init__()
+        return new
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
 
 
 # ------------------------------------------------------------ a layout against a model
