@@ -221,10 +221,10 @@ class Layout:
     # ----------------------------------------------------------------------- checking
 
     def _check_own_rules(self) -> None:
-        for name in (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers",
-                     "cp_a2a"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        fields = self.__dict__
+        for name in _COUNTS:
+            value = fields[name]
+            if type(value) is not int or value < 1:  # a bool is no count
                 raise ParaxisError(f"layout {name}={value!r} must be a positive integer")
         if (self.dp * self.cp) % self.ep:  # experts are carved out of the dp x cp ranks
             raise ParaxisError(f"ep={self.ep} must divide dp*cp = {self.dp * self.cp}; choose "
@@ -413,6 +413,8 @@ class Layout:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
+# the fields that count something: positive integers
+_COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
 
 
 # ------------------------------------------------------------ a layout against a model
