@@ -14,6 +14,7 @@ keeps q, k, v, its output and a log-sum-exp per head and row, nothing quadratic 
 
 from __future__ import annotations
 
+import functools
 import math
 
 from paraxis.spec.kernels import (
@@ -56,6 +57,7 @@ def attention_kernel_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     return qkv + element_bytes * s * b * h + kernel.logsumexp_bytes * a * s * b
 
 
+@functools.lru_cache(maxsize=8192)  # a layout search asks for the same few thousand
 def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False, recompute: str = "none",
                            attention: str = RUNTIME_KERNEL.name,

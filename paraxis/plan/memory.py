@@ -296,6 +296,16 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                    micro_batch, layout.cp_a2a)
         dense_layer += copies
         moe_layer += copies if cfg.is_moe else 0.0
+    if layout.recompute == "full":  # a block rebuilt in its backward: all it holds
+        rebuilt = rebuilt_moe = full_layer_activation_bytes(
+            cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
+            dropout, head_split)
+        if cfg.is_moe:
+            rebuilt_moe = max(rebuilt, layer_activation_bytes(
+                cfg, *kernel_args, "none", attention, dropout, mlp=False,
+                head_split=head_split)
+                + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
+                                       layout.etp))
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced
@@ -345,17 +355,9 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                         loss_kernel if fused else "chunked")
         buffers = 0.0
         if layout.recompute == "full":
-            rebuilt = full_layer_activation_bytes(
-                cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
-                dropout, head_split)
-            if moe:
-                rebuilt = max(rebuilt, layer_activation_bytes(
-                    cfg, *kernel_args, "none", attention, dropout, mlp=False,
-                    head_split=head_split)
-                    + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
-                                           layout.etp))
             # a run of `group` blocks is rebuilt at once in its backward
-            buffers += min(group, per_chunk) * rebuilt * precision.activation_bytes / 2
+            buffers += min(group, per_chunk) * (rebuilt_moe if moe else rebuilt) \
+                * precision.activation_bytes / 2
         if precision.fp8_recipe is not None:
             # the block computing holds its weights cast to FP8, row- and column-major
             buffers += 2 * _largest_block(cfg, layout.tp, layout.ep, layout.etp)

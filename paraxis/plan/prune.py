@@ -166,13 +166,34 @@ def _push(heap: list[float], step: float, size: int) -> None:
 class Fits:
     """Whether a layout fits in memory, its time left unpriced. A layout whose activations
     alone (and the reserve) overflow the GPU overflows it at every ZeRO stage and shard
-    group, which do not change them: those are answered without pricing memory again."""
+    group, which do not change them; one whose model states alone (and the reserve)
+    overflow it does at every microbatch size, SP setting and recomputation, which do not
+    change those: both are answered without pricing memory again, the search's settings
+    without building their layout (`known_too_big`)."""
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                  precision: Precision, expert_imbalance: float) -> None:
         self.args = cfg, cluster, seq_len, global_batch, precision, expert_imbalance
-        self.overflow: set[tuple] = set()
+        self.overflow: set[tuple] = set()  # settings whose activations overflow
+        self.states: set[tuple] = set()  # ZeRO settings and splits whose states overflow
+        self.seen: set[tuple] = set()  # settings priced (so valid) for a shape
         self.last: tuple[Layout, dict[str, float]] | None = None  # the last layout priced
+
+    def _keys(self, shape: Layout, base: Layout, settings: tuple) -> tuple[tuple, tuple]:
+        """(the activations' key, the model states' key) of `settings` (microbatches,
+        schedule, depth, SP, recompute, blocks per checkpoint) of `base`, of `shape`."""
+        # (the fused head's logits depend on the ZeRO stage: `spec.kernels.fused_loss_problem`)
+        fused = base.zero if self.args[1].gpu.loss_kernel == "fused-linear" else None
+        return ((id(shape), *settings, fused),
+                (id(shape), base.zero, base.zero3_reshard, base.dp_shard, *settings[1:3]))
+
+    def known_too_big(self, shape: Layout, base: Layout, settings: tuple) -> bool:
+        """Whether these settings of `base` (as `_keys`) are known not to fit: their
+        activations, or their ZeRO setting's states at their split, overflow (the states'
+        only where the settings were priced, so valid, for the shape)."""
+        activations, states = self._keys(shape, base, settings)
+        return activations in self.overflow or (
+            states in self.states and (id(shape), *settings) in self.seen)
 
     def memory(self, layout: Layout) -> dict[str, float] | None:
         """`memory_on` of `layout` where the last call priced it (the search then prices its
@@ -182,16 +203,18 @@ class Fits:
     def __call__(self, shape: Layout, layout: Layout) -> bool:
         """Whether `layout`, of `shape` (which lives as long as the search), fits."""
         cfg, cluster, seq_len, global_batch, precision, imbalance = self.args
-        # (the fused head's logits depend on the ZeRO stage: `spec.kernels.fused_loss_problem`)
-        key = (id(shape), layout.microbatches, layout.schedule, layout.virtual_stages,
-               layout.sequence_parallel, layout.recompute, layout.recompute_layers,
-               layout.zero if cluster.gpu.loss_kernel == "fused-linear" else None)
-        if key in self.overflow:
+        settings = (layout.microbatches, layout.schedule, layout.virtual_stages,
+                    layout.sequence_parallel, layout.recompute, layout.recompute_layers)
+        activations, states = self._keys(shape, layout, settings)
+        self.seen.add((id(shape), *settings))
+        if activations in self.overflow or states in self.states:
             return False
         micro_batch = global_batch // (layout.dp * layout.microbatches)
         memory = memory_on(cfg, layout, cluster, seq_len, micro_batch, precision, imbalance)
         self.last = layout, memory
         limit = cluster.gpu.memory_bytes
         if memory["activations"] + memory["reserved"] > limit:
-            self.overflow.add(key)
+            self.overflow.add(activations)
+        if memory["params"] + memory["grads"] + memory["optimizer"] + memory["reserved"] > limit:
+            self.states.add(states)
         return memory["total"] <= limit

@@ -310,6 +310,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             if slow and slow_if_big and not learn:
                                 result.skipped += 1  # and its heavier recomputations, slower
                                 break
+                            if slow_if_big and fits.known_too_big(shape, base, (
+                                    microbatches, kind, virtual, sp, recompute, group)):
+                                result.skipped += 1
+                                too_big_here = True
+                                outgrown.add((kind, virtual, sp, recompute, group))
+                                continue
                             try:
                                 layout = base.replace(
                                     microbatches=microbatches, schedule=kind,
