@@ -145,28 +145,33 @@ class Floors:
         and recomputation of `base` at this microbatch size, cheaper than any of them: the
         stages' mean compute (`block_floors`) and the least any stage communicates, over one
         minus the schedule's least bubble where that holds whatever the work (as
-        `pipeline_time`'s floor has it); 0 where no layout is made of them."""
-        cfg, cluster, seq_len, _, precision, overlap, imbalance = self.args
+        `pipeline_time`'s floor has it); 0 where any of them breaks a rule, whose layout the
+        search must build to say why (`SearchResult.rule_breakers`)."""
+        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
         key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
                micro_batch, sps)
         if key in self.computes:
             return self.computes[key]
-        try:
-            parts = [block_floors(cfg, base.replace(microbatches=microbatches,
-                                                    sequence_parallel=sp),
-                                  cluster, seq_len, micro_batch, precision, overlap,
-                                  imbalance, self.memo) for sp in sps]
-        except ParaxisError:
-            parts = []
         alike = cluster.compute_share >= cluster.share_with(
             max(1, cluster.gpus_per_node // shape.pp))
-        floors = []
-        for kind, virtual in variants:
-            bubble = bubble_floor(kind, shape.pp, microbatches, virtual) if alike else 0.0
-            try:
-                stages = stage_kinds(cfg, shape.pp, virtual, seq_len, placement_of(kind))
-            except ParaxisError:  # more model chunks than layers: no layout
-                continue
+        floors: list[float] = []
+        splits: list[tuple[float, tuple[tuple[int, int], ...]]] = []  # (bubble, stages' blocks)
+        try:  # a setting that breaks a rule: 0, the search builds it to say which
+            probes = [base.replace(microbatches=microbatches, sequence_parallel=sp)
+                      .validate(cluster.world_size, cfg, global_batch, seq_len) for sp in sps]
+            for kind, virtual in variants:
+                base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual)
+                if virtual > 1 and cfg.n_layers % (shape.pp * virtual):
+                    raise ParaxisError("uneven model chunks")  # `search.check_interleaving`
+                splits.append((bubble_floor(kind, shape.pp, microbatches, virtual)
+                               if alike else 0.0,
+                               stage_kinds(cfg, shape.pp, virtual, seq_len,
+                                           placement_of(kind))))
+            parts = [block_floors(cfg, probe, cluster, seq_len, micro_batch, precision,
+                                  overlap, imbalance, self.memo) for probe in probes]
+        except ParaxisError:
+            parts = []
+        for bubble, stages in splits if parts else ():
             floors += [microbatches * (compute + min(dense * dense_comm + moe * moe_comm
                                                      for dense, moe in stages)) / (1 - bubble)
                        for compute, dense_comm, moe_comm in parts]

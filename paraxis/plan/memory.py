@@ -209,6 +209,18 @@ def peak_moment(memory: dict[str, float]) -> str:
     return "the optimizer step" if memory["activations"] == 0 else "the backward's start"
 
 
+@functools.lru_cache(maxsize=4096)  # a layout search asks for the same few hundred
+def _stage_states(local: int, experts: int, replicas: int, ep: int, zero: int,
+                  precision: Precision) -> tuple[tuple[str, float], ...]:
+    """A stage's model states: its `local` parameters over `replicas`, its routed `experts`'
+    over their replicas / ep (`model_state_bytes`), as (name, bytes) pairs."""
+    states = model_state_bytes(local, replicas, zero, precision)
+    if experts:
+        expert_states = model_state_bytes(experts, replicas // ep, zero, precision)
+        states = {k: states[k] + expert_states[k] for k in states}
+    return tuple(states.items())
+
+
 def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
                        expert_params: float, precision: Precision,
                        bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
@@ -326,11 +338,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if priced.get(facts, -1.0) >= in_flight:
             continue
         priced[facts] = in_flight
-        states = model_state_bytes(round(local), replicas, layout.zero, precision)
-        if experts:
-            expert_states = model_state_bytes(round(experts), replicas // layout.ep,
-                                              layout.zero, precision)
-            states = {k: states[k] + expert_states[k] for k in states}
+        states = dict(_stage_states(round(local), round(experts), replicas, layout.ep,
+                                    layout.zero, precision))
         dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.

@@ -16,8 +16,8 @@ What the answer shows, and so what is kept exact (every reader of `SearchResult`
 - the fastest layout of the `RIVAL_SHAPES` fastest (dp, cp, ep, tp, pp, zero) shapes: the
   nearest rivals of other shapes a defence names (`rivals.nearest_rivals`);
 - the fastest layout of each family a defence names (`families`: ZeRO-3, no PP, no TP...);
-- the `TOO_BIG_SHOWN` fastest layouts that do not fit, where faster than the fastest that
-  fits (the report's "faster, but too big").
+- the `TOO_BIG_SHOWN` fastest layouts that do not fit (the report's "faster, but too big"
+  and the JSON's rejected examples).
 
 Where layouts lie within the ranking's equal-times margin (0.5%) of such a layout, the one
 that goes first may differ from an exhaustive search's: the ranking counts them as equal.
@@ -118,10 +118,8 @@ class Bound:
             self.families_fit(layout)
 
     def too_big_limit(self) -> float:
-        """Above this floor, a layout that does not fit is none of the fastest too big that
-        are faster than the fastest that fits (the only ones the answer names)."""
-        shown = -self.too_big[0] if len(self.too_big) == TOO_BIG_SHOWN else math.inf
-        return min(shown, self.best)
+        """Above this floor, a layout that does not fit is none of the fastest too big."""
+        return -self.too_big[0] if len(self.too_big) == TOO_BIG_SHOWN else math.inf
 
     def families_fit(self, layout: Layout) -> bool:
         """Whether every family `layout` belongs to has a layout that fits: its own

@@ -44,6 +44,7 @@ from paraxis.spec.kernels import fused_loss_problem
 from paraxis.spec.layout import RECOMPUTE, ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
+from paraxis.spec.schedules import FIXED_VIRTUAL
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
         if kind == "interleaved":
             variants += [(kind, v) for v in _interleaving_depths(n_layers, pp, constraints)
                          if v > 1 and microbatches % pp == 0]
-        else:
-            variants.append((kind, 1))
+        else:  # zb-v folds the model twice over the stages (as its layout says)
+            variants.append((kind, FIXED_VIRTUAL.get(kind, 1)))
     return variants
 
 
