@@ -265,13 +265,19 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             too_big_at: int | None = None
             fitted_smaller = False
             # Settings (schedule, depth, SP, recompute) too big at a smaller size: not priced
-            # again, a larger microbatch holds more (a pipeline's ZeRO-2 excepted, as below)
+            # again, a larger microbatch holds more. A pipeline's ZeRO-2 that reduces once a
+            # step holds the stage's whole gradients beside its shards over two or more
+            # microbatches, not over one (`memory.layout_memory`): that size may fit again.
             outgrown: set[tuple] = set()
-            grows = not (zero == 2 and pp > 1)
+            dips = (zero == 2 and pp > 1 and cluster.gpu.pipeline_zero2_reduce == "step"
+                    and not cfg.tied_embeddings)
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
-                if too_big_at is not None and micro_batch > too_big_at:
+                grows = not dips or per_replica // micro_batch > 1
+                if too_big_at is not None and micro_batch > too_big_at and grows:
+                    if dips:
+                        continue  # but the size of one microbatch a step
                     break  # a larger microbatch holds more activations: it cannot fit either
                 if pp > 1 and per_replica // micro_batch < pp and fitted_smaller:
                     # fewer microbatches than stages idle half the pipeline; a smaller size fits
@@ -358,8 +364,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             too_big_here = True
                             outgrown.add((kind, virtual, sp, recompute, group))
                 # Nothing at this size fit, at any recompute: larger microbatches hold more
-                # activations (a pipeline's ZeRO-2 excepted: at one microbatch it keeps no
-                # whole gradients)
+                # activations (a pipeline's ZeRO-2 `dips` at one microbatch a step)
                 if not fits_here and too_big_here and grows:
                     too_big_at = micro_batch
                 fitted_smaller = fitted_smaller or fits_here
