@@ -127,14 +127,13 @@ def test_a_fixed_cp_is_searched_around() -> None:
 
 def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     cluster = build_cluster("h100-sxm-80gb", 1024, 8)
-    # 10,558 layouts priced, 98% of them too big at 128k tokens: 2.6 s of CPU on an Intel
-    # Xeon VM, 4.3-4.4 s on an AMD EPYC VM, since the search shares the per-layer times
-    # between layouts and prices alike stages once (4.4-5.0 s on the Xeon without that;
-    # tools/probes/bench_plan.py times the 2-8k-token searches, target 2 s). CPU time, not
-    # wall time: a host that takes the CPU away (steal) does not count. A process on the
-    # core's sibling still slows this one's CPU time (its caches and execution units are
-    # shared: 6.2 s once on the EPYC beside a suite's other worker), so the faster of two
-    # searches is the one held to the bound, as timeit takes the best of its repeats.
+    # 3,644 layouts priced (2,810 of them too big at 128k tokens), 5,223 settings skipped on
+    # their floors (plan/prune.py): 0.6-1.0 s of CPU on an AMD EPYC VM
+    # (tools/probes/bench_plan.py times whole commands, target 2 s). CPU time, not wall
+    # time: a host that takes the CPU away (steal) does not count. A process on the core's
+    # sibling still slows this one's CPU time (its caches and execution units are shared),
+    # so the faster of two searches is the one held to the bound, as timeit takes the best
+    # of its repeats.
     elapsed = []
     for _ in range(2):
         start = time.process_time()
