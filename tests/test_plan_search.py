@@ -298,3 +298,15 @@ def test_a_setting_too_big_at_one_microbatch_size_is_too_big_at_every_larger_one
             checked += 1
             microbatches //= 2
     assert checked > 20
+
+
+def test_a_pipelines_zero2_fits_at_one_microbatch_a_step_where_more_overflow() -> None:
+    """Under a pipeline, ZeRO-2 that reduces once a step holds the stage's whole gradients
+    beside its shards over two or more microbatches, not over one: the search, which stops
+    at the first microbatch size where nothing fits, still prices one microbatch a step."""
+    cluster = build_cluster("a100-40gb", 16, 8, {"memory_bytes": 55e9})
+    result = search(PRESETS["llama2-13b"], cluster, 4096, 16, Constraints(
+        zero=2, pp=4, tp=1, recompute=("none",), schedules=("1f1b",)))
+    assert [str(e.layout) for e in result.ranked] == [
+        "dp=4,tp=1,pp=4,zero=2,microbatches=1,schedule=1f1b"]
+    assert {r.layout.microbatches for r in result.too_big} >= {4}
