@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from paraxis.spec.schedules import SPLIT_BACKWARD, build_schedule
 
-SIMULATE_MAX_ACTIONS = 256  # P * M * v; larger schedules use the proven closed forms
+SIMULATE_MAX_ACTIONS = 256  # P * M * v; a larger zero-bubble schedule is simulated at M = 2P
 
 
 class PipelineFigures(NamedTuple):
