@@ -16,10 +16,9 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
 from paraxis.plan.fp8 import check_fp8
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import model_state_bytes
+from paraxis.plan.memory import check_interleaving, model_state_bytes
 from paraxis.plan.search import (
     SearchResult,
-    check_interleaving,
     closest_to_fitting,
     search,
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from paraxis.plan.hardware import Cluster
 from paraxis.spec.schedules import SPLIT_BACKWARD, build_schedule
 
 SIMULATE_MAX_ACTIONS = 256  # P * M * v; a larger zero-bubble schedule is simulated at M = 2P
@@ -90,3 +91,16 @@ def bubble_costs(schedule: str, forward: float, backward: float) -> tuple[float,
     if schedule not in SPLIT_BACKWARD or forward <= 0:
         return ()
     return (1.0, round(backward / forward * 20) / 20)
+
+
+def stage_share(cluster: Cluster, pp: int) -> float:
+    """The compute share each of a stage's ranks of a node gets while the other stages
+    idle: the cores shared among those alone (a whole core where they are no more than the
+    cores)."""
+    return cluster.share_with(max(1, cluster.gpus_per_node // pp))
+
+
+def bubble_holds(cluster: Cluster, pp: int) -> bool:
+    """Whether a 1F1B-family schedule's idle share holds whatever the work: on its own cores
+    (a GPU, or no more ranks than cores); where idle ranks lend their cores it does not."""
+    return cluster.compute_share >= stage_share(cluster, pp)

@@ -33,7 +33,13 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from paraxis.plan.bubble import bubble_costs, bubble_floor, pipeline_figures
+from paraxis.plan.bubble import (
+    bubble_costs,
+    bubble_floor,
+    bubble_holds,
+    pipeline_figures,
+    stage_share,
+)
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
@@ -142,6 +148,10 @@ class Pipeline(NamedTuple):
     # a floor's added seconds were it recomputed (selective, full): 0 where the schedule's
     # bubble or the shared cores do not grow with the work alike (`pipeline_time`)
     reruns: tuple[float, float] = (0.0, 0.0)
+
+
+# A block's communication on its critical path per microbatch (`layer_times`' keys)
+EXPOSED_COMM = ("tp_forward", "tp_backward", "ep_forward", "ep_backward")
 
 
 def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
@@ -255,8 +265,8 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         reruns = tuple(dense * d + moe * m for d, m in zip(
             _rerun_floors(layer, faster), _rerun_floors(moe_layer, faster), strict=True))
         # recomputing may make another stage the busiest: the least any stage communicates
-        least_comm = min(blocks_sum(s, "tp_forward", "tp_backward", "ep_forward", "ep_backward")
-                         + (s == last) * head["tp"] for s in firsts.values())
+        least_comm = min(blocks_sum(s, *EXPOSED_COMM) + (s == last) * head["tp"]
+                         for s in firsts.values())
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
     t_pp = 0.0
@@ -283,21 +293,19 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     exposed_comm = t_tp + t_cp + t_ep + (0.0 if overlap.pp else t_pp)
     busy = layout.microbatches * (slot_compute + exposed_comm)
     pipeline = busy / (1 - bubble)
-    share = cluster.compute_share
-    # While other stages idle, one stage's ranks of a node compute together: each gets the
-    # cores shared among those alone (a whole core where they are no more than the cores).
-    stage_share = cluster.share_with(max(1, cluster.gpus_per_node // layout.pp))
-    if share < stage_share:  # more ranks than cores
+    # While other stages idle, one stage's ranks of a node compute together (`stage_share`)
+    if not bubble_holds(cluster, layout.pp):  # more ranks than cores
         # Idle ranks lend their cores: the work bound (busy, at the shared rate) or the
         # critical path at the stage's share, whichever is longer.
-        critical = layout.microbatches * (slot_compute * share / stage_share + exposed_comm)
+        critical = layout.microbatches * (slot_compute * cluster.compute_share
+                                          / stage_share(cluster, layout.pp) + exposed_comm)
         pipeline = max(busy, critical / (1 - bubble))
     if floor:
         # A floor for every recomputation: the busy time, over the bubble's share only where
         # that share holds whatever the work (a 1F1B-family schedule on its own cores; a
         # zero-bubble schedule's W's fill its bubble); recomputing, the busiest stage's
         # compute and rerun, and the least any stage communicates (`pipeline_floors`)
-        alike = layout.schedule not in SPLIT_BACKWARD and share >= stage_share
+        alike = layout.schedule not in SPLIT_BACKWARD and bubble_holds(cluster, layout.pp)
         scale = layout.microbatches / (1 - bubble if alike else 1.0)
         pipeline = pipeline if alike else busy
         least = least_comm + (0.0 if overlap.pp else t_pp)

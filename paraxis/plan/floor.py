@@ -9,8 +9,9 @@ gradient sync and the experts' gradient sum over tp, which only add, are left ou
 
 from __future__ import annotations
 
-from paraxis.plan.bubble import bubble_floor
+from paraxis.plan.bubble import bubble_floor, bubble_holds
 from paraxis.plan.cost import (
+    EXPOSED_COMM,
     block_times,
     calls_time,
     optimizer_seconds,
@@ -19,7 +20,7 @@ from paraxis.plan.cost import (
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.layer_cost import core_share_of_fastest
-from paraxis.plan.memory import stage_kinds
+from paraxis.plan.memory import check_interleaving, stage_kinds
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, Layout
@@ -82,8 +83,7 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
     # leanest block kind's share of that
     share = min((l / w for l, w in zip(lean, whole, strict=True) if w > 0), default=1.0)
     total = sum(whole) + head["forward"] + head["backward"]
-    comm = [sum(block[k] for k in ("tp_forward", "tp_backward", "ep_forward", "ep_backward"))
-            for _, block in blocks]
+    comm = [sum(block[k] for k in EXPOSED_COMM) for _, block in blocks]
     return share * total / layout.pp, comm[0], comm[1]
 
 
@@ -152,17 +152,15 @@ class Floors:
                micro_batch, sps)
         if key in self.computes:
             return self.computes[key]
-        alike = cluster.compute_share >= cluster.share_with(
-            max(1, cluster.gpus_per_node // shape.pp))
+        alike = bubble_holds(cluster, shape.pp)
         floors: list[float] = []
         splits: list[tuple[float, tuple[tuple[int, int], ...]]] = []  # (bubble, stages' blocks)
         try:  # a setting that breaks a rule: 0, the search builds it to say which
             probes = [base.replace(microbatches=microbatches, sequence_parallel=sp)
                       .validate(cluster.world_size, cfg, global_batch, seq_len) for sp in sps]
             for kind, virtual in variants:
-                base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual)
-                if virtual > 1 and cfg.n_layers % (shape.pp * virtual):
-                    raise ParaxisError("uneven model chunks")  # `search.check_interleaving`
+                check_interleaving(base.replace(microbatches=microbatches, schedule=kind,
+                                                virtual_stages=virtual), cfg)
                 splits.append((bubble_floor(kind, shape.pp, microbatches, virtual)
                                if alike else 0.0,
                                stage_kinds(cfg, shape.pp, virtual, seq_len,

@@ -209,8 +209,31 @@ def peak_moment(memory: dict[str, float]) -> str:
     return "the optimizer step" if memory["activations"] == 0 else "the backward's start"
 
 
+def pipeline_zero2_whole_grads(cfg: ModelConfig, zero: int, pp: int, replicas: int,
+                               zero2_reduce: str, microbatches: int) -> bool:
+    """Whether a pipeline's ZeRO-2 holds the stage's whole gradients beside its shards: it
+    accumulates them whole over its microbatches and reduces them once (as ZeRO-1 does; a
+    tied embedding's sum waits for the step's end too), where it reduces once a step
+    (`GPU.pipeline_zero2_reduce`)."""
+    return (zero == 2 and replicas > 1 and pp > 1 and zero2_reduce == "step"
+            and (microbatches > 1 or cfg.tied_embeddings))
+
+
+def check_interleaving(layout: Layout, cfg: ModelConfig) -> None:
+    """Interleaving prices equal model chunks: the layers must split evenly into pp x v
+    chunks (Megatron-LM refuses other depths; Narayanan et al. 2021 Sec. 2.2 assumes it)."""
+    chunks = layout.pp * layout.virtual_stages
+    if layout.virtual_stages > 1 and cfg.n_layers % chunks:
+        fits = [v for v in range(2, cfg.n_layers // layout.pp + 1)
+                if cfg.n_layers % (layout.pp * v) == 0]
+        raise ParaxisError(
+            f"{cfg.n_layers} layers do not split into pp*virtual_stages = {chunks} equal "
+            f"chunks ({cfg.n_layers / chunks:g} layers each); use virtual_stages among "
+            f"{fits[:6] or 'none: no interleaving at this pp'}")
+
+
 @functools.lru_cache(maxsize=4096)  # a layout search asks for the same few hundred
-def _stage_states(local: int, experts: int, replicas: int, ep: int, zero: int,
+def stage_states(local: int, experts: int, replicas: int, ep: int, zero: int,
                   precision: Precision) -> tuple[tuple[str, float], ...]:
     """A stage's model states: its `local` parameters over `replicas`, its routed `experts`'
     over their replicas / ep (`model_state_bytes`), as (name, bytes) pairs."""
@@ -338,8 +361,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if priced.get(facts, -1.0) >= in_flight:
             continue
         priced[facts] = in_flight
-        states = dict(_stage_states(round(local), round(experts), replicas, layout.ep,
-                                    layout.zero, precision))
+        states = dict(stage_states(round(local), round(experts), replicas, layout.ep,
+                                   layout.zero, precision))
         dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
@@ -377,11 +400,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             # one call per layer (FSDP's units): a layer's gradients are the bucket.
             layer = (local + experts) / max(1, dense + moe) * precision.grad_bytes
             buffers += 2 * (bucket_bytes or layer)
-        if (layout.zero == 2 and replicas > 1 and layout.pp > 1 and zero2_reduce == "step"
-                and (layout.microbatches > 1 or cfg.tied_embeddings)):
-            # A pipeline's ZeRO-2 accumulates the stage's gradients whole over its
-            # microbatches and reduces them once (as ZeRO-1 does; a tied embedding's sum
-            # waits for the step's end too): the whole gradients sit beside the shards.
+        if pipeline_zero2_whole_grads(cfg, layout.zero, layout.pp, replicas, zero2_reduce,
+                                      layout.microbatches):
             buffers += (local + experts) * precision.grad_bytes
         row = {**states, "activations": activations, "buffers": buffers,
                "reserved": reserved}

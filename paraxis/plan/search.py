@@ -32,7 +32,12 @@ from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.floor import Floors, step_lower_bound
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import model_state_bytes, stage_local_params
+from paraxis.plan.memory import (
+    check_interleaving,
+    pipeline_zero2_whole_grads,
+    stage_local_params,
+    stage_states,
+)
 from paraxis.plan.prune import Bound, Fits
 from paraxis.plan.ranking import rank
 from paraxis.plan.uncertainty import error_band
@@ -106,19 +111,6 @@ class SearchResult:
 
     def top(self, k: int) -> list[Estimate]:
         return self.ranked[:k]
-
-
-def check_interleaving(layout: Layout, cfg: ModelConfig) -> None:
-    """Interleaving prices equal model chunks: the layers must split evenly into pp x v
-    chunks (Megatron-LM refuses other depths; Narayanan et al. 2021 Sec. 2.2 assumes it)."""
-    chunks = layout.pp * layout.virtual_stages
-    if layout.virtual_stages > 1 and cfg.n_layers % chunks:
-        fits = [v for v in range(2, cfg.n_layers // layout.pp + 1)
-                if cfg.n_layers % (layout.pp * v) == 0]
-        raise ParaxisError(
-            f"{cfg.n_layers} layers do not split into pp*virtual_stages = {chunks} equal "
-            f"chunks ({cfg.n_layers / chunks:g} layers each); use virtual_stages among "
-            f"{fits[:6] or 'none: no interleaving at this pp'}")
 
 
 def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tuple[int, ...]:
@@ -269,8 +261,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             # step holds the stage's whole gradients beside its shards over two or more
             # microbatches, not over one (`memory.layout_memory`): that size may fit again.
             outgrown: set[tuple] = set()
-            dips = (zero == 2 and pp > 1 and cluster.gpu.pipeline_zero2_reduce == "step"
-                    and not cfg.tied_embeddings)
+            whole_grads = functools.partial(pipeline_zero2_whole_grads, cfg, zero, pp,
+                                            base.zero_ranks, cluster.gpu.pipeline_zero2_reduce)
+            dips = whole_grads(2) and not whole_grads(1)
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
@@ -449,11 +442,9 @@ def _states_overflow(cfg: ModelConfig, shape: Layout, cluster: Cluster, precisio
     ep is skipped unpriced (a search of 1024 GPUs would otherwise price thousands)."""
     # (ZeRO-3 alone under a pipeline: its states, regathered per microbatch, at the least)
     zero = max((z for z in zeros if z < 3 or shape.pp == 1), default=3)
-    replicas = shape.dp * shape.cp
-    worst = max(sum(model_state_bytes(round(local), replicas, zero, precision).values())
-                + sum(model_state_bytes(round(experts), replicas // shape.ep, zero,
-                                        precision).values())
-                for local, experts in stage_local_params(cfg, shape, seq_len))
+    worst = max(sum(bytes_ for _, bytes_ in stage_states(
+        round(local), round(experts), shape.dp * shape.cp, shape.ep, zero, precision))
+        for local, experts in stage_local_params(cfg, shape, seq_len))
     return worst + cluster.gpu.reserved_bytes > cluster.gpu.memory_bytes
 
 

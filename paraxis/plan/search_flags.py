@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 
 from paraxis.plan.cost import Overlap
-from paraxis.plan.search import Constraints, check_interleaving
+from paraxis.plan.memory import check_interleaving
+from paraxis.plan.search import Constraints
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, Layout, check_model
