@@ -128,7 +128,11 @@ BAD = [
     (dict(zero=4), {}, "zero"),
     (dict(schedule="zigzag"), {}, "unknown schedule"),
     (dict(recompute="some"), {}, "unknown recompute"),
-    (dict(virtual_stages=2), {}, "needs schedule=interleaved"),
+    (dict(pp=2, virtual_stages=2, microbatches=4), {}, "needs schedule=interleaved"),
+    # one stage has nothing to split into chunks: a planner that took v here divided the
+    # activations it holds by v
+    (dict(schedule="interleaved", virtual_stages=2), {}, "needs pp > 1"),
+    (dict(schedule="zb-v"), {}, "needs pp > 1"),
     (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6), {},
      "multiple of pp"),
     (dict(sequence_parallel=True), {}, "needs tp > 1"),
