@@ -1,11 +1,18 @@
-"""GPU presets without fitted runs take the A100 fit over by measured ratios."""
+"""GPU presets: those without fitted runs take the A100 fit over by measured ratios; each
+prices the dtype a step computes in on the units that run it."""
 
 from __future__ import annotations
 
 import pytest
 
+from paraxis.plan.compute import model_flops_per_token
+from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import GPUS, build_cluster
-from paraxis.plan.rates import gemm_efficiency
+from paraxis.plan.rates import for_precision, gemm_efficiency
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import PRECISIONS
 
 
 def test_h100_gemm_curve_is_the_a100_fit_carried_over() -> None:
@@ -42,3 +49,37 @@ def test_an_hbm_override_moves_a_carried_half_width_with_the_balance() -> None:
     assert stated.gemm_half_width == 300.0
     a100 = build_cluster("a100-80gb", 8, overrides={"hbm_bandwidth_Bps": 1.5e12}).gpu
     assert a100.gemm_half_width == GPUS["a100-80gb"].gemm_half_width
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm-80gb", "v100-32gb"])
+def test_fp32_matmuls_are_priced_on_the_cuda_cores(gpu) -> None:
+    """PyTorch leaves TF32 off: an fp32 step runs its GEMMs at the FP32 peak, not the
+    tensor cores'. Priced at the bf16 peak, llama2-7b in fp32 on A100s came out at 184
+    TFLOP/s a GPU, above even TF32's 156."""
+    cfg, layout = PRESETS["llama2-7b"], Layout(dp=8, zero=3, microbatches=8)
+    cluster = build_cluster(gpu, 8)
+    fp32 = evaluate(cfg, layout, cluster, 4096, 64, PRECISIONS["fp32"])
+    half = evaluate(cfg, layout, cluster, 4096, 64,
+                    PRECISIONS["fp16" if gpu == "v100-32gb" else "bf16"])
+    done = model_flops_per_token(cfg, 4096) * 64 * 4096 / 8 / fp32.step_time_s
+    assert done < cluster.gpu.fp32_peak_flops  # FLOP/s a GPU, against the fp32 datasheet
+    assert fp32.mfu <= 1 and fp32.step_time_s > 2 * half.step_time_s
+    # priced once, whichever entry prices it: the rule is idempotent
+    assert for_precision(for_precision(cluster, PRECISIONS["fp32"]), PRECISIONS["fp32"]) == \
+        for_precision(cluster, PRECISIONS["fp32"])
+    assert for_precision(cluster, PRECISIONS["bf16"]) is cluster
+
+
+def test_bf16_is_refused_where_the_gpu_has_no_bf16_tensor_cores() -> None:
+    v100 = build_cluster("v100-32gb", 8)
+    with pytest.raises(ParaxisError, match="no bf16 tensor cores.*--precision fp16"):
+        evaluate(PRESETS["tiny"], Layout(dp=8), v100, 128, 64, PRECISIONS["bf16"])
+    evaluate(PRESETS["tiny"], Layout(dp=8), v100, 128, 64, PRECISIONS["fp16"])
+
+
+def test_a_calibrated_device_keeps_its_own_fp32_rate() -> None:
+    """A profile's peak_flops is what its cores measured in fp32: no preset's fp32 figure
+    replaces it."""
+    cpu = build_cluster("a100-80gb", 2, 2, {"name": "cpu-core", "peak_flops": 1e11,
+                                           "cores_per_node": 2})
+    assert for_precision(cpu, PRECISIONS["fp32"]) is cpu

@@ -12,6 +12,7 @@ from paraxis.cli import main
 from paraxis.plan.cost import evaluate
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
+from paraxis.plan.hardware_values import FRACTIONS
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.uncertainty import (
     CPU_BAND,
@@ -182,6 +183,26 @@ def test_the_decider_factor_is_where_the_two_tie() -> None:
     assert decided >= 1
     lines = explain(cfg, cluster, best, result)
     assert any(line.startswith("What would decide: the order of it and ") for line in lines)
+
+
+def test_an_efficiency_is_never_raised_past_all_of_its_datasheet_figure() -> None:
+    """llama2-70b on 64 GPUs, 4 a node, TP 8 over the network: its tie once flipped at a link
+    efficiency of 0.8 x 1.36, more than the wire carries; no share may pass 1."""
+    cfg = PRESETS["llama2-70b"]
+    cluster = build_cluster("a100-80gb", 64, 4)
+    result = search(cfg, cluster, 4096, 1024, Constraints(tp=8))
+
+    def price(estimate, changed):
+        return evaluate(cfg, estimate.layout, changed, 4096, 1024).step_time_s
+
+    best, shares = result.ranked[0], {"gpu": cluster.gpu, "cluster": cluster}
+    for rival in result.ranked[1:6]:
+        found = decider(best, rival, cluster, price)
+        if found is None:
+            continue
+        where, name = next((w, n) for w, n, m in PARAMETERS if m == found[0])
+        if name in FRACTIONS:
+            assert getattr(shares[where], name) * found[1] <= 1 + 1e-9
 
 
 def test_json_carries_the_band(capsys) -> None:

@@ -14,9 +14,9 @@ from paraxis.plan.cost import devices_to_hold, evaluate, too_big_reason
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
-from paraxis.plan.fp8 import check_fp8
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import check_interleaving, model_state_bytes
+from paraxis.plan.rates import check_precision, for_precision
 from paraxis.plan.search import (
     SearchResult,
     closest_to_fitting,
@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = given.model_config()
     cluster = given.cluster()
     precision = given.precision_rule()
-    check_fp8(cluster.gpu, precision)  # before a search, which skips layouts it cannot price
+    check_precision(cluster.gpu, precision)  # before a search, which skips what it cannot price
+    cluster = for_precision(cluster, precision)  # the explanation's peaks, as priced
     seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     imbalance = args.expert_imbalance

@@ -66,7 +66,6 @@ from paraxis.plan.experts import (
     shard_grad_sum_seconds,
 )
 from paraxis.plan.fp8 import (
-    check_fp8,
     gather_bytes_per_param,
     regather_bytes_per_param,
 )
@@ -77,6 +76,8 @@ from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
+    check_precision,
+    for_precision,
     layer_rates,
     overlap_on,
 )
@@ -360,7 +361,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     and imbalance (a search's): per-layer times reused across ZeRO, schedules, microbatches.
     `memory`: the layout's `memory_on`, where the caller priced it already."""
     check_ep(cfg, layout)
-    check_fp8(cluster.gpu, precision)
+    check_precision(cluster.gpu, precision)
+    cluster = for_precision(cluster, precision)
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
     # Dropout masks where the runtime has dropout (`runtime_dropout`).

@@ -79,6 +79,10 @@ class GPU:
     # dense FP8 tensor-core FLOP/s (datasheet; compute capability 8.9 and up); 0: none, and
     # the FP8 precisions are refused (plan/fp8.py)
     fp8_peak_flops: float = 0.0
+    # dense FP32 FLOP/s on the CUDA cores (datasheet), where fp32 matmuls run: PyTorch leaves
+    # TF32 off and paraxis does not turn it on (`rates.for_precision`); 0: not known
+    fp32_peak_flops: float = 0.0
+    bf16: bool = True  # bf16 tensor cores (compute capability 8.0 and up; a V100 has none)
     # Calibration, a few physical factors per GPU type (docs/validation.md): achieved fraction
     # of peak FLOP/s in the GEMMs of a training step, of link bandwidth in NCCL rings, and of
     # HBM bandwidth in memory-bound elementwise kernels.
@@ -202,28 +206,29 @@ CARRIED = {"h100-sxm-80gb": MAMF_SHARE["h100"], "h100-pcie-80gb": MAMF_SHARE["h1
            "h200": MAMF_SHARE["h100"]}
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("a100-40gb", A100_PEAK, 40960 * MIB, 300e9, 1.555e12,
+    GPU("a100-40gb", A100_PEAK, 40960 * MIB, 300e9, 1.555e12, fp32_peak_flops=19.5e12,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2", kernel_launch_s=HOST_SECONDS_PER_KERNEL),
-    GPU("a100-80gb", A100_PEAK, 81920 * MIB, 300e9, A100_HBM,
+    GPU("a100-80gb", A100_PEAK, 81920 * MIB, 300e9, A100_HBM, fp32_peak_flops=19.5e12,
         matmul_efficiency=A100_MATMUL_EFFICIENCY, gemm_half_width=A100_GEMM_HALF_WIDTH,
         attention_impl="fa2", kernel_launch_s=HOST_SECONDS_PER_KERNEL),
     # Hopper presets: the kernel torch 2.11's SDPA runs there (cuDNN's, docs/gpu/README.md).
     # FP8 dense peaks: twice bf16's on Hopper (H100 SXM and H200 1979, PCIe 1513 TFLOP/s)
     # and Ada (L40S 733); the datasheets' "with sparsity" figures are twice these
     GPU("h100-sxm-80gb", 989e12, 81559 * MIB, 450e9, 3.35e12, 1979e12, attention_impl="cudnn",
-        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL, fp32_peak_flops=67e12,
         **carried_from_a100(989e12, 3.35e12, CARRIED["h100-sxm-80gb"])),
-    # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance
-    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 300e9, 2.0e12, 1513e12, attention_impl="cudnn",
-        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
+    # no PCIe H100 was measured: the SXM's ceiling share, at the PCIe card's own balance; its
+    # node talks over PCIe Gen5 x16 (its NVLink bridges join pairs of cards only)
+    GPU("h100-pcie-80gb", 756e12, 81559 * MIB, 64e9, 2.0e12, 1513e12, attention_impl="cudnn",
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL, fp32_peak_flops=51e12,
         **carried_from_a100(756e12, 2.0e12, CARRIED["h100-pcie-80gb"])),
     GPU("h200", 989e12, 143771 * MIB, 450e9, 4.8e12, 1979e12, attention_impl="cudnn",
-        kernel_launch_s=HOST_SECONDS_PER_KERNEL,
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL, fp32_peak_flops=67e12,
         **carried_from_a100(989e12, 4.8e12, CARRIED["h200"])),
-    GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12,
-        kernel_launch_s=HOST_SECONDS_PER_KERNEL),
-    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12, 733e12,
+    GPU("v100-32gb", 125e12, 32768 * MIB, 150e9, 0.9e12,  # peak: fp16 tensor cores
+        kernel_launch_s=HOST_SECONDS_PER_KERNEL, fp32_peak_flops=15.7e12, bf16=False),
+    GPU("l40s", 362e12, 46068 * MIB, 32e9, 0.864e12, 733e12, fp32_peak_flops=91.6e12,
         kernel_launch_s=HOST_SECONDS_PER_KERNEL),  # no NVLink: PCIe Gen4 x16
 )}
 
@@ -464,10 +469,11 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
     if gpu_changes.get("name", base.name) != base.name:
         # A device of its own (a calibrated profile) measured its rates at the model's
-        # shapes: it takes no preset's fitted GEMM shape term or kernel rates unless it
-        # states them.
+        # shapes: it takes no preset's fitted GEMM shape term, kernel rates or fp32 rate
+        # unless it states them.
         gpu_changes.setdefault("gemm_half_width", 0.0)
         gpu_changes.setdefault("attention_impl", "")
+        gpu_changes.setdefault("fp32_peak_flops", 0.0)
     if (base.name in CARRIED and gpu_changes.get("name", base.name) == base.name
             and {"peak_flops", "hbm_bandwidth_Bps"} & set(gpu_changes)
             and not {"matmul_efficiency", "gemm_half_width"} & set(gpu_changes)):

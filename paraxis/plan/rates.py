@@ -9,13 +9,17 @@ experts of a mixture-of-experts block) use the same rates.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from paraxis.plan.attention_rates import kernel_flops
 from paraxis.plan.compute import layer_forward_flops_per_token, layer_gemm_shapes
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.fp8 import check_fp8
+from paraxis.plan.hardware import GPU, Cluster
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import AttentionKernel
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,34 @@ NO_OVERLAP = Overlap(dp=False, tp=False, pp=False, zero3_prefetch=False, cp=Fals
 def overlap_on(cluster: Cluster, overlap: Overlap) -> Overlap:
     # CPU ranks: gloo's threads run on the cores the compute runs on, so nothing hides.
     return NO_OVERLAP if cluster.cores_per_node else overlap
+
+
+def check_precision(gpu: GPU, precision: Precision) -> None:
+    """Refuse a precision the GPU has no units for: FP8 (`fp8.check_fp8`), or bf16 where it
+    has no bf16 tensor cores."""
+    check_fp8(gpu, precision)
+    if precision.compute_dtype == "bf16" and not gpu.bf16:
+        raise ParaxisError(f"{gpu.name} has no bf16 tensor cores (compute capability 8.0 and "
+                           "up: A100, H100, H200, L40S); use --precision fp16 or fp32")
+
+
+def for_precision(cluster: Cluster, precision: Precision) -> Cluster:
+    """`cluster` with its GPU's rates for what `precision` computes in. fp32 matmuls run on the
+    CUDA cores at `GPU.fp32_peak_flops`, at the same share of it, their half width scaled
+    by the peaks as the machine balance is; the attention core is priced like them (the
+    flash kernels run 16-bit inputs only: SDPA computes fp32 attention in its
+    memory-efficient kernel, on the same cores), and no FP8. 16-bit precisions, GPUs whose
+    fp32 rate is not known (a CPU profile's peak_flops is its fp32 rate already) and a
+    cluster already at its fp32 rate are returned as they are."""
+    gpu = cluster.gpu
+    if precision.compute_dtype != "fp32" or not gpu.fp32_peak_flops \
+            or gpu.peak_flops == gpu.fp32_peak_flops:
+        return cluster
+    fp32 = dataclasses.replace(
+        gpu, peak_flops=gpu.fp32_peak_flops, fp8_peak_flops=0.0, attention_impl="",
+        attention_flops=0.0,
+        gemm_half_width=gpu.gemm_half_width * gpu.fp32_peak_flops / gpu.peak_flops)
+    return dataclasses.replace(cluster, gpu=fp32)
 
 
 def layer_rates(cluster: Cluster, tp: int) -> tuple[float, float, float]:

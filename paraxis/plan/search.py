@@ -40,6 +40,7 @@ from paraxis.plan.memory import (
 )
 from paraxis.plan.prune import Bound, Fits
 from paraxis.plan.ranking import rank
+from paraxis.plan.rates import check_precision, for_precision
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
@@ -176,6 +177,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            exhaustive: bool = False) -> SearchResult:
     """Every layout the constraints allow priced, but those whose floor is slower than all
     the answer shows (the `keep` fastest, the ties, rivals: `prune.py`) unless `exhaustive`."""
+    check_precision(cluster.gpu, precision)
+    cluster = for_precision(cluster, precision)  # its floors too, as `evaluate` prices it
     world = cluster.world_size
     if global_batch < 1:
         raise ParaxisError(f"global batch {global_batch} must be at least 1")

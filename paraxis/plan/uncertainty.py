@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from paraxis.plan.cost import Estimate
 from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware_values import FRACTIONS
 
 
 class ErrorBand(NamedTuple):
@@ -119,7 +120,8 @@ def decider(best: Estimate, rival: Estimate, cluster: Cluster,
             price: Callable[[Estimate, Cluster], float]) -> tuple[str, float] | None:
     """The parameter that flips the order of `best` and `rival` with the smallest change,
     and the factor on it at which they tie, within x2/3 .. x3/2 of the preset (the range a
-    calibration could plausibly move a datasheet-derived figure), or None.
+    calibration could plausibly move a datasheet-derived figure; an efficiency no further
+    than 1), or None.
 
     `price(estimate, cluster)` re-prices an estimate's layout on a changed cluster.
     """
@@ -131,7 +133,12 @@ def decider(best: Estimate, rival: Estimate, cluster: Cluster,
 
     for where, name, meaning in PARAMETERS:
         now = gap(where, name, 0.0)
-        for end in SEARCH_RANGE:
+        ends = SEARCH_RANGE
+        if name in FRACTIONS:  # an achieved share of a datasheet figure stops at all of it
+            value = getattr(cluster.gpu if where == "gpu" else cluster, name)
+            ends = tuple(end for end in (SEARCH_RANGE[0], min(SEARCH_RANGE[1], 1 / value))
+                         if end != 1)
+        for end in ends:
             if (gap(where, name, math.log(end)) > 0) == (now > 0):
                 continue  # the order holds all the way to this end
             near, far = 0.0, math.log(end)  # bisect: the sign flips between near and far

@@ -272,6 +272,8 @@ class Precision:
     # enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather); paraxis's runtime
     # gathers bf16 weights
     fp8_weight_gather: bool = False
+    # what the matmuls run in: the GPU's rate for it (plan/rates.py: for_precision)
+    compute_dtype: str = "bf16"
 
     @property
     def total_bytes(self) -> float:
@@ -287,7 +289,8 @@ class Precision:
     def of(cls, policy: PrecisionPolicy) -> Precision:
         """The planner's view of a runtime policy."""
         return cls(policy.param_bytes, policy.grad_bytes, policy.optimizer_bytes,
-                   activation_bytes=policy.compute_bytes, fp8_recipe=policy.fp8_recipe)
+                   activation_bytes=policy.compute_bytes, fp8_recipe=policy.fp8_recipe,
+                   compute_dtype=policy.compute_dtype)
 
 
 # ZeRO (Rajbhandari et al. 2020) Sec. 3.1: fp16 params and grads (2+2) plus fp32 master copy,
