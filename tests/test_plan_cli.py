@@ -116,6 +116,16 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
       "dp=8"], "does not split over dp=8"),
     (["memory", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
+    # a flag against a field the layout fixes: the layout won, the flag was dropped unsaid
+    (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
+      "dp=2,tp=4,pp=2,zero=1,micro_batch=1", "--tp", "2"], "--tp 2 contradicts tp=4"),
+    (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
+      "virtual_stages=2", "--no-pp"], "contradicts a chunked schedule"),
+    (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
+      "recompute=full", "--recompute", "none"], "--recompute none contradicts"),
+    # one stage has no chunks: v once divided the activations one stage holds
+    (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
+      "pp=1,virtual_stages=8"], "needs pp > 1"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) -> None:
     code, out, err = run_cli(capsys, *argv)
@@ -134,6 +144,16 @@ def test_planner_imports_without_torch() -> None:
             # only the commands that draw import it
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("fixed", ["virtual_stages=2", "schedule=zb-v"])
+def test_a_chunked_schedule_alone_searches_pipelines(capsys, fixed: str) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-13b", "--gpus", "16",
+                           "--global-batch", "64", "--seq-len", "4096", "--layout", fixed,
+                           "--json")
+    layouts = json.loads(out)["layouts"]
+    assert code == 0 and layouts and all(e["layout"]["pp"] > 1 for e in layouts)
+    assert all(e["layout"]["virtual_stages"] == 2 for e in layouts)
 
 
 def test_partial_layout_fixes_the_given_fields(capsys) -> None:

@@ -71,9 +71,11 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     elif not best.fits:
         lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
     else:
+        others = [name for name, on in (("cp", layout.cp > 1), ("ep", layout.ep > 1)) if on]
         lines.append(f"No TP: {_whole_matrices(layout)} ({best.memory['total'] / GB:.1f} of "
-                     f"{limit:.1f} GB per GPU), so no per-layer collectives sit on the "
-                     "critical path.")
+                     f"{limit:.1f} GB per GPU), so no TP collectives sit on the critical path"
+                     + (f" (the per-layer exchanges of {' and '.join(others)} are below)."
+                        if others else "."))
     if layout.cp > 1:
         lines.append(context_line(best, cluster, intra))
     if cfg.is_moe:
@@ -204,7 +206,9 @@ def _whole_matrices(layout: Layout) -> str:
     if layout.pp > 1:
         return (f"the model is split into {layout.pp} pipeline stages (by layers, not "
                 f"matrices){sharded[layout.zero]}")
-    whole = "fits sharded" if layout.zero == 3 else "fits with whole weights on every GPU"
+    whole = ("fits sharded" if layout.zero == 3 else
+             f"fits with its dense weights whole on every GPU and its experts split over "
+             f"ep={layout.ep}" if layout.ep > 1 else "fits with whole weights on every GPU")
     return f"the model {whole}{sharded[layout.zero]}"
 
 
@@ -221,8 +225,8 @@ def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
     plain = judge(layout.replace(dp_shard=0))
     versus = plain.step_time_s / best.step_time_s - 1
     saved = (best.memory["total"] - plain.memory["total"]) / GB
-    return (f"DP={layout.dp} on top with {zero} sharded within groups of {layout.shard_size} "
-            f"dp ranks ({width} consecutive GPUs with tp={layout.tp}"
+    return (f"DP={layout.dp} on top with {zero} sharded within groups of "
+            f"{_shard_group(layout)} ({width} consecutive GPUs with tp={layout.tp}"
             f"{f' and cp={layout.cp}' if layout.cp > 1 else ''}, {where}), replicated "
             f"{layout.replicas} times: each rank's gradient shard is all-reduced across its "
             f"{layout.replicas} copies over "
@@ -231,6 +235,14 @@ def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
             f"traffic, {time['dp']:.2f} s of it exposed. Sharding over all {layout.dp} dp "
             f"ranks instead would hold {saved:.1f} GB less per GPU and take {versus:+.1%} "
             f"per step.")
+
+
+def _shard_group(layout: Layout) -> str:
+    """A ZeRO shard group's ranks: its dp ranks, times cp (ZeRO shards over dp x cp)."""
+    if layout.cp == 1:
+        return f"{layout.shard_size} dp ranks"
+    return (f"{layout.shard_size * layout.cp} ranks ({layout.shard_size} dp x "
+            f"{layout.cp} cp)")
 
 
 def _hybrid_rival(cfg: ModelConfig, cluster: Cluster, best: Estimate,
@@ -250,7 +262,7 @@ def _hybrid_rival(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     twin = next((e for e in twins.ranked if e.layout.hybrid), None)
     if twin is None:
         return ""
-    return (f" With ZeRO-{layout.zero} sharded within {twin.layout.shard_size} dp ranks "
+    return (f" With ZeRO-{layout.zero} sharded within groups of {_shard_group(twin.layout)} "
             f"instead (hybrid sharding, one copy per group) its best variant, "
             f"{twin.layout}, is {twin.step_time_s / best.step_time_s - 1:+.1%} at "
             f"{twin.memory['total'] / GB:.1f} GB per GPU.")

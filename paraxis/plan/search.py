@@ -124,8 +124,10 @@ def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tu
 
 def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
                        n_layers: int) -> list[tuple[str, int]]:
-    if pp == 1:
-        return [("1f1b", 1)]
+    if pp == 1:  # no stages to chunk: none where only chunked schedules are asked for
+        chunked = all(kind in FIXED_VIRTUAL for kind in constraints.schedules) or (
+            constraints.virtual_stages is not None and min(constraints.virtual_stages) > 1)
+        return [] if chunked else [("1f1b", 1)]
     variants = []
     for kind in constraints.schedules:
         if kind == "interleaved":

@@ -16,7 +16,7 @@ from paraxis.plan.memory import check_interleaving
 from paraxis.plan.search import Constraints
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import RECOMPUTE, Layout, check_model
+from paraxis.spec.layout import FIXED_VIRTUAL, RECOMPUTE, Layout, check_model
 from paraxis.spec.model_config import ModelConfig
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
@@ -53,7 +53,10 @@ def layout_fields(text: str) -> tuple[dict[str, object], Layout, int | None]:
     # a multiple of pp satisfies every schedule's rule on the microbatch count; where ep is
     # given without dp, dp = ep stands in (the experts' ranks come out of dp x cp), and where
     # etp is given without tp, tp = etp
-    open_fields: dict[str, object] = {"microbatches": fields.get("pp", 1)}
+    # (and a chunked schedule without pp, pp = 2: the search tries only pipelines then)
+    chunked = fields.get("virtual_stages", 1) != 1 or fields.get("schedule") in FIXED_VIRTUAL
+    pp = fields.get("pp", 2 if chunked else 1)
+    open_fields: dict[str, object] = {"microbatches": pp, "pp": pp}
     if "ep" in fields and "dp" not in fields:
         open_fields["dp"] = fields["ep"]
     if "etp" in fields and "tp" not in fields:  # etp is 1 or tp: a split names tp
@@ -71,12 +74,42 @@ def stated_fields(args: argparse.Namespace,
     """--layout's fields, the layout they state and its micro-batch size (`layout_fields`),
     its expert split checked against the model and --tp."""
     fixed, stated, micro_batch = layout_fields(args.layout or "")
+    check_flag_conflicts(args, fixed, stated)
     if "etp" in fixed:  # experts to split, and a tp to split them over
         check_model(stated, cfg)
         if stated.etp > 1 and args.tp and args.tp != stated.etp:
             raise ParaxisError(f"--tp {args.tp} contradicts etp={stated.etp} in --layout "
                                "(etp is 1 or tp); drop one")
     return fixed, stated, micro_batch
+
+
+def check_flag_conflicts(args: argparse.Namespace, fixed: dict[str, object],
+                         stated: Layout) -> None:
+    """A constraint flag that contradicts a field --layout fixes: one line naming both (the
+    layout would win, and the flag be dropped unsaid)."""
+    for flag in ("tp", "pp", "dp", "cp", "ep", "zero"):
+        value = getattr(args, flag, None)
+        if flag in fixed and value is not None and value != getattr(stated, flag):
+            raise ParaxisError(f"--{flag} {value} contradicts {flag}={getattr(stated, flag)} "
+                               "in --layout; give one of them")
+    for flag, field in (("recompute", "recompute"), ("schedule", "schedule")):
+        values = getattr(args, flag, None)
+        if field in fixed and values and getattr(stated, field) not in values:
+            raise ParaxisError(f"--{flag} {' '.join(values)} contradicts {field}="
+                               f"{getattr(stated, field)} in --layout; give one of them")
+    if getattr(args, "no_sp", False) and fixed.get("sequence_parallel"):
+        raise ParaxisError("--no-sp contradicts sequence_parallel=true in --layout; give one")
+    for flag, field in (("max_tp", "tp"), ("max_pp", "pp")):
+        limit = getattr(args, flag, None)
+        if limit is not None and field in fixed and getattr(stated, field) > limit:
+            raise ParaxisError(f"--{flag.replace('_', '-')} {limit} contradicts {field}="
+                               f"{getattr(stated, field)} in --layout; give one of them")
+    no_pp = getattr(args, "no_pp", False) or getattr(args, "max_pp", None) == 1 \
+        or getattr(args, "pp", None) == 1
+    if no_pp and stated.pp > 1:
+        why = "pp" if "pp" in fixed else "a chunked schedule (it needs pp > 1)"
+        raise ParaxisError(f"--no-pp / --max-pp 1 / --pp 1 contradicts {why} in --layout; "
+                           "give one of them")
 
 
 def complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
