@@ -168,11 +168,12 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
         states = sum(model_state_bytes(cfg.num_params(), gpus, 3, precision).values()) / 1e9
         enough = math.ceil(gpus * states / (limit - cluster.gpu.reserved_bytes / 1e9))
         return (f"no layout of {what}: even sharded over all {gpus} GPUs (ZeRO-3) its model "
-                f"states take {states:.1f} GB per GPU, more than {limit:.0f} GB; use at least "
-                f"{enough} GPUs")
+                f"states take {states:.1f} GB per GPU, more than "
+                f"{limit:.{2 if limit < 10 else 0}f} GB; use at least "
+                f"{_whole_nodes(enough, cluster)}")
     fixes = []
     if enough := devices_to_hold(closest, gpus):
-        fixes.append(f"about {enough} GPUs would hold it")
+        fixes.append(f"about {_whole_nodes(enough, cluster)} would hold it")
     if args.zero is not None and args.zero < 3:
         fixes.append(f"drop --zero {args.zero}, which rules out deeper ZeRO sharding")
     if args.recompute and "full" not in args.recompute:
@@ -180,6 +181,19 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
     memory = closest.memory
     if memory["activations"] >= memory["params"] + memory["grads"] + memory["optimizer"]:
         fixes.append("shorten --seq-len")  # activations take most of it
-    fixes.append("give a larger GPU (--gpu)")
+    fixes.append("give more memory (--memory-gb)" if args.memory_gb
+                 else "give a larger GPU (--gpu)")
     return (f"no layout of {what}; closest: {closest.layout} {too_big_reason(closest)}; "
             f"{', or '.join(fixes)}")
+
+
+def _whole_nodes(gpus: int, cluster: Cluster) -> str:
+    """`gpus` as a count the cluster takes: up to one node, or whole nodes (a CPU
+    profile's ranks share one machine)."""
+    per_node = cluster.gpus_per_node
+    if cluster.cores_per_node:
+        return f"{gpus} ranks"
+    if gpus <= per_node:
+        return f"{gpus} GPUs"
+    nodes = math.ceil(gpus / per_node)
+    return f"{nodes * per_node} GPUs ({nodes} nodes of {per_node})"

@@ -486,14 +486,14 @@ def too_big_reason(estimate: Estimate) -> str:
                 f"(recompute={layout.recompute})")
     else:
         what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
+    limit = estimate.memory_limit_bytes / 1e9  # in whole GB, a small device's to 0.01
     return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
-            f"{estimate.memory_limit_bytes / 1e9:.0f} GB, {what}")
+            f"{limit:.{2 if limit < 10 else 0}f} GB, {what}")
 
 
 def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
     """About how many devices would hold `estimate`'s layout: its model states shard over
-    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None where those
-    alone exceed a device."""
+    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None: those do not."""
     memory, limit = estimate.memory, estimate.memory_limit_bytes
     states = memory["params"] + memory["grads"] + memory["optimizer"]
     rest = memory["total"] - states
