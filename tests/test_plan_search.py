@@ -260,8 +260,15 @@ def test_defence_states_the_overlaps_it_assumed_and_the_headroom_it_kept():
     assert "ZeRO's parameter all-gather behind the next step's forward" in said
     assert "TP's forward collectives" not in said
     free = best.memory_limit_bytes - best.memory["total"]
-    assert f"{free / 1e9:.1f} GB ({free / best.memory_limit_bytes:.0%}) of the GPU left free" \
+    assert f"{free / 1e9:.1f} GB ({free / best.memory_limit_bytes:.1%}) of the GPU left free" \
         in line
+    assert "forecast's own error" not in line  # plenty left
+    # a fit tighter than the memory forecast's error on measured peaks says so
+    tight = build_cluster("a100-80gb", 16, 8, {"memory_bytes": best.memory["total"] + 0.5e9})
+    squeezed = evaluate(cfg, best.layout, tight, 4096, 64)
+    said = next(line for line in explain(cfg, tight, squeezed) if "Headroom" in line)
+    assert f"0.5 GB ({0.5e9 / squeezed.memory_limit_bytes:.1%}) of the GPU left free, less " \
+           "than the memory forecast's own error (1.4% of measured peaks)" in said
     from paraxis.plan.cost import Overlap
 
     nothing = explain(cfg, cluster, best, overlap=Overlap(dp=False, tp=False, pp=False,

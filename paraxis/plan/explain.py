@@ -19,7 +19,7 @@ from paraxis.plan.memory import model_state_bytes, peak_moment
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
 from paraxis.plan.search import SearchResult, search
-from paraxis.plan.uncertainty import error_band
+from paraxis.plan.uncertainty import MEMORY_BAND, error_band
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -191,8 +191,12 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
     mem, limit = best.memory, best.memory_limit_bytes
     free = limit - mem["total"]
     headroom = (f"Headroom: {mem['reserved'] / GB:.1f} GB reserved for the runtime, and "
-                f"{free / GB:.1f} GB ({free / limit:.0%}) of the GPU left free"
+                f"{free / GB:.1f} GB ({free / limit:.1%}) of the GPU left free"
                 if free >= 0 else f"Headroom: none, it needs {-free / GB:.1f} GB more")
+    if 0 <= free < MEMORY_BAND * limit:
+        headroom += (f", less than the memory forecast's own error ({MEMORY_BAND:.1%} of "
+                     "measured peaks): measure its peak before a long run, or keep the next "
+                     "layout that leaves more")
     return "; ".join(parts) + (". " if parts else "") + headroom + "."
 
 
