@@ -348,3 +348,16 @@ def test_the_documented_hardware_file_plans(documented_plan: subprocess.Popen | 
     out, err = documented_plan.communicate(timeout=300)
     assert documented_plan.returncode == 0, err
     assert json.loads(out)["hardware"]["cluster"]["expert_dispatch"] == "per_node"
+
+
+def test_a_small_models_seconds_show_its_hundredths(capsys) -> None:
+    """GPT-2 124M on 8 GPUs steps in about 16 ms: to two places every column read 0.00-0.02
+    and a rival 'was 0.02 s vs 0.02 s'."""
+    from paraxis.spec.units import seconds
+
+    assert [seconds(v, s) for v, s in ((12.345, 12.3), (0.0213, 0.0213), (0.00083, 0.0213),
+                                       (0.5, 0.5))] == ["12.35", "0.0213", "0.0008", "0.500"]
+    code, out, _ = run_cli(capsys, "plan", "--model", "gpt2-124m", "--gpus", "8",
+                           "--global-batch", "8", "--seq-len", "1024")
+    rejected = next(line for line in out.splitlines() if "Rejected dp=" in line)
+    assert code == 0 and re.search(r"0\.0\d{3} s vs 0\.0\d{3} s", rejected), rejected

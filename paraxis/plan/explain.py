@@ -23,7 +23,7 @@ from paraxis.plan.uncertainty import MEMORY_BAND, error_band
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
-from paraxis.spec.units import GB
+from paraxis.spec.units import GB, seconds
 
 
 def _shape(estimate: Estimate) -> tuple[int, int, int]:
@@ -65,8 +65,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         where = "across nodes (slow)" if link.crosses_nodes else f"inside one node over {intra}"
         lines.append(
             f"TP={layout.tp} lives {where} at {link_speed(link, cluster)}: its 4 "
-            f"collectives per layer per microbatch and pass move {time['tp_total']:.2f} s of "
-            f"traffic per step, {time['tp']:.2f} s ({time['tp'] / time['step']:.0%}) of it "
+            f"collectives per layer per microbatch and pass move {_s(time, 'tp_total')} s of "
+            f"traffic per step, {_s(time, 'tp')} s ({time['tp'] / time['step']:.0%}) of it "
             f"exposed, paid for by splitting every matrix {layout.tp} ways.")
     elif not best.fits:
         lines.append(f"No TP, and this layout does not fit: it {too_big_reason(best)}.")
@@ -87,7 +87,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             f"PP={layout.pp} stages {'across nodes' if link.crosses_nodes else 'in the node'}"
             f" ({layout.schedule}, M={layout.microbatches}"
             f"{f', v={layout.virtual_stages}' if layout.virtual_stages > 1 else ''}): only "
-            f"point-to-point sends ({time['pp']:.2f} s) and a bubble of {time['bubble']:.2f} s "
+            f"point-to-point sends ({_s(time, 'pp')} s) and a bubble of {_s(time, 'bubble')} s "
             f"({time['bubble'] / time['step']:.1%} of the step).")
     global_batch = best.micro_batch * layout.dp * layout.microbatches
 
@@ -108,9 +108,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
         else:
             lines.append(
                 f"DP={layout.dp} on top with {zero}: gradient sync moves "
-                f"{time['dp_total']:.2f} s of traffic over "
+                f"{_s(time, 'dp_total')} s of traffic over "
                 f"{'the network' if link.crosses_nodes else intra} at "
-                f"{link_speed(link, cluster)}, {time['dp']:.2f} s of it exposed."
+                f"{link_speed(link, cluster)}, {_s(time, 'dp')} s of it exposed."
                 + _hybrid_rival(cfg, cluster, best, result, link.crosses_nodes, precision,
                                 overlap, expert_imbalance))
     mem = best.memory
@@ -149,7 +149,8 @@ def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precis
             f"dense peak, {cluster.gpu.fp8_peak_flops / cluster.gpu.peak_flops:.0f}x bf16's), "
             "each paying an amax and a cast pass over its input, weight and output gradient; "
             "the LM head, router and attention core stay bf16. Step "
-            f"{best.step_time_s:.2f} s against {bf16.step_time_s:.2f} s in bf16 on this "
+            f"{_s(best.time, 'step')} s against "
+            f"{seconds(bf16.step_time_s, best.step_time_s)} s in bf16 on this "
             f"layout ({speedup:.2f}x{', FP8 does not pay here' if speedup < 1 else ''}), "
             f"activations {best.memory['activations'] / GB:.1f} GB against "
             f"{bf16.memory['activations'] / GB:.1f}{gathers}; MFU is counted against the "
@@ -200,6 +201,11 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
     return "; ".join(parts) + (". " if parts else "") + headroom + "."
 
 
+def _s(time: dict[str, float], key: str) -> str:
+    """A part of a step's time, to the places its step is shown to (`units.seconds`)."""
+    return seconds(time[key], time["step"])
+
+
 def _whole_matrices(layout: Layout) -> str:
     """How a layout without TP holds the model: split into stages, sharded or replicated."""
     over = (f"groups of {layout.shard_size} dp ranks" if layout.hybrid
@@ -235,8 +241,8 @@ def hybrid_line(best: Estimate, cluster: Cluster, intra: str, zero: str,
             f"{layout.replicas} times: each rank's gradient shard is all-reduced across its "
             f"{layout.replicas} copies over "
             f"{'the network' if across.crosses_nodes else intra} at "
-            f"{link_speed(across, cluster)}; gradient sync moves {time['dp_total']:.2f} s of "
-            f"traffic, {time['dp']:.2f} s of it exposed. Sharding over all {layout.dp} dp "
+            f"{link_speed(across, cluster)}; gradient sync moves {_s(time, 'dp_total')} s of "
+            f"traffic, {_s(time, 'dp')} s of it exposed. Sharding over all {layout.dp} dp "
             f"ranks instead would hold {saved:.1f} GB less per GPU and take {versus:+.1%} "
             f"per step.")
 
@@ -294,8 +300,8 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
             f"{best.seq_len // layout.cp} tokens per rank (more TP would split them too, but "
             f"with blocking collectives of the hidden size every layer; recomputation with "
             f"a forward again); it pays {how}, over "
-            f"{'the network' if link.crosses_nodes else intra}: {time['cp_total']:.2f} s of "
-            f"traffic per step, {time['cp']:.2f} s ({time['cp'] / time['step']:.0%}) exposed.")
+            f"{'the network' if link.crosses_nodes else intra}: {_s(time, 'cp_total')} s of "
+            f"traffic per step, {_s(time, 'cp')} s ({time['cp'] / time['step']:.0%}) exposed.")
 
 
 def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
@@ -310,7 +316,7 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
                                  layout.zero, precision).values()) / GB
     split = " " + experts_over_tp(cfg, layout) if layout.tp > 1 else ""
     if time.get("tp_grads"):  # experts on sequence shards: their gradients summed over tp
-        split += f" That sum takes {time['tp_grads']:.2f} s a step, exposed."
+        split += f" That sum takes {_s(time, 'tp_grads')} s a step, exposed."
     if layout.ep == 1:
         rival = next((e for e in (result.ranked if result else []) if e.layout.ep > 1), None)
         versus = (f"; the best layout with EP, {rival.layout}, is "
@@ -331,7 +337,7 @@ def expert_line(cfg: ModelConfig, best: Estimate, result: SearchResult | None,
             f"{whole:.1f} GB (1/{layout.ep * layout.etp}, ZeRO-{layout.zero} over their {replicas} "
             f"expert-data-parallel replicas); it pays 4 all-to-alls per MoE block per "
             f"microbatch (dispatch and combine, forward and backward; busiest rank at "
-            f"{imbalance:g}x the mean load), {time['ep_total']:.2f} s per step, all exposed "
+            f"{imbalance:g}x the mean load), {_s(time, 'ep_total')} s per step, all exposed "
             f"({time['ep'] / time['step']:.0%} of the step).{split}")
 
 

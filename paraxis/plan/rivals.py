@@ -24,6 +24,7 @@ from paraxis.plan.uncertainty import (
     step_range,
     ties,
 )
+from paraxis.spec.units import seconds
 
 Price = Callable[[Estimate, Cluster], float]
 
@@ -40,7 +41,8 @@ def _versus(rival: Estimate, best: Estimate, band: ErrorBand) -> str:
 
 def _overhead(estimate: Estimate) -> str:
     worst = max(("tp", "cp", "ep", "pp", "dp", "bubble"), key=lambda k: estimate.time[k])
-    return f"its largest overhead is {worst} {estimate.time[worst]:.2f} s"
+    return (f"its largest overhead is {worst} "
+            f"{seconds(estimate.time[worst], estimate.step_time_s)} s")
 
 
 def prediction_lines(best: Estimate, result: SearchResult | None, band: ErrorBand,
@@ -106,7 +108,8 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
         why = (f"ranked as fast (within {EQUAL_TIMES:.1%}), where the simpler layout goes "
                f"first ({simpler})" if simpler else _overhead(rival))
         lines.append(f"Rejected {rival.layout}: {_versus(rival, best, band)}, "
-                     f"{rival.step_time_s:.2f} s vs {best.step_time_s:.2f} s; {why}.")
+                     f"{seconds(rival.step_time_s, best.step_time_s)} s vs "
+                     f"{seconds(best.step_time_s, best.step_time_s)} s; {why}.")
         if len(seen) > count:
             break
     return lines
@@ -145,8 +148,9 @@ def _node_sized_tp(best: Estimate, rival: Estimate, band: ErrorBand, node: int,
     also = [name for name in names if name != f"with TP = {node}"]
     text = (f"Rejected TP={node} (the whole node, the usual rule) at best {rival.layout}"
             f"{' (also the best ' + ' and '.join(also) + ')' if also else ''}: "
-            f"{_versus(rival, best, band)}; its TP collectives put {rival.time['tp']:.2f} s on "
-            f"the critical path vs {best.time['tp']:.2f} s")
+            f"{_versus(rival, best, band)}; its TP collectives put "
+            f"{seconds(rival.time['tp'], best.step_time_s)} s on the critical path vs "
+            f"{seconds(best.time['tp'], best.step_time_s)} s")
     if best.layout.tp < node:
         text += (f", because each GPU does 1/{node} of a microbatch but still moves (t-1)/t "
                  "of its activations")

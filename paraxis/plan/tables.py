@@ -10,7 +10,7 @@ from paraxis.plan.hardware import Cluster
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.units import GB
+from paraxis.spec.units import GB, seconds
 
 
 def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
@@ -40,12 +40,12 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
     for column in ("#", "layout", "mb", "GB/GPU", "compute s", *(f"{p} s" for p in parts),
                    "bubble s", "step s", "tokens/s", "MFU"):
         table.add_column(column, justify="left" if column == "layout" else "right")
+    fastest = min(e.step_time_s for e in layouts)  # a small model's steps to their 1/100
     for i, e in enumerate(layouts, 1):
         t = e.time
         table.add_row(str(i), str(e.layout), str(e.micro_batch),
                       f"{e.memory['total'] / GB:.1f}" + ("" if e.fits else " ✗"),
-                      f"{t['compute']:.2f}", *(f"{t[p]:.2f}" for p in parts),
-                      f"{t['bubble']:.2f}", f"{t['step']:.2f}",
+                      *(seconds(t[p], fastest) for p in ("compute", *parts, "bubble", "step")),
                       f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
     console.print(table)
     m = layouts[0].memory

@@ -1,6 +1,7 @@
 """Units, and the default sizes that more than one module reads (no torch import)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -34,3 +35,11 @@ def runs_within(items: Iterable[Item], nbytes: Callable[[Item], int], limit: flo
         runs[-1].append(item)
         size += n
     return runs
+
+
+def seconds(value: float, step: float) -> str:
+    """`value` seconds, printed beside a step of `step` seconds: to hundredths where steps
+    take a second or more, else to as many places as show a small model's hundredths of
+    its step (0.0213 s, not 0.02)."""
+    places = math.ceil(2 - math.log10(step)) if 0 < step < 1 else 2
+    return f"{value:.{places}f}"
