@@ -174,3 +174,36 @@ def test_the_report_says_when_a_calibration_was_not_saved(tmp_path):
                                      "cannot be written")
     assert "not saved" not in quick.FoundProfile(tmp_path / "x.json", "calibrated", "a CPU",
                                                  2, 4.0).describe()
+
+
+def test_schedule_takes_a_traces_stages_or_says_they_differ(tmp_path, capsys):
+    """A two-stage run's trace against the default four stages: the two missing stages once
+    cost nothing, and the text timeline divided by zero."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([{**EVENT, "stage": s, "rank": s, "microbatch": m,
+                                  "kind": kind, "start_s": 0.1 * m + t,
+                                  "end_s": 0.1 * m + t + 0.01}
+                                 for s in (0, 1) for m in range(4)
+                                 for kind, t in (("F", 0.0), ("B", 0.05))]))
+    fails_in_one_line(["schedule", "--from-trace", str(trace)], capsys,
+                      "had 2 pipeline stages, not 4: give --stages 2")
+    fails_in_one_line(["schedule", "--from-trace", str(trace), "--stages", "3"], capsys,
+                      "give --stages 2")
+    assert main(["schedule", "--from-trace", str(trace), "--stages", "2",
+                 "--microbatches", "4"]) == 0
+    capsys.readouterr()
+    forwards = tmp_path / "forwards.json"  # a step cut short: no backward to replay
+    forwards.write_text(json.dumps([{**EVENT, "stage": s} for s in (0, 1)]))
+    fails_in_one_line(["schedule", "--from-trace", str(forwards), "--stages", "2"], capsys,
+                      "no forward or backward of virtual stage 0")
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--backward-cost", "0"], "--backward-cost 0: every stage's must be at least"),
+    (["--forward-cost", "0,0,0,0"], "--forward-cost 0,0,0,0"),
+    (["--stage-scale", "1e-300,1,1,1"], "--stage-scale needs 4 factors of at least"),
+    (["--kind", "zb-h1", "--weight-cost", "2", "--backward-cost", "2"],
+     "--weight-cost 2 must be less than the backward 2"),
+])
+def test_schedule_refuses_a_stage_that_takes_no_time(capsys, argv, problem):
+    fails_in_one_line(["schedule", *argv], capsys, problem)

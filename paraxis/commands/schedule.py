@@ -3,7 +3,7 @@
     paraxis schedule --kind 1f1b --stages 4 --microbatches 8
     paraxis schedule --kind zb-h1 --stages 4 --microbatches 8 --stage-scale 1,1,1,2
     paraxis schedule --kind interleaved --stages 2 --microbatches 4 --virtual 2 --json
-    paraxis schedule --kind zb-v --from-trace runs/demo/trace.json --microbatches 8
+    paraxis schedule --stages 2 --microbatches 8 --from-trace runs/demo/parallel/trace.json
     paraxis schedule --kind zb-v --stages 4 --model gpt2-124m   # costs of its stage split
 
 Costs are per stage when a list is given (`--forward-cost 1,1,1,2`), or scaled per stage by
@@ -25,6 +25,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import KINDS, Schedule, build_schedule, validate
 
 MAX_COST = 1e6  # relative times: beyond it a timeline's sums lose their resolution
+MIN_COST = 1e-6  # a forward, backward or factor below it: a stage that takes no time
 # A timeline to print, not a cluster's step: P x M x v compute actions at most
 MAX_ACTIONS = 100_000
 
@@ -75,6 +76,25 @@ def _scaled(value: float | list[float] | None, scale: list[float], stages: int
     return [v * s for v, s in zip(values, scale, strict=True)]
 
 
+def _check_costs(forward: float | list[float], backward: float | list[float],
+                 weight: float | list[float] | None) -> None:
+    """Every stage's forward and backward take time, and its W is a part of its backward."""
+    def listed(value: float | list[float]) -> list[float]:
+        return value if isinstance(value, list) else [value]
+
+    for name, values in (("forward", forward), ("backward", backward)):
+        if min(listed(values)) < MIN_COST:
+            raise ParaxisError(f"--{name}-cost {_text(values)}: every stage's must be at least "
+                               f"{MIN_COST:g} (a stage that takes no time has no schedule)")
+    if weight is not None:
+        whole = listed(backward) * (len(listed(weight)) if not isinstance(backward, list)
+                                    else 1)
+        parts = listed(weight) * (len(whole) if not isinstance(weight, list) else 1)
+        if any(w >= b for w, b in zip(parts, whole, strict=False)):
+            raise ParaxisError(f"--weight-cost {_text(weight)} must be less than the backward "
+                               f"{_text(backward)} it is part of (B = backward - W > 0)")
+
+
 def run(args: argparse.Namespace) -> int:
     virtual = args.virtual if args.virtual is not None else 2 if args.kind == "interleaved" else 1
     if args.stages * args.microbatches * virtual > MAX_ACTIONS:
@@ -97,15 +117,16 @@ def run(args: argparse.Namespace) -> int:
         source = f"costs per chunk measured in {args.from_trace}"
     if args.stage_scale is not None:
         scale = args.stage_scale if isinstance(args.stage_scale, list) else [args.stage_scale]
-        if len(scale) != schedule.num_stages or min(scale) <= 0:
-            raise ParaxisError(f"--stage-scale needs {schedule.num_stages} positive factors, got "
-                               f"{_text(args.stage_scale)}")
+        if len(scale) != schedule.num_stages or min(scale) < MIN_COST:
+            raise ParaxisError(f"--stage-scale needs {schedule.num_stages} factors of at least "
+                               f"{MIN_COST:g}, got {_text(args.stage_scale)}")
         forward, backward = (_scaled(forward, scale, schedule.num_stages),
                              _scaled(backward, scale, schedule.num_stages))
         weight = _scaled(weight, scale, schedule.num_stages)
         source += f", stage cost factors {_text(scale)}"
     if weight is not None:
         source += f", W {_text(weight)}"
+    _check_costs(forward, backward, weight)
     timeline = schedule.simulate(forward, backward, 0.0, weight)
     peaks = schedule.peak_in_flight()
     idle = timeline.idle_by_stage()

@@ -182,7 +182,13 @@ def trace_costs(events: Iterable[dict], stages: int, chunks: int,
     stage, measured: the costs `schedules.simulate` takes, so a run's own trace can be
     replayed, slow stages included. `virtual_stage(stage, chunk)` is the schedule's."""
     spans: dict[tuple[str, int], list[float]] = {}
-    for e in check_events(events):
+    events = [e for e in check_events(events) if e["kind"] in COMPUTE_KINDS]
+    for field, given, flag in (("stage", stages, "--stages"), ("chunk", chunks, "--virtual")):
+        traced = 1 + max((e[field] for e in events), default=-1)
+        if events and traced != given:  # a stage with no events would cost nothing
+            raise ParaxisError(f"the trace's run had {traced} pipeline {field}s, not {given}: "
+                               f"give {flag} {traced}")
+    for e in events:
         if e["kind"] in COMPUTE_KINDS:
             key = (e["kind"], virtual_stage(e["stage"], e["chunk"]))
             spans.setdefault(key, []).append(e["end_s"] - e["start_s"])
@@ -195,6 +201,10 @@ def trace_costs(events: Iterable[dict], stages: int, chunks: int,
     if not any(("F", v) in spans for v in range(count)):
         raise ParaxisError("the trace has no forward events; record one with a pipeline run "
                            "(pp > 1), which writes trace.json beside its metrics")
+    missing = [v for v in range(count) for kind in ("F", "B") if (kind, v) not in spans]
+    if missing:
+        raise ParaxisError(f"the trace has no forward or backward of virtual stage "
+                           f"{missing[0]} (of {count}): record a whole step of a pipeline run")
     forward = [mean("F", v) for v in range(count)]
     weight = [mean("W", v) for v in range(count)]
     backward = [mean("B", v) + w for v, w in enumerate(weight)]
