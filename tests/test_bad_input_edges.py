@@ -246,3 +246,32 @@ def test_checkpoint_info_takes_the_manifest_itself(inputs):
     code, stderr = run_row(["checkpoint", "info", "ck/step-00000002/manifest.json"], inputs,
                            False)
     assert code == 0, stderr
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["report", "--run", "runs/x", "--out", "/proc/paraxis.html"], "--out"),
+    (["demo", "--out", "/proc/paraxis"], "--out"),
+    (["context", "--out", "/proc/paraxis"], "--out"),
+    (["calibrate", "--out", "/proc/paraxis.json"], "--out"),
+    ([*TRAIN, "--metrics-file", "/proc/paraxis/m.jsonl"], "--metrics-file"),
+], ids=["report", "demo", "context", "calibrate", "train"])
+def test_an_output_where_no_file_can_be_made_is_one_line(tmp_path, argv, flag):
+    """/proc lets root 'write' by its permission bits, and refuses every new file: the
+    commands that trusted the bits failed with a traceback, calibrate after measuring."""
+    code, stderr = run_row(argv, tmp_path, False)
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert f"{flag} /proc/paraxis" in stderr and "a file system that holds no files" in stderr
+
+
+def test_an_output_file_that_cannot_be_opened_stops_the_run_before_it_writes(tmp_path):
+    """A --metrics-file that is a loop of links: train wrote config.toml beside it first,
+    then failed with a traceback."""
+    os.symlink("loop_b", tmp_path / "loop_a")
+    os.symlink("loop_a", tmp_path / "loop_b")
+    (tmp_path / "config.toml").write_text("an earlier run's\n")
+    code, stderr = run_row([*TRAIN, "--metrics-file", "loop_a"], tmp_path, False)
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert "--metrics-file loop_a cannot be written (Too many levels of symbolic links)" \
+        in stderr
+    assert (tmp_path / "config.toml").read_text() == "an earlier run's\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "loop_a", "loop_b"]

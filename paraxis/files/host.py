@@ -32,17 +32,33 @@ def check_writable(path: str | Path, flag: str, example: str = "runs/x/out.json"
     check_name_lengths(path, flag)
     if path.is_dir():
         raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
+    try:  # a file there must open for writing (without truncating it here)
+        with open(path, "r+b"):
+            pass
+    except FileNotFoundError:
+        pass  # writing creates it
+    except OSError as error:  # an immutable file, a loop of links, a read-only file
+        raise ParaxisError(f"{flag} {path} cannot be written ({error.strerror}); choose "
+                           "another path") from None
     _check_nearest_folder(path, path.parent, flag)
 
 
 def _check_nearest_folder(path: Path, folder: Path, flag: str) -> None:
     """The nearest existing folder at or above `folder` (where writing `path` creates what
-    is missing) must be a folder this process may write in."""
+    is missing) must be a folder this process may write in, on a file system that holds
+    files: permission bits let root "write" in /proc, whose file system has no blocks, and
+    on a read-only mount."""
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
                            "folder); choose another path")
+    system = os.statvfs(folder)
+    reason = ("a read-only file system" if system.f_flag & os.ST_RDONLY else
+              "a file system that holds no files" if system.f_blocks == 0 else None)
+    if reason is not None:
+        raise ParaxisError(f"{flag} {path} cannot be written ({folder} is on {reason}); "
+                           "choose another path")
 
 
 def check_name_lengths(path: Path, flag: str) -> None:

@@ -276,13 +276,6 @@ class Layout:
         if self.recompute_layers > 1 and self.recompute != "full":
             raise ParaxisError(f"recompute_layers={self.recompute_layers} groups the blocks of "
                                "full recompute; add recompute=full or drop recompute_layers")
-        if self.virtual_stages > 1 and self.pp == 1:
-            # without a pipeline each microbatch runs every layer before its backward: there
-            # are no stages to split into chunks, and nothing in flight to interleave
-            raise ParaxisError(f"virtual_stages={self.virtual_stages} splits pipeline stages "
-                               f"into chunks and needs pp > 1; raise pp or drop "
-                               f"virtual_stages" + (f" and schedule={self.schedule}"
-                                                    if self.schedule in FIXED_VIRTUAL else ""))
         if self.schedule in FIXED_VIRTUAL:
             if self.virtual_stages != FIXED_VIRTUAL[self.schedule]:
                 raise ParaxisError(f"schedule={self.schedule} runs {FIXED_VIRTUAL[self.schedule]}"
@@ -291,6 +284,12 @@ class Layout:
         elif self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ParaxisError(f"virtual_stages={self.virtual_stages} needs "
                                "schedule=interleaved; set the schedule or virtual_stages=1")
+        if self.virtual_stages > 1 and self.pp == 1:
+            # without a pipeline each microbatch runs every layer before its backward: there
+            # are no stages to split into chunks, and nothing in flight to interleave
+            raise ParaxisError(f"schedule={self.schedule} needs pp > 1 (it runs "
+                               f"{self.virtual_stages} model chunks on each pipeline stage); "
+                               "raise pp or use schedule=1f1b")
         if self.schedule == "interleaved" and self.pp > 1:
             if self.microbatches % self.pp:
                 raise ParaxisError(
