@@ -37,6 +37,13 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "--metrics-file: the name nnnn", "choose a shorter name", False),
     ("checkpoint-dir-name-too-long", [*TRAIN, "--checkpoint-dir", LONG_NAME],
      "--checkpoint-dir: the name nnnn", "choose a shorter name", False),
+    # ...and files to read by such a name: an OSError traceback wherever it was opened
+    ("plan-model-name-too-long", ["plan", "--model", f"{LONG_NAME}.json"],
+     "nnnn.json: a name longer than this file system allows", "a shorter path", False),
+    ("checkpoint-info-name-too-long", ["checkpoint", "info", LONG_NAME],
+     "a name longer than this file system allows", "choose a shorter path", False),
+    ("train-data-name-too-long", [*TRAIN, "--data", f"{LONG_NAME}.jsonl"],
+     "a name longer than this file system allows", "choose a shorter path", False),
     ("lab-out-name-too-long", ["lab", "--out", LONG_NAME], "--out: the name nnnn",
      "choose a shorter name", False),
     # --- one path for two things

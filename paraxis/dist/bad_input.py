@@ -22,6 +22,7 @@ reachable within a few seconds) every rank prints its own line, as before.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
 import re
@@ -106,11 +107,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"paraxis: error: {one_line(message)}; see `{self.prog} --help`\n")
 
 
+def _named_too_long(body: Callable[[], int]) -> int:
+    """`body()`, a path the file system cannot name (a name past its 255 bytes, given to any
+    flag that reads a file) said as bad input, wherever it was opened."""
+    try:
+        return body() or 0
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        name = os.fsdecode(error.filename) if error.filename is not None else "a path"
+        shown = name if len(name) <= 60 else f"{name[:28]}...{name[-28:]}"
+        raise ParaxisError(f"{shown}: a name longer than this file system allows; choose a "
+                           "shorter path") from None
+
+
 def run_guarded(body: Callable[[], int], debug: bool = False) -> int:
     """Run a command; bad input becomes one line on stderr and exit code 2, a failed run
     (`RunFailed`) one line and exit code 3; no traceback unless `debug`."""
     try:
-        return body() or 0
+        return _named_too_long(body)
     except ParaxisError as error:
         if debug:
             traceback.print_exc()
