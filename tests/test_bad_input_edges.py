@@ -128,6 +128,15 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("calibrate-more-ranks-than-cores", ["calibrate", "--nproc", "100000", "--device", "cpu",
                                          "--out", "c.json"],
      "--nproc 100000 is more ranks than this machine's", "or fewer, e.g. 2,4", False),
+    # ...and numbers no calibration can take: an overflow or an allocation, from the ranks
+    ("calibrate-busy-forever", ["calibrate", "--busy-s", "inf", "--out", "c.json"],
+     "--busy-s inf must be above 0 and at most 600", "e.g. 2", False),
+    ("calibrate-a-message-of-100-tb", ["calibrate", "--sizes-kb", "1,99999999999", "--out",
+                                       "c.json"], "a message of at most 1048576 KiB",
+     "a gradient bucket", False),
+    ("calibrate-a-trillion-tokens", ["calibrate", "--tokens", "1000000000000", "--out",
+                                     "c.json"], "more than half of this machine's free memory",
+     "give fewer tokens", False),
     # --- a path typed with a line break: still one line
     ("data-path-with-a-newline", [*TRAIN, "--data", "tok\nens.bin"],
      "data tok\\nens.bin does not exist", "give an existing .bin token file", False),

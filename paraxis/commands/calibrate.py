@@ -21,6 +21,10 @@ from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, _device_type, cali
 RANKS_PER_CORE = 4  # past this, starting and timing the ranks takes longer than it tells
 
 
+MAX_BUSY_S = 600.0  # the busy window that counts the cores our ranks get
+MAX_MESSAGE_BYTES = 2**30  # the largest collective message timed
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -70,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
                            f"CPU core(s) run ({RANKS_PER_CORE} a core); give rank counts of "
                            f"{RANKS_PER_CORE * cores} or fewer, e.g. 2,4")
     sizes = [kb * 1024 for kb in _int_list(args.sizes_kb, "--sizes-kb")]
+    if max(sizes) > MAX_MESSAGE_BYTES:
+        raise ParaxisError(f"--sizes-kb {args.sizes_kb}: a message of at most "
+                           f"{MAX_MESSAGE_BYTES // 1024} KiB (1 GiB) is timed; a run's largest "
+                           "is a gradient bucket (25 MiB by default)")
     if len(set(sizes)) < 2:
         raise ParaxisError(f"--sizes-kb {args.sizes_kb}: give at least two sizes to fit "
                            "latency and bandwidth")
@@ -77,15 +85,22 @@ def run(args: argparse.Namespace) -> int:
                         ("--seq-len", args.seq_len)):
         if count < 1:
             raise ParaxisError(f"{flag} {count} must be at least 1")
-    if not args.busy_s > 0:
-        raise ParaxisError(f"--busy-s {args.busy_s} must be positive, e.g. 2")
+    if not 0 < args.busy_s <= MAX_BUSY_S:
+        raise ParaxisError(f"--busy-s {args.busy_s} must be above 0 and at most {MAX_BUSY_S:g} "
+                           "seconds, e.g. 2")
     if args.tokens % args.seq_len:
         raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
                            f"{args.seq_len}")
-    from paraxis.files.host import check_writable
+    from paraxis.files.host import available_host_bytes, check_writable
     from paraxis.files.model_file import load_model_config
 
-    load_model_config(args.model)  # a bad name or file: one line here, not from every rank
+    cfg = load_model_config(args.model)  # a bad name or file: one line here, not per rank
+    # the timed GEMMs' fp32 input and output at the widest layer, at the least
+    gemm_bytes = 4 * args.tokens * (cfg.d_model + max(cfg.d_ff, cfg.d_ff_expert))
+    if gemm_bytes > available_host_bytes() / 2:
+        raise ParaxisError(f"--tokens {args.tokens}: the timed GEMMs at {args.model}'s widest "
+                           f"layer would take {gemm_bytes / 1e9:.1f} GB, more than half of "
+                           "this machine's free memory; give fewer tokens (default 2048)")
     check_writable(args.out, "--out", "profile.json")  # before minutes of measuring
     out = Path(args.out)
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
