@@ -91,6 +91,17 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                                                     "auto"],
      f"the newest checkpoint in mixed, {NEWEST}, belongs to run", "another --checkpoint-dir",
      False),
+    # --- a run already complete, asked for by another model or batch: it said "complete,
+    # nothing to train" and exited 0, whatever was asked
+    ("resume-auto-complete-another-model", [*TRAIN, "--model", "tiny-llama", "--steps", "2",
+                                            "--seed", "1", "--checkpoint-dir", "other",
+                                            "--resume", "auto"],
+     "holds a different model", "train with --model set to the checkpoint's model", False),
+    ("resume-auto-complete-another-batch", [*TRAIN, "--steps", "2", "--seed", "1",
+                                            "--global-batch", "8", "--checkpoint-dir", "other",
+                                            "--resume", "auto"],
+     "is complete, but for another run: --global-batch 8 (checkpoint: 4)",
+     "another --checkpoint-dir", False),
 ]
 
 
