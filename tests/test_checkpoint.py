@@ -359,9 +359,13 @@ def test_a_requeued_run_that_had_finished_exits_0(tmp_path, capsys):
     _train_one_device(tmp_path / "run", steps=2)
     before = sorted(p.name for p in (tmp_path / "run").iterdir())
     argv = ["train", "--model", "tiny", "--steps", "2", "--seq-len", "32", "--global-batch",
-            "4", "--quiet", "--device", "cpu", "--checkpoint-dir", str(tmp_path / "run"),
+            "8", "--quiet", "--device", "cpu", "--checkpoint-dir", str(tmp_path / "run"),
             "--resume", "auto"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "is at step 2 of --steps 2: the run is complete, nothing to train" in err
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+    # the same folder asked for by another run (another batch) is not that run's end
+    assert main([*argv[:8], "4", *argv[9:]]) == 2
+    assert "is complete, but for another run: --global-batch 4 (checkpoint: 8)" in \
+        capsys.readouterr().err
