@@ -123,6 +123,12 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
       "virtual_stages=2", "--no-pp"], "contradicts a chunked schedule"),
     (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
       "recompute=full", "--recompute", "none"], "--recompute none contradicts"),
+    # a micro-batch size the batch does not split into: once "states 0.0 GB, more than 86"
+    (["plan", "--model", "tiny", "--gpus", "1", "--layout", "micro_batch=3"],
+     "global batch 1024 does not split into microbatches of 3"),
+    # ...and one beside a microbatch count without dp: once dropped unsaid
+    (["plan", "--model", "tiny", "--gpus", "1", "--layout", "micro_batch=4,microbatches=2"],
+     "micro_batch=4 and microbatches=2 without dp"),
     # one stage has no chunks: v once divided the activations one stage holds
     (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
       "pp=1,virtual_stages=8"], "needs pp > 1"),

@@ -116,6 +116,13 @@ def complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int 
                      global_batch: int) -> Layout | None:
     """The one layout the fields state (microbatches given, or a micro-batch size with dp),
     or None: a partial layout, whose open fields the search fills."""
+    if micro_batch is not None and global_batch % micro_batch:
+        raise ParaxisError(f"global batch {global_batch} does not split into microbatches of "
+                           f"{micro_batch} sequences; give a micro_batch dividing it")
+    if micro_batch is not None and "microbatches" in fields and "dp" not in fields:
+        raise ParaxisError(f"micro_batch={micro_batch} and microbatches="
+                           f"{stated.microbatches} without dp: give microbatches with dp, or "
+                           "micro_batch alone (the search fills the rest)")
     if micro_batch is not None and "dp" in fields:
         per_replica, rest = divmod(global_batch, stated.dp * micro_batch)
         if rest or not per_replica:
