@@ -142,3 +142,15 @@ def test_empty_and_partial_tables_still_plan(tmp_path, capsys) -> None:
 
 def test_the_ops_a_profile_may_fit_are_the_planners() -> None:
     assert hardware_values.COLLECTIVES == comm.COLLECTIVES
+
+
+def test_a_bad_value_is_named_before_the_flags_work_on_it(tmp_path, capsys) -> None:
+    """A CPU profile's gpus_per_node = 0: its memory is shared over that count first, and the
+    line named memory_bytes = 0.0, not the file's own zero."""
+    profile = json.loads((DOCS / "hardware-profile.json").read_text())
+    profile["cluster"]["gpus_per_node"] = 0
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(profile))
+    code, err = plan_with(path, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"hardware file {path}: hardware gpus_per_node = 0 must be above 0" in err

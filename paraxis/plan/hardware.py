@@ -428,6 +428,7 @@ _GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {
     "gpu", "sync_segment_s", "backward_segments"}
 _METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself
+_KINDS = {f.name: str(f.type) for f in (*dataclasses.fields(GPU), *dataclasses.fields(Cluster))}
 
 
 def load_hardware_file(path: str | Path) -> dict[str, object]:
@@ -455,6 +456,10 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
     if unknown:
         raise ParaxisError(f"hardware file {path}: unknown key(s) {', '.join(unknown)}; known "
                            f"keys are {', '.join(sorted(known))}")
+    try:  # here, naming the file: the flags' arithmetic on its values comes after
+        check_values(flat, _KINDS)
+    except ParaxisError as error:
+        raise ParaxisError(f"hardware file {path}: {error}") from None
     return flat
 
 
@@ -463,8 +468,7 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     """A cluster from a preset GPU name, a GPU count and optional overrides (file or flags);
     overrides set to None are ignored, so flags left unset keep the file's or preset's value."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    check_values(overrides, {f.name: str(f.type) for f in (*dataclasses.fields(GPU),
-                                                           *dataclasses.fields(Cluster))})
+    check_values(overrides, _KINDS)
     base = get_gpu(str(overrides.pop("gpu", gpu)))
     gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
     if gpu_changes.get("name", base.name) != base.name:
