@@ -326,6 +326,23 @@ def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
     _assert_same_tensors(_full(source), _full(back))
 
 
+def test_convert_refuses_a_manifest_whose_model_its_tensors_are_not(tmp_path):
+    """A manifest edited to another width, its checksum made again: convert wrote a
+    checkpoint of the stated model from tensors of the other, which generate then refused."""
+    from paraxis.files.checkpoint_manifest import CHECKSUM, with_checksum
+
+    run_training(_cfg("dp=1", 1, checkpoint_dir=str(tmp_path / "a")))
+    source = tmp_path / "a" / "step-00000001"
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest.pop(CHECKSUM)
+    manifest["model"]["d_model"] *= 2
+    (source / "manifest.json").write_text(json.dumps(with_checksum(manifest)))
+    with pytest.raises(ParaxisError, match=r"is \(256, 64\) where the model tiny has "
+                                           r"\(256, 128\): the source's model and its tensors"):
+        convert(source, tmp_path / "out", Layout.parse("dp=1"))
+    assert not (tmp_path / "out").exists()
+
+
 def _tp_pieces(directory: Path, name: str) -> list[tuple[int, int, list[int]]]:
     """(tp_dim, tp_count, shape) of each parameter piece of `name` in a checkpoint."""
     pieces = json.loads((directory / "manifest.json").read_text())["pieces"]

@@ -32,17 +32,19 @@ from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import partition_layers
 
 
-def stage_state_names(cfg: ModelConfig, layout: Layout, stage: int,
-                      seq_len: int | None = None) -> tuple[list[str], list[str]]:
-    """Single-device names of the parameters pipeline stage `stage` owns (a tied head copy
-    belongs to the first stage's embedding), and of its buffers (training state without
-    optimizer moments: `model.single_device_buffers`)."""
+def stage_state_shapes(cfg: ModelConfig, layout: Layout, stage: int,
+                       seq_len: int | None = None
+                       ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """Single-device names and shapes of the parameters pipeline stage `stage` owns (a tied
+    head copy belongs to the first stage's embedding), and of its buffers (training state
+    without optimizer moments: `model.single_device_buffers`)."""
     partition = partition_layers(cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
-    parts = stage_parts(cfg, partition, stage)  # meta: names, no memory
-    return ([name for part in parts for name, param in part.named_parameters()
-             if not is_pp_duplicate(param)],
-            [name for part in parts for name, _ in single_device_buffers(part)])
+    parts = stage_parts(cfg, partition, stage)  # meta: names and shapes, no memory
+    return ({name: tuple(param.shape) for part in parts
+             for name, param in part.named_parameters() if not is_pp_duplicate(param)},
+            {name: tuple(buffer.shape) for part in parts
+             for name, buffer in single_device_buffers(part)})
 
 
 def convert(source: str | Path, destination: str | Path, layout: Layout,
@@ -118,13 +120,18 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
     files, pieces = {}, []
     for stage in range(layout.pp):
         per_rank: dict[int, dict[str, torch.Tensor]] = {}
-        params, buffers = stage_state_names(cfg, layout, stage, seq_len)
+        params, buffers = stage_state_shapes(cfg, layout, stage, seq_len)
         is_param = dict.fromkeys(params, True) | dict.fromkeys(buffers, False)
         for name, param in is_param.items():
             dim = tp_split_dim(name, plan) if layout.tp > 1 and param else None
             count = layout.tp if dim is not None else 1
+            shape = (params if param else buffers)[name]
             for kind in kinds if param else ("param",):
                 full = full_of(kind, name)
+                if tuple(full.shape) != shape:  # a manifest's model that its tensors are not
+                    raise ParaxisError(f"{kind} {name} is {tuple(full.shape)} where the model "
+                                       f"{cfg.name} has {shape}: the source's model and its "
+                                       "tensors disagree; use an earlier checkpoint")
                 for tp_rank, part in enumerate(full.chunk(count, dim=dim) if count > 1
                                                else [full]):
                     rank = layout.rank(tp_rank=tp_rank, pp_rank=stage)
