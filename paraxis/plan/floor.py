@@ -9,6 +9,9 @@ gradient sync and the experts' gradient sum over tp, which only add, are left ou
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from paraxis.plan.bubble import bubble_floor, bubble_holds
 from paraxis.plan.cost import (
     EXPOSED_COMM,
@@ -175,3 +178,19 @@ class Floors:
                        for compute, dense_comm, moe_comm in parts]
         self.computes[key] = min(floors, default=0.0)
         return self.computes[key]
+
+    def best_first(self, shapes: list[Layout], micro_batch: int,
+                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]]
+                   ) -> list[Layout]:
+        """`shapes` by the coarse floor at `micro_batch` (`settings(shape, microbatches)`:
+        its SP choices and schedule variants), fastest first: the bound tightens sooner.
+        The expert-parallel degrees of one (dp, tp, pp, cp, etp) keep their order (the
+        search reads the smaller ep first)."""
+        groups: dict[tuple[int, ...], float] = {}
+        for shape in shapes:
+            microbatches = max(1, self.args[3] // shape.dp // micro_batch)
+            floor = self.coarse(shape, shape, micro_batch, microbatches,
+                                *settings(shape, microbatches))
+            group = (shape.dp, shape.tp, shape.pp, shape.cp, shape.etp)
+            groups[group] = min(groups.get(group, math.inf), floor)
+        return sorted(shapes, key=lambda s: groups[(s.dp, s.tp, s.pp, s.cp, s.etp)])

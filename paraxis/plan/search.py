@@ -241,6 +241,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     crosses: dict[tuple[int, ...], bool] = {}
+    if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
+        axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
+            c.sequence_parallel if s.tp > 1 else (False,),
+            _schedule_variants(s.pp, m, c, cfg.n_layers)))
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = (dp, tp, pp, shape.cp, shape.etp)
