@@ -8,6 +8,7 @@ pipeline across nodes and data parallelism across groups. Still out of memory? -
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from paraxis.plan.comm import Link, axis_link
@@ -195,9 +196,10 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
                 f"{free / GB:.1f} GB ({free / limit:.1%}) of the GPU left free"
                 if free >= 0 else f"Headroom: none, it needs {-free / GB:.1f} GB more")
     if 0 <= free < MEMORY_BAND * limit:
+        margin = math.floor(limit * (1 - 2 * MEMORY_BAND) / GB)  # twice the error free
         headroom += (f", less than the memory forecast's own error ({MEMORY_BAND:.1%} of "
-                     "measured peaks): measure its peak before a long run, or keep the next "
-                     "layout that leaves more")
+                     "measured peaks): measure its peak before a long run, or plan with "
+                     f"--memory-gb {margin} for layouts that leave a margin")
     return "; ".join(parts) + (". " if parts else "") + headroom + "."
 
 
