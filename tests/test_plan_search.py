@@ -269,6 +269,9 @@ def test_defence_states_the_overlaps_it_assumed_and_the_headroom_it_kept():
     said = next(line for line in explain(cfg, tight, squeezed) if "Headroom" in line)
     assert f"0.5 GB ({0.5e9 / squeezed.memory_limit_bytes:.1%}) of the GPU left free, less " \
            "than the memory forecast's own error (1.4% of measured peaks)" in said
+    # ...and the memory to plan with for a margin of twice that error
+    gb = int(squeezed.memory_limit_bytes * (1 - 2 * 0.014) / 1e9)
+    assert f"plan with --memory-gb {gb} for layouts that leave a margin" in said
     from paraxis.plan.cost import Overlap
 
     nothing = explain(cfg, cluster, best, overlap=Overlap(dp=False, tp=False, pp=False,
