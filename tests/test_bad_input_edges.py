@@ -276,7 +276,7 @@ def test_an_output_where_no_file_can_be_made_is_one_line(tmp_path, argv, flag):
     commands that trusted the bits failed with a traceback, calibrate after measuring."""
     code, stderr = run_row(argv, tmp_path, False)
     assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
-    assert f"{flag} /proc/paraxis" in stderr and "a file system that holds no files" in stderr
+    assert f"{flag} /proc/paraxis" in stderr and "the kernel's proc file system" in stderr
 
 
 def test_an_output_file_that_cannot_be_opened_stops_the_run_before_it_writes(tmp_path):
@@ -291,3 +291,13 @@ def test_an_output_file_that_cannot_be_opened_stops_the_run_before_it_writes(tmp
         in stderr
     assert (tmp_path / "config.toml").read_text() == "an earlier run's\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "loop_a", "loop_b"]
+
+
+def test_the_kernels_file_systems_are_told_from_a_folder_that_holds_files():
+    """/proc is refused by its type: an empty tmpfs or a ramfs has no blocks either, and
+    holds files."""
+    from paraxis.files.host import KERNEL_FILE_SYSTEMS, _file_system_type
+
+    assert _file_system_type(Path("/proc")) == "proc"
+    assert _file_system_type(Path("/proc/self")) == "proc"
+    assert _file_system_type(Path.cwd()) not in KERNEL_FILE_SYSTEMS

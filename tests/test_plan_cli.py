@@ -129,6 +129,12 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
     # ...and one beside a microbatch count without dp: once dropped unsaid
     (["plan", "--model", "tiny", "--gpus", "1", "--layout", "micro_batch=4,microbatches=2"],
      "micro_batch=4 and microbatches=2 without dp"),
+    # a chunked schedule where no pipeline fits the GPUs: once "states take 0.0 GB, more
+    # than 86 GB"
+    (["plan", "--model", "tiny", "--gpus", "1", "--global-batch", "8", "--seq-len", "64",
+      "--schedule", "zb-v"], "schedule zb-v needs pp > 1, which 1 GPU(s) here do not allow"),
+    (["plan", "--model", "tiny", "--gpus", "4", "--global-batch", "8", "--seq-len", "64",
+      "--schedule", "zb-v", "--pp", "1"], "needs pp > 1"),
     # one stage has no chunks: v once divided the activations one stage holds
     (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
       "pp=1,virtual_stages=8"], "needs pp > 1"),
@@ -150,6 +156,17 @@ def test_planner_imports_without_torch() -> None:
             # only the commands that draw import it
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_depth_alone_is_checked_against_the_pipelines_the_search_tries(capsys) -> None:
+    """virtual_stages=4 of GPT-2's 12 layers on 6 GPUs: pp = 3 takes it (12 = 3 x 4); it
+    was once checked against a stand-in pp of 2 and refused."""
+    code, out, _ = run_cli(capsys, "plan", "--model", "gpt2-124m", "--gpus", "6",
+                           "--global-batch", "12", "--seq-len", "256", "--layout",
+                           "virtual_stages=4", "--json")
+    layouts = json.loads(out)["layouts"]
+    assert code == 0 and {(e["layout"]["pp"], e["layout"]["virtual_stages"])
+                          for e in layouts} == {(3, 4)}
 
 
 @pytest.mark.parametrize("fixed", ["virtual_stages=2", "schedule=zb-v"])

@@ -83,3 +83,17 @@ def test_a_calibrated_device_keeps_its_own_fp32_rate() -> None:
     cpu = build_cluster("a100-80gb", 2, 2, {"name": "cpu-core", "peak_flops": 1e11,
                                            "cores_per_node": 2})
     assert for_precision(cpu, PRECISIONS["fp32"]) is cpu
+
+
+def test_a_runs_mfu_counts_the_peak_of_what_it_computes_in(monkeypatch) -> None:
+    """The runtime's MFU and the planner's share one peak: an fp32 run on an A100 against its
+    CUDA cores' 19.5 TFLOP/s, a bf16 run against the tensor cores' 312."""
+    import torch
+
+    from paraxis.train.metrics import device_peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    cuda = torch.device("cuda")
+    assert device_peak_flops(cuda, precision="fp32") == 19.5e12
+    assert device_peak_flops(cuda, precision="bf16") == 312e12
+    assert device_peak_flops(cuda) == 312e12

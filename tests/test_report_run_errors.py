@@ -192,6 +192,13 @@ def test_schedule_takes_a_traces_stages_or_says_they_differ(tmp_path, capsys):
     assert main(["schedule", "--from-trace", str(trace), "--stages", "2",
                  "--microbatches", "4"]) == 0
     capsys.readouterr()
+    # a 1F1B run's trace has one chunk a stage and no W: not zb-v's two, nor zb-h1's split
+    fails_in_one_line(["schedule", "--kind", "zb-v", "--from-trace", str(trace), "--stages",
+                       "2"], capsys, "had 1 chunk(s) per stage and zb-v runs 2",
+                      "--kind 1f1b or zb-h1")
+    fails_in_one_line(["schedule", "--kind", "zb-h1", "--from-trace", str(trace), "--stages",
+                       "2"], capsys, "the trace has no W (weight-gradient) events",
+                      "--kind 1f1b")
     forwards = tmp_path / "forwards.json"  # a step cut short: no backward to replay
     forwards.write_text(json.dumps([{**EVENT, "stage": s} for s in (0, 1)]))
     fails_in_one_line(["schedule", "--from-trace", str(forwards), "--stages", "2"], capsys,
@@ -204,6 +211,7 @@ def test_schedule_takes_a_traces_stages_or_says_they_differ(tmp_path, capsys):
     (["--stage-scale", "1e-300,1,1,1"], "--stage-scale needs 4 factors of at least"),
     (["--kind", "zb-h1", "--weight-cost", "2", "--backward-cost", "2"],
      "--weight-cost 2 must be less than the backward 2"),
+    (["--kind", "zb-h1", "--weight-cost", "0"], "a split backward's W must be at least"),
 ])
 def test_schedule_refuses_a_stage_that_takes_no_time(capsys, argv, problem):
     fails_in_one_line(["schedule", *argv], capsys, problem)

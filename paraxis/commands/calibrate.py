@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.files.model_file import load_model_config
 
     cfg = load_model_config(args.model)  # a bad name or file: one line here, not per rank
-    # the timed GEMMs' fp32 input and output at the widest layer, at the least
-    gemm_bytes = 4 * args.tokens * (cfg.d_model + max(cfg.d_ff, cfg.d_ff_expert))
+    # the timed GEMMs' fp32 input and output at the widest (the LM head's vocabulary), at least
+    gemm_bytes = 4 * args.tokens * (cfg.d_model + max(cfg.d_ff, cfg.d_ff_expert,
+                                                       cfg.vocab_size))
     if gemm_bytes > available_host_bytes() / 2:
         raise ParaxisError(f"--tokens {args.tokens}: the timed GEMMs at {args.model}'s widest "
                            f"layer would take {gemm_bytes / 1e9:.1f} GB, more than half of "

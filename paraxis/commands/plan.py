@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = given.model_config()
     cluster = given.cluster()
     precision = given.precision_rule()
-    check_precision(cluster.gpu, precision)  # before a search, which skips what it cannot price
+    check_precision(cluster.gpu, precision)  # before anything is searched or evaluated
     cluster = for_precision(cluster, precision)  # the explanation's peaks, as priced
     seq_len = given.sequence_length(cfg)  # the model's context unless given; never beyond it
     overlap = overlap_rules(args.no_overlap, args.exposed or ())

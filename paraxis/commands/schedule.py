@@ -22,7 +22,14 @@ from dataclasses import asdict
 from paraxis.files.trace import load_trace, trace_costs
 from paraxis.show.viz.text_timeline import render_timeline
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.schedules import KINDS, Schedule, build_schedule, validate
+from paraxis.spec.schedules import (
+    FIXED_VIRTUAL,
+    KINDS,
+    SPLIT_BACKWARD,
+    Schedule,
+    build_schedule,
+    validate,
+)
 
 MAX_COST = 1e6  # relative times: beyond it a timeline's sums lose their resolution
 MIN_COST = 1e-6  # a forward, backward or factor below it: a stage that takes no time
@@ -77,8 +84,9 @@ def _scaled(value: float | list[float] | None, scale: list[float], stages: int
 
 
 def _check_costs(forward: float | list[float], backward: float | list[float],
-                 weight: float | list[float] | None) -> None:
-    """Every stage's forward and backward take time, and its W is a part of its backward."""
+                 weight: float | list[float] | None, split: bool) -> None:
+    """Every stage's forward and backward take time, and its W is a part of its backward
+    (under a `split` backward, a part that takes time too)."""
     def listed(value: float | list[float]) -> list[float]:
         return value if isinstance(value, list) else [value]
 
@@ -93,6 +101,9 @@ def _check_costs(forward: float | list[float], backward: float | list[float],
         if any(w >= b for w, b in zip(parts, whole, strict=False)):
             raise ParaxisError(f"--weight-cost {_text(weight)} must be less than the backward "
                                f"{_text(backward)} it is part of (B = backward - W > 0)")
+        if split and min(parts) < MIN_COST:
+            raise ParaxisError(f"--weight-cost {_text(weight)}: a split backward's W must be at "
+                               f"least {MIN_COST:g} (leave it out for half the backward)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,8 +123,18 @@ def run(args: argparse.Namespace) -> int:
         weight = None
         source = f"costs of {args.model}'s stage split, backward = 2 x forward"
     if args.from_trace:
-        forward, backward, weight = trace_costs(load_trace(args.from_trace), schedule.num_stages,
+        events = load_trace(args.from_trace)
+        chunks = 1 + max((e["chunk"] for e in events), default=0)
+        if args.kind in FIXED_VIRTUAL and chunks != schedule.virtual:
+            raise ParaxisError(f"the trace's run had {chunks} chunk(s) per stage and "
+                               f"{args.kind} runs {schedule.virtual}: replay it with --kind "
+                               f"1f1b or zb-h1, or record a {args.kind} run")
+        forward, backward, weight = trace_costs(events, schedule.num_stages,
                                                 schedule.virtual, schedule.virtual_stage)
+        if args.kind in SPLIT_BACKWARD and not any(weight):
+            raise ParaxisError(f"the trace has no W (weight-gradient) events: its run did not "
+                               f"split the backward, which {args.kind} does; replay it with "
+                               "--kind 1f1b, or record a zb-h1 or zb-v run")
         source = f"costs per chunk measured in {args.from_trace}"
     if args.stage_scale is not None:
         scale = args.stage_scale if isinstance(args.stage_scale, list) else [args.stage_scale]
@@ -126,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         source += f", stage cost factors {_text(scale)}"
     if weight is not None:
         source += f", W {_text(weight)}"
-    _check_costs(forward, backward, weight)
+    _check_costs(forward, backward, weight, args.kind in SPLIT_BACKWARD)
     timeline = schedule.simulate(forward, backward, 0.0, weight)
     peaks = schedule.peak_in_flight()
     idle = timeline.idle_by_stage()

@@ -33,8 +33,7 @@ def check_writable(path: str | Path, flag: str, example: str = "runs/x/out.json"
     if path.is_dir():
         raise ParaxisError(f"{flag} {path} is a folder; give a file name inside it")
     try:  # a file there must open for writing (without truncating it here)
-        with open(path, "r+b"):
-            pass
+        os.close(os.open(path, os.O_WRONLY))
     except FileNotFoundError:
         pass  # writing creates it
     except OSError as error:  # an immutable file, a loop of links, a read-only file
@@ -43,22 +42,47 @@ def check_writable(path: str | Path, flag: str, example: str = "runs/x/out.json"
     _check_nearest_folder(path, path.parent, flag)
 
 
+# The kernel's own file systems: they refuse a new file whatever the permission bits say
+# (root may "write" in /proc by its bits)
+KERNEL_FILE_SYSTEMS = ("proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs",
+                       "securityfs", "configfs", "pstore", "bpf", "devpts", "mqueue")
+
+
 def _check_nearest_folder(path: Path, folder: Path, flag: str) -> None:
     """The nearest existing folder at or above `folder` (where writing `path` creates what
-    is missing) must be a folder this process may write in, on a file system that holds
-    files: permission bits let root "write" in /proc, whose file system has no blocks, and
-    on a read-only mount."""
+    is missing) must be a folder this process may write in, on a writable file system that
+    holds files (not a read-only mount, not one of KERNEL_FILE_SYSTEMS)."""
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is not a writable "
                            "folder); choose another path")
-    system = os.statvfs(folder)
-    reason = ("a read-only file system" if system.f_flag & os.ST_RDONLY else
-              "a file system that holds no files" if system.f_blocks == 0 else None)
+    kind = _file_system_type(folder)
+    reason = ("a read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else
+              f"the kernel's {kind} file system" if kind in KERNEL_FILE_SYSTEMS else None)
     if reason is not None:
         raise ParaxisError(f"{flag} {path} cannot be written ({folder} is on {reason}); "
                            "choose another path")
+
+
+def _file_system_type(folder: Path) -> str:
+    """The type of the file system `folder` is on (its mount with the longest matching
+    mount point in /proc/self/mounts), or "" where that is not readable (not Linux)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    where, kind = str(folder.resolve()), ""
+    longest = -1
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > longest:
+            longest, kind = len(point), fields[2]
+    return kind
 
 
 def check_name_lengths(path: Path, flag: str) -> None:

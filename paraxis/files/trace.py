@@ -189,9 +189,8 @@ def trace_costs(events: Iterable[dict], stages: int, chunks: int,
             raise ParaxisError(f"the trace's run had {traced} pipeline {field}s, not {given}: "
                                f"give {flag} {traced}")
     for e in events:
-        if e["kind"] in COMPUTE_KINDS:
-            key = (e["kind"], virtual_stage(e["stage"], e["chunk"]))
-            spans.setdefault(key, []).append(e["end_s"] - e["start_s"])
+        key = (e["kind"], virtual_stage(e["stage"], e["chunk"]))
+        spans.setdefault(key, []).append(e["end_s"] - e["start_s"])
 
     def mean(kind: str, index: int) -> float:
         values = spans.get((kind, index), [])

@@ -493,7 +493,7 @@ def too_big_reason(estimate: Estimate) -> str:
 
 def devices_to_hold(estimate: Estimate, devices: int) -> int | None:
     """About how many devices would hold `estimate`'s layout: its model states shard over
-    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not; None: those do not."""
+    them (ZeRO-3, TP x PP), its activations, buffers and reserve do not (None: they overflow)."""
     memory, limit = estimate.memory, estimate.memory_limit_bytes
     states = memory["params"] + memory["grads"] + memory["optimizer"]
     rest = memory["total"] - states

@@ -196,10 +196,13 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
                 f"{free / GB:.1f} GB ({free / limit:.1%}) of the GPU left free"
                 if free >= 0 else f"Headroom: none, it needs {-free / GB:.1f} GB more")
     if 0 <= free < MEMORY_BAND * limit:
-        margin = math.floor(limit * (1 - 2 * MEMORY_BAND) / GB)  # twice the error free
+        margin = limit * (1 - 2 * MEMORY_BAND)  # twice the error left free
+        places = 2 if margin < 10 * GB else 0
+        margin = math.floor(margin / GB * 10**places) / 10**places
         headroom += (f", less than the memory forecast's own error ({MEMORY_BAND:.1%} of "
-                     "measured peaks): measure its peak before a long run, or plan with "
-                     f"--memory-gb {margin} for layouts that leave a margin")
+                     "measured peaks): measure its peak before a long run" + (
+                         f", or plan with --memory-gb {margin:.{places}f} for layouts that "
+                         "leave a margin" if margin * GB > mem["reserved"] else ""))
     return "; ".join(parts) + (". " if parts else "") + headroom + "."
 
 

@@ -6,11 +6,10 @@ fit (with their memory), and returns the fastest. Dominated variants are skipped
 pricing: more recomputation only adds FLOPs, so it is tried only when the lighter setting does
 not fit. Context parallelism is tried for long sequences only (`context.MIN_CP_TOKENS` per
 rank), or at the degree asked for, its K/V exchange variants compared per shape
-(`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every
-degree that divides dp*cp and the experts while its group stays in a node; beyond the node,
-only until one fits (a larger group sends more of every all-to-all over the network).
-A layout whose floor (`floor.step_lower_bound`) is slower than everything the answer shows
-is skipped unpriced (`prune.py`).
+(`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every degree that
+divides dp*cp and the experts while its group stays in a node; beyond the node, only until
+one fits (a larger group sends more of every all-to-all over the network). A layout whose
+floor (`floor.step_lower_bound`) is slower than all the answer shows is skipped (`prune.py`).
 """
 
 from __future__ import annotations
@@ -125,9 +124,7 @@ def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tu
 def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
                        n_layers: int) -> list[tuple[str, int]]:
     if pp == 1:  # no stages to chunk: none where only chunked schedules are asked for
-        chunked = all(kind in FIXED_VIRTUAL for kind in constraints.schedules) or (
-            constraints.virtual_stages is not None and min(constraints.virtual_stages) > 1)
-        return [] if chunked else [("1f1b", 1)]
+        return [] if _chunked_only(constraints) else [("1f1b", 1)]
     variants = []
     for kind in constraints.schedules:
         if kind == "interleaved":
@@ -136,6 +133,12 @@ def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
         else:  # zb-v folds the model twice over the stages (as its layout says)
             variants.append((kind, FIXED_VIRTUAL.get(kind, 1)))
     return variants
+
+
+def _chunked_only(c: Constraints) -> bool:
+    """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
+    return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
+        c.virtual_stages is not None and min(c.virtual_stages) > 1)
 
 
 def _constraints_text(c: Constraints) -> str:
@@ -220,6 +223,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
                                 for ep in _ep_degrees(cfg, dp * cp, c)
                                 for split in _expert_splits(cfg, tp, c)]
+    if _chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
+        raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {world} "
+                           "GPU(s) here do not allow; give more GPUs, allow pp, or 1f1b")
     if not axis_shapes:
         # one of each rule broken (the same rule at other degrees says nothing new)
         kinds: dict[str, str] = {}
@@ -489,7 +495,6 @@ def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
 
 
 def closest_to_fitting(result: SearchResult) -> Estimate | None:
-    """The priced layout that needs the least memory per GPU, where none fits (None where no
-    layout was priced)."""
+    """The priced layout needing the least memory per GPU, where none fits (None: none)."""
     priced = [r.estimate for r in result.too_big if r.estimate is not None]
     return min(priced, key=lambda e: e.memory["total"], default=None)

@@ -95,8 +95,11 @@ def check_flag_conflicts(args: argparse.Namespace, fixed: dict[str, object],
     for flag, field in (("recompute", "recompute"), ("schedule", "schedule")):
         values = getattr(args, flag, None)
         if field in fixed and values and getattr(stated, field) not in values:
-            raise ParaxisError(f"--{flag} {' '.join(values)} contradicts {field}="
-                               f"{getattr(stated, field)} in --layout; give one of them")
+            said = f"{field}={getattr(stated, field)}"
+            if field == "schedule" and stated.virtual_stages > 1:  # v implies interleaving
+                said = f"virtual_stages={stated.virtual_stages} ({said})"
+            raise ParaxisError(f"--{flag} {' '.join(values)} contradicts {said} in --layout; "
+                               "give one of them")
     if getattr(args, "no_sp", False) and fixed.get("sequence_parallel"):
         raise ParaxisError("--no-sp contradicts sequence_parallel=true in --layout; give one")
     for flag, field in (("max_tp", "tp"), ("max_pp", "pp")):
@@ -141,8 +144,9 @@ def search_constraints(args: argparse.Namespace, fixed: dict[str, object], state
                        micro_batch: int | None, cfg: ModelConfig) -> Constraints:
     """The search's limits: the fields a partial --layout fixes (`stated_fields`), else the
     constraint flags (--tp, --zero, --recompute, --no-pp, ...); `plan --verify` ranks the same."""
-    if "virtual_stages" in fixed:
-        check_interleaving(stated, cfg)
+    pp = stated.pp if "pp" in fixed else args.pp  # a depth is checked against a given pp
+    if "virtual_stages" in fixed and pp:
+        check_interleaving(stated.replace(pp=pp, microbatches=pp), cfg)
     return Constraints(
         max_tp=args.max_tp, max_pp=1 if args.no_pp else args.max_pp,
         tp=stated.tp if "tp" in fixed or stated.etp > 1 else args.tp,

@@ -224,7 +224,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     train, log = cfg.train, cfg.logging
     layout = groups.layout
     tokens_per_step = train.global_batch * train.seq_len
-    peak_flops = device_peak_flops(device, log.peak_tflops, log.hardware)
+    peak_flops = device_peak_flops(device, log.peak_tflops, log.hardware, train.precision)
     if peak_flops is not None:  # ranks sharing a GPU (--share-gpu) each get a share of it
         peak_flops /= ranks_per_device(device, train.share_gpu)
     records: list[dict] = []

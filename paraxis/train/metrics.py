@@ -23,7 +23,9 @@ import torch.distributed as dist
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.experts.layer import MoE
 from paraxis.plan.hardware import build_cluster, gpu_for_device_name, load_hardware_file
+from paraxis.plan.rates import for_precision
 from paraxis.spec.errors import ParaxisError, RunFailed
+from paraxis.spec.precision import Precision, get_policy
 
 if TYPE_CHECKING:
     from paraxis.dist.groups import ParallelGroups
@@ -74,17 +76,25 @@ def print_model_states(states: dict[str, int], rank: int, world: int,
 
 
 def device_peak_flops(device: torch.device, peak_tflops: float | None = None,
-                      hardware_file: str | None = None) -> float | None:
-    """Peak FLOP/s of one device: --peak-tflops, else a hardware file (what `paraxis
-    calibrate` measured), else the preset matching the CUDA device's name; None on a CPU
-    without either (MFU is then left out rather than guessed)."""
+                      hardware_file: str | None = None,
+                      precision: str | None = None) -> float | None:
+    """Peak FLOP/s of one device for the run's `precision`: --peak-tflops, else a hardware
+    file (what `paraxis calibrate` measured), else the preset matching the CUDA device's name
+    (its CUDA cores' fp32 rate where the run computes in fp32, as the planner prices it:
+    `rates.for_precision`); None on a CPU without either (MFU is then left out rather than
+    guessed)."""
     if peak_tflops:
         return peak_tflops * 1e12
     if hardware_file:
         return build_cluster(gpus=1, overrides=load_hardware_file(hardware_file)).gpu.peak_flops
     if device.type == "cuda":
         gpu = gpu_for_device_name(torch.cuda.get_device_name(device))
-        return gpu.peak_flops if gpu is not None else None
+        if gpu is None:
+            return None
+        cluster = build_cluster(gpu.name, 1)
+        if precision is not None:
+            cluster = for_precision(cluster, Precision.of(get_policy(precision)))
+        return cluster.gpu.peak_flops
     return None
 
 

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING
 
 from paraxis.dist.groups import restart_attempt
 from paraxis.files.checkpoint_manifest import check_model, read_manifest
-from paraxis.files.checkpoint_ownership import RunIdentity, read_identity
+from paraxis.files.checkpoint_ownership import (
+    RunIdentity,
+    differences,
+    read_identity,
+    run_facts,
+)
 from paraxis.files.model_file import load_model_config
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
@@ -85,10 +90,10 @@ def already_complete(cfg: RunConfig) -> str | None:
     manifest = read_manifest(path)
     check_model(manifest, load_model_config(cfg.model.name).to_dict(), path)
     train, saved = cfg.train, manifest.get("data") or {}
-    asked = {"global_batch": train.global_batch, "seq_len": train.seq_len, "seed": train.seed,
-             "precision": get_policy(train.precision).name}
-    differ = [f"--{key.replace('_', '-')} {value} (checkpoint: {saved[key]})"
-              for key, value in asked.items() if key in saved and saved[key] != value]
+    # the data is not read here: its record is compared with itself
+    differ = differences(saved, run_facts(train.global_batch, train.seq_len, train.seed,
+                                          saved.get("source"),  # type: ignore[arg-type]
+                                          get_policy(train.precision).name))
     if differ and not cfg.checkpoint.allow_changes:
         raise ParaxisError(f"{path} is complete, but for another run: {', '.join(differ)}; "
                            "give the checkpoint's values, or another --checkpoint-dir")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.inputs import PlanInputs
+from paraxis.plan.rates import for_precision
 from paraxis.plan.search import SearchResult, search
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
@@ -42,8 +43,8 @@ def make_plan(hardware: Hardware) -> Plan:
     """The plan for `hardware.inputs`: the given layout priced, else the planner's pick."""
     inputs = hardware.inputs
     cfg = inputs.model_config()
-    cluster = inputs.cluster()
     precision = inputs.precision_rule()
+    cluster = for_precision(inputs.cluster(), precision)  # the peak its MFU is counted on
     seq_len = inputs.sequence_length(cfg)
     try:
         result: SearchResult | None = search(cfg, cluster, seq_len, inputs.global_batch,
