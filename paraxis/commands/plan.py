@@ -32,6 +32,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, SCHEDULES, ZERO_STAGES
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
+from paraxis.spec.units import gigabytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +170,7 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
         enough = math.ceil(gpus * states / (limit - cluster.gpu.reserved_bytes / 1e9))
         return (f"no layout of {what}: even sharded over all {gpus} GPUs (ZeRO-3) its model "
                 f"states take {states:.1f} GB per GPU, more than "
-                f"{limit:.{2 if limit < 10 else 0}f} GB; use at least "
+                f"{gigabytes(cluster.gpu.memory_bytes)} GB; use at least "
                 f"{_whole_nodes(enough, cluster)}")
     fixes = []
     if enough := devices_to_hold(closest, gpus):

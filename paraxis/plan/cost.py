@@ -87,6 +87,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage
+from paraxis.spec.units import gigabytes
 
 # How close a predicted step time should come to a measured one: within 25% for at least
 # 80% of layouts (the benchmark's predicted-vs-measured section, `paraxis report`).
@@ -486,9 +487,8 @@ def too_big_reason(estimate: Estimate) -> str:
                 f"(recompute={layout.recompute})")
     else:
         what = f"{states / 1e9:.1f} GB of it model states (ZeRO-{layout.zero})"
-    limit = estimate.memory_limit_bytes / 1e9  # in whole GB, a small device's to 0.01
     return (f"needs {memory['total'] / 1e9:.1f} GB per GPU > "
-            f"{limit:.{2 if limit < 10 else 0}f} GB, {what}")
+            f"{gigabytes(estimate.memory_limit_bytes)} GB, {what}")
 
 
 def devices_to_hold(estimate: Estimate, devices: int) -> int | None:

@@ -47,6 +47,13 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
             + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
 
 
+def _without_recompute(layout: Layout) -> Layout:
+    """`layout` with no recomputation: the floors add each recomputation's own part."""
+    if layout.recompute == "none":
+        return layout
+    return layout.replace(recompute="none", recompute_layers=1)
+
+
 def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                     global_batch: int, precision: Precision, overlap: Overlap,
                     expert_imbalance: float, memo: dict) -> dict[str, float]:
@@ -55,10 +62,8 @@ def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len:
     the recomputed forward's compute added and the least any stage communicates (the rerun's
     collectives left out). It reads neither the ZeRO stage nor its shard group, but where
     FP8 weights are cast on ZeRO-3's shards."""
-    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
-                                                                     recompute_layers=1)
     micro_batch = global_batch // (layout.dp * layout.microbatches)
-    pipe = pipeline_time(cfg, bare, cluster, seq_len, micro_batch, precision,
+    pipe = pipeline_time(cfg, _without_recompute(layout), cluster, seq_len, micro_batch, precision,
                          overlap_on(cluster, overlap), expert_imbalance, memo, floor=True)
     return {"none": pipe.pipeline, "selective": pipe.pipeline + pipe.reruns[0],
             "full": pipe.pipeline + pipe.reruns[1]}
@@ -73,10 +78,9 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
     is every block's GPU time with its attention core at the fastest cp variant's rate: a
     stage's share of the model is its blocks' in any split, and the busiest stage computes
     at least the mean; the host's launches, which only add, are left out."""
-    bare = layout if layout.recompute == "none" else layout.replace(recompute="none",
-                                                                     recompute_layers=1)
-    layer, moe_layer, head = block_times(cfg, bare, cluster, seq_len, micro_batch, precision,
-                                         overlap_on(cluster, overlap), expert_imbalance, memo)
+    layer, moe_layer, head = block_times(cfg, _without_recompute(layout), cluster, seq_len,
+                                         micro_batch, precision, overlap_on(cluster, overlap),
+                                         expert_imbalance, memo)
     faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
     blocks = ((cfg.n_layers - cfg.n_moe_layers, layer), (cfg.n_moe_layers, moe_layer))
     whole = [count * (block["forward"] + block["backward"]) for count, block in blocks]
@@ -180,17 +184,16 @@ class Floors:
         return self.computes[key]
 
     def best_first(self, shapes: list[Layout], micro_batch: int,
-                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]]
-                   ) -> list[Layout]:
+                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],
+                   group: Callable[[Layout], tuple]) -> list[Layout]:
         """`shapes` by the coarse floor at `micro_batch` (`settings(shape, microbatches)`:
         its SP choices and schedule variants), fastest first: the bound tightens sooner.
-        The expert-parallel degrees of one (dp, tp, pp, cp, etp) keep their order (the
-        search reads the smaller ep first)."""
-        groups: dict[tuple[int, ...], float] = {}
+        The shapes of one `group` go together, in their order (the search reads a group's
+        smaller expert-parallel degrees first)."""
+        floors: dict[tuple, float] = {}
         for shape in shapes:
             microbatches = max(1, self.args[3] // shape.dp // micro_batch)
             floor = self.coarse(shape, shape, micro_batch, microbatches,
                                 *settings(shape, microbatches))
-            group = (shape.dp, shape.tp, shape.pp, shape.cp, shape.etp)
-            groups[group] = min(groups.get(group, math.inf), floor)
-        return sorted(shapes, key=lambda s: groups[(s.dp, s.tp, s.pp, s.cp, s.etp)])
+            floors[group(shape)] = min(floors.get(group(shape), math.inf), floor)
+        return sorted(shapes, key=lambda shape: floors[group(shape)])

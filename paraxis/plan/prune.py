@@ -66,6 +66,12 @@ def families(node: int) -> list[tuple[str, Callable[[Layout], bool]]]:
             ("with EP", lambda layout: layout.ep > 1)]  # `explain.expert_line`
 
 
+def ep_group(layout: Layout) -> tuple[int, ...]:
+    """A shape but its expert-parallel degree: the search ends a group's larger ep once one
+    whose group leaves the node fits, so it reads a group's ep in order."""
+    return layout.dp, layout.tp, layout.pp, layout.cp, layout.etp
+
+
 def rival_shape(layout: Layout) -> tuple[int, ...]:
     """The shape a defence names rivals by (`rivals.nearest_rivals`)."""
     return layout.dp, layout.cp, layout.ep, layout.tp, layout.pp, layout.zero

@@ -37,7 +37,7 @@ from paraxis.plan.memory import (
     stage_local_params,
     stage_states,
 )
-from paraxis.plan.prune import Bound, Fits
+from paraxis.plan.prune import Bound, Fits, ep_group
 from paraxis.plan.ranking import rank
 from paraxis.plan.rates import check_precision, for_precision
 from paraxis.plan.uncertainty import error_band
@@ -250,10 +250,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             c.sequence_parallel if s.tp > 1 else (False,),
-            _schedule_variants(s.pp, m, c, cfg.n_layers)))
+            _schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group)
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
-        ep_key = (dp, tp, pp, shape.cp, shape.etp)
+        ep_key = ep_group(shape)
         grid = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
         if grid not in crosses:
             crosses[grid] = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes

@@ -43,3 +43,10 @@ def seconds(value: float, step: float) -> str:
     its step (0.0213 s, not 0.02)."""
     places = math.ceil(2 - math.log10(step)) if 0 < step < 1 else 2
     return f"{value:.{places}f}"
+
+
+def gigabytes(value: float) -> str:
+    """A memory size in GB as the planner's lines give a device's: whole GB, a small
+    device's (under 10 GB) to 0.01 GB."""
+    gb = value / GB
+    return f"{gb:.{2 if gb < 10 else 0}f}"
