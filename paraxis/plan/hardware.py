@@ -8,7 +8,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "gpu": "a100-80gb",                 # preset to start from
       "name": "my-a100",                  # any of the GPU fields below override the preset
       "peak_flops": 312e12,               # dense bf16 FLOP/s
-      "fp8_peak_flops": 0,                # dense FP8 FLOP/s (0: no FP8 tensor cores)
+      "fp8_peak_flops": 0,                # dense FP8 FLOP/s (0: none); fp32_peak_flops, bf16 too
       "memory_bytes": 80e9,
       "nvlink_bandwidth_Bps": 300e9,      # intra-node, bytes/s per GPU per direction
       "hbm_bandwidth_Bps": 2.039e12,      # device memory bandwidth
