@@ -45,6 +45,7 @@ from validation.validate_heldout import (
     moe_findings,
     render_held_out,
     switch_lines,
+    twin_lines,
 )
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU "
@@ -309,6 +310,7 @@ def held_out_section(fitted_errors: list[float]) -> list[str]:
         *kernel_lines(priced),
         *gemm_lines(priced),
         *bound_lines(priced),
+        *twin_lines(priced),
         *switch_lines(priced)[:-1],
         record_line(),
         "",
