@@ -216,6 +216,27 @@ def test_pipelines_recompute_layers_with_few_in_flight(capsys) -> None:
 # docs/planner.md
 
 
+def test_context_variants_sentence_and_table(capsys) -> None:
+    # docs/context.md: the ring against the all-to-all on one node, and the two-level table
+    m = quoted("context.md", r"`(paraxis plan --model llama3-8b --gpus 8 [^`]*)` predicts "
+                             r"([\d.]+) s a step, ([\d.]+) s with `cp_attention=all_to_all` "
+                             r"\(([\d.]+) s of the ring's exchange exposed against ([\d.]+) s")
+    command, ring, a2a, ring_cp, a2a_cp = m.groups()
+    for layout_extra, step, exposed in (("", ring, ring_cp), (",cp_attention=all_to_all", a2a,
+                                                               a2a_cp)):
+        words = argv(command)
+        words[words.index("--layout") + 1] += layout_extra
+        out = plan(capsys, " ".join(["paraxis", *map(shlex.quote, words)]))
+        assert agrees(step, out.row["step s"]) and agrees(exposed, out.row["cp s"])
+    command = quoted("context.md", r"\(`(paraxis plan --model llama3-8b --gpus 16 [^`]*) "
+                                   r"--layout LAYOUT`").group(1)
+    rows = table("context.md", "| LAYOUT |")
+    assert len(rows) == 4
+    for layout, exposed, step in rows:
+        out = plan(capsys, command, "--layout", layout.split("`")[1])
+        assert agrees(exposed, out.row["cp s"]) and agrees(step, out.row["step s"]), layout
+
+
 def test_planner_context_parallel_pick(capsys) -> None:
     m = quoted("planner.md",
                r"\(`(paraxis plan --model llama3-8b [^`]*)`\) it picks dp=(\d+), tp=(\d+), "
