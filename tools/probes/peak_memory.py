@@ -4,6 +4,8 @@ compiled loop under bf16 autocast, allocation by allocation, grouped by where ea
 
     python -m tools.probes.peak_memory [--model llama3-8b/8 --batch 2 --seq 4096]   # CUDA
     python -m tools.probes.peak_memory --device cpu --width 512 --layers 2 --seq 512
+    # (on a 2-core AMD EPYC VM it printed nothing in 10 minutes: three compiled sides and bf16
+    # matmuls, which that CPU runs 70-270x slower than fp32; a many-core Intel host, or CUDA)
 
 On CUDA, one forward and backward after three warm-up steps under
 `torch.cuda.memory._record_memory_history` (every allocation and free of the caching
