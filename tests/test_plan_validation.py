@@ -186,7 +186,8 @@ def test_twin_tables_compare_one_chip_in_two_tables() -> None:
     # finding 6's side by side: every pair is the same model, sequence and checkpointing on
     # 8 A100s, and the planner, whose chips differ only in memory and HBM, barely moves
     from validation.heldout_runs import HELD_OUT
-    from validation.validate_heldout import price, twin_lines
+    from validation.heldout_twins import twin_lines
+    from validation.validate_heldout import price
 
     priced = [price(r) for r in HELD_OUT if "llm-foundry" in r.source and r.gpus == 8
               and r.gpu in ("a100", "a100-40gb")]

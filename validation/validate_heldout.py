@@ -24,7 +24,6 @@ from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES
 from validation.heldout_dgxc import DGXC as DGXC_SOURCE
-from validation.heldout_llm_foundry import LLM_FOUNDRY
 from validation.heldout_record import HeldOutRun
 from validation.heldout_runs import BLOOM as BLOOM_SOURCE
 from validation.heldout_runs import HELD_OUT
@@ -425,40 +424,6 @@ def bound_lines(priced: list[HeldOutResult]) -> list[str]:
              "- the rows the planner misses by more than 20%, with their share of it:"]
     lines += [f"  - {r.run.name}: error {r.error:+.1%}, {share:.2f} of the ideal machine"
               for share, r in shares if abs(r.error or 0.0) > 0.20]
-    return lines + [""]
-
-
-def twin_lines(priced: list[HeldOutResult]) -> list[str]:
-    """llm-foundry's A100 80GB and 40GB tables side by side (finding 6): the same model,
-    sequence and checkpointing on 8 GPUs of one chip, published against predicted."""
-    rows = {(r.run.gpu, r.run.model.name, r.run.seq_len, r.run.recompute): r for r in priced
-            if r.run.source.startswith(LLM_FOUNDRY) and r.run.gpus == 8}
-    lines = ["llm-foundry's A100 80GB table over its A100 40GB table, the same model, sequence",
-             "and checkpointing on 8 GPUs (tokens/s per GPU, published and predicted; the",
-             "chips differ in memory and HBM bandwidth, the rows in microbatch x accumulation;",
-             "FSDP's gathers and reduce-scatters: the 40GB rows' all, hidden or not, over their",
-             "predicted steps):", ""]
-
-    def span(values: list[float], form: str = ".2f") -> str:
-        return f"{min(values):{form}}-{max(values):{form}}"
-
-    for recompute in ("none", "full"):
-        pairs = [(big, rows[("a100-40gb", *key[1:])]) for key, big in rows.items()
-                 if key[0] == "a100" and key[3] == recompute and ("a100-40gb", *key[1:]) in rows]
-        published = [big.run.tokens_per_gpu_s / small.run.tokens_per_gpu_s
-                     for big, small in pairs]
-        predicted = [big.tokens_per_gpu_s / small.tokens_per_gpu_s for big, small in pairs]
-        micro = [small.run.micro_batch / big.run.micro_batch for big, small in pairs]
-        steps = [(big.run.local_batch // big.run.micro_batch,
-                  small.run.local_batch // small.run.micro_batch) for big, small in pairs]
-        sync = [small.estimate.time["dp_total"] / small.estimate.step_time_s
-                for _, small in pairs]
-        lines.append(
-            f"- checkpointing {recompute} ({len(pairs)} pairs): published {span(published)}x, "
-            f"predicted {span(predicted)}x; the 40GB microbatch {span(micro)}x the 80GB's, "
-            f"{span([s[1] for s in steps], 'd')} accumulation steps against "
-            f"{span([s[0] for s in steps], 'd')}; FSDP's traffic {span(sync, '.1%')} of the "
-            "40GB step")
     return lines + [""]
 
 

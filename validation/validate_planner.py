@@ -37,6 +37,7 @@ from validation.heldout_runs import (
     TORCHTITAN_H100,
 )
 from validation.heldout_search import record_line, search_lines
+from validation.heldout_twins import twin_lines
 from validation.korthikanti_table4 import TABLE_4, layer_ms
 from validation.validate_heldout import (
     bound_lines,
@@ -47,7 +48,6 @@ from validation.validate_heldout import (
     moe_findings,
     render_held_out,
     switch_lines,
-    twin_lines,
 )
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU "
