@@ -226,7 +226,7 @@ def test_context_variants_sentence_and_table(capsys) -> None:
                                                                a2a_cp)):
         words = argv(command)
         words[words.index("--layout") + 1] += layout_extra
-        out = plan(capsys, " ".join(["paraxis", *map(shlex.quote, words)]))
+        out = Plan(run(capsys, words))
         assert agrees(step, out.row["step s"]) and agrees(exposed, out.row["cp s"])
     command = quoted("context.md", r"\(`(paraxis plan --model llama3-8b --gpus 16 [^`]*) "
                                    r"--layout LAYOUT`").group(1)

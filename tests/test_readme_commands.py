@@ -11,6 +11,7 @@ import pytest
 from paraxis.cli import build_parser
 from paraxis.files.model_file import load_model_config
 from paraxis.train.flags import config_from_args
+from paraxis.train.start import with_launch_layout
 
 ROOT = Path(__file__).parent.parent
 
@@ -40,7 +41,6 @@ def test_readme_train_line_is_a_valid_run(line: str, monkeypatch: pytest.MonkeyP
     cfg.check()
     if cfg.auto.enabled:  # --layout auto: the planner picks at launch (tests/test_auto_layout)
         return
-    train, layout, nproc = cfg.train, cfg.layout, cfg.launch.nproc
-    if nproc > 1 and layout.world_size == 1:  # --nproc N alone: N-way data parallel (start.py)
-        layout = layout.replace(dp=nproc)
-    layout.validate(nproc, load_model_config(cfg.model.name), train.global_batch, train.seq_len)
+    train, layout = cfg.train, with_launch_layout(cfg).layout
+    layout.validate(cfg.launch.nproc, load_model_config(cfg.model.name), train.global_batch,
+                    train.seq_len)

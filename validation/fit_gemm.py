@@ -24,7 +24,7 @@ from paraxis.plan.hardware import build_cluster
 from paraxis.plan.search import Constraints, search
 from paraxis.spec.model_config import ModelConfig
 from validation import validate_planner
-from validation.korthikanti_table4 import TABLE_4, layer_ms
+from validation.korthikanti_table4 import table_4_errors
 from validation.validate_planner import RUNS, predict
 
 EFFICIENCIES = [0.64 + 0.02 * i for i in range(14)]  # 0.64 .. 0.90
@@ -37,9 +37,7 @@ def fitted_errors(efficiency: float, half_width: float) -> tuple[list[float], bo
                               gemm_half_width=half_width)
     with mock.patch.dict(hardware.GPUS, {"a100-80gb": gpu}):
         errors = [predict(run)[0] / run.published - 1 for run in RUNS]
-        for sequence_parallel, recompute, forward_ms, backward_ms in TABLE_4:
-            forward, backward = layer_ms(sequence_parallel, recompute, Overlap())
-            errors += [forward / forward_ms - 1, backward / backward_ms - 1]
+        errors += table_4_errors(Overlap())
         return errors, all(peak_tp(batch) == 8 for batch in (32, 128))
 
 

@@ -26,3 +26,10 @@ def layer_ms(sequence_parallel: bool, recompute: str, overlap: Overlap) -> tuple
     cluster = build_cluster("a100-80gb", 8, 8, {"attention_kernel": "math"})  # Megatron 2022's
     t = layer_times(cfg, layout, cluster, 2048, 4, overlap)
     return 1e3 * (t["forward"] + t["tp_forward"]), 1e3 * (t["backward"] + t["tp_backward"])
+
+
+def table_4_errors(overlap: Overlap) -> list[float]:
+    """Predicted / published - 1 of every forward and backward time of the table."""
+    return [ms / published - 1 for sp, recompute, *published_ms in TABLE_4
+            for ms, published in zip(layer_ms(sp, recompute, overlap), published_ms,
+                                     strict=True)]

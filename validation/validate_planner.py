@@ -38,7 +38,7 @@ from validation.heldout_runs import (
 )
 from validation.heldout_search import record_line, search_lines
 from validation.heldout_twins import twin_lines
-from validation.korthikanti_table4 import TABLE_4, layer_ms
+from validation.korthikanti_table4 import table_4_errors
 from validation.validate_heldout import (
     bound_lines,
     error_stats,
@@ -221,10 +221,7 @@ def render() -> tuple[str, float]:
                      f"{dp} | {run.gpus} | {run.global_batch} | {metric} | "
                      f"{fmt(run.published)} | {fmt(value)} | {error:+.1%} | `{layout}` |")
     mean = sum(errors) / len(errors)
-    layer_errors = [t / published - 1 for sp, recompute, *published_ms in TABLE_4
-                    for t, published in zip(layer_ms(sp, recompute, Overlap()), published_ms,
-                                            strict=True)]
-    fitted = errors + [abs(e) for e in layer_errors]
+    fitted = errors + [abs(e) for e in table_4_errors(Overlap())]
     fit_rms = math.sqrt(sum(e * e for e in fitted) / len(fitted))
     lines += [
         "", f"{len(RUNS)} runs. Largest error: {worst:.1%}; mean absolute error: {mean:.1%} "

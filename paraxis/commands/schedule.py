@@ -19,7 +19,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from paraxis.files.trace import load_trace, trace_costs
+from paraxis.files.trace import load_trace, trace_costs, traced_count
 from paraxis.show.viz.text_timeline import render_timeline
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import (
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         source = f"costs of {args.model}'s stage split, backward = 2 x forward"
     if args.from_trace:
         events = load_trace(args.from_trace)
-        chunks = 1 + max((e["chunk"] for e in events), default=0)
+        chunks = max(1, traced_count(events, "chunk"))
         if args.kind in FIXED_VIRTUAL and chunks != schedule.virtual:
             raise ParaxisError(f"the trace's run had {chunks} chunk(s) per stage and "
                                f"{args.kind} runs {schedule.virtual}: replay it with --kind "

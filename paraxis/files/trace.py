@@ -175,6 +175,11 @@ def busy_fraction(events: Iterable[dict]) -> dict[int, float]:
     return {rank: (t / span if span > 0 else 0.0) for rank, t in sorted(busy.items())}
 
 
+def traced_count(events: Iterable[dict], field: str) -> int:
+    """How many pipeline stages or chunks (`field`) a trace's compute events name."""
+    return 1 + max((e[field] for e in events if e["kind"] in COMPUTE_KINDS), default=-1)
+
+
 def trace_costs(events: Iterable[dict], stages: int, chunks: int,
                 virtual_stage: Callable[[int, int], int]
                 ) -> tuple[list[float], list[float], list[float]]:
@@ -184,7 +189,7 @@ def trace_costs(events: Iterable[dict], stages: int, chunks: int,
     spans: dict[tuple[str, int], list[float]] = {}
     events = [e for e in check_events(events) if e["kind"] in COMPUTE_KINDS]
     for field, given, flag in (("stage", stages, "--stages"), ("chunk", chunks, "--virtual")):
-        traced = 1 + max((e[field] for e in events), default=-1)
+        traced = traced_count(events, field)
         if events and traced != given:  # a stage with no events would cost nothing
             raise ParaxisError(f"the trace's run had {traced} pipeline {field}s, not {given}: "
                                f"give {flag} {traced}")

@@ -39,6 +39,14 @@ def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = Fa
         stop_rank_server()  # stopped by the launch, or left unused by bad input
 
 
+def with_launch_layout(cfg: RunConfig) -> RunConfig:
+    """`cfg` with `--nproc N` alone (no degree given) as N-way data parallelism."""
+    nproc = cfg.launch.nproc
+    if nproc > 1 and cfg.layout.world_size == 1:
+        return dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
+    return cfg
+
+
 def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) -> int:
     check_rank_environment(cfg.launch.nproc)
     launched = "WORLD_SIZE" in os.environ  # torchrun (or a launcher) started this rank
@@ -48,8 +56,7 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
         # a mistyped flag, an unknown model, missing data or an unwritable folder fails at
         # once (a run that may be complete already is told so first: `already_complete`)
         nproc = cfg.launch.nproc
-        if nproc > 1 and cfg.layout.world_size == 1:  # --nproc N alone: N-way data parallel
-            cfg = dataclasses.replace(cfg, layout=cfg.layout.replace(dp=nproc))
+        cfg = with_launch_layout(cfg)
         cfg.check()
         if not (cfg.checkpoint.resume == "auto" and cfg.checkpoint.dir):
             if nproc == 1:
