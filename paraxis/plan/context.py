@@ -51,7 +51,7 @@ from paraxis.spec.cp_balance import (
     saved_bytes_per_rank,
     sent_bytes_per_rank,
 )
-from paraxis.spec.grid import grid_rank
+from paraxis.spec.grid import first_group, grid_rank
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 
@@ -221,9 +221,7 @@ def replica_link(layout: Layout, cluster: Cluster) -> Link:
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
 def _replica_ranks(degrees: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
-    sizes = dict(degrees)
-    return tuple(grid_rank(sizes, {"dp": d, "cp": c})
-                 for d in range(sizes["dp"]) for c in range(sizes["cp"]))
+    return tuple(first_group(dict(degrees), ("dp", "cp")))
 
 
 def zero_link(layout: Layout, cluster: Cluster) -> Link:
@@ -250,7 +248,6 @@ def hybrid_group_ranks(degrees: tuple[tuple[str, int], ...], shard: int, which: 
     """Rank 0's shard group (dp ranks 0..shard-1 x every cp rank) or its copies (dp ranks
     0, shard, 2*shard, ...; `Layout.groups` "dp_shard" and "dp_replicate")."""
     sizes = dict(degrees)
-    if which == "shard":
-        return tuple(grid_rank(sizes, {"dp": d, "cp": c})
-                     for d in range(shard) for c in range(sizes["cp"]))
+    if which == "shard":  # dp's own degree sets no stride rank 0's group reads
+        return tuple(first_group({**sizes, "dp": shard}, ("dp", "cp")))
     return tuple(grid_rank(sizes, {"dp": d}) for d in range(0, sizes["dp"], shard))
