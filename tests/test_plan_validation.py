@@ -153,7 +153,7 @@ def test_no_published_row_beats_the_ideal_machine_of_its_gpus() -> None:
     assert all(0 < share <= 1 for share in shares.values())
     for result in priced:  # the ideal machine is never slower than the row as priced
         assert shares[result.run.name] * (1 + (result.error or 0.0)) <= 1 + 1e-9
-    assert max(shares.values()) > 0.85  # some rows ran close to their GPUs' limit
+    assert max(shares.values()) > 0.8  # some rows ran close to their GPUs' limit
 
 
 def test_docs_validation_is_what_the_command_renders() -> None:
@@ -184,7 +184,8 @@ def test_open_interleaving_is_tried_only_under_a_pipeline() -> None:
 
 def test_twin_tables_compare_one_chip_in_two_tables() -> None:
     # finding 6's side by side: every pair is the same model, sequence and checkpointing on
-    # 8 A100s, and the planner, whose chips differ only in memory and HBM, barely moves
+    # 8 A100s, and the planner, whose chips differ only in memory and HBM, moves little: the
+    # checkpointed pairs by what PyTorch 2.1's rerun saves over 1.13's (finding 8)
     from validation.heldout_runs import HELD_OUT
     from validation.heldout_twins import twin_lines
     from validation.validate_heldout import price
@@ -196,7 +197,7 @@ def test_twin_tables_compare_one_chip_in_two_tables() -> None:
                                                         "- checkpointing full"]
     for line in lines:
         low, high = (float(x) for x in line.split("predicted ")[1].split("x;")[0].split("-"))
-        assert 1.0 <= low <= high < 1.1
+        assert 1.0 <= low <= high < 1.15
 
 
 def test_the_largest_error_line_reads_the_median_of_the_largest_draw() -> None:

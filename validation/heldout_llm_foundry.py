@@ -48,6 +48,17 @@ def fp32_reduce(table: str, mode: str) -> bool:
     return table == LARGE_SCALE_TABLE and mode == "DEFAULT"
 
 
+def recompute_rerun(mode: str) -> str:
+    """What a row's activation checkpointing reran (`GPU.recompute_rerun`). The yamls wrap
+    each MPTBlock non-reentrantly (`activation_checkpointing_reentrant: false`). The rows
+    with Composer's `mixed_precision: DEFAULT` were made at b2a43a147 (sweep.sh: image
+    mosaicml/pytorch:2.1.0_cu121) or 5e85bd62d (setup.py: torch>=2.1,<2.1.1), on PyTorch
+    2.1's checkpoint, which stops its rerun once the backward's tensors are rebuilt
+    ("needed"); the PURE rows come from the May 2023 tables (setup.py: torch==1.13.1),
+    whose checkpoint reran the block whole."""
+    return "needed" if mode == "DEFAULT" else "whole"
+
+
 def llm_foundry_kernel(table: str, size: str) -> str:
     return "fa2" if table == LARGE_SCALE_TABLE and size in LARGE_SCALE_FLASH else "triton"
 
@@ -80,6 +91,7 @@ def llm_foundry_rows(path: Path = LLM_FOUNDRY_TABLES) -> list[HeldOutRun]:
             f"{table}, row {size} / {seq} / {gpus} GPUs / micro {micro} x {accum}",
             micro_batch=micro, zero=ZERO_OF_SHARDING[sharding], fsdp=True,
             attention_impl=llm_foundry_kernel(table, size),
+            network=(("recompute_rerun", recompute_rerun(mode)),),
             **({"precision": "fp8", "fp8_recipe": "delayed"} if "fp8" in precision
                else {"precision": "bf16-fp32grad"} if fp32_reduce(table, mode)
                else {})))  # type: ignore[arg-type]

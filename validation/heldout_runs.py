@@ -51,13 +51,19 @@ PP_MICROBATCHES = "pipeline microbatches per step not stated: not priced as run"
 # dispatch: the priced EP rows have tp = 1 (AutoModel's DeepEP: `expert_dispatch`).
 
 
+# torchtitan checkpoints blocks with PyTorch's non-reentrant checkpoint (parallelize_llama.py:
+# CheckpointImpl.NO_REENTRANT at 0413364, checkpoint_wrapper's default at eaea6f6), whose
+# rerun stops once the backward's tensors are rebuilt (`GPU.recompute_rerun`).
+NON_REENTRANT = (("recompute_rerun", "needed"),)
+
+
 # torchtitan's attention is PyTorch SDPA (torchtitan/models/llama/model.py:
 # `F.scaled_dot_product_attention(xq, xk, xv, is_causal=True)`), whose CUDA flash backend is
 # FlashAttention-2 since torch 2.2: "fa2".
 def _a100(name: str, model: str, batch: int, seq: int, recompute: str, wps: float | None,
           where: str, **extra: object) -> HeldOutRun:
     return HeldOutRun(name, model, "a100", 64, 64, 1, 1, batch, seq, recompute, wps,
-                      TORCHTITAN_A100, where, attention_impl="fa2",
+                      TORCHTITAN_A100, where, attention_impl="fa2", network=NON_REENTRANT,
                       **extra)  # type: ignore[arg-type]
 
 
@@ -77,7 +83,8 @@ def _h100(name: str, model: str, gpus: int, dp: int, tp: int, pp: int, batch: in
     return HeldOutRun(name, model, "h100-96gb", gpus, dp, tp, pp, batch, seq, recompute, tps,
                       TORCHTITAN_H100, where, unpriced, schedule=schedule, cp=cp,
                       attention_impl="fa2", sequence_parallel=fp8 and tp > 1,
-                      network=(("tp_comm_overlap", "all"),) if async_tp else (),
+                      network=NON_REENTRANT + ((("tp_comm_overlap", "all"),) if async_tp
+                                               else ()),
                       **({"precision": "fp8", "fp8_weight_gather": True, "kernels": "fused"}
                          if fp8 else {}))  # type: ignore[arg-type]
 

@@ -150,7 +150,10 @@ def estimate_as_run(run: HeldOutRun) -> Estimate:
     ops are not priced)."""
     if run.recompute not in ("layer-2", "op"):
         return _evaluate(run, run.recompute)
-    none, full = _evaluate(run, "none"), _evaluate(run, "full")
+    # "op"'s share is of the whole forward: its full estimate reruns the block whole
+    whole = dataclasses.replace(run, network=(*run.network, ("recompute_rerun", "whole")))
+    none, full = _evaluate(run, "none"), _evaluate(whole if run.recompute == "op" else run,
+                                                   "full")
     cfg, micro = model_of(run), run.micro_batch or run.local_batch
     layers = max(stage_layers(cfg, run.pp, 1, run.seq_len))
     dropout = runtime_dropout(cfg, cluster_for(run).gpu)
@@ -460,6 +463,10 @@ SWITCHES = (
     ("Transformer Engine's cuDNN attention (`attention_impl` \"cudnn\"), against "
      "FlashAttention-2's rate",
      lambda run: run.attention_impl == "cudnn", (("attention_impl", "fa2"),)),
+    ("PyTorch's non-reentrant checkpoint from 2.1, whose rerun stops once the backward's "
+     "tensors are rebuilt (`recompute_rerun` \"needed\"), against the block rerun whole",
+     lambda run: ("recompute_rerun", "needed") in run.network and run.recompute in (
+         "full", "layer-2"), (("recompute_rerun", "whole"),)),
 )
 
 

@@ -196,14 +196,14 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
 def _rerun_floors(layer: dict[str, float], faster: float) -> tuple[float, float]:
     """What recomputing adds to a block's backward at the least, for any cp variant (its
     core `faster` by that share of its own): the attention core again (selective) or the
-    whole forward (full) on the GPU, less what the host's launches hide of it where they
+    rerun forward (full) on the GPU, less what the host's launches hide of it where they
     outlast the GPU's backward (`layer_times`' host pricing)."""
     core = (1 - faster) * layer["core_forward"]
-    gpu_forward = layer["gpu_forward"] - faster * layer["core_forward"]
+    gpu_rerun = layer["gpu_rerun"] - faster * layer["core_forward"]
     gpu_backward = layer["gpu_backward"] - faster * layer["core_backward"]
     host_forward, host_backward = layer["host_forward"], layer["host_backward"]
     selective = max(0.0, core - max(0.0, host_backward - gpu_backward))
-    full = min(gpu_forward, max(host_forward, gpu_backward + gpu_forward - host_backward))
+    full = min(gpu_rerun, max(host_forward, gpu_backward + gpu_rerun - host_backward))
     return selective, full
 
 

@@ -25,6 +25,7 @@ File schema (every key optional; units in the names; bandwidths are per GPU, one
       "pipeline_zero2_reduce": "step",    # ZeRO-2 under PP: once a step, or each "microbatch"
       "tp_comm_overlap": "backward",      # TP collectives behind GEMMs: backward, or "all" (SP)
       "param_gather_overlap": false,      # ZeRO-1/2 parameter all-gather behind the next forward
+      "recompute_rerun": "auto",          # a full recompute reruns the "whole" block, or "needed"
       "optimizer_kernel": "auto",         # AdamW: fused, foreach, paraxis; auto: by "kernels"
       "loss_kernel": "chunked",           # or "fused-linear": head + loss never hold the logits
       "layer_overhead_s": 0,              # CPU: a layer's per-microbatch op dispatch (measured)
@@ -150,6 +151,13 @@ class GPU:
     # paraxis's runtime, DeepSpeed ZeRO-1/2), or bucket by bucket behind the next step's first
     # forward (True: Megatron-Core --overlap-param-gather).
     param_gather_overlap: bool = False
+    # What a full recomputation reruns of a block in its backward: "whole", its forward
+    # (Megatron-LM's checkpoint, torch.utils.checkpoint before PyTorch 2.1 or reentrant), or
+    # "needed", up to the last tensor the backward reads (PyTorch's non-reentrant checkpoint
+    # from 2.1, which stops early, as paraxis's runtime runs it; torch.compile's partitioner
+    # likewise): not a dense block's down projection, nor what follows it (layer_cost.py).
+    # "auto": "whole" with Megatron's fused kernels, "needed" with paraxis's.
+    recompute_rerun: str = "auto"
     # How AdamW runs (`compute.optimizer_traffic_per_param`): "fused" (Megatron/Apex
     # multi-tensor Adam), "foreach" (torch.optim.AdamW's multi-tensor ops, one pass per op),
     # "paraxis" (paraxis's runtime: torch's fused kernel and its own norm, clipping and
@@ -233,6 +241,18 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 )}
 
 
+# The fields that name one of a few ways a runtime works, and those ways.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "kernels": ELEMENTWISE_KERNELS, "gradient_bucket_rule": ("fixed", "megatron"),
+    "optimizer_kernel": ("auto", "fused", "foreach", "paraxis"), "loss_kernel": LOSS_KERNELS,
+    "tp_comm_overlap": ("backward", "all"), "pipeline_zero2_reduce": ("step", "microbatch"),
+    "recompute_rerun": ("auto", "whole", "needed"), "attention_kernel": KERNELS,
+    "collective_algorithm": ("ring", "hierarchical"),
+    "expert_dispatch": ("per_expert", "per_node"),
+    "expert_tp_dispatch": ("every_rank", "sequence_shard")}
+GPU_FIELDS = {f.name for f in dataclasses.fields(GPU)}
+
+
 @dataclass(frozen=True)
 class Cluster:
     gpu: GPU
@@ -300,40 +320,14 @@ class Cluster:
         if not 0 <= self.available_cores <= max(self.cores_per_node, 0):
             raise ParaxisError(f"available_cores={self.available_cores} must be between 0 (all "
                                f"of them) and cores_per_node={self.cores_per_node}")
-        if self.gpu.kernels not in ELEMENTWISE_KERNELS:
-            raise ParaxisError(f"kernels={self.gpu.kernels!r} is unknown; use "
-                               f"{', '.join(ELEMENTWISE_KERNELS[:-1])} or "
-                               f"{ELEMENTWISE_KERNELS[-1]}")
-        if self.gpu.gradient_bucket_rule not in ("fixed", "megatron"):
-            raise ParaxisError(f"gradient_bucket_rule={self.gpu.gradient_bucket_rule!r} is "
-                               "unknown; use fixed or megatron")
-        if self.gpu.optimizer_kernel not in ("auto", "fused", "foreach", "paraxis"):
-            raise ParaxisError(f"optimizer_kernel={self.gpu.optimizer_kernel!r} is unknown; "
-                               "use auto, fused, foreach or paraxis")
-        if self.gpu.loss_kernel not in LOSS_KERNELS:
-            raise ParaxisError(f"loss_kernel={self.gpu.loss_kernel!r} is unknown; use "
-                               f"{' or '.join(LOSS_KERNELS)}")
-        if self.gpu.tp_comm_overlap not in ("backward", "all"):
-            raise ParaxisError(f"tp_comm_overlap={self.gpu.tp_comm_overlap!r} is unknown; use "
-                               "backward or all")
-        if self.gpu.pipeline_zero2_reduce not in ("step", "microbatch"):
-            raise ParaxisError(f"pipeline_zero2_reduce={self.gpu.pipeline_zero2_reduce!r} is "
-                               "unknown; use step or microbatch")
-        if self.collective_algorithm not in ("ring", "hierarchical"):
-            raise ParaxisError(f"collective_algorithm={self.collective_algorithm!r} is "
-                               "unknown; use ring or hierarchical")
-        if self.expert_dispatch not in ("per_expert", "per_node"):
-            raise ParaxisError(f"expert_dispatch={self.expert_dispatch!r} is unknown; use "
-                               "per_expert or per_node")
-        if self.expert_tp_dispatch not in ("every_rank", "sequence_shard"):
-            raise ParaxisError(f"expert_tp_dispatch={self.expert_tp_dispatch!r} is unknown; "
-                               "use every_rank or sequence_shard")
+        for name, ways in CHOICES.items():
+            value = getattr(self.gpu if name in GPU_FIELDS else self, name)
+            if value not in ways:
+                raise ParaxisError(f"{name}={value!r} is unknown; use "
+                                   f"{', '.join(ways[:-1])} or {ways[-1]}")
         if self.nics_per_node < 0:
             raise ParaxisError(f"nics_per_node={self.nics_per_node} must be >= 0 (0: one per "
                                "GPU)")
-        if self.gpu.attention_kernel not in KERNELS:
-            raise ParaxisError(f"attention_kernel={self.gpu.attention_kernel!r} is unknown; "
-                               f"use {' or '.join(KERNELS)}")
         impl = self.gpu.attention_impl
         if impl not in IMPLEMENTATIONS:
             raise ParaxisError(f"attention_impl={impl!r} is unknown; use one of "
@@ -422,7 +416,6 @@ def gpu_for_device_name(device_name: str) -> GPU | None:
     return None
 
 
-_GPU_KEYS = {f.name for f in dataclasses.fields(GPU)}
 # sync_segment_s and backward_segments are the planner's, per layout and call site
 # (plan/sync.py), not a machine's
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {
@@ -451,7 +444,7 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
         else:
             flat[key] = value
     flat = {key: value for key, value in flat.items() if key not in _METADATA_KEYS}
-    known = _GPU_KEYS | _CLUSTER_KEYS | {"gpu"}
+    known = GPU_FIELDS | _CLUSTER_KEYS | {"gpu"}
     unknown = sorted(set(flat) - known)
     if unknown:
         raise ParaxisError(f"hardware file {path}: unknown key(s) {', '.join(unknown)}; known "
@@ -470,7 +463,7 @@ def build_cluster(gpu: str = "a100-80gb", gpus: int | None = None, gpus_per_node
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     check_values(overrides, _KINDS)
     base = get_gpu(str(overrides.pop("gpu", gpu)))
-    gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in _GPU_KEYS}
+    gpu_changes = {k: overrides.pop(k) for k in list(overrides) if k in GPU_FIELDS}
     if gpu_changes.get("name", base.name) != base.name:
         # A device of its own (a calibrated profile) measured its rates at the model's
         # shapes: it takes no preset's fitted GEMM shape term, kernel rates or fp32 rate

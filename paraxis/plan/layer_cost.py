@@ -4,12 +4,13 @@ and the TP, CP and EP communication on its critical path (`layer_times`), the pa
 
 from __future__ import annotations
 
-from paraxis.plan.comm import axis_link
+from paraxis.plan.comm import axis_link, tp_collectives_per_layer
 from paraxis.plan.compute import (
     BACKWARD_FLOPS_RATIO,
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
+    layer_gemm_shapes,
     layer_kernels,
 )
 from paraxis.plan.context import exchange_times, imbalance, kernel_pieces
@@ -23,12 +24,13 @@ from paraxis.plan.experts import (
     sequence_shard_dispatch,
     shard_dispatch_times,
 )
-from paraxis.plan.fp8 import layer_linears_seconds
+from paraxis.plan.fp8 import layer_linears_seconds, linear_seconds
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
     attention_kernel_rate,
+    down_projection_seconds,
     layer_rates,
     overlap_on,
     weight_gemm_seconds,
@@ -109,9 +111,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
     gemms = weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp) * tokens
     gemms_backward = bf16_backward = BACKWARD_FLOPS_RATIO * gemms
+    # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
+    shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
     if precision.fp8_recipe is not None:  # the block linears on FP8 tensor cores, with their casts
-        # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
-        shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
         gemms, gemms_backward = layer_linears_seconds(cfg, cluster, precision, layout.tp,
                                                       tokens, hbm, mlp, 1 / shard)
     dense = hidden_bytes / hbm * tokens
@@ -124,14 +126,21 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         # the forward as its FLOPs are): CPU work, time-shared like the kernels.
         dense += gpu.layer_overhead_s / 3 / cluster.compute_share
     forward = gemms + dense + core_forward * tokens
-    recompute = {"none": 0.0, "full": forward,
+    # A full recomputation reruns the forward, or where the runtime stops once the tensors
+    # the backward reads are rebuilt (`reruns_needed`), all of a dense block but its down
+    # projection, whose input is the last tensor the block saves (and the residual add after
+    # it, not priced apart); of a grouped checkpoint only the last block stops short.
+    early = not moe and reruns_needed(gpu)
+    rerun = forward - (down_projection(cfg, cluster, precision, layout.tp, tokens, rate, hbm,
+                                       shard) / layout.recompute_layers if early else 0.0)
+    recompute = {"none": 0.0, "full": rerun,
                  "selective": core_forward * tokens}[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
     # has it, plus the recomputed forward.
     backward = gemms_backward + BACKWARD_FLOPS_RATIO * dense + core_backward * tokens + recompute
     # the passes on the GPU and, where it prices them, on the host (before a rerun's)
     pass_times = {"gpu_forward": forward, "gpu_backward": backward - recompute,
-                  "host_forward": 0.0, "host_backward": 0.0}
+                  "gpu_rerun": rerun, "host_forward": 0.0, "host_backward": 0.0}
     if gpu.kernel_launch_s and not cluster.cores_per_node:
         # The host issues the layer's kernels ahead of the GPU (GPU.kernel_launch_s): a pass
         # takes the longer of its GPU time and its launches, a third of them forward (as its
@@ -170,9 +179,13 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     tp_forward, tp_backward = tp_layer_exposed_time(
         boundary_bytes, layout.tp, layout.sequence_parallel, link, windows, overlap.tp,
         overlap.contention, regather, backward_link, ffn, row_windows)
-    passes = 3 if layout.recompute == "full" else 2
+    # the rerun forward's collectives block the backward again; stopped early, all but the
+    # down projection's (its output's all-reduce, or reduce-scatter under SP)
+    calls = sum(tp_collectives_per_layer(layout.sequence_parallel, ffn)["forward"].values())
+    rerun_calls = (calls - 1) / calls if early and calls else 1.0
+    passes = 2 + rerun_calls if layout.recompute == "full" else 2
     if layout.recompute == "full":
-        tp_backward += tp_forward  # the rerun forward's collectives block it again
+        tp_backward += tp_forward * rerun_calls
     tp_total = tp_layer_time(boundary_bytes, layout.tp, layout.sequence_parallel, link,
                              passes, regather, backward_link, ffn) if layout.tp > 1 else 0.0
     cp = exchange_times(cfg, layout, cluster, seq_len, micro_batch, act, core_forward * tokens,
@@ -195,6 +208,23 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"],
             "core_forward": core_forward * tokens, "core_backward": core_backward * tokens,
             **pass_times}
+
+
+def reruns_needed(gpu: GPU) -> bool:
+    """Whether the runtime's full recomputation stops once the tensors the backward reads are
+    rebuilt (`GPU.recompute_rerun`; "auto": paraxis's kernels, not Megatron's fused ones)."""
+    return gpu.recompute_rerun == "needed" or (gpu.recompute_rerun == "auto"
+                                               and gpu.kernels != "fused")
+
+
+def down_projection(cfg: ModelConfig, cluster: Cluster, precision: Precision, tp: int,
+                    tokens: float, rate: float, hbm: float, shard: int) -> float:
+    """Forward seconds of a dense block's MLP down projection on one TP rank, as the block's
+    linears are priced: at the GEMM rate by shape, or in FP8 with its casts."""
+    if precision.fp8_recipe is None:
+        return down_projection_seconds(cfg, cluster, tp, rate) * tokens
+    k, n = layer_gemm_shapes(cfg, tp)[-1]
+    return linear_seconds(cluster, precision, tokens, k, n, hbm, 1 / shard)[0]
 
 
 def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,

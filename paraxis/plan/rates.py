@@ -133,3 +133,13 @@ def weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float
     peak = cluster.gpu.peak_flops * cluster.compute_share
     return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
                for k, n in layer_gemm_shapes(cfg, tp, mlp))
+
+
+def down_projection_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float) -> float:
+    """Seconds per token of one dense layer's MLP down projection on one TP rank (the last
+    of `layer_gemm_shapes`), as `weight_gemm_seconds` prices each GEMM."""
+    k, n = layer_gemm_shapes(cfg, tp)[-1]
+    if not cluster.gpu.gemm_half_width:
+        return 2 * k * tp * n / rate  # the layer's whole GEMM at the TP group's rate
+    return 2 * k * n / (cluster.gpu.peak_flops * cluster.compute_share
+                        * gemm_efficiency(cluster, min(k, n)))

@@ -1,0 +1,114 @@
+"""What a full recomputation reruns: the runtime's checkpoint stops once the tensors the
+backward reads are rebuilt, so a block's down projection is never rerun, and the planner
+prices that rerun (`GPU.recompute_rerun`), not the whole forward, for paraxis's runtime."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from paraxis.model.transformer import build_model
+from paraxis.plan.compute import layer_gemm_shapes
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.layer_cost import layer_times
+from paraxis.plan.rates import down_projection_seconds, layer_rates
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+
+GEMMS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+class _Gemms(TorchDispatchMode):
+    """Counts the matrix products the ops under it run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += func.overloadpacket.__name__ in GEMMS
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_gemms(model: torch.nn.Module, tokens: torch.Tensor) -> int:
+    loss = model(tokens, targets=tokens)
+    with _Gemms() as gemms:
+        loss.backward()
+    return gemms.count
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_runtime_reruns_all_of_a_block_but_its_down_projection(name, layers) -> None:
+    cfg = PRESETS[name]
+    model = build_model(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16))
+    x = torch.randn(2, 16, cfg.d_model)
+    with _Gemms() as block:
+        model.blocks[0](x)
+    plain = _backward_gemms(model, tokens)
+    model.set_recompute("full", layers)
+    rerun = _backward_gemms(model, tokens) - plain
+    # every block's forward again, but for the last down projection of each checkpoint
+    assert block.count >= 3
+    assert rerun == cfg.n_layers * block.count - cfg.n_layers // layers
+
+
+def _full(cfg, cluster, **layout):
+    return layer_times(cfg, Layout(recompute="full", **layout), cluster, 2048, 4)
+
+
+def test_the_planner_prices_the_rerun_the_runtime_runs() -> None:
+    cfg = PRESETS["llama2-7b"]
+    eager = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
+    whole = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager",
+                                                  "recompute_rerun": "whole"})
+    rate = layer_rates(eager, 1)[0]
+    down = down_projection_seconds(cfg, eager, 1, rate) * 2048 * 4
+    # the down projection, one of the layer's four GEMMs, 3/8 of its weights' FLOPs
+    k, n = layer_gemm_shapes(cfg)[-1]
+    assert down > 0 and k * n == cfg.d_ff * cfg.d_model
+    assert (_full(cfg, whole)["backward"] - _full(cfg, eager)["backward"]
+            == pytest.approx(down, rel=1e-9))
+    # only the last block of a grouped checkpoint stops short
+    assert (_full(cfg, whole)["backward"] - _full(cfg, eager, recompute_layers=2)["backward"]
+            == pytest.approx(down / 2, rel=1e-9))
+    # Megatron's fused runtime ("auto") reruns the whole forward; "needed" asks otherwise
+    fused = build_cluster("h100-sxm-80gb", 8, 8)
+    needed = build_cluster("h100-sxm-80gb", 8, 8, {"recompute_rerun": "needed"})
+    assert _full(cfg, fused)["gpu_rerun"] == _full(cfg, fused)["gpu_forward"]
+    assert _full(cfg, needed)["gpu_rerun"] < _full(cfg, needed)["gpu_forward"]
+
+
+def test_a_tensor_parallel_rerun_skips_the_down_projections_collective() -> None:
+    cfg = PRESETS["llama2-7b"]
+    for sp, rerun_calls in ((False, 1 / 2), (True, 3 / 4)):
+        layout = dict(tp=8, sequence_parallel=sp)
+        eager = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
+        whole = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager",
+                                                      "recompute_rerun": "whole"})
+        forward = layer_times(cfg, Layout(**layout), eager, 2048, 4)["tp_forward"]
+        backward = layer_times(cfg, Layout(**layout), eager, 2048, 4)["tp_backward"]
+        assert _full(cfg, eager, **layout)["tp_backward"] == pytest.approx(
+            backward + rerun_calls * forward)
+        assert _full(cfg, whole, **layout)["tp_backward"] == pytest.approx(backward + forward)
+
+
+def test_a_mixture_of_experts_block_reruns_whole() -> None:
+    """Its last saved tensors are the experts' outputs, which the routing weights multiply."""
+    cfg = PRESETS["mixtral-8x7b"]
+    layout = Layout(dp=8, ep=8, recompute="full")
+    eager = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
+    whole = dataclasses.replace(eager, gpu=dataclasses.replace(eager.gpu,
+                                                               recompute_rerun="whole"))
+    kwargs = dict(moe=True)
+    assert (layer_times(cfg, layout, eager, 2048, 1, **kwargs)
+            == layer_times(cfg, layout, whole, 2048, 1, **kwargs))
+
+
+def test_an_unknown_rerun_is_one_line() -> None:
+    with pytest.raises(ParaxisError, match="recompute_rerun='sometimes' is unknown; use "
+                                           "auto, whole or needed"):
+        build_cluster("a100-80gb", 8, 8, {"recompute_rerun": "sometimes"})
