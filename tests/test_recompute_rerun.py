@@ -10,9 +10,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from paraxis.model.transformer import build_model
 from paraxis.plan.compute import layer_gemm_shapes
+from paraxis.plan.cost import evaluate
+from paraxis.plan.explain import assumptions_line
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.layer_cost import layer_times
-from paraxis.plan.rates import down_projection_seconds, layer_rates
+from paraxis.plan.rates import DEFAULT_OVERLAP, down_projection_seconds, layer_rates, overlap_on
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -112,3 +114,13 @@ def test_an_unknown_rerun_is_one_line() -> None:
     with pytest.raises(ParaxisError, match="recompute_rerun='sometimes' is unknown; use "
                                            "auto, whole or needed"):
         build_cluster("a100-80gb", 8, 8, {"recompute_rerun": "sometimes"})
+
+
+def test_the_defence_says_what_the_rerun_assumed() -> None:
+    cfg = PRESETS["llama2-7b"]
+    layout = Layout(dp=8, zero=1, recompute="full")
+    for kernels, said in (("fused", "each checkpointed block's whole forward"),
+                          ("eager", "a dense block's but for its down projection")):
+        cluster = build_cluster("a100-80gb", 8, 8, {"kernels": kernels})
+        best = evaluate(cfg, layout, cluster, 4096, 64)
+        assert said in assumptions_line(best, overlap_on(cluster, DEFAULT_OVERLAP), cluster.gpu)

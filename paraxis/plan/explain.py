@@ -16,6 +16,7 @@ from paraxis.plan.context import copies_link, imbalance, zero_link
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate, too_big_reason
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
 from paraxis.plan.hardware import GPU, Cluster
+from paraxis.plan.layer_cost import reruns_needed
 from paraxis.plan.memory import model_state_bytes, peak_moment
 from paraxis.plan.rates import overlap_on
 from paraxis.plan.rivals import family_rivals, nearest_rivals, prediction_lines
@@ -185,6 +186,11 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
         else:
             exposed.append("ZeRO's parameter all-gather after the step")
     parts = []
+    if layout.recompute == "full" and gpu is not None:
+        parts.append("Recomputed in the backward: each checkpointed block's " + (
+            "forward, a dense block's but for its down projection (the runtime's checkpoint "
+            "stops once the tensors the backward reads are rebuilt)" if reruns_needed(gpu)
+            else "whole forward"))
     if hidden:
         parts.append(f"Assumed hidden: {', '.join(hidden)} (each hidden second still costs "
                      f"{overlap.contention:.0%} of itself, for the SMs and bandwidth shared)")

@@ -246,7 +246,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kernels": ELEMENTWISE_KERNELS, "gradient_bucket_rule": ("fixed", "megatron"),
     "optimizer_kernel": ("auto", "fused", "foreach", "paraxis"), "loss_kernel": LOSS_KERNELS,
     "tp_comm_overlap": ("backward", "all"), "pipeline_zero2_reduce": ("step", "microbatch"),
-    "recompute_rerun": ("auto", "whole", "needed"), "attention_kernel": KERNELS,
+    "recompute_rerun": ("auto", "whole", "needed"), "attention_kernel": tuple(KERNELS),
     "collective_algorithm": ("ring", "hierarchical"),
     "expert_dispatch": ("per_expert", "per_node"),
     "expert_tp_dispatch": ("every_rank", "sequence_shard")}
