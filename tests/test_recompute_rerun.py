@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
+from paraxis.kernels.fp8 import Fp8Gemm, fp8_linear
 from paraxis.model.transformer import build_model
 from paraxis.plan.compute import layer_gemm_shapes
 from paraxis.plan.cost import evaluate
@@ -18,6 +20,7 @@ from paraxis.plan.rates import DEFAULT_OVERLAP, down_projection_seconds, layer_r
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import PRECISIONS
 
 GEMMS = ("mm", "addmm", "bmm", "baddbmm")
 
@@ -82,6 +85,39 @@ def test_the_planner_prices_the_rerun_the_runtime_runs() -> None:
     needed = build_cluster("h100-sxm-80gb", 8, 8, {"recompute_rerun": "needed"})
     assert _full(cfg, fused)["gpu_rerun"] == _full(cfg, fused)["gpu_forward"]
     assert _full(cfg, needed)["gpu_rerun"] < _full(cfg, needed)["gpu_forward"]
+
+
+def test_an_fp8_linear_is_rerun_as_it_saves_after_its_gemm() -> None:
+    """An autograd Function saves its inputs when its forward has returned: the rerun stops
+    after the FP8 down projection's GEMM, which the planner then prices again."""
+    gemm = Fp8Gemm("tensorwise")
+    w1, w2 = (torch.randn(32, 32, requires_grad=True) for _ in range(2))
+
+    def block(x: torch.Tensor, linear) -> torch.Tensor:
+        return x + linear(torch.relu(linear(x, w1)), w2)
+
+    def gemms(linear) -> tuple[int, int, int]:
+        """(forward, backward, backward of the checkpointed block) GEMMs."""
+        counts = []
+        for recompute in (False, True):
+            x = torch.randn(16, 32, requires_grad=True)
+            with _Gemms() as forward:
+                y = checkpoint(block, x, linear, use_reentrant=False) if recompute \
+                    else block(x, linear)
+            with _Gemms() as backward:
+                y.sum().backward()
+            counts += [forward.count, backward.count]
+        return counts[0], counts[1], counts[3]
+
+    forward, backward, checkpointed = gemms(lambda x, w: x @ w.t())
+    assert checkpointed - backward == forward - 1  # aten: the last GEMM is not rerun
+    forward, backward, checkpointed = gemms(lambda x, w: fp8_linear(x, w, None, gemm))
+    assert checkpointed - backward == forward  # FP8: every GEMM runs again
+    cfg = PRESETS["llama2-7b"]
+    eager = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
+    times = layer_times(cfg, Layout(recompute="full"), eager, 2048, 4,
+                        precision=PRECISIONS["fp8"])
+    assert times["gpu_rerun"] == times["gpu_forward"]
 
 
 def test_a_tensor_parallel_rerun_skips_the_down_projections_collective() -> None:

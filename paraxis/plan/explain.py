@@ -130,7 +130,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             cfg, layout, cluster, best.seq_len, global_batch,
             dataclasses.replace(precision, fp8_recipe=None, fp8_weight_gather=False), overlap,
             expert_imbalance), precision))
-    lines.append(assumptions_line(best, overlap_on(cluster, overlap), cluster.gpu))
+    lines.append(assumptions_line(best, overlap_on(cluster, overlap), cluster.gpu, precision))
     band = error_band(cluster)
     lines += prediction_lines(best, result, band, cluster, price)
     if result is not None:
@@ -159,7 +159,8 @@ def fp8_line(best: Estimate, cluster: Cluster, bf16: Estimate, precision: Precis
             "bf16 peak.")
 
 
-def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -> str:
+def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None,
+                     precision: Precision = MIXED_ADAM) -> str:
     """What the price assumed hidden and what exposed (`Overlap`, and the runtime's own
     switches on `gpu`: TP overlap, the parameter all-gather), for the axes the layout uses,
     and the memory it kept free: the reserve and what is left under the capacity."""
@@ -189,8 +190,8 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None) -
     if layout.recompute == "full" and gpu is not None:
         parts.append("Recomputed in the backward: each checkpointed block's " + (
             "forward, a dense block's but for its down projection (the runtime's checkpoint "
-            "stops once the tensors the backward reads are rebuilt)" if reruns_needed(gpu)
-            else "whole forward"))
+            "stops once the tensors the backward reads are rebuilt)"
+            if reruns_needed(gpu) and precision.fp8_recipe is None else "whole forward"))
     if hidden:
         parts.append(f"Assumed hidden: {', '.join(hidden)} (each hidden second still costs "
                      f"{overlap.contention:.0%} of itself, for the SMs and bandwidth shared)")

@@ -10,7 +10,6 @@ from paraxis.plan.compute import (
     layer_forward_flops_per_token,
     layer_forward_traffic_per_token,
     layer_forward_traffic_per_token_eager,
-    layer_gemm_shapes,
     layer_kernels,
 )
 from paraxis.plan.context import exchange_times, imbalance, kernel_pieces
@@ -24,7 +23,7 @@ from paraxis.plan.experts import (
     sequence_shard_dispatch,
     shard_dispatch_times,
 )
-from paraxis.plan.fp8 import layer_linears_seconds, linear_seconds
+from paraxis.plan.fp8 import layer_linears_seconds
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
@@ -111,9 +110,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         gpu.peak_flops * layout.tp * cluster.compute_share, fitted))
     gemms = weight_gemm_seconds(cfg, cluster, layout.tp, rate, mlp) * tokens
     gemms_backward = bf16_backward = BACKWARD_FLOPS_RATIO * gemms
-    # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
-    shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
     if precision.fp8_recipe is not None:  # the block linears on FP8 tensor cores, with their casts
+        # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
+        shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
         gemms, gemms_backward = layer_linears_seconds(cfg, cluster, precision, layout.tp,
                                                       tokens, hbm, mlp, 1 / shard)
     dense = hidden_bytes / hbm * tokens
@@ -129,10 +128,12 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # A full recomputation reruns the forward, or where the runtime stops once the tensors
     # the backward reads are rebuilt (`reruns_needed`), all of a dense block but its down
     # projection, whose input is the last tensor the block saves (and the residual add after
-    # it, not priced apart); of a grouped checkpoint only the last block stops short.
-    early = not moe and reruns_needed(gpu)
-    rerun = forward - (down_projection(cfg, cluster, precision, layout.tp, tokens, rate, hbm,
-                                       shard) / layout.recompute_layers if early else 0.0)
+    # it, not priced apart); of a grouped checkpoint only the last block stops short. An FP8
+    # linear is an autograd Function, which saves its inputs once its GEMM has run: the
+    # rerun stops after it.
+    early = not moe and reruns_needed(gpu) and precision.fp8_recipe is None
+    rerun = forward - (down_projection_seconds(cfg, cluster, layout.tp, rate) * tokens
+                       / layout.recompute_layers if early else 0.0)
     recompute = {"none": 0.0, "full": rerun,
                  "selective": core_forward * tokens}[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
@@ -215,16 +216,6 @@ def reruns_needed(gpu: GPU) -> bool:
     rebuilt (`GPU.recompute_rerun`; "auto": paraxis's kernels, not Megatron's fused ones)."""
     return gpu.recompute_rerun == "needed" or (gpu.recompute_rerun == "auto"
                                                and gpu.kernels != "fused")
-
-
-def down_projection(cfg: ModelConfig, cluster: Cluster, precision: Precision, tp: int,
-                    tokens: float, rate: float, hbm: float, shard: int) -> float:
-    """Forward seconds of a dense block's MLP down projection on one TP rank, as the block's
-    linears are priced: at the GEMM rate by shape, or in FP8 with its casts."""
-    if precision.fp8_recipe is None:
-        return down_projection_seconds(cfg, cluster, tp, rate) * tokens
-    k, n = layer_gemm_shapes(cfg, tp)[-1]
-    return linear_seconds(cluster, precision, tokens, k, n, hbm, 1 / shard)[0]
 
 
 def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,
