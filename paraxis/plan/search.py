@@ -17,8 +17,10 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from paraxis.plan.constraints import Constraints, why_no_shape
 from paraxis.plan.context import MIN_CP_TOKENS
 from paraxis.plan.cost import (
     DEFAULT_OVERLAP,
@@ -41,7 +43,6 @@ from paraxis.plan.prune import Bound, Fits, ep_group
 from paraxis.plan.ranking import rank
 from paraxis.plan.rates import check_precision, for_precision
 from paraxis.plan.uncertainty import error_band
-from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
@@ -50,46 +51,6 @@ from paraxis.spec.layout import RECOMPUTE, ZERO_STAGES, Layout, ep_splits, etp_s
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
 from paraxis.spec.schedules import FIXED_VIRTUAL
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """Limits the user puts on the search (None: free)."""
-
-    max_tp: int | None = None
-    max_pp: int | None = None  # --no-pp is max_pp=1
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    cp: int | None = None
-    ep: int | None = None  # expert parallelism (mixtures of experts only)
-    # experts split over tp (etp = tp) or whole on every tp rank (etp = 1); None: split, and
-    # whole too where each tp rank would route its own sequence shard (`_expert_splits`)
-    split_experts: tuple[bool, ...] | None = None
-    cp_attention: tuple[str, ...] = CP_VARIANTS  # how K/V reach the queries when cp > 1
-    cp_a2a: int | None = None  # two-level cp's all-to-all size (None: each, cp_variants.py)
-    zero: int | None = None
-    dp_shard: int | None = None  # hybrid sharding's group (0: every dp rank); None: tried
-    recompute: tuple[str, ...] = ("none", "selective", "full")
-    # blocks per checkpoint when recompute is full (None: 1, then grouped where 1 does not fit)
-    recompute_layers: int | None = None
-    # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
-    # without it but less memory: both are dominated, so they are left out unless asked for.
-    schedules: tuple[str, ...] = ("1f1b", "interleaved")
-    sequence_parallel: tuple[bool, ...] = (True,)
-    tp_within_node: bool = False  # forbid TP groups that cross nodes
-    # model chunks per device tried for interleaved (None: 2 and 4 where the layers split
-    # evenly into them, else the smallest depth that splits them)
-    virtual_stages: tuple[int, ...] | None = None
-    micro_batch: int | None = None  # sequences per microbatch (None: every size that fits)
-    # `--fused-loss`: only layouts the runtime runs it on (`spec.kernels.fused_loss_problem`)
-    fused_loss: bool = False
-
-    def __post_init__(self) -> None:
-        if self.fused_loss:
-            problem = fused_loss_problem(self.tp or 1, self.zero or 0)
-            if problem:
-                raise ParaxisError(problem)
 
 
 @dataclass(frozen=True)
@@ -139,40 +100,6 @@ def _chunked_only(c: Constraints) -> bool:
     """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
     return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
         c.virtual_stages is not None and min(c.virtual_stages) > 1)
-
-
-def _constraints_text(c: Constraints) -> str:
-    given = [f"{n}={getattr(c, n)}" for n in ("tp", "pp", "dp", "cp", "ep", "max_tp", "max_pp")
-             if getattr(c, n) is not None]
-    return ", ".join(given + (["tp_within_node"] if c.tp_within_node else [])) or "none"
-
-
-def _why_no_shape(c: Constraints, world: int, per_node: int) -> str:
-    """Why the constraints leave no (dp, cp, tp, pp) for `world` GPUs, in one line."""
-    fixed = {name: getattr(c, name) for name in ("tp", "pp", "cp", "dp")
-             if getattr(c, name) is not None}
-    for name, value in fixed.items():
-        if world % value:
-            return (f"{name}={value} does not divide the {world} GPUs; choose {name} among "
-                    f"{', '.join(map(str, divisors(world)))}")
-    product = math.prod(fixed.values())
-    if len(fixed) > 1 and world % product:
-        named = " x ".join(f"{name}={value}" for name, value in fixed.items())
-        return (f"{named} = {product} does not divide the {world} GPUs; choose degrees "
-                f"whose product divides {world}")
-    if len(fixed) == 4 and product != world:
-        return (f"dp x cp x tp x pp = {product}, not the {world} GPUs; leave one of them "
-                "open or make the product the GPU count")
-    if c.tp is not None and c.max_tp is not None and c.tp > c.max_tp:
-        return f"tp={c.tp} is above --max-tp {c.max_tp}; drop one of them"
-    if c.tp is not None and c.tp_within_node and c.tp > per_node:
-        return (f"tp={c.tp} spans more than a node's {per_node} GPUs, which --tp-within-node "
-                f"forbids; choose tp <= {per_node} or drop the flag")
-    if c.pp is not None and c.max_pp is not None and c.pp > c.max_pp:
-        return (f"pp={c.pp} is above the {c.max_pp} stages allowed (--max-pp, or --no-pp); "
-                "drop one of them")
-    return (f"no (dp, cp, tp, pp) for {world} GPUs is allowed by the constraints "
-            f"({_constraints_text(c)}); relax them")
 
 
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
@@ -233,7 +160,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             kinds.setdefault(re.sub(r"\d+", "N", reason), reason)
         reasons = "; ".join(list(kinds.values())[:3])
         if not reasons:  # nothing broke a rule: the constraints left no shape to try
-            raise ParaxisError(_why_no_shape(c, world, cluster.gpus_per_node))
+            raise ParaxisError(why_no_shape(c, world, cluster.gpus_per_node))
         raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
                            f"{reasons}")
 
@@ -250,7 +177,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             c.sequence_parallel if s.tp > 1 else (False,),
-            _schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group)
+            _schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
+            _lightest_fit(fits, zeros[-1], c, cfg, world, global_batch, seq_len))
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = ep_group(shape)
@@ -386,6 +314,31 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _lightest_fit(fits: Fits, zero: int, c: Constraints, cfg: ModelConfig, world: int,
+                  global_batch: int, seq_len: int) -> Callable[..., tuple[str, Layout] | None]:
+    """For `Floors.best_first`: the lightest recomputation at which `shape` fits at these
+    settings under the deepest ZeRO stage searched (none over one rank), and that layout;
+    None where none fits or the settings break a rule."""
+    def lightest(shape: Layout, microbatches: int, kind: str, virtual: int, sp: bool
+                 ) -> tuple[str, Layout] | None:
+        sharded = zero if shape.dp * shape.cp > 1 or c.zero is not None else 0
+        base = shape.replace(zero=sharded, zero3_reshard="step" if sharded == 3 and
+                             shape.pp > 1 else "forward")
+        for recompute, group in _recompute_steps(c, cfg.n_layers, shape.pp, virtual):
+            try:
+                layout = base.replace(microbatches=microbatches, schedule=kind,
+                                      virtual_stages=virtual, sequence_parallel=sp,
+                                      recompute=recompute, recompute_layers=group)
+                layout.validate(world, cfg, global_batch, seq_len)
+                check_interleaving(layout, cfg)
+            except ParaxisError:
+                return None
+            if fits(shape, layout):
+                return recompute, layout
+        return None
+    return lightest
 
 
 def _zero_choices(zeros: tuple[int, ...], pp: int, shape: Layout, cluster: Cluster,
