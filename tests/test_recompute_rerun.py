@@ -61,6 +61,38 @@ def test_the_runtime_reruns_all_of_a_block_but_its_down_projection(name, layers)
     assert rerun == cfg.n_layers * block.count - cfg.n_layers // layers
 
 
+def test_the_compiled_block_reruns_all_but_its_down_projection_too() -> None:
+    """Under torch.compile the partitioner decides what the backward recomputes: not the
+    down projection either (its output is read by nothing the backward needs)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def gemms_of(graphs: dict, name: str):
+        def compiler(module, inputs):  # noqa: ANN001, ANN202
+            graphs[name] = sum(
+                getattr(getattr(node.target, "overloadpacket", None), "__name__", "") in GEMMS
+                for node in module.graph.nodes if node.op == "call_function")
+            return make_boxed_func(module.forward)
+        return compiler
+
+    cfg, counts = PRESETS["tiny"], []
+    for recompute in (False, True):
+        torch._dynamo.reset()
+        block = build_model(cfg).blocks[0]
+        block.recompute = recompute
+        graphs: dict = {}
+        backend = aot_autograd(fw_compiler=gemms_of(graphs, "forward"),
+                               bw_compiler=gemms_of(graphs, "backward"),
+                               partition_fn=min_cut_rematerialization_partition)
+        torch.compile(block, backend=backend)(
+            torch.randn(2, 16, cfg.d_model, requires_grad=True)).sum().backward()
+        counts.append(graphs)
+    plain, checkpointed = counts
+    assert plain["forward"] >= 3
+    assert checkpointed["backward"] - plain["backward"] == plain["forward"] - 1
+
+
 def _full(cfg, cluster, **layout):
     return layer_times(cfg, Layout(recompute="full", **layout), cluster, 2048, 4)
 
