@@ -197,10 +197,10 @@ class Floors:
         shapes that need recomputation to fit sort early. With `lightest` (the lightest
         recomputation at which a shape's first schedule fits, and that layout), the floor of
         that layout, recomputation and optimizer step included, of each group's shape with
-        the most expert parallelism (a group without one that fits goes last). Neither puts
-        the fastest first everywhere (on 1024 A100s the fastest shape of Mixtral 8x22B at
-        128K tokens is the 102nd of 922 by the first and the 18th by the second; of Mixtral
-        8x7B at 32K, the 14th and the 46th), so the groups are taken from each order in turn."""
+        the most expert parallelism (a group without one that fits goes last). The groups are
+        taken from each order in turn: Mixtral 8x22B at 128K tokens on 1024 A100s (its
+        fastest shape the 103rd of 922 by the first order, the 7th by the second) prices
+        3,031 layouts by the first alone, 2,218 by the second, 1,765 by the two."""
         coarse: dict[tuple, float] = {}
         members: dict[tuple, list[Layout]] = {}
         for shape in shapes:
