@@ -2,8 +2,6 @@
 backward reads are rebuilt, so a block's down projection is never rerun, and the planner
 prices that rerun (`GPU.recompute_rerun`), not the whole forward, for paraxis's runtime."""
 
-import dataclasses
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -171,11 +169,10 @@ def test_a_mixture_of_experts_block_reruns_whole() -> None:
     cfg = PRESETS["mixtral-8x7b"]
     layout = Layout(dp=8, ep=8, recompute="full")
     eager = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
-    whole = dataclasses.replace(eager, gpu=dataclasses.replace(eager.gpu,
-                                                               recompute_rerun="whole"))
-    kwargs = dict(moe=True)
-    assert (layer_times(cfg, layout, eager, 2048, 1, **kwargs)
-            == layer_times(cfg, layout, whole, 2048, 1, **kwargs))
+    whole = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager",
+                                                  "recompute_rerun": "whole"})
+    assert (layer_times(cfg, layout, eager, 2048, 1, moe=True)
+            == layer_times(cfg, layout, whole, 2048, 1, moe=True))
 
 
 def test_an_unknown_rerun_is_one_line() -> None:

@@ -130,6 +130,11 @@ HELD_OUT_FINDINGS = [
 ]
 
 
+def abs_percentile(errors: list[float], share: float) -> float:
+    """The |error| that `share` of `errors` lie at or below (the nearest rank below)."""
+    return sorted(map(abs, errors))[int(share * len(errors)) - 1]
+
+
 def largest_error_lines(errors: list[float], fitted_errors: list[float]) -> list[str]:
     """What the target "largest held-out |error| <= 20%" asks of a model, computed from
     the errors themselves: for errors spread like a normal of the held-out RMS, the median of
@@ -140,14 +145,13 @@ def largest_error_lines(errors: list[float], fitted_errors: list[float]) -> list
     rms = math.sqrt(sum(e * e for e in errors) / n)
     z = statistics.NormalDist().inv_cdf((1 + 0.5 ** (1 / n)) / 2)
     needed = 0.20 / z
-    ranked = sorted(map(abs, errors))
-    beyond = sum(a > 0.20 for a in ranked)
+    beyond = sum(abs(e) > 0.20 for e in errors)
     fitted_mean = sum(map(abs, fitted_errors)) / len(fitted_errors)
     at_mean = 0.08 / math.sqrt(2 / math.pi)  # a normal's RMS at the mean |error| target
     return [
         "What the largest-error target asks: the held-out errors have an RMS of "
         f"{rms:.1%}; their 90th and 95th percentiles of |error| are "
-        f"{ranked[int(0.9 * n) - 1]:.1%} and {ranked[int(0.95 * n) - 1]:.1%}, and {beyond} "
+        f"{abs_percentile(errors, 0.9):.1%} and {abs_percentile(errors, 0.95):.1%}, and {beyond} "
         f"of {n} rows lie beyond 20%. Errors spread like a normal of that RMS would give a "
         f"largest |error| of {rms * z:.1%} over {n} rows (the median of the largest: "
         f"{z:.2f} RMS). For the largest to be 20% at even odds the RMS must be "

@@ -130,9 +130,13 @@ def weight_gemm_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float
         if not mlp:
             return sum(2 * k * n for k, n in layer_gemm_shapes(cfg, 1, mlp)) / rate
         return layer_forward_flops_per_token(cfg, 1, 0)[0] / rate
-    peak = cluster.gpu.peak_flops * cluster.compute_share
-    return sum(2 * k * n / (peak * gemm_efficiency(cluster, min(k, n)))
-               for k, n in layer_gemm_shapes(cfg, tp, mlp))
+    return sum(_shaped_gemm_seconds(cluster, k, n) for k, n in layer_gemm_shapes(cfg, tp, mlp))
+
+
+def _shaped_gemm_seconds(cluster: Cluster, k: float, n: float) -> float:
+    """Seconds per token of one (k, n) GEMM on one GPU at its shape's efficiency."""
+    return 2 * k * n / (cluster.gpu.peak_flops * cluster.compute_share
+                        * gemm_efficiency(cluster, min(k, n)))
 
 
 def down_projection_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: float) -> float:
@@ -141,5 +145,4 @@ def down_projection_seconds(cfg: ModelConfig, cluster: Cluster, tp: int, rate: f
     k, n = layer_gemm_shapes(cfg, tp)[-1]
     if not cluster.gpu.gemm_half_width:
         return 2 * k * tp * n / rate  # the layer's whole GEMM at the TP group's rate
-    return 2 * k * n / (cluster.gpu.peak_flops * cluster.compute_share
-                        * gemm_efficiency(cluster, min(k, n)))
+    return _shaped_gemm_seconds(cluster, k, n)

@@ -174,11 +174,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     crosses: dict[tuple[int, ...], bool] = {}
+    build = functools.partial(_setting, cfg, world, global_batch, seq_len)
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             c.sequence_parallel if s.tp > 1 else (False,),
             _schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
-            _lightest_fit(fits, zeros[-1], c, cfg, world, global_batch, seq_len))
+            _lightest_fit(fits, build, zeros[-1], c, cluster, cfg.n_layers))
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = ep_group(shape)
@@ -260,12 +261,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 outgrown.add((kind, virtual, sp, recompute, group))
                                 continue
                             try:
-                                layout = base.replace(
-                                    microbatches=microbatches, schedule=kind,
-                                    virtual_stages=virtual, recompute=recompute,
-                                    recompute_layers=group, sequence_parallel=sp)
-                                layout.validate(world, cfg, global_batch, seq_len)
-                                check_interleaving(layout, cfg)
+                                layout = build(base, microbatches, kind, virtual, sp,
+                                               recompute, group)
                             except ParaxisError as error:
                                 result.rule_breakers.append(Rejection(shape, str(error)))
                                 break
@@ -316,23 +313,34 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     return result
 
 
-def _lightest_fit(fits: Fits, zero: int, c: Constraints, cfg: ModelConfig, world: int,
-                  global_batch: int, seq_len: int) -> Callable[..., tuple[str, Layout] | None]:
+def _setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int, base: Layout,
+             microbatches: int, kind: str, virtual: int, sp: bool, recompute: str,
+             group: int) -> Layout:
+    """`base` (a shape with its ZeRO settings) at one setting of the search, checked as the
+    search needs it (`ParaxisError` where the setting breaks a rule)."""
+    layout = base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual,
+                          recompute=recompute, recompute_layers=group, sequence_parallel=sp)
+    layout.validate(world, cfg, global_batch, seq_len)
+    check_interleaving(layout, cfg)
+    return layout
+
+
+def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constraints,
+                  cluster: Cluster, n_layers: int) -> Callable[..., tuple[str, Layout] | None]:
     """For `Floors.best_first`: the lightest recomputation at which `shape` fits at these
-    settings under the deepest ZeRO stage searched (none over one rank), and that layout;
-    None where none fits or the settings break a rule."""
+    settings under the deepest ZeRO stage searched, as the search tries it first (none over
+    one rank), and that layout; None where none fits or the settings break a rule."""
     def lightest(shape: Layout, microbatches: int, kind: str, virtual: int, sp: bool
                  ) -> tuple[str, Layout] | None:
         sharded = zero if shape.dp * shape.cp > 1 or c.zero is not None else 0
-        base = shape.replace(zero=sharded, zero3_reshard="step" if sharded == 3 and
-                             shape.pp > 1 else "forward")
-        for recompute, group in _recompute_steps(c, cfg.n_layers, shape.pp, virtual):
+        choices = _zero_choices((sharded,), shape.pp, shape, cluster, c)
+        if not choices:
+            return None
+        _, reshard, dp_shard = choices[0]
+        base = shape.replace(zero=sharded, zero3_reshard=reshard, dp_shard=dp_shard)
+        for recompute, group in _recompute_steps(c, n_layers, shape.pp, virtual):
             try:
-                layout = base.replace(microbatches=microbatches, schedule=kind,
-                                      virtual_stages=virtual, sequence_parallel=sp,
-                                      recompute=recompute, recompute_layers=group)
-                layout.validate(world, cfg, global_batch, seq_len)
-                check_interleaving(layout, cfg)
+                layout = build(base, microbatches, kind, virtual, sp, recompute, group)
             except ParaxisError:
                 return None
             if fits(shape, layout):
