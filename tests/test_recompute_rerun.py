@@ -117,6 +117,19 @@ def test_the_planner_prices_the_rerun_the_runtime_runs() -> None:
     assert _full(cfg, needed)["gpu_rerun"] < _full(cfg, needed)["gpu_forward"]
 
 
+def test_a_search_prices_each_checkpoint_group_as_its_own_rerun() -> None:
+    # a search shares per-block times between layouts (`evaluate`'s memo): a checkpoint of
+    # two blocks reruns more than one of each block, and must not take its price
+    cfg = PRESETS["llama2-7b"]
+    cluster = build_cluster("h100-sxm-80gb", 8, 8, {"kernels": "eager"})
+    memo: dict = {}
+    for group in (1, 2, 4):
+        layout = Layout(dp=8, zero=1, microbatches=4, recompute="full", recompute_layers=group)
+        alone = evaluate(cfg, layout, cluster, 2048, 64)
+        shared = evaluate(cfg, layout, cluster, 2048, 64, memo=memo)
+        assert shared.step_time_s == alone.step_time_s
+
+
 def test_an_fp8_linear_is_rerun_as_it_saves_after_its_gemm() -> None:
     """An autograd Function saves its inputs when its forward has returned: the rerun stops
     after the FP8 down projection's GEMM, which the planner then prices again."""

@@ -73,11 +73,18 @@ def ring_factor(op: str, n: int) -> float:
     raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(COLLECTIVES)}")
 
 
+# Ring steps per call, each paying one latency (alpha): (per rank beyond one, fixed)
+_STEPS = {"all_reduce": (2, 0), "all_gather": (1, 0), "reduce_scatter": (1, 0),
+          "send_recv": (0, 1), "all_to_all": (1, 0)}
+
+
 def latency_steps(op: str, n: int) -> int:
     """Ring steps, each paying one latency (alpha)."""
-    ring_factor(op, n)  # rejects an unknown op with the one-line message
-    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
-            "send_recv": 1, "all_to_all": n - 1}[op]
+    steps = _STEPS.get(op)
+    if steps is None:
+        ring_factor(op, n)  # rejects an unknown op with the one-line message
+    per_rank, fixed = steps
+    return per_rank * (n - 1) + fixed
 
 
 def op_time(op: str, size_bytes: float, n: int, bandwidth_Bps: float,

@@ -158,11 +158,12 @@ EXPOSED_COMM = ("tp_forward", "tp_backward", "ep_forward", "ep_backward")
 
 def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
     """What layer_times and head_times read of the layout: the grid, SP, CP variant and its
-    levels, recompute, and where FP8 weights are cast on ZeRO-3's shards, their group."""
+    levels, recompute (and a full one's blocks per checkpoint: only a group's last block
+    stops its rerun short), and where FP8 weights are cast on ZeRO-3's shards, their group."""
     return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
             layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
-            micro_batch, layout.zero_ranks if layout.zero == 3 and precision.fp8_recipe
-            is not None and precision.fp8_weight_gather else 1)
+            layout.recompute_layers, micro_batch, layout.zero_ranks if layout.zero == 3
+            and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1)
 
 
 def _half_layer(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
