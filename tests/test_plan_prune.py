@@ -141,6 +141,37 @@ def test_two_level_cp_is_priced_as_itself_in_a_search() -> None:
         assert alone.step_time_s == estimate.step_time_s
 
 
+# searches whose layouts share per-block times they must not: a rerun that stops early
+# (paraxis's eager kernels: a checkpoint group's last block only), FP8 weights cast on
+# ZeRO-3's shards, a mixture of experts, CPU ranks
+ALONE_CASES = [
+    ("llama2-7b", 64, "h100-sxm-80gb", {"kernels": "eager"}, 512, 16384, "bf16"),
+    ("llama2-7b", 32, "h100-sxm-80gb", {}, 256, 16384, "fp8"),
+    ("mixtral-8x7b", 64, "h100-sxm-80gb", {"kernels": "eager"}, 256, 8192, "bf16"),
+    ("llama2-7b-8l", 8, "cpu", {}, 32, 1024, "fp32"),
+]
+
+
+@pytest.mark.parametrize("case", ALONE_CASES, ids=[f"{c[0]}-{c[2]}-{c[6]}" for c in ALONE_CASES])
+def test_every_layout_a_search_prices_costs_what_it_costs_alone(case) -> None:
+    """A search shares per-block and pipeline times between its layouts (`evaluate`'s
+    memo): each layout it priced, priced again alone, takes the same time and memory."""
+    name, gpus, gpu, network, batch, seq, precision_name = case
+    if gpu == "cpu":
+        cfg = dataclasses.replace(PRESETS["llama2-7b"], n_layers=8, name=name)
+        cluster = build_cluster("a100-80gb", gpus, 8).replace(cores_per_node=2)
+    else:
+        cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8, network)
+    precision = PRECISIONS[precision_name]
+    whole = search(cfg, cluster, seq, batch, precision=precision, exhaustive=True)
+    priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
+    assert len(priced) > 100
+    for estimate in priced[::max(1, len(priced) // 300)]:
+        alone = evaluate(cfg, estimate.layout, cluster, seq, batch, precision)
+        assert alone.step_time_s == estimate.step_time_s, estimate.layout
+        assert alone.memory == estimate.memory, estimate.layout
+
+
 def test_a_heavier_recomputation_priced_faster_keeps_the_floor_below_it() -> None:
     """Recomputing can make another stage the busiest, one that communicates less (an MoE
     model's dense stage): the priced step then falls, and the floor must too."""
