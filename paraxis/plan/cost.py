@@ -64,6 +64,7 @@ from paraxis.plan.experts import (
     check_ep,
     expert_dp_link,
     shard_grad_sum_seconds,
+    with_routing_calls,
 )
 from paraxis.plan.fp8 import (
     gather_bytes_per_param,
@@ -179,18 +180,27 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                 expert_imbalance: float, memo: dict, key: tuple | None = None
                 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
-    `head_times`), once per `block_key` in `memo`."""
+    `head_times`), once per `block_key` in `memo`; all but an MoE block's routing calls
+    once for every dp and pp degree (`layer_times`' `routing_calls`)."""
     key = block_key(layout, micro_batch, precision) if key is None else key
     if key not in memo:
         half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
         at = at_segment(cluster, half_layer)
-        moe = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision, True,
-                          expert_imbalance) if cfg.is_moe else None
-        # a model of MoE blocks only has no dense block to price (its rows count none)
-        layer = moe if cfg.n_moe_layers == cfg.n_layers else layer_times(
-            cfg, layout, at, seq_len, micro_batch, overlap, precision)
-        memo[key] = (layer, moe or layer,
-                     head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
+        # what the blocks read of the grid beyond this: the tp, cp and ep groups, which lie
+        # inside the dp x cp ranks of one stage, alike for every dp and pp
+        shared = ("blocks", layout.cp, layout.tp, *key[1:])
+        if shared not in memo:
+            moe = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision, True,
+                              expert_imbalance, routing_calls=False) if cfg.is_moe else None
+            # a model of MoE blocks only has no dense block to price (its rows count none)
+            layer = None if cfg.n_moe_layers == cfg.n_layers else layer_times(
+                cfg, layout, at, seq_len, micro_batch, overlap, precision)
+            memo[shared] = (layer, moe,
+                            head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
+        layer, moe, head = memo[shared]
+        if moe is not None:
+            moe = with_routing_calls(cfg, layout, at, moe)
+        memo[key] = (moe if layer is None else layer, layer if moe is None else moe, head)
     return memo[key]
 
 

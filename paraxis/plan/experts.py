@@ -306,13 +306,18 @@ def routing_calls_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster) ->
     return seconds
 
 
-def block_exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tokens: float,
-                         value_bytes: int, imbalance: float) -> dict[str, float]:
-    """An MoE block's exposed calls per microbatch: its all-to-alls (`all_to_all_times`)
-    and, forward, its routing's small calls (`routing_calls_seconds`)."""
-    times = all_to_all_times(cfg, layout, cluster, tokens, value_bytes, imbalance)
+def with_routing_calls(cfg: ModelConfig, layout: Layout, cluster: Cluster,
+                       times: dict[str, float]) -> dict[str, float]:
+    """An MoE block's `layer_times` with its routing's small calls (`routing_calls_seconds`)
+    added to its exposed EP time: forward, and again in the backward where a full
+    recomputation reruns the forward. Apart from the rest of the block because they alone
+    read the dp degree (they sum over the dp x cp ranks): a search prices the rest once for
+    every dp and pp."""
     calls = routing_calls_seconds(cfg, layout, cluster)
-    return {**times, "forward": times["forward"] + calls, "total": times["total"] + calls}
+    rerun = layout.recompute == "full"
+    return {**times, "ep_forward": times["ep_forward"] + calls,
+            "ep_backward": times["ep_backward"] + rerun * calls,
+            "ep_total": times["ep_total"] + (1 + rerun) * calls}
 
 
 def sequence_shard_dispatch(cfg: ModelConfig, layout: Layout, cluster: Cluster) -> bool:
@@ -334,8 +339,7 @@ def shard_dispatch_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, tok
     backward their conjugates. Those TP calls take the place of the dense MLP half's SP
     all-gather and reduce-scatter of the tokens (`boundary_bytes`, priced with the layer's
     TP collectives), so only what they move beyond those is added here."""
-    times = block_exchange_times(cfg, layout, cluster, tokens / layout.tp, value_bytes,
-                                 imbalance)
+    times = all_to_all_times(cfg, layout, cluster, tokens / layout.tp, value_bytes, imbalance)
     rows = boundary_bytes * cfg.top_k * busiest_load(cfg, imbalance)
     extra = sum(collective_time(op, rows, layout.tp, tp_link)
                 - collective_time(op, boundary_bytes, layout.tp, tp_link)

@@ -15,13 +15,14 @@ from paraxis.plan.compute import (
 from paraxis.plan.context import exchange_times, imbalance, kernel_pieces
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
-    block_exchange_times,
+    all_to_all_times,
     busiest_load,
     feed_forward,
     moe_forward_seconds,
     routing_share,
     sequence_shard_dispatch,
     shard_dispatch_times,
+    with_routing_calls,
 )
 from paraxis.plan.fp8 import layer_linears_seconds
 from paraxis.plan.hardware import GPU, Cluster
@@ -72,7 +73,8 @@ def runtime_dropout(cfg: ModelConfig, gpu: GPU) -> bool:
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int, overlap: Overlap = DEFAULT_OVERLAP,
                 precision: Precision = MIXED_ADAM, moe: bool = False,
-                expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
+                expert_imbalance: float = DEFAULT_IMBALANCE,
+                routing_calls: bool = True) -> dict[str, float]:
     """Seconds one transformer layer takes on one GPU per microbatch.
 
     Keys: forward / backward (compute; backward includes recomputation), tp_forward /
@@ -87,7 +89,9 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     With `moe`, a mixture-of-experts block: its attention half as above, its experts on the
     busiest EP rank (`expert_imbalance` x the mean rows; of 1/tp of the tokens where each tp
     rank routes its own shard) and its all-to-alls (`plan/experts.py`), keys ep_forward /
-    ep_backward / ep_total."""
+    ep_backward / ep_total, with its routing's small calls unless `routing_calls` is False
+    (`experts.with_routing_calls` adds them: all else here reads the rank grid only through
+    groups that do not change with the dp or pp degree)."""
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len // layout.cp
     rate, attention_rate, hbm = layer_rates(cluster, layout.tp)
@@ -195,7 +199,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         rerun = "forward" if layout.recompute == "full" else "rerun"
         cp["backward"] += cp[rerun]
         cp["total"] += cp[rerun + "_total"]
-    ep = block_exchange_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
+    ep = all_to_all_times(cfg, layout, cluster, routed, act, expert_imbalance) if moe else {
         "forward": 0.0, "backward": 0.0, "total": 0.0}
     if moe and sequence_shard_dispatch(cfg, layout, cluster):
         ep = shard_dispatch_times(cfg, layout, cluster, routed, act, expert_imbalance, link,
@@ -203,12 +207,13 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     if layout.recompute == "full":
         ep["backward"] += ep["forward"]  # the rerun forward dispatches and combines again
         ep["total"] += ep["forward"]
-    return {"forward": forward, "backward": backward, "tp_forward": tp_forward,
-            "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
-            "cp_backward": cp["backward"], "cp_total": cp["total"],
-            "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"],
-            "core_forward": core_forward * tokens, "core_backward": core_backward * tokens,
-            **pass_times}
+    times = {"forward": forward, "backward": backward, "tp_forward": tp_forward,
+             "tp_backward": tp_backward, "tp_total": tp_total, "cp_forward": cp["forward"],
+             "cp_backward": cp["backward"], "cp_total": cp["total"],
+             "ep_forward": ep["forward"], "ep_backward": ep["backward"], "ep_total": ep["total"],
+             "core_forward": core_forward * tokens, "core_backward": core_backward * tokens,
+             **pass_times}
+    return with_routing_calls(cfg, layout, cluster, times) if moe and routing_calls else times
 
 
 def reruns_needed(gpu: GPU) -> bool:
