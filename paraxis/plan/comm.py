@@ -118,7 +118,7 @@ def p2p_time(size_bytes: float, bandwidth_Bps: float, latency_s: float = 0.0) ->
 def group_ranks(layout: Layout, axis: str) -> list[int]:
     """The ranks of rank 0's group along `axis`, from the Layout's rank grid (all groups of an
     axis have the same shape, so one stands for all): rank 0 moved along that axis alone."""
-    return list(_axis_ranks(tuple(layout.degrees.items()), axis))
+    return list(_axis_ranks(layout.grid, axis))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -196,7 +196,7 @@ def _nodes_spanned(ranks: tuple[int, ...], gpus_per_node: int) -> int:
 
 
 def axis_link(layout: Layout, axis: str, cluster: Cluster) -> Link:
-    return group_link(_axis_ranks(tuple(layout.degrees.items()), axis), cluster)
+    return group_link(_axis_ranks(layout.grid, axis), cluster)
 
 
 def tp_collectives_per_layer(sequence_parallel: bool,

@@ -216,7 +216,7 @@ def replica_link(layout: Layout, cluster: Cluster) -> Link:
     (the dp axis alone when cp = 1)."""
     if layout.cp == 1:
         return axis_link(layout, "dp", cluster)
-    return group_link(list(_replica_ranks(tuple(layout.degrees.items()))), cluster)
+    return group_link(_replica_ranks(layout.grid), cluster)
 
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times
@@ -229,8 +229,7 @@ def zero_link(layout: Layout, cluster: Cluster) -> Link:
     shard group's (dp_shard x cp consecutive ranks: inside a node where they fit)."""
     if not layout.hybrid:
         return replica_link(layout, cluster)
-    return group_link(list(hybrid_group_ranks(tuple(layout.degrees.items()), layout.shard_size,
-                                         "shard")), cluster)
+    return group_link(hybrid_group_ranks(layout.grid, layout.shard_size, "shard"), cluster)
 
 
 def copies_link(layout: Layout, cluster: Cluster) -> Link | None:
@@ -238,8 +237,7 @@ def copies_link(layout: Layout, cluster: Cluster) -> Link | None:
     rank per shard group: across nodes where a shard group fills one); else None."""
     if not layout.hybrid:
         return None
-    return group_link(list(hybrid_group_ranks(tuple(layout.degrees.items()), layout.shard_size,
-                                         "copies")), cluster)
+    return group_link(hybrid_group_ranks(layout.grid, layout.shard_size, "copies"), cluster)
 
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times

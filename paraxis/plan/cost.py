@@ -355,7 +355,7 @@ def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
 def calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:
     """The step's own small calls (the loss, the gradient norm, the stop flag): latency each,
     priced once per what `step_calls` reads of the layout."""
-    key = ("step calls", tuple(layout.degrees.items()), layout.ep, layout.etp,
+    key = ("step calls", layout.grid, layout.ep, layout.etp,
            layout.sequence_parallel, layout.zero >= 1, layout.placement)
     if key not in memo:
         memo[key] = step_calls_time(cfg, layout, cluster)

@@ -253,17 +253,17 @@ def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbal
 
 def ep_link(layout: Layout, cluster: Cluster) -> Link:
     """The link an EP group's all-to-all runs over (the first group stands for all)."""
-    return group_link(list(_first_groups(tuple(layout.degrees.items()), layout.ep)[0]), cluster)
+    return group_link(_first_groups(layout.grid, layout.ep)[0], cluster)
 
 
 def expert_dp_link(layout: Layout, cluster: Cluster) -> Link:
     """The link the experts' gradient sync runs over: the dp*cp/ep ranks of a dp x cp group
     at the same place in their EP groups; under hybrid sharding, those of one shard group."""
-    degrees = tuple(layout.degrees.items())
+    degrees = layout.grid
     if layout.hybrid:
-        return group_link(list(hybrid_group_ranks(degrees, layout.shard_size, "shard")
-                               [::layout.ep]), cluster)
-    return group_link(list(_first_groups(degrees, layout.ep)[1]), cluster)
+        return group_link(hybrid_group_ranks(degrees, layout.shard_size, "shard")[::layout.ep],
+                          cluster)
+    return group_link(_first_groups(degrees, layout.ep)[1], cluster)
 
 
 @functools.lru_cache(maxsize=1024)  # a search asks for the same few grids thousands of times

@@ -122,7 +122,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if c.ep is not None:
         check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
     result = SearchResult([], constraints=c)
-    kept: set[tuple[Layout, int, int, tuple]] = set()  # ZeRO-3 settings that fit keeping chunks
+    # ZeRO-3 settings that fit keeping chunks, by the shape's id (it lives as long as the search)
+    kept: set[tuple[int, int, int, tuple]] = set()
     axis_shapes = []
     for tp in divisors(world):
         if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp) or (c.fused_loss and tp > 1):
@@ -233,13 +234,13 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         if not sp and _repeats_experts(cfg, shape, c):
                             continue
                         learn = across and ep_key not in fitted_across_nodes
-                        for recompute, group in _recompute_steps(c, cfg.n_layers, pp,
-                                                                 virtual):
+                        for recompute, group in _recompute_steps(
+                                c.recompute, c.recompute_layers, cfg.n_layers, pp, virtual):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
                                 too_big_here = True
                                 continue
                             settings = (micro_batch, kind, virtual, sp, recompute, group)
-                            if reshard == "forward" and (shape, zero, dp_shard,
+                            if reshard == "forward" and (id(shape), zero, dp_shard,
                                                          settings) in kept:
                                 fits_here = True  # kept whole, a variant of this size fits
                                 break  # keeping the chunk fit: regathering is only slower
@@ -287,7 +288,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             if estimate.fits:
                                 fits_here = True
                                 if reshard == "step":
-                                    kept.add((shape, zero, dp_shard, settings))
+                                    kept.add((id(shape), zero, dp_shard, settings))
                                 result.ranked.append(estimate)
                                 if across:
                                     fitted_across_nodes.add(ep_key)
@@ -338,7 +339,8 @@ def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constr
             return None
         _, reshard, dp_shard = choices[0]
         base = shape.replace(zero=sharded, zero3_reshard=reshard, dp_shard=dp_shard)
-        for recompute, group in _recompute_steps(c, n_layers, shape.pp, virtual):
+        for recompute, group in _recompute_steps(c.recompute, c.recompute_layers, n_layers,
+                                                 shape.pp, virtual):
             try:
                 layout = build(base, microbatches, kind, virtual, sp, recompute, group)
             except ParaxisError:
@@ -382,19 +384,20 @@ def _shard_choices(zero: int, shape: Layout, cluster: Cluster, c: Constraints
 
 
 @functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
-def _recompute_steps(c: Constraints, n_layers: int, pp: int, virtual: int
-                     ) -> tuple[tuple[str, int], ...]:
-    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' kinds and,
-    after full recompute of every block where the blocks per checkpoint are left free,
+def _recompute_steps(kinds: tuple[str, ...], layers: int | None, n_layers: int, pp: int,
+                     virtual: int) -> tuple[tuple[str, int], ...]:
+    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' `kinds` and
+    blocks per checkpoint (`layers`), or, after full recompute of every block where they are
+    left free (None),
     checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
     the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
     layouts nothing lighter fits."""
     steps = []
-    for recompute in sorted(c.recompute, key=RECOMPUTE.index):  # lightest first
+    for recompute in sorted(kinds, key=RECOMPUTE.index):  # lightest first
         if recompute != "full":
             steps.append((recompute, 1))
-        elif c.recompute_layers is not None:
-            steps.append((recompute, c.recompute_layers))
+        elif layers is not None:
+            steps.append((recompute, layers))
         else:
             blocks = math.ceil(n_layers / (pp * virtual))
             steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]

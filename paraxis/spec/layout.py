@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -154,7 +155,12 @@ class Layout:
     @property
     def degrees(self) -> dict[str, int]:
         """Axis -> degree for every axis of the rank grid, in `AXES` order."""
-        return {axis: getattr(self, axis) for axis in AXES}
+        return dict(zip(AXES, _GRID(self), strict=True))
+
+    @property
+    def grid(self) -> tuple[tuple[str, int], ...]:
+        """`degrees` as (axis, degree) pairs: a key for what the grid alone decides."""
+        return tuple(zip(AXES, _GRID(self), strict=True))
 
     @property
     def world_size(self) -> int:
@@ -419,6 +425,7 @@ class Layout:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
+_GRID = operator.attrgetter(*AXES)  # the degrees of the rank grid's axes, in `AXES` order
 # the fields that count something: positive integers
 _COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
 
