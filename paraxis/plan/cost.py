@@ -64,15 +64,19 @@ from paraxis.plan.experts import (
     check_ep,
     expert_dp_link,
     shard_grad_sum_seconds,
-    with_routing_calls,
 )
 from paraxis.plan.fp8 import (
     gather_bytes_per_param,
     regather_bytes_per_param,
 )
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.head import head_times
-from paraxis.plan.layer_cost import core_share_of_fastest, layer_times, runtime_dropout
+from paraxis.plan.layer_cost import (
+    block_key,
+    block_times,
+    core_share_of_fastest,
+    half_layer_s,
+    runtime_dropout,
+)
 from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
@@ -83,7 +87,7 @@ from paraxis.plan.rates import (
     overlap_on,
 )
 from paraxis.plan.step_calls import step_calls_time
-from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
+from paraxis.plan.sync import after_backward, at_segment
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -157,53 +161,6 @@ class Pipeline(NamedTuple):
 EXPOSED_COMM = ("tp_forward", "tp_backward", "ep_forward", "ep_backward")
 
 
-def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
-    """What layer_times and head_times read of the layout: the grid, SP, CP variant and its
-    levels, recompute (and a full one's blocks per checkpoint: only a group's last block
-    stops its rerun short), and where FP8 weights are cast on ZeRO-3's shards, their group."""
-    return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
-            layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
-            layout.recompute_layers, micro_batch, layout.zero_ranks if layout.zero == 3
-            and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1)
-
-
-def _half_layer(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                micro_batch: int) -> float:
-    """CPU ranks: a layer's calls wait after half a layer's forward on one TP rank
-    (plan/sync.py)."""
-    tokens = micro_batch * seq_len // layout.cp
-    return sync_segment_s(cfg, tokens / layout.tp, cluster.gpu.peak_flops)
-
-
-def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
-                micro_batch: int, precision: Precision, overlap: Overlap,
-                expert_imbalance: float, memo: dict, key: tuple | None = None
-                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
-    `head_times`), once per `block_key` in `memo`; all but an MoE block's routing calls
-    once for every dp and pp degree (`layer_times`' `routing_calls`)."""
-    key = block_key(layout, micro_batch, precision) if key is None else key
-    if key not in memo:
-        half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
-        at = at_segment(cluster, half_layer)
-        # what the blocks read of the grid beyond this: the tp, cp and ep groups, which lie
-        # inside the dp x cp ranks of one stage, alike for every dp and pp
-        shared = ("blocks", layout.cp, layout.tp, *key[1:])
-        if shared not in memo:
-            moe = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision, True,
-                              expert_imbalance, routing_calls=False) if cfg.is_moe else None
-            # a model of MoE blocks only has no dense block to price (its rows count none)
-            layer = None if cfg.n_moe_layers == cfg.n_layers else layer_times(
-                cfg, layout, at, seq_len, micro_batch, overlap, precision)
-            memo[shared] = (layer, moe,
-                            head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
-        layer, moe, head = memo[shared]
-        if moe is not None:
-            moe = with_routing_calls(cfg, layout, at, moe)
-        memo[key] = (moe if layer is None else layer, layer if moe is None else moe, head)
-    return memo[key]
-
-
 def _rerun_floors(layer: dict[str, float], faster: float) -> tuple[float, float]:
     """What recomputing adds to a block's backward at the least, for any cp variant (its
     core `faster` by that share of its own): the attention core again (selective) or the
@@ -238,7 +195,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     counts = [dense + moe for dense, moe in kinds]
     last = head_stage(layout.pp, layout.placement)
-    half_layer = _half_layer(cfg, layout, cluster, seq_len, micro_batch)
+    half_layer = half_layer_s(cfg, layout, cluster, seq_len, micro_batch)
     layer, moe_layer, head = block_times(cfg, layout, cluster, seq_len, micro_batch, precision,
                                          overlap, expert_imbalance, memo, key)
 

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from paraxis.plan.bubble import bubble_floor, bubble_holds
 from paraxis.plan.cost import (
     EXPOSED_COMM,
-    block_times,
     calls_time,
     optimizer_seconds,
     pipeline_time,
 )
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.layer_cost import core_share_of_fastest
+from paraxis.plan.layer_cost import block_times, core_share_of_fastest
 from paraxis.plan.memory import check_interleaving, stage_kinds
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
 from paraxis.spec.errors import ParaxisError

@@ -1,6 +1,7 @@
 """Price one transformer layer on one GPU per microbatch: its compute, forward and backward,
 and the TP, CP and EP communication on its critical path (`layer_times`), the parts
-`cost.evaluate` adds up over a stage's layers."""
+`cost.evaluate` adds up over a stage's layers; a dense block's, an MoE block's and the head's
+once per search setting (`block_times`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from paraxis.plan.experts import (
 )
 from paraxis.plan.fp8 import layer_linears_seconds
 from paraxis.plan.hardware import GPU, Cluster
+from paraxis.plan.head import head_times
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
@@ -35,7 +37,7 @@ from paraxis.plan.rates import (
     overlap_on,
     weight_gemm_seconds,
 )
-from paraxis.plan.sync import after_backward
+from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
 from paraxis.plan.tp_layer import tp_layer_exposed_time, tp_layer_time
 from paraxis.spec.kernels import AttentionKernel, get_kernel
 from paraxis.spec.layout import Layout
@@ -214,6 +216,53 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
              "core_forward": core_forward * tokens, "core_backward": core_backward * tokens,
              **pass_times}
     return with_routing_calls(cfg, layout, cluster, times) if moe and routing_calls else times
+
+
+def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
+    """What layer_times and head_times read of the layout: the grid, SP, CP variant and its
+    levels, recompute (and a full one's blocks per checkpoint: only a group's last block
+    stops its rerun short), and where FP8 weights are cast on ZeRO-3's shards, their group."""
+    return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
+            layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
+            layout.recompute_layers, micro_batch, layout.zero_ranks if layout.zero == 3
+            and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1)
+
+
+def half_layer_s(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                micro_batch: int) -> float:
+    """CPU ranks: a layer's calls wait after half a layer's forward on one TP rank
+    (plan/sync.py)."""
+    tokens = micro_batch * seq_len // layout.cp
+    return sync_segment_s(cfg, tokens / layout.tp, cluster.gpu.peak_flops)
+
+
+def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
+                micro_batch: int, precision: Precision, overlap: Overlap,
+                expert_imbalance: float, memo: dict, key: tuple | None = None
+                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
+    `head_times`), once per `block_key` in `memo`; all but an MoE block's routing calls
+    once for every dp and pp degree (`layer_times`' `routing_calls`)."""
+    key = block_key(layout, micro_batch, precision) if key is None else key
+    if key not in memo:
+        half_layer = half_layer_s(cfg, layout, cluster, seq_len, micro_batch)
+        at = at_segment(cluster, half_layer)
+        # what the blocks read of the grid beyond this: the tp, cp and ep groups, which lie
+        # inside the dp x cp ranks of one stage, alike for every dp and pp
+        shared = ("blocks", layout.cp, layout.tp, *key[1:])
+        if shared not in memo:
+            moe = layer_times(cfg, layout, at, seq_len, micro_batch, overlap, precision, True,
+                              expert_imbalance, routing_calls=False) if cfg.is_moe else None
+            # a model of MoE blocks only has no dense block to price (its rows count none)
+            layer = None if cfg.n_moe_layers == cfg.n_layers else layer_times(
+                cfg, layout, at, seq_len, micro_batch, overlap, precision)
+            memo[shared] = (layer, moe,
+                            head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
+        layer, moe, head = memo[shared]
+        if moe is not None:
+            moe = with_routing_calls(cfg, layout, at, moe)
+        memo[key] = (moe if layer is None else layer, layer if moe is None else moe, head)
+    return memo[key]
 
 
 def reruns_needed(gpu: GPU) -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Mapping
 
 from paraxis.spec.errors import ParaxisError
 
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
+axis_degrees = operator.attrgetter(*AXES)  # an object's degree of every axis, in `AXES` order
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +44,7 @@ from paraxis.spec.cp_balance import check_heads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import (
     AXES,
+    axis_degrees,
     divisors_text,
     expert_dp_groups,
     expert_groups,
@@ -155,12 +155,12 @@ class Layout:
     @property
     def degrees(self) -> dict[str, int]:
         """Axis -> degree for every axis of the rank grid, in `AXES` order."""
-        return dict(zip(AXES, _GRID(self), strict=True))
+        return dict(zip(AXES, axis_degrees(self), strict=True))
 
     @property
     def grid(self) -> tuple[tuple[str, int], ...]:
         """`degrees` as (axis, degree) pairs: a key for what the grid alone decides."""
-        return tuple(zip(AXES, _GRID(self), strict=True))
+        return tuple(zip(AXES, axis_degrees(self), strict=True))
 
     @property
     def world_size(self) -> int:
@@ -171,9 +171,8 @@ class Layout:
         return Coords(*grid_index(self.degrees, rank).values())
 
     def rank(self, **index: int) -> int:
-        """Coordinates by name (`dp_rank=1, tp_rank=0`; a missing axis is 0) -> global rank;
-        the inverse of `coords` (`layout.rank(**coords._asdict())`). Keywords only, so a call
-        never depends on the order of the axes."""
+        """Coordinates by name (`dp_rank=1, tp_rank=0`; a missing axis is 0) -> global rank,
+        the inverse of `coords`; keywords only, so no call depends on the axes' order."""
         by_axis = {name.removesuffix("_rank"): value for name, value in index.items()}
         unknown = set(by_axis) - set(AXES)
         if unknown:
@@ -413,8 +412,7 @@ class Layout:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: object) -> Layout:
-        """A copy with `changes`, checked as a new layout is (`dataclasses.replace`, without
-        its per-field bookkeeping: a search builds tens of thousands)."""
+        """A copy with `changes`, checked as a new layout is (a search builds 10^4 or more)."""
         unknown = changes.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Layout has no field {sorted(unknown)[0]!r}")
@@ -425,7 +423,6 @@ class Layout:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
-_GRID = operator.attrgetter(*AXES)  # the degrees of the rank grid's axes, in `AXES` order
 # the fields that count something: positive integers
 _COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
 

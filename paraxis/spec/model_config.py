@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.hashing import hash_once, state_unhashed
 
 # ---------------------------------------------- the mixture-of-experts fields, checked
 
@@ -105,6 +106,9 @@ MAX_LAYERS = 10_000
 
 @dataclass(frozen=True)
 class ModelConfig:
+    __hash__ = hash_once  # a search hashes it in every cached price it asks for: once
+    __getstate__ = state_unhashed
+
     name: str
     style: str
     vocab_size: int

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.hashing import hash_once, state_unhashed
 from paraxis.spec.model_config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -260,6 +261,9 @@ class Precision:
     their own dtype and gathers parameters in theirs, so grad_bytes and param_bytes are also
     the dp collectives' bytes per element (plan/comm.py), except that `fp8_weight_gather`
     gathers the FP8 linears' weights at 1 byte (plan/fp8.py)."""
+
+    __hash__ = hash_once  # a search hashes it in every cached price it asks for: once
+    __getstate__ = state_unhashed
 
     param_bytes: float
     grad_bytes: float
