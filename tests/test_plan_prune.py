@@ -9,7 +9,7 @@ import pytest
 from paraxis.plan.cost import evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
-from paraxis.plan.floor import Floors, step_lower_bound
+from paraxis.plan.floor import Floors, step_lower_bound, variants_floor
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, families, rival_shape
 from paraxis.plan.ranking import EQUAL_TIMES
@@ -170,6 +170,38 @@ def test_every_layout_a_search_prices_costs_what_it_costs_alone(case) -> None:
         alone = evaluate(cfg, estimate.layout, cluster, seq, batch, precision)
         assert alone.step_time_s == estimate.step_time_s, estimate.layout
         assert alone.memory == estimate.memory, estimate.layout
+
+
+@pytest.mark.parametrize("name, gpus, gpu, batch, seq", [
+    ("llama3-8b", 16, "h100-sxm-80gb", 16, 65536),
+    ("mixtral-8x7b", 64, "a100-80gb", 64, 32768),
+    ("llama2-7b", 32, "a100-80gb", 32, 32768),
+])
+def test_every_cp_variant_is_above_the_floor_its_siblings_give(name, gpus, gpu, batch,
+                                                                seq) -> None:
+    """`variants_floor` of a priced layout is under every other cp variant of it (the
+    search prices a shape's variants only where that floor does not hide them)."""
+    cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)
+    whole = search(cfg, cluster, seq, batch, exhaustive=True)
+    priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
+    siblings: dict = {}
+    for estimate in priced:
+        if estimate.layout.cp > 1:
+            key = estimate.layout.replace(cp_attention="ring", cp_a2a=1)
+            siblings.setdefault(key, []).append(estimate)
+    pairs = 0
+    memo: dict = {}
+    for group in siblings.values():
+        for estimate in group[:3]:
+            floor = variants_floor(cfg, estimate, cluster, seq, batch, MIXED_ADAM,
+                                   DEFAULT_OVERLAP, DEFAULT_IMBALANCE, memo)
+            assert floor >= step_lower_bound(cfg, estimate.layout, cluster, seq, batch,
+                                             memo=memo) * (1 - 1e-12)
+            for other in group:
+                assert other.step_time_s >= floor * (1 - 1e-12), (estimate.layout,
+                                                                   other.layout)
+                pairs += other is not estimate
+    assert pairs > 100
 
 
 def test_a_heavier_recomputation_priced_faster_keeps_the_floor_below_it() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from paraxis.plan.bubble import bubble_floor, bubble_holds
 from paraxis.plan.cost import (
     EXPOSED_COMM,
+    Estimate,
     calls_time,
     optimizer_seconds,
     pipeline_time,
@@ -44,6 +45,23 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
     return (pipeline_floors(cfg, layout, cluster, seq_len, global_batch, precision,
                             overlap, expert_imbalance, memo)[layout.recompute]
             + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
+
+
+def variants_floor(cfg: ModelConfig, estimate: Estimate, cluster: Cluster, seq_len: int,
+                   global_batch: int, precision: Precision, overlap: Overlap,
+                   expert_imbalance: float, memo: dict) -> float:
+    """A floor under the step time of every cp variant of `estimate`'s layout (its K/V
+    exchange done another way, `cp_variants.py`), from the layout's own price. The variants
+    hold the same parameters, so they differ only in their pipeline, whose floor holds for
+    all of them (`pipeline_floors`), and in how much of the gradient sync that pipeline's
+    compute hides, which grows no faster than the pipeline does: each variant's step is at
+    least that floor plus the layout's own time outside its pipeline. Above
+    `step_lower_bound`, which leaves the gradient sync out."""
+    time = estimate.time
+    outside = time["dp"] + time["tp_grads"] + time["optimizer"] + time["step_calls"]
+    return outside + pipeline_floors(cfg, estimate.layout, cluster, seq_len, global_batch,
+                                     precision, overlap, expert_imbalance,
+                                     memo)[estimate.layout.recompute]
 
 
 def _without_recompute(layout: Layout) -> Layout:

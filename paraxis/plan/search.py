@@ -31,7 +31,7 @@ from paraxis.plan.cost import (
 )
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
-from paraxis.plan.floor import Floors, step_lower_bound
+from paraxis.plan.floor import Floors, variants_floor
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import (
     check_interleaving,
@@ -303,9 +303,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     too_big_at = micro_batch
                 fitted_smaller = fitted_smaller or fits_here
     args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
-    siblings = other_variants(  # a layout's cp variants share its floor
+    siblings = other_variants(  # a layout's cp variants share a floor
         result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
-        lambda e: exhaustive or not bound.hides(step_lower_bound(cfg, e.layout, *args), e.layout))
+        lambda e: exhaustive or not bound.hides(variants_floor(cfg, e, *args), e.layout))
     result.considered += len(siblings)
     result.ranked += [e for e in siblings if e.fits]
     result.too_big += [Rejection(e.layout, too_big_reason(e), e) for e in siblings if not e.fits]
