@@ -43,32 +43,16 @@ from paraxis.plan.bubble import (
 from paraxis.plan.comm import (
     axis_link,
     collective_time,
-    copies_sync_time,
-    dp_sync_time,
-    gradient_bucket_bytes,
-    last_bucket_time,
-    param_gather_time,
-    zero3_layer_times,
-    zero3_windows,
 )
 from paraxis.plan.compute import (
     iteration_flops,
     optimizer_time,
 )
-from paraxis.plan.context import (
-    copies_link,
-    zero_link,
-)
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     check_ep,
-    expert_dp_link,
-    shard_grad_sum_seconds,
 )
-from paraxis.plan.fp8 import (
-    gather_bytes_per_param,
-    regather_bytes_per_param,
-)
+from paraxis.plan.grad_sync import exposed_sync, sync_parts
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.layer_cost import (
     block_key,
@@ -344,86 +328,14 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     kinds, counts, layer = pipe.kinds, pipe.counts, pipe.layer
     t_forward, t_backward, pipeline = pipe.forward, pipe.backward, pipe.pipeline
 
-    # Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter;
-    # under hybrid sharding within one shard group of them, then across its copies.
-    replicas = layout.zero_ranks
-    dp_link = zero_link(layout, cluster)
-    copies, across = layout.replicas, copies_link(layout, cluster)
-    # An MoE model's routed experts: over their dp*cp/ep replicas (plan/experts.py).
-    shares = stage_local_params(cfg, layout, seq_len)
-    stage_param_count = max(local for local, _ in shares)
-    experts = max(expert for _, expert in shares)
-    expert_replicas = replicas // layout.ep
-    reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
-    gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
-    regathered = regather_bytes_per_param(cfg, precision, layout.recompute)
-    sync = (layout.microbatches, precision.grad_bytes, gathered)
-    expert_sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
-    # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")
-    pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
-    bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
-    t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, max(counts),
-                        bucket, reshard, pipelined, copies, across, regathered)
-    t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
-                                precision.grad_bytes, max(counts), bucket)
-    # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
-    # reduction (comm.param_gather_time, comm.last_bucket_time): never behind the backward
-    t_gather = param_gather_time(stage_param_count, replicas, layout.zero, dp_link,
-                                 gathered)
-    t_tail = last_bucket_time(stage_param_count, replicas, layout.zero, dp_link,
-                              precision.grad_bytes, max(counts), bucket)
-    if experts:
-        expert_link = expert_dp_link(layout, cluster)
-        expert_args = (max(k[1] for k in kinds),
-                       gradient_bucket_bytes(gpu, expert_replicas, precision.grad_bytes))
-        t_dp += dp_sync_time(experts, expert_replicas, layout.zero, expert_link, *expert_sync,
-                             *expert_args, reshard, pipelined, copies, across)
-        t_across += copies_sync_time(experts, expert_replicas, layout.zero, copies, across,
-                                     precision.grad_bytes, *expert_args)
-        t_gather += param_gather_time(experts, expert_replicas, layout.zero, expert_link,
-                                      precision.param_bytes)
-    if layout.zero == 3 and replicas > 1 and overlap.zero3_prefetch:
-        # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
-        # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
-        gather_f, gather_b = zero3_layer_times(stage_param_count / max(counts), replicas,
-                                               dp_link, precision.grad_bytes, gathered,
-                                               regathered)
-        windows = layer
-        if experts:  # the mean block's gathers, experts over their own replicas
-            more = zero3_layer_times(experts / max(counts), expert_replicas, expert_link,
-                                     precision.grad_bytes, precision.param_bytes)
-            gather_f, gather_b = gather_f + more[0], gather_b + more[1]
-            windows = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]}
-        pairs, passes = zero3_windows(gather_f, gather_b, windows, layout)
-        per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
-                        for comm, window in pairs)
-        dp_exposed = passes * max(counts) * per_layer
-        # Hybrid: each shard's all-reduce across copies starts as the last microbatch's
-        # backward reduces it (pp = 1), beside what that backward's own traffic leaves
-        # free; under a pipeline it runs after the flush.
-        spare = 0.0 if layout.pp > 1 else max(0.0, t_backward - max(counts) * gather_b)
-        dp_exposed += max(0.0, t_across - spare) + overlap.contention * min(t_across, spare)
-    elif overlap.dp and layout.zero < 3:
-        # ZeRO-2's per-microbatch reduce-scatter behind every backward; ZeRO-0/1's single
-        # all-reduce (and a pipeline's ZeRO-2 single reduce-scatter) behind the last only,
-        # but for the last bucket's. The parameters' all-gather comes after the step: exposed,
-        # or behind the next step's first forward where the runtime starts it there.
-        window = (layout.microbatches * t_backward if layout.zero == 2 and not pipelined
-                  else t_backward)
-        grads = t_dp - t_gather
-        tail = min(t_tail, grads)
-        hideable = grads - tail
-        dp_exposed = (tail + max(0.0, hideable - window)
-                      + overlap.contention * min(hideable, window))
-        if gpu.param_gather_overlap:
-            dp_exposed += (max(0.0, t_gather - t_forward)
-                           + overlap.contention * min(t_gather, t_forward))
-        else:
-            dp_exposed += t_gather
-    else:
-        dp_exposed = t_dp
-    t_shards = shard_grad_sum_seconds(cfg, layout, cluster, max(k[1] for k in kinds), experts,
-                                      precision.grad_bytes)  # after the sync, exposed
+    sync = sync_parts(cfg, layout, cluster, seq_len, precision, overlap, max(counts),
+                      max(k[1] for k in kinds))
+    # ZeRO-3's gathers hide behind a block's compute: a dense block's, or with experts the
+    # mean block's
+    block = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]} \
+        if sync.experts else layer
+    dp_exposed = exposed_sync(sync, layout, cluster, overlap, t_forward, t_backward, block)
+    t_dp, t_shards = sync.dp, sync.shards  # the experts' sum over tp: after the sync, exposed
     t_optimizer = optimizer_seconds(cfg, layout, cluster, seq_len, precision)
     t_calls = calls_time(cfg, layout, cluster, memo)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
