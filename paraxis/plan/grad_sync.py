@@ -1,7 +1,5 @@
 """A step's gradient sync: what its collectives take (`sync_parts`) and how much of them the
-pipeline's compute leaves exposed (`exposed_sync`), for `cost.evaluate`; with compute windows
-of no end, a floor under that for the search (`sync_floor`): every exposed part only shrinks
-as a window grows.
+pipeline's compute leaves exposed (`exposed_sync`), for `cost.evaluate`.
 
 Gradients are reduced, and ZeRO shards, over the dp x cp replicas of each parameter; under
 hybrid sharding within one shard group of them, then across its copies. An MoE model's
@@ -10,7 +8,6 @@ routed experts over their dp*cp/ep replicas (plan/experts.py).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 from paraxis.plan.comm import (
@@ -135,11 +132,3 @@ def exposed_sync(parts: SyncParts, layout: Layout, cluster: Cluster, overlap: Ov
                 parts.gather, t_forward)
         return exposed + parts.gather
     return parts.dp
-
-
-def sync_floor(parts: SyncParts, layout: Layout, cluster: Cluster, overlap: Overlap) -> float:
-    """What of `parts` is exposed whatever the compute (`exposed_sync` behind endless windows),
-    with the experts' gradient sum after it."""
-    endless = {"forward": math.inf, "backward": math.inf}
-    return exposed_sync(parts, layout, cluster, overlap, math.inf, math.inf,
-                        endless) + parts.shards
