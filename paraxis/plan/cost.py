@@ -331,8 +331,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     sync = sync_parts(cfg, layout, cluster, seq_len, precision, overlap, max(counts),
                       max(k[1] for k in kinds))
     # ZeRO-3's gathers hide behind a block's compute: a dense block's, or with experts the
-    # mean block's
-    block = {"forward": t_forward / counts[0], "backward": t_backward / counts[0]} \
+    # mean block's of the busiest stage (whose blocks the gathers are split over)
+    block = {"forward": t_forward / sync.blocks, "backward": t_backward / sync.blocks} \
         if sync.experts else layer
     dp_exposed = exposed_sync(sync, layout, cluster, overlap, t_forward, t_backward, block)
     t_dp, t_shards = sync.dp, sync.shards  # the experts' sum over tp: after the sync, exposed
