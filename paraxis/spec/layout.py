@@ -263,7 +263,7 @@ class Layout:
         if self.cp_attention not in CP_ATTENTION:
             raise ParaxisError(f"unknown cp_attention {self.cp_attention!r}; use one of "
                                f"{', '.join(CP_ATTENTION)}")
-        inner = [a for a in range(2, self.cp) if self.cp % a == 0]
+        inner = [a for a in range(2, self.cp) if self.cp % a == 0] if self.cp_a2a > 1 else ()
         if self.cp_a2a > 1 and not inner:
             raise ParaxisError(f"cp_a2a={self.cp_a2a} needs a cp of 4 or more (a divisor of cp "
                                f"between 1 and cp; cp={self.cp} has none): raise cp, or leave "
