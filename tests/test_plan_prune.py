@@ -114,6 +114,33 @@ def test_the_floor_is_below_every_price(case) -> None:
         assert 0 < coarse <= floor * (1 + 1e-12), layout
 
 
+@pytest.mark.parametrize("name, gpus, batch, seq, kernels", [
+    ("llama2-7b", 32, 256, 4096, "eager"),
+    ("llama3-8b", 16, 128, 8192, "compiled"),
+])
+def test_the_search_floors_shared_across_microbatch_counts_stay_under_every_price(
+        name, gpus, batch, seq, kernels) -> None:
+    """`Floors.of` shares a setting's optimizer step across its microbatch counts, visited
+    as the search visits them (the most first); paraxis's kernels' step grows with them."""
+    cfg, cluster = PRESETS[name], build_cluster("h100-sxm-80gb", gpus, 8, {"kernels": kernels})
+    whole = search(cfg, cluster, seq, batch, exhaustive=True)
+    priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
+    floors = Floors(cfg, cluster, seq, batch, MIXED_ADAM, DEFAULT_OVERLAP, DEFAULT_IMBALANCE,
+                    {})
+    shapes: dict = {}
+    for estimate in sorted(priced, key=lambda e: -e.layout.microbatches):
+        layout = estimate.layout
+        shape = shapes.setdefault((layout.dp, layout.tp, layout.pp, layout.cp, layout.ep,
+                                   layout.etp), Layout(dp=layout.dp, tp=layout.tp,
+                                                       pp=layout.pp, cp=layout.cp,
+                                                       ep=layout.ep, etp=layout.etp))
+        base = shape.replace(zero=layout.zero, zero3_reshard=layout.zero3_reshard,
+                             dp_shard=layout.dp_shard)
+        floor = floors.of(shape, base, layout.microbatches, layout.schedule,
+                          layout.virtual_stages, layout.sequence_parallel, layout.recompute)
+        assert floor <= estimate.step_time_s * (1 + 1e-12), layout
+
+
 def test_cpu_ranks_skip_too() -> None:
     cfg = dataclasses.replace(PRESETS["llama2-7b"], n_layers=8, name="llama2-7b-8l")
     cluster = build_cluster("a100-80gb", 8, 8).replace(cores_per_node=2)

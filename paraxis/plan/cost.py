@@ -208,10 +208,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     t_ep_total = blocks_sum(busiest, "ep_total")
     reruns = (0.0, 0.0)  # the blocks' forward again: their attention cores, or all of it
     if floor:
-        share_key = ("core share", layout.cp, layout.cp_attention, layout.cp_a2a, layout.tp)
-        if share_key not in memo:
-            memo[share_key] = core_share_of_fastest(cfg, layout, cluster, seq_len)
-        faster = 1 - memo[share_key]
+        faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len, memo)
         t_forward -= faster * blocks_sum(busiest, "core_forward")
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0

@@ -98,7 +98,7 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
     layer, moe_layer, head = block_times(cfg, _without_recompute(layout), cluster, seq_len,
                                          micro_batch, precision, overlap_on(cluster, overlap),
                                          expert_imbalance, memo)
-    faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len)
+    faster = 1 - core_share_of_fastest(cfg, layout, cluster, seq_len, memo)
     blocks = ((cfg.n_layers - cfg.n_moe_layers, layer), (cfg.n_moe_layers, moe_layer))
     whole = [count * (block["forward"] + block["backward"]) for count, block in blocks]
     lean = [count * (block["gpu_forward"] + block["gpu_backward"] - faster * (
@@ -113,8 +113,9 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
 
 def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 precision: Precision, memo: dict) -> float:
-    """The optimizer step and the step's small calls of `layout`: alike for every
-    microbatch size, schedule and recomputation."""
+    """The optimizer step and the step's small calls of `layout`: alike for every schedule
+    and recomputation, and for every microbatch size but where paraxis's kernels add each
+    later microbatch's gradients (no fewer at more microbatches)."""
     return (optimizer_seconds(cfg, layout, cluster, seq_len, precision)
             + calls_time(cfg, layout, cluster, memo))
 
@@ -159,7 +160,10 @@ class Floors:
             except ParaxisError:  # e.g. more model chunks than layers
                 return 0.0
             if fixed_key not in self.fixed:
-                self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
+                # at the fewest microbatches the schedule runs: paraxis's kernels' optimizer
+                # step grows with them (`compute.optimizer_time`), the rest does not
+                fewest = probe.replace(microbatches=probe.pp if kind == "interleaved" else 1)
+                self.fixed[fixed_key] = fixed_floor(cfg, fewest, cluster, seq_len, precision,
                                                     self.memo)
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 

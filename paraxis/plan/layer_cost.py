@@ -273,13 +273,19 @@ def reruns_needed(gpu: GPU) -> bool:
 
 
 def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,
-                          seq_len: int) -> float:
+                          seq_len: int, memo: dict | None = None) -> float:
     """The fastest attention core any cp variant of `layout` runs, as a share of its own
     (1.0 without cp or a fitted kernel rate): the variants cut the sequence into different
     pieces (`context.kernel_pieces`: 1 for the all-to-all, cp/cp_a2a for the others), and a
-    kernel's rate depends on its sequence (`rates.attention_kernel_rate`)."""
+    kernel's rate depends on its sequence (`rates.attention_kernel_rate`). Once per cp
+    variant and tp degree in `memo` (a search's)."""
     if layout.cp == 1:
         return 1.0
+    if memo is not None:
+        key = ("core share", layout.cp, layout.cp_attention, layout.cp_a2a, layout.tp)
+        if key not in memo:
+            memo[key] = core_share_of_fastest(cfg, layout, cluster, seq_len)
+        return memo[key]
     kernel = get_kernel("flash")
     own = attention_kernel_rate(cluster, kernel, seq_len, cfg.head_dim, kernel_pieces(layout),
                                 layout.tp)
