@@ -30,11 +30,22 @@ CASES = [
     ("llama2-70b", 128, "a100-80gb", 512, 4096, {}),
     ("mixtral-8x7b", 64, "h100-sxm-80gb", 128, 8192, {}),
     ("llama2-7b", 32, "a100-80gb", 128, 2048, {"schedules": ("1f1b", "zb-h1")}),
+    # paraxis's own kernels, whose optimizer step grows with the microbatches
+    ("llama2-7b", 32, "h100-sxm-80gb-eager", 256, 4096, {}),
+    ("mixtral-8x7b", 64, "h100-sxm-80gb-compiled", 256, 4096, {}),
 ]
 
 
+def _cluster(gpu: str, gpus: int):
+    """A GPU preset, or one with paraxis's kernels ("<preset>-eager", "<preset>-compiled")."""
+    for kernels in ("eager", "compiled"):
+        if gpu.endswith("-" + kernels):
+            return build_cluster(gpu.removesuffix("-" + kernels), gpus, 8, {"kernels": kernels})
+    return build_cluster(gpu, gpus, 8)
+
+
 def _searches(name, gpus, gpu, batch, seq, constraints):
-    cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)
+    cfg, cluster = PRESETS[name], _cluster(gpu, gpus)
     c = Constraints(**constraints)
     return (cfg, cluster, search(cfg, cluster, seq, batch, c, exhaustive=True),
             search(cfg, cluster, seq, batch, c))
@@ -96,7 +107,7 @@ def _leading_shapes(result) -> list[tuple]:
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_the_floor_is_below_every_price(case) -> None:
     name, gpus, gpu, batch, seq, constraints = case
-    cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8)
+    cfg, cluster = PRESETS[name], _cluster(gpu, gpus)
     whole = search(cfg, cluster, seq, batch, Constraints(**constraints), exhaustive=True)
     priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
     memo: dict = {}
