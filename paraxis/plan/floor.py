@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 from paraxis.plan.bubble import bubble_floor, bubble_holds
+from paraxis.plan.compute import PARAXIS_KERNELS
 from paraxis.plan.cost import (
     EXPOSED_COMM,
     Estimate,
@@ -113,9 +114,9 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
 
 def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 precision: Precision, memo: dict) -> float:
-    """The optimizer step and the step's small calls of `layout`: alike for every schedule
-    and recomputation, and for every microbatch size but where paraxis's kernels add each
-    later microbatch's gradients (no fewer at more microbatches)."""
+    """The optimizer step and the step's small calls of `layout`: alike for every
+    recomputation, and for every microbatch size but where paraxis's kernels add each later
+    microbatch's gradients (`compute.optimizer_time`)."""
     return (optimizer_seconds(cfg, layout, cluster, seq_len, precision)
             + calls_time(cfg, layout, cluster, memo))
 
@@ -124,7 +125,8 @@ class Floors:
     """`step_lower_bound` of a search's layouts before they are built: the pipeline's
     part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
     shard groups (but where FP8 weights are cast on ZeRO-3's shards), the optimizer's and
-    small calls' once per (shape, ZeRO, shard group, SP)."""
+    small calls' once per (shape, ZeRO, shard group, SP, schedule, depth), and per
+    microbatch count with paraxis's kernels."""
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                  precision: Precision, overlap: Overlap, expert_imbalance: float,
@@ -135,6 +137,7 @@ class Floors:
         self.fixed: dict[tuple, float] = {}
         self.computes: dict[tuple, float] = {}
         self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
+        self.accumulates = cluster.gpu.kernels in PARAXIS_KERNELS  # `compute.optimizer_time`
 
     def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
            sp: bool, recompute: str) -> float:
@@ -145,8 +148,10 @@ class Floors:
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
         key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
                microbatches, kind, virtual, sp)
-        # the stage holding the most parameters, which the schedule and depth place
-        fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp, kind, virtual)
+        # the stage holding the most parameters, which the schedule and depth place; with
+        # paraxis's kernels the microbatches too, whose gradients their optimizer step adds
+        fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp, kind, virtual,
+                     microbatches if self.accumulates else 0)
         if key not in self.pipelines or fixed_key not in self.fixed:
             try:
                 probe = base.replace(microbatches=microbatches, schedule=kind,
@@ -160,10 +165,7 @@ class Floors:
             except ParaxisError:  # e.g. more model chunks than layers
                 return 0.0
             if fixed_key not in self.fixed:
-                # at the fewest microbatches the schedule runs: paraxis's kernels' optimizer
-                # step grows with them (`compute.optimizer_time`), the rest does not
-                fewest = probe.replace(microbatches=probe.pp if kind == "interleaved" else 1)
-                self.fixed[fixed_key] = fixed_floor(cfg, fewest, cluster, seq_len, precision,
+                self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
                                                     self.memo)
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
