@@ -225,6 +225,19 @@ class Floors:
         fastest group the 26th of 232 by the first order, the 2nd by the second) prices
         2,914 layouts by the first alone, 2,150 by the second, 1,692 by the two
         (`python -m tools.probes.search_order`)."""
+        members, orders = self.group_orders(shapes, micro_batch, settings, group, lightest)
+        taken: dict[tuple, None] = {}
+        for keys in zip(*orders, strict=True):
+            taken.update(dict.fromkeys(keys))
+        return [shape for key in taken for shape in members[key]]
+
+    def group_orders(self, shapes: list[Layout], micro_batch: int,
+                     settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],
+                     group: Callable[[Layout], tuple],
+                     lightest: Callable[..., tuple[str, Layout] | None] | None = None
+                     ) -> tuple[dict[tuple, list[Layout]], list[list[tuple]]]:
+        """`best_first`'s groups (key -> its shapes, in their order) and the orders it takes
+        them from: by the coarse floor, and with `lightest` by the fitting one."""
         coarse: dict[tuple, float] = {}
         members: dict[tuple, list[Layout]] = {}
         for shape in shapes:
@@ -239,10 +252,7 @@ class Floors:
                                            micro_batch, settings, lightest)
                       for key, group_shapes in members.items()}
             orders.append(sorted(members, key=fitted.__getitem__))
-        taken: dict[tuple, None] = {}
-        for keys in zip(*orders, strict=True):
-            taken.update(dict.fromkeys(keys))
-        return [shape for key in taken for shape in members[key]]
+        return members, orders
 
     def _fit_floor(self, shape: Layout, micro_batch: int,
                    settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],

@@ -155,7 +155,7 @@ class Layout:
     @property
     def degrees(self) -> dict[str, int]:
         """Axis -> degree for every axis of the rank grid, in `AXES` order."""
-        return dict(zip(AXES, axis_degrees(self), strict=True))
+        return dict(self.grid)
 
     @property
     def grid(self) -> tuple[tuple[str, int], ...]:

@@ -26,19 +26,12 @@ CASES = [("mixtral-8x22b", 2048, 131072), ("mixtral-8x7b", 1024, 32768)]
 TAKEN = Floors.best_first
 
 
-def _one_order(second: bool, taken: list | None = None):
+def _one_order(second: bool, taken: list | None = None):  # noqa: ANN202
     """`Floors.best_first` taking one of its two orders alone (the shapes it returns also
     into `taken`)."""
     def best_first(self, shapes, micro_batch, settings, group, lightest=None):  # noqa: ANN001, ANN202
-        order = TAKEN(self, shapes, micro_batch, settings, group)
-        if second and lightest is not None:
-            members: dict = {}
-            for shape in order:
-                members.setdefault(group(shape), []).append(shape)
-            floor = {key: self._fit_floor(max(found, key=lambda s: (s.ep, s.etp)),
-                                          micro_batch, settings, lightest)
-                     for key, found in members.items()}
-            order = [s for key in sorted(members, key=floor.__getitem__) for s in members[key]]
+        members, orders = self.group_orders(shapes, micro_batch, settings, group, lightest)
+        order = [shape for key in orders[-1 if second else 0] for shape in members[key]]
         if taken is not None:
             taken.extend(order)
         return order
