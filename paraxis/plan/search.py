@@ -201,6 +201,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
             too_big_at: int | None = None
             fitted_smaller = False
+            unsure: list[int] = []  # smaller sizes skipped on their floor: fit not known
             # Settings (schedule, depth, SP, recompute) too big at a smaller size: not priced
             # again, a larger microbatch holds more. A pipeline's ZeRO-2 that reduces once a
             # step holds the stage's whole gradients beside its shards over two or more
@@ -217,10 +218,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     if dips:
                         continue  # but the size of one microbatch a step
                     break  # a larger microbatch holds more activations: it cannot fit either
-                if pp > 1 and per_replica // micro_batch < pp and fitted_smaller:
+                starved = pp > 1 and per_replica // micro_batch < pp
+                if starved and fitted_smaller:
                     # fewer microbatches than stages idle half the pipeline; a smaller size fits
                     break
-                too_big_here, fits_here = False, False
+                too_big_here, fits_here, floor_skipped = False, False, False
                 microbatches = per_replica // micro_batch
                 learn = across and ep_key not in fitted_across_nodes
                 sps = c.sequence_parallel if tp > 1 else (False,)
@@ -228,7 +230,15 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if not exhaustive and not learn and bound.hides(floors.coarse(
                         shape, base, micro_batch, microbatches, sps, variants), base):
                     result.skipped += 1  # every setting of this size is slower
+                    unsure.append(micro_batch)
                     continue
+                if starved and unsure:
+                    # as the exhaustive search would know: a smaller size skipped on its floor
+                    # may fit (asked only here, where this size is not skipped on its own)
+                    if any(_fits_at_some_setting(fits, build, shape, base, per_replica // m,
+                                                 c, cfg) for m in unsure):
+                        break
+                    unsure.clear()  # none of them fits
                 for kind, virtual in variants:
                     for sp in sps:
                         if not sp and _repeats_experts(cfg, shape, c):
@@ -254,6 +264,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 bound.families_fit(base)
                             if slow and slow_if_big and not learn:
                                 result.skipped += 1  # and its heavier recomputations, slower
+                                floor_skipped = True
                                 break
                             if slow_if_big and fits.known_too_big(shape, base, (
                                     microbatches, kind, virtual, sp, recompute, group)):
@@ -302,6 +313,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if not fits_here and too_big_here and grows:
                     too_big_at = micro_batch
                 fitted_smaller = fitted_smaller or fits_here
+                if floor_skipped and not fits_here:
+                    unsure.append(micro_batch)
     args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
     siblings = other_variants(  # a layout's cp variants share a floor
         result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
@@ -324,6 +337,28 @@ def _setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int, base
     layout.validate(world, cfg, global_batch, seq_len)
     check_interleaving(layout, cfg)
     return layout
+
+
+def _fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout,
+                          base: Layout, microbatches: int, c: Constraints,
+                          cfg: ModelConfig) -> bool:
+    """Whether `base` (of `shape`) at `microbatches` fits at some setting the search tries
+    (schedule, depth, SP, recomputation), its time unpriced: what the search learns of a size
+    it skipped on its floor, where the exhaustive search would have priced it."""
+    sps = c.sequence_parallel if shape.tp > 1 else (False,)
+    for kind, virtual in _schedule_variants(shape.pp, microbatches, c, cfg.n_layers):
+        for sp in sps:
+            if not sp and _repeats_experts(cfg, shape, c):
+                continue
+            for recompute, group in _recompute_steps(c.recompute, c.recompute_layers,
+                                                     cfg.n_layers, shape.pp, virtual):
+                try:
+                    layout = build(base, microbatches, kind, virtual, sp, recompute, group)
+                except ParaxisError:
+                    break
+                if fits(shape, layout):
+                    return True
+    return False
 
 
 def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constraints,
