@@ -98,6 +98,21 @@ def test_skipping_on_the_floor_changes_nothing_the_answer_shows(case) -> None:
         assert line == other or family, line
 
 
+def test_a_recomputation_skipped_on_its_floor_may_still_fit() -> None:
+    """At one microbatch per step Llama 3 70B (FP8, 16K tokens, 16 H200s) fits ZeRO-3 on
+    dp=4 x cp=4 only with full recomputation, slower than all the answer shows: skipped on
+    its floor, it does not make the size "too big", so the larger sizes, which fit faster
+    and are among the ties, are still tried."""
+    cfg, cluster = PRESETS["llama3-70b"], build_cluster("h200", 16, 8)
+    whole, pruned = (search(cfg, cluster, 16384, 128, precision=PRECISIONS["fp8"],
+                            exhaustive=exhaustive) for exhaustive in (True, False))
+    band = error_band(cluster)
+    tied = [[_facts(e) for e in ties(r.ranked[0], r.ranked, band)] for r in (pruned, whole)]
+    assert "dp=4,tp=1,pp=1,cp=4,zero=3,microbatches=4,recompute=full" in [
+        layout for layout, _, _ in tied[1]]
+    assert tied[0] == tied[1]
+
+
 def _leading_shapes(result) -> list[tuple]:
     fastest: dict = {}
     for e in result.ranked:

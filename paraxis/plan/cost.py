@@ -145,7 +145,7 @@ class Pipeline(NamedTuple):
 EXPOSED_COMM = ("tp_forward", "tp_backward", "ep_forward", "ep_backward")
 
 
-def _rerun_floors(layer: dict[str, float], faster: float) -> tuple[float, float]:
+def rerun_floors(layer: dict[str, float], faster: float) -> tuple[float, float]:
     """What recomputing adds to a block's backward at the least, for any cp variant (its
     core `faster` by that share of its own): the attention core again (selective) or the
     rerun forward (full) on the GPU, less what the host's launches hide of it where they
@@ -214,7 +214,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         t_cp = 0.0
         dense, moe = kinds[busiest]
         reruns = tuple(dense * d + moe * m for d, m in zip(
-            _rerun_floors(layer, faster), _rerun_floors(moe_layer, faster), strict=True))
+            rerun_floors(layer, faster), rerun_floors(moe_layer, faster), strict=True))
         # recomputing may make another stage the busiest: the least any stage communicates
         least_comm = min(blocks_sum(s, *EXPOSED_COMM) + (s == last) * head["tp"]
                          for s in firsts.values())

@@ -20,6 +20,7 @@ from paraxis.plan.cost import (
     calls_time,
     optimizer_seconds,
     pipeline_time,
+    rerun_floors,
 )
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
@@ -89,13 +90,16 @@ def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len:
 
 def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                  micro_batch: int, precision: Precision, overlap: Overlap,
-                 expert_imbalance: float, memo: dict) -> tuple[float, float, float]:
+                 expert_imbalance: float, memo: dict
+                 ) -> tuple[float, float, float, dict[str, tuple[float, float]]]:
     """What `pipeline_floors` of `layout` at this microbatch size is at least, for every
     schedule, interleaving depth and recomputation, per microbatch: (the stages' mean
-    compute, a dense block's and an MoE block's exposed TP and EP communication). The mean
-    is every block's GPU time with its attention core at the fastest cp variant's rate: a
-    stage's share of the model is its blocks' in any split, and the busiest stage computes
-    at least the mean; the host's launches, which only add, are left out."""
+    compute, a dense block's and an MoE block's exposed TP and EP communication, and by
+    recomputation what it adds to a dense and an MoE block at the least, from it on: that
+    or any heavier one). The mean is every block's GPU time with its attention core at the
+    fastest cp variant's rate: a stage's share of the model is its blocks' in any split, and
+    the busiest stage computes at least the mean; the host's launches, which only add, are
+    left out."""
     layer, moe_layer, head = block_times(cfg, _without_recompute(layout), cluster, seq_len,
                                          micro_batch, precision, overlap_on(cluster, overlap),
                                          expert_imbalance, memo)
@@ -109,7 +113,11 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
     share = min((l / w for l, w in zip(lean, whole, strict=True) if w > 0), default=1.0)
     total = sum(whole) + head["forward"] + head["backward"]
     comm = [sum(block[k] for k in EXPOSED_COMM) for _, block in blocks]
-    return share * total / layout.pp, comm[0], comm[1]
+    # (selective, full) per block kind; none adds nothing
+    dense, moe = (rerun_floors(block, faster) for block in (layer, moe_layer))
+    reruns = {"none": (0.0, 0.0), "selective": (min(dense), min(moe)),
+              "full": (dense[1], moe[1])}
+    return share * total / layout.pp, comm[0], comm[1], reruns
 
 
 def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -136,6 +144,7 @@ class Floors:
         self.pipelines: dict[tuple, dict[str, float]] = {}
         self.fixed: dict[tuple, float] = {}
         self.computes: dict[tuple, float] = {}
+        self.coarse_parts: dict[tuple, tuple[list, list]] = {}
         self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
         self.accumulates = cluster.gpu.kernels in PARAXIS_KERNELS  # `compute.optimizer_time`
 
@@ -170,21 +179,40 @@ class Floors:
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
     def coarse(self, shape: Layout, base: Layout, micro_batch: int, microbatches: int,
-               sps: tuple[bool, ...], variants: list[tuple[str, int]]) -> float:
+               sps: tuple[bool, ...], variants: list[tuple[str, int]],
+               recompute: str = "none") -> float:
         """A floor under `of` for every (schedule, depth) of `variants`, SP setting of `sps`
-        and recomputation of `base` at this microbatch size, cheaper than any of them: the
-        stages' mean compute (`block_floors`) and the least any stage communicates, over one
-        minus the schedule's least bubble where that holds whatever the work (as
-        `pipeline_time`'s floor has it); 0 where any of them breaks a rule, whose layout the
-        search must build to say why (`SearchResult.rule_breakers`)."""
+        and recomputation of `base` from `recompute` on at this microbatch size, cheaper than
+        any of them: the stages' mean compute (`block_floors`), the least any stage
+        communicates and the least any stage's blocks recompute, over one minus the
+        schedule's least bubble where that holds whatever the work (as `pipeline_time`'s
+        floor has it); 0 where any of them breaks a rule, whose layout the search must build
+        to say why (`SearchResult.rule_breakers`)."""
+        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
+               micro_batch, sps, recompute)
+        if key not in self.computes:
+            splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
+                                               variants)
+            self.computes[key] = min((microbatches * (compute + min(
+                dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
+                dense * reruns[recompute][0] + moe * reruns[recompute][1]
+                for dense, moe in stages)) / (1 - bubble)
+                for bubble, stages in splits
+                for compute, dense_comm, moe_comm, reruns in parts), default=0.0)
+        return self.computes[key]
+
+    def _coarse_parts(self, shape: Layout, base: Layout, micro_batch: int,
+                      microbatches: int, sps: tuple[bool, ...],
+                      variants: list[tuple[str, int]]) -> tuple[list, list]:
+        """`coarse`'s (bubble, stages' blocks) of each variant and `block_floors` of each SP
+        setting; none where a setting breaks a rule."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
         key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
                micro_batch, sps)
-        if key in self.computes:
-            return self.computes[key]
+        if key in self.coarse_parts:
+            return self.coarse_parts[key]
         alike = bubble_holds(cluster, shape.pp)
-        floors: list[float] = []
-        splits: list[tuple[float, tuple[tuple[int, int], ...]]] = []  # (bubble, stages' blocks)
+        splits: list[tuple[float, tuple[tuple[int, int], ...]]] = []
         try:  # a setting that breaks a rule: 0, the search builds it to say which
             probes = [base.replace(microbatches=microbatches, sequence_parallel=sp)
                       .validate(cluster.world_size, cfg, global_batch, seq_len) for sp in sps]
@@ -198,13 +226,9 @@ class Floors:
             parts = [block_floors(cfg, probe, cluster, seq_len, micro_batch, precision,
                                   overlap, imbalance, self.memo) for probe in probes]
         except ParaxisError:
-            parts = []
-        for bubble, stages in splits if parts else ():
-            floors += [microbatches * (compute + min(dense * dense_comm + moe * moe_comm
-                                                     for dense, moe in stages)) / (1 - bubble)
-                       for compute, dense_comm, moe_comm in parts]
-        self.computes[key] = min(floors, default=0.0)
-        return self.computes[key]
+            splits, parts = [], []
+        self.coarse_parts[key] = splits, parts
+        return splits, parts
 
     def best_first(self, shapes: list[Layout], micro_batch: int,
                    settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],

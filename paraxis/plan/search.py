@@ -199,9 +199,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             base = shape.replace(zero=zero, zero3_reshard=reshard, dp_shard=dp_shard)
             # every size dividing a replica's batch (not only powers of 2), smallest first
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
-            too_big_at: int | None = None
-            fitted_smaller = False
-            unsure: list[int] = []  # smaller sizes skipped on their floor: fit not known
+            smaller = _Smaller(functools.partial(_fits_at_some_setting, fits, build, shape,
+                                                 base, per_replica, c, cfg))
             # Settings (schedule, depth, SP, recompute) too big at a smaller size: not priced
             # again, a larger microbatch holds more. A pipeline's ZeRO-2 that reduces once a
             # step holds the stage's whole gradients beside its shards over two or more
@@ -214,31 +213,30 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if per_replica % micro_batch:
                     continue
                 grows = not dips or per_replica // micro_batch > 1
-                if too_big_at is not None and micro_batch > too_big_at and grows:
+                if smaller.outgrows(micro_batch, grows):
                     if dips:
                         continue  # but the size of one microbatch a step
                     break  # a larger microbatch holds more activations: it cannot fit either
                 starved = pp > 1 and per_replica // micro_batch < pp
-                if starved and fitted_smaller:
+                if starved and smaller.fits:
                     # fewer microbatches than stages idle half the pipeline; a smaller size fits
                     break
-                too_big_here, fits_here, floor_skipped = False, False, False
+                too_big_here, fits_here = False, False
+                skipped: list[tuple] = []  # settings whose heavier recomputations were skipped
                 microbatches = per_replica // micro_batch
                 learn = across and ep_key not in fitted_across_nodes
                 sps = c.sequence_parallel if tp > 1 else (False,)
                 variants = _schedule_variants(pp, microbatches, c, cfg.n_layers)
+                lightest = _lightest_left(outgrown, variants, sps, c, cfg, shape) if grows \
+                    else "none"
                 if not exhaustive and not learn and bound.hides(floors.coarse(
-                        shape, base, micro_batch, microbatches, sps, variants), base):
+                        shape, base, micro_batch, microbatches, sps, variants, lightest), base):
                     result.skipped += 1  # every setting of this size is slower
-                    unsure.append(micro_batch)
+                    smaller.skip(micro_batch)
                     continue
-                if starved and unsure:
-                    # as the exhaustive search would know: a smaller size skipped on its floor
-                    # may fit (asked only here, where this size is not skipped on its own)
-                    if any(_fits_at_some_setting(fits, build, shape, base, per_replica // m,
-                                                 c, cfg) for m in unsure):
-                        break
-                    unsure.clear()  # none of them fits
+                if starved and smaller.any_fits():
+                    break  # the rule above, asking the fits not yet known (`_Smaller`)
+                abandoned = False  # the first rule's, asked where a layout is about to be priced
                 for kind, virtual in variants:
                     for sp in sps:
                         if not sp and _repeats_experts(cfg, shape, c):
@@ -264,7 +262,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 bound.families_fit(base)
                             if slow and slow_if_big and not learn:
                                 result.skipped += 1  # and its heavier recomputations, slower
-                                floor_skipped = True
+                                skipped.append((kind, virtual, sp, recompute, group))
                                 break
                             if slow_if_big and fits.known_too_big(shape, base, (
                                     microbatches, kind, virtual, sp, recompute, group)):
@@ -272,6 +270,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 too_big_here = True
                                 outgrown.add((kind, virtual, sp, recompute, group))
                                 continue
+                            if smaller.outgrows(micro_batch, grows, ask=True):
+                                abandoned = True
+                                break
                             try:
                                 layout = build(base, microbatches, kind, virtual, sp,
                                                recompute, group)
@@ -308,13 +309,15 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                                 layout, too_big_reason(estimate), estimate))
                             too_big_here = True
                             outgrown.add((kind, virtual, sp, recompute, group))
-                # Nothing at this size fit, at any recompute: larger microbatches hold more
-                # activations (a pipeline's ZeRO-2 `dips` at one microbatch a step)
-                if not fits_here and too_big_here and grows:
-                    too_big_at = micro_batch
-                fitted_smaller = fitted_smaller or fits_here
-                if floor_skipped and not fits_here:
-                    unsure.append(micro_batch)
+                        if abandoned:
+                            break
+                    if abandoned:
+                        break
+                if abandoned:
+                    if dips:
+                        continue
+                    break
+                smaller.add(micro_batch, fits_here, too_big_here and grows, skipped)
     args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
     siblings = other_variants(  # a layout's cp variants share a floor
         result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
@@ -325,6 +328,59 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+class _Smaller:
+    """What the search knows of the smaller microbatch sizes of one shape and ZeRO setting,
+    for its two rules on larger sizes: whether one fits (then a size leaving fewer
+    microbatches than stages is not tried), and the smallest at which nothing fits and a
+    setting was too big (larger sizes hold more activations: not tried). A size whose
+    settings the search skipped on their floor has a fit it does not know, where the
+    exhaustive search, which priced them, does: `ask(size, settings)` finds it, memory only,
+    where a larger size needs the answer before a layout of it is priced or checked."""
+
+    def __init__(self, ask: Callable[[int, list[tuple] | None], bool]) -> None:
+        self.ask = ask
+        self.fits = False
+        self.too_big_at: int | None = None
+        self.unsure: list[tuple[int, list[tuple] | None]] = []  # (size, settings skipped)
+        self.pending: list[tuple[int, list[tuple]]] = []  # as unsure, and one was too big
+
+    def add(self, size: int, fits: bool, too_big: bool, skipped: list[tuple]) -> None:
+        """The search's findings at `size`: whether a setting fit, whether one was too big
+        (where a larger size holds more), and the settings from whose recomputation on it
+        skipped on their floor (their fit unknown)."""
+        if fits:
+            self.fits = True
+        elif too_big and skipped:
+            self.pending.append((size, skipped))
+        elif too_big:
+            self.too_big_at = size  # nothing at this size fits, at any recomputation
+        elif skipped:
+            self.unsure.append((size, skipped))
+
+    def skip(self, size: int) -> None:
+        """`size` skipped whole on its floor: every setting's fit unknown."""
+        self.unsure.append((size, None))
+
+    def outgrows(self, size: int, grows: bool, ask: bool = False) -> bool:
+        """Whether `size` holds more than a smaller size at which nothing fits; `ask`: find
+        the fits not known of smaller sizes that had a setting too big, smallest first."""
+        while ask and self.pending and self.too_big_at is None:
+            at, settings = self.pending.pop(0)
+            if self.ask(at, settings):
+                self.fits = True
+            else:
+                self.too_big_at = at
+        return self.too_big_at is not None and size > self.too_big_at and grows
+
+    def any_fits(self) -> bool:
+        """Whether a smaller size fits, finding the fits the search does not know."""
+        self.outgrows(0, False, ask=True)
+        if not self.fits and self.unsure:
+            self.fits = any(self.ask(size, settings) for size, settings in self.unsure)
+            self.unsure.clear()
+        return self.fits
 
 
 def _setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int, base: Layout,
@@ -339,25 +395,57 @@ def _setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int, base
     return layout
 
 
-def _fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout,
-                          base: Layout, microbatches: int, c: Constraints,
-                          cfg: ModelConfig) -> bool:
-    """Whether `base` (of `shape`) at `microbatches` fits at some setting the search tries
-    (schedule, depth, SP, recomputation), its time unpriced: what the search learns of a size
-    it skipped on its floor, where the exhaustive search would have priced it."""
-    sps = c.sequence_parallel if shape.tp > 1 else (False,)
-    for kind, virtual in _schedule_variants(shape.pp, microbatches, c, cfg.n_layers):
+def _lightest_left(outgrown: set[tuple], variants: list[tuple[str, int]],
+                   sps: tuple[bool, ...], c: Constraints, cfg: ModelConfig,
+                   shape: Layout) -> str:
+    """The lightest recomputation a setting of a size may still take: each setting's lightest
+    not too big at a smaller size (`outgrown`, which a larger size does not try), the
+    lightest of them; "none" where every one is outgrown (the search then finds the size too
+    big as it is)."""
+    lightest = None
+    for kind, virtual in variants:
         for sp in sps:
             if not sp and _repeats_experts(cfg, shape, c):
                 continue
             for recompute, group in _recompute_steps(c.recompute, c.recompute_layers,
                                                      cfg.n_layers, shape.pp, virtual):
-                try:
-                    layout = build(base, microbatches, kind, virtual, sp, recompute, group)
-                except ParaxisError:
+                if (kind, virtual, sp, recompute, group) not in outgrown:
+                    index = RECOMPUTE.index(recompute)
+                    lightest = index if lightest is None else min(lightest, index)
                     break
-                if fits(shape, layout):
-                    return True
+            if lightest == 0:
+                return "none"
+    return "none" if lightest is None else RECOMPUTE[lightest]
+
+
+def _fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout,
+                          base: Layout, per_replica: int, c: Constraints, cfg: ModelConfig,
+                          micro_batch: int, skipped: list[tuple] | None = None) -> bool:
+    """Whether `base` (of `shape`, `per_replica` sequences a step on each replica) at
+    `micro_batch` sequences a microbatch fits at some setting the search tries
+    (schedule, depth, SP, recomputation), its time unpriced: what the search learns of a size
+    whose settings it skipped on their floor, where the exhaustive search would have priced
+    them. `skipped`: the (schedule, depth, SP, recomputation, blocks per checkpoint) from
+    which each setting's recomputations were skipped; None: every setting. Heaviest first,
+    which fit most often."""
+    microbatches = per_replica // micro_batch
+    if skipped is None:
+        sps = c.sequence_parallel if shape.tp > 1 else (False,)
+        skipped = [(kind, virtual, sp, *_recompute_steps(
+                        c.recompute, c.recompute_layers, cfg.n_layers, shape.pp, virtual)[0])
+                   for kind, virtual in _schedule_variants(shape.pp, microbatches, c,
+                                                           cfg.n_layers)
+                   for sp in sps if sp or not _repeats_experts(cfg, shape, c)]
+    for kind, virtual, sp, recompute, group in skipped:
+        steps = _recompute_steps(c.recompute, c.recompute_layers, cfg.n_layers, shape.pp,
+                                 virtual)
+        for step in reversed(steps[steps.index((recompute, group)):]):
+            try:
+                layout = build(base, microbatches, kind, virtual, sp, *step)
+            except ParaxisError:
+                break  # the setting breaks a rule at every recomputation
+            if fits(shape, layout):
+                return True
     return False
 
 
