@@ -28,12 +28,12 @@ every cp variant of a layout, so the variants priced after the search (`cp_varia
 of a skipped layout would be skipped too.
 
 What differs from an exhaustive search: the counts (`SearchResult.skipped` counts the
-settings skipped), and the search's own shortcuts, which read whether a layout fits (stop at
-the first microbatch size where none fits; fewer microbatches than stages only while no
-smaller size fits): a skipped layout's fit is unknown, so the search may go on to price
-layouts the exhaustive search stops before. They are real layouts, priced as any other; one
-can add a too-big example, a tie, or a faster cp variant re-priced at another shape's ring
-layout.
+settings skipped). The search's own shortcuts read whether a layout fits (stop at the first
+microbatch size where none fits; fewer microbatches than stages only while no smaller size
+fits); a layout skipped on its floor has a fit the search does not know, so it finds it from
+memory alone where a larger size needs the answer (`search._Smaller`), and stops where the
+exhaustive search stops (`python -m tools.probes.search_fuzz` compares the two on random
+searches).
 """
 
 from __future__ import annotations
