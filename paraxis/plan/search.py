@@ -15,7 +15,6 @@ floor (`floor.step_lower_bound`) is slower than all the answer shows is skipped 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.floor import Floors, variants_floor
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import (
-    check_interleaving,
     pipeline_zero2_whole_grads,
     stage_local_params,
     stage_states,
@@ -42,15 +40,24 @@ from paraxis.plan.memory import (
 from paraxis.plan.prune import Bound, Fits, ep_group
 from paraxis.plan.ranking import rank
 from paraxis.plan.rates import check_precision, for_precision
+from paraxis.plan.settings import (
+    SmallerSizes,
+    build_setting,
+    chunked_only,
+    fits_at_some_setting,
+    lightest_left,
+    recompute_steps,
+    repeats_experts,
+    schedule_variants,
+)
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
 from paraxis.spec.kernels import fused_loss_problem
-from paraxis.spec.layout import RECOMPUTE, ZERO_STAGES, Layout, ep_splits, etp_splits
+from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
-from paraxis.spec.schedules import FIXED_VIRTUAL
 
 
 @dataclass(frozen=True)
@@ -72,34 +79,6 @@ class SearchResult:
 
     def top(self, k: int) -> list[Estimate]:
         return self.ranked[:k]
-
-
-def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tuple[int, ...]:
-    if constraints.virtual_stages is not None:
-        return constraints.virtual_stages  # given: a depth that does not split is refused
-    # every depth that splits the layers evenly: the best is often deeper than 2 or 4 (NVIDIA
-    # runs Llama 3 405B at 8 on pp = 16... whatever the layers allow)
-    return tuple(v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0)
-
-
-def _schedule_variants(pp: int, microbatches: int, constraints: Constraints,
-                       n_layers: int) -> list[tuple[str, int]]:
-    if pp == 1:  # no stages to chunk: none where only chunked schedules are asked for
-        return [] if _chunked_only(constraints) else [("1f1b", 1)]
-    variants = []
-    for kind in constraints.schedules:
-        if kind == "interleaved":
-            variants += [(kind, v) for v in _interleaving_depths(n_layers, pp, constraints)
-                         if v > 1 and microbatches % pp == 0]
-        else:  # zb-v folds the model twice over the stages (as its layout says)
-            variants.append((kind, FIXED_VIRTUAL.get(kind, 1)))
-    return variants
-
-
-def _chunked_only(c: Constraints) -> bool:
-    """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
-    return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
-        c.virtual_stages is not None and min(c.virtual_stages) > 1)
 
 
 def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
@@ -151,7 +130,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
                                 for ep in _ep_degrees(cfg, dp * cp, c)
                                 for split in _expert_splits(cfg, tp, c)]
-    if _chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
+    if chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
         raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {world} "
                            "GPU(s) here do not allow; give more GPUs, allow pp, or 1f1b")
     if not axis_shapes:
@@ -175,11 +154,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     crosses: dict[tuple[int, ...], bool] = {}
-    build = functools.partial(_setting, cfg, world, global_batch, seq_len)
+    build = functools.partial(build_setting, cfg, world, global_batch, seq_len)
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             c.sequence_parallel if s.tp > 1 else (False,),
-            _schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
+            schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
             _lightest_fit(fits, build, zeros[-1], c, cluster, cfg.n_layers))
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -199,8 +178,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             base = shape.replace(zero=zero, zero3_reshard=reshard, dp_shard=dp_shard)
             # every size dividing a replica's batch (not only powers of 2), smallest first
             sizes = (c.micro_batch,) if c.micro_batch else divisors(per_replica)
-            smaller = _Smaller(functools.partial(_fits_at_some_setting, fits, build, shape,
-                                                 base, per_replica, c, cfg))
+            smaller = SmallerSizes(functools.partial(fits_at_some_setting, fits, build,
+                                                     shape, base, per_replica, c, cfg))
             # Settings (schedule, depth, SP, recompute) too big at a smaller size: not priced
             # again, a larger microbatch holds more. A pipeline's ZeRO-2 that reduces once a
             # step holds the stage's whole gradients beside its shards over two or more
@@ -226,8 +205,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 microbatches = per_replica // micro_batch
                 learn = across and ep_key not in fitted_across_nodes
                 sps = c.sequence_parallel if tp > 1 else (False,)
-                variants = _schedule_variants(pp, microbatches, c, cfg.n_layers)
-                lightest = _lightest_left(outgrown, variants, sps, c, cfg, shape) if grows \
+                variants = schedule_variants(pp, microbatches, c, cfg.n_layers)
+                lightest = lightest_left(outgrown, variants, sps, c, cfg, shape) if grows \
                     else "none"
                 if not exhaustive and not learn and bound.hides(floors.coarse(
                         shape, base, micro_batch, microbatches, sps, variants, lightest), base):
@@ -235,14 +214,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     smaller.skip(micro_batch)
                     continue
                 if starved and smaller.any_fits():
-                    break  # the rule above, asking the fits not yet known (`_Smaller`)
+                    break  # the rule above, asking the fits not yet known (`SmallerSizes`)
                 abandoned = False  # the first rule's, asked where a layout is about to be priced
                 for kind, virtual in variants:
                     for sp in sps:
-                        if not sp and _repeats_experts(cfg, shape, c):
+                        if not sp and repeats_experts(cfg, shape, c):
                             continue
                         learn = across and ep_key not in fitted_across_nodes
-                        for recompute, group in _recompute_steps(
+                        for recompute, group in recompute_steps(
                                 c.recompute, c.recompute_layers, cfg.n_layers, pp, virtual):
                             if grows and (kind, virtual, sp, recompute, group) in outgrown:
                                 too_big_here = True
@@ -330,125 +309,6 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     return result
 
 
-class _Smaller:
-    """What the search knows of the smaller microbatch sizes of one shape and ZeRO setting,
-    for its two rules on larger sizes: whether one fits (then a size leaving fewer
-    microbatches than stages is not tried), and the smallest at which nothing fits and a
-    setting was too big (larger sizes hold more activations: not tried). A size whose
-    settings the search skipped on their floor has a fit it does not know, where the
-    exhaustive search, which priced them, does: `ask(size, settings)` finds it, memory only,
-    where a larger size needs the answer before a layout of it is priced or checked."""
-
-    def __init__(self, ask: Callable[[int, list[tuple] | None], bool]) -> None:
-        self.ask = ask
-        self.fits = False
-        self.too_big_at: int | None = None
-        self.unsure: list[tuple[int, list[tuple] | None]] = []  # (size, settings skipped)
-        self.pending: list[tuple[int, list[tuple]]] = []  # as unsure, and one was too big
-
-    def add(self, size: int, fits: bool, too_big: bool, skipped: list[tuple]) -> None:
-        """The search's findings at `size`: whether a setting fit, whether one was too big
-        (where a larger size holds more), and the settings from whose recomputation on it
-        skipped on their floor (their fit unknown)."""
-        if fits:
-            self.fits = True
-        elif too_big and skipped:
-            self.pending.append((size, skipped))
-        elif too_big:
-            self.too_big_at = size  # nothing at this size fits, at any recomputation
-        elif skipped:
-            self.unsure.append((size, skipped))
-
-    def skip(self, size: int) -> None:
-        """`size` skipped whole on its floor: every setting's fit unknown."""
-        self.unsure.append((size, None))
-
-    def outgrows(self, size: int, grows: bool, ask: bool = False) -> bool:
-        """Whether `size` holds more than a smaller size at which nothing fits; `ask`: find
-        the fits not known of smaller sizes that had a setting too big, smallest first."""
-        while ask and self.pending and self.too_big_at is None:
-            at, settings = self.pending.pop(0)
-            if self.ask(at, settings):
-                self.fits = True
-            else:
-                self.too_big_at = at
-        return self.too_big_at is not None and size > self.too_big_at and grows
-
-    def any_fits(self) -> bool:
-        """Whether a smaller size fits, finding the fits the search does not know."""
-        self.outgrows(0, False, ask=True)
-        if not self.fits and self.unsure:
-            self.fits = any(self.ask(size, settings) for size, settings in self.unsure)
-            self.unsure.clear()
-        return self.fits
-
-
-def _setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int, base: Layout,
-             microbatches: int, kind: str, virtual: int, sp: bool, recompute: str,
-             group: int) -> Layout:
-    """`base` (a shape with its ZeRO settings) at one setting of the search, checked as the
-    search needs it (`ParaxisError` where the setting breaks a rule)."""
-    layout = base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual,
-                          recompute=recompute, recompute_layers=group, sequence_parallel=sp)
-    layout.validate(world, cfg, global_batch, seq_len)
-    check_interleaving(layout, cfg)
-    return layout
-
-
-def _lightest_left(outgrown: set[tuple], variants: list[tuple[str, int]],
-                   sps: tuple[bool, ...], c: Constraints, cfg: ModelConfig,
-                   shape: Layout) -> str:
-    """The lightest recomputation a setting of a size may still take: each setting's lightest
-    not too big at a smaller size (`outgrown`, which a larger size does not try), the
-    lightest of them; "none" where every one is outgrown (the search then finds the size too
-    big as it is)."""
-    lightest = None
-    for kind, virtual in variants:
-        for sp in sps:
-            if not sp and _repeats_experts(cfg, shape, c):
-                continue
-            for recompute, group in _recompute_steps(c.recompute, c.recompute_layers,
-                                                     cfg.n_layers, shape.pp, virtual):
-                if (kind, virtual, sp, recompute, group) not in outgrown:
-                    index = RECOMPUTE.index(recompute)
-                    lightest = index if lightest is None else min(lightest, index)
-                    break
-            if lightest == 0:
-                return "none"
-    return "none" if lightest is None else RECOMPUTE[lightest]
-
-
-def _fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout,
-                          base: Layout, per_replica: int, c: Constraints, cfg: ModelConfig,
-                          micro_batch: int, skipped: list[tuple] | None = None) -> bool:
-    """Whether `base` (of `shape`, `per_replica` sequences a step on each replica) at
-    `micro_batch` sequences a microbatch fits at some setting the search tries
-    (schedule, depth, SP, recomputation), its time unpriced: what the search learns of a size
-    whose settings it skipped on their floor, where the exhaustive search would have priced
-    them. `skipped`: the (schedule, depth, SP, recomputation, blocks per checkpoint) from
-    which each setting's recomputations were skipped; None: every setting. Heaviest first,
-    which fit most often."""
-    microbatches = per_replica // micro_batch
-    if skipped is None:
-        sps = c.sequence_parallel if shape.tp > 1 else (False,)
-        skipped = [(kind, virtual, sp, *_recompute_steps(
-                        c.recompute, c.recompute_layers, cfg.n_layers, shape.pp, virtual)[0])
-                   for kind, virtual in _schedule_variants(shape.pp, microbatches, c,
-                                                           cfg.n_layers)
-                   for sp in sps if sp or not _repeats_experts(cfg, shape, c)]
-    for kind, virtual, sp, recompute, group in skipped:
-        steps = _recompute_steps(c.recompute, c.recompute_layers, cfg.n_layers, shape.pp,
-                                 virtual)
-        for step in reversed(steps[steps.index((recompute, group)):]):
-            try:
-                layout = build(base, microbatches, kind, virtual, sp, *step)
-            except ParaxisError:
-                break  # the setting breaks a rule at every recomputation
-            if fits(shape, layout):
-                return True
-    return False
-
-
 def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constraints,
                   cluster: Cluster, n_layers: int) -> Callable[..., tuple[str, Layout] | None]:
     """For `Floors.best_first`: the lightest recomputation at which `shape` fits at these
@@ -462,8 +322,8 @@ def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constr
             return None
         _, reshard, dp_shard = choices[0]
         base = shape.replace(zero=sharded, zero3_reshard=reshard, dp_shard=dp_shard)
-        for recompute, group in _recompute_steps(c.recompute, c.recompute_layers, n_layers,
-                                                 shape.pp, virtual):
+        for recompute, group in recompute_steps(c.recompute, c.recompute_layers, n_layers,
+                                                shape.pp, virtual):
             try:
                 layout = build(base, microbatches, kind, virtual, sp, recompute, group)
             except ParaxisError:
@@ -504,27 +364,6 @@ def _shard_choices(zero: int, shape: Layout, cluster: Cluster, c: Constraints
     fits = [d for d in divisors(shape.dp) if d * per_rank <= cluster.gpus_per_node
             and (d * shape.cp) % shape.ep == 0 and d * shape.cp > 1]
     return (0, max(fits)) if fits and max(fits) < shape.dp else (0,)
-
-
-@functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
-def _recompute_steps(kinds: tuple[str, ...], layers: int | None, n_layers: int, pp: int,
-                     virtual: int) -> tuple[tuple[str, int], ...]:
-    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' `kinds` and
-    blocks per checkpoint (`layers`), or, after full recompute of every block where they are
-    left free (None),
-    checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
-    the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
-    layouts nothing lighter fits."""
-    steps = []
-    for recompute in sorted(kinds, key=RECOMPUTE.index):  # lightest first
-        if recompute != "full":
-            steps.append((recompute, 1))
-        elif layers is not None:
-            steps.append((recompute, layers))
-        else:
-            blocks = math.ceil(n_layers / (pp * virtual))
-            steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
-    return tuple(steps)
 
 
 def _cp_degrees(ranks: int, seq_len: int, c: Constraints) -> list[int]:
@@ -572,13 +411,6 @@ def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...
     if c.split_experts is not None:
         return c.split_experts
     return (True, False) if True in c.sequence_parallel and not cfg.capacity_factor else (True,)
-
-
-def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
-    """Whole experts without SP, which every tp rank runs on the whole sequence, where the
-    search chose them itself (for their shards under SP: `_expert_splits`)."""
-    return (c.split_experts is None and shape.etp == 1 and shape.tp > 1 and cfg.is_moe
-            and etp_splits(cfg, shape.tp))
 
 
 def closest_to_fitting(result: SearchResult) -> Estimate | None:

@@ -1,0 +1,206 @@
+"""The settings a search tries for one shape and ZeRO setting at each microbatch size, and
+what it knows of the smaller sizes it tried.
+
+A setting is (schedule, interleaving depth, SP, recomputation and blocks per checkpoint):
+`schedule_variants` and `recompute_steps` give them lightest first, `build_setting` the
+layout. The search stops trying larger sizes at the first where nothing fits, and those
+with fewer microbatches than stages once a smaller size fits; where it skipped a size's
+settings on their floor (`prune.py`) `SmallerSizes` finds their fit from memory alone,
+where a larger size needs it (`fits_at_some_setting`), as the exhaustive search knows it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+from paraxis.plan.constraints import Constraints
+from paraxis.plan.memory import check_interleaving
+from paraxis.plan.prune import Fits
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import RECOMPUTE, Layout, etp_splits
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.schedules import FIXED_VIRTUAL
+
+
+def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tuple[int, ...]:
+    if constraints.virtual_stages is not None:
+        return constraints.virtual_stages  # given: a depth that does not split is refused
+    # every depth that splits the layers evenly: the best is often deeper than 2 or 4 (NVIDIA
+    # runs Llama 3 405B at 8 on pp = 16... whatever the layers allow)
+    return tuple(v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0)
+
+
+def schedule_variants(pp: int, microbatches: int, constraints: Constraints,
+                      n_layers: int) -> list[tuple[str, int]]:
+    """(schedule, interleaving depth) to try with `microbatches` on `pp` stages."""
+    if pp == 1:  # no stages to chunk: none where only chunked schedules are asked for
+        return [] if chunked_only(constraints) else [("1f1b", 1)]
+    variants = []
+    for kind in constraints.schedules:
+        if kind == "interleaved":
+            variants += [(kind, v) for v in _interleaving_depths(n_layers, pp, constraints)
+                         if v > 1 and microbatches % pp == 0]
+        else:  # zb-v folds the model twice over the stages (as its layout says)
+            variants.append((kind, FIXED_VIRTUAL.get(kind, 1)))
+    return variants
+
+
+def chunked_only(c: Constraints) -> bool:
+    """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
+    return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
+        c.virtual_stages is not None and min(c.virtual_stages) > 1)
+
+
+class SmallerSizes:
+    """What the search knows of the smaller microbatch sizes of one shape and ZeRO setting,
+    for its two rules on larger sizes: whether one fits (then a size leaving fewer
+    microbatches than stages is not tried), and the smallest at which nothing fits and a
+    setting was too big (larger sizes hold more activations: not tried). A size whose
+    settings the search skipped on their floor has a fit it does not know, where the
+    exhaustive search, which priced them, does: `ask(size, settings)` finds it, memory only,
+    where a larger size needs the answer before a layout of it is priced or checked."""
+
+    def __init__(self, ask: Callable[[int, list[tuple] | None], bool]) -> None:
+        self.ask = ask
+        self.fits = False
+        self.too_big_at: int | None = None
+        self.unsure: list[tuple[int, list[tuple] | None]] = []  # (size, settings skipped)
+        self.pending: list[tuple[int, list[tuple]]] = []  # as unsure, and one was too big
+
+    def add(self, size: int, fits: bool, too_big: bool, skipped: list[tuple]) -> None:
+        """The search's findings at `size`: whether a setting fit, whether one was too big
+        (where a larger size holds more), and the settings from whose recomputation on it
+        skipped on their floor (their fit unknown)."""
+        if fits:
+            self.fits = True
+        elif too_big and skipped:
+            self.pending.append((size, skipped))
+        elif too_big:
+            self.too_big_at = size  # nothing at this size fits, at any recomputation
+        elif skipped:
+            self.unsure.append((size, skipped))
+
+    def skip(self, size: int) -> None:
+        """`size` skipped whole on its floor: every setting's fit unknown."""
+        self.unsure.append((size, None))
+
+    def outgrows(self, size: int, grows: bool, ask: bool = False) -> bool:
+        """Whether `size` holds more than a smaller size at which nothing fits; `ask`: find
+        the fits not known of smaller sizes that had a setting too big first."""
+        if ask:
+            self._ask_pending()
+        return self.too_big_at is not None and size > self.too_big_at and grows
+
+    def any_fits(self) -> bool:
+        """Whether a smaller size fits, finding the fits the search does not know."""
+        self._ask_pending()
+        if not self.fits and self.unsure:
+            self.fits = any(self.ask(size, settings) for size, settings in self.unsure)
+            self.unsure.clear()
+        return self.fits
+
+    def _ask_pending(self) -> None:
+        """The fits of the sizes that had a setting too big, smallest first, up to the first
+        at which nothing fits."""
+        while self.pending and self.too_big_at is None:
+            at, settings = self.pending.pop(0)
+            if self.ask(at, settings):
+                self.fits = True
+            else:
+                self.too_big_at = at
+
+
+def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
+                  base: Layout, microbatches: int, kind: str, virtual: int, sp: bool,
+                  recompute: str, group: int) -> Layout:
+    """`base` (a shape with its ZeRO settings) at one setting of the search, checked as the
+    search needs it (`ParaxisError` where the setting breaks a rule)."""
+    layout = base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual,
+                          recompute=recompute, recompute_layers=group, sequence_parallel=sp)
+    layout.validate(world, cfg, global_batch, seq_len)
+    check_interleaving(layout, cfg)
+    return layout
+
+
+def lightest_left(outgrown: set[tuple], variants: list[tuple[str, int]],
+                  sps: tuple[bool, ...], c: Constraints, cfg: ModelConfig,
+                  shape: Layout) -> str:
+    """The lightest recomputation a setting of a size may still take: each setting's lightest
+    not too big at a smaller size (`outgrown`, which a larger size does not try), the
+    lightest of them; "none" where every one is outgrown (the search then finds the size too
+    big as it is)."""
+    lightest = None
+    for kind, virtual in variants:
+        for sp in sps:
+            if not sp and repeats_experts(cfg, shape, c):
+                continue
+            for recompute, group in recompute_steps(c.recompute, c.recompute_layers,
+                                                    cfg.n_layers, shape.pp, virtual):
+                if (kind, virtual, sp, recompute, group) not in outgrown:
+                    index = RECOMPUTE.index(recompute)
+                    lightest = index if lightest is None else min(lightest, index)
+                    break
+            if lightest == 0:
+                return "none"
+    return "none" if lightest is None else RECOMPUTE[lightest]
+
+
+def fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout,
+                         base: Layout, per_replica: int, c: Constraints, cfg: ModelConfig,
+                         micro_batch: int, skipped: list[tuple] | None = None) -> bool:
+    """Whether `base` (of `shape`, `per_replica` sequences a step on each replica) at
+    `micro_batch` sequences a microbatch fits at some setting the search tries
+    (schedule, depth, SP, recomputation), its time unpriced: what the search learns of a size
+    whose settings it skipped on their floor, where the exhaustive search would have priced
+    them. `skipped`: the (schedule, depth, SP, recomputation, blocks per checkpoint) from
+    which each setting's recomputations were skipped; None: every setting. Heaviest first,
+    which fit most often."""
+    microbatches = per_replica // micro_batch
+    if skipped is None:
+        sps = c.sequence_parallel if shape.tp > 1 else (False,)
+        skipped = [(kind, virtual, sp, *recompute_steps(
+                        c.recompute, c.recompute_layers, cfg.n_layers, shape.pp, virtual)[0])
+                   for kind, virtual in schedule_variants(shape.pp, microbatches, c,
+                                                          cfg.n_layers)
+                   for sp in sps if sp or not repeats_experts(cfg, shape, c)]
+    for kind, virtual, sp, recompute, group in skipped:
+        steps = recompute_steps(c.recompute, c.recompute_layers, cfg.n_layers, shape.pp,
+                                virtual)
+        for step in reversed(steps[steps.index((recompute, group)):]):
+            try:
+                layout = build(base, microbatches, kind, virtual, sp, *step)
+            except ParaxisError:
+                break  # the setting breaks a rule at every recomputation
+            if fits(shape, layout):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
+def recompute_steps(kinds: tuple[str, ...], layers: int | None, n_layers: int, pp: int,
+                    virtual: int) -> tuple[tuple[str, int], ...]:
+    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' `kinds` and
+    blocks per checkpoint (`layers`), or, after full recompute of every block where they are
+    left free (None),
+    checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
+    the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
+    layouts nothing lighter fits."""
+    steps = []
+    for recompute in sorted(kinds, key=RECOMPUTE.index):  # lightest first
+        if recompute != "full":
+            steps.append((recompute, 1))
+        elif layers is not None:
+            steps.append((recompute, layers))
+        else:
+            blocks = math.ceil(n_layers / (pp * virtual))
+            steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
+    return tuple(steps)
+
+
+def repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
+    """Whole experts without SP, which every tp rank runs on the whole sequence, where the
+    search chose them itself (for their shards under SP: `search._expert_splits`)."""
+    return (c.split_experts is None and shape.etp == 1 and shape.tp > 1 and cfg.is_moe
+            and etp_splits(cfg, shape.tp))
