@@ -9,12 +9,16 @@ from dataclasses import dataclass
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
+from paraxis.spec.hashing import hash_once, state_unhashed
 from paraxis.spec.kernels import fused_loss_problem
 
 
 @dataclass(frozen=True)
 class Constraints:
     """Limits the user puts on the search (None: free)."""
+
+    __hash__ = hash_once  # a search's cached settings read it some 10^4 times: hashed once
+    __getstate__ = state_unhashed
 
     max_tp: int | None = None
     max_pp: int | None = None  # --no-pp is max_pp=1

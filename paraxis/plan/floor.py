@@ -179,7 +179,7 @@ class Floors:
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
     def coarse(self, shape: Layout, base: Layout, micro_batch: int, microbatches: int,
-               sps: tuple[bool, ...], variants: list[tuple[str, int]],
+               sps: tuple[bool, ...], variants: tuple[tuple[str, int], ...],
                recompute: str = "none") -> float:
         """A floor under `of` for every (schedule, depth) of `variants`, SP setting of `sps`
         and recomputation of `base` from `recompute` on at this microbatch size, cheaper than
@@ -203,7 +203,7 @@ class Floors:
 
     def _coarse_parts(self, shape: Layout, base: Layout, micro_batch: int,
                       microbatches: int, sps: tuple[bool, ...],
-                      variants: list[tuple[str, int]]) -> tuple[list, list]:
+                      variants: tuple[tuple[str, int], ...]) -> tuple[list, list]:
         """`coarse`'s (bubble, stages' blocks) of each variant and `block_floors` of each SP
         setting; none where a setting breaks a rule."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
@@ -231,7 +231,7 @@ class Floors:
         return splits, parts
 
     def best_first(self, shapes: list[Layout], micro_batch: int,
-                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],
+                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], tuple]],
                    group: Callable[[Layout], tuple],
                    lightest: Callable[..., tuple[str, Layout] | None] | None = None
                    ) -> list[Layout]:
@@ -256,7 +256,7 @@ class Floors:
         return [shape for key in taken for shape in members[key]]
 
     def group_orders(self, shapes: list[Layout], micro_batch: int,
-                     settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],
+                     settings: Callable[[Layout, int], tuple[tuple[bool, ...], tuple]],
                      group: Callable[[Layout], tuple],
                      lightest: Callable[..., tuple[str, Layout] | None] | None = None
                      ) -> tuple[dict[tuple, list[Layout]], list[list[tuple]]]:
@@ -279,7 +279,7 @@ class Floors:
         return members, orders
 
     def _fit_floor(self, shape: Layout, micro_batch: int,
-                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], list]],
+                   settings: Callable[[Layout, int], tuple[tuple[bool, ...], tuple]],
                    lightest: Callable[..., tuple[str, Layout] | None]) -> float:
         """`best_first`'s second floor of `shape`: its fastest schedule's at the lightest
         recomputation that fits its first; inf where none does."""

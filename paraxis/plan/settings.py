@@ -32,19 +32,20 @@ def _interleaving_depths(n_layers: int, pp: int, constraints: Constraints) -> tu
     return tuple(v for v in range(2, n_layers // pp + 1) if n_layers % (pp * v) == 0)
 
 
+@functools.lru_cache(maxsize=4096)  # asked once per microbatch size a search visits
 def schedule_variants(pp: int, microbatches: int, constraints: Constraints,
-                      n_layers: int) -> list[tuple[str, int]]:
+                      n_layers: int) -> tuple[tuple[str, int], ...]:
     """(schedule, interleaving depth) to try with `microbatches` on `pp` stages."""
     if pp == 1:  # no stages to chunk: none where only chunked schedules are asked for
-        return [] if chunked_only(constraints) else [("1f1b", 1)]
-    variants = []
+        return () if chunked_only(constraints) else (("1f1b", 1),)
+    variants: list[tuple[str, int]] = []
     for kind in constraints.schedules:
         if kind == "interleaved":
             variants += [(kind, v) for v in _interleaving_depths(n_layers, pp, constraints)
                          if v > 1 and microbatches % pp == 0]
         else:  # zb-v folds the model twice over the stages (as its layout says)
             variants.append((kind, FIXED_VIRTUAL.get(kind, 1)))
-    return variants
+    return tuple(variants)
 
 
 def chunked_only(c: Constraints) -> bool:
@@ -124,13 +125,15 @@ def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
     return layout
 
 
-def lightest_left(outgrown: set[tuple], variants: list[tuple[str, int]],
+def lightest_left(outgrown: set[tuple], variants: tuple[tuple[str, int], ...],
                   sps: tuple[bool, ...], c: Constraints, cfg: ModelConfig,
                   shape: Layout) -> str:
     """The lightest recomputation a setting of a size may still take: each setting's lightest
     not too big at a smaller size (`outgrown`, which a larger size does not try), the
     lightest of them; "none" where every one is outgrown (the search then finds the size too
     big as it is)."""
+    if not outgrown:
+        return "none"
     lightest = None
     for kind, virtual in variants:
         for sp in sps:
