@@ -113,10 +113,9 @@ def block_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: in
     share = min((l / w for l, w in zip(lean, whole, strict=True) if w > 0), default=1.0)
     total = sum(whole) + head["forward"] + head["backward"]
     comm = [sum(block[k] for k in EXPOSED_COMM) for _, block in blocks]
-    # (selective, full) per block kind; none adds nothing
-    dense, moe = (rerun_floors(block, faster) for block in (layer, moe_layer))
-    reruns = {"none": (0.0, 0.0), "selective": (min(dense), min(moe)),
-              "full": (dense[1], moe[1])}
+    # by recomputation (none adds nothing), per block kind: the least from it on (RECOMPUTE)
+    dense, moe = ((0.0, *rerun_floors(block, faster)) for block in (layer, moe_layer))
+    reruns = {r: (min(dense[i:]), min(moe[i:])) for i, r in enumerate(RECOMPUTE)}
     return share * total / layout.pp, comm[0], comm[1], reruns
 
 
@@ -155,8 +154,7 @@ class Floors:
         one can be priced faster: another stage may then be the busiest); 0 where they do
         not make a layout (the search then says why)."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
-               microbatches, kind, virtual, sp)
+        key = (id(shape), self._cast_group(base), microbatches, kind, virtual, sp)
         # the stage holding the most parameters, which the schedule and depth place; with
         # paraxis's kernels the microbatches too, whose gradients their optimizer step adds
         fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp, kind, virtual,
@@ -178,6 +176,11 @@ class Floors:
                                                     self.memo)
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
+    def _cast_group(self, base: Layout) -> int:
+        """What the pipeline's floor reads of `base`'s ZeRO setting: the group ZeRO-3 casts
+        FP8 weights on the shards of, where it does (else 0: no ZeRO setting matters)."""
+        return base.zero_ranks if self.casts and base.zero == 3 else 0
+
     def coarse(self, shape: Layout, base: Layout, micro_batch: int, microbatches: int,
                sps: tuple[bool, ...], variants: tuple[tuple[str, int], ...],
                recompute: str = "none") -> float:
@@ -188,8 +191,7 @@ class Floors:
         schedule's least bubble where that holds whatever the work (as `pipeline_time`'s
         floor has it); 0 where any of them breaks a rule, whose layout the search must build
         to say why (`SearchResult.rule_breakers`)."""
-        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
-               micro_batch, sps, recompute)
+        key = (id(shape), self._cast_group(base), micro_batch, sps, recompute)
         if key not in self.computes:
             splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
                                                variants)
@@ -207,8 +209,7 @@ class Floors:
         """`coarse`'s (bubble, stages' blocks) of each variant and `block_floors` of each SP
         setting; none where a setting breaks a rule."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        key = (id(shape), base.zero_ranks if self.casts and base.zero == 3 else 0,
-               micro_batch, sps)
+        key = (id(shape), self._cast_group(base), micro_batch, sps)
         if key in self.coarse_parts:
             return self.coarse_parts[key]
         alike = bubble_holds(cluster, shape.pp)

@@ -47,8 +47,9 @@ from paraxis.plan.settings import (
     fits_at_some_setting,
     lightest_left,
     recompute_steps,
-    repeats_experts,
     schedule_variants,
+    size_settings,
+    sp_choices,
 )
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.cp_balance import check_split
@@ -157,8 +158,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     build = functools.partial(build_setting, cfg, world, global_batch, seq_len)
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
-            c.sequence_parallel if s.tp > 1 else (False,),
-            schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
+            sp_choices(c, s.tp), schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
             _lightest_fit(fits, build, zeros[-1], c, cluster, cfg.n_layers))
     for shape in axis_shapes:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
@@ -204,10 +204,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 skipped: list[tuple] = []  # settings whose heavier recomputations were skipped
                 microbatches = per_replica // micro_batch
                 learn = across and ep_key not in fitted_across_nodes
-                sps = c.sequence_parallel if tp > 1 else (False,)
+                sps = sp_choices(c, tp)
                 variants = schedule_variants(pp, microbatches, c, cfg.n_layers)
-                lightest = lightest_left(outgrown, variants, sps, c, cfg, shape) if grows \
-                    else "none"
+                lightest = lightest_left(outgrown, variants, c, cfg, shape) if grows else "none"
                 if not exhaustive and not learn and bound.hides(floors.coarse(
                         shape, base, micro_batch, microbatches, sps, variants, lightest), base):
                     result.skipped += 1  # every setting of this size is slower
@@ -216,80 +215,72 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if starved and smaller.any_fits():
                     break  # the rule above, asking the fits not yet known (`SmallerSizes`)
                 abandoned = False  # the first rule's, asked where a layout is about to be priced
-                for kind, virtual in variants:
-                    for sp in sps:
-                        if not sp and repeats_experts(cfg, shape, c):
+                for kind, virtual, sp in size_settings(shape, variants, c, cfg):
+                    learn = across and ep_key not in fitted_across_nodes
+                    for recompute, group in recompute_steps(c, cfg.n_layers, pp, virtual):
+                        if grows and (kind, virtual, sp, recompute, group) in outgrown:
+                            too_big_here = True
                             continue
-                        learn = across and ep_key not in fitted_across_nodes
-                        for recompute, group in recompute_steps(
-                                c.recompute, c.recompute_layers, cfg.n_layers, pp, virtual):
-                            if grows and (kind, virtual, sp, recompute, group) in outgrown:
-                                too_big_here = True
-                                continue
-                            settings = (micro_batch, kind, virtual, sp, recompute, group)
-                            if reshard == "forward" and (id(shape), zero, dp_shard,
-                                                         settings) in kept:
-                                fits_here = True  # kept whole, a variant of this size fits
-                                break  # keeping the chunk fit: regathering is only slower
-                            floor = 0.0 if exhaustive else floors.of(  # or heavier's
-                                shape, base, microbatches, kind, virtual, sp, recompute)
-                            # Its floor above all the answer shows of the layouts that fit
-                            # (slow) and too big (slow_if_big): not priced (but across nodes
-                            # until one fits, above); above one, priced if its memory says so
-                            slow = floor > bound.limit(base)
-                            slow_if_big = floor > bound.too_big_limit() and \
-                                bound.families_fit(base)
-                            if slow and slow_if_big and not learn:
-                                result.skipped += 1  # and its heavier recomputations, slower
-                                skipped.append((kind, virtual, sp, recompute, group))
-                                break
-                            if slow_if_big and fits.known_too_big(shape, base, (
-                                    microbatches, kind, virtual, sp, recompute, group)):
+                        settings = (micro_batch, kind, virtual, sp, recompute, group)
+                        if reshard == "forward" and (id(shape), zero, dp_shard, settings) in kept:
+                            fits_here = True  # kept whole, a variant of this size fits
+                            break  # keeping the chunk fit: regathering is only slower
+                        floor = 0.0 if exhaustive else floors.of(  # or heavier's
+                            shape, base, microbatches, kind, virtual, sp, recompute)
+                        # Its floor above all the answer shows of the layouts that fit
+                        # (slow) and too big (slow_if_big): not priced (but across nodes
+                        # until one fits, above); above one, priced if its memory says so
+                        slow = floor > bound.limit(base)
+                        slow_if_big = floor > bound.too_big_limit() and bound.families_fit(base)
+                        if slow and slow_if_big and not learn:
+                            result.skipped += 1  # and its heavier recomputations, slower
+                            skipped.append((kind, virtual, sp, recompute, group))
+                            break
+                        if slow_if_big and fits.known_too_big(shape, base, (
+                                microbatches, kind, virtual, sp, recompute, group)):
+                            result.skipped += 1
+                            too_big_here = True
+                            outgrown.add((kind, virtual, sp, recompute, group))
+                            continue
+                        if smaller.outgrows(micro_batch, grows, ask=True):
+                            abandoned = True
+                            break
+                        try:
+                            layout = build(base, microbatches, kind, virtual, sp, recompute,
+                                           group)
+                        except ParaxisError as error:
+                            result.rule_breakers.append(Rejection(shape, str(error)))
+                            break
+                        if slow or slow_if_big:
+                            if fits(shape, layout):
+                                if slow:  # it fits: heavier recomputation is slower
+                                    fits_here = True
+                                    if across:
+                                        fitted_across_nodes.add(ep_key)
+                                    result.skipped += 1
+                                    break
+                            elif slow_if_big:
                                 result.skipped += 1
                                 too_big_here = True
                                 outgrown.add((kind, virtual, sp, recompute, group))
                                 continue
-                            if smaller.outgrows(micro_batch, grows, ask=True):
-                                abandoned = True
-                                break
-                            try:
-                                layout = build(base, microbatches, kind, virtual, sp,
-                                               recompute, group)
-                            except ParaxisError as error:
-                                result.rule_breakers.append(Rejection(shape, str(error)))
-                                break
-                            if slow or slow_if_big:
-                                if fits(shape, layout):
-                                    if slow:  # it fits: heavier recomputation is slower
-                                        fits_here = True
-                                        if across:
-                                            fitted_across_nodes.add(ep_key)
-                                        result.skipped += 1
-                                        break
-                                elif slow_if_big:
-                                    result.skipped += 1
-                                    too_big_here = True
-                                    outgrown.add((kind, virtual, sp, recompute, group))
-                                    continue
-                            result.considered += 1
-                            estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
-                                                precision, overlap, expert_imbalance, memo,
-                                                fits.memory(layout))
-                            bound.add(estimate)
-                            if estimate.fits:
-                                fits_here = True
-                                if reshard == "step":
-                                    kept.add((id(shape), zero, dp_shard, settings))
-                                result.ranked.append(estimate)
-                                if across:
-                                    fitted_across_nodes.add(ep_key)
-                                break  # heavier recomputation would only be slower
-                            result.too_big.append(Rejection(
-                                layout, too_big_reason(estimate), estimate))
-                            too_big_here = True
-                            outgrown.add((kind, virtual, sp, recompute, group))
-                        if abandoned:
-                            break
+                        result.considered += 1
+                        estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
+                                            precision, overlap, expert_imbalance, memo,
+                                            fits.memory(layout))
+                        bound.add(estimate)
+                        if estimate.fits:
+                            fits_here = True
+                            if reshard == "step":
+                                kept.add((id(shape), zero, dp_shard, settings))
+                            result.ranked.append(estimate)
+                            if across:
+                                fitted_across_nodes.add(ep_key)
+                            break  # heavier recomputation would only be slower
+                        result.too_big.append(Rejection(
+                            layout, too_big_reason(estimate), estimate))
+                        too_big_here = True
+                        outgrown.add((kind, virtual, sp, recompute, group))
                     if abandoned:
                         break
                 if abandoned:
@@ -322,8 +313,7 @@ def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constr
             return None
         _, reshard, dp_shard = choices[0]
         base = shape.replace(zero=sharded, zero3_reshard=reshard, dp_shard=dp_shard)
-        for recompute, group in recompute_steps(c.recompute, c.recompute_layers, n_layers,
-                                                shape.pp, virtual):
+        for recompute, group in recompute_steps(c, n_layers, shape.pp, virtual):
             try:
                 layout = build(base, microbatches, kind, virtual, sp, recompute, group)
             except ParaxisError:

@@ -126,8 +126,7 @@ def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
 
 
 def lightest_left(outgrown: set[tuple], variants: tuple[tuple[str, int], ...],
-                  sps: tuple[bool, ...], c: Constraints, cfg: ModelConfig,
-                  shape: Layout) -> str:
+                  c: Constraints, cfg: ModelConfig, shape: Layout) -> str:
     """The lightest recomputation a setting of a size may still take: each setting's lightest
     not too big at a smaller size (`outgrown`, which a larger size does not try), the
     lightest of them; "none" where every one is outgrown (the search then finds the size too
@@ -135,18 +134,14 @@ def lightest_left(outgrown: set[tuple], variants: tuple[tuple[str, int], ...],
     if not outgrown:
         return "none"
     lightest = None
-    for kind, virtual in variants:
-        for sp in sps:
-            if not sp and repeats_experts(cfg, shape, c):
-                continue
-            for recompute, group in recompute_steps(c.recompute, c.recompute_layers,
-                                                    cfg.n_layers, shape.pp, virtual):
-                if (kind, virtual, sp, recompute, group) not in outgrown:
-                    index = RECOMPUTE.index(recompute)
-                    lightest = index if lightest is None else min(lightest, index)
-                    break
-            if lightest == 0:
-                return "none"
+    for kind, virtual, sp in size_settings(shape, variants, c, cfg):
+        for recompute, group in recompute_steps(c, cfg.n_layers, shape.pp, virtual):
+            if (kind, virtual, sp, recompute, group) not in outgrown:
+                index = RECOMPUTE.index(recompute)
+                lightest = index if lightest is None else min(lightest, index)
+                break
+        if lightest == 0:
+            return "none"
     return "none" if lightest is None else RECOMPUTE[lightest]
 
 
@@ -162,15 +157,11 @@ def fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout
     which fit most often."""
     microbatches = per_replica // micro_batch
     if skipped is None:
-        sps = c.sequence_parallel if shape.tp > 1 else (False,)
-        skipped = [(kind, virtual, sp, *recompute_steps(
-                        c.recompute, c.recompute_layers, cfg.n_layers, shape.pp, virtual)[0])
-                   for kind, virtual in schedule_variants(shape.pp, microbatches, c,
-                                                          cfg.n_layers)
-                   for sp in sps if sp or not repeats_experts(cfg, shape, c)]
+        variants = schedule_variants(shape.pp, microbatches, c, cfg.n_layers)
+        skipped = [(kind, virtual, sp, *recompute_steps(c, cfg.n_layers, shape.pp, virtual)[0])
+                   for kind, virtual, sp in size_settings(shape, variants, c, cfg)]
     for kind, virtual, sp, recompute, group in skipped:
-        steps = recompute_steps(c.recompute, c.recompute_layers, cfg.n_layers, shape.pp,
-                                virtual)
+        steps = recompute_steps(c, cfg.n_layers, shape.pp, virtual)
         for step in reversed(steps[steps.index((recompute, group)):]):
             try:
                 layout = build(base, microbatches, kind, virtual, sp, *step)
@@ -182,27 +173,40 @@ def fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout
 
 
 @functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
-def recompute_steps(kinds: tuple[str, ...], layers: int | None, n_layers: int, pp: int,
+def recompute_steps(c: Constraints, n_layers: int, pp: int,
                     virtual: int) -> tuple[tuple[str, int], ...]:
-    """(recompute, blocks per checkpoint) to try, lightest first: the constraints' `kinds` and
-    blocks per checkpoint (`layers`), or, after full recompute of every block where they are
-    left free (None),
-    checkpoints of 2 and of about sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule:
-    the same FLOPs, fewer stored inputs, and a group rebuilt at once in backward), for the
-    layouts nothing lighter fits."""
+    """(recompute, blocks per checkpoint) to try, lightest first: the constraints'
+    recomputations and blocks per checkpoint, or, after full recompute of every block where
+    they are left free (None), checkpoints of 2 and of about sqrt(a chunk's blocks) blocks
+    (the course's sqrt(L) rule: the same FLOPs, fewer stored inputs, and a group rebuilt at
+    once in backward), for the layouts nothing lighter fits."""
     steps = []
-    for recompute in sorted(kinds, key=RECOMPUTE.index):  # lightest first
+    for recompute in sorted(c.recompute, key=RECOMPUTE.index):  # lightest first
         if recompute != "full":
             steps.append((recompute, 1))
-        elif layers is not None:
-            steps.append((recompute, layers))
+        elif c.recompute_layers is not None:
+            steps.append((recompute, c.recompute_layers))
         else:
             blocks = math.ceil(n_layers / (pp * virtual))
             steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
     return tuple(steps)
 
 
-def repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
+def sp_choices(c: Constraints, tp: int) -> tuple[bool, ...]:
+    """Sequence parallelism's settings to try: the constraints' where tp > 1, else off."""
+    return c.sequence_parallel if tp > 1 else (False,)
+
+
+def size_settings(shape: Layout, variants: tuple[tuple[str, int], ...], c: Constraints,
+                  cfg: ModelConfig) -> list[tuple[str, int, bool]]:
+    """(schedule, depth, SP) of a microbatch size of `shape`, each variant of `variants`
+    with every SP setting, but whole experts without SP where the search chose them
+    (`_repeats_experts`); each takes its recomputations (`recompute_steps`) in turn."""
+    return [(kind, virtual, sp) for kind, virtual in variants for sp in sp_choices(c, shape.tp)
+            if sp or not _repeats_experts(cfg, shape, c)]
+
+
+def _repeats_experts(cfg: ModelConfig, shape: Layout, c: Constraints) -> bool:
     """Whole experts without SP, which every tp rank runs on the whole sequence, where the
     search chose them itself (for their shards under SP: `search._expert_splits`)."""
     return (c.split_experts is None and shape.etp == 1 and shape.tp > 1 and cfg.is_moe
