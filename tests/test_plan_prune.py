@@ -15,6 +15,7 @@ from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, families, rival_shap
 from paraxis.plan.ranking import EQUAL_TIMES
 from paraxis.plan.rates import DEFAULT_OVERLAP
 from paraxis.plan.search import Constraints, search
+from paraxis.plan.settings import every_variant
 from paraxis.plan.uncertainty import error_band, ties
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -140,6 +141,15 @@ def test_the_floor_is_below_every_price(case) -> None:
                                (layout.sequence_parallel,),
                                [(layout.schedule, layout.virtual_stages)])
         assert 0 < coarse <= floor * (1 + 1e-12), layout
+        # the floor of this size and every larger one, from one microbatch of all the
+        # replica's sequences: under the price of each (a larger microbatch costs no more
+        # per sequence)
+        every = every_variant(layout.pp, Constraints(**constraints), cfg.n_layers)
+        for smaller in range(layout.microbatches, batch // layout.dp + 1, layout.microbatches):
+            if (batch // layout.dp) % smaller == 0:
+                tail = floors.tail(layout, layout, smaller, (layout.sequence_parallel,),
+                                   every, layout.recompute)
+                assert 0 < tail <= estimate.step_time_s * (1 + 1e-12), (layout, smaller)
 
 
 @pytest.mark.parametrize("name, gpus, batch, seq, kernels", [

@@ -7,7 +7,11 @@ recomputed forward, its optimizer step and small calls; the gradient sync left o
 the floor of a setting under its recomputation or any heavier one is above every time the
 answer can show, they are all skipped; where one floor under every setting of a microbatch
 size is (`floor.Floors.coarse`: the stages' mean compute and least communication over the
-closed-form bubble), the whole size is, before any of its layouts is built.
+closed-form bubble), the whole size is, before any of its layouts is built; where one
+floor under every larger size is (`floor.Floors.tail`: the replica's whole batch as one
+microbatch, which costs no more per sequence than smaller ones, over the least bubble any
+schedule takes at this size's microbatch count, which fewer only raise), every larger size
+is too.
 
 What the answer shows, and so what is kept exact (every reader of `SearchResult`):
 

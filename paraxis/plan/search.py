@@ -44,6 +44,7 @@ from paraxis.plan.settings import (
     SmallerSizes,
     build_setting,
     chunked_only,
+    every_variant,
     fits_at_some_setting,
     lightest_left,
     recompute_steps,
@@ -188,6 +189,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             whole_grads = functools.partial(pipeline_zero2_whole_grads, cfg, zero, pp,
                                             base.zero_ranks, cluster.gpu.pipeline_zero2_reduce)
             dips = whole_grads(2) and not whole_grads(1)
+            every = every_variant(pp, c, cfg.n_layers)  # for the floor of the larger sizes
             for micro_batch in sizes:
                 if per_replica % micro_batch:
                     continue
@@ -205,6 +207,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 microbatches = per_replica // micro_batch
                 learn = across and ep_key not in fitted_across_nodes
                 sps = sp_choices(c, tp)
+                if not exhaustive and not learn and bound.hides(floors.tail(
+                        shape, base, microbatches, sps, every,
+                        "none" if dips else lightest_left(outgrown, every, c, cfg, shape)),
+                        base):
+                    result.skipped += 1  # every setting of this size and of the larger ones
+                    break
                 variants = schedule_variants(pp, microbatches, c, cfg.n_layers)
                 lightest = lightest_left(outgrown, variants, c, cfg, shape) if grows else "none"
                 if not exhaustive and not learn and bound.hides(floors.coarse(

@@ -48,6 +48,13 @@ def schedule_variants(pp: int, microbatches: int, constraints: Constraints,
     return tuple(variants)
 
 
+def every_variant(pp: int, constraints: Constraints,
+                  n_layers: int) -> tuple[tuple[str, int], ...]:
+    """Every (schedule, interleaving depth) `schedule_variants` tries on `pp` stages at some
+    microbatch count (a multiple of pp allows them all)."""
+    return schedule_variants(pp, pp, constraints, n_layers)
+
+
 def chunked_only(c: Constraints) -> bool:
     """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
     return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
