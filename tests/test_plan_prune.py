@@ -51,7 +51,7 @@ def _searches(name, gpus, gpu, batch, seq, constraints):
     cfg, cluster = PRESETS[name], _cluster(gpu, gpus)
     c = Constraints(**constraints)
     return (cfg, cluster, search(cfg, cluster, seq, batch, c, exhaustive=True),
-            search(cfg, cluster, seq, batch, c))
+            search(cfg, cluster, seq, batch, c, workers=1))
 
 
 def _facts(estimate):
@@ -62,6 +62,14 @@ def _facts(estimate):
 def test_skipping_on_the_floor_changes_nothing_the_answer_shows(case) -> None:
     cfg, cluster, whole, pruned = _searches(*case)
     assert pruned.skipped > 0 and pruned.considered < whole.considered
+    _shows_the_same(cfg, cluster, case, whole, pruned)
+    # split over processes, each skipping on its own bound (`workers.py`)
+    name, gpus, gpu, batch, seq, constraints = case
+    split = search(cfg, cluster, seq, batch, Constraints(**constraints), workers=2)
+    _shows_the_same(cfg, cluster, case, whole, split)
+
+
+def _shows_the_same(cfg, cluster, case, whole, pruned) -> None:
     # the fastest, the six kept, the ties of the error band
     assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
     band = error_band(cluster)

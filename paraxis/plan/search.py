@@ -53,6 +53,7 @@ from paraxis.plan.settings import (
     sp_choices,
 )
 from paraxis.plan.uncertainty import error_band
+from paraxis.plan.workers import fork_map, split_groups, worker_count
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
@@ -87,9 +88,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
            constraints: Constraints = Constraints(), precision: Precision = MIXED_ADAM,
            overlap: Overlap = DEFAULT_OVERLAP,
            expert_imbalance: float = DEFAULT_IMBALANCE, keep: int = 6,
-           exhaustive: bool = False) -> SearchResult:
+           exhaustive: bool = False, workers: int | None = None) -> SearchResult:
     """Every layout the constraints allow priced, but those whose floor is slower than all
-    the answer shows (the `keep` fastest, the ties, rivals: `prune.py`) unless `exhaustive`."""
+    the answer shows (the `keep` fastest, the ties, rivals: `prune.py`) unless `exhaustive`;
+    a large search split over `workers` processes (None: `workers.worker_count`)."""
     check_precision(cluster.gpu, precision)
     cluster = for_precision(cluster, precision)  # its floors too, as `evaluate` prices it
     world = cluster.world_size
@@ -161,7 +163,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             sp_choices(c, s.tp), schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
             _lightest_fit(fits, build, zeros[-1], c, cluster, cfg.n_layers))
-    for shape in axis_shapes:
+    def visit(shape: Layout) -> None:
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = ep_group(shape)
         grid = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
@@ -169,9 +171,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             crosses[grid] = shape.ep > 1 and ep_link(shape, cluster).crosses_nodes
         across = crosses[grid]
         if across and ep_key in fitted_across_nodes:
-            continue  # a smaller ep already fits: more only sends more over the network
+            return  # a smaller ep already fits: more only sends more over the network
         if cfg.is_moe and _states_overflow(cfg, shape, cluster, precision, zeros, seq_len):
-            continue  # its model states alone overflow at the deepest ZeRO: a larger ep
+            return  # its model states alone overflow at the deepest ZeRO: a larger ep
         per_replica = global_batch // dp
         for zero, reshard, dp_shard in _zero_choices(zeros, pp, shape, cluster, c):
             if zero > 0 and dp * shape.cp == 1 and c.zero is None:
@@ -296,6 +298,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         continue
                     break
                 smaller.add(micro_batch, fits_here, too_big_here and grows, skipped)
+    count = 1 if exhaustive else workers or worker_count(len(axis_shapes))
+    if count > 1:
+        _visit_split(axis_shapes, visit, result, bound, count)
+    else:
+        for shape in axis_shapes:
+            visit(shape)
     args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
     siblings = other_variants(  # a layout's cp variants share a floor
         result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
@@ -306,6 +314,34 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: SearchResult,
+                 bound: Bound, count: int) -> None:
+    """`visit` every shape, the first groups here, the rest over `count` processes
+    (`workers.py`), what each priced added to `result` and `bound`."""
+    lead, parts = split_groups(shapes, ep_group, count)
+    for shape in lead:
+        visit(shape)
+    marks = (len(result.ranked), len(result.too_big), len(result.rule_breakers),
+             result.considered, result.skipped)
+
+    def visit_part(part: list[Layout]) -> tuple:
+        for shape in part:
+            visit(shape)
+        return (result.ranked[marks[0]:], result.too_big[marks[1]:],
+                result.rule_breakers[marks[2]:], result.considered - marks[3],
+                result.skipped - marks[4])
+
+    for ranked, too_big, breakers, considered, skipped in fork_map(
+            [functools.partial(visit_part, part) for part in parts])[1:]:
+        result.ranked += ranked
+        result.too_big += too_big
+        result.rule_breakers += breakers
+        result.considered += considered
+        result.skipped += skipped
+        for estimate in ranked + [r.estimate for r in too_big if r.estimate is not None]:
+            bound.add(estimate)  # for the cp variants priced after (`cp_variants.py`)
 
 
 def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constraints,

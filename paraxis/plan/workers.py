@@ -1,0 +1,99 @@
+"""A large search's shapes split over forked processes (`search.search`'s `workers`).
+
+The search visits its shapes best first (`floor.Floors.best_first`). It visits the first
+`LEAD_GROUPS` groups itself, so that its bound (`prune.Bound`) holds the fastest layouts
+before it forks; then each process takes every n-th of the remaining groups (a group's shapes
+stay together: the search reads its expert-parallel degrees in order) with its own copy of
+that bound, and the parent collects what each priced. A process's bound is built from fewer
+layouts than the whole search's, so its limits are never below the final ones: what it skips
+the serial search skips too, and the answer is the same; only the counts of layouts priced
+and skipped differ. Where a process may not fork (`worker_count`) or may use one CPU, the
+search runs in it alone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from multiprocessing.connection import Connection
+from typing import TypeVar
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+LEAD_GROUPS = 16  # visited before forking: the bound then holds the fastest layouts
+MAX_WORKERS = 4  # beyond, forking and collecting cost more than a 1024-GPU search saves
+MIN_SHAPES = 256  # a smaller search answers in well under a second serially
+
+
+def worker_count(shapes: int) -> int:
+    """Processes to split a search of `shapes` shapes over: the CPUs this process may use,
+    up to `MAX_WORKERS`; 1 for a small search or where this process may not fork: only on
+    Linux (macOS' system libraries are not safe to fork), from one thread (another's locks
+    would stay held in the child), and not from a daemonic process (which may have no
+    children)."""
+    if shapes < MIN_SHAPES or not sys.platform.startswith("linux") \
+            or threading.active_count() > 1 or multiprocessing.current_process().daemon:
+        return 1
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def split_groups(items: Sequence[S], group: Callable[[S], Hashable], parts: int
+                 ) -> tuple[list[S], list[list[S]]]:
+    """`items` (a group's together, best first) as the first `LEAD_GROUPS` groups and
+    `parts` lists of the rest, the groups dealt in turn."""
+    index: dict[Hashable, int] = {}
+    for item in items:
+        index.setdefault(group(item), len(index))
+    lead: list[S] = []
+    split: list[list[S]] = [[] for _ in range(parts)]
+    for item in items:
+        number = index[group(item)]
+        if number < LEAD_GROUPS:
+            lead.append(item)
+        else:
+            split[(number - LEAD_GROUPS) % parts].append(item)
+    return lead, split
+
+
+def fork_map(tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """Each task's result, in order: the first run here, the others in forked processes
+    started first (each with a copy of this process's state as it stands), their results
+    sent back pickled. An exception in a task is raised here."""
+    context = multiprocessing.get_context("fork")
+    children = []
+    for task in tasks[1:]:
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=_run, args=(task, send), daemon=True)
+        child.start()
+        send.close()
+        children.append((child, receive))
+    results = [tasks[0]()]
+    for child, receive in children:
+        try:
+            ok, value = receive.recv()
+        except EOFError:
+            raise RuntimeError(f"a search process ended without an answer (exit code "
+                               f"{child.exitcode})") from None
+        finally:
+            receive.close()
+        child.join()
+        if not ok:
+            raise value
+        results.append(value)
+    return results
+
+
+def _run(task: Callable[[], object], send: Connection) -> None:
+    try:
+        send.send((True, task()))
+    except BaseException as error:  # noqa: BLE001 - raised again in the parent
+        try:
+            send.send((False, error))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            send.send((False, RuntimeError(f"{type(error).__name__}: {error}")))
+    finally:
+        send.close()

@@ -1,0 +1,65 @@
+"""A search split over forked processes (plan/workers.py): the same answer as one process
+(tests/test_plan_prune.py compares both with the exhaustive search), its groups dealt whole,
+a child's exception raised in the parent."""
+
+import os
+import threading
+
+import pytest
+
+from paraxis.plan import workers
+from paraxis.plan.hardware import build_cluster
+from paraxis.plan.search import search
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS
+
+
+def test_groups_stay_whole_the_first_visited_before_forking() -> None:
+    items = [(group, member) for group in range(workers.LEAD_GROUPS + 5) for member in (0, 1)]
+    lead, parts = workers.split_groups(items, lambda item: item[0], 2)
+    assert lead == items[:2 * workers.LEAD_GROUPS]
+    assert sorted(lead + parts[0] + parts[1]) == items
+    for part in parts:
+        groups = [g for g, _ in part]
+        assert all(groups.count(g) == 2 for g in groups)  # both members of each group
+    assert [g for g, _ in parts[0]][::2] == [16, 18, 20]  # dealt in turn, best first
+    assert [g for g, _ in parts[1]][::2] == [17, 19]
+
+
+def test_each_task_runs_in_its_own_process_results_in_order() -> None:
+    results = workers.fork_map([os.getpid, os.getpid, lambda: [1, 2, 3]])
+    assert results[0] == os.getpid() != results[1]
+    assert results[2] == [1, 2, 3]
+
+
+def test_a_child_exception_is_raised_here() -> None:
+    def fails() -> None:
+        raise ParaxisError("no layout")
+    with pytest.raises(ParaxisError, match="no layout"):
+        workers.fork_map([lambda: None, fails])
+
+
+def test_a_large_search_splits_and_answers_as_one_process() -> None:
+    cfg, cluster = PRESETS["mixtral-8x7b"], build_cluster("h100-sxm-80gb", 256, 8)
+    one = search(cfg, cluster, 8192, 512, workers=1)
+    split = search(cfg, cluster, 8192, 512, workers=3)
+    assert [(str(e.layout), e.step_time_s) for e in split.ranked[:6]] == \
+        [(str(e.layout), e.step_time_s) for e in one.ranked[:6]]
+    assert [str(r.layout) for r in split.too_big[:4]] == [str(r.layout) for r in one.too_big[:4]]
+
+
+def test_small_searches_threads_and_daemons_stay_in_one_process() -> None:
+    assert workers.worker_count(workers.MIN_SHAPES - 1) == 1
+    assert workers.worker_count(workers.MIN_SHAPES) == min(
+        workers.MAX_WORKERS, len(os.sched_getaffinity(0)))
+    # a forked child is a daemon: it forks no further
+    assert workers.fork_map([lambda: None,
+                             lambda: workers.worker_count(workers.MIN_SHAPES)])[1] == 1
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    try:
+        assert workers.worker_count(workers.MIN_SHAPES) == 1
+    finally:
+        done.set()
+        thread.join()
