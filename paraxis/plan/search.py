@@ -9,7 +9,8 @@ rank), or at the degree asked for, its K/V exchange variants compared per shape
 (`cp_variants.py`). Expert parallelism (mixtures of experts) is tried at every degree that
 divides dp*cp and the experts while its group stays in a node; beyond the node, only until
 one fits (a larger group sends more of every all-to-all over the network). A layout whose
-floor (`floor.step_lower_bound`) is slower than all the answer shows is skipped (`prune.py`).
+floor (`floor.step_lower_bound`) is slower than all the answer shows is skipped (`prune.py`);
+a large search is split over processes (`workers.py`).
 """
 
 from __future__ import annotations

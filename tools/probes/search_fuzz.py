@@ -1,6 +1,6 @@
 """The pruned search against the exhaustive one on random cases (`plan/prune.py`).
 
-    python -m tools.probes.search_fuzz [--seed 0] [--cases 40]
+    python -m tools.probes.search_fuzz [--seed 0] [--cases 40] [--workers N]
 
 tests/test_plan_prune.py compares the two on a dozen chosen searches; this draws models,
 GPU counts (8-128), GPUs, batches, sequences, constraints, runtime switches
@@ -8,8 +8,8 @@ GPU counts (8-128), GPUs, batches, sequences, constraints, runtime switches
 (the fastest six, the ties of the error band, the fastest shapes' fastest layouts, the
 fastest too big), that the pruned search ranks no layout the exhaustive one does not try,
 that every layout the exhaustive search priced costs what it costs alone, and that its
-floors lie under its price. It prints one line a case and the failures, and
-exits 1 where one fails.
+floors lie under its price (`--workers 2`: the pruned search split over processes). It
+prints one line a case and the failures, and exits 1 where one fails.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ import random
 import sys
 
 from paraxis.plan.cost import evaluate
-from paraxis.plan.floor import step_lower_bound
+from paraxis.plan.experts import DEFAULT_IMBALANCE
+from paraxis.plan.floor import Floors, step_lower_bound
 from paraxis.plan.hardware import CHOICES, build_cluster
 from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, rival_shape
+from paraxis.plan.rates import DEFAULT_OVERLAP
 from paraxis.plan.search import Constraints, search
+from paraxis.plan.settings import every_variant
 from paraxis.plan.uncertainty import error_band, ties
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import PRESETS
@@ -60,13 +63,14 @@ def _leading(result) -> list[tuple]:  # noqa: ANN001
     return sorted(fastest.items(), key=lambda item: item[1])[:RIVAL_SHAPES]
 
 
-def check(case: tuple) -> str | None:
-    """What differs between the two searches of `case`, or None."""
+def check(case: tuple, workers: int | None = None) -> str | None:
+    """What differs between the two searches of `case`, or None (the pruned one over
+    `workers` processes: `search.search`)."""
     name, gpus, gpu, batch, seq, constraints, network, precision_name = case
     cfg, cluster = PRESETS[name], build_cluster(gpu, gpus, 8, network)
     precision, c = PRECISIONS[precision_name], Constraints(**constraints)
     whole = search(cfg, cluster, seq, batch, c, precision, exhaustive=True)
-    pruned = search(cfg, cluster, seq, batch, c, precision)
+    pruned = search(cfg, cluster, seq, batch, c, precision, workers=workers)
     if not whole.ranked:
         return None if not pruned.ranked else "the pruned search fits what the other does not"
     band = error_band(cluster)
@@ -88,6 +92,7 @@ def check(case: tuple) -> str | None:
             return f"{e.layout} ranked by the pruned search alone"
     priced = whole.ranked + [r.estimate for r in whole.too_big if r.estimate is not None]
     memo: dict = {}
+    floors = Floors(cfg, cluster, seq, batch, precision, DEFAULT_OVERLAP, DEFAULT_IMBALANCE, {})
     for estimate in priced[::max(1, len(priced) // 100)]:
         alone = evaluate(cfg, estimate.layout, cluster, seq, batch, precision)
         if (alone.step_time_s, alone.memory) != (estimate.step_time_s, estimate.memory):
@@ -96,6 +101,11 @@ def check(case: tuple) -> str | None:
                                  memo=memo)
         if not 0 < floor <= estimate.step_time_s * (1 + 1e-12):
             return f"{estimate.layout}: floor {floor} above its price {estimate.step_time_s}"
+        layout = estimate.layout  # the floor of its size and every larger one (its own shape)
+        tail = floors.tail(layout, layout, layout.microbatches, (layout.sequence_parallel,),
+                           every_variant(layout.pp, c, cfg.n_layers), layout.recompute)
+        if tail > estimate.step_time_s * (1 + 1e-12):
+            return f"{layout}: tail floor {tail} above its price {estimate.step_time_s}"
     return None
 
 
@@ -103,13 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes the pruned search splits over (default: its own "
+                             "choice, one for these sizes)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     failures = 0
     for _ in range(args.cases):
         case = draw(rng)
         try:
-            problem = check(case)
+            problem = check(case, args.workers)
         except ParaxisError as error:  # a case no layout can run: the search says why
             print(f"refused  {case}: {str(error)[:80]}")
             continue
