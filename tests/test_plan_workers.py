@@ -2,8 +2,10 @@
 (tests/test_plan_prune.py compares both with the exhaustive search), its groups dealt whole,
 a child's exception raised in the parent."""
 
+import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -37,6 +39,16 @@ def test_a_child_exception_is_raised_here() -> None:
         raise ParaxisError("no layout")
     with pytest.raises(ParaxisError, match="no layout"):
         workers.fork_map([lambda: None, fails])
+
+
+def test_an_exception_here_stops_the_children() -> None:
+    started = len(multiprocessing.active_children())
+
+    def fails() -> None:
+        raise ParaxisError("no layout")
+    with pytest.raises(ParaxisError, match="no layout"):
+        workers.fork_map([fails, lambda: time.sleep(60)])
+    assert len(multiprocessing.active_children()) == started
 
 
 def test_a_large_search_splits_and_answers_as_one_process() -> None:

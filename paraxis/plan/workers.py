@@ -71,19 +71,24 @@ def fork_map(tasks: Sequence[Callable[[], T]]) -> list[T]:
         child.start()
         send.close()
         children.append((child, receive))
-    results = [tasks[0]()]
-    for child, receive in children:
-        try:
-            ok, value = receive.recv()
-        except EOFError:
-            raise RuntimeError(f"a search process ended without an answer (exit code "
-                               f"{child.exitcode})") from None
-        finally:
+    try:
+        results = [tasks[0]()]
+        for child, receive in children:
+            try:
+                ok, value = receive.recv()
+            except EOFError:
+                child.join()
+                raise RuntimeError(f"a search process ended without an answer (exit code "
+                                   f"{child.exitcode})") from None
+            if not ok:
+                raise value
+            results.append(value)
+    finally:  # on an exception here, the children still running are stopped
+        for child, receive in children:
             receive.close()
-        child.join()
-        if not ok:
-            raise value
-        results.append(value)
+            if child.is_alive():
+                child.terminate()
+            child.join()
     return results
 
 
