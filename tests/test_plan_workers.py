@@ -1,6 +1,6 @@
 """A search split over forked processes (plan/workers.py): the same answer as one process
-(tests/test_plan_prune.py compares both with the exhaustive search), its groups dealt whole,
-a child's exception raised in the parent."""
+(tests/test_plan_prune.py compares both with the exhaustive search), its groups taken whole
+and once each, a child's exception raised in the parent."""
 
 import multiprocessing
 import os
@@ -18,16 +18,19 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import PRESETS
 
 
-def test_groups_stay_whole_the_first_visited_before_forking() -> None:
-    items = [(group, member) for group in range(workers.LEAD_GROUPS + 5) for member in (0, 1)]
-    lead, parts = workers.split_groups(items, lambda item: item[0], 2)
-    assert lead == items[:2 * workers.LEAD_GROUPS]
-    assert sorted(lead + parts[0] + parts[1]) == items
-    for part in parts:
-        groups = [g for g, _ in part]
-        assert all(groups.count(g) == 2 for g in groups)  # both members of each group
-    assert [g for g, _ in parts[0]][::2] == [16, 18, 20]  # dealt in turn, best first
-    assert [g for g, _ in parts[1]][::2] == [17, 19]
+def test_groups_stay_whole_in_the_order_they_first_appear() -> None:
+    items = [(2, "a"), (0, "b"), (2, "c"), (1, "d"), (0, "e")]
+    assert workers.grouped(items, lambda item: item[0]) == [
+        [(2, "a"), (2, "c")], [(0, "b"), (0, "e")], [(1, "d")]]
+
+
+def test_each_index_goes_to_one_process_only() -> None:
+    queue = workers.Queue()
+
+    def take_ten() -> list[int]:
+        return [queue.take() for _ in range(10)]
+    taken = [i for part in workers.fork_map([take_ten] * 3) for i in part]
+    assert sorted(taken) == list(range(30))
 
 
 def test_each_task_runs_in_its_own_process_results_in_order() -> None:

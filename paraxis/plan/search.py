@@ -54,7 +54,7 @@ from paraxis.plan.settings import (
     sp_choices,
 )
 from paraxis.plan.uncertainty import error_band
-from paraxis.plan.workers import fork_map, split_groups, worker_count
+from paraxis.plan.workers import LEAD_GROUPS, Queue, fork_map, grouped, worker_count
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
@@ -319,23 +319,26 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
 
 def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: SearchResult,
                  bound: Bound, count: int) -> None:
-    """`visit` every shape, the first groups here, the rest over `count` processes
-    (`workers.py`), what each priced added to `result` and `bound`."""
-    lead, parts = split_groups(shapes, ep_group, count)
-    for shape in lead:
-        visit(shape)
+    """`visit` every shape, the first groups here, then the rest over `count` processes,
+    each taking the next group left (`workers.py`); what each priced added to `result` and
+    `bound`."""
+    groups = grouped(shapes, ep_group)
+    for group in groups[:LEAD_GROUPS]:
+        for shape in group:
+            visit(shape)
     marks = (len(result.ranked), len(result.too_big), len(result.rule_breakers),
              result.considered, result.skipped)
+    queue = Queue()
 
-    def visit_part(part: list[Layout]) -> tuple:
-        for shape in part:
-            visit(shape)
+    def visit_left() -> tuple:
+        while (index := LEAD_GROUPS + queue.take()) < len(groups):
+            for shape in groups[index]:
+                visit(shape)
         return (result.ranked[marks[0]:], result.too_big[marks[1]:],
                 result.rule_breakers[marks[2]:], result.considered - marks[3],
                 result.skipped - marks[4])
 
-    for ranked, too_big, breakers, considered, skipped in fork_map(
-            [functools.partial(visit_part, part) for part in parts])[1:]:
+    for ranked, too_big, breakers, considered, skipped in fork_map([visit_left] * count)[1:]:
         result.ranked += ranked
         result.too_big += too_big
         result.rule_breakers += breakers

@@ -2,13 +2,13 @@
 
 The search visits its shapes best first (`floor.Floors.best_first`). It visits the first
 `LEAD_GROUPS` groups itself, so that its bound (`prune.Bound`) holds the fastest layouts
-before it forks; then each process takes every n-th of the remaining groups (a group's shapes
-stay together: the search reads its expert-parallel degrees in order) with its own copy of
-that bound, and the parent collects what each priced. A process's bound is built from fewer
-layouts than the whole search's, so its limits are never below the final ones: what it skips
-the serial search skips too, and the answer is the same; only the counts of layouts priced
-and skipped differ. Where a process may not fork (`worker_count`) or may use one CPU, the
-search runs in it alone.
+before it forks; then each process, with its own copy of that bound, takes the next group
+not yet taken until none is left (`Queue`; a group's shapes stay together: the search reads
+its expert-parallel degrees in order), and the parent collects what each priced. A process's
+bound is built from fewer layouts than the whole search's, so its limits are never below the
+final ones: what it skips the serial search skips too, and the answer is the same; only the
+counts of layouts priced and skipped differ, from run to run. Where a process may not fork
+(`worker_count`) or may use one CPU, the search runs in it alone.
 """
 
 from __future__ import annotations
@@ -41,22 +41,26 @@ def worker_count(shapes: int) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def split_groups(items: Sequence[S], group: Callable[[S], Hashable], parts: int
-                 ) -> tuple[list[S], list[list[S]]]:
-    """`items` (a group's together, best first) as the first `LEAD_GROUPS` groups and
-    `parts` lists of the rest, the groups dealt in turn."""
-    index: dict[Hashable, int] = {}
+def grouped(items: Sequence[S], group: Callable[[S], Hashable]) -> list[list[S]]:
+    """`items` as their groups, in the order each group first appears."""
+    groups: dict[Hashable, list[S]] = {}
     for item in items:
-        index.setdefault(group(item), len(index))
-    lead: list[S] = []
-    split: list[list[S]] = [[] for _ in range(parts)]
-    for item in items:
-        number = index[group(item)]
-        if number < LEAD_GROUPS:
-            lead.append(item)
-        else:
-            split[(number - LEAD_GROUPS) % parts].append(item)
-    return lead, split
+        groups.setdefault(group(item), []).append(item)
+    return list(groups.values())
+
+
+class Queue:
+    """Indices 0, 1, 2... handed out once each to whichever process asks first: made before
+    forking, shared by the processes forked after (a counter in shared memory)."""
+
+    def __init__(self) -> None:
+        self._next = multiprocessing.get_context("fork").Value("q", 0)
+
+    def take(self) -> int:
+        with self._next.get_lock():
+            index = self._next.value
+            self._next.value = index + 1
+        return index
 
 
 def fork_map(tasks: Sequence[Callable[[], T]]) -> list[T]:
