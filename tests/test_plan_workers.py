@@ -2,6 +2,7 @@
 (tests/test_plan_prune.py compares both with the exhaustive search), its groups taken whole
 and once each, a child's exception raised in the parent."""
 
+import errno
 import multiprocessing
 import os
 import subprocess
@@ -29,31 +30,45 @@ def test_each_index_goes_to_one_process_only() -> None:
 
     def take_ten() -> list[int]:
         return [queue.take() for _ in range(10)]
-    taken = [i for part in workers.fork_map([take_ten] * 3) for i in part]
+    taken = [i for part in workers.run_forked(take_ten, 3) for i in part]
     assert sorted(taken) == list(range(30))
 
 
-def test_each_task_runs_in_its_own_process_results_in_order() -> None:
-    results = workers.fork_map([os.getpid, os.getpid, lambda: [1, 2, 3]])
-    assert results[0] == os.getpid() != results[1]
-    assert results[2] == [1, 2, 3]
+def test_the_task_runs_here_first_then_in_each_child() -> None:
+    pids = workers.run_forked(os.getpid, 3)
+    assert pids[0] == os.getpid() and len(set(pids)) == 3
 
 
 def test_a_child_exception_is_raised_here() -> None:
-    def fails() -> None:
-        raise ParaxisError("no layout")
+    parent = os.getpid()
+
+    def fails_in_a_child() -> None:
+        if os.getpid() != parent:
+            raise ParaxisError("no layout")
     with pytest.raises(ParaxisError, match="no layout"):
-        workers.fork_map([lambda: None, fails])
+        workers.run_forked(fails_in_a_child, 2)
 
 
 def test_an_exception_here_stops_the_children() -> None:
-    started = len(multiprocessing.active_children())
+    started, parent = len(multiprocessing.active_children()), os.getpid()
 
-    def fails() -> None:
-        raise ParaxisError("no layout")
+    def fails_here() -> None:
+        if os.getpid() == parent:
+            raise ParaxisError("no layout")
+        time.sleep(60)
     with pytest.raises(ParaxisError, match="no layout"):
-        workers.fork_map([fails, lambda: time.sleep(60)])
+        workers.run_forked(fails_here, 2)
     assert len(multiprocessing.active_children()) == started
+
+
+def test_a_refused_fork_leaves_the_work_to_fewer_processes(monkeypatch) -> None:
+    def refuse(self) -> None:  # noqa: ANN001 - as the system does, out of memory
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
+    assert workers.run_forked(os.getpid, 3) == [os.getpid()]
+    cfg, cluster = PRESETS["mixtral-8x7b"], build_cluster("h100-sxm-80gb", 64, 8)
+    one, split = (search(cfg, cluster, 8192, 128, workers=w) for w in (1, 2))
+    assert [str(e.layout) for e in split.ranked] == [str(e.layout) for e in one.ranked]
 
 
 def test_a_large_search_splits_and_answers_as_one_process() -> None:
@@ -73,8 +88,7 @@ def test_small_searches_threads_and_daemons_stay_in_one_process() -> None:
                            capture_output=True, text=True, check=True)
     assert int(fresh.stdout) == min(workers.MAX_WORKERS, len(os.sched_getaffinity(0)))
     # a forked child is a daemon: it forks no further
-    assert workers.fork_map([lambda: None,
-                             lambda: workers.worker_count(workers.MIN_SHAPES)])[1] == 1
+    assert workers.run_forked(lambda: workers.worker_count(workers.MIN_SHAPES), 2)[1] == 1
     done = threading.Event()
     thread = threading.Thread(target=done.wait)
     thread.start()

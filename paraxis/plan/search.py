@@ -54,7 +54,7 @@ from paraxis.plan.settings import (
     sp_choices,
 )
 from paraxis.plan.uncertainty import error_band
-from paraxis.plan.workers import LEAD_GROUPS, Queue, fork_map, grouped, worker_count
+from paraxis.plan.workers import LEAD_GROUPS, Queue, grouped, run_forked, worker_count
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
@@ -338,7 +338,7 @@ def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: 
                 result.rule_breakers[marks[2]:], result.considered - marks[3],
                 result.skipped - marks[4])
 
-    for ranked, too_big, breakers, considered, skipped in fork_map([visit_left] * count)[1:]:
+    for ranked, too_big, breakers, considered, skipped in run_forked(visit_left, count)[1:]:
         result.ranked += ranked
         result.too_big += too_big
         result.rule_breakers += breakers

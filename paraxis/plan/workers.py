@@ -63,20 +63,27 @@ class Queue:
         return index
 
 
-def fork_map(tasks: Sequence[Callable[[], T]]) -> list[T]:
-    """Each task's result, in order: the first run here, the others in forked processes
-    started first (each with a copy of this process's state as it stands), their results
-    sent back pickled. An exception in a task is raised here."""
+def run_forked(task: Callable[[], T], count: int) -> list[T]:
+    """`task`'s result in this process and in up to `count` - 1 processes forked first, each
+    with a copy of this process's state as it stands (fewer where the system refuses a fork:
+    `task` must finish the work whichever processes run it, as the search's take from a
+    `Queue`); theirs sent back pickled, this process's first. An exception in a task is
+    raised here, the children still running stopped."""
     context = multiprocessing.get_context("fork")
     children = []
-    for task in tasks[1:]:
+    for _ in range(count - 1):
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=_run, args=(task, send), daemon=True)
-        child.start()
+        try:
+            child.start()
+        except OSError:  # out of memory or processes: fewer run it
+            receive.close()
+            send.close()
+            break
         send.close()
         children.append((child, receive))
     try:
-        results = [tasks[0]()]
+        results = [task()]
         for child, receive in children:
             try:
                 ok, value = receive.recv()
@@ -87,7 +94,7 @@ def fork_map(tasks: Sequence[Callable[[], T]]) -> list[T]:
             if not ok:
                 raise value
             results.append(value)
-    finally:  # on an exception here, the children still running are stopped
+    finally:
         for child, receive in children:
             receive.close()
             if child.is_alive():
