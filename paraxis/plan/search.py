@@ -164,7 +164,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             sp_choices(c, s.tp), schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
             _lightest_fit(fits, build, zeros[-1], c, cluster, cfg.n_layers))
+
     def visit(shape: Layout) -> None:
+        """Price or skip `shape`'s ZeRO settings, microbatch sizes and their settings."""
         dp, tp, pp = shape.dp, shape.tp, shape.pp
         ep_key = ep_group(shape)
         grid = (dp, tp, pp, shape.cp, shape.ep)  # where its EP groups lie, either expert split
