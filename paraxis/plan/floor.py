@@ -145,6 +145,7 @@ class Floors:
         self.computes: dict[tuple, float] = {}
         self.coarse_parts: dict[tuple, tuple[list, list]] = {}
         self.whole_batch: dict[tuple, float] = {}
+        self.whole_batch_parts: dict[tuple, tuple[set, list]] = {}
         self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
         self.accumulates = cluster.gpu.kernels in PARAXIS_KERNELS  # `compute.optimizer_time`
 
@@ -212,33 +213,44 @@ class Floors:
         from `recompute` on, over every schedule and depth of `variants` (all a larger size
         may take), over one minus their least bubble at `microbatches` (fewer microbatches
         only idle more)."""
-        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
         key = (id(shape), self._cast_group(base), sps, recompute)
         if key not in self.whole_batch:
+            splits, parts = self._whole_batch_parts(shape, base, sps, variants)
+            self.whole_batch[key] = min((compute + min(
+                dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
+                dense * reruns[recompute][0] + moe * reruns[recompute][1]
+                for dense, moe in stages)
+                for stages in splits for compute, dense_comm, moe_comm, reruns in parts),
+                default=0.0)
+        if not bubble_holds(self.args[1], shape.pp):
+            return self.whole_batch[key]
+        bubble = min((bubble_floor(kind, shape.pp, microbatches, virtual)
+                      for kind, virtual in variants), default=0.0)
+        return self.whole_batch[key] / (1 - bubble)
+
+    def _whole_batch_parts(self, shape: Layout, base: Layout, sps: tuple[bool, ...],
+                           variants: tuple[tuple[str, int], ...]) -> tuple[set, list]:
+        """`tail`'s stages' blocks of each of `variants` and `block_floors` of each SP
+        setting at the replica's whole batch as one microbatch; none where a setting breaks
+        a rule."""
+        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
+        key = (id(shape), self._cast_group(base), sps)
+        if key not in self.whole_batch_parts:
             try:
                 # a block's times read no schedule (`layer_cost.block_key`)
                 probes = [base.replace(microbatches=1, schedule="1f1b", virtual_stages=1,
                                        sequence_parallel=sp)
                           .validate(cluster.world_size, cfg, global_batch, seq_len)
                           for sp in sps]
-                splits = {stage_kinds(cfg, shape.pp, virtual, seq_len, placement_of(kind))
-                          for kind, virtual in variants}
-                parts = [block_floors(cfg, probe, cluster, seq_len, global_batch // shape.dp,
-                                      precision, overlap, imbalance, self.memo)
-                         for probe in probes]
-                self.whole_batch[key] = min((compute + min(
-                    dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
-                    dense * reruns[recompute][0] + moe * reruns[recompute][1]
-                    for dense, moe in stages)
-                    for stages in splits for compute, dense_comm, moe_comm, reruns in parts),
-                    default=0.0)
+                self.whole_batch_parts[key] = (
+                    {stage_kinds(cfg, shape.pp, virtual, seq_len, placement_of(kind))
+                     for kind, virtual in variants},
+                    [block_floors(cfg, probe, cluster, seq_len, global_batch // shape.dp,
+                                  precision, overlap, imbalance, self.memo)
+                     for probe in probes])
             except ParaxisError:
-                self.whole_batch[key] = 0.0
-        if not bubble_holds(cluster, shape.pp):
-            return self.whole_batch[key]
-        bubble = min((bubble_floor(kind, shape.pp, microbatches, virtual)
-                      for kind, virtual in variants), default=0.0)
-        return self.whole_batch[key] / (1 - bubble)
+                self.whole_batch_parts[key] = set(), []
+        return self.whole_batch_parts[key]
 
     def _coarse_parts(self, shape: Layout, base: Layout, micro_batch: int,
                       microbatches: int, sps: tuple[bool, ...],

@@ -35,6 +35,7 @@ Pure Python: `paraxis plan` imports it without torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -160,7 +161,7 @@ class Layout:
     @property
     def grid(self) -> tuple[tuple[str, int], ...]:
         """`degrees` as (axis, degree) pairs: a key for what the grid alone decides."""
-        return tuple(zip(AXES, axis_degrees(self), strict=True))
+        return _grid(axis_degrees(self))
 
     @property
     def world_size(self) -> int:
@@ -423,6 +424,11 @@ class Layout:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
+
+
+@functools.lru_cache(maxsize=1024)  # a layout search asks for grids some 10^5 times
+def _grid(degrees: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+    return tuple(zip(AXES, degrees, strict=True))
 # the fields that count something: positive integers
 _COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
 
