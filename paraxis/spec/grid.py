@@ -8,6 +8,7 @@ varies fastest. Pure Python.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -17,6 +18,12 @@ from paraxis.spec.errors import ParaxisError
 
 AXES = ("pp", "dp", "cp", "tp")  # the rank grid, outermost (slowest-varying) axis first
 axis_degrees = operator.attrgetter(*AXES)  # an object's degree of every axis, in `AXES` order
+
+
+@functools.lru_cache(maxsize=1024)  # a layout search asks some 10^5 times
+def axis_pairs(degrees: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+    """`axis_degrees` as (axis, degree) pairs: one tuple for each grid."""
+    return tuple(zip(AXES, degrees, strict=True))
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:

@@ -35,7 +35,6 @@ Pure Python: `paraxis plan` imports it without torch.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,6 +45,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import (
     AXES,
     axis_degrees,
+    axis_pairs,
     divisors_text,
     expert_dp_groups,
     expert_groups,
@@ -161,7 +161,7 @@ class Layout:
     @property
     def grid(self) -> tuple[tuple[str, int], ...]:
         """`degrees` as (axis, degree) pairs: a key for what the grid alone decides."""
-        return _grid(axis_degrees(self))
+        return axis_pairs(axis_degrees(self))
 
     @property
     def world_size(self) -> int:
@@ -414,8 +414,7 @@ class Layout:
 
     def replace(self, **changes: object) -> Layout:
         """A copy with `changes`, checked as a new layout is (a search builds 10^4 or more)."""
-        unknown = changes.keys() - _FIELDS
-        if unknown:
+        if unknown := changes.keys() - _FIELDS:
             raise TypeError(f"Layout has no field {sorted(unknown)[0]!r}")
         new = object.__new__(Layout)
         new.__dict__.update(self.__dict__, **changes)  # frozen: past __setattr__, as __init__
@@ -424,11 +423,6 @@ class Layout:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
-
-
-@functools.lru_cache(maxsize=1024)  # a layout search asks for grids some 10^5 times
-def _grid(degrees: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
-    return tuple(zip(AXES, degrees, strict=True))
 # the fields that count something: positive integers
 _COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
 
