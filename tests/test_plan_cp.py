@@ -137,7 +137,7 @@ def test_searching_1024_gpus_at_128k_tokens_stays_fast() -> None:
     elapsed = []
     for _ in range(2):
         start = time.process_time()
-        result = search(PRESETS["llama3-405b"], cluster, LONG, 2048)
+        result = search(PRESETS["llama3-405b"], cluster, LONG, 2048, workers=1)  # one process
         elapsed.append(time.process_time() - start)
         assert result.ranked and result.ranked[0].layout.cp > 1
     assert min(elapsed) < 6.0, f"search took {min(elapsed):.1f} s of CPU (best of two)"
