@@ -40,6 +40,18 @@ def test_plan_json_is_the_documented_document(capsys) -> None:
     assert doc["search"]["fitting"] >= 3
 
 
+def test_the_processes_a_search_splits_over_change_no_answer(capsys) -> None:
+    docs = []
+    for workers in ("1", "2"):
+        code, out, _ = run_cli(capsys, "plan", "--model", "mixtral-8x7b", "--gpus", "64",
+                               "--gpu", "h100-sxm-80gb", "--global-batch", "128", "--seq-len",
+                               "8192", "--workers", workers, "--json")
+        assert code == 0
+        docs.append(json.loads(out))
+    one, split = docs
+    assert split["layouts"] == one["layouts"] and split["explanation"] == one["explanation"]
+
+
 def test_plan_evaluates_a_given_layout(capsys) -> None:
     code, out, _ = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "64",
                            "--seq-len", "4096", "--layout",
@@ -116,6 +128,8 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
       "dp=8"], "does not split over dp=8"),
     (["memory", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--workers", "0"],
+     "--workers 0 must be at least 1"),
     # a flag against a field the layout fixes: the layout won, the flag was dropped unsaid
     (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
       "dp=2,tp=4,pp=2,zero=1,micro_batch=1", "--tp", "2"], "--tp 2 contradicts tp=4"),

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "given are fixed and the rest searched")
     parser.add_argument("--top", type=int, default=5, help="layouts to show")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes a large search splits over (default: the CPUs this "
+                             "process may use, up to 4, on Linux; 1: this process alone)")
     check = parser.add_argument_group("verify the ranking on this machine")
     check.add_argument("--verify", type=int, metavar="K",
                        help="train the top K layouts on --gpus ranks of this machine (paraxis "
@@ -97,6 +100,9 @@ def check_search_flags(args: argparse.Namespace) -> None:
     """The search's numbers, before anything is priced or trained (--verify included)."""
     if args.top < 1:
         raise ParaxisError(f"--top {args.top} must be at least 1")
+    if args.workers is not None and args.workers < 1:
+        raise ParaxisError(f"--workers {args.workers} must be at least 1 (1: search in this "
+                           "process alone)")
     for flag in ("tp", "pp", "dp", "cp", "ep", "max_tp", "max_pp"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -139,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         # a partial layout (e.g. dp=2,tp=8,pp=4,zero=1) fixes those fields; search the rest
         constraints = search_constraints(args, fixed, stated, micro_batch, cfg)
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
-                        overlap, imbalance, keep=max(6, args.top))
+                        overlap, imbalance, keep=max(6, args.top), workers=args.workers)
         if not result.ranked:
             raise ParaxisError(_no_fit(cfg, cluster, result, precision, args))
         layouts = result.top(args.top)
