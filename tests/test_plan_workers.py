@@ -26,10 +26,10 @@ def test_groups_stay_whole_in_the_order_they_first_appear() -> None:
 
 
 def test_each_index_goes_to_one_process_only() -> None:
-    queue = workers.Queue()
+    tickets = workers.Tickets()
 
     def take_ten() -> list[int]:
-        return [queue.take() for _ in range(10)]
+        return [tickets.take() for _ in range(10)]
     taken = [i for part in workers.run_forked(take_ten, 3) for i in part]
     assert sorted(taken) == list(range(30))
 

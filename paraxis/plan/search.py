@@ -54,7 +54,7 @@ from paraxis.plan.settings import (
     sp_choices,
 )
 from paraxis.plan.uncertainty import error_band
-from paraxis.plan.workers import LEAD_GROUPS, Queue, grouped, run_forked, worker_count
+from paraxis.plan.workers import LEAD_GROUPS, Tickets, grouped, run_forked, worker_count
 from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
@@ -330,10 +330,10 @@ def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: 
             visit(shape)
     marks = (len(result.ranked), len(result.too_big), len(result.rule_breakers),
              result.considered, result.skipped)
-    queue = Queue()
+    tickets = Tickets()
 
     def visit_left() -> tuple:
-        while (index := LEAD_GROUPS + queue.take()) < len(groups):
+        while (index := LEAD_GROUPS + tickets.take()) < len(groups):
             for shape in groups[index]:
                 visit(shape)
         return (result.ranked[marks[0]:], result.too_big[marks[1]:],

@@ -3,7 +3,7 @@
 The search visits its shapes best first (`floor.Floors.best_first`). It visits the first
 `LEAD_GROUPS` groups itself, so that its bound (`prune.Bound`) holds the fastest layouts
 before it forks; then each process, with its own copy of that bound, takes the next group
-not yet taken until none is left (`Queue`; a group's shapes stay together: the search reads
+not yet taken until none is left (`Tickets`; a group's shapes stay together: the search reads
 its expert-parallel degrees in order), and the parent collects what each priced. A process's
 bound is built from fewer layouts than the whole search's, so its limits are never below the
 final ones: what it skips the serial search skips too, and the answer is the same; only the
@@ -49,7 +49,7 @@ def grouped(items: Sequence[S], group: Callable[[S], Hashable]) -> list[list[S]]
     return list(groups.values())
 
 
-class Queue:
+class Tickets:
     """Indices 0, 1, 2... handed out once each to whichever process asks first: made before
     forking, shared by the processes forked after (a counter in shared memory)."""
 
@@ -66,8 +66,8 @@ class Queue:
 def run_forked(task: Callable[[], T], count: int) -> list[T]:
     """`task`'s result in this process and in up to `count` - 1 processes forked first, each
     with a copy of this process's state as it stands (fewer where the system refuses a fork:
-    `task` must finish the work whichever processes run it, as the search's take from a
-    `Queue`); theirs sent back pickled, this process's first. An exception in a task is
+    `task` must finish the work whichever processes run it, as the search's, taking groups
+    by `Tickets`, does); theirs sent back pickled, this process's first. An exception in a task is
     raised here, the children still running stopped."""
     context = multiprocessing.get_context("fork")
     children = []
