@@ -24,7 +24,7 @@ from typing import TypeVar
 T = TypeVar("T")
 S = TypeVar("S")
 
-LEAD_GROUPS = 16  # visited before forking: the bound then holds the fastest layouts
+LEAD_GROUPS = 4  # visited before forking: the bound then holds some of the fastest layouts
 MAX_WORKERS = 4  # beyond, forking and collecting cost more than a 1024-GPU search saves
 MIN_SHAPES = 256  # a smaller search answers in well under a second serially
 
