@@ -128,6 +128,16 @@ def fixed_floor(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             + calls_time(cfg, layout, cluster, memo))
 
 
+def _least_work(stages: tuple[tuple[int, int], ...], part: tuple, recompute: str) -> float:
+    """Per microbatch, from `block_floors`' `part`: the stages' mean compute, plus the least
+    any of `stages` (dense and MoE blocks each) communicates and recomputes from
+    `recompute` on."""
+    compute, dense_comm, moe_comm, reruns = part
+    dense_rerun, moe_rerun = reruns[recompute]
+    return compute + min(dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
+        dense * dense_rerun + moe * moe_rerun for dense, moe in stages)
+
+
 class Floors:
     """`step_lower_bound` of a search's layouts before they are built: the pipeline's
     part once per (shape, microbatches, schedule, depth, SP), shared by its ZeRO stages and
@@ -197,12 +207,10 @@ class Floors:
         if key not in self.computes:
             splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
                                                variants)
-            self.computes[key] = min((microbatches * (compute + min(
-                dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
-                dense * reruns[recompute][0] + moe * reruns[recompute][1]
-                for dense, moe in stages)) / (1 - bubble)
-                for bubble, stages in splits
-                for compute, dense_comm, moe_comm, reruns in parts), default=0.0)
+            self.computes[key] = min((microbatches * _least_work(stages, part, recompute)
+                                      / (1 - bubble)
+                                      for bubble, stages in splits for part in parts),
+                                     default=0.0)
         return self.computes[key]
 
     def tail(self, shape: Layout, base: Layout, microbatches: int, sps: tuple[bool, ...],
@@ -216,12 +224,8 @@ class Floors:
         key = (id(shape), self._cast_group(base), sps, recompute)
         if key not in self.whole_batch:
             splits, parts = self._whole_batch_parts(shape, base, sps, variants)
-            self.whole_batch[key] = min((compute + min(
-                dense * dense_comm + moe * moe_comm for dense, moe in stages) + min(
-                dense * reruns[recompute][0] + moe * reruns[recompute][1]
-                for dense, moe in stages)
-                for stages in splits for compute, dense_comm, moe_comm, reruns in parts),
-                default=0.0)
+            self.whole_batch[key] = min((_least_work(stages, part, recompute)
+                                         for stages in splits for part in parts), default=0.0)
         if not bubble_holds(self.args[1], shape.pp):
             return self.whole_batch[key]
         bubble = min((bubble_floor(kind, shape.pp, microbatches, virtual)
@@ -233,21 +237,14 @@ class Floors:
         """`tail`'s stages' blocks of each of `variants` and `block_floors` of each SP
         setting at the replica's whole batch as one microbatch; none where a setting breaks
         a rule."""
-        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
+        cfg, seq_len, global_batch = self.args[0], self.args[2], self.args[3]
         key = (id(shape), self._cast_group(base), sps)
         if key not in self.whole_batch_parts:
             try:
-                # a block's times read no schedule (`layer_cost.block_key`)
-                probes = [base.replace(microbatches=1, schedule="1f1b", virtual_stages=1,
-                                       sequence_parallel=sp)
-                          .validate(cluster.world_size, cfg, global_batch, seq_len)
-                          for sp in sps]
                 self.whole_batch_parts[key] = (
                     {stage_kinds(cfg, shape.pp, virtual, seq_len, placement_of(kind))
                      for kind, virtual in variants},
-                    [block_floors(cfg, probe, cluster, seq_len, global_batch // shape.dp,
-                                  precision, overlap, imbalance, self.memo)
-                     for probe in probes])
+                    self._block_parts(base, 1, global_batch // shape.dp, sps))
             except ParaxisError:
                 self.whole_batch_parts[key] = set(), []
         return self.whole_batch_parts[key]
@@ -264,8 +261,7 @@ class Floors:
         alike = bubble_holds(cluster, shape.pp)
         splits: list[tuple[float, tuple[tuple[int, int], ...]]] = []
         try:  # a setting that breaks a rule: 0, the search builds it to say which
-            probes = [base.replace(microbatches=microbatches, sequence_parallel=sp)
-                      .validate(cluster.world_size, cfg, global_batch, seq_len) for sp in sps]
+            parts = self._block_parts(base, microbatches, micro_batch, sps)
             for kind, virtual in variants:
                 check_interleaving(base.replace(microbatches=microbatches, schedule=kind,
                                                 virtual_stages=virtual), cfg)
@@ -273,12 +269,22 @@ class Floors:
                                if alike else 0.0,
                                stage_kinds(cfg, shape.pp, virtual, seq_len,
                                            placement_of(kind))))
-            parts = [block_floors(cfg, probe, cluster, seq_len, micro_batch, precision,
-                                  overlap, imbalance, self.memo) for probe in probes]
         except ParaxisError:
             splits, parts = [], []
         self.coarse_parts[key] = splits, parts
         return splits, parts
+
+    def _block_parts(self, base: Layout, microbatches: int, micro_batch: int,
+                     sps: tuple[bool, ...]) -> list[tuple]:
+        """`block_floors` of `base` at `microbatches` of `micro_batch` sequences under each
+        SP setting of `sps` (`ParaxisError` where one breaks a rule); a block's times read
+        no schedule (`layer_cost.block_key`)."""
+        cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
+        probes = [base.replace(microbatches=microbatches, schedule="1f1b", virtual_stages=1,
+                               sequence_parallel=sp)
+                  .validate(cluster.world_size, cfg, global_batch, seq_len) for sp in sps]
+        return [block_floors(cfg, probe, cluster, seq_len, micro_batch, precision, overlap,
+                             imbalance, self.memo) for probe in probes]
 
     def best_first(self, shapes: list[Layout], micro_batch: int,
                    settings: Callable[[Layout, int], tuple[tuple[bool, ...], tuple]],
