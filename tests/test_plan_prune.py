@@ -11,7 +11,7 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
 from paraxis.plan.floor import Floors, step_lower_bound, variants_floor
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, families, rival_shape
+from paraxis.plan.prune import TOO_BIG_SHOWN, families
 from paraxis.plan.ranking import EQUAL_TIMES
 from paraxis.plan.rates import DEFAULT_OVERLAP
 from paraxis.plan.search import Constraints, search
@@ -20,6 +20,7 @@ from paraxis.plan.uncertainty import error_band, ties
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
+from tools.probes.search_fuzz import facts, leading_shapes
 
 # (model, GPUs, GPU, global batch, sequence, constraints): dense and MoE, context parallel,
 # a zero-bubble schedule, and small microbatches whose kernels the host launches slower than
@@ -54,10 +55,6 @@ def _searches(name, gpus, gpu, batch, seq, constraints):
             search(cfg, cluster, seq, batch, c, workers=1))
 
 
-def _facts(estimate):
-    return str(estimate.layout), estimate.step_time_s, estimate.memory["total"]
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_skipping_on_the_floor_changes_nothing_the_answer_shows(case) -> None:
     cfg, cluster, whole, pruned = _searches(*case)
@@ -71,18 +68,18 @@ def test_skipping_on_the_floor_changes_nothing_the_answer_shows(case) -> None:
 
 def _shows_the_same(cfg, cluster, case, whole, pruned) -> None:
     # the fastest, the six kept, the ties of the error band
-    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+    assert [facts(e) for e in pruned.ranked[:6]] == [facts(e) for e in whole.ranked[:6]]
     band = error_band(cluster)
-    assert ([_facts(e) for e in ties(pruned.ranked[0], pruned.ranked, band)]
-            == [_facts(e) for e in ties(whole.ranked[0], whole.ranked, band)])
+    assert ([facts(e) for e in ties(pruned.ranked[0], pruned.ranked, band)]
+            == [facts(e) for e in ties(whole.ranked[0], whole.ranked, band)])
     # the fastest shapes' fastest layouts (the nearest rivals of other shapes)
-    assert _leading_shapes(pruned) == _leading_shapes(whole)
+    assert leading_shapes(pruned) == leading_shapes(whole)
     # every layout it kept is priced as the exhaustive search priced it, but for cp variants
     # re-priced at another shape's fastest ring layout (cp_variants.py), priced as alone
-    whole_by_text = {str(e.layout): _facts(e) for e in whole.ranked}
+    whole_by_text = {str(e.layout): facts(e) for e in whole.ranked}
     for e in pruned.ranked:
         if str(e.layout) in whole_by_text:
-            assert whole_by_text[str(e.layout)] == _facts(e)
+            assert whole_by_text[str(e.layout)] == facts(e)
         else:
             assert e.layout.cp_attention != "ring" or e.layout.cp_a2a > 1
             alone = evaluate(cfg, e.layout, cluster, case[4], case[3])
@@ -116,18 +113,10 @@ def test_a_recomputation_skipped_on_its_floor_may_still_fit() -> None:
     whole, pruned = (search(cfg, cluster, 16384, 128, precision=PRECISIONS["fp8"],
                             exhaustive=exhaustive) for exhaustive in (True, False))
     band = error_band(cluster)
-    tied = [[_facts(e) for e in ties(r.ranked[0], r.ranked, band)] for r in (pruned, whole)]
+    tied = [[facts(e) for e in ties(r.ranked[0], r.ranked, band)] for r in (pruned, whole)]
     assert "dp=4,tp=1,pp=1,cp=4,zero=3,microbatches=4,recompute=full" in [
         layout for layout, _, _ in tied[1]]
     assert tied[0] == tied[1]
-
-
-def _leading_shapes(result) -> list[tuple]:
-    fastest: dict = {}
-    for e in result.ranked:
-        shape = rival_shape(e.layout)
-        fastest[shape] = min(fastest.get(shape, 1e9), e.step_time_s)
-    return sorted(fastest.items(), key=lambda item: item[1])[:RIVAL_SHAPES]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -149,15 +138,16 @@ def test_the_floor_is_below_every_price(case) -> None:
                                (layout.sequence_parallel,),
                                [(layout.schedule, layout.virtual_stages)])
         assert 0 < coarse <= floor * (1 + 1e-12), layout
-        # the floor of this size and every larger one, from one microbatch of all the
-        # replica's sequences: under the price of each (a larger microbatch costs no more
-        # per sequence)
+        # the floor of a size and every larger one, from one microbatch of all the
+        # replica's sequences: under this layout's price at its own size and at every
+        # smaller one (more microbatches; a larger microbatch costs no more per sequence)
         every = every_variant(layout.pp, Constraints(**constraints), cfg.n_layers)
-        for smaller in range(layout.microbatches, batch // layout.dp + 1, layout.microbatches):
-            if (batch // layout.dp) % smaller == 0:
-                tail = floors.tail(layout, layout, smaller, (layout.sequence_parallel,),
+        per_replica = batch // layout.dp
+        for count in range(layout.microbatches, per_replica + 1, layout.microbatches):
+            if per_replica % count == 0:
+                tail = floors.tail(layout, layout, count, (layout.sequence_parallel,),
                                    every, layout.recompute)
-                assert 0 < tail <= estimate.step_time_s * (1 + 1e-12), (layout, smaller)
+                assert 0 < tail <= estimate.step_time_s * (1 + 1e-12), (layout, count)
 
 
 @pytest.mark.parametrize("name, gpus, batch, seq, kernels", [
@@ -192,7 +182,7 @@ def test_cpu_ranks_skip_too() -> None:
     cluster = build_cluster("a100-80gb", 8, 8).replace(cores_per_node=2)
     whole = search(cfg, cluster, 1024, 32, exhaustive=True)
     pruned = search(cfg, cluster, 1024, 32)
-    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+    assert [facts(e) for e in pruned.ranked[:6]] == [facts(e) for e in whole.ranked[:6]]
 
 
 def test_zero3_alone_under_a_pipeline_searches_a_mixture_of_experts() -> None:
@@ -290,7 +280,7 @@ def test_a_heavier_recomputation_priced_faster_keeps_the_floor_below_it() -> Non
     whole = search(cfg, cluster, 128, 8, Constraints(recompute=("full",)), precision,
                    exhaustive=True)
     pruned = search(cfg, cluster, 128, 8, Constraints(recompute=("full",)), precision)
-    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
+    assert [facts(e) for e in pruned.ranked[:6]] == [facts(e) for e in whole.ranked[:6]]
 
 
 @pytest.mark.parametrize("model, gpus, gpu, batch, seq, constraints", [
@@ -308,7 +298,7 @@ def test_settings_that_break_a_rule_are_refused_not_raised(model, gpus, gpu, bat
     cfg, cluster = PRESETS[model], build_cluster(gpu, gpus, 8)
     whole = search(cfg, cluster, seq, batch, constraints, exhaustive=True)
     pruned = search(cfg, cluster, seq, batch, constraints)
-    assert _facts(pruned.ranked[0]) == _facts(whole.ranked[0])
+    assert facts(pruned.ranked[0]) == facts(whole.ranked[0])
     assert pruned.rule_breakers
     def rules(result) -> set[str]:
         return {re.sub(r"\d+", "N", r.reason) for r in result.rule_breakers}
@@ -326,8 +316,8 @@ def test_zb_v_floors_fold_the_model_twice() -> None:
     c = Constraints(schedules=("1f1b", "zb-v"))
     whole = search(cfg, cluster, 8192, 1024, c, exhaustive=True)
     pruned = search(cfg, cluster, 8192, 1024, c)
-    assert [_facts(e) for e in pruned.ranked[:6]] == [_facts(e) for e in whole.ranked[:6]]
-    assert _leading_shapes(pruned) == _leading_shapes(whole)
+    assert [facts(e) for e in pruned.ranked[:6]] == [facts(e) for e in whole.ranked[:6]]
+    assert leading_shapes(pruned) == leading_shapes(whole)
     band = error_band(cluster)
-    assert ([_facts(e) for e in ties(pruned.ranked[0], pruned.ranked, band)]
-            == [_facts(e) for e in ties(whole.ranked[0], whole.ranked, band)])
+    assert ([facts(e) for e in ties(pruned.ranked[0], pruned.ranked, band)]
+            == [facts(e) for e in ties(whole.ranked[0], whole.ranked, band)])

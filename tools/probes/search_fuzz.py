@@ -51,11 +51,13 @@ def draw(rng: random.Random) -> tuple:
             rng.choice(CONSTRAINTS), network, precision)
 
 
-def _facts(estimate) -> tuple:  # noqa: ANN001
+def facts(estimate) -> tuple:  # noqa: ANN001
+    """What the answer shows of a layout: its text, step time and memory."""
     return str(estimate.layout), estimate.step_time_s, estimate.memory["total"]
 
 
-def _leading(result) -> list[tuple]:  # noqa: ANN001
+def leading_shapes(result) -> list[tuple]:  # noqa: ANN001
+    """The `RIVAL_SHAPES` fastest shapes and their fastest times (the nearest rivals)."""
     fastest: dict = {}
     for e in result.ranked:
         shape = rival_shape(e.layout)
@@ -75,9 +77,9 @@ def check(case: tuple, workers: int | None = None) -> str | None:
         return None if not pruned.ranked else "the pruned search fits what the other does not"
     band = error_band(cluster)
     shown = {
-        "the fastest six": lambda r: [_facts(e) for e in r.ranked[:6]],
-        "the ties": lambda r: [_facts(e) for e in ties(r.ranked[0], r.ranked, band)],
-        "the fastest shapes": _leading,
+        "the fastest six": lambda r: [facts(e) for e in r.ranked[:6]],
+        "the ties": lambda r: [facts(e) for e in ties(r.ranked[0], r.ranked, band)],
+        "the fastest shapes": leading_shapes,
         "the fastest too big": lambda r: [str(j.layout) for j in r.too_big[:TOO_BIG_SHOWN]],
     }
     for what, read in shown.items():
