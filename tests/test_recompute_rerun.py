@@ -88,7 +88,10 @@ def test_the_compiled_block_reruns_all_but_its_down_projection_too() -> None:
         counts.append(graphs)
     plain, checkpointed = counts
     assert plain["forward"] >= 3
-    assert checkpointed["backward"] - plain["backward"] == plain["forward"] - 1
+    # torch 2.11's partitioner (the GPU image's) keeps the q/k/v projection's output too and
+    # reruns one GEMM fewer; from 2.12 on it reruns it, as the planner prices the run
+    kept = 2 if torch.__version__ < "2.12" else 1
+    assert checkpointed["backward"] - plain["backward"] == plain["forward"] - kept
 
 
 def _full(cfg, cluster, **layout):

@@ -1,0 +1,68 @@
+"""The planner's forecast of every paraxis side `bench.gpu` measured on a lent GPU, as the
+planner prices it now, beside the measured step: each json of docs/gpu/*/ that has runs.
+
+    python -m tools.probes.planner_gpu_runs [--root docs/gpu]
+
+A run is priced on the preset its json names, with the side's kernels, precision and loss
+as `bench.gpu.planned` gives them; the runtime changed between lent GPUs, so a row is the
+planner now against the runtime of its day. Each row also gives the run's compiled
+reference's seconds a kernel, which tells a slow host from a slow runtime: the reference's
+step is the same code on every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from bench import gpu
+
+
+def rows(root: Path) -> list[dict]:
+    """One row per measured paraxis side of every bench.gpu json under `root`."""
+    out = []
+    for path in sorted(root.glob("*/*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not data.get("preset"):
+            continue
+        for run in data.get("runs", []):
+            sides = run.get("sides") or {}
+            reference = sides.get("reference") or {}
+            per_kernel = (reference["step_time_s"] / reference["kernels_per_step"]
+                          if reference.get("kernels_per_step") else None)
+            priced = gpu.planned(gpu.model(run["model"]), run["batch"], run["seq"],
+                                 data["preset"])
+            for side, measured in sides.items():
+                if side in priced and measured.get("step_time_s"):
+                    out.append({"file": f"{path.parent.name}/{path.name}",
+                                "run": f"{run['model']} {run['batch']} x {run['seq']}",
+                                "side": side, "measured": measured["step_time_s"],
+                                "planner": priced[side].step_time_s,
+                                "reference_per_kernel": per_kernel})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("docs/gpu"))
+    args = parser.parse_args(argv)
+    table = rows(args.root)
+    print("| file | run | side | measured | planner | error | reference's host a kernel |")
+    print("|---|---|---|---|---|---|---|")
+    for row in table:
+        error = row["planner"] / row["measured"] - 1
+        host = (f"{row['reference_per_kernel'] * 1e6:.1f} us"
+                if row["reference_per_kernel"] else "-")
+        print(f"| {row['file']} | {row['run']} | {row['side']} | "
+              f"{row['measured'] * 1e3:.1f} ms | {row['planner'] * 1e3:.1f} ms | "
+              f"{error:+.0%} | {host} |")
+    errors = [abs(r["planner"] / r["measured"] - 1) for r in table]
+    if errors:
+        print(f"\n{len(errors)} sides: mean |error| {statistics.mean(errors):.1%}, "
+              f"within 10%: {sum(e <= 0.10 for e in errors)}")
+
+
+if __name__ == "__main__":
+    main()
