@@ -7,6 +7,8 @@
 #   bash tools/probes/gpu_session.sh again        # the last suite's failures, alone
 #   bash tools/probes/gpu_session.sh all          # the speed runs below in one call
 #   bash tools/probes/gpu_session.sh fp8-sides    # the FP8 and fused-loss sides
+#   bash tools/probes/gpu_session.sh llama-fused  # the Llama slice: compiled, the reference
+#                                                 # and the fused loss in one run (250 s)
 #   bash tools/probes/gpu_session.sh checks       # fp8, then the GPU machine's failing tests
 #   bash tools/probes/gpu_session.sh fp8          # _scaled_mm against the CPU emulation
 #   bash tools/probes/gpu_session.sh speed-gpt2   # bench.gpu, GPT-2 124M at 16 and 8 x 1024
@@ -84,6 +86,7 @@ case ${1:-} in
     bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
     bench 260 llama 2 0,1,3,7        # the Llama slice (8 layers of Llama 3 8B) at 2 x 4096
     bench 130 gpt2-8 1 0,1,3,7 ;;    # GPT-2 124M at 8 x 1024
+  llama-fused) bench 250 llama 2 1,3,6 ;;
   fp8-sides)  # both FP8 sides and the fused loss, as the second H200 run measured them
     bench 260 llama 2 6,2,5
     bench 150 gpt2-fp8 0 6,2,5 ;;
@@ -122,7 +125,8 @@ case ${1:-} in
     timeout 200 python3 -m tools.probes.gpu_sides_profile --run 0 --out /tmp/autocast \
       --sides "paraxis autocast-bf16 --compile,reference" 2>&1 | tee -a "$log"
     cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
-  *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | fp8-sides | checks |" \
+  *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | llama-fused |" \
+          "fp8-sides | checks |" \
           "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | host | eager-parts | suite |" \
           "autocast" >&2
      exit 2 ;;
