@@ -5,6 +5,7 @@ import json
 import pytest
 
 from paraxis.cli import main
+from paraxis.dist.testing import gpu_count
 from paraxis.plan.comm import COLLECTIVES as OPS
 from paraxis.plan.comm import axis_link, collective_time, latency_steps, ring_factor
 from paraxis.plan.hardware import build_cluster, load_hardware_file
@@ -449,3 +450,47 @@ def test_the_bench_before_prices_the_slowest_ranks_times():
                   for p in (profile, slowest_rank(profile)))
     assert slow["alpha_s"] == pytest.approx(2 * mean["alpha_s"], rel=1e-6)
     assert slow["bandwidth_Bps"] == pytest.approx(mean["bandwidth_Bps"] / 2, rel=1e-6)
+
+
+def _dispatch_figures(device_type: str) -> tuple[float, float]:
+    from paraxis.train.calibrate.measure import compute_body
+
+    probe = compute_body("tiny", 64, 32, 2, device_type, probes=1)
+    return probe["layer_overhead_s"], probe["kernel_launch_s"]
+
+
+def test_a_cpu_calibration_prices_dispatch_per_layer_and_a_gpu_one_per_kernel():
+    """A CPU rank's dispatch is its own time, a layer's (GPU.layer_overhead_s); a GPU's host
+    issues kernels ahead of the device, priced per kernel (GPU.kernel_launch_s), which the
+    profile carries: a layer's launches then cost the host what the timed block took. A
+    probe from before that figure (an older profile) gives 0: not priced."""
+    from paraxis.plan.compute import layer_kernels
+    from paraxis.plan.cost import evaluate
+    from paraxis.spec.model_config import PRESETS
+    from paraxis.train.calibrate.measure import median_probe
+
+    overhead, launch = _dispatch_figures("cpu")
+    assert overhead > 0 and launch == 0.0
+    probe = {"matmul": {"flops_per_s": 1e12}, "attention_flops_per_s": 5e11,
+             "elementwise_Bps": 1e12, "layer_overhead_s": 0.0}
+    assert median_probe([probe])["kernel_launch_s"] == 0.0
+    device = {"name": "a GPU", "type": "cuda", "memory_bytes": 80e9, "cores": 0}
+    gpu = build_profile(device, {**probe, "kernel_launch_s": 25e-6}, {})["gpu"]
+    assert gpu["kernel_launch_s"] == 25e-6 and gpu["layer_overhead_s"] == 0.0
+    # one layer's host time, at a microbatch too small for the GPU to matter
+    cfg = PRESETS["tiny"]
+    steps = [evaluate(cfg, Layout(), build_cluster("h100-sxm-80gb", 1, 1, {
+        "kernels": "eager", "kernel_launch_s": launch}), 32, 1).step_time_s
+        for launch in (25e-6, 50e-6)]
+    assert steps[1] - steps[0] == pytest.approx(
+        cfg.n_layers * layer_kernels(cfg, "eager") * 25e-6, rel=0.05)
+
+
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU")
+def test_a_gpu_calibration_measures_its_hosts_seconds_a_kernel():
+    """On CUDA, the block's time on one token over its eager kernels: tens of microseconds
+    on the lent H100s' and H200s' hosts (docs/gpu/README.md); in a spawned rank."""
+    from paraxis.dist.testing import run_distributed
+
+    ((overhead, launch),) = run_distributed(_dispatch_figures, 1, ("cuda",), device="cuda")
+    assert overhead == 0.0 and 2e-6 < launch < 5e-4, launch

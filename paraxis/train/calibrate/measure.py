@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from paraxis.files.host import host_ram_bytes
 from paraxis.files.model_file import load_model_config
 from paraxis.plan.comm import COLLECTIVES
+from paraxis.plan.compute import layer_kernels
 from paraxis.plan.sync import sync_segment_s as planned_segment_s
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.calibrate.baseline import process_baseline_bytes
@@ -64,7 +65,8 @@ def _dtype(device: torch.device) -> torch.dtype:
 # GFLOP/s from one probe, then 95 and 84 from three, docs/planner.md); the median of three
 # is what the machine does most of the time, what a training step meets.
 COMPUTE_PROBES = 3
-PROBE_FIGURES = ("attention_flops_per_s", "elementwise_Bps", "layer_overhead_s")
+PROBE_FIGURES = ("attention_flops_per_s", "elementwise_Bps", "layer_overhead_s",
+                 "kernel_launch_s")
 
 
 def compute_body(model: str, tokens: int, seq_len: int, repeats: int, device_type: str,
@@ -85,9 +87,11 @@ def median_probe(results: list[dict]) -> dict:
 
     middle = sorted(results, key=rate)[len(results) // 2]
     figures = PROBE_FIGURES
-    merged = {**middle, **{key: statistics.median(r[key] for r in results) for key in figures}}
-    merged["probes"] = [{"matmul_flops_per_s": rate(r), **{key: r[key] for key in figures}}
-                        for r in results]
+    # a figure a probe does not give (an older profile's: the host's seconds a kernel) is 0
+    merged = {**middle, **{key: statistics.median(r.get(key, 0.0) for r in results)
+                           for key in figures}}
+    merged["probes"] = [{"matmul_flops_per_s": rate(r),
+                         **{key: r.get(key, 0.0) for key in figures}} for r in results]
     return merged
 
 
@@ -112,10 +116,20 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
                                device, dtype, max(2, repeats // 2))
     elementwise = elementwise_bandwidth(cfg, max(1, tokens // seq_len), seq_len, device,
                                         dtype, repeats)
-    # Per-op dispatch is a CPU cost (on a GPU the host runs ahead of the kernels and it hides).
-    overhead = layer_overhead(cfg, device, dtype, repeats) if device.type == "cpu" else 0.0
+    # Per-op dispatch, timed on one token, where the kernels are nothing. On a CPU rank it is
+    # the rank's own time, paid per layer (GPU.layer_overhead_s). On a GPU the host issues the
+    # kernels ahead of the device: a layer takes the longer of its kernels' time and its
+    # launches, priced as its kernels (compute.layer_kernels) x the host's seconds a kernel
+    # (GPU.kernel_launch_s); this host's figure is the block's time over its eager count, so
+    # the planner's eager layer costs the host what the block took here. Lent GPU hosts
+    # differ by half in it (docs/gpu/README.md, "The fifth H200 run").
+    overhead = layer_overhead(cfg, device, dtype, repeats)
+    launch = 0.0
+    if device.type == "cuda":
+        launch, overhead = overhead / layer_kernels(cfg, "eager"), 0.0
     return {"matmul": matmul, "attention_flops_per_s": attention,
             "elementwise_Bps": elementwise, "layer_overhead_s": overhead,
+            "kernel_launch_s": launch,
             "dtype": str(dtype).removeprefix("torch."),
             "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
 
@@ -260,7 +274,9 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
     log(f"compute: matmul {compute['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s, attention "
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
-        f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer ({compute['dtype']}, one rank)")
+        + (f"{compute['kernel_launch_s'] * 1e6:,.1f} us per kernel on the host"
+           if device_type == "cuda" else f"{compute['layer_overhead_s'] * 1e6:,.0f} us per layer")
+        + f" ({compute['dtype']}, one rank)")
     timings, slowest, waits, calls, curves = {}, {}, {}, {}, {}
     rate = compute["matmul"]["flops_per_s"]
     segment = sync_segment_s(model, tokens, rate) if device_type == "cpu" else 0.0

@@ -63,7 +63,8 @@ def compute_fields(compute: dict) -> dict[str, float]:
     return {"peak_flops": compute["matmul"]["flops_per_s"],
             "attention_flops": compute["attention_flops_per_s"],
             "hbm_bandwidth_Bps": compute["elementwise_Bps"],
-            "layer_overhead_s": compute.get("layer_overhead_s", 0.0)}
+            "layer_overhead_s": compute.get("layer_overhead_s", 0.0),
+            "kernel_launch_s": compute.get("kernel_launch_s", 0.0)}
 
 
 def build_profile(device: dict, compute: dict, timings: Timings,
