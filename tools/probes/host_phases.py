@@ -1,7 +1,9 @@
 """The host's share of a training step, phase by phase: paraxis's one-device engine beside
-bench/reference.py's compiled loop, on a GPT-2 124M cut to a tiny width.
+bench/reference.py's compiled loop, on a GPT-2 124M (or the Llama 3 8B slice) cut to a tiny
+width.
 
     python -m tools.probes.host_phases [--precision bf16|fp32] [--steps N]
+        [--model gpt2-124m|llama3-8b/8] [--layers L]
 
 A GPU step goes host-bound when the host takes longer to queue the kernels than the GPU
 takes to run them (GPT-2 124M at 8 x 1024 on a lent H100: docs/gpu/README.md). Its cost is
@@ -12,6 +14,10 @@ keeps q, k and v apart and stacks them in the graph); the reference runs under b
 autocast with fp32 parameters as on a GPU, paraxis with `--precision`'s parameters (bf16:
 fp32 masters, the GPU default). Medians over `--steps` steps after 10, in milliseconds:
 forward and backward; the gradient norm and clipping; the optimizer step; zero_grad.
+`--layers` keeps the model's first L blocks: two depths' difference is what a block adds.
+`--profile N` then prints, for each side, torch.profiler's N ops of most self CPU time over
+20 forward+backward passes (the guard check before the compiled graph is `TorchDynamo Cache
+Lookup`); `TORCH_LOGS=guards` before the command prints each side's guards.
 """
 
 from __future__ import annotations
@@ -85,12 +91,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--model", choices=("gpt2-124m", "llama3-8b/8"), default="gpt2-124m")
+    parser.add_argument("--layers", type=int, default=0, help="blocks kept (0: all)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N ops of most self CPU time in forward+backward")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: give at least 1")
+    full = gpu.model(args.model)
+    if not 0 <= args.layers <= full.n_layers:
+        parser.error(f"--layers {args.layers}: give 1 to {full.n_layers} (0: all)")
     torch.set_num_threads(1)
-    cfg = gpu.model("gpt2-124m").replace(d_model=16, n_heads=2, n_kv_heads=2, d_ff=32,
-                                         vocab_size=64, max_seq_len=16)
+    cfg = full.replace(d_model=16, n_heads=2,
+                       n_kv_heads=max(1, 2 * full.n_kv_heads // full.n_heads), d_ff=32,
+                       vocab_size=64, max_seq_len=16, n_layers=args.layers or full.n_layers)
     x, y = token_batch(cfg.vocab_size, 1, 8, torch.device("cpu"))
     rows = {f"paraxis --compile ({args.precision})": paraxis_phases(cfg, x, y, args.precision),
             "reference (bf16 autocast)": reference_phases(cfg, x, y)}
@@ -99,6 +113,12 @@ def main() -> None:
         medians = timed(phases, args.steps)
         print(f"| {side} | " + " | ".join(f"{m:.2f}" for m in medians)
               + f" | {sum(medians):.2f} |", flush=True)
+    for side, phases in rows.items() if args.profile else ():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                phases[0]()
+        print(f"\n{side}, forward+backward, 20 passes:\n" + prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=args.profile), flush=True)
 
 
 if __name__ == "__main__":
