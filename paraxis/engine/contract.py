@@ -178,11 +178,14 @@ class LocalEngine:
                 loss = self.loss(x, y)
                 if weights is not None:
                     loss = weigh(loss, weights[index])
-                loss = loss / len(micro)  # mean over microbatches = batch mean
+                if len(micro) > 1:  # mean over microbatches = batch mean
+                    loss = loss / len(micro)
                 self.backward(loss)
             losses.append(loss.detach())
         self.finish_grad_sync()
-        return self.reduce_loss(torch.stack(losses).double().sum())
+        # one microbatch: its loss as it is, without a kernel for a sum of one
+        total = losses[0].double() if len(losses) == 1 else torch.stack(losses).double().sum()
+        return self.reduce_loss(total)
 
     @torch.no_grad()
     def evaluate(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
