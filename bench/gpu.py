@@ -49,6 +49,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
+from paraxis.train.calibrate.measure import cpu_model_name
 from paraxis.train.metrics import device_peak_flops
 
 # (model, sequences, tokens each): GPT-2 124M at two batches, and an 8-layer slice of
@@ -92,7 +93,10 @@ def measure_all(device: torch.device, setting: dict) -> dict:
     return {"device": name, "preset": preset.name if preset else None,
             "peak_flops": device_peak_flops(device), "steps": setting["steps"],
             "compiled": setting["compile"], "torch": torch.__version__,
-            "cuda": torch.version.cuda if cuda else None, "runs": runs}
+            "cuda": torch.version.cuda if cuda else None,
+            # the host's CPU: a step of few tokens is the host's, and lent hosts differ by
+            # half in their time a kernel (docs/gpu/README.md, "The fifth H200 run")
+            "host_cpu": cpu_model_name(), "runs": runs}
 
 
 def measure(device: torch.device, model_name: str, batch: int, seq: int, setting: dict,
@@ -299,7 +303,8 @@ def render(section: dict) -> str:
                 + " | " + ("-" if planned is None
                            else f"{planned / s['step_time_s'] - 1:+.0%}")
                 + " | " + _planned_peak(s) + " |")
-    lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}; median of "
+    host = f", host CPU {section['host_cpu']}" if section.get("host_cpu") else ""
+    lines += ["", f"torch {section['torch']}, CUDA {section['cuda']}{host}; median of "
               f"{section['steps']} steps after warm-up (compiling happens in the warm-up)."]
     return "\n".join(lines) + "\n"
 

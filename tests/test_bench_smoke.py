@@ -126,6 +126,8 @@ def test_bench_quick_gpu_part_runs_its_code_without_a_gpu(runs):
             assert sides[side]["tokens_per_s"] > 0 and sides[side]["mfu"] is None, side
         assert sides["reference"]["ratio_to_best_peer"] <= 1.0
     assert "## One GPU" in out.read_text()
+    # the host's CPU beside the figures: a step of few tokens is the host's
+    assert section["host_cpu"] and f"host CPU {section['host_cpu']};" in out.read_text()
 
 
 def test_cp_bench_sides_equal_unsharded_attention():
