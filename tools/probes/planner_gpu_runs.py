@@ -1,11 +1,13 @@
 """The planner's forecast of every paraxis side `bench.gpu` measured on a lent GPU, as the
-planner prices it now, beside the measured step: each json of docs/gpu/*/ that has runs.
+planner prices it now, beside the measured step and peak memory: each json of docs/gpu/*/
+that has runs.
 
     python -m tools.probes.planner_gpu_runs [--root docs/gpu]
 
 A run is priced on the preset its json names, with the side's kernels, precision and loss
 as `bench.gpu.planned` gives them; the runtime changed between lent GPUs, so a row is the
-planner now against the runtime of its day. Each row also gives the run's compiled
+planner now against the runtime of its day. The planner's peak is its bytes less its reserve,
+what `max_memory_allocated` counts. Each row also gives the run's compiled
 reference's seconds a kernel, which tells a slow host from a slow runtime: the reference's
 step is the same code on every run.
 """
@@ -40,6 +42,9 @@ def rows(root: Path) -> list[dict]:
                                 "run": f"{run['model']} {run['batch']} x {run['seq']}",
                                 "side": side, "measured": measured["step_time_s"],
                                 "planner": priced[side].step_time_s,
+                                "measured_peak": measured.get("peak_memory_bytes"),
+                                "planner_peak": priced[side].memory["total"]
+                                - priced[side].memory["reserved"],
                                 "reference_per_kernel": per_kernel})
     return out
 
@@ -49,19 +54,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=Path("docs/gpu"))
     args = parser.parse_args(argv)
     table = rows(args.root)
-    print("| file | run | side | measured | planner | error | reference's host a kernel |")
-    print("|---|---|---|---|---|---|---|")
+    print("| file | run | side | measured | planner | error | measured peak | planner peak "
+          "| error | reference's host a kernel |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in table:
         error = row["planner"] / row["measured"] - 1
         host = (f"{row['reference_per_kernel'] * 1e6:.1f} us"
                 if row["reference_per_kernel"] else "-")
+        peak = row["measured_peak"]
+        memory = (f"{peak / 2**30:.1f} GiB | {row['planner_peak'] / 2**30:.1f} GiB | "
+                  f"{row['planner_peak'] / peak - 1:+.1%}" if peak else "- | - | -")
         print(f"| {row['file']} | {row['run']} | {row['side']} | "
               f"{row['measured'] * 1e3:.1f} ms | {row['planner'] * 1e3:.1f} ms | "
-              f"{error:+.0%} | {host} |")
+              f"{error:+.0%} | {memory} | {host} |")
     errors = [abs(r["planner"] / r["measured"] - 1) for r in table]
+    peaks = [abs(r["planner_peak"] / r["measured_peak"] - 1) for r in table
+             if r["measured_peak"]]
     if errors:
-        print(f"\n{len(errors)} sides: mean |error| {statistics.mean(errors):.1%}, "
+        print(f"\n{len(errors)} sides: step mean |error| {statistics.mean(errors):.1%}, "
               f"within 10%: {sum(e <= 0.10 for e in errors)}")
+    if peaks:
+        print(f"{len(peaks)} sides with a peak: mean |error| {statistics.mean(peaks):.1%}, "
+              f"within 5%: {sum(e <= 0.05 for e in peaks)}")
 
 
 if __name__ == "__main__":
