@@ -15,6 +15,7 @@
 #   bash tools/probes/gpu_session.sh speed-llama  # bench.gpu, the Llama 3 8B 8-layer slice
 #   bash tools/probes/gpu_session.sh shared       # every axis on ranks sharing the GPU
 #   bash tools/probes/gpu_session.sh peak         # what is alive at the Llama slice's peak
+#   bash tools/probes/gpu_session.sh peak-eager   # and at the eager GPT-2 step's (8 x 1024)
 #   bash tools/probes/gpu_session.sh parts        # kernels by class, Llama slice and GPT-2 8K
 #                                                 # (planner_parts reads them)
 #   bash tools/probes/gpu_session.sh host         # the host's time and kernels a block, eager
@@ -101,6 +102,9 @@ case ${1:-} in
   speed-gpt2) bench 570 gpt2 0,1 ;;
   speed-llama) bench 570 llama 2 ;;
   peak) timeout 540 python3 -m tools.probes.peak_memory 2>&1 | tee -a "$log" ;;
+  peak-eager)  # 504 MB over the planner's on the fifth H200 run; compiled beside it
+    timeout 300 python3 -m tools.probes.peak_memory --model gpt2-124m --batch 8 --seq 1024 \
+      --sides "paraxis bf16 eager,paraxis bf16" 2>&1 | tee -a "$log" ;;
   parts)  # the compiled step's kernels by name, for the planner's parts (at most 380 s)
     for run in 2 1; do
       mkdir -p "/tmp/parts-$run"
@@ -126,7 +130,7 @@ case ${1:-} in
       --sides "paraxis autocast-bf16 --compile,reference" 2>&1 | tee -a "$log"
     cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
   *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | llama-fused |" \
-          "fp8-sides | checks |" \
+          "fp8-sides | checks | peak-eager |" \
           "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | host | eager-parts | suite |" \
           "autocast" >&2
      exit 2 ;;

@@ -39,6 +39,7 @@ from paraxis.spec.layout import Layout
 
 SIDES = ("paraxis bf16", "paraxis autocast-bf16", "reference")
 FUSED = " fused-loss"  # a paraxis side with this suffix fuses the LM head and loss
+EAGER = " eager"  # and one with this suffix runs uncompiled
 OWN = ("paraxis/", "bench/", "torchinductor")  # the frames a group is named by, innermost first
 
 
@@ -131,9 +132,10 @@ def build(side: str, cfg, x: torch.Tensor, y: torch.Tensor, device: torch.device
     bench.gpu's sides run them."""
     if side == "reference":
         return training_phases(Reference(cfg).to(device), x, y, gpu.CLIP)
-    precision = side.removeprefix("paraxis ").removesuffix(FUSED)
+    precision = side.removeprefix("paraxis ").removesuffix(FUSED).removesuffix(EAGER)
     engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                          precision=precision, compile=True, fused_loss=side.endswith(FUSED))
+                          precision=precision, compile=not side.endswith(EAGER),
+                          fused_loss=side.endswith(FUSED))
 
     def finish() -> None:
         engine.clip_grad_norm_on_device(gpu.CLIP)
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, help="and to this many layers")
     parser.add_argument("--top", type=int, default=12, help="groups printed per side")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"of {', '.join(SIDES)}; "
-                        f"a paraxis side ending in '{FUSED.strip()}' fuses its head and loss")
+                        f"a paraxis side ending in '{FUSED.strip()}' fuses its head and loss, "
+                        f"one ending in '{EAGER.strip()}' runs uncompiled")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cfg = gpu.model(args.model)
