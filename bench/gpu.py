@@ -143,10 +143,7 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
                 continue
             sides[side]["planner_step_time_s"] = estimate.step_time_s
             sides[side]["planner_memory_bytes"] = estimate.memory["total"]
-            # what torch's allocator counts: the total less the reserve (the CUDA context
-            # and the allocator's slack, which max_memory_allocated leaves out)
-            sides[side]["planner_allocated_bytes"] = \
-                estimate.memory["total"] - estimate.memory["reserved"]
+            sides[side]["planner_allocated_bytes"] = allocated_bytes(estimate)
     return {"model": cfg.name, "params": cfg.num_params(), "batch": batch, "seq": seq,
             "sides": sides}
 
@@ -170,6 +167,12 @@ def planned(cfg: ModelConfig, batch: int, seq: int, gpu: str) -> dict[str, Estim
         out[side] = evaluate(cfg, Layout(), build_cluster(gpu, 1, 1, runtime), seq, batch,
                              precision)
     return out
+
+
+def allocated_bytes(estimate: Estimate) -> float:
+    """The planner's peak as torch's allocator counts it: its total less the reserve (the
+    CUDA context and the allocator's slack, which max_memory_allocated leaves out)."""
+    return estimate.memory["total"] - estimate.memory["reserved"]
 
 
 def measure_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,

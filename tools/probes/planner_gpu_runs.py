@@ -43,8 +43,7 @@ def rows(root: Path) -> list[dict]:
                                 "side": side, "measured": measured["step_time_s"],
                                 "planner": priced[side].step_time_s,
                                 "measured_peak": measured.get("peak_memory_bytes"),
-                                "planner_peak": priced[side].memory["total"]
-                                - priced[side].memory["reserved"],
+                                "planner_peak": gpu.allocated_bytes(priced[side]),
                                 "reference_per_kernel": per_kernel})
     return out
 

@@ -87,11 +87,9 @@ def median_probe(results: list[dict]) -> dict:
 
     middle = sorted(results, key=rate)[len(results) // 2]
     figures = PROBE_FIGURES
-    # a figure a probe does not give (an older profile's: the host's seconds a kernel) is 0
-    merged = {**middle, **{key: statistics.median(r.get(key, 0.0) for r in results)
-                           for key in figures}}
-    merged["probes"] = [{"matmul_flops_per_s": rate(r),
-                         **{key: r.get(key, 0.0) for key in figures}} for r in results]
+    merged = {**middle, **{key: statistics.median(r[key] for r in results) for key in figures}}
+    merged["probes"] = [{"matmul_flops_per_s": rate(r), **{key: r[key] for key in figures}}
+                        for r in results]
     return merged
 
 
