@@ -4,6 +4,7 @@ kernel, the fp32 gradient copies bounded by the batch."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from paraxis.dist.groups import build_groups
 from paraxis.engine.contract import (
@@ -175,3 +176,43 @@ def test_gradients_handed_to_the_fused_kernel_step_as_torch_does(nonfinite):
     assert nonfinite == torch.equal(ours[0], tensors[0])  # a non-finite step changes nothing
     for a, b in zip(torch_states, our_states, strict=True):
         assert all(torch.equal(a[key], b[key]) for key in ("step", "exp_avg", "exp_avg_sq"))
+
+
+class _Launches(TorchDispatchMode):
+    """The ops that compute (not views) and what `torch.cat` writes from what."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.mixed_cats = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not func.is_view:
+            self.ops.append(str(func.overloadpacket))
+        if func.overloadpacket is torch.ops.aten.cat and "out" in kwargs:
+            self.mixed_cats += any(t.dtype != kwargs["out"].dtype for t in args[0])
+        return func(*args, **kwargs)
+
+
+def _step_launches(layers: int) -> _Launches:
+    cfg = TINY.replace(n_layers=layers)
+    layout = Layout()
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    engine.forward_backward_on_device(x, x)
+    with _Launches() as launches:
+        engine.clip_grad_norm_on_device(1.0)
+        engine.optimizer_step(1e-2)
+    return launches
+
+
+def test_the_step_computes_in_multi_tensor_ops_not_one_per_parameter():
+    """Norm, clipping, the fp32 gradient copies, AdamW and the write-back of bf16 weights
+    over fp32 masters are multi-tensor ops: a deeper model steps with the same ops, so on a
+    GPU the host launches the same few kernels whatever the parameter count. (`torch.cat`
+    of 16-bit gradients into an fp32 output would launch one copy per parameter there: its
+    batched CUDA kernel wants one dtype.)"""
+    shallow, deep = _step_launches(1), _step_launches(3)
+    assert deep.ops == shallow.ops, (len(shallow.ops), len(deep.ops))
+    assert shallow.mixed_cats == deep.mixed_cats == 0

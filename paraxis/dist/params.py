@@ -99,11 +99,12 @@ def local_norm_squares(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, 
     return norm_squared(sharded, device), norm_squared(replicated, device)
 
 
+@torch.no_grad()
 def norm_squared(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Sum of squares of `tensors` (fp32), without a squared copy of each (the multi-tensor
     norm `clip_grad_norm_` uses)."""
     if not tensors:
         return torch.zeros((), device=device)
     # in fp32 without an fp32 copy of each 16-bit gradient
-    norms = torch._foreach_norm([t.detach() for t in tensors], 2, dtype=torch.float32)
+    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
     return torch.stack(norms).pow(2).sum()

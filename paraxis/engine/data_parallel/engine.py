@@ -287,11 +287,11 @@ class DataParallelEngine(LocalEngine):
 
     def current_piece_grads(self) -> list[torch.Tensor]:
         """Each piece's reduced gradient (`piece_grads`, views of the flat buffers); with
-        nothing reduced (`GradReducer.local`) the parameter's own gradient, whose pieces
-        are whole (ZeRO-0), read in the same order."""
+        nothing reduced (`GradReducer.local`) the parameter's own gradient, whole as its
+        piece is (ZeRO-0), read in the same order."""
         if not self.reducer.local:
             return self.piece_grads
-        return [piece.param.grad.view(-1)[piece.lo:piece.hi] for piece, _ in self.pieces]
+        return [piece.param.grad for piece, _ in self.pieces]
 
     def _experts_norm(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """Squared norm of this rank's expert gradients (None without expert parallelism)."""

@@ -50,6 +50,8 @@ class MasterWeights:
         # (unit index, the optimizer's master view, lo, hi in the unit's range)
         self.views: list[tuple[int, torch.Tensor, int, int]] = []
         self._members_of: dict[tuple[int, ...], list] = {}  # `_members`'s, by batch
+        self._sizes_of: dict[int, list[int]] = {}  # `_span_sizes`'s, by unit
+        self._cuts_of: dict[int, tuple[list[int], list[int]]] = {}  # `_piece_grads`'s
 
     def pieces(self, unit: FlatUnit) -> list[Piece]:
         return unit.whole_pieces() if self.whole else unit.pieces()
@@ -119,13 +121,30 @@ class MasterWeights:
             factor, dtype=torch.float32, device=device)).reshape(())
         found_inf = None if nonfinite is None else nonfinite.float()
         for batch in self.batches():
-            flats = self._flat_grads(batch, 1.0)
+            grads = self._piece_grads(self._flat_grads(batch, 1.0))
             for group, members in self._members(optimizer, tuple(batch)):
                 fused_adamw_group(optimizer, group, [view for _, view, _, _ in members],
-                                  [flats[index][lo:hi] for index, _, lo, hi in members],
+                                  [grads[index][lo] for index, _, lo, _ in members],
                                   grad_scale, found_inf)
-            del flats
+            del grads
         self.write_back()
+
+    def _piece_grads(self, flats: dict[int, torch.Tensor]) -> dict[int, dict[int, torch.Tensor]]:
+        """Unit index -> {a master view's lo: its gradient}, each unit's flat gradient cut
+        into its pieces by one split (the pieces of a unit are consecutive from 0)."""
+        if not self._cuts_of:
+            for index, _, lo, hi in self.views:
+                los, sizes = self._cuts_of.setdefault(index, ([], []))
+                if lo != sum(sizes):
+                    raise AssertionError(f"unit {index}: pieces not consecutive at {lo}")
+                los.append(lo)
+                sizes.append(hi - lo)
+        out = {}
+        for index, flat in flats.items():
+            los, sizes = self._cuts_of[index]
+            out[index] = dict(zip(los, flat.split([*sizes, flat.numel() - sum(sizes)]),
+                                  strict=False))
+        return out
 
     def _members(self, optimizer: torch.optim.Optimizer, batch: tuple[int, ...]
                  ) -> list[tuple[dict, list[tuple[int, torch.Tensor, int, int]]]]:
@@ -170,25 +189,34 @@ class MasterWeights:
 
     def _gathered_grads(self, index: int) -> torch.Tensor:
         """Unit `index`'s parameters' own gradients in one fp32 flat tensor (zeros for a
-        parameter that got none), laid out as the unit's flat parameters."""
+        parameter that got none), laid out as the unit's flat parameters. One multi-tensor
+        copy casts them all into place: `torch.cat` into an fp32 output from 16-bit inputs
+        would copy them one kernel each on a GPU (its batched kernel wants one dtype), a
+        launch per parameter in every step."""
         unit = self.units[index]
         flat = torch.empty(self.owned[index].numel(), dtype=torch.float32,
                            device=self.owned[index].device)
-        flat[unit.numel:].zero_()  # padding
-        grads = [param.grad for param in unit.params]
-        if all(grad is not None for grad in grads):  # one cast into place, no view per span
-            torch.cat([grad.reshape(-1) for grad in grads], out=flat[:unit.numel])
-            return flat
+        spans = flat.split(self._span_sizes(index))  # each parameter's, then the padding
         into, grads = [], []
-        for param, start, end in unit.spans():
+        for param, span in zip(unit.params, spans, strict=False):
             if param.grad is None:
-                flat[start:end].zero_()
+                span.zero_()
             else:
-                into.append(flat[start:end])
-                grads.append(param.grad.reshape(-1))
+                into.append(span)
+                grads.append(param.grad.view(-1))
+        spans[-1].zero_()
         if into:
             torch._foreach_copy_(into, grads)
         return flat
+
+    def _span_sizes(self, index: int) -> list[int]:
+        """The sizes that split unit `index`'s flat range into its parameters and the
+        padding after them (kept: the units never change)."""
+        if index not in self._sizes_of:
+            unit = self.units[index]
+            sizes = [p.numel() for p in unit.params]
+            self._sizes_of[index] = [*sizes, self.owned[index].numel() - sum(sizes)]
+        return self._sizes_of[index]
 
     def drop_grads(self, units: list[int]) -> None:
         wanted = set(units)
