@@ -20,6 +20,8 @@
 #                                                 # (planner_parts reads them)
 #   bash tools/probes/gpu_session.sh host         # the host's time and kernels a block, eager
 #                                                 # and compiled (LAYER_KERNELS, the constant)
+#   bash tools/probes/gpu_session.sh kernels      # host, then GPT-2 at 8 x 1024: paraxis eager
+#                                                 # and compiled beside the reference (500 s)
 #   bash tools/probes/gpu_session.sh eager-parts  # the eager step's kernels by class, GPT-2
 #   bash tools/probes/gpu_session.sh suite        # the whole suite, each outcome logged as it ends
 #   bash tools/probes/gpu_session.sh autocast     # GPT-2 16 x 1024 under autocast-bf16 beside the
@@ -115,6 +117,10 @@ case ${1:-} in
   host)  # the host's seconds a kernel and a block, on steps too small for the GPU to
     # matter, each model at its depth and at half (140 s at one depth on the fourth H200 run)
     timeout 300 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
+  kernels)  # the step's kernels without the optimizer's copy per parameter: a block's, then
+    # the whole step's at 8 x 1024 against the reference's 702 (976 on the fifth H200 run)
+    timeout 300 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log"
+    bench 190 gpt2-8 1 0,1,3 ;;
   eager-parts)  # the eager step's kernels by name, GPT-2 at 8 and 16 x 1024: the planner
     # prices its GPU time 27% low at 16 x 1024 once the host is priced as measured
     for run in 1 0; do
@@ -131,7 +137,8 @@ case ${1:-} in
     cp /tmp/autocast/gpu-sides-profile.json "$out/sides-profile-autocast.json" || true ;;
   *) echo "usage: gpu_session.sh first | first-fused | fused-suite | again | all | llama-fused |" \
           "fp8-sides | checks | peak-eager |" \
-          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | host | eager-parts | suite |" \
+          "fp8 | shared | speed-gpt2 | speed-llama | peak | parts | host | kernels | eager-parts |" \
+          "suite |" \
           "autocast" >&2
      exit 2 ;;
 esac
