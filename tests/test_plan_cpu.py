@@ -113,9 +113,11 @@ def test_optimizer_update_is_priced_by_bytes():
     assert optimizer_traffic_per_param(FP32_ADAM, "eager") == 28 + 4 + 2 * 4
     assert optimizer_traffic_per_param(FP32_ADAM, "paraxis") == 28 + 4 + 2 * 4
     assert optimizer_traffic_per_param(FP32_ADAM, "foreach") == 21 * 4 + 3 * 4
-    # bf16 with masters: the norm, the fp32 copy, the kernel writing the clipped copy back,
-    # the masters' write-back to bf16
-    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis") == 28 + 2 + 6 + 4 + 6
+    # bf16 with masters: the norm's read, then one pass (bf16 gradient, fp32 master and
+    # moments in; master, moments and the bf16 weight out), after the gradients' gather
+    # into one flat copy where they are the parameters' own
+    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis") == 2 + (2 + 12) + (12 + 2)
+    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis", gathered=True) == 30 + 2 + 2
     assert optimizer_traffic_per_param(MIXED_ADAM, "fused") == 32
     one, sharded = price(Layout(dp=2)), price(Layout(dp=2, zero=1))
     assert sharded.time["optimizer"] == pytest.approx(one.time["optimizer"] / 2)

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
-from torch.optim.adam import adam
 
 from paraxis.dist.params import local_norm_squares
 from paraxis.model.checkpoint.entries import (
@@ -369,37 +368,6 @@ def step_unless_nonfinite(optimizer: torch.optim.Optimizer, nonfinite: torch.Ten
             del optimizer.found_inf
     elif not bool(nonfinite):
         optimizer.step()
-
-
-def fused_adamw_group(optimizer: torch.optim.Optimizer, group: dict[str, Any],
-                      params: list[torch.Tensor], grads: list[torch.Tensor],
-                      grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
-    """What torch's fused AdamW `step` does for `params` of `group` (a param group of
-    `optimizer`, every tensor's state made by `init_adam_state`), with their gradients given
-    rather than read from `.grad`: the same kernel on the same arguments, so the same bits,
-    without setting and dropping a `.grad` per tensor and torch's per-tensor bookkeeping
-    (the host's cost of a step, which a small model's GPU step waits on). `grad_scale`
-    divides each gradient; `found_inf` (0-d float, 1.0 for a non-finite step) leaves
-    weights, moments and step count as they were."""
-    states = [optimizer.state[p] for p in params]
-    beta1, beta2 = group["betas"]
-    adam(
-        params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-        [], [s["step"] for s in states], foreach=group["foreach"],
-        capturable=group["capturable"], differentiable=group["differentiable"], fused=True,
-        grad_scale=grad_scale, found_inf=found_inf, has_complex=False,
-        decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
-        beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-        eps=group["eps"], maximize=group["maximize"])
-
-
-def takes_gradients_given(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `fused_adamw_group` can step `optimizer`: torch's fused AdamW without amsgrad,
-    from a torch whose AdamW names its decoupled decay in each group (its `adam` then takes
-    it)."""
-    return bool(optimizer.defaults.get("fused")) and all(
-        "decoupled_weight_decay" in group and not group["amsgrad"]
-        for group in optimizer.param_groups)
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:

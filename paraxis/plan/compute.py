@@ -182,7 +182,16 @@ def head_forward_traffic_per_token_eager(cfg: ModelConfig, tp: int = 1) -> float
     return norm + 3 * cfg.vocab_size / tp
 
 
-def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") -> float:
+def own_gradients(layout: Layout, precision: Precision) -> bool:
+    """Whether the step reads the parameters' own gradients, with no flat buffer of the
+    reducer's (`engine.data_parallel.buckets`: nothing to reduce, and the gradients in the
+    parameters' dtype): one rank of data, no ZeRO."""
+    return (layout.dp * layout.cp == 1 and layout.zero == 0
+            and precision.grad_bytes == precision.param_bytes)
+
+
+def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
+                                gathered: bool = False) -> float:
     """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
     FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
     `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise settings "eager" and
@@ -197,25 +206,24 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused") ->
     sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read and the clipping mul_ (3
     passes of the gradient).
 
-    paraxis (`engine.contract.adamw`): torch's fused AdamW kernel reads the fp32 weight (or
-    master), its fp32 gradient and both moments and writes back the weight and moments
-    (28 B), around paraxis's own passes: the norm's read and the clipping multiply of fp32
-    gradients (40 B in fp32); with fp32 masters of 16-bit gradients, the copy of the
-    gradients to fp32, the kernel clipping them itself (its `grad_scale`, writing the
-    clipped gradient back: 4 B) and the write-back to the 16-bit weight: 46 B for bf16
-    (`engine.data_parallel.masters`).
+    paraxis (`engine.contract.adamw`): torch's fused AdamW kernel reads the fp32 weight, its
+    fp32 gradient and both moments and writes back the weight and moments (28 B), around
+    paraxis's own passes: the norm's read and the clipping multiply of fp32 gradients (40 B
+    in fp32). fp32 masters of 16-bit parameters step in one pass (`kernels.master_adamw`):
+    the gradient, master and moments read, master, moments and the 16-bit weight written,
+    clipped inside, beside the norm's read: 30 B for bf16; `gathered`, where the gradients
+    are the parameters' own (one rank, no ZeRO: `engine.data_parallel.masters`), their copy
+    into one flat gradient first (4 B more for bf16).
     """
     kernels = "paraxis" if kernels in PARAXIS_KERNELS else kernels
     if kernels == "foreach":
         return 21 * 4 + 3 * precision.grad_bytes
     if kernels == "paraxis":
-        fused_kernel, norm = 4 * 4 + 3 * 4, precision.grad_bytes
+        norm = precision.grad_bytes
         if precision.optimizer_bytes <= 8:  # no masters: the fp32 weights are stepped
-            return fused_kernel + norm + 2 * precision.grad_bytes
-        if precision.grad_bytes == 4:  # fp32 gradients: the masters' own, clipped in place
-            return fused_kernel + norm + 2 * 4 + 4 + precision.param_bytes
-        to_fp32, clipped_in_kernel = precision.grad_bytes + 4, 4
-        return fused_kernel + norm + to_fp32 + clipped_in_kernel + 4 + precision.param_bytes
+            return 4 * 4 + 3 * 4 + norm + 2 * precision.grad_bytes
+        one_pass = precision.grad_bytes + 3 * 4 + 3 * 4 + precision.param_bytes
+        return norm + one_pass + (2 * precision.grad_bytes if gathered else 0)
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
 
 
@@ -233,7 +241,8 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
     # "auto": paraxis's AdamW beside paraxis's kernels, Megatron's fused Adam beside its own
     seconds = shard * optimizer_traffic_per_param(
-        precision, kernels if optimizer == "auto" else optimizer) / hbm_Bps
+        precision, kernels if optimizer == "auto" else optimizer,
+        gathered=own_gradients(layout, precision)) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
     if kernels in PARAXIS_KERNELS and whole:
         # paraxis's autograd adds each later microbatch's gradients into .grad (read 2, write 1);

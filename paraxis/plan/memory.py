@@ -13,6 +13,7 @@ from paraxis.plan.activations import (
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
+from paraxis.plan.compute import own_gradients
 from paraxis.plan.context import repeated_kv_bytes
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
@@ -27,7 +28,7 @@ from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.precision import FP32_ADAM, MASTER_STEP_ELEMENTS, MIXED_ADAM, Precision
+from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM, Precision
 from paraxis.spec.schedules import head_stage
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
@@ -244,27 +245,20 @@ def stage_states(local: int, experts: int, replicas: int, ep: int, zero: int,
     return tuple(states.items())
 
 
-def master_grad_copies(cfg: ModelConfig, layout: Layout, local_params: float,
-                       expert_params: float, precision: Precision,
-                       bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
-    """Bytes of the fp32 gradient copies the optimizer step hands fp32 masters of 16-bit
-    parameters (engine/data_parallel/masters.py): a batch of flat units at a time, at most
-    MASTER_STEP_ELEMENTS elements or the largest unit alone, of the part this rank owns.
-    A unit is a block under ZeRO-3, else a gradient bucket, or one parameter larger than a
-    bucket; routed experts shard over their expert-data-parallel group (dp*cp/ep)."""
-    if not precision.steps_fp32_copies:
+def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
+                        expert_params: float, precision: Precision,
+                        bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
+    """Bytes the optimizer step of fp32 masters of 16-bit parameters adds
+    (engine/data_parallel/masters.py): it steps a unit at a time from the unit's flat
+    gradient, the reducer's own, except where the gradients are the parameters' own
+    (`compute.own_gradients`): there a flat copy of the unit's, the largest unit's at most,
+    a gradient bucket or one parameter larger than a bucket."""
+    if precision.optimizer_bytes <= 8 or not own_gradients(layout, precision):
         return 0.0
-    sharded = layout.zero >= 1
-    shards = layout.zero_ranks if sharded else 1
-    expert_shards = max(1, layout.zero_ranks // layout.ep) if sharded else 1
-    owned = local_params / shards + expert_params / expert_shards
     largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp),
                             (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
-    if layout.zero == 3:
-        unit = max(_largest_block(cfg, layout.tp, layout.ep, layout.etp), largest_parameter)
-    else:
-        unit = max(bucket_bytes / precision.param_bytes, largest_parameter)
-    return 4 * min(owned, max(MASTER_STEP_ELEMENTS, unit / shards))
+    unit = max(bucket_bytes / precision.param_bytes, largest_parameter)
+    return precision.grad_bytes * min(local_params + expert_params, unit)
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
@@ -287,8 +281,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     states, the activations and buffers, and the gradients made so far (every one where
     an earlier microbatch's backward or the reducer's persistent flat buffers hold them,
     else the first module's alone). At the optimizer step: the states with every gradient,
-    and as buffers the fp32 copies of a batch of them that fp32 masters are stepped with
-    (`master_grad_copies`), activations freed.
+    and as buffers the flat copy of a unit's that fp32 masters are stepped from where the
+    gradients are the parameters' own (`master_step_buffers`), activations freed.
 
     Context parallelism: a rank holds s/cp tokens of each sequence, so its activations are
     those of s/cp tokens (the flash kernel keeps nothing quadratic in s; `plan/context.py`),
@@ -412,8 +406,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             first = _vocab_matrix(cfg, layout.tp) if stage == last \
                 else _largest_block(cfg, layout.tp, layout.ep, layout.etp)
             row["grads"] = min(row["grads"], first * precision.grad_bytes)
-        copies = master_grad_copies(cfg, layout, local, experts, precision, bucket_bytes)
-        rows = [row, {**states, "activations": 0.0, "buffers": copies, "reserved": reserved}]
+        step = master_step_buffers(cfg, layout, local, experts, precision, bucket_bytes)
+        rows = [row, {**states, "activations": 0.0, "buffers": step, "reserved": reserved}]
         for phase in rows:
             phase["total"] = sum(phase.values())
         row = max(rows, key=lambda phase: phase["total"])

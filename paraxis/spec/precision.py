@@ -244,13 +244,6 @@ def fp8_weights_regathered(recompute: str) -> bool:
     return recompute == "full"
 
 
-# AdamW steps 16-bit parameters' fp32 masters a batch of flat units at a time, handing it their
-# gradients cast to fp32 (engine/data_parallel/masters.py): the batch holds at most this many
-# elements, or one larger unit alone, so the step's fp32 gradient copies are bounded by it
-# (1 GiB) rather than 4 bytes for every parameter.
-MASTER_STEP_ELEMENTS = 2**28
-
-
 # ------------------------------------------------ bytes per parameter, as the planner prices
 
 
@@ -282,12 +275,6 @@ class Precision:
     @property
     def total_bytes(self) -> float:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
-
-    @property
-    def steps_fp32_copies(self) -> bool:
-        """Whether the optimizer step casts 16-bit gradients to fp32 for fp32 masters (the
-        masters' 4 bytes in optimizer_bytes beside Adam's 8)."""
-        return self.optimizer_bytes > 8 and self.grad_bytes < 4
 
     @classmethod
     def of(cls, policy: PrecisionPolicy) -> Precision:

@@ -171,6 +171,7 @@ class DataParallelEngine(LocalEngine):
             self.optimizer, self.pieces = shard_optimizer(
                 self.units, adamw, self.masters.masters, whole)
             self.masters.attach(self.pieces)
+            self.masters.share_moments(self.optimizer)
             if fp32_values is not None:
                 self.masters.fill_from(fp32_values)
         elif self.zero == 0:

@@ -21,6 +21,7 @@ from torch import nn
 
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.groups import through_host
+from paraxis.engine.contract import decays
 from paraxis.spec.collectives import zero_form
 
 
@@ -37,19 +38,25 @@ class Piece:
 
 
 class FlatUnit:
-    """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3)."""
+    """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3).
+    The weight-decayed ones (`contract.decays`: the matrices) come first, in their given
+    order, then the rest: AdamW on fp32 masters then decays one leading range of the unit
+    (`kernels.master_adamw`)."""
 
     def __init__(self, params: list[nn.Parameter], dp_size: int, dp_rank: int,
                  device: torch.device | None = None,
                  group: dist.ProcessGroup | None = None) -> None:
-        self.params = params
+        self.params = ([p for p in params if decays(p)]
+                       + [p for p in params if not decays(p)])
+        # the decayed parameters' elements, [0, decayed) of the flat index space
+        self.decayed = sum(p.numel() for p in params if decays(p))
         # the ranks (dp_size of them) that reduce this unit's gradients and share its
         # states: the replica group, or for experts under expert parallelism the ranks
         # holding the same experts; None: a group of one
         self.group = group
         self.offsets: list[int] = []
         total = 0
-        for p in params:
+        for p in self.params:
             self.offsets.append(total)
             total += p.numel()
         self.numel = total

@@ -1,0 +1,193 @@
+"""fp32 masters of 16-bit parameters stepped in one pass a unit (engine/data_parallel/masters.py,
+kernels/master_adamw.py): torch's AdamW to fp32 rounding, clipping and fp16's unscaling inside
+the pass, a non-finite step changing nothing, the parameters' own gradients and the reducer's
+flat ones the same bits, and the step's ops the same for any depth."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from paraxis.dist.groups import build_groups
+from paraxis.engine.data_parallel.buckets import GradReducer
+from paraxis.kernels.master_adamw import master_adamw_
+from paraxis.parallelize import build_engine
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import PRESETS
+
+TINY = PRESETS["tiny"]
+
+
+def _train_microbatched(precision: str) -> tuple[list[torch.Tensor], list[float], object]:
+    layout = Layout(microbatches=2)
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                          precision=precision)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        y = torch.randint(0, TINY.vocab_size, (4, 16), generator=g)
+        loss, _ = engine.train_step(x, y, 1e-2, 1.0)
+        losses.append(float(loss))
+        engine.zero_grad()
+    params = [p.detach().clone() for p in engine.model.parameters()]
+    return params, losses, engine
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_one_rank_keeps_autograds_gradients_and_trains_the_same_bits(monkeypatch, precision):
+    """Where nothing is reduced the gradients are autograd's own tensors (no flat buffer to
+    fill and add into), dropped by zero_grad; the numbers are those of the flat buffers."""
+    params, losses, engine = _train_microbatched(precision)
+    assert engine.reducer.local
+    assert all(p.grad is None for p in engine.model.parameters())
+    # what a step holds, though none exists between steps
+    assert engine.memory_report()["grads"] == sum(p.numel() * p.element_size()
+                                                  for p in engine.model.parameters())
+    engine.forward_backward(*[torch.randint(0, TINY.vocab_size, (4, 16))] * 2)
+    assert all(unit.grad_full is None for unit in engine.units)  # no bucket
+    grads = [p.grad for p in engine.model.parameters()]
+    assert all(g is not None for g in grads)
+    assert {id(g) for g in engine.reducer.grad_buffers()} == {id(g) for g in grads}
+    monkeypatch.setattr(GradReducer, "KEEP_AUTOGRAD_GRADS", False)
+    flat_params, flat_losses, flat = _train_microbatched(precision)
+    assert not flat.reducer.local
+    assert flat_losses == losses
+    for ours, theirs in zip(params, flat_params, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_parameter_no_backward_reached_has_a_zero_gradient(monkeypatch, local):
+    """As in a bucket, so AdamW decays it as every layout does (None would skip it)."""
+    from paraxis.engine.data_parallel.flat import FlatUnit
+
+    monkeypatch.setattr(GradReducer, "KEEP_AUTOGRAD_GRADS", local)
+    used, unused = (torch.nn.Parameter(torch.ones(3)) for _ in range(2))
+    reducer = GradReducer([FlatUnit([used, unused], 1, 0)], None, shard_grads=False)
+    assert reducer.local == local
+    reducer.begin_microstep(sync=True, final=True)
+    (2 * used).sum().backward()
+    reducer.finish()
+    assert torch.equal(used.grad, torch.full((3,), 2.0))
+    assert torch.equal(unused.grad, torch.zeros(3))
+
+
+def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad_scale,
+                     found_inf):
+    """torch's own AdamW.step on fp32 copies, the decayed range and the rest as its two
+    groups, as `contract.adamw` makes them; after `steps` steps the moments are given."""
+    params = [master[:decayed].clone(), master[decayed:].clone()]
+    optimizer = torch.optim.AdamW([{"params": params[:1], "weight_decay": 0.1},
+                                   {"params": params[1:], "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    for param, m, v, g in zip(params, exp_avg.split([decayed, len(master) - decayed]),
+                              exp_avg_sq.split([decayed, len(master) - decayed]),
+                              grad.float().split([decayed, len(master) - decayed]),
+                              strict=True):
+        optimizer.state[param] = {"step": torch.tensor(float(steps)), "exp_avg": m.clone(),
+                                  "exp_avg_sq": v.clone()}
+        param.grad = g.clone()
+    optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
+    optimizer.step()
+    return (torch.cat(params), torch.cat([optimizer.state[p]["exp_avg"] for p in params]),
+            torch.cat([optimizer.state[p]["exp_avg_sq"] for p in params]),
+            optimizer.state[params[0]]["step"])
+
+
+@pytest.mark.parametrize("compiled,dtype", [(False, torch.bfloat16), (False, torch.float16),
+                                            (True, torch.bfloat16)])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(compiled, nonfinite, dtype):
+    """Master, moments and step count as torch's fused AdamW leaves fp32 copies of them, to
+    fp32 rounding (the same formula in the same order), with the gradient scaled by
+    1 / grad_scale and the decay on the leading `decayed` elements only; the 16-bit
+    parameters are the rounded master; a non-finite step leaves all of them. Eager, and
+    compiled as on a GPU (here by inductor's CPU backend)."""
+    g = torch.Generator().manual_seed(0)
+    n, decayed, steps = 1000, 700, 3
+    master = torch.randn(n, generator=g)
+    exp_avg = torch.randn(n, generator=g) * 1e-2
+    exp_avg_sq = torch.rand(n, generator=g) * 1e-4
+    grad = torch.randn(n, generator=g).to(dtype)
+    param = master.to(dtype)
+    scale, found_inf = torch.tensor(2.5), torch.tensor(float(nonfinite))
+    want = _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, 1e-2, steps - 1,
+                            scale, found_inf)
+    ours = [master.clone(), exp_avg.clone(), exp_avg_sq.clone()]
+    master_adamw_(*ours, param, grad, decayed, torch.tensor(1e-2), 0.9, 0.95, 1e-8, 0.1,
+                  torch.tensor(float(steps)), scale, found_inf, compiled=compiled)
+    for got, expected in zip(ours, want[:3], strict=True):
+        torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-7)
+    assert torch.equal(param, ours[0].to(dtype))
+    assert nonfinite == torch.equal(ours[0], master)  # a non-finite step changes nothing
+    assert float(want[3]) == steps - nonfinite
+
+
+def test_the_engines_step_is_torchs_adamw_on_each_piece():
+    """Through the engine (bf16, clipped): each piece's master and moments, as torch's AdamW
+    steps fp32 copies of them from the bf16 gradients; the decayed pieces are the matrices,
+    wherever they sit in their unit."""
+    layout = Layout()
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    engine.forward_backward_on_device(x, x)
+    grads = {id(p): p.grad.float().clone() for p in engine.model.parameters()}
+    before = [(piece, view.clone()) for piece, view in engine.pieces]
+    norm = engine.clip_grad_norm_on_device(1e-3)
+    factor = float(1e-3 / (norm + 1e-6))
+    assert factor < 1  # clipped
+    engine.optimizer_step(1e-2)
+    hyper = engine.optimizer.param_groups[0]
+    flat = {m.untyped_storage().data_ptr() for m in engine.masters.exp_avgs}
+    for (piece, master), (_, view) in zip(before, engine.pieces, strict=True):
+        param = master.clone()
+        optimizer = torch.optim.AdamW([param], lr=1e-2, betas=hyper["betas"], eps=hyper["eps"],
+                                      weight_decay=0.1 if piece.param.dim() >= 2 else 0.0)
+        param.grad = grads[id(piece.param)].reshape(-1)[piece.lo:piece.hi] * factor
+        optimizer.step()
+        torch.testing.assert_close(view, param, rtol=1e-5, atol=1e-7)
+        state = engine.optimizer.state[view]
+        assert state["exp_avg"].untyped_storage().data_ptr() in flat  # one flat pair a unit
+        torch.testing.assert_close(state["exp_avg"], optimizer.state[param]["exp_avg"],
+                                   rtol=1e-5, atol=1e-9)
+        assert float(state["step"]) == 1
+
+
+class _Launches(TorchDispatchMode):
+    """The ops that compute (not views) and what `torch.cat` writes from what."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.mixed_cats = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not func.is_view:
+            self.ops.append(str(func.overloadpacket))
+        if func.overloadpacket is torch.ops.aten.cat and "out" in kwargs:
+            self.mixed_cats += any(t.dtype != kwargs["out"].dtype for t in args[0])
+        return func(*args, **kwargs)
+
+
+def _step_launches(layers: int) -> _Launches:
+    cfg = TINY.replace(n_layers=layers)
+    layout = Layout()
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    engine.forward_backward_on_device(x, x)
+    with _Launches() as launches:
+        engine.clip_grad_norm_on_device(1.0)
+        engine.optimizer_step(1e-2)
+    return launches
+
+
+def test_the_step_computes_in_multi_tensor_ops_not_one_per_parameter():
+    """Norm, clipping, the fp32 gradient copies, AdamW and the write-back of bf16 weights
+    over fp32 masters are multi-tensor ops: a deeper model steps with the same ops, so on a
+    GPU the host launches the same few kernels whatever the parameter count. (`torch.cat`
+    of 16-bit gradients into an fp32 output would launch one copy per parameter there: its
+    batched CUDA kernel wants one dtype.)"""
+    shallow, deep = _step_launches(1), _step_launches(3)
+    assert deep.ops == shallow.ops, (len(shallow.ops), len(deep.ops))
+    assert shallow.mixed_cats == deep.mixed_cats == 0
