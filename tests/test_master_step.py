@@ -84,7 +84,8 @@ def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad
                               exp_avg_sq.split([decayed, len(master) - decayed]),
                               grad.float().split([decayed, len(master) - decayed]),
                               strict=True):
-        optimizer.state[param] = {"step": torch.tensor(float(steps)), "exp_avg": m.clone(),
+        optimizer.state[param] = {"step": torch.tensor(float(steps), device=param.device),
+                                  "exp_avg": m.clone(),
                                   "exp_avg_sq": v.clone()}
         param.grad = g.clone()
     optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
@@ -94,10 +95,13 @@ def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad
             optimizer.state[params[0]]["step"])
 
 
-@pytest.mark.parametrize("compiled,dtype", [(False, torch.bfloat16), (False, torch.float16),
-                                            (True, torch.bfloat16)])
+@pytest.mark.parametrize("device,compiled,dtype", [
+    ("cpu", False, torch.bfloat16), ("cpu", False, torch.float16),
+    ("cpu", True, torch.bfloat16),
+    pytest.param("cuda", True, torch.bfloat16, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 @pytest.mark.parametrize("nonfinite", [False, True])
-def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(compiled, nonfinite, dtype):
+def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(device, compiled, nonfinite, dtype):
     """Master, moments and step count as torch's fused AdamW leaves fp32 copies of them, to
     fp32 rounding (the same formula in the same order), with the gradient scaled by
     1 / grad_scale and the decay on the leading `decayed` elements only; the 16-bit
@@ -105,17 +109,18 @@ def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(compiled, nonfinite, dtyp
     compiled as on a GPU (here by inductor's CPU backend)."""
     g = torch.Generator().manual_seed(0)
     n, decayed, steps = 1000, 700, 3
-    master = torch.randn(n, generator=g)
-    exp_avg = torch.randn(n, generator=g) * 1e-2
-    exp_avg_sq = torch.rand(n, generator=g) * 1e-4
-    grad = torch.randn(n, generator=g).to(dtype)
+    master, exp_avg, exp_avg_sq, grad = (t.to(device) for t in (
+        torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-2,
+        torch.rand(n, generator=g) * 1e-4, torch.randn(n, generator=g).to(dtype)))
     param = master.to(dtype)
-    scale, found_inf = torch.tensor(2.5), torch.tensor(float(nonfinite))
+    scale = torch.tensor(2.5, device=device)
+    found_inf = torch.tensor(float(nonfinite), device=device)
     want = _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, 1e-2, steps - 1,
                             scale, found_inf)
     ours = [master.clone(), exp_avg.clone(), exp_avg_sq.clone()]
-    master_adamw_(*ours, param, grad, decayed, torch.tensor(1e-2), 0.9, 0.95, 1e-8, 0.1,
-                  torch.tensor(float(steps)), scale, found_inf, compiled=compiled)
+    master_adamw_(*ours, param, grad, decayed, torch.tensor(1e-2, device=device), 0.9, 0.95,
+                  1e-8, 0.1, torch.tensor(float(steps), device=device), scale, found_inf,
+                  compiled=compiled)
     for got, expected in zip(ours, want[:3], strict=True):
         torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-7)
     assert torch.equal(param, ours[0].to(dtype))

@@ -117,8 +117,11 @@ case ${1:-} in
   host)  # the host's seconds a kernel and a block, on steps too small for the GPU to
     # matter, each model at its depth and at half (140 s at one depth on the fourth H200 run)
     timeout 300 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log" ;;
-  kernels)  # the step's kernels without the optimizer's copy per parameter: a block's, then
-    # the whole step's at 8 x 1024 against the reference's 702 (976 on the fifth H200 run)
+  kernels)  # the masters' one-pass step on CUDA, then the step's kernels without the
+    # optimizer's copy per parameter: a block's, then the whole step's at 8 x 1024 against
+    # the reference's 702 (976 on the fifth H200 run)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_master_step.py 2>&1 \
+      | tee -a "$log"
     timeout 300 python3 -m tools.probes.host_per_kernel 2>&1 | tee -a "$log"
     bench 190 gpt2-8 1 0,1,3 ;;
   eager-parts)  # the eager step's kernels by name, GPT-2 at 8 and 16 x 1024: the planner
