@@ -170,10 +170,14 @@ def _engine_step_calls(ctx: RankContext) -> tuple[int, int]:
 def test_partial_gradients_are_summed_once_a_step(layout):
     """SP's partial gradients (every norm, the row-parallel biases, the positions) are
     summed over TP in one call a step, whatever the microbatches (Megatron-LM's
-    finalize_model_grads): not one call per parameter per microbatch."""
-    for calls, partial in run_on_ranks(layout, _engine_step_calls):
+    finalize_model_grads): not one call per parameter per microbatch. Under ZeRO each rank
+    sums the partial pieces of its own shard: none, where the shard holds none of them
+    (they follow the matrices in each unit: FlatUnit)."""
+    results = run_on_ranks(layout, _engine_step_calls)
+    for calls, partial in results:
         assert partial == 4 * 6 + 2 + 1  # 4 layers x 6, the final norm, the positions
-        assert calls == 1
+        assert calls <= 1
+    assert max(calls for calls, _ in results) == 1
 
 
 def sum_in_buckets(ctx: RankContext) -> dict:
