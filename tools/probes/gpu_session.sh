@@ -87,7 +87,7 @@ case ${1:-} in
   all)  # the speed runs first and alone: nothing else has run on the machine yet but the
     # masters' one-pass step on CUDA, which every bf16 paraxis side needs (about 30 s)
     # each: eager, compiled, the reference, compiled under autocast-bf16 (fp32 state)
-    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_master_step.py -k cuda \
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_master_step.py -k cuda \
       2>&1 | tee -a "$log"
     bench 150 gpt2 0 0,1,3,7         # GPT-2 124M at 16 x 1024
     bench 260 llama 2 0,1,3,7        # the Llama slice (8 layers of Llama 3 8B) at 2 x 4096
