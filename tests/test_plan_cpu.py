@@ -5,6 +5,7 @@ import pytest
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import Link
 from paraxis.plan.compute import (
+    gathered_share,
     layer_forward_traffic_per_token_eager,
     optimizer_traffic_per_param,
 )
@@ -117,7 +118,19 @@ def test_optimizer_update_is_priced_by_bytes():
     # moments in; master, moments and the bf16 weight out), after the gradients' gather
     # into one flat copy where they are the parameters' own
     assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis") == 2 + (2 + 12) + (12 + 2)
-    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis", gathered=True) == 30 + 2 + 2
+    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis", gathered=1.0) == 30 + 2 + 2
+    # gathered: all but the matrices of at least a bucket (25 MiB), alone in their units
+    gpt2 = PRESETS["gpt2-124m"]
+    assert gathered_share(gpt2, 1, 25 * 2**20, 2) == pytest.approx(
+        1 - gpt2.vocab_size * 768 / gpt2.num_params())  # the tied embedding alone
+    llama = PRESETS["llama3-8b"]
+    d, f = 4096, 14336  # q and o (32 MiB) and the MLP's alone; k and v (8 MiB) are not
+    alone = 2 * 128256 * d + 32 * (2 * d * d + 3 * d * f)
+    assert gathered_share(llama, 1, 25 * 2**20, 2) == pytest.approx(
+        1 - alone / llama.num_params())
+    # over tp=8 a rank's MLP matrices are 14 MiB: the embedding and head alone are
+    assert gathered_share(llama, 8, 25 * 2**20, 2) == pytest.approx(
+        1 - 2 * 128256 * d / llama.num_params())
     assert optimizer_traffic_per_param(MIXED_ADAM, "fused") == 32
     one, sharded = price(Layout(dp=2)), price(Layout(dp=2, zero=1))
     assert sharded.time["optimizer"] == pytest.approx(one.time["optimizer"] / 2)

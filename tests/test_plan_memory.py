@@ -169,7 +169,8 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     # One microbatch on one rank: the backward's start holds the activations and the LM
     # head's gradient alone; two microbatches hold every gradient beside the second's
     # activations; with activations this small the optimizer step is the peak, every
-    # gradient there with the flat copy of the largest unit's that the masters step from
+    # gradient there with the flat copy of the gradients of a bucket's parameters (the
+    # masters step from it; a parameter larger than a bucket, alone in its unit, needs none)
     cfg = PRESETS["llama3-8b"]
     one = layout_memory(cfg, Layout(), 4096, 2)
     two = layout_memory(cfg, Layout(microbatches=2), 4096, 2)
@@ -179,7 +180,7 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     assert one["total"] == pytest.approx(two["total"] - two["grads"] + head)
     small = layout_memory(cfg, Layout(recompute="full"), 128, 1)
     assert small["activations"] == 0 and small["grads"] == cfg.num_params() * 2
-    assert small["buffers"] == 2 * cfg.vocab_size * cfg.d_model  # the bf16 LM head's
+    assert small["buffers"] == 25 * 2**20  # bf16: 2 bytes x a 25 MiB bucket's parameters
     # fp32 parameters are their own masters: no copies
     fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
     assert fp32["buffers"] == 0

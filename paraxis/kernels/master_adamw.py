@@ -7,9 +7,10 @@ master, moments and the unscaled gradient, 16) and the write-back of the rounded
 (read 4, write 2): 44 bytes a parameter. `master_adamw_` reads the 16-bit gradient and
 writes the 16-bit parameter in the same pass as the rest: 2 + 12 bytes read, 12 + 2
 written, 28 (Megatron-LM's and Transformer Engine's fused Adam with master weights do the
-same); on one GPU, where the gradients are the parameters' own, 4 more to gather them into
-one flat copy first. On the Llama 3 8B slice's 2.8 billion parameters that is 34 GB less
-memory traffic a step.
+same); on one GPU, where the gradients are the parameters' own, 4 more for those gathered
+into one flat copy first (the parameters that share a unit). On the Llama 3 8B slice's 2.8
+billion parameters, most of them in matrices alone in their units, that is about 16 bytes a
+parameter, 45 GB of memory traffic a step.
 
 It works on one flat range at a time (a unit of `engine.data_parallel.masters`): masters,
 moments and the 16-bit parameters as flat tensors of one length, the weight-decayed elements

@@ -190,8 +190,25 @@ def own_gradients(layout: Layout, precision: Precision) -> bool:
             and precision.grad_bytes == precision.param_bytes)
 
 
+def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float,
+                   param_bytes: float) -> float:
+    """The share of a rank's parameters whose gradients the masters' step gathers into a
+    flat copy where they are the parameters' own (`engine.data_parallel.masters`): all but
+    the matrices of at least a gradient bucket, each a unit of its own
+    (`buckets.make_buckets`), whose gradient is read where it is. Dense models: the
+    embedding and LM head, each block's projections; an MoE's experts are counted
+    gathered."""
+    d, kv = cfg.d_model, cfg.kv_dim
+    mlp = [d * cfg.d_ff] * (3 if cfg.style != "gpt2" else 2) if not cfg.is_moe else []
+    block = [d * d, d * kv, d * kv, d * d, *mlp]
+    vocab = cfg.vocab_size * d
+    matrices = [vocab] * (1 if cfg.tied_embeddings else 2) + block * cfg.n_layers
+    alone = sum(m / tp for m in matrices if m / tp * param_bytes >= bucket_bytes)
+    return max(0.0, 1.0 - alone / (cfg.num_params() / tp))
+
+
 def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
-                                gathered: bool = False) -> float:
+                                gathered: float = 0.0) -> float:
     """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
     FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
     `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise settings "eager" and
@@ -211,9 +228,10 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
     paraxis's own passes: the norm's read and the clipping multiply of fp32 gradients (40 B
     in fp32). fp32 masters of 16-bit parameters step in one pass (`kernels.master_adamw`):
     the gradient, master and moments read, master, moments and the 16-bit weight written,
-    clipped inside, beside the norm's read: 30 B for bf16; `gathered`, where the gradients
-    are the parameters' own (one rank, no ZeRO: `engine.data_parallel.masters`), their copy
-    into one flat gradient first (4 B more for bf16).
+    clipped inside, beside the norm's read: 30 B for bf16; where the gradients are the
+    parameters' own (one rank, no ZeRO: `engine.data_parallel.masters`), the `gathered`
+    share of them (`gathered_share`) copied into one flat gradient a unit first (4 B more a
+    parameter for bf16).
     """
     kernels = "paraxis" if kernels in PARAXIS_KERNELS else kernels
     if kernels == "foreach":
@@ -223,26 +241,26 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
         if precision.optimizer_bytes <= 8:  # no masters: the fp32 weights are stepped
             return 4 * 4 + 3 * 4 + norm + 2 * precision.grad_bytes
         one_pass = precision.grad_bytes + 3 * 4 + 3 * 4 + precision.param_bytes
-        return norm + one_pass + (2 * precision.grad_bytes if gathered else 0)
+        return norm + one_pass + 2 * precision.grad_bytes * gathered
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
 
 
 def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_params: float,
                    experts: float, hbm_Bps: float, pipelined: bool,
-                   optimizer: str = "auto") -> float:
+                   optimizer: str = "auto", gathered: float = 1.0) -> float:
     """Seconds of a stage's optimizer step, after the flush and the gradient sync: memory-bound,
     its bytes at memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the
     update over the replicas; Rajbhandari et al. 2020); `experts` shard over their own
     replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does.
     kernels: the elementwise setting; optimizer: how AdamW runs (`GPU.optimizer_kernel`;
-    "auto" follows `kernels`)."""
+    "auto" follows `kernels`); gathered: `gathered_share`."""
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
     # "auto": paraxis's AdamW beside paraxis's kernels, Megatron's fused Adam beside its own
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer,
-        gathered=own_gradients(layout, precision)) / hbm_Bps
+        gathered=gathered if own_gradients(layout, precision) else 0.0) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
     if kernels in PARAXIS_KERNELS and whole:
         # paraxis's autograd adds each later microbatch's gradients into .grad (read 2, write 1);

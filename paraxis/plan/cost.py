@@ -45,6 +45,7 @@ from paraxis.plan.comm import (
     collective_time,
 )
 from paraxis.plan.compute import (
+    gathered_share,
     iteration_flops,
     optimizer_time,
 )
@@ -274,7 +275,9 @@ def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_le
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     return optimizer_time(layout, precision, gpu.kernels, max(local for local, _ in shares),
                           max(expert for _, expert in shares),
-                          layer_rates(cluster, layout.tp)[2], pipelined, gpu.optimizer_kernel)
+                          layer_rates(cluster, layout.tp)[2], pipelined, gpu.optimizer_kernel,
+                          gathered_share(cfg, layout.tp, gpu.gradient_bucket_bytes,
+                                         precision.param_bytes))
 
 
 def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,

@@ -251,14 +251,12 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
     """Bytes the optimizer step of fp32 masters of 16-bit parameters adds
     (engine/data_parallel/masters.py): it steps a unit at a time from the unit's flat
     gradient, the reducer's own, except where the gradients are the parameters' own
-    (`compute.own_gradients`): there a flat copy of the unit's, the largest unit's at most,
-    a gradient bucket or one parameter larger than a bucket."""
+    (`compute.own_gradients`): there a parameter alone in its unit gives its own, and
+    several are gathered into a flat copy, a gradient bucket's at most."""
     if precision.optimizer_bytes <= 8 or not own_gradients(layout, precision):
         return 0.0
-    largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp),
-                            (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
-    unit = max(bucket_bytes / precision.param_bytes, largest_parameter)
-    return precision.grad_bytes * min(local_params + expert_params, unit)
+    return precision.grad_bytes * min(local_params + expert_params,
+                                      bucket_bytes / precision.param_bytes)
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,

@@ -6,7 +6,8 @@ shard under ZeRO-1/2/3, so the copy and Adam's moments are sharded where ZeRO sh
 optimizer (2 + 2 + 12 bytes per parameter: ZeRO, Rajbhandari et al. 2020, sec. 3.1).
 
 A step (`step`) is one pass over each unit (`kernels.master_adamw`): its 16-bit gradient (the
-reducer's flat one, or where the gradients are the parameters' own, one flat copy of them),
+reducer's flat one, or where the gradients are the parameters' own, a parameter's alone in
+its unit, or one flat copy of several),
 its fp32 master and AdamW's moments in; master, moments and the 16-bit parameters out,
 clipping and fp16's unscaling applied inside it (`grad_scale`: fp16's 1/S would underflow in
 fp16 itself). AdamW's state stays torch's, a step count and two moments per piece, the moments
@@ -110,7 +111,7 @@ class MasterWeights:
         for index, (unit, master) in enumerate(zip(self.units, self.masters, strict=True)):
             grad = self.grads[index]
             if grad is None:
-                grad = self._gathered_grads(index)
+                grad = self._own_grads(index)
             master_adamw_(master, self.exp_avgs[index], self.exp_avg_sqs[index],
                           self.owned[index], grad, self._decayed(unit), lr, beta1, beta2,
                           group["eps"], decay, steps[0], grad_scale, found_inf)
@@ -121,6 +122,17 @@ class MasterWeights:
         if self.whole:
             return unit.decayed
         return min(max(unit.decayed - unit.shard_start, 0), unit.shard_numel)
+
+    def _own_grads(self, index: int) -> torch.Tensor:
+        """Unit `index`'s parameters' own gradients as one flat tensor: a parameter alone in
+        its unit (one larger than a gradient bucket, `buckets.make_buckets`) gives its own,
+        viewed flat; several are gathered (`_gathered_grads`)."""
+        unit = self.units[index]
+        grad = unit.params[0].grad if len(unit.params) == 1 else None
+        if grad is not None and grad.is_contiguous() and \
+                grad.numel() == self.owned[index].numel():
+            return grad.view(-1)
+        return self._gathered_grads(index)
 
     def _gathered_grads(self, index: int) -> torch.Tensor:
         """Unit `index`'s parameters' own gradients in one flat tensor (zeros for a
