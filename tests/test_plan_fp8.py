@@ -104,11 +104,13 @@ def test_fp8_memory_keeps_linear_inputs_in_fp8_and_states_as_bf16() -> None:
     assert fp8["activations"] < bf16["activations"]
     # one block's weights in FP8 twice (row- and column-major) while it computes
     assert fp8["buffers"] - bf16["buffers"] == pytest.approx(2 * cfg.layer_params(0))
-    # full recomputation keeps only each block's input, a bf16 tensor: nothing to save
+    # full recomputation keeps only each block's input, a bf16 tensor: nothing to save (at
+    # twice the batch: at the slice's own, the backward's start and the optimizer step,
+    # where no activation is alive, hold within 2 MB of each other)
     full = Layout(recompute="full")
-    bf16, fp8 = (evaluate(cfg, full, H100, seq, batch, p).memory for p in (BF16_PRICE,
-                                                                           FP8_PRICE))
-    assert fp8["activations"] == bf16["activations"]
+    bf16, fp8 = (evaluate(cfg, full, H100, seq, 2 * batch, p).memory for p in (BF16_PRICE,
+                                                                               FP8_PRICE))
+    assert fp8["activations"] == bf16["activations"] > 0
 
 
 def test_fp8_weight_gather_halves_the_linears_gathers() -> None:
