@@ -15,7 +15,8 @@ parameter, 45 GB of memory traffic a step.
 It works on one flat range at a time (a unit of `engine.data_parallel.masters`): masters,
 moments and the 16-bit parameters as flat tensors of one length, the weight-decayed elements
 first (`decayed` of them: units put their matrices first, `FlatUnit`). Compiled on CUDA,
-the whole update is one generated kernel; elsewhere the same expressions run op by op.
+the whole update is one generated kernel; elsewhere (a CPU) torch's fused kernel runs on an
+fp32 copy of the gradient and the 16-bit parameter is written after it.
 The formula is torch's fused AdamW's, in its order (decoupled decay, then the moments, then
 the bias-corrected step); `grad_scale` divides the gradient (clipping, fp16's unscaling) and
 a non-zero `found_inf` leaves every tensor as it was, as the fused kernel does.
@@ -50,6 +51,23 @@ def _update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     param.copy_(p)
 
 
+def _update_in_passes(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                      param: torch.Tensor, grad: torch.Tensor, decayed: int, lr: torch.Tensor,
+                      beta1: float, beta2: float, eps: float, weight_decay: float,
+                      step: torch.Tensor, grad_scale: torch.Tensor,
+                      found_inf: torch.Tensor) -> None:
+    """The same step uncompiled: torch's fused AdamW kernel on an fp32 copy of the gradient,
+    the decayed range and the rest apart, then the 16-bit parameter from the master (op by
+    op, the one-pass expressions would make a dozen passes over fp32 temporaries)."""
+    g = grad.float()
+    for part, decay in ((slice(0, decayed), weight_decay), (slice(decayed, None), 0.0)):
+        torch._fused_adamw_([master[part]], [g[part]], [exp_avg[part]], [exp_avg_sq[part]],
+                            [], [step], lr=lr, beta1=beta1, beta2=beta2, weight_decay=decay,
+                            eps=eps, amsgrad=False, maximize=False, grad_scale=grad_scale,
+                            found_inf=found_inf)
+    param.copy_(master)
+
+
 @functools.cache
 def _compiled() -> object:
     # dynamic: one graph for every unit's length and split
@@ -66,6 +84,7 @@ def master_adamw_(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch
     this step), `grad_scale` and `found_inf` are 0-d fp32 tensors on the masters' device, so
     a new learning rate or step runs the same compiled kernel. `compiled`: by default on
     CUDA."""
-    run = _compiled() if (master.is_cuda if compiled is None else compiled) else _update
+    run = _compiled() if (master.is_cuda if compiled is None else compiled) \
+        else _update_in_passes
     run(master, exp_avg, exp_avg_sq, param, grad, decayed, lr, beta1, beta2, eps,
         weight_decay, step, grad_scale, found_inf)
