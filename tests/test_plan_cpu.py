@@ -119,6 +119,10 @@ def test_optimizer_update_is_priced_by_bytes():
     # into one flat copy where they are the parameters' own
     assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis") == 2 + (2 + 12) + (12 + 2)
     assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis", gathered=1.0) == 30 + 2 + 2
+    # on CPU ranks torch's fused kernel steps an fp32 copy (writing the unscaled copy back),
+    # then the bf16 weight is written
+    assert optimizer_traffic_per_param(MIXED_ADAM, "paraxis", one_pass=False) == \
+        2 + (2 + 4) + (16 + 16) + (4 + 2)
     # gathered: all but the matrices of at least a bucket (25 MiB), alone in their units
     gpt2 = PRESETS["gpt2-124m"]
     assert gathered_share(gpt2, 1, 25 * 2**20, 2) == pytest.approx(

@@ -181,6 +181,10 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     small = layout_memory(cfg, Layout(recompute="full"), 128, 1)
     assert small["activations"] == 0 and small["grads"] == cfg.num_params() * 2
     assert small["buffers"] == 25 * 2**20  # bf16: 2 bytes x a 25 MiB bucket's parameters
+    # CPU ranks step through torch's fused kernel: an fp32 copy of the largest unit's
+    # gradient too, the LM head alone in its own
+    cpu = layout_memory(cfg, Layout(recompute="full"), 128, 1, one_pass=False)
+    assert cpu["buffers"] == 25 * 2**20 + 4 * cfg.vocab_size * cfg.d_model
     # fp32 parameters are their own masters: no copies
     fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
     assert fp32["buffers"] == 0

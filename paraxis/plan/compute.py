@@ -208,7 +208,7 @@ def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float,
 
 
 def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
-                                gathered: float = 0.0) -> float:
+                                gathered: float = 0.0, one_pass: bool = True) -> float:
     """Memory bytes one AdamW step moves per parameter, gradient clipping included (about one
     FLOP per byte, so memory-bound; Kingma & Ba 2015 Alg. 1). The one place this count lives.
     `kernels`: how AdamW runs (`GPU.optimizer_kernel`; the elementwise settings "eager" and
@@ -231,7 +231,9 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
     clipped inside, beside the norm's read: 30 B for bf16; where the gradients are the
     parameters' own (one rank, no ZeRO: `engine.data_parallel.masters`), the `gathered`
     share of them (`gathered_share`) copied into one flat gradient a unit first (4 B more a
-    parameter for bf16).
+    parameter for bf16). Without `one_pass` (CPU ranks: the pass is compiled on CUDA only),
+    torch's fused kernel steps an fp32 copy of the gradients, writing the unscaled copy
+    back, and the 16-bit weight is written after it: 2 + 6 + 32 + 6, 46 B for bf16.
     """
     kernels = "paraxis" if kernels in PARAXIS_KERNELS else kernels
     if kernels == "foreach":
@@ -240,27 +242,33 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
         norm = precision.grad_bytes
         if precision.optimizer_bytes <= 8:  # no masters: the fp32 weights are stepped
             return 4 * 4 + 3 * 4 + norm + 2 * precision.grad_bytes
-        one_pass = precision.grad_bytes + 3 * 4 + 3 * 4 + precision.param_bytes
-        return norm + one_pass + 2 * precision.grad_bytes * gathered
+        gather = 2 * precision.grad_bytes * gathered
+        if not one_pass:
+            to_fp32 = 0 if precision.grad_bytes == 4 else precision.grad_bytes + 4
+            return norm + gather + to_fp32 + 4 * 4 + 4 * 4 + 4 + precision.param_bytes
+        return norm + gather + precision.grad_bytes + 3 * 4 + 3 * 4 + precision.param_bytes
     return 2 * (precision.grad_bytes + precision.optimizer_bytes + precision.param_bytes)
 
 
 def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_params: float,
                    experts: float, hbm_Bps: float, pipelined: bool,
-                   optimizer: str = "auto", gathered: float = 1.0) -> float:
+                   optimizer: str = "auto", gathered: float = 1.0,
+                   one_pass: bool = True) -> float:
     """Seconds of a stage's optimizer step, after the flush and the gradient sync: memory-bound,
     its bytes at memory bandwidth on this rank's share of the parameters (ZeRO-1+ shards the
     update over the replicas; Rajbhandari et al. 2020); `experts` shard over their own
     replicas. `pipelined`: ZeRO-2 under a pipeline keeps whole gradients, as ZeRO-1 does.
     kernels: the elementwise setting; optimizer: how AdamW runs (`GPU.optimizer_kernel`;
-    "auto" follows `kernels`); gathered: `gathered_share`."""
+    "auto" follows `kernels`); gathered: `gathered_share`; one_pass: the masters' step as
+    on CUDA, not as on CPU ranks (`optimizer_traffic_per_param`)."""
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them
     shard = stage_params / (replicas if layout.zero >= 1 else 1)
     shard += experts / (replicas // layout.ep if layout.zero >= 1 else 1)
     # "auto": paraxis's AdamW beside paraxis's kernels, Megatron's fused Adam beside its own
     seconds = shard * optimizer_traffic_per_param(
         precision, kernels if optimizer == "auto" else optimizer,
-        gathered=gathered if own_gradients(layout, precision) else 0.0) / hbm_Bps
+        gathered=gathered if own_gradients(layout, precision) else 0.0,
+        one_pass=one_pass) / hbm_Bps
     whole = layout.zero < 2 or layout.pp > 1 and (layout.zero == 3 or pipelined)
     if kernels in PARAXIS_KERNELS and whole:
         # paraxis's autograd adds each later microbatch's gradients into .grad (read 2, write 1);

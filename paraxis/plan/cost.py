@@ -277,7 +277,8 @@ def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_le
                           max(expert for _, expert in shares),
                           layer_rates(cluster, layout.tp)[2], pipelined, gpu.optimizer_kernel,
                           gathered_share(cfg, layout.tp, gpu.gradient_bucket_bytes,
-                                         precision.param_bytes))
+                                         precision.param_bytes),
+                          one_pass=not cluster.cores_per_node)
 
 
 def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -290,7 +291,8 @@ def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                          "flash" if layout.cp > 1 else gpu.attention_kernel,
                          reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
                          dropout=runtime_dropout(cfg, gpu), expert_imbalance=expert_imbalance,
-                         zero2_reduce=gpu.pipeline_zero2_reduce, loss_kernel=gpu.loss_kernel)
+                         zero2_reduce=gpu.pipeline_zero2_reduce, loss_kernel=gpu.loss_kernel,
+                         one_pass=not cluster.cores_per_node)
 
 
 def calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:

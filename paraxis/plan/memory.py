@@ -247,16 +247,28 @@ def stage_states(local: int, experts: int, replicas: int, ep: int, zero: int,
 
 def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
                         expert_params: float, precision: Precision,
-                        bucket_bytes: float = DEFAULT_BUCKET_BYTES) -> float:
+                        bucket_bytes: float = DEFAULT_BUCKET_BYTES,
+                        one_pass: bool = True) -> float:
     """Bytes the optimizer step of fp32 masters of 16-bit parameters adds
-    (engine/data_parallel/masters.py): it steps a unit at a time from the unit's flat
-    gradient, the reducer's own, except where the gradients are the parameters' own
-    (`compute.own_gradients`): there a parameter alone in its unit gives its own, and
-    several are gathered into a flat copy, a gradient bucket's at most."""
-    if precision.optimizer_bytes <= 8 or not own_gradients(layout, precision):
+    (engine/data_parallel/masters.py), a unit at a time: where the gradients are the
+    parameters' own (`compute.own_gradients`) the flat copy of a unit's several, a gradient
+    bucket's at most (a parameter alone in its unit gives its own). Without `one_pass`
+    (CPU ranks: `kernels.master_adamw` compiles its pass on CUDA only) also an fp32 copy of
+    the unit's gradient for torch's fused kernel, the largest unit's: a bucket or one
+    parameter larger than a bucket, a block under ZeRO-3, of this rank's shard."""
+    if precision.optimizer_bytes <= 8:
         return 0.0
-    return precision.grad_bytes * min(local_params + expert_params,
-                                      bucket_bytes / precision.param_bytes)
+    owned = local_params + expert_params
+    step = precision.grad_bytes * min(owned, bucket_bytes / precision.param_bytes) \
+        if own_gradients(layout, precision) else 0.0
+    if one_pass or precision.grad_bytes == 4:
+        return step
+    largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp),
+                            (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
+    unit = _largest_block(cfg, layout.tp, layout.ep, layout.etp) if layout.zero == 3 \
+        else bucket_bytes / precision.param_bytes
+    shards = layout.zero_ranks if layout.zero >= 1 else 1
+    return step + 4 * min(owned, max(unit, largest_parameter) / shards)
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
@@ -266,13 +278,14 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                   dropout: bool | None = None,
                   expert_imbalance: float = DEFAULT_IMBALANCE,
-                  zero2_reduce: str = "step", loss_kernel: str = "chunked"
-                  ) -> dict[str, float]:
+                  zero2_reduce: str = "step", loss_kernel: str = "chunked",
+                  one_pass: bool = True) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/spec/kernels.py).
     `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
     keeps the stage's whole gradients until the step's end. `loss_kernel`: what the head and
-    loss keep (GPU.loss_kernel).
+    loss keep (GPU.loss_kernel). `one_pass`: the masters' step as on CUDA, not as on CPU
+    ranks (`master_step_buffers`).
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage: the bytes
     alive at the stage's peak, the larger of two moments. At the backward's start: the
@@ -404,7 +417,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             first = _vocab_matrix(cfg, layout.tp) if stage == last \
                 else _largest_block(cfg, layout.tp, layout.ep, layout.etp)
             row["grads"] = min(row["grads"], first * precision.grad_bytes)
-        step = master_step_buffers(cfg, layout, local, experts, precision, bucket_bytes)
+        step = master_step_buffers(cfg, layout, local, experts, precision, bucket_bytes,
+                                   one_pass)
         rows = [row, {**states, "activations": 0.0, "buffers": step, "reserved": reserved}]
         for phase in rows:
             phase["total"] = sum(phase.values())
