@@ -195,9 +195,9 @@ def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float,
     """The share of a rank's parameters whose gradients the masters' step gathers into a
     flat copy where they are the parameters' own (`engine.data_parallel.masters`): all but
     the matrices of at least a gradient bucket, each a unit of its own
-    (`buckets.make_buckets`), whose gradient is read where it is. Dense models: the
-    embedding and LM head, each block's projections; an MoE's experts are counted
-    gathered."""
+    (`buckets.make_buckets`), whose gradient is read where it is: the embedding and LM
+    head, each block's projections and, in a dense model, its MLP's (an MoE model's MLPs
+    and experts are all counted gathered)."""
     d, kv = cfg.d_model, cfg.kv_dim
     mlp = [d * cfg.d_ff] * (3 if cfg.style != "gpt2" else 2) if not cfg.is_moe else []
     block = [d * d, d * kv, d * kv, d * d, *mlp]

@@ -355,8 +355,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # reducer (engine/data_parallel/buckets.py) keeps them in persistent flat buffers
     # instead wherever it has anything to do: dp or cp ranks to sum over, a ZeRO stage (a
     # shard even of one rank), or gradients in another dtype than the parameters.
-    one_backward = (layout.microbatches == 1 and layout.dp * layout.cp == 1
-                    and layout.zero == 0 and precision.grad_bytes == precision.param_bytes)
+    one_backward = layout.microbatches == 1 and own_gradients(layout, precision)
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages

@@ -9,7 +9,9 @@ as `bench.gpu.planned` gives them; the runtime changed between lent GPUs, so a r
 planner now against the runtime of its day. The planner's peak is its bytes less its reserve,
 what `max_memory_allocated` counts. Each row also gives the run's compiled
 reference's seconds a kernel, which tells a slow host from a slow runtime: the reference's
-step is the same code on every run.
+step is the same code on every run. Not every row is held out: the per-block kernel counts
+(`plan.compute.LAYER_KERNELS`) were measured on the host of the fifth H200 run
+(docs/gpu/h200-2026-11-28), so that run's rows are in sample for the host's share.
 """
 
 from __future__ import annotations
