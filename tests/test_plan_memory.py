@@ -185,6 +185,12 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     # gradient too, the LM head alone in its own
     cpu = layout_memory(cfg, Layout(recompute="full"), 128, 1, one_pass=False)
     assert cpu["buffers"] == 25 * 2**20 + 4 * cfg.vocab_size * cfg.d_model
+    # under ZeRO the copy is of this rank's shard: a model smaller than a bucket, a quarter
+    from paraxis.plan.memory import master_step_buffers
+
+    tiny = PRESETS["tiny"].num_params()
+    assert master_step_buffers(PRESETS["tiny"], Layout(dp=4, zero=1), tiny, 0, MIXED_ADAM,
+                               one_pass=False) == 4 * tiny / 4
     # fp32 parameters are their own masters: no copies
     fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
     assert fp32["buffers"] == 0

@@ -258,7 +258,10 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
     parameter larger than a bucket, a block under ZeRO-3, of this rank's shard."""
     if precision.optimizer_bytes <= 8:
         return 0.0
-    owned = local_params + expert_params
+    sharded = layout.zero >= 1
+    shards = layout.zero_ranks if sharded else 1
+    expert_shards = max(1, layout.zero_ranks // layout.ep) if sharded else 1
+    owned = local_params / shards + expert_params / expert_shards  # this rank's part
     step = precision.grad_bytes * min(owned, bucket_bytes / precision.param_bytes) \
         if own_gradients(layout, precision) else 0.0
     if one_pass or precision.grad_bytes == 4:
@@ -267,7 +270,6 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
                             (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
     unit = _largest_block(cfg, layout.tp, layout.ep, layout.etp) if layout.zero == 3 \
         else bucket_bytes / precision.param_bytes
-    shards = layout.zero_ranks if layout.zero >= 1 else 1
     return step + 4 * min(owned, max(unit, largest_parameter) / shards)
 
 
