@@ -40,7 +40,6 @@ class MasterWeights:
                         for t in owned]
         # (unit index, the optimizer's master view, lo, hi in the unit's range)
         self.views: list[tuple[int, torch.Tensor, int, int]] = []
-        self._sizes_of: dict[int, list[int]] = {}  # `_span_sizes`'s, by unit
         # AdamW's moments, one flat pair per unit (`share_moments`), and the step's inputs
         # that live on the device (learning rate, 1, 0)
         self.exp_avgs: list[torch.Tensor] = []
@@ -142,7 +141,8 @@ class MasterWeights:
         unit = self.units[index]
         flat = torch.empty(self.owned[index].numel(), dtype=self.owned[index].dtype,
                            device=self.owned[index].device)
-        spans = flat.split(self._span_sizes(index))  # each parameter's, then the padding
+        # each parameter's span, then the padding
+        spans = flat.split([*(p.numel() for p in unit.params), flat.numel() - unit.numel])
         into, grads = [], []
         for param, span in zip(unit.params, spans, strict=False):
             if param.grad is None:
@@ -154,12 +154,3 @@ class MasterWeights:
         if into:
             torch._foreach_copy_(into, grads)
         return flat
-
-    def _span_sizes(self, index: int) -> list[int]:
-        """The sizes that split unit `index`'s flat range into its parameters and the
-        padding after them (kept: the units never change)."""
-        if index not in self._sizes_of:
-            unit = self.units[index]
-            sizes = [p.numel() for p in unit.params]
-            self._sizes_of[index] = [*sizes, self.owned[index].numel() - sum(sizes)]
-        return self._sizes_of[index]
