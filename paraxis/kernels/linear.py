@@ -62,22 +62,32 @@ class Fp8Linear(nn.Linear):
 
 def stackable(layers: list[nn.Module]) -> bool:
     """Whether `layers` can run as one GEMM: each is x W^T + b and nothing else (an
-    `nn.Linear`, or a layer saying so by its `stackable` attribute: a column-parallel
+    `nn.Linear`, or a layer whose own `stackable` attribute says so: a column-parallel
     layer that does not enter the TP region itself), none has hooks of its own, their
-    biases are all there or all absent, and they run in one precision (one `fp8`)."""
-    plain = all(getattr(layer, "stackable", isinstance(layer, nn.Linear))
+    biases are all there or all absent, and they run in one precision (one `fp8`).
+
+    Both attributes are read from the layer's `__dict__`, never looked up where a layer
+    lacks them: compiled, every attribute read here becomes a guard checked before each
+    call of the graph, two a projection, and a failed lookup is the slow kind (Python's
+    `nn.Module.__getattr__`, or an AttributeError raised and caught)."""
+    plain = all((isinstance(layer, nn.Linear) or layer.__dict__.get("stackable", False))
                 and not (layer._forward_hooks or layer._forward_pre_hooks)
                 for layer in layers)
-    fp8 = getattr(layers[0], "fp8", None)
+    fp8 = _fp8(layers[0])
     return plain and len({layer.bias is None for layer in layers}) == 1 and all(
-        getattr(layer, "fp8", None) == fp8 for layer in layers)
+        _fp8(layer) == fp8 for layer in layers)
 
 
 def stacked_layers(module: nn.Module) -> list[nn.Module]:
     """The projections `module` runs as one GEMM (its `STACKED` names, those it has: a
     GELU MLP has no gate)."""
-    return [getattr(module, name) for name in getattr(module, "STACKED", ())
-            if hasattr(module, name)]
+    return [module._modules[name] for name in getattr(module, "STACKED", ())
+            if name in module._modules]
+
+
+def _fp8(layer: nn.Module) -> Fp8Gemm | None:
+    """The layer's FP8 GEMM, set on the layer itself under an FP8 policy (None: none)."""
+    return layer.__dict__.get("fp8")
 
 
 def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
@@ -87,7 +97,7 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     weights = [layer.weight for layer in layers]
     biases = None if layers[0].bias is None else [layer.bias for layer in layers]
     widths = [w.shape[0] for w in weights]
-    fp8 = getattr(layers[0], "fp8", None)
+    fp8 = _fp8(layers[0])
     if fp8 is None:  # keeps the weights, not their stacked copy, for backward
         return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
     bias = None if biases is None else torch.cat(biases)

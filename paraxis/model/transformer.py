@@ -212,7 +212,7 @@ class Block(nn.Module):
 
     def _forward(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:
         x = self._attend(x, documents)
-        feed_forward = self.moe if hasattr(self, "moe") else self.mlp
+        feed_forward = self._modules["moe" if "moe" in self._modules else "mlp"]
         return x + feed_forward(self.norm2(x))
 
     def _attend(self, x: torch.Tensor, documents: Documents | None = None) -> torch.Tensor:

@@ -17,7 +17,8 @@ forward and backward; the gradient norm and clipping; the optimizer step; zero_g
 `--layers` keeps the model's first L blocks: two depths' difference is what a block adds.
 `--profile N` then prints, for each side, torch.profiler's N ops of most self CPU time over
 20 forward+backward passes (the guard check before the compiled graph is `TorchDynamo Cache
-Lookup`); `TORCH_LOGS=guards` before the command prints each side's guards.
+Lookup`); `TORCH_LOGS=guards` before the command prints each side's guards, and `--guards`
+times their check: microseconds a forward, the check alone, repeated on the step's inputs.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def paraxis_phases(cfg, x: torch.Tensor, y: torch.Tensor, precision: str
         engine.optimizer_step(1e-3)
         engine._nonfinite = None
 
+    forward_backward.guarded = (engine.model, {"self": engine.model, "x": x, "targets": y,
+                                               "tokens": None})
     return [forward_backward, clip, step, engine.zero_grad]
 
 
@@ -73,7 +76,26 @@ def reference_phases(cfg, x: torch.Tensor, y: torch.Tensor) -> list[Callable[[],
     def clip() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
 
+    forward_backward.guarded = (model, {"self": model, "idx": x, "targets": y})
     return [forward_backward, clip, optimizer.step, optimizer.zero_grad]
+
+
+def guard_microseconds(forward_backward: Callable[[], None], calls: int = 2000) -> float:
+    """Microseconds the guard check of the model's compiled forward takes, alone: the
+    check torch.compile runs before each call of the graph (under bf16 autocast, as both
+    sides' forwards run), on the step's own inputs."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model, frame_locals = forward_backward.guarded
+    (entry,) = _debug_get_cache_entry_list(type(model).forward.__code__)
+    check = entry.guard_manager.check
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if not check(frame_locals):
+            raise RuntimeError(f"{type(model).__name__}'s guards fail on the step's inputs")
+        started = time.perf_counter()
+        for _ in range(calls):
+            check(frame_locals)
+    return (time.perf_counter() - started) / calls * 1e6
 
 
 def timed(phases: list[Callable[[], None]], steps: int) -> list[float]:
@@ -95,6 +117,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="blocks kept (0: all)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="print the N ops of most self CPU time in forward+backward")
+    parser.add_argument("--guards", action="store_true",
+                        help="time each side's guard check before its compiled forward")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: give at least 1")
@@ -113,6 +137,8 @@ def main() -> None:
         medians = timed(phases, args.steps)
         print(f"| {side} | " + " | ".join(f"{m:.2f}" for m in medians)
               + f" | {sum(medians):.2f} |", flush=True)
+    for side, phases in rows.items() if args.guards else ():
+        print(f"{side}: guard check {guard_microseconds(phases[0]):.1f} us a forward")
     for side, phases in rows.items() if args.profile else ():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(20):

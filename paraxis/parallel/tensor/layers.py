@@ -89,6 +89,9 @@ class ColumnParallelLinear(nn.Module):
         self.group = group
         self.sequence_parallel = sequence_parallel
         self.enter_region = enter_region
+        # whether siblings sharing its input may run in one GEMM with it
+        # (`kernels.linear.stackable`): only when the parent entered the TP region for them
+        self.stackable = not enter_region
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
     @classmethod
@@ -105,12 +108,6 @@ class ColumnParallelLinear(nn.Module):
         if self.enter_region:
             x = enter_tp_region(x, self.group, self.sequence_parallel)
         return linear(x, self.weight, self.bias, self.fp8)
-
-    @property
-    def stackable(self) -> bool:
-        """Whether siblings sharing its input may run in one GEMM with it
-        (`kernels.linear.project`): only when the parent entered the TP region for them."""
-        return not self.enter_region
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} (local), "
