@@ -104,27 +104,36 @@ def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad
 def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(device, compiled, nonfinite, dtype):
     """Master, moments and step count as torch's fused AdamW leaves fp32 copies of them, to
     fp32 rounding (the same formula in the same order), with the gradient scaled by
-    1 / grad_scale and the decay on the leading `decayed` elements only; the 16-bit
-    parameters are the rounded master; a non-finite step leaves all of them. Eager, and
+    1 / grad_scale and the decay on each unit's leading `decayed` elements only; the 16-bit
+    parameters are the rounded masters; a non-finite step leaves all of them. Several units
+    of different lengths and splits (none decayed, some, all) in one call, eager and
     compiled as on a GPU (here by inductor's CPU backend)."""
     g = torch.Generator().manual_seed(0)
-    n, decayed, steps = 1000, 700, 3
-    master, exp_avg, exp_avg_sq, grad = (t.to(device) for t in (
-        torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-2,
-        torch.rand(n, generator=g) * 1e-4, torch.randn(n, generator=g).to(dtype)))
-    param = master.to(dtype)
+    steps = 3
     scale = torch.tensor(2.5, device=device)
     found_inf = torch.tensor(float(nonfinite), device=device)
-    want = _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, 1e-2, steps - 1,
-                            scale, found_inf)
-    ours = [master.clone(), exp_avg.clone(), exp_avg_sq.clone()]
-    master_adamw_(*ours, param, grad, decayed, torch.tensor(1e-2, device=device), 0.9, 0.95,
-                  1e-8, 0.1, torch.tensor(float(steps), device=device), scale, found_inf,
+    units, wants = [], []
+    for n, decayed in ((1000, 700), (301, 0), (64, 64)):
+        master, exp_avg, exp_avg_sq, grad = (t.to(device) for t in (
+            torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-2,
+            torch.rand(n, generator=g) * 1e-4, torch.randn(n, generator=g).to(dtype)))
+        wants.append(_adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, 1e-2,
+                                      steps - 1, scale, found_inf))
+        units.append((master.clone(), exp_avg.clone(), exp_avg_sq.clone(), master.to(dtype),
+                      grad, decayed, master))
+    masters, exp_avgs, exp_avg_sqs, params, grads, decayed, before = (
+        list(each) for each in zip(*units, strict=True))
+    master_adamw_(masters, exp_avgs, exp_avg_sqs, params, grads, decayed,
+                  torch.tensor(1e-2, device=device), 0.9, 0.95, 1e-8, 0.1,
+                  torch.tensor(float(steps), device=device), scale, found_inf,
                   compiled=compiled)
-    for got, expected in zip(ours, want, strict=True):
-        torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-7)
-    assert torch.equal(param, ours[0].to(dtype))
-    assert nonfinite == torch.equal(ours[0], master)  # a non-finite step changes nothing
+    for index, want in enumerate(wants):
+        ours = (masters[index], exp_avgs[index], exp_avg_sqs[index])
+        for got, expected in zip(ours, want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-7)
+        assert torch.equal(params[index], masters[index].to(dtype))
+        # a non-finite step changes nothing
+        assert nonfinite == torch.equal(masters[index], before[index])
 
 
 def test_the_engines_step_is_torchs_adamw_on_each_piece():
@@ -195,3 +204,28 @@ def test_the_step_computes_in_multi_tensor_ops_not_one_per_parameter():
     shallow, deep = _step_launches(1), _step_launches(3)
     assert deep.ops == shallow.ops, (len(shallow.ops), len(deep.ops))
     assert shallow.mixed_cats == deep.mixed_cats == 0
+
+
+def test_every_piece_counts_the_same_steps_after_a_load_gives_each_its_own():
+    """The masters' pieces share one step count, which a step adds to once; a checkpoint's
+    load sets a count per piece (`set_optimizer_steps`), and the next step counts on from
+    it for every piece."""
+    from paraxis.model.checkpoint.entries import optimizer_steps, set_optimizer_steps
+
+    layout = Layout()
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        engine.forward_backward_on_device(x, x)
+        engine.optimizer_step(1e-2)
+
+    step()
+    step()
+    states = [engine.optimizer.state[view] for _, view in engine.pieces]
+    assert len({id(state["step"]) for state in states}) == 1
+    assert optimizer_steps(engine.optimizer) == 2
+    set_optimizer_steps(engine.optimizer, 5)  # as a load does: a tensor a piece
+    step()
+    assert [float(state["step"]) for state in states] == [6.0] * len(states)
+    assert len({id(state["step"]) for state in states}) == 1

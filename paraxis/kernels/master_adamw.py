@@ -12,11 +12,12 @@ into one flat copy first (the parameters that share a unit). On the Llama 3 8B s
 billion parameters, most of them in matrices alone in their units, that is about 16 bytes a
 parameter, 45 GB of memory traffic a step.
 
-It works on one flat range at a time (a unit of `engine.data_parallel.masters`): masters,
-moments and the 16-bit parameters as flat tensors of one length, the weight-decayed elements
-first (`decayed` of them: units put their matrices first, `FlatUnit`). Compiled on CUDA,
-the whole update is one generated kernel; elsewhere (a CPU) torch's fused kernel runs on an
-fp32 copy of the gradient and the 16-bit parameter is written after it.
+It steps flat ranges (the units of `engine.data_parallel.masters`), all of them in one
+call: each unit's masters, moments and 16-bit parameters as flat tensors of one length, the
+weight-decayed elements first (`decayed` of them: units put their matrices first,
+`FlatUnit`). Compiled on CUDA, a unit's update is one generated kernel, and one graph
+launches them all; elsewhere (a CPU) torch's fused kernel runs on fp32 copies of the
+gradients and the 16-bit parameters are written after it.
 The formula is torch's fused AdamW's, in its order (decoupled decay, then the moments, then
 the bias-corrected step); `grad_scale` divides the gradient (clipping, fp16's unscaling) and
 a non-zero `found_inf` leaves every tensor as it was, as the fused kernel does.
@@ -53,40 +54,65 @@ def _update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     param.copy_(p)
 
 
-def _update_in_passes(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                      param: torch.Tensor, grad: torch.Tensor, decayed: int, lr: torch.Tensor,
-                      beta1: float, beta2: float, eps: float, weight_decay: float,
-                      step: torch.Tensor, grad_scale: torch.Tensor,
-                      found_inf: torch.Tensor) -> None:
-    """The same step uncompiled: torch's fused AdamW kernel on an fp32 copy of the gradient,
-    the decayed range and the rest apart, then the 16-bit parameter from the master (op by
-    op, the one-pass expressions would make a dozen passes over fp32 temporaries)."""
-    g = grad.float()
-    for part, decay in ((slice(0, decayed), weight_decay), (slice(decayed, None), 0.0)):
-        torch._fused_adamw_([master[part]], [g[part]], [exp_avg[part]], [exp_avg_sq[part]],
-                            [], [step], lr=lr, beta1=beta1, beta2=beta2, weight_decay=decay,
-                            eps=eps, amsgrad=False, maximize=False, grad_scale=grad_scale,
-                            found_inf=found_inf)
-    param.copy_(master)
+def _update_in_passes(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                      exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
+                      grads: list[torch.Tensor], decayed: list[int], lr: torch.Tensor,
+                      step: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor,
+                      beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    """The same step uncompiled: torch's fused AdamW kernel on fp32 copies of the gradients,
+    the decayed ranges and the rest apart, then the 16-bit parameters from the masters (op
+    by op, the one-pass expressions would make a dozen passes over fp32 temporaries)."""
+    flat = (masters, [grad.float() for grad in grads], exp_avgs, exp_avg_sqs)
+    leading = [[t[:n] for t, n in zip(tensors, decayed, strict=True)] for tensors in flat]
+    rest = [[t[n:] for t, n in zip(tensors, decayed, strict=True)] for tensors in flat]
+    for parts, decay in ((leading, weight_decay), (rest, 0.0)):
+        torch._fused_adamw_(*parts, [], [step] * len(masters), lr=lr, beta1=beta1,
+                            beta2=beta2, weight_decay=decay, eps=eps, amsgrad=False,
+                            maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+    torch._foreach_copy_(params, masters)
+
+
+# Units a compiled call steps: each adds its kernel's code generation to the compile (about
+# a second on a CPU), so a model of many units (a matrix larger than a gradient bucket is
+# one alone: most of the Llama slice's) compiles one graph of eight and one of the rest,
+# and launches its step in a few calls.
+UNITS_A_CALL = 8
 
 
 @functools.cache
-def _compiled() -> object:
+def _compiled(beta1: float, beta2: float, eps: float, weight_decay: float) -> object:
+    """Every unit's step in one compiled call, its hyperparameters constants of the graph."""
+
+    def update(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
+               grads: list[torch.Tensor], decayed: list[int], lr: torch.Tensor,
+               step: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+        for unit in zip(masters, exp_avgs, exp_avg_sqs, params, grads, decayed, strict=True):
+            _update(*unit, lr, beta1, beta2, eps, weight_decay, step, grad_scale, found_inf)
+
     # dynamic: one graph for every unit's length and split
-    return torch.compile(_update, dynamic=True, fullgraph=True)
+    return torch.compile(update, dynamic=True, fullgraph=True)
 
 
-def master_adamw_(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                  param: torch.Tensor, grad: torch.Tensor, decayed: int, lr: torch.Tensor,
+def master_adamw_(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                  exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
+                  grads: list[torch.Tensor], decayed: list[int], lr: torch.Tensor,
                   beta1: float, beta2: float, eps: float, weight_decay: float,
                   step: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor,
                   compiled: bool | None = None) -> None:
-    """One AdamW step of flat fp32 `master` (with its moments) from the 16-bit `grad`,
-    writing the rounded result to the 16-bit `param` too. `lr`, `step` (already counting
-    this step), `grad_scale` and `found_inf` are 0-d fp32 tensors on the masters' device, so
-    a new learning rate or step runs the same compiled kernel. `compiled`: by default on
-    CUDA."""
-    run = _compiled() if (master.is_cuda if compiled is None else compiled) \
-        else _update_in_passes
-    run(master, exp_avg, exp_avg_sq, param, grad, decayed, lr, beta1, beta2, eps,
-        weight_decay, step, grad_scale, found_inf)
+    """One AdamW step of each flat fp32 master (with its moments) from its 16-bit gradient,
+    writing the rounded result to its 16-bit parameter too; the first `decayed` elements of
+    each are weight-decayed. `lr`, `step` (already counting this step), `grad_scale` and
+    `found_inf` are 0-d fp32 tensors on the masters' device, so a new learning rate or step
+    runs the same compiled kernels. `compiled`: by default on CUDA, where every unit's step
+    is one generated kernel, launched `UNITS_A_CALL` units a call of the graph (a compiled
+    call costs the host tens of microseconds before its first kernel: once a unit, that was
+    most of a small unit's step)."""
+    units = (masters, exp_avgs, exp_avg_sqs, params, grads, decayed)
+    scalars = (lr, step, grad_scale, found_inf)
+    if not (masters[0].is_cuda if compiled is None else compiled):
+        _update_in_passes(*units, *scalars, beta1, beta2, eps, weight_decay)
+        return
+    update = _compiled(beta1, beta2, eps, weight_decay)
+    for start in range(0, len(masters), UNITS_A_CALL):
+        update(*(each[start:start + UNITS_A_CALL] for each in units), *scalars)

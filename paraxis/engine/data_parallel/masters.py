@@ -79,18 +79,19 @@ class MasterWeights:
                                "maximize (contract.adamw); use an fp32 precision for another")
         self.exp_avgs = [torch.zeros_like(master) for master in self.masters]
         self.exp_avg_sqs = [torch.zeros_like(master) for master in self.masters]
+        steps = step_count(0, self.masters[0].device) if self.masters else None
         for index, view, lo, hi in self.views:
-            optimizer.state[view].update(step=step_count(0, view.device),
+            optimizer.state[view].update(step=steps,
                                          exp_avg=self.exp_avgs[index][lo:hi],
                                          exp_avg_sq=self.exp_avg_sqs[index][lo:hi])
 
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor,
              nonfinite: torch.Tensor | None) -> None:
-        """AdamW on the masters, one `master_adamw_` pass a unit from its gradient to its
-        16-bit parameters; the gradients are the reduced ones times `factor` (a number, or
-        a 0-d tensor on the device: clipping decided there), and nothing changes where
-        `nonfinite` (a 0-d bool tensor), step counts included."""
+        """AdamW on the masters, one `master_adamw_` pass a unit (all units in one call)
+        from its gradient to its 16-bit parameters; the gradients are the reduced ones times
+        `factor` (a number, or a 0-d tensor on the device: clipping decided there), and
+        nothing changes where `nonfinite` (a 0-d bool tensor), step counts included."""
         if not self.views:  # nothing of a parameter in this rank's range, only padding
             return
         device = self.masters[0].device
@@ -103,17 +104,26 @@ class MasterWeights:
         grad_scale = self._scalars["one"] if isinstance(factor, float) and factor == 1.0 \
             else (1.0 / torch.as_tensor(factor, dtype=torch.float32, device=device)).reshape(())
         found_inf = self._scalars["zero"] if nonfinite is None else nonfinite.float()
-        steps = [optimizer.state[view]["step"] for _, view, _, _ in self.views]
-        torch._foreach_add_(steps, self._scalars["one"] - found_inf)
+        steps = self._step_count(optimizer)
+        steps.add_(self._scalars["one"] - found_inf)
         beta1, beta2 = group["betas"]
         decay = max(g["weight_decay"] for g in optimizer.param_groups)
-        for index, (unit, master) in enumerate(zip(self.units, self.masters, strict=True)):
-            grad = self.grads[index]
-            if grad is None:
-                grad = self._own_grads(index)
-            master_adamw_(master, self.exp_avgs[index], self.exp_avg_sqs[index],
-                          self.owned[index], grad, self._decayed(unit), lr, beta1, beta2,
-                          group["eps"], decay, steps[0], grad_scale, found_inf)
+        grads = [self._own_grads(index) if grad is None else grad
+                 for index, grad in enumerate(self.grads)]
+        master_adamw_(self.masters, self.exp_avgs, self.exp_avg_sqs, self.owned, grads,
+                      [self._decayed(unit) for unit in self.units], lr, beta1, beta2,
+                      group["eps"], decay, steps, grad_scale, found_inf)
+
+    def _step_count(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """AdamW's step count, one tensor every piece's state holds (the count is one
+        number for all: `checkpoint.entries.optimizer_steps`), so a step adds to it once
+        rather than to a tensor a piece. Loading a checkpoint gives each piece a tensor of
+        its own (`set_optimizer_steps`): they are shared again here."""
+        count = optimizer.state[self.views[0][1]]["step"]
+        if optimizer.state[self.views[-1][1]]["step"] is not count:  # each its own
+            for _, view, _, _ in self.views:
+                optimizer.state[view]["step"] = count
+        return count
 
     def _decayed(self, unit: FlatUnit) -> int:
         """How many of the elements this rank owns of `unit` are weight-decayed: the
@@ -135,22 +145,13 @@ class MasterWeights:
 
     def _gathered_grads(self, index: int) -> torch.Tensor:
         """Unit `index`'s parameters' own gradients in one flat tensor (zeros for a
-        parameter that got none), laid out as the unit's flat parameters: one multi-tensor
-        copy, a few kernels for the whole unit (`torch.cat` would launch one per parameter
-        on a GPU where it also casts)."""
-        unit = self.units[index]
-        flat = torch.empty(self.owned[index].numel(), dtype=self.owned[index].dtype,
-                           device=self.owned[index].device)
-        # each parameter's span, then the padding
-        spans = flat.split([*(p.numel() for p in unit.params), flat.numel() - unit.numel])
-        into, grads = [], []
-        for param, span in zip(unit.params, spans, strict=False):
-            if param.grad is None:
-                span.zero_()
-            else:
-                into.append(span)
-                grads.append(param.grad.view(-1))
-        spans[-1].zero_()
-        if into:
-            torch._foreach_copy_(into, grads)
-        return flat
+        parameter that got none), laid out as the unit's flat parameters, then zeros to
+        the owned length: one concatenation in the gradients' own dtype, a kernel or two on
+        a GPU whatever the parameter count (across dtypes `torch.cat` runs one copy a
+        tensor there), flattened in C++ rather than viewed tensor by tensor here."""
+        unit, owned = self.units[index], self.owned[index]
+        grads = [param.grad if param.grad is not None
+                 else torch.zeros_like(param, dtype=owned.dtype) for param in unit.params]
+        if owned.numel() > unit.numel:
+            grads.append(owned.new_zeros(owned.numel() - unit.numel))
+        return torch._C._nn.flatten_dense_tensors(grads)
