@@ -128,9 +128,10 @@ def test_the_compiled_model_checks_no_missing_attribute_before_each_call():
     """Compiled, every attribute the model's forward reads is a guard checked before each
     call of the graph; a read of an attribute a module lacks (`getattr(layer, "fp8",
     None)` on an `nn.Linear`) is the slow kind, nn.Module's Python `__getattr__` raising,
-    about 1 us each: two a projection made the guards of GPT-2 124M take 218 us a step on a
-    CPU where the compiled reference's take 33 (`tools/probes/host_phases.py`). The
-    guards are the same whatever the backend: eager keeps inductor out of the suite."""
+    about 1 us each: two a projection made the guards of GPT-2 124M take 218 us a forward
+    on a CPU where the compiled reference's take 33 (`tools/probes/host_phases.py
+    --guards`). The guards are the same whatever the backend: eager keeps inductor out of
+    the suite."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from paraxis.model.transformer import Transformer
