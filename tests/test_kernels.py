@@ -379,6 +379,32 @@ def test_compiled_stacked_projection_keeps_no_stacked_weight_for_backward(rows, 
         torch.testing.assert_close(got, w.grad, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_compiled_stacked_input_gradient_matches_separate_linears():
+    """On CUDA, compiled, bf16: q/k/v's input gradient as one GEMM over weights stacked in
+    the custom operator (`kernels.stacked.stacked_input_grad`), against separate linears'."""
+    from paraxis.kernels.stacked import _stacks_for_input_grad, stacked_linear
+
+    torch.manual_seed(0)
+    widths, tokens = (256, 64, 64), 512
+    assert _stacks_for_input_grad(list(widths), tokens)
+    weights = [(torch.randn(w, 256, device="cuda") / 16).bfloat16().requires_grad_()
+               for w in widths]
+    x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: stacked_linear(x, weights).float().square().sum())
+    compiled(x).backward()
+    got = [x.grad.float()] + [w.grad.float() for w in weights]
+    x.grad = None
+    for w in weights:
+        w.grad = None
+    sum(torch.nn.functional.linear(x, w).float().square().sum() for w in weights).backward()
+    want = [x.grad.float()] + [w.grad.float() for w in weights]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    torch._dynamo.reset()
+
+
 def test_compiled_embedding_backward_holds_no_fp32_copy_of_a_bf16_table():
     """Compiled, the token embedding's backward makes the bf16 gradient alone: inductor's own
     decomposition of it would hold an fp32 table beside it (3x the gradient's bytes at

@@ -123,8 +123,8 @@ case ${1:-} in
   kernels)  # the masters' one-pass step on CUDA, then the runs it changes: the Llama
     # slice (its optimizer step 16 bytes a parameter lighter) and GPT-2 at 8 x 1024 (196
     # copy kernels a step fewer: 976 against the reference's 702 on the fifth H200 run)
-    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_master_step.py 2>&1 \
-      | tee -a "$log"
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_master_step.py \
+      tests/test_kernels.py -k "cuda or gpu" 2>&1 | tee -a "$log"
     bench 220 llama 2 1,3
     bench 130 gpt2-8 1 0,1,3 ;;
   eager-parts)  # the eager step's kernels by name, GPT-2 at 8 and 16 x 1024: the planner
