@@ -295,6 +295,20 @@ def test_the_input_gradient_stacks_the_weights_where_that_moves_fewer_bytes(toke
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_backward_through_the_stacked_input_gradient_is_exact():
+    """A backward through the backward (`create_graph`, as a gradient penalty asks) where
+    the input's gradient stacks the weights: torch's numeric gradient checks, fp64."""
+    from paraxis.kernels.stacked import _stacks_for_input_grad, stacked_linear
+
+    torch.manual_seed(0)
+    assert _stacks_for_input_grad([2, 1, 1], 12)
+    x = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+    weights = [torch.randn(rows, 4, dtype=torch.float64, requires_grad=True)
+               for rows in (2, 1, 1)]
+    torch.autograd.gradcheck(lambda x, *w: stacked_linear(x, list(w)), (x, *weights))
+    torch.autograd.gradgradcheck(lambda x, *w: stacked_linear(x, list(w)), (x, *weights))
+
+
 def test_stacked_projections_under_autocast_match_separate_ones():
     """bf16 autocast over fp32 weights: the backward computes in bf16 and hands each
     gradient back in its tensor's dtype, as autocast's casts do for separate linears."""

@@ -31,7 +31,7 @@ import torch
 
 
 def _update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-            param: torch.Tensor, grad: torch.Tensor, decayed: int, lr: torch.Tensor,
+            param: torch.Tensor, grad: torch.Tensor, decayed: torch.Tensor, lr: torch.Tensor,
             beta1: float, beta2: float, eps: float, weight_decay: float, step: torch.Tensor,
             grad_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
     """The step as expressions the compiler fuses into one kernel: every value is read once
@@ -74,24 +74,69 @@ def _update_in_passes(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
 
 # Units a compiled call steps: each adds its kernel's code generation to the compile (about
 # a second on a CPU), so a model of many units (a matrix larger than a gradient bucket is
-# one alone: most of the Llama slice's) compiles one graph of eight and one of the rest,
-# and launches its step in a few calls.
+# one alone: most of the Llama slice's) launches its step in a few calls of one graph.
 UNITS_A_CALL = 8
 
 
 @functools.cache
 def _compiled(beta1: float, beta2: float, eps: float, weight_decay: float) -> object:
-    """Every unit's step in one compiled call, its hyperparameters constants of the graph."""
+    """`UNITS_A_CALL` units' steps in one compiled call, the hyperparameters constants of
+    the graph. Every call has the same number of units (`_calls` pads the last) and each
+    unit's decayed length is a tensor, not an int the compiler would specialise where it is
+    0 or 1, so a model's units take a graph or a few (which of them have equal lengths, or
+    one element, still tells graphs apart). A process that builds many engines (a test
+    session) can pass torch.compile's recompile limit: without `fullgraph` the calls past
+    it run the same expressions uncompiled, where `fullgraph` would stop the run."""
 
     def update(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
-               grads: list[torch.Tensor], decayed: list[int], lr: torch.Tensor,
+               grads: list[torch.Tensor], decayed: list[torch.Tensor], lr: torch.Tensor,
                step: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
         for unit in zip(masters, exp_avgs, exp_avg_sqs, params, grads, decayed, strict=True):
             _update(*unit, lr, beta1, beta2, eps, weight_decay, step, grad_scale, found_inf)
 
-    # dynamic: one graph for every unit's length and split
-    return torch.compile(update, dynamic=True, fullgraph=True)
+    # dynamic: one graph for every unit's length
+    return torch.compile(update, dynamic=True)
+
+
+@functools.cache
+def _on_device(value: int, device: torch.device, slot: int) -> torch.Tensor:
+    """`value` as a 0-d tensor on `device` for `slot` of a call, made once (a unit's decayed
+    length). A tensor a slot: one tensor in two slots of a call would be a different graph
+    (the compiler dedupes its inputs), as would one idle unit stepped twice."""
+    return torch.tensor(value, device=device)
+
+
+@functools.cache
+def _idle_unit(device: torch.device, dtype: torch.dtype, grad_dtype: torch.dtype,
+               slot: int) -> tuple[torch.Tensor, ...]:
+    """A unit of two elements that nothing reads, stepped in `slot` of a call that has
+    fewer units than `UNITS_A_CALL`."""
+    return (torch.zeros(2, device=device), torch.zeros(2, device=device),
+            torch.zeros(2, device=device), torch.zeros(2, dtype=dtype, device=device),
+            torch.zeros(2, dtype=grad_dtype, device=device))
+
+
+def _calls(units: tuple[list, ...], decayed: list[int]) -> list[tuple[list, ...]]:
+    """The units `UNITS_A_CALL` to a call, the last padded with idle units, each with its
+    decayed length as a tensor."""
+    masters, params, grads = units[0], units[3], units[4]
+    device = masters[0].device
+    calls = []
+    for start in range(0, len(masters), UNITS_A_CALL):
+        call = [[] for _ in range(len(units) + 1)]
+        for slot in range(UNITS_A_CALL):
+            index = start + slot
+            if index < len(masters):
+                tensors, boundary = [each[index] for each in units], decayed[index]
+            else:
+                tensors, boundary = _idle_unit(device, params[0].dtype, grads[0].dtype,
+                                               slot), 0
+            for each, tensor in zip(call, [*tensors, _on_device(boundary, device, slot)],
+                                    strict=True):
+                each.append(tensor)
+        calls.append(tuple(call))
+    return calls
 
 
 def master_adamw_(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
@@ -108,11 +153,11 @@ def master_adamw_(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     is one generated kernel, launched `UNITS_A_CALL` units a call of the graph (a compiled
     call costs the host tens of microseconds before its first kernel: once a unit, that was
     most of a small unit's step)."""
-    units = (masters, exp_avgs, exp_avg_sqs, params, grads, decayed)
     scalars = (lr, step, grad_scale, found_inf)
     if not (masters[0].is_cuda if compiled is None else compiled):
-        _update_in_passes(*units, *scalars, beta1, beta2, eps, weight_decay)
+        _update_in_passes(masters, exp_avgs, exp_avg_sqs, params, grads, decayed, *scalars,
+                          beta1, beta2, eps, weight_decay)
         return
     update = _compiled(beta1, beta2, eps, weight_decay)
-    for start in range(0, len(masters), UNITS_A_CALL):
-        update(*(each[start:start + UNITS_A_CALL] for each in units), *scalars)
+    for call in _calls((masters, exp_avgs, exp_avg_sqs, params, grads), decayed):
+        update(*call, *scalars)

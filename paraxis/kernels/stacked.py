@@ -39,6 +39,24 @@ def _(grad: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
     return grad.new_empty((grad.shape[0], weights[0].shape[1]))
 
 
+def _keep_operands(ctx: FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+    grad, weights = inputs
+    ctx.save_for_backward(grad, *weights)
+
+
+def _through_stacked_input_grad(ctx: FunctionCtx, upstream: torch.Tensor
+                                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Its own gradients, for a backward through the backward (`create_graph`): of
+    grad S, upstream S^T for grad and grad^T upstream for the stacked S, in its rows."""
+    grad, *weights = ctx.saved_tensors
+    through_weights = (grad.t() @ upstream).split([w.shape[0] for w in weights])
+    return upstream @ torch.cat(weights).t(), list(through_weights)
+
+
+stacked_input_grad.register_autograd(_through_stacked_input_grad,
+                                     setup_context=_keep_operands)
+
+
 def _stacks_for_input_grad(widths: list[int], rows: int) -> bool:
     """Whether the input's gradient over `rows` tokens should stack weights `widths` rows
     each: stacking reads and writes every weight once (2 x their rows x the input's

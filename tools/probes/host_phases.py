@@ -59,7 +59,7 @@ def paraxis_phases(cfg, x: torch.Tensor, y: torch.Tensor, precision: str
         engine._nonfinite = None
 
     forward_backward.guarded = (engine.model, {"self": engine.model, "x": x, "targets": y,
-                                               "tokens": None})
+                                               "tokens": None}, precision != "fp32")
     return [forward_backward, clip, step, engine.zero_grad]
 
 
@@ -76,20 +76,20 @@ def reference_phases(cfg, x: torch.Tensor, y: torch.Tensor) -> list[Callable[[],
     def clip() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
 
-    forward_backward.guarded = (model, {"self": model, "idx": x, "targets": y})
+    forward_backward.guarded = (model, {"self": model, "idx": x, "targets": y}, True)
     return [forward_backward, clip, optimizer.step, optimizer.zero_grad]
 
 
 def guard_microseconds(forward_backward: Callable[[], None], calls: int = 2000) -> float:
     """Microseconds the guard check of the model's compiled forward takes, alone: the
-    check torch.compile runs before each call of the graph (under bf16 autocast, as both
-    sides' forwards run), on the step's own inputs."""
+    check torch.compile runs before each call of the graph (under bf16 autocast where the
+    forward runs under it), on the step's own inputs."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    model, frame_locals = forward_backward.guarded
+    model, frame_locals, autocast = forward_backward.guarded
     (entry,) = _debug_get_cache_entry_list(type(model).forward.__code__)
     check = entry.guard_manager.check
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if not check(frame_locals):
             raise RuntimeError(f"{type(model).__name__}'s guards fail on the step's inputs")
         started = time.perf_counter()
