@@ -6,8 +6,8 @@ how many units a call steps.
 On a GPU every unit's update is one generated kernel, and what the host spends on a step is
 the compiled calls' own cost (dynamo's guards, AOT's and inductor's wrappers) before their
 kernels: tiny units on a CPU show it, their kernels' work a few microseconds. Prints the
-microseconds a step of `--units` units takes stepped as the engine steps them (eight to a
-call) and one call a unit, after the compiles, one thread.
+microseconds a step of `--units` units takes as the engine steps them (`UNITS_A_CALL` to a
+call), and a call's share, after the compiles, one thread.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from paraxis.kernels.master_adamw import master_adamw_
+from paraxis.kernels.master_adamw import UNITS_A_CALL, master_adamw_
 
 
 def _units(count: int) -> list[list]:
@@ -32,18 +32,12 @@ def _units(count: int) -> list[list]:
     return [list(each) for each in zip(*units, strict=True)]
 
 
-def microseconds(units: list[list], steps: int, one_a_call: bool) -> float:
-    scalars = [torch.full((), value) for value in (1e-3, 1.0, 1.0, 0.0)]
-    lr, step, grad_scale, found_inf = scalars
+def microseconds(units: list[list], steps: int) -> float:
+    lr, step, grad_scale, found_inf = (torch.full((), value) for value in (1e-3, 1.0, 1.0, 0.0))
 
     def run() -> None:
-        if one_a_call:
-            for index in range(len(units[0])):
-                master_adamw_(*([each[index]] for each in units), lr, 0.9, 0.95, 1e-8, 0.1,
-                              step, grad_scale, found_inf, compiled=True)
-        else:
-            master_adamw_(*units, lr, 0.9, 0.95, 1e-8, 0.1, step, grad_scale, found_inf,
-                          compiled=True)
+        master_adamw_(*units, lr, 0.9, 0.95, 1e-8, 0.1, step, grad_scale, found_inf,
+                      compiled=True)
 
     for _ in range(10):  # the compiles, then warm
         run()
@@ -61,10 +55,9 @@ def main() -> None:
     if args.units < 1 or args.steps < 1:
         parser.error("--units and --steps: give at least 1")
     torch.set_num_threads(1)
-    units = _units(args.units)
-    for one_a_call, how in ((False, "eight units a call"), (True, "one unit a call")):
-        print(f"{args.units} units, {how}: {microseconds(units, args.steps, one_a_call):.1f} us "
-              "a step", flush=True)
+    step = microseconds(_units(args.units), args.steps)
+    calls = -(-args.units // UNITS_A_CALL)
+    print(f"{args.units} units, {calls} calls: {step:.1f} us a step, {step / calls:.1f} a call")
 
 
 if __name__ == "__main__":
