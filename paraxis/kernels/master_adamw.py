@@ -12,12 +12,12 @@ into one flat copy first (the parameters that share a unit). On the Llama 3 8B s
 billion parameters, most of them in matrices alone in their units, that is about 16 bytes a
 parameter, 45 GB of memory traffic a step.
 
-It steps flat ranges (the units of `engine.data_parallel.masters`), all of them in one
-call: each unit's masters, moments and 16-bit parameters as flat tensors of one length, the
-weight-decayed elements first (`decayed` of them: units put their matrices first,
-`FlatUnit`). Compiled on CUDA, a unit's update is one generated kernel, and one graph
-launches them all; elsewhere (a CPU) torch's fused kernel runs on fp32 copies of the
-gradients and the 16-bit parameters are written after it.
+It steps flat ranges (the units of `engine.data_parallel.masters`), every unit of a model
+in one call: each unit's masters, moments and 16-bit parameters as flat tensors of one
+length, the weight-decayed elements first (`decayed` of them: units put their matrices
+first, `FlatUnit`). Compiled on CUDA, a unit's update is one generated kernel, and a graph
+launches eight units' kernels a call; elsewhere (a CPU) torch's fused kernel runs on fp32
+copies of the gradients and the 16-bit parameters are written after it.
 The formula is torch's fused AdamW's, in its order (decoupled decay, then the moments, then
 the bias-corrected step); `grad_scale` divides the gradient (clipping, fp16's unscaling) and
 a non-zero `found_inf` leaves every tensor as it was, as the fused kernel does.
@@ -151,8 +151,8 @@ def master_adamw_(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     `found_inf` are 0-d fp32 tensors on the masters' device, so a new learning rate or step
     runs the same compiled kernels. `compiled`: by default on CUDA, where every unit's step
     is one generated kernel, launched `UNITS_A_CALL` units a call of the graph (a compiled
-    call costs the host tens of microseconds before its first kernel: once a unit, that was
-    most of a small unit's step)."""
+    call costs the host tens of microseconds before its first kernel: once a unit, that
+    would be most of a small unit's step)."""
     scalars = (lr, step, grad_scale, found_inf)
     if not (masters[0].is_cuda if compiled is None else compiled):
         _update_in_passes(masters, exp_avgs, exp_avg_sqs, params, grads, decayed, *scalars,
