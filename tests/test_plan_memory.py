@@ -18,6 +18,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import workspace_bytes
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.precision import MASTER_UNITS_A_CALL
 
 GB = 1e9
 
@@ -169,8 +170,9 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     # One microbatch on one rank: the backward's start holds the activations and the LM
     # head's gradient alone; two microbatches hold every gradient beside the second's
     # activations; with activations this small the optimizer step is the peak, every
-    # gradient there with the flat copy of the gradients of a bucket's parameters (the
-    # masters step from it; a parameter larger than a bucket, alone in its unit, needs none)
+    # gradient there with the flat copies of the gradients of a call's units (the masters
+    # step from them, a bucket's parameters each at most; a parameter larger than a bucket,
+    # alone in its unit, needs none)
     cfg = PRESETS["llama3-8b"]
     one = layout_memory(cfg, Layout(), 4096, 2)
     two = layout_memory(cfg, Layout(microbatches=2), 4096, 2)
@@ -180,11 +182,12 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     assert one["total"] == pytest.approx(two["total"] - two["grads"] + head)
     small = layout_memory(cfg, Layout(recompute="full"), 128, 1)
     assert small["activations"] == 0 and small["grads"] == cfg.num_params() * 2
-    assert small["buffers"] == 25 * 2**20  # bf16: 2 bytes x a 25 MiB bucket's parameters
+    calls = MASTER_UNITS_A_CALL * 25 * 2**20  # bf16: 2 bytes x a 25 MiB bucket's, a unit
+    assert small["buffers"] == calls
     # CPU ranks step through torch's fused kernel: an fp32 copy of the largest unit's
     # gradient too, the LM head alone in its own
     cpu = layout_memory(cfg, Layout(recompute="full"), 128, 1, one_pass=False)
-    assert cpu["buffers"] == 25 * 2**20 + 4 * cfg.vocab_size * cfg.d_model
+    assert cpu["buffers"] == calls + 4 * cfg.vocab_size * cfg.d_model
     # under ZeRO the copy is of this rank's shard: a model smaller than a bucket, a quarter
     from paraxis.plan.memory import master_step_buffers
 

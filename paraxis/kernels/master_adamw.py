@@ -12,12 +12,12 @@ into one flat copy first (the parameters that share a unit). On the Llama 3 8B s
 billion parameters, most of them in matrices alone in their units, that is about 16 bytes a
 parameter, 45 GB of memory traffic a step.
 
-It steps flat ranges (the units of `engine.data_parallel.masters`), every unit of a model
-in one call: each unit's masters, moments and 16-bit parameters as flat tensors of one
-length, the weight-decayed elements first (`decayed` of them: units put their matrices
-first, `FlatUnit`). Compiled on CUDA, a unit's update is one generated kernel, and a graph
-launches eight units' kernels a call; elsewhere (a CPU) torch's fused kernel runs on fp32
-copies of the gradients and the 16-bit parameters are written after it.
+It steps flat ranges (the units of `engine.data_parallel.masters`, which it hands
+MASTER_UNITS_A_CALL at a time): each unit's masters, moments and 16-bit parameters as flat
+tensors of one length, the weight-decayed elements first (`decayed` of them: units put their
+matrices first, `FlatUnit`). Compiled on CUDA, a unit's update is one generated kernel, and
+a graph launches eight units' kernels a call; elsewhere (a CPU) torch's fused kernel runs on
+an fp32 copy of a unit's gradient at a time and the 16-bit parameters are written after.
 The formula is torch's fused AdamW's, in its order (decoupled decay, then the moments, then
 the bias-corrected step); `grad_scale` divides the gradient (clipping, fp16's unscaling) and
 a non-zero `found_inf` leaves every tensor as it was, as the fused kernel does.
@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from paraxis.spec.precision import MASTER_UNITS_A_CALL
 
 
 def _update(master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -59,23 +61,25 @@ def _update_in_passes(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                       grads: list[torch.Tensor], decayed: list[int], lr: torch.Tensor,
                       step: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor,
                       beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """The same step uncompiled: torch's fused AdamW kernel on fp32 copies of the gradients,
-    the decayed ranges and the rest apart, then the 16-bit parameters from the masters (op
-    by op, the one-pass expressions would make a dozen passes over fp32 temporaries)."""
-    flat = (masters, [grad.float() for grad in grads], exp_avgs, exp_avg_sqs)
-    leading = [[t[:n] for t, n in zip(tensors, decayed, strict=True)] for tensors in flat]
-    rest = [[t[n:] for t, n in zip(tensors, decayed, strict=True)] for tensors in flat]
-    for parts, decay in ((leading, weight_decay), (rest, 0.0)):
-        torch._fused_adamw_(*parts, [], [step] * len(masters), lr=lr, beta1=beta1,
-                            beta2=beta2, weight_decay=decay, eps=eps, amsgrad=False,
-                            maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+    """The same step uncompiled: torch's fused AdamW kernel on an fp32 copy of each unit's
+    gradient, its decayed range and the rest apart, then the 16-bit parameters from the
+    masters (op by op, the one-pass expressions would make a dozen passes over fp32
+    temporaries)."""
+    for master, grad, exp_avg, exp_avg_sq, n in zip(masters, grads, exp_avgs, exp_avg_sqs,
+                                                    decayed, strict=True):
+        fp32 = grad.float()  # one unit's copy at a time
+        for part, decay in ((slice(0, n), weight_decay), (slice(n, None), 0.0)):
+            torch._fused_adamw_([master[part]], [fp32[part]], [exp_avg[part]],
+                                [exp_avg_sq[part]], [], [step], lr=lr, beta1=beta1,
+                                beta2=beta2, weight_decay=decay, eps=eps, amsgrad=False,
+                                maximize=False, grad_scale=grad_scale, found_inf=found_inf)
     torch._foreach_copy_(params, masters)
 
 
 # Units a compiled call steps: each adds its kernel's code generation to the compile (about
 # a second on a CPU), so a model of many units (a matrix larger than a gradient bucket is
 # one alone: most of the Llama slice's) launches its step in a few calls of one graph.
-UNITS_A_CALL = 8
+UNITS_A_CALL = MASTER_UNITS_A_CALL
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.precision import FP32_ADAM, MIXED_ADAM, Precision
+from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
 from paraxis.spec.schedules import head_stage
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
@@ -250,19 +250,21 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
                         bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                         one_pass: bool = True) -> float:
     """Bytes the optimizer step of fp32 masters of 16-bit parameters adds
-    (engine/data_parallel/masters.py), a unit at a time: where the gradients are the
-    parameters' own (`compute.own_gradients`) the flat copy of a unit's several, a gradient
-    bucket's at most (a parameter alone in its unit gives its own). Without `one_pass`
-    (CPU ranks: `kernels.master_adamw` compiles its pass on CUDA only) also an fp32 copy of
-    the unit's gradient for torch's fused kernel, the largest unit's: a bucket or one
-    parameter larger than a bucket, a block under ZeRO-3, of this rank's shard."""
+    (engine/data_parallel/masters.py), MASTER_UNITS_A_CALL units a call: where the gradients
+    are the parameters' own (`compute.own_gradients`) the flat copies of a call's units'
+    several, a gradient bucket's at most each (a parameter alone in its unit gives its
+    own). Without `one_pass` (CPU ranks: `kernels.master_adamw` compiles its pass on CUDA
+    only) also an fp32 copy of a unit's gradient for torch's fused kernel, the largest
+    unit's: a bucket or one parameter larger than a bucket, a block under ZeRO-3, of this
+    rank's shard."""
     if precision.optimizer_bytes <= 8:
         return 0.0
     sharded = layout.zero >= 1
     shards = layout.zero_ranks if sharded else 1
     expert_shards = max(1, layout.zero_ranks // layout.ep) if sharded else 1
     owned = local_params / shards + expert_params / expert_shards  # this rank's part
-    step = precision.grad_bytes * min(owned, bucket_bytes / precision.param_bytes) \
+    step = precision.grad_bytes * min(
+        owned, MASTER_UNITS_A_CALL * bucket_bytes / precision.param_bytes) \
         if own_gradients(layout, precision) else 0.0
     if one_pass or precision.grad_bytes == 4:
         return step

@@ -24,6 +24,7 @@ from paraxis.engine.data_parallel.flat import FlatUnit, Piece
 from paraxis.kernels.master_adamw import master_adamw_
 from paraxis.model.checkpoint.entries import step_count
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import MASTER_UNITS_A_CALL
 
 
 class MasterWeights:
@@ -88,8 +89,8 @@ class MasterWeights:
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor,
              nonfinite: torch.Tensor | None) -> None:
-        """AdamW on the masters, one `master_adamw_` pass a unit (all units in one call)
-        from its gradient to its 16-bit parameters; the gradients are the reduced ones times
+        """AdamW on the masters, one `master_adamw_` pass a unit (MASTER_UNITS_A_CALL units
+        a call) from its gradient to its 16-bit parameters; the gradients are the reduced ones times
         `factor` (a number, or a 0-d tensor on the device: clipping decided there), and
         nothing changes where `nonfinite` (a 0-d bool tensor), step counts included."""
         if not self.views:  # nothing of a parameter in this rank's range, only padding
@@ -108,11 +109,14 @@ class MasterWeights:
         steps.add_(self._scalars["one"] - found_inf)
         beta1, beta2 = group["betas"]
         decay = max(g["weight_decay"] for g in optimizer.param_groups)
-        grads = [self._own_grads(index) if grad is None else grad
-                 for index, grad in enumerate(self.grads)]
-        master_adamw_(self.masters, self.exp_avgs, self.exp_avg_sqs, self.owned, grads,
-                      [self._decayed(unit) for unit in self.units], lr, beta1, beta2,
-                      group["eps"], decay, steps, grad_scale, found_inf)
+        for start in range(0, len(self.units), MASTER_UNITS_A_CALL):
+            # a call's units: the gradients gathered for them exist for this call alone
+            call = range(start, min(start + MASTER_UNITS_A_CALL, len(self.units)))
+            master_adamw_(*([each[i] for i in call] for each in (
+                self.masters, self.exp_avgs, self.exp_avg_sqs, self.owned)),
+                [self._own_grads(i) if self.grads[i] is None else self.grads[i] for i in call],
+                [self._decayed(self.units[i]) for i in call], lr, beta1, beta2,
+                group["eps"], decay, steps, grad_scale, found_inf)
 
     def _step_count(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """AdamW's step count, one tensor every piece's state holds (the count is one
