@@ -199,6 +199,38 @@ def test_the_planner_prices_what_the_fused_loss_keeps():
         build_cluster("h100-sxm-80gb", 1, 1, {"loss_kernel": "fast"})
 
 
+def test_the_planner_prices_the_fused_loss_s_fp32_weight_gradient_passes():
+    """The fused head and loss add each chunk's dL/dW into one fp32 tensor (read and written
+    a chunk) and do all their GEMMs in the forward: the planner's head takes as long as the
+    chunked one's plus those bytes at the GPU's memory rate, the forward holding all but the
+    backward's scaling; where the runtime refuses the fused loss (tp > 1), nothing changes.
+    Llama 3's head at 8K tokens: 16 chunks, 79 GB a step (the docstring's figure)."""
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.head import head_times
+    from paraxis.plan.rates import layer_rates
+    from paraxis.spec.kernels import chunk_rows, fused_loss_traffic
+
+    cfg = PRESETS["llama3-8b"]
+    assert -(-8192 // chunk_rows(cfg.vocab_size)) == 16
+    assert sum(fused_loss_traffic(8192, cfg.vocab_size, cfg.d_model, 2)) / 1e9 == \
+        pytest.approx(79, abs=0.5)
+    for text, fused in (("dp=1", True), ("dp=2,zero=2", True), ("tp=2", False)):
+        layout = Layout.parse(text)
+        plain, priced = (head_times(cfg, layout, build_cluster("h200", 1, 8, {
+            "kernels": "compiled", "loss_kernel": kernel}), 2, 4096)
+            for kernel in ("chunked", "fused-linear"))
+        if not fused:
+            assert priced == plain, text
+            continue
+        hbm = layer_rates(build_cluster("h200", 1, 8), 1)[2]
+        forward, backward = fused_loss_traffic(8192, cfg.vocab_size, cfg.d_model, 2)
+        assert priced["forward"] == pytest.approx(
+            plain["forward"] + plain["backward"] + forward / hbm), text
+        assert priced["backward"] == pytest.approx(backward / hbm), text
+        assert priced["forward"] + priced["backward"] > 1.1 * (
+            plain["forward"] + plain["backward"])
+
+
 def test_paraxis_plan_prices_the_fused_loss_when_asked():
     """`paraxis plan --fused-loss`: the runtime's flag, priced as the hardware file's
     loss_kernel = "fused-linear" is."""

@@ -10,6 +10,7 @@ from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, head_forward_traffic_per_token_eager
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
+from paraxis.spec.kernels import fused_loss_problem, fused_loss_traffic
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -19,7 +20,8 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
                seq_len: int, overlap: Overlap = DEFAULT_OVERLAP,
                precision: Precision = MIXED_ADAM) -> dict[str, float]:
     """Seconds the LM head and the loss take per microbatch on the last stage: forward,
-    backward (2x), tp (on the critical path) and tp_total (all their TP traffic)."""
+    backward (2x; the fused loss's work is all in its forward), tp (on the critical path)
+    and tp_total (all their TP traffic)."""
     overlap = overlap_on(cluster, overlap)
     tokens = micro_batch * seq_len // layout.cp  # a cp rank's share of each sequence
     rate, _, hbm = layer_rates(cluster, layout.tp)
@@ -31,6 +33,15 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     norm_loss_bytes = precision.activation_bytes * tokens * (
         head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
     forward = gemm + norm_loss_bytes / hbm
+    if cluster.gpu.loss_kernel == "fused-linear" and \
+            fused_loss_problem(layout.tp, layout.zero) is None:
+        # The fused head and loss run their three GEMMs and the loss's passes in the
+        # forward, and sum dL/dW in fp32 over the chunks (`spec.kernels.fused_loss_traffic`);
+        # the backward scales the two gradients it kept.
+        fused, scale = fused_loss_traffic(tokens, cfg.vocab_size, cfg.d_model,
+                                          precision.activation_bytes)
+        return {"forward": (1 + BACKWARD_FLOPS_RATIO) * forward + fused / hbm,
+                "backward": scale / hbm, "tp": 0.0, "tp_total": 0.0}
     if layout.tp == 1:
         return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward, "tp": 0.0,
                 "tp_total": 0.0}
