@@ -201,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(GROUP_LAYOUTS)}")
     layouts = [t for g in groups for t in GROUP_LAYOUTS[g]] or None
     out = Path(args.out)
+    # asked before any part runs (they take minutes), so nothing is measured for nothing
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; give the report's file, e.g. "
+                     f"{out / 'benchmarks.md'} (its .json is written beside it)")
+    if any(parent.is_file() for parent in out.parents):
+        parser.error(f"--out {out}: a folder on its path is a file; give a path in a folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out.with_suffix(".json"), args.quick)
     ran = [short for short in SUITES if short in wanted]

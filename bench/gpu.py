@@ -361,6 +361,10 @@ if __name__ == "__main__":
                         "and memory of paraxis's sides on this GPU preset (e.g. h200), for "
                         "every full run; no GPU needed")
     args = parser.parse_args()
+    if args.out is not None and (args.out.is_file() or any(
+            parent.is_file() for parent in args.out.parents)):
+        parser.error(f"--out {args.out}: give a folder (gpu-step.md and gpu-step.json are "
+                     "written in it), not a file or a path through one")
     if args.planner:
         try:
             get_gpu(args.planner)

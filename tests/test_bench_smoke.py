@@ -158,3 +158,23 @@ def test_expert_tp_bench_quick_prints_measured_and_planned_speed():
 
     measured, predicted = rows(quick=True)
     assert measured.ratio > 0 and predicted > 0
+
+
+def test_a_bench_output_that_cannot_be_written_is_refused_before_anything_runs(tmp_path):
+    """`python -m bench --out` names the report's file, `python -m bench.gpu --out` a
+    folder: a folder for the first, or a file for the second (or a path through a file), is
+    a one-line error with exit 2 before any part runs, and nothing is written."""
+    from bench.__main__ import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("kept")
+    for out in (tmp_path, blocker / "benchmarks.md"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--only", "dp", "--out", str(out)])
+        assert exit_.value.code == 2
+    result = subprocess.run([sys.executable, "-m", "bench.gpu", "--quick", "--out",
+                             str(blocker)], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": "."})
+    assert result.returncode == 2 and "give a folder" in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert blocker.read_text() == "kept"
