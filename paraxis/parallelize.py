@@ -115,7 +115,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
             part.fused_loss = part.has_head
     # 4. activation recompute
     for part in parts:
-        part.set_recompute(layout.recompute, layout.recompute_layers)
+        part.set_recompute(layout.recompute, layout.recompute_layers, layout.recompute_method)
     # (compile: after recompute, which wraps what is compiled)
     if compile:
         check_compile(layout.schedule, compile)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from paraxis.cli import build_parser, main
+from paraxis.spec.model_config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16}
@@ -195,6 +196,21 @@ def test_pipelines_recompute_table_llama2_13b(capsys) -> None:
         assert agrees(activations, out.memory["activations"]), n
         assert agrees(rebuilt, out.memory["buffers"]), n
         assert agrees(total, out.memory["total"]), n
+
+
+def test_pipelines_block_method_recomputes_just_enough(capsys) -> None:
+    m = quoted("pipelines.md", r"takes ([\d.]+) s a step with every block recomputed "
+                               r"\(`(paraxis plan --model llama3-8b [^`]*)`\) and ([\d.]+) s "
+                               r"with (\d+) of its (\d+) \(`--layout ([^`]*)`\)")
+    every, command, block, n, blocks, layout = m.groups()
+    assert agrees(every, plan(capsys, command).row["step s"])
+    out = plan(capsys, re.sub(r"--layout \S+", f"--layout {layout}", command))
+    assert agrees(block, out.row["step s"])
+    assert f"recompute_method=block,recompute_layers={n}" in out.row["layout"]
+    assert PRESETS[re.search(r"--model (\S+)", command).group(1)].n_layers == int(blocks)
+    # nothing lighter fits: left free, the search recomputes every block too
+    assert plan(capsys, command.replace(",recompute=full", "")).row["layout"].endswith(
+        "recompute=full")
 
 
 def test_pipelines_recompute_layers_with_few_in_flight(capsys) -> None:

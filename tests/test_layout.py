@@ -107,7 +107,8 @@ def test_old_layout_dicts_load_and_every_field_has_help():
     assert Layout(**old) == Layout(dp=2, pp=2, zero=1, microbatches=4)
     assert Layout(**old).to_dict() == {**old, "cp": 1, "ep": 1, "etp": 1, "cp_attention": "ring",
                                        "cp_a2a": 1, "zero3_reshard": "forward",
-                                       "recompute_layers": 1, "dp_shard": 0}
+                                       "recompute_layers": 1, "recompute_method": "uniform",
+                                       "dp_shard": 0}
     assert str(Layout(**old)) == "dp=2,tp=1,pp=2,zero=1,microbatches=4,schedule=1f1b"
     import dataclasses
 
@@ -192,3 +193,25 @@ def test_build_groups_names_every_axis_group():
     assert (groups.dp_rank, groups.tp_rank, groups.pp_rank, groups.cp_rank, groups.ep_rank) \
         == (0, 0, 0, 0, 0)
     assert groups.pp_ranks == [0] and groups.is_first_stage and groups.is_last_stage
+
+
+def test_the_block_method_recomputes_the_first_blocks_of_each_chunk():
+    """recompute_method=block (Megatron-LM's --recompute-method block): full recompute of a
+    chunk's first recompute_layers blocks only; it needs recompute=full, reads back from its
+    text, and its shares are what the runtime checkpoints (`Transformer.set_recompute`)."""
+    layout = Layout.parse("pp=2,microbatches=4,schedule=interleaved,virtual_stages=2,"
+                          "recompute=full,recompute_method=block,recompute_layers=1")
+    assert "recompute_method=block,recompute_layers=1" in str(layout)
+    assert Layout.parse(str(layout)) == layout
+    assert layout.checkpoint_group == 1
+    assert [layout.recomputed_blocks(b) for b in (1, 3)] == [1, 1]
+    assert layout.recomputed_share(6) == pytest.approx(2 / 6)  # 1 of each chunk's 3
+    uniform = Layout(recompute="full", recompute_layers=3)
+    assert uniform.checkpoint_group == 3 and uniform.recomputed_share(6) == 1.0
+    assert Layout().recomputed_blocks(4) == 0
+    for text, message in (("recompute_method=block", "add recompute=full"),
+                          ("recompute=selective,recompute_method=block", "add recompute=full"),
+                          ("recompute=full,recompute_method=some", "unknown recompute_method")):
+        with pytest.raises(ParaxisError, match=message) as error:
+            Layout.parse(text)
+        assert "\n" not in str(error.value)

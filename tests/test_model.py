@@ -54,12 +54,17 @@ def test_causality():
     assert torch.allclose(model(idx)[0, :8], model(changed)[0, :8])
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("mode", ["selective", "full", "block"])
 def test_recompute_gives_the_same_gradients(mode):
     cfg = PRESETS["tiny-llama"]
     idx = torch.randint(0, 256, (2, 16))
     plain, recomputed = build_model(cfg), build_model(cfg)
-    recomputed.set_recompute(mode)
+    if mode == "block":  # the first block only a checkpoint (the block method)
+        recomputed.set_recompute("full", 1, "block")
+        assert [block.recompute for block in recomputed.blocks] == [True] + [False] * (
+            cfg.n_layers - 1)
+    else:
+        recomputed.set_recompute(mode)
     plain(idx, idx).backward()
     recomputed(idx, idx).backward()
     for p, q in zip(plain.parameters(), recomputed.parameters(), strict=True):

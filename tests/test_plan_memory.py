@@ -166,6 +166,44 @@ def test_grouped_full_recompute_keeps_one_input_per_run_of_blocks() -> None:
         Layout(recompute="selective", recompute_layers=2)
 
 
+def test_the_block_method_is_priced_between_no_recompute_and_full() -> None:
+    """recompute_method=block on llama2-7b (32 blocks) on 8 H100s: N blocks checkpointed
+    keep their inputs and rerun their forwards, the others keep everything and do not, so
+    activations fall and the step grows linearly in N, from no recompute to full at N = 32
+    (the same estimate as uniform full recompute there); the rebuilt block adds nothing to
+    the peak but at N = 32 (the first blocks are rebuilt last, after the others freed more);
+    with interleaving, N counts in each chunk."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster
+
+    cfg, cluster = PRESETS["llama2-7b"], build_cluster("h100-sxm-80gb", 8, 8)
+    runs = {n: evaluate(cfg, Layout.parse(
+        f"dp=8,zero=1,recompute=full,recompute_method=block,recompute_layers={n}"), cluster,
+        4096, 64) for n in (8, 16, 32)}
+    none = evaluate(cfg, Layout(dp=8, zero=1), cluster, 4096, 64)
+    full = evaluate(cfg, Layout(dp=8, zero=1, recompute="full"), cluster, 4096, 64)
+    assert runs[32].step_time_s == pytest.approx(full.step_time_s)
+    assert runs[32].memory == pytest.approx(full.memory)
+    for n in (8, 16):
+        share = n / 32
+        for key in ("activations",):
+            assert runs[n].memory[key] == pytest.approx(
+                none.memory[key] + share * (full.memory[key] - none.memory[key]))
+        assert runs[n].memory["buffers"] == pytest.approx(none.memory["buffers"])
+        assert runs[n].step_time_s == pytest.approx(
+            none.step_time_s + share * (full.step_time_s - none.step_time_s), rel=1e-3)
+        assert none.hfu < runs[n].hfu < full.hfu
+    pipelined = "dp=2,pp=4,zero=1,microbatches=8,schedule=interleaved,virtual_stages=2"
+    chunked = evaluate(cfg, Layout.parse(pipelined + ",recompute=full,recompute_method=block,"
+                                         "recompute_layers=2"), cluster, 4096, 64)
+    bare, every = (evaluate(cfg, Layout.parse(pipelined + extra), cluster, 4096, 64)
+                   for extra in ("", ",recompute=full"))
+    # 2 of each chunk's 4 blocks
+    assert chunked.memory["activations"] == pytest.approx(
+        (bare.memory["activations"] + every.memory["activations"]) / 2, rel=0.02)
+    assert bare.step_time_s < chunked.step_time_s < every.step_time_s
+
+
 def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step() -> None:
     # One microbatch on one rank: the backward's start holds the activations and the LM
     # head's gradient alone; two microbatches hold every gradient beside the second's

@@ -10,6 +10,7 @@ from paraxis.engine.contract import LocalEngine
 from paraxis.engine.pipeline_parallel.memory import SavedActivations
 from paraxis.model.transformer import build_model
 from paraxis.parallelize import build_engine
+from paraxis.plan.memory import layout_memory
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -157,9 +158,15 @@ def test_recompute_saves_activation_memory():
     saved = {}
     x = torch.randint(0, 256, (2, 64))
     grads = {}
-    for mode, layers in (("none", 1), ("selective", 1), ("full", 1), ("full", 2), ("full", 4)):
+    settings = (("none", 1), ("selective", 1), ("full", 1), ("full", 2), ("full", 4),
+                ("block", 1), ("block", 3))
+    for mode, layers in settings:
         model = build_model(cfg)
-        model.set_recompute(mode, layers)
+        if mode == "block":  # only the first `layers` blocks a checkpoint (Megatron's method)
+            model.set_recompute("full", layers, "block")
+            assert [b.recompute for b in model.blocks] == [i < layers for i in range(4)]
+        else:
+            model.set_recompute(mode, layers)
         with SavedActivations(model.parameters()) as meter:
             loss = model(x, x)
         saved[mode, layers] = meter.live_bytes
@@ -173,6 +180,18 @@ def test_recompute_saves_activation_memory():
     block_input = 2 * 64 * cfg.d_model * 4  # fp32
     assert saved["full", 1] - saved["full", 2] == (cfg.n_layers - cfg.n_layers // 2) * block_input
     assert saved["full", 1] - saved["full", 4] == (cfg.n_layers - 1) * block_input
+    # the block method: each block it checkpoints keeps its input instead of all it holds,
+    # the others everything, as the planner counts it (`Layout.recomputed_share`; priced
+    # at a size where the backward's peak is the step's, not the optimizer's)
+    per_block = (saved["none", 1] - saved["full", 1]) // cfg.n_layers
+    for n in (1, 3):
+        assert saved["none", 1] - saved["block", n] == n * per_block
+        planned = [layout_memory(cfg, Layout(recompute=r, recompute_method=m,
+                                             recompute_layers=k), 2048, 64)["activations"]
+                   for r, m, k in (("none", "uniform", 1), ("full", "block", n),
+                                   ("full", "uniform", 1))]
+        assert (planned[0] - planned[1]) / (planned[0] - planned[2]) == pytest.approx(
+            n / cfg.n_layers)
     # and recomputing changes no number
     for key in grads:
         assert all(torch.equal(a, b) for a, b in zip(grads[key], grads["none", 1], strict=True))

@@ -359,16 +359,20 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.attn.split = split
 
-    def set_recompute(self, mode: str, layers: int = 1) -> None:
+    def set_recompute(self, mode: str, layers: int = 1, method: str = "uniform") -> None:
         """"none", "selective" (attention core only) or "full" (whole blocks). Full with
         `layers` > 1: one checkpoint per run of `layers` consecutive blocks of this part
         (Megatron-LM's uniform method, --recompute-num-layers): only each run's input is
         kept, and its backward recomputes the whole run at once (the course's sqrt(L) rule
-        at layers = sqrt(L))."""
-        for block in self.blocks:
-            block.recompute = mode == "full" and layers == 1
+        at layers = sqrt(L)). Full with `method` "block": only this part's first `layers`
+        blocks are checkpoints, each its own, and the rest keep their activations
+        (Megatron-LM's block method: recompute as few blocks as memory needs)."""
+        block_method = mode == "full" and method == "block"
+        for index, block in enumerate(self.blocks):
+            block.recompute = mode == "full" and (index < layers if block_method
+                                                  else layers == 1)
             block.attn.recompute_core = mode == "selective"
-        self.recompute_group = layers if mode == "full" else 1
+        self.recompute_group = layers if mode == "full" and not block_method else 1
 
 
 def single_device_name(name: str, param: nn.Parameter) -> str:

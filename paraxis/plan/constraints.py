@@ -37,6 +37,9 @@ class Constraints:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     # blocks per checkpoint when recompute is full (None: 1, then grouped where 1 does not fit)
     recompute_layers: int | None = None
+    # which blocks full recompute checkpoints (`Layout.recompute_method`); under "block",
+    # recompute_layers is how many of each chunk (None: the fewest that fit)
+    recompute_method: str = "uniform"
     # GPipe has 1F1B's bubble but holds every microbatch, and SP has the same traffic as TP
     # without it but less memory: both are dominated, so they are left out unless asked for.
     schedules: tuple[str, ...] = ("1f1b", "interleaved")

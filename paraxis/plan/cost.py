@@ -169,7 +169,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     cp variant: no K/V exchange exposed, the attention core at the fastest variant's rate."""
     key = block_key(layout, micro_batch, precision)
     whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches,
-             floor)
+             layout.recompute_method, layout.recompute_layers, floor)
     if whole in memo:  # alike across ZeRO stages, shard groups and ZeRO-3 regathering
         return memo[whole]
     tokens_per_microbatch = micro_batch * seq_len // layout.cp  # on one cp rank
@@ -183,10 +183,20 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     half_layer = half_layer_s(cfg, layout, cluster, seq_len, micro_batch)
     layer, moe_layer, head = block_times(cfg, layout, cluster, seq_len, micro_batch, precision,
                                          overlap, expert_imbalance, memo, key)
+    # Under the block method only the first blocks of a chunk are recomputed
+    # (`Layout.recomputed_share`): the others run as without recompute.
+    whole_layer, whole_moe = layer, moe_layer
+    if layout.recompute_method == "block":
+        whole_layer, whole_moe, _ = block_times(
+            cfg, layout.replace(recompute="none", recompute_method="uniform",
+                                recompute_layers=1),
+            cluster, seq_len, micro_batch, precision, overlap, expert_imbalance, memo)
 
     def blocks_sum(stage: int, *keys: str) -> float:
         dense, moe = kinds[stage]
-        return dense * sum(layer[k] for k in keys) + moe * sum(moe_layer[k] for k in keys)
+        share = layout.recomputed_share(dense + moe)
+        return sum(dense * (share * layer[k] + (1 - share) * whole_layer[k])
+                   + moe * (share * moe_layer[k] + (1 - share) * whole_moe[k]) for k in keys)
 
     def stage_compute(stage: int) -> float:
         has_head = stage == last
@@ -214,7 +224,8 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0
         dense, moe = kinds[busiest]
-        reruns = tuple(dense * d + moe * m for d, m in zip(
+        share = layout.recomputed_share(dense + moe)
+        reruns = tuple(share * (dense * d + moe * m) for d, m in zip(
             rerun_floors(layer, faster), rerun_floors(moe_layer, faster), strict=True))
         # recomputing may make another stage the busiest: the least any stage communicates
         least_comm = min(blocks_sum(s, *EXPOSED_COMM) + (s == last) * head["tp"]
@@ -262,9 +273,22 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         pipeline = pipeline if alike else busy
         least = least_comm + (0.0 if overlap.pp else t_pp)
         reruns = tuple(scale * (slot_compute + rerun + least) - pipeline for rerun in reruns)
+    if layout.recompute_method == "block":  # a mean dense block of the busiest stage
+        share = layout.recomputed_share(counts[busiest])
+        layer = {k: share * v + (1 - share) * whole_layer[k] for k, v in layer.items()}
     memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
                            t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline, reruns)
     return memo[whole]
+
+
+def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int) -> float:
+    """The share of the model's blocks its recompute applies to, stage by stage
+    (`Layout.recomputed_share`: all of them but under the block method)."""
+    if layout.recompute_method == "uniform":
+        return 1.0
+    kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    blocks = [dense + moe for dense, moe in kinds]
+    return sum(layout.recomputed_share(b) * b for b in blocks) / sum(blocks)
 
 
 def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -342,7 +366,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     t_calls = calls_time(cfg, layout, cluster, memo)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
 
-    flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute)
+    flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute,
+                            recomputed_share(cfg, layout, seq_len))
     peak_total = cluster.world_size * gpu.peak_flops
     m = layout.microbatches
     time = {"compute": m * (t_forward + t_backward), "tp": m * pipe.tp,

@@ -45,8 +45,14 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
     The search skips a layout whose floor is above all its answer shows (`prune.py`)."""
     memo = {} if memo is None else memo
     return (pipeline_floors(cfg, layout, cluster, seq_len, global_batch, precision,
-                            overlap, expert_imbalance, memo)[layout.recompute]
+                            overlap, expert_imbalance, memo)[floor_recompute(layout)]
             + fixed_floor(cfg, layout, cluster, seq_len, precision, memo))
+
+
+def floor_recompute(layout: Layout) -> str:
+    """The recomputation whose floor holds under `layout`: its own, but no recomputation
+    under the block method, which reruns only some blocks (its time is no less)."""
+    return "none" if layout.recompute_method == "block" else layout.recompute
 
 
 def variants_floor(cfg: ModelConfig, estimate: Estimate, cluster: Cluster, seq_len: int,
@@ -63,14 +69,14 @@ def variants_floor(cfg: ModelConfig, estimate: Estimate, cluster: Cluster, seq_l
     outside = time["dp"] + time["tp_grads"] + time["optimizer"] + time["step_calls"]
     return outside + pipeline_floors(cfg, estimate.layout, cluster, seq_len, global_batch,
                                      precision, overlap, expert_imbalance,
-                                     memo)[estimate.layout.recompute]
+                                     memo)[floor_recompute(estimate.layout)]
 
 
 def _without_recompute(layout: Layout) -> Layout:
     """`layout` with no recomputation: the floors add each recomputation's own part."""
     if layout.recompute == "none":
         return layout
-    return layout.replace(recompute="none", recompute_layers=1)
+    return layout.replace(recompute="none", recompute_layers=1, recompute_method="uniform")
 
 
 def pipeline_floors(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -147,9 +153,12 @@ class Floors:
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                  precision: Precision, overlap: Overlap, expert_imbalance: float,
-                 memo: dict) -> None:
+                 memo: dict, recompute_method: str = "uniform") -> None:
         self.args = cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance
         self.memo = memo
+        # under the block method "full" reruns only some blocks: no recomputation's floor
+        # holds for it (`floor_recompute`)
+        self.block_method = recompute_method == "block"
         self.pipelines: dict[tuple, dict[str, float]] = {}
         self.fixed: dict[tuple, float] = {}
         self.computes: dict[tuple, float] = {}
@@ -186,7 +195,11 @@ class Floors:
             if fixed_key not in self.fixed:
                 self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
                                                     self.memo)
-        return self.pipelines[key][recompute] + self.fixed[fixed_key]
+        return self.pipelines[key][self._holding(recompute)] + self.fixed[fixed_key]
+
+    def _holding(self, recompute: str) -> str:
+        """The recomputation whose floors hold for the search's `recompute`."""
+        return "none" if self.block_method and recompute == "full" else recompute
 
     def _cast_group(self, base: Layout) -> int:
         """What the pipeline's floor reads of `base`'s ZeRO setting: the group ZeRO-3 casts
@@ -203,6 +216,7 @@ class Floors:
         schedule's least bubble where that holds whatever the work (as `pipeline_time`'s
         floor has it); 0 where any of them breaks a rule, whose layout the search must build
         to say why (`SearchResult.rule_breakers`)."""
+        recompute = self._holding(recompute)
         key = (id(shape), self._cast_group(base), micro_batch, sps, recompute)
         if key not in self.computes:
             splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
@@ -221,6 +235,7 @@ class Floors:
         from `recompute` on, over every schedule and depth of `variants` (all a larger size
         may take), over one minus their least bubble at `microbatches` (fewer microbatches
         only idle more)."""
+        recompute = self._holding(recompute)
         key = (id(shape), self._cast_group(base), sps, recompute)
         if key not in self.whole_batch:
             splits, parts = self._whole_batch_parts(shape, base, sps, variants)

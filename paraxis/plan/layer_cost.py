@@ -139,7 +139,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     # rerun stops after it.
     early = not moe and reruns_needed(gpu) and precision.fp8_recipe is None
     rerun = forward - (down_projection_seconds(cfg, cluster, layout.tp, rate) * tokens
-                       / layout.recompute_layers if early else 0.0)
+                       / layout.checkpoint_group if early else 0.0)
     recompute = {"none": 0.0, "full": rerun,
                  "selective": core_forward * tokens}[layout.recompute]
     # Backward = 2x forward (Narayanan et al. 2021 App.), the attention core's as its kernel
@@ -224,7 +224,7 @@ def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
     stops its rerun short), and where FP8 weights are cast on ZeRO-3's shards, their group."""
     return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
             layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
-            layout.recompute_layers, micro_batch, layout.zero_ranks if layout.zero == 3
+            layout.checkpoint_group, micro_batch, layout.zero_ranks if layout.zero == 3
             and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1)
 
 

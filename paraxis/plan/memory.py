@@ -317,29 +317,38 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     local_by_stage = stage_local_params(cfg, layout, seq_len)
     kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
     head_split = layout.cp > 1 and (layout.cp_attention == "all_to_all" or layout.cp_a2a > 1)
-    dense_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
-                                         dropout, head_split=head_split)
     routed_seq = local_seq // routing_share(cfg, layout) if cfg.is_moe else local_seq
-    moe_layer = layer_activation_bytes(cfg, *kernel_args, layout.recompute, attention,
-                                       dropout, mlp=False, head_split=head_split) \
-        + moe_activation_bytes(
-        cfg, routed_seq, micro_batch, expert_imbalance, layout.etp) if cfg.is_moe else 0.0
-    if precision.fp8_recipe is not None and layout.recompute != "full":
-        # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
-        fp8_args = (layout.tp, layout.sequence_parallel)
-        projected = keeps_projection_input(layout.recompute, attention, head_split)
-        dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
-            * local_seq * micro_batch
-        moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
-                                               projection_input=projected) * local_seq \
-            * micro_batch if cfg.is_moe else 0.0
-    if layout.recompute == "full":
-        moe_layer = dense_layer  # only the block's input is kept
-    elif layout.recompute == "none":  # the core's own tensors are kept
-        copies = repeated_kv_bytes(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
-                                   micro_batch, layout.cp_a2a)
-        dense_layer += copies
-        moe_layer += copies if cfg.is_moe else 0.0
+
+    def kept_bytes(recompute: str) -> tuple[float, float]:
+        """(a dense block's, an MoE block's) bytes kept for the backward under `recompute`."""
+        dense_layer = layer_activation_bytes(cfg, *kernel_args, recompute, attention, dropout,
+                                             head_split=head_split)
+        if recompute == "full":
+            return dense_layer, dense_layer  # only the block's input is kept
+        moe_layer = layer_activation_bytes(cfg, *kernel_args, recompute, attention, dropout,
+                                           mlp=False, head_split=head_split) \
+            + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
+                                   layout.etp) if cfg.is_moe else 0.0
+        if precision.fp8_recipe is not None:
+            # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
+            fp8_args = (layout.tp, layout.sequence_parallel)
+            projected = keeps_projection_input(recompute, attention, head_split)
+            dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
+                * local_seq * micro_batch
+            moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
+                                                   projection_input=projected) * local_seq \
+                * micro_batch if cfg.is_moe else 0.0
+        if recompute == "none":  # the core's own tensors are kept
+            copies = repeated_kv_bytes(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
+                                       micro_batch, layout.cp_a2a)
+            dense_layer += copies
+            moe_layer += copies if cfg.is_moe else 0.0
+        return dense_layer, moe_layer
+
+    dense_layer, moe_layer = kept_bytes(layout.recompute)
+    # the block method's blocks that are not checkpoints keep everything
+    whole_dense, whole_moe = kept_bytes("none") if layout.recompute_method == "block" \
+        else (dense_layer, moe_layer)
     if layout.recompute == "full":  # a block rebuilt in its backward: all it holds
         rebuilt = rebuilt_moe = full_layer_activation_bytes(
             cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
@@ -374,10 +383,14 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
-        activations = (in_flight * dense * dense_layer
-                       + in_flight * moe * moe_layer)
-        group = layout.recompute_layers if layout.recompute == "full" else 1
         per_chunk = math.ceil((dense + moe) / layout.virtual_stages)  # blocks of a chunk
+        # the share of the stage's blocks its recompute applies to (all but under the block
+        # method), the rest keeping all they hold
+        recomputed = layout.recomputed_share(dense + moe)
+        activations = in_flight * (
+            dense * (recomputed * dense_layer + (1 - recomputed) * whole_dense)
+            + moe * (recomputed * moe_layer + (1 - recomputed) * whole_moe))
+        group = layout.checkpoint_group
         if group > 1:
             # grouped checkpoints (model.run_blocks) keep one input per run of `group`
             # blocks of each chunk in flight
@@ -394,8 +407,10 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                         precision.activation_bytes,
                                         loss_kernel if fused else "chunked")
         buffers = 0.0
-        if layout.recompute == "full":
-            # a run of `group` blocks is rebuilt at once in its backward
+        if layout.recompute == "full" and recomputed == 1:
+            # a run of `group` blocks is rebuilt at once in its backward (under the block
+            # method, a chunk's first blocks are rebuilt last, after its others' backward
+            # freed more than they hold: no higher peak, unless every block is recomputed)
             buffers += min(group, per_chunk) * (rebuilt_moe if moe else rebuilt) \
                 * precision.activation_bytes / 2
         if precision.fp8_recipe is not None:

@@ -155,11 +155,12 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
-                    memo)
+                    memo, c.recompute_method)
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     crosses: dict[tuple[int, ...], bool] = {}
-    build = functools.partial(build_setting, cfg, world, global_batch, seq_len)
+    build = functools.partial(build_setting, cfg, world, global_batch, seq_len,
+                              method=c.recompute_method)
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             sp_choices(c, s.tp), schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,

@@ -164,6 +164,7 @@ def search_constraints(args: argparse.Namespace, fixed: dict[str, object], state
                    else tuple(args.recompute or RECOMPUTE)),
         recompute_layers=(stated.recompute_layers if "recompute_layers" in fixed
                           else None),
+        recompute_method=stated.recompute_method,
         schedules=((stated.schedule,) if "schedule" in fixed
                    else tuple(args.schedule or ("1f1b", "interleaved"))),
         virtual_stages=((stated.virtual_stages,) if "virtual_stages" in fixed

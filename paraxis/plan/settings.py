@@ -122,11 +122,13 @@ class SmallerSizes:
 
 def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
                   base: Layout, microbatches: int, kind: str, virtual: int, sp: bool,
-                  recompute: str, group: int) -> Layout:
+                  recompute: str, group: int, method: str = "uniform") -> Layout:
     """`base` (a shape with its ZeRO settings) at one setting of the search, checked as the
-    search needs it (`ParaxisError` where the setting breaks a rule)."""
+    search needs it (`ParaxisError` where the setting breaks a rule); `method`: full
+    recompute's (`Layout.recompute_method`)."""
     layout = base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual,
-                          recompute=recompute, recompute_layers=group, sequence_parallel=sp)
+                          recompute=recompute, recompute_layers=group, sequence_parallel=sp,
+                          recompute_method=method if recompute == "full" else "uniform")
     layout.validate(world, cfg, global_batch, seq_len)
     check_interleaving(layout, cfg)
     return layout
@@ -188,15 +190,29 @@ def recompute_steps(c: Constraints, n_layers: int, pp: int,
     (the course's sqrt(L) rule: the same FLOPs, fewer stored inputs, and a group rebuilt at
     once in backward), for the layouts nothing lighter fits."""
     steps = []
+    blocks = math.ceil(n_layers / (pp * virtual))  # of a chunk
     for recompute in sorted(c.recompute, key=RECOMPUTE.index):  # lightest first
         if recompute != "full":
             steps.append((recompute, 1))
         elif c.recompute_layers is not None:
             steps.append((recompute, c.recompute_layers))
+        elif c.recompute_method == "block":
+            # the block method: the fewest blocks of a chunk first, every one last
+            steps += [("full", n) for n in block_counts(blocks)]
         else:
-            blocks = math.ceil(n_layers / (pp * virtual))
             steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
     return tuple(steps)
+
+
+def block_counts(blocks: int) -> list[int]:
+    """How many of a chunk's `blocks` the block method's search tries to recompute, fewest
+    first: 1, 2, 3, then about a third more each time, and all of them (a dozen or so where
+    a chunk holds a hundred blocks)."""
+    counts, n = [], 1
+    while n < blocks:
+        counts.append(n)
+        n = max(n + 1, round(n * 4 / 3))
+    return [*counts, blocks]
 
 
 def sp_choices(c: Constraints, tp: int) -> tuple[bool, ...]:

@@ -59,6 +59,10 @@ from paraxis.spec.schedules import FIXED_VIRTUAL, KINDS, placement_of
 
 SCHEDULES = KINDS  # the pipeline schedules `paraxis.spec.schedules` generates
 RECOMPUTE = ("none", "selective", "full")
+# Which blocks full recompute checkpoints (Megatron-LM's --recompute-method): "uniform",
+# every block, in checkpoints of recompute_layers blocks; "block", only the first
+# recompute_layers blocks of each model chunk, the rest keeping their activations.
+RECOMPUTE_METHODS = ("uniform", "block")
 ZERO3_RESHARD = ("forward", "step")  # ZeRO-3, pp > 1: when gathered chunks are freed (zero3.py)
 ZERO_STAGES = (0, 1, 2, 3)  # ZeRO (Rajbhandari et al. 2020): none, +optimizer, +grads, +params
 
@@ -101,7 +105,13 @@ class Layout:
     recompute: str = option("none", "activation recomputation: " + ", ".join(RECOMPUTE))
     recompute_layers: int = option(1, "full recompute: blocks per checkpoint (Megatron-LM's "
                                    "--recompute-num-layers, uniform): 1 keeps every block's "
-                                   "input, N every N-th (the course's sqrt(L) rule)")
+                                   "input, N every N-th (the course's sqrt(L) rule); with "
+                                   "recompute_method=block, the blocks of each model chunk "
+                                   "recomputed")
+    recompute_method: str = option("uniform", "full recompute: uniform (every block) or block "
+                                   "(only the first recompute_layers blocks of each model "
+                                   "chunk: recompute just enough to fit; Megatron-LM's "
+                                   "--recompute-method)", choices=RECOMPUTE_METHODS)
     sequence_parallel: bool = option(False, "shard layer norms and dropout over tp along the "
                                           "sequence (needs tp > 1)")
     cp_attention: str = option("ring", "how K/V reach the queries with cp > 1: ring "
@@ -150,6 +160,31 @@ class Layout:
     def placement(self) -> str:
         """How model chunks sit on stages: "v" for zb-v, else "loop" (`schedules.core`)."""
         return placement_of(self.schedule)
+
+    @property
+    def checkpoint_group(self) -> int:
+        """Blocks per checkpoint of full recompute: a run of them keeps only its input and
+        is rebuilt at once in its backward (1 under the block method, or without it)."""
+        if self.recompute == "full" and self.recompute_method == "uniform":
+            return self.recompute_layers
+        return 1
+
+    def recomputed_blocks(self, blocks: int) -> int:
+        """How many of a model chunk's `blocks` full recompute checkpoints: all of them
+        (uniform), its first recompute_layers (block), or none."""
+        if self.recompute != "full":
+            return 0
+        return blocks if self.recompute_method == "uniform" else min(self.recompute_layers,
+                                                                     blocks)
+
+    def recomputed_share(self, stage_blocks: int) -> float:
+        """The share of a pipeline stage's `stage_blocks` (over its virtual_stages chunks)
+        that its recompute applies to: all of them, but the first recompute_layers of each
+        chunk under the block method."""
+        if self.recompute_method == "uniform":
+            return 1.0
+        chunk = math.ceil(stage_blocks / self.virtual_stages)
+        return min(1.0, self.recomputed_blocks(chunk) * self.virtual_stages / stage_blocks)
 
     # ----------------------------------------------------------------- grid arithmetic
 
@@ -279,6 +314,12 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise ParaxisError(f"unknown recompute {self.recompute!r}; use one of "
                                f"{', '.join(RECOMPUTE)}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ParaxisError(f"unknown recompute_method {self.recompute_method!r}; use one "
+                               f"of {', '.join(RECOMPUTE_METHODS)}")
+        if self.recompute_method == "block" and self.recompute != "full":
+            raise ParaxisError("recompute_method=block picks the blocks full recompute "
+                               "checkpoints; add recompute=full or drop recompute_method")
         if self.recompute_layers > 1 and self.recompute != "full":
             raise ParaxisError(f"recompute_layers={self.recompute_layers} groups the blocks of "
                                "full recompute; add recompute=full or drop recompute_layers")
@@ -403,7 +444,9 @@ class Layout:
         shown = {"zero3_reshard": self.zero3_reshard != "forward",  # the rest: when not default
                  "microbatches": self.pp > 1 or self.microbatches > 1, "schedule": self.pp > 1,
                  "virtual_stages": self.virtual_stages > 1, "recompute": self.recompute != "none",
-                 "recompute_layers": self.recompute_layers > 1}
+                 "recompute_method": self.recompute_method != "uniform",
+                 "recompute_layers": self.recompute_layers > 1
+                 or self.recompute_method != "uniform"}
         parts += [f"{name}={getattr(self, name)}" for name, show in shown.items() if show]
         if self.sequence_parallel:
             parts.append("sequence_parallel=true")
