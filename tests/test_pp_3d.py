@@ -96,6 +96,8 @@ def test_3d_layout_equals_single_device(layout_text, model, recompute):
     layout = Layout.parse(layout_text).replace(recompute=recompute)
     if recompute == "full" and layout.schedule == "gpipe":  # a checkpoint per 2 blocks
         layout = layout.replace(recompute_layers=2)
+    if recompute == "full" and layout.tp == 2:  # the block method: 1 of each stage's 2
+        layout = layout.replace(recompute_method="block")
     assert layout.world_size == 8
     results = run_on_ranks(layout, _rank, cfg, timeout_s=120)
     reference = LocalEngine(build_model(cfg, seed=SEED), Layout(), adamw=AdamW(eps=EPS))
