@@ -199,18 +199,19 @@ def test_pipelines_recompute_table_llama2_13b(capsys) -> None:
 
 
 def test_pipelines_block_method_recomputes_just_enough(capsys) -> None:
-    m = quoted("pipelines.md", r"takes ([\d.]+) s a step with every block recomputed "
-                               r"\(`(paraxis plan --model llama3-8b [^`]*)`\) and ([\d.]+) s "
-                               r"with (\d+) of its (\d+) \(`--layout ([^`]*)`\)")
-    every, command, block, n, blocks, layout = m.groups()
+    m = quoted("pipelines.md", r"needs ([\d.]+) GB a GPU without recompute, takes ([\d.]+) s "
+                               r"a step with every block recomputed \(`(paraxis plan --model "
+                               r"llama3-8b [^`]*)`\) and ([\d.]+) s with (\d+) of its (\d+) "
+                               r"\(`--layout ([^`]*)`\)")
+    without, every, command, block, n, blocks, layout = m.groups()
     assert agrees(every, plan(capsys, command).row["step s"])
     out = plan(capsys, re.sub(r"--layout \S+", f"--layout {layout}", command))
     assert agrees(block, out.row["step s"])
-    assert f"recompute_method=block,recompute_layers={n}" in out.row["layout"]
+    assert out.row["layout"].endswith(f"recompute_method=block,recompute_layers={n}")
     assert PRESETS[re.search(r"--model (\S+)", command).group(1)].n_layers == int(blocks)
-    # nothing lighter fits: left free, the search recomputes every block too
-    assert plan(capsys, command.replace(",recompute=full", "")).row["layout"].endswith(
-        "recompute=full")
+    refused = run(capsys, argv(re.sub(r"--layout \S+", "--layout dp=8,zero=3", command))
+                  + ["--recompute", "none"])
+    assert f"needs {without} GB per GPU" in refused and "no layout" in refused
 
 
 def test_pipelines_recompute_layers_with_few_in_flight(capsys) -> None:

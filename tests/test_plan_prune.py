@@ -9,7 +9,7 @@ import pytest
 from paraxis.plan.cost import evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
-from paraxis.plan.floor import Floors, step_lower_bound, variants_floor
+from paraxis.plan.floor import Floors, floor_recompute, step_lower_bound, variants_floor
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.prune import TOO_BIG_SHOWN, families
 from paraxis.plan.ranking import EQUAL_TIMES
@@ -146,7 +146,7 @@ def test_the_floor_is_below_every_price(case) -> None:
         for count in range(layout.microbatches, per_replica + 1, layout.microbatches):
             if per_replica % count == 0:
                 tail = floors.tail(layout, layout, count, (layout.sequence_parallel,),
-                                   every, layout.recompute)
+                                   every, floor_recompute(layout))
                 assert 0 < tail <= estimate.step_time_s * (1 + 1e-12), (layout, count)
 
 
@@ -173,7 +173,8 @@ def test_the_search_floors_shared_across_microbatch_counts_stay_under_every_pric
         base = shape.replace(zero=layout.zero, zero3_reshard=layout.zero3_reshard,
                              dp_shard=layout.dp_shard)
         floor = floors.of(shape, base, layout.microbatches, layout.schedule,
-                          layout.virtual_stages, layout.sequence_parallel, layout.recompute)
+                          layout.virtual_stages, layout.sequence_parallel,
+                          floor_recompute(layout))
         assert floor <= estimate.step_time_s * (1 + 1e-12), layout
 
 

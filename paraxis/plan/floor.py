@@ -153,12 +153,9 @@ class Floors:
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                  precision: Precision, overlap: Overlap, expert_imbalance: float,
-                 memo: dict, recompute_method: str = "uniform") -> None:
+                 memo: dict) -> None:
         self.args = cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance
         self.memo = memo
-        # under the block method "full" reruns only some blocks: no recomputation's floor
-        # holds for it (`floor_recompute`)
-        self.block_method = recompute_method == "block"
         self.pipelines: dict[tuple, dict[str, float]] = {}
         self.fixed: dict[tuple, float] = {}
         self.computes: dict[tuple, float] = {}
@@ -195,11 +192,7 @@ class Floors:
             if fixed_key not in self.fixed:
                 self.fixed[fixed_key] = fixed_floor(cfg, probe, cluster, seq_len, precision,
                                                     self.memo)
-        return self.pipelines[key][self._holding(recompute)] + self.fixed[fixed_key]
-
-    def _holding(self, recompute: str) -> str:
-        """The recomputation whose floors hold for the search's `recompute`."""
-        return "none" if self.block_method and recompute == "full" else recompute
+        return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
     def _cast_group(self, base: Layout) -> int:
         """What the pipeline's floor reads of `base`'s ZeRO setting: the group ZeRO-3 casts
@@ -216,7 +209,6 @@ class Floors:
         schedule's least bubble where that holds whatever the work (as `pipeline_time`'s
         floor has it); 0 where any of them breaks a rule, whose layout the search must build
         to say why (`SearchResult.rule_breakers`)."""
-        recompute = self._holding(recompute)
         key = (id(shape), self._cast_group(base), micro_batch, sps, recompute)
         if key not in self.computes:
             splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
@@ -235,7 +227,6 @@ class Floors:
         from `recompute` on, over every schedule and depth of `variants` (all a larger size
         may take), over one minus their least bubble at `microbatches` (fewer microbatches
         only idle more)."""
-        recompute = self._holding(recompute)
         key = (id(shape), self._cast_group(base), sps, recompute)
         if key not in self.whole_batch:
             splits, parts = self._whole_batch_parts(shape, base, sps, variants)

@@ -189,7 +189,8 @@ class Fits:
 
     def _keys(self, shape: Layout, base: Layout, settings: tuple) -> tuple[tuple, tuple]:
         """(the activations' key, the model states' key) of `settings` (microbatches,
-        schedule, depth, SP, recompute, blocks per checkpoint) of `base`, of `shape`."""
+        schedule, depth, SP, recomputation: `settings.Step`'s fields) of `base`, of
+        `shape`."""
         # (the fused head's logits depend on the ZeRO stage: `spec.kernels.fused_loss_problem`)
         fused = base.zero if self.args[1].gpu.loss_kernel == "fused-linear" else None
         return ((id(shape), *settings, fused),
@@ -212,7 +213,8 @@ class Fits:
         """Whether `layout`, of `shape` (which lives as long as the search), fits."""
         cfg, cluster, seq_len, global_batch, precision, imbalance = self.args
         settings = (layout.microbatches, layout.schedule, layout.virtual_stages,
-                    layout.sequence_parallel, layout.recompute, layout.recompute_layers)
+                    layout.sequence_parallel, (layout.recompute, layout.recompute_layers,
+                                               layout.recompute_method))
         activations, states = self._keys(shape, layout, settings)
         self.seen.add((id(shape), *settings))
         if activations in self.overflow or states in self.states:

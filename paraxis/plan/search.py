@@ -155,12 +155,11 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
-                    memo, c.recompute_method)
+                    memo)
     fits = Fits(cfg, cluster, seq_len, global_batch, precision, expert_imbalance)
     fitted_across_nodes: set[tuple[int, ...]] = set()  # shapes whose EP group left the node
     crosses: dict[tuple[int, ...], bool] = {}
-    build = functools.partial(build_setting, cfg, world, global_batch, seq_len,
-                              method=c.recompute_method)
+    build = functools.partial(build_setting, cfg, world, global_batch, seq_len)
     if not exhaustive:  # best first: the bound tightens sooner (its answer is the same)
         axis_shapes = floors.best_first(axis_shapes, c.micro_batch or 1, lambda s, m: (
             sp_choices(c, s.tp), schedule_variants(s.pp, m, c, cfg.n_layers)), ep_group,
@@ -231,16 +230,17 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 abandoned = False  # the first rule's, asked where a layout is about to be priced
                 for kind, virtual, sp in size_settings(shape, variants, c, cfg):
                     learn = across and ep_key not in fitted_across_nodes
-                    for recompute, group in recompute_steps(c, cfg.n_layers, pp, virtual):
-                        if grows and (kind, virtual, sp, recompute, group) in outgrown:
+                    steps = recompute_steps(c, cfg.n_layers, pp, virtual)
+                    for step in steps:
+                        if grows and (kind, virtual, sp, step) in outgrown:
                             too_big_here = True
                             continue
-                        settings = (micro_batch, kind, virtual, sp, recompute, group)
+                        settings = (micro_batch, kind, virtual, sp, step)
                         if reshard == "forward" and (id(shape), zero, dp_shard, settings) in kept:
                             fits_here = True  # kept whole, a variant of this size fits
                             break  # keeping the chunk fit: regathering is only slower
                         floor = 0.0 if exhaustive else floors.of(  # or heavier's
-                            shape, base, microbatches, kind, virtual, sp, recompute)
+                            shape, base, microbatches, kind, virtual, sp, step.floor)
                         # Its floor above all the answer shows of the layouts that fit
                         # (slow) and too big (slow_if_big): not priced (but across nodes
                         # until one fits, above); above one, priced if its memory says so
@@ -248,20 +248,19 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         slow_if_big = floor > bound.too_big_limit() and bound.families_fit(base)
                         if slow and slow_if_big and not learn:
                             result.skipped += 1  # and its heavier recomputations, slower
-                            skipped.append((kind, virtual, sp, recompute, group))
+                            skipped.append((kind, virtual, sp, step))
                             break
                         if slow_if_big and fits.known_too_big(shape, base, (
-                                microbatches, kind, virtual, sp, recompute, group)):
+                                microbatches, kind, virtual, sp, step)):
                             result.skipped += 1
                             too_big_here = True
-                            outgrown.add((kind, virtual, sp, recompute, group))
+                            outgrown.add((kind, virtual, sp, step))
                             continue
                         if smaller.outgrows(micro_batch, grows, ask=True):
                             abandoned = True
                             break
                         try:
-                            layout = build(base, microbatches, kind, virtual, sp, recompute,
-                                           group)
+                            layout = build(base, microbatches, kind, virtual, sp, step)
                         except ParaxisError as error:
                             result.rule_breakers.append(Rejection(shape, str(error)))
                             break
@@ -276,8 +275,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             elif slow_if_big:
                                 result.skipped += 1
                                 too_big_here = True
-                                outgrown.add((kind, virtual, sp, recompute, group))
+                                outgrown.add((kind, virtual, sp, step))
                                 continue
+                        if step.method == "block" and step != steps[-1] and not fits(shape,
+                                                                                    layout):
+                            # on the way to the fewest blocks that fit: memory alone
+                            too_big_here = True
+                            outgrown.add((kind, virtual, sp, step))
+                            continue
                         result.considered += 1
                         estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
                                             precision, overlap, expert_imbalance, memo,
@@ -294,7 +299,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         result.too_big.append(Rejection(
                             layout, too_big_reason(estimate), estimate))
                         too_big_here = True
-                        outgrown.add((kind, virtual, sp, recompute, group))
+                        outgrown.add((kind, virtual, sp, step))
                     if abandoned:
                         break
                 if abandoned:
@@ -364,13 +369,13 @@ def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constr
             return None
         _, reshard, dp_shard = choices[0]
         base = shape.replace(zero=sharded, zero3_reshard=reshard, dp_shard=dp_shard)
-        for recompute, group in recompute_steps(c, n_layers, shape.pp, virtual):
+        for step in recompute_steps(c, n_layers, shape.pp, virtual):
             try:
-                layout = build(base, microbatches, kind, virtual, sp, recompute, group)
+                layout = build(base, microbatches, kind, virtual, sp, step)
             except ParaxisError:
                 return None
             if fits(shape, layout):
-                return recompute, layout
+                return step.floor, layout
         return None
     return lightest
 

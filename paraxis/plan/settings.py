@@ -1,12 +1,12 @@
 """The settings a search tries for one shape and ZeRO setting at each microbatch size, and
 what it knows of the smaller sizes it tried.
 
-A setting is (schedule, interleaving depth, SP, recomputation and blocks per checkpoint):
-`schedule_variants` and `recompute_steps` give them lightest first, `build_setting` the
-layout. The search stops trying larger sizes at the first where nothing fits, and those
-with fewer microbatches than stages once a smaller size fits; where it skipped a size's
-settings on their floor (`prune.py`) `SmallerSizes` finds their fit from memory alone,
-where a larger size needs it (`fits_at_some_setting`), as the exhaustive search knows it.
+A setting is (schedule, interleaving depth, SP, recomputation `Step`): `schedule_variants`
+and `recompute_steps` give them lightest first, `build_setting` the layout. The search stops
+trying larger sizes at the first where nothing fits, and those with fewer microbatches than
+stages once a smaller size fits; where it skipped a size's settings on their floor
+(`prune.py`) `SmallerSizes` finds their fit from memory alone, where a larger size needs it
+(`fits_at_some_setting`), as the exhaustive search knows it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from paraxis.plan.constraints import Constraints
 from paraxis.plan.memory import check_interleaving
@@ -120,15 +121,30 @@ class SmallerSizes:
                 self.too_big_at = at
 
 
+class Step(NamedTuple):
+    """A recomputation the search tries: `Layout.recompute`, `recompute_layers` (uniform full
+    recompute's blocks per checkpoint; the block method's blocks of a chunk recomputed) and
+    `recompute_method`."""
+
+    recompute: str
+    layers: int = 1
+    method: str = "uniform"
+
+    @property
+    def floor(self) -> str:
+        """The recomputation whose floors hold for it (`floor.floor_recompute`): its own,
+        but none for the block method, which reruns only some blocks."""
+        return "none" if self.method == "block" else self.recompute
+
+
 def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
                   base: Layout, microbatches: int, kind: str, virtual: int, sp: bool,
-                  recompute: str, group: int, method: str = "uniform") -> Layout:
+                  step: Step) -> Layout:
     """`base` (a shape with its ZeRO settings) at one setting of the search, checked as the
-    search needs it (`ParaxisError` where the setting breaks a rule); `method`: full
-    recompute's (`Layout.recompute_method`)."""
+    search needs it (`ParaxisError` where the setting breaks a rule)."""
     layout = base.replace(microbatches=microbatches, schedule=kind, virtual_stages=virtual,
-                          recompute=recompute, recompute_layers=group, sequence_parallel=sp,
-                          recompute_method=method if recompute == "full" else "uniform")
+                          recompute=step.recompute, recompute_layers=step.layers,
+                          recompute_method=step.method, sequence_parallel=sp)
     layout.validate(world, cfg, global_batch, seq_len)
     check_interleaving(layout, cfg)
     return layout
@@ -144,9 +160,9 @@ def lightest_left(outgrown: set[tuple], variants: tuple[tuple[str, int], ...],
         return "none"
     lightest = None
     for kind, virtual, sp in size_settings(shape, variants, c, cfg):
-        for recompute, group in recompute_steps(c, cfg.n_layers, shape.pp, virtual):
-            if (kind, virtual, sp, recompute, group) not in outgrown:
-                index = RECOMPUTE.index(recompute)
+        for step in recompute_steps(c, cfg.n_layers, shape.pp, virtual):
+            if (kind, virtual, sp, step) not in outgrown:
+                index = RECOMPUTE.index(step.floor)
                 lightest = index if lightest is None else min(lightest, index)
                 break
         if lightest == 0:
@@ -167,13 +183,13 @@ def fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout
     microbatches = per_replica // micro_batch
     if skipped is None:
         variants = schedule_variants(shape.pp, microbatches, c, cfg.n_layers)
-        skipped = [(kind, virtual, sp, *recompute_steps(c, cfg.n_layers, shape.pp, virtual)[0])
+        skipped = [(kind, virtual, sp, recompute_steps(c, cfg.n_layers, shape.pp, virtual)[0])
                    for kind, virtual, sp in size_settings(shape, variants, c, cfg)]
-    for kind, virtual, sp, recompute, group in skipped:
+    for kind, virtual, sp, first in skipped:
         steps = recompute_steps(c, cfg.n_layers, shape.pp, virtual)
-        for step in reversed(steps[steps.index((recompute, group)):]):
+        for step in reversed(steps[steps.index(first):]):
             try:
-                layout = build(base, microbatches, kind, virtual, sp, *step)
+                layout = build(base, microbatches, kind, virtual, sp, step)
             except ParaxisError:
                 break  # the setting breaks a rule at every recomputation
             if fits(shape, layout):
@@ -183,24 +199,28 @@ def fits_at_some_setting(fits: Fits, build: Callable[..., Layout], shape: Layout
 
 @functools.lru_cache(maxsize=1024)  # asked once per setting a search visits
 def recompute_steps(c: Constraints, n_layers: int, pp: int,
-                    virtual: int) -> tuple[tuple[str, int], ...]:
-    """(recompute, blocks per checkpoint) to try, lightest first: the constraints'
-    recomputations and blocks per checkpoint, or, after full recompute of every block where
-    they are left free (None), checkpoints of 2 and of about sqrt(a chunk's blocks) blocks
-    (the course's sqrt(L) rule: the same FLOPs, fewer stored inputs, and a group rebuilt at
-    once in backward), for the layouts nothing lighter fits."""
+                    virtual: int) -> tuple[Step, ...]:
+    """The recomputations to try, lightest first: the constraints' recomputations and
+    blocks per checkpoint; under the block method the blocks of a chunk recomputed, fewest
+    first where they are left free (recompute just enough to fit); else, after full
+    recompute of every block where they are left free, checkpoints of 2 and of about
+    sqrt(a chunk's blocks) blocks (the course's sqrt(L) rule: the same FLOPs, fewer stored
+    inputs, and a group rebuilt at once in backward), for the layouts nothing lighter
+    fits."""
     steps = []
     blocks = math.ceil(n_layers / (pp * virtual))  # of a chunk
     for recompute in sorted(c.recompute, key=RECOMPUTE.index):  # lightest first
         if recompute != "full":
-            steps.append((recompute, 1))
-        elif c.recompute_layers is not None:
-            steps.append((recompute, c.recompute_layers))
+            steps.append(Step(recompute))
         elif c.recompute_method == "block":
-            # the block method: the fewest blocks of a chunk first, every one last
-            steps += [("full", n) for n in block_counts(blocks)]
+            counts = block_counts(blocks) if c.recompute_layers is None else [
+                c.recompute_layers]
+            steps += [Step("full", n, "block") for n in counts]
+        elif c.recompute_layers is not None:
+            steps.append(Step("full", c.recompute_layers))
         else:
-            steps += [("full", g) for g in sorted({1, 2, math.isqrt(blocks)}) if g <= blocks]
+            steps += [Step("full", g) for g in sorted({1, 2, math.isqrt(blocks)})
+                      if g <= blocks]
     return tuple(steps)
 
 
