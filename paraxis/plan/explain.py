@@ -188,7 +188,10 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None,
             exposed.append("ZeRO's parameter all-gather after the step")
     parts = []
     if layout.recompute == "full" and gpu is not None:
-        parts.append("Recomputed in the backward: each checkpointed block's " + (
+        which = (f"the first {layout.recompute_layers} blocks of each model chunk (the block "
+                 "method), each its" if layout.recompute_method == "block"
+                 else "each checkpointed block's")
+        parts.append(f"Recomputed in the backward: {which} " + (
             "forward, a dense block's but for its down projection (the runtime's checkpoint "
             "stops once the tensors the backward reads are rebuilt)"
             if reruns_needed(gpu) and precision.fp8_recipe is None else "whole forward"))
