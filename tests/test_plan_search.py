@@ -254,7 +254,7 @@ def test_the_block_method_recomputes_the_fewest_blocks_that_fit() -> None:
     for estimate in block.ranked:
         assert step_lower_bound(cfg, estimate.layout, cluster, 4096, 64) <= \
             estimate.step_time_s
-    assert any("Recomputed in the backward: the first 1 blocks of each model chunk (the "
+    assert any("Recomputed in the backward: the first block of each model chunk (the "
                "block method)" in line for line in explain(cfg, cluster, best, block))
 
 

@@ -188,8 +188,9 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None,
             exposed.append("ZeRO's parameter all-gather after the step")
     parts = []
     if layout.recompute == "full" and gpu is not None:
-        which = (f"the first {layout.recompute_layers} blocks of each model chunk (the block "
-                 "method), each its" if layout.recompute_method == "block"
+        first = layout.recompute_layers
+        which = (f"the first {'block' if first == 1 else f'{first} blocks'} of each model "
+                 "chunk (the block method), each its" if layout.recompute_method == "block"
                  else "each checkpointed block's")
         parts.append(f"Recomputed in the backward: {which} " + (
             "forward, a dense block's but for its down projection (the runtime's checkpoint "
