@@ -59,8 +59,9 @@ from paraxis.spec.cp_balance import check_split
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import divisors
 from paraxis.spec.kernels import fused_loss_problem
-from paraxis.spec.layout import ZERO_STAGES, Layout, ep_splits, etp_splits
+from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_splits import ep_splits, etp_splits
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
 

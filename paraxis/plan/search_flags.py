@@ -16,8 +16,9 @@ from paraxis.plan.memory import check_interleaving
 from paraxis.plan.search import Constraints
 from paraxis.spec.cp_balance import VARIANTS as CP_VARIANTS
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import FIXED_VIRTUAL, RECOMPUTE, Layout, check_model
+from paraxis.spec.layout import FIXED_VIRTUAL, RECOMPUTE, Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_splits import check_model
 
 MICRO_BATCH_KEYS = ("micro_batch", "micro_batch_size", "mbs")
 

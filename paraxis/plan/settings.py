@@ -20,8 +20,9 @@ from paraxis.plan.constraints import Constraints
 from paraxis.plan.memory import check_interleaving
 from paraxis.plan.prune import Fits
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.layout import RECOMPUTE, Layout, etp_splits
+from paraxis.spec.layout import RECOMPUTE, Layout
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_splits import etp_splits
 from paraxis.spec.schedules import FIXED_VIRTUAL
 
 

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from paraxis.spec.cp_balance import VARIANTS as CP_ATTENTION
-from paraxis.spec.cp_balance import check_heads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import (
     AXES,
@@ -54,6 +53,7 @@ from paraxis.spec.grid import (
     grid_rank,
 )
 from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_splits import check_model
 from paraxis.spec.options import option
 from paraxis.spec.schedules import FIXED_VIRTUAL, KINDS, placement_of
 
@@ -364,7 +364,7 @@ class Layout:
                 f"{self.world_size} but the world has {world_size} ranks; choose degrees "
                 f"whose product is {world_size}")
         if model is not None:
-            check_model(self, model)  # below: the shapes each axis splits
+            check_model(self, model)  # the shapes each axis splits (`model_splits`)
         if global_batch is not None:
             per_step = self.dp * self.microbatches
             if global_batch < 1 or global_batch % per_step:
@@ -468,76 +468,3 @@ class Layout:
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
 # the fields that count something: positive integers
 _COUNTS = (*AXES, "ep", "etp", "microbatches", "virtual_stages", "recompute_layers", "cp_a2a")
-
-
-# ------------------------------------------------------------ a layout against a model
-# Every shape an axis splits must split evenly: tp splits heads, kv heads, the vocabulary and
-# the MLP width (and with `etp = tp` every expert's width); cp's all-to-all variant splits
-# heads again; pp needs a layer per model chunk; ep splits the experts. Each broken rule is
-# one line naming a fix.
-
-
-def check_model(layout: Layout, model: ModelConfig) -> None:
-    """Raise `ParaxisError` (one line) where `model` does not split over `layout`."""
-    _check_experts(layout, model)
-    tp = layout.tp
-    # tp splits heads, kv heads, vocabulary and MLP width: offer degrees dividing all four
-    splits = (model.n_heads, model.n_kv_heads, model.vocab_size, model.d_ff)
-
-    def choices() -> str:  # only for a message: a search validates thousands of layouts
-        return ", ".join(str(t) for t in range(1, model.n_heads + 1) if not any(
-            n % t for n in splits))
-    if model.n_heads % tp:
-        raise ParaxisError(f"{model.n_heads} attention heads are not divisible by tp="
-                           f"{tp}; choose tp among {choices()}")
-    if model.n_kv_heads % tp:
-        raise ParaxisError(f"{model.n_kv_heads} kv heads are not divisible by tp={tp}; "
-                           f"choose tp among {choices()}")
-    # Padding the vocabulary would change the model's loss normalisation and its shapes
-    # in checkpoints; an error keeps every layout's model identical.
-    if model.vocab_size % tp:
-        raise ParaxisError(f"vocab size {model.vocab_size} is not divisible by tp={tp}; "
-                           f"pad the vocabulary to a multiple of tp or choose tp among "
-                           f"{choices()}")
-    if model.d_ff % tp:
-        raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={tp}; "
-                           f"choose tp among {choices()}")
-    check_heads(layout.cp_attention, model.n_heads // tp, model.n_kv_heads // tp, layout.cp)
-    heads, kv_heads, a = model.n_heads // tp, model.n_kv_heads // tp, layout.cp_a2a
-    if a > 1 and (heads % a or (kv_heads % a and a % kv_heads)):
-        raise ParaxisError(f"cp_a2a={a} splits the attention heads inside each group: {heads}"
-                           f" heads and {kv_heads} kv heads (per TP rank) must divide by it "
-                           "(kv heads may divide it instead); choose another cp_a2a")
-    chunks = layout.pp * layout.virtual_stages
-    if model.n_layers < chunks:
-        raise ParaxisError(
-            f"{model.n_layers} layers cannot fill pp*virtual_stages = {chunks} model "
-            f"chunks (each needs at least one layer); use pp*virtual_stages <= "
-            f"{model.n_layers}")
-
-
-def ep_splits(model: ModelConfig, ep: int) -> bool:
-    """Whether ep ranks can share `model`'s experts evenly (ep=1: any model)."""
-    return ep == 1 or (model.is_moe and model.n_experts % ep == 0)
-
-
-def etp_splits(model: ModelConfig, etp: int) -> bool:
-    """Whether every expert of `model` splits over etp ranks (etp=1: any model)."""
-    return etp == 1 or (model.is_moe and model.d_ff_expert % etp == 0)
-
-
-def _check_experts(layout: Layout, model: ModelConfig) -> None:
-    if layout.ep > 1 and not model.n_experts:
-        raise ParaxisError(f"ep={layout.ep} needs a mixture-of-experts model, and "
-                           f"{model.name} has no experts; use ep=1 or an MoE model "
-                           "(e.g. tiny-moe)")
-    if not ep_splits(model, layout.ep):
-        raise ParaxisError(f"ep={layout.ep} must divide the number of experts "
-                           f"({model.n_experts}); choose ep among "
-                           f"{divisors_text(model.n_experts)}")
-    if layout.etp > 1 and not model.n_experts:
-        raise ParaxisError(f"etp={layout.etp} splits experts, and {model.name} has none; "
-                           "drop etp")
-    if not etp_splits(model, layout.etp):
-        raise ParaxisError(f"expert width {model.d_ff_expert} is not divisible by etp="
-                           f"{layout.etp}; use etp=1 (experts whole on every tp rank)")
