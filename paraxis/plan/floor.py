@@ -50,9 +50,15 @@ def step_lower_bound(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len
 
 
 def floor_recompute(layout: Layout) -> str:
-    """The recomputation whose floor holds under `layout`: its own, but no recomputation
-    under the block method, which reruns only some blocks (its time is no less)."""
-    return "none" if layout.recompute_method == "block" else layout.recompute
+    """The recomputation whose floor holds under `layout` (`holding_floor`)."""
+    return holding_floor(layout.recompute, layout.recompute_method)
+
+
+def holding_floor(recompute: str, method: str) -> str:
+    """The recomputation whose floor holds under `recompute` by `method`: its own, but no
+    recomputation under the block method, which reruns only some blocks (its time is no
+    less)."""
+    return "none" if method == "block" else recompute
 
 
 def variants_floor(cfg: ModelConfig, estimate: Estimate, cluster: Cluster, seq_len: int,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from paraxis.plan.constraints import Constraints
+from paraxis.plan.floor import holding_floor
 from paraxis.plan.memory import check_interleaving
 from paraxis.plan.prune import Fits
 from paraxis.spec.errors import ParaxisError
@@ -133,9 +134,8 @@ class Step(NamedTuple):
 
     @property
     def floor(self) -> str:
-        """The recomputation whose floors hold for it (`floor.floor_recompute`): its own,
-        but none for the block method, which reruns only some blocks."""
-        return "none" if self.method == "block" else self.recompute
+        """The recomputation whose floors hold for it (`floor.holding_floor`)."""
+        return holding_floor(self.recompute, self.method)
 
 
 def build_setting(cfg: ModelConfig, world: int, global_batch: int, seq_len: int,
