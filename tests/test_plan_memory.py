@@ -186,9 +186,9 @@ def test_the_block_method_is_priced_between_no_recompute_and_full() -> None:
     assert runs[32].memory == pytest.approx(full.memory)
     for n in (8, 16):
         share = n / 32
-        for key in ("activations",):
-            assert runs[n].memory[key] == pytest.approx(
-                none.memory[key] + share * (full.memory[key] - none.memory[key]))
+        assert runs[n].memory["activations"] == pytest.approx(none.memory["activations"] + share
+                                                              * (full.memory["activations"]
+                                                                 - none.memory["activations"]))
         assert runs[n].memory["buffers"] == pytest.approx(none.memory["buffers"])
         assert runs[n].step_time_s == pytest.approx(
             none.step_time_s + share * (full.step_time_s - none.step_time_s), rel=1e-3)
