@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{out / 'benchmarks.md'} (its .json is written beside it)")
     if any(parent.is_file() for parent in out.parents):
         parser.error(f"--out {out}: a folder on its path is a file; give a path in a folder")
+    if out.suffix == ".json" or out.with_suffix(".json").is_dir():
+        parser.error(f"--out {out}: its figures go to {out.with_suffix('.json')} beside it; "
+                     "give a .md path whose .json is free, e.g. benchmarks.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out.with_suffix(".json"), args.quick)
     ran = [short for short in SUITES if short in wanted]

@@ -168,7 +168,9 @@ def test_a_bench_output_that_cannot_be_written_is_refused_before_anything_runs(t
 
     blocker = tmp_path / "file"
     blocker.write_text("kept")
-    for out in (tmp_path, blocker / "benchmarks.md"):
+    (tmp_path / "taken.json").mkdir()  # where the report's figures would go
+    for out in (tmp_path, blocker / "benchmarks.md", tmp_path / "taken.md",
+                tmp_path / "report.json"):
         with pytest.raises(SystemExit) as exit_:
             main(["--only", "dp", "--out", str(out)])
         assert exit_.value.code == 2
@@ -176,5 +178,5 @@ def test_a_bench_output_that_cannot_be_written_is_refused_before_anything_runs(t
                              str(blocker)], capture_output=True, text=True, timeout=120,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": "."})
     assert result.returncode == 2 and "give a folder" in result.stderr, result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken.json"]
     assert blocker.read_text() == "kept"

@@ -229,6 +229,18 @@ def test_the_planner_prices_the_fused_loss_s_fp32_weight_gradient_passes():
         assert priced["backward"] == pytest.approx(backward / hbm), text
         assert priced["forward"] + priced["backward"] > 1.1 * (
             plain["forward"] + plain["backward"])
+    # in fp32 the fp32 dL/dW is cast to nothing
+    assert fused_loss_traffic(8192, cfg.vocab_size, cfg.d_model, 4)[0] == pytest.approx(
+        cfg.vocab_size * cfg.d_model * (4 + 8 * 16 + 8) + 8192 * cfg.d_model * 16)
+    # ZeRO-3 refuses the fused head: priced unfused, the same alone or after ZeRO-2 in a memo
+    from paraxis.plan.cost import evaluate
+
+    fused = build_cluster("h200", 1, 8, {"loss_kernel": "fused-linear"})
+    zero3 = Layout.parse("dp=8,zero=3")
+    alone = evaluate(cfg, zero3, fused, 4096, 16).step_time_s
+    memo: dict = {}
+    evaluate(cfg, Layout.parse("dp=8,zero=2"), fused, 4096, 16, memo=memo)
+    assert evaluate(cfg, zero3, fused, 4096, 16, memo=memo).step_time_s == alone
 
 
 def test_paraxis_plan_prices_the_fused_loss_when_asked():

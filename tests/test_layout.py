@@ -198,17 +198,13 @@ def test_build_groups_names_every_axis_group():
 def test_the_block_method_recomputes_the_first_blocks_of_each_chunk():
     """recompute_method=block (Megatron-LM's --recompute-method block): full recompute of a
     chunk's first recompute_layers blocks only; it needs recompute=full, reads back from its
-    text, and its shares are what the runtime checkpoints (`Transformer.set_recompute`)."""
+    text, and counts what the runtime checkpoints (`Transformer.set_recompute`)."""
     layout = Layout.parse("pp=2,microbatches=4,schedule=interleaved,virtual_stages=2,"
                           "recompute=full,recompute_method=block,recompute_layers=1")
     assert "recompute_method=block,recompute_layers=1" in str(layout)
     assert Layout.parse(str(layout)) == layout
     assert layout.checkpoint_group == 1
-    assert [layout.recomputed_blocks(b) for b in (1, 3)] == [1, 1]
-    assert layout.recomputed_share(6) == pytest.approx(2 / 6)  # 1 of each chunk's 3
-    uniform = Layout(recompute="full", recompute_layers=3)
-    assert uniform.checkpoint_group == 3 and uniform.recomputed_share(6) == 1.0
-    assert Layout().recomputed_blocks(4) == 0
+    assert Layout(recompute="full", recompute_layers=3).checkpoint_group == 3
     for text, message in (("recompute_method=block", "add recompute=full"),
                           ("recompute=selective,recompute_method=block", "add recompute=full"),
                           ("recompute=full,recompute_method=some", "unknown recompute_method")):

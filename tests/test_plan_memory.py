@@ -204,6 +204,43 @@ def test_the_block_method_is_priced_between_no_recompute_and_full() -> None:
     assert bare.step_time_s < chunked.step_time_s < every.step_time_s
 
 
+def test_the_block_method_counts_the_blocks_the_runtime_recomputes() -> None:
+    """The blocks the planner prices as recomputed are those `Transformer.set_recompute`
+    marks, chunk by chunk of the runtime's own partition: zb-v's chunks of one stage differ
+    in size (Llama 3 8B on 4 stages: 4 and 2 blocks on the first, so 3 of each recomputes 5
+    of 6), and the first blocks of an MoE model's chunk may be its dense ones (3 of
+    deepseek-v3-style's). Where a chunk is recomputed whole, or a split backward keeps the
+    chunk's graph for W, the rebuilt block is held at the peak (`layout_memory`)."""
+    import torch
+
+    from paraxis.model.transformer import Transformer
+    from paraxis.plan.memory import _partition, recomputed_kinds
+
+    for name, text in (("llama3-8b", "pp=4,microbatches=8,schedule=zb-v"),
+                       ("llama3-8b", "pp=2,microbatches=4,schedule=interleaved,virtual_stages=2"),
+                       ("deepseek-v3-style", "pp=1")):
+        cfg = PRESETS[name]
+        layout = Layout.parse(text + ",recompute=full,recompute_method=block,recompute_layers=3")
+        partition = _partition(cfg, layout.pp, layout.virtual_stages, 4096, layout.placement)
+        for stage, (dense, moe, whole) in enumerate(recomputed_kinds(cfg, layout, 4096)):
+            marked, chunks = [], [partition.blocks_of(stage, c)
+                                  for c in range(layout.virtual_stages)]
+            for blocks in chunks:
+                with torch.device("meta"):
+                    part = Transformer(cfg, blocks=blocks, embed=False, head=False)
+                part.set_recompute("full", 3, "block")
+                marked += [i for i, b in zip(blocks, part.blocks, strict=True) if b.recompute]
+            experts = sum(i >= cfg.first_dense_layers for i in marked) if cfg.is_moe else 0
+            assert (dense, moe) == (len(marked) - experts, experts), (name, text, stage)
+            assert whole == any(len(blocks) <= 3 for blocks in chunks)
+    zb = Layout.parse("pp=2,microbatches=4,schedule=zb-h1,recompute=full,"
+                      "recompute_method=block,recompute_layers=1")
+    plain = zb.replace(schedule="1f1b")
+    rebuilt = (layout_memory(PRESETS["llama2-7b"], zb, 4096, 1)["buffers"]
+               - layout_memory(PRESETS["llama2-7b"], plain, 4096, 1)["buffers"])
+    assert rebuilt > 1e8  # a Llama 2 7B block's activations at 4K tokens
+
+
 def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step() -> None:
     # One microbatch on one rank: the backward's start holds the activations and the LM
     # head's gradient alone; two microbatches hold every gradient beside the second's

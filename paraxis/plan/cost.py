@@ -62,7 +62,12 @@ from paraxis.plan.layer_cost import (
     half_layer_s,
     runtime_dropout,
 )
-from paraxis.plan.memory import layout_memory, stage_kinds, stage_local_params
+from paraxis.plan.memory import (
+    layout_memory,
+    recomputed_kinds,
+    stage_kinds,
+    stage_local_params,
+)
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
@@ -167,7 +172,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     communication on the busiest stage, over one minus the schedule's bubble; `overlap` as
     `overlap_on` gives it, `memo` as `evaluate`'s. With `floor`, a floor under it for any
     cp variant: no K/V exchange exposed, the attention core at the fastest variant's rate."""
-    key = block_key(layout, micro_batch, precision)
+    key = block_key(layout, micro_batch, precision, cluster)
     whole = ("pipeline", key, layout.schedule, layout.virtual_stages, layout.microbatches,
              layout.recompute_method, layout.recompute_layers, floor)
     if whole in memo:  # alike across ZeRO stages, shard groups and ZeRO-3 regathering
@@ -183,8 +188,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     half_layer = half_layer_s(cfg, layout, cluster, seq_len, micro_batch)
     layer, moe_layer, head = block_times(cfg, layout, cluster, seq_len, micro_batch, precision,
                                          overlap, expert_imbalance, memo, key)
-    # Under the block method only the first blocks of a chunk are recomputed
-    # (`Layout.recomputed_share`): the others run as without recompute.
+    # Under the block method only the first blocks of each chunk are recomputed
+    # (`memory.recomputed_kinds`): the others run as without recompute.
+    recomputed = recomputed_kinds(cfg, layout, seq_len)
     whole_layer, whole_moe = layer, moe_layer
     if layout.recompute_method == "block":
         whole_layer, whole_moe, _ = block_times(
@@ -193,10 +199,10 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
             cluster, seq_len, micro_batch, precision, overlap, expert_imbalance, memo)
 
     def blocks_sum(stage: int, *keys: str) -> float:
-        dense, moe = kinds[stage]
-        share = layout.recomputed_share(dense + moe)
-        return sum(dense * (share * layer[k] + (1 - share) * whole_layer[k])
-                   + moe * (share * moe_layer[k] + (1 - share) * whole_moe[k]) for k in keys)
+        (dense, moe), (dense_rerun, moe_rerun, _) = kinds[stage], recomputed[stage]
+        return sum(dense_rerun * layer[k] + (dense - dense_rerun) * whole_layer[k]
+                   + moe_rerun * moe_layer[k] + (moe - moe_rerun) * whole_moe[k]
+                   for k in keys)
 
     def stage_compute(stage: int) -> float:
         has_head = stage == last
@@ -223,9 +229,8 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         t_forward -= faster * blocks_sum(busiest, "core_forward")
         t_backward -= faster * blocks_sum(busiest, "core_backward")
         t_cp = 0.0
-        dense, moe = kinds[busiest]
-        share = layout.recomputed_share(dense + moe)
-        reruns = tuple(share * (dense * d + moe * m) for d, m in zip(
+        dense, moe, _ = recomputed[busiest]
+        reruns = tuple(dense * d + moe * m for d, m in zip(
             rerun_floors(layer, faster), rerun_floors(moe_layer, faster), strict=True))
         # recomputing may make another stage the busiest: the least any stage communicates
         least_comm = min(blocks_sum(s, *EXPOSED_COMM) + (s == last) * head["tp"]
@@ -274,7 +279,8 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         least = least_comm + (0.0 if overlap.pp else t_pp)
         reruns = tuple(scale * (slot_compute + rerun + least) - pipeline for rerun in reruns)
     if layout.recompute_method == "block":  # a mean dense block of the busiest stage
-        share = layout.recomputed_share(counts[busiest])
+        dense, dense_rerun = kinds[busiest][0], recomputed[busiest][0]
+        share = dense_rerun / dense if dense else 0.0
         layer = {k: share * v + (1 - share) * whole_layer[k] for k, v in layer.items()}
     memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
                            t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline, reruns)
@@ -282,13 +288,12 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
 
 
 def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int) -> float:
-    """The share of the model's blocks its recompute applies to, stage by stage
-    (`Layout.recomputed_share`: all of them but under the block method)."""
+    """The share of the model's blocks its recompute applies to (all of them but under the
+    block method: `memory.recomputed_kinds`)."""
     if layout.recompute_method == "uniform":
         return 1.0
-    kinds = stage_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
-    blocks = [dense + moe for dense, moe in kinds]
-    return sum(layout.recomputed_share(b) * b for b in blocks) / sum(blocks)
+    return sum(dense + moe for dense, moe, _ in recomputed_kinds(cfg, layout, seq_len)) \
+        / cfg.n_layers
 
 
 def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,

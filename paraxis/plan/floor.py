@@ -169,6 +169,7 @@ class Floors:
         self.whole_batch: dict[tuple, float] = {}
         self.whole_batch_parts: dict[tuple, tuple[set, list]] = {}
         self.casts = precision.fp8_recipe is not None and precision.fp8_weight_gather
+        self.fused_loss = cluster.gpu.loss_kernel == "fused-linear"
         self.accumulates = cluster.gpu.kernels in PARAXIS_KERNELS  # `compute.optimizer_time`
 
     def of(self, shape: Layout, base: Layout, microbatches: int, kind: str, virtual: int,
@@ -178,7 +179,7 @@ class Floors:
         one can be priced faster: another stage may then be the busiest); 0 where they do
         not make a layout (the search then says why)."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        key = (id(shape), self._cast_group(base), microbatches, kind, virtual, sp)
+        key = (id(shape), self._zero_read(base), microbatches, kind, virtual, sp)
         # the stage holding the most parameters, which the schedule and depth place; with
         # paraxis's kernels the microbatches too, whose gradients their optimizer step adds
         fixed_key = (id(shape), base.zero, base.zero3_reshard, base.dp_shard, sp, kind, virtual,
@@ -200,10 +201,12 @@ class Floors:
                                                     self.memo)
         return self.pipelines[key][recompute] + self.fixed[fixed_key]
 
-    def _cast_group(self, base: Layout) -> int:
+    def _zero_read(self, base: Layout) -> tuple[int, bool]:
         """What the pipeline's floor reads of `base`'s ZeRO setting: the group ZeRO-3 casts
-        FP8 weights on the shards of, where it does (else 0: no ZeRO setting matters)."""
-        return base.zero_ranks if self.casts and base.zero == 3 else 0
+        FP8 weights on the shards of, where it does (else 0), and whether ZeRO-3 keeps the
+        asked-for fused head and loss from running (`layer_cost.block_key`)."""
+        return (base.zero_ranks if self.casts and base.zero == 3 else 0,
+                self.fused_loss and base.zero == 3)
 
     def coarse(self, shape: Layout, base: Layout, micro_batch: int, microbatches: int,
                sps: tuple[bool, ...], variants: tuple[tuple[str, int], ...],
@@ -215,7 +218,7 @@ class Floors:
         schedule's least bubble where that holds whatever the work (as `pipeline_time`'s
         floor has it); 0 where any of them breaks a rule, whose layout the search must build
         to say why (`SearchResult.rule_breakers`)."""
-        key = (id(shape), self._cast_group(base), micro_batch, sps, recompute)
+        key = (id(shape), self._zero_read(base), micro_batch, sps, recompute)
         if key not in self.computes:
             splits, parts = self._coarse_parts(shape, base, micro_batch, microbatches, sps,
                                                variants)
@@ -233,7 +236,7 @@ class Floors:
         from `recompute` on, over every schedule and depth of `variants` (all a larger size
         may take), over one minus their least bubble at `microbatches` (fewer microbatches
         only idle more)."""
-        key = (id(shape), self._cast_group(base), sps, recompute)
+        key = (id(shape), self._zero_read(base), sps, recompute)
         if key not in self.whole_batch:
             splits, parts = self._whole_batch_parts(shape, base, sps, variants)
             self.whole_batch[key] = min((_least_work(stages, part, recompute)
@@ -250,7 +253,7 @@ class Floors:
         setting at the replica's whole batch as one microbatch; none where a setting breaks
         a rule."""
         cfg, seq_len, global_batch = self.args[0], self.args[2], self.args[3]
-        key = (id(shape), self._cast_group(base), sps)
+        key = (id(shape), self._zero_read(base), sps)
         if key not in self.whole_batch_parts:
             try:
                 self.whole_batch_parts[key] = (
@@ -267,7 +270,7 @@ class Floors:
         """`coarse`'s (bubble, stages' blocks) of each variant and `block_floors` of each SP
         setting; none where a setting breaks a rule."""
         cfg, cluster, seq_len, global_batch, precision, overlap, imbalance = self.args
-        key = (id(shape), self._cast_group(base), micro_batch, sps)
+        key = (id(shape), self._zero_read(base), micro_batch, sps)
         if key in self.coarse_parts:
             return self.coarse_parts[key]
         alike = bubble_holds(cluster, shape.pp)

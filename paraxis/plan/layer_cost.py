@@ -218,14 +218,17 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     return with_routing_calls(cfg, layout, cluster, times) if moe and routing_calls else times
 
 
-def block_key(layout: Layout, micro_batch: int, precision: Precision) -> tuple:
+def block_key(layout: Layout, micro_batch: int, precision: Precision,
+              cluster: Cluster) -> tuple:
     """What layer_times and head_times read of the layout: the grid, SP, CP variant and its
     levels, recompute (and a full one's blocks per checkpoint: only a group's last block
-    stops its rerun short), and where FP8 weights are cast on ZeRO-3's shards, their group."""
+    stops its rerun short), where FP8 weights are cast on ZeRO-3's shards, their group, and
+    where the fused head and loss are asked for, whether ZeRO-3 keeps them from running."""
     return ((layout.pp, layout.dp, layout.cp, layout.tp), layout.ep, layout.etp,
             layout.sequence_parallel, layout.cp_attention, layout.cp_a2a, layout.recompute,
             layout.checkpoint_group, micro_batch, layout.zero_ranks if layout.zero == 3
-            and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1)
+            and precision.fp8_recipe is not None and precision.fp8_weight_gather else 1,
+            cluster.gpu.loss_kernel == "fused-linear" and layout.zero == 3)
 
 
 def half_layer_s(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -243,7 +246,7 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
     `head_times`), once per `block_key` in `memo`; all but an MoE block's routing calls
     once for every dp and pp degree (`layer_times`' `routing_calls`)."""
-    key = block_key(layout, micro_batch, precision) if key is None else key
+    key = block_key(layout, micro_batch, precision, cluster) if key is None else key
     if key not in memo:
         half_layer = half_layer_s(cfg, layout, cluster, seq_len, micro_batch)
         at = at_segment(cluster, half_layer)

@@ -29,7 +29,7 @@ from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
 from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
-from paraxis.spec.schedules import head_stage
+from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 __all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
@@ -130,6 +130,32 @@ def stage_kinds(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None
     """(dense blocks, MoE blocks) each stage holds."""
     return tuple((len(blocks) - moe_blocks(cfg, blocks), moe_blocks(cfg, blocks))
                  for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement))
+
+
+def recomputed_kinds(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
+                     ) -> tuple[tuple[int, int, bool], ...]:
+    """(dense blocks, MoE blocks, whether a chunk is recomputed whole) of each stage that its
+    recompute applies to: all of them, but under the block method the first
+    recompute_layers of each chunk of the runtime's own partition, as
+    `Transformer.set_recompute` marks them."""
+    if layout.recompute_method == "uniform":
+        return tuple((dense, moe, True) for dense, moe in stage_kinds(
+            cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement))
+    return _recomputed_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement,
+                             layout.recompute_layers)
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
+def _recomputed_kinds(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                      placement: str, first: int) -> tuple[tuple[int, int, bool], ...]:
+    partition = _partition(cfg, pp, virtual, seq_len, placement)
+    rows = []
+    for stage in range(pp):
+        chunks = [partition.blocks_of(stage, chunk) for chunk in range(virtual)]
+        blocks = [i for chunk in chunks for i in chunk[:first]]
+        moe = moe_blocks(cfg, blocks)
+        rows.append((len(blocks) - moe, moe, any(len(chunk) <= first for chunk in chunks)))
+    return tuple(rows)
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks often
@@ -349,6 +375,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # the block method's blocks that are not checkpoints keep everything
     whole_dense, whole_moe = kept_bytes("none") if layout.recompute_method == "block" \
         else (dense_layer, moe_layer)
+    recomputed_by_stage = recomputed_kinds(cfg, layout, seq_len)
     if layout.recompute == "full":  # a block rebuilt in its backward: all it holds
         rebuilt = rebuilt_moe = full_layer_activation_bytes(
             cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
@@ -374,7 +401,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
         # A stage like one priced before, holding no more microbatches, needs no more: a
         # deep pipeline's middle stages are one row (a search prices thousands of layouts)
-        facts = (local, experts, kinds[stage], stage == last)
+        facts = (local, experts, kinds[stage], recomputed_by_stage[stage], stage == last)
         if priced.get(facts, -1.0) >= in_flight:
             continue
         priced[facts] = in_flight
@@ -384,12 +411,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
         # an interleaved (microbatch, chunk) holds 1/v of them.
         per_chunk = math.ceil((dense + moe) / layout.virtual_stages)  # blocks of a chunk
-        # the share of the stage's blocks its recompute applies to (all but under the block
-        # method), the rest keeping all they hold
-        recomputed = layout.recomputed_share(dense + moe)
+        # the blocks its recompute applies to (all but under the block method), the rest
+        # keeping all they hold
+        dense_recomputed, moe_recomputed, whole_chunk = recomputed_by_stage[stage]
         activations = in_flight * (
-            dense * (recomputed * dense_layer + (1 - recomputed) * whole_dense)
-            + moe * (recomputed * moe_layer + (1 - recomputed) * whole_moe))
+            dense_recomputed * dense_layer + (dense - dense_recomputed) * whole_dense
+            + moe_recomputed * moe_layer + (moe - moe_recomputed) * whole_moe)
         group = layout.checkpoint_group
         if group > 1:
             # grouped checkpoints (model.run_blocks) keep one input per run of `group`
@@ -407,11 +434,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                         precision.activation_bytes,
                                         loss_kernel if fused else "chunked")
         buffers = 0.0
-        if layout.recompute == "full" and recomputed == 1:
-            # a run of `group` blocks is rebuilt at once in its backward (under the block
-            # method, a chunk's first blocks are rebuilt last, after its others' backward
-            # freed more than they hold: no higher peak, unless every block is recomputed)
-            buffers += min(group, per_chunk) * (rebuilt_moe if moe else rebuilt) \
+        if layout.recompute == "full" and (whole_chunk or layout.schedule in SPLIT_BACKWARD):
+            # a run of `group` blocks is rebuilt at once in its backward. Under the block
+            # method a chunk's first blocks are rebuilt last, after its others' backward
+            # freed more than they hold: no higher peak, unless a chunk is recomputed whole,
+            # or a split backward keeps the chunk's graph for its weight gradients.
+            buffers += min(group, per_chunk) * (rebuilt_moe if moe_recomputed else rebuilt) \
                 * precision.activation_bytes / 2
         if precision.fp8_recipe is not None:
             # the block computing holds its weights cast to FP8, row- and column-major

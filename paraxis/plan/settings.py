@@ -214,7 +214,9 @@ def recompute_steps(c: Constraints, n_layers: int, pp: int,
         if recompute != "full":
             steps.append(Step(recompute))
         elif c.recompute_method == "block":
-            counts = block_counts(blocks) if c.recompute_layers is None else [
+            # up to every block of the model: a chunk of the FLOP-balanced partition may
+            # hold more than the mean (`memory.recomputed_kinds` counts each as it is)
+            counts = block_counts(n_layers) if c.recompute_layers is None else [
                 c.recompute_layers]
             steps += [Step("full", n, "block") for n in counts]
         elif c.recompute_layers is not None:

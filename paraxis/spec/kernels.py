@@ -140,11 +140,12 @@ def fused_loss_traffic(tokens: int, width: int, hidden: int, element_bytes: floa
     its chunks' loss passes. Forward: its fp32 dL/dW zeroed (4 bytes an entry), read and
     written by each chunk's dL/dW GEMM, which adds into it in its epilogue (8 a chunk:
     `kernels.accumulate`), scaled by 1 / the count in place (8) and cast to the compute
-    dtype (4 + e, e its bytes); the chunks' dL/dx joined and scaled (4e a token's entry).
-    Backward: both scaled by the loss's gradient (2e). The chunked loss's dL/dW is one GEMM
-    that writes its output once. On Llama 3's 128256 x 4096 head at 8K tokens, 16 chunks:
-    79 GB a step."""
+    dtype (4 + e, e its bytes; none in fp32); the chunks' dL/dx joined and scaled (4e a
+    token's entry). Backward: both scaled by the loss's gradient (2e). The chunked loss's
+    dL/dW is one GEMM that writes its output once. On Llama 3's 128256 x 4096 head at 8K
+    tokens, 16 chunks: 79 GB a step."""
     chunks = math.ceil(tokens / chunk_rows(width))
     weight, inputs = width * hidden, tokens * hidden
-    forward = weight * (4 + 8 * chunks + 8 + 4 + element_bytes) + inputs * 4 * element_bytes
+    cast = 4 + element_bytes if element_bytes < 4 else 0
+    forward = weight * (4 + 8 * chunks + 8 + cast) + inputs * 4 * element_bytes
     return forward, (weight + inputs) * 2 * element_bytes

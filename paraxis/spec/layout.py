@@ -169,23 +169,6 @@ class Layout:
             return self.recompute_layers
         return 1
 
-    def recomputed_blocks(self, blocks: int) -> int:
-        """How many of a model chunk's `blocks` full recompute checkpoints: all of them
-        (uniform), its first recompute_layers (block), or none."""
-        if self.recompute != "full":
-            return 0
-        return blocks if self.recompute_method == "uniform" else min(self.recompute_layers,
-                                                                     blocks)
-
-    def recomputed_share(self, stage_blocks: int) -> float:
-        """The share of a pipeline stage's `stage_blocks` (over its virtual_stages chunks)
-        that its recompute applies to: all of them, but the first recompute_layers of each
-        chunk under the block method."""
-        if self.recompute_method == "uniform":
-            return 1.0
-        chunk = math.ceil(stage_blocks / self.virtual_stages)
-        return min(1.0, self.recomputed_blocks(chunk) * self.virtual_stages / stage_blocks)
-
     # ----------------------------------------------------------------- grid arithmetic
 
     @property

@@ -20,7 +20,7 @@ import sys
 
 from paraxis.plan.cost import evaluate
 from paraxis.plan.experts import DEFAULT_IMBALANCE
-from paraxis.plan.floor import Floors, step_lower_bound
+from paraxis.plan.floor import Floors, floor_recompute, step_lower_bound
 from paraxis.plan.hardware import CHOICES, build_cluster
 from paraxis.plan.prune import RIVAL_SHAPES, TOO_BIG_SHOWN, rival_shape
 from paraxis.plan.rates import DEFAULT_OVERLAP
@@ -105,7 +105,7 @@ def check(case: tuple, workers: int | None = None) -> str | None:
             return f"{estimate.layout}: floor {floor} above its price {estimate.step_time_s}"
         layout = estimate.layout  # the floor of its size and every larger one (its own shape)
         tail = floors.tail(layout, layout, layout.microbatches, (layout.sequence_parallel,),
-                           every_variant(layout.pp, c, cfg.n_layers), layout.recompute)
+                           every_variant(layout.pp, c, cfg.n_layers), floor_recompute(layout))
         if tail > estimate.step_time_s * (1 + 1e-12):
             return f"{layout}: tail floor {tail} above its price {estimate.step_time_s}"
     return None
