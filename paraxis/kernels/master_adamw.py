@@ -76,15 +76,9 @@ def _update_in_passes(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     torch._foreach_copy_(params, masters)
 
 
-# Units a compiled call steps: each adds its kernel's code generation to the compile (about
-# a second on a CPU), so a model of many units (a matrix larger than a gradient bucket is
-# one alone: most of the Llama slice's) launches its step in a few calls of one graph.
-UNITS_A_CALL = MASTER_UNITS_A_CALL
-
-
 @functools.cache
 def _compiled(beta1: float, beta2: float, eps: float, weight_decay: float) -> object:
-    """`UNITS_A_CALL` units' steps in one compiled call, the hyperparameters constants of
+    """`MASTER_UNITS_A_CALL` units' steps in one compiled call, the hyperparameters constants of
     the graph. Every call has the same number of units (`_calls` pads the last) and each
     unit's decayed length is a tensor, not an int the compiler would specialise where it is
     0 or 1, so a model's units take a graph or a few (which of them have equal lengths, or
@@ -115,21 +109,21 @@ def _on_device(value: int, device: torch.device, slot: int) -> torch.Tensor:
 def _idle_unit(device: torch.device, dtype: torch.dtype, grad_dtype: torch.dtype,
                slot: int) -> tuple[torch.Tensor, ...]:
     """A unit of two elements that nothing reads, stepped in `slot` of a call that has
-    fewer units than `UNITS_A_CALL`."""
+    fewer units than `MASTER_UNITS_A_CALL`."""
     return (torch.zeros(2, device=device), torch.zeros(2, device=device),
             torch.zeros(2, device=device), torch.zeros(2, dtype=dtype, device=device),
             torch.zeros(2, dtype=grad_dtype, device=device))
 
 
 def _calls(units: tuple[list, ...], decayed: list[int]) -> list[tuple[list, ...]]:
-    """The units `UNITS_A_CALL` to a call, the last padded with idle units, each with its
+    """The units `MASTER_UNITS_A_CALL` to a call, the last padded with idle units, each with its
     decayed length as a tensor."""
     masters, params, grads = units[0], units[3], units[4]
     device = masters[0].device
     calls = []
-    for start in range(0, len(masters), UNITS_A_CALL):
+    for start in range(0, len(masters), MASTER_UNITS_A_CALL):
         call = [[] for _ in range(len(units) + 1)]
-        for slot in range(UNITS_A_CALL):
+        for slot in range(MASTER_UNITS_A_CALL):
             index = start + slot
             if index < len(masters):
                 tensors, boundary = [each[index] for each in units], decayed[index]
@@ -154,7 +148,7 @@ def master_adamw_(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     each are weight-decayed. `lr`, `step` (already counting this step), `grad_scale` and
     `found_inf` are 0-d fp32 tensors on the masters' device, so a new learning rate or step
     runs the same compiled kernels. `compiled`: by default on CUDA, where every unit's step
-    is one generated kernel, launched `UNITS_A_CALL` units a call of the graph (a compiled
+    is one generated kernel, launched `MASTER_UNITS_A_CALL` units a call of the graph (a compiled
     call costs the host tens of microseconds before its first kernel: once a unit, that
     would be most of a small unit's step)."""
     scalars = (lr, step, grad_scale, found_inf)

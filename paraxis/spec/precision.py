@@ -245,9 +245,11 @@ def fp8_weights_regathered(recompute: str) -> bool:
 
 
 # The fp32 masters' step (engine/data_parallel/masters.py, kernels/master_adamw.py) runs this
-# many units a call: on CUDA one compiled graph launches their kernels; the gradients it
-# gathers into one flat copy a unit (where they are the parameters' own) exist for a call's
-# units at once (plan.memory.master_step_buffers).
+# many units a call: on CUDA one compiled graph launches their kernels (each unit adds its
+# kernel's code generation to the compile, about a second on a CPU, so a model of many units
+# takes a few calls of one graph); the gradients it gathers into one flat copy a unit (where
+# they are the parameters' own) exist for a call's units at once
+# (plan.memory.master_step_buffers).
 MASTER_UNITS_A_CALL = 8
 
 

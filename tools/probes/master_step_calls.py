@@ -6,7 +6,7 @@ how many units a call steps.
 On a GPU every unit's update is one generated kernel, and what the host spends on a step is
 the compiled calls' own cost (dynamo's guards, AOT's and inductor's wrappers) before their
 kernels: tiny units on a CPU show it, their kernels' work a few microseconds. Prints the
-microseconds a step of `--units` units takes as the engine steps them (`UNITS_A_CALL` to a
+microseconds a step of `--units` units takes as the engine steps them (`MASTER_UNITS_A_CALL` to a
 call), and a call's share, after the compiles, one thread.
 """
 
@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from paraxis.kernels.master_adamw import UNITS_A_CALL, master_adamw_
+from paraxis.kernels.master_adamw import master_adamw_
+from paraxis.spec.precision import MASTER_UNITS_A_CALL
 
 
 def _units(count: int) -> list[list]:
@@ -56,7 +57,7 @@ def main() -> None:
         parser.error("--units and --steps: give at least 1")
     torch.set_num_threads(1)
     step = microseconds(_units(args.units), args.steps)
-    calls = -(-args.units // UNITS_A_CALL)
+    calls = -(-args.units // MASTER_UNITS_A_CALL)
     print(f"{args.units} units, {calls} calls: {step:.1f} us a step, {step / calls:.1f} a call")
 
 
