@@ -73,8 +73,10 @@ def _both(ctx: RankContext) -> dict[str, object]:
             "copies": _copies_match(ctx, model)}
 
 
+FULL = "dp=4,zero=3,recompute=full"
+BLOCK = "dp=4,zero=3,recompute=full,recompute_method=block,recompute_layers=1"
 LAYOUTS = ["dp=4,zero=3,microbatches=2", "dp=2,tp=2,sp=true,zero=3",
-           "dp=2,cp=2,zero=3", "dp=4,zero=3,recompute=full",
+           "dp=2,cp=2,zero=3", FULL, BLOCK,
            "dp=2,pp=2,zero=3,microbatches=4,schedule=zb-h1",
            "dp=2,pp=2,zero=3,microbatches=2,zero3_reshard=step",
            "dp=2,ep=2,tp=2,etp=2,zero=3"]  # experts split over tp, gathered in bf16
@@ -86,8 +88,8 @@ def test_fp8_gathered_weights_are_the_casts_and_train_alike_with_fewer_bytes():
     round (an FP8 unit is reduced apart from its block's norms, and gloo orders a sum by
     its buffer's size), within the tolerances every bf16 layout keeps (tests/test_fp8.py;
     measured: losses within 1e-6, norms 8.7e-4 after Adam's steps)."""
-    for text, by_rank in zip(LAYOUTS, run_on_ranks(LAYOUTS, _both, timeout_s=300),
-                             strict=True):
+    results = run_on_ranks(LAYOUTS, _both, timeout_s=300)
+    for text, by_rank in zip(LAYOUTS, results, strict=True):
         for result in by_rank:
             assert result["copies"], text
             assert result["fp8"][0] == result["bf16"][0], text
@@ -96,6 +98,11 @@ def test_fp8_gathered_weights_are_the_casts_and_train_alike_with_fewer_bytes():
             # the blocks' linear weights are most of what ZeRO-3 gathers; each gathered
             # byte of theirs is one where bf16 moved two (the rest still moves bf16)
             assert result["fp8_bytes"] < 0.8 * result["bf16_bytes"], text
+    # full recompute gathers a block's FP8 weights again for the backward's rerun; the block
+    # method reruns only the first of the 4 blocks, and gathers the other 3 once
+    full, block = (results[LAYOUTS.index(text)][0] for text in (FULL, BLOCK))
+    assert block["bf16_bytes"] == full["bf16_bytes"]
+    assert block["fp8_bytes"] < full["fp8_bytes"]
 
 
 def test_refused_in_one_line_where_it_cannot_run():

@@ -65,6 +65,7 @@ from paraxis.plan.layer_cost import (
 from paraxis.plan.memory import (
     layout_memory,
     recomputed_kinds,
+    recomputed_share,
     stage_kinds,
     stage_local_params,
 )
@@ -285,15 +286,6 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     memo[whole] = Pipeline(kinds, counts, layer, t_forward, t_backward, t_tp, t_tp_total,
                            t_cp, t_cp_total, t_ep, t_ep_total, t_pp, busy, pipeline, reruns)
     return memo[whole]
-
-
-def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int) -> float:
-    """The share of the model's blocks its recompute applies to (all of them but under the
-    block method: `memory.recomputed_kinds`)."""
-    if layout.recompute_method == "uniform":
-        return 1.0
-    return sum(dense + moe for dense, moe, _ in recomputed_kinds(cfg, layout, seq_len)) \
-        / cfg.n_layers
 
 
 def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,

@@ -162,13 +162,16 @@ def gather_bytes_per_param(cfg: ModelConfig, precision: Precision) -> float:
         * precision.param_bytes
 
 
-def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: str) -> float:
+def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: str,
+                             rerun_share: float = 1.0) -> float:
     """Mean bytes per parameter (as `gather_bytes_per_param`) ZeRO-3 gathers again for the
     backward: all of them, except the FP8 linears' weights where they travel in FP8, whose
-    copy autograd keeps from the forward, unless full recompute runs the forward again."""
-    if fp8_weights_regathered(recompute):
-        return gather_bytes_per_param(cfg, precision)
-    return (1 - _fp8_share(cfg, precision)) * precision.param_bytes
+    copy autograd keeps from the forward, unless full recompute runs the forward again: of
+    `rerun_share` of the blocks (the block method's checkpointed ones; every block else)."""
+    kept = (1 - _fp8_share(cfg, precision)) * precision.param_bytes
+    if not fp8_weights_regathered(recompute):
+        return kept
+    return rerun_share * gather_bytes_per_param(cfg, precision) + (1 - rerun_share) * kept
 
 
 def _fp8_share(cfg: ModelConfig, precision: Precision) -> float:

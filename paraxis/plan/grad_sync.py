@@ -23,7 +23,7 @@ from paraxis.plan.context import copies_link, zero_link
 from paraxis.plan.experts import expert_dp_link, shard_grad_sum_seconds
 from paraxis.plan.fp8 import gather_bytes_per_param, regather_bytes_per_param
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import stage_local_params
+from paraxis.plan.memory import recomputed_share, stage_local_params
 from paraxis.plan.rates import Overlap
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
@@ -56,7 +56,8 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
     gathered = gather_bytes_per_param(cfg, precision)  # FP8 weights: 1 byte (plan/fp8.py)
-    regathered = regather_bytes_per_param(cfg, precision, layout.recompute)
+    regathered = regather_bytes_per_param(cfg, precision, layout.recompute,
+                                          recomputed_share(cfg, layout, seq_len))
     sync = (layout.microbatches, precision.grad_bytes, gathered)
     expert_sync = (layout.microbatches, precision.grad_bytes, precision.param_bytes)
     # ZeRO-2 under a pipeline reduces once a step (GPU.pipeline_zero2_reduce "step")

@@ -145,6 +145,15 @@ def recomputed_kinds(cfg: ModelConfig, layout: Layout, seq_len: int | None = Non
                              layout.recompute_layers)
 
 
+def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int | None = None) -> float:
+    """The share of the model's blocks its recompute applies to (all of them but under the
+    block method: `recomputed_kinds`)."""
+    if layout.recompute_method == "uniform":
+        return 1.0
+    return sum(dense + moe for dense, moe, _ in recomputed_kinds(cfg, layout, seq_len)) \
+        / cfg.n_layers
+
+
 @functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
 def _recomputed_kinds(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
                       placement: str, first: int) -> tuple[tuple[int, int, bool], ...]:

@@ -236,12 +236,13 @@ def fp8_gather_problem(precision: str, zero: int) -> str | None:
     return None
 
 
-def fp8_weights_regathered(recompute: str) -> bool:
-    """Whether ZeRO-3 gathers FP8 weights gathered in FP8 again for the backward: only
-    where full recompute runs the forward again; otherwise the backward multiplies the copy
-    autograd kept from the forward (runtime `zero.zero3_units`, planner
+def fp8_weights_regathered(recompute: str, reruns: bool = True) -> bool:
+    """Whether ZeRO-3 gathers a block's weights gathered in FP8 again for the backward: only
+    where full recompute runs the block's forward again (`reruns`: under the block method
+    only the blocks it checkpoints do); otherwise the backward multiplies the copy autograd
+    kept from the forward (runtime `zero.zero3_units`, planner
     `fp8.regather_bytes_per_param`)."""
-    return recompute == "full"
+    return recompute == "full" and reruns
 
 
 # The fp32 masters' step (engine/data_parallel/masters.py, kernels/master_adamw.py) runs this

@@ -282,7 +282,8 @@ def zero3_units(model: nn.Module, params: list[nn.Parameter],
     gathered from the first local expert's forward to the last's.
     fp8_gather: a block's FP8 weights come first, as a unit of their own that travels in FP8
     and backward does not gather again (`fp8_gather`), unless full recompute (`recompute`)
-    runs the block's forward again there."""
+    runs the block's forward again there (under the block method, the blocks it checkpoints:
+    `Transformer.set_recompute` marks them before ZeRO takes the parameters)."""
     wanted = {id(p) for p in params}
     taken: set[int] = set()
     units: list[FlatUnit] = []
@@ -312,7 +313,9 @@ def zero3_units(model: nn.Module, params: list[nn.Parameter],
                      if all(id(layer.weight) in wanted and id(layer.weight) not in taken
                             for layer in gemm)]
             if gemms:
-                add([block], UnitHooks(block, block, fp8_weights_regathered(recompute)),
+                # its forward runs again in backward: checkpointed alone or in a group
+                reruns = block.recompute or part.recompute_group > 1
+                add([block], UnitHooks(block, block, fp8_weights_regathered(recompute, reruns)),
                     own=[layer.weight for gemm in gemms for layer in gemm])
                 units[-1].fp8 = describe(units[-1], gemms)
             add([block], UnitHooks(block, block))
