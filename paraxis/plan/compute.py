@@ -192,6 +192,7 @@ def own_gradients(layout: Layout, precision: Precision) -> bool:
             and precision.grad_bytes == precision.param_bytes)
 
 
+@functools.lru_cache(maxsize=256)  # asked by every layout a search prices
 def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float,
                    param_bytes: float) -> float:
     """The share of a rank's parameters whose gradients the masters' step gathers into a
