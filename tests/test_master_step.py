@@ -185,10 +185,11 @@ class _Launches(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _step_launches(layers: int) -> _Launches:
+def _step_launches(layers: int, precision: str = "bf16") -> _Launches:
     cfg = TINY.replace(n_layers=layers)
     layout = Layout()
-    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0,
+                          precision=precision)
     x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     engine.forward_backward_on_device(x, x)
     with _Launches() as launches:
@@ -206,6 +207,28 @@ def test_the_step_computes_in_multi_tensor_ops_not_one_per_parameter():
     shallow, deep = _step_launches(1), _step_launches(3)
     assert deep.ops == shallow.ops, (len(shallow.ops), len(deep.ops))
     assert shallow.mixed_cats == deep.mixed_cats == 0
+
+
+def test_fp32_gradients_are_clipped_inside_the_masters_pass():
+    """bf16 weights with fp32 gradients: the clipping factor goes into the masters' one pass
+    (as for bf16 gradients), not a pass of its own over the gradients (8 bytes a parameter
+    that the planner's count does not have), and steps as clipping them first would."""
+    assert "aten._foreach_mul_" not in _step_launches(1, "bf16-fp32grad").ops
+    layout = Layout()
+    x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    engines = [build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                            precision="bf16-fp32grad") for _ in range(2)]
+    for engine in engines:
+        engine.forward_backward_on_device(x, x)
+    norm = engines[0].clip_grad_norm_on_device(1e-3)
+    factor = 1e-3 / (norm + 1e-6)
+    assert float(factor) < 1  # clipped
+    torch._foreach_mul_(engines[1].reducer.grad_buffers(), factor)  # clipped first
+    for engine in engines:
+        engine.optimizer_step(1e-2)
+    for ours, clipped_first in zip(*(e.masters.masters for e in engines), strict=True):
+        # g x f against g / (1 / f): a rounding apart, which AdamW scales by lr at most
+        torch.testing.assert_close(ours, clipped_first, rtol=1e-6, atol=1e-8)
 
 
 def test_every_piece_counts_the_same_steps_after_a_load_gives_each_its_own():
@@ -261,3 +284,26 @@ def test_the_engines_compiled_step_trains_as_its_step_in_passes(monkeypatch):
     for a, b in zip(views, compiled_views, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-7)
     assert losses == pytest.approx(compiled_losses, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["gpt2-124m", "llama3-8b", "mixtral-8x7b",
+                                  "deepseek-v3-style", "tiny-moe-shared"])
+def test_the_planners_gathered_share_is_the_units_the_runtime_makes(name):
+    """`plan.compute.gathered_share` (the gradients the one-rank step gathers into a flat
+    copy, priced in its bytes) against the runtime's own units of those parameters, built
+    on the meta device: a unit of several parameters is gathered, a parameter alone in its
+    unit (at least a bucket) is read where it is. Four blocks (a DeepSeek-style model's
+    first ones dense) stand for the model."""
+    from paraxis.engine.data_parallel.buckets import make_buckets
+    from paraxis.model.transformer import Transformer
+    from paraxis.plan.compute import gathered_share
+    from paraxis.spec.units import DEFAULT_BUCKET_BYTES
+
+    cfg = PRESETS[name].replace(n_layers=min(4, PRESETS[name].n_layers))
+    with torch.device("meta"):
+        model = Transformer(cfg).to(torch.bfloat16)
+    units = make_buckets(list(model.parameters()), DEFAULT_BUCKET_BYTES, lambda _: None,
+                         torch.device("meta"))
+    gathered = sum(u.numel for u in units if len(u.params) > 1) / sum(u.numel for u in units)
+    assert gathered_share(cfg, 1, DEFAULT_BUCKET_BYTES, 2) == pytest.approx(gathered,
+                                                                          abs=1e-3)

@@ -12,6 +12,7 @@ from paraxis.plan.memory import (
     MIXED_ADAM,
     layout_memory,
     model_state_bytes,
+    stage_local_params,
     zero_table,
 )
 from paraxis.spec.errors import ParaxisError
@@ -269,6 +270,12 @@ def test_one_backward_holds_the_heads_gradient_at_its_peak_every_one_at_the_step
     tiny = PRESETS["tiny"].num_params()
     assert master_step_buffers(PRESETS["tiny"], Layout(dp=4, zero=1), tiny, 0, MIXED_ADAM,
                                one_pass=False) == 4 * tiny / 4
+    # an expert's matrix is a unit of its own, sharded over the ranks holding that expert:
+    # Mixtral's 14336 x 4096 whole on each of ep = dp = 8 ranks, not an eighth of it
+    mixtral = PRESETS["mixtral-8x7b"]
+    local, experts = stage_local_params(mixtral, Layout(dp=8, ep=8, zero=1))[0]
+    assert master_step_buffers(mixtral, Layout(dp=8, ep=8, zero=1), local, experts,
+                               MIXED_ADAM, one_pass=False) == 4 * 14336 * 4096
     # fp32 parameters are their own masters: no copies
     fp32 = layout_memory(cfg, Layout(recompute="full"), 128, 1, precision=FP32_ADAM)
     assert fp32["buffers"] == 0

@@ -170,6 +170,10 @@ def test_presets_price_the_bytes_the_issue_names():
     assert PRECISIONS["mixed"] == Precision.of(POLICIES["bf16"])
     with pytest.raises(ParaxisError, match="need master_weights"):
         PrecisionPolicy("x", param_dtype="bf16", compute_dtype="bf16")
+    # 16-bit gradients too: AdamW would step the bf16 weights with bf16 moments, neither of
+    # which the runtime's step (masters) or the planner's bytes (fp32 moments) are
+    with pytest.raises(ParaxisError, match="need master_weights"):
+        PrecisionPolicy("x", "bf16", "bf16", "bf16", "bf16")
 
 
 @pytest.mark.parametrize("zero", [0, 3])

@@ -73,6 +73,7 @@ def _update_in_passes(masters: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                                 [exp_avg_sq[part]], [], [step], lr=lr, beta1=beta1,
                                 beta2=beta2, weight_decay=decay, eps=eps, amsgrad=False,
                                 maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+        del fp32  # before the next unit's copy exists
     torch._foreach_copy_(params, masters)
 
 

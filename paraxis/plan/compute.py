@@ -193,21 +193,27 @@ def own_gradients(layout: Layout, precision: Precision) -> bool:
 
 
 @functools.lru_cache(maxsize=256)  # asked by every layout a search prices
-def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float,
-                   param_bytes: float) -> float:
+def gathered_share(cfg: ModelConfig, tp: int, bucket_bytes: float, param_bytes: float,
+                   etp: int = 1) -> float:
     """The share of a rank's parameters whose gradients the masters' step gathers into a
     flat copy where they are the parameters' own (`engine.data_parallel.masters`): all but
     the matrices of at least a gradient bucket, each a unit of its own
     (`buckets.make_buckets`), whose gradient is read where it is: the embedding and LM
-    head, each block's projections and, in a dense model, its MLP's (an MoE model's MLPs
-    and experts are all counted gathered)."""
+    head, each block's projections and MLP matrices (split over tp), an MoE block's router
+    and every expert's three matrices (routed and shared, split over `etp`)."""
     d, kv = cfg.d_model, cfg.kv_dim
-    mlp = [d * cfg.d_ff] * (3 if cfg.style != "gpt2" else 2) if not cfg.is_moe else []
-    block = [d * d, d * kv, d * kv, d * d, *mlp]
-    vocab = cfg.vocab_size * d
-    matrices = [vocab] * (1 if cfg.tied_embeddings else 2) + block * cfg.n_layers
-    alone = sum(m / tp for m in matrices if m / tp * param_bytes >= bucket_bytes)
-    return max(0.0, 1.0 - alone / (cfg.num_params() / tp))
+    dense_mlp = [d * cfg.d_ff / tp] * (3 if cfg.style != "gpt2" else 2)
+    experts = [d * cfg.d_ff_expert / etp] * 3 * (cfg.n_experts + cfg.n_shared_experts)
+    moe_mlp = [d * cfg.n_experts, *experts]  # the router, whole on every rank
+    attention = [m / tp for m in (d * d, d * kv, d * kv, d * d)]
+    matrices = [cfg.vocab_size * d / tp] * (1 if cfg.tied_embeddings else 2)
+    for index in range(cfg.n_layers):
+        matrices += attention + (moe_mlp if cfg.is_moe_layer(index) else dense_mlp)
+    alone = sum(m for m in matrices if m * param_bytes >= bucket_bytes)
+    routed = cfg.n_moe_layers * (cfg.n_experts + cfg.n_shared_experts) * cfg.expert_params()
+    router = cfg.n_moe_layers * d * cfg.n_experts
+    held = (cfg.num_params() - routed - router) / tp + routed / etp + router
+    return max(0.0, 1.0 - alone / held)
 
 
 def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",

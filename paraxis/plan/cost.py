@@ -298,7 +298,7 @@ def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_le
                           max(expert for _, expert in shares),
                           layer_rates(cluster, layout.tp)[2], pipelined, gpu.optimizer_kernel,
                           gathered_share(cfg, layout.tp, gpu.gradient_bucket_bytes,
-                                         precision.param_bytes),
+                                         precision.param_bytes, layout.etp),
                           one_pass=not cluster.cores_per_node)
 
 

@@ -303,11 +303,17 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
         if own_gradients(layout, precision) else 0.0
     if one_pass or precision.grad_bytes == 4:
         return step
-    largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp),
-                            (cfg.d_ff_expert or cfg.d_ff) * cfg.d_model if cfg.is_moe else 0)
-    unit = _largest_block(cfg, layout.tp, layout.ep, layout.etp) if layout.zero == 3 \
-        else bucket_bytes / precision.param_bytes
-    return step + 4 * min(owned, max(unit, largest_parameter) / shards)
+    largest_parameter = max(_vocab_matrix(cfg, layout.tp), _largest_matrix(cfg, layout.tp))
+    bucket = bucket_bytes / precision.param_bytes
+    unit = _largest_block(cfg, layout.tp, layout.ep, layout.etp) if layout.zero == 3 else bucket
+    largest = max(unit, largest_parameter) / shards
+    if cfg.is_moe:  # the experts' units are sharded over the expert replicas: a block's
+        # local experts under ZeRO-3, else a bucket or an expert's matrix alone in its unit
+        matrix = cfg.d_ff_expert * cfg.d_model / layout.etp
+        experts = (cfg.n_experts / layout.ep * cfg.expert_params() / layout.etp
+                   if layout.zero == 3 else max(matrix, bucket))
+        largest = max(largest, experts / expert_shards)
+    return step + 4 * min(owned, largest)
 
 
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,

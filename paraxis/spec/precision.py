@@ -87,10 +87,11 @@ class PrecisionPolicy:
         if self.reduce_dtype != self.grad_dtype:
             # Gradients are reduced in the buffer they accumulate in (no cast copy per step).
             raise ParaxisError(f"precision {self.name}: reduce_dtype must equal grad_dtype")
-        if self.grad_dtype == "fp32" and self.param_dtype != "fp32" \
-                and not self.master_weights:
-            raise ParaxisError(f"precision {self.name}: fp32 gradients of 16-bit parameters "
-                               "need master_weights")
+        if self.param_dtype != "fp32" and not self.master_weights:
+            # AdamW on the 16-bit weights themselves would keep 16-bit moments and round away
+            # every update below half a unit in the last place of its weight
+            raise ParaxisError(f"precision {self.name}: 16-bit parameters need "
+                               "master_weights (fp32 masters the optimizer steps)")
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise ParaxisError(f"precision {self.name}: fp8_recipe {self.fp8_recipe!r} is "
                                f"unknown; use {' or '.join(FP8_RECIPES)}")

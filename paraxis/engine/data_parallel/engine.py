@@ -317,10 +317,10 @@ class DataParallelEngine(LocalEngine):
             factor = factor * clip_factor(norm, max_norm)
         if isinstance(factor, float) and factor == 1.0:
             return norm
-        if self.reducer.grad_dtype == torch.float32:
+        if self.masters is None:  # fp32 parameters, stepped on their fp32 gradients
             torch._foreach_mul_(self.reducer.grad_buffers(), factor)
-        else:
-            self._grad_factor = factor  # 1/S would underflow in fp16 itself
+        else:  # applied in the masters' one pass (1/S would underflow in fp16 itself)
+            self._grad_factor = factor
         return norm
 
     def skipped_overflow(self) -> bool:
