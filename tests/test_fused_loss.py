@@ -6,12 +6,16 @@ same training as the unfused head; refused where it cannot run."""
 from __future__ import annotations
 
 import re
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import paraxis.parallel.tensor.cross_entropy as kernel
+import paraxis.spec.kernels as spec_kernels
 from paraxis.dist.groups import build_groups
 from paraxis.dist.testing import gpu_count, run_distributed
 from paraxis.kernels.accumulate import add_matmul_
@@ -84,6 +88,83 @@ def test_compiled_fused_loss_holds_one_chunks_logits_at_a_time(monkeypatch):
     assert peak < 3.5 * chunk < logits, (peak, chunk)
     F.cross_entropy(x @ w.t(), targets).backward()
     torch.testing.assert_close(grads, (x.grad, w.grad), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_planner_prices_the_eager_forwards_peak(monkeypatch, dtype):
+    """What the eager fused forward makes and holds at once is what the planner holds for
+    the loss at the backward's start: `spec.kernels.fused_loss_bytes` (the fp32 dL/dW and
+    the saved dL/dx, fp32 under fp16, with one chunk's logits and workspace or the chunks'
+    dL/dx joined, and no second chunk's logits alive) and, in 16 bits, the head's gradient,
+    the size of dL/dW's cast beside its fp32 sum at the forward's end (a wide vocabulary:
+    the peak, as on Llama 3): an upper bound by the chunk's or the cast's bytes, which are
+    not alive at once. Counted op by op (`_Alive`); add_matmul_'s product on a CPU is not,
+    as CUDA adds in the GEMM's epilogue."""
+    from paraxis.spec.kernels import fused_loss_bytes
+
+    for tokens, vocab, width, rows in ((64, 1024, 32, 4), (256, 1024, 32, 16),
+                                       (256, 128, 8, 16)):
+        monkeypatch.setattr(kernel, "chunk_rows", lambda _, rows=rows: rows)
+        monkeypatch.setattr(spec_kernels, "chunk_rows", lambda _, rows=rows: rows)
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(tokens, width, generator=generator).to(dtype).requires_grad_()
+        w = torch.randn(vocab, width, generator=generator).to(dtype).requires_grad_()
+        targets = torch.randint(0, vocab, (tokens,), generator=generator)
+        with _Alive(x, w, targets) as alive:
+            linear_cross_entropy(x, w, targets)
+        e = x.element_size()
+        saved = 4 if dtype == torch.float16 else e
+        priced = fused_loss_bytes(tokens, vocab, width, e, saved) \
+            + (saved * vocab * width if saved < 4 else 0)  # the head's gradient
+        vectors = 64 * tokens  # a few per-token numbers: losses, masks, targets
+        assert 0.75 * priced <= alive.peak <= priced + vectors, (tokens, vocab, alive.peak,
+                                                                priced)
+
+
+class _Alive(TorchDispatchMode):
+    """The most bytes the tensors ops make hold at once (a storage counted while a tensor
+    of it lives; the inputs' own storages and what an op makes inside itself unseen)."""
+
+    def __init__(self, *inputs: torch.Tensor) -> None:
+        super().__init__()
+        self.inputs = {t.untyped_storage().data_ptr() for t in inputs}
+        self.alive: dict[int, tuple[int, weakref.ref]] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                storage = leaf.untyped_storage()
+                if storage.data_ptr() not in self.inputs:
+                    self.alive.setdefault(storage.data_ptr(),
+                                          (storage.nbytes(), weakref.ref(leaf)))
+        self.alive = {k: v for k, v in self.alive.items() if v[1]() is not None}
+        self.peak = max(self.peak, sum(size for size, _ in self.alive.values()))
+        return out
+
+
+def test_evaluation_makes_no_gradients(monkeypatch):
+    """Without autograd (evaluation) the fused loss is the chunked logits' mean loss alone:
+    one GEMM a chunk, no dL/dx nor fp32 dL/dW."""
+    monkeypatch.setattr(kernel, "chunk_rows", lambda width: 8)
+    x, w, targets = _inputs(torch.float32)
+    with torch.no_grad(), _Ops() as ops:
+        loss = linear_cross_entropy(x, w, targets)
+    assert ops.names.count("aten.mm") == 5 and "paraxis.add_matmul_" not in ops.names
+    torch.testing.assert_close(loss, _unfused(x, w, targets))
+
+
+class _Ops(TorchDispatchMode):
+    """The ops run, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
 
 
 def test_compiled_fused_loss_adds_each_chunks_weight_gradient_in_turn(monkeypatch):

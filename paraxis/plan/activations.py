@@ -141,12 +141,14 @@ def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int
 
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
-                 element_bytes: float = 2, loss_kernel: str = "chunked") -> float:
+                 element_bytes: float = 2, loss_kernel: str = "chunked",
+                 compute_dtype: str = "bf16") -> float:
     """The loss at its backward (`paraxis.spec.kernels`): logits of `element_bytes`, their
     gradient written over them (2sbv/t for 16-bit logits), plus one chunk's fp32 workspace;
     with the head and loss fused ("fused-linear", tp = 1), dL/dx, an fp32 dL/dW and one
-    chunk instead."""
+    chunk or their casts instead (`fused_loss_bytes`; kept in fp32 under fp16 compute)."""
     tokens = seq_len * micro_batch
     if loss_kernel == "fused-linear":
-        return fused_loss_bytes(tokens, cfg.vocab_size, cfg.d_model, element_bytes)
+        return fused_loss_bytes(tokens, cfg.vocab_size, cfg.d_model, element_bytes,
+                                4 if compute_dtype == "fp16" else element_bytes)
     return loss_bytes(tokens, math.ceil(cfg.vocab_size / tp), element_bytes)

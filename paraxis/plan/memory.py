@@ -447,7 +447,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                 fused_loss_problem(layout.tp, layout.zero) is None
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
                                         precision.activation_bytes,
-                                        loss_kernel if fused else "chunked")
+                                        loss_kernel if fused else "chunked",
+                                        precision.compute_dtype)
         buffers = 0.0
         if layout.recompute == "full" and (whole_chunk or layout.schedule in SPLIT_BACKWARD):
             # a run of `group` blocks is rebuilt at once in its backward. Under the block

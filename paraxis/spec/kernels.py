@@ -124,13 +124,21 @@ def check_fused_loss(tp: int, zero: int) -> None:
         raise ParaxisError(problem)
 
 
-def fused_loss_bytes(tokens: int, width: int, hidden: int, element_bytes: float) -> float:
-    """Bytes the fused head and loss hold at the step's peak for `tokens` rows of a `width`
-    vocabulary from `hidden`-wide inputs: dL/dx and an fp32 dL/dW kept for backward, and
-    one chunk's logits (in their dtype) and fp32 workspace while it runs."""
+def fused_loss_bytes(tokens: int, width: int, hidden: int, element_bytes: float,
+                     saved_bytes: float | None = None) -> float:
+    """Bytes the fused head and loss hold at the forward's peak for `tokens` rows of a
+    `width` vocabulary from `hidden`-wide inputs, logits of `element_bytes`: the fp32 dL/dW
+    it sums into and dL/dx (`saved_bytes` an element: the compute dtype's, but fp32 for
+    fp16: `cross_entropy.saved_dtype`), and the more of: one chunk's logits and fp32
+    workspace while it runs; the chunks' dL/dx joined into one tensor. Its cast of dL/dW to
+    16 bits for the backward is the size of the head's gradient, which the planner holds
+    beside these bytes at the backward's start (`plan.memory.layout_memory`), so that
+    moment's count is the larger."""
+    saved = element_bytes if saved_bytes is None else saved_bytes
     rows = min(tokens, chunk_rows(width))
-    return (element_bytes * tokens * hidden + 4 * width * hidden
-            + rows * width * (element_bytes + WORKSPACE_ELEMENT_BYTES))
+    inputs = tokens * hidden
+    return 4 * width * hidden + saved * inputs + max(
+        rows * width * (element_bytes + WORKSPACE_ELEMENT_BYTES), saved * inputs)
 
 
 def fused_loss_traffic(tokens: int, width: int, hidden: int, element_bytes: float

@@ -168,6 +168,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ignored = targets == IGNORE_INDEX
         counted = (~ignored).float().unsqueeze(-1)
         local = targets.masked_fill(ignored, 0)
+        kept = saved_dtype(x.dtype)
         losses, grads_x = [], []
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         every = torch.ones_like(ignored)  # every target is in the one whole vocabulary
@@ -179,21 +180,34 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, grad_logits = _chunk_loss(x[rows] @ weight.t(), local[rows], every[rows],
                                             counted[rows])
             losses.append(loss)
-            grads_x.append(grad_logits @ weight)
+            grads_x.append((grad_logits @ weight).to(kept))
             add_matmul_(grad_w, grad_logits.t(), x[rows])  # added in turn, in place
+            del grad_logits  # before the next chunk's logits exist
         # 0 / 0 = NaN with nothing counted, as F.cross_entropy's mean; the gradients are 0
         total = counted.sum()
         inverse = 1 / total.clamp(min=1)
+        grad_x = torch.cat(grads_x)
+        del grads_x  # the chunks' parts, before the cast below adds a weight-sized copy
         # scaled in place: a second fp32 vocabulary x width tensor would be 2 GB on Llama 3
-        ctx.save_for_backward((torch.cat(grads_x) * inverse).to(x.dtype),
-                              grad_w.mul_(inverse).to(weight.dtype))
+        ctx.save_for_backward(grad_x.mul_(inverse), grad_w.mul_(inverse).to(kept))
+        ctx.dtypes = x.dtype, weight.dtype
         return torch.cat(losses).masked_fill(ignored, 0.0).sum() / total
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                  None]:
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad.to(grad_x.dtype), grad_w * grad.to(grad_w.dtype), None
+        x_dtype, w_dtype = ctx.dtypes
+        # the loss's gradient (fp32: 1 / microbatches, times fp16's loss scale) multiplied
+        # as it is, not rounded to the gradients' dtype first
+        return (grad_x * grad).to(x_dtype), (grad_w * grad).to(w_dtype), None
+
+
+def saved_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the fused loss keeps dL/dx and dL/dW in until its backward: the compute
+    dtype's, but fp32 for fp16, whose range cannot hold them before the loss scale reaches
+    them (`spec.kernels.fused_loss_bytes` prices the same)."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def _chunk_loss(logits: torch.Tensor, local: torch.Tensor, here: torch.Tensor,
@@ -227,6 +241,22 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     kind = x.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
     with torch.autocast(kind, enabled=False):
-        loss = _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]).to(dtype),
-                                         weight.to(dtype), targets.reshape(-1))
-    return loss
+        rows, weight, targets = x.reshape(-1, x.shape[-1]).to(dtype), weight.to(dtype), \
+            targets.reshape(-1)
+        if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):
+            return _LinearCrossEntropy.apply(rows, weight, targets)
+        return _loss_only(rows, weight, targets)
+
+
+def _loss_only(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`linear_cross_entropy` where no gradient is wanted (evaluation): a chunk's logits at a
+    time, no dL/dx nor dL/dW computed."""
+    ignored = targets == IGNORE_INDEX
+    local = targets.masked_fill(ignored, 0)
+    losses = []
+    for rows in _chunks_of(x.shape[0], weight.shape[0]):
+        logits = x[rows] @ weight.t()
+        target = logits.gather(1, local[rows].unsqueeze(-1)).squeeze(-1).float()
+        losses.append(torch.logsumexp(logits.float(), dim=-1) - target)
+        del logits
+    return torch.cat(losses).masked_fill(ignored, 0.0).sum() / (~ignored).sum()
