@@ -255,6 +255,44 @@ def test_stacked_projections_keep_the_weights_not_a_stacked_copy():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_layers_whose_call_is_more_than_their_gemm_run_apart():
+    """A stack runs the layers' weights, never their calls: a layer that does more on its
+    call (a subclass with a forward of its own, a backward hook, a hook on every module)
+    runs as itself, and gets what its call does."""
+    plain = [nn.Linear(8, 8), nn.Linear(8, 4)]
+    assert stackable(plain)
+
+    class Doubled(nn.Linear):  # e.g. a fake-quantised or low-rank linear
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    doubled = Doubled(8, 4)
+    assert not stackable([plain[0], doubled])
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(project(x, [plain[0], doubled])[1], doubled(x))
+    seen = []
+    hook = plain[1].register_full_backward_hook(lambda *args: seen.append("layer"))
+    assert not stackable(plain)
+    sum(o.sum() for o in project(x.requires_grad_(), plain)).backward()
+    assert seen == ["layer"]
+    hook.remove()
+    every = torch.nn.modules.module.register_module_forward_hook(
+        lambda *args: seen.append("every"))
+    try:
+        assert not stackable(plain)
+    finally:
+        every.remove()
+    assert stackable(plain)
+
+    class Column(ColumnParallelLinear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    weight = nn.Parameter(torch.randn(4, 8))
+    assert ColumnParallelLinear(weight, None, None).stackable
+    assert not Column(weight, None, None).stackable
+
+
 @pytest.mark.parametrize("tokens,stacks", [(4, False), (64, True)])
 def test_the_input_gradient_stacks_the_weights_where_that_moves_fewer_bytes(tokens, stacks):
     """The input's gradient: one GEMM a weight, summed, with few tokens beside the weights'

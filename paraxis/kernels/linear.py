@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx
+from torch.nn.modules import module as modules
 
 from paraxis.kernels.fp8 import Fp8Gemm, fp8_linear
 from paraxis.kernels.stacked import stacked_linear
@@ -60,22 +61,36 @@ class Fp8Linear(nn.Linear):
         return linear(x, self.weight, self.bias, self.fp8)
 
 
+# the layers whose call is x W^T + b and nothing else, as exact types (`stackable`)
+_PLAIN = (nn.Linear, Fp8Linear)
+
+
 def stackable(layers: list[nn.Module]) -> bool:
     """Whether `layers` can run as one GEMM: each is x W^T + b and nothing else (an
-    `nn.Linear`, or a layer whose own `stackable` attribute says so: a column-parallel
-    layer that does not enter the TP region itself), none has hooks of its own, their
-    biases are all there or all absent, and they run in one precision (one `fp8`).
+    `nn.Linear` or `Fp8Linear` itself, not a subclass with a forward of its own such as
+    a fake-quantised or low-rank one, or a layer whose own `stackable` attribute says so:
+    a column-parallel layer that does not enter the TP region itself), no hook would run
+    on a call of one (the layer's or every module's), their biases are all there or all
+    absent, and they run in one precision (one `fp8`).
 
     Both attributes are read from the layer's `__dict__`, never looked up where a layer
     lacks them: compiled, every attribute read here becomes a guard checked before each
     call of the graph, two a projection, and a failed lookup is the slow kind (Python's
     `nn.Module.__getattr__`, or an AttributeError raised and caught)."""
-    plain = all((isinstance(layer, nn.Linear) or layer.__dict__.get("stackable", False))
-                and not (layer._forward_hooks or layer._forward_pre_hooks)
-                for layer in layers)
+    plain = all((type(layer) in _PLAIN or layer.__dict__.get("stackable", False))
+                and not (layer._forward_hooks or layer._forward_pre_hooks
+                         or layer._backward_hooks or layer._backward_pre_hooks)
+                for layer in layers) and not _global_hooks()
     fp8 = _fp8(layers[0])
     return plain and len({layer.bias is None for layer in layers}) == 1 and all(
         _fp8(layer) == fp8 for layer in layers)
+
+
+def _global_hooks() -> bool:
+    """Whether hooks registered for every module (`nn.modules.module.register_module_*`)
+    would run on a layer's call."""
+    return bool(modules._global_forward_hooks or modules._global_forward_pre_hooks
+                or modules._global_backward_hooks or modules._global_backward_pre_hooks)
 
 
 def stacked_layers(module: nn.Module) -> list[nn.Module]:

@@ -90,8 +90,9 @@ class ColumnParallelLinear(nn.Module):
         self.sequence_parallel = sequence_parallel
         self.enter_region = enter_region
         # whether siblings sharing its input may run in one GEMM with it
-        # (`kernels.linear.stackable`): only when the parent entered the TP region for them
-        self.stackable = not enter_region
+        # (`kernels.linear.stackable`): only when the parent entered the TP region for them,
+        # and the call is this class's own (a subclass's forward would be bypassed)
+        self.stackable = not enter_region and type(self).forward is ColumnParallelLinear.forward
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
     @classmethod
