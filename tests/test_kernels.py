@@ -293,6 +293,30 @@ def test_layers_whose_call_is_more_than_their_gemm_run_apart():
     assert not Column(weight, None, None).stackable
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_projections_keep_no_stacked_copy_of_the_weights(recipe):
+    """Under FP8 a stack keeps what separate layers keep for the backward: tensorwise, the
+    FP8 casts (as many bytes, stacked); rowwise, whose backward casts its 16-bit weight
+    again, the Parameters themselves: it runs its layers apart, where stacking would keep
+    a stacked 16-bit copy of the weights from forward to backward."""
+    from paraxis.kernels.fp8 import Fp8Gemm
+    from paraxis.kernels.linear import Fp8Linear
+
+    torch.manual_seed(0)
+    layers = [Fp8Linear.from_linear(nn.Linear(64, rows, bias=False), Fp8Gemm(recipe))
+              for rows in (64, 16, 16)]
+    assert stackable(layers) == (recipe == "tensorwise")
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    saved = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        project(x, layers)
+    weights = {layer.weight.untyped_storage().data_ptr() for layer in layers}
+    copies = [t for t in saved if t.untyped_storage().data_ptr() not in weights
+              and t.dim() == 2 and t.shape[-1] == 64 and t.shape[0] in (64, 96)]
+    assert all(t.dtype == torch.float8_e4m3fn for t in copies), [t.dtype for t in copies]
+
+
 @pytest.mark.parametrize("tokens,stacks", [(4, False), (64, True)])
 def test_the_input_gradient_stacks_the_weights_where_that_moves_fewer_bytes(tokens, stacks):
     """The input's gradient: one GEMM a weight, summed, with few tokens beside the weights'

@@ -71,7 +71,9 @@ def stackable(layers: list[nn.Module]) -> bool:
     a fake-quantised or low-rank one, or a layer whose own `stackable` attribute says so:
     a column-parallel layer that does not enter the TP region itself), no hook would run
     on a call of one (the layer's or every module's), their biases are all there or all
-    absent, and they run in one precision (one `fp8`).
+    absent, and they run in one precision (one `fp8`), but not rowwise FP8, whose GEMM keeps
+    its 16-bit weight for the backward's casts: stacked, a stacked copy of the weights would
+    be kept from forward to backward, where separate layers keep the Parameters themselves.
 
     Both attributes are read from the layer's `__dict__`, never looked up where a layer
     lacks them: compiled, every attribute read here becomes a guard checked before each
@@ -83,7 +85,7 @@ def stackable(layers: list[nn.Module]) -> bool:
                 for layer in layers) and not _global_hooks()
     fp8 = _fp8(layers[0])
     return plain and len({layer.bias is None for layer in layers}) == 1 and all(
-        _fp8(layer) == fp8 for layer in layers)
+        _fp8(layer) == fp8 for layer in layers) and (fp8 is None or fp8.recipe != "rowwise")
 
 
 def _global_hooks() -> bool:
