@@ -343,6 +343,13 @@ def test_the_masked_block_kernel_equals_the_cpu_op() -> None:
                                          full_lse, bias, 0.3)
             for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"{name} {block}")
+            # inside the model's bf16 autocast the kernel still computes in fp32: the same
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert all(torch.equal(a, b) for a, b in zip(
+                    kernel.masked_forward(*parts, bias, 0.3), (out, lse), strict=True))
+                assert all(torch.equal(a, b) for a, b in zip(kernel.masked_backward(
+                    kernel.rows(dout, block, chunk), *parts, out, full_lse, bias, 0.3), got,
+                    strict=True))
     finally:
         kernel.ROW_TILE = old_tile
 

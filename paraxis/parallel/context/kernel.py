@@ -293,7 +293,15 @@ def _scores(qt: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float
 def masked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output in q's dtype, fp32 log-sum-exp; -inf for a row without keys) of q against
-    k, v under the additive `bias` (batch, 1, rows, cols)."""
+    k, v under the additive `bias` (batch, 1, rows, cols). Its scores are fp32 under
+    autocast too (the block's forward runs inside the model's): the backward recomputes
+    them in fp32 against this log-sum-exp."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _masked_forward(q, k, v, bias, scale)
+
+
+def _masked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     kv_heads, rows_ = k.shape[1], q.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -313,7 +321,15 @@ def masked_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the masked block from the merged `out` and `lse` (FlashAttention's
     backward: P = exp(S - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO o O)), dQ = dS K s,
-    dK = dS^T Q s), dK and dV summed over each kv head's query heads."""
+    dK = dS^T Q s), dK and dV summed over each kv head's query heads; fp32 under autocast
+    too, as the forward."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _masked_backward(dout, q, k, v, out, lse, bias, scale)
+
+
+def _masked_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, bias: torch.Tensor, scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kv_heads = k.shape[1]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
