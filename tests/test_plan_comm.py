@@ -159,6 +159,13 @@ def test_zero2_reduces_every_microbatch_except_under_a_pipeline() -> None:
         assert two.memory["grads"] == pytest.approx(whole / 8)
         assert two.memory["buffers"] - one.memory["buffers"] == pytest.approx(extra * whole)
         assert (two.time["dp_total"] > one.time["dp_total"] * 1.5) == (reduce == "microbatch")
+    # a shard group of one rank (dp_shard=1): its shard is the whole gradient, and the stage
+    # still accumulates the whole beside it, twice ZeRO-1's gradient bytes
+    cluster = build_cluster("a100-80gb", 32, 8)
+    one, two = (evaluate(cfg, layouts[z].replace(dp_shard=1), cluster, 2048, 64)
+                for z in (1, 2))
+    assert two.memory["grads"] == pytest.approx(one.memory["grads"])
+    assert two.memory["buffers"] - one.memory["buffers"] == pytest.approx(one.memory["grads"])
     with pytest.raises(ParaxisError, match="pipeline_zero2_reduce"):
         build_cluster("a100-80gb", 8, 8, {"pipeline_zero2_reduce": "sometimes"})
 

@@ -82,11 +82,16 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     (data_parallel/zero.py, buckets.py): units are the embedding, each block, the final norm
     and the LM head (one root unit for a tied embedding and head, gathered for the whole step).
 
-    - During a block's backward: that block and the prefetched one gathered (2 L params),
-      the block's flat gradient filling up and the previous unit's still being reduced (one
-      reduction in flight: 2 L grads), and one parameter's fresh gradient (its largest
-      matrix M) before it moves into the flat buffer.
+    - During a block's backward: that block and the prefetched one gathered (2 L params;
+      under grouped full recompute, g blocks per checkpoint, the group's g blocks, gathered
+      by its rerun forward and each freed at its own backward's end), the block's flat
+      gradient filling up and the previous unit's still being reduced (one reduction in
+      flight: 2 L grads), and one parameter's fresh gradient (its largest matrix M) before
+      it moves into the flat buffer.
     - At the start of backward: the LM head gathered and its whole gradient (2 H).
+    - A tied embedding and head: their root unit (R: embedding, head, final norm) gathered
+      for the whole step, and its flat gradient from the final norm's backward, at the
+      start, to the embedding's, at the end (R grads).
 
     Under a pipeline (pipeline_parallel/zero3.py) the stage's gradients accumulate whole over
     the microbatches until each chunk's last backward reduces them (S grads), and either
@@ -96,14 +101,15 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     pb, gb = gather_bytes_per_param(cfg, precision), precision.grad_bytes  # gathered
     layer = _largest_block(cfg, layout.tp, layout.ep, layout.etp)
     head = _vocab_matrix(cfg, layout.tp)
+    group = layout.checkpoint_group
     if layout.pp > 1:
         gathered = (local_params if layout.zero3_reshard == "step"
-                    else max(3 * layer, 2 * layer + head))
+                    else max(3 * layer, 2 * layer + head, group * layer))
         return gathered * pb + local_params * gb
-    block = 2 * layer * pb + 2 * layer * gb + _largest_matrix(cfg, layout.tp) * gb
+    block = max(2, group) * layer * pb + 2 * layer * gb + _largest_matrix(cfg, layout.tp) * gb
     if cfg.tied_embeddings:
         root = (cfg.embedding_params() + cfg.head_params()) / layout.tp
-        return root * pb + max(block, head * gb)
+        return root * (pb + gb) + max(block, head * gb)
     return max(block, head * (pb + gb))
 
 
@@ -245,13 +251,14 @@ def peak_moment(memory: dict[str, float]) -> str:
     return "the optimizer step" if memory["activations"] == 0 else "the backward's start"
 
 
-def pipeline_zero2_whole_grads(cfg: ModelConfig, zero: int, pp: int, replicas: int,
-                               zero2_reduce: str, microbatches: int) -> bool:
+def pipeline_zero2_whole_grads(cfg: ModelConfig, zero: int, pp: int, zero2_reduce: str,
+                               microbatches: int) -> bool:
     """Whether a pipeline's ZeRO-2 holds the stage's whole gradients beside its shards: it
     accumulates them whole over its microbatches and reduces them once (as ZeRO-1 does; a
     tied embedding's sum waits for the step's end too), where it reduces once a step
-    (`GPU.pipeline_zero2_reduce`)."""
-    return (zero == 2 and replicas > 1 and pp > 1 and zero2_reduce == "step"
+    (`GPU.pipeline_zero2_reduce`); a shard group of one rank too, whose shard is then the
+    whole (the runtime keeps it apart all the same)."""
+    return (zero == 2 and pp > 1 and zero2_reduce == "step"
             and (microbatches > 1 or cfg.tied_embeddings))
 
 
@@ -467,7 +474,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             # one call per layer (FSDP's units): a layer's gradients are the bucket.
             layer = (local + experts) / max(1, dense + moe) * precision.grad_bytes
             buffers += 2 * (bucket_bytes or layer)
-        if pipeline_zero2_whole_grads(cfg, layout.zero, layout.pp, replicas, zero2_reduce,
+        if pipeline_zero2_whole_grads(cfg, layout.zero, layout.pp, zero2_reduce,
                                       layout.microbatches):
             buffers += (local + experts) * precision.grad_bytes
         row = {**states, "activations": activations, "buffers": buffers,

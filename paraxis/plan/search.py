@@ -193,7 +193,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             # microbatches, not over one (`memory.layout_memory`): that size may fit again.
             outgrown: set[tuple] = set()
             whole_grads = functools.partial(pipeline_zero2_whole_grads, cfg, zero, pp,
-                                            base.zero_ranks, cluster.gpu.pipeline_zero2_reduce)
+                                            cluster.gpu.pipeline_zero2_reduce)
             dips = whole_grads(2) and not whole_grads(1)
             every = every_variant(pp, c, cfg.n_layers)  # for the floor of the larger sizes
             for micro_batch in sizes:
