@@ -94,6 +94,9 @@ class AllOf:
         for work in self.works:
             work.wait()
 
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
 
 def op_handles(ops: list[dist.P2POp], works: list[dist.Work]) -> list[dist.Work | AllOf]:
     """A wait handle per op of a `batch_isend_irecv`. A backend that coalesces (NCCL) returns
@@ -294,6 +297,10 @@ class PipelineExecutor:
                 ops.append(dist.P2POp(dist.irecv, buffer, peer, tag=tag))
                 recvs.append((action, len(ops) - 1, buffer))
         works = op_handles(ops, batch_isend_irecv(ops) if ops else [])
+        # a send's tensor is kept until the send completes: those done are let go here,
+        # so a stage holds its few sends in flight, not every one of the step's
+        step.pending_sends = [sent for sent in step.pending_sends
+                              if not sent[0].is_completed()]
         for op, work in zip(ops, works, strict=True):
             if op.op is dist.isend:
                 step.pending_sends.append((work, op.tensor, op.peer))

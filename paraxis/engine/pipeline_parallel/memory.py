@@ -35,7 +35,9 @@ class SavedActivations:
     def _pack(self, tensor: torch.Tensor) -> object:
         if tensor.data_ptr() in self._weights:
             return tensor
-        held = _Held(tensor)
+        # detached: a saved output held as itself would keep its own graph alive through the
+        # holder (tensor -> grad_fn -> saved variable -> holder -> tensor)
+        held = _Held(tensor.detach())
         size = tensor.numel() * tensor.element_size()
         self.live_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
