@@ -165,6 +165,37 @@ def test_a_resume_with_other_batch_seed_or_data_says_which_and_needs_a_flag(fold
     assert "warning: resuming ck/step-00000003 with --seed 1 (checkpoint: 0)" in stderr
 
 
+def test_the_same_run_checks_hold_without_a_checkpoint_folder_and_create_nothing(folder):
+    """Resuming with no --checkpoint-dir (weights from a checkpoint, nothing saved) is still
+    a resume: another batch is refused in one line, and a refused run creates no folder
+    (not its TensorBoard one either)."""
+    before = snapshot(folder)
+    argv = [*ARGS[:ARGS.index("--checkpoint-dir")], "--steps", "4", "--resume",
+            "ck/step-00000003", "--global-batch", "8", "--tensorboard", "tb"]
+    code, stderr = run_row(argv, folder, False)
+    assert code == 2 and "with --global-batch 8 (checkpoint: 4)" in _one_line(stderr)
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto", "--seq-len", "16",
+                            "--tensorboard", "tb"], folder, False)
+    assert code == 2 and "--seq-len 16" in _one_line(stderr)
+    assert snapshot(folder) == before and not (folder / "tb").exists()
+
+
+def test_resuming_behind_the_folders_later_checkpoints_is_refused(folder):
+    """Resuming step 2 where step 3 of the same run is saved would train a second line into
+    the folder: pruning by step would take the new line's checkpoints, a crash's --resume
+    auto the abandoned line's. Refused, naming them; the newest resumes as before."""
+    before = snapshot(folder)
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "ck/step-00000002"], folder,
+                           False)
+    assert code == 2
+    line = _one_line(stderr)
+    assert "holds later checkpoints (step-00000003)" in line and "--resume auto" in line
+    assert snapshot(folder) == before
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "ck/step-00000003"], folder,
+                           False)
+    assert code == 0, stderr
+
+
 def test_metrics_logged_after_the_resumed_checkpoint_are_dropped(tmp_path):
     """A run killed during the save of step 5 logged steps 3 and 4 after its step-3
     checkpoint; resuming there must not log them twice (and a line cut short goes too)."""

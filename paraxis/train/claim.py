@@ -119,22 +119,28 @@ def claim_folder(cfg: RunConfig, data: TokenData | Blend, rank: int = 0, world: 
 
 
 def _prepare(cfg: RunConfig, data: TokenData | Blend) -> Claim | None:
-    """The TensorBoard folder (created now, so a path that cannot be one fails before
-    training), then the checkpoint folder's claim."""
+    """The checkpoint folder's claim (without one, a resume's checks alone), then the
+    TensorBoard folder, created now, so that a path that cannot be one fails before
+    training and a run refused creates nothing."""
+    claim = None
+    if cfg.checkpoint.dir:
+        try:
+            claim = _claim(cfg, facts_of(cfg, data))
+        except OSError as error:
+            raise ParaxisError(f"--checkpoint-dir {cfg.checkpoint.dir} cannot be used "
+                               f"({error.strerror}: {error.filename}); choose another "
+                               "folder") from None
+    elif (source := resume_source(cfg)) is not None and restart_attempt() == 0:
+        _check_same_run(cfg, source, read_manifest(source), facts_of(cfg, data))
     if cfg.logging.tensorboard:
         try:
             Path(cfg.logging.tensorboard).mkdir(parents=True, exist_ok=True)
         except OSError as error:
+            if claim is not None:
+                claim.release()
             raise ParaxisError(f"--tensorboard {cfg.logging.tensorboard} cannot be created "
                                f"({error.strerror}); choose another folder") from None
-    if not cfg.checkpoint.dir:
-        return None
-    try:
-        return _claim(cfg, facts_of(cfg, data))
-    except OSError as error:
-        raise ParaxisError(f"--checkpoint-dir {cfg.checkpoint.dir} cannot be used "
-                           f"({error.strerror}: {error.filename}); choose another "
-                           "folder") from None
+    return claim
 
 
 def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
@@ -147,6 +153,7 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
         run_id = (manifest.get("run") or {}).get("id") or (identity or {}).get("id") or run_id
         if restart_attempt() == 0:
             _check_same_run(cfg, source, manifest, facts)
+            _check_no_later_line(folder, source, manifest.get("step"))
     _check_owner(folder, run_id, source)  # before touching anything
     _check_space(cfg, folder)
     created = outermost_missing(folder)
@@ -178,6 +185,21 @@ def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
         raise ParaxisError(f"checkpoint folder {folder} already holds checkpoints (step-"
                            f"{saved[0][0]}..{saved[-1][0]}); continue them with --resume auto, "
                            "or give an empty --checkpoint-dir")
+
+
+def _check_no_later_line(folder: Path, source: Path, step: int | None) -> None:
+    """A resume from a checkpoint with later ones of the folder beside it would train a
+    second line of steps into one folder: pruning (by step) would delete the new line's
+    checkpoints, a crash's `--resume auto` would take up the abandoned line's newest, and
+    the metrics of the two would mix."""
+    if step is None:
+        return
+    later = [path.name for saved, path in complete_checkpoints(folder) if saved > step]
+    if later:
+        raise ParaxisError(f"resuming {source} (step {step}) in {folder}, which holds later "
+                           f"checkpoints ({', '.join(later)}); move them out of the folder "
+                           "to train from the earlier step, resume the newest with --resume "
+                           "auto, or give another --checkpoint-dir")
 
 
 def _check_space(cfg: RunConfig, folder: Path) -> None:
