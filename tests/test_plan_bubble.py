@@ -13,6 +13,7 @@ from paraxis.plan.bubble import (
     pipeline_figures,
 )
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS
 from paraxis.spec.schedules import build_schedule
 
 
@@ -88,3 +89,42 @@ def test_bubble_falls_as_microbatches_grow(kind: str, stages: int, m: int, v: in
     fewer = pipeline_figures(kind, stages, m, virtual).bubble_fraction
     more = pipeline_figures(kind, stages, m + step, virtual).bubble_fraction
     assert more < fewer
+
+
+@pytest.mark.parametrize("kind, virtual", [("interleaved", 2), ("interleaved", 3), ("zb-v", 2),
+                                           ("1f1b", 1), ("zb-h1", 1)])
+def test_the_held_chunks_weigh_each_chunk_and_repeat_after_2p_microbatches(kind, virtual):
+    """`schedules.peak_held`: with every chunk weighing one it is `peak_in_flight`; with
+    uneven chunks the peak is the schedule's own (the chunks held at once, each by its
+    weight); and a schedule of 2 P microbatches holds what a longer one does (the warm-up
+    whole, then the steady state repeats), which the planner's count reads
+    (`memory.held_stages`)."""
+    import random
+
+    from paraxis.spec.schedules import peak_held
+
+    rng = random.Random(virtual)
+    for stages in (2, 3, 4):
+        counts = build_schedule(kind, stages, 4 * stages, virtual).peak_in_flight()
+        chunks = virtual if kind != "zb-v" else 2
+        assert peak_held(kind, stages, 4 * stages, virtual,
+                         [[1] * chunks] * stages) == counts
+        weights = [[rng.randint(1, 5) for _ in range(chunks)] for _ in range(stages)]
+        short = peak_held(kind, stages, 2 * stages, virtual, weights)
+        assert all(peak_held(kind, stages, m * stages, virtual, weights) == short
+                   for m in (3, 5))
+
+
+def test_the_planner_counts_uneven_chunks_as_they_are_held():
+    """The runtime's partition gives GPT-2 124M's zb-v first stage chunks of 3 and 1 blocks
+    (the head's cost); its 1F1B-like warm-up holds four microbatches of the 3-block chunk at
+    once, 12 blocks' activations, where equal chunks of 2 would be 8."""
+    from paraxis.plan.memory import _partition, held_stages
+
+    cfg = PRESETS["gpt2-124m"]
+    partition = _partition(cfg, 2, 2, 1024, "v")
+    blocks = tuple(tuple(len(partition.blocks_of(stage, chunk)) for chunk in range(2))
+                   for stage in range(2))
+    assert blocks[0] == (3, 1)
+    held = held_stages("zb-v", 2, 8, 2, blocks)
+    assert held[0] * sum(blocks[0]) == 12

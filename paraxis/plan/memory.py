@@ -29,7 +29,7 @@ from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
 from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
-from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage
+from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage, peak_held
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 __all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
@@ -118,6 +118,24 @@ def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
                placement: str = "loop") -> Partition:
     # a layout search asks often
     return partition_layers(cfg, pp, virtual, seq_len=seq_len, placement=placement)
+
+
+@functools.lru_cache(maxsize=1024)  # a layout search asks for every layout
+def held_stages(kind: str, pp: int, microbatches: int, virtual: int,
+                chunk_blocks: tuple[tuple[int, ...], ...]) -> tuple[float, ...]:
+    """Per stage, the most activation it holds at once in units of its whole stage's blocks
+    for one microbatch: its peak in-flight (microbatch, chunk) sets, each weighed by its
+    chunk's blocks (`chunk_blocks[stage]`: the runtime's partition, whose chunks are uneven
+    where the head's cost shifts blocks), from the schedule's own order where a stage has
+    several chunks; at most 2 pp microbatches of it (the warm-up's whole, and a period of
+    the steady state after it: more repeat it)."""
+    if virtual == 1:
+        return tuple(float(n) for n in pipeline_figures(kind, pp, microbatches,
+                                                        virtual).peak_in_flight)
+    held = peak_held(kind, pp, min(microbatches, 2 * pp), virtual,
+                     [list(chunks) for chunks in chunk_blocks])
+    return tuple(peak / max(1, sum(chunks)) for peak, chunks in zip(held, chunk_blocks,
+                                                                       strict=True))
 
 
 def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
@@ -418,9 +436,14 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # instead wherever it has anything to do: dp or cp ranks to sum over, a ZeRO stage (a
     # shard even of one rank), or gradients in another dtype than the parameters.
     one_backward = layout.microbatches == 1 and own_gradients(layout, precision)
+    partition = _partition(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    held = held_stages(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
+                       tuple(tuple(len(partition.blocks_of(stage, chunk))
+                                   for chunk in range(layout.virtual_stages))
+                             for stage in range(layout.pp)))
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
-        in_flight = figures.peak_in_flight[stage] / layout.virtual_stages
+        in_flight = held[stage]  # whole stages' blocks held: uneven chunks weighed as they are
         # A stage like one priced before, holding no more microbatches, needs no more: a
         # deep pipeline's middle stages are one row (a search prices thousands of layouts)
         facts = (local, experts, kinds[stage], recomputed_by_stage[stage], stage == last)
@@ -431,7 +454,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                    layout.zero, precision))
         dense, moe = kinds[stage]
         # Korthikanti et al. 2022 Sec. 4.2.3: in-flight microbatches times the stage's layers;
-        # an interleaved (microbatch, chunk) holds 1/v of them.
+        # an interleaved (microbatch, chunk) holds its chunk's (`held_stages`).
         per_chunk = math.ceil((dense + moe) / layout.virtual_stages)  # blocks of a chunk
         # the blocks its recompute applies to (all but under the block method), the rest
         # keeping all they hold
@@ -443,7 +466,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if group > 1:
             # grouped checkpoints (model.run_blocks) keep one input per run of `group`
             # blocks of each chunk in flight
-            activations = in_flight * layout.virtual_stages * math.ceil(
+            activations = figures.peak_in_flight[stage] * math.ceil(
                 per_chunk / group) * dense_layer
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.

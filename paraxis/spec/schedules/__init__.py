@@ -37,6 +37,7 @@ from paraxis.spec.schedules.build import (
     build_schedule,
     check_compile,
     forward_only,
+    peak_held,
     placement_of,
 )
 from paraxis.spec.schedules.core import (
@@ -57,5 +58,6 @@ from paraxis.spec.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
            "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
-           "head_stage", "input_message", "place_of", "placement_of", "simulate", "stage_costs",
+           "head_stage", "input_message", "peak_held", "place_of", "placement_of", "simulate",
+           "stage_costs",
            "validate", "virtual_stage_of"]

@@ -62,15 +62,44 @@ def build_schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) 
                            f"multiple of stages ({stages}); use microbatches="
                            f"{-(-microbatches // stages) * stages}")
     schedule = Schedule(kind, stages, microbatches, virtual, [], placement_of(kind))
-    if kind in ("zb-h1", "zb-v"):
-        orders = zero_bubble_order(schedule)
-    else:
-        orders = [_gpipe(microbatches) if kind == "gpipe"
-                  else _one_f_one_b(stage, stages, microbatches) if virtual == 1
-                  else _interleaved(stage, stages, microbatches, virtual)
-                  for stage in range(stages)]
-    schedule.stages = _with_communication(schedule, orders)
+    schedule.stages = _with_communication(schedule, _orders(schedule))
     return schedule
+
+
+def _orders(schedule: Schedule) -> list[Order]:
+    """Each stage's compute order (F, B and, split, W of every microbatch and chunk)."""
+    if schedule.kind in ("zb-h1", "zb-v"):
+        return zero_bubble_order(schedule)
+    stages, microbatches, virtual = (schedule.num_stages, schedule.microbatches,
+                                     schedule.virtual)
+    return [_gpipe(microbatches) if schedule.kind == "gpipe"
+            else _one_f_one_b(stage, stages, microbatches) if virtual == 1
+            else _interleaved(stage, stages, microbatches, virtual)
+            for stage in range(stages)]
+
+
+def peak_held(kind: str, stages: int, microbatches: int, virtual: int,
+              weights: list[list[float]]) -> list[float]:
+    """Per stage, the most of `weights[stage][chunk]` summed over the (microbatch, chunk)
+    activation sets held at once, from a forward until the backward that frees them (W
+    where the backward is split): `Schedule.peak_in_flight` with each set weighed by its
+    chunk, a stage's chunks need not be equal. From the compute orders alone (no messages:
+    a layout search asks for it). `virtual` as `build_schedule` takes it."""
+    if kind in FIXED_VIRTUAL:
+        virtual = FIXED_VIRTUAL[kind]
+    schedule = Schedule(kind, stages, microbatches, virtual, [], placement_of(kind))
+    release = "W" if kind in ("zb-h1", "zb-v") else "B"
+    peaks = []
+    for stage, order in enumerate(_orders(schedule)):
+        held = peak = 0.0
+        for action, _, chunk in order:
+            if action == "F":
+                held += weights[stage][chunk]
+                peak = max(peak, held)
+            elif action == release:
+                held -= weights[stage][chunk]
+        peaks.append(peak)
+    return peaks
 
 
 def _gpipe(microbatches: int) -> Order:
