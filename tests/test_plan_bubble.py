@@ -98,7 +98,7 @@ def test_the_held_chunks_weigh_each_chunk_and_repeat_after_2p_microbatches(kind,
     uneven chunks the peak is the schedule's own (the chunks held at once, each by its
     weight); and a schedule of 2 P microbatches holds what a longer one does (the warm-up
     whole, then the steady state repeats), which the planner's count reads
-    (`memory.held_stages`)."""
+    (`stages.held_stages`)."""
     import random
 
     from paraxis.spec.schedules import peak_held
@@ -119,10 +119,10 @@ def test_the_planner_counts_uneven_chunks_as_they_are_held():
     """The runtime's partition gives GPT-2 124M's zb-v first stage chunks of 3 and 1 blocks
     (the head's cost); its 1F1B-like warm-up holds four microbatches of the 3-block chunk at
     once, 12 blocks' activations, where equal chunks of 2 would be 8."""
-    from paraxis.plan.memory import _partition, held_stages
+    from paraxis.plan.stages import held_stages, partition_of
 
     cfg = PRESETS["gpt2-124m"]
-    partition = _partition(cfg, 2, 2, 1024, "v")
+    partition = partition_of(cfg, 2, 2, 1024, "v")
     blocks = tuple(tuple(len(partition.blocks_of(stage, chunk)) for chunk in range(2))
                    for stage in range(2))
     assert blocks[0] == (3, 1)

@@ -175,7 +175,7 @@ def test_eager_dispatch_is_paid_per_layer_per_microbatch():
     nothing changes, and GPUs never pay it."""
     import dataclasses
 
-    from paraxis.plan.memory import stage_layers
+    from paraxis.plan.stages import stage_layers
 
     layout = Layout.parse("dp=2,tp=2,pp=2,zero=1,microbatches=2,schedule=1f1b")
     plain = cpu(8)

@@ -133,8 +133,9 @@ def test_layout_memory_by_stage() -> None:
     assert gpipe["activations"] == pytest.approx(2 * four["activations"] + loss, rel=1e-6)
 
 
-def test_the_planner_prices_the_runtimes_own_stage_partition():
-    from paraxis.plan.memory import stage_layers, stage_params
+def test_the_planner_prices_the_runtimes_own_stagepartition_of():
+    from paraxis.plan.memory import stage_params
+    from paraxis.plan.stages import stage_layers
     from paraxis.spec.partition import partition_layers
 
     # gpt2-124m (12 blocks, a heavy head) over 5 stages: the FLOP-balanced split is uneven and
@@ -215,14 +216,14 @@ def test_the_block_method_counts_the_blocks_the_runtime_recomputes() -> None:
     import torch
 
     from paraxis.model.transformer import Transformer
-    from paraxis.plan.memory import _partition, recomputed_kinds
+    from paraxis.plan.stages import partition_of, recomputed_kinds
 
     for name, text in (("llama3-8b", "pp=4,microbatches=8,schedule=zb-v"),
                        ("llama3-8b", "pp=2,microbatches=4,schedule=interleaved,virtual_stages=2"),
                        ("deepseek-v3-style", "pp=1")):
         cfg = PRESETS[name]
         layout = Layout.parse(text + ",recompute=full,recompute_method=block,recompute_layers=3")
-        partition = _partition(cfg, layout.pp, layout.virtual_stages, 4096, layout.placement)
+        partition = partition_of(cfg, layout.pp, layout.virtual_stages, 4096, layout.placement)
         for stage, (dense, moe, whole) in enumerate(recomputed_kinds(cfg, layout, 4096)):
             marked, chunks = [], [partition.blocks_of(stage, c)
                                   for c in range(layout.virtual_stages)]

@@ -31,8 +31,9 @@ from paraxis.plan.experts import (
 from paraxis.plan.explain import explain
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.layer_cost import layer_times
-from paraxis.plan.memory import stage_kinds, stage_local_params, stage_params
+from paraxis.plan.memory import stage_local_params, stage_params
 from paraxis.plan.search import Constraints, search
+from paraxis.plan.stages import stage_kinds
 from paraxis.plan.step_calls import scalar_call_time
 from paraxis.plan.uncertainty import GPU_BAND, ties
 from paraxis.spec.errors import ParaxisError

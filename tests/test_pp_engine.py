@@ -181,7 +181,7 @@ def test_recompute_saves_activation_memory():
     assert saved["full", 1] - saved["full", 2] == (cfg.n_layers - cfg.n_layers // 2) * block_input
     assert saved["full", 1] - saved["full", 4] == (cfg.n_layers - 1) * block_input
     # the block method: each block it checkpoints keeps its input instead of all it holds,
-    # the others everything, as the planner counts it (`memory.recomputed_kinds`; priced
+    # the others everything, as the planner counts it (`stages.recomputed_kinds`; priced
     # at a size where the backward's peak is the step's, not the optimizer's)
     per_block = (saved["none", 1] - saved["full", 1]) // cfg.n_layers
     for n in (1, 3):

@@ -18,7 +18,7 @@ from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.experts import ep_link, remote_nodes_per_token
 from paraxis.plan.hardware import GPUS, MAMF_SHARE, Cluster, build_cluster
 from paraxis.plan.layer_cost import runtime_dropout
-from paraxis.plan.memory import stage_layers
+from paraxis.plan.stages import stage_layers
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import PRECISIONS, Precision

@@ -110,7 +110,7 @@ def iteration_flops(cfg: ModelConfig, seq_len: int, global_batch: int,
                     recompute: str = "none", share: float = 1.0, causal: bool = True
                     ) -> dict[str, float]:
     """{"model", "hardware"} FLOPs of one step over `global_batch` sequences, `recompute`
-    applying to `share` of the blocks (`memory.recomputed_share`)."""
+    applying to `share` of the blocks (`stages.recomputed_share`)."""
     tokens = global_batch * seq_len
     model = model_flops_per_token(cfg, seq_len, causal) * tokens
     return {"model": model, "hardware": model + share * recompute_flops_per_token(

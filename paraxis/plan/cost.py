@@ -62,13 +62,7 @@ from paraxis.plan.layer_cost import (
     half_layer_s,
     runtime_dropout,
 )
-from paraxis.plan.memory import (
-    layout_memory,
-    recomputed_kinds,
-    recomputed_share,
-    stage_kinds,
-    stage_local_params,
-)
+from paraxis.plan.memory import layout_memory, stage_local_params
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
@@ -77,6 +71,7 @@ from paraxis.plan.rates import (
     layer_rates,
     overlap_on,
 )
+from paraxis.plan.stages import recomputed_kinds, recomputed_share, stage_kinds
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment
 from paraxis.spec.layout import Layout
@@ -190,7 +185,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
     layer, moe_layer, head = block_times(cfg, layout, cluster, seq_len, micro_batch, precision,
                                          overlap, expert_imbalance, memo, key)
     # Under the block method only the first blocks of each chunk are recomputed
-    # (`memory.recomputed_kinds`): the others run as without recompute.
+    # (`stages.recomputed_kinds`): the others run as without recompute.
     recomputed = recomputed_kinds(cfg, layout, seq_len)
     whole_layer, whole_moe = layer, moe_layer
     if layout.recompute_method == "block":

@@ -25,8 +25,9 @@ from paraxis.plan.cost import (
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.layer_cost import block_times, core_share_of_fastest
-from paraxis.plan.memory import check_interleaving, stage_kinds
+from paraxis.plan.memory import check_interleaving
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, overlap_on
+from paraxis.plan.stages import stage_kinds
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, Layout
 from paraxis.spec.model_config import ModelConfig

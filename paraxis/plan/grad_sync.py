@@ -23,8 +23,9 @@ from paraxis.plan.context import copies_link, zero_link
 from paraxis.plan.experts import expert_dp_link, shard_grad_sum_seconds
 from paraxis.plan.fp8 import gather_bytes_per_param, regather_bytes_per_param
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.memory import recomputed_share, stage_local_params
+from paraxis.plan.memory import stage_local_params
 from paraxis.plan.rates import Overlap
+from paraxis.plan.stages import recomputed_share
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision

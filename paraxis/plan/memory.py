@@ -18,18 +18,23 @@ from paraxis.plan.context import repeated_kv_bytes
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     moe_activation_bytes,
-    moe_blocks,
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
+from paraxis.plan.stages import (
+    chunk_blocks,
+    held_stages,
+    recomputed_kinds,
+    stage_blocks,
+    stage_kinds,
+)
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.partition import Partition, partition_layers
 from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
-from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage, peak_held
+from paraxis.spec.schedules import SPLIT_BACKWARD, head_stage
 from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_RESERVED_BYTES
 
 __all__ = ["FP32_ADAM", "MIXED_ADAM", "Precision", "layout_memory", "model_state_bytes",
@@ -113,92 +118,6 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
     return max(block, head * (pb + gb))
 
 
-@functools.lru_cache(maxsize=4096)
-def _partition(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
-               placement: str = "loop") -> Partition:
-    # a layout search asks often
-    return partition_layers(cfg, pp, virtual, seq_len=seq_len, placement=placement)
-
-
-@functools.lru_cache(maxsize=1024)  # a layout search asks for every layout
-def held_stages(kind: str, pp: int, microbatches: int, virtual: int,
-                chunk_blocks: tuple[tuple[int, ...], ...]) -> tuple[float, ...]:
-    """Per stage, the most activation it holds at once in units of its whole stage's blocks
-    for one microbatch: its peak in-flight (microbatch, chunk) sets, each weighed by its
-    chunk's blocks (`chunk_blocks[stage]`: the runtime's partition, whose chunks are uneven
-    where the head's cost shifts blocks), from the schedule's own order where a stage has
-    several chunks; at most 2 pp microbatches of it (the warm-up's whole, and a period of
-    the steady state after it: more repeat it)."""
-    if virtual == 1:
-        return tuple(float(n) for n in pipeline_figures(kind, pp, microbatches,
-                                                        virtual).peak_in_flight)
-    held = peak_held(kind, pp, min(microbatches, 2 * pp), virtual,
-                     [list(chunks) for chunks in chunk_blocks])
-    return tuple(peak / max(1, sum(chunks)) for peak, chunks in zip(held, chunk_blocks,
-                                                                       strict=True))
-
-
-def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
-                 seq_len: int | None = None, placement: str = "loop") -> list[int]:
-    """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
-    with the head's cost on the last virtual stage (`plan/partition.py`), so uneven counts
-    happen."""
-    partition = _partition(cfg, pp, virtual, seq_len, placement)
-    return [sum(len(partition.blocks_of(stage, chunk)) for chunk in range(virtual))
-            for stage in range(pp)]
-
-
-@functools.lru_cache(maxsize=4096)  # a layout search asks often
-def stage_kinds(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
-                placement: str = "loop") -> tuple[tuple[int, int], ...]:
-    """(dense blocks, MoE blocks) each stage holds."""
-    return tuple((len(blocks) - moe_blocks(cfg, blocks), moe_blocks(cfg, blocks))
-                 for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement))
-
-
-def recomputed_kinds(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
-                     ) -> tuple[tuple[int, int, bool], ...]:
-    """(dense blocks, MoE blocks, whether a chunk is recomputed whole) of each stage that its
-    recompute applies to: all of them, but under the block method the first
-    recompute_layers of each chunk of the runtime's own partition, as
-    `Transformer.set_recompute` marks them."""
-    if layout.recompute_method == "uniform":
-        return tuple((dense, moe, True) for dense, moe in stage_kinds(
-            cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement))
-    return _recomputed_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement,
-                             layout.recompute_layers)
-
-
-def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int | None = None) -> float:
-    """The share of the model's blocks its recompute applies to (all of them but under the
-    block method: `recomputed_kinds`)."""
-    if layout.recompute_method == "uniform":
-        return 1.0
-    return sum(dense + moe for dense, moe, _ in recomputed_kinds(cfg, layout, seq_len)) \
-        / cfg.n_layers
-
-
-@functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
-def _recomputed_kinds(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
-                      placement: str, first: int) -> tuple[tuple[int, int, bool], ...]:
-    partition = _partition(cfg, pp, virtual, seq_len, placement)
-    rows = []
-    for stage in range(pp):
-        chunks = [partition.blocks_of(stage, chunk) for chunk in range(virtual)]
-        blocks = [i for chunk in chunks for i in chunk[:first]]
-        moe = moe_blocks(cfg, blocks)
-        rows.append((len(blocks) - moe, moe, any(len(chunk) <= first for chunk in chunks)))
-    return tuple(rows)
-
-
-@functools.lru_cache(maxsize=4096)  # a layout search asks often
-def _stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
-                  placement: str) -> tuple[tuple[int, ...], ...]:
-    partition = _partition(cfg, pp, virtual, seq_len, placement)
-    return tuple(tuple(i for chunk in range(virtual) for i in partition.blocks_of(stage, chunk))
-                 for stage in range(pp))
-
-
 def _vocab_matrix(cfg: ModelConfig, tp: int) -> float:
     """Parameters of the embedding's (or LM head's) vocabulary x width matrix on one rank."""
     return cfg.vocab_size * cfg.d_model / tp
@@ -230,7 +149,7 @@ def stage_local_params(cfg: ModelConfig, layout: Layout,
 def _stage_local_params(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
                         placement: str, tp: int, ep: int,
                         etp: int) -> tuple[tuple[float, float], ...]:
-    stages = _stage_blocks(cfg, pp, virtual, seq_len, placement)
+    stages = stage_blocks(cfg, pp, virtual, seq_len, placement)
     totals = stage_params(cfg, pp, virtual, seq_len, placement)
     shares = []
     for blocks, total in zip(stages, totals, strict=True):
@@ -255,7 +174,7 @@ def stage_params(cfg: ModelConfig, pp: int, virtual: int = 1,
     second copy of the embedding on the head's stage when pp > 1 (Megatron's word
     embeddings; in zb-v's V both sit on stage 0, which then holds both copies)."""
     counts = [sum(map(_block_params, [cfg] * len(blocks), blocks))
-              for blocks in _stage_blocks(cfg, pp, virtual, seq_len, placement)]
+              for blocks in stage_blocks(cfg, pp, virtual, seq_len, placement)]
     counts[0] += cfg.embedding_params()
     counts[head_stage(pp, placement)] += cfg.head_params()
     if cfg.tied_embeddings and pp > 1:
@@ -436,11 +355,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # instead wherever it has anything to do: dp or cp ranks to sum over, a ZeRO stage (a
     # shard even of one rank), or gradients in another dtype than the parameters.
     one_backward = layout.microbatches == 1 and own_gradients(layout, precision)
-    partition = _partition(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     held = held_stages(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
-                       tuple(tuple(len(partition.blocks_of(stage, chunk))
-                                   for chunk in range(layout.virtual_stages))
-                             for stage in range(layout.pp)))
+                       chunk_blocks(cfg, layout, seq_len))
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         in_flight = held[stage]  # whole stages' blocks held: uneven chunks weighed as they are

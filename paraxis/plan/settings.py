@@ -215,7 +215,7 @@ def recompute_steps(c: Constraints, n_layers: int, pp: int,
             steps.append(Step(recompute))
         elif c.recompute_method == "block":
             # up to every block of the model: a chunk of the FLOP-balanced partition may
-            # hold more than the mean (`memory.recomputed_kinds` counts each as it is)
+            # hold more than the mean (`stages.recomputed_kinds` counts each as it is)
             counts = block_counts(n_layers) if c.recompute_layers is None else [
                 c.recompute_layers]
             steps += [Step("full", n, "block") for n in counts]

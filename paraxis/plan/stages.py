@@ -1,0 +1,109 @@
+"""What each pipeline stage holds of the model, from the runtime's own partition of its
+blocks (`spec.partition`): its blocks and their kinds, those its recompute applies to, and how
+much of them its schedule holds at once (`held_stages`)."""
+
+from __future__ import annotations
+
+import functools
+
+from paraxis.plan.bubble import pipeline_figures
+from paraxis.plan.experts import moe_blocks
+from paraxis.spec.layout import Layout
+from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.partition import Partition, partition_layers
+from paraxis.spec.schedules import peak_held
+
+
+@functools.lru_cache(maxsize=4096)
+def partition_of(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+               placement: str = "loop") -> Partition:
+    """The runtime's own partition (`spec.partition.partition_layers`), asked often."""
+    return partition_layers(cfg, pp, virtual, seq_len=seq_len, placement=placement)
+
+
+@functools.lru_cache(maxsize=1024)  # a layout search asks for every layout
+def held_stages(kind: str, pp: int, microbatches: int, virtual: int,
+                chunk_blocks: tuple[tuple[int, ...], ...]) -> tuple[float, ...]:
+    """Per stage, the most activation it holds at once in units of its whole stage's blocks
+    for one microbatch: its peak in-flight (microbatch, chunk) sets, each weighed by its
+    chunk's blocks (`chunk_blocks[stage]`: the runtime's partition, whose chunks are uneven
+    where the head's cost shifts blocks), from the schedule's own order where a stage has
+    several chunks; at most 2 pp microbatches of it (the warm-up's whole, and a period of
+    the steady state after it: more repeat it)."""
+    if virtual == 1:
+        return tuple(float(n) for n in pipeline_figures(kind, pp, microbatches,
+                                                        virtual).peak_in_flight)
+    held = peak_held(kind, pp, min(microbatches, 2 * pp), virtual,
+                     [list(chunks) for chunks in chunk_blocks])
+    return tuple(peak / max(1, sum(chunks)) for peak, chunks in zip(held, chunk_blocks,
+                                                                       strict=True))
+
+
+def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
+                 seq_len: int | None = None, placement: str = "loop") -> list[int]:
+    """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
+    with the head's cost on the last virtual stage (`plan/partition.py`), so uneven counts
+    happen."""
+    partition = partition_of(cfg, pp, virtual, seq_len, placement)
+    return [sum(len(partition.blocks_of(stage, chunk)) for chunk in range(virtual))
+            for stage in range(pp)]
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks often
+def stage_kinds(cfg: ModelConfig, pp: int, virtual: int = 1, seq_len: int | None = None,
+                placement: str = "loop") -> tuple[tuple[int, int], ...]:
+    """(dense blocks, MoE blocks) each stage holds."""
+    return tuple((len(blocks) - moe_blocks(cfg, blocks), moe_blocks(cfg, blocks))
+                 for blocks in stage_blocks(cfg, pp, virtual, seq_len, placement))
+
+
+def recomputed_kinds(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
+                     ) -> tuple[tuple[int, int, bool], ...]:
+    """(dense blocks, MoE blocks, whether a chunk is recomputed whole) of each stage that its
+    recompute applies to: all of them, but under the block method the first
+    recompute_layers of each chunk of the runtime's own partition, as
+    `Transformer.set_recompute` marks them."""
+    if layout.recompute_method == "uniform":
+        return tuple((dense, moe, True) for dense, moe in stage_kinds(
+            cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement))
+    return _recomputed_kinds(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement,
+                             layout.recompute_layers)
+
+
+def recomputed_share(cfg: ModelConfig, layout: Layout, seq_len: int | None = None) -> float:
+    """The share of the model's blocks its recompute applies to (all of them but under the
+    block method: `recomputed_kinds`)."""
+    if layout.recompute_method == "uniform":
+        return 1.0
+    return sum(dense + moe for dense, moe, _ in recomputed_kinds(cfg, layout, seq_len)) \
+        / cfg.n_layers
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
+def _recomputed_kinds(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                      placement: str, first: int) -> tuple[tuple[int, int, bool], ...]:
+    partition = partition_of(cfg, pp, virtual, seq_len, placement)
+    rows = []
+    for stage in range(pp):
+        chunks = [partition.blocks_of(stage, chunk) for chunk in range(virtual)]
+        blocks = [i for chunk in chunks for i in chunk[:first]]
+        moe = moe_blocks(cfg, blocks)
+        rows.append((len(blocks) - moe, moe, any(len(chunk) <= first for chunk in chunks)))
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks often
+def stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                  placement: str) -> tuple[tuple[int, ...], ...]:
+    """The blocks each stage holds, its chunks' in turn."""
+    partition = partition_of(cfg, pp, virtual, seq_len, placement)
+    return tuple(tuple(i for chunk in range(virtual) for i in partition.blocks_of(stage, chunk))
+                 for stage in range(pp))
+
+
+def chunk_blocks(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
+                 ) -> tuple[tuple[int, ...], ...]:
+    """Per stage, the blocks of each of its chunks (`held_stages` weighs by them)."""
+    partition = partition_of(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
+    return tuple(tuple(len(partition.blocks_of(stage, chunk))
+                       for chunk in range(layout.virtual_stages)) for stage in range(layout.pp))
