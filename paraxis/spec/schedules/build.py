@@ -13,7 +13,7 @@ kind, so a new schedule is a new order and nothing else.
 from __future__ import annotations
 
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.schedules.core import COMPUTE, Action, Schedule, simulate
+from paraxis.spec.schedules.core import COMPUTE, Action, Schedule, held_peak, simulate
 from paraxis.spec.schedules.zero_bubble import zero_bubble_order
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -88,18 +88,9 @@ def peak_held(kind: str, stages: int, microbatches: int, virtual: int,
     if kind in FIXED_VIRTUAL:
         virtual = FIXED_VIRTUAL[kind]
     schedule = Schedule(kind, stages, microbatches, virtual, [], placement_of(kind))
-    release = "W" if kind in ("zb-h1", "zb-v") else "B"
-    peaks = []
-    for stage, order in enumerate(_orders(schedule)):
-        held = peak = 0.0
-        for action, _, chunk in order:
-            if action == "F":
-                held += weights[stage][chunk]
-                peak = max(peak, held)
-            elif action == release:
-                held -= weights[stage][chunk]
-        peaks.append(peak)
-    return peaks
+    release = "W" if kind in SPLIT_BACKWARD else "B"  # `schedule` holds no actions yet
+    return [held_peak(((action, chunk) for action, _, chunk in order), weights[stage], release)
+            for stage, order in enumerate(_orders(schedule))]
 
 
 def _gpipe(microbatches: int) -> Order:

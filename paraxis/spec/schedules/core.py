@@ -7,7 +7,7 @@ given costs and returns a `Timeline`. Nothing here decides an order: the generat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from paraxis.spec.errors import ParaxisError
@@ -187,19 +187,11 @@ class Schedule:
     def peak_in_flight(self) -> list[int]:
         """Per stage, the most (microbatch, chunk) activation sets held at once: from a
         forward until the backward that frees them, which is W when backward is split (the
-        weight gradients need the saved inputs). With v chunks each is 1/v of the stage."""
+        weight gradients need the saved inputs). With v chunks each is 1/v of the stage's
+        blocks in the mean (`build.peak_held` weighs each by its own)."""
         release = "W" if self.split_backward else "B"
-        peaks = []
-        for actions in self.stages:
-            held, peak = 0, 0
-            for action in actions:
-                if action.kind == "F":
-                    held += 1
-                    peak = max(peak, held)
-                elif action.kind == release:
-                    held -= 1
-            peaks.append(peak)
-        return peaks
+        return [held_peak(((a.kind, a.chunk) for a in actions), [1] * self.virtual, release)
+                for actions in self.stages]
 
     def compute_order(self, stage: int) -> list[Action]:
         return [a for a in self.stages[stage] if a.kind in COMPUTE]
@@ -208,6 +200,21 @@ class Schedule:
         return {"kind": self.kind, "stages": self.num_stages, "microbatches": self.microbatches,
                 "virtual": self.virtual, "placement": self.placement,
                 "actions": [[asdict(a) for a in actions] for actions in self.stages]}
+
+
+def held_peak(computes: Iterable[tuple[str, int]], weights: Sequence[float],
+              release: str) -> float:
+    """The most of `weights[chunk]` summed over a stage's (microbatch, chunk) activation sets
+    held at once, its computes (kind, chunk) in order: each set from its forward until
+    `release` ("B", or "W" where the backward is split) frees it."""
+    held = peak = 0
+    for kind, chunk in computes:
+        if kind == "F":
+            held += weights[chunk]
+            peak = max(peak, held)
+        elif kind == release:
+            held -= weights[chunk]
+    return peak
 
 
 @dataclass(frozen=True)
