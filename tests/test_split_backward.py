@@ -24,6 +24,9 @@ from paraxis.dist.testing import RankContext, run_on_ranks
 from paraxis.engine.pipeline_parallel.split_backward import backward_input
 from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor import apply_tensor_parallel
+from paraxis.plan.experts import moe_blocks
+from paraxis.plan.memory import kept_for_w_values
+from paraxis.plan.stages import ChunkFacts
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -91,6 +94,7 @@ PARTS = {  # name: (model, blocks, embedding, head, recompute)
     "middle-full-recompute": ("tiny-llama", range(1, 3), False, False, "full"),
     "last-selective-recompute": ("tiny", range(2, 4), False, True, "selective"),
     "first-full-recompute": ("tiny-llama", range(0, 2), True, False, "full"),
+    "middle-moe-shared": ("tiny-moe-shared", range(1, 3), False, False, "none"),
 }
 
 
@@ -110,6 +114,56 @@ def test_split_matches_fused(part):
 @pytest.mark.parametrize("part", ["middle-llama", "last-gpt2-tied-copy", "whole-gpt2-tied"])
 def test_split_matches_fused_under_autocast(part, dtype):
     assert_split_matches_fused(build_part(part), build_part(part), autocast=dtype)
+
+
+def kept_after_b(model: nn.Module, shard: tuple[int, int] = (0, 1)) -> int:
+    """Bytes B keeps for W on one microbatch of `model`, in its parameters' dtype
+    (`PendingWeightGrad.kept_bytes`)."""
+    cfg = model.cfg
+    dtype = next(model.parameters()).dtype
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=generator)
+    x = None
+    if not model.has_embedding:
+        stream = torch.randn(BATCH, SEQ, cfg.d_model, generator=generator).to(dtype)
+        x = stream.chunk(shard[1], dim=1)[shard[0]].clone().requires_grad_()
+    out = model(tokens if x is None else x, tokens) if model.has_head \
+        else model(tokens if x is None else x)
+    grad = None if model.has_head else torch.randn(out.shape, generator=generator).to(out.dtype)
+    _, pending = backward_input(out, grad, x, list(model.parameters()))
+    kept = pending.kept_bytes()
+    pending.run()
+    assert pending.kept_bytes() == 0  # W lets go of them
+    return kept
+
+
+def planned_kept(part: str, tp: int = 1, sequence_parallel: bool = False,
+                 element_bytes: int = 4) -> float:
+    name, blocks, embed, head, _ = PARTS[part]
+    cfg = PRESETS[name]
+    moe = moe_blocks(cfg, list(blocks))
+    chunk = ChunkFacts(len(blocks) - moe, moe, embed, head)
+    return element_bytes * kept_for_w_values(cfg, chunk, SEQ, BATCH, tp, sequence_parallel)
+
+
+def fused_norms(model: nn.Module) -> nn.Module:
+    """`model` with LayerNorms for its RMSNorms. On CPU torch's eager RMSNorm is a composite
+    that scales by its weight in fp32, so that op's output gradient is fp32 in a bf16 model;
+    CUDA runs one fused kernel, in the model's dtype, as a LayerNorm runs everywhere."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.RMSNorm):
+                setattr(module, name, nn.LayerNorm(child.normalized_shape, bias=False))
+    return model
+
+
+@pytest.mark.parametrize("part", [p for p in PARTS if not p.startswith("whole")])
+def test_b_keeps_for_w_what_the_planner_counts(part):
+    """Each cut node's incoming gradient, kept from B to W: the planner's count, exactly, in
+    fp32 and with bf16 parameters (the 16-bit policies' storage)."""
+    assert kept_after_b(build_part(part)) == planned_kept(part)
+    bf16 = fused_norms(build_part(part)).to(torch.bfloat16)
+    assert kept_after_b(bf16) == planned_kept(part, element_bytes=2)
 
 
 class Twice(nn.Module):
@@ -166,6 +220,10 @@ def tensor_parallel_split_matches_fused(ctx: RankContext) -> None:
                                               ctx.layout.sequence_parallel) for _ in range(2))
         assert any(getattr(param, "tp_sharded", False) for param in split.parameters())
         assert_split_matches_fused(fused, split, shard=shard)
+        # the column-parallel outputs' slices, the row-parallel ones whole, the norms' and
+        # the stage boundary's on the sequence shard under sequence parallelism
+        assert kept_after_b(split, shard=shard) == planned_kept(
+            part, tp, ctx.layout.sequence_parallel), part
 
 
 def test_split_matches_fused_with_tensor_parallelism():

@@ -349,3 +349,72 @@ def test_the_v_split_balances_stages_not_chunks() -> None:
     per_stage = [sum(parts_only.costs[i] for i in (s, 7 - s)) for s in range(4)]
     assert max(stages(v)) < max(per_stage)
     assert sum(len(v.blocks_of(s, c)) for s in range(4) for c in (0, 1)) == 24
+
+
+# ------------------------------------------------- what a stage holds for its W's
+
+def _held_for_w(ctx: RankContext, name: str) -> tuple[int, int]:
+    """This stage's measured peak of activations and gradients kept for W, after each
+    compute of one step; and the same peak from the schedule's moments of most memory
+    (`schedules.pending_moments`), each set weighed by what one F of its chunk saved and
+    what one B of it then kept, less what that B freed."""
+    from paraxis.engine.pipeline_parallel import executor as executor_module
+    from paraxis.engine.pipeline_parallel.memory import SavedActivations
+    from paraxis.parallelize import build_engine
+    from paraxis.spec.schedules import pending_moments
+
+    cfg = PRESETS[name]
+    layout = ctx.layout
+    engine = build_engine(cfg, layout, ctx.groups, "cpu", seed=0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (2 * layout.microbatches, 16), generator=generator)
+    engine.forward_backward(x, x.roll(1, 1))  # warm-up: lazily made state is not counted
+    engine.zero_grad()
+    executor = engine.executor
+    pending = []
+    split = executor_module.backward_input
+
+    def recorded(*args, **kwargs):
+        grad, weight_grad = split(*args, **kwargs)
+        pending.append(weight_grad)
+        return grad, weight_grad
+
+    saved: dict[int, int] = {}
+    kept: dict[int, int] = {}
+    peak = 0
+    compute = executor._compute
+
+    def measured(position, action, step, context):
+        nonlocal peak
+        before = meter.live_bytes
+        compute(position, action, step, context)
+        if action.kind == "F":
+            saved[action.chunk] = meter.live_bytes - before
+        elif action.kind == "B":
+            # what B lets go of: the graph above the nodes W restarts from (the loss's
+            # logits, whose gradient is then kept over them)
+            kept[action.chunk] = pending[-1].kept_bytes() + meter.live_bytes - before
+        peak = max(peak, meter.live_bytes + sum(p.kept_bytes() for p in pending))
+
+    executor_module.backward_input, executor._compute = recorded, measured
+    try:
+        with SavedActivations(engine.model.parameters()) as meter:
+            engine.forward_backward(x, x.roll(1, 1))
+    finally:
+        executor_module.backward_input = split
+    virtual = len(saved)
+    weights = [saved[c] for c in range(virtual)] + [kept[c] for c in range(virtual)]
+    moments = pending_moments(layout.schedule, layout.pp, layout.microbatches)
+    return peak, max(sum(n * w for n, w in zip(m, weights, strict=True))
+                     for m in moments[ctx.groups.pp_rank])
+
+
+def test_a_stage_holds_what_the_schedules_moments_say() -> None:
+    """Activations held from F to W and gradients kept from B to W, measured after every
+    compute of a zb-h1 and a zb-v step: their peak is the schedule's moments' (what the
+    planner weighs with its counts of both, `plan.memory.kept_for_w_values`)."""
+    layouts = ["pp=2,microbatches=4,schedule=zb-h1", "pp=2,microbatches=4,schedule=zb-v"]
+    for text, ranks in zip(layouts, run_on_ranks(layouts, _held_for_w, "tiny-llama",
+                                                 timeout_s=120), strict=True):
+        for stage, (measured, from_moments) in enumerate(ranks):
+            assert measured == from_moments, (text, stage)

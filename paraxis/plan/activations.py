@@ -152,3 +152,40 @@ def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
         return fused_loss_bytes(tokens, cfg.vocab_size, cfg.d_model, element_bytes,
                                 4 if compute_dtype == "fp16" else element_bytes)
     return loss_bytes(tokens, math.ceil(cfg.vocab_size / tp), element_bytes)
+
+
+def weight_grad_input_values(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,
+                             sequence_parallel: bool = False, mlp: bool = True) -> float:
+    """Values one block keeps from a split backward's B until its W, per GPU
+    (`engine.pipeline_parallel.split_backward`): the gradient each weighted op's output
+    received, from which W computes the op's weight gradient. The column-parallel GEMMs'
+    (q, k, v; the MLP's in, gate and up for SwiGLU) at their tp slice of the width, the
+    row-parallel ones' (the output projection, the MLP's down) whole, as the GEMM writes
+    its output before the sum over tp, and the two norms' on their sequence shard under
+    sequence parallelism. Without `mlp`, the MLP's are left out (an MoE block's:
+    `experts.moe_weight_grad_input_values`)."""
+    tokens = seq_len * micro_batch
+    mlp_in = (2 if cfg.style == "llama" else 1) * cfg.d_ff * mlp
+    column = (cfg.d_model + 2 * cfg.kv_dim + mlp_in) / tp
+    row = cfg.d_model * (1 + mlp)
+    norms = 2 * cfg.d_model / (tp if sequence_parallel else 1)
+    return tokens * (column + row + norms)
+
+
+def chunk_end_weight_grad_input_values(cfg: ModelConfig, seq_len: int, micro_batch: int,
+                                       tp: int = 1, sequence_parallel: bool = False,
+                                       embedding: bool = False, head: str = "") -> float:
+    """What a split backward keeps for W at a chunk's ends, beside its blocks': on the
+    chunk that starts with the embedding, whose input (token ids) needs no gradient so that
+    W is its whole backward, the gradient of its output; on the chunk with the head, the
+    final norm's output gradient and, unless the head and loss are fused (`head` =
+    "fused-linear": their one node receives the loss's scalar gradient), the logits'
+    gradient at the rank's share of the vocabulary (`head` = "chunked")."""
+    tokens = seq_len * micro_batch
+    stream = tokens * cfg.d_model / (tp if sequence_parallel else 1)
+    values = stream if embedding else 0.0
+    if head:
+        values += stream
+        if head != "fused-linear":
+            values += tokens * math.ceil(cfg.vocab_size / tp)
+    return values

@@ -224,6 +224,19 @@ def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     return rows * (2 * h + 6 * f) + tokens * (cfg.n_shared_experts * 6 * f + 8 * cfg.n_experts)
 
 
+def moe_weight_grad_input_values(cfg: ModelConfig, seq_len: int, micro_batch: int,
+                                 imbalance: float = 1.0, etp: int = 1) -> float:
+    """Values an MoE block's feed-forward half keeps from a split backward's B until its W
+    on one rank for the `seq_len` tokens of each sequence it routes (the attention half's:
+    `activations.weight_grad_input_values` without its MLP): the output gradient of each
+    expert GEMM, per routed (token, expert) row on the busiest rank the gate's and up's
+    slices (2 f_e / etp) and the down projection's whole (h), the same per token and shared
+    expert, and the router's logits (E)."""
+    tokens = seq_len * micro_batch
+    rows = tokens * cfg.top_k * busiest_load(cfg, imbalance) + tokens * cfg.n_shared_experts
+    return rows * (2 * cfg.d_ff_expert / etp + cfg.d_model) + tokens * cfg.n_experts
+
+
 def moe_forward_seconds(cfg: ModelConfig, cluster: Cluster, tokens: float, imbalance: float,
                         hbm: float, etp: int = 1, precision: Precision | None = None,
                         ep: int = 1) -> float:

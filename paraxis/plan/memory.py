@@ -6,10 +6,12 @@ import functools
 import math
 
 from paraxis.plan.activations import (
+    chunk_end_weight_grad_input_values,
     full_layer_activation_bytes,
     keeps_projection_input,
     layer_activation_bytes,
     logits_bytes,
+    weight_grad_input_values,
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
@@ -18,19 +20,23 @@ from paraxis.plan.context import repeated_kv_bytes
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
     moe_activation_bytes,
+    moe_weight_grad_input_values,
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
 from paraxis.plan.stages import (
+    ChunkFacts,
     chunk_blocks,
+    chunk_facts,
     held_stages,
+    pending_stages,
     recomputed_kinds,
     stage_blocks,
     stage_kinds,
 )
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem
+from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem, workspace_bytes
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
@@ -260,6 +266,26 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
     return step + 4 * min(owned, largest)
 
 
+def kept_for_w_values(cfg: ModelConfig, chunk: ChunkFacts, seq_len: int, micro_batch: int,
+                      tp: int = 1, sequence_parallel: bool = False, head: str = "chunked",
+                      routed_seq: int | None = None, expert_imbalance: float = 1.0,
+                      etp: int = 1) -> float:
+    """Values a chunk's B keeps for its W in a split backward (split_backward.py), per GPU
+    for `micro_batch` sequences of `seq_len` tokens on the rank (`routed_seq`: of them, those
+    it routes): its blocks' weighted ops' output gradients (none where its input is token
+    ids and W is its whole backward) and its ends' (`chunk_end_weight_grad_input_values`;
+    `head`: the loss kernel the head runs)."""
+    args = (seq_len, micro_batch, tp, sequence_parallel)
+    values = chunk_end_weight_grad_input_values(cfg, *args, embedding=chunk.embedding,
+                                                head=head if chunk.head else "")
+    if not chunk.embedding:
+        values += chunk.dense * weight_grad_input_values(cfg, *args) + chunk.moe * (
+            weight_grad_input_values(cfg, *args, mlp=False) + moe_weight_grad_input_values(
+                cfg, seq_len if routed_seq is None else routed_seq, micro_batch,
+                expert_imbalance, etp))
+    return values
+
+
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
@@ -355,14 +381,25 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     # instead wherever it has anything to do: dp or cp ranks to sum over, a ZeRO stage (a
     # shard even of one rank), or gradients in another dtype than the parameters.
     one_backward = layout.microbatches == 1 and own_gradients(layout, precision)
+    chunk_sizes = chunk_blocks(cfg, layout, seq_len)
     held = held_stages(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
-                       chunk_blocks(cfg, layout, seq_len))
+                       chunk_sizes)
+    # the fused head where the runtime runs it, else the chunked loss
+    head = loss_kernel if loss_kernel == "fused-linear" and \
+        fused_loss_problem(layout.tp, layout.zero) is None else "chunked"
+    pending = pending_stages(layout.schedule, layout.pp, layout.microbatches) \
+        if layout.schedule in SPLIT_BACKWARD else None
+    chunks_by_stage = chunk_facts(cfg, layout.pp, layout.virtual_stages, seq_len,
+                                  layout.placement)
+    sp_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
+
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
         in_flight = held[stage]  # whole stages' blocks held: uneven chunks weighed as they are
         # A stage like one priced before, holding no more microbatches, needs no more: a
         # deep pipeline's middle stages are one row (a search prices thousands of layouts)
-        facts = (local, experts, kinds[stage], recomputed_by_stage[stage], stage == last)
+        facts = (local, experts, kinds[stage], recomputed_by_stage[stage], stage == last,
+                 pending and (pending[stage], chunks_by_stage[stage]))
         if priced.get(facts, -1.0) >= in_flight:
             continue
         priced[facts] = in_flight
@@ -375,26 +412,39 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # the blocks its recompute applies to (all but under the block method), the rest
         # keeping all they hold
         dense_recomputed, moe_recomputed, whole_chunk = recomputed_by_stage[stage]
-        activations = in_flight * (
-            dense_recomputed * dense_layer + (dense - dense_recomputed) * whole_dense
-            + moe_recomputed * moe_layer + (moe - moe_recomputed) * whole_moe)
+        whole_stage = dense_recomputed * dense_layer + (dense - dense_recomputed) * whole_dense \
+            + moe_recomputed * moe_layer + (moe - moe_recomputed) * whole_moe
+        activations = in_flight * whole_stage
         group = layout.checkpoint_group
+        # a (microbatch, chunk) set's share of them
+        chunk_sets = [whole_stage * n / max(1, dense + moe) for n in chunk_sizes[stage]]
         if group > 1:
             # grouped checkpoints (model.run_blocks) keep one input per run of `group`
             # blocks of each chunk in flight
             activations = figures.peak_in_flight[stage] * math.ceil(
                 per_chunk / group) * dense_layer
+            chunk_sets = [math.ceil(n / group) * dense_layer for n in chunk_sizes[stage]]
+        if pending:
+            # B keeps each weighted op's output gradient until W: the peak of both together,
+            # at one of the schedule's moments of most memory
+            kept = [2 * kept_for_w_values(cfg, facts, *sp_args, head, routed_seq,
+                                          expert_imbalance, layout.etp)
+                    for facts in chunks_by_stage[stage]]
+            activations = max(sum(n * size for n, size in zip(moment, chunk_sets + kept,
+                                                             strict=True))
+                              for moment in pending[stage])
         # The formulas count 16-bit activations (Korthikanti et al.); fp32 compute keeps
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
         if stage == last:
-            # the fused head where the runtime runs it, else the chunked loss
-            fused = loss_kernel == "fused-linear" and \
-                fused_loss_problem(layout.tp, layout.zero) is None
             activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
-                                        precision.activation_bytes,
-                                        loss_kernel if fused else "chunked",
+                                        precision.activation_bytes, head,
                                         precision.compute_dtype)
+            if pending and head == "chunked":
+                # the logits' gradient, written over them, is kept for W (counted above)
+                activations -= logits_bytes(cfg, local_seq, micro_batch, layout.tp,
+                                            precision.activation_bytes) - workspace_bytes(
+                    local_seq * micro_batch, math.ceil(cfg.vocab_size / layout.tp))
         buffers = 0.0
         if layout.recompute == "full" and (whole_chunk or layout.schedule in SPLIT_BACKWARD):
             # a run of `group` blocks is rebuilt at once in its backward. Under the block

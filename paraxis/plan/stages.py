@@ -5,13 +5,14 @@ much of them its schedule holds at once (`held_stages`)."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.experts import moe_blocks
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.schedules import peak_held
+from paraxis.spec.schedules import peak_held, pending_moments
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,3 +108,37 @@ def chunk_blocks(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
     partition = partition_of(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
     return tuple(tuple(len(partition.blocks_of(stage, chunk))
                        for chunk in range(layout.virtual_stages)) for stage in range(layout.pp))
+
+
+class ChunkFacts(NamedTuple):
+    dense: int  # blocks
+    moe: int
+    embedding: bool  # the model's first chunk: its input is token ids
+    head: bool  # the model's last chunk
+
+
+@functools.lru_cache(maxsize=4096)  # a layout search asks for every stage of every layout
+def chunk_facts(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
+                placement: str) -> tuple[tuple[ChunkFacts, ...], ...]:
+    """Per stage, each chunk's blocks by kind and its ends, from the runtime's partition."""
+    partition = partition_of(cfg, pp, virtual, seq_len, placement)
+    rows = []
+    for stage in range(pp):
+        row = []
+        for chunk in range(virtual):
+            blocks = partition.blocks_of(stage, chunk)
+            moe = moe_blocks(cfg, blocks)
+            row.append(ChunkFacts(len(blocks) - moe, moe, partition.has_embedding(stage, chunk),
+                                  partition.has_head(stage, chunk)))
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def pending_stages(kind: str, pp: int, microbatches: int) -> tuple[tuple[tuple[int, ...], ...],
+                                                                    ...]:
+    """Per stage of a split-backward schedule, its moments of most memory
+    (`schedules.pending_moments`: per chunk, activation sets held and sets whose gradients
+    B keeps for W) over at most 2 pp microbatches (the warm-up's whole and a period of the
+    steady state after it: more repeat it)."""
+    return tuple(pending_moments(kind, pp, min(microbatches, 2 * pp)))

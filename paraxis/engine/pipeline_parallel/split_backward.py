@@ -127,6 +127,17 @@ class PendingWeightGrad:
     def __init__(self, calls: list[_WeightCall]) -> None:
         self._calls: list[_WeightCall] | None = calls
 
+    def kept_bytes(self) -> int:
+        """Bytes of the gradients B kept for W (each storage once): what the planner prices
+        beside the activations (`plan.activations.weight_grad_input_values`)."""
+        seen: dict[int, int] = {}
+        for call in self._calls or ():
+            for grad in call.root_grads:
+                if grad is not None:
+                    storage = grad.untyped_storage()
+                    seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values())
+
     def run(self) -> None:
         """W: accumulate the weight gradients into .grad (firing post-accumulate-grad hooks),
         then let go of the graph."""

@@ -38,6 +38,7 @@ from paraxis.spec.schedules.build import (
     check_compile,
     forward_only,
     peak_held,
+    pending_moments,
     placement_of,
 )
 from paraxis.spec.schedules.core import (
@@ -58,6 +59,5 @@ from paraxis.spec.schedules.validate import validate
 
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
            "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
-           "head_stage", "input_message", "peak_held", "place_of", "placement_of", "simulate",
-           "stage_costs",
-           "validate", "virtual_stage_of"]
+           "head_stage", "input_message", "peak_held", "pending_moments", "place_of",
+           "placement_of", "simulate", "stage_costs", "validate", "virtual_stage_of"]

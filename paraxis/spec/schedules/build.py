@@ -13,7 +13,14 @@ kind, so a new schedule is a new order and nothing else.
 from __future__ import annotations
 
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.schedules.core import COMPUTE, Action, Schedule, held_peak, simulate
+from paraxis.spec.schedules.core import (
+    COMPUTE,
+    Action,
+    Schedule,
+    held_moments,
+    held_peak,
+    simulate,
+)
 from paraxis.spec.schedules.zero_bubble import zero_bubble_order
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
@@ -91,6 +98,20 @@ def peak_held(kind: str, stages: int, microbatches: int, virtual: int,
     release = "W" if kind in SPLIT_BACKWARD else "B"  # `schedule` holds no actions yet
     return [held_peak(((action, chunk) for action, _, chunk in order), weights[stage], release)
             for stage, order in enumerate(_orders(schedule))]
+
+
+def pending_moments(kind: str, stages: int, microbatches: int
+                    ) -> list[tuple[tuple[int, ...], ...]]:
+    """Per stage of a split-backward kind, its moments of most memory (`core.held_moments`:
+    per chunk, the activation sets held and the sets whose B has kept gradients for their
+    W), from the compute orders alone."""
+    if kind not in SPLIT_BACKWARD:
+        raise ParaxisError(f"schedule {kind} does not split its backward; only "
+                           f"{', '.join(SPLIT_BACKWARD)} keep gradients for W")
+    virtual = FIXED_VIRTUAL.get(kind, 1)
+    schedule = Schedule(kind, stages, microbatches, virtual, [], placement_of(kind))
+    return [held_moments(((action, chunk) for action, _, chunk in order), virtual)
+            for order in _orders(schedule)]
 
 
 def _gpipe(microbatches: int) -> Order:

@@ -217,6 +217,29 @@ def held_peak(computes: Iterable[tuple[str, int]], weights: Sequence[float],
     return peak
 
 
+def held_moments(computes: Iterable[tuple[str, int]], virtual: int
+                 ) -> tuple[tuple[int, ...], ...]:
+    """A split-backward stage's moments of most memory, its computes (kind, chunk) in order:
+    after each F and each B, the (microbatch, chunk) sets it holds per chunk, activations
+    (from the F until the W) then the gradients B keeps for W (from the B until the W), as
+    one tuple of 2 `virtual` counts. Only the moments no other one holds at least as much
+    in every count: the peak of any weighing of the counts is at one of them."""
+    held = [0] * (2 * virtual)
+    moments: set[tuple[int, ...]] = set()
+    for kind, chunk in computes:
+        if kind == "F":
+            held[chunk] += 1
+        elif kind == "B":
+            held[virtual + chunk] += 1
+        elif kind == "W":
+            held[chunk] -= 1
+            held[virtual + chunk] -= 1
+            continue
+        moments.add(tuple(held))
+    return tuple(m for m in moments if not any(
+        o != m and all(a >= b for a, b in zip(o, m, strict=True)) for o in moments))
+
+
 @dataclass(frozen=True)
 class Event:
     action: Action
