@@ -8,6 +8,7 @@ import torch
 
 from paraxis.model.transformer import Block
 from paraxis.plan.activations import layer_activation_bytes
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 
 BATCH, SEQ = 2, 64
@@ -98,3 +99,41 @@ def test_a_context_parallel_block_keeps_what_the_planner_counts():
 
 def _cp_block_cases(ctx, cases: list[tuple[str, str]]) -> list[tuple[int, float]]:
     return [_cp_block_bytes(ctx, name, variant) for name, variant in cases]
+
+
+def _tp_block_cases(ctx, names: tuple[str, ...]) -> list[tuple[int, float]]:
+    """Each preset's block split over this launch's tp ranks (sequence-parallel or not):
+    what it keeps for its backward, and the planner's count for paraxis's runtime."""
+    from paraxis.model.transformer import Transformer
+    from paraxis.parallel.tensor import apply_tensor_parallel
+
+    layout, counts = ctx.layout, []
+    for name in names:
+        torch.manual_seed(0)
+        cfg = PRESETS[name]
+        part = Transformer(cfg, blocks=range(1), embed=False, head=False)
+        part.blocks[0] = block_of(name)  # the tensor-parallel plan names blocks by position
+        block = apply_tensor_parallel(part, ctx.groups, layout.sequence_parallel)
+        local = SEQ // layout.tp if layout.sequence_parallel else SEQ
+        x = torch.randn(BATCH, local, cfg.d_model, dtype=torch.bfloat16, requires_grad=True)
+        block(x).float().square().mean().backward()
+        want = layer_activation_bytes(cfg, SEQ, BATCH, layout.tp, layout.sequence_parallel,
+                                      dropout=False, sp_regather=False)
+        counts.append((kept_bytes(block, block, x), want))
+    return counts
+
+
+def test_a_tensor_parallel_block_keeps_what_the_planner_counts():
+    """tp = 2, with and without sequence parallelism: under SP the block keeps the norms'
+    inputs as sequence shards and the attention's and MLP's gathered inputs whole, where
+    Megatron-LM keeps shards and gathers them again in the backward (the planner's default,
+    `sp_regather`, for the published runs)."""
+    from paraxis.dist.testing import run_on_ranks
+
+    names = ("small", "small-llama")
+    layouts = [Layout(tp=2), Layout(tp=2, sequence_parallel=True)]
+    for layout, ranks in zip(layouts, run_on_ranks(layouts, _tp_block_cases, names),
+                             strict=True):
+        for rank, counts in enumerate(ranks):
+            for name, (kept, want) in zip(names, counts, strict=True):
+                assert kept == pytest.approx(want, rel=TOLERANCE), (name, str(layout), rank)

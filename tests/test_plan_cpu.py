@@ -160,9 +160,10 @@ def test_eager_runtime_has_no_sp_regathers():
     plain = price(Layout(tp=2), cores=2).time["tp_total"]
     # On CPU ranks each reduce-scatter is an all-to-all whose owner then adds the parts
     # (spec.collectives): the same bytes on the wire, and beside them the owners' sums, 5/2
-    # of the buffer through memory, four a layer (two forward, two backward) over 8 layers
+    # of the buffer through memory, four a layer (two forward, two backward) over 8 layers,
+    # and one at each end (the embedding's forward, the head's backward)
     boundary = 4 * 16 * 128 * MODEL.d_model  # fp32 activations of the one microbatch
-    sums = 8 * 4 * boundary * 5 / 2 / CPU["hbm_bandwidth_Bps"]
+    sums = (8 * 4 + 2) * boundary * 5 / 2 / CPU["hbm_bandwidth_Bps"]
     assert eager == pytest.approx(plain + sums, rel=1e-6)
     gpu = build_cluster("a100-80gb", 2)
     megatron = evaluate(MODEL, sp, gpu, 128, 16).time["tp_total"]

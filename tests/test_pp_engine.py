@@ -250,3 +250,45 @@ def test_a_coalesced_batch_is_waited_whole_by_each_of_its_ops():
     assert len(handles) == 3
     handles[2].wait()
     assert group[0].waited
+
+
+def _boundary_messages(ctx: RankContext) -> tuple[set[int], float]:
+    """The sizes of the activations and gradients this rank sent across the pipeline
+    boundary in one step, and the planner's bytes per message for them."""
+    import dataclasses
+
+    from paraxis.engine.pipeline_parallel import executor as executor_module
+    from paraxis.parallelize import build_engine
+    from paraxis.plan.cost import boundary_message_bytes
+    from paraxis.plan.hardware import GPUS
+
+    cfg, layout = PRESETS["tiny"], ctx.layout
+    sent: set[int] = set()
+    post = executor_module.batch_isend_irecv
+
+    def recorded(ops):
+        sent.update(op.tensor.numel() * op.tensor.element_size() for op in ops
+                    if op.op is torch.distributed.isend)
+        return post(ops)
+
+    executor_module.batch_isend_irecv = recorded
+    try:
+        engine = build_engine(cfg, layout, ctx.groups, "cpu", seed=SEED)
+        x, y = _batches()[0]
+        engine.forward_backward(x, y)
+    finally:
+        executor_module.batch_isend_irecv = post
+    microbatch = 4 * BATCH // layout.microbatches * SEQ * cfg.d_model  # fp32 residual stream
+    paraxis_runtime = dataclasses.replace(GPUS["a100-80gb"], kernels="eager")
+    return sent, boundary_message_bytes(layout, paraxis_runtime, microbatch)
+
+
+def test_the_planner_prices_the_boundary_messages_the_runtime_sends():
+    """tp = 2 over pp = 2: every tp rank sends the whole boundary (no scatter-gather), its
+    sequence shard under sequence parallelism."""
+    layouts = [Layout(tp=2, pp=2, microbatches=2),
+               Layout(tp=2, pp=2, microbatches=2, sequence_parallel=True)]
+    for layout, ranks in zip(layouts, run_on_ranks(layouts, _boundary_messages, timeout_s=60),
+                             strict=True):
+        for sent, priced in ranks:
+            assert sent == {priced}, str(layout)

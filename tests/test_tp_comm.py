@@ -6,6 +6,8 @@ parallelism each all-reduce becomes an all-gather + reduce-scatter pair (Korthik
 2022, sec. 4.2.2), moving the same bytes.
 """
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +25,8 @@ from paraxis.parallel.tensor.comm import (
 )
 from paraxis.parallel.tensor.partial import mark_partial_grad, sum_partial_grads
 from paraxis.plan.comm import tp_collectives_per_layer
+from paraxis.plan.head import ends_collectives
+from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 
 BATCH, SEQ = 2, 16
@@ -102,7 +106,9 @@ def count_model(ctx: RankContext, sequence_parallel: bool) -> dict:
     idx = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CommCounter() as counter:
         model(idx, idx).backward()
+    kinds = {(e.kind, e.phase) for e in counter.events if e.purpose == "activation"}
     return {"summary": counter.summary(), "layers": cfg.n_layers,
+            "counts": {key: counter.count(*key, "activation") for key in kinds},
             "loss": counter.count(purpose="loss"),
             "forward": counter.count(phase="forward", purpose="activation"),
             "backward": counter.count(phase="backward", purpose="activation")}
@@ -117,6 +123,12 @@ def test_whole_model_adds_one_collective_each_for_embedding_and_head(sequence_pa
     extra = 2 if sequence_parallel else 1
     assert result["forward"] == per_pass + extra
     assert result["backward"] == per_pass + extra
+    # kind by kind, what the planner prices: its layers' and its two ends'
+    planned = Counter({key: result["layers"] * n
+                       for key, n in seeds_per_layer(sequence_parallel).items()})
+    ends = ends_collectives(Layout(tp=2, sequence_parallel=sequence_parallel))
+    planned.update(ends["embedding"] + ends["head"])
+    assert result["counts"] == dict(planned)
     assert result["loss"] == 2  # max, then (target logit, sum exp) together
     assert set(result["summary"]) <= {"all_reduce", "all_gather", "reduce_scatter"}
 
@@ -203,3 +215,16 @@ def test_partial_gradients_are_summed_a_bucket_at_a_time():
     for result in run_on_ranks("tp=2", sum_in_buckets):
         assert result["sums"] == [[3.0]] * 5  # 1 + 2 everywhere
         assert result["calls"] == 4 and result["in_place"]
+
+
+def test_nested_counters_each_see_their_own_events():
+    from paraxis.parallel.tensor.counter import record
+
+    with CommCounter() as outer:
+        record("all_reduce", 8, "forward")
+        with CommCounter() as inner:  # the same events as the outer's so far: equal lists
+            inner.events.extend(outer.events)
+            record("all_gather", 4, "forward")
+        record("reduce_scatter", 2, "backward")
+    assert [e.kind for e in outer.events] == ["all_reduce", "all_gather", "reduce_scatter"]
+    assert [e.kind for e in inner.events] == ["all_reduce", "all_gather"]

@@ -62,13 +62,16 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
                            sequence_parallel: bool = False, recompute: str = "none",
                            attention: str = RUNTIME_KERNEL.name,
                            dropout: bool | None = None, mlp: bool = True,
-                           head_split: bool = False) -> float:
+                           head_split: bool = False, sp_regather: bool = True) -> float:
     """Bytes one layer keeps for backward, per GPU, for `micro_batch` sequences, with the
     attention core run by the kernel named `attention` ("flash" or "math") and dropout
     masks where the run has dropout (`has_dropout`); `head_split`: context parallelism
     splits heads around the core (all-to-all, one level or two). Without `mlp`, the MLP's
     own tensors are left out (an MoE block's experts keep theirs:
-    `experts.moe_activation_bytes`)."""
+    `experts.moe_activation_bytes`). `sp_regather`: under sequence parallelism the
+    column-parallel GEMMs keep their input's sequence shard and gather it again in the
+    backward (Megatron-LM); without, they keep the gathered input whole, as autograd does
+    in paraxis's runtime (`plan/tp_layer.py`)."""
     s, b, h, f = seq_len, micro_batch, cfg.d_model, cfg.d_ff
     kernel = get_kernel(attention)
     dropout = has_dropout(cfg, dropout)
@@ -92,6 +95,10 @@ def layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp:
     # product, recomputing silu(gate) in the backward (paraxis.kernels.activation).
     kept_mlp = (4 if cfg.style == "gpt2" else 6) * s * b * f * mlp
     inside = (kept_attention + kept_mlp) / tp
+    if sequence_parallel and not sp_regather:
+        # the attention's and the MLP's gathered inputs, whole on every rank
+        gathered = 2 * s * b * h * (1 + mlp)
+        return inside + (outside - gathered) / tp + gathered
     return inside + outside / (tp if sequence_parallel else 1)
 
 
@@ -133,11 +140,12 @@ def rotary_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, recompute: st
 def full_layer_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
                                 tp: int = 1, sequence_parallel: bool = False,
                                 attention: str = RUNTIME_KERNEL.name,
-                                dropout: bool | None = None, head_split: bool = False
-                                ) -> float:
+                                dropout: bool | None = None, head_split: bool = False,
+                                sp_regather: bool = True) -> float:
     """What a fully recomputed layer rebuilds during its backward (a temporary buffer)."""
     return layer_activation_bytes(cfg, seq_len, micro_batch, tp, sequence_parallel, "none",
-                                  attention, dropout, head_split=head_split)
+                                  attention, dropout, head_split=head_split,
+                                  sp_regather=sp_regather)
 
 
 def logits_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int = 1,

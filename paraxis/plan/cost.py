@@ -54,7 +54,7 @@ from paraxis.plan.experts import (
     check_ep,
 )
 from paraxis.plan.grad_sync import exposed_sync, sync_parts
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.layer_cost import (
     block_key,
     block_times,
@@ -205,16 +205,21 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         return blocks_sum(stage, "forward", "backward") + has_head * (
             head["forward"] + head["backward"])
 
-    # stages alike (their blocks, the head or not) compute alike: the first of each kind
+    def ends_tp(stage: int, key: str) -> float:
+        """The head's TP time `key` on the last stage, the embedding's on the first."""
+        return (stage == last) * head[key] + (stage == 0) * head[f"embed_{key}"]
+
+    # stages alike (their blocks, the head or the embedding or not) compute alike: the first
+    # of each kind
     firsts: dict[tuple, int] = {}
     for stage in range(layout.pp):
-        firsts.setdefault((kinds[stage], stage == last), stage)
+        firsts.setdefault((kinds[stage], stage == last, stage == 0), stage)
     busiest = max(firsts.values(), key=stage_compute)
     has_head = busiest == last
     t_forward = blocks_sum(busiest, "forward") + has_head * head["forward"]
     t_backward = blocks_sum(busiest, "backward") + has_head * head["backward"]
-    t_tp = blocks_sum(busiest, "tp_forward", "tp_backward") + has_head * head["tp"]
-    t_tp_total = blocks_sum(busiest, "tp_total") + has_head * head["tp_total"]
+    t_tp = blocks_sum(busiest, "tp_forward", "tp_backward") + ends_tp(busiest, "tp")
+    t_tp_total = blocks_sum(busiest, "tp_total") + ends_tp(busiest, "tp_total")
     t_cp = blocks_sum(busiest, "cp_forward", "cp_backward")
     t_cp_total = blocks_sum(busiest, "cp_total")
     t_ep = blocks_sum(busiest, "ep_forward", "ep_backward")  # MoE all-to-alls: they block
@@ -229,7 +234,7 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         reruns = tuple(dense * d + moe * m for d, m in zip(
             rerun_floors(layer, faster), rerun_floors(moe_layer, faster), strict=True))
         # recomputing may make another stage the busiest: the least any stage communicates
-        least_comm = min(blocks_sum(s, *EXPOSED_COMM) + (s == last) * head["tp"]
+        least_comm = min(blocks_sum(s, *EXPOSED_COMM) + ends_tp(s, "tp")
                          for s in firsts.values())
     boundary_bytes = precision.activation_bytes * tokens_per_microbatch * cfg.d_model
 
@@ -238,9 +243,9 @@ def pipeline_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: i
         # an activation's send waits after a chunk's forward (its layers' two halves each),
         # a gradient's after the chunk's backward
         chunk = at_segment(cluster, 2 * half_layer * max(counts) / layout.virtual_stages)
-        # Megatron scatter-gather (Narayanan et al. 2021 Sec. 4.1): each of tp ranks sends 1/tp
-        # of the boundary activation; an activation forward and a gradient back per chunk.
-        sends = (collective_time("send_recv", boundary_bytes / layout.tp, 2,
+        # an activation forward and a gradient back per chunk
+        sent = boundary_message_bytes(layout, cluster.gpu, boundary_bytes)
+        sends = (collective_time("send_recv", sent, 2,
                                  axis_link(layout, "pp", after)) for after in (
                                      chunk, after_backward(chunk)))
         t_pp = layout.virtual_stages * sum(sends)
@@ -297,18 +302,29 @@ def optimizer_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_le
                           one_pass=not cluster.cores_per_node)
 
 
+def boundary_message_bytes(layout: Layout, gpu: GPU, boundary_bytes: float) -> float:
+    """Bytes one tp rank sends across a pipeline boundary per message, of a microbatch's
+    `boundary_bytes` (its residual stream on one cp rank): 1/tp under sequence parallelism
+    (its shard) and with Megatron's scatter-gather (Narayanan et al. 2021 Sec. 4.1); the
+    whole from every tp rank in paraxis's runtime without SP."""
+    split = layout.sequence_parallel or gpu.megatron_runtime
+    return boundary_bytes / layout.tp if split else boundary_bytes
+
+
 def memory_on(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
               micro_batch: int, precision: Precision = MIXED_ADAM,
               expert_imbalance: float = DEFAULT_IMBALANCE) -> dict[str, float]:
     """`layout_memory` with what `cluster`'s GPU and runtime keep: its attention kernel (flash
-    under cp), reserve, gradient buckets, dropout masks, pipeline ZeRO-2 and loss kernel."""
+    under cp), reserve, gradient buckets, dropout masks, pipeline ZeRO-2, loss kernel and
+    sequence parallelism's kept inputs."""
     gpu = cluster.gpu
     return layout_memory(cfg, layout, seq_len, micro_batch, precision,
                          "flash" if layout.cp > 1 else gpu.attention_kernel,
                          reserved=gpu.reserved_bytes, bucket_bytes=gpu.gradient_bucket_bytes,
                          dropout=runtime_dropout(cfg, gpu), expert_imbalance=expert_imbalance,
                          zero2_reduce=gpu.pipeline_zero2_reduce, loss_kernel=gpu.loss_kernel,
-                         one_pass=not cluster.cores_per_node)
+                         one_pass=not cluster.cores_per_node,
+                         sp_regather=gpu.megatron_runtime)
 
 
 def calls_time(cfg: ModelConfig, layout: Layout, cluster: Cluster, memo: dict) -> float:

@@ -138,17 +138,19 @@ def experts_seconds(cfg: ModelConfig, cluster: Cluster, precision: Precision, ro
 
 
 def saved_fp8_bytes_per_token(cfg: ModelConfig, tp: int, sequence_parallel: bool,
-                              mlp: bool = True, projection_input: bool = True) -> float:
+                              mlp: bool = True, projection_input: bool = True,
+                              sp_regather: bool = True) -> float:
     """Bytes per token a layer keeps for the backward less than bf16 does, where its linears'
     inputs are kept in FP8 (1 byte, not 2): the attention and MLP inputs (the norms'
     outputs, h each, split over tp only with SP) and the MLP's down-projection input (f,
     split over tp); the output projection's input (h) too where
     `activations.projection_input_bytes` counts it apart (`projection_input`), else its FP8
     copy is kept beside the attention kernel's own output, one byte an element more.
-    activations.layer_activation_bytes counts each at 2 bytes."""
+    activations.layer_activation_bytes counts each at 2 bytes (whole under SP without
+    `sp_regather`, as the gathered inputs are kept there)."""
     outside = 2 * cfg.d_model if mlp else cfg.d_model
     inside = (cfg.d_model if projection_input else -cfg.d_model) + (cfg.d_ff if mlp else 0)
-    return outside / (tp if sequence_parallel else 1) + inside / tp
+    return outside / (tp if sequence_parallel and sp_regather else 1) + inside / tp
 
 
 @functools.lru_cache(maxsize=256)  # a layout search asks for every layout

@@ -106,10 +106,12 @@ class GPU:
     # How elementwise ops run: "fused" kernels that touch each tensor once (Megatron-LM, the
     # published runs), "eager", one PyTorch kernel per op (paraxis's own runtime), or
     # "compiled", paraxis's runtime under torch.compile (its elementwise ops fused as
-    # "fused" prices them). The name stands for the runtime too: Megatron's GPT blocks
-    # have dropout, it re-gathers SP inputs in the backward, and its Adam is one fused
-    # kernel; paraxis's blocks have no dropout and keep the gathered inputs
-    # (cost.layer_times, compute.optimizer_traffic_per_param).
+    # "fused" prices them). The name stands for the runtime too (`megatron_runtime`):
+    # Megatron's GPT blocks have dropout, it keeps SP inputs' shards and re-gathers them in
+    # the backward, each tp rank sends 1/tp of a pipeline boundary (scatter-gather) and its
+    # Adam is one fused kernel; paraxis's blocks have no dropout, keep the gathered inputs,
+    # send the boundary whole without SP (cost.layer_times, memory.layout_memory,
+    # compute.optimizer_traffic_per_param).
     kernels: str = "fused"
     # CPU ranks: seconds a layer's forward + backward spends dispatching its eager ops (one
     # token's pass, measured by a calibration), paid per layer per microbatch whatever the
@@ -168,6 +170,11 @@ class GPU:
     # "fused-linear", dL/dx, an fp32 dL/dW and one chunk's logits (paraxis --fused-loss,
     # Liger-Kernel's fused linear cross entropy).
     loss_kernel: str = "chunked"
+
+    @property
+    def megatron_runtime(self) -> bool:
+        """Whether `kernels` names Megatron-LM's runtime (the published runs), not paraxis's."""
+        return self.kernels == "fused"
 
 
 # Host seconds per kernel launched, measured with paraxis's eager runtime on the host of an

@@ -1,12 +1,13 @@
 """The LM head and the loss: what the last pipeline stage adds to its blocks per microbatch.
 
 Apart from cost.py (one idea per file): the vocabulary projection's GEMM, the final norm and
-the loss's elementwise traffic, and with tp > 1 the vocab-parallel ends' collectives.
+the loss's elementwise traffic, and with tp > 1 the vocab-parallel ends' collectives (the
+head's, and the embedding's on the first stage).
 """
 
 from __future__ import annotations
 
-from paraxis.plan.comm import axis_link, collective_time
+from paraxis.plan.comm import Link, axis_link, collective_time, scatter_time
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, head_forward_traffic_per_token_eager
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
@@ -46,16 +47,54 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
         return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward, "tp": 0.0,
                 "tp_total": 0.0}
     # The vocab-parallel ends (Shoeybi et al. 2019 Sec. 3): the parallel cross-entropy
-    # all-reduces the row max, then the row sums (two small all-reduces that block), and the
-    # head's input gradient is all-reduced in the backward, where, like a layer's
-    # column-parallel linears, it can hide behind the head's weight-gradient GEMM.
+    # all-reduces the row max, then the row sums (two small all-reduces that block); of the
+    # head's own collectives (`ends_collectives`) the forward's block, the backward's can
+    # hide behind the head's weight-gradient GEMM, like a layer's column-parallel linears'.
     link = axis_link(layout, "tp", cluster)
     loss = (collective_time("all_reduce", 4 * tokens, layout.tp, link)
             + collective_time("all_reduce", 8 * tokens, layout.tp, link))
-    grad = collective_time("all_reduce", precision.activation_bytes * tokens * cfg.d_model,
-                           layout.tp, link)
+    stream = precision.activation_bytes * tokens * cfg.d_model
+    collectives = ends_collectives(layout)["head"]
+    gather = sum(_tp_time(kind, stream, layout.tp, link)
+                 for kind, phase in collectives if phase == "forward")
+    grad = sum(_tp_time(kind, stream, layout.tp, link)
+               for kind, phase in collectives if phase == "backward")
     exposed = grad
     if overlap.tp:
         exposed = max(0.0, grad - gemm) + overlap.contention * min(grad, gemm)
-    return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward, "tp": loss + exposed,
-            "tp_total": loss + grad}
+    return {"forward": forward, "backward": BACKWARD_FLOPS_RATIO * forward,
+            "tp": loss + gather + exposed, "tp_total": loss + gather + grad}
+
+
+def ends_collectives(layout: Layout) -> dict[str, list[tuple[str, str]]]:
+    """The TP collectives (kind, phase) of the residual stream at the model's two ends per
+    microbatch, as the runtime issues them (the loss's per-token scalars aside): the
+    vocab-parallel embedding sums its partial rows, all-reduced, or reduce-scattered to the
+    sequence shards under SP, whose backward all-gathers the gradient; the head's input is
+    all-gathered from the shards under SP, and its gradient all-reduced, or
+    reduce-scattered under SP."""
+    if layout.tp == 1:
+        return {"embedding": [], "head": []}
+    if layout.sequence_parallel:
+        return {"embedding": [("reduce_scatter", "forward"), ("all_gather", "backward")],
+                "head": [("all_gather", "forward"), ("reduce_scatter", "backward")]}
+    return {"embedding": [("all_reduce", "forward")], "head": [("all_reduce", "backward")]}
+
+
+def _tp_time(kind: str, size_bytes: float, tp: int, link: Link) -> float:
+    return scatter_time(size_bytes, tp, link) if kind == "reduce_scatter" \
+        else collective_time(kind, size_bytes, tp, link)
+
+
+def embedding_tp_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
+                       seq_len: int, precision: Precision = MIXED_ADAM) -> dict[str, float]:
+    """Seconds of the vocab-parallel embedding's TP collectives (`ends_collectives`) per
+    microbatch on the first stage, all on the critical path; "tp" and "tp_total" as
+    `head_times`."""
+    if layout.tp == 1:
+        return {"tp": 0.0, "tp_total": 0.0}
+    link = axis_link(layout, "tp", cluster)
+    stream = precision.activation_bytes * micro_batch * seq_len // layout.cp * cfg.d_model
+    seconds = sum(_tp_time(kind, stream, layout.tp, link)
+                  for kind, _ in ends_collectives(layout)["embedding"])
+    return {"tp": seconds, "tp_total": seconds}

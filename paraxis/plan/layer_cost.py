@@ -27,7 +27,7 @@ from paraxis.plan.experts import (
 )
 from paraxis.plan.fp8 import layer_linears_seconds
 from paraxis.plan.hardware import GPU, Cluster
-from paraxis.plan.head import head_times
+from paraxis.plan.head import embedding_tp_times, head_times
 from paraxis.plan.rates import (
     DEFAULT_OVERLAP,
     Overlap,
@@ -69,7 +69,7 @@ def _core_times(scores: float, score_bytes: float, gemm_rate: float, measured_ra
 def runtime_dropout(cfg: ModelConfig, gpu: GPU) -> bool:
     """Whether the runtime's blocks have dropout (its masks kept, its kernels run): Megatron's
     ("fused") GPT blocks do; paraxis's, eager or compiled, have none."""
-    return cfg.style == "gpt2" and gpu.kernels == "fused"
+    return cfg.style == "gpt2" and gpu.megatron_runtime
 
 
 def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
@@ -173,9 +173,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     widths = (cfg.d_model + 2 * cfg.kv_dim, mlp_in)[:1 if ffn != "split" else 2]
     windows = tuple(2 * tokens * cfg.d_model * width / rate * gemms_backward / (bf16_backward or 1)
                     for width in widths)  # shorter where the GEMMs run in FP8
-    # Megatron (fused kernels: the published runs) re-gathers SP inputs in the backward;
-    # paraxis's runtime keeps the gathered input (tp_layer.SP_BACKWARD_REGATHERS).
-    regather = gpu.kernels == "fused"
+    regather = gpu.megatron_runtime  # Megatron re-gathers SP inputs in the backward
     # TP collectives pipelined with the GEMMs beside them, forward too (GPU.tp_comm_overlap
     # "all"): the row-parallel GEMMs' windows, attention's output projection and MLP-out
     row_windows = (2 * tokens * cfg.d_model * cfg.d_model / rate,
@@ -243,8 +241,9 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
                 micro_batch: int, precision: Precision, overlap: Overlap,
                 expert_imbalance: float, memo: dict, key: tuple | None = None
                 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """(a dense block's, an MoE block's, the head's) times per microbatch (`layer_times`,
-    `head_times`), once per `block_key` in `memo`; all but an MoE block's routing calls
+    """(a dense block's, an MoE block's, the model's ends') times per microbatch
+    (`layer_times`; `head_times` with `embedding_tp_times` as "embed_tp" and
+    "embed_tp_total"), once per `block_key` in `memo`; all but an MoE block's routing calls
     once for every dp and pp degree (`layer_times`' `routing_calls`)."""
     key = block_key(layout, micro_batch, precision, cluster) if key is None else key
     if key not in memo:
@@ -259,8 +258,12 @@ def block_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
             # a model of MoE blocks only has no dense block to price (its rows count none)
             layer = None if cfg.n_moe_layers == cfg.n_layers else layer_times(
                 cfg, layout, at, seq_len, micro_batch, overlap, precision)
-            memo[shared] = (layer, moe,
-                            head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision))
+            # the model's two ends: the head's times, and the embedding's TP collectives as
+            # "embed_tp" and "embed_tp_total"
+            ends = head_times(cfg, layout, at, micro_batch, seq_len, overlap, precision)
+            ends.update({f"embed_{k}": v for k, v in embedding_tp_times(
+                cfg, layout, at, micro_batch, seq_len, precision).items()})
+            memo[shared] = (layer, moe, ends)
         layer, moe, head = memo[shared]
         if moe is not None:
             moe = with_routing_calls(cfg, layout, at, moe)
@@ -272,7 +275,7 @@ def reruns_needed(gpu: GPU) -> bool:
     """Whether the runtime's full recomputation stops once the tensors the backward reads are
     rebuilt (`GPU.recompute_rerun`; "auto": paraxis's kernels, not Megatron's fused ones)."""
     return gpu.recompute_rerun == "needed" or (gpu.recompute_rerun == "auto"
-                                               and gpu.kernels != "fused")
+                                               and not gpu.megatron_runtime)
 
 
 def core_share_of_fastest(cfg: ModelConfig, layout: Layout, cluster: Cluster,

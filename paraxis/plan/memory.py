@@ -294,13 +294,15 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                   dropout: bool | None = None,
                   expert_imbalance: float = DEFAULT_IMBALANCE,
                   zero2_reduce: str = "step", loss_kernel: str = "chunked",
-                  one_pass: bool = True) -> dict[str, float]:
+                  one_pass: bool = True, sp_regather: bool = True) -> dict[str, float]:
     """Per-GPU bytes by component on the stage that needs the most; what must fit, with the
     attention core run by the kernel named `attention` (paraxis/spec/kernels.py).
     `zero2_reduce`: how ZeRO-2 reduces under a pipeline (GPU.pipeline_zero2_reduce): "step"
     keeps the stage's whole gradients until the step's end. `loss_kernel`: what the head and
     loss keep (GPU.loss_kernel). `one_pass`: the masters' step as on CUDA, not as on CPU
-    ranks (`master_step_buffers`).
+    ranks (`master_step_buffers`). `sp_regather`: sequence parallelism keeps the
+    column-parallel GEMMs' input shards and gathers them again in the backward (Megatron-LM),
+    not the gathered inputs (paraxis's runtime: `activations.layer_activation_bytes`).
 
     Keys: params, grads, optimizer, activations, buffers, reserved, total, stage: the bytes
     alive at the stage's peak, the larger of two moments. At the backward's start: the
@@ -333,22 +335,24 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     def kept_bytes(recompute: str) -> tuple[float, float]:
         """(a dense block's, an MoE block's) bytes kept for the backward under `recompute`."""
         dense_layer = layer_activation_bytes(cfg, *kernel_args, recompute, attention, dropout,
-                                             head_split=head_split)
+                                             head_split=head_split, sp_regather=sp_regather)
         if recompute == "full":
             return dense_layer, dense_layer  # only the block's input is kept
         moe_layer = layer_activation_bytes(cfg, *kernel_args, recompute, attention, dropout,
-                                           mlp=False, head_split=head_split) \
+                                           mlp=False, head_split=head_split,
+                                           sp_regather=sp_regather) \
             + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
                                    layout.etp) if cfg.is_moe else 0.0
         if precision.fp8_recipe is not None:
             # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
             fp8_args = (layout.tp, layout.sequence_parallel)
             projected = keeps_projection_input(recompute, attention, head_split)
-            dense_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, projection_input=projected) \
+            dense_layer -= saved_fp8_bytes_per_token(
+                cfg, *fp8_args, projection_input=projected, sp_regather=sp_regather) \
                 * local_seq * micro_batch
-            moe_layer -= saved_fp8_bytes_per_token(cfg, *fp8_args, mlp=False,
-                                                   projection_input=projected) * local_seq \
-                * micro_batch if cfg.is_moe else 0.0
+            moe_layer -= saved_fp8_bytes_per_token(
+                cfg, *fp8_args, mlp=False, projection_input=projected,
+                sp_regather=sp_regather) * local_seq * micro_batch if cfg.is_moe else 0.0
         if recompute == "none":  # the core's own tensors are kept
             copies = repeated_kv_bytes(cfg, layout.cp_attention, layout.cp, layout.tp, seq_len,
                                        micro_batch, layout.cp_a2a)
@@ -364,11 +368,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     if layout.recompute == "full":  # a block rebuilt in its backward: all it holds
         rebuilt = rebuilt_moe = full_layer_activation_bytes(
             cfg, local_seq, micro_batch, layout.tp, layout.sequence_parallel, attention,
-            dropout, head_split)
+            dropout, head_split, sp_regather)
         if cfg.is_moe:
             rebuilt_moe = max(rebuilt, layer_activation_bytes(
                 cfg, *kernel_args, "none", attention, dropout, mlp=False,
-                head_split=head_split)
+                head_split=head_split, sp_regather=sp_regather)
                 + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
                                        layout.etp))
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and

@@ -13,7 +13,8 @@ from paraxis.plan.comm import Link, collective_time, scatter_time, tp_collective
 # Megatron's SP keeps only the sequence shard of the two column-parallel GEMM inputs (the
 # memory activations.py counts) and all-gathers them again in the backward (Korthikanti et
 # al. 2022 Sec. 4.2.2): two extra all-gathers per layer. paraxis's own runtime lets autograd
-# keep the gathered input instead, so it has none (`regather=False`).
+# keep the gathered input instead, so it has none (`regather=False`,
+# `GPU.megatron_runtime`).
 SP_BACKWARD_REGATHERS = 2
 
 

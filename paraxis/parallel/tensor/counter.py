@@ -30,7 +30,7 @@ class CommEvent:
     purpose: str  # "activation", "loss" or "param_grad"
 
 
-@dataclass
+@dataclass(eq=False)  # nested counters are told apart by identity, not by their events
 class CommCounter:
     events: list[CommEvent] = field(default_factory=list)
 
