@@ -141,12 +141,33 @@ def _bad(tmp_path, case):
         path = tmp_path / "e.jsonl"
         path.write_text("")
         return path, f"{path} is empty; give it documents\n"
+    rows = {"lone surrogate": ('{"text": "bad \\ud800 here"}',
+                               "row 2: 'text' holds a lone surrogate \\ud800"),
+            "deep nesting": ('{"text": "x", "n": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                             "row 2 is nested too deeply to read as JSON"),
+            "huge integer": ('{"text": "x", "n": ' + "9" * 5000 + "}",
+                             "row 2 holds a number Python does not read")}
+    if case in rows:
+        path = tmp_path / "r.jsonl"
+        path.write_text('{"text": "fine"}\n' + rows[case][0] + "\n")
+        return path, f"{path} {rows[case][1]}"
+    if case in ("state.json cut", "state.json entry without filename"):
+        path = tmp_path / "ds"
+        path.mkdir()
+        (path / "dataset_info.json").write_text("{}")
+        state = '{"_data_files": [{"filena' if case == "state.json cut" else \
+            '{"_data_files": [{"name": "x.arrow"}]}'
+        (path / "state.json").write_text(state)
+        return path, (f"{path / 'state.json'} is not JSON" if case == "state.json cut" else
+                      f"{path / 'state.json'} data file 1 has no 'filename'")
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["row without the field", "null text",
                                   "parquet without the column", "empty shard",
-                                  "row not UTF-8", "empty file"])
+                                  "row not UTF-8", "empty file", "lone surrogate",
+                                  "deep nesting", "huge integer", "state.json cut",
+                                  "state.json entry without filename"])
 def test_bad_data_is_one_line_naming_file_and_row(tmp_path, capsys, case):
     source, message = _bad(tmp_path, case)
     assert main(["data", "prepare", str(source), "--out", str(tmp_path / "out" / "x"),
@@ -196,3 +217,29 @@ def test_a_prepared_folder_refuses_another_tokenizer(tmp_path):
         load_token_data(str(out), tokenizer=tokenizer)
     again = prepare(tmp_path / "c.jsonl", tmp_path / "words", tokenizer=tokenizer)
     assert load_token_data(str(again), tokenizer=tokenizer).tokens.tolist()[:3] == [2, 3, 1]
+
+
+def test_a_lone_surrogate_is_one_line_with_a_tokenizer_too(tmp_path, capsys):
+    source, message = _bad(tmp_path, "lone surrogate")
+    assert main(["data", "prepare", str(source), "--out", str(tmp_path / "out"),
+                 "--tokenizer", _word_tokenizer(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1, error
+
+
+def test_a_utf8_byte_order_mark_is_not_text(tmp_path):
+    source = tmp_path / "bom.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ab"}\n{"text": "c"}\n')
+    tokens, _ = read_prepared(prepare(source, tmp_path / "out"))
+    assert tokens.tobytes() == b"ab\0c\0"
+
+
+@pytest.mark.parametrize("name", ["tokens.npy", "c.jsonl.zst", "c.jsonl.bz2", "C.JSONL",
+                                  "notes"])
+def test_a_single_file_of_no_known_format_is_refused(tmp_path, capsys, name):
+    (tmp_path / name).write_bytes(b'{"text": "not read as bytes"}\n' * 400)
+    assert main(["train", "--data", str(tmp_path / name), "--steps", "1", "--quiet",
+                 "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert f"data {tmp_path / name} is not in a format paraxis reads; give a .bin token " \
+        "file, a .txt/.md/.py text file" in error and error.count("\n") == 1, error

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from paraxis.data.corpus import TokenData, sample_key
-from paraxis.data.prepare import load_token_data
+from paraxis.data.prepare import is_prepared, load_token_data
 from paraxis.data.sources import source_kind
 from paraxis.files.checkpoint_ownership import data_facts
 from paraxis.spec.errors import ParaxisError
@@ -130,18 +130,29 @@ class Blend:
         return sum(s.tokens.bytes_read for b in blends for s in b.sources)
 
     def facts(self) -> dict[str, Any]:
-        """What a resumed run must share with its checkpoint (`checkpoint.ownership`): one
-        source's name, length and fingerprint as before blending existed; a blend's
-        fingerprint covers every source's and its weight (the held-out set is not part:
-        changing it leaves the training samples as they were)."""
+        """What a resumed run must share with its checkpoint (`checkpoint.ownership`): the
+        tokens training draws from. One source's name, length and fingerprint as before
+        blending existed; a blend's fingerprint covers every source's and its weight. Beside
+        a held-out set training draws from the whole of each source, not all but its tail:
+        that span is part of the fingerprint (and said in the name), so a resume that adds or
+        drops --val-data is refused; which held-out set is not (changing it leaves the
+        training samples as they were)."""
         each = [data_facts(s.tokens, s.name) for s in self.sources]
         if len(each) == 1:
-            return each[0]
-        digest = hashlib.sha256(repr([(f["fingerprint"], round(w, 12)) for f, w in
-                                      zip(each, self.weights, strict=True)]).encode())
-        return {"name": self.name, "tokens": sum(f["tokens"] for f in each),
-                "fingerprint": digest.hexdigest()[:16],
-                "blend": [{**f, "weight": w} for f, w in zip(each, self.weights, strict=True)]}
+            facts = each[0]
+        else:
+            digest = hashlib.sha256(repr([(f["fingerprint"], round(w, 12)) for f, w in
+                                          zip(each, self.weights, strict=True)]).encode())
+            facts = {"name": self.name, "tokens": sum(f["tokens"] for f in each),
+                     "fingerprint": digest.hexdigest()[:16],
+                     "blend": [{**f, "weight": w} for f, w in
+                               zip(each, self.weights, strict=True)]}
+        span = self.part("train")[1]
+        if span == "train":  # the span of runs without --val-data: their facts as they were
+            return facts
+        digest = hashlib.sha256(f"{facts['fingerprint']} {span}".encode())
+        return {**facts, "name": f"{facts['name']}, whole for training beside --val-data",
+                "fingerprint": digest.hexdigest()[:16], "train_span": span}
 
 
 def load_blend(spec: str | None, dtype: str = "uint16", tokenizer: str | None = None,
@@ -185,6 +196,7 @@ def check_data_flags(section: DataSection) -> None:
                                "source, or leave the flag out")
     paths = [Path(path) for spec in (section.path, section.val_path) if spec
              for path, _ in parse_blend(spec) if path not in (None, "", "embedded")]
+    _check_tokenizer_applies(section.tokenizer, [p for p in paths if p.exists()])
     defaults = DataSection()
     if section.dtype != defaults.dtype and not any(p.suffix == ".bin" for p in paths):
         raise ParaxisError(f"--data-dtype {section.dtype} says how a .bin token file is read, "
@@ -193,3 +205,17 @@ def check_data_flags(section: DataSection) -> None:
             p.exists() and source_kind(p) is not None for p in paths):
         raise ParaxisError(f"--text-field {section.text_field} names a field of JSONL, "
                            "Parquet or datasets sources, and --data names none; leave it out")
+
+
+def _check_tokenizer_applies(tokenizer: str | None, paths: list[Path]) -> None:
+    """--tokenizer tokenizes the text sources and cannot apply to token files beside them:
+    the text must be prepared with it first, so that no source goes untokenized (leaving
+    --tokenizer out would read the text as bytes, another vocabulary than the token files')."""
+    token_files = [p for p in paths if p.is_file() and p.suffix == ".bin"]
+    text = [p for p in paths if p not in token_files and not is_prepared(p)]
+    if tokenizer and token_files and text:
+        names = ", ".join(map(str, text))
+        raise ParaxisError(f"--tokenizer {tokenizer} cannot apply to {token_files[0]}, which "
+                           f"already holds token ids; prepare {names} with it first (paraxis "
+                           f"data prepare SRC --tokenizer {tokenizer} --out DIR) and give the "
+                           "prepared folders in their place, without --tokenizer")

@@ -21,6 +21,10 @@ from paraxis.spec.errors import ParaxisError
 
 BYTE_VOCAB = 256
 TOKEN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
+TEXT_SUFFIXES = (".txt", ".md", ".py")  # text files read whole, alone or in a folder
+FORMATS = ("a .bin token file, a .txt/.md/.py text file or folder of them, a .jsonl / "
+           ".jsonl.gz, .parquet or .arrow file or folder, a datasets directory, a folder of "
+           "`paraxis data prepare`, or 'embedded'")
 
 
 class ByteTokenizer:
@@ -65,13 +69,19 @@ class HFTokenizer:
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
     def encode(self, text: str, special: bool = False) -> np.ndarray:
-        """Token ids; `special` adds what the tokenizer's post-processor adds (e.g. BOS), as a
-        prompt for a model trained with them needs."""
+        """Token ids. Training data (`special` False) is all text: a special token's text in it
+        (say "</s>") is encoded as those characters, not as the special id, which would end
+        a document in its middle. A prompt (`special` True) reads special tokens' text as
+        those tokens and gets what the tokenizer's post-processor adds (e.g. BOS), as a model
+        trained with them needs."""
+        self._tokenizer.encode_special_tokens = not special
         ids = self._tokenizer.encode(text, add_special_tokens=special).ids
         return np.asarray(ids, dtype=self.dtype)
 
     def encode_many(self, texts: list[str]) -> np.ndarray:
-        """Documents concatenated, as training data (batch encoding runs in parallel)."""
+        """Documents concatenated, as training data, all text as `encode` reads it (batch
+        encoding runs in parallel)."""
+        self._tokenizer.encode_special_tokens = True
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
         return np.asarray([i for e in encodings for i in e.ids], dtype=self.dtype)
 
@@ -142,8 +152,9 @@ class TokenData:
     def load(cls, source: str | None, dtype: str = "uint16",
              tokenizer: str | None = None) -> TokenData:
         """`None` or "embedded" -> the stdlib corpus; a `.bin` file -> memory-mapped token ids
-        (the nanoGPT format); a `.txt` file or a folder of them -> text, byte-tokenised or
-        tokenised by `tokenizer` (a Hugging Face tokenizer.json) when given."""
+        (the nanoGPT format); a `.txt` / `.md` / `.py` file or a folder of them -> text,
+        byte-tokenised or tokenised by `tokenizer` (a Hugging Face tokenizer.json) when given;
+        any other file is refused."""
         if dtype not in TOKEN_DTYPES:
             raise ParaxisError(f"token dtype {dtype!r} is unknown; use one of "
                                f"{', '.join(TOKEN_DTYPES)}")
@@ -158,6 +169,10 @@ class TokenData:
             raise ParaxisError(f"data {path} does not exist; give an existing .bin token file, "
                                "text file or folder, JSONL or Parquet source, folder of `paraxis "
                                "data prepare`, or 'embedded'")
+        if not path.is_dir() and path.suffix not in (".bin", *TEXT_SUFFIXES):
+            # read as text, anything else (.npy, .jsonl.zst, X.JSONL) would train on its bytes
+            raise ParaxisError(f"data {path} is not in a format paraxis reads; give {FORMATS} "
+                               "(suffixes are case-sensitive)")
         if path.suffix == ".bin" and tokenizer:
             raise ParaxisError(f"data {path} already holds token ids; --tokenizer applies to "
                                "text data only, leave it out")
@@ -177,7 +192,7 @@ class TokenData:
     def _text(cls, path: Path, tokenizer: ByteTokenizer | HFTokenizer) -> TokenData:
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in
-                           (".txt", ".md", ".py"))
+                           TEXT_SUFFIXES)
             if not files and any(path.glob("shard-*.bin")):  # `data prepare`'s, unindexed
                 raise ParaxisError(f"data folder {path} holds prepared shards but no "
                                    "index.json (an interrupted prepare?); prepare the source "

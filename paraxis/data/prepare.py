@@ -48,13 +48,10 @@ def end_of_document(tokenizer: ByteTokenizer | HFTokenizer) -> int:
     if isinstance(tokenizer, ByteTokenizer):
         return BYTE_END_OF_DOCUMENT
     names = list(EOS_NAMES)
-    config = tokenizer.path.parent / "tokenizer_config.json"
-    if config.is_file():
-        eos = json.loads(config.read_text()).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if eos:
-            names.insert(0, eos)
-    added = json.loads(tokenizer.path.read_text()).get("added_tokens", [])
+    eos = _configured_eos(tokenizer.path.parent / "tokenizer_config.json")
+    if eos:
+        names.insert(0, eos)
+    added = json.loads(tokenizer.path.read_text(encoding="utf-8")).get("added_tokens", [])
     special = {t["content"]: t["id"] for t in added if t.get("special")}
     for name in names:
         if name in special:
@@ -64,16 +61,38 @@ def end_of_document(tokenizer: ByteTokenizer | HFTokenizer) -> int:
                        "eos_token in a tokenizer_config.json beside it")
 
 
+def _configured_eos(config: Path) -> str | None:
+    """The eos_token a tokenizer_config.json names (text, or {"content": text}), if any."""
+    if not config.is_file():
+        return None
+    try:
+        record = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise ParaxisError(f"{config} is not JSON ({error}); fix it, or remove it to use the "
+                           "tokenizer's usual end-of-document token") from None
+    eos = record.get("eos_token") if isinstance(record, dict) else None
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if eos is not None and not isinstance(eos, str):
+        raise ParaxisError(f"{config}: eos_token is {type(eos).__name__}, not a token's text; "
+                           'write it as "eos_token": "</s>" (the token that ends documents)')
+    return eos
+
+
 def fingerprint(path: Path, kind: str, tokenizer: str | None, text_field: str) -> str:
     """A hash of what the prepared tokens depend on: the source files (name, size and
     modification time, as build tools do; not their whole contents, which would mean reading
-    the corpus each run), the tokenizer file's contents, the text field and this format."""
+    the corpus each run), the tokenizer file's contents and, for a tokenizer.json, its
+    end-of-document id (which a tokenizer_config.json beside it may choose), the text field
+    and this format."""
     files = source_files(path, kind)
     stats = [[str(f.relative_to(path)) if f != path else f.name, f.stat().st_size,
               f.stat().st_mtime_ns] for f in files if f.is_file()]
-    key = json.dumps({"version": VERSION, "kind": kind, "text_field": text_field,
-                      "tokenizer": tokenizer_hash(load_tokenizer(tokenizer)), "files": stats})
-    return hashlib.sha256(key.encode()).hexdigest()[:20]
+    tok = load_tokenizer(tokenizer)
+    key = {"version": VERSION, "kind": kind, "text_field": text_field,
+           "tokenizer": tokenizer_hash(tok), "files": stats}
+    if not isinstance(tok, ByteTokenizer):  # the byte tokenizer's is always NUL
+        key["end_of_document"] = end_of_document(tok)
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
 def tokenizer_hash(tokenizer: ByteTokenizer | HFTokenizer) -> str:
@@ -133,6 +152,10 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     key = fingerprint(path, kind, tokenizer, text_field)
     if _prepared_fingerprint(out) == key:
         return out
+    if is_prepared(out):
+        raise ParaxisError(f"{out} holds tokens prepared from another source, tokenizer or "
+                           "text field (or by another paraxis version); remove it to prepare "
+                           "again, or choose another --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ParaxisError(f"{out} already exists and holds something else; choose another "
                            "--out or remove it")

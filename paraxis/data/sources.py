@@ -13,6 +13,7 @@ Rows are numbered from 1 in error messages (a JSONL row is its line).
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import zlib
@@ -71,14 +72,28 @@ def source_files(path: Path, kind: str) -> list[Path]:
     if path.is_file():
         return [path]
     if kind == "arrow":
-        state = json.loads((path / "state.json").read_text())
-        names = [entry["filename"] for entry in state.get("_data_files", [])]
-        if not names:
-            raise ParaxisError(f"datasets directory {path} lists no data files in state.json; "
-                               "save it again with Dataset.save_to_disk")
-        return [path / name for name in names]
+        return [path / name for name in _datasets_files(path / "state.json")]
     match = (lambda p: p.suffix == ".parquet") if kind == "parquet" else _is_jsonl
     return sorted(p for p in path.rglob("*") if p.is_file() and match(p))
+
+
+def _datasets_files(state_file: Path) -> list[str]:
+    """The data file names a datasets directory's state.json lists, in order."""
+    again = "save the dataset again with Dataset.save_to_disk"
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise ParaxisError(f"{state_file} is not JSON ({error}); {again}") from None
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(entries, list):
+        raise ParaxisError(f"{state_file} has no '_data_files' list; {again}")
+    names = [entry.get("filename") if isinstance(entry, dict) else None for entry in entries]
+    for number, name in enumerate(names, 1):
+        if not isinstance(name, str) or not name:
+            raise ParaxisError(f"{state_file} data file {number} has no 'filename'; {again}")
+    if not names:
+        raise ParaxisError(f"{state_file} lists no data files; {again}")
+    return names
 
 
 def pieces(path: Path, kind: str) -> list[Piece]:
@@ -166,6 +181,8 @@ def _numbered_lines(file: str) -> Iterator[tuple[int, bytes]]:
 
 def _jsonl(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
     for number, raw in _numbered_lines(piece.file):  # decoded row by row, to name a bad one
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):  # a mark some editors write, not text
+            raw = raw[len(codecs.BOM_UTF8):]
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -174,15 +191,33 @@ def _jsonl(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
                                "re-encode the file as UTF-8 or remove the row") from None
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ParaxisError(f"{piece.file} row {number} is not JSON ({error.msg}); "
-                               "fix or remove the line") from None
+        row = _json_row(line, piece.file, number)
         if not isinstance(row, dict) or field not in row:
             raise ParaxisError(f"{piece.file} row {number} has no '{field}' field; fix "
                                "the row or choose the field with --text-field")
-        yield from _texts([row[field]], piece.file, number, field)
+        text = row[field]
+        # valid UTF-8 holds no surrogate: only a \u escape can make one, which no encoder takes
+        if isinstance(text, str) and b"\\u" in raw:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ParaxisError(f"{piece.file} row {number}: '{field}' holds a lone surrogate "
+                                   f"\\u{ord(text[error.start]):04x} (half of a UTF-16 pair), "
+                                   "which is not text; fix or remove the row") from None
+        yield from _texts([text], piece.file, number, field)
+
+
+def _json_row(line: str, file: str, number: int) -> Any:
+    """One JSONL row parsed; what the json module cannot read is named in one line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        reason = f"is not JSON ({error.msg})"
+    except RecursionError:
+        reason = "is nested too deeply to read as JSON"
+    except ValueError as error:  # json's only other error: an integer of too many digits
+        reason = f"holds a number Python does not read ({str(error).split(':')[0]})"
+    raise ParaxisError(f"{file} row {number} {reason}; fix or remove the line")
 
 
 def documents(piece: Piece, field: str) -> Iterator[tuple[int, str]]:
