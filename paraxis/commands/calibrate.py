@@ -17,6 +17,7 @@ from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, _device_type, calibrate, cpu_cores
+from paraxis.train.calibrate.quick import write_whole
 
 RANKS_PER_CORE = 4  # past this, starting and timing the ranks takes longer than it tells
 
@@ -68,8 +69,13 @@ def run(args: argparse.Namespace) -> int:
     nproc = (_int_list(args.nproc, "--nproc") if args.nproc is not None
              else default_nproc(args.device))
     cores = cpu_cores()
-    if (args.nproc is not None and _device_type(args.device) == "cpu"
-            and max(nproc) > RANKS_PER_CORE * cores):
+    on_cpu = _device_type(args.device) == "cpu"
+    if on_cpu and max(nproc) < 2:
+        # ranks alone time no collective: the profile would leave gloo's links to the
+        # planner's GPU defaults (NVLink speeds)
+        raise ParaxisError(f"--nproc {args.nproc}: a CPU profile needs collectives timed on "
+                           "2 or more ranks; give rank counts of at least 2, e.g. 2,4")
+    if args.nproc is not None and on_cpu and max(nproc) > RANKS_PER_CORE * cores:
         raise ParaxisError(f"--nproc {max(nproc)} is more ranks than this machine's {cores} "
                            f"CPU core(s) run ({RANKS_PER_CORE} a core); give rank counts of "
                            f"{RANKS_PER_CORE * cores} or fewer, e.g. 2,4")
@@ -106,8 +112,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
                         args.device, args.busy_s)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile, indent=2) + "\n")
+    try:  # whole or not at all: a profile already at --out survives a failed write
+        write_whole(out, json.dumps(profile, indent=2) + "\n")
+    except OSError as error:
+        raise ParaxisError(f"--out {out} cannot be written ({error.strerror or error}); any "
+                           "profile there is kept as it was; free some space or choose "
+                           "another path") from None
     print(f"wrote {out} in {profile['calibration']['seconds']:.1f} s; use it with "
           f"`paraxis plan --hardware {out}`")
     return 0

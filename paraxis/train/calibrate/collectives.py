@@ -15,40 +15,77 @@ import torch
 import torch.distributed as dist
 
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
+from paraxis.plan.comm import COLLECTIVES, leaving
+from paraxis.spec.errors import ParaxisError
 from paraxis.train.calibrate.kernels import sync
 
 
-def _collective(op: str, numel: int, group: dist.ProcessGroup | None, device: torch.device,
-                dtype: torch.dtype) -> Callable[[], None]:
-    """One call of `op` on a message of `numel` elements over `group`, in the flat-buffer
-    form the runtime issues it in on NCCL. On gloo the runtime carries its reduce-scatters and
-    ZeRO's gathers by all-to-alls and all-reduces instead (spec.collectives), which the
-    planner prices at those collectives' own fits."""
+def collective_call(op: str, full: torch.Tensor, group: dist.ProcessGroup | None = None
+                    ) -> Callable[[], torch.Tensor]:
+    """One call of `op` on the flat buffer `full` over `group`, in the form the runtime
+    issues it in on NCCL; the call returns the tensor it wrote, from which a test can tell
+    which collective ran. On gloo the runtime carries its reduce-scatters and ZeRO's gathers
+    by all-to-alls and all-reduces instead (spec.collectives), which the planner prices at
+    those collectives' own fits."""
+    if op not in COLLECTIVES:
+        raise ParaxisError(f"no collective {op!r} to calibrate; use one of "
+                           f"{', '.join(COLLECTIVES)}")
     size = dist.get_world_size(group)
-    full = torch.ones(numel, device=device, dtype=dtype)
-    shard = torch.ones(numel // size, device=device, dtype=dtype)
     if op == "all_reduce":
-        return lambda: dist.all_reduce(full, group=group)
-    if op == "all_gather":
-        return lambda: all_gather_single(full, shard, group=group)
+        def all_reduce() -> torch.Tensor:
+            dist.all_reduce(full, group=group)
+            return full
+
+        return all_reduce
     if op == "reduce_scatter":
-        return lambda: reduce_scatter_single(shard, full, group=group)
+        shard = torch.empty(full.numel() // size, device=full.device, dtype=full.dtype)
+
+        def reduce_scatter() -> torch.Tensor:
+            reduce_scatter_single(shard, full, group=group)
+            return shard
+
+        return reduce_scatter
+    if op == "all_gather":
+        shard = full[:full.numel() // size].clone()
+
+        def all_gather() -> torch.Tensor:
+            all_gather_single(full, shard, group=group)
+            return full
+
+        return all_gather
     incoming = torch.empty_like(full)
+    if op == "all_to_all":
+        def all_to_all() -> torch.Tensor:
+            # block r of `full` goes to the group's r-th rank, as in the runtime's
+            # all-to-alls (MoE dispatch, gloo's reduce-scatter of activations)
+            dist.all_to_all_single(incoming, full, group=group)
+            return incoming
+
+        return all_to_all
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
     me = ranks.index(dist.get_rank())
     right, left = ranks[(me + 1) % size], ranks[(me - 1) % size]
 
-    def send_recv() -> None:
+    def send_recv() -> torch.Tensor:
         # Every rank sends to its right neighbour and receives from its left one, at once:
         # the stage-boundary traffic of a pipeline in its steady state.
         ops = [dist.P2POp(dist.isend, full, right), dist.P2POp(dist.irecv, incoming, left)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+        return incoming
 
     return send_recv
 
 
-def _seconds_per_call(call: Callable[[], None], device: torch.device, repeats: int,
+def planned_bytes(op: str, buffer_bytes: float, n: int) -> float:
+    """The bytes the planner prices a call of `op` on a flat buffer of `buffer_bytes` over n
+    ranks at (plan.comm.collective_time): the whole buffer, except for an all-to-all, which
+    it prices at the part that leaves the rank (plan.comm.leaving), as the runtime's callers
+    pass it (plan.comm.scatter_time, placement.all_to_all_bytes)."""
+    return leaving(buffer_bytes, n) if op == "all_to_all" else buffer_bytes
+
+
+def _seconds_per_call(call: Callable[[], object], device: torch.device, repeats: int,
                       batch_s: float, group: dist.ProcessGroup | None = None
                       ) -> tuple[float, float]:
     """(seconds per call, the world's slowest rank's): medians over `repeats` batches.
@@ -110,7 +147,8 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
                      device: torch.device, dtype: torch.dtype, repeats: int = 5,
                      batch_s: float = 0.02, slowest: dict | None = None
                      ) -> dict[str, dict[str, list[list[float]]]]:
-    """{op: {group size: [[message bytes, seconds per call], ...]}}; call on every rank.
+    """{op: {group size: [[message bytes, seconds per call], ...]}}, the bytes as the
+    planner prices the call (`planned_bytes`); call on every rank.
     `slowest`, where given, is filled alike with the world's slowest rank's times.
 
     The world is split into groups of each size (neighbouring ranks, as a TP group is), all
@@ -127,10 +165,12 @@ def collective_times(ops: Sequence[str], sizes_bytes: list[int], group_sizes: li
             points, slowest_points = [], []
             for size in sizes_bytes:
                 numel = max(n, size // itemsize // n * n)
-                call = _collective(op, numel, group, device, dtype)
+                call = collective_call(op, torch.ones(numel, device=device, dtype=dtype),
+                                       group)
                 seconds, slowest_s = _seconds_per_call(call, device, repeats, batch_s, group)
-                points.append([float(numel * itemsize), seconds])
-                slowest_points.append([float(numel * itemsize), slowest_s])
+                message = planned_bytes(op, float(numel * itemsize), n)
+                points.append([message, seconds])
+                slowest_points.append([message, slowest_s])
             times[op][str(n)] = points
             slowest.setdefault(op, {})[str(n)] = slowest_points
     return times

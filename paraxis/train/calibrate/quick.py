@@ -195,7 +195,7 @@ def save_profile(profile: dict, path: Path) -> Path:
     it exits: the report goes on uncached, and nothing of the user's is changed."""
     text = json.dumps(profile, indent=2) + "\n"
     try:
-        _write_whole(path, text)
+        write_whole(path, text)
         return path
     except OSError:
         pass
@@ -211,7 +211,7 @@ def save_profile(profile: dict, path: Path) -> Path:
     return Path(name)
 
 
-def _write_whole(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """Write `text` at `path` whole or not at all: into a file beside it, renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
