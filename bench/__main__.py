@@ -105,6 +105,7 @@ def _previous(json_path: Path, quick: bool) -> dict:
 def _run_sections(wanted: set[str], quick: bool, out: Path,
                   layouts: list[str] | None = None) -> dict:
     from bench import calibration, gpu, precision, predicted_vs_measured, scale, scaling
+    from paraxis.train.calibrate.quick import write_whole
 
     sections: dict[str, dict] = {}
     if "scale" in wanted:
@@ -132,7 +133,8 @@ def _run_sections(wanted: set[str], quick: bool, out: Path,
     print("running paraxis calibrate ...", flush=True)
     profile = calibration.run(quick, log=lambda line: print(f"  {line}", flush=True))
     sections["calibrate"] = profile
-    (out.parent / calibration.PROFILE_NAME).write_text(json.dumps(profile, indent=2) + "\n")
+    # whole or not at all: a profile already there survives a failed write
+    write_whole(out.parent / calibration.PROFILE_NAME, json.dumps(profile, indent=2) + "\n")
     if "predicted" in wanted:
         print("running predicted vs measured ...", flush=True)
         sections["predicted"] = predicted_vs_measured.run(quick, profile, layouts)
