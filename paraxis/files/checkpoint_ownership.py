@@ -76,7 +76,12 @@ def differences(saved: dict[str, Any], facts: dict[str, Any]) -> list[str]:
         if key in saved and saved[key] != facts[key]:
             out.append(f"{flag} {facts[key]} (checkpoint: {saved[key]})")
     old, new = saved.get("source"), facts["source"]
-    if isinstance(old, dict) and (old.get("tokens"), old.get("fingerprint")) != (
+    if isinstance(old, dict) and old.get("train_span") != new.get("train_span"):
+        # the same sources, drawn from whole beside a held-out set or all but their tail
+        out.append("--val-data " + ("given" if new.get("train_span") else "left out")
+                   + " (checkpoint: " + ("with" if old.get("train_span") else "without")
+                   + " --val-data, which changes the span training draws from)")
+    elif isinstance(old, dict) and (old.get("tokens"), old.get("fingerprint")) != (
             new["tokens"], new["fingerprint"]):
         out.append(f"--data {new['name']} ({new['tokens']:,} tokens; checkpoint: "
                    f"{old.get('name')}, {old.get('tokens', 0):,} tokens)")
