@@ -279,11 +279,12 @@ def test_planner_mixture_of_experts_pick(capsys) -> None:
                r"\(`(paraxis plan --model mixtral-8x7b [^`]*)`\) it picks dp=(\d+), pp=(\d+), "
                r"ep=(\d+) inside the node, ZeRO-3 keeping each chunk gathered for the step "
                r"\(([\d.]+) s a step, ([\d.]+) s of all-to-alls exposed\).*? the best layout "
-               r"without EP keeps the experts whole on tp=(\d+)'s sequence shards \(etp=(\d+) "
-               r"with SP.*?\) across (\w+) stages, and is ([\d.]+)% slower.*?the same "
-               r"command with `--layout ([^`]+)` takes (\w+) stages and ([\d.]+) s a step")
-    (command, dp, pp, ep, step, all_to_all, tp, etp, stages, slower, whole, whole_stages,
-     whole_step) = m.groups()
+               r"without EP splits the experts over tp=(\d+) \(etp=(\d+) with SP.*?\) across "
+               r"(\w+) stages, and is ([\d.]+)% slower.*?keeping them whole on tp=(\d+)'s "
+               r"sequence shards.*?the same command with `--layout ([^`]+)`\) takes (\w+) "
+               r"stages and ([\d.]+) s a step")
+    (command, dp, pp, ep, step, all_to_all, tp, etp, stages, slower, whole_tp, whole,
+     whole_stages, whole_step) = m.groups()
     out = plan(capsys, command)
     assert f"({sizes.group(1)}B params, {sizes.group(2)}B active per token)" in out.text
     assert out.row["layout"].startswith(f"dp={dp},tp=1,pp={pp},ep={ep},zero=3,"
@@ -291,11 +292,11 @@ def test_planner_mixture_of_experts_pick(capsys) -> None:
     assert agrees(step, out.row["step s"])
     assert agrees(all_to_all, out.bullet(r"EP=\d+ .* ([\d.]+) s per step, all exposed").group(1))
     best = out.bullet(r"Best layout without EP: (\S+), \+([\d.]+)%")
-    assert f",tp={tp},pp={WORDS[stages]}," in best.group(1) and etp == "1"
-    assert "etp=" not in best.group(1) and "sequence_parallel=true" in best.group(1)
+    assert f",tp={tp},pp={WORDS[stages]}," in best.group(1) and etp == tp
+    assert f"etp={etp}," in best.group(1) and "sequence_parallel=true" in best.group(1)
     assert best.group(2) == slower
     out = plan(capsys, command, "--layout", whole)
-    assert f",tp={tp},pp={WORDS[whole_stages]}," in out.row["layout"]
+    assert f",tp={whole_tp},pp={WORDS[whole_stages]}," in out.row["layout"]
     assert "etp=" not in out.row["layout"] and "ep=" not in out.row["layout"]
     assert agrees(whole_step, out.row["step s"])
 

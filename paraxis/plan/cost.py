@@ -85,7 +85,7 @@ from paraxis.spec.units import gigabytes
 PREDICTION_TOLERANCE = 0.25
 PREDICTION_SHARE = 0.8
 
-STEP_PARTS = ("compute", "tp", "cp", "ep", "pp", "bubble", "dp", "optimizer",
+STEP_PARTS = ("compute", "tp", "cp", "ep", "pp", "bubble", "dp", "tp_grads", "optimizer",
               "step_calls")  # a step's parts, exposed time only: they add up to its time
 
 
@@ -95,7 +95,10 @@ class Estimate:
     micro_batch: int  # sequences per microbatch per replica
     memory: dict[str, float]  # per GPU, on the stage that needs the most
     memory_limit_bytes: float
-    time: dict[str, float]  # compute, tp, pp, dp (exposed), bubble, tp_grads, step: seconds
+    # seconds per step: STEP_PARTS (exposed) and their sum "step", each collective's whole
+    # time ("tp_total", ...), and "forward", the forward passes' share of "compute" (the
+    # backward's, a recompute's rerun forward included, is the rest)
+    time: dict[str, float]
     tokens_per_s: float
     mfu: float
     hfu: float
@@ -378,8 +381,8 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                             recomputed_share(cfg, layout, seq_len))
     peak_total = cluster.world_size * gpu.peak_flops
     m = layout.microbatches
-    time = {"compute": m * (t_forward + t_backward), "tp": m * pipe.tp,
-            "pp": 0.0 if overlap.pp else m * pipe.pp, "cp": m * pipe.cp,
+    time = {"compute": m * (t_forward + t_backward), "forward": m * t_forward,
+            "tp": m * pipe.tp, "pp": 0.0 if overlap.pp else m * pipe.pp, "cp": m * pipe.cp,
             "cp_total": m * pipe.cp_total, "dp": dp_exposed, "bubble": pipeline - pipe.busy,
             "optimizer": t_optimizer, "step_calls": t_calls, "step": step,
             "tp_grads": t_shards, "tp_total": m * pipe.tp_total, "pp_total": m * pipe.pp,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paraxis.plan.experts import experts_over_tp
-from paraxis.plan.memory import model_state_bytes, stage_params
+from paraxis.plan.memory import stage_local_params, stage_states
 from paraxis.show.report.experts import experts_section
 from paraxis.show.report.plan import Plan
 from paraxis.show.report.text import duration, layout_text
@@ -101,28 +101,38 @@ def _tp(plan: Plan) -> Section:
         "one all-reduce joins them (Megatron-LM)." + note + (" " + experts if experts else "")))
 
 
+def stage_model_states(plan: Plan) -> list[dict[str, float]]:
+    """Each pipeline stage's model states per device, as `memory.layout_memory` counts them:
+    the stage's `stage_local_params` (TP's shard, the routed experts over ep, the schedule's
+    placement of blocks) sharded by the layout's ZeRO over its `zero_ranks` (dp x cp, or a
+    hybrid shard group; the routed experts' over 1/ep of them)."""
+    layout = plan.layout
+    return [dict(stage_states(round(local), round(experts), layout.zero_ranks, layout.ep,
+                              layout.zero, plan.inputs.precision_rule()))
+            for local, experts in stage_local_params(plan.cfg, layout, plan.seq_len)]
+
+
 def _memory(plan: Plan) -> Section:
     layout, cfg, hw = plan.layout, plan.cfg, plan.hardware
     gpu = plan.cluster.gpu
-    precision = plan.inputs.precision_rule()
     capacity = "RAM share of a rank" if hw.cpu else gpu.name
-    per_device = max(stage_params(cfg, layout.pp)) / layout.tp
-    zero = figure(figure_data_uri(plot_zero_memory(
-        round(per_device), layout.dp, gpu.memory_bytes, capacity, precision,
-        model_name=f"{cfg.name}, one {hw.device}'s tp/pp shard", device=hw.device)),
-        "ZeRO memory", f"Parameters, gradients and optimizer states per {hw.device} under "
-        "each ZeRO stage (planner: plan.memory), against the capacity. Activations come "
-        "on top (next picture).")
-    rows, labels = [], []
-    for stage, params in enumerate(stage_params(cfg, layout.pp)):
-        # TP splits every matrix over tp (Shoeybi et al. 2019), as plan.memory counts it.
-        rows.append(model_state_bytes(round(params / layout.tp), layout.dp, layout.zero,
-                                      precision))
-        labels.append(f"stage {stage}\nmodel states")
     worst = plan.memory  # the estimate's own count (its kernels, its dropout, its reserve)
+    busiest = int(worst["stage"])
+    local, experts = stage_local_params(cfg, layout, plan.seq_len)[busiest]
+    of_stage = f" of stage {busiest}" if layout.pp > 1 else ""
+    zero = figure(figure_data_uri(plot_zero_memory(
+        round(local), layout.zero_ranks, gpu.memory_bytes, capacity,
+        plan.inputs.precision_rule(), model_name=f"{cfg.name}, one {hw.device}'s share"
+        f"{of_stage}", device=hw.device, expert_params=round(experts), ep=layout.ep)),
+        "ZeRO memory", f"Parameters, gradients and optimizer states per {hw.device} under "
+        f"each ZeRO stage{of_stage}, sharded over {layout.zero_ranks} ranks (dp x cp, or one "
+        "hybrid shard group; planner: plan.memory), against the capacity. Activations come "
+        "on top (next picture).")
+    rows = stage_model_states(plan)
+    labels = [f"stage {stage}\nmodel states" for stage in range(len(rows))]
     leave = ("stage", "total")
     rows.append({k: v for k, v in worst.items() if k not in leave})
-    labels.append(f"stage {int(worst['stage'])}\neverything")
+    labels.append(f"stage {busiest}\neverything")
     reserve = f"; reserved: a rank's {component_label('reserved', hw.device)}" if hw.cpu else ""
     stages = figure(figure_data_uri(plot_stage_memory(
         rows, gpu.memory_bytes, capacity, layout_text(layout), labels, hw.device)),

@@ -58,11 +58,11 @@ class Lesson:
 
 
 def priced_costs(estimate: Estimate, layout: Layout) -> StepCosts:
-    """The planner's per-microbatch forward, backward and send of a pipelined plan; it prices
-    a backward at twice its forward (Narayanan et al. 2021, appendix)."""
-    slot = estimate.time["compute"] / layout.microbatches
-    send = estimate.time["pp_total"] / layout.microbatches / (2 * layout.virtual_stages)
-    return StepCosts(slot / 3, 2 * slot / 3, send)
+    """The planner's per-microbatch forward, backward (a recompute's rerun forward in it) and
+    send of a pipelined plan, on its busiest stage (`cost.pipeline_time`)."""
+    time, m = estimate.time, layout.microbatches
+    send = time["pp_total"] / m / (2 * layout.virtual_stages)
+    return StepCosts(time["forward"] / m, (time["compute"] - time["forward"]) / m, send)
 
 
 def lesson_setting(plan: Plan) -> tuple[int, int, StepCosts, str]:

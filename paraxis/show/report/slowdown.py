@@ -129,6 +129,8 @@ PART_CAUSE = {
                "communication is not the cause",
     "bubble": "the pipeline's bubble grew: each replica runs fewer microbatches",
     "optimizer": "the optimizer step grew: each GPU holds more of the model's states",
+    "tp_grads": "the experts' gradient sum over tp grew (whole experts on sequence shards "
+                "all-reduce their gradients over tp after the sync)",
     "step_calls": "the step's small calls (loss, gradient norm) pay more latency",
 }
 

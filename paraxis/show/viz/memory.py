@@ -11,7 +11,7 @@ import textwrap
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from paraxis.plan.memory import model_state_bytes
+from paraxis.plan.memory import stage_states
 from paraxis.show.viz.style import OKABE_ITO, new_figure
 from paraxis.spec.precision import MIXED_ADAM, Precision
 
@@ -81,29 +81,36 @@ def _capacity_label(name: str, device: str) -> str:
     return f"{name} capacity" if device == "GPU" else name
 
 
-def zero_rows(num_params: int, dp: int, precision: Precision = MIXED_ADAM
-              ) -> list[dict[str, float]]:
-    return [model_state_bytes(num_params, dp, zero, precision) for zero in range(4)]
+def zero_rows(num_params: int, ranks: int, precision: Precision = MIXED_ADAM,
+              expert_params: int = 0, ep: int = 1) -> list[dict[str, float]]:
+    """Model states per rank under ZeRO 0-3 (`memory.stage_states`): `num_params` replicated
+    over `ranks`, `expert_params` of routed experts over ranks / ep."""
+    return [dict(stage_states(num_params, expert_params, ranks, ep, zero, precision))
+            for zero in range(4)]
 
 
-def plot_zero_memory(num_params: int, dp: int, capacity_bytes: float | None = None,
+def plot_zero_memory(num_params: int, ranks: int, capacity_bytes: float | None = None,
                      gpu_name: str = "GPU", precision: Precision = MIXED_ADAM,
-                     model_name: str = "model", device: str = "GPU") -> Figure:
-    """Model-state bytes per GPU under ZeRO 0-3 for `num_params` parameters over `dp` ranks
-    (the seeds' ZeRO calculator, with the GPU's capacity line). `device` names what one rank
-    runs on in the labels: "GPU", or "rank" for CPU ranks sharing a machine's memory."""
+                     model_name: str = "model", device: str = "GPU", expert_params: int = 0,
+                     ep: int = 1) -> Figure:
+    """Model-state bytes per GPU under ZeRO 0-3 (`zero_rows`) for `num_params` parameters
+    sharded over `ranks` (a layout's `zero_ranks`) and `expert_params` of routed experts over
+    ranks / ep, with the GPU's capacity line. `device` names what one rank runs on in the
+    labels: "GPU", or "rank" for CPU ranks sharing a machine's memory."""
     fig, ax = new_figure(9.5, 4.6)
     components = ["params", "grads", "optimizer"]
     _stacked_bars(ax, ["ZeRO-0\n(replicate all)", "ZeRO-1\n(shard optimizer)",
                        "ZeRO-2\n(+ gradients)", "ZeRO-3\n(+ parameters)"],
-                  zero_rows(num_params, dp, precision), components, capacity_bytes,
-                  _capacity_label(gpu_name, device), device)
-    ax.set_xlabel(f"ZeRO stage (states sharded over dp = {dp} ranks)")
+                  zero_rows(num_params, ranks, precision, expert_params, ep), components,
+                  capacity_bytes, _capacity_label(gpu_name, device), device)
+    experts = f"; routed experts' over {ranks // ep}" if expert_params else ""
+    ax.set_xlabel(f"ZeRO stage (states sharded over {ranks} ranks{experts})")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=8)
     per_param = f"{precision.param_bytes:g}+{precision.grad_bytes:g}+" \
                 f"{precision.optimizer_bytes:g} B/param"
-    ax.set_title(f"{model_name}: {num_params / 1e6:,.1f} M params, {per_param}",
+    ax.set_title(f"{model_name}: {(num_params + expert_params) / 1e6:,.1f} M params, "
+                 f"{per_param}",
                  loc="left", fontsize=9, fontweight="normal")
     fig.suptitle(f"Model-state memory per {device} under ZeRO 0-3", x=0.01, ha="left")
     return fig
