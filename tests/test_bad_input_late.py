@@ -100,7 +100,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                               "0"], "--gpus-per-node 0", "must be at least 1", SUB),
     ("demo-layout-tp-3", ["demo", "--layout", "tp=3", "--out", "demo"],
      "4 attention heads are not divisible by tp=3", "choose tp among 1, 2, 4", False),
-    ("calibrate-unknown-model", ["calibrate", "--model", "nosuch", "--nproc", "1", "--out",
+    ("calibrate-unknown-model", ["calibrate", "--model", "nosuch", "--nproc", "2", "--out",
                                  "c.json"], "unknown model 'nosuch'", "choose a preset", False),
     ("calibrate-nproc-empty", ["calibrate", "--nproc", "", "--out", "c.json"],
      "--nproc '' needs positive integers", "e.g. 2,4,8", False),

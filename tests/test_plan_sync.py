@@ -61,9 +61,10 @@ def test_the_planner_prices_a_tp_call_after_half_a_layer_of_its_own_microbatch()
     assert 2e-3 < 2 * segment < 16e-3 and wait_at(CURVE, 2 * segment) > wait_at(CURVE, segment)
     forward, backward = (5e-3 - wait_at(CURVE, s) for s in (segment, 2 * segment))
     # two a pass per layer, forward and backward; the head's vocab-parallel loss (its max
-    # and its sum) and its input gradient (plan/head.py), all three read at the half layer
+    # and its sum) and its input gradient, and the embedding's sum (plan/head.py), all four
+    # read at the half layer
     lower = priced["flat"].time["tp"] - priced["curved"].time["tp"]
-    assert lower == pytest.approx((2 * MODEL.n_layers + 3) * forward
+    assert lower == pytest.approx((2 * MODEL.n_layers + 4) * forward
                                   + 2 * MODEL.n_layers * backward)
     assert priced["curved"].time["dp"] == pytest.approx(priced["flat"].time["dp"])
 
@@ -108,13 +109,14 @@ def test_a_hardware_file_cannot_set_the_planners_segment(tmp_path):
 def test_with_sequence_parallelism_each_pass_reads_its_own_segment():
     """dp=2,tp=4,sp=true: four calls a pass per layer (two all-gathers, two reduce-scatters),
     the forward's after half a layer, the backward's after twice that (no re-gathers in
-    paraxis's eager runtime)."""
+    paraxis's eager runtime); at the ends the loss's two, and two each for the head and the
+    embedding (`head.ends_collectives`), read at the half layer."""
     layout = Layout.parse("dp=2,tp=4,sp=true").validate(8, MODEL, 16, 128)
     flat, curved = _cpu(None), _cpu(CURVE)
     priced = [evaluate(MODEL, layout, c, 128, 16, FP32_ADAM) for c in (flat, curved)]
     segment = sync_segment_s(MODEL, 8 * 128 / 4, 1e11)
     forward, backward = (5e-3 - wait_at(CURVE, s) for s in (segment, 2 * segment))
     lower = priced[0].time["tp"] - priced[1].time["tp"]
-    assert lower == pytest.approx((4 * MODEL.n_layers + 3) * forward
+    assert lower == pytest.approx((4 * MODEL.n_layers + 6) * forward
                                   + 4 * MODEL.n_layers * backward)
     assert priced[0].time["tp_total"] - priced[1].time["tp_total"] == pytest.approx(lower)
