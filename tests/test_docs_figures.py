@@ -276,29 +276,27 @@ def test_planner_context_parallel_pick(capsys) -> None:
 def test_planner_mixture_of_experts_pick(capsys) -> None:
     sizes = quoted("planner.md", r"\(Mixtral 8x7B: ([\d.]+)B, ([\d.]+)B active\)")
     m = quoted("planner.md",
-               r"\(`(paraxis plan --model mixtral-8x7b [^`]*)`\) it picks dp=(\d+), pp=(\d+), "
-               r"ep=(\d+) inside the node, ZeRO-3 keeping each chunk gathered for the step "
-               r"\(([\d.]+) s a step, ([\d.]+) s of all-to-alls exposed\).*? the best layout "
-               r"without EP splits the experts over tp=(\d+) \(etp=(\d+) with SP.*?\) across "
-               r"(\w+) stages, and is ([\d.]+)% slower.*?keeping them whole on tp=(\d+)'s "
-               r"sequence shards.*?the same command with `--layout ([^`]+)`\) takes (\w+) "
-               r"stages and ([\d.]+) s a step")
-    (command, dp, pp, ep, step, all_to_all, tp, etp, stages, slower, whole_tp, whole,
-     whole_stages, whole_step) = m.groups()
+               r"\(`(paraxis plan --model mixtral-8x7b [^`]*)`\) it picks dp=(\d+), tp=(\d+), "
+               r"pp=(\d+) with each expert split over tp=\d+ like the dense MLP \(etp=(\d+)\) "
+               r"and ZeRO-(\d) sharded within groups of (\d+) dp ranks\s+\(([\d.]+) s a step\)"
+               r".*?the best layout with EP \(dp=(\d+), pp=(\d+), ep=(\d+).*?\) is ([\d.]+)% "
+               r"slower.*?\(`(--expert-imbalance 1)`\) EP wins: the same command picks dp=(\d+), "
+               r"pp=(\d+), ep=(\d+) \(([\d.]+) s a step,\s+([\d.]+) s of all-to-alls exposed\)")
+    (command, dp, tp, pp, etp, zero, shard, step, ep_dp, ep_pp, ep, slower, balanced, b_dp,
+     b_pp, b_ep, b_step, all_to_all) = m.groups()
     out = plan(capsys, command)
     assert f"({sizes.group(1)}B params, {sizes.group(2)}B active per token)" in out.text
-    assert out.row["layout"].startswith(f"dp={dp},tp=1,pp={pp},ep={ep},zero=3,"
-                                        "zero3_reshard=step,")
+    assert out.row["layout"].startswith(f"dp={dp},tp={tp},pp={pp},etp={etp},zero={zero},"
+                                        f"dp_shard={shard},")
     assert agrees(step, out.row["step s"])
+    with_ep = out.bullet(r"the best layout with EP, (\S+), is \+([\d.]+)%")
+    assert with_ep.group(1).startswith(f"dp={ep_dp},tp=1,pp={ep_pp},ep={ep},zero=3,")
+    assert with_ep.group(2) == slower
+    out = plan(capsys, command, *balanced.split())
+    assert out.row["layout"].startswith(f"dp={b_dp},tp=1,pp={b_pp},ep={b_ep},zero=3,"
+                                        "zero3_reshard=step,")
+    assert agrees(b_step, out.row["step s"])
     assert agrees(all_to_all, out.bullet(r"EP=\d+ .* ([\d.]+) s per step, all exposed").group(1))
-    best = out.bullet(r"Best layout without EP: (\S+), \+([\d.]+)%")
-    assert f",tp={tp},pp={WORDS[stages]}," in best.group(1) and etp == tp
-    assert f"etp={etp}," in best.group(1) and "sequence_parallel=true" in best.group(1)
-    assert best.group(2) == slower
-    out = plan(capsys, command, "--layout", whole)
-    assert f",tp={whole_tp},pp={WORDS[whole_stages]}," in out.row["layout"]
-    assert "etp=" not in out.row["layout"] and "ep=" not in out.row["layout"]
-    assert agrees(whole_step, out.row["step s"])
 
 
 def test_planner_llama2_70b_picks(capsys) -> None:

@@ -137,3 +137,21 @@ def test_a_tensor_parallel_block_keeps_what_the_planner_counts():
         for rank, counts in enumerate(ranks):
             for name, (kept, want) in zip(names, counts, strict=True):
                 assert kept == pytest.approx(want, rel=TOLERANCE), (name, str(layout), rank)
+
+
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-moe-shared"])
+def test_a_mixture_of_experts_block_keeps_what_the_planner_counts(name):
+    """bf16, dropless, one rank: the attention half as a dense block's, the experts' rows
+    (dispatched input, SwiGLU's tensors), the router's, and the combine's one copy of the
+    experts' outputs with their weights and indices (`experts.moe_activation_bytes`)."""
+    from paraxis.plan.experts import moe_activation_bytes
+
+    torch.manual_seed(0)
+    cfg = PRESETS[name]
+    block = Block(cfg, cfg.first_dense_layers).to(torch.bfloat16)  # the first MoE block
+    block.norm1, block.norm2 = (torch.nn.LayerNorm(cfg.d_model, bias=False).to(torch.bfloat16)
+                                for _ in range(2))  # as `block_of` says
+    x = torch.randn(BATCH, SEQ, cfg.d_model, dtype=torch.bfloat16, requires_grad=True)
+    want = layer_activation_bytes(cfg, SEQ, BATCH, dropout=False, mlp=False) \
+        + moe_activation_bytes(cfg, SEQ, BATCH)
+    assert kept_bytes(block, block, x) == pytest.approx(want, rel=TOLERANCE)

@@ -193,10 +193,15 @@ def test_dense_models_price_no_experts() -> None:
     assert dense.time["ep"] == dense.time["ep_total"] == 0.0
 
 
-def test_the_search_picks_expert_parallelism_for_mixtral() -> None:
-    result = search(MIXTRAL, H100, 4096, 256)
-    assert result.ranked[0].layout.ep > 1
-    assert all(e.layout.ep in (1, 2, 4, 8) for e in result.ranked)
+def test_the_search_weighs_expert_parallelism_against_its_busiest_rank() -> None:
+    """Mixtral on 64 H100s: with routing balanced EP wins (one expert per GPU, no TP);
+    with the busiest EP rank at the default 1.25x the mean rows, experts split over tp
+    (no token leaves its rank, no imbalance) win instead."""
+    balanced = search(MIXTRAL, H100, 4096, 256, expert_imbalance=1.0)
+    assert balanced.ranked[0].layout.ep > 1
+    skewed = search(MIXTRAL, H100, 4096, 256).ranked[0].layout
+    assert skewed.ep == 1 and skewed.etp == skewed.tp > 1
+    assert all(e.layout.ep in (1, 2, 4, 8) for e in balanced.ranked)
     fixed = search(MIXTRAL, H100, 4096, 256, Constraints(ep=4))
     assert fixed.ranked and all(e.layout.ep == 4 for e in fixed.ranked)
 
@@ -204,10 +209,12 @@ def test_the_search_picks_expert_parallelism_for_mixtral() -> None:
 def test_searching_1024_gpus_for_a_mixture_of_experts_stays_fast() -> None:
     cluster = build_cluster("h100-sxm-80gb", 1024, 8)
     start = time.process_time()  # CPU time: a host's steal and other processes do not count
-    result = search(MIXTRAL, cluster, 4096, 1024, workers=1)  # all of it in this process
+    result = search(MIXTRAL, cluster, 4096, 1024, workers=1,  # all of it in this process
+                    expert_imbalance=1.0)
     elapsed = time.process_time() - start
-    # Mixtral's experts fit without EP under ZeRO-3 at this scale: EP is not forced, but an
-    # EP layout ties the leader within the model's fit error (the defence says so)
+    # Mixtral's experts fit without EP under ZeRO-3 at this scale: EP is not forced, but with
+    # routing balanced an EP layout ties the leader within the model's fit error (the
+    # defence says so)
     best = result.ranked[0]
     assert any(e.layout.ep > 1 for e in [best, *ties(best, result.ranked, GPU_BAND)])
     # 0.6-0.7 s of CPU on an AMD EPYC VM; tools/probes/bench_plan.py has the 2 s target
@@ -347,3 +354,22 @@ def test_experts_too_narrow_to_split_stay_whole_in_the_search() -> None:
     odd = MIXTRAL.replace(d_ff_expert=14335)  # not divisible by tp=2: etp=1 is tried instead
     result = search(odd, H100, 4096, 256, Constraints(tp=2))
     assert result.ranked and all(e.layout.etp == 1 for e in result.ranked)
+
+
+def test_without_expert_parallelism_no_rank_is_busier_than_the_mean():
+    """ep = 1: every rank holds every expert and runs exactly its tokens' k rows, so a
+    routing imbalance changes nothing; with ep > 1 its busiest rank pays it."""
+    from paraxis.plan.cost import evaluate
+    from paraxis.plan.hardware import build_cluster
+    from paraxis.plan.memory import layout_memory
+
+    cfg = PRESETS["mixtral-8x7b"]
+    cluster = build_cluster("h100-sxm-80gb", 64)
+    for layout, moved in ((Layout(dp=8, tp=8, microbatches=4), False),
+                          (Layout(dp=64, ep=8, zero=3), True)):
+        even, skewed = (evaluate(cfg, layout, cluster, 4096, 256, expert_imbalance=i)
+                        for i in (1.0, 1.5))
+        assert (skewed.time["step"] > even.time["step"]) is moved, str(layout)
+        memory = [layout_memory(cfg, layout, 4096, 4, expert_imbalance=i)["activations"]
+                  for i in (1.0, 1.5)]
+        assert (memory[1] > memory[0]) is moved, str(layout)

@@ -25,8 +25,7 @@ from paraxis.engine.pipeline_parallel.split_backward import backward_input
 from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor import apply_tensor_parallel
 from paraxis.plan.experts import moe_blocks
-from paraxis.plan.memory import kept_for_w_values
-from paraxis.plan.stages import ChunkFacts
+from paraxis.plan.stages import ChunkFacts, kept_for_w_values
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS

@@ -412,7 +412,7 @@ def _held_for_w(ctx: RankContext, name: str) -> tuple[int, int]:
 def test_a_stage_holds_what_the_schedules_moments_say() -> None:
     """Activations held from F to W and gradients kept from B to W, measured after every
     compute of a zb-h1 and a zb-v step: their peak is the schedule's moments' (what the
-    planner weighs with its counts of both, `plan.memory.kept_for_w_values`)."""
+    planner weighs with its counts of both, `plan.stages.kept_for_w_values`)."""
     layouts = ["pp=2,microbatches=4,schedule=zb-h1", "pp=2,microbatches=4,schedule=zb-v"]
     for text, ranks in zip(layouts, run_on_ranks(layouts, _held_for_w, "tiny-llama",
                                                  timeout_s=120), strict=True):

@@ -136,6 +136,13 @@ def shard_grad_sum_seconds(cfg: ModelConfig, layout: Layout, cluster: Cluster,
             + (calls - 1) * scalar_call_time(layout.tp, link, cluster))
 
 
+def rank_imbalance(layout: Layout, imbalance: float) -> float:
+    """The busiest rank's routed rows over the mean: `imbalance` where expert parallelism
+    spreads the experts over ranks, 1 without it (every rank holds every expert and runs
+    exactly its tokens' rows)."""
+    return imbalance if layout.ep > 1 else 1.0
+
+
 def busiest_load(cfg: ModelConfig, imbalance: float) -> float:
     """The busiest EP rank's routed rows over the mean of dropless uniform routing: the
     imbalance, capped by the capacity factor where one drops tokens past it."""
@@ -217,11 +224,17 @@ def moe_activation_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int,
     `seq_len` tokens of each sequence it routes (16-bit activations): per routed (token,
     expert) row on the busiest rank, the dispatched input (2h) and SwiGLU's gate, up and
     product (6 f_e / etp: their slice where the experts are split over tp); per token and
-    shared expert 6 f_e / etp; the router's fp32 logits and probabilities (8 E)."""
+    shared expert 6 f_e / etp; the router's fp32 logits and probabilities (8 E), its top-k
+    choices (int64) with their fp32 weights (12 k) and the fp32 sums normalising them and
+    of the z-loss (8); and per row its tokens send, the combine's (`layer.Combine`): the
+    expert's output (2h), its weight (2) and its token's and sort's int64 indices (16)."""
     tokens = seq_len * micro_batch
     rows = tokens * cfg.top_k * busiest_load(cfg, imbalance)
+    sent = tokens * cfg.top_k * min(1.0, cfg.capacity_factor or 1.0)
     h, f = cfg.d_model, cfg.d_ff_expert / etp
-    return rows * (2 * h + 6 * f) + tokens * (cfg.n_shared_experts * 6 * f + 8 * cfg.n_experts)
+    router = 8 * cfg.n_experts + 12 * cfg.top_k + 8
+    return rows * (2 * h + 6 * f) + sent * (2 * h + 18) \
+        + tokens * (cfg.n_shared_experts * 6 * f + router)
 
 
 def moe_weight_grad_input_values(cfg: ModelConfig, seq_len: int, micro_batch: int,

@@ -20,6 +20,7 @@ from paraxis.plan.experts import (
     busiest_load,
     feed_forward,
     moe_forward_seconds,
+    rank_imbalance,
     routing_share,
     sequence_shard_dispatch,
     shard_dispatch_times,
@@ -89,12 +90,14 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     sequence's scores per token, times the split's imbalance (1.0 for the zig-zag split).
 
     With `moe`, a mixture-of-experts block: its attention half as above, its experts on the
-    busiest EP rank (`expert_imbalance` x the mean rows; of 1/tp of the tokens where each tp
-    rank routes its own shard) and its all-to-alls (`plan/experts.py`), keys ep_forward /
-    ep_backward / ep_total, with its routing's small calls unless `routing_calls` is False
+    busiest EP rank (`expert_imbalance` x the mean rows with ep > 1; of 1/tp of the tokens
+    where each tp rank routes its own shard) and its all-to-alls (`plan/experts.py`), keys
+    ep_forward / ep_backward / ep_total, with its routing's small calls unless
+    `routing_calls` is False
     (`experts.with_routing_calls` adds them: all else here reads the rank grid only through
     groups that do not change with the dp or pp degree)."""
     gpu, overlap = cluster.gpu, overlap_on(cluster, overlap)
+    expert_imbalance = rank_imbalance(layout, expert_imbalance)
     tokens = micro_batch * seq_len // layout.cp
     rate, attention_rate, hbm = layer_rates(cluster, layout.tp)
     _, scores = layer_forward_flops_per_token(cfg, seq_len)

@@ -6,12 +6,10 @@ import functools
 import math
 
 from paraxis.plan.activations import (
-    chunk_end_weight_grad_input_values,
     full_layer_activation_bytes,
     keeps_projection_input,
     layer_activation_bytes,
     logits_bytes,
-    weight_grad_input_values,
 )
 from paraxis.plan.bubble import pipeline_figures
 from paraxis.plan.comm import zero_traffic_bytes
@@ -19,17 +17,18 @@ from paraxis.plan.compute import own_gradients
 from paraxis.plan.context import repeated_kv_bytes
 from paraxis.plan.experts import (
     DEFAULT_IMBALANCE,
+    feed_forward,
     moe_activation_bytes,
-    moe_weight_grad_input_values,
+    rank_imbalance,
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
 from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
 from paraxis.plan.stages import (
-    ChunkFacts,
     chunk_blocks,
     chunk_facts,
     held_stages,
+    kept_for_w_values,
     pending_stages,
     recomputed_kinds,
     stage_blocks,
@@ -266,26 +265,6 @@ def master_step_buffers(cfg: ModelConfig, layout: Layout, local_params: float,
     return step + 4 * min(owned, largest)
 
 
-def kept_for_w_values(cfg: ModelConfig, chunk: ChunkFacts, seq_len: int, micro_batch: int,
-                      tp: int = 1, sequence_parallel: bool = False, head: str = "chunked",
-                      routed_seq: int | None = None, expert_imbalance: float = 1.0,
-                      etp: int = 1) -> float:
-    """Values a chunk's B keeps for its W in a split backward (split_backward.py), per GPU
-    for `micro_batch` sequences of `seq_len` tokens on the rank (`routed_seq`: of them, those
-    it routes): its blocks' weighted ops' output gradients (none where its input is token
-    ids and W is its whole backward) and its ends' (`chunk_end_weight_grad_input_values`;
-    `head`: the loss kernel the head runs)."""
-    args = (seq_len, micro_batch, tp, sequence_parallel)
-    values = chunk_end_weight_grad_input_values(cfg, *args, embedding=chunk.embedding,
-                                                head=head if chunk.head else "")
-    if not chunk.embedding:
-        values += chunk.dense * weight_grad_input_values(cfg, *args) + chunk.moe * (
-            weight_grad_input_values(cfg, *args, mlp=False) + moe_weight_grad_input_values(
-                cfg, seq_len if routed_seq is None else routed_seq, micro_batch,
-                expert_imbalance, etp))
-    return values
-
-
 def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: int,
                   precision: Precision = MIXED_ADAM,
                   attention: str = RUNTIME_KERNEL.name,
@@ -319,9 +298,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     Mixture of experts: a rank holds 1/ep of the routed experts of its MoE blocks, whose
     states ZeRO shards over their dp*cp/ep replicas; an MoE block keeps its attention half's
     activations and its experts' (`experts.moe_activation_bytes`, the busiest rank's
-    `expert_imbalance` x the mean rows, of its sequence shard where it routes only that).
+    `expert_imbalance` x the mean rows with ep > 1, of its sequence shard where it routes
+    only that).
     """
     local_seq = seq_len // layout.cp
+    expert_imbalance = rank_imbalance(layout, expert_imbalance)
     replicas = layout.zero_ranks  # dp x cp, or one shard group of them (hybrid)
     figures = pipeline_figures(layout.schedule, layout.pp, layout.microbatches,
                                layout.virtual_stages)
@@ -331,6 +312,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     kernel_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
     head_split = layout.cp > 1 and (layout.cp_attention == "all_to_all" or layout.cp_a2a > 1)
     routed_seq = local_seq // routing_share(cfg, layout) if cfg.is_moe else local_seq
+    # Under SP the experts' region gathers the sequence where they do not run on its shards
+    # (split over tp, or whole under a capacity factor): paraxis's router and experts keep
+    # the gathered input whole, 1 - 1/tp of it beyond the shard the count holds.
+    moe_gathered = 2 * local_seq * micro_batch * cfg.d_model * (1 - 1 / layout.tp) if (
+        cfg.is_moe and layout.sequence_parallel and not sp_regather
+        and feed_forward(cfg, layout) != "shards") else 0.0
 
     def kept_bytes(recompute: str) -> tuple[float, float]:
         """(a dense block's, an MoE block's) bytes kept for the backward under `recompute`."""
@@ -342,7 +329,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                            mlp=False, head_split=head_split,
                                            sp_regather=sp_regather) \
             + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
-                                   layout.etp) if cfg.is_moe else 0.0
+                                   layout.etp) + moe_gathered if cfg.is_moe else 0.0
         if precision.fp8_recipe is not None:
             # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
             fp8_args = (layout.tp, layout.sequence_parallel)
@@ -374,7 +361,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                 cfg, *kernel_args, "none", attention, dropout, mlp=False,
                 head_split=head_split, sp_regather=sp_regather)
                 + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
-                                       layout.etp))
+                                       layout.etp) + moe_gathered)
     # Stage 0 holds the most in-flight microbatches and the embedding, the last the head and
     # logits, but the FLOP-balanced split may give a middle stage more layers: price them all.
     priced: dict[tuple, float] = {}  # stage facts -> most in-flight microbatches priced

@@ -7,8 +7,12 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from paraxis.plan.activations import (
+    chunk_end_weight_grad_input_values,
+    weight_grad_input_values,
+)
 from paraxis.plan.bubble import pipeline_figures
-from paraxis.plan.experts import moe_blocks
+from paraxis.plan.experts import moe_blocks, moe_weight_grad_input_values
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
@@ -142,3 +146,23 @@ def pending_stages(kind: str, pp: int, microbatches: int) -> tuple[tuple[tuple[i
     B keeps for W) over at most 2 pp microbatches (the warm-up's whole and a period of the
     steady state after it: more repeat it)."""
     return tuple(pending_moments(kind, pp, min(microbatches, 2 * pp)))
+
+
+def kept_for_w_values(cfg: ModelConfig, chunk: ChunkFacts, seq_len: int, micro_batch: int,
+                      tp: int = 1, sequence_parallel: bool = False, head: str = "chunked",
+                      routed_seq: int | None = None, expert_imbalance: float = 1.0,
+                      etp: int = 1) -> float:
+    """Values a chunk's B keeps for its W in a split backward (split_backward.py), per GPU
+    for `micro_batch` sequences of `seq_len` tokens on the rank (`routed_seq`: of them, those
+    it routes): its blocks' weighted ops' output gradients (none where its input is token
+    ids and W is its whole backward) and its ends' (`chunk_end_weight_grad_input_values`;
+    `head`: the loss kernel the head runs)."""
+    args = (seq_len, micro_batch, tp, sequence_parallel)
+    values = chunk_end_weight_grad_input_values(cfg, *args, embedding=chunk.embedding,
+                                                head=head if chunk.head else "")
+    if not chunk.embedding:
+        values += chunk.dense * weight_grad_input_values(cfg, *args) + chunk.moe * (
+            weight_grad_input_values(cfg, *args, mlp=False) + moe_weight_grad_input_values(
+                cfg, seq_len if routed_seq is None else routed_seq, micro_batch,
+                expert_imbalance, etp))
+    return values

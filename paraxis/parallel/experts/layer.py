@@ -111,6 +111,31 @@ class AuxLossGradient(torch.autograd.Function):
         return grad, aux_grad, None, None
 
 
+class Combine(torch.autograd.Function):
+    """Each token's expert outputs, weighted by its routing weights, summed back to it:
+    zeros(T, h).index_add(0, token_of, outputs * weights). Written out, autograd would keep
+    the outputs for the weights' gradient and the weighted outputs again for index_add's
+    (which reads its source's shape): this keeps the outputs once, with the weights and the
+    index, and computes the same gradients with the same kernels."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, outputs: torch.Tensor,
+                weights: torch.Tensor, token_of: torch.Tensor, tokens: int) -> torch.Tensor:
+        ctx.save_for_backward(outputs, weights, token_of)
+        weighted = outputs * weights.unsqueeze(-1)
+        return outputs.new_zeros(tokens, outputs.shape[-1]).index_add(0, token_of, weighted)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        outputs, weights, token_of = ctx.saved_tensors
+        grad_weighted = grad.index_select(0, token_of)
+        grad_outputs = grad_weighted * weights.unsqueeze(-1) if ctx.needs_input_grad[0] \
+            else None
+        grad_weights = (grad_weighted * outputs).sum(-1) if ctx.needs_input_grad[1] else None
+        return grad_outputs, grad_weights, None, None
+
+
 @dataclass
 class StepStats:
     """One MoE block's figures over a step's training microbatches, counted as each
@@ -245,8 +270,7 @@ class MoE(nn.Module):
         token_of = token_of[order]
         counts = torch.bincount(flat_experts, minlength=self.cfg.n_experts).tolist()
         outputs = self.run_experts(tokens[token_of], counts)
-        outputs = outputs * flat_weights[order].unsqueeze(-1)
-        return torch.zeros_like(tokens).index_add(0, token_of, outputs)
+        return Combine.apply(outputs, flat_weights[order], token_of, tokens.shape[0])
 
     def _within_capacity(self, chosen: torch.Tensor) -> torch.Tensor | None:
         """Under a capacity factor each expert takes at most `expert_capacity` (ceil(cf * T *
