@@ -178,8 +178,8 @@ def test_learned_positions_and_tied_embeddings_follow_the_chunks():
 
 @pytest.mark.parametrize("fields,against,message", [
     (dict(cp=4), dict(seq_len=100), "seq_len 100 is not divisible by 8"),
-    (dict(cp=2, tp=2, sequence_parallel=True), dict(seq_len=36),
-     "divisible by 2*cp*tp = 8"),
+    (dict(cp=2, tp=4, sequence_parallel=True), dict(seq_len=36),
+     "divisible by cp.tp = 8"),
     (dict(cp=2, cp_attention="tree"), {}, "unknown cp_attention 'tree'"),
     (dict(cp=2, tp=2), dict(world_size=8), "dp*cp*tp*pp = 1*2*2*1 = 4"),
     (dict(cp=8, cp_attention="all_to_all"), dict(model=PRESETS["tiny-llama"]),

@@ -387,3 +387,80 @@ def test_on_cpu_ranks_activation_reduce_scatters_are_priced_as_the_all_to_all_th
     from paraxis.plan.tp_layer import tp_layer_time
     assert tp_layer_time(1e6, 4, True, host) - tp_layer_time(1e6, 4, True, nccl) == \
         pytest.approx(4 * (scatter_time(1e6, 4, host) - scatter_time(1e6, 4, nccl)))
+
+
+def _ring_backward_windows(ctx) -> list[list[str]]:
+    """What the ring's backward has in flight while each of its steps computes, and what it
+    posts after the last (the final list): "KV" hops and "dKdV" accumulators, on this
+    rank."""
+    import torch
+
+    import paraxis.parallel.context.ring as ring
+    from paraxis.parallel.context.chunks import local_part
+
+    events: list[str] = []
+    posted = ring._Pass
+
+    class Recorded(posted):
+        def __init__(self, tensor, group, phase):
+            super().__init__(tensor, group, phase)
+            # bf16 K/V below: the fp32 messages are the dK/dV accumulators
+            self.name = "dKdV" if tensor.dtype == torch.float32 else "KV"
+            events.append(f"post {self.name}")
+
+        def wait(self):
+            received = super().wait()
+            events.append(f"wait {self.name}")
+            return received
+
+    compute = ring.backward_blocks
+
+    def computed(*args, **kwargs):
+        events.append("compute")
+        return compute(*args, **kwargs)
+
+    ring._Pass, ring.backward_blocks = Recorded, computed
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 8, generator=generator) for _ in range(3))
+    local = [local_part(t, ctx.rank, ctx.world_size, dim=2).bfloat16().requires_grad_()
+             for t in (q, k, v)]
+    out = ring.ring_attention(*local)
+    events.clear()
+    out.backward(torch.ones_like(out))
+    in_flight: list[str] = []
+    windows = []
+    last = len(events) - events[::-1].index("compute")
+    for event in events[:last]:
+        if event == "compute":
+            windows.append(sorted(in_flight))
+        else:
+            kind, name = event.split()
+            if kind == "post":
+                in_flight.append(name)
+            else:
+                in_flight.remove(name)
+    return [*windows, sorted(e.split()[1] for e in events[last:] if e.startswith("post"))]
+
+
+def test_the_ring_backward_is_priced_with_the_windows_the_runtime_hides_behind():
+    """cp = 4 on gloo: what the ring's backward has in flight during each step's compute,
+    priced step by step with the planner's own hops, is the planner's exposed backward."""
+    from paraxis.dist.testing import run_on_ranks
+    from paraxis.plan.comm import Link, collective_time
+    from paraxis.plan.context import level_times
+    from paraxis.spec.cp_balance import sent_bytes_per_rank
+
+    cp = 4
+    windows = run_on_ranks(cp, _ring_backward_windows)[0]
+    assert len(windows) == cp + 1
+    link = Link(bandwidth_Bps=25e9, latency_s=0.0, crosses_nodes=False)
+    shape = (1, 8, 8, 4096 * cp, 128, cp, 2)
+    forward_bytes, backward_bytes = sent_bytes_per_rank("ring", *shape)
+    hop = {"KV": collective_time("send_recv", forward_bytes / (cp - 1), 2, link),
+           "dKdV": collective_time("send_recv", (backward_bytes - forward_bytes) / (cp - 1), 2,
+                                   link)}
+    step = 1e-3  # a ring step's backward compute, shorter than either hop here
+    exposed = sum(max(0.0, sum(hop[n] for n in w) - step) for w in windows[:-1]) \
+        + sum(hop[n] for n in windows[-1])
+    priced = level_times("ring", shape, link, 0.5 * step * cp, step * cp, 0.0)["backward"]
+    assert priced == pytest.approx(exposed)

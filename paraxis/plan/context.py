@@ -164,10 +164,13 @@ def level_times(variant: str, shape: tuple[int, ...], link: Link, core_forward: 
                                    2, link)
 
         forward = (cp - 1) * hidden(kv_hop, step_f)
-        # step 0 posts the first K/V hop; steps 1..cp-2 each hide a K/V hop and the dK/dV
-        # accumulator of the step before; the last accumulator goes home after all compute
-        backward = (hidden(kv_hop, step_b) + (cp - 2) * hidden(kv_hop + grad_hop, step_b)
-                    + grad_hop)
+        # (context/ring.py's backward) step 0 posts the first K/V hop and keeps its own dK/dV,
+        # so step 1 hides a K/V hop alone; steps 2..cp-2 each hide a K/V hop and the dK/dV
+        # accumulator of the step before; the last step hides that accumulator alone, and
+        # the last goes home after all compute
+        backward = hidden(kv_hop, step_b) + grad_hop if cp == 2 else (
+            2 * hidden(kv_hop, step_b) + (cp - 3) * hidden(kv_hop + grad_hop, step_b)
+            + hidden(grad_hop, step_b) + grad_hop)
         return {"forward": forward, "backward": backward,
                 "total": (cp - 1) * (2 * kv_hop + grad_hop), "forward_total": (cp - 1) * kv_hop,
                 "rerun": forward, "rerun_total": (cp - 1) * kv_hop}

@@ -361,12 +361,12 @@ class Layout:
 
     def _check_seq_len(self, seq_len: int) -> None:
         """Context parallelism cuts every sequence into 2*cp equal chunks (rank i holds
-        chunks i and 2*cp-1-i); sequence parallelism then cuts each rank's tokens over tp,
-        chunk by chunk."""
-        if self.cp > 1 and self.sequence_parallel and seq_len % (2 * self.cp * self.tp):
+        chunks i and 2*cp-1-i); sequence parallelism then cuts each rank's seq_len/cp tokens
+        into tp contiguous pieces."""
+        if self.cp > 1 and self.sequence_parallel and seq_len % (self.cp * self.tp):
             raise ParaxisError(
                 f"context parallelism with sequence parallelism needs seq_len ({seq_len}) "
-                f"divisible by 2*cp*tp = {2 * self.cp * self.tp}; change seq_len, cp or tp")
+                f"divisible by cp*tp = {self.cp * self.tp}; change seq_len, cp or tp")
         if self.cp > 1 and seq_len % (2 * self.cp):
             raise ParaxisError(f"context parallelism splits each sequence into 2*cp = "
                                f"{2 * self.cp} equal chunks: seq_len {seq_len} is not "
