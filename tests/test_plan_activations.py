@@ -80,7 +80,7 @@ def _cp_block_bytes(ctx, name: str, variant: str) -> tuple[int, float]:
     block(x).float().square().mean().backward()
     want = layer_activation_bytes(cfg, SEQ // cp, BATCH, dropout=False,
                                   head_split=variant == "all_to_all") \
-        + repeated_kv_bytes(cfg, variant, cp, 1, SEQ // cp, BATCH)
+        + repeated_kv_bytes(cfg, variant, cp, 1, SEQ, BATCH)
     return kept_bytes(block, block, x), want
 
 
