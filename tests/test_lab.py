@@ -201,7 +201,8 @@ def test_scaling_gap(browser):
         gpu = F.BASE_GPU_BYTES * 2 ** ((year - F.BASE_YEAR) / F.GPU_MEMORY_DOUBLING_YEARS)
         said = text(browser, "scaling-year-out")
         assert f"largest published, {name}, has {shown}" in said
-        needed = math.ceil(state / gpu)
+        # what fits counts a GPU less the runtime's reserve, as the DP and ZeRO widgets do
+        needed = math.ceil(state / (gpu - F.LAB_GPU.reserved_bytes))
         assert f"at least {needed} GPU{'s' if needed > 1 else ''} just" in said
         assert f"the trend's GPU holds {float(f'{gpu / 1e9:.3g}'):g} GB" in said
     # the course's trend, past where it held, is shown in words, never with an exponent
@@ -211,6 +212,10 @@ def test_scaling_gap(browser):
         assert f"Adam {state_gb}" in text(browser, "scaling-model-out")
     click(browser, "scaling-check")
     assert "1120 GB" in text(browser, "scaling-answer")
+    # 175B: 2800 GB over 33 GPUs would be 84.85 GB each, over the 85.9 GB less 2 GB reserved
+    slide(browser, "scaling-model", F.MODEL_SIZES_B, 175)
+    assert "34 GPUs' memory, each less the runtime's 2 GB reserve" in text(
+        browser, "scaling-model-out")
 
 
 def test_data_parallel(browser):
@@ -444,7 +449,7 @@ def test_grid_facts_of_hybrid_sharding_are_the_layout_s(data):
             assert plain["coords"] == [[c.dp_rank, c.cp_rank, c.tp_rank, c.pp_rank]
                                        for c in map(layout.coords, range(layout.world_size))]
             assert plain["groups"] == {axis: layout.groups(axis) for axis in plain["groups"]}
-    assert hybrid > 50
+    assert hybrid > 40
 
 
 def test_grid_shows_hybrid_sharding(browser):
@@ -459,8 +464,8 @@ def test_grid_shows_hybrid_sharding(browser):
 
     # (dp, tp, pp, cp, ep), dp_shard, GPUs per node, the ranks hovered
     for degrees, dp_shard, per_node, ranks in (((4, 2, 1, 1, 1), 2, 4, (0, 5, 6)),
-                                               ((4, 1, 2, 2, 2), 1, 8, (3, 12)),
-                                               ((2, 2, 2, 1, 1), 1, 4, (1, 6))):
+                                               ((4, 1, 2, 2, 2), 2, 8, (3, 12)),
+                                               ((4, 2, 2, 1, 1), 2, 4, (1, 6))):
         set_grid(browser, *degrees, per_node, dp_shard)
         assert browser.find_element("id", "grid-shard").get_attribute("value") == str(dp_shard)
         layout = grid_layout(*degrees, dp_shard=dp_shard)

@@ -75,7 +75,9 @@ LARGEST_PUBLISHED = {
 def scaling_facts() -> dict:
     """Per year the course's trend of frontier parameters and the largest published model,
     each with its training-state bytes (the 16 P rule of `model_state_bytes`), against one
-    GPU's memory; per model size what one GPU lacks."""
+    GPU's memory less the runtime's reserve (as `dp_remedies` and the planner count what
+    fits); per model size what one GPU lacks."""
+    reserve = LAB_GPU.reserved_bytes
     years = []
     for year in YEARS:
         params = BASE_PARAMS * MODEL_GROWTH_PER_YEAR ** (year - BASE_YEAR)
@@ -84,17 +86,19 @@ def scaling_facts() -> dict:
         name, published = LARGEST_PUBLISHED[year]
         published_state = sum(model_state_bytes(int(published), 1, 0).values())
         years.append({"year": year, "params": params, "state_bytes": state, "gpu_bytes": gpu,
-                      "gpus_to_hold": math.ceil(state / gpu), "published_name": name,
-                      "published_params": published, "published_state_bytes": published_state,
-                      "published_gpus_to_hold": math.ceil(published_state / gpu)})
+                      "gpus_to_hold": math.ceil(state / (gpu - reserve)),
+                      "published_name": name, "published_params": published,
+                      "published_state_bytes": published_state,
+                      "published_gpus_to_hold": math.ceil(published_state / (gpu - reserve))})
     models = []
     for billions in MODEL_SIZES_B:
         states = model_state_bytes(int(billions * 1e9), 1, 0)
         total = sum(states.values())
         models.append({"billions": billions, "weights_bytes": states["params"],
-                       "state_bytes": total, "gpus_to_hold": math.ceil(total / BASE_GPU_BYTES)})
+                       "state_bytes": total,
+                       "gpus_to_hold": math.ceil(total / (BASE_GPU_BYTES - reserve))})
     return {"years": years, "models": models, "gpu_bytes": BASE_GPU_BYTES,
-            "hardware": hardware_facts()}
+            "reserved_bytes": reserve, "hardware": hardware_facts()}
 
 
 # ------------------------------------------------------------ chapter 1: data parallel

@@ -16,7 +16,9 @@ DEGREES = [1, 2, 4]  # dp, tp, pp
 CP_DEGREES = [1, 2]
 EP_DEGREES = [1, 2, 4]
 GPUS_PER_NODE = [4, 8]
-SHARD_SIZES = [2, 1]  # dp_shard, where it divides dp and is smaller (dp_shard = dp is plain)
+# dp_shard, where it divides dp and is smaller (dp_shard = dp is plain ZeRO; a group of one
+# shards nothing: plain data parallelism)
+SHARD_SIZES = [2]
 GROUP_AXES = ("tp", "cp", "dp", "pp", "ep")
 SHARD_AXES = ("dp_shard", "dp_replicate")  # ZeRO's shard groups and the copies of a shard
 

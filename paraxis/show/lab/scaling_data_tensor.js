@@ -43,7 +43,8 @@
       "largest published, " + yr.published_name + ", has " + params(yr.published_params) +
       ": " + bytes(yr.published_state_bytes) + " of training state, where the trend's GPU " +
       "holds " + bytes(yr.gpu_bytes) + " (from the " + hw.gpu + "'s " + gb(hw.memory_bytes) +
-      " in 2020): at least " + gpus(yr.published_gpus_to_hold) + " just to hold it.";
+      " in 2020): at least " + gpus(yr.published_gpus_to_hold) + " just to hold it (each " +
+      "less the runtime's " + gb(d.reserved_bytes) + " reserve).";
   });
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
     $("scaling-answer").textContent = "";  // an answer was for the model it was asked at
@@ -51,7 +52,8 @@
     $("scaling-model-out").textContent = value + "B parameters: weights " +
       gb(m.weights_bytes) + ", weights + gradients + Adam " + gb(m.state_bytes) +
       " against " + gb(d.gpu_bytes) + " on one " + gpuName + ": " +
-      (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") + " memory.";
+      (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") + " memory, each less " +
+      "the runtime's " + gb(d.reserved_bytes) + " reserve.";
   }, (v) => v + "B");
   $("scaling-check").addEventListener("click", () => {
     model.set(70);
