@@ -7,11 +7,12 @@ head's, and the embedding's on the first stage).
 
 from __future__ import annotations
 
-from paraxis.plan.comm import Link, axis_link, collective_time, scatter_time
+from paraxis.plan.comm import axis_link, collective_time
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, head_forward_traffic_per_token_eager
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.rates import DEFAULT_OVERLAP, Overlap, gemm_efficiency, layer_rates, overlap_on
-from paraxis.spec.kernels import fused_loss_problem, fused_loss_traffic
+from paraxis.plan.tp_layer import tp_collective_time
+from paraxis.spec.kernels import fused_loss_traffic, loss_kernel_run
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -34,8 +35,7 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
     norm_loss_bytes = precision.activation_bytes * tokens * (
         head_forward_traffic_per_token_eager(cfg, layout.tp) if eager else 0.0)
     forward = gemm + norm_loss_bytes / hbm
-    if cluster.gpu.loss_kernel == "fused-linear" and \
-            fused_loss_problem(layout.tp, layout.zero) is None:
+    if loss_kernel_run(cluster.gpu.loss_kernel, layout.tp, layout.zero) == "fused-linear":
         # The fused head and loss run their three GEMMs and the loss's passes in the
         # forward, and sum dL/dW in fp32 over the chunks (`spec.kernels.fused_loss_traffic`);
         # the backward scales the two gradients it kept.
@@ -55,9 +55,9 @@ def head_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: 
             + collective_time("all_reduce", 8 * tokens, layout.tp, link))
     stream = precision.activation_bytes * tokens * cfg.d_model
     collectives = ends_collectives(layout)["head"]
-    gather = sum(_tp_time(kind, stream, layout.tp, link)
+    gather = sum(tp_collective_time(kind, stream, layout.tp, link)
                  for kind, phase in collectives if phase == "forward")
-    grad = sum(_tp_time(kind, stream, layout.tp, link)
+    grad = sum(tp_collective_time(kind, stream, layout.tp, link)
                for kind, phase in collectives if phase == "backward")
     exposed = grad
     if overlap.tp:
@@ -81,11 +81,6 @@ def ends_collectives(layout: Layout) -> dict[str, list[tuple[str, str]]]:
     return {"embedding": [("all_reduce", "forward")], "head": [("all_reduce", "backward")]}
 
 
-def _tp_time(kind: str, size_bytes: float, tp: int, link: Link) -> float:
-    return scatter_time(size_bytes, tp, link) if kind == "reduce_scatter" \
-        else collective_time(kind, size_bytes, tp, link)
-
-
 def embedding_tp_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro_batch: int,
                        seq_len: int, precision: Precision = MIXED_ADAM) -> dict[str, float]:
     """Seconds of the vocab-parallel embedding's TP collectives (`ends_collectives`) per
@@ -95,6 +90,6 @@ def embedding_tp_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, micro
         return {"tp": 0.0, "tp_total": 0.0}
     link = axis_link(layout, "tp", cluster)
     stream = precision.activation_bytes * micro_batch * seq_len // layout.cp * cfg.d_model
-    seconds = sum(_tp_time(kind, stream, layout.tp, link)
+    seconds = sum(tp_collective_time(kind, stream, layout.tp, link)
                   for kind, _ in ends_collectives(layout)["embedding"])
     return {"tp": seconds, "tp_total": seconds}

@@ -35,7 +35,7 @@ from paraxis.plan.stages import (
     stage_kinds,
 )
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.kernels import RUNTIME_KERNEL, fused_loss_problem, workspace_bytes
+from paraxis.spec.kernels import RUNTIME_KERNEL, loss_kernel_run, workspace_bytes
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import FP32_ADAM, MASTER_UNITS_A_CALL, MIXED_ADAM, Precision
@@ -375,9 +375,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     chunk_sizes = chunk_blocks(cfg, layout, seq_len)
     held = held_stages(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
                        chunk_sizes)
-    # the fused head where the runtime runs it, else the chunked loss
-    head = loss_kernel if loss_kernel == "fused-linear" and \
-        fused_loss_problem(layout.tp, layout.zero) is None else "chunked"
+    head = loss_kernel_run(loss_kernel, layout.tp, layout.zero)
     pending = pending_stages(layout.schedule, layout.pp, layout.microbatches) \
         if layout.schedule in SPLIT_BACKWARD else None
     chunks_by_stage = chunk_facts(cfg, layout.pp, layout.virtual_stages, seq_len,

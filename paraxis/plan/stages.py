@@ -49,9 +49,7 @@ def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
     """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
     with the head's cost on the last virtual stage (`plan/partition.py`), so uneven counts
     happen."""
-    partition = partition_of(cfg, pp, virtual, seq_len, placement)
-    return [sum(len(partition.blocks_of(stage, chunk)) for chunk in range(virtual))
-            for stage in range(pp)]
+    return [len(blocks) for blocks in stage_blocks(cfg, pp, virtual, seq_len, placement)]
 
 
 @functools.lru_cache(maxsize=4096)  # a layout search asks often
@@ -109,9 +107,8 @@ def stage_blocks(cfg: ModelConfig, pp: int, virtual: int, seq_len: int | None,
 def chunk_blocks(cfg: ModelConfig, layout: Layout, seq_len: int | None = None
                  ) -> tuple[tuple[int, ...], ...]:
     """Per stage, the blocks of each of its chunks (`held_stages` weighs by them)."""
-    partition = partition_of(cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement)
-    return tuple(tuple(len(partition.blocks_of(stage, chunk))
-                       for chunk in range(layout.virtual_stages)) for stage in range(layout.pp))
+    return tuple(tuple(chunk.dense + chunk.moe for chunk in row) for row in chunk_facts(
+        cfg, layout.pp, layout.virtual_stages, seq_len, layout.placement))
 
 
 class ChunkFacts(NamedTuple):

@@ -18,7 +18,7 @@ from paraxis.plan.comm import Link, collective_time, scatter_time, tp_collective
 SP_BACKWARD_REGATHERS = 2
 
 
-def _collective_time(op: str, size_bytes: float, tp: int, link: Link) -> float:
+def tp_collective_time(op: str, size_bytes: float, tp: int, link: Link) -> float:
     """One TP collective of `size_bytes`, a reduce-scatter as the runtime carries it there."""
     if op == "reduce_scatter":
         return scatter_time(size_bytes, tp, link)
@@ -26,7 +26,7 @@ def _collective_time(op: str, size_bytes: float, tp: int, link: Link) -> float:
 
 
 def _collectives_time(counts: dict[str, int], size_bytes: float, tp: int, link: Link) -> float:
-    return sum(count * _collective_time(op, size_bytes, tp, link)
+    return sum(count * tp_collective_time(op, size_bytes, tp, link)
                for op, count in counts.items())
 
 

@@ -118,6 +118,13 @@ def fused_loss_problem(tp: int, zero: int) -> str | None:
     return None
 
 
+def loss_kernel_run(asked: str, tp: int, zero: int) -> str:
+    """The loss kernel the runtime runs when `asked` for one: the fused head and loss where
+    it can run them (`fused_loss_problem`), else the chunked loss."""
+    return asked if asked == "fused-linear" and fused_loss_problem(tp, zero) is None \
+        else "chunked"
+
+
 def check_fused_loss(tp: int, zero: int) -> None:
     """Refuse `--fused-loss` where the runtime cannot run it."""
     if problem := fused_loss_problem(tp, zero):

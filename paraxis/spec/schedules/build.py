@@ -75,7 +75,7 @@ def build_schedule(kind: str, stages: int, microbatches: int, virtual: int = 1) 
 
 def _orders(schedule: Schedule) -> list[Order]:
     """Each stage's compute order (F, B and, split, W of every microbatch and chunk)."""
-    if schedule.kind in ("zb-h1", "zb-v"):
+    if schedule.kind in SPLIT_BACKWARD:
         return zero_bubble_order(schedule)
     stages, microbatches, virtual = (schedule.num_stages, schedule.microbatches,
                                      schedule.virtual)
