@@ -134,8 +134,8 @@ def test_pipelines_schedule_bubbles_and_idle_time(capsys) -> None:
 def test_pipelines_zero3_table_planner_columns() -> None:
     # The probe's runtime columns need 4 ranks; its planner columns are these functions of
     # the probe's own model (tools/probes/zero3_pipeline.py computes them the same way).
-    from paraxis.plan.comm import zero3_pipeline_volume
     from paraxis.plan.memory import model_state_bytes, stage_params
+    from paraxis.plan.zero3 import zero3_pipeline_volume
     from paraxis.spec.layout import Layout
     from paraxis.spec.precision import FP32_ADAM
     from tools.probes.zero3_pipeline import SEQ, _embedding, model

@@ -10,7 +10,7 @@ the final weights too (gathered from their dp shards and tp slices), for
 - dp2 x tp2 (sequence parallel) x pp2, interleaved, full recompute - one launch of 8 ranks.
 
 Every layout also counts the bytes its ZeRO collectives assemble in one step
-(`data_parallel.flat.VOLUME`) and finds the planner's count (`plan.comm.zero3_pipeline_volume`)
+(`data_parallel.flat.VOLUME`) and finds the planner's count (`plan.zero3.zero3_pipeline_volume`)
 up to the pad of each flat unit (at most dp-1 elements); "step" gathers once, "forward" once
 per microbatch for the forward and once for the backward. Each run saves a checkpoint at the
 end: it holds the single-device weights, converts to one device and to another pipeline
@@ -32,7 +32,7 @@ from paraxis.model.checkpoint.convert import convert
 from paraxis.model.checkpoint.entries import KINDS
 from paraxis.model.transformer import build_model
 from paraxis.parallelize import materialize, parallelize
-from paraxis.plan.comm import zero3_pipeline_volume
+from paraxis.plan.zero3 import zero3_pipeline_volume
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.rates import layer_rates
 from paraxis.plan.sync import nearest_count, sync_wait
+from paraxis.plan.zero3 import Zero3Kept, zero3_pipeline_volume, zero3_volume
 from paraxis.spec.collectives import reduce_scatter_form, zero_form
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
@@ -301,7 +302,7 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
                  layers: int = 1, bucket_bytes: float = DEFAULT_BUCKET_BYTES,
                  zero3_reshard: str | None = None, pipelined: bool = False,
                  copies: int = 1, across: Link | None = None,
-                 regather_bytes: float | None = None) -> float:
+                 regather_bytes: float | None = None, kept: Zero3Kept | None = None) -> float:
     """Seconds per step to synchronise one stage's gradients (and parameters) over DP.
 
     ZeRO (Rajbhandari et al. 2020) Sec. 7: ZeRO-0/1 move 2 x the parameter bytes per GPU
@@ -322,12 +323,14 @@ def dp_sync_time(stage_param_count: float, dp: int, zero: int, link: Link,
     (`data_parallel/buckets.py`; PyTorch HSDP, DeepSpeed ZeRO++'s hpZ).
     regather_bytes: ZeRO-3's backward gather, bytes per parameter (default `param_bytes`;
     less where FP8 weights are not gathered again: `fp8.regather_bytes_per_param`).
+    kept: ZeRO-3's parameters gathered for the forward only (`Zero3Kept`).
     """
     return (copies_sync_time(stage_param_count, dp, zero, copies, across, grad_bytes, layers,
                              bucket_bytes)
             + _shard_group_sync(stage_param_count, dp, zero, link, microbatches, grad_bytes,
                                 param_bytes, layers, bucket_bytes, zero3_reshard, pipelined,
-                                param_bytes if regather_bytes is None else regather_bytes))
+                                param_bytes if regather_bytes is None else regather_bytes,
+                                kept or Zero3Kept()))
 
 
 def copies_sync_time(stage_param_count: float, dp: int, zero: int, copies: int,
@@ -346,18 +349,23 @@ def copies_sync_time(stage_param_count: float, dp: int, zero: int, copies: int,
 def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
                       microbatches: int, grad_bytes: float, param_bytes: float, layers: int,
                       bucket_bytes: float, zero3_reshard: str | None, pipelined: bool,
-                      regather_bytes: float) -> float:
+                      regather_bytes: float, kept: Zero3Kept) -> float:
     if dp <= 1:
         return 0.0
     if zero == 3 and zero3_reshard is not None:
         volume = zero3_pipeline_volume(stage_param_count, microbatches, zero3_reshard,
-                                       param_bytes, grad_bytes, regather_bytes=regather_bytes)
+                                       param_bytes, grad_bytes, kept.once,
+                                       regather_bytes=regather_bytes)
         gathers = 1 if zero3_reshard == "step" else 2 * microbatches  # passes over the stage
         return (zero_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
                 + zero_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
     if zero == 3:
-        return microbatches * layers * sum(zero3_layer_times(
-            stage_param_count / layers, dp, link, grad_bytes, param_bytes, regather_bytes))
+        volume = zero3_volume(stage_param_count, microbatches, kept, param_bytes, grad_bytes,
+                              regather_bytes)
+        return (zero_time("all_gather", volume["all_gather"], dp, link,
+                          2 * microbatches * layers)
+                + zero_time("reduce_scatter", volume["reduce_scatter"], dp, link,
+                            microbatches * layers))
     grads = stage_param_count * grad_bytes
     params = stage_param_count * param_bytes
     buckets = layers if bucket_bytes <= 0 else max(1, math.ceil(grads / bucket_bytes))
@@ -413,58 +421,15 @@ def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
 
 
 def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,
-                      param_bytes: float = 2, regather_bytes: float | None = None
-                      ) -> tuple[float, float]:
+                      param_bytes: float = 2, regather_bytes: float | None = None,
+                      kept: float = 0.0, kept_bytes: float = 2) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's ZeRO-3 traffic per microbatch: the
     forward gathers its parameters; the backward gathers them again (`regather_bytes` a
     parameter, default `param_bytes`) and reduce-scatters their gradients (Rajbhandari et
-    al. 2020 Sec. 5.3)."""
+    al. 2020 Sec. 5.3). `kept`: of `layer_params`, those the backward does not gather again,
+    of `kept_bytes` each (`Zero3Kept.per_layer`)."""
+    again_bytes = param_bytes if regather_bytes is None else regather_bytes
     gather = zero_time("all_gather", layer_params * param_bytes, dp, link)
-    again = gather if regather_bytes is None or regather_bytes == param_bytes else \
-        zero_time("all_gather", layer_params * regather_bytes, dp, link)
+    again = zero_time("all_gather", layer_params * again_bytes - kept * kept_bytes, dp, link)
     scatter = zero_time("reduce_scatter", layer_params * grad_bytes, dp, link)
     return gather, again + scatter
-
-
-def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
-                          param_bytes: float = 2, grad_bytes: float = 2,
-                          forward_only_params: float = 0.0, regathered_params: float = 0.0,
-                          regather_bytes: float | None = None) -> dict[str, float]:
-    """Bytes one rank's ZeRO-3 collectives assemble per step under a pipeline, as the
-    runtime does it (`pipeline_parallel/zero3.py`), for a stage of `stage_params` (after TP):
-    {"all_gather", "reduce_scatter"}.
-
-    reshard "forward" (FSDP's reshard_after_forward): every microbatch gathers the stage's
-    parameters for its forward and again for its backward, except `forward_only_params`
-    (an embedding: its backward needs only the token ids), plus `regathered_params` (a
-    zero-bubble W under full recompute re-gathers its chunk, first virtual stage excepted).
-    "step": each parameter is gathered once and kept to its chunk's last backward. Gradients
-    accumulate over the microbatches and are reduce-scattered once (Rajbhandari et al. 2020
-    Sec. 5.3 for the per-layer gathers; PyTorch FSDP2's gradient sync on the last microbatch).
-    regather_bytes: the backward's gathers, bytes per parameter (default `param_bytes`).
-    """
-    again = param_bytes if regather_bytes is None else regather_bytes
-    if reshard == "step":
-        gathered = stage_params * param_bytes
-    else:
-        gathered = microbatches * (stage_params * param_bytes + (
-            stage_params - forward_only_params + regathered_params) * again)
-    return {"all_gather": gathered, "reduce_scatter": stage_params * grad_bytes}
-
-
-
-def zero3_windows(gather_f: float, gather_b: float, layer: dict[str, float], layout: Layout
-                  ) -> tuple[list[tuple[float, float]], int]:
-    """(communication, compute window) pairs of one layer's ZeRO-3 traffic and how many times
-    they repeat per step, from `zero3_layer_times` and the layer's forward/backward seconds:
-    FSDP's prefetch one layer ahead (Zhao et al. 2023 Sec. 3.3) hides each behind one layer's
-    compute, per microbatch. Under a pipeline (pipeline_parallel/zero3.py) the gradients are
-    reduce-scattered once per step and the gathers come per microbatch (zero3_reshard
-    "forward") or once ("step")."""
-    forward, backward = layer["forward"], layer["backward"]
-    if layout.pp == 1:
-        return [(gather_f, forward), (gather_b, backward)], layout.microbatches
-    m, scatter = layout.microbatches, gather_b - gather_f
-    pairs = ([(gather_f, forward)] if layout.zero3_reshard == "step"
-             else [(m * gather_f, m * forward), (m * gather_f, m * backward)])
-    return [*pairs, (scatter, backward)], 1

@@ -176,6 +176,14 @@ def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: 
     return rerun_share * gather_bytes_per_param(cfg, precision) + (1 - rerun_share) * kept
 
 
+def block_fp8_params(cfg: ModelConfig, precision: Precision) -> float:
+    """Parameters of a dense block that ZeRO gathers in FP8, a unit of their own (its
+    linears' weights, where they travel in FP8); 0 otherwise."""
+    if precision.fp8_recipe is None or not precision.fp8_weight_gather:
+        return 0.0
+    return float(sum(k * n for k, n in layer_gemm_shapes(cfg)))
+
+
 def _fp8_share(cfg: ModelConfig, precision: Precision) -> float:
     """The share of the parameters outside the routed experts that ZeRO gathers in FP8."""
     if precision.fp8_recipe is None or not precision.fp8_weight_gather:

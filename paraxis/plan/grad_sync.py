@@ -17,15 +17,15 @@ from paraxis.plan.comm import (
     last_bucket_time,
     param_gather_time,
     zero3_layer_times,
-    zero3_windows,
 )
 from paraxis.plan.context import copies_link, zero_link
 from paraxis.plan.experts import expert_dp_link, shard_grad_sum_seconds
-from paraxis.plan.fp8 import gather_bytes_per_param, regather_bytes_per_param
+from paraxis.plan.fp8 import block_fp8_params, gather_bytes_per_param, regather_bytes_per_param
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import stage_local_params
 from paraxis.plan.rates import Overlap
 from paraxis.plan.stages import recomputed_share
+from paraxis.plan.zero3 import Zero3Kept, zero3_windows
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
@@ -53,6 +53,8 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     copies, across = layout.replicas, copies_link(layout, cluster)
     shares = stage_local_params(cfg, layout, seq_len)
     stage_param_count = max(local for local, _ in shares)
+    kept = zero3_kept(cfg, layout, precision,
+                      [local for local, _ in shares].index(stage_param_count))
     experts = max(expert for _, expert in shares)
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
@@ -65,7 +67,7 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     pipelined = layout.pp > 1 and gpu.pipeline_zero2_reduce == "step"
     bucket = gradient_bucket_bytes(gpu, replicas, precision.grad_bytes)
     t_dp = dp_sync_time(stage_param_count, replicas, layout.zero, dp_link, *sync, blocks,
-                        bucket, reshard, pipelined, copies, across, regathered)
+                        bucket, reshard, pipelined, copies, across, regathered, kept)
     t_across = copies_sync_time(stage_param_count, replicas, layout.zero, copies, across,
                                 precision.grad_bytes, blocks, bucket)
     # ZeRO-1/2's parameter all-gather after the step, and the last gradient bucket's
@@ -88,7 +90,8 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         zero3 = zero3_layer_times(stage_param_count / blocks, replicas, dp_link,
-                                  precision.grad_bytes, gathered, regathered)
+                                  precision.grad_bytes, gathered, regathered,
+                                  kept.per_layer(blocks), kept.param_bytes)
         if experts:  # the mean block's gathers, experts over their own replicas
             more = zero3_layer_times(experts / blocks, expert_replicas, expert_link,
                                      precision.grad_bytes, precision.param_bytes)
@@ -96,6 +99,26 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     shards = shard_grad_sum_seconds(cfg, layout, cluster, moe_blocks, experts,
                                     precision.grad_bytes)
     return SyncParts(t_dp, t_across, t_gather, t_tail, zero3, blocks, shards, experts > 0)
+
+
+def zero3_kept(cfg: ModelConfig, layout: Layout, precision: Precision, stage: int
+               ) -> Zero3Kept:
+    """What ZeRO-3 gathers for a microbatch's forward only on one rank of `stage`, as
+    paraxis's runtime does (`Zero3Kept`): the embedding (first stage); without a pipeline
+    also the last unit (an untied LM head; a tied model's last block, less its FP8 unit,
+    which autograd keeps anyway) and a tied embedding, head and final norm. An MoE model's
+    last unit is its last block's experts, priced with theirs: none is counted here."""
+    if layout.zero != 3:
+        return Zero3Kept()
+    tp, pb = layout.tp, precision.param_bytes
+    embedding = cfg.embedding_params() / tp
+    if layout.pp > 1:
+        return Zero3Kept(embedding if stage == 0 else 0.0, pb)
+    if not cfg.tied_embeddings:
+        return Zero3Kept(embedding + cfg.vocab_size * cfg.d_model / tp, pb)
+    last = 0.0 if cfg.is_moe else (
+        cfg.layer_params(cfg.n_layers - 1) - block_fp8_params(cfg, precision)) / tp
+    return Zero3Kept(last + (cfg.embedding_params() + cfg.head_params()) / tp, pb)
 
 
 def exposed_sync(parts: SyncParts, layout: Layout, cluster: Cluster, overlap: Overlap,

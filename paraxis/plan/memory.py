@@ -90,7 +90,7 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
                        precision: Precision) -> float:
     """What ZeRO-3 holds beyond its shards at its fullest moment, as paraxis's runtime does it
     (data_parallel/zero.py, buckets.py): units are the embedding, each block, the final norm
-    and the LM head (one root unit for a tied embedding and head, gathered for the whole step).
+    and the LM head (one root unit for a tied embedding and head).
 
     - During a block's backward: that block and the prefetched one gathered (2 L params;
       under grouped full recompute, g blocks per checkpoint, the group's g blocks, gathered
@@ -100,8 +100,8 @@ def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,
       it moves into the flat buffer.
     - At the start of backward: the LM head gathered and its whole gradient (2 H).
     - A tied embedding and head: their root unit (R: embedding, head, final norm) gathered
-      for the whole step, and its flat gradient from the final norm's backward, at the
-      start, to the embedding's, at the end (R grads).
+      from the forward's start to the backward's end, and its flat gradient from the final
+      norm's backward, at the start, to the embedding's, at the end (R grads).
 
     Under a pipeline (pipeline_parallel/zero3.py) the stage's gradients accumulate whole over
     the microbatches until each chunk's last backward reduces them (S grads), and either

@@ -24,8 +24,8 @@ import argparse
 import time
 
 from paraxis.dist.testing import RankContext, run_on_ranks
-from paraxis.plan.comm import zero3_pipeline_volume
 from paraxis.plan.memory import model_state_bytes, stage_params
+from paraxis.plan.zero3 import zero3_pipeline_volume
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import FP32_ADAM

@@ -94,7 +94,7 @@ class FlatUnit:
 # Bytes of ZeRO's parameter gathers and gradient reductions started on this rank, by kind:
 # the size of the full (padded) flat tensor each one assembles or reduces, whatever the
 # backend moves on the wire for it. Tests and tools/probes/zero3_pipeline.py read and reset it to
-# check the planner's count (`plan.comm.zero3_pipeline_volume`).
+# check the planner's count (`plan.zero3.zero3_pipeline_volume`).
 VOLUME = {"all_gather": 0, "reduce_scatter": 0}
 
 

@@ -128,8 +128,9 @@ class UnitHooks:
 class ParamGatherer:
     """ZeRO-3 parameter life cycle. `units[:len(hooks)]` run in forward order (embedding,
     blocks, head), each gathered and freed from its `UnitHooks`; one more unit after them,
-    the root, holds what is used at both ends of the step (a tied embedding/head) and is
-    gathered when `model`'s forward starts and freed when the step ends."""
+    the root, holds what is used at both ends of a microbatch (a tied embedding/head) and is
+    gathered when `model`'s forward starts and freed once its gradients are complete (or when
+    the step ends, after a forward without backward)."""
 
     def __init__(self, units: list[FlatUnit], hooks: list[UnitHooks], model: nn.Module,
                  group: dist.ProcessGroup | None) -> None:
