@@ -122,6 +122,22 @@ def test_forward_and_backward_run_the_casts_each_recipe_names(recipe):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_backward_keeps_the_weight_itself_not_an_fp8_copy(recipe):
+    """An FP8 copy of the weight kept for the backward would add a byte a parameter for every
+    microbatch in flight: tensorwise keeps the input's FP8 copy and the weight, cast again
+    with its forward scale (the same bits: the gradients above are the hand-cast ones);
+    rowwise keeps the 16-bit input and weight."""
+    x = torch.randn(48, 64, requires_grad=True)
+    w = torch.randn(32, 64, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        Fp8Matmul.apply(x, w, Fp8Gemm(recipe), torch.float32)
+    assert any(t is w for t in saved)
+    assert not any(t.dtype == E4M3 and t.shape in (w.shape, w.t().shape) for t in saved)
+    assert any(t.dtype == E4M3 and t.shape == x.shape for t in saved) == (recipe != "rowwise")
+
+
 def test_bf16_autocast_gives_bf16_outputs_and_gradients():
     layer = Fp8Linear.from_linear(nn.Linear(64, 32).bfloat16(), Fp8Gemm("tensorwise"))
     x = torch.randn(4, 8, 64, dtype=torch.bfloat16, requires_grad=True)
@@ -434,3 +450,20 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
     with pytest.raises(ParaxisError, match="use fp32, bf16, bf16-fp32grad, fp16, fp8, "
                                            "fp8-rowwise"):
         get_policy("fp4")
+
+
+def test_an_automatic_layout_for_fp8_on_a_cpu_is_refused_before_calibrating(
+        tmp_path, capsys, monkeypatch):
+    """The planner prices FP8 only on GPUs with FP8 tensor cores: on a CPU, where FP8 runs
+    emulated with a layout given, `--layout auto` says so at once (no calibration first)."""
+    import time
+
+    from paraxis.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    code = main(["train", "--model", "tiny-llama", "--precision", "fp8", "--layout", "auto",
+                 "--nproc", "2", "--steps", "1", "--quiet", "--device", "cpu"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "give the layout" in lines[0], lines
+    assert time.perf_counter() - start < 5 and list(tmp_path.iterdir()) == []

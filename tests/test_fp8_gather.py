@@ -3,6 +3,8 @@ engine/data_parallel/fp8_gather.py): the same bits as gathering them in bf16 and
 after, on every layout it runs with; half the bytes on the wire for those weights; refused in
 one line where it cannot run."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,10 +12,11 @@ from paraxis.dist.testing import RankContext, run_on_ranks
 from paraxis.engine.data_parallel import flat
 from paraxis.kernels.fp8 import E4M3, quantize
 from paraxis.parallelize import build_engine
+from paraxis.plan.fp8 import kept_fp8_weight_bytes
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
-from paraxis.spec.precision import fp8_gather_problem
+from paraxis.spec.precision import PRECISIONS, fp8_gather_problem
 
 TINY = PRESETS["tiny-llama"]  # stacked q/k/v and gate/up, grouped-query attention
 GPT2 = PRESETS["tiny"]  # biases, LayerNorm, a GELU MLP
@@ -64,13 +67,37 @@ def _copies_match(ctx: RankContext, model: str) -> bool:
     return same
 
 
+def _kept_copies(ctx: RankContext, model: str) -> tuple[int, int]:
+    """Bytes of the gathered FP8 weights a forward's autograd keeps for its backward, and
+    the bytes of padding their units carry (each padded to a multiple of dp)."""
+    engine = build_engine(PRESETS[model], ctx.layout, ctx.groups, "cpu", seed=0,
+                          precision="fp8", fp8_weight_gather=True)
+    gatherer, kept = engine.gatherer, {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if any(storage.data_ptr() == full8.untyped_storage().data_ptr()
+               for full8, _ in gatherer._fp8.values()):
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.randint(0, PRESETS[model].vocab_size, (ROWS // ctx.layout.dp, SEQ),
+                      generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = engine.loss(x, x)
+    engine.backward(loss)
+    pads = sum(u.padded_numel - u.numel for u in engine.units if getattr(u, "fp8", None))
+    return sum(kept.values()), pads
+
+
 def _both(ctx: RankContext) -> dict[str, object]:
     model = "tiny" if ctx.layout.recompute == "full" else \
         "tiny-moe" if ctx.layout.ep > 1 else "tiny-llama"
     bf16, bf16_bytes = _train(ctx, model, gather=False)
     fp8, fp8_bytes = _train(ctx, model, gather=True)
+    kept = _kept_copies(ctx, model) if ctx.layout.pp == 1 else None
     return {"bf16": bf16, "fp8": fp8, "bf16_bytes": bf16_bytes, "fp8_bytes": fp8_bytes,
-            "copies": _copies_match(ctx, model)}
+            "copies": _copies_match(ctx, model), "kept": kept}
 
 
 FULL = "dp=4,zero=3,recompute=full"
@@ -98,11 +125,27 @@ def test_fp8_gathered_weights_are_the_casts_and_train_alike_with_fewer_bytes():
             # the blocks' linear weights are most of what ZeRO-3 gathers; each gathered
             # byte of theirs is one where bf16 moved two (the rest still moves bf16)
             assert result["fp8_bytes"] < 0.8 * result["bf16_bytes"], text
+            if result["kept"] is not None:  # the copies autograd keeps, as the planner counts
+                assert _kept_as_planned(text) - result["kept"][1] <= result["kept"][0] \
+                    <= _kept_as_planned(text), (text, result["kept"])
     # full recompute gathers a block's FP8 weights again for the backward's rerun; the block
     # method reruns only the first of the 4 blocks, and gathers the other 3 once
     full, block = (results[LAYOUTS.index(text)][0] for text in (FULL, BLOCK))
     assert block["bf16_bytes"] == full["bf16_bytes"]
     assert block["fp8_bytes"] < full["fp8_bytes"]
+
+
+def _kept_as_planned(text: str) -> float:
+    """The planner's count of the gathered FP8 weights one forward keeps on a rank
+    (`plan.fp8.kept_fp8_weight_bytes`, the blocks full recompute does not rerun)."""
+    layout = Layout.parse(text)
+    cfg = GPT2 if layout.recompute == "full" else PRESETS["tiny-moe"] if layout.ep > 1 else TINY
+    rerun = 0 if layout.recompute != "full" else layout.recompute_layers \
+        if layout.recompute_method == "block" else cfg.n_layers
+    blocks = cfg.n_layers - rerun
+    moe = min(blocks, cfg.n_moe_layers)
+    precision = dataclasses.replace(PRECISIONS["fp8"], fp8_weight_gather=True)
+    return kept_fp8_weight_bytes(cfg, precision, layout.tp, blocks - moe, moe)
 
 
 def test_refused_in_one_line_where_it_cannot_run():

@@ -295,10 +295,11 @@ def test_layers_whose_call_is_more_than_their_gemm_run_apart():
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_projections_keep_no_stacked_copy_of_the_weights(recipe):
-    """Under FP8 a stack keeps what separate layers keep for the backward: tensorwise, the
-    FP8 casts (as many bytes, stacked); rowwise, whose backward casts its 16-bit weight
-    again, the Parameters themselves: it runs its layers apart, where stacking would keep
-    a stacked 16-bit copy of the weights from forward to backward."""
+    """Under FP8 a stack keeps what separate layers keep for the backward, the Parameters
+    themselves: tensorwise stacks and casts them inside its GEMM, forward and again in
+    backward; rowwise, whose backward casts its 16-bit weight along the other dim, runs its
+    layers apart, where stacking would keep a stacked 16-bit copy of the weights from
+    forward to backward."""
     from paraxis.kernels.fp8 import Fp8Gemm
     from paraxis.kernels.linear import Fp8Linear
 
@@ -314,7 +315,8 @@ def test_fp8_projections_keep_no_stacked_copy_of_the_weights(recipe):
     weights = {layer.weight.untyped_storage().data_ptr() for layer in layers}
     copies = [t for t in saved if t.untyped_storage().data_ptr() not in weights
               and t.dim() == 2 and t.shape[-1] == 64 and t.shape[0] in (64, 96)]
-    assert all(t.dtype == torch.float8_e4m3fn for t in copies), [t.dtype for t in copies]
+    assert not copies, [(t.dtype, t.shape) for t in copies]
+    assert weights <= {t.untyped_storage().data_ptr() for t in saved}
 
 
 @pytest.mark.parametrize("tokens,stacks", [(4, False), (64, True)])

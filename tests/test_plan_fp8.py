@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 
 from paraxis.cli import main
+from paraxis.plan.compute import layer_gemm_shapes
 from paraxis.plan.cost import evaluate
 from paraxis.plan.fp8 import (
     check_fp8,
     gather_bytes_per_param,
+    kept_fp8_weight_bytes,
     layer_linears_seconds,
     linear_seconds,
+    recasts,
     regather_bytes_per_param,
 )
 from paraxis.plan.hardware import GPUS, build_cluster
@@ -124,7 +127,11 @@ def test_fp8_weight_gather_halves_the_linears_gathers() -> None:
     layout = Layout(dp=16, zero=3)
     off, on = (evaluate(cfg, layout, cluster, 8192, 32, p) for p in (FP8_PRICE, gathered))
     assert on.time["dp_total"] < off.time["dp_total"]
-    assert on.memory["buffers"] < off.memory["buffers"]
+    # autograd keeps every block's gathered FP8 weights to its backward (1 byte a
+    # parameter, unsharded): beside them the gathered buffers are smaller
+    kept = kept_fp8_weight_bytes(cfg, gathered, 1, cfg.n_layers, 0)
+    assert kept == pytest.approx(sum(k * n for k, n in layer_gemm_shapes(cfg)) * cfg.n_layers)
+    assert off.memory["buffers"] < on.memory["buffers"] < off.memory["buffers"] + kept
     # full recompute gathers the FP8 weights again for the backward's rerun, of every block
     # or, under the block method, of the blocks it checkpoints: 8 of Llama 3 8B's 32 here
     kept = regather_bytes_per_param(cfg, gathered, "none")
@@ -185,11 +192,11 @@ def test_plan_fp8_end_to_end(capsys) -> None:
     assert code == 0
     assert "FP8 (tensorwise scales)" in out and "ZeRO gathers bf16 weights" in out
     code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu",
-                           "h200", "--precision", "fp8", "--fp8-recipe", "rowwise",
-                           "--fp8-weight-gather", "--global-batch", "64", "--seq-len", "8192",
+                           "h200", "--precision", "fp8", "--fp8-weight-gather",
+                           "--global-batch", "64", "--seq-len", "8192",
                            "--layout", "dp=8,zero=3,microbatches=8")
     assert code == 0
-    assert "FP8 (rowwise scales)" in out and "ZeRO gathers FP8 weights" in out
+    assert "FP8 (tensorwise scales)" in out and "ZeRO gathers FP8 weights" in out
     code, out, _ = run_cli(capsys, "plan", "--model", "llama3-8b", "--gpus", "8", "--gpu",
                            "h100-sxm-80gb", "--precision", "fp8-rowwise", "--global-batch",
                            "64", "--seq-len", "8192", "--top", "2")
@@ -223,3 +230,66 @@ def test_train_takes_only_the_recipes_the_runtime_runs() -> None:
     assert get_policy("fp8-rowwise").fp8_recipe == "rowwise"
     with pytest.raises(ParaxisError, match="unknown"):
         get_policy("fp8-delayed")
+
+
+def test_the_gather_flag_is_refused_where_train_refuses_it(capsys) -> None:
+    """`paraxis train` gathers FP8 weights cast with one scale per GEMM, under ZeRO-3 only
+    (spec.precision.fp8_gather_problem): the plan says so in one line, exit 2."""
+    base = ("plan", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm-80gb",
+            "--global-batch", "64", "--seq-len", "8192", "--fp8-weight-gather")
+    for more, words in ((("--precision", "fp8-rowwise"), "rowwise recipe"),
+                        (("--precision", "fp8", "--fp8-recipe", "delayed"), "delayed recipe"),
+                        (("--precision", "fp8", "--zero", "1"), "zero=1"),
+                        (("--precision", "fp8", "--layout", "dp=8,zero=2"), "zero=2")):
+        code, out, err = run_cli(capsys, *base, *more)
+        assert code == 2 and not out and len(err.strip().splitlines()) == 1, more
+        assert words in err and "--fp8-weight-gather" in err, err
+
+
+def test_the_search_gathers_fp8_weights_only_under_zero3() -> None:
+    """Below ZeRO-3 the runtime keeps the weights whole and gathers nothing in FP8: the
+    search prices those layouts as without the flag."""
+    from paraxis.plan.search import Constraints, search
+
+    cfg, cluster = PRESETS["llama3-8b"], build_cluster("h100-sxm-80gb", 16, 8)
+    gathered = dataclasses.replace(FP8_PRICE, fp8_weight_gather=True)
+    for zero in (1, 2):
+        found = search(cfg, cluster, 8192, 32, Constraints(zero=zero), gathered)
+        best = found.ranked[0]
+        assert best.step_time_s == evaluate(cfg, best.layout, cluster, 8192, 32,
+                                            FP8_PRICE).step_time_s
+        # evaluate prices what it is given (the published ZeRO-1 runs that gather FP8
+        # parameters after the step): faster here
+        assert evaluate(cfg, best.layout, cluster, 8192, 32, gathered).step_time_s \
+            < best.step_time_s
+
+
+def test_the_search_skips_splits_the_fp8_gemms_cannot_run() -> None:
+    """d_ff 208 splits over tp=2 into 104 columns, not a multiple of 16: FP8 refuses that
+    layout in `paraxis train`, so the search does not rank it; bf16 does."""
+    from paraxis.plan.search import search
+
+    cfg = PRESETS["tiny-llama"].replace(name="odd", d_ff=208)
+    cluster = build_cluster("h100-sxm-80gb", 2, 8)
+    fp8, bf16 = (search(cfg, cluster, 128, 8, precision=p) for p in (FP8_PRICE, BF16_PRICE))
+    assert {e.layout.tp for e in bf16.ranked} == {1, 2}
+    assert {e.layout.tp for e in fp8.ranked} == {1}
+    assert any("multiple of 16" in r.reason for r in fp8.rule_breakers)
+
+
+def test_rowwise_keeps_16_bit_inputs_and_tensorwise_recasts_its_weights() -> None:
+    """The rowwise recipe saves its 16-bit inputs (its backward casts them along the other
+    dim): bf16's activations. Tensorwise casts each weight again in the backward, unless
+    ZeRO-3 gathered it in FP8 and autograd kept that copy."""
+    cfg, batch, seq = LLAMA_SLICE
+    rowwise = dataclasses.replace(FP8_PRICE, fp8_recipe="rowwise")
+    bf16, fp8_rowwise = (evaluate(cfg, Layout(), H100, seq, batch, p).memory["activations"]
+                         for p in (BF16_PRICE, rowwise))
+    assert fp8_rowwise == bf16
+    hbm = 2.68e12
+    again, kept = (layer_linears_seconds(cfg, H100, FP8_PRICE, 1, 8192, hbm, gathered=g)[1]
+                   for g in (False, True))
+    assert again - kept == pytest.approx(3 * sum(k * n for k, n in layer_gemm_shapes(cfg)) / hbm)
+    assert recasts(FP8_PRICE) == 1 and recasts(FP8_PRICE, gathered=True) == 0
+    assert recasts(rowwise) == recasts(dataclasses.replace(FP8_PRICE, fp8_recipe="delayed")) == 0
+

@@ -14,6 +14,7 @@ from paraxis.plan.cost import devices_to_hold, evaluate, too_big_reason
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
+from paraxis.plan.fp8 import gather_flag_problem
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import check_interleaving, model_state_bytes
 from paraxis.plan.rates import check_precision, for_precision
@@ -133,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     imbalance = args.expert_imbalance
     fixed, stated, micro_batch = stated_fields(args, cfg)
+    problem = gather_flag_problem(precision, fixed.get("zero", getattr(args, "zero", None)))
+    if problem:
+        raise ParaxisError(problem)
     layout = complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it

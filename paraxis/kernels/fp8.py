@@ -180,27 +180,35 @@ class Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, gemm: Fp8Gemm,
-                out_dtype: torch.dtype, cast: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> torch.Tensor:
+                out_dtype: torch.dtype, cast: tuple[torch.Tensor, torch.Tensor] | None = None,
+                *parts: torch.Tensor) -> torch.Tensor:
         """cast: the weight already in FP8 and its scale (tensorwise; ZeRO-3 gathers it so,
-        `engine.data_parallel.fp8_gather`), `weight` then only its shape and its gradient's
-        place: its values are not read."""
+        `engine.data_parallel.fp8_gather`); `parts`: the Parameters `weight` stacks
+        (tensorwise, `kernels.linear.project`), stacked here. With either, `weight` is only
+        its shape and its gradient's place: its values are not read."""
         ctx.gemm, ctx.out_dtype = gemm, out_dtype
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.x_dtype, ctx.w_dtype, ctx.parts = x.dtype, weight.dtype, len(parts)
         rowwise = gemm.recipe == "rowwise"
         tensor_groups = () if rowwise else gemm.tokens
         x8, x_scale = quantize(x, E4M3, rowwise, tensor_groups + gemm.inputs)
-        w8, w_scale = cast if cast is not None else quantize(weight, E4M3, rowwise,
-                                                             gemm.weight_groups)
+        sources = parts or (weight,)
+        w8, w_scale = cast if cast is not None else quantize(
+            torch.cat(sources) if parts else weight, E4M3, rowwise, gemm.weight_groups)
+        # the weight cast again in the backward with the forward's scale (the same bits, no
+        # amax) from what autograd keeps anyway, its Parameters: an FP8 copy kept instead
+        # would add a byte a parameter for every microbatch in flight
+        ctx.recast = cast is None and not rowwise and all(p.is_leaf for p in sources)
         if rowwise:  # backward casts along other dims, from the 16-bit tensors
             ctx.save_for_backward(x, weight)
-        else:  # one cast each, reused transposed: FP8 copies kept, not the 16-bit ones
-            ctx.save_for_backward(x8, x_scale, w8, w_scale)
+        elif ctx.recast:  # and the input's FP8 copy, reused transposed
+            ctx.save_for_backward(x8, x_scale, w_scale, *sources)
+        else:  # the FP8 weight ZeRO-3 gathered (`cast`), or a cast of a made tensor, kept
+            ctx.save_for_backward(x8, x_scale, w_scale, w8)
         return scaled_mm(x8, x_scale, w8, w_scale, out_dtype, fast_accum=True)
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+                 ) -> tuple[torch.Tensor | None, ...]:
         gemm, out = ctx.gemm, ctx.out_dtype
         want_x, want_w = (wanted(ctx, index) for index in (0, 1))
         grad_x = grad_w = None
@@ -215,22 +223,26 @@ class Fp8Matmul(torch.autograd.Function):
                 xt8, xt_scale = quantize(x.t(), E4M3, True, gemm.tokens)
                 grad_w = scaled_mm(gt8, gt_scale, xt8, xt_scale, out)
         else:
-            x8, x_scale, w8, w_scale = ctx.saved_tensors
+            x8, x_scale, w_scale, *sources = ctx.saved_tensors
             g8, g_scale = quantize(grad, E5M2, False, gemm.tokens + gemm.outputs)
             if want_x:
-                grad_x = scaled_mm(g8, g_scale, w8.t().contiguous(), w_scale, out)
+                w = torch.cat(sources) if len(sources) > 1 else sources[0]
+                wt8 = cast_scaled(w.t(), w_scale, E4M3) if ctx.recast else w.t().contiguous()
+                grad_x = scaled_mm(g8, g_scale, wt8, w_scale, out)
             if want_w:
                 grad_w = scaled_mm(g8.t().contiguous(), g_scale, x8.t().contiguous(), x_scale,
                                    out)
         return (None if grad_x is None else grad_x.to(ctx.x_dtype),
-                None if grad_w is None else grad_w.to(ctx.w_dtype), None, None, None)
+                None if grad_w is None else grad_w.to(ctx.w_dtype), None, None, None,
+                *[None] * ctx.parts)  # the parts' gradients come through `weight`
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               gemm: Fp8Gemm, cast: tuple[torch.Tensor, torch.Tensor] | None = None
-               ) -> torch.Tensor:
+               gemm: Fp8Gemm, cast: tuple[torch.Tensor, torch.Tensor] | None = None,
+               parts: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """x W^T + b with the matmul in FP8, its output in the compute dtype (autocast's, else
-    the weight's). cast: W already in FP8 with its scale (`Fp8Matmul.forward`)."""
+    the weight's). cast: W already in FP8 with its scale; parts: the Parameters W stacks
+    (`Fp8Matmul.forward`)."""
     kind = x.device.type
     out_dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) \
         else weight.dtype
@@ -239,6 +251,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         # its amax all-reduces stay eager, as tensor parallelism's collectives do: a graph
         # break around the GEMM rather than a traced process group
         matmul = torch.compiler.disable(matmul)
-    y = matmul(x.reshape(-1, x.shape[-1]), weight, gemm, out_dtype, cast)
+    y = matmul(x.reshape(-1, x.shape[-1]), weight, gemm, out_dtype, cast, *parts)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias.to(out_dtype)

@@ -33,13 +33,16 @@ from paraxis.kernels.stacked import stacked_linear
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            fp8: Fp8Gemm | None = None,
-           cast: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           cast: tuple[torch.Tensor, torch.Tensor] | None = None,
+           parts: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """y = x W^T + b: every projection of the model goes through here; with `fp8`, its
     matmul in FP8 (`kernels.fp8`), from the weight's FP8 copy where ZeRO-3 gathered one
-    (`cast`; by default the weight's own `fp8_cast`, `engine.data_parallel.fp8_gather`)."""
+    (`cast`; by default the weight's own `fp8_cast`, `engine.data_parallel.fp8_gather`), or
+    from the Parameters `weight` stacks (`parts`)."""
     if fp8 is not None:
         return fp8_linear(x, weight, bias, fp8,
-                          cast if cast is not None else getattr(weight, "fp8_cast", None))
+                          cast if cast is not None else getattr(weight, "fp8_cast", None),
+                          parts)
     return F.linear(x, weight, bias)
 
 
@@ -118,17 +121,19 @@ def project(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     if fp8 is None:  # keeps the weights, not their stacked copy, for backward
         return list(stacked_linear(x, weights, biases).split(widths, dim=-1))
     bias = None if biases is None else torch.cat(biases)
-    cast = getattr(weights[0], "fp8_cast", None)  # the stacked FP8 weight, gathered so
-    stacked = torch.cat(weights) if cast is None else functools.reduce(
-        _StackedShape.apply, weights)
-    return list(linear(x, stacked, bias, fp8, cast).split(widths, dim=-1))
+    # the stacked weight as autograd sees it; its values: the FP8 copy ZeRO-3 gathered, or
+    # the Parameters, stacked and cast inside the GEMM (neither stack kept for backward)
+    cast = getattr(weights[0], "fp8_cast", None)
+    stacked = functools.reduce(_StackedShape.apply, weights)
+    return list(linear(x, stacked, bias, fp8, cast, () if cast is not None else tuple(weights))
+                .split(widths, dim=-1))
 
 
 class _StackedShape(torch.autograd.Function):
-    """Two weights stacked, as autograd sees it, without their values: where ZeRO-3 gathered
-    the stacked weight in FP8 the 16-bit weights hold no storage, and the FP8 GEMM reads
-    only its copy; the stacked gradient goes back to each weight in its rows. (Two inputs,
-    folded over three: torch.compile traces a fixed number of them.)"""
+    """Two weights stacked, as autograd sees it, without their values: the FP8 GEMM reads the
+    copy ZeRO-3 gathered (the 16-bit weights then hold no storage) or stacks the Parameters
+    itself; the stacked gradient goes back to each weight in its rows. (Two inputs, folded
+    over three: torch.compile traces a fixed number of them.)"""
 
     @staticmethod
     def forward(ctx: FunctionCtx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from paraxis.plan.comm import Link, axis_link
 from paraxis.plan.context import copies_link, imbalance, zero_link
 from paraxis.plan.cost import DEFAULT_OVERLAP, Estimate, Overlap, evaluate, too_big_reason
 from paraxis.plan.experts import DEFAULT_IMBALANCE, ep_link, experts_over_tp
+from paraxis.plan.fp8 import runtime_precision
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.layer_cost import reruns_needed
 from paraxis.plan.memory import model_state_bytes, peak_moment
@@ -94,8 +95,9 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     global_batch = best.micro_batch * layout.dp * layout.microbatches
 
     def price(estimate: Estimate, changed: Cluster) -> float:
-        return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch, precision,
-                        overlap, expert_imbalance).step_time_s
+        return evaluate(cfg, estimate.layout, changed, best.seq_len, global_batch,
+                        runtime_precision(precision, estimate.layout.zero), overlap,
+                        expert_imbalance).step_time_s
 
     if layout.dp > 1:
         link = axis_link(layout, "dp", cluster)
@@ -105,8 +107,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                      else " (each chunk gathered once and kept for the step)")
         if layout.hybrid:
             lines.append(hybrid_line(best, cluster, intra, zero, lambda other: evaluate(
-                cfg, other, cluster, best.seq_len, global_batch, precision, overlap,
-                expert_imbalance)))
+                cfg, other, cluster, best.seq_len, global_batch,
+                runtime_precision(precision, other.zero), overlap, expert_imbalance)))
         else:
             lines.append(
                 f"DP={layout.dp} on top with {zero}: gradient sync moves "

@@ -19,7 +19,10 @@ row) and its weight (per microbatch), counted as torchao's roofline counts them
 one amax pass reading the bf16 tensor (none where the amax fuses into the kernel that made
 the tensor: inputs and output gradients under fused kernels, never the weight), then one
 pass reading it and writing FP8 twice, row- and column-major for the three GEMMs; the
-FP8 input and weight are kept for the backward, so only the output gradient is cast there.
+FP8 input is kept for the backward, where the output gradient is cast, and under the
+tensorwise recipe the weight cast again from the forward's scale (`RECAST_BYTES`: no
+amax pass; paraxis's runtime, as torchao's, keeps the 16-bit weight, not an FP8 copy, unless
+ZeRO-3 gathered it in FP8).
 Each dynamic cast also pays its amax reduction's second stage, one small kernel
 (`AMAX_KERNEL_S`). Rowwise scales cast each layout with its own amax (their GEMM is priced
 at the tensorwise rate: no measurement here says how much slower it runs); Transformer
@@ -30,19 +33,23 @@ experts' inputs kept in FP8 (bf16's bytes), and how the experts' FP8 time splits
 forward and backward (a third and two thirds, as in bf16).
 
 Memory: each linear's input is kept for the backward in FP8 (torchao's roofline assumes
-it; Transformer Engine keeps its FP8 inputs): `saved_fp8_bytes_per_token` is what that
-saves against bf16. torchao's autograd function itself saves the bf16 input and weight and
-casts them again in the backward (float8_linear.py, `matmul_with_hp_or_float8_args`); what
-a compiled step keeps is its partitioner's choice, so a torchao run may keep bf16's bytes
-(torchtitan's Table 1 reports the same memory with and without Float8). The FP8 copy of
-the weights a block computes with, row- and column-major, is transient (cast each
-microbatch): plan/memory.py holds one block's in its buffers. Scales are a float each
-(rowwise: per row, 4 / k of the FP8 bytes), below the planner's resolution. The states are
-bf16's.
+it; Transformer Engine keeps its FP8 inputs; paraxis's runtime under the tensorwise recipe):
+`saved_fp8_bytes_per_token` is what that saves against bf16. The rowwise recipe keeps the
+16-bit inputs (its backward casts them along the other dim): nothing saved. torchao's
+autograd function itself saves the bf16 input and weight and casts them again in the
+backward (float8_linear.py, `matmul_with_hp_or_float8_args`); what a compiled step keeps is
+its partitioner's choice, so a torchao run may keep bf16's bytes (torchtitan's Table 1
+reports the same memory with and without Float8). The FP8 copy of the weights a block
+computes with, row- and column-major, is transient (cast each microbatch): plan/memory.py
+holds one block's in its buffers; where ZeRO-3 gathers the weights in FP8 autograd keeps
+the gathered copies from the forward to the backward (`kept_fp8_weight_bytes`). Scales are
+a float each (rowwise: per row, 4 / k of the FP8 bytes), below the planner's resolution.
+The states are bf16's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from paraxis.plan.compute import layer_gemm_shapes
@@ -64,9 +71,18 @@ PRICED_RECIPES = (*FP8_RECIPES, "delayed")
 # read 2 + write 1 + 1); rowwise casts each layout with its own amax pass; Transformer
 # Engine's cast-transpose reads once and writes both layouts.
 CAST_BYTES = {"tensorwise": (4.0, 6.0), "rowwise": (8.0, 10.0), "delayed": (4.0, 4.0)}
+# The tensorwise weight's second cast, in the backward, with the forward's scale: bf16 read,
+# FP8 written (paraxis.kernels.fp8.Fp8Matmul).
+RECAST_BYTES = 3.0
 # The second stage of a dynamic cast's amax reduction, one small kernel a cast: torchao
 # roofline_utils.TRITON_KERNEL_1_ELEMENT_TIME_SEC (measured on an H100).
 AMAX_KERNEL_S = 2e-6
+
+
+def recasts(precision: Precision, gathered: bool = False) -> float:
+    """1 where the backward casts a linear's weight to FP8 again (the tensorwise recipe,
+    `RECAST_BYTES`), unless ZeRO-3 `gathered` it in FP8 and autograd kept that copy."""
+    return 1.0 if precision.fp8_recipe == "tensorwise" and not gathered else 0.0
 
 
 def check_fp8(gpu: GPU, precision: Precision) -> None:
@@ -94,12 +110,13 @@ def fp8_gemm_efficiency(gpu: GPU, width: float) -> float:
 
 
 def linear_seconds(cluster: Cluster, precision: Precision, rows: float, k: float, n: float,
-                   hbm_Bps: float, weight_share: float = 1.0) -> tuple[float, float]:
+                   hbm_Bps: float, weight_share: float = 1.0, recast: float = 0.0
+                   ) -> tuple[float, float]:
     """(forward, backward) seconds of one FP8 linear of `rows` rows, k inputs and n
     outputs on one GPU: its three GEMMs (forward, input and weight gradients: 2 + 4 m k n
     FLOPs) at the FP8 rate, and its casts at `hbm_Bps`: the input and the weight (of which
     `weight_share` is cast here: a shard where ZeRO gathers FP8 weights) forward, the output
-    gradient backward."""
+    gradient backward, and `recast` times the weight again there (`recasts`)."""
     gpu = cluster.gpu
     rate = gpu.fp8_peak_flops * cluster.compute_share * fp8_gemm_efficiency(gpu, min(k, n))
     fused, unfused = CAST_BYTES[precision.fp8_recipe]
@@ -108,18 +125,21 @@ def linear_seconds(cluster: Cluster, precision: Precision, rows: float, k: float
     forward = (2 * rows * k * n / rate + (rows * k * activations
                                           + weight_share * k * n * unfused) / hbm_Bps
                + 2 * kernel)
-    backward = 4 * rows * k * n / rate + rows * n * activations / hbm_Bps + kernel
+    backward = 4 * rows * k * n / rate + (rows * activations + k * recast * RECAST_BYTES) \
+        * n / hbm_Bps + kernel
     return forward, backward
 
 
 def layer_linears_seconds(cfg: ModelConfig, cluster: Cluster, precision: Precision, tp: int,
                           tokens: float, hbm_Bps: float, mlp: bool = True,
-                          weight_share: float = 1.0) -> tuple[float, float]:
+                          weight_share: float = 1.0, gathered: bool = False
+                          ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's block linears on one TP rank for `tokens`
     tokens in FP8 (without `mlp`: the attention half of an MoE block)."""
     forward = backward = 0.0
+    recast = recasts(precision, gathered)
     for k, n in layer_gemm_shapes(cfg, tp, mlp):
-        f, b = linear_seconds(cluster, precision, tokens, k, n, hbm_Bps, weight_share)
+        f, b = linear_seconds(cluster, precision, tokens, k, n, hbm_Bps, weight_share, recast)
         forward, backward = forward + f, backward + b
     return forward, backward
 
@@ -133,7 +153,8 @@ def experts_seconds(cfg: ModelConfig, cluster: Cluster, precision: Precision, ro
     h, f = cfg.d_model, cfg.d_ff_expert / etp
     seconds = 0.0
     for k, n in ((h, 2 * f), (f, h)):
-        seconds += sum(linear_seconds(cluster, precision, rows, k, n, hbm_Bps, experts_held))
+        seconds += sum(linear_seconds(cluster, precision, rows, k, n, hbm_Bps, experts_held,
+                                      experts_held * recasts(precision)))
     return seconds / 3
 
 
@@ -176,12 +197,55 @@ def regather_bytes_per_param(cfg: ModelConfig, precision: Precision, recompute: 
     return rerun_share * gather_bytes_per_param(cfg, precision) + (1 - rerun_share) * kept
 
 
-def block_fp8_params(cfg: ModelConfig, precision: Precision) -> float:
-    """Parameters of a dense block that ZeRO gathers in FP8, a unit of their own (its
-    linears' weights, where they travel in FP8); 0 otherwise."""
+def block_fp8_params(cfg: ModelConfig, precision: Precision, mlp: bool = True) -> float:
+    """Parameters of a dense block (without `mlp`: of an MoE block, whose experts travel in
+    bf16) that ZeRO gathers in FP8, a unit of their own (its linears' weights, where they
+    travel in FP8); 0 otherwise."""
     if precision.fp8_recipe is None or not precision.fp8_weight_gather:
         return 0.0
-    return float(sum(k * n for k, n in layer_gemm_shapes(cfg)))
+    return float(sum(k * n for k, n in layer_gemm_shapes(cfg, mlp=mlp)))
+
+
+def kept_fp8_weight_bytes(cfg: ModelConfig, precision: Precision, tp: int, dense: int,
+                          moe: int) -> float:
+    """Bytes of the FP8 weights ZeRO-3 gathered for `dense` and `moe` blocks that autograd
+    keeps from their forward to their backward (`engine.data_parallel.fp8_gather`), one
+    rank's tp share: a byte a parameter."""
+    return (dense * block_fp8_params(cfg, precision)
+            + moe * block_fp8_params(cfg, precision, mlp=False)) / tp
+
+
+def gather_flag_problem(precision: Precision, zero: int | None) -> str | None:
+    """Why `paraxis plan --fp8-weight-gather` cannot price what `paraxis train` would run (a
+    sentence with the fix; `spec.precision.fp8_gather_problem` says the same to train): the
+    runtime gathers FP8 weights cast with one scale per GEMM, under ZeRO-3. `zero`: the
+    stage the layout fixes (None: the search's choice)."""
+    if not precision.fp8_weight_gather:
+        return None
+    if precision.fp8_recipe != "tensorwise":
+        return (f"--fp8-weight-gather gathers weights cast with one scale per GEMM; the "
+                f"{precision.fp8_recipe} recipe has none; use --precision fp8 or drop "
+                "--fp8-weight-gather")
+    if zero is not None and zero != 3:
+        return (f"--fp8-weight-gather is how ZeRO-3 gathers its weights; zero={zero} keeps "
+                "them whole on every rank; use zero=3 or drop --fp8-weight-gather")
+    return None
+
+
+def keeps_fp8_inputs(precision: Precision) -> bool:
+    """Whether the linears keep their inputs for the backward in FP8 (`saved_fp8_bytes_per_
+    token`): every recipe but rowwise, which keeps them in 16 bits."""
+    return precision.fp8_recipe is not None and precision.fp8_recipe != "rowwise"
+
+
+def runtime_precision(precision: Precision, zero: int) -> Precision:
+    """`precision` as paraxis's runtime runs it under ZeRO stage `zero`: its weights are
+    gathered in FP8 only by ZeRO-3 (`spec.precision.fp8_gather_problem`); the ZeRO-1 runs
+    of the published sources that gather FP8 parameters after the step are priced by
+    `cost.evaluate` as given."""
+    if precision.fp8_weight_gather and zero != 3:
+        return dataclasses.replace(precision, fp8_weight_gather=False)
+    return precision
 
 
 def _fp8_share(cfg: ModelConfig, precision: Precision) -> float:

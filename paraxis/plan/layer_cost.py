@@ -121,9 +121,10 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
     gemms_backward = bf16_backward = BACKWARD_FLOPS_RATIO * gemms
     if precision.fp8_recipe is not None:  # the block linears on FP8 tensor cores, with their casts
         # where ZeRO-3 gathers FP8 weights, each rank casts its shard before the gather
-        shard = layout.zero_ranks if layout.zero == 3 and precision.fp8_weight_gather else 1
+        gathered = layout.zero == 3 and precision.fp8_weight_gather
+        shard = layout.zero_ranks if gathered else 1
         gemms, gemms_backward = layer_linears_seconds(cfg, cluster, precision, layout.tp,
-                                                      tokens, hbm, mlp, 1 / shard)
+                                                      tokens, hbm, mlp, 1 / shard, gathered)
     dense = hidden_bytes / hbm * tokens
     routed = tokens / routing_share(cfg, layout) if moe else tokens  # an MoE block's
     if moe:

@@ -23,7 +23,12 @@ from paraxis.plan.experts import (
     routing_share,
 )
 from paraxis.plan.experts import local_params as local_params_of
-from paraxis.plan.fp8 import gather_bytes_per_param, saved_fp8_bytes_per_token
+from paraxis.plan.fp8 import (
+    gather_bytes_per_param,
+    keeps_fp8_inputs,
+    kept_fp8_weight_bytes,
+    saved_fp8_bytes_per_token,
+)
 from paraxis.plan.stages import (
     chunk_blocks,
     chunk_facts,
@@ -330,7 +335,7 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
                                            sp_regather=sp_regather) \
             + moe_activation_bytes(cfg, routed_seq, micro_batch, expert_imbalance,
                                    layout.etp) + moe_gathered if cfg.is_moe else 0.0
-        if precision.fp8_recipe is not None:
+        if keeps_fp8_inputs(precision):
             # the linears' inputs kept in FP8, 1 byte where the count has 2 (plan/fp8.py)
             fp8_args = (layout.tp, layout.sequence_parallel)
             projected = keeps_projection_input(recompute, attention, head_split)
@@ -445,6 +450,12 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         if precision.fp8_recipe is not None:
             # the block computing holds its weights cast to FP8, row- and column-major
             buffers += 2 * _largest_block(cfg, layout.tp, layout.ep, layout.etp)
+        if layout.zero == 3 and (layout.pp == 1 or layout.zero3_reshard != "step"):
+            # each microbatch's gathered FP8 weights, kept to the backward (but where full
+            # recompute runs the forward again there; under "step" they are the gathered stage)
+            kept = (dense - dense_recomputed, moe - moe_recomputed) \
+                if layout.recompute == "full" else (dense, moe)
+            buffers += in_flight * kept_fp8_weight_bytes(cfg, precision, layout.tp, *kept)
         if layout.zero == 3:
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif layout.dp * layout.cp > 1:

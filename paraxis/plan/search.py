@@ -32,6 +32,7 @@ from paraxis.plan.cost import (
 from paraxis.plan.cp_variants import other_variants
 from paraxis.plan.experts import DEFAULT_IMBALANCE, check_ep, ep_link
 from paraxis.plan.floor import Floors, variants_floor
+from paraxis.plan.fp8 import runtime_precision
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import (
     pipeline_zero2_whole_grads,
@@ -62,7 +63,7 @@ from paraxis.spec.kernels import fused_loss_problem
 from paraxis.spec.layout import ZERO_STAGES, Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.model_splits import ep_splits, etp_splits
-from paraxis.spec.precision import MIXED_ADAM, Precision
+from paraxis.spec.precision import MIXED_ADAM, Precision, fp8_shape_problem
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,13 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     result.rule_breakers.append(Rejection(
                         shape, f"global batch {global_batch} does not split over dp={dp}"))
                     continue
-                axis_shapes += [shape.replace(ep=ep, etp=tp if split else 1)
-                                for ep in _ep_degrees(cfg, dp * cp, c)
-                                for split in _expert_splits(cfg, tp, c)]
+                for ep in _ep_degrees(cfg, dp * cp, c):
+                    for split in _expert_splits(cfg, tp, c):
+                        split_shape = shape.replace(ep=ep, etp=tp if split else 1)
+                        if problem := _fp8_problem(cfg, split_shape, precision):
+                            result.rule_breakers.append(Rejection(split_shape, problem))
+                        else:
+                            axis_shapes.append(split_shape)
     if chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
         raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {world} "
                            "GPU(s) here do not allow; give more GPUs, allow pp, or 1f1b")
@@ -286,8 +291,8 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                             continue
                         result.considered += 1
                         estimate = evaluate(cfg, layout, cluster, seq_len, global_batch,
-                                            precision, overlap, expert_imbalance, memo,
-                                            fits.memory(layout))
+                                            runtime_precision(precision, zero), overlap,
+                                            expert_imbalance, memo, fits.memory(layout))
                         bound.add(estimate)
                         if estimate.fits:
                             fits_here = True
@@ -316,7 +321,9 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
             visit(shape)
     args = (cluster, seq_len, global_batch, precision, overlap, expert_imbalance, memo)
     siblings = other_variants(  # a layout's cp variants share a floor
-        result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(cfg, l, *args),
+        result.ranked, c.cp_attention, c.cp_a2a, cfg, world, lambda l: evaluate(
+            cfg, l, cluster, seq_len, global_batch, runtime_precision(precision, l.zero),
+            *args[4:]),
         lambda e: exhaustive or not bound.hides(variants_floor(cfg, e, *args), e.layout))
     result.considered += len(siblings)
     result.ranked += [e for e in siblings if e.fits]
@@ -355,6 +362,16 @@ def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: 
         result.skipped += skipped
         for estimate in ranked + [r.estimate for r in too_big if r.estimate is not None]:
             bound.add(estimate)  # for the cp variants priced after (`cp_variants.py`)
+
+
+def _fp8_problem(cfg: ModelConfig, shape: Layout, precision: Precision) -> str | None:
+    """Why the runtime's FP8 GEMMs cannot run `shape`'s tensor-parallel split of `cfg`
+    (`spec.precision.fp8_shape_problem`, which `paraxis train` asks too); None when they can
+    or no FP8 is priced."""
+    if precision.fp8_recipe is None:
+        return None
+    name = "fp8-rowwise" if precision.fp8_recipe == "rowwise" else "fp8"
+    return fp8_shape_problem(cfg, shape.tp, shape.etp, name)
 
 
 def _lightest_fit(fits: Fits, build: Callable[..., Layout], zero: int, c: Constraints,

@@ -277,8 +277,8 @@ class Precision:
     # (plan/fp8.py's PRICED_RECIPES); None: no FP8
     fp8_recipe: str | None = None
     # ZeRO's gathers move the FP8 linears' weights cast to FP8 (torchao's
-    # enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather); paraxis's runtime
-    # gathers bf16 weights
+    # enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather; paraxis's runtime under
+    # ZeRO-3 with --fp8-weight-gather)
     fp8_weight_gather: bool = False
     # what the matmuls run in: the GPU's rate for it (plan/rates.py: for_precision)
     compute_dtype: str = "bf16"

@@ -81,6 +81,13 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
     # not after a calibration (search raises before it prices anything)
     search(model_cfg, build_cluster("a100-80gb", ranks, ranks), seq_len,
            cfg.train.global_batch, constraints)
+    if get_policy(cfg.train.precision).fp8_recipe is not None and not cfg.logging.hardware:
+        import torch  # lazy: only to see what this machine runs on, as choose_hardware
+
+        if not torch.cuda.is_available():  # refused now, not after calibrating this CPU
+            raise ParaxisError(f"--layout auto prices --precision {cfg.train.precision} only "
+                               "on GPUs with FP8 tensor cores; on this CPU (FP8 emulated) "
+                               "give the layout (--dp/--tp/--pp), or --precision bf16")
     inputs = PlanInputs(model=cfg.model.name, gpus=ranks, gpus_per_node=ranks,
                         hardware=cfg.logging.hardware, memory_gb=memory_gb,
                         precision=cfg.train.precision, seq_len=seq_len,
