@@ -7,7 +7,9 @@ the final weights too (gathered from their dp shards and tp slices), for
   step, Llama), GPipe with selective recompute, zb-h1 with full recompute (W re-gathers its
   chunk), zb-v (tied copies on one stage) and zb-h1 on GPT-2 (LayerNorm's W gathers its
   chunk) - one launch of 4 ranks;
-- dp2 x tp2 (sequence parallel) x pp2, interleaved, full recompute - one launch of 8 ranks.
+- dp2 x tp2 (sequence parallel) x pp2, interleaved with full recompute (Llama), and zb-v
+  (GPT-2: sequence parallelism's LayerNorm also reads its weight in W) - one launch of 8
+  ranks.
 
 Every layout also counts the bytes its ZeRO collectives assemble in one step
 (`data_parallel.flat.VOLUME`) and finds the planner's count (`plan.zero3.zero3_pipeline_volume`)
@@ -32,10 +34,13 @@ from paraxis.model.checkpoint.convert import convert
 from paraxis.model.checkpoint.entries import KINDS
 from paraxis.model.transformer import build_model
 from paraxis.parallelize import materialize, parallelize
+from paraxis.plan.grad_sync import zero3_kept
+from paraxis.plan.memory import stage_local_params
 from paraxis.plan.zero3 import zero3_pipeline_volume
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW
+from paraxis.spec.precision import FP32_ADAM
 
 STEPS, BATCH, SEQ, SEED = 10, 8, 16, 3
 EPS = 1e-5  # as in tests/test_pp_3d.py: keeps Adam's 1/sqrt(v) from amplifying rounding
@@ -49,7 +54,9 @@ FOUR = [("dp=2,pp=2,zero=3,schedule=1f1b,microbatches=4", "tiny"),
         # GPT-2's LayerNorm reads its weight in W: W gathers its chunk (freed after B)
         ("dp=2,pp=2,zero=3,schedule=zb-h1,microbatches=4", "tiny")]
 EIGHT = [("dp=2,tp=2,pp=2,zero=3,schedule=interleaved,virtual_stages=2,microbatches=4,"
-          "sp=true,recompute=full", "tiny-llama")]
+          "sp=true,recompute=full", "tiny-llama"),
+         # sequence parallelism's LayerNorm reads its weight in W too
+         ("dp=2,tp=2,pp=2,zero=3,schedule=zb-v,microbatches=4,sp=true", "tiny")]
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -119,6 +126,13 @@ def _planned(engine, layout: Layout, cfg) -> dict[str, float]:
     if schedule.split_backward and w_reads_weights(parts, layout.recompute):
         regathered = sum(p.numel() for chunk, part in enumerate(parts)
                          if schedule.virtual_stage(stage, chunk) > 0 for p in part.parameters())
+    kept = zero3_kept(cfg, layout, FP32_ADAM, stage,
+                      stage_local_params(cfg, layout, SEQ)[stage][0], SEQ)
+    # the planner's own count of them, from the model's config (which splits a block's
+    # norms and biases over tp too: 1% of a tiny block's parameters)
+    again = regathered if layout.zero3_reshard == "forward" else 0
+    assert kept.once == embedding and kept.regathered == pytest.approx(again, rel=0.01), (
+        str(layout), stage, kept, embedding, regathered)
     return zero3_pipeline_volume(total, layout.microbatches, layout.zero3_reshard, 4, 4,
                                  embedding, regathered)
 

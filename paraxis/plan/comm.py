@@ -17,7 +17,7 @@ from typing import NamedTuple
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.rates import layer_rates
 from paraxis.plan.sync import nearest_count, sync_wait
-from paraxis.plan.zero3 import Zero3Kept, zero3_pipeline_volume, zero3_volume
+from paraxis.plan.zero3 import Zero3Kept, Zero3Layer, zero3_pipeline_volume, zero3_volume
 from paraxis.spec.collectives import reduce_scatter_form, zero_form
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import grid_rank, node_of
@@ -354,8 +354,8 @@ def _shard_group_sync(stage_param_count: float, dp: int, zero: int, link: Link,
         return 0.0
     if zero == 3 and zero3_reshard is not None:
         volume = zero3_pipeline_volume(stage_param_count, microbatches, zero3_reshard,
-                                       param_bytes, grad_bytes, kept.once,
-                                       regather_bytes=regather_bytes)
+                                       param_bytes, grad_bytes, kept.once, kept.regathered,
+                                       regather_bytes)
         gathers = 1 if zero3_reshard == "step" else 2 * microbatches  # passes over the stage
         return (zero_time("all_gather", volume["all_gather"], dp, link, gathers * layers)
                 + zero_time("reduce_scatter", volume["reduce_scatter"], dp, link, layers))
@@ -422,14 +422,17 @@ def last_bucket_time(stage_param_count: float, dp: int, zero: int, link: Link,
 
 def zero3_layer_times(layer_params: float, dp: int, link: Link, grad_bytes: float = 2,
                       param_bytes: float = 2, regather_bytes: float | None = None,
-                      kept: float = 0.0, kept_bytes: float = 2) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's ZeRO-3 traffic per microbatch: the
-    forward gathers its parameters; the backward gathers them again (`regather_bytes` a
-    parameter, default `param_bytes`) and reduce-scatters their gradients (Rajbhandari et
-    al. 2020 Sec. 5.3). `kept`: of `layer_params`, those the backward does not gather again,
-    of `kept_bytes` each (`Zero3Kept.per_layer`)."""
+                      kept: Zero3Kept | None = None, layers: int = 1) -> Zero3Layer:
+    """Seconds of one layer's ZeRO-3 traffic per microbatch (Rajbhandari et al. 2020 Sec.
+    5.3): the forward gathers its parameters; the backward gathers them again
+    (`regather_bytes` a parameter, default `param_bytes`) but for what the runtime keeps
+    (`kept`, a stage of `layers` layers: `Zero3Kept`), and reduce-scatters their gradients;
+    a split backward's W gathers `kept.regathered` again."""
+    kept = kept or Zero3Kept()
     again_bytes = param_bytes if regather_bytes is None else regather_bytes
-    gather = zero_time("all_gather", layer_params * param_bytes, dp, link)
-    again = zero_time("all_gather", layer_params * again_bytes - kept * kept_bytes, dp, link)
-    scatter = zero_time("reduce_scatter", layer_params * grad_bytes, dp, link)
-    return gather, again + scatter
+    return Zero3Layer(
+        zero_time("all_gather", layer_params * param_bytes, dp, link),
+        zero_time("all_gather", layer_params * again_bytes
+                  - kept.once / layers * kept.param_bytes, dp, link),
+        zero_time("reduce_scatter", layer_params * grad_bytes, dp, link),
+        zero_time("all_gather", kept.regathered / layers * again_bytes, dp, link))

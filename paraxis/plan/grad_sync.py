@@ -24,11 +24,12 @@ from paraxis.plan.fp8 import block_fp8_params, gather_bytes_per_param, regather_
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import stage_local_params
 from paraxis.plan.rates import Overlap
-from paraxis.plan.stages import recomputed_share
-from paraxis.plan.zero3 import Zero3Kept, zero3_windows
+from paraxis.plan.stages import chunk_facts, recomputed_share
+from paraxis.plan.zero3 import Zero3Kept, Zero3Layer, zero3_windows
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision
+from paraxis.spec.schedules import SPLIT_BACKWARD, w_reads_weights
 
 
 class SyncParts(NamedTuple):
@@ -36,7 +37,7 @@ class SyncParts(NamedTuple):
     across: float  # hybrid sharding: the all-reduce across a shard's copies
     gather: float  # ZeRO-1/2's parameter all-gather after the step
     tail: float  # the last gradient bucket's reduction, after the last backward
-    zero3: tuple[float, float] | None  # ZeRO-3 prefetched: a mean block's (forward, backward)
+    zero3: Zero3Layer | None  # ZeRO-3 prefetched: a mean block's collectives
     blocks: int  # the busiest stage's blocks
     shards: float  # the experts' gradient sum over tp, after the sync: exposed
     experts: bool  # whether the stage holds routed experts
@@ -53,8 +54,8 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     copies, across = layout.replicas, copies_link(layout, cluster)
     shares = stage_local_params(cfg, layout, seq_len)
     stage_param_count = max(local for local, _ in shares)
-    kept = zero3_kept(cfg, layout, precision,
-                      [local for local, _ in shares].index(stage_param_count))
+    kept = zero3_kept(cfg, layout, precision, [local for local, _ in shares].index(
+        stage_param_count), stage_param_count, seq_len)
     experts = max(expert for _, expert in shares)
     expert_replicas = replicas // layout.ep
     reshard = layout.zero3_reshard if layout.pp > 1 else None  # pipeline_parallel/zero3.py
@@ -90,30 +91,42 @@ def sync_parts(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
         # One layer ahead (PyTorch FSDP's forward/backward prefetch; Zhao et al. 2023 Sec.
         # 3.3): each layer's traffic hides behind one layer's compute, per microbatch.
         zero3 = zero3_layer_times(stage_param_count / blocks, replicas, dp_link,
-                                  precision.grad_bytes, gathered, regathered,
-                                  kept.per_layer(blocks), kept.param_bytes)
+                                  precision.grad_bytes, gathered, regathered, kept, blocks)
         if experts:  # the mean block's gathers, experts over their own replicas
-            more = zero3_layer_times(experts / blocks, expert_replicas, expert_link,
-                                     precision.grad_bytes, precision.param_bytes)
-            zero3 = (zero3[0] + more[0], zero3[1] + more[1])
+            zero3 = zero3.plus(zero3_layer_times(experts / blocks, expert_replicas,
+                                                 expert_link, precision.grad_bytes,
+                                                 precision.param_bytes))
     shards = shard_grad_sum_seconds(cfg, layout, cluster, moe_blocks, experts,
                                     precision.grad_bytes)
     return SyncParts(t_dp, t_across, t_gather, t_tail, zero3, blocks, shards, experts > 0)
 
 
-def zero3_kept(cfg: ModelConfig, layout: Layout, precision: Precision, stage: int
-               ) -> Zero3Kept:
-    """What ZeRO-3 gathers for a microbatch's forward only on one rank of `stage`, as
-    paraxis's runtime does (`Zero3Kept`): the embedding (first stage); without a pipeline
-    also the last unit (an untied LM head; a tied model's last block, less its FP8 unit,
-    which autograd keeps anyway) and a tied embedding, head and final norm. An MoE model's
-    last unit is its last block's experts, priced with theirs: none is counted here."""
+def zero3_kept(cfg: ModelConfig, layout: Layout, precision: Precision, stage: int,
+               stage_params: float = 0.0, seq_len: int | None = None) -> Zero3Kept:
+    """What ZeRO-3 gathers for a microbatch's forward only on one rank of `stage` (of
+    `stage_params`, its dense share), as paraxis's runtime does (`Zero3Kept`): the embedding
+    (first stage); without a pipeline also the last unit (an untied LM head; a tied model's
+    last block, less its FP8 unit, which autograd keeps anyway) and a tied embedding, head
+    and final norm. An MoE model's last unit is its last block's experts, priced with
+    theirs: none is counted here. Under a split backward whose W reads the weights
+    (`spec.schedules.w_reads_weights`), what W gathers again: every chunk of the stage but
+    the model's first (the runtime's first virtual stage), the experts' aside."""
     if layout.zero != 3:
         return Zero3Kept()
     tp, pb = layout.tp, precision.param_bytes
-    embedding = cfg.embedding_params() / tp
+    # the token table split over tp, learned positions whole on every rank
+    tokens = cfg.vocab_size * cfg.d_model
+    embedding = tokens / tp + cfg.embedding_params() - tokens
     if layout.pp > 1:
-        return Zero3Kept(embedding if stage == 0 else 0.0, pb)
+        again = 0.0
+        if layout.schedule in SPLIT_BACKWARD and layout.zero3_reshard == "forward" \
+                and w_reads_weights(cfg.style, layout.recompute):
+            first = chunk_facts(cfg, layout.pp, layout.virtual_stages, seq_len,
+                                layout.placement)[0][0] if stage == 0 else None
+            # in `stage_params`' own count (every parameter split over tp)
+            again = stage_params - (0.0 if first is None else (
+                cfg.embedding_params() + first.dense * cfg.layer_params(0)) / tp)
+        return Zero3Kept(embedding if stage == 0 else 0.0, pb, max(0.0, again))
     if not cfg.tied_embeddings:
         return Zero3Kept(embedding + cfg.vocab_size * cfg.d_model / tp, pb)
     last = 0.0 if cfg.is_moe else (
@@ -128,15 +141,15 @@ def exposed_sync(parts: SyncParts, layout: Layout, cluster: Cluster, overlap: Ov
     the "forward" and "backward" of the `block` ZeRO-3 prefetches behind: each exposed part
     only shrinks as they grow."""
     if parts.zero3 is not None:
-        gather_f, gather_b = parts.zero3
-        pairs, passes = zero3_windows(gather_f, gather_b, block, layout)
+        pairs, passes = zero3_windows(parts.zero3, block, layout)
         per_layer = sum(max(0.0, comm - window) + overlap.contention * min(comm, window)
                         for comm, window in pairs)
         dp_exposed = passes * parts.blocks * per_layer
         # Hybrid: each shard's all-reduce across copies starts as the last microbatch's
         # backward reduces it (pp = 1), beside what that backward's own traffic leaves
         # free; under a pipeline it runs after the flush.
-        spare = 0.0 if layout.pp > 1 else max(0.0, t_backward - parts.blocks * gather_b)
+        spare = 0.0 if layout.pp > 1 else max(
+            0.0, t_backward - parts.blocks * (parts.zero3.again + parts.zero3.scatter))
         return dp_exposed + max(0.0, parts.across - spare) + overlap.contention * min(
             parts.across, spare)
     if overlap.dp and layout.zero < 3:

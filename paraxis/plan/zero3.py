@@ -24,9 +24,21 @@ class Zero3Kept(NamedTuple):
 
     once: float = 0.0
     param_bytes: float = 2
+    # gathered again by a split backward's W (pipeline_parallel/zero3.py: a LayerNorm's
+    # backward, or full recompute's rerun, reads the weights), each microbatch
+    regathered: float = 0.0
 
-    def per_layer(self, layers: int) -> float:
-        return self.once / layers
+
+class Zero3Layer(NamedTuple):
+    """Seconds of one layer's ZeRO-3 collectives per microbatch (`comm.zero3_layer_times`)."""
+
+    gather: float  # the forward's
+    again: float  # the backward's
+    scatter: float  # the gradients' reduce-scatter
+    w_gather: float = 0.0  # a split backward's W, where it reads the weights
+
+    def plus(self, other: Zero3Layer) -> Zero3Layer:
+        return Zero3Layer(*(a + b for a, b in zip(self, other, strict=True)))
 
 
 def zero3_volume(stage_params: float, microbatches: int, kept: Zero3Kept,
@@ -71,18 +83,21 @@ def zero3_pipeline_volume(stage_params: float, microbatches: int, reshard: str,
 
 
 
-def zero3_windows(gather_f: float, gather_b: float, layer: dict[str, float], layout: Layout
+def zero3_windows(times: Zero3Layer, layer: dict[str, float], layout: Layout
                   ) -> tuple[list[tuple[float, float]], int]:
-    """(communication, compute window) pairs of one layer's ZeRO-3 traffic and how many times
-    they repeat per step, from `zero3_layer_times` and the layer's forward/backward seconds:
-    FSDP's prefetch one layer ahead (Zhao et al. 2023 Sec. 3.3) hides each behind one layer's
+    """(communication, compute window) pairs of one layer's ZeRO-3 traffic (`times`) and how
+    many times they repeat per step, from the layer's forward/backward seconds: FSDP's
+    prefetch one layer ahead (Zhao et al. 2023 Sec. 3.3) hides each behind one layer's
     compute, per microbatch. Under a pipeline (pipeline_parallel/zero3.py) the gradients are
     reduce-scattered once per step and the gathers come per microbatch (zero3_reshard
-    "forward") or once ("step")."""
+    "forward", a split backward's W gathering again where it reads the weights) or once
+    ("step")."""
     forward, backward = layer["forward"], layer["backward"]
     if layout.pp == 1:
-        return [(gather_f, forward), (gather_b, backward)], layout.microbatches
-    m, scatter = layout.microbatches, gather_b - gather_f
-    pairs = ([(gather_f, forward)] if layout.zero3_reshard == "step"
-             else [(m * gather_f, m * forward), (m * gather_f, m * backward)])
-    return [*pairs, (scatter, backward)], 1
+        return [(times.gather, forward), (times.again + times.scatter, backward)], \
+            layout.microbatches
+    m = layout.microbatches
+    pairs = ([(times.gather, forward)] if layout.zero3_reshard == "step"
+             else [(m * times.gather, m * forward),
+                   (m * (times.again + times.w_gather), m * backward)])
+    return [*pairs, (times.scatter, backward)], 1

@@ -51,12 +51,13 @@ from torch import nn
 from paraxis.engine.data_parallel.zero import ParamGatherer
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import COMPUTE, Action, Schedule
+from paraxis.spec.schedules import w_reads_weights as reads_weights
 
 
 def w_reads_weights(parts: list[nn.Module], recompute: str) -> bool:
-    """Whether a split backward's W needs its chunk's weights gathered (see above)."""
-    return recompute == "full" or any(isinstance(module, nn.LayerNorm)
-                                      for part in parts for module in part.modules())
+    """Whether a split backward's W needs its chunk's weights gathered (see above; the
+    planner asks the same `spec.schedules.w_reads_weights` of the model's style)."""
+    return reads_weights(parts[0].cfg.style, recompute)
 
 
 class PipelineZero3:

@@ -40,6 +40,7 @@ from paraxis.spec.schedules.build import (
     peak_held,
     pending_moments,
     placement_of,
+    w_reads_weights,
 )
 from paraxis.spec.schedules.core import (
     COMPUTE,
@@ -60,4 +61,5 @@ from paraxis.spec.schedules.validate import validate
 __all__ = ["COMPUTE", "FIXED_VIRTUAL", "KINDS", "SPLIT_BACKWARD", "Action", "Costs", "Event",
            "Schedule", "Timeline", "build_schedule", "check_compile", "forward_only",
            "head_stage", "input_message", "peak_held", "pending_moments", "place_of",
-           "placement_of", "simulate", "stage_costs", "validate", "virtual_stage_of"]
+           "placement_of", "simulate", "stage_costs", "validate", "virtual_stage_of",
+           "w_reads_weights"]

@@ -29,6 +29,14 @@ FIXED_VIRTUAL = {"zb-v": 2}
 SPLIT_BACKWARD = ("zb-h1", "zb-v")  # kinds whose backward runs as B then W
 
 
+def w_reads_weights(style: str, recompute: str) -> bool:
+    """Whether a split backward's W reads its chunk's weights (so ZeRO-3 gathers them
+    again for it): full recompute reruns the chunk's forward there, and a LayerNorm's
+    backward (GPT-2 style's norms: `native_layer_norm_backward`) reads its weight even for
+    the weight gradient alone; an RMSNorm's does not."""
+    return recompute == "full" or style == "gpt2"
+
+
 def placement_of(kind: str) -> str:
     """How a kind places its chunks on stages (`core.virtual_stage_of`): the V for zb-v,
     Megatron's loop otherwise."""
