@@ -215,3 +215,83 @@ def test_schedule_takes_a_traces_stages_or_says_they_differ(tmp_path, capsys):
 ])
 def test_schedule_refuses_a_stage_that_takes_no_time(capsys, argv, problem):
     fails_in_one_line(["schedule", *argv], capsys, problem)
+
+
+def _chunked_trace(path, placement: str) -> None:
+    """Two stages, two chunks: microbatch 0's forwards in the order the placement runs them
+    (a V: the second chunk starts on the last stage; a loop: on the first)."""
+    order = [(0, 0), (1, 0)] + ([(1, 1), (0, 1)] if placement == "v" else [(0, 1), (1, 1)])
+    events = []
+    for m in range(4):
+        for t, (stage, chunk) in enumerate(order):
+            for kind, extra in (("F", 0.0), ("B", 0.5), ("W", 0.7)):
+                start = m + 0.05 * t + extra
+                events.append({**EVENT, "stage": stage, "rank": stage, "chunk": chunk,
+                               "microbatch": m, "kind": kind, "start_s": start,
+                               "end_s": start + 0.01})
+    path.write_text(json.dumps(events))
+
+
+def test_schedule_replays_a_chunked_trace_only_as_its_own_placement(tmp_path, capsys):
+    """A zb-v run's chunks sit in a V: replayed as interleaved (a loop) its costs would land
+    on the wrong stages, and as zb-h1 (one chunk) the old hint to give --virtual 2 was then
+    refused; each now names the kind that replays it."""
+    v, loop = tmp_path / "v.json", tmp_path / "loop.json"
+    _chunked_trace(v, "v")
+    _chunked_trace(loop, "loop")
+    base = ["schedule", "--stages", "2", "--microbatches", "4", "--from-trace"]
+    fails_in_one_line([*base, str(v), "--kind", "zb-h1"], capsys,
+                      "had 2 chunk(s) per stage and zb-h1 runs 1", "--kind zb-v")
+    fails_in_one_line([*base, str(v), "--kind", "interleaved", "--virtual", "2"], capsys,
+                      "placed its 2 chunks per stage in a V (zb-v)", "--kind zb-v")
+    fails_in_one_line([*base, str(loop), "--kind", "zb-v"], capsys, "in a loop (interleaved)",
+                      "--kind interleaved --virtual 2")
+    assert main([*base, str(v), "--kind", "zb-v"]) == 0
+    assert main([*base, str(loop), "--kind", "interleaved", "--virtual", "2"]) == 0
+    capsys.readouterr()
+
+
+def test_schedule_scales_the_stages_of_per_chunk_costs(capsys):
+    """--model gives one cost per chunk: --stage-scale multiplies each by its stage's factor
+    (it was refused as if no cost had been given per stage)."""
+    argv = ["schedule", "--kind", "zb-v", "--stages", "2", "--microbatches", "4", "--model",
+            "tiny-llama", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--stage-scale", "1,3"]) == 0
+    scaled = json.loads(capsys.readouterr().out)
+
+    def forwards(run: dict, stage: int) -> list[float]:
+        return sorted(e["end"] - e["start"] for e in run["events"][stage] if e["kind"] == "F")
+
+    assert forwards(scaled, 0) == pytest.approx(forwards(plain, 0))
+    assert forwards(scaled, 1) == pytest.approx([3 * f for f in forwards(plain, 1)])
+
+
+def test_schedule_splits_a_model_at_the_sequence_length_train_runs(capsys):
+    """The runtime's split weighs attention at the run's --seq-len (128 by default): GPT-2
+    124M over 2 stages is 9 + 3 blocks there, 8 + 4 at its 1024-token context."""
+    from paraxis.spec.model_config import PRESETS
+    from paraxis.spec.partition import partition_layers
+
+    costs = {}
+    for seq in ("128", "1024"):
+        assert main(["schedule", "--stages", "2", "--microbatches", "2", "--model",
+                     "gpt2-124m", "--seq-len", seq, "--json"]) == 0
+        run = json.loads(capsys.readouterr().out)
+        costs[seq] = [next(e["end"] - e["start"] for e in stage if e["kind"] == "F")
+                      for stage in run["events"]]
+        split = partition_layers(PRESETS["gpt2-124m"], 2, seq_len=int(seq))
+        mean = sum(split.costs) / 2
+        assert costs[seq] == pytest.approx([c / mean for c in split.costs])
+    assert costs["128"][0] > costs["128"][1] and costs["1024"][0] < costs["1024"][1]
+    fails_in_one_line(["schedule", "--model", "gpt2-124m", "--seq-len", "4096"], capsys,
+                      "4096")
+
+
+def test_the_text_timeline_of_costs_far_apart_stays_a_few_hundred_cells(capsys):
+    assert main(["schedule", "--forward-cost", "0.000001", "--backward-cost", "1000000"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("stage")]
+    assert len(rows) == 4 and max(map(len, rows)) < 2000
+    assert all("B7" in row for row in rows)
+

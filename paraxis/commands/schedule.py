@@ -19,11 +19,10 @@ import argparse
 import json
 from dataclasses import asdict
 
-from paraxis.files.trace import load_trace, trace_costs, traced_count
+from paraxis.files.trace import load_trace, trace_costs, traced_count, traced_placement
 from paraxis.show.viz.text_timeline import render_timeline
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules import (
-    FIXED_VIRTUAL,
     KINDS,
     SPLIT_BACKWARD,
     Schedule,
@@ -69,18 +68,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take per-chunk F/B/W costs from a run's trace.json (its stages and chunks)")
     add("--model", default=None,
         help="cost each chunk as the runtime splits this model (preset or .json/.toml file)")
+    add("--seq-len", type=int, default=128,
+        help="with --model: tokens per sequence, which weigh attention against the GEMMs in "
+             "the split (paraxis train's default, 128)")
     add("--json", action="store_true", help="machine-readable output")
 
 
-def _scaled(value: float | list[float] | None, scale: list[float], stages: int
+_PLACED = {"v": "in a V (zb-v)", "loop": "in a loop (interleaved)"}
+
+
+def _scaled(value: float | list[float] | None, scale: list[float], schedule: Schedule
             ) -> float | list[float] | None:
+    """Costs times each stage's factor: one cost or one per stage, or one per chunk (as
+    --model and --from-trace give them), each scaled by the stage that holds it."""
     if value is None:
         return None
+    stages = schedule.num_stages
     values = value if isinstance(value, list) else [value] * stages
-    if len(values) != stages:
-        raise ParaxisError(f"--stage-scale needs per-stage costs, got {len(values)} values for "
-                           f"{stages} stages; give one cost, or one per stage")
-    return [v * s for v, s in zip(values, scale, strict=True)]
+    if len(values) == stages:
+        return [v * s for v, s in zip(values, scale, strict=True)]
+    if len(values) == schedule.num_virtual_stages:
+        return [v * scale[schedule.place(chunk)[0]] for chunk, v in enumerate(values)]
+    raise ParaxisError(f"--stage-scale needs per-stage costs, got {len(values)} values for "
+                       f"{stages} stages; give one cost, or one per stage")
 
 
 def _check_costs(forward: float | list[float], backward: float | list[float],
@@ -119,16 +129,27 @@ def run(args: argparse.Namespace) -> int:
         if given is not None and not given.strip():  # "" would be silently ignored
             raise ParaxisError(f"{flag} is empty; give one, or leave the flag out")
     if args.model:
-        forward, backward = _partition_costs(args.model, schedule)
+        if args.seq_len < 1:
+            raise ParaxisError(f"--seq-len {args.seq_len} must be at least 1")
+        forward, backward = _partition_costs(args.model, schedule, args.seq_len)
         weight = None
         source = f"costs of {args.model}'s stage split, backward = 2 x forward"
     if args.from_trace:
         events = load_trace(args.from_trace)
         chunks = max(1, traced_count(events, "chunk"))
-        if args.kind in FIXED_VIRTUAL and chunks != schedule.virtual:
+        placement = traced_placement(events)
+        if chunks != schedule.virtual or (chunks > 1 and placement != schedule.placement):
+            # a run's chunk costs belong to its own placement of the chunks
+            kind = "1f1b or zb-h1" if chunks == 1 else "zb-v" if placement == "v" else \
+                f"interleaved --virtual {chunks}"
+            if chunks == schedule.virtual:
+                raise ParaxisError(
+                    f"the trace's run placed its {chunks} chunks per stage {_PLACED[placement]}"
+                    f" and {args.kind} places them {_PLACED[schedule.placement]}: replay it "
+                    f"with --kind {kind}, or record a run under {args.kind}")
             raise ParaxisError(f"the trace's run had {chunks} chunk(s) per stage and "
                                f"{args.kind} runs {schedule.virtual}: replay it with --kind "
-                               f"1f1b or zb-h1, or record a {args.kind} run")
+                               f"{kind}, or record a run under {args.kind}")
         forward, backward, weight = trace_costs(events, schedule.num_stages,
                                                 schedule.virtual, schedule.virtual_stage)
         if args.kind in SPLIT_BACKWARD and not any(weight):
@@ -141,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
         if len(scale) != schedule.num_stages or min(scale) < MIN_COST:
             raise ParaxisError(f"--stage-scale needs {schedule.num_stages} factors of at least "
                                f"{MIN_COST:g}, got {_text(args.stage_scale)}")
-        forward, backward = (_scaled(forward, scale, schedule.num_stages),
-                             _scaled(backward, scale, schedule.num_stages))
-        weight = _scaled(weight, scale, schedule.num_stages)
+        forward, backward = (_scaled(forward, scale, schedule),
+                             _scaled(backward, scale, schedule))
+        weight = _scaled(weight, scale, schedule)
         source += f", stage cost factors {_text(scale)}"
     if weight is not None:
         source += f", W {_text(weight)}"
@@ -173,13 +194,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _partition_costs(model: str, schedule: Schedule) -> tuple[list[float], list[float]]:
-    """Forward cost per chunk (virtual stage) of the runtime's split of `model`, relative to
-    the mean chunk, and backward at twice that."""
+def _partition_costs(model: str, schedule: Schedule, seq_len: int
+                     ) -> tuple[list[float], list[float]]:
+    """Forward cost per chunk (virtual stage) of the runtime's split of `model` at `seq_len`
+    tokens, relative to the mean chunk, and backward at twice that."""
     from paraxis.files.model_file import load_model_config
     from paraxis.spec.partition import partition_layers
 
-    split = partition_layers(load_model_config(model), schedule.num_stages, schedule.virtual,
+    cfg = load_model_config(model)
+    cfg.check_seq_len(seq_len)
+    split = partition_layers(cfg, schedule.num_stages, schedule.virtual, seq_len=seq_len,
                              placement=schedule.placement)
     mean = sum(split.costs) / len(split.costs)
     forward = [cost / mean for cost in split.costs]

@@ -180,6 +180,18 @@ def traced_count(events: Iterable[dict], field: str) -> int:
     return 1 + max((e[field] for e in events if e["kind"] in COMPUTE_KINDS), default=-1)
 
 
+def traced_placement(events: Iterable[dict]) -> str:
+    """Where a trace's run placed its chunks: "v" (zb-v: the second chunk comes back up the
+    stages, so the last stage runs it first) or "loop" (interleaved: it starts again at
+    stage 0), from the stage of the first forward of chunk 1; "loop" with one chunk."""
+    seconds = [e for e in events if e["kind"] == "F" and e["chunk"] == 1]
+    if not seconds:
+        return "loop"
+    first = min(seconds, key=lambda e: (e["microbatch"], e["start_s"]))
+    return "v" if first["stage"] > 0 and first["stage"] == traced_count(events, "stage") - 1 \
+        else "loop"
+
+
 def trace_costs(events: Iterable[dict], stages: int, chunks: int,
                 virtual_stage: Callable[[int, int], int]
                 ) -> tuple[list[float], list[float], list[float]]:

@@ -8,25 +8,30 @@ from __future__ import annotations
 
 from paraxis.spec.schedules import COMPUTE, Action, Timeline
 
+# Cells a row holds at most: costs of very different sizes would otherwise ask for millions.
+MAX_SLOTS = 400
+
 
 def render_timeline(timeline: Timeline, slot: float | None = None) -> str:
     """One row per stage, one cell per time slot: F3 = forward of microbatch 3, B3 its
     backward, a/b/.. the chunk when there are several, '.' idle. `slot` defaults to the
-    shortest compute, so every compute fills whole cells."""
+    shortest compute, so every compute fills whole cells; or to a `MAX_SLOTS`th of the step
+    where that would be wider, every compute then at least one cell."""
     compute = [e for stage in timeline.events for e in stage if e.action.kind in COMPUTE]
     if not compute:
         return ""
-    slot = slot or min(e.end - e.start for e in compute)
+    slot = slot or max(min(e.end - e.start for e in compute), timeline.makespan / MAX_SLOTS)
     chunks = max(e.action.chunk for e in compute) + 1
     width = max(len(_label(e.action, chunks)) for e in compute) + 1
-    slots = round(timeline.makespan / slot)
+    slots = max(1, round(timeline.makespan / slot))
     rows = []
     for index, stage in enumerate(timeline.events):
         cells = [".".ljust(width)] * slots
         for event in stage:
             if event.action.kind not in COMPUTE:
                 continue
-            for t in range(round(event.start / slot), round(event.end / slot)):
+            start = min(round(event.start / slot), slots - 1)
+            for t in range(start, max(start + 1, min(round(event.end / slot), slots))):
                 cells[t] = _label(event.action, chunks).ljust(width)
         rows.append(f"stage {index} | " + "".join(cells).rstrip())
     return "\n".join(rows)
