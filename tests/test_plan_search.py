@@ -203,11 +203,24 @@ def test_every_micro_batch_size_that_divides_a_replicas_batch_is_tried() -> None
     # beyond 16 too, wherever it fits: 64 sequences of tiny on one device
     result = search(PRESETS["tiny"], build_cluster("a100-80gb", 1, 1), 128, 64)
     assert {e.micro_batch for e in result.ranked} >= {1, 2, 4, 8, 16, 32, 64}
-    # under a pipeline, a size leaving fewer microbatches than stages only where no smaller
-    # one fits: 8 sequences on pp=4 stop at 2 a microbatch (4 of them)
+    # under a pipeline, sizes leaving fewer microbatches than stages too: 8 sequences on pp=4
+    # in 8, 4, 2 or 1 microbatches
     result = search(PRESETS["tiny"], build_cluster("a100-80gb", 4, 4), 128, 8,
                     Constraints(pp=4, schedules=("1f1b",)))
-    assert {e.micro_batch for e in result.ranked} == {1, 2}
+    assert {e.micro_batch for e in result.ranked} == {1, 2, 4, 8}
+
+
+def test_fewer_microbatches_than_stages_win_where_fixed_costs_outweigh_the_bubble() -> None:
+    """A tiny model on a pipeline of 2: its step's fixed costs per microbatch (kernel
+    launches, sends) outweigh the bubble one microbatch leaves, and the search, which once
+    skipped such sizes whenever a smaller one fitted, finds it fastest."""
+    cfg, cluster = PRESETS["tiny-llama"], build_cluster("h100-sxm-80gb", 16, 8)
+    result = search(cfg, cluster, 128, 16, Constraints(pp=2, dp=8))
+    best = result.ranked[0]
+    assert best.layout.microbatches == 1
+    every = [evaluate(cfg, best.layout.replace(microbatches=m), cluster, 128, 16)
+             for m in (1, 2)]
+    assert every[0].step_time_s < every[1].step_time_s
 
 
 def test_grouped_full_recompute_is_tried_where_one_block_a_checkpoint_does_not_fit() -> None:

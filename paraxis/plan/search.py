@@ -209,10 +209,6 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                     if dips:
                         continue  # but the size of one microbatch a step
                     break  # a larger microbatch holds more activations: it cannot fit either
-                starved = pp > 1 and per_replica // micro_batch < pp
-                if starved and smaller.fits:
-                    # fewer microbatches than stages idle half the pipeline; a smaller size fits
-                    break
                 too_big_here, fits_here = False, False
                 skipped: list[tuple] = []  # settings whose heavier recomputations were skipped
                 microbatches = per_replica // micro_batch
@@ -229,10 +225,7 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                 if not exhaustive and not learn and bound.hides(floors.coarse(
                         shape, base, micro_batch, microbatches, sps, variants, lightest), base):
                     result.skipped += 1  # every setting of this size is slower
-                    smaller.skip(micro_batch)
                     continue
-                if starved and smaller.any_fits():
-                    break  # the rule above, asking the fits not yet known (`SmallerSizes`)
                 abandoned = False  # the first rule's, asked where a layout is about to be priced
                 for kind, virtual, sp in size_settings(shape, variants, c, cfg):
                     learn = across and ep_key not in fitted_across_nodes

@@ -3,8 +3,9 @@ what it knows of the smaller sizes it tried.
 
 A setting is (schedule, interleaving depth, SP, recomputation `Step`): `schedule_variants`
 and `recompute_steps` give them lightest first, `build_setting` the layout. The search stops
-trying larger sizes at the first where nothing fits, and those with fewer microbatches than
-stages once a smaller size fits; where it skipped a size's settings on their floor
+trying larger sizes at the first where nothing fits (fewer microbatches than stages are
+priced like any other: where a step's fixed costs outweigh the bubble they can be the
+fastest); where it skipped a size's settings on their floor
 (`prune.py`) `SmallerSizes` finds their fit from memory alone, where a larger size needs it
 (`fits_at_some_setting`), as the exhaustive search knows it.
 """
@@ -66,36 +67,28 @@ def chunked_only(c: Constraints) -> bool:
 
 class SmallerSizes:
     """What the search knows of the smaller microbatch sizes of one shape and ZeRO setting,
-    for its two rules on larger sizes: whether one fits (then a size leaving fewer
-    microbatches than stages is not tried), and the smallest at which nothing fits and a
-    setting was too big (larger sizes hold more activations: not tried). A size whose
-    settings the search skipped on their floor has a fit it does not know, where the
-    exhaustive search, which priced them, does: `ask(size, settings)` finds it, memory only,
-    where a larger size needs the answer before a layout of it is priced or checked."""
+    for its rule on larger sizes: the smallest at which nothing fits and a setting was too
+    big (larger sizes hold more activations: not tried). A size whose settings the search
+    skipped on their floor has a fit it does not know, where the exhaustive search, which
+    priced them, does: `ask(size, settings)` finds it, memory only, where a larger size
+    needs the answer before a layout of it is priced or checked."""
 
     def __init__(self, ask: Callable[[int, list[tuple] | None], bool]) -> None:
         self.ask = ask
-        self.fits = False
         self.too_big_at: int | None = None
-        self.unsure: list[tuple[int, list[tuple] | None]] = []  # (size, settings skipped)
-        self.pending: list[tuple[int, list[tuple]]] = []  # as unsure, and one was too big
+        # sizes at which a setting was too big and others were skipped on their floor
+        self.pending: list[tuple[int, list[tuple]]] = []
 
     def add(self, size: int, fits: bool, too_big: bool, skipped: list[tuple]) -> None:
         """The search's findings at `size`: whether a setting fit, whether one was too big
         (where a larger size holds more), and the settings from whose recomputation on it
         skipped on their floor (their fit unknown)."""
-        if fits:
-            self.fits = True
-        elif too_big and skipped:
+        if fits or not too_big:
+            return
+        if skipped:
             self.pending.append((size, skipped))
-        elif too_big:
+        else:
             self.too_big_at = size  # nothing at this size fits, at any recomputation
-        elif skipped:
-            self.unsure.append((size, skipped))
-
-    def skip(self, size: int) -> None:
-        """`size` skipped whole on its floor: every setting's fit unknown."""
-        self.unsure.append((size, None))
 
     def outgrows(self, size: int, grows: bool, ask: bool = False) -> bool:
         """Whether `size` holds more than a smaller size at which nothing fits; `ask`: find
@@ -104,22 +97,12 @@ class SmallerSizes:
             self._ask_pending()
         return self.too_big_at is not None and size > self.too_big_at and grows
 
-    def any_fits(self) -> bool:
-        """Whether a smaller size fits, finding the fits the search does not know."""
-        self._ask_pending()
-        if not self.fits and self.unsure:
-            self.fits = any(self.ask(size, settings) for size, settings in self.unsure)
-            self.unsure.clear()
-        return self.fits
-
     def _ask_pending(self) -> None:
         """The fits of the sizes that had a setting too big, smallest first, up to the first
         at which nothing fits."""
         while self.pending and self.too_big_at is None:
             at, settings = self.pending.pop(0)
-            if self.ask(at, settings):
-                self.fits = True
-            else:
+            if not self.ask(at, settings):
                 self.too_big_at = at
 
 
