@@ -152,6 +152,24 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
     # one stage has no chunks: v once divided the activations one stage holds
     (["plan", "--model", "llama2-13b", "--gpus", "16", "--global-batch", "64", "--layout",
       "pp=1,virtual_stages=8"], "needs pp > 1"),
+    # a search flag beside a complete layout: once priced without it (zero=0, no recompute)
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--layout", "dp=8,microbatches=128",
+      "--zero", "3"], "add zero=3 to --layout"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--layout", "dp=8,microbatches=128",
+      "--recompute", "full"], "add recompute=full to --layout"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--layout", "dp=4,microbatches=256",
+      "--tp", "2"], "add tp=2 to --layout"),
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--layout", "dp=8,microbatches=128",
+      "--no-sp"], "--no-sp narrows a search"),
+    # interleaving needs stages, as zb-v does: once a pp=1 plan
+    (["plan", "--model", "llama2-7b", "--gpus", "8", "--schedule", "interleaved", "--no-pp"],
+     "schedule interleaved needs pp > 1, which --no-pp (or --max-pp 1) forbids"),
+    # a shard group no dp of the GPUs divides: once "6.7 GB per GPU, more than 86 GB"
+    (["plan", "--model", "llama2-7b", "--gpus", "16", "--layout", "dp_shard=3"],
+     "dp_shard=3 shards ZeRO's states over groups of that many dp ranks"),
+    # a bandwidth too small to price with: once a NaN step and a ranking that never ended
+    (["plan", "--model", "llama2-7b", "--gpus", "16", "--network-gbps", "5e-324"],
+     "check its bandwidths and FLOP/s"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) -> None:
     code, out, err = run_cli(capsys, *argv)
@@ -399,3 +417,49 @@ def test_a_small_models_seconds_show_its_hundredths(capsys) -> None:
                            "--global-batch", "8", "--seq-len", "1024")
     rejected = next(line for line in out.splitlines() if "Rejected dp=" in line)
     assert code == 0 and re.search(r"0\.0\d{3} s vs 0\.0\d{3} s", rejected), rejected
+
+
+def test_a_fixed_layout_that_does_not_fit_exits_1_in_json_too(capsys) -> None:
+    argv = ("plan", "--model", "llama2-7b", "--gpus", "8", "--layout", "dp=8,microbatches=128")
+    code, _, _ = run_cli(capsys, *argv)
+    assert code == 1
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    assert code == 1 and json.loads(out)["layouts"][0]["fits"] is False
+
+
+def test_a_schedule_fixed_to_interleaved_searches_pipelines_only(capsys) -> None:
+    code, out, _ = run_cli(capsys, "plan", "--model", "llama2-7b", "--gpus", "8", "--layout",
+                           "schedule=interleaved", "--json")
+    assert code == 0
+    assert all(e["layout"]["pp"] > 1 for e in json.loads(out)["layouts"])
+
+
+def test_the_no_fit_hint_counts_gpus_not_nodes_it_does_not_know(capsys) -> None:
+    """Below a node the cluster holds only the GPUs given: the hint names a GPU count, not
+    nodes of that size (once "16 GPUs (4 nodes of 4)" on 4 GPUs of an 8-GPU node)."""
+    code, _, err = run_cli(capsys, "plan", "--model", "llama2-70b", "--gpus", "4",
+                           "--gpus-per-node", "8", "--global-batch", "64")
+    assert code == 2 and "nodes of 4" not in err and "GPUs" in err, err
+
+
+def test_a_huge_capacity_factor_is_a_dropless_one(tmp_path, capsys) -> None:
+    """A factor above n_experts / top_k leaves every expert room for all its tokens: priced
+    as that (once an OverflowError from 1e308), and a non-finite one refused."""
+    from paraxis.spec.expert_placement import expert_capacity
+
+    assert expert_capacity(1000, 2, 8, 1e308) == expert_capacity(1000, 2, 8, 4.0) == 1000
+    model = json.loads(json.dumps({"name": "moe", "style": "llama", "vocab_size": 256,
+                                   "n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4,
+                                   "d_ff": 128,
+                                   "max_seq_len": 128, "n_experts": 8, "top_k": 2,
+                                   "d_ff_expert": 64, "capacity_factor": 1e308}))
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(model))
+    code, _, err = run_cli(capsys, "plan", "--model", str(path), "--gpus", "8",
+                           "--global-batch", "64")
+    assert code == 0, err
+    path.write_text(json.dumps({**model, "capacity_factor": float("inf")}))
+    code, _, err = run_cli(capsys, "plan", "--model", str(path), "--gpus", "8",
+                           "--global-batch", "64")
+    assert code == 2 and "finite" in err and "Traceback" not in err
+

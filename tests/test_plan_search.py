@@ -337,6 +337,17 @@ def test_defence_states_the_overlaps_it_assumed_and_the_headroom_it_kept():
                                                           zero3_prefetch=False, cp=False))
     assert any(line.startswith("Assumed exposed: the gradient sync, TP's backward") for
                line in nothing)
+    # ZeRO-3's sync is its prefetched gathers and reduce-scatters: `--exposed zero3` exposes
+    # them, and says so; `--exposed dp` (ZeRO 0-2's buckets) changes neither price nor text
+    zero3 = Layout.parse("dp=16,zero=3,microbatches=4")
+    for off, exposed in ((Overlap(zero3_prefetch=False), True), (Overlap(dp=False), False)):
+        priced = evaluate(cfg, zero3, cluster, 4096, 64, overlap=off)
+        said = next(line for line in explain(cfg, cluster, priced, overlap=off)
+                    if "Headroom" in line)
+        assert ("exposed: ZeRO-3's gathers and reduce-scatters" in said) == exposed, said
+        assert ("gradient sync" in said) is False, said
+        assert (priced.step_time_s > evaluate(cfg, zero3, cluster, 4096, 64).step_time_s
+                ) == exposed
 
 
 @pytest.mark.parametrize("name,gpus,seq,batch", [("llama2-13b", 64, 4096, 512),

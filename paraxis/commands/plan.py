@@ -6,6 +6,7 @@ The model, hardware and batch flags are `paraxis.plan.inputs`, shared with `para
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -24,6 +25,7 @@ from paraxis.plan.search import (
     search,
 )
 from paraxis.plan.search_flags import (
+    check_complete_layout_flags,
     complete_layout,
     overlap_rules,
     search_constraints,
@@ -78,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--exposed", choices=("dp", "zero3", "tp", "cp", "pp"),
                         action="append",
                         help="this communication does not hide behind compute (repeatable): "
-                        "dp buckets, zero3 prefetch, tp backward, cp ring hops; pp: let "
+                        "dp the gradient buckets of ZeRO 0-2, zero3 ZeRO-3's prefetched "
+                        "gathers and reduce-scatters, tp backward, cp ring hops; pp: let "
                         "sends hide")
 
 
@@ -134,10 +137,13 @@ def run(args: argparse.Namespace) -> int:
     overlap = overlap_rules(args.no_overlap, args.exposed or ())
     imbalance = args.expert_imbalance
     fixed, stated, micro_batch = stated_fields(args, cfg)
-    problem = gather_flag_problem(precision, fixed.get("zero", getattr(args, "zero", None)))
+    layout = complete_layout(fixed, stated, micro_batch, args.global_batch)
+    if layout is not None:
+        check_complete_layout_flags(args, fixed)
+    problem = gather_flag_problem(precision, layout.zero if layout is not None else
+                                  fixed.get("zero", getattr(args, "zero", None)))
     if problem:
         raise ParaxisError(problem)
-    layout = complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it
         layout.validate(cluster.world_size, cfg, args.global_batch, seq_len)
@@ -151,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         result = search(cfg, cluster, seq_len, args.global_batch, constraints, precision,
                         overlap, imbalance, keep=max(6, args.top), workers=args.workers)
         if not result.ranked:
-            raise ParaxisError(_no_fit(cfg, cluster, result, precision, args))
+            per_node = dataclasses.replace(given, gpus=None).cluster().gpus_per_node
+            raise ParaxisError(_no_fit(cfg, cluster, result, precision, args, per_node))
         layouts = result.top(args.top)
         best = layouts[0]
     lines = explain(cfg, cluster, best, result, precision, overlap=overlap,
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan_document(cfg, cluster, seq_len, args.global_batch, precision,
                                        overlap, layouts, lines, result), indent=2))
-        return 0
+        return 0 if best.fits else 1  # as the table's: an evaluated layout that does not fit
     from paraxis.plan.tables import print_plan  # rich only for humans
     print_plan(cfg, cluster, seq_len, args.global_batch, layouts, lines, result)
     if not best.fits:
@@ -168,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision: Precision,
-            args: argparse.Namespace) -> str:
-    """One line: no layout fits; the one closest in memory, what it needs, what would do."""
+            args: argparse.Namespace, per_node: int) -> str:
+    """One line: no layout fits; the one closest in memory, what it needs, what would do
+    (in nodes of `per_node` GPUs)."""
     gpus, what = cluster.world_size, f"{cfg.name} fits {cluster.world_size} x {cluster.gpu.name}"
     limit = cluster.gpu.memory_bytes / 1e9
     closest = closest_to_fitting(result)
@@ -177,14 +185,17 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
         return f"no layout of {what}: {result.rule_breakers[0].reason}"
     if closest is None:  # every shape skipped unpriced: its model states alone overflow
         states = sum(model_state_bytes(cfg.num_params(), gpus, 3, precision).values()) / 1e9
-        enough = math.ceil(gpus * states / (limit - cluster.gpu.reserved_bytes / 1e9))
+        room = limit - cluster.gpu.reserved_bytes / 1e9
+        if states <= room:
+            return f"no layout of {what}: the constraints leave none to price; loosen them"
+        enough = math.ceil(gpus * states / room)
         return (f"no layout of {what}: even sharded over all {gpus} GPUs (ZeRO-3) its model "
                 f"states take {states:.1f} GB per GPU, more than "
                 f"{gigabytes(cluster.gpu.memory_bytes)} GB; use at least "
-                f"{_whole_nodes(enough, cluster)}")
+                f"{_whole_nodes(enough, cluster, per_node)}")
     fixes = []
     if enough := devices_to_hold(closest, gpus):
-        fixes.append(f"about {_whole_nodes(enough, cluster)} would hold it")
+        fixes.append(f"about {_whole_nodes(enough, cluster, per_node)} would hold it")
     if args.zero is not None and args.zero < 3:
         fixes.append(f"drop --zero {args.zero}, which rules out deeper ZeRO sharding")
     if args.recompute and "full" not in args.recompute:
@@ -198,10 +209,10 @@ def _no_fit(cfg: ModelConfig, cluster: Cluster, result: SearchResult, precision:
             f"{', or '.join(fixes)}")
 
 
-def _whole_nodes(gpus: int, cluster: Cluster) -> str:
-    """`gpus` as a count the cluster takes: up to one node, or whole nodes (a CPU
-    profile's ranks share one machine)."""
-    per_node = cluster.gpus_per_node
+def _whole_nodes(gpus: int, cluster: Cluster, per_node: int) -> str:
+    """`gpus` as a count the cluster takes: up to one node of `per_node` (the cluster's own
+    may be fewer, the GPUs given), or whole nodes (a CPU profile's ranks share one
+    machine)."""
     if cluster.cores_per_node:
         return f"{gpus} ranks"
     if gpus <= per_node:

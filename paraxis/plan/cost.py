@@ -74,6 +74,7 @@ from paraxis.plan.rates import (
 from paraxis.plan.stages import recomputed_kinds, recomputed_share, stage_kinds
 from paraxis.plan.step_calls import step_calls_time
 from paraxis.plan.sync import after_backward, at_segment
+from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, Precision
@@ -376,6 +377,9 @@ def evaluate(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
     t_optimizer = optimizer_seconds(cfg, layout, cluster, seq_len, precision)
     t_calls = calls_time(cfg, layout, cluster, memo)
     step = pipeline + dp_exposed + t_shards + t_optimizer + t_calls
+    if not math.isfinite(step) or step <= 0:  # a figure too small (or large) to price with
+        raise ParaxisError(f"the hardware figures price {layout} at a step of {step} s; check "
+                           "its bandwidths and FLOP/s for values too small to use")
 
     flops = iteration_flops(cfg, seq_len, global_batch, layout.recompute,
                             recomputed_share(cfg, layout, seq_len))

@@ -57,9 +57,11 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             "the memory all of them.")
     node = cluster.gpus_per_node
     per_gpu_in_node = states / node
+    room = limit - gpu.reserved_bytes / GB  # what the runtime's reserve leaves
     lines.append(
         f"Fits in one node? sharded over its {node} GPUs (ZeRO-3 or TP x PP) the states take "
-        f"{per_gpu_in_node:.1f} GB per GPU: {'yes' if per_gpu_in_node < limit else 'no'}.")
+        f"{per_gpu_in_node:.1f} GB per GPU of the {room:.1f} GB the runtime's reserve leaves: "
+        f"{'yes, before activations' if per_gpu_in_node < room else 'no'}.")
     # a calibrated CPU node's ranks talk through the kernel's loopback, not NVLink
     intra = ("loopback (gloo)" if cluster.cores_per_node else
              "NVLink" if gpu.nvlink_bandwidth_Bps > 64e9 else "PCIe")
@@ -170,11 +172,12 @@ def assumptions_line(best: Estimate, overlap: Overlap, gpu: GPU | None = None,
     pipelined_tp = (gpu is not None and gpu.tp_comm_overlap == "all"
                     and layout.sequence_parallel)
     calls = {"dp": ("the gradient sync", "the backward (but for its last bucket)",
-                    layout.dp * layout.cp > 1),
+                    layout.dp * layout.cp > 1 and layout.zero < 3),
              "tp": (("every TP collective", "the GEMM beside it") if pipelined_tp else
                     ("TP's backward collectives", "the weight-gradient GEMMs"))
              + (layout.tp > 1,),
-             "zero3_prefetch": ("ZeRO-3's gathers", "the layer before", layout.zero == 3),
+             "zero3_prefetch": ("ZeRO-3's gathers and reduce-scatters", "a layer's compute",
+                                layout.zero == 3 and layout.zero_ranks > 1),
              "cp": ("the K/V exchange", "attention", layout.cp > 1),
              "pp": ("the pipeline's sends", "compute", layout.pp > 1)}
     used = {name: call for name, call in calls.items() if call[2]}

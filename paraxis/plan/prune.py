@@ -32,11 +32,11 @@ every cp variant of a layout, so the variants priced after the search (`cp_varia
 of a skipped layout would be skipped too.
 
 What differs from an exhaustive search: the counts (`SearchResult.skipped` counts the
-settings skipped). The search's own shortcuts read whether a layout fits (stop at the first
-microbatch size where none fits); a layout skipped on its floor has a fit the search does not know, so it finds it
-from memory alone where a larger size needs the answer (`settings.SmallerSizes`), and stops
-where the exhaustive search stops (`python -m tools.probes.search_fuzz` compares the two on
-random searches).
+settings skipped). The search's own shortcut reads whether a layout fits (stop at the first
+microbatch size where none fits); a layout skipped on its floor has a fit the search does
+not know, so it finds it from memory alone where a larger size needs the answer
+(`settings.SmallerSizes`), and stops where the exhaustive search stops (`python -m
+tools.probes.search_fuzz` compares the two on random searches).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def equal_groups(estimates: list[Estimate]) -> list[list[Estimate]]:
     start = 0
     while start < len(by_time):
         limit = by_time[start].step_time_s * (1 + EQUAL_TIMES)
-        end = start
+        end = start + 1  # at least the one that starts the group
         while end < len(by_time) and by_time[end].step_time_s <= limit:
             end += 1
         groups.append(sorted(by_time[start:end], key=_simplicity))

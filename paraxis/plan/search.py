@@ -142,8 +142,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
                         else:
                             axis_shapes.append(split_shape)
     if chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
-        raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {world} "
-                           "GPU(s) here do not allow; give more GPUs, allow pp, or 1f1b")
+        forbids = "--no-pp (or --max-pp 1) forbids" if c.max_pp == 1 else \
+            f"{world} GPU(s) here do not allow"
+        raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {forbids}; "
+                           "give more GPUs, allow pp, or 1f1b")
     if not axis_shapes:
         # one of each rule broken (the same rule at other degrees says nothing new)
         kinds: dict[str, str] = {}
@@ -158,6 +160,14 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     zeros = (c.zero,) if c.zero is not None else ZERO_STAGES
     if c.fused_loss:  # the runtime's fused loss: tp 1, ZeRO 0-2
         zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
+    if not any(_shard_choices(zero, shape, cluster, c) for shape in axis_shapes
+               for zero in zeros):  # a shard group no shape can make, or ZeRO ruled out
+        dps = ", ".join(map(str, sorted({shape.dp for shape in axis_shapes})))
+        allowed = "/".join(map(str, zeros))
+        raise ParaxisError(f"dp_shard={c.dp_shard} shards ZeRO's states over groups of that "
+                           f"many dp ranks: it needs ZeRO (zero >= 1; zero={allowed} allowed "
+                           f"here) and a dp it divides (dp here: {dps}); choose another "
+                           "dp_shard or leave it out")
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,

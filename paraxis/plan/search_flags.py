@@ -116,6 +116,35 @@ def check_flag_conflicts(args: argparse.Namespace, fixed: dict[str, object],
                            "give one of them")
 
 
+# The flags that narrow a search; a complete --layout leaves nothing to search.
+SEARCH_FLAGS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
+                ("zero", "zero"), ("recompute", "recompute"), ("schedule", "schedule"),
+                ("max_tp", None), ("max_pp", None), ("no_pp", None), ("no_sp", None),
+                ("tp_within_node", None))
+
+
+def check_complete_layout_flags(args: argparse.Namespace, fields: dict[str, object]
+                                ) -> None:
+    """A search flag beside a complete --layout (microbatches given): one line saying what to
+    write in the layout instead (a flag the layout states the same is fine:
+    `check_flag_conflicts` refuses one that differs)."""
+    for flag, field in SEARCH_FLAGS:
+        value = getattr(args, flag, None)
+        if value in (None, False, []) or field in fields:
+            continue
+        option = "--" + flag.replace("_", "-")
+        if field is None:
+            raise ParaxisError(f"{option} narrows a search, and --layout is complete (it fixes "
+                               "the microbatches): drop it, or leave them out to search")
+        given = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if isinstance(given, list):
+            raise ParaxisError(f"{option} {' '.join(map(str, given))} narrows a search, and "
+                               "--layout is complete (it fixes the microbatches): put one "
+                               f"{field}=... in --layout")
+        raise ParaxisError(f"{option} {given} is not part of the complete --layout (it fixes "
+                           f"the microbatches): add {field}={given} to --layout")
+
+
 def complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
                      global_batch: int) -> Layout | None:
     """The one layout the fields state (microbatches given, or a micro-batch size with dp),

@@ -60,8 +60,9 @@ def every_variant(pp: int, constraints: Constraints,
 
 
 def chunked_only(c: Constraints) -> bool:
-    """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for."""
-    return all(kind in FIXED_VIRTUAL for kind in c.schedules) or (
+    """Whether only schedules that chunk pipeline stages (need pp > 1) are asked for: zb-v's
+    V, and interleaving (at depth 2 and more: depth 1 is 1F1B)."""
+    return all(kind in FIXED_VIRTUAL or kind == "interleaved" for kind in c.schedules) or (
         c.virtual_stages is not None and min(c.virtual_stages) > 1)
 
 

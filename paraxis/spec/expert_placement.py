@@ -78,5 +78,7 @@ def expert_capacity(tokens: float, top_k: int, n_experts: int, capacity_factor: 
     """Assignments each expert takes of one rank's `tokens` in one microbatch under a
     capacity factor: ceil(cf * tokens * k / E) (Switch Transformer, Fedus et al. 2022 eq. 3;
     the ceiling so a positive factor never leaves an expert no room). Per rank and
-    microbatch, as the runtime drops before its all-to-all, and as the planner prices."""
-    return math.ceil(capacity_factor * tokens * top_k / n_experts)
+    microbatch, as the runtime drops before its all-to-all, and as the planner prices. A
+    factor above E / k gives every expert room for all the tokens (one takes each token at
+    most once): the same as E / k, which keeps the product finite."""
+    return math.ceil(min(capacity_factor, n_experts / top_k) * tokens * top_k / n_experts)

@@ -62,10 +62,10 @@ def check_experts(cfg: ModelConfig) -> None:
     if not 0 <= cfg.first_dense_layers <= cfg.n_layers:
         raise ParaxisError(f"first_dense_layers {cfg.first_dense_layers} must be within "
                            f"0..n_layers ({cfg.n_layers})")
-    if min(cfg.n_shared_experts, cfg.capacity_factor, cfg.aux_loss_coef,
-           cfg.z_loss_coef) < 0:
+    values = (cfg.n_shared_experts, cfg.capacity_factor, cfg.aux_loss_coef, cfg.z_loss_coef)
+    if min(values) < 0 or not all(map(math.isfinite, values)):
         raise ParaxisError("n_shared_experts, capacity_factor, aux_loss_coef and "
-                           "z_loss_coef must be >= 0")
+                           "z_loss_coef must be finite and >= 0")
     _check_groups(cfg)
 
 
