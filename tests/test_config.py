@@ -131,3 +131,26 @@ def test_compile_defaults_to_on_for_cuda_only():
     assert auto.compiles("cuda", "1f1b") and not auto.compiles("cpu", "1f1b")
     assert not auto.compiles("cuda", "zb-h1")
     assert on.compiles("cpu", "1f1b") and not off.compiles("cuda", "1f1b")
+
+
+def test_a_saved_config_reads_back_the_same_run_from_any_folder(tmp_path, monkeypatch, capsys):
+    """config.toml (beside the metrics and in each checkpoint) holds its paths whole: read
+    back with --config from another folder, `--resume auto` continues the run, where its
+    relative checkpoint folder once named none there and the run silently began again."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir()
+    other.mkdir()
+    monkeypatch.chdir(run)
+    assert main(["train", "--quiet", "--model", "tiny", "--steps", "4", "--exit-after", "2",
+                 "--global-batch", "4", "--seq-len", "32", "--checkpoint-dir", "ck",
+                 "--metrics-file", "m.jsonl", "--device", "cpu"]) == 0
+    saved = run / "ck" / "step-00000002" / "config.toml"
+    assert f'dir = "{run / "ck"}"' in saved.read_text()
+    assert f'metrics_file = "{run / "m.jsonl"}"' in (run / "config.toml").read_text()
+    monkeypatch.chdir(other)
+    assert main(["train", "--quiet", "--config", str(saved), "--resume", "auto",
+                 "--exit-after", "3", "--metrics-file", "m.jsonl", "--device", "cpu"]) == 0
+    steps = [json.loads(line)["step"] for line in (other / "m.jsonl").read_text().splitlines()]
+    assert steps and steps[0] == 2, steps  # resumed after the checkpoint's two steps
+    assert not (other / "ck").exists() and (run / "ck" / "step-00000003").is_dir()
+    capsys.readouterr()

@@ -34,7 +34,7 @@ from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import get_policy
-from paraxis.train.run_file import to_toml
+from paraxis.train.run_file import to_toml, with_absolute_paths
 
 if TYPE_CHECKING:
     from paraxis.engine.contract import Engine
@@ -153,8 +153,8 @@ def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
         data["source"] = claim.facts["source"]
         run = claim.manifest_entry()
     save_checkpoint(engine, cfg.checkpoint.dir, step, model_cfg.to_dict(),
-                    config_toml=to_toml(cfg), keep=cfg.checkpoint.keep, extra={"data": data},
-                    run=run)
+                    config_toml=to_toml(with_absolute_paths(cfg)), keep=cfg.checkpoint.keep,
+                    extra={"data": data}, run=run)
 
 
 def trim_metrics(path: Path, start_step: int) -> None:
@@ -182,7 +182,7 @@ def write_config(cfg: RunConfig) -> None:
     if cfg.logging.metrics_file:
         path = Path(cfg.logging.metrics_file).parent / "config.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(to_toml(cfg))
+        path.write_text(to_toml(with_absolute_paths(cfg)))
         where = str(path)
     elif cfg.checkpoint.dir:
         where = f"config.toml in every checkpoint under {cfg.checkpoint.dir}"

@@ -122,6 +122,48 @@ def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
                            f"write e.g. {key} = {example}")
 
 
+# The fields that name files or folders, read relative to the working folder: written to a
+# saved config whole, so it reads back the same from any folder (`to_toml`). Made ones are
+# made when the run starts (metrics, checkpoints, event files); found ones only where they
+# exist (a model preset, a datasets name, "auto" are names, not paths).
+MADE_PATHS = (("logging", "metrics_file"), ("logging", "tensorboard"), ("checkpoint", "dir"))
+FOUND_PATHS = (("model", "name"), ("data", "tokenizer"), ("logging", "hardware"),
+               ("checkpoint", "resume"), ("checkpoint", "init_from"))
+BLEND_PATHS = (("data", "path"), ("data", "val_path"))
+
+
+def _found(value: str) -> str:
+    return str(Path(value).resolve()) if Path(value).exists() else value
+
+
+def _blend(spec: str) -> str:
+    """A --data blend with each source that exists here made absolute, weights as written."""
+    if Path(spec).exists():
+        return _found(spec)
+    items = []
+    for item in spec.split(","):
+        path, sep, weight = item.strip().rpartition(":")
+        items.append(f"{_found(path)}:{weight}" if sep and path else _found(item.strip()))
+    return ",".join(items)
+
+
+def with_absolute_paths(cfg: RunConfig) -> RunConfig:
+    """`cfg` with every path it names made absolute (`MADE_PATHS`, `FOUND_PATHS`,
+    `BLEND_PATHS`): a saved config read back with --config from another folder names the
+    same model, data, checkpoints and metrics, where relative ones would silently name others
+    (or none: a resume from nothing starts at step 0)."""
+    changes: dict[str, dict[str, str]] = {}
+    for fields, convert in ((MADE_PATHS, lambda v: str(Path(v).resolve())),
+                            (FOUND_PATHS, _found), (BLEND_PATHS, _blend)):
+        for section, name in fields:
+            value = getattr(getattr(cfg, section), name)
+            if value is not None:
+                changes.setdefault(section, {})[name] = convert(value)
+    return dataclasses.replace(cfg, **{
+        section: dataclasses.replace(getattr(cfg, section), **values)
+        for section, values in changes.items()})
+
+
 def to_toml(cfg: RunConfig) -> str:
     """The TOML that reads back to `cfg` (saved with checkpoints and runs). A field left at
     None (no metrics file, no checkpoint dir, ...) is left out: TOML has no None."""
