@@ -105,7 +105,7 @@ def _previous(json_path: Path, quick: bool) -> dict:
 def _run_sections(wanted: set[str], quick: bool, out: Path,
                   layouts: list[str] | None = None) -> dict:
     from bench import calibration, gpu, precision, predicted_vs_measured, scale, scaling
-    from paraxis.train.calibrate.quick import write_whole
+    from paraxis.files.host import write_whole
 
     sections: dict[str, dict] = {}
     if "scale" in wanted:

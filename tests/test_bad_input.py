@@ -96,6 +96,10 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("weight-decay-negative", [*TRAIN, "--weight-decay", "-1"], "--weight-decay -1.0",
      "0 turns it off", False),
     ("bucket-0", [*TRAIN, "--bucket-mb", "0"], "--bucket-mb 0.0", "DDP uses 25", False),
+    # below a byte: once "bucket size 0 bytes must be positive", naming no flag, after the
+    # ranks had started
+    ("bucket-under-a-byte", [*TRAIN, "--bucket-mb", "1e-7"], "--bucket-mb 1e-07",
+     "a byte", False),
     ("timeout-0", [*TRAIN, "--timeout-s", "0"], "--timeout-s 0.0",
      "positive number of seconds", False),
     ("precision-fp4", [*TRAIN, "--precision", "fp4"], "--precision fp4 is unknown",

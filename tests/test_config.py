@@ -154,3 +154,51 @@ def test_a_saved_config_reads_back_the_same_run_from_any_folder(tmp_path, monkey
     assert steps and steps[0] == 2, steps  # resumed after the checkpoint's two steps
     assert not (other / "ck").exists() and (run / "ck" / "step-00000003").is_dir()
     capsys.readouterr()
+
+
+def test_a_full_disk_under_the_metrics_file_is_one_line_and_leaves_the_files(
+        tmp_path, monkeypatch):
+    """The resolved config beside the metrics file and a resumed run's trimmed metrics are
+    written whole or not at all: on a full disk one line (RunFailed, exit 3), the metrics
+    file as it was and no empty config.toml or staging file left."""
+    import errno
+
+    from paraxis.files import host
+    from paraxis.spec.errors import RunFailed
+    from paraxis.train import resume
+
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
+    cfg = RunConfig()
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging,
+                                                               metrics_file=str(metrics)))
+
+    def full(path, data, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(host.Path, "write_text", full)
+    with pytest.raises(RunFailed, match="No space left on device"):
+        resume.write_config(cfg)
+    with pytest.raises(RunFailed, match="cannot rewrite the metrics file"):
+        resume.trim_metrics(metrics, 2)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
+    assert metrics.read_text().count("step") == 3
+
+
+def test_tensorboard_of_a_resumed_run_shows_each_step_once(tmp_path):
+    """The events logged after the checkpoint a run resumes from are taken again: the
+    resumed writer purges them (TensorBoard's purge_step), as the metrics file is trimmed."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from paraxis.train.metrics import MetricsSink
+
+    for start, stop in ((0, 4), (2, 6)):  # killed after step 3, resumed from step 2
+        sink = MetricsSink(None, str(tmp_path), append=start > 0, start_step=start)
+        for step in range(start, stop):
+            sink.writer.add_scalar("train/loss", float(step), step)
+        sink.writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [0, 1, 2, 3, 4, 5]

@@ -143,6 +143,10 @@ def test_a_live_owner_keeps_its_lock_against_a_resume(folder):
         "pid": os.getpid(), "beat": time.time()}))
     code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto"], folder, False)
     assert code == 2 and "is in use by run" in _one_line(stderr)
+    # a fresh run is told the folder is in use, not to continue it with --resume auto
+    code, stderr = run_row([*ARGS, "--steps", "4"], folder, False)
+    line = _one_line(stderr)
+    assert code == 2 and "is in use by run" in line and "--resume auto" not in line
 
 
 def test_a_resume_with_other_batch_seed_or_data_says_which_and_needs_a_flag(folder):
@@ -206,3 +210,13 @@ def test_metrics_logged_after_the_resumed_checkpoint_are_dropped(tmp_path):
                     + '{"step": 5, "lo')
     trim_metrics(path, 3)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_resume_of_another_model_leaves_the_folder_as_it_was(folder):
+    """Refused before the folder's lock is taken: its names, sizes and times unchanged (the
+    lock, made and removed, once moved the folder's time)."""
+    before = snapshot(folder)
+    code, stderr = run_row([*ARGS, "--steps", "4", "--resume", "auto", "--model",
+                            "tiny-llama"], folder, False)
+    assert code == 2 and "holds a different model" in _one_line(stderr)
+    assert snapshot(folder) == before

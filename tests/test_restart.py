@@ -101,3 +101,42 @@ def test_torchrun_max_restarts_resumes_from_the_newest_checkpoint(straight_runs,
     expected = read_full_state(folder, KINDS)[1]
     got = read_full_state(tmp_path / "restarted", KINDS)[1]
     assert all(torch.equal(got[name], expected[name]) for name in expected)
+
+
+def test_one_process_with_max_restarts_is_restarted_and_a_finished_run_stays_finished(
+        tmp_path):
+    """--max-restarts without --nproc runs the one rank under the launcher, which restarts
+    it (it once died for good: only --nproc runs had a launcher); and a restart that finds
+    the final checkpoint written ends the run complete (exit 0), where it was refused as
+    bad input (exit 2) for asking no steps more."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def train(root: Path, *extra: str, fault: str | None = None
+              ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "paraxis", "train", "--model", "tiny", "--steps", "4",
+             "--global-batch", "4", "--seq-len", "32", "--checkpoint-dir", str(root / "ckpt"),
+             "--checkpoint-every", "2", "--quiet", *extra],
+            env={**env, **({"PARAXIS_FAULT": fault} if fault else {})},
+            capture_output=True, text=True, timeout=170)
+
+    # bit for bit the run of one process alone: the launched rank computes on the same
+    # threads (several CPU ranks take one each)
+    straight = train(tmp_path / "straight")
+    restarted = train(tmp_path / "restarted", "--max-restarts", "1", fault="kill:rank=0,step=3")
+    assert straight.returncode == 0 and restarted.returncode == 0, restarted.stderr
+    assert "restarting every rank" in restarted.stderr
+    want, got = (read_full_state(root / "ckpt" / "step-00000004", kinds=KINDS)[1]
+                 for root in (tmp_path / "straight", tmp_path / "restarted"))
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    # the launcher's restart of a run whose final checkpoint exists: complete, exit 0
+    done = train(tmp_path / "straight", "--resume", str(tmp_path / "straight" / "ckpt"),
+                 fault=None)
+    assert done.returncode == 2  # asked as a fresh command: nothing to train, said so
+    again = subprocess.run(
+        [sys.executable, "-m", "paraxis", "train", "--model", "tiny", "--steps", "4",
+         "--global-batch", "4", "--seq-len", "32", "--resume",
+         str(tmp_path / "straight" / "ckpt"), "--quiet"],
+        env={**env, "TORCHELASTIC_RESTART_COUNT": "1"}, capture_output=True, text=True,
+        timeout=170)
+    assert again.returncode == 0, again.stderr

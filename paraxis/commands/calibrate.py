@@ -15,9 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
+from paraxis.files.host import write_whole
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.calibrate.measure import DEFAULT_SIZES_KB, _device_type, calibrate, cpu_cores
-from paraxis.train.calibrate.quick import write_whole
 
 RANKS_PER_CORE = 4  # past this, starting and timing the ranks takes longer than it tells
 

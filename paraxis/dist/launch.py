@@ -115,12 +115,17 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     """
     import torch  # lazy: torch; CLI start-up imports this
 
-    one_thread = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    # several CPU ranks share the cores, one thread each; one rank (launched to be restarted)
+    # computes as the process would alone, on torch's own thread count
+    cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    one_thread = cpu and nproc > 1
+    threads = os.environ.get("OMP_NUM_THREADS", "1" if nproc > 1 else
+                             str(torch.get_num_threads()))
     try:
         for attempt in range(max_restarts + 1):
             try:
                 return _launch_once(fn, args, nproc, host, debug, attempt, timeout_s,
-                                    one_thread, checkpoint_dir)
+                                    one_thread, checkpoint_dir, threads)
             except RunFailed as failure:
                 if attempt == max_restarts:
                     raise
@@ -133,7 +138,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
 
 def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, debug: bool,
                  attempt: int, timeout_s: float, one_thread: bool,
-                 checkpoint_dir: str | None) -> Any:
+                 checkpoint_dir: str | None, threads: str = "1") -> Any:
     import torch.distributed as dist  # lazy: torch; CLI start-up imports this
 
     # The store listens on a socket bound to `host` alone (TCPStore would bind them all);
@@ -155,7 +160,7 @@ def _launch_once(fn: Callable[..., Any], args: tuple, nproc: int, host: str, deb
     common = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
               "LOCAL_WORLD_SIZE": str(nproc), "TORCHELASTIC_USE_AGENT_STORE": "True",
               "TORCHELASTIC_RESTART_COUNT": str(attempt),
-              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+              "OMP_NUM_THREADS": threads}
     if host == LOOPBACK and "GLOO_SOCKET_IFNAME" not in os.environ:
         common["GLOO_SOCKET_IFNAME"] = "lo"
     context = start_rank_server(fn)

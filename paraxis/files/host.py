@@ -1,8 +1,9 @@
-"""This host's folders and memory: where a run may write, what creating a folder makes, and
-how much RAM there is."""
+"""This host's folders and memory: where a run may write, a file written whole or not at all,
+what creating a folder makes, and how much RAM there is."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -130,3 +131,16 @@ def available_host_bytes() -> float:
     except (OSError, ValueError, IndexError):
         pass
     return host_ram_bytes()
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` at `path` whole or not at all: into a file beside it, renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_text(text)
+        os.replace(staging, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        raise

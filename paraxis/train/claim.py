@@ -30,7 +30,7 @@ import torch.distributed as dist
 from paraxis.data.blend import Blend
 from paraxis.dist.groups import restart_attempt
 from paraxis.dist.watchdog import WATCH
-from paraxis.files.checkpoint_manifest import complete_checkpoints, read_manifest
+from paraxis.files.checkpoint_manifest import check_model, complete_checkpoints, read_manifest
 from paraxis.files.checkpoint_ownership import (
     LOCK_ENV,
     LOCK_FILE,
@@ -152,26 +152,36 @@ def _claim(cfg: RunConfig, facts: dict[str, Any]) -> Claim:
         identity = read_identity(folder) if folder.is_dir() else None
         run_id = (manifest.get("run") or {}).get("id") or (identity or {}).get("id") or run_id
         if restart_attempt() == 0:
+            # the checkpoint's model first: a refused resume leaves the folder untouched
+            check_model(manifest, load_model_config(cfg.model.name).to_dict(), source)
             _check_same_run(cfg, source, manifest, facts)
             _check_no_later_line(folder, source, manifest.get("step"))
-    _check_owner(folder, run_id, source)  # before touching anything
+    _check_owner(folder, run_id, source, cfg.train.timeout_s)  # before touching anything
     _check_space(cfg, folder)
     created = outermost_missing(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock = _take_lock(cfg, folder, run_id, source is not None)
     try:
-        _check_owner(folder, run_id, source)  # again, now that no one else can write
+        _check_owner(folder, run_id, source, cfg.train.timeout_s)  # again, now it is ours
     except ParaxisError:
         lock.release()
         raise
     return Claim(run_id, lock.token, facts, lock, created)
 
 
-def _check_owner(folder: Path, run_id: str, source: Path | None) -> None:
-    """The folder must be this run's, or nobody's."""
+def _check_owner(folder: Path, run_id: str, source: Path | None, timeout_s: float) -> None:
+    """The folder must be this run's, or nobody's; a run that holds it now is named as such
+    (its lock's holder alive: `--resume auto` would be refused as well)."""
     if not folder.is_dir():
         return
     identity = read_identity(folder)
+    holder = read_json(folder / LOCK_FILE, "the lock") if (folder / LOCK_FILE).is_file() \
+        else None
+    if (identity is not None and identity["id"] != run_id and holder is not None
+            and owner_state(holder, timeout_s) == "alive"):
+        raise ParaxisError(f"checkpoint folder {folder} is in use by "
+                           f"{describe_holder(holder)}; wait for it to end, or give "
+                           "another --checkpoint-dir")
     saved = complete_checkpoints(folder)
     newest = f", newest step-{saved[-1][0]}" if saved else ""
     if identity is not None and identity["id"] != run_id:

@@ -45,7 +45,7 @@ from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.options import option
 from paraxis.spec.precision import fp8_gather_problem, get_policy
 from paraxis.spec.schedules import SPLIT_BACKWARD, check_compile
-from paraxis.spec.units import DEFAULT_BUCKET_MB
+from paraxis.spec.units import DEFAULT_BUCKET_MB, MIB
 from paraxis.train.auto_config import AutoSection, check_no_layout_flags, take_layout
 from paraxis.train.nan_policy import POLICIES
 
@@ -185,7 +185,8 @@ class LaunchSection:
     nproc: int = option(1, "launch this many ranks here (alone: --dp N); under torchrun leave "
                         "it out")
     max_restarts: int = option(0, "when a rank dies, restart all ranks from the newest "
-                               "checkpoint, this many times (under torchrun use its own flag)")
+                               "checkpoint, this many times (one process too: it runs as a "
+                               "launched rank; under torchrun use its own flag)")
     rdzv_host: str = option("127.0.0.1", "address the --nproc launcher's store listens on; "
                             "the default is loopback only")
 
@@ -316,9 +317,10 @@ class RunConfig:
         if train.fp8_weight_gather and (problem := fp8_gather_problem(
                 train.precision, self.layout.zero)):
             raise ParaxisError(problem)
-        if not 0 < train.bucket_mb <= MAX_BUCKET_MB:
+        if not (0 < train.bucket_mb <= MAX_BUCKET_MB and train.bucket_mb * MIB >= 1):
             raise ParaxisError(f"{of('bucket_mb', train.bucket_mb)} must be a positive number "
-                               f"of MiB up to {MAX_BUCKET_MB:,} (DDP uses 25)")
+                               f"of MiB, a byte ({1 / MIB:.2g}) up to {MAX_BUCKET_MB:,} (DDP "
+                               "uses 25)")
         if not MIN_TIMEOUT_S <= train.timeout_s <= MAX_TIMEOUT_S:
             raise ParaxisError(f"{of('timeout_s', train.timeout_s)} must be a positive number "
                                f"of seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:,.0f} (default "

@@ -232,8 +232,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     # after the checkpoint it resumes: they are about to be taken again).
     if rank == 0 and start_step > 0 and log.metrics_file:
         trim_metrics(Path(log.metrics_file), start_step)
-    sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0) \
-        if rank == 0 else None
+    sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0,
+                       start_step=start_step) if rank == 0 else None
     show = rank == 0 and not log.quiet
     data, share = Blend.of(data), Share.of(groups.layout, groups.rank)
     exit_after = cfg.checkpoint.exit_after  # a resume past it runs on to the last step

@@ -110,9 +110,12 @@ def strict_json(value: Any) -> Any:
 
 
 class MetricsSink:
-    """Step records to JSON lines (appending when a run resumes) and TensorBoard."""
+    """Step records to JSON lines (appending when a run resumes) and TensorBoard (whose
+    events from `start_step` on, logged before the checkpoint a resumed run continues from,
+    are dropped: the steps are about to be taken again)."""
 
-    def __init__(self, jsonl: str | None, tensorboard: str | None, append: bool) -> None:
+    def __init__(self, jsonl: str | None, tensorboard: str | None, append: bool,
+                 start_step: int = 0) -> None:
         self.file = open(jsonl, "a" if append else "w") if jsonl else None  # noqa: SIM115
         self.writer = None
         if tensorboard:
@@ -124,7 +127,7 @@ class MetricsSink:
                 raise ParaxisError("--tensorboard needs the tensorboard package; pip install "
                                    "tensorboard, or leave the flag out") from None
             Path(tensorboard).mkdir(parents=True, exist_ok=True)
-            self.writer = SummaryWriter(tensorboard)
+            self.writer = SummaryWriter(tensorboard, purge_step=start_step or None)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file:

@@ -28,11 +28,12 @@ from paraxis.files.checkpoint_ownership import (
     read_identity,
     run_facts,
 )
+from paraxis.files.host import write_whole
 from paraxis.files.model_file import load_model_config
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
-from paraxis.spec.errors import ParaxisError
+from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import get_policy
 from paraxis.train.run_file import to_toml, with_absolute_paths
 
@@ -110,6 +111,12 @@ def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int
         return 0
     manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
     step = int(manifest["step"])
+    if step >= cfg.train.steps and restart_attempt() > 0:
+        # a rank lost after the final checkpoint: the restart finds the run done
+        if rank == 0 and not cfg.logging.quiet:
+            print(f"paraxis: {path} is at step {step} of --steps {cfg.train.steps}: the run "
+                  "is complete, nothing to train", file=sys.stderr, flush=True)
+        return step
     if step >= cfg.train.steps:
         raise ParaxisError(f"checkpoint {path} is at step {step}, not before --steps "
                            f"{cfg.train.steps}; raise --steps to train further")
@@ -170,9 +177,12 @@ def trim_metrics(path: Path, start_step: int) -> None:
             continue  # a line cut short by the crash
         if isinstance(step, int) and step < start_step:
             kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    try:
+        write_whole(path, "".join(kept))
+    except OSError as error:  # the file itself is left as it was
+        raise RunFailed(f"cannot rewrite the metrics file {path} for the resumed run "
+                        f"({error.strerror}); free space or choose another "
+                        "--metrics-file") from None
 
 
 def write_config(cfg: RunConfig) -> None:
@@ -181,8 +191,11 @@ def write_config(cfg: RunConfig) -> None:
     where = None
     if cfg.logging.metrics_file:
         path = Path(cfg.logging.metrics_file).parent / "config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(to_toml(with_absolute_paths(cfg)))
+        try:
+            write_whole(path, to_toml(with_absolute_paths(cfg)))
+        except OSError as error:
+            raise RunFailed(f"cannot write {path} ({error.strerror}); free space or choose "
+                            "another --metrics-file") from None
         where = str(path)
     elif cfg.checkpoint.dir:
         where = f"config.toml in every checkpoint under {cfg.checkpoint.dir}"

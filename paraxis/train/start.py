@@ -30,13 +30,19 @@ from paraxis.train.loop import RUN_IMPORTS
 def start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool = False) -> int:
     """Run `train(cfg)` here, on `--nproc` ranks launched from here, or as one rank of a
     torchrun job. Bad input fails here in one line, not in N tracebacks."""
-    if cfg.launch.nproc == 1 or "WORLD_SIZE" in os.environ:
+    if not launches(cfg) or "WORLD_SIZE" in os.environ:
         return _start(cfg, train, debug)
     start_rank_server(train, RUN_IMPORTS)  # it imports torch for the ranks meanwhile
     try:
         return _start(cfg, train, debug)
     finally:
         stop_rank_server()  # stopped by the launch, or left unused by bad input
+
+
+def launches(cfg: RunConfig) -> bool:
+    """Whether the run starts its ranks from here: several, or one that the launcher
+    restarts (`--max-restarts`) when it dies."""
+    return cfg.launch.nproc > 1 or cfg.launch.max_restarts > 0
 
 
 def with_launch_layout(cfg: RunConfig) -> RunConfig:
@@ -78,7 +84,7 @@ def _start(cfg: RunConfig, train: Callable[[RunConfig], object], debug: bool) ->
             print(f"paraxis: {line}", file=sys.stderr, flush=True)
         return code
     nproc = cfg.launch.nproc
-    if nproc > 1 and not launched:  # cfg was completed and checked above, before torch
+    if launches(cfg) and not launched:  # cfg was completed and checked above, before torch
         if checked is None:  # --resume auto with a folder: its data checked now, not before
             check_host_memory(nproc)
             checked = check_inputs(cfg, nproc)  # the ranks would each say it, after starting

@@ -18,7 +18,6 @@ of CPU time a VM's host took meanwhile (`calibration.cpu_steal`, paraxis/files/h
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import tempfile
@@ -26,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paraxis.files.host import write_whole
 from paraxis.files.host_steal import DISTURBED_STEAL, StealMeter
 from paraxis.files.model_file import load_model_config
 from paraxis.spec.errors import ParaxisError
@@ -209,19 +209,6 @@ def save_profile(profile: dict, path: Path) -> Path:
                            "--hardware (a `paraxis calibrate` profile)") from None
     atexit.register(Path(name).unlink, missing_ok=True)
     return Path(name)
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` at `path` whole or not at all: into a file beside it, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        staging.write_text(text)
-        os.replace(staging, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            staging.unlink(missing_ok=True)
-        raise
 
 
 def profile_for_cpu_run(ranks: int, folder: str | Path, model: str = "tiny",
