@@ -202,3 +202,19 @@ def test_tensorboard_of_a_resumed_run_shows_each_step_once(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_saved_config_keeps_the_names_a_run_reads_first(tmp_path, monkeypatch):
+    """A preset, the embedded corpus and --resume auto are names the run reads before any
+    path: a folder of that name beside the run does not turn them into paths."""
+    from paraxis.train.run_file import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("tiny", "embedded", "auto", "data.txt"):
+        (tmp_path / name).mkdir()
+    cfg = RunConfig.from_flags(model="tiny", data="embedded,data.txt:1", resume="auto",
+                               checkpoint_dir="ck")
+    saved = with_absolute_paths(cfg)
+    assert (saved.model.name, saved.checkpoint.resume) == ("tiny", "auto")
+    assert saved.data.path == f"embedded,{tmp_path / 'data.txt'}:1"
+    assert saved.checkpoint.dir == str(tmp_path / "ck")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import PRESETS
 from paraxis.train.auto_config import expand_run_file
 from paraxis.train.config import (
     FLAGS,
@@ -125,20 +126,22 @@ def _check_type(path: Path, section: str, key: str, value: Any, wanted: type,
 # The fields that name files or folders, read relative to the working folder: written to a
 # saved config whole, so it reads back the same from any folder (`to_toml`). Made ones are
 # made when the run starts (metrics, checkpoints, event files); found ones only where they
-# exist (a model preset, a datasets name, "auto" are names, not paths).
+# exist and are not one of the names the run reads first (a model preset, the embedded
+# corpus, --resume auto; a datasets name exists nowhere), whatever lies in the folder.
 MADE_PATHS = (("logging", "metrics_file"), ("logging", "tensorboard"), ("checkpoint", "dir"))
 FOUND_PATHS = (("model", "name"), ("data", "tokenizer"), ("logging", "hardware"),
                ("checkpoint", "resume"), ("checkpoint", "init_from"))
 BLEND_PATHS = (("data", "path"), ("data", "val_path"))
+NAMES = {*PRESETS, "embedded", "auto", ""}
 
 
 def _found(value: str) -> str:
-    return str(Path(value).resolve()) if Path(value).exists() else value
+    return value if value in NAMES or not Path(value).exists() else str(Path(value).resolve())
 
 
 def _blend(spec: str) -> str:
     """A --data blend with each source that exists here made absolute, weights as written."""
-    if Path(spec).exists():
+    if spec in NAMES or Path(spec).exists():
         return _found(spec)
     items = []
     for item in spec.split(","):
