@@ -32,6 +32,7 @@ from paraxis.plan.fp8 import (
 from paraxis.plan.stages import (
     chunk_blocks,
     chunk_facts,
+    head_sets,
     held_stages,
     kept_for_w_values,
     pending_stages,
@@ -386,6 +387,8 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
     chunks_by_stage = chunk_facts(cfg, layout.pp, layout.virtual_stages, seq_len,
                                   layout.placement)
     sp_args = (local_seq, micro_batch, layout.tp, layout.sequence_parallel)
+    head_held = head_sets(layout.schedule, layout.pp, layout.microbatches,
+                          layout.virtual_stages, layout.placement)
 
     for stage in range(layout.pp):
         local, experts = local_by_stage[stage]  # Megatron TP splits every matrix over tp
@@ -431,9 +434,14 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
         # every one of them at 4 bytes.
         activations *= precision.activation_bytes / 2
         if stage == last:
-            activations += logits_bytes(cfg, local_seq, micro_batch, layout.tp,
-                                        precision.activation_bytes, head,
-                                        precision.compute_dtype)
+            loss = logits_bytes(cfg, local_seq, micro_batch, layout.tp,
+                                precision.activation_bytes, head, precision.compute_dtype)
+            if head == "chunked":  # each microbatch's logits, from the head's forward to
+                # its backward; one chunk's workspace at a time
+                workspace = workspace_bytes(local_seq * micro_batch,
+                                            math.ceil(cfg.vocab_size / layout.tp))
+                loss = head_held * (loss - workspace) + workspace
+            activations += loss
             if pending and head == "chunked":
                 # the logits' gradient, written over them, is kept for W (counted above)
                 activations -= logits_bytes(cfg, local_seq, micro_batch, layout.tp,

@@ -16,7 +16,7 @@ from paraxis.plan.experts import moe_blocks, moe_weight_grad_input_values
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.schedules import peak_held, pending_moments
+from paraxis.spec.schedules import SPLIT_BACKWARD, peak_held, pending_moments, place_of
 
 
 @functools.lru_cache(maxsize=4096)
@@ -42,6 +42,24 @@ def held_stages(kind: str, pp: int, microbatches: int, virtual: int,
                      [list(chunks) for chunks in chunk_blocks])
     return tuple(peak / max(1, sum(chunks)) for peak, chunks in zip(held, chunk_blocks,
                                                                        strict=True))
+
+
+@functools.lru_cache(maxsize=1024)  # a layout search asks for every layout
+def head_sets(kind: str, pp: int, microbatches: int, virtual: int, placement: str) -> int:
+    """Microbatches whose head output (the logits, what the loss keeps) its stage holds at
+    once, from the head chunk's forward to its backward: all of them under GPipe, one under
+    1F1B, the schedule's own count where stages hold several chunks (at most 2 pp
+    microbatches of it, as `held_stages`). A split backward's B frees them (what it keeps
+    for W is counted with W's)."""
+    if pp == 1 or kind in SPLIT_BACKWARD:
+        return 1
+    if virtual == 1:
+        return microbatches if kind == "gpipe" else 1
+    stage, chunk = place_of(pp * virtual - 1, pp, placement)
+    weights = [[0.0] * virtual for _ in range(pp)]
+    weights[stage][chunk] = 1.0
+    return max(1, round(peak_held(kind, pp, min(microbatches, 2 * pp), virtual,
+                                  weights)[stage]))
 
 
 def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
