@@ -468,9 +468,11 @@ def layout_memory(cfg: ModelConfig, layout: Layout, seq_len: int, micro_batch: i
             buffers += zero3_buffer_bytes(cfg, layout, local + experts, precision)
         elif layout.dp * layout.cp > 1:
             # Gradient buckets, double-buffered while a reduction is in flight; bucket 0 is
-            # one call per layer (FSDP's units): a layer's gradients are the bucket.
-            layer = (local + experts) / max(1, dense + moe) * precision.grad_bytes
-            buffers += 2 * (bucket_bytes or layer)
+            # one call per layer (FSDP's units): a layer's gradients are the bucket. No
+            # bucket holds more than the stage's gradients (a small model's fit in one).
+            grads = (local + experts) * precision.grad_bytes
+            layer = grads / max(1, dense + moe)
+            buffers += 2 * min(bucket_bytes or layer, grads)
         if pipeline_zero2_whole_grads(cfg, layout.zero, layout.pp, zero2_reduce,
                                       layout.microbatches):
             buffers += (local + experts) * precision.grad_bytes
