@@ -250,10 +250,9 @@ def runtime_precision(precision: Precision, zero: int) -> Precision:
 
 def _fp8_share(cfg: ModelConfig, precision: Precision) -> float:
     """The share of the parameters outside the routed experts that ZeRO gathers in FP8."""
-    if precision.fp8_recipe is None or not precision.fp8_weight_gather:
+    linears = kept_fp8_weight_bytes(cfg, precision, 1, cfg.n_layers - cfg.n_moe_layers,
+                                    cfg.n_moe_layers)  # a byte each: their count
+    if not linears:
         return 0.0
-    dense = cfg.n_layers - cfg.n_moe_layers
-    linears = sum(k * n for k, n in layer_gemm_shapes(cfg)) * dense \
-        + sum(k * n for k, n in layer_gemm_shapes(cfg, mlp=False)) * cfg.n_moe_layers
     routed = cfg.n_moe_layers * cfg.n_experts * cfg.expert_params()
     return min(1.0, linears / (cfg.num_params() - routed))

@@ -128,7 +128,7 @@ def zero3_kept(cfg: ModelConfig, layout: Layout, precision: Precision, stage: in
                 cfg.embedding_params() + first.dense * cfg.layer_params(0)) / tp)
         return Zero3Kept(embedding if stage == 0 else 0.0, pb, max(0.0, again))
     if not cfg.tied_embeddings:
-        return Zero3Kept(embedding + cfg.vocab_size * cfg.d_model / tp, pb)
+        return Zero3Kept(embedding + tokens / tp, pb)  # and the untied head's table
     last = 0.0 if cfg.is_moe else (
         cfg.layer_params(cfg.n_layers - 1) - block_fp8_params(cfg, precision)) / tp
     return Zero3Kept(last + (cfg.embedding_params() + cfg.head_params()) / tp, pb)

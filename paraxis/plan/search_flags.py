@@ -84,23 +84,30 @@ def stated_fields(args: argparse.Namespace,
     return fixed, stated, micro_batch
 
 
+# The flags that narrow a search: those that fix a Layout field of their name (a degree,
+# ZeRO's stage) or allow some of its values (recompute, schedule), and the limits.
+FIXING_FLAGS = ("tp", "pp", "dp", "cp", "ep", "zero")
+CHOOSING_FLAGS = ("recompute", "schedule")
+LIMIT_FLAGS = ("max_tp", "max_pp", "no_pp", "no_sp", "tp_within_node")
+
+
 def check_flag_conflicts(args: argparse.Namespace, fixed: dict[str, object],
                          stated: Layout) -> None:
     """A constraint flag that contradicts a field --layout fixes: one line naming both (the
     layout would win, and the flag be dropped unsaid)."""
-    for flag in ("tp", "pp", "dp", "cp", "ep", "zero"):
+    for flag in FIXING_FLAGS:
         value = getattr(args, flag, None)
         if flag in fixed and value is not None and value != getattr(stated, flag):
             raise ParaxisError(f"--{flag} {value} contradicts {flag}={getattr(stated, flag)} "
                                "in --layout; give one of them")
-    for flag, field in (("recompute", "recompute"), ("schedule", "schedule")):
-        values = getattr(args, flag, None)
+    for field in CHOOSING_FLAGS:
+        values = getattr(args, field, None)
         if field in fixed and values and getattr(stated, field) not in values:
             said = f"{field}={getattr(stated, field)}"
             if field == "schedule" and stated.virtual_stages > 1:  # v implies interleaving
                 said = f"virtual_stages={stated.virtual_stages} ({said})"
-            raise ParaxisError(f"--{flag} {' '.join(values)} contradicts {said} in --layout; "
-                               "give one of them")
+            raise ParaxisError(f"--{field} {' '.join(values)} contradicts {said} in "
+                               "--layout; give one of them")
     if getattr(args, "no_sp", False) and fixed.get("sequence_parallel"):
         raise ParaxisError("--no-sp contradicts sequence_parallel=true in --layout; give one")
     for flag, field in (("max_tp", "tp"), ("max_pp", "pp")):
@@ -116,33 +123,26 @@ def check_flag_conflicts(args: argparse.Namespace, fixed: dict[str, object],
                            "give one of them")
 
 
-# The flags that narrow a search; a complete --layout leaves nothing to search.
-SEARCH_FLAGS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
-                ("zero", "zero"), ("recompute", "recompute"), ("schedule", "schedule"),
-                ("max_tp", None), ("max_pp", None), ("no_pp", None), ("no_sp", None),
-                ("tp_within_node", None))
-
-
 def check_complete_layout_flags(args: argparse.Namespace, fields: dict[str, object]
                                 ) -> None:
     """A search flag beside a complete --layout (microbatches given): one line saying what to
     write in the layout instead (a flag the layout states the same is fine:
     `check_flag_conflicts` refuses one that differs)."""
-    for flag, field in SEARCH_FLAGS:
+    for flag in (*FIXING_FLAGS, *CHOOSING_FLAGS, *LIMIT_FLAGS):
         value = getattr(args, flag, None)
-        if value in (None, False, []) or field in fields:
+        if value in (None, False, []) or flag in fields:
             continue
         option = "--" + flag.replace("_", "-")
-        if field is None:
+        if flag in LIMIT_FLAGS:
             raise ParaxisError(f"{option} narrows a search, and --layout is complete (it fixes "
                                "the microbatches): drop it, or leave them out to search")
         given = value[0] if isinstance(value, list) and len(value) == 1 else value
         if isinstance(given, list):
             raise ParaxisError(f"{option} {' '.join(map(str, given))} narrows a search, and "
                                "--layout is complete (it fixes the microbatches): put one "
-                               f"{field}=... in --layout")
+                               f"{flag}=... in --layout")
         raise ParaxisError(f"{option} {given} is not part of the complete --layout (it fixes "
-                           f"the microbatches): add {field}={given} to --layout")
+                           f"the microbatches): add {flag}={given} to --layout")
 
 
 def complete_layout(fields: dict[str, object], stated: Layout, micro_batch: int | None,
