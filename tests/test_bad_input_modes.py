@@ -67,7 +67,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
                             "r.html"], "--memory-gb 0.0", "must be a positive number", False),
     # --- advice that names only the command's own flags
     ("memory-unknown-gpu", ["memory", "--params", "7e9", "--gpu", "foo"], "unknown GPU 'foo'",
-     "choose --gpu among a100-40gb", SUB),
+     "choose one of a100-40gb", SUB),
     # --- refusals that said what is wrong, now also how to fix it
     ("convert-not-a-manifest", ["checkpoint", "convert", "not_paraxis", "out", "--layout",
                                 "dp=1"], "manifest.json is not a paraxis checkpoint manifest",

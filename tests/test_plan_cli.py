@@ -122,6 +122,10 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
     (["plan", "--params", "7e9", "--gpus", "8", "--gpu", "z80"], "unknown GPU"),
+    # the chip's short name points at its presets
+    (["plan", "--params", "7e9", "--gpus", "8", "--gpu", "H100"],
+     "did you mean h100-sxm-80gb or h100-pcie-80gb?"),
+    (["memory", "--params", "7e9", "--gpu", "a100"], "did you mean a100-40gb or a100-80gb?"),
     (["plan", "--model", "llama2-7b", "--gpus", "24", "--tp", "3"], "not divisible by tp=3"),
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
       "dp=8,microbatches=1"], "not divisible by dp"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from paraxis.plan.hardware import GPUS
+from paraxis.plan.hardware import GPUS, unknown_gpu
 from paraxis.plan.memory import zero_table
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import PRECISIONS, Precision
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--gpus {args.gpus}: need at least one GPU")
     precision = PRECISIONS[args.precision]
     if args.gpu not in GPUS:  # hardware.get_gpu's advice names plan's --hardware
-        raise ParaxisError(f"unknown GPU {args.gpu!r}; choose --gpu among {', '.join(GPUS)}")
+        raise ParaxisError(unknown_gpu(args.gpu))
     gpu = GPUS[args.gpu]
     rows = zero_table(int(args.params), args.gpus, precision)
     if args.json:

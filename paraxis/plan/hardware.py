@@ -403,10 +403,16 @@ def cluster_preset(name: str) -> dict[str, object]:
     return dict(CLUSTERS[name])
 
 
+def unknown_gpu(name: str) -> str:
+    """Why `name` names no preset: the presets it starts ("h100" -> both H100s), else all."""
+    close = [preset for preset in GPUS if name and preset.startswith(name.lower())]
+    return f"unknown GPU {name!r}; " + (f"did you mean {' or '.join(close)}?" if close else
+                                        f"choose one of {', '.join(GPUS)}")
+
+
 def get_gpu(name: str) -> GPU:
     if name not in GPUS:
-        raise ParaxisError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)} or give "
-                           "--hardware FILE")
+        raise ParaxisError(f"{unknown_gpu(name)} (or give --hardware FILE)")
     return GPUS[name]
 
 
