@@ -59,6 +59,33 @@ def test_render_shows_one_row_per_stage():
     assert text.splitlines() == ["stage 0 | F0 F1 .  .  B0 B1", "stage 1 | .  F0 F1 B0 B1 ."]
 
 
+@pytest.mark.parametrize("kind, costs, scale", [
+    ("1f1b", (2, 3), None), ("gpipe", (1, 1.5), None), ("1f1b", (1, 2), (1, 1, 1.5)),
+    ("interleaved", (0.1, 0.3), None)])
+def test_render_draws_every_action_at_its_cost(kind, costs, scale):
+    """A cell is a common divisor of the costs: each action fills cost / cell cells (a cell
+    of the shortest cost once rounded 1.5 cells to 1 or 2 and let B1 overwrite F3)."""
+    chunks = 2 if kind == "interleaved" else 1
+    schedule = build_schedule(kind, 3, 6, chunks)
+    scale = scale or (1, 1, 1)
+    timeline = schedule.simulate([costs[0] * f for f in scale], [costs[1] * f for f in scale])
+    rows = render_timeline(timeline).splitlines()
+    assert len(rows) == 3  # no line about hidden actions
+    for stage, row in zip(timeline.events, rows, strict=True):
+        cells = row.split("|")[1].split()
+        computes = [e for e in stage if e.action.kind in "FB"]
+        shortest = min(computes, key=lambda e: e.end - e.start)
+        cell = (shortest.end - shortest.start) / cells.count(_label_of(shortest, chunks))
+        for event in computes:
+            assert cells.count(_label_of(event, chunks)) == round((event.end - event.start)
+                                                                  / cell)
+
+
+def _label_of(event, chunks: int) -> str:
+    return f"{event.action.kind}{event.action.microbatch}" + (
+        "ab"[event.action.chunk] if chunks > 1 else "")
+
+
 # ------------------------------------------------------------------ corrupted schedules
 
 
