@@ -146,6 +146,21 @@ def test_a_real_run_is_read_with_its_headroom_and_forecast(tmp_path, capsys):
     assert "too few to fit a trend" in line(out, "Memory growth")
 
 
+def test_a_run_that_stopped_at_its_exit_after_is_not_called_cut_short(tmp_path, capsys):
+    """--exit-after ends a run where asked: no cause outside the records to look for."""
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny", "--steps", "6", "--exit-after", "3",
+                 "--global-batch", "4", "--seq-len", "32", "--quiet", "--device", "cpu",
+                 "--checkpoint-dir", str(run / "ckpt"), "--metrics-file",
+                 str(run / "m.jsonl")]) == 0
+    out = diagnose(capsys, "--run", str(run))
+    assert "it stopped after step 3, where its exit_after asks" in line(out, "Steps")
+    assert "newest checkpoint holds 3 steps done" in line(out, "Steps")
+    assert line(out, "Likely cause").startswith(
+        "Likely cause: none: the run stopped after step 3 as its exit_after asks")
+    assert "`paraxis train --resume auto` runs on to step 6" in line(out, "What to do")
+
+
 def priced_move(layout: str, before: PlanInputs, after: PlanInputs) -> float:
     cfg = load_model_config("llama2-13b")
     estimates = [evaluate(cfg, Layout.parse(layout), given.cluster(), 4096, 1024)

@@ -202,7 +202,7 @@ def diagnose_end(args: argparse.Namespace) -> list[tuple[str, str]]:
         checkpoints = complete_checkpoints(Path(config.checkpoint.dir)) \
             if config.checkpoint.dir else []
         end = RunEnd(config.train.steps, checkpoints[-1][0] if checkpoints else None,
-                     config.train.on_nan)
+                     config.train.on_nan, config.checkpoint.exit_after)
     given = with_ranks(given)
     cluster = given.cluster()
     forecast = None

@@ -42,6 +42,11 @@ class RunEnd:
     steps_asked: int | None  # its config.toml's [train] steps
     last_checkpoint: int | None  # steps done by its newest complete checkpoint
     on_nan: str | None  # "stop": a NaN step ends the run before it is recorded
+    exit_after: int | None = None  # its config.toml's [checkpoint] exit_after
+
+    def stopped_as_asked(self, records: list[dict]) -> bool:
+        """Whether the run ended after the step its exit_after names, as asked."""
+        return self.exit_after is not None and records[-1]["step"] + 1 == self.exit_after
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,9 @@ def steps_sentence(records: list[dict], end: RunEnd) -> tuple[str, bool | None]:
     early = last + 1 < end.steps_asked
     said = (f"{recorded}, of the {end.steps_asked:,} its config.toml asks for "
             f"(measured): {'it stopped early' if early else 'it finished'}")
+    if end.stopped_as_asked(records):
+        said = (f"{recorded}, of the {end.steps_asked:,} its config.toml asks for (measured): "
+                f"it stopped after step {end.exit_after:,}, where its exit_after asks")
     if early and end.last_checkpoint is not None:
         said += (f"; its newest checkpoint holds {end.last_checkpoint:,} steps done (`paraxis "
                  "train --resume auto` continues from there)")
@@ -388,6 +396,10 @@ def cause(records: list[dict], end: RunEnd, device: Device, trend: MemoryTrend |
     if not early:
         return ("none: the run finished its steps, with memory and numerics as above.",
                 "nothing to fix here.")
+    if end.stopped_as_asked(records):
+        return (f"none: the run stopped after step {end.exit_after:,} as its exit_after asks, "
+                "with memory and numerics as above.",
+                f"`paraxis train --resume auto` runs on to step {end.steps_asked:,}.")
     return ("outside these records: memory stays clear of the device's and the loss and "
             "gradient norm are sound up to the last step recorded, so the process was ended "
             "from outside (a lost node, an NCCL timeout, preemption, a job's time limit).",
