@@ -123,6 +123,37 @@ def test_a_run_whose_loss_turns_nan_says_so(tmp_path, capsys):
     assert "--lr" in line(out, "What to do")
 
 
+def test_a_short_run_that_blew_up_is_compared_with_its_first_steps(tmp_path, capsys):
+    """Four steps are too few for a median before the tail: the first step is the
+    reference, so a loss of 9e5 and a gradient norm of 9e18 are a divergence, not sound."""
+    records = [step_record(step, 30 * GB, loss=loss, grad_norm=grad) for step, (loss, grad)
+               in enumerate([(5.3, 6.0), (5.4, 4.0), (4e3, 1e10), (9e5, 9e18)])]
+    out = diagnose(capsys, "--run", str(run_folder(tmp_path / "short", records)))
+    assert "against the median of the 1 before them" in line(out, "Loss and gradient norm")
+    cause = line(out, "Likely cause")
+    assert cause.startswith("Likely cause: the training diverged: the gradient norm spiked "
+                            "to 9e+18 at step 3")
+    assert "the step that turns NaN ends the run before it is recorded" in cause
+
+
+def test_a_spike_in_a_run_that_finished_is_not_what_ended_it(tmp_path, capsys):
+    records = [step_record(step, 30 * GB) for step in range(80)]
+    records[75]["grad_norm"] = 500.0
+    out = diagnose(capsys, "--run", str(run_folder(tmp_path / "done", records, steps=80)))
+    assert "it finished" in line(out, "Steps")
+    cause = line(out, "Likely cause")
+    assert "the gradient norm spiked to 500 at step 75" in cause
+    assert "ends the run" not in cause and "what ended it" not in cause
+
+
+def test_a_run_cut_short_under_on_nan_stop_names_the_unrecorded_step(tmp_path, capsys):
+    records = [step_record(step, 30 * GB) for step in range(500)]
+    out = diagnose(capsys, "--run", str(run_folder(tmp_path / "cut", records)))
+    cause = line(out, "Likely cause")
+    assert cause.startswith("Likely cause: outside these records")
+    assert "or the next step's loss or gradient norm was not finite and --on-nan stop" in cause
+
+
 def test_a_real_run_is_read_with_its_headroom_and_forecast(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--model", "tiny", "--steps", "4", "--global-batch", "4",

@@ -160,9 +160,12 @@ class Numerics:
 
 def numerics(records: list[dict]) -> Numerics:
     tail_size = max(TAIL_MIN, round(TAIL_SHARE * len(records)))
-    tail = records[-tail_size:]
-    before = steady_records(records)[:-tail_size][-REFERENCE_STEPS:] if len(
-        records) > tail_size + WARMUP_STEPS else []
+    if len(records) > tail_size + WARMUP_STEPS:
+        tail, before = records[-tail_size:], steady_records(records)[:-tail_size][
+            -REFERENCE_STEPS:]
+    else:  # a short run: its first steps, from the initial weights, are the reference
+        split = max(1, len(records) - tail_size)
+        tail, before = records[split:], records[:split]
     loss_median, grad_median = _median(before, "loss"), _median(before, "grad_norm")
 
     def spike(key: str, median: float | None, ratio: float) -> dict | None:
@@ -327,14 +330,15 @@ def lighter_layouts(layout: Layout, cfg: ModelConfig, global_batch: int, seq_len
     return kept
 
 
-def numeric_cause(found: Numerics, end: RunEnd) -> tuple[str, str]:
+def numeric_cause(found: Numerics, end: RunEnd, early: bool | None) -> tuple[str, str]:
     story = ", then ".join(text for _, text in found.events())
     hidden = ("; under --on-nan stop the step that turns NaN ends the run before it is "
               "recorded, so the end may be that step" if end.on_nan == "stop"
-              and found.first_bad is None else "")
+              and found.first_bad is None and early is not False else "")
+    ended = "; memory is not what ended it" if early is not False else ""
     resume = (f"resume from the checkpoint of {end.last_checkpoint:,} steps"
               if end.last_checkpoint is not None else "restart")
-    return (f"the training diverged: {story}{hidden}; memory is not what ended it.",
+    return (f"the training diverged: {story}{hidden}{ended}.",
             f"{resume} with a lower --lr or a longer --warmup, keep --grad-clip, and under "
             "fp16 switch to bf16; --on-nan skip drops a rare bad batch instead of stopping.")
 
@@ -383,7 +387,7 @@ def cause(records: list[dict], end: RunEnd, device: Device, trend: MemoryTrend |
     """(the likely cause, what to do): numerics first (a diverged run ends whatever its
     memory), then memory, then the run's end itself."""
     if found.events():
-        return numeric_cause(found, end)
+        return numeric_cause(found, end, early)
     memory = memory_cause(records, device, trend, early, forecast)
     if memory is not None:
         return memory
@@ -400,11 +404,15 @@ def cause(records: list[dict], end: RunEnd, device: Device, trend: MemoryTrend |
         return (f"none: the run stopped after step {end.exit_after:,} as its exit_after asks, "
                 "with memory and numerics as above.",
                 f"`paraxis train --resume auto` runs on to step {end.steps_asked:,}.")
+    stop = end.on_nan == "stop"  # the step that is not finite ends the run unrecorded
     return ("outside these records: memory stays clear of the device's and the loss and "
             "gradient norm are sound up to the last step recorded, so the process was ended "
-            "from outside (a lost node, an NCCL timeout, preemption, a job's time limit).",
-            "read the launcher's and the scheduler's log for that time, then resume with "
-            "`paraxis train --resume auto`.")
+            "from outside (a lost node, an NCCL timeout, preemption, a job's time limit)"
+            + (", or the next step's loss or gradient norm was not finite and --on-nan stop "
+               "ended the run before recording it" if stop else "") + ".",
+            "read the launcher's and the scheduler's log for that time"
+            + (" (paraxis's last line there names a step that was not finite)" if stop else "")
+            + ", then resume with `paraxis train --resume auto`.")
 
 
 def diagnose_run(records: list[dict], end: RunEnd, device: Device,
