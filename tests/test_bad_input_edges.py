@@ -116,6 +116,15 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     # --- a config.json whose counts are not numbers
     ("import-hf-quoted-heads", ["checkpoint", "import-hf", "hf_quoted", "out"],
      "num_attention_heads = '4' must be a whole number", "fix config.json", False),
+    # ...or null where transformers has no meaning for null, or not the object RoPE needs
+    ("import-hf-null-eps", ["checkpoint", "import-hf", "hf_null_eps", "out"],
+     "rms_norm_eps = null must be a finite number", "fix config.json", False),
+    ("import-hf-null-nested-theta", ["checkpoint", "import-hf", "hf_null_theta", "out"],
+     "rope_parameters.rope_theta = null must be a finite number", "fix config.json", False),
+    ("import-hf-rope-not-an-object", ["checkpoint", "import-hf", "hf_rope_text", "out"],
+     "rope_parameters = 'default' must be an object", "fix config.json", False),
+    ("import-hf-no-heads", ["checkpoint", "import-hf", "hf_no_heads", "out"],
+     "num_attention_heads = 0 must be at least 1", "fix config.json", False),
     # --- files that are not text where text is read
     ("report-run-not-text", ["report", "--run", "binary.jsonl", "--out", "r.html"],
      "binary.jsonl is not a metrics file (not UTF-8 text)", "--metrics-file` wrote", SUB),
@@ -177,6 +186,15 @@ def make_inputs(folder: Path) -> None:
         {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "num_hidden_layers": 2, "num_attention_heads": "4", "num_key_value_heads": 4,
          "intermediate_size": 128, "max_position_embeddings": 128}))
+    llama = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": None,
+             "intermediate_size": 128, "max_position_embeddings": 128}
+    for name, change in (("hf_null_eps", {"rms_norm_eps": None}),
+                         ("hf_null_theta", {"rope_parameters": {"rope_theta": None}}),
+                         ("hf_rope_text", {"rope_parameters": "default"}),
+                         ("hf_no_heads", {"num_attention_heads": 0})):
+        (folder / name).mkdir()
+        (folder / name / "config.json").write_text(json.dumps({**llama, **change}))
     (folder / "cache_file").write_text("not a folder\n")
     (folder / "bom.toml").write_text("\ufeff[train]\nsteps = 1\n", encoding="utf-8")
     os.mkfifo(folder / "fifo.toml")

@@ -53,18 +53,36 @@ REAL_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "router_
                     "router_jitter_noise", "partial_rotary_factor")
 
 
-def _check_number_types(doc: dict, source: Path) -> None:
+# The keys whose null means what transformers makes of it: as many KV heads as heads, no
+# window, hidden_size / heads, 4 x n_embd. Any other number key is a number when present.
+NULL_MEANS_DEFAULT = ("num_key_value_heads", "sliding_window", "head_dim", "n_inner")
+ROPE_KEYS = ("rope_parameters", "rope_scaling")  # objects holding rope_theta and its kin
+
+
+def _check_number_types(doc: dict, source: Path, where: str = "") -> None:
     for key in WHOLE_NUMBER_KEYS:
-        value = doc.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ParaxisError(f"{source}: {key} = {value!r} must be a whole number (not a "
-                               "quoted number or true/false); fix config.json")
-    for key in REAL_NUMBER_KEYS:
-        value = doc.get(key)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
-                                  or not math.isfinite(value)):
-            raise ParaxisError(f"{source}: {key} = {value!r} must be a finite number; fix "
+        value = doc.get(key, 0)
+        if (value is not None or key not in NULL_MEANS_DEFAULT) and (
+                not isinstance(value, int) or isinstance(value, bool)):
+            raise ParaxisError(f"{source}: {where}{key} = {_shown(value)} must be a whole "
+                               "number (not null, a quoted number or true/false); fix "
                                "config.json")
+    for key in REAL_NUMBER_KEYS:
+        value = doc.get(key, 0.0)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
+                value):
+            raise ParaxisError(f"{source}: {where}{key} = {_shown(value)} must be a finite "
+                               "number; fix config.json")
+    for key in ROPE_KEYS if not where else ():
+        rope = doc.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise ParaxisError(f"{source}: {key} = {_shown(rope)} must be an object "
+                               "(rope_type, rope_theta, ...) or null; fix config.json")
+        _check_number_types(rope or {}, source, f"{key}.")
+
+
+def _shown(value: object) -> str:
+    return "null" if value is None else repr(value)
 
 
 def read_json(path: Path) -> dict:
@@ -102,6 +120,9 @@ MIXTRAL_DEFAULTS = {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
 def _llama_config(doc: dict, source: Path, name: str,
                   defaults: dict[str, object] = LLAMA_DEFAULTS) -> dict[str, object]:
     d_model, heads = _need(doc, source, "hidden_size"), _need(doc, source, "num_attention_heads")
+    if heads < 1:
+        raise ParaxisError(f"{source}: num_attention_heads = {heads} must be at least 1; fix "
+                           "config.json")
     if doc.get("hidden_act", "silu") not in ("silu", "swish"):
         raise unsupported(source, f"hidden_act {doc['hidden_act']!r} (SwiGLU needs silu)")
     for flag in ("attention_bias", "mlp_bias", "tie_word_embeddings"):
