@@ -98,3 +98,35 @@ def test_a_paraxis_checkpoint_generates_what_its_hf_source_does(hf_gpt2, tmp_pat
     cfg, model = load_for_inference(checkpoint)
     assert cfg.style == "gpt2"
     assert generate(model, PROMPT, 5) == generate(load_for_inference(hf_gpt2)[1], PROMPT, 5)
+
+
+def test_a_run_trained_with_a_tokenizer_generates_through_it(tiny_tokenizer, tmp_path, capsys):
+    """The checkpoint's config.toml names the tokenizer its run trained with: generate uses
+    it unasked (it once fed such a model bytes), and says so in one line when it is gone."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. the dog sat on the log.\n" * 40)
+    tokenizer = str(shutil.copy(tiny_tokenizer, tmp_path / "tok.json"))
+    assert main(["train", "--model", "tiny", "--data", str(corpus), "--tokenizer", tokenizer,
+                 "--steps", "2", "--global-batch", "2", "--seq-len", "16", "--quiet",
+                 "--device", "cpu", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    args = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "the cat",
+            "--temperature", "0", "--max-new-tokens", "6", "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*args, "--tokenizer", tokenizer]) == 0
+    through_it = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == through_it
+    assert main([*args, "--tokenizer", "bytes"]) == 0  # asked for: the byte-level one
+    assert capsys.readouterr().out != through_it
+    (tmp_path / "tok.json").unlink()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the run trained with tokenizer" in err and "give --tokenizer" in err
+
+
+def test_bytes_can_be_asked_for_a_wide_vocabulary(tmp_path, capsys):
+    cfg = ModelConfig("wide-vocab", "gpt2", 512, 1, 32, 2, 2, 64, 32)
+    write_hf(tmp_path / "wide", cfg, dict(build_model(cfg).named_parameters()))
+    assert main(["generate", "--checkpoint", str(tmp_path / "wide"), "--prompt", "hi",
+                 "--tokenizer", "bytes", "--max-new-tokens", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == "hi\n"

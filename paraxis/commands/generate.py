@@ -3,16 +3,19 @@
     paraxis generate --checkpoint runs/x/checkpoint --prompt "def main(" --max-new-tokens 200
     paraxis generate --checkpoint hf/llama --prompt "Hello" --temperature 0      # greedy
 
-The text goes through the tokenizer given with --tokenizer, else the checkpoint directory's
-own tokenizer.json, else the byte-level one. torch is imported only when the command runs, so
-`paraxis plan` stays torch-free (cli.py builds every subcommand's parser).
+The text goes through the tokenizer given with --tokenizer ("bytes": the byte-level one),
+else the checkpoint directory's own tokenizer.json, else the one its run trained with (the
+checkpoint's config.toml), else the byte-level one. torch is imported only when the command
+runs, so `paraxis plan` stays torch-free (cli.py builds every subcommand's parser).
 """
 
 from __future__ import annotations
 
 import argparse
+import tomllib
+from pathlib import Path
 
-from paraxis.files.checkpoint_manifest import folder_of
+from paraxis.files.checkpoint_manifest import complete_checkpoints, folder_of
 from paraxis.spec.errors import ParaxisError
 
 MAX_NEW_TOKENS = 100_000
@@ -31,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--top-k", type=int, default=50,
         help="sample among the k likeliest tokens (default 50; 0: all)")
     add("--seed", type=int, default=0, help="the sampling's seed (default 0)")
-    add("--tokenizer", default=None, help="Hugging Face tokenizer.json (default: the "
-        "checkpoint's own tokenizer.json, else byte-level)")
+    add("--tokenizer", default=None, help="Hugging Face tokenizer.json, or 'bytes' (default: "
+        "the checkpoint's own tokenizer.json, else the one its run trained with, else "
+        "byte-level)")
     add("--device", default="auto", help="auto, cpu or cuda")
 
 
@@ -56,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                            "model directory")
     checkpoint = folder_of(args.checkpoint)
     cfg, model = load_for_inference(checkpoint, pick_device(args.device))
-    tokenizer = pick_tokenizer(checkpoint, args.tokenizer, cfg.vocab_size)
+    tokenizer = pick_tokenizer(checkpoint, args.tokenizer or trained_tokenizer(checkpoint),
+                               cfg.vocab_size)
     if args.tokenizer and tokenizer.vocab_size > cfg.vocab_size:  # not the model's own one
         raise ParaxisError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
                            f"model's vocabulary of {cfg.vocab_size}; give the tokenizer it was "
@@ -71,3 +76,21 @@ def run(args: argparse.Namespace) -> int:
     new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     print(tokenizer.decode(prompt + new))
     return 0
+
+
+def trained_tokenizer(checkpoint: Path) -> str | None:
+    """The tokenizer.json the checkpoint's run trained with, as its config.toml records it
+    (None: no record, or the run's text went in as bytes); refused where it is gone."""
+    if not (checkpoint / "tokenizer.json").is_file():  # the checkpoint's own comes first
+        newest = complete_checkpoints(checkpoint)
+        run_file = (newest[-1][1] if newest else checkpoint) / "config.toml"
+        try:
+            tokenizer = tomllib.loads(run_file.read_text()).get("data", {}).get("tokenizer")
+        except (OSError, ValueError, AttributeError):
+            return None  # no run file (an import), or not one generate can read
+        if isinstance(tokenizer, str) and tokenizer:
+            if not Path(tokenizer).is_file():
+                raise ParaxisError(f"the run trained with tokenizer {tokenizer} ({run_file}), "
+                                   "which is not there any more; give --tokenizer PATH")
+            return tokenizer
+    return None

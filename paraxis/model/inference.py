@@ -92,12 +92,16 @@ def generate(model: Transformer, prompt: list[int], max_new_tokens: int,
 
 def pick_tokenizer(checkpoint: Path, given: str | None, vocab_size: int
                    ) -> HFTokenizer | ByteTokenizer:
-    """--tokenizer, else the checkpoint's tokenizer.json, else bytes (if the model's are)."""
+    """--tokenizer ("bytes": the byte-level one), else the checkpoint's tokenizer.json, else
+    bytes (if the model's are)."""
+    if given == "bytes":
+        return ByteTokenizer()
     if given:
         return HFTokenizer(given)
     if (checkpoint / "tokenizer.json").is_file():
         return HFTokenizer(checkpoint / "tokenizer.json")
     if vocab_size > BYTE_VOCAB:
         raise ParaxisError(f"the model's vocabulary is {vocab_size} tokens and {checkpoint} "
-                           "holds no tokenizer.json; give --tokenizer PATH/tokenizer.json")
+                           "holds no tokenizer.json; give --tokenizer PATH/tokenizer.json (or "
+                           "--tokenizer bytes for a model trained on bytes)")
     return ByteTokenizer()
