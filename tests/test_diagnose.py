@@ -253,6 +253,23 @@ def test_two_runs_set_the_measured_drop_beside_the_forecast(tmp_path, capsys):
         out, "Where the time went")
 
 
+def test_a_move_that_made_the_run_faster_is_no_slowdown(tmp_path, capsys):
+    """Two runs where both the measured and the forecast throughput per GPU rose: nothing
+    dropped, so no cause outside the model is sought."""
+    before = run_folder(tmp_path / "before", [
+        step_record(step, 30 * GB, tokens_per_s=100_000.0) for step in range(20)], steps=20)
+    after = run_folder(tmp_path / "after", [
+        step_record(step, 30 * GB, tokens_per_s=120_000.0) for step in range(20)], steps=20)
+    out = diagnose(capsys, "--run", str(after), "--before", str(before),
+                   "--cluster", "ethernet-1nic", "--move-to", "dgx-a100")
+    assert "+20.0% per GPU (measured" in line(out, "Measured")
+    assert "measured drop" not in out
+    assert line(out, "Likely cause") == ("Likely cause: none: the planner forecasts no part "
+                                         "of the step to grow, and the run after is +20.0% per "
+                                         "GPU (measured).")
+    assert line(out, "What to do") == "What to do: nothing to fix here."
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["--run", "{tmp}/missing"], ("missing does not exist", "--metrics-file")),
     (["--run", "{tmp}/empty"], ("holds no metrics file", "--metrics-file")),
@@ -261,6 +278,9 @@ def test_two_runs_set_the_measured_drop_beside_the_forecast(tmp_path, capsys):
     ([], ("nothing to diagnose", "--run RUN_DIR")),
     (["--before", "{tmp}/empty"], ("--before needs --run",)),
     (["--move-to", "dgx-a100"], ("no layout to price", "--layout")),
+    # one layout for two runs would divide each run's tokens by GPUs it may not have had
+    (["--run", "{tmp}/empty", "--before", "{tmp}/empty", "--layout", "dp=8"],
+     ("--layout prices one layout on both sides", "leave --layout out")),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, words):
     (tmp_path / "empty").mkdir()

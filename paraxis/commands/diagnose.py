@@ -202,7 +202,8 @@ def diagnose_end(args: argparse.Namespace) -> list[tuple[str, str]]:
         checkpoints = complete_checkpoints(Path(config.checkpoint.dir)) \
             if config.checkpoint.dir else []
         end = RunEnd(config.train.steps, checkpoints[-1][0] if checkpoints else None,
-                     config.train.on_nan, config.checkpoint.exit_after)
+                     config.train.on_nan, config.checkpoint.exit_after,
+                     bool(config.checkpoint.dir))
     given = with_ranks(given)
     cluster = given.cluster()
     forecast = None
@@ -232,6 +233,10 @@ def diagnose_move(args: argparse.Namespace) -> list[tuple[str, str]]:
     from paraxis.show.report.slowdown import Side, diagnose_slowdown
 
     two_runs = args.before_dir is not None
+    if two_runs and args.layout:  # one layout for both would divide a run by GPUs it lacked
+        raise ParaxisError("--layout prices one layout on both sides; with --before each "
+                           "run's config.toml gives its own: leave --layout out (or give one "
+                           "run and --move-to for a what-if)")
     after_run = find_run(args.run_dir, "--run") if args.run_dir else None
     before_run = find_run(args.before_dir, "--before") if two_runs else after_run
     before_given = with_ranks(plan_inputs(args, before_run))

@@ -43,6 +43,7 @@ class RunEnd:
     last_checkpoint: int | None  # steps done by its newest complete checkpoint
     on_nan: str | None  # "stop": a NaN step ends the run before it is recorded
     exit_after: int | None = None  # its config.toml's [checkpoint] exit_after
+    saves: bool = True  # it was given a checkpoint folder
 
     def stopped_as_asked(self, records: list[dict]) -> bool:
         """Whether the run ended after the step its exit_after names, as asked."""
@@ -213,7 +214,8 @@ def steps_sentence(records: list[dict], end: RunEnd) -> tuple[str, bool | None]:
         said += (f"; its newest checkpoint holds {end.last_checkpoint:,} steps done (`paraxis "
                  "train --resume auto` continues from there)")
     elif early:
-        said += "; it left no checkpoint in its checkpoint folder"
+        said += ("; it left no checkpoint in its checkpoint folder" if end.saves else
+                 "; it saved no checkpoints (no --checkpoint-dir)")
     return said + ".", early
 
 

@@ -70,7 +70,7 @@ def forecast_sentence(before: Side, after: Side, measured: float | None) -> str:
             f"{duration(a.step_time_s)}, {_per_gpu(a.tokens_per_s, after.gpus)}: "
             f"{per_gpu_change(b, a):+.1%} per GPU (the planner's forecast)")
     if measured is not None and measured < 0:
-        share = per_gpu_change(b, a) / measured
+        share = max(per_gpu_change(b, a) / measured, 0.0)  # a forecast rise explains none
         said += (f", {share:.0%} of the measured drop; the rest is what the model leaves out "
                  "(stragglers, data loading, congestion from other jobs)" if share < 0.8
                  else f", {share:.0%} of the measured drop")
@@ -136,14 +136,19 @@ PART_CAUSE = {
 
 
 def cause(changes: list[PartChange], moves: list[GroupMove], after: Side,
-          best: Estimate | None) -> tuple[str, str]:
-    """(the likely cause, what to do): the part that grew most, and its group if it moved."""
+          best: Estimate | None, measured: float | None = None) -> tuple[str, str]:
+    """(the likely cause, what to do): the part that grew most, and its group if it moved;
+    `measured`: the measured change per GPU, where two runs give one."""
     top = changes[0]
-    if top.change_s <= 0:
+    if top.change_s <= 0 and measured is not None and measured < 0:
         return ("the planner forecasts no part of the step to grow: the drop measured is "
                 "outside its model (stragglers, data loading, other jobs on the network).",
                 "compare the runs' step-time spreads and data waits (metrics.jsonl: "
                 "step_time_s, data_wait_s).")
+    if top.change_s <= 0:
+        return ("none: the planner forecasts no part of the step to grow"
+                + (f", and the run after is {measured:+.1%} per GPU (measured)"
+                   if measured is not None else "") + ".", "nothing to fix here.")
     by_part = {c.part: c for c in changes}
     moved = [m for m in moves if m.part == top.part and m.slower]
     step_after = sum(c.after_s for c in changes)  # the after step, on the before side's scale
@@ -201,6 +206,6 @@ def diagnose_slowdown(before: Side, after: Side, best: Estimate | None
     if not any(m.slower for m in moves):
         lines.append(("Collectives", "no group crosses more nodes or a slower link than "
                                      "before (the planner's links)."))
-    reason, fix = cause(changes, moves, after, best)
+    reason, fix = cause(changes, moves, after, best, measured[1] if measured else None)
     lines += [("Likely cause", reason), ("What to do", fix)]
     return lines
