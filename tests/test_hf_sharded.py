@@ -177,6 +177,24 @@ def test_bad_regions_and_writes_are_one_line_errors(hf_gpt2, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no staging directory left behind
 
 
+def test_a_written_model_has_the_mode_of_a_new_directory(hf_gpt2, tmp_path, monkeypatch):
+    """Written through a private temporary directory, the model once stayed 0700: unreadable
+    to the group sharing it. It gets what mkdir gives, or the mode of the empty directory
+    it replaces; the working folder itself is refused (it cannot be renamed over)."""
+    cfg, state = read_hf(hf_gpt2)
+    (tmp_path / "made").mkdir()
+    assert (write_hf(tmp_path / "new", cfg, state).stat().st_mode
+            == (tmp_path / "made").stat().st_mode)
+    (tmp_path / "open").mkdir(mode=0o775)
+    (tmp_path / "open").chmod(0o775)
+    assert write_hf(tmp_path / "open", cfg, state).stat().st_mode & 0o777 == 0o775
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ParaxisError, match="is the working folder or holds it"):
+        write_hf(".", cfg, state)
+    assert list((tmp_path / "here").iterdir()) == []
+
+
 @pytest.mark.parametrize("shift,loads", [(0.0, True), (1.0, False)], ids=["tied", "untied"])
 def test_a_stored_gpt2_head_must_be_the_tie(hf_gpt2, tmp_path, shift, loads):
     import shutil

@@ -15,6 +15,7 @@ keys `save_pretrained` writes (`hf_names`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -51,6 +52,9 @@ def write_hf(path: str | Path, cfg: ModelConfig,
         raise ParaxisError(f"{path} is a file; give a directory to write the model into")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ParaxisError(f"{path} exists and is not empty; choose a new or empty directory")
+    if Path.cwd().is_relative_to(path.resolve()):  # a folder in use cannot be renamed over
+        raise ParaxisError(f"{path} is the working folder or holds it; give a new or empty "
+                           "directory beside it")
     if max_shard_bytes is not None and max_shard_bytes <= 0:
         raise ParaxisError(f"max_shard_bytes is {max_shard_bytes}; give a positive size")
     config = config_json(cfg)  # refuses a model the format cannot hold before any writing
@@ -64,6 +68,9 @@ def write_hf(path: str | Path, cfg: ModelConfig,
                            "names to tensors or a callable name -> tensor")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    # mkdtemp makes it private (0700); the model gets the mode a mkdir would give it, or the
+    # one of the empty directory it replaces
+    staging.chmod(path.stat().st_mode & 0o7777 if path.is_dir() else 0o777 & ~_umask())
     try:
         dtype = _write_shards(staging, cfg, tensor_of, max_shard_bytes)
         config.update(dtype=dtype, torch_dtype=dtype)  # "torch_dtype" for transformers < 4.56
@@ -79,6 +86,12 @@ def write_hf(path: str | Path, cfg: ModelConfig,
         if staging.exists():
             shutil.rmtree(staging)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def _write_shards(folder: Path, cfg: ModelConfig, tensor_of: Callable[[str], torch.Tensor],
