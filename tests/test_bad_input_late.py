@@ -158,8 +158,11 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "within 1e6..1e13", False),
     ("schedule-nan-scale", ["schedule", "--kind", "zb-h1", "--stage-scale", "1,1,1,nan"],
      "'1,1,1,nan'", "each between 0 and 1e+06", False),
-    ("schedule-huge", ["schedule", "--stages", "100000", "--microbatches", "100000"],
+    ("schedule-huge", ["schedule", "--stages", "1000", "--microbatches", "1000"],
      "over 100,000 actions", "a few stages and microbatches", False),
+    # within the actions, but 100,000 rows (it once ran for hours)
+    ("schedule-deep", ["schedule", "--stages", "100000", "--microbatches", "1"],
+     "--stages 100000 is over 1,024 rows", "a few stages show the schedule", False),
     ("context-seq-len-0", ["context", "--cp", "2", "--seq-len", "0"], "--seq-len must be",
      "within 1..", False),
     ("experts-too-many-tokens", ["experts", "--model", "tiny-moe", "--seq-len", "100000"],

@@ -34,6 +34,7 @@ MAX_COST = 1e6  # relative times: beyond it a timeline's sums lose their resolut
 MIN_COST = 1e-6  # a forward, backward or factor below it: a stage that takes no time
 # A timeline to print, not a cluster's step: P x M x v compute actions at most
 MAX_ACTIONS = 100_000
+MAX_STAGES = 1024  # rows of a timeline to read (a pipeline that deep has no schedule to see)
 
 
 def _numbers(text: str) -> float | list[float]:
@@ -118,6 +119,9 @@ def _check_costs(forward: float | list[float], backward: float | list[float],
 
 def run(args: argparse.Namespace) -> int:
     virtual = args.virtual if args.virtual is not None else 2 if args.kind == "interleaved" else 1
+    if args.stages > MAX_STAGES:
+        raise ParaxisError(f"--stages {args.stages} is over {MAX_STAGES:,} rows of timeline; a "
+                           "few stages show the schedule (`paraxis plan` prices deep pipelines)")
     if args.stages * args.microbatches * virtual > MAX_ACTIONS:
         raise ParaxisError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
                            f"{virtual} chunks is over {MAX_ACTIONS:,} actions to simulate; "

@@ -32,8 +32,8 @@ def render_timeline(timeline: Timeline, slot: float | None = None) -> str:
     if slot is None:
         shortest = min(e.end - e.start for e in compute)
         common = common_divisor([t for e in compute for t in (e.start, e.end)]) or 0.0
-        slot = max(common if common >= shortest / CELLS_PER_ACTION else shortest,
-                   timeline.makespan / MAX_SLOTS)
+        exact = shortest / CELLS_PER_ACTION <= common <= shortest  # (read to a thousandth)
+        slot = max(common if exact else shortest, timeline.makespan / MAX_SLOTS)
     chunks = max(e.action.chunk for e in compute) + 1
     width = max(len(_label(e.action, chunks)) for e in compute) + 1
     slots = max(1, round(timeline.makespan / slot))

@@ -12,6 +12,8 @@ kind, so a new schedule is a new order and nothing else.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.schedules.core import (
     COMPUTE,
@@ -196,7 +198,7 @@ def _with_communication(schedule: Schedule, orders: list[Order]) -> list[list[Ac
                 gaps[index + 1].append((-1.0, len(gaps[index + 1]), e.action))
             else:  # the first gap after the send, before the compute that needs it
                 sent = sent_at[schedule.message_key(e.action)]
-                gap = next(j for j in range(index + 2) if j == index + 1 or starts[j] >= sent)
+                gap = bisect_left(starts, sent, 0, index + 1)  # computes start in order
                 gaps[gap].append((sent, len(gaps[gap]), e.action))
         actions = []
         for j, gap in enumerate(gaps):

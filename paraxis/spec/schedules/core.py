@@ -7,6 +7,7 @@ given costs and returns a `Timeline`. Nothing here decides an order: the generat
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -268,7 +269,8 @@ class Timeline:
 
     def idle_by_stage(self) -> list[float]:
         """Per stage, the time it waits within the step (makespan minus its compute)."""
-        return [self.makespan - self.busy(stage) for stage in range(len(self.events))]
+        makespan = self.makespan
+        return [makespan - self.busy(stage) for stage in range(len(self.events))]
 
     @property
     def bubble_fraction(self) -> float:
@@ -298,39 +300,53 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
     positions = [0] * schedule.num_stages
     sent: dict[tuple, float] = {}
     timeline = Timeline([[] for _ in range(schedule.num_stages)])
-    remaining = sum(len(actions) for actions in schedule.stages)
-    while remaining:
-        progressed = False
-        for stage, actions in enumerate(schedule.stages):
-            while positions[stage] < len(actions):
-                action = actions[positions[stage]]
-                start = clocks[stage]
-                if action.kind in COMPUTE:
-                    needed = input_message(schedule, action)
-                    if needed is not None:
-                        if needed not in sent:
-                            break  # blocked until the peer posts the send
-                        start = max(start, sent[needed] + costs.comm)
-                    here = schedule.virtual_stage(stage, action.chunk)
-                    seconds = own.get(action)
-                    end = start + (costs.of(action, here, split) if seconds is None else seconds)
-                elif action.kind == "send":
-                    end = start + own.get(action, 0.0)
-                    sent[schedule.message_key(action)] = end
-                else:
-                    key = schedule.message_key(action)
-                    end = max(start, sent[key] + costs.comm) if key in sent else start
-                timeline.events[stage].append(Event(action, start, end))
-                clocks[stage] = end if action.kind in COMPUTE or action.kind == "send" else start
-                positions[stage] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = ", ".join(f"stage {s} at {actions[positions[s]]}"
-                              for s, actions in enumerate(schedule.stages)
-                              if positions[s] < len(actions))
-            raise ParaxisError(f"schedule deadlocks: {stuck} wait for sends that never come; "
-                               "post each send before the recv that waits on its peer")
+    # A stage runs until a compute waits on a send not yet posted; posting that send wakes
+    # it (each action is visited once, whatever the order of the stages). A recv posted
+    # before its send gets its arrival when the send is posted.
+    waiting: dict[tuple, int] = {}  # message key -> the stage blocked on it
+    unanswered: dict[tuple, tuple[int, int]] = {}  # message key -> (stage, event) of its recv
+    ready = deque(range(schedule.num_stages))
+    while ready:
+        stage = ready.popleft()
+        actions = schedule.stages[stage]
+        while positions[stage] < len(actions):
+            action = actions[positions[stage]]
+            start = clocks[stage]
+            if action.kind in COMPUTE:
+                needed = input_message(schedule, action)
+                if needed is not None:
+                    if needed not in sent:
+                        waiting[needed] = stage
+                        break  # blocked until the peer posts the send
+                    start = max(start, sent[needed] + costs.comm)
+                here = schedule.virtual_stage(stage, action.chunk)
+                seconds = own.get(action)
+                end = start + (costs.of(action, here, split) if seconds is None else seconds)
+            elif action.kind == "send":
+                end = start + own.get(action, 0.0)
+                key = schedule.message_key(action)
+                sent[key] = end
+                if key in unanswered:
+                    peer, index = unanswered.pop(key)
+                    recv = timeline.events[peer][index]
+                    timeline.events[peer][index] = Event(
+                        recv.action, recv.start, max(recv.start, end + costs.comm))
+                if key in waiting:
+                    ready.append(waiting.pop(key))
+            else:
+                key = schedule.message_key(action)
+                end = max(start, sent[key] + costs.comm) if key in sent else start
+                if key not in sent:
+                    unanswered[key] = (stage, len(timeline.events[stage]))
+            timeline.events[stage].append(Event(action, start, end))
+            clocks[stage] = end if action.kind in COMPUTE or action.kind == "send" else start
+            positions[stage] += 1
+    if any(positions[s] < len(actions) for s, actions in enumerate(schedule.stages)):
+        stuck = ", ".join(f"stage {s} at {actions[positions[s]]}"
+                          for s, actions in enumerate(schedule.stages)
+                          if positions[s] < len(actions))
+        raise ParaxisError(f"schedule deadlocks: {stuck} wait for sends that never come; "
+                           "post each send before the recv that waits on its peer")
     return timeline
 
 
