@@ -13,7 +13,7 @@ import pytest
 from paraxis.cli import main
 from paraxis.model.routing import counts_by_rank, route_batch
 from paraxis.show.viz.moe import plot_all_to_all, plot_expert_load, plot_routing
-from paraxis.spec.expert_placement import all_to_all_bytes, send_matrix
+from paraxis.spec.expert_placement import all_to_all_bytes, kib, send_matrix
 
 
 def test_routing_of_a_batch_is_split_over_ep_ranks_as_data_parallelism_splits_it() -> None:
@@ -39,7 +39,10 @@ def test_pictures_draw_from_the_placement_facts() -> None:
     assert all_to_all_bytes(sends, d_model=8, bytes_per_value=4) == [5 * 32, 0]
     figure = plot_all_to_all(counts, ep=2, d_model=8)
     texts = [t.get_text() for t in figure.axes[0].texts]
-    assert "3\nstays" in texts and "0\n0 KiB" in texts
+    assert "3\nstays" in texts and "0\n0 KiB" in texts and "5\n0.16 KiB" in texts
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == [
+        "rank 0: 0.16 KiB out", "rank 1: 0 KiB out"]  # 160 B once read "0 KiB"
+    assert [kib(b) for b in (0, 512, 3 * 1024 + 300, 20 * 1024)] == ["0", "0.5", "3.3", "20"]
     plot_routing([[0, 1], [2, 3]], [[0.6, 0.4], [0.5, 0.5]], n_experts=4, ep=2)  # draws
     # the first tokens drawn, the bars counting every token of the batch (as the CLI's table)
     routing = plot_routing([[0, 1]], [[0.6, 0.4]], n_experts=4,

@@ -59,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
     from paraxis.files.terminal import console as terminal_console
     from paraxis.model.routing import counts_by_rank, route_batch
-    from paraxis.spec.expert_placement import all_to_all_bytes, experts_of_rank, send_matrix
+    from paraxis.spec.expert_placement import (
+        all_to_all_bytes,
+        experts_of_rank,
+        kib,
+        send_matrix,
+    )
 
     cfg, routes = route_batch(args.model, args.batch, args.seq_len, args.seed)
     experts_of_rank(cfg.n_experts, args.ep, 0)  # ep must divide the experts
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         row = [str(index), " ".join(str(t) for t in totals), f"{max(totals) / mean:.2f}x"]
         if args.ep > 1:
             sent = all_to_all_bytes(send_matrix(counts, args.ep), cfg.d_model, 4)
-            row.append(" ".join(f"{b / 1024:.0f}" for b in sent))
+            row.append(" ".join(kib(b) for b in sent))
         table.add_row(*row)
     console.print(table)
     if args.out is not None:

@@ -61,6 +61,13 @@ def all_to_all_bytes(sends: list[list[int]], d_model: int, bytes_per_value: int)
             for i, row in enumerate(sends)]
 
 
+def kib(value: float) -> str:
+    """Bytes in KiB as `paraxis experts` prints them: two significant digits below 10 (512 B
+    is 0.5, not 0)."""
+    k = value / 1024
+    return f"{k:.0f}" if k >= 10 or k == 0 else f"{k:.2g}"
+
+
 def uniform_send_matrix(tokens: int, top_k: int, n_experts: int, ep: int,
                         capacity_factor: float = 0.0) -> list[list[float]]:
     """The send matrix when every expert gets the same share of each rank's `tokens` (one

@@ -20,9 +20,14 @@ from collections.abc import Sequence
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from paraxis.show.viz.style import OKABE_ITO, new_figure
+from paraxis.show.viz.style import RANK_COLOURS, new_figure
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.expert_placement import all_to_all_bytes, experts_of_rank, send_matrix
+from paraxis.spec.expert_placement import (
+    all_to_all_bytes,
+    experts_of_rank,
+    kib,
+    send_matrix,
+)
 
 
 def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[float]],
@@ -54,18 +59,21 @@ def plot_routing(chosen: Sequence[Sequence[int]], weights: Sequence[Sequence[flo
         f"{tokens} tokens"
     top.set_title(f"Routing of {first}\n(each to its top {len(chosen[0])} of {n_experts} "
                   "experts)")
-    colours = [OKABE_ITO["blue"], OKABE_ITO["orange"], OKABE_ITO["green"],
-               OKABE_ITO["vermillion"], OKABE_ITO["purple"], OKABE_ITO["sky"]]
     owner = [next(r for r in range(ep) if e in experts_of_rank(n_experts, ep, r))
              for e in range(n_experts)]
-    bottom.bar(range(n_experts), counts, color=[colours[o % len(colours)] for o in owner])
+    bottom.bar(range(n_experts), counts,
+               color=[RANK_COLOURS[o % len(RANK_COLOURS)] for o in owner])
+    if ep > len(RANK_COLOURS):  # colours repeat: each bar names its rank
+        for expert, (count, rank) in enumerate(zip(counts, owner, strict=True)):
+            bottom.text(expert, count, f"r{rank}", ha="center", va="bottom", fontsize=6)
     mean = sum(counts) / n_experts
     bottom.axhline(mean, color="black", linestyle="--", linewidth=1)
     bottom.text(n_experts - 0.5, mean, f" mean {mean:.1f}", va="bottom", ha="right",
                 fontsize=8)
     k = len(chosen[0])  # each token counts once per expert it goes to
-    bottom.set_ylabel(f"assignments (all {len(counted)} tokens x top {k})" if k > 1
-                      else f"tokens (all {len(counted)})")
+    bottom.set_ylabel("assignments" if k > 1 else "tokens")
+    bottom.set_title(f"all {len(counted)} tokens" + (f" x top {k}" if k > 1 else ""),
+                     fontsize=8, loc="left")
     bottom.set_xticks(range(n_experts), [str(e) for e in range(n_experts)])
     bottom.set_xlabel("expert" + (f" (colour: the EP rank holding it, ep={ep})" if ep > 1
                                   else ""))
@@ -85,17 +93,17 @@ def plot_all_to_all(counts: Sequence[Sequence[int]], ep: int, d_model: int,
     ax.imshow(sends, cmap=colormaps["Oranges"], vmin=0, vmax=top, interpolation="nearest")
     for i, row in enumerate(sends):
         for j, rows in enumerate(row):
-            note = "stays" if i == j else f"{rows * d_model * bytes_per_value / 1024:.0f} KiB"
+            note = "stays" if i == j else f"{kib(rows * d_model * bytes_per_value)} KiB"
             ax.text(j, i, f"{rows}\n{note}", ha="center", va="center", fontsize=8,
                     color="white" if rows > top * 0.6 else "black")
     ax.set_xticks(range(ep), [f"rank {j}\nexperts {_span(experts_of_rank(len(counts[0]), ep, j))}"
                               for j in range(ep)], fontsize=8)
-    ax.set_yticks(range(ep), [f"rank {i}: {leaving[i] / 1024:.0f} KiB out" for i in range(ep)],
+    ax.set_yticks(range(ep), [f"rank {i}: {kib(leaving[i])} KiB out" for i in range(ep)],
                   fontsize=8)
     ax.set_xlabel("to (the rank holding the experts)")
     ax.set_ylabel("from (the rank holding the tokens)")
-    ax.set_title("Dispatch all-to-all of one MoE block: (token, expert) rows\n"
-                 "combine sends them back; backward repeats both")
+    ax.set_title("Dispatch all-to-all of one MoE block:\n(token, expert) rows; combine "
+                 "sends them back;\nbackward repeats both", fontsize=9)
     return fig
 
 
