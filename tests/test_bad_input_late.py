@@ -160,6 +160,9 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "'1,1,1,nan'", "each between 0 and 1e+06", False),
     ("schedule-huge", ["schedule", "--stages", "1000", "--microbatches", "1000"],
      "over 100,000 actions", "a few stages and microbatches", False),
+    # costs the model's split would have replaced without a word
+    ("schedule-model-and-cost", ["schedule", "--model", "tiny", "--weight-cost", "99"],
+     "--weight-cost and --model both give the costs", "leave --weight-cost out", False),
     # within the actions, but 100,000 rows (it once ran for hours)
     ("schedule-deep", ["schedule", "--stages", "100000", "--microbatches", "1"],
      "--stages 100000 is over 1,024 rows", "a few stages show the schedule", False),

@@ -57,10 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--virtual", type=int, default=None,
         help="model chunks per stage (interleaved; default 2 there, as one chunk per stage "
              "is plain 1F1B)")
-    add("--forward-cost", type=_numbers, default=1.0,
-        help="time of one forward of a whole stage; a list gives one per stage (or chunk)")
-    add("--backward-cost", type=_numbers, default=2.0,
-        help="time of one whole backward (B + W); a number or a list per stage (or chunk)")
+    add("--forward-cost", type=_numbers, default=None,
+        help="time of one forward of a whole stage (default 1); a list gives one per stage "
+             "(or chunk)")
+    add("--backward-cost", type=_numbers, default=None,
+        help="time of one whole backward (B + W; default 2); a number or a list per stage "
+             "(or chunk)")
     add("--weight-cost", type=_numbers, default=None,
         help="time of the weight-gradient part W of the backward (default: half of it)")
     add("--stage-scale", type=_numbers, default=None,
@@ -127,11 +129,19 @@ def run(args: argparse.Namespace) -> int:
                            f"{virtual} chunks is over {MAX_ACTIONS:,} actions to simulate; "
                            "a few stages and microbatches show the schedule")
     schedule = validate(build_schedule(args.kind, args.stages, args.microbatches, virtual))
-    forward, backward, weight = args.forward_cost, args.backward_cost, args.weight_cost
-    source = f"forward {_text(forward)}, backward {_text(backward)}"
     for flag, given in (("--model", args.model), ("--from-trace", args.from_trace)):
         if given is not None and not given.strip():  # "" would be silently ignored
             raise ParaxisError(f"{flag} is empty; give one, or leave the flag out")
+        given_costs = [name for name, value in (
+            ("--forward-cost", args.forward_cost), ("--backward-cost", args.backward_cost),
+            ("--weight-cost", args.weight_cost)) if value is not None]
+        if given and given_costs:  # the model's split or the trace sets every cost
+            raise ParaxisError(f"{given_costs[0]} and {flag} both give the costs; leave "
+                               f"{given_costs[0]} out (--stage-scale still scales {flag}'s)")
+    forward = 1.0 if args.forward_cost is None else args.forward_cost
+    backward = 2.0 if args.backward_cost is None else args.backward_cost
+    weight = args.weight_cost
+    source = f"forward {_text(forward)}, backward {_text(backward)}"
     if args.model:
         if args.seq_len < 1:
             raise ParaxisError(f"--seq-len {args.seq_len} must be at least 1")
