@@ -138,6 +138,30 @@ def test_context_command_prints_the_split_and_writes_pictures(tmp_path, capsys):
         ["context-chunks-ring.png", "context-grid.png", "context-ring.png"]
 
 
+def test_two_level_cp_is_described_and_drawn_as_it_runs(tmp_path, capsys):
+    """cp_a2a=2 of cp=4: the all-to-all inside r0,r1 and r2,r3, then the ring over the 2
+    groups on chunks twice as long (it once printed a one-level ring over all 4)."""
+    assert main(["context", "--layout", "cp=4,cp_a2a=2", "--seq-len", "64",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "two levels, cp_a2a=2: cp = 2 x 2" in out and "(r0,r1; r2,r3)" in out
+    assert "coarse chunks g and 3-g of 4 chunks of 16 tokens" in out
+    assert "every group (r0,r2; r1,r3) run the ring over 2" in out
+    assert "    step 1: r0 KV1 q3×k1,2 | r1 KV0 q1,2×k0" in out
+    assert "step 3:" not in out  # no ring over 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "context-chunks-ring-across.png", "context-grid.png", "context-ring-across.png"]
+
+
+def test_all_gather_text_keeps_the_causal_call_apart(capsys):
+    """The own chunks' call is causal: merged with the full calls on the same rows it read
+    q2,3×k0-3, as if q2 saw k3."""
+    assert main(["context", "--cp", "3", "--seq-len", "60", "--attention", "all_gather"]) == 0
+    out = capsys.readouterr().out
+    assert "  r2: q2,3×k2,3 + q2,3×k0,1" in out
+    assert "  r1: q1,4×k1,4 + q1,4×k0 + q4×k2,3" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--cp", "3", "--seq-len", "100"], "not divisible by 6"),
     (["--cp", "0"], "must be within 1..64"),

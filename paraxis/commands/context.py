@@ -8,7 +8,8 @@ terminal and as pictures.
 Every number comes from `paraxis.spec.cp_balance`, the functions the runtime runs;
 the pictures are `paraxis.show.viz.context` and `context_ring` (what `paraxis report` shows for a
 layout with cp > 1). --out writes context-chunks-<attention>.png, context-<attention>.png
-and, with --layout, context-grid.png.
+and, with --layout, context-grid.png; a layout with cp_a2a (two levels) draws its level
+across, whose ranks are the all-to-all groups (context-*-across.png).
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ def resolve(args: argparse.Namespace) -> tuple[int, str, int, Layout | None]:
     return cp, attention, seq_len, layout
 
 
-def describe(cp: int, attention: str, seq_len: int) -> str:
-    """The split, each rank's pairs, and each step's (or the gather's) kernel calls, as text."""
-    from paraxis.show.viz.context import blocks_text, contiguous_pairs
+def describe(cp: int, attention: str, seq_len: int, a2a: int = 1) -> str:
+    """The split, each rank's pairs, and each step's (or the gather's) kernel calls, as text;
+    with `a2a` > 1 (two-level cp), its two levels."""
+    from paraxis.show.viz.context import contiguous_pairs
 
     chunk_len = check_split(seq_len, cp)
     pairs, contiguous = pairs_per_rank(seq_len, cp), contiguous_pairs(seq_len, cp)
@@ -93,6 +95,16 @@ def describe(cp: int, attention: str, seq_len: int) -> str:
         lines.append(f"r{rank:<5}{', '.join(map(str, chunks)):<10}{tokens:<24}{pairs[rank]:,}")
     lines.append(f"max/mean {max(pairs) / mean:.2f} (a contiguous split: "
                  f"{max(contiguous) / mean:.2f}, its last rank {max(contiguous):,} pairs)")
+    if a2a > 1:
+        return "\n".join(lines + _two_levels(cp, a2a, attention, seq_len))
+    return "\n".join(lines + _exchange(cp, attention, seq_len))
+
+
+def _exchange(cp: int, attention: str, seq_len: int) -> list[str]:
+    """Each ring step's (or the gather's, or the all-to-all's) kernel calls, by rank."""
+    from paraxis.show.viz.context import blocks_text
+
+    lines = []
     if attention == "ring":
         lines.append("ring steps: KVj = the K/V of rank j held; q×k = query chunks × key "
                      "chunks computed")
@@ -117,12 +129,36 @@ def describe(cp: int, attention: str, seq_len: int) -> str:
             calls = blocks_text(gathered_blocks(rank, cp), rank_chunks(rank, cp),
                                 gathered_chunks(cp))
             lines.append(f"  r{rank}: {calls.replace(chr(10), ' + ')}")
-    return "\n".join(lines)
+    return lines
+
+
+def _two_levels(cp: int, a2a: int, attention: str, seq_len: int) -> list[str]:
+    """Two-level cp (`parallel/context/hierarchical.py`): the all-to-all groups, the groups
+    across, and the across level's exchange, which is the one-level one over cp / a2a ranks
+    on chunks a2a times longer."""
+    across = cp // a2a
+    groups = [list(range(g * a2a, (g + 1) * a2a)) for g in range(across)]
+    rings = [list(range(i, cp, a2a)) for i in range(a2a)]
+    names = "; ".join(",".join(f"r{r}" for r in group) for group in groups)
+    lines = [f"two levels, cp_a2a={a2a}: cp = {a2a} x {across}. An all-to-all inside each group "
+             f"of {a2a} consecutive ranks ({names}) trades heads for sequence: rank g*{a2a}+i "
+             f"then holds head group i (heads/{a2a}) of its group's {2 * a2a} chunks, which are "
+             f"coarse chunks g and {2 * across - 1}-g of {2 * across} chunks of "
+             f"{seq_len // (2 * across)} tokens.",
+             "across: the ranks of one index i in every group ("
+             + "; ".join(",".join(f"r{r}" for r in ring) for ring in rings)
+             + f") run the {attention.replace('_', '-')} over {across} as one-level cp="
+             f"{across} does, its r<g> here being group g, on the coarse chunks:"]
+    lines += ["  " + line for line in _exchange(across, attention, seq_len)]
+    lines.append("then a second all-to-all inside each group gives every rank its own chunks "
+                 "back, for all heads")
+    return lines
 
 
 def draw(cp: int, attention: str, seq_len: int, layout: Layout | None, gpus_per_node: int,
          folder: str | Path) -> list[Path]:
-    """Write the pictures into `folder`; return their paths."""
+    """Write the pictures into `folder`; return their paths. Under two-level cp they draw
+    the level across (`_two_levels`): its ranks are the all-to-all groups."""
     from paraxis.show.viz.context import plot_chunks
     from paraxis.show.viz.context_ring import plot_kv_exchange
     from paraxis.show.viz.grid import plot_rank_grid
@@ -130,8 +166,10 @@ def draw(cp: int, attention: str, seq_len: int, layout: Layout | None, gpus_per_
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {f"context-chunks-{attention}.png": plot_chunks(seq_len, cp, attention),
-               f"context-{attention}.png": plot_kv_exchange(cp, attention)}
+    a2a = layout.cp_a2a if layout is not None else 1
+    level, tail = (cp // a2a, "-across") if a2a > 1 else (cp, "")
+    figures = {f"context-chunks-{attention}{tail}.png": plot_chunks(seq_len, level, attention),
+               f"context-{attention}{tail}.png": plot_kv_exchange(level, attention)}
     if layout is not None:
         figures["context-grid.png"] = plot_rank_grid(layout, gpus_per_node)
     for name, fig in figures.items():
@@ -145,8 +183,10 @@ def run(args: argparse.Namespace) -> int:
     cp, attention, seq_len, layout = resolve(args)
     if args.out is not None:
         check_writable_folder(args.out, "--out")
-    print(describe(cp, attention, seq_len))
+    a2a = layout.cp_a2a if layout is not None else 1
+    print(describe(cp, attention, seq_len, a2a))
     if args.out is not None:
         for path in draw(cp, attention, seq_len, layout, args.gpus_per_node, args.out):
-            print(f"wrote {path}")
+            print(f"wrote {path}" + (" (the level across: rank g is all-to-all group g)"
+                                     if "-across" in path.name else ""))
     return 0

@@ -153,14 +153,15 @@ def _chunk_list(chunks: list[int]) -> str:
 
 def blocks_text(blocks: list[Block], query_chunks: tuple[int, ...],
                 key_chunks: tuple[int, ...]) -> str:
-    """"q7×k3,4": the query chunks x key chunks a rank's calls cover (calls on the same query
-    rows joined), one line per row group; "skip" when it makes none."""
-    rows: dict[tuple[int, int], list[int]] = {}
+    """"q7×k3,4": the query chunks x key chunks a rank's calls cover (full calls on the same
+    query rows joined; a causal call, the rank's own chunks, on its own line, so that no key
+    chunk its mask hides reads as computed), one line per group; "skip" when it makes none."""
+    rows: dict[tuple[int, int, bool], list[int]] = {}
     for block in blocks:
-        keys = rows.setdefault((block.q_start, block.q_stop), [])
+        keys = rows.setdefault((block.q_start, block.q_stop, block.causal), [])
         keys.extend(key_chunks[block.k_start:block.k_stop])
     return "\n".join(f"q{_chunk_list(list(query_chunks[a:b]))}×k{_chunk_list(sorted(keys))}"
-                     for (a, b), keys in rows.items()) or "skip"
+                     for (a, b, _), keys in rows.items()) or "skip"
 
 
 # ----------------------------------------------------------------- the chunk assignment
