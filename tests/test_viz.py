@@ -167,6 +167,14 @@ def test_schedule_comparison_and_predicted_vs_measured_are_readable():
     assert_readable(plot_ring(4))
 
 
+def test_the_report_draws_a_ring_of_three_as_three():
+    """Only a ring of 2 is a plain swap: dp=3 was drawn as 4 ranks, 'a plain exchange'."""
+    from paraxis.show.report.pictures import ring_ranks
+
+    assert [ring_ranks(dp) for dp in (1, 2, 3, 5, 64)] == [4, 4, 3, 5, 8]
+    assert_readable(plot_ring(3))
+
+
 def test_run_picture_puts_its_legend_under_the_panels():
     from paraxis.show.viz.run import plot_run
 

@@ -41,9 +41,9 @@ def pictures(plan: Plan, pipeline: Section, run: MeasuredRun | None = None
 
 
 def ring_ranks(dp: int) -> int:
-    """The ring drawn: the run's DP group from 4 ranks up (at most 8, to stay legible);
+    """The ring drawn: the run's DP group from 3 ranks up (at most 8, to stay legible);
     a ring of 2 is a plain swap, so smaller groups are shown as 4."""
-    return min(dp, 8) if dp >= 4 else 4
+    return min(dp, 8) if dp >= 3 else 4
 
 
 def _grid(plan: Plan) -> Section:
@@ -150,7 +150,7 @@ def _ring(plan: Plan) -> Section:
                 f"{duration(e.time.get('dp_total', 0.0))} per step in all, "
                 f"{duration(e.time.get('dp', 0.0))} of it not hidden behind the backward.")
         if ranks != layout.dp:
-            sync += (f" A ring of {layout.dp} is a plain exchange, so the picture shows "
+            sync += (f" A ring of {layout.dp} is a plain swap, so the picture shows "
                      f"{ranks} ranks." if layout.dp < ranks else
                      f" A ring of {layout.dp} takes 2 x {layout.dp - 1} steps; the picture "
                      f"shows the same algorithm on {ranks} ranks, which stays legible.")
