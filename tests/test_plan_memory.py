@@ -87,6 +87,20 @@ def test_zero_table_rows() -> None:
     assert [row["total"] / GB for row in rows] == pytest.approx([112, 38.5, 26.25, 14])
 
 
+def test_memory_command_counts_whole_parameters(capsys) -> None:
+    """--params 1.9 was titled 1.9 parameters (as "1.9e-09B") and priced as 1."""
+    import json
+
+    from paraxis.cli import main
+
+    assert main(["memory", "--params", "1.9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 2
+    for count, title in (("1.9", "2 parameters"), ("125e6", "125M parameters"),
+                         ("7e9", "7B parameters")):
+        assert main(["memory", "--params", count]) == 0
+        assert f"{title} on 8 GPUs" in capsys.readouterr().out
+
+
 @given(st.integers(1, 10**13), st.integers(1, 4096))
 def test_memory_never_increases_with_a_higher_zero_stage(num_params: int, dp: int) -> None:
     totals = [total_gb(num_params, dp, zero) for zero in range(4)]

@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu not in GPUS:  # hardware.get_gpu's advice names plan's --hardware
         raise ParaxisError(unknown_gpu(args.gpu))
     gpu = GPUS[args.gpu]
-    rows = zero_table(int(args.params), args.gpus, precision)
+    params = round(args.params)  # a count: 1.9 is 2 parameters, in the title and the rows
+    rows = zero_table(params, args.gpus, precision)
     if args.json:
-        print(json.dumps({"schema": "paraxis.memory/1", "params": int(args.params),
+        print(json.dumps({"schema": "paraxis.memory/1", "params": params,
                           "gpus": args.gpus, "gpu": gpu.name,
                           "memory_bytes": gpu.memory_bytes,
                           "precision": {"param_bytes": precision.param_bytes,
@@ -54,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
                                                        strict=True)]}, indent=2))
         return 0
     from paraxis.plan.tables import print_zero_table
-    print_zero_table(args.params, args.gpus, rows, gpu.memory_bytes, formulas(precision))
+    print_zero_table(params, args.gpus, rows, gpu.memory_bytes, formulas(precision))
     return 0

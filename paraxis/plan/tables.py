@@ -58,7 +58,9 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
 
 def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes: float,
                      formulas: list[str]) -> None:
-    table = Table(title=f"{num_params / 1e9:g}B parameters on {gpus} GPUs: model states per GPU")
+    count = (f"{num_params / 1e9:g}B" if num_params >= 1e9 else f"{num_params / 1e6:g}M"
+             if num_params >= 1e6 else f"{num_params:,}")
+    table = Table(title=f"{count} parameters on {gpus} GPUs: model states per GPU")
     for column in ("stage", "shards", "formula", "params GB", "grads GB", "optimizer GB",
                    "total GB", f"fits {limit_bytes / GB:.0f} GB ({limit_bytes / 2**30:.0f} GiB)?",
                    "sent GB/step"):
