@@ -255,3 +255,33 @@ def test_a_report_of_a_run_prices_how_it_gathered_and_computed_its_loss(tmp_path
         assert getattr(priced, flag) and priced.precision == "fp8", flag
         other = {"fp8_weight_gather": "fused_loss", "fused_loss": "fp8_weight_gather"}[flag]
         assert not getattr(priced, other), flag
+
+
+def test_a_hook_that_changes_the_stacking_after_setup_is_named():
+    """ZeRO-3's FP8 gather casts q, k and v as one GEMM where `stackable` said so at setup;
+    a module hook added since makes them run apart, and q once read the stacked copy as its
+    own (a shape error deep in the GEMM; k and v would cast their released weights)."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from paraxis.engine.data_parallel.fp8_gather import fp8_gemms
+    from paraxis.kernels.fp8 import Fp8Gemm
+    from paraxis.kernels.linear import STACKING_CHANGED, Fp8Linear
+    from paraxis.model.transformer import Attention
+
+    attention = Attention(PRESETS["tiny-llama"])
+    gemm = Fp8Gemm("tensorwise")
+    for name in "qkvo":
+        setattr(attention, name, Fp8Linear.from_linear(getattr(attention, name), gemm))
+    stacked = fp8_gemms(attention)[0]
+    assert len(stacked) == 3  # q, k and v in one GEMM
+    weight = torch.cat([layer.weight.detach() for layer in stacked])
+    stacked[0].weight.fp8_cast = quantize(weight, E4M3, False)  # as `attach` gives it
+    x = torch.randn(2, 8, PRESETS["tiny-llama"].d_model)
+    assert attention(x).shape == x.shape
+    hook = register_module_forward_hook(lambda module, args, out: None)
+    try:
+        with pytest.raises(ParaxisError, match="register hooks before") as error:
+            attention(x)
+        assert str(error.value) == STACKING_CHANGED
+    finally:
+        hook.remove()

@@ -29,6 +29,7 @@ from torch.nn.modules import module as modules
 
 from paraxis.kernels.fp8 import Fp8Gemm, fp8_linear
 from paraxis.kernels.stacked import stacked_linear
+from paraxis.spec.errors import ParaxisError
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -40,10 +41,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (`cast`; by default the weight's own `fp8_cast`, `engine.data_parallel.fp8_gather`), or
     from the Parameters `weight` stacks (`parts`)."""
     if fp8 is not None:
-        return fp8_linear(x, weight, bias, fp8,
-                          cast if cast is not None else getattr(weight, "fp8_cast", None),
-                          parts)
+        cast = cast if cast is not None else getattr(weight, "fp8_cast", None)
+        if cast is not None and cast[0].shape[0] != weight.shape[0]:
+            raise ParaxisError(STACKING_CHANGED)
+        return fp8_linear(x, weight, bias, fp8, cast, parts)
     return F.linear(x, weight, bias)
+
+
+# ZeRO-3's FP8 gather casts each GEMM as `stackable` said when it was set up (one copy for
+# q, k and v together, or one each); a hook added or removed since changes the GEMMs run
+STACKING_CHANGED = ("--fp8-weight-gather: projections run as other GEMMs than ZeRO-3 gathered "
+                    "their FP8 weights for (a hook was added or removed on them, or on every "
+                    "module, after the model was wrapped); register hooks before, or drop "
+                    "--fp8-weight-gather")
 
 
 class Fp8Linear(nn.Linear):
