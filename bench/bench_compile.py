@@ -14,9 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
+
 from bench.common import Row, compare, engine_step, rank_device, token_batch
 from paraxis.dist.groups import build_groups
 from paraxis.dist.testing import run_distributed
+from paraxis.engine.contract import Engine
+from paraxis.parallel.context.chunks import local_part
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
@@ -25,17 +29,25 @@ MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT
 LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b", "cp=2")
 
 
-def _setup(layout: Layout, compile: bool, batch: int, seq: int) -> Callable[[], None]:
-    engine = build_engine(MODEL, layout, build_groups(layout), rank_device(), seed=0,
-                          compile=compile)
+def _engine_and_batch(layout: Layout, compile: bool, batch: int, seq: int
+                      ) -> tuple[Engine, torch.Tensor, torch.Tensor]:
+    """The engine and this rank's batch: its dp share, and under cp its two chunks of every
+    sequence (the engine takes each rank's local sequence, as the data loader gives it)."""
+    groups = build_groups(layout)
+    engine = build_engine(MODEL, layout, groups, rank_device(), seed=0, compile=compile)
     x, y = token_batch(MODEL.vocab_size, batch // layout.dp, seq)
+    if layout.cp > 1:
+        x, y = (local_part(t, groups.cp_rank, layout.cp, dim=1) for t in (x, y))
+    return engine, x, y
+
+
+def _setup(layout: Layout, compile: bool, batch: int, seq: int) -> Callable[[], None]:
+    engine, x, y = _engine_and_batch(layout, compile, batch, seq)
     return engine_step(engine, x, y, clip=1.0)
 
 
 def _losses(layout: Layout, compile: bool, batch: int, seq: int) -> list[float]:
-    engine = build_engine(MODEL, layout, build_groups(layout), rank_device(), seed=0,
-                          compile=compile)
-    x, y = token_batch(MODEL.vocab_size, batch // layout.dp, seq)
+    engine, x, y = _engine_and_batch(layout, compile, batch, seq)
     out = []
     for _ in range(3):
         out.append(engine.forward_backward(x, y))

@@ -124,6 +124,17 @@ def test_compiled_regions_have_no_graph_breaks():
         assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
+def test_the_vocab_parallel_loss_keeps_its_collectives_eager():
+    """Compiled with the head, the vocab-parallel loss's all-reduces must be marked as TP's
+    others are (`comm.eager_collective`): unmarked, dynamo traced into the watchdog and broke
+    on `time.monotonic`, warning every tp > 1 run under --compile."""
+    import inspect
+
+    from paraxis.parallel.tensor import comm, cross_entropy
+
+    assert inspect.unwrap(cross_entropy._all_reduce) in {entry[0] for entry in comm._EAGER}
+
+
 def test_the_compiled_model_checks_no_missing_attribute_before_each_call():
     """Compiled, every attribute the model's forward reads is a guard checked before each
     call of the graph; a read of an attribute a module lacks (`getattr(layer, "fp8",

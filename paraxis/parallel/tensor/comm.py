@@ -47,7 +47,7 @@ SEQ_DIM = 1
 _EAGER: list[list] = []  # [function, its torch.compiler.disable wrapper or None]
 
 
-def _eager(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def eager_collective(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`--compile` compiles each block's forward; the collectives in it stay eager (dynamo
     breaks its graph around them rather than tracing the process group and the watchdog).
     The `torch.compiler.disable` wrappers are made by `keep_collectives_eager`, called before
@@ -184,32 +184,32 @@ class _ScatterToSequence(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.group, "backward"), None
 
 
-@_eager
+@eager_collective
 def copy_to_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Identity forward, all-reduce backward (Megatron's f)."""
     return x if _size(group) == 1 else _CopyToTP.apply(x, group)
 
 
-@_eager
+@eager_collective
 def reduce_from_tp(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-reduce forward, identity backward (Megatron's g)."""
     return x if _size(group) == 1 else _ReduceFromTP.apply(x, group)
 
 
-@_eager
+@eager_collective
 def gather_from_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-gather along the sequence forward, reduce-scatter backward (SP's g)."""
     return x if _size(group) == 1 else _GatherFromSequence.apply(x, group)
 
 
-@_eager
+@eager_collective
 def reduce_scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None
                                ) -> torch.Tensor:
     """Reduce-scatter along the sequence forward, all-gather backward (SP's g-bar)."""
     return x if _size(group) == 1 else _ReduceScatterToSequence.apply(x, group)
 
 
-@_eager
+@eager_collective
 def gather_for_replicated(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-gather along the sequence forward, this rank's chunk backward: the whole sequence
     for a module that every TP rank runs whole (a mixture of experts' block under SP),
@@ -218,7 +218,7 @@ def gather_for_replicated(x: torch.Tensor, group: dist.ProcessGroup | None) -> t
     return x if _size(group) == 1 else _GatherForReplicated.apply(x, group)
 
 
-@_eager
+@eager_collective
 def scatter_to_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """This rank's sequence chunk forward, all-gather backward."""
     return x if _size(group) == 1 else _ScatterToSequence.apply(x, group)

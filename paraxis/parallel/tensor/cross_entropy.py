@@ -33,10 +33,12 @@ from torch.autograd.function import FunctionCtx
 from paraxis.dist.watchdog import WATCH
 from paraxis.kernels.accumulate import add_matmul_
 from paraxis.parallel.context.packing import IGNORE_INDEX
+from paraxis.parallel.tensor.comm import eager_collective
 from paraxis.parallel.tensor.counter import record
 from paraxis.spec.kernels import chunk_rows
 
 
+@eager_collective  # compiled with the head, its collectives stay eager too
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None,
                 op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> None:
     if group is not None:
