@@ -110,7 +110,8 @@ def measure(device: torch.device, model_name: str, batch: int, seq: int, setting
         try:
             sides[side] = measure_side(side, cfg, x, y, setting, device)
         except Exception as error:  # one side failing (a compiler error) keeps the others
-            sides[side] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+            first = (str(error).splitlines() or [""])[0]  # a bare assert has no message
+            sides[side] = {"error": f"{type(error).__name__}: {first}"}
         finally:
             # the side's figures as it ends: a part stopped at its time limit keeps them
             measured = sides.get(side, {})

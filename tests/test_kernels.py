@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from paraxis.dist.testing import gpu_count, run_distributed
 from paraxis.engine.contract import adamw, init_adam_state
 from paraxis.kernels.linear import project, stackable
 from paraxis.model.transformer import build_model
@@ -468,10 +469,15 @@ def test_compiled_stacked_projection_keeps_no_stacked_weight_for_backward(rows, 
         torch.testing.assert_close(got, w.grad, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(gpu_count() == 0, reason="needs a CUDA GPU")
 def test_on_a_gpu_the_compiled_stacked_input_gradient_matches_separate_linears():
     """On CUDA, compiled, bf16: q/k/v's input gradient as one GEMM over weights stacked in
-    the custom operator (`kernels.stacked.stacked_input_grad`), against separate linears'."""
+    the custom operator (`kernels.stacked.stacked_input_grad`), against separate linears'.
+    In a spawned rank: the suite's own process sees no GPU."""
+    run_distributed(_compiled_stacked_input_gradient_on_cuda, 1, device="cuda", timeout_s=300)
+
+
+def _compiled_stacked_input_gradient_on_cuda() -> None:
     from paraxis.kernels.stacked import _stacks_for_input_grad, stacked_linear
 
     torch.manual_seed(0)

@@ -143,3 +143,14 @@ def test_the_readme_code_map_is_written_from_the_layer_list():
     assert code_map.layers() == layers()
     assert f"{code_map.BEGIN}\n{code_map.table()}\n{code_map.END}" in (
         ROOT / "README.md").read_text(), "run `python tools/code_map.py --write`"
+
+
+def test_no_test_asks_the_suite_s_own_process_for_a_gpu():
+    """conftest hides the GPUs from the suite's processes (`dist.hidden_gpus`), so a test
+    skipped on `torch.cuda.is_available()` never runs, even on a GPU machine: two CUDA cases
+    were skipped unsaid on one. They skip on `gpu_count()` and run in a spawned rank."""
+    asking = [f"{path.name}:{text.count(chr(10), 0, found.start()) + 1}"
+              for path in sorted((ROOT / "tests").glob("test_*.py"))
+              for text in (path.read_text(),)
+              for found in re.finditer(r"skipif\(\s*not torch\.cuda\.is_available\(\)", text)]
+    assert asking == []

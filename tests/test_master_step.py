@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paraxis.dist.groups import build_groups
+from paraxis.dist.testing import gpu_count, run_distributed
 from paraxis.engine.data_parallel.buckets import GradReducer
 from paraxis.kernels.master_adamw import master_adamw_
 from paraxis.parallelize import build_engine
@@ -101,7 +102,7 @@ def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad
     ("cpu", False, torch.bfloat16), ("cpu", False, torch.float16),
     ("cpu", True, torch.bfloat16),
     pytest.param("cuda", True, torch.bfloat16, marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+        gpu_count() == 0, reason="needs a CUDA GPU"))])
 @pytest.mark.parametrize("nonfinite", [False, True])
 def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(device, compiled, nonfinite, dtype):
     """Master, moments and step count as torch's fused AdamW leaves fp32 copies of them, to
@@ -109,7 +110,16 @@ def test_one_pass_steps_as_torchs_adamw_on_fp32_copies(device, compiled, nonfini
     1 / grad_scale and the decay on each unit's leading `decayed` elements only; the 16-bit
     parameters are the rounded masters; a non-finite step leaves all of them. Several units
     of different lengths and splits (none decayed, some, all) in one call, eager and
-    compiled as on a GPU (here by inductor's CPU backend)."""
+    compiled as on a GPU (here by inductor's CPU backend; on CUDA in a spawned rank, as the
+    suite's own process sees no GPU)."""
+    if device == "cuda":
+        run_distributed(_one_pass_case, 1, (device, compiled, nonfinite, dtype),
+                        device="cuda", timeout_s=300)
+    else:
+        _one_pass_case(device, compiled, nonfinite, dtype)
+
+
+def _one_pass_case(device: str, compiled: bool, nonfinite: bool, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
     steps = 3
     scale = torch.tensor(2.5, device=device)
