@@ -256,7 +256,10 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             # The whole step is queued before the host reads a number from it; a step whose
             # loss or gradient norm is not finite has left the weights alone on the device.
             loss_t, grad_norm_t = engine.train_step(x, y, lr, cfg.optimizer.grad_clip)
-            loss, grad_norm = float(loss_t), float(grad_norm_t)
+            # On NCCL a collective's wait only queues it: a stalled one holds the host here,
+            # so the watchdog names this read as a wait on every rank's work, not compute
+            with WATCH.waiting("the step's device sync (where its NCCL collectives end)"):
+                loss, grad_norm = float(loss_t), float(grad_norm_t)
             # The NaN policy (train/nan_policy.py): every rank reaches the same verdict, and
             # a non-finite step never reaches the weights.
             problem = nonfinite(loss, grad_norm, engine.skipped_overflow())
