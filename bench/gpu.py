@@ -44,12 +44,13 @@ from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import Estimate, evaluate
-from paraxis.plan.hardware import build_cluster, get_gpu, gpu_for_device_name
+from paraxis.plan.hardware import build_cluster, get_gpu
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
 from paraxis.train.calibrate.measure import cpu_model_name
+from paraxis.train.hardware import gpu_for_device_name
 from paraxis.train.metrics import device_peak_flops
 
 # (model, sequences, tokens each): GPT-2 124M at two batches, and an 8-layer slice of

@@ -85,6 +85,15 @@ class Watch:
             self.on_wait()
         return self
 
+    def device_sync(self) -> Watch:
+        """Record a wait on the device's queued work, where on NCCL the step's collectives end
+        (their `wait` only queues them): named by the heartbeat like a communication call,
+        but not one (`on_wait`, which counts those, is not called)."""
+        self.op, self.group, self.peer, self.axis = ("the step's device sync (where its NCCL "
+                                                     "collectives end)", None, None, None)
+        self.since = time.monotonic()
+        return self
+
     def __enter__(self) -> Watch:
         return self
 

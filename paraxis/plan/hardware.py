@@ -416,19 +416,6 @@ def get_gpu(name: str) -> GPU:
     return GPUS[name]
 
 
-def gpu_for_device_name(device_name: str) -> GPU | None:
-    """The preset for a CUDA device name such as "NVIDIA H100 80GB HBM3" (None if unknown):
-    how a run's MFU finds the peak it is measured against."""
-    text = device_name.lower().replace(" ", "")
-    for markers, preset in ((("h200",), "h200"), (("h100", "pcie"), "h100-pcie-80gb"),
-                            (("h100",), "h100-sxm-80gb"), (("a100", "80g"), "a100-80gb"),
-                            (("a100",), "a100-40gb"), (("v100",), "v100-32gb"),
-                            (("l40s",), "l40s")):
-        if all(marker in text for marker in markers):
-            return GPUS[preset]
-    return None
-
-
 # sync_segment_s and backward_segments are the planner's, per layout and call site
 # (plan/sync.py), not a machine's
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {

@@ -13,10 +13,23 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from paraxis.plan.hardware import Cluster, gpu_for_device_name
+from paraxis.plan.hardware import GPU, GPUS, Cluster
 from paraxis.plan.inputs import DEFAULT_GPU, PlanInputs
 from paraxis.spec.errors import ParaxisError
 from paraxis.train.calibrate.quick import profile_for_cpu_run
+
+
+def gpu_for_device_name(device_name: str) -> GPU | None:
+    """The preset for a CUDA device name such as "NVIDIA H100 80GB HBM3" (None if unknown):
+    how a run's MFU finds the peak it is measured against."""
+    text = device_name.lower().replace(" ", "")
+    for markers, preset in ((("h200",), "h200"), (("h100", "pcie"), "h100-pcie-80gb"),
+                            (("h100",), "h100-sxm-80gb"), (("a100", "80g"), "a100-80gb"),
+                            (("a100",), "a100-40gb"), (("v100",), "v100-32gb"),
+                            (("l40s",), "l40s")):
+        if all(marker in text for marker in markers):
+            return GPUS[preset]
+    return None
 
 
 @dataclass(frozen=True)

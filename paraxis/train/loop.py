@@ -258,7 +258,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             loss_t, grad_norm_t = engine.train_step(x, y, lr, cfg.optimizer.grad_clip)
             # On NCCL a collective's wait only queues it: a stalled one holds the host here,
             # so the watchdog names this read as a wait on every rank's work, not compute
-            with WATCH.waiting("the step's device sync (where its NCCL collectives end)"):
+            with WATCH.device_sync():
                 loss, grad_norm = float(loss_t), float(grad_norm_t)
             # The NaN policy (train/nan_policy.py): every rank reaches the same verdict, and
             # a non-finite step never reaches the weights.

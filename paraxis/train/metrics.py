@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from paraxis.dist.watchdog import WATCH
 from paraxis.parallel.experts.layer import MoE
-from paraxis.plan.hardware import build_cluster, gpu_for_device_name, load_hardware_file
+from paraxis.plan.hardware import build_cluster, load_hardware_file
 from paraxis.plan.rates import for_precision
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import Precision, get_policy
+from paraxis.train.hardware import gpu_for_device_name
 
 if TYPE_CHECKING:
     from paraxis.dist.groups import ParallelGroups
