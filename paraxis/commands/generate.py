@@ -15,7 +15,7 @@ import argparse
 import tomllib
 from pathlib import Path
 
-from paraxis.files.checkpoint_manifest import complete_checkpoints, folder_of
+from paraxis.files.checkpoint_manifest import folder_of, resolve
 from paraxis.spec.errors import ParaxisError
 
 MAX_NEW_TOKENS = 100_000
@@ -80,17 +80,18 @@ def run(args: argparse.Namespace) -> int:
 
 def trained_tokenizer(checkpoint: Path) -> str | None:
     """The tokenizer.json the checkpoint's run trained with, as its config.toml records it
-    (None: no record, or the run's text went in as bytes); refused where it is gone."""
-    if not (checkpoint / "tokenizer.json").is_file():  # the checkpoint's own comes first
-        newest = complete_checkpoints(checkpoint)
-        run_file = (newest[-1][1] if newest else checkpoint) / "config.toml"
-        try:
-            tokenizer = tomllib.loads(run_file.read_text()).get("data", {}).get("tokenizer")
-        except (OSError, ValueError, AttributeError):
-            return None  # no run file (an import), or not one generate can read
-        if isinstance(tokenizer, str) and tokenizer:
-            if not Path(tokenizer).is_file():
-                raise ParaxisError(f"the run trained with tokenizer {tokenizer} ({run_file}), "
-                                   "which is not there any more; give --tokenizer PATH")
-            return tokenizer
-    return None
+    (None: the checkpoint holds its own, it has no run file, or the run's text went in as
+    bytes); refused where it is gone."""
+    if (checkpoint / "tokenizer.json").is_file():  # the checkpoint's own comes first
+        return None
+    try:
+        run_file = resolve(checkpoint) / "config.toml"  # the checkpoint generate loads
+        tokenizer = tomllib.loads(run_file.read_text()).get("data", {}).get("tokenizer")
+    except (ParaxisError, OSError, ValueError, AttributeError):
+        return None  # a Hugging Face directory, an import, or no run file generate can read
+    if not isinstance(tokenizer, str) or not tokenizer:
+        return None
+    if not Path(tokenizer).is_file():
+        raise ParaxisError(f"the run trained with tokenizer {tokenizer} ({run_file}), which is "
+                           "not there any more; give --tokenizer PATH")
+    return tokenizer

@@ -77,22 +77,21 @@ class Watch:
         self.since = time.monotonic()
 
     def waiting(self, op: str, group: dist.ProcessGroup | None = None, peer: int | None = None,
-                axis: str | None = None) -> Watch:
-        """Record the wait that follows; use as `with WATCH.waiting(...):`."""
+                axis: str | None = None, call: bool = True) -> Watch:
+        """Record the wait that follows; use as `with WATCH.waiting(...):`. `call`: it is a
+        communication call (`on_wait` counts those)."""
         self.op, self.group, self.peer, self.axis = op, group, peer, axis
         self.since = time.monotonic()
-        if self.on_wait is not None:
+        if call and self.on_wait is not None:
             self.on_wait()
         return self
 
     def device_sync(self) -> Watch:
         """Record a wait on the device's queued work, where on NCCL the step's collectives end
         (their `wait` only queues them): named by the heartbeat like a communication call,
-        but not one (`on_wait`, which counts those, is not called)."""
-        self.op, self.group, self.peer, self.axis = ("the step's device sync (where its NCCL "
-                                                     "collectives end)", None, None, None)
-        self.since = time.monotonic()
-        return self
+        but not one."""
+        return self.waiting("the step's device sync (where its NCCL collectives end)",
+                            call=False)
 
     def __enter__(self) -> Watch:
         return self

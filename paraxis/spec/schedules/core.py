@@ -306,6 +306,10 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
     waiting: dict[tuple, int] = {}  # message key -> the stage blocked on it
     unanswered: dict[tuple, tuple[int, int]] = {}  # message key -> (stage, event) of its recv
     ready = deque(range(schedule.num_stages))
+
+    def arrival(posted: float, sent_at: float) -> float:  # a recv's data, `comm` after its send
+        return max(posted, sent_at + costs.comm)
+
     while ready:
         stage = ready.popleft()
         actions = schedule.stages[stage]
@@ -329,13 +333,13 @@ def simulate(schedule: Schedule, forward_cost: CostSpec = 1.0, backward_cost: Co
                 if key in unanswered:
                     peer, index = unanswered.pop(key)
                     recv = timeline.events[peer][index]
-                    timeline.events[peer][index] = Event(
-                        recv.action, recv.start, max(recv.start, end + costs.comm))
+                    timeline.events[peer][index] = Event(recv.action, recv.start,
+                                                         arrival(recv.start, end))
                 if key in waiting:
                     ready.append(waiting.pop(key))
             else:
                 key = schedule.message_key(action)
-                end = max(start, sent[key] + costs.comm) if key in sent else start
+                end = arrival(start, sent[key]) if key in sent else start
                 if key not in sent:
                     unanswered[key] = (stage, len(timeline.events[stage]))
             timeline.events[stage].append(Event(action, start, end))
