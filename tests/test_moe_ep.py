@@ -36,10 +36,12 @@ things the planner leaves out).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -148,9 +150,10 @@ def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
         x, y = (_share(t, layout, groups.dp_rank, groups.cp_rank) for t in (x, y))
         for layer in (m for m in engine.model.modules() if isinstance(m, MoE)):
             layer.recording = step == steps[0]
-        with AllToAllCounter() as counter:
+        with AllToAllCounter() as counter, _host_reads() as reads:
             loss = engine.forward_backward(x, y)
         if step == steps[0]:  # the gradients exist: every model state counted
+            out["host_reads"] = len(reads)
             out["states"] = engine.memory_report()
             out["counters"] = storage_bytes(t for state in engine.optimizer.state.values()
                                             for key, t in state.items() if key == "step")
@@ -164,6 +167,26 @@ def _train(layout: Layout, groups: ParallelGroups, steps: range = range(STEPS),
         if save is not None and step + 1 == 5:
             save_checkpoint(engine, save, 5, CFG.to_dict())
     return out
+
+
+@contextlib.contextmanager
+def _host_reads() -> Iterator[list[str]]:
+    """Every `Tensor.tolist()` the MoE blocks' code makes while active (each one a host sync
+    on a GPU), by the function that made it."""
+    reads: list[str] = []
+    tolist = torch.Tensor.tolist
+
+    def counted(tensor: torch.Tensor) -> list:
+        caller = sys._getframe(1).f_code
+        if "paraxis/parallel/experts/" in caller.co_filename.replace("\\", "/"):
+            reads.append(caller.co_name)
+        return tolist(tensor)
+
+    torch.Tensor.tolist = counted  # type: ignore[method-assign]
+    try:
+        yield reads
+    finally:
+        torch.Tensor.tolist = tolist  # type: ignore[method-assign]
 
 
 def _capacity_step(layout: Layout, groups: ParallelGroups
@@ -266,6 +289,8 @@ def _assert_traffic(layout: Layout, by_rank: list[dict]) -> None:
         dispatched = [by_rank[r]["traffic"][1] for r in group]
         forwards = len(dispatched[0])
         assert forwards == passes * layout.microbatches * len(result["chosen"])
+        # one host sync per block's forward: the sent and received counts read together
+        assert result["host_reads"] == forwards, (layout, result["host_reads"], forwards)
         # each rank routes its tokens of a microbatch: under SP with whole experts only its
         # sequence shard's (a 1/tp share), as the planner prices it
         tokens = BATCH // (layout.dp * layout.microbatches) * SEQ // layout.cp

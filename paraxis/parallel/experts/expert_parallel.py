@@ -17,10 +17,11 @@ rank's (token, expert) rows sorted by expert with the count per expert; then
 
 Both all-to-alls are autograd functions whose backward is the reverse all-to-all, so the
 gradients of tokens and experts flow back the same way: four all-to-alls per block per
-microbatch (`placement.ALL_TO_ALLS_PER_BLOCK`). Host synchronisations: `.tolist()` of the
-received counts here and of the per-expert counts in the block (`layer.py`), which variable
-split sizes need (NCCL's all_to_all_single takes them as Python lists), and under a capacity
-factor the dropped count the block records; everything else is asynchronous on a GPU.
+microbatch (`placement.ALL_TO_ALLS_PER_BLOCK`). Host synchronisations: one per block, the
+`.tolist()` of the sent and received counts together (the counts stay on the device until
+then), which variable split sizes need (NCCL's all_to_all_single takes them as Python
+lists), as in Megatron-Core's all-to-all dispatcher; and under a capacity factor the dropped
+count the block records. Everything else is asynchronous on a GPU.
 
 `AllToAllCounter` records every row all-to-all's bytes to other ranks (as
 `tensor_parallel.counter` does for TP) and the per-expert counts each rank dispatched, so
@@ -102,17 +103,19 @@ class AllToAllExperts:
         self.ep = dist.get_world_size(group)
         self.per_rank = n_experts // self.ep
 
-    def __call__(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        for counter in _ACTIVE:
-            counter.dispatched.append(list(counts))
+    def __call__(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep, per_rank = self.ep, self.per_rank
-        # 1. counts: received[i][l] rows from source i for local expert l
-        sent = torch.tensor(counts, dtype=torch.int64, device=tokens.device)
-        received = torch.empty_like(sent)
+        # 1. counts, exchanged on their device: received[i][l] rows from source i for local
+        # expert l; then both read at once, the block's one host sync (the split sizes)
+        received = torch.empty_like(counts)
         with WATCH.waiting("all_to_all", self.group):
-            dist.all_to_all_single(received, sent, group=self.group)
-        by_source = received.view(ep, per_rank).tolist()  # host sync: the split sizes
-        send = [sum(counts[j * per_rank:(j + 1) * per_rank]) for j in range(ep)]
+            dist.all_to_all_single(received, counts, group=self.group)
+        both = torch.cat([counts, received]).tolist()
+        counts_list, received_list = both[:self.n_experts], both[self.n_experts:]
+        for counter in _ACTIVE:
+            counter.dispatched.append(counts_list)
+        by_source = [received_list[i * per_rank:(i + 1) * per_rank] for i in range(ep)]
+        send = [sum(counts_list[j * per_rank:(j + 1) * per_rank]) for j in range(ep)]
         receive = [sum(row) for row in by_source]
         # 2. dispatch
         arrived = AllToAll.apply(tokens, send, receive, self.group, None,
@@ -121,7 +124,7 @@ class AllToAllExperts:
         pieces = arrived.split([n for row in by_source for n in row])
         expert_major = [pieces[i * per_rank + e] for e in range(per_rank) for i in range(ep)]
         per_expert = [sum(by_source[i][e] for i in range(ep)) for e in range(per_rank)]
-        outputs = self.local(torch.cat(expert_major), per_expert).split(
+        outputs = self.local.run(torch.cat(expert_major), per_expert).split(
             [by_source[i][e] for e in range(per_rank) for i in range(ep)])
         source_major = torch.cat([outputs[e * ep + i] for i in range(ep)
                                   for e in range(per_rank)])

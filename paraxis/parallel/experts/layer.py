@@ -57,7 +57,8 @@ from paraxis.dist.watchdog import WATCH
 from paraxis.spec.expert_placement import expert_capacity
 from paraxis.spec.model_config import ModelConfig
 
-ExpertsRunner = Callable[[torch.Tensor, list[int]], torch.Tensor]
+# (the sorted rows, the rows per expert as an int64 tensor on their device) -> the outputs
+ExpertsRunner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ExpertList(nn.ModuleList):
@@ -81,8 +82,11 @@ class LocalExperts:
     def __init__(self, experts: ExpertList) -> None:
         self.experts = experts
 
-    def __call__(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        pieces = tokens.split(counts)
+    def __call__(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return self.run(tokens, counts.tolist())  # host sync: the split sizes
+
+    def run(self, tokens: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        pieces = tokens.split(sizes)
         return torch.cat([expert(piece) for expert, piece in zip(self.experts, pieces,
                                                                   strict=True)])
 
@@ -268,7 +272,7 @@ class MoE(nn.Module):
         flat_experts = chosen.flatten()
         order = torch.argsort(flat_experts, stable=True)
         token_of = token_of[order]
-        counts = torch.bincount(flat_experts, minlength=self.cfg.n_experts).tolist()
+        counts = torch.bincount(flat_experts, minlength=self.cfg.n_experts)
         outputs = self.run_experts(tokens[token_of], counts)
         return Combine.apply(outputs, flat_weights[order], token_of, tokens.shape[0])
 
