@@ -195,6 +195,36 @@ def test_build_groups_names_every_axis_group():
     assert groups.pp_ranks == [0] and groups.is_first_stage and groups.is_last_stage
 
 
+def _members(layout: Layout) -> dict:
+    """On a rank of `layout`: the ranks of each of its groups (None where it has none), and
+    of the group `new_groups` gives it from a partition that leaves rank 3 alone."""
+    import torch.distributed as dist
+
+    from paraxis.dist.groups import GROUP_AXES, build_groups, new_groups
+
+    groups = build_groups(layout)
+    mine = {axis: None if groups.group(axis) is None
+            else dist.get_process_group_ranks(groups.group(axis)) for axis in GROUP_AXES}
+    odd = new_groups([[2, 0, 1], [3]], "test")
+    return {"axes": mine, "odd": None if odd is None else dist.get_process_group_ranks(odd)}
+
+
+def test_every_rank_gets_the_layouts_groups_of_more_than_one_rank():
+    from paraxis.dist.groups import GROUP_AXES
+    from paraxis.dist.testing import run_distributed
+
+    layout = Layout(dp=2, pp=2, zero=1)
+    for rank, got in enumerate(run_distributed(_members, 4, (layout,))):
+        for axis in GROUP_AXES:
+            if got["axes"][axis] is None:
+                continue
+            assert got["axes"][axis] == layout.group_of(rank, axis), (rank, axis)
+        assert got["axes"]["dp"] == layout.group_of(rank, "dp")
+        assert got["axes"]["pp"] == layout.group_of(rank, "pp")
+        assert got["axes"]["tp"] is None  # tp=1: no group of one rank
+        assert got["odd"] == (None if rank == 3 else [0, 1, 2])
+
+
 def test_the_block_method_recomputes_the_first_blocks_of_each_chunk():
     """recompute_method=block (Megatron-LM's --recompute-method block): full recompute of a
     chunk's first recompute_layers blocks only; it needs recompute=full, reads back from its

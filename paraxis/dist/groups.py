@@ -319,6 +319,39 @@ class ParallelGroups:
         return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
 
 
+def new_groups(partition: list[list[int]], axis: str) -> dist.ProcessGroup | None:
+    """Create the groups of `partition` (disjoint lists of ranks) and return the one that
+    holds this rank, or None where it is alone or in none. Collective: every rank calls it
+    with the same lists in the same order.
+
+    On NCCL with a bound device (`init_distributed` initializes the world's communicator
+    eagerly) torch builds every new group by splitting the world's communicator, and each
+    `new_group` call is one ncclCommSplit in which every rank of the world takes part, even
+    those outside the group: hundreds of world-wide splits for one axis at thousands of
+    ranks. `split_group` makes the whole partition in one split, as torch's DeviceMesh
+    does on a bound device. Elsewhere (gloo, CUDA ranks sharing GPUs) one `new_group` per
+    group, which is collective over the whole world too: every rank creates every group in
+    the same order and keeps its own."""
+    rank = dist.get_rank()
+    shared = [sorted(ranks) for ranks in partition if len(ranks) > 1]
+    if not shared:
+        return None
+    world = dist.group.WORLD
+    if (getattr(world, "bound_device_id", None) is not None
+            and dist.get_backend() == dist.Backend.NCCL):
+        group = dist.split_group(split_ranks=shared, timeout=collective_timeout(),
+                                 group_desc=axis)
+        name_group(group, axis)
+        return group
+    mine = None
+    for ranks in shared:
+        group = dist.new_group(ranks, timeout=collective_timeout())
+        name_group(group, axis)
+        if rank in ranks:
+            mine = group
+    return mine
+
+
 def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
     """Create every group of `GROUP_AXES` (collectively: all ranks must call this) and return
     the ones that contain this rank."""
@@ -338,14 +371,7 @@ def build_groups(layout: Layout, rank: int | None = None) -> ParallelGroups:
             continue  # ZeRO shards over the replica group itself
         if axis == "expert_shard" and not (layout.hybrid and layout.ep > 1):
             continue
-        for ranks in layout.groups(axis):
-            if len(ranks) == 1 or world == 1:
-                continue
-            # new_group is collective over the whole world, so every rank creates every
-            # group in the same order, then keeps its own.
-            group = dist.new_group(ranks, timeout=collective_timeout())
-            name_group(group, axis)
-            if rank in ranks:
-                mine[f"{axis}_group"] = group
+        if world > 1:
+            mine[f"{axis}_group"] = new_groups(layout.groups(axis), axis)
     return ParallelGroups(layout=layout, rank=rank, coords=layout.coords(rank),
                           pp_ranks=layout.group_of(rank, "pp"), **mine)

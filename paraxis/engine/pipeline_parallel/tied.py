@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraxis.dist.groups import ParallelGroups, collective_timeout
-from paraxis.dist.watchdog import WATCH, name_group
+from paraxis.dist.groups import ParallelGroups, new_groups
+from paraxis.dist.watchdog import WATCH
 from paraxis.model.transformer import Transformer
 
 
@@ -42,12 +42,8 @@ class TiedEmbedding:
             if len(copies) == 2:
                 self.param, self.local_pair = copies[0], (copies[0], copies[1])
             return
-        for ranks in layout.groups("pp"):
-            # new_group is collective over the world: every rank creates every pair in order
-            group = dist.new_group([ranks[0], ranks[-1]], timeout=collective_timeout())
-            name_group(group, "tied-embedding")
-            if groups.rank in (ranks[0], ranks[-1]):
-                self.group = group
+        self.group = new_groups([[ranks[0], ranks[-1]] for ranks in layout.groups("pp")],
+                                "tied-embedding")
         if copies:
             self.param = copies[0]  # the embedding, or the head's pp_duplicate copy
 
