@@ -62,6 +62,10 @@ def parse_blend(spec: str | None) -> list[tuple[str, float]]:
             raise ParaxisError(f"blend item {item!r} of --data {spec} has no path; {EXAMPLE}")
         out.append((path, weight))
     total = sum(weight for _, weight in out)
+    if not math.isfinite(total):  # weights near the float's limit: scale them down first
+        top = max(weight for _, weight in out)
+        out = [(path, weight / top) for path, weight in out]
+        total = sum(weight for _, weight in out)
     return [(path, weight / total) for path, weight in out]
 
 
@@ -184,7 +188,24 @@ def load_run_data(section: DataSection) -> Blend:
     if section.val_path:
         blend.val = load_blend(section.val_path, section.dtype, section.tokenizer,
                                section.text_field)
+    check_one_tokenizer(blend)
     return blend
+
+
+def check_one_tokenizer(blend: Blend) -> None:
+    """Every source the run reads (the blend's and the held-out set's) holds the ids of one
+    tokenizer: id 100 cannot be a byte in one source and a merge in another. A token file
+    does not say what made its ids, so it is not compared."""
+    sources = blend.sources + (blend.val.sources if blend.val is not None else [])
+    known = [source for source in sources if source.tokenizer is not None]
+    for source in known[1:]:
+        if source.tokenizer != known[0].tokenizer:
+            held_out = " (--val-data)" if blend.val is not None and any(
+                source is s for s in blend.val.sources) else ""
+            raise ParaxisError(f"data {known[0].name} and {source.name}{held_out} hold the "
+                               "ids of different tokenizers; tokenize every source with one "
+                               "(paraxis data prepare SOURCE --tokenizer TOKENIZER --out DIR, "
+                               "or one --tokenizer for the text sources)")
 
 
 def check_data_flags(section: DataSection) -> None:

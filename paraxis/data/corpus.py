@@ -9,6 +9,7 @@ tokens as one device.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import sysconfig
 from dataclasses import dataclass
@@ -97,6 +98,13 @@ def load_tokenizer(path: str | Path | None) -> ByteTokenizer | HFTokenizer:
     return ByteTokenizer() if path in (None, "") else HFTokenizer(path)
 
 
+def tokenizer_hash(tokenizer: ByteTokenizer | HFTokenizer) -> str:
+    """What identifies a tokenizer: its file's contents, wherever it lies."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return "byte-level"
+    return hashlib.sha256(tokenizer.path.read_bytes()).hexdigest()
+
+
 @functools.cache
 def embedded_corpus(max_bytes: int = 4_000_000) -> np.ndarray:
     """The Python standard library's own sources, as bytes: text that exists on every
@@ -137,12 +145,14 @@ def largest_token(tokens: np.ndarray) -> tuple[int, int]:
 class TokenData:
     """A sequence of token ids (`TokenShards`: one array or many memory-mapped shards) with
     a held-out tail for evaluation; `end_of_document`: the id ending each document, when known
-    (prepared sources), for packing."""
+    (prepared sources), for packing; `tokenizer`: what made the ids (`tokenizer_hash`), None
+    for a token file, which does not say."""
 
     tokens: TokenShards
     name: str = "tokens"
     val_fraction: float = 0.05
     end_of_document: int | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenShards):
@@ -161,9 +171,10 @@ class TokenData:
         if source in (None, "", "embedded"):
             if tokenizer:
                 text = embedded_corpus().tobytes().decode("utf-8", errors="replace")
-                return cls(load_tokenizer(tokenizer).encode_many([text]),
-                           f"embedded stdlib corpus ({tokenizer})")
-            return cls(embedded_corpus(), "embedded stdlib corpus")
+                made = load_tokenizer(tokenizer)
+                return cls(made.encode_many([text]), f"embedded stdlib corpus ({tokenizer})",
+                           tokenizer=tokenizer_hash(made))
+            return cls(embedded_corpus(), "embedded stdlib corpus", tokenizer="byte-level")
         path = Path(source)
         if not path.exists():
             raise ParaxisError(f"data {path} does not exist; give an existing .bin token file, "
@@ -207,7 +218,7 @@ class TokenData:
         else:
             tokens = tokenizer.encode_many([p.read_text(encoding="utf-8", errors="replace")
                                             for p in files])
-        return cls(tokens, f"{path} ({tokenizer})")
+        return cls(tokens, f"{path} ({tokenizer})", tokenizer=tokenizer_hash(tokenizer))
 
     def check(self, vocab_size: int, seq_len: int, whole: bool = False,
               held_out: bool = True) -> None:

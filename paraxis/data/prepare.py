@@ -17,25 +17,37 @@ Training pointed at a raw source prepares it into `<cache>/<fingerprint>` first
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import IO
 from uuid import uuid4
 
 import numpy as np
 
-from paraxis.data.corpus import ByteTokenizer, HFTokenizer, TokenData, load_tokenizer
+from paraxis.data.corpus import (
+    ByteTokenizer,
+    HFTokenizer,
+    TokenData,
+    load_tokenizer,
+    tokenizer_hash,
+)
 from paraxis.data.sources import Piece, documents, pieces, source_files, source_kind
 from paraxis.data.tokens import TokenShards
 from paraxis.files.host import check_writable_folder
 from paraxis.spec.errors import ParaxisError
 
+FORMAT = "paraxis token shards"
 VERSION = 1
 BYTE_END_OF_DOCUMENT = 0
 # Tried in order when no tokenizer_config.json names the tokenizer's eos_token.
@@ -79,14 +91,16 @@ def _configured_eos(config: Path) -> str | None:
 
 
 def fingerprint(path: Path, kind: str, tokenizer: str | None, text_field: str) -> str:
-    """A hash of what the prepared tokens depend on: the source files (name, size and
-    modification time, as build tools do; not their whole contents, which would mean reading
+    """A hash of what the prepared tokens depend on: the source files (name, size,
+    modification time and a hash of their first and last `SAMPLE_BYTES`, so that two copies
+    of a dataset whose files share names, sizes and times (cp -p, rsync -a, tar) but not
+    contents never share a cache entry; not their whole contents, which would mean reading
     the corpus each run), the tokenizer file's contents and, for a tokenizer.json, its
     end-of-document id (which a tokenizer_config.json beside it may choose), the text field
     and this format."""
     files = source_files(path, kind)
     stats = [[str(f.relative_to(path)) if f != path else f.name, f.stat().st_size,
-              f.stat().st_mtime_ns] for f in files if f.is_file()]
+              f.stat().st_mtime_ns, _ends_hash(f)] for f in files if f.is_file()]
     tok = load_tokenizer(tokenizer)
     key = {"version": VERSION, "kind": kind, "text_field": text_field,
            "tokenizer": tokenizer_hash(tok), "files": stats}
@@ -95,11 +109,19 @@ def fingerprint(path: Path, kind: str, tokenizer: str | None, text_field: str) -
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
-def tokenizer_hash(tokenizer: ByteTokenizer | HFTokenizer) -> str:
-    """What identifies a tokenizer: its file's contents, wherever it lies."""
-    if isinstance(tokenizer, ByteTokenizer):
-        return "byte-level"
-    return hashlib.sha256(tokenizer.path.read_bytes()).hexdigest()
+SAMPLE_BYTES = 1 << 16
+
+
+def _ends_hash(file: Path) -> str:
+    """A hash of the first and the last `SAMPLE_BYTES` of `file` (two reads, whatever its
+    size)."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        digest.update(handle.read(SAMPLE_BYTES))
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
+        digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
 
 
 @functools.cache
@@ -128,10 +150,13 @@ def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
             shard.write(data + eod_bytes)
             total += len(data) // np.dtype(dtype).itemsize + 1
             ends.append(total)
+        _flush_to_disk(shard)
     if not ends and piece.kind != "parquet":  # a Parquet row group may hold no rows
         raise ParaxisError(f"{piece.file} holds no documents; remove it or give it some")
     if ends:
-        np.save(f"{out_stem}.docs.npy", np.asarray(ends, dtype=np.int64))
+        with open(f"{out_stem}.docs.npy", "wb") as docs:
+            np.save(docs, np.asarray(ends, dtype=np.int64))
+            _flush_to_disk(docs)
     else:
         os.remove(f"{out_stem}.bin")
     return total, len(ends)
@@ -140,7 +165,8 @@ def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
 def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
             text_field: str = "text", workers: int = 1) -> Path:
     """Tokenize the raw `source` into token shards under `out` (see the module docstring);
-    a no-op when `out` already holds this source's tokens. Returns `out`."""
+    a no-op when `out` already holds this source's tokens whole, a repair when it holds them
+    damaged (a shard cut short by a crash or a copy). Returns `out`."""
     path, out = Path(source), Path(out)
     if not path.exists():
         raise ParaxisError(f"{path} does not exist; give an existing .jsonl / .jsonl.gz file, "
@@ -150,61 +176,48 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
         raise ParaxisError(f"{path} is not a raw source; give a .jsonl / .jsonl.gz file, a "
                            "Parquet file or folder, or a Hugging Face datasets directory")
     key = fingerprint(path, kind, tokenizer, text_field)
-    if _prepared_fingerprint(out) == key:
+    ours = _prepared_fingerprint(out) == key
+    if ours and _shards_whole(out):
         return out
-    if is_prepared(out):
+    if not ours and is_prepared(out):
         raise ParaxisError(f"{out} holds tokens prepared from another source, tokenizer or "
                            "text field (or by another paraxis version); remove it to prepare "
                            "again, or choose another --out")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not ours and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ParaxisError(f"{out} already exists and holds something else; choose another "
                            "--out or remove it")
     tok = load_tokenizer(tokenizer)
     todo = pieces(path, kind)
     created = [p for p in (out, *out.parents) if not p.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    target = out.resolve()  # a link's target; "." as a named folder
+    # An existing folder (empty, or holding this source's tokens damaged) is filled in
+    # place: the shards are made in a hidden folder inside it and moved in, index.json
+    # last. Otherwise the shards are made beside it and the folder renamed into place.
+    in_place = target.is_dir()
+    home = target if in_place else target.parent
+    prefix = ".tmp-" if in_place else f".{target.name}.tmp-"
+    home.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(home, prefix)
     # unique per process and host (ranks on nodes sharing a filesystem may share a pid), and
     # made before the cleanup guard, so a failure only ever removes what this process made
-    tmp = out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+    tmp = home / f"{prefix}{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _worker_tokenizer.cache_clear()  # the file may have changed since the last prepare
-        tasks = [(p, text_field, tokenizer, str(tmp / f"shard-{i:05d}")) for i, p in
-                 enumerate(todo)]
-        workers = max(1, min(workers, len(tasks)))
-        if workers == 1:
-            counts = [_tokenize(t) for t in tasks]
-        else:
-            # fork, as PyTorch's DataLoader workers: "spawn" would re-run a caller's script
-            # that starts training without an `if __name__ == "__main__":` guard.
-            with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-                counts = list(pool.map(_tokenize, tasks))
-        shards = [{"file": f"shard-{i:05d}.bin", "documents_file": f"shard-{i:05d}.docs.npy",
-                   "tokens": n, "documents": d, "source": piece.file,
-                   "row_group": piece.row_group}
-                  for i, (piece, (n, d)) in enumerate(zip(todo, counts, strict=True)) if d]
-        if not shards:
-            raise ParaxisError(f"{path} holds no documents; give it some")
-        ends = sum(s["documents"] for s in shards) if end_of_document(tok) is not None else 0
-        if sum(s["tokens"] for s in shards) <= ends:
-            # each document's tokens end with one end-of-document id: no more means no text
-            raise ParaxisError(f"every document of {path} is empty (field {text_field!r}); give "
-                               "it some text, or choose the field with --text-field")
-        dtype = "uint8" if isinstance(tok, ByteTokenizer) else np.dtype(tok.dtype).name
-        index = {"format": "paraxis token shards", "version": VERSION, "fingerprint": key,
-                 "source": str(path), "kind": kind, "text_field": text_field,
-                 "tokenizer": str(tok), "tokenizer_sha256": tokenizer_hash(tok),
-                 "vocab_size": tok.vocab_size,
-                 "end_of_document": end_of_document(tok), "dtype": dtype,
-                 "tokens": sum(s["tokens"] for s in shards),
-                 "documents": sum(s["documents"] for s in shards), "shards": shards}
-        (tmp / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-        try:
-            tmp.rename(out)  # atomic; fails if another process just put its copy there
-        except OSError:
-            if _prepared_fingerprint(out) != key:
-                raise
-            shutil.rmtree(tmp)
+        with _terminate_raises():
+            _write_shards(path, kind, key, todo, tok, tokenizer, text_field, tmp, workers)
+            if in_place:
+                for name in sorted(os.listdir(tmp), key=lambda n: n == "index.json"):
+                    os.replace(tmp / name, target / name)  # index.json last
+                tmp.rmdir()
+                _sync_folder(target)
+            else:
+                try:
+                    tmp.rename(target)  # atomic; fails if another process just put its copy
+                except OSError:
+                    if _prepared_fingerprint(target) != key:
+                        raise
+                    shutil.rmtree(tmp)
+                _sync_folder(home)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for folder in created[1:]:  # `out` itself was never created, only its parents
@@ -212,6 +225,118 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
                 folder.rmdir()
         raise
     return out
+
+
+def _write_shards(path: Path, kind: str, key: str, todo: list[Piece],
+                  tok: ByteTokenizer | HFTokenizer, tokenizer: str | None, text_field: str,
+                  tmp: Path, workers: int) -> dict:
+    """Tokenize `todo` into shards in `tmp` and write its index.json; returns the index."""
+    _worker_tokenizer.cache_clear()  # the file may have changed since the last prepare
+    tasks = [(p, text_field, tokenizer, str(tmp / f"shard-{i:05d}")) for i, p in
+             enumerate(todo)]
+    workers = max(1, min(workers, len(tasks)))
+    if workers == 1:
+        counts = [_tokenize(t) for t in tasks]
+    else:
+        # fork, as PyTorch's DataLoader workers: "spawn" would re-run a caller's script
+        # that starts training without an `if __name__ == "__main__":` guard.
+        with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+            counts = list(pool.map(_tokenize, tasks))
+    shards = [{"file": f"shard-{i:05d}.bin", "documents_file": f"shard-{i:05d}.docs.npy",
+               "tokens": n, "documents": d, "source": piece.file,
+               "row_group": piece.row_group}
+              for i, (piece, (n, d)) in enumerate(zip(todo, counts, strict=True)) if d]
+    if not shards:
+        raise ParaxisError(f"{path} holds no documents; give it some")
+    ends = sum(s["documents"] for s in shards) if end_of_document(tok) is not None else 0
+    if sum(s["tokens"] for s in shards) <= ends:
+        # each document's tokens end with one end-of-document id: no more means no text
+        raise ParaxisError(f"every document of {path} is empty (field {text_field!r}); give "
+                           "it some text, or choose the field with --text-field")
+    dtype = "uint8" if isinstance(tok, ByteTokenizer) else np.dtype(tok.dtype).name
+    index = {"format": FORMAT, "version": VERSION, "fingerprint": key,
+             "source": str(path), "kind": kind, "text_field": text_field,
+             "tokenizer": str(tok), "tokenizer_sha256": tokenizer_hash(tok),
+             "vocab_size": tok.vocab_size,
+             "end_of_document": end_of_document(tok), "dtype": dtype,
+             "tokens": sum(s["tokens"] for s in shards),
+             "documents": sum(s["documents"] for s in shards), "shards": shards}
+    with open(tmp / "index.json", "w") as handle:
+        handle.write(json.dumps(index, indent=1) + "\n")
+        _flush_to_disk(handle)
+    _sync_folder(tmp)
+    return index
+
+
+def _flush_to_disk(handle: IO) -> None:
+    """Write `handle`'s data through to the disk before the folder is published: after a
+    crash a renamed folder must not hold shards the file system had not yet written."""
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make `folder`'s entries (a rename into it) durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_abandoned(home: Path, prefix: str) -> None:
+    """Remove the temporary folders (`prefix`HOST-PID-...) of prepares on this host whose
+    process is gone: killed outright (SIGKILL, a node's out-of-memory killer), they could
+    not clean up after themselves."""
+    host = socket.gethostname()
+    for folder in home.glob(f"{prefix}{host}-*"):
+        pid = folder.name[len(prefix) + len(host) + 1:].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, `kill`) raises SystemExit while preparing, so the
+    temporary folder is removed as after any failure, where its default action would end
+    the process on the spot. Left alone where someone already handles it (a training
+    run's preemption handler) and off the main thread, where handlers cannot be set."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _shards_whole(folder: Path) -> bool:
+    """Whether every shard index.json lists is there at the size it says (what a crash or
+    a partial copy breaks); what ids they hold is `read_prepared`'s check."""
+    try:
+        index = json.loads((folder / "index.json").read_text())
+        itemsize = np.dtype(index["dtype"]).itemsize
+        return all((folder / shard["file"]).stat().st_size == shard["tokens"] * itemsize
+                   and (folder / shard["documents_file"]).is_file()
+                   for shard in index["shards"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _prepared_fingerprint(folder: Path) -> str | None:
@@ -223,7 +348,18 @@ def _prepared_fingerprint(folder: Path) -> str | None:
 
 
 def is_prepared(path: Path) -> bool:
-    return path.is_dir() and (path / "index.json").is_file()
+    """Whether `path` is a folder of `paraxis data prepare` (its index.json says so, or it
+    holds shards beside an index.json that no longer reads), not a raw source that happens
+    to hold a file of that name (a dataset's own manifest)."""
+    index = path / "index.json"
+    if not (path.is_dir() and index.is_file()):
+        return False
+    try:
+        record = json.loads(index.read_text())
+    except (OSError, ValueError):
+        return True  # damaged: `read_prepared` names the file
+    return (isinstance(record, dict) and record.get("format") == FORMAT) or any(
+        path.glob("shard-*.bin"))
 
 
 def read_prepared(folder: str | Path) -> tuple[TokenShards, dict]:
@@ -231,24 +367,28 @@ def read_prepared(folder: str | Path) -> tuple[TokenShards, dict]:
     `TokenShards` reads a window across shard boundaries), and its index; every shard is
     checked whole (size, ids within the vocabulary) and named when bad."""
     folder = Path(folder)
+    again = ("prepare the source again with `paraxis data prepare SOURCE --out "
+             f"{folder}` (it rebuilds a damaged folder)")
     try:
         index = json.loads((folder / "index.json").read_text())
-        dtype, vocab, shards = np.dtype(index["dtype"]), index["vocab_size"], index["shards"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ParaxisError(f"{folder / 'index.json'} is not a paraxis token index ({error}); "
-                           "prepare the source again with `paraxis data prepare`") from None
+        dtype, vocab, shards = np.dtype(index["dtype"]), int(index["vocab_size"]), [
+            (str(shard["file"]), str(shard["documents_file"]), int(shard["tokens"]))
+            for shard in index["shards"]]
+    except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError, a bad entry
+        raise ParaxisError(f"{folder / 'index.json'} is not a paraxis token index "
+                           f"({type(error).__name__}: {error}); {again}") from None
     arrays = []
-    for shard in shards:
-        file = folder / shard["file"]
+    for name, ends_name, count in shards:
+        file = folder / name
         size = file.stat().st_size if file.is_file() else -1
         if size <= 0:
             raise ParaxisError(f"shard {file} is {'missing' if size < 0 else 'empty'}; "
-                               "prepare the source again with `paraxis data prepare`")
-        if size != shard["tokens"] * dtype.itemsize:
-            raise ParaxisError(f"shard {file} has {size} bytes, not the {shard['tokens']} "
-                               f"{dtype.name} tokens index.json says; prepare it again")
+                               f"{again}")
+        if size != count * dtype.itemsize:
+            raise ParaxisError(f"shard {file} has {size} bytes, not the {count} "
+                               f"{dtype.name} tokens index.json says; {again}")
         tokens = np.memmap(file, dtype=dtype, mode="r")
-        _check_vocabulary(tokens, vocab, file, folder / shard["documents_file"])
+        _check_vocabulary(tokens, vocab, file, folder / ends_name)
         arrays.append(tokens)
     return TokenShards(arrays), index
 
@@ -260,10 +400,13 @@ def _check_vocabulary(tokens: np.ndarray, vocab: int, file: Path, ends_file: Pat
         bad = np.flatnonzero(tokens[start: start + chunk] >= vocab)
         if len(bad):
             at = start + int(bad[0])
-            row = int(np.searchsorted(np.load(ends_file), at, side="right")) + 1
-            raise ParaxisError(f"shard {file} document {row} (token {at}) holds id "
-                               f"{int(tokens[at])}, beyond the vocabulary of {vocab}; "
-                               "prepare the source again")
+            try:
+                row = int(np.searchsorted(np.load(ends_file), at, side="right")) + 1
+                where = f"document {row} (token {at})"
+            except (OSError, ValueError):  # its document ends are missing or damaged too
+                where = f"token {at}"
+            raise ParaxisError(f"shard {file} {where} holds id {int(tokens[at])}, beyond the "
+                               f"vocabulary of {vocab}; prepare the source again")
 
 
 def cache_root() -> Path:
@@ -273,7 +416,9 @@ def cache_root() -> Path:
         check_writable_folder(root, "PARAXIS_DATA_CACHE", "~/.cache/paraxis/data")
         return root
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "paraxis" / "data"
+    root = Path(base) / "paraxis" / "data"
+    check_writable_folder(root, "the data cache (set PARAXIS_DATA_CACHE to another folder)")
+    return root
 
 
 def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | None = None,
@@ -289,7 +434,8 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
                                f"{tokenizer}; leave --tokenizer out, or prepare the source "
                                "again with it")
         return TokenData(tokens, f"{path} (prepared, {index['tokenizer']})",
-                         end_of_document=index.get("end_of_document"))
+                         end_of_document=index.get("end_of_document"),
+                         tokenizer=index.get("tokenizer_sha256"))
     kind = source_kind(path) if path is not None and path.exists() else None
     if kind is None:
         return TokenData.load(source, dtype, tokenizer)
@@ -300,4 +446,5 @@ def load_token_data(source: str | None, dtype: str = "uint16", tokenizer: str | 
     prepare(path, out, tokenizer, text_field, workers=workers)
     tokens, index = read_prepared(out)
     return TokenData(tokens, f"{path} ({index['tokenizer']}, prepared in {out})",
-                     end_of_document=index.get("end_of_document"))
+                     end_of_document=index.get("end_of_document"),
+                     tokenizer=index.get("tokenizer_sha256"))

@@ -59,12 +59,37 @@ def source_kind(path: Path) -> str | None:
     if _is_datasets_dir(path):
         return "arrow"
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file()]
-        if any(p.suffix == ".parquet" for p in files):
-            return "parquet"
-        if any(_is_jsonl(p) for p in files):
-            return "jsonl"
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        parquet = [p for p in files if p.suffix == ".parquet"]
+        jsonl = [p for p in files if _is_jsonl(p)]
+        if parquet and jsonl:
+            raise ParaxisError(f"folder {path} holds Parquet files ({parquet[0]}, ...) and JSON "
+                               f"lines files ({jsonl[0]}, ...); put each kind in a folder of its "
+                               "own and blend them (--data a:0.5,b:0.5)")
+        if not (parquet or jsonl):
+            return None
+        kind = "parquet" if parquet else "jsonl"
+        unread = [p for p in files if _unread_data(p)]
+        if unread:
+            raise ParaxisError(f"folder {path} holds {kind} files and {unread[0]} ("
+                               f"{len(unread)} such), which would not be read (.jsonl, "
+                               ".jsonl.gz and .parquet are read, the suffix in lower case; a "
+                               "folder of .txt files is read as text); convert or move them")
+        return kind
     return None
+
+
+def _unread_data(path: Path) -> bool:
+    """A file beside JSONL or Parquet files that holds data of another kind, which the
+    source would otherwise skip without a word: plain text, and JSON lines or Parquet under
+    a suffix not read (upper case, or compressed other than with gzip). README.md, a
+    loading script and JSON metadata are not data."""
+    name = path.name.lower()
+    if path.suffix == ".txt":
+        return True
+    if name.endswith((".jsonl", ".jsonl.gz", ".parquet")):
+        return not (_is_jsonl(path) or path.suffix == ".parquet")
+    return ".jsonl." in name  # .jsonl.zst, .jsonl.bz2, .jsonl.xz
 
 
 def source_files(path: Path, kind: str) -> list[Path]:

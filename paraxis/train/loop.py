@@ -172,10 +172,11 @@ def run_training(cfg: RunConfig) -> list[dict]:
                   flush=True)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
         try:
-            first = start_step(cfg, engine, model_cfg, rank)
+            first, seen = start_step(cfg, engine, model_cfg, rank)
             if rank == 0:  # once the checkpoint it starts from has loaded: a run that
                 write_config(cfg)  # cannot start leaves the last run's config.toml
-            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first, claim)
+            records = _loop(cfg, engine, data, groups, device, rank, model_cfg, first, claim,
+                            seen)
         finally:
             if heartbeat is not None:
                 heartbeat.stop()
@@ -195,7 +196,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
 
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
           device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
-          claim: Claim | None = None) -> list[dict]:
+          claim: Claim | None = None, samples_at_start: int = 0) -> list[dict]:
     import torch  # lazy: torch; CLI start-up imports this
 
     from paraxis.dist.groups import (  # lazy: torch; CLI start-up imports this
@@ -310,7 +311,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             progress.update(step, record, log=logging)
             signum = stop.agreed(device)  # every rank stops at the same step, or none
             if save_due(cfg, done) or (signum and cfg.checkpoint.dir):
-                save(cfg, engine, model_cfg, done, claim)
+                save(cfg, engine, model_cfg, done, claim,
+                     samples_at_start + (done - start_step) * train.global_batch)
             if signum:
                 raise Preempted(signum, done, cfg.checkpoint.dir and str(
                     Path(cfg.checkpoint.dir) / step_dir_name(done)))

@@ -102,28 +102,33 @@ def already_complete(cfg: RunConfig) -> str | None:
             "nothing to train (raise --steps to train further)")
 
 
-def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, rank: int) -> int:
-    """Load what the run starts from into `engine`; return the step to continue from."""
+def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig,
+               rank: int) -> tuple[int, int]:
+    """Load what the run starts from into `engine`; return the step to continue from and the
+    samples trained on before it (the checkpoint's count: its run may have changed
+    --global-batch on an earlier resume)."""
     path = resume_source(cfg)
     if path is None:
         if cfg.checkpoint.init_from:
             init_from(cfg.checkpoint.init_from, engine, model_cfg, rank)
-        return 0
+        return 0, 0
     manifest = load_checkpoint(engine, path, model_cfg.to_dict(), rank)
     step = int(manifest["step"])
+    seen = (manifest.get("data") or {}).get("samples_seen")
+    samples = seen if isinstance(seen, int) else step * cfg.train.global_batch
     if step >= cfg.train.steps and restart_attempt() > 0:
         # a rank lost after the final checkpoint: the restart finds the run done
         if rank == 0 and not cfg.logging.quiet:
             print(f"paraxis: {path} is at step {step} of --steps {cfg.train.steps}: the run "
                   "is complete, nothing to train", file=sys.stderr, flush=True)
-        return step
+        return step, samples
     if step >= cfg.train.steps:
         raise ParaxisError(f"checkpoint {path} is at step {step}, not before --steps "
                            f"{cfg.train.steps}; raise --steps to train further")
     if rank == 0 and not cfg.logging.quiet:
         print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
               file=sys.stderr, flush=True)
-    return step
+    return step, samples
 
 
 def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
@@ -147,12 +152,15 @@ def save_due(cfg: RunConfig, done: int) -> bool:
 
 
 def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
-         claim: RunIdentity | None = None) -> None:
-    """A checkpoint of `step` steps done, with the resolved config, the data position and
-    the run it belongs to (`paraxis/train/claim.py`: pruning touches this run's checkpoints
+         claim: RunIdentity | None = None, samples_seen: int | None = None) -> None:
+    """A checkpoint of `step` steps done, with the resolved config, the data position
+    (`samples_seen`: the samples trained on so far, default `step` global batches) and the
+    run it belongs to (`paraxis/train/claim.py`: pruning touches this run's checkpoints
     only)."""
     train = cfg.train
-    data = {"seed": train.seed, "next_step": step, "samples_seen": step * train.global_batch,
+    if samples_seen is None:
+        samples_seen = step * train.global_batch
+    data = {"seed": train.seed, "next_step": step, "samples_seen": samples_seen,
             "global_batch": train.global_batch, "seq_len": train.seq_len,
             "precision": get_policy(train.precision).name}
     run = None
