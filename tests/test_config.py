@@ -146,7 +146,7 @@ def test_a_saved_config_reads_back_the_same_run_from_any_folder(tmp_path, monkey
                  "--metrics-file", "m.jsonl", "--device", "cpu"]) == 0
     saved = run / "ck" / "step-00000002" / "config.toml"
     assert f'dir = "{run / "ck"}"' in saved.read_text()
-    assert f'metrics_file = "{run / "m.jsonl"}"' in (run / "config.toml").read_text()
+    assert f'metrics_file = "{run / "m.jsonl"}"' in (run / "m.config.toml").read_text()
     monkeypatch.chdir(other)
     assert main(["train", "--quiet", "--config", str(saved), "--resume", "auto",
                  "--exit-after", "3", "--metrics-file", "m.jsonl", "--device", "cpu"]) == 0

@@ -164,7 +164,7 @@ def test_a_real_run_is_read_with_its_headroom_and_forecast(tmp_path, capsys):
     records = load_metrics(run / "m.jsonl")
     peak = max(r["peak_mem_bytes"] for r in records)
     cluster = PlanInputs(gpus=1, hardware=str(profile)).cluster()
-    assert line(out, "Run") == f"Run: {run / 'm.jsonl'} and config.toml"
+    assert line(out, "Run") == f"Run: {run / 'm.jsonl'} and m.config.toml"
     assert "0 to 3 (4 records)" in out and "it finished" in line(out, "Steps")
     headroom = line(out, "Memory headroom")
     assert f"peaked at {size(peak)}" in headroom and "resident set" in headroom
@@ -175,6 +175,13 @@ def test_a_real_run_is_read_with_its_headroom_and_forecast(tmp_path, capsys):
     assert f"the planner forecasts {size(estimate.memory['total'])} in all per rank" in forecast
     assert f"{size(records[-1]['peak_mem_bytes'])} at step 3 (" in forecast
     assert "too few to fit a trend" in line(out, "Memory growth")
+    assert all(r["device"] == "cpu" for r in records)
+    # without --hardware the run is priced on the default GPU: its resident set is not set
+    # against that GPU's tensors as if it were the allocator's peak
+    out = diagnose(capsys, "--run", str(run))
+    assert "(measured: the process's resident set" in line(out, "Memory headroom")
+    assert "not comparable with a GPU's forecast: give --hardware" in line(out, "Forecast")
+    assert "x the forecast" not in line(out, "Forecast")
 
 
 def test_a_run_that_stopped_at_its_exit_after_is_not_called_cut_short(tmp_path, capsys):
@@ -297,3 +304,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, words):
     for word in words:
         assert word in captured.err, (word, captured.err)
     assert snapshot(tmp_path) == before
+
+
+def test_runs_sharing_a_folder_each_read_their_own_config(tmp_path):
+    """Metrics files side by side (runs/a.jsonl, runs/b.jsonl) each get their own config and
+    trace (runs/a.config.toml); a run of a folder of its own keeps config.toml. The plain
+    config.toml older runs shared is read only for the metrics file it names."""
+    from paraxis.commands.diagnose import find_run
+    from paraxis.files.run_records import beside, found_beside
+
+    assert beside(tmp_path / "metrics.jsonl", "config.toml") == tmp_path / "config.toml"
+    assert beside(tmp_path / "a.jsonl", "trace.json") == tmp_path / "a.trace.json"
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / "config.toml").write_text(f'[logging]\nmetrics_file = "{tmp_path / "a.jsonl"}"\n')
+    assert found_beside(tmp_path / "a.jsonl", "config.toml") == tmp_path / "config.toml"
+    assert found_beside(tmp_path / "b.jsonl", "config.toml") is None
+    (tmp_path / "b.config.toml").write_text("[train]\nsteps = 2\n")
+    assert find_run(str(tmp_path / "b.jsonl"), "--run").config == tmp_path / "b.config.toml"
+    assert find_run(str(tmp_path / "a.jsonl"), "--run").config == tmp_path / "config.toml"

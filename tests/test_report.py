@@ -113,6 +113,14 @@ def test_run_report_forecasts_with_a_calibrated_profile(tmp_path, capsys):
     assert main(["report", "--run", str(run), "--hardware", str(hw),
                  "--out", str(tmp_path / "r2.html")]) == 0
     assert f"the prediction is {error:+.0%} off" in (tmp_path / "r2.html").read_text()
+    assert "warning" not in capsys.readouterr().err
+    # a layout the run did not have is priced, and said to be another than the run's
+    assert main(["report", "--run", str(run), "--hardware", str(hw), "--layout", "dp=2",
+                 "--gpus", "2", "--out", str(tmp_path / "r3.html")]) == 0
+    assert "warning: --layout dp=2 is not what the run ran" in capsys.readouterr().err
+    assert main(["report", "--run", str(tmp_path / "nowhere"), "--hardware", str(hw),
+                 "--out", str(tmp_path / "r4.html")]) == 2
+    assert f"--run {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
 
 
 def test_a_run_that_shared_its_machine_is_flagged():

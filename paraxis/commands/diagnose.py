@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from paraxis.files.run_records import found_beside
 from paraxis.plan import inputs
 from paraxis.plan.cost import Estimate, evaluate
 from paraxis.plan.hardware import CLUSTERS, Cluster
@@ -71,13 +72,11 @@ def find_run(text: str, flag: str) -> RunFolder:
     if not path.exists():
         raise ParaxisError(f"{flag} {path} does not exist; give the folder {written}, or that "
                            "metrics file")
-    folder = path if path.is_dir() else path.parent
-    config = folder / "config.toml"
-    config = config if config.is_file() else None
     if path.is_file():
-        return RunFolder(folder, path, config)
+        return RunFolder(path.parent, path, found_beside(path, "config.toml"))
+    folder, config = path, path / "config.toml"
     named = [folder / Path(read_run_file(config).logging.metrics_file or "").name] \
-        if config else []
+        if config.is_file() else []
     found = [p for p in (*named, folder / "metrics.jsonl") if p.is_file()]
     found = found or sorted(folder.glob("*.jsonl"))
     if len(found) > 1 and not named:
@@ -86,7 +85,7 @@ def find_run(text: str, flag: str) -> RunFolder:
     if not found:
         raise ParaxisError(f"{flag} {path} holds no metrics file (*.jsonl); give the folder "
                            f"{written}, or train with --metrics-file")
-    return RunFolder(folder, found[0], config)
+    return RunFolder(folder, found[0], found_beside(found[0], "config.toml"))
 
 
 def hardware_text(cluster: Cluster, preset: str | None) -> str:
@@ -219,7 +218,10 @@ def diagnose_end(args: argparse.Namespace) -> list[tuple[str, str]]:
         forecast = MemoryForecast(layout, hardware_text(cluster, given.cluster_preset)
                                   + completed, price(layout),
                                   [(name, price(option)) for name, option in lighter])
-    device = Device(cluster.gpu.memory_bytes, capacity_source(args, cluster), is_cpu(cluster))
+    # what the run measured: a CPU run's peaks are resident sets, whatever it is priced on
+    on_cpu = is_cpu(cluster) or any(r.get("device") == "cpu" for r in records)
+    device = Device(cluster.gpu.memory_bytes, capacity_source(args, cluster), on_cpu,
+                    is_cpu(cluster))
     lines = [("Run", f"{run.metrics}" + (f" and {run.config.name}" if run.config else
                                          " (no config.toml beside it)"))]
     return lines + diagnose_run(records, end, device, forecast)

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from paraxis.plan import inputs
+from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 
 GLOBAL_BATCH = 16  # without a run's config.toml: the demo's batch
 
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from paraxis.files.host import check_writable
+    from paraxis.files.run_records import found_beside
     from paraxis.show.report.build import build_report, save
     from paraxis.show.report.measured import metrics_path
 
@@ -43,13 +47,21 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", "report.html")
     given = inputs.from_args(args)
     if args.run_dir is not None:
-        given = from_run_config(given, args, metrics_path(Path(args.run_dir)).parent
-                                / "config.toml")
+        config = found_beside(metrics_path(Path(args.run_dir)), "config.toml")
+        if config is not None:
+            given = from_run_config(given, args, config)
     if given.global_batch is None:
         given = dataclasses.replace(given, global_batch=GLOBAL_BATCH)
     out = save(build_report(given, args.run_dir), args.out)
     print(f"report written to {out.resolve()}")
     return 0
+
+
+def _layout_text(text: str) -> str:
+    try:
+        return str(Layout.parse(text))
+    except ParaxisError:
+        return text  # a bad layout: the forecast says what is wrong with it
 
 
 def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path
@@ -60,9 +72,14 @@ def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Pa
     run."""
     from paraxis.train.run_file import read_run_file
 
-    if not path.is_file():
-        return given
     run = read_run_file(path)
+    asked = [f"--model {args.model}"] if args.model not in (None, run.model.name) else []
+    if args.layout is not None and _layout_text(args.layout) != str(run.layout):
+        asked.append(f"--layout {args.layout}")
+    if asked:
+        print(f"paraxis: warning: {' and '.join(asked)} is not what the run ran ({run.layout}, "
+              f"{run.model.name}: {path}); the forecast of it is set beside that run's "
+              "measurements. Leave them out to forecast the run itself.", file=sys.stderr)
     changes: dict[str, object] = {}
     if args.model is None and args.params is None:
         changes["model"] = run.model.name

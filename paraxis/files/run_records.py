@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import tomllib
 from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
@@ -20,6 +21,34 @@ WARMUP_STEPS = 3  # first steps pay for allocation and autotuning: left out of m
 # 0.29 and 0.39, stepped at up to 2.2x and 3.2x their fastest steps, while the probes of
 # the cores and compute rates before and after them read as usual.
 DISTURBED_SPREAD = 0.25
+
+
+def beside(metrics: str | Path, name: str) -> Path:
+    """Where a run writes `name` ("config.toml", "trace.json") beside its metrics file: the
+    plain name beside a metrics.jsonl (a folder per run), `<stem>.<name>` beside any other
+    (runs/a.jsonl: runs/a.config.toml), so runs whose metrics files share a folder keep
+    their own."""
+    metrics = Path(metrics)
+    if metrics.name == "metrics.jsonl":
+        return metrics.parent / name
+    return metrics.parent / f"{metrics.name.removesuffix('.jsonl')}.{name}"
+
+
+def found_beside(metrics: Path, name: str) -> Path | None:
+    """The `name` file a run wrote beside `metrics` (`beside`), or None. A run made before
+    each had its own wrote the plain name, shared by the folder's runs: it is taken only
+    where the config.toml there names this metrics file (the last run that wrote it)."""
+    own = beside(metrics, name)
+    if own.is_file():
+        return own
+    shared, config = metrics.parent / name, metrics.parent / "config.toml"
+    if shared == own or not (shared.is_file() and config.is_file()):
+        return None
+    try:
+        named = tomllib.loads(config.read_text()).get("logging", {}).get("metrics_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return shared if isinstance(named, str) and Path(named).name == metrics.name else None
 
 
 NOT_FINITE_AS_NULL = ("loss", "grad_norm", "val_loss")

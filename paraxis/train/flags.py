@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.precision import PRESETS as PRECISION_PRESETS
 from paraxis.train.config import (
     FLAGS,
     RunConfig,
@@ -67,8 +68,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if hasattr(args, "removed_dtype"):
         same = ("bf16, or autocast-bf16 for what --dtype bf16 meant (bf16 compute over fp32 "
                 "state)" if args.removed_dtype == "bf16" else args.removed_dtype)
-        raise ParaxisError(f"--dtype is now --precision (fp32, bf16, bf16-fp32grad, fp16, "
-                           f"autocast-bf16; docs/precision.md): use --precision {same}")
+        raise ParaxisError(f"--dtype is now --precision ({', '.join(PRECISION_PRESETS)}; "
+                           f"docs/precision.md): use --precision {same}")
     given = {key: value for key, value in vars(args).items()
              if key in FLAGS or key in ("layout", "grad_accum")}
     config = getattr(args, "config", None)

@@ -24,6 +24,7 @@ from paraxis.dist.preemption import Preempted, StopRequest
 from paraxis.files.checkpoint_manifest import step_dir_name
 from paraxis.files.host_steal import cpu_ticks, stolen_share
 from paraxis.files.model_file import load_model_config
+from paraxis.files.run_records import beside
 from paraxis.files.trace import write_chrome_trace
 from paraxis.plan.compute import mfu
 from paraxis.plan.experts import experts_over_tp, feed_forward
@@ -286,7 +287,8 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
                           model_cfg, train.seq_len, tokens_per_s, layout.world_size, peak_flops),
                       "peak_mem_bytes": peak_memory_bytes(device), "data_wait_s": data_wait_s,
                       # the CPU time a VM's host took meanwhile (paraxis/files/host_steal.py)
-                      "cpu_steal": stolen_share(ticks, cpu_ticks())}
+                      "cpu_steal": stolen_share(ticks, cpu_ticks()),
+                      "device": device.type}  # what peak_mem_bytes measured: RSS on "cpu"
             record.update(moe_step_metrics(engine.model, groups, model_cfg))
             if cfg.auto.predicted_step_s is not None:  # --layout auto: the planner's forecast
                 record["predicted_step_s"] = cfg.auto.predicted_step_s
@@ -321,7 +323,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     if sink:
         sink.close()
     if log.metrics_file:
-        _save_trace(engine, Path(log.metrics_file).parent / "trace.json", rank)
+        _save_trace(engine, beside(log.metrics_file, "trace.json"), rank)
     return records
 
 

@@ -30,6 +30,7 @@ from paraxis.files.checkpoint_ownership import (
 )
 from paraxis.files.host import write_whole
 from paraxis.files.model_file import load_model_config
+from paraxis.files.run_records import beside
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, resolve, save_checkpoint
 from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
@@ -194,11 +195,12 @@ def trim_metrics(path: Path, start_step: int) -> None:
 
 
 def write_config(cfg: RunConfig) -> None:
-    """The resolved config as config.toml beside the metrics file (it reads back with
-    --config), and one line saying where; checkpoints carry their own copy."""
+    """The resolved config beside the metrics file (`run_records.beside`: config.toml beside
+    a metrics.jsonl; it reads back with --config), and one line saying where; checkpoints
+    carry their own copy."""
     where = None
     if cfg.logging.metrics_file:
-        path = Path(cfg.logging.metrics_file).parent / "config.toml"
+        path = beside(cfg.logging.metrics_file, "config.toml")
         try:
             write_whole(path, to_toml(with_absolute_paths(cfg)))
         except OSError as error:

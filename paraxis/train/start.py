@@ -9,6 +9,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from paraxis.data.blend import Blend, load_run_data
 from paraxis.dist.launch import (
@@ -124,6 +125,11 @@ def check_inputs(cfg: RunConfig, world: int) -> Blend:
             problem := fp8_shape_problem(model_cfg, cfg.layout.tp, cfg.layout.etp,
                                          train_cfg.precision)):
         raise ParaxisError(problem)
+    source = cfg.checkpoint.init_from
+    if source and not Path(source).exists():  # before the model is built or ranks start
+        raise ParaxisError(f"--init-from {source} does not exist; give a paraxis checkpoint "
+                           "(a step-N directory or the directory that holds them) or a "
+                           "Hugging Face model directory")
     data = load_run_data(cfg.data)
     data.check(model_cfg.vocab_size, train_cfg.seq_len, held_out=cfg.eval.every > 0)
     return data

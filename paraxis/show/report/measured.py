@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.files.host_steal import DISTURBED_STEAL
-from paraxis.files.run_records import DISTURBED_SPREAD, load_metrics, spread, steady, steal
+from paraxis.files.run_records import (
+    DISTURBED_SPREAD,
+    found_beside,
+    load_metrics,
+    spread,
+    steady,
+    steal,
+)
 from paraxis.files.trace import load_trace, to_chrome_trace
 from paraxis.plan.compute import mfu
 from paraxis.plan.cost import PREDICTION_TOLERANCE
@@ -125,14 +132,20 @@ def metrics_path(run: Path) -> Path:
 
 def load_run(run: Path) -> MeasuredRun:
     """The run `paraxis train --metrics-file` wrote: that file (or a folder's metrics.jsonl),
-    with the *trace*.json and config.toml the run wrote beside it."""
+    with the trace.json and config.toml the run wrote beside it (`run_records.beside`;
+    in a folder of its own, any *trace*.json there)."""
+    if not run.exists():
+        raise ParaxisError(f"--run {run} does not exist; give the metrics file a run wrote "
+                           "(`paraxis train --metrics-file FILE`) or its folder")
     metrics = metrics_path(run)
     if not metrics.is_file():
         raise ParaxisError(f"{run} has no metrics.jsonl; give the metrics file a run wrote "
                            "(`paraxis train --metrics-file FILE`) or its folder")
     folder = metrics.parent
-    traces = sorted(folder.glob("*trace*.json"))
-    trace = traces[0] if traces else None
+    trace = found_beside(metrics, "trace.json")
+    if trace is None and metrics.name == "metrics.jsonl":  # a run's own folder: any trace
+        traces = sorted(folder.glob("*trace*.json"))
+        trace = traces[0] if traces else None
     return MeasuredRun(folder, load_metrics(metrics), trace,
                        load_trace(trace) if trace else [], metrics)
 

@@ -55,6 +55,7 @@ class Device:
     capacity_bytes: float  # one rank's memory
     source: str  # where that figure comes from, in words
     cpu: bool  # the measured peak is the process's resident set, PyTorch included
+    priced_cpu: bool = True  # with `cpu`: the forecast is a CPU profile's too (not a GPU's)
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,7 @@ def forecast_sentence(forecast: MemoryForecast, records: list[dict], device: Dev
     reserved = memory.get("reserved", 0.0)
     # a GPU's allocator peak leaves out the CUDA context the planner reserves; a CPU rank's
     # resident set holds the process baseline a CPU profile reserves
-    if device.cpu:
+    if device.cpu and device.priced_cpu:
         compared = memory["total"]
         what = (f"in all per rank ({parts}, and {size(reserved)} for the process itself: "
                 "the profile's baseline)")
@@ -269,8 +270,14 @@ def forecast_sentence(forecast: MemoryForecast, records: list[dict], device: Dev
         what = (f"of tensors per GPU ({parts}; {size(reserved)} more is reserved for the "
                 "CUDA context, which the allocator's peak leaves out)")
     steps = {r["step"]: peak(r) for r in (steady_records(records)[0], records[-1]) if peak(r)}
-    against = ", ".join(f"{size(value)} at step {step:,} ({value / compared:.2f}x the "
-                        "forecast)" for step, value in steps.items())
+    if device.cpu and not device.priced_cpu:  # a resident set against a GPU's tensors
+        against = ", ".join(f"{size(value)} at step {step:,}" for step, value in steps.items())
+        against = (f"{against} (a CPU run's resident set, not comparable with a GPU's "
+                   "forecast: give --hardware, a CPU profile of `paraxis calibrate`, to "
+                   "compare)") if against else ""
+    else:
+        against = ", ".join(f"{size(value)} at step {step:,} ({value / compared:.2f}x the "
+                            "forecast)" for step, value in steps.items())
     return (f"the planner forecasts {size(compared)} {what} on the fullest stage of "
             f"{forecast.layout} on {forecast.hardware}; measured: "
             f"{against or 'no peak recorded'}.")
