@@ -25,8 +25,8 @@ GLOBAL_BATCH, SEQ_LEN = 16, 128
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--steps", type=int, default=60, help="steps of each run")
+    parser.add_argument("--model", default="tiny", help="a preset or model file to train")
     parser.add_argument("--layout", default=str(LAYOUT_3D),
                         help="the parallel layout to compare with one device")
     parser.add_argument("--out", default="runs/demo", help="folder for metrics and the report")
