@@ -198,12 +198,13 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     prefix = ".tmp-" if in_place else f".{target.name}.tmp-"
     home.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(home, prefix)
-    # unique per process and host (ranks on nodes sharing a filesystem may share a pid), and
-    # made before the cleanup guard, so a failure only ever removes what this process made
+    # unique per process and host (ranks on nodes sharing a filesystem may share a pid), so
+    # a failure only ever removes what this process made; made under the SIGTERM handler,
+    # so a stop at any point after it is cleaned up
     tmp = home / f"{prefix}{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        with _terminate_raises():
+    with _terminate_raises():
+        try:
+            tmp.mkdir()
             _write_shards(path, kind, key, todo, tok, tokenizer, text_field, tmp, workers)
             if in_place:
                 for name in sorted(os.listdir(tmp), key=lambda n: n == "index.json"):
@@ -218,12 +219,12 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
                         raise
                     shutil.rmtree(tmp)
                 _sync_folder(home)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for folder in created[1:]:  # `out` itself was never created, only its parents
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for folder in created[1:]:  # `out` itself was never created, only its parents
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+            raise
     return out
 
 
