@@ -241,8 +241,11 @@ def _write_shards(path: Path, kind: str, key: str, todo: list[Piece],
     else:
         # fork, as PyTorch's DataLoader workers: "spawn" would re-run a caller's script
         # that starts training without an `if __name__ == "__main__":` guard.
-        with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("fork"))
+        try:
             counts = list(pool.map(_tokenize, tasks))
+        finally:  # stopped (a bad piece, SIGTERM): the pieces not started are not tokenized
+            pool.shutdown(wait=True, cancel_futures=True)
     shards = [{"file": f"shard-{i:05d}.bin", "documents_file": f"shard-{i:05d}.docs.npy",
                "tokens": n, "documents": d, "source": piece.file,
                "row_group": piece.row_group}
