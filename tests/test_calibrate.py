@@ -179,6 +179,38 @@ def test_a_profile_serves_a_run_only_at_its_own_models_shapes(tmp_path):
     assert not matches(path, "AMD EPYC", 2, 8, "small-llama")
 
 
+def test_a_model_file_of_the_same_name_with_other_shapes_is_another_model(tmp_path,
+                                                                         monkeypatch):
+    """A profile records what its model holds (`ModelConfig.shape_key`) beside its name: a
+    model.json of another project, or the same file edited, does not reuse it, and
+    --layout auto keeps each one's calibration in a folder of its own."""
+    from paraxis.files.model_file import load_model_config
+    from paraxis.spec.model_config import PRESETS
+    from paraxis.train.auto_layout import cache_folder
+    from paraxis.train.calibrate.quick import matches
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(PRESETS["tiny"].to_dict()))
+    first = load_model_config("model.json")
+    profile = {"cluster": {"collectives": {}, "sync_wait_s": {}},
+               "calibration": {"device": {"type": "cpu", "model": "AMD EPYC", "cores": 2},
+                               "compute": {"shapes_from": {"model": "model.json",
+                                                           "shape": first.shape_key()},
+                                           "matmul": {}}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    assert matches(path, "AMD EPYC", 2, 1, "model.json")
+    model.write_text(json.dumps(PRESETS["tiny"].replace(d_model=128).to_dict()))
+    assert not matches(path, "AMD EPYC", 2, 1, "model.json")
+    second = load_model_config("model.json")
+    assert first.name == second.name
+    assert cache_folder(first, 32, 1) != cache_folder(second, 32, 1)
+    del profile["calibration"]["compute"]["shapes_from"]["shape"]  # made before shapes were kept
+    path.write_text(json.dumps(profile))
+    assert matches(path, "AMD EPYC", 2, 1, "model.json")
+
+
 def _sync_body(segments_s: list[float], flops_per_s: float) -> tuple[float, float]:
     """On every rank: its own segment alone (seconds, the median of 7), and sync_wait with
     that segment."""

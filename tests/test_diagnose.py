@@ -323,3 +323,23 @@ def test_runs_sharing_a_folder_each_read_their_own_config(tmp_path):
     (tmp_path / "b.config.toml").write_text("[train]\nsteps = 2\n")
     assert find_run(str(tmp_path / "b.jsonl"), "--run").config == tmp_path / "b.config.toml"
     assert find_run(str(tmp_path / "a.jsonl"), "--run").config == tmp_path / "config.toml"
+
+
+def test_a_run_is_priced_as_the_model_it_trained_not_its_file_edited_since(tmp_path, capsys):
+    """A run writes its model's fields beside its metrics (model.json): diagnose and report
+    price that, where the model file named in config.toml may have changed since."""
+    from paraxis.spec.model_config import PRESETS
+
+    model = tmp_path / "m.json"
+    trained = PRESETS["tiny"].replace(name="m")
+    model.write_text(json.dumps(trained.to_dict()))
+    run = tmp_path / "run"
+    assert main(["train", "--model", str(model), "--steps", "2", "--global-batch", "4",
+                 "--seq-len", "32", "--quiet", "--device", "cpu",
+                 "--metrics-file", str(run / "metrics.jsonl")]) == 0
+    assert json.loads((run / "model.json").read_text()) == trained.to_dict()
+    model.write_text(json.dumps(trained.replace(n_layers=8, d_model=256, n_heads=8,
+                                                n_kv_heads=8, d_ff=1024).to_dict()))
+    out = diagnose(capsys, "--run", str(run))
+    params = trained.num_params() * 4  # fp32
+    assert f"(params {size(params)}," in line(out, "Forecast")

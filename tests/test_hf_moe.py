@@ -234,7 +234,7 @@ def edited(hf_mixtral: str, tmp_path: Path, changes: dict, dropped: tuple[str, .
 
 
 @pytest.mark.parametrize(("changes", "dropped", "message"), [
-    ({"sliding_window": 32}, (), "sliding_window 32 < max_position_embeddings 64"),
+    ({"sliding_window": 32}, (), r"sliding_window 32 \(paraxis attends to the whole sequence"),
     ({"router_jitter_noise": 0.1}, (), "router_jitter_noise 0.1"),
     ({}, ("num_local_experts",), "missing key 'num_local_experts'"),
 ])
@@ -245,9 +245,12 @@ def test_what_paraxis_cannot_reproduce_is_refused(changes, dropped, message, hf_
     assert "\n" not in str(error.value)
 
 
-def test_a_window_as_long_as_the_sequences_is_no_window(hf_mixtral, tmp_path):
-    cfg, _ = read_hf(edited(hf_mixtral, tmp_path, {"sliding_window": 64}))
-    assert cfg.max_seq_len == 64
+def test_a_window_as_long_as_the_sequences_is_refused_too(hf_mixtral, tmp_path):
+    """paraxis trains RoPE models past max_position_embeddings, where a window of that length
+    would bind: the user sets it to null, which changes nothing up to that length."""
+    with pytest.raises(ParaxisError, match="set sliding_window to null .a window of "
+                                           "max_position_embeddings or more changes nothing"):
+        read_hf(edited(hf_mixtral, tmp_path, {"sliding_window": 64}))
 
 
 @pytest.mark.parametrize(("changes", "field"), [

@@ -117,7 +117,7 @@ def plan_inputs(args: argparse.Namespace, run: RunFolder | None) -> inputs.PlanI
 
     given = inputs.from_args(args)
     if run is not None and run.config is not None:
-        given = from_run_config(given, args, run.config)
+        given = from_run_config(given, args, run.config, run.metrics)
     return dataclasses.replace(
         given, precision=given.precision or ("fp32" if run else "mixed"),
         global_batch=given.global_batch or (GLOBAL_BATCH if run else WHAT_IF_BATCH))

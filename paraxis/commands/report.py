@@ -18,6 +18,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from paraxis.files.run_records import found_beside
 from paraxis.plan import inputs
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
@@ -39,7 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from paraxis.files.host import check_writable
-    from paraxis.files.run_records import found_beside
     from paraxis.show.report.build import build_report, save
     from paraxis.show.report.measured import metrics_path
 
@@ -47,9 +47,10 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", "report.html")
     given = inputs.from_args(args)
     if args.run_dir is not None:
-        config = found_beside(metrics_path(Path(args.run_dir)), "config.toml")
+        metrics = metrics_path(Path(args.run_dir))
+        config = found_beside(metrics, "config.toml")
         if config is not None:
-            given = from_run_config(given, args, config)
+            given = from_run_config(given, args, config, metrics)
     if given.global_batch is None:
         given = dataclasses.replace(given, global_batch=GLOBAL_BATCH)
     out = save(build_report(given, args.run_dir), args.out)
@@ -64,8 +65,8 @@ def _layout_text(text: str) -> str:
         return text  # a bad layout: the forecast says what is wrong with it
 
 
-def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path
-                    ) -> inputs.PlanInputs:
+def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Path,
+                    metrics: Path | None = None) -> inputs.PlanInputs:
     """What the command line leaves out, from the run's own resolved config (`paraxis train`
     writes config.toml beside metrics.jsonl): the model, layout, batch, sequence length,
     precision, loss kernel and FP8 gathers that really ran, so the forecast prices that
@@ -82,7 +83,9 @@ def from_run_config(given: inputs.PlanInputs, args: argparse.Namespace, path: Pa
               "measurements. Leave them out to forecast the run itself.", file=sys.stderr)
     changes: dict[str, object] = {}
     if args.model is None and args.params is None:
-        changes["model"] = run.model.name
+        # the model as it ran (model.json beside its metrics), not its file as it is now
+        trained = found_beside(metrics, "model.json") if metrics is not None else None
+        changes["model"] = str(trained) if trained is not None else run.model.name
     if args.layout is None:
         changes["layout"] = str(run.layout)
     if args.global_batch is None:

@@ -14,11 +14,10 @@ dense blocks). Pure Python, like `paraxis.spec.model_config`.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
-from paraxis.spec.model_config import ModelConfig
+from paraxis.spec.model_config import ModelConfig, finite
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
                  "GPT2LMHeadModel": "gpt2"}
@@ -34,7 +33,12 @@ def read_hf_config(path: Path) -> dict[str, object]:
     doc = read_json(source)
     _check_number_types(doc, source)
     # hand-written configs sometimes name only the model_type ("llama", "mixtral", "gpt2")
-    arch = (doc.get("architectures") or [doc.get("model_type")])[0]
+    names = doc.get("architectures")
+    if names is not None and not (isinstance(names, list)
+                                  and all(isinstance(n, str) for n in names)):
+        raise ParaxisError(f"{source}: architectures = {_shown(names)} must be a list of class "
+                           'names, e.g. ["LlamaForCausalLM"]; fix config.json')
+    arch = (names or [doc.get("model_type")])[0]
     style = ARCHITECTURES.get(arch) or (arch if arch in ARCHITECTURES.values() else None)
     if style is None:
         raise ParaxisError(f"{source}: architecture {arch!r} is not supported; paraxis "
@@ -57,6 +61,8 @@ REAL_NUMBER_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "router_
 # window, hidden_size / heads, 4 x n_embd. Any other number key is a number when present.
 NULL_MEANS_DEFAULT = ("num_key_value_heads", "sliding_window", "head_dim", "n_inner")
 ROPE_KEYS = ("rope_parameters", "rope_scaling")  # objects holding rope_theta and its kin
+BOOLEAN_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "scale_attn_weights",
+                "scale_attn_by_inverse_layer_idx", "add_cross_attention")
 
 
 def _check_number_types(doc: dict, source: Path, where: str = "") -> None:
@@ -69,10 +75,13 @@ def _check_number_types(doc: dict, source: Path, where: str = "") -> None:
                                "config.json")
     for key in REAL_NUMBER_KEYS:
         value = doc.get(key, 0.0)
-        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
-                value):
+        if not isinstance(value, int | float) or isinstance(value, bool) or not finite(value):
             raise ParaxisError(f"{source}: {where}{key} = {_shown(value)} must be a finite "
                                "number; fix config.json")
+    for key in BOOLEAN_KEYS:
+        if key in doc and not isinstance(doc[key], bool):
+            raise ParaxisError(f"{source}: {where}{key} = {_shown(doc[key])} must be true or "
+                               "false; fix config.json")
     for key in ROPE_KEYS if not where else ():
         rope = doc.get(key)
         if rope is not None and not isinstance(rope, dict):
@@ -132,17 +141,20 @@ def _llama_config(doc: dict, source: Path, name: str,
         raise unsupported(source, f"head_dim {doc['head_dim']} != hidden_size / heads")
     # transformers >= 5 nests theta in rope_parameters; older files use rope_theta and
     # rope_scaling. Anything but plain RoPE (linear, dynamic, yarn, llama3 scaling) is refused.
+    for key in ROPE_KEYS:  # transformers merges the two spellings: neither may scale
+        given = doc.get(key) or {}
+        rope_type = given.get("rope_type", given.get("type", "default"))
+        if rope_type != "default":
+            raise unsupported(source, f"rope scaling {rope_type!r} ({key})")
     rope = doc.get("rope_parameters") or doc.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise unsupported(source, f"rope scaling {rope_type!r}")
     if rope.get("partial_rotary_factor", doc.get("partial_rotary_factor", 1.0)) != 1.0:
         raise unsupported(source, "partial_rotary_factor != 1")
     theta = rope.get("rope_theta", doc.get("rope_theta", defaults["rope_theta"]))
     return dict(
         name=name, style="llama", vocab_size=_need(doc, source, "vocab_size"),
         n_layers=_need(doc, source, "num_hidden_layers"), d_model=d_model, n_heads=heads,
-        n_kv_heads=doc.get("num_key_value_heads", defaults["num_key_value_heads"]) or heads,
+        n_kv_heads=heads if (kv := doc.get("num_key_value_heads", defaults[
+            "num_key_value_heads"])) is None else kv,
         d_ff=_need(doc, source, "intermediate_size"),
         max_seq_len=doc.get("max_position_embeddings", defaults["max_position_embeddings"]),
         norm_eps=float(doc.get("rms_norm_eps", defaults["rms_norm_eps"])),
@@ -156,11 +168,11 @@ def _mixtral_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     experts of width `intermediate_size`."""
     fields = _llama_config(doc, source, name, MIXTRAL_DEFAULTS)
     window, longest = doc.get("sliding_window"), fields["max_seq_len"]
-    if window is not None and window < longest:
-        raise unsupported(source, f"sliding_window {window} < max_position_embeddings "
-                          f"{longest} (paraxis attends to the whole sequence); set "
-                          f"sliding_window to null, or max_position_embeddings to {window} "
-                          "(then no sequence is longer than the window)")
+    if window is not None:  # paraxis trains RoPE models past max_position_embeddings too
+        hint = (" (a window of max_position_embeddings or more changes nothing up to that "
+                "length)" if window >= longest else "")
+        raise unsupported(source, f"sliding_window {window} (paraxis attends to the whole "
+                          f"sequence, at any --seq-len); set sliding_window to null{hint}")
     if doc.get("router_jitter_noise"):
         raise unsupported(source, f"router_jitter_noise {doc['router_jitter_noise']} (paraxis "
                           "routes without noise); set it to 0")
@@ -187,7 +199,7 @@ def _gpt2_config(doc: dict, source: Path, name: str) -> dict[str, object]:
     return dict(
         name=name, style="gpt2", vocab_size=_need(doc, source, "vocab_size"),
         n_layers=_need(doc, source, "n_layer"), d_model=d_model, n_heads=heads,
-        n_kv_heads=heads, d_ff=doc.get("n_inner") or 4 * d_model,
+        n_kv_heads=heads, d_ff=4 * d_model if doc.get("n_inner") is None else doc["n_inner"],
         max_seq_len=_need(doc, source, "n_positions"),
         norm_eps=float(doc.get("layer_norm_epsilon", 1e-5)))
 

@@ -7,23 +7,37 @@ import json
 import tomllib
 from pathlib import Path
 
-from paraxis.files.checkpoint_manifest import read_manifest, resolve
+from paraxis.files.checkpoint_manifest import complete_checkpoints, read_manifest, resolve
 from paraxis.files.hf_config import hf_model_config
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import PRESETS, ModelConfig
 
 
+def model_directory(name_or_path: str) -> Path | None:
+    """The directory `name_or_path` names where it holds a model (a Hugging Face config.json,
+    a paraxis checkpoint, or a directory of checkpoints), else None. Such a directory is read
+    even where a preset has its name, as transformers' from_pretrained reads a local folder
+    before the hub: every command that takes --model reads one model for one text."""
+    path = Path(name_or_path)
+    if not name_or_path.strip() or not path.is_dir():
+        return None
+    if (path / "config.json").is_file() or (path / "manifest.json").is_file():
+        return path
+    return path if complete_checkpoints(path) or name_or_path not in PRESETS else None
+
+
 def load_model_config(name_or_path: str) -> ModelConfig:
     """A preset name, a .json/.toml file with the ModelConfig fields, or a directory holding a
     model: a paraxis checkpoint (manifest.json) or a Hugging Face model (config.json)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
     if not name_or_path.strip():  # Path("") is the working folder, read as a checkpoint
         raise ParaxisError(f"--model is empty; give a preset ({', '.join(PRESETS)}), a "
                            ".json/.toml model file or a checkpoint folder")
+    directory = model_directory(name_or_path)
+    if directory is not None:
+        return _model_of_directory(directory)
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
     path = Path(name_or_path)
-    if path.is_dir():
-        return _model_of_directory(path)
     if path.suffix in (".json", ".toml"):
         if not path.is_file():
             raise ParaxisError(f"model file {path} does not exist; give a preset name "
@@ -35,11 +49,27 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         except (ValueError, UnicodeDecodeError) as error:
             raise ParaxisError(f"model file {path} is not valid {path.suffix[1:]} ({error}); "
                                "fix the file or give a preset name") from None
-        if isinstance(data, dict):
-            data = data.get("model", data)
+        if isinstance(data, dict) and ("architectures" in data or "model_type" in data):
+            return hf_model_config(path.parent)  # a Hugging Face config.json, given by name
+        if isinstance(data, dict) and isinstance(data.get("model"), dict):
+            data = _model_table(data, path)
         return ModelConfig.from_dict(data, source=str(path))
-    raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}) "
-                       "or give a .json/.toml file")
+    raise ParaxisError(f"unknown model {name_or_path!r}; choose a preset ({', '.join(PRESETS)}), "
+                       "or give a .json/.toml model file or a directory holding a model (a "
+                       "Hugging Face config.json, or a paraxis checkpoint)")
+
+
+def _model_table(data: dict, path: Path) -> dict:
+    """The [model] table of a model file that wraps its fields in one; a run file's (which
+    names its model) and keys beside the table, which would be ignored, are refused."""
+    table, others = data["model"], sorted(key for key in data if key != "model")
+    if set(table) == {"name"}:
+        raise ParaxisError(f"{path} is a run file whose model is {table['name']!r}; give "
+                           f"--model {table['name']} (or --config {path} to run it)")
+    if others:
+        raise ParaxisError(f"model file {path} has key(s) {', '.join(others)} beside its "
+                           "[model] table, which would be ignored; move them into the table")
+    return table
 
 
 def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -5,13 +5,12 @@ report's and the lab's expert pictures)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from paraxis.data.corpus import embedded_corpus
 from paraxis.files.host import available_host_bytes
-from paraxis.files.model_file import load_model_config
+from paraxis.files.model_file import load_model_config, model_directory
 from paraxis.model.inference import load_for_inference
 from paraxis.model.transformer import build_model
 from paraxis.parallel.experts.layer import MoE
@@ -23,7 +22,7 @@ def route_batch(model_name: str, batch: int, seq_len: int, seed: int = 0
                 ) -> tuple[ModelConfig, dict[int, tuple[list[list[int]], list[list[float]]]]]:
     """(config, {block index: (chosen, weights)}): the model's routing of `batch` sequences
     of the embedded corpus, every MoE block, tokens in batch order."""
-    if model_name.strip() and Path(model_name).is_dir():  # "": the working folder, refused below
+    if model_directory(model_name) is not None:  # as every command reads --model
         cfg, model = load_for_inference(model_name)
     else:
         cfg = load_model_config(model_name)

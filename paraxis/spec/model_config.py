@@ -19,6 +19,8 @@ A llama-style model may be a mixture of experts (`n_experts > 0`): each block pa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 
@@ -38,7 +40,14 @@ def check_experts(cfg: ModelConfig) -> None:
                            "sigmoid")
     if not isinstance(cfg.expert_bias, bool):
         raise ParaxisError(f"expert_bias must be true or false, got {cfg.expert_bias!r}")
+    values = (cfg.n_shared_experts, cfg.capacity_factor, cfg.aux_loss_coef, cfg.z_loss_coef)
+    if min(values) < 0 or not all(map(finite, values)):
+        raise ParaxisError("n_shared_experts, capacity_factor, aux_loss_coef and "
+                           "z_loss_coef must be finite and >= 0")
     if cfg.n_experts == 0:
+        if cfg.first_dense_layers:
+            raise ParaxisError("first_dense_layers counts the blocks before the experts' and "
+                               "needs n_experts > 0; drop it or set n_experts")
         if (cfg.expert_bias or cfg.route_groups or cfg.route_group_limit
                 or cfg.router_score != "softmax"):
             raise ParaxisError("expert_bias, route_groups, route_group_limit and router_score "
@@ -59,13 +68,10 @@ def check_experts(cfg: ModelConfig) -> None:
     if cfg.top_k > cfg.n_experts:
         raise ParaxisError(f"top_k {cfg.top_k} exceeds n_experts {cfg.n_experts}; route "
                            "each token to at most n_experts experts")
-    if not 0 <= cfg.first_dense_layers <= cfg.n_layers:
+    if not 0 <= cfg.first_dense_layers < cfg.n_layers:
         raise ParaxisError(f"first_dense_layers {cfg.first_dense_layers} must be within "
-                           f"0..n_layers ({cfg.n_layers})")
-    values = (cfg.n_shared_experts, cfg.capacity_factor, cfg.aux_loss_coef, cfg.z_loss_coef)
-    if min(values) < 0 or not all(map(math.isfinite, values)):
-        raise ParaxisError("n_shared_experts, capacity_factor, aux_loss_coef and "
-                           "z_loss_coef must be finite and >= 0")
+                           f"0..n_layers-1 ({cfg.n_layers - 1}): a mixture of experts needs "
+                           "a block with experts")
     _check_groups(cfg)
 
 
@@ -102,6 +108,7 @@ def routing_text(cfg: ModelConfig) -> str:
 
 STYLES = ("gpt2", "llama")
 MAX_LAYERS = 10_000
+MAX_DIMENSION = 2**31  # any one width, count or length of a model
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,9 @@ class ModelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ParaxisError(f"model {field}={value!r} must be a positive integer")
+            if value > MAX_DIMENSION:  # past it the planner's float arithmetic overflows
+                raise ParaxisError(f"model {field}={value:.3g} is over {MAX_DIMENSION:,}; give "
+                                   "the model's real size")
         if self.n_layers > MAX_LAYERS:  # every planner and memory check walks the layers
             raise ParaxisError(f"model n_layers={self.n_layers:,} is over {MAX_LAYERS:,} (the "
                                "largest published models have under 200); give the model's "
@@ -158,7 +168,7 @@ class ModelConfig:
         for field, meaning in (("norm_eps", "the epsilon under a norm's square root"),
                                ("rope_theta", "rotary positions' base")):
             value = getattr(self, field)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if not isinstance(value, int | float) or not finite(value) or value <= 0:
                 raise ParaxisError(f"model {field}={value!r} must be a positive number "
                                    f"({meaning}); the default is {getattr(ModelConfig, field)}")
         if self.d_model % self.n_heads:
@@ -270,6 +280,12 @@ class ModelConfig:
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
+    def shape_key(self) -> str:
+        """A short hash of every field but the name: what the model is, whatever it is
+        called (a calibration measured at its shapes is this model's, and only its)."""
+        fields = {k: v for k, v in self.to_dict().items() if k != "name"}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
     def replace(self, **changes: object) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
@@ -297,6 +313,15 @@ class ModelConfig:
         return cls(**data)  # type: ignore[arg-type]
 
 
+def finite(value: float) -> bool:
+    """math.isfinite, and False for an integer too large for a float (10**400), where
+    isfinite raises."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _check_types(data: dict[str, object], source: str) -> None:
     """Each value of the field's type: a string norm_eps or `n_layers: true` (a bool is an
     int in Python, so that trained one layer) is named, not trained with."""
@@ -308,7 +333,7 @@ def _check_types(data: dict[str, object], source: str) -> None:
               isinstance(value, bool) if kind == "bool" else
               isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
               isinstance(value, int | float) and not isinstance(value, bool)
-              and math.isfinite(value))
+              and finite(value))
         if not ok:
             raise ParaxisError(f"{source}: {f.name} = {value!r} must be {_KIND_WORDS[kind]}")
 

@@ -34,8 +34,10 @@ def check_model(layout: Degrees, model: ModelConfig) -> None:
     """Raise `ParaxisError` (one line) where `model` does not split over `layout`."""
     _check_experts(layout, model)
     tp = layout.tp
-    # tp splits heads, kv heads, vocabulary and MLP width: offer degrees dividing all four
-    splits = (model.n_heads, model.n_kv_heads, model.vocab_size, model.d_ff)
+    # tp splits heads, kv heads, vocabulary and MLP width (where a block has a dense MLP):
+    # offer degrees dividing them all
+    dense = not model.is_moe or model.first_dense_layers > 0
+    splits = (model.n_heads, model.n_kv_heads, model.vocab_size, *([model.d_ff] * dense))
 
     def choices() -> str:  # only for a message: a search validates thousands of layouts
         return ", ".join(str(t) for t in range(1, model.n_heads + 1) if not any(
@@ -52,7 +54,7 @@ def check_model(layout: Degrees, model: ModelConfig) -> None:
         raise ParaxisError(f"vocab size {model.vocab_size} is not divisible by tp={tp}; "
                            f"pad the vocabulary to a multiple of tp or choose tp among "
                            f"{choices()}")
-    if model.d_ff % tp:
+    if dense and model.d_ff % tp:
         raise ParaxisError(f"MLP width {model.d_ff} is not divisible by tp={tp}; "
                            f"choose tp among {choices()}")
     check_heads(layout.cp_attention, model.n_heads // tp, model.n_kv_heads // tp, layout.cp)

@@ -37,6 +37,7 @@ from paraxis.plan.inputs import PlanInputs
 from paraxis.plan.search import Constraints, search
 from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import get_policy
 from paraxis.train.calibrate.measure import available_cores, cpu_cores
 from paraxis.train.calibrate.quick import PROBE_S, PROFILE_NAME
@@ -56,11 +57,12 @@ MACHINE_FLAGS = ("gpus_per_node", "nvlink_gbps", "network_gbps", "nics_per_node"
                  "collective_algorithm", "pipeline_zero2_reduce")
 
 
-def cache_folder(model: str, seq_len: int, ranks: int) -> Path:
-    """The folder a calibration for this model, sequence length and rank count is kept in."""
+def cache_folder(model: ModelConfig, seq_len: int, ranks: int) -> Path:
+    """The folder a calibration for this model (its name and what it holds: two model files
+    called alike are two models), sequence length and rank count is kept in."""
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "paraxis")
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
-    return root / "profiles" / f"{name}-seq{seq_len}-{ranks}ranks"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.name)
+    return root / "profiles" / f"{name}-{model.shape_key()}-seq{seq_len}-{ranks}ranks"
 
 
 def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
@@ -92,7 +94,7 @@ def plan_for(cfg: RunConfig, ranks: int, limits: Constraints | None = None,
                         hardware=cfg.logging.hardware, memory_gb=memory_gb,
                         precision=cfg.train.precision, seq_len=seq_len,
                         global_batch=cfg.train.global_batch, fused_loss=cfg.train.fused_loss)
-    hardware = choose_hardware(inputs, cache_folder(model_cfg.name, seq_len, ranks), ranks,
+    hardware = choose_hardware(inputs, cache_folder(model_cfg, seq_len, ranks), ranks,
                                cfg.model.name)
     given = hardware.inputs
     cluster = given.cluster()

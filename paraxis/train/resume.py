@@ -196,13 +196,18 @@ def trim_metrics(path: Path, start_step: int) -> None:
 
 def write_config(cfg: RunConfig) -> None:
     """The resolved config beside the metrics file (`run_records.beside`: config.toml beside
-    a metrics.jsonl; it reads back with --config), and one line saying where; checkpoints
-    carry their own copy."""
+    a metrics.jsonl; it reads back with --config) with the model's fields (model.json), and
+    one line saying where; checkpoints carry their own copy."""
     where = None
     if cfg.logging.metrics_file:
         path = beside(cfg.logging.metrics_file, "config.toml")
+        # and the model it trains, field by field: a model file edited after the run would
+        # otherwise make diagnose and report price another model than the one that ran
+        model = beside(cfg.logging.metrics_file, "model.json")
         try:
             write_whole(path, to_toml(with_absolute_paths(cfg)))
+            write_whole(model, json.dumps(load_model_config(cfg.model.name).to_dict(),
+                                          indent=1) + "\n")
         except OSError as error:
             raise RunFailed(f"cannot write {path} ({error.strerror}); free space or choose "
                             "another --metrics-file") from None

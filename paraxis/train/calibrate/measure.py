@@ -129,7 +129,10 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
             "elementwise_Bps": elementwise, "layer_overhead_s": overhead,
             "kernel_launch_s": launch,
             "dtype": str(dtype).removeprefix("torch."),
-            "shapes_from": {"model": cfg.name, "tokens": tokens, "seq_len": seq_len}}
+            # the --model text (a path where it is one) and what it holds, for a re-timing and
+            # for knowing the model again (`quick.matches`)
+            "shapes_from": {"model": model, "shape": cfg.shape_key(), "tokens": tokens,
+                            "seq_len": seq_len}}
 
 
 def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[str, float]:

@@ -99,7 +99,7 @@ def matches(path: Path, cpu: str, cores: int, ranks: int, model: str) -> bool:
     try:
         profile = json.loads(path.read_text())
         return _matches(profile, cpu, cores, ranks, model)
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError, AttributeError, KeyError, TypeError, ParaxisError):
         return False  # unreadable, or not a profile: not this run's
 
 
@@ -109,8 +109,11 @@ def _matches(profile: dict, cpu: str, cores: int, ranks: int, model: str) -> boo
     timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
     shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
     raw = profile.get("calibration", {}).get("collectives", {})  # what a re-timing reads
+    # the model by its text and, where the profile says it, by what it holds (a model file
+    # of the same name in another project, or edited since, is another model)
     return (device.get("type") == "cpu" and device.get("model") == cpu
             and shapes.get("model") == model
+            and shapes.get("shape", "") in ("", load_model_config(model).shape_key())
             and device.get("cores") == cores
             and "matmul" in profile["calibration"]["compute"]
             and (ranks < 2 or (str(ranks) in timed and "all_reduce" in raw.get(str(ranks), {})
