@@ -129,7 +129,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         memory = device_memory_bytes(device)  # None on CPU
         if memory is not None:  # ranks sharing a GPU (--share-gpu) each get a share of it
             memory /= ranks_per_device(device, train.share_gpu)
-        check_states_fit(model_cfg, layout, train.precision, memory)
+        check_states_fit(model_cfg, layout, train.precision, memory, cfg.model.name)
         data = load_run_data(cfg.data)  # memory-mapped: nothing is read yet but checks
         data.check(model_cfg.vocab_size, train.seq_len, held_out=cfg.eval.every > 0)
         end_of_document = packing_id(data.end_of_document, data.name) \

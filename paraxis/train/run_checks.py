@@ -13,11 +13,12 @@ from paraxis.spec.precision import Precision, get_policy
 
 
 def check_states_fit(model: ModelConfig, layout: Layout, precision: str,
-                     device_memory_bytes: float | None) -> None:
+                     device_memory_bytes: float | None, given: str | None = None) -> None:
     """Refuse, before anything is allocated, a layout whose model states alone (parameters,
     gradients, optimizer states: the planner's count, which the runtime's tensors equal)
     exceed what one rank has: its GPU's memory, or on a CPU (`device_memory_bytes` None)
-    this machine's available memory shared by the node's ranks."""
+    this machine's available memory shared by the node's ranks. `given`: the --model text
+    (a path where one was given), for the plan command the message suggests."""
     memory = layout_memory(model, layout, 1, 1, Precision.of(get_policy(precision)))
     states = memory["params"] + memory["grads"] + memory["optimizer"]
     if device_memory_bytes is None:
@@ -34,5 +35,5 @@ def check_states_fit(model: ModelConfig, layout: Layout, precision: str,
             f"{model.name} at layout {layout} holds {states / 1e9:,.1f} GB of model states per "
             f"rank (parameters, gradients, optimizer; {precision}), more than {where}; shard "
             f"them over more ranks (--zero 3, --tp, --pp{', --ep, --etp' * model.is_moe}): "
-            f"`paraxis plan --model {model.name} "
+            f"`paraxis plan --model {given or model.name} "
             "--gpus N` finds a layout that fits")
