@@ -201,6 +201,11 @@ def test_a_model_file_of_the_same_name_with_other_shapes_is_another_model(tmp_pa
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     assert matches(path, "AMD EPYC", 2, 1, "model.json")
+    assert matches(path, "AMD EPYC", 2, 1, "./model.json")  # the same file, spelt otherwise
+    saved = tmp_path / "run" / "model.json"  # a run's copy of its model, as report reads it
+    saved.parent.mkdir()
+    saved.write_text(json.dumps(first.replace(name="another name").to_dict()))
+    assert matches(path, "AMD EPYC", 2, 1, str(saved))
     model.write_text(json.dumps(PRESETS["tiny"].replace(d_model=128).to_dict()))
     assert not matches(path, "AMD EPYC", 2, 1, "model.json")
     second = load_model_config("model.json")
@@ -524,3 +529,11 @@ def test_a_gpu_calibration_measures_its_hosts_seconds_a_kernel():
 
     ((overhead, launch),) = run_distributed(_dispatch_figures, 1, ("cuda",), device="cuda")
     assert overhead == 0.0 and 2e-6 < launch < 5e-4, launch
+
+
+def test_the_committed_profile_is_where_runs_look_for_it():
+    from paraxis.train.calibrate import quick
+
+    assert quick.COMMITTED.is_file()
+    profile = json.loads(quick.COMMITTED.read_text())
+    assert profile["calibration"]["compute"]["shapes_from"]["model"] == "small-llama"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paraxis.files.host import host_ram_bytes
-from paraxis.files.model_file import load_model_config
+from paraxis.files.model_file import load_model_config, model_directory
 from paraxis.plan.comm import COLLECTIVES
 from paraxis.plan.compute import layer_kernels
 from paraxis.plan.sync import sync_segment_s as planned_segment_s
@@ -131,8 +131,14 @@ def _compute_probe(model: str, tokens: int, seq_len: int, repeats: int, device_t
             "dtype": str(dtype).removeprefix("torch."),
             # the --model text (a path where it is one) and what it holds, for a re-timing and
             # for knowing the model again (`quick.matches`)
-            "shapes_from": {"model": model, "shape": cfg.shape_key(), "tokens": tokens,
-                            "seq_len": seq_len}}
+            "shapes_from": {"model": _model_text(model), "shape": cfg.shape_key(),
+                            "tokens": tokens, "seq_len": seq_len}}
+
+
+def _model_text(model: str) -> str:
+    """--model as a later process reads it again: a preset's name, a path made absolute."""
+    held = Path(model).is_file() or model_directory(model) is not None
+    return str(Path(model).resolve()) if held else model
 
 
 def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[str, float]:

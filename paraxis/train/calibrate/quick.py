@@ -37,7 +37,7 @@ from paraxis.train.calibrate.measure import (
 )
 from paraxis.train.calibrate.profile import link_fields
 
-COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "hardware-profile.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "hardware-profile.json"
 PROFILE_NAME = "hardware-profile.json"
 # Bytes, latency- to bandwidth-bound. A small model's TP all-reduces are latency-bound: with
 # fewer sizes or repeats, gloo's noise can fit alpha to 0 and price them 6x too cheap.
@@ -109,11 +109,13 @@ def _matches(profile: dict, cpu: str, cores: int, ranks: int, model: str) -> boo
     timed = profile.get("cluster", {}).get("collectives", {}).get("all_reduce", {})
     shapes = profile.get("calibration", {}).get("compute", {}).get("shapes_from", {})
     raw = profile.get("calibration", {}).get("collectives", {})  # what a re-timing reads
-    # the model by its text and, where the profile says it, by what it holds (a model file
-    # of the same name in another project, or edited since, is another model)
+    # the model by what it holds (a model file of the same name in another project, or
+    # edited since, is another model; the same one spelt ./m.json or by its run's saved
+    # model.json is this one), by its text in a profile made before shapes were kept
+    shape = shapes.get("shape")
     return (device.get("type") == "cpu" and device.get("model") == cpu
-            and shapes.get("model") == model
-            and shapes.get("shape", "") in ("", load_model_config(model).shape_key())
+            and (shape == load_model_config(model).shape_key() if shape
+                 else shapes.get("model") == model)
             and device.get("cores") == cores
             and "matmul" in profile["calibration"]["compute"]
             and (ranks < 2 or (str(ranks) in timed and "all_reduce" in raw.get(str(ranks), {})
