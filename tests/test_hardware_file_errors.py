@@ -6,6 +6,7 @@ exit code 2: never a traceback from deep in the cost model (`plan/hardware_value
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from paraxis.cli import main
 from paraxis.plan import comm, hardware_values
 from paraxis.plan.hardware import load_hardware_file
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PLAN = ["plan", "--model", "tiny", "--gpus", "2"]
@@ -128,8 +131,8 @@ def test_empty_and_partial_tables_still_plan(tmp_path, capsys) -> None:
     path.write_text(json.dumps({
         "schema": "paraxis.hardware-profile/1",
         "gpu": {"name": "cpu-core", "peak_flops": 1e11, "memory_bytes": 16e9,
-                "nvlink_bandwidth_Bps": 4e8},
-        "cluster": {"cores_per_node": 2, "sync_wait_s": {"8": {}},
+                "hbm_bandwidth_Bps": 1e10, "nvlink_bandwidth_Bps": 4e8},
+        "cluster": {"gpus_per_node": 2, "cores_per_node": 2, "sync_wait_s": {"8": {}},
                     "collectives": {"all_reduce": {"8": {}},
                                     "all_gather": {"2": {"2": fit()}}},
                     "sync_wait_curve_s": {"2": {"2": []}},
@@ -138,6 +141,28 @@ def test_empty_and_partial_tables_still_plan(tmp_path, capsys) -> None:
     }))
     code, err = plan_with(path, capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["gpu"].pop("memory_bytes"), "a calibration profile without gpu.memory_bytes"),
+    (lambda d: d["gpu"].pop("peak_flops"), "a calibration profile without gpu.peak_flops"),
+    (lambda d: d.pop("cluster"), "a calibration profile without cluster.gpus_per_node"),
+    (lambda d: d.update(schema="paraxis.hardware-profile/2"), "not 'paraxis.hardware-profile/1'"),
+    (lambda d: d["gpu"].update(hbm_bandwidth_Bps=1e-300), "is below 1e\\+06 B/s"),
+    (lambda d: d["gpu"].update(peak_flops=10**400), "peak_flops = .* must be a number"),
+    (lambda d: d["gpu"].update(bf16="false"), "bf16 = 'false' must be true or false"),
+])
+def test_a_profile_that_would_be_priced_as_another_machine_is_refused(tmp_path, capsys, edit,
+                                                                     message) -> None:
+    """A calibration profile missing a key calibrate always writes would be completed from
+    the preset beneath (an A100's memory and FLOP/s for a CPU rank); another version's
+    profile, a rate no machine has, a number past a float and a quoted boolean are refused."""
+    profile = json.loads((ROOT / "docs" / "hardware-profile.json").read_text())
+    edit(profile)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(profile))
+    code, err = plan_with(path, capsys)
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1, err
 
 
 def test_the_ops_a_profile_may_fit_are_the_planners() -> None:

@@ -173,7 +173,7 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
      "dp_shard=3 shards ZeRO's states over groups of that many dp ranks"),
     # a bandwidth too small to price with: once a NaN step and a ranking that never ended
     (["plan", "--model", "llama2-7b", "--gpus", "16", "--network-gbps", "5e-324"],
-     "check its bandwidths and FLOP/s"),
+     "is below 1000 B/s, no machine's"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv: list[str], message: str) -> None:
     code, out, err = run_cli(capsys, *argv)

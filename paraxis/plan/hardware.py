@@ -63,7 +63,7 @@ from pathlib import Path
 
 from paraxis.plan.attention_rates import IMPLEMENTATIONS, measured_for, measured_on
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, ELEMENTWISE_KERNELS
-from paraxis.plan.hardware_values import check_structure, check_values
+from paraxis.plan.hardware_values import check_profile, check_structure, check_values
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.grid import node_of
 from paraxis.spec.kernels import KERNELS, LOSS_KERNELS, RUNTIME_KERNEL
@@ -437,6 +437,7 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
         raise ParaxisError(f"hardware file {path} is not valid {kind} ({error}); fix it (schema "
                            "in docs/planner.md) or write one with paraxis calibrate") from None
     check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes
+    check_profile(path, data)  # a calibration profile: this version's, and whole
     flat: dict[str, object] = {}
     for key, value in data.items():
         if key in ("gpu", "cluster") and isinstance(value, dict):

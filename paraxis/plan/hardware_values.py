@@ -25,10 +25,15 @@ def check_values(values: dict[str, object], kinds: dict[str, str]) -> None:
     it means "not measured" or "none" (latencies, gemm_half_width, nics_per_node...)."""
     for key, value in values.items():
         kind = kinds.get(key)
+        if kind == "bool" and not isinstance(value, bool):
+            raise ParaxisError(f"hardware {key} = {value!r} must be true or false (without "
+                               "quotes)")
+        if kind == "str" and not isinstance(value, str):
+            raise ParaxisError(f"hardware {key} = {value!r} must be text")
         if kind not in ("float", "int"):
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value):
+                or not finite(value):
             raise ParaxisError(f"hardware {key} = {value!r} must be a number; "
                                + (f"write it without quotes: {key} = {value}"
                                   if _reads_as_number(value) else "give one"))
@@ -41,6 +46,25 @@ def check_values(values: dict[str, object], kinds: dict[str, str]) -> None:
             raise ParaxisError(f"hardware {key} = {value!r} must be above 0")
         if value < 0:
             raise ParaxisError(f"hardware {key} = {value!r} must not be negative (0: none)")
+        least = SMALLEST.get(key)
+        if least is not None and 0 < value < least[0]:  # 0: none, or not measured
+            raise ParaxisError(f"hardware {key} = {value!r} is below {least[0]:g} {least[1]}, "
+                               "no machine's; give the figure measured")
+
+
+# The least a real machine has of each rate: a figure under it is a typo or a unit slip
+# (1e-300 B/s prices a step of 1e307 s). A phone's CPU core does about 1 GFLOP/s.
+SMALLEST = {"peak_flops": (1e6, "FLOP/s"), "attention_flops": (1e6, "FLOP/s"),
+            "hbm_bandwidth_Bps": (1e6, "B/s"), "nvlink_bandwidth_Bps": (1e3, "B/s"),
+            "inter_node_bandwidth_Bps": (1e3, "B/s"), "available_cores": (0.05, "cores")}
+
+
+def finite(value: float) -> bool:
+    """math.isfinite, and False for an integer too large for a float, where it raises."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _reads_as_number(value: object) -> bool:
@@ -62,6 +86,33 @@ FIT = '{"alpha_s": seconds >= 0, "bandwidth_Bps": bytes/s > 0}'
 # The ops a fit may price: comm.COLLECTIVES, named again here because comm imports
 # hardware, which imports this module (tests/test_hardware_file_errors.py keeps them equal).
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
+
+
+# What `paraxis calibrate` writes (train/calibrate/profile.build_profile): its version, and
+# the keys a profile always holds. A profile missing one would be completed from the GPU
+# preset beneath it (an A100's 80 GiB and 312 TFLOP/s for a CPU rank), so it is refused.
+PROFILE_SCHEMA = "paraxis.hardware-profile/1"
+PROFILE_KEYS = {"gpu": ("name", "peak_flops", "hbm_bandwidth_Bps", "memory_bytes"),
+                "cluster": ("gpus_per_node", "cores_per_node")}
+
+
+def check_profile(path: Path, data: dict) -> None:
+    """Where `data` is a calibration profile (it records its calibration or schema): of
+    this version, with every key calibrate writes."""
+    if "calibration" not in data and "schema" not in data:
+        return
+    again = f"re-run `paraxis calibrate --out {path}`"
+    if data.get("schema") != PROFILE_SCHEMA:
+        raise ParaxisError(f"hardware file {path} is a profile of schema "
+                           f"{data.get('schema')!r}, not {PROFILE_SCHEMA!r} (another paraxis "
+                           f"version's); {again}")
+    for table, keys in PROFILE_KEYS.items():
+        held = data.get(table)
+        missing = [key for key in keys if not (isinstance(held, dict) and key in held)]
+        if missing:
+            raise ParaxisError(f"hardware file {path}: a calibration profile without "
+                               f"{table}.{missing[0]}, which calibrate always writes (the "
+                               f"preset beneath would price it); {again}")
 
 
 def check_structure(path: Path, data: object) -> None:
@@ -161,7 +212,7 @@ def _refuse(path: Path, where: str, problem: str) -> NoReturn:
 def _is_number(value: object) -> TypeGuard[int | float]:
     """A finite int or float (not a bool, not a quoted number)."""
     return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value))
+            and finite(value))
 
 
 def _kind(value: object) -> str:

@@ -10,9 +10,10 @@ raw measurements ride along under "calibration".
 
 from __future__ import annotations
 
+from paraxis.plan.hardware_values import PROFILE_SCHEMA
 from paraxis.train.calibrate.fit import Fit, fit_alpha_beta
 
-SCHEMA = "paraxis.hardware-profile/1"
+SCHEMA = PROFILE_SCHEMA  # what plan.hardware_values checks a profile against
 
 
 Timings = dict[int, dict[str, dict[str, list[list[float]]]]]
