@@ -117,6 +117,8 @@ def test_calibrate_two_ranks_writes_a_profile_the_planner_loads(tmp_path, capsys
     (["--nproc", "0"], "positive integers"),
     (["--sizes-kb", "64"], "at least two sizes"),
     (["--tokens", "100", "--seq-len", "32"], "multiple of --seq-len"),
+    (["--tokens", "1", "--seq-len", "1"], "time at least 8 tokens a sequence and two"),
+    (["--tokens", "128", "--seq-len", "128"], "time at least 8 tokens a sequence and two"),
 ])
 def test_calibrate_bad_input_is_one_line(argv, message, capsys):
     assert main(["calibrate", *argv]) == 2
@@ -537,3 +539,19 @@ def test_the_committed_profile_is_where_runs_look_for_it():
     assert quick.COMMITTED.is_file()
     profile = json.loads(quick.COMMITTED.read_text())
     assert profile["calibration"]["compute"]["shapes_from"]["model"] == "small-llama"
+
+
+def _failing_body() -> None:
+    raise RuntimeError("Unable to find address for: bogus0")
+
+
+def test_a_failed_calibration_rank_is_one_line():
+    """A rank that cannot join (a wrong GLOO_SOCKET_IFNAME), runs out of memory or times out
+    ends the calibration with one line naming the part, not the launcher's traceback."""
+    from paraxis.spec.errors import RunFailed
+    from paraxis.train.calibrate.measure import on_ranks
+
+    with pytest.raises(RunFailed, match=r"the calibration's collectives on 2 rank\(s\) failed: "
+                                        r".*Unable to find address for: bogus0") as error:
+        on_ranks("collectives", _failing_body, 2, ())
+    assert "\n" not in str(error.value)

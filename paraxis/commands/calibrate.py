@@ -65,6 +65,9 @@ def default_nproc(device: str) -> list[int]:
     return [n for n in (2, 4, 8) if n <= torch.cuda.device_count()] or [1]
 
 
+MIN_SEQ_LEN = 8
+
+
 def run(args: argparse.Namespace) -> int:
     nproc = (_int_list(args.nproc, "--nproc") if args.nproc is not None
              else default_nproc(args.device))
@@ -97,8 +100,14 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens % args.seq_len:
         raise ParaxisError(f"--tokens {args.tokens} must be a multiple of --seq-len "
                            f"{args.seq_len}")
+    if args.seq_len < MIN_SEQ_LEN or args.tokens < 2 * args.seq_len:
+        # the elementwise probe subtracts a one-token run: too few tokens time nothing
+        raise ParaxisError(f"--tokens {args.tokens} --seq-len {args.seq_len}: time at least "
+                           f"{MIN_SEQ_LEN} tokens a sequence and two sequences (default 2048 "
+                           "and 128), where the rates mean something")
     from paraxis.files.host import available_host_bytes, check_writable
     from paraxis.files.model_file import load_model_config
+    from paraxis.plan.hardware import hardware_from_data
 
     cfg = load_model_config(args.model)  # a bad name or file: one line here, not per rank
     # the timed GEMMs' fp32 input and output at the widest (the LM head's vocabulary), at least
@@ -112,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     profile = calibrate(nproc, sizes, args.model, args.tokens, args.seq_len, args.repeats,
                         args.device, args.busy_s)
+    try:  # a profile the planner's own reader refuses is not written
+        hardware_from_data(out, profile)
+    except ParaxisError as error:
+        raise ParaxisError(f"the calibration measured nothing a plan can use ({error}); "
+                           f"{out} is left as it was: run it again on a quieter machine, or "
+                           "with more --tokens") from None
     try:  # whole or not at all: a profile already at --out survives a failed write
         write_whole(out, json.dumps(profile, indent=2) + "\n")
     except OSError as error:

@@ -17,16 +17,12 @@ Training pointed at a raw source prepares it into `<cache>/<fingerprint>` first
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -44,7 +40,7 @@ from paraxis.data.corpus import (
 )
 from paraxis.data.sources import Piece, documents, pieces, source_files, source_kind
 from paraxis.data.tokens import TokenShards
-from paraxis.files.host import check_writable_folder
+from paraxis.files.host import check_writable_folder, terminate_raises
 from paraxis.spec.errors import ParaxisError
 
 FORMAT = "paraxis token shards"
@@ -202,7 +198,7 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
     # a failure only ever removes what this process made; made under the SIGTERM handler,
     # so a stop at any point after it is cleaned up
     tmp = home / f"{prefix}{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-    with _terminate_raises():
+    with terminate_raises():
         try:
             tmp.mkdir()
             _write_shards(path, kind, key, todo, tok, tokenizer, text_field, tmp, workers)
@@ -307,27 +303,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
-
-
-@contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
-    """SIGTERM (a scheduler's stop, `kill`) raises SystemExit while preparing, so the
-    temporary folder is removed as after any failure, where its default action would end
-    the process on the spot. Left alone where someone already handles it (a training
-    run's preemption handler) and off the main thread, where handlers cannot be set."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _shards_whole(folder: Path) -> bool:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from paraxis.spec.errors import ParaxisError
@@ -144,3 +147,25 @@ def write_whole(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             staging.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, `kill`) raises SystemExit(143) inside the block, so its
+    cleanup runs (a temporary folder removed, helper processes stopped) where the signal's
+    default action would end the process on the spot. Left alone where a handler is set
+    already (a training run's preemption handler) and off the main thread, where handlers
+    cannot be set."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -436,7 +436,14 @@ def load_hardware_file(path: str | Path) -> dict[str, object]:
     except (ValueError, UnicodeDecodeError) as error:
         raise ParaxisError(f"hardware file {path} is not valid {kind} ({error}); fix it (schema "
                            "in docs/planner.md) or write one with paraxis calibrate") from None
+    return hardware_from_data(path, data)
+
+
+def hardware_from_data(path: Path, data: object) -> dict[str, object]:
+    """`load_hardware_file` of the document `data` read from `path` (or about to be written
+    there: `paraxis calibrate` checks its profile before writing it)."""
     check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes
+    assert isinstance(data, dict)  # check_structure refused anything else
     check_profile(path, data)  # a calibration profile: this version's, and whole
     flat: dict[str, object] = {}
     for key, value in data.items():

@@ -10,14 +10,14 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from paraxis.files.host import host_ram_bytes
+from paraxis.files.host import host_ram_bytes, terminate_raises
 from paraxis.files.model_file import load_model_config, model_directory
 from paraxis.plan.comm import COLLECTIVES
 from paraxis.plan.compute import layer_kernels
 from paraxis.plan.sync import sync_segment_s as planned_segment_s
-from paraxis.spec.errors import ParaxisError
+from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.train.calibrate.baseline import process_baseline_bytes
 from paraxis.train.calibrate.profile import build_profile, compute_fields
 
@@ -141,14 +141,33 @@ def _model_text(model: str) -> str:
     return str(Path(model).resolve()) if held else model
 
 
+def on_ranks(what: str, fn: Callable[..., Any], ranks: int, args: tuple,
+             timeout_s: float = 300.0, device: str = "cpu") -> list[Any]:
+    """`fn(*args)` on `ranks` ranks of this machine (dist.testing.run_distributed), for one
+    part of a calibration named `what`. A rank that fails (the network, memory, the time
+    limit) is one line naming the part and the rank's last words, not a traceback; SIGTERM
+    stops the ranks with the command instead of leaving them running."""
+    from paraxis.dist.testing import (  # lazy: torch; CLI start-up imports this
+        RankFailed,
+        run_distributed,
+    )
+
+    try:
+        with terminate_raises():
+            return run_distributed(fn, ranks, args, timeout_s=timeout_s, device=device)
+    except RankFailed as failure:
+        said = [line.strip() for line in str(failure).splitlines() if line.strip()]
+        raise RunFailed(f"the calibration's {what} on {ranks} rank(s) failed: "
+                        f"{said[-1][:200] if said else 'no message'}; free memory or fix the "
+                        "network (GLOO_SOCKET_IFNAME), then run it again") from None
+
+
 def compute_rates(model: str, tokens: int, seq_len: int, repeats: int) -> dict[str, float]:
     """The compute rates a CPU calibration measures (`compute_body`, one rank), timed again
     now, as the profile's GPU fields (profile.compute_fields): a shared VM's cores change
     speed between a calibration and a run, which is priced at the speed it ran at."""
-    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
-
     args = (model, tokens, seq_len, repeats, "cpu")
-    return compute_fields(run_distributed(compute_body, 1, args, timeout_s=300)[0])
+    return compute_fields(on_ranks("compute probe", compute_body, 1, args)[0])
 
 
 def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
@@ -157,8 +176,6 @@ def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
     "sync_wait_s", "sync_wait_curve_s", "scalar_call_s"}. Gloo between ranks that outnumber
     the cores times a pair's call differently from one minute to the next, and a tiny
     model's step pays it on every TP call."""
-    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
-
     calibration = profile["calibration"]
     timed = calibration["collectives"][str(ranks)]["all_reduce"]
     # the largest group's message sizes are whole shards for every group
@@ -166,8 +183,8 @@ def collectives_again(profile: dict, ranks: int, repeats: int) -> dict:
     shapes = calibration["compute"]["shapes_from"]
     rate = calibration["compute"]["matmul"]["flops_per_s"]
     segment = sync_segment_s(shapes["model"], shapes["tokens"], rate)
-    return run_distributed(collective_body, ranks, (sizes, repeats, "cpu", segment, rate),
-                           timeout_s=300)[0]
+    return on_ranks("collectives", collective_body, ranks,
+                    (sizes, repeats, "cpu", segment, rate))[0]
 
 
 def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
@@ -234,11 +251,9 @@ def available_cores(cores: int | None = None, busy_s: float = 2.0,
     the machine has where other sessions use it (Cluster.available_cores). Where the other
     load shares our session's scheduling group, more ranks get more of the machine: a run
     of N ranks is best probed with N."""
-    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
-
     cores = cores or cpu_cores()
-    shares = run_distributed(busy_body, ranks or cores, (busy_s,),
-                             timeout_s=60 + 2 * busy_s)
+    shares = on_ranks("core probe", busy_body, ranks or cores, (busy_s,),
+                      timeout_s=60 + 2 * busy_s)
     return min(float(cores), sum(shares))
 
 
@@ -265,7 +280,6 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
               busy_ranks: int | None = None) -> dict:
     """Measure and return the profile document (paraxis.train.calibrate.profile). `busy_ranks`:
     how many ranks probe the cores our ranks get (default one per core)."""
-    from paraxis.dist.testing import run_distributed  # lazy: torch; CLI start-up imports this
 
     device_type = _device_type(device)
     if device_type == "cuda":
@@ -276,8 +290,8 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
             raise ParaxisError(f"--nproc {max(nproc)} is more than the {gpus} GPU(s) here; "
                                f"give rank counts up to {gpus}")
     started = time.perf_counter()
-    compute = run_distributed(compute_body, 1, (model, tokens, seq_len, repeats, device_type),
-                              timeout_s=300, device=device_type)[0]
+    compute = on_ranks("compute probe", compute_body, 1,
+                       (model, tokens, seq_len, repeats, device_type), device=device_type)[0]
     log(f"compute: matmul {compute['matmul']['flops_per_s'] / 1e9:,.1f} GFLOP/s, attention "
         f"{compute['attention_flops_per_s'] / 1e9:,.1f} GFLOP/s, elementwise "
         f"{compute['elementwise_Bps'] / 1e9:,.1f} GB/s, dispatch "
@@ -290,9 +304,9 @@ def calibrate(nproc: list[int], sizes_bytes: list[int], model: str = "small-llam
     for n in sorted(set(nproc)):
         if n < 2:
             continue
-        measured = run_distributed(collective_body, n, (sizes_bytes, repeats, device_type,
-                                                        segment, rate),
-                                   timeout_s=300, device=device_type)[0]
+        measured = on_ranks("collectives", collective_body, n,
+                            (sizes_bytes, repeats, device_type, segment, rate),
+                            device=device_type)[0]
         timings[n], slowest[n] = measured["times"], measured["times_slowest"]
         if segment:
             waits[n], calls[n] = measured["sync_wait_s"], measured["scalar_call_s"]
