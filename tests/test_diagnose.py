@@ -343,3 +343,14 @@ def test_a_run_is_priced_as_the_model_it_trained_not_its_file_edited_since(tmp_p
     out = diagnose(capsys, "--run", str(run))
     params = trained.num_params() * 4  # fp32
     assert f"(params {size(params)}," in line(out, "Forecast")
+
+
+def test_a_move_with_the_hardware_fixed_by_flags_is_refused(capsys):
+    """--hardware, --gpu and the network flags lie over the cluster moved to as over the one
+    before, so the move would price the same hardware twice."""
+    assert main(["diagnose", "--model", "llama2-7b", "--gpus", "16", "--layout", "dp=2,tp=8",
+                 "--global-batch", "64", "--seq-len", "2048", "--gpu", "a100-80gb",
+                 "--network-gbps", "12.5", "--move-to", "dgx-h100"]) == 2
+    error = capsys.readouterr().err
+    assert "--move-to dgx-h100 with --gpu, --network-gbps: those describe the hardware on " \
+        "both sides of the move" in error and error.count("\n") == 1

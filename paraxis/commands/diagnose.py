@@ -165,6 +165,19 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--move-to-gpus-per-node {args.move_to_gpus_per_node} must be at "
                            "least 1; leave it out to keep the nodes as before")
     moving = args.move_to is not None or args.move_to_gpus_per_node is not None
+    if args.move_to is not None:
+        # they would lie over the cluster moved to (a preset beneath a file and flags), so the
+        # move would price the same hardware on both sides
+        fixed = [flag for flag, value in (
+            ("--hardware", args.hardware), ("--gpu", args.gpu), ("--nvlink-gbps",
+                                                                  args.nvlink_gbps),
+            ("--network-gbps", args.network_gbps), ("--nics-per-node", args.nics_per_node),
+            ("--collective-algorithm", args.collective_algorithm)) if value is not None]
+        if fixed:
+            raise ParaxisError(f"--move-to {args.move_to} with {', '.join(fixed)}: those "
+                               "describe the hardware on both sides of the move, so nothing "
+                               "would move; give the hardware before as --cluster, or leave "
+                               "them out")
     if args.before_dir is not None and args.run_dir is None:
         raise ParaxisError(f"--before needs --run, the run after the change; {USAGE}")
     if args.before_dir is not None or moving:
