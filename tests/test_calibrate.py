@@ -555,3 +555,16 @@ def test_a_failed_calibration_rank_is_one_line():
                                         r".*Unable to find address for: bogus0") as error:
         on_ranks("collectives", _failing_body, 2, ())
     assert "\n" not in str(error.value)
+
+
+def test_a_cpu_profile_shares_its_machine_over_the_ranks_planned():
+    """A profile keeps the machine's memory over the ranks it timed (8 for the committed
+    one); a plan of fewer ranks gives each its larger share, not the 8-rank one."""
+    from paraxis.plan.inputs import PlanInputs
+    from paraxis.train.calibrate import quick
+
+    profile = json.loads(quick.COMMITTED.read_text())
+    machine = profile["gpu"]["memory_bytes"] * profile["cluster"]["gpus_per_node"]
+    for ranks in (1, 2, 8, 16):
+        cluster = PlanInputs(gpus=ranks, hardware=str(quick.COMMITTED)).cluster()
+        assert cluster.gpu.memory_bytes == pytest.approx(machine / ranks)

@@ -379,7 +379,8 @@ def test_planner_auto_layout_of_the_08b_model(tmp_path, monkeypatch, capsys) -> 
     from paraxis.train.auto_layout import plan_for
 
     flags = quoted("planner.md", r"the 0\.8B Llama of `bench/scale\.py` \(`bench\.scale\.MODEL` "
-                                 r"in a model file\) on (\d+) ranks, with `([^`]+)`: `([^`]+)`; "
+                                 r"in a model file\) on (\d+) ranks, with `([^`]+)` "
+                                 r"\([^)]*\): `([^`]+)`; "
                                  r"on (\d+) ranks it picks a tensor x pipeline layout of "
                                  r"([\d.]+) GB per rank")
     ranks, options, message, more_ranks, gb = flags.groups()

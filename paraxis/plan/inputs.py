@@ -74,11 +74,11 @@ class PlanInputs:
                  "loss_kernel": "fused-linear" if self.fused_loss else None}
         if overrides.get("cores_per_node") and self.gpus:
             # a CPU profile: every rank runs on this one machine, whatever rank count it was
-            # calibrated on, and more ranks than that share its memory (each keeps the
-            # calibration's share at most)
+            # calibrated on, and the ranks planned share its memory (the profile holds a
+            # share for as many ranks as it timed: the machine's memory over that count)
             calibrated = int(overrides.get("gpus_per_node", 1))  # type: ignore[call-overload]
             overrides["gpus_per_node"] = self.gpus
-            if "memory_bytes" in overrides and self.gpus > calibrated:
+            if "memory_bytes" in overrides:
                 overrides["memory_bytes"] = \
                     float(overrides["memory_bytes"]) * calibrated / self.gpus  # type: ignore[arg-type]
         flags["gpus_per_node"] = self.gpus_per_node
