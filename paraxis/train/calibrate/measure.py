@@ -23,9 +23,9 @@ from paraxis.train.calibrate.profile import build_profile, compute_fields
 
 # Message sizes the collectives are timed at, latency- to bandwidth-bound, up to above the
 # 25 MB gradient bucket (GPU.gradient_bucket_bytes), the largest message a ZeRO-0/1/2 run
-# sends: a fit is only as good as the sizes it saw. Fitted on sizes up to 4 MiB, the profile
-# committed at 887a458 priced gloo's all-reduce of a 26 MB bucket over 8 ranks on 2 cores at
-# 22 ms; docs/hardware-profile.json now times 32 MiB at 129 ms and prices 26 MB at 100 ms.
+# sends: a fit is only as good as the sizes it saw (fitted on sizes up to 4 MiB, gloo's
+# all-reduce of a 26 MB bucket over 8 ranks on 2 cores came out at 22 ms, where
+# docs/hardware-profile.json times 32 MiB at 134 ms).
 DEFAULT_SIZES_KB = (16, 128, 1024, 4096, 32768)
 
 if TYPE_CHECKING:
