@@ -179,3 +179,15 @@ def test_a_bad_value_is_named_before_the_flags_work_on_it(tmp_path, capsys) -> N
     code, err = plan_with(path, capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert f"hardware file {path}: hardware gpus_per_node = 0 must be above 0" in err
+
+
+@pytest.mark.parametrize("flags", [["--nvlink-gbps", "1000"], ["--gpu", "h100-sxm-80gb"],
+                                   ["--gpus-per-node", "1"]])
+def test_flags_a_cpu_profile_leaves_nothing_to_are_refused(capsys, flags) -> None:
+    """A CPU profile's ranks share one machine whose rates and calls it measured: a link
+    speed, a GPU or nodes of fewer ranks would be ignored or price a network that is not
+    there."""
+    profile = str(ROOT / "docs" / "hardware-profile.json")
+    assert main(["plan", "--model", "tiny", "--gpus", "2", "--hardware", profile, *flags]) == 2
+    error = capsys.readouterr().err
+    assert f"{flags[0]} with the CPU profile" in error and error.count("\n") == 1

@@ -72,6 +72,17 @@ class PlanInputs:
                  "collective_algorithm": self.collective_algorithm,
                  "pipeline_zero2_reduce": self.pipeline_zero2_reduce,
                  "loss_kernel": "fused-linear" if self.fused_loss else None}
+        if overrides.get("cores_per_node"):
+            # flags a CPU profile's measurements leave nothing to: said, not ignored
+            moot = [flag for flag, value in (
+                ("--gpu", self.gpu), ("--nvlink-gbps", self.nvlink_gbps),
+                ("--gpus-per-node", self.gpus_per_node  # below the ranks: a node apart
+                 if (self.gpus_per_node or 0) < (self.gpus or 0) else None)) if value is not None]
+            if moot:
+                raise ParaxisError(f"{', '.join(moot)} with the CPU profile {self.hardware}: "
+                                   "its ranks share one machine, its rates and calls measured "
+                                   "there; leave them out, or give a GPU with --gpu and no "
+                                   "--hardware")
         if overrides.get("cores_per_node") and self.gpus:
             # a CPU profile: every rank runs on this one machine, whatever rank count it was
             # calibrated on, and the ranks planned share its memory (the profile holds a
