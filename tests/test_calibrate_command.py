@@ -1,6 +1,8 @@
 """`paraxis calibrate`'s refusals and its output file."""
 
+import json
 import resource
+from pathlib import Path
 
 import paraxis.commands.calibrate as command
 from paraxis.cli import main
@@ -18,8 +20,10 @@ def test_a_failed_write_keeps_the_profile_already_there(tmp_path, capsys, monkey
     """The new profile outgrows the file-size limit (a full disk's stand-in) part-way."""
     out = tmp_path / "profile.json"
     out.write_text('{"old": true}\n')
-    monkeypatch.setattr(command, "calibrate", lambda *args: {
-        "calibration": {"seconds": 1.0, "padding": "x" * 200_000}})
+    profile = json.loads((Path(__file__).parents[1] / "docs" / "hardware-profile.json")
+                         .read_text())
+    profile["calibration"].update(seconds=1.0, padding="x" * 200_000)
+    monkeypatch.setattr(command, "calibrate", lambda *args: profile)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, hard))
     try:

@@ -443,7 +443,6 @@ def hardware_from_data(path: Path, data: object) -> dict[str, object]:
     """`load_hardware_file` of the document `data` read from `path` (or about to be written
     there: `paraxis calibrate` checks its profile before writing it)."""
     check_structure(path, data)  # one object; calibrated tables shaped as calibrate writes
-    assert isinstance(data, dict)  # check_structure refused anything else
     check_profile(path, data)  # a calibration profile: this version's, and whole
     flat: dict[str, object] = {}
     for key, value in data.items():

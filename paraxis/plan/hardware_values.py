@@ -96,10 +96,10 @@ PROFILE_KEYS = {"gpu": ("name", "peak_flops", "hbm_bandwidth_Bps", "memory_bytes
                 "cluster": ("gpus_per_node", "cores_per_node")}
 
 
-def check_profile(path: Path, data: dict) -> None:
+def check_profile(path: Path, data: object) -> None:
     """Where `data` is a calibration profile (it records its calibration or schema): of
     this version, with every key calibrate writes."""
-    if "calibration" not in data and "schema" not in data:
+    if not isinstance(data, dict) or ("calibration" not in data and "schema" not in data):
         return
     again = f"re-run `paraxis calibrate --out {path}`"
     if data.get("schema") != PROFILE_SCHEMA:
