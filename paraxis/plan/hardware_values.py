@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn, TypeGuard
 
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.model_config import finite
 
 # Fractions of a datasheet figure a kernel or collective reaches: above 0, at most 1.
 FRACTIONS = ("matmul_efficiency", "link_efficiency", "hbm_efficiency")
@@ -57,14 +58,6 @@ def check_values(values: dict[str, object], kinds: dict[str, str]) -> None:
 SMALLEST = {"peak_flops": (1e6, "FLOP/s"), "attention_flops": (1e6, "FLOP/s"),
             "hbm_bandwidth_Bps": (1e6, "B/s"), "nvlink_bandwidth_Bps": (1e3, "B/s"),
             "inter_node_bandwidth_Bps": (1e3, "B/s"), "available_cores": (0.05, "cores")}
-
-
-def finite(value: float) -> bool:
-    """math.isfinite, and False for an integer too large for a float, where it raises."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _reads_as_number(value: object) -> bool:
