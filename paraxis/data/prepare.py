@@ -26,7 +26,6 @@ import socket
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import IO
 from uuid import uuid4
 
 import numpy as np
@@ -40,7 +39,13 @@ from paraxis.data.corpus import (
 )
 from paraxis.data.sources import Piece, documents, pieces, source_files, source_kind
 from paraxis.data.tokens import TokenShards
-from paraxis.files.host import check_writable_folder, terminate_raises
+from paraxis.files.checkpoint_ownership import pid_alive
+from paraxis.files.host import (
+    check_writable_folder,
+    flush_to_disk,
+    sync_folder,
+    terminate_raises,
+)
 from paraxis.spec.errors import ParaxisError
 
 FORMAT = "paraxis token shards"
@@ -146,13 +151,13 @@ def _tokenize(task: tuple[Piece, str, str | None, str]) -> tuple[int, int]:
             shard.write(data + eod_bytes)
             total += len(data) // np.dtype(dtype).itemsize + 1
             ends.append(total)
-        _flush_to_disk(shard)
+        flush_to_disk(shard)
     if not ends and piece.kind != "parquet":  # a Parquet row group may hold no rows
         raise ParaxisError(f"{piece.file} holds no documents; remove it or give it some")
     if ends:
         with open(f"{out_stem}.docs.npy", "wb") as docs:
             np.save(docs, np.asarray(ends, dtype=np.int64))
-            _flush_to_disk(docs)
+            flush_to_disk(docs)
     else:
         os.remove(f"{out_stem}.bin")
     return total, len(ends)
@@ -206,7 +211,7 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
                 for name in sorted(os.listdir(tmp), key=lambda n: n == "index.json"):
                     os.replace(tmp / name, target / name)  # index.json last
                 tmp.rmdir()
-                _sync_folder(target)
+                sync_folder(target)
             else:
                 try:
                     tmp.rename(target)  # atomic; fails if another process just put its copy
@@ -214,7 +219,7 @@ def prepare(source: str | Path, out: str | Path, tokenizer: str | None = None,
                     if _prepared_fingerprint(target) != key:
                         raise
                     shutil.rmtree(tmp)
-                _sync_folder(home)
+                sync_folder(home)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             for folder in created[1:]:  # `out` itself was never created, only its parents
@@ -263,25 +268,9 @@ def _write_shards(path: Path, kind: str, key: str, todo: list[Piece],
              "documents": sum(s["documents"] for s in shards), "shards": shards}
     with open(tmp / "index.json", "w") as handle:
         handle.write(json.dumps(index, indent=1) + "\n")
-        _flush_to_disk(handle)
-    _sync_folder(tmp)
+        flush_to_disk(handle)
+    sync_folder(tmp)
     return index
-
-
-def _flush_to_disk(handle: IO) -> None:
-    """Write `handle`'s data through to the disk before the folder is published: after a
-    crash a renamed folder must not hold shards the file system had not yet written."""
-    handle.flush()
-    os.fsync(handle.fileno())
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make `folder`'s entries (a rename into it) durable."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _remove_abandoned(home: Path, prefix: str) -> None:
@@ -291,18 +280,8 @@ def _remove_abandoned(home: Path, prefix: str) -> None:
     host = socket.gethostname()
     for folder in home.glob(f"{prefix}{host}-*"):
         pid = folder.name[len(prefix) + len(host) + 1:].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _shards_whole(folder: Path) -> bool:
@@ -310,12 +289,24 @@ def _shards_whole(folder: Path) -> bool:
     a partial copy breaks); what ids they hold is `read_prepared`'s check."""
     try:
         index = json.loads((folder / "index.json").read_text())
-        itemsize = np.dtype(index["dtype"]).itemsize
-        return all((folder / shard["file"]).stat().st_size == shard["tokens"] * itemsize
+        dtype = np.dtype(index["dtype"])
+        return all(_shard_problem(folder / shard["file"], int(shard["tokens"]), dtype) is None
                    and (folder / shard["documents_file"]).is_file()
                    for shard in index["shards"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def _shard_problem(file: Path, count: int, dtype: np.dtype) -> str | None:
+    """What is wrong with the shard `file` index.json says holds `count` ids of `dtype`
+    (missing, empty, cut short or grown), or None."""
+    size = file.stat().st_size if file.is_file() else -1
+    if size <= 0:
+        return f"shard {file} is {'missing' if size < 0 else 'empty'}"
+    if size != count * dtype.itemsize:
+        return (f"shard {file} has {size} bytes, not the {count} {dtype.name} tokens "
+                "index.json says")
+    return None
 
 
 def _prepared_fingerprint(folder: Path) -> str | None:
@@ -359,13 +350,9 @@ def read_prepared(folder: str | Path) -> tuple[TokenShards, dict]:
     arrays = []
     for name, ends_name, count in shards:
         file = folder / name
-        size = file.stat().st_size if file.is_file() else -1
-        if size <= 0:
-            raise ParaxisError(f"shard {file} is {'missing' if size < 0 else 'empty'}; "
-                               f"{again}")
-        if size != count * dtype.itemsize:
-            raise ParaxisError(f"shard {file} has {size} bytes, not the {count} "
-                               f"{dtype.name} tokens index.json says; {again}")
+        problem = _shard_problem(file, count, dtype)
+        if problem is not None:
+            raise ParaxisError(f"{problem}; {again}")
         tokens = np.memmap(file, dtype=dtype, mode="r")
         _check_vocabulary(tokens, vocab, file, folder / ends_name)
         arrays.append(tokens)

@@ -9,6 +9,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from paraxis.spec.errors import ParaxisError
 
@@ -134,6 +135,22 @@ def available_host_bytes() -> float:
     except (OSError, ValueError, IndexError):
         pass
     return host_ram_bytes()
+
+
+def flush_to_disk(handle: IO) -> None:
+    """Write `handle`'s data through to the disk: what a rename then publishes (a checkpoint,
+    prepared shards) must not be a file the file system had not written when it crashed."""
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def sync_folder(folder: Path) -> None:
+    """Make `folder`'s entries (a rename into it) durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def write_whole(path: Path, text: str) -> None:

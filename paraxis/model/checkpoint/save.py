@@ -45,6 +45,7 @@ from paraxis.files.checkpoint_manifest import (
     with_checksum,
 )
 from paraxis.files.checkpoint_ownership import still_held, write_identity
+from paraxis.files.host import flush_to_disk, sync_folder
 from paraxis.model.checkpoint.entries import Checkpointable, optimizer_steps
 from paraxis.spec.errors import RunFailed
 from paraxis.spec.units import runs_within
@@ -201,7 +202,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any], config_toml: str) -
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    sync_folder(final.parent)
 
 
 def prune(root: Path, keep: int, run_id: str | None = None) -> None:
@@ -225,22 +226,13 @@ def _run_of(directory: Path) -> str | None:
 def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file(tensors, str(path))
     with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+        flush_to_disk(handle)
 
 
 def _write_durably(path: Path, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        flush_to_disk(handle)
 
 
 def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
