@@ -22,7 +22,8 @@ the parameters the rank holds a piece of: a rank's memory is its share plus one 
 
 A new axis plugs in at one place in `parallelize` (its step, at its place in the order, as
 context parallelism's step 3, experts' step 3b), one field in the Layout
-(`paraxis/spec/layout.py`), and one folder holding its modules (`context_parallel/`, `moe/`).
+(`paraxis/spec/layout.py`), and one folder holding its modules (`parallel/context/`,
+`parallel/experts/`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                                                 placement=layout.placement)
     # 1. pipeline: this stage's parts (a block range, with or without embedding and head)
     parts = stage_parts(cfg, partition, groups.pp_rank)
-    # 2. tensor parallelism: the plan (tensor_parallel/apply.py) splits each part in place
+    # 2. tensor parallelism: the plan (parallel/tensor/apply.py) splits each part in place
     for part in parts:
         apply_tensor_parallel(part, groups, layout.sequence_parallel, layout.etp > 1)
     # 3. context parallelism: every part runs on this rank's two chunks of each sequence,
@@ -153,7 +154,7 @@ def compiles_whole(cfg: ModelConfig, layout: Layout, end_of_document: int | None
 def compile_blocks(part: Transformer, head: bool = True) -> None:
     """`torch.compile` each block's computation, the block's own hooks outside it (ZeRO-3
     gathers parameters in them) and the TP collectives inside it eager
-    (`tensor_parallel/comm.py` marks them): the graphs hold the matmuls, norms and
+    (`parallel/tensor/comm.py` marks them): the graphs hold the matmuls, norms and
     elementwise work between communications. Blocks share one graph (parameters are its
     inputs), so the compile costs about one graph per rank, forward and backward.
 

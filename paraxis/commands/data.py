@@ -1,7 +1,7 @@
 """`paraxis data prepare SRC --out DIR`: tokenize a raw corpus once into token shards.
 
 Training reads the result directly (`--data DIR`); pointing training at the raw source does
-the same preparation into a cache folder (`data_prepare.py`).
+the same preparation into a cache folder (`data/prepare.py`).
 """
 
 from __future__ import annotations

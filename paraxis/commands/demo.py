@@ -3,7 +3,7 @@
 1. Trains the tiny model on one device on the embedded corpus (this Python's own standard
    library, tokenised as bytes: nothing to download).
 2. Trains the same model, seed and batches on a 3D layout, dp=2 x tp=2 x pp=2 (8 CPU ranks,
-   ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (runtime/launch.py).
+   ZeRO-1, 1F1B), launched like `paraxis train --nproc 8` (dist/launch.py).
 3. Prints the two loss curves side by side, then writes the HTML report for the 3D run
    (plan, defence, pictures, measured next to its forecast on this machine) and its path.
 

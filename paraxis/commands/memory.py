@@ -6,7 +6,7 @@ import argparse
 import json
 
 from paraxis.plan.hardware import GPUS, unknown_gpu
-from paraxis.plan.memory import zero_table
+from paraxis.plan.memory import states_fit, zero_table
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import PRECISIONS, Precision
 
@@ -46,14 +46,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": "paraxis.memory/1", "params": params,
                           "gpus": args.gpus, "gpu": gpu.name,
                           "memory_bytes": gpu.memory_bytes,
+                          "reserved_bytes": gpu.reserved_bytes,
                           "precision": {"param_bytes": precision.param_bytes,
                                         "grad_bytes": precision.grad_bytes,
                                         "optimizer_bytes": precision.optimizer_bytes},
-                          "stages": [{**row, "formula": f, "fits": row["total"] <=
-                                      gpu.memory_bytes}
+                          "stages": [{**row, "formula": f,
+                                      "fits": states_fit(row["total"], gpu)}
                                      for row, f in zip(rows, formulas(precision),
                                                        strict=True)]}, indent=2))
         return 0
     from paraxis.plan.tables import print_zero_table
-    print_zero_table(params, args.gpus, rows, gpu.memory_bytes, formulas(precision))
+    print_zero_table(params, args.gpus, rows, gpu, formulas(precision))
     return 0

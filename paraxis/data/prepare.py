@@ -1,6 +1,6 @@
 """Tokenize a raw corpus once into indexed token shards, so training reads tokens, not text.
 
-`prepare(source, out)` splits the source into pieces (`data_sources.py`), tokenizes them in
+`prepare(source, out)` splits the source into pieces (`data/sources.py`), tokenizes them in
 parallel worker processes, and writes per piece a shard of token ids (`shard-NNNNN.bin`, the
 nanoGPT layout) with the end offset of each of its documents (`shard-NNNNN.docs.npy`), then
 `index.json`: the tokenizer, the end-of-document id, the shards in order, and a fingerprint of

@@ -111,7 +111,7 @@ def init_distributed(device: torch.device, timeout_s: float,
 
     Returns (rank, world_size); a single process without torchrun's variables is world 1
     and needs no process group. `timeout_s` bounds every collective and point-to-point wait
-    (gloo raises once it has passed; `runtime/watchdog.py` says which wait it was).
+    (gloo raises once it has passed; `dist/watchdog.py` says which wait it was).
     `share_gpu`: CUDA ranks sharing GPUs, on `shared_gpu.BACKEND`.
     """
     WATCH.timeout_s = timeout_s

@@ -64,7 +64,7 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, one_thread: bool, debug: bo
     # torch read OMP_NUM_THREADS when the fork server imported it: the rank's value, now
     torch.set_num_threads(1 if one_thread else int(env["OMP_NUM_THREADS"]))
     if one_thread:  # CPU ranks share the machine's cores: one thread each avoids oversubscription
-        return_freed_memory()  # and its memory: freed tensors go back (runtime/host_memory.py)
+        return_freed_memory()  # and its memory: freed tensors go back (dist/host_memory.py)
     returned: list[Any] = []
 
     def body() -> int:
@@ -109,7 +109,7 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, host: str = LOOPBACK
     max_restarts: when any rank dies (killed, an exception, out of memory), every rank is
     stopped and all start again, up to this many times, with TORCHELASTIC_RESTART_COUNT set
     as under torchrun --max-restarts (training resumes from its newest checkpoint then:
-    `runtime/resume.py`). timeout_s bounds the store's waits; `device` says whether the
+    `train/resume.py`). timeout_s bounds the store's waits; `device` says whether the
     ranks run on the CPU (then one thread each); `checkpoint_dir` is where the ranks save,
     named when a signal stops them without a line of their own.
     """
@@ -188,7 +188,7 @@ class _PassSignals(CatchSignals):
     """While the ranks run, SIGTERM, SIGHUP or SIGINT to the launcher reaches them (as
     SIGTERM: a terminal's Ctrl-C already reached them as SIGINT, and a second SIGINT would
     stop them without a checkpoint); they stop together at the next step boundary, saving a
-    checkpoint (`runtime/preemption.py`). A second signal stops them at once."""
+    checkpoint (`dist/preemption.py`). A second signal stops them at once."""
 
     def __init__(self, processes: list) -> None:
         super().__init__()

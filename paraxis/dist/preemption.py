@@ -8,7 +8,7 @@
 
 A scheduler preempts a job with SIGTERM (SLURM, Kubernetes), a closed terminal sends SIGHUP,
 Ctrl-C SIGINT; torchrun passes SIGTERM to its ranks, and `paraxis train --nproc` passes any
-of them on (`runtime/launch.py`). The signal may reach one rank before another, or between
+of them on (`dist/launch.py`). The signal may reach one rank before another, or between
 two collectives of a step, so no rank acts on it alone: at each step boundary the ranks
 reduce their flags with one MAX all-reduce, and all of them save the same step and stop
 together. A second Ctrl-C stops at once (KeyboardInterrupt), as users expect.

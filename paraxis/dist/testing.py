@@ -248,7 +248,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
-        # Device from the local rank, backend from the device, as paraxis.runtime does.
+        # Device from the local rank, backend from the device, as paraxis.dist.launch does.
         chosen = pick_device(device, share_gpu)
         dist.init_process_group(backend_for(chosen, share_gpu),
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -14,7 +14,7 @@ gloo raises once it has passed), and when a wait fails this record turns gloo's 
 
     rank 3: timed out after 30 s waiting on all_reduce over the dp group (ranks 1,3) at step 7
 
-The same record feeds the heartbeat (`runtime/heartbeat.py`): the time of the last wait that
+The same record feeds the heartbeat (`dist/heartbeat.py`): the time of the last wait that
 began or ended is this rank's last sign of progress.
 """
 
@@ -64,7 +64,7 @@ class Watch:
         self.peer: int | None = None
         self.axis: str | None = None
         self.since = time.monotonic()  # when the current wait began, or the last one ended
-        self.on_wait = None  # a fault test's hook, called as a wait begins (runtime/faults.py)
+        self.on_wait = None  # a fault test's hook, called as a wait begins (train/faults.py)
 
     def configure(self, rank: int, timeout_s: float) -> None:
         self.rank, self.timeout_s = rank, timeout_s

@@ -11,7 +11,7 @@
 Without these, step numbers were the only order: a fresh run in a folder holding another
 run's higher steps saw its own checkpoints pruned as it wrote them and `--resume auto`
 continued the other run, and two runs writing at once deleted each other's temporary
-directories. The policy (who may claim a folder) is `runtime/resume.claim_folder`; this
+directories. The policy (who may claim a folder) is `train/claim.claim_folder`; this
 module is the mechanics: the identity, the lock, and how two runs' facts differ.
 
 A lock's owner is *dead* when it ran on this host and its pid is gone (or a zombie), and

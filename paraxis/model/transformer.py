@@ -281,7 +281,7 @@ class Transformer(nn.Module):
                 # 2017): one Parameter, listed once by named_parameters() as tok_emb.weight.
                 self.lm_head.weight = self.tok_emb.weight
             elif cfg.tied_embeddings:
-                self.lm_head.weight.pp_duplicate = True  # counted once (runtime/params.py)
+                self.lm_head.weight.pp_duplicate = True  # counted once (dist/params.py)
             # the vocab-parallel loss on one device's whole vocabulary (paraxis.spec.kernels);
             # tensor parallelism swaps in one over its TP group
             self.loss_fn = VocabParallelCrossEntropy(None)

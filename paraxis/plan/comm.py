@@ -68,7 +68,7 @@ def ring_factor(op: str, n: int) -> float:
     if op == "send_recv":
         return 1.0  # one message over one link
     if op == "all_to_all":
-        # X is what the rank sends to the others (moe/placement.all_to_all_bytes counts it);
+        # X is what the rank sends to the others (spec/expert_placement.all_to_all_bytes counts it);
         # NCCL's all-to-all posts every pair's send at once (Thakur et al. 2005, pairwise)
         return 1.0
     raise ParaxisError(f"unknown collective {op!r}; use one of {', '.join(COLLECTIVES)}")
@@ -210,7 +210,7 @@ def tp_collectives_per_layer(sequence_parallel: bool,
     feed-forward half split over tp ("split": a dense MLP, experts with etp = tp), whole on
     every rank ("whole": experts with etp = 1; its only collective is SP's all-gather, of its
     input forward and of its output's gradient backward), or whole on each rank's sequence
-    shard ("shards": `moe.placement.experts_on_sequence_shards`; its only call over tp
+    shard ("shards": `spec.expert_placement.experts_on_sequence_shards`; its only call over tp
     sums the routing counts: `experts.routing_calls_seconds`)."""
     gather, scatter = {"split": (1, 1), "whole": (1, 0), "shards": (0, 0)}[mlp]
     if sequence_parallel:

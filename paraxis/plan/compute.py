@@ -292,16 +292,14 @@ def optimizer_time(layout: Layout, precision: Precision, kernels: str, stage_par
 # blocks under torch.compile) are measured on an H200 with both models cut to width 64
 # (tools/probes/host_per_kernel.py; docs/gpu/README.md, "The fifth H200 run"): each model at
 # its depth and at half, the difference over the blocks between them. GPT-2: 75.3 kernels a
-# block eager and 55.3 compiled; the Llama slice: 86.2 and 48.2. Of those, 16 a GPT-2 block
-# and 9 a Llama block (one per parameter) were the optimizer's copies of each gradient to
-# fp32, a `torch.cat` across dtypes that CUDA runs one input at a time, now one multi-tensor
-# copy (engine/data_parallel/masters.py): without them 59 and 39, 77 and 39 (the compiled
-# reference's blocks: 41.8 and 39.0). The counts stay as measured until a GPU measures the
-# step without them (tools/probes/gpu_session.sh host): the host's seconds a kernel
-# (hardware.HOST_SECONDS_PER_KERNEL) are a whole step's average, which copies launched in
-# one loop from C++, not from the compiled graph's Python wrapper, need not cost. A compiled block
-# launches its GEMMs, attention and the custom operators' kernels apart, and its
-# elementwise ops in generated kernels between them.
+# block eager and 55.3 compiled; the Llama slice: 86.2 and 48.2 (the compiled reference's
+# blocks: 41.8 and 39.0). Those counts include the optimizer's casts of each gradient to fp32
+# as one kernel a parameter (16 a GPT-2 block, 9 a Llama block); the runtime makes them one
+# multi-tensor copy (engine/data_parallel/masters.py), launched from C++ in one loop, which
+# the whole step's average host seconds a kernel (hardware.HOST_SECONDS_PER_KERNEL) may
+# overstate, so the measured counts are kept until `tools/probes/gpu_session.sh host`
+# measures that step. A compiled block launches its GEMMs, attention and the custom
+# operators' kernels apart, and its elementwise ops in generated kernels between them.
 # "fused" (Megatron-LM's kernels), counted from its GPT layer: forward 4 GEMMs, 2 layer
 # norms, the attention kernel, 2 bias-dropout-adds and the bias-GeLU (10), backward twice
 # the GEMMs and one kernel per fused op (20).

@@ -23,7 +23,7 @@ runtime's own counts, torch-free; nothing is re-derived here):
   travels one hop behind its block, so the last one home has no compute left to hide
   behind: exposed. The
   all-gather's collectives block the attention that needs them: all exposed.
-- The all-to-all variant (DeepSpeed-Ulysses, `context_parallel/all_to_all.py`) moves q, k,
+- The all-to-all variant (DeepSpeed-Ulysses, `parallel/context/all_to_all.py`) moves q, k,
   v and the output instead (two all-to-alls each way, all exposed: the kernel needs every
   token of its heads), runs the kernel on the whole sequence for heads/cp heads (its rate
   is the full sequence's: `kernel_pieces`), and keeps the K/V copies it sends where a TP
@@ -176,7 +176,7 @@ def level_times(variant: str, shape: tuple[int, ...], link: Link, core_forward: 
                 "rerun": forward, "rerun_total": (cp - 1) * kv_hop}
     # all-gather: the gathered K/V are cp x the local input; the reduce-scatter's input is
     # the whole sequence's fp32 dK/dV (balance.sent_bytes_per_rank counts inputs)
-    # (context_parallel/all_gather.py): the forward gather runs while the rank computes its
+    # (parallel/context/all_gather.py): the forward gather runs while the rank computes its
     # own diagonal block (about one ring step's work), backward's gather is waited for
     # at once, and its reduce-scatter runs behind the diagonal block again
     gather = collective_time("all_gather", cp * forward_bytes, cp, link)
@@ -191,7 +191,7 @@ def exchange_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: 
                    micro_batch: int, activation_bytes: int, core_forward: float,
                    core_backward: float, contention: float) -> dict[str, float]:
     """`cp_layer_times` for the layout's cp, one level or two (`cp_a2a` > 1,
-    `context_parallel/hierarchical.py`): an all-to-all of q, k, v and the output over the
+    `parallel/context/hierarchical.py`): an all-to-all of q, k, v and the output over the
     cp_a2a consecutive ranks (all exposed, as the all-to-all variant's), and the layout's
     variant across the cp/cp_a2a groups for heads/cp_a2a heads (with the K/V copies) on
     chunks cp_a2a times longer, each over the link its group spans."""

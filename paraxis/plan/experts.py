@@ -5,7 +5,7 @@ counts, torch-free; nothing is re-derived here):
 
 - Parameters: every block past `first_dense_layers` holds a router, `n_experts` routed experts
   and `n_shared_experts` shared ones. The `ep` ranks of an expert-parallel group split the
-  routed experts (E/ep each, `placement.experts_of_rank`); each expert is replicated over the
+  routed experts (E/ep each, `expert_placement.experts_of_rank`); each expert is replicated over the
   dp*cp/ep ranks of its expert-data-parallel group, where its gradients are reduced and ZeRO
   shards its states. Everything else (attention, norms, router, shared experts, dense blocks,
   embedding, head) is replicated over dp*cp as in a dense model. Over tp the router is
@@ -18,9 +18,9 @@ counts, torch-free; nothing is re-derived here):
   FLOPs follow the active parameters (`ModelConfig.layer_params(i, active=True)`). The
   busiest EP rank receives `imbalance` x the mean tokens and computes that much expert work;
   the pipeline runs at its pace.
-- All-to-all: `placement.ALL_TO_ALLS_PER_BLOCK` (4) per MoE block per microbatch, dispatch
-  and combine forward, both again backward, each carrying what `placement.all_to_all_bytes`
-  counts for the uniform send matrix (`placement.uniform_send_matrix`, capped by the capacity
+- All-to-all: `expert_placement.ALL_TO_ALLS_PER_BLOCK` (4) per MoE block per microbatch, dispatch
+  and combine forward, both again backward, each carrying what `expert_placement.all_to_all_bytes`
+  counts for the uniform send matrix (`expert_placement.uniform_send_matrix`, capped by the capacity
   factor) scaled to the busiest rank's load, over the link the EP group spans: EP groups
   are consecutive members of a dp x cp group (`layout.expert_groups`), which sit tp ranks
   apart (cp varies next to tp, then dp), so a group spans ep x tp ranks and stays inside a
@@ -85,7 +85,7 @@ def imbalance_of_counts(counts: list[list[int]], ep: int) -> float:
 def feed_forward(cfg: ModelConfig, layout: Layout) -> str:
     """How an MoE block's feed-forward half runs over tp (`comm.tp_collectives_per_layer`'s
     `mlp`): "split" with etp = tp, "shards" where each tp rank runs its own sequence shard
-    through whole experts (`placement.experts_on_sequence_shards`), else "whole"."""
+    through whole experts (`expert_placement.experts_on_sequence_shards`), else "whole"."""
     if layout.etp > 1:
         return "split"
     return "shards" if experts_on_sequence_shards(layout.tp, layout.sequence_parallel,

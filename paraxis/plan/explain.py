@@ -310,7 +310,7 @@ def context_line(best: Estimate, cluster: Cluster, intra: str) -> str:
            "all_to_all": "all-to-alls of q, k, v and the output around attention, which "
                          "runs the whole sequence for heads/cp heads (DeepSpeed-Ulysses)",
            }[layout.cp_attention]
-    if layout.cp_a2a > 1:  # two-level cp (context_parallel/hierarchical.py)
+    if layout.cp_a2a > 1:  # two-level cp (parallel/context/hierarchical.py)
         how = (f"an all-to-all of heads inside groups of {layout.cp_a2a} ranks, then {how} "
                f"across the {layout.cp // layout.cp_a2a} groups on chunks {layout.cp_a2a}x "
                "longer")

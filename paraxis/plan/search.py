@@ -469,7 +469,7 @@ def _expert_splits(cfg: ModelConfig, tp: int, c: Constraints) -> tuple[bool, ...
     """Whether to split the experts over tp (etp = tp), where there are experts, tp > 1 to
     split them over and their width divides by tp (else whole): the choices asked for. By
     default split, and whole too where SP is among the choices and routing is dropless
-    (`placement.experts_on_sequence_shards`): each tp rank then routes its own shard, which
+    (`expert_placement.experts_on_sequence_shards`): each tp rank then routes its own shard, which
     computes 1/tp of the expert work as splitting does, with wider GEMMs and no collective
     around the block, but holds every expert whole and sums their gradients over tp. Without
     SP whole experts repeat the work on every tp rank: left out unless asked for."""

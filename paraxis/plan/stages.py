@@ -65,7 +65,7 @@ def head_sets(kind: str, pp: int, microbatches: int, virtual: int, placement: st
 def stage_layers(cfg: ModelConfig, pp: int, virtual: int = 1,
                  seq_len: int | None = None, placement: str = "loop") -> list[int]:
     """Blocks per pipeline stage (all its chunks): the runtime's own split, balanced by FLOPs
-    with the head's cost on the last virtual stage (`plan/partition.py`), so uneven counts
+    with the head's cost on the last virtual stage (`spec/partition.py`), so uneven counts
     happen."""
     return [len(blocks) for blocks in stage_blocks(cfg, pp, virtual, seq_len, placement)]
 

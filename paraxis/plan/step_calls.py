@@ -17,18 +17,18 @@ them on real ranks, layout by layout, against this list):
   two ranks (pipeline_parallel/tied.py);
 - with sequence parallelism, the partial gradients of the replicated parameters it applies
   to sequence shards (norms, row-parallel biases, positions), summed over the TP group in
-  one call after the gradient sync (tensor_parallel/partial.py `sum_partial_grads`; priced
+  one call after the gradient sync (parallel/tensor/partial.py `sum_partial_grads`; priced
   as a small call: a Llama 2 70B's 161 norms are 5 MB of fp32 gradients, 0.1 ms on NVLink);
   the routers' too where experts are split over tp (etp > 1), with SP or without; and the
   routers' and experts' where each tp rank runs its own sequence shard through them (their
   bytes are priced apart: `experts.shard_grad_sum_seconds`, an estimate's `tp_grads`);
 - the gradient norm for clipping: summed over the TP group, over the replicas where ZeRO
-  shards gradients, over the pipeline (runtime/params.py `global_norm_squared`); expert
+  shards gradients, over the pipeline (dist/params.py `global_norm_squared`); expert
   gradients over their own group;
 - a mixture of experts' routing metrics: the aux loss over the replicas (and over tp where
   each tp rank routes its own sequence shard), the expert token counts and the aux loss over
   the pipeline (metrics.py `moe_step_metrics`);
-- the stop flag, over the whole world (runtime/preemption.py `StopRequest.agreed`).
+- the stop flag, over the whole world (dist/preemption.py `StopRequest.agreed`).
 
 Not in the list: fp16's overflow flag (a max over tp, replicas and pp; the planner's
 `Precision` does not tell fp16 from bf16), packed data's target count (one all-reduce over

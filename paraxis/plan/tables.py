@@ -6,7 +6,8 @@ from rich.table import Table
 
 from paraxis.files.terminal import console as terminal_console
 from paraxis.plan.cost import Estimate
-from paraxis.plan.hardware import Cluster
+from paraxis.plan.hardware import GPU, Cluster
+from paraxis.plan.memory import states_fit
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.model_config import ModelConfig
@@ -56,23 +57,27 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
         console.print(f"• {line}", highlight=False)
 
 
-def print_zero_table(num_params: float, gpus: int, rows: list[dict], limit_bytes: float,
+def print_zero_table(num_params: float, gpus: int, rows: list[dict], gpu: GPU,
                      formulas: list[str]) -> None:
+    """The ZeRO calculator's table; "fits" asks `memory.states_fit`: the states and the
+    runtime's reserve within the GPU's memory, as the planner and the lab ask it."""
     count = (f"{num_params / 1e9:g}B" if num_params >= 1e9 else f"{num_params / 1e6:g}M"
              if num_params >= 1e6 else f"{num_params:,}")
     table = Table(title=f"{count} parameters on {gpus} GPUs: model states per GPU")
+    memory = f"{gpu.memory_bytes / GB:.0f} GB ({gpu.memory_bytes / 2**30:.0f} GiB)"
     for column in ("stage", "shards", "formula", "params GB", "grads GB", "optimizer GB",
-                   "total GB", f"fits {limit_bytes / GB:.0f} GB ({limit_bytes / 2**30:.0f} GiB)?",
-                   "sent GB/step"):
+                   "total GB", f"fits {memory}?", "sent GB/step"):
         table.add_column(column, justify="left" if column in ("stage", "shards") else "right")
     shards = ["nothing", "optimizer states", "+ gradients", "+ parameters"]
     for row, shard, formula in zip(rows, shards, formulas, strict=True):
         table.add_row("baseline" if row["zero"] == 0 else f"ZeRO-{row['zero']}", shard, formula,
                       f"{row['params'] / GB:.4g}", f"{row['grads'] / GB:.4g}",
                       f"{row['optimizer'] / GB:.4g}", f"{row['total'] / GB:.4g}",
-                      "yes" if row["total"] <= limit_bytes else "no",
+                      "yes" if states_fit(row["total"], gpu) else "no",
                       f"{row['traffic'] / GB:.4g} ({row['traffic'] / rows[1]['traffic']:.2g}x)"
                       if gpus > 1 else "0")
-    table.caption = ("sent: bytes each GPU sends per step of one microbatch, ring collectives "
-                     "(ZeRO Sec. 7: the parameters' size x (N-1)/N twice, ZeRO-3 three times)")
+    table.caption = (f"fits: the states and the {gpu.reserved_bytes / GB:g} GB the runtime holds "
+                     "back on every GPU; activations need room on top. sent: bytes each GPU "
+                     "sends per step of one microbatch, ring collectives (ZeRO Sec. 7: the "
+                     "parameters' size x (N-1)/N twice, ZeRO-3 three times)")
     terminal_console().print(table)

@@ -25,7 +25,7 @@ class RunFailed(ParaxisError):
 
 
 class CommFailure(RunFailed):
-    """A collective or point-to-point wait timed out or lost its peer (`runtime/watchdog.py`).
+    """A collective or point-to-point wait timed out or lost its peer (`dist/watchdog.py`).
 
     Each rank prints its own line (which wait, which group, which peer); `linger_s` keeps the
     process alive a moment after printing, so that a launcher, which ends the job when its

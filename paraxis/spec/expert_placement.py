@@ -72,7 +72,7 @@ def uniform_send_matrix(tokens: int, top_k: int, n_experts: int, ep: int,
                         capacity_factor: float = 0.0) -> list[list[float]]:
     """The send matrix when every expert gets the same share of each rank's `tokens` (one
     microbatch's; perfect balance). A capacity factor < 1 caps each expert at
-    `expert_capacity` of them, the runtime's cap (moe/layer.py)."""
+    `expert_capacity` of them, the runtime's cap (parallel/experts/layer.py)."""
     per_expert = tokens * top_k / n_experts
     if capacity_factor:
         per_expert = min(per_expert, expert_capacity(tokens, top_k, n_experts,

@@ -136,9 +136,9 @@ class ModelConfig:
     capacity_factor: float = 0.0  # 0: dropless; else tokens per expert <= cf * T * k / E
     aux_loss_coef: float = 0.01  # load-balancing loss weight (Switch Transformer eq. 4)
     z_loss_coef: float = 0.0  # router z-loss weight (ST-MoE eq. 5; Megatron --moe-z-loss-coeff)
-    # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2; moe/layer.py): a routing bias per
-    # expert, moved by expert_bias_rate after every step (DeepSeek-V3: 0.001, then 0 for its
-    # last 500B tokens: the rate may change when a run resumes; 0 freezes the bias)
+    # aux-loss-free balancing (DeepSeek-V3 Sec. 2.1.2; parallel/experts/layer.py): a routing
+    # bias per expert, moved by expert_bias_rate after every step (DeepSeek-V3: 0.001, then 0
+    # for its last 500B tokens: the rate may change when a run resumes; 0 freezes the bias)
     expert_bias: bool = False
     expert_bias_rate: float = 0.001
     # the router's scores: "softmax" over the experts (Mixtral) or "sigmoid" per expert

@@ -1,4 +1,4 @@
-"""Who may write in a checkpoint folder: the policy over `checkpoint/ownership.py`.
+"""Who may write in a checkpoint folder: the policy over `files/checkpoint_ownership.py`.
 
     with claim_folder(cfg, data) as claim:     # the process that holds the lock
         ...                                     # train; claim.run_id goes into each manifest

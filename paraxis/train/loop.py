@@ -123,7 +123,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         # `paraxis train --config` on as many ranks
         cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=world))
     clean = False  # whether every rank can still meet at the shutdown barrier
-    claim = None  # this run's hold on --checkpoint-dir (runtime/claim.py)
+    claim = None  # this run's hold on --checkpoint-dir (train/claim.py)
     try:
         layout = cfg.layout.validate(world, model_cfg, train.global_batch, train.seq_len)
         memory = device_memory_bytes(device)  # None on CPU

@@ -1,6 +1,6 @@
 """Progress display for rank 0: a rich progress bar with step, loss and throughput.
 
-While it is on screen it also shows the heartbeat's stall reports (`runtime/heartbeat.py`):
+While it is on screen it also shows the heartbeat's stall reports (`dist/heartbeat.py`):
 the ranks that stopped making progress, printed above the bar and named in its status.
 """
 

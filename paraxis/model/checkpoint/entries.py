@@ -12,8 +12,8 @@ Pipeline stages hold different tensors, so they need no coordinate; neither do t
 of an expert-parallel group (each rank holds its experts whole, under their single-device
 names `blocks.N.moe.experts.E...`). Because pieces are
 described this way, a checkpoint written by one layout loads into any other: the loader
-asks for the pieces its own entries cover (`paraxis.model.checkpoint.reader`), never for the
-writer's files or ranks. Megatron's distributed checkpoints rest on the same idea
+(`load.CheckpointReader`) asks for the pieces its own entries cover, never for the writer's
+files or ranks. Megatron's distributed checkpoints rest on the same idea
 (sharded tensors with global offsets).
 
 An `Entry` is also the tensor itself, live on this rank: saving reads it, loading writes into

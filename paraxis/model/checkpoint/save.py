@@ -72,7 +72,7 @@ def save_checkpoint(engine: Checkpointable, root: str | Path, step: int,
     model: the ModelConfig as a dict (checked on load); extra: small JSON facts to keep
     (data position, ...); keep: how many complete checkpoints to retain (0: all; with `run`,
     only that run's own are ever pruned); run: the run that holds the folder ({"id", "token",
-    "facts"}, `runtime/claim.py`): the save refuses if the folder's lock is no longer its
+    "facts"}, `train/claim.py`): the save refuses if the folder's lock is no longer its
     own, and its first checkpoint records the run as the folder's owner.
     """
     root = Path(root)

@@ -1,6 +1,6 @@
 """The balanced split of a sequence over the context-parallel ranks, on tensors.
 
-Rank i of cp holds chunks i and 2*cp-1-i of the 2*cp equal chunks (why: `balance.py`),
+Rank i of cp holds chunks i and 2*cp-1-i of the 2*cp equal chunks (why: `spec/cp_balance.py`),
 concatenated in that order: its local sequence. The token at local position j therefore sits
 at global position `positions(seq_len, rank, cp)[j]`, which is what RoPE must rotate it by
 (`paraxis.model.transformer.rotary` assumes arange(seq) and needs these instead under cp).

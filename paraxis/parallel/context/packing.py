@@ -28,7 +28,7 @@ chunks of each row, and a document may start in another rank's chunk: the cp gro
 all-gathers its token ids (integers, s per row, once a forward; `split_documents`), each
 rank finds the documents of the whole rows, keeps its own tokens' positions, and hands the
 attention the whole rows' document ids (`Documents.cp_chunks`), from which each kernel block
-builds its mask, skipping the blocks that share no document (`context_parallel/kernel.py`).
+builds its mask, skipping the blocks that share no document (`parallel/context/kernel.py`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ it exactly without ever holding the whole sequence's K and V: each rank keeps it
 and the K/V blocks travel around the ring of cp ranks, one hop per step, while each rank
 computes its queries against the block at hand and merges the partial results with their
 log-sum-exp (`kernel.merge`). Megatron-LM's context parallelism runs the same ring with the
-zig-zag split that balances causal work (`balance.py`).
+zig-zag split that balances causal work (`spec/cp_balance.py`).
 
 Each rank holds chunks i and 2*cp-1-i (its local sequence); at step t it holds the K/V of
 rank i-t. Blocks above the causal diagonal are skipped, the diagonal one (step 0, its own

@@ -17,7 +17,7 @@ rank's (token, expert) rows sorted by expert with the count per expert; then
 
 Both all-to-alls are autograd functions whose backward is the reverse all-to-all, so the
 gradients of tokens and experts flow back the same way: four all-to-alls per block per
-microbatch (`placement.ALL_TO_ALLS_PER_BLOCK`). Host synchronisations: one per block, the
+microbatch (`expert_placement.ALL_TO_ALLS_PER_BLOCK`). Host synchronisations: one per block, the
 `.tolist()` of the sent and received counts together (the counts stay on the device until
 then), which variable split sizes need (NCCL's all_to_all_single takes them as Python
 lists), as in Megatron-Core's all-to-all dispatcher; and under a capacity factor the dropped
@@ -25,7 +25,7 @@ count the block records. Everything else is asynchronous on a GPU.
 
 `AllToAllCounter` records every row all-to-all's bytes to other ranks (as
 `tensor_parallel.counter` does for TP) and the per-expert counts each rank dispatched, so
-tests compare the traffic with `placement.all_to_all_bytes` (which prices the rows; the
+tests compare the traffic with `expert_placement.all_to_all_bytes` (which prices the rows; the
 counts' exchange, n_experts/ep integers per pair of ranks, is left out of both).
 """
 

@@ -15,7 +15,7 @@ from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, counted_forward_flops_per_token
 from paraxis.plan.hardware import CLUSTERS, GPU, GPUS
 from paraxis.plan.inputs import DEFAULT_GPU
-from paraxis.plan.memory import model_state_bytes, zero_table
+from paraxis.plan.memory import model_state_bytes, states_fit, zero_table
 from paraxis.plan.ring_steps import ring_schedule, simulate_ring
 from paraxis.show.viz.tp_split import COLUMN, ROW, SplitWeight
 from paraxis.spec.model_config import PRESETS
@@ -113,9 +113,8 @@ DP_PHASES = ["replicate", "partition data", "forward + backward", "all-reduce gr
 
 
 def fits_on_gpu(state_bytes: float, gpu: GPU = LAB_GPU) -> bool:
-    """The planner's first question (`plan.explain`, "Fits on one GPU?"): model states plus
-    the memory held back on every GPU within the GPU's memory; activations come on top."""
-    return state_bytes + gpu.reserved_bytes <= gpu.memory_bytes
+    """`plan.memory.states_fit` on the lab's GPU unless told another."""
+    return states_fit(state_bytes, gpu)
 
 
 def dp_remedies(params: int, gpus: int) -> dict:

@@ -1,5 +1,5 @@
 """Context parallelism as pictures, part one: who holds which chunk of the sequence, and
-who computes which block of causal attention (part two, `context_ring.py`: how K/V reach
+who computes which block of causal attention (part two, `show/viz/context_ring.py`: how K/V reach
 the queries).
 
 Everything is drawn from `paraxis.spec.cp_balance`, the functions the runtime

@@ -16,7 +16,7 @@ import sys
 
 from paraxis.spec.errors import ParaxisError
 
-# What `paraxis train` runs in each rank before the model exists (runtime/launch.py).
+# What `paraxis train` runs in each rank before the model exists (dist/launch.py).
 RANK_START = """
 import os, socket, torch, torch.distributed as dist
 import paraxis.train.loop, paraxis.parallelize
