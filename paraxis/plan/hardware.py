@@ -376,11 +376,11 @@ class Cluster:
 # GPU fields, from the vendors' reference designs.
 CLUSTERS: dict[str, dict[str, object]] = {
     # DGX A100: 8 A100-80GB on NVLink 3, 8 x HDR 200 Gb/s InfiniBand rails (NVIDIA DGX A100
-    # user guide / SuperPOD reference architecture).
-    "dgx-a100": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+    # user guide / SuperPOD reference architecture): a rail per GPU, whatever the node's size.
+    "dgx-a100": {"gpu": "a100-80gb", "gpus_per_node": 8, "nics_per_node": 0,
                  "inter_node_bandwidth_Bps": 25e9, "collective_latency_s": 1e-5},
     # DGX H100: 8 H100-SXM on NVLink 4, 8 x NDR 400 Gb/s InfiniBand rails (ConnectX-7).
-    "dgx-h100": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nics_per_node": 8,
+    "dgx-h100": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nics_per_node": 0,
                  "inter_node_bandwidth_Bps": 50e9, "collective_latency_s": 1e-5},
     # One 100 Gb/s Ethernet NIC per 8-GPU node (RoCE or TCP): every cross-node byte of the
     # node's GPUs shares 12.5 GB/s, with Ethernet's longer latencies.
