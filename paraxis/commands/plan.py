@@ -15,7 +15,6 @@ from paraxis.plan.cost import devices_to_hold, evaluate, too_big_reason
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.explain import explain
-from paraxis.plan.fp8 import gather_flag_problem
 from paraxis.plan.hardware import Cluster
 from paraxis.plan.memory import check_interleaving, model_state_bytes
 from paraxis.plan.rates import check_precision, for_precision
@@ -34,7 +33,7 @@ from paraxis.plan.search_flags import (
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import RECOMPUTE, SCHEDULES, ZERO_STAGES
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.precision import Precision
+from paraxis.spec.precision import Precision, fp8_gather_problem
 from paraxis.spec.units import gigabytes
 
 
@@ -140,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
     layout = complete_layout(fixed, stated, micro_batch, args.global_batch)
     if layout is not None:
         check_complete_layout_flags(args, fixed)
-    problem = gather_flag_problem(precision, layout.zero if layout is not None else
-                                  fixed.get("zero", getattr(args, "zero", None)))
-    if problem:
+    if precision.fp8_weight_gather and (problem := fp8_gather_problem(
+            args.precision, layout.zero if layout is not None else
+            fixed.get("zero", getattr(args, "zero", None)), precision.fp8_recipe)):
         raise ParaxisError(problem)
     if layout is not None:
         # a complete layout (microbatches given, or a micro-batch size with dp): evaluate it

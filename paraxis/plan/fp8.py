@@ -215,23 +215,6 @@ def kept_fp8_weight_bytes(cfg: ModelConfig, precision: Precision, tp: int, dense
             + moe * block_fp8_params(cfg, precision, mlp=False)) / tp
 
 
-def gather_flag_problem(precision: Precision, zero: int | None) -> str | None:
-    """Why `paraxis plan --fp8-weight-gather` cannot price what `paraxis train` would run (a
-    sentence with the fix; `spec.precision.fp8_gather_problem` says the same to train): the
-    runtime gathers FP8 weights cast with one scale per GEMM, under ZeRO-3. `zero`: the
-    stage the layout fixes (None: the search's choice)."""
-    if not precision.fp8_weight_gather:
-        return None
-    if precision.fp8_recipe != "tensorwise":
-        return (f"--fp8-weight-gather gathers weights cast with one scale per GEMM; the "
-                f"{precision.fp8_recipe} recipe has none; use --precision fp8 or drop "
-                "--fp8-weight-gather")
-    if zero is not None and zero != 3:
-        return (f"--fp8-weight-gather is how ZeRO-3 gathers its weights; zero={zero} keeps "
-                "them whole on every rank; use zero=3 or drop --fp8-weight-gather")
-    return None
-
-
 def keeps_fp8_inputs(precision: Precision) -> bool:
     """Whether the linears keep their inputs for the backward in FP8 (`saved_fp8_bytes_per_
     token`): every recipe but rowwise, which keeps them in 16 bits."""

@@ -221,19 +221,22 @@ def fp8_shape_problem(cfg: ModelConfig, tp: int = 1, etp: int = 1, precision: st
     return None
 
 
-def fp8_gather_problem(precision: str, zero: int) -> str | None:
+def fp8_gather_problem(precision: str, zero: int | None, recipe: str | None = None
+                       ) -> str | None:
     """Why `--fp8-weight-gather` cannot run with this precision and ZeRO stage (a sentence
     with the fix); None when it can: tensorwise FP8 (one scale per GEMM, which the gathered
-    copy carries) and ZeRO-3 (which gathers weights)."""
-    recipe = get_policy(precision).fp8_recipe
+    copy carries) and ZeRO-3 (which gathers weights). `recipe`: an FP8 recipe other than the
+    precision's own (the planner's --fp8-recipe); `zero` None: not chosen yet."""
+    recipe = recipe or get_policy(precision).fp8_recipe
     if recipe != "tensorwise":
-        has = "no FP8 GEMMs" if recipe is None else f"{recipe} scales, taken by each GEMM"
+        has = ("no FP8 GEMMs" if recipe is None else
+               f"the {recipe} recipe: its scales are taken by each GEMM")
         return (f"--fp8-weight-gather gathers weights cast with one scale per GEMM "
                 f"(--precision fp8); --precision {precision} has {has}; use --precision fp8 "
                 "or drop --fp8-weight-gather")
-    if zero != 3:
+    if zero is not None and zero != 3:
         return (f"--fp8-weight-gather is how ZeRO-3 gathers its weights; zero={zero} keeps "
-                "them whole on every rank; use --zero 3 or drop --fp8-weight-gather")
+                "them whole on every rank; use ZeRO-3 or drop --fp8-weight-gather")
     return None
 
 
