@@ -21,7 +21,7 @@ is drawn whole (that is what makes it layout-independent), one tensor at a time,
 the parameters the rank holds a piece of: a rank's memory is its share plus one full tensor.
 
 A new axis plugs in at one place in `parallelize` (its step, at its place in the order, as
-context parallelism's step 3, experts' step 3b), one field in the Layout
+context parallelism's step 3, experts' step 4), one field in the Layout
 (`paraxis/spec/layout.py`), and one folder holding its modules (`parallel/context/`,
 `parallel/experts/`).
 """
@@ -89,35 +89,35 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                               levels)
         for part in parts:
             part.set_context_parallel(split)
-    # 3b. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
-    #     and tp, where step 2 left each tp rank its own sequence shard), and with ep > 1
-    #     only this rank's experts, the others reached by all-to-all over the ep group
+    # 4. experts: the routing statistics over the ranks sharing a microbatch step (dp x cp;
+    #    and tp, where step 2 left each tp rank its own sequence shard), and with ep > 1
+    #    only this rank's experts, the others reached by all-to-all over the ep group
     if cfg.n_experts:
         layout.validate(model=cfg)
         for part in parts:
             shard_experts(part, cfg.n_experts, layout.ep, groups.ep_rank, groups.ep_group,
                           groups.replica_group)
-    # 3c. document packing: attention and positions within each document
+    # 5. document packing: attention and positions within each document
     if end_of_document is not None:
         for part in parts:
             part.set_packing(end_of_document)
-    # 3d. FP8: every block projection the policy names runs its matmul in FP8, its scales
-    #     reduced over the groups that split what one device's GEMM sees (kernels/fp8.py)
+    # 6. FP8: every block projection the policy names runs its matmul in FP8, its scales
+    #    reduced over the groups that split what one device's GEMM sees (kernels/fp8.py)
     policy = get_policy(precision)
     if policy.fp8_recipe is not None:
         check_fp8(policy, cfg, layout.tp, layout.etp, device)
         tokens = (groups.cp_group,) if layout.cp > 1 else ()
         for part in parts:
             convert_to_fp8(part, policy, tokens, tokens if layout.ep == 1 else ())
-    # 3e. the LM head and the loss fused (never the whole logits), on the part holding them
+    # 7. the LM head and the loss fused (never the whole logits), on the part holding them
     if fused_loss:
         check_fused_loss(layout.tp, layout.zero)
         for part in parts:
             part.fused_loss = part.has_head
-    # 4. activation recompute
+    # 8. activation recompute
     for part in parts:
         part.set_recompute(layout.recompute, layout.recompute_layers, layout.recompute_method)
-    # (compile: after recompute, which wraps what is compiled)
+    # 9. compile: after recompute, which wraps what is compiled
     if compile:
         check_compile(layout.schedule, compile)
         check_compiler(device)
@@ -126,8 +126,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 part.compile()
             else:
                 compile_blocks(part, head=layout.zero < 3)
-    # 5. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
-    #    of one when both are 1; experts split over ep: over the ranks holding them)
+    # 10. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
+    #     of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
     data_parallel = DataParallelEngine(model, layout, groups, adamw=adamw,
                                        bucket_bytes=bucket_bytes, device=device,
@@ -135,7 +135,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                                        fp8_weight_gather=fp8_weight_gather)
     if layout.pp == 1:
         return data_parallel
-    # 6. the pipeline schedule drives the stage's parts (and scales fp16's loss)
+    # 11. the pipeline schedule drives the stage's parts (and scales fp16's loss)
     return PipelineEngine(parts, data_parallel, groups)
 
 
