@@ -104,7 +104,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "positive number of seconds", False),
     ("precision-fp4", [*TRAIN, "--precision", "fp4"], "--precision fp4 is unknown",
      "use fp32, bf16, bf16-fp32grad, fp16", False),
-    ("dtype-renamed", [*TRAIN, "--dtype", "bf16"], "--dtype is now --precision",
+    ("dtype-is-precision", [*TRAIN, "--dtype", "bf16"], "with --precision, not --dtype",
      "use --precision bf16", False),
     ("device-tpu", [*TRAIN, "--device", "tpu"], "unknown device 'tpu'",
      "use auto, cpu or cuda", False),

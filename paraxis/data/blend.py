@@ -1,14 +1,14 @@
 """Weighted blends of token sources, and the held-out set: where each sample of a batch lies.
 
-    --data corpus.jsonl                        one source (today's sampling, unchanged)
+    --data corpus.jsonl                        one source: its windows alone, no source draw
     --data web.jsonl:0.7,code_prepared:0.3     each sample from web with probability 0.7
     --val-data heldout.jsonl                   evaluation reads this instead of the tail 5%
 
 A blend picks each sample's source with the given probabilities, then its window start
 within that source, both from generators seeded by (seed, step): a pure function, so every
 rank computes the same global batch whatever the layout, and a resumed run continues at the
-exact sample. One source draws exactly as before blending existed, so runs (and checkpoints'
-fingerprints) of a single source are unchanged.
+exact sample. A single source draws its windows with the window generator alone (no source
+draw), and its fingerprint is the source's own.
 
 Without --val-data each source keeps its last 5% for evaluation; with it, training draws from
 the whole of every source and evaluation from the whole held-out set (itself a source or a
@@ -98,7 +98,7 @@ class Blend:
         all of them and reads just its own rows."""
         blend, part = self.part(split)
         key = sample_key(seed, step, split)
-        if len(blend.sources) == 1:  # exactly the draws of single-source runs
+        if len(blend.sources) == 1:  # no source to draw: the window draws alone
             starts = blend.sources[0].starts(key, batch_size, seq_len, part)
             return blend, np.zeros(batch_size, dtype=np.int64), starts
         which = np.random.default_rng([*key, 1]).choice(len(blend.sources), size=batch_size,
@@ -135,8 +135,8 @@ class Blend:
 
     def facts(self) -> dict[str, Any]:
         """What a resumed run must share with its checkpoint (`checkpoint.ownership`): the
-        tokens training draws from. One source's name, length and fingerprint as before
-        blending existed; a blend's fingerprint covers every source's and its weight. Beside
+        tokens training draws from. One source's name, length and fingerprint; a blend's
+        fingerprint covers every source's and its weight. Beside
         a held-out set training draws from the whole of each source, not all but its tail:
         that span is part of the fingerprint (and said in the name), so a resume that adds or
         drops --val-data is refused; which held-out set is not (changing it leaves the

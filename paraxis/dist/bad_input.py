@@ -16,7 +16,7 @@ which outlives any rank), with no collective (the group may be broken by then):
 
 The mark is written before the rank exits, and a peer only sees the connection drop once it
 has exited, so the mark is always there in time. Without a store (one process, or none
-reachable within a few seconds) every rank prints its own line, as before.
+reachable within a few seconds) every rank prints its own line.
 """
 
 from __future__ import annotations

@@ -181,8 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """Sizes that must be positive, for `plan` and `report` alike: 0 used to fall back to a
-    default silently, and a zero or negative node size or bandwidth to divide by zero or price
+    """Sizes that must be positive, for `plan` and `report` alike: a 0 must not fall back to
+    a default unsaid, nor a zero or negative node size or bandwidth divide by zero or price
     nonsense."""
     layout = getattr(args, "layout", None)
     if layout is not None and not layout.strip():  # "" would search instead, unsaid

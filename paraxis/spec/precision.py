@@ -159,13 +159,13 @@ FP8_POLICIES = {p.name: p for p in (FP8, FP8_ROWWISE)}
 # Every preset --precision takes: POLICIES (every GEMM in the compute dtype), the FP8 ones,
 # and bf16 compute over fp32 state (`autocast_policy`).
 PRESETS = {**POLICIES, **FP8_POLICIES}
-# Other names of a preset: "mixed" is the planner's older name of bf16 (ZeRO's "16 P").
+# Other names of a preset: "mixed" for bf16, the mixed-precision AdamW of ZeRO's "16 P".
 ALIASES = {"mixed": "bf16"}
 
 
 def autocast_policy(compute_dtype: str) -> PrecisionPolicy:
-    """fp32 parameters, gradients and optimizer with 16-bit compute under autocast (what
-    `--dtype` meant before the policies; fp16 still scales its loss): 4 + 4 + 8 bytes."""
+    """fp32 parameters, gradients and optimizer with 16-bit compute under autocast (fp16
+    scales its loss): 4 + 4 + 8 bytes."""
     if compute_dtype == "fp32":
         return FP32
     return PrecisionPolicy(f"autocast-{compute_dtype}", compute_dtype=compute_dtype,

@@ -393,8 +393,8 @@ FLAGS = _flag_table()
 
 def check_late_failures(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of
                         ) -> None:
-    """Values that used to fail late, after training had started (a traceback at the first
-    save), or to be silently ignored, refused before anything is created: one-line errors for the
+    """Values that would fail late, after training had started (a traceback at the first
+    save), or be silently ignored, refused before anything is created: one-line errors for the
     seed, gradient clip, peak TFLOP/s, --memory-gb and
     --predicted-step-s (auto or not), --exit-after, a negative
     --prefetch, an interleaved schedule without a pipeline, packing with context parallelism,

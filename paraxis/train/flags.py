@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "pp=1)")
         for f in dataclasses.fields(cls):
             _add_flag(group, section, cls, f)
-    # --dtype (autocast over fp32 state) became the precision policy: say so in one line
-    parser.add_argument("--dtype", dest="removed_dtype", default=argparse.SUPPRESS,
+    # --dtype, as other trainers name the compute dtype: answered with --precision's presets
+    parser.add_argument("--dtype", dest="dtype_flag", default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)
 
 
@@ -65,11 +65,12 @@ def _add_flag(group: argparse._ArgumentGroup, section: str, cls: type,
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the --config run file, then every flag given on the command line."""
-    if hasattr(args, "removed_dtype"):
-        same = ("bf16, or autocast-bf16 for what --dtype bf16 meant (bf16 compute over fp32 "
-                "state)" if args.removed_dtype == "bf16" else args.removed_dtype)
-        raise ParaxisError(f"--dtype is now --precision ({', '.join(PRECISION_PRESETS)}; "
-                           f"docs/precision.md): use --precision {same}")
+    if hasattr(args, "dtype_flag"):
+        same = ("bf16 (bf16 weights over fp32 masters), or autocast-bf16 (bf16 compute over "
+                "fp32 state)" if args.dtype_flag == "bf16" else args.dtype_flag)
+        raise ParaxisError(f"paraxis sets the dtypes with --precision, not --dtype "
+                           f"({', '.join(PRECISION_PRESETS)}; docs/precision.md): use "
+                           f"--precision {same}")
     given = {key: value for key, value in vars(args).items()
              if key in FLAGS or key in ("layout", "grad_accum")}
     config = getattr(args, "config", None)

@@ -196,7 +196,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
 
 
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
-          device: torch.device, rank: int, model_cfg: ModelConfig, start_step: int = 0,
+          device: torch.device, rank: int, model_cfg: ModelConfig, first_step: int = 0,
           claim: Claim | None = None, samples_at_start: int = 0) -> list[dict]:
     import torch  # lazy: torch; CLI start-up imports this
 
@@ -232,22 +232,22 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
     records: list[dict] = []
     # A resumed run appends to the metrics of the run it continues (less the steps logged
     # after the checkpoint it resumes: they are about to be taken again).
-    if rank == 0 and start_step > 0 and log.metrics_file:
-        trim_metrics(Path(log.metrics_file), start_step)
-    sink = MetricsSink(log.metrics_file, log.tensorboard, append=start_step > 0,
-                       start_step=start_step) if rank == 0 else None
+    if rank == 0 and first_step > 0 and log.metrics_file:
+        trim_metrics(Path(log.metrics_file), first_step)
+    sink = MetricsSink(log.metrics_file, log.tensorboard, append=first_step > 0,
+                       start_step=first_step) if rank == 0 else None
     show = rank == 0 and not log.quiet
     data, share = Blend.of(data), Share.of(groups.layout, groups.rank)
     exit_after = cfg.checkpoint.exit_after  # a resume past it runs on to the last step
-    last = exit_after if exit_after and start_step < exit_after < train.steps else train.steps
+    last = exit_after if exit_after and first_step < exit_after < train.steps else train.steps
 
     def read(step: int) -> tuple[np.ndarray, np.ndarray]:  # runs in the loader's thread
         return read_share(data, step, train.global_batch, train.seq_len, train.seed, share)
 
     with Progress(train.steps, enabled=show, title=f"{model_cfg.name} {layout}") as progress, \
             StopRequest() as stop, \
-            Loader(read, range(start_step, last), cfg.data.prefetch) as loader:
-        for step in range(start_step, train.steps):
+            Loader(read, range(first_step, last), cfg.data.prefetch) as loader:
+        for step in range(first_step, train.steps):
             started, ticks = time.perf_counter(), cpu_ticks()
             WATCH.begin_step(step)
             if fault is not None:
@@ -314,7 +314,7 @@ def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: Paral
             signum = stop.agreed(device)  # every rank stops at the same step, or none
             if save_due(cfg, done) or (signum and cfg.checkpoint.dir):
                 save(cfg, engine, model_cfg, done, claim,
-                     samples_at_start + (done - start_step) * train.global_batch)
+                     samples_at_start + (done - first_step) * train.global_batch)
             if signum:
                 raise Preempted(signum, done, cfg.checkpoint.dir and str(
                     Path(cfg.checkpoint.dir) / step_dir_name(done)))

@@ -3,7 +3,7 @@ instead of two, as torchao's float8 all-gather for FSDP2 does (`--fp8-weight-gat
 
 A block's weights that run in FP8 (tensorwise: one scale per GEMM) form a unit of their own
 (`zero.zero3_units`), the weights of one GEMM side by side (q, k, v; gate, up), apart from
-the block's other parameters (norms, biases), which travel in 16 bits as before. Before the
+the block's other parameters (norms, biases), which travel in 16 bits. Before the
 block's forward each rank:
 
     amax   the largest magnitude of each GEMM's weight over its own shard, max-reduced over
