@@ -8,7 +8,7 @@ same ranks, each with its own process groups), and their steps alternate, the or
 every step, so a slow spell of this shared machine lands on all five alike (as the
 paraxis-vs-peer rows pair their sides). A step counts at its slowest rank; a layout's figure
 is the median over rounds (launches) of the median of its timed steps. `paraxis plan
---verify K` does the same with separate `paraxis train` runs (`paraxis.plan.verify`); here
+--verify K` does the same with separate `paraxis train` runs (`paraxis.train.verify`); here
 one launch per round keeps six settings within the time a bench run has. Reported per setting: the
 measured ranking next to the predicted one, Spearman's rank correlation of the step times,
 and whether the auto pick (the planner's first) ran within 10% of the fastest measured.
@@ -25,11 +25,11 @@ import torch
 
 from paraxis.dist.testing import run_distributed
 from paraxis.plan.uncertainty import CPU_BAND
-from paraxis.plan.verify import Measured, ranks_of, summary
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
 from paraxis.train.auto_layout import plan_for
 from paraxis.train.config import RunConfig
+from paraxis.train.verify import Measured, ranks_of, summary
 
 TOP = 5
 # (model, ranks, global batch): different tiny models, batch sizes and rank counts

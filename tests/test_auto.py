@@ -13,12 +13,12 @@ import pytest
 from bench.scale import MODEL as MODEL_08B
 from paraxis.cli import main
 from paraxis.commands.train import config_from_args
-from paraxis.plan.verify import Measured, ranks_of, round_noise, spearman, table
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.train.auto_layout import plan_for
 from paraxis.train.config import RunConfig
 from paraxis.train.run_file import read_run_file
+from paraxis.train.verify import Measured, ranks_of, round_noise, spearman, table
 
 PROFILE = str(Path(__file__).resolve().parents[1] / "docs" / "hardware-profile.json")
 GB = 1e9

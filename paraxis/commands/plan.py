@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 
-from paraxis.plan import inputs, verify
+from paraxis.plan import inputs
 from paraxis.plan.cost import devices_to_hold, evaluate, too_big_reason
 from paraxis.plan.document import plan_document
 from paraxis.plan.experts import DEFAULT_IMBALANCE
@@ -35,6 +35,7 @@ from paraxis.spec.layout import RECOMPUTE, SCHEDULES, ZERO_STAGES
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import Precision, fp8_gather_problem
 from paraxis.spec.units import gigabytes
+from paraxis.train import verify
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_verify(args: argparse.Namespace) -> None:
     """The --verify flags, in every mode: a count below its least, or a --verify-rounds or
-    --verify-steps without the --verify they shape (silently ignored before)."""
+    --verify-steps without the --verify they shape (nothing would read them)."""
     for flag, value, least in (("--verify", args.verify, 1),
                                ("--verify-rounds", args.verify_rounds, 1),
                                ("--verify-steps", args.verify_steps, 2)):

@@ -35,7 +35,6 @@ from paraxis.plan.experts import DEFAULT_IMBALANCE
 from paraxis.plan.hardware import build_cluster
 from paraxis.plan.inputs import PlanInputs
 from paraxis.plan.search import Constraints, search
-from paraxis.plan.verify import ROUNDS, STEPS, table, verify
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
 from paraxis.spec.precision import get_policy
@@ -43,6 +42,7 @@ from paraxis.train.calibrate.measure import available_cores, cpu_cores
 from paraxis.train.calibrate.quick import PROBE_S, PROFILE_NAME
 from paraxis.train.config import RunConfig
 from paraxis.train.hardware import choose_hardware
+from paraxis.train.verify import ROUNDS, STEPS, table, verify
 
 if TYPE_CHECKING:
     from paraxis.plan.auto import AutoChoice
@@ -164,7 +164,7 @@ def measured_line(cfg: RunConfig) -> str | None:
 def verify_plan(args: argparse.Namespace) -> int:
     """`paraxis plan --verify K`: the planner's top K for --model on --gpus ranks of this
     machine (priced as --layout auto prices them), each trained for a short burst by
-    `paraxis train`, interleaved (`plan.verify`); prints the measured ranking next to the
+    `paraxis train`, interleaved (`train.verify`); prints the measured ranking next to the
     predicted one, with Spearman's rank correlation."""
     k, ranks = args.verify, args.gpus  # plan_cli.check_verify checked the --verify flags
     rounds = ROUNDS if args.verify_rounds is None else args.verify_rounds
