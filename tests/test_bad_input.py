@@ -117,6 +117,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
      "must be at least 1", SUB),
     ("plan-no-gpus", ["plan", "--model", "tiny", "--gpus", "0"], "--gpus 0",
      "need at least one GPU", SUB),
+    ("memory-no-gpus", ["memory", "--params", "7e9", "--gpus", "0"], "--gpus 0",
+     "give 1 to", SUB),
     ("ring-0-ranks", ["ring", "--ranks", "0"], "--ranks 0", "must be at least 1", SUB),
     ("demo-0-steps", ["demo", "--steps", "0"], "--steps 0", "must be at least 1", False),
     # --- unknown presets, model files

@@ -56,8 +56,15 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("memory-params-negative-exponent", ["memory", "--params", "-7e9"], "--params -7e+09",
      "must be at least 1", False),
     # --- a world no layout can split: quick (divisors in sqrt time), one reason per rule
+    ("plan-gpus-a-million", ["plan", "--model", "tiny", "--gpus", "1048576"],
+     "global batch 1024 does not split over dp=1048576", "attention heads", False),
+    # --- beyond the search's bounds: refused at once, where listing divisors took minutes
     ("plan-gpus-a-hundred-million", ["plan", "--model", "tiny", "--gpus", "100000000"],
-     "global batch 1024 does not split over dp=100000000", "attention heads", False),
+     "--gpus 100,000,000 is more than the planner searches", "(1,048,576)", False),
+    ("plan-global-batch-huge", ["plan", "--model", "tiny", "--global-batch", "1" + "0" * 15],
+     "--global-batch 1,000,000,000,000,000 is more", "(16,777,216)", False),
+    ("memory-gpus-huge", ["memory", "--params", "7e9", "--gpus", "1" + "0" * 20],
+     "--gpus 100,000,000,000,000,000,000", "give 1 to 1,048,576 GPUs", False),
     # --- empty text that meant the working folder or the default, unsaid
     ("train-model-empty", [*TRAIN, "--model", ""], "--model is empty", "give a preset", False),
     ("plan-model-empty", ["plan", "--model", ""], "--model is empty", "leave the flag out",

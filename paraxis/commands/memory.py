@@ -6,6 +6,7 @@ import argparse
 import json
 
 from paraxis.plan.hardware import GPUS, unknown_gpu
+from paraxis.plan.inputs import MAX_GPUS
 from paraxis.plan.memory import states_fit, zero_table
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import PRECISIONS, Precision
@@ -34,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise ParaxisError(f"--params {args.params:g} must be a number below 1e18")
     if args.params < 1:
         raise ParaxisError(f"--params {args.params:g} must be at least 1")
-    if args.gpus < 1:
-        raise ParaxisError(f"--gpus {args.gpus}: need at least one GPU")
+    if not 1 <= args.gpus <= MAX_GPUS:
+        raise ParaxisError(f"--gpus {args.gpus:,}: give 1 to {MAX_GPUS:,} GPUs")
     precision = PRECISIONS[args.precision]
     if args.gpu not in GPUS:  # hardware.get_gpu's advice names plan's --hardware
         raise ParaxisError(unknown_gpu(args.gpu))

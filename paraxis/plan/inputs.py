@@ -27,6 +27,10 @@ from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import GB
 
 DEFAULT_GPU = "a100-80gb"
+# Bounds of the search's inputs: beyond them a plan would take minutes to list divisors
+# (the largest training clusters have about 2^17 GPUs; Llama 3's batch, 2^11 sequences).
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 2**24
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,11 @@ def check_numbers(args: argparse.Namespace) -> None:
     if model is not None and not model.strip():  # "" would price the default model, unsaid
         raise ParaxisError("--model is empty; give a preset or a model file, or leave the "
                            "flag out")
+    for flag, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH)):
+        value = getattr(args, flag, None)
+        if value is not None and value > most:
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value:,} is more than the planner "
+                               f"searches ({most:,}); give at most that")
     for flag in ("gpus_per_node", "nics_per_node"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
