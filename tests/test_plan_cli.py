@@ -131,7 +131,7 @@ def documented_plan(tmp_path_factory: pytest.TempPathFactory
       "dp=8,microbatches=1"], "not divisible by dp"),
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "4", "--layout",
       "dp=8"], "does not split over dp=8"),
-    (["memory", "--params", "7e9", "--gpus", "0"], "at least one GPU"),
+    (["memory", "--params", "7e9", "--gpus", "0"], "give 1 to 1,048,576 GPUs"),
     (["plan", "--model", "llama2-7b", "--gpus", "8", "--workers", "0"],
      "--workers 0 must be at least 1"),
     # a flag against a field the layout fixes: the layout won, the flag was dropped unsaid

@@ -100,14 +100,25 @@ def collectives(layout: Layout, axis: str) -> str:
                              if count)
         return f"its {names} of every layer"
     if axis == "dp":
-        return {0: "its gradient all-reduce", 1: "its gradient reduce-scatter and parameter "
-                "all-gather (ZeRO-1)", 2: "its gradient reduce-scatter and parameter "
-                "all-gather (ZeRO-2)", 3: "its parameter all-gathers and gradient "
-                "reduce-scatters of every layer (ZeRO-3)"}[layout.zero]
+        calls = {0: "its gradient all-reduce", 1: "its gradient reduce-scatter and parameter "
+                 "all-gather (ZeRO-1)", 2: "its gradient reduce-scatter and parameter "
+                 "all-gather (ZeRO-2)", 3: "its parameter all-gathers and gradient "
+                 "reduce-scatters of every layer (ZeRO-3)"}[layout.zero]
+        return calls + sync_group_words(layout)
     return {"cp": "its K/V exchange of every attention layer",
             "ep": "its all-to-alls of every MoE block",
             "pp": "its activation and gradient sends between stages",
             "dp copies": "its all-reduce of each gradient shard across the copies"}[axis]
+
+
+def sync_group_words(layout: Layout) -> str:
+    """Where the gradient sync's group (`context.zero_link`) is not the dp axis: its ranks."""
+    if layout.hybrid:
+        cp = f" x cp = {layout.zero_ranks}" if layout.cp > 1 else ""
+        return f", sharded over its dp_shard={layout.shard_size}{cp} ranks"
+    if layout.cp > 1:
+        return f", over the dp x cp = {layout.zero_ranks} ranks holding each parameter"
+    return ""
 
 
 def degree(layout: Layout, axis: str) -> int:

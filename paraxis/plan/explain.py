@@ -101,8 +101,8 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                         runtime_precision(precision, estimate.layout.zero), overlap,
                         expert_imbalance).step_time_s
 
-    if layout.dp > 1:
-        link = axis_link(layout, "dp", cluster)
+    if layout.zero_ranks > 1:  # dp, or dp x cp: every rank holding a parameter
+        link = zero_link(layout, cluster)
         zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
         if layout.zero == 3 and layout.pp > 1:  # pipeline_parallel/zero3.py
             zero += (" (each chunk gathered per microbatch)" if layout.zero3_reshard == "forward"
@@ -112,8 +112,13 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
                 cfg, other, cluster, best.seq_len, global_batch,
                 runtime_precision(precision, other.zero), overlap, expert_imbalance)))
         else:
+            lead = (f"DP={layout.dp} on top with {zero}" if layout.dp > 1 else
+                    f"No DP; the CP={layout.cp} ranks hold the same parameters, with {zero}")
+            if layout.dp > 1 and layout.cp > 1:
+                lead += (f" (its sync over the dp x cp = {layout.zero_ranks} ranks holding each "
+                         "parameter)")
             lines.append(
-                f"DP={layout.dp} on top with {zero}: gradient sync moves "
+                f"{lead}: gradient sync moves "
                 f"{_s(time, 'dp_total')} s of traffic over "
                 f"{'the network' if link.crosses_nodes else intra} at "
                 f"{link_speed(link, cluster)}, {_s(time, 'dp')} s of it exposed."

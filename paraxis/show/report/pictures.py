@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from paraxis.plan.attribution import sync_group_words
 from paraxis.plan.experts import experts_over_tp
 from paraxis.plan.memory import stage_local_params, stage_states
 from paraxis.show.report.experts import experts_section
@@ -144,15 +145,21 @@ def _memory(plan: Plan) -> Section:
 
 def _ring(plan: Plan) -> Section:
     layout, e = plan.layout, plan.estimate
-    ranks = ring_ranks(layout.dp)
-    if layout.dp > 1:
-        sync = (f"This plan's gradient sync runs over dp={layout.dp}, priced at "
+    group = layout.zero_ranks  # the ranks a gradient is synced over (dp, or dp x cp)
+    ranks = ring_ranks(group)
+    if group > 1:
+        over = (f"dp={layout.dp}" if group == layout.dp else
+                f"{group} ranks (dp={layout.dp}{sync_group_words(layout)})")
+        sync = (f"This plan's gradient sync runs over {over}, priced at "
                 f"{duration(e.time.get('dp_total', 0.0))} per step in all, "
                 f"{duration(e.time.get('dp', 0.0))} of it not hidden behind the backward.")
-        if ranks != layout.dp:
-            sync += (f" A ring of {layout.dp} is a plain swap, so the picture shows "
-                     f"{ranks} ranks." if layout.dp < ranks else
-                     f" A ring of {layout.dp} takes 2 x {layout.dp - 1} steps; the picture "
+        if layout.zero:
+            sync += (f" Under ZeRO-{layout.zero} it is a reduce-scatter and an all-gather, "
+                     "the two halves of the ring all-reduce drawn here.")
+        if ranks != group:
+            sync += (f" A ring of {group} is a plain swap, so the picture shows "
+                     f"{ranks} ranks." if group < ranks else
+                     f" A ring of {group} takes 2 x {group - 1} steps; the picture "
                      f"shows the same algorithm on {ranks} ranks, which stays legible.")
     else:
         sync = "This plan has dp=1, so no gradient all-reduce; the picture shows 4 ranks."

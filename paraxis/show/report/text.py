@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from paraxis.plan.comm import axis_link
+from paraxis.plan.attribution import priced_link, sync_group_words
 from paraxis.plan.cost import STEP_PARTS
-from paraxis.plan.experts import ep_link
 from paraxis.plan.ranking import EQUAL_TIMES
 from paraxis.show.report.plan import Plan
 from paraxis.show.viz.html import esc, table
@@ -130,11 +129,11 @@ def defence_section(plan: Plan) -> str:
             [(lay.replace(",", ", "), why) for why, lay in list(reasons.items())[:5]]))
     links = []
     for axis in ("tp", "cp", "ep", "pp", "dp"):
-        if getattr(plan.layout, axis) > 1:
-            link = (ep_link(plan.layout, plan.cluster) if axis == "ep"
-                    else axis_link(plan.layout, axis, plan.cluster))
+        link = priced_link(plan.layout, axis, plan.cluster)
+        if link is not None:
             where = "crosses nodes (network)" if link.crosses_nodes else "stays in a node"
-            links.append(f"{axis} group of {getattr(plan.layout, axis)} {where}, "
+            sync = sync_group_words(plan.layout) if axis == "dp" else ""
+            links.append(f"{axis} group of {getattr(plan.layout, axis)}{sync} {where}, "
                          f"{rate(link.bandwidth_Bps)}")
     if links or e.notes:
         parts.append("<h3>Why this shape</h3><ul>" + "".join(
