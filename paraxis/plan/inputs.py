@@ -145,7 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: str = "llama2-7b",
                                     f"file's, else {DEFAULT_GPU})")
     add("--hardware", help="TOML/JSON hardware file, e.g. the profile `paraxis calibrate` "
                            "wrote (schema in docs/planner.md)")
-    add("--memory-gb", type=float, help="override GPU memory")
+    add("--memory-gb", type=float,
+        help="override GPU memory, in GB of 1e9 bytes (an 80 GiB GPU holds 85.9)")
     add("--cluster", dest="cluster_preset", choices=tuple(CLUSTERS),
         help="a cluster as built, network included (GPU, rails, NIC speed, latencies); "
              "--hardware and the flags below override it")

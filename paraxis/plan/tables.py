@@ -50,7 +50,7 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
                       f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}")
     console.print(table)
     m = layouts[0].memory
-    console.print("memory of #1 (GB/GPU, stage {:.0f}): ".format(m["stage"]) + ", ".join(
+    console.print("memory of #1 (GB/GPU, pipeline stage {:.0f}): ".format(m["stage"]) + ", ".join(
         f"{k} {m[k] / GB:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                          "buffers", "reserved", "total")))
     for line in lines:

@@ -99,7 +99,11 @@ def _tp(plan: Plan) -> Section:
     return ("tp", "Tensor-parallel split", figure(
         figure_data_uri(plot_tp_split(plan.cfg, tp, etp)), "tensor-parallel split",
         "Column-parallel layers split output features, row-parallel ones input features; "
-        "one all-reduce joins them (Megatron-LM)." + note + (" " + experts if experts else "")))
+        + ("a reduce-scatter joins them, and an all-gather rebuilds the sequence before the "
+           "next column-parallel layer (sequence parallelism, Korthikanti 2022)."
+           if layout.tp > 1 and layout.sequence_parallel else
+           "one all-reduce joins them (Megatron-LM).")
+        + note + (" " + experts if experts else "")))
 
 
 def stage_model_states(plan: Plan) -> list[dict[str, float]]:
