@@ -368,3 +368,31 @@ def test_a_full_disk_reported_by_safetensors_is_one_line_and_frees_the_tmp(tmp_p
     assert code == 3 and "Traceback" not in stderr, stderr
     assert len(stderr.strip().splitlines()) == 1 and "No space left on device" in stderr
     assert not (tmp_path / "ck" / "step-00000001.tmp").exists()
+
+
+def test_a_full_disk_during_convert_and_export_is_one_line_and_leaves_nothing(tmp_path,
+                                                                             monkeypatch):
+    """convert, import-hf and export-hf write through safetensors, whose full disk is its own
+    SafetensorError: one line, exit 2, no destination left behind, the source untouched."""
+    from safetensors import SafetensorError
+
+    import paraxis.model.checkpoint.convert as convert
+    import paraxis.model.hf.write as hf_write
+
+    assert run_row([*TRAIN, "--checkpoint-dir", "ck"], tmp_path, False)[0] == 0
+    assert run_row(["checkpoint", "export-hf", "ck", "hf"], tmp_path, False)[0] == 0
+    before = snapshot(tmp_path)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
+
+    monkeypatch.setattr(convert, "_write_tensors", full)
+    monkeypatch.setattr(hf_write, "save_file", full)
+    for argv in (["checkpoint", "convert", "ck", "out", "--layout", "tp=2"],
+                 ["checkpoint", "import-hf", "hf", "out"],
+                 ["checkpoint", "export-hf", "ck", "out"]):
+        code, stderr = run_row(argv, tmp_path, False)
+        assert code == 2 and len(stderr.strip().splitlines()) == 1, (argv, stderr)
+        assert "(No space left on device); free space" in stderr, stderr
+        assert snapshot(tmp_path) == before, argv

@@ -315,6 +315,28 @@ def test_a_conversion_resumes_at_its_own_data_parallel_layout(saved, tmp_path):
     assert from_conversion == from_source
 
 
+def test_convert_splits_a_ranks_pieces_into_files_as_a_save_does(saved, tmp_path,
+                                                                 monkeypatch):
+    """A training save writes a rank's pieces into files of at most FILE_BYTES; so does
+    convert, holding one such file per TP rank at a time, and the pieces read back whole."""
+    from paraxis.model.checkpoint import convert as module
+
+    monkeypatch.setattr(module, "FILE_BYTES", 64 * 1024)
+    converted = convert(saved, tmp_path / "tp2", Layout.parse("tp=2"))
+    files = json.loads((converted / "manifest.json").read_text())["files"]
+    assert {"rank-00000-1.safetensors", "rank-00001-1.safetensors"} <= set(files), files
+    assert all(f["bytes"] <= 64 * 1024 + 16 * 1024 for f in files.values())  # + a header
+    _assert_same_tensors(_full(saved), _full(converted))
+    assert all((converted / name).stat().st_mode & 0o777 == 0o666 & ~_umask()
+               for name in files), "weights readable as any file the user writes"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):
     # zb-v places chunks in a V (stage 0 holds the embedding and the head, and a tied
     # model's two copies): conversion cuts the same tensors for it, and back to one device.

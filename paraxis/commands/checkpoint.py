@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from paraxis.files.checkpoint_ownership import check_not_a_run_folder
-from paraxis.files.host import check_writable_folder
+from paraxis.files.host import check_writable_folder, write_error_reason
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         if destination.resolve().is_relative_to(source):
             raise ParaxisError(f"the destination {destination} lies inside the source "
                                f"{args.source}; write it outside the checkpoint")
+        from safetensors import SafetensorError  # lazy: its writes fail in its own error
+
         try:
             if args.action == "export-hf":
                 print(f"wrote {export_hf(args.source, destination)}")
@@ -72,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
             raise ParaxisError(f"cannot write {error.filename or destination} "
                                f"({error.strerror}); free space or choose another "
                                "destination") from None
+        except SafetensorError as error:  # safetensors' own: "No space left on device"
+            raise ParaxisError(f"cannot write {destination} ({write_error_reason(error)}); "
+                               "free space or choose another destination") from None
         print(f"wrote {final} for layout {Layout.parse(args.layout)}")
         return 0
     reader = CheckpointReader(args.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -135,6 +136,31 @@ def available_host_bytes() -> float:
     except (OSError, ValueError, IndexError):
         pass
     return host_ram_bytes()
+
+
+def umask() -> int:
+    """The process's file-mode mask (read by setting it, the only way, and setting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_error_reason(error: Exception) -> str:
+    """A failed write's reason in a few words: an OSError's strerror, or the OS message inside
+    safetensors' own error text ('IoError(Os { code: 28, ..., message: "No space left on
+    device" })')."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error)
+    found = re.search(r'message: "([^"]+)"', text)
+    return found.group(1) if found else " ".join(text.split())
+
+
+def plain_mode(path: Path) -> None:
+    """Give a file the mode `open` would have created it with (0666 less the umask): writers
+    that stage through private temporary files (safetensors' `save_file` leaves 0600) would
+    keep the weights from the other users of a shared file system."""
+    path.chmod(0o666 & ~umask())
 
 
 def flush_to_disk(handle: IO) -> None:

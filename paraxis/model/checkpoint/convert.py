@@ -21,7 +21,7 @@ from paraxis.files.checkpoint_manifest import FORMAT, VERSION, sha256_of, step_d
 from paraxis.files.host import outermost_missing
 from paraxis.model.checkpoint.entries import KINDS, Entry
 from paraxis.model.checkpoint.load import CheckpointReader, read_full_state
-from paraxis.model.checkpoint.save import _write_tensors, commit, rank_file
+from paraxis.model.checkpoint.save import FILE_BYTES, _write_tensors, commit, rank_file
 from paraxis.model.hf import read_hf, write_hf
 from paraxis.model.stage import stage_parts
 from paraxis.model.transformer import single_device_buffers
@@ -115,11 +115,21 @@ def write_for_layout(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[s
 def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str, ...],
                   cfg: ModelConfig, layout: Layout, tmp: Path, seq_len: int | None
                   ) -> tuple[dict, list]:
-    """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces."""
+    """Each (stage, TP rank) file of `layout` into `tmp`: its file facts and its pieces. A
+    rank's pieces go into files of at most FILE_BYTES, as a training save writes them, so
+    that the conversion holds at most one file's worth per TP rank."""
     plan = tp_plan(split_experts=layout.etp > 1)
     files, pieces = {}, []
+    held: dict[int, dict[str, torch.Tensor]] = {}  # each rank's file being filled
+    written: dict[int, int] = {}  # each rank's files written
+
+    def write(rank: int) -> None:
+        path = tmp / rank_file(rank, written.get(rank, 0))
+        _write_tensors(held.pop(rank), path)
+        files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+        written[rank] = written.get(rank, 0) + 1
+
     for stage in range(layout.pp):
-        per_rank: dict[int, dict[str, torch.Tensor]] = {}
         params, buffers = stage_state_shapes(cfg, layout, stage, seq_len)
         is_param = dict.fromkeys(params, True) | dict.fromkeys(buffers, False)
         for name, param in is_param.items():
@@ -137,11 +147,15 @@ def _write_pieces(full_of: Callable[[str, str], torch.Tensor], kinds: tuple[str,
                     rank = layout.rank(tp_rank=tp_rank, pp_rank=stage)
                     piece = Entry(kind, name, part.contiguous(), tuple(full.shape), dim,
                                   tp_rank, count, 0, part.numel(), owner=True)
-                    per_rank.setdefault(rank, {})[piece.key] = piece.tensor
-                    pieces.append({**piece.describe(), "file": rank_file(rank),
-                                   "key": piece.key})
-        for rank, tensors in per_rank.items():
-            path = tmp / rank_file(rank)
-            _write_tensors(tensors, path)
-            files[path.name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+                    if rank in held and _nbytes(held[rank]) + piece.tensor.nbytes > FILE_BYTES:
+                        write(rank)
+                    held.setdefault(rank, {})[piece.key] = piece.tensor
+                    pieces.append({**piece.describe(), "key": piece.key,
+                                   "file": rank_file(rank, written.get(rank, 0))})
+        for rank in list(held):
+            write(rank)
     return files, pieces
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.nbytes for t in tensors.values())

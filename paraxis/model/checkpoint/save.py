@@ -45,7 +45,7 @@ from paraxis.files.checkpoint_manifest import (
     with_checksum,
 )
 from paraxis.files.checkpoint_ownership import still_held, write_identity
-from paraxis.files.host import flush_to_disk, sync_folder
+from paraxis.files.host import flush_to_disk, plain_mode, sync_folder, write_error_reason
 from paraxis.model.checkpoint.entries import Checkpointable, optimizer_steps
 from paraxis.spec.errors import RunFailed
 from paraxis.spec.units import runs_within
@@ -165,7 +165,7 @@ def _attempt(action: Callable[[], None], tmp: Path, rank: int) -> str | None:
     except OSError as error:
         reason = f"{error.strerror}: {error.filename}"
     except SafetensorError as error:
-        reason = str(error)
+        reason = write_error_reason(error)
     else:
         return None
     return (f"rank {rank}: cannot write checkpoint {tmp} ({reason}); free space or fix the "
@@ -225,6 +225,7 @@ def _run_of(directory: Path) -> str | None:
 
 def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file(tensors, str(path))
+    plain_mode(path)
     with open(path, "rb") as handle:
         flush_to_disk(handle)
 

@@ -15,7 +15,6 @@ keys `save_pretrained` writes (`hf_names`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from paraxis.files.hf_config import config_json
+from paraxis.files.host import plain_mode, umask
 from paraxis.model.hf.names import Source, expected_shapes, hf_tensors, their_index
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig
@@ -70,7 +70,7 @@ def write_hf(path: str | Path, cfg: ModelConfig,
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     # mkdtemp makes it private (0700); the model gets the mode a mkdir would give it, or the
     # one of the empty directory it replaces
-    staging.chmod(path.stat().st_mode & 0o7777 if path.is_dir() else 0o777 & ~_umask())
+    staging.chmod(path.stat().st_mode & 0o7777 if path.is_dir() else 0o777 & ~umask())
     try:
         dtype = _write_shards(staging, cfg, tensor_of, max_shard_bytes)
         config.update(dtype=dtype, torch_dtype=dtype)  # "torch_dtype" for transformers < 4.56
@@ -86,12 +86,6 @@ def write_hf(path: str | Path, cfg: ModelConfig,
         if staging.exists():
             shutil.rmtree(staging)
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask
 
 
 def _write_shards(folder: Path, cfg: ModelConfig, tensor_of: Callable[[str], torch.Tensor],
@@ -135,7 +129,9 @@ class _Shards:
 
     def flush(self) -> None:
         if self.tensors:
-            save_file(self.tensors, self._part(len(self.written)), metadata={"format": "pt"})
+            path = self._part(len(self.written))
+            save_file(self.tensors, path, metadata={"format": "pt"})
+            plain_mode(path)
             self.written.append(list(self.tensors))
             self.tensors, self.held = {}, 0
 
