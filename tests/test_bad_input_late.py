@@ -396,3 +396,33 @@ def test_a_full_disk_during_convert_and_export_is_one_line_and_leaves_nothing(tm
         assert code == 2 and len(stderr.strip().splitlines()) == 1, (argv, stderr)
         assert "(No space left on device); free space" in stderr, stderr
         assert snapshot(tmp_path) == before, argv
+
+
+def test_checkpoint_dir_is_neither_a_checkpoint_nor_a_hugging_face_model(tmp_path):
+    """A run's --checkpoint-dir takes its step folders: inside a checkpoint they would nest
+    steps in a step, and in an exported model's folder `generate --checkpoint` would then
+    sample the run's weights instead of the model's."""
+    assert run_row([*TRAIN, "--checkpoint-dir", "ck"], tmp_path, False)[0] == 0
+    assert run_row(["checkpoint", "export-hf", "ck", "hf"], tmp_path, False)[0] == 0
+    before = snapshot(tmp_path)
+    for folder, words in (("ck/step-00000001", "is a checkpoint (its manifest.json)"),
+                          ("hf", "holds a Hugging Face model (its config.json)")):
+        code, stderr = run_row([*TRAIN, "--checkpoint-dir", folder], tmp_path, False)
+        assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+        assert words in stderr, stderr
+        assert snapshot(tmp_path) == before, folder
+
+
+def test_an_unfinished_save_named_outright_is_not_loaded(tmp_path):
+    """A step-N.tmp folder is a save that never finished: skipped when its parent is given,
+    and refused in one line when named itself, by every command that reads checkpoints."""
+    assert run_row([*TRAIN, "--checkpoint-dir", "ck"], tmp_path, False)[0] == 0
+    shutil.copytree(tmp_path / "ck" / "step-00000001", tmp_path / "x" / "step-00000001.tmp")
+    before = snapshot(tmp_path)
+    for argv in (["checkpoint", "info", "x/step-00000001.tmp"],
+                 ["checkpoint", "convert", "x/step-00000001.tmp", "out", "--layout", "tp=2"],
+                 [*TRAIN, "--steps", "2", "--resume", "x/step-00000001.tmp"]):
+        code, stderr = run_row(argv, tmp_path, False)
+        assert code == 2 and len(stderr.strip().splitlines()) == 1, (argv, stderr)
+        assert "is a save that never finished" in stderr, stderr
+        assert snapshot(tmp_path) == before, argv

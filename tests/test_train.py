@@ -64,6 +64,26 @@ def test_learning_rate_warms_up_then_decays():
     assert rates[-1] >= 0.1
 
 
+def test_a_resume_under_another_schedule_says_so(tmp_path, capsys):
+    """The schedule spans --steps: a resume that raises it (or changes --lr, --min-lr-ratio,
+    --warmup) stretches the cosine under the steps already trained, and says so in one note
+    with the rate the step takes now and under the checkpoint's schedule."""
+    common = dict(model="tiny", global_batch=4, seq_len=32, device="cpu", warmup=1,
+                  checkpoint_dir=str(tmp_path / "ck"))
+    run_training(RunConfig.from_flags(**common, steps=4, exit_after=2))
+    capsys.readouterr()
+    run_training(RunConfig.from_flags(**common, steps=4, resume="auto", exit_after=3))
+    assert "learning-rate schedule" not in capsys.readouterr().err  # the same schedule
+    run_training(RunConfig.from_flags(**common, steps=8, resume="auto", lr=1e-3))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "schedule" in line]
+    now, saved = (learning_rate(3, RunConfig.from_flags(steps=8, warmup=1, lr=1e-3)),
+                  learning_rate(3, RunConfig.from_flags(steps=4, warmup=1)))
+    assert notes == [
+        "paraxis: note: the learning-rate schedule is not the checkpoint's (--steps 4 -> 8, "
+        f"--lr 0.003 -> 0.001): step 3 runs at lr {now:.3g} where the checkpoint's schedule "
+        f"gave {saved:.3g}"]
+
+
 def paraxis(*args):
     return subprocess.run([sys.executable, "-m", "paraxis", *args], capture_output=True,
                           text=True, timeout=120)

@@ -208,6 +208,10 @@ def folder_of(path: str | Path) -> Path:
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory, or the newest complete one under a directory of them."""
     path = folder_of(path)
+    if path.name.endswith(".tmp") and STEP_DIR.match(path.name.removesuffix(".tmp")):
+        raise ParaxisError(f"checkpoint {path} is a save that never finished (a step-N.tmp "
+                           "folder is never loaded); give a complete step-N directory or the "
+                           "directory that holds them")
     if (path / MANIFEST).is_file():
         return path
     if path.exists() and not path.is_dir():

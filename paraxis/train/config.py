@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from paraxis.data.blend import DataSection
+from paraxis.files.checkpoint_manifest import MANIFEST
 from paraxis.files.host import check_writable, check_writable_folder
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import check_fused_loss
@@ -440,12 +441,27 @@ def check_late_failures(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of
                        ("init_from", ckpt.init_from)):
         if given is not None and not given.strip():  # "" would write into the working folder
             raise ParaxisError(f"{of(key)} is empty; give a path, or leave the flag out")
+    if ckpt.dir:
+        check_checkpoint_dir(Path(ckpt.dir), of("checkpoint_dir", ckpt.dir))
     for key, folder in (("checkpoint_dir", ckpt.dir), ("tensorboard", log.tensorboard)):
         if folder:
             check_writable_folder(Path(folder), of(key))
             if log.metrics_file and Path(log.metrics_file).absolute() == Path(folder).absolute():
                 raise ParaxisError(f"{of('metrics_file', log.metrics_file)} is also the "
                                    f"{of(key)} folder; give the metrics file another path")
+
+
+def check_checkpoint_dir(folder: Path, flag: str) -> None:
+    """A run writes its step-N folders (and run.json) into --checkpoint-dir: not into a
+    checkpoint itself, whose loader would then find steps inside a step, nor into a Hugging
+    Face model's folder, which `generate --checkpoint` would then read as the run's."""
+    if (folder / MANIFEST).is_file():
+        raise ParaxisError(f"{flag} is a checkpoint (its {MANIFEST}); a run writes its step "
+                           f"folders beside it: give its parent, {folder.parent}, or another "
+                           "folder")
+    if (folder / "config.json").is_file():
+        raise ParaxisError(f"{flag} holds a Hugging Face model (its config.json); give "
+                           "another folder (--init-from starts a run from that model)")
 
 
 def check_evaluation(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of) -> None:

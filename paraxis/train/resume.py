@@ -15,10 +15,11 @@ its resolved config once, at the start (`write_config`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from paraxis.dist.groups import restart_attempt
 from paraxis.files.checkpoint_manifest import check_model, read_manifest
@@ -36,6 +37,7 @@ from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import get_policy
+from paraxis.train.loop import learning_rate
 from paraxis.train.run_file import to_toml, with_absolute_paths
 
 if TYPE_CHECKING:
@@ -129,7 +131,41 @@ def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig,
     if rank == 0 and not cfg.logging.quiet:
         print(f"resumed from {path} (step {step}, saved by layout {manifest['layout']})",
               file=sys.stderr, flush=True)
+        change = schedule_change(cfg, manifest, step)
+        if change:
+            print(change, file=sys.stderr, flush=True)
     return step, samples
+
+
+# The settings the learning rate of a step depends on (`loop.learning_rate`), by flag
+SCHEDULE_FLAGS = {"steps": "--steps", "lr": "--lr", "min_lr_ratio": "--min-lr-ratio",
+                  "warmup_steps": "--warmup"}
+
+
+def schedule_facts(cfg: RunConfig) -> dict[str, float]:
+    opt = cfg.optimizer
+    return {"steps": cfg.train.steps, "lr": opt.lr, "min_lr_ratio": opt.min_lr_ratio,
+            "warmup_steps": opt.warmup_steps}
+
+
+def schedule_change(cfg: RunConfig, manifest: dict[str, Any], step: int) -> str | None:
+    """A note where a resumed run's learning-rate schedule is not its checkpoint's (a
+    raised --steps stretches the cosine, a new --lr rescales it): what changed, and the
+    rate the resumed step takes beside the one the checkpoint's schedule gave it."""
+    saved = (manifest.get("data") or {}).get("schedule")
+    now = schedule_facts(cfg)
+    if not isinstance(saved, dict) or set(saved) != set(now) or saved == now:
+        return None
+    before = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, steps=saved["steps"]),
+        optimizer=dataclasses.replace(cfg.optimizer, lr=saved["lr"],
+                                      min_lr_ratio=saved["min_lr_ratio"],
+                                      warmup_steps=saved["warmup_steps"]))
+    changed = ", ".join(f"{SCHEDULE_FLAGS[key]} {saved[key]:g} -> {now[key]:g}"
+                        for key in now if saved[key] != now[key])
+    return (f"paraxis: note: the learning-rate schedule is not the checkpoint's ({changed}): "
+            f"step {step} runs at lr {learning_rate(step, cfg):.3g} where the checkpoint's "
+            f"schedule gave {learning_rate(step, before):.3g}")
 
 
 def init_from(path: str, engine: Engine, model_cfg: ModelConfig, rank: int) -> None:
@@ -163,7 +199,7 @@ def save(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig, step: int,
         samples_seen = step * train.global_batch
     data = {"seed": train.seed, "next_step": step, "samples_seen": samples_seen,
             "global_batch": train.global_batch, "seq_len": train.seq_len,
-            "precision": get_policy(train.precision).name}
+            "precision": get_policy(train.precision).name, "schedule": schedule_facts(cfg)}
     run = None
     if claim is not None:
         data["source"] = claim.facts["source"]
