@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from paraxis.plan.explain import states_fit
 from paraxis.plan.hardware import GPUS, unknown_gpu
 from paraxis.plan.inputs import MAX_GPUS
-from paraxis.plan.memory import states_fit, zero_table
+from paraxis.plan.memory import zero_table
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import PRECISIONS, Precision
 

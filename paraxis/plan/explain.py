@@ -34,6 +34,13 @@ def _shape(estimate: Estimate) -> tuple[int, int, int]:
     return layout.dp, layout.tp, layout.pp
 
 
+def states_fit(state_bytes: float, gpu: GPU) -> bool:
+    """The planner's first question ("Fits on one GPU?"), the ZeRO calculator's and the
+    lab's: model states plus the memory the runtime holds back on every GPU within the GPU's
+    memory; activations come on top."""
+    return state_bytes + gpu.reserved_bytes <= gpu.memory_bytes
+
+
 def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
             result: SearchResult | None = None, precision: Precision = MIXED_ADAM,
             alternatives: int = 3, overlap: Overlap = DEFAULT_OVERLAP,
@@ -43,7 +50,7 @@ def explain(cfg: ModelConfig, cluster: Cluster, best: Estimate,
     limit = gpu.memory_bytes / GB
     states = sum(model_state_bytes(cfg.num_params(), 1, 0, precision).values()) / GB
     lines = []
-    one_gpu = states + gpu.reserved_bytes / GB <= limit
+    one_gpu = states_fit(states * GB, gpu)
     lines.append(
         f"Fits on one GPU? {'yes' if one_gpu else 'no'}: {cfg.num_params() / 1e9:.3g}B "
         f"parameters need {precision.total_bytes:g} B each = {states:.1f} GB of model states "

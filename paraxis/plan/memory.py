@@ -29,7 +29,6 @@ from paraxis.plan.fp8 import (
     kept_fp8_weight_bytes,
     saved_fp8_bytes_per_token,
 )
-from paraxis.plan.hardware import GPU
 from paraxis.plan.stages import (
     chunk_blocks,
     chunk_facts,
@@ -89,13 +88,6 @@ def zero_table(num_params: int, gpus: int,
                                                    precision.grad_bytes,
                                                    precision.param_bytes)})
     return rows
-
-
-def states_fit(state_bytes: float, gpu: GPU) -> bool:
-    """The planner's first question (`explain`, "Fits on one GPU?"): model states plus the
-    memory the runtime holds back on every GPU within the GPU's memory; activations come on
-    top."""
-    return state_bytes + gpu.reserved_bytes <= gpu.memory_bytes
 
 
 def zero3_buffer_bytes(cfg: ModelConfig, layout: Layout, local_params: float,

@@ -6,8 +6,8 @@ from rich.table import Table
 
 from paraxis.files.terminal import console as terminal_console
 from paraxis.plan.cost import Estimate
+from paraxis.plan.explain import states_fit
 from paraxis.plan.hardware import GPU, Cluster
-from paraxis.plan.memory import states_fit
 from paraxis.plan.search import SearchResult
 from paraxis.plan.uncertainty import error_band
 from paraxis.spec.model_config import ModelConfig
@@ -59,7 +59,7 @@ def print_plan(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: i
 
 def print_zero_table(num_params: float, gpus: int, rows: list[dict], gpu: GPU,
                      formulas: list[str]) -> None:
-    """The ZeRO calculator's table; "fits" asks `memory.states_fit`: the states and the
+    """The ZeRO calculator's table; "fits" asks `explain.states_fit`: the states and the
     runtime's reserve within the GPU's memory, as the planner and the lab ask it."""
     count = (f"{num_params / 1e9:g}B" if num_params >= 1e9 else f"{num_params / 1e6:g}M"
              if num_params >= 1e6 else f"{num_params:,}")

@@ -13,9 +13,10 @@ import math
 
 from paraxis.plan.comm import ring_all_reduce_time, tp_collectives_per_layer
 from paraxis.plan.compute import BACKWARD_FLOPS_RATIO, counted_forward_flops_per_token
+from paraxis.plan.explain import states_fit
 from paraxis.plan.hardware import CLUSTERS, GPU, GPUS
 from paraxis.plan.inputs import DEFAULT_GPU
-from paraxis.plan.memory import model_state_bytes, states_fit, zero_table
+from paraxis.plan.memory import model_state_bytes, zero_table
 from paraxis.plan.ring_steps import ring_schedule, simulate_ring
 from paraxis.show.viz.tp_split import COLUMN, ROW, SplitWeight
 from paraxis.spec.model_config import PRESETS
@@ -113,7 +114,7 @@ DP_PHASES = ["replicate", "partition data", "forward + backward", "all-reduce gr
 
 
 def fits_on_gpu(state_bytes: float, gpu: GPU = LAB_GPU) -> bool:
-    """`plan.memory.states_fit` on the lab's GPU unless told another."""
+    """`plan.explain.states_fit` on the lab's GPU unless told another."""
     return states_fit(state_bytes, gpu)
 
 
