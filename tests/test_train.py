@@ -13,7 +13,8 @@ from paraxis.model.transformer import build_model
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.train.config import RunConfig
-from paraxis.train.loop import learning_rate, run_training
+from paraxis.train.loop import run_training
+from paraxis.train.lr_schedule import learning_rate
 
 
 @pytest.mark.parametrize("accum", [2, 4])

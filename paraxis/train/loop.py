@@ -12,7 +12,6 @@ same on one device and on many. The config and its flags live in `paraxis.train.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from paraxis.plan.experts import experts_over_tp, feed_forward
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import get_policy
 from paraxis.train.config import RunConfig
+from paraxis.train.lr_schedule import learning_rate
 from paraxis.train.nan_policy import (
     NumericalFault,
     nonfinite,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 # torch, and every module that imports it, is imported inside the functions: `paraxis
 # train`'s command imports this module at CLI start-up, which must not wait for torch.
 
-__all__ = ["RUN_IMPORTS", "learning_rate", "run_training"]
+__all__ = ["RUN_IMPORTS", "run_training"]
 
 # What `run_training` imports as it runs, through these modules' own imports. A process that
 # forks ranks imports them first, so that no rank does it again (about half a second of CPU
@@ -62,17 +62,6 @@ RUN_IMPORTS = ("paraxis.parallelize", "paraxis.train.claim", "paraxis.train.faul
                "paraxis.train.metrics", "paraxis.train.progress", "paraxis.train.resume",
                "paraxis.dist.heartbeat", "paraxis.dist.watchdog",
                "paraxis.parallel.context.packing", "paraxis.parallel.experts.layer")
-
-
-def learning_rate(step: int, cfg: RunConfig) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio * lr (GPT-3 paper, appendix B)."""
-    opt, steps = cfg.optimizer, cfg.train.steps
-    if step < opt.warmup_steps:
-        return opt.lr * (step + 1) / opt.warmup_steps
-    span = max(1, steps - opt.warmup_steps)
-    progress = min(1.0, (step - opt.warmup_steps) / span)
-    floor = opt.lr * opt.min_lr_ratio
-    return floor + 0.5 * (opt.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
 def run_training(cfg: RunConfig) -> list[dict]:

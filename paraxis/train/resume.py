@@ -37,7 +37,7 @@ from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import get_policy
-from paraxis.train.loop import learning_rate
+from paraxis.train.lr_schedule import learning_rate
 from paraxis.train.run_file import to_toml, with_absolute_paths
 
 if TYPE_CHECKING:
