@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from bench.common import Row, compare, engine_step, rank_device
 from paraxis.dist.groups import build_groups
-from paraxis.engine.contract import make_adamw
 from paraxis.engine.data_parallel import DataParallelEngine
+from paraxis.engine.optimizer import make_adamw
 from paraxis.model.transformer import build_model
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS

@@ -30,7 +30,7 @@ from torch.distributed import pipelining
 
 from bench.common import Row, bench_device, compare, engine_step, rank_device, token_batch
 from paraxis.dist.groups import build_groups
-from paraxis.engine.contract import make_adamw
+from paraxis.engine.optimizer import make_adamw
 from paraxis.model.transformer import build_model
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout

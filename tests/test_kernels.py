@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paraxis.dist.testing import gpu_count, run_distributed
-from paraxis.engine.contract import adamw, init_adam_state
+from paraxis.engine.optimizer import adamw, init_adam_state
 from paraxis.kernels.linear import project, stackable
 from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor.layers import ColumnParallelLinear

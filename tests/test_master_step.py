@@ -78,7 +78,7 @@ def test_a_parameter_no_backward_reached_has_a_zero_gradient(monkeypatch, local)
 def _adamw_on_copies(master, exp_avg, exp_avg_sq, grad, decayed, lr, steps, grad_scale,
                      found_inf):
     """torch's own AdamW.step on fp32 copies, the decayed range and the rest as its two
-    groups, as `contract.adamw` makes them; after `steps` steps the moments are given.
+    groups, as `optimizer.adamw` makes them; after `steps` steps the moments are given.
     (The engine's step counts, and a non-finite step leaving them: tests/test_kernels.py.)"""
     params = [master[:decayed].clone(), master[decayed:].clone()]
     optimizer = torch.optim.AdamW([{"params": params[:1], "weight_decay": 0.1},

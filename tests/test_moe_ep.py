@@ -50,7 +50,7 @@ import torch
 
 from paraxis.dist.groups import ParallelGroups, build_groups
 from paraxis.dist.testing import RankContext, as_layout, flag_args, one_thread, run_on_ranks
-from paraxis.engine.contract import storage_bytes
+from paraxis.engine.optimizer import storage_bytes
 from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
 from paraxis.model.checkpoint.convert import export_hf
 from paraxis.model.inference import load_for_inference

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from paraxis.dist.testing import RankContext, run_on_ranks
-from paraxis.engine.contract import storage_bytes
+from paraxis.engine.optimizer import storage_bytes
 from paraxis.parallelize import build_engine
 from paraxis.plan.grad_sync import zero3_kept
 from paraxis.plan.memory import stage_local_params, zero3_buffer_bytes

@@ -232,7 +232,7 @@ def optimizer_traffic_per_param(precision: Precision, kernels: str = "fused",
     sqrt / div / add_ 6, addcdiv_ 4), plus the gradient-norm read and the clipping mul_ (3
     passes of the gradient).
 
-    paraxis (`engine.contract.adamw`): torch's fused AdamW kernel reads the fp32 weight, its
+    paraxis (`engine.optimizer.adamw`): torch's fused AdamW kernel reads the fp32 weight, its
     fp32 gradient and both moments and writes back the weight and moments (28 B), around
     paraxis's own passes: the norm's read and the clipping multiply of fp32 gradients (40 B
     in fp32). fp32 masters of 16-bit parameters step in one pass (`kernels.master_adamw`):

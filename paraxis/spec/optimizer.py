@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class AdamW:
-    weight_decay: float = 0.1  # on matrices only (`engine.contract.decays`)
+    weight_decay: float = 0.1  # on matrices only (`engine.optimizer.decays`)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
 

@@ -1,5 +1,5 @@
 """torch's fused AdamW against its foreach one, on this machine's CPU (what
-`paraxis.engine.contract.adamw` chose): milliseconds per step over 25M fp32 parameters in
+`paraxis.engine.optimizer.adamw` chose): milliseconds per step over 25M fp32 parameters in
 six matrices and six vectors, one thread, median of 10 steps after one.
 
     python -m tools.probes.adamw_kernels

@@ -40,15 +40,7 @@ from paraxis.dist.params import (
     norm_squared,
 )
 from paraxis.dist.watchdog import WATCH
-from paraxis.engine.contract import (
-    LocalEngine,
-    clip_factor,
-    init_adam_state,
-    make_adamw,
-    optimizer_tensors,
-    step_unless_nonfinite,
-    storage_bytes,
-)
+from paraxis.engine.contract import LocalEngine
 from paraxis.engine.data_parallel.buckets import GradReducer, make_buckets
 from paraxis.engine.data_parallel.flat import FlatUnit, all_gather, group_size
 from paraxis.engine.data_parallel.loss_scale import LossScaler, any_rank_overflowed, torch_dtype
@@ -60,6 +52,14 @@ from paraxis.engine.data_parallel.zero import (
     give_storage,
     shard_optimizer,
     zero3_units,
+)
+from paraxis.engine.optimizer import (
+    clip_factor,
+    init_adam_state,
+    make_adamw,
+    optimizer_tensors,
+    step_unless_nonfinite,
+    storage_bytes,
 )
 from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_entries
 from paraxis.parallel.tensor.partial import sum_partial_grads

@@ -21,7 +21,7 @@ from torch import nn
 
 from paraxis.dist.collectives import all_gather_single, reduce_scatter_single
 from paraxis.dist.groups import through_host
-from paraxis.engine.contract import decays
+from paraxis.engine.optimizer import decays
 from paraxis.spec.collectives import zero_form
 
 
@@ -39,7 +39,7 @@ class Piece:
 
 class FlatUnit:
     """Parameters that communicate together: one bucket (ZeRO-0/1/2) or one block (ZeRO-3).
-    The weight-decayed ones (`contract.decays`: the matrices) come first, in their given
+    The weight-decayed ones (`optimizer.decays`: the matrices) come first, in their given
     order, then the rest: AdamW on fp32 masters then decays one leading range of the unit
     (`kernels.master_adamw`)."""
 

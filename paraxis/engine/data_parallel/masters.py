@@ -70,14 +70,14 @@ class MasterWeights:
     def share_moments(self, optimizer: torch.optim.Optimizer) -> None:
         """AdamW's moments as views of one flat pair per unit, so that a step runs
         `master_adamw_` on each unit's masters, moments, gradient and 16-bit parameters as
-        flat tensors. `optimizer` is torch's AdamW made by `contract.adamw` (decoupled decay,
+        flat tensors. `optimizer` is torch's AdamW made by `optimizer.adamw` (decoupled decay,
         neither amsgrad nor maximize; the decayed pieces of a unit lead it: `FlatUnit`).
-        Call before `contract.init_adam_state`, which then leaves these states as they
+        Call before `optimizer.init_adam_state`, which then leaves these states as they
         are."""
         if type(optimizer) is not torch.optim.AdamW or any(
                 group["amsgrad"] or group["maximize"] for group in optimizer.param_groups):
             raise ParaxisError("fp32 master weights step torch's AdamW without amsgrad or "
-                               "maximize (contract.adamw); use an fp32 precision for another")
+                               "maximize (optimizer.adamw); use an fp32 precision for another")
         self.exp_avgs = [torch.zeros_like(master) for master in self.masters]
         self.exp_avg_sqs = [torch.zeros_like(master) for master in self.masters]
         steps = step_count(0, self.masters[0].device) if self.masters else None

@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 
 from paraxis.dist.watchdog import WATCH
-from paraxis.engine.contract import adamw, decays
 from paraxis.engine.data_parallel.flat import FlatUnit, Piece, all_gather, group_rank, group_size
 from paraxis.engine.data_parallel.fp8_gather import (
     Fp8Weights,
@@ -37,6 +36,7 @@ from paraxis.engine.data_parallel.fp8_gather import (
     detach,
     fp8_gemms,
 )
+from paraxis.engine.optimizer import adamw, decays
 from paraxis.model.transformer import Transformer
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.optimizer import AdamW
