@@ -15,7 +15,7 @@ def without_sync(profile: dict) -> dict:
 def flat_sync(profile: dict) -> dict:
     """The profile priced without the sync-wait curve: every call's sync wait the one figure timed
     after the calibration's own segment (`Cluster.sync_wait_s`), not read off the curve at
-    the compute before the call (`Cluster.sync_wait_curve_s`, plan/sync.py)."""
+    the compute before the call (`Cluster.sync_wait_curve_s`, plan/sync_wait.py)."""
     return {**profile, "cluster": {k: v for k, v in profile["cluster"].items()
                                    if k != "sync_wait_curve_s"}}
 

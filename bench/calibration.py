@@ -80,7 +80,7 @@ def render(profile: dict) -> str:
                   "wait of a one-element all-reduce after GEMM segments of 1/16, 1/4 and all "
                   "of half a layer's forward, every group at once, less the same call on idle "
                   "ranks; the planner reads a call's wait at the compute before it "
-                  "(plan/sync.py), the last point (`sync_wait_s`) after a backward.", "",
+                  "(plan/sync_wait.py), the last point (`sync_wait_s`) after a backward.", "",
                   "| ranks on node | group | segment (ms) | wait per call (ms) |",
                   "|---|---|---|---|"]
         lines += [f"| {world} | {n} | "

@@ -144,7 +144,7 @@ AFTER_MEAN = [
 ]
 # Eight more, listed before the planner read each call's sync wait at the compute before it
 # (a TP call after half a layer's forward on its rank, a send after a chunk's forward:
-# plan/sync.py) from a curve the calibration times, instead of one figure after half a
+# plan/sync_wait.py) from a curve the calibration times, instead of one figure after half a
 # layer at the calibration's 2048 tokens: reported apart.
 AFTER_SEGMENT = [
     "tp=2,pp=2,microbatches=8,schedule=1f1b",

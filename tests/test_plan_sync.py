@@ -1,4 +1,4 @@
-"""A synchronising call's wait on CPU ranks, read at the compute before it (plan/sync.py)."""
+"""A synchronising call's wait on CPU ranks, read at the compute before it (plan/sync_wait.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from paraxis.plan.comm import axis_link
 from paraxis.plan.cost import evaluate
 from paraxis.plan.hardware import build_cluster
-from paraxis.plan.sync import at_segment, sync_segment_s, sync_wait, wait_at
+from paraxis.plan.sync_wait import at_segment, sync_segment_s, sync_wait, wait_at
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import FP32_ADAM

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from paraxis.plan.hardware import GPU, Cluster
 from paraxis.plan.rates import layer_rates
-from paraxis.plan.sync import nearest_count, sync_wait
+from paraxis.plan.sync_wait import nearest_count, sync_wait
 from paraxis.plan.zero3 import Zero3Kept, Zero3Layer, zero3_pipeline_volume, zero3_volume
 from paraxis.spec.collectives import reduce_scatter_form, zero_form
 from paraxis.spec.errors import ParaxisError

@@ -73,7 +73,7 @@ from paraxis.plan.rates import (
 )
 from paraxis.plan.stages import recomputed_kinds, recomputed_share, stage_kinds
 from paraxis.plan.step_calls import step_calls_time
-from paraxis.plan.sync import after_backward, at_segment
+from paraxis.plan.sync_wait import after_backward, at_segment
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig

@@ -302,13 +302,13 @@ class Cluster:
     sync_wait_s: dict = field(default_factory=dict, compare=False)
     # ... and the same wait after GEMM segments of a few lengths, [ranks on node][group size]
     # -> [[segment_s, wait_s], ...] (calibrate/collectives.sync_wait_curve): the longer the
-    # compute between two calls, the further the ranks drift apart (plan/sync.py) ...
+    # compute between two calls, the further the ranks drift apart (plan/sync_wait.py) ...
     sync_wait_curve_s: dict = field(default_factory=dict, compare=False)
     # ... read at this much compute (one rank alone) before a call; 0: at the calibration's
-    # own segment (sync_wait_s). Set per layout and call site by plan/sync.at_segment.
+    # own segment (sync_wait_s). Set per layout and call site by plan/sync_wait.at_segment.
     sync_segment_s: float = 0.0
     # ... and a backward's calls read this many of those segments later: a backward computes
-    # the input's and the weights' gradients between two of its calls (plan/sync.after_backward).
+    # both gradients, the input's and the weights', between two calls (sync_wait.after_backward).
     backward_segments: float = float(BACKWARD_FLOPS_RATIO)
     # CPU ranks: seconds of a one-element all-reduce back to back, all groups at once
     # (calibrate/collectives.scalar_calls), [ranks on node][group size] -> s: the step's
@@ -417,7 +417,7 @@ def get_gpu(name: str) -> GPU:
 
 
 # sync_segment_s and backward_segments are the planner's, per layout and call site
-# (plan/sync.py), not a machine's
+# (plan/sync_wait.py), not a machine's
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(Cluster)} - {
     "gpu", "sync_segment_s", "backward_segments"}
 _METADATA_KEYS = ("schema", "calibration")  # a calibration profile's record of itself

@@ -38,7 +38,7 @@ from paraxis.plan.rates import (
     overlap_on,
     weight_gemm_seconds,
 )
-from paraxis.plan.sync import after_backward, at_segment, sync_segment_s
+from paraxis.plan.sync_wait import after_backward, at_segment, sync_segment_s
 from paraxis.plan.tp_layer import tp_layer_exposed_time, tp_layer_time
 from paraxis.spec.kernels import AttentionKernel, get_kernel
 from paraxis.spec.layout import Layout
@@ -165,7 +165,7 @@ def layer_times(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int
         forward, backward = max(forward, host_forward), max(backward, host_backward)
 
     link = axis_link(layout, "tp", cluster)
-    backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync.py
+    backward_link = axis_link(layout, "tp", after_backward(cluster))  # CPU: plan/sync_wait.py
     boundary_bytes = act * tokens * cfg.d_model  # activations s*b*h
     # Weight-gradient GEMM of each column-parallel linear (QKV; MLP-in, gate + up for SwiGLU;
     # split experts': over the busiest rank's rows and the shared experts): the window its
@@ -236,7 +236,7 @@ def block_key(layout: Layout, micro_batch: int, precision: Precision,
 def half_layer_s(cfg: ModelConfig, layout: Layout, cluster: Cluster, seq_len: int,
                 micro_batch: int) -> float:
     """CPU ranks: a layer's calls wait after half a layer's forward on one TP rank
-    (plan/sync.py)."""
+    (plan/sync_wait.py)."""
     tokens = micro_batch * seq_len // layout.cp
     return sync_segment_s(cfg, tokens / layout.tp, cluster.gpu.peak_flops)
 

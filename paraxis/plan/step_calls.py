@@ -43,7 +43,7 @@ import math
 from paraxis.plan.comm import Link, axis_link, group_link, group_ranks
 from paraxis.plan.context import replica_link
 from paraxis.plan.hardware import Cluster
-from paraxis.plan.sync import nearest_measured, sync_wait
+from paraxis.plan.sync_wait import nearest_measured, sync_wait
 from paraxis.spec.expert_placement import experts_on_sequence_shards
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig

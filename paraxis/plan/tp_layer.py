@@ -36,7 +36,7 @@ def tp_layer_time(activation_bytes: float, tp: int, sequence_parallel: bool, lin
     """Seconds of TP traffic one layer moves per microbatch: the forward collectives
     `passes - 1` times (2 with full recomputation, which reruns the forward) plus the
     backward's (with SP and `regather`, Megatron's re-gathers too), those on `backward_link`
-    where given (CPU ranks: their calls wait after the backward's compute, plan/sync.py);
+    where given (CPU ranks: their calls wait after the backward's compute, plan/sync_wait.py);
     `mlp` as in `tp_collectives_per_layer` (unsplit, it has no input to re-gather)."""
     counts = tp_collectives_per_layer(sequence_parallel, mlp)
     back = backward_link or link

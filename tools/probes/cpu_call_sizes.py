@@ -15,7 +15,7 @@ tools.probes.cpu_call_timeline's split), the process CPU time the call adds in a
 (`cpu_over_share`: cores / ranks where the ranks outnumber them). With `--hardware` (a profile
 `paraxis calibrate` or the demo wrote), also the planner's price of the same call
 (`plan.comm.collective_time` on the TP link: the fitted back-to-back time plus the profile's sync
-wait after `--segment-ms` of compute, plan/sync.py).
+wait after `--segment-ms` of compute, plan/sync_wait.py).
 
 Medians over 7 rounds of 20 cycles per rank; every figure moves by 10-30% between launches
 on a shared VM, so compare columns within one launch.
@@ -104,7 +104,7 @@ def planner_price_ms(profile_path: str, ranks: int, size: int, group: int = 2,
     from bench.predicted_vs_measured import profile_overrides
     from paraxis.plan.comm import axis_link, collective_time
     from paraxis.plan.hardware import build_cluster
-    from paraxis.plan.sync import at_segment
+    from paraxis.plan.sync_wait import at_segment
     from paraxis.spec.layout import Layout
 
     with open(profile_path) as file:

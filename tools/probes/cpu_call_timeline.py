@@ -13,7 +13,7 @@ left it, on the machine's monotonic clock (`time.perf_counter`, CLOCK_MONOTONIC 
 same clock in every process). Per call over the ranks of its group:
 
 - `skew`: the last rank's entry minus the first's. The first waits that long for its peers:
-  the lag the planner's sync wait prices (plan/sync.py, from compute between calls);
+  the lag the planner's sync wait prices (plan/sync_wait.py, from compute between calls);
 - `exchange`: from the last entry to the first exit, when every rank is inside the call;
   what the calibration's back-to-back timings price (paraxis/train/calibrate/collectives.py);
 - `exit lag`: the last rank's exit minus the first's. A rank that leaves first goes back to

@@ -10,7 +10,7 @@ of the measured cycle over that price (ranks waiting for the last one to arrive,
 other rank's work to fill the core), and a least-squares line excess = a + b c. The
 calibration times three points of it per group (`sync_wait_curve_s`: 1/16, 1/4 and all of
 half a layer's forward) and the planner reads each call's wait at the compute before it
-(plan/sync.py, docs/planner.md).
+(plan/sync_wait.py, docs/planner.md).
 """
 
 from __future__ import annotations

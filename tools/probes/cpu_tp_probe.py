@@ -15,7 +15,7 @@ should match if a GEMM ran at one rate whatever the layout.
 only the times mean something): what a TP rank's step costs without its collectives, against the
 same step with them. --per-call runs each layout both ways and divides the difference by the
 all-reduces a rank makes per step: what one call costs in a step (the figure the planner prices as
-the call's idle time plus its sync wait, plan/sync.py). Without its all-reduces nothing holds a
+the call's idle time plus its sync wait, plan/sync_wait.py). Without its all-reduces nothing holds a
 pipeline's ranks together but its sends, so their own step times spread (86-132 ms over the 8 ranks
 of the demo's layout here) and the slowest rank's, which the figure takes, reads the no-call step
 long: trust it for layouts without PP. --model NAME probes a preset instead of the bench's model

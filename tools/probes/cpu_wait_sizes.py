@@ -5,7 +5,7 @@
                                           [--sizes 4,2097152] [--launches 3] [--repeats 3]
 
 The calibration times the wait after a GEMM segment with a one-element all-reduce
-(`sync_wait_curve_s`) and the planner adds it to a call of any size (plan/sync.py). A real TP
+(`sync_wait_curve_s`) and the planner adds it to a call of any size (plan/sync_wait.py). A real TP
 step's 2 MiB calls arrive further apart than that wait (tools.probes.cpu_call_timeline). Here each
 launch of `--ranks` ranks times `sync_wait` `--repeats` times per segment and message size,
 interleaved; printed per segment and size: every figure (ms, the ranks' mean) and their mean.

@@ -181,7 +181,7 @@ MAX_SEGMENT_S = 0.1
 
 # The segments `sync_wait_curve` times the wait after, as fractions of the calibration's own
 # (half a layer's forward at its tokens): a TP call in a layout of small microbatches, or
-# split over more ranks, follows far less compute than that (plan/sync.py).
+# split over more ranks, follows far less compute than that (plan/sync_wait.py).
 SEGMENT_FRACTIONS = (1 / 16, 1 / 4, 1)
 GEMM_FLOPS = 2 * 256**3  # one of sync_wait's GEMMs
 

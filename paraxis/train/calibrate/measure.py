@@ -16,7 +16,7 @@ from paraxis.files.host import host_ram_bytes, terminate_raises
 from paraxis.files.model_file import load_model_config, model_directory
 from paraxis.plan.comm import COLLECTIVES
 from paraxis.plan.compute import layer_kernels
-from paraxis.plan.sync import sync_segment_s as planned_segment_s
+from paraxis.plan.sync_wait import sync_segment_s as planned_segment_s
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.train.calibrate.baseline import process_baseline_bytes
 from paraxis.train.calibrate.profile import build_profile, compute_fields
@@ -217,7 +217,7 @@ def collective_body(sizes_bytes: list[int], repeats: int, device_type: str,
 
 def sync_segment_s(model: str, tokens: int, flops_per_s: float) -> float:
     """The longest compute between two synchronising calls that `sync_wait_curve` times:
-    half a layer's forward GEMMs at `tokens`, at the measured rate (plan/sync.py)."""
+    half a layer's forward GEMMs at `tokens`, at the measured rate (plan/sync_wait.py)."""
     return planned_segment_s(load_model_config(model), tokens, flops_per_s)
 
 
