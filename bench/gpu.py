@@ -50,8 +50,8 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
 from paraxis.train.calibrate.measure import cpu_model_name
-from paraxis.train.hardware import gpu_for_device_name
 from paraxis.train.metrics import device_peak_flops
+from paraxis.train.run_hardware import gpu_for_device_name
 
 # (model, sequences, tokens each): GPT-2 124M at two batches, and an 8-layer slice of
 # Llama 3 8B (GQA, SwiGLU, a 128K vocabulary) at 4K tokens.

@@ -14,7 +14,7 @@ from paraxis.show.report.pipeline import _what_the_run_used, priced_costs
 from paraxis.show.report.plan import Plan, make_plan
 from paraxis.show.report.text import duration, plan_section
 from paraxis.show.viz.memory import zero_rows
-from paraxis.train.hardware import choose_hardware
+from paraxis.train.run_hardware import choose_hardware
 
 STATES = ("params", "grads", "optimizer")
 

@@ -107,7 +107,7 @@ def test_report_with_cp_draws_the_context_pictures(monkeypatch):
     from paraxis.plan.inputs import PlanInputs
     from paraxis.show.report import pictures as report_pictures
     from paraxis.show.report.plan import make_plan
-    from paraxis.train.hardware import choose_hardware
+    from paraxis.train.run_hardware import choose_hardware
 
     def sections(layout):
         inputs = PlanInputs(model="tiny", gpus=4, layout=layout, seq_len=128, global_batch=8,

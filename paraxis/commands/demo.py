@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from paraxis.show.lab.page import write_lab
     from paraxis.show.report.build import build_report, save
     from paraxis.train.calibrate.quick import PROFILE_NAME
-    from paraxis.train.hardware import choose_hardware
     from paraxis.train.loop import RUN_IMPORTS, run_training
+    from paraxis.train.run_hardware import choose_hardware
 
     console = terminal_console(highlight=False)
     if layout.world_size > 1:  # its ranks' server imports torch while one device trains

@@ -89,7 +89,7 @@ def find_run(text: str, flag: str) -> RunFolder:
 
 
 def hardware_text(cluster: Cluster, preset: str | None) -> str:
-    from paraxis.train.hardware import is_cpu
+    from paraxis.train.run_hardware import is_cpu
 
     if is_cpu(cluster):
         return f"{cluster.world_size} CPU rank(s) on {cluster.gpu.name}"
@@ -202,8 +202,8 @@ def diagnose_end(args: argparse.Namespace) -> list[tuple[str, str]]:
         diagnose_run,
         lighter_layouts,
     )
-    from paraxis.train.hardware import is_cpu
     from paraxis.train.run_file import read_run_file
+    from paraxis.train.run_hardware import is_cpu
 
     run = find_run(args.run_dir, "--run")
     records = load_metrics(run.metrics)

@@ -7,7 +7,7 @@
 
 The model, hardware and batch flags are `paraxis plan`'s (paraxis.plan.inputs); for a run,
 those left out come from the run's own config.toml (its model, layout, batch, sequence length
-and precision). A run is forecast on the hardware it ran on (paraxis.train.hardware):
+and precision). A run is forecast on the hardware it ran on (paraxis.train.run_hardware):
 --hardware or --gpu when given, else this machine.
 """
 

@@ -41,7 +41,7 @@ from paraxis.spec.precision import get_policy
 from paraxis.train.calibrate.measure import available_cores, cpu_cores
 from paraxis.train.calibrate.quick import PROBE_S, PROFILE_NAME
 from paraxis.train.config import RunConfig
-from paraxis.train.hardware import choose_hardware
+from paraxis.train.run_hardware import choose_hardware
 from paraxis.train.verify import ROUNDS, STEPS, table, verify
 
 if TYPE_CHECKING:

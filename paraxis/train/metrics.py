@@ -26,7 +26,7 @@ from paraxis.plan.hardware import build_cluster, load_hardware_file
 from paraxis.plan.rates import for_precision
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import Precision, get_policy
-from paraxis.train.hardware import gpu_for_device_name
+from paraxis.train.run_hardware import gpu_for_device_name
 
 if TYPE_CHECKING:
     from paraxis.dist.groups import ParallelGroups

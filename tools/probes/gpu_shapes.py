@@ -41,7 +41,7 @@ from paraxis.plan.hardware import GPU, build_cluster
 from paraxis.plan.rates import gemm_efficiency
 from paraxis.spec.kernels import FLASH
 from paraxis.train.calibrate.kernels import best_time
-from paraxis.train.hardware import gpu_for_device_name
+from paraxis.train.run_hardware import gpu_for_device_name
 
 FULL = {"rows": 8192, "widths": (512, 1024, 2048, 4096, 8192, 16384), "tokens": 16384,
         "hidden": 2048, "seq_lens": (512, 1024, 2048, 4096, 8192, 16384),

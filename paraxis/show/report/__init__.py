@@ -2,7 +2,7 @@
 and, given a run folder, what was measured next to what was forecast.
 
     build.py     the plan (shared inputs: paraxis.plan.inputs) and the page; write_report
-    (which hardware a report prices: paraxis/train/hardware.py)
+    (which hardware a report prices: paraxis/train/run_hardware.py)
     text.py      units and the plan and defence sections
     pictures.py  the rank grid, TP split, memory and ring pictures
     pipeline.py  the schedules drawn where their lesson holds, and what the run used

@@ -24,7 +24,7 @@ from paraxis.show.report.plan import Plan, make_plan
 from paraxis.show.report.text import defence_section, plan_section
 from paraxis.show.viz.html import page
 from paraxis.spec.layout import Layout
-from paraxis.train.hardware import Hardware, choose_hardware
+from paraxis.train.run_hardware import Hardware, choose_hardware
 
 
 @dataclass

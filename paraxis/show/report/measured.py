@@ -2,7 +2,7 @@
 
 Measured figures come from the run's folder (metrics.jsonl from `paraxis train
 --metrics-file`, and a pipeline run's trace.json); forecast ones from the planner's
-`Estimate` on the hardware the run ran on (`paraxis.train.hardware`).
+`Estimate` on the hardware the run ran on (`paraxis.train.run_hardware`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from paraxis.spec.layout import Layout
 from paraxis.train.calibrate.quick import calibration_steal
 
 if TYPE_CHECKING:
-    from paraxis.train.hardware import Hardware
+    from paraxis.train.run_hardware import Hardware
 
 
 @dataclass

@@ -13,7 +13,7 @@ from paraxis.plan.search import SearchResult, search
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.train.hardware import Hardware
+from paraxis.train.run_hardware import Hardware
 
 
 @dataclass
