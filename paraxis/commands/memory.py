@@ -1,4 +1,4 @@
-"""`paraxis memory`: the seeds' ZeRO calculator, model-state bytes per GPU by stage."""
+"""`paraxis memory`: the course's ZeRO calculator, model-state bytes per GPU by stage."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def formulas(precision: Precision) -> list[str]:
-    """The seeds' formulas (Ch. 5) for this precision, P = parameters, N = GPUs."""
+    """The course's formulas (its Ch. 5) for this precision, P = parameters, N = GPUs."""
     p, g, o = (f"{x:g}" for x in (precision.param_bytes, precision.grad_bytes,
                                   precision.optimizer_bytes))
     total = f"{precision.total_bytes:g}"

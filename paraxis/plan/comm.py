@@ -291,7 +291,7 @@ ZERO_STEP_COLLECTIVES = {
 def zero_traffic_bytes(num_params: float, n: int, zero: int, grad_bytes: float = 2,
                        param_bytes: float = 2) -> float:
     """Bytes each of `n` data-parallel GPUs sends in one step of one microbatch, ring
-    algorithms (`ring_factor`): the seeds' "ZeRO-3 adds 1.5x the communication of ZeRO-1".
+    algorithms (`ring_factor`): the course's "ZeRO-3 adds 1.5x the communication of ZeRO-1".
     `dp_sync_time` prices the same collectives, with buckets, microbatches and latency."""
     size = {"grads": num_params * grad_bytes, "params": num_params * param_bytes}
     return sum(ring_factor(op, n) * size[state] for op, state in ZERO_STEP_COLLECTIVES[zero])

@@ -1,4 +1,4 @@
-"""Defend a chosen layout in the seeds' decision-tree language, with the figures behind it.
+"""Defend a chosen layout in the course's decision-tree language, with the figures behind it.
 
 Decision tree (CS 229s, Parallelism Fundamentals, Ch. 8): fits on one GPU? -> data
 parallelism. Fast intra-node links? -> tensor parallelism inside the node. Several nodes? ->

@@ -78,7 +78,7 @@ def model_state_bytes(num_params: int, dp: int, zero: int,
 
 def zero_table(num_params: int, gpus: int,
                precision: Precision = MIXED_ADAM) -> list[dict[str, float]]:
-    """The seeds' ZeRO calculator: one row per stage with the per-GPU bytes of each state
+    """The course's ZeRO calculator: one row per stage with the per-GPU bytes of each state
     ("total" their sum) and "traffic", the bytes each GPU sends per step (`comm`)."""
     rows = []
     for zero in range(4):
