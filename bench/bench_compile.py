@@ -24,6 +24,7 @@ from paraxis.parallel.context.chunks import local_part
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.runtime_options import RuntimeOptions
 
 MODEL = PRESETS["small"].replace(n_layers=4)  # the 4-block, hidden-256 GPT
 LAYOUTS = ("dp=2,zero=3", "tp=2,sp=true", "pp=2,microbatches=4,schedule=1f1b", "cp=2")
@@ -34,7 +35,8 @@ def _engine_and_batch(layout: Layout, compile: bool, batch: int, seq: int
     """The engine and this rank's batch: its dp share, and under cp its two chunks of every
     sequence (the engine takes each rank's local sequence, as the data loader gives it)."""
     groups = build_groups(layout)
-    engine = build_engine(MODEL, layout, groups, rank_device(), seed=0, compile=compile)
+    engine = build_engine(MODEL, layout, groups, rank_device(), seed=0,
+                          options=RuntimeOptions(compile=compile))
     x, y = token_batch(MODEL.vocab_size, batch // layout.dp, seq)
     if layout.cp > 1:
         x, y = (local_part(t, groups.cp_rank, layout.cp, dim=1) for t in (x, y))

@@ -49,6 +49,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.precision import MIXED_ADAM, PRECISIONS
+from paraxis.spec.runtime_options import RuntimeOptions
 from paraxis.train.calibrate.measure import cpu_model_name
 from paraxis.train.metrics import device_peak_flops
 from paraxis.train.run_hardware import gpu_for_device_name
@@ -234,8 +235,9 @@ def build_side(side: str, cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor,
         precision = ("fp8" if "fp8" in side else "autocast-bf16" if "autocast" in side
                      else "bf16" if device.type == "cuda" else "fp32")
         engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                              precision=precision, compile=compiled,
-                              fused_loss=side.endswith("--fused-loss"))
+                              options=RuntimeOptions(
+                                  precision=precision, compile=compiled,
+                                  fused_loss=side.endswith("--fused-loss")))
         step = engine_step(engine, x, y, clip=CLIP)
         step.engine = engine  # type: ignore[attr-defined]  # for `phase_peaks`
         return step

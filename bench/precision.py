@@ -19,6 +19,7 @@ from paraxis.plan.memory import model_state_bytes
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import POLICIES, PRECISIONS
+from paraxis.spec.runtime_options import RuntimeOptions
 
 MODEL = PRESETS["tiny"]
 LAUNCHES = [["dp=2,pp=2,zero=1,microbatches=2", "dp=2,tp=2,sp=true,zero=3,microbatches=2",
@@ -36,9 +37,11 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _train(ctx: RankContext | None, name: str, steps: int) -> list[float]:
     """Losses then gradient norms of `steps` steps (one process when ctx is None)."""
     if ctx is None:
-        engine = DataParallelEngine(build_model(MODEL, seed=0), Layout(), None, precision=name)
+        engine = DataParallelEngine(build_model(MODEL, seed=0), Layout(), None,
+                                    options=RuntimeOptions(precision=name))
     else:
-        engine = build_engine(MODEL, ctx.layout, ctx.groups, "cpu", seed=0, precision=name)
+        engine = build_engine(MODEL, ctx.layout, ctx.groups, "cpu", seed=0,
+                              options=RuntimeOptions(precision=name))
     losses, norms = [], []
     for step in range(steps):
         x, y = _batch(step)
@@ -59,7 +62,7 @@ def _bytes(ctx: RankContext) -> dict[str, dict[str, int]]:
     out = {}
     for name in POLICIES:
         engine = DataParallelEngine(build_model(MODEL, seed=0), ctx.layout, ctx.groups,
-                                    precision=name)
+                                    options=RuntimeOptions(precision=name))
         engine.forward_backward(*(t.chunk(2)[ctx.rank] for t in _batch(0)))
         engine.optimizer_step(1e-3)
         out[name] = engine.memory_report()

@@ -51,27 +51,21 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import ModelConfig
-from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
 from paraxis.spec.partition import Partition, partition_layers
-from paraxis.spec.precision import PrecisionPolicy, get_policy
+from paraxis.spec.precision import get_policy
+from paraxis.spec.runtime_options import DEFAULT_OPTIONS, RuntimeOptions
 from paraxis.spec.schedules import check_compile
-from paraxis.spec.units import DEFAULT_BUCKET_BYTES, DEFAULT_BUCKET_MB, MIB
 
 
 def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                 device: str | torch.device, *, partition: Partition | None = None,
-                precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
-                bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                compile: bool = False, end_of_document: int | None = None,
-                fused_loss: bool = False, fp8_weight_gather: bool = False) -> Engine:
+                options: RuntimeOptions = DEFAULT_OPTIONS) -> Engine:
     """This rank's engine for `layout`, its parameters allocated on `device` but not filled
     (see `materialize`). `partition`: the pipeline split (default: `partition_layers`);
-    precision: the policy (`paraxis.spec.precision`), which every axis below follows; compile:
-    `torch.compile` the model (`compiles_whole`, else `compile_blocks`); end_of_document:
-    pack documents ending at this id (`paraxis.parallel.context.packing`; None: no packing);
-    fused_loss: the LM head and loss fused (`spec.kernels.check_fused_loss` says where);
-    fp8_weight_gather: ZeRO-3 gathers FP8 weights in FP8 (`spec.precision.fp8_gather_problem`
-    says where)."""
+    `options`: precision, optimizer, compile, packing and the rest (`spec.runtime_options`;
+    `spec.kernels.check_fused_loss` and `spec.precision.fp8_gather_problem` say where the
+    fused loss and the FP8 gather run)."""
+    end_of_document = options.end_of_document
     device = torch.device(device)
     partition = partition or partition_layers(cfg, layout.pp, layout.virtual_stages,
                                                 placement=layout.placement)
@@ -103,14 +97,14 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
             part.set_packing(end_of_document)
     # 6. FP8: every block projection the policy names runs its matmul in FP8, its scales
     #    reduced over the groups that split what one device's GEMM sees (kernels/fp8.py)
-    policy = get_policy(precision)
+    policy = get_policy(options.precision)
     if policy.fp8_recipe is not None:
         check_fp8(policy, cfg, layout.tp, layout.etp, device)
         tokens = (groups.cp_group,) if layout.cp > 1 else ()
         for part in parts:
             convert_to_fp8(part, policy, tokens, tokens if layout.ep == 1 else ())
     # 7. the LM head and the loss fused (never the whole logits), on the part holding them
-    if fused_loss:
+    if options.fused_loss:
         check_fused_loss(layout.tp, layout.zero)
         for part in parts:
             part.fused_loss = part.has_head
@@ -118,8 +112,8 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     for part in parts:
         part.set_recompute(layout.recompute, layout.recompute_layers, layout.recompute_method)
     # 9. compile: after recompute, which wraps what is compiled
-    if compile:
-        check_compile(layout.schedule, compile)
+    if options.compile:
+        check_compile(layout.schedule, options.compile)
         check_compiler(device)
         for part in parts:
             if compiles_whole(cfg, layout, end_of_document):
@@ -129,10 +123,7 @@ def parallelize(cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
     # 10. gradient sync / ZeRO over the dp group (dp x cp under context parallelism; a group
     #     of one when both are 1; experts split over ep: over the ranks holding them)
     model: nn.Module = parts[0] if layout.pp == 1 else nn.ModuleList(parts)
-    data_parallel = DataParallelEngine(model, layout, groups, adamw=adamw,
-                                       bucket_bytes=bucket_bytes, device=device,
-                                       precision=precision, end_of_document=end_of_document,
-                                       fp8_weight_gather=fp8_weight_gather)
+    data_parallel = DataParallelEngine(model, layout, groups, device, options)
     if layout.pp == 1:
         return data_parallel
     # 11. the pipeline schedule drives the stage's parts (and scales fp16's loss)
@@ -211,22 +202,11 @@ def interleaving_note(layout: Layout) -> str:
 
 def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
                  device: str | torch.device, *, seed: int,
-                 precision: str | PrecisionPolicy = "fp32", adamw: AdamW = DEFAULT_ADAMW,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, seq_len: int | None = None,
-                 announce: bool = False, compile: bool = False,
-                 end_of_document: int | None = None, fused_loss: bool = False,
-                 fp8_weight_gather: bool = False) -> Engine:
-    """The engine for `layout` with the seed's single-device initial weights.
-
-    precision: the policy's preset name ("fp32", "bf16", "bf16-fp32grad", "fp16", "fp8",
-    "fp8-rowwise") or a policy; seq_len: weighs attention in the pipeline split; announce:
-    print the split (rank 0, when not quiet); compile: `torch.compile` each block
-    (`compile_blocks`); end_of_document: pack documents ending at this id
-    (`paraxis.parallel.context.packing`); fused_loss: the LM head and loss as one kernel
-    that never holds the logits (`parallel.tensor.cross_entropy.linear_cross_entropy`);
-    fp8_weight_gather: ZeRO-3 all-gathers the FP8 weights in FP8
-    (`engine.data_parallel.fp8_gather`).
-    """
+                 options: RuntimeOptions = DEFAULT_OPTIONS, seq_len: int | None = None,
+                 announce: bool = False) -> Engine:
+    """The engine for `layout` with the seed's single-device initial weights, run as
+    `options` say (`spec.runtime_options`). seq_len: weighs attention in the pipeline split;
+    announce: print the split (rank 0, when not quiet)."""
     partition = partition_layers(model_cfg, layout.pp, layout.virtual_stages, seq_len=seq_len,
                                  placement=layout.placement)
     if announce and layout.pp > 1:
@@ -234,8 +214,6 @@ def build_engine(model_cfg: ModelConfig, layout: Layout, groups: ParallelGroups,
         if note := interleaving_note(layout):
             print(note, flush=True)
     engine = parallelize(model_cfg, layout, groups, device, partition=partition,
-                         precision=precision, adamw=adamw, bucket_bytes=int(bucket_mb * MIB),
-                         compile=compile, end_of_document=end_of_document,
-                         fused_loss=fused_loss, fp8_weight_gather=fp8_weight_gather)
+                         options=options)
     materialize(engine, model_cfg, seed)
     return engine

@@ -22,6 +22,7 @@ from paraxis.model.checkpoint.convert import convert
 from paraxis.model.checkpoint.entries import KINDS
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 from paraxis.train.config import RunConfig
 from paraxis.train.loop import run_training
 
@@ -80,7 +81,7 @@ def test_fp16_loss_scale_survives_a_resume(tmp_path):
 
     def engine() -> DataParallelEngine:
         return DataParallelEngine(build_model(PRESETS["tiny"], seed=0), Layout(), None,
-                                  precision=autocast_policy("fp16"))
+                                  options=RuntimeOptions(precision=autocast_policy("fp16")))
 
     saved = engine()
     for overflow in (True, True, False, False, False):

@@ -15,6 +15,7 @@ from paraxis.engine.data_parallel import DataParallelEngine
 from paraxis.model.transformer import build_model
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
+from paraxis.spec.runtime_options import RuntimeOptions
 
 ODD = ModelConfig("odd", "gpt2", vocab_size=251, n_layers=2, d_model=15, n_heads=3,
                   n_kv_heads=3, d_ff=36, max_seq_len=33)
@@ -55,7 +56,7 @@ def _rank_body(ctx: RankContext, configs):
         groups = ctx.with_layout(layout).groups
         # Small buckets so several of them (with padding) are in play.
         engine = DataParallelEngine(build_model(cfg, seed=SEED), layout, groups,
-                                    bucket_bytes=8_000)
+                                    options=RuntimeOptions(bucket_bytes=8_000))
         per_rank = GLOBAL_BATCH // dp
         rows = slice(groups.dp_rank * per_rank, (groups.dp_rank + 1) * per_rank)
         losses, norms = train(engine, batches(cfg.vocab_size), clip, rows)

@@ -16,6 +16,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import autocast_policy
+from paraxis.spec.runtime_options import RuntimeOptions
 
 TINY = PRESETS["tiny"]
 
@@ -30,7 +31,8 @@ def _engine(ctx: RankContext, zero: int, micro: int = 1, bucket_bytes: int = 25 
             compute: str = "fp32"):
     layout = Layout(dp=dist.get_world_size(), zero=zero, microbatches=micro)
     return DataParallelEngine(build_model(TINY, seed=1), layout, ctx.with_layout(layout).groups,
-                              precision=autocast_policy(compute), bucket_bytes=bucket_bytes)
+                              options=RuntimeOptions(precision=autocast_policy(compute),
+                                                     bucket_bytes=bucket_bytes))
 
 
 @on_ranks(2)
@@ -155,7 +157,7 @@ def test_bf16_compute_trains_close_to_fp32(ctx):
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     engine = DataParallelEngine(build_model(TINY, seed=2), Layout(zero=2), None,
-                                precision=autocast_policy("fp16"))
+                                options=RuntimeOptions(precision=autocast_policy("fp16")))
     engine.loss_scaler.scale = 2.0**120  # the scaled fp32 loss overflows: inf gradients
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.forward_backward(*_batch(2))

@@ -48,6 +48,7 @@ from paraxis.spec.precision import (
     fp8_shape_problem,
     get_policy,
 )
+from paraxis.spec.runtime_options import RuntimeOptions
 
 RECIPES = ("tensorwise", "rowwise")
 ROWS, SEQ, STEPS = 8, 16, 3
@@ -249,7 +250,8 @@ def _batch(step: int, order: torch.Tensor | None = None
 def _train(model: str, layout: Layout, groups, precision: str, dp_rank: int = 0,
            cp_rank: int = 0, order: torch.Tensor | None = None) -> list[float]:
     """Losses and gradient norms of STEPS steps on this rank's share of each batch."""
-    engine = build_engine(PRESETS[model], layout, groups, "cpu", seed=0, precision=precision)
+    engine = build_engine(PRESETS[model], layout, groups, "cpu", seed=0,
+                          options=RuntimeOptions(precision=precision))
     out = []
     per_dp = ROWS // layout.dp
     for step in range(STEPS):
@@ -294,7 +296,8 @@ def _every_layout(ctx: RankContext) -> dict[str, object]:
     finally:
         fp8.scaled_mm = counted
     out["gemms"] = gemms[0]
-    engine = build_engine(PRESETS[model], ctx.layout, groups, "cpu", seed=0, precision="fp8")
+    engine = build_engine(PRESETS[model], ctx.layout, groups, "cpu", seed=0,
+                          options=RuntimeOptions(precision="fp8"))
     out["kept"] = _kept_in_bf16(engine)
     return out
 
@@ -350,7 +353,7 @@ def test_fp8_tracks_bf16_loss_on_a_tiny_model():
     losses = {}
     for name in ("bf16", *FP8_POLICIES):
         engine = build_engine(PRESETS["tiny-llama"], Layout(), build_groups(Layout()), "cpu",
-                              seed=0, precision=name)
+                              seed=0, options=RuntimeOptions(precision=name))
         losses[name] = []
         for step in range(30):
             batch = tokens[step % 4]
@@ -387,7 +390,7 @@ def test_a_checkpoint_holds_single_device_names_and_dtypes(tmp_path):
 
     def engine(precision: str):
         return build_engine(cfg, Layout(), build_groups(Layout()), "cpu", seed=0,
-                            precision=precision)
+                            options=RuntimeOptions(precision=precision))
 
     saved = engine("fp8")
     x, y = _batch(0)

@@ -17,6 +17,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.precision import PRECISIONS, fp8_gather_problem
+from paraxis.spec.runtime_options import RuntimeOptions
 
 TINY = PRESETS["tiny-llama"]  # stacked q/k/v and gate/up, grouped-query attention
 GPT2 = PRESETS["tiny"]  # biases, LayerNorm, a GELU MLP
@@ -26,8 +27,8 @@ ROWS, SEQ, STEPS = 8, 32, 3
 def _train(ctx: RankContext, model: str, gather: bool) -> tuple[list[float], int]:
     """Losses and norms of STEPS steps on this rank's share, and the bytes all-gathered."""
     cfg = PRESETS[model]
-    engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0, precision="fp8",
-                          fp8_weight_gather=gather)
+    engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=0,
+                          options=RuntimeOptions(precision="fp8", fp8_weight_gather=gather))
     flat.VOLUME["all_gather"] = 0
     out = []
     per_dp = ROWS // ctx.layout.dp
@@ -49,7 +50,7 @@ def _copies_match(ctx: RankContext, model: str) -> bool:
     (gathered in bf16, stacked as its GEMM stacks it; its amax over the tp group, as
     `Fp8Matmul` reduces it): the same bits."""
     engine = build_engine(PRESETS[model], ctx.layout, ctx.groups, "cpu", seed=0,
-                          precision="fp8", fp8_weight_gather=True)
+                          options=RuntimeOptions(precision="fp8", fp8_weight_gather=True))
     engine = getattr(engine, "data_parallel", engine)  # a pipeline stage's
     gatherer, same = engine.gatherer, True
     for index, unit in enumerate(engine.units):
@@ -71,7 +72,7 @@ def _kept_copies(ctx: RankContext, model: str) -> tuple[int, int]:
     """Bytes of the gathered FP8 weights a forward's autograd keeps for its backward, and
     the bytes of padding their units carry (each padded to a multiple of dp)."""
     engine = build_engine(PRESETS[model], ctx.layout, ctx.groups, "cpu", seed=0,
-                          precision="fp8", fp8_weight_gather=True)
+                          options=RuntimeOptions(precision="fp8", fp8_weight_gather=True))
     gatherer, kept = engine.gatherer, {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -157,8 +158,8 @@ def test_refused_in_one_line_where_it_cannot_run():
     layout = Layout()
     with pytest.raises(ParaxisError, match="zero=0"):
         from paraxis.dist.groups import build_groups
-        build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="fp8",
-                     fp8_weight_gather=True)
+        build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                     options=RuntimeOptions(precision="fp8", fp8_weight_gather=True))
 
 
 def test_the_cli_refuses_before_launching(tmp_path, capsys, monkeypatch):
@@ -179,8 +180,8 @@ def _resume(ctx: RankContext, root: str) -> dict[str, bool]:
     from paraxis.model.checkpoint import load_checkpoint, save_checkpoint
 
     def engine(gather: bool):
-        return build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, precision="fp8",
-                            fp8_weight_gather=gather)
+        return build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0,
+                            options=RuntimeOptions(precision="fp8", fp8_weight_gather=gather))
 
     def step(e, seed: int) -> float:
         rank, per = ctx.groups.dp_rank, ROWS // ctx.layout.dp

@@ -25,6 +25,7 @@ from paraxis.spec.errors import ParaxisError
 from paraxis.spec.kernels import check_fused_loss
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.runtime_options import RuntimeOptions
 from tests.test_tp_loss import LargestTensor
 
 VOCAB, WIDTH = 101, 32
@@ -237,7 +238,7 @@ def test_fused_loss_trains_as_the_unfused_head():
         for fused in (False, True):
             layout = Layout.parse("microbatches=2")
             engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0,
-                                  fused_loss=fused)
+                                  options=RuntimeOptions(fused_loss=fused))
             numbers = []
             for _ in range(3):
                 loss, norm = engine.train_step(x, y, 1e-2, 1.0)

@@ -15,6 +15,7 @@ from paraxis.model.transformer import build_model
 from paraxis.parallel.tensor.layers import ColumnParallelLinear
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import DEFAULT_ADAMW
+from paraxis.spec.runtime_options import RuntimeOptions
 
 GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 
@@ -170,7 +171,7 @@ def _engine(precision: str = "fp32"):
 
     layout = Layout.parse("microbatches=2")
     return build_engine(PRESETS["tiny-llama"], layout, build_groups(layout), "cpu", seed=0,
-                        precision=precision)
+                        options=RuntimeOptions(precision=precision))
 
 
 def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,8 @@ from paraxis.kernels.master_adamw import master_adamw_
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
+from paraxis.spec.runtime_options import RuntimeOptions
+from paraxis.spec.units import MIB
 
 TINY = PRESETS["tiny"]
 
@@ -23,7 +25,7 @@ TINY = PRESETS["tiny"]
 def _train_microbatched(precision: str) -> tuple[list[torch.Tensor], list[float], object]:
     layout = Layout(microbatches=2)
     engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
-                          precision=precision)
+                          options=RuntimeOptions(precision=precision))
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(3):
@@ -153,7 +155,8 @@ def test_the_engines_step_is_torchs_adamw_on_each_piece():
     steps fp32 copies of them from the bf16 gradients; the decayed pieces are the matrices,
     wherever they sit in their unit."""
     layout = Layout()
-    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                          options=RuntimeOptions(precision="bf16"))
     x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     engine.forward_backward_on_device(x, x)
     grads = {id(p): p.grad.float().clone() for p in engine.model.parameters()}
@@ -199,7 +202,7 @@ def _step_launches(layers: int, precision: str = "bf16") -> _Launches:
     cfg = TINY.replace(n_layers=layers)
     layout = Layout()
     engine = build_engine(cfg, layout, build_groups(layout), "cpu", seed=0,
-                          precision=precision)
+                          options=RuntimeOptions(precision=precision))
     x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     engine.forward_backward_on_device(x, x)
     with _Launches() as launches:
@@ -227,7 +230,7 @@ def test_fp32_gradients_are_clipped_inside_the_masters_pass():
     layout = Layout()
     x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     engines = [build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
-                            precision="bf16-fp32grad") for _ in range(2)]
+                            options=RuntimeOptions(precision="bf16-fp32grad")) for _ in range(2)]
     for engine in engines:
         engine.forward_backward_on_device(x, x)
     norm = engines[0].clip_grad_norm_on_device(1e-3)
@@ -248,7 +251,8 @@ def test_every_piece_counts_the_same_steps_after_a_load_gives_each_its_own():
     from paraxis.model.checkpoint.entries import optimizer_steps, set_optimizer_steps
 
     layout = Layout()
-    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0, precision="bf16")
+    engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
+                          options=RuntimeOptions(precision="bf16"))
     x = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def step() -> None:
@@ -281,7 +285,8 @@ def test_the_engines_compiled_step_trains_as_its_step_in_passes(monkeypatch):
                             functools.partial(master_adamw_, compiled=compiled))
         layout = Layout()
         engine = build_engine(TINY, layout, build_groups(layout), "cpu", seed=0,
-                              precision="bf16", bucket_mb=0.02)
+                              options=RuntimeOptions(precision="bf16",
+                                                     bucket_bytes=int(0.02 * MIB)))
         assert len(engine.masters.units) > 8  # more than one call, the last padded
         losses, first = [], None
         for _ in range(3):

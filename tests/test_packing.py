@@ -31,6 +31,7 @@ from paraxis.parallel.context.packing import (
 from paraxis.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 from paraxis.train.config import RunConfig
 
 EOS = 0  # the byte tokenizer's end-of-document id
@@ -220,7 +221,7 @@ def _rank_body(ctx: RankContext) -> tuple[list[float], list[float]]:
     cfg = load_model_config(next(m for k, m in {**LAYOUTS, **LAYOUTS_4}.items()
                                  if Layout.parse(k) == ctx.layout))
     engine = build_engine(cfg, ctx.layout, ctx.groups, "cpu", seed=SEED, seq_len=SEQ,
-                          end_of_document=EOS)
+                          options=RuntimeOptions(end_of_document=EOS))
     share = BATCH // ctx.layout.dp
     return train(engine, slice(ctx.groups.dp_rank * share, (ctx.groups.dp_rank + 1) * share),
                  ctx.groups.cp_rank, ctx.layout.cp)

@@ -12,6 +12,7 @@ from paraxis.parallelize import materialize, parallelize
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW
+from paraxis.spec.runtime_options import RuntimeOptions
 
 STEPS, BATCH, SEQ, SEED = 5, 8, 16, 3
 # Adam divides by sqrt(v) + eps: with eps=1e-8, a weight whose gradient is ~eps turns a
@@ -43,7 +44,7 @@ def _rank(ctx: RankContext, cfg):
     from paraxis.parallel.tensor import full_state
 
     layout, groups = ctx.layout, ctx.groups
-    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
+    engine = parallelize(cfg, layout, groups, "cpu", options=RuntimeOptions(adamw=AdamW(eps=EPS)))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     grads = {}

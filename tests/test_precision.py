@@ -24,6 +24,7 @@ from paraxis.spec.precision import (
     Precision,
     PrecisionPolicy,
 )
+from paraxis.spec.runtime_options import RuntimeOptions
 
 TINY = PRESETS["tiny"]
 STEPS = 3
@@ -51,7 +52,8 @@ def _dp_share(ctx: RankContext, batch: tuple[torch.Tensor, torch.Tensor]
 
 
 def _train(ctx: RankContext, precision: str) -> tuple[list[float], list[float]]:
-    engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, precision=precision)
+    engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0,
+                          options=RuntimeOptions(precision=precision))
     losses, norms = [], []
     for step in range(STEPS):
         losses.append(engine.forward_backward(*_dp_share(ctx, _batch(seed=step))))
@@ -101,7 +103,8 @@ def _train_single() -> tuple[list[float], list[float]]:
 def _overflow_on_one_rank(ctx: RankContext) -> dict[str, object]:
     """Global rank 0 alone finds an inf in a TP-replicated gradient (no reduction of the
     norm carries it to its tp, dp or pp peers): every rank must skip and halve the scale."""
-    engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, precision="fp16")
+    engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0,
+                          options=RuntimeOptions(precision="fp16"))
     data_parallel = getattr(engine, "data_parallel", engine)
     before = [p.detach().clone() for _, p in engine.named_parameters()]
     scale = engine.loss_scaler.scale
@@ -143,7 +146,8 @@ def _measured_bytes(ctx: RankContext) -> dict[tuple[str, int], dict[str, int]]:
         for zero in range(4):
             layout = Layout(dp=ctx.layout.dp, zero=zero, microbatches=2)
             engine = DataParallelEngine(build_model(TINY, seed=1), layout,
-                                        ctx.with_layout(layout).groups, precision=name)
+                                        ctx.with_layout(layout).groups,
+                                        options=RuntimeOptions(precision=name))
             engine.forward_backward(x, y)
             engine.clip_grad_norm(1.0)
             engine.optimizer_step(1e-3)
@@ -180,7 +184,7 @@ def test_presets_price_the_bytes_the_issue_names():
 def test_a_checkpoint_keeps_the_fp32_masters(tmp_path, zero):
     def engine() -> DataParallelEngine:
         return DataParallelEngine(build_model(TINY, seed=0), Layout(zero=zero), None,
-                                  precision="bf16")
+                                  options=RuntimeOptions(precision="bf16"))
 
     saved = engine()
     for step in range(2):
@@ -208,7 +212,8 @@ def test_a_checkpoint_keeps_the_fp32_masters(tmp_path, zero):
 def _eager_and_compiled(ctx: RankContext) -> tuple[list[float], list[float], bool]:
     runs = []
     for compile in (False, True):
-        engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0, compile=compile)
+        engine = build_engine(TINY, ctx.layout, ctx.groups, "cpu", seed=0,
+                              options=RuntimeOptions(compile=compile))
         whole = getattr(engine.model, "_compiled_call_impl", None) is not None
         losses = []
         for step in range(STEPS):

@@ -15,6 +15,7 @@ from paraxis.parallel.tensor import apply_tensor_parallel, full_state
 from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS, ModelConfig
 from paraxis.spec.optimizer import AdamW
+from paraxis.spec.runtime_options import RuntimeOptions
 
 # tiny-llama has 2 kv heads: tp=4 needs a grouped-query model with 4 kv heads (8 q heads).
 LLAMA_GQA_8_4 = ModelConfig("llama-gqa-8-4", "llama", 256, 2, 64, 8, 4, 192, 64)
@@ -44,7 +45,8 @@ def train_and_compare(ctx: RankContext, model_name: str) -> list[float]:
     reference = LocalEngine(build_model(cfg, seed=3), Layout(), adamw=AdamW(eps=1e-5))
     model = apply_tensor_parallel(build_model(cfg, seed=3), groups, sequence_parallel)
     # dp=1: a group of one
-    engine = DataParallelEngine(model, layout, groups, adamw=AdamW(eps=1e-5))
+    engine = DataParallelEngine(model, layout, groups,
+                                options=RuntimeOptions(adamw=AdamW(eps=1e-5)))
     generator = torch.Generator().manual_seed(11)
     losses = []
     for step in range(STEPS):

@@ -41,6 +41,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW
 from paraxis.spec.precision import FP32_ADAM
+from paraxis.spec.runtime_options import RuntimeOptions
 
 STEPS, BATCH, SEQ, SEED = 10, 8, 16, 3
 EPS = 1e-5  # as in tests/test_pp_3d.py: keeps Adam's 1/sqrt(v) from amplifying rounding
@@ -87,7 +88,7 @@ def _rank(ctx: RankContext, models: dict[str, str], root: str
 
     layout, groups = ctx.layout, ctx.groups
     cfg = PRESETS[models[str(layout)]]
-    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
+    engine = parallelize(cfg, layout, groups, "cpu", options=RuntimeOptions(adamw=AdamW(eps=EPS)))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     counted: dict = {}
@@ -102,7 +103,7 @@ def _rank(ctx: RankContext, models: dict[str, str], root: str
         params[name] = gather_full(value, owned[name], groups.tp_group).numpy()  # tp gather
     # A checkpoint of the sharded stage, loaded into a fresh engine, goes on identically.
     path = save_checkpoint(engine, f"{root}/{_directory(layout)}", STEPS, cfg.to_dict())
-    resumed = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
+    resumed = parallelize(cfg, layout, groups, "cpu", options=RuntimeOptions(adamw=AdamW(eps=EPS)))
     load_checkpoint(resumed, path, cfg.to_dict(), ctx.rank)
     rows = slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp)
     x, y = _batches()[0]

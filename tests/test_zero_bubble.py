@@ -17,6 +17,7 @@ from paraxis.spec.layout import Layout
 from paraxis.spec.model_config import PRESETS
 from paraxis.spec.optimizer import AdamW
 from paraxis.spec.partition import partition_layers
+from paraxis.spec.runtime_options import RuntimeOptions
 from paraxis.spec.schedules import build_schedule, place_of, validate, virtual_stage_of
 
 # ------------------------------------------------------------------- schedules as data
@@ -149,7 +150,7 @@ def _rank(ctx: RankContext, cfgs: dict) -> tuple[list[float], dict, list]:
 
     layout, groups = ctx.layout, ctx.groups
     cfg = cfgs[str(layout)]
-    engine = parallelize(cfg, layout, groups, "cpu", adamw=AdamW(eps=EPS))
+    engine = parallelize(cfg, layout, groups, "cpu", options=RuntimeOptions(adamw=AdamW(eps=EPS)))
     materialize(engine, cfg, SEED)
     per_dp = BATCH // layout.dp
     losses = _train(engine, slice(groups.dp_rank * per_dp, (groups.dp_rank + 1) * per_dp))

@@ -1,6 +1,6 @@
 """One declared option: a dataclass field with its default, one-line help and, where it is not
 `--<name>`, its command-line flag. The run config's sections and the Layout are written with
-it, and `paraxis.commands.train` derives the flags and their help from these fields (pure
+it, and `paraxis.train.flags` derives the flags and their help from these fields (pure
 Python)."""
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ from paraxis.plan.compute import mfu
 from paraxis.plan.experts import experts_over_tp, feed_forward
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.precision import get_policy
+from paraxis.spec.runtime_options import RuntimeOptions
+from paraxis.spec.units import MIB
 from paraxis.train.config import RunConfig
 from paraxis.train.lr_schedule import learning_rate
 from paraxis.train.nan_policy import (
@@ -136,14 +138,14 @@ def run_training(cfg: RunConfig) -> list[dict]:
                                    "model communicates nothing inside (dp, ZeRO 0-2); drop "
                                    "--compile, or --share-gpu")
             compiled = False
+        options = RuntimeOptions(
+            precision=train.precision, adamw=cfg.optimizer.adamw(),
+            bucket_bytes=int(train.bucket_mb * MIB), compile=compiled,
+            end_of_document=end_of_document, fused_loss=train.fused_loss,
+            fp8_weight_gather=train.fp8_weight_gather)
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
-                              precision=train.precision, compile=compiled,
-                              adamw=cfg.optimizer.adamw(),
-                              bucket_mb=train.bucket_mb, seq_len=train.seq_len,
-                              announce=rank == 0 and not cfg.logging.quiet,
-                              end_of_document=end_of_document,
-                              fused_loss=train.fused_loss,
-                              fp8_weight_gather=train.fp8_weight_gather)
+                              options=options, seq_len=train.seq_len,
+                              announce=rank == 0 and not cfg.logging.quiet)
         if not cfg.logging.quiet:
             print_model_states(engine.memory_report(), rank, world,
                                get_policy(train.precision).describe())

@@ -26,6 +26,7 @@ from bench.common import engine_step, measure_steps, token_batch
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 
 GEMM_MARKERS = ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90", "sm80", "splitk")
 
@@ -71,7 +72,7 @@ def profile_run(device: torch.device, model_name: str, batch: int, seq: int) -> 
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(device)
     engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                          precision="bf16")
+                          options=RuntimeOptions(precision="bf16"))
     states = torch.cuda.memory_allocated(device) - base
     x, y = token_batch(cfg.vocab_size, batch, seq, device)
     step = engine_step(engine, x, y, clip=1.0)

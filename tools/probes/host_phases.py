@@ -36,6 +36,7 @@ from bench.reference import Reference, reference_adamw
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 
 PHASES = ("forward+backward", "norm+clip", "optimizer", "zero_grad")
 WARMUP = 10
@@ -44,7 +45,7 @@ WARMUP = 10
 def paraxis_phases(cfg, x: torch.Tensor, y: torch.Tensor, precision: str
                    ) -> list[Callable[[], None]]:
     engine = build_engine(cfg, Layout(), build_groups(Layout()), torch.device("cpu"), seed=0,
-                          precision=precision, compile=True)
+                          options=RuntimeOptions(precision=precision, compile=True))
     state = {}
 
     def forward_backward() -> None:

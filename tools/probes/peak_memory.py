@@ -36,6 +36,7 @@ from bench.reference import Reference, training_phases
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 
 SIDES = ("paraxis bf16", "paraxis autocast-bf16", "reference")
 FUSED = " fused-loss"  # a paraxis side with this suffix fuses the LM head and loss
@@ -134,8 +135,9 @@ def build(side: str, cfg, x: torch.Tensor, y: torch.Tensor, device: torch.device
         return training_phases(Reference(cfg).to(device), x, y, gpu.CLIP)
     precision = side.removeprefix("paraxis ").removesuffix(FUSED).removesuffix(EAGER)
     engine = build_engine(cfg, Layout(), build_groups(Layout()), device, seed=0,
-                          precision=precision, compile=not side.endswith(EAGER),
-                          fused_loss=side.endswith(FUSED))
+                          options=RuntimeOptions(
+                              precision=precision, compile=not side.endswith(EAGER),
+                              fused_loss=side.endswith(FUSED)))
 
     def finish() -> None:
         engine.clip_grad_norm_on_device(gpu.CLIP)

@@ -23,6 +23,7 @@ from bench.reference import Reference
 from paraxis.dist.groups import build_groups
 from paraxis.parallelize import build_engine
 from paraxis.spec.layout import Layout
+from paraxis.spec.runtime_options import RuntimeOptions
 
 
 def saved(forward, runs: int = 2) -> collections.Counter:
@@ -63,7 +64,7 @@ def main() -> None:
         d_ff=args.width * 7 // 2, vocab_size=8000, max_seq_len=args.tokens)
     x, y = token_batch(cfg.vocab_size, 2, args.tokens, torch.device("cpu"))
     engine = build_engine(cfg, Layout(), build_groups(Layout()), torch.device("cpu"), seed=0,
-                          precision="bf16", compile=True)
+                          options=RuntimeOptions(precision="bf16", compile=True))
     report("paraxis --compile (bf16)", saved(lambda: engine.loss(x, y)))
     reference = torch.compile(Reference(cfg))
 

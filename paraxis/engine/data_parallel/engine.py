@@ -65,34 +65,30 @@ from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_
 from paraxis.parallel.tensor.partial import sum_partial_grads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
-from paraxis.spec.optimizer import DEFAULT_ADAMW, AdamW
-from paraxis.spec.precision import PrecisionPolicy, fp8_gather_problem, get_policy
-from paraxis.spec.units import DEFAULT_BUCKET_BYTES
+from paraxis.spec.precision import fp8_gather_problem, get_policy
+from paraxis.spec.runtime_options import DEFAULT_OPTIONS, RuntimeOptions
 
 
 class DataParallelEngine(LocalEngine):
     """Data parallelism over `groups.replica_group` (dp x cp) with ZeRO stage `layout.zero`.
 
-    bucket_bytes: gradient bucket size for ZeRO-0/1/2 (ZeRO-3 reduces one block at a time)
-    and for the partial gradients' sum over tp. precision: the policy (`paraxis.spec.precision`;
-    a preset's name or a policy): parameters are stored in its param dtype, gradients
-    accumulate and are reduced in its grad dtype, a 16-bit policy's AdamW updates fp32
-    masters (`masters.py`), fp16 scales its loss.
-    (`autocast_policy` gives 16-bit compute over fp32 parameters and gradients.) device: where
-    parameters still on the meta device get their storage (default: where the parameters
-    are). end_of_document: document packing (`LocalEngine`). fp8_weight_gather: ZeRO-3
-    gathers the blocks' FP8 weights in FP8 (`fp8_gather.py`).
+    device: where parameters still on the meta device get their storage (default: where the
+    parameters are). `options` (`spec.runtime_options`): the precision policy (parameters
+    stored in its param dtype, gradients accumulated and reduced in its grad dtype, a 16-bit
+    policy's AdamW updating fp32 masters (`masters.py`), fp16 scaling its loss;
+    `autocast_policy` gives 16-bit compute over fp32 parameters and gradients), AdamW, the
+    gradient buckets, document packing (`LocalEngine`), and ZeRO-3's FP8 gather
+    (`fp8_gather.py`).
     """
 
     def __init__(self, model: nn.Module, layout: Layout, groups: ParallelGroups | None,
-                 adamw: AdamW = DEFAULT_ADAMW, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  device: torch.device | None = None,
-                 precision: str | PrecisionPolicy = "fp32",
-                 end_of_document: int | None = None, fp8_weight_gather: bool = False
-                 ) -> None:
+                 options: RuntimeOptions = DEFAULT_OPTIONS) -> None:
         self.model, self.layout, self.groups = model, layout, groups
-        self.end_of_document = end_of_document
-        self.policy = policy = get_policy(precision)
+        self.end_of_document = options.end_of_document
+        self.policy = policy = get_policy(options.precision)
+        adamw, bucket_bytes = options.adamw, options.bucket_bytes
+        fp8_weight_gather = options.fp8_weight_gather
         if fp8_weight_gather and (problem := fp8_gather_problem(policy.name, layout.zero)):
             raise ParaxisError(problem)
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
