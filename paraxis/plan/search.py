@@ -108,66 +108,10 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     if c.ep is not None:
         check_ep(cfg, Layout(dp=c.ep, ep=c.ep))  # a dense model, or experts ep cannot split
     result = SearchResult([], constraints=c)
+    axis_shapes = _axis_shapes(cfg, cluster, seq_len, global_batch, c, precision, result)
     # ZeRO-3 settings that fit keeping chunks, by the shape's id (it lives as long as the search)
     kept: set[tuple[int, int, int, tuple]] = set()
-    axis_shapes = []
-    for tp in divisors(world):
-        if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp) or (c.fused_loss and tp > 1):
-            continue
-        if c.tp_within_node and tp > cluster.gpus_per_node:
-            continue
-        for pp in divisors(world // tp):
-            if (c.max_pp and pp > c.max_pp) or (c.pp and pp != c.pp):
-                continue
-            for cp in _cp_degrees(world // (tp * pp), seq_len, c):
-                dp = world // (tp * pp * cp)
-                if c.dp and dp != c.dp:
-                    continue
-                variant = c.cp_attention[0] if cp > 1 else "ring"  # the others: cp_variants.py
-                shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
-                try:
-                    shape = shape.replace(cp_a2a=c.cp_a2a or 1).validate(world, cfg)
-                except ParaxisError as error:
-                    result.rule_breakers.append(Rejection(shape, str(error)))
-                    continue
-                if global_batch % dp:
-                    result.rule_breakers.append(Rejection(
-                        shape, f"global batch {global_batch} does not split over dp={dp}"))
-                    continue
-                for ep in _ep_degrees(cfg, dp * cp, c):
-                    for split in _expert_splits(cfg, tp, c):
-                        split_shape = shape.replace(ep=ep, etp=tp if split else 1)
-                        if problem := _fp8_problem(cfg, split_shape, precision):
-                            result.rule_breakers.append(Rejection(split_shape, problem))
-                        else:
-                            axis_shapes.append(split_shape)
-    if chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
-        forbids = "--no-pp (or --max-pp 1) forbids" if c.max_pp == 1 else \
-            f"{world} GPU(s) here do not allow"
-        raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {forbids}; "
-                           "give more GPUs, allow pp, or 1f1b")
-    if not axis_shapes:
-        # one of each rule broken (the same rule at other degrees says nothing new)
-        kinds: dict[str, str] = {}
-        for reason in sorted({r.reason for r in result.rule_breakers}):
-            kinds.setdefault(re.sub(r"\d+", "N", reason), reason)
-        reasons = "; ".join(list(kinds.values())[:3])
-        if not reasons:  # nothing broke a rule: the constraints left no shape to try
-            raise ParaxisError(why_no_shape(c, world, cluster.gpus_per_node))
-        raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
-                           f"{reasons}")
-
-    zeros = (c.zero,) if c.zero is not None else ZERO_STAGES
-    if c.fused_loss:  # the runtime's fused loss: tp 1, ZeRO 0-2
-        zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
-    if not any(_shard_choices(zero, shape, cluster, c) for shape in axis_shapes
-               for zero in zeros):  # a shard group no shape can make, or ZeRO ruled out
-        dps = ", ".join(map(str, sorted({shape.dp for shape in axis_shapes})))
-        allowed = "/".join(map(str, zeros))
-        raise ParaxisError(f"dp_shard={c.dp_shard} shards ZeRO's states over groups of that "
-                           f"many dp ranks: it needs ZeRO (zero >= 1; zero={allowed} allowed "
-                           f"here) and a dp it divides (dp here: {dps}); choose another "
-                           "dp_shard or leave it out")
+    zeros = _zero_stages(c, axis_shapes, cluster)
     memo: dict = {}  # per-layer times, shared by layouts that differ in ZeRO or schedule
     bound = Bound(error_band(cluster).rms, keep, cluster.gpus_per_node)
     floors = Floors(cfg, cluster, seq_len, global_batch, precision, overlap, expert_imbalance,
@@ -334,6 +278,76 @@ def search(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
     result.ranked = rank(result.ranked)
     result.too_big.sort(key=lambda r: r.estimate.step_time_s if r.estimate else 0.0)
     return result
+
+
+def _axis_shapes(cfg: ModelConfig, cluster: Cluster, seq_len: int, global_batch: int,
+                 c: Constraints, precision: Precision, result: SearchResult) -> list[Layout]:
+    """Each (dp, tp, pp, cp, ep, expert split) the constraints allow, as a Layout; those a rule
+    forbids go to `result.rule_breakers` (none allowed: one line naming the rules)."""
+    world = cluster.world_size
+    axis_shapes = []
+    for tp in divisors(world):
+        if (c.max_tp and tp > c.max_tp) or (c.tp and tp != c.tp) or (c.fused_loss and tp > 1):
+            continue
+        if c.tp_within_node and tp > cluster.gpus_per_node:
+            continue
+        for pp in divisors(world // tp):
+            if (c.max_pp and pp > c.max_pp) or (c.pp and pp != c.pp):
+                continue
+            for cp in _cp_degrees(world // (tp * pp), seq_len, c):
+                dp = world // (tp * pp * cp)
+                if c.dp and dp != c.dp:
+                    continue
+                variant = c.cp_attention[0] if cp > 1 else "ring"  # the others: cp_variants.py
+                shape = Layout(dp=dp, tp=tp, pp=pp, cp=cp, cp_attention=variant)
+                try:
+                    shape = shape.replace(cp_a2a=c.cp_a2a or 1).validate(world, cfg)
+                except ParaxisError as error:
+                    result.rule_breakers.append(Rejection(shape, str(error)))
+                    continue
+                if global_batch % dp:
+                    result.rule_breakers.append(Rejection(
+                        shape, f"global batch {global_batch} does not split over dp={dp}"))
+                    continue
+                for ep in _ep_degrees(cfg, dp * cp, c):
+                    for split in _expert_splits(cfg, tp, c):
+                        split_shape = shape.replace(ep=ep, etp=tp if split else 1)
+                        if problem := _fp8_problem(cfg, split_shape, precision):
+                            result.rule_breakers.append(Rejection(split_shape, problem))
+                        else:
+                            axis_shapes.append(split_shape)
+    if chunked_only(c) and axis_shapes and all(s.pp == 1 for s in axis_shapes):
+        forbids = "--no-pp (or --max-pp 1) forbids" if c.max_pp == 1 else \
+            f"{world} GPU(s) here do not allow"
+        raise ParaxisError(f"schedule {'/'.join(c.schedules)} needs pp > 1, which {forbids}; "
+                           "give more GPUs, allow pp, or 1f1b")
+    if not axis_shapes:
+        # one of each rule broken (the same rule at other degrees says nothing new)
+        kinds: dict[str, str] = {}
+        for reason in sorted({r.reason for r in result.rule_breakers}):
+            kinds.setdefault(re.sub(r"\d+", "N", reason), reason)
+        reasons = "; ".join(list(kinds.values())[:3])
+        if not reasons:  # nothing broke a rule: the constraints left no shape to try
+            raise ParaxisError(why_no_shape(c, world, cluster.gpus_per_node))
+        raise ParaxisError(f"no (dp, cp, tp, pp) for {world} GPUs satisfies the rules: "
+                           f"{reasons}")
+    return axis_shapes
+
+
+def _zero_stages(c: Constraints, axis_shapes: list[Layout], cluster: Cluster) -> tuple[int, ...]:
+    """The ZeRO stages to try; a dp_shard no shape and stage can make is one line."""
+    zeros = (c.zero,) if c.zero is not None else ZERO_STAGES
+    if c.fused_loss:  # the runtime's fused loss: tp 1, ZeRO 0-2
+        zeros = tuple(z for z in zeros if fused_loss_problem(1, z) is None)
+    if not any(_shard_choices(zero, shape, cluster, c) for shape in axis_shapes
+               for zero in zeros):  # a shard group no shape can make, or ZeRO ruled out
+        dps = ", ".join(map(str, sorted({shape.dp for shape in axis_shapes})))
+        allowed = "/".join(map(str, zeros))
+        raise ParaxisError(f"dp_shard={c.dp_shard} shards ZeRO's states over groups of that "
+                           f"many dp ranks: it needs ZeRO (zero >= 1; zero={allowed} allowed "
+                           f"here) and a dp it divides (dp here: {dps}); choose another "
+                           "dp_shard or leave it out")
+    return zeros
 
 
 def _visit_split(shapes: list[Layout], visit: Callable[[Layout], None], result: SearchResult,
