@@ -109,6 +109,8 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("device-tpu", [*TRAIN, "--device", "tpu"], "unknown device 'tpu'",
      "use auto, cpu or cuda", False),
     ("nproc-0", [*TRAIN, "--nproc", "0"], "--nproc 0", "must be at least 1", False),
+    ("nproc-2-dp-1", [*TRAIN, "--nproc", "2", "--dp", "1"], "--nproc 2 starts 2 ranks",
+     "leave them out for dp=2", False),
     ("metrics-file-is-folder", [*TRAIN, "--metrics-file", "a_folder"], "is a folder",
      "give a file name inside it", False),
     ("metrics-file-unwritable", [*TRAIN, "--metrics-file", "a_file.txt/m.jsonl"],

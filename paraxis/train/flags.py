@@ -75,8 +75,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
              if key in FLAGS or key in ("layout", "grad_accum")}
     config = getattr(args, "config", None)
     if not config:
-        return RunConfig().with_flags(**given)  # checked where the run starts
-    base, names = read_run_file_named(config)
-    cfg = base.with_flags(**given)
-    cfg.check(names.overridden(given))  # now, while it knows which values the file set
+        cfg = RunConfig().with_flags(**given)  # checked where the run starts
+    else:
+        base, names = read_run_file_named(config)
+        cfg = base.with_flags(**given)
+        cfg.check(names.overridden(given))  # now, while it knows which values the file set
+    _check_degrees_given(cfg, given)
     return cfg
+
+
+def _check_degrees_given(cfg: RunConfig, given: dict[str, object]) -> None:
+    """`--nproc N` alone runs N-way data parallelism; with degrees given on the command line
+    whose product is 1 (--dp 1, --layout dp=1,tp=1) the ranks would become dp=N unsaid."""
+    nproc = cfg.launch.nproc
+    if nproc > 1 and cfg.layout.world_size == 1 and \
+            any(key in given for key in ("dp", "tp", "pp", "cp", "layout")):
+        raise ParaxisError(f"--nproc {nproc} starts {nproc} ranks, and the degrees given "
+                           f"({cfg.layout}) use 1; give degrees whose product is {nproc} "
+                           f"(e.g. --dp {nproc}), or leave them out for dp={nproc}")
