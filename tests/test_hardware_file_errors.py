@@ -191,3 +191,13 @@ def test_flags_a_cpu_profile_leaves_nothing_to_are_refused(capsys, flags) -> Non
     assert main(["plan", "--model", "tiny", "--gpus", "2", "--hardware", profile, *flags]) == 2
     error = capsys.readouterr().err
     assert f"{flags[0]} with the CPU profile" in error and error.count("\n") == 1
+
+
+def test_a_reserve_of_all_the_memory_is_one_line(tmp_path, capsys) -> None:
+    """A reserve at or above the GPU's memory leaves nothing: said as that, not as every
+    layout needing a larger GPU."""
+    path = tmp_path / "hw.toml"
+    path.write_text("[gpu]\nreserved_bytes = 1e12\n")
+    code, err = plan_with(path, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "reserved_bytes = 1e+12 holds back all of the GPU's memory_bytes" in err, err

@@ -24,7 +24,7 @@ from paraxis.plan.hardware import (
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.model_config import ModelConfig, model_from_params
 from paraxis.spec.precision import PRECISIONS, Precision
-from paraxis.spec.units import GB
+from paraxis.spec.units import DEFAULT_RESERVED_BYTES, GB
 
 DEFAULT_GPU = "a100-80gb"
 # Bounds of the search's inputs: beyond them a plan would take minutes to list divisors
@@ -99,7 +99,13 @@ class PlanInputs:
         flags["gpus_per_node"] = self.gpus_per_node
         overrides.update({k: v for k, v in flags.items() if v is not None})
         overrides["gpu"] = self.gpu or overrides.get("gpu", DEFAULT_GPU)
-        return build_cluster(str(overrides["gpu"]), self.gpus, 8, overrides)
+        cluster = build_cluster(str(overrides["gpu"]), self.gpus, 8, overrides)
+        gpu = cluster.gpu
+        if gpu.reserved_bytes >= gpu.memory_bytes:  # nothing left: every layout "too big"
+            raise ParaxisError(f"reserved_bytes = {gpu.reserved_bytes:g} holds back all of the "
+                               f"GPU's memory_bytes = {gpu.memory_bytes:g}; give a reserve "
+                               f"below the memory (the runtime's is {DEFAULT_RESERVED_BYTES:g})")
+        return cluster
 
     def precision_rule(self) -> Precision:
         if self.precision is None:
