@@ -139,7 +139,12 @@ def available_host_bytes() -> float:
 
 
 def umask() -> int:
-    """The process's file-mode mask (read by setting it, the only way, and setting it back)."""
+    """The process's file-mode mask: from /proc where Linux shows it, else by setting it and
+    setting it back (a moment in which another thread's new file would get mode 0666)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask
