@@ -27,8 +27,8 @@ from paraxis.spec.precision import PRECISIONS, Precision
 from paraxis.spec.units import DEFAULT_RESERVED_BYTES, GB
 
 DEFAULT_GPU = "a100-80gb"
-# Bounds of the search's inputs: beyond them a plan would take minutes to list divisors
-# (the largest training clusters have about 2^17 GPUs; Llama 3's batch, 2^11 sequences).
+# Bounds of the search's inputs, far beyond any published run (Llama 3 405B: 16,384 GPUs,
+# 2,048 sequences a step); past them listing divisors alone would take minutes.
 MAX_GPUS = 2**20
 MAX_GLOBAL_BATCH = 2**24
 
