@@ -325,8 +325,16 @@ def test_pipeline_schedules(browser):
                             library["makespan"], rel_tol=1e-3)
     show("interleaved", 4, 6, 2)
     with pytest.raises(ParaxisError) as error:
-        build_schedule("interleaved", 4, 6, 2)
-    assert text(browser, "pipe-error") == str(error.value)
+        build_schedule("interleaved", 4, 6, 2)  # the library's reason, and the M that run
+    assert text(browser, "pipe-error") == f"{error.value} (on the slider: M = 4, 8, 12, 16)"
+    assert text(browser, "pipe-virtual-value") == "2"
+    show("interleaved", 5, 6, 2)
+    assert text(browser, "pipe-error").endswith("(no M on the slider runs it at P = 5: choose "
+                                                 "another P)")
+    show("interleaved", 4, 8, 4)
+    for kind, v in (("zb-v", "2"), ("gpipe", "1")):  # the v a kind runs, not the slider's
+        show(kind, 4, 8)
+        assert text(browser, "pipe-virtual-value") == v, kind
     show("gpipe", 4, 8)
     click(browser, "pipe-play")  # the timeline draws itself over time, then stays whole
     def blocks(_=None) -> int:
@@ -469,8 +477,11 @@ def test_grid_shows_hybrid_sharding(browser):
         set_grid(browser, *degrees, per_node, dp_shard)
         assert browser.find_element("id", "grid-shard").get_attribute("value") == str(dp_shard)
         layout = grid_layout(*degrees, dp_shard=dp_shard)
-        assert options() == ["all dp ranks"] + [f"{size} dp rank{'s' * (size > 1)}"
-                                                for size in shard_sizes(layout.dp)]
+        cp = degrees[3]  # a shard group spans dp_shard dp ranks x every cp rank
+        assert options() == ["all dp ranks"] + [
+            f"{size} dp rank{'s' * (size > 1)}" + (f" x cp {cp} = {size * cp} GPUs" if cp > 1
+                                                   else "")
+            for size in shard_sizes(layout.dp)]
         assert text(browser, "grid-world") == str(layout.world_size)
         assert sorted(outlined()) == sorted(layout.groups("dp_shard"))
         for rank in ranks:

@@ -10,6 +10,8 @@ import pytest
 
 from paraxis.cli import main
 from paraxis.show.lab import facts as F
+from paraxis.show.lab.context_facts import CP_DEGREES
+from paraxis.show.lab.expert_facts import EP_DEGREES
 from paraxis.show.lab.grid_facts import DEGREES
 from paraxis.show.lab.page import lab_data, write_lab
 from paraxis.show.lab.schedule_facts import (
@@ -126,9 +128,16 @@ def test_check_answers_follow_the_controls(browser):
     assert text(browser, "grid-answer") == ""
     set_grid(browser, 4, 4, 4)
 
-    click(browser, "zero-check")
+    slide(browser, "zero-stage", [0, 1, 2, 3], 1)
+    click(browser, "zero-check")  # asks about ZeRO-3: the figures shown are ZeRO-3's
+    assert browser.find_element("id", "zero-stage-value").text == "ZeRO-3"
     slide(browser, "zero-model", F.ZERO_MODEL_B, 70)
     assert text(browser, "zero-answer") == ""
+
+    slide(browser, "tp-degree", F.TP_DEGREES, 1)
+    click(browser, "tp-check")  # answered at the largest TP: the slider moves there
+    assert browser.find_element("id", "tp-degree-value").text == str(F.TP_DEGREES[-1])
+    assert f"at TP {F.TP_DEGREES[-1]} " in text(browser, "tp-answer")
 
     # the chapter 0-2 checks name the settings they were asked at too
     for check, answer, control, values, value in (
@@ -136,7 +145,9 @@ def test_check_answers_follow_the_controls(browser):
             ("dp-check", "dp-answer", "dp-gpus-n", F.DP_GPUS, 2),
             ("dp-check", "dp-answer", "dp-batch", F.DP_BATCHES, 64),
             ("ring-check", "ring-answer", "ring-message", F.RING_MESSAGE_GB, 8),
-            ("ring-check", "ring-answer", "ring-bandwidth", F.RING_BANDWIDTH_GBPS, 100)):
+            ("ring-check", "ring-answer", "ring-bandwidth", F.RING_BANDWIDTH_GBPS, 100),
+            ("cp-check", "cp-answer", "cp-degree", CP_DEGREES, 8),
+            ("moe-check", "moe-answer", "moe-ep", EP_DEGREES, 2)):
         click(browser, check)
         assert text(browser, answer), check
         slide(browser, control, values, value)

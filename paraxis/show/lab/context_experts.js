@@ -134,7 +134,10 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     drawCosts(s);
   }
   const animation = stepper("cp", count, show, 900);
-  const redraw = () => { animation.stop(); animation.go(count()); };
+  const redraw = () => {
+    $("cp-answer").textContent = "";  // an answer was for the settings it was asked at
+    animation.stop(); animation.go(count());
+  };
   const cpS = slider("cp-degree", d.cp, 4, redraw);
   const variantS = slider("cp-variant", d.variants, "ring", redraw, (v) => NAMES[v]);
   const seqS = slider("cp-seq", d.seq_lens, 131072, redraw, (n) => n / 1024 + "K");
@@ -244,9 +247,14 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
       d.d_model + ", fp32)";
     $("moe-uniform").textContent = bytesText(e.uniform_sent_bytes) + " each";
   }
-  const blockS = slider("moe-block", d.blocks, d.blocks[0], draw);
-  const epS = slider("moe-ep", d.ep, 4, draw);
-  const cfS = slider("moe-cf", d.capacity_factors, 0, draw, (cf) => (cf ? String(cf) : "none"));
+  const redraw = () => {
+    $("moe-answer").textContent = "";  // an answer was for the settings it was asked at
+    draw();
+  };
+  const blockS = slider("moe-block", d.blocks, d.blocks[0], redraw);
+  const epS = slider("moe-ep", d.ep, 4, redraw);
+  const cfS = slider("moe-cf", d.capacity_factors, 0, redraw,
+    (cf) => (cf ? String(cf) : "none"));
   draw();
   $("moe-check").addEventListener("click", () => {
     blockS.set(d.blocks[0]); epS.set(4); cfS.set(0);

@@ -28,7 +28,8 @@
   // backward (twice the GEMMs), which scales every op alike: step = timeline x (1/M + o).
   const fixedBatchStep = (timeline, microbatches, overhead) =>
     timeline * (1 / microbatches + overhead);
-  const figure = (x) => fmt(x, 4);
+  // rounded to 1e-9 first: a timeline's float sums (55/16 as 3.43749999...) print alike
+  const figure = (x) => fmt(Math.round(x * 1e9) / 1e9, 4);
   function legend(e) {
     const box = $("pipe-legend"), v = e.virtual, P = stagesS.get();
     box.innerHTML = "";
@@ -58,7 +59,12 @@
     svg.innerHTML = "";
     if (e.error) {
       result = null;
-      $("pipe-error").textContent = e.error;
+      // the schedule's own reason, with the M values on this slider that would run it
+      const runs = d.microbatches.filter((m) => !entry(m).error);
+      $("pipe-error").textContent = e.error + (runs.length
+        ? " (on the slider: M = " + runs.join(", ") + ")"
+        : " (no M on the slider runs it at P = " + P + ": choose another P)");
+      svg.setAttribute("viewBox", "0 0 900 0");  // no timeline: no empty space for one
       $("pipe-legend").innerHTML = "";
       for (const id of ["pipe-bubble", "pipe-makespan", "pipe-peak", "pipe-step",
         "pipe-step-overhead"]) $(id).textContent = "—";
@@ -119,8 +125,8 @@
       return {m, ideal: fixedBatchStep(timeline, m, 0), step: fixedBatchStep(timeline, m, o)};
     });
     if (!points.length) {  // interleaved with no M on the slider a multiple of P
-      $("pipe-best").textContent = "No M on the slider makes this schedule at P = " + P +
-        ": " + entry(all[0]).error;
+      $("pipe-best").textContent = "No M on the slider (" + all.join(", ") + ") makes this " +
+        "schedule at P = " + P + ": it needs M a multiple of P; choose another P.";
       return;
     }
     const W = 460, H = 190, L = 40, R = 14, T = 26, B = 34;
@@ -154,8 +160,8 @@
     el("circle", {cx: x(best.m), cy: y(best.step), r: 8, fill: "none", stroke: "#2b8a3e",
       "stroke-width": 2, class: "best", "data-m": best.m}, curve);
     const [first, last] = [points[0].m, points[points.length - 1].m];
-    const at = "M = " + best.m + " (" + figure(best.step) + " T, the green ring; black: the M " +
-      "chosen above)";
+    const chosen = points.some((p) => p.m === mbS.get()) ? "; black: the M chosen above" : "";
+    const at = "M = " + best.m + " (" + figure(best.step) + " T, the green ring" + chosen + ")";
     $("pipe-best").textContent = o === 0
       ? "With no overhead in the model, the fixed batch's step only falls as M grows (the " +
         "bubble shrinks): shortest at the largest, " + at + "."
@@ -195,6 +201,7 @@
       document.querySelectorAll("#pipe-kinds button").forEach((b) =>
         b.classList.toggle("active", b === button));
       $("pipe-virtual").disabled = kind !== "interleaved";
+      showVirtual();
       redraw();
     }));
   const animation = (() => {
@@ -213,6 +220,12 @@
     return {stop};
   })();
   $("pipe-virtual").disabled = true;
+  // the v each kind runs: the slider's under interleaved, the kind's own otherwise (zb-v 2)
+  function showVirtual() {
+    $("pipe-virtual-value").textContent = String(kind === "interleaved" ? virtualS.get()
+      : d.kind_virtual[kind]);
+  }
+  showVirtual();
   draw(); drawCurve();
   $("pipe-check").addEventListener("click", () => {
     document.querySelector("#pipe-kinds button[data-kind=gpipe]").click();
@@ -293,7 +306,7 @@
   const stageS = slider("zero-stage", [0, 1, 2, 3], 3, draw, (v) => (v ? "ZeRO-" + v : "none"));
   draw();
   $("zero-check").addEventListener("click", () => {
-    modelS.set(13); gpusS.set(16);
+    modelS.set(13); gpusS.set(16); stageS.set(3);  // the stage the question asks about
     $("zero-answer").textContent = "13B on 16 GPUs: baseline " + $("zero-0").textContent +
       ", ZeRO-3 " + $("zero-3").textContent + " per GPU.";
   });
@@ -316,8 +329,11 @@
     const sizes = base.error ? [] : Object.keys(base.shards).sort((a, b) => b - a);
     shardSelect.innerHTML = "";
     el("option", {value: "0"}, shardSelect, "all dp ranks");
+    // a shard group is dp_shard dp ranks x every cp rank (they hold the same parameters)
+    const cp = cpS.get();
     for (const size of sizes) el("option", {value: size}, shardSelect,
-      size + (size === "1" ? " dp rank" : " dp ranks"));
+      size + (size === "1" ? " dp rank" : " dp ranks") +
+      (cp > 1 ? " x cp " + cp + " = " + size * cp + " GPUs" : ""));
     shardSelect.value = sizes.includes(keep) ? keep : "0";
     shardSelect.disabled = !sizes.length;
   }
@@ -398,7 +414,8 @@
       const copies = shards.dp_replicate.find((g) => g.includes(rank));
       ring(copies, "dp_replicate");
       lines.push("ZeRO shard group " + JSON.stringify(own) + ": optimizer states sharded " +
-        "within (ZeRO-1)");
+        "within (this grid's ZeRO-1; HSDP shards parameters and gradients there too)" +
+        (cpS.get() > 1 ? ", its dp_shard dp ranks x cp " + cpS.get() : ""));
       lines.push("DP copies " + JSON.stringify(copies) + ": the same shard, gradients " +
         "all-reduced across (this GPU is copy " + copies.indexOf(rank) + ")");
     }

@@ -317,8 +317,9 @@
   const steps = stepper("tp", () => STAGES.length, draw, 1000);
   steps.go(0); traffic();
   $("tp-check").addEventListener("click", () => {
-    // at TP 1 nothing moves: answer at the largest degree on the slider
-    const t = d.traffic.times, tp = degree.get() > 1 ? degree.get() : Math.max(...d.degrees);
+    // at TP 1 nothing moves: answer at the largest degree on the slider, shown there too
+    if (degree.get() === 1) degree.set(Math.max(...d.degrees));
+    const t = d.traffic.times, tp = degree.get();
     $("tp-answer").textContent = "Every layer all-reduces its activations: at TP " + tp +
       " one step's " + d.traffic.per_step + " all-reduces take " + seconds(t[tp + "/NVLink"]) +
       " on NVLink but " + seconds(t[tp + "/Ethernet"]) + " on Ethernet, against " +
