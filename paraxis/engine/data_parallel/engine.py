@@ -65,6 +65,7 @@ from paraxis.model.checkpoint.entries import KINDS, Entry, shard_entries, whole_
 from paraxis.parallel.tensor.partial import sum_partial_grads
 from paraxis.spec.errors import ParaxisError
 from paraxis.spec.layout import Layout
+from paraxis.spec.optimizer import AdamW
 from paraxis.spec.precision import fp8_gather_problem, get_policy
 from paraxis.spec.runtime_options import DEFAULT_OPTIONS, RuntimeOptions
 
@@ -87,13 +88,32 @@ class DataParallelEngine(LocalEngine):
         self.model, self.layout, self.groups = model, layout, groups
         self.end_of_document = options.end_of_document
         self.policy = policy = get_policy(options.precision)
-        adamw, bucket_bytes = options.adamw, options.bucket_bytes
-        fp8_weight_gather = options.fp8_weight_gather
-        if fp8_weight_gather and (problem := fp8_gather_problem(policy.name, layout.zero)):
+        if options.fp8_weight_gather and (
+                problem := fp8_gather_problem(policy.name, layout.zero)):
             raise ParaxisError(problem)
         self.autocast_dtype = (None if policy.compute_dtype == "fp32"
                                else torch_dtype(policy.compute_dtype))
         self.zero = layout.zero
+        self._take_groups(groups)
+        if options.bucket_bytes <= 0:
+            raise ParaxisError(f"bucket size {options.bucket_bytes} bytes must be positive")
+        self.bucket_bytes = options.bucket_bytes
+        self.loss_scaler = LossScaler() if policy.loss_scaling else None
+        self._skip_step = False
+        self._grad_factor = 1.0  # unscale/clip factor left for the fp32 master gradients
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = device or params[0].device
+        fp32_values = self._place_parameters(params, device)
+        # Sharded gradients are reduced per microbatch (buckets.py), except under a pipeline,
+        # whose stages accumulate them whole and reduce once (its tied embedding's sum and
+        # ZeRO-3's chunks need the whole step's gradients: pipeline_parallel/engine.py).
+        self.reduce_every_microbatch = self.zero >= 2 and layout.pp == 1
+        self._build_units(params, device, options.fp8_weight_gather)
+        self._build_optimizer(params, options.adamw, fp32_values)
+
+    def _take_groups(self, groups: ParallelGroups | None) -> None:
+        """The groups the gradient sync runs over, checked against the layout."""
+        layout = self.layout
         self.dp_group = groups.replica_group if groups is not None else None  # dp (x cp)
         self.dp_size = group_size(self.dp_group)
         # experts split over ep reduce (and shard) over the ranks holding the same experts
@@ -107,38 +127,40 @@ class DataParallelEngine(LocalEngine):
             axes = "dp*cp" if layout.cp > 1 else "dp"
             raise ParaxisError(f"layout {axes}={layout.dp * layout.cp} but this rank's {axes} "
                                f"group has {self.dp_size} ranks; build its groups from the layout")
-        if bucket_bytes <= 0:
-            raise ParaxisError(f"bucket size {bucket_bytes} bytes must be positive")
-        self.bucket_bytes = bucket_bytes
-        self.loss_scaler = LossScaler() if policy.loss_scaling else None
-        self._skip_step = False
-        self._grad_factor = 1.0  # unscale/clip factor left for the fp32 master gradients
-        params = [p for p in model.parameters() if p.requires_grad]
-        device = device or params[0].device
-        fp32_values = None  # masters start from these, not from their 16-bit roundings
+
+    def _place_parameters(self, params: list[nn.Parameter], device: torch.device
+                          ) -> dict[int, torch.Tensor] | None:
+        """The parameters in the policy's dtype: given storage where they are still on the
+        meta device (except where flat buffers will hold them), or else every rank's copy
+        made dp rank 0's. Returns their fp32 values where masters start from them (not from
+        their 16-bit roundings), else None."""
+        policy, fp32_values = self.policy, None
         if any(p.is_meta for p in params):
             _cast(params, torch_dtype(policy.param_dtype))
             if self.zero == 0 and not policy.has_masters:  # else views of flat buffers
                 for p in params:
                     if p.is_meta:
                         give_storage(p, device)
-            give_buffers_storage(model, device)
+            give_buffers_storage(self.model, device)
         else:
             self._broadcast_from_first_rank(params)
             if policy.has_masters:
                 fp32_values = {id(p): p.detach().float() for p in params}
             _cast(params, torch_dtype(policy.param_dtype))
-        grad_dtype = torch_dtype(policy.grad_dtype)
-        # Sharded gradients are reduced per microbatch (buckets.py), except under a pipeline,
-        # whose stages accumulate them whole and reduce once (its tied embedding's sum and
-        # ZeRO-3's chunks need the whole step's gradients: pipeline_parallel/engine.py).
-        self.reduce_every_microbatch = self.zero >= 2 and layout.pp == 1
+        return fp32_values
+
+    def _build_units(self, params: list[nn.Parameter], device: torch.device,
+                     fp8_weight_gather: bool) -> None:
+        """The flat units the gradients are reduced in and ZeRO shards, and their reducer:
+        ZeRO-3's per block (gathered in the forward, freed after), else buckets of
+        `bucket_bytes`."""
+        grad_dtype = torch_dtype(self.policy.grad_dtype)
         self.gatherer: ParamGatherer | None = None
         if self.zero == 3:
-            self.units, hooks = zero3_units(model, params, self.zero_group, device,
+            self.units, hooks = zero3_units(self.model, params, self.zero_group, device,
                                             self.expert_zero_group, fp8_weight_gather,
-                                            layout.recompute)
-            self.gatherer = ParamGatherer(self.units, hooks, model, self.zero_group)
+                                            self.layout.recompute)
+            self.gatherer = ParamGatherer(self.units, hooks, self.model, self.zero_group)
             # Backward completes the forward units last-to-first, then the root.
             order = list(range(len(hooks) - 1, -1, -1)) + list(range(len(hooks),
                                                                      len(self.units)))
@@ -147,19 +169,25 @@ class DataParallelEngine(LocalEngine):
                                        on_unit_backward_done=lambda i: self.gatherer
                                        .on_unit_backward_done(order[i]), grad_dtype=grad_dtype,
                                        replicate_group=self.replicate_group)
-        else:
-            self.units = make_buckets(params, bucket_bytes, self.group_of, device)
-            if self.zero >= 1 or policy.has_masters:  # flat parameters (ZeRO-0: for masters)
-                for unit in self.units:
-                    full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
-                    flatten_params_into(unit, full)
-                    unit.param_full = full
-                    unit.param_shard = unit.shard_of(full)
-            self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
-                                       reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype,
-                                       replicate_group=self.replicate_group)
+            return
+        self.units = make_buckets(params, self.bucket_bytes, self.group_of, device)
+        if self.zero >= 1 or self.policy.has_masters:  # flat parameters (ZeRO-0: for masters)
+            for unit in self.units:
+                full = torch.zeros(unit.padded_numel, dtype=unit.dtype, device=unit.device)
+                flatten_params_into(unit, full)
+                unit.param_full = full
+                unit.param_shard = unit.shard_of(full)
+        self.reducer = GradReducer(self.units, self.dp_group, shard_grads=self.zero >= 2,
+                                   reduce_to_shard=self.zero == 1, grad_dtype=grad_dtype,
+                                   replicate_group=self.replicate_group)
+
+    def _build_optimizer(self, params: list[nn.Parameter], adamw: AdamW,
+                         fp32_values: dict[int, torch.Tensor] | None) -> None:
+        """AdamW over what this rank updates: fp32 masters of its shards (or of the whole
+        units under ZeRO-0) where the policy keeps masters, else the parameters themselves
+        (ZeRO-0) or their shards."""
         self.masters: MasterWeights | None = None
-        if policy.has_masters:
+        if self.policy.has_masters:
             whole = self.zero == 0  # ZeRO-0 updates every unit whole
             owned = [u.param_full if whole else u.param_shard for u in self.units]
             grads = [u.grad_full if whole else u.grad_shard for u in self.units]
