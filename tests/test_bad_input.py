@@ -48,7 +48,7 @@ ROWS: list[tuple[str, list[str], str, str, bool]] = [
     ("resume-escaping-manifest", [*TRAIN, "--steps", "2", "--resume", "escaping"],
      "outside the checkpoint directory", "refusing to read it", False),
     ("resume-unfinished-save", [*TRAIN, "--steps", "2", "--resume", "ckpt/step-00000002.tmp"],
-     "has no manifest.json", "point at a step-N directory", False),
+     "is a save that never finished", "give a complete step-N directory", False),
     ("resume-at-last-step", [*TRAIN, "--resume", GOOD], "is at step 1, not before --steps 1",
      "raise --steps", False),
     ("resume-and-init-from", [*TRAIN, "--resume", GOOD, "--init-from", GOOD], "not both",

@@ -441,14 +441,14 @@ def check_late_failures(cfg: RunConfig, of: Callable[..., str] = FLAG_NAMES.of
                        ("init_from", ckpt.init_from)):
         if given is not None and not given.strip():  # "" would write into the working folder
             raise ParaxisError(f"{of(key)} is empty; give a path, or leave the flag out")
-    if ckpt.dir:
-        check_checkpoint_dir(Path(ckpt.dir), of("checkpoint_dir", ckpt.dir))
     for key, folder in (("checkpoint_dir", ckpt.dir), ("tensorboard", log.tensorboard)):
         if folder:
-            check_writable_folder(Path(folder), of(key))
+            check_writable_folder(Path(folder), of(key))  # first: a name too long to look in
             if log.metrics_file and Path(log.metrics_file).absolute() == Path(folder).absolute():
                 raise ParaxisError(f"{of('metrics_file', log.metrics_file)} is also the "
                                    f"{of(key)} folder; give the metrics file another path")
+    if ckpt.dir:
+        check_checkpoint_dir(Path(ckpt.dir), of("checkpoint_dir", ckpt.dir))
 
 
 def check_checkpoint_dir(folder: Path, flag: str) -> None:
