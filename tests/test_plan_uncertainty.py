@@ -205,6 +205,25 @@ def test_an_efficiency_is_never_raised_past_all_of_its_datasheet_figure() -> Non
             assert getattr(shares[where], name) * found[1] <= 1 + 1e-9
 
 
+def test_a_tie_past_all_of_a_share_is_no_decider() -> None:
+    """Two layouts that would tie only with the link carrying 1.36 x its achieved 0.8 share
+    (more than the wire): the decider looks no further than a share of 1 and finds none; the
+    same tie at 1.2 x (a share of 0.96) it finds, where the two prices cross."""
+    cluster = build_cluster("a100-80gb", 8)
+    best, rival = search(PRESETS["tiny"], cluster, 128, 8).ranked[:2]
+    share = cluster.gpu.link_efficiency
+    assert share == pytest.approx(0.8)
+
+    def crossing_at(factor: float):  # the rival is slower until the share reaches factor x
+        return lambda e, changed: (1.0 if e is best else
+                                   1.0 + factor * share - changed.gpu.link_efficiency)
+
+    assert decider(best, rival, cluster, crossing_at(1.36)) is None
+    meaning, factor = decider(best, rival, cluster, crossing_at(1.2))
+    assert meaning == "achieved share of link bandwidth" and factor == pytest.approx(1.2,
+                                                                                     rel=1e-3)
+
+
 def test_json_carries_the_band(capsys) -> None:
     code = main(["plan", "--params", "1e9", "--gpus", "8", "--global-batch", "256", "--json"])
     doc = json.loads(capsys.readouterr().out)

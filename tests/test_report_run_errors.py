@@ -8,6 +8,7 @@ on what `paraxis train --metrics-file` writes, so these tests train nothing.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -146,19 +147,26 @@ def test_a_malformed_cached_profile_is_no_match(tmp_path):
 
 def test_report_on_a_read_only_run_folder_writes_nothing_into_it(tmp_path, capsys,
                                                                 monkeypatch):
-    """A real read-only folder (chmod), where this user cannot write to it: the report is
-    priced on a calibration in a temporary file (faked here: the committed profile)."""
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
+    """A read-only folder (chmod): the report is priced on a calibration in a temporary file
+    (faked here: the committed profile). Root writes through a chmod (CI runs as root): there
+    the folder's writes get the EACCES a read-only folder gives (`write_whole` refused)."""
     folder = run_folder(tmp_path, [json.dumps({**STEP, "step": i}) for i in range(3)])
+    committed = quick.COMMITTED.read_text()  # read before the path is moved away below
     monkeypatch.setattr("paraxis.train.calibrate.measure.calibrate",
-                        lambda *args, **kwargs: json.loads(quick.COMMITTED.read_text()))
+                        lambda *args, **kwargs: json.loads(committed))
     monkeypatch.setattr(quick, "COMMITTED", tmp_path / "no-committed-profile.json")
     before = snapshot(folder)
     folder.chmod(0o555)
+    if os.access(folder, os.W_OK):  # root: the folder refuses as a read-only one would
+        write_whole = quick.write_whole
+
+        def refused(path: Path, text: str) -> None:
+            if Path(path).resolve().is_relative_to(folder.resolve()):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            write_whole(path, text)
+
+        monkeypatch.setattr(quick, "write_whole", refused)
     try:
-        if os.access(folder, os.W_OK):
-            pytest.skip("this user can write into a read-only folder")
         out = tmp_path / "r.html"
         assert main(["report", "--run", str(folder), "--out", str(out), "--seq-len", "32",
                      "--global-batch", "4"]) == 0, capsys.readouterr().err
