@@ -467,3 +467,14 @@ def test_a_huge_capacity_factor_is_a_dropless_one(tmp_path, capsys) -> None:
                            "--global-batch", "64")
     assert code == 2 and "finite" in err and "Traceback" not in err
 
+
+
+@pytest.mark.parametrize("flag,value,example", [("--network-gbps", "400", "a 400 Gb/s NIC is 50"),
+                                                ("--nvlink-gbps", "3600", "both ways is 450")])
+def test_a_link_speed_read_as_gigabits_is_refused(capsys, flag, value, example) -> None:
+    """The flags take GB/s each way: 400 for a 400 Gb/s NIC (50 GB/s), or NVLink's both-ways
+    figure, prices a link no machine has; one line says which figure to give."""
+    code = main(["plan", "--model", "tiny", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{flag} {value} is GB/s (bytes) each way" in err and example in err, err

@@ -201,7 +201,7 @@ def test_paraxis_plan_accepts_llama3_long_context_layout(capsys) -> None:
     # runtime would hold the stage's whole fp32 gradients until the step's end instead.
     def plan(*reduce: str) -> dict:
         code = main(["plan", "--model", "llama3-405b", "--gpus", "16384", "--gpu",
-                     "h100-sxm-80gb", "--network-gbps", "400", "--seq-len", "131072",
+                     "h100-sxm-80gb", "--network-gbps", "50", "--seq-len", "131072",
                      "--global-batch", "128", "--precision", "bf16-fp32grad", "--json",
                      *reduce, "--layout",
                      "dp=8,tp=8,pp=16,cp=16,zero=2,microbatches=16,sequence_parallel=true,"

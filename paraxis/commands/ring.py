@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bytes-per-element", type=int, default=4,
                         help="4 for fp32 gradients, 2 for bf16")
     parser.add_argument("--bandwidth-gbps", type=float, default=25.0,
-                        help="link bandwidth B in GB/s for the cost line (25: the seed's "
+                        help="link bandwidth B in GB/s for the cost line (25: the course's "
                              "worked example)")
     parser.add_argument("--latency-us", type=float, default=0.0,
                         help="per-step link latency in microseconds for the cost line")
@@ -73,7 +73,7 @@ def _check_costs(args: argparse.Namespace) -> None:
     """The cost line's inputs: a finite bandwidth above zero, no negative latency or size."""
     if not math.isfinite(args.bandwidth_gbps) or args.bandwidth_gbps <= 0:
         raise ParaxisError(f"--bandwidth-gbps {args.bandwidth_gbps} must be a positive number "
-                           "of GB/s (25: the seed's worked example)")
+                           "of GB/s (25: the course's worked example)")
     if not math.isfinite(args.latency_us) or args.latency_us < 0:
         raise ParaxisError(f"--latency-us {args.latency_us} must be a number of microseconds "
                            "at least 0")

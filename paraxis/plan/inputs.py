@@ -219,6 +219,12 @@ def check_numbers(args: argparse.Namespace) -> None:
         if value is not None and not 0 < value < float("inf"):
             raise ParaxisError(f"--{flag.replace('_', '-')} {value} must be a positive number; "
                                "leave the flag out for the default")
+    for flag, fastest, example in (("network_gbps", 200, "a 400 Gb/s NIC is 50"),
+                                   ("nvlink_gbps", 1800, "an H100's 900 GB/s both ways is 450")):
+        value = getattr(args, flag, None)
+        if value is not None and value > fastest:  # read as Gb/s, or both ways
+            raise ParaxisError(f"--{flag.replace('_', '-')} {value:g} is GB/s (bytes) each way, "
+                               f"beyond any link's ({fastest} GB/s); {example}")
 
 
 def from_args(args: argparse.Namespace) -> PlanInputs:
