@@ -88,7 +88,7 @@ def _check_degrees_given(cfg: RunConfig, given: dict[str, object]) -> None:
     """`--nproc N` alone runs N-way data parallelism; with degrees given on the command line
     whose product is 1 (--dp 1, --layout dp=1,tp=1) the ranks would become dp=N unsaid."""
     nproc = cfg.launch.nproc
-    if nproc > 1 and cfg.layout.world_size == 1 and \
+    if nproc > 1 and cfg.layout.world_size == 1 and not cfg.auto.enabled and \
             any(key in given for key in ("dp", "tp", "pp", "cp", "layout")):
         raise ParaxisError(f"--nproc {nproc} starts {nproc} ranks, and the degrees given "
                            f"({cfg.layout}) use 1; give degrees whose product is {nproc} "
