@@ -216,6 +216,9 @@ def test_scaling_gap(browser):
     slide(browser, "scaling-model", F.MODEL_SIZES_B, 175)
     assert "34 GPUs' memory, each less the runtime's 2 GB reserve" in text(
         browser, "scaling-model-out")
+    slide(browser, "scaling-model", F.MODEL_SIZES_B, 1000)  # a thousand billion reads 1T
+    assert text(browser, "scaling-model-out").startswith("1T parameters")
+    assert text(browser, "scaling-model-value") == "1T"
 
 
 def test_data_parallel(browser):

@@ -232,7 +232,8 @@ function rankColour(colours, rank) { return colours[rank % colours.length]; }
     const e = entry(), routed = sum(e.routed.flat()), dropped = routed - sum(e.kept.flat());
     $("moe-model").textContent = d.model + " at its initial weights: " + d.n_experts +
       " experts, top " + d.top_k + ", " + d.tokens + " tokens of the embedded corpus (" +
-      d.tokens * d.top_k + " assignments) split over " + epS.get() + " rank(s); capacity " +
+      d.tokens * d.top_k + " assignments) split over " + epS.get() + (epS.get() === 1 ? " rank" : " ranks") +
+      "; capacity " +
       (e.capacity === null ? "none (dropless)" : e.capacity + " assignments per expert " +
       "of each rank's own tokens");
     drawBars(e);

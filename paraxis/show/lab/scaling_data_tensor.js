@@ -46,15 +46,16 @@
       " in 2020): at least " + gpus(yr.published_gpus_to_hold) + " just to hold it (each " +
       "less the runtime's " + gb(d.reserved_bytes) + " reserve).";
   });
+  const billions = (b) => (b >= 1000 ? fmt(b / 1000) + "T" : b + "B");  // 1000B reads 1T
   const model = slider("scaling-model", d.models.map((m) => m.billions), 70, (value) => {
     $("scaling-answer").textContent = "";  // an answer was for the model it was asked at
     const m = d.models.find((mm) => mm.billions === value);
-    $("scaling-model-out").textContent = value + "B parameters: weights " +
+    $("scaling-model-out").textContent = billions(value) + " parameters: weights " +
       gb(m.weights_bytes) + ", weights + gradients + Adam " + gb(m.state_bytes) +
       " against " + gb(d.gpu_bytes) + " on one " + gpuName + ": " +
       (m.gpus_to_hold === 1 ? "1 GPU's" : m.gpus_to_hold + " GPUs'") + " memory, each less " +
       "the runtime's " + gb(d.reserved_bytes) + " reserve.";
-  }, (v) => v + "B");
+  }, billions);
   $("scaling-check").addEventListener("click", () => {
     model.set(70);
     const m = d.models.find((mm) => mm.billions === 70);
