@@ -478,3 +478,17 @@ def test_a_link_speed_read_as_gigabits_is_refused(capsys, flag, value, example) 
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{flag} {value} is GB/s (bytes) each way" in err and example in err, err
+
+
+def test_a_rival_within_the_equal_times_says_why_it_lost(capsys) -> None:
+    """A rival within 0.5% of the pick is either in its group of equal times (lost on
+    simplicity) or outside the group, which starts at the fastest layout priced: the defence
+    says which, and shows the difference to two decimals (0.48% is not 0.5%)."""
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "64"]) == 0
+    close = [line for line in capsys.readouterr().out.splitlines()
+             if (m := re.search(r"Rejected \S+: \+(\d\.\d+)%", line)) and float(m.group(1)) <= 0.5]
+    assert close, "no rival within 0.5% of the pick"
+    for line in close:
+        assert re.search(r"\+0\.\d\d%", line), line
+        assert ("simpler layout goes first" in line
+                or "where the ranking's group of equal times starts" in line), line

@@ -36,7 +36,8 @@ def _shape(estimate: Estimate) -> tuple[int, ...]:
 def _versus(rival: Estimate, best: Estimate, band: ErrorBand) -> str:
     slower = rival.step_time_s / best.step_time_s - 1
     verdict = "within" if slower <= band.rms else "outside"
-    return f"{slower:+.1%} ({verdict} the ±{band.rms:.1%} band)"
+    shown = f"{slower:+.2%}" if abs(slower) < 0.01 else f"{slower:+.1%}"  # 0.48% is not 0.5%
+    return f"{shown} ({verdict} the ±{band.rms:.1%} band)"
 
 
 def _overhead(estimate: Estimate) -> str:
@@ -98,6 +99,7 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
                    count: int) -> list[str]:
     lines, seen = [], {_shape(best)}
     group = group_numbers(result.ranked)
+    fastest = min((e.step_time_s for e in result.ranked), default=best.step_time_s)
     for rival in result.ranked:
         if _shape(rival) in seen:
             continue
@@ -107,6 +109,12 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
         simpler = simpler_by(best, rival) if tied else ""
         why = (f"ranked as fast (within {EQUAL_TIMES:.1%}), where the simpler layout goes "
                f"first ({simpler})" if simpler else _overhead(rival))
+        if not tied and rival.step_time_s <= best.step_time_s * (1 + EQUAL_TIMES) and \
+                rival.step_time_s > fastest * (1 + EQUAL_TIMES):
+            # within 0.5% of the pick, but the group of equal times starts at the fastest
+            why += (f" (within {EQUAL_TIMES:.1%} of this layout but not of the fastest "
+                    f"priced, {seconds(fastest, best.step_time_s)} s, where the ranking's "
+                    "group of equal times starts)")
         lines.append(f"Rejected {rival.layout}: {_versus(rival, best, band)}, "
                      f"{seconds(rival.step_time_s, best.step_time_s)} s vs "
                      f"{seconds(best.step_time_s, best.step_time_s)} s; {why}.")
