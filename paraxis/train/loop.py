@@ -28,6 +28,7 @@ from paraxis.files.trace import write_chrome_trace
 from paraxis.plan.compute import mfu
 from paraxis.plan.experts import experts_over_tp, feed_forward
 from paraxis.spec.errors import ParaxisError
+from paraxis.spec.layout import Layout
 from paraxis.spec.precision import get_policy
 from paraxis.spec.runtime_options import RuntimeOptions
 from paraxis.spec.units import MIB
@@ -86,12 +87,10 @@ def run_training(cfg: RunConfig) -> list[dict]:
     )
     from paraxis.parallelize import (  # lazy: torch; and a test patches build_engine
         build_engine,
-        compiles_whole,
     )
     from paraxis.train.claim import claim_folder  # lazy: torch; CLI start-up imports this
     from paraxis.train.metrics import (  # lazy: torch; CLI start-up imports this
         device_memory_bytes,
-        print_model_states,
     )
     from paraxis.train.resume import (  # lazy: torch; CLI start-up imports this
         start_step,
@@ -128,16 +127,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         claim = claim_folder(cfg, data, rank, world)
         groups = build_groups(layout)
         torch.manual_seed(train.seed)
-        compiled = train.compiles(device.type, layout.schedule)
-        if compiled and train.share_gpu and not compiles_whole(model_cfg, layout,
-                                                               end_of_document):
-            # torch.compile turns the collectives inside compiled blocks into its own traced
-            # ones on C++ process groups; ranks sharing a GPU have a Python one
-            if train.compile:
-                raise ParaxisError("--compile with --share-gpu compiles only layouts whose "
-                                   "model communicates nothing inside (dp, ZeRO 0-2); drop "
-                                   "--compile, or --share-gpu")
-            compiled = False
+        compiled = _compiles(cfg, model_cfg, layout, device.type, end_of_document)
         options = RuntimeOptions(
             precision=train.precision, adamw=cfg.optimizer.adamw(),
             bucket_bytes=int(train.bucket_mb * MIB), compile=compiled,
@@ -146,22 +136,7 @@ def run_training(cfg: RunConfig) -> list[dict]:
         engine = build_engine(model_cfg, layout, groups, device, seed=train.seed,
                               options=options, seq_len=train.seq_len,
                               announce=rank == 0 and not cfg.logging.quiet)
-        if not cfg.logging.quiet:
-            print_model_states(engine.memory_report(), rank, world,
-                               get_policy(train.precision).describe())
-            if train.compile is None and compiled and rank == 0:
-                print("paraxis: note: torch.compile is on (the default on CUDA): the first "
-                      "step compiles the model and takes longer; --no-compile turns it off",
-                      file=sys.stderr, flush=True)
-        if model_cfg.capacity_factor and layout.dp * layout.cp > 1 and rank == 0:
-            print(f"paraxis: note: capacity_factor {model_cfg.capacity_factor:g} caps each "
-                  f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
-                  f"{layout.dp * layout.cp} other tokens are dropped than on one device "
-                  "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
-        if (model_cfg.is_moe and layout.tp > 1 and feed_forward(model_cfg, layout) == "whole"
-                and rank == 0):
-            print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
-                  flush=True)
+        _startup_notes(cfg, model_cfg, layout, engine, rank, world, compiled)
         heartbeat = start_heartbeat(rank, world, train.timeout_s)
         try:
             first, seen = start_step(cfg, engine, model_cfg, rank)
@@ -184,6 +159,51 @@ def run_training(cfg: RunConfig) -> list[dict]:
             claim.release()
         if not joined:
             shutdown_distributed(clean)
+
+
+def _compiles(cfg: RunConfig, model_cfg: ModelConfig, layout: Layout, device_type: str,
+              end_of_document: int | None) -> bool:
+    """Whether the run compiles its model: --compile, or by default on CUDA where the schedule
+    allows; ranks sharing a GPU only where the compiled model communicates nothing inside."""
+    from paraxis.parallelize import compiles_whole  # lazy: torch; CLI start-up imports this
+
+    train = cfg.train
+    compiled = train.compiles(device_type, layout.schedule)
+    if compiled and train.share_gpu and not compiles_whole(model_cfg, layout, end_of_document):
+        # torch.compile turns the collectives inside compiled blocks into its own traced
+        # ones on C++ process groups; ranks sharing a GPU have a Python one
+        if train.compile:
+            raise ParaxisError("--compile with --share-gpu compiles only layouts whose "
+                               "model communicates nothing inside (dp, ZeRO 0-2); drop "
+                               "--compile, or --share-gpu")
+        return False
+    return compiled
+
+
+def _startup_notes(cfg: RunConfig, model_cfg: ModelConfig, layout: Layout, engine: Engine,
+                   rank: int, world: int, compiled: bool) -> None:
+    """What the run says before its first step: each rank's model states, and on rank 0 the
+    notes a run's settings call for (compiling by default, an expert capacity over dp x cp,
+    experts whole on every tp rank)."""
+    from paraxis.train.metrics import print_model_states  # lazy: torch; CLI start-up imports this
+
+    train = cfg.train
+    if not cfg.logging.quiet:
+        print_model_states(engine.memory_report(), rank, world,
+                           get_policy(train.precision).describe())
+        if train.compile is None and compiled and rank == 0:
+            print("paraxis: note: torch.compile is on (the default on CUDA): the first "
+                  "step compiles the model and takes longer; --no-compile turns it off",
+                  file=sys.stderr, flush=True)
+    if model_cfg.capacity_factor and layout.dp * layout.cp > 1 and rank == 0:
+        print(f"paraxis: note: capacity_factor {model_cfg.capacity_factor:g} caps each "
+              f"expert per rank, over its own tokens (as Megatron-LM does): with dp x cp = "
+              f"{layout.dp * layout.cp} other tokens are dropped than on one device "
+              "(metrics: dropped_tokens)", file=sys.stderr, flush=True)
+    if (model_cfg.is_moe and layout.tp > 1 and feed_forward(model_cfg, layout) == "whole"
+            and rank == 0):
+        print(f"paraxis: note: {experts_over_tp(model_cfg, layout)}", file=sys.stderr,
+              flush=True)
 
 
 def _loop(cfg: RunConfig, engine: Engine, data: TokenData | Blend, groups: ParallelGroups,
