@@ -17,6 +17,7 @@ import torch
 
 from paraxis.cli import main
 from paraxis.dist.testing import LayoutLike, RankContext, as_layout, run_on_ranks
+from paraxis.files.host import umask
 from paraxis.model.checkpoint import complete_checkpoints, load_checkpoint, read_full_state
 from paraxis.model.checkpoint.convert import convert
 from paraxis.model.checkpoint.entries import KINDS
@@ -328,14 +329,8 @@ def test_convert_splits_a_ranks_pieces_into_files_as_a_save_does(saved, tmp_path
     assert {"rank-00000-1.safetensors", "rank-00001-1.safetensors"} <= set(files), files
     assert all(f["bytes"] <= 64 * 1024 + 16 * 1024 for f in files.values())  # + a header
     _assert_same_tensors(_full(saved), _full(converted))
-    assert all((converted / name).stat().st_mode & 0o777 == 0o666 & ~_umask()
+    assert all((converted / name).stat().st_mode & 0o777 == 0o666 & ~umask()
                for name in files), "weights readable as any file the user writes"
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def test_a_checkpoint_converts_to_the_zb_v_split_and_back(tmp_path):

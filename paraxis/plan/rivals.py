@@ -109,9 +109,9 @@ def nearest_rivals(best: Estimate, result: SearchResult, band: ErrorBand,
         simpler = simpler_by(best, rival) if tied else ""
         why = (f"ranked as fast (within {EQUAL_TIMES:.1%}), where the simpler layout goes "
                f"first ({simpler})" if simpler else _overhead(rival))
-        if not tied and rival.step_time_s <= best.step_time_s * (1 + EQUAL_TIMES) and \
-                rival.step_time_s > fastest * (1 + EQUAL_TIMES):
-            # within 0.5% of the pick, but the group of equal times starts at the fastest
+        if not tied and rival.step_time_s <= best.step_time_s * (1 + EQUAL_TIMES):
+            # within 0.5% of the pick, yet outside its group (`ranking.equal_groups`), which
+            # starts at the fastest
             why += (f" (within {EQUAL_TIMES:.1%} of this layout but not of the fastest "
                     f"priced, {seconds(fastest, best.step_time_s)} s, where the ranking's "
                     "group of equal times starts)")

@@ -15,7 +15,6 @@ its resolved config once, at the start (`write_config`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from paraxis.model.checkpoint.pieces import RegionSource, fill_entries
 from paraxis.model.hf import HFReader
 from paraxis.spec.errors import ParaxisError, RunFailed
 from paraxis.spec.precision import get_policy
+from paraxis.train.config import FLAGS
 from paraxis.train.lr_schedule import learning_rate
 from paraxis.train.run_file import to_toml, with_absolute_paths
 
@@ -137,15 +137,15 @@ def start_step(cfg: RunConfig, engine: Engine, model_cfg: ModelConfig,
     return step, samples
 
 
-# The settings the learning rate of a step depends on (`loop.learning_rate`), by flag
-SCHEDULE_FLAGS = {"steps": "--steps", "lr": "--lr", "min_lr_ratio": "--min-lr-ratio",
-                  "warmup_steps": "--warmup"}
+# The settings the learning rate of a step depends on (`lr_schedule.learning_rate`), by
+# their flags' flat keys (`FLAGS`: --warmup sets optimizer.warmup_steps)
+SCHEDULE_KEYS = ("steps", "lr", "min_lr_ratio", "warmup")
 
 
 def schedule_facts(cfg: RunConfig) -> dict[str, float]:
-    opt = cfg.optimizer
-    return {"steps": cfg.train.steps, "lr": opt.lr, "min_lr_ratio": opt.min_lr_ratio,
-            "warmup_steps": opt.warmup_steps}
+    """The schedule's settings by field name (as a checkpoint's manifest records them)."""
+    return {FLAGS[key][1]: getattr(getattr(cfg, FLAGS[key][0]), FLAGS[key][1])
+            for key in SCHEDULE_KEYS}
 
 
 def schedule_change(cfg: RunConfig, manifest: dict[str, Any], step: int) -> str | None:
@@ -156,13 +156,10 @@ def schedule_change(cfg: RunConfig, manifest: dict[str, Any], step: int) -> str 
     now = schedule_facts(cfg)
     if not isinstance(saved, dict) or set(saved) != set(now) or saved == now:
         return None
-    before = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, steps=saved["steps"]),
-        optimizer=dataclasses.replace(cfg.optimizer, lr=saved["lr"],
-                                      min_lr_ratio=saved["min_lr_ratio"],
-                                      warmup_steps=saved["warmup_steps"]))
-    changed = ", ".join(f"{SCHEDULE_FLAGS[key]} {saved[key]:g} -> {now[key]:g}"
-                        for key in now if saved[key] != now[key])
+    fields = {key: FLAGS[key][1] for key in SCHEDULE_KEYS}
+    before = cfg.with_flags(**{key: saved[name] for key, name in fields.items()})
+    changed = ", ".join(f"--{key.replace('_', '-')} {saved[name]:g} -> {now[name]:g}"
+                        for key, name in fields.items() if saved[name] != now[name])
     return (f"paraxis: note: the learning-rate schedule is not the checkpoint's ({changed}): "
             f"step {step} runs at lr {learning_rate(step, cfg):.3g} where the checkpoint's "
             f"schedule gave {learning_rate(step, before):.3g}")
